@@ -1,0 +1,3 @@
+from bench.cli import entry_point
+
+entry_point()

@@ -1,0 +1,157 @@
+"""`bench`: measure the trainer's own step on this device and store a calibration.
+
+Heavy imports (torch, transformers) happen inside the handlers so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from calibration.errors import EXIT_OK, BenchtrainError, guard_cli
+
+RUN_EXAMPLES = """examples:
+  bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
+  bench run --gpu h100 --model llama-3.2-1b         # a 1B-class shape on an H100
+  bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
+  bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
+  bench run --data train.jsonl --model ./my-model   # real tokens from your data
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bench",
+        description="Measure the training step on this device across a grid and fit a throughput/memory model.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_EXAMPLES,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", metavar="{run,list,show}")
+
+    run = commands.add_parser(
+        "run",
+        help="run the micro-benchmark and store a calibration",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_EXAMPLES,
+    )
+    run.add_argument("--gpu", metavar="NAME", help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device")
+    run.add_argument("--model", default="tiny", metavar="PRESET|DIR", help="preset (tiny, gpt2, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b) or a folder with config.json (default: tiny)")
+    run.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)")
+    run.add_argument("--data", metavar="PATH", help="feed real tokens from this dataset (default: synthetic tokens)")
+    run.add_argument("--batch-sizes", metavar="LIST", help="micro batch sizes, e.g. 1,2,4 (default: sized to the device)")
+    run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")
+    run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")
+    run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
+    run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
+    run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
+    run.add_argument("--budget", metavar="DURATION", help="bound the whole benchmark: 150s, 10m, 1h (default: the whole space)")
+    run.add_argument("--max-probe-seconds", type=float, metavar="S", help="cap on timed seconds per probe")
+    run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    listing = commands.add_parser("list", help="list stored calibrations, newest first")
+    listing.add_argument("--debug", action="store_true")
+
+    show = commands.add_parser("show", help="explain a calibration: fit, error, best configurations")
+    show.add_argument("reference", nargs="?", default="latest", metavar="latest|ID|PATH")
+    show.add_argument("--json", action="store_true", help="print the calibration JSON")
+    show.add_argument("--debug", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_OK
+    if args.command == "run":
+        from bench.run_command import run_command
+
+        return run_command(args)
+    if args.command == "list":
+        return list_command()
+    return show_command(args.reference, args.json)
+
+
+def list_command() -> int:
+    from calibration.store import calibrations_dir, list_calibrations
+
+    entries = list_calibrations()
+    if not entries:
+        print(f"no calibrations in {calibrations_dir()}: run `bench run`")
+        return EXIT_OK
+    for path, data, error in entries:
+        if data is None:
+            print(f"{path.stem:<44} unreadable: {error}")
+            continue
+        ok = sum(1 for row in data["measurements"] if row["status"] == "ok")
+        fit = data.get("fit") or {}
+        median = (fit.get("held_out_error") or {}).get("median_abs_pct")
+        error_text = f"held-out median error {median:.1f}%" if median is not None else "no fit"
+        print(f"{data['id']:<44} {data['created_at']}  {data['hardware']['name'][:28]:<28}  {data['model']['name']:<14} {ok:>3} ok probes, {error_text}")
+    return EXIT_OK
+
+
+def show_command(reference: str, as_json: bool) -> int:
+    from calibration.schema import read_calibration_file
+    from calibration.store import resolve_calibration
+
+    path = resolve_calibration(reference)
+    data = read_calibration_file(path)
+    if as_json:
+        json.dump(data, sys.stdout, indent=2)
+        print()
+        return EXIT_OK
+    print("\n".join(describe_calibration(data, str(path))))
+    return EXIT_OK
+
+
+def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
+    from bench.record import best_rows, status_counts
+    from bench.tables import format_table
+    from calibration.model import Calibration
+
+    hardware, model = data["hardware"], data["model"]
+    counts = status_counts(data["measurements"])
+    lines = [
+        f"calibration {data['id']}  ({path})",
+        f"  created {data['created_at']} on {hardware['name']} ×{hardware['count']} "
+        f"({hardware['memory_bytes'] / 2**30:.1f} GiB), model {model['name']} ({model['parameter_count']:,} parameters)",
+        "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
+    ]
+    search = data.get("search") or {}
+    if search.get("stopped_by_budget"):
+        lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")
+    for warning in data.get("warnings", []):
+        lines.append(f"  warning: {warning}")
+    if data.get("fit"):
+        lines.append("")
+        lines.append("fit:")
+        lines.extend(f"  {line}" for line in Calibration(data).explain())
+    lines.append("")
+    lines.append("best configurations measured:")
+    lines.append(format_table(best_rows(data["measurements"])))
+    history = data.get("history", [])
+    if history:
+        lines.append("")
+        lines.append("how past estimates fared:")
+        for entry in history[-10:]:
+            lines.append(
+                f"  run {entry.get('run_id', '?')}: predicted {entry.get('predicted_tokens_per_second', 0):,.0f} tok/s, "
+                f"actual {entry.get('actual_tokens_per_second', 0):,.0f} tok/s; time error "
+                f"{entry.get('time_error_pct', float('nan')):+.1f}%"
+            )
+    return lines
+
+
+def entry_point() -> None:
+    sys.exit(guard_cli(main))
+
+
+if __name__ == "__main__":
+    entry_point()

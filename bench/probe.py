@@ -1,0 +1,155 @@
+"""One probe: the trainer's own step, at one (micro batch, workers, accumulation, length).
+
+Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps until the
+spread of step times is small or the per-probe cap is reached. Out of memory is a result.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.memory import PeakMemory
+from bench.space import ProbeConfig
+from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
+from train.checkpoint import save_checkpoint
+from train.data import TokenizedData
+from train.model import ModelShape, ModelSpec, build_model, model_shape
+from train.runtime import make_accelerator, make_optimizer, pin_memory
+from train.step import TrainingStep
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    warmup_steps: int = 1
+    min_steps: int = 3
+    max_steps: int = 10
+    max_seconds: float = 4.0
+    target_spread: float = 0.05  # (p75 - p25) / median of step seconds
+
+    @classmethod
+    def for_device(cls, device_type: str) -> ProbeSettings:
+        if device_type == "cuda":
+            return cls(warmup_steps=3, min_steps=5, max_steps=30, max_seconds=20.0, target_spread=0.03)
+        return cls()
+
+
+class Workload:
+    """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
+
+    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None) -> None:
+        import torch
+
+        started = time.perf_counter()
+        self.spec = spec
+        self.data = data
+        self.accelerator = make_accelerator()
+        model = build_model(spec, self.accelerator.device)
+        self.shape: ModelShape = model_shape(model)
+        self.vocab_size = int(model.config.vocab_size)
+        optimizer = make_optimizer(model)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.step = TrainingStep(self.accelerator, self.model, self.optimizer, self.scheduler)
+        self.pin_memory = pin_memory(self.accelerator)
+        self._stream = data.stream() if data is not None else None
+        self.build_seconds = time.perf_counter() - started
+
+    @property
+    def device(self) -> Any:
+        return self.accelerator.device
+
+    def batches(self, config: ProbeConfig, count: int) -> Any:
+        """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
+        if self._stream is None:
+            return SyntheticBatches(count, config.micro_batch_size, config.seq_len, self.vocab_size)
+        rows = count * config.micro_batch_size
+        plan = plan_packed_batches(rows, config.micro_batch_size, seed=0, epoch=0)
+        return PackedBatches(self._stream, plan, config.seq_len)
+
+    def measure_checkpoint_seconds(self) -> tuple[float, int]:
+        """Save one real checkpoint to a temporary folder: (seconds, bytes)."""
+        with tempfile.TemporaryDirectory() as folder:
+            target = Path(folder) / "step-0000000"
+            seconds = save_checkpoint(target, self.model, self.optimizer, self.scheduler, {"step": 0})
+            size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
+        return seconds, size
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
+    """A measurement row (status ok / oom / error) for one configuration."""
+    row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
+    started = time.perf_counter()
+    steps_needed = settings.warmup_steps + settings.max_steps
+    loader = make_loader(workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory)
+    iterator = iter(loader)
+    step_seconds: list[float] = []
+    waits: list[float] = []
+    try:
+        with PeakMemory(workload.device) as memory:
+            for _ in range(settings.warmup_steps):
+                workload.step.run(iterator, config.grad_accum)
+            timed_from = time.perf_counter()
+            while len(step_seconds) < settings.max_steps:
+                result = workload.step.run(iterator, config.grad_accum)
+                step_seconds.append(result.seconds)
+                waits.append(result.data_wait_seconds)
+                if len(step_seconds) >= settings.min_steps and (
+                    spread(step_seconds) <= settings.target_spread or time.perf_counter() - timed_from >= settings.max_seconds
+                ):
+                    break
+    except Exception as error:  # noqa: BLE001 - a failed probe is data, not a crash
+        row["status"] = "oom" if is_out_of_memory(error) else "error"
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        recover_after_failure(workload)
+    finally:
+        del iterator, loader
+    row["probe_seconds"] = round(time.perf_counter() - started, 4)
+    if row["status"] != "ok":
+        return row
+    median_seconds = statistics.median(step_seconds)
+    tokens = config.micro_batch_size * config.seq_len * config.grad_accum
+    tokens_per_second = tokens / median_seconds
+    row.update(
+        tokens_per_second=tokens_per_second,
+        step_seconds=median_seconds,
+        step_seconds_spread=spread(step_seconds),
+        step_seconds_min=min(step_seconds),
+        step_seconds_max=max(step_seconds),
+        data_wait_share=min(1.0, sum(waits) / sum(step_seconds)),
+        peak_memory_bytes=int(memory.peak_bytes),
+        timed_steps=len(step_seconds),
+        mfu=(tokens_per_second * workload.shape.flops_per_token(config.seq_len) / peak_flops) if peak_flops else None,
+    )
+    return row
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range over the median: how stable the step time is."""
+    if len(values) < 2:
+        return 0.0
+    quartiles = statistics.quantiles(values, n=4, method="inclusive")
+    return (quartiles[2] - quartiles[0]) / statistics.median(values)
+
+
+def recover_after_failure(workload: Workload) -> None:
+    """Drop half-built gradients and cached blocks so the next probe starts clean."""
+    workload.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if workload.device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()

@@ -1,0 +1,70 @@
+"""Assemble a calibration record from a benchmark's results and fit its models."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from bench.runner import BenchResult
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
+from calibration.schema import SCHEMA_VERSION
+from calibration.store import new_id
+
+
+def build_calibration(
+    *,
+    hardware: dict[str, Any],
+    software: dict[str, Any],
+    model: dict[str, Any],
+    device_label: str,
+    requested_device: str | None,
+    result: BenchResult,
+    search: dict[str, Any],
+    overheads: dict[str, float],
+    data: dict[str, Any] | None,
+    warnings: list[str],
+    created: datetime | None = None,
+) -> dict[str, Any]:
+    created = created or datetime.now(timezone.utc)
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "id": new_id(device_label, model["name"], created),
+        "created_at": created.isoformat(timespec="seconds"),
+        "hardware": hardware,
+        "software": software,
+        "model": model,
+        "requested_device": requested_device,
+        "data": data,
+        "search": {
+            **search,
+            "stopped_by_budget": result.stopped_by_budget,
+            "left_out": result.left_out,
+            "reused_rows": result.reused,
+        },
+        "overheads": overheads,
+        "warnings": list(warnings),
+        "measurements": result.rows,
+        "fit": None,
+        "history": [],
+    }
+    ok_count = sum(1 for row in result.rows if row["status"] == "ok")
+    if ok_count >= MIN_ROWS_FOR_FIT:
+        record["fit"] = fit_measurements(result.rows)
+    else:
+        record["warnings"].append(
+            f"only {ok_count} probes succeeded (need {MIN_ROWS_FOR_FIT}); no model was fitted: "
+            "widen the space or raise --budget"
+        )
+    return record
+
+
+def best_rows(rows: list[dict[str, Any]], count: int = 5) -> list[dict[str, Any]]:
+    ok = [row for row in rows if row["status"] == "ok"]
+    return sorted(ok, key=lambda row: -row["tokens_per_second"])[:count]
+
+
+def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return counts

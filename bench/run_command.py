@@ -1,0 +1,176 @@
+"""`bench run`: validate the options, build the workload, probe, fit, store, summarise."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from typing import Any
+
+from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list
+from calibration.durations import format_duration, parse_duration
+from calibration.errors import EXIT_OK, BenchtrainError
+
+
+def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
+    return SearchSpace(
+        parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else defaults.batch_sizes,
+        parse_int_list(args.workers, "--workers", minimum=0) if args.workers else defaults.workers,
+        parse_int_list(args.accum, "--accum") if args.accum else defaults.accums,
+        parse_int_list(args.seq_lens, "--seq-lens") if args.seq_lens else defaults.seq_lens,
+    )
+
+
+def validate_args(args: argparse.Namespace) -> float | None:
+    """Check everything that needs no torch first, so bad input fails fast. Returns the budget."""
+    # Parse list options now (against dummy defaults) to fail before any heavy import.
+    space_from_args(args, SearchSpace((1,), (0,), (1,), (1,)))
+    if args.trials is not None and args.trials < 1:
+        raise BenchtrainError(f"--trials must be a positive integer, got {args.trials}")
+    if args.max_probe_seconds is not None and args.max_probe_seconds <= 0:
+        raise BenchtrainError("--max-probe-seconds must be positive")
+    return parse_duration(args.budget, "--budget") if args.budget else None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    budget_seconds = validate_args(args)
+    from calibration.home import benchtrain_home, writable_subdir
+    from train.model import resolve_model
+
+    spec = resolve_model(args.model)
+    writable_subdir("calibrations")
+
+    from bench.hardware import detect_hardware, detect_software, device_label, requested_mismatch
+    from bench.probe import ProbeSettings, Workload, run_probe
+    from bench.record import build_calibration
+    from bench.runner import Budget, run_grid, run_optuna, study_name
+    from calibration.store import save_calibration
+    from train.model import model_record
+
+    hardware = detect_hardware()
+    warnings: list[str] = []
+    mismatch = requested_mismatch(args.gpu, hardware)
+    if mismatch:
+        warnings.append(mismatch)
+        _say(f"warning: {mismatch}")
+    space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
+
+    data_record = None
+    tokenized = None
+    if args.data:
+        from train.data import length_profile, load_tokenized
+        from train.tokenizer import load_tokenizer
+
+        tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer))
+        data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
+
+    _say(f"building {spec.name} on {hardware['name']} …")
+    workload = Workload(spec, tokenized)
+    model = model_record(spec, workload.shape)
+    too_long = [length for length in space.seq_lens if length > _max_positions(spec)]
+    if too_long:
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {_max_positions(spec)} positions")
+
+    settings = ProbeSettings.for_device(hardware["device_type"])
+    if args.max_probe_seconds:
+        settings = replace(settings, max_seconds=args.max_probe_seconds)
+    peak_flops = hardware.get("peak_bf16_flops")
+
+    def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+        capped = settings if remaining is None else replace(settings, max_seconds=max(0.5, min(settings.max_seconds, remaining / 2)))
+        return run_probe(workload, config, capped, peak_flops)
+
+    budget = Budget(budget_seconds, started)
+    trials = args.trials or max(4, space.size // 3)
+    total = space.size if args.search == "grid" else min(trials, space.size)
+    _say(
+        f"probing {total} of {space.size} configurations ({args.search})"
+        + (f" within {format_duration(budget_seconds)}" if budget_seconds else "")
+    )
+    progress = _progress_bar(total, args.quiet)
+    try:
+        if args.search == "grid":
+            result = run_grid(space, probe, budget, progress)
+        else:
+            name = study_name(hardware, model, space, args.data)
+            result = run_optuna(space, probe, budget, trials, benchtrain_home() / "studies" / "bench.db", name, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+
+    checkpoint_seconds, checkpoint_bytes = workload.measure_checkpoint_seconds()
+    overheads = {
+        "model_build_seconds": round(workload.build_seconds, 4),
+        "checkpoint_save_seconds": round(checkpoint_seconds, 4),
+        "checkpoint_bytes": checkpoint_bytes,
+        "warmup_steps": settings.warmup_steps,
+    }
+    search = {
+        "method": args.search,
+        "space": space.as_dict(),
+        "trials": trials if args.search == "optuna" else None,
+        "budget_seconds": budget_seconds,
+        "settings": settings.__dict__,
+    }
+    record = build_calibration(
+        hardware=hardware,
+        software=detect_software(),
+        model=model,
+        device_label=device_label(hardware),
+        requested_device=args.gpu,
+        result=result,
+        search=search,
+        overheads=overheads,
+        data=data_record,
+        warnings=warnings,
+    )
+    record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
+    path = save_calibration(record)
+    report_path = None
+    if not args.no_report:
+        report_path = _write_report(path)
+    print_summary(record, str(path), result.left_out, report_path)
+    return EXIT_OK
+
+
+def _max_positions(spec: Any) -> int:
+    config = spec.config_dict
+    return int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
+
+
+def _write_report(path: Any) -> Any:
+    try:
+        from reports.calibration_report import write_calibration_report
+    except ImportError:  # reports not installed: the calibration itself is what matters
+        return None
+    return write_calibration_report(path)
+
+
+def _progress_bar(total: int, quiet: bool) -> Any:
+    if quiet:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="probes", unit="probe", dynamic_ncols=True)
+
+
+def _say(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any) -> None:
+    from bench.cli import describe_calibration
+
+    print("\n".join(describe_calibration(record, path)))
+    if left_out:
+        sample = ", ".join(
+            f"B{c['micro_batch_size']}/W{c['num_workers']}/A{c['grad_accum']}/S{c['seq_len']}" for c in left_out[:6]
+        )
+        more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
+        print(f"\nnot probed: {sample}{more}")
+    print(f"\nbenchmark took {format_duration(record['overheads']['benchmark_seconds'])}; calibration {record['id']} saved to {path}")
+    if report_path:
+        print(f"report: {report_path}")

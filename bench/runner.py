@@ -1,0 +1,169 @@
+"""Run probes over the space (grid or Optuna), within a time budget, pruning past OOMs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.space import ProbeConfig, SearchSpace, budget_order, ruled_out_by
+
+ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
+# Keep a little of the budget for fitting and writing the calibration.
+BUDGET_RESERVE = 0.04
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    left_out: list[dict[str, int]] = field(default_factory=list)
+    stopped_by_budget: bool = False
+    reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
+
+
+class Budget:
+    """Seconds left from a start time; `None` means unbounded."""
+
+    def __init__(self, seconds: float | None, started: float | None = None) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic() if started is None else started
+
+    def remaining(self) -> float | None:
+        if self.seconds is None:
+            return None
+        return self.seconds * (1 - BUDGET_RESERVE) - (time.monotonic() - self.started)
+
+    def allows(self, expected_seconds: float) -> bool:
+        remaining = self.remaining()
+        return remaining is None or remaining >= expected_seconds
+
+
+def _expected_probe_seconds(rows: list[dict[str, Any]]) -> float:
+    durations = [row["probe_seconds"] for row in rows if row.get("probe_seconds")]
+    return sum(durations) / len(durations) if durations else 0.0
+
+
+def _skipped_row(config: ProbeConfig, cause: ProbeConfig) -> dict[str, Any]:
+    return {
+        **config.as_dict(),
+        "status": "skipped",
+        "error": f"skipped: batch {cause.micro_batch_size} at length {cause.seq_len} ran out of memory",
+    }
+
+
+def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None) -> BenchResult:
+    result = BenchResult()
+    order = budget_order(space)
+    oom: list[ProbeConfig] = []
+    for index, config in enumerate(order):
+        cause = ruled_out_by(config, oom)
+        if cause is not None:
+            result.rows.append(_skipped_row(config, cause))
+            _advance(progress, result.rows[-1])
+            continue
+        if not budget.allows(_expected_probe_seconds(result.rows)):
+            result.stopped_by_budget = True
+            result.left_out = [c.as_dict() for c in order[index:] if ruled_out_by(c, oom) is None]
+            break
+        row = probe(config, budget.remaining())
+        result.rows.append(row)
+        if row["status"] == "oom":
+            oom.append(config)
+        _advance(progress, row)
+    return result
+
+
+def _advance(progress: Any, row: dict[str, Any]) -> None:
+    if progress is None:
+        return
+    if row.get("tokens_per_second"):
+        progress.set_postfix_str(
+            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} "
+            f"S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s"
+        )
+    progress.update(1)
+
+
+def study_name(hardware: dict[str, Any], model: dict[str, Any], space: SearchSpace, data: str | None) -> str:
+    key = json.dumps([hardware["name"], hardware["count"], model["fingerprint"], space.as_dict(), data], sort_keys=True)
+    return "bench-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def run_optuna(space: SearchSpace, probe: ProbeFunction, budget: Budget, trials: int, storage_path: Path, name: str, progress: Any = None, seed: int = 0) -> BenchResult:
+    """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial.
+
+    The study lives in SQLite, and each finished trial keeps its measurement row, so a
+    benchmark that was interrupted resumes without repeating finished probes.
+    """
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage_path.parent.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(
+        study_name=name,
+        storage=f"sqlite:///{storage_path}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+    )
+    distributions = {
+        dimension: CategoricalDistribution(list(values))
+        for dimension, values in zip(("micro_batch_size", "num_workers", "grad_accum", "seq_len"), space.values(), strict=True)
+    }
+    done: dict[ProbeConfig, dict[str, Any]] = {}
+    for trial in study.get_trials(deep_copy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if "row" in trial.user_attrs:
+            done[ProbeConfig(**{k: int(v) for k, v in trial.params.items()})] = trial.user_attrs["row"]
+    result = BenchResult(rows=list(done.values()), reused=len(done))
+    for row in result.rows:
+        _advance(progress, row)
+    oom = [config for config, row in done.items() if row["status"] == "oom"]
+    target = min(trials, space.size)
+    fallback = [config for config in budget_order(space) if config not in done]
+    while len(done) < target:
+        if not budget.allows(_expected_probe_seconds(result.rows[result.reused :])):
+            result.stopped_by_budget = True
+            break
+        trial = study.ask(distributions)
+        config = ProbeConfig(**{k: int(trial.params[k]) for k in distributions})
+        cause = ruled_out_by(config, oom)
+        if config in done or cause is not None:
+            # Already known: tell Optuna what it was, and steer the next trial to a new point.
+            known = done.get(config)
+            if known is not None and known["status"] == "ok":
+                study.tell(trial, known["tokens_per_second"])
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+            if cause is not None and config not in done:
+                done[config] = _skipped_row(config, cause)
+                result.rows.append(done[config])
+                _advance(progress, done[config])
+            next_new = next((c for c in fallback if c not in done and ruled_out_by(c, oom) is None), None)
+            if next_new is None:
+                break
+            study.enqueue_trial(next_new.as_dict())
+            continue
+        try:
+            row = probe(config, budget.remaining())
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        trial.set_user_attr("row", row)
+        if row["status"] == "ok":
+            study.tell(trial, row["tokens_per_second"])
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+            if row["status"] == "oom":
+                oom.append(config)
+        done[config] = row
+        result.rows.append(row)
+        _advance(progress, row)
+    if result.stopped_by_budget or len(done) < space.size:
+        result.left_out = [c.as_dict() for c in budget_order(space) if c not in done]
+    return result

@@ -1,0 +1,129 @@
+"""The benchmark's search space: which probes, in which order, and which an OOM rules out."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from calibration.errors import BenchtrainError
+
+
+@dataclass(frozen=True, order=True)
+class ProbeConfig:
+    micro_batch_size: int
+    num_workers: int
+    grad_accum: int
+    seq_len: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "num_workers": self.num_workers,
+            "grad_accum": self.grad_accum,
+            "seq_len": self.seq_len,
+        }
+
+
+DIMENSIONS = ("micro_batch_size", "num_workers", "grad_accum", "seq_len")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    batch_sizes: tuple[int, ...]
+    workers: tuple[int, ...]
+    accums: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+
+    def values(self) -> tuple[tuple[int, ...], ...]:
+        return (self.batch_sizes, self.workers, self.accums, self.seq_lens)
+
+    @property
+    def size(self) -> int:
+        return len(self.batch_sizes) * len(self.workers) * len(self.accums) * len(self.seq_lens)
+
+    def all_configs(self) -> list[ProbeConfig]:
+        return [ProbeConfig(*combo) for combo in itertools.product(*self.values())]
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {
+            "batch_sizes": list(self.batch_sizes),
+            "workers": list(self.workers),
+            "accums": list(self.accums),
+            "seq_lens": list(self.seq_lens),
+        }
+
+
+def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
+    """Small on CPU; on a GPU, larger batches and sequences (more with more memory)."""
+    if device_type == "cpu":
+        return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
+    big = memory_bytes >= 60 * 2**30
+    return SearchSpace(
+        (1, 2, 4, 8, 16) if big else (1, 2, 4, 8),
+        (0, 4),
+        (1, 4),
+        (512, 1024, 2048) if big else (256, 512, 1024),
+    )
+
+
+def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
+    """`1,2,4` as a sorted tuple of unique integers ≥ minimum, or a one-line error."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise BenchtrainError(f"{option}: {part!r} is not an integer (write e.g. {option} 1,2,4)") from None
+        if value < minimum:
+            kind = "non-negative" if minimum == 0 else "positive"
+            raise BenchtrainError(f"{option}: values must be {kind} integers, got {value}")
+        values.append(value)
+    if not values:
+        raise BenchtrainError(f"{option} needs at least one value")
+    return tuple(sorted(set(values)))
+
+
+def budget_order(space: SearchSpace) -> list[ProbeConfig]:
+    """Corners first, then the middle, then each next probe as far as possible from those done.
+
+    Under a time budget this spreads the probes over the whole space early, so whatever is left
+    out is interpolated rather than extrapolated.
+    """
+    axes = space.values()
+    positions = {
+        config: tuple(_unit(axis.index(value), len(axis)) for axis, value in zip(axes, _tuple(config), strict=True))
+        for config in space.all_configs()
+    }
+    corners = [ProbeConfig(*combo) for combo in itertools.product(*[(axis[0], axis[-1]) for axis in axes])]
+    middle = ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in axes])
+    order: list[ProbeConfig] = []
+    for config in [*corners, middle]:
+        if config not in order:
+            order.append(config)
+    remaining = [config for config in space.all_configs() if config not in order]
+    while remaining:
+        best = max(remaining, key=lambda c: (min(_distance2(positions[c], positions[o]) for o in order), c))
+        order.append(best)
+        remaining.remove(best)
+    return order
+
+
+def _tuple(config: ProbeConfig) -> tuple[int, int, int, int]:
+    return (config.micro_batch_size, config.num_workers, config.grad_accum, config.seq_len)
+
+
+def _unit(index: int, count: int) -> float:
+    return index / (count - 1) if count > 1 else 0.0
+
+
+def _distance2(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    return sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
+
+
+def ruled_out_by(config: ProbeConfig, oom_configs: list[ProbeConfig]) -> ProbeConfig | None:
+    """The OOM probe that makes `config` pointless: as large a batch at as long a sequence."""
+    for oom in oom_configs:
+        if config.micro_batch_size >= oom.micro_batch_size and config.seq_len >= oom.seq_len:
+            return oom
+    return None

@@ -1,0 +1,32 @@
+"""The contract between `bench` and `train`: calibration schema, fitted models and store.
+
+Plain data and math: no torch here.
+
+    >>> import calibration
+    >>> cal = calibration.load("latest")
+    >>> cal.predict(micro_batch_size=4, seq_len=512, grad_accum=2, num_workers=2).tokens_per_second
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibration.errors import BenchtrainError, CalibrationFileError
+from calibration.model import Calibration, Prediction
+from calibration.schema import SCHEMA_VERSION, read_calibration_file
+from calibration.store import resolve_calibration
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BenchtrainError",
+    "Calibration",
+    "CalibrationFileError",
+    "Prediction",
+    "load",
+]
+
+
+def load(reference: str | Path = "latest") -> Calibration:
+    """Load `latest`, a calibration id, or a path to a calibration JSON."""
+    path = resolve_calibration(str(reference))
+    return Calibration(read_calibration_file(path), path)

@@ -1,0 +1,62 @@
+"""User-facing errors and the guard every console script runs inside.
+
+A `BenchtrainError` is a problem with the user's input or environment: it is shown as one line
+that names the problem and the fix, with exit code 2 and no traceback (unless `--debug`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_DEADLINE = 3
+EXIT_INTERRUPTED = 130
+
+
+class BenchtrainError(Exception):
+    """A problem the user can fix; its message is one line."""
+
+    exit_code = EXIT_USAGE
+
+
+class CalibrationFileError(BenchtrainError):
+    """A calibration file that cannot be read: corrupt, incomplete or from a future version."""
+
+
+class DeadlineError(BenchtrainError):
+    """Nothing fits the deadline."""
+
+    exit_code = EXIT_DEADLINE
+
+
+def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a CLI entry point, turning known errors into one line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        return main(args)
+    except BenchtrainError as error:
+        if debug:
+            raise
+        print(f"error: {first_line(str(error))}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the guard of last resort
+        if debug:
+            raise
+        print(
+            f"internal error: {type(error).__name__}: {first_line(str(error))} "
+            "(run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else "unknown error"

@@ -1,0 +1,324 @@
+"""Fit a throughput model and a memory model to benchmark measurements, and say how wrong they are.
+
+Throughput. The time of one micro-step (one forward + backward of `micro_batch_size` sequences of
+`seq_len` tokens) is modelled as a sum of terms that each mean something:
+
+    t = fixed                      per micro-step: kernel launches, Python, loss
+      + per_token      * B*S       matrix multiplies: cost proportional to tokens
+      + attention      * B*S*S     attention scores: tokens x sequence length
+      + optimizer_step / A         clip + AdamW, once per optimizer step, shared by A micro-steps
+      + serial_data    * B*S*[W=0] batches built in the training process itself
+      + worker_supply  * B*S/W     batches built by W worker processes (supply rate per worker)
+      + per_worker     * W         each worker process competes for CPU and memory bandwidth
+
+fitted by non-negative least squares on relative error, so every term stays physical and the
+model extrapolates sensibly from few probes. A residual smoother (a kernel-weighted average of
+the physical model's log-residuals, shrunk to zero away from the data) is fitted too; whichever
+has the lower cross-validated error is used, and the calibration says which and why.
+
+Memory. Peak memory = static (weights, gradients, optimizer state, workspace)
++ per_token * B*S (activations) + attention * B*S*S, fitted the same way.
+
+Honest error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s
+and of peak memory, median and 90th percentile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+THROUGHPUT_TERMS = (
+    "fixed",
+    "per_token",
+    "attention",
+    "optimizer_step",
+    "serial_data",
+    "worker_supply",
+    "per_worker",
+)
+MEMORY_TERMS = ("static", "per_token", "attention")
+MAX_FOLDS = 10
+
+
+@dataclass(frozen=True)
+class Config:
+    micro_batch_size: int
+    seq_len: int
+    grad_accum: int
+    num_workers: int
+
+
+def throughput_features(config: Config) -> np.ndarray:
+    tokens = config.micro_batch_size * config.seq_len
+    workers = config.num_workers
+    return np.array(
+        [
+            1.0,
+            tokens,
+            tokens * config.seq_len,
+            1.0 / config.grad_accum,
+            tokens if workers == 0 else 0.0,
+            tokens / workers if workers > 0 else 0.0,
+            float(workers),
+        ]
+    )
+
+
+def memory_features(config: Config) -> np.ndarray:
+    tokens = config.micro_batch_size * config.seq_len
+    return np.array([1.0, tokens, tokens * config.seq_len])
+
+
+def fit_nonnegative(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """NNLS minimising relative error: each row is divided by its target."""
+    weights = 1.0 / targets
+    # Columns span many orders of magnitude (1 vs B*S*S): scale them for a well-posed solve.
+    scaled = features * weights[:, None]
+    column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
+    solution, _ = nnls(scaled / column_scale, targets * weights, maxiter=2000)
+    return solution / column_scale
+
+
+@dataclass
+class ResidualSmoother:
+    """Kernel-weighted mean of log-residuals in (log2 B, log2 S, log2 A, W) space, shrunk to 0."""
+
+    points: np.ndarray
+    log_residuals: np.ndarray
+    bandwidth: float
+    prior_weight: float = 0.5
+
+    def __call__(self, config: Config) -> float:
+        if len(self.points) == 0:
+            return 0.0
+        distance2 = ((self.points - residual_coordinates(config)) ** 2).sum(axis=1)
+        weights = np.exp(-0.5 * distance2 / self.bandwidth**2)
+        return float((weights * self.log_residuals).sum() / (weights.sum() + self.prior_weight))
+
+
+def residual_coordinates(config: Config) -> np.ndarray:
+    return np.array(
+        [
+            math.log2(config.micro_batch_size),
+            math.log2(config.seq_len),
+            math.log2(config.grad_accum),
+            math.log2(1 + config.num_workers),
+        ]
+    )
+
+
+@dataclass
+class ThroughputModel:
+    coefficients: dict[str, float]
+    smoother: ResidualSmoother | None = None
+
+    def micro_step_seconds(self, config: Config) -> float:
+        base = float(np.dot(throughput_features(config), [self.coefficients[t] for t in THROUGHPUT_TERMS]))
+        if self.smoother is not None:
+            base *= math.exp(self.smoother(config))
+        return max(base, 1e-9)
+
+    def step_seconds(self, config: Config) -> float:
+        return self.micro_step_seconds(config) * config.grad_accum
+
+    def tokens_per_second(self, config: Config) -> float:
+        return config.micro_batch_size * config.seq_len / self.micro_step_seconds(config)
+
+
+@dataclass
+class MemoryModel:
+    coefficients: dict[str, float]
+
+    def peak_bytes(self, config: Config) -> float:
+        return float(np.dot(memory_features(config), [self.coefficients[t] for t in MEMORY_TERMS]))
+
+
+def fit_throughput(configs: Sequence[Config], micro_seconds: np.ndarray, smooth: bool) -> ThroughputModel:
+    features = np.stack([throughput_features(c) for c in configs])
+    solution = fit_nonnegative(features, micro_seconds)
+    model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)))
+    if smooth:
+        residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
+        points = np.stack([residual_coordinates(c) for c in configs])
+        model.smoother = ResidualSmoother(points, residuals, bandwidth=1.0)
+    return model
+
+
+def fit_memory(configs: Sequence[Config], peak_bytes: np.ndarray) -> MemoryModel:
+    features = np.stack([memory_features(c) for c in configs])
+    solution = fit_nonnegative(features, peak_bytes)
+    return MemoryModel(dict(zip(MEMORY_TERMS, map(float, solution), strict=True)))
+
+
+def folds(count: int) -> list[np.ndarray]:
+    """Leave-one-out up to MAX_FOLDS rows, then MAX_FOLDS interleaved folds."""
+    if count <= MAX_FOLDS:
+        return [np.array([index]) for index in range(count)]
+    return [np.arange(start, count, MAX_FOLDS) for start in range(MAX_FOLDS)]
+
+
+@dataclass
+class ErrorSummary:
+    """Absolute percentage errors on held-out rows, plus signed relative errors for bounds."""
+
+    median_abs_pct: float
+    p90_abs_pct: float
+    max_abs_pct: float
+    count: int
+    signed_relative: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_pairs(cls, predicted: np.ndarray, actual: np.ndarray) -> ErrorSummary:
+        relative = (predicted - actual) / actual
+        absolute = np.abs(relative) * 100
+        if len(absolute) == 0:
+            return cls(math.nan, math.nan, math.nan, 0, [])
+        return cls(
+            float(np.median(absolute)),
+            float(np.percentile(absolute, 90)),
+            float(absolute.max()),
+            len(absolute),
+            [float(value) for value in relative],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median_abs_pct": _finite_or_none(self.median_abs_pct),
+            "p90_abs_pct": _finite_or_none(self.p90_abs_pct),
+            "max_abs_pct": _finite_or_none(self.max_abs_pct),
+            "count": self.count,
+        }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def cross_validate_throughput(configs: list[Config], micro_seconds: np.ndarray, smooth: bool) -> tuple[ErrorSummary, np.ndarray]:
+    """Held-out tokens/s error, and the held-out prediction for each row."""
+    held_out = np.empty(len(configs))
+    for test in folds(len(configs)):
+        train = np.setdiff1d(np.arange(len(configs)), test)
+        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth)
+        for index in test:
+            held_out[index] = model.micro_step_seconds(configs[index])
+    # tokens/s error: actual/predicted on the same token count.
+    summary = ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds)
+    return summary, held_out
+
+
+def cross_validate_memory(configs: list[Config], peak_bytes: np.ndarray) -> ErrorSummary:
+    held_out = np.empty(len(configs))
+    for test in folds(len(configs)):
+        train = np.setdiff1d(np.arange(len(configs)), test)
+        model = fit_memory([configs[i] for i in train], peak_bytes[train])
+        for index in test:
+            held_out[index] = model.peak_bytes(configs[index])
+    return ErrorSummary.from_pairs(held_out, peak_bytes)
+
+
+MIN_ROWS_FOR_FIT = 3
+
+
+def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The `fit` section of a calibration, from its measurement rows (status `ok` used)."""
+    ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
+    if len(ok_rows) < MIN_ROWS_FOR_FIT:
+        raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
+    configs = [config_of(row) for row in ok_rows]
+    micro_seconds = np.array([row["step_seconds"] / row["grad_accum"] for row in ok_rows])
+
+    candidates = {}
+    for kind, smooth in (("physical", False), ("physical+residual", True)):
+        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth)
+        candidates[kind] = (error, held_out, smooth)
+    physical_error = candidates["physical"][0]
+    smoothed_error = candidates["physical+residual"][0]
+    # Prefer the physical model unless the smoother is clearly better on held-out rows.
+    if len(configs) >= 6 and smoothed_error.median_abs_pct < 0.9 * physical_error.median_abs_pct:
+        kind = "physical+residual"
+        reason = (
+            f"the residual smoother cut the held-out median error from "
+            f"{physical_error.median_abs_pct:.1f}% to {smoothed_error.median_abs_pct:.1f}%"
+        )
+    else:
+        kind = "physical"
+        reason = (
+            f"the physical model's held-out median error ({physical_error.median_abs_pct:.1f}%) "
+            f"was not beaten by the residual smoother ({smoothed_error.median_abs_pct:.1f}%)"
+        )
+    error, held_out, smooth = candidates[kind]
+    model = fit_throughput(configs, micro_seconds, smooth)
+
+    memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
+    memory_section: dict[str, Any] | None = None
+    if len(memory_rows) >= MIN_ROWS_FOR_FIT:
+        memory_configs = [config_of(row) for row in memory_rows]
+        peaks = np.array([float(row["peak_memory_bytes"]) for row in memory_rows])
+        memory_model = fit_memory(memory_configs, peaks)
+        memory_error = cross_validate_memory(memory_configs, peaks)
+        memory_section = {
+            "kind": "physical",
+            "parameters": memory_model.coefficients,
+            "held_out_error": memory_error.to_json(),
+            "held_out_relative_errors": memory_error.signed_relative,
+        }
+
+    return {
+        "kind": kind,
+        "reason": reason,
+        "terms": list(THROUGHPUT_TERMS),
+        "parameters": model.coefficients,
+        "smoother": _smoother_json(model.smoother),
+        "held_out_error": error.to_json(),
+        "held_out_relative_errors": error.signed_relative,
+        "held_out_predicted_tokens_per_second": [
+            config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)
+        ],
+        "alternatives": {name: value[0].to_json() for name, value in candidates.items()},
+        "rows_used": len(ok_rows),
+        "memory": memory_section,
+    }
+
+
+def _smoother_json(smoother: ResidualSmoother | None) -> dict[str, Any] | None:
+    if smoother is None:
+        return None
+    return {
+        "points": smoother.points.tolist(),
+        "log_residuals": smoother.log_residuals.tolist(),
+        "bandwidth": smoother.bandwidth,
+        "prior_weight": smoother.prior_weight,
+    }
+
+
+def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
+    smoother = None
+    if fit.get("smoother"):
+        data = fit["smoother"]
+        smoother = ResidualSmoother(
+            np.array(data["points"], dtype=float).reshape(-1, 4),
+            np.array(data["log_residuals"], dtype=float),
+            float(data["bandwidth"]),
+            float(data.get("prior_weight", 0.5)),
+        )
+    return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother)
+
+
+def memory_model_from_json(memory: dict[str, Any]) -> MemoryModel:
+    return MemoryModel({term: float(memory["parameters"][term]) for term in MEMORY_TERMS})
+
+
+def config_of(row: dict[str, Any]) -> Config:
+    return Config(
+        micro_batch_size=int(row["micro_batch_size"]),
+        seq_len=int(row["seq_len"]),
+        grad_accum=int(row["grad_accum"]),
+        num_workers=int(row["num_workers"]),
+    )

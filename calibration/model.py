@@ -1,0 +1,216 @@
+"""A loaded calibration: predictions with bounds, memory feasibility, the fit in words."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from calibration.errors import BenchtrainError
+from calibration.fit import (
+    Config,
+    MemoryModel,
+    ThroughputModel,
+    memory_model_from_json,
+    throughput_model_from_json,
+)
+
+# The smallest relative bound we claim even when cross-validation saw less error.
+MIN_RELATIVE_BOUND = 0.02
+MIN_MEMORY_MARGIN = 0.10
+HISTORY_WINDOW = 5
+
+
+@dataclass(frozen=True)
+class Prediction:
+    tokens_per_second: float
+    tokens_per_second_low: float
+    tokens_per_second_high: float
+    step_seconds: float
+    step_seconds_low: float
+    step_seconds_high: float
+    peak_memory_bytes: float | None
+    peak_memory_bytes_high: float | None
+    fits_in_memory: bool
+    within_measured_range: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Calibration:
+    """The data of one calibration file plus the models fitted to it."""
+
+    def __init__(self, data: dict[str, Any], path: Path | None = None) -> None:
+        self.data = data
+        self.path = path
+        fit = data.get("fit")
+        if not fit:
+            raise BenchtrainError(f"calibration {data.get('id')} has no fitted model: re-run `bench run`")
+        self.throughput: ThroughputModel = throughput_model_from_json(fit)
+        self.memory: MemoryModel | None = memory_model_from_json(fit["memory"]) if fit.get("memory") else None
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return self.data["hardware"]
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.data["model"]
+
+    @property
+    def measurements(self) -> list[dict[str, Any]]:
+        return self.data["measurements"]
+
+    @property
+    def fit(self) -> dict[str, Any]:
+        return self.data["fit"]
+
+    @property
+    def overheads(self) -> dict[str, float]:
+        """Measured one-off costs (model build, warm-up, checkpoint save), seconds."""
+        return self.data.get("overheads", {})
+
+    def ok_rows(self) -> list[dict[str, Any]]:
+        return [row for row in self.measurements if row["status"] == "ok"]
+
+    def oom_rows(self) -> list[dict[str, Any]]:
+        return [row for row in self.measurements if row["status"] == "oom"]
+
+    def measured_values(self, name: str) -> list[int]:
+        return sorted({int(row[name]) for row in self.ok_rows()})
+
+    # -- error and history ----------------------------------------------------------------
+    @property
+    def relative_bound(self) -> float:
+        p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
+        return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.data.get("history", [])
+
+    @property
+    def history_factor(self) -> float:
+        """Median actual/predicted tokens/s of the last runs that used this calibration."""
+        ratios = [
+            entry["actual_tokens_per_second"] / entry["predicted_tokens_per_second"]
+            for entry in self.history[-HISTORY_WINDOW:]
+            if entry.get("predicted_tokens_per_second") and entry.get("actual_tokens_per_second")
+        ]
+        return float(median(ratios)) if ratios else 1.0
+
+    # -- predictions ----------------------------------------------------------------------
+    def micro_step_seconds(self, config: Config) -> float:
+        """Seconds of one micro-step, corrected by what past runs measured."""
+        return self.throughput.micro_step_seconds(config) / self.history_factor
+
+    def predict(self, micro_batch_size: int, seq_len: int, grad_accum: int = 1, num_workers: int = 0) -> Prediction:
+        config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers))
+        if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
+            raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
+        step = self.micro_step_seconds(config) * config.grad_accum
+        tokens_per_second = config.micro_batch_size * config.seq_len * config.grad_accum / step
+        bound = self.relative_bound
+        peak = peak_high = None
+        if self.memory is not None:
+            peak = self.memory.peak_bytes(config)
+            peak_high = peak * (1 + self.memory_margin)
+        return Prediction(
+            tokens_per_second=tokens_per_second,
+            tokens_per_second_low=tokens_per_second / (1 + bound),
+            tokens_per_second_high=tokens_per_second * (1 + bound),
+            step_seconds=step,
+            step_seconds_low=step / (1 + bound),
+            step_seconds_high=step * (1 + bound),
+            peak_memory_bytes=peak,
+            peak_memory_bytes_high=peak_high,
+            fits_in_memory=self.fits_in_memory(config),
+            within_measured_range=self.within_measured_range(config),
+        )
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return float(self.hardware["memory_bytes"])
+
+    @property
+    def memory_margin(self) -> float:
+        memory = self.fit.get("memory") or {}
+        p90 = (memory.get("held_out_error") or {}).get("p90_abs_pct")
+        return max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0)
+
+    def fits_in_memory(self, config: Config) -> bool:
+        """No OOM at or below this size was seen, and the predicted peak plus margin fits."""
+        for row in self.oom_rows():
+            if config.micro_batch_size >= row["micro_batch_size"] and config.seq_len >= row["seq_len"]:
+                return False
+        if self.memory is None:
+            return True
+        return self.memory.peak_bytes(config) * (1 + self.memory_margin) <= self.memory_limit_bytes
+
+    def within_measured_range(self, config: Config) -> bool:
+        ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
+        return all(
+            values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items()
+        )
+
+    # -- words ----------------------------------------------------------------------------
+    def explain(self) -> list[str]:
+        """The fit in words, one sentence a line."""
+        p = self.fit["parameters"]
+        error = self.fit.get("held_out_error", {})
+        lines = [
+            f"{_seconds(p['fixed'])} fixed per micro-step, {_seconds(p['per_token'])} per token, "
+            f"{_seconds(p['attention'] * 1000)} per 1000 tokens of attention context per token, "
+            f"{_seconds(p['optimizer_step'])} per optimizer step.",
+            f"Data: {_seconds(p['serial_data'])} per token when the training process builds batches itself "
+            f"(0 workers), {_seconds(p['worker_supply'])} per token divided by the workers otherwise, "
+            f"{_seconds(p['per_worker'])} per micro-step per worker process.",
+            f"Model used: {self.fit['kind']} ({self.fit.get('reason', 'no reason recorded')}).",
+            f"Held-out tokens/s error over {error.get('count', 0)} probes: median "
+            f"{_pct(error.get('median_abs_pct'))}, 90th percentile {_pct(error.get('p90_abs_pct'))}.",
+        ]
+        memory = self.fit.get("memory")
+        if memory:
+            m = memory["parameters"]
+            memory_error = memory.get("held_out_error", {})
+            lines.append(
+                f"Memory: {_bytes(m['static'])} static + {_bytes(m['per_token'])} per token "
+                f"+ {_bytes(m['attention'] * 1000)} per token per 1000 tokens of length; held-out error median "
+                f"{_pct(memory_error.get('median_abs_pct'))}, 90th percentile {_pct(memory_error.get('p90_abs_pct'))}; "
+                f"limit {_bytes(self.memory_limit_bytes)} with a {self.memory_margin:.0%} margin."
+            )
+        if self.history:
+            lines.append(
+                f"Past runs: {len(self.history)} used this calibration; actual/predicted tokens/s of the last "
+                f"{min(len(self.history), HISTORY_WINDOW)}: median {self.history_factor:.3f} "
+                "(applied to new predictions)."
+            )
+        return lines
+
+
+def _seconds(value: float) -> str:
+    if value == 0:
+        return "0 s"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-12:.3g} ps"
+
+
+def _bytes(value: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} B"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1f}%"

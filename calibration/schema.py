@@ -1,0 +1,149 @@
+"""The calibration file's schema: version, required fields and their types, migrations.
+
+Validation is hand-written (no jsonschema dependency) and every failure is one line that names
+the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from calibration.errors import CalibrationFileError
+
+SCHEMA_VERSION = 1
+
+# Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+_NUMBER = (int, float)
+REQUIRED_TOP = {
+    "schema_version": int,
+    "id": str,
+    "created_at": str,
+    "hardware": dict,
+    "software": dict,
+    "model": dict,
+    "measurements": list,
+}
+REQUIRED_HARDWARE = {"device_type": str, "name": str, "count": int, "memory_bytes": _NUMBER}
+REQUIRED_MODEL = {"name": str, "parameter_count": int, "fingerprint": str}
+REQUIRED_MEASUREMENT = {
+    "micro_batch_size": int,
+    "num_workers": int,
+    "grad_accum": int,
+    "seq_len": int,
+    "status": str,
+}
+MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes")
+STATUSES = {"ok", "oom", "error", "skipped"}
+
+
+def read_calibration_file(path: Path) -> dict[str, Any]:
+    """Parse, migrate and validate a calibration file, or raise a one-line error naming it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise CalibrationFileError(f"cannot read calibration {path}: {error.strerror or error}") from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CalibrationFileError(f"calibration {path} is not valid JSON ({error}); re-run `bench run`") from None
+    return validate(migrate(data, path), path)
+
+
+def migrate(data: Any, path: Path | str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise CalibrationFileError(f"calibration {path}: expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CalibrationFileError(f"calibration {path}: missing or non-integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise CalibrationFileError(
+            f"calibration {path} has schema_version {version}, newer than this benchtrain "
+            f"understands ({SCHEMA_VERSION}); upgrade benchtrain"
+        )
+    while version < SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise CalibrationFileError(f"calibration {path}: schema_version {version} is too old to migrate")
+        data = MIGRATIONS[version](data)
+        version = data["schema_version"]
+    return data
+
+
+def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
+    _check_fields(data, REQUIRED_TOP, f"calibration {path}")
+    _check_fields(data["hardware"], REQUIRED_HARDWARE, f"calibration {path}: hardware")
+    _check_fields(data["model"], REQUIRED_MODEL, f"calibration {path}: model")
+    for index, row in enumerate(data["measurements"]):
+        where = f"calibration {path}: measurements[{index}]"
+        if not isinstance(row, dict):
+            raise CalibrationFileError(f"{where} is not an object")
+        _check_fields(row, REQUIRED_MEASUREMENT, where)
+        if row["status"] not in STATUSES:
+            raise CalibrationFileError(f"{where}.status is {row['status']!r}, expected one of {sorted(STATUSES)}")
+        for name in MEASUREMENT_NUMBERS:
+            value = row.get(name)
+            if value is not None and not _is_number(value):
+                raise CalibrationFileError(f"{where}.{name} should be a number, got {type(value).__name__}")
+        if row["status"] == "ok" and not (_is_number(row.get("step_seconds")) and row["step_seconds"] > 0):
+            raise CalibrationFileError(f"{where}: an ok row needs a positive step_seconds")
+        for name in REQUIRED_MEASUREMENT:
+            if name != "status" and row[name] < (0 if name == "num_workers" else 1):
+                raise CalibrationFileError(f"{where}.{name} is out of range: {row[name]}")
+    fit = data.get("fit")
+    if fit is not None:
+        _check_fit(fit, f"calibration {path}: fit")
+    if not isinstance(data.get("history", []), list):
+        raise CalibrationFileError(f"calibration {path}: history should be a list")
+    return data
+
+
+def _check_fit(fit: Any, where: str) -> None:
+    from calibration.fit import MEMORY_TERMS, THROUGHPUT_TERMS
+
+    if not isinstance(fit, dict):
+        raise CalibrationFileError(f"{where} should be an object")
+    _check_fields(fit, {"kind": str, "parameters": dict, "held_out_error": dict}, where)
+    for term in THROUGHPUT_TERMS:
+        if not _is_number(fit["parameters"].get(term)):
+            raise CalibrationFileError(f"{where}.parameters.{term} is missing or not a number")
+    smoother = fit.get("smoother")
+    if smoother is not None:
+        if not isinstance(smoother, dict):
+            raise CalibrationFileError(f"{where}.smoother should be an object")
+        points, residuals = smoother.get("points"), smoother.get("log_residuals")
+        if not (isinstance(points, list) and isinstance(residuals, list) and len(points) == len(residuals)):
+            raise CalibrationFileError(f"{where}.smoother needs points and log_residuals of equal length")
+        if not all(isinstance(p, list) and len(p) == 4 and all(_is_number(v) for v in p) for p in points):
+            raise CalibrationFileError(f"{where}.smoother.points should be lists of 4 numbers")
+        if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
+            raise CalibrationFileError(f"{where}.smoother has a non-number value")
+    memory = fit.get("memory")
+    if memory is not None:
+        if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):
+            raise CalibrationFileError(f"{where}.memory should be an object with parameters")
+        for term in MEMORY_TERMS:
+            if not _is_number(memory["parameters"].get(term)):
+                raise CalibrationFileError(f"{where}.memory.parameters.{term} is missing or not a number")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value
+
+
+def _check_fields(obj: Any, required: dict[str, Any], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise CalibrationFileError(f"{where} should be an object")
+    for name, kind in required.items():
+        if name not in obj:
+            raise CalibrationFileError(f"{where}: missing field {name!r}")
+        value = obj[name]
+        ok = _is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (
+            kind is int and isinstance(value, bool)
+        )
+        if not ok:
+            expected = "number" if kind is _NUMBER else kind.__name__
+            raise CalibrationFileError(f"{where}: field {name!r} should be {expected}, got {type(value).__name__}")

@@ -1,0 +1,113 @@
+"""The calibration store: `BENCHTRAIN_HOME/calibrations/<id>.json` with `<id>.csv` beside it.
+
+Ids are human-readable (`cpu-tiny-20261121-140501`); `latest` is the newest by `created_at`.
+Every write is atomic; read-modify-write (history) holds a lock, so concurrent runs are safe.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from calibration.atomic import file_lock, write_json_atomic, write_text_atomic
+from calibration.errors import BenchtrainError, CalibrationFileError
+from calibration.home import benchtrain_home, writable_subdir
+from calibration.schema import read_calibration_file
+
+CSV_COLUMNS = (
+    "micro_batch_size",
+    "num_workers",
+    "grad_accum",
+    "seq_len",
+    "status",
+    "tokens_per_second",
+    "step_seconds",
+    "step_seconds_spread",
+    "data_wait_share",
+    "peak_memory_bytes",
+    "mfu",
+    "timed_steps",
+    "probe_seconds",
+    "error",
+)
+
+
+def calibrations_dir() -> Path:
+    return benchtrain_home() / "calibrations"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+def new_id(device: str, model_name: str, when: datetime) -> str:
+    return f"{slug(device)}-{slug(model_name)}-{when.strftime('%Y%m%d-%H%M%S')}"
+
+
+def save_calibration(data: dict[str, Any]) -> Path:
+    """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix."""
+    folder = writable_subdir("calibrations")
+    with file_lock(folder / ".lock"):
+        base, candidate, suffix = data["id"], data["id"], 2
+        while (folder / f"{candidate}.json").exists():
+            candidate, suffix = f"{base}-{suffix}", suffix + 1
+        data["id"] = candidate
+        write_text_atomic(folder / f"{candidate}.csv", measurements_csv(data["measurements"]))
+        path = folder / f"{candidate}.json"
+        write_json_atomic(path, data)
+    return path
+
+
+def measurements_csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
+    """(path, data, error) for every calibration file, newest first; unreadable ones keep their error."""
+    entries: list[tuple[Path, dict[str, Any] | None, str | None]] = []
+    folder = calibrations_dir()
+    if not folder.is_dir():
+        return entries
+    for path in folder.glob("*.json"):
+        try:
+            entries.append((path, read_calibration_file(path), None))
+        except CalibrationFileError as error:
+            entries.append((path, None, str(error)))
+    entries.sort(key=lambda entry: (entry[1] or {}).get("created_at", ""), reverse=True)
+    return entries
+
+
+def resolve_calibration(reference: str) -> Path:
+    """`latest`, an id, or a path to a calibration JSON."""
+    if reference == "latest":
+        for path, data, _ in list_calibrations():
+            if data is not None:
+                return path
+        raise BenchtrainError(f"no calibration in {calibrations_dir()}: run `bench run` first")
+    as_path = Path(reference).expanduser()
+    if as_path.suffix == ".json" or "/" in reference:
+        if not as_path.is_file():
+            raise BenchtrainError(f"calibration file {reference} does not exist")
+        return as_path
+    by_id = calibrations_dir() / f"{reference}.json"
+    if by_id.is_file():
+        return by_id
+    raise BenchtrainError(f"unknown calibration {reference!r}: `bench list` shows the ids you have")
+
+
+def update_calibration(path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Read, change and rewrite a calibration under the store lock."""
+    with file_lock(Path(path).parent / ".lock"):
+        data = read_calibration_file(path)
+        change(data)
+        write_json_atomic(path, data)
+    return data

@@ -1,0 +1,145 @@
+"""Micro-batches and the DataLoader that delivers them, for probes and training alike.
+
+A *batch plan* is decided up front and is deterministic (seed, epoch): the planner counts the
+real tokens of exactly the batches training will run, and `--resume` continues from an index.
+
+- Packing (`text` data): all samples joined by EOS, cut into rows of `max_length`; no padding.
+- Padding (other formats): length-grouped batches, padded to the longest sample of each batch.
+- Synthetic (bench without `--data`): random ids at the probe's sequence length.
+
+Each DataLoader item is one whole micro-batch, collated inside the worker processes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+IGNORE_INDEX = -100
+# Length grouping sorts within windows of this many batches: similar lengths, still shuffled.
+GROUP_WINDOW_BATCHES = 32
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    rows: int
+    length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.length
+
+
+def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
+    """Length-grouped batches of sample indices (a shuffled order, sorted inside windows)."""
+    order = list(range(len(lengths)))
+    rng = random.Random(seed * 1_000_003 + epoch)
+    rng.shuffle(order)
+    window = micro_batch_size * GROUP_WINDOW_BATCHES
+    batches: list[list[int]] = []
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start : start + window], key=lambda index: -min(lengths[index], max_length))
+        batches.extend(chunk[i : i + micro_batch_size] for i in range(0, len(chunk), micro_batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+    return [BatchShape(len(batch), max(min(lengths[i], max_length) for i in batch)) for batch in batches]
+
+
+def packed_row_count(total_tokens: int, max_length: int) -> int:
+    return max(1, -(-total_tokens // max_length))
+
+
+def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    order = list(range(row_count))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [order[i : i + micro_batch_size] for i in range(0, row_count, micro_batch_size)]
+
+
+def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+    return [BatchShape(len(batch), max_length) for batch in batches]
+
+
+class PaddedBatches:
+    """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length)."""
+
+    def __init__(self, samples: Sequence[np.ndarray], prompt_lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, pad_id: int) -> None:
+        self.samples, self.prompt_lengths = samples, prompt_lengths
+        self.batches, self.max_length, self.pad_id = list(batches), max_length, pad_id
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        rows = [self.samples[i][: self.max_length] for i in self.batches[index]]
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (row, sample_index) in enumerate(zip(rows, self.batches[index], strict=True)):
+            ids = torch.as_tensor(np.asarray(row, dtype=np.int64))
+            input_ids[r, : len(row)] = ids
+            attention_mask[r, : len(row)] = 1
+            labels[r, : len(row)] = ids
+            # prompt + completion data: no loss on the prompt.
+            labels[r, : min(self.prompt_lengths[sample_index], len(row))] = IGNORE_INDEX
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class PackedBatches:
+    """Item i: the rows of micro-batch i cut from one token stream (wrapping around at its end)."""
+
+    def __init__(self, stream: np.ndarray, batches: Sequence[Sequence[int]], max_length: int) -> None:
+        self.stream, self.batches, self.max_length = stream, list(batches), max_length
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        length = self.max_length
+        positions = np.concatenate([np.arange(row * length, (row + 1) * length) for row in self.batches[index]])
+        ids = torch.as_tensor(self.stream[positions % len(self.stream)].astype(np.int64)).view(-1, length)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+class SyntheticBatches:
+    """Item i: random token ids of shape (micro_batch_size, seq_len), the same for the same i."""
+
+    def __init__(self, count: int, micro_batch_size: int, seq_len: int, vocab_size: int) -> None:
+        self.count, self.micro_batch_size, self.seq_len, self.vocab_size = count, micro_batch_size, seq_len, vocab_size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        generator = torch.Generator().manual_seed(index)
+        ids = torch.randint(0, self.vocab_size, (self.micro_batch_size, self.seq_len), generator=generator)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0) -> Any:
+    """A real DataLoader over whole micro-batches, starting at batch `start` (for --resume)."""
+    from torch.utils.data import DataLoader, Subset
+
+    if start:
+        dataset = Subset(dataset, range(start, len(dataset)))
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if num_workers else None,
+    )

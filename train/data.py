@@ -1,0 +1,195 @@
+"""The user's data: load (datasets), recognise the format, tokenize (cached), profile lengths.
+
+Formats: `text`; `messages` (a list of {role, content}, rendered with the chat template);
+`prompt` + `completion` (loss on the completion only). Files: JSONL, JSON, CSV, Parquet, or a
+folder saved with `datasets.save_to_disk`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration.errors import BenchtrainError
+
+LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+TEXT_FIELDS = ("text", "content", "body")
+
+
+@dataclass
+class TokenizedData:
+    samples: list[np.ndarray]
+    prompt_lengths: list[int]
+    format: str
+    source: str
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(sample) for sample in self.samples]
+
+    @property
+    def packing(self) -> bool:
+        # Only free text can be packed: chat turns and prompt/completion pairs keep their borders.
+        return self.format == "text"
+
+    def stream(self) -> np.ndarray:
+        return np.concatenate(self.samples) if self.samples else np.zeros(0, dtype=np.int32)
+
+
+def load_records(path: str) -> Any:
+    """A `datasets.Dataset` of the file's records, or a one-line error naming the problem."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    import datasets
+
+    source = Path(path).expanduser()
+    if not source.exists():
+        raise BenchtrainError(f"data file {path} does not exist")
+    if source.is_dir():
+        try:
+            loaded = datasets.load_from_disk(str(source))
+        except Exception as error:  # noqa: BLE001 - datasets raises several kinds
+            raise BenchtrainError(f"{path} is not a saved datasets folder ({error})") from None
+        if isinstance(loaded, datasets.DatasetDict):
+            if "train" not in loaded:
+                raise BenchtrainError(f"{path} has splits {list(loaded)} but no 'train' split")
+            loaded = loaded["train"]
+        return _non_empty(loaded, path)
+    loader = LOADERS.get(source.suffix.lower())
+    if loader is None:
+        raise BenchtrainError(f"{path}: unsupported file type {source.suffix or '(none)'}; use .jsonl, .json, .csv or .parquet")
+    if source.suffix.lower() == ".jsonl":
+        _check_jsonl(source)
+    datasets.disable_progress_bars() if not _interactive() else None
+    try:
+        loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
+    except Exception as error:  # noqa: BLE001
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        cause = error.__cause__ or error.__context__
+        detail = f": {str(cause).splitlines()[0]}" if cause and str(cause) else ""
+        raise BenchtrainError(f"cannot read {path} ({message}{detail})") from None
+    return _non_empty(loaded, path)
+
+
+def _interactive() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def _check_jsonl(source: Path) -> None:
+    """Name the first malformed line: datasets' own error does not."""
+    seen = 0
+    with source.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                raise BenchtrainError(f"{source}, line {number}: not valid JSON ({error.msg if hasattr(error, 'msg') else error})") from None
+            if not isinstance(record, dict):
+                raise BenchtrainError(f"{source}, line {number}: expected a JSON object, got {type(record).__name__}")
+            seen += 1
+    if seen == 0:
+        raise BenchtrainError(f"data file {source} is empty")
+
+
+def _non_empty(dataset: Any, path: str) -> Any:
+    if len(dataset) == 0:
+        raise BenchtrainError(f"data file {path} is empty")
+    return dataset
+
+
+def detect_format(columns: list[str], path: str) -> str:
+    if "messages" in columns:
+        return "messages"
+    if "prompt" in columns and "completion" in columns:
+        return "prompt_completion"
+    if any(field in columns for field in TEXT_FIELDS):
+        return "text"
+    raise BenchtrainError(
+        f"{path}: no usable text field in columns {columns}; expected 'text', 'messages', or 'prompt' + 'completion'"
+    )
+
+
+def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:
+    """Token ids per sample (EOS-terminated) and, for prompt/completion, the prompt's length."""
+    fmt = detect_format(list(dataset.column_names), path)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    text_field = next((field for field in TEXT_FIELDS if field in dataset.column_names), "text")
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        ids, prompt_lengths = [], []
+        if fmt == "text":
+            for text in batch[text_field]:
+                ids.append(tokenizer(str(text or ""), add_special_tokens=False)["input_ids"] + eos)
+                prompt_lengths.append(0)
+        elif fmt == "messages":
+            for messages in batch["messages"]:
+                if not isinstance(messages, list) or not messages:
+                    raise BenchtrainError(f"{path}: a 'messages' value is not a non-empty list of {{role, content}}")
+                rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+                ids.append(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+                prompt_lengths.append(0)
+        else:
+            for prompt, completion in zip(batch["prompt"], batch["completion"], strict=True):
+                prompt_ids = tokenizer(str(prompt or ""), add_special_tokens=False)["input_ids"]
+                completion_ids = tokenizer(str(completion or ""), add_special_tokens=False)["input_ids"] + eos
+                ids.append(prompt_ids + completion_ids)
+                prompt_lengths.append(len(prompt_ids))
+        return {"input_ids": ids, "prompt_length": prompt_lengths}
+
+    try:
+        # datasets caches the result next to the loaded files, keyed by the function's fingerprint.
+        tokenized = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
+    except BenchtrainError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        inner = error.__cause__ or error.__context__ or error
+        if isinstance(inner, BenchtrainError):
+            raise inner from None
+        raise BenchtrainError(f"{path}: cannot tokenize ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+    column = tokenized.with_format("numpy")
+    samples = [np.asarray(ids, dtype=np.int32) for ids in column["input_ids"]]
+    keep = [index for index, sample in enumerate(samples) if len(sample) > 1]
+    if not keep:
+        raise BenchtrainError(f"{path}: every sample is empty after tokenization")
+    prompt_lengths = [int(value) for value in tokenized["prompt_length"]]
+    return TokenizedData([samples[i] for i in keep], [prompt_lengths[i] for i in keep], fmt, path)
+
+
+def load_tokenized(path: str, tokenizer: Any) -> TokenizedData:
+    return tokenize_records(load_records(path), tokenizer, path)
+
+
+PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
+
+
+def length_profile(lengths: list[int]) -> dict[str, Any]:
+    values = np.asarray(lengths, dtype=np.int64)
+    profile = {
+        "count": int(len(values)),
+        "total_tokens": int(values.sum()),
+        "mean": float(values.mean()),
+        "min": int(values.min()),
+        "max": int(values.max()),
+    }
+    for q in PROFILE_PERCENTILES:
+        profile[f"p{q:g}"] = float(np.percentile(values, q))
+    return profile
+
+
+def truncation(lengths: list[int], max_length: int) -> dict[str, Any]:
+    values = np.asarray(lengths, dtype=np.int64)
+    cut = values > max_length
+    return {
+        "max_length": max_length,
+        "samples_truncated": int(cut.sum()),
+        "share_truncated": float(cut.mean()),
+        "tokens_dropped": int((values[cut] - max_length).sum()),
+    }

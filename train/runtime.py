@@ -1,0 +1,43 @@
+"""Device, precision and optimizer setup shared by `bench` probes and `train` runs.
+
+CUDA: bf16 autocast through accelerate, TF32 matmuls, SDPA attention (chosen at model build),
+fused AdamW, pinned DataLoader memory. CPU: fp32, plain AdamW.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_LEARNING_RATE = 3e-4
+DEFAULT_WEIGHT_DECAY = 0.1
+
+
+def make_accelerator() -> Any:
+    import torch
+    from accelerate import Accelerator
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        # TF32 for any fp32 matmul left outside autocast (nanoGPT, torchtitan do the same).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
+    # Accelerator serves every grad_accum value a benchmark probes.
+    return Accelerator(mixed_precision="bf16" if cuda else "no", gradient_accumulation_steps=1)
+
+
+def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:
+    import torch
+
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": DEFAULT_WEIGHT_DECAY},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    on_cuda = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), fused=on_cuda or None)
+
+
+def pin_memory(accelerator: Any) -> bool:
+    return accelerator.device.type == "cuda"

@@ -1,0 +1,103 @@
+"""THE training step: what `bench` measures and what `train` runs, one function for both.
+
+One optimizer step = `grad_accum` micro-steps (forward, loss, backward; gradients synchronised
+across processes only on the last one) + clipping + optimizer (+ scheduler) step. Time spent
+waiting on the DataLoader is measured separately, so data supply and compute can be told apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_GRAD_NORM = 1.0
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class StepResult:
+    seconds: float
+    data_wait_seconds: float
+    loss: float
+    tokens: int  # token positions computed, padding included
+    target_tokens: int  # tokens that carry loss
+    micro_batches: int
+
+
+class StepTimer:
+    """Wall time of a region, closed by a device synchronise (CUDA events on GPU)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._cuda = device.type == "cuda"
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self._cuda:
+            self._start.record()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self._cuda:
+            import torch
+
+            self._end.record()
+            torch.cuda.synchronize()
+            return self._start.elapsed_time(self._end) / 1000.0
+        return time.perf_counter() - self._t0
+
+
+class TrainingStep:
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, max_grad_norm: float = DEFAULT_MAX_GRAD_NORM) -> None:
+        self.accelerator = accelerator
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.max_grad_norm = max_grad_norm
+        self.timer = StepTimer(accelerator.device)
+
+    def run(self, batches: Iterator[dict[str, Any]], grad_accum: int) -> StepResult:
+        """One optimizer step over the next `grad_accum` micro-batches of `batches`."""
+        import torch
+
+        accelerator, model = self.accelerator, self.model
+        model.train()
+        device = accelerator.device
+        loss_sum = torch.zeros((), device=device)
+        wait = 0.0
+        tokens = target_tokens = 0
+        self.timer.start()
+        for index in range(grad_accum):
+            waited_from = time.perf_counter()
+            batch = next(batches)
+            wait += time.perf_counter() - waited_from
+            # Counted on the host copy: no device sync inside the step.
+            tokens += batch["input_ids"].numel()
+            target_tokens += int((batch["labels"] != IGNORE_INDEX).sum())
+            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+            last = index == grad_accum - 1
+            # Gradients are all-reduced once, on the last micro-step.
+            sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+            with sync:
+                outputs = model(
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                    labels=batch["labels"],
+                )
+                loss = outputs.loss / grad_accum
+                accelerator.backward(loss)
+            loss_sum += loss.detach()
+        if self.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = self.timer.stop()
+        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum)
