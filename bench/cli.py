@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from calibration.errors import EXIT_OK, BenchtrainError, guard_cli
+from calibration.errors import EXIT_OK, guard_cli
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes

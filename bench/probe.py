@@ -100,9 +100,11 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     waits: list[float] = []
     try:
         with PeakMemory(workload.device) as memory:
+            warmup_from = time.perf_counter()
             for _ in range(settings.warmup_steps):
                 workload.step.run(iterator, config.grad_accum)
             timed_from = time.perf_counter()
+            row["warmup_seconds"] = timed_from - warmup_from
             while len(step_seconds) < settings.max_steps:
                 result = workload.step.run(iterator, config.grad_accum)
                 step_seconds.append(result.seconds)
@@ -111,7 +113,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
                     spread(step_seconds) <= settings.target_spread or time.perf_counter() - timed_from >= settings.max_seconds
                 ):
                     break
-    except Exception as error:  # noqa: BLE001 - a failed probe is data, not a crash
+    except Exception as error:
         row["status"] = "oom" if is_out_of_memory(error) else "error"
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
         recover_after_failure(workload)

@@ -41,11 +41,11 @@ def run_command(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     writable_subdir("calibrations")
 
-    from bench.hardware import detect_hardware, detect_software, device_label, requested_mismatch
+    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
     from bench.probe import ProbeSettings, Workload, run_probe
     from bench.record import build_calibration
     from bench.runner import Budget, run_grid, run_optuna, study_name
-    from calibration.store import save_calibration
+    from calibration.store import save_calibration, update_calibration
     from train.model import model_record
 
     hardware = detect_hardware()
@@ -105,6 +105,7 @@ def run_command(args: argparse.Namespace) -> int:
         "checkpoint_save_seconds": round(checkpoint_seconds, 4),
         "checkpoint_bytes": checkpoint_bytes,
         "warmup_steps": settings.warmup_steps,
+        "warmup_extra_seconds": round(warmup_extra_seconds(result.rows, settings.warmup_steps), 4),
     }
     search = {
         "method": args.search,
@@ -129,9 +130,26 @@ def run_command(args: argparse.Namespace) -> int:
     path = save_calibration(record)
     report_path = None
     if not args.no_report:
+        report_started = time.monotonic()
         report_path = _write_report(path)
+        if report_path is not None:
+            # train's plan counts the report it writes at the end: measured here.
+            seconds = round(time.monotonic() - report_started, 3)
+            update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
     print_summary(record, str(path), result.left_out, report_path)
     return EXIT_OK
+
+
+def warmup_extra_seconds(rows: list[dict[str, Any]], warmup_steps: int) -> float:
+    """How much longer the first steps take than steady state (DataLoader start, allocator, kernels)."""
+    import statistics
+
+    extras = [
+        max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"])
+        for row in rows
+        if row["status"] == "ok" and row.get("warmup_seconds") is not None
+    ]
+    return statistics.median(extras) if extras else 0.0
 
 
 def _max_positions(spec: Any) -> int:
@@ -150,9 +168,9 @@ def _write_report(path: Any) -> Any:
 def _progress_bar(total: int, quiet: bool) -> Any:
     if quiet:
         return None
-    from tqdm.auto import tqdm
+    from calibration.progress import progress_bar
 
-    return tqdm(total=total, desc="probes", unit="probe", dynamic_ncols=True)
+    return progress_bar(total, "probes", "probe")
 
 
 def _say(message: str) -> None:

@@ -46,7 +46,7 @@ def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = 
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as error:  # noqa: BLE001 - the guard of last resort
+    except Exception as error:
         if debug:
             raise
         print(

@@ -143,3 +143,10 @@ def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0
         pin_memory=pin_memory,
         prefetch_factor=4 if num_workers else None,
     )
+
+
+def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
+    """This process's share: every world_size-th batch, with the remainder dropped so that all
+    processes run the same number of steps (a missing step would hang the all-reduce)."""
+    usable = len(batches) - len(batches) % world_size if world_size > 1 else len(batches)
+    return list(batches[rank:usable:world_size])

@@ -52,7 +52,7 @@ def load_records(path: str) -> Any:
     if source.is_dir():
         try:
             loaded = datasets.load_from_disk(str(source))
-        except Exception as error:  # noqa: BLE001 - datasets raises several kinds
+        except Exception as error:
             raise BenchtrainError(f"{path} is not a saved datasets folder ({error})") from None
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
@@ -67,7 +67,7 @@ def load_records(path: str) -> Any:
     datasets.disable_progress_bars() if not _interactive() else None
     try:
         loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         cause = error.__cause__ or error.__context__
         detail = f": {str(cause).splitlines()[0]}" if cause and str(cause) else ""
@@ -149,7 +149,7 @@ def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:
         tokenized = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
     except BenchtrainError:
         raise
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         inner = error.__cause__ or error.__context__ or error
         if isinstance(inner, BenchtrainError):
             raise inner from None
@@ -173,7 +173,7 @@ PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
 def length_profile(lengths: list[int]) -> dict[str, Any]:
     values = np.asarray(lengths, dtype=np.int64)
     profile = {
-        "count": int(len(values)),
+        "count": len(values),
         "total_tokens": int(values.sum()),
         "mean": float(values.mean()),
         "min": int(values.min()),

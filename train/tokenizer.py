@@ -54,7 +54,7 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> Any:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except Exception as error:  # noqa: BLE001 - many formats, one message
+    except Exception as error:
         raise BenchtrainError(f"cannot load the tokenizer in {folder}: {error}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -82,10 +82,15 @@ def detect_software() -> dict[str, Any]:
     import torch
     import transformers
 
-    from bench import __version__
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        benchtrain_version = version("benchtrain")
+    except PackageNotFoundError:
+        benchtrain_version = "unknown"
 
     return {
-        "benchtrain": __version__,
+        "benchtrain": benchtrain_version,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -1,0 +1,351 @@
+"""The training loop: the measured step, live speed against the estimate, the deadline guard,
+checkpoints, resume and clean stops on SIGINT/SIGTERM.
+
+Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
+prediction, decide (continue / checkpoint / stop), record → final checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibration.fit import Config
+from calibration.model import Calibration
+from train.batching import PackedBatches, PaddedBatches, make_loader
+from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
+from train.data import TokenizedData
+from train.planner import Candidate, batch_shapes, run_batches
+
+OVERRUN_ACTIONS = ("stop", "shrink", "warn")
+WARMUP_FRACTION = 0.05
+LIVE_WINDOW_STEPS = 20
+
+
+@dataclass
+class LoopSettings:
+    started_at: float  # time.monotonic() when the command started: the deadline counts from there
+    deadline_seconds: float
+    margin_seconds: float
+    on_overrun: str = "stop"
+    checkpoint_interval_seconds: float = 600.0
+    keep_checkpoints: int = 2
+    log_interval_seconds: float = 10.0
+    learning_rate: float = 3e-4
+    seed: int = 0
+    epochs: float = 1.0
+    step_limit: int | None = None
+    report_seconds: float = 0.0  # measured by bench: the report written after training
+    resume: bool = False
+
+
+@dataclass
+class LoopOutcome:
+    status: str  # completed | stopped_for_deadline | interrupted | step_limit
+    steps: int
+    micro_batches: int
+    tokens: int
+    padded_tokens: int
+    step_seconds: float  # sum of measured optimizer-step times
+    checkpoint_seconds: list[float]
+    losses: list[dict[str, float]]
+    timeline: list[dict[str, float]]
+    events: list[str]
+    last_checkpoint: str | None
+    resumed_from: str | None = None
+    exit_signal: int | None = None
+
+
+@dataclass
+class Position:
+    """Where the loop is: resumable from a checkpoint's meta."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    micro_batches: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    step_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    losses: list[dict[str, float]] = field(default_factory=list)
+    timeline: list[dict[str, float]] = field(default_factory=list)
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to checkpoint and stop after the current step."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number: int, _frame: Any) -> None:
+        self.received = number
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+class TrainingRun:
+    def __init__(
+        self,
+        *,
+        calibration: Calibration,
+        chosen: Candidate,
+        data: TokenizedData,
+        spec: Any,
+        pad_id: int,
+        out_dir: Path,
+        settings: LoopSettings,
+        on_update: Callable[[LoopOutcome | None, Position, dict[str, Any]], None] | None = None,
+        step_hook: Callable[[int], None] | None = None,
+    ) -> None:
+        self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
+        self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
+        self.on_update = on_update
+        self.step_hook = step_hook  # tests slow the step down through this
+        self.events: list[str] = []
+
+    # -- setup ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import torch
+        from transformers import get_cosine_schedule_with_warmup
+
+        from train.model import build_model
+        from train.runtime import make_accelerator, make_optimizer, pin_memory
+        from train.step import TrainingStep
+
+        self.accelerator = make_accelerator()
+        torch.manual_seed(self.settings.seed)
+        model = build_model(self.spec, self.accelerator.device)
+        optimizer = make_optimizer(model, self.settings.learning_rate)
+        total_steps = self.total_steps()
+        scheduler = get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.step = TrainingStep(self.accelerator, self.model, self.optimizer, self.scheduler)
+        self.pin_memory = pin_memory(self.accelerator)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        c = self.chosen
+        return run_batches(self.data, c.micro_batch_size, c.max_length, self.settings.seed, epoch, self.settings.epochs,
+                           self.accelerator.num_processes, self.accelerator.process_index)
+
+    def total_steps(self) -> int:
+        steps = self.chosen.optimizer_steps
+        return min(steps, self.settings.step_limit) if self.settings.step_limit else steps
+
+    def dataset(self, batches: list[list[int]]) -> Any:
+        if self.data.packing:
+            return PackedBatches(self._stream, batches, self.chosen.max_length)
+        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id)
+
+    def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
+        """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
+        c = self.chosen
+        micro = [
+            self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers))
+            for shape in batch_shapes(self.data, batches, c.max_length)
+        ]
+        return [sum(micro[i : i + c.grad_accum]) for i in range(0, len(micro), c.grad_accum)]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> LoopOutcome:
+        self._build()
+        self._stream = self.data.stream() if self.data.packing else None
+        position, resumed_from = self._restore()
+        checkpoint_dir = self.out_dir / "checkpoints"
+        checkpoint_times: list[float] = []
+        last_checkpoint = resumed_from
+        s, c = self.settings, self.chosen
+        deadline_at = s.started_at + s.deadline_seconds
+        measured_save = self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
+        last_checkpoint_at = last_log_at = time.monotonic()
+        status = "completed"
+        limit = self.total_steps()
+        overrun_warned = False
+        recent: list[tuple[float, float]] = []  # (actual, predicted) seconds of recent steps
+        progress = self._progress(limit, position.step)
+
+        with StopSignals() as signals:
+            epochs = math.ceil(s.epochs)
+            while position.epoch < epochs and status == "completed":
+                batches = self.epoch_batches(position.epoch)
+                predicted = self.predicted_step_seconds(batches)
+                loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
+                iterator = iter(loader)
+                while position.batch_in_epoch < len(batches):
+                    if position.step >= limit:
+                        status = "step_limit"
+                        break
+                    step_index = position.batch_in_epoch // c.grad_accum
+                    micro_count = min(c.grad_accum, len(batches) - position.batch_in_epoch)
+                    if self.step_hook:
+                        self.step_hook(position.step)
+                    result = self.step.run(iterator, micro_count)
+                    position.step += 1
+                    position.batch_in_epoch += micro_count
+                    position.micro_batches += micro_count
+                    position.tokens += result.target_tokens * self.accelerator.num_processes
+                    position.padded_tokens += result.tokens * self.accelerator.num_processes
+                    position.step_seconds += result.seconds
+                    position.predicted_seconds += predicted[step_index]
+                    recent = [*recent[-(LIVE_WINDOW_STEPS - 1) :], (result.seconds, predicted[step_index])]
+                    now = time.monotonic()
+                    position.losses.append({"step": position.step, "loss": result.loss, "elapsed": now - s.started_at})
+                    if progress is not None:
+                        progress.update(1)
+                        progress.set_postfix_str(self._postfix(result, recent))
+
+                    # -- the deadline guard ------------------------------------------------
+                    ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))
+                    remaining_predicted = self._remaining_predicted(position, predicted, step_index, limit)
+                    projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
+                    budget_end = s.deadline_seconds - s.margin_seconds
+                    if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
+                        if s.on_overrun == "shrink":
+                            per_step = sum(a for a, _ in recent) / len(recent)
+                            room = budget_end - (now - s.started_at) - measured_save - s.report_seconds
+                            new_limit = position.step + max(0, math.floor(room / per_step))
+                            if new_limit < limit:
+                                limit = new_limit
+                                self.events.append(f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps")
+                        elif not overrun_warned:
+                            overrun_warned = True
+                            action = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
+                            self.events.append(f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}")
+                        if progress is not None and self.events:
+                            progress.write(f"deadline: {self.events[-1]}")
+                    # Stop while a step, a checkpoint and the report still fit before the deadline.
+                    next_step = max(a for a, _ in recent) * 1.5
+                    last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - next_step
+                    must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
+                    if signals.received is not None or must_stop:
+                        status = "interrupted" if signals.received is not None else "stopped_for_deadline"
+                    # -- record, log, checkpoint ----------------------------------------------
+                    if now - last_log_at >= s.log_interval_seconds or status != "completed":
+                        last_log_at = now
+                        position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
+                        self._log(progress, position, now, ratio, projected_finish)
+                        self._update(None, position)
+                    periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
+                    if (periodic or status != "completed") and self.accelerator.is_main_process:
+                        last_checkpoint, seconds = self._save(checkpoint_dir, position)
+                        checkpoint_times.append(seconds)
+                        last_checkpoint_at = time.monotonic()
+                    if status != "completed":
+                        break
+                del iterator, loader
+                if status == "completed" and position.batch_in_epoch >= len(batches):
+                    position.epoch += 1
+                    position.batch_in_epoch = 0
+            if status == "completed" and position.step >= limit and self.settings.step_limit:
+                status = "step_limit"
+            already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
+            if self.accelerator.is_main_process and not already_saved and position.step > 0:
+                last_checkpoint, seconds = self._save(checkpoint_dir, position)
+                checkpoint_times.append(seconds)
+            now = time.monotonic()
+            position.timeline.append(self._timeline_point(position, now, 1.0, now - s.started_at))
+            if progress is not None:
+                progress.close()
+            exit_signal = signals.received
+        return LoopOutcome(
+            status=status,
+            steps=position.step,
+            micro_batches=position.micro_batches,
+            tokens=position.tokens,
+            padded_tokens=position.padded_tokens,
+            step_seconds=position.step_seconds,
+            checkpoint_seconds=checkpoint_times,
+            losses=position.losses,
+            timeline=position.timeline,
+            events=self.events,
+            last_checkpoint=last_checkpoint,
+            resumed_from=resumed_from,
+            exit_signal=exit_signal,
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _remaining_predicted(self, position: Position, predicted: list[float], step_index: int, limit: int) -> float:
+        """Predicted seconds of the steps still to run (this epoch's rest + later epochs)."""
+        steps_left = max(0, limit - position.step)
+        this_epoch = predicted[step_index + 1 : step_index + 1 + steps_left]
+        remaining = sum(this_epoch)
+        steps_left -= len(this_epoch)
+        if steps_left > 0 and predicted:
+            remaining += steps_left * (sum(predicted) / len(predicted))
+        return remaining
+
+    def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
+        s = self.settings
+        return {
+            "elapsed": now - s.started_at,
+            "steps": position.step,
+            "tokens": position.tokens,
+            "train_seconds": position.step_seconds,
+            "predicted_train_seconds": position.predicted_seconds,
+            "live_ratio": ratio,
+            "projected_finish": projected,
+            "loss": position.losses[-1]["loss"] if position.losses else math.nan,
+        }
+
+    def _postfix(self, result: Any, recent: list[tuple[float, float]]) -> str:
+        ratio = sum(p for _, p in recent) / max(1e-12, sum(a for a, _ in recent))
+        state = "on track" if ratio >= 1 / (1 + self.calibration.relative_bound) else "slower than planned"
+        return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {state}"
+
+    def _log(self, progress: Any, position: Position, now: float, ratio: float, projected: float) -> None:
+        s = self.settings
+        predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
+        actual_rate = position.tokens / max(position.step_seconds, 1e-9)
+        elapsed = now - s.started_at
+        line = (
+            f"step {position.step}: {actual_rate:,.0f} tok/s actual vs {predicted_rate:,.0f} predicted, "
+            f"elapsed {elapsed:.0f}s, remaining {max(0.0, projected - elapsed):.0f}s, "
+            f"projected finish {projected:.0f}s of {s.deadline_seconds:.0f}s deadline"
+        )
+        if progress is not None:
+            progress.write(line)
+
+    def _progress(self, total: int, initial: int) -> Any:
+        if not self.accelerator.is_main_process:
+            return None
+        from calibration.progress import progress_bar
+
+        return progress_bar(total, "train", "step", initial)
+
+    def _save(self, checkpoint_dir: Path, position: Position) -> tuple[str, float]:
+        folder = checkpoint_dir / checkpoint_name(position.step)
+        meta = {key: value for key, value in position.__dict__.items()}
+        meta["chosen"] = self.chosen.to_json()
+        seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.keep_checkpoints)
+        self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
+        return str(folder), seconds
+
+    def _restore(self) -> tuple[Position, str | None]:
+        if not self.settings.resume:
+            return Position(), None
+        found = list_checkpoints(self.out_dir / "checkpoints")
+        if not found:
+            from calibration.errors import BenchtrainError
+
+            raise BenchtrainError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}")
+        meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
+        fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
+        self.events.append(f"resumed from {found[-1].name}")
+        return Position(**fields), str(found[-1])
+
+    def _update(self, outcome: LoopOutcome | None, position: Position) -> None:
+        if self.on_update is not None and self.accelerator.is_main_process:
+            self.on_update(outcome, position, {"events": self.events})

@@ -1,0 +1,356 @@
+"""Choose the configuration that finishes before the deadline, from measured throughput.
+
+Every number here comes from the calibration (step-time model, its held-out error, measured
+model-build / warm-up / checkpoint / report seconds) or from the data (real tokens per batch:
+padding to each batch's longest sample, or packing). The naive `samples × mean tokens /
+throughput` estimate is computed for comparison only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from calibration.errors import BenchtrainError
+from calibration.fit import Config
+from calibration.model import Calibration
+from train.batching import (
+    BatchShape,
+    packed_row_count,
+    packed_shapes,
+    padded_shapes,
+    plan_packed_batches,
+    plan_padded_batches,
+    shard,
+)
+from train.data import TokenizedData, truncation
+
+PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
+COVERAGE = {"quality": 1.0}
+DEFAULT_COVERAGE = 0.995
+BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
+MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
+DEFAULT_EFFECTIVE_BATCH = 16
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    epochs: float
+    deadline_seconds: float
+    elapsed_seconds: float = 0.0  # already spent by this command (loading, tokenizing)
+    priority: str = "balanced"
+    effective_batch: int | None = None
+    max_length: int | str | None = "auto"
+    world_size: int = 1
+    num_workers: int | None = None
+    margin_fraction: float = 0.05
+    checkpoint_interval_seconds: float = 600.0
+    price_per_hour: float | None = None
+    max_steps: int | None = None
+    fit_deadline: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise BenchtrainError(f"--priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
+        if not self.epochs > 0:
+            raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise BenchtrainError(f"--effective-batch must be a positive integer, got {self.effective_batch}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise BenchtrainError(f"--max-steps must be a positive integer, got {self.max_steps}")
+
+
+@dataclass
+class Candidate:
+    micro_batch_size: int
+    grad_accum: int
+    num_workers: int
+    max_length: int
+    world_size: int
+    optimizer_steps: int = 0
+    micro_batches: int = 0
+    step_seconds: float = 0.0  # training steps only, predicted
+    overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
+    total_seconds: float = 0.0
+    total_seconds_low: float = 0.0
+    total_seconds_high: float = 0.0
+    tokens: int = 0  # real tokens trained on
+    padded_tokens: int = 0  # positions computed, padding included
+    peak_memory_bytes: float | None = None
+    peak_memory_bytes_high: float | None = None
+    fits_in_memory: bool = True
+    extrapolated: bool = False
+    truncation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.step_seconds if self.step_seconds else 0.0
+
+    def label(self) -> str:
+        return f"batch {self.micro_batch_size} × accum {self.grad_accum}, {self.num_workers} workers, max length {self.max_length}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tokens_per_second"] = self.tokens_per_second
+        return data
+
+
+@dataclass
+class Plan:
+    chosen: Candidate
+    alternatives: list[Candidate]
+    naive_seconds: float
+    deadline_seconds: float
+    available_seconds: float
+    meets_deadline: bool
+    effective_batch: int
+    packing: bool
+    epochs: float
+    priority: str
+    step_limit: int | None
+    bound_fraction: float
+    notes: list[str]
+    cost: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen.to_json(),
+            "alternatives": [candidate.to_json() for candidate in self.alternatives],
+            "naive_seconds": self.naive_seconds,
+            "deadline_seconds": self.deadline_seconds,
+            "available_seconds": self.available_seconds,
+            "meets_deadline": self.meets_deadline,
+            "effective_batch": self.effective_batch,
+            "packing": self.packing,
+            "epochs": self.epochs,
+            "priority": self.priority,
+            "step_limit": self.step_limit,
+            "bound_fraction": self.bound_fraction,
+            "notes": self.notes,
+            "cost": self.cost,
+        }
+
+
+def epoch_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
+    """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
+    if data.packing:
+        rows = packed_row_count(sum(data.lengths), max_length)
+        return plan_packed_batches(rows, micro_batch_size, seed, epoch)
+    return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
+
+
+def run_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[list[int]]:
+    """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
+    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
+    whole = math.ceil(epochs)
+    if epochs < whole and epoch == whole - 1:
+        batches = batches[: max(1, round(len(batches) * (epochs - (whole - 1))))]
+    return shard(batches, rank, world_size)
+
+
+def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int) -> list[BatchShape]:
+    if data.packing:
+        return packed_shapes(batches, max_length)
+    return padded_shapes(data.lengths, batches, max_length)
+
+
+def epoch_shapes(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[BatchShape]:
+    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
+    if data.packing:
+        return packed_shapes(batches, max_length)
+    return padded_shapes(data.lengths, batches, max_length)
+
+
+def real_tokens(data: TokenizedData, max_length: int) -> int:
+    """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
+    if data.packing:
+        return sum(data.lengths)
+    return sum(min(length, max_length) - min(prompt, min(length, max_length)) for length, prompt in zip(data.lengths, data.prompt_lengths, strict=True))
+
+
+def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str]]:
+    calibrated = calibration.measured_values("seq_len")
+    notes: list[str] = []
+    if isinstance(request.max_length, int):
+        if request.max_length < 1:
+            raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
+        if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
+            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates")
+        return [request.max_length], notes
+    if data.packing:
+        # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
+        return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes
+    coverage = COVERAGE.get(request.priority, DEFAULT_COVERAGE)
+    ordered = sorted(data.lengths)
+    needed = ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
+    covering = [length for length in calibrated if length >= needed]
+    if covering:
+        return [covering[0]], notes
+    notes.append(
+        f"no calibrated length covers {coverage:.1%} of samples ({needed} tokens); using {calibrated[-1]}: "
+        f"calibrate longer lengths with `bench run --seq-lens` to avoid truncation"
+    )
+    return [calibrated[-1]], notes
+
+
+def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs that keep samples per optimizer step = effective_batch."""
+    calibrated = calibration.measured_values("micro_batch_size")
+    pairs = []
+    for micro in range(1, calibrated[-1] + 1):
+        per_step = micro * world_size
+        if effective_batch % per_step == 0 and micro >= calibrated[0]:
+            pairs.append((micro, effective_batch // per_step))
+    return pairs
+
+
+def evaluate(calibration: Calibration, data: TokenizedData, request: PlanRequest, micro: int, accum: int, workers: int, length: int) -> Candidate:
+    candidate = Candidate(micro, accum, workers, length, request.world_size)
+    epochs_whole = math.ceil(request.epochs)
+    step_seconds = 0.0
+    micro_batches = 0
+    padded = 0
+    steps = 0
+    for epoch in range(epochs_whole):
+        # Each process runs every world_size-th batch (rank 0 stands for all of them).
+        batches = run_batches(data, micro, length, request.seed, epoch, request.epochs, request.world_size)
+        shapes = batch_shapes(data, batches, length)
+        counts = Counter((shape.rows, shape.length) for shape in shapes)
+        for (rows, batch_length), count in counts.items():
+            step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers))
+            padded += count * rows * batch_length * request.world_size
+        micro_batches += len(shapes)
+        steps += math.ceil(len(shapes) / accum)
+    fraction_run = 1.0
+    if request.max_steps is not None and request.max_steps < steps:
+        fraction_run = request.max_steps / steps
+        steps = request.max_steps
+    candidate.optimizer_steps = steps
+    candidate.micro_batches = round(micro_batches * fraction_run)
+    candidate.step_seconds = step_seconds * fraction_run
+    candidate.padded_tokens = round(padded * fraction_run)
+    candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
+    candidate.overhead_seconds = overhead_seconds(calibration, candidate.step_seconds, request.checkpoint_interval_seconds)
+    bound = calibration.relative_bound
+    candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
+    candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
+    candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
+    prediction = calibration.predict(micro_batch_size=micro, seq_len=length, grad_accum=accum, num_workers=workers)
+    candidate.peak_memory_bytes = prediction.peak_memory_bytes
+    candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
+    candidate.fits_in_memory = prediction.fits_in_memory
+    candidate.extrapolated = not prediction.within_measured_range
+    if not data.packing:
+        candidate.truncation = truncation(data.lengths, length)
+    return candidate
+
+
+def overhead_seconds(calibration: Calibration, step_seconds: float, checkpoint_interval: float) -> float:
+    """Model build, first-step warm-up, periodic + final checkpoints and the report, as measured."""
+    measured = calibration.overheads
+    checkpoint = measured.get("checkpoint_save_seconds", 0.0)
+    checkpoints = math.floor(step_seconds / checkpoint_interval) + 1 if checkpoint_interval > 0 else 1
+    return (
+        measured.get("model_build_seconds", 0.0)
+        + measured.get("warmup_extra_seconds", 0.0)
+        + checkpoints * checkpoint
+        + measured.get("report_seconds", 0.0)
+    )
+
+
+def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, candidate: Candidate) -> float:
+    """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
+    mean_tokens = sum(data.lengths) / len(data.lengths)
+    rows = [row for row in calibration.ok_rows()]
+    best = max(row["tokens_per_second"] for row in rows) if rows else candidate.tokens_per_second
+    return len(data.lengths) * mean_tokens * epochs / best
+
+
+def make_plan(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> Plan:
+    effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, len(data.lengths) // 4))
+    lengths, notes = choose_lengths(calibration, data, request)
+    pairs = batch_sizes_for(calibration, effective_batch, request.world_size)
+    if not pairs:
+        raise BenchtrainError(
+            f"no calibrated micro batch size divides --effective-batch {effective_batch} "
+            f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
+        )
+    workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+    candidates = [
+        evaluate(calibration, data, request, micro, accum, worker_count, length)
+        for length in lengths
+        for micro, accum in pairs
+        for worker_count in workers
+    ]
+    feasible = [c for c in candidates if c.fits_in_memory] or []
+    if not feasible:
+        raise BenchtrainError(
+            "no configuration fits in memory according to the calibration: try a shorter --max-length "
+            "or a smaller --effective-batch"
+        )
+    ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
+    chosen = ranked[0]
+    available = request.deadline_seconds * (1 - request.margin_fraction) - request.elapsed_seconds
+    step_limit = request.max_steps
+    if chosen.total_seconds_high > available and request.fit_deadline:
+        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available)
+        notes.append(f"--fit-deadline: limited to {step_limit} optimizer steps so the run ends in time")
+    meets = chosen.total_seconds_high <= available
+    cost = chosen.total_seconds / 3600 * request.price_per_hour if request.price_per_hour else None
+    return Plan(
+        chosen=chosen,
+        alternatives=[c for c in ranked[1:4]],
+        naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
+        deadline_seconds=request.deadline_seconds,
+        available_seconds=available,
+        meets_deadline=meets,
+        effective_batch=effective_batch,
+        packing=data.packing,
+        epochs=request.epochs,
+        priority=request.priority,
+        step_limit=step_limit,
+        bound_fraction=calibration.relative_bound,
+        notes=notes,
+        cost=cost,
+    )
+
+
+def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
+    by_time = sorted(candidates, key=lambda c: (c.total_seconds, c.extrapolated, c.micro_batch_size))
+    if priority in ("fast", "quality"):
+        return by_time
+    if priority == "balanced":
+        roomy = [c for c in by_time if (c.peak_memory_bytes_high or 0) <= BALANCED_MEMORY_HEADROOM * memory_limit]
+        return roomy + [c for c in by_time if c not in roomy]
+    fastest = by_time[0].total_seconds
+    near = [c for c in by_time if c.total_seconds <= fastest * (1 + MEMORY_EFFICIENT_SLACK)]
+    near.sort(key=lambda c: (c.peak_memory_bytes or 0, c.total_seconds))
+    return near + [c for c in by_time if c not in near]
+
+
+def shrink_to_deadline(calibration: Calibration, data: TokenizedData, request: PlanRequest, chosen: Candidate, available: float) -> tuple[Candidate, int]:
+    per_step_high = chosen.step_seconds * (1 + calibration.relative_bound) / max(1, chosen.optimizer_steps)
+    steps = math.floor((available - chosen.overhead_seconds) / per_step_high) if per_step_high > 0 else 0
+    if steps < 1:
+        raise BenchtrainError("--fit-deadline: not even one optimizer step fits before the deadline")
+    limited = PlanRequest(**{**asdict(request), "max_steps": steps})
+    candidate = evaluate(calibration, data, limited, chosen.micro_batch_size, chosen.grad_accum, chosen.num_workers, chosen.max_length)
+    return candidate, steps
+
+
+def deadline_options(plan: Plan) -> str:
+    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length."""
+    chosen = plan.chosen
+    per_epoch_high = (chosen.total_seconds_high - chosen.overhead_seconds) / plan.epochs
+    room = plan.available_seconds - chosen.overhead_seconds
+    options = []
+    if per_epoch_high > 0 and room > 0:
+        options.append(f"--epochs {max(0.01, math.floor(room / per_epoch_high * 100) / 100):g}")
+        per_step = (chosen.total_seconds_high - chosen.overhead_seconds) / max(1, chosen.optimizer_steps)
+        options.append(f"--max-steps {max(1, math.floor(room / per_step))}")
+    options.append("a shorter --max-length")
+    options.append("--fit-deadline to cut the steps automatically")
+    return ", ".join(options)

@@ -1,0 +1,128 @@
+"""`run.json`: the plan, the estimate with bounds, what actually happened, and the feedback
+of the measured throughput into the calibration's history."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from calibration.atomic import write_json_atomic
+from calibration.store import update_calibration
+from train.loop import LoopOutcome
+from train.planner import Candidate, Plan
+
+RUN_SCHEMA_VERSION = 1
+
+
+def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any], data: dict[str, Any], elapsed_before_plan: float) -> dict[str, Any]:
+    chosen = plan.chosen
+    return {
+        "schema_version": RUN_SCHEMA_VERSION,
+        "run_id": run_id,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "status": "planned",
+        "calibration_id": calibration.id,
+        "calibration_path": str(calibration.path) if calibration.path else None,
+        "hardware": calibration.hardware,
+        "model": model,
+        "data": data,
+        "plan": plan_section(plan),
+        "estimate": estimate_section(plan),
+        "actual": None,
+        "deadline_seconds": plan.deadline_seconds,
+        "elapsed_before_plan": elapsed_before_plan,
+        "met_deadline": None,
+        "timeline": [],
+        "losses": [],
+        "events": [],
+        "alternatives": [candidate.to_json() for candidate in plan.alternatives],
+        "naive_estimate_seconds": plan.naive_seconds,
+        "chosen": chosen.to_json(),
+    }
+
+
+def plan_section(plan: Plan) -> dict[str, Any]:
+    chosen = plan.chosen
+    return {
+        "micro_batch_size": chosen.micro_batch_size,
+        "grad_accum": chosen.grad_accum,
+        "num_workers": chosen.num_workers,
+        "max_length": chosen.max_length,
+        "world_size": chosen.world_size,
+        "effective_batch": plan.effective_batch,
+        "optimizer_steps": chosen.optimizer_steps,
+        "micro_batches": chosen.micro_batches,
+        "packing": plan.packing,
+        "epochs": plan.epochs,
+        "priority": plan.priority,
+        "step_limit": plan.step_limit,
+        "notes": plan.notes,
+    }
+
+
+def estimate_section(plan: Plan) -> dict[str, Any]:
+    chosen = plan.chosen
+    bound = plan.bound_fraction
+    return {
+        "total_seconds": chosen.total_seconds,
+        "total_seconds_low": chosen.total_seconds_low,
+        "total_seconds_high": chosen.total_seconds_high,
+        "train_seconds": chosen.step_seconds,
+        "overhead_seconds": chosen.overhead_seconds,
+        "tokens": chosen.tokens,
+        "padded_tokens": chosen.padded_tokens,
+        "tokens_per_second": chosen.tokens_per_second,
+        "tokens_per_second_low": chosen.tokens_per_second / (1 + bound),
+        "tokens_per_second_high": chosen.tokens_per_second * (1 + bound),
+        "peak_memory_bytes": chosen.peak_memory_bytes,
+        "naive_seconds": plan.naive_seconds,
+        "projected_finish_seconds": chosen.total_seconds,
+        "cost": plan.cost,
+    }
+
+
+def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None) -> dict[str, Any]:
+    return {
+        "total_seconds": total_seconds,
+        "train_seconds": outcome.step_seconds,
+        "tokens": outcome.tokens,
+        "padded_tokens": outcome.padded_tokens,
+        "tokens_per_second": outcome.tokens / outcome.step_seconds if outcome.step_seconds else 0.0,
+        "steps": outcome.steps,
+        "micro_batches": outcome.micro_batches,
+        "checkpoint_seconds": outcome.checkpoint_seconds,
+        "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
+        "status": outcome.status,
+        "cost": total_seconds / 3600 * price_per_hour if price_per_hour else None,
+    }
+
+
+def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = out_dir / "run.json"
+    write_json_atomic(path, record)
+    return path
+
+
+def feed_back(calibration: Any, record: dict[str, Any], chosen: Candidate) -> None:
+    """Append the measured speed to the calibration's history so the next plan uses it."""
+    actual, estimate = record["actual"], record["estimate"]
+    if not actual or not actual.get("steps") or calibration.path is None:
+        return
+    # Compare like with like: the predicted seconds of the steps that actually ran.
+    predicted_rate = chosen.tokens / chosen.step_seconds if chosen.step_seconds else None
+    entry = {
+        "run_id": record["run_id"],
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": record["plan"],
+        "predicted_tokens_per_second": predicted_rate,
+        "actual_tokens_per_second": actual["tokens_per_second"],
+        "predicted_total_seconds": estimate["total_seconds"],
+        "actual_total_seconds": actual["total_seconds"],
+        "time_error_pct": (estimate["total_seconds"] - actual["total_seconds"]) / actual["total_seconds"] * 100,
+        "status": actual["status"],
+    }
+    # The history factor already in the prediction is divided out, so ratios don't compound.
+    if predicted_rate is not None:
+        entry["predicted_tokens_per_second"] = predicted_rate / calibration.history_factor
+    update_calibration(calibration.path, lambda data: data.setdefault("history", []).append(entry))

@@ -1,0 +1,228 @@
+"""One `train` command from start to end: checks, data, plan, training, record, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from calibration.durations import format_duration, parse_duration
+from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
+from train.cli import is_main_process, resolve_data_path, say
+
+
+def parse_max_length(value: str) -> int | str:
+    if str(value).lower() == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except ValueError:
+        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}") from None
+    if number < 1:
+        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}")
+    return number
+
+
+def validate(args: argparse.Namespace) -> dict[str, Any]:
+    checked = {
+        "deadline": parse_duration(args.deadline, "--deadline"),
+        "checkpoint_interval": parse_duration(args.checkpoint_interval, "--checkpoint-interval"),
+        "max_length": parse_max_length(args.max_length),
+    }
+    if not (args.epochs > 0 and math.isfinite(args.epochs)):
+        raise BenchtrainError(f"--epochs must be positive, got {args.epochs}")
+    if args.workers is not None and args.workers < 0:
+        raise BenchtrainError(f"--workers must be non-negative, got {args.workers}")
+    if args.keep_checkpoints < 1:
+        raise BenchtrainError("--keep-checkpoints must be at least 1")
+    if not 0 <= args.margin < 0.5:
+        raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {args.margin}")
+    if args.resume and not args.out:
+        raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
+    return checked
+
+
+def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool) -> list[str]:
+    """A calibration for another model or device is refused unless --force (then warned)."""
+    problems = []
+    if calibration.model["fingerprint"] != spec.fingerprint:
+        problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
+    if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
+        problems.append(f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}")
+    if problems and not force:
+        raise BenchtrainError(f"{problems[0]}: run `bench run` here with this model, or pass --force")
+    return problems
+
+
+def run_training(args: argparse.Namespace, started: float) -> int:
+    checked = validate(args)
+    import calibration as calibration_api
+    from calibration.home import writable_subdir
+    from train.data import length_profile, load_tokenized, truncation
+    from train.hardware import detect_hardware
+    from train.model import resolve_model
+    from train.planner import Candidate, PlanRequest, deadline_options, make_plan
+    from train.tokenizer import load_tokenizer
+
+    spec = resolve_model(args.model)
+    cal = calibration_api.load(args.use_calibration)
+    if not cal.ok_rows():
+        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
+    out_dir = Path(args.out).expanduser() if args.out else None
+    if args.resume and not (out_dir / "run.json").is_file():
+        raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
+    warnings = check_compatible(cal, spec, detect_hardware(), args.force)
+    for warning in warnings:
+        say(f"warning: {warning} (--force)")
+
+    data_path = resolve_data_path(args.data)
+    tokenizer = load_tokenizer(spec.directory, args.tokenizer)
+    data = load_tokenized(data_path, tokenizer)
+    profile = length_profile(data.lengths)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+
+    previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
+    request = PlanRequest(
+        epochs=previous["plan"]["epochs"] if previous else args.epochs,
+        deadline_seconds=checked["deadline"],
+        elapsed_seconds=time.monotonic() - started,
+        priority=args.priority,
+        effective_batch=args.effective_batch,
+        max_length=previous["plan"]["max_length"] if previous else checked["max_length"],
+        world_size=world_size,
+        num_workers=args.workers,
+        margin_fraction=args.margin,
+        checkpoint_interval_seconds=checked["checkpoint_interval"],
+        price_per_hour=args.price_per_hour,
+        max_steps=args.max_steps,
+        fit_deadline=args.fit_deadline,
+        seed=args.seed,
+    )
+    plan = make_plan(cal, data, request)
+    if previous:
+        # Same configuration as the interrupted run: same batches, same data order.
+        chosen = previous["chosen"]
+        fields = {name: chosen[name] for name in Candidate.__dataclass_fields__ if name in chosen}
+        plan.chosen = Candidate(**fields)
+    from train.plan_text import describe_plan
+
+    if is_main_process():
+        print("\n".join(describe_plan(plan, profile, cal)), flush=True)
+    if args.dry_run:
+        return EXIT_OK
+    if not plan.meets_deadline and not args.resume:
+        raise DeadlineError(
+            f"the plan needs up to {format_duration(plan.chosen.total_seconds_high)} but only "
+            f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
+        )
+
+    from train.model import model_record
+    from train.record import actual_section, feed_back, new_run_record, write_run
+
+    run_id = previous["run_id"] if previous else f"{spec.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if out_dir is None:
+        out_dir = writable_subdir("runs") / run_id
+    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "profile": profile}
+    if not data.packing:
+        data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
+    record = previous or {}
+    shape_placeholder = {"name": spec.name, "fingerprint": spec.fingerprint}
+    fresh = new_run_record(run_id, plan, cal, shape_placeholder, data_record, request.elapsed_seconds)
+    if previous:
+        record["resumed"] = record.get("resumed", 0) + 1
+        record["deadline_seconds"] = plan.deadline_seconds
+        record["estimate"] = fresh["estimate"]
+    else:
+        record = fresh
+    if is_main_process():
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
+        write_run(out_dir, record)
+
+    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
+    if not is_main_process():
+        return EXIT_OK
+    from train.model import model_shape  # noqa: F401  (shape comes from the loop's model)
+
+    record["model"] = outcome["model"]
+    loop = outcome["loop"]
+    record["status"] = loop.status
+    record["losses"], record["timeline"] = loop.losses, loop.timeline
+    record["events"] = record.get("events", []) + loop.events
+    elapsed = time.monotonic() - started
+    record["actual"] = actual_section(loop, elapsed - request.elapsed_seconds, args.price_per_hour)
+    record["actual"]["command_seconds"] = elapsed
+    record["met_deadline"] = elapsed + cal.overheads.get("report_seconds", 0.0) <= plan.deadline_seconds
+    write_run(out_dir, record)
+    feed_back(cal, record, plan.chosen)
+    report_path = None
+    if not args.no_report:
+        report_path = write_report(out_dir)
+    elapsed = time.monotonic() - started
+    record["actual"]["command_seconds"] = elapsed
+    record["actual"]["total_seconds"] = elapsed - request.elapsed_seconds
+    record["met_deadline"] = elapsed <= plan.deadline_seconds
+    record["estimate_error_pct"] = (record["estimate"]["total_seconds"] - record["actual"]["total_seconds"]) / record["actual"]["total_seconds"] * 100
+    write_run(out_dir, record)
+    from train.plan_text import describe_outcome
+
+    print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+    if loop.status == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def train_with_record(args: argparse.Namespace, checked: dict[str, Any], cal: Any, plan: Any, data: Any, spec: Any, tokenizer: Any, out_dir: Path, record: dict[str, Any], started: float) -> dict[str, Any]:
+    from train.loop import LoopSettings, TrainingRun
+    from train.model import model_record, model_shape
+    from train.record import write_run
+
+    settings = LoopSettings(
+        started_at=started,
+        deadline_seconds=plan.deadline_seconds,
+        margin_seconds=plan.deadline_seconds * args.margin,
+        on_overrun=args.on_overrun,
+        checkpoint_interval_seconds=checked["checkpoint_interval"],
+        keep_checkpoints=args.keep_checkpoints,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        epochs=plan.epochs,
+        step_limit=plan.step_limit,
+        report_seconds=0.0 if args.no_report else cal.overheads.get("report_seconds", 0.0),
+        resume=args.resume,
+    )
+
+    def on_update(_outcome: Any, position: Any, extra: dict[str, Any]) -> None:
+        record["status"] = "running"
+        record["timeline"] = position.timeline
+        record["losses"] = position.losses
+        record["events"] = extra["events"]
+        write_run(out_dir, record)
+
+    run = TrainingRun(
+        calibration=cal,
+        chosen=plan.chosen,
+        data=data,
+        spec=spec,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        out_dir=out_dir,
+        settings=settings,
+        on_update=on_update,
+    )
+    outcome = run.run()
+    return {"loop": outcome, "model": model_record(spec, model_shape(run.model))}
+
+
+def write_report(out_dir: Path) -> Path | None:
+    try:
+        from reports.run_report import write_run_report
+    except ImportError:
+        return None
+    return write_run_report(out_dir)
