@@ -26,11 +26,11 @@ from train.step import TrainingStep
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    warmup_steps: int = 1
-    min_steps: int = 3
-    max_steps: int = 10
-    max_seconds: float = 4.0
-    target_spread: float = 0.05  # (p75 - p25) / median of step seconds
+    warmup_steps: int = 2
+    min_steps: int = 5
+    max_steps: int = 40
+    max_seconds: float = 3.0
+    target_spread: float = 0.03  # (p75 - p25) / median of step seconds
 
     @classmethod
     def for_device(cls, device_type: str) -> ProbeSettings:

@@ -72,9 +72,15 @@ def run_command(args: argparse.Namespace) -> int:
     if too_long:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {_max_positions(spec)} positions")
 
+    trials = args.trials or max(4, space.size // 3)
+    total = space.size if args.search == "grid" else min(trials, space.size)
     settings = ProbeSettings.for_device(hardware["device_type"])
     if args.max_probe_seconds:
         settings = replace(settings, max_seconds=args.max_probe_seconds)
+    elif budget_seconds:
+        # Share the budget between the probes (warm-up and loader start take about as long again).
+        share = (budget_seconds - (time.monotonic() - started)) / (2.2 * total)
+        settings = replace(settings, max_seconds=max(0.5, min(settings.max_seconds * 3, share)))
     peak_flops = hardware.get("peak_bf16_flops")
 
     def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
@@ -82,8 +88,6 @@ def run_command(args: argparse.Namespace) -> int:
         return run_probe(workload, config, capped, peak_flops)
 
     budget = Budget(budget_seconds, started)
-    trials = args.trials or max(4, space.size // 3)
-    total = space.size if args.search == "grid" else min(trials, space.size)
     _say(
         f"probing {total} of {space.size} configurations ({args.search})"
         + (f" within {format_duration(budget_seconds)}" if budget_seconds else "")

@@ -83,7 +83,8 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
     if row.get("tokens_per_second"):
         progress.set_postfix_str(
             f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} "
-            f"S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s"
+            f"S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s",
+            refresh=False,
         )
     progress.update(1)
 

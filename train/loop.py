@@ -202,10 +202,19 @@ class TrainingRun:
                     position.predicted_seconds += predicted[step_index]
                     recent = [*recent[-(LIVE_WINDOW_STEPS - 1) :], (result.seconds, predicted[step_index])]
                     now = time.monotonic()
-                    position.losses.append({"step": position.step, "loss": result.loss, "elapsed": now - s.started_at})
+                    position.losses.append(
+                        {
+                            "step": position.step,
+                            "loss": result.loss,
+                            "elapsed": now - s.started_at,
+                            "seconds": result.seconds,
+                            "predicted_seconds": predicted[step_index],
+                            "tokens": result.target_tokens * self.accelerator.num_processes,
+                        }
+                    )
                     if progress is not None:
                         progress.update(1)
-                        progress.set_postfix_str(self._postfix(result, recent))
+                        progress.set_postfix_str(self._postfix(result, recent), refresh=False)
 
                     # -- the deadline guard ------------------------------------------------
                     ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))

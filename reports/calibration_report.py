@@ -1,0 +1,97 @@
+"""The calibration report: is the fitted model trustworthy, and what does the device like?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibration.model import Calibration
+from calibration.schema import read_calibration_file
+from reports import figures
+from reports.html import bullet_list, image, key_values, page, section, table, verdict
+
+
+def report_dir_for(calibration_path: Path) -> Path:
+    return calibration_path.with_name(f"{calibration_path.stem}-report")
+
+
+def write_calibration_report(calibration_path: Path, out_dir: Path | None = None) -> Path:
+    import pandas as pd
+
+    calibration_path = Path(calibration_path)
+    data = read_calibration_file(calibration_path)
+    out = Path(out_dir) if out_dir else report_dir_for(calibration_path)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = data["measurements"]
+    ok = [row for row in rows if row["status"] == "ok"]
+    oom = [row for row in rows if row["status"] == "oom"]
+    sections = []
+    cal = Calibration(data, calibration_path) if data.get("fit") else None
+
+    if cal is not None:
+        error = cal.fit["held_out_error"]
+        median = error.get("median_abs_pct")
+        sections.append(
+            verdict(
+                f"Held-out throughput error: median {median:.1f}%, 90th percentile {error.get('p90_abs_pct', 0):.1f}% "
+                f"over {error.get('count')} probes ({cal.fit['kind']} model).",
+                median is not None and median <= 15,
+            )
+        )
+        sections.append(section("The fit in words", bullet_list(cal.explain())))
+        fitted = [cal.throughput.tokens_per_second(_config(row)) for row in ok]
+        held_out = cal.fit.get("held_out_predicted_tokens_per_second") or fitted
+        figure_paths = [
+            (
+                figures.measured_vs_predicted([row["tokens_per_second"] for row in ok], list(held_out), fitted, median, out / "measured_vs_predicted.png"),
+                "Each probe's measured tokens/s against the model's prediction when that probe was left out of the fit",
+            )
+        ]
+    else:
+        sections.append(verdict("No model was fitted: too few probes succeeded.", False))
+        figure_paths = []
+    if ok:
+        figure_paths.append((figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"), "Measured tokens/s by micro batch and sequence length"))
+        predict = (lambda b, s: cal.memory.peak_bytes(_config({"micro_batch_size": b, "seq_len": s, "grad_accum": 1, "num_workers": 0}))) if cal and cal.memory else None
+        figure_paths.append(
+            (figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"), "Peak memory against the device limit")
+        )
+        figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
+    sections.append(section("Figures", '<div class="grid">' + "".join(image(path, caption) for path, caption in figure_paths) + "</div>"))
+
+    columns = ["micro_batch_size", "num_workers", "grad_accum", "seq_len", "status", "tokens_per_second", "step_seconds", "peak_memory_bytes", "data_wait_share", "mfu"]
+    frame = pd.DataFrame(rows).reindex(columns=columns)
+    frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
+    frame = frame.rename(columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"})
+    sections.append(section("Measurements", table(frame.sort_values("tokens/s", ascending=False).round(4))))
+
+    hardware, software = data["hardware"], data["software"]
+    sections.append(
+        section(
+            "Hardware and software",
+            key_values([(key, value) for key, value in hardware.items()] + [(key, value) for key, value in software.items()]),
+            bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
+        )
+    )
+    history = data.get("history", [])
+    if history:
+        history_frame = pd.DataFrame(history).reindex(columns=["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"])
+        sections.append(section("How past estimates with this calibration fared", table(history_frame.round(2))))
+    else:
+        sections.append(section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>"))
+
+    html_path = out / "report.html"
+    html_path.write_text(
+        page(
+            f"Calibration {data['id']}",
+            f"{data['model']['name']} on {hardware['name']} — created {data['created_at']}",
+            sections,
+        ),
+        encoding="utf-8",
+    )
+    return html_path
+
+
+def _config(row: dict) -> object:
+    from calibration.fit import config_of
+
+    return config_of(row)

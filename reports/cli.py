@@ -1,0 +1,52 @@
+"""`report RUN_DIR|CALIBRATION`: write report.html and its PNG figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from calibration.errors import EXIT_OK, guard_cli
+
+EXAMPLES = """examples:
+  report ~/.benchtrain/runs/tiny-20261121-140141     # a run: estimate vs actual
+  report latest                                      # the newest calibration
+  report cpu-tiny-20261121-135852 --out /tmp/cal     # a calibration by id, into a folder
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="report",
+        description="Write a self-contained HTML report (and PNG figures) for a run folder or a calibration.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES,
+    )
+    parser.add_argument("target", metavar="RUN_DIR|CALIBRATION", help="a run folder (with run.json), or latest / a calibration id / a calibration JSON path")
+    parser.add_argument("--out", metavar="DIR", help="folder for a calibration report (default: beside the calibration)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    target = Path(args.target).expanduser()
+    if target.is_dir():
+        from reports.run_report import write_run_report
+
+        path = write_run_report(target)
+    else:
+        from calibration.store import resolve_calibration
+        from reports.calibration_report import write_calibration_report
+
+        path = write_calibration_report(resolve_calibration(args.target), Path(args.out) if args.out else None)
+    print(path)
+    return EXIT_OK
+
+
+def entry_point() -> None:
+    sys.exit(guard_cli(main))
+
+
+if __name__ == "__main__":
+    entry_point()

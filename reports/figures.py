@@ -1,0 +1,163 @@
+"""Matplotlib figures (Agg backend): readable labels with units, titles that state the finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+GIB = 2**30
+plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
+
+
+def save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    plt.close(figure)
+    return path
+
+
+def measured_vs_predicted(measured: list[float], held_out: list[float], fitted: list[float], median_error: float | None, path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(6.4, 5.0))
+    axis.scatter(measured, fitted, s=22, color="#7f8c8d", label="fitted on all probes")
+    axis.scatter(measured, held_out, s=26, color="#2e86c1", marker="D", label="held out (cross-validated)")
+    low, high = min(measured + held_out) * 0.9, max(measured + held_out) * 1.1
+    axis.plot([low, high], [low, high], color="black", linewidth=1, label="perfect prediction")
+    axis.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="#2e86c1", alpha=0.08, label="±15%")
+    axis.set_xlabel("measured tokens/s")
+    axis.set_ylabel("predicted tokens/s")
+    title = "Predicted vs measured throughput"
+    if median_error is not None:
+        title += f"\nheld-out predictions are off by {median_error:.1f}% at the median"
+    axis.set_title(title)
+    axis.legend(loc="upper left", fontsize=8)
+    return save(figure, path)
+
+
+def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
+    """tokens/s over micro batch × sequence length, one panel per accumulation (best worker count)."""
+    accums = sorted({row["grad_accum"] for row in rows})
+    batches = sorted({row["micro_batch_size"] for row in rows})
+    lengths = sorted({row["seq_len"] for row in rows})
+    figure, axes = plt.subplots(1, len(accums), figsize=(4.8 * len(accums), 4.2), squeeze=False)
+    best = max(rows, key=lambda row: row["tokens_per_second"])
+    for axis, accum in zip(axes[0], accums, strict=True):
+        grid = np.full((len(lengths), len(batches)), np.nan)
+        for row in rows:
+            if row["grad_accum"] == accum:
+                i, j = lengths.index(row["seq_len"]), batches.index(row["micro_batch_size"])
+                grid[i, j] = np.nanmax([grid[i, j], row["tokens_per_second"]])
+        image = axis.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
+        for i in range(len(lengths)):
+            for j in range(len(batches)):
+                if not np.isnan(grid[i, j]):
+                    axis.text(j, i, f"{grid[i, j]:,.0f}", ha="center", va="center", fontsize=8, color="white")
+        axis.set_xticks(range(len(batches)), [str(b) for b in batches])
+        axis.set_yticks(range(len(lengths)), [str(s) for s in lengths])
+        axis.set_xlabel("micro batch size (sequences)")
+        axis.set_ylabel("sequence length (tokens)")
+        axis.set_title(f"gradient accumulation {accum}")
+        axis.grid(False)
+        figure.colorbar(image, ax=axis, label="tokens/s (best worker count)")
+    figure.suptitle(
+        f"Fastest measured: batch {best['micro_batch_size']}, length {best['seq_len']}, accumulation "
+        f"{best['grad_accum']}, {best['num_workers']} workers ({best['tokens_per_second']:,.0f} tokens/s)"
+    )
+    return save(figure, path)
+
+
+def memory_vs_batch(rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], limit_bytes: float, predict: Any, path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(6.8, 4.6))
+    lengths = sorted({row["seq_len"] for row in rows} | {row["seq_len"] for row in oom_rows})
+    colors = plt.cm.plasma(np.linspace(0.1, 0.85, max(1, len(lengths))))
+    batches = sorted({row["micro_batch_size"] for row in rows} | {row["micro_batch_size"] for row in oom_rows})
+    span = np.linspace(min(batches), max(batches), 50) if batches else np.array([])
+    for color, length in zip(colors, lengths, strict=True):
+        points = sorted((row["micro_batch_size"], row["peak_memory_bytes"]) for row in rows if row["seq_len"] == length and row.get("peak_memory_bytes"))
+        if points:
+            axis.scatter([p[0] for p in points], [p[1] / GIB for p in points], color=color, s=24, label=f"measured, length {length}")
+        if predict is not None and len(span):
+            axis.plot(span, [predict(int(max(1, round(b))), length) / GIB for b in span], color=color, linewidth=1, alpha=0.8)
+    if oom_rows:
+        axis.scatter([row["micro_batch_size"] for row in oom_rows], [limit_bytes / GIB] * len(oom_rows), marker="x", s=60, color="#c0392b", label="out of memory")
+    axis.axhline(limit_bytes / GIB, color="#c0392b", linestyle="--", linewidth=1, label=f"device memory {limit_bytes / GIB:.1f} GiB")
+    axis.set_xlabel("micro batch size (sequences)")
+    axis.set_ylabel("peak memory (GiB)")
+    peak = max((row.get("peak_memory_bytes") or 0 for row in rows), default=0)
+    axis.set_title(f"Peak memory vs batch size (lines: fitted model)\nlargest measured peak uses {peak / limit_bytes:.0%} of device memory")
+    axis.legend(fontsize=7, loc="upper left")
+    return save(figure, path)
+
+
+def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
+    workers = sorted({row["num_workers"] for row in rows})
+    shares = [[100 * (row.get("data_wait_share") or 0) for row in rows if row["num_workers"] == w] for w in workers]
+    figure, axis = plt.subplots(figsize=(6.0, 4.0))
+    axis.boxplot(shares, tick_labels=[str(w) for w in workers])
+    axis.set_xlabel("DataLoader workers")
+    axis.set_ylabel("time waiting for data (% of step)")
+    medians = [float(np.median(s)) if s else 0.0 for s in shares]
+    best = workers[int(np.argmin(medians))]
+    axis.set_title(f"Data wait by worker count\nleast waiting with {best} workers (median {min(medians):.1f}% of the step)")
+    return save(figure, path)
+
+
+def progress_over_time(actual_elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path) -> Path:
+    """Tokens done over wall-clock time: the actual run against the estimate and its bounds."""
+    figure, axis = plt.subplots(figsize=(7.2, 4.6))
+    total = predicted["tokens"]
+    start = predicted["start"]
+    for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate"), ("end_high", ":", None)):
+        axis.plot([start, predicted[key]], [0, total / 1e6], linestyle=style, color="#2e86c1", label=label)
+    axis.fill_betweenx([0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08)
+    axis.plot(actual_elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
+    axis.axvline(deadline, color="#c0392b", linestyle="--", label=f"deadline ({deadline:.0f}s)")
+    axis.set_xlabel("time since the command started (s)")
+    axis.set_ylabel("tokens trained (millions)")
+    end = actual_elapsed[-1] if actual_elapsed else 0
+    verdict = "finished before the deadline" if end <= deadline else "passed the deadline"
+    axis.set_title(f"Progress: predicted vs actual\nthe run {verdict} at {end:.0f}s (estimate {predicted['end']:.0f}s)")
+    axis.legend(fontsize=8, loc="upper left")
+    return save(figure, path)
+
+
+def throughput_over_time(elapsed: list[float], actual: list[float], predicted: list[float], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(7.2, 4.0))
+    axis.plot(elapsed, actual, color="#27ae60", label="actual (rolling 20 steps)")
+    axis.plot(elapsed, predicted, color="#2e86c1", linestyle="--", label="predicted from the calibration")
+    axis.set_xlabel("time since the command started (s)")
+    axis.set_ylabel("real tokens/s")
+    mean_actual = float(np.mean(actual)) if actual else 0.0
+    mean_predicted = float(np.mean(predicted)) if predicted else 0.0
+    gap = (mean_actual - mean_predicted) / mean_predicted * 100 if mean_predicted else 0.0
+    axis.set_title(f"Throughput over time\nactual ran {abs(gap):.1f}% {'faster' if gap >= 0 else 'slower'} than predicted on average")
+    axis.legend(fontsize=8)
+    axis.set_ylim(bottom=0)
+    return save(figure, path)
+
+
+def loss_curve(steps: list[int], losses: list[float], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(7.2, 4.0))
+    axis.plot(steps, losses, color="#8e44ad", linewidth=1)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("training loss")
+    if losses:
+        axis.set_title(f"Training loss\nfrom {losses[0]:.3f} to {losses[-1]:.3f} over {steps[-1]} steps")
+    return save(figure, path)
+
+
+def estimate_error_history(labels: list[str], errors: list[float], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(7.2, 4.0))
+    positions = list(range(len(errors)))
+    axis.bar(positions, errors, color=["#27ae60" if abs(e) <= 15 else "#c0392b" for e in errors])
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xticks(positions, labels, rotation=30, ha="right", fontsize=7)
+    axis.set_ylabel("estimate error (% of actual time)")
+    trend = "smaller" if len(errors) >= 2 and abs(errors[-1]) < abs(errors[0]) else "not smaller"
+    axis.set_title(f"Estimate error of each run, oldest first\nthe latest error is {trend} than the first")
+    return save(figure, path)
