@@ -118,7 +118,7 @@ def run_optuna(space: SearchSpace, probe: ProbeFunction, budget: Budget, trials:
         for dimension, values in zip(("micro_batch_size", "num_workers", "grad_accum", "seq_len"), space.values(), strict=True)
     }
     done: dict[ProbeConfig, dict[str, Any]] = {}
-    for trial in study.get_trials(deep_copy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+    for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in trial.user_attrs:
             done[ProbeConfig(**{k: int(v) for k, v in trial.params.items()})] = trial.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))

@@ -56,7 +56,7 @@ class SearchSpace:
 def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
     """Small on CPU; on a GPU, larger batches and sequences (more with more memory)."""
     if device_type == "cpu":
-        return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
+        return SearchSpace((1, 2, 4, 8), (0, 1, 2), (1, 2), (64, 128, 256))
     big = memory_bytes >= 60 * 2**30
     return SearchSpace(
         (1, 2, 4, 8, 16) if big else (1, 2, 4, 8),
@@ -97,16 +97,21 @@ def budget_order(space: SearchSpace) -> list[ProbeConfig]:
     }
     corners = [ProbeConfig(*combo) for combo in itertools.product(*[(axis[0], axis[-1]) for axis in axes])]
     middle = ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in axes])
-    order: list[ProbeConfig] = []
-    for config in [*corners, middle]:
-        if config not in order:
-            order.append(config)
-    remaining = [config for config in space.all_configs() if config not in order]
+    order: list[ProbeConfig] = [corners[0]]
+    _extend_farthest(order, [c for c in dict.fromkeys(corners) if c not in order], positions)
+    if middle not in order:
+        order.append(middle)
+    _extend_farthest(order, [c for c in space.all_configs() if c not in order], positions)
+    return order
+
+
+def _extend_farthest(order: list[ProbeConfig], pool: list[ProbeConfig], positions: dict) -> None:
+    """Append `pool` to `order`, each next one the farthest from all chosen so far."""
+    remaining = list(pool)
     while remaining:
         best = max(remaining, key=lambda c: (min(_distance2(positions[c], positions[o]) for o in order), c))
         order.append(best)
         remaining.remove(best)
-    return order
 
 
 def _tuple(config: ProbeConfig) -> tuple[int, int, int, int]:

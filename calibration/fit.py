@@ -241,7 +241,8 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     physical_error = candidates["physical"][0]
     smoothed_error = candidates["physical+residual"][0]
     # Prefer the physical model unless the smoother is clearly better on held-out rows.
-    if len(configs) >= 6 and smoothed_error.median_abs_pct < 0.9 * physical_error.median_abs_pct:
+    gain = physical_error.median_abs_pct - smoothed_error.median_abs_pct
+    if len(configs) >= 6 and gain > max(0.5, 0.1 * physical_error.median_abs_pct):
         kind = "physical+residual"
         reason = (
             f"the residual smoother cut the held-out median error from "

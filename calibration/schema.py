@@ -96,8 +96,18 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
     fit = data.get("fit")
     if fit is not None:
         _check_fit(fit, f"calibration {path}: fit")
-    if not isinstance(data.get("history", []), list):
+    history = data.get("history", [])
+    if not isinstance(history, list):
         raise CalibrationFileError(f"calibration {path}: history should be a list")
+    for index, entry in enumerate(history):
+        if not isinstance(entry, dict):
+            raise CalibrationFileError(f"calibration {path}: history[{index}] is not an object")
+        for name in ("predicted_tokens_per_second", "actual_tokens_per_second"):
+            if entry.get(name) is not None and not _is_number(entry[name]):
+                raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
+    overheads = data.get("overheads", {})
+    if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
+        raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
     return data
 
 

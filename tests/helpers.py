@@ -1,0 +1,83 @@
+"""Synthetic measurements and calibrations from known parameters (no torch needed)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+from calibration.fit import MEMORY_TERMS, THROUGHPUT_TERMS, Config, fit_measurements, memory_features, throughput_features
+from calibration.schema import SCHEMA_VERSION
+
+TRUE_THROUGHPUT = {
+    "fixed": 4e-3,
+    "per_token": 2e-6,
+    "attention": 1.5e-9,
+    "optimizer_step": 6e-3,
+    "serial_data": 3e-7,
+    "worker_supply": 4e-7,
+    "per_worker": 5e-4,
+}
+TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0}
+GIB = 2**30
+
+
+def micro_seconds(config: Config, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
+    return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), THROUGHPUT_TERMS, strict=True)))
+
+
+def peak_bytes(config: Config, parameters: dict[str, float] = TRUE_MEMORY) -> float:
+    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), MEMORY_TERMS, strict=True)))
+
+
+def synthetic_rows(
+    batch_sizes=(1, 2, 4, 8),
+    workers=(0, 2),
+    accums=(1, 2),
+    seq_lens=(128, 256, 512),
+    noise: float = 0.02,
+    memory_limit: float | None = None,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    rows = []
+    for b, w, a, s in itertools.product(batch_sizes, workers, accums, seq_lens):
+        config = Config(b, s, a, w)
+        peak = peak_bytes(config) * (1 + rng.gauss(0, noise / 2))
+        row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s}
+        if memory_limit is not None and peak > memory_limit:
+            rows.append({**row, "status": "oom", "error": "OutOfMemoryError: fake"})
+            continue
+        step = micro_seconds(config) * a * (1 + rng.gauss(0, noise))
+        rows.append(
+            {
+                **row,
+                "status": "ok",
+                "step_seconds": step,
+                "tokens_per_second": b * s * a / step,
+                "peak_memory_bytes": peak,
+                "data_wait_share": 0.01 * w,
+                "probe_seconds": 1.0,
+                "warmup_seconds": 2 * step * 1.2,
+            }
+        )
+    return rows
+
+
+def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes: float = 80 * GIB, **overrides: Any) -> dict[str, Any]:
+    rows = rows if rows is not None else synthetic_rows()
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "id": "test-tiny-20260101-000000",
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "hardware": {"device_type": "cpu", "name": "Test CPU", "count": 1, "memory_bytes": memory_bytes},
+        "software": {"torch": "test"},
+        "model": {"name": "tiny", "parameter_count": 1000, "fingerprint": "abc"},
+        "measurements": rows,
+        "overheads": {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "report_seconds": 2.0, "warmup_extra_seconds": 0.2},
+        "fit": fit_measurements(rows),
+        "history": [],
+        "warnings": [],
+    }
+    data.update(overrides)
+    return data

@@ -1,0 +1,52 @@
+"""Durations, list options, search-space ordering and OOM pruning."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.space import ProbeConfig, SearchSpace, budget_order, parse_int_list, ruled_out_by
+from calibration.durations import format_duration, parse_duration
+from calibration.errors import BenchtrainError
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200), ("1h30m", 5400), ("45", 45), ("2.5", 2.5), ("1d", 86400)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-5m", "soon", "", "5x", "1h-30m", "nan", "inf"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(BenchtrainError):
+        parse_duration(text, "--deadline")
+
+
+def test_format_duration() -> None:
+    assert format_duration(12.34) == "12.3s"
+    assert format_duration(200) == "3m20s"
+    assert format_duration(3725) == "1h02m"
+
+
+def test_parse_int_list() -> None:
+    assert parse_int_list("4,1,2,2", "--batch-sizes") == (1, 2, 4)
+    assert parse_int_list("0,2", "--workers", minimum=0) == (0, 2)
+    for bad in ("0", "-1", "a", "1.5", "1,,2"):
+        with pytest.raises(BenchtrainError, match="--batch-sizes"):
+            parse_int_list(bad, "--batch-sizes")
+
+
+def test_budget_order_puts_corners_and_middle_first_and_covers_everything() -> None:
+    space = SearchSpace((1, 2, 4), (0, 2), (1, 2), (64, 128, 256))
+    order = budget_order(space)
+    assert sorted(order) == sorted(space.all_configs())
+    corners = {(b, w, a, s) for b in (1, 4) for w in (0, 2) for a in (1, 2) for s in (64, 256)}
+    first = {(c.micro_batch_size, c.num_workers, c.grad_accum, c.seq_len) for c in order[:16]}
+    assert first == corners
+    assert order[16] == ProbeConfig(2, 0, 1, 128)
+
+
+def test_an_oom_rules_out_larger_batches_at_that_and_longer_lengths() -> None:
+    oom = [ProbeConfig(4, 0, 1, 256)]
+    assert ruled_out_by(ProbeConfig(8, 2, 2, 256), oom) == oom[0]
+    assert ruled_out_by(ProbeConfig(4, 0, 1, 512), oom) == oom[0]
+    assert ruled_out_by(ProbeConfig(2, 0, 1, 512), oom) is None
+    assert ruled_out_by(ProbeConfig(8, 0, 1, 128), oom) is None

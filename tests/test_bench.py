@@ -1,0 +1,144 @@
+"""Probes on the tiny model, OOM handling, grid and Optuna search, budget, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bench.probe import ProbeSettings, Workload, run_probe
+from bench.runner import Budget, run_grid, run_optuna
+from bench.space import ProbeConfig, SearchSpace
+from train.model import resolve_model
+
+FAST = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=1.0)
+
+
+@pytest.fixture(scope="module")
+def workload() -> Workload:
+    return Workload(resolve_model("tiny"))
+
+
+def test_a_probe_measures_the_training_step(workload: Workload) -> None:
+    row = run_probe(workload, ProbeConfig(2, 0, 2, 64), FAST)
+    assert row["status"] == "ok"
+    assert row["tokens_per_second"] > 0
+    assert row["tokens_per_second"] == pytest.approx(2 * 64 * 2 / row["step_seconds"])
+    assert 2 <= row["timed_steps"] <= 3
+    assert row["peak_memory_bytes"] > 50 * 2**20  # a Python process with torch loaded
+    assert 0 <= row["data_wait_share"] <= 1
+    assert row["mfu"] is None  # no peak FLOP/s for a CPU
+
+
+def test_the_probe_trains_the_model(workload: Workload) -> None:
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, workload.model.parameters(), strict=True))
+
+
+def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
+    row = run_probe(workload, ProbeConfig(2, 2, 1, 64), FAST)
+    assert row["status"] == "ok" and row["num_workers"] == 2
+
+
+def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run = workload.step.run
+
+    def run(batches: Any, grad_accum: int) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(workload.step, "run", run)
+    row = run_probe(workload, ProbeConfig(8, 0, 1, 256), FAST)
+    assert row["status"] == "oom"
+    assert "out of memory" in row["error"]
+    monkeypatch.setattr(workload.step, "run", real_run)
+    assert run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)["status"] == "ok"  # the workload recovered
+
+
+def test_other_failures_are_errors(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workload.step, "run", lambda *_: (_ for _ in ()).throw(ValueError("shape mismatch")))
+    row = run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)
+    assert row["status"] == "error" and "shape mismatch" in row["error"]
+
+
+def fake_probe(oom_at: tuple[int, int] | None = None, calls: list | None = None):
+    """A probe that costs nothing: tokens/s from a formula, OOM at and beyond (batch, length)."""
+
+    def probe(config: ProbeConfig, _remaining: float | None) -> dict[str, Any]:
+        if calls is not None:
+            calls.append(config)
+        row = {**config.as_dict(), "probe_seconds": 0.01}
+        if oom_at and config.micro_batch_size >= oom_at[0] and config.seq_len >= oom_at[1]:
+            return {**row, "status": "oom", "error": "OutOfMemoryError"}
+        step = 0.01 + 1e-5 * config.micro_batch_size * config.seq_len * config.grad_accum
+        tokens = config.micro_batch_size * config.seq_len * config.grad_accum
+        return {**row, "status": "ok", "step_seconds": step, "tokens_per_second": tokens / step, "peak_memory_bytes": 1e6}
+
+    return probe
+
+
+SPACE = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128))
+
+
+def test_grid_probes_everything_and_prunes_after_oom() -> None:
+    calls: list[ProbeConfig] = []
+    result = run_grid(SPACE, fake_probe(oom_at=(4, 128), calls=calls), Budget(None))
+    statuses = {(r["micro_batch_size"], r["seq_len"], r["num_workers"], r["grad_accum"]): r["status"] for r in result.rows}
+    assert len(result.rows) == SPACE.size
+    assert statuses[(8, 128, 0, 1)] in ("oom", "skipped")
+    skipped = [r for r in result.rows if r["status"] == "skipped"]
+    assert skipped, "larger batches at the OOM length must be skipped, not probed"
+    assert all(r["micro_batch_size"] >= 4 and r["seq_len"] >= 128 for r in skipped)
+    assert not any(c.micro_batch_size >= 8 and c.seq_len >= 128 for c in calls[calls.index(next(c for c in calls if c.micro_batch_size >= 4 and c.seq_len >= 128)) + 1 :])
+    assert all(r["status"] == "ok" for r in result.rows if r["seq_len"] < 128)
+
+
+def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
+    import time
+
+    def slow(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+        time.sleep(0.05)
+        row = fake_probe()(config, remaining)
+        row["probe_seconds"] = 0.05
+        return row
+
+    result = run_grid(SPACE, slow, Budget(0.3))
+    probed = [r for r in result.rows if r["status"] == "ok"]
+    assert result.stopped_by_budget
+    assert 2 <= len(probed) < SPACE.size
+    assert len(probed) + len(result.left_out) == SPACE.size
+    # Corners first: the smallest and largest batch and length are among the first probes.
+    assert {r["micro_batch_size"] for r in probed} >= {1, 8}
+
+
+def test_optuna_samples_the_same_space(home: Path) -> None:
+    result = run_optuna(SPACE, fake_probe(), Budget(None), trials=8, storage_path=home / "studies" / "bench.db", name="t1")
+    configs = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]) for r in result.rows}
+    assert len(result.rows) == 8 == len(configs)
+    assert all(r["status"] == "ok" for r in result.rows)
+
+
+def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> None:
+    storage = home / "studies" / "bench.db"
+    calls: list[ProbeConfig] = []
+    probe = fake_probe(oom_at=(8, 128), calls=calls)
+
+    def interrupted(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return probe(config, remaining)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_optuna(SPACE, interrupted, Budget(None), trials=10, storage_path=storage, name="resume")
+    first = list(calls)
+    assert len(first) == 4
+    result = run_optuna(SPACE, probe, Budget(None), trials=10, storage_path=storage, name="resume")
+    second = calls[4:]
+    assert result.reused == 4
+    assert not set(first) & set(second), "finished probes were repeated"
+    assert len(set(first) | set(second)) == len(first) + len(second)
+    measured = [r for r in result.rows if r["status"] != "skipped"]
+    assert len(measured) == 10
+    assert any(r["status"] == "oom" for r in result.rows) or all(c.micro_batch_size < 8 or c.seq_len < 128 for c in first + second)

@@ -1,0 +1,178 @@
+"""Schema round-trip, every corrupt-file case, the store (ids, latest, atomic, concurrent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import synthetic_calibration
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import calibration
+from calibration import schema
+from calibration.errors import BenchtrainError, CalibrationFileError
+from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_round_trip_through_the_store(home: Path) -> None:
+    data = synthetic_calibration()
+    path = save_calibration(data)
+    loaded = calibration.load("latest")
+    assert loaded.path == path
+    assert loaded.data == json.loads(path.read_text())
+    assert loaded.predict(micro_batch_size=2, seq_len=256, grad_accum=2, num_workers=2).tokens_per_second > 0
+    assert calibration.load(data["id"]).id == data["id"]
+    assert calibration.load(str(path)).id == data["id"]
+    assert path.with_suffix(".csv").read_text().startswith("micro_batch_size,num_workers,grad_accum,seq_len,status")
+
+
+def test_latest_is_the_newest_and_ids_never_collide(home: Path) -> None:
+    first = save_calibration(synthetic_calibration(created_at="2026-01-01T00:00:00+00:00"))
+    second = save_calibration(synthetic_calibration(created_at="2026-02-01T00:00:00+00:00"))
+    assert first != second  # same id asked for twice: the second gets a suffix
+    assert resolve_calibration("latest") == second
+    assert [p for p, _, _ in list_calibrations()] == [second, first]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"schema_version": 1}', "missing field"),
+        ('{"schema_version": "1"}', "schema_version"),
+        ('{"schema_version": 99}', "newer than this benchtrain"),
+        ('{"schema_version": 0}', "too old to migrate"),
+    ],
+)
+def test_corrupt_files_give_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "bad.json", text)
+    with pytest.raises(CalibrationFileError, match=message) as caught:
+        schema.read_calibration_file(path)
+    assert str(path) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["hardware"].pop("name"), "hardware: missing field 'name'"),
+        (lambda d: d["model"].update(parameter_count="many"), "parameter_count' should be int"),
+        (lambda d: d["measurements"][0].update(status="fine"), "status is 'fine'"),
+        (lambda d: d["measurements"][0].update(step_seconds="fast"), "step_seconds should be a number"),
+        (lambda d: d["measurements"][0].update(micro_batch_size=0), "out of range"),
+        (lambda d: d["fit"]["parameters"].pop("per_token"), "parameters.per_token"),
+        (lambda d: d.update(measurements={}), "'measurements' should be list"),
+    ],
+)
+def test_wrong_fields_and_types_are_named(tmp_path: Path, mutate, message: str) -> None:
+    data = synthetic_calibration()
+    mutate(data)
+    path = write(tmp_path / "c.json", json.dumps(data))
+    with pytest.raises(CalibrationFileError, match=message.replace("(", r"\(")):
+        schema.read_calibration_file(path)
+
+
+def test_migrations_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = synthetic_calibration()
+    old["schema_version"] = 0
+    old["hardware"]["memory"] = old["hardware"].pop("memory_bytes")  # pretend v0 named it differently
+
+    def upgrade(data: dict) -> dict:
+        data["hardware"]["memory_bytes"] = data["hardware"].pop("memory")
+        data["schema_version"] = 1
+        return data
+
+    monkeypatch.setitem(schema.MIGRATIONS, 0, upgrade)
+    loaded = schema.read_calibration_file(write(tmp_path / "old.json", json.dumps(old)))
+    assert loaded["schema_version"] == 1 and "memory_bytes" in loaded["hardware"]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=JSON)
+def test_loading_arbitrary_json_never_crashes(tmp_path: Path, payload: object) -> None:
+    path = write(tmp_path / "any.json", json.dumps(payload))
+    try:
+        schema.read_calibration_file(path)
+    except CalibrationFileError as error:
+        assert "\n" not in str(error)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["hardware", "model", "measurements", "fit", "history"]), value=JSON)
+def test_replacing_a_section_with_arbitrary_json_fails_cleanly(tmp_path: Path, field: str, value: object) -> None:
+    data = synthetic_calibration()
+    data[field] = value
+    path = write(tmp_path / "any.json", json.dumps(data))
+    try:
+        loaded = schema.read_calibration_file(path)
+    except CalibrationFileError:
+        return
+    calibration.Calibration(loaded).predict(micro_batch_size=1, seq_len=128) if loaded.get("fit") else None
+
+
+def test_a_failed_write_leaves_the_old_file_intact(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save_calibration(synthetic_calibration())
+    before = path.read_bytes()
+
+    def crash(*_args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        update_calibration(path, lambda data: data.update(id="changed"))
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_concurrent_history_updates_lose_nothing(home: Path) -> None:
+    path = save_calibration(synthetic_calibration())
+
+    def append(index: int) -> None:
+        update_calibration(path, lambda data: data["history"].append({"run_id": str(index)}))
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    history = json.loads(path.read_text())["history"]
+    assert sorted(int(entry["run_id"]) for entry in history) == list(range(12))
+
+
+def test_concurrent_saves_get_distinct_files(home: Path) -> None:
+    paths: list[Path] = []
+    threads = [threading.Thread(target=lambda: paths.append(save_calibration(synthetic_calibration()))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(paths)) == 8
+    for path in paths:
+        schema.read_calibration_file(path)
+
+
+def test_unknown_references_are_one_line_errors(home: Path) -> None:
+    with pytest.raises(BenchtrainError, match="no calibration in"):
+        resolve_calibration("latest")
+    with pytest.raises(BenchtrainError, match="unknown calibration 'nope'"):
+        resolve_calibration("nope")
+    with pytest.raises(BenchtrainError, match="does not exist"):
+        resolve_calibration("/no/such/file.json")

@@ -1,0 +1,85 @@
+"""The throughput and memory models recover known parameters and predict unseen points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import TRUE_MEMORY, TRUE_THROUGHPUT, micro_seconds, peak_bytes, synthetic_calibration, synthetic_rows
+
+from calibration.fit import Config, fit_measurements
+from calibration.model import Calibration
+
+
+def test_noise_free_fit_recovers_parameters() -> None:
+    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 1, 4)))
+    assert fit["kind"] == "physical"
+    for term, value in TRUE_THROUGHPUT.items():
+        assert fit["parameters"][term] == pytest.approx(value, rel=1e-3, abs=1e-12), term
+    for term, value in TRUE_MEMORY.items():
+        assert fit["memory"]["parameters"][term] == pytest.approx(value, rel=1e-3), term
+    assert fit["held_out_error"]["median_abs_pct"] < 0.01
+
+
+def test_noisy_fit_predicts_unmeasured_configurations_within_the_noise() -> None:
+    calibration = Calibration(synthetic_calibration(synthetic_rows(noise=0.03, seed=1)))
+    # Between and beyond the measured values: batch 3, 6, 16; length 192, 384, 1024; accum 3, 8; workers 1, 4.
+    errors = []
+    for b, s, a, w in [(3, 192, 1, 0), (6, 384, 3, 1), (16, 512, 2, 2), (2, 1024, 8, 4), (5, 300, 4, 0)]:
+        config = Config(b, s, a, w)
+        predicted = calibration.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        truth = b * s * a / (micro_seconds(config) * a)
+        errors.append(abs(predicted.tokens_per_second - truth) / truth)
+        assert predicted.tokens_per_second_low < predicted.tokens_per_second < predicted.tokens_per_second_high
+        assert predicted.step_seconds_low < predicted.step_seconds < predicted.step_seconds_high
+    assert np.median(errors) < 0.05, errors
+    # The stored held-out error reflects the injected 3% noise (not 0, not wild).
+    median = calibration.fit["held_out_error"]["median_abs_pct"]
+    assert 0.5 < median < 6.0
+
+
+def test_memory_boundary_separates_fitting_from_oom_configurations() -> None:
+    limit = 6e9
+    rows = synthetic_rows(noise=0.01, memory_limit=limit, batch_sizes=(1, 2, 4, 8, 16), seq_lens=(256, 512, 1024))
+    assert any(row["status"] == "oom" for row in rows)
+    calibration = Calibration(synthetic_calibration(rows, memory_bytes=limit))
+    for row in rows:
+        fits = calibration.predict(micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"]).fits_in_memory
+        if row["status"] == "oom":
+            assert not fits, row
+    # A configuration well under the limit fits; one far above does not.
+    assert calibration.predict(micro_batch_size=1, seq_len=256).fits_in_memory
+    assert not calibration.predict(micro_batch_size=64, seq_len=2048).fits_in_memory
+    truth_small = peak_bytes(Config(1, 256, 1, 0))
+    assert calibration.predict(micro_batch_size=1, seq_len=256).peak_memory_bytes == pytest.approx(truth_small, rel=0.05)
+
+
+def test_residual_smoother_is_chosen_when_the_physical_model_misses_a_shape() -> None:
+    rows = synthetic_rows(noise=0.0)
+    # A device that is 40% slower at batch 8 only: the physical terms cannot express it.
+    for row in rows:
+        if row["micro_batch_size"] == 8:
+            row["step_seconds"] *= 1.4
+            row["tokens_per_second"] /= 1.4
+    fit = fit_measurements(rows)
+    assert fit["kind"] == "physical+residual"
+    assert fit["alternatives"]["physical+residual"]["median_abs_pct"] < fit["alternatives"]["physical"]["median_abs_pct"]
+    assert "cut the held-out median error" in fit["reason"]
+
+
+def test_history_factor_corrects_later_predictions() -> None:
+    data = synthetic_calibration()
+    before = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    data["history"] = [{"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 900.0}]
+    after = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    assert after == pytest.approx(before * 0.9)
+
+
+def test_explain_names_every_term_in_words() -> None:
+    text = "\n".join(Calibration(synthetic_calibration()).explain())
+    for phrase in ("fixed per micro-step", "per token", "optimizer step", "workers", "Held-out", "Memory"):
+        assert phrase in text
+
+
+def test_too_few_rows_is_an_error() -> None:
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_measurements(synthetic_rows(batch_sizes=(1,), workers=(0,), accums=(1,), seq_lens=(128, 256)))
