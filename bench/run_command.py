@@ -14,10 +14,10 @@ from calibration.errors import EXIT_OK, BenchtrainError
 
 def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
     return SearchSpace(
-        parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes else defaults.batch_sizes,
-        parse_int_list(args.workers, "--workers", minimum=0) if args.workers else defaults.workers,
-        parse_int_list(args.accum, "--accum") if args.accum else defaults.accums,
-        parse_int_list(args.seq_lens, "--seq-lens") if args.seq_lens else defaults.seq_lens,
+        parse_int_list(args.batch_sizes, "--batch-sizes") if args.batch_sizes is not None else defaults.batch_sizes,
+        parse_int_list(args.workers, "--workers", minimum=0) if args.workers is not None else defaults.workers,
+        parse_int_list(args.accum, "--accum") if args.accum is not None else defaults.accums,
+        parse_int_list(args.seq_lens, "--seq-lens") if args.seq_lens is not None else defaults.seq_lens,
     )
 
 

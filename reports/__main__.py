@@ -1,0 +1,3 @@
+from reports.cli import entry_point
+
+entry_point()

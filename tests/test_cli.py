@@ -1,0 +1,194 @@
+"""The three commands end to end on CPU, and every bad input: one line, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import synthetic_calibration
+
+from calibration.errors import guard_cli
+from calibration.store import save_calibration
+
+SMALL_GRID = ["--batch-sizes", "1,2,4", "--workers", "0,1", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.3", "--quiet"]
+
+
+def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    package = {"report": "reports"}.get(module, module)
+    main = __import__(f"{package}.cli", fromlist=["main"]).main
+    code = guard_cli(main, argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, fragment: str, expected_code: int = 2) -> None:
+    assert code == expected_code, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and fragment in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["run", "--batch-sizes", "0,2"], "--batch-sizes: values must be positive"),
+        (["run", "--batch-sizes", "two"], "is not an integer"),
+        (["run", "--workers", "-1"], "--workers: values must be non-negative"),
+        (["run", "--seq-lens", "1.5"], "--seq-lens"),
+        (["run", "--accum", ""], "--accum"),
+        (["run", "--budget", "soon"], "--budget 'soon' is not a duration"),
+        (["run", "--budget", "0s"], "--budget must be positive"),
+        (["run", "--model", "gpt-17"], "unknown model 'gpt-17'"),
+        (["run", "--trials", "0", "--search", "optuna"], "--trials must be a positive integer"),
+        (["show", "nope"], "unknown calibration 'nope'"),
+    ],
+)
+def test_bench_bad_input(home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    assert_one_line_error(*run_main("bench", argv, capsys)[::2], fragment)
+
+
+def test_bench_model_directory_without_config(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty-model").mkdir()
+    code, _, err = run_main("bench", ["run", "--model", str(tmp_path / "empty-model")], capsys)
+    assert_one_line_error(code, err, "has no config.json")
+
+
+def test_bench_unwritable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("BENCHTRAIN_HOME", str(blocker / "home"))
+    code, _, err = run_main("bench", ["run"], capsys)
+    assert_one_line_error(code, err, "is not writable")
+
+
+def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main("bench", ["run", "--gpu", "cpu", *SMALL_GRID], capsys)
+    assert code == 0, err
+    assert "best configurations measured" in out and "Held-out tokens/s error" in out
+    calibration_path = next((home / "calibrations").glob("*.json"))
+    data = json.loads(calibration_path.read_text())
+    assert data["search"]["space"]["batch_sizes"] == [1, 2, 4]
+    assert sum(row["status"] == "ok" for row in data["measurements"]) == 24
+    assert data["fit"]["held_out_error"]["median_abs_pct"] is not None
+    assert data["overheads"]["checkpoint_save_seconds"] > 0 and data["overheads"]["report_seconds"] > 0
+    assert (calibration_path.parent / f"{calibration_path.stem}-report" / "report.html").is_file()
+
+    code, out, err = run_main("bench", ["list"], capsys)
+    assert code == 0 and data["id"] in out
+    code, out, _ = run_main("bench", ["show", "--json"], capsys)
+    assert json.loads(out)["id"] == data["id"]
+
+    code, out, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "3m", "--effective-batch", "4"], capsys)
+    assert code == 0, err
+    run_dir = next((home / "runs").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "completed" and record["met_deadline"] is True
+    for key in ("micro_batch_size", "grad_accum", "num_workers", "max_length", "world_size"):
+        assert key in record["plan"]
+    assert record["plan"]["micro_batch_size"] * record["plan"]["grad_accum"] == 4
+    assert record["estimate"]["tokens_per_second_low"] < record["estimate"]["tokens_per_second"] < record["estimate"]["tokens_per_second_high"]
+    assert record["actual"]["steps"] == record["plan"]["optimizer_steps"]
+    assert record["calibration_id"] == data["id"]
+    assert (run_dir / "report.html").is_file() and (run_dir / "progress.png").is_file()
+    assert list((run_dir / "checkpoints").iterdir())
+    history = json.loads(calibration_path.read_text())["history"]
+    assert len(history) == 1 and history[0]["run_id"] == record["run_id"]
+
+    code, out, err = run_main("report", [str(run_dir)], capsys)
+    assert code == 0 and out.strip().endswith("report.html")
+
+    # A deadline far too short for 50 epochs: refused up front with the options, exit 3.
+    code, _, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "20s", "--epochs", "50"], capsys)
+    assert_one_line_error(code, err, "options: --epochs", expected_code=3)
+    assert len(list((home / "runs").iterdir())) == 1  # nothing new written, nothing damaged
+
+
+@pytest.fixture()
+def calibrated_home(home: Path) -> Path:
+    from train.hardware import detect_hardware
+    from train.model import resolve_model
+
+    save_calibration(synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
+    return home
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "does not exist"),
+        ([], "is empty"),
+        (['{"text": "ok"}', '{"text": broken}'], "line 2: not valid JSON"),
+        (['["a list"]'], "line 1: expected a JSON object"),
+        (['{"title": "no text here"}'], "no usable text field"),
+    ],
+)
+def test_train_bad_data(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: list[str] | None, fragment: str) -> None:
+    path = tmp_path / "data.jsonl"
+    if content is not None:
+        write_lines(path, content)
+    code, _, err = run_main("train", ["--data", str(path), "--deadline", "5m"], capsys)
+    assert_one_line_error(code, err, fragment)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--deadline", "0"], "--deadline must be positive"),
+        (["--deadline", "tomorrow"], "is not a duration"),
+        (["--use-calibration", "missing-id"], "unknown calibration"),
+        (["--tokenizer", "/no/such/dir"], "no tokenizer in"),
+        (["--model", "gpt2"], "was measured for model tiny, not gpt2"),
+        (["--max-length", "-3"], "--max-length"),
+        (["--epochs", "0"], "--epochs must be positive"),
+        (["--resume"], "--resume needs --out"),
+    ],
+)
+def test_train_bad_options(calibrated_home: Path, capsys: pytest.CaptureFixture[str], extra: list[str], fragment: str) -> None:
+    argv = ["--data", "sample", "--deadline", "5m", *extra]
+    code, _, err = run_main("train", argv, capsys)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from train.model import resolve_model
+
+    other = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1, "memory_bytes": 80 * 2**30}
+    save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "was measured on NVIDIA H100")
+    code, out, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run", "--force"], capsys)
+    assert code == 0 and "plan (balanced)" in out and "warning" in err
+
+
+def test_a_corrupt_calibration_names_the_file(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = home / "calibrations"
+    folder.mkdir(parents=True)
+    (folder / "broken.json").write_text("{")
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--use-calibration", "broken"], capsys)
+    assert_one_line_error(code, err, "broken.json is not valid JSON")
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main("train", ["--data", "sample", "--deadline", "1h", "--dry-run", "--price-per-hour", "2.5"], capsys)
+    assert code == 0
+    for phrase in ("estimate", "naive estimate", "alternative", "cost: $", "deadline"):
+        assert phrase in out
+    assert not (calibrated_home / "runs").exists()
+
+
+def test_help_is_instant_and_has_examples() -> None:
+    for command in ("bench", "train", "reports"):
+        result = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and "examples:" in result.stdout
+        check = subprocess.run(
+            [sys.executable, "-c", f"import sys, {command}.cli; sys.exit('torch' in sys.modules)"], capture_output=True, timeout=60
+        )
+        assert check.returncode == 0, f"{command} --help imports torch"

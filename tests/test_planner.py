@@ -1,0 +1,161 @@
+"""The planner: fastest feasible configuration, effective batch held, exact token counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import GIB, synthetic_calibration, synthetic_rows
+
+from calibration.errors import BenchtrainError
+from calibration.fit import Config
+from calibration.model import Calibration
+from train.batching import PackedBatches, PaddedBatches, packed_row_count, padded_shapes, plan_padded_batches
+from train.data import TokenizedData
+from train.planner import PlanRequest, deadline_options, epoch_batches, make_plan, real_tokens
+
+
+def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(3, 200, size=n).astype(np.int32) for n in lengths]
+    return TokenizedData(samples, [prompt] * len(lengths), fmt, "test")
+
+
+def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(min(2000, max(8, x))) for x in rng.lognormal(4.5, 0.8, size=count)]
+
+
+def test_padding_token_counts_are_exact() -> None:
+    lengths = [5, 9, 3, 7, 2, 8]
+    data = tokenized(lengths)
+    batches = plan_padded_batches(lengths, micro_batch_size=2, max_length=6, seed=1, epoch=0)
+    assert sorted(i for batch in batches for i in batch) == list(range(6))
+    shapes = padded_shapes(lengths, batches, max_length=6)
+    dataset = PaddedBatches(data.samples, data.prompt_lengths, batches, max_length=6, pad_id=0)
+    for index, shape in enumerate(shapes):
+        item = dataset[index]
+        assert tuple(item["input_ids"].shape) == (shape.rows, shape.length)
+        expected_real = sum(min(lengths[i], 6) for i in batches[index])
+        assert int(item["attention_mask"].sum()) == expected_real
+        assert int((item["labels"] != -100).sum()) == expected_real
+    assert real_tokens(data, 6) == sum(min(n, 6) for n in lengths)
+
+
+def test_prompt_tokens_carry_no_loss() -> None:
+    data = tokenized([10, 6], fmt="prompt_completion", prompt=4)
+    dataset = PaddedBatches(data.samples, data.prompt_lengths, [[0, 1]], max_length=16, pad_id=0)
+    labels = dataset[0]["labels"]
+    assert int((labels != -100).sum()) == (10 - 4) + (6 - 4)
+    assert real_tokens(data, 16) == 8
+
+
+def test_packing_token_counts_are_exact() -> None:
+    lengths = [5, 9, 3, 7]
+    data = tokenized(lengths, fmt="text")
+    assert packed_row_count(sum(lengths), 4) == 6  # 24 tokens → 6 rows of 4, no padding
+    batches = epoch_batches(data, micro_batch_size=4, max_length=4, seed=0, epoch=0)
+    assert sorted(row for batch in batches for row in batch) == list(range(6))
+    dataset = PackedBatches(data.stream(), batches, max_length=4)
+    seen = np.concatenate([dataset[i]["input_ids"].numpy().ravel() for i in range(len(dataset))])
+    assert sorted(seen.tolist()) == sorted(data.stream().tolist())  # every token exactly once
+    assert real_tokens(data, 4) == 24
+
+
+def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effective_batch() -> None:
+    calibration = Calibration(synthetic_calibration())
+    data = tokenized(heavy_tailed())
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10_000, priority="fast", effective_batch=16))
+    c = plan.chosen
+    assert c.micro_batch_size * c.grad_accum * c.world_size == 16
+    for alternative in plan.alternatives:
+        assert alternative.micro_batch_size * alternative.grad_accum == 16
+        assert alternative.total_seconds >= c.total_seconds
+    # Brute force over every candidate the calibration allows: nothing is faster.
+    best = min(
+        sum(calibration.micro_step_seconds(Config(s.rows, s.length, 16 // b, w)) for s in padded_shapes(data.lengths, epoch_batches(data, b, c.max_length, 0, 0), c.max_length))
+        for b in (1, 2, 4, 8)
+        for w in (0, 2)
+    )
+    assert c.step_seconds == pytest.approx(best, rel=1e-9)
+    assert plan.meets_deadline
+    assert c.total_seconds_low < c.total_seconds < c.total_seconds_high
+
+
+def test_padding_costs_are_counted_from_real_batches() -> None:
+    calibration = Calibration(synthetic_calibration())
+    data = tokenized(heavy_tailed())
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10_000, effective_batch=8))
+    c = plan.chosen
+    assert c.padded_tokens > c.tokens  # padding exists and is counted
+    assert c.tokens == real_tokens(data, c.max_length)
+
+
+def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
+    calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(128, 256, 512, 1024, 2048))))
+    lengths = [100] * 990 + [300] * 7 + [1500] * 3
+    data = tokenized(lengths)
+    balanced = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6))
+    assert balanced.chosen.max_length == 512  # 99.5% ≤ 300 tokens: smallest calibrated length ≥ 300
+    assert balanced.chosen.truncation["samples_truncated"] == 3
+    quality = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="quality"))
+    assert quality.chosen.max_length == 2048
+    assert quality.chosen.truncation["samples_truncated"] == 0
+
+
+def test_memory_efficient_takes_less_memory_within_the_time_slack() -> None:
+    calibration = Calibration(synthetic_calibration())
+    data = tokenized(heavy_tailed())
+    fast = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="fast")).chosen
+    lean = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="memory_efficient")).chosen
+    assert lean.peak_memory_bytes <= fast.peak_memory_bytes
+    assert lean.total_seconds <= fast.total_seconds * 1.10 + 1e-9
+
+
+def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
+    rows = synthetic_rows(memory_limit=3.2e9)
+    calibration = Calibration(synthetic_calibration(rows, memory_bytes=3.2e9))
+    data = tokenized(heavy_tailed())
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="fast"))
+    assert plan.chosen.fits_in_memory
+    assert calibration.predict(micro_batch_size=plan.chosen.micro_batch_size, seq_len=plan.chosen.max_length).fits_in_memory
+
+
+def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_steps() -> None:
+    calibration = Calibration(synthetic_calibration())
+    data = tokenized(heavy_tailed())
+    plan = make_plan(calibration, data, PlanRequest(epochs=50, deadline_seconds=30))
+    assert not plan.meets_deadline
+    options = deadline_options(plan)
+    assert "--epochs" in options and "--max-steps" in options and "--max-length" in options
+    fitted = make_plan(calibration, data, PlanRequest(epochs=50, deadline_seconds=30, fit_deadline=True))
+    assert fitted.meets_deadline and fitted.step_limit is not None
+    assert fitted.chosen.optimizer_steps == fitted.step_limit < plan.chosen.optimizer_steps
+
+
+def test_bad_requests_are_one_line_errors() -> None:
+    calibration = Calibration(synthetic_calibration())
+    data = tokenized(heavy_tailed())
+    with pytest.raises(BenchtrainError, match="--priority"):
+        PlanRequest(epochs=1, deadline_seconds=10, priority="cheap")
+    with pytest.raises(BenchtrainError, match="--effective-batch"):
+        PlanRequest(epochs=1, deadline_seconds=10, effective_batch=0)
+    with pytest.raises(BenchtrainError, match="--epochs"):
+        PlanRequest(epochs=0, deadline_seconds=10)
+    with pytest.raises(BenchtrainError, match="--max-length"):
+        make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10, max_length=0))
+    only_big = Calibration(synthetic_calibration(synthetic_rows(batch_sizes=(4, 8))))
+    with pytest.raises(BenchtrainError, match="divides --effective-batch 3"):
+        make_plan(only_big, data, PlanRequest(epochs=1, deadline_seconds=10, effective_batch=3))
+
+
+def test_the_calibrated_overheads_are_added() -> None:
+    calibration = Calibration(synthetic_calibration())
+    plan = make_plan(calibration, tokenized(heavy_tailed()), PlanRequest(epochs=1, deadline_seconds=1e6))
+    overheads = calibration.overheads
+    minimum = overheads["model_build_seconds"] + overheads["checkpoint_save_seconds"] + overheads["report_seconds"]
+    assert plan.chosen.overhead_seconds >= minimum
+    assert plan.chosen.total_seconds == pytest.approx(plan.chosen.step_seconds + plan.chosen.overhead_seconds)
+
+
+def test_gib_constant_is_binary() -> None:
+    assert GIB == 1024**3

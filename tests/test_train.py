@@ -1,0 +1,102 @@
+"""Training: the deadline guard, checkpoint/resume reproducing the loss curve, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import synthetic_calibration, synthetic_rows
+
+from calibration.model import Calibration
+from train.checkpoint import list_checkpoints
+from train.data import load_tokenized
+from train.hardware import detect_hardware
+from train.loop import LoopSettings, TrainingRun
+from train.model import resolve_model
+from train.planner import PlanRequest, make_plan
+from train.tokenizer import byte_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+def local_calibration() -> Calibration:
+    """A calibration for the tiny model on this machine, from synthetic (fast) measurements."""
+    spec = resolve_model("tiny")
+    hardware = detect_hardware()
+    rows = synthetic_rows(seq_lens=(32, 64, 128))
+    data = synthetic_calibration(rows, hardware=hardware, model={"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint})
+    return Calibration(data)
+
+
+def make_run(tmp_path: Path, data_path: Path, tokenizer, *, deadline: float, steps: int | None = None, resume: bool = False, hook=None, on_overrun: str = "stop", out: str = "run") -> TrainingRun:
+    calibration = local_calibration()
+    data = load_tokenized(str(data_path), tokenizer)
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64, num_workers=0, max_steps=steps))
+    settings = LoopSettings(
+        started_at=time.monotonic(),
+        deadline_seconds=deadline,
+        margin_seconds=0.5,
+        on_overrun=on_overrun,
+        checkpoint_interval_seconds=1e6,
+        epochs=1,
+        step_limit=steps,
+        resume=resume,
+        log_interval_seconds=0.5,
+    )
+    return TrainingRun(calibration=calibration, chosen=plan.chosen, data=data, spec=resolve_model("tiny"), pad_id=tokenizer.pad_token_id,
+                       out_dir=tmp_path / out, settings=settings, step_hook=hook)
+
+
+def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    started = time.monotonic()
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=6.0, hook=lambda step: time.sleep(0.15))
+    outcome = run.run()
+    elapsed = time.monotonic() - started
+    assert outcome.status == "stopped_for_deadline"
+    assert elapsed < 6.0, elapsed
+    assert outcome.steps > 3
+    assert outcome.last_checkpoint and Path(outcome.last_checkpoint).is_dir()
+    assert any("passes the deadline" in event for event in outcome.events)
+
+
+def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    started = time.monotonic()
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=5.0, hook=lambda step: time.sleep(0.15), on_overrun="shrink")
+    outcome = run.run()
+    assert time.monotonic() - started < 5.0
+    assert any("shrinking to" in event for event in outcome.events)
+
+
+def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    full = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full").run()
+    assert full.status == "step_limit" and full.steps == 10
+
+    def sigterm_at_step_4(step: int) -> None:
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    interrupted = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", hook=sigterm_at_step_4).run()
+    assert interrupted.status == "interrupted" and interrupted.exit_signal == signal.SIGTERM
+    assert interrupted.steps == 5  # the step in flight finished, then a checkpoint
+    saved = list_checkpoints(tmp_path / "split" / "checkpoints")
+    assert saved and saved[-1].name == "step-0000005"
+
+    resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", resume=True).run()
+    assert resumed.resumed_from and resumed.steps == 10
+    assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+
+
+def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=6)
+    run.settings.checkpoint_interval_seconds = 0.0
+    run.settings.keep_checkpoints = 2
+    run.run()
+    names = [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")]
+    assert names == ["step-0000005", "step-0000006"]
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.endswith(".tmp")]
