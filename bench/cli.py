@@ -37,9 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=RUN_EXAMPLES,
     )
-    run.add_argument("--gpu", metavar="NAME", help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device")
-    run.add_argument("--model", default="tiny", metavar="PRESET|DIR", help="preset (tiny, gpt2, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b) or a folder with config.json (default: tiny)")
-    run.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)")
+    run.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device",
+    )
+    run.add_argument(
+        "--model",
+        default="tiny",
+        metavar="PRESET|DIR",
+        help="preset (tiny, gpt2, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b) or a folder with config.json (default: tiny)",
+    )
+    run.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
+    )
     run.add_argument("--data", metavar="PATH", help="feed real tokens from this dataset (default: synthetic tokens)")
     run.add_argument("--batch-sizes", metavar="LIST", help="micro batch sizes, e.g. 1,2,4 (default: sized to the device)")
     run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")

@@ -122,12 +122,14 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     row["probe_seconds"] = round(time.perf_counter() - started, 4)
     if row["status"] != "ok":
         return row
-    median_seconds = statistics.median(step_seconds)
+    # The mean, not the median: a run's wall time is the sum of its steps, slow ones included.
+    mean_seconds = statistics.fmean(step_seconds)
     tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-    tokens_per_second = tokens / median_seconds
+    tokens_per_second = tokens / mean_seconds
     row.update(
         tokens_per_second=tokens_per_second,
-        step_seconds=median_seconds,
+        step_seconds=mean_seconds,
+        step_seconds_median=statistics.median(step_seconds),
         step_seconds_spread=spread(step_seconds),
         step_seconds_min=min(step_seconds),
         step_seconds_max=max(step_seconds),

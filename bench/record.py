@@ -51,10 +51,7 @@ def build_calibration(
     if ok_count >= MIN_ROWS_FOR_FIT:
         record["fit"] = fit_measurements(result.rows)
     else:
-        record["warnings"].append(
-            f"only {ok_count} probes succeeded (need {MIN_ROWS_FOR_FIT}); no model was fitted: "
-            "widen the space or raise --budget"
-        )
+        record["warnings"].append(f"only {ok_count} probes succeeded (need {MIN_ROWS_FOR_FIT}); no model was fitted: widen the space or raise --budget")
     return record
 
 

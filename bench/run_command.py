@@ -41,11 +41,11 @@ def run_command(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     writable_subdir("calibrations")
 
-    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
     from bench.probe import ProbeSettings, Workload, run_probe
     from bench.record import build_calibration
     from bench.runner import Budget, run_grid, run_optuna, study_name
     from calibration.store import save_calibration, update_calibration
+    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
     from train.model import model_record
 
     hardware = detect_hardware()
@@ -88,10 +88,7 @@ def run_command(args: argparse.Namespace) -> int:
         return run_probe(workload, config, capped, peak_flops)
 
     budget = Budget(budget_seconds, started)
-    _say(
-        f"probing {total} of {space.size} configurations ({args.search})"
-        + (f" within {format_duration(budget_seconds)}" if budget_seconds else "")
-    )
+    _say(f"probing {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
     progress = _progress_bar(total, args.quiet)
     try:
         if args.search == "grid":
@@ -149,9 +146,7 @@ def warmup_extra_seconds(rows: list[dict[str, Any]], warmup_steps: int) -> float
     import statistics
 
     extras = [
-        max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"])
-        for row in rows
-        if row["status"] == "ok" and row.get("warmup_seconds") is not None
+        max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"]) for row in rows if row["status"] == "ok" and row.get("warmup_seconds") is not None
     ]
     return statistics.median(extras) if extras else 0.0
 
@@ -188,9 +183,7 @@ def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, in
 
     print("\n".join(describe_calibration(record, path)))
     if left_out:
-        sample = ", ".join(
-            f"B{c['micro_batch_size']}/W{c['num_workers']}/A{c['grad_accum']}/S{c['seq_len']}" for c in left_out[:6]
-        )
+        sample = ", ".join(f"B{c['micro_batch_size']}/W{c['num_workers']}/A{c['grad_accum']}/S{c['seq_len']}" for c in left_out[:6])
         more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
         print(f"\nnot probed: {sample}{more}")
     print(f"\nbenchmark took {format_duration(record['overheads']['benchmark_seconds'])}; calibration {record['id']} saved to {path}")

@@ -82,8 +82,7 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
         return
     if row.get("tokens_per_second"):
         progress.set_postfix_str(
-            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} "
-            f"S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s",
+            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s",
             refresh=False,
         )
     progress.update(1)
@@ -94,7 +93,16 @@ def study_name(hardware: dict[str, Any], model: dict[str, Any], space: SearchSpa
     return "bench-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def run_optuna(space: SearchSpace, probe: ProbeFunction, budget: Budget, trials: int, storage_path: Path, name: str, progress: Any = None, seed: int = 0) -> BenchResult:
+def run_optuna(
+    space: SearchSpace,
+    probe: ProbeFunction,
+    budget: Budget,
+    trials: int,
+    storage_path: Path,
+    name: str,
+    progress: Any = None,
+    seed: int = 0,
+) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial.
 
     The study lives in SQLite, and each finished trial keeps its measurement row, so a

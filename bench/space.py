@@ -91,10 +91,7 @@ def budget_order(space: SearchSpace) -> list[ProbeConfig]:
     out is interpolated rather than extrapolated.
     """
     axes = space.values()
-    positions = {
-        config: tuple(_unit(axis.index(value), len(axis)) for axis, value in zip(axes, _tuple(config), strict=True))
-        for config in space.all_configs()
-    }
+    positions = {config: tuple(_unit(axis.index(value), len(axis)) for axis, value in zip(axes, _tuple(config), strict=True)) for config in space.all_configs()}
     corners = [ProbeConfig(*combo) for combo in itertools.product(*[(axis[0], axis[-1]) for axis in axes])]
     middle = ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in axes])
     order: list[ProbeConfig] = [corners[0]]

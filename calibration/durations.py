@@ -22,9 +22,7 @@ def parse_duration(text: str, what: str = "duration") -> float:
         if parts and "".join(number + unit for number, unit in parts) == cleaned:
             seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
     if seconds is None or not math.isfinite(seconds):
-        raise BenchtrainError(
-            f"{what} {text!r} is not a duration: write e.g. 90s, 15m, 12h, 1h30m or plain seconds"
-        )
+        raise BenchtrainError(f"{what} {text!r} is not a duration: write e.g. 90s, 15m, 12h, 1h30m or plain seconds")
     if seconds <= 0:
         raise BenchtrainError(f"{what} must be positive, got {text!r}")
     return seconds
@@ -38,7 +36,7 @@ def format_duration(seconds: float) -> str:
     seconds = abs(seconds)
     if seconds < 60:
         return f"{sign}{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{sign}{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)

@@ -244,10 +244,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     gain = physical_error.median_abs_pct - smoothed_error.median_abs_pct
     if len(configs) >= 6 and gain > max(0.5, 0.1 * physical_error.median_abs_pct):
         kind = "physical+residual"
-        reason = (
-            f"the residual smoother cut the held-out median error from "
-            f"{physical_error.median_abs_pct:.1f}% to {smoothed_error.median_abs_pct:.1f}%"
-        )
+        reason = f"the residual smoother cut the held-out median error from {physical_error.median_abs_pct:.1f}% to {smoothed_error.median_abs_pct:.1f}%"
     else:
         kind = "physical"
         reason = (
@@ -279,9 +276,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "smoother": _smoother_json(model.smoother),
         "held_out_error": error.to_json(),
         "held_out_relative_errors": error.signed_relative,
-        "held_out_predicted_tokens_per_second": [
-            config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)
-        ],
+        "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: value[0].to_json() for name, value in candidates.items()},
         "rows_used": len(ok_rows),
         "memory": memory_section,

@@ -22,7 +22,6 @@ def writable_subdir(name: str) -> Path:
             pass
     except OSError as error:
         raise BenchtrainError(
-            f"BENCHTRAIN_HOME folder {folder} is not writable ({error.strerror or error}); "
-            "set BENCHTRAIN_HOME to a folder you can write"
+            f"BENCHTRAIN_HOME folder {folder} is not writable ({error.strerror or error}); set BENCHTRAIN_HOME to a folder you can write"
         ) from None
     return folder

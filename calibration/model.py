@@ -157,9 +157,7 @@ class Calibration:
 
     def within_measured_range(self, config: Config) -> bool:
         ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
-        return all(
-            values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items()
-        )
+        return all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
 
     # -- words ----------------------------------------------------------------------------
     def explain(self) -> list[str]:

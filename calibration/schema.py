@@ -62,8 +62,7 @@ def migrate(data: Any, path: Path | str) -> dict[str, Any]:
         raise CalibrationFileError(f"calibration {path}: missing or non-integer schema_version")
     if version > SCHEMA_VERSION:
         raise CalibrationFileError(
-            f"calibration {path} has schema_version {version}, newer than this benchtrain "
-            f"understands ({SCHEMA_VERSION}); upgrade benchtrain"
+            f"calibration {path} has schema_version {version}, newer than this benchtrain understands ({SCHEMA_VERSION}); upgrade benchtrain"
         )
     while version < SCHEMA_VERSION:
         if version not in MIGRATIONS:
@@ -151,9 +150,7 @@ def _check_fields(obj: Any, required: dict[str, Any], where: str) -> None:
         if name not in obj:
             raise CalibrationFileError(f"{where}: missing field {name!r}")
         value = obj[name]
-        ok = _is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (
-            kind is int and isinstance(value, bool)
-        )
+        ok = _is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             expected = "number" if kind is _NUMBER else kind.__name__
             raise CalibrationFileError(f"{where}: field {name!r} should be {expected}, got {type(value).__name__}")

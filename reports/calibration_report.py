@@ -50,19 +50,43 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         sections.append(verdict("No model was fitted: too few probes succeeded.", False))
         figure_paths = []
     if ok:
-        figure_paths.append((figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"), "Measured tokens/s by micro batch and sequence length"))
-        predict = (lambda b, s: cal.memory.peak_bytes(_config({"micro_batch_size": b, "seq_len": s, "grad_accum": 1, "num_workers": 0}))) if cal and cal.memory else None
         figure_paths.append(
-            (figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"), "Peak memory against the device limit")
+            (
+                figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"),
+                "Measured tokens/s by micro batch and sequence length",
+            )
+        )
+        predict = (
+            (lambda b, s: cal.memory.peak_bytes(_config({"micro_batch_size": b, "seq_len": s, "grad_accum": 1, "num_workers": 0})))
+            if cal and cal.memory
+            else None
+        )
+        figure_paths.append(
+            (
+                figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"),
+                "Peak memory against the device limit",
+            )
         )
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
     sections.append(section("Figures", '<div class="grid">' + "".join(image(path, caption) for path, caption in figure_paths) + "</div>"))
 
-    columns = ["micro_batch_size", "num_workers", "grad_accum", "seq_len", "status", "tokens_per_second", "step_seconds", "peak_memory_bytes", "data_wait_share", "mfu"]
+    columns = [
+        "micro_batch_size",
+        "num_workers",
+        "grad_accum",
+        "seq_len",
+        "status",
+        "tokens_per_second",
+        "step_seconds",
+        "peak_memory_bytes",
+        "data_wait_share",
+        "mfu",
+    ]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
     frame = frame.rename(columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"})
-    sections.append(section("Measurements", table(frame.sort_values("tokens/s", ascending=False).round(4))))
+    frame = frame.sort_values("tokens/s", ascending=False).round({"tokens/s": 0, "step_seconds": 4, "peak MiB": 0, "data wait share": 3, "mfu": 3})
+    sections.append(section("Measurements", table(frame)))
 
     hardware, software = data["hardware"], data["software"]
     sections.append(
@@ -74,7 +98,16 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     )
     history = data.get("history", [])
     if history:
-        history_frame = pd.DataFrame(history).reindex(columns=["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"])
+        history_frame = pd.DataFrame(history).reindex(
+            columns=[
+                "run_id",
+                "finished_at",
+                "predicted_tokens_per_second",
+                "actual_tokens_per_second",
+                "time_error_pct",
+                "status",
+            ]
+        )
         sections.append(section("How past estimates with this calibration fared", table(history_frame.round(2))))
     else:
         sections.append(section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>"))

@@ -8,8 +8,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 GIB = 2**30
 plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
@@ -84,11 +84,20 @@ def memory_vs_batch(rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], 
         if predict is not None and len(span):
             axis.plot(span, [predict(int(max(1, round(b))), length) / GIB for b in span], color=color, linewidth=1, alpha=0.8)
     if oom_rows:
-        axis.scatter([row["micro_batch_size"] for row in oom_rows], [limit_bytes / GIB] * len(oom_rows), marker="x", s=60, color="#c0392b", label="out of memory")
+        axis.scatter(
+            [row["micro_batch_size"] for row in oom_rows],
+            [limit_bytes / GIB] * len(oom_rows),
+            marker="x",
+            s=60,
+            color="#c0392b",
+            label="out of memory",
+        )
     axis.axhline(limit_bytes / GIB, color="#c0392b", linestyle="--", linewidth=1, label=f"device memory {limit_bytes / GIB:.1f} GiB")
     axis.set_xlabel("micro batch size (sequences)")
     axis.set_ylabel("peak memory (GiB)")
     peak = max((row.get("peak_memory_bytes") or 0 for row in rows), default=0)
+    if 0 < peak < 0.2 * limit_bytes:
+        axis.set_yscale("log")  # far below the limit: a log scale keeps both readable
     axis.set_title(f"Peak memory vs batch size (lines: fitted model)\nlargest measured peak uses {peak / limit_bytes:.0%} of device memory")
     axis.legend(fontsize=7, loc="upper left")
     return save(figure, path)

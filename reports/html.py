@@ -42,8 +42,16 @@ def table(frame: Any) -> str:
     return frame.to_html(index=False, escape=True, border=0, na_rep="–")
 
 
+def readable(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "–" if value is None else str(value)
+
+
 def key_values(pairs: list[tuple[str, Any]]) -> str:
-    rows = "".join(f"<tr><th>{escape(key)}</th><td>{escape(value)}</td></tr>" for key, value in pairs)
+    rows = "".join(f"<tr><th>{escape(key)}</th><td>{escape(readable(value))}</td></tr>" for key, value in pairs)
     return f"<table>{rows}</table>"
 
 
@@ -53,12 +61,10 @@ def bullet_list(lines: list[str]) -> str:
 
 def page(title: str, subtitle: str, sections: list[str]) -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-        f"<h1>{escape(title)}</h1><p class=\"subtitle\">{escape(subtitle)}</p>"
-        + "\n".join(sections)
-        + "</body></html>\n"
+        f'<h1>{escape(title)}</h1><p class="subtitle">{escape(subtitle)}</p>' + "\n".join(sections) + "</body></html>\n"
     )
 
 

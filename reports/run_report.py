@@ -50,19 +50,41 @@ def write_run_report(run_dir: Path) -> Path:
 
     summary = pd.DataFrame(
         [
-            {"": "total time (s)", "estimate": estimate["total_seconds"], "low": estimate["total_seconds_low"], "high": estimate["total_seconds_high"], "actual": actual.get("total_seconds")},
-            {"": "training time (s)", "estimate": estimate["train_seconds"], "low": None, "high": None, "actual": actual.get("train_seconds")},
-            {"": "real tokens/s", "estimate": estimate["tokens_per_second"], "low": estimate["tokens_per_second_low"], "high": estimate["tokens_per_second_high"], "actual": actual.get("tokens_per_second")},
+            {
+                "": "total time (s)",
+                "estimate": estimate["total_seconds"],
+                "low": estimate["total_seconds_low"],
+                "high": estimate["total_seconds_high"],
+                "actual": actual.get("total_seconds"),
+            },
+            {
+                "": "training time (s)",
+                "estimate": estimate["train_seconds"],
+                "low": None,
+                "high": None,
+                "actual": actual.get("train_seconds"),
+            },
+            {
+                "": "real tokens/s",
+                "estimate": estimate["tokens_per_second"],
+                "low": estimate["tokens_per_second_low"],
+                "high": estimate["tokens_per_second_high"],
+                "actual": actual.get("tokens_per_second"),
+            },
             {"": "naive estimate (s)", "estimate": estimate.get("naive_seconds"), "low": None, "high": None, "actual": None},
             {"": "cost ($)", "estimate": estimate.get("cost"), "low": None, "high": None, "actual": actual.get("cost")},
         ]
     )
-    sections.append(section("Estimate vs actual", table(summary.round(2)),
-                            "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>"))
+    sections.append(
+        section(
+            "Estimate vs actual",
+            table(summary.round(2)),
+            "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>",
+        )
+    )
 
     figure_paths = []
     losses = record.get("losses", [])
-    timeline = record.get("timeline", [])
     start = estimate["total_seconds"] - estimate["train_seconds"] - _final_overheads(record)
     start = record.get("elapsed_before_plan", 0.0) + max(0.0, start)
     before = record.get("elapsed_before_plan", 0.0)
@@ -75,13 +97,33 @@ def write_run_report(run_dir: Path) -> Path:
             "end_high": before + estimate["total_seconds_high"] - _final_overheads(record),
             "tokens": estimate["tokens"],
         }
-        figure_paths.append((figures.progress_over_time([e["elapsed"] for e in losses], tokens_done, predicted, deadline, run_dir / "progress.png"), "Tokens trained over time against the estimate, its bounds and the deadline"))
+        figure_paths.append(
+            (
+                figures.progress_over_time([e["elapsed"] for e in losses], tokens_done, predicted, deadline, run_dir / "progress.png"),
+                "Tokens trained over time against the estimate, its bounds and the deadline",
+            )
+        )
         rolling_actual, rolling_predicted = _rolling_rates(losses)
-        figure_paths.append((figures.throughput_over_time([e["elapsed"] for e in losses], rolling_actual, rolling_predicted, run_dir / "throughput.png"), "Real tokens/s over time against the calibration's prediction"))
-        figure_paths.append((figures.loss_curve([e["step"] for e in losses], [e["loss"] for e in losses], run_dir / "loss.png"), "Training loss per optimizer step"))
+        figure_paths.append(
+            (
+                figures.throughput_over_time([e["elapsed"] for e in losses], rolling_actual, rolling_predicted, run_dir / "throughput.png"),
+                "Real tokens/s over time against the calibration's prediction",
+            )
+        )
+        figure_paths.append(
+            (
+                figures.loss_curve([e["step"] for e in losses], [e["loss"] for e in losses], run_dir / "loss.png"),
+                "Training loss per optimizer step",
+            )
+        )
     history = error_rows(run_records(run_dir.parent))
     if len(history) >= 1:
-        figure_paths.append((figures.estimate_error_history([row["run"] for row in history], [row["error %"] for row in history], run_dir / "history.png"), "Estimate error of every run in this folder, oldest first"))
+        figure_paths.append(
+            (
+                figures.estimate_error_history([row["run"] for row in history], [row["error %"] for row in history], run_dir / "history.png"),
+                "Estimate error of every run in this folder, oldest first",
+            )
+        )
     if figure_paths:
         sections.append(section("Figures", '<div class="grid">' + "".join(image(path, caption) for path, caption in figure_paths) + "</div>"))
 
@@ -89,13 +131,37 @@ def write_run_report(run_dir: Path) -> Path:
     sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))
     alternatives = record.get("alternatives", [])
     if alternatives:
-        frame = pd.DataFrame(alternatives).reindex(columns=["micro_batch_size", "grad_accum", "num_workers", "max_length", "total_seconds", "total_seconds_high", "tokens_per_second", "peak_memory_bytes"])
+        frame = pd.DataFrame(alternatives).reindex(
+            columns=[
+                "micro_batch_size",
+                "grad_accum",
+                "num_workers",
+                "max_length",
+                "total_seconds",
+                "total_seconds_high",
+                "tokens_per_second",
+                "peak_memory_bytes",
+            ]
+        )
         frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
         sections.append(section("Alternatives the planner considered", table(frame.rename(columns={"peak_memory_bytes": "peak MiB"}).round(2))))
     data = record.get("data", {})
     profile = data.get("profile", {})
     if profile:
-        sections.append(section("Data", key_values([("source", data.get("source")), ("format", data.get("format")), ("packing", data.get("packing"))] + list(profile.items()) + list((data.get("truncation") or {}).items()))))
+        sections.append(
+            section(
+                "Data",
+                key_values(
+                    [
+                        ("source", data.get("source")),
+                        ("format", data.get("format")),
+                        ("packing", data.get("packing")),
+                        *profile.items(),
+                        *(data.get("truncation") or {}).items(),
+                    ]
+                ),
+            )
+        )
     if history:
         sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
     if record.get("events"):
@@ -103,7 +169,11 @@ def write_run_report(run_dir: Path) -> Path:
 
     html_path = run_dir / "report.html"
     html_path.write_text(
-        page(f"Run {record.get('run_id', run_dir.name)}", f"calibration {record.get('calibration_id')} — created {record.get('created_at')}", sections),
+        page(
+            f"Run {record.get('run_id', run_dir.name)}",
+            f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
+            sections,
+        ),
         encoding="utf-8",
     )
     return html_path

@@ -1,6 +1,6 @@
 """Generate the bundled sample datasets (deterministic): heavy-tailed text lengths, and chat.
 
-    python scripts/make_sample_data.py   # rewrites train/sample_data/*.jsonl
+python scripts/make_sample_data.py   # rewrites train/sample_data/*.jsonl
 """
 
 from __future__ import annotations

@@ -74,7 +74,12 @@ def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes
         "software": {"torch": "test"},
         "model": {"name": "tiny", "parameter_count": 1000, "fingerprint": "abc"},
         "measurements": rows,
-        "overheads": {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "report_seconds": 2.0, "warmup_extra_seconds": 0.2},
+        "overheads": {
+            "model_build_seconds": 1.0,
+            "checkpoint_save_seconds": 0.5,
+            "report_seconds": 2.0,
+            "warmup_extra_seconds": 0.2,
+        },
         "fit": fit_measurements(rows),
         "history": [],
         "warnings": [],

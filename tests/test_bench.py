@@ -91,7 +91,9 @@ def test_grid_probes_everything_and_prunes_after_oom() -> None:
     skipped = [r for r in result.rows if r["status"] == "skipped"]
     assert skipped, "larger batches at the OOM length must be skipped, not probed"
     assert all(r["micro_batch_size"] >= 4 and r["seq_len"] >= 128 for r in skipped)
-    assert not any(c.micro_batch_size >= 8 and c.seq_len >= 128 for c in calls[calls.index(next(c for c in calls if c.micro_batch_size >= 4 and c.seq_len >= 128)) + 1 :])
+    assert not any(
+        c.micro_batch_size >= 8 and c.seq_len >= 128 for c in calls[calls.index(next(c for c in calls if c.micro_batch_size >= 4 and c.seq_len >= 128)) + 1 :]
+    )
     assert all(r["status"] == "ok" for r in result.rows if r["seq_len"] < 128)
 
 

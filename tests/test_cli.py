@@ -13,7 +13,19 @@ from helpers import synthetic_calibration
 from calibration.errors import guard_cli
 from calibration.store import save_calibration
 
-SMALL_GRID = ["--batch-sizes", "1,2,4", "--workers", "0,1", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.3", "--quiet"]
+SMALL_GRID = [
+    "--batch-sizes",
+    "1,2,4",
+    "--workers",
+    "0,1",
+    "--accum",
+    "1,2",
+    "--seq-lens",
+    "32,64",
+    "--max-probe-seconds",
+    "0.3",
+    "--quiet",
+]
 
 
 def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -111,7 +123,12 @@ def calibrated_home(home: Path) -> Path:
     from train.hardware import detect_hardware
     from train.model import resolve_model
 
-    save_calibration(synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
+    save_calibration(
+        synthetic_calibration(
+            hardware=detect_hardware(),
+            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        )
+    )
     return home
 
 
@@ -189,6 +206,8 @@ def test_help_is_instant_and_has_examples() -> None:
         result = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "examples:" in result.stdout
         check = subprocess.run(
-            [sys.executable, "-c", f"import sys, {command}.cli; sys.exit('torch' in sys.modules)"], capture_output=True, timeout=60
+            [sys.executable, "-c", f"import sys, {command}.cli; sys.exit('torch' in sys.modules)"],
+            capture_output=True,
+            timeout=60,
         )
         assert check.returncode == 0, f"{command} --help imports torch"

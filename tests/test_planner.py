@@ -72,7 +72,10 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
         assert alternative.total_seconds >= c.total_seconds
     # Brute force over every candidate the calibration allows: nothing is faster.
     best = min(
-        sum(calibration.micro_step_seconds(Config(s.rows, s.length, 16 // b, w)) for s in padded_shapes(data.lengths, epoch_batches(data, b, c.max_length, 0, 0), c.max_length))
+        sum(
+            calibration.micro_step_seconds(Config(s.rows, s.length, 16 // b, w))
+            for s in padded_shapes(data.lengths, epoch_batches(data, b, c.max_length, 0, 0), c.max_length)
+        )
         for b in (1, 2, 4, 8)
         for w in (0, 2)
     )

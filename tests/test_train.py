@@ -34,10 +34,25 @@ def local_calibration() -> Calibration:
     return Calibration(data)
 
 
-def make_run(tmp_path: Path, data_path: Path, tokenizer, *, deadline: float, steps: int | None = None, resume: bool = False, hook=None, on_overrun: str = "stop", out: str = "run") -> TrainingRun:
+def make_run(
+    tmp_path: Path,
+    data_path: Path,
+    tokenizer,
+    *,
+    deadline: float,
+    steps: int | None = None,
+    resume: bool = False,
+    hook=None,
+    on_overrun: str = "stop",
+    out: str = "run",
+) -> TrainingRun:
     calibration = local_calibration()
     data = load_tokenized(str(data_path), tokenizer)
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64, num_workers=0, max_steps=steps))
+    plan = make_plan(
+        calibration,
+        data,
+        PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64, num_workers=0, max_steps=steps),
+    )
     settings = LoopSettings(
         started_at=time.monotonic(),
         deadline_seconds=deadline,
@@ -49,8 +64,16 @@ def make_run(tmp_path: Path, data_path: Path, tokenizer, *, deadline: float, ste
         resume=resume,
         log_interval_seconds=0.5,
     )
-    return TrainingRun(calibration=calibration, chosen=plan.chosen, data=data, spec=resolve_model("tiny"), pad_id=tokenizer.pad_token_id,
-                       out_dir=tmp_path / out, settings=settings, step_hook=hook)
+    return TrainingRun(
+        calibration=calibration,
+        chosen=plan.chosen,
+        data=data,
+        spec=resolve_model("tiny"),
+        pad_id=tokenizer.pad_token_id,
+        out_dir=tmp_path / out,
+        settings=settings,
+        step_hook=hook,
+    )
 
 
 def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:

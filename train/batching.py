@@ -69,7 +69,14 @@ def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[Bat
 class PaddedBatches:
     """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length)."""
 
-    def __init__(self, samples: Sequence[np.ndarray], prompt_lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, pad_id: int) -> None:
+    def __init__(
+        self,
+        samples: Sequence[np.ndarray],
+        prompt_lengths: Sequence[int],
+        batches: Sequence[Sequence[int]],
+        max_length: int,
+        pad_id: int,
+    ) -> None:
         self.samples, self.prompt_lengths = samples, prompt_lengths
         self.batches, self.max_length, self.pad_id = list(batches), max_length, pad_id
 

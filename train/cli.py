@@ -7,9 +7,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from calibration.errors import EXIT_OK, BenchtrainError, DeadlineError, guard_cli
+from calibration.errors import guard_cli
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -30,24 +29,50 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
     )
     p.add_argument("--use-calibration", default="latest", metavar="latest|ID|PATH", help="calibration to plan with (default: latest)")
-    p.add_argument("--data", required=True, metavar="PATH", help="JSONL/JSON/CSV/Parquet file or saved datasets folder; 'sample' or 'sample-chat' for the bundled data")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="JSONL/JSON/CSV/Parquet file or saved datasets folder; 'sample' or 'sample-chat' for the bundled data",
+    )
     p.add_argument("--model", default="tiny", metavar="PRESET|DIR", help="preset or model folder (default: tiny)")
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model folder's, or the byte tokenizer for presets)")
     p.add_argument("--deadline", required=True, metavar="DURATION", help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: 1; fractions allowed)")
-    p.add_argument("--priority", default="balanced", choices=("fast", "balanced", "quality", "memory_efficient"), help="what to optimise (default: balanced)")
+    p.add_argument(
+        "--priority",
+        default="balanced",
+        choices=("fast", "balanced", "quality", "memory_efficient"),
+        help="what to optimise (default: balanced)",
+    )
     p.add_argument("--effective-batch", type=int, metavar="N", help="samples (or packed rows) per optimizer step, held fixed (default: 16)")
-    p.add_argument("--max-length", default="auto", metavar="N|auto", help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)")
+    p.add_argument(
+        "--max-length",
+        default="auto",
+        metavar="N|auto",
+        help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
+    )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--on-overrun", default="stop", choices=("stop", "shrink", "warn"), help="when live speed says the deadline will be missed: checkpoint and stop (default), shrink the remaining steps, or warn")
+    p.add_argument(
+        "--on-overrun",
+        default="stop",
+        choices=("stop", "shrink", "warn"),
+        help="when live speed says the deadline will be missed: checkpoint and stop (default), shrink the remaining steps, or warn",
+    )
     p.add_argument("--fit-deadline", action="store_true", help="if the plan does not fit, cut the number of steps so that it does")
     p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps")
     p.add_argument("--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
-    p.add_argument("--margin", type=float, default=0.05, metavar="FRACTION", help="share of the deadline held back as safety margin (default: 0.05)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="share of the deadline held back as safety margin (default: 0.05)",
+    )
     p.add_argument("--price-per-hour", type=float, metavar="USD", help="show the cost of the plan")
     p.add_argument("--learning-rate", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
@@ -84,7 +109,6 @@ def say(message: str) -> None:
 
 def entry_point() -> None:
     sys.exit(guard_cli(main))
-
 
 
 if __name__ == "__main__":

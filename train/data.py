@@ -112,9 +112,7 @@ def detect_format(columns: list[str], path: str) -> str:
         return "prompt_completion"
     if any(field in columns for field in TEXT_FIELDS):
         return "text"
-    raise BenchtrainError(
-        f"{path}: no usable text field in columns {columns}; expected 'text', 'messages', or 'prompt' + 'completion'"
-    )
+    raise BenchtrainError(f"{path}: no usable text field in columns {columns}; expected 'text', 'messages', or 'prompt' + 'completion'")
 
 
 def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:

@@ -78,11 +78,11 @@ def _cpu_name() -> str:
 
 
 def detect_software() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
     import accelerate
     import torch
     import transformers
-
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         benchtrain_version = version("benchtrain")

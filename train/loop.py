@@ -138,8 +138,16 @@ class TrainingRun:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         c = self.chosen
-        return run_batches(self.data, c.micro_batch_size, c.max_length, self.settings.seed, epoch, self.settings.epochs,
-                           self.accelerator.num_processes, self.accelerator.process_index)
+        return run_batches(
+            self.data,
+            c.micro_batch_size,
+            c.max_length,
+            self.settings.seed,
+            epoch,
+            self.settings.epochs,
+            self.accelerator.num_processes,
+            self.accelerator.process_index,
+        )
 
     def total_steps(self) -> int:
         steps = self.chosen.optimizer_steps
@@ -228,11 +236,15 @@ class TrainingRun:
                             new_limit = position.step + max(0, math.floor(room / per_step))
                             if new_limit < limit:
                                 limit = new_limit
-                                self.events.append(f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps")
+                                self.events.append(
+                                    f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps"
+                                )
                         elif not overrun_warned:
                             overrun_warned = True
                             action = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
-                            self.events.append(f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}")
+                            self.events.append(
+                                f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}"
+                            )
                         if progress is not None and self.events:
                             progress.write(f"deadline: {self.events[-1]}")
                     # Stop while a step, a checkpoint and the report still fit before the deadline.

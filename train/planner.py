@@ -142,7 +142,16 @@ def epoch_batches(data: TokenizedData, micro_batch_size: int, max_length: int, s
     return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
 
 
-def run_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[list[int]]:
+def run_batches(
+    data: TokenizedData,
+    micro_batch_size: int,
+    max_length: int,
+    seed: int,
+    epoch: int,
+    epochs: float,
+    world_size: int = 1,
+    rank: int = 0,
+) -> list[list[int]]:
     """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
     batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
     whole = math.ceil(epochs)
@@ -253,12 +262,7 @@ def overhead_seconds(calibration: Calibration, step_seconds: float, checkpoint_i
     measured = calibration.overheads
     checkpoint = measured.get("checkpoint_save_seconds", 0.0)
     checkpoints = math.floor(step_seconds / checkpoint_interval) + 1 if checkpoint_interval > 0 else 1
-    return (
-        measured.get("model_build_seconds", 0.0)
-        + measured.get("warmup_extra_seconds", 0.0)
-        + checkpoints * checkpoint
-        + measured.get("report_seconds", 0.0)
-    )
+    return measured.get("model_build_seconds", 0.0) + measured.get("warmup_extra_seconds", 0.0) + checkpoints * checkpoint + measured.get("report_seconds", 0.0)
 
 
 def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, candidate: Candidate) -> float:
@@ -280,17 +284,11 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         )
     workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
     candidates = [
-        evaluate(calibration, data, request, micro, accum, worker_count, length)
-        for length in lengths
-        for micro, accum in pairs
-        for worker_count in workers
+        evaluate(calibration, data, request, micro, accum, worker_count, length) for length in lengths for micro, accum in pairs for worker_count in workers
     ]
     feasible = [c for c in candidates if c.fits_in_memory] or []
     if not feasible:
-        raise BenchtrainError(
-            "no configuration fits in memory according to the calibration: try a shorter --max-length "
-            "or a smaller --effective-batch"
-        )
+        raise BenchtrainError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
     available = request.deadline_seconds * (1 - request.margin_fraction) - request.elapsed_seconds

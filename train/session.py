@@ -121,7 +121,6 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
         )
 
-    from train.model import model_record
     from train.record import actual_section, feed_back, new_run_record, write_run
 
     run_id = previous["run_id"] if previous else f"{spec.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -155,7 +154,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     loop = outcome["loop"]
     record["status"] = loop.status
     record["losses"], record["timeline"] = loop.losses, loop.timeline
-    record["events"] = record.get("events", []) + loop.events
+    record["events"] = outcome["earlier_events"] + loop.events
     elapsed = time.monotonic() - started
     record["actual"] = actual_section(loop, elapsed - request.elapsed_seconds, args.price_per_hour)
     record["actual"]["command_seconds"] = elapsed
@@ -179,7 +178,18 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     return EXIT_OK
 
 
-def train_with_record(args: argparse.Namespace, checked: dict[str, Any], cal: Any, plan: Any, data: Any, spec: Any, tokenizer: Any, out_dir: Path, record: dict[str, Any], started: float) -> dict[str, Any]:
+def train_with_record(
+    args: argparse.Namespace,
+    checked: dict[str, Any],
+    cal: Any,
+    plan: Any,
+    data: Any,
+    spec: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    record: dict[str, Any],
+    started: float,
+) -> dict[str, Any]:
     from train.loop import LoopSettings, TrainingRun
     from train.model import model_record, model_shape
     from train.record import write_run
@@ -199,11 +209,13 @@ def train_with_record(args: argparse.Namespace, checked: dict[str, Any], cal: An
         resume=args.resume,
     )
 
+    earlier_events = list(record.get("events", []))  # from the run this one resumes
+
     def on_update(_outcome: Any, position: Any, extra: dict[str, Any]) -> None:
         record["status"] = "running"
         record["timeline"] = position.timeline
         record["losses"] = position.losses
-        record["events"] = extra["events"]
+        record["events"] = earlier_events + extra["events"]
         write_run(out_dir, record)
 
     run = TrainingRun(
@@ -217,7 +229,7 @@ def train_with_record(args: argparse.Namespace, checked: dict[str, Any], cal: An
         on_update=on_update,
     )
     outcome = run.run()
-    return {"loop": outcome, "model": model_record(spec, model_shape(run.model))}
+    return {"loop": outcome, "model": model_record(spec, model_shape(run.model)), "earlier_events": earlier_events}
 
 
 def write_report(out_dir: Path) -> Path | None:

@@ -1,0 +1,89 @@
+"""How well does a calibration predict configurations the benchmark did NOT measure?
+
+Runs `bench run` (fresh BENCHTRAIN_HOME), then measures configurations off the grid (other batch
+sizes, lengths, accumulation and worker counts, some beyond the measured range) with the same
+probe, and prints predicted vs measured tokens/s.
+
+    python benchmarks/holdout_accuracy.py                                  # tiny on CPU
+    python benchmarks/holdout_accuracy.py --model llama-3.2-1b --gpu h100 \
+        --configs 3x4x1x768,6x4x2x1536,12x2x1x512,2x4x8x3072
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CPU_CONFIGS = "3x0x1x96,6x1x3x192,3x2x2x192,6x0x1x96,5x1x2x160,12x0x1x64,2x0x4x384,1x1x3x320,16x2x1x128,7x3x2x224"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--gpu", default="cpu")
+    parser.add_argument("--budget", default="150s")
+    parser.add_argument("--configs", default=CPU_CONFIGS, help="BxWxAxS,… (batch x workers x accum x length)")
+    parser.add_argument("--bench-args", default="", help="extra arguments for bench run")
+    args = parser.parse_args()
+
+    home = os.environ.get("BENCHTRAIN_HOME") or tempfile.mkdtemp(prefix="benchtrain-holdout-")
+    env = {**os.environ, "BENCHTRAIN_HOME": home}
+    started = time.monotonic()
+    command = [
+        "bench",
+        "run",
+        "--gpu",
+        args.gpu,
+        "--model",
+        args.model,
+        "--budget",
+        args.budget,
+        "--no-report",
+        "--quiet",
+        *args.bench_args.split(),
+    ]
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    calibrating = time.monotonic() - started
+    os.environ["BENCHTRAIN_HOME"] = home
+
+    import calibration
+    from bench.probe import ProbeSettings, Workload, run_probe
+    from bench.space import ProbeConfig
+    from train.hardware import detect_hardware
+    from train.model import resolve_model
+
+    cal = calibration.load("latest")
+    hardware = detect_hardware()
+    workload = Workload(resolve_model(args.model))
+    settings = ProbeSettings.for_device(hardware["device_type"])
+    print(
+        f"calibration {cal.id}: {len(cal.ok_rows())} ok probes in {calibrating:.0f}s; held-out (cross-validated) median "
+        f"{cal.fit['held_out_error']['median_abs_pct']:.1f}%, p90 {cal.fit['held_out_error']['p90_abs_pct']:.1f}% ({cal.fit['kind']})"
+    )
+    print(f"{'batch':>5} {'workers':>7} {'accum':>5} {'seq_len':>7} {'predicted':>10} {'measured':>10} {'error':>7} {'MFU':>6}  range")
+    errors = []
+    for spec in args.configs.split(","):
+        b, w, a, s = (int(x) for x in spec.split("x"))
+        predicted = cal.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        row = run_probe(workload, ProbeConfig(b, w, a, s), settings, hardware.get("peak_bf16_flops"))
+        if row["status"] != "ok":
+            print(f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['status']:>10}")
+            continue
+        error = (predicted.tokens_per_second - row["tokens_per_second"]) / row["tokens_per_second"] * 100
+        errors.append(abs(error))
+        mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
+        where = "inside" if predicted.within_measured_range else "beyond"
+        print(f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['tokens_per_second']:>10,.0f} {error:>+6.1f}% {mfu:>6}  {where}")
+    if errors:
+        print(f"unmeasured configurations: median |error| {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)}")
+    print(f"time spent calibrating: {calibrating:.0f}s; BENCHTRAIN_HOME={home}")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

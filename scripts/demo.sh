@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The main job, end to end: measure → plan → train → report, on the built-in tiny model and the
+# bundled sample data (CPU when there is no GPU). Everything lands in $BENCHTRAIN_HOME
+# (default: ./.benchtrain here, so the demo leaves your ~/.benchtrain alone).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export BENCHTRAIN_HOME=${BENCHTRAIN_HOME:-$PWD/.benchtrain}
+BUDGET=${BUDGET:-150s}
+DEADLINE=${DEADLINE:-5m}
+
+echo "== 1/3 bench: measuring the training step (budget $BUDGET) =="
+.venv/bin/bench run --budget "$BUDGET"
+echo
+echo "== 2/3 train: planning to a $DEADLINE deadline with the measured calibration, then training =="
+.venv/bin/train --use-calibration latest --data sample --deadline "$DEADLINE" --epochs 1
+echo
+echo "== 3/3 report =="
+run_dir=$(ls -dt "$BENCHTRAIN_HOME"/runs/*/ | head -n 1)
+.venv/bin/report "$run_dir"
+echo "calibration report: $(ls -dt "$BENCHTRAIN_HOME"/calibrations/*-report/ | head -n 1)report.html"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install (if needed), lint, and run the test suite on CPU. GPU tests skip without CUDA; the
+# browser test skips without Debian's chromium (.ci/run installs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q "$@"
