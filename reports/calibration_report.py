@@ -7,7 +7,7 @@ from pathlib import Path
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from reports import figures
-from reports.html import bullet_list, image, key_values, page, section, table, verdict
+from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
 
 
 def report_dir_for(calibration_path: Path) -> Path:
@@ -68,7 +68,7 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
             )
         )
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
-    sections.append(section("Figures", '<div class="grid">' + "".join(image(path, caption) for path, caption in figure_paths) + "</div>"))
+    sections.append(section("Figures", figure_grid(figure_paths)))
 
     columns = [
         "micro_batch_size",

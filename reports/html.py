@@ -37,6 +37,11 @@ def image(path: Path, caption: str) -> str:
     )
 
 
+def figure_grid(figures: list[tuple[Path, str]]) -> str:
+    """(PNG path, caption) pairs side by side where the screen allows."""
+    return '<div class="grid">' + "".join(image(path, caption) for path, caption in figures) + "</div>"
+
+
 def table(frame: Any) -> str:
     """A pandas DataFrame as an HTML table; pandas escapes the cells."""
     return frame.to_html(index=False, escape=True, border=0, na_rep="–")

@@ -9,7 +9,7 @@ from typing import Any
 from calibration.errors import BenchtrainError
 from reports import figures
 from reports.history import error_rows, run_records
-from reports.html import bullet_list, image, key_values, page, section, table, verdict
+from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
 
 ROLLING_STEPS = 20
 
@@ -125,7 +125,7 @@ def write_run_report(run_dir: Path) -> Path:
             )
         )
     if figure_paths:
-        sections.append(section("Figures", '<div class="grid">' + "".join(image(path, caption) for path, caption in figure_paths) + "</div>"))
+        sections.append(section("Figures", figure_grid(figure_paths)))
 
     plan_pairs = [(key, value) for key, value in plan.items() if key != "notes"]
     sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))

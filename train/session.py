@@ -130,8 +130,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
     record = previous or {}
-    shape_placeholder = {"name": spec.name, "fingerprint": spec.fingerprint}
-    fresh = new_run_record(run_id, plan, cal, shape_placeholder, data_record, request.elapsed_seconds)
+    # The model section is completed with parameter counts once the model is built.
+    fresh = new_run_record(run_id, plan, cal, {"name": spec.name, "fingerprint": spec.fingerprint}, data_record, request.elapsed_seconds)
     if previous:
         record["resumed"] = record.get("resumed", 0) + 1
         record["deadline_seconds"] = plan.deadline_seconds
@@ -148,8 +148,6 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
     if not is_main_process():
         return EXIT_OK
-    from train.model import model_shape  # noqa: F401  (shape comes from the loop's model)
-
     record["model"] = outcome["model"]
     loop = outcome["loop"]
     record["status"] = loop.status
