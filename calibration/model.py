@@ -99,13 +99,17 @@ class Calibration:
 
     @property
     def history_factor(self) -> float:
-        """Median actual/predicted tokens/s of the last runs that used this calibration."""
+        """Actual/predicted tokens/s of the last runs that used this calibration: the median of the
+        last few, shrunk towards 1 by n/(n+1) so that a single odd run cannot swing the next plan."""
         ratios = [
             entry["actual_tokens_per_second"] / entry["predicted_tokens_per_second"]
             for entry in self.history[-HISTORY_WINDOW:]
             if entry.get("predicted_tokens_per_second") and entry.get("actual_tokens_per_second")
         ]
-        return float(median(ratios)) if ratios else 1.0
+        if not ratios:
+            return 1.0
+        weight = len(ratios) / (len(ratios) + 1)
+        return float(math.exp(weight * median(math.log(r) for r in ratios if r > 0))) if all(r > 0 for r in ratios) else 1.0
 
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: Config) -> float:
@@ -188,8 +192,8 @@ class Calibration:
         if self.history:
             lines.append(
                 f"Past runs: {len(self.history)} used this calibration; actual/predicted tokens/s of the last "
-                f"{min(len(self.history), HISTORY_WINDOW)}: median {self.history_factor:.3f} "
-                "(applied to new predictions)."
+                f"{min(len(self.history), HISTORY_WINDOW)}: correction factor {self.history_factor:.3f} "
+                "(median, shrunk towards 1; applied to new predictions)."
             )
         return lines
 

@@ -211,3 +211,36 @@ def test_help_is_instant_and_has_examples() -> None:
             timeout=60,
         )
         assert check.returncode == 0, f"{command} --help imports torch"
+
+
+def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) -> None:
+    """The same command under a launcher (torchrun, like `accelerate launch`): data sharded, one record."""
+    import os
+
+    env = {**os.environ, "BENCHTRAIN_HOME": str(calibrated_home), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "train",
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "3m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "6",
+        "--no-report",
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((calibrated_home / "runs").iterdir())
+    assert len(runs) == 1
+    record = json.loads((runs[0] / "run.json").read_text())
+    assert record["plan"]["world_size"] == 2
+    assert record["plan"]["micro_batch_size"] * record["plan"]["grad_accum"] * 2 == 4
+    assert record["actual"]["steps"] == 6 and record["status"] == "step_limit"

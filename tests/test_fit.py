@@ -70,8 +70,13 @@ def test_history_factor_corrects_later_predictions() -> None:
     data = synthetic_calibration()
     before = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
     data["history"] = [{"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 900.0}]
-    after = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
-    assert after == pytest.approx(before * 0.9)
+    after_one = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    assert after_one == pytest.approx(before * 0.9**0.5)  # one run: half-way (shrunk towards 1)
+    data["history"] *= 4
+    after_four = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    assert after_four == pytest.approx(before * 0.9**0.8)
+    data["history"].append({"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 300.0})
+    assert Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second == pytest.approx(before * 0.9 ** (5 / 6))
 
 
 def test_explain_names_every_term_in_words() -> None:

@@ -21,6 +21,7 @@ from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
 from train.planner import Candidate, batch_shapes, run_batches
+from train.runtime import agree
 
 OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WARMUP_FRACTION = 0.05
@@ -251,8 +252,11 @@ class TrainingRun:
                     next_step = max(a for a, _ in recent) * 1.5
                     last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - next_step
                     must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
-                    if signals.received is not None or must_stop:
-                        status = "interrupted" if signals.received is not None else "stopped_for_deadline"
+                    stop_code = 2 if signals.received is not None else (1 if must_stop else 0)
+                    stop_code = agree(self.accelerator, stop_code, "max")
+                    limit = agree(self.accelerator, limit, "min")
+                    if stop_code:
+                        status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
                     # -- record, log, checkpoint ----------------------------------------------
                     if now - last_log_at >= s.log_interval_seconds or status != "completed":
                         last_log_at = now

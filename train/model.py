@@ -17,7 +17,7 @@ from train.presets import PRESETS, canonical_preset, preset_names
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Keys that do not change the computation and must not change the fingerprint.
-FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path"}
+FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,10 @@ class ModelSpec:
 
     @property
     def fingerprint(self) -> str:
-        relevant = {key: value for key, value in self.config_dict.items() if key not in FINGERPRINT_IGNORED}
+        """Hash of the full architecture config (defaults filled in by transformers), so a preset
+        and a saved folder of the same architecture share calibrations."""
+        full = make_config(self).to_dict()
+        relevant = {key: value for key, value in full.items() if key not in FINGERPRINT_IGNORED}
         canonical = json.dumps(relevant, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -99,6 +102,7 @@ class ModelShape:
 
 
 def model_shape(model: Any) -> ModelShape:
+    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     config = model.config
     total = sum(parameter.numel() for parameter in model.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.

@@ -6,6 +6,7 @@ fused AdamW, pinned DataLoader memory. CPU: fp32, plain AdamW.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 DEFAULT_LEARNING_RATE = 3e-4
@@ -23,7 +24,9 @@ def make_accelerator() -> Any:
         torch.backends.cudnn.allow_tf32 = True
     # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
     # Accelerator serves every grad_accum value a benchmark probes.
-    return Accelerator(mixed_precision="bf16" if cuda else "no", gradient_accumulation_steps=1)
+    # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(mixed_precision="bf16" if cuda else "no", gradient_accumulation_steps=1, cpu=not cuda and several)
 
 
 def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:
@@ -41,3 +44,15 @@ def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> 
 
 def pin_memory(accelerator: Any) -> bool:
     return accelerator.device.type == "cuda"
+
+
+def agree(accelerator: Any, value: int, operation: str = "max") -> int:
+    """The same decision on every process (a stop on one rank alone would hang the all-reduce)."""
+    if accelerator.num_processes == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if operation == "min" else dist.ReduceOp.MAX)
+    return int(tensor.item())
