@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.durations import format_duration
-from train.planner import Candidate, Plan
+from train.planner import Plan
 
 
 def _gib(value: float | None) -> str:
@@ -61,6 +61,3 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
     if report_path:
         lines.append(f"  report: {report_path}")
     return lines
-
-
-__all__ = ["Candidate", "describe_outcome", "describe_plan"]

@@ -230,9 +230,7 @@ def train_with_record(
     return {"loop": outcome, "model": model_record(spec, model_shape(run.model)), "earlier_events": earlier_events}
 
 
-def write_report(out_dir: Path) -> Path | None:
-    try:
-        from reports.run_report import write_run_report
-    except ImportError:
-        return None
+def write_report(out_dir: Path) -> Path:
+    from reports.run_report import write_run_report
+
     return write_run_report(out_dir)
