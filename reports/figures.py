@@ -125,10 +125,16 @@ def progress_over_time(actual_elapsed: list[float], actual_tokens: list[float], 
         axis.plot([start, predicted[key]], [0, total / 1e6], linestyle=style, color="#2e86c1", label=label)
     axis.fill_betweenx([0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08)
     axis.plot(actual_elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
-    axis.axvline(deadline, color="#c0392b", linestyle="--", label=f"deadline ({deadline:.0f}s)")
+    end = actual_elapsed[-1] if actual_elapsed else 0
+    view = max(end, predicted["end_high"]) * 1.25
+    if deadline <= view * 1.6:
+        axis.axvline(deadline, color="#c0392b", linestyle="--", label=f"deadline ({deadline:.0f}s)")
+    else:
+        # A far-away deadline would squash the lines: keep the view on the run and point at it.
+        axis.set_xlim(0, view)
+        axis.annotate(f"deadline at {deadline:.0f}s →", xy=(0.98, 0.04), xycoords="axes fraction", ha="right", color="#c0392b")
     axis.set_xlabel("time since the command started (s)")
     axis.set_ylabel("tokens trained (millions)")
-    end = actual_elapsed[-1] if actual_elapsed else 0
     verdict = "finished before the deadline" if end <= deadline else "passed the deadline"
     axis.set_title(f"Progress: predicted vs actual\nthe run {verdict} at {end:.0f}s (estimate {predicted['end']:.0f}s)")
     axis.legend(fontsize=8, loc="upper left")

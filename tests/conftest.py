@@ -3,12 +3,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Keep datasets' tokenization cache out of the user's ~/.cache during tests.
+os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="benchtrain-tests-hf-"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
