@@ -34,22 +34,47 @@ class BatchShape:
         return self.rows * self.length
 
 
-def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-grouped batches of sample indices (a shuffled order, sorted inside windows)."""
-    order = list(range(len(lengths)))
-    rng = random.Random(seed * 1_000_003 + epoch)
-    rng.shuffle(order)
+def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Length-grouped batches of sample indices: a shuffled order, sorted (longest first) inside
+    windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
+    count = len(lengths)
+    if count == 0:
+        return []
+    rng = np.random.default_rng(seed * 1_000_003 + epoch)
+    order = rng.permutation(count)
+    clipped = np.minimum(np.asarray(lengths), max_length)
     window = micro_batch_size * GROUP_WINDOW_BATCHES
-    batches: list[list[int]] = []
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda index: -min(lengths[index], max_length))
-        batches.extend(chunk[i : i + micro_batch_size] for i in range(0, len(chunk), micro_batch_size))
-    rng.shuffle(batches)
-    return batches
+    window_of = np.arange(count) // window
+    order = order[np.lexsort((-clipped[order], window_of))]
+    # A new batch starts every micro_batch_size places inside each window.
+    starts = np.flatnonzero(np.arange(count) % window % micro_batch_size == 0)
+    batches = np.split(order, starts[1:])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _padded_rows_and_lengths(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    clipped = np.minimum(np.asarray(lengths), max_length)
+    sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    return sizes, np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
 
 
 def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
-    return [BatchShape(len(batch), max(min(lengths[i], max_length) for i in batch)) for batch in batches]
+    """Each batch's (rows, length it is padded to)."""
+    if not len(batches):
+        return []
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length)
+    return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
+
+
+def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> dict[tuple[int, int], int]:
+    """How many batches have each (rows, padded length): what the planner needs, without a
+    Python object per batch."""
+    if not len(batches):
+        return {}
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length)
+    pairs, counts = np.unique(np.stack([sizes, longest], axis=1), axis=0, return_counts=True)
+    return {(int(rows), int(length)): int(count) for (rows, length), count in zip(pairs, counts, strict=True)}
 
 
 def packed_row_count(total_tokens: int, max_length: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ class TokenizedData:
     format: str
     source: str
 
-    @property
+    @cached_property
     def lengths(self) -> list[int]:
         return [len(sample) for sample in self.samples]
 

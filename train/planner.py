@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from calibration.errors import BenchtrainError
 from calibration.fit import Config
 from calibration.model import Calibration
@@ -20,6 +22,7 @@ from train.batching import (
     BatchShape,
     packed_row_count,
     packed_shapes,
+    padded_shape_counts,
     padded_shapes,
     plan_packed_batches,
     plan_padded_batches,
@@ -177,7 +180,8 @@ def real_tokens(data: TokenizedData, max_length: int) -> int:
     """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
     if data.packing:
         return sum(data.lengths)
-    return sum(min(length, max_length) - min(prompt, min(length, max_length)) for length, prompt in zip(data.lengths, data.prompt_lengths, strict=True))
+    kept = np.minimum(np.asarray(data.lengths), max_length)
+    return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())
 
 
 def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str]]:
@@ -216,7 +220,36 @@ def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: 
     return pairs
 
 
-def evaluate(calibration: Calibration, data: TokenizedData, request: PlanRequest, micro: int, accum: int, workers: int, length: int) -> Candidate:
+ShapeCache = dict[tuple[int, int, int], Counter]
+
+
+def shape_counts(data: TokenizedData, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
+    """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
+    batches do not depend on accumulation or workers)."""
+    key = (micro, length, epoch)
+    if cache is not None and key in cache:
+        return cache[key]
+    # Each process runs every world_size-th batch (rank 0 stands for all of them).
+    batches = run_batches(data, micro, length, request.seed, epoch, request.epochs, request.world_size)
+    if data.packing:
+        counts = Counter((shape.rows, shape.length) for shape in packed_shapes(batches, length))
+    else:
+        counts = Counter(padded_shape_counts(data.lengths, batches, length))
+    if cache is not None:
+        cache[key] = counts
+    return counts
+
+
+def evaluate(
+    calibration: Calibration,
+    data: TokenizedData,
+    request: PlanRequest,
+    micro: int,
+    accum: int,
+    workers: int,
+    length: int,
+    cache: ShapeCache | None = None,
+) -> Candidate:
     candidate = Candidate(micro, accum, workers, length, request.world_size)
     epochs_whole = math.ceil(request.epochs)
     step_seconds = 0.0
@@ -224,15 +257,13 @@ def evaluate(calibration: Calibration, data: TokenizedData, request: PlanRequest
     padded = 0
     steps = 0
     for epoch in range(epochs_whole):
-        # Each process runs every world_size-th batch (rank 0 stands for all of them).
-        batches = run_batches(data, micro, length, request.seed, epoch, request.epochs, request.world_size)
-        shapes = batch_shapes(data, batches, length)
-        counts = Counter((shape.rows, shape.length) for shape in shapes)
+        counts = shape_counts(data, request, micro, length, epoch, cache)
         for (rows, batch_length), count in counts.items():
             step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers))
             padded += count * rows * batch_length * request.world_size
-        micro_batches += len(shapes)
-        steps += math.ceil(len(shapes) / accum)
+        batch_count = sum(counts.values())
+        micro_batches += batch_count
+        steps += math.ceil(batch_count / accum)
     fraction_run = 1.0
     if request.max_steps is not None and request.max_steps < steps:
         fraction_run = request.max_steps / steps
@@ -283,8 +314,12 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
             f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
         )
     workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+    cache: ShapeCache = {}
     candidates = [
-        evaluate(calibration, data, request, micro, accum, worker_count, length) for length in lengths for micro, accum in pairs for worker_count in workers
+        evaluate(calibration, data, request, micro, accum, worker_count, length, cache)
+        for length in lengths
+        for micro, accum in pairs
+        for worker_count in workers
     ]
     feasible = [c for c in candidates if c.fits_in_memory] or []
     if not feasible:

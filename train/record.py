@@ -107,7 +107,8 @@ def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
 def feed_back(calibration: Any, record: dict[str, Any], chosen: Candidate) -> None:
     """Append the measured speed to the calibration's history so the next plan uses it."""
     actual, estimate = record["actual"], record["estimate"]
-    if not actual or not actual.get("steps") or calibration.path is None:
+    # A resumed run measured only its remainder against a whole-run estimate: not comparable.
+    if not actual or not actual.get("steps") or calibration.path is None or record.get("resumed"):
         return
     # Compare like with like: the predicted seconds of the steps that actually ran.
     predicted_rate = chosen.tokens / chosen.step_seconds if chosen.step_seconds else None
