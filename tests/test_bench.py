@@ -144,3 +144,27 @@ def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> 
     measured = [r for r in result.rows if r["status"] != "skipped"]
     assert len(measured) == 10
     assert any(r["status"] == "oom" for r in result.rows) or all(c.micro_batch_size < 8 or c.seq_len < 128 for c in first + second)
+
+
+def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_run = workload.step.run
+    sizes: list[tuple[int, int]] = []
+
+    def run(batches: Any, grad_accum: int) -> Any:
+        batch = next(batches)
+        rows, length = batch["input_ids"].shape
+        sizes.append((rows, length))
+        if rows >= 4 and length >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory (faked)")
+        return real_run(iter([batch, *[next(batches) for _ in range(grad_accum - 1)]]), grad_accum)
+
+    monkeypatch.setattr(workload.step, "run", run)
+    space = SearchSpace((1, 4, 8), (0,), (1,), (32, 64, 128))
+    result = run_grid(space, lambda config, remaining: run_probe(workload, config, FAST), Budget(None))
+    by_config = {(r["micro_batch_size"], r["seq_len"]): r["status"] for r in result.rows}
+    # Corners first: (8, 128) runs out of memory; then the middle (4, 64) does, which rules out
+    # (8, 64) and (4, 128) without running them.
+    assert by_config[(8, 128)] == by_config[(4, 64)] == "oom"
+    assert by_config[(8, 64)] == by_config[(4, 128)] == "skipped"
+    assert all(by_config[(b, s)] == "ok" for b, s in [(1, 32), (1, 64), (1, 128), (4, 32), (8, 32)])
+    assert sum(1 for rows, length in sizes if rows >= 4 and length >= 64) == 2
