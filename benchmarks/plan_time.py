@@ -1,6 +1,6 @@
 """How long does planning take on a large dataset? (It counts the exact batches of every candidate.)
 
-    python benchmarks/plan_time.py --samples 600000 --epochs 3
+python benchmarks/plan_time.py --samples 600000 --epochs 3
 """
 
 from __future__ import annotations
