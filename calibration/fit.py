@@ -12,7 +12,9 @@ Throughput. The time of one micro-step (one forward + backward of `micro_batch_s
       + per_worker     * W         each worker process competes for CPU and memory bandwidth
 
 fitted by non-negative least squares on relative error, so every term stays physical and the
-model extrapolates sensibly from few probes. A residual smoother (a kernel-weighted average of
+model extrapolates sensibly from few probes. Each probe also measures how long the step waited for
+the DataLoader: the two data terms are fitted to that wait and the others to the rest of the step,
+so compute and data supply are told apart even with two worker counts. A residual smoother (a kernel-weighted average of
 the physical model's log-residuals, shrunk to zero away from the data) is fitted too; whichever
 has the lower cross-validated error is used, and the calibration says which and why.
 
@@ -75,9 +77,9 @@ def memory_features(config: Config) -> np.ndarray:
     return np.array([1.0, tokens, tokens * config.seq_len])
 
 
-def fit_nonnegative(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """NNLS minimising relative error: each row is divided by its target."""
-    weights = 1.0 / targets
+def fit_nonnegative(features: np.ndarray, targets: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """NNLS minimising relative error: each row is divided by its `scale` (default: its target)."""
+    weights = 1.0 / (targets if scale is None else scale)
     # Columns span many orders of magnitude (1 vs B*S*S): scale them for a well-posed solve.
     scaled = features * weights[:, None]
     column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
@@ -139,9 +141,23 @@ class MemoryModel:
         return float(np.dot(memory_features(config), [self.coefficients[t] for t in MEMORY_TERMS]))
 
 
-def fit_throughput(configs: Sequence[Config], micro_seconds: np.ndarray, smooth: bool) -> ThroughputModel:
+# Which terms describe the training step itself and which the wait for the next batch.
+DATA_TERMS = ("serial_data", "worker_supply")
+COMPUTE_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term not in DATA_TERMS]
+DATA_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term in DATA_TERMS]
+
+
+def fit_throughput(configs: Sequence[Config], micro_seconds: np.ndarray, smooth: bool, wait_seconds: np.ndarray | None = None) -> ThroughputModel:
+    """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
+    the others to the rest of the step, which keeps each term's meaning when probes are few."""
     features = np.stack([throughput_features(c) for c in configs])
-    solution = fit_nonnegative(features, micro_seconds)
+    if wait_seconds is None:
+        solution = fit_nonnegative(features, micro_seconds)
+    else:
+        wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
+        solution = np.zeros(len(THROUGHPUT_TERMS))
+        solution[COMPUTE_INDEX] = fit_nonnegative(features[:, COMPUTE_INDEX], micro_seconds - wait, scale=micro_seconds)
+        solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds)
     model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)))
     if smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
@@ -200,12 +216,15 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def cross_validate_throughput(configs: list[Config], micro_seconds: np.ndarray, smooth: bool) -> tuple[ErrorSummary, np.ndarray]:
+def cross_validate_throughput(
+    configs: list[Config], micro_seconds: np.ndarray, smooth: bool, wait_seconds: np.ndarray | None = None
+) -> tuple[ErrorSummary, np.ndarray]:
     """Held-out tokens/s error, and the held-out prediction for each row."""
     held_out = np.empty(len(configs))
     for test in folds(len(configs)):
         train = np.setdiff1d(np.arange(len(configs)), test)
-        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth)
+        waits = None if wait_seconds is None else wait_seconds[train]
+        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits)
         for index in test:
             held_out[index] = model.micro_step_seconds(configs[index])
     # tokens/s error: actual/predicted on the same token count.
@@ -233,10 +252,13 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
     configs = [config_of(row) for row in ok_rows]
     micro_seconds = np.array([row["step_seconds"] / row["grad_accum"] for row in ok_rows])
+    # The measured DataLoader wait separates data supply from compute (when every row has it).
+    shares = [row.get("data_wait_share") for row in ok_rows]
+    wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
 
     candidates = {}
     for kind, smooth in (("physical", False), ("physical+residual", True)):
-        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth)
+        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds)
         candidates[kind] = (error, held_out, smooth)
     physical_error = candidates["physical"][0]
     smoothed_error = candidates["physical+residual"][0]
@@ -252,7 +274,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             f"was not beaten by the residual smoother ({smoothed_error.median_abs_pct:.1f}%)"
         )
     error, held_out, smooth = candidates[kind]
-    model = fit_throughput(configs, micro_seconds, smooth)
+    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None

@@ -174,7 +174,7 @@ class Calibration:
             f"{_seconds(p['optimizer_step'])} per optimizer step.",
             f"Data: {_seconds(p['serial_data'])} per token when the training process builds batches itself "
             f"(0 workers), {_seconds(p['worker_supply'])} per token divided by the workers otherwise, "
-            f"{_seconds(p['per_worker'])} per micro-step per worker process.",
+            f"{_seconds(p['per_worker'])} per micro-step per worker process (data terms fitted to the measured DataLoader wait).",
             f"Model used: {self.fit['kind']} ({self.fit.get('reason', 'no reason recorded')}).",
             f"Held-out tokens/s error over {error.get('count', 0)} probes: median "
             f"{_pct(error.get('median_abs_pct'))}, 90th percentile {_pct(error.get('p90_abs_pct'))}.",

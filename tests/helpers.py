@@ -48,7 +48,10 @@ def synthetic_rows(
         if memory_limit is not None and peak > memory_limit:
             rows.append({**row, "status": "oom", "error": "OutOfMemoryError: fake"})
             continue
-        step = micro_seconds(config) * a * (1 + rng.gauss(0, noise))
+        micro = micro_seconds(config)
+        wait_parameters = {t: (v if t in ("serial_data", "worker_supply") else 0.0) for t, v in TRUE_THROUGHPUT.items()}
+        wait_share = micro_seconds(config, wait_parameters) / micro
+        step = micro * a * (1 + rng.gauss(0, noise))
         rows.append(
             {
                 **row,
@@ -56,7 +59,7 @@ def synthetic_rows(
                 "step_seconds": step,
                 "tokens_per_second": b * s * a / step,
                 "peak_memory_bytes": peak,
-                "data_wait_share": 0.01 * w,
+                "data_wait_share": wait_share,
                 "probe_seconds": 1.0,
                 "warmup_seconds": 2 * step * 1.2,
             }

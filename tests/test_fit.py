@@ -88,3 +88,16 @@ def test_explain_names_every_term_in_words() -> None:
 def test_too_few_rows_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least 3"):
         fit_measurements(synthetic_rows(batch_sizes=(1,), workers=(0,), accums=(1,), seq_lens=(128, 256)))
+
+
+def test_measured_data_wait_separates_data_terms_even_with_two_worker_counts() -> None:
+    # Without the wait, per-token compute and per-token data cost are collinear when only
+    # workers 0 and 2 are measured; the measured wait share tells them apart.
+    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 2)))
+    for term, value in TRUE_THROUGHPUT.items():
+        assert fit["parameters"][term] == pytest.approx(value, rel=1e-3, abs=1e-12), term
+    rows = synthetic_rows(noise=0.0, workers=(0, 2))
+    for row in rows:
+        row.pop("data_wait_share")
+    blind = fit_measurements(rows)
+    assert blind["held_out_error"]["median_abs_pct"] < 0.01  # still predicts the measured points
