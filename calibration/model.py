@@ -90,8 +90,26 @@ class Calibration:
     # -- error and history ----------------------------------------------------------------
     @property
     def relative_bound(self) -> float:
+        """How far a prediction may be off: the fit's held-out 90th-percentile error, widened by the
+        run-to-run spread that past runs showed around the history correction (a machine whose
+        speed drifts cannot be predicted better than it repeats itself)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
-        return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0)
+        return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
+
+    @property
+    def run_to_run_spread(self) -> float:
+        ratios = self._history_ratios()
+        if len(ratios) < 2:
+            return 0.0
+        factor = self.history_factor
+        return max(abs(ratio / factor - 1) for ratio in ratios)
+
+    def _history_ratios(self) -> list[float]:
+        return [
+            entry["actual_tokens_per_second"] / entry["predicted_tokens_per_second"]
+            for entry in self.history[-HISTORY_WINDOW:]
+            if (entry.get("predicted_tokens_per_second") or 0) > 0 and (entry.get("actual_tokens_per_second") or 0) > 0
+        ]
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -101,15 +119,11 @@ class Calibration:
     def history_factor(self) -> float:
         """Actual/predicted tokens/s of the last runs that used this calibration: the median of the
         last few, shrunk towards 1 by n/(n+1) so that a single odd run cannot swing the next plan."""
-        ratios = [
-            entry["actual_tokens_per_second"] / entry["predicted_tokens_per_second"]
-            for entry in self.history[-HISTORY_WINDOW:]
-            if entry.get("predicted_tokens_per_second") and entry.get("actual_tokens_per_second")
-        ]
+        ratios = self._history_ratios()
         if not ratios:
             return 1.0
         weight = len(ratios) / (len(ratios) + 1)
-        return float(math.exp(weight * median(math.log(r) for r in ratios if r > 0))) if all(r > 0 for r in ratios) else 1.0
+        return float(math.exp(weight * median(math.log(r) for r in ratios)))
 
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: Config) -> float:

@@ -101,3 +101,16 @@ def test_measured_data_wait_separates_data_terms_even_with_two_worker_counts() -
         row.pop("data_wait_share")
     blind = fit_measurements(rows)
     assert blind["held_out_error"]["median_abs_pct"] < 0.01  # still predicts the measured points
+
+
+def test_run_to_run_spread_widens_the_bounds() -> None:
+    data = synthetic_calibration()
+    narrow = Calibration(data).relative_bound
+    data["history"] = [
+        {"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 1000.0},
+        {"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 700.0},
+    ]
+    wide = Calibration(data)
+    assert wide.relative_bound > max(narrow, 0.15)
+    prediction = wide.predict(micro_batch_size=4, seq_len=256)
+    assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + wide.relative_bound))
