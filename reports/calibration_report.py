@@ -6,6 +6,7 @@ from pathlib import Path
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
+from calibration.store import CSV_COLUMNS
 from reports import figures
 from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
 
@@ -70,18 +71,8 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
     sections.append(section("Figures", figure_grid(figure_paths)))
 
-    columns = [
-        "micro_batch_size",
-        "num_workers",
-        "grad_accum",
-        "seq_len",
-        "status",
-        "tokens_per_second",
-        "step_seconds",
-        "peak_memory_bytes",
-        "data_wait_share",
-        "mfu",
-    ]
+    hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
+    columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
     frame = frame.rename(columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"})

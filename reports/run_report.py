@@ -85,16 +85,16 @@ def write_run_report(run_dir: Path) -> Path:
 
     figure_paths = []
     losses = record.get("losses", [])
-    start = estimate["total_seconds"] - estimate["train_seconds"] - _final_overheads(record)
+    start = estimate["total_seconds"] - estimate["train_seconds"]
     start = record.get("elapsed_before_plan", 0.0) + max(0.0, start)
     before = record.get("elapsed_before_plan", 0.0)
     if losses:
         tokens_done = list(_cumulative(entry.get("tokens", 0) for entry in losses))
         predicted = {
             "start": start,
-            "end": before + estimate["total_seconds"] - _final_overheads(record),
-            "end_low": before + estimate["total_seconds_low"] - _final_overheads(record),
-            "end_high": before + estimate["total_seconds_high"] - _final_overheads(record),
+            "end": before + estimate["total_seconds"],
+            "end_low": before + estimate["total_seconds_low"],
+            "end_high": before + estimate["total_seconds_high"],
             "tokens": estimate["tokens"],
         }
         figure_paths.append(
@@ -177,11 +177,6 @@ def write_run_report(run_dir: Path) -> Path:
         encoding="utf-8",
     )
     return html_path
-
-
-def _final_overheads(record: dict[str, Any]) -> float:
-    """Overheads that come after the last step (final checkpoint, report) — not on the token line."""
-    return 0.0
 
 
 def _cumulative(values: Any) -> list[float]:

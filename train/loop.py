@@ -109,7 +109,7 @@ class TrainingRun:
         pad_id: int,
         out_dir: Path,
         settings: LoopSettings,
-        on_update: Callable[[LoopOutcome | None, Position, dict[str, Any]], None] | None = None,
+        on_update: Callable[[Position, list[str]], None] | None = None,
         step_hook: Callable[[int], None] | None = None,
     ) -> None:
         self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
@@ -262,7 +262,7 @@ class TrainingRun:
                         last_log_at = now
                         position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
                         self._log(progress, position, now, ratio, projected_finish)
-                        self._update(None, position)
+                        self._update(position)
                     periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
                     if (periodic or status != "completed") and self.accelerator.is_main_process:
                         last_checkpoint, seconds = self._save(checkpoint_dir, position)
@@ -371,6 +371,6 @@ class TrainingRun:
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])
 
-    def _update(self, outcome: LoopOutcome | None, position: Position) -> None:
+    def _update(self, position: Position) -> None:
         if self.on_update is not None and self.accelerator.is_main_process:
-            self.on_update(outcome, position, {"events": self.events})
+            self.on_update(position, self.events)

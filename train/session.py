@@ -209,11 +209,11 @@ def train_with_record(
 
     earlier_events = list(record.get("events", []))  # from the run this one resumes
 
-    def on_update(_outcome: Any, position: Any, extra: dict[str, Any]) -> None:
+    def on_update(position: Any, events: list[str]) -> None:
         record["status"] = "running"
         record["timeline"] = position.timeline
         record["losses"] = position.losses
-        record["events"] = earlier_events + extra["events"]
+        record["events"] = earlier_events + events
         write_run(out_dir, record)
 
     run = TrainingRun(
