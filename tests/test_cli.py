@@ -244,3 +244,20 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert record["plan"]["world_size"] == 2
     assert record["plan"]["micro_batch_size"] * record["plan"]["grad_accum"] * 2 == 4
     assert record["actual"]["steps"] == 6 and record["status"] == "step_limit"
+
+
+def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    common = ["--data", str(heavy_tailed_jsonl), "--deadline", "3m", "--effective-batch", "4", "--out", str(out), "--no-report"]
+    code, _, err = run_main("train", [*common, "--max-steps", "3"], capsys)
+    assert code == 0, err
+    first = json.loads((out / "run.json").read_text())
+    assert first["actual"]["steps"] == 3 and first["status"] == "step_limit"
+    code, _, err = run_main("train", [*common, "--resume", "--max-steps", "6"], capsys)
+    assert code == 0, err
+    resumed = json.loads((out / "run.json").read_text())
+    assert resumed["run_id"] == first["run_id"] and resumed["resumed"] == 1
+    assert resumed["actual"]["steps"] == 6
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 7))
+    assert resumed["losses"][:3] == first["losses"][:3]
+    assert any("resumed from step-0000003" in event for event in resumed["events"])

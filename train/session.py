@@ -62,11 +62,10 @@ def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], forc
 def run_training(args: argparse.Namespace, started: float) -> int:
     checked = validate(args)
     import calibration as calibration_api
-    from calibration.home import writable_subdir
-    from train.data import length_profile, load_tokenized, truncation
+    from train.data import length_profile, load_tokenized
     from train.hardware import detect_hardware
     from train.model import resolve_model
-    from train.planner import Candidate, PlanRequest, deadline_options, make_plan
+    from train.planner import PlanRequest, deadline_options, evaluate, make_plan
     from train.tokenizer import load_tokenizer
 
     spec = resolve_model(args.model)
@@ -105,10 +104,9 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     )
     plan = make_plan(cal, data, request)
     if previous:
-        # Same configuration as the interrupted run: same batches, same data order.
-        chosen = previous["chosen"]
-        fields = {name: chosen[name] for name in Candidate.__dataclass_fields__ if name in chosen}
-        plan.chosen = Candidate(**fields)
+        # The interrupted run's configuration (same batches, same data order), estimated anew.
+        p = previous["plan"]
+        plan.chosen = evaluate(cal, data, request, p["micro_batch_size"], p["grad_accum"], p["num_workers"], p["max_length"])
     from train.plan_text import describe_plan
 
     if is_main_process():
@@ -121,59 +119,93 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
         )
 
-    from train.record import actual_section, feed_back, new_run_record, write_run
+    from train.record import write_run
+
+    out_dir, record = open_record(args, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
+    if is_main_process():
+        write_run(out_dir, record)
+    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
+    if not is_main_process():
+        return EXIT_OK
+    report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
+    from train.plan_text import describe_outcome
+
+    print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+    return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
+
+
+def open_record(
+    args: argparse.Namespace,
+    cal: Any,
+    spec: Any,
+    plan: Any,
+    data: Any,
+    data_path: str,
+    profile: dict[str, Any],
+    previous: dict[str, Any] | None,
+    out_dir: Path | None,
+    elapsed_before_plan: float,
+) -> tuple[Path, dict[str, Any]]:
+    """The run folder and its run.json record: new, or the interrupted run's when resuming."""
+    from calibration.home import writable_subdir
+    from train.data import truncation
+    from train.record import new_run_record
 
     run_id = previous["run_id"] if previous else f"{spec.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if out_dir is None:
         out_dir = writable_subdir("runs") / run_id
-    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "profile": profile}
-    if not data.packing:
-        data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
-    record = previous or {}
-    # The model section is completed with parameter counts once the model is built.
-    fresh = new_run_record(run_id, plan, cal, {"name": spec.name, "fingerprint": spec.fingerprint}, data_record, request.elapsed_seconds)
-    if previous:
-        record["resumed"] = record.get("resumed", 0) + 1
-        record["deadline_seconds"] = plan.deadline_seconds
-        record["estimate"] = fresh["estimate"]
-    else:
-        record = fresh
     if is_main_process():
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
-        write_run(out_dir, record)
+    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "profile": profile}
+    if not data.packing:
+        data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
+    # The model section is completed with parameter counts once the model is built.
+    fresh = new_run_record(run_id, plan, cal, {"name": spec.name, "fingerprint": spec.fingerprint}, data_record, elapsed_before_plan)
+    if not previous:
+        return out_dir, fresh
+    previous["resumed"] = previous.get("resumed", 0) + 1
+    previous["deadline_seconds"] = plan.deadline_seconds
+    previous["estimate"] = fresh["estimate"]
+    return out_dir, previous
 
-    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
-    if not is_main_process():
-        return EXIT_OK
-    record["model"] = outcome["model"]
+
+def finish_record(
+    args: argparse.Namespace,
+    cal: Any,
+    plan: Any,
+    record: dict[str, Any],
+    outcome: dict[str, Any],
+    out_dir: Path,
+    started: float,
+    elapsed_before_plan: float,
+) -> Path | None:
+    """What happened, in run.json; the measured speed back into the calibration; the report."""
+    from train.record import actual_section, feed_back, write_run
+
     loop = outcome["loop"]
+    record["model"] = outcome["model"]
     record["status"] = loop.status
     record["losses"], record["timeline"] = loop.losses, loop.timeline
     record["events"] = outcome["earlier_events"] + loop.events
     elapsed = time.monotonic() - started
-    record["actual"] = actual_section(loop, elapsed - request.elapsed_seconds, args.price_per_hour)
+    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, args.price_per_hour)
     record["actual"]["command_seconds"] = elapsed
     record["met_deadline"] = elapsed + cal.overheads.get("report_seconds", 0.0) <= plan.deadline_seconds
     write_run(out_dir, record)
     feed_back(cal, record, plan.chosen)
-    report_path = None
-    if not args.no_report:
-        report_path = write_report(out_dir)
+    report_path = None if args.no_report else write_report(out_dir)
+    # Final figures include the report: the deadline covers the whole command.
     elapsed = time.monotonic() - started
-    record["actual"]["command_seconds"] = elapsed
-    record["actual"]["total_seconds"] = elapsed - request.elapsed_seconds
+    actual = record["actual"]
+    actual["command_seconds"] = elapsed
+    actual["total_seconds"] = elapsed - elapsed_before_plan
     record["met_deadline"] = elapsed <= plan.deadline_seconds
-    record["estimate_error_pct"] = (record["estimate"]["total_seconds"] - record["actual"]["total_seconds"]) / record["actual"]["total_seconds"] * 100
+    record["estimate_error_pct"] = (record["estimate"]["total_seconds"] - actual["total_seconds"]) / actual["total_seconds"] * 100
     write_run(out_dir, record)
-    from train.plan_text import describe_outcome
-
-    print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
-    if loop.status == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+    return report_path
 
 
 def train_with_record(
