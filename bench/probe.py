@@ -35,7 +35,7 @@ class ProbeSettings:
     @classmethod
     def for_device(cls, device_type: str) -> ProbeSettings:
         if device_type == "cuda":
-            return cls(warmup_steps=3, min_steps=5, max_steps=30, max_seconds=20.0, target_spread=0.03)
+            return cls(warmup_steps=3, min_steps=5, max_steps=30, max_seconds=10.0, target_spread=0.03)
         return cls()
 
 
