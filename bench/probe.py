@@ -113,14 +113,15 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
                     spread(step_seconds) <= settings.target_spread or time.perf_counter() - timed_from >= settings.max_seconds
                 ):
                     break
-    except Exception as error:
+    except Exception as error:  # a failed probe is data, not a crash
         row["status"] = "oom" if is_out_of_memory(error) else "error"
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        recover_after_failure(workload)
     finally:
         del iterator, loader
     row["probe_seconds"] = round(time.perf_counter() - started, 4)
     if row["status"] != "ok":
+        # Outside the except block: the exception's traceback no longer pins the step's tensors.
+        recover_after_failure(workload)
         return row
     # The mean, not the median: a run's wall time is the sum of its steps, slow ones included.
     mean_seconds = statistics.fmean(step_seconds)
