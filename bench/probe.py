@@ -20,7 +20,7 @@ from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_pa
 from train.checkpoint import save_checkpoint
 from train.data import TokenizedData
 from train.model import ModelShape, ModelSpec, build_model, model_shape
-from train.runtime import make_accelerator, make_optimizer, pin_memory
+from train.runtime import is_out_of_memory, make_accelerator, make_optimizer, pin_memory
 from train.step import TrainingStep
 
 
@@ -79,14 +79,6 @@ class Workload:
             seconds = save_checkpoint(target, self.model, self.optimizer, self.scheduler, {"step": 0})
             size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
         return seconds, size
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    import torch
-
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
 
 
 def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:

@@ -261,3 +261,18 @@ def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jso
     assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 7))
     assert resumed["losses"][:3] == first["losses"][:3]
     assert any("resumed from step-0000003" in event for event in resumed["events"])
+
+
+def test_an_out_of_memory_error_while_training_is_one_line(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from train.step import TrainingStep
+
+    def out_of_memory(*_args: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
+    monkeypatch.setattr(TrainingStep, "run", out_of_memory)
+    code, _, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "3m", "--effective-batch", "4"], capsys)
+    assert_one_line_error(code, err, "out of memory training batch")

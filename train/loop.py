@@ -186,105 +186,107 @@ class TrainingRun:
         recent: list[tuple[float, float]] = []  # (actual, predicted) seconds of recent steps
         progress = self._progress(limit, position.step)
 
-        with StopSignals() as signals:
-            epochs = math.ceil(s.epochs)
-            while position.epoch < epochs and status == "completed":
-                batches = self.epoch_batches(position.epoch)
-                predicted = self.predicted_step_seconds(batches)
-                loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
-                iterator = iter(loader)
-                while position.batch_in_epoch < len(batches):
-                    if position.step >= limit:
-                        status = "step_limit"
-                        break
-                    step_index = position.batch_in_epoch // c.grad_accum
-                    micro_count = min(c.grad_accum, len(batches) - position.batch_in_epoch)
-                    if self.step_hook:
-                        self.step_hook(position.step)
-                    result = self.step.run(iterator, micro_count)
-                    position.step += 1
-                    position.batch_in_epoch += micro_count
-                    position.micro_batches += micro_count
-                    position.tokens += result.target_tokens * self.accelerator.num_processes
-                    position.padded_tokens += result.tokens * self.accelerator.num_processes
-                    position.step_seconds += result.seconds
-                    position.predicted_seconds += predicted[step_index]
-                    recent = [*recent[-(LIVE_WINDOW_STEPS - 1) :], (result.seconds, predicted[step_index])]
-                    now = time.monotonic()
-                    position.losses.append(
-                        {
-                            "step": position.step,
-                            "loss": result.loss,
-                            "elapsed": now - s.started_at,
-                            "seconds": result.seconds,
-                            "predicted_seconds": predicted[step_index],
-                            "tokens": result.target_tokens * self.accelerator.num_processes,
-                        }
-                    )
-                    if progress is not None:
-                        progress.update(1)
-                        progress.set_postfix_str(self._postfix(result, recent), refresh=False)
+        try:
+            with StopSignals() as signals:
+                epochs = math.ceil(s.epochs)
+                while position.epoch < epochs and status == "completed":
+                    batches = self.epoch_batches(position.epoch)
+                    predicted = self.predicted_step_seconds(batches)
+                    loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
+                    iterator = iter(loader)
+                    while position.batch_in_epoch < len(batches):
+                        if position.step >= limit:
+                            status = "step_limit"
+                            break
+                        step_index = position.batch_in_epoch // c.grad_accum
+                        micro_count = min(c.grad_accum, len(batches) - position.batch_in_epoch)
+                        if self.step_hook:
+                            self.step_hook(position.step)
+                        result = self.step.run(iterator, micro_count)
+                        position.step += 1
+                        position.batch_in_epoch += micro_count
+                        position.micro_batches += micro_count
+                        position.tokens += result.target_tokens * self.accelerator.num_processes
+                        position.padded_tokens += result.tokens * self.accelerator.num_processes
+                        position.step_seconds += result.seconds
+                        position.predicted_seconds += predicted[step_index]
+                        recent = [*recent[-(LIVE_WINDOW_STEPS - 1) :], (result.seconds, predicted[step_index])]
+                        now = time.monotonic()
+                        position.losses.append(
+                            {
+                                "step": position.step,
+                                "loss": result.loss,
+                                "elapsed": now - s.started_at,
+                                "seconds": result.seconds,
+                                "predicted_seconds": predicted[step_index],
+                                "tokens": result.target_tokens * self.accelerator.num_processes,
+                            }
+                        )
+                        if progress is not None:
+                            progress.update(1)
+                            progress.set_postfix_str(self._postfix(result, recent), refresh=False)
 
-                    # -- the deadline guard ------------------------------------------------
-                    ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))
-                    remaining_predicted = self._remaining_predicted(position, predicted, step_index, limit)
-                    projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
-                    budget_end = s.deadline_seconds - s.margin_seconds
-                    if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
-                        if s.on_overrun == "shrink":
-                            per_step = sum(a for a, _ in recent) / len(recent)
-                            room = budget_end - (now - s.started_at) - measured_save - s.report_seconds
-                            new_limit = position.step + max(0, math.floor(room / per_step))
-                            if new_limit < limit:
-                                limit = new_limit
+                        # -- the deadline guard ------------------------------------------------
+                        ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))
+                        remaining_predicted = self._remaining_predicted(position, predicted, step_index, limit)
+                        projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
+                        budget_end = s.deadline_seconds - s.margin_seconds
+                        if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
+                            if s.on_overrun == "shrink":
+                                per_step = sum(a for a, _ in recent) / len(recent)
+                                room = budget_end - (now - s.started_at) - measured_save - s.report_seconds
+                                new_limit = position.step + max(0, math.floor(room / per_step))
+                                if new_limit < limit:
+                                    limit = new_limit
+                                    self.events.append(
+                                        f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps"
+                                    )
+                            elif not overrun_warned:
+                                overrun_warned = True
+                                action = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
                                 self.events.append(
-                                    f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps"
+                                    f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}"
                                 )
-                        elif not overrun_warned:
-                            overrun_warned = True
-                            action = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
-                            self.events.append(
-                                f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}"
-                            )
-                        if progress is not None and self.events:
-                            progress.write(f"deadline: {self.events[-1]}")
-                    # Stop while a step, a checkpoint and the report still fit before the deadline.
-                    next_step = max(a for a, _ in recent) * 1.5
-                    last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - next_step
-                    must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
-                    stop_code = 2 if signals.received is not None else (1 if must_stop else 0)
-                    stop_code = agree(self.accelerator, stop_code, "max")
-                    limit = agree(self.accelerator, limit, "min")
-                    if stop_code:
-                        status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
-                    # -- record, log, checkpoint ----------------------------------------------
-                    if now - last_log_at >= s.log_interval_seconds or status != "completed":
-                        last_log_at = now
-                        position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
-                        self._log(progress, position, now, ratio, projected_finish)
-                        self._update(position)
-                    periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
-                    if (periodic or status != "completed") and self.accelerator.is_main_process:
-                        last_checkpoint, seconds = self._save(checkpoint_dir, position)
-                        checkpoint_times.append(seconds)
-                        last_checkpoint_at = time.monotonic()
-                    if status != "completed":
-                        break
-                del iterator, loader
-                if status == "completed" and position.batch_in_epoch >= len(batches):
-                    position.epoch += 1
-                    position.batch_in_epoch = 0
-            if status == "completed" and position.step >= limit and self.settings.step_limit:
-                status = "step_limit"
-            already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
-            if self.accelerator.is_main_process and not already_saved and position.step > 0:
-                last_checkpoint, seconds = self._save(checkpoint_dir, position)
-                checkpoint_times.append(seconds)
-            now = time.monotonic()
-            position.timeline.append(self._timeline_point(position, now, 1.0, now - s.started_at))
+                            if progress is not None and self.events:
+                                progress.write(f"deadline: {self.events[-1]}")
+                        # Stop while a step, a checkpoint and the report still fit before the deadline.
+                        next_step = max(a for a, _ in recent) * 1.5
+                        last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - next_step
+                        must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
+                        stop_code = 2 if signals.received is not None else (1 if must_stop else 0)
+                        stop_code = agree(self.accelerator, stop_code, "max")
+                        limit = agree(self.accelerator, limit, "min")
+                        if stop_code:
+                            status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+                        # -- record, log, checkpoint ----------------------------------------------
+                        if now - last_log_at >= s.log_interval_seconds or status != "completed":
+                            last_log_at = now
+                            position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
+                            self._log(progress, position, now, ratio, projected_finish)
+                            self._update(position)
+                        periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
+                        if (periodic or status != "completed") and self.accelerator.is_main_process:
+                            last_checkpoint, seconds = self._save(checkpoint_dir, position)
+                            checkpoint_times.append(seconds)
+                            last_checkpoint_at = time.monotonic()
+                        if status != "completed":
+                            break
+                    del iterator, loader
+                    if status == "completed" and position.batch_in_epoch >= len(batches):
+                        position.epoch += 1
+                        position.batch_in_epoch = 0
+                if status == "completed" and position.step >= limit and self.settings.step_limit:
+                    status = "step_limit"
+                already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
+                if self.accelerator.is_main_process and not already_saved and position.step > 0:
+                    last_checkpoint, seconds = self._save(checkpoint_dir, position)
+                    checkpoint_times.append(seconds)
+                now = time.monotonic()
+                position.timeline.append(self._timeline_point(position, now, 1.0, now - s.started_at))
+                exit_signal = signals.received
+        finally:
             if progress is not None:
                 progress.close()
-            exit_signal = signals.received
         return LoopOutcome(
             status=status,
             steps=position.step,

@@ -56,3 +56,11 @@ def agree(accelerator: Any, value: int, operation: str = "max") -> int:
     tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN if operation == "min" else dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()

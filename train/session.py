@@ -258,7 +258,18 @@ def train_with_record(
         settings=settings,
         on_update=on_update,
     )
-    outcome = run.run()
+    try:
+        outcome = run.run()
+    except Exception as error:
+        from train.runtime import is_out_of_memory
+
+        if not is_out_of_memory(error):
+            raise
+        chosen = plan.chosen
+        raise BenchtrainError(
+            f"out of memory training batch {chosen.micro_batch_size} at length {chosen.max_length}, which the calibration "
+            f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
+        ) from None
     return {"loop": outcome, "model": model_record(spec, model_shape(run.model)), "earlier_events": earlier_events}
 
 
