@@ -140,6 +140,13 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
     search = data.get("search") or {}
     if search.get("stopped_by_budget"):
         lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")
+    drift = search.get("drift") or {}
+    if drift.get("applied"):
+        reference = drift["reference"]
+        lines.append(
+            f"  drift: the reference probe (batch {reference['micro_batch_size']}, length {reference['seq_len']}) varied "
+            f"{drift['spread_pct']:.1f}% over {len(drift['measurements'])} repeats; measurements were rescaled to its median speed"
+        )
     for warning in data.get("warnings", []):
         lines.append(f"  warning: {warning}")
     if data.get("fit"):

@@ -40,6 +40,7 @@ def build_calibration(
             "stopped_by_budget": result.stopped_by_budget,
             "left_out": result.left_out,
             "reused_rows": result.reused,
+            "drift": result.drift,
         },
         "overheads": overheads,
         "warnings": list(warnings),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.drift import REFERENCE_EVERY, correct_for_drift, reference_config
 from bench.space import ProbeConfig, SearchSpace, budget_order, ruled_out_by
 
 ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
@@ -23,6 +24,7 @@ class BenchResult:
     left_out: list[dict[str, int]] = field(default_factory=list)
     stopped_by_budget: bool = False
     reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
+    drift: dict[str, Any] | None = None
 
 
 class Budget:
@@ -55,11 +57,36 @@ def _skipped_row(config: ProbeConfig, cause: ProbeConfig) -> dict[str, Any]:
     }
 
 
-def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None) -> BenchResult:
+def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None, reference_every: int | None = REFERENCE_EVERY) -> BenchResult:
+    """Probe in budget order, skipping what an OOM rules out; every `reference_every` probes the
+    reference configuration runs again so that machine drift can be corrected afterwards."""
     result = BenchResult()
     order = budget_order(space)
     oom: list[ProbeConfig] = []
+    reference = reference_config(space)
+    references: list[tuple[int, float]] = []
+    since_reference = reference_every or 0
+
+    failed_reference: dict[str, Any] = {}
+    tracking = bool(reference_every)
+
+    def measure_reference() -> None:
+        nonlocal reference_every
+        row = probe(reference, budget.remaining())
+        if row["status"] == "ok":
+            references.append((len(result.rows), row["tokens_per_second"]))
+        else:
+            # No drift correction then; the failure is the reference's own row when its turn comes.
+            failed_reference.update(row)
+            reference_every = None
+            if row["status"] == "oom":
+                oom.append(reference)
+
     for index, config in enumerate(order):
+        if config == reference and failed_reference:
+            result.rows.append(dict(failed_reference))
+            _advance(progress, result.rows[-1])
+            continue
         cause = ruled_out_by(config, oom)
         if cause is not None:
             result.rows.append(_skipped_row(config, cause))
@@ -69,11 +96,19 @@ def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress:
             result.stopped_by_budget = True
             result.left_out = [c.as_dict() for c in order[index:] if ruled_out_by(c, oom) is None]
             break
+        if reference_every and since_reference >= reference_every:
+            measure_reference()
+            since_reference = 0
         row = probe(config, budget.remaining())
+        since_reference += 1
         result.rows.append(row)
         if row["status"] == "oom":
             oom.append(config)
         _advance(progress, row)
+    if reference_every and references and budget.allows(_expected_probe_seconds(result.rows)):
+        measure_reference()  # closes the last stretch
+    if tracking:
+        result.drift = correct_for_drift(result.rows, references, reference)
     return result
 
 

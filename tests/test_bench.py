@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,9 +163,47 @@ def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monke
     space = SearchSpace((1, 4, 8), (0,), (1,), (32, 64, 128))
     result = run_grid(space, lambda config, remaining: run_probe(workload, config, FAST), Budget(None))
     by_config = {(r["micro_batch_size"], r["seq_len"]): r["status"] for r in result.rows}
-    # Corners first: (8, 128) runs out of memory; then the middle (4, 64) does, which rules out
-    # (8, 64) and (4, 128) without running them.
-    assert by_config[(8, 128)] == by_config[(4, 64)] == "oom"
-    assert by_config[(8, 64)] == by_config[(4, 128)] == "skipped"
+    # The reference probe (the middle, batch 4 at length 64) runs first and runs out of memory:
+    # that rules out the larger batches at that and longer lengths, which are never run.
+    assert by_config[(4, 64)] == "oom"
+    assert by_config[(8, 128)] == by_config[(8, 64)] == by_config[(4, 128)] == "skipped"
     assert all(by_config[(b, s)] == "ok" for b, s in [(1, 32), (1, 64), (1, 128), (4, 32), (8, 32)])
-    assert sum(1 for rows, length in sizes if rows >= 4 and length >= 64) == 2
+    assert sum(1 for rows, length in sizes if rows >= 4 and length >= 64) == 1
+    assert result.drift is not None and not result.drift["applied"]
+
+
+def test_drift_is_measured_with_a_reference_probe_and_corrected() -> None:
+    from bench.drift import reference_config
+
+    clock = {"probes": 0}
+
+    def slowing_machine(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+        # Every probe the machine gets 1% slower; the model's "true" speed does not change.
+        clock["probes"] += 1
+        row = fake_probe()(config, remaining)
+        slowdown = 1 + 0.01 * clock["probes"]
+        row["step_seconds"] *= slowdown
+        row["tokens_per_second"] /= slowdown
+        return row
+
+    result = run_grid(SPACE, slowing_machine, Budget(None), reference_every=4)
+    assert result.drift["applied"] and result.drift["reference"] == reference_config(SPACE).as_dict()
+    assert len(result.drift["measurements"]) >= SPACE.size // 4
+    assert result.drift["spread_pct"] > 20
+    truth = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]): r["tokens_per_second"] for r in fake_probe_rows()}
+    corrected = [abs(r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
+    raw = [abs(r["tokens_per_second_raw"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
+    # Rescaled to the benchmark's median speed: the spread across the benchmark shrinks.
+    assert np.ptp([r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] for r in result.rows]) < 0.05
+    assert max(raw) > 0.2 and max(corrected) < max(raw)
+
+
+def fake_probe_rows() -> list[dict[str, Any]]:
+    probe = fake_probe()
+    return [probe(config, None) for config in SPACE.all_configs()]
+
+
+def test_no_reference_no_correction() -> None:
+    result = run_grid(SPACE, fake_probe(), Budget(None), reference_every=None)
+    assert result.drift is None
+    assert "tokens_per_second_raw" not in result.rows[0]

@@ -1,0 +1,44 @@
+"""Machine drift during a benchmark, measured and corrected.
+
+A shared machine (a cloud VM, a GPU that warms up and lowers its clocks) can change speed while
+the benchmark runs: then probes measured early and late disagree for no reason the model can
+explain. One reference configuration is probed again every few probes; each measurement is
+rescaled by the reference's speed at that moment (interpolated) relative to its median over the
+benchmark. Raw figures are kept beside the corrected ones.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+from bench.space import ProbeConfig, SearchSpace
+
+REFERENCE_EVERY = 8
+
+
+def reference_config(space: SearchSpace) -> ProbeConfig:
+    """The middle of the space: neither tiny (noisy) nor huge (slow, memory-hungry)."""
+    return ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in space.values()])
+
+
+def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: ProbeConfig) -> dict[str, Any]:
+    """Rescale the ok rows in place; `references` are (rows measured so far, reference tokens/s)."""
+    summary: dict[str, Any] = {"reference": config.as_dict(), "measurements": [{"after_rows": p, "tokens_per_second": t} for p, t in references]}
+    if len(references) < 2:
+        return {**summary, "applied": False, "spread_pct": 0.0}
+    positions = np.array([position for position, _ in references], dtype=float)
+    speeds = np.array([speed for _, speed in references], dtype=float)
+    typical = statistics.median(speeds)
+    for index, row in enumerate(rows):
+        if row["status"] != "ok":
+            continue
+        factor = float(np.interp(index, positions, speeds)) / typical
+        row["drift_factor"] = factor
+        row["tokens_per_second_raw"] = row["tokens_per_second"]
+        row["step_seconds_raw"] = row["step_seconds"]
+        row["tokens_per_second"] = row["tokens_per_second"] / factor
+        row["step_seconds"] = row["step_seconds"] * factor
+    return {**summary, "applied": True, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
