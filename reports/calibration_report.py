@@ -8,7 +8,7 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.store import CSV_COLUMNS
 from reports import figures
-from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
+from reports.html import bullet_list, escape, figure_grid, key_values, page, section, table, verdict
 
 
 def report_dir_for(calibration_path: Path) -> Path:
@@ -70,6 +70,22 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         )
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
     sections.append(section("Figures", figure_grid(figure_paths)))
+
+    drift = (data.get("search") or {}).get("drift") or {}
+    if drift.get("measurements"):
+        reference = drift["reference"]
+        words = (
+            f"The reference configuration (batch {reference['micro_batch_size']}, {reference['num_workers']} workers, accumulation "
+            f"{reference['grad_accum']}, length {reference['seq_len']}) was probed {len(drift['measurements'])} times during the benchmark; "
+            f"its speed varied by {drift.get('spread_pct', 0):.1f}%. "
+            + (
+                "Every measurement was rescaled to its median speed (raw figures are kept in the JSON)."
+                if drift.get("applied")
+                else "No correction was applied."
+            )
+        )
+        frame_drift = pd.DataFrame(drift["measurements"]).rename(columns={"after_rows": "after probe", "tokens_per_second": "reference tokens/s"})
+        sections.append(section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame_drift.round(0))))
 
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
     columns = [column for column in CSV_COLUMNS if column not in hidden]

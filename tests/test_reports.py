@@ -107,6 +107,14 @@ def test_calibration_report(home: Path) -> None:
     data = synthetic_calibration(rows, memory_bytes=6e9)
     data["software"]["note"] = HOSTILE
     data["history"] = [{"run_id": "r1", "predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 950.0, "time_error_pct": 5.0}]
+    data["search"] = {
+        "drift": {
+            "reference": {"micro_batch_size": 2, "num_workers": 0, "grad_accum": 1, "seq_len": 256},
+            "measurements": [{"after_rows": 0, "tokens_per_second": 1000.0}, {"after_rows": 8, "tokens_per_second": 800.0}],
+            "applied": True,
+            "spread_pct": 22.2,
+        }
+    }
     path = save_calibration(data)
     report = write_calibration_report(path)
     html = report.read_text()
@@ -114,7 +122,7 @@ def test_calibration_report(home: Path) -> None:
     assert HOSTILE not in html and "&lt;script&gt;" in html
     for name in ("measured_vs_predicted.png", "throughput_heatmap.png", "memory_vs_batch.png", "data_wait.png"):
         assert (report.parent / name).read_bytes().startswith(PNG_MAGIC), name
-    for phrase in ("The fit in words", "fixed per micro-step", "Hardware and software", "How past estimates"):
+    for phrase in ("The fit in words", "fixed per micro-step", "Hardware and software", "How past estimates", "varied by 22.2%"):
         assert phrase in html
 
 
