@@ -30,7 +30,7 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
     positions = np.array([position for position, _ in references], dtype=float)
-    speeds = np.array([speed for _, speed in references], dtype=float)
+    speeds = median_of_three(np.array([speed for _, speed in references], dtype=float))
     typical = statistics.median(speeds)
     for index, row in enumerate(rows):
         if row["status"] != "ok":
@@ -42,3 +42,21 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
         row["tokens_per_second"] = row["tokens_per_second"] / factor
         row["step_seconds"] = row["step_seconds"] * factor
     return {**summary, "applied": True, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
+
+
+def median_of_three(values: np.ndarray) -> np.ndarray:
+    """A running median over neighbours: one disturbed reference probe (a burst of load from
+    something else) must not rescale the probes around it."""
+    if len(values) < 3:
+        return values
+    padded = np.concatenate(([values[0]], values, [values[-1]]))
+    return np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
+
+
+def undo_correction(rows: list[dict[str, Any]]) -> None:
+    """Put the raw figures back (when the correction did not make the fit better)."""
+    for row in rows:
+        if "tokens_per_second_raw" in row:
+            row["tokens_per_second"] = row.pop("tokens_per_second_raw")
+            row["step_seconds"] = row.pop("step_seconds_raw")
+            row.pop("drift_factor", None)

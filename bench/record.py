@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timezone
 from typing import Any
 
+from bench.drift import undo_correction
 from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
 from calibration.schema import SCHEMA_VERSION
@@ -50,10 +52,29 @@ def build_calibration(
     }
     ok_count = sum(1 for row in result.rows if row["status"] == "ok")
     if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_measurements(result.rows)
+        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"])
     else:
         record["warnings"].append(f"only {ok_count} probes succeeded (need {MIN_ROWS_FOR_FIT}); no model was fitted: widen the space or raise --budget")
     return record
+
+
+def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None) -> dict[str, Any]:
+    """Keep the drift correction only if it makes the fit better on held-out probes."""
+    corrected = fit_measurements(rows)
+    if not drift or not drift.get("applied"):
+        return corrected
+    raw_rows = copy.deepcopy(rows)
+    undo_correction(raw_rows)
+    raw = fit_measurements(raw_rows)
+    corrected_error = corrected["held_out_error"]["median_abs_pct"]
+    raw_error = raw["held_out_error"]["median_abs_pct"]
+    drift["held_out_median_pct"] = {"corrected": corrected_error, "raw": raw_error}
+    if corrected_error <= raw_error:
+        return corrected
+    undo_correction(rows)
+    drift["applied"] = False
+    drift["reason"] = f"the correction did not help: held-out median error {corrected_error:.1f}% corrected vs {raw_error:.1f}% raw"
+    return raw
 
 
 def best_rows(rows: list[dict[str, Any]], count: int = 5) -> list[dict[str, Any]]:

@@ -207,3 +207,24 @@ def test_no_reference_no_correction() -> None:
     result = run_grid(SPACE, fake_probe(), Budget(None), reference_every=None)
     assert result.drift is None
     assert "tokens_per_second_raw" not in result.rows[0]
+
+
+def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from helpers import synthetic_rows
+
+    from bench.drift import correct_for_drift, median_of_three
+    from bench.record import fit_with_drift_choice
+
+    assert median_of_three(np.array([10.0, 2.0, 11.0, 10.0])).tolist() == [10.0, 10.0, 10.0, 10.0]
+    rows = synthetic_rows(noise=0.01)  # a steady machine...
+    raw = [row.get("tokens_per_second") for row in rows]
+    # ...but references that claim a steep slowdown half-way: the correction would distort the data.
+    drift = correct_for_drift(rows, [(0, 1000.0), (20, 1000.0), (40, 500.0), (60, 500.0)], ProbeConfig(2, 0, 1, 256))
+    assert drift["applied"]
+    fit = fit_with_drift_choice(rows, drift)
+    assert not drift["applied"] and "did not help" in drift["reason"]
+    assert [row.get("tokens_per_second") for row in rows] == raw
+    assert fit["held_out_error"]["median_abs_pct"] < 5
