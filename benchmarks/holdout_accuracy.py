@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--budget", default="150s")
     parser.add_argument("--configs", default=CPU_CONFIGS, help="BxWxAxS,… (batch x workers x accum x length)")
     parser.add_argument("--bench-args", default="", help="extra arguments for bench run")
+    parser.add_argument("--skip-bench", action="store_true", help="use the latest calibration in BENCHTRAIN_HOME")
     args = parser.parse_args()
 
     home = os.environ.get("BENCHTRAIN_HOME") or tempfile.mkdtemp(prefix="benchtrain-holdout-")
@@ -47,7 +48,8 @@ def main() -> None:
         "--quiet",
         *args.bench_args.split(),
     ]
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    if not args.skip_bench:
+        subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     calibrating = time.monotonic() - started
     os.environ["BENCHTRAIN_HOME"] = home
 
@@ -65,22 +67,44 @@ def main() -> None:
         f"calibration {cal.id}: {len(cal.ok_rows())} ok probes in {calibrating:.0f}s; held-out (cross-validated) median "
         f"{cal.fit['held_out_error']['median_abs_pct']:.1f}%, p90 {cal.fit['held_out_error']['p90_abs_pct']:.1f}% ({cal.fit['kind']})"
     )
-    print(f"{'batch':>5} {'workers':>7} {'accum':>5} {'seq_len':>7} {'predicted':>10} {'measured':>10} {'error':>7} {'MFU':>6}  range")
-    errors = []
+    print(f"{'batch':>5} {'workers':>7} {'accum':>5} {'seq_len':>7} {'predicted':>10} {'measured':>10} {'error':>7} {'adjusted':>9} {'MFU':>6}  range")
+    # The machine may run at another speed now than during the calibration: the reference probe,
+    # run again just before each configuration, tells how much (drift-adjusted column).
+    drift = (cal.data.get("search") or {}).get("drift") or {}
+    reference = ProbeConfig(**drift["reference"]) if drift.get("reference") else None
+    reference_typical = statistics.median(m["tokens_per_second"] for m in drift["measurements"]) if drift.get("measurements") else None
+    errors, adjusted_errors = [], []
     for spec in args.configs.split(","):
         b, w, a, s = (int(x) for x in spec.split("x"))
         predicted = cal.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        speed_now = None
+        if reference is not None and reference_typical:
+            reference_row = run_probe(workload, reference, settings)
+            speed_now = reference_row["tokens_per_second"] / reference_typical if reference_row["status"] == "ok" else None
         row = run_probe(workload, ProbeConfig(b, w, a, s), settings, hardware.get("peak_bf16_flops"))
         if row["status"] != "ok":
             print(f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['status']:>10}")
             continue
         error = (predicted.tokens_per_second - row["tokens_per_second"]) / row["tokens_per_second"] * 100
         errors.append(abs(error))
+        adjusted = "-"
+        if speed_now:
+            adjusted_error = (predicted.tokens_per_second * speed_now - row["tokens_per_second"]) / row["tokens_per_second"] * 100
+            adjusted_errors.append(abs(adjusted_error))
+            adjusted = f"{adjusted_error:+.1f}%"
         mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
         where = "inside" if predicted.within_measured_range else "beyond"
-        print(f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['tokens_per_second']:>10,.0f} {error:>+6.1f}% {mfu:>6}  {where}")
+        print(
+            f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['tokens_per_second']:>10,.0f} {error:>+6.1f}% "
+            f"{adjusted:>9} {mfu:>6}  {where}"
+        )
     if errors:
         print(f"unmeasured configurations: median |error| {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)}")
+    if adjusted_errors:
+        print(
+            f"drift-adjusted (machine speed now vs during calibration, from the reference probe): median |error| "
+            f"{statistics.median(adjusted_errors):.1f}%, max {max(adjusted_errors):.1f}%"
+        )
     print(f"time spent calibrating: {calibrating:.0f}s; BENCHTRAIN_HOME={home}")
     sys.exit(0)
 
