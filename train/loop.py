@@ -7,6 +7,7 @@ prediction, decide (continue / checkpoint / stop), record → final checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import math
 import signal
 import time
@@ -192,6 +193,7 @@ class TrainingRun:
                 while position.epoch < epochs and status == "completed":
                     batches = self.epoch_batches(position.epoch)
                     predicted = self.predicted_step_seconds(batches)
+                    elapsed_predicted = [0.0, *itertools.accumulate(predicted)]  # running totals for the guard
                     loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
                     iterator = iter(loader)
                     while position.batch_in_epoch < len(batches):
@@ -228,7 +230,7 @@ class TrainingRun:
 
                         # -- the deadline guard ------------------------------------------------
                         ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))
-                        remaining_predicted = self._remaining_predicted(position, predicted, step_index, limit)
+                        remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, limit)
                         projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
                         budget_end = s.deadline_seconds - s.margin_seconds
                         if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
@@ -304,14 +306,17 @@ class TrainingRun:
         )
 
     # -- helpers ----------------------------------------------------------------------------
-    def _remaining_predicted(self, position: Position, predicted: list[float], step_index: int, limit: int) -> float:
-        """Predicted seconds of the steps still to run (this epoch's rest + later epochs)."""
+    @staticmethod
+    def _remaining_predicted(position: Position, elapsed_predicted: list[float], step_index: int, limit: int) -> float:
+        """Predicted seconds of the steps still to run (this epoch's rest + later epochs), from the
+        epoch's running totals so each step costs O(1), however long the epoch."""
         steps_left = max(0, limit - position.step)
-        this_epoch = predicted[step_index + 1 : step_index + 1 + steps_left]
-        remaining = sum(this_epoch)
-        steps_left -= len(this_epoch)
-        if steps_left > 0 and predicted:
-            remaining += steps_left * (sum(predicted) / len(predicted))
+        epoch_steps = len(elapsed_predicted) - 1
+        last = min(epoch_steps, step_index + 1 + steps_left)
+        remaining = elapsed_predicted[last] - elapsed_predicted[step_index + 1]
+        steps_left -= last - (step_index + 1)
+        if steps_left > 0 and epoch_steps:
+            remaining += steps_left * elapsed_predicted[-1] / epoch_steps
         return remaining
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:

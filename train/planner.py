@@ -169,13 +169,6 @@ def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int)
     return padded_shapes(data.lengths, batches, max_length)
 
 
-def epoch_shapes(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[BatchShape]:
-    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
-    if data.packing:
-        return packed_shapes(batches, max_length)
-    return padded_shapes(data.lengths, batches, max_length)
-
-
 def real_tokens(data: TokenizedData, max_length: int) -> int:
     """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
     if data.packing:

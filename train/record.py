@@ -37,7 +37,6 @@ def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, A
         "losses": [],
         "events": [],
         "alternatives": [candidate.to_json() for candidate in plan.alternatives],
-        "naive_estimate_seconds": plan.naive_seconds,
         "chosen": chosen.to_json(),
     }
 
