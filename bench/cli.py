@@ -114,7 +114,7 @@ def show_command(reference: str, as_json: bool) -> int:
     from calibration.schema import read_calibration_file
     from calibration.store import resolve_calibration
 
-    path = resolve_calibration(reference)
+    path = resolve_calibration(reference, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
     data = read_calibration_file(path)
     if as_json:
         json.dump(data, sys.stdout, indent=2)
@@ -127,6 +127,7 @@ def show_command(reference: str, as_json: bool) -> int:
 def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
     from bench.record import best_rows, status_counts
     from bench.tables import format_table
+    from calibration.accuracy import describe_estimate_error, estimate_error_pct
     from calibration.model import Calibration
 
     hardware, model = data["hardware"], data["model"]
@@ -163,8 +164,8 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
         for entry in history[-10:]:
             lines.append(
                 f"  run {entry.get('run_id', '?')}: predicted {entry.get('predicted_tokens_per_second', 0):,.0f} tok/s, "
-                f"actual {entry.get('actual_tokens_per_second', 0):,.0f} tok/s; time error "
-                f"{entry.get('time_error_pct', float('nan')):+.1f}%"
+                f"actual {entry.get('actual_tokens_per_second', 0):,.0f} tok/s; estimate error "
+                f"{describe_estimate_error(estimate_error_pct(entry.get('predicted_total_seconds'), entry.get('actual_total_seconds')))}"
             )
     return lines
 

@@ -5,6 +5,9 @@ the benchmark runs: then probes measured early and late disagree for no reason t
 explain. One reference configuration is probed again every few probes; each measurement is
 rescaled by the reference's speed at that moment (interpolated) relative to its median over the
 benchmark. Raw figures are kept beside the corrected ones.
+
+Every measurement carries its `position` in the sequence of probes the benchmark ran, so a probe
+that was measured again later (see bench/remeasure.py) is corrected for the drift at each time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.remeasure import measurements_of, recombine
 from bench.space import ProbeConfig, SearchSpace
 
 REFERENCE_EVERY = 8
@@ -25,8 +29,8 @@ def reference_config(space: SearchSpace) -> ProbeConfig:
 
 
 def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: ProbeConfig) -> dict[str, Any]:
-    """Rescale the ok rows in place; `references` are (rows measured so far, reference tokens/s)."""
-    summary: dict[str, Any] = {"reference": config.as_dict(), "measurements": [{"after_rows": p, "tokens_per_second": t} for p, t in references]}
+    """Rescale the ok rows in place; `references` are (position, reference tokens/s)."""
+    summary: dict[str, Any] = {"reference": config.as_dict(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
     positions = np.array([position for position, _ in references], dtype=float)
@@ -35,12 +39,17 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
     for index, row in enumerate(rows):
         if row["status"] != "ok":
             continue
-        factor = float(np.interp(index, positions, speeds)) / typical
-        row["drift_factor"] = factor
+        for measurement in measurements_of(row):
+            # Rows written before positions were recorded were measured in row order.
+            factor = float(np.interp(measurement.get("position", index), positions, speeds)) / typical
+            measurement["drift_factor"] = factor
+            measurement["step_seconds_raw"] = measurement["step_seconds"]
+            measurement["step_seconds"] = measurement["step_seconds"] * factor
+            if "step_seconds_mean" in measurement:
+                measurement["step_seconds_mean_raw"] = measurement["step_seconds_mean"]
+                measurement["step_seconds_mean"] = measurement["step_seconds_mean"] * factor
         row["tokens_per_second_raw"] = row["tokens_per_second"]
-        row["step_seconds_raw"] = row["step_seconds"]
-        row["tokens_per_second"] = row["tokens_per_second"] / factor
-        row["step_seconds"] = row["step_seconds"] * factor
+        recombine(row)
     return {**summary, "applied": True, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
 
 
@@ -56,7 +65,14 @@ def median_of_three(values: np.ndarray) -> np.ndarray:
 def undo_correction(rows: list[dict[str, Any]]) -> None:
     """Put the raw figures back (when the correction did not make the fit better)."""
     for row in rows:
-        if "tokens_per_second_raw" in row:
-            row["tokens_per_second"] = row.pop("tokens_per_second_raw")
-            row["step_seconds"] = row.pop("step_seconds_raw")
-            row.pop("drift_factor", None)
+        changed = False
+        for measurement in measurements_of(row):
+            if "step_seconds_raw" in measurement:
+                measurement["step_seconds"] = measurement.pop("step_seconds_raw")
+                if "step_seconds_mean_raw" in measurement:
+                    measurement["step_seconds_mean"] = measurement.pop("step_seconds_mean_raw")
+                measurement.pop("drift_factor", None)
+                changed = True
+        if changed:
+            row.pop("tokens_per_second_raw", None)
+            recombine(row)

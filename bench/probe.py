@@ -2,11 +2,15 @@
 
 Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps until the
 spread of step times is small or the per-probe cap is reached. Out of memory is a result.
+
+The probe's figure is its *median* step: one step slowed by other work on a busy machine does not
+move it. The mean is kept too; the fit turns medians back into means with a measured tail factor.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import tempfile
 import time
@@ -26,10 +30,11 @@ from train.step import TrainingStep
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    warmup_steps: int = 2
-    min_steps: int = 5
-    max_steps: int = 40
-    max_seconds: float = 3.0
+    # CPU: short probes, so that a 150 s budget covers the default grid even on a busy machine.
+    warmup_steps: int = 1
+    min_steps: int = 3
+    max_steps: int = 20
+    max_seconds: float = 1.5
     target_spread: float = 0.03  # (p75 - p25) / median of step seconds
 
     @classmethod
@@ -115,23 +120,34 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         # Outside the except block: the exception's traceback no longer pins the step's tensors.
         recover_after_failure(workload)
         return row
-    # The mean, not the median: a run's wall time is the sum of its steps, slow ones included.
-    mean_seconds = statistics.fmean(step_seconds)
+    # The median: robust to a step that other work on the machine slowed down. The fit scales
+    # medians back to means (a run lasts the sum of its steps) with a factor measured over probes.
+    median_seconds = statistics.median(step_seconds)
     tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-    tokens_per_second = tokens / mean_seconds
+    tokens_per_second = tokens / median_seconds
     row.update(
         tokens_per_second=tokens_per_second,
-        step_seconds=mean_seconds,
-        step_seconds_median=statistics.median(step_seconds),
+        step_seconds=median_seconds,
+        step_seconds_mean=statistics.fmean(step_seconds),
+        step_seconds_median=median_seconds,
         step_seconds_spread=spread(step_seconds),
         step_seconds_min=min(step_seconds),
         step_seconds_max=max(step_seconds),
         data_wait_share=min(1.0, sum(waits) / sum(step_seconds)),
         peak_memory_bytes=int(memory.peak_bytes),
         timed_steps=len(step_seconds),
+        load_average=machine_load(),
         mfu=(tokens_per_second * workload.shape.flops_per_token(config.seq_len) / peak_flops) if peak_flops else None,
     )
     return row
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average: how busy this machine was (other work included)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def spread(values: list[float]) -> float:

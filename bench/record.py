@@ -42,6 +42,7 @@ def build_calibration(
             "stopped_by_budget": result.stopped_by_budget,
             "left_out": result.left_out,
             "reused_rows": result.reused,
+            "remeasured": result.remeasured,
             "drift": result.drift,
         },
         "overheads": overheads,
@@ -53,9 +54,40 @@ def build_calibration(
     ok_count = sum(1 for row in result.rows if row["status"] == "ok")
     if ok_count >= MIN_ROWS_FOR_FIT:
         record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"])
-    else:
-        record["warnings"].append(f"only {ok_count} probes succeeded (need {MIN_ROWS_FOR_FIT}); no model was fitted: widen the space or raise --budget")
+        record["noise"] = assess_noise(record)
+        if record["noise"]:
+            record["warnings"].append(record["noise"]["message"])
     return record
+
+
+def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
+    """When the fit's held-out error says estimates will be rough: how rough, and the likely cause
+    (a busy machine, drift, unsteady steps, too few probes), in one sentence."""
+    from calibration.model import NOISY_MEDIAN_PCT
+
+    median = (record["fit"].get("held_out_error") or {}).get("median_abs_pct")
+    if median is None or median <= NOISY_MEDIAN_PCT:
+        return None
+    ok = [row for row in record["measurements"] if row["status"] == "ok"]
+    causes = []
+    load, cores = record["search"].get("load_average_before"), record["hardware"].get("cpu_cores")
+    if load is not None and cores and load > 0.5 * cores:
+        causes.append(f"a busy machine (load average {load:.1f} on {cores} cores before the benchmark started)")
+    drift = record["search"].get("drift") or {}
+    if drift.get("spread_pct", 0) > 20:
+        causes.append(f"drift (the repeated reference probe varied {drift['spread_pct']:.0f}%)")
+    spreads = sorted(row.get("step_seconds_spread") or 0.0 for row in ok)
+    if spreads and spreads[len(spreads) // 2] > 0.10:
+        causes.append(f"unsteady steps (median spread {spreads[len(spreads) // 2]:.0%} within a probe)")
+    if len(ok) < 12:
+        causes.append(f"too few probes ({len(ok)})")
+    if not causes:
+        causes.append("configurations that the model does not describe well (steady steps, no drift)")
+    message = (
+        f"held-out error {median:.0f}% (median) is above {NOISY_MEDIAN_PCT:.0f}%: estimates from this calibration are rough; "
+        f"likely cause: {'; '.join(causes)}. Re-run `bench run` on a quieter machine or with a larger --budget"
+    )
+    return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None) -> dict[str, Any]:

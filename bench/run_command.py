@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list
 from calibration.durations import format_duration, parse_duration
-from calibration.errors import EXIT_OK, BenchtrainError
+from calibration.errors import EXIT_OK, BenchtrainError, MeasurementError
 
 
 def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
@@ -49,6 +49,7 @@ def run_command(args: argparse.Namespace) -> int:
     from train.model import model_record
 
     hardware = detect_hardware()
+    load_before = _load_average()
     warnings: list[str] = []
     mismatch = requested_mismatch(args.gpu, hardware)
     if mismatch:
@@ -89,7 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     budget = Budget(budget_seconds, started)
     _say(f"probing {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
-    progress = _progress_bar(total, args.quiet)
+    progress = _progress_bar(total, args.quiet, budget.remaining() if budget_seconds else None)
     try:
         if args.search == "grid":
             result = run_grid(space, probe, budget, progress)
@@ -114,6 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
         "trials": trials if args.search == "optuna" else None,
         "budget_seconds": budget_seconds,
         "settings": settings.__dict__,
+        "load_average_before": load_before,
     }
     record = build_calibration(
         hardware=hardware,
@@ -128,6 +130,8 @@ def run_command(args: argparse.Namespace) -> int:
         warnings=warnings,
     )
     record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
+    if record["fit"] is None:
+        raise _nothing_fitted(record, budget_seconds)
     path = save_calibration(record)
     report_path = None
     if not args.no_report:
@@ -139,6 +143,32 @@ def run_command(args: argparse.Namespace) -> int:
             update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
     print_summary(record, str(path), result.left_out, report_path)
     return EXIT_OK
+
+
+def _nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:
+    """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
+    `latest` does not pick it) and say what a fit needs."""
+    from calibration.fit import MIN_ROWS_FOR_FIT
+    from calibration.store import save_failed
+
+    rows = record["measurements"]
+    ok = sum(1 for row in rows if row["status"] == "ok")
+    kept = save_failed(record)
+    took = format_duration(record["overheads"]["benchmark_seconds"])
+    advice = "raise --budget or narrow the grid (--batch-sizes, --seq-lens)" if budget_seconds else "widen the grid or check the failed probes"
+    return MeasurementError(
+        f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
+        f"Nothing was stored as a calibration; the measurements are in {kept}"
+    )
+
+
+def _load_average() -> float | None:
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def warmup_extra_seconds(rows: list[dict[str, Any]], warmup_steps: int) -> float:
@@ -162,12 +192,12 @@ def _write_report(path: Any) -> Any:
     return write_calibration_report(path)
 
 
-def _progress_bar(total: int, quiet: bool) -> Any:
+def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
     if quiet:
         return None
-    from calibration.progress import progress_bar
+    from calibration.progress import BudgetBar, progress_bar
 
-    return progress_bar(total, "probes", "probe")
+    return BudgetBar(budget_seconds, total) if budget_seconds else progress_bar(total, "probes", "probe")
 
 
 def _say(message: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.drift import REFERENCE_EVERY, correct_for_drift, reference_config
+from bench.remeasure import remeasure
 from bench.space import ProbeConfig, SearchSpace, budget_order, ruled_out_by
 
 ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
@@ -25,6 +26,7 @@ class BenchResult:
     stopped_by_budget: bool = False
     reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
     drift: dict[str, Any] | None = None
+    remeasured: int = 0  # further measurements of disturbed probes
 
 
 class Budget:
@@ -57,24 +59,43 @@ def _skipped_row(config: ProbeConfig, cause: ProbeConfig) -> dict[str, Any]:
     }
 
 
+class Prober:
+    """Runs probes and stamps each measurement with its position in the benchmark's sequence
+    (references and re-measurements included), which drift correction interpolates over."""
+
+    def __init__(self, probe: ProbeFunction, budget: Budget) -> None:
+        self.probe, self.budget, self.count = probe, budget, 0
+
+    def __call__(self, config: ProbeConfig) -> dict[str, Any]:
+        row = self.probe(config, self.budget.remaining())
+        row["position"] = self.count
+        self.count += 1
+        return row
+
+    def again(self, row: dict[str, Any]) -> dict[str, Any]:
+        return self(ProbeConfig(row["micro_batch_size"], row["num_workers"], row["grad_accum"], row["seq_len"]))
+
+
 def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None, reference_every: int | None = REFERENCE_EVERY) -> BenchResult:
     """Probe in budget order, skipping what an OOM rules out; every `reference_every` probes the
-    reference configuration runs again so that machine drift can be corrected afterwards."""
+    reference configuration runs again so that machine drift can be corrected afterwards. Budget
+    left over goes to measuring disturbed probes again."""
     result = BenchResult()
     order = budget_order(space)
     oom: list[ProbeConfig] = []
     reference = reference_config(space)
     references: list[tuple[int, float]] = []
     since_reference = reference_every or 0
+    prober = Prober(probe, budget)
 
     failed_reference: dict[str, Any] = {}
     tracking = bool(reference_every)
 
     def measure_reference() -> None:
         nonlocal reference_every
-        row = probe(reference, budget.remaining())
+        row = prober(reference)
         if row["status"] == "ok":
-            references.append((len(result.rows), row["tokens_per_second"]))
+            references.append((row["position"], row["tokens_per_second"]))
         else:
             # No drift correction then; the failure is the reference's own row when its turn comes.
             failed_reference.update(row)
@@ -99,12 +120,13 @@ def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress:
         if reference_every and since_reference >= reference_every:
             measure_reference()
             since_reference = 0
-        row = probe(config, budget.remaining())
+        row = prober(config)
         since_reference += 1
         result.rows.append(row)
         if row["status"] == "oom":
             oom.append(config)
         _advance(progress, row)
+    result.remeasured = remeasure(result.rows, prober.again, lambda: budget.allows(2 * _expected_probe_seconds(result.rows)), progress)
     if reference_every and references and budget.allows(_expected_probe_seconds(result.rows)):
         measure_reference()  # closes the last stretch
     if tracking:
@@ -165,6 +187,7 @@ def run_optuna(
         if "row" in trial.user_attrs:
             done[ProbeConfig(**{k: int(v) for k, v in trial.params.items()})] = trial.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))
+    prober = Prober(probe, budget)
     for row in result.rows:
         _advance(progress, row)
     oom = [config for config, row in done.items() if row["status"] == "oom"]
@@ -194,7 +217,7 @@ def run_optuna(
             study.enqueue_trial(next_new.as_dict())
             continue
         try:
-            row = probe(config, budget.remaining())
+            row = prober(config)
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise
@@ -208,6 +231,8 @@ def run_optuna(
         done[config] = row
         result.rows.append(row)
         _advance(progress, row)
+    fresh = result.rows[result.reused :]
+    result.remeasured = remeasure(result.rows, prober.again, lambda: budget.allows(2 * _expected_probe_seconds(fresh)), progress)
     if result.stopped_by_budget or len(done) < space.size:
         result.left_out = [c.as_dict() for c in budget_order(space) if c not in done]
     return result

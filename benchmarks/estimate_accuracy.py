@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from calibration.accuracy import estimate_error_pct
+
 
 def train(args: list[str], env: dict[str, str]) -> tuple[int, float]:
     started = time.monotonic()
@@ -47,7 +49,7 @@ def main() -> None:
             continue
         record = json.loads((new[-1] / "run.json").read_text())
         e, a = record["estimate"], record["actual"]
-        error = (e["total_seconds"] - a["total_seconds"]) / a["total_seconds"] * 100
+        error = estimate_error_pct(e["total_seconds"], a["total_seconds"])  # + = took longer than estimated
         errors.append(abs(error))
         print(
             f"{record['run_id']:<28} {e['total_seconds']:>8.1f}s {e['total_seconds_low']:>6.1f}s {e['total_seconds_high']:>6.1f}s "

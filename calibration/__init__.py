@@ -9,6 +9,7 @@ Plain data and math: no torch here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from calibration.errors import BenchtrainError, CalibrationFileError
@@ -26,7 +27,8 @@ __all__ = [
 ]
 
 
-def load(reference: str | Path = "latest") -> Calibration:
-    """Load `latest`, a calibration id, or a path to a calibration JSON."""
-    path = resolve_calibration(str(reference))
+def load(reference: str | Path = "latest", on_skip: Callable[[str], None] | None = None) -> Calibration:
+    """Load `latest`, a calibration id, or a path to a calibration JSON; `on_skip` hears about
+    newer calibration files that `latest` had to skip because they cannot be read."""
+    path = resolve_calibration(str(reference), on_skip)
     return Calibration(read_calibration_file(path), path)

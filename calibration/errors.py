@@ -13,6 +13,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_DEADLINE = 3
+EXIT_NO_FIT = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -24,6 +25,12 @@ class BenchtrainError(Exception):
 
 class CalibrationFileError(BenchtrainError):
     """A calibration file that cannot be read: corrupt, incomplete or from a future version."""
+
+
+class MeasurementError(BenchtrainError):
+    """A benchmark that measured too little to fit a model: nothing usable was stored."""
+
+    exit_code = EXIT_NO_FIT
 
 
 class DeadlineError(BenchtrainError):

@@ -77,14 +77,55 @@ def memory_features(config: Config) -> np.ndarray:
     return np.array([1.0, tokens, tokens * config.seq_len])
 
 
-def fit_nonnegative(features: np.ndarray, targets: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
-    """NNLS minimising relative error: each row is divided by its `scale` (default: its target)."""
-    weights = 1.0 / (targets if scale is None else scale)
+# Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.
+# Iteratively reweighted least squares with Huber weights on the relative residuals; the scale is
+# the residuals' median absolute deviation, floored so a near-perfect fit is not over-trimmed.
+ROBUST_ITERATIONS = 6
+HUBER_K = 2.0
+MIN_RESIDUAL_SCALE = 0.01
+# How well we can know a probe's median step: its spread over the steps it timed, plus a floor
+# for what the model cannot express. Rows are weighted by 1 / that uncertainty.
+UNCERTAINTY_FLOOR = 0.02
+
+
+def fit_nonnegative(
+    features: np.ndarray,
+    targets: np.ndarray,
+    scale: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
+    robust: bool = True,
+) -> np.ndarray:
+    """NNLS on relative error (each row divided by its `scale`, default its target), each row also
+    divided by its relative `uncertainty`, with Huber reweighting against outliers."""
+    relative = 1.0 / (targets if scale is None else scale)
+    prior = 1.0 / (uncertainty if uncertainty is not None else np.ones_like(targets))
     # Columns span many orders of magnitude (1 vs B*S*S): scale them for a well-posed solve.
-    scaled = features * weights[:, None]
-    column_scale = np.maximum(np.abs(scaled).max(axis=0), 1e-30)
-    solution, _ = nnls(scaled / column_scale, targets * weights, maxiter=2000)
+    base = features * relative[:, None]
+    column_scale = np.maximum(np.abs(base).max(axis=0), 1e-30)
+    huber = np.ones_like(targets)
+    solution = np.zeros(features.shape[1])
+    for _ in range(ROBUST_ITERATIONS if robust else 1):
+        row_weight = prior * np.sqrt(huber)
+        solution, _ = nnls(base / column_scale * row_weight[:, None], targets * relative * row_weight, maxiter=2000)
+        residuals = (base / column_scale) @ solution - targets * relative
+        spread = max(1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))), MIN_RESIDUAL_SCALE)
+        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residuals), 1e-12))
     return solution / column_scale
+
+
+def probe_uncertainty(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    """Relative standard error of each probe's median step time (from its interquartile spread and
+    the number of steps it timed), combined with UNCERTAINTY_FLOOR."""
+    values = []
+    for row in rows:
+        spread, steps = row.get("step_seconds_spread"), row.get("timed_steps")
+        if isinstance(spread, (int, float)) and isinstance(steps, (int, float)) and steps > 0:
+            # IQR / 1.349 estimates sigma; the median's standard error is about 1.25 sigma / sqrt(n).
+            standard_error = 0.93 * float(spread) / math.sqrt(float(steps))
+        else:
+            standard_error = 0.0
+        values.append(math.hypot(standard_error, UNCERTAINTY_FLOOR))
+    return np.array(values)
 
 
 @dataclass
@@ -147,17 +188,23 @@ COMPUTE_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term not in DAT
 DATA_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term in DATA_TERMS]
 
 
-def fit_throughput(configs: Sequence[Config], micro_seconds: np.ndarray, smooth: bool, wait_seconds: np.ndarray | None = None) -> ThroughputModel:
+def fit_throughput(
+    configs: Sequence[Config],
+    micro_seconds: np.ndarray,
+    smooth: bool,
+    wait_seconds: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
+) -> ThroughputModel:
     """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
     the others to the rest of the step, which keeps each term's meaning when probes are few."""
     features = np.stack([throughput_features(c) for c in configs])
     if wait_seconds is None:
-        solution = fit_nonnegative(features, micro_seconds)
+        solution = fit_nonnegative(features, micro_seconds, uncertainty=uncertainty)
     else:
         wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
         solution = np.zeros(len(THROUGHPUT_TERMS))
-        solution[COMPUTE_INDEX] = fit_nonnegative(features[:, COMPUTE_INDEX], micro_seconds - wait, scale=micro_seconds)
-        solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds)
+        solution[COMPUTE_INDEX] = fit_nonnegative(features[:, COMPUTE_INDEX], micro_seconds - wait, scale=micro_seconds, uncertainty=uncertainty)
+        solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds, uncertainty=uncertainty)
     model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)))
     if smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
@@ -217,14 +264,19 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def cross_validate_throughput(
-    configs: list[Config], micro_seconds: np.ndarray, smooth: bool, wait_seconds: np.ndarray | None = None
+    configs: list[Config],
+    micro_seconds: np.ndarray,
+    smooth: bool,
+    wait_seconds: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
 ) -> tuple[ErrorSummary, np.ndarray]:
     """Held-out tokens/s error, and the held-out prediction for each row."""
     held_out = np.empty(len(configs))
     for test in folds(len(configs)):
         train = np.setdiff1d(np.arange(len(configs)), test)
         waits = None if wait_seconds is None else wait_seconds[train]
-        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits)
+        weights = None if uncertainty is None else uncertainty[train]
+        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights)
         for index in test:
             held_out[index] = model.micro_step_seconds(configs[index])
     # tokens/s error: actual/predicted on the same token count.
@@ -255,10 +307,11 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     # The measured DataLoader wait separates data supply from compute (when every row has it).
     shares = [row.get("data_wait_share") for row in ok_rows]
     wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
+    uncertainty = probe_uncertainty(ok_rows)
 
     candidates = {}
     for kind, smooth in (("physical", False), ("physical+residual", True)):
-        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds)
+        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty)
         candidates[kind] = (error, held_out, smooth)
     physical_error = candidates["physical"][0]
     smoothed_error = candidates["physical+residual"][0]
@@ -274,7 +327,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             f"was not beaten by the residual smoother ({smoothed_error.median_abs_pct:.1f}%)"
         )
     error, held_out, smooth = candidates[kind]
-    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds)
+    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None
@@ -301,8 +354,23 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: value[0].to_json() for name, value in candidates.items()},
         "rows_used": len(ok_rows),
+        "step_tail_factor": step_tail_factor(ok_rows),
         "memory": memory_section,
     }
+
+
+def step_tail_factor(rows: Sequence[dict[str, Any]]) -> float:
+    """How much longer the mean step is than the median step, typically over the probes.
+
+    Probes are fitted to their median step (robust to a burst of other work on the machine), but a
+    run lasts the sum of its steps, slow ones included: predictions are scaled by this measured
+    factor (the median over probes of mean / median, at least 1)."""
+    ratios = [
+        row["step_seconds_mean"] / row["step_seconds"]
+        for row in rows
+        if isinstance(row.get("step_seconds_mean"), (int, float)) and row.get("step_seconds") and row["step_seconds"] > 0
+    ]
+    return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
 
 def _smoother_json(smoother: ResidualSmoother | None) -> dict[str, Any] | None:

@@ -21,6 +21,11 @@ from calibration.fit import (
 MIN_RELATIVE_BOUND = 0.02
 MIN_MEMORY_MARGIN = 0.10
 HISTORY_WINDOW = 5
+# Past this bound (90th-percentile held-out error) the calibration cannot promise a finish time:
+# plans use the central estimate and say so, instead of refusing every deadline.
+NOISY_BOUND = 0.50
+# A held-out median error above this is said out loud (bench run, bench show, train --dry-run).
+NOISY_MEDIAN_PCT = 15.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,22 @@ class Calibration:
         return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
 
     @property
+    def too_noisy_to_bound(self) -> bool:
+        """The measurements scatter so much that the upper bound means nothing."""
+        return self.relative_bound > NOISY_BOUND
+
+    @property
+    def promised_bound(self) -> float:
+        """The bound a plan promises to the deadline: the relative bound, or 0 (central estimate)
+        when the calibration is too noisy to bound anything."""
+        return 0.0 if self.too_noisy_to_bound else self.relative_bound
+
+    @property
+    def step_tail_factor(self) -> float:
+        """Mean step / median step over the probes (probes are fitted to their median)."""
+        return float(self.fit.get("step_tail_factor") or 1.0)
+
+    @property
     def run_to_run_spread(self) -> float:
         ratios = self._history_ratios()
         if len(ratios) < 2:
@@ -127,8 +148,9 @@ class Calibration:
 
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: Config) -> float:
-        """Seconds of one micro-step, corrected by what past runs measured."""
-        return self.throughput.micro_step_seconds(config) / self.history_factor
+        """Seconds of one micro-step: the fitted median step, scaled to a mean by the measured tail
+        factor and corrected by what past runs measured."""
+        return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
     def predict(self, micro_batch_size: int, seq_len: int, grad_accum: int = 1, num_workers: int = 0) -> Prediction:
         config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers))

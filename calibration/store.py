@@ -63,6 +63,14 @@ def save_calibration(data: dict[str, Any]) -> Path:
     return path
 
 
+def save_failed(data: dict[str, Any]) -> Path:
+    """Keep a benchmark that fitted nothing out of the store (`latest` never sees it)."""
+    folder = writable_subdir("calibrations") / "failed"
+    path = folder / f"{data['id']}.json"
+    write_json_atomic(path, data)
+    return path
+
+
 def measurements_csv(rows: list[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -86,13 +94,20 @@ def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
     return entries
 
 
-def resolve_calibration(reference: str) -> Path:
-    """`latest`, an id, or a path to a calibration JSON."""
+def resolve_calibration(reference: str, on_skip: Callable[[str], None] | None = None) -> Path:
+    """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
+    not be read is reported through `on_skip` (one sentence naming it and why), never in silence."""
     if reference == "latest":
-        for path, data, _ in list_calibrations():
-            if data is not None:
-                return path
-        raise BenchtrainError(f"no calibration in {calibrations_dir()}: run `bench run` first")
+        entries = list_calibrations()
+        chosen = next((path for path, data, _ in entries if data is not None), None)
+        chosen_time = chosen.stat().st_mtime if chosen is not None else 0.0
+        for path, data, error in entries:
+            if data is None and on_skip is not None and path.stat().st_mtime >= chosen_time:
+                using = f"using {chosen.stem}" if chosen is not None else "no readable calibration is left"
+                on_skip(f"skipped {path} (newer, but unreadable: {error}); {using}")
+        if chosen is not None:
+            return chosen
+        raise BenchtrainError(f"no usable calibration in {calibrations_dir()}: run `bench run` first")
     as_path = Path(reference).expanduser()
     if as_path.suffix == ".json" or "/" in reference:
         if not as_path.is_file():

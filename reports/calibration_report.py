@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.store import CSV_COLUMNS
@@ -84,7 +85,8 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
                 else "No correction was applied."
             )
         )
-        frame_drift = pd.DataFrame(drift["measurements"]).rename(columns={"after_rows": "after probe", "tokens_per_second": "reference tokens/s"})
+        names = {"position": "probe number", "after_rows": "after probe", "tokens_per_second": "reference tokens/s"}
+        frame_drift = pd.DataFrame(drift["measurements"]).rename(columns=names)
         sections.append(section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame_drift.round(0))))
 
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
@@ -105,13 +107,17 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     )
     history = data.get("history", [])
     if history:
+        # Recomputed with the one convention (older files stored the opposite sign).
+        history = [
+            {**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history
+        ]
         history_frame = pd.DataFrame(history).reindex(
             columns=[
                 "run_id",
                 "finished_at",
                 "predicted_tokens_per_second",
                 "actual_tokens_per_second",
-                "time_error_pct",
+                "time_error_pct",  # + = took longer than estimated
                 "status",
             ]
         )

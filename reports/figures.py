@@ -172,7 +172,7 @@ def estimate_error_history(labels: list[str], errors: list[float], path: Path) -
     axis.bar(positions, errors, color=["#27ae60" if abs(e) <= 15 else "#c0392b" for e in errors])
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xticks(positions, labels, rotation=30, ha="right", fontsize=7)
-    axis.set_ylabel("estimate error (% of actual time)")
+    axis.set_ylabel("estimate error, % of the estimate\n(+ = took longer than estimated)")
     trend = "smaller" if len(errors) >= 2 and abs(errors[-1]) < abs(errors[0]) else "not smaller"
     axis.set_title(f"Estimate error of each run, oldest first\nthe latest error is {trend} than the first")
     return save(figure, path)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from calibration.accuracy import ERROR_LABEL, estimate_error_pct
 from calibration.home import benchtrain_home
 
 
@@ -37,7 +38,7 @@ def error_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "calibration": record.get("calibration_id", ""),
                 "estimate (s)": round(estimate, 1),
                 "actual (s)": round(actual, 1),
-                "error %": round((estimate - actual) / actual * 100, 1),
+                ERROR_LABEL: round(estimate_error_pct(estimate, actual), 1),
                 "deadline met": "yes" if record.get("met_deadline") else "no",
             }
         )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from calibration.accuracy import ERROR_LABEL, describe_estimate_error, estimate_error_pct
 from calibration.errors import BenchtrainError
 from reports import figures
 from reports.history import error_rows, run_records
@@ -36,13 +37,13 @@ def write_run_report(run_dir: Path) -> Path:
     deadline = record["deadline_seconds"]
     sections = []
     if actual:
-        error = (estimate["total_seconds"] - actual["total_seconds"]) / actual["total_seconds"] * 100 if actual.get("total_seconds") else 0.0
+        error = estimate_error_pct(estimate["total_seconds"], actual.get("total_seconds"))
         met = bool(record.get("met_deadline"))
         sections.append(
             verdict(
-                f"Estimate {estimate['total_seconds']:.0f}s, actual {actual['total_seconds']:.0f}s ({error:+.1f}%); "
-                f"deadline {deadline:.0f}s {'met' if met else 'missed'}; status {actual.get('status')}.",
-                met and abs(error) <= 15,
+                f"Estimate {estimate['total_seconds']:.0f}s, actual {actual['total_seconds']:.0f}s: estimate error "
+                f"{describe_estimate_error(error)}; deadline {deadline:.0f}s {'met' if met else 'missed'}; status {actual.get('status')}.",
+                met and error is not None and abs(error) <= 15,
             )
         )
     else:
@@ -120,7 +121,7 @@ def write_run_report(run_dir: Path) -> Path:
     if len(history) >= 1:
         figure_paths.append(
             (
-                figures.estimate_error_history([row["run"] for row in history], [row["error %"] for row in history], run_dir / "history.png"),
+                figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png"),
                 "Estimate error of every run in this folder, oldest first",
             )
         )

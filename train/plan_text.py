@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from calibration.accuracy import describe_estimate_error
 from calibration.durations import format_duration
 from train.planner import Plan
 
@@ -53,7 +54,7 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
         if actual.get("final_loss") is not None
         else f"run {record['run_id']}: {actual['status']} after {actual['steps']} steps",
         f"  time: {format_duration(actual['total_seconds'])} actual vs {format_duration(estimate['total_seconds'])} estimated "
-        f"({record.get('estimate_error_pct', 0):+.1f}%); deadline {format_duration(record['deadline_seconds'])} "
+        f"(estimate error {describe_estimate_error(record.get('estimate_error_pct'))}); deadline {format_duration(record['deadline_seconds'])} "
         f"{'met' if record['met_deadline'] else 'MISSED'}",
         f"  speed: {actual['tokens_per_second']:,.0f} real tokens/s actual vs {estimate['tokens_per_second']:,.0f} estimated",
         f"  run folder: {out_dir}",

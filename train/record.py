@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from calibration.accuracy import estimate_error_pct
 from calibration.atomic import write_json_atomic
 from calibration.store import update_calibration
 from train.loop import LoopOutcome
@@ -119,7 +120,7 @@ def feed_back(calibration: Any, record: dict[str, Any], chosen: Candidate) -> No
         "actual_tokens_per_second": actual["tokens_per_second"],
         "predicted_total_seconds": estimate["total_seconds"],
         "actual_total_seconds": actual["total_seconds"],
-        "time_error_pct": (estimate["total_seconds"] - actual["total_seconds"]) / actual["total_seconds"] * 100,
+        "time_error_pct": estimate_error_pct(estimate["total_seconds"], actual["total_seconds"]),
         "status": actual["status"],
     }
     # The history factor already in the prediction is divided out, so ratios don't compound.

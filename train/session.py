@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from calibration.accuracy import estimate_error_pct
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.cli import is_main_process, resolve_data_path, say
@@ -69,7 +70,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.tokenizer import load_tokenizer
 
     spec = resolve_model(args.model)
-    cal = calibration_api.load(args.use_calibration)
+    cal = calibration_api.load(args.use_calibration, on_skip=lambda message: say(f"warning: {message}"))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     out_dir = Path(args.out).expanduser() if args.out else None
@@ -203,7 +204,7 @@ def finish_record(
     actual["command_seconds"] = elapsed
     actual["total_seconds"] = elapsed - elapsed_before_plan
     record["met_deadline"] = elapsed <= plan.deadline_seconds
-    record["estimate_error_pct"] = (record["estimate"]["total_seconds"] - actual["total_seconds"]) / actual["total_seconds"] * 100
+    record["estimate_error_pct"] = estimate_error_pct(record["estimate"]["total_seconds"], actual["total_seconds"])
     write_run(out_dir, record)
     return report_path
 

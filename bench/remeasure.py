@@ -1,0 +1,121 @@
+"""Measure again what looks disturbed, while the budget allows; combine repeats by their median.
+
+On a busy machine a probe can land on a burst of other work: its steps scatter (a large spread)
+or its speed disagrees with every probe around it (a large residual against a quick fit). Such
+probes are measured again, up to MAX_REPEATS times in all, and a probe's figure becomes the
+median of its measurements, so one disturbed measurement of three cannot move it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+MAX_REPEATS = 3
+# A probe is suspect when its spread is this many times the typical spread (and above the floor),
+# or when a quick robust fit misses it by this many robust standard deviations (and by the floor).
+SPREAD_RATIO = 2.5
+SPREAD_FLOOR = 0.05
+RESIDUAL_SIGMAS = 3.0
+RESIDUAL_FLOOR = 0.10
+MEASUREMENT_KEYS = ("position", "step_seconds", "step_seconds_mean", "step_seconds_spread", "timed_steps", "load_average", "data_wait_share")
+
+
+def measurements_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's measurements: its repeats when it was measured again, else the row itself."""
+    return row["repeats"] if row.get("repeats") else [row]
+
+
+def recombine(row: dict[str, Any]) -> None:
+    """The row's figures from the median of its repeats, and its tokens/s from its step time."""
+    tokens = row["micro_batch_size"] * row["seq_len"] * row["grad_accum"]
+    repeats = row.get("repeats")
+    if not repeats:
+        row["tokens_per_second"] = tokens / row["step_seconds"]
+        return
+    row["step_seconds"] = statistics.median(m["step_seconds"] for m in repeats)
+    means = [m["step_seconds_mean"] for m in repeats if m.get("step_seconds_mean")]
+    if means:
+        row["step_seconds_mean"] = statistics.median(means)
+    row["step_seconds_spread"] = statistics.median(m.get("step_seconds_spread", 0.0) for m in repeats)
+    row["timed_steps"] = sum(int(m.get("timed_steps", 0)) for m in repeats)
+    row["data_wait_share"] = statistics.median(m.get("data_wait_share", 0.0) for m in repeats)
+    row["tokens_per_second"] = tokens / row["step_seconds"]
+
+
+def add_repeat(row: dict[str, Any], new: dict[str, Any]) -> None:
+    """Record a further measurement of the same configuration and recombine."""
+    if not row.get("repeats"):
+        row["repeats"] = [{key: row[key] for key in MEASUREMENT_KEYS if key in row}]
+    row["repeats"].append({key: new[key] for key in MEASUREMENT_KEYS if key in new})
+    if new.get("peak_memory_bytes"):
+        row["peak_memory_bytes"] = max(row.get("peak_memory_bytes") or 0, new["peak_memory_bytes"])
+    recombine(row)
+
+
+def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ok rows worth measuring again, worst first: large residual against a quick robust fit, then
+    large spread. Rows already measured MAX_REPEATS times are not suspects."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    candidates = [index for index, row in enumerate(ok) if len(measurements_of(row)) < MAX_REPEATS and not row.get("remeasure_failed")]
+    if not candidates:
+        return []
+    scores: dict[int, float] = {}
+    spreads = np.array([row.get("step_seconds_spread") or 0.0 for row in ok])
+    typical_spread = float(np.median(spreads))
+    for index, value in enumerate(spreads):
+        if value > max(SPREAD_FLOOR, SPREAD_RATIO * typical_spread):
+            scores[index] = value / max(typical_spread, 1e-9)
+    residuals = quick_residuals(rows, ok)
+    if residuals is not None:
+        scale = max(1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))), 0.01)
+        for index, value in enumerate(np.abs(residuals)):
+            if value > max(RESIDUAL_FLOOR, RESIDUAL_SIGMAS * scale):
+                # Residual outliers come first: they move the fit, a scattered probe only widens it.
+                scores[index] = 1000.0 + value / scale
+    return [ok[index] for index in sorted(scores, key=lambda i: -scores[i]) if index in candidates]
+
+
+def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.ndarray | None:
+    """Relative residuals of each ok row against one robust fit of all of them (no cross-validation)."""
+    from calibration.fit import MIN_ROWS_FOR_FIT, config_of, fit_throughput
+
+    if len(ok) < max(MIN_ROWS_FOR_FIT, 8):
+        return None
+    configs = [config_of(row) for row in ok]
+    micro = np.array([row["step_seconds"] / row["grad_accum"] for row in ok])
+    model = fit_throughput(configs, micro, smooth=False)
+    predicted = np.array([model.micro_step_seconds(config) for config in configs])
+    return (micro - predicted) / predicted
+
+
+def remeasure(
+    rows: list[dict[str, Any]],
+    probe_again: Callable[[dict[str, Any]], dict[str, Any]],
+    allows: Callable[[], bool],
+    progress: Any = None,
+) -> int:
+    """Measure suspects again while `allows()` (and at most a quarter of the probes, so an unbounded
+    benchmark stays bounded); returns how many measurements were added."""
+    added = 0
+    limit = max(2, sum(1 for row in rows if row["status"] == "ok") // 4)
+    while added < limit and allows():
+        pending = suspects(rows)
+        if not pending:
+            break
+        row = pending[0]
+        new = probe_again(row)
+        if new["status"] != "ok":
+            # It failed this time (e.g. memory): keep what we had, and do not try it again.
+            row["remeasure_failed"] = new.get("error", new["status"])
+            continue
+        add_repeat(row, new)
+        added += 1
+        if progress is not None:
+            progress.set_postfix_str(
+                f"re-measured B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}", refresh=False
+            )
+    return added
