@@ -18,6 +18,8 @@ RUN_EXAMPLES = """examples:
   bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
   bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
   bench run --data train.jsonl --model ./my-model   # real tokens from your data
+
+exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
 """
 
 
@@ -77,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from calibration.durations import join_negative_values
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return EXIT_OK

@@ -69,9 +69,9 @@ def run_command(args: argparse.Namespace) -> int:
     _say(f"building {spec.name} on {hardware['name']} …")
     workload = Workload(spec, tokenized)
     model = model_record(spec, workload.shape)
-    too_long = [length for length in space.seq_lens if length > _max_positions(spec)]
+    too_long = [length for length in space.seq_lens if length > spec.max_positions]
     if too_long:
-        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {_max_positions(spec)} positions")
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {spec.max_positions} positions")
 
     trials = args.trials or max(4, space.size // 3)
     total = space.size if args.search == "grid" else min(trials, space.size)
@@ -179,11 +179,6 @@ def warmup_extra_seconds(rows: list[dict[str, Any]], warmup_steps: int) -> float
         max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"]) for row in rows if row["status"] == "ok" and row.get("warmup_seconds") is not None
     ]
     return statistics.median(extras) if extras else 0.0
-
-
-def _max_positions(spec: Any) -> int:
-    config = spec.config_dict
-    return int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
 
 
 def _write_report(path: Any) -> Any:

@@ -28,6 +28,26 @@ def parse_duration(text: str, what: str = "duration") -> float:
     return seconds
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--deadline -5m` as `--deadline=-5m`: argparse takes a value that starts with '-' for an
+    option and answers "expected one argument"; joined, the option's own check names the problem."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        following = argv[index + 1] if index + 1 < len(argv) else None
+        if token.startswith("--") and "=" not in token and following is not None and _NEGATIVE_VALUE.match(following):
+            joined.append(f"{token}={following}")
+            index += 2
+            continue
+        joined.append(token)
+        index += 1
+    return joined
+
+
 def format_duration(seconds: float) -> str:
     """`1h02m`, `3m20s`, `12.5s`: short and exact enough for a plan."""
     if not math.isfinite(seconds):

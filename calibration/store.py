@@ -107,7 +107,7 @@ def resolve_calibration(reference: str, on_skip: Callable[[str], None] | None = 
                 on_skip(f"skipped {path} (newer, but unreadable: {error}); {using}")
         if chosen is not None:
             return chosen
-        raise BenchtrainError(f"no usable calibration in {calibrations_dir()}: run `bench run` first")
+        raise BenchtrainError(f"no calibration in {calibrations_dir()} can be used: run `bench run` first")
     as_path = Path(reference).expanduser()
     if as_path.suffix == ".json" or "/" in reference:
         if not as_path.is_file():

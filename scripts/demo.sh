@@ -2,6 +2,10 @@
 # The main job, end to end: measure → plan → train → report, on the built-in tiny model and the
 # bundled sample data (CPU when there is no GPU). Everything lands in $BENCHTRAIN_HOME
 # (default: ./.benchtrain here, so the demo leaves your ~/.benchtrain alone).
+#
+# It always completes: when the measured plan does not fit the deadline (a slow or busy
+# machine), `--fit-deadline` trains as many steps as fit, says so, and the report is still written.
+# Override the benchmark budget and the training deadline: BUDGET=5m DEADLINE=10m bash scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,7 +17,7 @@ echo "== 1/3 bench: measuring the training step (budget $BUDGET) =="
 .venv/bin/bench run --budget "$BUDGET"
 echo
 echo "== 2/3 train: planning to a $DEADLINE deadline with the measured calibration, then training =="
-.venv/bin/train --use-calibration latest --data sample --deadline "$DEADLINE" --epochs 1
+.venv/bin/train --use-calibration latest --data sample --deadline "$DEADLINE" --epochs 1 --fit-deadline
 echo
 echo "== 3/3 report =="
 run_dir=$(ls -dt "$BENCHTRAIN_HOME"/runs/*/ | head -n 1)

@@ -17,6 +17,12 @@ EXAMPLES = """examples:
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h
+
+exit codes:
+  0  trained (or, with --dry-run, the plan fits the deadline)
+  2  bad input: one line says what and how to fix it
+  3  the plan does not fit the deadline (with --dry-run too); the line lists options, or use --fit-deadline
+  130 interrupted (SIGINT/SIGTERM): a checkpoint was saved, continue with --resume
 """
 SAMPLES = {"sample": "sample.jsonl", "sample-chat": "sample_chat.jsonl"}
 
@@ -84,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    args = build_parser().parse_args(argv)
+    from calibration.durations import join_negative_values
+
+    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     from train.session import run_training
 
     return run_training(args, started)
@@ -108,7 +116,14 @@ def say(message: str) -> None:
 
 
 def entry_point() -> None:
-    sys.exit(guard_cli(main))
+    code = guard_cli(main)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Everything is written and every rank has finished (train.runtime.finish_together): leave
+        # without running gloo's process-group destructors, which can deadlock on the GIL.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

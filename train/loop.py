@@ -289,7 +289,6 @@ class TrainingRun:
         finally:
             if progress is not None:
                 progress.close()
-        self._leave_process_group()
         return LoopOutcome(
             status=status,
             steps=position.step,
@@ -307,16 +306,6 @@ class TrainingRun:
         )
 
     # -- helpers ----------------------------------------------------------------------------
-    def _leave_process_group(self) -> None:
-        """All ranks finish together and close the process group; a rank that just exits while
-        another still saves can abort inside the collective backend."""
-        if self.accelerator.num_processes > 1:
-            import torch.distributed as dist
-
-            self.accelerator.wait_for_everyone()
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
     @staticmethod
     def _remaining_predicted(position: Position, elapsed_predicted: list[float], step_index: int, limit: int) -> float:
         """Predicted seconds of the steps still to run (this epoch's rest + later epochs), from the

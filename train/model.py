@@ -31,6 +31,12 @@ class ModelSpec:
         return self.directory is not None and any((self.directory / f).is_file() for f in WEIGHT_FILES)
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence the architecture accepts (its position table)."""
+        config = self.config_dict
+        return int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
+
+    @property
     def fingerprint(self) -> str:
         """Hash of the full architecture config (defaults filled in by transformers), so a preset
         and a saved folder of the same architecture share calibrations."""

@@ -23,7 +23,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",
         f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
-        f"{'packed rows' if plan.packing else 'samples'}; {c.optimizer_steps:,} optimizer steps",
+        f"{'packed rows' if plan.packing else 'samples'}; {c.optimizer_steps:,} optimizer steps"
+        + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  estimate {format_duration(c.total_seconds)} (bounds {format_duration(c.total_seconds_low)} – "
         f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints and report",
@@ -31,7 +32,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin)",
         f"  deadline: {format_duration(plan.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
-        f"and time already spent; upper bound {'fits' if plan.meets_deadline else 'DOES NOT fit'}",
+        f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
+        f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",
         f"  naive estimate (samples × mean tokens / best measured tokens/s): {format_duration(plan.naive_seconds)}",
     ]
     if plan.cost is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import BenchtrainError
+from calibration.errors import BenchtrainError, DeadlineError
 from calibration.fit import Config
 from calibration.model import Calibration
 from train.batching import (
@@ -31,8 +31,11 @@ from train.batching import (
 from train.data import TokenizedData, truncation
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
+# Share of samples each priority keeps whole (1 - the share it may truncate).
 COVERAGE = {"quality": 1.0}
 DEFAULT_COVERAGE = 0.995
+# A length chosen beyond the calibrated ones is rounded up to a multiple of this.
+LENGTH_GRANULE = 64
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
@@ -54,6 +57,10 @@ class PlanRequest:
     max_steps: int | None = None
     fit_deadline: bool = False
     seed: int = 0
+    max_positions: int | None = None  # the model's position table: no length beyond it
+    completed_steps: int = 0  # --resume: optimizer steps the interrupted run already did
+    # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length.
+    configuration: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -64,6 +71,8 @@ class PlanRequest:
             raise BenchtrainError(f"--effective-batch must be a positive integer, got {self.effective_batch}")
         if self.max_steps is not None and self.max_steps < 1:
             raise BenchtrainError(f"--max-steps must be a positive integer, got {self.max_steps}")
+        if self.completed_steps < 0:
+            raise BenchtrainError(f"completed steps must be non-negative, got {self.completed_steps}")
 
 
 @dataclass
@@ -73,13 +82,15 @@ class Candidate:
     num_workers: int
     max_length: int
     world_size: int
-    optimizer_steps: int = 0
+    optimizer_steps: int = 0  # the run's target (all of it, resumed or not)
+    remaining_steps: int = 0  # what this command still runs: the estimate covers these
     micro_batches: int = 0
     step_seconds: float = 0.0  # training steps only, predicted
     overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
     total_seconds: float = 0.0
     total_seconds_low: float = 0.0
     total_seconds_high: float = 0.0
+    total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
     tokens: int = 0  # real tokens trained on
     padded_tokens: int = 0  # positions computed, padding included
     peak_memory_bytes: float | None = None
@@ -117,6 +128,7 @@ class Plan:
     bound_fraction: float
     notes: list[str]
     cost: float | None
+    warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +145,7 @@ class Plan:
             "step_limit": self.step_limit,
             "bound_fraction": self.bound_fraction,
             "notes": self.notes,
+            "warnings": self.warnings,
             "cost": self.cost,
         }
 
@@ -177,29 +190,49 @@ def real_tokens(data: TokenizedData, max_length: int) -> int:
     return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())
 
 
-def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str]]:
+def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
+    """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
+    limit on the real token profile: the smallest calibrated length that covers it, else a longer
+    one (extrapolated, and said so); only the model's position table can stop that, loudly."""
     calibrated = calibration.measured_values("seq_len")
     notes: list[str] = []
+    warnings: list[str] = []
+    coverage = COVERAGE.get(request.priority, DEFAULT_COVERAGE)
     if isinstance(request.max_length, int):
         if request.max_length < 1:
             raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
         if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
             notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates")
-        return [request.max_length], notes
+        if not data.packing:
+            cut = truncation(data.lengths, request.max_length)
+            if cut["share_truncated"] > 1 - coverage + 1e-12:
+                warnings.append(
+                    f"--max-length {request.max_length} truncates {cut['share_truncated']:.1%} of samples, more than {request.priority} allows "
+                    f"({1 - coverage:.1%}); --max-length auto keeps them"
+                )
+        return [request.max_length], notes, warnings
     if data.packing:
         # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
-        return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes
-    coverage = COVERAGE.get(request.priority, DEFAULT_COVERAGE)
+        return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
     ordered = sorted(data.lengths)
     needed = ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
     covering = [length for length in calibrated if length >= needed]
     if covering:
-        return [covering[0]], notes
-    notes.append(
-        f"no calibrated length covers {coverage:.1%} of samples ({needed} tokens); using {calibrated[-1]}: "
-        f"calibrate longer lengths with `bench run --seq-lens` to avoid truncation"
+        return [covering[0]], notes, warnings
+    limit = request.max_positions or math.inf
+    length = min(-(-needed // LENGTH_GRANULE) * LENGTH_GRANULE, limit)
+    if length >= needed:
+        notes.append(
+            f"max length {length} covers {coverage:.1%} of samples ({needed} tokens) but is longer than any calibrated length "
+            f"({calibrated[-1]}): the estimate extrapolates; `bench run --seq-lens {calibrated[-1]},{length}` measures it"
+        )
+        return [int(length)], notes, warnings
+    cut = truncation(data.lengths, int(length))
+    warnings.append(
+        f"the model accepts at most {int(limit)} tokens, so {cut['share_truncated']:.1%} of samples are truncated "
+        f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
     )
-    return [calibrated[-1]], notes
+    return [int(length)], notes, warnings
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
@@ -257,11 +290,15 @@ def evaluate(
         batch_count = sum(counts.values())
         micro_batches += batch_count
         steps += math.ceil(batch_count / accum)
-    fraction_run = 1.0
-    if request.max_steps is not None and request.max_steps < steps:
-        fraction_run = request.max_steps / steps
-        steps = request.max_steps
-    candidate.optimizer_steps = steps
+    # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
+    # are shuffled, so a share of the steps is that share of every batch shape.
+    target = min(steps, request.max_steps) if request.max_steps is not None else steps
+    remaining = target - request.completed_steps
+    if remaining < 1:
+        raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
+    fraction_run = remaining / steps
+    candidate.optimizer_steps = target
+    candidate.remaining_steps = remaining
     candidate.micro_batches = round(micro_batches * fraction_run)
     candidate.step_seconds = step_seconds * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
@@ -271,6 +308,7 @@ def evaluate(
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
+    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound) + candidate.overhead_seconds
     prediction = calibration.predict(micro_batch_size=micro, seq_len=length, grad_accum=accum, num_workers=workers)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
@@ -299,32 +337,38 @@ def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, 
 
 def make_plan(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> Plan:
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, len(data.lengths) // 4))
-    lengths, notes = choose_lengths(calibration, data, request)
-    pairs = batch_sizes_for(calibration, effective_batch, request.world_size)
-    if not pairs:
-        raise BenchtrainError(
-            f"no calibrated micro batch size divides --effective-batch {effective_batch} "
-            f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
-        )
-    workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+    warnings = noise_warnings(calibration)
+    if request.configuration is not None:
+        # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
+        fixed = request.configuration
+        lengths, notes = [fixed["max_length"]], []
+        options = [(fixed["micro_batch_size"], fixed["grad_accum"], fixed["num_workers"])]
+    else:
+        lengths, notes, length_warnings = choose_lengths(calibration, data, request)
+        warnings += length_warnings
+        pairs = batch_sizes_for(calibration, effective_batch, request.world_size)
+        if not pairs:
+            raise BenchtrainError(
+                f"no calibrated micro batch size divides --effective-batch {effective_batch} "
+                f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
+            )
+        workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+        options = [(micro, accum, worker_count) for micro, accum in pairs for worker_count in workers]
     cache: ShapeCache = {}
     candidates = [
-        evaluate(calibration, data, request, micro, accum, worker_count, length, cache)
-        for length in lengths
-        for micro, accum in pairs
-        for worker_count in workers
+        evaluate(calibration, data, request, micro, accum, worker_count, length, cache) for length in lengths for micro, accum, worker_count in options
     ]
-    feasible = [c for c in candidates if c.fits_in_memory] or []
+    feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
         raise BenchtrainError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
     available = request.deadline_seconds * (1 - request.margin_fraction) - request.elapsed_seconds
     step_limit = request.max_steps
-    if chosen.total_seconds_high > available and request.fit_deadline:
+    if chosen.total_seconds_promised > available and request.fit_deadline:
         chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available)
         notes.append(f"--fit-deadline: limited to {step_limit} optimizer steps so the run ends in time")
-    meets = chosen.total_seconds_high <= available
+    meets = chosen.total_seconds_promised <= available
     cost = chosen.total_seconds / 3600 * request.price_per_hour if request.price_per_hour else None
     return Plan(
         chosen=chosen,
@@ -341,7 +385,22 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         bound_fraction=calibration.relative_bound,
         notes=notes,
         cost=cost,
+        warnings=warnings,
     )
+
+
+def noise_warnings(calibration: Calibration) -> list[str]:
+    """What the calibration's own error says about this plan, out loud."""
+    warnings = []
+    noise = calibration.data.get("noise") or {}
+    if noise.get("message"):
+        warnings.append(f"calibration {calibration.id}: {noise['message']}")
+    if calibration.too_noisy_to_bound:
+        warnings.append(
+            f"the calibration's 90th-percentile error ({calibration.relative_bound:.0%}) is too large to promise a finish time: the deadline "
+            "is checked against the central estimate, not an upper bound; the deadline guard still stops the run in time if it is slower"
+        )
+    return warnings
 
 
 def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
@@ -358,25 +417,30 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 
 
 def shrink_to_deadline(calibration: Calibration, data: TokenizedData, request: PlanRequest, chosen: Candidate, available: float) -> tuple[Candidate, int]:
-    per_step_high = chosen.step_seconds * (1 + calibration.relative_bound) / max(1, chosen.optimizer_steps)
-    steps = math.floor((available - chosen.overhead_seconds) / per_step_high) if per_step_high > 0 else 0
+    """The same configuration with as many steps as fit: counted after the steps a resumed run
+    already did, so the limit is the run's total."""
+    per_step = chosen.step_seconds * (1 + calibration.promised_bound) / max(1, chosen.remaining_steps)
+    steps = math.floor((available - chosen.overhead_seconds) / per_step) if per_step > 0 else 0
     if steps < 1:
-        raise BenchtrainError("--fit-deadline: not even one optimizer step fits before the deadline")
-    limited = PlanRequest(**{**asdict(request), "max_steps": steps})
+        raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
+    limit = request.completed_steps + steps
+    limited = PlanRequest(**{**asdict(request), "max_steps": limit})
     candidate = evaluate(calibration, data, limited, chosen.micro_batch_size, chosen.grad_accum, chosen.num_workers, chosen.max_length)
-    return candidate, steps
+    return candidate, limit
 
 
 def deadline_options(plan: Plan) -> str:
     """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length."""
     chosen = plan.chosen
-    per_epoch_high = (chosen.total_seconds_high - chosen.overhead_seconds) / plan.epochs
+    promised_steps = chosen.total_seconds_promised - chosen.overhead_seconds
+    per_epoch = promised_steps / plan.epochs
     room = plan.available_seconds - chosen.overhead_seconds
     options = []
-    if per_epoch_high > 0 and room > 0:
-        options.append(f"--epochs {max(0.01, math.floor(room / per_epoch_high * 100) / 100):g}")
-        per_step = (chosen.total_seconds_high - chosen.overhead_seconds) / max(1, chosen.optimizer_steps)
-        options.append(f"--max-steps {max(1, math.floor(room / per_step))}")
+    if per_epoch > 0 and room > 0:
+        options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
+        per_step = promised_steps / max(1, chosen.remaining_steps)
+        done = chosen.optimizer_steps - chosen.remaining_steps
+        options.append(f"--max-steps {done + max(1, math.floor(room / per_step))}")
     options.append("a shorter --max-length")
     options.append("--fit-deadline to cut the steps automatically")
     return ", ".join(options)

@@ -7,6 +7,7 @@ fused AdamW, pinned DataLoader memory. CPU: fp32, plain AdamW.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 DEFAULT_LEARNING_RATE = 3e-4
@@ -56,6 +57,34 @@ def agree(accelerator: Any, value: int, operation: str = "max") -> int:
     tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN if operation == "min" else dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+FINISH_KEY = "benchtrain/finished"
+FINISH_TIMEOUT_SECONDS = 600.0
+
+
+def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
+    """Wait until every process of a multi-process run gets here, through the launcher's
+    rendezvous store rather than a collective.
+
+    Why not a gloo/NCCL barrier: a barrier right before the process group is torn down leaves a
+    collective's work object being destroyed in gloo's worker thread, which needs the GIL, while
+    the main thread (holding the GIL) joins that thread in ~ProcessGroupGloo: a deadlock seen as a
+    rank that never exits. The store involves no worker thread. Multi-process commands then leave
+    with os._exit (train.cli.entry_point), so the process group is never destroyed under the GIL."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    store.add(FINISH_KEY, 1)
+    waited_from = time.monotonic()
+    while store.add(FINISH_KEY, 0) < dist.get_world_size():
+        if time.monotonic() - waited_from > timeout_seconds:
+            raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
+        time.sleep(0.05)
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -16,6 +16,22 @@ from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.cli import is_main_process, resolve_data_path, say
 
+# What a resumed run keeps from the interrupted one: the same batches in the same order.
+RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length")
+
+
+def completed_steps(out_dir: Path) -> int:
+    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint (0 if none)."""
+    from train.checkpoint import META_FILE, list_checkpoints
+
+    found = list_checkpoints(out_dir / "checkpoints")
+    if not found:
+        raise BenchtrainError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
+    try:
+        return int(json.loads((found[-1] / META_FILE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise BenchtrainError(f"--resume: cannot read {found[-1] / META_FILE} ({error})") from None
+
 
 def parse_max_length(value: str) -> int | str:
     if str(value).lower() == "auto":
@@ -66,7 +82,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.data import length_profile, load_tokenized
     from train.hardware import detect_hardware
     from train.model import resolve_model
-    from train.planner import PlanRequest, deadline_options, evaluate, make_plan
+    from train.planner import PlanRequest, deadline_options, make_plan
     from train.tokenizer import load_tokenizer
 
     spec = resolve_model(args.model)
@@ -87,6 +103,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
     previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
+    completed = completed_steps(out_dir) if previous else 0
     request = PlanRequest(
         epochs=previous["plan"]["epochs"] if previous else args.epochs,
         deadline_seconds=checked["deadline"],
@@ -102,23 +119,27 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         max_steps=args.max_steps,
         fit_deadline=args.fit_deadline,
         seed=args.seed,
+        max_positions=spec.max_positions,
+        completed_steps=completed,
+        configuration={key: previous["plan"][key] for key in RESUMED_CONFIGURATION} if previous else None,
     )
     plan = make_plan(cal, data, request)
-    if previous:
-        # The interrupted run's configuration (same batches, same data order), estimated anew.
-        p = previous["plan"]
-        plan.chosen = evaluate(cal, data, request, p["micro_batch_size"], p["grad_accum"], p["num_workers"], p["max_length"])
     from train.plan_text import describe_plan
 
     if is_main_process():
+        if previous:
+            print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
-    if args.dry_run:
-        return EXIT_OK
+        for warning in plan.warnings:
+            say(f"warning: {warning}")
     if not plan.meets_deadline and not args.resume:
+        # A dry run ends the same way the real run would, so a script can tell.
         raise DeadlineError(
-            f"the plan needs up to {format_duration(plan.chosen.total_seconds_high)} but only "
+            f"the plan needs up to {format_duration(plan.chosen.total_seconds_promised)} but only "
             f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
         )
+    if args.dry_run:
+        return EXIT_OK
 
     from train.record import write_run
 
@@ -126,12 +147,15 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     if is_main_process():
         write_run(out_dir, record)
     outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
-    if not is_main_process():
-        return EXIT_OK
-    report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
-    from train.plan_text import describe_outcome
+    if is_main_process():
+        report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
+        from train.plan_text import describe_outcome
 
-    print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+        print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+    from train.runtime import finish_together
+
+    # Every rank waits until rank 0 has written everything: none exits while another still works.
+    finish_together()
     return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
 
 
