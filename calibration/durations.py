@@ -14,13 +14,15 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 def parse_duration(text: str, what: str = "duration") -> float:
     """Seconds in `text`; raises a one-line error for anything else, zero and negatives included."""
     cleaned = str(text).strip().lower().replace(" ", "")
+    # A sign is read (so that -5m is "not positive" rather than "not a duration").
+    sign, body = (-1.0, cleaned[1:]) if cleaned.startswith("-") else (1.0, cleaned)
     seconds: float | None = None
     try:
         seconds = float(cleaned)
     except ValueError:
-        parts = _PART.findall(cleaned)
-        if parts and "".join(number + unit for number, unit in parts) == cleaned:
-            seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+        parts = _PART.findall(body)
+        if parts and "".join(number + unit for number, unit in parts) == body:
+            seconds = sign * sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
     if seconds is None or not math.isfinite(seconds):
         raise BenchtrainError(f"{what} {text!r} is not a duration: write e.g. 90s, 15m, 12h, 1h30m or plain seconds")
     if seconds <= 0:

@@ -76,21 +76,29 @@ def make_run(
     )
 
 
+# The step is slowed far below the calibration's prediction (0.3 s of sleep per step), so the run
+# cannot finish its ~100 steps; the deadline leaves room for a slow model build on a busy machine.
+SLOW_STEP_SECONDS = 0.3
+GUARD_DEADLINE_SECONDS = 12.0
+
+
 def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=6.0, hook=lambda step: time.sleep(0.15))
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS))
     outcome = run.run()
     elapsed = time.monotonic() - run.settings.started_at  # the deadline counts from the command's start
     assert outcome.status == "stopped_for_deadline"
-    assert elapsed < 6.0, elapsed
+    assert elapsed < GUARD_DEADLINE_SECONDS, elapsed
     assert outcome.steps > 3
     assert outcome.last_checkpoint and Path(outcome.last_checkpoint).is_dir()
     assert any("passes the deadline" in event for event in outcome.events)
 
 
 def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=5.0, hook=lambda step: time.sleep(0.15), on_overrun="shrink")
+    run = make_run(
+        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS), on_overrun="shrink"
+    )
     outcome = run.run()
-    assert time.monotonic() - run.settings.started_at < 5.0
+    assert time.monotonic() - run.settings.started_at < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
 
 
