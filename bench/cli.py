@@ -11,12 +11,14 @@ import sys
 from typing import Any
 
 from calibration.errors import EXIT_OK, guard_cli
+from train.method import add_method_arguments
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
   bench run --gpu h100 --model llama-3.2-1b         # a 1B-class shape on an H100
   bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
   bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
+  bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
   bench run --data train.jsonl --model ./my-model   # real tokens from your data
 
 exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default="tiny",
         metavar="PRESET|DIR",
-        help="preset (tiny, gpt2, llama-3.2-1b, llama-3-8b, qwen2.5-7b, mistral-7b) or a folder with config.json (default: tiny)",
+        help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b) or a folder with config.json (default: tiny)",
     )
     run.add_argument(
         "--tokenizer",
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")
     run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")
     run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
+    run.add_argument("--checkpointing", metavar="off,on", help="gradient checkpointing modes to measure, e.g. off,on (default: off)")
+    add_method_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
     run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
     run.add_argument("--budget", metavar="DURATION", help="bound the whole benchmark: 150s, 10m, 1h (default: the whole space)")

@@ -23,6 +23,7 @@ from bench.space import ProbeConfig
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
 from train.checkpoint import save_checkpoint
 from train.data import TokenizedData
+from train.method import MethodConfig, method_record, set_gradient_checkpointing
 from train.model import ModelShape, ModelSpec, build_model, model_shape
 from train.runtime import is_out_of_memory, make_accelerator, make_optimizer, pin_memory
 from train.step import TrainingStep
@@ -47,15 +48,18 @@ class ProbeSettings:
 class Workload:
     """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
 
-    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None) -> None:
+    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None) -> None:
         import torch
 
         started = time.perf_counter()
         self.spec = spec
         self.data = data
+        self.method = method or MethodConfig()
         self.accelerator = make_accelerator()
-        model = build_model(spec, self.accelerator.device)
+        model = build_model(spec, self.accelerator.device, self.method)
         self.shape: ModelShape = model_shape(model)
+        self.training = method_record(self.method, model)
+        self.checkpointing = False
         self.vocab_size = int(model.config.vocab_size)
         optimizer = make_optimizer(model)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
@@ -68,6 +72,14 @@ class Workload:
     @property
     def device(self) -> Any:
         return self.accelerator.device
+
+    def set_checkpointing(self, enabled: bool) -> None:
+        if enabled != self.checkpointing:
+            set_gradient_checkpointing(self.model, enabled)
+            self.checkpointing = enabled
+
+    def flops_per_token(self, config: ProbeConfig) -> float:
+        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=bool(config.gradient_checkpointing))
 
     def batches(self, config: ProbeConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
@@ -90,6 +102,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     """A measurement row (status ok / oom / error) for one configuration."""
     row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
     started = time.perf_counter()
+    workload.set_checkpointing(bool(config.gradient_checkpointing))
     steps_needed = settings.warmup_steps + settings.max_steps
     loader = make_loader(workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory)
     iterator = iter(loader)
@@ -137,7 +150,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         peak_memory_bytes=int(memory.peak_bytes),
         timed_steps=len(step_seconds),
         load_average=machine_load(),
-        mfu=(tokens_per_second * workload.shape.flops_per_token(config.seq_len) / peak_flops) if peak_flops else None,
+        mfu=(tokens_per_second * workload.flops_per_token(config) / peak_flops) if peak_flops else None,
     )
     return row
 

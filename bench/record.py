@@ -25,6 +25,7 @@ def build_calibration(
     overheads: dict[str, float],
     data: dict[str, Any] | None,
     warnings: list[str],
+    training: dict[str, Any] | None = None,
     created: datetime | None = None,
 ) -> dict[str, Any]:
     created = created or datetime.now(timezone.utc)
@@ -35,6 +36,7 @@ def build_calibration(
         "hardware": hardware,
         "software": software,
         "model": model,
+        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
         "requested_device": requested_device,
         "data": data,
         "search": {

@@ -7,9 +7,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list
+from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_OK, BenchtrainError, MeasurementError
+from train.method import method_from_args
 
 
 def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
@@ -18,6 +19,7 @@ def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSp
         parse_int_list(args.workers, "--workers", minimum=0) if args.workers is not None else defaults.workers,
         parse_int_list(args.accum, "--accum") if args.accum is not None else defaults.accums,
         parse_int_list(args.seq_lens, "--seq-lens") if args.seq_lens is not None else defaults.seq_lens,
+        parse_switch_list(args.checkpointing, "--checkpointing") if args.checkpointing is not None else defaults.checkpointing,
     )
 
 
@@ -25,6 +27,7 @@ def validate_args(args: argparse.Namespace) -> float | None:
     """Check everything that needs no torch first, so bad input fails fast. Returns the budget."""
     # Parse list options now (against dummy defaults) to fail before any heavy import.
     space_from_args(args, SearchSpace((1,), (0,), (1,), (1,)))
+    method_from_args(args)
     if args.trials is not None and args.trials < 1:
         raise BenchtrainError(f"--trials must be a positive integer, got {args.trials}")
     if args.max_probe_seconds is not None and args.max_probe_seconds <= 0:
@@ -39,6 +42,7 @@ def run_command(args: argparse.Namespace) -> int:
     from train.model import resolve_model
 
     spec = resolve_model(args.model)
+    method = method_from_args(args)
     writable_subdir("calibrations")
 
     from bench.probe import ProbeSettings, Workload, run_probe
@@ -50,6 +54,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     hardware = detect_hardware()
     load_before = _load_average()
+    from train.memory_check import check_fits
+
+    check_fits(spec, method, hardware)  # seconds, before anything is built: a too-big model is one line
     warnings: list[str] = []
     mismatch = requested_mismatch(args.gpu, hardware)
     if mismatch:
@@ -67,8 +74,9 @@ def run_command(args: argparse.Namespace) -> int:
         data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
 
     _say(f"building {spec.name} on {hardware['name']} …")
-    workload = Workload(spec, tokenized)
+    workload = Workload(spec, tokenized, method)
     model = model_record(spec, workload.shape)
+    _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     too_long = [length for length in space.seq_lens if length > spec.max_positions]
     if too_long:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {spec.max_positions} positions")
@@ -128,6 +136,7 @@ def run_command(args: argparse.Namespace) -> int:
         overheads=overheads,
         data=data_record,
         warnings=warnings,
+        training=workload.training,
     )
     record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
     if record["fit"] is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.drift import REFERENCE_EVERY, correct_for_drift, reference_config
 from bench.remeasure import remeasure
-from bench.space import ProbeConfig, SearchSpace, budget_order, ruled_out_by
+from bench.space import DIMENSIONS, ProbeConfig, SearchSpace, budget_order, ruled_out_by
 
 ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
 # Keep a little of the budget for fitting and writing the calibration.
@@ -73,7 +73,7 @@ class Prober:
         return row
 
     def again(self, row: dict[str, Any]) -> dict[str, Any]:
-        return self(ProbeConfig(row["micro_batch_size"], row["num_workers"], row["grad_accum"], row["seq_len"]))
+        return self(ProbeConfig.of(row))
 
 
 def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None, reference_every: int | None = REFERENCE_EVERY) -> BenchResult:
@@ -180,7 +180,7 @@ def run_optuna(
     )
     distributions = {
         dimension: CategoricalDistribution(list(values))
-        for dimension, values in zip(("micro_batch_size", "num_workers", "grad_accum", "seq_len"), space.values(), strict=True)
+        for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
     }
     done: dict[ProbeConfig, dict[str, Any]] = {}
     for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from calibration.errors import BenchtrainError
@@ -14,6 +15,7 @@ class ProbeConfig:
     num_workers: int
     grad_accum: int
     seq_len: int
+    gradient_checkpointing: int = 0  # 0 off, 1 on (an int, like every other dimension)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -21,10 +23,15 @@ class ProbeConfig:
             "num_workers": self.num_workers,
             "grad_accum": self.grad_accum,
             "seq_len": self.seq_len,
+            "gradient_checkpointing": self.gradient_checkpointing,
         }
 
+    @classmethod
+    def of(cls, row: dict[str, int]) -> ProbeConfig:
+        return cls(*(int(row.get(name, 0)) for name in DIMENSIONS))
 
-DIMENSIONS = ("micro_batch_size", "num_workers", "grad_accum", "seq_len")
+
+DIMENSIONS = ("micro_batch_size", "num_workers", "grad_accum", "seq_len", "gradient_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -33,13 +40,14 @@ class SearchSpace:
     workers: tuple[int, ...]
     accums: tuple[int, ...]
     seq_lens: tuple[int, ...]
+    checkpointing: tuple[int, ...] = (0,)
 
     def values(self) -> tuple[tuple[int, ...], ...]:
-        return (self.batch_sizes, self.workers, self.accums, self.seq_lens)
+        return (self.batch_sizes, self.workers, self.accums, self.seq_lens, self.checkpointing)
 
     @property
     def size(self) -> int:
-        return len(self.batch_sizes) * len(self.workers) * len(self.accums) * len(self.seq_lens)
+        return math.prod(len(axis) for axis in self.values())
 
     def all_configs(self) -> list[ProbeConfig]:
         return [ProbeConfig(*combo) for combo in itertools.product(*self.values())]
@@ -50,13 +58,15 @@ class SearchSpace:
             "workers": list(self.workers),
             "accums": list(self.accums),
             "seq_lens": list(self.seq_lens),
+            "checkpointing": list(self.checkpointing),
         }
 
 
 def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
     """Small on CPU; on a GPU, larger batches and sequences (more with more memory)."""
     if device_type == "cpu":
-        return SearchSpace((1, 2, 4, 8), (0, 1, 2), (1, 2), (64, 128, 256))
+        # 48 configurations: a 150 s budget covers them on a busy 2-core machine.
+        return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
     big = memory_bytes >= 60 * 2**30
     return SearchSpace(
         (1, 2, 4, 8, 16) if big else (1, 2, 4, 8),
@@ -111,8 +121,8 @@ def _extend_farthest(order: list[ProbeConfig], pool: list[ProbeConfig], position
         remaining.remove(best)
 
 
-def _tuple(config: ProbeConfig) -> tuple[int, int, int, int]:
-    return (config.micro_batch_size, config.num_workers, config.grad_accum, config.seq_len)
+def _tuple(config: ProbeConfig) -> tuple[int, ...]:
+    return tuple(getattr(config, name) for name in DIMENSIONS)
 
 
 def _unit(index: int, count: int) -> float:
@@ -124,8 +134,22 @@ def _distance2(a: tuple[float, ...], b: tuple[float, ...]) -> float:
 
 
 def ruled_out_by(config: ProbeConfig, oom_configs: list[ProbeConfig]) -> ProbeConfig | None:
-    """The OOM probe that makes `config` pointless: as large a batch at as long a sequence."""
+    """The OOM probe that makes `config` pointless: as large a batch at as long a sequence, keeping
+    at least as many activations (checkpointing off needs more memory than on)."""
     for oom in oom_configs:
-        if config.micro_batch_size >= oom.micro_batch_size and config.seq_len >= oom.seq_len:
+        keeps_as_much = config.gradient_checkpointing <= oom.gradient_checkpointing
+        if config.micro_batch_size >= oom.micro_batch_size and config.seq_len >= oom.seq_len and keeps_as_much:
             return oom
     return None
+
+
+def parse_switch_list(text: str, option: str) -> tuple[int, ...]:
+    """`off,on` (or 0,1, false,true) as a sorted tuple of 0/1, or a one-line error."""
+    words = {"off": 0, "0": 0, "false": 0, "no": 0, "on": 1, "1": 1, "true": 1, "yes": 1}
+    values = []
+    for part in str(text).split(","):
+        key = part.strip().lower()
+        if key not in words:
+            raise BenchtrainError(f"{option}: {part.strip()!r} is not on or off (write e.g. {option} off,on)")
+        values.append(words[key])
+    return tuple(sorted(set(values)))

@@ -9,6 +9,7 @@ MEASUREMENT_COLUMNS = (
     ("num_workers", "workers", "{:d}"),
     ("grad_accum", "accum", "{:d}"),
     ("seq_len", "seq_len", "{:d}"),
+    ("gradient_checkpointing", "ckpt", "{:d}"),
     ("tokens_per_second", "tokens/s", "{:,.0f}"),
     ("step_seconds", "step s", "{:.4f}"),
     ("mfu", "MFU", "{:.1%}"),

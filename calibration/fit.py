@@ -10,6 +10,8 @@ Throughput. The time of one micro-step (one forward + backward of `micro_batch_s
       + serial_data    * B*S*[W=0] batches built in the training process itself
       + worker_supply  * B*S/W     batches built by W worker processes (supply rate per worker)
       + per_worker     * W         each worker process competes for CPU and memory bandwidth
+      + recompute_per_token * B*S*[C]     gradient checkpointing: the forward pass again, per token
+      + recompute_attention * B*S*S*[C]   ... and its attention part ([C] = 1 with checkpointing)
 
 fitted by non-negative least squares on relative error, so every term stays physical and the
 model extrapolates sensibly from few probes. Each probe also measures how long the step waited for
@@ -19,7 +21,9 @@ the physical model's log-residuals, shrunk to zero away from the data) is fitted
 has the lower cross-validated error is used, and the calibration says which and why.
 
 Memory. Peak memory = static (weights, gradients, optimizer state, workspace)
-+ per_token * B*S (activations) + attention * B*S*S, fitted the same way.
++ per_token * B*S (activations) + attention * B*S*S without checkpointing, or
++ per_token_checkpointed * B*S + attention_checkpointed * B*S*S with it (layer inputs kept, the
+rest recomputed), fitted the same way. Both modes' terms come from probes of that mode only.
 
 Honest error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s
 and of peak memory, median and 90th percentile.
@@ -43,8 +47,10 @@ THROUGHPUT_TERMS = (
     "serial_data",
     "worker_supply",
     "per_worker",
+    "recompute_per_token",
+    "recompute_attention",
 )
-MEMORY_TERMS = ("static", "per_token", "attention")
+MEMORY_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed")
 MAX_FOLDS = 10
 
 
@@ -54,11 +60,13 @@ class Config:
     seq_len: int
     grad_accum: int
     num_workers: int
+    gradient_checkpointing: bool = False
 
 
 def throughput_features(config: Config) -> np.ndarray:
     tokens = config.micro_batch_size * config.seq_len
     workers = config.num_workers
+    recompute = 1.0 if config.gradient_checkpointing else 0.0
     return np.array(
         [
             1.0,
@@ -68,13 +76,16 @@ def throughput_features(config: Config) -> np.ndarray:
             tokens if workers == 0 else 0.0,
             tokens / workers if workers > 0 else 0.0,
             float(workers),
+            recompute * tokens,
+            recompute * tokens * config.seq_len,
         ]
     )
 
 
 def memory_features(config: Config) -> np.ndarray:
     tokens = config.micro_batch_size * config.seq_len
-    return np.array([1.0, tokens, tokens * config.seq_len])
+    kept = 0.0 if config.gradient_checkpointing else 1.0
+    return np.array([1.0, kept * tokens, kept * tokens * config.seq_len, (1 - kept) * tokens, (1 - kept) * tokens * config.seq_len])
 
 
 # Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.
@@ -145,6 +156,9 @@ class ResidualSmoother:
         return float((weights * self.log_residuals).sum() / (weights.sum() + self.prior_weight))
 
 
+SMOOTHER_DIMENSIONS = 5
+
+
 def residual_coordinates(config: Config) -> np.ndarray:
     return np.array(
         [
@@ -152,6 +166,8 @@ def residual_coordinates(config: Config) -> np.ndarray:
             math.log2(config.seq_len),
             math.log2(config.grad_accum),
             math.log2(1 + config.num_workers),
+            # Far apart: residuals of one checkpointing mode say little about the other.
+            2.0 if config.gradient_checkpointing else 0.0,
         ]
     )
 
@@ -389,7 +405,7 @@ def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
     if fit.get("smoother"):
         data = fit["smoother"]
         smoother = ResidualSmoother(
-            np.array(data["points"], dtype=float).reshape(-1, 4),
+            np.array(data["points"], dtype=float).reshape(-1, SMOOTHER_DIMENSIONS),
             np.array(data["log_residuals"], dtype=float),
             float(data["bandwidth"]),
             float(data.get("prior_weight", 0.5)),
@@ -407,4 +423,5 @@ def config_of(row: dict[str, Any]) -> Config:
         seq_len=int(row["seq_len"]),
         grad_accum=int(row["grad_accum"]),
         num_workers=int(row["num_workers"]),
+        gradient_checkpointing=bool(row.get("gradient_checkpointing", False)),
     )

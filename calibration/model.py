@@ -90,7 +90,12 @@ class Calibration:
         return [row for row in self.measurements if row["status"] == "oom"]
 
     def measured_values(self, name: str) -> list[int]:
-        return sorted({int(row[name]) for row in self.ok_rows()})
+        return sorted({int(row.get(name, 0)) for row in self.ok_rows()})
+
+    @property
+    def training(self) -> dict[str, Any]:
+        """What the probes trained: method (full or lora), adapter settings, trainable parameters."""
+        return self.data.get("training") or {"method": "full", "lora": None}
 
     # -- error and history ----------------------------------------------------------------
     @property
@@ -152,8 +157,8 @@ class Calibration:
         factor and corrected by what past runs measured."""
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
-    def predict(self, micro_batch_size: int, seq_len: int, grad_accum: int = 1, num_workers: int = 0) -> Prediction:
-        config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers))
+    def predict(self, micro_batch_size: int, seq_len: int, grad_accum: int = 1, num_workers: int = 0, gradient_checkpointing: bool = False) -> Prediction:
+        config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers), bool(gradient_checkpointing))
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum
@@ -187,9 +192,11 @@ class Calibration:
         return max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0)
 
     def fits_in_memory(self, config: Config) -> bool:
-        """No OOM at or below this size was seen, and the predicted peak plus margin fits."""
+        """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the
+        predicted peak plus margin fits."""
         for row in self.oom_rows():
-            if config.micro_batch_size >= row["micro_batch_size"] and config.seq_len >= row["seq_len"]:
+            leaner_or_same = bool(row.get("gradient_checkpointing", 0)) >= config.gradient_checkpointing
+            if config.micro_batch_size >= row["micro_batch_size"] and config.seq_len >= row["seq_len"] and leaner_or_same:
                 return False
         if self.memory is None:
             return True
@@ -197,7 +204,8 @@ class Calibration:
 
     def within_measured_range(self, config: Config) -> bool:
         ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
-        return all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
+        inside = all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
+        return inside and int(config.gradient_checkpointing) in self.measured_values("gradient_checkpointing")
 
     # -- words ----------------------------------------------------------------------------
     def explain(self) -> list[str]:
@@ -211,17 +219,28 @@ class Calibration:
             f"Data: {_seconds(p['serial_data'])} per token when the training process builds batches itself "
             f"(0 workers), {_seconds(p['worker_supply'])} per token divided by the workers otherwise, "
             f"{_seconds(p['per_worker'])} per micro-step per worker process (data terms fitted to the measured DataLoader wait).",
+            *(
+                [
+                    f"Gradient checkpointing recomputes for {_seconds(p['recompute_per_token'])} per token and "
+                    f"{_seconds(p['recompute_attention'] * 1000)} per 1000 tokens of attention context per token."
+                ]
+                if 1 in self.measured_values("gradient_checkpointing")
+                else []
+            ),
             f"Model used: {self.fit['kind']} ({self.fit.get('reason', 'no reason recorded')}).",
             f"Held-out tokens/s error over {error.get('count', 0)} probes: median "
             f"{_pct(error.get('median_abs_pct'))}, 90th percentile {_pct(error.get('p90_abs_pct'))}.",
         ]
         memory = self.fit.get("memory")
+        checkpointed = 1 in self.measured_values("gradient_checkpointing")
         if memory:
             m = memory["parameters"]
             memory_error = memory.get("held_out_error", {})
             lines.append(
                 f"Memory: {_bytes(m['static'])} static + {_bytes(m['per_token'])} per token "
-                f"+ {_bytes(m['attention'] * 1000)} per token per 1000 tokens of length; held-out error median "
+                f"+ {_bytes(m['attention'] * 1000)} per token per 1000 tokens of length"
+                + (f" ({_bytes(m['per_token_checkpointed'])} per token with gradient checkpointing)" if checkpointed else "")
+                + "; held-out error median "
                 f"{_pct(memory_error.get('median_abs_pct'))}, 90th percentile {_pct(memory_error.get('p90_abs_pct'))}; "
                 f"limit {_bytes(self.memory_limit_bytes)} with a {self.memory_margin:.0%} margin."
             )

@@ -13,10 +13,36 @@ from typing import Any
 
 from calibration.errors import CalibrationFileError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 knows what was trained (full or LoRA) and gradient checkpointing per probe.
+    Version 1 files measured full fine-tuning without checkpointing."""
+    data = dict(data)
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    data.setdefault("training", {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")})
+    for row in data.get("measurements") or []:
+        if isinstance(row, dict):
+            row.setdefault("gradient_checkpointing", 0)
+    fit = data.get("fit")
+    if isinstance(fit, dict):
+        if isinstance(fit.get("parameters"), dict):
+            fit["parameters"].setdefault("recompute_per_token", 0.0)
+            fit["parameters"].setdefault("recompute_attention", 0.0)
+        smoother = fit.get("smoother")
+        if isinstance(smoother, dict) and isinstance(smoother.get("points"), list):
+            smoother["points"] = [[*point, 0.0] if isinstance(point, list) and len(point) == 4 else point for point in smoother["points"]]
+        memory = fit.get("memory")
+        if isinstance(memory, dict) and isinstance(memory.get("parameters"), dict):
+            memory["parameters"].setdefault("per_token_checkpointed", 0.0)
+            memory["parameters"].setdefault("attention_checkpointed", 0.0)
+    data["schema_version"] = 2
+    return data
+
 
 # Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 _NUMBER = (int, float)
 REQUIRED_TOP = {
@@ -104,6 +130,9 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
         for name in ("predicted_tokens_per_second", "actual_tokens_per_second"):
             if entry.get(name) is not None and not _is_number(entry[name]):
                 raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
+    training = data.get("training")
+    if training is not None and (not isinstance(training, dict) or training.get("method") not in ("full", "lora")):
+        raise CalibrationFileError(f"calibration {path}: training.method should be 'full' or 'lora'")
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
@@ -111,7 +140,7 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
 
 
 def _check_fit(fit: Any, where: str) -> None:
-    from calibration.fit import MEMORY_TERMS, THROUGHPUT_TERMS
+    from calibration.fit import MEMORY_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
 
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")
@@ -126,8 +155,8 @@ def _check_fit(fit: Any, where: str) -> None:
         points, residuals = smoother.get("points"), smoother.get("log_residuals")
         if not (isinstance(points, list) and isinstance(residuals, list) and len(points) == len(residuals)):
             raise CalibrationFileError(f"{where}.smoother needs points and log_residuals of equal length")
-        if not all(isinstance(p, list) and len(p) == 4 and all(_is_number(v) for v in p) for p in points):
-            raise CalibrationFileError(f"{where}.smoother.points should be lists of 4 numbers")
+        if not all(isinstance(p, list) and len(p) == SMOOTHER_DIMENSIONS and all(_is_number(v) for v in p) for p in points):
+            raise CalibrationFileError(f"{where}.smoother.points should be lists of {SMOOTHER_DIMENSIONS} numbers")
         if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     memory = fit.get("memory")

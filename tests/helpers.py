@@ -17,8 +17,10 @@ TRUE_THROUGHPUT = {
     "serial_data": 3e-7,
     "worker_supply": 4e-7,
     "per_worker": 5e-4,
+    "recompute_per_token": 6e-7,
+    "recompute_attention": 4e-10,
 }
-TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0}
+TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_checkpointed": 5e4, "attention_checkpointed": 20.0}
 GIB = 2**30
 
 
@@ -38,13 +40,14 @@ def synthetic_rows(
     noise: float = 0.02,
     memory_limit: float | None = None,
     seed: int = 0,
+    checkpointing=(0,),
 ) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
-    for b, w, a, s in itertools.product(batch_sizes, workers, accums, seq_lens):
-        config = Config(b, s, a, w)
+    for b, w, a, s, c in itertools.product(batch_sizes, workers, accums, seq_lens, checkpointing):
+        config = Config(b, s, a, w, bool(c))
         peak = peak_bytes(config) * (1 + rng.gauss(0, noise / 2))
-        row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s}
+        row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s, "gradient_checkpointing": c}
         if memory_limit is not None and peak > memory_limit:
             rows.append({**row, "status": "oom", "error": "OutOfMemoryError: fake"})
             continue

@@ -94,7 +94,8 @@ def test_migrations_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setitem(schema.MIGRATIONS, 0, upgrade)
     loaded = schema.read_calibration_file(write(tmp_path / "old.json", json.dumps(old)))
-    assert loaded["schema_version"] == 1 and "memory_bytes" in loaded["hardware"]
+    assert loaded["schema_version"] == schema.SCHEMA_VERSION and "memory_bytes" in loaded["hardware"]
+    assert loaded["training"]["method"] == "full"  # and on through version 2
 
 
 JSON = st.recursive(

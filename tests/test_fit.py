@@ -11,7 +11,7 @@ from calibration.model import Calibration
 
 
 def test_noise_free_fit_recovers_parameters() -> None:
-    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 1, 4)))
+    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 1, 4), checkpointing=(0, 1)))
     assert fit["kind"] == "physical"
     for term, value in TRUE_THROUGHPUT.items():
         assert fit["parameters"][term] == pytest.approx(value, rel=1e-3, abs=1e-12), term
@@ -93,7 +93,7 @@ def test_too_few_rows_is_an_error() -> None:
 def test_measured_data_wait_separates_data_terms_even_with_two_worker_counts() -> None:
     # Without the wait, per-token compute and per-token data cost are collinear when only
     # workers 0 and 2 are measured; the measured wait share tells them apart.
-    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 2)))
+    fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 2), checkpointing=(0, 1)))
     for term, value in TRUE_THROUGHPUT.items():
         assert fit["parameters"][term] == pytest.approx(value, rel=1e-3, abs=1e-12), term
     rows = synthetic_rows(noise=0.0, workers=(0, 2))

@@ -45,6 +45,8 @@ def make_run(
     hook=None,
     on_overrun: str = "stop",
     out: str = "run",
+    method=None,
+    checkpointing: bool = False,
 ) -> TrainingRun:
     calibration = local_calibration()
     data = load_tokenized(str(data_path), tokenizer)
@@ -64,9 +66,11 @@ def make_run(
         resume=resume,
         log_interval_seconds=0.5,
     )
+    plan.chosen.gradient_checkpointing = checkpointing
     return TrainingRun(
         calibration=calibration,
         chosen=plan.chosen,
+        method=method,
         data=data,
         spec=resolve_model("tiny"),
         pad_id=tokenizer.pad_token_id,

@@ -47,7 +47,7 @@ def save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, me
     started = time.perf_counter()
     with atomic_directory(folder) as temporary:
         state = {
-            "model": _unwrapped(model).state_dict(),
+            "model": model_state(model),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng_state(),
@@ -61,6 +61,29 @@ def save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, me
 
 def _unwrapped(model: Any) -> Any:
     return getattr(model, "module", model)
+
+
+def model_state(model: Any) -> dict[str, Any]:
+    """What a checkpoint must keep of the model: everything for full fine-tuning; for LoRA only the
+    trainable adapters (the frozen base is rebuilt from the preset or the model folder)."""
+    module = _unwrapped(model)
+    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+    if len(trainable) == sum(1 for _ in module.parameters()):
+        return module.state_dict()
+    return {name: value for name, value in module.state_dict().items() if name in trainable}
+
+
+def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
+    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
+    from calibration.errors import BenchtrainError
+
+    module = _unwrapped(model)
+    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+    partial = len(trainable) < sum(1 for _ in module.parameters())
+    missing, unexpected = module.load_state_dict(state, strict=not partial)
+    lost = sorted(trainable & set(missing)) if partial else []
+    if unexpected or lost:
+        raise BenchtrainError(f"checkpoint {source} does not match this model ({len(unexpected)} unexpected, {len(lost)} missing tensors)")
 
 
 def list_checkpoints(parent: Path) -> list[Path]:
@@ -79,7 +102,7 @@ def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) ->
     import torch
 
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-    _unwrapped(model).load_state_dict(state["model"])
+    load_model_state(model, state["model"], folder)
     optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])

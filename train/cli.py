@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from calibration.errors import guard_cli
+from train.method import add_method_arguments
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -16,6 +17,7 @@ EXAMPLES = """examples:
   train --data train.parquet --deadline 2h --dry-run                    # print the plan only
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint
+  train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h
 
 exit codes:
@@ -59,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
     )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
+    add_method_arguments(p)
+    p.add_argument(
+        "--gradient-checkpointing",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="recompute activations: auto (default) picks whichever measured mode finishes sooner and fits in memory",
+    )
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")

@@ -21,6 +21,7 @@ from calibration.model import Calibration
 from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
+from train.method import MethodConfig, set_gradient_checkpointing
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
 
@@ -112,8 +113,10 @@ class TrainingRun:
         settings: LoopSettings,
         on_update: Callable[[Position, list[str]], None] | None = None,
         step_hook: Callable[[int], None] | None = None,
+        method: MethodConfig | None = None,
     ) -> None:
         self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
+        self.method = method or MethodConfig()
         self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
         self.on_update = on_update
         self.step_hook = step_hook  # tests slow the step down through this
@@ -130,7 +133,8 @@ class TrainingRun:
 
         self.accelerator = make_accelerator()
         torch.manual_seed(self.settings.seed)
-        model = build_model(self.spec, self.accelerator.device)
+        model = build_model(self.spec, self.accelerator.device, self.method)
+        set_gradient_checkpointing(model, self.chosen.gradient_checkpointing)
         optimizer = make_optimizer(model, self.settings.learning_rate)
         total_steps = self.total_steps()
         scheduler = get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
@@ -164,7 +168,7 @@ class TrainingRun:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
         c = self.chosen
         micro = [
-            self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers))
+            self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers, c.gradient_checkpointing))
             for shape in batch_shapes(self.data, batches, c.max_length)
         ]
         return [sum(micro[i : i + c.grad_accum]) for i in range(0, len(micro), c.grad_accum)]
@@ -233,6 +237,7 @@ class TrainingRun:
                         remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, limit)
                         projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
                         budget_end = s.deadline_seconds - s.margin_seconds
+                        events_before = len(self.events)
                         if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
                             if s.on_overrun == "shrink":
                                 per_step = sum(a for a, _ in recent) / len(recent)
@@ -249,7 +254,8 @@ class TrainingRun:
                                 self.events.append(
                                     f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}"
                                 )
-                            if progress is not None and self.events:
+                            # Said once, when it happens: not again on every later step.
+                            if progress is not None and len(self.events) > events_before:
                                 progress.write(f"deadline: {self.events[-1]}")
                         # Stop while a step, a checkpoint and the report still fit before the deadline.
                         next_step = max(a for a, _ in recent) * 1.5

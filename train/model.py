@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.errors import BenchtrainError
+from train.method import MethodConfig, apply_method
 from train.presets import PRESETS, canonical_preset, preset_names
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -77,38 +78,66 @@ def make_config(spec: ModelSpec) -> Any:
         raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
 
 
-def build_model(spec: ModelSpec, device: Any) -> Any:
-    """The causal LM on `device`, with SDPA attention; weights only from a directory that has them."""
+def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None) -> Any:
+    """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
+    from a directory that has them.
+
+    Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
+    base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
+    adds fp32 adapters."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    method = method or MethodConfig()
+    device = torch.device(device)
+    dtype = torch.bfloat16 if method.is_lora and device.type == "cuda" else torch.float32
     if spec.has_weights:
-        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True)
-        return model.to(device)
-    config = make_config(spec)
-    torch.manual_seed(0)  # identical initial weights for every build of a preset
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    return model
+        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
+        model = model.to(device)
+    else:
+        config = make_config(spec)
+        torch.manual_seed(0)  # identical initial weights for every build of a preset
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return apply_method(model, method)
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the FLOPs formula needs: matmul parameters, layers, heads, head size."""
+    """What the FLOPs formula needs: matmul parameters (base and adapters), layers, heads, head size."""
 
     parameter_count: int
-    matmul_parameter_count: int
+    matmul_parameter_count: int  # the base model's, adapters excluded
     layers: int
     heads: int
     head_dim: int
+    adapter_parameter_count: int = 0
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, 6N + 12·L·H·Q·T (PaLM appendix B, as in nanoGPT's estimate_mfu)."""
-        return 6 * self.matmul_parameter_count + 12 * self.layers * self.heads * self.head_dim * seq_len
+    def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
+        """FLOPs the device executes per trained token (PaLM appendix B, as in nanoGPT's estimate_mfu).
+
+        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
+        forward (scores and weighted sum, T = sequence length):
+
+        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
+        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
+        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
+        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
+        """
+        attention = 4 * self.layers * self.heads * self.head_dim * seq_len
+        base = self.matmul_parameter_count
+        adapters = self.adapter_parameter_count if lora else 0
+        flops = (4 * base + 6 * adapters if lora else 6 * base) + 3 * attention
+        if recompute:
+            flops += 2 * base + 2 * adapters + attention
+        return float(flops)
 
 
 def model_shape(model: Any) -> ModelShape:
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
+    adapters = sum(parameter.numel() for name, parameter in model.named_parameters() if "lora_" in name)
+    get_base = getattr(model, "get_base_model", None)
+    model = get_base() if get_base is not None else model
     config = model.config
     total = sum(parameter.numel() for parameter in model.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
@@ -123,7 +152,7 @@ def model_shape(model: Any) -> ModelShape:
     heads = config.num_attention_heads
     hidden = config.hidden_size
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return ModelShape(total, total - lookup, config.num_hidden_layers, heads, head_dim)
+    return ModelShape(total - adapters, total - lookup - adapters, config.num_hidden_layers, heads, head_dim, adapters)
 
 
 def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:

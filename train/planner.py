@@ -59,8 +59,9 @@ class PlanRequest:
     seed: int = 0
     max_positions: int | None = None  # the model's position table: no length beyond it
     completed_steps: int = 0  # --resume: optimizer steps the interrupted run already did
-    # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length.
+    # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length, gradient_checkpointing.
     configuration: dict[str, int] | None = None
+    gradient_checkpointing: str = "auto"  # auto | on | off
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -71,6 +72,8 @@ class PlanRequest:
             raise BenchtrainError(f"--effective-batch must be a positive integer, got {self.effective_batch}")
         if self.max_steps is not None and self.max_steps < 1:
             raise BenchtrainError(f"--max-steps must be a positive integer, got {self.max_steps}")
+        if self.gradient_checkpointing not in ("auto", "on", "off"):
+            raise BenchtrainError(f"--gradient-checkpointing must be auto, on or off, got {self.gradient_checkpointing!r}")
         if self.completed_steps < 0:
             raise BenchtrainError(f"completed steps must be non-negative, got {self.completed_steps}")
 
@@ -82,6 +85,7 @@ class Candidate:
     num_workers: int
     max_length: int
     world_size: int
+    gradient_checkpointing: bool = False
     optimizer_steps: int = 0  # the run's target (all of it, resumed or not)
     remaining_steps: int = 0  # what this command still runs: the estimate covers these
     micro_batches: int = 0
@@ -104,7 +108,8 @@ class Candidate:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
 
     def label(self) -> str:
-        return f"batch {self.micro_batch_size} × accum {self.grad_accum}, {self.num_workers} workers, max length {self.max_length}"
+        checkpointing = ", gradient checkpointing" if self.gradient_checkpointing else ""
+        return f"batch {self.micro_batch_size} × accum {self.grad_accum}, {self.num_workers} workers, max length {self.max_length}{checkpointing}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -275,8 +280,9 @@ def evaluate(
     workers: int,
     length: int,
     cache: ShapeCache | None = None,
+    checkpointing: bool = False,
 ) -> Candidate:
-    candidate = Candidate(micro, accum, workers, length, request.world_size)
+    candidate = Candidate(micro, accum, workers, length, request.world_size, checkpointing)
     epochs_whole = math.ceil(request.epochs)
     step_seconds = 0.0
     micro_batches = 0
@@ -285,7 +291,7 @@ def evaluate(
     for epoch in range(epochs_whole):
         counts = shape_counts(data, request, micro, length, epoch, cache)
         for (rows, batch_length), count in counts.items():
-            step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers))
+            step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers, checkpointing))
             padded += count * rows * batch_length * request.world_size
         batch_count = sum(counts.values())
         micro_batches += batch_count
@@ -309,7 +315,7 @@ def evaluate(
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound) + candidate.overhead_seconds
-    prediction = calibration.predict(micro_batch_size=micro, seq_len=length, grad_accum=accum, num_workers=workers)
+    prediction = calibration.predict(micro_batch_size=micro, seq_len=length, grad_accum=accum, num_workers=workers, gradient_checkpointing=checkpointing)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
     candidate.fits_in_memory = prediction.fits_in_memory
@@ -342,7 +348,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         fixed = request.configuration
         lengths, notes = [fixed["max_length"]], []
-        options = [(fixed["micro_batch_size"], fixed["grad_accum"], fixed["num_workers"])]
+        options = [(fixed["micro_batch_size"], fixed["grad_accum"], fixed["num_workers"], bool(fixed.get("gradient_checkpointing", False)))]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
         warnings += length_warnings
@@ -353,10 +359,11 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
                 f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
             )
         workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
-        options = [(micro, accum, worker_count) for micro, accum in pairs for worker_count in workers]
+        modes = checkpointing_modes(calibration, request.gradient_checkpointing)
+        options = [(micro, accum, worker_count, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
     cache: ShapeCache = {}
     candidates = [
-        evaluate(calibration, data, request, micro, accum, worker_count, length, cache) for length in lengths for micro, accum, worker_count in options
+        evaluate(calibration, data, request, micro, accum, workers, length, cache, mode) for length in lengths for micro, accum, workers, mode in options
     ]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
@@ -387,6 +394,19 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         cost=cost,
         warnings=warnings,
     )
+
+
+def checkpointing_modes(calibration: Calibration, requested: str) -> list[bool]:
+    """Gradient checkpointing modes to plan with: those the calibration measured, as asked."""
+    measured = [bool(value) for value in calibration.measured_values("gradient_checkpointing")]
+    wanted = {"auto": measured, "on": [True], "off": [False]}[requested]
+    modes = [mode for mode in wanted if mode in measured]
+    if not modes:
+        raise BenchtrainError(
+            f"--gradient-checkpointing {requested}: calibration {calibration.id} did not measure it; "
+            f"run `bench run --checkpointing off,on`, or use --gradient-checkpointing auto"
+        )
+    return modes
 
 
 def noise_warnings(calibration: Calibration) -> list[str]:
@@ -425,7 +445,9 @@ def shrink_to_deadline(calibration: Calibration, data: TokenizedData, request: P
         raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
     limit = request.completed_steps + steps
     limited = PlanRequest(**{**asdict(request), "max_steps": limit})
-    candidate = evaluate(calibration, data, limited, chosen.micro_batch_size, chosen.grad_accum, chosen.num_workers, chosen.max_length)
+    candidate = evaluate(
+        calibration, data, limited, chosen.micro_batch_size, chosen.grad_accum, chosen.num_workers, chosen.max_length, None, chosen.gradient_checkpointing
+    )
     return candidate, limit
 
 

@@ -41,7 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rope_theta": 500000.0,
         "tie_word_embeddings": True,
     },
-    "llama-3-8b": {
+    "llama-3.1-8b": {
         "model_type": "llama",
         "vocab_size": 128256,
         "hidden_size": 4096,
@@ -49,8 +49,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
         "num_key_value_heads": 8,
-        "max_position_embeddings": 8192,
+        "max_position_embeddings": 131072,
         "rope_theta": 500000.0,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
         "tie_word_embeddings": False,
     },
     "qwen2.5-7b": {
@@ -78,13 +79,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         "tie_word_embeddings": False,
     },
+    # Mistral-Nemo-12B: head_dim 128 is not hidden / heads (160), so it is given explicitly.
+    "mistral-nemo-12b": {
+        "model_type": "mistral",
+        "vocab_size": 131072,
+        "hidden_size": 5120,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 128000,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+    },
 }
 
 ALIASES = {
     "gpt2-124m": "gpt2",
     "llama3.2-1b": "llama-3.2-1b",
     "llama-1b": "llama-3.2-1b",
-    "llama3-8b": "llama-3-8b",
+    "llama3-8b": "llama-3.1-8b",
+    "llama-3-8b": "llama-3.1-8b",
+    "llama3.1-8b": "llama-3.1-8b",
+    "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "mistral-nemo": "mistral-nemo-12b",
+    "mistral-nemo-12b-instruct": "mistral-nemo-12b",
     "qwen2.5-7b-instruct": "qwen2.5-7b",
     "mistral": "mistral-7b",
 }

@@ -15,9 +15,28 @@ from calibration.accuracy import estimate_error_pct
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.cli import is_main_process, resolve_data_path, say
+from train.method import method_from_args
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
-RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length")
+RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
+
+
+def resumed_method(previous: dict[str, Any]) -> Any:
+    """The interrupted run's method: a resumed run trains what it trained."""
+    from train.method import MethodConfig
+
+    plan = previous["plan"]
+    lora = plan.get("lora") or {}
+    if plan.get("method", "full") != "lora":
+        return MethodConfig()
+    targets = lora.get("targets")
+    return MethodConfig(
+        method="lora",
+        lora_rank=int(lora["rank"]),
+        lora_alpha=float(lora["alpha"]),
+        lora_dropout=float(lora.get("dropout", 0.0)),
+        lora_targets=tuple(targets) if targets else None,
+    )
 
 
 def completed_steps(out_dir: Path) -> int:
@@ -64,16 +83,29 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     return checked
 
 
-def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool) -> list[str]:
-    """A calibration for another model or device is refused unless --force (then warned)."""
+def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any) -> list[str]:
+    """A calibration for another model, device or training method is refused unless --force (then
+    warned); other LoRA settings than measured are only warned about (they barely move the speed)."""
     problems = []
+    measured = calibration.training
+    if measured["method"] != method.method:
+        names = {"full": "full fine-tuning", "lora": "LoRA"}
+        rerun = "bench run --lora" if method.is_lora else "bench run"
+        problems.append(
+            f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force"
+        )
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
     if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
         problems.append(f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}")
     if problems and not force:
-        raise BenchtrainError(f"{problems[0]}: run `bench run` here with this model, or pass --force")
-    return problems
+        first = problems[0]
+        raise BenchtrainError(first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force")
+    notes = list(problems)
+    lora = measured.get("lora") or {}
+    if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
+        notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
+    return notes
 
 
 def run_training(args: argparse.Namespace, started: float) -> int:
@@ -86,15 +118,21 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.tokenizer import load_tokenizer
 
     spec = resolve_model(args.model)
-    cal = calibration_api.load(args.use_calibration, on_skip=lambda message: say(f"warning: {message}"))
-    if not cal.ok_rows():
-        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     out_dir = Path(args.out).expanduser() if args.out else None
     if args.resume and not (out_dir / "run.json").is_file():
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-    warnings = check_compatible(cal, spec, detect_hardware(), args.force)
+    previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
+    method = resumed_method(previous) if previous else method_from_args(args)
+    cal = calibration_api.load(args.use_calibration, on_skip=lambda message: say(f"warning: {message}"))
+    if not cal.ok_rows():
+        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
+    hardware = detect_hardware()
+    warnings = check_compatible(cal, spec, hardware, args.force, method)
     for warning in warnings:
-        say(f"warning: {warning} (--force)")
+        say(f"warning: {warning}")
+    from train.memory_check import check_fits, describe_needs
+
+    check_fits(spec, method, hardware)  # before any data or model work: a too-big model is one line
 
     data_path = resolve_data_path(args.data)
     tokenizer = load_tokenizer(spec.directory, args.tokenizer)
@@ -102,7 +140,6 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     profile = length_profile(data.lengths)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
-    previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
     completed = completed_steps(out_dir) if previous else 0
     request = PlanRequest(
         epochs=previous["plan"]["epochs"] if previous else args.epochs,
@@ -121,7 +158,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         seed=args.seed,
         max_positions=spec.max_positions,
         completed_steps=completed,
-        configuration={key: previous["plan"][key] for key in RESUMED_CONFIGURATION} if previous else None,
+        configuration={key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION} if previous else None,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     plan = make_plan(cal, data, request)
     from train.plan_text import describe_plan
@@ -130,6 +168,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
+        print(f"  training {method.describe()}; {describe_needs(spec, method, hardware)}", flush=True)
         for warning in plan.warnings:
             say(f"warning: {warning}")
     if not plan.meets_deadline and not args.resume:
@@ -144,9 +183,12 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.record import write_run
 
     out_dir, record = open_record(args, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
+    record["plan"]["method"] = method.method
+    # Written before training, so that a run killed at any moment can be resumed with its method.
+    record["plan"]["lora"] = method.settings()
     if is_main_process():
         write_run(out_dir, record)
-    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started)
+    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method)
     if is_main_process():
         report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
         from train.plan_text import describe_outcome
@@ -212,6 +254,8 @@ def finish_record(
 
     loop = outcome["loop"]
     record["model"] = outcome["model"]
+    record["plan"]["lora"] = outcome["training"]["lora"]
+    record["training"] = outcome["training"]
     record["status"] = loop.status
     record["losses"], record["timeline"] = loop.losses, loop.timeline
     record["events"] = outcome["earlier_events"] + loop.events
@@ -244,8 +288,10 @@ def train_with_record(
     out_dir: Path,
     record: dict[str, Any],
     started: float,
+    method: Any,
 ) -> dict[str, Any]:
     from train.loop import LoopSettings, TrainingRun
+    from train.method import method_record
     from train.model import model_record, model_shape
     from train.record import write_run
 
@@ -282,6 +328,7 @@ def train_with_record(
         out_dir=out_dir,
         settings=settings,
         on_update=on_update,
+        method=method,
     )
     try:
         outcome = run.run()
@@ -295,7 +342,12 @@ def train_with_record(
             f"out of memory training batch {chosen.micro_batch_size} at length {chosen.max_length}, which the calibration "
             f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
         ) from None
-    return {"loop": outcome, "model": model_record(spec, model_shape(run.model)), "earlier_events": earlier_events}
+    return {
+        "loop": outcome,
+        "model": model_record(spec, model_shape(run.model)),
+        "training": method_record(method, run.model),
+        "earlier_events": earlier_events,
+    }
 
 
 def write_report(out_dir: Path) -> Path:

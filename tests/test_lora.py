@@ -1,0 +1,176 @@
+"""LoRA (peft) and gradient checkpointing: what is trained, what is measured, what is refused (issue 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import synthetic_calibration, synthetic_rows
+from test_cli import SMALL_GRID, assert_one_line_error, calibrated_home, run_main
+from test_train import make_run, tokenizer
+
+from calibration.errors import BenchtrainError
+from calibration.model import Calibration
+from calibration.schema import migrate, validate
+from calibration.store import save_calibration
+from train.checkpoint import STATE_FILE, list_checkpoints
+from train.memory_check import check_fits, parameter_counts
+from train.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
+from train.model import build_model, model_shape, resolve_model
+
+__all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
+LORA = MethodConfig(method="lora", lora_rank=4)
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, 300, (2, 48), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=4, method=LORA)
+    base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
+    outcome = run.run()
+    assert outcome.steps == 4
+    model = run.model
+    trained = dict(model.named_parameters())
+    adapters = {name: p for name, p in trained.items() if p.requires_grad}
+    assert adapters and all("lora_" in name for name in adapters)
+    assert trainable_parameter_count(model) == sum(p.numel() for p in adapters.values())
+    assert trainable_parameter_count(model) < 0.1 * sum(p.numel() for p in trained.values())
+    for name, original in base.named_parameters():
+        peft_name = next(n for n in trained if n.endswith(name.replace(".weight", ".base_layer.weight")) or n.endswith(name))
+        assert torch.equal(trained[peft_name].detach(), original.detach()), name
+    # lora_B starts at zero: training moved it.
+    assert any(p.detach().abs().sum() > 0 for n, p in adapters.items() if "lora_B" in n)
+    # The checkpoint keeps only the adapters.
+    state = torch.load(list_checkpoints(tmp_path / "run" / "checkpoints")[-1] / STATE_FILE, weights_only=False)
+    assert state["model"] and all("lora_" in key for key in state["model"])
+
+
+@pytest.mark.parametrize("method", [MethodConfig(), LORA], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(method: MethodConfig) -> None:
+    model = build_model(resolve_model("tiny"), "cpu", method)
+    model.train()
+    results = []
+    for enabled in (False, True):
+        set_gradient_checkpointing(model, enabled)
+        model.zero_grad(set_to_none=True)
+        loss = model(**batch()).loss
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (loss_off, grads_off), (loss_on, grads_on) = results
+    assert loss_on == pytest.approx(loss_off, abs=1e-5)
+    for name, grad in grads_off.items():
+        assert torch.allclose(grads_on[name], grad, atol=1e-5), name
+
+
+def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+    full = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="whole", method=LORA).run()
+
+    def sigterm_at_step_3(step: int) -> None:
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopped = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, hook=sigterm_at_step_3).run()
+    assert stopped.status == "interrupted" and stopped.steps == 4
+    resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, resume=True).run()
+    assert resumed.steps == 8
+    assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+
+
+def test_flops_count_a_frozen_base_and_recompute() -> None:
+    shape = model_shape(build_model(resolve_model("tiny"), "cpu", LORA))
+    n, a = shape.matmul_parameter_count, shape.adapter_parameter_count
+    attention = 4 * shape.layers * shape.heads * shape.head_dim * 128
+    assert a > 0 and n == model_shape(build_model(resolve_model("tiny"), "cpu")).matmul_parameter_count
+    assert shape.flops_per_token(128) == 6 * n + 3 * attention
+    assert shape.flops_per_token(128, lora=True) == 4 * n + 6 * a + 3 * attention
+    assert shape.flops_per_token(128, lora=True, recompute=True) == 6 * n + 8 * a + 4 * attention
+
+
+def test_presets_of_the_real_shapes() -> None:
+    total, trainable = parameter_counts(resolve_model("mistral-nemo-12b"), MethodConfig(method="lora"))
+    assert 12.2e9 < total - trainable < 12.3e9 and 50e6 < trainable < 60e6
+    total, _ = parameter_counts(resolve_model("llama-3.1-8b"), MethodConfig())
+    assert 8.0e9 < total < 8.1e9
+
+
+def test_a_model_too_big_for_the_device_is_one_line_in_seconds() -> None:
+    h100 = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30}
+    with pytest.raises(BenchtrainError, match=r"full fine-tuning of mistral-nemo-12b needs ≈18\d GiB .* has 79 GiB: use --lora \(≈2\d GiB"):
+        check_fits(resolve_model("mistral-nemo-12b"), MethodConfig(), h100)
+    need = check_fits(resolve_model("mistral-nemo-12b"), MethodConfig(method="lora"), h100)
+    assert need.total_bytes < 30 * 2**30  # bf16 base + fp32 adapters, gradients and moments
+
+
+def test_bench_refuses_a_model_that_cannot_fit(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main("bench", ["run", "--model", "mistral-nemo-12b", "--quiet"], capsys)
+    assert_one_line_error(code, err, "full fine-tuning of mistral-nemo-12b needs")
+    assert not (home / "calibrations").exists() or not list((home / "calibrations").glob("*.json"))
+
+
+def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *SMALL_GRID, "--no-report"], capsys)
+    assert code == 0, err
+    assert "trainable" in err and "LoRA rank 8" in err
+    data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
+    assert data["training"]["method"] == "lora" and data["training"]["lora"]["rank"] == 8
+    assert data["training"]["lora"]["targets"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert 0 < data["training"]["trainable_parameters"] < data["model"]["parameter_count"]
+    assert {row["gradient_checkpointing"] for row in data["measurements"]} == {0, 1}
+    assert data["search"]["space"]["checkpointing"] == [0, 1]
+    assert "recompute_per_token" in data["fit"]["parameters"]
+
+    code, out, err = run_main(
+        "train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--lora", "--lora-rank", "8", "--max-steps", "3"], capsys
+    )
+    assert code == 0, err
+    assert "training LoRA rank 8" in out and "memory before activations" in out
+    record = json.loads(next((home / "runs").glob("*/run.json")).read_text())
+    assert record["plan"]["method"] == "lora" and record["plan"]["lora"]["rank"] == 8
+    assert record["plan"]["lora"]["trainable_parameters"] == data["training"]["trainable_parameters"]
+    assert isinstance(record["plan"]["gradient_checkpointing"], bool)
+
+    dry_run = ["--data", "sample", "--deadline", "30m", "--lora", "--lora-rank", "8", "--gradient-checkpointing", "on", "--dry-run", "--max-steps", "3"]
+    code, out, err = run_main("train", dry_run, capsys)
+    assert code == 0, err
+    assert "gradient checkpointing" in out.split("plan (")[1].splitlines()[0]
+
+
+def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "measured full fine-tuning, not LoRA: run `bench run --lora` here, or pass --force")
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run", "--force"], capsys)
+    assert code == 0 and "warning: calibration" in err
+
+    from train.hardware import detect_hardware
+
+    lora = synthetic_calibration(
+        synthetic_rows(),
+        hardware=detect_hardware(),
+        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        training={"method": "lora", "lora": {"rank": 16}, "trainable_parameters": 10},
+        id="test-lora",
+        created_at="2027-01-01T00:00:00+00:00",
+    )
+    save_calibration(lora)
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "measured LoRA, not full fine-tuning")
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--gradient-checkpointing", "on", "--dry-run", "--lora"], capsys)
+    assert_one_line_error(code, err, "did not measure it")
+
+
+def test_a_version_1_calibration_is_migrated() -> None:
+    data = json.loads((FIXTURES / "h100-llama-3.2-1b-fullgrid.json").read_text())
+    assert data["schema_version"] == 1
+    migrated = validate(migrate(data, "fixture"), "fixture")
+    calibration = Calibration(migrated)
+    assert calibration.training["method"] == "full"
+    assert calibration.measured_values("gradient_checkpointing") == [0]
+    assert calibration.predict(micro_batch_size=8, seq_len=1024).tokens_per_second > 10_000

@@ -1,0 +1,98 @@
+"""Will the model even fit? Checked in seconds, before anything is built on the device.
+
+The parameter counts are exact: the model (and its LoRA adapters) is built on PyTorch's `meta`
+device, which allocates nothing. Bytes per parameter follow from what is kept, not from a guess:
+
+- full fine-tuning: fp32 weights (autocast computes in bf16 from fp32 masters) + fp32 gradients
+  + AdamW's two fp32 moments = 16 bytes per parameter;
+- LoRA: the frozen base in bf16 on CUDA (fp32 on CPU), no gradients or optimizer state for it; the
+  adapters at 16 bytes per parameter like full fine-tuning.
+
+Activations come on top: the calibration's memory model measures them; this check only says
+whether the fixed part alone is already too much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calibration.errors import BenchtrainError
+from train.method import MethodConfig, apply_method
+
+FP32_BYTES = 4
+BF16_BYTES = 2
+# fp32 master weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
+TRAINED_BYTES_PER_PARAMETER = 4 * FP32_BYTES
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    method: str
+    total_parameters: int
+    trainable_parameters: int
+    weights_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int]:
+    """(total, trainable) parameters of the model as it will be trained, built on `meta`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from train.model import make_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(make_config(spec))
+    model = apply_method(model, method)
+    total = sum(parameter.numel() for parameter in model.parameters())
+    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    return total, trainable
+
+
+def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
+    total, trainable = parameter_counts(spec, method)
+    frozen = total - trainable
+    frozen_bytes = BF16_BYTES if device_type == "cuda" else FP32_BYTES
+    return MemoryNeed(
+        method=method.method,
+        total_parameters=total,
+        trainable_parameters=trainable,
+        weights_bytes=frozen * frozen_bytes + trainable * FP32_BYTES,
+        gradient_bytes=trainable * FP32_BYTES,
+        optimizer_bytes=trainable * 2 * FP32_BYTES,
+    )
+
+
+def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any]) -> MemoryNeed:
+    """The need, or a one-line error naming it, the device's memory and what would fit."""
+    need = memory_need(spec, method, hardware["device_type"])
+    available = float(hardware["memory_bytes"])
+    if need.total_bytes <= available:
+        return need
+    what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
+    advice = "a smaller model or a device with more memory"
+    if method.method == "full":
+        lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
+        if lora.total_bytes <= available:
+            advice = f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)"
+    raise BenchtrainError(
+        f"{what} of {spec.name} needs ≈{need.total_bytes / GIB:.0f} GiB for weights, gradients and optimizer state before any "
+        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {advice}"
+    )
+
+
+def describe_needs(spec: Any, chosen: MethodConfig, hardware: dict[str, Any]) -> str:
+    """One line for `train --dry-run`: the fixed memory of each method on this device."""
+    parts = []
+    for method in (MethodConfig(method="full"), chosen if chosen.is_lora else MethodConfig(method="lora")):
+        need = memory_need(spec, method, hardware["device_type"])
+        label = "full fine-tuning" if method.method == "full" else f"LoRA r{method.lora_rank}"
+        parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB")
+    return f"memory before activations: {', '.join(parts)}; this device has {hardware['memory_bytes'] / GIB:.0f} GiB"
