@@ -100,8 +100,12 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     hardware, software = data["hardware"], data["software"]
     sections.append(
         section(
-            "Hardware and software",
-            key_values([(key, value) for key, value in hardware.items()] + [(key, value) for key, value in software.items()]),
+            "Hardware, software and what was trained",
+            key_values(
+                [(key, value) for key, value in hardware.items()]
+                + [(key, value) for key, value in software.items()]
+                + [(f"training {key}", value) for key, value in (data.get("training") or {}).items()]
+            ),
             bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
         )
     )

@@ -174,3 +174,23 @@ def test_a_version_1_calibration_is_migrated() -> None:
     assert calibration.training["method"] == "full"
     assert calibration.measured_values("gradient_checkpointing") == [0]
     assert calibration.predict(micro_batch_size=8, seq_len=1024).tokens_per_second > 10_000
+
+
+def test_lora_on_a_model_folder_with_real_bf16_weights(tmp_path: Path) -> None:
+    from train.tokenizer import byte_tokenizer
+
+    folder = tmp_path / "my-model"
+    saved = build_model(resolve_model("tiny"), "cpu").to(torch.bfloat16)
+    saved.save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    spec = resolve_model(str(folder))
+    assert spec.has_weights
+    model = build_model(spec, "cpu", LORA)
+    base = dict(model.get_base_model().named_parameters())
+    original = dict(saved.named_parameters())
+    embed = "model.embed_tokens.weight"
+    assert torch.equal(base[embed].to(torch.bfloat16), original[embed])  # the folder's weights, not a fresh init
+    loss = model(**batch()).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)

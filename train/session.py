@@ -132,7 +132,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
 
-    check_fits(spec, method, hardware)  # before any data or model work: a too-big model is one line
+    need = check_fits(spec, method, hardware)  # before any data or model work: a too-big model is one line
 
     data_path = resolve_data_path(args.data)
     tokenizer = load_tokenizer(spec.directory, args.tokenizer)
@@ -168,7 +168,11 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
-        print(f"  training {method.describe()}; {describe_needs(spec, method, hardware)}", flush=True)
+        print(
+            f"  training {method.describe()}: {need.trainable_parameters:,} of {need.total_parameters:,} parameters trainable; "
+            f"{describe_needs(spec, method, hardware)}",
+            flush=True,
+        )
         for warning in plan.warnings:
             say(f"warning: {warning}")
     if not plan.meets_deadline and not args.resume:
