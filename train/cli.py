@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
+    p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
     p.add_argument(
         "--gradient-checkpointing",
         default="auto",

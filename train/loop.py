@@ -183,7 +183,9 @@ class TrainingRun:
         last_checkpoint = resumed_from
         s, c = self.settings, self.chosen
         deadline_at = s.started_at + s.deadline_seconds
-        measured_save = self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
+        # What must still fit after the last step: the final checkpoint and the final/ export (about
+        # the same bytes, so the same measured seconds each).
+        measured_save = 2 * self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
         last_checkpoint_at = last_log_at = time.monotonic()
         status = "completed"
         limit = self.total_steps()

@@ -61,6 +61,12 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
         f"  speed: {actual['tokens_per_second']:,.0f} real tokens/s actual vs {estimate['tokens_per_second']:,.0f} estimated",
         f"  run folder: {out_dir}",
     ]
+    final = record.get("final")
+    if final:
+        partial = " (partial: the run stopped before its planned end)" if final.get("partial") else ""
+        lines.append(f"  model: {final['path']}{partial}")
+        if final.get("merged_path"):
+            lines.append(f"  merged model: {final['merged_path']}")
     if report_path:
         lines.append(f"  report: {report_path}")
     return lines

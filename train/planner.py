@@ -326,10 +326,11 @@ def evaluate(
 
 
 def overhead_seconds(calibration: Calibration, step_seconds: float, checkpoint_interval: float) -> float:
-    """Model build, first-step warm-up, periodic + final checkpoints and the report, as measured."""
+    """Model build, first-step warm-up, periodic + final checkpoints, the final/ export (about a
+    checkpoint's bytes) and the report, as measured."""
     measured = calibration.overheads
     checkpoint = measured.get("checkpoint_save_seconds", 0.0)
-    checkpoints = math.floor(step_seconds / checkpoint_interval) + 1 if checkpoint_interval > 0 else 1
+    checkpoints = (math.floor(step_seconds / checkpoint_interval) + 1 if checkpoint_interval > 0 else 1) + 1
     return measured.get("model_build_seconds", 0.0) + measured.get("warmup_extra_seconds", 0.0) + checkpoints * checkpoint + measured.get("report_seconds", 0.0)
 
 

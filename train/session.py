@@ -257,6 +257,7 @@ def finish_record(
     from train.record import actual_section, feed_back, write_run
 
     loop = outcome["loop"]
+    record["final"] = outcome["final"]
     record["model"] = outcome["model"]
     record["plan"]["lora"] = outcome["training"]["lora"]
     record["training"] = outcome["training"]
@@ -336,6 +337,7 @@ def train_with_record(
     )
     try:
         outcome = run.run()
+        final = export_final_model(run, out_dir, tokenizer, spec, method, args.merge_lora, outcome.status)
     except Exception as error:
         from train.runtime import is_out_of_memory
 
@@ -348,10 +350,26 @@ def train_with_record(
         ) from None
     return {
         "loop": outcome,
+        "final": final,
         "model": model_record(spec, model_shape(run.model)),
         "training": method_record(method, run.model),
         "earlier_events": earlier_events,
     }
+
+
+# Runs that stopped before their planned end leave a final/ of their last state, marked partial.
+PARTIAL_STATUSES = ("stopped_for_deadline", "interrupted")
+
+
+def export_final_model(run: Any, out_dir: Path, tokenizer: Any, spec: Any, method: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
+    """final/ (and final-base/, final-merged/) from the trained model, on the main process."""
+    if not is_main_process() or run.model is None:
+        return None
+    from train.export import export_final
+
+    final = export_final(out_dir, run.accelerator.unwrap_model(run.model), tokenizer, spec, method, merge_lora)
+    final["partial"] = status in PARTIAL_STATUSES
+    return final
 
 
 def write_report(out_dir: Path) -> Path:
