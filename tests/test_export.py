@@ -82,7 +82,8 @@ def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(tmp_path: Path, h
 def test_every_run_writes_final_and_a_stopped_one_says_partial(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from transformers import AutoModelForCausalLM
 
-    code, out, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"], capsys)
+    argv = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"]
+    code, out, err = run_main("train", argv, capsys)
     assert code == 0, err
     run_dir = next((calibrated_home / "runs").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
