@@ -155,6 +155,44 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     return row
 
 
+EVAL_STEPS = 4
+
+
+def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
+    """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
+    import torch
+
+    from train.step import StepTimer
+
+    row: dict[str, Any] = {"micro_batch_size": config.micro_batch_size, "seq_len": config.seq_len, "status": "ok"}
+    loader = make_loader(workload.batches(config, steps + 1), 0, workload.pin_memory)
+    timer = StepTimer(workload.device)
+    seconds: list[float] = []
+    model = workload.model
+    model.eval()
+    try:
+        with torch.no_grad(), workload.accelerator.autocast():
+            for index, batch in enumerate(loader):
+                batch = {key: value.to(workload.device, non_blocking=True) for key, value in batch.items()}
+                timer.start()
+                model(input_ids=batch["input_ids"], labels=batch["labels"])
+                elapsed = timer.stop()
+                if index:  # the first is warm-up
+                    seconds.append(elapsed)
+    except Exception as error:
+        row["status"] = "oom" if is_out_of_memory(error) else "error"
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    finally:
+        model.train()
+        del loader
+    if row["status"] != "ok":
+        recover_after_failure(workload)
+        return row
+    row["batch_seconds"] = statistics.median(seconds)
+    row["tokens_per_second"] = config.micro_batch_size * config.seq_len / row["batch_seconds"]
+    return row
+
+
 def machine_load() -> float | None:
     """The 1-minute load average: how busy this machine was (other work included)."""
     try:

@@ -109,6 +109,7 @@ def run_command(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.close()
 
+    eval_rows = measure_evaluation(workload, result.rows)
     checkpoint_seconds, checkpoint_bytes = workload.measure_checkpoint_seconds()
     overheads = {
         "model_build_seconds": round(workload.build_seconds, 4),
@@ -138,6 +139,9 @@ def run_command(args: argparse.Namespace) -> int:
         warnings=warnings,
         training=workload.training,
     )
+    from calibration.fit import fit_eval
+
+    record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
     record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
     if record["fit"] is None:
         raise _nothing_fitted(record, budget_seconds)
@@ -152,6 +156,20 @@ def run_command(args: argparse.Namespace) -> int:
             update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
     print_summary(record, str(path), result.left_out, report_path)
     return EXIT_OK
+
+
+def measure_evaluation(workload: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
+    and length, checkpointing off): what `train` needs to plan evaluation time."""
+    from bench.probe import run_eval_probe
+
+    ok = [row for row in rows if row["status"] == "ok" and not row.get("gradient_checkpointing")]
+    if not ok:
+        return []
+    batches = sorted({row["micro_batch_size"] for row in ok})
+    lengths = sorted({row["seq_len"] for row in ok})
+    corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
+    return [run_eval_probe(workload, ProbeConfig(b, 0, 1, s)) for b, s in corners]
 
 
 def _nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:

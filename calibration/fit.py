@@ -375,6 +375,25 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+EVAL_TERMS = ("fixed", "per_token", "attention")
+
+
+def eval_features(micro_batch_size: int, seq_len: int) -> np.ndarray:
+    tokens = micro_batch_size * seq_len
+    return np.array([1.0, tokens, tokens * seq_len])
+
+
+def fit_eval(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seconds of one forward-only eval batch = fixed + per_token·B·S + attention·B·S², from the
+    eval probes; None with fewer than two."""
+    ok = [row for row in rows if row.get("status") == "ok" and row.get("batch_seconds")]
+    if len(ok) < 2:
+        return None
+    features = np.stack([eval_features(row["micro_batch_size"], row["seq_len"]) for row in ok])
+    solution = fit_nonnegative(features, np.array([row["batch_seconds"] for row in ok]))
+    return {"terms": list(EVAL_TERMS), "parameters": dict(zip(EVAL_TERMS, map(float, solution), strict=True))}
+
+
 def step_tail_factor(rows: Sequence[dict[str, Any]]) -> float:
     """How much longer the mean step is than the median step, typically over the probes.
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import numpy as np
+
 from calibration.errors import BenchtrainError
 from calibration.fit import (
     Config,
@@ -91,6 +93,16 @@ class Calibration:
 
     def measured_values(self, name: str) -> list[int]:
         return sorted({int(row.get(name, 0)) for row in self.ok_rows()})
+
+    def eval_batch_seconds(self, micro_batch_size: int, seq_len: int) -> float | None:
+        """Seconds of one forward-only eval batch, or None when bench did not measure evaluation."""
+        from calibration.fit import EVAL_TERMS, eval_features
+
+        fit = (self.data.get("eval") or {}).get("fit")
+        if not fit:
+            return None
+        coefficients = [float(fit["parameters"][term]) for term in EVAL_TERMS]
+        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
 
     @property
     def training(self) -> dict[str, Any]:

@@ -130,6 +130,15 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
         for name in ("predicted_tokens_per_second", "actual_tokens_per_second"):
             if entry.get(name) is not None and not _is_number(entry[name]):
                 raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
+    evaluation = data.get("eval")
+    if evaluation is not None:
+        from calibration.fit import EVAL_TERMS
+
+        fit = evaluation.get("fit") if isinstance(evaluation, dict) else None
+        if not isinstance(evaluation, dict) or (fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))):
+            raise CalibrationFileError(f"calibration {path}: eval should be an object with measurements and a fit")
+        if fit is not None and not all(_is_number(fit["parameters"].get(term)) for term in EVAL_TERMS):
+            raise CalibrationFileError(f"calibration {path}: eval.fit.parameters should hold numbers for {', '.join(EVAL_TERMS)}")
     training = data.get("training")
     if training is not None and (not isinstance(training, dict) or training.get("method") not in ("full", "lora")):
         raise CalibrationFileError(f"calibration {path}: training.method should be 'full' or 'lora'")

@@ -156,13 +156,19 @@ def throughput_over_time(elapsed: list[float], actual: list[float], predicted: l
     return save(figure, path)
 
 
-def loss_curve(steps: list[int], losses: list[float], path: Path) -> Path:
+def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: list[int] | None = None, eval_losses: list[float] | None = None) -> Path:
     figure, axis = plt.subplots(figsize=(7.2, 4.0))
-    axis.plot(steps, losses, color="#8e44ad", linewidth=1)
+    axis.plot(steps, losses, color="#8e44ad", linewidth=1, label="training loss")
+    if eval_steps:
+        axis.plot(eval_steps, eval_losses, color="#e67e22", marker="o", linewidth=1.5, label="eval loss")
+        axis.legend()
     axis.set_xlabel("optimizer step")
-    axis.set_ylabel("training loss")
+    axis.set_ylabel("loss")
     if losses:
-        axis.set_title(f"Training loss\nfrom {losses[0]:.3f} to {losses[-1]:.3f} over {steps[-1]} steps")
+        title = f"Loss\ntraining from {losses[0]:.3f} to {losses[-1]:.3f} over {steps[-1]} steps"
+        if eval_losses:
+            title += f"; eval {eval_losses[-1]:.3f} at the end"
+        axis.set_title(title)
     return save(figure, path)
 
 

@@ -113,8 +113,14 @@ def write_run_report(run_dir: Path) -> Path:
         )
         figure_paths.append(
             (
-                figures.loss_curve([e["step"] for e in losses], [e["loss"] for e in losses], run_dir / "loss.png"),
-                "Training loss per optimizer step",
+                figures.loss_curve(
+                    [e["step"] for e in losses],
+                    [e["loss"] for e in losses],
+                    run_dir / "loss.png",
+                    [e["step"] for e in record.get("evals", [])],
+                    [e["eval_loss"] for e in record.get("evals", [])],
+                ),
+                "Training loss per optimizer step, and the held-out eval loss",
             )
         )
     history = error_rows(run_records(run_dir.parent))

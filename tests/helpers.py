@@ -20,6 +20,7 @@ TRUE_THROUGHPUT = {
     "recompute_per_token": 6e-7,
     "recompute_attention": 4e-10,
 }
+TRUE_EVAL = {"fixed": 1e-3, "per_token": 6e-7, "attention": 4e-10}
 TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_checkpointed": 5e4, "attention_checkpointed": 20.0}
 GIB = 2**30
 
@@ -87,6 +88,7 @@ def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes
             "warmup_extra_seconds": 0.2,
         },
         "fit": fit_measurements(rows),
+        "eval": {"measurements": [], "fit": {"terms": ["fixed", "per_token", "attention"], "parameters": TRUE_EVAL}},
         "history": [],
         "warnings": [],
     }

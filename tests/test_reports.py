@@ -122,7 +122,7 @@ def test_calibration_report(home: Path) -> None:
     assert HOSTILE not in html and "&lt;script&gt;" in html
     for name in ("measured_vs_predicted.png", "throughput_heatmap.png", "memory_vs_batch.png", "data_wait.png"):
         assert (report.parent / name).read_bytes().startswith(PNG_MAGIC), name
-    for phrase in ("The fit in words", "fixed per micro-step", "Hardware and software", "How past estimates", "varied by 22.2%"):
+    for phrase in ("The fit in words", "fixed per micro-step", "Hardware, software and what was trained", "How past estimates", "varied by 22.2%"):
         assert phrase in html
 
 

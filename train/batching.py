@@ -101,8 +101,9 @@ class PaddedBatches:
         batches: Sequence[Sequence[int]],
         max_length: int,
         pad_id: int,
+        loss_masks: Sequence[np.ndarray] | None = None,
     ) -> None:
-        self.samples, self.prompt_lengths = samples, prompt_lengths
+        self.samples, self.prompt_lengths, self.loss_masks = samples, prompt_lengths, loss_masks
         self.batches, self.max_length, self.pad_id = list(batches), max_length, pad_id
 
     def __len__(self) -> int:
@@ -123,6 +124,10 @@ class PaddedBatches:
             labels[r, : len(row)] = ids
             # prompt + completion data: no loss on the prompt.
             labels[r, : min(self.prompt_lengths[sample_index], len(row))] = IGNORE_INDEX
+            if self.loss_masks is not None:
+                # chat data: loss on the assistant's turns only.
+                keep = torch.as_tensor(np.asarray(self.loss_masks[sample_index][: len(row)], dtype=bool))
+                labels[r, : len(row)][~keep] = IGNORE_INDEX
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 

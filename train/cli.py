@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
+  train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h
 
 exit codes:
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
+    p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
+    p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
+    p.add_argument(
+        "--eval-every",
+        metavar="DURATION|Nsteps",
+        help="evaluate every N optimizer steps (500steps) or every DURATION (10m) as well as at the end (default: at the end only)",
+    )
     p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
     p.add_argument(
         "--gradient-checkpointing",

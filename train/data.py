@@ -28,6 +28,13 @@ class TokenizedData:
     prompt_lengths: list[int]
     format: str
     source: str
+    # Per-token True where the loss applies (chat: assistant turns); None: every token after the prompt.
+    loss_masks: list[np.ndarray] | None = None
+    loss_on: str = "all"
+
+    def subset(self, indices: list[int]) -> TokenizedData:
+        masks = [self.loss_masks[i] for i in indices] if self.loss_masks is not None else None
+        return TokenizedData([self.samples[i] for i in indices], [self.prompt_lengths[i] for i in indices], self.format, self.source, masks, self.loss_on)
 
     @cached_property
     def lengths(self) -> list[int]:

@@ -21,6 +21,7 @@ from calibration.model import Calibration
 from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
+from train.evaluation import EvalSchedule
 from train.method import MethodConfig, set_gradient_checkpointing
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
@@ -62,6 +63,7 @@ class LoopOutcome:
     last_checkpoint: str | None
     resumed_from: str | None = None
     exit_signal: int | None = None
+    evals: list[dict[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Position:
     predicted_seconds: float = 0.0
     losses: list[dict[str, float]] = field(default_factory=list)
     timeline: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
 
 
 class StopSignals:
@@ -114,12 +117,15 @@ class TrainingRun:
         on_update: Callable[[Position, list[str]], None] | None = None,
         step_hook: Callable[[int], None] | None = None,
         method: MethodConfig | None = None,
+        eval_data: TokenizedData | None = None,
+        eval_schedule: EvalSchedule | None = None,
     ) -> None:
         self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
         self.method = method or MethodConfig()
         self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
         self.on_update = on_update
         self.step_hook = step_hook  # tests slow the step down through this
+        self.eval_data, self.eval_schedule = eval_data, eval_schedule or EvalSchedule()
         self.events: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -162,7 +168,7 @@ class TrainingRun:
     def dataset(self, batches: list[list[int]]) -> Any:
         if self.data.packing:
             return PackedBatches(self._stream, batches, self.chosen.max_length)
-        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id)
+        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks)
 
     def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
@@ -186,7 +192,7 @@ class TrainingRun:
         # What must still fit after the last step: the final checkpoint and the final/ export (about
         # the same bytes, so the same measured seconds each).
         measured_save = 2 * self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
-        last_checkpoint_at = last_log_at = time.monotonic()
+        last_checkpoint_at = last_log_at = last_eval_at = time.monotonic()
         status = "completed"
         limit = self.total_steps()
         overrun_warned = False
@@ -261,7 +267,7 @@ class TrainingRun:
                                 progress.write(f"deadline: {self.events[-1]}")
                         # Stop while a step, a checkpoint and the report still fit before the deadline.
                         next_step = max(a for a, _ in recent) * 1.5
-                        last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - next_step
+                        last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - c.eval_pass_seconds - next_step
                         must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
                         stop_code = 2 if signals.received is not None else (1 if must_stop else 0)
                         stop_code = agree(self.accelerator, stop_code, "max")
@@ -274,6 +280,11 @@ class TrainingRun:
                             position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
                             self._log(progress, position, now, ratio, projected_finish)
                             self._update(position)
+                        # Every rank evaluates together (the loss is summed across them): agree on "due".
+                        due = self.eval_data is not None and status == "completed" and self.eval_schedule.due(position.step, now - last_eval_at)
+                        if agree(self.accelerator, int(due), "max"):
+                            self._evaluate(position, progress)
+                            last_eval_at = time.monotonic()
                         periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
                         if (periodic or status != "completed") and self.accelerator.is_main_process:
                             last_checkpoint, seconds = self._save(checkpoint_dir, position)
@@ -287,6 +298,9 @@ class TrainingRun:
                         position.batch_in_epoch = 0
                 if status == "completed" and position.step >= limit and self.settings.step_limit:
                     status = "step_limit"
+                evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
+                if self.eval_data is not None and position.step > 0 and not evaluated_here:
+                    self._evaluate(position, progress)  # every run ends with an evaluation
                 already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
                 if self.accelerator.is_main_process and not already_saved and position.step > 0:
                     last_checkpoint, seconds = self._save(checkpoint_dir, position)
@@ -306,6 +320,7 @@ class TrainingRun:
             step_seconds=position.step_seconds,
             checkpoint_seconds=checkpoint_times,
             losses=position.losses,
+            evals=position.evals,
             timeline=position.timeline,
             events=self.events,
             last_checkpoint=last_checkpoint,
@@ -326,6 +341,22 @@ class TrainingRun:
         if steps_left > 0 and epoch_steps:
             remaining += steps_left * elapsed_predicted[-1] / epoch_steps
         return remaining
+
+    def _evaluate(self, position: Position, progress: Any) -> None:
+        """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
+        from train.evaluation import evaluate_loss
+
+        c = self.chosen
+        result = evaluate_loss(self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed)
+        entry = {"step": position.step, "elapsed": time.monotonic() - self.settings.started_at, **result}
+        position.evals.append(entry)
+        if progress is not None:
+            progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
+        self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
+
+    def _track(self, values: dict[str, float], step: int) -> None:
+        if self.accelerator.is_main_process and getattr(self.accelerator, "trackers", None):
+            self.accelerator.log(values, step=step)
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
         s = self.settings

@@ -27,7 +27,9 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  estimate {format_duration(c.total_seconds)} (bounds {format_duration(c.total_seconds_low)} – "
         f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
-        f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints and report",
+        f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
+        + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
+        + " and report",
         f"  tokens: {c.tokens:,} real of {c.padded_tokens:,} computed ({_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin)",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from train.batching import (
     shard,
 )
 from train.data import TokenizedData, truncation
+from train.evaluation import EvalSchedule
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 # Share of samples each priority keeps whole (1 - the share it may truncate).
@@ -62,6 +63,7 @@ class PlanRequest:
     # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length, gradient_checkpointing.
     configuration: dict[str, int] | None = None
     gradient_checkpointing: str = "auto"  # auto | on | off
+    eval_schedule: EvalSchedule | None = None  # None: no evaluation
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -95,6 +97,8 @@ class Candidate:
     total_seconds_low: float = 0.0
     total_seconds_high: float = 0.0
     total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
+    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
+    eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
     tokens: int = 0  # real tokens trained on
     padded_tokens: int = 0  # positions computed, padding included
     peak_memory_bytes: float | None = None
@@ -191,6 +195,8 @@ def real_tokens(data: TokenizedData, max_length: int) -> int:
     """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
     if data.packing:
         return sum(data.lengths)
+    if data.loss_masks is not None:
+        return int(sum(int(mask[:max_length].sum()) for mask in data.loss_masks))
     kept = np.minimum(np.asarray(data.lengths), max_length)
     return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())
 
@@ -281,6 +287,7 @@ def evaluate(
     length: int,
     cache: ShapeCache | None = None,
     checkpointing: bool = False,
+    eval_data: TokenizedData | None = None,
 ) -> Candidate:
     candidate = Candidate(micro, accum, workers, length, request.world_size, checkpointing)
     epochs_whole = math.ceil(request.epochs)
@@ -309,7 +316,10 @@ def evaluate(
     candidate.step_seconds = step_seconds * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
     candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
-    candidate.overhead_seconds = overhead_seconds(calibration, candidate.step_seconds, request.checkpoint_interval_seconds)
+    if eval_data is not None and request.eval_schedule is not None:
+        candidate.eval_pass_seconds = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
+        candidate.eval_seconds = candidate.eval_pass_seconds * request.eval_schedule.count(remaining, candidate.step_seconds)
+    candidate.overhead_seconds = overhead_seconds(calibration, candidate.step_seconds, request.checkpoint_interval_seconds) + candidate.eval_seconds
     bound = calibration.relative_bound
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
@@ -323,6 +333,19 @@ def evaluate(
     if not data.packing:
         candidate.truncation = truncation(data.lengths, length)
     return candidate
+
+
+def eval_pass_seconds(calibration: Calibration, eval_data: TokenizedData, micro: int, length: int, seed: int) -> float:
+    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
+    from train.evaluation import eval_batches
+
+    total = 0.0
+    for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
+        seconds = calibration.eval_batch_seconds(shape.rows, shape.length)
+        if seconds is None:
+            return 0.0
+        total += seconds
+    return total
 
 
 def overhead_seconds(calibration: Calibration, step_seconds: float, checkpoint_interval: float) -> float:
@@ -342,9 +365,11 @@ def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, 
     return len(data.lengths) * mean_tokens * epochs / best
 
 
-def make_plan(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> Plan:
+def make_plan(calibration: Calibration, data: TokenizedData, request: PlanRequest, eval_data: TokenizedData | None = None) -> Plan:
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, len(data.lengths) // 4))
     warnings = noise_warnings(calibration)
+    if eval_data is not None and calibration.eval_batch_seconds(1, 1) is None:
+        warnings.append(f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it")
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         fixed = request.configuration
@@ -364,7 +389,9 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         options = [(micro, accum, worker_count, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
     cache: ShapeCache = {}
     candidates = [
-        evaluate(calibration, data, request, micro, accum, workers, length, cache, mode) for length in lengths for micro, accum, workers, mode in options
+        evaluate(calibration, data, request, micro, accum, workers, length, cache, mode, eval_data)
+        for length in lengths
+        for micro, accum, workers, mode in options
     ]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
@@ -374,7 +401,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
     available = request.deadline_seconds * (1 - request.margin_fraction) - request.elapsed_seconds
     step_limit = request.max_steps
     if chosen.total_seconds_promised > available and request.fit_deadline:
-        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available)
+        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data)
         notes.append(f"--fit-deadline: limited to {step_limit} optimizer steps so the run ends in time")
     meets = chosen.total_seconds_promised <= available
     cost = chosen.total_seconds / 3600 * request.price_per_hour if request.price_per_hour else None
@@ -437,7 +464,9 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
     return near + [c for c in by_time if c not in near]
 
 
-def shrink_to_deadline(calibration: Calibration, data: TokenizedData, request: PlanRequest, chosen: Candidate, available: float) -> tuple[Candidate, int]:
+def shrink_to_deadline(
+    calibration: Calibration, data: TokenizedData, request: PlanRequest, chosen: Candidate, available: float, eval_data: TokenizedData | None = None
+) -> tuple[Candidate, int]:
     """The same configuration with as many steps as fit: counted after the steps a resumed run
     already did, so the limit is the run's total."""
     per_step = chosen.step_seconds * (1 + calibration.promised_bound) / max(1, chosen.remaining_steps)
@@ -445,10 +474,9 @@ def shrink_to_deadline(calibration: Calibration, data: TokenizedData, request: P
     if steps < 1:
         raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
     limit = request.completed_steps + steps
-    limited = PlanRequest(**{**asdict(request), "max_steps": limit})
-    candidate = evaluate(
-        calibration, data, limited, chosen.micro_batch_size, chosen.grad_accum, chosen.num_workers, chosen.max_length, None, chosen.gradient_checkpointing
-    )
+    limited = replace(request, max_steps=limit)
+    c = chosen
+    candidate = evaluate(calibration, data, limited, c.micro_batch_size, c.grad_accum, c.num_workers, c.max_length, None, c.gradient_checkpointing, eval_data)
     return candidate, limit
 
 

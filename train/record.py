@@ -77,6 +77,7 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
         "tokens_per_second_low": chosen.tokens_per_second / (1 + bound),
         "tokens_per_second_high": chosen.tokens_per_second * (1 + bound),
         "peak_memory_bytes": chosen.peak_memory_bytes,
+        "eval_seconds": chosen.eval_seconds,
         "naive_seconds": plan.naive_seconds,
         "projected_finish_seconds": chosen.total_seconds,
         "cost": plan.cost,
@@ -94,6 +95,9 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
         "micro_batches": outcome.micro_batches,
         "checkpoint_seconds": outcome.checkpoint_seconds,
         "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
+        "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,
+        "final_perplexity": outcome.evals[-1]["perplexity"] if outcome.evals else None,
+        "eval_seconds": sum(entry["seconds"] for entry in outcome.evals),
         "status": outcome.status,
         "cost": total_seconds / 3600 * price_per_hour if price_per_hour else None,
     }

@@ -80,6 +80,15 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
         raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {args.margin}")
     if args.resume and not args.out:
         raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
+    if args.eval_data and args.eval_split is not None:
+        raise BenchtrainError("--eval-data and --eval-split are two ways to choose the eval set: pass one")
+    if args.eval_every and not (args.eval_data or args.eval_split is not None):
+        raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
+    from train.evaluation import parse_eval_every
+
+    checked["eval_schedule"] = parse_eval_every(args.eval_every)
+    if args.eval_split is not None and not 0 < args.eval_split < 1:
+        raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {args.eval_split}")
     return checked
 
 
@@ -137,6 +146,13 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     data_path = resolve_data_path(args.data)
     tokenizer = load_tokenizer(spec.directory, args.tokenizer)
     data = load_tokenized(data_path, tokenizer)
+    eval_data = None
+    if args.eval_split is not None:
+        from train.evaluation import split_eval
+
+        data, eval_data = split_eval(data, args.eval_split, args.seed)
+    elif args.eval_data:
+        eval_data = load_tokenized(resolve_data_path(args.eval_data), tokenizer)
     profile = length_profile(data.lengths)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -160,8 +176,9 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         completed_steps=completed,
         configuration={key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION} if previous else None,
         gradient_checkpointing=args.gradient_checkpointing,
+        eval_schedule=checked["eval_schedule"] if eval_data is not None else None,
     )
-    plan = make_plan(cal, data, request)
+    plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
 
     if is_main_process():
@@ -192,7 +209,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     record["plan"]["lora"] = method.settings()
     if is_main_process():
         write_run(out_dir, record)
-    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method)
+    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
     if is_main_process():
         report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
         from train.plan_text import describe_outcome
@@ -263,6 +280,7 @@ def finish_record(
     record["training"] = outcome["training"]
     record["status"] = loop.status
     record["losses"], record["timeline"] = loop.losses, loop.timeline
+    record["evals"] = loop.evals
     record["events"] = outcome["earlier_events"] + loop.events
     elapsed = time.monotonic() - started
     record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, args.price_per_hour)
@@ -294,6 +312,7 @@ def train_with_record(
     record: dict[str, Any],
     started: float,
     method: Any,
+    eval_data: Any = None,
 ) -> dict[str, Any]:
     from train.loop import LoopSettings, TrainingRun
     from train.method import method_record
@@ -321,6 +340,7 @@ def train_with_record(
         record["status"] = "running"
         record["timeline"] = position.timeline
         record["losses"] = position.losses
+        record["evals"] = position.evals
         record["events"] = earlier_events + events
         write_run(out_dir, record)
 
@@ -334,6 +354,8 @@ def train_with_record(
         settings=settings,
         on_update=on_update,
         method=method,
+        eval_data=eval_data,
+        eval_schedule=checked["eval_schedule"],
     )
     try:
         outcome = run.run()
