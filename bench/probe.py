@@ -24,6 +24,7 @@ from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_pa
 from train.checkpoint import save_checkpoint
 from train.data import TokenizedData
 from train.method import MethodConfig, method_record, set_gradient_checkpointing
+from train.metrics import data_wait_share, mfu
 from train.model import ModelShape, ModelSpec, build_model, model_shape
 from train.runtime import is_out_of_memory, make_accelerator, make_optimizer, pin_memory
 from train.step import TrainingStep
@@ -146,11 +147,11 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         step_seconds_spread=spread(step_seconds),
         step_seconds_min=min(step_seconds),
         step_seconds_max=max(step_seconds),
-        data_wait_share=min(1.0, sum(waits) / sum(step_seconds)),
+        data_wait_share=data_wait_share(sum(waits), sum(step_seconds)),
         peak_memory_bytes=int(memory.peak_bytes),
         timed_steps=len(step_seconds),
         load_average=machine_load(),
-        mfu=(tokens_per_second * workload.flops_per_token(config) / peak_flops) if peak_flops else None,
+        mfu=mfu(tokens_per_second, workload.flops_per_token(config), peak_flops),
     )
     return row
 

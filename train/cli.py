@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION|Nsteps",
         help="evaluate every N optimizer steps (500steps) or every DURATION (10m) as well as at the end (default: at the end only)",
     )
+    p.add_argument(
+        "--report-to",
+        default="none",
+        metavar="none|tensorboard|wandb|mlflow|trackio",
+        help="experiment trackers, a comma list (default: none); W&B offline with WANDB_MODE=offline",
+    )
     p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
     p.add_argument(
         "--gradient-checkpointing",

@@ -18,6 +18,7 @@ from typing import Any
 
 from calibration.fit import Config
 from calibration.model import Calibration
+from train import metrics, trackers
 from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
@@ -46,6 +47,7 @@ class LoopSettings:
     step_limit: int | None = None
     report_seconds: float = 0.0  # measured by bench: the report written after training
     resume: bool = False
+    report_to: tuple[str, ...] = ()  # experiment trackers (train.trackers)
 
 
 @dataclass
@@ -119,6 +121,7 @@ class TrainingRun:
         method: MethodConfig | None = None,
         eval_data: TokenizedData | None = None,
         eval_schedule: EvalSchedule | None = None,
+        tracker_record: dict[str, Any] | None = None,
     ) -> None:
         self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
         self.method = method or MethodConfig()
@@ -126,6 +129,7 @@ class TrainingRun:
         self.on_update = on_update
         self.step_hook = step_hook  # tests slow the step down through this
         self.eval_data, self.eval_schedule = eval_data, eval_schedule or EvalSchedule()
+        self.tracker_record = tracker_record or {}
         self.events: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -137,7 +141,7 @@ class TrainingRun:
         from train.runtime import make_accelerator, make_optimizer, pin_memory
         from train.step import TrainingStep
 
-        self.accelerator = make_accelerator()
+        self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(self.settings.seed)
         model = build_model(self.spec, self.accelerator.device, self.method)
         set_gradient_checkpointing(model, self.chosen.gradient_checkpointing)
@@ -147,6 +151,13 @@ class TrainingRun:
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.step = TrainingStep(self.accelerator, self.model, self.optimizer, self.scheduler)
         self.pin_memory = pin_memory(self.accelerator)
+        from train.hardware import detect_hardware
+        from train.model import model_shape
+
+        c = self.chosen
+        self.flops_per_token = model_shape(self.model).flops_per_token(c.max_length, lora=self.method.is_lora, recompute=c.gradient_checkpointing)
+        self.peak_flops = detect_hardware().get("peak_bf16_flops")
+        trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         c = self.chosen
@@ -274,6 +285,7 @@ class TrainingRun:
                         limit = agree(self.accelerator, limit, "min")
                         if stop_code:
                             status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+                        self._track_step(position, result, projected_finish - (now - s.started_at))
                         # -- record, log, checkpoint ----------------------------------------------
                         if now - last_log_at >= s.log_interval_seconds or status != "completed":
                             last_log_at = now
@@ -311,6 +323,7 @@ class TrainingRun:
         finally:
             if progress is not None:
                 progress.close()
+            trackers.finish(self.accelerator)
         return LoopOutcome(
             status=status,
             steps=position.step,
@@ -355,8 +368,24 @@ class TrainingRun:
         self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
 
     def _track(self, values: dict[str, float], step: int) -> None:
-        if self.accelerator.is_main_process and getattr(self.accelerator, "trackers", None):
-            self.accelerator.log(values, step=step)
+        if self.accelerator.is_main_process:
+            trackers.log(self.accelerator, values, step)
+
+    def _track_step(self, position: Position, result: Any, eta_seconds: float) -> None:
+        if not self.settings.report_to:
+            return
+        computed_rate = metrics.tokens_per_second(result.tokens * self.accelerator.num_processes, result.seconds)
+        self._track(
+            {
+                "train/loss": result.loss,
+                "train/learning_rate": self.scheduler.get_last_lr()[0],
+                "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
+                "train/mfu": metrics.mfu(computed_rate / self.accelerator.num_processes, self.flops_per_token, self.peak_flops),
+                "train/data_wait_share": metrics.data_wait_share(result.data_wait_seconds, result.seconds),
+                "train/eta_seconds": max(0.0, eta_seconds),
+            },
+            position.step,
+        )
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
         s = self.settings

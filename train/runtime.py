@@ -14,7 +14,7 @@ DEFAULT_LEARNING_RATE = 3e-4
 DEFAULT_WEIGHT_DECAY = 0.1
 
 
-def make_accelerator() -> Any:
+def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
     import torch
     from accelerate import Accelerator
 
@@ -27,7 +27,13 @@ def make_accelerator() -> Any:
     # Accelerator serves every grad_accum value a benchmark probes.
     # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(mixed_precision="bf16" if cuda else "no", gradient_accumulation_steps=1, cpu=not cuda and several)
+    return Accelerator(
+        mixed_precision="bf16" if cuda else "no",
+        gradient_accumulation_steps=1,
+        cpu=not cuda and several,
+        log_with=list(log_with) or None,
+        project_dir=str(project_dir) if project_dir is not None else None,
+    )
 
 
 def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:

@@ -87,6 +87,9 @@ def validate(args: argparse.Namespace) -> dict[str, Any]:
     from train.evaluation import parse_eval_every
 
     checked["eval_schedule"] = parse_eval_every(args.eval_every)
+    from train.trackers import parse_report_to
+
+    checked["report_to"] = parse_report_to(args.report_to)
     if args.eval_split is not None and not 0 < args.eval_split < 1:
         raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {args.eval_split}")
     return checked
@@ -332,6 +335,7 @@ def train_with_record(
         step_limit=plan.step_limit,
         report_seconds=0.0 if args.no_report else cal.overheads.get("report_seconds", 0.0),
         resume=args.resume,
+        report_to=checked["report_to"],
     )
 
     earlier_events = list(record.get("events", []))  # from the run this one resumes
@@ -356,6 +360,7 @@ def train_with_record(
         method=method,
         eval_data=eval_data,
         eval_schedule=checked["eval_schedule"],
+        tracker_record=record,
     )
     try:
         outcome = run.run()

@@ -1,0 +1,27 @@
+"""Training metrics computed in one place: tokens/s, TFLOP/s, MFU, data-wait share.
+
+MFU = achieved FLOP/s ÷ the device's dense bf16 peak (train.hardware's table). The FLOPs per
+token are the model's (train.model.ModelShape.flops_per_token: full or LoRA, with or without
+recompute) over the positions actually computed, padding included.
+"""
+
+from __future__ import annotations
+
+
+def tokens_per_second(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def tflops(tokens_per_second_computed: float, flops_per_token: float) -> float:
+    return tokens_per_second_computed * flops_per_token / 1e12
+
+
+def mfu(tokens_per_second_computed: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation, or None where the device has no peak-FLOPs entry (CPUs)."""
+    if not peak_flops:
+        return None
+    return tokens_per_second_computed * flops_per_token / peak_flops
+
+
+def data_wait_share(wait_seconds: float, step_seconds: float) -> float:
+    return min(1.0, wait_seconds / step_seconds) if step_seconds > 0 else 0.0
