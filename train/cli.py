@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|auto",
         help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
     )
+    p.add_argument(
+        "--train-on",
+        default="assistant",
+        choices=("assistant", "all"),
+        help="chat data: the loss on the assistant's turns (default) or on every token",
+    )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")

@@ -123,14 +123,40 @@ def detect_format(columns: list[str], path: str) -> str:
     raise BenchtrainError(f"{path}: no usable text field in columns {columns}; expected 'text', 'messages', or 'prompt' + 'completion'")
 
 
-def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:
-    """Token ids per sample (EOS-terminated) and, for prompt/completion, the prompt's length."""
+TRAIN_ON = ("assistant", "all")
+
+
+def assistant_character_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation rendered with the tokenizer's own chat template, and the character spans
+    that each assistant turn adds to it (the turn's text and its end-of-turn marker).
+
+    A turn's span runs from the end of everything before it (rendered with the generation prompt,
+    so the assistant header is not trained) to the end of the conversation through that turn."""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        through = tokenizer.apply_chat_template(messages[: index + 1], tokenize=False)
+        if not (rendered.startswith(through) and through.startswith(before)):
+            raise BenchtrainError("the chat template does not render conversations turn by turn; pass --train-on all")
+        spans.append((len(before), len(through)))
+    return rendered, spans
+
+
+def tokenize_records(dataset: Any, tokenizer: Any, path: str, train_on: str = "assistant") -> TokenizedData:
+    """Token ids per sample (EOS-terminated); for prompt/completion the prompt's length; for chat
+    with `train_on="assistant"` a per-token mask of the assistant turns."""
+    if train_on not in TRAIN_ON:
+        raise BenchtrainError(f"--train-on must be assistant or all, got {train_on!r}")
     fmt = detect_format(list(dataset.column_names), path)
+    masked = fmt == "messages" and train_on == "assistant"
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     text_field = next((field for field in TEXT_FIELDS if field in dataset.column_names), "text")
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        ids, prompt_lengths = [], []
+        ids, prompt_lengths, masks = [], [], []
         if fmt == "text":
             for text in batch[text_field]:
                 ids.append(tokenizer(str(text or ""), add_special_tokens=False)["input_ids"] + eos)
@@ -139,16 +165,25 @@ def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:
             for messages in batch["messages"]:
                 if not isinstance(messages, list) or not messages:
                     raise BenchtrainError(f"{path}: a 'messages' value is not a non-empty list of {{role, content}}")
-                rendered = tokenizer.apply_chat_template(messages, tokenize=False)
-                ids.append(tokenizer(rendered, add_special_tokens=False)["input_ids"])
                 prompt_lengths.append(0)
+                if not masked:
+                    ids.append(tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
+                    continue
+                rendered, spans = assistant_character_spans(tokenizer, messages)
+                encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+                ids.append(encoded["input_ids"])
+                # A token is trained when it starts inside an assistant turn's span.
+                masks.append([int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]])
         else:
             for prompt, completion in zip(batch["prompt"], batch["completion"], strict=True):
                 prompt_ids = tokenizer(str(prompt or ""), add_special_tokens=False)["input_ids"]
                 completion_ids = tokenizer(str(completion or ""), add_special_tokens=False)["input_ids"] + eos
                 ids.append(prompt_ids + completion_ids)
                 prompt_lengths.append(len(prompt_ids))
-        return {"input_ids": ids, "prompt_length": prompt_lengths}
+        columns = {"input_ids": ids, "prompt_length": prompt_lengths}
+        if masked:
+            columns["loss_mask"] = masks
+        return columns
 
     try:
         # datasets caches the result next to the loaded files, keyed by the function's fingerprint.
@@ -166,11 +201,18 @@ def tokenize_records(dataset: Any, tokenizer: Any, path: str) -> TokenizedData:
     if not keep:
         raise BenchtrainError(f"{path}: every sample is empty after tokenization")
     prompt_lengths = [int(value) for value in tokenized["prompt_length"]]
-    return TokenizedData([samples[i] for i in keep], [prompt_lengths[i] for i in keep], fmt, path)
+    loss_masks = None
+    if masked:
+        all_masks = [np.asarray(mask, dtype=bool) for mask in column["loss_mask"]]
+        loss_masks = [all_masks[i] for i in keep]
+        if not any(mask.any() for mask in loss_masks):
+            raise BenchtrainError(f"{path}: no assistant turn to train on; add assistant messages or pass --train-on all")
+    loss_on = {"messages": "assistant turns" if masked else "all tokens", "prompt_completion": "completions"}.get(fmt, "all tokens")
+    return TokenizedData([samples[i] for i in keep], [prompt_lengths[i] for i in keep], fmt, path, loss_masks, loss_on)
 
 
-def load_tokenized(path: str, tokenizer: Any) -> TokenizedData:
-    return tokenize_records(load_records(path), tokenizer, path)
+def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant") -> TokenizedData:
+    return tokenize_records(load_records(path), tokenizer, path, train_on)
 
 
 PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)

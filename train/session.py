@@ -148,14 +148,14 @@ def run_training(args: argparse.Namespace, started: float) -> int:
 
     data_path = resolve_data_path(args.data)
     tokenizer = load_tokenizer(spec.directory, args.tokenizer)
-    data = load_tokenized(data_path, tokenizer)
+    data = load_tokenized(data_path, tokenizer, args.train_on)
     eval_data = None
     if args.eval_split is not None:
         from train.evaluation import split_eval
 
         data, eval_data = split_eval(data, args.eval_split, args.seed)
     elif args.eval_data:
-        eval_data = load_tokenized(resolve_data_path(args.eval_data), tokenizer)
+        eval_data = load_tokenized(resolve_data_path(args.eval_data), tokenizer, args.train_on)
     profile = length_profile(data.lengths)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -250,7 +250,7 @@ def open_record(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
-    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "profile": profile}
+    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "loss_on": data.loss_on, "profile": profile}
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
     # The model section is completed with parameter counts once the model is built.
