@@ -62,6 +62,9 @@ def test_lora_final_is_an_adapter_that_peft_loads_onto_the_written_base(tmp_path
     adapted = PeftModel.from_pretrained(base, final)
     assert torch.allclose(logits(adapted), expected, atol=1e-5)
     assert adapted.generate(input_ids=PROMPT, max_new_tokens=4, do_sample=False).shape == (1, 12)
+    from peft import AutoPeftModelForCausalLM
+
+    assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(final)), expected, atol=1e-5)  # as the README shows
     merged = AutoModelForCausalLM.from_pretrained(record["merged_path"])
     assert torch.allclose(logits(merged), expected, atol=1e-5)  # merged = base + adapter
 
