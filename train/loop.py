@@ -20,7 +20,7 @@ from calibration.fit import Config
 from calibration.model import Calibration
 from train import metrics, trackers
 from train.batching import PackedBatches, PaddedBatches, make_loader
-from train.checkpoint import checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
+from train.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
 from train.evaluation import EvalSchedule
 from train.method import MethodConfig, set_gradient_checkpointing
@@ -441,7 +441,14 @@ class TrainingRun:
             from calibration.errors import BenchtrainError
 
             raise BenchtrainError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}")
-        meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
+        try:
+            meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
+        except CheckpointReadError as error:
+            if len(found) < 2:
+                raise
+            raise CheckpointReadError(
+                f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again"
+            ) from None
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])
