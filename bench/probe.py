@@ -12,16 +12,13 @@ from __future__ import annotations
 import gc
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.memory import PeakMemory
 from bench.space import ProbeConfig
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
-from train.checkpoint import save_checkpoint
 from train.data import TokenizedData
 from train.method import MethodConfig, method_record, set_gradient_checkpointing
 from train.metrics import data_wait_share, mfu
@@ -89,15 +86,6 @@ class Workload:
         rows = count * config.micro_batch_size
         plan = plan_packed_batches(rows, config.micro_batch_size, seed=0, epoch=0)
         return PackedBatches(self._stream, plan, config.seq_len)
-
-    def measure_checkpoint_seconds(self) -> tuple[float, int]:
-        """Save one real checkpoint to a temporary folder: (seconds, bytes)."""
-        with tempfile.TemporaryDirectory() as folder:
-            target = Path(folder) / "step-0000000"
-            seconds = save_checkpoint(target, self.model, self.optimizer, self.scheduler, {"step": 0})
-            size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
-        return seconds, size
-
 
 def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
     """A measurement row (status ok / oom / error) for one configuration."""

@@ -110,11 +110,11 @@ def run_command(args: argparse.Namespace) -> int:
             progress.close()
 
     eval_rows = measure_evaluation(workload, result.rows)
-    checkpoint_seconds, checkpoint_bytes = workload.measure_checkpoint_seconds()
+    from bench.disk_write import measure_checkpoint
+
     overheads = {
         "model_build_seconds": round(workload.build_seconds, 4),
-        "checkpoint_save_seconds": round(checkpoint_seconds, 4),
-        "checkpoint_bytes": checkpoint_bytes,
+        **measure_checkpoint(workload, writable_subdir("scratch")),
         "warmup_steps": settings.warmup_steps,
         "warmup_extra_seconds": round(warmup_extra_seconds(result.rows, settings.warmup_steps), 4),
     }

@@ -37,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
-    p.add_argument("--use-calibration", default="latest", metavar="latest|ID|PATH", help="calibration to plan with (default: latest)")
+    p.add_argument(
+        "--use-calibration",
+        metavar="latest|ID|PATH",
+        help="calibration to plan with (default: latest; with --resume, the one the run started with)",
+    )
     p.add_argument(
         "--data",
         required=True,

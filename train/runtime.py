@@ -14,10 +14,19 @@ DEFAULT_LEARNING_RATE = 3e-4
 DEFAULT_WEIGHT_DECAY = 0.1
 
 
+def quiet_library_warnings() -> None:
+    """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
+    on every model: a warning the user can do nothing about."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+
+
 def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
     import torch
     from accelerate import Accelerator
 
+    quiet_library_warnings()
     cuda = torch.cuda.is_available()
     if cuda:
         # TF32 for any fp32 matmul left outside autocast (nanoGPT, torchtitan do the same).

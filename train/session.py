@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -14,11 +15,34 @@ from typing import Any
 from calibration.accuracy import estimate_error_pct
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
+from train.checkpoint import list_checkpoints
 from train.cli import is_main_process, resolve_data_path, say
+from train.disk import RunLock, check_space, disk_need
 from train.method import method_from_args
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
+
+
+def load_calibration(args: argparse.Namespace, previous: dict[str, Any] | None, calibration_api: Any) -> Any:
+    """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
+    the calibration it started with, and another one is refused unless --force."""
+    on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
+    if previous is None:
+        return calibration_api.load(args.use_calibration or "latest", on_skip=on_skip)
+    own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
+    if args.use_calibration is not None:
+        chosen = calibration_api.load(args.use_calibration, on_skip=on_skip)
+        if chosen.id != own_id and not args.force:
+            raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
+        return chosen
+    for reference in (own_path, own_id):
+        if reference and (Path(reference).is_file() or "/" not in str(reference)):
+            try:
+                return calibration_api.load(reference)
+            except BenchtrainError:
+                continue
+    raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
 
 
 def resumed_method(previous: dict[str, Any]) -> Any:
@@ -135,7 +159,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
     method = resumed_method(previous) if previous else method_from_args(args)
-    cal = calibration_api.load(args.use_calibration, on_skip=lambda message: say(f"warning: {message}"))
+    cal = load_calibration(args, previous, calibration_api)
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     hardware = detect_hardware()
@@ -210,14 +234,21 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     record["plan"]["method"] = method.method
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
-    if is_main_process():
-        write_run(out_dir, record)
-    outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
-    if is_main_process():
-        report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
-        from train.plan_text import describe_outcome
+    with contextlib.ExitStack() as held:
+        if is_main_process():
+            # One train per run folder; then room for what it will write, before any work.
+            held.enter_context(RunLock(out_dir))
+            existing = len(list_checkpoints(out_dir / "checkpoints"))
+            merge = bool(args.merge_lora and method.is_lora)
+            space = disk_need(need, method.is_lora, not spec.has_weights, merge, hardware["device_type"], args.keep_checkpoints, existing)
+            check_space(out_dir, space, args.keep_checkpoints)
+            write_run(out_dir, record)
+        outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
+        if is_main_process():
+            report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
+            from train.plan_text import describe_outcome
 
-        print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+            print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
     from train.runtime import finish_together
 
     # Every rank waits until rank 0 has written everything: none exits while another still works.

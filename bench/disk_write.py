@@ -1,0 +1,69 @@
+"""How long a checkpoint takes to write, measured with a bounded write.
+
+A checkpoint small enough (at most MAX_WRITE_BYTES and half the free space) is saved for real and
+timed. A bigger one — a 12B model's weights and optimizer state are ~150 GB — is never written by
+`bench`: it times writing MAX_WRITE_BYTES (or half the free space, if less) with fsync, and
+extrapolates by bytes. Bench must not fill the disk it measures.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from train.checkpoint import checkpoint_bytes, save_checkpoint
+from train.disk import free_bytes
+
+MAX_WRITE_BYTES = 2 * 2**30
+CHUNK_BYTES = 64 * 2**20
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    total = 0
+    for state in optimizer.state_dict()["state"].values():
+        for value in state.values():
+            if hasattr(value, "numel"):
+                total += value.numel() * value.element_size()
+    return total
+
+
+def write_bandwidth(folder: Path, size: int) -> float:
+    """Bytes per second writing `size` bytes to a file in `folder`, fsync included."""
+    chunk = os.urandom(min(CHUNK_BYTES, max(size, 1)))
+    descriptor, name = tempfile.mkstemp(dir=folder, prefix=".bench-write-")
+    started = time.perf_counter()
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            written = 0
+            while written < size:
+                piece = chunk[: size - written]
+                handle.write(piece)
+                written += len(piece)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return written / max(time.perf_counter() - started, 1e-9)
+    finally:
+        os.unlink(name)
+
+
+def measure_checkpoint(workload: Any, folder: Path) -> dict[str, float]:
+    """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the
+    seconds were extrapolated (1) or timed on a real save (0)."""
+    size = checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer))
+    limit = min(MAX_WRITE_BYTES, free_bytes(folder) // 2)
+    if size <= limit:
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})
+        bandwidth = size / max(seconds, 1e-9)
+        timed = {"checkpoint_save_seconds": round(seconds, 4), "checkpoint_bytes": size}
+        return {**timed, "disk_write_bytes_per_second": round(bandwidth), "checkpoint_extrapolated": 0}
+    bandwidth = write_bandwidth(folder, limit)
+    return {
+        "checkpoint_save_seconds": round(size / bandwidth, 4),
+        "checkpoint_bytes": size,
+        "disk_write_bytes_per_second": round(bandwidth),
+        "checkpoint_extrapolated": 1,
+    }

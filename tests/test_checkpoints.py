@@ -1,0 +1,237 @@
+"""Nothing lost, nothing executed (issue 14): disk space up front, ENOSPC mid-run, safe loading,
+kill -9 at any moment, one train per run folder, the run's own calibration, concurrent benches."""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import synthetic_calibration
+from test_cli import assert_one_line_error, calibrated_home, run_main
+
+from train.checkpoint import OPTIMIZER_FILE, list_checkpoints
+
+__all__ = ["calibrated_home"]
+RUN = ["--deadline", "30m", "--effective-batch", "4", "--no-report"]
+
+
+def run_train(data: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    return run_main("train", ["--data", str(data), *RUN, "--out", str(out), *extra], capsys)
+
+
+def test_too_little_space_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys) -> None:
+    import train.disk
+
+    monkeypatch.setattr(train.disk, "free_bytes", lambda folder: 1_000_000)
+    out = calibrated_home / "small"
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
+    assert_one_line_error(code, err, "for 2 checkpoints and the final model, 0.00 GB free; free space, lower --keep-checkpoints", expected_code=5)
+    assert not list_checkpoints(out / "checkpoints")
+
+
+def test_a_real_tiny_filesystem_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys) -> None:
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        code, _, err = run_train(heavy_tailed_jsonl, mount / "run", "--max-steps", "2", capsys=capsys)
+        assert_one_line_error(code, err, "GB free; free space, lower --keep-checkpoints, or use --out elsewhere", expected_code=5)
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_the_run_resumes(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys
+) -> None:
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+    saves = {"count": 0}
+
+    def full_on_the_third_save(tensors, filename, *args, **kwargs):
+        saves["count"] += 1
+        if saves["count"] == 3:
+            with open(filename, "wb") as handle:
+                handle.write(b"partial")  # what a full disk leaves behind
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_on_the_third_save)
+    out = calibrated_home / "run"
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "6", "--checkpoint-interval", "0.001s", capsys=capsys)
+    assert_one_line_error(code, err, "the disk is full; the last checkpoint, step-0000002, is intact", expected_code=5)
+    assert f"train --resume --out {out}" in err
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000001", "step-0000002"]
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # the partial folder is gone
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    code, out_text, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "6", "--resume", capsys=capsys)
+    assert code == 0, err
+    assert "resuming from step 2 of 6" in out_text
+    assert json.loads((out / "run.json").read_text())["actual"]["steps"] == 6
+
+
+class RunsCode:
+    """A pickle that would create a file when unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_without_running_it(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys
+) -> None:
+    import torch
+
+    out = calibrated_home / "run"
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
+    assert code == 0, err
+    latest = list_checkpoints(out / "checkpoints")[-1]
+    marker = tmp_path / "code-ran"
+    torch.save({"optimizer": RunsCode(marker)}, latest / OPTIMIZER_FILE)
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", capsys=capsys)
+    assert_one_line_error(code, err, "cannot be loaded safely")
+    assert not marker.exists()
+
+
+def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
+    out = calibrated_home / "run"
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "3", "--checkpoint-interval", "0.001s", capsys=capsys)
+    assert code == 0, err
+    found = list_checkpoints(out / "checkpoints")
+    (found[-1] / "model.safetensors").write_bytes(b"\x00" * 64)
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", capsys=capsys)
+    assert_one_line_error(code, err, f"the previous checkpoint, {found[-2].name}, is intact")
+
+
+def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
+    from train.disk import LOCK_FILE, RunLock
+
+    out = calibrated_home / "run"
+    with RunLock(out):
+        code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
+        assert_one_line_error(code, err, f"is in use by another train (pid {os.getpid()})")
+    (out / LOCK_FILE).write_text("999999")  # left by a crashed run: no process holds it
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
+    assert code == 0, err
+
+
+def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
+    from calibration.store import save_calibration
+    from train.hardware import detect_hardware
+    from train.model import resolve_model
+
+    out = calibrated_home / "run"
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
+    assert code == 0, err
+    own = json.loads((out / "run.json").read_text())["calibration_id"]
+    newer = synthetic_calibration(
+        hardware=detect_hardware(),
+        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        id="newer-calibration",
+        created_at="2030-01-01T00:00:00+00:00",
+    )
+    save_calibration(newer)
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "3", "--resume", capsys=capsys)
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["calibration_id"] == own  # not the newer latest
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", capsys=capsys)
+    assert_one_line_error(code, err, f"this run was planned with calibration {own}, not newer-calibration")
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", "--force", capsys=capsys)
+    assert code == 0, err
+
+
+def test_bench_times_a_big_checkpoint_with_a_bounded_write(tmp_path: Path, monkeypatch) -> None:
+    import bench.disk_write as disk_write
+    from bench.probe import Workload
+    from train.model import resolve_model
+
+    written: list[int] = []
+    real = disk_write.write_bandwidth
+    monkeypatch.setattr(disk_write, "MAX_WRITE_BYTES", 1_000_000)  # the tiny model's checkpoint is "too big"
+    monkeypatch.setattr(disk_write, "write_bandwidth", lambda folder, size: written.append(size) or real(folder, size))
+    result = disk_write.measure_checkpoint(Workload(resolve_model("tiny")), tmp_path)
+    assert result["checkpoint_extrapolated"] == 1 and written == [1_000_000]
+    assert result["checkpoint_bytes"] > 1_000_000 and result["checkpoint_save_seconds"] > 0
+    assert not list(tmp_path.iterdir())  # the scratch file is gone
+
+
+def _save_many(home: str, worker: int, count: int) -> None:
+    os.environ["BENCHTRAIN_HOME"] = home
+    from calibration.store import save_calibration, update_calibration
+
+    for index in range(count):
+        path = save_calibration(synthetic_calibration(id="same-second-id"))
+        update_calibration(path, lambda data, w=worker, i=index: data["history"].append({"run_id": f"{w}-{i}"}))
+
+
+def test_concurrent_benches_keep_every_calibration(home: Path) -> None:
+    from calibration.schema import read_calibration_file
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_save_many, args=(str(home), worker, 12)) for worker in range(3)]
+    for process in workers:
+        process.start()
+    for process in workers:
+        process.join(120)
+        assert process.exitcode == 0
+    files = sorted((home / "calibrations").glob("*.json"))
+    assert len(files) == 36
+    ids = {read_calibration_file(path)["id"] for path in files}  # every one valid JSON, every id unique
+    assert len(ids) == 36
+    assert all(len(read_calibration_file(path)["history"]) == 1 for path in files)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kill_9_at_any_moment_leaves_a_resumable_run_on_the_same_loss_curve(calibrated_home: Path, heavy_tailed_jsonl: Path) -> None:
+    env = {**os.environ, "BENCHTRAIN_HOME": str(calibrated_home), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    steps = "200"  # more than 20 kills get through (15 epochs of 14 steps, cut at 200)
+    common = [sys.executable, "-m", "train", "--data", str(heavy_tailed_jsonl), *RUN, "--epochs", "15", "--max-steps", steps, "--keep-checkpoints", "2"]
+
+    reference = calibrated_home / "reference"
+    done = subprocess.run([*common, "--out", str(reference)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = [entry["loss"] for entry in json.loads((reference / "run.json").read_text())["losses"]]
+
+    out = calibrated_home / "killed"
+    rng = random.Random(0)
+    kills = 0
+    while kills < 20:
+        resume = ["--resume"] if list_checkpoints(out / "checkpoints") else []
+        # Checkpoint after every step: most of the time is spent inside a save.
+        # (the plan counts one checkpoint per step: a deadline far away keeps the guard out of it)
+        command = [*common, "--out", str(out), "--checkpoint-interval", "0.001s", "--deadline", "1000h", *resume]
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        before = {p.name for p in list_checkpoints(out / "checkpoints")}
+        deadline = time.monotonic() + 120
+        while process.poll() is None and {p.name for p in list_checkpoints(out / "checkpoints")} <= before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.25))
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode()
+            assert process.returncode == 0, stderr[-2000:]  # it finished: start again from scratch
+            break
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        process.stderr.close()
+        kills += 1
+        assert list_checkpoints(out / "checkpoints"), "a kill left no complete checkpoint"
+    assert kills >= 20
+    finished = subprocess.run([*common, "--out", str(out), "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    record = json.loads((out / "run.json").read_text())
+    assert [entry["step"] for entry in record["losses"]] == list(range(1, int(steps) + 1))
+    assert [entry["loss"] for entry in record["losses"]] == expected
