@@ -25,6 +25,7 @@ exit codes:
   0  trained (or, with --dry-run, the plan fits the deadline)
   2  bad input: one line says what and how to fix it
   3  the plan does not fit the deadline (with --dry-run too); the line lists options, or use --fit-deadline
+  5  no room on the disk for the run, or a checkpoint save failed (the previous one is intact)
   130 interrupted (SIGINT/SIGTERM): a checkpoint was saved, continue with --resume
 """
 SAMPLES = {"sample": "sample.jsonl", "sample-chat": "sample_chat.jsonl"}
