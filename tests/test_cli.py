@@ -28,6 +28,10 @@ SMALL_GRID = [
 ]
 
 
+# Enough probes for a fit (8), for tests that check what bench records rather than how well it fits.
+TINY_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
+
+
 def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     package = {"report": "reports"}.get(module, module)
     main = __import__(f"{package}.cli", fromlist=["main"]).main

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import TRUE_EVAL, synthetic_calibration
-from test_cli import SMALL_GRID, assert_one_line_error, calibrated_home, run_main
+from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_planner import heavy_tailed, tokenized
 
 from calibration.errors import BenchtrainError
@@ -60,7 +60,7 @@ def test_the_plan_adds_evaluation_time() -> None:
 
 
 def test_bench_measures_evaluation_and_train_evaluates_on_schedule(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_main("bench", ["run", "--gpu", "cpu", *SMALL_GRID, "--no-report"], capsys)
+    code, _, err = run_main("bench", ["run", "--gpu", "cpu", *TINY_GRID, "--no-report"], capsys)
     assert code == 0, err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     assert len(data["eval"]["measurements"]) == 4 and all(row["status"] == "ok" for row in data["eval"]["measurements"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import synthetic_calibration, synthetic_rows
-from test_cli import SMALL_GRID, assert_one_line_error, calibrated_home, run_main
+from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
 from calibration.errors import BenchtrainError
@@ -118,7 +118,7 @@ def test_bench_refuses_a_model_that_cannot_fit(home: Path, capsys: pytest.Captur
 
 
 def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *SMALL_GRID, "--no-report"], capsys)
+    code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *TINY_GRID, "--no-report"], capsys)
     assert code == 0, err
     assert "trainable" in err and "LoRA rank 8" in err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
