@@ -20,6 +20,7 @@ RUN_EXAMPLES = """examples:
   bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
   bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
   bench run --data train.jsonl --model ./my-model   # real tokens from your data
+  bench refit latest                                 # fit stored measurements again with this version's model
 
 exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
 """
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EXAMPLES,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    commands = parser.add_subparsers(dest="command", metavar="{run,list,show}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,list,show,refit}")
 
     run = commands.add_parser(
         "run",
@@ -79,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("reference", nargs="?", default="latest", metavar="latest|ID|PATH")
     show.add_argument("--json", action="store_true", help="print the calibration JSON")
     show.add_argument("--debug", action="store_true")
+
+    refit = commands.add_parser(
+        "refit",
+        help="fit a stored calibration's measurements again with this version's model; stores a new calibration",
+        description="Re-fit the measurements of a stored calibration with the current fitting code (measurements unchanged) and store "
+        "the result as a new calibration whose refit_of names the source.",
+    )
+    refit.add_argument("reference", nargs="?", default="latest", metavar="latest|ID|PATH")
+    refit.add_argument("--debug", action="store_true")
     return parser
 
 
@@ -96,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(args)
     if args.command == "list":
         return list_command()
+    if args.command == "refit":
+        from bench.refit import refit_command
+
+        return refit_command(args.reference)
     return show_command(args.reference, args.json)
 
 

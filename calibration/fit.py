@@ -14,7 +14,14 @@ Throughput. The time of one micro-step (one forward + backward of `micro_batch_s
       + recompute_attention * B*S*S*[C]   ... and its attention part ([C] = 1 with checkpointing)
 
 fitted by non-negative least squares on relative error, so every term stays physical and the
-model extrapolates sensibly from few probes. Each probe also measures how long the step waited for
+model extrapolates sensibly from few probes.
+
+On a GPU the host and the device work at the same time: the host launches kernels (the fixed
+cost) while the device computes (the per-token, attention and recompute terms), so a micro-step
+takes about the longer of the two, not their sum: small micro-batches are bound by the host,
+large ones by compute. The `overlap` form replaces the sum of those two parts by a smooth maximum,
+(fixed^p + device^p)^(1/p), with p fitted (p = 1 is the sum again; the larger p, the sharper the
+maximum). The optimizer step and the data terms stay additive. Each probe also measures how long the step waited for
 the DataLoader: the two data terms are fitted to that wait and the others to the rest of the step,
 so compute and data supply are told apart even with two worker counts. A residual smoother (a kernel-weighted average of
 the physical model's log-residuals, shrunk to zero away from the data) is fitted too; whichever
@@ -52,6 +59,7 @@ THROUGHPUT_TERMS = (
 )
 MEMORY_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed")
 MAX_FOLDS = 10
+LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
 
 
 @dataclass(frozen=True)
@@ -172,13 +180,33 @@ def residual_coordinates(config: Config) -> np.ndarray:
     )
 
 
+# The device part of a micro-step (overlapping with the host's fixed cost in the `overlap` form).
+DEVICE_TERMS = ("per_token", "attention", "recompute_per_token", "recompute_attention")
+HOST_TERM = "fixed"
+MAX_OVERLAP_POWER = 32.0
+
+
+def overlapped(host: np.ndarray | float, device: np.ndarray | float, power: float) -> np.ndarray | float:
+    """Smooth maximum of host and device time: their sum at power 1, their maximum as power grows."""
+    if power == 1.0:
+        return host + device
+    high = np.maximum(host, device)
+    safe = np.where(high > 0, high, 1.0)
+    return safe * ((host / safe) ** power + (device / safe) ** power) ** (1.0 / power) * (high > 0)
+
+
 @dataclass
 class ThroughputModel:
     coefficients: dict[str, float]
     smoother: ResidualSmoother | None = None
+    overlap_power: float = 1.0
 
     def micro_step_seconds(self, config: Config) -> float:
-        base = float(np.dot(throughput_features(config), [self.coefficients[t] for t in THROUGHPUT_TERMS]))
+        features = throughput_features(config)
+        parts = {term: features[index] * self.coefficients[term] for index, term in enumerate(THROUGHPUT_TERMS)}
+        device = sum(parts[term] for term in DEVICE_TERMS)
+        rest = sum(value for term, value in parts.items() if term not in DEVICE_TERMS and term != HOST_TERM)
+        base = float(overlapped(parts[HOST_TERM], device, self.overlap_power)) + rest
         if self.smoother is not None:
             base *= math.exp(self.smoother(config))
         return max(base, 1e-9)
@@ -204,12 +232,46 @@ COMPUTE_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term not in DAT
 DATA_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term in DATA_TERMS]
 
 
+def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray) -> tuple[np.ndarray, float]:
+    """The compute terms and the overlap power, by robust non-negative nonlinear least squares on
+    relative error, started from the additive (power 1) solution."""
+    from scipy.optimize import least_squares
+
+    columns = [THROUGHPUT_TERMS.index(term) for term in THROUGHPUT_TERMS if THROUGHPUT_TERMS.index(term) in COMPUTE_INDEX]
+    device = [columns.index(THROUGHPUT_TERMS.index(term)) for term in DEVICE_TERMS]
+    host = columns.index(THROUGHPUT_TERMS.index(HOST_TERM))
+    additive = [position for position in range(len(columns)) if position not in device and position != host]
+    weight = 1.0 / (scale * (uncertainty if uncertainty is not None else 1.0))
+    magnitude = np.abs(features).max(axis=0)
+    # Terms no probe exercises (e.g. recompute without checkpointed probes) stay at zero.
+    free = magnitude > 0
+    magnitude = np.where(free, magnitude, 1.0)
+    unit = targets.mean()
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        theta = np.where(free, x[:-1], 0.0) * unit / magnitude
+        host_part = features[:, host] * theta[host]
+        device_part = features[:, device] @ theta[device]
+        return overlapped(host_part, device_part, float(np.exp(x[-1]))) + features[:, additive] @ theta[additive]
+
+    x0 = np.concatenate([start * magnitude / unit, [np.log(2.0)]])
+    solution = least_squares(
+        lambda x: (predict(x) - targets) * weight,
+        np.clip(x0, 0, None),
+        bounds=(np.zeros(len(x0)), np.concatenate([np.full(len(x0) - 1, np.inf), [np.log(MAX_OVERLAP_POWER)]])),
+        loss="soft_l1",
+        f_scale=2.0,
+    )
+    return np.where(free, solution.x[:-1], 0.0) * unit / magnitude, float(np.exp(solution.x[-1]))
+
+
 def fit_throughput(
     configs: Sequence[Config],
     micro_seconds: np.ndarray,
     smooth: bool,
     wait_seconds: np.ndarray | None = None,
     uncertainty: np.ndarray | None = None,
+    overlap: bool = False,
 ) -> ThroughputModel:
     """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
     the others to the rest of the step, which keeps each term's meaning when probes are few."""
@@ -221,7 +283,11 @@ def fit_throughput(
         solution = np.zeros(len(THROUGHPUT_TERMS))
         solution[COMPUTE_INDEX] = fit_nonnegative(features[:, COMPUTE_INDEX], micro_seconds - wait, scale=micro_seconds, uncertainty=uncertainty)
         solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds, uncertainty=uncertainty)
-    model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)))
+    power = 1.0
+    if overlap and wait_seconds is not None:  # the data terms must be fitted apart (to the wait)
+        wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
+        solution[COMPUTE_INDEX], power = fit_overlap(features[:, COMPUTE_INDEX], micro_seconds - wait, micro_seconds, uncertainty, solution[COMPUTE_INDEX])
+    model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)), overlap_power=power)
     if smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
         points = np.stack([residual_coordinates(c) for c in configs])
@@ -236,8 +302,9 @@ def fit_memory(configs: Sequence[Config], peak_bytes: np.ndarray) -> MemoryModel
 
 
 def folds(count: int) -> list[np.ndarray]:
-    """Leave-one-out up to MAX_FOLDS rows, then MAX_FOLDS interleaved folds."""
-    if count <= MAX_FOLDS:
+    """Leave-one-out up to LEAVE_ONE_OUT_UP_TO rows (each probe predicted by a fit that never saw
+    it), then MAX_FOLDS interleaved folds."""
+    if count <= LEAVE_ONE_OUT_UP_TO:
         return [np.array([index]) for index in range(count)]
     return [np.arange(start, count, MAX_FOLDS) for start in range(MAX_FOLDS)]
 
@@ -285,6 +352,7 @@ def cross_validate_throughput(
     smooth: bool,
     wait_seconds: np.ndarray | None = None,
     uncertainty: np.ndarray | None = None,
+    overlap: bool = False,
 ) -> tuple[ErrorSummary, np.ndarray]:
     """Held-out tokens/s error, and the held-out prediction for each row."""
     held_out = np.empty(len(configs))
@@ -292,7 +360,7 @@ def cross_validate_throughput(
         train = np.setdiff1d(np.arange(len(configs)), test)
         waits = None if wait_seconds is None else wait_seconds[train]
         weights = None if uncertainty is None else uncertainty[train]
-        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights)
+        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights, overlap)
         for index in test:
             held_out[index] = model.micro_step_seconds(configs[index])
     # tokens/s error: actual/predicted on the same token count.
@@ -311,6 +379,24 @@ def cross_validate_memory(configs: list[Config], peak_bytes: np.ndarray) -> Erro
 
 
 MIN_ROWS_FOR_FIT = 3
+MIN_ROWS_FOR_OVERLAP = 8  # a nonlinear form needs more probes than terms
+
+
+def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
+    """The physical (additive) model unless another form is clearly better on held-out rows (by
+    more than half a point and a tenth of its error); the reason, in words."""
+    physical = errors["physical"].median_abs_pct
+    best, best_error = "physical", physical
+    for kind in ("overlap", "physical+residual"):
+        if kind not in errors or rows < 6:
+            continue
+        gain = physical - errors[kind].median_abs_pct
+        if gain > max(0.5, 0.1 * physical) and errors[kind].median_abs_pct < best_error:
+            best, best_error = kind, errors[kind].median_abs_pct
+    others = ", ".join(f"{kind} {summary.median_abs_pct:.1f}%" for kind, summary in errors.items() if kind != best)
+    if best == "physical":
+        return best, f"the physical model's held-out median error ({physical:.1f}%) was not clearly beaten ({others})"
+    return best, f"the {best} model cut the held-out median error from {physical:.1f}% (physical) to {best_error:.1f}% ({others})"
 
 
 def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -326,24 +412,14 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     uncertainty = probe_uncertainty(ok_rows)
 
     candidates = {}
-    for kind, smooth in (("physical", False), ("physical+residual", True)):
-        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty)
-        candidates[kind] = (error, held_out, smooth)
-    physical_error = candidates["physical"][0]
-    smoothed_error = candidates["physical+residual"][0]
-    # Prefer the physical model unless the smoother is clearly better on held-out rows.
-    gain = physical_error.median_abs_pct - smoothed_error.median_abs_pct
-    if len(configs) >= 6 and gain > max(0.5, 0.1 * physical_error.median_abs_pct):
-        kind = "physical+residual"
-        reason = f"the residual smoother cut the held-out median error from {physical_error.median_abs_pct:.1f}% to {smoothed_error.median_abs_pct:.1f}%"
-    else:
-        kind = "physical"
-        reason = (
-            f"the physical model's held-out median error ({physical_error.median_abs_pct:.1f}%) "
-            f"was not beaten by the residual smoother ({smoothed_error.median_abs_pct:.1f}%)"
-        )
-    error, held_out, smooth = candidates[kind]
-    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty)
+    for kind, smooth, overlap in (("physical", False, False), ("physical+residual", True, False), ("overlap", False, True)):
+        if overlap and (wait_seconds is None or len(configs) < MIN_ROWS_FOR_OVERLAP):
+            continue
+        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap)
+        candidates[kind] = (error, held_out, smooth, overlap)
+    kind, reason = choose_model({name: value[0] for name, value in candidates.items()}, len(configs))
+    error, held_out, smooth, overlap = candidates[kind]
+    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None
@@ -363,7 +439,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kind": kind,
         "reason": reason,
         "terms": list(THROUGHPUT_TERMS),
-        "parameters": model.coefficients,
+        "parameters": {**model.coefficients, "overlap_power": model.overlap_power},
         "smoother": _smoother_json(model.smoother),
         "held_out_error": error.to_json(),
         "held_out_relative_errors": error.signed_relative,
@@ -429,7 +505,8 @@ def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
             float(data["bandwidth"]),
             float(data.get("prior_weight", 0.5)),
         )
-    return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother)
+    power = float(fit["parameters"].get("overlap_power", 1.0))
+    return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother, power)
 
 
 def memory_model_from_json(memory: dict[str, Any]) -> MemoryModel:

@@ -239,6 +239,14 @@ class Calibration:
                 if 1 in self.measured_values("gradient_checkpointing")
                 else []
             ),
+            *(
+                [
+                    f"Host and device overlap: a micro-step takes about the longer of the fixed {_seconds(p['fixed'])} and the compute "
+                    f"terms (a smooth maximum of power {p['overlap_power']:.1f}), not their sum."
+                ]
+                if p.get("overlap_power", 1.0) > 1.0
+                else []
+            ),
             f"Model used: {self.fit['kind']} ({self.fit.get('reason', 'no reason recorded')}).",
             f"Held-out tokens/s error over {error.get('count', 0)} probes: median "
             f"{_pct(error.get('median_abs_pct'))}, 90th percentile {_pct(error.get('p90_abs_pct'))}.",

@@ -25,6 +25,15 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     for row in data.get("measurements") or []:
         if isinstance(row, dict):
             row.setdefault("gradient_checkpointing", 0)
+            # Version 1 stored a probe's mean step as step_seconds; version 2 fits the median (the
+            # mean is kept beside it, and the fit's tail factor turns medians back into means).
+            median = row.get("step_seconds_median")
+            if row.get("status") == "ok" and _is_number(median) and median > 0 and "step_seconds_mean" not in row:
+                row["step_seconds_mean"] = row.get("step_seconds")
+                row["step_seconds"] = median
+                tokens = row.get("micro_batch_size", 0) * row.get("seq_len", 0) * row.get("grad_accum", 0)
+                if isinstance(tokens, int) and tokens > 0:
+                    row["tokens_per_second"] = tokens / median
     fit = data.get("fit")
     if isinstance(fit, dict):
         if isinstance(fit.get("parameters"), dict):

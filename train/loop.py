@@ -23,13 +23,12 @@ from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
 from train.evaluation import EvalSchedule
+from train.guard import DeadlineGuard, GuardSettings
 from train.method import MethodConfig, set_gradient_checkpointing
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
 
-OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WARMUP_FRACTION = 0.05
-LIVE_WINDOW_STEPS = 20
 
 
 @dataclass
@@ -48,6 +47,7 @@ class LoopSettings:
     report_seconds: float = 0.0  # measured by bench: the report written after training
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.trackers)
+    warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
 
 
 @dataclass
@@ -199,15 +199,22 @@ class TrainingRun:
         checkpoint_times: list[float] = []
         last_checkpoint = resumed_from
         s, c = self.settings, self.chosen
-        deadline_at = s.started_at + s.deadline_seconds
         # What must still fit after the last step: the final checkpoint and the final/ export (about
         # the same bytes, so the same measured seconds each).
         measured_save = 2 * self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
         last_checkpoint_at = last_log_at = last_eval_at = time.monotonic()
         status = "completed"
         limit = self.total_steps()
-        overrun_warned = False
-        recent: list[tuple[float, float]] = []  # (actual, predicted) seconds of recent steps
+        guard = DeadlineGuard(
+            GuardSettings(
+                deadline_seconds=s.deadline_seconds,
+                margin_seconds=s.margin_seconds,
+                reserve_seconds=measured_save + s.report_seconds + c.eval_pass_seconds,
+                on_overrun=s.on_overrun,
+                warmup_steps=s.warmup_steps,
+            ),
+            limit,
+        )
         progress = self._progress(limit, position.step)
 
         try:
@@ -235,7 +242,6 @@ class TrainingRun:
                         position.padded_tokens += result.tokens * self.accelerator.num_processes
                         position.step_seconds += result.seconds
                         position.predicted_seconds += predicted[step_index]
-                        recent = [*recent[-(LIVE_WINDOW_STEPS - 1) :], (result.seconds, predicted[step_index])]
                         now = time.monotonic()
                         position.losses.append(
                             {
@@ -247,44 +253,22 @@ class TrainingRun:
                                 "tokens": result.target_tokens * self.accelerator.num_processes,
                             }
                         )
-                        if progress is not None:
-                            progress.update(1)
-                            progress.set_postfix_str(self._postfix(result, recent), refresh=False)
-
                         # -- the deadline guard ------------------------------------------------
-                        ratio = sum(a for a, _ in recent) / max(1e-12, sum(p for _, p in recent))
                         remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, limit)
-                        projected_finish = now - s.started_at + remaining_predicted * ratio + measured_save + s.report_seconds
-                        budget_end = s.deadline_seconds - s.margin_seconds
-                        events_before = len(self.events)
-                        if projected_finish > budget_end and s.on_overrun in OVERRUN_ACTIONS:
-                            if s.on_overrun == "shrink":
-                                per_step = sum(a for a, _ in recent) / len(recent)
-                                room = budget_end - (now - s.started_at) - measured_save - s.report_seconds
-                                new_limit = position.step + max(0, math.floor(room / per_step))
-                                if new_limit < limit:
-                                    limit = new_limit
-                                    self.events.append(
-                                        f"step {position.step}: projected finish {projected_finish:.0f}s > {budget_end:.0f}s; shrinking to {limit} steps"
-                                    )
-                            elif not overrun_warned:
-                                overrun_warned = True
-                                action = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
-                                self.events.append(
-                                    f"step {position.step}: projected finish {projected_finish:.0f}s passes the deadline budget {budget_end:.0f}s; {action}"
-                                )
-                            # Said once, when it happens: not again on every later step.
-                            if progress is not None and len(self.events) > events_before:
-                                progress.write(f"deadline: {self.events[-1]}")
-                        # Stop while a step, a checkpoint and the report still fit before the deadline.
-                        next_step = max(a for a, _ in recent) * 1.5
-                        last_safe = deadline_at - s.margin_seconds - measured_save - s.report_seconds - c.eval_pass_seconds - next_step
-                        must_stop = s.on_overrun != "warn" and now > last_safe and position.step < limit
-                        stop_code = 2 if signals.received is not None else (1 if must_stop else 0)
+                        verdict = guard.observe(position.step, now - s.started_at, result.seconds, predicted[step_index], remaining_predicted)
+                        ratio, projected_finish = verdict.ratio, verdict.projected_finish
+                        if verdict.message:  # a change of state: said once
+                            self.events.append(verdict.message)
+                            if progress is not None:
+                                progress.write(f"deadline: {verdict.message}")
+                        stop_code = 2 if signals.received is not None else (1 if verdict.action == "stop" else 0)
                         stop_code = agree(self.accelerator, stop_code, "max")
-                        limit = agree(self.accelerator, limit, "min")
+                        limit = guard.limit = agree(self.accelerator, verdict.limit, "min")
                         if stop_code:
                             status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+                        if progress is not None:
+                            progress.update(1)
+                            progress.set_postfix_str(self._postfix(result, ratio), refresh=False)
                         self._track_step(position, result, projected_finish - (now - s.started_at))
                         # -- record, log, checkpoint ----------------------------------------------
                         if now - last_log_at >= s.log_interval_seconds or status != "completed":
@@ -400,9 +384,9 @@ class TrainingRun:
             "loss": position.losses[-1]["loss"] if position.losses else math.nan,
         }
 
-    def _postfix(self, result: Any, recent: list[tuple[float, float]]) -> str:
-        ratio = sum(p for _, p in recent) / max(1e-12, sum(a for a, _ in recent))
-        state = "on track" if ratio >= 1 / (1 + self.calibration.relative_bound) else "slower than planned"
+    def _postfix(self, result: Any, ratio: float) -> str:
+        """`ratio`: actual / predicted step time over the guard's window."""
+        state = "on track" if ratio <= 1 + self.calibration.relative_bound else "slower than planned"
         return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {state}"
 
     def _log(self, progress: Any, position: Position, now: float, ratio: float, projected: float) -> None:

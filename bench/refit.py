@@ -1,0 +1,60 @@
+"""`bench refit`: fit a stored calibration's measurements again with the current model code.
+
+The measurements are not touched; the result is stored as a new calibration (a new id, `refit_of`
+naming the source) so that plans made with the old one stay reproducible.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timezone
+from typing import Any
+
+from calibration.errors import EXIT_OK, MeasurementError
+
+
+def refit_record(source: dict[str, Any], created: datetime | None = None) -> dict[str, Any]:
+    """A new calibration record from `source`'s measurements, fitted by this version."""
+    from bench.record import assess_noise, fit_with_drift_choice
+    from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+    from calibration.store import new_id
+    from train.hardware import device_label
+
+    created = created or datetime.now(timezone.utc)
+    record = copy.deepcopy(source)
+    rows = record["measurements"]
+    ok = sum(1 for row in rows if row["status"] == "ok")
+    if ok < MIN_ROWS_FOR_FIT:
+        raise MeasurementError(f"calibration {source['id']} has {ok} successful probes; a fit needs at least {MIN_ROWS_FOR_FIT}")
+    record["id"] = new_id(device_label(record["hardware"]), record["model"]["name"], created)
+    record["created_at"] = created.isoformat(timespec="seconds")
+    record["refit_of"] = source["id"]
+    record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
+    record["fit"] = fit_with_drift_choice(rows, (record.get("search") or {}).get("drift"))
+    record["noise"] = assess_noise(record)
+    if record["noise"]:
+        record["warnings"].append(record["noise"]["message"])
+    if record.get("eval"):
+        record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
+    # Past runs measured the old fit's predictions: their correction does not carry over.
+    record["history"] = []
+    return record
+
+
+def refit_command(reference: str) -> int:
+    import sys
+
+    from bench.cli import describe_calibration
+    from calibration.schema import read_calibration_file
+    from calibration.store import resolve_calibration, save_calibration
+
+    path = resolve_calibration(reference, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
+    source = read_calibration_file(path)
+    record = refit_record(source)
+    saved = save_calibration(record)
+    print("\n".join(describe_calibration(record, str(saved))))
+    before = (source.get("fit") or {}).get("held_out_error", {}).get("median_abs_pct")
+    after = record["fit"]["held_out_error"]["median_abs_pct"]
+    was = f"{before:.1f}%" if before is not None else "no fit"
+    print(f"\nrefit of {source['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}")
+    return EXIT_OK
