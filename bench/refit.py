@@ -44,7 +44,7 @@ def refit_record(source: dict[str, Any], created: datetime | None = None) -> dic
 def refit_command(reference: str) -> int:
     import sys
 
-    from bench.cli import describe_calibration
+    from bench.describe import describe_calibration
     from calibration.schema import read_calibration_file
     from calibration.store import resolve_calibration, save_calibration
 

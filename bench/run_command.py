@@ -229,7 +229,7 @@ def _say(message: str) -> None:
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any) -> None:
-    from bench.cli import describe_calibration
+    from bench.describe import describe_calibration
 
     print("\n".join(describe_calibration(record, path)))
     if left_out:

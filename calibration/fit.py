@@ -380,6 +380,7 @@ def cross_validate_memory(configs: list[Config], peak_bytes: np.ndarray) -> Erro
 
 MIN_ROWS_FOR_FIT = 3
 MIN_ROWS_FOR_OVERLAP = 8  # a nonlinear form needs more probes than terms
+MIN_OVERLAP_POWER = 1.1
 
 
 def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
@@ -412,8 +413,15 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     uncertainty = probe_uncertainty(ok_rows)
 
     candidates = {}
+    # The overlap form competes only where host and device really overlap (a fitted power above 1):
+    # at power 1 it is the physical model again.
+    overlapping = (
+        wait_seconds is not None
+        and len(configs) >= MIN_ROWS_FOR_OVERLAP
+        and fit_throughput(configs, micro_seconds, False, wait_seconds, uncertainty, overlap=True).overlap_power > MIN_OVERLAP_POWER
+    )
     for kind, smooth, overlap in (("physical", False, False), ("physical+residual", True, False), ("overlap", False, True)):
-        if overlap and (wait_seconds is None or len(configs) < MIN_ROWS_FOR_OVERLAP):
+        if overlap and not overlapping:
             continue
         error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap)
         candidates[kind] = (error, held_out, smooth, overlap)

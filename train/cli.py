@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 from calibration.errors import guard_cli
 from train.method import add_method_arguments
@@ -28,7 +27,6 @@ exit codes:
   5  no room on the disk for the run, or a checkpoint save failed (the previous one is intact)
   130 interrupted (SIGINT/SIGTERM): a checkpoint was saved, continue with --resume
 """
-SAMPLES = {"sample": "sample.jsonl", "sample-chat": "sample_chat.jsonl"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,23 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     from train.session import run_training
 
     return run_training(args, started)
-
-
-def bundled_sample(name: str) -> str:
-    return str(Path(__file__).resolve().parent / "sample_data" / SAMPLES[name])
-
-
-def resolve_data_path(value: str) -> str:
-    return bundled_sample(value) if value in SAMPLES else value
-
-
-def is_main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def say(message: str) -> None:
-    if is_main_process():
-        print(message, file=sys.stderr, flush=True)
 
 
 def entry_point() -> None:

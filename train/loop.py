@@ -44,7 +44,6 @@ class LoopSettings:
     seed: int = 0
     epochs: float = 1.0
     step_limit: int | None = None
-    report_seconds: float = 0.0  # measured by bench: the report written after training
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
@@ -199,9 +198,6 @@ class TrainingRun:
         checkpoint_times: list[float] = []
         last_checkpoint = resumed_from
         s, c = self.settings, self.chosen
-        # What must still fit after the last step: the final checkpoint and the final/ export (about
-        # the same bytes, so the same measured seconds each).
-        measured_save = 2 * self.calibration.overheads.get("checkpoint_save_seconds", 0.0)
         last_checkpoint_at = last_log_at = last_eval_at = time.monotonic()
         status = "completed"
         limit = self.total_steps()
@@ -209,7 +205,7 @@ class TrainingRun:
             GuardSettings(
                 deadline_seconds=s.deadline_seconds,
                 margin_seconds=s.margin_seconds,
-                reserve_seconds=measured_save + s.report_seconds + c.eval_pass_seconds,
+                reserve_seconds=c.overheads.after_training_seconds if c.overheads else 0.0,
                 on_overrun=s.on_overrun,
                 warmup_steps=s.warmup_steps,
             ),

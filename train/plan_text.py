@@ -30,6 +30,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
         + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
         + " and report",
+        *[f"  {line}" for line in (c.overheads.lines() if c.overheads else [])],
         f"  tokens: {c.tokens:,} real of {c.padded_tokens:,} computed ({_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin)",

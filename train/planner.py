@@ -30,6 +30,7 @@ from train.batching import (
 )
 from train.data import TokenizedData, truncation
 from train.evaluation import EvalSchedule
+from train.overheads import Overheads, plan_overheads
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 # Share of samples each priority keeps whole (1 - the share it may truncate).
@@ -64,6 +65,7 @@ class PlanRequest:
     configuration: dict[str, int] | None = None
     gradient_checkpointing: str = "auto"  # auto | on | off
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
+    with_report: bool = True  # --no-report: no report time in the plan
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -99,6 +101,7 @@ class Candidate:
     total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
     eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
     eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
+    overheads: Overheads | None = None  # the parts of overhead_seconds (train.overheads)
     tokens: int = 0  # real tokens trained on
     padded_tokens: int = 0  # positions computed, padding included
     peak_memory_bytes: float | None = None
@@ -316,10 +319,15 @@ def evaluate(
     candidate.step_seconds = step_seconds * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
     candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
+    eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
-        candidate.eval_pass_seconds = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
-        candidate.eval_seconds = candidate.eval_pass_seconds * request.eval_schedule.count(remaining, candidate.step_seconds)
-    candidate.overhead_seconds = overhead_seconds(calibration, candidate.step_seconds, request.checkpoint_interval_seconds) + candidate.eval_seconds
+        eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
+        eval_count = request.eval_schedule.count(remaining, candidate.step_seconds)
+    candidate.overheads = plan_overheads(
+        calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, eval_pass, eval_count
+    )
+    candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
+    candidate.overhead_seconds = candidate.overheads.total_seconds
     bound = calibration.relative_bound
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
@@ -346,15 +354,6 @@ def eval_pass_seconds(calibration: Calibration, eval_data: TokenizedData, micro:
             return 0.0
         total += seconds
     return total
-
-
-def overhead_seconds(calibration: Calibration, step_seconds: float, checkpoint_interval: float) -> float:
-    """Model build, first-step warm-up, periodic + final checkpoints, the final/ export (about a
-    checkpoint's bytes) and the report, as measured."""
-    measured = calibration.overheads
-    checkpoint = measured.get("checkpoint_save_seconds", 0.0)
-    checkpoints = (math.floor(step_seconds / checkpoint_interval) + 1 if checkpoint_interval > 0 else 1) + 1
-    return measured.get("model_build_seconds", 0.0) + measured.get("warmup_extra_seconds", 0.0) + checkpoints * checkpoint + measured.get("report_seconds", 0.0)
 
 
 def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, candidate: Candidate) -> float:

@@ -78,6 +78,7 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
         "tokens_per_second_high": chosen.tokens_per_second * (1 + bound),
         "peak_memory_bytes": chosen.peak_memory_bytes,
         "eval_seconds": chosen.eval_seconds,
+        "overheads": chosen.overheads.to_json() if chosen.overheads else None,
         "naive_seconds": plan.naive_seconds,
         "projected_finish_seconds": chosen.total_seconds,
         "cost": plan.cost,

@@ -16,7 +16,7 @@ from calibration.accuracy import estimate_error_pct
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
-from train.cli import is_main_process, resolve_data_path, say
+from train.console import is_main_process, resolve_data_path, say
 from train.disk import RunLock, check_space, disk_need
 from train.method import method_from_args
 
@@ -204,6 +204,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         configuration={key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION} if previous else None,
         gradient_checkpointing=args.gradient_checkpointing,
         eval_schedule=checked["eval_schedule"] if eval_data is not None else None,
+        with_report=not args.no_report,
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
@@ -364,7 +365,6 @@ def train_with_record(
         seed=args.seed,
         epochs=plan.epochs,
         step_limit=plan.step_limit,
-        report_seconds=0.0 if args.no_report else cal.overheads.get("report_seconds", 0.0),
         resume=args.resume,
         report_to=checked["report_to"],
     )

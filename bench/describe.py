@@ -1,0 +1,51 @@
+"""A calibration in words, for `bench show`, `bench run` and `bench refit`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
+    from bench.record import best_rows, status_counts
+    from bench.tables import format_table
+    from calibration.accuracy import describe_estimate_error, estimate_error_pct
+    from calibration.model import Calibration
+
+    hardware, model = data["hardware"], data["model"]
+    counts = status_counts(data["measurements"])
+    lines = [
+        f"calibration {data['id']}  ({path})",
+        f"  created {data['created_at']} on {hardware['name']} ×{hardware['count']} "
+        f"({hardware['memory_bytes'] / 2**30:.1f} GiB), model {model['name']} ({model['parameter_count']:,} parameters)",
+        "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
+    ]
+    search = data.get("search") or {}
+    if search.get("stopped_by_budget"):
+        lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")
+    drift = search.get("drift") or {}
+    if drift.get("applied"):
+        reference = drift["reference"]
+        lines.append(
+            f"  drift: the reference probe (batch {reference['micro_batch_size']}, length {reference['seq_len']}) varied "
+            f"{drift['spread_pct']:.1f}% over {len(drift['measurements'])} repeats; measurements were rescaled to its median speed"
+        )
+    for warning in data.get("warnings", []):
+        lines.append(f"  warning: {warning}")
+    if data.get("fit"):
+        lines.append("")
+        lines.append("fit:")
+        lines.extend(f"  {line}" for line in Calibration(data).explain())
+    lines.append("")
+    lines.append("best configurations measured:")
+    lines.append(format_table(best_rows(data["measurements"])))
+    history = data.get("history", [])
+    if history:
+        lines.append("")
+        lines.append("how past estimates fared:")
+        for entry in history[-10:]:
+            lines.append(
+                f"  run {entry.get('run_id', '?')}: predicted {entry.get('predicted_tokens_per_second', 0):,.0f} tok/s, "
+                f"actual {entry.get('actual_tokens_per_second', 0):,.0f} tok/s; estimate error "
+                f"{describe_estimate_error(estimate_error_pct(entry.get('predicted_total_seconds'), entry.get('actual_total_seconds')))}"
+            )
+    return lines

@@ -1,0 +1,95 @@
+"""Everything a run spends besides its training steps, in one place.
+
+The planner adds it to the estimate, the deadline guard keeps the part that comes after the last
+step in reserve, run.json records it, and `train --dry-run` shows it line by line. Every figure is
+measured by `bench` (model build, first-step warm-up, checkpoint save — bytes ÷ the measured disk
+write bandwidth —, report) or predicted from its measurements (evaluation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from calibration.durations import format_duration
+
+
+@dataclass(frozen=True)
+class Overheads:
+    model_build_seconds: float
+    warmup_seconds: float
+    checkpoint_seconds: float  # one checkpoint save
+    checkpoint_count: int  # periodic ones + the final one
+    export_seconds: float  # final/: about one checkpoint's bytes
+    eval_pass_seconds: float  # one pass over the eval set
+    eval_count: int
+    report_seconds: float  # 0 with --no-report
+
+    @property
+    def evaluation_seconds(self) -> float:
+        return self.eval_pass_seconds * self.eval_count
+
+    @property
+    def total_seconds(self) -> float:
+        return (
+            self.model_build_seconds
+            + self.warmup_seconds
+            + self.checkpoint_seconds * self.checkpoint_count
+            + self.export_seconds
+            + self.evaluation_seconds
+            + self.report_seconds
+        )
+
+    @property
+    def after_training_seconds(self) -> float:
+        """What must still fit after the last step: the final checkpoint, the export, the final
+        evaluation and the report. The deadline guard keeps it in reserve."""
+        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
+
+    def lines(self) -> list[str]:
+        """For `train --dry-run`: each part, and where it came from."""
+        parts = [
+            f"model build {format_duration(self.model_build_seconds)}",
+            f"warm-up {format_duration(self.warmup_seconds)}",
+            f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
+            f"final/ export {format_duration(self.export_seconds)}",
+        ]
+        if self.eval_count:
+            parts.append(f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}")
+        parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
+        return [f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)]
+
+
+def checkpoint_save_seconds(measured: dict[str, float]) -> float:
+    """One save: the checkpoint's bytes at the measured write bandwidth, or the timed save."""
+    size, bandwidth = measured.get("checkpoint_bytes"), measured.get("disk_write_bytes_per_second")
+    if size and bandwidth:
+        return float(size) / float(bandwidth)
+    return float(measured.get("checkpoint_save_seconds", 0.0))
+
+
+def plan_overheads(
+    measured: dict[str, float],
+    train_seconds: float,
+    checkpoint_interval: float,
+    with_report: bool = True,
+    eval_pass_seconds: float = 0.0,
+    eval_count: int = 0,
+) -> Overheads:
+    """The overheads of a run with `train_seconds` of predicted training steps."""
+    save = checkpoint_save_seconds(measured)
+    periodic = math.floor(train_seconds / checkpoint_interval) if checkpoint_interval > 0 else 0
+    return Overheads(
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
+        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save,
+        checkpoint_count=periodic + 1,
+        export_seconds=save,
+        eval_pass_seconds=eval_pass_seconds,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
+    )
