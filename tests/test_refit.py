@@ -83,3 +83,4 @@ def test_a_normal_run_says_no_deadline_warning_and_nothing_twice(calibrated_home
     assert not repeated, repeated
     record = json.loads(next((calibrated_home / "runs").glob("*/run.json")).read_text())
     assert record["estimate"]["overheads"]["checkpoint_count"] >= 1
+    assert record["config"]["deadline_seconds"] == 1800 and record["config"]["max_steps"] == 12  # the whole config, written

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import time
 from datetime import datetime
@@ -13,27 +12,27 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import estimate_error_pct
-from calibration.durations import format_duration, parse_duration
+from calibration.durations import format_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
+from train.config import TrainConfig
 from train.console import is_main_process, resolve_data_path, say
 from train.disk import RunLock, check_space, disk_need
-from train.method import method_from_args
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
 
 
-def load_calibration(args: argparse.Namespace, previous: dict[str, Any] | None, calibration_api: Any) -> Any:
+def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any) -> Any:
     """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
     the calibration it started with, and another one is refused unless --force."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if previous is None:
-        return calibration_api.load(args.use_calibration or "latest", on_skip=on_skip)
+        return calibration_api.load(config.use_calibration or "latest", on_skip=on_skip)
     own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
-    if args.use_calibration is not None:
-        chosen = calibration_api.load(args.use_calibration, on_skip=on_skip)
-        if chosen.id != own_id and not args.force:
+    if config.use_calibration is not None:
+        chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
+        if chosen.id != own_id and not config.force:
             raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
         return chosen
     for reference in (own_path, own_id):
@@ -76,49 +75,6 @@ def completed_steps(out_dir: Path) -> int:
         raise BenchtrainError(f"--resume: cannot read {found[-1] / META_FILE} ({error})") from None
 
 
-def parse_max_length(value: str) -> int | str:
-    if str(value).lower() == "auto":
-        return "auto"
-    try:
-        number = int(value)
-    except ValueError:
-        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}") from None
-    if number < 1:
-        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}")
-    return number
-
-
-def validate(args: argparse.Namespace) -> dict[str, Any]:
-    checked = {
-        "deadline": parse_duration(args.deadline, "--deadline"),
-        "checkpoint_interval": parse_duration(args.checkpoint_interval, "--checkpoint-interval"),
-        "max_length": parse_max_length(args.max_length),
-    }
-    if not (args.epochs > 0 and math.isfinite(args.epochs)):
-        raise BenchtrainError(f"--epochs must be positive, got {args.epochs}")
-    if args.workers is not None and args.workers < 0:
-        raise BenchtrainError(f"--workers must be non-negative, got {args.workers}")
-    if args.keep_checkpoints < 1:
-        raise BenchtrainError("--keep-checkpoints must be at least 1")
-    if not 0 <= args.margin < 0.5:
-        raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {args.margin}")
-    if args.resume and not args.out:
-        raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
-    if args.eval_data and args.eval_split is not None:
-        raise BenchtrainError("--eval-data and --eval-split are two ways to choose the eval set: pass one")
-    if args.eval_every and not (args.eval_data or args.eval_split is not None):
-        raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
-    from train.evaluation import parse_eval_every
-
-    checked["eval_schedule"] = parse_eval_every(args.eval_every)
-    from train.trackers import parse_report_to
-
-    checked["report_to"] = parse_report_to(args.report_to)
-    if args.eval_split is not None and not 0 < args.eval_split < 1:
-        raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {args.eval_split}")
-    return checked
-
-
 def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any) -> list[str]:
     """A calibration for another model, device or training method is refused unless --force (then
     warned); other LoRA settings than measured are only warned about (they barely move the speed)."""
@@ -145,7 +101,9 @@ def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], forc
 
 
 def run_training(args: argparse.Namespace, started: float) -> int:
-    checked = validate(args)
+    from train.config import TrainConfig
+
+    config = TrainConfig.from_args(args)
     import calibration as calibration_api
     from train.data import length_profile, load_tokenized
     from train.hardware import detect_hardware
@@ -153,58 +111,58 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.planner import PlanRequest, deadline_options, make_plan
     from train.tokenizer import load_tokenizer
 
-    spec = resolve_model(args.model)
-    out_dir = Path(args.out).expanduser() if args.out else None
-    if args.resume and not (out_dir / "run.json").is_file():
+    spec = resolve_model(config.model)
+    out_dir = Path(config.out).expanduser() if config.out else None
+    if config.resume and not (out_dir / "run.json").is_file():
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-    previous = json.loads((out_dir / "run.json").read_text()) if args.resume else None
-    method = resumed_method(previous) if previous else method_from_args(args)
-    cal = load_calibration(args, previous, calibration_api)
+    previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
+    method = resumed_method(previous) if previous else config.method
+    cal = load_calibration(config, previous, calibration_api)
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     hardware = detect_hardware()
-    warnings = check_compatible(cal, spec, hardware, args.force, method)
+    warnings = check_compatible(cal, spec, hardware, config.force, method)
     for warning in warnings:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
 
     need = check_fits(spec, method, hardware)  # before any data or model work: a too-big model is one line
 
-    data_path = resolve_data_path(args.data)
-    tokenizer = load_tokenizer(spec.directory, args.tokenizer)
-    data = load_tokenized(data_path, tokenizer, args.train_on)
+    data_path = resolve_data_path(config.data)
+    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
+    data = load_tokenized(data_path, tokenizer, config.train_on)
     eval_data = None
-    if args.eval_split is not None:
+    if config.eval_split is not None:
         from train.evaluation import split_eval
 
-        data, eval_data = split_eval(data, args.eval_split, args.seed)
-    elif args.eval_data:
-        eval_data = load_tokenized(resolve_data_path(args.eval_data), tokenizer, args.train_on)
+        data, eval_data = split_eval(data, config.eval_split, config.seed)
+    elif config.eval_data:
+        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on)
     profile = length_profile(data.lengths)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
     completed = completed_steps(out_dir) if previous else 0
     request = PlanRequest(
-        epochs=previous["plan"]["epochs"] if previous else args.epochs,
-        deadline_seconds=checked["deadline"],
+        epochs=previous["plan"]["epochs"] if previous else config.epochs,
+        deadline_seconds=config.deadline_seconds,
         elapsed_seconds=time.monotonic() - started,
-        priority=args.priority,
-        effective_batch=args.effective_batch,
-        max_length=previous["plan"]["max_length"] if previous else checked["max_length"],
+        priority=config.priority,
+        effective_batch=config.effective_batch,
+        max_length=previous["plan"]["max_length"] if previous else config.max_length,
         world_size=world_size,
-        num_workers=args.workers,
-        margin_fraction=args.margin,
-        checkpoint_interval_seconds=checked["checkpoint_interval"],
-        price_per_hour=args.price_per_hour,
-        max_steps=args.max_steps,
-        fit_deadline=args.fit_deadline,
-        seed=args.seed,
+        num_workers=config.workers,
+        margin_fraction=config.margin,
+        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        price_per_hour=config.price_per_hour,
+        max_steps=config.max_steps,
+        fit_deadline=config.fit_deadline,
+        seed=config.seed,
         max_positions=spec.max_positions,
         completed_steps=completed,
         configuration={key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION} if previous else None,
-        gradient_checkpointing=args.gradient_checkpointing,
-        eval_schedule=checked["eval_schedule"] if eval_data is not None else None,
-        with_report=not args.no_report,
+        gradient_checkpointing=config.gradient_checkpointing,
+        eval_schedule=config.eval_schedule if eval_data is not None else None,
+        with_report=not config.no_report,
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
@@ -220,18 +178,19 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         )
         for warning in plan.warnings:
             say(f"warning: {warning}")
-    if not plan.meets_deadline and not args.resume:
+    if not plan.meets_deadline and not config.resume:
         # A dry run ends the same way the real run would, so a script can tell.
         raise DeadlineError(
             f"the plan needs up to {format_duration(plan.chosen.total_seconds_promised)} but only "
             f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
         )
-    if args.dry_run:
+    if config.dry_run:
         return EXIT_OK
 
     from train.record import write_run
 
-    out_dir, record = open_record(args, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
+    out_dir, record = open_record(config, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
+    record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
@@ -240,13 +199,13 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             # One train per run folder; then room for what it will write, before any work.
             held.enter_context(RunLock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
-            merge = bool(args.merge_lora and method.is_lora)
-            space = disk_need(need, method.is_lora, not spec.has_weights, merge, hardware["device_type"], args.keep_checkpoints, existing)
-            check_space(out_dir, space, args.keep_checkpoints)
+            merge = bool(config.merge_lora and method.is_lora)
+            space = disk_need(need, method.is_lora, not spec.has_weights, merge, hardware["device_type"], config.keep_checkpoints, existing)
+            check_space(out_dir, space, config.keep_checkpoints)
             write_run(out_dir, record)
-        outcome = train_with_record(args, checked, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
+        outcome = train_with_record(config, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
         if is_main_process():
-            report_path = finish_record(args, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
+            report_path = finish_record(config, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
             from train.plan_text import describe_outcome
 
             print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
@@ -258,7 +217,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
 
 
 def open_record(
-    args: argparse.Namespace,
+    config: TrainConfig,
     cal: Any,
     spec: Any,
     plan: Any,
@@ -296,7 +255,7 @@ def open_record(
 
 
 def finish_record(
-    args: argparse.Namespace,
+    config: TrainConfig,
     cal: Any,
     plan: Any,
     record: dict[str, Any],
@@ -318,12 +277,12 @@ def finish_record(
     record["evals"] = loop.evals
     record["events"] = outcome["earlier_events"] + loop.events
     elapsed = time.monotonic() - started
-    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, args.price_per_hour)
+    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, config.price_per_hour)
     record["actual"]["command_seconds"] = elapsed
     record["met_deadline"] = elapsed + cal.overheads.get("report_seconds", 0.0) <= plan.deadline_seconds
     write_run(out_dir, record)
     feed_back(cal, record, plan.chosen)
-    report_path = None if args.no_report else write_report(out_dir)
+    report_path = None if config.no_report else write_report(out_dir)
     # Final figures include the report: the deadline covers the whole command.
     elapsed = time.monotonic() - started
     actual = record["actual"]
@@ -336,8 +295,7 @@ def finish_record(
 
 
 def train_with_record(
-    args: argparse.Namespace,
-    checked: dict[str, Any],
+    config: TrainConfig,
     cal: Any,
     plan: Any,
     data: Any,
@@ -357,16 +315,16 @@ def train_with_record(
     settings = LoopSettings(
         started_at=started,
         deadline_seconds=plan.deadline_seconds,
-        margin_seconds=plan.deadline_seconds * args.margin,
-        on_overrun=args.on_overrun,
-        checkpoint_interval_seconds=checked["checkpoint_interval"],
-        keep_checkpoints=args.keep_checkpoints,
-        learning_rate=args.learning_rate,
-        seed=args.seed,
+        margin_seconds=plan.deadline_seconds * config.margin,
+        on_overrun=config.on_overrun,
+        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        keep_checkpoints=config.keep_checkpoints,
+        learning_rate=config.learning_rate,
+        seed=config.seed,
         epochs=plan.epochs,
         step_limit=plan.step_limit,
-        resume=args.resume,
-        report_to=checked["report_to"],
+        resume=config.resume,
+        report_to=config.trackers,
     )
 
     earlier_events = list(record.get("events", []))  # from the run this one resumes
@@ -390,12 +348,12 @@ def train_with_record(
         on_update=on_update,
         method=method,
         eval_data=eval_data,
-        eval_schedule=checked["eval_schedule"],
+        eval_schedule=config.eval_schedule,
         tracker_record=record,
     )
     try:
         outcome = run.run()
-        final = export_final_model(run, out_dir, tokenizer, spec, method, args.merge_lora, outcome.status)
+        final = export_final_model(run, out_dir, tokenizer, spec, method, config.merge_lora, outcome.status)
     except Exception as error:
         from train.runtime import is_out_of_memory
 
