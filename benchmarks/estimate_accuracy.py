@@ -6,6 +6,7 @@ for far more epochs than fit and shows that the run is refused up front (exit 3)
 `--fit-deadline` cuts it to finish in time.
 
     python benchmarks/estimate_accuracy.py --runs 3 --deadline 5m
+    python benchmarks/estimate_accuracy.py --epochs 0.3,1,3 --deadline 10m --skip-limits   # runs of ~20 s, 1 min, 3 min on cpu-vm
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ def main() -> None:
     parser.add_argument("--deadline", default="5m")
     parser.add_argument("--data", default="sample")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--epochs", default="1", help="comma list: one run per value (each --runs times)")
+    parser.add_argument("--skip-limits", action="store_true", help="skip the too-many-epochs and --fit-deadline runs")
     args = parser.parse_args()
     env = dict(os.environ)
     home = Path(env.get("BENCHTRAIN_HOME", "~/.benchtrain")).expanduser()
     print(f"{'run':<28} {'estimate':>9} {'low':>7} {'high':>7} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline")
     errors = []
-    for _ in range(args.runs):
+    for epochs in [value for value in args.epochs.split(",") for _ in range(args.runs)]:
         before = set((home / "runs").glob("*")) if (home / "runs").exists() else set()
-        code, _ = train(["--data", args.data, "--model", args.model, "--deadline", args.deadline], env)
+        code, _ = train(["--data", args.data, "--model", args.model, "--deadline", args.deadline, "--epochs", epochs], env)
         new = sorted(set((home / "runs").glob("*")) - before)
         if code != 0 or not new:
             print(f"train exited {code}")
@@ -58,6 +61,8 @@ def main() -> None:
         )
     if errors:
         print(f"|estimate error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} runs")
+    if args.skip_limits:
+        return
     code, seconds = train(["--data", args.data, "--model", args.model, "--deadline", "2m", "--epochs", "30"], env)
     print(f"30 epochs in a 2m deadline: exit {code} after {seconds:.1f}s ({'refused up front' if code == 3 else 'ran'})")
     before = set((home / "runs").glob("*"))
