@@ -32,7 +32,6 @@ WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 PROGRESS_FILE = "progress.json"
 MARKER_FILE = "COMPLETE"
-META_FILE = PROGRESS_FILE  # what earlier code called the checkpoint's metadata
 LEGACY_STATE_FILE = "state.pt"
 
 

@@ -63,16 +63,13 @@ def resumed_method(previous: dict[str, Any]) -> Any:
 
 
 def completed_steps(out_dir: Path) -> int:
-    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint (0 if none)."""
-    from train.checkpoint import META_FILE, list_checkpoints
+    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
+    from train.checkpoint import read_progress
 
     found = list_checkpoints(out_dir / "checkpoints")
     if not found:
         raise BenchtrainError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
-    try:
-        return int(json.loads((found[-1] / META_FILE).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise BenchtrainError(f"--resume: cannot read {found[-1] / META_FILE} ({error})") from None
+    return int(read_progress(found[-1])["step"])
 
 
 def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any) -> list[str]:
