@@ -10,6 +10,7 @@ import json
 import sys
 
 from calibration.errors import EXIT_OK, guard_cli
+from train.engine import add_step_arguments
 from train.method import add_method_arguments
 
 RUN_EXAMPLES = """examples:
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
     run.add_argument("--checkpointing", metavar="off,on", help="gradient checkpointing modes to measure, e.g. off,on (default: off)")
     add_method_arguments(run)
+    add_step_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
     run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
     run.add_argument("--budget", metavar="DURATION", help="bound the whole benchmark: 150s, 10m, 1h (default: the whole space)")

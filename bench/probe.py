@@ -20,11 +20,11 @@ from bench.memory import PeakMemory
 from bench.space import ProbeConfig
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
 from train.data import TokenizedData
+from train.engine import StepOptions, build_engine
 from train.method import MethodConfig, method_record, set_gradient_checkpointing
 from train.metrics import data_wait_share, mfu
-from train.model import ModelShape, ModelSpec, build_model, model_shape
-from train.runtime import is_out_of_memory, make_accelerator, make_optimizer, pin_memory
-from train.step import TrainingStep
+from train.model import ModelShape, ModelSpec, model_shape
+from train.runtime import is_out_of_memory, make_accelerator, pin_memory
 
 
 @dataclass(frozen=True)
@@ -44,27 +44,25 @@ class ProbeSettings:
 
 
 class Workload:
-    """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
+    """Model, optimizer and step built once per benchmark, exactly as `train` builds them
+    (train.engine.build_engine)."""
 
-    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None) -> None:
-        import torch
-
+    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None, options: StepOptions | None = None) -> None:
         started = time.perf_counter()
         self.spec = spec
         self.data = data
         self.method = method or MethodConfig()
         self.accelerator = make_accelerator()
-        model = build_model(spec, self.accelerator.device, self.method)
-        self.shape: ModelShape = model_shape(model)
-        self.training = method_record(self.method, model)
+        self.engine = build_engine(spec, self.method, self.accelerator, options or StepOptions())
+        self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
+        self.shape: ModelShape = model_shape(self.model)
+        self.training = {**method_record(self.method, self.model), **self.engine.record()}
         self.checkpointing = False
-        self.vocab_size = int(model.config.vocab_size)
-        optimizer = make_optimizer(model)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        self.step = TrainingStep(self.accelerator, self.model, self.optimizer, self.scheduler)
+        self.vocab_size = int(self.model.config.vocab_size)
         self.pin_memory = pin_memory(self.accelerator)
         self._stream = data.stream() if data is not None else None
+        # (rows, length, checkpointing) already run: with a compiled step, a new one compiles.
+        self.seen_shapes: set[tuple[int, int, bool]] = set()
         self.build_seconds = time.perf_counter() - started
 
     @property
@@ -92,6 +90,10 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
     started = time.perf_counter()
     workload.set_checkpointing(bool(config.gradient_checkpointing))
+    shape = (config.micro_batch_size, config.seq_len, bool(config.gradient_checkpointing))
+    # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
+    row["new_shape"] = shape not in workload.seen_shapes
+    workload.seen_shapes.add(shape)
     steps_needed = settings.warmup_steps + settings.max_steps
     loader = make_loader(workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory)
     iterator = iter(loader)
@@ -100,8 +102,10 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     try:
         with PeakMemory(workload.device) as memory:
             warmup_from = time.perf_counter()
-            for _ in range(settings.warmup_steps):
+            for index in range(settings.warmup_steps):
                 workload.step.run(iterator, config.grad_accum)
+                if index == 0:
+                    row["first_step_seconds"] = time.perf_counter() - warmup_from
             timed_from = time.perf_counter()
             row["warmup_seconds"] = timed_from - warmup_from
             while len(step_seconds) < settings.max_steps:
@@ -151,6 +155,8 @@ def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_ST
     """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
     import torch
 
+    from train.batching import to_device
+    from train.compile import eager_region
     from train.step import StepTimer
 
     row: dict[str, Any] = {"micro_batch_size": config.micro_batch_size, "seq_len": config.seq_len, "status": "ok"}
@@ -160,9 +166,9 @@ def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_ST
     model = workload.model
     model.eval()
     try:
-        with torch.no_grad(), workload.accelerator.autocast():
+        with torch.no_grad(), workload.accelerator.autocast(), eager_region(workload.engine.compiled):
             for index, batch in enumerate(loader):
-                batch = {key: value.to(workload.device, non_blocking=True) for key, value in batch.items()}
+                batch = to_device(batch, workload.device)
                 timer.start()
                 model(input_ids=batch["input_ids"], labels=batch["labels"])
                 elapsed = timer.stop()

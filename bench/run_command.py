@@ -10,6 +10,7 @@ from typing import Any
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import EXIT_OK, BenchtrainError, MeasurementError
+from train.engine import step_options_from_args
 from train.method import method_from_args
 
 
@@ -28,6 +29,7 @@ def validate_args(args: argparse.Namespace) -> float | None:
     # Parse list options now (against dummy defaults) to fail before any heavy import.
     space_from_args(args, SearchSpace((1,), (0,), (1,), (1,)))
     method_from_args(args)
+    step_options_from_args(args)
     if args.trials is not None and args.trials < 1:
         raise BenchtrainError(f"--trials must be a positive integer, got {args.trials}")
     if args.max_probe_seconds is not None and args.max_probe_seconds <= 0:
@@ -74,7 +76,7 @@ def run_command(args: argparse.Namespace) -> int:
         data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
 
     _say(f"building {spec.name} on {hardware['name']} …")
-    workload = Workload(spec, tokenized, method)
+    workload = Workload(spec, tokenized, method, step_options_from_args(args))
     model = model_record(spec, workload.shape)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     too_long = [length for length in space.seq_lens if length > spec.max_positions]
@@ -116,8 +118,14 @@ def run_command(args: argparse.Namespace) -> int:
         "model_build_seconds": round(workload.build_seconds, 4),
         **measure_checkpoint(workload, writable_subdir("scratch")),
         "warmup_steps": settings.warmup_steps,
-        "warmup_extra_seconds": round(warmup_extra_seconds(result.rows, settings.warmup_steps), 4),
+        **{name: round(value, 4) for name, value in warmup_costs(result.rows, settings.warmup_steps, workload.engine.compiled).items()},
     }
+    training = dict(workload.training)
+    if workload.engine.compiled:
+        from train.compile import compile_cache_record
+
+        overheads.update(measure_cached_compile(workload, result.rows, settings, overheads["warmup_extra_seconds"]))
+        training["compile_cache"] = compile_cache_record()
     search = {
         "method": args.search,
         "space": space.as_dict(),
@@ -137,7 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
         overheads=overheads,
         data=data_record,
         warnings=warnings,
-        training=workload.training,
+        training=training,
     )
     from calibration.fit import fit_eval
 
@@ -156,6 +164,24 @@ def run_command(args: argparse.Namespace) -> int:
             update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
     print_summary(record, str(path), result.left_out, report_path)
     return EXIT_OK
+
+
+def measure_cached_compile(workload: Any, rows: list[dict[str, Any]], settings: Any, warmup_extra: float) -> dict[str, Any]:
+    """A later process on this machine finds bench's compiled kernels in inductor's cache: compile
+    the first probed shape again from that cache (dynamo reset) and time it."""
+    from bench.probe import run_probe
+
+    ok = [row for row in rows if row["status"] == "ok"]
+    if not ok:
+        return {}
+    import torch
+
+    torch._dynamo.reset()
+    row = run_probe(workload, ProbeConfig.of(ok[0]), replace(settings, warmup_steps=1, min_steps=2, max_steps=3))
+    if row["status"] != "ok":
+        return {}
+    cached = max(0.0, row["first_step_seconds"] - row["step_seconds"] - warmup_extra)
+    return {"compile_cached_seconds_per_shape": round(cached, 4)}
 
 
 def measure_evaluation(workload: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,14 +224,27 @@ def _load_average() -> float | None:
         return None
 
 
-def warmup_extra_seconds(rows: list[dict[str, Any]], warmup_steps: int) -> float:
-    """How much longer the first steps take than steady state (DataLoader start, allocator, kernels)."""
+def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
+    """How much longer the first steps take than steady state, from the probes' warm-up.
+
+    - `warmup_extra_seconds`: DataLoader start, allocator, kernel selection; from the probes that
+      compiled nothing (a shape seen before), or from all of them when the step is not compiled.
+    - `compile_seconds_per_shape` (compiled steps): what the first probe of each new shape paid
+      beyond that, i.e. one compilation."""
     import statistics
 
-    extras = [
-        max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"]) for row in rows if row["status"] == "ok" and row.get("warmup_seconds") is not None
-    ]
-    return statistics.median(extras) if extras else 0.0
+    def extras(selected: list[dict[str, Any]]) -> list[float]:
+        return [max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"]) for row in selected if row.get("warmup_seconds") is not None]
+
+    ok = [row for row in rows if row["status"] == "ok"]
+    if not compiled:
+        found = extras(ok)
+        return {"warmup_extra_seconds": statistics.median(found) if found else 0.0}
+    repeated = extras([row for row in ok if not row.get("new_shape")])
+    warmup = statistics.median(repeated) if repeated else 0.0
+    new = extras([row for row in ok if row.get("new_shape")])
+    compile_seconds = max(0.0, statistics.median(new) - warmup) if new else 0.0
+    return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
 
 
 def _write_report(path: Any) -> Any:

@@ -24,6 +24,17 @@ IGNORE_INDEX = -100
 GROUP_WINDOW_BATCHES = 32
 
 
+def count_targets(labels: Any) -> int:
+    """Tokens that carry loss in a host batch (counted in the DataLoader workers, off the step)."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
+    host-side counts (`target_tokens`) are dropped."""
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
+
+
 @dataclass(frozen=True)
 class BatchShape:
     rows: int
@@ -52,27 +63,41 @@ def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_lengt
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _padded_rows_and_lengths(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+def padded_width(longest: int, max_length: int, bucket: int | None = None) -> int:
+    """The width a batch is padded to: its longest sample, or with `bucket` (compiled steps) the
+    next multiple of `bucket`, so that a run meets few distinct shapes; never past max_length."""
+    longest = min(longest, max_length)
+    return min(max_length, -(-longest // bucket) * bucket) if bucket else longest
+
+
+def _padded_rows_and_lengths(
+    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     clipped = np.minimum(np.asarray(lengths), max_length)
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    return sizes, np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
+    longest = np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
+    if bucket:
+        longest = np.minimum(max_length, -(-longest // bucket) * bucket)
+    return sizes, longest
 
 
-def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     """Each batch's (rows, length it is padded to)."""
     if not len(batches):
         return []
-    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length)
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int) -> dict[tuple[int, int], int]:
+def padded_shape_counts(
+    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+) -> dict[tuple[int, int], int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):
         return {}
-    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length)
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
     pairs, counts = np.unique(np.stack([sizes, longest], axis=1), axis=0, return_counts=True)
     return {(int(rows), int(length)): int(count) for (rows, length), count in zip(pairs, counts, strict=True)}
 
@@ -102,9 +127,10 @@ class PaddedBatches:
         max_length: int,
         pad_id: int,
         loss_masks: Sequence[np.ndarray] | None = None,
+        bucket: int | None = None,
     ) -> None:
         self.samples, self.prompt_lengths, self.loss_masks = samples, prompt_lengths, loss_masks
-        self.batches, self.max_length, self.pad_id = list(batches), max_length, pad_id
+        self.batches, self.max_length, self.pad_id, self.bucket = list(batches), max_length, pad_id, bucket
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -113,7 +139,7 @@ class PaddedBatches:
         import torch
 
         rows = [self.samples[i][: self.max_length] for i in self.batches[index]]
-        width = max(len(row) for row in rows)
+        width = padded_width(max(len(row) for row in rows), self.max_length, self.bucket)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -128,7 +154,7 @@ class PaddedBatches:
                 # chat data: loss on the assistant's turns only.
                 keep = torch.as_tensor(np.asarray(self.loss_masks[sample_index][: len(row)], dtype=bool))
                 labels[r, : len(row)][~keep] = IGNORE_INDEX
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "target_tokens": count_targets(labels)}
 
 
 class PackedBatches:
@@ -146,7 +172,7 @@ class PackedBatches:
         length = self.max_length
         positions = np.concatenate([np.arange(row * length, (row + 1) * length) for row in self.batches[index]])
         ids = torch.as_tensor(self.stream[positions % len(self.stream)].astype(np.int64)).view(-1, length)
-        return {"input_ids": ids, "labels": ids.clone()}
+        return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
 class SyntheticBatches:
@@ -163,7 +189,7 @@ class SyntheticBatches:
 
         generator = torch.Generator().manual_seed(index)
         ids = torch.randint(0, self.vocab_size, (self.micro_batch_size, self.seq_len), generator=generator)
-        return {"input_ids": ids, "labels": ids.clone()}
+        return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
 def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0) -> Any:

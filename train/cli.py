@@ -8,6 +8,7 @@ import sys
 import time
 
 from calibration.errors import guard_cli
+from train.engine import add_step_arguments
 from train.method import add_method_arguments
 
 EXAMPLES = """examples:
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
+    add_step_arguments(p)
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
     p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
     p.add_argument(

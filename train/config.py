@@ -14,6 +14,7 @@ from typing import Any
 
 from calibration.durations import parse_duration
 from calibration.errors import BenchtrainError
+from train.engine import StepOptions, step_options_from_args
 from train.evaluation import EvalSchedule, parse_eval_every
 from train.method import MethodConfig, method_from_args
 from train.trackers import parse_report_to
@@ -65,6 +66,7 @@ class TrainConfig:
     merge_lora: bool = False
     gradient_checkpointing: str = "auto"
     method: MethodConfig = field(default_factory=MethodConfig)
+    step_options: StepOptions = field(default_factory=StepOptions)
     # Derived from the above in __post_init__:
     deadline_seconds: float = field(init=False)
     checkpoint_interval_seconds: float = field(init=False)
@@ -100,8 +102,9 @@ class TrainConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
-        names = {f.name for f in fields(cls) if f.init and f.name != "method"}
-        return cls(**{name: value for name, value in vars(args).items() if name in names}, method=method_from_args(args))
+        names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options")}
+        values = {name: value for name, value in vars(args).items() if name in names}
+        return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -18,7 +18,7 @@ import numpy as np
 
 from calibration.durations import parse_duration
 from calibration.errors import BenchtrainError
-from train.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, make_loader, shard
+from train.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, make_loader, shard, to_device
 from train.data import TokenizedData
 
 
@@ -85,9 +85,14 @@ def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int,
     return PaddedBatches(data.samples, data.prompt_lengths, batches, max_length, pad_id, data.loss_masks)
 
 
-def evaluate_loss(accelerator: Any, model: Any, data: TokenizedData, micro_batch_size: int, max_length: int, pad_id: int, seed: int) -> dict[str, float]:
-    """Mean loss per target token over the eval set, its perplexity, and the seconds it took."""
+def evaluate_loss(
+    accelerator: Any, model: Any, data: TokenizedData, micro_batch_size: int, max_length: int, pad_id: int, seed: int, compiled: bool = False
+) -> dict[str, float]:
+    """Mean loss per target token over the eval set, its perplexity, and the seconds it took.
+    A compiled model evaluates eagerly (train.compile.eager_region), as bench measured it."""
     import torch
+
+    from train.compile import eager_region
 
     started = time.perf_counter()
     batches = shard(eval_batches(data, micro_batch_size, max_length, seed), accelerator.process_index, accelerator.num_processes)
@@ -97,9 +102,9 @@ def evaluate_loss(accelerator: Any, model: Any, data: TokenizedData, micro_batch
     tokens = torch.zeros((), device=device, dtype=torch.float64)
     was_training = model.training
     model.eval()
-    with torch.no_grad(), accelerator.autocast():
+    with torch.no_grad(), accelerator.autocast(), eager_region(compiled):
         for batch in loader:
-            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+            batch = to_device(batch, device)
             outputs = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"])
             # The model's loss is the mean over its shifted target tokens: weight it by their count.
             count = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()

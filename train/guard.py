@@ -61,16 +61,27 @@ class DeadlineGuard:
     seen: int = 0
     over_budget: bool = False
 
-    def observe(self, step: int, elapsed: float, actual_seconds: float, predicted_seconds: float, remaining_predicted: float) -> Verdict:
+    def observe(
+        self,
+        step: int,
+        elapsed: float,
+        actual_seconds: float,
+        predicted_seconds: float,
+        remaining_predicted: float,
+        compiled: bool = False,
+        pending_compile_seconds: float = 0.0,
+    ) -> Verdict:
         """Step `step` just finished at `elapsed` seconds; `remaining_predicted` is the calibration's
-        prediction for the steps left up to the current limit."""
+        prediction for the steps left up to the current limit. `compiled`: the step compiled a new
+        batch shape (its time is not its speed); `pending_compile_seconds`: the planned compilation
+        of shapes not met yet."""
         s = self.settings
         self.seen += 1
-        if self.seen > s.warmup_steps:
+        if self.seen > s.warmup_steps and not compiled:
             self.window.append((actual_seconds, predicted_seconds))
         # Until a steady step is seen, the prediction itself stands (not the warm-up step).
         ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
-        projected = elapsed + remaining_predicted * ratio + s.reserve_seconds
+        projected = elapsed + remaining_predicted * ratio + pending_compile_seconds + s.reserve_seconds
         message = None
         action = "continue"
         over = projected > s.budget_seconds and self.seen > s.warmup_steps

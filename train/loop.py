@@ -24,7 +24,8 @@ from train.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoi
 from train.data import TokenizedData
 from train.evaluation import EvalSchedule
 from train.guard import DeadlineGuard, GuardSettings
-from train.method import MethodConfig, set_gradient_checkpointing
+from train.engine import StepOptions
+from train.method import MethodConfig
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
 
@@ -65,6 +66,7 @@ class LoopOutcome:
     resumed_from: str | None = None
     exit_signal: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
+    batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
 
 
 @dataclass
@@ -118,37 +120,41 @@ class TrainingRun:
         on_update: Callable[[Position, list[str]], None] | None = None,
         step_hook: Callable[[int], None] | None = None,
         method: MethodConfig | None = None,
+        step_options: StepOptions | None = None,
         eval_data: TokenizedData | None = None,
         eval_schedule: EvalSchedule | None = None,
         tracker_record: dict[str, Any] | None = None,
     ) -> None:
         self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
         self.method = method or MethodConfig()
+        self.step_options = step_options or StepOptions()
         self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
         self.on_update = on_update
         self.step_hook = step_hook  # tests slow the step down through this
         self.eval_data, self.eval_schedule = eval_data, eval_schedule or EvalSchedule()
         self.tracker_record = tracker_record or {}
         self.events: list[str] = []
+        self.shapes_seen: set[tuple[int, ...]] = set()
 
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
         import torch
         from transformers import get_cosine_schedule_with_warmup
 
-        from train.model import build_model
-        from train.runtime import make_accelerator, make_optimizer, pin_memory
-        from train.step import TrainingStep
+        from train.engine import build_engine
+        from train.runtime import make_accelerator, pin_memory
 
         self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(self.settings.seed)
-        model = build_model(self.spec, self.accelerator.device, self.method)
-        set_gradient_checkpointing(model, self.chosen.gradient_checkpointing)
-        optimizer = make_optimizer(model, self.settings.learning_rate)
         total_steps = self.total_steps()
-        scheduler = get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-        self.step = TrainingStep(self.accelerator, self.model, self.optimizer, self.scheduler)
+
+        def schedule(optimizer: Any) -> Any:
+            return get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
+
+        self.engine = build_engine(
+            self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, self.settings.learning_rate, schedule
+        )
+        self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
         from train.hardware import detect_hardware
         from train.model import model_shape
@@ -178,14 +184,23 @@ class TrainingRun:
     def dataset(self, batches: list[list[int]]) -> Any:
         if self.data.packing:
             return PackedBatches(self._stream, batches, self.chosen.max_length)
-        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks)
+        return PaddedBatches(
+            self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks, self.shape_bucket
+        )
+
+    @property
+    def shape_bucket(self) -> int | None:
+        """Compiled steps pad to a few widths (train.compile.SHAPE_BUCKET): one compile per width."""
+        from train.compile import SHAPE_BUCKET
+
+        return SHAPE_BUCKET if self.engine.compiled else None
 
     def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
         c = self.chosen
         micro = [
             self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers, c.gradient_checkpointing))
-            for shape in batch_shapes(self.data, batches, c.max_length)
+            for shape in batch_shapes(self.data, batches, c.max_length, self.shape_bucket)
         ]
         return [sum(micro[i : i + c.grad_accum]) for i in range(0, len(micro), c.grad_accum)]
 
@@ -251,7 +266,16 @@ class TrainingRun:
                         )
                         # -- the deadline guard ------------------------------------------------
                         remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, limit)
-                        verdict = guard.observe(position.step, now - s.started_at, result.seconds, predicted[step_index], remaining_predicted)
+                        compiled_here = self._met_new_shapes(result.shapes)
+                        verdict = guard.observe(
+                            position.step,
+                            now - s.started_at,
+                            result.seconds,
+                            predicted[step_index],
+                            remaining_predicted,
+                            compiled_here,
+                            self._pending_compile_seconds(),
+                        )
                         ratio, projected_finish = verdict.ratio, verdict.projected_finish
                         if verdict.message:  # a change of state: said once
                             self.events.append(verdict.message)
@@ -319,9 +343,24 @@ class TrainingRun:
             last_checkpoint=last_checkpoint,
             resumed_from=resumed_from,
             exit_signal=exit_signal,
+            batch_shapes=len(self.shapes_seen),
         )
 
     # -- helpers ----------------------------------------------------------------------------
+    def _met_new_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> bool:
+        """Whether this step met a batch shape for the first time: compiled steps compile it then."""
+        new = set(shapes) - self.shapes_seen
+        self.shapes_seen.update(new)
+        return self.engine.compiled and bool(new)
+
+    def _pending_compile_seconds(self) -> float:
+        """Planned compilation of the shapes not met yet (the plan's per-shape average)."""
+        overheads = self.chosen.overheads
+        if not self.engine.compiled or overheads is None or not overheads.compile_shapes:
+            return 0.0
+        left = max(0, overheads.compile_shapes - len(self.shapes_seen))
+        return left * overheads.compile_seconds / overheads.compile_shapes
+
     @staticmethod
     def _remaining_predicted(position: Position, elapsed_predicted: list[float], step_index: int, limit: int) -> float:
         """Predicted seconds of the steps still to run (this epoch's rest + later epochs), from the
@@ -340,7 +379,9 @@ class TrainingRun:
         from train.evaluation import evaluate_loss
 
         c = self.chosen
-        result = evaluate_loss(self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed)
+        result = evaluate_loss(
+            self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed, self.engine.compiled
+        )
         entry = {"step": position.step, "elapsed": time.monotonic() - self.settings.started_at, **result}
         position.evals.append(entry)
         if progress is not None:

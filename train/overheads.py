@@ -2,8 +2,9 @@
 
 The planner adds it to the estimate, the deadline guard keeps the part that comes after the last
 step in reserve, run.json records it, and `train --dry-run` shows it line by line. Every figure is
-measured by `bench` (model build, first-step warm-up, checkpoint save — bytes ÷ the measured disk
-write bandwidth —, report) or predicted from its measurements (evaluation).
+measured by `bench` (model build, first-step warm-up, compilation per distinct batch shape,
+checkpoint save — bytes ÷ the measured disk write bandwidth —, report) or predicted from its
+measurements (evaluation).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Overheads:
     eval_pass_seconds: float  # one pass over the eval set
     eval_count: int
     report_seconds: float  # 0 with --no-report
+    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
+    compile_shapes: int = 0
 
     @property
     def evaluation_seconds(self) -> float:
@@ -35,6 +38,7 @@ class Overheads:
         return (
             self.model_build_seconds
             + self.warmup_seconds
+            + self.compile_seconds
             + self.checkpoint_seconds * self.checkpoint_count
             + self.export_seconds
             + self.evaluation_seconds
@@ -55,6 +59,7 @@ class Overheads:
         parts = [
             f"model build {format_duration(self.model_build_seconds)}",
             f"warm-up {format_duration(self.warmup_seconds)}",
+            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} shape{'s' if self.compile_shapes != 1 else ''})"] if self.compile_shapes else []),
             f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
             f"final/ export {format_duration(self.export_seconds)}",
         ]
@@ -79,6 +84,8 @@ def plan_overheads(
     with_report: bool = True,
     eval_pass_seconds: float = 0.0,
     eval_count: int = 0,
+    compile_seconds: float = 0.0,
+    compile_shapes: int = 0,
 ) -> Overheads:
     """The overheads of a run with `train_seconds` of predicted training steps."""
     save = checkpoint_save_seconds(measured)
@@ -92,4 +99,6 @@ def plan_overheads(
         eval_pass_seconds=eval_pass_seconds,
         eval_count=eval_count,
         report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
+        compile_seconds=compile_seconds,
+        compile_shapes=compile_shapes,
     )

@@ -30,6 +30,7 @@ from train.batching import (
 )
 from train.data import TokenizedData, truncation
 from train.evaluation import EvalSchedule
+from train.compile import compile_seconds
 from train.overheads import Overheads, plan_overheads
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
@@ -66,6 +67,13 @@ class PlanRequest:
     gradient_checkpointing: str = "auto"  # auto | on | off
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
+    compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
+
+    @property
+    def shape_bucket(self) -> int | None:
+        from train.compile import SHAPE_BUCKET
+
+        return SHAPE_BUCKET if self.compiled else None
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -188,10 +196,10 @@ def run_batches(
     return shard(batches, rank, world_size)
 
 
-def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int) -> list[BatchShape]:
+def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     if data.packing:
         return packed_shapes(batches, max_length)
-    return padded_shapes(data.lengths, batches, max_length)
+    return padded_shapes(data.lengths, batches, max_length, bucket)
 
 
 def real_tokens(data: TokenizedData, max_length: int) -> int:
@@ -274,7 +282,7 @@ def shape_counts(data: TokenizedData, request: PlanRequest, micro: int, length: 
     if data.packing:
         counts = Counter((shape.rows, shape.length) for shape in packed_shapes(batches, length))
     else:
-        counts = Counter(padded_shape_counts(data.lengths, batches, length))
+        counts = Counter(padded_shape_counts(data.lengths, batches, length, request.shape_bucket))
     if cache is not None:
         cache[key] = counts
     return counts
@@ -298,8 +306,10 @@ def evaluate(
     micro_batches = 0
     padded = 0
     steps = 0
+    shapes: set[tuple[int, int]] = set()
     for epoch in range(epochs_whole):
         counts = shape_counts(data, request, micro, length, epoch, cache)
+        shapes.update(counts)
         for (rows, batch_length), count in counts.items():
             step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers, checkpointing))
             padded += count * rows * batch_length * request.world_size
@@ -323,8 +333,19 @@ def evaluate(
     if eval_data is not None and request.eval_schedule is not None:
         eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
         eval_count = request.eval_schedule.count(remaining, candidate.step_seconds)
+    compile_cost, compile_shapes = 0.0, 0
+    if request.compiled:
+        probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
+        compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
     candidate.overheads = plan_overheads(
-        calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, eval_pass, eval_count
+        calibration.overheads,
+        candidate.step_seconds,
+        request.checkpoint_interval_seconds,
+        request.with_report,
+        eval_pass,
+        eval_count,
+        compile_cost,
+        compile_shapes,
     )
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds

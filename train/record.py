@@ -94,6 +94,7 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
         "tokens_per_second": outcome.tokens / outcome.step_seconds if outcome.step_seconds else 0.0,
         "steps": outcome.steps,
         "micro_batches": outcome.micro_batches,
+        "batch_shapes": outcome.batch_shapes,
         "checkpoint_seconds": outcome.checkpoint_seconds,
         "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
         "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,

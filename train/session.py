@@ -72,11 +72,18 @@ def completed_steps(out_dir: Path) -> int:
     return int(read_progress(found[-1])["step"])
 
 
-def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any) -> list[str]:
-    """A calibration for another model, device or training method is refused unless --force (then
-    warned); other LoRA settings than measured are only warned about (they barely move the speed)."""
+def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False) -> list[str]:
+    """A calibration for another model, device, training method or compile setting is refused
+    unless --force (then warned); other LoRA settings than measured are only warned about (they
+    barely move the speed)."""
     problems = []
     measured = calibration.training
+    if bool(measured.get("compile")) != compiled:
+        states = {True: "a compiled step", False: "an eager step"}
+        problems.append(
+            f"calibration {calibration.id} measured {states[bool(measured.get('compile'))]}, this run would use {states[compiled]}: "
+            f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
+        )
     if measured["method"] != method.method:
         names = {"full": "full fine-tuning", "lora": "LoRA"}
         rerun = "bench run --lora" if method.is_lora else "bench run"
@@ -118,7 +125,10 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     hardware = detect_hardware()
-    warnings = check_compatible(cal, spec, hardware, config.force, method)
+    from train.compile import compile_enabled
+
+    compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
+    warnings = check_compatible(cal, spec, hardware, config.force, method, compiled)
     for warning in warnings:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
@@ -160,6 +170,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         gradient_checkpointing=config.gradient_checkpointing,
         eval_schedule=config.eval_schedule if eval_data is not None else None,
         with_report=not config.no_report,
+        compiled=compiled,
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
@@ -344,6 +355,7 @@ def train_with_record(
         settings=settings,
         on_update=on_update,
         method=method,
+        step_options=config.step_options,
         eval_data=eval_data,
         eval_schedule=config.eval_schedule,
         tracker_record=record,
@@ -365,7 +377,7 @@ def train_with_record(
         "loop": outcome,
         "final": final,
         "model": model_record(spec, model_shape(run.model)),
-        "training": method_record(method, run.model),
+        "training": {**method_record(method, run.model), **run.engine.record()},
         "earlier_events": earlier_events,
     }
 

@@ -3,6 +3,11 @@
 One optimizer step = `grad_accum` micro-steps (forward, loss, backward; gradients synchronised
 across processes only on the last one) + clipping + optimizer (+ scheduler) step. Time spent
 waiting on the DataLoader is measured separately, so data supply and compute can be told apart.
+
+Nothing inside the micro-steps waits for the GPU: batches arrive pinned and are copied without
+blocking, token counts come from the DataLoader workers (`target_tokens`), the loss is summed on
+the device, and clipping returns a device tensor. The one synchronisation per optimizer step is
+the timer's, after the optimizer step; the loss is read after it, at no further cost.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from train.batching import count_targets, to_device
+
 DEFAULT_MAX_GRAD_NORM = 1.0
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class StepResult:
     tokens: int  # token positions computed, padding included
     target_tokens: int  # tokens that carry loss
     micro_batches: int
+    shapes: tuple[tuple[int, ...], ...] = ()  # each micro-batch's (rows, length): a new one compiles
 
 
 class StepTimer:
@@ -72,15 +79,18 @@ class TrainingStep:
         loss_sum = torch.zeros((), device=device)
         wait = 0.0
         tokens = target_tokens = 0
+        shapes = []
         self.timer.start()
         for index in range(grad_accum):
             waited_from = time.perf_counter()
             batch = next(batches)
             wait += time.perf_counter() - waited_from
-            # Counted on the host copy: no device sync inside the step.
+            # Counted by the DataLoader worker (count_targets); host tensors only, no device sync.
+            counted = batch.get("target_tokens")
+            target_tokens += int(counted) if counted is not None else count_targets(batch["labels"])
             tokens += batch["input_ids"].numel()
-            target_tokens += int((batch["labels"] != IGNORE_INDEX).sum())
-            batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+            shapes.append(tuple(batch["input_ids"].shape))
+            batch = to_device(batch, device)
             last = index == grad_accum - 1
             # Gradients are all-reduced once, on the last micro-step.
             sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
@@ -100,4 +110,5 @@ class TrainingStep:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         seconds = self.timer.stop()
-        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum)
+        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes))
+

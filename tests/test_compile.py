@@ -1,0 +1,146 @@
+"""torch.compile in THE step (train/compile.py): few shapes, compile time measured and planned,
+the guard not fooled by compiling steps, and the compiled step computing what the eager one does."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+import torch
+from helpers import synthetic_calibration
+from test_cli import assert_one_line_error, run_main
+from test_planner import heavy_tailed, tokenized
+
+from bench.run_command import warmup_costs
+from calibration.model import Calibration
+from train.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
+from train.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
+from train.guard import DeadlineGuard, GuardSettings
+from train.planner import PlanRequest, make_plan
+
+
+def test_compile_auto_means_cuda_only() -> None:
+    assert compile_enabled("auto", "cuda") and not compile_enabled("auto", "cpu")
+    assert compile_enabled("on", "cpu") and not compile_enabled("off", "cuda")
+    with pytest.raises(ValueError):
+        compile_enabled("yes", "cpu")
+
+
+def test_padded_batches_are_bucketed_to_few_widths() -> None:
+    assert [padded_width(n, 300, 64) for n in (1, 64, 65, 250, 299, 5000)] == [64, 64, 128, 256, 300, 300]
+    assert padded_width(65, 300) == 65  # eager: the longest sample
+    lengths = heavy_tailed(600)
+    batches = plan_padded_batches(lengths, 4, 1024, seed=0, epoch=0)
+    exact = padded_shape_counts(lengths, batches, 1024)
+    bucketed = padded_shape_counts(lengths, batches, 1024, SHAPE_BUCKET)
+    assert sum(exact.values()) == sum(bucketed.values()) == len(batches)
+    assert len(bucketed) <= 2 * 1024 // SHAPE_BUCKET < len(exact)  # rows: 4, and the last batch's
+    assert all(length % SHAPE_BUCKET == 0 or length == 1024 for _, length in bucketed)
+    data = tokenized(lengths)
+    dataset = PaddedBatches(data.samples, data.prompt_lengths, batches, 1024, pad_id=0, bucket=SHAPE_BUCKET)
+    for index in range(5):  # what the DataLoader delivers is what the planner counted
+        rows, width = dataset[index]["input_ids"].shape
+        assert (rows, width) in bucketed
+
+
+def test_compile_seconds_per_shape_cached_only_on_the_machine_that_compiled() -> None:
+    measured = {"compile_seconds_per_shape": 30.0, "compile_cached_seconds_per_shape": 2.0}
+    shapes = {(8, 1024), (8, 512), (3, 512)}
+    probed = {(8, 1024), (8, 512)}
+    here = {"dir": "/", "host": socket.gethostname()}
+    assert compile_seconds(measured, shapes, probed, here) == 2.0 + 2.0 + 30.0
+    assert compile_seconds(measured, shapes, probed, {"dir": "/", "host": "elsewhere"}) == 90.0
+    assert compile_seconds(measured, shapes, probed, {"dir": "/no/such/cache", "host": socket.gethostname()}) == 90.0
+    assert compile_seconds({}, shapes, probed, here) == 0.0  # an eager calibration
+
+
+def test_bench_separates_compilation_from_warm_up() -> None:
+    def row(warmup: float, new: bool) -> dict:
+        return {"status": "ok", "warmup_seconds": warmup, "step_seconds": 1.0, "new_shape": new}
+
+    rows = [row(21.5, True), row(1.5, False), row(31.5, True), row(1.5, False), row(26.5, True), {"status": "oom"}]
+    costs = warmup_costs(rows, warmup_steps=1, compiled=True)
+    assert costs["warmup_extra_seconds"] == 0.5
+    assert costs["compile_seconds_per_shape"] == 25.0
+    assert costs["compile_shapes_measured"] == 3
+    assert warmup_costs(rows, 1, compiled=False) == {"warmup_extra_seconds": 20.5}
+
+
+def test_guard_leaves_compiling_steps_out_and_counts_compilation_still_to_come() -> None:
+    guard = DeadlineGuard(GuardSettings(deadline_seconds=100, margin_seconds=0, reserve_seconds=0, warmup_steps=0), limit=50)
+    verdict = guard.observe(1, elapsed=31, actual_seconds=31, predicted_seconds=1, remaining_predicted=49, compiled=True)
+    assert verdict.ratio == 1.0 and verdict.message is None  # 31 s of compiling is not a 31× slower step
+    verdict = guard.observe(2, elapsed=32, actual_seconds=1, predicted_seconds=1, remaining_predicted=48, pending_compile_seconds=30)
+    assert verdict.projected_finish == pytest.approx(32 + 48 + 30)
+    assert verdict.action == "stop" or verdict.message  # 110 s > 100 s: said
+
+
+def test_planner_charges_one_compilation_per_distinct_shape() -> None:
+    overheads = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "warmup_extra_seconds": 0.2, "compile_seconds_per_shape": 7.0}
+    calibration = Calibration(synthetic_calibration(overheads=overheads, training={"method": "full", "lora": None, "compile": True}))
+    data = tokenized(heavy_tailed())
+    request = PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=8, compiled=True)
+    plan = make_plan(calibration, data, request)
+    chosen = plan.chosen
+    batches = plan_padded_batches(data.lengths, chosen.micro_batch_size, chosen.max_length, seed=0, epoch=0)
+    shapes = padded_shape_counts(data.lengths, batches, chosen.max_length, SHAPE_BUCKET)
+    assert chosen.overheads.compile_shapes == len(shapes)
+    assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
+    assert chosen.overhead_seconds >= chosen.overheads.compile_seconds
+    eager = make_plan(Calibration(synthetic_calibration(overheads=overheads)), data, PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=8)).chosen
+    assert eager.overheads.compile_seconds == 0.0 and eager.overheads.compile_shapes == 0
+
+
+def test_compiled_step_computes_what_the_eager_step_does() -> None:
+    from accelerate import Accelerator
+
+    from train.batching import SyntheticBatches
+    from train.engine import StepOptions, build_engine
+    from train.model import resolve_model
+
+    losses = {}
+    for mode in ("off", "on"):
+        torch.manual_seed(0)
+        engine = build_engine(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions(compile=mode))
+        assert engine.compiled == (mode == "on") and engine.loss == "chunked"
+        batch = SyntheticBatches(1, 2, 64, 320)[0]
+        losses[mode] = [engine.step.run(iter([batch, batch]), 2).loss for _ in range(3)]
+    np.testing.assert_allclose(losses["on"], losses["off"], rtol=1e-4)
+    assert losses["on"][2] < losses["on"][0]  # it trains
+
+
+@pytest.fixture()
+def compile_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCHTRAIN_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
+    """bench measures compilation per shape and records it; train plans it, runs compiled, and a
+    run that would be eager is refused against a compiled calibration."""
+    argv = ["run", "--gpu", "cpu", "--compile", "on", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    code, _, err = run_main("bench", argv, capsys)
+    assert code == 0, err
+    (path,) = (compile_home / "home" / "calibrations").glob("*.json")
+    calibration = json.loads(path.read_text())
+    assert calibration["training"]["compile"] is True and calibration["training"]["loss"] == "chunked"
+    assert calibration["training"]["compile_cache"]["host"] == socket.gethostname()
+    overheads = calibration["overheads"]
+    assert overheads["compile_shapes_measured"] >= 2 and overheads["compile_seconds_per_shape"] >= 0
+    assert "compile_cached_seconds_per_shape" in overheads
+    assert sum(1 for row in calibration["measurements"] if row.get("new_shape")) == overheads["compile_shapes_measured"]
+
+    out = compile_home / "run"
+    base = ["--use-calibration", "latest", "--data", "sample", "--deadline", "30m", "--max-length", "64", "--no-report"]
+    code, printed, err = run_main("train", [*base, "--compile", "on", "--max-steps", "3", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "compile" in printed  # the overheads line names it
+    record = json.loads((out / "run.json").read_text())
+    assert record["training"]["compile"] is True
+    assert record["estimate"]["overheads"]["compile_shapes"] >= 1
+    assert record["actual"]["batch_shapes"] >= 1  # packed rows: one shape, and the last batch's
+
+    code, _, err = run_main("train", [*base, "--dry-run"], capsys)  # auto on CPU: eager
+    assert_one_line_error(code, err, "--compile on")

@@ -1,0 +1,102 @@
+"""Model, loss, compilation, optimizer and step, built in one place for `bench` probes and `train`.
+
+Order matters: the model (with its method: full or LoRA) → gradient checkpointing → the loss
+(train/loss.py) → compiled blocks (train/compile.py) → optimizer and scheduler → accelerate's
+`prepare` (devices, precision, DDP) → THE step.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from train.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
+from train.loss import LOSS_CHOICES, choose_loss, install_loss
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How THE step runs: compiled or eager, and which loss. Same options on bench and train."""
+
+    compile: str = "auto"  # auto | on | off (auto: on for CUDA)
+    loss: str = "auto"  # auto | chunked | liger | plain
+
+    def __post_init__(self) -> None:
+        from calibration.errors import BenchtrainError
+
+        if self.compile not in COMPILE_CHOICES:
+            raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
+        if self.loss not in LOSS_CHOICES:
+            raise BenchtrainError(f"--loss must be one of {', '.join(LOSS_CHOICES)}, got {self.loss!r}")
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="auto",
+        help="torch.compile the decoder blocks: auto (default) = on for CUDA, off on CPU; compile time is measured and planned",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=LOSS_CHOICES,
+        default="auto",
+        help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
+    )
+
+
+def step_options_from_args(args: argparse.Namespace) -> StepOptions:
+    return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"))
+
+
+@dataclass
+class Engine:
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    step: Any  # train.step.TrainingStep
+    compiled: bool
+    loss: str  # the loss implementation in use
+
+    def record(self) -> dict[str, Any]:
+        """How the step ran, for the calibration's and run.json's `training` section."""
+        return {"compile": self.compiled, "loss": self.loss}
+
+
+def build_engine(
+    spec: Any,
+    method: Any,
+    accelerator: Any,
+    options: StepOptions,
+    checkpointing: bool = False,
+    learning_rate: float | None = None,
+    make_scheduler: Any = None,
+) -> Engine:
+    """Everything THE step needs. `make_scheduler(optimizer)` builds the LR schedule (constant
+    when None, as bench probes use)."""
+    import torch
+
+    from calibration.errors import BenchtrainError
+    from train.method import set_gradient_checkpointing
+    from train.model import build_model
+    from train.runtime import DEFAULT_LEARNING_RATE, make_optimizer
+    from train.step import TrainingStep
+
+    device_type = accelerator.device.type
+    try:
+        loss_kind = choose_loss(options.loss, device_type, spec.config_dict.get("model_type"))
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    compiled = compile_enabled(options.compile, device_type)
+    model = build_model(spec, accelerator.device, method)
+    if checkpointing:
+        set_gradient_checkpointing(model, True)
+    install_loss(model, loss_kind, compiled=compiled)
+    if compiled:
+        compile_blocks(model)
+    optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE)
+    scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return Engine(accelerator, model, optimizer, scheduler, TrainingStep(accelerator, model, optimizer, scheduler), compiled, loss_kind)

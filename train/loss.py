@@ -1,0 +1,189 @@
+"""The training loss without full-vocabulary logits.
+
+A causal LM's plain loss materialises logits of (tokens × vocabulary) and then an fp32 copy for
+the softmax: for Llama-3 (128k vocabulary) at micro-batch 8 × 2048 that is 8.4 GB of bf16 logits
+plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replacements, chosen by
+`install_loss`, both computing the same mean cross-entropy over tokens that carry a label:
+
+- `chunked`: plain torch, any device. The hidden states are cut into chunks; each chunk's logits
+  are made, turned into the loss and its gradients (for the hidden states and the output head)
+  at once, and freed. Gradients are computed in the forward pass, as Liger's fused linear
+  cross-entropy does, so nothing is recomputed and no logits are kept for backward.
+- `liger`: on CUDA with `liger-kernel` installed (`pip install 'benchtrain[gpu]'`), Liger's fused
+  linear cross-entropy (Triton), and with `torch.compile` off also its RMSNorm, RoPE and SwiGLU
+  kernels (with compile on, inductor fuses those itself).
+
+The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
+DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import types
+from typing import Any
+
+from train.batching import IGNORE_INDEX
+
+LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
+# Output heads that are a plain linear layer over the decoder's last hidden state (no logit
+# soft-capping or scaling), so the loss can be computed from hidden states and the head's weight.
+PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
+
+
+def liger_available() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
+    """The loss implementation for `--loss choice` on this device and architecture."""
+    if choice not in LOSS_CHOICES:
+        raise ValueError(f"loss must be one of {LOSS_CHOICES}, got {choice!r}")
+    fusable = model_type in PLAIN_HEAD_MODEL_TYPES
+    if choice == "auto":
+        if not fusable:
+            return "plain"
+        return "liger" if device_type == "cuda" and liger_available() else "chunked"
+    if choice != "plain" and not fusable:
+        raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
+    if choice == "liger" and not (device_type == "cuda" and liger_available()):
+        raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
+    return choice
+
+
+def chunk_tokens(tokens: int, hidden_size: int, vocab_size: int) -> int:
+    """Tokens per chunk: a chunk's logits about as large as the hidden states (Liger's rule)."""
+    chunks = max(1, math.ceil(vocab_size / hidden_size))
+    return max(1, math.ceil(tokens / chunks))
+
+
+def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True) -> tuple[Any, Any, Any]:
+    """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its
+    gradients, one chunk of rows at a time. Matmuls run in `hidden`'s dtype; softmax and sums in fp32."""
+    import torch
+
+    count = (targets != IGNORE_INDEX).sum().clamp(min=1)
+    compute = weight.to(hidden.dtype)
+    loss = torch.zeros((), device=hidden.device, dtype=torch.float32)
+    grad_hidden = torch.empty_like(hidden) if grads else None
+    weight_grad = weight_grad and grads
+    grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if weight_grad else None
+    for start in range(0, hidden.shape[0], chunk):
+        rows = hidden[start : start + chunk]
+        target = targets[start : start + chunk]
+        logits = (rows @ compute.t()).float()
+        keep = target != IGNORE_INDEX
+        safe_target = torch.where(keep, target, 0)
+        log_norm = torch.logsumexp(logits, dim=-1)
+        picked = logits.gather(1, safe_target[:, None]).squeeze(1)
+        loss += ((log_norm - picked) * keep).sum()
+        if not grads:
+            continue
+        # d loss / d logits = (softmax − one-hot) / count on kept rows, 0 elsewhere: in place.
+        grad_logits = logits.sub_(log_norm[:, None]).exp_()
+        grad_logits[torch.arange(len(target), device=target.device), safe_target] -= 1.0
+        grad_logits.mul_((keep / count)[:, None])
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_hidden[start : start + chunk] = grad_logits @ compute
+        if grad_weight is not None:
+            # Accumulated in fp32 whatever the matmul dtype.
+            if rows.dtype == torch.float32:
+                grad_weight.addmm_(grad_logits.t(), rows)
+            else:
+                grad_weight += (grad_logits.t() @ rows).float()
+    return loss / count, grad_hidden, grad_weight
+
+
+def _chunked_function() -> Any:
+    import torch
+
+    class ChunkedLinearCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, hidden: Any, weight: Any, targets: Any, chunk: int) -> Any:
+            loss, grad_hidden, grad_weight = _chunked_loss_and_gradients(hidden, weight, targets, chunk, weight.requires_grad)
+            ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
+            ctx.weight_dtype = weight.dtype
+            ctx.has_weight_grad = grad_weight is not None
+            return loss
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: Any) -> Any:
+            grad_hidden, grad_weight = ctx.saved_tensors
+            scale = grad_output.to(grad_hidden.dtype)
+            weight_out = (grad_weight * grad_output).to(ctx.weight_dtype) if ctx.has_weight_grad else None
+            return grad_hidden * scale, weight_out, None, None
+
+    return ChunkedLinearCrossEntropy
+
+
+_FUNCTION: Any = None
+
+
+def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | None = None) -> Any:
+    """Causal-LM loss from the last hidden states (batch, length, hidden) and the output head's
+    weight (vocab, hidden): position t predicts labels[t + 1], like transformers' own loss."""
+    import torch
+    import torch.nn.functional as F
+
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _chunked_function()
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    if torch.is_autocast_enabled(flat.device.type):
+        # Inside autocast the head's matmul would run in the autocast dtype: do the same here.
+        flat = flat.to(torch.get_autocast_dtype(flat.device.type))
+    size = chunk or chunk_tokens(flat.shape[0], flat.shape[1], weight.shape[0])
+    with torch.autocast(flat.device.type, enabled=False):
+        if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
+            return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
+        return _FUNCTION.apply(flat, weight, targets, size)
+
+
+def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
+    import torch.nn.functional as F
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)(weight.to(flat.dtype), flat, targets)
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside DDP / compile / peft wrappers."""
+    model = getattr(model, "module", model)
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if get_base is not None else model
+
+
+def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
+    """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
+    Without labels (generation, the export) the model's own forward runs unchanged."""
+    if kind == "plain":
+        return kind
+    lm = causal_lm(model)
+    if kind == "liger" and not compiled:
+        import liger_kernel.transformers as liger
+
+        apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
+        if apply is not None:
+            # Instance-level RMSNorm/SwiGLU; RoPE is a module-level function in transformers.
+            apply(rope=True, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=lm)
+    loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
+    original = lm.forward
+
+    def forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+        if labels is None or kwargs.get("return_dict") is False:
+            return original(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        decoder = getattr(self, self.base_model_prefix)
+        kwargs.pop("use_cache", None)
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+        loss = loss_of(outputs.last_hidden_state, self.get_output_embeddings().weight, labels)
+        return CausalLMOutputWithPast(loss=loss, logits=None)
+
+    lm.forward = types.MethodType(forward, lm)
+    lm._benchtrain_loss = kind
+    return kind
