@@ -85,6 +85,7 @@ class Workload:
         plan = plan_packed_batches(rows, config.micro_batch_size, seed=0, epoch=0)
         return PackedBatches(self._stream, plan, config.seq_len)
 
+
 def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
     """A measurement row (status ok / oom / error) for one configuration."""
     row: dict[str, Any] = {**config.as_dict(), "status": "ok"}

@@ -115,7 +115,5 @@ def remeasure(
         add_repeat(row, new)
         added += 1
         if progress is not None:
-            progress.set_postfix_str(
-                f"re-measured B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}", refresh=False
-            )
+            progress.set_postfix_str(f"re-measured B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}", refresh=False)
     return added

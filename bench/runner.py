@@ -178,10 +178,7 @@ def run_optuna(
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=seed),
     )
-    distributions = {
-        dimension: CategoricalDistribution(list(values))
-        for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
-    }
+    distributions = {dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)}
     done: dict[ProbeConfig, dict[str, Any]] = {}
     for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in trial.user_attrs:

@@ -90,9 +90,7 @@ def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(
-    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
-) -> dict[tuple[int, int], int]:
+def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):

@@ -22,9 +22,9 @@ from train import metrics, trackers
 from train.batching import PackedBatches, PaddedBatches, make_loader
 from train.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
+from train.engine import StepOptions
 from train.evaluation import EvalSchedule
 from train.guard import DeadlineGuard, GuardSettings
-from train.engine import StepOptions
 from train.method import MethodConfig
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
@@ -184,9 +184,7 @@ class TrainingRun:
     def dataset(self, batches: list[list[int]]) -> Any:
         if self.data.packing:
             return PackedBatches(self._stream, batches, self.chosen.max_length)
-        return PaddedBatches(
-            self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks, self.shape_bucket
-        )
+        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks, self.shape_bucket)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -467,9 +465,7 @@ class TrainingRun:
         except CheckpointReadError as error:
             if len(found) < 2:
                 raise
-            raise CheckpointReadError(
-                f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again"
-            ) from None
+            raise CheckpointReadError(f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again") from None
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])

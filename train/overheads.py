@@ -59,7 +59,7 @@ class Overheads:
         parts = [
             f"model build {format_duration(self.model_build_seconds)}",
             f"warm-up {format_duration(self.warmup_seconds)}",
-            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} shape{'s' if self.compile_shapes != 1 else ''})"] if self.compile_shapes else []),
+            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"] if self.compile_shapes else []),
             f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
             f"final/ export {format_duration(self.export_seconds)}",
         ]

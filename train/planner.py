@@ -28,9 +28,9 @@ from train.batching import (
     plan_padded_batches,
     shard,
 )
+from train.compile import compile_seconds
 from train.data import TokenizedData, truncation
 from train.evaluation import EvalSchedule
-from train.compile import compile_seconds
 from train.overheads import Overheads, plan_overheads
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")

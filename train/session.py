@@ -87,9 +87,7 @@ def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], forc
     if measured["method"] != method.method:
         names = {"full": "full fine-tuning", "lora": "LoRA"}
         rerun = "bench run --lora" if method.is_lora else "bench run"
-        problems.append(
-            f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force"
-        )
+        problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
     if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:

@@ -111,4 +111,3 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=True)
         seconds = self.timer.stop()
         return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes))
-
