@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.memory import PeakMemory
 from bench.space import ProbeConfig
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
 from train.data import TokenizedData
 from train.engine import StepOptions, build_engine
 from train.method import MethodConfig, method_record, set_gradient_checkpointing
-from train.metrics import data_wait_share, mfu
+from train.metrics import data_wait_share, step_figures
 from train.model import ModelShape, ModelSpec, model_shape
+from train.peak_memory import PeakMemory
 from train.runtime import is_out_of_memory, make_accelerator, pin_memory
 
 
@@ -131,20 +131,21 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     # medians back to means (a run lasts the sum of its steps) with a factor measured over probes.
     median_seconds = statistics.median(step_seconds)
     tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-    tokens_per_second = tokens / median_seconds
+    figures = step_figures(tokens, median_seconds, statistics.median(waits), workload.flops_per_token(config), peak_flops)
     row.update(
-        tokens_per_second=tokens_per_second,
+        tokens_per_second=figures["computed_tokens_per_second"],
         step_seconds=median_seconds,
         step_seconds_mean=statistics.fmean(step_seconds),
         step_seconds_median=median_seconds,
         step_seconds_spread=spread(step_seconds),
         step_seconds_min=min(step_seconds),
         step_seconds_max=max(step_seconds),
-        data_wait_share=data_wait_share(sum(waits), sum(step_seconds)),
+        data_wait_share=data_wait_share(sum(waits), sum(step_seconds)),  # over all timed steps
         peak_memory_bytes=int(memory.peak_bytes),
         timed_steps=len(step_seconds),
         load_average=machine_load(),
-        mfu=mfu(tokens_per_second, workload.flops_per_token(config), peak_flops),
+        mfu=figures["mfu"],
+        tflops=figures["tflops"],
     )
     return row
 

@@ -72,6 +72,16 @@ def write_run_report(run_dir: Path) -> Path:
                 "high": estimate["tokens_per_second_high"],
                 "actual": actual.get("tokens_per_second"),
             },
+            {
+                "": "peak memory (GiB)",
+                "estimate": _gib(estimate.get("peak_memory_bytes")),
+                "low": None,
+                "high": None,
+                "actual": _gib(actual.get("peak_memory_bytes")),
+            },
+            {"": "TFLOP/s per process", "estimate": None, "low": None, "high": None, "actual": actual.get("tflops")},
+            {"": "MFU", "estimate": None, "low": None, "high": None, "actual": actual.get("mfu")},
+            {"": "data-wait share", "estimate": None, "low": None, "high": None, "actual": actual.get("data_wait_share")},
             {"": "naive estimate (s)", "estimate": estimate.get("naive_seconds"), "low": None, "high": None, "actual": None},
             {"": "cost ($)", "estimate": estimate.get("cost"), "low": None, "high": None, "actual": actual.get("cost")},
         ]
@@ -202,3 +212,7 @@ def _rolling_rates(losses: list[dict[str, Any]]) -> tuple[list[float], list[floa
         actual.append(tokens / max(1e-9, sum(entry.get("seconds", 0) for entry in window)))
         predicted.append(tokens / max(1e-9, sum(entry.get("predicted_seconds", 0) for entry in window)))
     return actual, predicted
+
+
+def _gib(value: float | None) -> float | None:
+    return value / 2**30 if value else None

@@ -141,6 +141,9 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
     assert record["training"]["compile"] is True
     assert record["estimate"]["overheads"]["compile_shapes"] >= 1
     assert record["actual"]["batch_shapes"] >= 1  # packed rows: one shape, and the last batch's
+    actual = record["actual"]  # train.metrics figures over the run
+    assert actual["tflops"] > 0 and actual["mfu"] is None  # no peak-FLOPs entry for a CPU
+    assert 0 <= actual["data_wait_share"] <= 1 and actual["peak_memory_bytes"] > 0
 
     code, _, err = run_main("train", [*base, "--dry-run"], capsys)  # auto on CPU: eager
     assert_one_line_error(code, err, "--compile on")

@@ -72,7 +72,7 @@ def test_chunks_make_logits_about_the_size_of_the_hidden_states() -> None:
 
 
 def _peak_rss(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    from bench.memory import PeakMemory
+    from train.peak_memory import PeakMemory
 
     with PeakMemory(torch.device("cpu")) as memory:
         model(input_ids=ids, labels=ids).loss.backward()

@@ -4,7 +4,8 @@ A *batch plan* is decided up front and is deterministic (seed, epoch): the plann
 real tokens of exactly the batches training will run, and `--resume` continues from an index.
 
 - Packing (`text` data): all samples joined by EOS, cut into rows of `max_length`; no padding.
-- Padding (other formats): length-grouped batches, padded to the longest sample of each batch.
+- Padding (other formats): length-grouped batches, right-padded to the longest sample of each
+  batch (with a compiled step: to the next multiple of 64); no attention mask is needed.
 - Synthetic (bench without `--data`): random ids at the probe's sequence length.
 
 Each DataLoader item is one whole micro-batch, collated inside the worker processes.
@@ -140,11 +141,9 @@ class PaddedBatches:
         width = padded_width(max(len(row) for row in rows), self.max_length, self.bucket)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for r, (row, sample_index) in enumerate(zip(rows, self.batches[index], strict=True)):
             ids = torch.as_tensor(np.asarray(row, dtype=np.int64))
             input_ids[r, : len(row)] = ids
-            attention_mask[r, : len(row)] = 1
             labels[r, : len(row)] = ids
             # prompt + completion data: no loss on the prompt.
             labels[r, : min(self.prompt_lengths[sample_index], len(row))] = IGNORE_INDEX
@@ -152,7 +151,9 @@ class PaddedBatches:
                 # chat data: loss on the assistant's turns only.
                 keep = torch.as_tensor(np.asarray(self.loss_masks[sample_index][: len(row)], dtype=bool))
                 labels[r, : len(row)][~keep] = IGNORE_INDEX
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "target_tokens": count_targets(labels)}
+        # Right padding, no attention mask: under causal attention no real token sees a pad, and
+        # pads carry no loss (train.step), so the mask would only cost a host sync and SDPA's fast path.
+        return {"input_ids": input_ids, "labels": labels, "target_tokens": count_targets(labels)}
 
 
 class PackedBatches:

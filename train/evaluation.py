@@ -105,7 +105,8 @@ def evaluate_loss(
     with torch.no_grad(), accelerator.autocast(), eager_region(compiled):
         for batch in loader:
             batch = to_device(batch, device)
-            outputs = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"])
+            # Right-padded rows under causal attention need no mask (see train.step).
+            outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
             # The model's loss is the mean over its shifted target tokens: weight it by their count.
             count = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
             loss_sum += outputs.loss.double() * count

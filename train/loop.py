@@ -67,6 +67,7 @@ class LoopOutcome:
     exit_signal: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
+    figures: dict[str, Any] = field(default_factory=dict)  # train.metrics.step_figures over the run, peak memory
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Position:
     padded_tokens: int = 0
     step_seconds: float = 0.0
     predicted_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
     losses: list[dict[str, float]] = field(default_factory=list)
     timeline: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
@@ -135,6 +137,7 @@ class TrainingRun:
         self.tracker_record = tracker_record or {}
         self.events: list[str] = []
         self.shapes_seen: set[tuple[int, ...]] = set()
+        self.peak_memory: Any = None
 
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -226,6 +229,9 @@ class TrainingRun:
         )
         progress = self._progress(limit, position.step)
 
+        from train.peak_memory import PeakMemory
+
+        self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
             with StopSignals() as signals:
                 epochs = math.ceil(s.epochs)
@@ -250,6 +256,7 @@ class TrainingRun:
                         position.tokens += result.target_tokens * self.accelerator.num_processes
                         position.padded_tokens += result.tokens * self.accelerator.num_processes
                         position.step_seconds += result.seconds
+                        position.data_wait_seconds += result.data_wait_seconds
                         position.predicted_seconds += predicted[step_index]
                         now = time.monotonic()
                         position.losses.append(
@@ -323,6 +330,7 @@ class TrainingRun:
                 position.timeline.append(self._timeline_point(position, now, 1.0, now - s.started_at))
                 exit_signal = signals.received
         finally:
+            self.peak_memory.__exit__(None, None, None)
             if progress is not None:
                 progress.close()
             trackers.finish(self.accelerator)
@@ -342,9 +350,16 @@ class TrainingRun:
             resumed_from=resumed_from,
             exit_signal=exit_signal,
             batch_shapes=len(self.shapes_seen),
+            figures=self._run_figures(position),
         )
 
     # -- helpers ----------------------------------------------------------------------------
+    def _run_figures(self, position: Position) -> dict[str, Any]:
+        """This process's figures over the run (train.metrics), and its peak memory."""
+        per_process = position.padded_tokens / self.accelerator.num_processes
+        figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, self.flops_per_token, self.peak_flops)
+        return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None}
+
     def _met_new_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> bool:
         """Whether this step met a batch shape for the first time: compiled steps compile it then."""
         new = set(shapes) - self.shapes_seen
@@ -393,14 +408,15 @@ class TrainingRun:
     def _track_step(self, position: Position, result: Any, eta_seconds: float) -> None:
         if not self.settings.report_to:
             return
-        computed_rate = metrics.tokens_per_second(result.tokens * self.accelerator.num_processes, result.seconds)
+        figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, self.flops_per_token, self.peak_flops)
         self._track(
             {
                 "train/loss": result.loss,
                 "train/learning_rate": self.scheduler.get_last_lr()[0],
                 "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
-                "train/mfu": metrics.mfu(computed_rate / self.accelerator.num_processes, self.flops_per_token, self.peak_flops),
-                "train/data_wait_share": metrics.data_wait_share(result.data_wait_seconds, result.seconds),
+                "train/mfu": figures["mfu"],
+                "train/tflops": figures["tflops"],
+                "train/data_wait_share": figures["data_wait_share"],
                 "train/eta_seconds": max(0.0, eta_seconds),
             },
             position.step,

@@ -1,4 +1,6 @@
-"""Training metrics computed in one place: tokens/s, TFLOP/s, MFU, data-wait share.
+"""Training metrics computed in one place: tokens/s, TFLOP/s, MFU, data-wait share (peak memory:
+train.peak_memory). Bench probes, the live log and trackers, run.json and the reports read them
+from here (`step_figures`).
 
 MFU = achieved FLOP/s ÷ the device's dense bf16 peak (train.hardware's table). The FLOPs per
 token are the model's (train.model.ModelShape.flops_per_token: full or LoRA, with or without
@@ -25,3 +27,15 @@ def mfu(tokens_per_second_computed: float, flops_per_token: float, peak_flops: f
 
 def data_wait_share(wait_seconds: float, step_seconds: float) -> float:
     return min(1.0, wait_seconds / step_seconds) if step_seconds > 0 else 0.0
+
+
+def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+    """The figures of `seconds` of training that computed `tokens_computed` positions (padding
+    included, on one process) and waited `wait_seconds` for data."""
+    rate = tokens_per_second(tokens_computed, seconds)
+    return {
+        "computed_tokens_per_second": rate,
+        "tflops": tflops(rate, flops_per_token),
+        "mfu": mfu(rate, flops_per_token, peak_flops),
+        "data_wait_share": data_wait_share(wait_seconds, seconds),
+    }

@@ -95,6 +95,7 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
         "steps": outcome.steps,
         "micro_batches": outcome.micro_batches,
         "batch_shapes": outcome.batch_shapes,
+        **outcome.figures,  # computed tokens/s, TFLOP/s, MFU, data-wait share, peak memory (train.metrics)
         "checkpoint_seconds": outcome.checkpoint_seconds,
         "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
         "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,

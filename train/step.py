@@ -95,11 +95,10 @@ class TrainingStep:
             # Gradients are all-reduced once, on the last micro-step.
             sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
             with sync:
-                outputs = model(
-                    input_ids=batch["input_ids"],
-                    attention_mask=batch.get("attention_mask"),
-                    labels=batch["labels"],
-                )
+                # No attention mask: rows are right-padded and attention is causal, so no real
+                # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
+                # path and transformers does not inspect the mask on the host (a sync per micro-step).
+                outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
                 loss = outputs.loss / grad_accum
                 accelerator.backward(loss)
             loss_sum += loss.detach()
