@@ -150,7 +150,9 @@ def show_command(reference: str, as_json: bool) -> int:
 
 
 def entry_point() -> None:
-    sys.exit(guard_cli(main))
+    from train.runtime import leave
+
+    leave(guard_cli(main))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+def describe_step(training: dict[str, Any], overheads: dict[str, Any]) -> str:
+    """How THE step ran: compiled or eager (with the measured compile time), and its loss."""
+    loss = training.get("loss", "plain")
+    if not training.get("compile"):
+        return f"eager, {loss} loss"
+    cold = overheads.get("compile_seconds_per_shape", 0.0)
+    cached = overheads.get("compile_cached_seconds_per_shape")
+    from_cache = f", {cached:.1f}s from inductor's cache" if cached is not None else ""
+    return f"torch.compile, {loss} loss; compiling a batch shape took {cold:.1f}s ({overheads.get('compile_shapes_measured', 0)} measured){from_cache}"
+
+
 def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
     from bench.record import best_rows, status_counts
     from bench.tables import format_table
@@ -19,6 +30,7 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
         f"({hardware['memory_bytes'] / 2**30:.1f} GiB), model {model['name']} ({model['parameter_count']:,} parameters)",
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
     ]
+    lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))
     search = data.get("search") or {}
     if search.get("stopped_by_budget"):
         lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")

@@ -20,11 +20,11 @@ from bench.space import ProbeConfig
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
 from train.data import TokenizedData
 from train.engine import StepOptions, build_engine
-from train.method import MethodConfig, method_record, set_gradient_checkpointing
+from train.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
 from train.metrics import data_wait_share, step_figures
 from train.model import ModelShape, ModelSpec, model_shape
 from train.peak_memory import PeakMemory
-from train.runtime import is_out_of_memory, make_accelerator, pin_memory
+from train.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Workload:
         self.shape: ModelShape = model_shape(self.model)
         self.training = {**method_record(self.method, self.model), **self.engine.record()}
         self.checkpointing = False
-        self.vocab_size = int(self.model.config.vocab_size)
+        self.vocab_size = int(unwrap(self.model).config.vocab_size)
         self.pin_memory = pin_memory(self.accelerator)
         self._stream = data.stream() if data is not None else None
         # (rows, length, checkpointing) already run: with a compiled step, a new one compiles.
@@ -113,9 +113,12 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
                 result = workload.step.run(iterator, config.grad_accum)
                 step_seconds.append(result.seconds)
                 waits.append(result.data_wait_seconds)
-                if len(step_seconds) >= settings.min_steps and (
+                steady = len(step_seconds) >= settings.min_steps and (
                     spread(step_seconds) <= settings.target_spread or time.perf_counter() - timed_from >= settings.max_seconds
-                ):
+                )
+                # Under several processes every rank must run the same number of steps (each one
+                # all-reduces): stop when any rank is done.
+                if agree(workload.accelerator, int(steady), "max"):
                     break
     except Exception as error:  # a failed probe is data, not a crash
         row["status"] = "oom" if is_out_of_memory(error) else "error"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
@@ -47,7 +47,7 @@ def run_command(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     writable_subdir("calibrations")
 
-    from bench.probe import ProbeSettings, Workload, run_probe
+    from bench.probe import ProbeSettings, Workload
     from bench.record import build_calibration
     from bench.runner import Budget, run_grid, run_optuna, study_name
     from calibration.store import save_calibration, update_calibration
@@ -83,119 +83,155 @@ def run_command(args: argparse.Namespace) -> int:
     if too_long:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {spec.max_positions} positions")
 
-    trials = args.trials or max(4, space.size // 3)
-    total = space.size if args.search == "grid" else min(trials, space.size)
-    settings = ProbeSettings.for_device(hardware["device_type"])
-    if args.max_probe_seconds:
-        settings = replace(settings, max_seconds=args.max_probe_seconds)
-    elif budget_seconds:
-        # Share the budget between the probes (warm-up and loader start take about as long again).
-        share = (budget_seconds - (time.monotonic() - started)) / (2.2 * total)
-        settings = replace(settings, max_seconds=max(0.5, min(settings.max_seconds * 3, share)))
     peak_flops = hardware.get("peak_bf16_flops")
-
-    def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
-        capped = settings if remaining is None else replace(settings, max_seconds=max(0.5, min(settings.max_seconds, remaining / 2)))
-        return run_probe(workload, config, capped, peak_flops)
-
-    budget = Budget(budget_seconds, started)
-    _say(f"probing {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
-    progress = _progress_bar(total, args.quiet, budget.remaining() if budget_seconds else None)
+    coordinator = probe_coordinator(workload, peak_flops)
+    if not coordinator.leads:
+        coordinator.follow()  # rank 0 decides every probe; this process runs each with it
+        return EXIT_OK
     try:
-        if args.search == "grid":
-            result = run_grid(space, probe, budget, progress)
-        else:
-            name = study_name(hardware, model, space, args.data)
-            result = run_optuna(space, probe, budget, trials, benchtrain_home() / "studies" / "bench.db", name, progress)
+        trials = args.trials or max(4, space.size // 3)
+        total = space.size if args.search == "grid" else min(trials, space.size)
+        settings = ProbeSettings.for_device(hardware["device_type"])
+        if args.max_probe_seconds:
+            settings = replace(settings, max_seconds=args.max_probe_seconds)
+        elif budget_seconds:
+            # Share the budget between the probes (warm-up and loader start take about as long again).
+            share = (budget_seconds - (time.monotonic() - started)) / (2.2 * total)
+            settings = replace(settings, max_seconds=max(0.5, min(settings.max_seconds * 3, share)))
+
+        def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+            capped = settings if remaining is None else replace(settings, max_seconds=max(0.5, min(settings.max_seconds, remaining / 2)))
+            return coordinator.run("probe", {"config": config.as_dict(), "settings": asdict(capped)})
+
+        budget = Budget(budget_seconds, started)
+        _say(f"probing {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+        progress = _progress_bar(total, args.quiet, budget.remaining() if budget_seconds else None)
+        try:
+            if args.search == "grid":
+                result = run_grid(space, probe, budget, progress)
+            else:
+                name = study_name(hardware, model, space, args.data)
+                result = run_optuna(space, probe, budget, trials, benchtrain_home() / "studies" / "bench.db", name, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+
+        eval_rows = measure_evaluation(result.rows, lambda config: coordinator.run("eval", config.as_dict()))
+        from bench.disk_write import measure_checkpoint
+
+        overheads = {
+            "model_build_seconds": round(workload.build_seconds, 4),
+            **measure_checkpoint(workload, writable_subdir("scratch")),
+            "warmup_steps": settings.warmup_steps,
+            **{name: round(value, 4) for name, value in warmup_costs(result.rows, settings.warmup_steps, workload.engine.compiled).items()},
+        }
+        training = dict(workload.training)
+        if workload.engine.compiled:
+            from train.compile import compile_cache_record
+
+            overheads.update(measure_cached_compile(workload, result.rows, overheads["warmup_extra_seconds"]))
+            training["compile_cache"] = compile_cache_record()
+        search = {
+            "method": args.search,
+            "space": space.as_dict(),
+            "trials": trials if args.search == "optuna" else None,
+            "budget_seconds": budget_seconds,
+            "settings": settings.__dict__,
+            "load_average_before": load_before,
+        }
+        record = build_calibration(
+            hardware=hardware,
+            software=detect_software(),
+            model=model,
+            device_label=device_label(hardware),
+            requested_device=args.gpu,
+            result=result,
+            search=search,
+            overheads=overheads,
+            data=data_record,
+            warnings=warnings,
+            training=training,
+        )
+        from calibration.fit import fit_eval
+
+        record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
+        if coordinator.world_size > 1:
+            record["distributed"] = distributed_record(coordinator.run("comm", {})["measurements"])
+        record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
+        if record["fit"] is None:
+            raise _nothing_fitted(record, budget_seconds)
+        path = save_calibration(record)
+        report_path = None
+        if not args.no_report:
+            report_started = time.monotonic()
+            report_path = _write_report(path)
+            if report_path is not None:
+                # train's plan counts the report it writes at the end: measured here.
+                seconds = round(time.monotonic() - report_started, 3)
+                update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
+        print_summary(record, str(path), result.left_out, report_path)
+        return EXIT_OK
     finally:
-        if progress is not None:
-            progress.close()
+        coordinator.finish()
 
-    eval_rows = measure_evaluation(workload, result.rows)
-    from bench.disk_write import measure_checkpoint
 
-    overheads = {
-        "model_build_seconds": round(workload.build_seconds, 4),
-        **measure_checkpoint(workload, writable_subdir("scratch")),
-        "warmup_steps": settings.warmup_steps,
-        **{name: round(value, 4) for name, value in warmup_costs(result.rows, settings.warmup_steps, workload.engine.compiled).items()},
+def distributed_record(all_reduce: list[dict[str, float]]) -> dict[str, Any]:
+    """World size, backend, sharding and the measured all-reduce model of a multi-process bench."""
+    from calibration.comm import fit_comm
+    from train.comm import world
+
+    world_size, backend = world()
+    return {
+        "world_size": world_size,
+        "backend": backend,
+        "sharding": "ddp",
+        "all_reduce": all_reduce,
+        "comm": fit_comm(all_reduce, world_size, backend or "none").to_json(),
     }
-    training = dict(workload.training)
-    if workload.engine.compiled:
-        from train.compile import compile_cache_record
 
-        overheads.update(measure_cached_compile(workload, result.rows, settings, overheads["warmup_extra_seconds"]))
-        training["compile_cache"] = compile_cache_record()
-    search = {
-        "method": args.search,
-        "space": space.as_dict(),
-        "trials": trials if args.search == "optuna" else None,
-        "budget_seconds": budget_seconds,
-        "settings": settings.__dict__,
-        "load_average_before": load_before,
-    }
-    record = build_calibration(
-        hardware=hardware,
-        software=detect_software(),
-        model=model,
-        device_label=device_label(hardware),
-        requested_device=args.gpu,
-        result=result,
-        search=search,
-        overheads=overheads,
-        data=data_record,
-        warnings=warnings,
-        training=training,
+
+def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
+    """What every process of a multi-process bench runs when rank 0 says so (bench.distributed)."""
+    from bench.distributed import Coordinator
+    from bench.probe import ProbeSettings, run_eval_probe, run_probe
+    from train.comm import measure_all_reduce
+
+    return Coordinator(
+        {
+            "probe": lambda task: run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
+            "eval": lambda task: run_eval_probe(workload, ProbeConfig.of(task)),
+            "comm": lambda task: {"measurements": measure_all_reduce(workload.device)},
+        }
     )
-    from calibration.fit import fit_eval
-
-    record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
-    record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
-    if record["fit"] is None:
-        raise _nothing_fitted(record, budget_seconds)
-    path = save_calibration(record)
-    report_path = None
-    if not args.no_report:
-        report_started = time.monotonic()
-        report_path = _write_report(path)
-        if report_path is not None:
-            # train's plan counts the report it writes at the end: measured here.
-            seconds = round(time.monotonic() - report_started, 3)
-            update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
-    print_summary(record, str(path), result.left_out, report_path)
-    return EXIT_OK
 
 
-def measure_cached_compile(workload: Any, rows: list[dict[str, Any]], settings: Any, warmup_extra: float) -> dict[str, Any]:
-    """A later process on this machine finds bench's compiled kernels in inductor's cache: compile
-    the first probed shape again from that cache (dynamo reset) and time it."""
-    from bench.probe import run_probe
+def measure_cached_compile(workload: Any, rows: list[dict[str, Any]], warmup_extra: float) -> dict[str, Any]:
+    """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
+    start one (bench.compile_probe) on the first probed shape and time its first step against its
+    steady one, less the warm-up every run pays anyway."""
+    from bench.compile_probe import measure_in_new_process
 
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok:
         return {}
-    import torch
-
-    torch._dynamo.reset()
-    row = run_probe(workload, ProbeConfig.of(ok[0]), replace(settings, warmup_steps=1, min_steps=2, max_steps=3))
-    if row["status"] != "ok":
+    reference = str(workload.spec.directory) if workload.spec.directory else workload.spec.name
+    measured = measure_in_new_process(reference, workload.method, workload.engine.loss, ok[0])
+    if measured is None:
         return {}
-    cached = max(0.0, row["first_step_seconds"] - row["step_seconds"] - warmup_extra)
+    cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)
     return {"compile_cached_seconds_per_shape": round(cached, 4)}
 
 
-def measure_evaluation(workload: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def measure_evaluation(rows: list[dict[str, Any]], eval_probe: Any) -> list[dict[str, Any]]:
     """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
     and length, checkpointing off): what `train` needs to plan evaluation time."""
-    from bench.probe import run_eval_probe
-
     ok = [row for row in rows if row["status"] == "ok" and not row.get("gradient_checkpointing")]
     if not ok:
         return []
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
     corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
-    return [run_eval_probe(workload, ProbeConfig(b, 0, 1, s)) for b, s in corners]
+    return [eval_probe(ProbeConfig(b, 0, 1, s)) for b, s in corners]
 
 
 def _nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:
@@ -264,7 +300,10 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 def _say(message: str) -> None:
     import sys
 
-    print(message, file=sys.stderr, flush=True)
+    from train.console import is_main_process
+
+    if is_main_process():
+        print(message, file=sys.stderr, flush=True)
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any) -> None:

@@ -7,6 +7,7 @@ for far more epochs than fit and shows that the run is refused up front (exit 3)
 
     python benchmarks/estimate_accuracy.py --runs 3 --deadline 5m
     python benchmarks/estimate_accuracy.py --epochs 0.3,1,3 --deadline 10m --skip-limits   # runs of ~20 s, 1 min, 3 min on cpu-vm
+    python benchmarks/estimate_accuracy.py --train-args "--compile on" --skip-limits     # after `bench run --compile on`
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--epochs", default="1", help="comma list: one run per value (each --runs times)")
     parser.add_argument("--skip-limits", action="store_true", help="skip the too-many-epochs and --fit-deadline runs")
+    parser.add_argument("--train-args", default="", help='more train options for every run, e.g. "--compile on"')
     args = parser.parse_args()
+    extra = args.train_args.split()
     env = dict(os.environ)
     home = Path(env.get("BENCHTRAIN_HOME", "~/.benchtrain")).expanduser()
     print(f"{'run':<28} {'estimate':>9} {'low':>7} {'high':>7} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline")
     errors = []
     for epochs in [value for value in args.epochs.split(",") for _ in range(args.runs)]:
         before = set((home / "runs").glob("*")) if (home / "runs").exists() else set()
-        code, _ = train(["--data", args.data, "--model", args.model, "--deadline", args.deadline, "--epochs", epochs], env)
+        code, _ = train(["--data", args.data, "--model", args.model, "--deadline", args.deadline, "--epochs", epochs, *extra], env)
         new = sorted(set((home / "runs").glob("*")) - before)
         if code != 0 or not new:
             print(f"train exited {code}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -115,7 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of the deadline held back as safety margin (default: 0.05)",
     )
     p.add_argument("--price-per-hour", type=float, metavar="USD", help="show the cost of the plan")
-    p.add_argument("--learning-rate", type=float, default=3e-4)
+    p.add_argument("--learning-rate", type=float, default=3e-4, help="peak learning rate at --base-batch (default: 3e-4)")
+    p.add_argument(
+        "--lr-scaling",
+        choices=("none", "linear", "sqrt"),
+        default="none",
+        help="scale the learning rate with effective batch / --base-batch (effective = micro-batch × processes × accumulation)",
+    )
+    p.add_argument("--base-batch", type=int, metavar="N", help="the effective batch --learning-rate was tuned for (default: the planned one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="use a calibration made for another device or model")
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
@@ -134,14 +140,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry_point() -> None:
-    code = guard_cli(main)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Everything is written and every rank has finished (train.runtime.finish_together): leave
-        # without running gloo's process-group destructors, which can deadlock on the GIL.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    from train.runtime import leave
+
+    # Everything is written and every rank has finished (train.runtime.finish_together).
+    leave(guard_cli(main))
 
 
 if __name__ == "__main__":

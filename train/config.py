@@ -55,6 +55,8 @@ class TrainConfig:
     margin: float = 0.05
     price_per_hour: float | None = None
     learning_rate: float = 3e-4
+    lr_scaling: str = "none"
+    base_batch: int | None = None
     seed: int = 0
     force: bool = False
     no_report: bool = False
@@ -91,6 +93,12 @@ class TrainConfig:
             raise BenchtrainError("--keep-checkpoints must be at least 1")
         if not 0 <= self.margin < 0.5:
             raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {self.margin}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise BenchtrainError(f"--learning-rate must be positive, got {self.learning_rate}")
+        if self.lr_scaling not in ("none", "linear", "sqrt"):
+            raise BenchtrainError(f"--lr-scaling must be none, linear or sqrt, got {self.lr_scaling!r}")
+        if self.base_batch is not None and self.base_batch < 1:
+            raise BenchtrainError(f"--base-batch must be a positive integer, got {self.base_batch}")
         if self.resume and not self.out:
             raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
         if self.eval_data and self.eval_split is not None:

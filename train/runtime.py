@@ -45,6 +45,19 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
     )
 
 
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
+    """`--learning-rate` is right for `--base-batch` samples per optimizer step; at another
+    effective batch (micro-batch × processes × accumulation) scale it linearly (Goyal et al.) or
+    by the square root (Adam-style, Malladi et al.), or not at all."""
+    if scaling == "none" or not base_batch:
+        return learning_rate
+    ratio = effective_batch / base_batch
+    return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
+
+
 def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:
     import torch
 
@@ -101,6 +114,18 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
         if time.monotonic() - waited_from > timeout_seconds:
             raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
         time.sleep(0.05)
+
+
+def leave(code: int) -> None:
+    """Exit a command. A process of a multi-process job leaves with os._exit once everything is
+    written: gloo's process-group destructors can deadlock on the GIL (see finish_together)."""
+    import sys
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def is_out_of_memory(error: BaseException) -> bool:

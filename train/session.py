@@ -72,6 +72,19 @@ def completed_steps(out_dir: Path) -> int:
     return int(read_progress(found[-1])["step"])
 
 
+def learning_rate_record(config: TrainConfig, plan: Any) -> dict[str, Any]:
+    """The learning rate this run uses, and how it was scaled from --learning-rate."""
+    from train.runtime import scaled_learning_rate
+
+    effective = plan.chosen.micro_batch_size * plan.chosen.world_size * plan.chosen.grad_accum
+    return {
+        "learning_rate": scaled_learning_rate(config.learning_rate, config.lr_scaling, config.base_batch, effective),
+        "base_learning_rate": config.learning_rate,
+        "lr_scaling": config.lr_scaling,
+        "base_batch": config.base_batch or effective,
+    }
+
+
 def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False) -> list[str]:
     """A calibration for another model, device, training method or compile setting is refused
     unless --force (then warned); other LoRA settings than measured are only warned about (they
@@ -177,6 +190,13 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
+        rate = learning_rate_record(config, plan)
+        if rate["lr_scaling"] != "none":
+            print(
+                f"  learning rate {rate['learning_rate']:.3g}: {rate['lr_scaling']} scaling of {rate['base_learning_rate']:.3g} "
+                f"from base batch {rate['base_batch']} to this plan's effective batch",
+                flush=True,
+            )
         print(
             f"  training {method.describe()}: {need.trainable_parameters:,} of {need.total_parameters:,} parameters trainable; "
             f"{describe_needs(spec, method, hardware)}",
@@ -198,6 +218,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     out_dir, record = open_record(config, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
+    record["plan"].update(learning_rate_record(config, plan))
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
     with contextlib.ExitStack() as held:
@@ -325,7 +346,7 @@ def train_with_record(
         on_overrun=config.on_overrun,
         checkpoint_interval_seconds=config.checkpoint_interval_seconds,
         keep_checkpoints=config.keep_checkpoints,
-        learning_rate=config.learning_rate,
+        learning_rate=learning_rate_record(config, plan)["learning_rate"],
         seed=config.seed,
         epochs=plan.epochs,
         step_limit=plan.step_limit,

@@ -1,0 +1,75 @@
+"""Gradient communication between processes: a measured all-reduce model (no torch here).
+
+bench (or train, before planning) times all-reduces of a few message sizes among the processes
+of the job; a least-squares line gives a latency per collective and seconds per byte. DDP
+all-reduces the trainable gradients once per optimizer step, in buckets of BUCKET_BYTES, so one
+optimizer step pays
+
+    buckets × latency + gradient bytes × seconds per byte,
+
+which is what a 1-process calibration lacks to predict an N-process step. A calibration measured
+with N processes already holds it in its step times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
+GRADIENT_BYTES_PER_PARAMETER = 4  # trainable parameters keep fp32 gradients (full fine-tuning and LoRA adapters)
+
+
+@dataclass(frozen=True)
+class CommModel:
+    world_size: int
+    backend: str
+    latency_seconds: float
+    seconds_per_byte: float
+
+    @property
+    def bandwidth_bytes_per_second(self) -> float:
+        return 1 / self.seconds_per_byte if self.seconds_per_byte > 0 else math.inf
+
+    def all_reduce_seconds(self, gradient_bytes: float) -> float:
+        """One optimizer step's gradient all-reduce."""
+        if self.world_size < 2 or gradient_bytes <= 0:
+            return 0.0
+        buckets = max(1, math.ceil(gradient_bytes / BUCKET_BYTES))
+        return buckets * self.latency_seconds + gradient_bytes * self.seconds_per_byte
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "latency_seconds": self.latency_seconds,
+            "seconds_per_byte": self.seconds_per_byte,
+            "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CommModel:
+        return cls(int(data["world_size"]), str(data["backend"]), float(data["latency_seconds"]), float(data["seconds_per_byte"]))
+
+
+def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str) -> CommModel:
+    """Latency and seconds per byte from (bytes, seconds) all-reduce timings; both kept ≥ 0."""
+    points = [(float(m["bytes"]), float(m["seconds"])) for m in measurements]
+    if not points:
+        raise ValueError("no all-reduce measurements")
+    if len(points) == 1:
+        size, seconds = points[0]
+        return CommModel(world_size, backend, 0.0, seconds / size)
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
+    slope = max(slope, 0.0)
+    latency = max(0.0, mean_y - slope * mean_x)
+    return CommModel(world_size, backend, latency, slope)
+
+
+def gradient_bytes(trainable_parameters: int) -> int:
+    return int(trainable_parameters) * GRADIENT_BYTES_PER_PARAMETER
