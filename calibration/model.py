@@ -105,6 +105,19 @@ class Calibration:
         return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
 
     @property
+    def world_size(self) -> int:
+        """Processes the probes ran with (bench under `accelerate launch --num_processes N`)."""
+        return int((self.data.get("distributed") or {}).get("world_size", 1))
+
+    @property
+    def comm(self) -> Any:
+        """The all-reduce model measured among those processes (calibration.comm), or None."""
+        from calibration.comm import CommModel
+
+        fitted = (self.data.get("distributed") or {}).get("comm")
+        return CommModel.from_json(fitted) if fitted else None
+
+    @property
     def training(self) -> dict[str, Any]:
         """What the probes trained: method (full or lora), adapter settings, trainable parameters."""
         return self.data.get("training") or {"method": "full", "lora": None}

@@ -233,38 +233,47 @@ def run_process_group(command: list[str], env: dict[str, str], timeout: float) -
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def torchrun(module: str, arguments: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", module, *arguments]
+
+
 @pytest.mark.timeout(300)
 def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) -> None:
-    """The same command under a launcher (torchrun, like `accelerate launch`): data sharded, one record."""
+    """Under a launcher (torchrun, like `accelerate launch`): a 1-process calibration plus all-reduce
+    measured now predicts the 2-process step; data sharded, LR scaled, one record. Then bench under
+    2 processes stores a world-size-2 calibration with its communication model, and train plans
+    from it."""
     import os
 
     env = {**os.environ, "BENCHTRAIN_HOME": str(calibrated_home), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "train",
-        "--data",
-        str(heavy_tailed_jsonl),
-        "--deadline",
-        "30m",
-        "--effective-batch",
-        "4",
-        "--max-steps",
-        "6",
-        "--no-report",
-    ]
-    result = run_process_group(command, env, timeout=240)
+    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"]
+    result = run_process_group(torchrun("train", [*train, "--max-steps", "6", "--lr-scaling", "sqrt", "--base-batch", "2"]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("communication: predicted") == 1, result.stdout  # said once, by rank 0
     runs = list((calibrated_home / "runs").iterdir())
     assert len(runs) == 1
     record = json.loads((runs[0] / "run.json").read_text())
-    assert record["plan"]["world_size"] == 2
-    assert record["plan"]["micro_batch_size"] * record["plan"]["grad_accum"] * 2 == 4
+    plan = record["plan"]
+    assert plan["world_size"] == 2 and plan["sharding"] == "ddp"
+    assert plan["micro_batch_size"] * plan["grad_accum"] * 2 == 4
+    assert plan["learning_rate"] == pytest.approx(3e-4 * (4 / 2) ** 0.5) and plan["lr_scaling"] == "sqrt"
+    communication = plan["communication"]
+    assert communication["source"] == "predicted" and communication["seconds_per_step"] > 0
+    assert communication["comm"]["world_size"] == 2 and communication["comm"]["backend"] == "gloo"
     assert record["actual"]["steps"] == 6 and record["status"] == "step_limit"
+
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    result = run_process_group(torchrun("bench", ["run", *grid]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    newest = max((calibrated_home / "calibrations").glob("*.json"), key=lambda path: path.stat().st_mtime)
+    calibration = json.loads(newest.read_text())
+    distributed = calibration["distributed"]
+    assert distributed["world_size"] == 2 and distributed["backend"] == "gloo" and distributed["sharding"] == "ddp"
+    assert distributed["comm"]["seconds_per_byte"] > 0 and len(distributed["all_reduce"]) >= 3
+    assert all(row.get("ranks") == 2 for row in calibration["measurements"] if row["status"] == "ok")
+    result = run_process_group(torchrun("train", [*train, "--use-calibration", calibration["id"], "--dry-run"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "communication: measured in the calibration's 2-process step times" in result.stdout
 
 
 def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

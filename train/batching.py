@@ -208,7 +208,22 @@ def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0
 
 
 def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
-    """This process's share: every world_size-th batch, with the remainder dropped so that all
-    processes run the same number of steps (a missing step would hang the all-reduce)."""
-    usable = len(batches) - len(batches) % world_size if world_size > 1 else len(batches)
-    return list(batches[rank:usable:world_size])
+    """This process's share of an epoch's batches: every world_size-th one. All processes must run
+    the same number of steps (a missing step would hang the all-reduce) and every sample should be
+    seen once, so the samples of the batches left over after the last full round are dealt out as
+    one smaller batch per process; when they are fewer than the processes, they are dealt out
+    with the last full round's as two rounds of smaller batches. Only a micro-batch of 1 with
+    fewer leftover samples than processes drops those few."""
+    if world_size <= 1:
+        return list(batches)
+    whole = len(batches) - len(batches) % world_size
+    leftover = [sample for batch in batches[whole:] for sample in batch]
+    if not leftover:
+        return list(batches[rank:whole:world_size])
+    if len(leftover) >= world_size:
+        return [*batches[rank:whole:world_size], list(leftover[rank::world_size])]
+    tail = [sample for batch in batches[whole - world_size : whole] for sample in batch] + leftover
+    if whole < world_size or len(tail) < 2 * world_size:
+        return list(batches[rank:whole:world_size])
+    rounds = 2 * world_size
+    return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]

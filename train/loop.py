@@ -203,7 +203,7 @@ class TrainingRun:
             self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers, c.gradient_checkpointing))
             for shape in batch_shapes(self.data, batches, c.max_length, self.shape_bucket)
         ]
-        return [sum(micro[i : i + c.grad_accum]) for i in range(0, len(micro), c.grad_accum)]
+        return [sum(micro[i : i + c.grad_accum]) + c.comm_seconds_per_step for i in range(0, len(micro), c.grad_accum)]
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> LoopOutcome:

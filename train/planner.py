@@ -68,6 +68,9 @@ class PlanRequest:
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
     compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
+    # Gradient all-reduce per optimizer step that the calibration's step times do not hold (a
+    # 1-process calibration planning an N-process run: calibration.comm).
+    comm_seconds_per_step: float = 0.0
 
     @property
     def shape_bucket(self) -> int | None:
@@ -102,6 +105,7 @@ class Candidate:
     remaining_steps: int = 0  # what this command still runs: the estimate covers these
     micro_batches: int = 0
     step_seconds: float = 0.0  # training steps only, predicted
+    comm_seconds_per_step: float = 0.0  # predicted all-reduce added to each optimizer step
     overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
     total_seconds: float = 0.0
     total_seconds_low: float = 0.0
@@ -316,6 +320,8 @@ def evaluate(
         batch_count = sum(counts.values())
         micro_batches += batch_count
         steps += math.ceil(batch_count / accum)
+    step_seconds += steps * request.comm_seconds_per_step
+    candidate.comm_seconds_per_step = request.comm_seconds_per_step
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps

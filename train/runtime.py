@@ -36,7 +36,13 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
     # Accelerator serves every grad_accum value a benchmark probes.
     # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # DDP: no buffer broadcast before every forward (a collective per micro-step; a causal LM's
+    # buffers, such as rotary frequencies, never change), and gradients bucketed in place.
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     return Accelerator(
+        kwargs_handlers=[ddp],
         mixed_precision="bf16" if cuda else "no",
         gradient_accumulation_steps=1,
         cpu=not cuda and several,

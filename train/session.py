@@ -160,6 +160,9 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
     completed = completed_steps(out_dir) if previous else 0
+    from train.comm import describe_communication, plan_communication
+
+    comm_seconds, communication = plan_communication(cal, world_size, need.trainable_parameters, config.force)
     request = PlanRequest(
         epochs=previous["plan"]["epochs"] if previous else config.epochs,
         deadline_seconds=config.deadline_seconds,
@@ -182,6 +185,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         eval_schedule=config.eval_schedule if eval_data is not None else None,
         with_report=not config.no_report,
         compiled=compiled,
+        comm_seconds_per_step=comm_seconds,
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
@@ -190,6 +194,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
+        if describe_communication(communication):
+            print(f"  {describe_communication(communication)}", flush=True)
         rate = learning_rate_record(config, plan)
         if rate["lr_scaling"] != "none":
             print(
@@ -219,6 +225,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
     record["plan"].update(learning_rate_record(config, plan))
+    record["plan"]["communication"] = communication
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
     with contextlib.ExitStack() as held:

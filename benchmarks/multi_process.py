@@ -1,0 +1,85 @@
+"""Predict an N-process step from a 1-process calibration plus measured all-reduce, and compare
+with the step measured by `bench` under N processes.
+
+1. `bench run` in one process (one device per process: on CPU one thread, as torchrun gives each
+   of its processes), 2. the same grid under `torchrun --nproc_per_node N` (which also times
+   all-reduces among the N processes), 3. for every configuration the N-process run measured:
+   predicted = 1-process fitted step + gradient all-reduce (bytes of trainable gradients priced
+   with the measured latency and bandwidth) against the measured N-process step.
+
+    python benchmarks/multi_process.py                      # tiny, 2 processes on CPU (gloo)
+    python benchmarks/multi_process.py --model llama-3.2-1b --gpu h100 --processes 4 --grid "--batch-sizes 4,8 --seq-lens 1024,2048"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CPU_GRID = "--batch-sizes 2,4 --seq-lens 64,128 --workers 0 --accum 1,2"
+
+
+def bench(home: Path, args: argparse.Namespace, processes: int) -> dict:
+    env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
+    command = ["bench", "run", "--gpu", args.gpu, "--model", args.model, "--no-report", "--quiet", *args.grid.split()]
+    if processes > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "bench", *command[1:]]
+    elif args.gpu == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # one device per process, as under torchrun
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command[:6])} … failed:\n{done.stderr[-3000:]}")
+    (path,) = sorted((home / "calibrations").glob("*.json"))[-1:]
+    return json.loads(path.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--gpu", default="cpu")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--grid", default=CPU_GRID, help="bench run options for both runs")
+    args = parser.parse_args()
+
+    from calibration.comm import CommModel, gradient_bytes
+    from calibration.fit import Config
+    from calibration.model import Calibration
+
+    root = Path(tempfile.mkdtemp(prefix="benchtrain-multi-"))
+    single = Calibration(bench(root / "one", args, 1))
+    several_data = bench(root / "several", args, args.processes)
+    comm = CommModel.from_json(several_data["distributed"]["comm"])
+    gradients = gradient_bytes(single.training.get("trainable_parameters") or single.model["parameter_count"])
+    add = comm.all_reduce_seconds(gradients)
+    print(
+        f"{args.model}, {args.processes} processes ({comm.backend}): all-reduce {comm.bandwidth_bytes_per_second / 1e9:.2f} GB/s, "
+        f"{comm.latency_seconds * 1e3:.2f} ms latency; {gradients / 2**20:.1f} MiB of gradients → +{add * 1e3:.1f} ms per optimizer step"
+    )
+    print(f"{'batch':>5} {'accum':>5} {'seq':>5} {'1-proc fit ms':>13} {'predicted ms':>12} {'measured ms':>11} {'error':>7}")
+    errors = []
+    for row in several_data["measurements"]:
+        if row["status"] != "ok":
+            continue
+        config = Config(row["micro_batch_size"], row["seq_len"], row["grad_accum"], row["num_workers"], bool(row.get("gradient_checkpointing")))
+        alone = single.throughput.micro_step_seconds(config) * config.grad_accum  # a median step, like the probe's figure
+        predicted = alone + add
+        error = (row["step_seconds"] - predicted) / predicted * 100  # + = slower than predicted
+        errors.append(abs(error))
+        print(
+            f"{config.micro_batch_size:>5} {config.grad_accum:>5} {config.seq_len:>5} {alone * 1e3:>13.1f} {predicted * 1e3:>12.1f} "
+            f"{row['step_seconds'] * 1e3:>11.1f} {error:>+6.1f}%"
+        )
+    if errors:
+        print(f"|error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} configurations")
+
+
+if __name__ == "__main__":
+    main()

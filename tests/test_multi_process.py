@@ -1,0 +1,84 @@
+"""Several processes: data sharded without duplicates, the all-reduce model, which calibration a
+multi-process run plans from, LR scaling, and how bench combines the ranks' probes. The runs
+under torchrun are in tests/test_cli.py (test_two_processes_under_torchrun)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import synthetic_calibration
+from test_planner import heavy_tailed
+
+from bench.distributed import combine_rows
+from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, gradient_bytes
+from calibration.errors import BenchtrainError
+from calibration.model import Calibration
+from train.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
+from train.comm import plan_communication
+from train.runtime import scaled_learning_rate
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("packing", [False, True])
+def test_every_sample_is_seen_once_per_epoch_and_every_rank_runs_the_same_steps(world_size: int, packing: bool) -> None:
+    lengths = heavy_tailed(203)
+    if packing:
+        rows = packed_row_count(sum(lengths), 64)
+        batches, samples = plan_packed_batches(rows, 4, seed=0, epoch=1), rows
+    else:
+        batches, samples = plan_padded_batches(lengths, 4, 256, seed=0, epoch=1), len(lengths)
+    shares = [shard(batches, rank, world_size) for rank in range(world_size)]
+    seen = [int(sample) for share in shares for batch in share for sample in batch]
+    assert sorted(seen) == list(range(samples))  # each once, none dropped
+    assert len({len(share) for share in shares}) == 1  # the same number of steps everywhere
+    assert shard(batches, 0, 1) == list(batches)
+
+
+def test_a_few_leftover_samples_are_dealt_out_with_the_last_round() -> None:
+    batches = [[0, 1], [2, 3], [4]]  # one sample left over for two processes
+    shares = [shard(batches, rank, 2) for rank in range(2)]
+    assert shares == [[[0, 4], [2]], [[1], [3]]]
+    assert all(len(batch) <= 2 for share in shares for batch in share)  # never bigger than planned
+    assert [shard([[0], [1], [2]], rank, 2) for rank in range(2)] == [[[0]], [[1]]]  # micro-batch 1: dropped, not duplicated
+
+
+def test_all_reduce_model_fits_latency_and_bandwidth() -> None:
+    latency, per_byte = 0.002, 1 / 5e9
+    rows = [{"bytes": size, "seconds": latency + size * per_byte} for size in (2**16, 2**20, 2**22, 2**24)]
+    model = fit_comm(rows, 4, "nccl")
+    assert model.latency_seconds == pytest.approx(latency, rel=1e-6)
+    assert model.bandwidth_bytes_per_second == pytest.approx(5e9, rel=1e-6)
+    gradients = gradient_bytes(1_000_000_000)  # a 1B model: 4 GB of fp32 gradients
+    buckets = -(-gradients // BUCKET_BYTES)
+    assert model.all_reduce_seconds(gradients) == pytest.approx(buckets * latency + gradients * per_byte)
+    assert CommModel(1, "none", latency, per_byte).all_reduce_seconds(gradients) == 0.0
+    assert CommModel.from_json(model.to_json()) == model
+
+
+def test_which_calibration_a_multi_process_run_plans_from() -> None:
+    single = Calibration(synthetic_calibration())
+    assert plan_communication(single, 1, 10**6, force=False) == (0.0, {"source": "single process", "world_size": 1, "seconds_per_step": 0.0})
+    comm = {"world_size": 2, "backend": "gloo", "latency_seconds": 0.001, "seconds_per_byte": 1e-9}
+    two = Calibration(synthetic_calibration(distributed={"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": comm}))
+    assert two.world_size == 2 and two.comm.backend == "gloo"
+    seconds, record = plan_communication(two, 2, 10**6, force=False)
+    assert seconds == 0.0 and record["source"] == "calibration"  # its step times hold the all-reduce
+    with pytest.raises(BenchtrainError, match="measured with 2 processes, this run has 4"):
+        plan_communication(two, 4, 10**6, force=False)
+
+
+def test_learning_rate_scaling() -> None:
+    assert scaled_learning_rate(1e-4, "none", 8, 32) == 1e-4
+    assert scaled_learning_rate(1e-4, "linear", 8, 32) == pytest.approx(4e-4)
+    assert scaled_learning_rate(1e-4, "sqrt", 8, 32) == pytest.approx(2e-4)
+    assert scaled_learning_rate(1e-4, "sqrt", None, 32) == 1e-4  # no base batch: nothing to scale from
+
+
+def test_bench_combines_the_ranks_probes() -> None:
+    ok = {"status": "ok", "step_seconds": 1.0, "peak_memory_bytes": 10, "tokens_per_second": 100.0}
+    slow = {**ok, "step_seconds": 1.2, "peak_memory_bytes": 8, "tokens_per_second": 83.0}
+    combined = combine_rows([ok, slow])
+    assert combined["step_seconds"] == 1.2 and combined["tokens_per_second"] == 83.0  # the slowest rank sets the pace
+    assert combined["peak_memory_bytes"] == 10 and combined["ranks"] == 2
+    assert combine_rows([ok, {"status": "oom", "error": "OutOfMemoryError"}])["status"] == "oom"  # an OOM anywhere is an OOM
+    assert np.isclose(combine_rows([ok])["step_seconds"], 1.0)
