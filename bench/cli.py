@@ -21,6 +21,8 @@ RUN_EXAMPLES = """examples:
   bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
   bench run --data train.jsonl --model ./my-model   # real tokens from your data
   bench refit latest                                 # fit stored measurements again with this version's model
+  bench run --gpu cpu --compile on                   # measure the compiled step (default on CUDA) and its compile time
+  accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
 
 exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
 """

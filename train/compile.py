@@ -42,9 +42,9 @@ def compile_blocks(model: Any) -> int:
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
-    from train.loss import causal_lm
+    from train.method import unwrap
 
-    lm = causal_lm(model)
+    lm = unwrap(model)
     block_names = set(getattr(lm, "_no_split_modules", None) or ())
     blocks = [module for module in lm.modules() if type(module).__name__ in block_names]
     if not blocks:

@@ -122,20 +122,29 @@ def _chunked_function() -> Any:
 _FUNCTION: Any = None
 
 
+def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
+    """Hidden states as (tokens, hidden) rows and the label each row predicts (position t predicts
+    labels[t + 1], like transformers' own loss). Inside autocast the head's matmul would run in the
+    autocast dtype: the rows are cast to it, since both losses run outside autocast."""
+    import torch
+    import torch.nn.functional as F
+
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    if torch.is_autocast_enabled(flat.device.type):
+        flat = flat.to(torch.get_autocast_dtype(flat.device.type))
+    return flat, targets
+
+
 def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | None = None) -> Any:
     """Causal-LM loss from the last hidden states (batch, length, hidden) and the output head's
     weight (vocab, hidden): position t predicts labels[t + 1], like transformers' own loss."""
     import torch
-    import torch.nn.functional as F
 
     global _FUNCTION
     if _FUNCTION is None:
         _FUNCTION = _chunked_function()
-    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    if torch.is_autocast_enabled(flat.device.type):
-        # Inside autocast the head's matmul would run in the autocast dtype: do the same here.
-        flat = flat.to(torch.get_autocast_dtype(flat.device.type))
+    flat, targets = _rows_and_targets(hidden, labels)
     size = chunk or chunk_tokens(flat.shape[0], flat.shape[1], weight.shape[0])
     with torch.autocast(flat.device.type, enabled=False):
         if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
@@ -144,19 +153,10 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
-    import torch.nn.functional as F
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
 
-    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
-    flat = hidden.reshape(-1, hidden.shape[-1])
+    flat, targets = _rows_and_targets(hidden, labels)
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)(weight.to(flat.dtype), flat, targets)
-
-
-def causal_lm(model: Any) -> Any:
-    """The transformers causal LM inside DDP / compile / peft wrappers."""
-    model = getattr(model, "module", model)
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if get_base is not None else model
 
 
 @contextlib.contextmanager
@@ -183,7 +183,9 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     Without labels (generation, the export) the model's own forward runs unchanged."""
     if kind == "plain":
         return kind
-    lm = causal_lm(model)
+    from train.method import unwrap
+
+    lm = unwrap(model)
     if kind == "liger" and not compiled:
         import liger_kernel.transformers as liger
 
