@@ -157,3 +157,20 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
 
     code, _, err = run_main("train", [*base, "--dry-run"], capsys)  # auto on CPU: eager
     assert_one_line_error(code, err, "--compile on")
+
+
+def test_a_calibration_of_another_step_is_refused_or_said() -> None:
+    from types import SimpleNamespace
+
+    from calibration.errors import BenchtrainError
+    from train.method import MethodConfig
+    from train.session import check_compatible
+
+    spec = SimpleNamespace(fingerprint="abc", name="tiny")
+    hardware = {"name": "Test CPU", "device_type": "cpu"}
+    eager_plain = Calibration(synthetic_calibration(training={"method": "full", "lora": None, "compile": False, "loss": "plain"}))
+    notes = check_compatible(eager_plain, spec, hardware, False, MethodConfig(), compiled=False, loss="chunked")
+    assert any("measured the plain loss, this run uses chunked" in note for note in notes)
+    with pytest.raises(BenchtrainError, match="--compile off"):
+        check_compatible(eager_plain, spec, hardware, False, MethodConfig(), compiled=True, loss="plain")
+    assert check_compatible(eager_plain, spec, hardware, False, MethodConfig(), compiled=False, loss="plain") == []

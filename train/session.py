@@ -85,7 +85,9 @@ def learning_rate_record(config: TrainConfig, plan: Any) -> dict[str, Any]:
     }
 
 
-def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False) -> list[str]:
+def check_compatible(
+    calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False, loss: str | None = None
+) -> list[str]:
     """A calibration for another model, device, training method or compile setting is refused
     unless --force (then warned); other LoRA settings than measured are only warned about (they
     barely move the speed)."""
@@ -109,6 +111,8 @@ def check_compatible(calibration: Any, spec: Any, hardware: dict[str, Any], forc
         first = problems[0]
         raise BenchtrainError(first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force")
     notes = list(problems)
+    if loss and measured.get("loss") and measured["loss"] != loss:  # calibrations before --loss did not record it
+        notes.append(f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ")
     lora = measured.get("lora") or {}
     if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
         notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
@@ -137,9 +141,14 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     hardware = detect_hardware()
     from train.compile import compile_enabled
+    from train.loss import choose_loss
 
     compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
-    warnings = check_compatible(cal, spec, hardware, config.force, method, compiled)
+    try:
+        loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
     for warning in warnings:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
