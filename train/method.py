@@ -96,6 +96,9 @@ def apply_method(model: Any, method: MethodConfig) -> Any:
         return model
     from peft import LoraConfig, get_peft_model
 
+    from train.runtime import quiet_library_warnings
+
+    quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
     config = LoraConfig(
         r=method.lora_rank,
         lora_alpha=method.alpha,
