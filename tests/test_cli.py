@@ -247,12 +247,15 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
 
     env = {**os.environ, "BENCHTRAIN_HOME": str(calibrated_home), "OMP_NUM_THREADS": "1"}
     train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"]
-    result = run_process_group(torchrun("train", [*train, "--max-steps", "6", "--lr-scaling", "sqrt", "--base-batch", "2"]), env, timeout=240)
+    out = calibrated_home / "two"
+    first = [*train, "--out", str(out), "--lr-scaling", "sqrt", "--base-batch", "2"]
+    result = run_process_group(torchrun("train", [*first, "--max-steps", "4"]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("communication: predicted") == 1, result.stdout  # said once, by rank 0
-    runs = list((calibrated_home / "runs").iterdir())
-    assert len(runs) == 1
-    record = json.loads((runs[0] / "run.json").read_text())
+    result = run_process_group(torchrun("train", [*first, "--max-steps", "6", "--resume"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "run.json").read_text())
+    assert [entry["step"] for entry in record["losses"]] == list(range(1, 7))  # resumed under 2 processes
     plan = record["plan"]
     assert plan["world_size"] == 2 and plan["sharding"] == "ddp"
     assert plan["micro_batch_size"] * plan["grad_accum"] * 2 == 4
