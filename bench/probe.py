@@ -162,7 +162,7 @@ def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_ST
 
     from train.batching import to_device
     from train.compile import eager_region
-    from train.step import StepTimer
+    from train.step import StepTimer, without_packed_sequence_check
 
     row: dict[str, Any] = {"micro_batch_size": config.micro_batch_size, "seq_len": config.seq_len, "status": "ok"}
     loader = make_loader(workload.batches(config, steps + 1), 0, workload.pin_memory)
@@ -171,7 +171,7 @@ def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_ST
     model = workload.model
     model.eval()
     try:
-        with torch.no_grad(), workload.accelerator.autocast(), eager_region(workload.engine.compiled):
+        with torch.no_grad(), workload.accelerator.autocast(), eager_region(workload.engine.compiled), without_packed_sequence_check():
             for index, batch in enumerate(loader):
                 batch = to_device(batch, workload.device)
                 timer.start()

@@ -93,6 +93,7 @@ def evaluate_loss(
     import torch
 
     from train.compile import eager_region
+    from train.step import without_packed_sequence_check
 
     started = time.perf_counter()
     batches = shard(eval_batches(data, micro_batch_size, max_length, seed), accelerator.process_index, accelerator.num_processes)
@@ -102,7 +103,7 @@ def evaluate_loss(
     tokens = torch.zeros((), device=device, dtype=torch.float64)
     was_training = model.training
     model.eval()
-    with torch.no_grad(), accelerator.autocast(), eager_region(compiled):
+    with torch.no_grad(), accelerator.autocast(), eager_region(compiled), without_packed_sequence_check():
         for batch in loader:
             batch = to_device(batch, device)
             # Right-padded rows under causal attention need no mask (see train.step).

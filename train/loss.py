@@ -19,11 +19,9 @@ DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffect
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
 import types
-from collections.abc import Iterator
 from typing import Any
 
 from train.batching import IGNORE_INDEX
@@ -159,25 +157,6 @@ def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)(weight.to(flat.dtype), flat, targets)
 
 
-@contextlib.contextmanager
-def without_packed_sequence_check(active: bool) -> Iterator[None]:
-    """Without an attention mask or a cache, transformers looks for several documents per row in
-    the position ids, with `.all()` on a device tensor: a host sync at the start of every forward,
-    which lets the GPU run dry while the host waits (found with bench/step_profile.py). Our rows
-    never carry their own position ids, so that check can only answer "none": skip it."""
-    if not active:
-        yield
-        return
-    import transformers.masking_utils as masking
-
-    original = masking.find_packed_sequence_indices
-    masking.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking.find_packed_sequence_indices = original
-
-
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
     Without labels (generation, the export) the model's own forward runs unchanged."""
@@ -203,8 +182,7 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
 
         decoder = getattr(self, self.base_model_prefix)
         kwargs.pop("use_cache", None)
-        with without_packed_sequence_check(attention_mask is None and "position_ids" not in kwargs):
-            outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         loss = loss_of(outputs.last_hidden_state, self.get_output_embeddings().weight, labels)
         return CausalLMOutputWithPast(loss=loss, logits=None)
 

@@ -199,13 +199,14 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
 
+    rate = learning_rate_record(config, plan)
     if is_main_process():
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
         print("\n".join(describe_plan(plan, profile, cal)), flush=True)
-        if describe_communication(communication):
-            print(f"  {describe_communication(communication)}", flush=True)
-        rate = learning_rate_record(config, plan)
+        communication_line = describe_communication(communication)
+        if communication_line:
+            print(f"  {communication_line}", flush=True)
         if rate["lr_scaling"] != "none":
             print(
                 f"  learning rate {rate['learning_rate']:.3g}: {rate['lr_scaling']} scaling of {rate['base_learning_rate']:.3g} "
@@ -233,7 +234,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     out_dir, record = open_record(config, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
-    record["plan"].update(learning_rate_record(config, plan))
+    record["plan"].update(rate)
     record["plan"]["communication"] = communication
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
@@ -362,7 +363,7 @@ def train_with_record(
         on_overrun=config.on_overrun,
         checkpoint_interval_seconds=config.checkpoint_interval_seconds,
         keep_checkpoints=config.keep_checkpoints,
-        learning_rate=learning_rate_record(config, plan)["learning_rate"],
+        learning_rate=record["plan"]["learning_rate"],  # scaled once, in run_training
         seed=config.seed,
         epochs=plan.epochs,
         step_limit=plan.step_limit,

@@ -60,6 +60,23 @@ class StepTimer:
         return time.perf_counter() - self._t0
 
 
+@contextlib.contextmanager
+def without_packed_sequence_check() -> Iterator[None]:
+    """Without an attention mask or a cache, transformers looks for several documents per row in
+    the position ids, with `.all()` on a device tensor: a host sync at the start of every forward,
+    which lets the GPU run dry while the host waits (found with bench/step_profile.py). Our rows
+    never carry their own position ids, so that check can only answer "none": skip it around every
+    forward of ours (the step, evaluation, bench's eval probe), whatever the loss."""
+    import transformers.masking_utils as masking
+
+    original = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
 class TrainingStep:
     def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, max_grad_norm: float = DEFAULT_MAX_GRAD_NORM) -> None:
         self.accelerator = accelerator
@@ -94,7 +111,7 @@ class TrainingStep:
             last = index == grad_accum - 1
             # Gradients are all-reduced once, on the last micro-step.
             sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
-            with sync:
+            with sync, without_packed_sequence_check():
                 # No attention mask: rows are right-padded and attention is causal, so no real
                 # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
                 # path and transformers does not inspect the mask on the host (a sync per micro-step).
