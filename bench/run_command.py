@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
@@ -56,9 +58,15 @@ def run_command(args: argparse.Namespace) -> int:
 
     hardware = detect_hardware()
     load_before = _load_average()
+    from train.engine import check_sharding
     from train.memory_check import check_fits
+    from train.sharding import sharding_in_use
 
-    check_fits(spec, method, hardware)  # seconds, before anything is built: a too-big model is one line
+    options = step_options_from_args(args)
+    check_sharding(options, method)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    # Seconds, before anything is built: a too-big model is one line.
+    check_fits(spec, method, hardware, sharding_in_use(options.sharding, world_size), world_size)
     warnings: list[str] = []
     mismatch = requested_mismatch(args.gpu, hardware)
     if mismatch:
@@ -76,7 +84,7 @@ def run_command(args: argparse.Namespace) -> int:
         data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
 
     _say(f"building {spec.name} on {hardware['name']} …")
-    workload = Workload(spec, tokenized, method, step_options_from_args(args))
+    workload = Workload(spec, tokenized, method, options)
     model = model_record(spec, workload.shape)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     too_long = [length for length in space.seq_lens if length > spec.max_positions]
@@ -117,11 +125,10 @@ def run_command(args: argparse.Namespace) -> int:
                 progress.close()
 
         eval_rows = measure_evaluation(result.rows, lambda config: coordinator.run("eval", config.as_dict()))
-        from bench.disk_write import measure_checkpoint
 
         overheads = {
             "model_build_seconds": round(workload.build_seconds, 4),
-            **measure_checkpoint(workload, writable_subdir("scratch")),
+            **coordinator.run("checkpoint", checkpoint_task(workload, writable_subdir("scratch"))),
             "warmup_steps": settings.warmup_steps,
             **{name: round(value, 4) for name, value in warmup_costs(result.rows, settings.warmup_steps, workload.engine.compiled).items()},
         }
@@ -156,7 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
         if coordinator.world_size > 1:
-            record["distributed"] = distributed_record(coordinator.run("comm", {})["measurements"])
+            record["distributed"] = distributed_record(coordinator.run("comm", {}), workload.engine.sharding)
         record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
         if record["fit"] is None:
             raise _nothing_fitted(record, budget_seconds)
@@ -175,32 +182,46 @@ def run_command(args: argparse.Namespace) -> int:
         coordinator.finish()
 
 
-def distributed_record(all_reduce: list[dict[str, float]]) -> dict[str, Any]:
-    """World size, backend, sharding and the measured all-reduce model of a multi-process bench."""
-    from calibration.comm import fit_comm
+def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
+    """World size, backend, sharding and the measured collectives of a multi-process bench: every
+    collective's (bytes, seconds) rows and latency + bandwidth fit (train.comm); `comm` is the
+    all-reduce's, which predicts DDP at other world sizes."""
     from train.comm import world
 
     world_size, backend = world()
     return {
         "world_size": world_size,
         "backend": backend,
-        "sharding": "ddp",
-        "all_reduce": all_reduce,
-        "comm": fit_comm(all_reduce, world_size, backend or "none").to_json(),
+        "sharding": sharding,
+        "all_reduce": collectives["all_reduce"]["measurements"],
+        "comm": collectives["all_reduce"]["fit"],
+        "collectives": collectives,
     }
+
+
+def checkpoint_task(workload: Any, folder: Path) -> dict[str, Any]:
+    """Rank 0's decision for the checkpoint measurement, the same on every rank."""
+    from bench.disk_write import real_save_fits
+
+    return {"folder": str(folder), "real_save": real_save_fits(workload, folder), "every_rank": workload.engine.sharding == "fsdp"}
 
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
     """What every process of a multi-process bench runs when rank 0 says so (bench.distributed)."""
+    from bench.disk_write import measure_checkpoint
     from bench.distributed import Coordinator
     from bench.probe import ProbeSettings, run_eval_probe, run_probe
-    from train.comm import measure_all_reduce
+    from train.comm import measure_collectives
+    from train.console import is_main_process
 
     return Coordinator(
         {
             "probe": lambda task: run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
             "eval": lambda task: run_eval_probe(workload, ProbeConfig.of(task)),
-            "comm": lambda task: {"measurements": measure_all_reduce(workload.device)},
+            # FSDP: every rank joins in gathering the state that rank 0 saves (train.checkpoint);
+            # DDP: rank 0 alone saves. Rank 0's figures are kept.
+            "checkpoint": lambda task: measure_checkpoint(workload, Path(task["folder"]), task["real_save"]) if task["every_rank"] or is_main_process() else {},
+            "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
         }
     )
 

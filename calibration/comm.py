@@ -7,8 +7,15 @@ optimizer step pays
 
     buckets × latency + gradient bytes × seconds per byte,
 
-which is what a 1-process calibration lacks to predict an N-process step. A calibration measured
-with N processes already holds it in its step times.
+which is what a 1-process calibration lacks to predict an N-process step. FSDP (train/sharding.py)
+instead all-gathers every unit's parameters twice (forward, and again for backward) and
+reduce-scatters its gradients, on every micro-step:
+
+    2 × (units × latency + parameter bytes × seconds per byte)   all-gather
+    + units × latency + gradient bytes × seconds per byte        reduce-scatter
+
+each collective with its own measured line. A calibration measured with N processes already holds
+all of it in its step times.
 """
 
 from __future__ import annotations
@@ -38,6 +45,12 @@ class CommModel:
             return 0.0
         buckets = max(1, math.ceil(gradient_bytes / BUCKET_BYTES))
         return buckets * self.latency_seconds + gradient_bytes * self.seconds_per_byte
+
+    def collective_seconds(self, message_bytes: float, messages: int) -> float:
+        """`messages` collectives carrying `message_bytes` in all."""
+        if self.world_size < 2 or message_bytes <= 0:
+            return 0.0
+        return messages * self.latency_seconds + message_bytes * self.seconds_per_byte
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +82,13 @@ def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str
     slope = max(slope, 0.0)
     latency = max(0.0, mean_y - slope * mean_x)
     return CommModel(world_size, backend, latency, slope)
+
+
+def fsdp_micro_step_seconds(all_gather: CommModel, reduce_scatter: CommModel, parameter_bytes: float, gradient_bytes: float, units: int) -> float:
+    """FSDP's traffic on one micro-step: every unit gathered for forward and for backward, and its
+    gradients reduce-scattered (train/sharding.py)."""
+    gathers = 2 * all_gather.collective_seconds(parameter_bytes, units)
+    return gathers + reduce_scatter.collective_seconds(gradient_bytes, units)
 
 
 def gradient_bytes(trainable_parameters: int) -> int:

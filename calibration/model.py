@@ -110,6 +110,11 @@ class Calibration:
         return int((self.data.get("distributed") or {}).get("world_size", 1))
 
     @property
+    def sharding(self) -> str:
+        """How the probes' model was spread over those processes: none, ddp or fsdp."""
+        return str((self.data.get("distributed") or {}).get("sharding", "none"))
+
+    @property
     def comm(self) -> Any:
         """The all-reduce model measured among those processes (calibration.comm), or None."""
         from calibration.comm import CommModel
@@ -182,7 +187,17 @@ class Calibration:
         factor and corrected by what past runs measured."""
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
-    def predict(self, micro_batch_size: int, seq_len: int, grad_accum: int = 1, num_workers: int = 0, gradient_checkpointing: bool = False) -> Prediction:
+    def predict(
+        self,
+        micro_batch_size: int,
+        seq_len: int,
+        grad_accum: int = 1,
+        num_workers: int = 0,
+        gradient_checkpointing: bool = False,
+        memory_offset_bytes: float = 0.0,
+    ) -> Prediction:
+        """`memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
+        e.g. FSDP shards planned from a 1-process calibration (train.memory_check)."""
         config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers), bool(gradient_checkpointing))
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
@@ -191,7 +206,7 @@ class Calibration:
         bound = self.relative_bound
         peak = peak_high = None
         if self.memory is not None:
-            peak = self.memory.peak_bytes(config)
+            peak = self.memory.peak_bytes(config) + memory_offset_bytes
             peak_high = peak * (1 + self.memory_margin)
         return Prediction(
             tokens_per_second=tokens_per_second,
@@ -202,7 +217,7 @@ class Calibration:
             step_seconds_high=step * (1 + bound),
             peak_memory_bytes=peak,
             peak_memory_bytes_high=peak_high,
-            fits_in_memory=self.fits_in_memory(config),
+            fits_in_memory=self.fits_in_memory(config, memory_offset_bytes),
             within_measured_range=self.within_measured_range(config),
         )
 
@@ -216,16 +231,17 @@ class Calibration:
         p90 = (memory.get("held_out_error") or {}).get("p90_abs_pct")
         return max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0)
 
-    def fits_in_memory(self, config: Config) -> bool:
+    def fits_in_memory(self, config: Config, memory_offset_bytes: float = 0.0) -> bool:
         """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the
-        predicted peak plus margin fits."""
-        for row in self.oom_rows():
+        predicted peak plus margin fits. A run that holds less than the probes did (FSDP shards
+        from a 1-process calibration) is judged on the prediction alone."""
+        for row in self.oom_rows() if memory_offset_bytes >= 0 else ():
             leaner_or_same = bool(row.get("gradient_checkpointing", 0)) >= config.gradient_checkpointing
             if config.micro_batch_size >= row["micro_batch_size"] and config.seq_len >= row["seq_len"] and leaner_or_same:
                 return False
         if self.memory is None:
             return True
-        return self.memory.peak_bytes(config) * (1 + self.memory_margin) <= self.memory_limit_bytes
+        return (self.memory.peak_bytes(config) + memory_offset_bytes) * (1 + self.memory_margin) <= self.memory_limit_bytes
 
     def within_measured_range(self, config: Config) -> bool:
         ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}

@@ -10,7 +10,9 @@ A checkpoint is a folder `step-0000123` under `<run>/checkpoints/`:
 
 It is written into a temporary folder that is renamed into place, and older checkpoints are
 pruned only after the new one is complete, so a crash (kill -9, power, a full disk) at any
-moment leaves the previous checkpoint loadable. A save that fails (ENOSPC, an I/O error) removes
+moment leaves the previous checkpoint loadable. Under FSDP (train/sharding.py) every process joins
+in gathering the full state to rank 0, which alone writes the same files; loading reads them on
+rank 0 and broadcasts each process its shard. A save that fails (ENOSPC, an I/O error) removes
 its partial folder and raises `CheckpointWriteError`, which names the problem and how to resume.
 """
 
@@ -78,13 +80,23 @@ def save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, me
     import torch
     from safetensors.torch import save_file
 
+    from train.sharding import gather_full_state, is_sharded
+
     started = time.perf_counter()
     plain_rng, tensor_rng = rng_state()
+    if is_sharded(model):
+        import torch.distributed as dist
+
+        full_weights, optimizer_state = gather_full_state(model, optimizer)  # every process, together
+        if dist.get_rank() != 0:
+            return time.perf_counter() - started
+    else:
+        full_weights, optimizer_state = model_state(model), optimizer.state_dict()
     try:
         with atomic_directory(folder) as temporary:
-            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in model_state(model).items()}
+            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in full_weights.items()}
             save_file(_untied(weights), str(temporary / WEIGHTS_FILE))
-            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
+            state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
             torch.save(state, temporary / OPTIMIZER_FILE)
             (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
             _fsync_folder(temporary)
@@ -151,8 +163,9 @@ def model_state(model: Any) -> dict[str, Any]:
     return {name: value for name, value in module.state_dict().items() if name in trainable}
 
 
-def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
-    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
+def check_model_state(model: Any, state: dict[str, Any], source: Path) -> bool:
+    """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
+    False); a one-line error when it is neither."""
     module = _unwrapped(model)
     trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     partial = len(trainable) < sum(1 for _ in module.parameters())
@@ -162,6 +175,13 @@ def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
         example = (unexpected or missing)[0]
         counts = f"{len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. {example}"
         raise CheckpointReadError(f"checkpoint {source} does not match this model ({counts})")
+    return not partial
+
+
+def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
+    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
+    module = _unwrapped(model)
+    partial = not check_model_state(model, state, source)
     try:
         module.load_state_dict(state, strict=not partial)
     except RuntimeError as error:
@@ -194,22 +214,12 @@ def read_progress(folder: Path) -> dict[str, Any]:
 def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
     beyond plain tensors and containers (weights_only)."""
-    import pickle
+    from train.sharding import is_sharded
 
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if (folder / LEGACY_STATE_FILE).is_file() and not (folder / WEIGHTS_FILE).is_file():
-        raise CheckpointReadError(f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE_FILE}), which is not loaded: it could run code")
+    if is_sharded(model):
+        return _load_sharded(folder, model, optimizer, scheduler)
     progress = read_progress(folder)
-    try:
-        weights = load_file(str(folder / WEIGHTS_FILE))
-        state = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    except (OSError, SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
-        raise CheckpointReadError(f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
-    if not isinstance(state, dict) or "optimizer" not in state or "rng" not in state:
-        raise CheckpointReadError(f"checkpoint {folder}: {OPTIMIZER_FILE} holds no optimizer state")
+    weights, state = _read_state(folder)
     load_model_state(model, weights, folder)
     try:
         optimizer.load_state_dict(state["optimizer"])
@@ -218,6 +228,56 @@ def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) ->
     except (ValueError, KeyError, RuntimeError) as error:
         raise CheckpointReadError(f"checkpoint {folder}: the optimizer state does not match this model ({str(error).splitlines()[0]})") from None
     set_rng_state(progress.pop("rng"), state["rng"])
+    return progress
+
+
+def _read_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(weights, optimizer/scheduler/RNG state) of `folder`, read safely, or a one-line error."""
+    import pickle
+
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if (folder / LEGACY_STATE_FILE).is_file() and not (folder / WEIGHTS_FILE).is_file():
+        raise CheckpointReadError(f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE_FILE}), which is not loaded: it could run code")
+    try:
+        weights = load_file(str(folder / WEIGHTS_FILE))
+        state = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    except (OSError, SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointReadError(f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
+    if not isinstance(state, dict) or "optimizer" not in state or "rng" not in state:
+        raise CheckpointReadError(f"checkpoint {folder}: {OPTIMIZER_FILE} holds no optimizer state")
+    return weights, state
+
+
+def _load_sharded(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
+    rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
+    import torch.distributed as dist
+
+    from train.sharding import broadcast_from_rank0, scatter_full_state
+
+    progress = read_progress(folder)
+    weights: dict[str, Any] = {}
+    state: dict[str, Any] = {"optimizer": {}}
+    problem = None
+    if dist.get_rank() == 0:
+        try:
+            weights, state = _read_state(folder)
+            check_model_state(model, weights, folder)
+        except CheckpointReadError as error:
+            problem = str(error)
+    problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
+    if problem:
+        raise CheckpointReadError(problem)
+    try:
+        scatter_full_state(model, optimizer, weights, state["optimizer"])
+        if scheduler is not None and small.get("scheduler") is not None:
+            scheduler.load_state_dict(small["scheduler"])
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise CheckpointReadError(f"checkpoint {folder}: the state does not match this sharded model ({str(error).splitlines()[0]})") from None
+    set_rng_state(progress.pop("rng"), small["rng"])
     return progress
 
 

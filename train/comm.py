@@ -1,14 +1,17 @@
-"""Timing all-reduces among the processes of a job (torch.distributed, any backend).
+"""Timing collectives among the processes of a job (torch.distributed, any backend), and what a
+multi-process plan adds for them.
 
-Every process calls `measure_all_reduce` together; each size is timed a few times after a warm-up
+Every process calls `measure_collective` together; each size is timed a few times after a warm-up
 and the slowest process's median is kept (a collective ends when its last member does), so every
-process returns the same figures. calibration.comm fits them.
+process returns the same figures. calibration.comm fits them. DDP all-reduces gradients; FSDP
+all-gathers parameters and reduce-scatters gradients (train/sharding.py).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 # Message sizes in bytes: latency-bound to bandwidth-bound.
@@ -25,9 +28,44 @@ def world() -> tuple[int, str | None]:
     return dist.get_world_size(), str(dist.get_backend())
 
 
-def measure_all_reduce(device: Any, sizes: tuple[int, ...] = COMM_SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:
+# The collectives each sharding's step runs.
+COLLECTIVES = {"ddp": ("all_reduce",), "fsdp": ("all_gather", "reduce_scatter")}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a sharding sends: DDP all-reduces `gradient_bytes` once per optimizer step; FSDP
+    gathers `parameter_bytes` twice and reduce-scatters `gradient_bytes` per micro-step, one
+    collective per unit (blocks + root)."""
+
+    sharding: str  # ddp | fsdp
+    gradient_bytes: int
+    parameter_bytes: int = 0
+    units: int = 1
+
+
+def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
+    """From train.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
+    gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
+    from calibration.comm import gradient_bytes
+
+    gradients = gradient_bytes(need.trainable_parameters)
+    if sharding != "fsdp":
+        return Traffic(sharding, gradients)
+    per_parameter = 2 if device_type == "cuda" else 4
+    return Traffic(sharding, gradients, need.total_parameters * per_parameter, need.blocks + 1)
+
+
+def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] = COMM_SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:
+    """(bytes, seconds) rows for one collective; `bytes` is the whole message (what is reduced, or
+    gathered, in all)."""
     import torch
     import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -35,62 +73,99 @@ def measure_all_reduce(device: Any, sizes: tuple[int, ...] = COMM_SIZES, repeats
 
     rows = []
     for size in sizes:
-        tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        dist.all_reduce(tensor)  # warm-up: connections, buffers
+        elements = max(world_size, size // 4 // world_size * world_size)
+        whole = torch.ones(elements, dtype=torch.float32, device=device)
+        part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
+
+        def once(whole: Any = whole, part: Any = part) -> None:
+            if kind == "all_reduce":
+                dist.all_reduce(whole)
+            elif kind == "all_gather":
+                all_gather(whole, part)
+            else:
+                reduce_scatter(part, whole)
+
+        once()  # warm-up: connections, buffers
         synchronize()
         seconds = []
         for _ in range(repeats):
             dist.barrier()
             started = time.perf_counter()
-            dist.all_reduce(tensor)
+            once()
             synchronize()
             seconds.append(time.perf_counter() - started)
         slowest = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        rows.append({"bytes": float(tensor.numel() * 4), "seconds": float(slowest.item())})
+        rows.append({"bytes": float(elements * 4), "seconds": float(slowest.item())})
     return rows
 
 
-def plan_communication(calibration: Any, world_size: int, trainable_parameters: int, force: bool) -> tuple[float, dict[str, Any]]:
-    """What a run of `world_size` processes adds to each optimizer step for gradient all-reduce,
-    and where that figure comes from (for run.json and the plan text):
+def measure_collectives(device: Any, kinds: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """{kind: {"measurements": rows, "fit": CommModel JSON}} for each collective."""
+    from calibration.comm import fit_comm
 
-    - a calibration measured with as many processes holds it in its step times: nothing to add;
-    - a 1-process calibration: all-reduces are timed now, among this run's processes, and the
-      trainable gradients' bytes per optimizer step priced with them (calibration.comm);
-    - a calibration of another world size is refused unless --force (then used as if it were one)."""
-    from calibration.comm import fit_comm, gradient_bytes
+    size, backend = world()
+    fitted = {}
+    for kind in kinds:
+        rows = measure_collective(device, kind)
+        fitted[kind] = {"measurements": rows, "fit": fit_comm(rows, size, backend or "none").to_json()}
+    return fitted
+
+
+def plan_communication(calibration: Any, world_size: int, traffic: Traffic, force: bool) -> tuple[float, float, dict[str, Any]]:
+    """What a run of `world_size` processes adds for communication, per optimizer step (DDP) and per
+    micro-step (FSDP), and where that figure comes from (for run.json and the plan text):
+
+    - a calibration measured with as many processes (and the same sharding) holds it in its step
+      times: nothing to add;
+    - a 1-process calibration: this sharding's collectives are timed now, among this run's
+      processes, and its traffic priced with them (calibration.comm);
+    - a calibration of another world size or sharding is refused unless --force (then used as if
+      it matched)."""
+    from calibration.comm import CommModel, fsdp_micro_step_seconds
     from calibration.errors import BenchtrainError
 
     measured = calibration.world_size
-    if measured == world_size:
+    if world_size == 1 or measured == world_size:
+        if world_size > 1 and calibration.sharding != traffic.sharding and not force:
+            raise BenchtrainError(
+                f"calibration {calibration.id} was measured with --sharding {calibration.sharding}, this run uses {traffic.sharding}: "
+                f"run `accelerate launch --num_processes {world_size} -m bench run --sharding {traffic.sharding}`, or pass --force"
+            )
         source = "calibration" if world_size > 1 else "single process"
-        return 0.0, {"source": source, "world_size": world_size, "seconds_per_step": 0.0}
+        return 0.0, 0.0, {"source": source, "world_size": world_size, "sharding": traffic.sharding if world_size > 1 else "none", "seconds_per_step": 0.0}
     if measured != 1 and not force:
         raise BenchtrainError(
             f"calibration {calibration.id} was measured with {measured} processes, this run has {world_size}: "
             f"run `accelerate launch --num_processes {world_size} -m bench run` or use a 1-process calibration, or pass --force"
         )
-    if world_size == 1:
-        return 0.0, {"source": "single process", "world_size": 1, "seconds_per_step": 0.0}
     import torch
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # the process group train.runtime.make_accelerator joins
-    rows = measure_all_reduce(state.device)
-    size, backend = world()
-    model = fit_comm(rows, size, backend or "none")
-    gradients = gradient_bytes(trainable_parameters)
-    seconds = model.all_reduce_seconds(gradients)
-    return seconds, {
-        "source": "predicted",
-        "world_size": world_size,
-        "calibration_world_size": measured,
-        "gradient_bytes": gradients,
-        "seconds_per_step": seconds,
-        "comm": model.to_json(),
-        "all_reduce": rows,
-    }
+    collectives = measure_collectives(state.device, COLLECTIVES[traffic.sharding])
+    models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
+    per_step = per_micro_step = 0.0
+    if traffic.sharding == "fsdp":
+        per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
+    else:
+        per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
+    return (
+        per_step,
+        per_micro_step,
+        {
+            "source": "predicted",
+            "world_size": world_size,
+            "sharding": traffic.sharding,
+            "calibration_world_size": measured,
+            "gradient_bytes": traffic.gradient_bytes,
+            "parameter_bytes": traffic.parameter_bytes,
+            "units": traffic.units,
+            "seconds_per_step": per_step,
+            "seconds_per_micro_step": per_micro_step,
+            "collectives": collectives,
+        },
+    )
 
 
 def describe_communication(record: dict[str, Any]) -> str | None:
@@ -98,10 +173,19 @@ def describe_communication(record: dict[str, Any]) -> str | None:
     if record["world_size"] < 2:
         return None
     if record["source"] == "calibration":
-        return f"communication: measured in the calibration's {record['world_size']}-process step times"
-    comm = record["comm"]
+        return f"communication: measured in the calibration's {record['world_size']}-process {record['sharding']} step times"
+    measured = ", ".join(
+        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
+        for kind, entry in record["collectives"].items()
+    )
+    if record["sharding"] == "fsdp":
+        added = (
+            f"{record['parameter_bytes'] / 2**20:.0f} MiB of parameters gathered twice and {record['gradient_bytes'] / 2**20:.0f} MiB "
+            f"of gradients reduce-scattered, +{record['seconds_per_micro_step'] * 1e3:.1f} ms per micro-step"
+        )
+    else:
+        added = f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
     return (
-        f"communication: predicted — {record['calibration_world_size']}-process calibration + all-reduce measured now among "
-        f"{record['world_size']} processes ({comm['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {comm['latency_seconds'] * 1e3:.2f} ms latency): "
-        f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
+        f"communication: predicted — {record['calibration_world_size']}-process calibration + {record['sharding']} collectives measured now "
+        f"among {record['world_size']} processes ({measured}): {added}"
     )

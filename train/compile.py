@@ -42,13 +42,11 @@ def compile_blocks(model: Any) -> int:
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
-    from train.method import unwrap
+    from train.method import decoder_blocks, unwrap
 
-    lm = unwrap(model)
-    block_names = set(getattr(lm, "_no_split_modules", None) or ())
-    blocks = [module for module in lm.modules() if type(module).__name__ in block_names]
+    blocks = decoder_blocks(model)
     if not blocks:
-        lm.compile(dynamic=False)
+        unwrap(model).compile(dynamic=False)
         return 1
     for block in blocks:
         block.compile(dynamic=False)

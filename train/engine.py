@@ -1,8 +1,9 @@
 """Model, loss, compilation, optimizer and step, built in one place for `bench` probes and `train`.
 
 Order matters: the model (with its method: full or LoRA) → gradient checkpointing → the loss
-(train/loss.py) → compiled blocks (train/compile.py) → optimizer and scheduler → accelerate's
-`prepare` (devices, precision, DDP) → THE step.
+(train/loss.py) → compiled blocks (train/compile.py) → FSDP shards (train/sharding.py, with
+`--sharding fsdp` under several processes) → optimizer and scheduler → accelerate's `prepare`
+(devices, precision, DDP; the optimizer only when sharded) → THE step.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from train.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.loss import LOSS_CHOICES, choose_loss, install_loss
+from train.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
 
 
 @dataclass(frozen=True)
@@ -21,9 +23,13 @@ class StepOptions:
 
     compile: str = "auto"  # auto | on | off (auto: on for CUDA)
     loss: str = "auto"  # auto | chunked | liger | plain
+    sharding: str = "ddp"  # ddp | fsdp, under several processes (train/sharding.py)
 
     def __post_init__(self) -> None:
         from calibration.errors import BenchtrainError
+
+        if self.sharding not in SHARDING_CHOICES:
+            raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
 
         if self.compile not in COMPILE_CHOICES:
             raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
@@ -44,10 +50,25 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
     )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDING_CHOICES,
+        default="ddp",
+        help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
+        "fsdp = parameters, gradients and optimizer state sharded (full fine-tuning of a model too big for one device)",
+    )
 
 
 def step_options_from_args(args: argparse.Namespace) -> StepOptions:
-    return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"))
+    return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
+
+
+def check_sharding(options: StepOptions, method: Any) -> None:
+    """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
+    from calibration.errors import BenchtrainError
+
+    if options.sharding == "fsdp" and method.is_lora:
+        raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
 
 
 @dataclass
@@ -59,10 +80,11 @@ class Engine:
     step: Any  # train.step.TrainingStep
     compiled: bool
     loss: str  # the loss implementation in use
+    sharding: str = "none"  # none (one process) | ddp | fsdp
 
     def record(self) -> dict[str, Any]:
         """How the step ran, for the calibration's and run.json's `training` section."""
-        return {"compile": self.compiled, "loss": self.loss}
+        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding}
 
 
 def build_engine(
@@ -96,7 +118,17 @@ def build_engine(
     install_loss(model, loss_kind, compiled=compiled)
     if compiled:
         compile_blocks(model)
+    check_sharding(options, method)
+    sharding = sharding_in_use(options.sharding, accelerator.num_processes)
+    if sharding == "fsdp":
+        shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE)
     scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    return Engine(accelerator, model, optimizer, scheduler, TrainingStep(accelerator, model, optimizer, scheduler), compiled, loss_kind)
+    if sharding == "fsdp":
+        # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
+        # mixed-precision policy casts the shards).
+        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    else:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    step = TrainingStep(accelerator, model, optimizer, scheduler)
+    return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)

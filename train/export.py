@@ -27,14 +27,17 @@ FINAL_BASE = "final-base"
 FINAL_MERGED = "final-merged"
 
 
-def export_final(run_dir: Path, model: Any, tokenizer: Any, spec: Any, method: MethodConfig, merge_lora: bool = False) -> dict[str, Any]:
-    """Write the run's model folders; returns what run.json records (paths, seconds)."""
+def export_final(
+    run_dir: Path, model: Any, tokenizer: Any, spec: Any, method: MethodConfig, merge_lora: bool = False, full_weights: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write the run's model folders; returns what run.json records (paths, seconds).
+    `full_weights`: an FSDP model's state, gathered whole (train.sharding), saved in place of its shards."""
     started = time.perf_counter()
     model = getattr(model, "module", model)
     record: dict[str, Any] = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
     if not method.is_lora:
         with atomic_directory(run_dir / FINAL) as folder:
-            model.save_pretrained(folder, safe_serialization=True)
+            model.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
             tokenizer.save_pretrained(folder)
     else:
         if spec.has_weights:

@@ -307,7 +307,9 @@ class TrainingRun:
                             self._evaluate(position, progress)
                             last_eval_at = time.monotonic()
                         periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
-                        if (periodic or status != "completed") and self.accelerator.is_main_process:
+                        if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
+                            periodic = bool(agree(self.accelerator, int(periodic), "max"))
+                        if (periodic or status != "completed") and self._saves_here:
                             last_checkpoint, seconds = self._save(checkpoint_dir, position)
                             checkpoint_times.append(seconds)
                             last_checkpoint_at = time.monotonic()
@@ -323,7 +325,7 @@ class TrainingRun:
                 if self.eval_data is not None and position.step > 0 and not evaluated_here:
                     self._evaluate(position, progress)  # every run ends with an evaluation
                 already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
-                if self.accelerator.is_main_process and not already_saved and position.step > 0:
+                if self._saves_here and not already_saved and position.step > 0:
                     last_checkpoint, seconds = self._save(checkpoint_dir, position)
                     checkpoint_times.append(seconds)
                 now = time.monotonic()
@@ -354,6 +356,11 @@ class TrainingRun:
         )
 
     # -- helpers ----------------------------------------------------------------------------
+    @property
+    def _saves_here(self) -> bool:
+        """Rank 0 writes checkpoints; under FSDP every rank joins in gathering the state."""
+        return self.accelerator.is_main_process or self.engine.sharding == "fsdp"
+
     def _run_figures(self, position: Position) -> dict[str, Any]:
         """This process's figures over the run (train.metrics), and its peak memory."""
         per_process = position.padded_tokens / self.accelerator.num_processes

@@ -8,6 +8,9 @@ device, which allocates nothing. Bytes per parameter follow from what is kept, n
 - LoRA: the frozen base in bf16 on CUDA (fp32 on CPU), no gradients or optimizer state for it; the
   adapters at 16 bytes per parameter like full fine-tuning.
 
+Under FSDP (`--sharding fsdp`, train/sharding.py) each of N processes keeps 1/N of all of it, plus
+the largest block's parameters gathered whole (and the next one, prefetched).
+
 Activations come on top: the calibration's memory model measures them; this check only says
 whether the fixed part alone is already too much.
 """
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibration.errors import BenchtrainError
-from train.method import MethodConfig, apply_method
+from train.method import MethodConfig, apply_method, decoder_blocks
+from train.sharding import largest_block_parameters
 
 FP32_BYTES = 4
 BF16_BYTES = 2
@@ -35,14 +39,25 @@ class MemoryNeed:
     weights_bytes: int
     gradient_bytes: int
     optimizer_bytes: int
+    blocks: int = 0  # decoder blocks (FSDP units, with the root)
+    largest_block_parameters: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.gradient_bytes + self.optimizer_bytes
 
+    def per_process_bytes(self, sharding: str, world_size: int, device_type: str) -> float:
+        """What one process holds before activations: everything (DDP), or its FSDP shard plus the
+        two blocks gathered whole at a time (the current one and the prefetched next)."""
+        if sharding != "fsdp" or world_size < 2:
+            return float(self.total_bytes)
+        gathered = 2 * self.largest_block_parameters * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+        return self.total_bytes / world_size + gathered
 
-def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int]:
-    """(total, trainable) parameters of the model as it will be trained, built on `meta`."""
+
+def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
+    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
+    trained, built on `meta`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -53,11 +68,12 @@ def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int]:
     model = apply_method(model, method)
     total = sum(parameter.numel() for parameter in model.parameters())
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
-    return total, trainable
+    blocks = decoder_blocks(model)
+    return total, trainable, len(blocks), largest_block_parameters(blocks)
 
 
 def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
-    total, trainable = parameter_counts(spec, method)
+    total, trainable, blocks, largest_block = parameter_counts(spec, method)
     frozen = total - trainable
     frozen_bytes = BF16_BYTES if device_type == "cuda" else FP32_BYTES
     return MemoryNeed(
@@ -67,14 +83,16 @@ def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed
         weights_bytes=frozen * frozen_bytes + trainable * FP32_BYTES,
         gradient_bytes=trainable * FP32_BYTES,
         optimizer_bytes=trainable * 2 * FP32_BYTES,
+        blocks=blocks,
+        largest_block_parameters=largest_block,
     )
 
 
-def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any]) -> MemoryNeed:
+def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> MemoryNeed:
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
-    if need.total_bytes <= available:
+    if need.per_process_bytes(sharding, world_size, hardware["device_type"]) <= available:
         return need
     what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
     advice = "a smaller model or a device with more memory"
@@ -82,6 +100,8 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any]) -> Mem
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
         if lora.total_bytes <= available:
             advice = f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)"
+        elif sharding != "fsdp":
+            advice = "shard it over several GPUs (accelerate launch --num_processes N … --sharding fsdp) or " + advice
     raise BenchtrainError(
         f"{what} of {spec.name} needs ≈{need.total_bytes / GIB:.0f} GiB for weights, gradients and optimizer state before any "
         f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {advice}"

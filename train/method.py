@@ -138,6 +138,14 @@ def unwrap(model: Any) -> Any:
     return get_base() if get_base is not None else model
 
 
+def decoder_blocks(model: Any) -> list[Any]:
+    """The repeated decoder blocks (transformers names their class in `_no_split_modules`): the
+    unit that is compiled (train/compile.py) and sharded (train/sharding.py)."""
+    lm = unwrap(model)
+    block_names = set(getattr(lm, "_no_split_modules", None) or ())
+    return [module for module in lm.modules() if type(module).__name__ in block_names]
+
+
 def trainable_parameter_count(model: Any) -> int:
     return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
 

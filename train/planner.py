@@ -71,6 +71,11 @@ class PlanRequest:
     # Gradient all-reduce per optimizer step that the calibration's step times do not hold (a
     # 1-process calibration planning an N-process run: calibration.comm).
     comm_seconds_per_step: float = 0.0
+    # FSDP's all-gathers and reduce-scatter per micro-step, likewise (train/comm.py).
+    comm_seconds_per_micro_step: float = 0.0
+    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
+    # a 1-process calibration, train.memory_check.MemoryNeed.per_process_bytes).
+    memory_offset_bytes: float = 0.0
 
     @property
     def shape_bucket(self) -> int | None:
@@ -320,8 +325,8 @@ def evaluate(
         batch_count = sum(counts.values())
         micro_batches += batch_count
         steps += math.ceil(batch_count / accum)
-    step_seconds += steps * request.comm_seconds_per_step
-    candidate.comm_seconds_per_step = request.comm_seconds_per_step
+    step_seconds += steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
+    candidate.comm_seconds_per_step = request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
@@ -360,7 +365,14 @@ def evaluate(
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound) + candidate.overhead_seconds
-    prediction = calibration.predict(micro_batch_size=micro, seq_len=length, grad_accum=accum, num_workers=workers, gradient_checkpointing=checkpointing)
+    prediction = calibration.predict(
+        micro_batch_size=micro,
+        seq_len=length,
+        grad_accum=accum,
+        num_workers=workers,
+        gradient_checkpointing=checkpointing,
+        memory_offset_bytes=request.memory_offset_bytes,
+    )
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
     candidate.fits_in_memory = prediction.fits_in_memory

@@ -50,7 +50,6 @@ def plan_section(plan: Plan) -> dict[str, Any]:
         "num_workers": chosen.num_workers,
         "max_length": chosen.max_length,
         "world_size": chosen.world_size,
-        "sharding": "ddp" if chosen.world_size > 1 else "none",  # DDP: every process holds the whole model
         "gradient_checkpointing": chosen.gradient_checkpointing,
         "effective_batch": plan.effective_batch,
         "optimizer_steps": chosen.optimizer_steps,

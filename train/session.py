@@ -151,9 +151,18 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
     for warning in warnings:
         say(f"warning: {warning}")
+    from train.engine import check_sharding
     from train.memory_check import check_fits, describe_needs
+    from train.sharding import sharding_in_use
 
-    need = check_fits(spec, method, hardware)  # before any data or model work: a too-big model is one line
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    check_sharding(config.step_options, method)
+    sharding = sharding_in_use(config.step_options.sharding, world_size)
+    before = previous["plan"].get("sharding", "none") if previous else sharding
+    if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
+        raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
+    # Before any data or model work: a too-big model is one line.
+    need = check_fits(spec, method, hardware, sharding, world_size)
 
     data_path = resolve_data_path(config.data)
     tokenizer = load_tokenizer(spec.directory, config.tokenizer)
@@ -166,12 +175,16 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     elif config.eval_data:
         eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on)
     profile = length_profile(data.lengths)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
 
     completed = completed_steps(out_dir) if previous else 0
-    from train.comm import describe_communication, plan_communication
+    from train.comm import describe_communication, plan_communication, traffic_of
 
-    comm_seconds, communication = plan_communication(cal, world_size, need.trainable_parameters, config.force)
+    traffic = traffic_of(config.step_options.sharding, need, hardware["device_type"])
+    comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
+    # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
+    memory_offset = 0.0
+    if cal.world_size == 1 and sharding == "fsdp":
+        memory_offset = need.per_process_bytes(sharding, world_size, hardware["device_type"]) - need.total_bytes
     request = PlanRequest(
         epochs=previous["plan"]["epochs"] if previous else config.epochs,
         deadline_seconds=config.deadline_seconds,
@@ -195,6 +208,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         with_report=not config.no_report,
         compiled=compiled,
         comm_seconds_per_step=comm_seconds,
+        comm_seconds_per_micro_step=comm_micro_seconds,
+        memory_offset_bytes=memory_offset,
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_plan
@@ -236,6 +251,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     record["plan"]["method"] = method.method
     record["plan"].update(rate)
     record["plan"]["communication"] = communication
+    record["plan"]["sharding"] = sharding  # none | ddp | fsdp (train/sharding.py)
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
     with contextlib.ExitStack() as held:
@@ -423,12 +439,19 @@ PARTIAL_STATUSES = ("stopped_for_deadline", "interrupted")
 
 
 def export_final_model(run: Any, out_dir: Path, tokenizer: Any, spec: Any, method: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
-    """final/ (and final-base/, final-merged/) from the trained model, on the main process."""
-    if not is_main_process() or run.model is None:
+    """final/ (and final-base/, final-merged/) from the trained model, written by the main process
+    (under FSDP every process first joins in gathering the full weights)."""
+    if run.model is None:
+        return None
+    from train.sharding import gather_full_state, is_sharded
+
+    full_weights = gather_full_state(run.model, None)[0] if is_sharded(run.model) else None
+    if not is_main_process():
         return None
     from train.export import export_final
 
-    final = export_final(out_dir, run.accelerator.unwrap_model(run.model), tokenizer, spec, method, merge_lora)
+    model = run.accelerator.unwrap_model(run.model)
+    final = export_final(out_dir, model, tokenizer, spec, method, merge_lora, full_weights)
     final["partial"] = status in PARTIAL_STATUSES
     return final
 
