@@ -262,7 +262,8 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert plan["learning_rate"] == pytest.approx(3e-4 * (4 / 2) ** 0.5) and plan["lr_scaling"] == "sqrt"
     communication = plan["communication"]
     assert communication["source"] == "predicted" and communication["seconds_per_step"] > 0
-    assert communication["comm"]["world_size"] == 2 and communication["comm"]["backend"] == "gloo"
+    fit = communication["collectives"]["all_reduce"]["fit"]
+    assert fit["world_size"] == 2 and fit["backend"] == "gloo"
     assert record["actual"]["steps"] == 6 and record["status"] == "step_limit"
 
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
@@ -276,7 +277,57 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert all(row.get("ranks") == 2 for row in calibration["measurements"] if row["status"] == "ok")
     result = run_process_group(torchrun("train", [*train, "--use-calibration", calibration["id"], "--dry-run"]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "communication: measured in the calibration's 2-process step times" in result.stdout
+    assert "communication: measured in the calibration's 2-process ddp step times" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) -> None:
+    """`--sharding fsdp` under 2 processes: trains what DDP trains (same losses), plans its
+    collectives from a 1-process calibration, resumes from its gathered checkpoint, and leaves a
+    final/ that loads with the last checkpoint's weights. Then bench under FSDP stores an FSDP
+    calibration, which an FSDP run plans from and a DDP run refuses."""
+    import os
+
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    env = {**os.environ, "BENCHTRAIN_HOME": str(calibrated_home), "OMP_NUM_THREADS": "1"}
+    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"]
+    ddp, fsdp = calibrated_home / "ddp", calibrated_home / "fsdp"
+    for out, sharding in ((ddp, "ddp"), (fsdp, "fsdp")):
+        result = run_process_group(torchrun("train", [*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3"]), env, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "fsdp collectives measured now among 2 processes" in result.stdout
+    sharded = json.loads((fsdp / "run.json").read_text())
+    assert sharded["plan"]["sharding"] == "fsdp" and sharded["plan"]["communication"]["seconds_per_micro_step"] > 0
+    assert set(sharded["plan"]["communication"]["collectives"]) == {"all_gather", "reduce_scatter"}
+    replicated = json.loads((ddp / "run.json").read_text())
+    assert [e["loss"] for e in sharded["losses"]] == pytest.approx([e["loss"] for e in replicated["losses"]], rel=1e-4)
+
+    result = run_process_group(torchrun("train", [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--resume"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = json.loads((fsdp / "run.json").read_text())
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded["losses"]
+    final = AutoModelForCausalLM.from_pretrained(fsdp / "final")
+    saved = load_file(str(fsdp / "checkpoints" / "step-0000005" / "model.safetensors"))
+    assert all(torch.equal(saved[name], tensor) for name, tensor in final.state_dict().items() if name in saved)
+    assert sum(parameter.numel() for parameter in final.parameters()) == resumed["model"]["parameter_count"]
+
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    result = run_process_group(torchrun("bench", ["run", *grid, "--sharding", "fsdp"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    newest = max((calibrated_home / "calibrations").glob("*.json"), key=lambda path: path.stat().st_mtime)
+    calibration = json.loads(newest.read_text())
+    assert calibration["distributed"]["sharding"] == "fsdp" and calibration["training"]["sharding"] == "fsdp"
+    assert set(calibration["distributed"]["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert calibration["overheads"]["checkpoint_extrapolated"] == 0 and calibration["overheads"]["checkpoint_save_seconds"] > 0
+    planned = [*train, "--use-calibration", calibration["id"], "--dry-run"]
+    result = run_process_group(torchrun("train", [*planned, "--sharding", "fsdp"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "measured in the calibration's 2-process fsdp step times" in result.stdout
+    result = run_process_group(torchrun("train", planned), env, timeout=240)
+    assert result.returncode != 0 and "measured with --sharding fsdp, this run uses ddp" in result.stderr
 
 
 def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
-"""Several processes: data sharded without duplicates, the all-reduce model, which calibration a
-multi-process run plans from, LR scaling, and how bench combines the ranks' probes. The runs
-under torchrun are in tests/test_cli.py (test_two_processes_under_torchrun)."""
+"""Several processes: data sharded without duplicates, the all-reduce and FSDP communication models,
+FSDP's memory per shard, which calibration a multi-process run plans from, LR scaling, and how
+bench combines the ranks' probes. The runs under torchrun are in tests/test_cli.py
+(test_two_processes_under_torchrun, test_fsdp_under_torchrun)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from helpers import synthetic_calibration
 from test_planner import heavy_tailed
 
 from bench.distributed import combine_rows
-from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, gradient_bytes
+from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
 from calibration.errors import BenchtrainError
 from calibration.model import Calibration
 from train.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
-from train.comm import plan_communication
+from train.comm import Traffic, plan_communication, traffic_of
+from train.memory_check import check_fits, memory_need
+from train.method import MethodConfig
+from train.model import resolve_model
 from train.runtime import scaled_learning_rate
 
 
@@ -57,14 +61,59 @@ def test_all_reduce_model_fits_latency_and_bandwidth() -> None:
 
 def test_which_calibration_a_multi_process_run_plans_from() -> None:
     single = Calibration(synthetic_calibration())
-    assert plan_communication(single, 1, 10**6, force=False) == (0.0, {"source": "single process", "world_size": 1, "seconds_per_step": 0.0})
+    ddp = Traffic("ddp", 10**6)
+    alone = {"source": "single process", "world_size": 1, "sharding": "none", "seconds_per_step": 0.0}
+    assert plan_communication(single, 1, ddp, force=False) == (0.0, 0.0, alone)
     comm = {"world_size": 2, "backend": "gloo", "latency_seconds": 0.001, "seconds_per_byte": 1e-9}
     two = Calibration(synthetic_calibration(distributed={"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": comm}))
-    assert two.world_size == 2 and two.comm.backend == "gloo"
-    seconds, record = plan_communication(two, 2, 10**6, force=False)
-    assert seconds == 0.0 and record["source"] == "calibration"  # its step times hold the all-reduce
+    assert two.world_size == 2 and two.comm.backend == "gloo" and two.sharding == "ddp"
+    per_step, per_micro_step, record = plan_communication(two, 2, ddp, force=False)
+    assert per_step == per_micro_step == 0.0 and record["source"] == "calibration"  # its step times hold the all-reduce
     with pytest.raises(BenchtrainError, match="measured with 2 processes, this run has 4"):
-        plan_communication(two, 4, 10**6, force=False)
+        plan_communication(two, 4, ddp, force=False)
+    # The same world size but another sharding: its step times hold other collectives.
+    with pytest.raises(BenchtrainError, match="measured with --sharding ddp, this run uses fsdp"):
+        plan_communication(two, 2, Traffic("fsdp", 10**6, 10**6, 3), force=False)
+    assert plan_communication(two, 2, Traffic("fsdp", 10**6, 10**6, 3), force=True)[2]["source"] == "calibration"
+
+
+def test_fsdp_traffic_per_micro_step() -> None:
+    """Every unit gathered for forward and again for backward, its gradients reduce-scattered."""
+    gather = CommModel(4, "nccl", 50e-6, 1 / 100e9)
+    scatter = CommModel(4, "nccl", 80e-6, 1 / 50e9)
+    need = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(), "cuda")
+    traffic = traffic_of("fsdp", need, "cuda")
+    assert traffic.units == 32 + 1 and traffic.parameter_bytes == 2 * need.total_parameters  # bf16 gathers on CUDA
+    assert traffic.gradient_bytes == 4 * need.trainable_parameters
+    seconds = fsdp_micro_step_seconds(gather, scatter, traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
+    expected = 2 * (33 * 50e-6 + traffic.parameter_bytes / 100e9) + 33 * 80e-6 + traffic.gradient_bytes / 50e9
+    assert seconds == pytest.approx(expected)
+    assert traffic_of("ddp", need, "cuda") == Traffic("ddp", traffic.gradient_bytes)
+    assert traffic_of("fsdp", need, "cpu").parameter_bytes == 4 * need.total_parameters
+
+
+def test_fsdp_holds_a_shard_of_what_one_device_cannot() -> None:
+    """Full fine-tuning of an 8B model needs ≈120 GiB before activations: refused on one H100 with
+    the FSDP advice; four FSDP processes hold a quarter each plus two gathered blocks."""
+    h100 = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30}
+    spec = resolve_model("llama-3.1-8b")
+    with pytest.raises(BenchtrainError, match="sharding fsdp"):
+        check_fits(spec, MethodConfig(), {**h100, "memory_bytes": 20 * 2**30})
+    need = check_fits(spec, MethodConfig(), h100, "fsdp", 4)
+    assert need.blocks == 32 and 200e6 < need.largest_block_parameters < 220e6
+    per_process = need.per_process_bytes("fsdp", 4, "cuda")
+    assert per_process == need.total_bytes / 4 + 2 * need.largest_block_parameters * 2
+    assert need.per_process_bytes("ddp", 4, "cuda") == need.total_bytes == need.per_process_bytes("fsdp", 1, "cuda")
+    with pytest.raises(BenchtrainError, match=r"needs ≈1\d\d GiB"):
+        check_fits(spec, MethodConfig(), h100, "ddp", 4)
+
+
+def test_a_sharded_plan_predicts_less_memory_than_the_probes_held() -> None:
+    calibration = Calibration(synthetic_calibration())
+    whole = calibration.predict(2, 64)
+    sharded = calibration.predict(2, 64, memory_offset_bytes=-(whole.peak_memory_bytes / 2))
+    assert sharded.peak_memory_bytes == pytest.approx(whole.peak_memory_bytes / 2)
+    assert sharded.peak_memory_bytes_high < whole.peak_memory_bytes_high
 
 
 def test_learning_rate_scaling() -> None:

@@ -95,16 +95,21 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
     if need.per_process_bytes(sharding, world_size, hardware["device_type"]) <= available:
         return need
     what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
-    advice = "a smaller model or a device with more memory"
+    options = []
     if method.method == "full":
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
         if lora.total_bytes <= available:
-            advice = f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)"
-        elif sharding != "fsdp":
-            advice = "shard it over several GPUs (accelerate launch --num_processes N … --sharding fsdp) or " + advice
+            options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
+        if sharding != "fsdp":
+            options.append("shard it over several GPUs (accelerate launch --num_processes N -m train … --sharding fsdp)")
+        else:
+            options.append("shard it over more processes")
+    options.append("a smaller model or a device with more memory")
+    needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
+    where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
     raise BenchtrainError(
-        f"{what} of {spec.name} needs ≈{need.total_bytes / GIB:.0f} GiB for weights, gradients and optimizer state before any "
-        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {advice}"
+        f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
+        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {', or '.join(options[:2])}"
     )
 
 
