@@ -337,6 +337,12 @@ def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jso
     assert code == 0, err
     first = json.loads((out / "run.json").read_text())
     assert first["actual"]["steps"] == 3 and first["status"] == "step_limit"
+    # FSDP checkpoints key the optimizer state by name: a run resumes with the sharding it had.
+    original = (out / "run.json").read_text()
+    (out / "run.json").write_text(json.dumps({**first, "plan": {**first["plan"], "sharding": "fsdp"}}))
+    code, _, err = run_main("train", [*common, "--resume", "--max-steps", "6"], capsys)
+    assert_one_line_error(code, err, "was trained with sharding fsdp; resume it with the same (now: none)")
+    (out / "run.json").write_text(original)
     code, _, err = run_main("train", [*common, "--resume", "--max-steps", "6"], capsys)
     assert code == 0, err
     resumed = json.loads((out / "run.json").read_text())
