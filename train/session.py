@@ -230,7 +230,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             )
         print(
             f"  training {method.describe()}: {need.trainable_parameters:,} of {need.total_parameters:,} parameters trainable; "
-            f"{describe_needs(spec, method, hardware)}",
+            f"{describe_needs(spec, method, hardware, sharding, world_size)}",
             flush=True,
         )
         for warning in plan.warnings:
