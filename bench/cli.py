@@ -23,6 +23,7 @@ RUN_EXAMPLES = """examples:
   bench refit latest                                 # fit stored measurements again with this version's model
   bench run --gpu cpu --compile on                   # measure the compiled step (default on CUDA) and its compile time
   accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
+  accelerate launch --num_processes 4 -m bench run --gpu h200 --model llama-3.1-8b --sharding fsdp   # full fine-tuning sharded
 
 exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
 """

@@ -16,6 +16,16 @@ def describe_step(training: dict[str, Any], overheads: dict[str, Any]) -> str:
     return f"torch.compile, {loss} loss; compiling a batch shape took {cold:.1f}s ({overheads.get('compile_shapes_measured', 0)} measured){from_cache}"
 
 
+def describe_processes(distributed: dict[str, Any]) -> str:
+    """The processes the probes ran with and the collectives measured among them."""
+    collectives = distributed.get("collectives") or {"all_reduce": {"fit": distributed["comm"]}}
+    measured = ", ".join(
+        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s + {entry['fit']['latency_seconds'] * 1e3:.2f} ms"
+        for kind, entry in collectives.items()
+    )
+    return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {measured}"
+
+
 def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
     from bench.record import best_rows, status_counts
     from bench.tables import format_table
@@ -31,6 +41,9 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
     ]
     lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))
+    distributed = data.get("distributed")
+    if distributed:
+        lines.append("  " + describe_processes(distributed))
     search = data.get("search") or {}
     if search.get("stopped_by_budget"):
         lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")

@@ -322,6 +322,9 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) ->
     assert calibration["distributed"]["sharding"] == "fsdp" and calibration["training"]["sharding"] == "fsdp"
     assert set(calibration["distributed"]["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert calibration["overheads"]["checkpoint_extrapolated"] == 0 and calibration["overheads"]["checkpoint_save_seconds"] > 0
+    from bench.describe import describe_calibration
+
+    assert any(line.strip().startswith("processes: 2 (gloo, fsdp); all-reduce") for line in describe_calibration(calibration, str(newest)))
     planned = [*train, "--use-calibration", calibration["id"], "--dry-run"]
     result = run_process_group(torchrun("train", [*planned, "--sharding", "fsdp"]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h --lr-scaling sqrt --base-batch 16
+  accelerate launch --num_processes 4 -m train --data train.jsonl --model llama-3.1-8b --sharding fsdp --deadline 6h
 
 exit codes:
   0  trained (or, with --dry-run, the plan fits the deadline)
