@@ -282,7 +282,7 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
 
 @pytest.mark.timeout(300)
 def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) -> None:
-    """`--sharding fsdp` under 2 processes: trains what DDP trains (same losses), plans its
+    """`--sharding fsdp` under 2 processes: trains what DDP trains (same losses, same eval loss), plans its
     collectives from a 1-process calibration, resumes from its gathered checkpoint, and leaves a
     final/ that loads with the last checkpoint's weights. Then bench under FSDP stores an FSDP
     calibration, which an FSDP run plans from and a DDP run refuses."""
@@ -296,7 +296,8 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) ->
     train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"]
     ddp, fsdp = calibrated_home / "ddp", calibrated_home / "fsdp"
     for out, sharding in ((ddp, "ddp"), (fsdp, "fsdp")):
-        result = run_process_group(torchrun("train", [*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3"]), env, timeout=240)
+        arguments = [*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3", "--eval-split", "0.05"]
+        result = run_process_group(torchrun("train", arguments), env, timeout=240)
         assert result.returncode == 0, result.stderr[-3000:]
     assert "fsdp collectives measured now among 2 processes" in result.stdout
     sharded = json.loads((fsdp / "run.json").read_text())
@@ -304,6 +305,7 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) ->
     assert set(sharded["plan"]["communication"]["collectives"]) == {"all_gather", "reduce_scatter"}
     replicated = json.loads((ddp / "run.json").read_text())
     assert [e["loss"] for e in sharded["losses"]] == pytest.approx([e["loss"] for e in replicated["losses"]], rel=1e-4)
+    assert sharded["evals"][-1]["eval_loss"] == pytest.approx(replicated["evals"][-1]["eval_loss"], rel=1e-4)  # evaluation sharded too
 
     result = run_process_group(torchrun("train", [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--resume"]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
