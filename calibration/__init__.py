@@ -9,8 +9,9 @@ Plain data and math: no torch here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from calibration.errors import BenchtrainError, CalibrationFileError
 from calibration.model import Calibration, Prediction
@@ -27,8 +28,13 @@ __all__ = [
 ]
 
 
-def load(reference: str | Path = "latest", on_skip: Callable[[str], None] | None = None) -> Calibration:
+def load(
+    reference: str | Path = "latest",
+    on_skip: Callable[[str], None] | None = None,
+    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+) -> Calibration:
     """Load `latest`, a calibration id, or a path to a calibration JSON; `on_skip` hears about
-    newer calibration files that `latest` had to skip because they cannot be read."""
-    path = resolve_calibration(str(reference), on_skip)
+    newer calibration files that `latest` had to skip because they cannot be read. `preferences`:
+    for `latest`, the newest calibration the first of them accepts (then the next), else the newest."""
+    path = resolve_calibration(str(reference), on_skip, preferences)
     return Calibration(read_calibration_file(path), path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -94,12 +94,15 @@ def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
     return entries
 
 
-def resolve_calibration(reference: str, on_skip: Callable[[str], None] | None = None) -> Path:
+def resolve_calibration(reference: str, on_skip: Callable[[str], None] | None = None, preferences: Sequence[Callable[[dict[str, Any]], bool]] = ()) -> Path:
     """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
-    not be read is reported through `on_skip` (one sentence naming it and why), never in silence."""
+    not be read is reported through `on_skip` (one sentence naming it and why), never in silence;
+    with `preferences`, the newest file the first of them accepts wins, then the next, then the newest."""
     if reference == "latest":
         entries = list_calibrations()
-        chosen = next((path for path, data, _ in entries if data is not None), None)
+        readable = [(path, data) for path, data, _ in entries if data is not None]
+        preferred = (next((path for path, data in readable if accepts(data)), None) for accepts in preferences)
+        chosen = next((path for path in preferred if path is not None), readable[0][0] if readable else None)
         chosen_time = chosen.stat().st_mtime if chosen is not None else 0.0
         for path, data, error in entries:
             if data is None and on_skip is not None and path.stat().st_mtime >= chosen_time:

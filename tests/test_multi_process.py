@@ -131,3 +131,35 @@ def test_bench_combines_the_ranks_probes() -> None:
     assert combined["peak_memory_bytes"] == 10 and combined["ranks"] == 2
     assert combine_rows([ok, {"status": "oom", "error": "OutOfMemoryError"}])["status"] == "oom"  # an OOM anywhere is an OOM
     assert np.isclose(combine_rows([ok])["step_seconds"], 1.0)
+
+
+def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> None:
+    """`train` picks the newest calibration of its model and method measured with its processes
+    and sharding, else the newest of one process, else the newest; an explicit id is kept."""
+    import calibration as calibration_api
+    from calibration.store import save_calibration
+    from train.session import calibration_preferences
+
+    ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
+    stored = {
+        "one-full": synthetic_calibration(id="one-full", created_at="2026-01-01T00:00:00+00:00", training={"method": "full"}),
+        "two-ddp": synthetic_calibration(id="two-ddp", created_at="2026-01-02T00:00:00+00:00", training={"method": "full"}, distributed=ddp2),
+        "one-lora": synthetic_calibration(id="one-lora", created_at="2026-01-03T00:00:00+00:00", training={"method": "lora"}),
+        "other-model": synthetic_calibration(
+            id="other-model", created_at="2026-01-04T00:00:00+00:00", model={"name": "x", "parameter_count": 1, "fingerprint": "zzz"}
+        ),
+    }
+    for data in stored.values():
+        save_calibration(data)
+
+    class Spec:
+        fingerprint = "abc"
+
+    def latest(method: str, processes: tuple[int, str]) -> str:
+        return calibration_api.load("latest", preferences=calibration_preferences(Spec(), MethodConfig(method=method), processes)).id
+
+    assert latest("full", (2, "ddp")) == "two-ddp"  # measured with this run's processes
+    assert latest("full", (1, "none")) == "one-full"  # not the newer 2-process or LoRA ones
+    assert latest("full", (4, "ddp")) == "one-full"  # none of 4: one process, communication predicted
+    assert latest("lora", (2, "ddp")) == "one-lora"
+    assert calibration_api.load("latest").id == "other-model"  # without preferences: the newest

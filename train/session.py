@@ -23,12 +23,25 @@ from train.disk import RunLock, check_space, disk_need
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
 
 
-def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any) -> Any:
+def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any, spec: Any, method: Any, processes: tuple[int, str]) -> Any:
     """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
-    the calibration it started with, and another one is refused unless --force."""
+    the calibration it started with, and another one is refused unless --force. `latest` is the
+    newest of this model and method measured with this run's (processes, sharding), else the newest
+    of one process (communication is then predicted), else the newest; when that is not the
+    newest, it says why."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if previous is None:
-        return calibration_api.load(config.use_calibration or "latest", on_skip=on_skip)
+        reference = config.use_calibration or "latest"
+        if reference != "latest":
+            return calibration_api.load(reference, on_skip=on_skip)
+        chosen = calibration_api.load("latest", on_skip=on_skip, preferences=calibration_preferences(spec, method, processes))
+        newest = calibration_api.load("latest")
+        if newest.id != chosen.id:
+            say(
+                f"calibration: {chosen.id} ({chosen.world_size} process(es), {chosen.sharding}) suits this run "
+                f"({processes[0]} process(es), {processes[1]}) better than the newer {newest.id}"
+            )
+        return chosen
     own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
     if config.use_calibration is not None:
         chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
@@ -42,6 +55,22 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
             except BenchtrainError:
                 continue
     raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
+
+
+def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:
+    """Which stored calibrations `latest` prefers for this run, best first (calibration.store)."""
+
+    def measured(data: dict[str, Any]) -> tuple[str | None, str, int, str]:
+        distributed = data.get("distributed") or {}
+        training = data.get("training") or {}
+        size = int(distributed.get("world_size", 1))
+        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), size, str(distributed.get("sharding", "none"))
+
+    mine = (spec.fingerprint, method.method)
+    return (
+        lambda data: measured(data) == (*mine, *processes),
+        lambda data: measured(data)[:3] == (*mine, 1),
+    )
 
 
 def resumed_method(previous: dict[str, Any]) -> Any:
@@ -136,7 +165,13 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
     method = resumed_method(previous) if previous else config.method
-    cal = load_calibration(config, previous, calibration_api)
+    from train.engine import check_sharding
+    from train.sharding import sharding_in_use
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    check_sharding(config.step_options, method)
+    sharding = sharding_in_use(config.step_options.sharding, world_size)
+    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     hardware = detect_hardware()
@@ -151,13 +186,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
     for warning in warnings:
         say(f"warning: {warning}")
-    from train.engine import check_sharding
     from train.memory_check import check_fits, describe_needs
-    from train.sharding import sharding_in_use
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    check_sharding(config.step_options, method)
-    sharding = sharding_in_use(config.step_options.sharding, world_size)
     before = previous["plan"].get("sharding", "none") if previous else sharding
     if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
         raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
