@@ -266,6 +266,15 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert fit["world_size"] == 2 and fit["backend"] == "gloo"
     assert record["actual"]["steps"] == 6 and record["status"] == "step_limit"
 
+    # LoRA + DDP (the users' 4×H200 recipe, in small): each process holds the frozen base; rank 0
+    # exports the adapter and the base it points at.
+    lora = calibrated_home / "lora"
+    result = run_process_group(torchrun("train", [*train, "--out", str(lora), "--lora", "--max-steps", "2", "--force"]), env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    adapter = json.loads((lora / "final" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str((lora / "final-base").resolve())
+    assert json.loads((lora / "run.json").read_text())["plan"]["sharding"] == "ddp"
+
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
     result = run_process_group(torchrun("bench", ["run", *grid]), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
