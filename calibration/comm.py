@@ -93,3 +93,29 @@ def fsdp_micro_step_seconds(all_gather: CommModel, reduce_scatter: CommModel, pa
 
 def gradient_bytes(trainable_parameters: int) -> int:
     return int(trainable_parameters) * GRADIENT_BYTES_PER_PARAMETER
+
+
+def describe_communication(record: dict[str, Any]) -> str | None:
+    """One line for the plan (and the run report): which step times a multi-process plan rests on.
+    Records written before FSDP (DDP only: `comm` instead of `collectives`) read the same."""
+    if record["world_size"] < 2:
+        return None
+    sharding = record.get("sharding", "ddp")
+    if record["source"] == "calibration":
+        return f"communication: measured in the calibration's {record['world_size']}-process {sharding} step times"
+    collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
+    measured = ", ".join(
+        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
+        for kind, entry in collectives.items()
+    )
+    if sharding == "fsdp":
+        added = (
+            f"{record['parameter_bytes'] / 2**20:.0f} MiB of parameters gathered twice and {record['gradient_bytes'] / 2**20:.0f} MiB "
+            f"of gradients reduce-scattered, +{record['seconds_per_micro_step'] * 1e3:.1f} ms per micro-step"
+        )
+    else:
+        added = f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
+    return (
+        f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives measured now "
+        f"among {record['world_size']} processes ({measured}): {added}"
+    )

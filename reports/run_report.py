@@ -144,7 +144,7 @@ def write_run_report(run_dir: Path) -> Path:
     if figure_paths:
         sections.append(section("Figures", figure_grid(figure_paths)))
 
-    plan_pairs = [(key, value) for key, value in plan.items() if key != "notes"]
+    plan_pairs = [(key, _plan_value(key, value)) for key, value in plan.items() if key != "notes"]
     sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))
     alternatives = record.get("alternatives", [])
     if alternatives:
@@ -194,6 +194,15 @@ def write_run_report(run_dir: Path) -> Path:
         encoding="utf-8",
     )
     return html_path
+
+
+def _plan_value(key: str, value: Any) -> Any:
+    """A plan entry as the plan text says it: the communication record as its one line."""
+    if key == "communication" and isinstance(value, dict):
+        from calibration.comm import describe_communication
+
+        return describe_communication(value) or "one process: none"
+    return value
 
 
 def _cumulative(values: Any) -> list[float]:

@@ -163,3 +163,21 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
     assert latest("full", (4, "ddp")) == "one-full"  # none of 4: one process, communication predicted
     assert latest("lora", (2, "ddp")) == "one-lora"
     assert calibration_api.load("latest").id == "other-model"  # without preferences: the newest
+
+
+def test_the_communication_line_reads_old_and_new_records() -> None:
+    """run.json records from before FSDP (DDP only, `comm`) and after (`collectives`) give the
+    same kind of line in the plan and the run report."""
+    from calibration.comm import describe_communication
+    from reports.run_report import _plan_value
+
+    fit = CommModel(2, "gloo", 0.001, 1e-9).to_json()
+    old = {"source": "predicted", "world_size": 2, "calibration_world_size": 1, "gradient_bytes": 2**22, "seconds_per_step": 0.005, "comm": fit}
+    assert describe_communication(old) == (
+        "communication: predicted — 1-process calibration + ddp collectives measured now among 2 processes "
+        "(all-reduce 1.00 GB/s, 1.00 ms latency): 4 MiB of gradients, +5.0 ms per optimizer step"
+    )
+    new = {**old, "sharding": "fsdp", "parameter_bytes": 2**21, "seconds_per_micro_step": 0.002, "collectives": {"all_gather": {"fit": fit}}}
+    assert describe_communication(new).endswith("2 MiB of parameters gathered twice and 4 MiB of gradients reduce-scattered, +2.0 ms per micro-step")
+    assert _plan_value("communication", {"source": "single process", "world_size": 1}) == "one process: none"
+    assert _plan_value("world_size", 2) == 2

@@ -166,26 +166,3 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
             "collectives": collectives,
         },
     )
-
-
-def describe_communication(record: dict[str, Any]) -> str | None:
-    """One line for the plan: which step times a multi-process plan rests on."""
-    if record["world_size"] < 2:
-        return None
-    if record["source"] == "calibration":
-        return f"communication: measured in the calibration's {record['world_size']}-process {record['sharding']} step times"
-    measured = ", ".join(
-        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
-        for kind, entry in record["collectives"].items()
-    )
-    if record["sharding"] == "fsdp":
-        added = (
-            f"{record['parameter_bytes'] / 2**20:.0f} MiB of parameters gathered twice and {record['gradient_bytes'] / 2**20:.0f} MiB "
-            f"of gradients reduce-scattered, +{record['seconds_per_micro_step'] * 1e3:.1f} ms per micro-step"
-        )
-    else:
-        added = f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
-    return (
-        f"communication: predicted — {record['calibration_world_size']}-process calibration + {record['sharding']} collectives measured now "
-        f"among {record['world_size']} processes ({measured}): {added}"
-    )

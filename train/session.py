@@ -207,7 +207,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     profile = length_profile(data.lengths)
 
     completed = completed_steps(out_dir) if previous else 0
-    from train.comm import describe_communication, plan_communication, traffic_of
+    from calibration.comm import describe_communication
+    from train.comm import plan_communication, traffic_of
 
     traffic = traffic_of(config.step_options.sharding, need, hardware["device_type"])
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
