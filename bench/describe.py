@@ -18,12 +18,9 @@ def describe_step(training: dict[str, Any], overheads: dict[str, Any]) -> str:
 
 def describe_processes(distributed: dict[str, Any]) -> str:
     """The processes the probes ran with and the collectives measured among them."""
-    collectives = distributed.get("collectives") or {"all_reduce": {"fit": distributed["comm"]}}
-    measured = ", ".join(
-        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s + {entry['fit']['latency_seconds'] * 1e3:.2f} ms"
-        for kind, entry in collectives.items()
-    )
-    return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {measured}"
+    from calibration.comm import describe_collectives
+
+    return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {describe_collectives(distributed)}"
 
 
 def describe_calibration(data: dict[str, Any], path: str) -> list[str]:

@@ -49,18 +49,22 @@ def write_bandwidth(folder: Path, size: int) -> float:
         os.unlink(name)
 
 
+def _sizes(workload: Any, folder: Path) -> tuple[int, int]:
+    """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`)."""
+    return checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer)), min(MAX_WRITE_BYTES, free_bytes(folder) // 2)
+
+
 def real_save_fits(workload: Any, folder: Path) -> bool:
     """Whether a real checkpoint of this workload fits the bounded write."""
-    size = checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer))
-    return size <= min(MAX_WRITE_BYTES, free_bytes(folder) // 2)
+    size, limit = _sizes(workload, folder)
+    return size <= limit
 
 
 def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None) -> dict[str, float]:
     """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the
     seconds were extrapolated (1) or timed on a real save (0). `real_save`: decided by rank 0 for
     every rank of an FSDP bench (all of them take part in a real save)."""
-    size = checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer))
-    limit = min(MAX_WRITE_BYTES, free_bytes(folder) // 2)
+    size, limit = _sizes(workload, folder)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -60,11 +59,12 @@ def run_command(args: argparse.Namespace) -> int:
     load_before = _load_average()
     from train.engine import check_sharding
     from train.memory_check import check_fits
+    from train.runtime import job_world_size
     from train.sharding import sharding_in_use
 
     options = step_options_from_args(args)
     check_sharding(options, method)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = job_world_size()
     # Seconds, before anything is built: a too-big model is one line.
     check_fits(spec, method, hardware, sharding_in_use(options.sharding, world_size), world_size)
     warnings: list[str] = []

@@ -32,9 +32,11 @@ def load(
     reference: str | Path = "latest",
     on_skip: Callable[[str], None] | None = None,
     preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    on_passed_over: Callable[[Path], None] | None = None,
 ) -> Calibration:
     """Load `latest`, a calibration id, or a path to a calibration JSON; `on_skip` hears about
     newer calibration files that `latest` had to skip because they cannot be read. `preferences`:
-    for `latest`, the newest calibration the first of them accepts (then the next), else the newest."""
-    path = resolve_calibration(str(reference), on_skip, preferences)
+    for `latest`, the newest calibration the first of them accepts (then the next), else the newest;
+    `on_passed_over` hears of the newest one when a preference chose another."""
+    path = resolve_calibration(str(reference), on_skip, preferences, on_passed_over)
     return Calibration(read_calibration_file(path), path)

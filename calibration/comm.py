@@ -95,6 +95,16 @@ def gradient_bytes(trainable_parameters: int) -> int:
     return int(trainable_parameters) * GRADIENT_BYTES_PER_PARAMETER
 
 
+def describe_collectives(record: dict[str, Any]) -> str:
+    """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives` (a calibration's
+    `distributed`, a plan's `communication`), or with only the all-reduce's `comm` (written before FSDP)."""
+    collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
+    return ", ".join(
+        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
+        for kind, entry in collectives.items()
+    )
+
+
 def describe_communication(record: dict[str, Any]) -> str | None:
     """One line for the plan (and the run report): which step times a multi-process plan rests on.
     Records written before FSDP (DDP only: `comm` instead of `collectives`) read the same."""
@@ -103,11 +113,7 @@ def describe_communication(record: dict[str, Any]) -> str | None:
     sharding = record.get("sharding", "ddp")
     if record["source"] == "calibration":
         return f"communication: measured in the calibration's {record['world_size']}-process {sharding} step times"
-    collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
-    measured = ", ".join(
-        f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
-        for kind, entry in collectives.items()
-    )
+    measured = describe_collectives(record)
     if sharding == "fsdp":
         added = (
             f"{record['parameter_bytes'] / 2**20:.0f} MiB of parameters gathered twice and {record['gradient_bytes'] / 2**20:.0f} MiB "

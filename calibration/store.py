@@ -94,15 +94,24 @@ def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
     return entries
 
 
-def resolve_calibration(reference: str, on_skip: Callable[[str], None] | None = None, preferences: Sequence[Callable[[dict[str, Any]], bool]] = ()) -> Path:
+def resolve_calibration(
+    reference: str,
+    on_skip: Callable[[str], None] | None = None,
+    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    on_passed_over: Callable[[Path], None] | None = None,
+) -> Path:
     """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
     not be read is reported through `on_skip` (one sentence naming it and why), never in silence;
-    with `preferences`, the newest file the first of them accepts wins, then the next, then the newest."""
+    with `preferences`, the newest file the first of them accepts wins, then the next, then the
+    newest, and `on_passed_over` hears of the newest readable file when it is not the one chosen."""
     if reference == "latest":
         entries = list_calibrations()
         readable = [(path, data) for path, data, _ in entries if data is not None]
+        newest = readable[0][0] if readable else None
         preferred = (next((path for path, data in readable if accepts(data)), None) for accepts in preferences)
-        chosen = next((path for path in preferred if path is not None), readable[0][0] if readable else None)
+        chosen = next((path for path in preferred if path is not None), newest)
+        if on_passed_over is not None and newest is not None and chosen != newest:
+            on_passed_over(newest)
         chosen_time = chosen.stat().st_mtime if chosen is not None else 0.0
         for path, data, error in entries:
             if data is None and on_skip is not None and path.stat().st_mtime >= chosen_time:

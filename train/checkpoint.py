@@ -221,12 +221,19 @@ def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) ->
     progress = read_progress(folder)
     weights, state = _read_state(folder)
     load_model_state(model, weights, folder)
+    load_optimizer = lambda: optimizer.load_state_dict(state["optimizer"])  # noqa: E731
+    return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
+
+
+def _restore_rest(folder: Path, progress: dict[str, Any], load_optimizer: Any, scheduler: Any, state: dict[str, Any], mismatch: str) -> dict[str, Any]:
+    """Optimizer (`load_optimizer()`), scheduler and RNG state back in place; `progress` without its
+    RNG. A state that does not fit is a one-line error saying `mismatch`."""
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer()
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
     except (ValueError, KeyError, RuntimeError) as error:
-        raise CheckpointReadError(f"checkpoint {folder}: the optimizer state does not match this model ({str(error).splitlines()[0]})") from None
+        raise CheckpointReadError(f"checkpoint {folder}: {mismatch} ({str(error).splitlines()[0]})") from None
     set_rng_state(progress.pop("rng"), state["rng"])
     return progress
 
@@ -271,14 +278,8 @@ def _load_sharded(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
     if problem:
         raise CheckpointReadError(problem)
-    try:
-        scatter_full_state(model, optimizer, weights, state["optimizer"])
-        if scheduler is not None and small.get("scheduler") is not None:
-            scheduler.load_state_dict(small["scheduler"])
-    except (ValueError, KeyError, RuntimeError) as error:
-        raise CheckpointReadError(f"checkpoint {folder}: the state does not match this sharded model ({str(error).splitlines()[0]})") from None
-    set_rng_state(progress.pop("rng"), small["rng"])
-    return progress
+    scatter = lambda: scatter_full_state(model, optimizer, weights, state["optimizer"])  # noqa: E731
+    return _restore_rest(folder, progress, scatter, scheduler, small, "the state does not match this sharded model")
 
 
 def checkpoint_name(step: int) -> str:

@@ -48,12 +48,12 @@ def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
     """From train.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
     gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
     from calibration.comm import gradient_bytes
+    from train.memory_check import compute_bytes
 
     gradients = gradient_bytes(need.trainable_parameters)
     if sharding != "fsdp":
         return Traffic(sharding, gradients)
-    per_parameter = 2 if device_type == "cuda" else 4
-    return Traffic(sharding, gradients, need.total_parameters * per_parameter, need.blocks + 1)
+    return Traffic(sharding, gradients, need.total_parameters * compute_bytes(device_type), need.blocks + 1)
 
 
 def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] = COMM_SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:

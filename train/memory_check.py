@@ -31,6 +31,12 @@ TRAINED_BYTES_PER_PARAMETER = 4 * FP32_BYTES
 GIB = 2**30
 
 
+def compute_bytes(device_type: str) -> int:
+    """Bytes of a parameter as the forward uses it: bf16 on CUDA, fp32 on CPU (a frozen LoRA base
+    is kept so; FSDP gathers shards so)."""
+    return BF16_BYTES if device_type == "cuda" else FP32_BYTES
+
+
 @dataclass(frozen=True)
 class MemoryNeed:
     method: str
@@ -51,7 +57,7 @@ class MemoryNeed:
         two blocks gathered whole at a time (the current one and the prefetched next)."""
         if sharding != "fsdp" or world_size < 2:
             return float(self.total_bytes)
-        gathered = 2 * self.largest_block_parameters * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+        gathered = 2 * self.largest_block_parameters * compute_bytes(device_type)
         return self.total_bytes / world_size + gathered
 
 
@@ -75,7 +81,7 @@ def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, in
 def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
     total, trainable, blocks, largest_block = parameter_counts(spec, method)
     frozen = total - trainable
-    frozen_bytes = BF16_BYTES if device_type == "cuda" else FP32_BYTES
+    frozen_bytes = compute_bytes(device_type)
     return MemoryNeed(
         method=method.method,
         total_parameters=total,

@@ -22,6 +22,11 @@ def quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
 
 
+def job_world_size() -> int:
+    """Processes the launcher started (accelerate launch and torchrun set WORLD_SIZE); 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
     import torch
     from accelerate import Accelerator
@@ -35,7 +40,7 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
     # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
     # Accelerator serves every grad_accum value a benchmark probes.
     # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    several = job_world_size() > 1
     from accelerate.utils import DistributedDataParallelKwargs
 
     # DDP: no buffer broadcast before every forward (a collective per micro-step; a causal LM's

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -34,12 +33,12 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
         reference = config.use_calibration or "latest"
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
-        chosen = calibration_api.load("latest", on_skip=on_skip, preferences=calibration_preferences(spec, method, processes))
-        newest = calibration_api.load("latest")
-        if newest.id != chosen.id:
+        passed_over: list[Path] = []
+        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes), passed_over.append)
+        if passed_over:
             say(
                 f"calibration: {chosen.id} ({chosen.world_size} process(es), {chosen.sharding}) suits this run "
-                f"({processes[0]} process(es), {processes[1]}) better than the newer {newest.id}"
+                f"({processes[0]} process(es), {processes[1]}) better than the newer {passed_over[0].stem}"
             )
         return chosen
     own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
@@ -166,9 +165,10 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
     method = resumed_method(previous) if previous else config.method
     from train.engine import check_sharding
+    from train.runtime import job_world_size
     from train.sharding import sharding_in_use
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = job_world_size()
     check_sharding(config.step_options, method)
     sharding = sharding_in_use(config.step_options.sharding, world_size)
     cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
@@ -210,7 +210,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from calibration.comm import describe_communication
     from train.comm import plan_communication, traffic_of
 
-    traffic = traffic_of(config.step_options.sharding, need, hardware["device_type"])
+    traffic = traffic_of(sharding, need, hardware["device_type"])
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
     # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
     memory_offset = 0.0
