@@ -27,10 +27,8 @@ so compute and data supply are told apart even with two worker counts. A residua
 the physical model's log-residuals, shrunk to zero away from the data) is fitted too; whichever
 has the lower cross-validated error is used, and the calibration says which and why.
 
-Memory. Peak memory = static (weights, gradients, optimizer state, workspace)
-+ per_token * B*S (activations) + attention * B*S*S without checkpointing, or
-+ per_token_checkpointed * B*S + attention_checkpointed * B*S*S with it (layer inputs kept, the
-rest recomputed), fitted the same way. Both modes' terms come from probes of that mode only.
+Memory: calibration/memory_fit.py (the optimizer step's floor, gradients held while
+accumulating, activations per token with and without checkpointing).
 
 Honest error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s
 and of peak memory, median and 90th percentile.
@@ -40,11 +38,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
+
+from calibration.fit_tools import UNCERTAINTY_FLOOR, Config, ErrorSummary, fit_nonnegative, folds
+from calibration.memory_fit import fit_memory_section
 
 THROUGHPUT_TERMS = (
     "fixed",
@@ -57,18 +57,6 @@ THROUGHPUT_TERMS = (
     "recompute_per_token",
     "recompute_attention",
 )
-MEMORY_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed")
-MAX_FOLDS = 10
-LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
-
-
-@dataclass(frozen=True)
-class Config:
-    micro_batch_size: int
-    seq_len: int
-    grad_accum: int
-    num_workers: int
-    gradient_checkpointing: bool = False
 
 
 def throughput_features(config: Config) -> np.ndarray:
@@ -88,48 +76,6 @@ def throughput_features(config: Config) -> np.ndarray:
             recompute * tokens * config.seq_len,
         ]
     )
-
-
-def memory_features(config: Config) -> np.ndarray:
-    tokens = config.micro_batch_size * config.seq_len
-    kept = 0.0 if config.gradient_checkpointing else 1.0
-    return np.array([1.0, kept * tokens, kept * tokens * config.seq_len, (1 - kept) * tokens, (1 - kept) * tokens * config.seq_len])
-
-
-# Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.
-# Iteratively reweighted least squares with Huber weights on the relative residuals; the scale is
-# the residuals' median absolute deviation, floored so a near-perfect fit is not over-trimmed.
-ROBUST_ITERATIONS = 6
-HUBER_K = 2.0
-MIN_RESIDUAL_SCALE = 0.01
-# How well we can know a probe's median step: its spread over the steps it timed, plus a floor
-# for what the model cannot express. Rows are weighted by 1 / that uncertainty.
-UNCERTAINTY_FLOOR = 0.02
-
-
-def fit_nonnegative(
-    features: np.ndarray,
-    targets: np.ndarray,
-    scale: np.ndarray | None = None,
-    uncertainty: np.ndarray | None = None,
-    robust: bool = True,
-) -> np.ndarray:
-    """NNLS on relative error (each row divided by its `scale`, default its target), each row also
-    divided by its relative `uncertainty`, with Huber reweighting against outliers."""
-    relative = 1.0 / (targets if scale is None else scale)
-    prior = 1.0 / (uncertainty if uncertainty is not None else np.ones_like(targets))
-    # Columns span many orders of magnitude (1 vs B*S*S): scale them for a well-posed solve.
-    base = features * relative[:, None]
-    column_scale = np.maximum(np.abs(base).max(axis=0), 1e-30)
-    huber = np.ones_like(targets)
-    solution = np.zeros(features.shape[1])
-    for _ in range(ROBUST_ITERATIONS if robust else 1):
-        row_weight = prior * np.sqrt(huber)
-        solution, _ = nnls(base / column_scale * row_weight[:, None], targets * relative * row_weight, maxiter=2000)
-        residuals = (base / column_scale) @ solution - targets * relative
-        spread = max(1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))), MIN_RESIDUAL_SCALE)
-        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residuals), 1e-12))
-    return solution / column_scale
 
 
 def probe_uncertainty(rows: Sequence[dict[str, Any]]) -> np.ndarray:
@@ -218,14 +164,6 @@ class ThroughputModel:
         return config.micro_batch_size * config.seq_len / self.micro_step_seconds(config)
 
 
-@dataclass
-class MemoryModel:
-    coefficients: dict[str, float]
-
-    def peak_bytes(self, config: Config) -> float:
-        return float(np.dot(memory_features(config), [self.coefficients[t] for t in MEMORY_TERMS]))
-
-
 # Which terms describe the training step itself and which the wait for the next batch.
 DATA_TERMS = ("serial_data", "worker_supply")
 COMPUTE_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term not in DATA_TERMS]
@@ -295,57 +233,6 @@ def fit_throughput(
     return model
 
 
-def fit_memory(configs: Sequence[Config], peak_bytes: np.ndarray) -> MemoryModel:
-    features = np.stack([memory_features(c) for c in configs])
-    solution = fit_nonnegative(features, peak_bytes)
-    return MemoryModel(dict(zip(MEMORY_TERMS, map(float, solution), strict=True)))
-
-
-def folds(count: int) -> list[np.ndarray]:
-    """Leave-one-out up to LEAVE_ONE_OUT_UP_TO rows (each probe predicted by a fit that never saw
-    it), then MAX_FOLDS interleaved folds."""
-    if count <= LEAVE_ONE_OUT_UP_TO:
-        return [np.array([index]) for index in range(count)]
-    return [np.arange(start, count, MAX_FOLDS) for start in range(MAX_FOLDS)]
-
-
-@dataclass
-class ErrorSummary:
-    """Absolute percentage errors on held-out rows, plus signed relative errors for bounds."""
-
-    median_abs_pct: float
-    p90_abs_pct: float
-    max_abs_pct: float
-    count: int
-    signed_relative: list[float] = field(default_factory=list)
-
-    @classmethod
-    def from_pairs(cls, predicted: np.ndarray, actual: np.ndarray) -> ErrorSummary:
-        relative = (predicted - actual) / actual
-        absolute = np.abs(relative) * 100
-        if len(absolute) == 0:
-            return cls(math.nan, math.nan, math.nan, 0, [])
-        return cls(
-            float(np.median(absolute)),
-            float(np.percentile(absolute, 90)),
-            float(absolute.max()),
-            len(absolute),
-            [float(value) for value in relative],
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "median_abs_pct": _finite_or_none(self.median_abs_pct),
-            "p90_abs_pct": _finite_or_none(self.p90_abs_pct),
-            "max_abs_pct": _finite_or_none(self.max_abs_pct),
-            "count": self.count,
-        }
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 def cross_validate_throughput(
     configs: list[Config],
     micro_seconds: np.ndarray,
@@ -366,16 +253,6 @@ def cross_validate_throughput(
     # tokens/s error: actual/predicted on the same token count.
     summary = ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds)
     return summary, held_out
-
-
-def cross_validate_memory(configs: list[Config], peak_bytes: np.ndarray) -> ErrorSummary:
-    held_out = np.empty(len(configs))
-    for test in folds(len(configs)):
-        train = np.setdiff1d(np.arange(len(configs)), test)
-        model = fit_memory([configs[i] for i in train], peak_bytes[train])
-        for index in test:
-            held_out[index] = model.peak_bytes(configs[index])
-    return ErrorSummary.from_pairs(held_out, peak_bytes)
 
 
 MIN_ROWS_FOR_FIT = 3
@@ -432,16 +309,8 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None
     if len(memory_rows) >= MIN_ROWS_FOR_FIT:
-        memory_configs = [config_of(row) for row in memory_rows]
         peaks = np.array([float(row["peak_memory_bytes"]) for row in memory_rows])
-        memory_model = fit_memory(memory_configs, peaks)
-        memory_error = cross_validate_memory(memory_configs, peaks)
-        memory_section = {
-            "kind": "physical",
-            "parameters": memory_model.coefficients,
-            "held_out_error": memory_error.to_json(),
-            "held_out_relative_errors": memory_error.signed_relative,
-        }
+        memory_section = fit_memory_section([config_of(row) for row in memory_rows], peaks)
 
     return {
         "kind": kind,
@@ -515,10 +384,6 @@ def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
         )
     power = float(fit["parameters"].get("overlap_power", 1.0))
     return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother, power)
-
-
-def memory_model_from_json(memory: dict[str, Any]) -> MemoryModel:
-    return MemoryModel({term: float(memory["parameters"][term]) for term in MEMORY_TERMS})
 
 
 def config_of(row: dict[str, Any]) -> Config:

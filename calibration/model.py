@@ -11,13 +11,8 @@ from typing import Any
 import numpy as np
 
 from calibration.errors import BenchtrainError
-from calibration.fit import (
-    Config,
-    MemoryModel,
-    ThroughputModel,
-    memory_model_from_json,
-    throughput_model_from_json,
-)
+from calibration.fit import Config, ThroughputModel, throughput_model_from_json
+from calibration.memory_fit import MemoryModel, memory_model_from_json
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02
@@ -289,6 +284,8 @@ class Calibration:
                 f"Memory: {_bytes(m['static'])} static + {_bytes(m['per_token'])} per token "
                 f"+ {_bytes(m['attention'] * 1000)} per token per 1000 tokens of length"
                 + (f" ({_bytes(m['per_token_checkpointed'])} per token with gradient checkpointing)" if checkpointed else "")
+                + (f" + {_bytes(m['accumulated_gradients'])} of gradients held while accumulating" if m.get("accumulated_gradients") else "")
+                + (f", and at least {_bytes(m['optimizer_floor'])} (the optimizer step)" if m.get("optimizer_floor") else "")
                 + "; held-out error median "
                 f"{_pct(memory_error.get('median_abs_pct'))}, 90th percentile {_pct(memory_error.get('p90_abs_pct'))}; "
                 f"limit {_bytes(self.memory_limit_bytes)} with a {self.memory_margin:.0%} margin."

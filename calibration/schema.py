@@ -13,7 +13,7 @@ from typing import Any
 
 from calibration.errors import CalibrationFileError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +50,22 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3's memory model knows the gradients held while accumulating and the optimizer
+    step's floor (calibration.memory_fit); a version 2 fit had neither (both zero), and `bench
+    refit` fits them from the stored measurements."""
+    data = dict(data)
+    fit = data.get("fit")
+    memory = fit.get("memory") if isinstance(fit, dict) else None
+    if isinstance(memory, dict) and isinstance(memory.get("parameters"), dict):
+        memory["parameters"].setdefault("accumulated_gradients", 0.0)
+        memory["parameters"].setdefault("optimizer_floor", 0.0)
+    data["schema_version"] = 3
+    return data
+
+
 # Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 _NUMBER = (int, float)
 REQUIRED_TOP = {
@@ -158,7 +172,8 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
 
 
 def _check_fit(fit: Any, where: str) -> None:
-    from calibration.fit import MEMORY_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
+    from calibration.fit import SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
+    from calibration.memory_fit import MEMORY_TERMS
 
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")

@@ -6,7 +6,8 @@ import itertools
 import random
 from typing import Any
 
-from calibration.fit import MEMORY_TERMS, THROUGHPUT_TERMS, Config, fit_measurements, memory_features, throughput_features
+from calibration.fit import THROUGHPUT_TERMS, Config, fit_measurements, throughput_features
+from calibration.memory_fit import LINEAR_TERMS, memory_features
 from calibration.schema import SCHEMA_VERSION
 
 TRUE_THROUGHPUT = {
@@ -21,7 +22,7 @@ TRUE_THROUGHPUT = {
     "recompute_attention": 4e-10,
 }
 TRUE_EVAL = {"fixed": 1e-3, "per_token": 6e-7, "attention": 4e-10}
-TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_checkpointed": 5e4, "attention_checkpointed": 20.0}
+TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_checkpointed": 5e4, "attention_checkpointed": 20.0, "accumulated_gradients": 0.0}
 GIB = 2**30
 
 
@@ -30,7 +31,7 @@ def micro_seconds(config: Config, parameters: dict[str, float] = TRUE_THROUGHPUT
 
 
 def peak_bytes(config: Config, parameters: dict[str, float] = TRUE_MEMORY) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), MEMORY_TERMS, strict=True)))
+    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), LINEAR_TERMS, strict=True)))
 
 
 def synthetic_rows(

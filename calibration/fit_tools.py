@@ -1,0 +1,116 @@
+"""Shared pieces of the fits: the configuration a prediction is for, robust non-negative least
+squares on relative error, and held-out error by leave-one-out (or k-fold) cross-validation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+MAX_FOLDS = 10
+LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
+
+
+@dataclass(frozen=True)
+class Config:
+    micro_batch_size: int
+    seq_len: int
+    grad_accum: int
+    num_workers: int
+    gradient_checkpointing: bool = False
+
+
+# Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.
+# Iteratively reweighted least squares with Huber weights on the relative residuals; the scale is
+# the residuals' median absolute deviation, floored so a near-perfect fit is not over-trimmed.
+ROBUST_ITERATIONS = 6
+HUBER_K = 2.0
+MIN_RESIDUAL_SCALE = 0.01
+# How well we can know a probe's median step: its spread over the steps it timed, plus a floor
+# for what the model cannot express. Rows are weighted by 1 / that uncertainty.
+UNCERTAINTY_FLOOR = 0.02
+
+
+def fit_nonnegative(
+    features: np.ndarray,
+    targets: np.ndarray,
+    scale: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
+    robust: bool = True,
+) -> np.ndarray:
+    """NNLS on relative error (each row divided by its `scale`, default its target), each row also
+    divided by its relative `uncertainty`, with Huber reweighting against outliers."""
+    relative = 1.0 / (targets if scale is None else scale)
+    prior = 1.0 / (uncertainty if uncertainty is not None else np.ones_like(targets))
+    # Columns span many orders of magnitude (1 vs B*S*S): scale them for a well-posed solve.
+    base = features * relative[:, None]
+    column_scale = np.maximum(np.abs(base).max(axis=0), 1e-30)
+    huber = np.ones_like(targets)
+    solution = np.zeros(features.shape[1])
+    for _ in range(ROBUST_ITERATIONS if robust else 1):
+        row_weight = prior * np.sqrt(huber)
+        solution, _ = nnls(base / column_scale * row_weight[:, None], targets * relative * row_weight, maxiter=2000)
+        residuals = (base / column_scale) @ solution - targets * relative
+        spread = max(1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))), MIN_RESIDUAL_SCALE)
+        huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residuals), 1e-12))
+    return solution / column_scale
+
+
+def folds(count: int) -> list[np.ndarray]:
+    """Leave-one-out up to LEAVE_ONE_OUT_UP_TO rows (each probe predicted by a fit that never saw
+    it), then MAX_FOLDS interleaved folds."""
+    if count <= LEAVE_ONE_OUT_UP_TO:
+        return [np.array([index]) for index in range(count)]
+    return [np.arange(start, count, MAX_FOLDS) for start in range(MAX_FOLDS)]
+
+
+@dataclass
+class ErrorSummary:
+    """Absolute percentage errors on held-out rows, plus signed relative errors for bounds."""
+
+    median_abs_pct: float
+    p90_abs_pct: float
+    max_abs_pct: float
+    count: int
+    signed_relative: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_pairs(cls, predicted: np.ndarray, actual: np.ndarray) -> ErrorSummary:
+        relative = (predicted - actual) / actual
+        absolute = np.abs(relative) * 100
+        if len(absolute) == 0:
+            return cls(math.nan, math.nan, math.nan, 0, [])
+        return cls(
+            float(np.median(absolute)),
+            float(np.percentile(absolute, 90)),
+            float(absolute.max()),
+            len(absolute),
+            [float(value) for value in relative],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median_abs_pct": _finite_or_none(self.median_abs_pct),
+            "p90_abs_pct": _finite_or_none(self.p90_abs_pct),
+            "max_abs_pct": _finite_or_none(self.max_abs_pct),
+            "count": self.count,
+        }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def cross_validate(count: int, actual: np.ndarray, fit_on: Callable[[np.ndarray], Callable[[Any], float]], configs: Sequence[Any]) -> ErrorSummary:
+    """Held-out error of (predicted − actual) / actual: each fold predicted by `fit_on(train
+    indices)`, a model that never saw it."""
+    held_out = np.empty(count)
+    for test in folds(count):
+        predict = fit_on(np.setdiff1d(np.arange(count), test))
+        for index in test:
+            held_out[index] = predict(configs[index])
+    return ErrorSummary.from_pairs(held_out, actual)
