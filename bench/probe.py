@@ -1,7 +1,7 @@
 """One probe: the trainer's own step, at one (micro batch, workers, accumulation, length).
 
-Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps until the
-spread of step times is small or the per-probe cap is reached. Out of memory is a result.
+Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps for as
+long as the statistics need and the budget allows (bench.timing). Out of memory is a result.
 
 The probe's figure is its *median* step: one step slowed by other work on a busy machine does not
 move it. The mean is kept too; the fit turns medians back into means with a measured tail factor.
@@ -13,10 +13,10 @@ import gc
 import os
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from bench.space import ProbeConfig
+from bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
 from train.data import TokenizedData
 from train.engine import StepOptions, build_engine
@@ -25,22 +25,6 @@ from train.metrics import data_wait_share, step_figures
 from train.model import ModelShape, ModelSpec, model_shape
 from train.peak_memory import PeakMemory
 from train.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    # CPU: short probes, so that a 150 s budget covers the default grid even on a busy machine.
-    warmup_steps: int = 1
-    min_steps: int = 3
-    max_steps: int = 20
-    max_seconds: float = 1.5
-    target_spread: float = 0.03  # (p75 - p25) / median of step seconds
-
-    @classmethod
-    def for_device(cls, device_type: str) -> ProbeSettings:
-        if device_type == "cuda":
-            return cls(warmup_steps=3, min_steps=5, max_steps=30, max_seconds=10.0, target_spread=0.03)
-        return cls()
 
 
 class Workload:
@@ -87,7 +71,7 @@ class Workload:
 
 
 def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
-    """A measurement row (status ok / oom / error) for one configuration."""
+    """A measurement row (status ok / oom / error / skipped) for one configuration."""
     row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
     started = time.perf_counter()
     workload.set_checkpointing(bool(config.gradient_checkpointing))
@@ -98,28 +82,17 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
     steps_needed = settings.warmup_steps + settings.max_steps
     loader = make_loader(workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory)
     iterator = iter(loader)
-    step_seconds: list[float] = []
-    waits: list[float] = []
+    timing = None
     try:
         with PeakMemory(workload.device) as memory:
-            warmup_from = time.perf_counter()
-            for index in range(settings.warmup_steps):
-                workload.step.run(iterator, config.grad_accum)
-                if index == 0:
-                    row["first_step_seconds"] = time.perf_counter() - warmup_from
-            timed_from = time.perf_counter()
-            row["warmup_seconds"] = timed_from - warmup_from
-            while len(step_seconds) < settings.max_steps:
-                result = workload.step.run(iterator, config.grad_accum)
-                step_seconds.append(result.seconds)
-                waits.append(result.data_wait_seconds)
-                steady = len(step_seconds) >= settings.min_steps and (
-                    spread(step_seconds) <= settings.target_spread or time.perf_counter() - timed_from >= settings.max_seconds
-                )
-                # Under several processes every rank must run the same number of steps (each one
-                # all-reduces): stop when any rank is done.
-                if agree(workload.accelerator, int(steady), "max"):
-                    break
+            # Under several processes every rank runs the same steps (each one all-reduces):
+            # a stop decision on any rank stops them all.
+            timing = time_steps(
+                lambda batches=iterator: workload.step.run(batches, config.grad_accum),
+                settings,
+                time.perf_counter,
+                lambda flag: agree(workload.accelerator, flag, "max"),
+            )
     except Exception as error:  # a failed probe is data, not a crash
         row["status"] = "oom" if is_out_of_memory(error) else "error"
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
@@ -130,22 +103,39 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         # Outside the except block: the exception's traceback no longer pins the step's tensors.
         recover_after_failure(workload)
         return row
-    # The median: robust to a step that other work on the machine slowed down. The fit scales
-    # medians back to means (a run lasts the sum of its steps) with a factor measured over probes.
-    median_seconds = statistics.median(step_seconds)
+    assert timing is not None
+    return finish_row(row, config, timing, int(memory.peak_bytes), workload.flops_per_token(config), peak_flops)
+
+
+def finish_row(
+    row: dict[str, Any], config: ProbeConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
+) -> dict[str, Any]:
+    """The row's figures from the timed steps (a real probe's and a simulated one's alike).
+
+    The median: robust to a step that other work on the machine slowed down. The fit scales
+    medians back to means (a run lasts the sum of its steps) with a factor measured over probes."""
+    row["first_step_seconds"] = timing.first_step_seconds
+    row["warmup_seconds"] = timing.warmup_seconds
+    row.update(timing.record())
+    if not timing.complete:
+        # The budget ended before a timed step: what the warm-up cost is kept for planning.
+        row["status"] = "skipped"
+        row["error"] = "skipped: the budget ended before a timed step"
+        return row
+    steps = timing.step_seconds
+    median_seconds = statistics.median(steps)
     tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-    figures = step_figures(tokens, median_seconds, statistics.median(waits), workload.flops_per_token(config), peak_flops)
+    figures = step_figures(tokens, median_seconds, statistics.median(timing.wait_seconds), flops_per_token, peak_flops)
     row.update(
         tokens_per_second=figures["computed_tokens_per_second"],
         step_seconds=median_seconds,
-        step_seconds_mean=statistics.fmean(step_seconds),
+        step_seconds_mean=statistics.fmean(steps),
         step_seconds_median=median_seconds,
-        step_seconds_spread=spread(step_seconds),
-        step_seconds_min=min(step_seconds),
-        step_seconds_max=max(step_seconds),
-        data_wait_share=data_wait_share(sum(waits), sum(step_seconds)),  # over all timed steps
-        peak_memory_bytes=int(memory.peak_bytes),
-        timed_steps=len(step_seconds),
+        step_seconds_spread=spread(steps),
+        step_seconds_min=min(steps),
+        step_seconds_max=max(steps),
+        data_wait_share=data_wait_share(sum(timing.wait_seconds), sum(steps)),  # over all timed steps
+        peak_memory_bytes=peak_bytes,
         load_average=machine_load(),
         mfu=figures["mfu"],
         tflops=figures["tflops"],
@@ -199,14 +189,6 @@ def machine_load() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def spread(values: list[float]) -> float:
-    """Interquartile range over the median: how stable the step time is."""
-    if len(values) < 2:
-        return 0.0
-    quartiles = statistics.quantiles(values, n=4, method="inclusive")
-    return (quartiles[2] - quartiles[0]) / statistics.median(values)
 
 
 def recover_after_failure(workload: Workload) -> None:

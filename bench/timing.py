@@ -1,0 +1,176 @@
+"""How a probe times the step: as many steps as the statistics need, never past its time limit.
+
+A 15-second step of an 8B model on a GPU is steady to a fraction of a percent; a 20 ms step on a
+busy 2-core CPU scatters by 10%. So the number of timed steps is not fixed: the probe times steps
+until the median's relative standard error is below a target (from the steps' own spread), the
+time it was given for timing is spent, or the next step would pass the probe's time limit (what the
+benchmark's budget has left). A step cannot be interrupted, so the limit is kept by not starting
+a step that the steps so far say would cross it.
+
+Warm-up is measured too: one step always (allocation, kernel selection, a compilation); a first
+timed step that is still far slower than the rest is moved to the warm-up afterwards.
+
+The same loop times a real step (bench.probe) and a simulated one (bench.simulated), against the
+clock it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """How one probe times the step (the same on every rank of a multi-process bench)."""
+
+    warmup_steps: int = 1
+    min_steps: int = 3  # timed steps, when time allows; 2 when one step is expensive
+    max_steps: int = 20
+    max_seconds: float = 1.5  # the timed phase's share of the budget
+    target_standard_error: float = 0.01  # relative standard error of the median step
+    time_limit_seconds: float | None = None  # the whole probe ends by then (the budget left)
+
+    @classmethod
+    def for_device(cls, device_type: str) -> ProbeSettings:
+        if device_type == "cuda":
+            return cls(warmup_steps=1, min_steps=3, max_steps=30, max_seconds=10.0)
+        return cls()
+
+    def with_limit(self, seconds: float | None) -> ProbeSettings:
+        from dataclasses import replace
+
+        return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds))
+
+
+# Fewest timed steps that still give a spread (and so a standard error).
+MIN_TIMED_STEPS = 2
+# A first timed step this much slower than the median of the rest is still warming up.
+SLOW_START_FACTOR = 1.5
+# The median's standard error ≈ 1.25 σ / √n, and σ ≈ IQR / 1.349.
+MEDIAN_ERROR_PER_SPREAD = 1.25 / 1.349
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range over the median: how stable the step time is."""
+    if len(values) < 2:
+        return 0.0
+    quartiles = statistics.quantiles(values, n=4, method="inclusive")
+    return (quartiles[2] - quartiles[0]) / statistics.median(values)
+
+
+def median_standard_error(values: list[float]) -> float:
+    """Relative standard error of the median of `values` (inf with fewer than two)."""
+    if len(values) < MIN_TIMED_STEPS:
+        return math.inf
+    return MEDIAN_ERROR_PER_SPREAD * spread(values) / math.sqrt(len(values))
+
+
+def steps_needed(step_spread: float, settings: ProbeSettings) -> int:
+    """Timed steps for the target standard error at a given spread (bounded by the settings)."""
+    wanted = math.ceil((MEDIAN_ERROR_PER_SPREAD * step_spread / settings.target_standard_error) ** 2) if step_spread > 0 else 0
+    return max(settings.min_steps, min(settings.max_steps, wanted))
+
+
+def min_timed_steps(step_seconds: float, settings: ProbeSettings) -> int:
+    """`min_steps`, or MIN_TIMED_STEPS when that many steps alone would overrun the timed phase."""
+    return settings.min_steps if settings.min_steps * step_seconds <= settings.max_seconds else min(settings.min_steps, MIN_TIMED_STEPS)
+
+
+@dataclass
+class StepTiming:
+    """What the loop measured: warm-up and timed steps, and why it stopped."""
+
+    first_step_seconds: float = 0.0
+    warmup_seconds: float = 0.0
+    warmup_steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    wait_seconds: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return len(self.step_seconds) >= 1
+
+    def record(self) -> dict[str, Any]:
+        """How the probe was timed, for its calibration row."""
+        return {
+            "warmup_steps": self.warmup_steps,
+            "timed_steps": len(self.step_seconds),
+            "timing_stop": self.stop_reason,
+            "median_standard_error": _finite(median_standard_error(self.step_seconds)),
+        }
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 5) if math.isfinite(value) else None
+
+
+def time_steps(
+    run_step: Callable[[], Any],
+    settings: ProbeSettings,
+    clock: Callable[[], float],
+    agree: Callable[[int], int] = lambda flag: flag,
+) -> StepTiming:
+    """Run warm-up then timed steps of `run_step` (which returns an object with `seconds` and
+    `data_wait_seconds`). `agree` makes every rank take the same stop decision (each step
+    all-reduces). Exceptions (an OOM) propagate to the caller."""
+    timing = StepTiming()
+    started = clock()
+
+    def left() -> float:
+        return math.inf if settings.time_limit_seconds is None else settings.time_limit_seconds - (clock() - started)
+
+    warm_from = clock()
+    for index in range(settings.warmup_steps):
+        if index and _would_cross(left(), timing.first_step_seconds):
+            break
+        run_step()
+        timing.warmup_steps += 1
+        if index == 0:
+            timing.first_step_seconds = clock() - warm_from
+    timing.warmup_seconds = clock() - warm_from
+    timed_from = clock()
+    while True:
+        # Before a timed step: would it cross the limit? (The first is predicted by the warm-up.)
+        expected = statistics.median(timing.step_seconds) if timing.step_seconds else timing.first_step_seconds
+        if agree(int(_would_cross(left(), expected))):
+            timing.stop_reason = "time limit"
+            break
+        result = run_step()
+        timing.step_seconds.append(result.seconds)
+        timing.wait_seconds.append(result.data_wait_seconds)
+        reason = _stop_reason(timing.step_seconds, clock() - timed_from, settings)
+        if agree(int(reason is not None)):
+            timing.stop_reason = reason or "another rank stopped"
+            break
+    _trim_slow_start(timing)
+    return timing
+
+
+def _would_cross(left: float, expected_step: float) -> bool:
+    return expected_step > left
+
+
+def _stop_reason(steps: list[float], timed_seconds: float, settings: ProbeSettings) -> str | None:
+    if len(steps) >= settings.max_steps:
+        return "max steps"
+    if len(steps) < min_timed_steps(statistics.median(steps), settings):
+        return None
+    if median_standard_error(steps) <= settings.target_standard_error:
+        return "converged"
+    if timed_seconds >= settings.max_seconds:
+        return "time share"
+    return None
+
+
+def _trim_slow_start(timing: StepTiming) -> None:
+    """A first timed step still warming up (far slower than the rest) counts as warm-up."""
+    steps = timing.step_seconds
+    if len(steps) >= MIN_TIMED_STEPS + 1 and steps[0] > SLOW_START_FACTOR * statistics.median(steps[1:]):
+        timing.warmup_seconds += steps.pop(0)
+        timing.wait_seconds.pop(0)
+        timing.warmup_steps += 1
