@@ -29,7 +29,7 @@ from train.batching import (
     shard,
 )
 from train.compile import compile_seconds
-from train.data import TokenizedData, truncation
+from train.data import TokenizedData, covering_length, truncation
 from train.evaluation import EvalSchedule
 from train.overheads import Overheads, plan_overheads
 
@@ -245,8 +245,7 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
     if data.packing:
         # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
         return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
-    ordered = sorted(data.lengths)
-    needed = ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
+    needed = covering_length(data.lengths, coverage)
     covering = [length for length in calibrated if length >= needed]
     if covering:
         return [covering[0]], notes, warnings
@@ -264,6 +263,24 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
         f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
     )
     return [int(length)], notes, warnings
+
+
+def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
+    """The sequence lengths `bench run --data` measures: for padded data, the lengths the planner
+    will choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE:
+    a longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths, as
+    many lengths in all as the default grid has, so the fit still sees a spread. Packed data fills
+    any length, so it keeps the defaults."""
+    if data.packing:
+        return defaults
+    coverages = sorted({*COVERAGE.values(), DEFAULT_COVERAGE})
+    needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
+    shorter = [length for length in defaults if length < needed[0]]
+    # Halve the shortest when the defaults leave too few below it (short data).
+    while len(shorter) + len(needed) < len(defaults) and (shorter or needed)[0] // 2 >= LENGTH_GRANULE:
+        shorter.insert(0, ((shorter or needed)[0] // 2) // LENGTH_GRANULE * LENGTH_GRANULE)
+    room = max(0, len(defaults) - len(needed))
+    return tuple(sorted({*shorter[-room:], *needed})) if room else tuple(needed)
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
