@@ -39,6 +39,7 @@ COVERAGE = {"quality": 1.0}
 DEFAULT_COVERAGE = 0.995
 # A length chosen beyond the calibrated ones is rounded up to a multiple of this.
 LENGTH_GRANULE = 64
+MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short data
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
@@ -266,21 +267,20 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
 
 
 def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
-    """The sequence lengths `bench run --data` measures: for padded data, the lengths the planner
-    will choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE:
-    a longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths, as
-    many lengths in all as the default grid has, so the fit still sees a spread. Packed data fills
-    any length, so it keeps the defaults."""
+    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
+    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
+    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
+    of the shortest for short data), as many lengths in all as the default grid has, so that the
+    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
     if data.packing:
         return defaults
-    coverages = sorted({*COVERAGE.values(), DEFAULT_COVERAGE})
+    coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
     needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
-    shorter = [length for length in defaults if length < needed[0]]
-    # Halve the shortest when the defaults leave too few below it (short data).
-    while len(shorter) + len(needed) < len(defaults) and (shorter or needed)[0] // 2 >= LENGTH_GRANULE:
-        shorter.insert(0, ((shorter or needed)[0] // 2) // LENGTH_GRANULE * LENGTH_GRANULE)
     room = max(0, len(defaults) - len(needed))
-    return tuple(sorted({*shorter[-room:], *needed})) if room else tuple(needed)
+    shorter = [length for length in defaults if length < needed[0]][-room:] if room else []
+    while len(shorter) < room and (shorter or needed)[0] // 2 >= MIN_MEASURED_LENGTH:
+        shorter.insert(0, (shorter or needed)[0] // 2)
+    return tuple(sorted({*shorter, *needed}))
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
