@@ -34,8 +34,8 @@ WORDS = "the model answers questions about trains deadlines batches tokens and w
 
 
 def conversation(index: int) -> list[dict[str, str]]:
-    question = " ".join(WORDS[(index + k) % len(WORDS)] for k in range(3 + index % 5))
-    answer = " ".join(WORDS[(index * 3 + k) % len(WORDS)] for k in range(2 + index % 7))
+    question = " ".join(WORDS[(index + k) % len(WORDS)] for k in range(2 + index % 3))
+    answer = " ".join(WORDS[(index * 3 + k) % len(WORDS)] for k in range(1 + index % 3))
     return [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}, {"role": "assistant", "content": answer}]
 
 
@@ -47,7 +47,7 @@ def trained_tokenizer() -> Any:
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     core.train_from_iterator([" ".join(WORDS)] * 20 + [turn["content"] for i in range(40) for turn in conversation(i)], trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHATML
@@ -142,6 +142,7 @@ def test_a_hub_config_shares_calibrations_with_the_preset_of_its_shape() -> None
     assert ModelSpec("x", {**qwen, "num_hidden_layers": 24}).fingerprint != resolve_model("qwen2.5-7b").fingerprint
 
 
+@pytest.mark.slow
 def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it_with_its_template(
     offline_hub: Path, home: Path, tmp_path: Path, hub_model: tuple[Any, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -153,7 +154,7 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
     data = chat_file(tmp_path / "chats.jsonl")
 
     # bench: the config is enough (random weights, as for presets); the lengths come from the data.
-    grid = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--max-probe-seconds", "0.2", "--quiet", "--no-report"]
+    grid = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--max-probe-seconds", "0.2", "--quiet", "--no-report"]
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--model", REPO, "--data", str(data), *grid], capsys)
     assert code == 0, err
     calibration = json.loads(next((home / "calibrations").glob("*.json")).read_text())

@@ -117,6 +117,7 @@ def detect_layout(columns: list[str], schema: DataSchema, where: str, first: dic
     """The layout of a dataset with these columns (`first`: its first record, which tells OpenAI
     turns from ShareGPT turns), or a one-line error naming the columns and the formats accepted."""
     present = set(columns)
+    fmt = schema.format if schema.format != "auto" else guess_format(present, schema)
 
     def pick(explicit: str | None, option: str, candidates: tuple[str, ...], required: bool = True) -> str | None:
         if explicit is not None:
@@ -125,10 +126,9 @@ def detect_layout(columns: list[str], schema: DataSchema, where: str, first: dic
             return explicit
         found = next((name for name in candidates if name in present), None)
         if found is None and required:
-            raise BenchtrainError(f"{where}: {schema.format} data needs a column for {option} ({' or '.join(candidates)}); columns: {columns}")
+            raise BenchtrainError(f"{where}: {fmt} data needs a column for {option} ({' or '.join(candidates)}); columns: {columns}")
         return found
 
-    fmt = schema.format if schema.format != "auto" else guess_format(present, schema)
     if fmt is None:
         raise BenchtrainError(
             f"{where}: no usable text field in columns {columns}; formats accepted: text (text), messages (role/content turns), "
