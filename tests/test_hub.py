@@ -293,3 +293,28 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
     size = 10**18
     with pytest.raises(BenchtrainError, match=r"needs 1000000000.0 GB in the hub cache"):
         with_hub_weights(resolve_model(REPO), said.append)
+
+
+def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
+    import torch
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from train.export import export_final
+    from train.method import MethodConfig
+    from train.model import build_model
+
+    tokenizer, model = hub_model
+    snapshot = cache_model(offline_hub, tokenizer, model, weights=True)
+    spec = with_hub_weights(resolve_model(REPO))
+    method = MethodConfig(method="lora", lora_rank=4)
+    trained = build_model(spec, "cpu", method)
+    record = export_final(tmp_path / "run", trained, tokenizer, spec, method)
+    assert record["base_model_name_or_path"] == REPO and record["base_revision"] == REVISION and "base_path" not in record
+    config = PeftConfig.from_pretrained(record["path"])
+    assert (config.base_model_name_or_path, config.revision) == (REPO, REVISION)
+    # The adapter sits on the cached weights: base + adapter is the model that was trained.
+    restored = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(snapshot), record["path"])
+    prompt = torch.tensor([[5, 17, 99, 42]])
+    with torch.no_grad():
+        assert torch.allclose(restored(input_ids=prompt).logits, trained(input_ids=prompt).logits, atol=1e-5)
