@@ -226,7 +226,16 @@ def hub_error(kind: str) -> Exception:
     import httpx2
     from huggingface_hub import errors
 
-    response = httpx2.Response(401 if kind != "RevisionNotFoundError" else 404, request=httpx2.Request("GET", "https://huggingface.co/api/models/org/x"))
+    request = httpx2.Request("GET", "https://huggingface.co/api/models/org/x")
+    if kind == "unreachable":  # what snapshot_download raises with no network and nothing cached
+        error = errors.LocalEntryNotFoundError("An error happened while trying to locate the files on the Hub")
+        error.__cause__ = httpx2.ConnectError("Name or service not known", request=request)
+        return error
+    if kind == "DryRunError":  # a gated repository seen through a dry run
+        error = errors.DryRunError("Dry run cannot be performed as the repository cannot be accessed.")
+        error.__cause__ = hub_error("GatedRepoError")
+        return error
+    response = httpx2.Response(401 if kind != "RevisionNotFoundError" else 404, request=request)
     return getattr(errors, kind)("refused", response=response)
 
 
@@ -237,6 +246,8 @@ def hub_error(kind: str) -> Exception:
         ("GatedRepoError", "hf_secret", "is gated and the token in use has no access to it"),
         ("RepositoryNotFoundError", None, "no model org/x on the hub (if it is private, set HF_TOKEN): check the id"),
         ("RevisionNotFoundError", None, "hub model org/x has no revision 'v9'"),
+        ("unreachable", None, "cannot reach the hub for model org/x (Name or service not known) and it is not in the hub cache"),
+        ("DryRunError", None, "org/x is gated and no token is set"),
     ],
 )
 def test_hub_refusals_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str, token: str | None, fragment: str) -> None:

@@ -38,6 +38,7 @@ SMALL_FILES = [
 ]
 # Safetensors when the repository has them (transformers prefers them too); else PyTorch files.
 WEIGHT_PATTERNS = (["*.safetensors", "*.safetensors.index.json"], ["pytorch_model*.bin", "pytorch_model.bin.index.json"])
+NETWORK_ADVICE = "check the network, or download it where there is one with"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -180,45 +181,48 @@ def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, rep
 
 def guarded(repo_id: str, revision: str | None, repo_type: str, call: Any) -> Any:
     """`call()`, with huggingface_hub's errors turned into one line that says what to do."""
+    try:
+        return call()
+    except Exception as error:
+        message = refusal(error, repo_id, revision, repo_type)
+        if message is None:
+            raise
+        raise BenchtrainError(message) from None
+
+
+def refusal(error: BaseException, repo_id: str, revision: str | None, repo_type: str) -> str | None:
+    """The one line for a huggingface_hub error (None: not one of its errors)."""
+    from huggingface_hub import errors as hub_errors
     from huggingface_hub import get_token, is_offline_mode
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        IncompleteSnapshotError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     what = "dataset" if repo_type == "dataset" else "model"
     label = f"{repo_id}@{revision}" if revision else repo_id
     command = download_command(repo_id, revision, repo_type)
-    try:
-        return call()
-    except HFValidationError as error:
-        raise BenchtrainError(f"{label} is not a valid hub {what} id (ORG/NAME[@REVISION]): {first_line(error)}") from None
-    except GatedRepoError:
+    cache = hub_cache_dir()
+    if isinstance(error, hub_errors.HFValidationError):
+        return f"{label} is not a valid hub {what} id (ORG/NAME[@REVISION]): {first_line(error)}"
+    if isinstance(error, hub_errors.GatedRepoError):
         access = "the token in use has no access to it" if get_token() else "no token is set"
-        raise BenchtrainError(
-            f"hub {what} {repo_id} is gated and {access}: accept its terms on https://huggingface.co/{'datasets/' if what == 'dataset' else ''}{repo_id} "
-            "and set HF_TOKEN (or run `hf auth login`)"
-        ) from None
-    except RepositoryNotFoundError:
+        page = f"https://huggingface.co/{'datasets/' if what == 'dataset' else ''}{repo_id}"
+        return f"hub {what} {repo_id} is gated and {access}: accept its terms on {page} and set HF_TOKEN (or run `hf auth login`)"
+    if isinstance(error, hub_errors.RepositoryNotFoundError):
         private = "" if get_token() else " (if it is private, set HF_TOKEN)"
-        raise BenchtrainError(f"no {what} {repo_id} on the hub{private}: check the id (ORG/NAME)") from None
-    except RevisionNotFoundError:
-        raise BenchtrainError(f"hub {what} {repo_id} has no revision {revision!r}: name a branch, tag or commit that exists") from None
-    except (LocalEntryNotFoundError, IncompleteSnapshotError) as error:
+        return f"no {what} {repo_id} on the hub{private}: check the id (ORG/NAME)"
+    if isinstance(error, hub_errors.RevisionNotFoundError):
+        return f"hub {what} {repo_id} has no revision {revision!r}: name a branch, tag or commit that exists"
+    if isinstance(error, (hub_errors.LocalEntryNotFoundError, hub_errors.IncompleteSnapshotError, hub_errors.DryRunError)):
         if is_offline_mode():
-            raise BenchtrainError(f"{what} {label} is not in the hub cache {hub_cache_dir()} and HF_HUB_OFFLINE is set: download it with `{command}`") from None
-        cause = error.__cause__ or error
-        raise BenchtrainError(
-            f"cannot reach the hub for {what} {label} ({first_line(cause)}) and it is not in the hub cache {hub_cache_dir()}: "
-            f"check the network, or download it where there is one with `{command}`"
-        ) from None
-    except HfHubHTTPError as error:
-        raise BenchtrainError(f"the hub refused {what} {label}: {first_line(error)}") from None
+            return f"{what} {label} is not in the hub cache {cache} and HF_HUB_OFFLINE is set: download it with `{command}`"
+        cause = error.__cause__
+        if isinstance(cause, hub_errors.HfHubHTTPError):  # the hub answered (gated, not found, …): say what it said
+            return refusal(cause, repo_id, revision, repo_type)
+        reason = f" ({first_line(cause)})" if cause is not None else ""
+        return f"cannot reach the hub for {what} {label}{reason} and it is not in the hub cache {cache}: {NETWORK_ADVICE} `{command}`"
+    if isinstance(error, hub_errors.HfHubHTTPError):
+        return f"the hub refused {what} {label}: {first_line(error)}"
+    if isinstance(error, hub_errors.HTTPError):  # no connection, a timeout
+        return f"cannot reach the hub for {what} {label} ({first_line(error)}): {NETWORK_ADVICE} `{command}`"
+    return None
 
 
 def first_line(error: BaseException) -> str:
