@@ -329,3 +329,16 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
     prompt = torch.tensor([[5, 17, 99, 42]])
     with torch.no_grad():
         assert torch.allclose(restored(input_ids=prompt).logits, trained(input_ids=prompt).logits, atol=1e-5)
+
+
+def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_model: tuple[Any, Any]) -> None:
+    from train.session import resumed_spec
+
+    newer = "f" * 40
+    cache_model(offline_hub, *hub_model, weights=False).rename(offline_hub / "models--org--tiny-chat" / "snapshots" / newer)
+    cache_model(offline_hub, *hub_model, weights=False)  # the commit the run started from, still cached
+    (offline_hub / "models--org--tiny-chat" / "refs" / "main").write_text(newer)  # main has moved on since
+    spec = resolve_model(REPO)
+    assert spec.hub.revision == newer
+    assert resumed_spec(spec, {"model": {"revision": REVISION}}).hub.revision == REVISION
+    assert resumed_spec(spec, {"model": {"name": "tiny"}}) is spec

@@ -114,7 +114,15 @@ def has_weight_files(folder: Path) -> bool:
 
 def resolve_hub_model(repo_id: str, revision: str | None) -> HubModel:
     """The commit `repo_id@revision` names and its cache folder, with the config and tokenizer in it."""
-    folder = snapshot(repo_id, revision, SMALL_FILES)
+    from huggingface_hub import is_offline_mode
+
+    try:
+        folder = snapshot(repo_id, revision, SMALL_FILES)
+    except BenchtrainError:
+        if not is_offline_mode():
+            raise
+        # Offline, a cache with the config but not every tokenizer file still serves bench.
+        folder = snapshot(repo_id, revision, ["config.json"])
     label = f"{repo_id}@{revision}" if revision else repo_id
     if not (folder / "config.json").is_file():
         raise BenchtrainError(f"hub model {label} has no config.json: is it a transformers model?")

@@ -72,6 +72,16 @@ def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) 
     )
 
 
+def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
+    """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
+    from train.model import resolve_model
+
+    pinned = (previous.get("model") or {}).get("revision")
+    if spec.hub is None or not pinned or pinned == spec.hub.revision:
+        return spec
+    return resolve_model(f"{spec.hub.repo_id}@{pinned}")
+
+
 def resumed_method(previous: dict[str, Any]) -> Any:
     """The interrupted run's method: a resumed run trains what it trained."""
     from train.method import MethodConfig
@@ -164,6 +174,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
     method = resumed_method(previous) if previous else config.method
+    spec = resumed_spec(spec, previous) if previous else spec
     from train.engine import check_sharding
     from train.runtime import job_world_size
     from train.sharding import sharding_in_use
