@@ -97,20 +97,19 @@ def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) 
     """A hub dataset's split: its files from the hub cache (fetched when online), read by datasets."""
     import datasets
 
-    from train.hub import snapshot
+    from train.hub import first_line, snapshot
 
-    folder = snapshot(repo_id, revision, None, "dataset")
+    folder = str(snapshot(repo_id, revision, None, "dataset"))
     try:
-        splits = datasets.get_dataset_split_names(str(folder))
+        splits = datasets.get_dataset_split_names(folder)
+        if split not in splits:
+            raise BenchtrainError(f"hub dataset {path} has splits {splits} but no {split!r}: pass --data-split")
+        datasets.disable_progress_bars() if not _interactive() else None
+        return datasets.load_dataset(folder, split=split)
+    except BenchtrainError:
+        raise
     except Exception as error:
-        raise BenchtrainError(f"cannot read hub dataset {path} ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
-    if split not in splits:
-        raise BenchtrainError(f"hub dataset {path} has splits {splits} but no {split!r}: pass --data-split")
-    datasets.disable_progress_bars() if not _interactive() else None
-    try:
-        return datasets.load_dataset(str(folder), split=split)
-    except Exception as error:
-        raise BenchtrainError(f"cannot read hub dataset {path} ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+        raise BenchtrainError(f"cannot read hub dataset {path} ({first_line(error)})") from None
 
 
 def _interactive() -> bool:
