@@ -11,6 +11,7 @@ import sys
 
 from calibration.errors import EXIT_OK, guard_cli
 from train.engine import add_step_arguments
+from train.formats import add_data_arguments
 from train.method import add_method_arguments
 
 RUN_EXAMPLES = """examples:
@@ -19,7 +20,8 @@ RUN_EXAMPLES = """examples:
   bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
   bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
   bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
-  bench run --data train.jsonl --model ./my-model   # real tokens from your data
+  bench run --data train.jsonl --model ./my-model   # real tokens from your data, lengths from its profile
+  bench run --gpu h100 --model Qwen/Qwen2.5-7B-Instruct   # a hub id: config.json only, from the cache or the hub
   bench refit latest                                 # fit stored measurements again with this version's model
   bench run --gpu cpu --compile on                   # measure the compiled step (default on CUDA) and its compile time
   accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
@@ -53,15 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--model",
         default="tiny",
-        metavar="PRESET|DIR",
-        help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b) or a folder with config.json (default: tiny)",
+        metavar="PRESET|DIR|ORG/NAME[@REV]",
+        help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
+        "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
     )
     run.add_argument(
         "--tokenizer",
         metavar="DIR",
         help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
     )
-    run.add_argument("--data", metavar="PATH", help="feed real tokens from this dataset (default: synthetic tokens)")
+    run.add_argument(
+        "--data",
+        metavar="PATH|ORG/NAME",
+        help="feed real tokens from this dataset (default: synthetic tokens); for chat and prompt/completion data the sequence lengths "
+        "measured are the ones train will plan for it (unless --seq-lens)",
+    )
+    add_data_arguments(run)
     run.add_argument("--batch-sizes", metavar="LIST", help="micro batch sizes, e.g. 1,2,4 (default: sized to the device)")
     run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")
     run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")

@@ -78,10 +78,14 @@ def run_command(args: argparse.Namespace) -> int:
     tokenized = None
     if args.data:
         from train.data import length_profile, load_tokenized
+        from train.formats import schema_from_args
+        from train.planner import lengths_to_measure
         from train.tokenizer import load_tokenizer
 
-        tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer))
+        tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer), schema=schema_from_args(args), split=args.data_split)
         data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
+        if args.seq_lens is None:  # the lengths train will plan for this data
+            space = replace(space, seq_lens=lengths_to_measure(tokenized, space.seq_lens, spec.max_positions))
 
     _say(f"building {spec.name} on {hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
@@ -235,8 +239,7 @@ def measure_cached_compile(workload: Any, rows: list[dict[str, Any]], warmup_ext
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok:
         return {}
-    reference = str(workload.spec.directory) if workload.spec.directory else workload.spec.name
-    measured = measure_in_new_process(reference, workload.method, workload.engine.loss, ok[0])
+    measured = measure_in_new_process(workload.spec.reference, workload.method, workload.engine.loss, ok[0])
     if measured is None:
         return {}
     cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)

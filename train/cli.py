@@ -8,11 +8,15 @@ import time
 
 from calibration.errors import guard_cli
 from train.engine import add_step_arguments
+from train.formats import add_data_arguments
 from train.method import add_method_arguments
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
   train --data chats.jsonl --model ./my-model --deadline 12h --epochs 3 --priority quality
+  train --data sharegpt.jsonl --model Qwen/Qwen2.5-7B-Instruct --lora --deadline 6h   # hub id: the cache first, the hub when online
+  train --data alpaca.json --model meta-llama/Llama-3.1-8B-Instruct@main --deadline 3h --dry-run
+  train --data ORG/dataset --data-split train --messages-field dialog --deadline 2h  # a hub dataset with its own column name
   train --data train.parquet --deadline 2h --dry-run                    # print the plan only
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint
@@ -46,10 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--data",
         required=True,
-        metavar="PATH",
-        help="JSONL/JSON/CSV/Parquet file or saved datasets folder; 'sample' or 'sample-chat' for the bundled data",
+        metavar="PATH|ORG/NAME",
+        help="JSONL/JSON/CSV/Parquet file, saved datasets folder or hub dataset; 'sample' or 'sample-chat' for the bundled data. "
+        "Formats: text, messages, sharegpt, alpaca, prompt_completion (detected from the columns)",
     )
-    p.add_argument("--model", default="tiny", metavar="PRESET|DIR", help="preset or model folder (default: tiny)")
+    add_data_arguments(p)
+    p.add_argument(
+        "--model",
+        default="tiny",
+        metavar="PRESET|DIR|ORG/NAME[@REV]",
+        help="preset, model folder, or hub id (the hub cache first; HF_HUB_OFFLINE=1 reads only the cache) (default: tiny)",
+    )
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model folder's, or the byte tokenizer for presets)")
     p.add_argument("--deadline", required=True, metavar="DURATION", help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: 1; fractions allowed)")
@@ -70,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-on",
         default="assistant",
         choices=("assistant", "all"),
-        help="chat data: the loss on the assistant's turns (default) or on every token",
+        help="chat data (messages, sharegpt, alpaca): the loss on the assistant's turns (default) or on every token",
     )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)

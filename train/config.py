@@ -16,6 +16,7 @@ from calibration.durations import parse_duration
 from calibration.errors import BenchtrainError
 from train.engine import StepOptions, step_options_from_args
 from train.evaluation import EvalSchedule, parse_eval_every
+from train.formats import DataSchema, schema_from_args
 from train.method import MethodConfig, method_from_args
 from train.trackers import parse_report_to
 
@@ -61,6 +62,7 @@ class TrainConfig:
     force: bool = False
     no_report: bool = False
     train_on: str = "assistant"
+    data_split: str = "train"
     eval_data: str | None = None
     eval_split: float | None = None
     eval_every: str | None = None
@@ -69,6 +71,7 @@ class TrainConfig:
     gradient_checkpointing: str = "auto"
     method: MethodConfig = field(default_factory=MethodConfig)
     step_options: StepOptions = field(default_factory=StepOptions)
+    data_schema: DataSchema = field(default_factory=DataSchema)
     # Derived from the above in __post_init__:
     deadline_seconds: float = field(init=False)
     checkpoint_interval_seconds: float = field(init=False)
@@ -110,9 +113,9 @@ class TrainConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
-        names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options")}
+        names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options", "data_schema")}
         values = {name: value for name, value in vars(args).items() if name in names}
-        return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args))
+        return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

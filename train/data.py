@@ -1,13 +1,16 @@
 """The user's data: load (datasets), recognise the format, tokenize (cached), profile lengths.
 
-Formats: `text`; `messages` (a list of {role, content}, rendered with the chat template);
-`prompt` + `completion` (loss on the completion only). Files: JSONL, JSON, CSV, Parquet, or a
-folder saved with `datasets.save_to_disk`.
+Formats (train.formats): `text`; chat as OpenAI `messages`, ShareGPT `conversations` or Alpaca
+`instruction`/`input`/`output`, rendered with the tokenizer's chat template (loss on the assistant's
+turns); `prompt` + `completion` (loss on the completion). Sources: JSONL, JSON, CSV, Parquet, a
+folder saved with `datasets.save_to_disk`, or a hub dataset `ORG/NAME[@REVISION]` (fetched into the
+hub cache as models are, train.hub, then read with `datasets.load_dataset`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from calibration.errors import BenchtrainError
+from train.formats import LOSS_ON, DataSchema, Layout, detect_layout
 
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-TEXT_FIELDS = ("text", "content", "body")
 
 
 @dataclass
@@ -49,23 +52,30 @@ class TokenizedData:
         return np.concatenate(self.samples) if self.samples else np.zeros(0, dtype=np.int32)
 
 
-def load_records(path: str) -> Any:
-    """A `datasets.Dataset` of the file's records, or a one-line error naming the problem."""
+def load_records(path: str, split: str = "train") -> Any:
+    """A `datasets.Dataset` of the file's (or hub dataset's `split`) records, or a one-line error
+    naming the problem."""
+    # datasets itself never goes online: a hub dataset is fetched by train.hub, honouring HF_HUB_OFFLINE.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets
 
     source = Path(path).expanduser()
     if not source.exists():
-        raise BenchtrainError(f"data file {path} does not exist")
+        from train.hub import parse_hub_id
+
+        hub_id = parse_hub_id(path)
+        if hub_id is None:
+            raise BenchtrainError(f"data file {path} does not exist")
+        return _non_empty(load_hub_dataset(*hub_id, split, path), path)
     if source.is_dir():
         try:
             loaded = datasets.load_from_disk(str(source))
         except Exception as error:
             raise BenchtrainError(f"{path} is not a saved datasets folder ({error})") from None
         if isinstance(loaded, datasets.DatasetDict):
-            if "train" not in loaded:
-                raise BenchtrainError(f"{path} has splits {list(loaded)} but no 'train' split")
-            loaded = loaded["train"]
+            if split not in loaded:
+                raise BenchtrainError(f"{path} has splits {list(loaded)} but no {split!r} split: pass --data-split")
+            loaded = loaded[split]
         return _non_empty(loaded, path)
     loader = LOADERS.get(source.suffix.lower())
     if loader is None:
@@ -81,6 +91,25 @@ def load_records(path: str) -> Any:
         detail = f": {str(cause).splitlines()[0]}" if cause and str(cause) else ""
         raise BenchtrainError(f"cannot read {path} ({message}{detail})") from None
     return _non_empty(loaded, path)
+
+
+def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) -> Any:
+    """A hub dataset's split: its files from the hub cache (fetched when online), read by datasets."""
+    import datasets
+
+    from train.hub import first_line, snapshot
+
+    folder = str(snapshot(repo_id, revision, None, "dataset"))
+    try:
+        splits = datasets.get_dataset_split_names(folder)
+        if split not in splits:
+            raise BenchtrainError(f"hub dataset {path} has splits {splits} but no {split!r}: pass --data-split")
+        datasets.disable_progress_bars() if not _interactive() else None
+        return datasets.load_dataset(folder, split=split)
+    except BenchtrainError:
+        raise
+    except Exception as error:
+        raise BenchtrainError(f"cannot read hub dataset {path} ({first_line(error)})") from None
 
 
 def _interactive() -> bool:
@@ -113,16 +142,6 @@ def _non_empty(dataset: Any, path: str) -> Any:
     return dataset
 
 
-def detect_format(columns: list[str], path: str) -> str:
-    if "messages" in columns:
-        return "messages"
-    if "prompt" in columns and "completion" in columns:
-        return "prompt_completion"
-    if any(field in columns for field in TEXT_FIELDS):
-        return "text"
-    raise BenchtrainError(f"{path}: no usable text field in columns {columns}; expected 'text', 'messages', or 'prompt' + 'completion'")
-
-
 TRAIN_ON = ("assistant", "all")
 
 
@@ -145,46 +164,16 @@ def assistant_character_spans(tokenizer: Any, messages: list[dict[str, Any]]) ->
     return rendered, spans
 
 
-def tokenize_records(dataset: Any, tokenizer: Any, path: str, train_on: str = "assistant") -> TokenizedData:
+def tokenize_records(dataset: Any, tokenizer: Any, path: str, train_on: str = "assistant", schema: DataSchema | None = None) -> TokenizedData:
     """Token ids per sample (EOS-terminated); for prompt/completion the prompt's length; for chat
-    with `train_on="assistant"` a per-token mask of the assistant turns."""
+    (messages, ShareGPT, Alpaca) with `train_on="assistant"` a per-token mask of the assistant turns."""
     if train_on not in TRAIN_ON:
         raise BenchtrainError(f"--train-on must be assistant or all, got {train_on!r}")
-    fmt = detect_format(list(dataset.column_names), path)
-    masked = fmt == "messages" and train_on == "assistant"
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    text_field = next((field for field in TEXT_FIELDS if field in dataset.column_names), "text")
-
-    def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        ids, prompt_lengths, masks = [], [], []
-        if fmt == "text":
-            for text in batch[text_field]:
-                ids.append(tokenizer(str(text or ""), add_special_tokens=False)["input_ids"] + eos)
-                prompt_lengths.append(0)
-        elif fmt == "messages":
-            for messages in batch["messages"]:
-                if not isinstance(messages, list) or not messages:
-                    raise BenchtrainError(f"{path}: a 'messages' value is not a non-empty list of {{role, content}}")
-                prompt_lengths.append(0)
-                if not masked:
-                    ids.append(tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
-                    continue
-                rendered, spans = assistant_character_spans(tokenizer, messages)
-                encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
-                ids.append(encoded["input_ids"])
-                # A token is trained when it starts inside an assistant turn's span.
-                masks.append([int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]])
-        else:
-            for prompt, completion in zip(batch["prompt"], batch["completion"], strict=True):
-                prompt_ids = tokenizer(str(prompt or ""), add_special_tokens=False)["input_ids"]
-                completion_ids = tokenizer(str(completion or ""), add_special_tokens=False)["input_ids"] + eos
-                ids.append(prompt_ids + completion_ids)
-                prompt_lengths.append(len(prompt_ids))
-        columns = {"input_ids": ids, "prompt_length": prompt_lengths}
-        if masked:
-            columns["loss_mask"] = masks
-        return columns
-
+    layout = detect_layout(list(dataset.column_names), schema or DataSchema(), path, dataset[0] if len(dataset) else None)
+    if layout.is_chat and not getattr(tokenizer, "chat_template", None):
+        raise BenchtrainError(f"{path}: {layout.format} data is rendered with a chat template and this tokenizer has none: pass --tokenizer DIR with one")
+    masked = layout.is_chat and train_on == "assistant"
+    encode = _encoder(layout, tokenizer, path, masked)
     try:
         # datasets caches the result next to the loaded files, keyed by the function's fingerprint.
         tokenized = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
@@ -207,12 +196,47 @@ def tokenize_records(dataset: Any, tokenizer: Any, path: str, train_on: str = "a
         loss_masks = [all_masks[i] for i in keep]
         if not any(mask.any() for mask in loss_masks):
             raise BenchtrainError(f"{path}: no assistant turn to train on; add assistant messages or pass --train-on all")
-    loss_on = {"messages": "assistant turns" if masked else "all tokens", "prompt_completion": "completions"}.get(fmt, "all tokens")
-    return TokenizedData([samples[i] for i in keep], [prompt_lengths[i] for i in keep], fmt, path, loss_masks, loss_on)
+    loss_on = LOSS_ON[layout.format] if masked or not layout.is_chat else "all tokens"
+    return TokenizedData([samples[i] for i in keep], [prompt_lengths[i] for i in keep], layout.format, path, loss_masks, loss_on)
 
 
-def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant") -> TokenizedData:
-    return tokenize_records(load_records(path), tokenizer, path, train_on)
+def _encoder(layout: Layout, tokenizer: Any, path: str, masked: bool) -> Any:
+    """The batched `datasets.map` function that tokenizes records of `layout`."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        ids, prompt_lengths, masks = [], [], []
+        records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+        for record in records:
+            if layout.format == "text":
+                ids.append(tokenizer(str(record[layout.text] or ""), add_special_tokens=False)["input_ids"] + eos)
+                prompt_lengths.append(0)
+            elif layout.is_chat:
+                messages = layout.messages_of(record, path)
+                prompt_lengths.append(0)
+                if not masked:
+                    ids.append(tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
+                    continue
+                rendered, spans = assistant_character_spans(tokenizer, messages)
+                encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+                ids.append(encoded["input_ids"])
+                # A token is trained when it starts inside an assistant turn's span.
+                masks.append([int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]])
+            else:
+                prompt_ids = tokenizer(str(record[layout.prompt] or ""), add_special_tokens=False)["input_ids"]
+                completion_ids = tokenizer(str(record[layout.completion] or ""), add_special_tokens=False)["input_ids"] + eos
+                ids.append(prompt_ids + completion_ids)
+                prompt_lengths.append(len(prompt_ids))
+        columns = {"input_ids": ids, "prompt_length": prompt_lengths}
+        if masked:
+            columns["loss_mask"] = masks
+        return columns
+
+    return encode
+
+
+def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train") -> TokenizedData:
+    return tokenize_records(load_records(path, split), tokenizer, path, train_on, schema)
 
 
 PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
@@ -230,6 +254,12 @@ def length_profile(lengths: list[int]) -> dict[str, Any]:
     for q in PROFILE_PERCENTILES:
         profile[f"p{q:g}"] = float(np.percentile(values, q))
     return profile
+
+
+def covering_length(lengths: list[int], coverage: float) -> int:
+    """The length that keeps `coverage` of the samples whole (the longest of that share)."""
+    ordered = sorted(lengths)
+    return int(ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)])
 
 
 def truncation(lengths: list[int], max_length: int) -> dict[str, Any]:

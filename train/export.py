@@ -5,9 +5,9 @@
   work;
 - LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors),
   the tokenizer and the base's `config.json`. The adapter's `base_model_name_or_path` points at the
-  base: the `--model DIR` folder, or — for a preset built from its config, which has no weights on
-  disk — `final-base/`, written here, so `PeftModel.from_pretrained(base, final)` is exactly the
-  trained model;
+  base: the hub id (with its commit as `revision`), the `--model DIR` folder, or — for a preset
+  built from its config, which has no weights on disk — `final-base/`, written here, so
+  `PeftModel.from_pretrained(base, final)` is exactly the trained model;
 - `--merge-lora`: also the merged full model in `final-merged/`.
 
 Each folder is written to a temporary folder and renamed, so a crash never leaves half a model.
@@ -40,7 +40,10 @@ def export_final(
             model.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
             tokenizer.save_pretrained(folder)
     else:
-        if spec.has_weights:
+        revision = None
+        if spec.has_weights and spec.hub is not None:
+            base_path, revision = spec.hub.repo_id, spec.hub.revision
+        elif spec.has_weights:
             base_path = Path(spec.directory).resolve()
         else:
             base_path = (run_dir / FINAL_BASE).resolve()
@@ -50,10 +53,13 @@ def export_final(
         with atomic_directory(run_dir / FINAL) as folder:
             config = model.peft_config["default"]
             config.base_model_name_or_path = str(base_path)
+            config.revision = revision
             model.save_pretrained(folder, safe_serialization=True)
             model.get_base_model().config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
         record["base_model_name_or_path"] = str(base_path)
+        if revision:
+            record["base_revision"] = revision
         if merge_lora:
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
                 # Last: merging folds the adapters into the base weights of the in-memory model.

@@ -1,24 +1,30 @@
-"""Which model to train: a preset name or a local directory with `config.json`.
+"""Which model to train: a preset name, a local directory with `config.json`, or a hub id
+`ORG/NAME[@REVISION]` (train.hub).
 
-`resolve_model` checks the reference without importing torch weights; `build_model` makes the
-module on the target device (weights loaded when the directory has them).
+`resolve_model` checks the reference without importing torch weights (for a hub id it fetches only
+the config and tokenizer); `build_model` makes the module on the target device (weights loaded when
+the directory has them and the spec asks for them: a hub model's after `with_hub_weights`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from calibration.errors import BenchtrainError
+from train.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.method import MethodConfig, apply_method
 from train.presets import PRESETS, canonical_preset, preset_names
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # Keys that do not change the computation and must not change the fingerprint.
 FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
+# Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale): taken
+# at the architecture's default before fingerprinting, so a hub config.json and the preset of its
+# shape share calibrations, and presets (which never set them) keep the fingerprints they had.
+FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range"}
 
 
 @dataclass(frozen=True)
@@ -26,10 +32,21 @@ class ModelSpec:
     name: str
     config_dict: dict[str, Any]
     directory: Path | None = None
+    hub: HubModel | None = None  # a hub id's commit; `directory` is then its cache folder
+    # False: build from the config with random weights even where the folder has weights (a hub
+    # model for bench; for train until `with_hub_weights` has them).
+    load_weights: bool = True
 
     @property
     def has_weights(self) -> bool:
-        return self.directory is not None and any((self.directory / f).is_file() for f in WEIGHT_FILES)
+        return self.load_weights and self.directory is not None and has_weight_files(self.directory)
+
+    @property
+    def reference(self) -> str:
+        """What `resolve_model` turns back into this spec (in another process, say)."""
+        if self.hub is not None:
+            return self.hub.reference
+        return str(self.directory) if self.directory is not None else self.name
 
     @property
     def max_positions(self) -> int:
@@ -39,15 +56,17 @@ class ModelSpec:
 
     @property
     def fingerprint(self) -> str:
-        """Hash of the full architecture config (defaults filled in by transformers), so a preset
-        and a saved folder of the same architecture share calibrations."""
-        full = make_config(self).to_dict()
+        """Hash of the full architecture config (defaults filled in by transformers), so a preset,
+        a saved folder and a hub model of the same architecture share calibrations."""
+        shape_only = {key: value for key, value in self.config_dict.items() if key not in FINGERPRINT_DEFAULTED}
+        full = make_config(replace(self, config_dict=shape_only)).to_dict()
         relevant = {key: value for key, value in full.items() if key not in FINGERPRINT_IGNORED}
         canonical = json.dumps(relevant, sort_keys=True, default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def resolve_model(reference: str | None) -> ModelSpec:
+    """A preset, a folder, or a hub id (config and tokenizer only: see `with_hub_weights`)."""
     reference = reference or "tiny"
     preset = canonical_preset(reference)
     if preset is not None:
@@ -57,14 +76,42 @@ def resolve_model(reference: str | None) -> ModelSpec:
         config_path = folder / "config.json"
         if not config_path.is_file():
             raise BenchtrainError(f"model directory {folder} has no config.json; point --model at a Hugging Face model folder")
-        try:
-            config_dict = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise BenchtrainError(f"cannot read {config_path}: {error}") from None
-        if not isinstance(config_dict, dict) or "model_type" not in config_dict:
-            raise BenchtrainError(f"{config_path} has no model_type; is it a transformers config?")
-        return ModelSpec(folder.name, config_dict, folder)
-    raise BenchtrainError(f"unknown model {reference!r}: use a preset ({', '.join(preset_names())}) or a folder with config.json")
+        return ModelSpec(folder.name, read_config(config_path), folder)
+    hub_id = parse_hub_id(reference)
+    if hub_id is not None:
+        hub = resolve_hub_model(*hub_id)
+        return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
+    raise BenchtrainError(
+        f"unknown model {reference!r}: use a preset ({', '.join(preset_names())}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
+    )
+
+
+def read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        config_dict = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise BenchtrainError(f"cannot read {config_path}: {error}") from None
+    if not isinstance(config_dict, dict) or "model_type" not in config_dict:
+        raise BenchtrainError(f"{config_path} has no model_type; is it a transformers config?")
+    return config_dict
+
+
+def with_hub_weights(spec: ModelSpec, announce: Any = None, fetch: bool = True) -> ModelSpec:
+    """A hub model's spec that loads its weights: says (through `announce`) how many GB will be
+    fetched into which cache, then fetches them (unless `fetch` is False: a dry run). Other specs
+    are returned as they are."""
+    if spec.hub is None or spec.load_weights:
+        return spec
+    missing = weights_to_fetch(spec.hub)
+    if not missing.needed:
+        return replace(spec, load_weights=True)
+    if announce is not None:
+        verb = "fetching" if fetch else "a run will fetch"
+        announce(f"{verb} {missing.total_bytes / 1e9:.1f} GB of {spec.name} weights ({len(missing.files)} files) into {missing.cache_dir}")
+    if not fetch:
+        return spec
+    fetch_weights(spec.hub, missing)
+    return replace(spec, load_weights=True)
 
 
 def make_config(spec: ModelSpec) -> Any:
@@ -158,8 +205,8 @@ def model_shape(model: Any) -> ModelShape:
 def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:
     """The `model` section of a calibration or run."""
     return {
-        "name": spec.name,
-        "source": str(spec.directory) if spec.directory else "preset",
+        **model_identity(spec),
+        "source": "hub" if spec.hub else str(spec.directory) if spec.directory else "preset",
         "architecture": spec.config_dict.get("model_type"),
         "parameter_count": shape.parameter_count,
         "matmul_parameter_count": shape.matmul_parameter_count,
@@ -167,5 +214,9 @@ def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:
         "heads": shape.heads,
         "head_dim": shape.head_dim,
         "vocab_size": spec.config_dict.get("vocab_size"),
-        "fingerprint": spec.fingerprint,
     }
+
+
+def model_identity(spec: ModelSpec) -> dict[str, Any]:
+    """Name, fingerprint and, for a hub model, its id and the commit it resolved to."""
+    return {"name": spec.name, "fingerprint": spec.fingerprint, **(spec.hub.record() if spec.hub else {})}

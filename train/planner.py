@@ -29,7 +29,7 @@ from train.batching import (
     shard,
 )
 from train.compile import compile_seconds
-from train.data import TokenizedData, truncation
+from train.data import TokenizedData, covering_length, truncation
 from train.evaluation import EvalSchedule
 from train.overheads import Overheads, plan_overheads
 
@@ -39,6 +39,7 @@ COVERAGE = {"quality": 1.0}
 DEFAULT_COVERAGE = 0.995
 # A length chosen beyond the calibrated ones is rounded up to a multiple of this.
 LENGTH_GRANULE = 64
+MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short data
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
@@ -245,8 +246,7 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
     if data.packing:
         # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
         return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
-    ordered = sorted(data.lengths)
-    needed = ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
+    needed = covering_length(data.lengths, coverage)
     covering = [length for length in calibrated if length >= needed]
     if covering:
         return [covering[0]], notes, warnings
@@ -264,6 +264,23 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
         f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
     )
     return [int(length)], notes, warnings
+
+
+def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
+    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
+    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
+    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
+    of the shortest for short data), as many lengths in all as the default grid has, so that the
+    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
+    if data.packing:
+        return defaults
+    coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
+    needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
+    room = max(0, len(defaults) - len(needed))
+    shorter = [length for length in defaults if length < needed[0]][-room:] if room else []
+    while len(shorter) < room and (shorter or needed)[0] // 2 >= MIN_MEASURED_LENGTH:
+        shorter.insert(0, (shorter or needed)[0] // 2)
+    return tuple(sorted({*shorter, *needed}))
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:

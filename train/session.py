@@ -72,6 +72,16 @@ def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) 
     )
 
 
+def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
+    """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
+    from train.model import resolve_model
+
+    pinned = (previous.get("model") or {}).get("revision")
+    if spec.hub is None or not pinned or pinned == spec.hub.revision:
+        return spec
+    return resolve_model(f"{spec.hub.repo_id}@{pinned}")
+
+
 def resumed_method(previous: dict[str, Any]) -> Any:
     """The interrupted run's method: a resumed run trains what it trained."""
     from train.method import MethodConfig
@@ -164,6 +174,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
     method = resumed_method(previous) if previous else config.method
+    spec = resumed_spec(spec, previous) if previous else spec
     from train.engine import check_sharding
     from train.runtime import job_world_size
     from train.sharding import sharding_in_use
@@ -193,17 +204,19 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
     # Before any data or model work: a too-big model is one line.
     need = check_fits(spec, method, hardware, sharding, world_size)
+    # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
+    spec = hub_weights(spec, config.dry_run)
 
     data_path = resolve_data_path(config.data)
     tokenizer = load_tokenizer(spec.directory, config.tokenizer)
-    data = load_tokenized(data_path, tokenizer, config.train_on)
+    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
     eval_data = None
     if config.eval_split is not None:
         from train.evaluation import split_eval
 
         data, eval_data = split_eval(data, config.eval_split, config.seed)
     elif config.eval_data:
-        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on)
+        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
     profile = length_profile(data.lengths)
 
     completed = completed_steps(out_dir) if previous else 0
@@ -307,6 +320,20 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
 
 
+def hub_weights(spec: Any, dry_run: bool) -> Any:
+    """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
+    with the size); a dry run only says what a run would fetch, and plans without them."""
+    from train.model import with_hub_weights
+
+    if not dry_run:
+        return with_hub_weights(spec, say)
+    try:
+        return with_hub_weights(spec, say, fetch=False)
+    except BenchtrainError as error:
+        say(f"warning: {error}")
+        return spec
+
+
 def open_record(
     config: TrainConfig,
     cal: Any,
@@ -322,9 +349,11 @@ def open_record(
     """The run folder and its run.json record: new, or the interrupted run's when resuming."""
     from calibration.home import writable_subdir
     from train.data import truncation
+    from train.model import model_identity
     from train.record import new_run_record
 
-    run_id = previous["run_id"] if previous else f"{spec.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
+    run_id = previous["run_id"] if previous else f"{spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     if out_dir is None:
         out_dir = writable_subdir("runs") / run_id
     if is_main_process():
@@ -336,7 +365,7 @@ def open_record(
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
     # The model section is completed with parameter counts once the model is built.
-    fresh = new_run_record(run_id, plan, cal, {"name": spec.name, "fingerprint": spec.fingerprint}, data_record, elapsed_before_plan)
+    fresh = new_run_record(run_id, plan, cal, model_identity(spec), data_record, elapsed_before_plan)
     if not previous:
         return out_dir, fresh
     previous["resumed"] = previous.get("resumed", 0) + 1
