@@ -18,14 +18,9 @@ from typing import Any
 import numpy as np
 
 from bench.remeasure import measurements_of, recombine
-from bench.space import ProbeConfig, SearchSpace
+from bench.space import ProbeConfig
 
 REFERENCE_EVERY = 8
-
-
-def reference_config(space: SearchSpace) -> ProbeConfig:
-    """The middle of the space: neither tiny (noisy) nor huge (slow, memory-hungry)."""
-    return ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in space.values()])
 
 
 def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: ProbeConfig) -> dict[str, Any]:

@@ -95,15 +95,15 @@ def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.
 def remeasure(
     rows: list[dict[str, Any]],
     probe_again: Callable[[dict[str, Any]], dict[str, Any]],
-    allows: Callable[[], bool],
+    allows: Callable[[dict[str, Any]], bool],
     progress: Any = None,
 ) -> int:
-    """Measure suspects again while `allows()` (and at most a quarter of the probes, so an unbounded
-    benchmark stays bounded); returns how many measurements were added."""
+    """Measure suspects again while the budget `allows(row)` it (and at most a quarter of the
+    probes, so an unbounded benchmark stays bounded); returns how many measurements were added."""
     added = 0
     limit = max(2, sum(1 for row in rows if row["status"] == "ok") // 4)
-    while added < limit and allows():
-        pending = suspects(rows)
+    while added < limit:
+        pending = [row for row in suspects(rows) if allows(row)]
         if not pending:
             break
         row = pending[0]

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.drift import REFERENCE_EVERY, correct_for_drift, reference_config
+from bench.choose import ProbePlanner
+from bench.cost import CostModel, DeviceSpeed
+from bench.drift import REFERENCE_EVERY, correct_for_drift
 from bench.remeasure import remeasure
-from bench.space import DIMENSIONS, ProbeConfig, SearchSpace, budget_order, ruled_out_by
+from bench.space import DIMENSIONS, ProbeConfig, SearchSpace
+from bench.timing import ProbeSettings
 
 ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
 # Keep a little of the budget for fitting and writing the calibration.
 BUDGET_RESERVE = 0.04
+# A drift reference is measured again only while it costs at most this share of the budget.
+REFERENCE_MAX_SHARE = 0.03
 
 
 @dataclass
@@ -30,33 +36,44 @@ class BenchResult:
 
 
 class Budget:
-    """Seconds left from a start time; `None` means unbounded."""
+    """Seconds left from a start time on a clock (a virtual one in simulations); `None` means
+    unbounded. `reserved` is what must be left for the work after the probes (evaluation,
+    checkpoint and compile timings, fit and report), re-priced as the probes measure."""
 
-    def __init__(self, seconds: float | None, started: float | None = None) -> None:
+    def __init__(
+        self,
+        seconds: float | None,
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reserved: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self.seconds = seconds
-        self.started = time.monotonic() if started is None else started
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.reserved = reserved
 
-    def remaining(self) -> float | None:
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def left(self) -> float | None:
+        """The whole budget's seconds left (the reserve not subtracted)."""
         if self.seconds is None:
             return None
-        return self.seconds * (1 - BUDGET_RESERVE) - (time.monotonic() - self.started)
+        return self.seconds * (1 - BUDGET_RESERVE) - self.elapsed()
+
+    def remaining(self) -> float | None:
+        """Seconds the probes may still spend."""
+        left = self.left()
+        return None if left is None else left - self.reserved()
 
     def allows(self, expected_seconds: float) -> bool:
         remaining = self.remaining()
         return remaining is None or remaining >= expected_seconds
 
 
-def _expected_probe_seconds(rows: list[dict[str, Any]]) -> float:
-    durations = [row["probe_seconds"] for row in rows if row.get("probe_seconds")]
-    return sum(durations) / len(durations) if durations else 0.0
-
-
-def _skipped_row(config: ProbeConfig, cause: ProbeConfig) -> dict[str, Any]:
-    return {
-        **config.as_dict(),
-        "status": "skipped",
-        "error": f"skipped: batch {cause.micro_batch_size} at length {cause.seq_len} ran out of memory",
-    }
+def default_planner(space: SearchSpace) -> ProbePlanner:
+    """A planner that knows nothing of the model: every probe priced by its tokens until measured."""
+    return ProbePlanner(space, CostModel(lambda config: 1.0, DeviceSpeed(1e6, "tokens"), ProbeSettings()))
 
 
 class Prober:
@@ -67,6 +84,7 @@ class Prober:
         self.probe, self.budget, self.count = probe, budget, 0
 
     def __call__(self, config: ProbeConfig) -> dict[str, Any]:
+        # The probe may spend what the budget has left for probes, and no more.
         row = self.probe(config, self.budget.remaining())
         row["position"] = self.count
         self.count += 1
@@ -76,62 +94,65 @@ class Prober:
         return self(ProbeConfig.of(row))
 
 
-def run_grid(space: SearchSpace, probe: ProbeFunction, budget: Budget, progress: Any = None, reference_every: int | None = REFERENCE_EVERY) -> BenchResult:
-    """Probe in budget order, skipping what an OOM rules out; every `reference_every` probes the
-    reference configuration runs again so that machine drift can be corrected afterwards. Budget
-    left over goes to measuring disturbed probes again."""
+def run_grid(
+    space: SearchSpace,
+    probe: ProbeFunction,
+    budget: Budget,
+    progress: Any = None,
+    reference_every: int | None = REFERENCE_EVERY,
+    planner: ProbePlanner | None = None,
+) -> BenchResult:
+    """Probe what the fit learns most from per second (bench.choose) while the budget pays for
+    it, skipping what an OOM or the memory prediction rules out. The first successful probe is
+    the drift reference: measured again every `reference_every` probes while that is cheap, so
+    machine drift can be corrected afterwards. Budget left over goes to measuring disturbed
+    probes again."""
     result = BenchResult()
-    order = budget_order(space)
-    oom: list[ProbeConfig] = []
-    reference = reference_config(space)
-    references: list[tuple[int, float]] = []
-    since_reference = reference_every or 0
+    planner = planner or default_planner(space)
     prober = Prober(probe, budget)
+    reference: ProbeConfig | None = None
+    references: list[tuple[int, float]] = []
+    since_reference = 0
 
-    failed_reference: dict[str, Any] = {}
-    tracking = bool(reference_every)
+    def reference_affordable() -> bool:
+        price = planner.price(reference) if reference is not None else math.inf
+        share = math.inf if budget.seconds is None else REFERENCE_MAX_SHARE * budget.seconds
+        return price <= share and budget.allows(price)
 
     def measure_reference() -> None:
-        nonlocal reference_every
+        nonlocal since_reference
         row = prober(reference)
+        planner.record(row, repeat=True)
+        since_reference = 0
         if row["status"] == "ok":
             references.append((row["position"], row["tokens_per_second"]))
-        else:
-            # No drift correction then; the failure is the reference's own row when its turn comes.
-            failed_reference.update(row)
-            reference_every = None
-            if row["status"] == "oom":
-                oom.append(reference)
 
-    for index, config in enumerate(order):
-        if config == reference and failed_reference:
-            result.rows.append(dict(failed_reference))
-            _advance(progress, result.rows[-1])
-            continue
-        cause = ruled_out_by(config, oom)
-        if cause is not None:
-            result.rows.append(_skipped_row(config, cause))
-            _advance(progress, result.rows[-1])
-            continue
-        if not budget.allows(_expected_probe_seconds(result.rows)):
-            result.stopped_by_budget = True
-            result.left_out = [c.as_dict() for c in order[index:] if ruled_out_by(c, oom) is None]
-            break
-        if reference_every and since_reference >= reference_every:
+    while (config := planner.next(budget.remaining())) is not None:
+        if reference_every and reference is not None and since_reference >= reference_every and reference_affordable():
             measure_reference()
-            since_reference = 0
+            continue  # prices and time moved: choose again
         row = prober(config)
-        since_reference += 1
+        planner.record(row)
         result.rows.append(row)
-        if row["status"] == "oom":
-            oom.append(config)
+        since_reference += 1
+        if reference is None and reference_every and row["status"] == "ok":
+            reference, since_reference = config, 0
+            references.append((row["position"], row["tokens_per_second"]))
         _advance(progress, row)
-    result.remeasured = remeasure(result.rows, prober.again, lambda: budget.allows(2 * _expected_probe_seconds(result.rows)), progress)
-    if reference_every and references and budget.allows(_expected_probe_seconds(result.rows)):
+    left = planner.candidates()
+    result.stopped_by_budget = bool(left)
+    result.left_out = [c.as_dict() for c in left]
+    result.rows.extend(planner.unprobed_rows())
+    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(ProbeConfig.of(row))), progress)
+    if reference is not None and len(references) > 1 and reference_affordable():
         measure_reference()  # closes the last stretch
-    if tracking:
-        result.drift = correct_for_drift(result.rows, references, reference)
+    if reference_every:
+        result.drift = correct_for_drift(result.rows, references, reference) if reference is not None else _no_reference()
     return result
+
+
+def _no_reference() -> dict[str, Any]:
+    return {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
 
 
 def _advance(progress: Any, row: dict[str, Any]) -> None:
@@ -159,11 +180,13 @@ def run_optuna(
     name: str,
     progress: Any = None,
     seed: int = 0,
+    planner: ProbePlanner | None = None,
 ) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial.
 
     The study lives in SQLite, and each finished trial keeps its measurement row, so a
-    benchmark that was interrupted resumes without repeating finished probes.
+    benchmark that was interrupted resumes without repeating finished probes. A trial the budget
+    cannot pay for, or already known, is replaced by the planner's choice (bench.choose).
     """
     import optuna
     from optuna.distributions import CategoricalDistribution
@@ -184,34 +207,26 @@ def run_optuna(
         if "row" in trial.user_attrs:
             done[ProbeConfig(**{k: int(v) for k, v in trial.params.items()})] = trial.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))
-    prober = Prober(probe, budget)
+    planner = planner or default_planner(space)
     for row in result.rows:
+        planner.record(row)
         _advance(progress, row)
-    oom = [config for config, row in done.items() if row["status"] == "oom"]
+    prober = Prober(probe, budget)
     target = min(trials, space.size)
-    fallback = [config for config in budget_order(space) if config not in done]
-    while len(done) < target:
-        if not budget.allows(_expected_probe_seconds(result.rows[result.reused :])):
-            result.stopped_by_budget = True
-            break
+    while len(planner.rows) < target:
         trial = study.ask(distributions)
         config = ProbeConfig(**{k: int(trial.params[k]) for k in distributions})
-        cause = ruled_out_by(config, oom)
-        if config in done or cause is not None:
-            # Already known: tell Optuna what it was, and steer the next trial to a new point.
-            known = done.get(config)
+        if config in planner.rows or config not in planner.candidates() or not budget.allows(planner.price(config)):
+            # Known, ruled out or too dear: tell Optuna what it was, and steer the next trial.
+            known = planner.rows.get(config)
             if known is not None and known["status"] == "ok":
                 study.tell(trial, known["tokens_per_second"])
             else:
                 study.tell(trial, state=TrialState.FAIL)
-            if cause is not None and config not in done:
-                done[config] = _skipped_row(config, cause)
-                result.rows.append(done[config])
-                _advance(progress, done[config])
-            next_new = next((c for c in fallback if c not in done and ruled_out_by(c, oom) is None), None)
-            if next_new is None:
+            choice = planner.next(budget.remaining())
+            if choice is None:
                 break
-            study.enqueue_trial(next_new.as_dict())
+            study.enqueue_trial(choice.as_dict())
             continue
         try:
             row = prober(config)
@@ -223,13 +238,12 @@ def run_optuna(
             study.tell(trial, row["tokens_per_second"])
         else:
             study.tell(trial, state=TrialState.FAIL)
-            if row["status"] == "oom":
-                oom.append(config)
-        done[config] = row
+        planner.record(row)
         result.rows.append(row)
         _advance(progress, row)
-    fresh = result.rows[result.reused :]
-    result.remeasured = remeasure(result.rows, prober.again, lambda: budget.allows(2 * _expected_probe_seconds(fresh)), progress)
-    if result.stopped_by_budget or len(done) < space.size:
-        result.left_out = [c.as_dict() for c in budget_order(space) if c not in done]
+    left = planner.candidates()
+    result.stopped_by_budget = bool(left) and len(planner.rows) < target
+    result.left_out = [c.as_dict() for c in left]
+    result.rows.extend(planner.unprobed_rows())
+    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(ProbeConfig.of(row))), progress)
     return result

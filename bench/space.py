@@ -94,45 +94,6 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def budget_order(space: SearchSpace) -> list[ProbeConfig]:
-    """Corners first, then the middle, then each next probe as far as possible from those done.
-
-    Under a time budget this spreads the probes over the whole space early, so whatever is left
-    out is interpolated rather than extrapolated.
-    """
-    axes = space.values()
-    positions = {config: tuple(_unit(axis.index(value), len(axis)) for axis, value in zip(axes, _tuple(config), strict=True)) for config in space.all_configs()}
-    corners = [ProbeConfig(*combo) for combo in itertools.product(*[(axis[0], axis[-1]) for axis in axes])]
-    middle = ProbeConfig(*[axis[(len(axis) - 1) // 2] for axis in axes])
-    order: list[ProbeConfig] = [corners[0]]
-    _extend_farthest(order, [c for c in dict.fromkeys(corners) if c not in order], positions)
-    if middle not in order:
-        order.append(middle)
-    _extend_farthest(order, [c for c in space.all_configs() if c not in order], positions)
-    return order
-
-
-def _extend_farthest(order: list[ProbeConfig], pool: list[ProbeConfig], positions: dict) -> None:
-    """Append `pool` to `order`, each next one the farthest from all chosen so far."""
-    remaining = list(pool)
-    while remaining:
-        best = max(remaining, key=lambda c: (min(_distance2(positions[c], positions[o]) for o in order), c))
-        order.append(best)
-        remaining.remove(best)
-
-
-def _tuple(config: ProbeConfig) -> tuple[int, ...]:
-    return tuple(getattr(config, name) for name in DIMENSIONS)
-
-
-def _unit(index: int, count: int) -> float:
-    return index / (count - 1) if count > 1 else 0.0
-
-
-def _distance2(a: tuple[float, ...], b: tuple[float, ...]) -> float:
-    return sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
-
-
 def ruled_out_by(config: ProbeConfig, oom_configs: list[ProbeConfig]) -> ProbeConfig | None:
     """The OOM probe that makes `config` pointless: as large a batch at as long a sequence, keeping
     at least as many activations (checkpointing off needs more memory than on)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.space import ProbeConfig, SearchSpace, budget_order, parse_int_list, ruled_out_by
+from bench.space import ProbeConfig, parse_int_list, ruled_out_by
 from calibration.durations import format_duration, parse_duration
 from calibration.errors import BenchtrainError
 
@@ -32,16 +32,6 @@ def test_parse_int_list() -> None:
     for bad in ("0", "-1", "a", "1.5", "1,,2"):
         with pytest.raises(BenchtrainError, match="--batch-sizes"):
             parse_int_list(bad, "--batch-sizes")
-
-
-def test_budget_order_puts_corners_and_middle_first_and_covers_everything() -> None:
-    space = SearchSpace((1, 2, 4), (0, 2), (1, 2), (64, 128, 256))
-    order = budget_order(space)
-    assert sorted(order) == sorted(space.all_configs())
-    corners = {(b, w, a, s) for b in (1, 4) for w in (0, 2) for a in (1, 2) for s in (64, 256)}
-    first = {(c.micro_batch_size, c.num_workers, c.grad_accum, c.seq_len) for c in order[:16]}
-    assert first == corners
-    assert order[16] == ProbeConfig(2, 0, 1, 128)
 
 
 def test_an_oom_rules_out_larger_batches_at_that_and_longer_lengths() -> None:

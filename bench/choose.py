@@ -1,0 +1,169 @@
+"""Which probe next: the one the fit learns most from per second of budget, never one the budget
+cannot pay for or the device's memory cannot hold.
+
+- **What the fit learns** from a configuration: how much it shrinks the uncertainty of the
+  throughput model's terms (fixed cost, per token, attention, optimizer step, data supply,
+  recompute), i.e. the D-optimal gain log(1 + zᵀ M⁻¹ z), where z is the configuration's feature
+  row on relative error (calibration.fit.throughput_features ÷ its predicted micro-step) and M
+  the information of the probes already measured.
+- **Per second**: divided by the probe's price (bench.cost), a compilation included for a new shape.
+- **What a plan will use** counts double: large micro-batches that fit in memory are weighted up
+  to 2× (a plan runs there; the fixed cost of tiny batches matters less to it).
+- **A minimum viable fit first**: until MIN_ROWS_FOR_FIT probes succeeded and every checkpointing
+  mode asked for has one, each probe must leave enough budget for the rest of that minimum.
+- **Memory**: a configuration whose predicted peak (bench.cost.MemoryPrior, refitted as probes
+  measure it) with a margin passes the device's memory is not run; nor one at least as large as
+  a probe that ran out of memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.cost import CostModel, MemoryPrior
+from bench.space import ProbeConfig, SearchSpace, ruled_out_by
+from calibration.fit import MIN_ROWS_FOR_FIT, config_of, throughput_features
+
+# A probe is not run when its predicted peak × (1 + this) passes the device's memory.
+MEMORY_HEADROOM = 0.05
+RIDGE = 1e-3
+
+
+def shape_of(config: ProbeConfig) -> tuple[int, int, int]:
+    """What a compiled step compiles once: rows, length, checkpointing."""
+    return (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
+
+
+@dataclass
+class ProbePlanner:
+    space: SearchSpace
+    cost: CostModel
+    memory: MemoryPrior | None = None
+    memory_limit_bytes: float | None = None
+    rows: dict[ProbeConfig, dict[str, Any]] = field(default_factory=dict)
+    oom: list[ProbeConfig] = field(default_factory=list)
+    seen_shapes: set[tuple[int, int, int]] = field(default_factory=set)
+
+    # -- what happened ----------------------------------------------------------------------
+    def record(self, row: dict[str, Any], repeat: bool = False) -> None:
+        """A probe's row (first measurement or a repeat): prices and memory learn from it."""
+        config = ProbeConfig.of(row)
+        if not repeat:
+            self.rows[config] = row
+        if row.get("status") == "oom":
+            self.oom.append(config)
+        if row.get("probe_seconds") is not None:
+            self.seen_shapes.add(shape_of(config))
+        self.cost.observe(row)
+        if self.memory is not None:
+            self.memory.observe(row)
+
+    def ok_rows(self) -> list[dict[str, Any]]:
+        return [row for row in self.rows.values() if row.get("status") == "ok"]
+
+    # -- prices and limits ------------------------------------------------------------------
+    def price(self, config: ProbeConfig) -> float:
+        return self.cost.probe_seconds(config, shape_of(config) not in self.seen_shapes)
+
+    def predicted_peak(self, config: ProbeConfig) -> float | None:
+        return self.memory.peak_bytes(config) if self.memory is not None else None
+
+    def over_memory(self, config: ProbeConfig) -> bool:
+        peak = self.predicted_peak(config)
+        return peak is not None and self.memory_limit_bytes is not None and peak * (1 + MEMORY_HEADROOM) > self.memory_limit_bytes
+
+    def candidates(self) -> list[ProbeConfig]:
+        """Not yet probed, not ruled out by an OOM, not predicted past the device's memory."""
+        return [c for c in self.space.all_configs() if c not in self.rows and ruled_out_by(c, self.oom) is None and not self.over_memory(c)]
+
+    def unprobed_rows(self) -> list[dict[str, Any]]:
+        """Rows for what was not probed because of memory: ruled out by an OOM, or predicted over."""
+        rows = []
+        for config in self.space.all_configs():
+            if config in self.rows:
+                continue
+            cause = ruled_out_by(config, self.oom)
+            if cause is not None:
+                error = f"skipped: batch {cause.micro_batch_size} at length {cause.seq_len} ran out of memory"
+            elif self.over_memory(config):
+                peak = self.predicted_peak(config) or 0.0
+                error = f"skipped: predicted peak {peak / 2**30:.1f} GiB passes the device's {(self.memory_limit_bytes or 0) / 2**30:.1f} GiB"
+            else:
+                continue
+            rows.append({**config.as_dict(), "status": "skipped", "error": error})
+        return rows
+
+    # -- the choice -------------------------------------------------------------------------
+    def viable(self) -> bool:
+        """A minimum viable fit: enough successful probes, every checkpointing mode covered."""
+        return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
+
+    def _missing_modes(self) -> set[int]:
+        return set(self.space.checkpointing) - {row.get("gradient_checkpointing", 0) for row in self.ok_rows()}
+
+    def next(self, remaining: float | None) -> ProbeConfig | None:
+        """The next probe to run with `remaining` seconds of budget (None: unbounded), or None."""
+        pool = self.candidates()
+        if not pool:
+            return None
+        prices = {c: self.price(c) for c in pool}
+        affordable = [c for c in pool if remaining is None or prices[c] <= remaining]
+        if not affordable:
+            return None
+        if not self.viable():
+            missing = self._missing_modes()
+            still_needed = max(MIN_ROWS_FOR_FIT - len(self.ok_rows()), len(missing), 1)
+            if missing and len(self.ok_rows()) + len(missing) >= MIN_ROWS_FOR_FIT:
+                affordable = [c for c in affordable if c.gradient_checkpointing in missing] or affordable
+            # Leave room for the rest of the minimum: prefer probes a share of what is left pays.
+            if remaining is not None:
+                affordable = [c for c in affordable if prices[c] <= remaining / still_needed] or affordable
+        gains = self._gains(affordable)
+        relevance = self._relevance(affordable) if self.viable() else dict.fromkeys(affordable, 1.0)
+        return max(affordable, key=lambda c: (gains[c] * relevance[c] / max(prices[c], 1e-9), -prices[c], c))
+
+    def _gains(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
+        everything = self.space.all_configs()
+        scale = np.maximum(np.abs(np.stack([self._feature(c) for c in everything])).max(axis=0), 1e-30)
+        information = RIDGE * np.eye(len(scale))
+        for row in self.ok_rows():
+            z = self._feature(ProbeConfig.of(row)) / scale
+            information += np.outer(z, z)
+        inverse = np.linalg.inv(information)
+        gains = {}
+        for config in configs:
+            z = self._feature(config) / scale
+            gains[config] = math.log1p(float(z @ inverse @ z))
+        return gains
+
+    def _feature(self, config: ProbeConfig) -> np.ndarray:
+        micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
+        return throughput_features(config_of(config.as_dict())) / micro
+
+    def _relevance(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
+        tokens = {c: c.micro_batch_size * c.seq_len for c in configs}
+        largest = max(tokens.values())
+        return {c: 1.0 + tokens[c] / largest for c in configs}
+
+    # -- what a budget buys -----------------------------------------------------------------
+    def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[ProbeConfig, float]]:
+        """The probes this planner would run in `seconds` at today's prices, with each price: a
+        dry run of the choice that assumes every probe succeeds as predicted."""
+        planner = copy.deepcopy(self)
+        chosen: list[tuple[ProbeConfig, float]] = []
+        left = seconds
+        while not (stop_when_viable and planner.viable()):
+            config = planner.next(left)
+            if config is None:
+                break
+            price = planner.price(config)
+            chosen.append((config, price))
+            left = None if left is None else left - price
+            planner.rows[config] = {**config.as_dict(), "status": "ok"}
+            planner.seen_shapes.add(shape_of(config))
+        return chosen

@@ -1,0 +1,253 @@
+"""What a probe will cost before it runs: a FLOPs prior at first, the probes' own measurements after.
+
+At our users' scale one probe of an 8B model costs a real share of a 5-minute budget, so `bench`
+must know a probe's price before starting it:
+
+    probe seconds = start-up (DataLoader, workers) + warm-up steps × step + compile (a new shape)
+                  + timed steps × step
+
+- **Step seconds.** Before any probe: the step's FLOPs (the model's own FLOPs per token × tokens,
+  recompute included) over the device's speed (the datasheet peak on a GPU, a timed matmul on a
+  CPU) times a conservative efficiency: a *prior*, which only orders and prices the first probes.
+  After one probe the prior is rescaled to it; after two at different sizes, a fixed cost per
+  micro-step plus a cost per FLOP is fitted (non-negative) to what was measured.
+- **Compile and warm-up.** The first step of each probe minus its steady step: measured per new
+  shape (a compilation) and per repeated shape; a prior for a compiled step until measured.
+- **Timed steps.** As many as the measured spread needs (bench.timing), within the time share.
+
+Every figure says whether it was measured or is still the prior (`source`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.space import ProbeConfig
+from bench.timing import ProbeSettings, min_timed_steps, steps_needed
+
+# The share of the device's peak a training step is assumed to reach before anything is measured:
+# low on purpose (a probe priced too high is only ordered late; one priced too low overruns).
+PRIOR_EFFICIENCY = 0.25
+# A compiled step's first run of a new shape, before the first one is measured (torch.compile of a
+# decoder block: tens of seconds); only orders and prices the first compiled probe.
+COMPILE_PRIOR_SECONDS = 30.0
+# Predictions are priced at least this much above the fit (a cost under-estimate overruns).
+MIN_COST_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """FLOP/s a training step is assumed to reach before it is measured, and where that came from."""
+
+    flops_per_second: float
+    source: str
+
+
+def device_speed(hardware: dict[str, Any], measure_matmul: Callable[[], float] | None = None) -> DeviceSpeed:
+    """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device,
+    times PRIOR_EFFICIENCY."""
+    peak = hardware.get("peak_bf16_flops")
+    if peak:
+        return DeviceSpeed(peak * PRIOR_EFFICIENCY, f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}")
+    measured = (measure_matmul or (lambda: matmul_flops(hardware["device_type"])))()
+    return DeviceSpeed(measured * PRIOR_EFFICIENCY, f"a timed matmul ({measured / 1e9:,.0f} GFLOP/s) × {PRIOR_EFFICIENCY:.0%}")
+
+
+def matmul_flops(device_type: str, seconds: float = 0.3) -> float:
+    """FLOP/s of square matmuls on the device, timed for about `seconds` (fp32 on a CPU, bf16 on a GPU)."""
+    import time
+
+    import torch
+
+    cuda = device_type == "cuda"
+    size = 4096 if cuda else 512
+    dtype = torch.bfloat16 if cuda else torch.float32
+    device = torch.device("cuda" if cuda else "cpu")
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    (a @ b).sum().item()  # warm-up, and a synchronisation
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        c = a @ b
+        count += 1
+    c.sum().item()
+    return 2 * size**3 * count / (time.perf_counter() - started)
+
+
+@dataclass
+class Observation:
+    config: ProbeConfig
+    step_seconds: float | None
+    first_step_seconds: float | None
+    warmup_steps: int
+    probe_seconds: float
+    timed_seconds: float
+    spread: float | None
+    new_shape: bool
+
+
+@dataclass
+class CostModel:
+    """Prices probes: the FLOPs prior until measured, then the measurements."""
+
+    flops_per_token: Callable[[ProbeConfig], float]
+    speed: DeviceSpeed
+    settings: ProbeSettings
+    compiled: bool = False
+    observations: list[Observation] = field(default_factory=list)
+    _fit: tuple[float, float, float] | None = None  # fixed seconds, seconds per FLOP, relative margin
+
+    # -- what was measured --------------------------------------------------------------
+    def observe(self, row: dict[str, Any]) -> None:
+        """Learn from a probe's row (any status: an OOM's seconds are a cost too)."""
+        if not row.get("probe_seconds"):
+            return
+        step = row.get("step_seconds") if row.get("status") == "ok" else None
+        timed = (row.get("step_seconds_mean") or step or 0.0) * int(row.get("timed_steps") or 0)
+        self.observations.append(
+            Observation(
+                ProbeConfig.of(row),
+                step,
+                row.get("first_step_seconds"),
+                int(row.get("warmup_steps") or 0),
+                float(row["probe_seconds"]),
+                timed,
+                row.get("step_seconds_spread"),
+                bool(row.get("new_shape", True)),
+            )
+        )
+        self._fit = self._fit_steps()
+
+    @property
+    def measured(self) -> bool:
+        return self._fit is not None
+
+    @property
+    def source(self) -> str:
+        return "measured" if self.measured else f"prior: FLOPs ÷ {self.speed.source}"
+
+    # -- predictions ----------------------------------------------------------------------
+    def step_flops(self, config: ProbeConfig) -> float:
+        return self.flops_per_token(config) * config.micro_batch_size * config.seq_len * config.grad_accum
+
+    def step_seconds(self, config: ProbeConfig) -> float:
+        """One optimizer step, central estimate."""
+        if self._fit is None:
+            return self.step_flops(config) / self.speed.flops_per_second
+        fixed, per_flop, _ = self._fit
+        return fixed * config.grad_accum + per_flop * self.step_flops(config)
+
+    def step_seconds_high(self, config: ProbeConfig) -> float:
+        """The price a budget decision uses: the estimate plus what the fit has missed so far."""
+        margin = self._fit[2] if self._fit is not None else 0.0
+        return self.step_seconds(config) * (1 + max(MIN_COST_MARGIN, margin))
+
+    def first_step_extra(self, new_shape: bool) -> float:
+        """What a probe's first step costs beyond a steady one: a compilation for a new shape of a
+        compiled step, else allocation and DataLoader start."""
+        extras = [
+            max(0.0, o.first_step_seconds - o.step_seconds)
+            for o in self.observations
+            if o.step_seconds and o.first_step_seconds is not None and o.new_shape == new_shape
+        ]
+        if extras:
+            return max(extras) if new_shape and self.compiled else statistics.median(extras)
+        if new_shape and self.compiled:
+            return COMPILE_PRIOR_SECONDS
+        others = [max(0.0, o.first_step_seconds - o.step_seconds) for o in self.observations if o.step_seconds and o.first_step_seconds is not None]
+        return statistics.median(others) if others else 0.0
+
+    def start_seconds(self, config: ProbeConfig) -> float:
+        """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from
+        probes with as many workers (or any, else none)."""
+        def outside(o: Observation) -> float:
+            steps = (o.first_step_seconds or 0.0) + max(0, o.warmup_steps - 1) * (o.step_seconds or 0.0) + o.timed_seconds
+            return max(0.0, o.probe_seconds - steps)
+
+        alike = [outside(o) for o in self.observations if o.step_seconds and (o.config.num_workers > 0) == (config.num_workers > 0)]
+        return statistics.median(alike) if alike else 0.0
+
+    def timed_steps(self, config: ProbeConfig) -> int:
+        """Timed steps expected: what the spread seen so far needs, within the probe's time share."""
+        step = self.step_seconds(config)
+        spreads = [o.spread for o in self.observations if o.spread is not None]
+        wanted = steps_needed(statistics.median(spreads), self.settings) if spreads else self.settings.min_steps
+        within_share = max(min_timed_steps(step, self.settings), math.ceil(self.settings.max_seconds / max(step, 1e-9)))
+        return max(min_timed_steps(step, self.settings), min(wanted, within_share, self.settings.max_steps))
+
+    def probe_seconds(self, config: ProbeConfig, new_shape: bool) -> float:
+        """The whole probe, priced high (bench.runner never starts one it cannot afford)."""
+        step = self.step_seconds_high(config)
+        steps = self.settings.warmup_steps + self.timed_steps(config)
+        return self.start_seconds(config) + self.first_step_extra(new_shape) + steps * step
+
+    # -- fitting --------------------------------------------------------------------------
+    def _fit_steps(self) -> tuple[float, float, float] | None:
+        measured = [o for o in self.observations if o.step_seconds]
+        if not measured:
+            return None
+        flops = np.array([self.step_flops(o.config) for o in measured])
+        seconds = np.array([o.step_seconds for o in measured])
+        accums = np.array([o.config.grad_accum for o in measured], dtype=float)
+        if len({round(f / a) for f, a in zip(flops, accums, strict=True)}) < 2:
+            # One size: the prior's shape, scaled to what it measured.
+            per_flop = float(np.median(seconds / flops))
+            fixed = 0.0
+        else:
+            from calibration.fit_tools import fit_nonnegative
+
+            fixed, per_flop = fit_nonnegative(np.stack([accums, flops], axis=1), seconds)
+        predicted = fixed * accums + per_flop * flops
+        margin = float(np.max(np.abs(predicted - seconds) / seconds))
+        return float(fixed), float(per_flop), margin
+
+
+@dataclass
+class MemoryPrior:
+    """What a probe's peak memory will be, before the memory fit exists: the bytes the model keeps
+    (exact, from the `meta` device: train.memory_check) plus activations per token (Korthikanti et
+    al. 2022: ≈34 bytes per hidden unit per layer per token in 16-bit with flash attention; with
+    checkpointing only each layer's input is kept, plus one layer recomputed), rescaled to the
+    probes once they measure it."""
+
+    static_bytes: float
+    accumulated_gradient_bytes: float
+    layers: int
+    hidden: int
+    compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
+    observations: list[tuple[ProbeConfig, float]] = field(default_factory=list)
+
+    def prior(self, config: ProbeConfig) -> float:
+        tokens = config.micro_batch_size * config.seq_len
+        scale = self.compute_bytes / 2
+        if config.gradient_checkpointing:
+            per_token = (self.layers * self.hidden * 2 + 34 * self.hidden) * scale
+        else:
+            per_token = 34 * self.layers * self.hidden * scale
+        accumulating = self.accumulated_gradient_bytes if config.grad_accum > 1 else 0.0
+        return self.static_bytes + accumulating + per_token * tokens
+
+    def observe(self, row: dict[str, Any]) -> None:
+        if row.get("status") == "ok" and row.get("peak_memory_bytes"):
+            self.observations.append((ProbeConfig.of(row), float(row["peak_memory_bytes"])))
+
+    def peak_bytes(self, config: ProbeConfig) -> float:
+        """Measured rows of the same checkpointing mode fitted by the linear memory model (two or
+        more), else the prior scaled by the largest measured/prior ratio seen (conservative)."""
+        same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == config.gradient_checkpointing]
+        if len({c.micro_batch_size * c.seq_len for c, _ in same}) >= 2:
+            from calibration.fit import config_of
+            from calibration.memory_fit import fit_memory
+
+            model = fit_memory([config_of(c.as_dict()) for c, _ in same], np.array([peak for _, peak in same]))
+            # No probe accumulated yet: the gradients it will hold come from the prior.
+            unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)
+            return model.peak_bytes(config_of(config.as_dict())) + (self.accumulated_gradient_bytes if unseen else 0.0)
+        ratios = [peak / self.prior(c) for c, peak in self.observations]
+        return self.prior(config) * max(ratios, default=1.0)
