@@ -11,6 +11,8 @@ cannot pay for or the device's memory cannot hold.
   to 2× (a plan runs there; the fixed cost of tiny batches matters less to it).
 - **A minimum viable fit first**: until MIN_ROWS_FOR_FIT probes succeeded and every checkpointing
   mode asked for has one, each probe must leave enough budget for the rest of that minimum.
+- **Step by step**: a probe holds at most GROWTH× the tokens per micro-step of the largest that
+  ran, so an OOM is met at the smallest size that causes it and rules out the rest.
 - **Memory**: a configuration whose predicted peak (bench.cost.MemoryPrior, refitted as probes
   measure it) with a margin passes the device's memory is not run; nor one at least as large as
   a probe that ran out of memory.
@@ -31,6 +33,9 @@ from calibration.fit import MIN_ROWS_FOR_FIT, config_of, throughput_features
 
 # A probe is not run when its predicted peak × (1 + this) passes the device's memory.
 MEMORY_HEADROOM = 0.05
+# Sizes grow step by step: a probe holds at most this many times the tokens of the largest
+# micro-batch that ran (memory and prices are extrapolated no further than that).
+GROWTH = 4
 RIDGE = 1e-3
 
 
@@ -111,6 +116,9 @@ class ProbePlanner:
         pool = self.candidates()
         if not pool:
             return None
+        largest = max((c.micro_batch_size * c.seq_len for c in map(ProbeConfig.of, self.ok_rows())), default=None)
+        if largest is not None:
+            pool = [c for c in pool if c.micro_batch_size * c.seq_len <= GROWTH * largest] or pool
         prices = {c: self.price(c) for c in pool}
         affordable = [c for c in pool if remaining is None or prices[c] <= remaining]
         if not affordable:
