@@ -166,6 +166,7 @@ class CostModel:
     def start_seconds(self, config: ProbeConfig) -> float:
         """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from
         probes with as many workers (or any, else none)."""
+
         def outside(o: Observation) -> float:
             steps = (o.first_step_seconds or 0.0) + max(0, o.warmup_steps - 1) * (o.step_seconds or 0.0) + o.timed_seconds
             return max(0.0, o.probe_seconds - steps)
@@ -222,32 +223,70 @@ class MemoryPrior:
     hidden: int
     compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
     observations: list[tuple[ProbeConfig, float]] = field(default_factory=list)
+    _cache: dict[tuple[int, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
 
-    def prior(self, config: ProbeConfig) -> float:
-        tokens = config.micro_batch_size * config.seq_len
+    def prior_per_token(self, checkpointing: bool) -> float:
         scale = self.compute_bytes / 2
-        if config.gradient_checkpointing:
-            per_token = (self.layers * self.hidden * 2 + 34 * self.hidden) * scale
-        else:
-            per_token = 34 * self.layers * self.hidden * scale
-        accumulating = self.accumulated_gradient_bytes if config.grad_accum > 1 else 0.0
-        return self.static_bytes + accumulating + per_token * tokens
+        if checkpointing:
+            return (self.layers * self.hidden * 2 + 34 * self.hidden) * scale
+        return 34 * self.layers * self.hidden * scale
+
+    def accumulating(self, config: ProbeConfig) -> float:
+        return self.accumulated_gradient_bytes if config.grad_accum > 1 else 0.0
 
     def observe(self, row: dict[str, Any]) -> None:
         if row.get("status") == "ok" and row.get("peak_memory_bytes"):
             self.observations.append((ProbeConfig.of(row), float(row["peak_memory_bytes"])))
 
-    def peak_bytes(self, config: ProbeConfig) -> float:
-        """Measured rows of the same checkpointing mode fitted by the linear memory model (two or
-        more), else the prior scaled by the largest measured/prior ratio seen (conservative)."""
-        same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == config.gradient_checkpointing]
-        if len({c.micro_batch_size * c.seq_len for c, _ in same}) >= 2:
-            from calibration.fit import config_of
-            from calibration.memory_fit import fit_memory
+    def per_token_bytes(self, checkpointing: bool) -> float:
+        """Bytes per token in flight: from the probes of this mode ((peak − what the model keeps) ÷
+        tokens: the static part is exact, so anything else it holds only raises the figure), else
+        the prior scaled as the other mode's probes scaled theirs (never down)."""
+        measured = {
+            mode: [
+                (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)
+                for c, peak in self.observations
+                if c.gradient_checkpointing == mode
+            ]
+            for mode in (0, 1)
+        }
+        own = measured[int(checkpointing)]
+        if own:
+            return max(max(own), 0.0)
+        other = measured[1 - int(checkpointing)]
+        ratio = max(other) / self.prior_per_token(not checkpointing) if other else 1.0
+        return self.prior_per_token(checkpointing) * max(1.0, ratio)
 
+    def peak_bytes(self, config: ProbeConfig) -> float:
+        """What the model keeps + tokens × bytes per token (+ the gradients of accumulation, from
+        the model's size until a probe accumulated). With two or more sizes of this checkpointing
+        mode measured, the larger of that line fitted to them and the calibration's own linear
+        memory model (whose attention term can take growth with length that tokens explain: a
+        probe is not bet on the kinder reading)."""
+        same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == config.gradient_checkpointing]
+        tokens = config.micro_batch_size * config.seq_len
+        unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)
+        if len({c.micro_batch_size * c.seq_len for c, _ in same}) < 2:
+            return self.static_bytes + self.accumulating(config) + tokens * self.per_token_bytes(bool(config.gradient_checkpointing))
+        from calibration.fit import config_of
+
+        intercept, slope, model = self._fits(config.gradient_checkpointing, unseen)
+        by_tokens = intercept + max(0.0, slope) * tokens + (self.accumulating(config) if config.grad_accum > 1 else 0.0)
+        fitted = model.peak_bytes(config_of(config.as_dict())) + (self.accumulating(config) if unseen else 0.0)
+        return float(max(by_tokens, fitted))
+
+    def _fits(self, mode: int, unseen: bool) -> tuple[float, float, Any]:
+        """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
+        when a probe was added (the planner asks for every configuration, every choice)."""
+        from calibration.fit import config_of
+        from calibration.memory_fit import fit_memory
+
+        key = (mode, unseen, len(self.observations))
+        if key not in self._cache:
+            same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == mode]
+            counts = np.array([float(c.micro_batch_size * c.seq_len) for c, _ in same])
+            peaks = np.array([peak - (0.0 if unseen else self.accumulating(c)) for c, peak in same])
+            slope, intercept = np.polyfit(counts, peaks, 1)
             model = fit_memory([config_of(c.as_dict()) for c, _ in same], np.array([peak for _, peak in same]))
-            # No probe accumulated yet: the gradients it will hold come from the prior.
-            unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)
-            return model.peak_bytes(config_of(config.as_dict())) + (self.accumulated_gradient_bytes if unseen else 0.0)
-        ratios = [peak / self.prior(c) for c, peak in self.observations]
-        return self.prior(config) * max(ratios, default=1.0)
+            self._cache[key] = (float(intercept), float(slope), model)
+        return self._cache[key]

@@ -30,6 +30,11 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return total
 
 
+def disk_bandwidth(folder: Path, size: int = 32 * 2**20) -> float:
+    """A quick first figure (bytes/s, fsync included) that prices the checkpoint timing."""
+    return write_bandwidth(folder, min(size, max(1, free_bytes(folder) // 4)))
+
+
 def write_bandwidth(folder: Path, size: int) -> float:
     """Bytes per second writing `size` bytes to a file in `folder`, fsync included."""
     chunk = os.urandom(min(CHUNK_BYTES, max(size, 1)))
@@ -49,22 +54,23 @@ def write_bandwidth(folder: Path, size: int) -> float:
         os.unlink(name)
 
 
-def _sizes(workload: Any, folder: Path) -> tuple[int, int]:
-    """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`)."""
-    return checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer)), min(MAX_WRITE_BYTES, free_bytes(folder) // 2)
+def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tuple[int, int]:
+    """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`:
+    MAX_WRITE_BYTES, half the free space and `max_bytes` (what the budget has time for) at most)."""
+    return checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer)), min(MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes)
 
 
-def real_save_fits(workload: Any, folder: Path) -> bool:
+def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> bool:
     """Whether a real checkpoint of this workload fits the bounded write."""
-    size, limit = _sizes(workload, folder)
+    size, limit = _sizes(workload, folder, max_bytes)
     return size <= limit
 
 
-def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None) -> dict[str, float]:
+def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES) -> dict[str, float]:
     """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the
     seconds were extrapolated (1) or timed on a real save (0). `real_save`: decided by rank 0 for
     every rank of an FSDP bench (all of them take part in a real save)."""
-    size, limit = _sizes(workload, folder)
+    size, limit = _sizes(workload, folder, max_bytes)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})

@@ -53,6 +53,17 @@ class Workload:
     def device(self) -> Any:
         return self.accelerator.device
 
+    def release(self) -> None:
+        """Drop the model, optimizer and step, and give their device memory back: before another
+        process builds the same model on this device (bench.compile_probe). No probe runs after."""
+        self.engine = self.model = self.optimizer = self.scheduler = self.step = None  # type: ignore[assignment]
+        self.accelerator.free_memory()  # accelerate keeps references to what it prepared
+        gc.collect()
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
     def set_checkpointing(self, enabled: bool) -> None:
         if enabled != self.checkpointing:
             set_gradient_checkpointing(self.model, enabled)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
 from calibration.durations import format_duration, parse_duration
-from calibration.errors import EXIT_OK, BenchtrainError, MeasurementError
+from calibration.errors import EXIT_OK, BenchtrainError
 from train.engine import step_options_from_args
 from train.method import method_from_args
 
@@ -25,8 +25,9 @@ def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSp
     )
 
 
-def validate_args(args: argparse.Namespace) -> float | None:
-    """Check everything that needs no torch first, so bad input fails fast. Returns the budget."""
+def validate_args(args: argparse.Namespace) -> float | str | None:
+    """Check everything that needs no torch first, so bad input fails fast. Returns the budget
+    (seconds, "auto" or None)."""
     # Parse list options now (against dummy defaults) to fail before any heavy import.
     space_from_args(args, SearchSpace((1,), (0,), (1,), (1,)))
     method_from_args(args)
@@ -35,12 +36,26 @@ def validate_args(args: argparse.Namespace) -> float | None:
         raise BenchtrainError(f"--trials must be a positive integer, got {args.trials}")
     if args.max_probe_seconds is not None and args.max_probe_seconds <= 0:
         raise BenchtrainError("--max-probe-seconds must be positive")
+    if args.budget and str(args.budget).strip().lower() == "auto":
+        return "auto"
     return parse_duration(args.budget, "--budget") if args.budget else None
+
+
+def seq_lens_for(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
+    """Lengths the model's position table accepts: the defaults are cut to it (gpt2's 1024 on a
+    large GPU's 2048); lengths asked for past it are one line, before anything is built."""
+    too_long = [length for length in space.seq_lens if length > max_positions]
+    if not too_long:
+        return space
+    if asked:
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
+    kept = tuple(length for length in space.seq_lens if length <= max_positions) or (max_positions,)
+    return replace(space, seq_lens=kept)
 
 
 def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    budget_seconds = validate_args(args)
+    budget_asked = validate_args(args)
     from calibration.home import benchtrain_home, writable_subdir
     from train.model import resolve_model
 
@@ -48,31 +63,30 @@ def run_command(args: argparse.Namespace) -> int:
     method = method_from_args(args)
     writable_subdir("calibrations")
 
-    from bench.probe import ProbeSettings, Workload
-    from bench.record import build_calibration
-    from bench.runner import Budget, run_grid, run_optuna, study_name
+    from bench.calibrate import BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
+    from bench.outlook import outlook, refuse_if_too_small, settle_budget
+    from bench.runner import Budget, study_name
+    from bench.timing import ProbeSettings
     from calibration.store import save_calibration, update_calibration
-    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
-    from train.model import model_record
-
-    hardware = detect_hardware()
-    load_before = _load_average()
     from train.engine import check_sharding
+    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
     from train.memory_check import check_fits
     from train.runtime import job_world_size
     from train.sharding import sharding_in_use
 
+    hardware = detect_hardware()
     options = step_options_from_args(args)
     check_sharding(options, method)
     world_size = job_world_size()
+    sharding = sharding_in_use(options.sharding, world_size)
     # Seconds, before anything is built: a too-big model is one line.
-    check_fits(spec, method, hardware, sharding_in_use(options.sharding, world_size), world_size)
+    need = check_fits(spec, method, hardware, sharding, world_size)
     warnings: list[str] = []
     mismatch = requested_mismatch(args.gpu, hardware)
     if mismatch:
         warnings.append(mismatch)
         _say(f"warning: {mismatch}")
-    space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
+    space = seq_lens_for(space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"])), spec.max_positions, args.seq_lens is not None)
 
     data_record = None
     tokenized = None
@@ -87,90 +101,63 @@ def run_command(args: argparse.Namespace) -> int:
         if args.seq_lens is None:  # the lengths train will plan for this data
             space = replace(space, seq_lens=lengths_to_measure(tokenized, space.seq_lens, spec.max_positions))
 
+    settings = ProbeSettings.for_device(hardware["device_type"])
+    if args.max_probe_seconds:
+        settings = replace(settings, max_seconds=args.max_probe_seconds)
+    trials = args.trials or max(4, space.size // 3)
+    task = BenchTask(
+        space=space,
+        settings=settings,
+        hardware=hardware,
+        software=detect_software(),
+        model={},
+        training={},
+        device_label=device_label(hardware),
+        requested_device=args.gpu,
+        data=data_record,
+        warnings=warnings,
+        search=args.search,
+        trials=trials,
+        sharding=sharding,
+        world_size=world_size,
+        load_before=_load_average(),
+        budget_auto=budget_asked == "auto",
+    )
+    planner = plan_probes(task, spec, method, need, options, scratch=writable_subdir("scratch"))
+    # What the budget buys, within seconds, before the model is built; refused if too small.
+    budget_seconds = settle_budget(planner, budget_asked, time.monotonic() - started, after_probes_seconds(task, planner), _say)
+
+    from bench.probe import Workload
+    from train.model import model_record
+
     _say(f"building {spec.name} on {hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
-    model = model_record(spec, workload.shape)
+    task.model = model_record(spec, workload.shape)
+    task.training = dict(workload.training)
+    task.compiled = workload.engine.compiled
+    task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
-    too_long = [length for length in space.seq_lens if length > spec.max_positions]
-    if too_long:
-        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {spec.max_positions} positions")
+    if args.search == "optuna":
+        task.study = (benchtrain_home() / "studies" / "bench.db", study_name(hardware, task.model, space, args.data))
 
-    peak_flops = hardware.get("peak_bf16_flops")
-    coordinator = probe_coordinator(workload, peak_flops)
+    coordinator = probe_coordinator(workload, hardware.get("peak_bf16_flops"))
     if not coordinator.leads:
         coordinator.follow()  # rank 0 decides every probe; this process runs each with it
         return EXIT_OK
     try:
-        trials = args.trials or max(4, space.size // 3)
-        total = space.size if args.search == "grid" else min(trials, space.size)
-        settings = ProbeSettings.for_device(hardware["device_type"])
-        if args.max_probe_seconds:
-            settings = replace(settings, max_seconds=args.max_probe_seconds)
-        elif budget_seconds:
-            # Share the budget between the probes (warm-up and loader start take about as long again).
-            share = (budget_seconds - (time.monotonic() - started)) / (2.2 * total)
-            settings = replace(settings, max_seconds=max(0.5, min(settings.max_seconds * 3, share)))
-
-        def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
-            capped = settings if remaining is None else replace(settings, max_seconds=max(0.5, min(settings.max_seconds, remaining / 2)))
-            return coordinator.run("probe", {"config": config.as_dict(), "settings": asdict(capped)})
-
+        # The build is measured now: a budget it left too small for a minimum is refused here.
+        refuse_if_too_small(outlook(planner, budget_seconds, time.monotonic() - started, after_probes_seconds(task, planner)))
         budget = Budget(budget_seconds, started)
-        _say(f"probing {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
-        progress = _progress_bar(total, args.quiet, budget.remaining() if budget_seconds else None)
+        total = space.size if args.search == "grid" else min(trials, space.size)
+        _say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+        progress = _progress_bar(total, args.quiet, budget_seconds)
         try:
-            if args.search == "grid":
-                result = run_grid(space, probe, budget, progress)
-            else:
-                name = study_name(hardware, model, space, args.data)
-                result = run_optuna(space, probe, budget, trials, benchtrain_home() / "studies" / "bench.db", name, progress)
+            record, result = calibrate(task, coordinator, planner, budget, workload.build_seconds, progress)
         finally:
             if progress is not None:
                 progress.close()
-
-        eval_rows = measure_evaluation(result.rows, lambda config: coordinator.run("eval", config.as_dict()))
-
-        overheads = {
-            "model_build_seconds": round(workload.build_seconds, 4),
-            **coordinator.run("checkpoint", checkpoint_task(workload, writable_subdir("scratch"))),
-            "warmup_steps": settings.warmup_steps,
-            **{name: round(value, 4) for name, value in warmup_costs(result.rows, settings.warmup_steps, workload.engine.compiled).items()},
-        }
-        training = dict(workload.training)
-        if workload.engine.compiled:
-            from train.compile import compile_cache_record
-
-            overheads.update(measure_cached_compile(workload, result.rows, overheads["warmup_extra_seconds"]))
-            training["compile_cache"] = compile_cache_record()
-        search = {
-            "method": args.search,
-            "space": space.as_dict(),
-            "trials": trials if args.search == "optuna" else None,
-            "budget_seconds": budget_seconds,
-            "settings": settings.__dict__,
-            "load_average_before": load_before,
-        }
-        record = build_calibration(
-            hardware=hardware,
-            software=detect_software(),
-            model=model,
-            device_label=device_label(hardware),
-            requested_device=args.gpu,
-            result=result,
-            search=search,
-            overheads=overheads,
-            data=data_record,
-            warnings=warnings,
-            training=training,
-        )
-        from calibration.fit import fit_eval
-
-        record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
-        if coordinator.world_size > 1:
-            record["distributed"] = distributed_record(coordinator.run("comm", {}), workload.engine.sharding)
-        record["overheads"]["benchmark_seconds"] = round(time.monotonic() - started, 2)
         if record["fit"] is None:
-            raise _nothing_fitted(record, budget_seconds)
+            raise nothing_fitted(record, budget_seconds)
         path = save_calibration(record)
         report_path = None
         if not args.no_report:
@@ -186,35 +173,24 @@ def run_command(args: argparse.Namespace) -> int:
         coordinator.finish()
 
 
-def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
-    """World size, backend, sharding and the measured collectives of a multi-process bench: every
-    collective's (bytes, seconds) rows and latency + bandwidth fit (train.comm); `comm` is the
-    all-reduce's, which predicts DDP at other world sizes."""
-    from train.comm import world
-
-    world_size, backend = world()
-    return {
-        "world_size": world_size,
-        "backend": backend,
-        "sharding": sharding,
-        "all_reduce": collectives["all_reduce"]["measurements"],
-        "comm": collectives["all_reduce"]["fit"],
-        "collectives": collectives,
-    }
-
-
-def checkpoint_task(workload: Any, folder: Path) -> dict[str, Any]:
+def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, Any]:
     """Rank 0's decision for the checkpoint measurement, the same on every rank."""
     from bench.disk_write import real_save_fits
 
-    return {"folder": str(folder), "real_save": real_save_fits(workload, folder), "every_rank": workload.engine.sharding == "fsdp"}
+    return {
+        "folder": str(folder),
+        "real_save": real_save_fits(workload, folder, max_bytes),
+        "max_bytes": max_bytes,
+        "every_rank": workload.engine.sharding == "fsdp",
+    }
 
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
     """What every process of a multi-process bench runs when rank 0 says so (bench.distributed)."""
     from bench.disk_write import measure_checkpoint
     from bench.distributed import Coordinator
-    from bench.probe import ProbeSettings, run_eval_probe, run_probe
+    from bench.probe import run_eval_probe, run_probe
+    from bench.timing import ProbeSettings
     from train.comm import measure_collectives
     from train.console import is_main_process
 
@@ -224,55 +200,24 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
             "eval": lambda task: run_eval_probe(workload, ProbeConfig.of(task)),
             # FSDP: every rank joins in gathering the state that rank 0 saves (train.checkpoint);
             # DDP: rank 0 alone saves. Rank 0's figures are kept.
-            "checkpoint": lambda task: measure_checkpoint(workload, Path(task["folder"]), task["real_save"]) if task["every_rank"] or is_main_process() else {},
+            "checkpoint": lambda task: (
+                measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"]) if task["every_rank"] or is_main_process() else {}
+            ),
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
+            # Rank 0 only, and last: the other ranks keep their models, which they no longer use.
+            "compile_cache": lambda task: measure_cached_compile(workload, task["row"], task.get("timeout_seconds")) if is_main_process() else {},
         }
     )
 
 
-def measure_cached_compile(workload: Any, rows: list[dict[str, Any]], warmup_extra: float) -> dict[str, Any]:
-    """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
-    start one (bench.compile_probe) on the first probed shape and time its first step against its
-    steady one, less the warm-up every run pays anyway."""
+def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
+    """Free this process's model and device memory, then time a fresh `train`-like process
+    compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
     from bench.compile_probe import measure_in_new_process
 
-    ok = [row for row in rows if row["status"] == "ok"]
-    if not ok:
-        return {}
-    measured = measure_in_new_process(workload.spec.reference, workload.method, workload.engine.loss, ok[0])
-    if measured is None:
-        return {}
-    cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)
-    return {"compile_cached_seconds_per_shape": round(cached, 4)}
-
-
-def measure_evaluation(rows: list[dict[str, Any]], eval_probe: Any) -> list[dict[str, Any]]:
-    """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
-    and length, checkpointing off): what `train` needs to plan evaluation time."""
-    ok = [row for row in rows if row["status"] == "ok" and not row.get("gradient_checkpointing")]
-    if not ok:
-        return []
-    batches = sorted({row["micro_batch_size"] for row in ok})
-    lengths = sorted({row["seq_len"] for row in ok})
-    corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
-    return [eval_probe(ProbeConfig(b, 0, 1, s)) for b, s in corners]
-
-
-def _nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:
-    """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
-    `latest` does not pick it) and say what a fit needs."""
-    from calibration.fit import MIN_ROWS_FOR_FIT
-    from calibration.store import save_failed
-
-    rows = record["measurements"]
-    ok = sum(1 for row in rows if row["status"] == "ok")
-    kept = save_failed(record)
-    took = format_duration(record["overheads"]["benchmark_seconds"])
-    advice = "raise --budget or narrow the grid (--batch-sizes, --seq-lens)" if budget_seconds else "widen the grid or check the failed probes"
-    return MeasurementError(
-        f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
-        f"Nothing was stored as a calibration; the measurements are in {kept}"
-    )
+    loss = workload.engine.loss
+    workload.release()
+    return measure_in_new_process(workload.spec.reference, workload.method, loss, row, timeout_seconds or 900.0) or {}
 
 
 def _load_average() -> float | None:
@@ -282,29 +227,6 @@ def _load_average() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
-
-
-def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
-    """How much longer the first steps take than steady state, from the probes' warm-up.
-
-    - `warmup_extra_seconds`: DataLoader start, allocator, kernel selection; from the probes that
-      compiled nothing (a shape seen before), or from all of them when the step is not compiled.
-    - `compile_seconds_per_shape` (compiled steps): what the first probe of each new shape paid
-      beyond that, i.e. one compilation."""
-    import statistics
-
-    def extras(selected: list[dict[str, Any]]) -> list[float]:
-        return [max(0.0, row["warmup_seconds"] - warmup_steps * row["step_seconds"]) for row in selected if row.get("warmup_seconds") is not None]
-
-    ok = [row for row in rows if row["status"] == "ok"]
-    if not compiled:
-        found = extras(ok)
-        return {"warmup_extra_seconds": statistics.median(found) if found else 0.0}
-    repeated = extras([row for row in ok if not row.get("new_shape")])
-    warmup = statistics.median(repeated) if repeated else 0.0
-    new = extras([row for row in ok if row.get("new_shape")])
-    compile_seconds = max(0.0, statistics.median(new) - warmup) if new else 0.0
-    return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
 
 
 def _write_report(path: Any) -> Any:

@@ -33,6 +33,7 @@ class ProbeSettings:
     max_seconds: float = 1.5  # the timed phase's share of the budget
     target_standard_error: float = 0.01  # relative standard error of the median step
     time_limit_seconds: float | None = None  # the whole probe ends by then (the budget left)
+    expected_step_seconds: float | None = None  # the planner's price of one step (bench.cost)
 
     @classmethod
     def for_device(cls, device_type: str) -> ProbeSettings:
@@ -40,10 +41,10 @@ class ProbeSettings:
             return cls(warmup_steps=1, min_steps=3, max_steps=30, max_seconds=10.0)
         return cls()
 
-    def with_limit(self, seconds: float | None) -> ProbeSettings:
+    def with_limit(self, seconds: float | None, expected_step_seconds: float | None = None) -> ProbeSettings:
         from dataclasses import replace
 
-        return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds))
+        return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds), expected_step_seconds=expected_step_seconds)
 
 
 # Fewest timed steps that still give a spread (and so a standard error).
@@ -135,8 +136,9 @@ def time_steps(
     timing.warmup_seconds = clock() - warm_from
     timed_from = clock()
     while True:
-        # Before a timed step: would it cross the limit? (The first is predicted by the warm-up.)
-        expected = statistics.median(timing.step_seconds) if timing.step_seconds else timing.first_step_seconds
+        # Before a timed step: would it cross the limit? The first is priced by the planner (the
+        # warm-up step held a compilation), else by the warm-up.
+        expected = statistics.median(timing.step_seconds) if timing.step_seconds else settings.expected_step_seconds or timing.first_step_seconds
         if agree(int(_would_cross(left(), expected))):
             timing.stop_reason = "time limit"
             break

@@ -61,17 +61,31 @@ class MemoryNeed:
         return self.total_bytes / world_size + gathered
 
 
-def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
-    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
-    trained, built on `meta`."""
+_META_MODELS: dict[str, Any] = {}
+
+
+def meta_model(spec: Any, method: MethodConfig) -> Any:
+    """The model as it will be trained, built on `meta` (no memory, no weights): exact shapes.
+    Adapters are made on `meta` too (peft would initialise them for real: seconds for an 8B
+    model); one build per architecture and method in a process."""
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from train.model import make_config
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(make_config(spec))
-    model = apply_method(model, method)
+    key = json.dumps([spec.config_dict, repr(method)], sort_keys=True, default=str)
+    if key not in _META_MODELS:
+        with torch.device("meta"):
+            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), method)
+    return _META_MODELS[key]
+
+
+def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
+    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
+    trained, built on `meta`."""
+    model = meta_model(spec, method)
     total = sum(parameter.numel() for parameter in model.parameters())
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     blocks = decoder_blocks(model)

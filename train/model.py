@@ -160,6 +160,11 @@ class ModelShape:
     head_dim: int
     adapter_parameter_count: int = 0
 
+    def forward_flops_per_token(self, seq_len: int, lora: bool = False) -> float:
+        """One forward pass (evaluation): 2N (+ 2A) + Att."""
+        adapters = self.adapter_parameter_count if lora else 0
+        return float(2 * self.matmul_parameter_count + 2 * adapters + 4 * self.layers * self.heads * self.head_dim * seq_len)
+
     def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
         """FLOPs the device executes per trained token (PaLM appendix B, as in nanoGPT's estimate_mfu).
 

@@ -1,0 +1,322 @@
+"""From a built workload to a calibration record, every second inside the budget.
+
+The probes (bench.runner) leave room for what follows them, priced as they measure: the
+forward-only evaluation probes, the checkpoint write timing, and (compiled steps) a fresh process
+that times compiling from inductor's cache. Each runs only while the budget pays for it; what is
+skipped is said in the record. All device work goes through the coordinator's named tasks, so the
+same code runs on a real device, under several processes, and on a simulated one (bench.simulated).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.choose import ProbePlanner
+from bench.runner import BenchResult, Budget, run_grid, run_optuna
+from bench.space import ProbeConfig, SearchSpace
+from bench.timing import ProbeSettings
+from calibration.errors import MeasurementError
+
+EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
+COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
+
+
+@dataclass
+class BenchTask:
+    """What this benchmark is, known before the first probe."""
+
+    space: SearchSpace
+    settings: ProbeSettings
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    model: dict[str, Any]
+    training: dict[str, Any]
+    device_label: str
+    requested_device: str | None = None
+    data: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+    search: str = "grid"
+    trials: int = 0
+    study: tuple[Path, str] | None = None  # optuna's storage and study name
+    compiled: bool = False
+    sharding: str = "ddp"
+    world_size: int = 1
+    forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
+    checkpoint_bytes: int = 0
+    disk_bytes_per_second: float | None = None
+    load_before: float | None = None
+    budget_auto: bool = False
+    # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
+    checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
+
+
+def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
+    """What the probes keep for the work after them: the two cheapest evaluation corners (a fit
+    needs two) and the checkpoint timing. The compile-cache process of a compiled step costs a
+    model build: it runs only with what the probes leave (train prices a fresh compilation per
+    shape without it)."""
+    corners = evaluation_corners(planner)
+    evaluation = sum(sorted(eval_price(task, planner, config) for config in corners)[:2])
+    return evaluation + checkpoint_price(task)
+
+
+def eval_price(task: BenchTask, planner: ProbePlanner, config: ProbeConfig) -> float:
+    return (EVAL_STEPS + 1) * planner.cost.step_seconds_high(config) * task.forward_share
+
+
+def checkpoint_price(task: BenchTask) -> float:
+    from bench.disk_write import MAX_WRITE_BYTES
+
+    if not task.disk_bytes_per_second:
+        return 0.0
+    return min(task.checkpoint_bytes, MAX_WRITE_BYTES) / task.disk_bytes_per_second
+
+
+def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: float) -> float:
+    """A fresh process: imports and model build, one compilation from the cache (priced as a
+    fresh one until measured), and its steps at the smallest probed shape."""
+    if not task.compiled:
+        return 0.0
+    smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
+    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_PROBE_STEPS * planner.cost.step_seconds_high(smallest)
+
+
+def evaluation_corners(planner: ProbePlanner) -> list[ProbeConfig]:
+    """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
+    and length, checkpointing off): what `train` needs to plan evaluation time. Before any probe:
+    the corners of the grid."""
+    ok = [row for row in planner.ok_rows() if not row.get("gradient_checkpointing")] or [c.as_dict() for c in planner.space.all_configs()]
+    batches = sorted({row["micro_batch_size"] for row in ok})
+    lengths = sorted({row["seq_len"] for row in ok})
+    return [ProbeConfig(b, 0, 1, s) for b, s in sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})]
+
+
+def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> Any:
+    """The probe planner for this model on this device, from the `meta` device (FLOPs, exact
+    parameter bytes) and the device's speed; also fills in the task's FLOPs share of a forward
+    pass and the checkpoint's bytes, and times the disk (a 32 MiB write) when given a folder."""
+    from bench.choose import ProbePlanner
+    from bench.cost import CostModel, MemoryPrior, device_speed
+    from train.compile import compile_enabled
+    from train.memory_check import compute_bytes, meta_model
+    from train.model import model_shape
+
+    hardware = task.hardware
+    shape = model_shape(meta_model(spec, method))
+    lora = method.is_lora
+
+    def flops_per_token(config: ProbeConfig) -> float:
+        return shape.flops_per_token(config.seq_len, lora=lora, recompute=bool(config.gradient_checkpointing))
+
+    middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
+    task.forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(ProbeConfig(1, 0, 1, middle))
+    # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
+    task.checkpoint_bytes = need.trainable_parameters * 12
+    if scratch is not None:
+        from bench.disk_write import disk_bandwidth
+
+        task.disk_bytes_per_second = disk_bandwidth(scratch)
+    compiled = compile_enabled(options.compile, hardware["device_type"])
+    cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
+    hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
+    memory = MemoryPrior(
+        static_bytes=need.per_process_bytes(task.sharding, task.world_size, hardware["device_type"]),
+        accumulated_gradient_bytes=need.gradient_bytes,
+        layers=shape.layers,
+        hidden=hidden,
+        compute_bytes=compute_bytes(hardware["device_type"]),
+    )
+    limit = float(hardware["memory_bytes"]) if hardware["device_type"] == "cuda" else None
+    return ProbePlanner(task.space, cost, memory, limit)
+
+
+def calibrate(
+    task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget, build_seconds: float, progress: Any = None
+) -> tuple[dict[str, Any], BenchResult]:
+    """Probe, time what follows, and assemble the calibration record (fitted when it can be)."""
+    from bench.record import build_calibration
+
+    budget.reserved = lambda: after_probes_seconds(task, planner)
+
+    def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+        settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
+        price, peak = planner.price(config), planner.predicted_peak(config)
+        row = coordinator.run("probe", {"config": config.as_dict(), "settings": asdict(settings)})
+        # What was predicted when the probe was chosen, beside what it measured.
+        row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
+        return row
+
+    if task.search == "grid":
+        result = run_grid(task.space, probe, budget, progress, planner=planner)
+    else:
+        assert task.study is not None
+        result = run_optuna(task.space, probe, budget, task.trials, task.study[0], task.study[1], progress, planner=planner)
+    budget.reserved = lambda: 0.0
+
+    skipped: list[str] = []
+    eval_rows = measure_evaluation(task, coordinator, planner, budget, skipped)
+    overheads: dict[str, Any] = {"model_build_seconds": round(build_seconds, 4), **measure_checkpoint_write(task, coordinator, budget, skipped)}
+    overheads.update(warmup_costs(result.rows, task.settings.warmup_steps, task.compiled))
+    overheads["warmup_steps"] = task.settings.warmup_steps
+    if task.world_size > 1:
+        collectives = coordinator.run("comm", {})
+    training = dict(task.training)
+    if task.compiled:
+        overheads.update(measure_compile_cache(task, coordinator, planner, budget, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
+        from train.compile import compile_cache_record
+
+        training["compile_cache"] = compile_cache_record()
+    search = {
+        "method": task.search,
+        "space": task.space.as_dict(),
+        "trials": task.trials if task.search == "optuna" else None,
+        "budget_seconds": budget.seconds,
+        "budget_auto": task.budget_auto,
+        "settings": asdict(task.settings),
+        "load_average_before": task.load_before,
+        "prices": planner.cost.speed.source,
+        "skipped_after_probes": skipped,
+    }
+    record = build_calibration(
+        hardware=task.hardware,
+        software=task.software,
+        model=task.model,
+        device_label=task.device_label,
+        requested_device=task.requested_device,
+        result=result,
+        search=search,
+        overheads=overheads,
+        data=task.data,
+        warnings=task.warnings,
+        training=training,
+    )
+    from calibration.fit import fit_eval
+
+    record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
+    if task.world_size > 1:
+        record["distributed"] = distributed_record(collectives, task.sharding)
+    record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
+    return record, result
+
+
+def measure_evaluation(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget, skipped: list[str]) -> list[dict[str, Any]]:
+    """The corners, cheapest first, while the budget pays (two at least, or none: a fit needs two)."""
+    corners = sorted(evaluation_corners(planner), key=lambda config: eval_price(task, planner, config))
+    prices = [eval_price(task, planner, config) for config in corners]
+    if len(corners) >= 2 and not budget.allows(prices[0] + prices[1]):
+        skipped.append("evaluation probes: the budget could not pay for two")
+        return []
+    rows = []
+    for config, price in zip(corners, prices, strict=True):
+        if not budget.allows(price):
+            skipped.append(f"evaluation probe B{config.micro_batch_size}/S{config.seq_len}: beyond the budget")
+            continue
+        rows.append(coordinator.run("eval", config.as_dict()))
+    return rows
+
+
+def measure_checkpoint_write(task: BenchTask, coordinator: Any, budget: Budget, skipped: list[str]) -> dict[str, Any]:
+    """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes; the
+    bound also keeps it inside what the budget has left."""
+    from bench.disk_write import MAX_WRITE_BYTES
+
+    left = budget.left()
+    limit = MAX_WRITE_BYTES
+    if left is not None and task.disk_bytes_per_second:
+        limit = int(max(0.0, left) * task.disk_bytes_per_second / 2)
+        if limit < min(MAX_WRITE_BYTES, task.checkpoint_bytes):
+            skipped.append(f"checkpoint timing: a write of {limit / 2**20:,.0f} MiB instead of {MAX_WRITE_BYTES / 2**20:,.0f} MiB (the budget left)")
+    return coordinator.run("checkpoint", task.checkpoint_payload(max(limit, 1 << 20)))
+
+
+def measure_compile_cache(
+    task: BenchTask,
+    coordinator: Any,
+    planner: ProbePlanner,
+    budget: Budget,
+    build_seconds: float,
+    rows: list[dict[str, Any]],
+    warmup_extra: float,
+    skipped: list[str],
+) -> dict[str, Any]:
+    """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
+    a fresh process (bench.compile_probe) on the first probed shape times its first step against
+    its steady one, less the warm-up every run pays anyway. The device is freed first, so that
+    process never builds a second copy of the model beside this one's."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    if not ok:
+        return {}
+    if not budget.allows(compile_cache_price(task, planner, build_seconds)):
+        skipped.append("compile-cache timing: beyond the budget (train prices a compilation per shape instead)")
+        return {}
+    shape = {key: ok[0][key] for key in ("micro_batch_size", "seq_len", "gradient_checkpointing")}
+    measured = coordinator.run("compile_cache", {"row": shape, "timeout_seconds": budget.left()})
+    if not measured:
+        return {}
+    cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)
+    return {"compile_cached_seconds_per_shape": round(cached, 4)}
+
+
+def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
+    """How much longer the first steps take than steady state, from the probes' warm-up.
+
+    - `warmup_extra_seconds`: DataLoader start, allocator, kernel selection; from the probes that
+      compiled nothing (a shape seen before), or from all of them when the step is not compiled.
+    - `compile_seconds_per_shape` (compiled steps): what the first probe of each new shape paid
+      beyond that, i.e. one compilation."""
+
+    def extras(selected: list[dict[str, Any]]) -> list[float]:
+        return [
+            max(0.0, row["warmup_seconds"] - int(row.get("warmup_steps") or warmup_steps) * row["step_seconds"])
+            for row in selected
+            if row.get("warmup_seconds") is not None
+        ]
+
+    ok = [row for row in rows if row["status"] == "ok"]
+    if not compiled:
+        found = extras(ok)
+        return {"warmup_extra_seconds": statistics.median(found) if found else 0.0}
+    repeated = extras([row for row in ok if not row.get("new_shape")])
+    warmup = statistics.median(repeated) if repeated else 0.0
+    new = extras([row for row in ok if row.get("new_shape")])
+    compile_seconds = max(0.0, statistics.median(new) - warmup) if new else 0.0
+    return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
+
+
+def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
+    """World size, backend, sharding and the measured collectives of a multi-process bench: every
+    collective's (bytes, seconds) rows and latency + bandwidth fit (train.comm); `comm` is the
+    all-reduce's, which predicts DDP at other world sizes."""
+    from train.comm import world
+
+    world_size, backend = world()
+    return {
+        "world_size": world_size,
+        "backend": backend,
+        "sharding": sharding,
+        "all_reduce": collectives["all_reduce"]["measurements"],
+        "comm": collectives["all_reduce"]["fit"],
+        "collectives": collectives,
+    }
+
+
+def nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:
+    """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
+    `latest` does not pick it) and say what a fit needs."""
+    from calibration.durations import format_duration
+    from calibration.fit import MIN_ROWS_FOR_FIT
+    from calibration.store import save_failed
+
+    rows = record["measurements"]
+    ok = sum(1 for row in rows if row["status"] == "ok")
+    kept = save_failed(record)
+    took = format_duration(record["overheads"]["benchmark_seconds"])
+    advice = "raise --budget or narrow the grid (--batch-sizes, --seq-lens)" if budget_seconds else "widen the grid or check the failed probes"
+    return MeasurementError(
+        f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
+        f"Nothing was stored as a calibration; the measurements are in {kept}"
+    )

@@ -1,0 +1,116 @@
+"""What a budget buys, said before the budget is spent.
+
+Within seconds of `bench run` starting (the model's FLOPs and memory come from the `meta` device,
+the device's speed from its datasheet or a timed matmul): how long the whole grid would take,
+which probes the budget pays for, and what the probes leave for the work after them (evaluation,
+checkpoint and compile timings, the fit and the report). A budget that cannot pay for even a
+minimum viable fit is refused there and then, naming the budget it needs; `--budget auto` is the
+budget for AUTO_PROBES probes (or the whole grid, if smaller).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.choose import ProbePlanner
+from bench.space import ProbeConfig
+from calibration.durations import format_duration
+from calibration.errors import BenchtrainError
+from calibration.fit import MIN_ROWS_FOR_FIT
+
+# Probes `--budget auto` pays for: below this many, a calibration says "too few probes"
+# (bench.record.assess_noise) and its held-out error is rough.
+AUTO_PROBES = 12
+
+
+@dataclass(frozen=True)
+class Outlook:
+    budget_seconds: float | None
+    spent_seconds: float  # already, and the model build (measured, or 0 before it)
+    grid_seconds: float  # every probe that fits in memory, at today's prices
+    grid_probes: int
+    planned: tuple[tuple[ProbeConfig, float], ...]  # what the budget buys, with each price
+    minimum_seconds: float  # the smallest budget that pays for a minimum viable fit
+    after_probes_seconds: float  # evaluation and checkpoint timings
+    prices: str  # where the prices come from (a prior or measurements)
+
+    @property
+    def affordable(self) -> bool:
+        return self.budget_seconds is None or self.budget_seconds >= self.minimum_seconds
+
+
+def total_seconds(probes_seconds: float, spent_seconds: float, after_probes_seconds: float) -> float:
+    """A budget that pays for these probes and the rest: the runner keeps BUDGET_RESERVE of it."""
+    from bench.runner import BUDGET_RESERVE
+
+    return (spent_seconds + probes_seconds + after_probes_seconds) / (1 - BUDGET_RESERVE)
+
+
+def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: float, after_probes_seconds: float) -> Outlook:
+    everything = planner.preview(None)
+    viable = planner.preview(None, stop_when_viable=True)
+    probes_budget = None if budget_seconds is None else budget_seconds - total_seconds(0.0, spent_seconds, after_probes_seconds)
+    planned = planner.preview(max(0.0, probes_budget)) if probes_budget is not None else everything
+    return Outlook(
+        budget_seconds=budget_seconds,
+        spent_seconds=spent_seconds,
+        grid_seconds=total_seconds(sum(price for _, price in everything), spent_seconds, after_probes_seconds),
+        grid_probes=len(everything),
+        planned=tuple(planned),
+        minimum_seconds=total_seconds(sum(price for _, price in viable), spent_seconds, after_probes_seconds),
+        after_probes_seconds=after_probes_seconds,
+        prices="measured" if planner.cost.measured else planner.cost.source,
+    )
+
+
+def auto_budget(planner: ProbePlanner, spent_seconds: float, after_probes_seconds: float) -> float:
+    """The budget for AUTO_PROBES probes (the whole grid when it has fewer), at least the minimum."""
+    chosen = planner.preview(None)[:AUTO_PROBES]
+    viable = planner.preview(None, stop_when_viable=True)
+    probes = max(sum(price for _, price in chosen), sum(price for _, price in viable))
+    return math.ceil(total_seconds(probes, spent_seconds, after_probes_seconds))
+
+
+def describe(view: Outlook) -> list[str]:
+    """The outlook in a few lines for the terminal."""
+    lines = [f"the whole grid ({view.grid_probes} probes that fit in memory) needs ≈ {format_duration(view.grid_seconds)} (probe prices: {view.prices})"]
+    if view.budget_seconds is not None:
+        sample = ", ".join(
+            f"B{c.micro_batch_size}/W{c.num_workers}/A{c.grad_accum}/S{c.seq_len}" + ("/ckpt" if c.gradient_checkpointing else "") for c, _ in view.planned[:5]
+        )
+        more = f" and {len(view.planned) - 5} more" if len(view.planned) > 5 else ""
+        lines.append(
+            f"within {format_duration(view.budget_seconds)} I expect to measure {len(view.planned)} probes ({sample}{more}), "
+            f"then evaluation and checkpoint timings (≈ {format_duration(view.after_probes_seconds)}); "
+            f"a minimum viable fit needs ≈ {format_duration(view.minimum_seconds)}"
+        )
+    return lines
+
+
+def refuse_if_too_small(view: Outlook) -> None:
+    """One line naming the budget a minimum viable fit needs, before any of the budget is spent."""
+    if view.affordable:
+        return
+    assert view.budget_seconds is not None
+    raise BenchtrainError(
+        f"--budget {format_duration(view.budget_seconds)} cannot pay for even a minimum calibration "
+        f"({MIN_ROWS_FOR_FIT} probes, one of each checkpointing mode asked for): it needs ≈ {format_duration(view.minimum_seconds)} "
+        f"(probe prices: {view.prices}); use --budget {format_duration(math.ceil(view.minimum_seconds))} or more, or --budget auto"
+    )
+
+
+def settle_budget(
+    planner: ProbePlanner, asked: float | str | None, spent_seconds: float, after_probes_seconds: float, say: Callable[[str], None]
+) -> float | None:
+    """The budget in seconds (`auto` worked out), after saying what it buys; refused if too small."""
+    seconds = auto_budget(planner, spent_seconds, after_probes_seconds) if asked == "auto" else asked
+    assert seconds is None or isinstance(seconds, (int, float))
+    if asked == "auto":
+        say(f"--budget auto: {format_duration(seconds)} (the grid's first {AUTO_PROBES} probes at today's prices)")
+    view = outlook(planner, seconds, spent_seconds, after_probes_seconds)
+    for line in describe(view):
+        say(line)
+    refuse_if_too_small(view)
+    return seconds
