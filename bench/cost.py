@@ -158,8 +158,10 @@ class CostModel:
         ]
         if extras:
             return max(extras) if new_shape and self.compiled else statistics.median(extras)
-        if new_shape and self.compiled:
-            return COMPILE_PRIOR_SECONDS
+        if self.compiled:
+            # Unmeasured: a new shape compiles (the prior); a repeated one pays what the step's
+            # own warm-up costs, which the probes of new shapes cannot tell apart from compiling.
+            return COMPILE_PRIOR_SECONDS if new_shape else 0.0
         others = [max(0.0, o.first_step_seconds - o.step_seconds) for o in self.observations if o.step_seconds and o.first_step_seconds is not None]
         return statistics.median(others) if others else 0.0
 

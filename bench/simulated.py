@@ -295,6 +295,7 @@ def simulate_bench(
         device_label="h100",
         requested_device="h100",
         compiled=True,
+        budget_auto=budget == "auto",
     )
     planner = plan_probes(task, spec, method, need, StepOptions(compile="on"))
     task.disk_bytes_per_second = device.measured.disk_bytes_per_second
