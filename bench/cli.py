@@ -20,6 +20,7 @@ RUN_EXAMPLES = """examples:
   bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
   bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
   bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
+  bench run --gpu h100 --model mistral-nemo-12b --lora --budget auto   # the budget for a dozen probes, said up front
   bench run --data train.jsonl --model ./my-model   # real tokens from your data, lengths from its profile
   bench run --gpu h100 --model Qwen/Qwen2.5-7B-Instruct   # a hub id: config.json only, from the cache or the hub
   bench refit latest                                 # fit stored measurements again with this version's model
@@ -80,8 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
     run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
-    run.add_argument("--budget", metavar="DURATION", help="bound the whole benchmark: 150s, 10m, 1h (default: the whole space)")
-    run.add_argument("--max-probe-seconds", type=float, metavar="S", help="cap on timed seconds per probe")
+    run.add_argument(
+        "--budget",
+        metavar="DURATION|auto",
+        help="bound the whole benchmark, model build, evaluation and checkpoint timings included: 150s, 5m, 1h; "
+        "auto = what 12 probes cost at the prices bench works out first (default: the whole space). "
+        "What the budget buys is said up front; one too small for a fit is refused in seconds",
+    )
+    run.add_argument("--max-probe-seconds", type=float, metavar="S", help="seconds each probe may spend timing steps (default: 1.5 on CPU, 10 on GPU)")
     run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks")

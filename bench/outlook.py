@@ -89,8 +89,14 @@ def describe(view: Outlook) -> list[str]:
     return lines
 
 
-def refuse_if_too_small(view: Outlook) -> None:
-    """One line naming the budget a minimum viable fit needs, before any of the budget is spent."""
+def refuse_if_too_small(view: Outlook, planner: ProbePlanner | None = None) -> None:
+    """One line naming the budget a minimum viable fit needs (or the grid it needs), before any
+    of the budget is spent."""
+    if planner is not None and len(view.planned if view.budget_seconds is None else planner.preview(None)) < MIN_ROWS_FOR_FIT:
+        raise BenchtrainError(
+            f"the grid has {planner.space.size} configurations ({len(planner.candidates())} that fit in memory); a fit needs at least "
+            f"{MIN_ROWS_FOR_FIT}: add values to --batch-sizes, --seq-lens or --accum"
+        )
     if view.affordable:
         return
     assert view.budget_seconds is not None
@@ -112,5 +118,5 @@ def settle_budget(
     view = outlook(planner, seconds, spent_seconds, after_probes_seconds)
     for line in describe(view):
         say(line)
-    refuse_if_too_small(view)
+    refuse_if_too_small(view, planner)
     return seconds

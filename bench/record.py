@@ -55,7 +55,7 @@ def build_calibration(
     }
     ok_count = sum(1 for row in result.rows if row["status"] == "ok")
     if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"])
+        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record["training"].get("flops_terms"))
         record["noise"] = assess_noise(record)
         if record["noise"]:
             record["warnings"].append(record["noise"]["message"])
@@ -92,14 +92,14 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
-def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None) -> dict[str, Any]:
+def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, flops: dict[str, float] | None = None) -> dict[str, Any]:
     """Keep the drift correction only if it makes the fit better on held-out probes."""
-    corrected = fit_measurements(rows)
+    corrected = fit_measurements(rows, flops)
     if not drift or not drift.get("applied"):
         return corrected
     raw_rows = copy.deepcopy(rows)
     undo_correction(raw_rows)
-    raw = fit_measurements(raw_rows)
+    raw = fit_measurements(raw_rows, flops)
     corrected_error = corrected["held_out_error"]["median_abs_pct"]
     raw_error = raw["held_out_error"]["median_abs_pct"]
     drift["held_out_median_pct"] = {"corrected": corrected_error, "raw": raw_error}

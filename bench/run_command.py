@@ -133,7 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
     _say(f"building {spec.name} on {hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
     task.model = model_record(spec, workload.shape)
-    task.training = dict(workload.training)
+    task.training = {**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)}
     task.compiled = workload.engine.compiled
     task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")

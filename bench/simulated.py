@@ -291,7 +291,7 @@ def simulate_bench(
         hardware=hardware,
         software={**detect_software(), "simulated": "bench.simulated (H100 measurements scaled by FLOPs)"},
         model=model_record(spec, model_shape(meta)),
-        training={**method_record(method, meta), "compile": True, "loss": "liger", "sharding": "ddp"},
+        training={**method_record(method, meta), "compile": True, "loss": "liger", "sharding": "ddp", "flops_terms": model_shape(meta).flops_terms(lora)},
         device_label="h100",
         requested_device="h100",
         compiled=True,

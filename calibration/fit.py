@@ -203,6 +203,23 @@ def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, un
     return np.where(free, solution.x[:-1], 0.0) * unit / magnitude, float(np.exp(solution.x[-1]))
 
 
+def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, flops: dict[str, float] | None, **options: Any) -> np.ndarray:
+    """Non-negative coefficients of `terms`. With `flops` (FLOPs per token of each device term,
+    from the model's shape: calibration.flops_terms), the device terms are tied to one cost per
+    FLOP: one unknown instead of four, which few probes can pin down."""
+    device = [index for index, term in enumerate(terms) if term in DEVICE_TERMS]
+    if flops is None or not device:
+        return fit_nonnegative(features, targets, **options)
+    other = [index for index in range(len(terms)) if index not in device]
+    weights = np.array([float(flops.get(terms[index], 0.0)) for index in device])
+    reduced = np.column_stack([features[:, other], features[:, device] @ weights])
+    solution = fit_nonnegative(reduced, targets, **options)
+    coefficients = np.zeros(len(terms))
+    coefficients[other] = solution[:-1]
+    coefficients[device] = solution[-1] * weights
+    return coefficients
+
+
 def fit_throughput(
     configs: Sequence[Config],
     micro_seconds: np.ndarray,
@@ -210,16 +227,20 @@ def fit_throughput(
     wait_seconds: np.ndarray | None = None,
     uncertainty: np.ndarray | None = None,
     overlap: bool = False,
+    flops: dict[str, float] | None = None,
 ) -> ThroughputModel:
     """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
     the others to the rest of the step, which keeps each term's meaning when probes are few."""
     features = np.stack([throughput_features(c) for c in configs])
     if wait_seconds is None:
-        solution = fit_nonnegative(features, micro_seconds, uncertainty=uncertainty)
+        solution = fit_terms(features, THROUGHPUT_TERMS, micro_seconds, flops, uncertainty=uncertainty)
     else:
         wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
         solution = np.zeros(len(THROUGHPUT_TERMS))
-        solution[COMPUTE_INDEX] = fit_nonnegative(features[:, COMPUTE_INDEX], micro_seconds - wait, scale=micro_seconds, uncertainty=uncertainty)
+        compute_terms = [THROUGHPUT_TERMS[index] for index in COMPUTE_INDEX]
+        solution[COMPUTE_INDEX] = fit_terms(
+            features[:, COMPUTE_INDEX], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty
+        )
         solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds, uncertainty=uncertainty)
     power = 1.0
     if overlap and wait_seconds is not None:  # the data terms must be fitted apart (to the wait)
@@ -240,6 +261,7 @@ def cross_validate_throughput(
     wait_seconds: np.ndarray | None = None,
     uncertainty: np.ndarray | None = None,
     overlap: bool = False,
+    flops: dict[str, float] | None = None,
 ) -> tuple[ErrorSummary, np.ndarray]:
     """Held-out tokens/s error, and the held-out prediction for each row."""
     held_out = np.empty(len(configs))
@@ -247,7 +269,7 @@ def cross_validate_throughput(
         train = np.setdiff1d(np.arange(len(configs)), test)
         waits = None if wait_seconds is None else wait_seconds[train]
         weights = None if uncertainty is None else uncertainty[train]
-        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights, overlap)
+        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights, overlap, flops)
         for index in test:
             held_out[index] = model.micro_step_seconds(configs[index])
     # tokens/s error: actual/predicted on the same token count.
@@ -261,24 +283,30 @@ MIN_OVERLAP_POWER = 1.1
 
 
 def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
-    """The physical (additive) model unless another form is clearly better on held-out rows (by
-    more than half a point and a tenth of its error); the reason, in words."""
+    """The physical (additive) model, or its FLOPs-tied form when that predicts held-out rows at
+    least as well (fewer free terms: what few probes can pin down), unless another form is clearly
+    better (by more than half a point and a tenth of the error); the reason, in words."""
     physical = errors["physical"].median_abs_pct
-    best, best_error = "physical", physical
+    baseline = "flops" if "flops" in errors and errors["flops"].median_abs_pct <= physical else "physical"
+    base_error = errors[baseline].median_abs_pct
+    best, best_error = baseline, base_error
     for kind in ("overlap", "physical+residual"):
         if kind not in errors or rows < 6:
             continue
-        gain = physical - errors[kind].median_abs_pct
-        if gain > max(0.5, 0.1 * physical) and errors[kind].median_abs_pct < best_error:
+        gain = base_error - errors[kind].median_abs_pct
+        if gain > max(0.5, 0.1 * base_error) and errors[kind].median_abs_pct < best_error:
             best, best_error = kind, errors[kind].median_abs_pct
     others = ", ".join(f"{kind} {summary.median_abs_pct:.1f}%" for kind, summary in errors.items() if kind != best)
     if best == "physical":
         return best, f"the physical model's held-out median error ({physical:.1f}%) was not clearly beaten ({others})"
-    return best, f"the {best} model cut the held-out median error from {physical:.1f}% (physical) to {best_error:.1f}% ({others})"
+    if best == "flops":
+        return best, f"tying the compute terms to the model's FLOPs held out as well or better ({base_error:.1f}%) with fewer terms ({others})"
+    return best, f"the {best} model cut the held-out median error from {base_error:.1f}% ({baseline}) to {best_error:.1f}% ({others})"
 
 
-def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The `fit` section of a calibration, from its measurement rows (status `ok` used)."""
+def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | None = None) -> dict[str, Any]:
+    """The `fit` section of a calibration, from its measurement rows (status `ok` used). With the
+    model's FLOPs per token of each compute term (`flops`), a FLOPs-tied form competes too."""
     ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
     if len(ok_rows) < MIN_ROWS_FOR_FIT:
         raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
@@ -297,14 +325,15 @@ def fit_measurements(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
         and fit_throughput(configs, micro_seconds, False, wait_seconds, uncertainty, overlap=True).overlap_power > MIN_OVERLAP_POWER
     )
-    for kind, smooth, overlap in (("physical", False, False), ("physical+residual", True, False), ("overlap", False, True)):
-        if overlap and not overlapping:
+    forms = (("physical", False, False, None), ("physical+residual", True, False, None), ("overlap", False, True, None), ("flops", False, False, flops))
+    for kind, smooth, overlap, tied in forms:
+        if (overlap and not overlapping) or (kind == "flops" and flops is None):
             continue
-        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap)
-        candidates[kind] = (error, held_out, smooth, overlap)
+        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap, tied)
+        candidates[kind] = (error, held_out, smooth, overlap, tied)
     kind, reason = choose_model({name: value[0] for name, value in candidates.items()}, len(configs))
-    error, held_out, smooth, overlap = candidates[kind]
-    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap)
+    error, held_out, smooth, overlap, tied = candidates[kind]
+    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap, tied)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None

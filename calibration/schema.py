@@ -165,6 +165,9 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
     training = data.get("training")
     if training is not None and (not isinstance(training, dict) or training.get("method") not in ("full", "lora")):
         raise CalibrationFileError(f"calibration {path}: training.method should be 'full' or 'lora'")
+    flops_terms = (training or {}).get("flops_terms")
+    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(_is_number(value) and value >= 0 for value in flops_terms.values())):
+        raise CalibrationFileError(f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token")
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")

@@ -88,8 +88,27 @@ def test_resume_estimates_only_the_steps_left() -> None:
 
 
 # 3. --------------------------------------------------------------------------------------------
-def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_budget_too_small_or_a_grid_too_small_is_refused_before_anything_is_built(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    started = time.monotonic()
     code, _, err = run_main("bench", ["run", "--budget", "1s", "--quiet", "--no-report"], capsys)
+    assert_one_line_error(code, err, "cannot pay for even a minimum calibration")
+    assert "use --budget" in err and "building" not in err
+    assert time.monotonic() - started < 30
+    code, _, err = run_main("bench", ["run", "--batch-sizes", "1", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet"], capsys)
+    assert_one_line_error(code, err, "a fit needs at least 3")
+    assert not list((home / "calibrations").glob("*.json"))
+
+
+def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.probe
+
+    def failing(workload: Any, config: Any, settings: Any, peak_flops: Any = None) -> dict[str, Any]:
+        return {**config.as_dict(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
+
+    monkeypatch.setattr(bench.probe, "run_probe", failing)
+    code, _, err = run_main("bench", ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet", "--no-report"], capsys)
     assert_one_line_error(code, err, "a fit needs at least", expected_code=4)
     assert "Nothing was stored as a calibration" in err
     assert not list((home / "calibrations").glob("*.json"))

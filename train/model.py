@@ -160,6 +160,20 @@ class ModelShape:
     head_dim: int
     adapter_parameter_count: int = 0
 
+    def flops_terms(self, lora: bool) -> dict[str, float]:
+        """FLOPs per token of each compute term of the throughput model (calibration.fit): per
+        token, per token × length (attention), and what checkpointing recomputes of each. The
+        same formula as flops_per_token, split by what multiplies it."""
+        adapters = self.adapter_parameter_count if lora else 0
+        base = self.matmul_parameter_count
+        attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward
+        return {
+            "per_token": float(4 * base + 6 * adapters if lora else 6 * base),
+            "attention": float(3 * attention),
+            "recompute_per_token": float(2 * base + 2 * adapters),
+            "recompute_attention": float(attention),
+        }
+
     def forward_flops_per_token(self, seq_len: int, lora: bool = False) -> float:
         """One forward pass (evaluation): 2N (+ 2A) + Att."""
         adapters = self.adapter_parameter_count if lora else 0
