@@ -9,6 +9,7 @@ same code runs on a real device, under several processes, and on a simulated one
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -304,7 +305,7 @@ def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) ->
     }
 
 
-def nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> MeasurementError:
+def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
     `latest` does not pick it) and say what a fit needs."""
     from calibration.durations import format_duration
@@ -315,7 +316,13 @@ def nothing_fitted(record: dict[str, Any], budget_seconds: float | None) -> Meas
     ok = sum(1 for row in rows if row["status"] == "ok")
     kept = save_failed(record)
     took = format_duration(record["overheads"]["benchmark_seconds"])
-    advice = "raise --budget or narrow the grid (--batch-sizes, --seq-lens)" if budget_seconds else "widen the grid or check the failed probes"
+    if budget_seconds and needed_seconds and needed_seconds > budget_seconds:
+        needed = format_duration(needed_seconds)
+        advice = f"at the prices measured, a minimum calibration needs ≈ {needed}: use --budget {format_duration(math.ceil(needed_seconds))}"
+    elif budget_seconds:
+        advice = "raise --budget or narrow the grid (--batch-sizes, --seq-lens)"
+    else:
+        advice = "widen the grid or check the failed probes"
     return MeasurementError(
         f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
         f"Nothing was stored as a calibration; the measurements are in {kept}"

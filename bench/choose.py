@@ -162,6 +162,13 @@ class ProbePlanner:
     def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[ProbeConfig, float]]:
         """The probes this planner would run in `seconds` at today's prices, with each price: a
         dry run of the choice that assumes every probe succeeds as predicted."""
+        return self._dry_run(seconds, stop_when_viable)[0]
+
+    def viable_within(self, seconds: float | None) -> bool:
+        """Whether a minimum viable fit can still be completed in `seconds` at today's prices."""
+        return self._dry_run(seconds, True)[1].viable()
+
+    def _dry_run(self, seconds: float | None, stop_when_viable: bool) -> tuple[list[tuple[ProbeConfig, float]], ProbePlanner]:
         planner = copy.deepcopy(self)
         chosen: list[tuple[ProbeConfig, float]] = []
         left = seconds
@@ -174,4 +181,4 @@ class ProbePlanner:
             left = None if left is None else left - price
             planner.rows[config] = {**config.as_dict(), "status": "ok"}
             planner.seen_shapes.add(shape_of(config))
-        return chosen
+        return chosen, planner

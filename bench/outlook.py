@@ -10,11 +10,13 @@ budget for AUTO_PROBES probes (or the whole grid, if smaller).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.choose import ProbePlanner
+from bench.cost import PRIOR_EFFICIENCY, DeviceSpeed
 from bench.space import ProbeConfig
 from calibration.durations import format_duration
 from calibration.errors import BenchtrainError
@@ -32,13 +34,17 @@ class Outlook:
     grid_seconds: float  # every probe that fits in memory, at today's prices
     grid_probes: int
     planned: tuple[tuple[ProbeConfig, float], ...]  # what the budget buys, with each price
-    minimum_seconds: float  # the smallest budget that pays for a minimum viable fit
+    minimum_seconds: float  # the smallest budget that pays for a minimum viable fit, at these prices
+    least_seconds: float  # the same at the device's peak speed: below it no fit is possible at all
     after_probes_seconds: float  # evaluation and checkpoint timings
     prices: str  # where the prices come from (a prior or measurements)
 
     @property
     def affordable(self) -> bool:
-        return self.budget_seconds is None or self.budget_seconds >= self.minimum_seconds
+        """A prior's prices are conservative: only a budget short of what even the device's peak
+        would need is refused. Measured prices are bet on."""
+        needed = self.minimum_seconds if self.prices == "measured" else self.least_seconds
+        return self.budget_seconds is None or self.budget_seconds >= needed
 
 
 def total_seconds(probes_seconds: float, spent_seconds: float, after_probes_seconds: float) -> float:
@@ -51,6 +57,9 @@ def total_seconds(probes_seconds: float, spent_seconds: float, after_probes_seco
 def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: float, after_probes_seconds: float) -> Outlook:
     everything = planner.preview(None)
     viable = planner.preview(None, stop_when_viable=True)
+    fastest = copy.deepcopy(planner)
+    fastest.cost.speed = DeviceSpeed(planner.cost.speed.flops_per_second / PRIOR_EFFICIENCY, "peak")
+    least = fastest.preview(None, stop_when_viable=True)
     probes_budget = None if budget_seconds is None else budget_seconds - total_seconds(0.0, spent_seconds, after_probes_seconds)
     planned = planner.preview(max(0.0, probes_budget)) if probes_budget is not None else everything
     return Outlook(
@@ -60,6 +69,7 @@ def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: 
         grid_probes=len(everything),
         planned=tuple(planned),
         minimum_seconds=total_seconds(sum(price for _, price in viable), spent_seconds, after_probes_seconds),
+        least_seconds=total_seconds(sum(price for _, price in least), spent_seconds, after_probes_seconds * PRIOR_EFFICIENCY),
         after_probes_seconds=after_probes_seconds,
         prices="measured" if planner.cost.measured else planner.cost.source,
     )
@@ -100,10 +110,14 @@ def refuse_if_too_small(view: Outlook, planner: ProbePlanner | None = None) -> N
     if view.affordable:
         return
     assert view.budget_seconds is not None
+    measured = view.prices == "measured"
+    needed = view.minimum_seconds if measured else view.least_seconds
+    how = "at the prices measured so far" if measured else "even if every step ran at the device's peak"
     raise BenchtrainError(
         f"--budget {format_duration(view.budget_seconds)} cannot pay for even a minimum calibration "
-        f"({MIN_ROWS_FOR_FIT} probes, one of each checkpointing mode asked for): it needs ≈ {format_duration(view.minimum_seconds)} "
-        f"(probe prices: {view.prices}); use --budget {format_duration(math.ceil(view.minimum_seconds))} or more, or --budget auto"
+        f"({MIN_ROWS_FOR_FIT} probes, one of each checkpointing mode asked for): {how} it needs ≈ {format_duration(needed)} "
+        f"(≈ {format_duration(view.minimum_seconds)} at {view.prices}); "
+        f"use --budget {format_duration(math.ceil(view.minimum_seconds))} or more, or --budget auto"
     )
 
 
@@ -120,3 +134,11 @@ def settle_budget(
         say(line)
     refuse_if_too_small(view, planner)
     return seconds
+
+
+def minimum_from_scratch(planner: ProbePlanner, spent_before_probes: float, after_probes_seconds: float) -> float:
+    """The budget a minimum viable fit needs from the start, at the prices measured so far (what
+    a failed benchmark tells the user to ask for next time)."""
+    fresh = copy.deepcopy(planner)
+    fresh.rows, fresh.oom, fresh.seen_shapes = {}, [], set()
+    return total_seconds(sum(price for _, price in fresh.preview(None, stop_when_viable=True)), spent_before_probes, after_probes_seconds)

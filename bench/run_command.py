@@ -64,7 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
     writable_subdir("calibrations")
 
     from bench.calibrate import BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
-    from bench.outlook import outlook, refuse_if_too_small, settle_budget
+    from bench.outlook import minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
     from bench.runner import Budget, study_name
     from bench.timing import ProbeSettings
     from calibration.store import save_calibration, update_calibration
@@ -148,6 +148,7 @@ def run_command(args: argparse.Namespace) -> int:
         # The build is measured now: a budget it left too small for a minimum is refused here.
         refuse_if_too_small(outlook(planner, budget_seconds, time.monotonic() - started, after_probes_seconds(task, planner)))
         budget = Budget(budget_seconds, started)
+        before_probes = budget.elapsed()
         total = space.size if args.search == "grid" else min(trials, space.size)
         _say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
         progress = _progress_bar(total, args.quiet, budget_seconds)
@@ -157,7 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
             if progress is not None:
                 progress.close()
         if record["fit"] is None:
-            raise nothing_fitted(record, budget_seconds)
+            raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
         path = save_calibration(record)
         report_path = None
         if not args.no_report:

@@ -128,6 +128,8 @@ def run_grid(
             references.append((row["position"], row["tokens_per_second"]))
 
     while (config := planner.next(budget.remaining())) is not None:
+        if not planner.viable() and planner.cost.measured and not planner.viable_within(budget.remaining()):
+            break  # measured prices say no fit can be reached: stop spending (bench.calibrate says what it needs)
         if reference_every and reference is not None and since_reference >= reference_every and reference_affordable():
             measure_reference()
             continue  # prices and time moved: choose again

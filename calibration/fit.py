@@ -277,6 +277,20 @@ def cross_validate_throughput(
     return summary, held_out
 
 
+def extrapolated_rows(configs: Sequence[Config]) -> np.ndarray:
+    """Which held-out rows the rest of their fold did not surround: a micro-batch, length or
+    accumulation beyond the others' smallest or largest (the fit extrapolated to predict them)."""
+    outside = np.zeros(len(configs), dtype=bool)
+    for test in folds(len(configs)):
+        train = [configs[i] for i in range(len(configs)) if i not in set(test.tolist())]
+        for index in test:
+            for name in ("micro_batch_size", "seq_len", "grad_accum"):
+                values = [getattr(c, name) for c in train]
+                if values and not min(values) <= getattr(configs[index], name) <= max(values):
+                    outside[index] = True
+    return outside
+
+
 MIN_ROWS_FOR_FIT = 3
 MIN_ROWS_FOR_OVERLAP = 8  # a nonlinear form needs more probes than terms
 MIN_OVERLAP_POWER = 1.1
@@ -341,6 +355,8 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
         peaks = np.array([float(row["peak_memory_bytes"]) for row in memory_rows])
         memory_section = fit_memory_section([config_of(row) for row in memory_rows], peaks)
 
+    outside = extrapolated_rows(configs)
+    extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])
     return {
         "kind": kind,
         "reason": reason,
@@ -348,6 +364,8 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
         "parameters": {**model.coefficients, "overlap_power": model.overlap_power},
         "smoother": _smoother_json(model.smoother),
         "held_out_error": error.to_json(),
+        # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
+        "extrapolated_error": extrapolated.to_json(),
         "held_out_relative_errors": error.signed_relative,
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: value[0].to_json() for name, value in candidates.items()},

@@ -131,6 +131,37 @@ class Calibration:
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
 
+    def relative_bound_for(self, config: Config) -> float:
+        """The bound for one configuration: the relative bound inside the measured range; beyond
+        it, at least the held-out error of the probes that were themselves extrapolations (their
+        90th percentile), widened by how far out it goes (×log2 of the ratio past the range, for
+        more than a doubling)."""
+        bound = self.relative_bound
+        stretch = self.extrapolation_ratio(config)
+        if stretch <= 1.0:
+            return bound
+        extrapolated = (self.fit.get("extrapolated_error") or {}).get("p90_abs_pct")
+        held_out = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
+        base = (extrapolated if extrapolated is not None else held_out or 0.0) / 100.0
+        return max(bound, base * max(1.0, math.log2(stretch)))
+
+    def promised_bound_for(self, config: Config) -> float:
+        """What a plan of this configuration promises the deadline (see promised_bound)."""
+        return 0.0 if self.too_noisy_to_bound else self.relative_bound_for(config)
+
+    def extrapolation_ratio(self, config: Config) -> float:
+        """How far `config` lies beyond the measured micro-batches, lengths and accumulations: the
+        largest ratio past the range (1 inside it)."""
+        ratio = 1.0
+        for name in ("micro_batch_size", "seq_len", "grad_accum"):
+            values = self.measured_values(name)
+            value = getattr(config, name)
+            if values and value > values[-1]:
+                ratio = max(ratio, value / values[-1])
+            elif values and 0 < value < values[0]:
+                ratio = max(ratio, values[0] / value)
+        return ratio
+
     @property
     def too_noisy_to_bound(self) -> bool:
         """The measurements scatter so much that the upper bound means nothing."""
@@ -198,7 +229,7 @@ class Calibration:
             raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum
         tokens_per_second = config.micro_batch_size * config.seq_len * config.grad_accum / step
-        bound = self.relative_bound
+        bound = self.relative_bound_for(config)
         peak = peak_high = None
         if self.memory is not None:
             peak = self.memory.peak_bytes(config) + memory_offset_bytes

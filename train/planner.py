@@ -117,6 +117,7 @@ class Candidate:
     total_seconds_low: float = 0.0
     total_seconds_high: float = 0.0
     total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
+    bound_fraction: float = 0.0  # the calibration's relative bound here (wider when extrapolating)
     eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
     eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
     overheads: Overheads | None = None  # the parts of overhead_seconds (train.overheads)
@@ -377,11 +378,13 @@ def evaluate(
     )
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds
-    bound = calibration.relative_bound
+    # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
+    where = Config(micro, length, accum, workers, checkpointing)
+    bound = candidate.bound_fraction = calibration.relative_bound_for(where)
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
-    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound) + candidate.overhead_seconds
+    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(where)) + candidate.overhead_seconds
     prediction = calibration.predict(
         micro_batch_size=micro,
         seq_len=length,
@@ -472,7 +475,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         epochs=request.epochs,
         priority=request.priority,
         step_limit=step_limit,
-        bound_fraction=calibration.relative_bound,
+        bound_fraction=chosen.bound_fraction,
         notes=notes,
         cost=cost,
         warnings=warnings,
@@ -524,7 +527,7 @@ def shrink_to_deadline(
 ) -> tuple[Candidate, int]:
     """The same configuration with as many steps as fit: counted after the steps a resumed run
     already did, so the limit is the run's total."""
-    per_step = chosen.step_seconds * (1 + calibration.promised_bound) / max(1, chosen.remaining_steps)
+    per_step = (chosen.total_seconds_promised - chosen.overhead_seconds) / max(1, chosen.remaining_steps)
     steps = math.floor((available - chosen.overhead_seconds) / per_step) if per_step > 0 else 0
     if steps < 1:
         raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
