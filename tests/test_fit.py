@@ -115,3 +115,40 @@ def test_run_to_run_spread_widens_the_bounds() -> None:
     assert wide.relative_bound > max(narrow, 0.15)
     prediction = wide.predict(micro_batch_size=4, seq_len=256)
     assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + wide.relative_bound))
+
+
+def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
+    """Issue 21: four probes cannot pin down nine terms; tied to the model's FLOPs (one cost per
+    FLOP), the compute terms come from one number, and the held-out error says so."""
+    flops = {"per_token": 6e6, "attention": 1.2e3, "recompute_per_token": 2e6, "recompute_attention": 400.0}
+    per_flop = 3e-13
+
+    def truth(config: Config) -> float:
+        device = per_flop * config.micro_batch_size * config.seq_len * (flops["per_token"] + flops["attention"] * config.seq_len)
+        return 0.002 + device + 0.004 / config.grad_accum
+
+    rows = []
+    for b, s, a in [(1, 128, 1), (4, 128, 1), (1, 512, 2), (8, 256, 1)]:
+        step = truth(Config(b, s, a, 0)) * a
+        rows.append({"micro_batch_size": b, "seq_len": s, "grad_accum": a, "num_workers": 0, "status": "ok", "step_seconds": step, "peak_memory_bytes": 1e9 + b * s * 1e5})
+    tied = fit_measurements(rows, flops)
+    untied = fit_measurements(rows)
+    assert tied["kind"] == "flops" and "FLOPs" in tied["reason"]
+    assert tied["extrapolated_error"]["count"] >= 2  # held out, the corners were extrapolations
+    assert tied["held_out_error"]["median_abs_pct"] < untied["held_out_error"]["median_abs_pct"]
+    assert tied["parameters"]["attention"] / tied["parameters"]["per_token"] == pytest.approx(flops["attention"] / flops["per_token"])
+    # Far outside the probes, the tied fit still predicts the truth.
+    far = Config(16, 1024, 1, 0)
+    predicted = Calibration(synthetic_calibration(rows, fit=tied)).throughput.micro_step_seconds(far)
+    assert predicted == pytest.approx(truth(far), rel=0.02)
+
+
+def test_the_bound_widens_where_a_plan_extrapolates() -> None:
+    calibration = Calibration(synthetic_calibration(synthetic_rows(batch_sizes=(1, 2, 4), noise=0.03, seed=2)))
+    inside = Config(2, 256, 2, 0)
+    double, far = Config(8, 256, 2, 0), Config(64, 256, 2, 0)
+    assert calibration.relative_bound_for(inside) == calibration.relative_bound
+    assert calibration.extrapolation_ratio(far) == 16
+    assert calibration.relative_bound_for(inside) <= calibration.relative_bound_for(double) < calibration.relative_bound_for(far)
+    prediction = calibration.predict(micro_batch_size=64, seq_len=256, grad_accum=2)
+    assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + calibration.relative_bound_for(far)))
