@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from calibration.durations import join_negative_values
 
-    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(join_negative_values(argv))
+    args.command_line = list(argv)  # for the resume command printed after a stop
     from train.session import run_training
 
     return run_training(args, started)

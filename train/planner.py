@@ -42,6 +42,8 @@ LENGTH_GRANULE = 64
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
+# A max length that leaves less than this share of the trainable tokens is refused, not planned.
+MIN_TRAINABLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -245,8 +247,7 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
     if data.packing:
         # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
         return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
-    ordered = sorted(data.lengths)
-    needed = ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
+    needed = covering_length(data.lengths, coverage)
     covering = [length for length in calibrated if length >= needed]
     if covering:
         return [covering[0]], notes, warnings
@@ -264,6 +265,31 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
         f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
     )
     return [int(length)], notes, warnings
+
+
+def covering_length(lengths: list[int], coverage: float) -> int:
+    """The shortest max length that keeps `coverage` of the samples whole."""
+    ordered = sorted(lengths)
+    return ordered[min(len(ordered) - 1, math.ceil(coverage * len(ordered)) - 1)]
+
+
+def check_trainable_tokens(data: TokenizedData, max_length: int, request: PlanRequest) -> None:
+    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
+    loss on nothing would train nothing and still exit 0."""
+    if data.packing:
+        return  # packing truncates nothing
+    whole = real_tokens(data, max(data.lengths))
+    kept = real_tokens(data, max_length)
+    if whole and kept >= MIN_TRAINABLE_SHARE * whole:
+        return
+    what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
+    cut = truncation(data.lengths, max_length)
+    needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
+    keeps = real_tokens(data, int(needed)) / whole if whole else 0.0
+    raise BenchtrainError(
+        f"{what} leaves {kept:,} of {whole:,} trainable tokens ({kept / whole if whole else 0:.1%}; the loss is on {data.loss_on}): "
+        f"{cut['share_truncated']:.1%} of samples are truncated; --max-length {int(needed)} keeps {keeps:.1%} of them"
+    )
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
@@ -425,6 +451,8 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
         modes = checkpointing_modes(calibration, request.gradient_checkpointing)
         options = [(micro, accum, worker_count, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
+    for length in lengths:
+        check_trainable_tokens(data, length, request)
     cache: ShapeCache = {}
     candidates = [
         evaluate(calibration, data, request, micro, accum, workers, length, cache, mode, eval_data)
@@ -518,18 +546,20 @@ def shrink_to_deadline(
     return candidate, limit
 
 
-def deadline_options(plan: Plan) -> str:
-    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length."""
+def deadline_options(plan: Plan, resuming: bool = False) -> str:
+    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length (a
+    resumed run keeps its epochs and max length: only the steps can change)."""
     chosen = plan.chosen
     promised_steps = chosen.total_seconds_promised - chosen.overhead_seconds
     per_epoch = promised_steps / plan.epochs
     room = plan.available_seconds - chosen.overhead_seconds
     options = []
     if per_epoch > 0 and room > 0:
-        options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
+        if not resuming:
+            options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
         per_step = promised_steps / max(1, chosen.remaining_steps)
         done = chosen.optimizer_steps - chosen.remaining_steps
         options.append(f"--max-steps {done + max(1, math.floor(room / per_step))}")
-    options.append("a shorter --max-length")
+    options.append("a later --deadline" if resuming else "a shorter --max-length")
     options.append("--fit-deadline to cut the steps automatically")
     return ", ".join(options)
