@@ -188,16 +188,29 @@ def stop_reason(status: str, actual: dict[str, Any], record: dict[str, Any]) -> 
     return STOP_REASONS.get(status, status)
 
 
-def describe_check(check: EstimateCheck) -> list[str]:
-    """The comparison in words: the console summary and the report's banner print these lines."""
-    steps = f"{check.steps_run:,} of {check.planned_steps:,} planned steps ran"
+def describe_steps(check: EstimateCheck) -> str:
+    """`34 of 161 planned steps ran` (and which, after a resume)."""
+    text = f"{check.steps_run:,} of {check.planned_steps:,} planned steps ran"
     if check.start_step:
-        steps += f" (steps {check.start_step + 1:,}–{check.start_step + check.steps_run:,} of the run's {check.run_steps:,}, after a resume)"
+        text += f" (steps {check.start_step + 1:,}–{check.start_step + check.steps_run:,} of the run's {check.run_steps:,}, after a resume)"
+    return text
+
+
+def describe_time(check: EstimateCheck) -> str:
+    """`4m08s actual vs 2m20s estimated for the steps that ran: estimate error +77.1% (…)`."""
+    return (
+        f"{format_duration(check.actual_seconds)} actual vs {format_duration(check.estimated_seconds)} estimated for the steps that ran: "
+        f"estimate error {describe_estimate_error(check.error_pct)}"
+    )
+
+
+def describe_check(check: EstimateCheck) -> list[str]:
+    """The comparison in words: the console summary and the report's banner print these lines,
+    the report's charts their parts (describe_steps, describe_time, describe_throughput)."""
     lines = [
-        f"{steps}; {check.reason}",
-        f"time: {format_duration(check.actual_seconds)} actual vs {format_duration(check.estimated_seconds)} estimated for the steps that ran "
-        f"(training {format_duration(check.predicted_train_seconds)} + overheads that happened {format_duration(check.overhead_seconds)}): "
-        f"estimate error {describe_estimate_error(check.error_pct)}",
+        f"{describe_steps(check)}; {check.reason}",
+        f"time: {describe_time(check)}; the estimate for them is {format_duration(check.predicted_train_seconds)} of training "
+        f"+ {format_duration(check.overhead_seconds)} of the overheads that happened",
     ]
     if check.partial and check.projected_seconds is not None:
         lines.append(

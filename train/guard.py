@@ -30,7 +30,7 @@ WINDOW_STEPS = 20
 NEXT_STEP_SAFETY = 1.5  # the next step may take this much longer than the slowest recent one
 # Over budget → back on track only with this share of the time left before the budget to spare.
 HYSTERESIS_FRACTION = 0.05
-ON_TRACK, OVER_BUDGET = "on track", "over budget"
+ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Verdict:
     projected_finish: float  # seconds from the command's start
     ratio: float  # actual / predicted step time over the window
     message: str | None = None  # a change of state, to say once
-    state: str = ON_TRACK  # ON_TRACK | OVER_BUDGET, with hysteresis
+    state: str = ON_TRACK  # WARMING_UP (no live speed yet) | ON_TRACK | OVER_BUDGET, with hysteresis
     budget_seconds: float = 0.0  # deadline − margin, from the command's start
     then: str = ""  # what the guard does about being over budget
 
@@ -117,7 +117,7 @@ class DeadlineGuard:
         self.over_budget = over
         if s.on_overrun != "warn" and step < self.limit and elapsed > self.last_safe_moment():
             action = "stop"
-        state = OVER_BUDGET if over else ON_TRACK
+        state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
         return Verdict(action, self.limit, projected, ratio, message, state, s.budget_seconds, then)
 
     def _over_budget(self, projected: float, elapsed: float) -> bool:
