@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from calibration.errors import EXIT_OK, guard_cli
+from calibration.errors import EXIT_OK, OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.method import add_method_arguments
 
@@ -30,7 +30,7 @@ exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to f
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bench",
         description="Measure the training step on this device across a grid and fit a throughput/memory model.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

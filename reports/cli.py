@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibration.errors import EXIT_OK, guard_cli
+from calibration.errors import EXIT_OK, OneLineParser, guard_cli
 
 EXAMPLES = """examples:
   report ~/.benchtrain/runs/tiny-20261121-140141     # a run: estimate vs actual
@@ -16,7 +16,7 @@ EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="report",
         description="Write a self-contained HTML report (and PNG figures) for a run folder or a calibration.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from calibration.errors import guard_cli
+from calibration.errors import OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.method import add_method_arguments
 
@@ -32,7 +32,7 @@ exit codes:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="train",
         description="Plan batch size, accumulation, workers and max length from a measured calibration, then train before the deadline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
