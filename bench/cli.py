@@ -118,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def list_command() -> int:
-    from calibration.store import calibrations_dir, list_calibrations
+    from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
 
     entries = list_calibrations()
+    # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
+    bundled = ", ".join(bundled_calibrations())
     if not entries:
-        print(f"no calibrations in {calibrations_dir()}: run `bench run`")
+        print(f"no calibrations in {calibrations_dir()}: run `bench run`{home_hint()}; bundled, to plan with: {bundled}")
         return EXIT_OK
+    print(f"bundled, to plan with (train --use-calibration NAME --dry-run): {bundled}")
     for path, data, error in entries:
         if data is None:
             print(f"{path.stem:<44} unreadable: {error}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from calibration.accuracy import check_estimate
 from calibration.atomic import write_json_atomic
-from calibration.store import update_calibration
+from calibration.store import is_bundled, update_calibration
 from train.loop import LoopOutcome
 from train.planner import Plan
 
@@ -127,8 +127,8 @@ def feed_back(calibration: Any, record: dict[str, Any]) -> None:
     this command ran against their own prediction (calibration.accuracy.check_estimate), so a run
     that stopped early or was resumed counts like a completed one."""
     check = check_estimate(record)
-    if check is None or not check.steps_run or calibration.path is None or not check.predicted_tokens_per_second:
-        return
+    if check is None or not check.steps_run or calibration.path is None or is_bundled(calibration.path) or not check.predicted_tokens_per_second:
+        return  # a bundled calibration is the measurement it ships with: runs elsewhere do not change it
     entry = {
         "run_id": record["run_id"],
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
