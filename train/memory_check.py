@@ -61,9 +61,8 @@ class MemoryNeed:
         return self.total_bytes / world_size + gathered
 
 
-def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
-    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
-    trained, built on `meta`."""
+def meta_model(spec: Any, method: MethodConfig) -> Any:
+    """The model as it will be trained, built on PyTorch's `meta` device: shapes, no memory."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -71,7 +70,13 @@ def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, in
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(make_config(spec))
-    model = apply_method(model, method)
+    return apply_method(model, method)
+
+
+def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
+    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
+    trained, built on `meta`."""
+    model = meta_model(spec, method)
     total = sum(parameter.numel() for parameter in model.parameters())
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     blocks = decoder_blocks(model)

@@ -20,6 +20,15 @@ BYTE_TOKENS_NOTE = (
 )
 
 
+def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str | None:
+    """`compute: ≈305 TFLOP/s per process predicted, MFU 30.9% of the H100 SXM's 989 TFLOP/s`."""
+    if figures.get("mfu") is None:
+        return None
+    peak = figures["tflops"] / figures["mfu"]
+    entry = hardware.get("peak_flops_entry") or hardware["name"]
+    return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
+
+
 def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False) -> list[str]:
     c = plan.chosen
     device = calibration.hardware

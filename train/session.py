@@ -332,7 +332,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         memory_offset_bytes=memory_offset,
     )
     plan = make_plan(cal, data, request, eval_data)
-    from train.plan_text import describe_plan
+    from train.plan_text import describe_compute, describe_plan
 
     rate = learning_rate_record(config, plan)
     if is_main_process():
@@ -341,6 +341,9 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         from train.tokenizer import is_byte_tokenizer
 
         print("\n".join(describe_plan(plan, profile, cal, is_byte_tokenizer(tokenizer))), flush=True)
+        compute = describe_compute(planned_compute(spec, method, plan.chosen, hardware), hardware)
+        if compute:
+            print(compute, flush=True)
         communication_line = describe_communication(communication)
         if communication_line:
             print(f"  {communication_line}", flush=True)
@@ -398,6 +401,22 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     # Every rank waits until rank 0 has written everything: none exits while another still works.
     finish_together()
     return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
+
+
+def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+    """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
+    for another): its peak FLOP/s as recorded, else train.hardware's table for its name."""
+    from train.hardware import peak_flops
+    from train.memory_check import meta_model
+    from train.metrics import planned_figures
+    from train.model import model_shape
+
+    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
+    if not peak or not chosen.step_seconds:
+        return {"mfu": None}
+    shape = model_shape(meta_model(spec, method))
+    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
+    return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
 def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
