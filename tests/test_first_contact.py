@@ -133,16 +133,21 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
     assert estimate_error_pct(66.9, 53.2) < 0
     assert describe_estimate_error(25.0) == "+25.0% (took longer than estimated)"
     assert describe_estimate_error(-20.0) == "-20.0% (took less time than estimated)"
+    # Three steps predicted at 15 s each, run at 20 s each; overheads planned at 15 s, all of which happened.
+    overheads = {"model_build_seconds": 10.0, "warmup_seconds": 0.0, "checkpoint_seconds": 2.5, "checkpoint_count": 1, "export_seconds": 2.5}
     record = {
         "run_id": "r",
-        "actual": {"status": "completed", "steps": 3, "final_loss": 1.0, "total_seconds": 75.0, "tokens_per_second": 1.0},
-        "estimate": {"total_seconds": 60.0, "tokens_per_second": 1.0},
-        "estimate_error_pct": estimate_error_pct(60.0, 75.0),
+        "plan": {"optimizer_steps": 3},
+        "actual": {"status": "completed", "steps": 3, "final_loss": 1.0, "total_seconds": 75.0, "checkpoint_seconds": [2.0]},
+        "estimate": {"total_seconds": 60.0, "train_seconds": 45.0, "steps": 3, "overheads": overheads},
+        "losses": [{"step": step, "seconds": 20.0, "predicted_seconds": 15.0, "tokens": 100} for step in (1, 2, 3)],
+        "final": {"path": "final"},
         "deadline_seconds": 300,
         "met_deadline": True,
     }
     text = "\n".join(describe_outcome(record, Path("."), None))
-    assert "1m15s actual vs 1m00s estimated (estimate error +25.0% (took longer than estimated))" in text
+    assert "1m15s actual vs 1m00s estimated for the steps that ran: estimate error +25.0% (took longer than estimated)" in text
+    assert "(25.0% lower throughput)" in text  # 15 s → 20 s a step: 25% fewer tokens per second
 
 
 # 7. --------------------------------------------------------------------------------------------
