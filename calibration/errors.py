@@ -83,8 +83,17 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise BenchtrainError(f"{message}{self._did_you_mean()}; `{self.prog} --help` lists the options")
 
+    def _options(self) -> list[str]:
+        """Every option this command knows, its subcommands' too (their unknown arguments end up here)."""
+        names = list(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    names += parser._options() if isinstance(parser, OneLineParser) else list(parser._option_string_actions)
+        return sorted(set(names))
+
     def _did_you_mean(self) -> str:
-        known = list(self._option_string_actions)
+        known = self._options()
         hints = []
         for token in getattr(self, "_given", []):
             option = token.split("=", 1)[0]
