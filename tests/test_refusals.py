@@ -77,3 +77,16 @@ def test_a_resume_of_another_run_is_refused_unless_forced(
     code, out_text, err = run_main("train", [*tight, "--fit-deadline"], capsys)
     assert code == 0, err
     assert "--fit-deadline: limited to" in out_text
+
+
+def test_a_lora_resume_matches_the_runs_resolved_targets_unless_others_are_named() -> None:
+    """run.json keeps LoRA's targets as the module names they resolved to; `--lora` alone means the same."""
+    from train.method import MethodConfig
+    from train.session import same_method
+
+    run = MethodConfig(method="lora", lora_rank=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert same_method(run, MethodConfig(method="lora", lora_rank=8))
+    assert same_method(run, MethodConfig(method="lora", lora_rank=8, lora_targets=("v_proj", "q_proj", "o_proj", "k_proj")))
+    assert not same_method(run, MethodConfig(method="lora", lora_rank=8, lora_targets=("q_proj",)))
+    assert not same_method(run, MethodConfig(method="lora", lora_rank=16))
+    assert not same_method(run, MethodConfig())

@@ -114,13 +114,25 @@ def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, met
     if trained.get("fingerprint") and trained["fingerprint"] != spec.fingerprint:
         problems.append(f"{run} trained model {trained.get('name')}, this command names {spec.name}: pass --model as the run did")
     earlier = resumed_method(previous)
-    if earlier.settings() != method.settings():
+    if not same_method(earlier, method):
         problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
     if isinstance(config.max_length, int) and config.max_length != plan["max_length"]:
         problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {config.max_length}: drop it")
     if problems and not config.force:
         raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
     return problems
+
+
+def same_method(earlier: Any, method: Any) -> bool:
+    """The run's method (run.json keeps LoRA's targets as resolved module names) and this
+    command's: the same method and adapter settings; targets only when this command names them."""
+    if earlier.method != method.method:
+        return False
+    if not method.is_lora:
+        return True
+    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout) == (method.lora_rank, method.alpha, method.lora_dropout)
+    named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
+    return same_settings and named
 
 
 def data_fingerprint(data: Any) -> str:
@@ -148,12 +160,16 @@ def check_same_data(previous: dict[str, Any], data: Any, data_path: str, profile
         return None
     earlier = before.get("profile") or {}
     problem = (
-        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({earlier.get('count', '?'):,} samples, "
-        f"{earlier.get('total_tokens', '?'):,} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
+        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({_count(earlier.get('count'))} samples, "
+        f"{_count(earlier.get('total_tokens'))} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
     )
     if not force:
         raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
     return problem
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
 
 
 def completed_steps(out_dir: Path) -> int:
@@ -233,6 +249,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     if previous:
         for problem in check_same_run(previous, config, spec, method):
             say(f"warning: {problem} (--force: continuing with this command's)")
+        if same_method(resumed_method(previous), method):
+            method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
     from train.engine import check_sharding
     from train.runtime import job_world_size
     from train.sharding import sharding_in_use
