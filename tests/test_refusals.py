@@ -39,7 +39,6 @@ def test_a_max_length_that_leaves_no_trainable_token_is_refused(calibrated_home:
     assert "tokens: 0 real" not in out
 
 
-@pytest.mark.slow
 def test_a_resume_of_another_run_is_refused_unless_forced(
     calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
 ) -> None:
