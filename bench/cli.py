@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from calibration.errors import EXIT_OK, guard_cli
+from calibration.errors import EXIT_OK, OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.formats import add_data_arguments
 from train.method import add_method_arguments
@@ -33,7 +33,7 @@ exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to f
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bench",
         description="Measure the training step on this device across a grid and fit a throughput/memory model.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -134,12 +134,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def list_command() -> int:
-    from calibration.store import calibrations_dir, list_calibrations
+    from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
 
     entries = list_calibrations()
+    # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
+    bundled = ", ".join(bundled_calibrations())
     if not entries:
-        print(f"no calibrations in {calibrations_dir()}: run `bench run`")
+        print(f"no calibrations in {calibrations_dir()}: run `bench run`{home_hint()}; bundled, to plan with: {bundled}")
         return EXIT_OK
+    print(f"bundled, to plan with (train --use-calibration NAME --dry-run): {bundled}")
     for path, data, error in entries:
         if data is None:
             print(f"{path.stem:<44} unreadable: {error}")

@@ -2,8 +2,8 @@
 
 Our users calibrate 7–12B models on an H100, where one probe costs seconds to minutes; CI has no
 GPU. This device answers the coordinator's tasks (probe, eval, checkpoint, compile_cache) as an
-H100 would, from the real H100 measurements of this project (tests/fixtures, llama-3.2-1b full
-fine-tuning, 48 probes) scaled to the target model by its FLOPs, on a virtual clock, so that a
+H100 would, from the real H100 measurements of this project (calibration/bundled, llama-3.2-1b
+full fine-tuning, 48 probes) scaled to the target model by its FLOPs, on a virtual clock, so that a
 5-minute budget runs in a second. Everything above the device (budget, prices, probe choice,
 timing loop, fit, record) is the code a real run takes.
 
@@ -33,7 +33,8 @@ from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, time_steps
 from train.step import StepResult
 
-FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "h100-llama-3.2-1b-fullgrid.json"
+# The real H100 calibration that ships with the package (also tests/fixtures).
+FIXTURE = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
 COMPILE_SECONDS = 40.0  # torch.compile of one decoder block of a 7-12B model, per new shape
 NOISE = 0.004  # relative step-to-step spread of a steady GPU step
 

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from calibration.accuracy import estimate_error_pct
+from calibration.accuracy import check_estimate
 
 
 def train(args: list[str], env: dict[str, str]) -> tuple[int, float]:
@@ -44,7 +44,7 @@ def main() -> None:
     extra = args.train_args.split()
     env = dict(os.environ)
     home = Path(env.get("BENCHTRAIN_HOME", "~/.benchtrain")).expanduser()
-    print(f"{'run':<28} {'estimate':>9} {'low':>7} {'high':>7} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline")
+    print(f"{'run':<28} {'steps':>9} {'estimate':>9} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline")
     errors = []
     for epochs in [value for value in args.epochs.split(",") for _ in range(args.runs)]:
         before = set((home / "runs").glob("*")) if (home / "runs").exists() else set()
@@ -54,12 +54,12 @@ def main() -> None:
             print(f"train exited {code}")
             continue
         record = json.loads((new[-1] / "run.json").read_text())
-        e, a = record["estimate"], record["actual"]
-        error = estimate_error_pct(e["total_seconds"], a["total_seconds"])  # + = took longer than estimated
+        check = check_estimate(record)  # like for like: the steps that ran, the overheads that happened
+        error = check.error_pct  # + = took longer than estimated
         errors.append(abs(error))
         print(
-            f"{record['run_id']:<28} {e['total_seconds']:>8.1f}s {e['total_seconds_low']:>6.1f}s {e['total_seconds_high']:>6.1f}s "
-            f"{a['total_seconds']:>7.1f}s {error:>+6.1f}% {e['tokens_per_second']:>10,.0f} {a['tokens_per_second']:>10,.0f} "
+            f"{record['run_id']:<28} {f'{check.steps_run}/{check.planned_steps}':>9} {check.estimated_seconds:>8.1f}s "
+            f"{check.actual_seconds:>7.1f}s {error:>+6.1f}% {check.predicted_tokens_per_second:>10,.0f} {check.actual_tokens_per_second:>10,.0f} "
             f"{'met' if record['met_deadline'] else 'MISSED'}"
         )
     if errors:

@@ -6,8 +6,11 @@ that names the problem and the fix, with exit code 2 and no traceback (unless `-
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -67,3 +70,36 @@ def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = 
 def first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else "unknown error"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (a BenchtrainError for guard_cli) instead of the usage
+    block, with a did-you-mean for a mistyped option: `--dealine` → `--deadline`."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = [str(token) for token in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        raise BenchtrainError(f"{message}{self._did_you_mean()}; `{self.prog} --help` lists the options")
+
+    def _options(self) -> list[str]:
+        """Every option this command knows, its subcommands' too (their unknown arguments end up here)."""
+        names = list(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    names += parser._options() if isinstance(parser, OneLineParser) else list(parser._option_string_actions)
+        return sorted(set(names))
+
+    def _did_you_mean(self) -> str:
+        known = self._options()
+        hints = []
+        for token in getattr(self, "_given", []):
+            option = token.split("=", 1)[0]
+            if not option.startswith("--") or option in known or any(name.startswith(option) for name in known):
+                continue
+            close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{option}: did you mean {close[0]}?")
+        return f" ({'; '.join(hints)})" if hints else ""

@@ -2,6 +2,10 @@
 
 Ids are human-readable (`cpu-tiny-20261121-140501`); `latest` is the newest by `created_at`.
 Every write is atomic; read-modify-write (history) holds a lock, so concurrent runs are safe.
+
+Real calibrations ship with the package (`calibration/bundled/<name>.json`, read-only): a user
+with no GPU yet plans the one they will rent with `train --use-calibration h100-llama-3.2-1b
+--dry-run`. They are addressed by name, never chosen by `latest`, and runs never write to them.
 """
 
 from __future__ import annotations
@@ -37,8 +41,32 @@ CSV_COLUMNS = (
 )
 
 
+# Files that hold data, not a calibration: `--use-calibration data.jsonl` is a mix-up, said so.
+DATA_SUFFIXES = (".jsonl", ".csv", ".parquet", ".txt", ".arrow")
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+# Where scripts/demo.sh keeps what it measured (BENCHTRAIN_HOME=./.benchtrain).
+DEMO_HOME = Path(".benchtrain")
+
+
 def calibrations_dir() -> Path:
     return benchtrain_home() / "calibrations"
+
+
+def bundled_calibrations() -> dict[str, Path]:
+    """The calibrations that ship with benchtrain, by name."""
+    return {path.stem: path for path in sorted(BUNDLED_DIR.glob("*.json"))}
+
+
+def is_bundled(path: Path | str | None) -> bool:
+    return path is not None and Path(path).resolve().parent == BUNDLED_DIR
+
+
+def home_hint() -> str:
+    """Where else calibrations are, when BENCHTRAIN_HOME has none: the demo's folder here."""
+    demo = DEMO_HOME.resolve()
+    if demo != benchtrain_home().resolve() and any((demo / "calibrations").glob("*.json")):
+        return f"; {DEMO_HOME}/ here holds the demo's (export BENCHTRAIN_HOME=$PWD/{DEMO_HOME} to use them)"
+    return ""
 
 
 def slug(text: str) -> str:
@@ -119,20 +147,34 @@ def resolve_calibration(
                 on_skip(f"skipped {path} (newer, but unreadable: {error}); {using}")
         if chosen is not None:
             return chosen
-        raise BenchtrainError(f"no calibration in {calibrations_dir()} can be used: run `bench run` first")
+        raise BenchtrainError(f"no calibration in {calibrations_dir()} can be used: run `bench run` first{home_hint()}")
     as_path = Path(reference).expanduser()
+    bundled_names = ", ".join(bundled_calibrations()) or "none"
+    accepted = f"a calibration is latest, an id (`bench list`), a bundled one ({bundled_names}) or a .json file written by `bench run`"
+    if as_path.is_dir():
+        what = "a run folder" if (as_path / "run.json").is_file() else "a folder"
+        raise BenchtrainError(f"{reference} is {what}, not a calibration: {accepted}")
+    if as_path.suffix.lower() in DATA_SUFFIXES:
+        raise BenchtrainError(f"{reference} is a data file, not a calibration (pass it as --data): {accepted}")
     if as_path.suffix == ".json" or "/" in reference:
         if not as_path.is_file():
             raise BenchtrainError(f"calibration file {reference} does not exist")
+        if as_path.name == "run.json":
+            raise BenchtrainError(f"{reference} is a run record, not a calibration (`report {as_path.parent}` reports on the run): {accepted}")
         return as_path
     by_id = calibrations_dir() / f"{reference}.json"
     if by_id.is_file():
         return by_id
-    raise BenchtrainError(f"unknown calibration {reference!r}: `bench list` shows the ids you have")
+    bundled = bundled_calibrations().get(reference)
+    if bundled is not None:
+        return bundled
+    raise BenchtrainError(f"unknown calibration {reference!r}: {accepted}{home_hint()}")
 
 
 def update_calibration(path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Read, change and rewrite a calibration under the store lock."""
+    """Read, change and rewrite a calibration under the store lock (never a bundled one)."""
+    if is_bundled(path):
+        raise BenchtrainError(f"{path} ships with benchtrain and is not changed; run `bench run` for a calibration of your own")
     with file_lock(Path(path).parent / ".lock"):
         data = read_calibration_file(path)
         change(data)

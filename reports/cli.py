@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibration.errors import EXIT_OK, guard_cli
+from calibration.errors import EXIT_OK, OneLineParser, guard_cli
 
 EXAMPLES = """examples:
   report ~/.benchtrain/runs/tiny-20261121-140141     # a run: estimate vs actual
@@ -16,7 +16,7 @@ EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="report",
         description="Write a self-contained HTML report (and PNG figures) for a run folder or a calibration.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -35,15 +35,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target = Path(args.target).expanduser()
+    if target.name == "run.json" and target.is_file():
+        target = target.parent
     if target.is_dir():
         from reports.run_report import write_run_report
 
         path = write_run_report(target)
     else:
-        from calibration.store import resolve_calibration
+        from calibration.errors import BenchtrainError
+        from calibration.store import home_hint, resolve_calibration
         from reports.calibration_report import write_calibration_report
 
-        path = write_calibration_report(resolve_calibration(args.target), Path(args.out) if args.out else None)
+        try:
+            calibration_path = resolve_calibration(args.target)
+        except BenchtrainError as error:
+            if args.target == "latest" or target.exists():
+                raise
+            raise BenchtrainError(
+                f"{args.target} is neither a run folder nor a calibration: pass a run folder (with run.json), latest, "
+                f"a calibration id (`bench list`) or a calibration .json{home_hint()}"
+            ) from error
+        path = write_calibration_report(calibration_path, Path(args.out) if args.out else None)
     print(path)
     return EXIT_OK
 

@@ -116,44 +116,60 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
     return save(figure, path)
 
 
-def progress_over_time(actual_elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path) -> Path:
-    """Tokens done over wall-clock time: the actual run against the estimate and its bounds."""
-    figure, axis = plt.subplots(figsize=(7.2, 4.6))
+def progress_over_time(
+    actual_elapsed: list[float],
+    actual_tokens: list[float],
+    predicted: dict[str, float],
+    deadline: float,
+    path: Path,
+    ended: tuple[float, float],
+    title: list[str],
+) -> Path:
+    """Tokens done over time since the plan: the actual run against the estimate and its bounds.
+    `ended`: (seconds, tokens) where the run ended; `predicted["ran_end"]`: the estimate for the
+    steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
+    figure, axis = plt.subplots(figsize=(7.2, 4.8))
     total = predicted["tokens"]
     start = predicted["start"]
-    for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate"), ("end_high", ":", None)):
+    for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate, whole plan"), ("end_high", ":", None)):
         axis.plot([start, predicted[key]], [0, total / 1e6], linestyle=style, color="#2e86c1", label=label)
     axis.fill_betweenx([0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08)
     axis.plot(actual_elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
-    end = actual_elapsed[-1] if actual_elapsed else 0
-    view = max(end, predicted["end_high"]) * 1.25
+    end_seconds, end_tokens = ended
+    axis.scatter([predicted["ran_end"]], [end_tokens / 1e6], marker="o", s=50, color="#2e86c1", zorder=3, label="estimate for the steps that ran")
+    axis.scatter([end_seconds], [end_tokens / 1e6], marker="X", s=60, color="#27ae60", zorder=3, label="the run ended")
+    view = max(end_seconds, predicted["end_high"]) * 1.25
     if deadline <= view * 1.6:
-        axis.axvline(deadline, color="#c0392b", linestyle="--", label=f"deadline ({deadline:.0f}s)")
+        axis.axvline(deadline, color="#c0392b", linestyle="--", label=f"deadline ({deadline:.0f}s after the plan)")
     else:
         # A far-away deadline would squash the lines: keep the view on the run and point at it.
         axis.set_xlim(0, view)
         axis.annotate(f"deadline at {deadline:.0f}s →", xy=(0.98, 0.04), xycoords="axes fraction", ha="right", color="#c0392b")
-    axis.set_xlabel("time since the command started (s)")
+    axis.set_xlabel("time since the plan (s)")
     axis.set_ylabel("tokens trained (millions)")
-    verdict = "finished before the deadline" if end <= deadline else "passed the deadline"
-    axis.set_title(f"Progress: predicted vs actual\nthe run {verdict} at {end:.0f}s (estimate {predicted['end']:.0f}s)")
+    axis.set_title("\n".join(wrap(title)), fontsize=9)
     axis.legend(fontsize=8, loc="upper left")
     return save(figure, path)
 
 
-def throughput_over_time(elapsed: list[float], actual: list[float], predicted: list[float], path: Path) -> Path:
-    figure, axis = plt.subplots(figsize=(7.2, 4.0))
+def throughput_over_time(elapsed: list[float], actual: list[float], predicted: list[float], path: Path, finding: str | None) -> Path:
+    """Rolling real tokens/s against the prediction; `finding`: the estimate check's throughput line."""
+    figure, axis = plt.subplots(figsize=(7.2, 4.2))
     axis.plot(elapsed, actual, color="#27ae60", label="actual (rolling 20 steps)")
     axis.plot(elapsed, predicted, color="#2e86c1", linestyle="--", label="predicted from the calibration")
-    axis.set_xlabel("time since the command started (s)")
+    axis.set_xlabel("time since the plan (s)")
     axis.set_ylabel("real tokens/s")
-    mean_actual = float(np.mean(actual)) if actual else 0.0
-    mean_predicted = float(np.mean(predicted)) if predicted else 0.0
-    gap = (mean_actual - mean_predicted) / mean_predicted * 100 if mean_predicted else 0.0
-    axis.set_title(f"Throughput over time\nactual ran {abs(gap):.1f}% {'faster' if gap >= 0 else 'slower'} than predicted on average")
+    axis.set_title("\n".join(["Throughput over time", *wrap([finding] if finding else [])]), fontsize=9)
     axis.legend(fontsize=8)
     axis.set_ylim(bottom=0)
     return save(figure, path)
+
+
+def wrap(lines: list[str], width: int = 90) -> list[str]:
+    """Title lines that fit the figure's width."""
+    import textwrap
+
+    return [part for line in lines for part in textwrap.wrap(line, width)]
 
 
 def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: list[int] | None = None, eval_losses: list[float] | None = None) -> Path:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import ERROR_LABEL, estimate_error_pct
+from calibration.accuracy import ERROR_LABEL, check_estimate
 from calibration.home import benchtrain_home
 
 
@@ -25,20 +25,22 @@ def run_records(runs_dir: Path | None = None) -> list[dict[str, Any]]:
 
 
 def error_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per finished run: its estimate check (calibration.accuracy.check_estimate), the
+    same figures its own report, run.json and the console give."""
     rows = []
     for record in records:
-        actual = record["actual"].get("total_seconds")
-        estimate = record["estimate"].get("total_seconds")
-        if not actual or estimate is None:
+        check = check_estimate(record)
+        if check is None or not check.actual_seconds or check.error_pct is None:
             continue
         rows.append(
             {
                 "run": record.get("run_id", "?"),
                 "created": record.get("created_at", ""),
                 "calibration": record.get("calibration_id", ""),
-                "estimate (s)": round(estimate, 1),
-                "actual (s)": round(actual, 1),
-                ERROR_LABEL: round(estimate_error_pct(estimate, actual), 1),
+                "steps run": f"{check.steps_run} of {check.planned_steps}",
+                "estimate (s)": round(check.estimated_seconds, 1),
+                "actual (s)": round(check.actual_seconds, 1),
+                ERROR_LABEL: round(check.error_pct, 1),
                 "deadline met": "yes" if record.get("met_deadline") else "no",
             }
         )

@@ -43,7 +43,9 @@ def figure_grid(figures: list[tuple[Path, str]]) -> str:
 
 
 def table(frame: Any) -> str:
-    """A pandas DataFrame as an HTML table; pandas escapes the cells."""
+    """A pandas DataFrame as an HTML table; pandas escapes the cells. A missing value is a dash,
+    also a None in a column of objects (pandas would print Python's `None` there)."""
+    frame = frame.apply(lambda column: column.map(lambda value: "–" if value is None else value) if column.dtype == object else column)
     return frame.to_html(index=False, escape=True, border=0, na_rep="–")
 
 
@@ -77,5 +79,7 @@ def section(heading: str, *parts: str) -> str:
     return f"<section><h2>{escape(heading)}</h2>{''.join(parts)}</section>"
 
 
-def verdict(text: str, good: bool) -> str:
-    return f'<p class="verdict{"" if good else " bad"}">{escape(text)}</p>'
+def verdict(text: str | list[str], good: bool) -> str:
+    """A coloured banner: one sentence, or lines."""
+    lines = [text] if isinstance(text, str) else text
+    return f'<p class="verdict{"" if good else " bad"}">{"<br>".join(escape(line) for line in lines)}</p>'

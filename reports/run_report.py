@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import ERROR_LABEL, describe_estimate_error, estimate_error_pct
+from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
+from calibration.durations import format_duration
 from calibration.errors import BenchtrainError
 from reports import figures
 from reports.history import error_rows, run_records
@@ -36,41 +37,48 @@ def write_run_report(run_dir: Path) -> Path:
     estimate, actual, plan = record["estimate"], record.get("actual") or {}, record["plan"]
     deadline = record["deadline_seconds"]
     sections = []
-    if actual:
-        error = estimate_error_pct(estimate["total_seconds"], actual.get("total_seconds"))
+    check = check_estimate(record)  # the same comparison the console printed and run.json holds
+    if check is not None:
         met = bool(record.get("met_deadline"))
         sections.append(
             verdict(
-                f"Estimate {estimate['total_seconds']:.0f}s, actual {actual['total_seconds']:.0f}s: estimate error "
-                f"{describe_estimate_error(error)}; deadline {deadline:.0f}s {'met' if met else 'missed'}; status {actual.get('status')}.",
-                met and error is not None and abs(error) <= 15,
+                [*describe_check(check), f"deadline {format_duration(deadline)} {'met' if met else 'missed'}; status {check.status}"],
+                met and check.error_pct is not None and abs(check.error_pct) <= 15,
             )
         )
     else:
         sections.append(verdict("This run has a plan but has not finished training.", False))
 
+    ran_check = check.to_json() if check is not None else {}
     summary = pd.DataFrame(
         [
             {
-                "": "total time (s)",
+                "": "time of the steps that ran, with the overheads that happened (s)",
+                "estimate": ran_check.get("estimated_seconds"),
+                "low": None,
+                "high": None,
+                "actual": ran_check.get("actual_seconds"),
+            },
+            {
+                "": "training time of the steps that ran (s)",
+                "estimate": ran_check.get("predicted_train_seconds"),
+                "low": None,
+                "high": None,
+                "actual": ran_check.get("actual_train_seconds"),
+            },
+            {
+                "": "real tokens/s of the steps that ran",
+                "estimate": ran_check.get("predicted_tokens_per_second"),
+                "low": None,
+                "high": None,
+                "actual": ran_check.get("actual_tokens_per_second"),
+            },
+            {
+                "": "whole plan (s; actual: projected at the live speed)",
                 "estimate": estimate["total_seconds"],
                 "low": estimate["total_seconds_low"],
                 "high": estimate["total_seconds_high"],
-                "actual": actual.get("total_seconds"),
-            },
-            {
-                "": "training time (s)",
-                "estimate": estimate["train_seconds"],
-                "low": None,
-                "high": None,
-                "actual": actual.get("train_seconds"),
-            },
-            {
-                "": "real tokens/s",
-                "estimate": estimate["tokens_per_second"],
-                "low": estimate["tokens_per_second_low"],
-                "high": estimate["tokens_per_second_high"],
-                "actual": actual.get("tokens_per_second"),
+                "actual": check.projected_seconds if check is not None and check.partial else None,
             },
             {
                 "": "peak memory (GiB)",
@@ -90,37 +98,52 @@ def write_run_report(run_dir: Path) -> Path:
         section(
             "Estimate vs actual",
             table(summary.round(2)),
+            "<p>Times run from the plan to the end of the export; the report is timed on its own. A run that stopped early or was "
+            "resumed is compared with the estimate for the steps it ran (each step's prediction, recorded as it ran) plus the "
+            "overheads that took place; the whole plan at the live speed is shown beside it.</p>"
             "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>",
         )
     )
 
     figure_paths = []
     losses = record.get("losses", [])
-    start = estimate["total_seconds"] - estimate["train_seconds"]
-    start = record.get("elapsed_before_plan", 0.0) + max(0.0, start)
     before = record.get("elapsed_before_plan", 0.0)
-    if losses:
-        tokens_done = list(_cumulative(entry.get("tokens", 0) for entry in losses))
+    # This command's steps (a resumed run's losses hold the earlier ones too), on the time axis of
+    # the estimate: seconds since the plan.
+    ran = [entry for entry in losses if entry.get("step", 0) > (check.start_step if check else 0)]
+    if ran and check is not None:
+        overheads = estimate["total_seconds"] - estimate["train_seconds"]
         predicted = {
-            "start": start,
-            "end": before + estimate["total_seconds"],
-            "end_low": before + estimate["total_seconds_low"],
-            "end_high": before + estimate["total_seconds_high"],
+            "start": max(0.0, overheads),
+            "end": estimate["total_seconds"],
+            "end_low": estimate["total_seconds_low"],
+            "end_high": estimate["total_seconds_high"],
             "tokens": estimate["tokens"],
+            "ran_end": check.estimated_seconds,
         }
+        since_plan = [entry["elapsed"] - before for entry in ran]
         figure_paths.append(
             (
-                figures.progress_over_time([e["elapsed"] for e in losses], tokens_done, predicted, deadline, run_dir / "progress.png"),
-                "Tokens trained over time against the estimate, its bounds and the deadline",
+                figures.progress_over_time(
+                    since_plan,
+                    _cumulative(entry.get("tokens", 0) for entry in ran),
+                    predicted,
+                    deadline - before,
+                    run_dir / "progress.png",
+                    (check.actual_seconds, check.tokens),
+                    [describe_steps(check), describe_time(check)],
+                ),
+                "Tokens trained since the plan against the estimate, its bounds and the deadline",
             )
         )
-        rolling_actual, rolling_predicted = _rolling_rates(losses)
+        rolling_actual, rolling_predicted = _rolling_rates(ran)
         figure_paths.append(
             (
-                figures.throughput_over_time([e["elapsed"] for e in losses], rolling_actual, rolling_predicted, run_dir / "throughput.png"),
+                figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check)),
                 "Real tokens/s over time against the calibration's prediction",
             )
         )
+    if losses:
         figure_paths.append(
             (
                 figures.loss_curve(

@@ -23,3 +23,6 @@ echo "== 3/3 report =="
 run_dir=$(ls -dt "$BENCHTRAIN_HOME"/runs/*/ | head -n 1)
 .venv/bin/report "$run_dir"
 echo "calibration report: $(ls -dt "$BENCHTRAIN_HOME"/calibrations/*-report/ | head -n 1)report.html"
+echo
+echo "The demo kept everything in $BENCHTRAIN_HOME. For bench, train and report to use it (report latest, train …):"
+echo "  export BENCHTRAIN_HOME=$BENCHTRAIN_HOME PATH=$PWD/.venv/bin:\$PATH"

@@ -183,10 +183,11 @@ def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pyt
 
     other = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1, "memory_bytes": 80 * 2**30}
     save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run"], capsys)
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m"], capsys)
     assert_one_line_error(code, err, "was measured on NVIDIA H100")
-    code, out, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run", "--force"], capsys)
-    assert code == 0 and "plan (balanced)" in out and "warning" in err
+    # A dry run plans for the calibration's device (tests/test_plan_for_device.py).
+    code, out, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run"], capsys)
+    assert code == 0 and "plan (balanced)" in out and "planning for NVIDIA H100 80GB HBM3" in err
 
 
 def test_a_corrupt_calibration_names_the_file(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -152,16 +152,21 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
     assert estimate_error_pct(66.9, 53.2) < 0
     assert describe_estimate_error(25.0) == "+25.0% (took longer than estimated)"
     assert describe_estimate_error(-20.0) == "-20.0% (took less time than estimated)"
+    # Three steps predicted at 15 s each, run at 20 s each; overheads planned at 15 s, all of which happened.
+    overheads = {"model_build_seconds": 10.0, "warmup_seconds": 0.0, "checkpoint_seconds": 2.5, "checkpoint_count": 1, "export_seconds": 2.5}
     record = {
         "run_id": "r",
-        "actual": {"status": "completed", "steps": 3, "final_loss": 1.0, "total_seconds": 75.0, "tokens_per_second": 1.0},
-        "estimate": {"total_seconds": 60.0, "tokens_per_second": 1.0},
-        "estimate_error_pct": estimate_error_pct(60.0, 75.0),
+        "plan": {"optimizer_steps": 3},
+        "actual": {"status": "completed", "steps": 3, "final_loss": 1.0, "total_seconds": 75.0, "checkpoint_seconds": [2.0]},
+        "estimate": {"total_seconds": 60.0, "train_seconds": 45.0, "steps": 3, "overheads": overheads},
+        "losses": [{"step": step, "seconds": 20.0, "predicted_seconds": 15.0, "tokens": 100} for step in (1, 2, 3)],
+        "final": {"path": "final"},
         "deadline_seconds": 300,
         "met_deadline": True,
     }
     text = "\n".join(describe_outcome(record, Path("."), None))
-    assert "1m15s actual vs 1m00s estimated (estimate error +25.0% (took longer than estimated))" in text
+    assert "1m15s actual vs 1m00s estimated for the steps that ran: estimate error +25.0% (took longer than estimated)" in text
+    assert "(25.0% lower throughput)" in text  # 15 s → 20 s a step: 25% fewer tokens per second
 
 
 # 7. --------------------------------------------------------------------------------------------
@@ -294,3 +299,60 @@ def test_a_fitted_benchmark_on_this_machine_is_stored(home: Path, capsys: pytest
     assert all("step_seconds_mean" in row and "position" in row for row in ok)
     assert data["fit"]["step_tail_factor"] >= 1.0
     assert "load_average_before" in data["search"]
+
+
+# Issue 22: each smaller item a clear line or a fixed label ---------------------------------------
+@pytest.mark.parametrize(
+    ("module", "argv", "fragment"),
+    [
+        ("train", ["--data", "sample", "--deadline", "5m", "--use-calibration", "data.jsonl"], "data.jsonl is a data file, not a calibration"),
+        ("report", ["missing-run-dir"], "missing-run-dir is neither a run folder nor a calibration"),
+        ("report", ["runs/missing-run-dir"], "runs/missing-run-dir is neither a run folder nor a calibration"),
+        ("train", ["--data", "sample", "--dealine", "5m"], "required: --deadline (--dealine: did you mean --deadline?)"),
+        ("bench", ["run", "--budgett", "5m"], "--budgett: did you mean --budget?"),
+    ],
+)
+def test_mix_ups_get_one_line_that_names_them(home: Path, capsys: pytest.CaptureFixture[str], module: str, argv: list[str], fragment: str) -> None:
+    """They said "calibration is not valid JSON", "calibration file does not exist", or printed 20 lines of usage."""
+    code, out, err = run_main(module, argv, capsys)
+    assert_one_line_error(code, err, fragment)
+    assert len(err.strip().splitlines()) == 1 and not out
+
+
+def test_after_the_demo_the_commands_say_where_its_calibrations_are(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo keeps ./.benchtrain; `report latest` and `train` then found nothing, without a word why."""
+    demo = tmp_path / "checkout"
+    (demo / ".benchtrain" / "calibrations").mkdir(parents=True)
+    (demo / ".benchtrain" / "calibrations" / "cpu-tiny-20260101-000000.json").write_text(json.dumps(synthetic_calibration()))
+    monkeypatch.chdir(demo)
+    for module, argv in (("report", ["latest"]), ("train", ["--data", "sample", "--deadline", "5m"])):
+        code, _, err = run_main(module, argv, capsys)
+        assert_one_line_error(code, err, "export BENCHTRAIN_HOME=$PWD/.benchtrain")
+
+
+def test_the_calibration_report_shows_no_python_none(home: Path) -> None:
+    """CPU probes have no MFU (no peak FLOP/s): the table showed `None`."""
+    from reports.calibration_report import write_calibration_report
+
+    rows = synthetic_rows()
+    for row in rows:
+        row["mfu"] = None
+    html = write_calibration_report(save_calibration(synthetic_calibration(rows))).read_text()
+    assert "<th>mfu</th>" in html and ">None<" not in html
+
+
+def test_ctrl_c_reaches_dataloader_workers_and_they_keep_serving(tmp_path: Path) -> None:
+    """Ctrl-C goes to every process of the terminal's group: a worker that died of it failed the
+    step in flight, and the checkpoint --help promises was never written."""
+    import signal
+
+    from train.batching import make_loader
+
+    loader = make_loader(list(range(12)), num_workers=1, pin_memory=False)
+    batches = iter(loader)
+    assert next(batches) == 0
+    for worker in batches._workers:
+        os.kill(worker.pid, signal.SIGINT)
+    assert [next(batches) for _ in range(11)] == list(range(1, 12))

@@ -130,7 +130,17 @@ def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
     rows = []
     for b, s, a in [(1, 128, 1), (4, 128, 1), (1, 512, 2), (8, 256, 1)]:
         step = truth(Config(b, s, a, 0)) * a
-        rows.append({"micro_batch_size": b, "seq_len": s, "grad_accum": a, "num_workers": 0, "status": "ok", "step_seconds": step, "peak_memory_bytes": 1e9 + b * s * 1e5})
+        rows.append(
+            {
+                "micro_batch_size": b,
+                "seq_len": s,
+                "grad_accum": a,
+                "num_workers": 0,
+                "status": "ok",
+                "step_seconds": step,
+                "peak_memory_bytes": 1e9 + b * s * 1e5,
+            }
+        )
     tied = fit_measurements(rows, flops)
     untied = fit_measurements(rows)
     assert tied["kind"] == "flops" and "FLOPs" in tied["reason"]

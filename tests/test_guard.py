@@ -74,3 +74,36 @@ def test_shrink_cuts_the_limit_to_what_fits_at_the_live_speed() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         settings(on_overrun="panic")
+
+
+def test_a_run_near_its_limit_does_not_flip_between_states() -> None:
+    """A resume flipped 7 times between "will checkpoint and stop" and "back on track": the
+    projection wandered a little around the budget. Once over, the run is back on track only with
+    a share of the time still to go to spare."""
+    guard = DeadlineGuard(settings(on_overrun="warn"), 100)
+    elapsed, verdicts = 10.0, []
+    for step in range(1, 41):
+        elapsed += 1.0
+        # Projected finish (elapsed + remaining × 1.0 + 5 s reserve): 116 s, 113 s, 116 s, … around the 115 s budget.
+        remaining = 110.0 - elapsed + (1.0 if step % 2 else -2.0)
+        verdicts.append(guard.observe(step, elapsed, 1.0, STEP, remaining))
+    messages = [v.message for v in verdicts if v.message]
+    assert len(messages) == 1 and "passes the deadline budget" in messages[0]
+    assert {v.state for v in verdicts[2:]} == {"over budget"}  # from step 3, the first over the budget
+    # A real recovery (projection 105 s, well inside) is said once.
+    recovered = guard.observe(41, elapsed + 1.0, 1.0, STEP, 100.0 - elapsed - 1.0)
+    assert recovered.state == "on track" and "back on track" in recovered.message
+
+
+def test_the_live_line_says_the_guards_state() -> None:
+    """The live line said "on track" while the guard printed "projected finish 1409s of 300s"."""
+    from types import SimpleNamespace
+
+    from train.loop import TrainingRun
+
+    guard = DeadlineGuard(settings(), 100)
+    verdicts = run(guard, [1.0] * 3 + [10.0] * 3)
+    step = SimpleNamespace(loss=1.0, target_tokens=100, seconds=10.0)
+    line = TrainingRun._postfix(step, verdicts[-1])
+    assert "over budget: projected finish" in line and "will checkpoint and stop" in line and "on track" not in line
+    assert TrainingRun._postfix(step, verdicts[0]).endswith("warming up: projected finish 110s of 115s budget")

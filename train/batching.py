@@ -204,7 +204,19 @@ def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0
         num_workers=num_workers,
         pin_memory=pin_memory,
         prefetch_factor=4 if num_workers else None,
+        worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
     )
+
+
+def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal's group, DataLoader workers too: a worker that
+    died of it would fail the step in flight, and the main process could not finish it and save
+    the checkpoint it promises. The main process handles SIGINT/SIGTERM (train.loop.StopSignals);
+    its workers exit when it shuts the loader down (or when it is gone: torch's watchdog)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:

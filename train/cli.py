@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from calibration.errors import guard_cli
+from calibration.errors import OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.formats import add_data_arguments
 from train.method import add_method_arguments
@@ -19,7 +19,8 @@ EXAMPLES = """examples:
   train --data ORG/dataset --data-split train --messages-field dialog --deadline 2h  # a hub dataset with its own column name
   train --data train.parquet --deadline 2h --dry-run                    # print the plan only
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
-  train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint
+  train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
+  train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
@@ -29,14 +30,14 @@ EXAMPLES = """examples:
 exit codes:
   0  trained (or, with --dry-run, the plan fits the deadline)
   2  bad input: one line says what and how to fix it
-  3  the plan does not fit the deadline (with --dry-run too); the line lists options, or use --fit-deadline
+  3  the plan (or a resumed run's steps left) does not fit the deadline (with --dry-run too); the line lists options, or use --fit-deadline
   5  no room on the disk for the run, or a checkpoint save failed (the previous one is intact)
-  130 interrupted (SIGINT/SIGTERM): a checkpoint was saved, continue with --resume
+  130 interrupted (SIGINT/SIGTERM): the step in flight finishes, a checkpoint is saved and the resume command printed
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="train",
         description="Plan batch size, accumulation, workers and max length from a measured calibration, then train before the deadline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--use-calibration",
         metavar="latest|ID|PATH",
-        help="calibration to plan with (default: latest; with --resume, the one the run started with)",
+        help="calibration to plan with: latest (default; with --resume, the one the run started with), an id, a .json file, "
+        "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured)",
     )
     p.add_argument(
         "--data",
@@ -136,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--base-batch", type=int, metavar="N", help="the effective batch --learning-rate was tuned for (default: the planned one)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true", help="use a calibration made for another device or model")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="use a calibration made for another device or model; --resume with other data, model, method or max length than the run's",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
@@ -146,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from calibration.durations import join_negative_values
 
-    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(join_negative_values(argv))
+    args.command_line = list(argv)  # for the resume command printed after a stop
     from train.session import run_training
 
     return run_training(args, started)

@@ -13,7 +13,10 @@ checkpoint, export, evaluation, report). Then:
   and the reserve, stop; `warn` only warns.
 
 A warning is said once per change of state (on track → over budget → back on track), not on
-every step.
+every step, and the state has hysteresis: once over budget, the run is back on track only when the
+projection is inside the budget by a share of the time still to go (HYSTERESIS_FRACTION), so a run
+near its limit does not flip back and forth with the noise of its step times. The live progress
+line and the periodic log print the same state (`Verdict.state`, `Verdict.summary`): one story.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from dataclasses import dataclass, field
 OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WINDOW_STEPS = 20
 NEXT_STEP_SAFETY = 1.5  # the next step may take this much longer than the slowest recent one
+# Over budget → back on track only with this share of the time left before the budget to spare.
+HYSTERESIS_FRACTION = 0.05
+ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,15 @@ class Verdict:
     projected_finish: float  # seconds from the command's start
     ratio: float  # actual / predicted step time over the window
     message: str | None = None  # a change of state, to say once
+    state: str = ON_TRACK  # WARMING_UP (no live speed yet) | ON_TRACK | OVER_BUDGET, with hysteresis
+    budget_seconds: float = 0.0  # deadline − margin, from the command's start
+    then: str = ""  # what the guard does about being over budget
+
+    @property
+    def summary(self) -> str:
+        """The state as the live line and the log print it."""
+        text = f"{self.state}: projected finish {self.projected_finish:.0f}s of {self.budget_seconds:.0f}s budget"
+        return f"{text}; {self.then}" if self.state == OVER_BUDGET and self.then else text
 
 
 @dataclass
@@ -84,7 +99,8 @@ class DeadlineGuard:
         projected = elapsed + remaining_predicted * ratio + pending_compile_seconds + s.reserve_seconds
         message = None
         action = "continue"
-        over = projected > s.budget_seconds and self.seen > s.warmup_steps
+        over = self.seen > s.warmup_steps and self._over_budget(projected, elapsed)
+        then = {"stop": "will checkpoint and stop at the last safe moment", "warn": "continuing (--on-overrun warn)", "shrink": "shrinking"}[s.on_overrun]
         if over and s.on_overrun == "shrink":
             per_step = sum(a for a, _ in self.window) / len(self.window)
             room = s.budget_seconds - elapsed - s.reserve_seconds
@@ -93,15 +109,23 @@ class DeadlineGuard:
                 self.limit = new_limit
                 action = "shrink"
                 message = f"step {step}: projected finish {projected:.0f}s > {s.budget_seconds:.0f}s budget at the live speed; shrinking to {new_limit} steps"
+            then = f"shrunk to {self.limit} steps"
         elif over and not self.over_budget:
-            then = "will checkpoint and stop at the last safe moment" if s.on_overrun == "stop" else "continuing (--on-overrun warn)"
             message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {s.budget_seconds:.0f}s; {then}"
         elif not over and self.over_budget and s.on_overrun != "shrink":
             message = f"step {step}: back on track, projected finish {projected:.0f}s of {s.budget_seconds:.0f}s"
         self.over_budget = over
         if s.on_overrun != "warn" and step < self.limit and elapsed > self.last_safe_moment():
             action = "stop"
-        return Verdict(action, self.limit, projected, ratio, message)
+        state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
+        return Verdict(action, self.limit, projected, ratio, message, state, s.budget_seconds, then)
+
+    def _over_budget(self, projected: float, elapsed: float) -> bool:
+        """Over budget past the budget; back on track only with a margin to spare (hysteresis)."""
+        budget = self.settings.budget_seconds
+        if not self.over_budget:
+            return projected > budget
+        return projected > budget - HYSTERESIS_FRACTION * max(0.0, budget - elapsed)
 
     def last_safe_moment(self) -> float:
         """Past this, one more step and the reserve might not fit before the deadline."""

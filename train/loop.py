@@ -68,6 +68,8 @@ class LoopOutcome:
     evals: list[dict[str, float]] = field(default_factory=list)
     batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
     figures: dict[str, Any] = field(default_factory=dict)  # train.metrics.step_figures over the run, peak memory
+    start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
+    shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
 
 
 @dataclass
@@ -210,13 +212,14 @@ class TrainingRun:
         self._build()
         self._stream = self.data.stream() if self.data.packing else None
         position, resumed_from = self._restore()
+        start_step = position.step
         checkpoint_dir = self.out_dir / "checkpoints"
         checkpoint_times: list[float] = []
         last_checkpoint = resumed_from
         s, c = self.settings, self.chosen
         last_checkpoint_at = last_log_at = last_eval_at = time.monotonic()
         status = "completed"
-        limit = self.total_steps()
+        limit = planned_limit = self.total_steps()
         guard = DeadlineGuard(
             GuardSettings(
                 deadline_seconds=s.deadline_seconds,
@@ -281,7 +284,7 @@ class TrainingRun:
                             compiled_here,
                             self._pending_compile_seconds(),
                         )
-                        ratio, projected_finish = verdict.ratio, verdict.projected_finish
+                        projected_finish = verdict.projected_finish
                         if verdict.message:  # a change of state: said once
                             self.events.append(verdict.message)
                             if progress is not None:
@@ -293,13 +296,13 @@ class TrainingRun:
                             status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
                         if progress is not None:
                             progress.update(1)
-                            progress.set_postfix_str(self._postfix(result, ratio), refresh=False)
+                            progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
                         self._track_step(position, result, projected_finish - (now - s.started_at))
                         # -- record, log, checkpoint ----------------------------------------------
                         if now - last_log_at >= s.log_interval_seconds or status != "completed":
                             last_log_at = now
-                            position.timeline.append(self._timeline_point(position, now, ratio, projected_finish))
-                            self._log(progress, position, now, ratio, projected_finish)
+                            position.timeline.append(self._timeline_point(position, now, verdict.ratio, projected_finish))
+                            self._log(progress, position, now, verdict)
                             self._update(position)
                         # Every rank evaluates together (the loss is summed across them): agree on "due".
                         due = self.eval_data is not None and status == "completed" and self.eval_schedule.due(position.step, now - last_eval_at)
@@ -353,6 +356,8 @@ class TrainingRun:
             exit_signal=exit_signal,
             batch_shapes=len(self.shapes_seen),
             figures=self._run_figures(position),
+            start_step=start_step,
+            shrunk_to=limit if limit < planned_limit else None,
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -442,20 +447,20 @@ class TrainingRun:
             "loss": position.losses[-1]["loss"] if position.losses else math.nan,
         }
 
-    def _postfix(self, result: Any, ratio: float) -> str:
-        """`ratio`: actual / predicted step time over the guard's window."""
-        state = "on track" if ratio <= 1 + self.calibration.relative_bound else "slower than planned"
-        return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {state}"
+    @staticmethod
+    def _postfix(result: Any, verdict: Any) -> str:
+        """The live line: this step's loss and speed, and the deadline guard's state (the same the
+        log and the guard's messages say)."""
+        return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
 
-    def _log(self, progress: Any, position: Position, now: float, ratio: float, projected: float) -> None:
-        s = self.settings
+    def _log(self, progress: Any, position: Position, now: float, verdict: Any) -> None:
         predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
         actual_rate = position.tokens / max(position.step_seconds, 1e-9)
-        elapsed = now - s.started_at
+        elapsed = now - self.settings.started_at
         line = (
             f"step {position.step}: {actual_rate:,.0f} tok/s actual vs {predicted_rate:,.0f} predicted, "
-            f"elapsed {elapsed:.0f}s, remaining {max(0.0, projected - elapsed):.0f}s, "
-            f"projected finish {projected:.0f}s of {s.deadline_seconds:.0f}s deadline"
+            f"elapsed {elapsed:.0f}s, remaining {max(0.0, verdict.projected_finish - elapsed):.0f}s; {verdict.summary} "
+            f"(deadline {self.settings.deadline_seconds:.0f}s)"
         )
         if progress is not None:
             progress.write(line)

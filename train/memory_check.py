@@ -133,9 +133,12 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
     )
 
 
-def describe_needs(spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> str:
-    """One line for `train --dry-run`: the fixed memory of each method on this device (and, under
-    FSDP, what each process holds)."""
+def describe_needs(
+    spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1, calibration_device: bool = False
+) -> str:
+    """One line for `train --dry-run`: the fixed memory of each method on `hardware` — this device,
+    or the one the calibration measured when the dry run plans for another — (and, under FSDP,
+    what each process holds)."""
     parts = []
     for method in (MethodConfig(method="full"), chosen if chosen.is_lora else MethodConfig(method="lora")):
         need = memory_need(spec, method, hardware["device_type"])
@@ -144,4 +147,5 @@ def describe_needs(spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sh
         if sharding == "fsdp" and method.method == "full":
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{sharded}")
-    return f"memory before activations: {', '.join(parts)}; this device has {hardware['memory_bytes'] / GIB:.0f} GiB"
+    device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
+    return f"memory before activations: {', '.join(parts)}; {device} has {hardware['memory_bytes'] / GIB:.0f} GiB"

@@ -39,3 +39,9 @@ def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, fl
         "mfu": mfu(rate, flops_per_token, peak_flops),
         "data_wait_share": data_wait_share(wait_seconds, seconds),
     }
+
+
+def planned_figures(computed_tokens: float, step_seconds: float, world_size: int, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+    """A plan's predicted TFLOP/s and MFU per process: `computed_tokens` positions (padding
+    included, every process together) in `step_seconds` of predicted training."""
+    return step_figures(computed_tokens / max(1, world_size), step_seconds, 0.0, flops_per_token, peak_flops)

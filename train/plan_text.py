@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import describe_estimate_error
+from calibration.accuracy import check_estimate, describe_check
 from calibration.durations import format_duration
 from train.planner import Plan
 
@@ -14,11 +14,28 @@ def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
 
 
-def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list[str]:
+BYTE_TOKENS_NOTE = (
+    "  tokens are bytes: this preset has no tokenizer of its own, so counts, lengths and tokens/s are the byte-level "
+    "tokenizer's (a model's own tokenizer makes fewer, longer tokens); --tokenizer DIR counts with the real one"
+)
+
+
+def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str | None:
+    """`compute: ≈305 TFLOP/s per process predicted, MFU 30.9% of the H100 SXM's 989 TFLOP/s`."""
+    if figures.get("mfu") is None:
+        return None
+    peak = figures["tflops"] / figures["mfu"]
+    entry = hardware.get("peak_flops_entry") or hardware["name"]
+    return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
+
+
+def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False) -> list[str]:
     c = plan.chosen
+    device = calibration.hardware
     lines = [
-        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens; length mean {profile['mean']:.0f}, "
+        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
         f"p50 {profile['p50']:.0f}, p99 {profile['p99']:.0f}, p99.5 {profile['p99.5']:.0f}, max {profile['max']}",
+        *([BYTE_TOKENS_NOTE] if byte_tokens else []),
         f"calibration: {calibration.id} (held-out error p90 {plan.bound_fraction:.1%}"
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",
@@ -33,7 +50,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any) -> list
         *[f"  {line}" for line in (c.overheads.lines() if c.overheads else [])],
         f"  tokens: {c.tokens:,} real of {c.padded_tokens:,} computed ({_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
-        f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin)",
+        f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
+        f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration measured",
         f"  deadline: {format_duration(plan.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
         f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
         f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",
@@ -52,18 +70,22 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.1%}" if whole else "n/a"
 
 
-def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | None) -> list[str]:
-    actual, estimate = record["actual"], record["estimate"]
-    lines = [
-        f"run {record['run_id']}: {actual['status']} after {actual['steps']} steps, final loss {actual['final_loss']:.4f}"
-        if actual.get("final_loss") is not None
-        else f"run {record['run_id']}: {actual['status']} after {actual['steps']} steps",
-        f"  time: {format_duration(actual['total_seconds'])} actual vs {format_duration(estimate['total_seconds'])} estimated "
-        f"(estimate error {describe_estimate_error(record.get('estimate_error_pct'))}); deadline {format_duration(record['deadline_seconds'])} "
-        f"{'met' if record['met_deadline'] else 'MISSED'}",
-        f"  speed: {actual['tokens_per_second']:,.0f} real tokens/s actual vs {estimate['tokens_per_second']:,.0f} estimated",
-        f"  run folder: {out_dir}",
-    ]
+def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
+    """The end of a run in words: the estimate check (the lines the report's banner shows too),
+    the deadline, where things are, and how to continue a run that stopped early."""
+    actual = record["actual"]
+    loss = f", final loss {actual['final_loss']:.4f}" if actual.get("final_loss") is not None else ""
+    lines = [f"run {record['run_id']}: {actual['status']} after {actual['steps']} steps{loss}"]
+    check = check_estimate(record)
+    if check is not None:
+        lines += [f"  {line}" for line in describe_check(check)]
+    used = actual.get("command_seconds")
+    report = f"; the report took {format_duration(actual['report_seconds'])} more" if actual.get("report_seconds") is not None else ""
+    lines.append(
+        f"  deadline {format_duration(record['deadline_seconds'])} {'met' if record['met_deadline'] else 'MISSED'}"
+        + (f" ({format_duration(used)} used by the whole command{report})" if used is not None else "")
+    )
+    lines.append(f"  run folder: {out_dir}")
     final = record.get("final")
     if final:
         partial = " (partial: the run stopped before its planned end)" if final.get("partial") else ""
@@ -72,4 +94,10 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
             lines.append(f"  merged model: {final['merged_path']}")
     if report_path:
         lines.append(f"  report: {report_path}")
+    if actual["status"] in ("interrupted", "stopped_for_deadline"):
+        checkpoint = actual.get("last_checkpoint")
+        if checkpoint and resume_command:
+            lines.append(f"checkpoint saved ({Path(checkpoint).name}); resume with: {resume_command}")
+        elif not checkpoint:
+            lines.append("no checkpoint was saved (no step had finished): nothing to resume")
     return lines

@@ -43,6 +43,8 @@ MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short d
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
+# A max length that leaves less than this share of the trainable tokens is refused, not planned.
+MIN_TRAINABLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,25 @@ def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_posit
     return tuple(sorted({*shorter, *needed}))
 
 
+def check_trainable_tokens(data: TokenizedData, max_length: int, request: PlanRequest) -> None:
+    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
+    loss on nothing would train nothing and still exit 0."""
+    if data.packing:
+        return  # packing truncates nothing
+    whole = real_tokens(data, max(data.lengths))
+    kept = real_tokens(data, max_length)
+    if whole and kept >= MIN_TRAINABLE_SHARE * whole:
+        return
+    what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
+    cut = truncation(data.lengths, max_length)
+    needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
+    keeps = real_tokens(data, int(needed)) / whole if whole else 0.0
+    raise BenchtrainError(
+        f"{what} leaves {kept:,} of {whole:,} trainable tokens ({kept / whole if whole else 0:.1%}; the loss is on {data.loss_on}): "
+        f"{cut['share_truncated']:.1%} of samples are truncated; --max-length {int(needed)} keeps {keeps:.1%} of them"
+    )
+
+
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
     """(micro batch, accumulation) pairs that keep samples per optimizer step = effective_batch."""
     calibrated = calibration.measured_values("micro_batch_size")
@@ -445,6 +466,8 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
         modes = checkpointing_modes(calibration, request.gradient_checkpointing)
         options = [(micro, accum, worker_count, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
+    for length in lengths:
+        check_trainable_tokens(data, length, request)
     cache: ShapeCache = {}
     candidates = [
         evaluate(calibration, data, request, micro, accum, workers, length, cache, mode, eval_data)
@@ -538,18 +561,20 @@ def shrink_to_deadline(
     return candidate, limit
 
 
-def deadline_options(plan: Plan) -> str:
-    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length."""
+def deadline_options(plan: Plan, resuming: bool = False) -> str:
+    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length (a
+    resumed run keeps its epochs and max length: only the steps can change)."""
     chosen = plan.chosen
     promised_steps = chosen.total_seconds_promised - chosen.overhead_seconds
     per_epoch = promised_steps / plan.epochs
     room = plan.available_seconds - chosen.overhead_seconds
     options = []
     if per_epoch > 0 and room > 0:
-        options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
+        if not resuming:
+            options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
         per_step = promised_steps / max(1, chosen.remaining_steps)
         done = chosen.optimizer_steps - chosen.remaining_steps
         options.append(f"--max-steps {done + max(1, math.floor(room / per_step))}")
-    options.append("a shorter --max-length")
+    options.append("a later --deadline" if resuming else "a shorter --max-length")
     options.append("--fit-deadline to cut the steps automatically")
     return ", ".join(options)

@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import estimate_error_pct
+from calibration.accuracy import check_estimate
 from calibration.atomic import write_json_atomic
-from calibration.store import update_calibration
+from calibration.store import is_bundled, update_calibration
 from train.loop import LoopOutcome
-from train.planner import Candidate, Plan
+from train.planner import Plan
 
 RUN_SCHEMA_VERSION = 1
 
@@ -71,6 +71,9 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
         "total_seconds_high": chosen.total_seconds_high,
         "train_seconds": chosen.step_seconds,
         "overhead_seconds": chosen.overhead_seconds,
+        # The steps this estimate covers: a resumed run's are those left after start_step.
+        "steps": chosen.remaining_steps,
+        "start_step": chosen.optimizer_steps - chosen.remaining_steps,
         "tokens": chosen.tokens,
         "padded_tokens": chosen.padded_tokens,
         "tokens_per_second": chosen.tokens_per_second,
@@ -86,6 +89,9 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
 
 
 def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None) -> dict[str, Any]:
+    """What happened. `total_seconds`: from the plan to the end of the export (the span the
+    estimate check compares, calibration.accuracy.check_estimate); steps, tokens and train seconds
+    count the whole run, a resumed one's earlier steps included (`start_step` of them)."""
     return {
         "total_seconds": total_seconds,
         "train_seconds": outcome.step_seconds,
@@ -102,6 +108,10 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
         "final_perplexity": outcome.evals[-1]["perplexity"] if outcome.evals else None,
         "eval_seconds": sum(entry["seconds"] for entry in outcome.evals),
         "status": outcome.status,
+        "start_step": outcome.start_step,
+        "exit_signal": outcome.exit_signal,
+        "shrunk_to": outcome.shrunk_to,
+        "last_checkpoint": outcome.last_checkpoint,
         "cost": total_seconds / 3600 * price_per_hour if price_per_hour else None,
     }
 
@@ -112,26 +122,24 @@ def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def feed_back(calibration: Any, record: dict[str, Any], chosen: Candidate) -> None:
-    """Append the measured speed to the calibration's history so the next plan uses it."""
-    actual, estimate = record["actual"], record["estimate"]
-    # A resumed run measured only its remainder against a whole-run estimate: not comparable.
-    if not actual or not actual.get("steps") or calibration.path is None or record.get("resumed"):
-        return
-    # Compare like with like: the predicted seconds of the steps that actually ran.
-    predicted_rate = chosen.tokens / chosen.step_seconds if chosen.step_seconds else None
+def feed_back(calibration: Any, record: dict[str, Any]) -> None:
+    """Append the measured speed to the calibration's history so the next plan uses it: the steps
+    this command ran against their own prediction (calibration.accuracy.check_estimate), so a run
+    that stopped early or was resumed counts like a completed one."""
+    check = check_estimate(record)
+    if check is None or not check.steps_run or calibration.path is None or is_bundled(calibration.path) or not check.predicted_tokens_per_second:
+        return  # a bundled calibration is the measurement it ships with: runs elsewhere do not change it
     entry = {
         "run_id": record["run_id"],
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": record["plan"],
-        "predicted_tokens_per_second": predicted_rate,
-        "actual_tokens_per_second": actual["tokens_per_second"],
-        "predicted_total_seconds": estimate["total_seconds"],
-        "actual_total_seconds": actual["total_seconds"],
-        "time_error_pct": estimate_error_pct(estimate["total_seconds"], actual["total_seconds"]),
-        "status": actual["status"],
+        # The history factor already in the prediction is divided out, so ratios don't compound.
+        "predicted_tokens_per_second": check.predicted_tokens_per_second / calibration.history_factor,
+        "actual_tokens_per_second": check.actual_tokens_per_second,
+        "predicted_total_seconds": check.estimated_seconds,
+        "actual_total_seconds": check.actual_seconds,
+        "time_error_pct": check.error_pct,
+        "steps": check.steps_run,
+        "status": check.status,
     }
-    # The history factor already in the prediction is divided out, so ratios don't compound.
-    if predicted_rate is not None:
-        entry["predicted_tokens_per_second"] = predicted_rate / calibration.history_factor
     update_calibration(calibration.path, lambda data: data.setdefault("history", []).append(entry))

@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import estimate_error_pct
+from calibration.accuracy import check_estimate
 from calibration.durations import format_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
@@ -100,6 +100,88 @@ def resumed_method(previous: dict[str, Any]) -> Any:
     )
 
 
+def resumed_configuration(previous: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """The interrupted run's configuration, which its resume keeps (--force with --max-length N
+    takes N instead: check_same_run)."""
+    configuration = {key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION}
+    if config.force and isinstance(config.max_length, int):
+        configuration["max_length"] = config.max_length
+    return configuration
+
+
+def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
+    return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
+
+
+def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, method: Any) -> list[str]:
+    """A resume continues the run it names: another model, method or max length than the run's is
+    refused (one line) unless --force, which then trains with this command's. Returns what --force
+    let through, to warn about. (Other data is checked once it is tokenized: check_same_data.)"""
+    plan = previous["plan"]
+    run = f"--resume: run {previous['run_id']}"
+    problems = []
+    trained = previous.get("model") or {}
+    if trained.get("fingerprint") and trained["fingerprint"] != spec.fingerprint:
+        problems.append(f"{run} trained model {trained.get('name')}, this command names {spec.name}: pass --model as the run did")
+    earlier = resumed_method(previous)
+    if not same_method(earlier, method):
+        problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
+    if isinstance(config.max_length, int) and config.max_length != plan["max_length"]:
+        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {config.max_length}: drop it")
+    if problems and not config.force:
+        raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
+    return problems
+
+
+def same_method(earlier: Any, method: Any) -> bool:
+    """The run's method (run.json keeps LoRA's targets as resolved module names) and this
+    command's: the same method and adapter settings; targets only when this command names them."""
+    if earlier.method != method.method:
+        return False
+    if not method.is_lora:
+        return True
+    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout) == (method.lora_rank, method.alpha, method.lora_dropout)
+    named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
+    return same_settings and named
+
+
+def data_fingerprint(data: Any) -> str:
+    """The tokenized data's identity: its format and every sample's length, in order."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256(data.format.encode())
+    digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_same_data(previous: dict[str, Any], data: Any, data_path: str, profile: dict[str, Any], force: bool) -> str | None:
+    """A resume trains on the run's data (the same samples, so the same batches in the same
+    order): other data is refused unless --force. Returns the warning --force let through."""
+    before = previous.get("data") or {}
+    known = before.get("fingerprint")
+    if known is not None:
+        same = known == data_fingerprint(data)
+    else:  # a run recorded before the fingerprint: its length profile
+        earlier = before.get("profile") or {}
+        same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
+    if same:
+        return None
+    earlier = before.get("profile") or {}
+    problem = (
+        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({_count(earlier.get('count'))} samples, "
+        f"{_count(earlier.get('total_tokens'))} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
+    )
+    if not force:
+        raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
+    return problem
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
 def completed_steps(out_dir: Path) -> int:
     """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
     from train.checkpoint import read_progress
@@ -173,8 +255,13 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     if config.resume and not (out_dir / "run.json").is_file():
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
-    method = resumed_method(previous) if previous else config.method
-    spec = resumed_spec(spec, previous) if previous else spec
+    method = config.method
+    if previous:
+        spec = resumed_spec(spec, previous)
+        for problem in check_same_run(previous, config, spec, method):
+            say(f"warning: {problem} (--force: continuing with this command's)")
+        if same_method(resumed_method(previous), method):
+            method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
     from train.engine import check_sharding
     from train.runtime import job_world_size
     from train.sharding import sharding_in_use
@@ -189,9 +276,25 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     from train.compile import compile_enabled
     from train.loss import choose_loss
 
-    compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
+    # A dry run plans for the device the calibration measured: memory, peak FLOP/s, compile and
+    # loss are that device's, so a user can plan the GPU they will rent from this machine.
+    foreign = config.dry_run and not same_device(cal.hardware, hardware)
+    if foreign:
+        say(
+            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {hardware['name']}); "
+            "training on it needs that device, or --force"
+        )
+        hardware = cal.hardware
+    measured = cal.training
+    if foreign and config.step_options.compile == "auto":
+        compiled = bool(measured.get("compile"))
+    else:
+        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
     try:
-        loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
+        if foreign and config.step_options.loss == "auto" and measured.get("loss"):
+            loss = measured["loss"]
+        else:
+            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
     except ValueError as error:
         raise BenchtrainError(str(error)) from None
     warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
@@ -218,6 +321,10 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     elif config.eval_data:
         eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
     profile = length_profile(data.lengths)
+    if previous:
+        problem = check_same_data(previous, data, data_path, profile, config.force)
+        if problem:
+            say(f"warning: {problem} (--force: continuing on this data)")
 
     completed = completed_steps(out_dir) if previous else 0
     from calibration.comm import describe_communication
@@ -235,7 +342,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         elapsed_seconds=time.monotonic() - started,
         priority=config.priority,
         effective_batch=config.effective_batch,
-        max_length=previous["plan"]["max_length"] if previous else config.max_length,
+        max_length=resumed_configuration(previous, config)["max_length"] if previous else config.max_length,
         world_size=world_size,
         num_workers=config.workers,
         margin_fraction=config.margin,
@@ -246,7 +353,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         seed=config.seed,
         max_positions=spec.max_positions,
         completed_steps=completed,
-        configuration={key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION} if previous else None,
+        configuration=resumed_configuration(previous, config) if previous else None,
         gradient_checkpointing=config.gradient_checkpointing,
         eval_schedule=config.eval_schedule if eval_data is not None else None,
         with_report=not config.no_report,
@@ -256,13 +363,18 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         memory_offset_bytes=memory_offset,
     )
     plan = make_plan(cal, data, request, eval_data)
-    from train.plan_text import describe_plan
+    from train.plan_text import describe_compute, describe_plan
 
     rate = learning_rate_record(config, plan)
     if is_main_process():
         if previous:
             print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
-        print("\n".join(describe_plan(plan, profile, cal)), flush=True)
+        from train.tokenizer import is_byte_tokenizer
+
+        print("\n".join(describe_plan(plan, profile, cal, is_byte_tokenizer(tokenizer))), flush=True)
+        compute = describe_compute(planned_compute(spec, method, plan.chosen, hardware), hardware)
+        if compute:
+            print(compute, flush=True)
         communication_line = describe_communication(communication)
         if communication_line:
             print(f"  {communication_line}", flush=True)
@@ -274,16 +386,17 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             )
         print(
             f"  training {method.describe()}: {need.trainable_parameters:,} of {need.total_parameters:,} parameters trainable; "
-            f"{describe_needs(spec, method, hardware, sharding, world_size)}",
+            f"{describe_needs(spec, method, hardware, sharding, world_size, foreign)}",
             flush=True,
         )
         for warning in plan.warnings:
             say(f"warning: {warning}")
-    if not plan.meets_deadline and not config.resume:
-        # A dry run ends the same way the real run would, so a script can tell.
+    if not plan.meets_deadline:
+        # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
+        what = "the steps left need" if previous else "the plan needs"
         raise DeadlineError(
-            f"the plan needs up to {format_duration(plan.chosen.total_seconds_promised)} but only "
-            f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan)}"
+            f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
+            f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
         )
     if config.dry_run:
         return EXIT_OK
@@ -312,7 +425,8 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             report_path = finish_record(config, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
             from train.plan_text import describe_outcome
 
-            print("\n".join(describe_outcome(record, out_dir, report_path)), flush=True)
+            resume = resume_command(getattr(args, "command_line", None), out_dir, world_size)
+            print("\n".join(describe_outcome(record, out_dir, report_path, resume)), flush=True)
     from train.runtime import finish_together
 
     # Every rank waits until rank 0 has written everything: none exits while another still works.
@@ -332,6 +446,45 @@ def hub_weights(spec: Any, dry_run: bool) -> Any:
     except BenchtrainError as error:
         say(f"warning: {error}")
         return spec
+
+
+def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+    """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
+    for another): its peak FLOP/s as recorded, else train.hardware's table for its name."""
+    from train.hardware import peak_flops
+    from train.memory_check import meta_model
+    from train.metrics import planned_figures
+    from train.model import model_shape
+
+    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
+    if not peak or not chosen.step_seconds:
+        return {"mfu": None}
+    shape = model_shape(meta_model(spec, method))
+    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
+    return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
+
+
+def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
+    """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
+    if command_line is None:
+        return None
+    import shlex
+
+    kept, skip = [], False
+    for token in command_line:
+        if skip:
+            skip = False
+            continue
+        if token in ("--resume", "--dry-run"):
+            continue
+        if token == "--out":
+            skip = True
+            continue
+        if token.startswith("--out="):
+            continue
+        kept.append(token)
+    launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
+    return shlex.join([*launcher, *kept, "--resume", "--out", str(out_dir)])
 
 
 def open_record(
@@ -361,7 +514,14 @@ def open_record(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
-    data_record = {"source": data_path, "format": data.format, "packing": data.packing, "loss_on": data.loss_on, "profile": profile}
+    data_record = {
+        "source": data_path,
+        "format": data.format,
+        "packing": data.packing,
+        "loss_on": data.loss_on,
+        "profile": profile,
+        "fingerprint": data_fingerprint(data),
+    }
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
     # The model section is completed with parameter counts once the model is built.
@@ -369,8 +529,14 @@ def open_record(
     if not previous:
         return out_dir, fresh
     previous["resumed"] = previous.get("resumed", 0) + 1
+    # What this command planned: the steps left, its own deadline, time and step limit.
     previous["deadline_seconds"] = plan.deadline_seconds
+    previous["elapsed_before_plan"] = elapsed_before_plan
     previous["estimate"] = fresh["estimate"]
+    previous["chosen"] = fresh["chosen"]
+    for key in ("optimizer_steps", "step_limit", "max_length"):
+        previous["plan"][key] = fresh["plan"][key]
+    previous["data"] = data_record  # the same data (check_same_data), or what --force continued on
     return out_dir, previous
 
 
@@ -397,19 +563,23 @@ def finish_record(
     record["evals"] = loop.evals
     record["events"] = outcome["earlier_events"] + loop.events
     elapsed = time.monotonic() - started
+    # The span the estimate check compares: from the plan to the end of the export. The report
+    # comes after it (it is written from these figures) and is timed on its own.
     record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, config.price_per_hour)
     record["actual"]["command_seconds"] = elapsed
-    record["met_deadline"] = elapsed + cal.overheads.get("report_seconds", 0.0) <= plan.deadline_seconds
+    planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
+    record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
+    check = check_estimate(record)
+    record["estimate_check"] = check.to_json() if check else None
+    record["estimate_error_pct"] = check.error_pct if check else None
     write_run(out_dir, record)
-    feed_back(cal, record, plan.chosen)
+    feed_back(cal, record)
     report_path = None if config.no_report else write_report(out_dir)
-    # Final figures include the report: the deadline covers the whole command.
-    elapsed = time.monotonic() - started
-    actual = record["actual"]
-    actual["command_seconds"] = elapsed
-    actual["total_seconds"] = elapsed - elapsed_before_plan
-    record["met_deadline"] = elapsed <= plan.deadline_seconds
-    record["estimate_error_pct"] = estimate_error_pct(record["estimate"]["total_seconds"], actual["total_seconds"])
+    # The deadline covers the whole command, the report included.
+    finished = time.monotonic() - started
+    record["actual"]["report_seconds"] = finished - elapsed if report_path else None
+    record["actual"]["command_seconds"] = finished
+    record["met_deadline"] = finished <= plan.deadline_seconds
     write_run(out_dir, record)
     return report_path
 

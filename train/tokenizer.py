@@ -16,6 +16,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|eos|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+BYTE_TOKENIZER_NAME = "benchtrain-bytes"
 
 
 def byte_tokenizer() -> Any:
@@ -30,8 +31,13 @@ def byte_tokenizer() -> Any:
     core.add_special_tokens(SPECIAL_TOKENS)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.name_or_path = "benchtrain-bytes"
+    tokenizer.name_or_path = BYTE_TOKENIZER_NAME
     return tokenizer
+
+
+def is_byte_tokenizer(tokenizer: Any) -> bool:
+    """Whether token counts are bytes (a preset without a tokenizer of its own)."""
+    return getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_NAME
 
 
 def has_tokenizer_files(folder: Path) -> bool:
