@@ -157,6 +157,11 @@ def calibrate(
         assert task.study is not None
         result = run_optuna(task.space, probe, budget, task.trials, task.study[0], task.study[1], progress, planner=planner)
     budget.reserved = lambda: 0.0
+    for mode in result.dropped_modes:
+        task.warnings.append(
+            f"gradient checkpointing {'on' if mode else 'off'} was not measured: the budget could not pay for its first probe "
+            "(a compilation) after the others; this calibration plans the other mode only (a larger --budget measures both)"
+        )
 
     skipped: list[str] = []
     eval_rows = measure_evaluation(task, coordinator, planner, budget, skipped)

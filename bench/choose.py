@@ -53,6 +53,8 @@ class ProbePlanner:
     rows: dict[ProbeConfig, dict[str, Any]] = field(default_factory=dict)
     oom: list[ProbeConfig] = field(default_factory=list)
     seen_shapes: set[tuple[int, int, int]] = field(default_factory=set)
+    # Checkpointing modes the minimum no longer waits for: the budget could not reach them.
+    dropped_modes: set[int] = field(default_factory=set)
 
     # -- what happened ----------------------------------------------------------------------
     def record(self, row: dict[str, Any], repeat: bool = False) -> None:
@@ -109,7 +111,20 @@ class ProbePlanner:
         return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
 
     def _missing_modes(self) -> set[int]:
-        return set(self.space.checkpointing) - {row.get("gradient_checkpointing", 0) for row in self.ok_rows()}
+        return set(self.space.checkpointing) - self.dropped_modes - {row.get("gradient_checkpointing", 0) for row in self.ok_rows()}
+
+    def settle_for_measured_modes(self, remaining: float | None) -> list[int]:
+        """When the budget cannot reach a minimum fit with every checkpointing mode but can with
+        the modes already measured, the minimum stops waiting for the others (a calibration of
+        one mode plans that mode; better than none). Returns the modes dropped."""
+        missing = self._missing_modes()
+        if self.viable() or not missing or missing == set(self.space.checkpointing) or self.viable_within(remaining):
+            return []
+        self.dropped_modes |= missing
+        if self.viable_within(remaining):
+            return sorted(missing)
+        self.dropped_modes -= missing
+        return []
 
     def next(self, remaining: float | None) -> ProbeConfig | None:
         """The next probe to run with `remaining` seconds of budget (None: unbounded), or None."""

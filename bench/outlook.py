@@ -11,6 +11,7 @@ budget for AUTO_PROBES probes (or the whole grid, if smaller).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class Outlook:
     least_seconds: float  # the same at the device's peak speed: below it no fit is possible at all
     after_probes_seconds: float  # evaluation and checkpoint timings
     prices: str  # where the prices come from (a prior or measurements)
+    expected_error_pct: float | None = None  # from an earlier calibration of this model here
 
     @property
     def affordable(self) -> bool:
@@ -83,6 +85,23 @@ def auto_budget(planner: ProbePlanner, spent_seconds: float, after_probes_second
     return math.ceil(total_seconds(probes, spent_seconds, after_probes_seconds))
 
 
+def expected_error(hardware_name: str, fingerprint: str, probes: int) -> float | None:
+    """The held-out median error to expect with `probes` probes, from the newest stored
+    calibration of this model on this device (scaled by √(its probes ÷ these)); None without one."""
+    import math
+
+    from calibration.store import list_calibrations
+
+    for _, data, _ in list_calibrations():
+        if not data or not data.get("fit") or data["hardware"].get("name") != hardware_name or data["model"].get("fingerprint") != fingerprint:
+            continue
+        median, rows = data["fit"]["held_out_error"].get("median_abs_pct"), data["fit"].get("rows_used")
+        if median is None or not rows or probes < 1:
+            return None
+        return float(median) * math.sqrt(rows / probes)
+    return None
+
+
 def describe(view: Outlook) -> list[str]:
     """The outlook in a few lines for the terminal."""
     lines = [f"the whole grid ({view.grid_probes} probes that fit in memory) needs ≈ {format_duration(view.grid_seconds)} (probe prices: {view.prices})"]
@@ -93,7 +112,8 @@ def describe(view: Outlook) -> list[str]:
         more = f" and {len(view.planned) - 5} more" if len(view.planned) > 5 else ""
         lines.append(
             f"within {format_duration(view.budget_seconds)} I expect to measure {len(view.planned)} probes ({sample}{more}), "
-            f"then evaluation and checkpoint timings (≈ {format_duration(view.after_probes_seconds)}); "
+            + (f"expected held-out error ≈ {view.expected_error_pct:.1f}% (from the last calibration of this model here), " if view.expected_error_pct else "")
+            + f"then evaluation and checkpoint timings (≈ {format_duration(view.after_probes_seconds)}); "
             f"a minimum viable fit needs ≈ {format_duration(view.minimum_seconds)}"
         )
     return lines
@@ -122,7 +142,12 @@ def refuse_if_too_small(view: Outlook, planner: ProbePlanner | None = None) -> N
 
 
 def settle_budget(
-    planner: ProbePlanner, asked: float | str | None, spent_seconds: float, after_probes_seconds: float, say: Callable[[str], None]
+    planner: ProbePlanner,
+    asked: float | str | None,
+    spent_seconds: float,
+    after_probes_seconds: float,
+    say: Callable[[str], None],
+    expected: Callable[[int], float | None] | None = None,
 ) -> float | None:
     """The budget in seconds (`auto` worked out), after saying what it buys; refused if too small."""
     seconds = auto_budget(planner, spent_seconds, after_probes_seconds) if asked == "auto" else asked
@@ -130,6 +155,8 @@ def settle_budget(
     if asked == "auto":
         say(f"--budget auto: {format_duration(seconds)} (the grid's first {AUTO_PROBES} probes at today's prices)")
     view = outlook(planner, seconds, spent_seconds, after_probes_seconds)
+    if expected is not None and view.planned:
+        view = dataclasses.replace(view, expected_error_pct=expected(len(view.planned)))
     for line in describe(view):
         say(line)
     refuse_if_too_small(view, planner)

@@ -64,7 +64,7 @@ def run_command(args: argparse.Namespace) -> int:
     writable_subdir("calibrations")
 
     from bench.calibrate import BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
-    from bench.outlook import minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
+    from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
     from bench.runner import Budget, study_name
     from bench.timing import ProbeSettings
     from calibration.store import save_calibration, update_calibration
@@ -125,7 +125,14 @@ def run_command(args: argparse.Namespace) -> int:
     )
     planner = plan_probes(task, spec, method, need, options, scratch=writable_subdir("scratch"))
     # What the budget buys, within seconds, before the model is built; refused if too small.
-    budget_seconds = settle_budget(planner, budget_asked, time.monotonic() - started, after_probes_seconds(task, planner), _say)
+    budget_seconds = settle_budget(
+        planner,
+        budget_asked,
+        time.monotonic() - started,
+        after_probes_seconds(task, planner),
+        _say,
+        lambda probes: expected_error(hardware["name"], spec.fingerprint, probes),
+    )
 
     from bench.probe import Workload
     from train.model import model_record

@@ -33,6 +33,7 @@ class BenchResult:
     reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
     drift: dict[str, Any] | None = None
     remeasured: int = 0  # further measurements of disturbed probes
+    dropped_modes: list[int] = field(default_factory=list)  # checkpointing modes the budget could not reach
 
 
 class Budget:
@@ -128,8 +129,11 @@ def run_grid(
             references.append((row["position"], row["tokens_per_second"]))
 
     while (config := planner.next(budget.remaining())) is not None:
-        if not planner.viable() and planner.cost.measured and not planner.viable_within(budget.remaining()):
-            break  # measured prices say no fit can be reached: stop spending (bench.calibrate says what it needs)
+        if not planner.viable() and planner.cost.measured:
+            result.dropped_modes += planner.settle_for_measured_modes(budget.remaining())
+            if not planner.viable_within(budget.remaining()):
+                break  # measured prices say no fit can be reached: stop spending (bench.calibrate says what it needs)
+            config = planner.next(budget.remaining()) or config
         if reference_every and reference is not None and since_reference >= reference_every and reference_affordable():
             measure_reference()
             continue  # prices and time moved: choose again

@@ -163,3 +163,13 @@ def test_budget_auto_pays_for_a_calibration_and_stays_inside_it(home: Path) -> N
     assert record["search"]["budget_auto"] is True and budget > 60
     assert any(line.startswith("--budget auto:") for line in said)
     check_simulated_calibration(record, device, budget, home)
+
+
+def test_a_budget_that_cannot_reach_both_checkpointing_modes_keeps_the_one_it_measured(home: Path) -> None:
+    """2 minutes for llama-3.1-8b: the build and one compilation leave no room for the second
+    mode's compilation. The minimum settles for the measured mode, says so, and stores a calibration
+    instead of spending the budget and failing."""
+    record, device = simulate_bench("llama-3.1-8b", lora=True, budget=120, checkpointing=(0, 1))
+    calibration = check_simulated_calibration(record, device, 120, home)
+    assert len(calibration.measured_values("gradient_checkpointing")) == 1
+    assert any("was not measured: the budget could not pay" in warning for warning in record["warnings"])

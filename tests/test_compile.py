@@ -14,7 +14,7 @@ from helpers import synthetic_calibration
 from test_cli import assert_one_line_error, run_main
 from test_planner import heavy_tailed, tokenized
 
-from bench.run_command import warmup_costs
+from bench.calibrate import warmup_costs
 from calibration.model import Calibration
 from train.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
 from train.compile import SHAPE_BUCKET, compile_enabled, compile_seconds

@@ -1,0 +1,144 @@
+"""What a `bench run` budget buys: probes measured, held-out error, time taken (issue 21).
+
+Two kinds of rows:
+
+- simulated: `bench run --gpu h100 --model MODEL --lora …` on the simulated H100 (bench.simulated:
+  the real H100 measurements scaled by FLOPs, on a virtual clock). Besides the calibration's own
+  held-out error, the simulator knows the truth: the table also gives the calibration's error on
+  every configuration of the grid that fits in memory and was *not* probed.
+- cpu: a real `bench run --gpu cpu --model MODEL` on this machine, timed as a whole.
+
+    python benchmarks/bench_budget.py --simulated llama-3.1-8b --lora --checkpointing off,on --budgets 2m,5m,15m
+    python benchmarks/bench_budget.py --simulated mistral-nemo-12b --lora --budgets 2m,5m,15m
+    python benchmarks/bench_budget.py --cpu gpt2 --budgets 1m,3m,10m
+    python benchmarks/bench_budget.py --cpu gpt2 --lora --checkpointing off,on --budgets 3m
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from calibration.durations import format_duration, parse_duration
+
+
+def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float) -> dict[str, Any]:
+    from bench.simulated import simulate_bench
+    from bench.space import ProbeConfig
+    from calibration.fit import config_of
+    from calibration.model import Calibration
+
+    try:
+        record, device = simulate_bench(model, lora, budget, checkpointing)
+    except Exception as error:  # a refused budget is a row too
+        return {"budget": format_duration(budget), "result": str(error).split(":")[0][:60]}
+    ok = [row for row in record["measurements"] if row["status"] == "ok"]
+    if record["fit"] is None:
+        return {"budget": format_duration(budget), "probes ok": len(ok), "result": "no fit"}
+    calibration = Calibration(record)
+    probed = {ProbeConfig.of(row) for row in ok}
+    truths = []
+    from bench.space import default_space
+
+    space = default_space("cuda", device.hardware["memory_bytes"])
+    for b in space.batch_sizes:
+        for s in space.seq_lens:
+            for a in space.accums:
+                for c in checkpointing:
+                    config = ProbeConfig(b, 0, a, s, c)
+                    if config in probed or device.peak_bytes(config) > device.hardware["memory_bytes"]:
+                        continue
+                    predicted = calibration.micro_step_seconds(config_of(config.as_dict())) * a
+                    truths.append(abs(predicted / device.step_seconds(config) - 1) * 100)
+    error = record["fit"]["held_out_error"]
+    memory = (record["fit"].get("memory") or {}).get("held_out_error") or {}
+    over_budget = sum(1 for entry in device.log if entry["ended"] > budget)
+    over_memory = sum(1 for row in record["measurements"] if (row.get("predicted") or {}).get("peak_memory_bytes", 0) > device.hardware["memory_bytes"])
+    return {
+        "budget": format_duration(budget),
+        "probes ok": len(ok),
+        "fit": record["fit"]["kind"],
+        "held-out median %": round(error["median_abs_pct"], 2),
+        "held-out p90 %": round(error["p90_abs_pct"], 2),
+        "memory held-out %": round(memory.get("median_abs_pct") or 0.0, 2),
+        "true error, unprobed (median %)": round(statistics.median(truths), 2) if truths else None,
+        "true error, unprobed (p90 %)": round(sorted(truths)[int(0.9 * (len(truths) - 1))], 2) if truths else None,
+        "took": format_duration(device.clock()),
+        "probes past budget": over_budget,
+        "predicted past memory": over_memory,
+        "after probes skipped": len(record["search"]["skipped_after_probes"]),
+    }
+
+
+def cpu_row(model: str, lora: bool, checkpointing: str | None, budget: float) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix="bench-budget-"))
+    command = [sys.executable, "-m", "bench", "run", "--gpu", "cpu", "--model", model, "--budget", f"{budget:.0f}s", "--quiet"]
+    if lora:
+        command.append("--lora")
+    if checkpointing:
+        command += ["--checkpointing", checkpointing]
+    started = time.monotonic()
+    done = subprocess.run(command, env={**os.environ, "BENCHTRAIN_HOME": str(home)}, capture_output=True, text=True)
+    took = time.monotonic() - started
+    stored = sorted((home / "calibrations").glob("*.json"))
+    row: dict[str, Any] = {"budget": format_duration(budget), "exit": done.returncode, "took": format_duration(took)}
+    if not stored:
+        row["result"] = (done.stderr.strip().splitlines() or [""])[-1][:120]
+        return row
+    record = json.loads(stored[-1].read_text())
+    ok = [r for r in record["measurements"] if r["status"] == "ok"]
+    error = record["fit"]["held_out_error"]
+    row.update(
+        {
+            "probes ok": len(ok),
+            "fit": record["fit"]["kind"],
+            "held-out median %": round(error["median_abs_pct"], 1),
+            "held-out p90 %": round(error["p90_abs_pct"], 1),
+            "memory held-out %": round(((record["fit"].get("memory") or {}).get("held_out_error") or {}).get("median_abs_pct") or 0.0, 2),
+            "load before": record["search"].get("load_average_before"),
+        }
+    )
+    return row
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(column, "")) for column in columns) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--simulated", metavar="MODEL", help="a preset on the simulated H100")
+    where.add_argument("--cpu", metavar="MODEL", help="a preset, measured for real on this CPU")
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--checkpointing", default=None, help="off,on")
+    parser.add_argument("--budgets", default="2m,5m,15m")
+    args = parser.parse_args()
+    budgets = [parse_duration(text, "--budgets") for text in args.budgets.split(",")]
+    rows = []
+    for budget in budgets:
+        if args.simulated:
+            modes = (0, 1) if args.checkpointing == "off,on" else ((1,) if args.checkpointing == "on" else (0,))
+            rows.append(simulated_row(args.simulated, args.lora, modes, budget))
+        else:
+            rows.append(cpu_row(args.cpu, args.lora, args.checkpointing, budget))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
