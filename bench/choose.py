@@ -150,6 +150,12 @@ class ProbePlanner:
         relevance = self._relevance(affordable) if self.viable() else dict.fromkeys(affordable, 1.0)
         return max(affordable, key=lambda c: (gains[c] * relevance[c] / max(prices[c], 1e-9), -prices[c], c))
 
+    @property
+    def _curvature_scale(self) -> float:
+        """Seconds per √token at the scale of the measured steps (the prior's before any)."""
+        largest = max(self.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
+        return self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
+
     def _gains(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
         everything = self.space.all_configs()
         scale = np.maximum(np.abs(np.stack([self._feature(c) for c in everything])).max(axis=0), 1e-30)
@@ -165,8 +171,13 @@ class ProbePlanner:
         return gains
 
     def _feature(self, config: ProbeConfig) -> np.ndarray:
+        """The throughput model's features on relative error, plus √tokens: a curvature the
+        additive terms cannot express (where the host's launch time and the device's compute
+        overlap, between host-bound and compute-bound sizes), so that the design also spreads
+        its probes over token counts in between."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
-        return throughput_features(config_of(config.as_dict())) / micro
+        tokens = config.micro_batch_size * config.seq_len
+        return np.append(throughput_features(config_of(config.as_dict())), math.sqrt(tokens) * self._curvature_scale) / micro
 
     def _relevance(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
         tokens = {c: c.micro_batch_size * c.seq_len for c in configs}

@@ -23,6 +23,7 @@ shape (COMPILE_SECONDS) and step-to-step noise (NOISE).
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class SimulatedDevice:
     seed: int = 0
     world_size: int = 1
     leads: bool = True
+    compile_seconds: float = COMPILE_SECONDS  # per new shape of a compiled step (0: eager)
     log: list[dict[str, Any]] = field(default_factory=list)  # every probe: when, how long, predicted peak
 
     def __post_init__(self) -> None:
@@ -175,7 +177,7 @@ class SimulatedDevice:
         self.clock.advance(self.measured.start_seconds)
         if peak > self.hardware["memory_bytes"]:
             # Out of memory in the first step, after compiling it.
-            self.clock.advance(COMPILE_SECONDS if row["new_shape"] else 0.0)
+            self.clock.advance(self.compile_seconds if row["new_shape"] else 0.0)
             row.update(status="oom", error="OutOfMemoryError: CUDA out of memory (simulated)", probe_seconds=self.clock() - started)
             self._log(row, started, peak)
             return row
@@ -184,7 +186,7 @@ class SimulatedDevice:
         def step() -> StepResult:
             seconds = self.step_seconds(config) * (1 + self.random.gauss(0, NOISE))
             if first[0] and row["new_shape"]:
-                seconds += COMPILE_SECONDS
+                seconds += self.compile_seconds
             first[0] = False
             self.clock.advance(seconds)
             return StepResult(seconds, 0.0, 1.0, 0, 0, config.grad_accum)
@@ -226,12 +228,33 @@ class SimulatedDevice:
     def _compile_cache(self, payload: dict[str, Any]) -> dict[str, Any]:
         config = ProbeConfig.of({**payload["row"], "grad_accum": 1, "num_workers": 0})
         step = self.step_seconds(config)
-        cached = COMPILE_SECONDS / 4  # from inductor's on-disk cache: no autotuning, no codegen
+        cached = self.compile_seconds / 4  # from inductor's on-disk cache: no autotuning, no codegen
         self.clock.advance(self.build_seconds + cached + 4 * step)
         return {"first_step_seconds": step + cached, "step_seconds": step}
 
 
-def simulated_h100(model: str, lora: bool, seed: int = 0) -> tuple[SimulatedDevice, Any, Any, Any]:
+@dataclass
+class ReplayedDevice(SimulatedDevice):
+    """The real H100 grid itself (llama-3.2-1b, full fine-tuning, not compiled): each probe's step
+    and peak are what that probe measured on the H100; what ran out of memory there (or was
+    skipped as larger than an OOM) runs out of memory here."""
+
+    measured_rows: dict[ProbeConfig, dict[str, Any]] = field(default_factory=dict)
+
+    def _row(self, config: ProbeConfig) -> dict[str, Any] | None:
+        row = self.measured_rows.get(ProbeConfig(config.micro_batch_size, config.num_workers, config.grad_accum, config.seq_len, 0))
+        return row if row is not None and row["status"] == "ok" else None
+
+    def step_seconds(self, config: ProbeConfig) -> float:
+        row = self._row(config)
+        return float(row["step_seconds"]) if row else math.inf
+
+    def peak_bytes(self, config: ProbeConfig) -> float:
+        row = self._row(config)
+        return float(row["peak_memory_bytes"]) if row else math.inf
+
+
+def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
     """(device, spec, method, memory need) for a preset on a simulated H100 80 GB."""
     from train.memory_check import compute_bytes, memory_need, meta_model
     from train.method import MethodConfig
@@ -255,6 +278,10 @@ def simulated_h100(model: str, lora: bool, seed: int = 0) -> tuple[SimulatedDevi
         checkpoint_bytes=need.trainable_parameters * 12,
         seed=seed,
     )
+    if replay:
+        rows = json.loads(FIXTURE.read_text())["measurements"]
+        fields = {name: value for name, value in device.__dict__.items() if name in SimulatedDevice.__dataclass_fields__}
+        device = ReplayedDevice(**{**fields, "compile_seconds": 0.0, "measured_rows": {ProbeConfig.of(row): row for row in rows}})
     assert compute_bytes("cuda") == 2
     return device, spec, method, need
 
@@ -266,6 +293,7 @@ def simulate_bench(
     checkpointing: tuple[int, ...] = (0,),
     seed: int = 0,
     say: Any = lambda line: None,
+    replay: bool = False,
 ) -> tuple[dict[str, Any], SimulatedDevice]:
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
@@ -282,9 +310,10 @@ def simulate_bench(
     from train.method import method_record
     from train.model import model_record, model_shape
 
-    device, spec, method, need = simulated_h100(model, lora, seed)
+    device, spec, method, need = simulated_h100(model, lora, seed, replay)
     hardware = device.hardware
     space = replace(default_space("cuda", hardware["memory_bytes"]), checkpointing=checkpointing)
+    compiled = not replay  # the real grid was measured eager
     meta = meta_model(spec, method)
     task = BenchTask(
         space=space,
@@ -292,13 +321,13 @@ def simulate_bench(
         hardware=hardware,
         software={**detect_software(), "simulated": "bench.simulated (H100 measurements scaled by FLOPs)"},
         model=model_record(spec, model_shape(meta)),
-        training={**method_record(method, meta), "compile": True, "loss": "liger", "sharding": "ddp", "flops_terms": model_shape(meta).flops_terms(lora)},
+        training={**method_record(method, meta), "compile": compiled, "loss": "liger", "sharding": "ddp", "flops_terms": model_shape(meta).flops_terms(lora)},
         device_label="h100",
         requested_device="h100",
-        compiled=True,
+        compiled=compiled,
         budget_auto=budget == "auto",
     )
-    planner = plan_probes(task, spec, method, need, StepOptions(compile="on"))
+    planner = plan_probes(task, spec, method, need, StepOptions(compile="on" if compiled else "off"))
     task.disk_bytes_per_second = device.measured.disk_bytes_per_second
     # A second for imports, hardware detection and the meta model, as on a real machine.
     device.clock.advance(1.0)

@@ -6,10 +6,13 @@ Two kinds of rows:
   the real H100 measurements scaled by FLOPs, on a virtual clock). Besides the calibration's own
   held-out error, the simulator knows the truth: the table also gives the calibration's error on
   every configuration of the grid that fits in memory and was *not* probed.
+- replay: the real H100 grid of llama-3.2-1b (48 probes): every probe the planner chooses answers
+  what it measured on the H100, and the calibration is scored on the real probes it did not choose.
 - cpu: a real `bench run --gpu cpu --model MODEL` on this machine, timed as a whole.
 
     python benchmarks/bench_budget.py --simulated llama-3.1-8b --lora --checkpointing off,on --budgets 2m,5m,15m
     python benchmarks/bench_budget.py --simulated mistral-nemo-12b --lora --budgets 2m,5m,15m
+    python benchmarks/bench_budget.py --replay --budgets 1m,2m,4m     # the real H100 grid, replayed
     python benchmarks/bench_budget.py --cpu gpt2 --budgets 1m,3m,10m
     python benchmarks/bench_budget.py --cpu gpt2 --lora --checkpointing off,on --budgets 3m
 """
@@ -32,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from calibration.durations import format_duration, parse_duration
 
 
-def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float) -> dict[str, Any]:
+def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:
     from bench.simulated import simulate_bench
     from bench.space import ProbeConfig
     from calibration.fit import config_of
     from calibration.model import Calibration
 
     try:
-        record, device = simulate_bench(model, lora, budget, checkpointing)
+        record, device = simulate_bench(model, lora, budget, checkpointing, replay=replay)
     except Exception as error:  # a refused budget is a row too
         return {"budget": format_duration(budget), "result": str(error).split(":")[0][:60]}
     ok = [row for row in record["measurements"] if row["status"] == "ok"]
@@ -56,7 +59,7 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
             for a in space.accums:
                 for c in checkpointing:
                     config = ProbeConfig(b, 0, a, s, c)
-                    if config in probed or device.peak_bytes(config) > device.hardware["memory_bytes"]:
+                    if config in probed or not device.peak_bytes(config) <= device.hardware["memory_bytes"]:
                         continue
                     predicted = calibration.micro_step_seconds(config_of(config.as_dict())) * a
                     truths.append(abs(predicted / device.step_seconds(config) - 1) * 100)
@@ -124,6 +127,7 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--simulated", metavar="MODEL", help="a preset on the simulated H100")
     where.add_argument("--cpu", metavar="MODEL", help="a preset, measured for real on this CPU")
+    where.add_argument("--replay", action="store_true", help="the real H100 grid (llama-3.2-1b, full): each probe answers what it measured there")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--checkpointing", default=None, help="off,on")
     parser.add_argument("--budgets", default="2m,5m,15m")
@@ -131,7 +135,9 @@ def main() -> None:
     budgets = [parse_duration(text, "--budgets") for text in args.budgets.split(",")]
     rows = []
     for budget in budgets:
-        if args.simulated:
+        if args.replay:
+            rows.append(simulated_row("llama-3.2-1b", False, (0,), budget, replay=True))
+        elif args.simulated:
             modes = (0, 1) if args.checkpointing == "off,on" else ((1,) if args.checkpointing == "on" else (0,))
             rows.append(simulated_row(args.simulated, args.lora, modes, budget))
         else:

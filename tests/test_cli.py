@@ -317,7 +317,9 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path) ->
     assert [e["loss"] for e in sharded["losses"]] == pytest.approx([e["loss"] for e in replicated["losses"]], rel=1e-4)
     assert sharded["evals"][-1]["eval_loss"] == pytest.approx(replicated["evals"][-1]["eval_loss"], rel=1e-4)  # evaluation sharded too
 
-    result = run_process_group(torchrun("train", [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--resume"]), env, timeout=240)
+    # The resume repeats the run's data options (its eval split too: a resume trains on the run's samples).
+    resume = [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--eval-split", "0.05", "--resume"]
+    result = run_process_group(torchrun("train", resume), env, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = json.loads((fsdp / "run.json").read_text())
     assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded["losses"]
