@@ -21,6 +21,8 @@ HISTORY_WINDOW = 5
 # Past this bound (90th-percentile held-out error) the calibration cannot promise a finish time:
 # plans use the central estimate and say so, instead of refusing every deadline.
 NOISY_BOUND = 0.50
+# The bound per doubling beyond the measured sizes when no held-out probe tested extrapolation.
+UNTESTED_EXTRAPOLATION = NOISY_BOUND
 # A held-out median error above this is said out loud (bench run, bench show, train --dry-run).
 NOISY_MEDIAN_PCT = 15.0
 
@@ -140,7 +142,12 @@ class Calibration:
         stretch = self.extrapolation_ratio(config)
         if stretch <= 1.0:
             return bound
-        extrapolated = (self.fit.get("extrapolated_error") or {}).get("p90_abs_pct")
+        record = self.fit.get("extrapolated_error")
+        if record is not None and not record.get("count"):
+            # No held-out probe lay beyond the others (e.g. every probe at one size): nothing
+            # measured how this fit extrapolates, so a plan beyond the sizes is not bet on.
+            return max(bound, UNTESTED_EXTRAPOLATION * max(1.0, math.log2(stretch)))
+        extrapolated = (record or {}).get("p90_abs_pct")
         held_out = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         base = (extrapolated if extrapolated is not None else held_out or 0.0) / 100.0
         return max(bound, base * max(1.0, math.log2(stretch)))

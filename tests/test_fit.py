@@ -162,3 +162,13 @@ def test_the_bound_widens_where_a_plan_extrapolates() -> None:
     assert calibration.relative_bound_for(inside) <= calibration.relative_bound_for(double) < calibration.relative_bound_for(far)
     prediction = calibration.predict(micro_batch_size=64, seq_len=256, grad_accum=2)
     assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + calibration.relative_bound_for(far)))
+
+
+def test_a_fit_whose_probes_never_extrapolated_does_not_bet_a_plan_beyond_them() -> None:
+    """All probes at one micro-batch and length (a budget that paid for one compilation): held out,
+    none lay beyond the others, so nothing measured how the fit extrapolates in size."""
+    rows = synthetic_rows(batch_sizes=(2,), seq_lens=(256,), workers=(0, 2), accums=(1, 2, 4), noise=0.01)
+    calibration = Calibration(synthetic_calibration(rows))
+    assert calibration.fit["extrapolated_error"]["count"] == 0
+    assert calibration.relative_bound_for(Config(2, 256, 2, 0)) < 0.1
+    assert calibration.relative_bound_for(Config(8, 256, 2, 0)) >= 0.5
