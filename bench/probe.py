@@ -104,7 +104,10 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         with PeakMemory(workload.device) as memory:
             warmup_from = time.perf_counter()
             for index in range(settings.warmup_steps):
-                workload.step.run(iterator, config.grad_accum)
+                if index == 0:
+                    first_step_agreed(workload, iterator, config.grad_accum)
+                else:
+                    workload.step.run(iterator, config.grad_accum)
                 if index == 0:
                     row["first_step_seconds"] = time.perf_counter() - warmup_from
             timed_from = time.perf_counter()
@@ -151,6 +154,25 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         tflops=figures["tflops"],
     )
     return row
+
+
+class FailedOnAnotherProcess(RuntimeError):
+    pass
+
+
+def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
+    """The probe's first step, with no collective in it (DDP's gradient all-reduce left out), then
+    every process's outcome agreed before any collective: a configuration that runs out of memory
+    does so in its first step, and an OOM on one process alone would otherwise leave the others in
+    DDP's all-reduce (with NCCL, until the watchdog kills the job). Under FSDP the forward itself
+    all-gathers, so there the first step is an ordinary one."""
+    failure: Exception | None = None
+    try:
+        workload.step.run(batches, grad_accum, synchronize=False)
+    except Exception as error:  # reported after every process has said how its step went
+        failure = error
+    if agree(workload.accelerator, int(failure is not None), "max"):
+        raise failure or FailedOnAnotherProcess("the probe failed on another process")
 
 
 EVAL_STEPS = 4
