@@ -42,21 +42,25 @@ class StepTimer:
         import torch
 
         self._cuda = device.type == "cuda"
+        self._device = device
         if self._cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
 
     def start(self) -> None:
         if self._cuda:
-            self._start.record()
+            import torch
+
+            # On this process's own device's stream (named, not whichever device is current).
+            self._start.record(torch.cuda.current_stream(self._device))
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
         if self._cuda:
             import torch
 
-            self._end.record()
-            torch.cuda.synchronize()
+            self._end.record(torch.cuda.current_stream(self._device))
+            torch.cuda.synchronize(self._device)  # the step's one wait for the GPU
             return self._start.elapsed_time(self._end) / 1000.0
         return time.perf_counter() - self._t0
 
