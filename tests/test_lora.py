@@ -72,6 +72,23 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(method: Method
         assert torch.allclose(grads_on[name], grad, atol=1e-5), name
 
 
+def test_checkpointing_on_then_off_leaves_no_input_gradient_hook() -> None:
+    """Bench switches checkpointing on and off on one LoRA model: transformers' input-gradient hook
+    (made for reentrant checkpointing) must not stay behind or pile up, so every later step
+    computes what a fresh model computes; checkpointed LoRA still trains its adapters."""
+    model = build_model(resolve_model("tiny"), "cpu", LORA)
+    model.train()
+    embeddings = model.get_input_embeddings()
+    for enabled in (True, False, True, True, False):
+        set_gradient_checkpointing(model, enabled)
+        assert not embeddings._forward_hooks, enabled
+        assert not embeddings(batch()["input_ids"]).requires_grad  # the frozen base's embeddings
+        if enabled:
+            model.zero_grad(set_to_none=True)
+            model(**batch()).loss.backward()
+            assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     full = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="whole", method=LORA).run()
 
