@@ -25,6 +25,18 @@ def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSp
     )
 
 
+def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
+    """The sequence lengths the model's position table holds, known before the model is built:
+    lengths asked for (`asked`) beyond it are a one-line error; default ones beyond it (a big
+    GPU's 2048 for gpt2's 1024 positions) are left out, the table's own size probed instead."""
+    too_long = [length for length in space.seq_lens if length > max_positions]
+    if not too_long:
+        return space
+    if asked:
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
+    return replace(space, seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
+
+
 def validate_args(args: argparse.Namespace) -> float | None:
     """Check everything that needs no torch first, so bad input fails fast. Returns the budget."""
     # Parse list options now (against dummy defaults) to fail before any heavy import.
@@ -73,6 +85,7 @@ def run_command(args: argparse.Namespace) -> int:
         warnings.append(mismatch)
         _say(f"warning: {mismatch}")
     space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
+    space = within_positions(space, spec.max_positions, asked=args.seq_lens is not None)
 
     data_record = None
     tokenized = None
@@ -87,9 +100,6 @@ def run_command(args: argparse.Namespace) -> int:
     workload = Workload(spec, tokenized, method, options)
     model = model_record(spec, workload.shape)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
-    too_long = [length for length in space.seq_lens if length > spec.max_positions]
-    if too_long:
-        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {spec.max_positions} positions")
 
     peak_flops = hardware.get("peak_bf16_flops")
     coordinator = probe_coordinator(workload, peak_flops)
