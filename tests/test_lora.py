@@ -18,7 +18,7 @@ from calibration.model import Calibration
 from calibration.schema import migrate, validate
 from calibration.store import save_calibration
 from train.checkpoint import WEIGHTS_FILE, list_checkpoints
-from train.memory_check import check_fits, parameter_counts
+from train.memory_check import check_fits, memory_need, parameter_counts
 from train.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
 from train.model import build_model, model_shape, resolve_model
 
@@ -157,9 +157,13 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
     assert isinstance(record["plan"]["gradient_checkpointing"], bool)
 
     dry_run = ["--data", "sample", "--deadline", "30m", "--lora", "--lora-rank", "8", "--gradient-checkpointing", "on", "--dry-run", "--max-steps", "3"]
-    code, out, err = run_main("train", dry_run, capsys)
+    code, out, err = run_main("train", [*dry_run, "--merge-lora"], capsys)
     assert code == 0, err
     assert "gradient checkpointing" in out.split("plan (")[1].splitlines()[0]
+    # The export's bytes are planned: the adapters, final-base/ and final-merged/ (fp32 on CPU).
+    need = memory_need(resolve_model("tiny"), MethodConfig(method="lora", lora_rank=8), "cpu")
+    exported = 4 * need.trainable_parameters + 2 * 4 * (need.total_parameters - need.trainable_parameters)
+    assert "final/ export" in out and f"({exported / 1e6:,.1f} MB)" in out
 
 
 def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
