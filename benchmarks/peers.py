@@ -9,8 +9,8 @@ compiled. One table: tokens/s, MFU (device table), peak memory, and the ratio to
 
 Each loop trains on the same synthetic batches (random token ids, every position a target), runs
 `--warmup` steps (compilation included) and then times `--steps` optimizer steps with the device
-synchronised. Loops run in the order given; ours-eager goes last by default because Liger's RoPE
-kernel is patched into transformers' module (the other Liger kernels are per instance).
+synchronised. Loops run in the order given (Liger's kernels stay on our own model: train.loss puts
+back what Liger patches in transformers' modules).
 """
 
 from __future__ import annotations

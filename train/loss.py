@@ -5,13 +5,15 @@ the softmax: for Llama-3 (128k vocabulary) at micro-batch 8 × 2048 that is 8.4 
 plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replacements, chosen by
 `install_loss`, both computing the same mean cross-entropy over tokens that carry a label:
 
-- `chunked`: plain torch, any device. The hidden states are cut into chunks; each chunk's logits
-  are made, turned into the loss and its gradients (for the hidden states and the output head)
-  at once, and freed. Gradients are computed in the forward pass, as Liger's fused linear
-  cross-entropy does, so nothing is recomputed and no logits are kept for backward.
-- `liger`: on CUDA with `liger-kernel` installed (`pip install 'benchtrain[gpu]'`), Liger's fused
-  linear cross-entropy (Triton), and with `torch.compile` off also its RMSNorm, RoPE and SwiGLU
-  kernels (with compile on, inductor fuses those itself).
+- `chunked`: plain torch, any device. The hidden states are cut into chunks whose fp32 logits fit
+  LOGITS_CHUNK_BYTES; each chunk's logits are made, turned into the loss and its gradients (for
+  the hidden states and the output head) at once, and freed. Gradients are computed in the
+  forward pass, as Liger's fused linear cross-entropy does, so nothing is recomputed and no logits
+  are kept for backward. No host sync.
+- `liger`: on CUDA with `liger-kernel` >= 0.7 installed (`pip install 'benchtrain[gpu]'`), Liger's
+  fused linear cross-entropy (Triton; two host syncs per micro-step, see `liger_cross_entropy`),
+  and with `torch.compile` off also its RMSNorm and SwiGLU kernels on the model's own modules
+  (with compile on, inductor fuses those itself).
 
 The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
 DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected.
