@@ -157,7 +157,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
 
 
 class FailedOnAnotherProcess(RuntimeError):
-    pass
+    """This process's step went well; another's did not (that one's row says how)."""
 
 
 def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
