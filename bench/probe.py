@@ -103,6 +103,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
                 settings,
                 time.perf_counter,
                 lambda flag: agree(workload.accelerator, flag, "max"),
+                first_step=lambda batches=iterator: first_step_agreed(workload, batches, config.grad_accum),
             )
     except Exception as error:  # a failed probe is data, not a crash
         row["status"] = "oom" if is_out_of_memory(error) else "error"
@@ -152,6 +153,25 @@ def finish_row(
         tflops=figures["tflops"],
     )
     return row
+
+
+class FailedOnAnotherProcess(RuntimeError):
+    """This process's step went well; another's did not (that one's row says how)."""
+
+
+def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
+    """The probe's first step, with no collective in it (DDP's gradient all-reduce left out), then
+    every process's outcome agreed before any collective: a configuration that runs out of memory
+    does so in its first step, and an OOM on one process alone would otherwise leave the others in
+    DDP's all-reduce (with NCCL, until the watchdog kills the job). Under FSDP the forward itself
+    all-gathers, so there the first step is an ordinary one."""
+    failure: Exception | None = None
+    try:
+        workload.step.run(batches, grad_accum, synchronize=False)
+    except Exception as error:  # reported after every process has said how its step went
+        failure = error
+    if agree(workload.accelerator, int(failure is not None), "max"):
+        raise failure or FailedOnAnotherProcess("the probe failed on another process")
 
 
 EVAL_STEPS = 4

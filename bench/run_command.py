@@ -25,6 +25,18 @@ def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSp
     )
 
 
+def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
+    """The sequence lengths the model's position table holds, known before the model is built:
+    lengths asked for (`asked`) beyond it are a one-line error; default ones beyond it (a big
+    GPU's 2048 for gpt2's 1024 positions) are left out, the table's own size probed instead."""
+    too_long = [length for length in space.seq_lens if length > max_positions]
+    if not too_long:
+        return space
+    if asked:
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
+    return replace(space, seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
+
+
 def validate_args(args: argparse.Namespace) -> float | str | None:
     """Check everything that needs no torch first, so bad input fails fast. Returns the budget
     (seconds, "auto" or None)."""
@@ -39,18 +51,6 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
     if args.budget and str(args.budget).strip().lower() == "auto":
         return "auto"
     return parse_duration(args.budget, "--budget") if args.budget else None
-
-
-def seq_lens_for(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
-    """Lengths the model's position table accepts: the defaults are cut to it (gpt2's 1024 on a
-    large GPU's 2048); lengths asked for past it are one line, before anything is built."""
-    too_long = [length for length in space.seq_lens if length > max_positions]
-    if not too_long:
-        return space
-    if asked:
-        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
-    kept = tuple(length for length in space.seq_lens if length <= max_positions) or (max_positions,)
-    return replace(space, seq_lens=kept)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -86,7 +86,8 @@ def run_command(args: argparse.Namespace) -> int:
     if mismatch:
         warnings.append(mismatch)
         _say(f"warning: {mismatch}")
-    space = seq_lens_for(space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"])), spec.max_positions, args.seq_lens is not None)
+    space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
+    space = within_positions(space, spec.max_positions, asked=args.seq_lens is not None)
 
     data_record = None
     tokenized = None

@@ -115,10 +115,12 @@ def time_steps(
     settings: ProbeSettings,
     clock: Callable[[], float],
     agree: Callable[[int], int] = lambda flag: flag,
+    first_step: Callable[[], Any] | None = None,
 ) -> StepTiming:
     """Run warm-up then timed steps of `run_step` (which returns an object with `seconds` and
     `data_wait_seconds`). `agree` makes every rank take the same stop decision (each step
-    all-reduces). Exceptions (an OOM) propagate to the caller."""
+    all-reduces); `first_step` runs the first warm-up step instead (bench.probe: one whose outcome
+    every rank agrees on first). Exceptions (an OOM) propagate to the caller."""
     timing = StepTiming()
     started = clock()
 
@@ -129,7 +131,7 @@ def time_steps(
     for index in range(settings.warmup_steps):
         if index and _would_cross(left(), timing.first_step_seconds):
             break
-        run_step()
+        (first_step if index == 0 and first_step is not None else run_step)()
         timing.warmup_steps += 1
         if index == 0:
             timing.first_step_seconds = clock() - warm_from

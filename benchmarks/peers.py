@@ -8,9 +8,10 @@ compiled. One table: tokens/s, MFU (device table), peak memory, and the ratio to
     python benchmarks/peers.py --model llama-3.1-8b --lora --checkpointing --micro-batch 4 --seq-len 2048
 
 Each loop trains on the same synthetic batches (random token ids, every position a target), runs
-`--warmup` steps (compilation included) and then times `--steps` optimizer steps with the device
-synchronised. Loops run in the order given; ours-eager goes last by default because Liger's RoPE
-kernel is patched into transformers' module (the other Liger kernels are per instance).
+`--warmup` steps (compilation included) and then times `--steps` optimizer steps, each closed by a
+device synchronise; tokens/s is that of the median step, as bench's probes do, so that another
+job's burst on a shared machine moves it less than a total would. Loops run in the order given (Liger's kernels stay on our own model: train.loss puts
+back what Liger patches in transformers' modules).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -87,19 +89,21 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def timed(setup: Setup, run_step: Callable[[dict[str, Any]], None], data: list[dict[str, Any]]) -> float:
-    """Seconds for the timed steps after the warm-up ones."""
+def timed(setup: Setup, run_step: Callable[[dict[str, Any]], None], data: list[dict[str, Any]]) -> list[float]:
+    """Seconds of each timed step after the warm-up ones."""
     for batch in data[: setup.warmup]:
         run_step(batch)
     synchronize()
-    started = time.perf_counter()
+    seconds = []
     for batch in data[setup.warmup :]:
+        started = time.perf_counter()
         run_step(batch)
-    synchronize()
-    return time.perf_counter() - started
+        synchronize()
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
-def plain_loop(setup: Setup, compiled: bool) -> float:
+def plain_loop(setup: Setup, compiled: bool) -> list[float]:
     import torch
 
     from train.runtime import make_optimizer
@@ -121,7 +125,7 @@ def plain_loop(setup: Setup, compiled: bool) -> float:
     return timed(setup, step, batches(setup, model.config.vocab_size))
 
 
-def ours(setup: Setup, compiled: bool) -> float:
+def ours(setup: Setup, compiled: bool) -> list[float]:
     from accelerate import Accelerator  # noqa: F401  (make_accelerator imports it)
 
     from train.engine import StepOptions, build_engine
@@ -135,7 +139,7 @@ def ours(setup: Setup, compiled: bool) -> float:
     return timed(setup, lambda batch: engine.step.run(iter([batch]), 1), data)
 
 
-def hf_trainer(setup: Setup) -> float:
+def hf_trainer(setup: Setup) -> list[float]:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
@@ -175,10 +179,10 @@ def hf_trainer(setup: Setup) -> float:
         trainer.train()
     del trainer
     torch.cuda.empty_cache() if cuda else None
-    return sum(times[setup.warmup :])
+    return times[setup.warmup :]
 
 
-def unsloth(setup: Setup) -> float:
+def unsloth(setup: Setup) -> list[float]:
     """Unsloth's FastLanguageModel + its LoRA, trained with the plain loop (GPU only). The preset is
     saved to a folder first: nothing can be downloaded where the benchmark runs."""
     import torch
@@ -210,7 +214,7 @@ def unsloth(setup: Setup) -> float:
     return timed(setup, step, batches(setup, model.config.vocab_size))
 
 
-RUNNERS: dict[str, Callable[[Setup], float]] = {
+RUNNERS: dict[str, Callable[[Setup], list[float]]] = {
     "hf-trainer": hf_trainer,
     "plain": lambda setup: plain_loop(setup, compiled=False),
     "plain-compiled": lambda setup: plain_loop(setup, compiled=True),
@@ -239,7 +243,7 @@ def measure(loop: str, setup: Setup, flops: float, peak_flops: float | None) -> 
     torch._dynamo.reset()
     try:
         with PeakMemory(device()) as memory:
-            seconds = RUNNERS[loop](setup)
+            step_seconds = RUNNERS[loop](setup)
     except ImportError as error:
         return Result(loop, note=f"not installed ({error.name})")
     except Exception as error:  # one loop failing (OOM, a missing kernel) still prints the table
@@ -248,7 +252,7 @@ def measure(loop: str, setup: Setup, flops: float, peak_flops: float | None) -> 
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    rate = tokens_per_second(setup.tokens_per_step * setup.steps, seconds)
+    rate = tokens_per_second(setup.tokens_per_step, statistics.median(step_seconds))
     return Result(loop, rate, mfu(rate, flops, peak_flops), int(memory.peak_bytes))
 
 
@@ -289,7 +293,7 @@ def main() -> None:
     print(
         f"{hardware['name']}: {setup.model} {'LoRA r' + str(setup.rank) if setup.lora else 'full fine-tuning'}"
         f"{' + checkpointing' if setup.checkpointing else ''}, micro-batch {setup.micro_batch} × seq {setup.seq_len}, "
-        f"{setup.steps} timed steps after {setup.warmup}; {flops / 1e9:.2f} GFLOP/token",
+        f"{setup.steps} timed steps after {setup.warmup} (tokens/s of the median step); {flops / 1e9:.2f} GFLOP/token",
         flush=True,
     )
     results = []

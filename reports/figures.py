@@ -188,6 +188,18 @@ def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: li
     return save(figure, path)
 
 
+def learning_rate_curve(steps: list[int], rates: list[float], path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(7.2, 4.0))
+    axis.plot(steps, rates, color="#16a085", linewidth=1.2)
+    axis.set_xlabel("optimizer step")
+    axis.set_ylabel("learning rate")
+    axis.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    if rates:
+        peak = max(rates)
+        axis.set_title(f"Learning rate\npeak {peak:.3g} at step {steps[rates.index(peak)]}, {rates[-1]:.3g} at the last step")
+    return save(figure, path)
+
+
 def estimate_error_history(labels: list[str], errors: list[float], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(7.2, 4.0))
     positions = list(range(len(errors)))

@@ -156,6 +156,14 @@ def write_run_report(run_dir: Path) -> Path:
                 "Training loss per optimizer step, and the held-out eval loss",
             )
         )
+        rated = [entry for entry in losses if "learning_rate" in entry]  # recorded since issue 24
+        if rated:
+            figure_paths.append(
+                (
+                    figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png"),
+                    "Learning rate of each optimizer step (warm-up, then the schedule's decay)",
+                )
+            )
     history = error_rows(run_records(run_dir.parent))
     if len(history) >= 1:
         figure_paths.append(

@@ -47,7 +47,7 @@ def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
 def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
     real_run = workload.step.run
 
-    def run(batches: Any, grad_accum: int) -> Any:
+    def run(batches: Any, grad_accum: int, synchronize: bool = True) -> Any:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(workload.step, "run", run)
@@ -59,7 +59,7 @@ def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, 
 
 
 def test_other_failures_are_errors(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workload.step, "run", lambda *_: (_ for _ in ()).throw(ValueError("shape mismatch")))
+    monkeypatch.setattr(workload.step, "run", lambda *_, **__: (_ for _ in ()).throw(ValueError("shape mismatch")))
     row = run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)
     assert row["status"] == "error" and "shape mismatch" in row["error"]
 
@@ -153,13 +153,13 @@ def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monke
     real_run = workload.step.run
     sizes: list[tuple[int, int]] = []
 
-    def run(batches: Any, grad_accum: int) -> Any:
+    def run(batches: Any, grad_accum: int, synchronize: bool = True) -> Any:
         batch = next(batches)
         rows, length = batch["input_ids"].shape
         sizes.append((rows, length))
         if rows >= 4 and length >= 64:
             raise torch.OutOfMemoryError("CUDA out of memory (faked)")
-        return real_run(iter([batch, *[next(batches) for _ in range(grad_accum - 1)]]), grad_accum)
+        return real_run(iter([batch, *[next(batches) for _ in range(grad_accum - 1)]]), grad_accum, synchronize)
 
     monkeypatch.setattr(workload.step, "run", run)
     space = SearchSpace((1, 4, 8), (0,), (1,), (32, 64, 128))
@@ -231,3 +231,23 @@ def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
     assert not drift["applied"] and "did not help" in drift["reason"]
     assert [row.get("tokens_per_second") for row in rows] == raw
     assert fit["held_out_error"]["median_abs_pct"] < 5
+
+
+def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpt2 has 1024 positions: --seq-lens past them is one line before anything is built, and a big
+    GPU's default lengths (up to 2048) stop at 1024 instead of failing after the model is built."""
+    from test_cli import assert_one_line_error, run_main
+
+    import bench.probe
+    from bench.run_command import within_positions
+    from bench.space import default_space
+
+    monkeypatch.setattr(bench.probe, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
+    code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
+    assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
+    big_gpu = default_space("cuda", 80 * 2**30)
+    assert max(big_gpu.seq_lens) > 1024
+    assert within_positions(big_gpu, 1024, asked=False).seq_lens == (512, 1024)
+    assert within_positions(big_gpu, 4096, asked=False) == big_gpu

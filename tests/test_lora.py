@@ -18,7 +18,7 @@ from calibration.model import Calibration
 from calibration.schema import migrate, validate
 from calibration.store import save_calibration
 from train.checkpoint import WEIGHTS_FILE, list_checkpoints
-from train.memory_check import check_fits, parameter_counts
+from train.memory_check import check_fits, memory_need, parameter_counts
 from train.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
 from train.model import build_model, model_shape, resolve_model
 
@@ -70,6 +70,23 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(method: Method
     assert loss_on == pytest.approx(loss_off, abs=1e-5)
     for name, grad in grads_off.items():
         assert torch.allclose(grads_on[name], grad, atol=1e-5), name
+
+
+def test_checkpointing_on_then_off_leaves_no_input_gradient_hook() -> None:
+    """Bench switches checkpointing on and off on one LoRA model: transformers' input-gradient hook
+    (made for reentrant checkpointing) must not stay behind or pile up, so every later step
+    computes what a fresh model computes; checkpointed LoRA still trains its adapters."""
+    model = build_model(resolve_model("tiny"), "cpu", LORA)
+    model.train()
+    embeddings = model.get_input_embeddings()
+    for enabled in (True, False, True, True, False):
+        set_gradient_checkpointing(model, enabled)
+        assert not embeddings._forward_hooks, enabled
+        assert not embeddings(batch()["input_ids"]).requires_grad  # the frozen base's embeddings
+        if enabled:
+            model.zero_grad(set_to_none=True)
+            model(**batch()).loss.backward()
+            assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
 def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
@@ -140,9 +157,13 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
     assert isinstance(record["plan"]["gradient_checkpointing"], bool)
 
     dry_run = ["--data", "sample", "--deadline", "30m", "--lora", "--lora-rank", "8", "--gradient-checkpointing", "on", "--dry-run", "--max-steps", "3"]
-    code, out, err = run_main("train", dry_run, capsys)
+    code, out, err = run_main("train", [*dry_run, "--merge-lora"], capsys)
     assert code == 0, err
     assert "gradient checkpointing" in out.split("plan (")[1].splitlines()[0]
+    # The export's bytes are planned: the adapters, final-base/ and final-merged/ (fp32 on CPU).
+    need = memory_need(resolve_model("tiny"), MethodConfig(method="lora", lora_rank=8), "cpu")
+    exported = 4 * need.trainable_parameters + 2 * 4 * (need.total_parameters - need.trainable_parameters)
+    assert "final/ export" in out and f"({exported / 1e6:,.1f} MB)" in out
 
 
 def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,13 +1,20 @@
 """Several processes: data sharded without duplicates, the all-reduce and FSDP communication models,
 FSDP's memory per shard, which calibration a multi-process run plans from, LR scaling, and how
-bench combines the ranks' probes. The runs under torchrun are in tests/test_cli.py
-(test_two_processes_under_torchrun, test_fsdp_under_torchrun)."""
+bench combines the ranks' probes; under torchrun (tests/distributed_checks.py): the learning-rate
+schedule and a probe that runs out of memory on one rank. The commands under torchrun are in
+tests/test_cli.py (test_two_processes_under_torchrun, test_fsdp_under_torchrun)."""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import synthetic_calibration
+from test_cli import run_process_group
 from test_planner import heavy_tailed
 
 from bench.distributed import combine_rows
@@ -181,3 +188,43 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
     assert describe_communication(new).endswith("2 MiB of parameters gathered twice and 4 MiB of gradients reduce-scattered, +2.0 ms per micro-step")
     assert _plan_value("communication", {"source": "single process", "world_size": 1}) == "one process: none"
     assert _plan_value("world_size", 2) == 2
+
+
+CHECKS = Path(__file__).with_name("distributed_checks.py")
+
+
+def _under_torchrun(processes: int, *arguments: str, timeout: float = 150) -> dict:
+    """What tests/distributed_checks.py's rank 0 reports under torchrun with `processes` gloo processes."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), str(CHECKS), *arguments]
+    result = run_process_group(command, env, timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes() -> None:
+    """accelerate's prepared scheduler would step once per process per optimizer step: under N
+    processes the cosine reached zero after 1/N of the run and climbed back. The schedule now warms
+    up, decays once and ends at its floor, step for step as in one process."""
+    from distributed_checks import learning_rate_curve
+
+    steps = 40  # 2 warm-up steps (5%)
+    alone = learning_rate_curve(steps)
+    rates = alone["rates"]
+    peak = rates.index(max(rates))
+    assert alone["processes"] == 1 and peak == 2 and rates[:3] == sorted(rates[:3])  # warm-up
+    assert all(later <= earlier for earlier, later in zip(rates[peak:], rates[peak + 1 :], strict=False))  # one decay, no rise
+    assert alone["final"] == 0.0 and rates[-1] < 0.01 * rates[peak]  # the floor after the last step
+    for processes in (2, 3):
+        shared = _under_torchrun(processes, "lr-curve", str(steps))
+        assert shared["processes"] == processes
+        assert shared["rates"] == pytest.approx(rates, rel=1e-12) and shared["final"] == alone["final"]
+
+
+@pytest.mark.slow
+def test_a_probe_out_of_memory_on_one_rank_ends_on_every_rank() -> None:
+    """Rank 0 alone runs out of memory in the probe's first step: every rank learns it before any
+    collective, so none is left in DDP's all-reduce; the probe is an OOM, and the next one runs."""
+    assert _under_torchrun(2, "one-rank-oom", timeout=120)["statuses"] == ["oom", "ok"]

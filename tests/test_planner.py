@@ -11,6 +11,8 @@ from calibration.fit import Config
 from calibration.model import Calibration
 from train.batching import PackedBatches, PaddedBatches, packed_row_count, padded_shapes, plan_padded_batches
 from train.data import TokenizedData
+from train.method import MethodConfig
+from train.model import resolve_model
 from train.planner import PlanRequest, deadline_options, epoch_batches, make_plan, real_tokens
 
 
@@ -157,6 +159,29 @@ def test_the_calibrated_overheads_are_added() -> None:
     minimum = overheads["model_build_seconds"] + overheads["checkpoint_save_seconds"] + overheads["report_seconds"]
     assert plan.chosen.overhead_seconds >= minimum
     assert plan.chosen.total_seconds == pytest.approx(plan.chosen.step_seconds + plan.chosen.overhead_seconds)
+
+
+def test_the_final_export_is_planned_by_its_bytes() -> None:
+    """final-base/ and --merge-lora write far more than one checkpoint: their bytes at the measured
+    write bandwidth go into the plan and the guard's reserve (older calibrations: the timed save
+    scaled by bytes)."""
+    from train.disk import export_bytes
+    from train.memory_check import memory_need
+
+    need = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(method="lora"), "cuda")
+    adapters_only = export_bytes(need, lora=True, preset_base=False, merge=False, device_type="cuda")
+    with_base = export_bytes(need, lora=True, preset_base=True, merge=True, device_type="cuda")
+    assert with_base - adapters_only == 2 * 2 * (need.total_parameters - need.trainable_parameters)  # two bf16 copies of the base
+    assert with_base > 30e9  # final-base/ and final-merged/ of an 8B model
+
+    measured = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "checkpoint_bytes": 5e8, "disk_write_bytes_per_second": 1e9, "report_seconds": 2.0}
+    data = tokenized(heavy_tailed())
+    for overheads, seconds in ((measured, with_base / 1e9), ({**measured, "disk_write_bytes_per_second": None}, 0.5 * with_base / 5e8)):
+        calibration = Calibration(synthetic_calibration(overheads=overheads))
+        chosen = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, export_bytes=with_base)).chosen
+        assert chosen.overheads.export_seconds == pytest.approx(seconds)
+        assert chosen.overheads.after_training_seconds >= seconds  # kept in reserve by the guard
+        assert chosen.overhead_seconds >= seconds
 
 
 def test_gib_constant_is_binary() -> None:

@@ -22,6 +22,8 @@ HOSTILE = '<script>alert("x")</script>'
 def fixture_run(folder: Path, run_id: str = "tiny-run", error: float = 0.0, created: str = "2026-01-01T00:00:00+00:00") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     losses = [{"step": i, "loss": 5.0 / i, "elapsed": 2.0 + 0.1 * i, "seconds": 0.1, "predicted_seconds": 0.095, "tokens": 500} for i in range(1, 101)]
+    for entry in losses:  # warm-up, then a decay
+        entry["learning_rate"] = 3e-4 * min(1.0, entry["step"] / 5) * (1 - entry["step"] / 101)
     record = {
         "schema_version": 1,
         "run_id": run_id,
@@ -96,9 +98,9 @@ def test_run_report(tmp_path: Path) -> None:
     html = write_run_report(run_dir).read_text()
     assert_self_contained(html)
     assert "&lt;script&gt;alert" in html  # user strings are escaped
-    for name in ("progress.png", "throughput.png", "loss.png", "history.png"):
+    for name in ("progress.png", "throughput.png", "loss.png", "learning_rate.png", "history.png"):
         assert (run_dir / name).read_bytes().startswith(PNG_MAGIC), name
-    for phrase in ("Estimate vs actual", "naive estimate", "Alternatives", "History"):
+    for phrase in ("Estimate vs actual", "naive estimate", "Alternatives", "History", "Learning rate of each optimizer step"):
         assert phrase in html
 
 

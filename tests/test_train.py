@@ -47,13 +47,14 @@ def make_run(
     out: str = "run",
     method=None,
     checkpointing: bool = False,
+    max_length: int = 64,
 ) -> TrainingRun:
     calibration = local_calibration()
     data = load_tokenized(str(data_path), tokenizer)
     plan = make_plan(
         calibration,
         data,
-        PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64, num_workers=0, max_steps=steps),
+        PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
     )
     settings = LoopSettings(
         started_at=time.monotonic(),
@@ -107,7 +108,8 @@ def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Pat
 
 
 def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    full = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full").run()
+    full_run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full")
+    full = full_run.run()
     assert full.status == "step_limit" and full.steps == 10
 
     def sigterm_at_step_4(step: int) -> None:
@@ -123,6 +125,45 @@ def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path
     resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", resume=True).run()
     assert resumed.resumed_from and resumed.steps == 10
     assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+    # The learning rate of every step is recorded, and the resumed run continues the schedule.
+    assert [entry["learning_rate"] for entry in resumed.losses] == [entry["learning_rate"] for entry in full.losses]
+    assert [entry["learning_rate"] for entry in full.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
+
+
+def _schedule(steps: int, peak: float) -> list[float]:
+    """The learning rate each of `steps` optimizer steps trains at, by the run's own schedule."""
+    import torch
+
+    from train.engine import cosine_schedule
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    scheduler = cosine_schedule(steps)(optimizer)
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokenizer) -> None:
+    """TFLOP/s (and MFU) take each padded micro-batch's attention at its own length, not max_length."""
+    import json
+    import random
+
+    from train.planner import batch_shapes
+
+    rng = random.Random(3)
+    data_path = tmp_path / "pairs.jsonl"
+    lines = [{"prompt": "q" * rng.randint(5, 20), "completion": "a" * rng.randint(5, 60)} for _ in range(40)]
+    data_path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
+    outcome = run.run()
+    c = run.chosen
+    shapes = batch_shapes(run.data, run.epoch_batches(0), c.max_length, run.shape_bucket)[: outcome.micro_batches]
+    flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
+    assert max(shape.length for shape in shapes) < c.max_length  # padded batches shorter than max_length
+    assert outcome.figures["tflops"] * 1e12 * outcome.step_seconds == pytest.approx(flops, rel=1e-9)
 
 
 def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:

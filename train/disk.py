@@ -37,16 +37,20 @@ class DiskNeed:
         return self.checkpoint_bytes * self.checkpoints_written + self.export_bytes
 
 
+def export_bytes(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str) -> int:
+    """Bytes of the model folders written at the end: final/ (the fp32 model, or the adapters), and
+    for LoRA the frozen base for a preset (final-base/) and with `--merge-lora` the merged model."""
+    trainable = need.trainable_parameters
+    if not lora:
+        return need.total_parameters * FP32_BYTES
+    frozen = (need.total_parameters - trainable) * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+    return trainable * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
+
+
 def disk_need(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str, keep: int, existing: int = 0) -> DiskNeed:
     """Bytes the run will write into its folder (checkpoints already there count as written)."""
-    trainable = need.trainable_parameters
-    checkpoint = trainable * FP32_BYTES + need.optimizer_bytes
-    frozen = (need.total_parameters - trainable) * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
-    if lora:
-        export = trainable * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
-    else:
-        export = need.total_parameters * FP32_BYTES
-    return DiskNeed(checkpoint, export, max(0, keep + 1 - existing))
+    checkpoint = need.trainable_parameters * FP32_BYTES + need.optimizer_bytes
+    return DiskNeed(checkpoint, export_bytes(need, lora, preset_base, merge, device_type), max(0, keep + 1 - existing))
 
 
 def free_bytes(folder: Path) -> int:

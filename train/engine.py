@@ -16,6 +16,21 @@ from train.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
 
+# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero.
+WARMUP_FRACTION = 0.05
+
+
+def cosine_schedule(total_steps: int) -> Any:
+    """`make_scheduler` for `build_engine`: the run's learning-rate schedule over its `total_steps`
+    optimizer steps (the same on every process)."""
+
+    def make(optimizer: Any) -> Any:
+        from transformers import get_cosine_schedule_with_warmup
+
+        return get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
+
+    return make
+
 
 @dataclass(frozen=True)
 class StepOptions:
@@ -124,11 +139,15 @@ def build_engine(
         shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE)
     scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps the schedule
+    # once per process at every optimizer step (split_batches=False: a schedule counted in
+    # per-process batches), while ours counts the run's optimizer steps, so under N processes it
+    # would decay N times too fast and climb back. TrainingStep steps it once per optimizer step.
     if sharding == "fsdp":
         # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
         # mixed-precision policy casts the shards).
-        optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+        optimizer = accelerator.prepare(optimizer)
     else:
-        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        model, optimizer = accelerator.prepare(model, optimizer)
     step = TrainingStep(accelerator, model, optimizer, scheduler)
     return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)

@@ -4,32 +4,42 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 from typing import Any
 
-# Dense (no sparsity) bf16 tensor-core peak per device, FLOP/s, from the vendors' datasheets.
-# Order matters: the first pattern found in the device name wins.
-PEAK_BF16_DENSE_FLOPS: list[tuple[tuple[str, ...], str, float]] = [
-    (("h100", "pcie"), "H100 PCIe", 756e12),
-    (("h100", "nvl"), "H100 NVL", 835e12),
-    (("h100",), "H100 SXM", 989e12),
-    (("gh200",), "GH200", 989e12),
-    (("h200",), "H200", 989e12),
-    (("b200",), "B200", 2250e12),
-    (("a100",), "A100", 312e12),
-    (("l40s",), "L40S", 362e12),
-    (("a10g",), "A10G", 70e12),
-    (("l4",), "L4", 121e12),
-    (("4090",), "RTX 4090", 165e12),
-    (("mi300x",), "MI300X", 1307e12),
+# Dense (no sparsity) bf16 tensor-core peak per device, FLOP/s, from the vendors' datasheets, and
+# for the GPUs that can be split into MIG slices, the whole GPU's streaming multiprocessors: a
+# slice has a share of them, and that share of the peak.
+# Patterns are whole words of the device name ("L4" is not "L40"); the first entry that matches wins.
+PEAK_BF16_DENSE_FLOPS: list[tuple[tuple[str, ...], str, float, int | None]] = [
+    (("h100", "pcie"), "H100 PCIe", 756e12, 114),
+    (("h100", "nvl"), "H100 NVL", 835e12, 132),
+    (("h100",), "H100 SXM", 989e12, 132),
+    (("gh200",), "GH200", 989e12, 132),
+    (("h200", "nvl"), "H200 NVL", 835e12, 132),
+    (("h200",), "H200", 989e12, 132),
+    (("b200",), "B200", 2250e12, 148),
+    (("a100",), "A100", 312e12, 108),
+    (("l40s",), "L40S", 362e12, None),
+    (("l40",), "L40", 181e12, None),
+    (("a10g",), "A10G", 70e12, None),
+    (("l4",), "L4", 121e12, None),
+    (("4090",), "RTX 4090", 165e12, None),
+    (("mi300x",), "MI300X", 1307e12, None),
 ]
 
 
-def peak_flops(device_name: str) -> tuple[str, float] | None:
-    """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs)."""
-    lowered = device_name.lower()
-    for patterns, label, flops in PEAK_BF16_DENSE_FLOPS:
-        if all(pattern in lowered for pattern in patterns):
-            return label, flops
+def peak_flops(device_name: str, multiprocessors: int | None = None) -> tuple[str, float] | None:
+    """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs). A device
+    with fewer multiprocessors than its whole GPU (a MIG slice) gets their share of the peak."""
+    words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
+    for patterns, label, flops, full_multiprocessors in PEAK_BF16_DENSE_FLOPS:
+        if not all(pattern in words for pattern in patterns):
+            continue
+        if full_multiprocessors and multiprocessors and multiprocessors < full_multiprocessors:
+            share = multiprocessors / full_multiprocessors
+            return f"{label} MIG {multiprocessors}/{full_multiprocessors} SMs", flops * share
+        return label, flops
     return None
 
 
@@ -39,7 +49,7 @@ def detect_hardware() -> dict[str, Any]:
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         name = torch.cuda.get_device_name(0)
-        peak = peak_flops(name)
+        peak = peak_flops(name, properties.multi_processor_count)
         return {
             "device_type": "cuda",
             "name": name,

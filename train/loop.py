@@ -29,8 +29,6 @@ from train.method import MethodConfig
 from train.planner import Candidate, batch_shapes, run_batches
 from train.runtime import agree
 
-WARMUP_FRACTION = 0.05
-
 
 @dataclass
 class LoopSettings:
@@ -88,6 +86,7 @@ class Position:
     losses: list[dict[str, float]] = field(default_factory=list)
     timeline: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    flops: float = 0.0  # this process's, each micro-batch at its own length (train.metrics.batch_flops)
 
 
 class StopSignals:
@@ -144,18 +143,13 @@ class TrainingRun:
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
         import torch
-        from transformers import get_cosine_schedule_with_warmup
 
-        from train.engine import build_engine
+        from train.engine import build_engine, cosine_schedule
         from train.runtime import make_accelerator, pin_memory
 
         self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(self.settings.seed)
-        total_steps = self.total_steps()
-
-        def schedule(optimizer: Any) -> Any:
-            return get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
-
+        schedule = cosine_schedule(self.total_steps())
         self.engine = build_engine(
             self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, self.settings.learning_rate, schedule
         )
@@ -164,8 +158,8 @@ class TrainingRun:
         from train.hardware import detect_hardware
         from train.model import model_shape
 
-        c = self.chosen
-        self.flops_per_token = model_shape(self.model).flops_per_token(c.max_length, lora=self.method.is_lora, recompute=c.gradient_checkpointing)
+        shape, lora, recompute = model_shape(self.model), self.method.is_lora, self.chosen.gradient_checkpointing
+        self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
 
@@ -261,6 +255,7 @@ class TrainingRun:
                         position.step_seconds += result.seconds
                         position.data_wait_seconds += result.data_wait_seconds
                         position.predicted_seconds += predicted[step_index]
+                        position.flops += metrics.batch_flops(result.shapes, self.flops_per_token)
                         now = time.monotonic()
                         position.losses.append(
                             {
@@ -270,6 +265,7 @@ class TrainingRun:
                                 "seconds": result.seconds,
                                 "predicted_seconds": predicted[step_index],
                                 "tokens": result.target_tokens * self.accelerator.num_processes,
+                                "learning_rate": result.learning_rate,
                             }
                         )
                         # -- the deadline guard ------------------------------------------------
@@ -369,7 +365,8 @@ class TrainingRun:
     def _run_figures(self, position: Position) -> dict[str, Any]:
         """This process's figures over the run (train.metrics), and its peak memory."""
         per_process = position.padded_tokens / self.accelerator.num_processes
-        figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, self.flops_per_token, self.peak_flops)
+        flops_per_token = position.flops / per_process if per_process else 0.0
+        figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, flops_per_token, self.peak_flops)
         return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None}
 
     def _met_new_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> bool:
@@ -420,11 +417,12 @@ class TrainingRun:
     def _track_step(self, position: Position, result: Any, eta_seconds: float) -> None:
         if not self.settings.report_to:
             return
-        figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, self.flops_per_token, self.peak_flops)
+        flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
+        figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
         self._track(
             {
                 "train/loss": result.loss,
-                "train/learning_rate": self.scheduler.get_last_lr()[0],
+                "train/learning_rate": result.learning_rate,
                 "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
                 "train/mfu": figures["mfu"],
                 "train/tflops": figures["tflops"],

@@ -5,13 +5,15 @@ the softmax: for Llama-3 (128k vocabulary) at micro-batch 8 × 2048 that is 8.4 
 plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replacements, chosen by
 `install_loss`, both computing the same mean cross-entropy over tokens that carry a label:
 
-- `chunked`: plain torch, any device. The hidden states are cut into chunks; each chunk's logits
-  are made, turned into the loss and its gradients (for the hidden states and the output head)
-  at once, and freed. Gradients are computed in the forward pass, as Liger's fused linear
-  cross-entropy does, so nothing is recomputed and no logits are kept for backward.
-- `liger`: on CUDA with `liger-kernel` installed (`pip install 'benchtrain[gpu]'`), Liger's fused
-  linear cross-entropy (Triton), and with `torch.compile` off also its RMSNorm, RoPE and SwiGLU
-  kernels (with compile on, inductor fuses those itself).
+- `chunked`: plain torch, any device. The hidden states are cut into chunks whose fp32 logits fit
+  LOGITS_CHUNK_BYTES; each chunk's logits are made, turned into the loss and its gradients (for
+  the hidden states and the output head) at once, and freed. Gradients are computed in the
+  forward pass, as Liger's fused linear cross-entropy does, so nothing is recomputed and no logits
+  are kept for backward. No host sync.
+- `liger`: on CUDA with `liger-kernel` >= 0.7 installed (`pip install 'benchtrain[gpu]'`), Liger's
+  fused linear cross-entropy (Triton; two host syncs per micro-step, see `liger_cross_entropy`),
+  and with `torch.compile` off also its RMSNorm and SwiGLU kernels on the model's own modules
+  (with compile on, inductor fuses those itself).
 
 The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
 DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected.
@@ -19,7 +21,8 @@ DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffect
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 import math
 import types
 from typing import Any
@@ -32,8 +35,44 @@ LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
 
 
+# The first liger-kernel with transformers 5 (0.6.x imports transformers 4's `HybridCache`, which
+# transformers 5 removed): pyproject's `gpu` extra pins the same range.
+LIGER_MIN_VERSION = "0.7.0"
+
+
+def liger_functions() -> tuple[Any, Any]:
+    """What we call from Liger: its fused linear cross-entropy module, and its package (whose
+    `apply_liger_kernel_to_<model_type>` patch RMSNorm and SwiGLU). ImportError where they do not
+    import with this transformers."""
+    import liger_kernel.transformers as liger
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    return LigerFusedLinearCrossEntropyLoss, liger
+
+
+@functools.lru_cache(maxsize=1)
+def liger_problem() -> str | None:
+    """Why Liger cannot run here (not installed, too old, does not import), or None. A Liger that
+    fails to import must not be what `--loss auto` picks: every probe would fail."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        installed = version("liger-kernel")
+    except PackageNotFoundError:
+        return "liger-kernel is not installed (pip install 'benchtrain[gpu]')"
+    if Version(installed) < Version(LIGER_MIN_VERSION):
+        return f"liger-kernel {installed} predates transformers 5; install liger-kernel>={LIGER_MIN_VERSION} (pip install 'benchtrain[gpu]')"
+    try:
+        liger_functions()
+    except ImportError as error:
+        return f"liger-kernel {installed} does not import here ({str(error).splitlines()[0][:120]})"
+    return None
+
+
 def liger_available() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
+    return liger_problem() is None
 
 
 def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
@@ -47,14 +86,28 @@ def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
         return "liger" if device_type == "cuda" and liger_available() else "chunked"
     if choice != "plain" and not fusable:
         raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
-    if choice == "liger" and not (device_type == "cuda" and liger_available()):
+    if choice == "liger" and device_type != "cuda":
         raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
+    if choice == "liger" and not liger_available():
+        raise ValueError(f"--loss liger: {liger_problem()}")
     return choice
 
 
-def chunk_tokens(tokens: int, hidden_size: int, vocab_size: int) -> int:
-    """Tokens per chunk: a chunk's logits about as large as the hidden states (Liger's rule)."""
-    chunks = max(1, math.ceil(vocab_size / hidden_size))
+# A chunk's fp32 logits stay under this many bytes. Big chunks keep the head's matmuls efficient:
+# every chunk reads the whole (vocabulary × hidden) head weight again, so tiny chunks turn the loss
+# into a memory-bound loop (gpt2's 512 tokens in Liger's 64 chunks of 8 rows: 8× slower on CPU).
+# At 256 MiB a chunk holds 512 rows of Llama-3's 128k vocabulary (enough to keep an H100's
+# tensor cores busy) and all of a small batch; Llama-3 at 8 × 2048 tokens needs 32 chunks.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+FP32_LOGIT_BYTES = 4
+
+
+def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) -> int:
+    """Tokens per chunk: as few chunks as keep each chunk's fp32 logits within `budget_bytes`
+    (LOGITS_CHUNK_BYTES), the tokens shared evenly between them."""
+    budget = LOGITS_CHUNK_BYTES if budget_bytes is None else budget_bytes
+    rows_within_budget = max(1, budget // (vocab_size * FP32_LOGIT_BYTES))
+    chunks = max(1, math.ceil(tokens / rows_within_budget))
     return max(1, math.ceil(tokens / chunks))
 
 
@@ -143,7 +196,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
     if _FUNCTION is None:
         _FUNCTION = _chunked_function()
     flat, targets = _rows_and_targets(hidden, labels)
-    size = chunk or chunk_tokens(flat.shape[0], flat.shape[1], weight.shape[0])
+    size = chunk or chunk_tokens(flat.shape[0], weight.shape[0])
     with torch.autocast(flat.device.type, enabled=False):
         if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
             return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
@@ -151,10 +204,41 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    """Liger's fused linear cross-entropy. The head's gradient is summed over Liger's chunks in
+    fp32 (`accum_dtype`), as the chunked loss does; Liger's default sums it in the weight's dtype,
+    bf16 here. Liger reads the count of labelled tokens back to the host (`.item()`) in its forward
+    and compares the incoming gradient with 1.0 (`torch.equal`) in its backward: two host syncs per
+    micro-step that the chunked loss does not have."""
+    import torch
 
+    loss_class, _ = liger_functions()
     flat, targets = _rows_and_targets(hidden, labels)
-    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX)(weight.to(flat.dtype), flat, targets)
+    return loss_class(ignore_index=IGNORE_INDEX, accum_dtype=torch.float32)(weight.to(flat.dtype), flat, targets)
+
+
+def apply_liger_kernels(lm: Any) -> bool:
+    """Liger's RMSNorm and SwiGLU on this model's own modules; False where Liger has none for it.
+
+    Liger's `apply_liger_kernel_to_<type>(model=…)` patches the instance's modules, but also
+    replaces the RMSNorm and MLP classes (and, with `rope`, the RoPE function) in transformers'
+    modeling module, where every model built later in the process would pick them up (bench builds
+    several; the export loads one). Those module-level names are put back. Liger's RoPE exists only
+    as that module-level function, so it is left out."""
+    _, liger = liger_functions()
+    apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
+    if apply is None:
+        return False
+    modeling = importlib.import_module(type(lm).__module__)
+    before = dict(vars(modeling))
+    try:
+        apply(rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=lm)
+    finally:
+        for name in set(vars(modeling)) - set(before):
+            delattr(modeling, name)
+        for name, value in before.items():
+            if vars(modeling).get(name) is not value:
+                setattr(modeling, name, value)
+    return True
 
 
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
@@ -166,12 +250,7 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
 
     lm = unwrap(model)
     if kind == "liger" and not compiled:
-        import liger_kernel.transformers as liger
-
-        apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
-        if apply is not None:
-            # Instance-level RMSNorm/SwiGLU; RoPE is a module-level function in transformers.
-            apply(rope=True, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=lm)
+        apply_liger_kernels(lm)
     loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
     original = lm.forward
 

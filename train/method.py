@@ -115,7 +115,13 @@ def apply_method(model: Any, method: MethodConfig) -> Any:
 
 def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
     """Recompute activations in the backward pass (less memory, about one more forward pass).
-    Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`."""
+    Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`.
+
+    transformers registers that hook (the embeddings' output made to require gradients) whenever
+    checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
+    (`_hf_peft_config_loaded`, which peft's wrapper never sets): off after on left it in place, so
+    later probes computed gradients nobody uses, and each "on" added one more. It is removed here
+    either way; bench's probes switch checkpointing on and off on one model."""
     base = unwrap(model)
     # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
     if hasattr(base, "activation_checkpointing_enable"):
@@ -127,6 +133,7 @@ def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         base.gradient_checkpointing_disable()
+    base.disable_input_require_grads()
     if enabled:
         base.config.use_cache = False
 

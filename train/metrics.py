@@ -4,10 +4,13 @@ from here (`step_figures`).
 
 MFU = achieved FLOP/s ÷ the device's dense bf16 peak (train.hardware's table). The FLOPs per
 token are the model's (train.model.ModelShape.flops_per_token: full or LoRA, with or without
-recompute) over the positions actually computed, padding included.
+recompute) over the positions actually computed, padding included; their attention term grows with
+the sequence length, so a run takes each micro-batch at its own length (`batch_flops`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 
 def tokens_per_second(tokens: float, seconds: float) -> float:
@@ -23,6 +26,12 @@ def mfu(tokens_per_second_computed: float, flops_per_token: float, peak_flops: f
     if not peak_flops:
         return None
     return tokens_per_second_computed * flops_per_token / peak_flops
+
+
+def batch_flops(shapes: Iterable[tuple[int, ...]], flops_per_token: Callable[[int], float]) -> float:
+    """FLOPs of micro-batches of these (rows, length) shapes, each at its own length: a padded batch
+    is as long as its longest row, usually far shorter than max_length."""
+    return float(sum(rows * length * flops_per_token(length) for rows, length in shapes))
 
 
 def data_wait_share(wait_seconds: float, step_seconds: float) -> float:

@@ -47,6 +47,7 @@ class PeakMemory:
 
     def __init__(self, device: Any) -> None:
         self.cuda = device.type == "cuda"
+        self.device = device
         self.peak_bytes = 0
         self._thread: threading.Thread | None = None
 
@@ -58,7 +59,7 @@ class PeakMemory:
             import torch
 
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(self.device)  # this process's device, named
             return self
         _trim_heap()
         if _reset_high_water_mark():
@@ -80,7 +81,7 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            self.peak_bytes = int(torch.cuda.max_memory_allocated())
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
             return
         if self._thread is None:
             self.peak_bytes = _high_water_mark() or 0

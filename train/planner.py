@@ -79,6 +79,8 @@ class PlanRequest:
     # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
     # a 1-process calibration, train.memory_check.MemoryNeed.per_process_bytes).
     memory_offset_bytes: float = 0.0
+    # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
+    export_bytes: int = 0
 
     @property
     def shape_bucket(self) -> int | None:
@@ -396,6 +398,7 @@ def evaluate(
         eval_count,
         compile_cost,
         compile_shapes,
+        request.export_bytes,
     )
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds

@@ -16,7 +16,7 @@ from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, Deadl
 from train.checkpoint import list_checkpoints
 from train.config import TrainConfig
 from train.console import is_main_process, resolve_data_path, say
-from train.disk import RunLock, check_space, disk_need
+from train.disk import RunLock, check_space, disk_need, export_bytes
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
@@ -361,6 +361,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
         comm_seconds_per_step=comm_seconds,
         comm_seconds_per_micro_step=comm_micro_seconds,
         memory_offset_bytes=memory_offset,
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), hardware["device_type"]),
     )
     plan = make_plan(cal, data, request, eval_data)
     from train.plan_text import describe_compute, describe_plan

@@ -32,6 +32,7 @@ class StepResult:
     target_tokens: int  # tokens that carry loss
     micro_batches: int
     shapes: tuple[tuple[int, ...], ...] = ()  # each micro-batch's (rows, length): a new one compiles
+    learning_rate: float = 0.0  # what this step's optimizer step used
 
 
 class StepTimer:
@@ -41,21 +42,25 @@ class StepTimer:
         import torch
 
         self._cuda = device.type == "cuda"
+        self._device = device
         if self._cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)
 
     def start(self) -> None:
         if self._cuda:
-            self._start.record()
+            import torch
+
+            # On this process's own device's stream (named, not whichever device is current).
+            self._start.record(torch.cuda.current_stream(self._device))
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
         if self._cuda:
             import torch
 
-            self._end.record()
-            torch.cuda.synchronize()
+            self._end.record(torch.cuda.current_stream(self._device))
+            torch.cuda.synchronize(self._device)  # the step's one wait for the GPU
             return self._start.elapsed_time(self._end) / 1000.0
         return time.perf_counter() - self._t0
 
@@ -86,8 +91,10 @@ class TrainingStep:
         self.max_grad_norm = max_grad_norm
         self.timer = StepTimer(accelerator.device)
 
-    def run(self, batches: Iterator[dict[str, Any]], grad_accum: int) -> StepResult:
-        """One optimizer step over the next `grad_accum` micro-batches of `batches`."""
+    def run(self, batches: Iterator[dict[str, Any]], grad_accum: int, synchronize: bool = True) -> StepResult:
+        """One optimizer step over the next `grad_accum` micro-batches of `batches`. With
+        `synchronize` False no micro-step all-reduces gradients (DDP): a step with no collective in
+        it, whose failure on one process cannot leave the others waiting (bench.probe)."""
         import torch
 
         accelerator, model = self.accelerator, self.model
@@ -110,7 +117,7 @@ class TrainingStep:
             batch = to_device(batch, device)
             last = index == grad_accum - 1
             # Gradients are all-reduced once, on the last micro-step.
-            sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+            sync = contextlib.nullcontext() if last and synchronize else accelerator.no_sync(model)
             with sync, without_packed_sequence_check():
                 # No attention mask: rows are right-padded and attention is causal, so no real
                 # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
@@ -121,9 +128,10 @@ class TrainingStep:
             loss_sum += loss.detach()
         if self.max_grad_norm:
             accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
         self.optimizer.step()
         if self.scheduler is not None:
-            self.scheduler.step()
+            self.scheduler.step()  # once per optimizer step, whatever the number of processes
         self.optimizer.zero_grad(set_to_none=True)
         seconds = self.timer.stop()
-        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes))
+        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate)
