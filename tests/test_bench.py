@@ -112,10 +112,10 @@ def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
     assert result.stopped_by_budget
     assert 2 <= len(probed) < SPACE.size
     assert len(probed) + len(result.left_out) == SPACE.size
-    # Cheapest first (a minimum viable fit), then what the fit learns most from per second: a
-    # larger micro-batch and another length are among the first few.
+    # Cheapest first (a minimum viable fit), then what the fit learns most from per second: other
+    # sizes among the first few.
     assert (probed[0]["micro_batch_size"], probed[0]["grad_accum"], probed[0]["seq_len"]) == (1, 1, 64)
-    assert max(r["micro_batch_size"] for r in probed) >= 4 and len({r["seq_len"] for r in probed}) == 2
+    assert len({r["micro_batch_size"] * r["seq_len"] for r in probed}) >= 2
 
 
 def test_optuna_samples_the_same_space(home: Path) -> None:
