@@ -16,10 +16,12 @@ DEFAULT_WEIGHT_DECAY = 0.1
 
 def quiet_library_warnings() -> None:
     """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
-    on every model: a warning the user can do nothing about."""
+    on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
+    rightly: warnings the user can do nothing about."""
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
 
 
 def job_world_size() -> int:
