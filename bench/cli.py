@@ -88,7 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         "auto = what 12 probes cost at the prices bench works out first (default: the whole space). "
         "What the budget buys is said up front; one too small for a fit is refused in seconds",
     )
-    run.add_argument("--max-probe-seconds", type=float, metavar="S", help="seconds each probe may spend timing steps (default: 1.5 on CPU, 10 on GPU)")
+    run.add_argument(
+        "--max-probe-seconds",
+        type=float,
+        metavar="S",
+        help="seconds each probe may spend timing steps (default: 1%% of --budget, at least 1.5 on CPU and 10 on GPU)",
+    )
     run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks")

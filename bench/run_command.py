@@ -105,6 +105,8 @@ def run_command(args: argparse.Namespace) -> int:
     settings = ProbeSettings.for_device(hardware["device_type"])
     if args.max_probe_seconds:
         settings = replace(settings, max_seconds=args.max_probe_seconds)
+    elif isinstance(budget_asked, (int, float)):
+        settings = settings.for_budget(budget_asked)
     trials = args.trials or max(4, space.size // 3)
     task = BenchTask(
         space=space,

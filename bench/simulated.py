@@ -317,7 +317,7 @@ def simulate_bench(
     meta = meta_model(spec, method)
     task = BenchTask(
         space=space,
-        settings=ProbeSettings.for_device("cuda"),
+        settings=ProbeSettings.for_device("cuda").for_budget(budget if isinstance(budget, (int, float)) else None),
         hardware=hardware,
         software={**detect_software(), "simulated": "bench.simulated (H100 measurements scaled by FLOPs)"},
         model=model_record(spec, model_shape(meta)),

@@ -41,12 +41,23 @@ class ProbeSettings:
             return cls(warmup_steps=1, min_steps=3, max_steps=30, max_seconds=10.0)
         return cls()
 
+    def for_budget(self, budget_seconds: float | None) -> ProbeSettings:
+        """A larger budget gives each probe a larger time share (BUDGET_SHARE of it): more timed
+        steps where steps scatter (a busy CPU) or cost seconds each (a large model)."""
+        from dataclasses import replace
+
+        if budget_seconds is None:
+            return self
+        return replace(self, max_seconds=max(self.max_seconds, BUDGET_SHARE * budget_seconds))
+
     def with_limit(self, seconds: float | None, expected_step_seconds: float | None = None) -> ProbeSettings:
         from dataclasses import replace
 
         return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds), expected_step_seconds=expected_step_seconds)
 
 
+# A probe's timed phase may take this share of the whole budget (at least the device's default).
+BUDGET_SHARE = 0.01
 # Fewest timed steps that still give a spread (and so a standard error).
 MIN_TIMED_STEPS = 2
 # A first timed step this much slower than the median of the rest is still warming up.

@@ -8,13 +8,14 @@ Two kinds of rows:
   every configuration of the grid that fits in memory and was *not* probed.
 - replay: the real H100 grid of llama-3.2-1b (48 probes): every probe the planner chooses answers
   what it measured on the H100, and the calibration is scored on the real probes it did not choose.
-- cpu: a real `bench run --gpu cpu --model MODEL` on this machine, timed as a whole.
+- real: a real `bench run --gpu NAME --model MODEL` on this machine, timed as a whole.
 
     python benchmarks/bench_budget.py --simulated llama-3.1-8b --lora --checkpointing off,on --budgets 2m,5m,15m
     python benchmarks/bench_budget.py --simulated mistral-nemo-12b --lora --budgets 2m,5m,15m
     python benchmarks/bench_budget.py --replay --budgets 1m,2m,4m     # the real H100 grid, replayed
-    python benchmarks/bench_budget.py --cpu gpt2 --budgets 1m,3m,10m
-    python benchmarks/bench_budget.py --cpu gpt2 --lora --checkpointing off,on --budgets 3m
+    python benchmarks/bench_budget.py --real gpt2 --budgets 1m,3m,10m
+    python benchmarks/bench_budget.py --real gpt2 --lora --checkpointing off,on --budgets 3m
+    python benchmarks/bench_budget.py --real llama-3.1-8b --gpu h100 --lora --checkpointing off,on --budgets 5m   # on a GPU
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
     }
 
 
-def cpu_row(model: str, lora: bool, checkpointing: str | None, budget: float) -> dict[str, Any]:
+def real_row(model: str, lora: bool, checkpointing: str | None, budget: float, device: str) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="bench-budget-"))
-    command = [sys.executable, "-m", "bench", "run", "--gpu", "cpu", "--model", model, "--budget", f"{budget:.0f}s", "--quiet"]
+    command = [sys.executable, "-m", "bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet"]
     if lora:
         command.append("--lora")
     if checkpointing:
@@ -126,8 +127,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--simulated", metavar="MODEL", help="a preset on the simulated H100")
-    where.add_argument("--cpu", metavar="MODEL", help="a preset, measured for real on this CPU")
+    where.add_argument("--real", metavar="MODEL", help="a preset, measured for real on this machine's device (--gpu)")
     where.add_argument("--replay", action="store_true", help="the real H100 grid (llama-3.2-1b, full): each probe answers what it measured there")
+    parser.add_argument("--gpu", default="cpu", help="with --real: the device name bench run is told (default cpu)")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--checkpointing", default=None, help="off,on")
     parser.add_argument("--budgets", default="2m,5m,15m")
@@ -141,7 +143,7 @@ def main() -> None:
             modes = (0, 1) if args.checkpointing == "off,on" else ((1,) if args.checkpointing == "on" else (0,))
             rows.append(simulated_row(args.simulated, args.lora, modes, budget))
         else:
-            rows.append(cpu_row(args.cpu, args.lora, args.checkpointing, budget))
+            rows.append(real_row(args.real, args.lora, args.checkpointing, budget, args.gpu))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print_table(rows)
 
