@@ -51,6 +51,7 @@ class BenchTask:
     disk_bytes_per_second: float | None = None
     load_before: float | None = None
     budget_auto: bool = False
+    losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
 
@@ -142,6 +143,7 @@ def calibrate(
     from bench.record import build_calibration
 
     budget.reserved = lambda: after_probes_seconds(task, planner)
+    loss_choice = compare_losses(task, coordinator, planner, budget)
 
     def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
         settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
@@ -203,10 +205,88 @@ def calibrate(
     from calibration.fit import fit_eval
 
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
+    if loss_choice is not None:
+        record["loss_choice"] = loss_choice
     if task.world_size > 1:
         record["distributed"] = distributed_record(collectives, task.sharding)
     record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
     return record, result
+
+
+# The loss whose logits would cost more than this share of the device's memory at the grid's
+# largest micro-batch is not chosen for speed: memory decides there (what it is for).
+LOSS_MEMORY_AT_STAKE = 0.10
+# Step times closer than this are a tie, won by the loss that holds less memory.
+LOSS_TIE = 0.02
+
+
+def loss_comparison_config(planner: ProbePlanner) -> ProbeConfig | None:
+    """Where the losses are compared: a mid-sized micro-batch (tokens nearest the geometric mean of
+    the grid's), one optimizer step per micro-step, no workers, the leanest checkpointing mode
+    measured first, predicted to fit in memory."""
+    space = planner.space
+    pool = [
+        c
+        for c in planner.candidates()
+        if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.gradient_checkpointing == space.checkpointing[0]
+    ]
+    if not pool:
+        return None
+    tokens = [c.micro_batch_size * c.seq_len for c in space.all_configs()]
+    middle = math.sqrt(min(tokens) * max(tokens))
+    return min(pool, key=lambda c: (abs(math.log(c.micro_batch_size * c.seq_len / middle)), c.micro_batch_size))
+
+
+def compare_losses(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget) -> dict[str, Any] | None:
+    """`--loss auto`: each loss that applies, twice in alternation at one configuration; the fastest
+    whose extra logits memory at the grid's largest micro-batch stays under LOSS_MEMORY_AT_STAKE of
+    the device, ties to the leaner. Every probe after it runs the chosen loss (and so does
+    `train --loss auto` with this calibration). Only while the budget still pays for a minimum
+    viable fit afterwards."""
+    if len(task.losses) < 2:
+        return None
+    config = loss_comparison_config(planner)
+    if config is None:
+        return None
+    price = 2 * len(task.losses) * planner.price(config)
+    remaining = budget.remaining()
+    if remaining is not None and (price > remaining or not planner.viable_within(remaining - price)):
+        task.warnings.append(
+            f"the losses ({', '.join(task.losses)}) were not compared: the budget could not pay for it; probes ran {task.training.get('loss')}"
+        )
+        return None
+    rows = []
+    for _ in range(2):
+        for loss in task.losses:
+            settings = task.settings.with_limit(budget.remaining(), planner.cost.step_seconds_high(config))
+            row = coordinator.run("loss_probe", {"loss": loss, "config": config.as_dict(), "settings": asdict(settings)})
+            planner.cost.observe(row)
+            rows.append({**row, "loss": loss})
+    chosen, reason = choose_measured_loss(rows, task, planner)
+    coordinator.run("set_loss", {"loss": chosen})
+    task.training["loss"] = chosen
+    return {"config": config.as_dict(), "measurements": rows, "chosen": chosen, "reason": reason}
+
+
+def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
+    """The loss bench keeps, and why, in words."""
+    ok = {loss: [row for row in rows if row["loss"] == loss and row["status"] == "ok"] for loss in task.losses}
+    measured = {loss: found for loss, found in ok.items() if found}
+    if not measured:
+        return str(task.training.get("loss")), "no loss probe succeeded; kept the default"
+    step = {loss: statistics.median(row["step_seconds"] for row in found) for loss, found in measured.items()}
+    peak = {loss: max(row["peak_memory_bytes"] for row in found) for loss, found in measured.items()}
+    config = ProbeConfig.of(rows[0])
+    largest = max(c.micro_batch_size * c.seq_len for c in planner.space.all_configs())
+    leanest = min(peak.values())
+    extra = {loss: (peak[loss] - leanest) / (config.micro_batch_size * config.seq_len) * largest for loss in measured}
+    allowed = [loss for loss in measured if extra[loss] <= LOSS_MEMORY_AT_STAKE * float(task.hardware["memory_bytes"])] or [min(peak, key=peak.__getitem__)]
+    fastest = min(step[loss] for loss in allowed)
+    near = [loss for loss in allowed if step[loss] <= fastest * (1 + LOSS_TIE)]
+    chosen = min(near, key=lambda loss: (peak[loss], step[loss]))
+    described = ", ".join(f"{loss} {step[loss] * 1000:.0f} ms/step, peak {peak[loss] / 2**20:,.0f} MiB" for loss in measured)
+    rule = f"fastest within {LOSS_TIE:.0%} whose extra logits memory at the largest micro-batch stays under {LOSS_MEMORY_AT_STAKE:.0%} of the device"
+    return chosen, f"{chosen}: {rule} ({described})"
 
 
 def measure_evaluation(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget, skipped: list[str]) -> list[dict[str, Any]]:

@@ -64,6 +64,17 @@ class Workload:
 
             torch.cuda.empty_cache()
 
+    def set_loss(self, kind: str) -> None:
+        """Compute the loss with `kind` from now on (bench compares the losses that apply)."""
+        from dataclasses import replace
+
+        from train.loss import install_loss
+
+        if kind != self.engine.loss:
+            install_loss(self.model, kind, compiled=self.engine.compiled)
+            self.engine = replace(self.engine, loss=kind)
+            self.training["loss"] = kind
+
     def set_checkpointing(self, enabled: bool) -> None:
         if enabled != self.checkpointing:
             set_gradient_checkpointing(self.model, enabled)
@@ -116,6 +127,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
         recover_after_failure(workload)
         return row
     assert timing is not None
+    row["loss"] = workload.engine.loss
     return finish_row(row, config, timing, int(memory.peak_bytes), workload.flops_per_token(config), peak_flops)
 
 

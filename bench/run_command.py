@@ -145,6 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
     task.model = model_record(spec, workload.shape)
     task.training = {**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)}
     task.compiled = workload.engine.compiled
+    task.losses = losses_to_compare(options.loss, workload)
     task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     if args.search == "optuna":
@@ -184,6 +185,16 @@ def run_command(args: argparse.Namespace) -> int:
         coordinator.finish()
 
 
+def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
+    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
+    and the other plain-torch ones (Liger's kernels, once installed, stay for all of them)."""
+    from train.loss import PLAIN_HEAD_MODEL_TYPES
+
+    if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
+        return ()
+    return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
+
+
 def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, Any]:
     """Rank 0's decision for the checkpoint measurement, the same on every rank."""
     from bench.disk_write import real_save_fits
@@ -215,6 +226,11 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
                 measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"]) if task["every_rank"] or is_main_process() else {}
             ),
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
+            "loss_probe": lambda task: (
+                workload.set_loss(task["loss"]),
+                run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
+            )[1],
+            "set_loss": lambda task: (workload.set_loss(task["loss"]), {})[1],
             # Rank 0 only, and last: the other ranks keep their models, which they no longer use.
             "compile_cache": lambda task: measure_cached_compile(workload, task["row"], task.get("timeout_seconds")) if is_main_process() else {},
         }

@@ -244,15 +244,19 @@ def apply_liger_kernels(lm: Any) -> bool:
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
     Without labels (generation, the export) the model's own forward runs unchanged."""
-    if kind == "plain":
-        return kind
     from train.method import unwrap
 
     lm = unwrap(model)
+    # Installed again (bench compares the losses on one model): from the model's own forward.
+    original = lm.__dict__.get("_benchtrain_original_forward", lm.forward)
+    lm._benchtrain_original_forward = original
+    lm.forward = original
+    lm._benchtrain_loss = kind
+    if kind == "plain":
+        return kind
     if kind == "liger" and not compiled:
         apply_liger_kernels(lm)
     loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
-    original = lm.forward
 
     def forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
         if labels is None or kwargs.get("return_dict") is False:
@@ -266,5 +270,4 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
         return CausalLMOutputWithPast(loss=loss, logits=None)
 
     lm.forward = types.MethodType(forward, lm)
-    lm._benchtrain_loss = kind
     return kind

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -291,8 +292,12 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     else:
         compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
     try:
-        if foreign and config.step_options.loss == "auto" and measured.get("loss"):
+        # auto: the loss bench measured best (it compared them), or the device's when planning
+        # for another; else the rule (train.loss.choose_loss).
+        if config.step_options.loss == "auto" and measured.get("loss") and (foreign or cal.data.get("loss_choice")):
             loss = measured["loss"]
+            if not foreign:
+                config = replace(config, step_options=replace(config.step_options, loss=loss))
         else:
             loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
     except ValueError as error:
