@@ -221,20 +221,17 @@ LOSS_TIE = 0.02
 
 
 def loss_comparison_config(planner: ProbePlanner) -> ProbeConfig | None:
-    """Where the losses are compared: a mid-sized micro-batch (tokens nearest the geometric mean of
-    the grid's), one optimizer step per micro-step, no workers, the leanest checkpointing mode
-    measured first, predicted to fit in memory."""
+    """Where the losses are compared: the cheapest configuration (one optimizer step per
+    micro-step, no workers, the leanest checkpointing mode measured first). The loss's share of a
+    step is per token, like the rest of it, so a small micro-batch tells the speeds apart; its
+    memory per token is scaled to the largest micro-batch."""
     space = planner.space
     pool = [
         c
         for c in planner.candidates()
         if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.gradient_checkpointing == space.checkpointing[0]
     ]
-    if not pool:
-        return None
-    tokens = [c.micro_batch_size * c.seq_len for c in space.all_configs()]
-    middle = math.sqrt(min(tokens) * max(tokens))
-    return min(pool, key=lambda c: (abs(math.log(c.micro_batch_size * c.seq_len / middle)), c.micro_batch_size))
+    return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 
 
 def compare_losses(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget) -> dict[str, Any] | None:
