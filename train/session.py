@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -239,16 +240,155 @@ def check_compatible(
     return notes
 
 
+@dataclass(frozen=True)
+class PlanDevice:
+    """The device a plan is for and how the step runs there: this machine, or in a dry run the
+    device the calibration measured (its memory, peak FLOP/s, compile and loss), so that a user
+    plans the GPU they will rent from a machine without one."""
+
+    hardware: dict[str, Any]
+    foreign: bool  # a dry run for the calibration's device, not this machine's
+    compiled: bool
+    loss: str
+
+
+def plan_device(config: TrainConfig, cal: Any, here: dict[str, Any], spec: Any) -> PlanDevice:
+    from train.compile import compile_enabled
+    from train.loss import choose_loss
+
+    foreign = config.dry_run and not same_device(cal.hardware, here)
+    hardware = cal.hardware if foreign else here
+    measured = cal.training
+    if foreign and config.step_options.compile == "auto":
+        compiled = bool(measured.get("compile"))
+    else:
+        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
+    try:
+        if foreign and config.step_options.loss == "auto" and measured.get("loss"):
+            loss = measured["loss"]
+        else:
+            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    return PlanDevice(hardware, foreign, compiled, loss)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a plan runs: the device, the processes and their sharding, what communication adds
+    that the calibration's step times lack (per optimizer step, per micro-step), the price per
+    device-hour, and how far the step time is predicted rather than measured (train.compare)."""
+
+    device: PlanDevice
+    world_size: int
+    sharding: str
+    comm_seconds: tuple[float, float] = (0.0, 0.0)
+    price_per_hour: float | None = None
+    prediction_error: float = 0.0
+
+
+def load_data(config: TrainConfig, spec: Any) -> tuple[str, Any, Any, Any, dict[str, Any]]:
+    """(data path, tokenizer, tokenized data, eval data or None, length profile)."""
+    from train.data import length_profile, load_tokenized
+    from train.tokenizer import load_tokenizer
+
+    data_path = resolve_data_path(config.data)
+    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
+    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
+    eval_data = None
+    if config.eval_split is not None:
+        from train.evaluation import split_eval
+
+        data, eval_data = split_eval(data, config.eval_split, config.seed)
+    elif config.eval_data:
+        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
+    return data_path, tokenizer, data, eval_data, length_profile(data.lengths)
+
+
+def plan_request(
+    config: TrainConfig,
+    spec: Any,
+    method: Any,
+    cal: Any,
+    placement: Placement,
+    need: Any,
+    elapsed_seconds: float,
+    with_eval: bool,
+    previous: dict[str, Any] | None = None,
+    completed: int = 0,
+) -> Any:
+    """What the planner is asked for this command, calibration and placement."""
+    from train.planner import PlanRequest
+
+    device_type = placement.device.hardware["device_type"]
+    # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
+    memory_offset = 0.0
+    if cal.world_size == 1 and placement.sharding == "fsdp":
+        memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
+    return PlanRequest(
+        epochs=previous["plan"]["epochs"] if previous else config.epochs,
+        deadline_seconds=config.deadline_seconds,
+        elapsed_seconds=elapsed_seconds,
+        priority=config.priority,
+        effective_batch=config.effective_batch,
+        max_length=resumed_configuration(previous, config)["max_length"] if previous else config.max_length,
+        world_size=placement.world_size,
+        num_workers=config.workers,
+        margin_fraction=config.margin,
+        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        price_per_hour=placement.price_per_hour,
+        max_steps=config.max_steps,
+        fit_deadline=config.fit_deadline,
+        seed=config.seed,
+        max_positions=spec.max_positions,
+        completed_steps=completed,
+        configuration=resumed_configuration(previous, config) if previous else None,
+        gradient_checkpointing=config.gradient_checkpointing,
+        eval_schedule=config.eval_schedule if with_eval else None,
+        with_report=not config.no_report,
+        compiled=placement.device.compiled,
+        comm_seconds_per_step=placement.comm_seconds[0],
+        comm_seconds_per_micro_step=placement.comm_seconds[1],
+        memory_offset_bytes=memory_offset,
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
+        prediction_error=placement.prediction_error,
+    )
+
+
+def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+    """A dry run's plan as `--json` prints it (also each row of a comparison, train.compare)."""
+    return {
+        "calibration_id": cal.id,
+        "calibration_path": str(cal.path) if cal.path else None,
+        "device": placement.device.hardware["name"],
+        "device_type": placement.device.hardware["device_type"],
+        "memory_bytes": placement.device.hardware["memory_bytes"],
+        "world_size": placement.world_size,
+        "sharding": placement.sharding,
+        "plan": plan.to_json(),
+        "communication": communication,
+        "compute": compute,
+    }
+
+
+def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
+    from train.planner import deadline_options
+
+    what = "the steps left need" if previous else "the plan needs"
+    return (
+        f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
+        f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
+    )
+
+
 def run_training(args: argparse.Namespace, started: float) -> int:
     from train.config import TrainConfig
 
     config = TrainConfig.from_args(args)
     import calibration as calibration_api
-    from train.data import length_profile, load_tokenized
     from train.hardware import detect_hardware
     from train.model import resolve_model
-    from train.planner import PlanRequest, deadline_options, make_plan
-    from train.tokenizer import load_tokenizer
+    from train.planner import make_plan
 
     spec = resolve_model(config.model)
     out_dir = Path(config.out).expanduser() if config.out else None
@@ -272,32 +412,16 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
-    hardware = detect_hardware()
-    from train.compile import compile_enabled
-    from train.loss import choose_loss
-
-    # A dry run plans for the device the calibration measured: memory, peak FLOP/s, compile and
-    # loss are that device's, so a user can plan the GPU they will rent from this machine.
-    foreign = config.dry_run and not same_device(cal.hardware, hardware)
+    here = detect_hardware()
+    device = plan_device(config, cal, here, spec)
+    hardware, foreign = device.hardware, device.foreign
     if foreign:
         say(
-            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {hardware['name']}); "
+            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
             "training on it needs that device, or --force"
         )
-        hardware = cal.hardware
-    measured = cal.training
-    if foreign and config.step_options.compile == "auto":
-        compiled = bool(measured.get("compile"))
-    else:
-        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
-    try:
-        if foreign and config.step_options.loss == "auto" and measured.get("loss"):
-            loss = measured["loss"]
-        else:
-            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
-    warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
+    price = config.prices.for_device(cal.id, hardware)
+    warnings = check_compatible(cal, spec, hardware, config.force, method, device.compiled, device.loss)
     for warning in warnings:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
@@ -310,17 +434,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
     spec = hub_weights(spec, config.dry_run)
 
-    data_path = resolve_data_path(config.data)
-    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
-    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
-    eval_data = None
-    if config.eval_split is not None:
-        from train.evaluation import split_eval
-
-        data, eval_data = split_eval(data, config.eval_split, config.seed)
-    elif config.eval_data:
-        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
-    profile = length_profile(data.lengths)
+    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
     if previous:
         problem = check_same_data(previous, data, data_path, profile, config.force)
         if problem:
@@ -332,38 +446,17 @@ def run_training(args: argparse.Namespace, started: float) -> int:
 
     traffic = traffic_of(sharding, need, hardware["device_type"])
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
-    # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
-    memory_offset = 0.0
-    if cal.world_size == 1 and sharding == "fsdp":
-        memory_offset = need.per_process_bytes(sharding, world_size, hardware["device_type"]) - need.total_bytes
-    request = PlanRequest(
-        epochs=previous["plan"]["epochs"] if previous else config.epochs,
-        deadline_seconds=config.deadline_seconds,
-        elapsed_seconds=time.monotonic() - started,
-        priority=config.priority,
-        effective_batch=config.effective_batch,
-        max_length=resumed_configuration(previous, config)["max_length"] if previous else config.max_length,
-        world_size=world_size,
-        num_workers=config.workers,
-        margin_fraction=config.margin,
-        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
-        price_per_hour=config.price_per_hour,
-        max_steps=config.max_steps,
-        fit_deadline=config.fit_deadline,
-        seed=config.seed,
-        max_positions=spec.max_positions,
-        completed_steps=completed,
-        configuration=resumed_configuration(previous, config) if previous else None,
-        gradient_checkpointing=config.gradient_checkpointing,
-        eval_schedule=config.eval_schedule if eval_data is not None else None,
-        with_report=not config.no_report,
-        compiled=compiled,
-        comm_seconds_per_step=comm_seconds,
-        comm_seconds_per_micro_step=comm_micro_seconds,
-        memory_offset_bytes=memory_offset,
-        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), hardware["device_type"]),
-    )
+    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
+    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, previous, completed)
     plan = make_plan(cal, data, request, eval_data)
+    if config.json:
+        if is_main_process():
+            print(json.dumps(plan_json(cal, plan, placement, communication, planned_compute(spec, method, plan.chosen, hardware)), indent=1))
+            for warning in plan.warnings:
+                say(f"warning: {warning}")
+        if not plan.meets_deadline:
+            raise DeadlineError(plan_deadline_message(plan, previous))
+        return EXIT_OK
     from train.plan_text import describe_compute, describe_plan
 
     rate = learning_rate_record(config, plan)
@@ -394,11 +487,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             say(f"warning: {warning}")
     if not plan.meets_deadline:
         # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
-        what = "the steps left need" if previous else "the plan needs"
-        raise DeadlineError(
-            f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
-            f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
-        )
+        raise DeadlineError(plan_deadline_message(plan, previous))
     if config.dry_run:
         return EXIT_OK
 
@@ -566,7 +655,7 @@ def finish_record(
     elapsed = time.monotonic() - started
     # The span the estimate check compares: from the plan to the end of the export. The report
     # comes after it (it is written from these figures) and is timed on its own.
-    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, config.price_per_hour)
+    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
     record["actual"]["command_seconds"] = elapsed
     planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
     record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
