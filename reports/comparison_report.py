@@ -46,7 +46,7 @@ def write_comparison_report(folder: Path) -> Path:
         cost = f" for ${best['cost']:,.2f}" if best["cost"] is not None else ""
         sections.append(
             verdict(
-                f"Recommended: {best['calibration_id']} on {best['device']} × {best['world_size']} — "
+                f"Recommended: {best.get('reference') or best['calibration_id']} on {best['device']} × {best['world_size']} — "
                 f"≈{format_duration(chosen['total_seconds'])}{cost}, meets the {format_duration(deadline)} deadline",
                 True,
             )
@@ -94,7 +94,7 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
     compute = row.get("compute") or {}
     return {
         "#": f"{index}{' (recommended)' if row['recommended'] else ''}",
-        "calibration": row["calibration_id"],
+        "calibration": row.get("reference") or row["calibration_id"],
         "device": row["device"],
         "processes": row["world_size"],
         "source": row["source"],

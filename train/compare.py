@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from calibration.durations import format_duration
@@ -66,6 +67,16 @@ class Row:
         return self.option.calibration.id
 
     @property
+    def reference(self) -> str:
+        """How --use-calibration names it: a bundled one by its name, a stored one by its id, else its path."""
+        from calibration.store import calibrations_dir, is_bundled
+
+        path = self.option.calibration.path
+        if path is None or is_bundled(path):
+            return path.stem if path is not None else self.calibration_id
+        return self.calibration_id if Path(path).resolve().parent == calibrations_dir().resolve() else str(path)
+
+    @property
     def processes(self) -> int:
         return self.option.world_size
 
@@ -91,6 +102,7 @@ class Row:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
         data.update(
             {
+                "reference": self.reference,
                 "device": self.device["name"],
                 "device_type": self.device["device_type"],
                 "memory_bytes": self.device["memory_bytes"],
@@ -343,14 +355,15 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
 
     planned = [row for row in comparison.rows if row.plan is not None]
     if not planned:
-        problems = "; ".join(f"{row.calibration_id}: {row.problem}" for row in comparison.rows)
+        problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)
         return f"no calibration could plan this run: {problems}"
     closest = planned[0]
     plan = closest.plan
     spent = plan.deadline_seconds * (1 - margin) - plan.available_seconds
-    needed = math.ceil((plan.chosen.total_seconds_promised + spent) / (1 - margin) / 60) * 60
+    needed = (plan.chosen.total_seconds_promised + spent) / (1 - margin)
+    needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write
     return (
-        f"no calibration's plan meets the {format_duration(comparison.deadline_seconds)} deadline: the closest, {closest.calibration_id} "
+        f"no calibration's plan meets the {format_duration(comparison.deadline_seconds)} deadline: the closest, {closest.reference} "
         f"({closest.device['name']} × {closest.processes}), needs up to {format_duration(plan.chosen.total_seconds_promised)} of the "
         f"{format_duration(max(0.0, plan.available_seconds))} usable; options: --deadline {format_duration(needed)}, {deadline_options(plan)}"
     )

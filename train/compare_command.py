@@ -47,7 +47,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
         print("\n".join(lines), flush=True)
     for row in comparison.rows:
         for warning in dict.fromkeys(row.warnings):
-            say(f"warning: [{row.calibration_id}] {warning}")
+            say(f"warning: [{row.reference}] {warning}")
     if report is not None:
         say(f"report: {report}")
     if comparison.recommended is None:
@@ -89,7 +89,7 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     chosen = best.plan.chosen
     cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
     why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
-    lines.append(f"recommended: 1, {best.calibration_id} on {best.device['name']} × {best.processes}: {why} ({cost}≈{format_duration(chosen.total_seconds)})")
+    lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{format_duration(chosen.total_seconds)})")
     command = train_command(command_line, best)
     if command:
         lines.append(f"  train it there with: {command}")
@@ -102,7 +102,7 @@ HEADER = ["#", "calibration", "device", "×", "source", "time", "bounds", "cost"
 def cells(index: int, row: Row) -> list[str]:
     mark = f"{index}*" if row.recommended else str(index)
     source = "predicted" if row.option.predicted else "measured"
-    fixed = [mark, row.calibration_id, row.device["name"], str(row.processes), source]
+    fixed = [mark, row.reference, row.device["name"], str(row.processes), source]
     if row.plan is None:
         return [*fixed, "–", "–", "–", "–", "–", "no plan"]
     chosen = row.plan.chosen
@@ -148,11 +148,11 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
             continue
         if token in ("--dry-run", "--json"):
             continue
-        if token in ("--use-calibration", "--out", "--price-per-hour"):
+        if token in ("--use-calibration", "--out"):
             skip = True
             continue
-        if token.startswith(("--use-calibration=", "--out=", "--price-per-hour=")):
+        if token.startswith(("--use-calibration=", "--out=")):
             continue
         kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
-    return shlex.join([*launcher, "--use-calibration", row.calibration_id, *kept])
+    return shlex.join([*launcher, "--use-calibration", row.reference, *kept])

@@ -412,6 +412,10 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
+    if config.dry_run and world_size == 1 and cal.world_size > 1:
+        # Like its device, a dry run plans the processes the calibration measured (train.compare too).
+        world_size, sharding = cal.world_size, cal.sharding
+        say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
     here = detect_hardware()
     device = plan_device(config, cal, here, spec)
     hardware, foreign = device.hardware, device.foreign
