@@ -9,6 +9,7 @@ processes of this machine (tests/helpers.py)."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,15 @@ def h200_double() -> dict[str, Any]:
 
 
 def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """A synthetic calibration of this machine (fitted once per test session: fitting takes a second)."""
+    return copy.deepcopy(_cpu_calibration(identifier, processes, fingerprint, json.dumps(overrides, sort_keys=True)))
+
+
+@functools.cache
+def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, overrides_json: str) -> dict[str, Any]:
     from train.hardware import detect_hardware
 
+    overrides = json.loads(overrides_json)
     distributed = None
     if processes > 1:
         comm = {"world_size": processes, "backend": "gloo", "latency_seconds": 0.002, "seconds_per_byte": 1e-9}
@@ -203,7 +211,7 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     assert predicted.option.collectives_from == "gpt2-two" and predicted.to_json()["source"] == "predicted"
     gradients = traffic_of("ddp", memory_need(resolve_model("tiny"), MethodConfig(), "cpu"), "cpu").gradient_bytes
     expected = CommModel.from_json(other_model["distributed"]["comm"]).all_reduce_seconds(gradients)
-    assert predicted.communication["seconds_per_step"] == pytest.approx(expected) > 0
+    assert expected > 0 and predicted.communication["seconds_per_step"] == pytest.approx(expected)
     assert predicted.communication["collectives_from"] == "gpt2-two"
     chosen, bound = predicted.plan.chosen, predicted.plan.chosen.bound_fraction
     widened = chosen.step_seconds * (1 + bound) * (1 + PREDICTION_ERROR["ddp"]) + chosen.overhead_seconds
@@ -227,7 +235,8 @@ def chats(tmp_path: Path) -> Path:
     with path.open("w") as handle:
         for index in range(150):
             question = "How do I plan a run? " * (1 + index % 7)
-            handle.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "Measure first. " * (3 + index % 11)}]}) + "\n")
+            answer = "Measure first. " * (3 + index % 11)
+            handle.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n")
     return path
 
 
@@ -257,18 +266,18 @@ def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: P
     assert json.loads((folder / "comparison.json").read_text())["rows"] == table["rows"]
 
 
-def test_the_table_in_words_and_in_the_report(home: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_table_in_words_and_in_the_report(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """CPU calibrations of 1 and 2 processes stored; `all` finds them (not the bundled H100's other
     model); the 2-process row plans as a single dry run of it does."""
     for data in (cpu_calibration("cpu-one"), cpu_calibration("cpu-two", processes=2)):
         save_calibration(data)
     out_dir = tmp_path / "which"
-    code, out, err = dry_run(capsys, "--use-calibration", "all", "--data", "sample", "--price-per-hour", "cpu=1", "--out", str(out_dir))
+    code, out, err = dry_run(capsys, "--use-calibration", "all", "--data", str(chats), "--price-per-hour", "cpu=1", "--out", str(out_dir))
     assert code == 0, err
     assert "2 option(s) for tiny (full), priority balanced, deadline 12h00m" in out and "ranked by cost" in out
     header = next(line for line in out.splitlines() if "calibration" in line and "deadline" in line)
     assert all(column in header for column in ("time", "bounds", "cost", "peak memory (headroom)", "MFU"))
-    assert "recommended: 1, cpu-one on" in out and "train it there with: train --use-calibration cpu-one --data sample --deadline 12h" in out
+    assert "recommended: 1, cpu-one on" in out and f"train it there with: train --use-calibration cpu-one --deadline 12h --data {chats} --price-per-hour cpu=1\n" in out
     assert f"report: {out_dir / 'report.html'}" in err
     html = (out_dir / "report.html").read_text()
     assert "Time vs cost" in html and "cpu-two" in html and "data:image/png;base64" in html
@@ -276,7 +285,7 @@ def test_the_table_in_words_and_in_the_report(home: Path, capsys: pytest.Capture
     assert code == 0 and out.strip() == str(out_dir / "report.html")
     table = json.loads((out_dir / "comparison.json").read_text())
     two = next(row for row in table["rows"] if row["world_size"] == 2)
-    code, out, err = dry_run(capsys, "--use-calibration", "cpu-two", "--data", "sample", "--price-per-hour", "cpu=1", "--json")
+    code, out, err = dry_run(capsys, "--use-calibration", "cpu-two", "--data", str(chats), "--price-per-hour", "cpu=1", "--json")
     assert code == 0 and "planning for the 2 processes (ddp) calibration cpu-two measured" in err
     assert json.loads(out)["plan"]["chosen"] == two["plan"]["chosen"]
 
@@ -287,16 +296,16 @@ def test_the_table_in_words_and_in_the_report(home: Path, capsys: pytest.Capture
         (["--use-calibration", "cpu-one,cpu-lora"], "calibrations of different methods in one comparison: cpu-one measured full, cpu-lora measured lora", 2),
         (["--use-calibration", f"cpu-one,{H100}"], "calibrations of different models in one comparison: cpu-one measured tiny, h100-llama-3-2-1b-", 2),
         (["--use-calibration", "cpu-one,cpu-two", "--price-per-hour", "h100=2.5"], "--price-per-hour has no price for", 2),
-        (["--use-calibration", "cpu-one,cpu-two", "--deadline", "20s"], "no calibration's plan meets the 20.0s deadline: the closest, cpu-", 3),
+        (["--use-calibration", "cpu-one,cpu-two", "--deadline", "2s"], "no calibration's plan meets the 2.0s deadline: the closest, cpu-", 3),
         (["--use-calibration", "cpu-one,cpu-two", "--fit-deadline"], "--fit-deadline cuts each plan's steps", 2),
         (["--use-calibration", "all", "--model", "gpt2"], "no stored or bundled calibration of gpt2 (full fine-tuning)", 2),
     ],
 )
-def test_comparison_errors_are_one_line(home: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str, code: int) -> None:
+def test_comparison_errors_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str, code: int) -> None:
     save_calibration(cpu_calibration("cpu-one"))
     save_calibration(cpu_calibration("cpu-two", processes=2))
     save_calibration(cpu_calibration("cpu-lora", training={"method": "lora"}))
-    got, _, err = run_main("train", ["--dry-run", "--data", "sample", "--deadline", "12h", "--no-report", *argv], capsys)
+    got, _, err = run_main("train", ["--dry-run", "--data", str(chats), "--deadline", "12h", "--no-report", *argv], capsys)
     assert_one_line_error(got, err, fragment, code)
 
 

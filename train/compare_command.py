@@ -4,12 +4,12 @@ JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparis
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import time
 from datetime import datetime
 from pathlib import Path
 
+from calibration.atomic import json_text
 from calibration.durations import format_duration
 from calibration.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
@@ -39,7 +39,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     comparison = compare(config, spec, method, calibrations, detect_hardware(), data, eval_data, profile, time.monotonic() - started)
     report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
     if config.json:
-        print(json.dumps(comparison.to_json(), indent=1), flush=True)
+        print(json_text(comparison.to_json()), flush=True)
     else:
         from train.plan_text import describe_data
 

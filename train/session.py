@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate
+from calibration.atomic import json_text
 from calibration.durations import format_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
@@ -455,7 +456,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     plan = make_plan(cal, data, request, eval_data)
     if config.json:
         if is_main_process():
-            print(json.dumps(plan_json(cal, plan, placement, communication, planned_compute(spec, method, plan.chosen, hardware)), indent=1))
+            print(json_text(plan_json(cal, plan, placement, communication, planned_compute(spec, method, plan.chosen, hardware))))
             for warning in plan.warnings:
                 say(f"warning: {warning}")
         if not plan.meets_deadline:
