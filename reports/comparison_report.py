@@ -69,7 +69,10 @@ def write_comparison_report(folder: Path) -> Path:
             }
             for index, row in planned
         ]
-        title = f"Time against cost of each option, {record['model']} ({record['method']}), priority {record['priority']}"
+        chosen = next((option for option in options if option["recommended"]), None)
+        why = "meets the deadline at the lowest cost" if record["ranked_by"] == "cost" else "is the fastest that meets the deadline"
+        finding = f"{chosen['label']} {why}" if chosen else "no option meets the deadline"
+        title = f"{record['model']} ({record['method']}), priority {record['priority']}: {finding}"
         path = figures.time_vs_cost(options, deadline / HOUR, folder / "time_vs_cost.png", title)
         sections.append(section("Time vs cost", figure_grid([(path, "Estimated time (bars: bounds) against cost; the dashed line is the deadline")])))
     notes = [*record.get("notes", []), *[f"{row['calibration_id']}: {row['problem']}" for row in rows if row.get("problem")]]

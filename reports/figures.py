@@ -236,16 +236,30 @@ def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Pat
     handles = [
         plt.Line2D([], [], marker="o", color="#27ae60", linestyle="", label="recommended"),
         plt.Line2D([], [], marker="o", color="#2e86c1", linestyle="", label="measured calibration"),
-        plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)"),
+        *(
+            [plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)")]
+            if any(option["predicted"] for option in options)
+            else []
+        ),
         plt.Line2D([], [], color="#c0392b", linestyle="--", label=f"deadline ({deadline_hours:g} h)"),
     ]
     axis.legend(handles=handles, fontsize=8, loc="best")
     if priced:
         axis.set_xlabel("cost (USD: hours × price per device-hour × processes)")
+        axis.set_xlim(0, max(option["cost"] for option in options) * 1.4 or 1.0)  # room for the labels
     else:
         axis.set_xticks(range(len(options)), [option["label"] for option in options], rotation=20, ha="right", fontsize=7)
         axis.set_xlabel("option (no prices given)")
-    axis.set_ylabel("estimated time (h; bars: bounds)")
-    axis.set_ylim(bottom=0, top=max(deadline_hours, *(option["high"] for option in options)) * 1.1)
+        axis.set_xlim(-0.5, len(options) - 0.3)
+    highest = max(deadline_hours, *(option["high"] for option in options))
+    lowest = min(option["low"] for option in options)
+    if lowest > 0 and highest / lowest > 20:
+        # Options far under (or over) the deadline: a log scale keeps them and the deadline readable.
+        axis.set_yscale("log")
+        axis.set_ylim(lowest / 1.5, highest * 1.5)
+        axis.set_ylabel("estimated time (h, log scale; bars: bounds)")
+    else:
+        axis.set_ylim(bottom=0, top=highest * 1.1)
+        axis.set_ylabel("estimated time (h; bars: bounds)")
     axis.set_title("\n".join(wrap([title])), fontsize=9)
     return save(figure, path)

@@ -344,7 +344,7 @@ def compare(
         )
     available = config.deadline_seconds * (1 - config.margin) - elapsed
     return Comparison(
-        rank(rows, by_cost), spec.name, method.method, config.priority, config.deadline_seconds, available, "cost" if by_cost else "time", profile, notes
+        rank(rows, by_cost), spec.name, method.describe(), config.priority, config.deadline_seconds, available, "cost" if by_cost else "time", profile, notes
     )
 
 
