@@ -24,7 +24,8 @@ from typing import Any
 
 from calibration.durations import format_duration
 from calibration.errors import BenchtrainError
-from train.session import Placement, check_compatible, plan_device, plan_json, plan_request, planned_compute, same_device
+from train.plan_setup import Placement, plan_device, plan_json, plan_request, same_device
+from train.session import check_compatible, planned_compute
 
 # The largest |error| of a multi-process step predicted from a 1-process calibration plus
 # collectives timed on idle processes (docs/benchmarks.md, "Multi-process": cpu-vm, gloo, 2

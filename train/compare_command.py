@@ -23,8 +23,9 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     from train.engine import check_sharding
     from train.hardware import detect_hardware
     from train.model import resolve_model
+    from train.plan_setup import load_data
     from train.runtime import job_world_size
-    from train.session import hub_weights, load_data
+    from train.session import hub_weights
     from train.tokenizer import is_byte_tokenizer
 
     config = TrainConfig.from_args(args)
