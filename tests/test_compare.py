@@ -19,6 +19,7 @@ from helpers import synthetic_calibration
 from test_cli import assert_one_line_error, run_main
 from test_planner import heavy_tailed, tokenized
 
+from calibration.atomic import json_text
 from calibration.durations import format_duration
 from calibration.errors import BenchtrainError
 from calibration.model import Calibration
@@ -315,3 +316,19 @@ def test_a_comparison_is_a_dry_run(home: Path, capsys: pytest.CaptureFixture[str
     assert_one_line_error(code, err, "compares calibrations, which is a dry run: add --dry-run")
     code, _, err = run_main("train", ["--json", "--data", "sample", "--deadline", "1h"], capsys)
     assert_one_line_error(code, err, "--json prints a dry run's plan as JSON: add --dry-run")
+
+
+def test_the_report_escapes_and_embeds_its_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reports.comparison_report import write_comparison_report
+
+    hostile = '<script>alert("x")</script>'
+    record = run_compare([h100_data(), h200_double()], price_per_hour="h100=2.5,h200=3.8", deadline="1m").to_json()
+    record["rows"][0]["reference"] = hostile
+    (tmp_path / "comparison.json").write_text(json_text(record))
+    html = write_comparison_report(tmp_path).read_text()
+    assert hostile not in html and "&lt;script&gt;" in html
+    assert (tmp_path / "time_vs_cost.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and "data:image/png;base64" in html
+    assert ("No option meets" in html) == (record["recommended"] is None)
+    (tmp_path / "comparison.json").write_text("{}")
+    code, _, err = run_main("report", [str(tmp_path)], capsys)
+    assert_one_line_error(code, err, "is not a benchtrain comparison")
