@@ -168,8 +168,8 @@ def measured_identity(data: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = None) -> list[Any]:
-    """The calibrations a comparison names: `all` (every stored and bundled calibration of this
-    model and method, newest first) or ids/paths separated by commas (each once)."""
+    """The calibrations a comparison names: `all` (every stored calibration of this model and
+    method, newest first, then the bundled ones) or ids/paths separated by commas (each once)."""
     import calibration as calibration_api
     from calibration.model import Calibration
     from calibration.schema import read_calibration_file
@@ -177,11 +177,17 @@ def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = N
 
     if reference.strip() == "all":
         mine = (spec.fingerprint, method.method)
-        found = [Calibration(data, path) for path, data, _ in list_calibrations() if data is not None and measured_identity(data) == mine]
-        for path in bundled_calibrations().values():
-            data = read_calibration_file(path)
-            if measured_identity(data) == mine:
+        stored = [(path, data) for path, data, _ in list_calibrations() if data is not None]
+        stored += [(path, read_calibration_file(path)) for path in bundled_calibrations().values()]
+        found = []
+        for path, data in stored:
+            if measured_identity(data) != mine:
+                continue
+            try:
                 found.append(Calibration(data, path))
+            except BenchtrainError as error:  # no fitted model: said, and left out
+                if on_skip is not None:
+                    on_skip(f"skipped {path}: {error}")
         if not found:
             raise BenchtrainError(
                 f"--use-calibration all: no stored or bundled calibration of {spec.name} ({method.describe()}); "
