@@ -265,6 +265,12 @@ def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: P
     (folder,) = report.iterdir()
     assert (folder / "report.html").is_file() and (folder / "time_vs_cost.png").is_file()
     assert json.loads((folder / "comparison.json").read_text())["rows"] == table["rows"]
+    # `all`: the stored calibrations of this model and method, and the bundled ones.
+    save_calibration(h200_double())
+    save_calibration(cpu_calibration("cpu-one"))  # another model: left out
+    code, out, err = dry_run(capsys, "--use-calibration", "all", "--no-report", *common)
+    assert code == 0, err
+    assert sorted(row["reference"] for row in json.loads(out)["rows"]) == sorted([H100, h200_double()["id"]])
 
 
 def test_the_table_in_words_and_in_the_report(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
