@@ -31,11 +31,11 @@ def sentence(rng: random.Random, characters: int) -> str:
 
 
 def write_chats(path: Path, count: int, seed: int = 0) -> None:
-    """`count` chats whose rendered length is ≈500 bytes (the template adds ≈60 around the turns)."""
+    """`count` chats whose rendered length is ≈500 bytes (the chat template adds a few around the turns)."""
     rng = random.Random(seed)
     with path.open("w") as handle:
         for _ in range(count):
-            total = max(120, int(rng.gauss(440, 60)))
+            total = max(120, int(rng.gauss(495, 60)))
             question = max(20, int(total * rng.uniform(0.2, 0.4)))
             messages = [{"role": "user", "content": sentence(rng, question)}, {"role": "assistant", "content": sentence(rng, total - question)}]
             handle.write(json.dumps({"messages": messages}) + "\n")
