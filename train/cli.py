@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--use-calibration",
-        metavar="latest|ID|PATH",
+        metavar="latest|ID|PATH|A,B,C|all",
         help="calibration to plan with: latest (default; with --resume, the one the run started with), an id, a .json file, "
         "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured); with --dry-run, "
         "A,B,C or all (the stored and bundled ones of this model and method) compares them: a row each, the cheapest that meets the deadline first",
