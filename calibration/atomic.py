@@ -35,7 +35,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text_atomic(path, json_text(payload) + "\n")
+
+
+def json_text(payload: Any) -> str:
+    """JSON as benchtrain writes it (files, `--json`): numpy scalars as numbers, paths as strings."""
+    return json.dumps(payload, indent=2, sort_keys=False, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:

@@ -121,7 +121,8 @@ def describe_communication(record: dict[str, Any]) -> str | None:
         )
     else:
         added = f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
+    timed = f"measured by calibration {record['collectives_from']}" if record.get("collectives_from") else "measured now"
     return (
-        f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives measured now "
+        f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives {timed} "
         f"among {record['world_size']} processes ({measured}): {added}"
     )

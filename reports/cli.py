@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   report ~/.benchtrain/runs/tiny-20261121-140141     # a run: estimate vs actual
   report latest                                      # the newest calibration
   report cpu-tiny-20261121-135852 --out /tmp/cal     # a calibration by id, into a folder
+  report ~/.benchtrain/plans/llama-3.2-1b-20261123-120000   # a comparison of calibrations (train --dry-run --use-calibration A,B)
 """
 
 
@@ -37,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     target = Path(args.target).expanduser()
     if target.name == "run.json" and target.is_file():
         target = target.parent
-    if target.is_dir():
+    if target.is_dir() and (target / "comparison.json").is_file() and not (target / "run.json").is_file():
+        from reports.comparison_report import write_comparison_report  # a dry run's comparison of calibrations
+
+        path = write_comparison_report(target)
+    elif target.is_dir():
         from reports.run_report import write_run_report
 
         path = write_run_report(target)

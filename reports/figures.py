@@ -210,3 +210,56 @@ def estimate_error_history(labels: list[str], errors: list[float], path: Path) -
     trend = "smaller" if len(errors) >= 2 and abs(errors[-1]) < abs(errors[0]) else "not smaller"
     axis.set_title(f"Estimate error of each run, oldest first\nthe latest error is {trend} than the first")
     return save(figure, path)
+
+
+def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Path, title: str) -> Path:
+    """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a
+    line. `options`: label, hours, low, high, cost (None without a price), predicted, recommended.
+    Without prices the options stand side by side on the x axis."""
+    figure, axis = plt.subplots(figsize=(7.2, 4.8))
+    priced = all(option["cost"] is not None for option in options)
+    for index, option in enumerate(options):
+        x = option["cost"] if priced else index
+        color = "#27ae60" if option["recommended"] else ("#8e44ad" if option["predicted"] else "#2e86c1")
+        axis.errorbar(
+            [x],
+            [option["hours"]],
+            yerr=[[option["hours"] - option["low"]], [option["high"] - option["hours"]]],
+            fmt="o" if not option["predicted"] else "s",
+            markerfacecolor=color if not option["predicted"] else "white",
+            color=color,
+            markersize=8,
+            capsize=4,
+        )
+        axis.annotate(option["label"], (x, option["hours"]), textcoords="offset points", xytext=(8, 4), fontsize=7)
+    axis.axhline(deadline_hours, color="#c0392b", linestyle="--", linewidth=1, label=f"deadline ({deadline_hours:g} h)")
+    handles = [
+        plt.Line2D([], [], marker="o", color="#27ae60", linestyle="", label="recommended"),
+        plt.Line2D([], [], marker="o", color="#2e86c1", linestyle="", label="measured calibration"),
+        *(
+            [plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)")]
+            if any(option["predicted"] for option in options)
+            else []
+        ),
+        plt.Line2D([], [], color="#c0392b", linestyle="--", label=f"deadline ({deadline_hours:g} h)"),
+    ]
+    axis.legend(handles=handles, fontsize=8, loc="best")
+    if priced:
+        axis.set_xlabel("cost (USD: hours × price per device-hour × processes)")
+        axis.set_xlim(0, max(option["cost"] for option in options) * 1.4 or 1.0)  # room for the labels
+    else:
+        axis.set_xticks(range(len(options)), [option["label"] for option in options], rotation=20, ha="right", fontsize=7)
+        axis.set_xlabel("option (no prices given)")
+        axis.set_xlim(-0.5, len(options) - 0.3)
+    highest = max(deadline_hours, *(option["high"] for option in options))
+    lowest = min(option["low"] for option in options)
+    if lowest > 0 and highest / lowest > 20:
+        # Options far under (or over) the deadline: a log scale keeps them and the deadline readable.
+        axis.set_yscale("log")
+        axis.set_ylim(lowest / 1.5, highest * 1.5)
+        axis.set_ylabel("estimated time (h, log scale; bars: bounds)")
+    else:
+        axis.set_ylim(bottom=0, top=highest * 1.1)
+        axis.set_ylabel("estimated time (h; bars: bounds)")
+    axis.set_title("\n".join(wrap([title])), fontsize=9)
+    return save(figure, path)

@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
+  train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
@@ -45,9 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--use-calibration",
-        metavar="latest|ID|PATH",
+        metavar="latest|ID|PATH|A,B,C|all",
         help="calibration to plan with: latest (default; with --resume, the one the run started with), an id, a .json file, "
-        "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured)",
+        "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured); with --dry-run, "
+        "A,B,C or all (the stored and bundled ones of this model and method) compares them: a row each, the cheapest that meets the deadline first",
     )
     p.add_argument(
         "--data",
@@ -128,7 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="share of the deadline held back as safety margin (default: 0.05)",
     )
-    p.add_argument("--price-per-hour", type=float, metavar="USD", help="show the cost of the plan")
+    p.add_argument(
+        "--price-per-hour",
+        metavar="USD|DEVICE=USD,…|FILE",
+        help="price per device-hour (one device per process) to show the cost: 2.5 for every device, h100=2.5,h200=3.8 "
+        "per device (words of its name, or a calibration id), or a file of such pairs",
+    )
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
     p.add_argument("--learning-rate", type=float, default=3e-4, help="peak learning rate at --base-batch (default: 3e-4)")
     p.add_argument(
         "--lr-scaling",
@@ -155,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
+    from train.config import is_comparison
+
+    if is_comparison(args.use_calibration):
+        from train.compare_command import run_comparison
+
+        return run_comparison(args, started)
     from train.session import run_training
 
     return run_training(args, started)

@@ -122,7 +122,6 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
       processes, and its traffic priced with them (calibration.comm);
     - a calibration of another world size or sharding is refused unless --force (then used as if
       it matched)."""
-    from calibration.comm import CommModel, fsdp_micro_step_seconds
     from calibration.errors import BenchtrainError
 
     measured = calibration.world_size
@@ -144,25 +143,46 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
 
     state = PartialState(cpu=not torch.cuda.is_available())  # the process group train.runtime.make_accelerator joins
     collectives = measure_collectives(state.device, COLLECTIVES[traffic.sharding])
+    return price_traffic(collectives, traffic, world_size, measured)
+
+
+def price_traffic(
+    collectives: dict[str, dict[str, Any]], traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
+) -> tuple[float, float, dict[str, Any]]:
+    """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
+    collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
+    run's processes, or stored by the calibration `collectives_from` (train.compare)."""
+    from calibration.comm import CommModel, fsdp_micro_step_seconds
+
     models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
     per_step = per_micro_step = 0.0
     if traffic.sharding == "fsdp":
         per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
-    return (
-        per_step,
-        per_micro_step,
-        {
-            "source": "predicted",
-            "world_size": world_size,
-            "sharding": traffic.sharding,
-            "calibration_world_size": measured,
-            "gradient_bytes": traffic.gradient_bytes,
-            "parameter_bytes": traffic.parameter_bytes,
-            "units": traffic.units,
-            "seconds_per_step": per_step,
-            "seconds_per_micro_step": per_micro_step,
-            "collectives": collectives,
-        },
-    )
+    record = {
+        "source": "predicted",
+        "world_size": world_size,
+        "sharding": traffic.sharding,
+        "calibration_world_size": calibration_world_size,
+        "gradient_bytes": traffic.gradient_bytes,
+        "parameter_bytes": traffic.parameter_bytes,
+        "units": traffic.units,
+        "seconds_per_step": per_step,
+        "seconds_per_micro_step": per_micro_step,
+        "collectives": collectives,
+    }
+    if collectives_from is not None:
+        record["collectives_from"] = collectives_from
+    return per_step, per_micro_step, record
+
+
+def stored_collectives(distributed: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
+    calibrations from before FSDP kept only the all-reduce (`comm`, `all_reduce`)."""
+    distributed = distributed or {}
+    if distributed.get("collectives"):
+        return dict(distributed["collectives"])
+    if distributed.get("comm"):
+        return {"all_reduce": {"measurements": distributed.get("all_reduce", []), "fit": distributed["comm"]}}
+    return {}

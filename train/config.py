@@ -18,6 +18,7 @@ from train.engine import StepOptions, step_options_from_args
 from train.evaluation import EvalSchedule, parse_eval_every
 from train.formats import DataSchema, schema_from_args
 from train.method import MethodConfig, method_from_args
+from train.prices import Prices, parse_prices
 from train.trackers import parse_report_to
 
 
@@ -31,6 +32,11 @@ def parse_max_length(value: Any) -> int | str:
     if number < 1:
         raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}")
     return number
+
+
+def is_comparison(use_calibration: str | None) -> bool:
+    """--use-calibration names several calibrations (A,B,C) or `all`: a comparison (train.compare)."""
+    return use_calibration is not None and ("," in use_calibration or use_calibration.strip() == "all")
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,8 @@ class TrainConfig:
     checkpoint_interval: str = "10m"
     keep_checkpoints: int = 2
     margin: float = 0.05
-    price_per_hour: float | None = None
+    price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.prices)
+    json: bool = False
     learning_rate: float = 3e-4
     lr_scaling: str = "none"
     base_batch: int | None = None
@@ -77,6 +84,7 @@ class TrainConfig:
     checkpoint_interval_seconds: float = field(init=False)
     eval_schedule: EvalSchedule = field(init=False)
     trackers: tuple[str, ...] = field(init=False)
+    prices: Prices = field(init=False)
 
     def __post_init__(self) -> None:
         derived = {
@@ -85,6 +93,7 @@ class TrainConfig:
             "max_length": parse_max_length(self.max_length),
             "eval_schedule": parse_eval_every(self.eval_every),
             "trackers": parse_report_to(self.report_to),
+            "prices": parse_prices(self.price_per_hour),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -110,6 +119,18 @@ class TrainConfig:
             raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
         if self.eval_split is not None and not 0 < self.eval_split < 1:
             raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {self.eval_split}")
+        if self.json and not self.dry_run:
+            raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
+        if self.comparing and not self.dry_run:
+            raise BenchtrainError(
+                f"--use-calibration {self.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
+            )
+        if self.comparing and self.resume:
+            raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
+
+    @property
+    def comparing(self) -> bool:
+        return is_comparison(self.use_calibration)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
@@ -121,4 +142,5 @@ class TrainConfig:
         data = asdict(self)
         data["eval_schedule"] = asdict(self.eval_schedule)
         data["trackers"] = list(self.trackers)
+        data.pop("prices")  # price_per_hour holds what was given
         return data

@@ -29,13 +29,19 @@ def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str |
     return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
 
 
+def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[str]:
+    return [
+        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
+        f"p50 {profile['p50']:.0f}, p99 {profile['p99']:.0f}, p99.5 {profile['p99.5']:.0f}, max {profile['max']}",
+        *([BYTE_TOKENS_NOTE] if byte_tokens else []),
+    ]
+
+
 def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False) -> list[str]:
     c = plan.chosen
     device = calibration.hardware
     lines = [
-        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
-        f"p50 {profile['p50']:.0f}, p99 {profile['p99']:.0f}, p99.5 {profile['p99.5']:.0f}, max {profile['max']}",
-        *([BYTE_TOKENS_NOTE] if byte_tokens else []),
+        *describe_data(profile, byte_tokens),
         f"calibration: {calibration.id} (held-out error p90 {plan.bound_fraction:.1%}"
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",

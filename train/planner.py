@@ -32,6 +32,7 @@ from train.compile import compile_seconds
 from train.data import TokenizedData, covering_length, truncation
 from train.evaluation import EvalSchedule
 from train.overheads import Overheads, plan_overheads
+from train.prices import run_cost
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 # Share of samples each priority keeps whole (1 - the share it may truncate).
@@ -81,6 +82,10 @@ class PlanRequest:
     memory_offset_bytes: float = 0.0
     # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
     export_bytes: int = 0
+    # A step time predicted for another world size than the calibration measured (train.compare):
+    # the upper bound (and what the deadline is checked against) widens by the largest error such
+    # predictions showed (docs/benchmarks.md, "Multi-process").
+    prediction_error: float = 0.0
 
     @property
     def shape_bucket(self) -> int | None:
@@ -164,6 +169,7 @@ class Plan:
     notes: list[str]
     cost: float | None
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
+    price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,6 +188,7 @@ class Plan:
             "notes": self.notes,
             "warnings": self.warnings,
             "cost": self.cost,
+            "price_per_hour": self.price_per_hour,
         }
 
 
@@ -407,8 +414,9 @@ def evaluate(
     bound = candidate.bound_fraction = calibration.relative_bound_for(where)
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
-    candidate.total_seconds_high = candidate.step_seconds * (1 + bound) + candidate.overhead_seconds
-    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(where)) + candidate.overhead_seconds
+    widened = 1 + request.prediction_error
+    candidate.total_seconds_high = candidate.step_seconds * (1 + bound) * widened + candidate.overhead_seconds
+    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(where)) * widened + candidate.overhead_seconds
     prediction = calibration.predict(
         micro_batch_size=micro,
         seq_len=length,
@@ -488,7 +496,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data)
         notes.append(f"--fit-deadline: limited to {step_limit} optimizer steps so the run ends in time")
     meets = chosen.total_seconds_promised <= available
-    cost = chosen.total_seconds / 3600 * request.price_per_hour if request.price_per_hour else None
+    cost = run_cost(chosen.total_seconds, request.price_per_hour, request.world_size)
     return Plan(
         chosen=chosen,
         alternatives=[c for c in ranked[1:4]],
@@ -505,6 +513,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         notes=notes,
         cost=cost,
         warnings=warnings,
+        price_per_hour=request.price_per_hour,
     )
 
 

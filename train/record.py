@@ -12,6 +12,7 @@ from calibration.atomic import write_json_atomic
 from calibration.store import is_bundled, update_calibration
 from train.loop import LoopOutcome
 from train.planner import Plan
+from train.prices import run_cost
 
 RUN_SCHEMA_VERSION = 1
 
@@ -88,7 +89,7 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
     }
 
 
-def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None) -> dict[str, Any]:
+def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> dict[str, Any]:
     """What happened. `total_seconds`: from the plan to the end of the export (the span the
     estimate check compares, calibration.accuracy.check_estimate); steps, tokens and train seconds
     count the whole run, a resumed one's earlier steps included (`start_step` of them)."""
@@ -112,7 +113,7 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
         "exit_signal": outcome.exit_signal,
         "shrunk_to": outcome.shrunk_to,
         "last_checkpoint": outcome.last_checkpoint,
-        "cost": total_seconds / 3600 * price_per_hour if price_per_hour else None,
+        "cost": run_cost(total_seconds, price_per_hour, processes),
     }
 
 

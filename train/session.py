@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate
+from calibration.atomic import json_text
 from calibration.durations import format_duration
 from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
 from train.config import TrainConfig
-from train.console import is_main_process, resolve_data_path, say
-from train.disk import RunLock, check_space, disk_need, export_bytes
+from train.console import is_main_process, say
+from train.disk import RunLock, check_space, disk_need
+from train.plan_setup import Placement, load_data, plan_device, plan_json, plan_request
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
@@ -108,10 +110,6 @@ def resumed_configuration(previous: dict[str, Any], config: TrainConfig) -> dict
     if config.force and isinstance(config.max_length, int):
         configuration["max_length"] = config.max_length
     return configuration
-
-
-def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
-    return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
 
 
 def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, method: Any) -> list[str]:
@@ -240,16 +238,24 @@ def check_compatible(
     return notes
 
 
+def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
+    from train.planner import deadline_options
+
+    what = "the steps left need" if previous else "the plan needs"
+    return (
+        f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
+        f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
+    )
+
+
 def run_training(args: argparse.Namespace, started: float) -> int:
     from train.config import TrainConfig
 
     config = TrainConfig.from_args(args)
     import calibration as calibration_api
-    from train.data import length_profile, load_tokenized
     from train.hardware import detect_hardware
     from train.model import resolve_model
-    from train.planner import PlanRequest, deadline_options, make_plan
-    from train.tokenizer import load_tokenizer
+    from train.planner import make_plan
 
     spec = resolve_model(config.model)
     out_dir = Path(config.out).expanduser() if config.out else None
@@ -273,36 +279,23 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
-    hardware = detect_hardware()
-    from train.compile import compile_enabled
-    from train.loss import choose_loss
-
-    # A dry run plans for the device the calibration measured: memory, peak FLOP/s, compile and
-    # loss are that device's, so a user can plan the GPU they will rent from this machine.
-    foreign = config.dry_run and not same_device(cal.hardware, hardware)
+    if config.dry_run and world_size == 1 and cal.world_size > 1:
+        # Like its device, a dry run plans the processes the calibration measured (train.compare too).
+        world_size, sharding = cal.world_size, cal.sharding
+        say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
+    here = detect_hardware()
+    device = plan_device(config, cal, here, spec)
+    hardware, foreign = device.hardware, device.foreign
     if foreign:
         say(
-            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {hardware['name']}); "
+            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
             "training on it needs that device, or --force"
         )
-        hardware = cal.hardware
-    measured = cal.training
-    if foreign and config.step_options.compile == "auto":
-        compiled = bool(measured.get("compile"))
-    else:
-        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
-    try:
-        # auto: the loss bench measured best (it compared them), or the device's when planning
-        # for another; else the rule (train.loss.choose_loss).
-        if config.step_options.loss == "auto" and measured.get("loss") and (foreign or cal.data.get("loss_choice")):
-            loss = measured["loss"]
-            if not foreign:
-                config = replace(config, step_options=replace(config.step_options, loss=loss))
-        else:
-            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
-    warnings = check_compatible(cal, spec, hardware, config.force, method, compiled, loss)
+    price = config.prices.for_device(cal.id, hardware)
+    warnings = check_compatible(cal, spec, hardware, config.force, method, device.compiled, device.loss)
+    if config.step_options.loss == "auto" and not foreign and cal.data.get("loss_choice"):
+        # The loss bench measured best for this calibration runs (train.plan_setup.plan_device).
+        config = replace(config, step_options=replace(config.step_options, loss=device.loss))
     for warning in warnings:
         say(f"warning: {warning}")
     from train.memory_check import check_fits, describe_needs
@@ -315,17 +308,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
     # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
     spec = hub_weights(spec, config.dry_run)
 
-    data_path = resolve_data_path(config.data)
-    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
-    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
-    eval_data = None
-    if config.eval_split is not None:
-        from train.evaluation import split_eval
-
-        data, eval_data = split_eval(data, config.eval_split, config.seed)
-    elif config.eval_data:
-        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
-    profile = length_profile(data.lengths)
+    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
     if previous:
         problem = check_same_data(previous, data, data_path, profile, config.force)
         if problem:
@@ -337,38 +320,18 @@ def run_training(args: argparse.Namespace, started: float) -> int:
 
     traffic = traffic_of(sharding, need, hardware["device_type"])
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
-    # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
-    memory_offset = 0.0
-    if cal.world_size == 1 and sharding == "fsdp":
-        memory_offset = need.per_process_bytes(sharding, world_size, hardware["device_type"]) - need.total_bytes
-    request = PlanRequest(
-        epochs=previous["plan"]["epochs"] if previous else config.epochs,
-        deadline_seconds=config.deadline_seconds,
-        elapsed_seconds=time.monotonic() - started,
-        priority=config.priority,
-        effective_batch=config.effective_batch,
-        max_length=resumed_configuration(previous, config)["max_length"] if previous else config.max_length,
-        world_size=world_size,
-        num_workers=config.workers,
-        margin_fraction=config.margin,
-        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
-        price_per_hour=config.price_per_hour,
-        max_steps=config.max_steps,
-        fit_deadline=config.fit_deadline,
-        seed=config.seed,
-        max_positions=spec.max_positions,
-        completed_steps=completed,
-        configuration=resumed_configuration(previous, config) if previous else None,
-        gradient_checkpointing=config.gradient_checkpointing,
-        eval_schedule=config.eval_schedule if eval_data is not None else None,
-        with_report=not config.no_report,
-        compiled=compiled,
-        comm_seconds_per_step=comm_seconds,
-        comm_seconds_per_micro_step=comm_micro_seconds,
-        memory_offset_bytes=memory_offset,
-        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), hardware["device_type"]),
-    )
+    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
+    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
+    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, resumed, completed)
     plan = make_plan(cal, data, request, eval_data)
+    if config.json:
+        if is_main_process():
+            print(json_text(plan_json(cal, plan, placement, communication, planned_compute(spec, method, plan.chosen, hardware))))
+            for warning in plan.warnings:
+                say(f"warning: {warning}")
+        if not plan.meets_deadline:
+            raise DeadlineError(plan_deadline_message(plan, previous))
+        return EXIT_OK
     from train.plan_text import describe_compute, describe_plan
 
     rate = learning_rate_record(config, plan)
@@ -399,11 +362,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             say(f"warning: {warning}")
     if not plan.meets_deadline:
         # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
-        what = "the steps left need" if previous else "the plan needs"
-        raise DeadlineError(
-            f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
-            f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
-        )
+        raise DeadlineError(plan_deadline_message(plan, previous))
     if config.dry_run:
         return EXIT_OK
 
@@ -571,7 +530,7 @@ def finish_record(
     elapsed = time.monotonic() - started
     # The span the estimate check compares: from the plan to the end of the export. The report
     # comes after it (it is written from these figures) and is timed on its own.
-    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, config.price_per_hour)
+    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
     record["actual"]["command_seconds"] = elapsed
     planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
     record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds

@@ -1,0 +1,116 @@
+"""The report of a comparison of calibrations (`train --dry-run --use-calibration A,B,C`): the
+table, and each option's time against its cost with the deadline, from comparison.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from calibration.durations import format_duration
+from calibration.errors import BenchtrainError
+from reports import figures
+from reports.html import bullet_list, figure_grid, page, section, table, verdict
+
+HOUR = 3600.0
+
+
+def read_comparison(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "comparison.json"
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BenchtrainError(f"{folder} has no comparison.json") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise BenchtrainError(f"cannot read {path}: {error}") from None
+    if not isinstance(record, dict) or record.get("kind") != "comparison" or not isinstance(record.get("rows"), list):
+        raise BenchtrainError(f"{path} is not a benchtrain comparison")
+    return record
+
+
+def option_label(index: int, row: dict[str, Any]) -> str:
+    return f"{index}. {row['device']} × {row['world_size']}" + (" (predicted)" if row["source"] == "predicted" else "")
+
+
+def write_comparison_report(folder: Path) -> Path:
+    import pandas as pd
+
+    folder = Path(folder)
+    record = read_comparison(folder)
+    rows = record["rows"]
+    deadline = record["deadline_seconds"]
+    sections = []
+    best = next((row for row in rows if row["recommended"]), None)
+    if best is not None:
+        chosen = best["plan"]["chosen"]
+        cost = f" for ${best['cost']:,.2f}" if best["cost"] is not None else ""
+        sections.append(
+            verdict(
+                f"Recommended: {best.get('reference') or best['calibration_id']} on {best['device']} × {best['world_size']} — "
+                f"≈{format_duration(chosen['total_seconds'])}{cost}, meets the {format_duration(deadline)} deadline",
+                True,
+            )
+        )
+    else:
+        sections.append(verdict(f"No option meets the {format_duration(deadline)} deadline.", False))
+    frame = pd.DataFrame([table_row(index, row) for index, row in enumerate(rows, 1)])
+    sections.append(section("Options, recommended first", table(frame)))
+    planned = [(index, row) for index, row in enumerate(rows, 1) if row["plan"] is not None]
+    if planned:
+        options = [
+            {
+                "label": option_label(index, row),
+                "hours": row["plan"]["chosen"]["total_seconds"] / HOUR,
+                "low": row["plan"]["chosen"]["total_seconds_low"] / HOUR,
+                "high": row["plan"]["chosen"]["total_seconds_high"] / HOUR,
+                "cost": row["cost"],
+                "predicted": row["source"] == "predicted",
+                "recommended": row["recommended"],
+            }
+            for index, row in planned
+        ]
+        chosen = next((option for option in options if option["recommended"]), None)
+        why = "meets the deadline at the lowest cost" if record["ranked_by"] == "cost" else "is the fastest that meets the deadline"
+        finding = f"{chosen['label']} {why}" if chosen else "no option meets the deadline"
+        title = f"{record['model']} ({record['method']}), priority {record['priority']}: {finding}"
+        path = figures.time_vs_cost(options, deadline / HOUR, folder / "time_vs_cost.png", title)
+        sections.append(section("Time vs cost", figure_grid([(path, "Estimated time (bars: bounds) against cost; the dashed line is the deadline")])))
+    notes = [*record.get("notes", []), *[f"{row['calibration_id']}: {row['problem']}" for row in rows if row.get("problem")]]
+    notes.append(f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)")
+    sections.append(section("Notes", bullet_list(notes)))
+    html_path = folder / "report.html"
+    html_path.write_text(
+        page(
+            f"Which machine: {record['model']}",
+            f"{len(rows)} option(s), deadline {format_duration(deadline)}, {format_duration(max(0.0, record['available_seconds']))} usable",
+            sections,
+        ),
+        encoding="utf-8",
+    )
+    return html_path
+
+
+def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
+    plan = row.get("plan")
+    chosen = plan["chosen"] if plan else {}
+    peak = chosen.get("peak_memory_bytes")
+    compute = row.get("compute") or {}
+    return {
+        "#": f"{index}{' (recommended)' if row['recommended'] else ''}",
+        "calibration": row.get("reference") or row["calibration_id"],
+        "device": row["device"],
+        "processes": row["world_size"],
+        "source": row["source"],
+        "plan": (
+            f"batch {chosen['micro_batch_size']} × accum {chosen['grad_accum']}, {chosen['num_workers']} workers, max length {chosen['max_length']}"
+            if plan
+            else row.get("problem")
+        ),
+        "time": format_duration(chosen["total_seconds"]) if plan else None,
+        "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen['total_seconds_high'])}" if plan else None,
+        "cost ($)": None if row["cost"] is None else round(row["cost"], 2),
+        "peak memory (GiB)": None if peak is None else round(peak / 2**30, 1),
+        "headroom": None if row.get("memory_headroom") is None else f"{row['memory_headroom']:.0%}",
+        "MFU": None if compute.get("mfu") is None else f"{compute['mfu']:.1%}",
+        "deadline": ("meets" if row["meets_deadline"] else "misses") if plan else None,
+    }

@@ -1,0 +1,159 @@
+"""`train --dry-run --use-calibration A,B,C|all`: the comparison (train.compare) as a table, as
+JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from datetime import datetime
+from pathlib import Path
+
+from calibration.atomic import json_text
+from calibration.durations import format_duration
+from calibration.errors import EXIT_OK, BenchtrainError, DeadlineError
+from train.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
+from train.config import TrainConfig
+from train.console import say
+
+GIB = 2**30
+
+
+def run_comparison(args: argparse.Namespace, started: float) -> int:
+    from train.engine import check_sharding
+    from train.hardware import detect_hardware
+    from train.model import resolve_model
+    from train.plan_setup import load_data
+    from train.runtime import job_world_size
+    from train.session import hub_weights
+    from train.tokenizer import is_byte_tokenizer
+
+    config = TrainConfig.from_args(args)
+    if job_world_size() > 1:
+        raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
+    spec = resolve_model(config.model)
+    method = config.method
+    check_sharding(config.step_options, method)
+    calibrations = select_calibrations(str(config.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
+    spec = hub_weights(spec, dry_run=True)
+    _, tokenizer, data, eval_data, profile = load_data(config, spec)
+    comparison = compare(config, spec, method, calibrations, detect_hardware(), data, eval_data, profile, time.monotonic() - started)
+    report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
+    if config.json:
+        print(json_text(comparison.to_json()), flush=True)
+    else:
+        from train.plan_text import describe_data
+
+        lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *describe_comparison(comparison, getattr(args, "command_line", None))]
+        print("\n".join(lines), flush=True)
+    for row in comparison.rows:
+        for warning in dict.fromkeys(row.warnings):
+            say(f"warning: [{row.reference}] {warning}")
+    if report is not None:
+        say(f"report: {report}")
+    if comparison.recommended is None:
+        raise DeadlineError(no_row_meets_the_deadline(comparison, config.margin))
+    return EXIT_OK
+
+
+def write_comparison(comparison: Comparison, out: str | None, model_name: str) -> Path:
+    """comparison.json and report.html (with its PNG) in --out, or in BENCHTRAIN_HOME/plans/<model>-<time>."""
+    from calibration.atomic import write_json_atomic
+    from calibration.home import writable_subdir
+    from reports.comparison_report import write_comparison_report
+
+    folder = Path(out).expanduser() if out else writable_subdir("plans") / f"{model_name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BenchtrainError(f"cannot create folder {folder}: {error.strerror or error}") from None
+    write_json_atomic(folder / "comparison.json", comparison.to_json())
+    return write_comparison_report(folder)
+
+
+def describe_comparison(comparison: Comparison, command_line: list[str] | None = None) -> list[str]:
+    """The table, a line per row's plan, what was predicted, and the recommendation."""
+    rows = comparison.rows
+    usable = format_duration(max(0.0, comparison.available_seconds))
+    lines = [
+        f"{len(rows)} option(s) for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
+        f"deadline {format_duration(comparison.deadline_seconds)} ({usable} usable), ranked by {comparison.ranked_by}:",
+        *table([HEADER, *[cells(index, row) for index, row in enumerate(rows, 1)]]),
+    ]
+    for index, row in enumerate(rows, 1):
+        lines.append(f"  {index}: {row_plan(row)}")
+    for note in comparison.notes:
+        lines.append(f"  note: {note}")
+    best = comparison.recommended
+    if best is None:
+        return lines
+    chosen = best.plan.chosen
+    cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
+    why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
+    lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{format_duration(chosen.total_seconds)})")
+    command = train_command(command_line, best)
+    if command:
+        lines.append(f"  train it there with: {command}")
+    return lines
+
+
+HEADER = ["#", "calibration", "device", "×", "source", "time", "bounds", "cost", "peak memory (headroom)", "MFU", "deadline"]
+
+
+def cells(index: int, row: Row) -> list[str]:
+    mark = f"{index}*" if row.recommended else str(index)
+    source = "predicted" if row.option.predicted else "measured"
+    fixed = [mark, row.reference, row.device["name"], str(row.processes), source]
+    if row.plan is None:
+        return [*fixed, "–", "–", "–", "–", "–", "no plan"]
+    chosen = row.plan.chosen
+    bounds = f"{format_duration(chosen.total_seconds_low)} – {format_duration(chosen.total_seconds_high)}"
+    cost = f"${row.cost:,.2f}" if row.cost is not None else "–"
+    memory = "–"
+    if chosen.peak_memory_bytes is not None:
+        memory = f"{chosen.peak_memory_bytes / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB ({row.memory_headroom:.0%})"
+    mfu = f"{row.compute['mfu']:.1%}" if row.compute.get("mfu") is not None else "–"
+    deadline = "meets" if row.meets_deadline else "MISSES"
+    return [*fixed, format_duration(chosen.total_seconds), bounds, cost, memory, mfu, deadline]
+
+
+def table(lines: list[list[str]]) -> list[str]:
+    widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
+    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
+
+
+def row_plan(row: Row) -> str:
+    if row.plan is None:
+        return f"no plan: {row.problem}"
+    chosen = row.plan.chosen
+    price = f"; ${row.price_per_hour:,.2f} per device-hour × {row.processes}" if row.price_per_hour is not None else ""
+    upper = "central estimate" if row.option.calibration.too_noisy_to_bound else "upper bound"
+    text = (
+        f"{chosen.label()}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
+        f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, row.plan.available_seconds))} usable{price}"
+    )
+    if row.option.predicted:
+        text += f"; predicted with the collectives of {row.option.collectives_from}"
+    return text
+
+
+def train_command(command_line: list[str] | None, row: Row) -> str | None:
+    """This command for the recommended row, without --dry-run: the command to run on that machine."""
+    if command_line is None:
+        return None
+    kept: list[str] = []
+    skip = False
+    for token in command_line:
+        if skip:
+            skip = False
+            continue
+        if token in ("--dry-run", "--json"):
+            continue
+        if token in ("--use-calibration", "--out"):
+            skip = True
+            continue
+        if token.startswith(("--use-calibration=", "--out=")):
+            continue
+        kept.append(token)
+    launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
+    return shlex.join([*launcher, "--use-calibration", row.reference, *kept])
