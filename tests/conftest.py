@@ -23,6 +23,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="session")
+def fork_server():
+    """Starts `train` and `bench` as real processes in a second, not eight (tests/forkserver.py)."""
+    from forkserver import ForkServer
+
+    with ForkServer({**os.environ, "OMP_NUM_THREADS": "1"}) as server:
+        yield server
+
+
 @pytest.fixture()
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh BENCHTRAIN_HOME for each test."""

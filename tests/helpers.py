@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import random
 from typing import Any
@@ -72,8 +74,19 @@ def synthetic_rows(
     return rows
 
 
+@functools.cache
+def _default_rows_and_fit() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    # Fitting takes about a second (the memory model's leave-one-out); most tests use the
+    # default rows, so fit them once per test session and hand out copies.
+    rows = synthetic_rows()
+    return rows, fit_measurements(rows)
+
+
 def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes: float = 80 * GIB, **overrides: Any) -> dict[str, Any]:
-    rows = rows if rows is not None else synthetic_rows()
+    if rows is None:
+        rows, fit = copy.deepcopy(_default_rows_and_fit())
+    else:
+        fit = fit_measurements(rows)
     data = {
         "schema_version": SCHEMA_VERSION,
         "id": "test-tiny-20260101-000000",
@@ -88,7 +101,7 @@ def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes
             "report_seconds": 2.0,
             "warmup_extra_seconds": 0.2,
         },
-        "fit": fit_measurements(rows),
+        "fit": fit,
         "eval": {"measurements": [], "fit": {"terms": ["fixed", "per_token", "attention"], "parameters": TRUE_EVAL}},
         "history": [],
         "warnings": [],

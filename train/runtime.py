@@ -102,6 +102,7 @@ def agree(accelerator: Any, value: int, operation: str = "max") -> int:
 
 
 FINISH_KEY = "benchtrain/finished"
+LEFT_KEY = "benchtrain/left"
 FINISH_TIMEOUT_SECONDS = 600.0
 
 
@@ -121,12 +122,24 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     store = _get_default_store()
-    store.add(FINISH_KEY, 1)
+    world_size = dist.get_world_size()
     waited_from = time.monotonic()
-    while store.add(FINISH_KEY, 0) < dist.get_world_size():
-        if time.monotonic() - waited_from > timeout_seconds:
-            raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
-        time.sleep(0.05)
+
+    def wait_for_all(key: str) -> None:
+        store.add(key, 1)
+        while store.add(key, 0) < world_size:
+            if time.monotonic() - waited_from > timeout_seconds:
+                raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
+            time.sleep(0.05)
+
+    wait_for_all(FINISH_KEY)
+    # Where rank 0 hosts the store (a launcher without torchrun's agent store: srun, mpirun, a
+    # script setting MASTER_ADDR itself), rank 0 leaving ends the store under a rank still asking
+    # it: every other rank says it has seen everyone finish, and rank 0 leaves last.
+    if dist.get_rank() == 0:
+        wait_for_all(LEFT_KEY)
+    else:
+        store.add(LEFT_KEY, 1)
 
 
 def leave(code: int) -> None:
