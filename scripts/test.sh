@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q --durations=12 "$@"   # the slowest tests, to keep CI inside its budget
+# One test worker per core (each test one thread: tests/conftest.py); --durations shows the
+# slowest tests, to keep CI inside its budget.
+.venv/bin/python -m pytest -q -n auto --dist worksteal --durations=12 "$@"

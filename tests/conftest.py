@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Test workers share the cores (scripts/test.sh runs one per core): one thread each, or
+    # OpenMP's spinning threads fight over them (a test's CPU time tripled when they did).
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Keep datasets' tokenization cache out of the user's ~/.cache during tests.
@@ -50,3 +54,25 @@ def heavy_tailed_jsonl(tmp_path: Path) -> Path:
             length = min(900, max(10, int(rng.lognormvariate(4.2, 0.8))))
             handle.write(json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(length))}) + "\n")
     return path
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """With BENCHTRAIN_TEST_CPU_LOG=path, append each test's CPU seconds (this process and the
+    processes it waited for): what a test costs on a shared machine, where wall time misleads."""
+    log = os.environ.get("BENCHTRAIN_TEST_CPU_LOG")
+    if not log:
+        yield
+        return
+    import resource
+
+    def cpu_seconds() -> float:
+        return sum(
+            usage.ru_utime + usage.ru_stime
+            for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
+
+    before = cpu_seconds()
+    yield
+    with open(log, "a") as handle:
+        handle.write(f"{cpu_seconds() - before:.2f} {item.nodeid}\n")

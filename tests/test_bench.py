@@ -99,15 +99,17 @@ def test_grid_probes_everything_and_prunes_after_oom() -> None:
 
 
 def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
-    import time
+    from bench.simulated import VirtualClock
+
+    clock = VirtualClock()  # each probe takes 0.05 s of it, however busy the machine is
 
     def slow(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
-        time.sleep(0.05)
+        clock.advance(0.05)
         row = fake_probe()(config, remaining)
         row["probe_seconds"] = 0.05
         return row
 
-    result = run_grid(SPACE, slow, Budget(0.3))
+    result = run_grid(SPACE, slow, Budget(0.3, clock=clock))
     probed = [r for r in result.rows if r["status"] == "ok"]
     assert result.stopped_by_budget
     assert 2 <= len(probed) < SPACE.size

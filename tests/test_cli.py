@@ -235,7 +235,7 @@ def run_process_group(command: list[str], env: dict[str, str], timeout: float) -
 
 
 def torchrun(module: str, arguments: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", module, *arguments]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module, *arguments]
 
 
 @pytest.mark.timeout(300)

@@ -197,7 +197,7 @@ def _under_torchrun(processes: int, *arguments: str, timeout: float = 150) -> di
     """What tests/distributed_checks.py's rank 0 reports under torchrun with `processes` gloo processes."""
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), str(CHECKS), *arguments]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), str(CHECKS), *arguments]
     result = run_process_group(command, env, timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
