@@ -20,7 +20,7 @@ from bench.choose import ProbePlanner
 from bench.runner import BenchResult, Budget, run_grid, run_optuna
 from bench.space import ProbeConfig, SearchSpace
 from bench.timing import ProbeSettings
-from calibration.errors import MeasurementError
+from common.errors import MeasurementError
 
 EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
@@ -390,9 +390,9 @@ def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) ->
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
     `latest` does not pick it) and say what a fit needs."""
-    from calibration.durations import format_duration
     from calibration.fit import MIN_ROWS_FOR_FIT
     from calibration.store import save_failed
+    from common.durations import format_duration
 
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")

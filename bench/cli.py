@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from calibration.errors import EXIT_OK, OneLineParser, guard_cli
+from common.errors import EXIT_OK, OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.formats import add_data_arguments
 from train.method import add_method_arguments
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibration.durations import join_negative_values
+    from common.durations import join_negative_values
 
     parser = build_parser()
     args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))

@@ -10,7 +10,7 @@ import copy
 from datetime import datetime, timezone
 from typing import Any
 
-from calibration.errors import EXIT_OK, MeasurementError
+from common.errors import EXIT_OK, MeasurementError
 
 
 def refit_record(source: dict[str, Any], created: datetime | None = None) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
-from calibration.durations import format_duration, parse_duration
-from calibration.errors import EXIT_OK, BenchtrainError
+from common.durations import format_duration, parse_duration
+from common.errors import EXIT_OK, BenchtrainError
 from train.engine import step_options_from_args
 from train.method import method_from_args
 
@@ -56,7 +56,7 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
 def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     budget_asked = validate_args(args)
-    from calibration.home import benchtrain_home, writable_subdir
+    from common.home import benchtrain_home, writable_subdir
     from train.model import resolve_model
 
     spec = resolve_model(args.model)
@@ -265,7 +265,7 @@ def _write_report(path: Any) -> Any:
 def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
     if quiet:
         return None
-    from calibration.progress import BudgetBar, progress_bar
+    from common.progress import BudgetBar, progress_bar
 
     return BudgetBar(budget_seconds, total) if budget_seconds else progress_bar(total, "probes", "probe")
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import BenchtrainError
 from calibration.fit import Config, ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from common.errors import BenchtrainError
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
+from common.durations import format_duration
+from common.errors import BenchtrainError
 from reports import figures
 from reports.history import error_rows, run_records
 from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict

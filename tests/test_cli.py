@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import synthetic_calibration
 
-from calibration.errors import guard_cli
 from calibration.store import save_calibration
+from common.errors import guard_cli
 
 SMALL_GRID = [
     "--batch-sizes",

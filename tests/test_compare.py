@@ -19,12 +19,12 @@ from helpers import synthetic_calibration
 from test_cli import assert_one_line_error, run_main
 from test_planner import heavy_tailed, tokenized
 
-from calibration.atomic import json_text
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
+from common.atomic import json_text
+from common.durations import format_duration
+from common.errors import BenchtrainError
 from train.compare import PREDICTION_ERROR, compare, no_row_meets_the_deadline
 from train.config import TrainConfig
 from train.data import length_profile

@@ -162,7 +162,7 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
 def test_a_calibration_of_another_step_is_refused_or_said() -> None:
     from types import SimpleNamespace
 
-    from calibration.errors import BenchtrainError
+    from common.errors import BenchtrainError
     from train.method import MethodConfig
     from train.session import check_compatible
 

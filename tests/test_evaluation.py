@@ -11,8 +11,8 @@ from helpers import TRUE_EVAL, synthetic_calibration
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_planner import heavy_tailed, tokenized
 
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
+from common.errors import BenchtrainError
 from train.evaluation import EvalSchedule, parse_eval_every, split_eval
 from train.planner import PlanRequest, make_plan
 

@@ -13,7 +13,7 @@ from test_chat import trained_text
 from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_hub import offline_hub
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.data import TokenizedData, load_records, load_tokenized
 from train.formats import DataSchema
 from train.planner import lengths_to_measure

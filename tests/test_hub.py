@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_cli import assert_one_line_error, run_main
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.hub import parse_hub_id
 from train.model import ModelSpec, resolve_model, with_hub_weights
 from train.presets import PRESETS

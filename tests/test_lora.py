@@ -13,10 +13,10 @@ from helpers import synthetic_calibration, synthetic_rows
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
 from calibration.schema import migrate, validate
 from calibration.store import save_calibration
+from common.errors import BenchtrainError
 from train.checkpoint import WEIGHTS_FILE, list_checkpoints
 from train.memory_check import check_fits, memory_need, parameter_counts
 from train.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count

@@ -19,8 +19,8 @@ from test_planner import heavy_tailed
 
 from bench.distributed import combine_rows
 from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
+from common.errors import BenchtrainError
 from train.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
 from train.comm import Traffic, plan_communication, traffic_of
 from train.memory_check import check_fits, memory_need

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from helpers import GIB, synthetic_calibration, synthetic_rows
 
-from calibration.errors import BenchtrainError
 from calibration.fit import Config
 from calibration.model import Calibration
-from train.batching import PackedBatches, PaddedBatches, packed_row_count, padded_shapes, plan_padded_batches
+from common.errors import BenchtrainError
+from train.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
 from train.data import TokenizedData
 from train.method import MethodConfig
 from train.model import resolve_model
-from train.planner import PlanRequest, deadline_options, epoch_batches, make_plan, real_tokens
+from train.planner import PlanRequest, deadline_options, make_plan
 
 
 def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:

@@ -151,7 +151,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     import json
     import random
 
-    from train.planner import batch_shapes
+    from train.batching import batch_shapes
 
     rng = random.Random(3)
     data_path = tmp_path / "pairs.jsonl"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.cli import build_parser
 from train.config import TrainConfig
 from train.evaluation import EvalSchedule

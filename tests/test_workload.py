@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.data import length_profile, load_tokenized
 from train.model import build_model, model_shape, resolve_model
 from train.presets import PRESETS
@@ -90,7 +90,7 @@ def test_csv_parquet_and_saved_datasets(tmp_path: Path) -> None:
 
 def test_bench_with_real_data(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.cli import main
-    from calibration.errors import guard_cli
+    from common.errors import guard_cli
 
     code = guard_cli(
         main,

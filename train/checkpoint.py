@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calibration.atomic import atomic_directory
-from calibration.errors import EXIT_DISK, BenchtrainError
+from common.atomic import atomic_directory
+from common.errors import EXIT_DISK, BenchtrainError
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
-from calibration.errors import OneLineParser, guard_cli
+from common.errors import OneLineParser, guard_cli
 from train.engine import add_step_arguments
 from train.formats import add_data_arguments
 from train.method import add_method_arguments
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    from calibration.durations import join_negative_values
+    from common.durations import join_negative_values
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(join_negative_values(argv))
@@ -171,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_comparison(args, started)
     from train.session import run_training
 
-    return run_training(args, started)
+    return run_training(args, started, write_run_report)
+
+
+def write_run_report(out_dir: Path) -> Path:
+    from reports.run_report import write_run_report
+
+    return write_run_report(out_dir)
 
 
 def entry_point() -> None:

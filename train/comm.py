@@ -122,7 +122,7 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
       processes, and its traffic priced with them (calibration.comm);
     - a calibration of another world size or sharding is refused unless --force (then used as if
       it matched)."""
-    from calibration.errors import BenchtrainError
+    from common.errors import BenchtrainError
 
     measured = calibration.world_size
     if world_size == 1 or measured == world_size:

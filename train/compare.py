@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
+from common.durations import format_duration
+from common.errors import BenchtrainError
 from train.plan_setup import Placement, plan_device, plan_json, plan_request, same_device
 from train.session import check_compatible, planned_compute
 

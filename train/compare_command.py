@@ -9,9 +9,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from calibration.atomic import json_text
-from calibration.durations import format_duration
-from calibration.errors import EXIT_OK, BenchtrainError, DeadlineError
+from common.atomic import json_text
+from common.durations import format_duration
+from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
 from train.config import TrainConfig
 from train.console import say
@@ -58,8 +58,8 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
 
 def write_comparison(comparison: Comparison, out: str | None, model_name: str) -> Path:
     """comparison.json and report.html (with its PNG) in --out, or in BENCHTRAIN_HOME/plans/<model>-<time>."""
-    from calibration.atomic import write_json_atomic
-    from calibration.home import writable_subdir
+    from common.atomic import write_json_atomic
+    from common.home import writable_subdir
     from reports.comparison_report import write_comparison_report
 
     folder = Path(out).expanduser() if out else writable_subdir("plans") / f"{model_name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

@@ -12,8 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from calibration.durations import parse_duration
-from calibration.errors import BenchtrainError
+from common.durations import parse_duration
+from common.errors import BenchtrainError
 from train.engine import StepOptions, step_options_from_args
 from train.evaluation import EvalSchedule, parse_eval_every
 from train.formats import DataSchema, schema_from_args

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.formats import LOSS_ON, DataSchema, Layout, detect_layout
 
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}

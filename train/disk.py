@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import EXIT_DISK, BenchtrainError
+from common.disk_space import GB, free_bytes
+from common.errors import BenchtrainError, DiskSpaceError
 from train.memory_check import BF16_BYTES, FP32_BYTES, MemoryNeed
 
-GB = 1e9
 LOCK_FILE = ".train.lock"
-
-
-class DiskSpaceError(BenchtrainError):
-    exit_code = EXIT_DISK
 
 
 @dataclass(frozen=True)
@@ -51,14 +46,6 @@ def disk_need(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, devi
     """Bytes the run will write into its folder (checkpoints already there count as written)."""
     checkpoint = need.trainable_parameters * FP32_BYTES + need.optimizer_bytes
     return DiskNeed(checkpoint, export_bytes(need, lora, preset_base, merge, device_type), max(0, keep + 1 - existing))
-
-
-def free_bytes(folder: Path) -> int:
-    """Free space where `folder` is (or would be created)."""
-    probe = Path(folder).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
 
 
 def check_space(folder: Path, need: DiskNeed, keep: int) -> None:

@@ -41,7 +41,7 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/sharding.py)
 
     def __post_init__(self) -> None:
-        from calibration.errors import BenchtrainError
+        from common.errors import BenchtrainError
 
         if self.sharding not in SHARDING_CHOICES:
             raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
@@ -80,7 +80,7 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
 
 def check_sharding(options: StepOptions, method: Any) -> None:
     """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
-    from calibration.errors import BenchtrainError
+    from common.errors import BenchtrainError
 
     if options.sharding == "fsdp" and method.is_lora:
         raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
@@ -115,7 +115,7 @@ def build_engine(
     when None, as bench probes use)."""
     import torch
 
-    from calibration.errors import BenchtrainError
+    from common.errors import BenchtrainError
     from train.method import set_gradient_checkpointing
     from train.model import build_model
     from train.runtime import DEFAULT_LEARNING_RATE, make_optimizer

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from calibration.durations import parse_duration
-from calibration.errors import BenchtrainError
-from train.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, make_loader, shard, to_device
+from common.durations import parse_duration
+from common.errors import BenchtrainError
+from train.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
 from train.data import TokenizedData
 
 
@@ -74,8 +74,6 @@ def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[Tokeniz
 
 def eval_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int) -> list[list[int]]:
     """The eval set's fixed batches (as planned for training, epoch 0)."""
-    from train.planner import epoch_batches
-
     return epoch_batches(data, micro_batch_size, max_length, seed, 0)
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calibration.atomic import atomic_directory
+from common.atomic import atomic_directory
 from train.method import MethodConfig
 
 FINAL = "final"

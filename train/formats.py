@@ -20,7 +20,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 FORMATS = ("text", "messages", "sharegpt", "alpaca", "prompt_completion")
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca")

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
@@ -156,7 +156,8 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
 
 def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
     """Download the missing weight files into the hub cache, after checking there is room."""
-    from train.disk import GB, DiskSpaceError, free_bytes
+    from common.disk_space import GB, free_bytes
+    from common.errors import DiskSpaceError
 
     free = free_bytes(Path(fetch.cache_dir))
     if fetch.total_bytes > free:

@@ -19,14 +19,14 @@ from typing import Any
 from calibration.fit import Config
 from calibration.model import Calibration
 from train import metrics, trackers
-from train.batching import PackedBatches, PaddedBatches, make_loader
+from train.batching import PackedBatches, PaddedBatches, batch_shapes, make_loader, run_batches
 from train.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
 from train.data import TokenizedData
 from train.engine import StepOptions
 from train.evaluation import EvalSchedule
 from train.guard import DeadlineGuard, GuardSettings
 from train.method import MethodConfig
-from train.planner import Candidate, batch_shapes, run_batches
+from train.planner import Candidate
 from train.runtime import agree
 
 
@@ -466,7 +466,7 @@ class TrainingRun:
     def _progress(self, total: int, initial: int) -> Any:
         if not self.accelerator.is_main_process:
             return None
-        from calibration.progress import progress_bar
+        from common.progress import progress_bar
 
         return progress_bar(total, "train", "step", initial)
 
@@ -483,7 +483,7 @@ class TrainingRun:
             return Position(), None
         found = list_checkpoints(self.out_dir / "checkpoints")
         if not found:
-            from calibration.errors import BenchtrainError
+            from common.errors import BenchtrainError
 
             raise BenchtrainError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}")
         try:

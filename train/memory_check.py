@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.method import MethodConfig, apply_method, decoder_blocks
 from train.sharding import largest_block_parameters
 

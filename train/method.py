@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 METHODS = ("full", "lora")
 ALL_LINEAR = "all-linear"

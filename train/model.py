@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.method import MethodConfig, apply_method
 from train.presets import PRESETS, canonical_preset, preset_names

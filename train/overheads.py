@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from calibration.durations import format_duration
+from common.durations import format_duration
 
 
 @dataclass(frozen=True)

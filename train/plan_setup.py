@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 from train.config import TrainConfig
 from train.console import resolve_data_path
 from train.disk import export_bytes

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate, describe_check
-from calibration.durations import format_duration
+from common.durations import format_duration
 from train.planner import Plan
 
 

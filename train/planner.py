@@ -13,21 +13,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
-from calibration.errors import BenchtrainError, DeadlineError
 from calibration.fit import Config
 from calibration.model import Calibration
-from train.batching import (
-    BatchShape,
-    packed_row_count,
-    packed_shapes,
-    padded_shape_counts,
-    padded_shapes,
-    plan_packed_batches,
-    plan_padded_batches,
-    shard,
-)
+from common.errors import BenchtrainError, DeadlineError
+from train.batching import batch_shapes, packed_shapes, padded_shape_counts, real_tokens, run_batches
 from train.compile import compile_seconds
 from train.data import TokenizedData, covering_length, truncation
 from train.evaluation import EvalSchedule
@@ -190,48 +179,6 @@ class Plan:
             "cost": self.cost,
             "price_per_hour": self.price_per_hour,
         }
-
-
-def epoch_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
-    """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
-    if data.packing:
-        rows = packed_row_count(sum(data.lengths), max_length)
-        return plan_packed_batches(rows, micro_batch_size, seed, epoch)
-    return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
-
-
-def run_batches(
-    data: TokenizedData,
-    micro_batch_size: int,
-    max_length: int,
-    seed: int,
-    epoch: int,
-    epochs: float,
-    world_size: int = 1,
-    rank: int = 0,
-) -> list[list[int]]:
-    """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
-    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
-    whole = math.ceil(epochs)
-    if epochs < whole and epoch == whole - 1:
-        batches = batches[: max(1, round(len(batches) * (epochs - (whole - 1))))]
-    return shard(batches, rank, world_size)
-
-
-def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
-    if data.packing:
-        return packed_shapes(batches, max_length)
-    return padded_shapes(data.lengths, batches, max_length, bucket)
-
-
-def real_tokens(data: TokenizedData, max_length: int) -> int:
-    """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
-    if data.packing:
-        return sum(data.lengths)
-    if data.loss_masks is not None:
-        return int(sum(int(mask[:max_length].sum()) for mask in data.loss_masks))
-    kept = np.minimum(np.asarray(data.lengths), max_length)
-    return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())
 
 
 def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:

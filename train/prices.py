@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 USAGE = "a number (USD per device-hour), KEY=USD pairs (h100=2.5,h200=3.8) or a file of them"
 

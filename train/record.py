@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate
-from calibration.atomic import write_json_atomic
 from calibration.store import is_bundled, update_calibration
+from common.atomic import write_json_atomic
 from train.loop import LoopOutcome
 from train.planner import Plan
 from train.prices import run_cost

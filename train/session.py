@@ -6,15 +6,16 @@ import argparse
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate
-from calibration.atomic import json_text
-from calibration.durations import format_duration
-from calibration.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
+from common.atomic import json_text
+from common.durations import format_duration
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
 from train.checkpoint import list_checkpoints
 from train.config import TrainConfig
 from train.console import is_main_process, say
@@ -248,7 +249,8 @@ def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
     )
 
 
-def run_training(args: argparse.Namespace, started: float) -> int:
+def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
+    """`write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
     from train.config import TrainConfig
 
     config = TrainConfig.from_args(args)
@@ -387,7 +389,7 @@ def run_training(args: argparse.Namespace, started: float) -> int:
             write_run(out_dir, record)
         outcome = train_with_record(config, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
         if is_main_process():
-            report_path = finish_record(config, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds)
+            report_path = finish_record(config, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds, write_report)
             from train.plan_text import describe_outcome
 
             resume = resume_command(getattr(args, "command_line", None), out_dir, world_size)
@@ -465,7 +467,7 @@ def open_record(
     elapsed_before_plan: float,
 ) -> tuple[Path, dict[str, Any]]:
     """The run folder and its run.json record: new, or the interrupted run's when resuming."""
-    from calibration.home import writable_subdir
+    from common.home import writable_subdir
     from train.data import truncation
     from train.model import model_identity
     from train.record import new_run_record
@@ -514,6 +516,7 @@ def finish_record(
     out_dir: Path,
     started: float,
     elapsed_before_plan: float,
+    write_report: Callable[[Path], Path],
 ) -> Path | None:
     """What happened, in run.json; the measured speed back into the calibration; the report."""
     from train.record import actual_section, feed_back, write_run
@@ -649,9 +652,3 @@ def export_final_model(run: Any, out_dir: Path, tokenizer: Any, spec: Any, metho
     final = export_final(out_dir, model, tokenizer, spec, method, merge_lora, full_weights)
     final["partial"] = status in PARTIAL_STATUSES
     return final
-
-
-def write_report(out_dir: Path) -> Path:
-    from reports.run_report import write_run_report
-
-    return write_run_report(out_dir)

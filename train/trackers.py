@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 # --report-to name → (module that must be importable, pip extra that installs it)
 TRACKERS = {

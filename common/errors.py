@@ -43,6 +43,12 @@ class DeadlineError(BenchtrainError):
     exit_code = EXIT_DEADLINE
 
 
+class DiskSpaceError(BenchtrainError):
+    """Too little room on the disk for what is about to be written."""
+
+    exit_code = EXIT_DISK
+
+
 def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a CLI entry point, turning known errors into one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv

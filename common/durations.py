@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 
 def benchtrain_home() -> Path:
