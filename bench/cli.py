@@ -10,9 +10,9 @@ import json
 import sys
 
 from common.errors import EXIT_OK, OneLineParser, guard_cli
-from train.engine import add_step_arguments
-from train.formats import add_data_arguments
-from train.method import add_method_arguments
+from train.step.engine import add_step_arguments
+from train.workload.formats import add_data_arguments
+from train.workload.method import add_method_arguments
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
@@ -177,7 +177,7 @@ def show_command(reference: str, as_json: bool) -> int:
 
 
 def entry_point() -> None:
-    from train.runtime import leave
+    from train.step.runtime import leave
 
     leave(guard_cli(main))
 

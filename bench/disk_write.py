@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.disk_space import free_bytes
-from train.checkpoint import checkpoint_bytes, save_checkpoint
+from train.running.checkpoint import checkpoint_bytes, save_checkpoint
 
 MAX_WRITE_BYTES = 2 * 2**30
 CHUNK_BYTES = 64 * 2**20

@@ -18,7 +18,7 @@ def refit_record(source: dict[str, Any], created: datetime | None = None) -> dic
     from bench.record import assess_noise, fit_with_drift_choice
     from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
     from calibration.store import new_id
-    from train.hardware import device_label
+    from train.step.hardware import device_label
 
     created = created or datetime.now(timezone.utc)
     record = copy.deepcopy(source)

@@ -11,8 +11,8 @@ from typing import Any
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
 from common.durations import format_duration, parse_duration
 from common.errors import EXIT_OK, BenchtrainError
-from train.engine import step_options_from_args
-from train.method import method_from_args
+from train.step.engine import step_options_from_args
+from train.workload.method import method_from_args
 
 
 def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
@@ -57,7 +57,7 @@ def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     budget_asked = validate_args(args)
     from common.home import benchtrain_home, writable_subdir
-    from train.model import resolve_model
+    from train.workload.model import resolve_model
 
     spec = resolve_model(args.model)
     method = method_from_args(args)
@@ -68,11 +68,11 @@ def run_command(args: argparse.Namespace) -> int:
     from bench.runner import Budget, study_name
     from bench.timing import ProbeSettings
     from calibration.store import save_calibration, update_calibration
-    from train.engine import check_sharding
-    from train.hardware import detect_hardware, detect_software, device_label, requested_mismatch
-    from train.memory_check import check_fits
-    from train.runtime import job_world_size
-    from train.sharding import sharding_in_use
+    from train.planning.memory_check import check_fits
+    from train.step.engine import check_sharding
+    from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
+    from train.step.runtime import job_world_size
+    from train.step.sharding import sharding_in_use
 
     hardware = detect_hardware()
     options = step_options_from_args(args)
@@ -92,10 +92,10 @@ def run_command(args: argparse.Namespace) -> int:
     data_record = None
     tokenized = None
     if args.data:
-        from train.data import length_profile, load_tokenized
-        from train.formats import schema_from_args
-        from train.planner import lengths_to_measure
-        from train.tokenizer import load_tokenizer
+        from train.planning.planner import lengths_to_measure
+        from train.workload.data import length_profile, load_tokenized
+        from train.workload.formats import schema_from_args
+        from train.workload.tokenizer import load_tokenizer
 
         tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer), schema=schema_from_args(args), split=args.data_split)
         data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
@@ -138,7 +138,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
 
     from bench.probe import Workload
-    from train.model import model_record
+    from train.workload.model import model_record
 
     _say(f"building {spec.name} on {hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
@@ -188,7 +188,7 @@ def run_command(args: argparse.Namespace) -> int:
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
     """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
     and the other plain-torch ones (Liger's kernels, once installed, stay for all of them)."""
-    from train.loss import PLAIN_HEAD_MODEL_TYPES
+    from train.step.loss import PLAIN_HEAD_MODEL_TYPES
 
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
@@ -213,14 +213,14 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
     from bench.distributed import Coordinator
     from bench.probe import run_eval_probe, run_probe
     from bench.timing import ProbeSettings
-    from train.comm import measure_collectives
-    from train.console import is_main_process
+    from common.console import is_main_process
+    from train.planning.comm import measure_collectives
 
     return Coordinator(
         {
             "probe": lambda task: run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
             "eval": lambda task: run_eval_probe(workload, ProbeConfig.of(task)),
-            # FSDP: every rank joins in gathering the state that rank 0 saves (train.checkpoint);
+            # FSDP: every rank joins in gathering the state that rank 0 saves (train.running.checkpoint);
             # DDP: rank 0 alone saves. Rank 0's figures are kept.
             "checkpoint": lambda task: (
                 measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"]) if task["every_rank"] or is_main_process() else {}
@@ -273,7 +273,7 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 def _say(message: str) -> None:
     import sys
 
-    from train.console import is_main_process
+    from common.console import is_main_process
 
     if is_main_process():
         print(message, file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ import torch
 from bench.probe import ProbeSettings, Workload, run_probe
 from bench.runner import Budget, run_grid, run_optuna
 from bench.space import ProbeConfig, SearchSpace
-from train.model import resolve_model
+from train.workload.model import resolve_model
 
 FAST = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=1.0)
 

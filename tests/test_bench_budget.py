@@ -18,7 +18,7 @@ from bench.space import ProbeConfig, SearchSpace
 from bench.timing import ProbeSettings, StepTiming, time_steps
 from calibration.model import Calibration
 from common.errors import BenchtrainError
-from train.step import StepResult
+from train.step.step import StepResult
 
 GIB = 2**30
 

@@ -13,8 +13,8 @@ from test_planner import heavy_tailed, tokenized
 
 from calibration.model import Calibration
 from common.errors import BenchtrainError
-from train.evaluation import EvalSchedule, parse_eval_every, split_eval
-from train.planner import PlanRequest, make_plan
+from train.planning.planner import PlanRequest, make_plan
+from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
 
 __all__ = ["calibrated_home"]
 

@@ -11,13 +11,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "calibration", "reports", "train", "bench")
 
-# Which layer a module stands in: the longest prefix that names it. The commands stand on top: they
-# alone write reports (the run's, the comparison's, the calibration's) after the work below them.
+# Which layer a module stands in: the longest prefix that names it. train/ has rooms, each on its
+# own floor: a room imports only the rooms below it. The commands stand on top: they alone write
+# reports (the run's, the comparison's, the calibration's) after the work below them.
+TRAIN_ROOMS = ("train.workload", "train.step", "train.planning", "train.running", "train.export", "train.recipes")
 LAYERS = {
     "common": "common",
     "calibration": "calibration",
     "reports": "reports",
     "train": "train",
+    **{room: room for room in TRAIN_ROOMS},
     "train.__main__": "train commands",
     "train.cli": "train commands",
     "train.compare_command": "train commands",
@@ -31,10 +34,11 @@ MAY_IMPORT = {
     "common": set(),
     "calibration": {"common"},
     "reports": {"calibration", "common"},
-    "train": {"calibration", "common"},
-    "train commands": {"train", "reports", "calibration", "common"},
-    "bench": {"train", "calibration", "common"},
-    "bench commands": {"bench", "train", "reports", "calibration", "common"},
+    "train": set(),
+    **{room: {*TRAIN_ROOMS[:floor], "calibration", "common"} for floor, room in enumerate(TRAIN_ROOMS)},
+    "train commands": {*TRAIN_ROOMS, "reports", "calibration", "common"},
+    "bench": {*TRAIN_ROOMS, "calibration", "common"},
+    "bench commands": {"bench", *TRAIN_ROOMS, "reports", "calibration", "common"},
 }
 
 
@@ -139,19 +143,25 @@ def test_every_package_is_installed() -> None:
 
 
 def test_the_rule_catches_an_import_inside_a_function() -> None:
-    source = "import json\n\ndef plan():\n    from train.planner import make_plan\n    from reports import figures\n    return make_plan\n"
-    known = {"train.planner", "reports.figures", "reports"}
+    source = "import json\n\ndef plan():\n    from train.planning.planner import make_plan\n    from reports import figures\n    return make_plan\n"
+    known = {"train.planning.planner", "reports.figures", "reports"}
     imports = imported_modules(source, "calibration.fake", False, known)
-    assert imports == {"train.planner", "reports.figures"}
+    assert imports == {"train.planning.planner", "reports.figures"}
     assert arrows_against_the_rule({"calibration.fake": imports}) == [
         "calibration.fake (calibration) imports reports.figures (reports)",
-        "calibration.fake (calibration) imports train.planner (train)",
+        "calibration.fake (calibration) imports train.planning.planner (train.planning)",
     ]
-    assert arrows_against_the_rule({"train.session": {"reports.run_report"}}) == ["train.session (train) imports reports.run_report (reports)"]
-    assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.session"}}) == []
+    assert arrows_against_the_rule({"train.recipes.session": {"reports.run_report"}}) == [
+        "train.recipes.session (train.recipes) imports reports.run_report (reports)"
+    ]
+    assert arrows_against_the_rule({"train.workload.method": {"train.step.runtime"}}) == [
+        "train.workload.method (train.workload) imports train.step.runtime (train.step)"
+    ]
+    assert arrows_against_the_rule({"train.running.loop": {"train.planning.planner", "train.workload.batching"}}) == []
+    assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.session"}}) == []
 
 
 def test_the_rule_catches_a_loop() -> None:
-    graph = {"train.planner": {"train.evaluation", "common.errors"}, "train.evaluation": {"train.planner"}, "common.errors": set()}
-    assert import_loops(graph) == [["train.evaluation", "train.planner"]]
+    graph = {"train.planning.planner": {"train.step.evaluation", "common.errors"}, "train.step.evaluation": {"train.planning.planner"}, "common.errors": set()}
+    assert import_loops(graph) == [["train.planning.planner", "train.step.evaluation"]]
     assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -50,7 +50,7 @@ def test_runs_never_write_into_the_bundled_calibration() -> None:
     from calibration.schema import read_calibration_file
     from calibration.store import update_calibration
     from common.errors import BenchtrainError
-    from train.record import feed_back
+    from train.running.record import feed_back
 
     path = bundled_calibrations()[H100]
     before = path.read_bytes()

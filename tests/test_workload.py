@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from common.errors import BenchtrainError
-from train.data import length_profile, load_tokenized
-from train.model import build_model, model_shape, resolve_model
-from train.presets import PRESETS
-from train.tokenizer import byte_tokenizer, load_tokenizer
+from train.workload.data import length_profile, load_tokenized
+from train.workload.model import build_model, model_shape, resolve_model
+from train.workload.presets import PRESETS
+from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 
 def test_every_preset_builds_a_config_with_the_published_shape() -> None:
-    from train.model import make_config
+    from train.workload.model import make_config
 
     for name in PRESETS:
         config = make_config(resolve_model(name))

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from common.errors import OneLineParser, guard_cli
-from train.engine import add_step_arguments
-from train.formats import add_data_arguments
-from train.method import add_method_arguments
+from train.step.engine import add_step_arguments
+from train.workload.formats import add_data_arguments
+from train.workload.method import add_method_arguments
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -164,13 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
-    from train.config import is_comparison
+    from train.recipes.config import is_comparison
 
     if is_comparison(args.use_calibration):
         from train.compare_command import run_comparison
 
         return run_comparison(args, started)
-    from train.session import run_training
+    from train.recipes.session import run_training
 
     return run_training(args, started, write_run_report)
 
@@ -182,9 +182,9 @@ def write_run_report(out_dir: Path) -> Path:
 
 
 def entry_point() -> None:
-    from train.runtime import leave
+    from train.step.runtime import leave
 
-    # Everything is written and every rank has finished (train.runtime.finish_together).
+    # Everything is written and every rank has finished (train.step.runtime.finish_together).
     leave(guard_cli(main))
 
 
