@@ -16,6 +16,7 @@ from typing import Any
 from calibration.fit import Config
 from calibration.model import Calibration
 from common.errors import BenchtrainError, DeadlineError
+from train.planning.deadline import DeadlineBudget
 from train.planning.overheads import Overheads, plan_overheads
 from train.planning.prices import run_cost
 from train.step.compile import compile_seconds
@@ -75,6 +76,10 @@ class PlanRequest:
     # the upper bound (and what the deadline is checked against) widens by the largest error such
     # predictions showed (docs/benchmarks.md, "Multi-process").
     prediction_error: float = 0.0
+
+    @property
+    def budget(self) -> DeadlineBudget:
+        return DeadlineBudget.with_margin_share(self.deadline_seconds, self.margin_fraction)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -146,7 +151,7 @@ class Plan:
     chosen: Candidate
     alternatives: list[Candidate]
     naive_seconds: float
-    deadline_seconds: float
+    budget: DeadlineBudget
     available_seconds: float
     meets_deadline: bool
     effective_batch: int
@@ -159,6 +164,10 @@ class Plan:
     cost: float | None
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
     price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
+
+    @property
+    def deadline_seconds(self) -> float:
+        return self.budget.deadline_seconds
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -437,7 +446,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         raise BenchtrainError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
-    available = request.deadline_seconds * (1 - request.margin_fraction) - request.elapsed_seconds
+    available = request.budget.seconds_left(request.elapsed_seconds)
     step_limit = request.max_steps
     if chosen.total_seconds_promised > available and request.fit_deadline:
         chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data)
@@ -448,7 +457,7 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
         chosen=chosen,
         alternatives=[c for c in ranked[1:4]],
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
-        deadline_seconds=request.deadline_seconds,
+        budget=request.budget,
         available_seconds=available,
         meets_deadline=meets,
         effective_batch=effective_batch,

@@ -24,6 +24,7 @@ from typing import Any
 
 from common.durations import format_duration
 from common.errors import BenchtrainError
+from train.planning.deadline import DeadlineBudget
 from train.recipes.plan_setup import Placement, plan_device, plan_json, plan_request, same_device
 from train.recipes.session import check_compatible, planned_compute
 
@@ -349,10 +350,10 @@ def compare(
             "predicted rows: a 1-process calibration plus collectives measured among N processes of the same device by another "
             f"calibration; not measured as N-process steps, so their upper bound is widened ({PREDICTION_SOURCE})"
         )
-    available = config.deadline_seconds * (1 - config.margin) - elapsed
-    return Comparison(
-        rank(rows, by_cost), spec.name, method.describe(), config.priority, config.deadline_seconds, available, "cost" if by_cost else "time", profile, notes
-    )
+    budget = config.budget
+    ranked_by = "cost" if by_cost else "time"
+    available = budget.seconds_left(elapsed)
+    return Comparison(rank(rows, by_cost), spec.name, method.describe(), config.priority, budget.deadline_seconds, available, ranked_by, profile, notes)
 
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
@@ -366,8 +367,8 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
         return f"no calibration could plan this run: {problems}"
     closest = planned[0]
     plan = closest.plan
-    spent = plan.deadline_seconds * (1 - margin) - plan.available_seconds
-    needed = (plan.chosen.total_seconds_promised + spent) / (1 - margin)
+    spent = plan.budget.budget_seconds - plan.available_seconds
+    needed = DeadlineBudget.deadline_holding(plan.chosen.total_seconds_promised + spent, margin)
     needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write
     return (
         f"no calibration's plan meets the {format_duration(comparison.deadline_seconds)} deadline: the closest, {closest.reference} "

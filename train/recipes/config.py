@@ -14,6 +14,7 @@ from typing import Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from train.planning.deadline import DeadlineBudget
 from train.planning.prices import Prices, parse_prices
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
@@ -81,6 +82,7 @@ class TrainConfig:
     data_schema: DataSchema = field(default_factory=DataSchema)
     # Derived from the above in __post_init__:
     deadline_seconds: float = field(init=False)
+    budget: DeadlineBudget = field(init=False)  # the deadline and --margin, handed whole to planner and guard
     checkpoint_interval_seconds: float = field(init=False)
     eval_schedule: EvalSchedule = field(init=False)
     trackers: tuple[str, ...] = field(init=False)
@@ -95,6 +97,7 @@ class TrainConfig:
             "trackers": parse_report_to(self.report_to),
             "prices": parse_prices(self.price_per_hour),
         }
+        derived["budget"] = DeadlineBudget.with_margin_share(derived["deadline_seconds"], self.margin)
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
@@ -143,4 +146,5 @@ class TrainConfig:
         data["eval_schedule"] = asdict(self.eval_schedule)
         data["trackers"] = list(self.trackers)
         data.pop("prices")  # price_per_hour holds what was given
+        data.pop("budget")  # deadline_seconds and margin hold it
         return data

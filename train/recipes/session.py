@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -572,8 +572,7 @@ def train_with_record(
 
     settings = LoopSettings(
         started_at=started,
-        deadline_seconds=plan.deadline_seconds,
-        margin_seconds=plan.deadline_seconds * config.margin,
+        **asdict(plan.budget),
         on_overrun=config.on_overrun,
         checkpoint_interval_seconds=config.checkpoint_interval_seconds,
         keep_checkpoints=config.keep_checkpoints,

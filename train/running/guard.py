@@ -25,6 +25,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from train.planning.deadline import DeadlineBudget
+
 OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WINDOW_STEPS = 20
 NEXT_STEP_SAFETY = 1.5  # the next step may take this much longer than the slowest recent one
@@ -34,9 +36,9 @@ ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 @dataclass(frozen=True)
-class GuardSettings:
-    deadline_seconds: float  # from the command's start
-    margin_seconds: float
+class GuardSettings(DeadlineBudget):
+    """The command's deadline budget, and how the guard keeps it."""
+
     reserve_seconds: float  # what must still fit after the last step
     on_overrun: str = "stop"
     warmup_steps: int = 1
@@ -44,10 +46,6 @@ class GuardSettings:
     def __post_init__(self) -> None:
         if self.on_overrun not in OVERRUN_ACTIONS:
             raise ValueError(f"on_overrun must be one of {OVERRUN_ACTIONS}")
-
-    @property
-    def budget_seconds(self) -> float:
-        return self.deadline_seconds - self.margin_seconds
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ import math
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from calibration.fit import Config
 from calibration.model import Calibration
+from train.planning.deadline import DeadlineBudget
 from train.planning.planner import Candidate
 from train.running import trackers
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
@@ -47,6 +48,10 @@ class LoopSettings:
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
+
+    @property
+    def budget(self) -> DeadlineBudget:
+        return DeadlineBudget(self.deadline_seconds, self.margin_seconds)
 
 
 @dataclass
@@ -217,8 +222,7 @@ class TrainingRun:
         limit = planned_limit = self.total_steps()
         guard = DeadlineGuard(
             GuardSettings(
-                deadline_seconds=s.deadline_seconds,
-                margin_seconds=s.margin_seconds,
+                **asdict(s.budget),
                 reserve_seconds=c.overheads.after_training_seconds if c.overheads else 0.0,
                 on_overrun=s.on_overrun,
                 warmup_steps=s.warmup_steps,
