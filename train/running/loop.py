@@ -21,8 +21,9 @@ from calibration.model import Calibration
 from train.planning.deadline import DeadlineBudget
 from train.planning.planner import Candidate
 from train.running import trackers
+from train.running.cadence import Every
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
-from train.running.guard import DeadlineGuard, GuardSettings
+from train.running.guard import DeadlineGuard, GuardSettings, Verdict
 from train.step import metrics
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
@@ -93,6 +94,18 @@ class Position:
     timeline: list[dict[str, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
     flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
+
+    def count(self, result: Any, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
+        """One optimizer step of `micro_count` micro-batches done (`result`: train.step.step.StepResult)."""
+        self.step += 1
+        self.batch_in_epoch += micro_count
+        self.micro_batches += micro_count
+        self.tokens += result.target_tokens * processes
+        self.padded_tokens += result.tokens * processes
+        self.step_seconds += result.seconds
+        self.data_wait_seconds += result.data_wait_seconds
+        self.predicted_seconds += predicted_seconds
+        self.flops += flops
 
 
 class StopSignals:
@@ -212,153 +225,159 @@ class TrainingRun:
         self._build()
         self._stream = self.data.stream() if self.data.packing else None
         position, resumed_from = self._restore()
-        start_step = position.step
-        checkpoint_dir = self.out_dir / "checkpoints"
-        checkpoint_times: list[float] = []
-        last_checkpoint = resumed_from
-        s, c = self.settings, self.chosen
-        last_checkpoint_at = last_log_at = last_eval_at = time.monotonic()
-        status = "completed"
-        limit = planned_limit = self.total_steps()
-        guard = DeadlineGuard(
-            GuardSettings(
-                **asdict(s.budget),
-                reserve_seconds=c.overheads.after_training_seconds if c.overheads else 0.0,
-                on_overrun=s.on_overrun,
-                warmup_steps=s.warmup_steps,
-            ),
-            limit,
-        )
-        progress = self._progress(limit, position.step)
-
+        self._start(position, resumed_from)
         from train.step.peak_memory import PeakMemory
 
         self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
-            with StopSignals() as signals:
-                epochs = math.ceil(s.epochs)
-                while position.epoch < epochs and status == "completed":
-                    batches = self.epoch_batches(position.epoch)
-                    predicted = self.predicted_step_seconds(batches)
-                    elapsed_predicted = [0.0, *itertools.accumulate(predicted)]  # running totals for the guard
-                    loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
-                    iterator = iter(loader)
-                    while position.batch_in_epoch < len(batches):
-                        if position.step >= limit:
-                            status = "step_limit"
-                            break
-                        step_index = position.batch_in_epoch // c.grad_accum
-                        micro_count = min(c.grad_accum, len(batches) - position.batch_in_epoch)
-                        if self.step_hook:
-                            self.step_hook(position.step)
-                        result = self.step.run(iterator, micro_count)
-                        position.step += 1
-                        position.batch_in_epoch += micro_count
-                        position.micro_batches += micro_count
-                        position.tokens += result.target_tokens * self.accelerator.num_processes
-                        position.padded_tokens += result.tokens * self.accelerator.num_processes
-                        position.step_seconds += result.seconds
-                        position.data_wait_seconds += result.data_wait_seconds
-                        position.predicted_seconds += predicted[step_index]
-                        position.flops += metrics.batch_flops(result.shapes, self.flops_per_token)
-                        now = time.monotonic()
-                        position.losses.append(
-                            {
-                                "step": position.step,
-                                "loss": result.loss,
-                                "elapsed": now - s.started_at,
-                                "seconds": result.seconds,
-                                "predicted_seconds": predicted[step_index],
-                                "tokens": result.target_tokens * self.accelerator.num_processes,
-                                "learning_rate": result.learning_rate,
-                            }
-                        )
-                        # -- the deadline guard ------------------------------------------------
-                        remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, limit)
-                        compiled_here = self._met_new_shapes(result.shapes)
-                        verdict = guard.observe(
-                            position.step,
-                            now - s.started_at,
-                            result.seconds,
-                            predicted[step_index],
-                            remaining_predicted,
-                            compiled_here,
-                            self._pending_compile_seconds(),
-                        )
-                        projected_finish = verdict.projected_finish
-                        if verdict.message:  # a change of state: said once
-                            self.events.append(verdict.message)
-                            if progress is not None:
-                                progress.write(f"deadline: {verdict.message}")
-                        stop_code = 2 if signals.received is not None else (1 if verdict.action == "stop" else 0)
-                        stop_code = agree(self.accelerator, stop_code, "max")
-                        limit = guard.limit = agree(self.accelerator, verdict.limit, "min")
-                        if stop_code:
-                            status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
-                        if progress is not None:
-                            progress.update(1)
-                            progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
-                        self._track_step(position, result, projected_finish - (now - s.started_at))
-                        # -- record, log, checkpoint ----------------------------------------------
-                        if now - last_log_at >= s.log_interval_seconds or status != "completed":
-                            last_log_at = now
-                            position.timeline.append(self._timeline_point(position, now, verdict.ratio, projected_finish))
-                            self._log(progress, position, now, verdict)
-                            self._update(position)
-                        # Every rank evaluates together (the loss is summed across them): agree on "due".
-                        due = self.eval_data is not None and status == "completed" and self.eval_schedule.due(position.step, now - last_eval_at)
-                        if agree(self.accelerator, int(due), "max"):
-                            self._evaluate(position, progress)
-                            last_eval_at = time.monotonic()
-                        periodic = now - last_checkpoint_at >= s.checkpoint_interval_seconds
-                        if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
-                            periodic = bool(agree(self.accelerator, int(periodic), "max"))
-                        if (periodic or status != "completed") and self._saves_here:
-                            last_checkpoint, seconds = self._save(checkpoint_dir, position)
-                            checkpoint_times.append(seconds)
-                            last_checkpoint_at = time.monotonic()
-                        if status != "completed":
-                            break
-                    del iterator, loader
-                    if status == "completed" and position.batch_in_epoch >= len(batches):
-                        position.epoch += 1
-                        position.batch_in_epoch = 0
-                if status == "completed" and position.step >= limit and self.settings.step_limit:
-                    status = "step_limit"
-                evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
-                if self.eval_data is not None and position.step > 0 and not evaluated_here:
-                    self._evaluate(position, progress)  # every run ends with an evaluation
-                already_saved = last_checkpoint is not None and last_checkpoint.endswith(checkpoint_name(position.step))
-                if self._saves_here and not already_saved and position.step > 0:
-                    last_checkpoint, seconds = self._save(checkpoint_dir, position)
-                    checkpoint_times.append(seconds)
-                now = time.monotonic()
-                position.timeline.append(self._timeline_point(position, now, 1.0, now - s.started_at))
-                exit_signal = signals.received
+            with StopSignals() as self.signals:
+                while position.epoch < math.ceil(self.settings.epochs) and self.status == "completed":
+                    self._run_epoch(position)
+                self._finish(position)
         finally:
             self.peak_memory.__exit__(None, None, None)
-            if progress is not None:
-                progress.close()
+            if self.progress is not None:
+                self.progress.close()
             trackers.finish(self.accelerator)
+        return self._outcome(position, resumed_from)
+
+    def _start(self, position: Position, resumed_from: str | None) -> None:
+        """The run's state before its first step: status, step limit, guard, cadences, live line."""
+        s, c = self.settings, self.chosen
+        self.start_step, self.status, self.last_checkpoint = position.step, "completed", resumed_from
+        self.checkpoint_times: list[float] = []
+        now = time.monotonic()
+        self.log_every, self.checkpoint_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(s.checkpoint_interval_seconds, now), Every(None, now)
+        self.limit = self.planned_limit = self.total_steps()
+        reserve = c.overheads.after_training_seconds if c.overheads else 0.0
+        settings = GuardSettings(**asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps)
+        self.guard = DeadlineGuard(settings, self.limit)
+        self.progress = self._progress(self.limit, position.step)
+
+    def _run_epoch(self, position: Position) -> None:
+        """The optimizer steps of this epoch (from where the position is), until the status changes."""
+        c = self.chosen
+        batches = self.epoch_batches(position.epoch)
+        predicted = self.predicted_step_seconds(batches)
+        elapsed_predicted = [0.0, *itertools.accumulate(predicted)]  # running totals for the guard
+        loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
+        iterator = iter(loader)
+        while position.batch_in_epoch < len(batches) and self.status == "completed":
+            if position.step >= self.limit:
+                self.status = "step_limit"
+                break
+            step_index = position.batch_in_epoch // c.grad_accum
+            result, now = self._step(iterator, position, min(c.grad_accum, len(batches) - position.batch_in_epoch), predicted[step_index])
+            remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, self.limit)
+            self._after_step(position, result, now, predicted[step_index], remaining_predicted)
+        del iterator, loader
+        if self.status == "completed" and position.batch_in_epoch >= len(batches):
+            position.epoch += 1
+            position.batch_in_epoch = 0
+
+    def _step(self, iterator: Any, position: Position, micro_count: int, predicted_seconds: float) -> tuple[Any, float]:
+        """One optimizer step, counted into the position; the step's result and when it ended."""
+        if self.step_hook:
+            self.step_hook(position.step)
+        result = self.step.run(iterator, micro_count)
+        processes = self.accelerator.num_processes
+        position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
+        now = time.monotonic()
+        position.losses.append(
+            {
+                "step": position.step,
+                "loss": result.loss,
+                "elapsed": now - self.settings.started_at,
+                "seconds": result.seconds,
+                "predicted_seconds": predicted_seconds,
+                "tokens": result.target_tokens * processes,
+                "learning_rate": result.learning_rate,
+            }
+        )
+        return result, now
+
+    def _after_step(self, position: Position, result: Any, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
+        """The deadline guard's verdict on this step, then what is due: live line, trackers, log,
+        evaluation, checkpoint."""
+        elapsed = now - self.settings.started_at
+        compiled_here = self._met_new_shapes(result.shapes)
+        pending_compile = self._pending_compile_seconds()
+        verdict = self.guard.observe(position.step, elapsed, result.seconds, predicted_seconds, remaining_predicted, compiled_here, pending_compile)
+        self._heed(verdict)
+        if self.progress is not None:
+            self.progress.update(1)
+            self.progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
+        self._track_step(position, result, verdict.projected_finish - elapsed)
+        if self.log_every.due(now) or self.status != "completed":
+            self.log_every.done(now)
+            position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
+            self._log(self.progress, position, now, verdict)
+            self._update(position)
+        self._evaluate_if_due(position, now)
+        self._checkpoint_if_due(position, now)
+
+    def _heed(self, verdict: Verdict) -> None:
+        """Say a change of state once; every rank agrees to stop (for the deadline or a signal) and
+        on the step limit."""
+        if verdict.message:
+            self.events.append(verdict.message)
+            if self.progress is not None:
+                self.progress.write(f"deadline: {verdict.message}")
+        stop_code = 2 if self.signals.received is not None else (1 if verdict.action == "stop" else 0)
+        stop_code = agree(self.accelerator, stop_code, "max")
+        self.limit = self.guard.limit = agree(self.accelerator, verdict.limit, "min")
+        if stop_code:
+            self.status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+
+    def _evaluate_if_due(self, position: Position, now: float) -> None:
+        # Every rank evaluates together (the loss is summed across them): agree on "due".
+        due = self.eval_data is not None and self.status == "completed" and self.eval_schedule.due(position.step, self.eval_clock.since(now))
+        if agree(self.accelerator, int(due), "max"):
+            self._evaluate(position, self.progress)
+            self.eval_clock.done(time.monotonic())
+
+    def _checkpoint_if_due(self, position: Position, now: float) -> None:
+        """Periodically, and when the run stops early (its last step is kept)."""
+        periodic = self.checkpoint_every.due(now)
+        if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
+            periodic = bool(agree(self.accelerator, int(periodic), "max"))
+        if (periodic or self.status != "completed") and self._saves_here:
+            self._save(position)
+            self.checkpoint_every.done(time.monotonic())
+
+    def _finish(self, position: Position) -> None:
+        """After the last step: the final evaluation and checkpoint, unless this step has them."""
+        if self.status == "completed" and position.step >= self.limit and self.settings.step_limit:
+            self.status = "step_limit"
+        evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
+        if self.eval_data is not None and position.step > 0 and not evaluated_here:
+            self._evaluate(position, self.progress)  # every run ends with an evaluation
+        already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(checkpoint_name(position.step))
+        if self._saves_here and not already_saved and position.step > 0:
+            self._save(position)
+        now = time.monotonic()
+        position.timeline.append(self._timeline_point(position, now, 1.0, now - self.settings.started_at))
+
+    def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
-            status=status,
+            status=self.status,
             steps=position.step,
             micro_batches=position.micro_batches,
             tokens=position.tokens,
             padded_tokens=position.padded_tokens,
             step_seconds=position.step_seconds,
-            checkpoint_seconds=checkpoint_times,
+            checkpoint_seconds=self.checkpoint_times,
             losses=position.losses,
             evals=position.evals,
             timeline=position.timeline,
             events=self.events,
-            last_checkpoint=last_checkpoint,
+            last_checkpoint=self.last_checkpoint,
             resumed_from=resumed_from,
-            exit_signal=exit_signal,
+            exit_signal=self.signals.received,
             batch_shapes=len(self.shapes_seen),
             figures=self._run_figures(position),
-            start_step=start_step,
-            shrunk_to=limit if limit < planned_limit else None,
+            start_step=self.start_step,
+            shrunk_to=self.limit if self.limit < self.planned_limit else None,
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -475,13 +494,14 @@ class TrainingRun:
 
         return progress_bar(total, "train", "step", initial)
 
-    def _save(self, checkpoint_dir: Path, position: Position) -> tuple[str, float]:
-        folder = checkpoint_dir / checkpoint_name(position.step)
+    def _save(self, position: Position) -> None:
+        folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
         meta = {key: value for key, value in position.__dict__.items()}
         meta["chosen"] = self.chosen.to_json()
         seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.keep_checkpoints)
         self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
-        return str(folder), seconds
+        self.last_checkpoint = str(folder)
+        self.checkpoint_times.append(seconds)
 
     def _restore(self) -> tuple[Position, str | None]:
         if not self.settings.resume:
