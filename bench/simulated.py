@@ -297,7 +297,7 @@ def simulate_bench(
 ) -> tuple[dict[str, Any], SimulatedDevice]:
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
-    fit as a real run (bench.run_command); the device and the clock are simulated."""
+    fit as a real run (bench.commands.run); the device and the clock are simulated."""
     from dataclasses import replace
 
     from bench.calibrate import BenchTask, after_probes_seconds, calibrate, plan_probes

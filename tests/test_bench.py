@@ -241,7 +241,7 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     from test_cli import assert_one_line_error, run_main
 
     import bench.probe
-    from bench.run_command import within_positions
+    from bench.commands.run import within_positions
     from bench.space import default_space
 
     monkeypatch.setattr(bench.probe, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))

@@ -27,7 +27,7 @@ LAYERS = {
     "bench": "bench",
     "bench.__main__": "bench commands",
     "bench.cli": "bench commands",
-    "bench.run_command": "bench commands",
+    "bench.commands": "bench commands",
 }
 # What each layer may import besides itself.
 MAY_IMPORT = {

@@ -11,8 +11,86 @@ from typing import Any
 from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
 from common.durations import format_duration, parse_duration
 from common.errors import EXIT_OK, BenchtrainError
-from train.step.engine import step_options_from_args
-from train.workload.method import method_from_args
+from train.step.engine import add_step_arguments, step_options_from_args
+from train.workload.formats import add_data_arguments
+from train.workload.method import add_method_arguments, method_from_args
+
+RUN_EXAMPLES = """examples:
+  bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
+  bench run --gpu h100 --model llama-3.2-1b         # a 1B-class shape on an H100
+  bench run --batch-sizes 1,2,4 --workers 0,2 --accum 1,2 --seq-lens 256,512
+  bench run --search optuna --trials 20 --budget 10m  # sample the space; resumes if interrupted
+  bench run --gpu h100 --model llama-3.1-8b --lora --checkpointing off,on --budget 5m
+  bench run --gpu h100 --model mistral-nemo-12b --lora --budget auto   # the budget for a dozen probes, said up front
+  bench run --data train.jsonl --model ./my-model   # real tokens from your data, lengths from its profile
+  bench run --gpu h100 --model Qwen/Qwen2.5-7B-Instruct   # a hub id: config.json only, from the cache or the hub
+  bench refit latest                                 # fit stored measurements again with this version's model
+  bench run --gpu cpu --compile on                   # measure the compiled step (default on CUDA) and its compile time
+  accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
+  accelerate launch --num_processes 4 -m bench run --gpu h200 --model llama-3.1-8b --sharding fsdp   # full fine-tuning sharded
+
+exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
+"""
+
+
+def add_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run the micro-benchmark and store a calibration",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_EXAMPLES,
+    )
+    run.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device",
+    )
+    run.add_argument(
+        "--model",
+        default="tiny",
+        metavar="PRESET|DIR|ORG/NAME[@REV]",
+        help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
+        "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
+    )
+    run.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
+    )
+    run.add_argument(
+        "--data",
+        metavar="PATH|ORG/NAME",
+        help="feed real tokens from this dataset (default: synthetic tokens); for chat and prompt/completion data the sequence lengths "
+        "measured are the ones train will plan for it (unless --seq-lens)",
+    )
+    add_data_arguments(run)
+    run.add_argument("--batch-sizes", metavar="LIST", help="micro batch sizes, e.g. 1,2,4 (default: sized to the device)")
+    run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")
+    run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")
+    run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
+    run.add_argument("--checkpointing", metavar="off,on", help="gradient checkpointing modes to measure, e.g. off,on (default: off)")
+    add_method_arguments(run)
+    add_step_arguments(run)
+    run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
+    run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
+    run.add_argument(
+        "--budget",
+        metavar="DURATION|auto",
+        help="bound the whole benchmark, model build, evaluation and checkpoint timings included: 150s, 5m, 1h; "
+        "auto = what 12 probes cost at the prices bench works out first (default: the whole space). "
+        "What the budget buys is said up front; one too small for a fit is refused in seconds",
+    )
+    run.add_argument(
+        "--max-probe-seconds",
+        type=float,
+        metavar="S",
+        help="seconds each probe may spend timing steps (default: 1%% of --budget, at least 1.5 on CPU and 10 on GPU)",
+    )
+    run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    run.set_defaults(handler=run_command)
 
 
 def space_from_args(args: argparse.Namespace, defaults: SearchSpace) -> SearchSpace:
@@ -56,18 +134,42 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
 def run_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     budget_asked = validate_args(args)
-    from common.home import benchtrain_home, writable_subdir
+    from common.home import writable_subdir
     from train.workload.model import resolve_model
 
     spec = resolve_model(args.model)
     method = method_from_args(args)
     writable_subdir("calibrations")
+    from bench.calibrate import after_probes_seconds, plan_probes
+    from bench.outlook import expected_error, settle_budget
 
-    from bench.calibrate import BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
-    from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
-    from bench.runner import Budget, study_name
+    task, options, need, tokenized = describe_task(args, spec, method, budget_asked)
+    planner = plan_probes(task, spec, method, need, options, scratch=writable_subdir("scratch"))
+    # What the budget buys, within seconds, before the model is built; refused if too small.
+    budget_seconds = settle_budget(
+        planner,
+        budget_asked,
+        time.monotonic() - started,
+        after_probes_seconds(task, planner),
+        _say,
+        lambda probes: expected_error(task.hardware["name"], spec.fingerprint, probes),
+    )
+    workload = build_workload(args, task, spec, tokenized, method, options)
+    coordinator = probe_coordinator(workload, task.hardware.get("peak_bf16_flops"))
+    if not coordinator.leads:
+        coordinator.follow()  # rank 0 decides every probe; this process runs each with it
+        return EXIT_OK
+    try:
+        return measure_and_store(args, task, planner, workload, coordinator, budget_seconds, started)
+    finally:
+        coordinator.finish()
+
+
+def describe_task(args: argparse.Namespace, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[Any, Any, Any, Any]:
+    """What to measure, on what, before anything is built: (the BenchTask, the step options, the
+    memory need, the tokenized --data or None). A model too big for the device is one line here."""
+    from bench.calibrate import BenchTask
     from bench.timing import ProbeSettings
-    from calibration.store import save_calibration, update_calibration
     from train.planning.memory_check import check_fits
     from train.step.engine import check_sharding
     from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
@@ -88,26 +190,12 @@ def run_command(args: argparse.Namespace) -> int:
         _say(f"warning: {mismatch}")
     space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
     space = within_positions(space, spec.max_positions, asked=args.seq_lens is not None)
-
-    data_record = None
-    tokenized = None
-    if args.data:
-        from train.planning.planner import lengths_to_measure
-        from train.workload.data import length_profile, load_tokenized
-        from train.workload.formats import schema_from_args
-        from train.workload.tokenizer import load_tokenizer
-
-        tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer), schema=schema_from_args(args), split=args.data_split)
-        data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
-        if args.seq_lens is None:  # the lengths train will plan for this data
-            space = replace(space, seq_lens=lengths_to_measure(tokenized, space.seq_lens, spec.max_positions))
-
+    space, tokenized, data_record = measured_data(args, spec, space)
     settings = ProbeSettings.for_device(hardware["device_type"])
     if args.max_probe_seconds:
         settings = replace(settings, max_seconds=args.max_probe_seconds)
     elif isinstance(budget_asked, (int, float)):
         settings = settings.for_budget(budget_asked)
-    trials = args.trials or max(4, space.size // 3)
     task = BenchTask(
         space=space,
         settings=settings,
@@ -120,27 +208,39 @@ def run_command(args: argparse.Namespace) -> int:
         data=data_record,
         warnings=warnings,
         search=args.search,
-        trials=trials,
+        trials=args.trials or max(4, space.size // 3),
         sharding=sharding,
         world_size=world_size,
         load_before=_load_average(),
         budget_auto=budget_asked == "auto",
     )
-    planner = plan_probes(task, spec, method, need, options, scratch=writable_subdir("scratch"))
-    # What the budget buys, within seconds, before the model is built; refused if too small.
-    budget_seconds = settle_budget(
-        planner,
-        budget_asked,
-        time.monotonic() - started,
-        after_probes_seconds(task, planner),
-        _say,
-        lambda probes: expected_error(hardware["name"], spec.fingerprint, probes),
-    )
+    return task, options, need, tokenized
 
+
+def measured_data(args: argparse.Namespace, spec: Any, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+    """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
+    if not args.data:
+        return space, None, None
+    from train.planning.planner import lengths_to_measure
+    from train.workload.data import length_profile, load_tokenized
+    from train.workload.formats import schema_from_args
+    from train.workload.tokenizer import load_tokenizer
+
+    tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer), schema=schema_from_args(args), split=args.data_split)
+    data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
+    if args.seq_lens is None:  # the lengths train will plan for this data
+        space = replace(space, seq_lens=lengths_to_measure(tokenized, space.seq_lens, spec.max_positions))
+    return space, tokenized, data_record
+
+
+def build_workload(args: argparse.Namespace, task: Any, spec: Any, tokenized: Any, method: Any, options: Any) -> Any:
+    """The model, step and DataLoader the probes run (train's own), described into the task."""
     from bench.probe import Workload
+    from bench.runner import study_name
+    from common.home import benchtrain_home, writable_subdir
     from train.workload.model import model_record
 
-    _say(f"building {spec.name} on {hardware['name']} …")
+    _say(f"building {spec.name} on {task.hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
     task.model = model_record(spec, workload.shape)
     task.training = {**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)}
@@ -149,40 +249,43 @@ def run_command(args: argparse.Namespace) -> int:
     task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     if args.search == "optuna":
-        task.study = (benchtrain_home() / "studies" / "bench.db", study_name(hardware, task.model, space, args.data))
+        task.study = (benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, task.model, task.space, args.data))
+    return workload
 
-    coordinator = probe_coordinator(workload, hardware.get("peak_bf16_flops"))
-    if not coordinator.leads:
-        coordinator.follow()  # rank 0 decides every probe; this process runs each with it
-        return EXIT_OK
+
+def measure_and_store(args: argparse.Namespace, task: Any, planner: Any, workload: Any, coordinator: Any, budget_seconds: float | None, started: float) -> int:
+    """Rank 0: the probes within the budget, the fit, the calibration stored, its report, the summary."""
+    from bench.calibrate import after_probes_seconds, calibrate, nothing_fitted
+    from bench.outlook import minimum_from_scratch, outlook, refuse_if_too_small
+    from bench.runner import Budget
+    from calibration.store import save_calibration, update_calibration
+
+    # The build is measured now: a budget it left too small for a minimum is refused here.
+    refuse_if_too_small(outlook(planner, budget_seconds, time.monotonic() - started, after_probes_seconds(task, planner)))
+    budget = Budget(budget_seconds, started)
+    before_probes = budget.elapsed()
+    space = task.space
+    total = space.size if args.search == "grid" else min(task.trials, space.size)
+    _say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+    progress = _progress_bar(total, args.quiet, budget_seconds)
     try:
-        # The build is measured now: a budget it left too small for a minimum is refused here.
-        refuse_if_too_small(outlook(planner, budget_seconds, time.monotonic() - started, after_probes_seconds(task, planner)))
-        budget = Budget(budget_seconds, started)
-        before_probes = budget.elapsed()
-        total = space.size if args.search == "grid" else min(trials, space.size)
-        _say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
-        progress = _progress_bar(total, args.quiet, budget_seconds)
-        try:
-            record, result = calibrate(task, coordinator, planner, budget, workload.build_seconds, progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        if record["fit"] is None:
-            raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
-        path = save_calibration(record)
-        report_path = None
-        if not args.no_report:
-            report_started = time.monotonic()
-            report_path = _write_report(path)
-            if report_path is not None:
-                # train's plan counts the report it writes at the end: measured here.
-                seconds = round(time.monotonic() - report_started, 3)
-                update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
-        print_summary(record, str(path), result.left_out, report_path)
-        return EXIT_OK
+        record, result = calibrate(task, coordinator, planner, budget, workload.build_seconds, progress)
     finally:
-        coordinator.finish()
+        if progress is not None:
+            progress.close()
+    if record["fit"] is None:
+        raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
+    path = save_calibration(record)
+    report_path = None
+    if not args.no_report:
+        report_started = time.monotonic()
+        report_path = _write_report(path)
+        if report_path is not None:
+            # train's plan counts the report it writes at the end: measured here.
+            seconds = round(time.monotonic() - report_started, 3)
+            update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
+    print_summary(record, str(path), result.left_out, report_path)
+    return EXIT_OK
 
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
