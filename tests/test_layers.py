@@ -1,5 +1,6 @@
 """The house's rules, read from the code (every import, those inside functions too): imports go
-one way between the layers, and no modules import each other in a loop."""
+one way between the layers, no modules import each other in a loop, and no function in bench/,
+train/ or reports/ is longer than a screen."""
 
 from __future__ import annotations
 
@@ -132,6 +133,30 @@ def test_no_import_loops() -> None:
 
 def test_every_module_stands_in_a_layer() -> None:
     assert [module for module in our_modules() if layer_of(module) not in MAY_IMPORT] == []
+
+
+MAX_FUNCTION_LINES = 80
+SHORT_FUNCTION_PACKAGES = ("bench", "train", "reports")
+
+
+def long_functions(source: str, module: str) -> list[str]:
+    """`module.function (N lines)` for each function (a method, a nested one) over MAX_FUNCTION_LINES."""
+    return [
+        f"{module}.{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_longer_than_a_screen() -> None:
+    modules = our_modules()
+    assert [long for name, path in modules.items() if name.split(".")[0] in SHORT_FUNCTION_PACKAGES for long in long_functions(path.read_text(), name)] == []
+
+
+def test_the_length_rule_catches_a_long_function() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def long():\n{body}", "train.fake") == [f"train.fake.long ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(f"def short():\n{body[: body.rindex('    x')]}", "train.fake") == []
 
 
 def test_every_package_is_installed() -> None:

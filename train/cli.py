@@ -45,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
+    add_what_to_train(p)
+    add_the_run(p)
+    add_plan_and_learning_rate(p)
+    return p
+
+
+def add_what_to_train(p: argparse.ArgumentParser) -> None:
+    """The calibration, the data, the model, the deadline and the shape of the work."""
     p.add_argument(
         "--use-calibration",
         metavar="latest|ID|PATH|A,B,C|all",
@@ -91,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
     add_step_arguments(p)
+
+
+def add_the_run(p: argparse.ArgumentParser) -> None:
+    """Evaluation, trackers, the run folder, the deadline guard, checkpoints."""
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
     p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
     p.add_argument(
@@ -131,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="share of the deadline held back as safety margin (default: 0.05)",
     )
+
+
+def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
+    """Cost, output, learning rate, seed and the escape hatches."""
     p.add_argument(
         "--price-per-hour",
         metavar="USD|DEVICE=USD,…|FILE",
@@ -154,7 +170,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -344,25 +344,7 @@ def evaluate(
     candidate.step_seconds = step_seconds * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
     candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
-    eval_pass, eval_count = 0.0, 0
-    if eval_data is not None and request.eval_schedule is not None:
-        eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
-        eval_count = request.eval_schedule.count(remaining, candidate.step_seconds)
-    compile_cost, compile_shapes = 0.0, 0
-    if request.compiled:
-        probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
-        compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
-    candidate.overheads = plan_overheads(
-        calibration.overheads,
-        candidate.step_seconds,
-        request.checkpoint_interval_seconds,
-        request.with_report,
-        eval_pass,
-        eval_count,
-        compile_cost,
-        compile_shapes,
-        request.export_bytes,
-    )
+    candidate.overheads, eval_pass = candidate_overheads(calibration, request, candidate, shapes, eval_data)
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
@@ -388,6 +370,34 @@ def evaluate(
     if not data.packing:
         candidate.truncation = truncation(data.lengths, length)
     return candidate
+
+
+def candidate_overheads(
+    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[tuple[int, int]], eval_data: TokenizedData | None
+) -> tuple[Overheads, float]:
+    """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
+    the export, the report), and one evaluation pass's seconds."""
+    micro, length, checkpointing = candidate.micro_batch_size, candidate.max_length, candidate.gradient_checkpointing
+    eval_pass, eval_count = 0.0, 0
+    if eval_data is not None and request.eval_schedule is not None:
+        eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
+        eval_count = request.eval_schedule.count(candidate.remaining_steps, candidate.step_seconds)
+    compile_cost, compile_shapes = 0.0, 0
+    if request.compiled:
+        probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
+        compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
+    overheads = plan_overheads(
+        calibration.overheads,
+        candidate.step_seconds,
+        request.checkpoint_interval_seconds,
+        request.with_report,
+        eval_pass,
+        eval_count,
+        compile_cost,
+        compile_shapes,
+        request.export_bytes,
+    )
+    return overheads, eval_pass
 
 
 def eval_pass_seconds(calibration: Calibration, eval_data: TokenizedData, micro: int, length: int, seed: int) -> float:

@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -249,14 +249,98 @@ def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
     )
 
 
+@dataclass
+class PlannedRun:
+    """What a `train` command has settled by the time it has a plan."""
+
+    config: TrainConfig
+    spec: Any
+    method: Any
+    out_dir: Path | None
+    previous: dict[str, Any] | None  # run.json of the run this command resumes
+    cal: Any
+    placement: Placement
+    need: Any  # train.planning.memory_check.MemoryNeed
+    data_path: str
+    tokenizer: Any
+    data: Any
+    eval_data: Any
+    profile: dict[str, Any]
+    completed: int  # optimizer steps the resumed run already did
+    communication: dict[str, Any]
+    request: Any  # train.planning.planner.PlanRequest
+    plan: Any  # train.planning.planner.Plan
+
+    @property
+    def rate(self) -> dict[str, Any]:
+        return learning_rate_record(self.config, self.plan)
+
+
 def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
     """`write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
     from train.recipes.config import TrainConfig
 
-    config = TrainConfig.from_args(args)
-    import calibration as calibration_api
+    run = plan_run(TrainConfig.from_args(args), started)
+    if run.config.json:
+        if is_main_process():
+            hardware = run.placement.device.hardware
+            print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, planned_compute(run.spec, run.method, run.plan.chosen, hardware))))
+            for warning in run.plan.warnings:
+                say(f"warning: {warning}")
+        if not run.plan.meets_deadline:
+            raise DeadlineError(plan_deadline_message(run.plan, run.previous))
+        return EXIT_OK
+    if is_main_process():
+        print_plan(run)
+    if not run.plan.meets_deadline:
+        # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
+        raise DeadlineError(plan_deadline_message(run.plan, run.previous))
+    if run.config.dry_run:
+        return EXIT_OK
+    return train_planned(run, getattr(args, "command_line", None), started, write_report)
+
+
+def plan_run(config: TrainConfig, started: float) -> PlannedRun:
+    """From the validated command line to a plan: the model and the run to resume, the calibration,
+    the device, the memory check, the data, communication, and the planner."""
     from train.planning.planner import make_plan
-    from train.step.hardware import detect_hardware
+
+    spec, method, out_dir, previous = resume_target(config)
+    cal, world_size, sharding = calibration_for(config, spec, method, previous)
+    config, device, price = device_for(config, cal, spec, method)
+    from train.planning.memory_check import check_fits
+
+    before = previous["plan"].get("sharding", "none") if previous else sharding
+    if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
+        raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
+    # Before any data or model work: a too-big model is one line.
+    need = check_fits(spec, method, device.hardware, sharding, world_size)
+    # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
+    spec = hub_weights(spec, config.dry_run)
+
+    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
+    if previous:
+        problem = check_same_data(previous, data, data_path, profile, config.force)
+        if problem:
+            say(f"warning: {problem} (--force: continuing on this data)")
+
+    completed = completed_steps(out_dir) if previous else 0
+    from train.planning.comm import plan_communication, traffic_of
+
+    traffic = traffic_of(sharding, need, device.hardware["device_type"])
+    comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
+    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
+    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
+    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, resumed, completed)
+    plan = make_plan(cal, data, request, eval_data)
+    return PlannedRun(
+        config, spec, method, out_dir, previous, cal, placement, need, data_path, tokenizer, data, eval_data, profile, completed, communication, request, plan
+    )
+
+
+def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
+    """The model spec, the method, the run folder and, with --resume, the run.json it continues
+    (whose model and adapters it keeps; other options differing are warned of)."""
     from train.workload.model import resolve_model
 
     spec = resolve_model(config.model)
@@ -271,6 +355,12 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
             say(f"warning: {problem} (--force: continuing with this command's)")
         if same_method(resumed_method(previous), method):
             method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
+    return spec, method, out_dir, previous
+
+
+def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[str, Any] | None) -> tuple[Any, int, str]:
+    """The calibration to plan with, and the processes and sharding the plan is for."""
+    import calibration as calibration_api
     from train.step.engine import check_sharding
     from train.step.runtime import job_world_size
     from train.step.sharding import sharding_in_use
@@ -285,6 +375,14 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
         # Like its device, a dry run plans the processes the calibration measured (train.recipes.compare too).
         world_size, sharding = cal.world_size, cal.sharding
         say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
+    return cal, world_size, sharding
+
+
+def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any) -> tuple[TrainConfig, Any, float | None]:
+    """The device the plan is for (this machine, or in a dry run the calibration's), its price per
+    device-hour, and the configuration with the loss bench measured best (`--loss auto`)."""
+    from train.step.hardware import detect_hardware
+
     here = detect_hardware()
     device = plan_device(config, cal, here, spec)
     hardware, foreign = device.hardware, device.foreign
@@ -300,82 +398,51 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
         config = replace(config, step_options=replace(config.step_options, loss=device.loss))
     for warning in warnings:
         say(f"warning: {warning}")
-    from train.planning.memory_check import check_fits, describe_needs
+    return config, device, price
 
-    before = previous["plan"].get("sharding", "none") if previous else sharding
-    if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
-        raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
-    # Before any data or model work: a too-big model is one line.
-    need = check_fits(spec, method, hardware, sharding, world_size)
-    # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
-    spec = hub_weights(spec, config.dry_run)
 
-    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
-    if previous:
-        problem = check_same_data(previous, data, data_path, profile, config.force)
-        if problem:
-            say(f"warning: {problem} (--force: continuing on this data)")
-
-    completed = completed_steps(out_dir) if previous else 0
+def print_plan(run: PlannedRun) -> None:
+    """The plan as the console shows it (rank 0)."""
     from calibration.comm import describe_communication
-    from train.planning.comm import plan_communication, traffic_of
-
-    traffic = traffic_of(sharding, need, hardware["device_type"])
-    comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
-    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
-    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
-    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, resumed, completed)
-    plan = make_plan(cal, data, request, eval_data)
-    if config.json:
-        if is_main_process():
-            print(json_text(plan_json(cal, plan, placement, communication, planned_compute(spec, method, plan.chosen, hardware))))
-            for warning in plan.warnings:
-                say(f"warning: {warning}")
-        if not plan.meets_deadline:
-            raise DeadlineError(plan_deadline_message(plan, previous))
-        return EXIT_OK
+    from train.planning.memory_check import describe_needs
     from train.planning.plan_text import describe_compute, describe_plan
+    from train.workload.tokenizer import is_byte_tokenizer
 
-    rate = learning_rate_record(config, plan)
-    if is_main_process():
-        if previous:
-            print(f"resuming from step {completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
-        from train.workload.tokenizer import is_byte_tokenizer
-
-        print("\n".join(describe_plan(plan, profile, cal, is_byte_tokenizer(tokenizer))), flush=True)
-        compute = describe_compute(planned_compute(spec, method, plan.chosen, hardware), hardware)
-        if compute:
-            print(compute, flush=True)
-        communication_line = describe_communication(communication)
-        if communication_line:
-            print(f"  {communication_line}", flush=True)
-        if rate["lr_scaling"] != "none":
-            print(
-                f"  learning rate {rate['learning_rate']:.3g}: {rate['lr_scaling']} scaling of {rate['base_learning_rate']:.3g} "
-                f"from base batch {rate['base_batch']} to this plan's effective batch",
-                flush=True,
-            )
+    plan, rate, placement = run.plan, run.rate, run.placement
+    hardware = placement.device.hardware
+    if run.previous:
+        print(f"resuming from step {run.completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
+    print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer))), flush=True)
+    compute = describe_compute(planned_compute(run.spec, run.method, plan.chosen, hardware), hardware)
+    if compute:
+        print(compute, flush=True)
+    communication_line = describe_communication(run.communication)
+    if communication_line:
+        print(f"  {communication_line}", flush=True)
+    if rate["lr_scaling"] != "none":
         print(
-            f"  training {method.describe()}: {need.trainable_parameters:,} of {need.total_parameters:,} parameters trainable; "
-            f"{describe_needs(spec, method, hardware, sharding, world_size, foreign)}",
+            f"  learning rate {rate['learning_rate']:.3g}: {rate['lr_scaling']} scaling of {rate['base_learning_rate']:.3g} "
+            f"from base batch {rate['base_batch']} to this plan's effective batch",
             flush=True,
         )
-        for warning in plan.warnings:
-            say(f"warning: {warning}")
-    if not plan.meets_deadline:
-        # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
-        raise DeadlineError(plan_deadline_message(plan, previous))
-    if config.dry_run:
-        return EXIT_OK
+    needs = describe_needs(run.spec, run.method, hardware, placement.sharding, placement.world_size, placement.device.foreign)
+    print(f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}", flush=True)
+    for warning in plan.warnings:
+        say(f"warning: {warning}")
 
+
+def train_planned(run: PlannedRun, command_line: list[str] | None, started: float, write_report: Callable[[Path], Path]) -> int:
+    """Train to the plan: the run folder locked and checked for room, run.json written before and
+    after, the report, and the resume command when the run stopped early."""
     from train.running.record import write_run
 
-    out_dir, record = open_record(config, cal, spec, plan, data, data_path, profile, previous, out_dir, request.elapsed_seconds)
+    config, method, spec, plan = run.config, run.method, run.spec, run.plan
+    out_dir, record = open_record(config, run.cal, spec, plan, run.data, run.data_path, run.profile, run.previous, run.out_dir, run.request.elapsed_seconds)
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
-    record["plan"].update(rate)
-    record["plan"]["communication"] = communication
-    record["plan"]["sharding"] = sharding  # none | ddp | fsdp (train/step/sharding.py)
+    record["plan"].update(run.rate)
+    record["plan"]["communication"] = run.communication
+    record["plan"]["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
     with contextlib.ExitStack() as held:
@@ -384,15 +451,16 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
             held.enter_context(RunLock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
             merge = bool(config.merge_lora and method.is_lora)
-            space = disk_need(need, method.is_lora, not spec.has_weights, merge, hardware["device_type"], config.keep_checkpoints, existing)
+            device_type = run.placement.device.hardware["device_type"]
+            space = disk_need(run.need, method.is_lora, not spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
             check_space(out_dir, space, config.keep_checkpoints)
             write_run(out_dir, record)
-        outcome = train_with_record(config, cal, plan, data, spec, tokenizer, out_dir, record, started, method, eval_data)
+        outcome = train_with_record(config, run.cal, plan, run.data, spec, run.tokenizer, out_dir, record, started, method, run.eval_data)
         if is_main_process():
-            report_path = finish_record(config, cal, plan, record, outcome, out_dir, started, request.elapsed_seconds, write_report)
+            report_path = finish_record(config, run.cal, plan, record, outcome, out_dir, started, run.request.elapsed_seconds, write_report)
             from train.planning.plan_text import describe_outcome
 
-            resume = resume_command(getattr(args, "command_line", None), out_dir, world_size)
+            resume = resume_command(command_line, out_dir, run.placement.world_size)
             print("\n".join(describe_outcome(record, out_dir, report_path, resume)), flush=True)
     from train.step.runtime import finish_together
 
