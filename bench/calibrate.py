@@ -20,7 +20,7 @@ from bench.choose import ProbePlanner
 from bench.runner import BenchResult, Budget, run_grid, run_optuna
 from bench.space import ProbeConfig, SearchSpace
 from bench.timing import ProbeSettings
-from calibration.errors import MeasurementError
+from common.errors import MeasurementError
 
 EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
@@ -103,9 +103,9 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     pass and the checkpoint's bytes, and times the disk (a 32 MiB write) when given a folder."""
     from bench.choose import ProbePlanner
     from bench.cost import CostModel, MemoryPrior, device_speed
-    from train.compile import compile_enabled
-    from train.memory_check import compute_bytes, meta_model
-    from train.model import model_shape
+    from train.planning.memory_check import compute_bytes, meta_model
+    from train.step.compile import compile_enabled
+    from train.workload.model import model_shape
 
     hardware = task.hardware
     shape = model_shape(meta_model(spec, method))
@@ -175,7 +175,7 @@ def calibrate(
     training = dict(task.training)
     if task.compiled:
         overheads.update(measure_compile_cache(task, coordinator, planner, budget, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
-        from train.compile import compile_cache_record
+        from train.step.compile import compile_cache_record
 
         training["compile_cache"] = compile_cache_record()
     search = {
@@ -372,9 +372,9 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
 
 def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
     """World size, backend, sharding and the measured collectives of a multi-process bench: every
-    collective's (bytes, seconds) rows and latency + bandwidth fit (train.comm); `comm` is the
+    collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm); `comm` is the
     all-reduce's, which predicts DDP at other world sizes."""
-    from train.comm import world
+    from train.planning.comm import world
 
     world_size, backend = world()
     return {
@@ -390,9 +390,9 @@ def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) ->
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
     `latest` does not pick it) and say what a fit needs."""
-    from calibration.durations import format_duration
     from calibration.fit import MIN_ROWS_FOR_FIT
     from calibration.store import save_failed
+    from common.durations import format_duration
 
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")

@@ -1,7 +1,7 @@
 """What a new `train` process pays to compile a shape bench already compiled on this machine.
 
 Run by `bench run --compile on` in a fresh Python process, as `train` will be: build the step
-(train.engine), run a few steps of one probed shape, print JSON with the first step's seconds
+(train.step.engine), run a few steps of one probed shape, print JSON with the first step's seconds
 and the steady step's. The difference holds loading inductor and the compiled kernels from its
 on-disk cache, which an in-process measurement (with imports done) would miss.
 
@@ -24,11 +24,11 @@ STEPS = 4
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-    from train.batching import SyntheticBatches
-    from train.engine import StepOptions, build_engine
-    from train.method import MethodConfig
-    from train.model import resolve_model
-    from train.runtime import make_accelerator
+    from train.step.engine import StepOptions, build_engine
+    from train.step.runtime import make_accelerator
+    from train.workload.batching import SyntheticBatches
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     options = StepOptions(compile="on", loss=request["loss"])

@@ -214,7 +214,7 @@ class CostModel:
 @dataclass
 class MemoryPrior:
     """What a probe's peak memory will be, before the memory fit exists: the bytes the model keeps
-    (exact, from the `meta` device: train.memory_check) plus activations per token (Korthikanti et
+    (exact, from the `meta` device: train.planning.memory_check) plus activations per token (Korthikanti et
     al. 2022: ≈34 bytes per hidden unit per layer per token in 16-bit with flash attention; with
     checkpointing only each layer's input is kept, plus one layer recomputed), rescaled to the
     probes once they measure it."""

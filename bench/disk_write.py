@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import checkpoint_bytes, save_checkpoint
-from train.disk import free_bytes
+from common.disk_space import free_bytes
+from train.running.checkpoint import checkpoint_bytes, save_checkpoint
 
 MAX_WRITE_BYTES = 2 * 2**30
 CHUNK_BYTES = 64 * 2**20

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from bench.choose import ProbePlanner
 from bench.cost import PRIOR_EFFICIENCY, DeviceSpeed
 from bench.space import ProbeConfig
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
 from calibration.fit import MIN_ROWS_FOR_FIT
+from common.durations import format_duration
+from common.errors import BenchtrainError
 
 # Probes `--budget auto` pays for: below this many, a calibration says "too few probes"
 # (bench.record.assess_noise) and its held-out error is rough.

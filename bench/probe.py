@@ -17,19 +17,19 @@ from typing import Any
 
 from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
-from train.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
-from train.data import TokenizedData
-from train.engine import StepOptions, build_engine
-from train.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
-from train.metrics import data_wait_share, step_figures
-from train.model import ModelShape, ModelSpec, model_shape
-from train.peak_memory import PeakMemory
-from train.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
+from train.step.engine import StepOptions, build_engine
+from train.step.metrics import data_wait_share, step_figures
+from train.step.peak_memory import PeakMemory
+from train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
+from train.workload.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
+from train.workload.data import TokenizedData
+from train.workload.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
+from train.workload.model import ModelShape, ModelSpec, model_shape
 
 
 class Workload:
     """Model, optimizer and step built once per benchmark, exactly as `train` builds them
-    (train.engine.build_engine)."""
+    (train.step.engine.build_engine)."""
 
     def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None, options: StepOptions | None = None) -> None:
         started = time.perf_counter()
@@ -68,7 +68,7 @@ class Workload:
         """Compute the loss with `kind` from now on (bench compares the losses that apply)."""
         from dataclasses import replace
 
-        from train.loss import install_loss
+        from train.step.loss import install_loss
 
         if kind != self.engine.loss:
             install_loss(self.model, kind, compiled=self.engine.compiled)
@@ -193,9 +193,9 @@ def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_ST
     """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
     import torch
 
-    from train.batching import to_device
-    from train.compile import eager_region
-    from train.step import StepTimer, without_packed_sequence_check
+    from train.step.compile import eager_region
+    from train.step.step import StepTimer, without_packed_sequence_check
+    from train.workload.batching import to_device
 
     row: dict[str, Any] = {"micro_batch_size": config.micro_batch_size, "seq_len": config.seq_len, "status": "ok"}
     loader = make_loader(workload.batches(config, steps + 1), 0, workload.pin_memory)

@@ -10,7 +10,7 @@ import copy
 from datetime import datetime, timezone
 from typing import Any
 
-from calibration.errors import EXIT_OK, MeasurementError
+from common.errors import MeasurementError
 
 
 def refit_record(source: dict[str, Any], created: datetime | None = None) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def refit_record(source: dict[str, Any], created: datetime | None = None) -> dic
     from bench.record import assess_noise, fit_with_drift_choice
     from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
     from calibration.store import new_id
-    from train.hardware import device_label
+    from train.step.hardware import device_label
 
     created = created or datetime.now(timezone.utc)
     record = copy.deepcopy(source)
@@ -39,22 +39,3 @@ def refit_record(source: dict[str, Any], created: datetime | None = None) -> dic
     # Past runs measured the old fit's predictions: their correction does not carry over.
     record["history"] = []
     return record
-
-
-def refit_command(reference: str) -> int:
-    import sys
-
-    from bench.describe import describe_calibration
-    from calibration.schema import read_calibration_file
-    from calibration.store import resolve_calibration, save_calibration
-
-    path = resolve_calibration(reference, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
-    source = read_calibration_file(path)
-    record = refit_record(source)
-    saved = save_calibration(record)
-    print("\n".join(describe_calibration(record, str(saved))))
-    before = (source.get("fit") or {}).get("held_out_error", {}).get("median_abs_pct")
-    after = record["fit"]["held_out_error"]["median_abs_pct"]
-    was = f"{before:.1f}%" if before is not None else "no fit"
-    print(f"\nrefit of {source['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}")
-    return EXIT_OK

@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, time_steps
-from train.step import StepResult
+from train.step.step import StepResult
 
 # The real H100 calibration that ships with the package (also tests/fixtures).
 FIXTURE = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
@@ -256,9 +256,9 @@ class ReplayedDevice(SimulatedDevice):
 
 def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
     """(device, spec, method, memory need) for a preset on a simulated H100 80 GB."""
-    from train.memory_check import compute_bytes, memory_need, meta_model
-    from train.method import MethodConfig
-    from train.model import model_shape, resolve_model
+    from train.planning.memory_check import compute_bytes, memory_need, meta_model
+    from train.workload.method import MethodConfig
+    from train.workload.model import model_shape, resolve_model
 
     measured = H100Measurements.load()
     spec = resolve_model(model)
@@ -297,18 +297,18 @@ def simulate_bench(
 ) -> tuple[dict[str, Any], SimulatedDevice]:
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
-    fit as a real run (bench.run_command); the device and the clock are simulated."""
+    fit as a real run (bench.commands.run); the device and the clock are simulated."""
     from dataclasses import replace
 
     from bench.calibrate import BenchTask, after_probes_seconds, calibrate, plan_probes
     from bench.outlook import outlook, refuse_if_too_small, settle_budget
     from bench.runner import Budget
     from bench.space import default_space
-    from train.engine import StepOptions
-    from train.hardware import detect_software
-    from train.memory_check import meta_model
-    from train.method import method_record
-    from train.model import model_record, model_shape
+    from train.planning.memory_check import meta_model
+    from train.step.engine import StepOptions
+    from train.step.hardware import detect_software
+    from train.workload.method import method_record
+    from train.workload.model import model_record, model_shape
 
     device, spec, method, need = simulated_h100(model, lora, seed, replay)
     hardware = device.hardware

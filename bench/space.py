@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from calibration.errors import BenchtrainError
+from common.errors import BenchtrainError
 
 
 @dataclass(frozen=True, order=True)

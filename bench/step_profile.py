@@ -38,7 +38,7 @@ class StepProfile:
 
 
 def profile_step(step: Any, batches: Iterator[dict[str, Any]], grad_accum: int, optimizer_steps: int = 3) -> StepProfile:
-    """Profile `optimizer_steps` runs of `step` (a warmed-up train.step.TrainingStep)."""
+    """Profile `optimizer_steps` runs of `step` (a warmed-up train.step.step.TrainingStep)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calibration.durations import format_duration, parse_duration
+from common.durations import format_duration, parse_duration
 
 
 def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:

@@ -56,8 +56,8 @@ def main() -> None:
     import calibration
     from bench.probe import ProbeSettings, Workload, run_probe
     from bench.space import ProbeConfig
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     cal = calibration.load("latest")
     hardware = detect_hardware()

@@ -5,7 +5,7 @@ with the step measured by `bench` under N processes.
    of its processes), 2. the same grid under `torchrun --nproc_per_node N --sharding S` (which
    also times all-reduces, all-gathers and reduce-scatters among the N processes), 3. for every
    configuration the N-process run measured: predicted = 1-process fitted step + the sharding's
-   traffic (train.comm.Traffic: DDP's gradient all-reduce per optimizer step, FSDP's gathers and
+   traffic (train.planning.comm.Traffic: DDP's gradient all-reduce per optimizer step, FSDP's gathers and
    reduce-scatter per micro-step) priced with the measured latency and bandwidth, against the
    measured N-process step — the same prediction `train` makes from a 1-process calibration.
 
@@ -56,10 +56,10 @@ def main() -> None:
     from calibration.comm import CommModel, fsdp_micro_step_seconds
     from calibration.fit import Config
     from calibration.model import Calibration
-    from train.comm import traffic_of
-    from train.memory_check import memory_need
-    from train.method import MethodConfig
-    from train.model import resolve_model
+    from train.planning.comm import traffic_of
+    from train.planning.memory_check import memory_need
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     root = Path(tempfile.mkdtemp(prefix="benchtrain-multi-"))
     single = Calibration(bench(root / "one", args, 1))

@@ -10,7 +10,7 @@ compiled. One table: tokens/s, MFU (device table), peak memory, and the ratio to
 Each loop trains on the same synthetic batches (random token ids, every position a target), runs
 `--warmup` steps (compilation included) and then times `--steps` optimizer steps, each closed by a
 device synchronise; tokens/s is that of the median step, as bench's probes do, so that another
-job's burst on a shared machine moves it less than a total would. Loops run in the order given (Liger's kernels stay on our own model: train.loss puts
+job's burst on a shared machine moves it less than a total would. Loops run in the order given (Liger's kernels stay on our own model: train.step.loss puts
 back what Liger patches in transformers' modules).
 """
 
@@ -65,15 +65,15 @@ def device() -> Any:
 
 
 def batches(setup: Setup, vocab: int) -> list[dict[str, Any]]:
-    from train.batching import SyntheticBatches
+    from train.workload.batching import SyntheticBatches
 
     data = SyntheticBatches(setup.warmup + setup.steps, setup.micro_batch, setup.seq_len, vocab)
     return [{key: value for key, value in data[i].items() if key != "target_tokens"} for i in range(len(data))]
 
 
 def fresh_model(setup: Setup) -> Any:
-    from train.method import MethodConfig, set_gradient_checkpointing
-    from train.model import build_model, resolve_model
+    from train.workload.method import MethodConfig, set_gradient_checkpointing
+    from train.workload.model import build_model, resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     model = build_model(resolve_model(setup.model), device(), method)
@@ -106,7 +106,7 @@ def timed(setup: Setup, run_step: Callable[[dict[str, Any]], None], data: list[d
 def plain_loop(setup: Setup, compiled: bool) -> list[float]:
     import torch
 
-    from train.runtime import make_optimizer
+    from train.step.runtime import make_optimizer
 
     model = fresh_model(setup)
     optimizer = make_optimizer(model)
@@ -128,10 +128,10 @@ def plain_loop(setup: Setup, compiled: bool) -> list[float]:
 def ours(setup: Setup, compiled: bool) -> list[float]:
     from accelerate import Accelerator  # noqa: F401  (make_accelerator imports it)
 
-    from train.engine import StepOptions, build_engine
-    from train.method import MethodConfig
-    from train.model import resolve_model
-    from train.runtime import make_accelerator
+    from train.step.engine import StepOptions, build_engine
+    from train.step.runtime import make_accelerator
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     engine = build_engine(resolve_model(setup.model), method, make_accelerator(), StepOptions(compile="on" if compiled else "off"), setup.checkpointing)
@@ -188,7 +188,7 @@ def unsloth(setup: Setup) -> list[float]:
     import torch
     from unsloth import FastLanguageModel  # ImportError: not installed here
 
-    from train.runtime import make_optimizer
+    from train.step.runtime import make_optimizer
 
     if not setup.lora:
         raise RuntimeError("Unsloth is compared on LoRA runs (--lora)")
@@ -225,7 +225,7 @@ RUNNERS: dict[str, Callable[[Setup], list[float]]] = {
 
 
 def flops_per_token(setup: Setup) -> float:
-    from train.model import model_shape
+    from train.workload.model import model_shape
 
     model = fresh_model(Setup(**{**setup.__dict__, "checkpointing": False}))
     shape = model_shape(model)
@@ -236,8 +236,8 @@ def flops_per_token(setup: Setup) -> float:
 def measure(loop: str, setup: Setup, flops: float, peak_flops: float | None) -> Result:
     import torch
 
-    from train.metrics import mfu, tokens_per_second
-    from train.peak_memory import PeakMemory
+    from train.step.metrics import mfu, tokens_per_second
+    from train.step.peak_memory import PeakMemory
 
     gc.collect()
     torch._dynamo.reset()
@@ -286,7 +286,7 @@ def main() -> None:
         parser.error(f"unknown loops {unknown}; choose from {', '.join(LOOPS)}")
     setup = Setup(args.model, args.lora, args.lora_rank, args.checkpointing, args.micro_batch, args.seq_len, args.steps, args.warmup)
 
-    from train.hardware import detect_hardware
+    from train.step.hardware import detect_hardware
 
     hardware = detect_hardware()
     flops = flops_per_token(setup)

@@ -24,8 +24,8 @@ def main() -> None:
     from helpers import synthetic_calibration, synthetic_rows
 
     from calibration.model import Calibration
-    from train.data import TokenizedData
-    from train.planner import PlanRequest, make_plan
+    from train.planning.planner import PlanRequest, make_plan
+    from train.workload.data import TokenizedData
 
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.5, 0.8, args.samples).astype(int), 8, 4000)

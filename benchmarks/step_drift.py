@@ -23,8 +23,8 @@ def main() -> None:
 
     from bench.probe import Workload
     from bench.space import ProbeConfig
-    from train.batching import make_loader
-    from train.model import resolve_model
+    from train.workload.batching import make_loader
+    from train.workload.model import resolve_model
 
     workload = Workload(resolve_model(args.model))
     b, w, a, s = (int(x) for x in args.config.split("x"))

@@ -23,10 +23,10 @@ def measure(model: str, compile_mode: str, micro_batch: int, seq_len: int, steps
     import torch
 
     from bench.step_profile import profile_step
-    from train.batching import SyntheticBatches
-    from train.engine import StepOptions, build_engine
-    from train.model import resolve_model
-    from train.runtime import make_accelerator
+    from train.step.engine import StepOptions, build_engine
+    from train.step.runtime import make_accelerator
+    from train.workload.batching import SyntheticBatches
+    from train.workload.model import resolve_model
 
     torch._dynamo.reset()
     engine = build_engine(resolve_model(model), None, make_accelerator(), StepOptions(compile=compile_mode))
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from bench.step_profile import fixed_micro_step_seconds
-    from train.hardware import detect_hardware
+    from train.step.hardware import detect_hardware
 
     print(f"{detect_hardware()['name']}: {args.model}, seq {args.seq_len}, accumulation 1")
     print(f"{'compile':<8} {'batch':>5} {'step ms':>8} {'host ms/µstep':>13} {'kernel ms':>9} {'scalar reads/step':>10}  busiest host ops")

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import BenchtrainError, CalibrationFileError
 from calibration.model import Calibration, Prediction
 from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.store import resolve_calibration
+from common.errors import BenchtrainError, CalibrationFileError
 
 __all__ = [
     "SCHEMA_VERSION",

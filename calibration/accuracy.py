@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from calibration.durations import format_duration
+from common.durations import format_duration
 
 
 def estimate_error_pct(estimated_seconds: float | None, actual_seconds: float | None) -> float | None:

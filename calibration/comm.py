@@ -7,7 +7,7 @@ optimizer step pays
 
     buckets × latency + gradient bytes × seconds per byte,
 
-which is what a 1-process calibration lacks to predict an N-process step. FSDP (train/sharding.py)
+which is what a 1-process calibration lacks to predict an N-process step. FSDP (train/step/sharding.py)
 instead all-gathers every unit's parameters twice (forward, and again for backward) and
 reduce-scatters its gradients, on every micro-step:
 
@@ -86,7 +86,7 @@ def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str
 
 def fsdp_micro_step_seconds(all_gather: CommModel, reduce_scatter: CommModel, parameter_bytes: float, gradient_bytes: float, units: int) -> float:
     """FSDP's traffic on one micro-step: every unit gathered for forward and for backward, and its
-    gradients reduce-scattered (train/sharding.py)."""
+    gradients reduce-scattered (train/step/sharding.py)."""
     gathers = 2 * all_gather.collective_seconds(parameter_bytes, units)
     return gathers + reduce_scatter.collective_seconds(gradient_bytes, units)
 

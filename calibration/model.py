@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from calibration.errors import BenchtrainError
 from calibration.fit import Config, ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from common.errors import BenchtrainError
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02
@@ -230,7 +230,7 @@ class Calibration:
         memory_offset_bytes: float = 0.0,
     ) -> Prediction:
         """`memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
-        e.g. FSDP shards planned from a 1-process calibration (train.memory_check)."""
+        e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
         config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers), bool(gradient_checkpointing))
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")

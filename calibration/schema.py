@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibration.errors import CalibrationFileError
+from common.errors import CalibrationFileError
 
 SCHEMA_VERSION = 3
 

@@ -18,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from calibration.atomic import file_lock, write_json_atomic, write_text_atomic
-from calibration.errors import BenchtrainError, CalibrationFileError
-from calibration.home import benchtrain_home, writable_subdir
 from calibration.schema import read_calibration_file
+from common.atomic import file_lock, write_json_atomic, write_text_atomic
+from common.errors import BenchtrainError, CalibrationFileError
+from common.home import benchtrain_home, writable_subdir
 
 CSV_COLUMNS = (
     "micro_batch_size",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
@@ -17,17 +18,33 @@ def report_dir_for(calibration_path: Path) -> Path:
 
 
 def write_calibration_report(calibration_path: Path, out_dir: Path | None = None) -> Path:
-    import pandas as pd
-
     calibration_path = Path(calibration_path)
     data = read_calibration_file(calibration_path)
     out = Path(out_dir) if out_dir else report_dir_for(calibration_path)
     out.mkdir(parents=True, exist_ok=True)
+    cal = Calibration(data, calibration_path) if data.get("fit") else None
+    sections = fit_sections(cal, data, out)
+    sections += drift_sections(data)
+    sections += [measurements_section(data["measurements"]), setup_section(data), history_section(data)]
+    html_path = out / "report.html"
+    html_path.write_text(
+        page(
+            f"Calibration {data['id']}",
+            f"{data['model']['name']} on {data['hardware']['name']} — created {data['created_at']}",
+            sections,
+        ),
+        encoding="utf-8",
+    )
+    return html_path
+
+
+def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> list[str]:
+    """Is the fitted model trustworthy (held-out error, the fit in words), and the figures of what
+    was measured, drawn into `out`."""
     rows = data["measurements"]
     ok = [row for row in rows if row["status"] == "ok"]
     oom = [row for row in rows if row["status"] == "oom"]
     sections = []
-    cal = Calibration(data, calibration_path) if data.get("fit") else None
 
     if cal is not None:
         error = cal.fit["held_out_error"]
@@ -72,6 +89,14 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
     sections.append(section("Figures", figure_grid(figure_paths)))
 
+    return sections
+
+
+def drift_sections(data: dict[str, Any]) -> list[str]:
+    """How the machine's speed drifted during the benchmark (a reference probed again and again)."""
+    import pandas as pd
+
+    sections = []
     drift = (data.get("search") or {}).get("drift") or {}
     if drift.get("measurements"):
         reference = drift["reference"]
@@ -89,26 +114,38 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         frame_drift = pd.DataFrame(drift["measurements"]).rename(columns=names)
         sections.append(section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame_drift.round(0))))
 
+    return sections
+
+
+def measurements_section(rows: list[dict[str, Any]]) -> str:
+    import pandas as pd
+
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
     columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
     frame = frame.rename(columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"})
     frame = frame.sort_values("tokens/s", ascending=False).round({"tokens/s": 0, "step_seconds": 4, "peak MiB": 0, "data wait share": 3, "mfu": 3})
-    sections.append(section("Measurements", table(frame)))
+    return section("Measurements", table(frame))
 
+
+def setup_section(data: dict[str, Any]) -> str:
     hardware, software = data["hardware"], data["software"]
-    sections.append(
-        section(
-            "Hardware, software and what was trained",
-            key_values(
-                [(key, value) for key, value in hardware.items()]
-                + [(key, value) for key, value in software.items()]
-                + [(f"training {key}", value) for key, value in (data.get("training") or {}).items()]
-            ),
-            bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
-        )
+    return section(
+        "Hardware, software and what was trained",
+        key_values(
+            [(key, value) for key, value in hardware.items()]
+            + [(key, value) for key, value in software.items()]
+            + [(f"training {key}", value) for key, value in (data.get("training") or {}).items()]
+        ),
+        bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
     )
+
+
+def history_section(data: dict[str, Any]) -> str:
+    """How past estimates with this calibration fared."""
+    import pandas as pd
+
     history = data.get("history", [])
     if history:
         # Recomputed with the one convention (older files stored the opposite sign).
@@ -125,20 +162,8 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
                 "status",
             ]
         )
-        sections.append(section("How past estimates with this calibration fared", table(history_frame.round(2))))
-    else:
-        sections.append(section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>"))
-
-    html_path = out / "report.html"
-    html_path.write_text(
-        page(
-            f"Calibration {data['id']}",
-            f"{data['model']['name']} on {hardware['name']} — created {data['created_at']}",
-            sections,
-        ),
-        encoding="utf-8",
-    )
-    return html_path
+        return section("How past estimates with this calibration fared", table(history_frame.round(2)))
+    return section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>")
 
 
 def _config(row: dict) -> object:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from calibration.errors import EXIT_OK, OneLineParser, guard_cli
+from common.errors import EXIT_OK, OneLineParser, guard_cli
 
 EXAMPLES = """examples:
   report ~/.benchtrain/runs/tiny-20261121-140141     # a run: estimate vs actual
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
         path = write_run_report(target)
     else:
-        from calibration.errors import BenchtrainError
         from calibration.store import home_hint, resolve_calibration
+        from common.errors import BenchtrainError
         from reports.calibration_report import write_calibration_report
 
         try:

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
+from common.durations import format_duration
+from common.errors import BenchtrainError
 from reports import figures
 from reports.html import bullet_list, figure_grid, page, section, table, verdict
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate
-from calibration.home import benchtrain_home
+from common.home import benchtrain_home
 
 
 def run_records(runs_dir: Path | None = None) -> list[dict[str, Any]]:

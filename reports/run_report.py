@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
+from common.durations import format_duration
+from common.errors import BenchtrainError
 from reports import figures
 from reports.history import error_rows, run_records
 from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
@@ -30,25 +30,50 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def write_run_report(run_dir: Path) -> Path:
-    import pandas as pd
-
     run_dir = Path(run_dir)
     record = read_run(run_dir)
-    estimate, actual, plan = record["estimate"], record.get("actual") or {}, record["plan"]
-    deadline = record["deadline_seconds"]
-    sections = []
     check = check_estimate(record)  # the same comparison the console printed and run.json holds
-    if check is not None:
-        met = bool(record.get("met_deadline"))
-        sections.append(
-            verdict(
-                [*describe_check(check), f"deadline {format_duration(deadline)} {'met' if met else 'missed'}; status {check.status}"],
-                met and check.error_pct is not None and abs(check.error_pct) <= 15,
-            )
-        )
-    else:
-        sections.append(verdict("This run has a plan but has not finished training.", False))
+    history = error_rows(run_records(run_dir.parent))
+    sections = [verdict_of(record, check), estimate_against_actual(record, check)]
+    figure_paths = run_figures(record, check, run_dir, history)
+    if figure_paths:
+        sections.append(section("Figures", figure_grid(figure_paths)))
+    sections += plan_sections(record)
+    if history:
+        import pandas as pd
 
+        sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
+    if record.get("events"):
+        sections.append(section("Events", bullet_list(record["events"][-30:])))
+
+    html_path = run_dir / "report.html"
+    html_path.write_text(
+        page(
+            f"Run {record.get('run_id', run_dir.name)}",
+            f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
+            sections,
+        ),
+        encoding="utf-8",
+    )
+    return html_path
+
+
+def verdict_of(record: dict[str, Any], check: Any) -> str:
+    """Did the estimate hold and the deadline too: the banner."""
+    if check is None:
+        return verdict("This run has a plan but has not finished training.", False)
+    met = bool(record.get("met_deadline"))
+    return verdict(
+        [*describe_check(check), f"deadline {format_duration(record['deadline_seconds'])} {'met' if met else 'missed'}; status {check.status}"],
+        met and check.error_pct is not None and abs(check.error_pct) <= 15,
+    )
+
+
+def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
+    """The table of estimate (with its bounds) against actual, for the steps that ran and the whole plan."""
+    import pandas as pd
+
+    estimate, actual = record["estimate"], record.get("actual") or {}
     ran_check = check.to_json() if check is not None else {}
     summary = pd.DataFrame(
         [
@@ -94,17 +119,20 @@ def write_run_report(run_dir: Path) -> Path:
             {"": "cost ($)", "estimate": estimate.get("cost"), "low": None, "high": None, "actual": actual.get("cost")},
         ]
     )
-    sections.append(
-        section(
-            "Estimate vs actual",
-            table(summary.round(2)),
-            "<p>Times run from the plan to the end of the export; the report is timed on its own. A run that stopped early or was "
-            "resumed is compared with the estimate for the steps it ran (each step's prediction, recorded as it ran) plus the "
-            "overheads that took place; the whole plan at the live speed is shown beside it.</p>"
-            "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>",
-        )
+    return section(
+        "Estimate vs actual",
+        table(summary.round(2)),
+        "<p>Times run from the plan to the end of the export; the report is timed on its own. A run that stopped early or was "
+        "resumed is compared with the estimate for the steps it ran (each step's prediction, recorded as it ran) plus the "
+        "overheads that took place; the whole plan at the live speed is shown beside it.</p>"
+        "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>",
     )
 
+
+def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list[dict[str, Any]]) -> list[tuple[Path, str]]:
+    """The run's figures, drawn into its folder: progress and throughput against the estimate,
+    loss, learning rate, and the estimate error of every run beside it."""
+    estimate, deadline = record["estimate"], record["deadline_seconds"]
     figure_paths = []
     losses = record.get("losses", [])
     before = record.get("elapsed_before_plan", 0.0)
@@ -164,7 +192,6 @@ def write_run_report(run_dir: Path) -> Path:
                     "Learning rate of each optimizer step (warm-up, then the schedule's decay)",
                 )
             )
-    history = error_rows(run_records(run_dir.parent))
     if len(history) >= 1:
         figure_paths.append(
             (
@@ -172,9 +199,15 @@ def write_run_report(run_dir: Path) -> Path:
                 "Estimate error of every run in this folder, oldest first",
             )
         )
-    if figure_paths:
-        sections.append(section("Figures", figure_grid(figure_paths)))
+    return figure_paths
 
+
+def plan_sections(record: dict[str, Any]) -> list[str]:
+    """The plan, the alternatives the planner weighed, and the data it planned for."""
+    import pandas as pd
+
+    plan = record["plan"]
+    sections = []
     plan_pairs = [(key, _plan_value(key, value)) for key, value in plan.items() if key != "notes"]
     sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))
     alternatives = record.get("alternatives", [])
@@ -210,21 +243,7 @@ def write_run_report(run_dir: Path) -> Path:
                 ),
             )
         )
-    if history:
-        sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
-    if record.get("events"):
-        sections.append(section("Events", bullet_list(record["events"][-30:])))
-
-    html_path = run_dir / "report.html"
-    html_path.write_text(
-        page(
-            f"Run {record.get('run_id', run_dir.name)}",
-            f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
-            sections,
-        ),
-        encoding="utf-8",
-    )
-    return html_path
+    return sections
 
 
 def _plan_value(key: str, value: Any) -> Any:

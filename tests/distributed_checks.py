@@ -15,14 +15,14 @@ from typing import Any
 
 def learning_rate_curve(steps: int) -> dict[str, Any]:
     """The learning rate each of `steps` optimizer steps trained at, with the run's schedule
-    (train.engine.cosine_schedule) and THE step, and the scheduler's rate after the last one."""
+    (train.step.engine.cosine_schedule) and THE step, and the scheduler's rate after the last one."""
     import torch
 
-    from train.batching import SyntheticBatches
-    from train.engine import StepOptions, build_engine, cosine_schedule
-    from train.method import MethodConfig
-    from train.model import resolve_model
-    from train.runtime import make_accelerator
+    from train.step.engine import StepOptions, build_engine, cosine_schedule
+    from train.step.runtime import make_accelerator
+    from train.workload.batching import SyntheticBatches
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     torch.manual_seed(0)
     spec = resolve_model("tiny")
@@ -41,8 +41,8 @@ def one_rank_oom() -> dict[str, Any]:
     from bench.distributed import combine_rows
     from bench.probe import ProbeSettings, Workload, run_probe
     from bench.space import ProbeConfig
-    from train.method import unwrap
-    from train.model import resolve_model
+    from train.workload.method import unwrap
+    from train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"))
     lm = unwrap(workload.model)
@@ -73,7 +73,7 @@ def main() -> None:
     result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)
-    from train.runtime import finish_together, leave
+    from train.step.runtime import finish_together, leave
 
     finish_together()
     leave(0)

@@ -40,7 +40,7 @@ def run_child(command: str, argv: list[str], stderr_path: str, stdout_path: str 
         os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
         os.environ.update(env)
         sys.argv = [command, *argv]
-        from calibration.errors import guard_cli
+        from common.errors import guard_cli
 
         module = __import__(COMMANDS[command], fromlist=["main"])
         code = guard_cli(module.main, argv)
@@ -65,7 +65,7 @@ def serve() -> None:
 
     import bench.cli  # noqa: F401
     import train.cli
-    import train.session  # noqa: F401
+    import train.recipes.session  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

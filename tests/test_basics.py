@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.space import ProbeConfig, parse_int_list, ruled_out_by
-from calibration.durations import format_duration, parse_duration
-from calibration.errors import BenchtrainError
+from common.durations import format_duration, parse_duration
+from common.errors import BenchtrainError
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200), ("1h30m", 5400), ("45", 45), ("2.5", 2.5), ("1d", 86400)])

@@ -12,7 +12,7 @@ import torch
 from bench.probe import ProbeSettings, Workload, run_probe
 from bench.runner import Budget, run_grid, run_optuna
 from bench.space import ProbeConfig, SearchSpace
-from train.model import resolve_model
+from train.workload.model import resolve_model
 
 FAST = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=1.0)
 
@@ -243,7 +243,7 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     from test_cli import assert_one_line_error, run_main
 
     import bench.probe
-    from bench.run_command import within_positions
+    from bench.commands.run import within_positions
     from bench.space import default_space
 
     monkeypatch.setattr(bench.probe, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))

@@ -16,9 +16,9 @@ from bench.cost import CostModel, DeviceSpeed
 from bench.simulated import COMPILE_SECONDS, simulate_bench
 from bench.space import ProbeConfig, SearchSpace
 from bench.timing import ProbeSettings, StepTiming, time_steps
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
-from train.step import StepResult
+from common.errors import BenchtrainError
+from train.step.step import StepResult
 
 GIB = 2**30
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import calibration
 from calibration import schema
-from calibration.errors import BenchtrainError, CalibrationFileError
 from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
+from common.errors import BenchtrainError, CalibrationFileError
 
 
 def write(path: Path, text: str) -> Path:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_cli import calibrated_home, run_main
 
-from train.batching import IGNORE_INDEX, PaddedBatches
-from train.data import load_tokenized
-from train.tokenizer import byte_tokenizer, load_tokenizer
+from train.workload.batching import IGNORE_INDEX, PaddedBatches
+from train.workload.data import load_tokenized
+from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 __all__ = ["calibrated_home"]
 CONVERSATION = [

@@ -17,7 +17,7 @@ import pytest
 from helpers import synthetic_calibration
 from test_cli import assert_one_line_error, calibrated_home, run_main
 
-from train.checkpoint import OPTIMIZER_FILE, list_checkpoints
+from train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
 
 __all__ = ["calibrated_home"]
 RUN = ["--deadline", "30m", "--effective-batch", "4", "--no-report"]
@@ -28,9 +28,9 @@ def run_train(data: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[
 
 
 def test_too_little_space_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys) -> None:
-    import train.disk
+    import train.planning.disk
 
-    monkeypatch.setattr(train.disk, "free_bytes", lambda folder: 1_000_000)
+    monkeypatch.setattr(train.planning.disk, "free_bytes", lambda folder: 1_000_000)
     out = calibrated_home / "small"
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
     assert_one_line_error(code, err, "for 2 checkpoints and the final model, 0.00 GB free; free space, lower --keep-checkpoints", expected_code=5)
@@ -116,7 +116,7 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Pa
 
 
 def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
-    from train.disk import LOCK_FILE, RunLock
+    from train.planning.disk import LOCK_FILE, RunLock
 
     out = calibrated_home / "run"
     with RunLock(out):
@@ -129,8 +129,8 @@ def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Pat
 
 def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
     from calibration.store import save_calibration
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     out = calibrated_home / "run"
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
@@ -155,7 +155,7 @@ def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heav
 def test_bench_times_a_big_checkpoint_with_a_bounded_write(tmp_path: Path, monkeypatch) -> None:
     import bench.disk_write as disk_write
     from bench.probe import Workload
-    from train.model import resolve_model
+    from train.workload.model import resolve_model
 
     written: list[int] = []
     real = disk_write.write_bandwidth

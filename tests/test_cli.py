@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import synthetic_calibration
 
-from calibration.errors import guard_cli
 from calibration.store import save_calibration
+from common.errors import guard_cli
 
 SMALL_GRID = [
     "--batch-sizes",
@@ -124,8 +124,8 @@ def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl:
 
 @pytest.fixture()
 def calibrated_home(home: Path) -> Path:
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     save_calibration(
         synthetic_calibration(
@@ -179,7 +179,7 @@ def test_train_bad_options(calibrated_home: Path, capsys: pytest.CaptureFixture[
 
 
 def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.model import resolve_model
+    from train.workload.model import resolve_model
 
     other = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1, "memory_bytes": 80 * 2**30}
     save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
@@ -388,7 +388,7 @@ def test_an_out_of_memory_error_while_training_is_one_line(
 ) -> None:
     import torch
 
-    from train.step import TrainingStep
+    from train.step.step import TrainingStep
 
     def out_of_memory(*_args: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")

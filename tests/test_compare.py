@@ -19,18 +19,18 @@ from helpers import synthetic_calibration
 from test_cli import assert_one_line_error, run_main
 from test_planner import heavy_tailed, tokenized
 
-from calibration.atomic import json_text
-from calibration.durations import format_duration
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
-from train.compare import PREDICTION_ERROR, compare, no_row_meets_the_deadline
-from train.config import TrainConfig
-from train.data import length_profile
-from train.method import MethodConfig
-from train.model import resolve_model
-from train.prices import parse_prices, run_cost
+from common.atomic import json_text
+from common.durations import format_duration
+from common.errors import BenchtrainError
+from train.planning.prices import parse_prices, run_cost
+from train.recipes.compare import PREDICTION_ERROR, compare, no_row_meets_the_deadline
+from train.recipes.config import TrainConfig
+from train.workload.data import length_profile
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
 
 H100 = "h100-llama-3.2-1b"
 FIXTURE = Path(__file__).parent / "fixtures" / "h100-llama-3.2-1b-fullgrid.json"
@@ -59,7 +59,7 @@ def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None
 
 @functools.cache
 def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, overrides_json: str) -> dict[str, Any]:
-    from train.hardware import detect_hardware
+    from train.step.hardware import detect_hardware
 
     overrides = json.loads(overrides_json)
     distributed = None
@@ -74,7 +74,7 @@ def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, o
 
 
 def run_compare(calibrations: list[dict[str, Any]], model: str = "llama-3.2-1b", sources: list[dict[str, Any]] | None = None, **options: Any) -> Any:
-    from train.hardware import detect_hardware
+    from train.step.hardware import detect_hardware
 
     config = TrainConfig(data="test", dry_run=True, **{"deadline": "12h", **options})
     data = tokenized(heavy_tailed(400))
@@ -201,8 +201,8 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     on this device: a predicted 2-process row, its upper bound widened by what such predictions
     missed (docs/benchmarks.md). A measured 2-process calibration in the comparison replaces it."""
     from calibration.comm import CommModel
-    from train.comm import traffic_of
-    from train.memory_check import memory_need
+    from train.planning.comm import traffic_of
+    from train.planning.memory_check import memory_need
 
     one = cpu_calibration("cpu-one")
     other_model = cpu_calibration("gpt2-two", processes=2, fingerprint="another-model")

@@ -1,4 +1,4 @@
-"""torch.compile in THE step (train/compile.py): few shapes, compile time measured and planned,
+"""torch.compile in THE step (train/step/compile.py): few shapes, compile time measured and planned,
 the guard not fooled by compiling steps, and the compiled step computing what the eager one does."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from test_planner import heavy_tailed, tokenized
 
 from bench.calibrate import warmup_costs
 from calibration.model import Calibration
-from train.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
-from train.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
-from train.guard import DeadlineGuard, GuardSettings
-from train.planner import PlanRequest, make_plan
+from train.planning.planner import PlanRequest, make_plan
+from train.running.guard import DeadlineGuard, GuardSettings
+from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
+from train.workload.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
 
 # Inductor compiles C++ for the CPU: without a compiler there is no compiled step to test.
 needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler")
@@ -101,9 +101,9 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
 def test_compiled_step_computes_what_the_eager_step_does() -> None:
     from accelerate import Accelerator
 
-    from train.batching import SyntheticBatches
-    from train.engine import StepOptions, build_engine
-    from train.model import resolve_model
+    from train.step.engine import StepOptions, build_engine
+    from train.workload.batching import SyntheticBatches
+    from train.workload.model import resolve_model
 
     losses = {}
     for mode in ("off", "on"):
@@ -152,7 +152,7 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
     assert record["training"]["compile"] is True
     assert record["estimate"]["overheads"]["compile_shapes"] >= 1
     assert record["actual"]["batch_shapes"] >= 1  # packed rows: one shape, and the last batch's
-    actual = record["actual"]  # train.metrics figures over the run
+    actual = record["actual"]  # train.step.metrics figures over the run
     assert actual["tflops"] > 0 and actual["mfu"] is None  # no peak-FLOPs entry for a CPU
     assert 0 <= actual["data_wait_share"] <= 1 and actual["peak_memory_bytes"] > 0
 
@@ -163,9 +163,9 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
 def test_a_calibration_of_another_step_is_refused_or_said() -> None:
     from types import SimpleNamespace
 
-    from calibration.errors import BenchtrainError
-    from train.method import MethodConfig
-    from train.session import check_compatible
+    from common.errors import BenchtrainError
+    from train.recipes.session import check_compatible
+    from train.workload.method import MethodConfig
 
     spec = SimpleNamespace(fingerprint="abc", name="tiny")
     hardware = {"name": "Test CPU", "device_type": "cpu"}

@@ -29,8 +29,8 @@ from calibration.accuracy import check_estimate, describe_estimate_error, descri
 from calibration.fit import Config
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
-from train.guard import NEXT_STEP_SAFETY
-from train.step import TrainingStep
+from train.running.guard import NEXT_STEP_SAFETY
+from train.step.step import TrainingStep
 
 __all__ = ["calibrated_home"]
 
@@ -39,7 +39,7 @@ MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
 
 
 class FakeClock:
-    """`time` as train.cli, train.session and train.loop see it."""
+    """`time` as train.cli, train.recipes.session and train.running.loop see it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -59,7 +59,7 @@ class FakeClock:
 @pytest.fixture()
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    for module in ("train.cli", "train.session", "train.loop"):
+    for module in ("train.cli", "train.recipes.session", "train.running.loop"):
         monkeypatch.setattr(f"{module}.time", fake)
     real_step = TrainingStep.run
 

@@ -11,10 +11,10 @@ from helpers import TRUE_EVAL, synthetic_calibration
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_planner import heavy_tailed, tokenized
 
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
-from train.evaluation import EvalSchedule, parse_eval_every, split_eval
-from train.planner import PlanRequest, make_plan
+from common.errors import BenchtrainError
+from train.planning.planner import PlanRequest, make_plan
+from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
 
 __all__ = ["calibrated_home"]
 

@@ -11,8 +11,8 @@ from test_cli import calibrated_home, run_main
 from test_train import make_run, tokenizer
 
 from train.export import export_final
-from train.method import MethodConfig
-from train.model import resolve_model
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
 
 __all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
 PROMPT = torch.tensor([[5, 17, 99, 42, 7, 250, 3, 64]])
@@ -70,7 +70,7 @@ def test_lora_final_is_an_adapter_that_peft_loads_onto_the_written_base(tmp_path
 
 
 def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    from train.model import build_model
+    from train.workload.model import build_model
 
     folder = tmp_path / "base-model"
     build_model(resolve_model("tiny"), "cpu").save_pretrained(folder)
@@ -101,7 +101,7 @@ def test_an_interrupted_run_still_writes_final_marked_partial(
     import os
     import signal
 
-    from train.step import TrainingStep
+    from train.step.step import TrainingStep
 
     real_run = TrainingStep.run
     calls = {"steps": 0}

@@ -26,7 +26,7 @@ from calibration.model import Calibration
 from calibration.store import save_calibration
 
 __all__ = ["calibrated_home"]  # a fixture shared with test_cli
-from train.planner import PlanRequest, make_plan
+from train.planning.planner import PlanRequest, make_plan
 
 
 def short_calibration(**overrides: Any) -> Calibration:
@@ -120,8 +120,8 @@ def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsy
 
 # 4. --------------------------------------------------------------------------------------------
 def test_latest_names_the_newer_calibration_it_skipped(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     good = save_calibration(
         synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
@@ -147,7 +147,7 @@ def test_dry_run_exits_like_the_real_run_when_the_plan_does_not_fit(calibrated_h
 
 # 6. --------------------------------------------------------------------------------------------
 def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
-    from train.plan_text import describe_outcome
+    from train.planning.plan_text import describe_outcome
 
     assert estimate_error_pct(60.0, 75.0) == pytest.approx(25.0)
     assert estimate_error_pct(66.9, 53.2) < 0
@@ -172,8 +172,8 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
 
 # 7. --------------------------------------------------------------------------------------------
 def test_the_probe_bar_under_a_budget_shows_the_budget() -> None:
-    from bench.run_command import _progress_bar
-    from calibration.progress import BudgetBar
+    from bench.commands.run import _progress_bar
+    from common.progress import BudgetBar
 
     bar = _progress_bar(72, quiet=False, budget_seconds=150.0)
     assert isinstance(bar, BudgetBar)
@@ -239,8 +239,8 @@ def test_a_disturbed_probe_is_measured_again_and_combined_by_median() -> None:
 
 def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_estimate(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.record import assess_noise
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     rows = synthetic_rows(noise=0.0)
     rng = np.random.default_rng(4)
@@ -349,7 +349,7 @@ def test_ctrl_c_reaches_dataloader_workers_and_they_keep_serving(tmp_path: Path)
     step in flight, and the checkpoint --help promises was never written."""
     import signal
 
-    from train.batching import make_loader
+    from train.workload.batching import make_loader
 
     loader = make_loader(list(range(12)), num_workers=1, pin_memory=False)
     batches = iter(loader)

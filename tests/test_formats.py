@@ -13,11 +13,11 @@ from test_chat import trained_text
 from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_hub import offline_hub
 
-from calibration.errors import BenchtrainError
-from train.data import TokenizedData, load_records, load_tokenized
-from train.formats import DataSchema
-from train.planner import lengths_to_measure
-from train.tokenizer import byte_tokenizer
+from common.errors import BenchtrainError
+from train.planning.planner import lengths_to_measure
+from train.workload.data import TokenizedData, load_records, load_tokenized
+from train.workload.formats import DataSchema
+from train.workload.tokenizer import byte_tokenizer
 
 __all__ = ["calibrated_home", "offline_hub"]
 

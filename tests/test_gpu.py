@@ -10,8 +10,8 @@ pytestmark = pytest.mark.gpu
 def test_probe_on_cuda_reports_mfu_and_allocator_peak() -> None:
     from bench.probe import ProbeSettings, Workload, run_probe
     from bench.space import ProbeConfig
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
 
     hardware = detect_hardware()
     workload = Workload(resolve_model("gpt2"))
@@ -24,7 +24,7 @@ def test_probe_on_cuda_reports_mfu_and_allocator_peak() -> None:
 
 
 def _wide_vocab_llama() -> object:
-    from train.model import ModelSpec
+    from train.workload.model import ModelSpec
 
     config = {
         "model_type": "llama",
@@ -47,8 +47,8 @@ def test_fused_losses_match_the_plain_loss_with_less_memory_on_cuda(kind: str) -
 
     import torch
 
-    from train.loss import install_loss, liger_available
-    from train.model import build_model
+    from train.step.loss import install_loss, liger_available
+    from train.workload.model import build_model
 
     if kind == "liger" and not liger_available():
         pytest.skip("liger-kernel is not installed (pip install 'benchtrain[gpu]')")
@@ -75,10 +75,10 @@ def test_fused_losses_match_the_plain_loss_with_less_memory_on_cuda(kind: str) -
 def test_compiled_step_on_cuda_matches_eager() -> None:
     import torch
 
-    from train.batching import SyntheticBatches
-    from train.engine import StepOptions, build_engine
-    from train.model import resolve_model
-    from train.runtime import make_accelerator
+    from train.step.engine import StepOptions, build_engine
+    from train.step.runtime import make_accelerator
+    from train.workload.batching import SyntheticBatches
+    from train.workload.model import resolve_model
 
     losses = {}
     for mode in ("off", "on"):

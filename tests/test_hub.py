@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from test_cli import assert_one_line_error, run_main
 
-from calibration.errors import BenchtrainError
-from train.hub import parse_hub_id
-from train.model import ModelSpec, resolve_model, with_hub_weights
-from train.presets import PRESETS
+from common.errors import BenchtrainError
+from train.workload.hub import parse_hub_id
+from train.workload.model import ModelSpec, resolve_model, with_hub_weights
+from train.workload.presets import PRESETS
 
 REPO = "org/tiny-chat"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -65,7 +65,7 @@ def hub_model() -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.model import make_config
+    from train.workload.model import make_config
 
     tokenizer = trained_tokenizer()
     assert len(tokenizer) <= HUB_CONFIG["vocab_size"]
@@ -194,8 +194,8 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
 def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
     from test_chat import trained_text
 
-    from train.data import load_tokenized
-    from train.tokenizer import load_tokenizer
+    from train.workload.data import load_tokenized
+    from train.workload.tokenizer import load_tokenizer
 
     cache_model(offline_hub, *hub_model, weights=False)
     spec = resolve_model(REPO)
@@ -312,8 +312,8 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
     from transformers import AutoModelForCausalLM
 
     from train.export import export_final
-    from train.method import MethodConfig
-    from train.model import build_model
+    from train.workload.method import MethodConfig
+    from train.workload.model import build_model
 
     tokenizer, model = hub_model
     snapshot = cache_model(offline_hub, tokenizer, model, weights=True)
@@ -332,7 +332,7 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_model: tuple[Any, Any]) -> None:
-    from train.session import resumed_spec
+    from train.recipes.session import resumed_spec
 
     newer = "f" * 40
     cache_model(offline_hub, *hub_model, weights=False).rename(offline_hub / "models--org--tiny-chat" / "snapshots" / newer)

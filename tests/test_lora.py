@@ -13,14 +13,14 @@ from helpers import synthetic_calibration, synthetic_rows
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
 from calibration.schema import migrate, validate
 from calibration.store import save_calibration
-from train.checkpoint import WEIGHTS_FILE, list_checkpoints
-from train.memory_check import check_fits, memory_need, parameter_counts
-from train.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
-from train.model import build_model, model_shape, resolve_model
+from common.errors import BenchtrainError
+from train.planning.memory_check import check_fits, memory_need, parameter_counts
+from train.running.checkpoint import WEIGHTS_FILE, list_checkpoints
+from train.workload.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
+from train.workload.model import build_model, model_shape, resolve_model
 
 __all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
 LORA = MethodConfig(method="lora", lora_rank=4)
@@ -172,7 +172,7 @@ def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsy
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run", "--force"], capsys)
     assert code == 0 and "warning: calibration" in err
 
-    from train.hardware import detect_hardware
+    from train.step.hardware import detect_hardware
 
     lora = synthetic_calibration(
         synthetic_rows(),
@@ -202,7 +202,7 @@ def test_a_version_1_calibration_is_migrated() -> None:
 
 
 def test_lora_on_a_model_folder_with_real_bf16_weights(tmp_path: Path) -> None:
-    from train.tokenizer import byte_tokenizer
+    from train.workload.tokenizer import byte_tokenizer
 
     folder = tmp_path / "my-model"
     saved = build_model(resolve_model("tiny"), "cpu").to(torch.bfloat16)

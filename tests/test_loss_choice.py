@@ -52,9 +52,9 @@ def test_a_tie_goes_to_the_leaner_loss() -> None:
 
 
 def test_losses_swap_on_one_model_and_compute_the_same_loss() -> None:
-    from train.batching import SyntheticBatches
-    from train.loss import install_loss
-    from train.model import build_model, resolve_model
+    from train.step.loss import install_loss
+    from train.workload.batching import SyntheticBatches
+    from train.workload.model import build_model, resolve_model
 
     model = build_model(resolve_model("tiny"), "cpu")
     batch = SyntheticBatches(1, 2, 32, model.config.vocab_size)[0]

@@ -19,14 +19,14 @@ from test_planner import heavy_tailed
 
 from bench.distributed import combine_rows
 from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
-from calibration.errors import BenchtrainError
 from calibration.model import Calibration
-from train.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
-from train.comm import Traffic, plan_communication, traffic_of
-from train.memory_check import check_fits, memory_need
-from train.method import MethodConfig
-from train.model import resolve_model
-from train.runtime import scaled_learning_rate
+from common.errors import BenchtrainError
+from train.planning.comm import Traffic, plan_communication, traffic_of
+from train.planning.memory_check import check_fits, memory_need
+from train.step.runtime import scaled_learning_rate
+from train.workload.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -145,7 +145,7 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
     and sharding, else the newest of one process, else the newest; an explicit id is kept."""
     import calibration as calibration_api
     from calibration.store import save_calibration
-    from train.session import calibration_preferences
+    from train.recipes.session import calibration_preferences
 
     ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
     stored = {

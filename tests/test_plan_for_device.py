@@ -46,11 +46,11 @@ def test_training_with_a_calibration_of_another_device_still_needs_force(home: P
 
 
 def test_runs_never_write_into_the_bundled_calibration() -> None:
-    from calibration.errors import BenchtrainError
     from calibration.model import Calibration
     from calibration.schema import read_calibration_file
     from calibration.store import update_calibration
-    from train.record import feed_back
+    from common.errors import BenchtrainError
+    from train.running.record import feed_back
 
     path = bundled_calibrations()[H100]
     before = path.read_bytes()

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from helpers import GIB, synthetic_calibration, synthetic_rows
 
-from calibration.errors import BenchtrainError
 from calibration.fit import Config
 from calibration.model import Calibration
-from train.batching import PackedBatches, PaddedBatches, packed_row_count, padded_shapes, plan_padded_batches
-from train.data import TokenizedData
-from train.method import MethodConfig
-from train.model import resolve_model
-from train.planner import PlanRequest, deadline_options, epoch_batches, make_plan, real_tokens
+from common.errors import BenchtrainError
+from train.planning.planner import PlanRequest, deadline_options, make_plan
+from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
+from train.workload.data import TokenizedData
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
 
 
 def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:
@@ -165,8 +165,8 @@ def test_the_final_export_is_planned_by_its_bytes() -> None:
     """final-base/ and --merge-lora write far more than one checkpoint: their bytes at the measured
     write bandwidth go into the plan and the guard's reserve (older calibrations: the timed save
     scaled by bytes)."""
-    from train.disk import export_bytes
-    from train.memory_check import memory_need
+    from train.planning.disk import export_bytes
+    from train.planning.memory_check import memory_need
 
     need = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(method="lora"), "cuda")
     adapters_only = export_bytes(need, lora=True, preset_base=False, merge=False, device_type="cuda")

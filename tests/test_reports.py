@@ -129,7 +129,7 @@ def test_calibration_report(home: Path) -> None:
 
 
 def test_report_cli_rejects_a_folder_without_run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from calibration.errors import guard_cli
+    from common.errors import guard_cli
     from reports.cli import main
 
     assert guard_cli(main, [str(tmp_path)]) == 2

@@ -14,9 +14,9 @@ import torch
 from accelerate import Accelerator
 
 from bench.step_profile import fixed_micro_step_seconds, profile_step
-from train.batching import PackedBatches, PaddedBatches
-from train.engine import StepOptions, build_engine
-from train.model import build_model, resolve_model
+from train.step.engine import StepOptions, build_engine
+from train.workload.batching import PackedBatches, PaddedBatches
+from train.workload.model import build_model, resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

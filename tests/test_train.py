@@ -11,13 +11,13 @@ import pytest
 from helpers import synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
-from train.checkpoint import list_checkpoints
-from train.data import load_tokenized
-from train.hardware import detect_hardware
-from train.loop import LoopSettings, TrainingRun
-from train.model import resolve_model
-from train.planner import PlanRequest, make_plan
-from train.tokenizer import byte_tokenizer
+from train.planning.planner import PlanRequest, make_plan
+from train.running.checkpoint import list_checkpoints
+from train.running.loop import LoopSettings, TrainingRun
+from train.step.hardware import detect_hardware
+from train.workload.data import load_tokenized
+from train.workload.model import resolve_model
+from train.workload.tokenizer import byte_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def _schedule(steps: int, peak: float) -> list[float]:
     """The learning rate each of `steps` optimizer steps trains at, by the run's own schedule."""
     import torch
 
-    from train.engine import cosine_schedule
+    from train.step.engine import cosine_schedule
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
     scheduler = cosine_schedule(steps)(optimizer)
@@ -151,7 +151,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     import json
     import random
 
-    from train.planner import batch_shapes
+    from train.workload.batching import batch_shapes
 
     rng = random.Random(3)
     data_path = tmp_path / "pairs.jsonl"

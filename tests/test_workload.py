@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibration.errors import BenchtrainError
-from train.data import length_profile, load_tokenized
-from train.model import build_model, model_shape, resolve_model
-from train.presets import PRESETS
-from train.tokenizer import byte_tokenizer, load_tokenizer
+from common.errors import BenchtrainError
+from train.workload.data import length_profile, load_tokenized
+from train.workload.model import build_model, model_shape, resolve_model
+from train.workload.presets import PRESETS
+from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 
 def test_every_preset_builds_a_config_with_the_published_shape() -> None:
-    from train.model import make_config
+    from train.workload.model import make_config
 
     for name in PRESETS:
         config = make_config(resolve_model(name))
@@ -90,7 +90,7 @@ def test_csv_parquet_and_saved_datasets(tmp_path: Path) -> None:
 
 def test_bench_with_real_data(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bench.cli import main
-    from calibration.errors import guard_cli
+    from common.errors import guard_cli
 
     code = guard_cli(
         main,

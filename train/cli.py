@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
-from calibration.errors import OneLineParser, guard_cli
-from train.engine import add_step_arguments
-from train.formats import add_data_arguments
-from train.method import add_method_arguments
+from common.errors import OneLineParser, guard_cli
+from train.step.engine import add_step_arguments
+from train.workload.formats import add_data_arguments
+from train.workload.method import add_method_arguments
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -44,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
+    add_what_to_train(p)
+    add_the_run(p)
+    add_plan_and_learning_rate(p)
+    return p
+
+
+def add_what_to_train(p: argparse.ArgumentParser) -> None:
+    """The calibration, the data, the model, the deadline and the shape of the work."""
     p.add_argument(
         "--use-calibration",
         metavar="latest|ID|PATH|A,B,C|all",
@@ -90,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
     add_step_arguments(p)
+
+
+def add_the_run(p: argparse.ArgumentParser) -> None:
+    """Evaluation, trackers, the run folder, the deadline guard, checkpoints."""
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
     p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
     p.add_argument(
@@ -130,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="share of the deadline held back as safety margin (default: 0.05)",
     )
+
+
+def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
+    """Cost, output, learning rate, seed and the escape hatches."""
     p.add_argument(
         "--price-per-hour",
         metavar="USD|DEVICE=USD,…|FILE",
@@ -153,31 +170,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
-    from calibration.durations import join_negative_values
+    from common.durations import join_negative_values
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
-    from train.config import is_comparison
+    from train.recipes.config import is_comparison
 
     if is_comparison(args.use_calibration):
         from train.compare_command import run_comparison
 
         return run_comparison(args, started)
-    from train.session import run_training
+    from train.recipes.session import run_training
 
-    return run_training(args, started)
+    return run_training(args, started, write_run_report)
+
+
+def write_run_report(out_dir: Path) -> Path:
+    from reports.run_report import write_run_report
+
+    return write_run_report(out_dir)
 
 
 def entry_point() -> None:
-    from train.runtime import leave
+    from train.step.runtime import leave
 
-    # Everything is written and every rank has finished (train.runtime.finish_together).
+    # Everything is written and every rank has finished (train.step.runtime.finish_together).
     leave(guard_cli(main))
 
 

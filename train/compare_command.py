@@ -1,4 +1,4 @@
-"""`train --dry-run --use-calibration A,B,C|all`: the comparison (train.compare) as a table, as
+"""`train --dry-run --use-calibration A,B,C|all`: the comparison (train.recipes.compare) as a table, as
 JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report)."""
 
 from __future__ import annotations
@@ -9,24 +9,24 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from calibration.atomic import json_text
-from calibration.durations import format_duration
-from calibration.errors import EXIT_OK, BenchtrainError, DeadlineError
-from train.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
-from train.config import TrainConfig
-from train.console import say
+from common.atomic import json_text
+from common.console import say
+from common.durations import format_duration
+from common.errors import EXIT_OK, BenchtrainError, DeadlineError
+from train.recipes.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
+from train.recipes.config import TrainConfig
 
 GIB = 2**30
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:
-    from train.engine import check_sharding
-    from train.hardware import detect_hardware
-    from train.model import resolve_model
-    from train.plan_setup import load_data
-    from train.runtime import job_world_size
-    from train.session import hub_weights
-    from train.tokenizer import is_byte_tokenizer
+    from train.recipes.plan_setup import load_data
+    from train.recipes.session import hub_weights
+    from train.step.engine import check_sharding
+    from train.step.hardware import detect_hardware
+    from train.step.runtime import job_world_size
+    from train.workload.model import resolve_model
+    from train.workload.tokenizer import is_byte_tokenizer
 
     config = TrainConfig.from_args(args)
     if job_world_size() > 1:
@@ -42,7 +42,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     if config.json:
         print(json_text(comparison.to_json()), flush=True)
     else:
-        from train.plan_text import describe_data
+        from train.planning.plan_text import describe_data
 
         lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *describe_comparison(comparison, getattr(args, "command_line", None))]
         print("\n".join(lines), flush=True)
@@ -58,8 +58,8 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
 
 def write_comparison(comparison: Comparison, out: str | None, model_name: str) -> Path:
     """comparison.json and report.html (with its PNG) in --out, or in BENCHTRAIN_HOME/plans/<model>-<time>."""
-    from calibration.atomic import write_json_atomic
-    from calibration.home import writable_subdir
+    from common.atomic import write_json_atomic
+    from common.home import writable_subdir
     from reports.comparison_report import write_comparison_report
 
     folder = Path(out).expanduser() if out else writable_subdir("plans") / f"{model_name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

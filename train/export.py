@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calibration.atomic import atomic_directory
-from train.method import MethodConfig
+from common.atomic import atomic_directory
+from train.workload.method import MethodConfig
 
 FINAL = "final"
 FINAL_BASE = "final-base"
@@ -31,7 +31,7 @@ def export_final(
     run_dir: Path, model: Any, tokenizer: Any, spec: Any, method: MethodConfig, merge_lora: bool = False, full_weights: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write the run's model folders; returns what run.json records (paths, seconds).
-    `full_weights`: an FSDP model's state, gathered whole (train.sharding), saved in place of its shards."""
+    `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its shards."""
     started = time.perf_counter()
     model = getattr(model, "module", model)
     record: dict[str, Any] = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}

@@ -1,0 +1,35 @@
+"""`bench list`: the stored calibrations, newest first, and the bundled ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.errors import EXIT_OK
+
+
+def add_parser(commands: Any) -> None:
+    listing = commands.add_parser("list", help="list stored calibrations, newest first")
+    listing.add_argument("--debug", action="store_true")
+    listing.set_defaults(handler=lambda args: list_command())
+
+
+def list_command() -> int:
+    from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
+
+    entries = list_calibrations()
+    # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
+    bundled = ", ".join(bundled_calibrations())
+    if not entries:
+        print(f"no calibrations in {calibrations_dir()}: run `bench run`{home_hint()}; bundled, to plan with: {bundled}")
+        return EXIT_OK
+    print(f"bundled, to plan with (train --use-calibration NAME --dry-run): {bundled}")
+    for path, data, error in entries:
+        if data is None:
+            print(f"{path.stem:<44} unreadable: {error}")
+            continue
+        ok = sum(1 for row in data["measurements"] if row["status"] == "ok")
+        fit = data.get("fit") or {}
+        median = (fit.get("held_out_error") or {}).get("median_abs_pct")
+        error_text = f"held-out median error {median:.1f}%" if median is not None else "no fit"
+        print(f"{data['id']:<44} {data['created_at']}  {data['hardware']['name'][:28]:<28}  {data['model']['name']:<14} {ok:>3} ok probes, {error_text}")
+    return EXIT_OK

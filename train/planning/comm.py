@@ -1,0 +1,188 @@
+"""Timing collectives among the processes of a job (torch.distributed, any backend), and what a
+multi-process plan adds for them.
+
+Every process calls `measure_collective` together; each size is timed a few times after a warm-up
+and the slowest process's median is kept (a collective ends when its last member does), so every
+process returns the same figures. calibration.comm fits them. DDP all-reduces gradients; FSDP
+all-gathers parameters and reduce-scatters gradients (train/step/sharding.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# Message sizes in bytes: latency-bound to bandwidth-bound.
+COMM_SIZES = (2**16, 2**20, 2**22, 2**24)
+REPEATS = 5
+
+
+def world() -> tuple[int, str | None]:
+    """(processes, backend) of the initialised process group; (1, None) without one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1, None
+    return dist.get_world_size(), str(dist.get_backend())
+
+
+# The collectives each sharding's step runs.
+COLLECTIVES = {"ddp": ("all_reduce",), "fsdp": ("all_gather", "reduce_scatter")}
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a sharding sends: DDP all-reduces `gradient_bytes` once per optimizer step; FSDP
+    gathers `parameter_bytes` twice and reduce-scatters `gradient_bytes` per micro-step, one
+    collective per unit (blocks + root)."""
+
+    sharding: str  # ddp | fsdp
+    gradient_bytes: int
+    parameter_bytes: int = 0
+    units: int = 1
+
+
+def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
+    """From train.planning.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
+    gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
+    from calibration.comm import gradient_bytes
+    from train.planning.memory_check import compute_bytes
+
+    gradients = gradient_bytes(need.trainable_parameters)
+    if sharding != "fsdp":
+        return Traffic(sharding, gradients)
+    return Traffic(sharding, gradients, need.total_parameters * compute_bytes(device_type), need.blocks + 1)
+
+
+def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] = COMM_SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:
+    """(bytes, seconds) rows for one collective; `bytes` is the whole message (what is reduced, or
+    gathered, in all)."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows = []
+    for size in sizes:
+        elements = max(world_size, size // 4 // world_size * world_size)
+        whole = torch.ones(elements, dtype=torch.float32, device=device)
+        part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
+
+        def once(whole: Any = whole, part: Any = part) -> None:
+            if kind == "all_reduce":
+                dist.all_reduce(whole)
+            elif kind == "all_gather":
+                all_gather(whole, part)
+            else:
+                reduce_scatter(part, whole)
+
+        once()  # warm-up: connections, buffers
+        synchronize()
+        seconds = []
+        for _ in range(repeats):
+            dist.barrier()
+            started = time.perf_counter()
+            once()
+            synchronize()
+            seconds.append(time.perf_counter() - started)
+        slowest = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        rows.append({"bytes": float(elements * 4), "seconds": float(slowest.item())})
+    return rows
+
+
+def measure_collectives(device: Any, kinds: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """{kind: {"measurements": rows, "fit": CommModel JSON}} for each collective."""
+    from calibration.comm import fit_comm
+
+    size, backend = world()
+    fitted = {}
+    for kind in kinds:
+        rows = measure_collective(device, kind)
+        fitted[kind] = {"measurements": rows, "fit": fit_comm(rows, size, backend or "none").to_json()}
+    return fitted
+
+
+def plan_communication(calibration: Any, world_size: int, traffic: Traffic, force: bool) -> tuple[float, float, dict[str, Any]]:
+    """What a run of `world_size` processes adds for communication, per optimizer step (DDP) and per
+    micro-step (FSDP), and where that figure comes from (for run.json and the plan text):
+
+    - a calibration measured with as many processes (and the same sharding) holds it in its step
+      times: nothing to add;
+    - a 1-process calibration: this sharding's collectives are timed now, among this run's
+      processes, and its traffic priced with them (calibration.comm);
+    - a calibration of another world size or sharding is refused unless --force (then used as if
+      it matched)."""
+    from common.errors import BenchtrainError
+
+    measured = calibration.world_size
+    if world_size == 1 or measured == world_size:
+        if world_size > 1 and calibration.sharding != traffic.sharding and not force:
+            raise BenchtrainError(
+                f"calibration {calibration.id} was measured with --sharding {calibration.sharding}, this run uses {traffic.sharding}: "
+                f"run `accelerate launch --num_processes {world_size} -m bench run --sharding {traffic.sharding}`, or pass --force"
+            )
+        source = "calibration" if world_size > 1 else "single process"
+        return 0.0, 0.0, {"source": source, "world_size": world_size, "sharding": traffic.sharding if world_size > 1 else "none", "seconds_per_step": 0.0}
+    if measured != 1 and not force:
+        raise BenchtrainError(
+            f"calibration {calibration.id} was measured with {measured} processes, this run has {world_size}: "
+            f"run `accelerate launch --num_processes {world_size} -m bench run` or use a 1-process calibration, or pass --force"
+        )
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())  # the process group train.step.runtime.make_accelerator joins
+    collectives = measure_collectives(state.device, COLLECTIVES[traffic.sharding])
+    return price_traffic(collectives, traffic, world_size, measured)
+
+
+def price_traffic(
+    collectives: dict[str, dict[str, Any]], traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
+) -> tuple[float, float, dict[str, Any]]:
+    """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
+    collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
+    run's processes, or stored by the calibration `collectives_from` (train.recipes.compare)."""
+    from calibration.comm import CommModel, fsdp_micro_step_seconds
+
+    models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
+    per_step = per_micro_step = 0.0
+    if traffic.sharding == "fsdp":
+        per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
+    else:
+        per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
+    record = {
+        "source": "predicted",
+        "world_size": world_size,
+        "sharding": traffic.sharding,
+        "calibration_world_size": calibration_world_size,
+        "gradient_bytes": traffic.gradient_bytes,
+        "parameter_bytes": traffic.parameter_bytes,
+        "units": traffic.units,
+        "seconds_per_step": per_step,
+        "seconds_per_micro_step": per_micro_step,
+        "collectives": collectives,
+    }
+    if collectives_from is not None:
+        record["collectives_from"] = collectives_from
+    return per_step, per_micro_step, record
+
+
+def stored_collectives(distributed: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
+    calibrations from before FSDP kept only the all-reduce (`comm`, `all_reduce`)."""
+    distributed = distributed or {}
+    if distributed.get("collectives"):
+        return dict(distributed["collectives"])
+    if distributed.get("comm"):
+        return {"all_reduce": {"measurements": distributed.get("all_reduce", []), "fit": distributed["comm"]}}
+    return {}

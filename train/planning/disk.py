@@ -1,0 +1,93 @@
+"""The run folder's disk: room for what the run will write, and one `train` at a time in it.
+
+Space before work: a checkpoint holds the trained weights (fp32) and AdamW's two fp32 moments for
+every trainable parameter; the run keeps `--keep-checkpoints` of them and writes one more before
+pruning; `final/` holds the model (and, for LoRA on a preset, `final-base/`, and with
+`--merge-lora` the merged model). The counts are exact (train.planning.memory_check builds on `meta`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.disk_space import GB, free_bytes
+from common.errors import BenchtrainError, DiskSpaceError
+from train.planning.memory_check import BF16_BYTES, FP32_BYTES, MemoryNeed
+
+LOCK_FILE = ".train.lock"
+
+
+@dataclass(frozen=True)
+class DiskNeed:
+    checkpoint_bytes: int
+    export_bytes: int
+    checkpoints_written: int  # the kept ones plus the one written before pruning
+
+    @property
+    def total_bytes(self) -> int:
+        return self.checkpoint_bytes * self.checkpoints_written + self.export_bytes
+
+
+def export_bytes(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str) -> int:
+    """Bytes of the model folders written at the end: final/ (the fp32 model, or the adapters), and
+    for LoRA the frozen base for a preset (final-base/) and with `--merge-lora` the merged model."""
+    trainable = need.trainable_parameters
+    if not lora:
+        return need.total_parameters * FP32_BYTES
+    frozen = (need.total_parameters - trainable) * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+    return trainable * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
+
+
+def disk_need(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str, keep: int, existing: int = 0) -> DiskNeed:
+    """Bytes the run will write into its folder (checkpoints already there count as written)."""
+    checkpoint = need.trainable_parameters * FP32_BYTES + need.optimizer_bytes
+    return DiskNeed(checkpoint, export_bytes(need, lora, preset_base, merge, device_type), max(0, keep + 1 - existing))
+
+
+def check_space(folder: Path, need: DiskNeed, keep: int) -> None:
+    free = free_bytes(folder)
+    if need.total_bytes <= free:
+        return
+    raise DiskSpaceError(
+        f"the run needs {need.total_bytes / GB:.2f} GB in {folder} for {keep} checkpoint{'s' if keep != 1 else ''} and the final model, "
+        f"{free / GB:.2f} GB free; free space, lower --keep-checkpoints, or use --out elsewhere"
+    )
+
+
+class RunLock:
+    """An exclusive lock on a run folder, held while `train` works in it.
+
+    flock: the kernel releases it when the process ends, however it ends, so a lock left by a
+    crashed run is stale by construction and the next `train` simply takes it. The file holds the
+    holder's pid, to name it when the folder is busy."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / LOCK_FILE
+        self.handle: Any = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise BenchtrainError(f"{self.path.parent} is in use by another train (pid {holder}): wait for it, or use another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None

@@ -1,0 +1,151 @@
+"""Will the model even fit? Checked in seconds, before anything is built on the device.
+
+The parameter counts are exact: the model (and its LoRA adapters) is built on PyTorch's `meta`
+device, which allocates nothing. Bytes per parameter follow from what is kept, not from a guess:
+
+- full fine-tuning: fp32 weights (autocast computes in bf16 from fp32 masters) + fp32 gradients
+  + AdamW's two fp32 moments = 16 bytes per parameter;
+- LoRA: the frozen base in bf16 on CUDA (fp32 on CPU), no gradients or optimizer state for it; the
+  adapters at 16 bytes per parameter like full fine-tuning.
+
+Under FSDP (`--sharding fsdp`, train/step/sharding.py) each of N processes keeps 1/N of all of it, plus
+the largest block's parameters gathered whole (and the next one, prefetched).
+
+Activations come on top: the calibration's memory model measures them; this check only says
+whether the fixed part alone is already too much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BenchtrainError
+from train.step.sharding import largest_block_parameters
+from train.workload.method import MethodConfig, apply_method, decoder_blocks
+
+FP32_BYTES = 4
+BF16_BYTES = 2
+# fp32 master weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
+TRAINED_BYTES_PER_PARAMETER = 4 * FP32_BYTES
+GIB = 2**30
+
+
+def compute_bytes(device_type: str) -> int:
+    """Bytes of a parameter as the forward uses it: bf16 on CUDA, fp32 on CPU (a frozen LoRA base
+    is kept so; FSDP gathers shards so)."""
+    return BF16_BYTES if device_type == "cuda" else FP32_BYTES
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    method: str
+    total_parameters: int
+    trainable_parameters: int
+    weights_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    blocks: int = 0  # decoder blocks (FSDP units, with the root)
+    largest_block_parameters: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.gradient_bytes + self.optimizer_bytes
+
+    def per_process_bytes(self, sharding: str, world_size: int, device_type: str) -> float:
+        """What one process holds before activations: everything (DDP), or its FSDP shard plus the
+        two blocks gathered whole at a time (the current one and the prefetched next)."""
+        if sharding != "fsdp" or world_size < 2:
+            return float(self.total_bytes)
+        gathered = 2 * self.largest_block_parameters * compute_bytes(device_type)
+        return self.total_bytes / world_size + gathered
+
+
+_META_MODELS: dict[str, Any] = {}
+
+
+def meta_model(spec: Any, method: MethodConfig) -> Any:
+    """The model as it will be trained, built on `meta` (no memory, no weights): exact shapes.
+    Adapters are made on `meta` too (peft would initialise them for real: seconds for an 8B
+    model); one build per architecture and method in a process."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from train.workload.model import make_config
+
+    key = json.dumps([spec.config_dict, repr(method)], sort_keys=True, default=str)
+    if key not in _META_MODELS:
+        with torch.device("meta"):
+            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), method)
+    return _META_MODELS[key]
+
+
+def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
+    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
+    trained, built on `meta`."""
+    model = meta_model(spec, method)
+    total = sum(parameter.numel() for parameter in model.parameters())
+    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+    blocks = decoder_blocks(model)
+    return total, trainable, len(blocks), largest_block_parameters(blocks)
+
+
+def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
+    total, trainable, blocks, largest_block = parameter_counts(spec, method)
+    frozen = total - trainable
+    frozen_bytes = compute_bytes(device_type)
+    return MemoryNeed(
+        method=method.method,
+        total_parameters=total,
+        trainable_parameters=trainable,
+        weights_bytes=frozen * frozen_bytes + trainable * FP32_BYTES,
+        gradient_bytes=trainable * FP32_BYTES,
+        optimizer_bytes=trainable * 2 * FP32_BYTES,
+        blocks=blocks,
+        largest_block_parameters=largest_block,
+    )
+
+
+def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> MemoryNeed:
+    """The need, or a one-line error naming it, the device's memory and what would fit."""
+    need = memory_need(spec, method, hardware["device_type"])
+    available = float(hardware["memory_bytes"])
+    if need.per_process_bytes(sharding, world_size, hardware["device_type"]) <= available:
+        return need
+    what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
+    options = []
+    if method.method == "full":
+        lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
+        if lora.total_bytes <= available:
+            options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
+        if sharding != "fsdp":
+            options.append("shard it over several GPUs (accelerate launch --num_processes N -m train … --sharding fsdp)")
+        else:
+            options.append("shard it over more processes")
+    options.append("a smaller model or a device with more memory")
+    needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
+    where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
+    raise BenchtrainError(
+        f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
+        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {', or '.join(options[:2])}"
+    )
+
+
+def describe_needs(
+    spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1, calibration_device: bool = False
+) -> str:
+    """One line for `train --dry-run`: the fixed memory of each method on `hardware` — this device,
+    or the one the calibration measured when the dry run plans for another — (and, under FSDP,
+    what each process holds)."""
+    parts = []
+    for method in (MethodConfig(method="full"), chosen if chosen.is_lora else MethodConfig(method="lora")):
+        need = memory_need(spec, method, hardware["device_type"])
+        label = "full fine-tuning" if method.method == "full" else f"LoRA r{method.lora_rank}"
+        sharded = ""
+        if sharding == "fsdp" and method.method == "full":
+            sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
+        parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{sharded}")
+    device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
+    return f"memory before activations: {', '.join(parts)}; {device} has {hardware['memory_bytes'] / GIB:.0f} GiB"

@@ -1,0 +1,117 @@
+"""Everything a run spends besides its training steps, in one place.
+
+The planner adds it to the estimate, the deadline guard keeps the part that comes after the last
+step in reserve, run.json records it, and `train --dry-run` shows it line by line. Every figure is
+measured by `bench` (model build, first-step warm-up, compilation per distinct batch shape,
+checkpoint save and the final export — bytes ÷ the measured disk write bandwidth —, report) or
+predicted from its measurements (evaluation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from common.durations import format_duration
+
+
+@dataclass(frozen=True)
+class Overheads:
+    model_build_seconds: float
+    warmup_seconds: float
+    checkpoint_seconds: float  # one checkpoint save
+    checkpoint_count: int  # periodic ones + the final one
+    export_seconds: float  # final/ (and final-base/, final-merged/): their bytes at the write bandwidth
+    eval_pass_seconds: float  # one pass over the eval set
+    eval_count: int
+    report_seconds: float  # 0 with --no-report
+    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
+    compile_shapes: int = 0
+    export_bytes: int = 0  # 0: not known (one checkpoint save is counted)
+
+    @property
+    def evaluation_seconds(self) -> float:
+        return self.eval_pass_seconds * self.eval_count
+
+    @property
+    def total_seconds(self) -> float:
+        return (
+            self.model_build_seconds
+            + self.warmup_seconds
+            + self.compile_seconds
+            + self.checkpoint_seconds * self.checkpoint_count
+            + self.export_seconds
+            + self.evaluation_seconds
+            + self.report_seconds
+        )
+
+    @property
+    def after_training_seconds(self) -> float:
+        """What must still fit after the last step: the final checkpoint, the export, the final
+        evaluation and the report. The deadline guard keeps it in reserve."""
+        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
+
+    def lines(self) -> list[str]:
+        """For `train --dry-run`: each part, and where it came from."""
+        parts = [
+            f"model build {format_duration(self.model_build_seconds)}",
+            f"warm-up {format_duration(self.warmup_seconds)}",
+            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"] if self.compile_shapes else []),
+            f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
+            f"final/ export {format_duration(self.export_seconds)}" + (f" ({self.export_bytes / 1e6:,.1f} MB)" if self.export_bytes else ""),
+        ]
+        if self.eval_count:
+            parts.append(f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}")
+        parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
+        return [f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)]
+
+
+def checkpoint_save_seconds(measured: dict[str, float]) -> float:
+    """One save: the checkpoint's bytes at the measured write bandwidth, or the timed save."""
+    return write_seconds(measured, measured.get("checkpoint_bytes"))
+
+
+def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float:
+    """Seconds to write `size_bytes` into the run folder: at bench's measured write bandwidth, or
+    (older calibrations) the timed checkpoint save scaled by bytes, or that save itself."""
+    bandwidth, timed = measured.get("disk_write_bytes_per_second"), float(measured.get("checkpoint_save_seconds", 0.0))
+    if size_bytes and bandwidth:
+        return float(size_bytes) / float(bandwidth)
+    checkpoint = measured.get("checkpoint_bytes")
+    if size_bytes and checkpoint:
+        return timed * float(size_bytes) / float(checkpoint)
+    return timed
+
+
+def plan_overheads(
+    measured: dict[str, float],
+    train_seconds: float,
+    checkpoint_interval: float,
+    with_report: bool = True,
+    eval_pass_seconds: float = 0.0,
+    eval_count: int = 0,
+    compile_seconds: float = 0.0,
+    compile_shapes: int = 0,
+    export_bytes: int = 0,
+) -> Overheads:
+    """The overheads of a run with `train_seconds` of predicted training steps; `export_bytes`: what
+    the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
+    save = checkpoint_save_seconds(measured)
+    periodic = math.floor(train_seconds / checkpoint_interval) if checkpoint_interval > 0 else 0
+    return Overheads(
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
+        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save,
+        checkpoint_count=periodic + 1,
+        export_seconds=write_seconds(measured, export_bytes) if export_bytes else save,
+        eval_pass_seconds=eval_pass_seconds,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
+        compile_seconds=compile_seconds,
+        compile_shapes=compile_shapes,
+        export_bytes=export_bytes,
+    )

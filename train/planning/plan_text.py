@@ -1,0 +1,109 @@
+"""The plan and the outcome in words, for the terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from calibration.accuracy import check_estimate, describe_check
+from common.durations import format_duration
+from train.planning.planner import Plan
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f} GiB"
+
+
+BYTE_TOKENS_NOTE = (
+    "  tokens are bytes: this preset has no tokenizer of its own, so counts, lengths and tokens/s are the byte-level "
+    "tokenizer's (a model's own tokenizer makes fewer, longer tokens); --tokenizer DIR counts with the real one"
+)
+
+
+def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str | None:
+    """`compute: ≈305 TFLOP/s per process predicted, MFU 30.9% of the H100 SXM's 989 TFLOP/s`."""
+    if figures.get("mfu") is None:
+        return None
+    peak = figures["tflops"] / figures["mfu"]
+    entry = hardware.get("peak_flops_entry") or hardware["name"]
+    return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
+
+
+def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[str]:
+    return [
+        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
+        f"p50 {profile['p50']:.0f}, p99 {profile['p99']:.0f}, p99.5 {profile['p99.5']:.0f}, max {profile['max']}",
+        *([BYTE_TOKENS_NOTE] if byte_tokens else []),
+    ]
+
+
+def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False) -> list[str]:
+    c = plan.chosen
+    device = calibration.hardware
+    lines = [
+        *describe_data(profile, byte_tokens),
+        f"calibration: {calibration.id} (held-out error p90 {plan.bound_fraction:.1%}"
+        + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
+        + ")",
+        f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
+        f"{'packed rows' if plan.packing else 'samples'}; {c.optimizer_steps:,} optimizer steps"
+        + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
+        f"  estimate {format_duration(c.total_seconds)} (bounds {format_duration(c.total_seconds_low)} – "
+        f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
+        f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
+        + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
+        + " and report",
+        *[f"  {line}" for line in (c.overheads.lines() if c.overheads else [])],
+        f"  tokens: {c.tokens:,} real of {c.padded_tokens:,} computed ({_share(c.tokens, c.padded_tokens)} useful)"
+        + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
+        f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
+        f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration measured",
+        f"  deadline: {format_duration(plan.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
+        f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
+        f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",
+        f"  naive estimate (samples × mean tokens / best measured tokens/s): {format_duration(plan.naive_seconds)}",
+    ]
+    if plan.cost is not None:
+        lines.append(f"  cost: ${plan.cost:,.2f}")
+    for alternative in plan.alternatives:
+        lines.append(f"  alternative: {alternative.label()}: {format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
+    for note in plan.notes:
+        lines.append(f"  note: {note}")
+    return lines
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "n/a"
+
+
+def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
+    """The end of a run in words: the estimate check (the lines the report's banner shows too),
+    the deadline, where things are, and how to continue a run that stopped early."""
+    actual = record["actual"]
+    loss = f", final loss {actual['final_loss']:.4f}" if actual.get("final_loss") is not None else ""
+    lines = [f"run {record['run_id']}: {actual['status']} after {actual['steps']} steps{loss}"]
+    check = check_estimate(record)
+    if check is not None:
+        lines += [f"  {line}" for line in describe_check(check)]
+    used = actual.get("command_seconds")
+    report = f"; the report took {format_duration(actual['report_seconds'])} more" if actual.get("report_seconds") is not None else ""
+    lines.append(
+        f"  deadline {format_duration(record['deadline_seconds'])} {'met' if record['met_deadline'] else 'MISSED'}"
+        + (f" ({format_duration(used)} used by the whole command{report})" if used is not None else "")
+    )
+    lines.append(f"  run folder: {out_dir}")
+    final = record.get("final")
+    if final:
+        partial = " (partial: the run stopped before its planned end)" if final.get("partial") else ""
+        lines.append(f"  model: {final['path']}{partial}")
+        if final.get("merged_path"):
+            lines.append(f"  merged model: {final['merged_path']}")
+    if report_path:
+        lines.append(f"  report: {report_path}")
+    if actual["status"] in ("interrupted", "stopped_for_deadline"):
+        checkpoint = actual.get("last_checkpoint")
+        if checkpoint and resume_command:
+            lines.append(f"checkpoint saved ({Path(checkpoint).name}); resume with: {resume_command}")
+        elif not checkpoint:
+            lines.append("no checkpoint was saved (no step had finished): nothing to resume")
+    return lines

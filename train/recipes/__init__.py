@@ -1,0 +1,2 @@
+"""The recipes that wire the rooms below into a command: the configuration from the command line,
+the setup both share, the training session and the comparison of calibrations."""

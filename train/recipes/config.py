@@ -1,0 +1,150 @@
+"""One validated configuration for a `train` command, from which everything else is derived.
+
+Built once from the command line (`TrainConfig.from_args`), checked in `__post_init__` (every bad
+value is a one-line `BenchtrainError`), written whole into run.json, and read by the session in
+place of the raw argparse namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from common.durations import parse_duration
+from common.errors import BenchtrainError
+from train.planning.deadline import DeadlineBudget
+from train.planning.prices import Prices, parse_prices
+from train.running.trackers import parse_report_to
+from train.step.engine import StepOptions, step_options_from_args
+from train.step.evaluation import EvalSchedule, parse_eval_every
+from train.workload.formats import DataSchema, schema_from_args
+from train.workload.method import MethodConfig, method_from_args
+
+
+def parse_max_length(value: Any) -> int | str:
+    if str(value).lower() == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}") from None
+    if number < 1:
+        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}")
+    return number
+
+
+def is_comparison(use_calibration: str | None) -> bool:
+    """--use-calibration names several calibrations (A,B,C) or `all`: a comparison (train.recipes.compare)."""
+    return use_calibration is not None and ("," in use_calibration or use_calibration.strip() == "all")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    deadline: str
+    use_calibration: str | None = None
+    model: str = "tiny"
+    tokenizer: str | None = None
+    epochs: float = 1.0
+    priority: str = "balanced"
+    effective_batch: int | None = None
+    max_length: int | str = "auto"
+    workers: int | None = None
+    out: str | None = None
+    dry_run: bool = False
+    resume: bool = False
+    on_overrun: str = "stop"
+    fit_deadline: bool = False
+    max_steps: int | None = None
+    checkpoint_interval: str = "10m"
+    keep_checkpoints: int = 2
+    margin: float = 0.05
+    price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
+    json: bool = False
+    learning_rate: float = 3e-4
+    lr_scaling: str = "none"
+    base_batch: int | None = None
+    seed: int = 0
+    force: bool = False
+    no_report: bool = False
+    train_on: str = "assistant"
+    data_split: str = "train"
+    eval_data: str | None = None
+    eval_split: float | None = None
+    eval_every: str | None = None
+    report_to: str = "none"
+    merge_lora: bool = False
+    gradient_checkpointing: str = "auto"
+    method: MethodConfig = field(default_factory=MethodConfig)
+    step_options: StepOptions = field(default_factory=StepOptions)
+    data_schema: DataSchema = field(default_factory=DataSchema)
+    # Derived from the above in __post_init__:
+    deadline_seconds: float = field(init=False)
+    budget: DeadlineBudget = field(init=False)  # the deadline and --margin, handed whole to planner and guard
+    checkpoint_interval_seconds: float = field(init=False)
+    eval_schedule: EvalSchedule = field(init=False)
+    trackers: tuple[str, ...] = field(init=False)
+    prices: Prices = field(init=False)
+
+    def __post_init__(self) -> None:
+        derived = {
+            "deadline_seconds": parse_duration(self.deadline, "--deadline"),
+            "checkpoint_interval_seconds": parse_duration(self.checkpoint_interval, "--checkpoint-interval"),
+            "max_length": parse_max_length(self.max_length),
+            "eval_schedule": parse_eval_every(self.eval_every),
+            "trackers": parse_report_to(self.report_to),
+            "prices": parse_prices(self.price_per_hour),
+        }
+        derived["budget"] = DeadlineBudget.with_margin_share(derived["deadline_seconds"], self.margin)
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
+        if self.workers is not None and self.workers < 0:
+            raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
+        if self.keep_checkpoints < 1:
+            raise BenchtrainError("--keep-checkpoints must be at least 1")
+        if not 0 <= self.margin < 0.5:
+            raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {self.margin}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise BenchtrainError(f"--learning-rate must be positive, got {self.learning_rate}")
+        if self.lr_scaling not in ("none", "linear", "sqrt"):
+            raise BenchtrainError(f"--lr-scaling must be none, linear or sqrt, got {self.lr_scaling!r}")
+        if self.base_batch is not None and self.base_batch < 1:
+            raise BenchtrainError(f"--base-batch must be a positive integer, got {self.base_batch}")
+        if self.resume and not self.out:
+            raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
+        if self.eval_data and self.eval_split is not None:
+            raise BenchtrainError("--eval-data and --eval-split are two ways to choose the eval set: pass one")
+        if self.eval_every and not (self.eval_data or self.eval_split is not None):
+            raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
+        if self.eval_split is not None and not 0 < self.eval_split < 1:
+            raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {self.eval_split}")
+        if self.json and not self.dry_run:
+            raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
+        if self.comparing and not self.dry_run:
+            raise BenchtrainError(
+                f"--use-calibration {self.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
+            )
+        if self.comparing and self.resume:
+            raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
+
+    @property
+    def comparing(self) -> bool:
+        return is_comparison(self.use_calibration)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options", "data_schema")}
+        values = {name: value for name, value in vars(args).items() if name in names}
+        return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["eval_schedule"] = asdict(self.eval_schedule)
+        data["trackers"] = list(self.trackers)
+        data.pop("prices")  # price_per_hour holds what was given
+        data.pop("budget")  # deadline_seconds and margin hold it
+        return data

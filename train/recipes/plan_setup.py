@@ -1,0 +1,152 @@
+"""What a plan is made for: the device (this machine's, or in a dry run the calibration's), the
+processes and what their communication adds, the price, the data; and the planner's request
+from them. Shared by a `train` command (train.recipes.session) and a comparison of calibrations
+(train.recipes.compare), so that both plan alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BenchtrainError
+from train.planning.disk import export_bytes
+from train.recipes.config import TrainConfig
+from train.workload.samples import resolve_data_path
+
+
+def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
+    return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
+
+
+@dataclass(frozen=True)
+class PlanDevice:
+    """The device a plan is for and how the step runs there: this machine, or in a dry run the
+    device the calibration measured (its memory, peak FLOP/s, compile and loss), so that a user
+    plans the GPU they will rent from a machine without one."""
+
+    hardware: dict[str, Any]
+    foreign: bool  # a dry run for the calibration's device, not this machine's
+    compiled: bool
+    loss: str
+
+
+def plan_device(config: TrainConfig, cal: Any, here: dict[str, Any], spec: Any) -> PlanDevice:
+    from train.step.compile import compile_enabled
+    from train.step.loss import choose_loss
+
+    foreign = config.dry_run and not same_device(cal.hardware, here)
+    hardware = cal.hardware if foreign else here
+    measured = cal.training
+    if foreign and config.step_options.compile == "auto":
+        compiled = bool(measured.get("compile"))
+    else:
+        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
+    try:
+        # auto: the loss bench compared and kept (or the device's when planning for another); else
+        # the rule (train.step.loss.choose_loss).
+        if config.step_options.loss == "auto" and measured.get("loss") and (foreign or cal.data.get("loss_choice")):
+            loss = measured["loss"]
+        else:
+            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    return PlanDevice(hardware, foreign, compiled, loss)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a plan runs: the device, the processes and their sharding, what communication adds
+    that the calibration's step times lack (per optimizer step, per micro-step), the price per
+    device-hour, and how far the step time is predicted rather than measured (train.recipes.compare)."""
+
+    device: PlanDevice
+    world_size: int
+    sharding: str
+    comm_seconds: tuple[float, float] = (0.0, 0.0)
+    price_per_hour: float | None = None
+    prediction_error: float = 0.0
+
+
+def load_data(config: TrainConfig, spec: Any) -> tuple[str, Any, Any, Any, dict[str, Any]]:
+    """(data path, tokenizer, tokenized data, eval data or None, length profile)."""
+    from train.workload.data import length_profile, load_tokenized
+    from train.workload.tokenizer import load_tokenizer
+
+    data_path = resolve_data_path(config.data)
+    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
+    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
+    eval_data = None
+    if config.eval_split is not None:
+        from train.step.evaluation import split_eval
+
+        data, eval_data = split_eval(data, config.eval_split, config.seed)
+    elif config.eval_data:
+        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
+    return data_path, tokenizer, data, eval_data, length_profile(data.lengths)
+
+
+def plan_request(
+    config: TrainConfig,
+    spec: Any,
+    method: Any,
+    cal: Any,
+    placement: Placement,
+    need: Any,
+    elapsed_seconds: float,
+    with_eval: bool,
+    resumed: tuple[float, dict[str, Any]] | None = None,
+    completed: int = 0,
+) -> Any:
+    """What the planner is asked for this command, calibration and placement; `resumed`: the
+    interrupted run's epochs and configuration (train.recipes.session.resumed_configuration), kept."""
+    from train.planning.planner import PlanRequest
+
+    device_type = placement.device.hardware["device_type"]
+    # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
+    memory_offset = 0.0
+    if cal.world_size == 1 and placement.sharding == "fsdp":
+        memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
+    return PlanRequest(
+        epochs=resumed[0] if resumed else config.epochs,
+        deadline_seconds=config.deadline_seconds,
+        elapsed_seconds=elapsed_seconds,
+        priority=config.priority,
+        effective_batch=config.effective_batch,
+        max_length=resumed[1]["max_length"] if resumed else config.max_length,
+        world_size=placement.world_size,
+        num_workers=config.workers,
+        margin_fraction=config.margin,
+        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        price_per_hour=placement.price_per_hour,
+        max_steps=config.max_steps,
+        fit_deadline=config.fit_deadline,
+        seed=config.seed,
+        max_positions=spec.max_positions,
+        completed_steps=completed,
+        configuration=resumed[1] if resumed else None,
+        gradient_checkpointing=config.gradient_checkpointing,
+        eval_schedule=config.eval_schedule if with_eval else None,
+        with_report=not config.no_report,
+        compiled=placement.device.compiled,
+        comm_seconds_per_step=placement.comm_seconds[0],
+        comm_seconds_per_micro_step=placement.comm_seconds[1],
+        memory_offset_bytes=memory_offset,
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
+        prediction_error=placement.prediction_error,
+    )
+
+
+def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+    """A dry run's plan as `--json` prints it (also each row of a comparison, train.recipes.compare)."""
+    return {
+        "calibration_id": cal.id,
+        "calibration_path": str(cal.path) if cal.path else None,
+        "device": placement.device.hardware["name"],
+        "device_type": placement.device.hardware["device_type"],
+        "memory_bytes": placement.device.hardware["memory_bytes"],
+        "world_size": placement.world_size,
+        "sharding": placement.sharding,
+        "plan": plan.to_json(),
+        "communication": communication,
+        "compute": compute,
+    }

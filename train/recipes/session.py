@@ -1,0 +1,721 @@
+"""One `train` command from start to end: checks, data, plan, training, record, report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from calibration.accuracy import check_estimate
+from common.atomic import json_text
+from common.console import is_main_process, say
+from common.durations import format_duration
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
+from train.planning.disk import RunLock, check_space, disk_need
+from train.recipes.config import TrainConfig
+from train.recipes.plan_setup import Placement, load_data, plan_device, plan_json, plan_request
+from train.running.checkpoint import list_checkpoints
+
+# What a resumed run keeps from the interrupted one: the same batches in the same order.
+RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
+
+
+def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any, spec: Any, method: Any, processes: tuple[int, str]) -> Any:
+    """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
+    the calibration it started with, and another one is refused unless --force. `latest` is the
+    newest of this model and method measured with this run's (processes, sharding), else the newest
+    of one process (communication is then predicted), else the newest; when that is not the
+    newest, it says why."""
+    on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
+    if previous is None:
+        reference = config.use_calibration or "latest"
+        if reference != "latest":
+            return calibration_api.load(reference, on_skip=on_skip)
+        passed_over: list[Path] = []
+        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes), passed_over.append)
+        if passed_over:
+            say(
+                f"calibration: {chosen.id} ({chosen.world_size} process(es), {chosen.sharding}) suits this run "
+                f"({processes[0]} process(es), {processes[1]}) better than the newer {passed_over[0].stem}"
+            )
+        return chosen
+    own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
+    if config.use_calibration is not None:
+        chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
+        if chosen.id != own_id and not config.force:
+            raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
+        return chosen
+    for reference in (own_path, own_id):
+        if reference and (Path(reference).is_file() or "/" not in str(reference)):
+            try:
+                return calibration_api.load(reference)
+            except BenchtrainError:
+                continue
+    raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
+
+
+def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:
+    """Which stored calibrations `latest` prefers for this run, best first (calibration.store)."""
+
+    def measured(data: dict[str, Any]) -> tuple[str | None, str, int, str]:
+        distributed = data.get("distributed") or {}
+        training = data.get("training") or {}
+        size = int(distributed.get("world_size", 1))
+        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), size, str(distributed.get("sharding", "none"))
+
+    mine = (spec.fingerprint, method.method)
+    return (
+        lambda data: measured(data) == (*mine, *processes),
+        lambda data: measured(data)[:3] == (*mine, 1),
+    )
+
+
+def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
+    """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
+    from train.workload.model import resolve_model
+
+    pinned = (previous.get("model") or {}).get("revision")
+    if spec.hub is None or not pinned or pinned == spec.hub.revision:
+        return spec
+    return resolve_model(f"{spec.hub.repo_id}@{pinned}")
+
+
+def resumed_method(previous: dict[str, Any]) -> Any:
+    """The interrupted run's method: a resumed run trains what it trained."""
+    from train.workload.method import MethodConfig
+
+    plan = previous["plan"]
+    lora = plan.get("lora") or {}
+    if plan.get("method", "full") != "lora":
+        return MethodConfig()
+    targets = lora.get("targets")
+    return MethodConfig(
+        method="lora",
+        lora_rank=int(lora["rank"]),
+        lora_alpha=float(lora["alpha"]),
+        lora_dropout=float(lora.get("dropout", 0.0)),
+        lora_targets=tuple(targets) if targets else None,
+    )
+
+
+def resumed_configuration(previous: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """The interrupted run's configuration, which its resume keeps (--force with --max-length N
+    takes N instead: check_same_run)."""
+    configuration = {key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION}
+    if config.force and isinstance(config.max_length, int):
+        configuration["max_length"] = config.max_length
+    return configuration
+
+
+def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, method: Any) -> list[str]:
+    """A resume continues the run it names: another model, method or max length than the run's is
+    refused (one line) unless --force, which then trains with this command's. Returns what --force
+    let through, to warn about. (Other data is checked once it is tokenized: check_same_data.)"""
+    plan = previous["plan"]
+    run = f"--resume: run {previous['run_id']}"
+    problems = []
+    trained = previous.get("model") or {}
+    if trained.get("fingerprint") and trained["fingerprint"] != spec.fingerprint:
+        problems.append(f"{run} trained model {trained.get('name')}, this command names {spec.name}: pass --model as the run did")
+    earlier = resumed_method(previous)
+    if not same_method(earlier, method):
+        problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
+    if isinstance(config.max_length, int) and config.max_length != plan["max_length"]:
+        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {config.max_length}: drop it")
+    if problems and not config.force:
+        raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
+    return problems
+
+
+def same_method(earlier: Any, method: Any) -> bool:
+    """The run's method (run.json keeps LoRA's targets as resolved module names) and this
+    command's: the same method and adapter settings; targets only when this command names them."""
+    if earlier.method != method.method:
+        return False
+    if not method.is_lora:
+        return True
+    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout) == (method.lora_rank, method.alpha, method.lora_dropout)
+    named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
+    return same_settings and named
+
+
+def data_fingerprint(data: Any) -> str:
+    """The tokenized data's identity: its format and every sample's length, in order."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256(data.format.encode())
+    digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_same_data(previous: dict[str, Any], data: Any, data_path: str, profile: dict[str, Any], force: bool) -> str | None:
+    """A resume trains on the run's data (the same samples, so the same batches in the same
+    order): other data is refused unless --force. Returns the warning --force let through."""
+    before = previous.get("data") or {}
+    known = before.get("fingerprint")
+    if known is not None:
+        same = known == data_fingerprint(data)
+    else:  # a run recorded before the fingerprint: its length profile
+        earlier = before.get("profile") or {}
+        same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
+    if same:
+        return None
+    earlier = before.get("profile") or {}
+    problem = (
+        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({_count(earlier.get('count'))} samples, "
+        f"{_count(earlier.get('total_tokens'))} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
+    )
+    if not force:
+        raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
+    return problem
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
+def completed_steps(out_dir: Path) -> int:
+    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
+    from train.running.checkpoint import read_progress
+
+    found = list_checkpoints(out_dir / "checkpoints")
+    if not found:
+        raise BenchtrainError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
+    return int(read_progress(found[-1])["step"])
+
+
+def learning_rate_record(config: TrainConfig, plan: Any) -> dict[str, Any]:
+    """The learning rate this run uses, and how it was scaled from --learning-rate."""
+    from train.step.runtime import scaled_learning_rate
+
+    effective = plan.chosen.micro_batch_size * plan.chosen.world_size * plan.chosen.grad_accum
+    return {
+        "learning_rate": scaled_learning_rate(config.learning_rate, config.lr_scaling, config.base_batch, effective),
+        "base_learning_rate": config.learning_rate,
+        "lr_scaling": config.lr_scaling,
+        "base_batch": config.base_batch or effective,
+    }
+
+
+def check_compatible(
+    calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False, loss: str | None = None
+) -> list[str]:
+    """A calibration for another model, device, training method or compile setting is refused
+    unless --force (then warned); other LoRA settings than measured are only warned about (they
+    barely move the speed)."""
+    problems = []
+    measured = calibration.training
+    if bool(measured.get("compile")) != compiled:
+        states = {True: "a compiled step", False: "an eager step"}
+        problems.append(
+            f"calibration {calibration.id} measured {states[bool(measured.get('compile'))]}, this run would use {states[compiled]}: "
+            f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
+        )
+    if measured["method"] != method.method:
+        names = {"full": "full fine-tuning", "lora": "LoRA"}
+        rerun = "bench run --lora" if method.is_lora else "bench run"
+        problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
+    if calibration.model["fingerprint"] != spec.fingerprint:
+        problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
+    if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
+        problems.append(f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}")
+    if problems and not force:
+        first = problems[0]
+        raise BenchtrainError(first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force")
+    notes = list(problems)
+    if loss and measured.get("loss") and measured["loss"] != loss:  # calibrations before --loss did not record it
+        notes.append(f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ")
+    lora = measured.get("lora") or {}
+    if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
+        notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
+    return notes
+
+
+def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
+    from train.planning.planner import deadline_options
+
+    what = "the steps left need" if previous else "the plan needs"
+    return (
+        f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
+        f"{format_duration(max(0.0, plan.available_seconds))} are left before the deadline; options: {deadline_options(plan, bool(previous))}"
+    )
+
+
+@dataclass
+class PlannedRun:
+    """What a `train` command has settled by the time it has a plan."""
+
+    config: TrainConfig
+    spec: Any
+    method: Any
+    out_dir: Path | None
+    previous: dict[str, Any] | None  # run.json of the run this command resumes
+    cal: Any
+    placement: Placement
+    need: Any  # train.planning.memory_check.MemoryNeed
+    data_path: str
+    tokenizer: Any
+    data: Any
+    eval_data: Any
+    profile: dict[str, Any]
+    completed: int  # optimizer steps the resumed run already did
+    communication: dict[str, Any]
+    request: Any  # train.planning.planner.PlanRequest
+    plan: Any  # train.planning.planner.Plan
+
+    @property
+    def rate(self) -> dict[str, Any]:
+        return learning_rate_record(self.config, self.plan)
+
+
+def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
+    """`write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
+    from train.recipes.config import TrainConfig
+
+    run = plan_run(TrainConfig.from_args(args), started)
+    if run.config.json:
+        if is_main_process():
+            hardware = run.placement.device.hardware
+            print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, planned_compute(run.spec, run.method, run.plan.chosen, hardware))))
+            for warning in run.plan.warnings:
+                say(f"warning: {warning}")
+        if not run.plan.meets_deadline:
+            raise DeadlineError(plan_deadline_message(run.plan, run.previous))
+        return EXIT_OK
+    if is_main_process():
+        print_plan(run)
+    if not run.plan.meets_deadline:
+        # A dry run ends the same way the real run would, so a script can tell; a resumed plan too.
+        raise DeadlineError(plan_deadline_message(run.plan, run.previous))
+    if run.config.dry_run:
+        return EXIT_OK
+    return train_planned(run, getattr(args, "command_line", None), started, write_report)
+
+
+def plan_run(config: TrainConfig, started: float) -> PlannedRun:
+    """From the validated command line to a plan: the model and the run to resume, the calibration,
+    the device, the memory check, the data, communication, and the planner."""
+    from train.planning.planner import make_plan
+
+    spec, method, out_dir, previous = resume_target(config)
+    cal, world_size, sharding = calibration_for(config, spec, method, previous)
+    config, device, price = device_for(config, cal, spec, method)
+    from train.planning.memory_check import check_fits
+
+    before = previous["plan"].get("sharding", "none") if previous else sharding
+    if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
+        raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
+    # Before any data or model work: a too-big model is one line.
+    need = check_fits(spec, method, device.hardware, sharding, world_size)
+    # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
+    spec = hub_weights(spec, config.dry_run)
+
+    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
+    if previous:
+        problem = check_same_data(previous, data, data_path, profile, config.force)
+        if problem:
+            say(f"warning: {problem} (--force: continuing on this data)")
+
+    completed = completed_steps(out_dir) if previous else 0
+    from train.planning.comm import plan_communication, traffic_of
+
+    traffic = traffic_of(sharding, need, device.hardware["device_type"])
+    comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
+    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
+    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
+    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, resumed, completed)
+    plan = make_plan(cal, data, request, eval_data)
+    return PlannedRun(
+        config, spec, method, out_dir, previous, cal, placement, need, data_path, tokenizer, data, eval_data, profile, completed, communication, request, plan
+    )
+
+
+def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
+    """The model spec, the method, the run folder and, with --resume, the run.json it continues
+    (whose model and adapters it keeps; other options differing are warned of)."""
+    from train.workload.model import resolve_model
+
+    spec = resolve_model(config.model)
+    out_dir = Path(config.out).expanduser() if config.out else None
+    if config.resume and not (out_dir / "run.json").is_file():
+        raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
+    previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
+    method = config.method
+    if previous:
+        spec = resumed_spec(spec, previous)
+        for problem in check_same_run(previous, config, spec, method):
+            say(f"warning: {problem} (--force: continuing with this command's)")
+        if same_method(resumed_method(previous), method):
+            method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
+    return spec, method, out_dir, previous
+
+
+def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[str, Any] | None) -> tuple[Any, int, str]:
+    """The calibration to plan with, and the processes and sharding the plan is for."""
+    import calibration as calibration_api
+    from train.step.engine import check_sharding
+    from train.step.runtime import job_world_size
+    from train.step.sharding import sharding_in_use
+
+    world_size = job_world_size()
+    check_sharding(config.step_options, method)
+    sharding = sharding_in_use(config.step_options.sharding, world_size)
+    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
+    if not cal.ok_rows():
+        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
+    if config.dry_run and world_size == 1 and cal.world_size > 1:
+        # Like its device, a dry run plans the processes the calibration measured (train.recipes.compare too).
+        world_size, sharding = cal.world_size, cal.sharding
+        say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
+    return cal, world_size, sharding
+
+
+def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any) -> tuple[TrainConfig, Any, float | None]:
+    """The device the plan is for (this machine, or in a dry run the calibration's), its price per
+    device-hour, and the configuration with the loss bench measured best (`--loss auto`)."""
+    from train.step.hardware import detect_hardware
+
+    here = detect_hardware()
+    device = plan_device(config, cal, here, spec)
+    hardware, foreign = device.hardware, device.foreign
+    if foreign:
+        say(
+            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
+            "training on it needs that device, or --force"
+        )
+    price = config.prices.for_device(cal.id, hardware)
+    warnings = check_compatible(cal, spec, hardware, config.force, method, device.compiled, device.loss)
+    if config.step_options.loss == "auto" and not foreign and cal.data.get("loss_choice"):
+        # The loss bench measured best for this calibration runs (train.recipes.plan_setup.plan_device).
+        config = replace(config, step_options=replace(config.step_options, loss=device.loss))
+    for warning in warnings:
+        say(f"warning: {warning}")
+    return config, device, price
+
+
+def print_plan(run: PlannedRun) -> None:
+    """The plan as the console shows it (rank 0)."""
+    from calibration.comm import describe_communication
+    from train.planning.memory_check import describe_needs
+    from train.planning.plan_text import describe_compute, describe_plan
+    from train.workload.tokenizer import is_byte_tokenizer
+
+    plan, rate, placement = run.plan, run.rate, run.placement
+    hardware = placement.device.hardware
+    if run.previous:
+        print(f"resuming from step {run.completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
+    print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer))), flush=True)
+    compute = describe_compute(planned_compute(run.spec, run.method, plan.chosen, hardware), hardware)
+    if compute:
+        print(compute, flush=True)
+    communication_line = describe_communication(run.communication)
+    if communication_line:
+        print(f"  {communication_line}", flush=True)
+    if rate["lr_scaling"] != "none":
+        print(
+            f"  learning rate {rate['learning_rate']:.3g}: {rate['lr_scaling']} scaling of {rate['base_learning_rate']:.3g} "
+            f"from base batch {rate['base_batch']} to this plan's effective batch",
+            flush=True,
+        )
+    needs = describe_needs(run.spec, run.method, hardware, placement.sharding, placement.world_size, placement.device.foreign)
+    print(f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}", flush=True)
+    for warning in plan.warnings:
+        say(f"warning: {warning}")
+
+
+def train_planned(run: PlannedRun, command_line: list[str] | None, started: float, write_report: Callable[[Path], Path]) -> int:
+    """Train to the plan: the run folder locked and checked for room, run.json written before and
+    after, the report, and the resume command when the run stopped early."""
+    from train.running.record import write_run
+
+    config, method, spec, plan = run.config, run.method, run.spec, run.plan
+    out_dir, record = open_record(config, run.cal, spec, plan, run.data, run.data_path, run.profile, run.previous, run.out_dir, run.request.elapsed_seconds)
+    record["config"] = config.to_json()  # the whole validated configuration of this command
+    record["plan"]["method"] = method.method
+    record["plan"].update(run.rate)
+    record["plan"]["communication"] = run.communication
+    record["plan"]["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)
+    # Written before training, so that a run killed at any moment can be resumed with its method.
+    record["plan"]["lora"] = method.settings()
+    with contextlib.ExitStack() as held:
+        if is_main_process():
+            # One train per run folder; then room for what it will write, before any work.
+            held.enter_context(RunLock(out_dir))
+            existing = len(list_checkpoints(out_dir / "checkpoints"))
+            merge = bool(config.merge_lora and method.is_lora)
+            device_type = run.placement.device.hardware["device_type"]
+            space = disk_need(run.need, method.is_lora, not spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
+            check_space(out_dir, space, config.keep_checkpoints)
+            write_run(out_dir, record)
+        outcome = train_with_record(config, run.cal, plan, run.data, spec, run.tokenizer, out_dir, record, started, method, run.eval_data)
+        if is_main_process():
+            report_path = finish_record(config, run.cal, plan, record, outcome, out_dir, started, run.request.elapsed_seconds, write_report)
+            from train.planning.plan_text import describe_outcome
+
+            resume = resume_command(command_line, out_dir, run.placement.world_size)
+            print("\n".join(describe_outcome(record, out_dir, report_path, resume)), flush=True)
+    from train.step.runtime import finish_together
+
+    # Every rank waits until rank 0 has written everything: none exits while another still works.
+    finish_together()
+    return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
+
+
+def hub_weights(spec: Any, dry_run: bool) -> Any:
+    """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
+    with the size); a dry run only says what a run would fetch, and plans without them."""
+    from train.workload.model import with_hub_weights
+
+    if not dry_run:
+        return with_hub_weights(spec, say)
+    try:
+        return with_hub_weights(spec, say, fetch=False)
+    except BenchtrainError as error:
+        say(f"warning: {error}")
+        return spec
+
+
+def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+    """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
+    for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
+    from train.planning.memory_check import meta_model
+    from train.step.hardware import peak_flops
+    from train.step.metrics import planned_figures
+    from train.workload.model import model_shape
+
+    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
+    if not peak or not chosen.step_seconds:
+        return {"mfu": None}
+    shape = model_shape(meta_model(spec, method))
+    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
+    return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
+
+
+def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
+    """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
+    if command_line is None:
+        return None
+    import shlex
+
+    kept, skip = [], False
+    for token in command_line:
+        if skip:
+            skip = False
+            continue
+        if token in ("--resume", "--dry-run"):
+            continue
+        if token == "--out":
+            skip = True
+            continue
+        if token.startswith("--out="):
+            continue
+        kept.append(token)
+    launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
+    return shlex.join([*launcher, *kept, "--resume", "--out", str(out_dir)])
+
+
+def open_record(
+    config: TrainConfig,
+    cal: Any,
+    spec: Any,
+    plan: Any,
+    data: Any,
+    data_path: str,
+    profile: dict[str, Any],
+    previous: dict[str, Any] | None,
+    out_dir: Path | None,
+    elapsed_before_plan: float,
+) -> tuple[Path, dict[str, Any]]:
+    """The run folder and its run.json record: new, or the interrupted run's when resuming."""
+    from common.home import writable_subdir
+    from train.running.record import new_run_record
+    from train.workload.data import truncation
+    from train.workload.model import model_identity
+
+    # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
+    run_id = previous["run_id"] if previous else f"{spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if out_dir is None:
+        out_dir = writable_subdir("runs") / run_id
+    if is_main_process():
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
+    data_record = {
+        "source": data_path,
+        "format": data.format,
+        "packing": data.packing,
+        "loss_on": data.loss_on,
+        "profile": profile,
+        "fingerprint": data_fingerprint(data),
+    }
+    if not data.packing:
+        data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)
+    # The model section is completed with parameter counts once the model is built.
+    fresh = new_run_record(run_id, plan, cal, model_identity(spec), data_record, elapsed_before_plan)
+    if not previous:
+        return out_dir, fresh
+    previous["resumed"] = previous.get("resumed", 0) + 1
+    # What this command planned: the steps left, its own deadline, time and step limit.
+    previous["deadline_seconds"] = plan.deadline_seconds
+    previous["elapsed_before_plan"] = elapsed_before_plan
+    previous["estimate"] = fresh["estimate"]
+    previous["chosen"] = fresh["chosen"]
+    for key in ("optimizer_steps", "step_limit", "max_length"):
+        previous["plan"][key] = fresh["plan"][key]
+    previous["data"] = data_record  # the same data (check_same_data), or what --force continued on
+    return out_dir, previous
+
+
+def finish_record(
+    config: TrainConfig,
+    cal: Any,
+    plan: Any,
+    record: dict[str, Any],
+    outcome: dict[str, Any],
+    out_dir: Path,
+    started: float,
+    elapsed_before_plan: float,
+    write_report: Callable[[Path], Path],
+) -> Path | None:
+    """What happened, in run.json; the measured speed back into the calibration; the report."""
+    from train.running.record import actual_section, feed_back, write_run
+
+    loop = outcome["loop"]
+    record["final"] = outcome["final"]
+    record["model"] = outcome["model"]
+    record["plan"]["lora"] = outcome["training"]["lora"]
+    record["training"] = outcome["training"]
+    record["status"] = loop.status
+    record["losses"], record["timeline"] = loop.losses, loop.timeline
+    record["evals"] = loop.evals
+    record["events"] = outcome["earlier_events"] + loop.events
+    elapsed = time.monotonic() - started
+    # The span the estimate check compares: from the plan to the end of the export. The report
+    # comes after it (it is written from these figures) and is timed on its own.
+    record["actual"] = actual_section(loop, elapsed - elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
+    record["actual"]["command_seconds"] = elapsed
+    planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
+    record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
+    check = check_estimate(record)
+    record["estimate_check"] = check.to_json() if check else None
+    record["estimate_error_pct"] = check.error_pct if check else None
+    write_run(out_dir, record)
+    feed_back(cal, record)
+    report_path = None if config.no_report else write_report(out_dir)
+    # The deadline covers the whole command, the report included.
+    finished = time.monotonic() - started
+    record["actual"]["report_seconds"] = finished - elapsed if report_path else None
+    record["actual"]["command_seconds"] = finished
+    record["met_deadline"] = finished <= plan.deadline_seconds
+    write_run(out_dir, record)
+    return report_path
+
+
+def train_with_record(
+    config: TrainConfig,
+    cal: Any,
+    plan: Any,
+    data: Any,
+    spec: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    record: dict[str, Any],
+    started: float,
+    method: Any,
+    eval_data: Any = None,
+) -> dict[str, Any]:
+    from train.running.loop import LoopSettings, TrainingRun
+    from train.running.record import write_run
+    from train.workload.method import method_record
+    from train.workload.model import model_record, model_shape
+
+    settings = LoopSettings(
+        started_at=started,
+        **asdict(plan.budget),
+        on_overrun=config.on_overrun,
+        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        keep_checkpoints=config.keep_checkpoints,
+        learning_rate=record["plan"]["learning_rate"],  # scaled once, in run_training
+        seed=config.seed,
+        epochs=plan.epochs,
+        step_limit=plan.step_limit,
+        resume=config.resume,
+        report_to=config.trackers,
+    )
+
+    earlier_events = list(record.get("events", []))  # from the run this one resumes
+
+    def on_update(position: Any, events: list[str]) -> None:
+        record["status"] = "running"
+        record["timeline"] = position.timeline
+        record["losses"] = position.losses
+        record["evals"] = position.evals
+        record["events"] = earlier_events + events
+        write_run(out_dir, record)
+
+    run = TrainingRun(
+        calibration=cal,
+        chosen=plan.chosen,
+        data=data,
+        spec=spec,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        out_dir=out_dir,
+        settings=settings,
+        on_update=on_update,
+        method=method,
+        step_options=config.step_options,
+        eval_data=eval_data,
+        eval_schedule=config.eval_schedule,
+        tracker_record=record,
+    )
+    try:
+        outcome = run.run()
+        final = export_final_model(run, out_dir, tokenizer, spec, method, config.merge_lora, outcome.status)
+    except Exception as error:
+        from train.step.runtime import is_out_of_memory
+
+        if not is_out_of_memory(error):
+            raise
+        chosen = plan.chosen
+        raise BenchtrainError(
+            f"out of memory training batch {chosen.micro_batch_size} at length {chosen.max_length}, which the calibration "
+            f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
+        ) from None
+    return {
+        "loop": outcome,
+        "final": final,
+        "model": model_record(spec, model_shape(run.model)),
+        "training": {**method_record(method, run.model), **run.engine.record()},
+        "earlier_events": earlier_events,
+    }
+
+
+# Runs that stopped before their planned end leave a final/ of their last state, marked partial.
+PARTIAL_STATUSES = ("stopped_for_deadline", "interrupted")
+
+
+def export_final_model(run: Any, out_dir: Path, tokenizer: Any, spec: Any, method: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
+    """final/ (and final-base/, final-merged/) from the trained model, written by the main process
+    (under FSDP every process first joins in gathering the full weights)."""
+    if run.model is None:
+        return None
+    from train.step.sharding import gather_full_state, is_sharded
+
+    full_weights = gather_full_state(run.model, None)[0] if is_sharded(run.model) else None
+    if not is_main_process():
+        return None
+    from train.export import export_final
+
+    model = run.accelerator.unwrap_model(run.model)
+    final = export_final(out_dir, model, tokenizer, spec, method, merge_lora, full_weights)
+    final["partial"] = status in PARTIAL_STATUSES
+    return final

@@ -1,0 +1,1 @@
+"""The run while it runs: the loop, the deadline guard, checkpoints, trackers, and the record."""

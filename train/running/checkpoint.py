@@ -1,0 +1,291 @@
+"""Checkpoints: safe to load, atomic to write, and never the reason a run is lost.
+
+A checkpoint is a folder `step-0000123` under `<run>/checkpoints/`:
+
+    model.safetensors   the weights that training changes (all of them, or the LoRA adapters)
+    optimizer.pt        optimizer and scheduler state and the torch RNG, loaded with
+                        torch.load(weights_only=True): a tampered file cannot run code
+    progress.json       step, data position, loss history, Python and NumPy RNG, plan, calibration
+    COMPLETE            written and fsync'd last: a folder without it is not a checkpoint
+
+It is written into a temporary folder that is renamed into place, and older checkpoints are
+pruned only after the new one is complete, so a crash (kill -9, power, a full disk) at any
+moment leaves the previous checkpoint loadable. Under FSDP (train/step/sharding.py) every process joins
+in gathering the full state to rank 0, which alone writes the same files; loading reads them on
+rank 0 and broadcasts each process its shard. A save that fails (ENOSPC, an I/O error) removes
+its partial folder and raises `CheckpointWriteError`, which names the problem and how to resume.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from common.atomic import atomic_directory
+from common.errors import EXIT_DISK, BenchtrainError
+
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+PROGRESS_FILE = "progress.json"
+MARKER_FILE = "COMPLETE"
+LEGACY_STATE_FILE = "state.pt"
+
+
+class CheckpointWriteError(BenchtrainError):
+    """A checkpoint could not be written (disk full, I/O error); the previous one is intact."""
+
+    exit_code = EXIT_DISK
+
+
+class CheckpointReadError(BenchtrainError):
+    """A checkpoint that cannot be used: unreadable, unsafe, or for another model."""
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(JSON-able Python/NumPy RNG state, torch RNG tensors)."""
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    plain = {"python": [version, list(internal), gauss], "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    return plain, tensors
+
+
+def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = plain["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+
+
+def save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, meta: dict[str, Any], keep: int | None = None) -> float:
+    """Write `folder` atomically; returns the seconds it took. Prunes older siblings to `keep`
+    only once the new checkpoint is complete."""
+    import torch
+    from safetensors.torch import save_file
+
+    from train.step.sharding import gather_full_state, is_sharded
+
+    started = time.perf_counter()
+    plain_rng, tensor_rng = rng_state()
+    if is_sharded(model):
+        import torch.distributed as dist
+
+        full_weights, optimizer_state = gather_full_state(model, optimizer)  # every process, together
+        if dist.get_rank() != 0:
+            return time.perf_counter() - started
+    else:
+        full_weights, optimizer_state = model_state(model), optimizer.state_dict()
+    try:
+        with atomic_directory(folder) as temporary:
+            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in full_weights.items()}
+            save_file(_untied(weights), str(temporary / WEIGHTS_FILE))
+            state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
+            torch.save(state, temporary / OPTIMIZER_FILE)
+            (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
+            _fsync_folder(temporary)
+            _write_marker(temporary / MARKER_FILE)
+    except (OSError, RuntimeError) as error:
+        raise write_error(folder, error) from None
+    if keep:
+        prune_checkpoints(folder.parent, keep)
+    return time.perf_counter() - started
+
+
+def write_error(folder: Path, error: BaseException) -> CheckpointWriteError:
+    """One line: what failed, that the previous checkpoint is intact, how to resume."""
+    run_dir = folder.parent.parent
+    full = (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "unexpected pos" in str(error) or "No space left" in str(error)
+    problem = "the disk is full" if full else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'I/O error'}"
+    previous = list_checkpoints(folder.parent)
+    kept = f"the last checkpoint, {previous[-1].name}, is intact" if previous else "no earlier checkpoint exists"
+    return CheckpointWriteError(
+        f"could not save checkpoint {folder.name} in {folder.parent}: {problem}; {kept}; free space, then `train --resume --out {run_dir}`"
+    )
+
+
+def _untied(weights: dict[str, Any]) -> dict[str, Any]:
+    """safetensors refuses tensors that share memory (tied embeddings): store each once more as a copy."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in weights.items():
+        pointer = tensor.data_ptr()
+        out[name] = tensor.clone() if pointer in seen else tensor
+        seen.add(pointer)
+    return out
+
+
+def _fsync_folder(folder: Path) -> None:
+    for path in folder.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _write_marker(path: Path) -> None:
+    with open(path, "w") as handle:
+        handle.write("complete\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    descriptor = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _unwrapped(model: Any) -> Any:
+    return getattr(model, "module", model)
+
+
+def model_state(model: Any) -> dict[str, Any]:
+    """What a checkpoint must keep of the model: everything for full fine-tuning; for LoRA only the
+    trainable adapters (the frozen base is rebuilt from the preset or the model folder)."""
+    module = _unwrapped(model)
+    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+    if len(trainable) == sum(1 for _ in module.parameters()):
+        return module.state_dict()
+    return {name: value for name, value in module.state_dict().items() if name in trainable}
+
+
+def check_model_state(model: Any, state: dict[str, Any], source: Path) -> bool:
+    """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
+    False); a one-line error when it is neither."""
+    module = _unwrapped(model)
+    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
+    partial = len(trainable) < sum(1 for _ in module.parameters())
+    expected = trainable if partial else set(module.state_dict())
+    unexpected, missing = sorted(set(state) - set(module.state_dict())), sorted(expected - set(state))
+    if unexpected or missing:
+        example = (unexpected or missing)[0]
+        counts = f"{len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. {example}"
+        raise CheckpointReadError(f"checkpoint {source} does not match this model ({counts})")
+    return not partial
+
+
+def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
+    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
+    module = _unwrapped(model)
+    partial = not check_model_state(model, state, source)
+    try:
+        module.load_state_dict(state, strict=not partial)
+    except RuntimeError as error:
+        raise CheckpointReadError(f"checkpoint {source} does not match this model ({str(error).splitlines()[0]})") from None
+
+
+def list_checkpoints(parent: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a folder without its marker is not one)."""
+    if not parent.is_dir():
+        return []
+    return sorted(p for p in parent.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / MARKER_FILE).is_file())
+
+
+def prune_checkpoints(parent: Path, keep: int) -> None:
+    for old in list_checkpoints(parent)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_progress(folder: Path) -> dict[str, Any]:
+    """The checkpoint's progress.json, or a one-line error naming it."""
+    try:
+        progress = json.loads((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointReadError(f"checkpoint {folder}: cannot read {PROGRESS_FILE} ({error})") from None
+    if not isinstance(progress, dict) or not isinstance(progress.get("step"), int):
+        raise CheckpointReadError(f"checkpoint {folder}: {PROGRESS_FILE} has no step")
+    return progress
+
+
+def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
+    beyond plain tensors and containers (weights_only)."""
+    from train.step.sharding import is_sharded
+
+    if is_sharded(model):
+        return _load_sharded(folder, model, optimizer, scheduler)
+    progress = read_progress(folder)
+    weights, state = _read_state(folder)
+    load_model_state(model, weights, folder)
+    load_optimizer = lambda: optimizer.load_state_dict(state["optimizer"])  # noqa: E731
+    return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
+
+
+def _restore_rest(folder: Path, progress: dict[str, Any], load_optimizer: Any, scheduler: Any, state: dict[str, Any], mismatch: str) -> dict[str, Any]:
+    """Optimizer (`load_optimizer()`), scheduler and RNG state back in place; `progress` without its
+    RNG. A state that does not fit is a one-line error saying `mismatch`."""
+    try:
+        load_optimizer()
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise CheckpointReadError(f"checkpoint {folder}: {mismatch} ({str(error).splitlines()[0]})") from None
+    set_rng_state(progress.pop("rng"), state["rng"])
+    return progress
+
+
+def _read_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(weights, optimizer/scheduler/RNG state) of `folder`, read safely, or a one-line error."""
+    import pickle
+
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if (folder / LEGACY_STATE_FILE).is_file() and not (folder / WEIGHTS_FILE).is_file():
+        raise CheckpointReadError(f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE_FILE}), which is not loaded: it could run code")
+    try:
+        weights = load_file(str(folder / WEIGHTS_FILE))
+        state = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    except (OSError, SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointReadError(f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
+    if not isinstance(state, dict) or "optimizer" not in state or "rng" not in state:
+        raise CheckpointReadError(f"checkpoint {folder}: {OPTIMIZER_FILE} holds no optimizer state")
+    return weights, state
+
+
+def _load_sharded(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
+    rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
+    import torch.distributed as dist
+
+    from train.step.sharding import broadcast_from_rank0, scatter_full_state
+
+    progress = read_progress(folder)
+    weights: dict[str, Any] = {}
+    state: dict[str, Any] = {"optimizer": {}}
+    problem = None
+    if dist.get_rank() == 0:
+        try:
+            weights, state = _read_state(folder)
+            check_model_state(model, weights, folder)
+        except CheckpointReadError as error:
+            problem = str(error)
+    problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
+    if problem:
+        raise CheckpointReadError(problem)
+    scatter = lambda: scatter_full_state(model, optimizer, weights, state["optimizer"])  # noqa: E731
+    return _restore_rest(folder, progress, scatter, scheduler, small, "the state does not match this sharded model")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def checkpoint_bytes(model: Any, optimizer_state_bytes: int) -> int:
+    """Bytes one checkpoint writes: the saved weights plus the optimizer state."""
+    return sum(tensor.numel() * tensor.element_size() for tensor in model_state(model).values()) + optimizer_state_bytes

@@ -1,0 +1,131 @@
+"""The deadline guard: from live step times, will the run finish in time, and what to do if not.
+
+The loop tells it, after every optimizer step, how long the step took and how long the
+calibration predicted it would take, and how many predicted seconds of training are left. The
+guard keeps the ratio actual/predicted over a window of recent steps — leaving out the first
+`warmup_steps` (allocator warm-up, worker start-up, compilation), which say nothing about the
+steady speed — and projects the finish: elapsed + remaining × ratio + the reserve (final
+checkpoint, export, evaluation, report). Then:
+
+- continue, while the projection is inside the budget (deadline − margin);
+- shrink (`--on-overrun shrink`): cut the step limit to what fits at the live speed;
+- stop (`--on-overrun stop`, default): at the last moment that still leaves time for one more step
+  and the reserve, stop; `warn` only warns.
+
+A warning is said once per change of state (on track → over budget → back on track), not on
+every step, and the state has hysteresis: once over budget, the run is back on track only when the
+projection is inside the budget by a share of the time still to go (HYSTERESIS_FRACTION), so a run
+near its limit does not flip back and forth with the noise of its step times. The live progress
+line and the periodic log print the same state (`Verdict.state`, `Verdict.summary`): one story.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from train.planning.deadline import DeadlineBudget
+
+OVERRUN_ACTIONS = ("stop", "shrink", "warn")
+WINDOW_STEPS = 20
+NEXT_STEP_SAFETY = 1.5  # the next step may take this much longer than the slowest recent one
+# Over budget → back on track only with this share of the time left before the budget to spare.
+HYSTERESIS_FRACTION = 0.05
+ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
+
+
+@dataclass(frozen=True)
+class GuardSettings(DeadlineBudget):
+    """The command's deadline budget, and how the guard keeps it."""
+
+    reserve_seconds: float  # what must still fit after the last step
+    on_overrun: str = "stop"
+    warmup_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.on_overrun not in OVERRUN_ACTIONS:
+            raise ValueError(f"on_overrun must be one of {OVERRUN_ACTIONS}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # continue | shrink | stop
+    limit: int  # the step limit from now on
+    projected_finish: float  # seconds from the command's start
+    ratio: float  # actual / predicted step time over the window
+    message: str | None = None  # a change of state, to say once
+    state: str = ON_TRACK  # WARMING_UP (no live speed yet) | ON_TRACK | OVER_BUDGET, with hysteresis
+    budget_seconds: float = 0.0  # deadline − margin, from the command's start
+    then: str = ""  # what the guard does about being over budget
+
+    @property
+    def summary(self) -> str:
+        """The state as the live line and the log print it."""
+        text = f"{self.state}: projected finish {self.projected_finish:.0f}s of {self.budget_seconds:.0f}s budget"
+        return f"{text}; {self.then}" if self.state == OVER_BUDGET and self.then else text
+
+
+@dataclass
+class DeadlineGuard:
+    settings: GuardSettings
+    limit: int
+    window: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))
+    seen: int = 0
+    over_budget: bool = False
+
+    def observe(
+        self,
+        step: int,
+        elapsed: float,
+        actual_seconds: float,
+        predicted_seconds: float,
+        remaining_predicted: float,
+        compiled: bool = False,
+        pending_compile_seconds: float = 0.0,
+    ) -> Verdict:
+        """Step `step` just finished at `elapsed` seconds; `remaining_predicted` is the calibration's
+        prediction for the steps left up to the current limit. `compiled`: the step compiled a new
+        batch shape (its time is not its speed); `pending_compile_seconds`: the planned compilation
+        of shapes not met yet."""
+        s = self.settings
+        self.seen += 1
+        if self.seen > s.warmup_steps and not compiled:
+            self.window.append((actual_seconds, predicted_seconds))
+        # Until a steady step is seen, the prediction itself stands (not the warm-up step).
+        ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
+        projected = elapsed + remaining_predicted * ratio + pending_compile_seconds + s.reserve_seconds
+        message = None
+        action = "continue"
+        over = self.seen > s.warmup_steps and self._over_budget(projected, elapsed)
+        then = {"stop": "will checkpoint and stop at the last safe moment", "warn": "continuing (--on-overrun warn)", "shrink": "shrinking"}[s.on_overrun]
+        if over and s.on_overrun == "shrink":
+            per_step = sum(a for a, _ in self.window) / len(self.window)
+            room = s.budget_seconds - elapsed - s.reserve_seconds
+            new_limit = step + max(0, math.floor(room / per_step))
+            if new_limit < self.limit:
+                self.limit = new_limit
+                action = "shrink"
+                message = f"step {step}: projected finish {projected:.0f}s > {s.budget_seconds:.0f}s budget at the live speed; shrinking to {new_limit} steps"
+            then = f"shrunk to {self.limit} steps"
+        elif over and not self.over_budget:
+            message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {s.budget_seconds:.0f}s; {then}"
+        elif not over and self.over_budget and s.on_overrun != "shrink":
+            message = f"step {step}: back on track, projected finish {projected:.0f}s of {s.budget_seconds:.0f}s"
+        self.over_budget = over
+        if s.on_overrun != "warn" and step < self.limit and elapsed > self.last_safe_moment():
+            action = "stop"
+        state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
+        return Verdict(action, self.limit, projected, ratio, message, state, s.budget_seconds, then)
+
+    def _over_budget(self, projected: float, elapsed: float) -> bool:
+        """Over budget past the budget; back on track only with a margin to spare (hysteresis)."""
+        budget = self.settings.budget_seconds
+        if not self.over_budget:
+            return projected > budget
+        return projected > budget - HYSTERESIS_FRACTION * max(0.0, budget - elapsed)
+
+    def last_safe_moment(self) -> float:
+        """Past this, one more step and the reserve might not fit before the deadline."""
+        slowest = max((a for a, _ in self.window), default=0.0)
+        return self.settings.budget_seconds - self.settings.reserve_seconds - NEXT_STEP_SAFETY * slowest

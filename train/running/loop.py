@@ -1,0 +1,526 @@
+"""The training loop: the measured step, live speed against the estimate, the deadline guard,
+checkpoints, resume and clean stops on SIGINT/SIGTERM.
+
+Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
+prediction, decide (continue / checkpoint / stop), record → final checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calibration.fit import Config
+from calibration.model import Calibration
+from train.planning.deadline import DeadlineBudget
+from train.planning.planner import Candidate
+from train.running import trackers
+from train.running.cadence import Every
+from train.running.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
+from train.running.guard import DeadlineGuard, GuardSettings, Verdict
+from train.step import metrics
+from train.step.engine import StepOptions
+from train.step.evaluation import EvalSchedule
+from train.step.runtime import agree
+from train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, make_loader, run_batches
+from train.workload.data import TokenizedData
+from train.workload.method import MethodConfig
+
+
+@dataclass
+class LoopSettings:
+    started_at: float  # time.monotonic() when the command started: the deadline counts from there
+    deadline_seconds: float
+    margin_seconds: float
+    on_overrun: str = "stop"
+    checkpoint_interval_seconds: float = 600.0
+    keep_checkpoints: int = 2
+    log_interval_seconds: float = 10.0
+    learning_rate: float = 3e-4
+    seed: int = 0
+    epochs: float = 1.0
+    step_limit: int | None = None
+    resume: bool = False
+    report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
+    warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
+
+    @property
+    def budget(self) -> DeadlineBudget:
+        return DeadlineBudget(self.deadline_seconds, self.margin_seconds)
+
+
+@dataclass
+class LoopOutcome:
+    status: str  # completed | stopped_for_deadline | interrupted | step_limit
+    steps: int
+    micro_batches: int
+    tokens: int
+    padded_tokens: int
+    step_seconds: float  # sum of measured optimizer-step times
+    checkpoint_seconds: list[float]
+    losses: list[dict[str, float]]
+    timeline: list[dict[str, float]]
+    events: list[str]
+    last_checkpoint: str | None
+    resumed_from: str | None = None
+    exit_signal: int | None = None
+    evals: list[dict[str, float]] = field(default_factory=list)
+    batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
+    figures: dict[str, Any] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
+    start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
+    shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
+
+
+@dataclass
+class Position:
+    """Where the loop is: resumable from a checkpoint's meta."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    micro_batches: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    step_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    losses: list[dict[str, float]] = field(default_factory=list)
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
+
+    def count(self, result: Any, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
+        """One optimizer step of `micro_count` micro-batches done (`result`: train.step.step.StepResult)."""
+        self.step += 1
+        self.batch_in_epoch += micro_count
+        self.micro_batches += micro_count
+        self.tokens += result.target_tokens * processes
+        self.padded_tokens += result.tokens * processes
+        self.step_seconds += result.seconds
+        self.data_wait_seconds += result.data_wait_seconds
+        self.predicted_seconds += predicted_seconds
+        self.flops += flops
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to checkpoint and stop after the current step."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number: int, _frame: Any) -> None:
+        self.received = number
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+class TrainingRun:
+    def __init__(
+        self,
+        *,
+        calibration: Calibration,
+        chosen: Candidate,
+        data: TokenizedData,
+        spec: Any,
+        pad_id: int,
+        out_dir: Path,
+        settings: LoopSettings,
+        on_update: Callable[[Position, list[str]], None] | None = None,
+        step_hook: Callable[[int], None] | None = None,
+        method: MethodConfig | None = None,
+        step_options: StepOptions | None = None,
+        eval_data: TokenizedData | None = None,
+        eval_schedule: EvalSchedule | None = None,
+        tracker_record: dict[str, Any] | None = None,
+    ) -> None:
+        self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
+        self.method = method or MethodConfig()
+        self.step_options = step_options or StepOptions()
+        self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
+        self.on_update = on_update
+        self.step_hook = step_hook  # tests slow the step down through this
+        self.eval_data, self.eval_schedule = eval_data, eval_schedule or EvalSchedule()
+        self.tracker_record = tracker_record or {}
+        self.events: list[str] = []
+        self.shapes_seen: set[tuple[int, ...]] = set()
+        self.peak_memory: Any = None
+
+    # -- setup ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import torch
+
+        from train.step.engine import build_engine, cosine_schedule
+        from train.step.runtime import make_accelerator, pin_memory
+
+        self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
+        torch.manual_seed(self.settings.seed)
+        schedule = cosine_schedule(self.total_steps())
+        self.engine = build_engine(
+            self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, self.settings.learning_rate, schedule
+        )
+        self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
+        self.pin_memory = pin_memory(self.accelerator)
+        from train.step.hardware import detect_hardware
+        from train.workload.model import model_shape
+
+        shape, lora, recompute = model_shape(self.model), self.method.is_lora, self.chosen.gradient_checkpointing
+        self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
+        self.peak_flops = detect_hardware().get("peak_bf16_flops")
+        trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        c = self.chosen
+        return run_batches(
+            self.data,
+            c.micro_batch_size,
+            c.max_length,
+            self.settings.seed,
+            epoch,
+            self.settings.epochs,
+            self.accelerator.num_processes,
+            self.accelerator.process_index,
+        )
+
+    def total_steps(self) -> int:
+        steps = self.chosen.optimizer_steps
+        return min(steps, self.settings.step_limit) if self.settings.step_limit else steps
+
+    def dataset(self, batches: list[list[int]]) -> Any:
+        if self.data.packing:
+            return PackedBatches(self._stream, batches, self.chosen.max_length)
+        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks, self.shape_bucket)
+
+    @property
+    def shape_bucket(self) -> int | None:
+        """Compiled steps pad to a few widths (train.step.compile.SHAPE_BUCKET): one compile per width."""
+        from train.step.compile import SHAPE_BUCKET
+
+        return SHAPE_BUCKET if self.engine.compiled else None
+
+    def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
+        """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
+        c = self.chosen
+        micro = [
+            self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers, c.gradient_checkpointing))
+            for shape in batch_shapes(self.data, batches, c.max_length, self.shape_bucket)
+        ]
+        return [sum(micro[i : i + c.grad_accum]) + c.comm_seconds_per_step for i in range(0, len(micro), c.grad_accum)]
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> LoopOutcome:
+        self._build()
+        self._stream = self.data.stream() if self.data.packing else None
+        position, resumed_from = self._restore()
+        self._start(position, resumed_from)
+        from train.step.peak_memory import PeakMemory
+
+        self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
+        try:
+            with StopSignals() as self.signals:
+                while position.epoch < math.ceil(self.settings.epochs) and self.status == "completed":
+                    self._run_epoch(position)
+                self._finish(position)
+        finally:
+            self.peak_memory.__exit__(None, None, None)
+            if self.progress is not None:
+                self.progress.close()
+            trackers.finish(self.accelerator)
+        return self._outcome(position, resumed_from)
+
+    def _start(self, position: Position, resumed_from: str | None) -> None:
+        """The run's state before its first step: status, step limit, guard, cadences, live line."""
+        s, c = self.settings, self.chosen
+        self.start_step, self.status, self.last_checkpoint = position.step, "completed", resumed_from
+        self.checkpoint_times: list[float] = []
+        now = time.monotonic()
+        self.log_every, self.checkpoint_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(s.checkpoint_interval_seconds, now), Every(None, now)
+        self.limit = self.planned_limit = self.total_steps()
+        reserve = c.overheads.after_training_seconds if c.overheads else 0.0
+        settings = GuardSettings(**asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps)
+        self.guard = DeadlineGuard(settings, self.limit)
+        self.progress = self._progress(self.limit, position.step)
+
+    def _run_epoch(self, position: Position) -> None:
+        """The optimizer steps of this epoch (from where the position is), until the status changes."""
+        c = self.chosen
+        batches = self.epoch_batches(position.epoch)
+        predicted = self.predicted_step_seconds(batches)
+        elapsed_predicted = [0.0, *itertools.accumulate(predicted)]  # running totals for the guard
+        loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
+        iterator = iter(loader)
+        while position.batch_in_epoch < len(batches) and self.status == "completed":
+            if position.step >= self.limit:
+                self.status = "step_limit"
+                break
+            step_index = position.batch_in_epoch // c.grad_accum
+            result, now = self._step(iterator, position, min(c.grad_accum, len(batches) - position.batch_in_epoch), predicted[step_index])
+            remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, self.limit)
+            self._after_step(position, result, now, predicted[step_index], remaining_predicted)
+        del iterator, loader
+        if self.status == "completed" and position.batch_in_epoch >= len(batches):
+            position.epoch += 1
+            position.batch_in_epoch = 0
+
+    def _step(self, iterator: Any, position: Position, micro_count: int, predicted_seconds: float) -> tuple[Any, float]:
+        """One optimizer step, counted into the position; the step's result and when it ended."""
+        if self.step_hook:
+            self.step_hook(position.step)
+        result = self.step.run(iterator, micro_count)
+        processes = self.accelerator.num_processes
+        position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
+        now = time.monotonic()
+        position.losses.append(
+            {
+                "step": position.step,
+                "loss": result.loss,
+                "elapsed": now - self.settings.started_at,
+                "seconds": result.seconds,
+                "predicted_seconds": predicted_seconds,
+                "tokens": result.target_tokens * processes,
+                "learning_rate": result.learning_rate,
+            }
+        )
+        return result, now
+
+    def _after_step(self, position: Position, result: Any, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
+        """The deadline guard's verdict on this step, then what is due: live line, trackers, log,
+        evaluation, checkpoint."""
+        elapsed = now - self.settings.started_at
+        compiled_here = self._met_new_shapes(result.shapes)
+        pending_compile = self._pending_compile_seconds()
+        verdict = self.guard.observe(position.step, elapsed, result.seconds, predicted_seconds, remaining_predicted, compiled_here, pending_compile)
+        self._heed(verdict)
+        if self.progress is not None:
+            self.progress.update(1)
+            self.progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
+        self._track_step(position, result, verdict.projected_finish - elapsed)
+        if self.log_every.due(now) or self.status != "completed":
+            self.log_every.done(now)
+            position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
+            self._log(self.progress, position, now, verdict)
+            self._update(position)
+        self._evaluate_if_due(position, now)
+        self._checkpoint_if_due(position, now)
+
+    def _heed(self, verdict: Verdict) -> None:
+        """Say a change of state once; every rank agrees to stop (for the deadline or a signal) and
+        on the step limit."""
+        if verdict.message:
+            self.events.append(verdict.message)
+            if self.progress is not None:
+                self.progress.write(f"deadline: {verdict.message}")
+        stop_code = 2 if self.signals.received is not None else (1 if verdict.action == "stop" else 0)
+        stop_code = agree(self.accelerator, stop_code, "max")
+        self.limit = self.guard.limit = agree(self.accelerator, verdict.limit, "min")
+        if stop_code:
+            self.status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+
+    def _evaluate_if_due(self, position: Position, now: float) -> None:
+        # Every rank evaluates together (the loss is summed across them): agree on "due".
+        due = self.eval_data is not None and self.status == "completed" and self.eval_schedule.due(position.step, self.eval_clock.since(now))
+        if agree(self.accelerator, int(due), "max"):
+            self._evaluate(position, self.progress)
+            self.eval_clock.done(time.monotonic())
+
+    def _checkpoint_if_due(self, position: Position, now: float) -> None:
+        """Periodically, and when the run stops early (its last step is kept)."""
+        periodic = self.checkpoint_every.due(now)
+        if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
+            periodic = bool(agree(self.accelerator, int(periodic), "max"))
+        if (periodic or self.status != "completed") and self._saves_here:
+            self._save(position)
+            self.checkpoint_every.done(time.monotonic())
+
+    def _finish(self, position: Position) -> None:
+        """After the last step: the final evaluation and checkpoint, unless this step has them."""
+        if self.status == "completed" and position.step >= self.limit and self.settings.step_limit:
+            self.status = "step_limit"
+        evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
+        if self.eval_data is not None and position.step > 0 and not evaluated_here:
+            self._evaluate(position, self.progress)  # every run ends with an evaluation
+        already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(checkpoint_name(position.step))
+        if self._saves_here and not already_saved and position.step > 0:
+            self._save(position)
+        now = time.monotonic()
+        position.timeline.append(self._timeline_point(position, now, 1.0, now - self.settings.started_at))
+
+    def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
+        return LoopOutcome(
+            status=self.status,
+            steps=position.step,
+            micro_batches=position.micro_batches,
+            tokens=position.tokens,
+            padded_tokens=position.padded_tokens,
+            step_seconds=position.step_seconds,
+            checkpoint_seconds=self.checkpoint_times,
+            losses=position.losses,
+            evals=position.evals,
+            timeline=position.timeline,
+            events=self.events,
+            last_checkpoint=self.last_checkpoint,
+            resumed_from=resumed_from,
+            exit_signal=self.signals.received,
+            batch_shapes=len(self.shapes_seen),
+            figures=self._run_figures(position),
+            start_step=self.start_step,
+            shrunk_to=self.limit if self.limit < self.planned_limit else None,
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+    @property
+    def _saves_here(self) -> bool:
+        """Rank 0 writes checkpoints; under FSDP every rank joins in gathering the state."""
+        return self.accelerator.is_main_process or self.engine.sharding == "fsdp"
+
+    def _run_figures(self, position: Position) -> dict[str, Any]:
+        """This process's figures over the run (train.step.metrics), and its peak memory."""
+        per_process = position.padded_tokens / self.accelerator.num_processes
+        flops_per_token = position.flops / per_process if per_process else 0.0
+        figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, flops_per_token, self.peak_flops)
+        return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None}
+
+    def _met_new_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> bool:
+        """Whether this step met a batch shape for the first time: compiled steps compile it then."""
+        new = set(shapes) - self.shapes_seen
+        self.shapes_seen.update(new)
+        return self.engine.compiled and bool(new)
+
+    def _pending_compile_seconds(self) -> float:
+        """Planned compilation of the shapes not met yet (the plan's per-shape average)."""
+        overheads = self.chosen.overheads
+        if not self.engine.compiled or overheads is None or not overheads.compile_shapes:
+            return 0.0
+        left = max(0, overheads.compile_shapes - len(self.shapes_seen))
+        return left * overheads.compile_seconds / overheads.compile_shapes
+
+    @staticmethod
+    def _remaining_predicted(position: Position, elapsed_predicted: list[float], step_index: int, limit: int) -> float:
+        """Predicted seconds of the steps still to run (this epoch's rest + later epochs), from the
+        epoch's running totals so each step costs O(1), however long the epoch."""
+        steps_left = max(0, limit - position.step)
+        epoch_steps = len(elapsed_predicted) - 1
+        last = min(epoch_steps, step_index + 1 + steps_left)
+        remaining = elapsed_predicted[last] - elapsed_predicted[step_index + 1]
+        steps_left -= last - (step_index + 1)
+        if steps_left > 0 and epoch_steps:
+            remaining += steps_left * elapsed_predicted[-1] / epoch_steps
+        return remaining
+
+    def _evaluate(self, position: Position, progress: Any) -> None:
+        """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
+        from train.step.evaluation import evaluate_loss
+
+        c = self.chosen
+        result = evaluate_loss(
+            self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed, self.engine.compiled
+        )
+        entry = {"step": position.step, "elapsed": time.monotonic() - self.settings.started_at, **result}
+        position.evals.append(entry)
+        if progress is not None:
+            progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
+        self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
+
+    def _track(self, values: dict[str, float], step: int) -> None:
+        if self.accelerator.is_main_process:
+            trackers.log(self.accelerator, values, step)
+
+    def _track_step(self, position: Position, result: Any, eta_seconds: float) -> None:
+        if not self.settings.report_to:
+            return
+        flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
+        figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
+        self._track(
+            {
+                "train/loss": result.loss,
+                "train/learning_rate": result.learning_rate,
+                "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
+                "train/mfu": figures["mfu"],
+                "train/tflops": figures["tflops"],
+                "train/data_wait_share": figures["data_wait_share"],
+                "train/eta_seconds": max(0.0, eta_seconds),
+            },
+            position.step,
+        )
+
+    def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
+        s = self.settings
+        return {
+            "elapsed": now - s.started_at,
+            "steps": position.step,
+            "tokens": position.tokens,
+            "train_seconds": position.step_seconds,
+            "predicted_train_seconds": position.predicted_seconds,
+            "live_ratio": ratio,
+            "projected_finish": projected,
+            "loss": position.losses[-1]["loss"] if position.losses else math.nan,
+        }
+
+    @staticmethod
+    def _postfix(result: Any, verdict: Any) -> str:
+        """The live line: this step's loss and speed, and the deadline guard's state (the same the
+        log and the guard's messages say)."""
+        return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
+
+    def _log(self, progress: Any, position: Position, now: float, verdict: Any) -> None:
+        predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
+        actual_rate = position.tokens / max(position.step_seconds, 1e-9)
+        elapsed = now - self.settings.started_at
+        line = (
+            f"step {position.step}: {actual_rate:,.0f} tok/s actual vs {predicted_rate:,.0f} predicted, "
+            f"elapsed {elapsed:.0f}s, remaining {max(0.0, verdict.projected_finish - elapsed):.0f}s; {verdict.summary} "
+            f"(deadline {self.settings.deadline_seconds:.0f}s)"
+        )
+        if progress is not None:
+            progress.write(line)
+
+    def _progress(self, total: int, initial: int) -> Any:
+        if not self.accelerator.is_main_process:
+            return None
+        from common.progress import progress_bar
+
+        return progress_bar(total, "train", "step", initial)
+
+    def _save(self, position: Position) -> None:
+        folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
+        meta = {key: value for key, value in position.__dict__.items()}
+        meta["chosen"] = self.chosen.to_json()
+        seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.keep_checkpoints)
+        self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
+        self.last_checkpoint = str(folder)
+        self.checkpoint_times.append(seconds)
+
+    def _restore(self) -> tuple[Position, str | None]:
+        if not self.settings.resume:
+            return Position(), None
+        found = list_checkpoints(self.out_dir / "checkpoints")
+        if not found:
+            from common.errors import BenchtrainError
+
+            raise BenchtrainError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}")
+        try:
+            meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
+        except CheckpointReadError as error:
+            if len(found) < 2:
+                raise
+            raise CheckpointReadError(f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again") from None
+        fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
+        self.events.append(f"resumed from {found[-1].name}")
+        return Position(**fields), str(found[-1])
+
+    def _update(self, position: Position) -> None:
+        if self.on_update is not None and self.accelerator.is_main_process:
+            self.on_update(position, self.events)

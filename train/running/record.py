@@ -1,0 +1,146 @@
+"""`run.json`: the plan, the estimate with bounds, what actually happened, and the feedback
+of the measured throughput into the calibration's history."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from calibration.accuracy import check_estimate
+from calibration.store import is_bundled, update_calibration
+from common.atomic import write_json_atomic
+from train.planning.planner import Plan
+from train.planning.prices import run_cost
+from train.running.loop import LoopOutcome
+
+RUN_SCHEMA_VERSION = 1
+
+
+def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any], data: dict[str, Any], elapsed_before_plan: float) -> dict[str, Any]:
+    chosen = plan.chosen
+    return {
+        "schema_version": RUN_SCHEMA_VERSION,
+        "run_id": run_id,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "status": "planned",
+        "calibration_id": calibration.id,
+        "calibration_path": str(calibration.path) if calibration.path else None,
+        "hardware": calibration.hardware,
+        "model": model,
+        "data": data,
+        "plan": plan_section(plan),
+        "estimate": estimate_section(plan),
+        "actual": None,
+        "deadline_seconds": plan.deadline_seconds,
+        "elapsed_before_plan": elapsed_before_plan,
+        "met_deadline": None,
+        "timeline": [],
+        "losses": [],
+        "events": [],
+        "alternatives": [candidate.to_json() for candidate in plan.alternatives],
+        "chosen": chosen.to_json(),
+    }
+
+
+def plan_section(plan: Plan) -> dict[str, Any]:
+    chosen = plan.chosen
+    return {
+        "micro_batch_size": chosen.micro_batch_size,
+        "grad_accum": chosen.grad_accum,
+        "num_workers": chosen.num_workers,
+        "max_length": chosen.max_length,
+        "world_size": chosen.world_size,
+        "gradient_checkpointing": chosen.gradient_checkpointing,
+        "effective_batch": plan.effective_batch,
+        "optimizer_steps": chosen.optimizer_steps,
+        "micro_batches": chosen.micro_batches,
+        "packing": plan.packing,
+        "epochs": plan.epochs,
+        "priority": plan.priority,
+        "step_limit": plan.step_limit,
+        "notes": plan.notes,
+    }
+
+
+def estimate_section(plan: Plan) -> dict[str, Any]:
+    chosen = plan.chosen
+    bound = plan.bound_fraction
+    return {
+        "total_seconds": chosen.total_seconds,
+        "total_seconds_low": chosen.total_seconds_low,
+        "total_seconds_high": chosen.total_seconds_high,
+        "train_seconds": chosen.step_seconds,
+        "overhead_seconds": chosen.overhead_seconds,
+        # The steps this estimate covers: a resumed run's are those left after start_step.
+        "steps": chosen.remaining_steps,
+        "start_step": chosen.optimizer_steps - chosen.remaining_steps,
+        "tokens": chosen.tokens,
+        "padded_tokens": chosen.padded_tokens,
+        "tokens_per_second": chosen.tokens_per_second,
+        "tokens_per_second_low": chosen.tokens_per_second / (1 + bound),
+        "tokens_per_second_high": chosen.tokens_per_second * (1 + bound),
+        "peak_memory_bytes": chosen.peak_memory_bytes,
+        "eval_seconds": chosen.eval_seconds,
+        "overheads": chosen.overheads.to_json() if chosen.overheads else None,
+        "naive_seconds": plan.naive_seconds,
+        "projected_finish_seconds": chosen.total_seconds,
+        "cost": plan.cost,
+    }
+
+
+def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> dict[str, Any]:
+    """What happened. `total_seconds`: from the plan to the end of the export (the span the
+    estimate check compares, calibration.accuracy.check_estimate); steps, tokens and train seconds
+    count the whole run, a resumed one's earlier steps included (`start_step` of them)."""
+    return {
+        "total_seconds": total_seconds,
+        "train_seconds": outcome.step_seconds,
+        "tokens": outcome.tokens,
+        "padded_tokens": outcome.padded_tokens,
+        "tokens_per_second": outcome.tokens / outcome.step_seconds if outcome.step_seconds else 0.0,
+        "steps": outcome.steps,
+        "micro_batches": outcome.micro_batches,
+        "batch_shapes": outcome.batch_shapes,
+        **outcome.figures,  # computed tokens/s, TFLOP/s, MFU, data-wait share, peak memory (train.step.metrics)
+        "checkpoint_seconds": outcome.checkpoint_seconds,
+        "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
+        "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,
+        "final_perplexity": outcome.evals[-1]["perplexity"] if outcome.evals else None,
+        "eval_seconds": sum(entry["seconds"] for entry in outcome.evals),
+        "status": outcome.status,
+        "start_step": outcome.start_step,
+        "exit_signal": outcome.exit_signal,
+        "shrunk_to": outcome.shrunk_to,
+        "last_checkpoint": outcome.last_checkpoint,
+        "cost": run_cost(total_seconds, price_per_hour, processes),
+    }
+
+
+def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
+    path = out_dir / "run.json"
+    write_json_atomic(path, record)
+    return path
+
+
+def feed_back(calibration: Any, record: dict[str, Any]) -> None:
+    """Append the measured speed to the calibration's history so the next plan uses it: the steps
+    this command ran against their own prediction (calibration.accuracy.check_estimate), so a run
+    that stopped early or was resumed counts like a completed one."""
+    check = check_estimate(record)
+    if check is None or not check.steps_run or calibration.path is None or is_bundled(calibration.path) or not check.predicted_tokens_per_second:
+        return  # a bundled calibration is the measurement it ships with: runs elsewhere do not change it
+    entry = {
+        "run_id": record["run_id"],
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": record["plan"],
+        # The history factor already in the prediction is divided out, so ratios don't compound.
+        "predicted_tokens_per_second": check.predicted_tokens_per_second / calibration.history_factor,
+        "actual_tokens_per_second": check.actual_tokens_per_second,
+        "predicted_total_seconds": check.estimated_seconds,
+        "actual_total_seconds": check.actual_seconds,
+        "time_error_pct": check.error_pct,
+        "steps": check.steps_run,
+        "status": check.status,
+    }
+    update_calibration(calibration.path, lambda data: data.setdefault("history", []).append(entry))

@@ -1,0 +1,81 @@
+"""Experiment trackers through accelerate's tracking API: `--report-to tensorboard,wandb,...`.
+
+What is logged: the plan as the run's config; the estimate at step 0; per optimizer step the loss,
+learning rate, tokens/s, MFU (on GPUs with a peak-FLOPs entry), data-wait share and the ETA; eval
+loss and perplexity at each evaluation. Each tracker writes under the run folder where it can
+(TensorBoard events in `<run>/tensorboard/benchtrain/`, W&B runs in `<run>/wandb/` — `WANDB_MODE=offline`
+keeps them local).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from common.errors import BenchtrainError
+
+# --report-to name → (module that must be importable, pip extra that installs it)
+TRACKERS = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"),
+}
+PROJECT = "benchtrain"
+
+
+def parse_report_to(text: str | None) -> tuple[str, ...]:
+    """`none` (default) or a comma list of tracker names, each installed, or a one-line error."""
+    names = tuple(dict.fromkeys(part.strip().lower() for part in (text or "none").split(",") if part.strip()))
+    if names in ((), ("none",)):
+        return ()
+    for name in names:
+        if name not in TRACKERS:
+            raise BenchtrainError(f"--report-to {name}: unknown tracker; use none or a comma list of {', '.join(TRACKERS)}")
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise BenchtrainError(f"--report-to {name}: the {module} package is not installed: pip install 'benchtrain[{extra}]'")
+    return names
+
+
+def init_kwargs(names: tuple[str, ...], run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Where each tracker writes: inside the run folder."""
+    kwargs: dict[str, dict[str, Any]] = {}
+    if "wandb" in names:
+        kwargs["wandb"] = {"dir": str(run_dir)}
+    return kwargs
+
+
+def flat_config(record: dict[str, Any]) -> dict[str, Any]:
+    """The plan and estimate as scalars (TensorBoard's hparams take nothing nested)."""
+    config: dict[str, Any] = {}
+    for section in ("plan", "estimate"):
+        for key, value in (record.get(section) or {}).items():
+            if isinstance(value, (bool, int, float, str)):
+                config[f"{section}/{key}"] = value
+            elif value is not None:
+                config[f"{section}/{key}"] = str(value)
+    config["run_id"] = record.get("run_id", "")
+    config["calibration_id"] = record.get("calibration_id", "")
+    return config
+
+
+def start(accelerator: Any, names: tuple[str, ...], run_dir: Path, record: dict[str, Any]) -> None:
+    if not names:
+        return
+    accelerator.init_trackers(PROJECT, config=flat_config(record), init_kwargs=init_kwargs(names, run_dir))
+    estimate = record.get("estimate") or {}
+    log(accelerator, {f"estimate/{key}": value for key, value in estimate.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}, 0)
+
+
+def log(accelerator: Any, values: dict[str, float], step: int) -> None:
+    if getattr(accelerator, "trackers", None):
+        accelerator.log({key: value for key, value in values.items() if value is not None}, step=step)
+
+
+def finish(accelerator: Any) -> None:
+    """Close every tracker (not `accelerator.end_training`, which also tears the process group
+    down: see train.step.runtime.finish_together)."""
+    for tracker in getattr(accelerator, "trackers", None) or []:
+        tracker.finish()

@@ -1,0 +1,85 @@
+"""`torch.compile` in THE step: which blocks are compiled, how shapes are kept few, what it costs.
+
+The repeated decoder blocks (transformers names their class in `_no_split_modules`) are compiled
+in place, one block class compiled once and reused by every layer: regional compilation, as
+accelerate's `compile_regions` and torchtitan do. In place (`module.compile()`) keeps module
+types and state-dict keys, so DDP, peft, checkpoints and `save_pretrained` see the same model.
+The loss (train/step/loss.py) stays outside: chunked or Liger, it never makes full logits anyway.
+
+Shapes are static (`dynamic=False`): every distinct (rows, length) compiles once, and that is
+the cost bench measures (the first step of each probe) and the planner charges per distinct
+shape. Packed rows have one shape; padded batches are bucketed to multiples of SHAPE_BUCKET
+(train.workload.batching.padded_width), so a run meets at most max_length / SHAPE_BUCKET lengths. Evaluation runs
+eager (`eager_region`): it is a small share of a run and would otherwise compile more graphs.
+"""
+
+from __future__ import annotations
+
+import socket
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+COMPILE_CHOICES = ("auto", "on", "off")
+SHAPE_BUCKET = 64
+# Compiled graphs kept per block: every distinct shape, and both checkpointing states, of a
+# benchmark or a run (torch's default of 8 would silently fall back to eager).
+RECOMPILE_LIMIT = 256
+
+
+def compile_enabled(choice: str, device_type: str) -> bool:
+    """`--compile auto` compiles on CUDA only: on CPU the first step of each shape costs tens of
+    seconds of C++ compilation for a small gain."""
+    if choice not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {choice!r}")
+    return choice == "on" or (choice == "auto" and device_type == "cuda")
+
+
+def compile_blocks(model: Any) -> int:
+    """Compile `model`'s repeated blocks in place; the whole model when it names none. Returns how
+    many modules were compiled."""
+    import torch
+
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
+    from train.workload.method import decoder_blocks, unwrap
+
+    blocks = decoder_blocks(model)
+    if not blocks:
+        unwrap(model).compile(dynamic=False)
+        return 1
+    for block in blocks:
+        block.compile(dynamic=False)
+    return len(blocks)
+
+
+def eager_region(compiled: bool) -> AbstractContextManager:
+    """Run compiled modules eagerly inside this block (evaluation)."""
+    if not compiled:
+        return nullcontext()
+    import torch
+
+    return torch.compiler.set_stance("force_eager")
+
+
+def compile_cache_record() -> dict[str, str]:
+    """Where inductor keeps compiled kernels on this machine (bench records it with the training
+    settings of its calibration)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return {"dir": str(cache_dir()), "host": socket.gethostname()}
+
+
+def compile_cache_usable(cache: dict[str, str] | None) -> bool:
+    """Whether a run here finds bench's compiled kernels: same machine, cache still there."""
+    return bool(cache) and cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
+
+
+def compile_seconds(measured: dict[str, Any], shapes: set[tuple[int, int]], probed: set[tuple[int, int]], cache: dict[str, str] | None) -> float:
+    """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from
+    inductor's cache (measured by bench) for the shapes bench probed on this machine, from scratch
+    for the others."""
+    cold = float(measured.get("compile_seconds_per_shape", 0.0))
+    cached = float(measured.get("compile_cached_seconds_per_shape", cold))
+    reusable = probed if compile_cache_usable(cache) else set()
+    return sum(cached if shape in reusable else cold for shape in shapes)

@@ -1,0 +1,153 @@
+"""Model, loss, compilation, optimizer and step, built in one place for `bench` probes and `train`.
+
+Order matters: the model (with its method: full or LoRA) → gradient checkpointing → the loss
+(train/step/loss.py) → compiled blocks (train/step/compile.py) → FSDP shards (train/step/sharding.py, with
+`--sharding fsdp` under several processes) → optimizer and scheduler → accelerate's `prepare`
+(devices, precision, DDP; the optimizer only when sharded) → THE step.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
+from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
+from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
+
+# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero.
+WARMUP_FRACTION = 0.05
+
+
+def cosine_schedule(total_steps: int) -> Any:
+    """`make_scheduler` for `build_engine`: the run's learning-rate schedule over its `total_steps`
+    optimizer steps (the same on every process)."""
+
+    def make(optimizer: Any) -> Any:
+        from transformers import get_cosine_schedule_with_warmup
+
+        return get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
+
+    return make
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How THE step runs: compiled or eager, and which loss. Same options on bench and train."""
+
+    compile: str = "auto"  # auto | on | off (auto: on for CUDA)
+    loss: str = "auto"  # auto | chunked | liger | plain
+    sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
+
+    def __post_init__(self) -> None:
+        from common.errors import BenchtrainError
+
+        if self.sharding not in SHARDING_CHOICES:
+            raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
+
+        if self.compile not in COMPILE_CHOICES:
+            raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
+        if self.loss not in LOSS_CHOICES:
+            raise BenchtrainError(f"--loss must be one of {', '.join(LOSS_CHOICES)}, got {self.loss!r}")
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="auto",
+        help="torch.compile the decoder blocks: auto (default) = on for CUDA, off on CPU; compile time is measured and planned",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=LOSS_CHOICES,
+        default="auto",
+        help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
+    )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDING_CHOICES,
+        default="ddp",
+        help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
+        "fsdp = parameters, gradients and optimizer state sharded (full fine-tuning of a model too big for one device)",
+    )
+
+
+def step_options_from_args(args: argparse.Namespace) -> StepOptions:
+    return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
+
+
+def check_sharding(options: StepOptions, method: Any) -> None:
+    """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
+    from common.errors import BenchtrainError
+
+    if options.sharding == "fsdp" and method.is_lora:
+        raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
+
+
+@dataclass
+class Engine:
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    step: Any  # train.step.step.TrainingStep
+    compiled: bool
+    loss: str  # the loss implementation in use
+    sharding: str = "none"  # none (one process) | ddp | fsdp
+
+    def record(self) -> dict[str, Any]:
+        """How the step ran, for the calibration's and run.json's `training` section."""
+        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding}
+
+
+def build_engine(
+    spec: Any,
+    method: Any,
+    accelerator: Any,
+    options: StepOptions,
+    checkpointing: bool = False,
+    learning_rate: float | None = None,
+    make_scheduler: Any = None,
+) -> Engine:
+    """Everything THE step needs. `make_scheduler(optimizer)` builds the LR schedule (constant
+    when None, as bench probes use)."""
+    import torch
+
+    from common.errors import BenchtrainError
+    from train.step.runtime import DEFAULT_LEARNING_RATE, make_optimizer
+    from train.step.step import TrainingStep
+    from train.workload.method import set_gradient_checkpointing
+    from train.workload.model import build_model
+
+    device_type = accelerator.device.type
+    try:
+        loss_kind = choose_loss(options.loss, device_type, spec.config_dict.get("model_type"))
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    compiled = compile_enabled(options.compile, device_type)
+    model = build_model(spec, accelerator.device, method)
+    if checkpointing:
+        set_gradient_checkpointing(model, True)
+    install_loss(model, loss_kind, compiled=compiled)
+    if compiled:
+        compile_blocks(model)
+    check_sharding(options, method)
+    sharding = sharding_in_use(options.sharding, accelerator.num_processes)
+    if sharding == "fsdp":
+        shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
+    optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE)
+    scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps the schedule
+    # once per process at every optimizer step (split_batches=False: a schedule counted in
+    # per-process batches), while ours counts the run's optimizer steps, so under N processes it
+    # would decay N times too fast and climb back. TrainingStep steps it once per optimizer step.
+    if sharding == "fsdp":
+        # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
+        # mixed-precision policy casts the shards).
+        optimizer = accelerator.prepare(optimizer)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    step = TrainingStep(accelerator, model, optimizer, scheduler)
+    return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)

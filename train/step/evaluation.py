@@ -1,0 +1,117 @@
+"""Evaluation: held-out loss and perplexity, forward passes only, on a fixed set of batches.
+
+The eval set is `--eval-data PATH` or `--eval-split FRACTION` of `--data` (the same samples for
+the same seed). Its batches use the run's micro batch size and max length, and are the same at
+every evaluation, so eval losses over a run compare like with like. Under several processes each
+rank evaluates its share and the token-weighted loss is summed across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common.durations import parse_duration
+from common.errors import BenchtrainError
+from train.workload.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
+from train.workload.data import TokenizedData
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    """When to evaluate besides the end: every N optimizer steps, or every so many seconds."""
+
+    every_steps: int | None = None
+    every_seconds: float | None = None
+
+    def due(self, step: int, seconds_since_last: float) -> bool:
+        if self.every_steps:
+            return step % self.every_steps == 0
+        return self.every_seconds is not None and seconds_since_last >= self.every_seconds
+
+    def count(self, steps: int, train_seconds: float) -> int:
+        """Evaluations in a run of `steps` steps lasting `train_seconds`, the final one included."""
+        if self.every_steps:
+            return steps // self.every_steps + 1
+        if self.every_seconds:
+            return math.floor(train_seconds / self.every_seconds) + 1
+        return 1
+
+
+_STEPS = re.compile(r"^(\d+)\s*(steps?)?$")
+
+
+def parse_eval_every(text: str | None) -> EvalSchedule:
+    """`500steps` / `500` (optimizer steps) or a duration (`10m`); None: at the end only."""
+    if text is None:
+        return EvalSchedule()
+    match = _STEPS.match(str(text).strip().lower())
+    if match:
+        steps = int(match.group(1))
+        if steps < 1:
+            raise BenchtrainError(f"--eval-every must be positive, got {text!r}")
+        return EvalSchedule(every_steps=steps)
+    return EvalSchedule(every_seconds=parse_duration(text, "--eval-every"))
+
+
+def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[TokenizedData, TokenizedData]:
+    """(train, eval): a deterministic `fraction` of the samples held out, at least one each side."""
+    count = len(data.samples)
+    if not 0 < fraction < 1:
+        raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {fraction}")
+    held = min(count - 1, max(1, round(count * fraction)))
+    if count < 2:
+        raise BenchtrainError("--eval-split needs at least 2 samples")
+    order = np.random.default_rng(seed + 7919).permutation(count)
+    eval_index, train_index = sorted(order[:held].tolist()), sorted(order[held:].tolist())
+    return data.subset(train_index), data.subset(eval_index)
+
+
+def eval_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int) -> list[list[int]]:
+    """The eval set's fixed batches (as planned for training, epoch 0)."""
+    return epoch_batches(data, micro_batch_size, max_length, seed, 0)
+
+
+def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int, pad_id: int) -> Any:
+    if data.packing:
+        return PackedBatches(data.stream(), batches, max_length)
+    return PaddedBatches(data.samples, data.prompt_lengths, batches, max_length, pad_id, data.loss_masks)
+
+
+def evaluate_loss(
+    accelerator: Any, model: Any, data: TokenizedData, micro_batch_size: int, max_length: int, pad_id: int, seed: int, compiled: bool = False
+) -> dict[str, float]:
+    """Mean loss per target token over the eval set, its perplexity, and the seconds it took.
+    A compiled model evaluates eagerly (train.step.compile.eager_region), as bench measured it."""
+    import torch
+
+    from train.step.compile import eager_region
+    from train.step.step import without_packed_sequence_check
+
+    started = time.perf_counter()
+    batches = shard(eval_batches(data, micro_batch_size, max_length, seed), accelerator.process_index, accelerator.num_processes)
+    loader = make_loader(eval_dataset(data, batches, max_length, pad_id), 0, accelerator.device.type == "cuda")
+    device = accelerator.device
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    tokens = torch.zeros((), device=device, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), accelerator.autocast(), eager_region(compiled), without_packed_sequence_check():
+        for batch in loader:
+            batch = to_device(batch, device)
+            # Right-padded rows under causal attention need no mask (see train.step.step).
+            outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
+            # The model's loss is the mean over its shifted target tokens: weight it by their count.
+            count = (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
+            loss_sum += outputs.loss.double() * count
+            tokens += count
+    model.train(was_training)
+    if accelerator.num_processes > 1:
+        loss_sum, tokens = accelerator.reduce(loss_sum, "sum"), accelerator.reduce(tokens, "sum")
+    mean = float(loss_sum / tokens.clamp(min=1))
+    return {"eval_loss": mean, "perplexity": math.exp(min(mean, 50.0)), "eval_tokens": int(tokens), "seconds": time.perf_counter() - started}

@@ -1,0 +1,273 @@
+"""The training loss without full-vocabulary logits.
+
+A causal LM's plain loss materialises logits of (tokens × vocabulary) and then an fp32 copy for
+the softmax: for Llama-3 (128k vocabulary) at micro-batch 8 × 2048 that is 8.4 GB of bf16 logits
+plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replacements, chosen by
+`install_loss`, both computing the same mean cross-entropy over tokens that carry a label:
+
+- `chunked`: plain torch, any device. The hidden states are cut into chunks whose fp32 logits fit
+  LOGITS_CHUNK_BYTES; each chunk's logits are made, turned into the loss and its gradients (for
+  the hidden states and the output head) at once, and freed. Gradients are computed in the
+  forward pass, as Liger's fused linear cross-entropy does, so nothing is recomputed and no logits
+  are kept for backward. No host sync.
+- `liger`: on CUDA with `liger-kernel` >= 0.7 installed (`pip install 'benchtrain[gpu]'`), Liger's
+  fused linear cross-entropy (Triton; two host syncs per micro-step, see `liger_cross_entropy`),
+  and with `torch.compile` off also its RMSNorm and SwiGLU kernels on the model's own modules
+  (with compile on, inductor fuses those itself).
+
+The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
+DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import types
+from typing import Any
+
+from train.workload.batching import IGNORE_INDEX
+
+LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
+# Output heads that are a plain linear layer over the decoder's last hidden state (no logit
+# soft-capping or scaling), so the loss can be computed from hidden states and the head's weight.
+PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
+
+
+# The first liger-kernel with transformers 5 (0.6.x imports transformers 4's `HybridCache`, which
+# transformers 5 removed): pyproject's `gpu` extra pins the same range.
+LIGER_MIN_VERSION = "0.7.0"
+
+
+def liger_functions() -> tuple[Any, Any]:
+    """What we call from Liger: its fused linear cross-entropy module, and its package (whose
+    `apply_liger_kernel_to_<model_type>` patch RMSNorm and SwiGLU). ImportError where they do not
+    import with this transformers."""
+    import liger_kernel.transformers as liger
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    return LigerFusedLinearCrossEntropyLoss, liger
+
+
+@functools.lru_cache(maxsize=1)
+def liger_problem() -> str | None:
+    """Why Liger cannot run here (not installed, too old, does not import), or None. A Liger that
+    fails to import must not be what `--loss auto` picks: every probe would fail."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        installed = version("liger-kernel")
+    except PackageNotFoundError:
+        return "liger-kernel is not installed (pip install 'benchtrain[gpu]')"
+    if Version(installed) < Version(LIGER_MIN_VERSION):
+        return f"liger-kernel {installed} predates transformers 5; install liger-kernel>={LIGER_MIN_VERSION} (pip install 'benchtrain[gpu]')"
+    try:
+        liger_functions()
+    except ImportError as error:
+        return f"liger-kernel {installed} does not import here ({str(error).splitlines()[0][:120]})"
+    return None
+
+
+def liger_available() -> bool:
+    return liger_problem() is None
+
+
+def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
+    """The loss implementation for `--loss choice` on this device and architecture."""
+    if choice not in LOSS_CHOICES:
+        raise ValueError(f"loss must be one of {LOSS_CHOICES}, got {choice!r}")
+    fusable = model_type in PLAIN_HEAD_MODEL_TYPES
+    if choice == "auto":
+        if not fusable:
+            return "plain"
+        return "liger" if device_type == "cuda" and liger_available() else "chunked"
+    if choice != "plain" and not fusable:
+        raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
+    if choice == "liger" and device_type != "cuda":
+        raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
+    if choice == "liger" and not liger_available():
+        raise ValueError(f"--loss liger: {liger_problem()}")
+    return choice
+
+
+# A chunk's fp32 logits stay under this many bytes. Big chunks keep the head's matmuls efficient:
+# every chunk reads the whole (vocabulary × hidden) head weight again, so tiny chunks turn the loss
+# into a memory-bound loop (gpt2's 512 tokens in Liger's 64 chunks of 8 rows: 8× slower on CPU).
+# At 256 MiB a chunk holds 512 rows of Llama-3's 128k vocabulary (enough to keep an H100's
+# tensor cores busy) and all of a small batch; Llama-3 at 8 × 2048 tokens needs 32 chunks.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+FP32_LOGIT_BYTES = 4
+
+
+def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) -> int:
+    """Tokens per chunk: as few chunks as keep each chunk's fp32 logits within `budget_bytes`
+    (LOGITS_CHUNK_BYTES), the tokens shared evenly between them."""
+    budget = LOGITS_CHUNK_BYTES if budget_bytes is None else budget_bytes
+    rows_within_budget = max(1, budget // (vocab_size * FP32_LOGIT_BYTES))
+    chunks = max(1, math.ceil(tokens / rows_within_budget))
+    return max(1, math.ceil(tokens / chunks))
+
+
+def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True) -> tuple[Any, Any, Any]:
+    """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its
+    gradients, one chunk of rows at a time. Matmuls run in `hidden`'s dtype; softmax and sums in fp32."""
+    import torch
+
+    count = (targets != IGNORE_INDEX).sum().clamp(min=1)
+    compute = weight.to(hidden.dtype)
+    loss = torch.zeros((), device=hidden.device, dtype=torch.float32)
+    grad_hidden = torch.empty_like(hidden) if grads else None
+    weight_grad = weight_grad and grads
+    grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if weight_grad else None
+    for start in range(0, hidden.shape[0], chunk):
+        rows = hidden[start : start + chunk]
+        target = targets[start : start + chunk]
+        logits = (rows @ compute.t()).float()
+        keep = target != IGNORE_INDEX
+        safe_target = torch.where(keep, target, 0)
+        log_norm = torch.logsumexp(logits, dim=-1)
+        picked = logits.gather(1, safe_target[:, None]).squeeze(1)
+        loss += ((log_norm - picked) * keep).sum()
+        if not grads:
+            continue
+        # d loss / d logits = (softmax − one-hot) / count on kept rows, 0 elsewhere: in place.
+        grad_logits = logits.sub_(log_norm[:, None]).exp_()
+        grad_logits[torch.arange(len(target), device=target.device), safe_target] -= 1.0
+        grad_logits.mul_((keep / count)[:, None])
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_hidden[start : start + chunk] = grad_logits @ compute
+        if grad_weight is not None:
+            # Accumulated in fp32 whatever the matmul dtype.
+            if rows.dtype == torch.float32:
+                grad_weight.addmm_(grad_logits.t(), rows)
+            else:
+                grad_weight += (grad_logits.t() @ rows).float()
+    return loss / count, grad_hidden, grad_weight
+
+
+def _chunked_function() -> Any:
+    import torch
+
+    class ChunkedLinearCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, hidden: Any, weight: Any, targets: Any, chunk: int) -> Any:
+            loss, grad_hidden, grad_weight = _chunked_loss_and_gradients(hidden, weight, targets, chunk, weight.requires_grad)
+            ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
+            ctx.weight_dtype = weight.dtype
+            ctx.has_weight_grad = grad_weight is not None
+            return loss
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: Any) -> Any:
+            grad_hidden, grad_weight = ctx.saved_tensors
+            scale = grad_output.to(grad_hidden.dtype)
+            weight_out = (grad_weight * grad_output).to(ctx.weight_dtype) if ctx.has_weight_grad else None
+            return grad_hidden * scale, weight_out, None, None
+
+    return ChunkedLinearCrossEntropy
+
+
+_FUNCTION: Any = None
+
+
+def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
+    """Hidden states as (tokens, hidden) rows and the label each row predicts (position t predicts
+    labels[t + 1], like transformers' own loss). Inside autocast the head's matmul would run in the
+    autocast dtype: the rows are cast to it, since both losses run outside autocast."""
+    import torch
+    import torch.nn.functional as F
+
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:].reshape(-1)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    if torch.is_autocast_enabled(flat.device.type):
+        flat = flat.to(torch.get_autocast_dtype(flat.device.type))
+    return flat, targets
+
+
+def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | None = None) -> Any:
+    """Causal-LM loss from the last hidden states (batch, length, hidden) and the output head's
+    weight (vocab, hidden): position t predicts labels[t + 1], like transformers' own loss."""
+    import torch
+
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _chunked_function()
+    flat, targets = _rows_and_targets(hidden, labels)
+    size = chunk or chunk_tokens(flat.shape[0], weight.shape[0])
+    with torch.autocast(flat.device.type, enabled=False):
+        if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
+            return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
+        return _FUNCTION.apply(flat, weight, targets, size)
+
+
+def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
+    """Liger's fused linear cross-entropy. The head's gradient is summed over Liger's chunks in
+    fp32 (`accum_dtype`), as the chunked loss does; Liger's default sums it in the weight's dtype,
+    bf16 here. Liger reads the count of labelled tokens back to the host (`.item()`) in its forward
+    and compares the incoming gradient with 1.0 (`torch.equal`) in its backward: two host syncs per
+    micro-step that the chunked loss does not have."""
+    import torch
+
+    loss_class, _ = liger_functions()
+    flat, targets = _rows_and_targets(hidden, labels)
+    return loss_class(ignore_index=IGNORE_INDEX, accum_dtype=torch.float32)(weight.to(flat.dtype), flat, targets)
+
+
+def apply_liger_kernels(lm: Any) -> bool:
+    """Liger's RMSNorm and SwiGLU on this model's own modules; False where Liger has none for it.
+
+    Liger's `apply_liger_kernel_to_<type>(model=…)` patches the instance's modules, but also
+    replaces the RMSNorm and MLP classes (and, with `rope`, the RoPE function) in transformers'
+    modeling module, where every model built later in the process would pick them up (bench builds
+    several; the export loads one). Those module-level names are put back. Liger's RoPE exists only
+    as that module-level function, so it is left out."""
+    _, liger = liger_functions()
+    apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
+    if apply is None:
+        return False
+    modeling = importlib.import_module(type(lm).__module__)
+    before = dict(vars(modeling))
+    try:
+        apply(rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=lm)
+    finally:
+        for name in set(vars(modeling)) - set(before):
+            delattr(modeling, name)
+        for name, value in before.items():
+            if vars(modeling).get(name) is not value:
+                setattr(modeling, name, value)
+    return True
+
+
+def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
+    """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
+    Without labels (generation, the export) the model's own forward runs unchanged."""
+    from train.workload.method import unwrap
+
+    lm = unwrap(model)
+    # Installed again (bench compares the losses on one model): from the model's own forward.
+    original = lm.__dict__.get("_benchtrain_original_forward", lm.forward)
+    lm._benchtrain_original_forward = original
+    lm.forward = original
+    lm._benchtrain_loss = kind
+    if kind == "plain":
+        return kind
+    if kind == "liger" and not compiled:
+        apply_liger_kernels(lm)
+    loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
+
+    def forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+        if labels is None or kwargs.get("return_dict") is False:
+            return original(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        decoder = getattr(self, self.base_model_prefix)
+        kwargs.pop("use_cache", None)
+        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+        loss = loss_of(outputs.last_hidden_state, self.get_output_embeddings().weight, labels)
+        return CausalLMOutputWithPast(loss=loss, logits=None)
+
+    lm.forward = types.MethodType(forward, lm)
+    return kind

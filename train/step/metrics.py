@@ -1,0 +1,56 @@
+"""Training metrics computed in one place: tokens/s, TFLOP/s, MFU, data-wait share (peak memory:
+train.step.peak_memory). Bench probes, the live log and trackers, run.json and the reports read them
+from here (`step_figures`).
+
+MFU = achieved FLOP/s ÷ the device's dense bf16 peak (train.step.hardware's table). The FLOPs per
+token are the model's (train.workload.model.ModelShape.flops_per_token: full or LoRA, with or without
+recompute) over the positions actually computed, padding included; their attention term grows with
+the sequence length, so a run takes each micro-batch at its own length (`batch_flops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+
+def tokens_per_second(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def tflops(tokens_per_second_computed: float, flops_per_token: float) -> float:
+    return tokens_per_second_computed * flops_per_token / 1e12
+
+
+def mfu(tokens_per_second_computed: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation, or None where the device has no peak-FLOPs entry (CPUs)."""
+    if not peak_flops:
+        return None
+    return tokens_per_second_computed * flops_per_token / peak_flops
+
+
+def batch_flops(shapes: Iterable[tuple[int, ...]], flops_per_token: Callable[[int], float]) -> float:
+    """FLOPs of micro-batches of these (rows, length) shapes, each at its own length: a padded batch
+    is as long as its longest row, usually far shorter than max_length."""
+    return float(sum(rows * length * flops_per_token(length) for rows, length in shapes))
+
+
+def data_wait_share(wait_seconds: float, step_seconds: float) -> float:
+    return min(1.0, wait_seconds / step_seconds) if step_seconds > 0 else 0.0
+
+
+def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+    """The figures of `seconds` of training that computed `tokens_computed` positions (padding
+    included, on one process) and waited `wait_seconds` for data."""
+    rate = tokens_per_second(tokens_computed, seconds)
+    return {
+        "computed_tokens_per_second": rate,
+        "tflops": tflops(rate, flops_per_token),
+        "mfu": mfu(rate, flops_per_token, peak_flops),
+        "data_wait_share": data_wait_share(wait_seconds, seconds),
+    }
+
+
+def planned_figures(computed_tokens: float, step_seconds: float, world_size: int, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+    """A plan's predicted TFLOP/s and MFU per process: `computed_tokens` positions (padding
+    included, every process together) in `step_seconds` of predicted training."""
+    return step_figures(computed_tokens / max(1, world_size), step_seconds, 0.0, flops_per_token, peak_flops)

@@ -1,0 +1,154 @@
+"""Device, precision and optimizer setup shared by `bench` probes and `train` runs.
+
+CUDA: bf16 autocast through accelerate, TF32 matmuls, SDPA attention (chosen at model build),
+fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+DEFAULT_LEARNING_RATE = 3e-4
+DEFAULT_WEIGHT_DECAY = 0.1
+
+
+def job_world_size() -> int:
+    """Processes the launcher started (accelerate launch and torchrun set WORLD_SIZE); 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
+    import torch
+    from accelerate import Accelerator
+
+    from train.workload.method import quiet_library_warnings
+
+    quiet_library_warnings()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        # TF32 for any fp32 matmul left outside autocast (nanoGPT, torchtitan do the same).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
+    # Accelerator serves every grad_accum value a benchmark probes.
+    # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
+    several = job_world_size() > 1
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    # DDP: no buffer broadcast before every forward (a collective per micro-step; a causal LM's
+    # buffers, such as rotary frequencies, never change), and gradients bucketed in place.
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
+    return Accelerator(
+        kwargs_handlers=[ddp],
+        mixed_precision="bf16" if cuda else "no",
+        gradient_accumulation_steps=1,
+        cpu=not cuda and several,
+        log_with=list(log_with) or None,
+        project_dir=str(project_dir) if project_dir is not None else None,
+    )
+
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
+    """`--learning-rate` is right for `--base-batch` samples per optimizer step; at another
+    effective batch (micro-batch × processes × accumulation) scale it linearly (Goyal et al.) or
+    by the square root (Adam-style, Malladi et al.), or not at all."""
+    if scaling == "none" or not base_batch:
+        return learning_rate
+    ratio = effective_batch / base_batch
+    return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
+
+
+def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:
+    import torch
+
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": DEFAULT_WEIGHT_DECAY},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    # Fused AdamW on CUDA and CPU alike: one kernel per step, and no per-parameter `.item()` of the
+    # step count (the foreach version's host syncs).
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), fused=True)
+
+
+def pin_memory(accelerator: Any) -> bool:
+    return accelerator.device.type == "cuda"
+
+
+def agree(accelerator: Any, value: int, operation: str = "max") -> int:
+    """The same decision on every process (a stop on one rank alone would hang the all-reduce)."""
+    if accelerator.num_processes == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if operation == "min" else dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+FINISH_KEY = "benchtrain/finished"
+LEFT_KEY = "benchtrain/left"
+FINISH_TIMEOUT_SECONDS = 600.0
+
+
+def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
+    """Wait until every process of a multi-process run gets here, through the launcher's
+    rendezvous store rather than a collective.
+
+    Why not a gloo/NCCL barrier: a barrier right before the process group is torn down leaves a
+    collective's work object being destroyed in gloo's worker thread, which needs the GIL, while
+    the main thread (holding the GIL) joins that thread in ~ProcessGroupGloo: a deadlock seen as a
+    rank that never exits. The store involves no worker thread. Multi-process commands then leave
+    with os._exit (train.cli.entry_point), so the process group is never destroyed under the GIL."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    world_size = dist.get_world_size()
+    waited_from = time.monotonic()
+
+    def wait_for_all(key: str) -> None:
+        store.add(key, 1)
+        while store.add(key, 0) < world_size:
+            if time.monotonic() - waited_from > timeout_seconds:
+                raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
+            time.sleep(0.05)
+
+    wait_for_all(FINISH_KEY)
+    # Where rank 0 hosts the store (a launcher without torchrun's agent store: srun, mpirun, a
+    # script setting MASTER_ADDR itself), rank 0 leaving ends the store under a rank still asking
+    # it: every other rank says it has seen everyone finish, and rank 0 leaves last.
+    if dist.get_rank() == 0:
+        wait_for_all(LEFT_KEY)
+    else:
+        store.add(LEFT_KEY, 1)
+
+
+def leave(code: int) -> None:
+    """Exit a command. A process of a multi-process job leaves with os._exit once everything is
+    written: gloo's process-group destructors can deadlock on the GIL (see finish_together)."""
+    import sys
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()

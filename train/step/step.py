@@ -1,0 +1,137 @@
+"""THE training step: what `bench` measures and what `train` runs, one function for both.
+
+One optimizer step = `grad_accum` micro-steps (forward, loss, backward; gradients synchronised
+across processes only on the last one) + clipping + optimizer (+ scheduler) step. Time spent
+waiting on the DataLoader is measured separately, so data supply and compute can be told apart.
+
+Nothing inside the micro-steps waits for the GPU: batches arrive pinned and are copied without
+blocking, token counts come from the DataLoader workers (`target_tokens`), the loss is summed on
+the device, and clipping returns a device tensor. The one synchronisation per optimizer step is
+the timer's, after the optimizer step; the loss is read after it, at no further cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from train.workload.batching import count_targets, to_device
+
+DEFAULT_MAX_GRAD_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    seconds: float
+    data_wait_seconds: float
+    loss: float
+    tokens: int  # token positions computed, padding included
+    target_tokens: int  # tokens that carry loss
+    micro_batches: int
+    shapes: tuple[tuple[int, ...], ...] = ()  # each micro-batch's (rows, length): a new one compiles
+    learning_rate: float = 0.0  # what this step's optimizer step used
+
+
+class StepTimer:
+    """Wall time of a region, closed by a device synchronise (CUDA events on GPU)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._cuda = device.type == "cuda"
+        self._device = device
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self._cuda:
+            import torch
+
+            # On this process's own device's stream (named, not whichever device is current).
+            self._start.record(torch.cuda.current_stream(self._device))
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if self._cuda:
+            import torch
+
+            self._end.record(torch.cuda.current_stream(self._device))
+            torch.cuda.synchronize(self._device)  # the step's one wait for the GPU
+            return self._start.elapsed_time(self._end) / 1000.0
+        return time.perf_counter() - self._t0
+
+
+@contextlib.contextmanager
+def without_packed_sequence_check() -> Iterator[None]:
+    """Without an attention mask or a cache, transformers looks for several documents per row in
+    the position ids, with `.all()` on a device tensor: a host sync at the start of every forward,
+    which lets the GPU run dry while the host waits (found with bench/step_profile.py). Our rows
+    never carry their own position ids, so that check can only answer "none": skip it around every
+    forward of ours (the step, evaluation, bench's eval probe), whatever the loss."""
+    import transformers.masking_utils as masking
+
+    original = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
+class TrainingStep:
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, max_grad_norm: float = DEFAULT_MAX_GRAD_NORM) -> None:
+        self.accelerator = accelerator
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.max_grad_norm = max_grad_norm
+        self.timer = StepTimer(accelerator.device)
+
+    def run(self, batches: Iterator[dict[str, Any]], grad_accum: int, synchronize: bool = True) -> StepResult:
+        """One optimizer step over the next `grad_accum` micro-batches of `batches`. With
+        `synchronize` False no micro-step all-reduces gradients (DDP): a step with no collective in
+        it, whose failure on one process cannot leave the others waiting (bench.probe)."""
+        import torch
+
+        accelerator, model = self.accelerator, self.model
+        model.train()
+        device = accelerator.device
+        loss_sum = torch.zeros((), device=device)
+        wait = 0.0
+        tokens = target_tokens = 0
+        shapes = []
+        self.timer.start()
+        for index in range(grad_accum):
+            waited_from = time.perf_counter()
+            batch = next(batches)
+            wait += time.perf_counter() - waited_from
+            # Counted by the DataLoader worker (count_targets); host tensors only, no device sync.
+            counted = batch.get("target_tokens")
+            target_tokens += int(counted) if counted is not None else count_targets(batch["labels"])
+            tokens += batch["input_ids"].numel()
+            shapes.append(tuple(batch["input_ids"].shape))
+            batch = to_device(batch, device)
+            last = index == grad_accum - 1
+            # Gradients are all-reduced once, on the last micro-step.
+            sync = contextlib.nullcontext() if last and synchronize else accelerator.no_sync(model)
+            with sync, without_packed_sequence_check():
+                # No attention mask: rows are right-padded and attention is causal, so no real
+                # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
+                # path and transformers does not inspect the mask on the host (a sync per micro-step).
+                outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
+                loss = outputs.loss / grad_accum
+                accelerator.backward(loss)
+            loss_sum += loss.detach()
+        if self.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+        learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()  # once per optimizer step, whatever the number of processes
+        self.optimizer.zero_grad(set_to_none=True)
+        seconds = self.timer.stop()
+        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate)

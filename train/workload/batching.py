@@ -1,0 +1,286 @@
+"""Micro-batches and the DataLoader that delivers them, for probes and training alike.
+
+A *batch plan* is decided up front and is deterministic (seed, epoch): the planner counts the
+real tokens of exactly the batches training will run, and `--resume` continues from an index.
+
+- Packing (`text` data): all samples joined by EOS, cut into rows of `max_length`; no padding.
+- Padding (other formats): length-grouped batches, right-padded to the longest sample of each
+  batch (with a compiled step: to the next multiple of 64); no attention mask is needed.
+- Synthetic (bench without `--data`): random ids at the probe's sequence length.
+
+Each DataLoader item is one whole micro-batch, collated inside the worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from train.workload.data import TokenizedData
+
+IGNORE_INDEX = -100
+# Length grouping sorts within windows of this many batches: similar lengths, still shuffled.
+GROUP_WINDOW_BATCHES = 32
+
+
+def count_targets(labels: Any) -> int:
+    """Tokens that carry loss in a host batch (counted in the DataLoader workers, off the step)."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
+    host-side counts (`target_tokens`) are dropped."""
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    rows: int
+    length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.length
+
+
+def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Length-grouped batches of sample indices: a shuffled order, sorted (longest first) inside
+    windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
+    count = len(lengths)
+    if count == 0:
+        return []
+    rng = np.random.default_rng(seed * 1_000_003 + epoch)
+    order = rng.permutation(count)
+    clipped = np.minimum(np.asarray(lengths), max_length)
+    window = micro_batch_size * GROUP_WINDOW_BATCHES
+    window_of = np.arange(count) // window
+    order = order[np.lexsort((-clipped[order], window_of))]
+    # A new batch starts every micro_batch_size places inside each window.
+    starts = np.flatnonzero(np.arange(count) % window % micro_batch_size == 0)
+    batches = np.split(order, starts[1:])
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def padded_width(longest: int, max_length: int, bucket: int | None = None) -> int:
+    """The width a batch is padded to: its longest sample, or with `bucket` (compiled steps) the
+    next multiple of `bucket`, so that a run meets few distinct shapes; never past max_length."""
+    longest = min(longest, max_length)
+    return min(max_length, -(-longest // bucket) * bucket) if bucket else longest
+
+
+def _padded_rows_and_lengths(
+    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    clipped = np.minimum(np.asarray(lengths), max_length)
+    sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    longest = np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
+    if bucket:
+        longest = np.minimum(max_length, -(-longest // bucket) * bucket)
+    return sizes, longest
+
+
+def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+    """Each batch's (rows, length it is padded to)."""
+    if not len(batches):
+        return []
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
+    return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
+
+
+def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
+    """How many batches have each (rows, padded length): what the planner needs, without a
+    Python object per batch."""
+    if not len(batches):
+        return {}
+    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
+    pairs, counts = np.unique(np.stack([sizes, longest], axis=1), axis=0, return_counts=True)
+    return {(int(rows), int(length)): int(count) for (rows, length), count in zip(pairs, counts, strict=True)}
+
+
+def packed_row_count(total_tokens: int, max_length: int) -> int:
+    return max(1, -(-total_tokens // max_length))
+
+
+def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    order = list(range(row_count))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return [order[i : i + micro_batch_size] for i in range(0, row_count, micro_batch_size)]
+
+
+def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+    return [BatchShape(len(batch), max_length) for batch in batches]
+
+
+class PaddedBatches:
+    """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length)."""
+
+    def __init__(
+        self,
+        samples: Sequence[np.ndarray],
+        prompt_lengths: Sequence[int],
+        batches: Sequence[Sequence[int]],
+        max_length: int,
+        pad_id: int,
+        loss_masks: Sequence[np.ndarray] | None = None,
+        bucket: int | None = None,
+    ) -> None:
+        self.samples, self.prompt_lengths, self.loss_masks = samples, prompt_lengths, loss_masks
+        self.batches, self.max_length, self.pad_id, self.bucket = list(batches), max_length, pad_id, bucket
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        rows = [self.samples[i][: self.max_length] for i in self.batches[index]]
+        width = padded_width(max(len(row) for row in rows), self.max_length, self.bucket)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        for r, (row, sample_index) in enumerate(zip(rows, self.batches[index], strict=True)):
+            ids = torch.as_tensor(np.asarray(row, dtype=np.int64))
+            input_ids[r, : len(row)] = ids
+            labels[r, : len(row)] = ids
+            # prompt + completion data: no loss on the prompt.
+            labels[r, : min(self.prompt_lengths[sample_index], len(row))] = IGNORE_INDEX
+            if self.loss_masks is not None:
+                # chat data: loss on the assistant's turns only.
+                keep = torch.as_tensor(np.asarray(self.loss_masks[sample_index][: len(row)], dtype=bool))
+                labels[r, : len(row)][~keep] = IGNORE_INDEX
+        # Right padding, no attention mask: under causal attention no real token sees a pad, and
+        # pads carry no loss (train.step.step), so the mask would only cost a host sync and SDPA's fast path.
+        return {"input_ids": input_ids, "labels": labels, "target_tokens": count_targets(labels)}
+
+
+class PackedBatches:
+    """Item i: the rows of micro-batch i cut from one token stream (wrapping around at its end)."""
+
+    def __init__(self, stream: np.ndarray, batches: Sequence[Sequence[int]], max_length: int) -> None:
+        self.stream, self.batches, self.max_length = stream, list(batches), max_length
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        length = self.max_length
+        positions = np.concatenate([np.arange(row * length, (row + 1) * length) for row in self.batches[index]])
+        ids = torch.as_tensor(self.stream[positions % len(self.stream)].astype(np.int64)).view(-1, length)
+        return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
+
+
+class SyntheticBatches:
+    """Item i: random token ids of shape (micro_batch_size, seq_len), the same for the same i."""
+
+    def __init__(self, count: int, micro_batch_size: int, seq_len: int, vocab_size: int) -> None:
+        self.count, self.micro_batch_size, self.seq_len, self.vocab_size = count, micro_batch_size, seq_len, vocab_size
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import torch
+
+        generator = torch.Generator().manual_seed(index)
+        ids = torch.randint(0, self.vocab_size, (self.micro_batch_size, self.seq_len), generator=generator)
+        return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
+
+
+def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0) -> Any:
+    """A real DataLoader over whole micro-batches, starting at batch `start` (for --resume)."""
+    from torch.utils.data import DataLoader, Subset
+
+    if start:
+        dataset = Subset(dataset, range(start, len(dataset)))
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if num_workers else None,
+        worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
+    )
+
+
+def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal's group, DataLoader workers too: a worker that
+    died of it would fail the step in flight, and the main process could not finish it and save
+    the checkpoint it promises. The main process handles SIGINT/SIGTERM (train.running.loop.StopSignals);
+    its workers exit when it shuts the loader down (or when it is gone: torch's watchdog)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
+    """This process's share of an epoch's batches: every world_size-th one. All processes must run
+    the same number of steps (a missing step would hang the all-reduce) and every sample should be
+    seen once, so the samples of the batches left over after the last full round are dealt out as
+    one smaller batch per process; when they are fewer than the processes, they are dealt out
+    with the last full round's as two rounds of smaller batches. Only a micro-batch of 1 with
+    fewer leftover samples than processes drops those few."""
+    if world_size <= 1:
+        return list(batches)
+    whole = len(batches) - len(batches) % world_size
+    leftover = [sample for batch in batches[whole:] for sample in batch]
+    if not leftover:
+        return list(batches[rank:whole:world_size])
+    if len(leftover) >= world_size:
+        return [*batches[rank:whole:world_size], list(leftover[rank::world_size])]
+    tail = [sample for batch in batches[whole - world_size : whole] for sample in batch] + leftover
+    if whole < world_size or len(tail) < 2 * world_size:
+        return list(batches[rank:whole:world_size])
+    rounds = 2 * world_size
+    return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
+
+
+def epoch_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
+    """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
+    if data.packing:
+        rows = packed_row_count(sum(data.lengths), max_length)
+        return plan_packed_batches(rows, micro_batch_size, seed, epoch)
+    return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
+
+
+def run_batches(
+    data: TokenizedData,
+    micro_batch_size: int,
+    max_length: int,
+    seed: int,
+    epoch: int,
+    epochs: float,
+    world_size: int = 1,
+    rank: int = 0,
+) -> list[list[int]]:
+    """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
+    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
+    whole = math.ceil(epochs)
+    if epochs < whole and epoch == whole - 1:
+        batches = batches[: max(1, round(len(batches) * (epochs - (whole - 1))))]
+    return shard(batches, rank, world_size)
+
+
+def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+    if data.packing:
+        return packed_shapes(batches, max_length)
+    return padded_shapes(data.lengths, batches, max_length, bucket)
+
+
+def real_tokens(data: TokenizedData, max_length: int) -> int:
+    """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
+    if data.packing:
+        return sum(data.lengths)
+    if data.loss_masks is not None:
+        return int(sum(int(mask[:max_length].sum()) for mask in data.loss_masks))
+    kept = np.minimum(np.asarray(data.lengths), max_length)
+    return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())

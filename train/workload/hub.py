@@ -1,0 +1,239 @@
+"""Models and datasets named as on the Hugging Face hub: `ORG/NAME[@REVISION]`.
+
+Resolved the way transformers resolves them, with huggingface_hub's own functions: the hub cache
+(`HF_HOME`/hub, or `HF_HUB_CACHE`) holds what was fetched before and is never fetched again; with
+`HF_HUB_OFFLINE=1` only the cache is read; online, the hub says which commit a branch or tag is now
+(the token comes from `HF_TOKEN` or `hf auth login`, for gated and private repositories). A commit
+never changes, so a cached one is used without asking the hub.
+
+`bench` needs only the small files (config, tokenizer) because it builds random weights of the
+model's shape; `train` needs the weights: `weights_to_fetch` says how much is missing and where it
+will go before `fetch_weights` gets it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from common.errors import BenchtrainError
+
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
+COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
+# What bench and the data need: the config, the tokenizer and its chat template (a few MB at most).
+SMALL_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+# Safetensors when the repository has them (transformers prefers them too); else PyTorch files.
+WEIGHT_PATTERNS = (["*.safetensors", "*.safetensors.index.json"], ["pytorch_model*.bin", "pytorch_model.bin.index.json"])
+NETWORK_ADVICE = "check the network, or download it where there is one with"
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class HubModel:
+    repo_id: str
+    revision: str  # the commit the reference resolved to
+    requested: str | None  # the branch, tag or commit asked for; None: the default branch
+    snapshot: Path  # the hub cache's folder for that commit
+
+    @property
+    def reference(self) -> str:
+        """What resolves to exactly this commit again (in another process, say)."""
+        return f"{self.repo_id}@{self.revision}"
+
+    def record(self) -> dict[str, Any]:
+        return {"hub_id": self.repo_id, "revision": self.revision, "requested_revision": self.requested or "main"}
+
+
+@dataclass(frozen=True)
+class WeightFetch:
+    """The weight files of a hub model that are not in the cache yet."""
+
+    patterns: list[str]
+    files: list[str]
+    total_bytes: int
+    cache_dir: str
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.files)
+
+
+def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
+    """(ORG/NAME, revision or None) when `reference` is written like a hub id, else None."""
+    match = HUB_ID.match(reference.strip())
+    return (match["repo"], match["revision"]) if match else None
+
+
+def download_command(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
+    parts = ["hf download", repo_id]
+    if repo_type != "model":
+        parts.append(f"--repo-type {repo_type}")
+    if revision:
+        parts.append(f"--revision {revision}")
+    return " ".join(parts)
+
+
+def hub_cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def has_weight_files(folder: Path) -> bool:
+    """A single weight file, or an index whose every shard is there (a half-finished download is not)."""
+    import json
+
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return True
+        try:
+            shards = set(json.loads(path.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            continue
+        if shards and all((folder / shard).is_file() for shard in shards):
+            return True
+    return False
+
+
+def resolve_hub_model(repo_id: str, revision: str | None) -> HubModel:
+    """The commit `repo_id@revision` names and its cache folder, with the config and tokenizer in it."""
+    from huggingface_hub import is_offline_mode
+
+    try:
+        folder = snapshot(repo_id, revision, SMALL_FILES)
+    except BenchtrainError:
+        if not is_offline_mode():
+            raise
+        # Offline, a cache with the config but not every tokenizer file still serves bench.
+        folder = snapshot(repo_id, revision, ["config.json"])
+    label = f"{repo_id}@{revision}" if revision else repo_id
+    if not (folder / "config.json").is_file():
+        raise BenchtrainError(f"hub model {label} has no config.json: is it a transformers model?")
+    # snapshot_download returns <cache>/models--ORG--NAME/snapshots/<commit>.
+    return HubModel(repo_id, folder.name, revision, folder)
+
+
+def weights_to_fetch(hub: HubModel) -> WeightFetch:
+    """What `fetch_weights` will download (nothing when the cache has the weights); offline and
+    missing: one line with the download command."""
+    from huggingface_hub import is_offline_mode, snapshot_download
+
+    cache = hub_cache_dir()
+    if has_weight_files(hub.snapshot):
+        return WeightFetch([], [], 0, cache)
+    if is_offline_mode():
+        raise BenchtrainError(
+            f"the weights of {hub.repo_id}@{hub.revision[:12]} are not in the hub cache {cache} and HF_HUB_OFFLINE is set: "
+            f"download them with `{download_command(hub.repo_id, hub.revision)}`, or unset HF_HUB_OFFLINE"
+        )
+    for patterns in WEIGHT_PATTERNS:
+        # A dry run lists the files with their sizes and whether each is cached already.
+        listed = guarded(
+            hub.repo_id, hub.revision, "model", partial(snapshot_download, hub.repo_id, revision=hub.revision, allow_patterns=patterns, dry_run=True)
+        )
+        if listed:
+            missing = [info for info in listed if info.will_download]
+            return WeightFetch(patterns, [info.filename for info in missing], sum(info.file_size or 0 for info in missing), cache)
+    raise BenchtrainError(f"hub model {hub.repo_id}@{hub.revision[:12]} has no weights (no safetensors or pytorch_model.bin files)")
+
+
+def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
+    """Download the missing weight files into the hub cache, after checking there is room."""
+    from common.disk_space import GB, free_bytes
+    from common.errors import DiskSpaceError
+
+    free = free_bytes(Path(fetch.cache_dir))
+    if fetch.total_bytes > free:
+        raise DiskSpaceError(
+            f"{hub.repo_id} needs {fetch.total_bytes / GB:.1f} GB in the hub cache {fetch.cache_dir}, {free / GB:.1f} GB free: "
+            "free space, or point HF_HOME at a larger disk"
+        )
+    snapshot(hub.repo_id, hub.revision, fetch.patterns)
+    if not has_weight_files(hub.snapshot):
+        raise BenchtrainError(f"the weights of {hub.repo_id}@{hub.revision[:12]} are still incomplete in {hub.snapshot} after the download")
+
+
+def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, repo_type: str = "model") -> Path:
+    """The cache folder of `repo_id@revision` holding the files that match `patterns`, fetched
+    when online and missing."""
+    from huggingface_hub import is_offline_mode, snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+
+    def fetch(local_only: bool) -> Path:
+        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=patterns, local_files_only=local_only))
+
+    if revision and COMMIT_HASH.fullmatch(revision) and not is_offline_mode():
+        # A commit never changes: a cached one needs no question to the hub.
+        try:
+            return fetch(True)
+        except (LocalEntryNotFoundError, IncompleteSnapshotError):
+            pass
+    return guarded(repo_id, revision, repo_type, lambda: fetch(is_offline_mode()))
+
+
+def guarded(repo_id: str, revision: str | None, repo_type: str, call: Any) -> Any:
+    """`call()`, with huggingface_hub's errors turned into one line that says what to do."""
+    try:
+        return call()
+    except Exception as error:
+        message = refusal(error, repo_id, revision, repo_type)
+        if message is None:
+            raise
+        raise BenchtrainError(message) from None
+
+
+def refusal(error: BaseException, repo_id: str, revision: str | None, repo_type: str) -> str | None:
+    """The one line for a huggingface_hub error (None: not one of its errors)."""
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import get_token, is_offline_mode
+
+    what = "dataset" if repo_type == "dataset" else "model"
+    label = f"{repo_id}@{revision}" if revision else repo_id
+    command = download_command(repo_id, revision, repo_type)
+    cache = hub_cache_dir()
+    if isinstance(error, hub_errors.HFValidationError):
+        return f"{label} is not a valid hub {what} id (ORG/NAME[@REVISION]): {first_line(error)}"
+    if isinstance(error, hub_errors.GatedRepoError):
+        access = "the token in use has no access to it" if get_token() else "no token is set"
+        page = f"https://huggingface.co/{'datasets/' if what == 'dataset' else ''}{repo_id}"
+        return f"hub {what} {repo_id} is gated and {access}: accept its terms on {page} and set HF_TOKEN (or run `hf auth login`)"
+    if isinstance(error, hub_errors.RepositoryNotFoundError):
+        private = "" if get_token() else " (if it is private, set HF_TOKEN)"
+        return f"no {what} {repo_id} on the hub{private}: check the id (ORG/NAME)"
+    if isinstance(error, hub_errors.RevisionNotFoundError):
+        return f"hub {what} {repo_id} has no revision {revision!r}: name a branch, tag or commit that exists"
+    if isinstance(error, (hub_errors.LocalEntryNotFoundError, hub_errors.IncompleteSnapshotError, hub_errors.DryRunError)):
+        if is_offline_mode():
+            return f"{what} {label} is not in the hub cache {cache} and HF_HUB_OFFLINE is set: download it with `{command}`"
+        cause = error.__cause__
+        if isinstance(cause, hub_errors.HfHubHTTPError):  # the hub answered (gated, not found, …): say what it said
+            return refusal(cause, repo_id, revision, repo_type)
+        reason = f" ({first_line(cause)})" if cause is not None else ""
+        return f"cannot reach the hub for {what} {label}{reason} and it is not in the hub cache {cache}: {NETWORK_ADVICE} `{command}`"
+    if isinstance(error, hub_errors.HfHubHTTPError):
+        return f"the hub refused {what} {label}: {first_line(error)}"
+    if isinstance(error, hub_errors.HTTPError):  # no connection, a timeout
+        return f"cannot reach the hub for {what} {label} ({first_line(error)}): {NETWORK_ADVICE} `{command}`"
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

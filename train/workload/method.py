@@ -1,0 +1,183 @@
+"""What is trained: the whole model (`full`) or LoRA adapters on a frozen base (peft), and
+whether activations are recomputed (gradient checkpointing). Shared by bench probes and train.
+
+LoRA: the base stays frozen — in bf16 on CUDA (no fp32 copy, no gradients, no optimizer state for
+it) — and only the adapters are trained, in fp32 (peft upcasts them), with fused AdamW on CUDA.
+Targets default to every linear projection of attention and MLP (peft's "all-linear", which
+leaves the output head alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BenchtrainError
+
+METHODS = ("full", "lora")
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    method: str = "full"
+    lora_rank: int = 16
+    lora_alpha: float | None = None  # default 2 × rank
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] | None = None  # None: every linear projection of attention and MLP
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise BenchtrainError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        if self.lora_rank < 1:
+            raise BenchtrainError(f"--lora-rank must be a positive integer, got {self.lora_rank}")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise BenchtrainError(f"--lora-alpha must be positive, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise BenchtrainError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_targets is not None and not all(self.lora_targets):
+            raise BenchtrainError("--lora-targets needs module names, e.g. q_proj,v_proj")
+
+    @property
+    def is_lora(self) -> bool:
+        return self.method == "lora"
+
+    @property
+    def alpha(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+
+    def settings(self) -> dict[str, Any] | None:
+        """The adapter settings as asked (targets None: every linear projection); None for full."""
+        if not self.is_lora:
+            return None
+        return {"rank": self.lora_rank, "alpha": self.alpha, "dropout": self.lora_dropout, "targets": list(self.lora_targets) if self.lora_targets else None}
+
+    def describe(self) -> str:
+        if not self.is_lora:
+            return "full fine-tuning"
+        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {', '.join(self.lora_targets) if self.lora_targets else 'every linear projection'}"
+
+
+def parse_targets(text: str | None) -> tuple[str, ...] | None:
+    if text is None or text.strip().lower() in ("", ALL_LINEAR):
+        return None
+    return tuple(part.strip() for part in text.split(",") if part.strip()) or None
+
+
+def method_from_args(args: Any) -> MethodConfig:
+    """The method named on a command line (`--lora` is `--method lora`)."""
+    method = "lora" if getattr(args, "lora", False) else getattr(args, "method", "full")
+    return MethodConfig(
+        method=method,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_targets=parse_targets(args.lora_targets),
+    )
+
+
+def add_method_arguments(parser: Any) -> None:
+    """The same options on `bench run` and `train`."""
+    parser.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning (default) or lora")
+    parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
+    parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
+    parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
+    parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
+    parser.add_argument(
+        "--lora-targets",
+        metavar="NAMES",
+        help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
+    )
+
+
+def quiet_library_warnings() -> None:
+    """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
+    on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
+    rightly: warnings the user can do nothing about."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
+
+
+def apply_method(model: Any, method: MethodConfig) -> Any:
+    """The model to train: itself (full), or wrapped with LoRA adapters and its base frozen."""
+    if not method.is_lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
+    config = LoraConfig(
+        r=method.lora_rank,
+        lora_alpha=method.alpha,
+        lora_dropout=method.lora_dropout,
+        target_modules=list(method.lora_targets) if method.lora_targets else ALL_LINEAR,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:
+        raise BenchtrainError(f"--lora-targets: {str(error).splitlines()[0]}") from None
+
+
+def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
+    """Recompute activations in the backward pass (less memory, about one more forward pass).
+    Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`.
+
+    transformers registers that hook (the embeddings' output made to require gradients) whenever
+    checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
+    (`_hf_peft_config_loaded`, which peft's wrapper never sets): off after on left it in place, so
+    later probes computed gradients nobody uses, and each "on" added one more. It is removed here
+    either way; bench's probes switch checkpointing on and off on one model."""
+    base = unwrap(model)
+    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
+    if hasattr(base, "activation_checkpointing_enable"):
+        if enabled:
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.activation_checkpointing_disable()
+    elif enabled:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        base.gradient_checkpointing_disable()
+    base.disable_input_require_grads()
+    if enabled:
+        base.config.use_cache = False
+
+
+def unwrap(model: Any) -> Any:
+    """The transformers model inside DDP and peft wrappers."""
+    model = getattr(model, "module", model)
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if get_base is not None else model
+
+
+def decoder_blocks(model: Any) -> list[Any]:
+    """The repeated decoder blocks (transformers names their class in `_no_split_modules`): the
+    unit that is compiled (train/step/compile.py) and sharded (train/step/sharding.py)."""
+    lm = unwrap(model)
+    block_names = set(getattr(lm, "_no_split_modules", None) or ())
+    return [module for module in lm.modules() if type(module).__name__ in block_names]
+
+
+def trainable_parameter_count(model: Any) -> int:
+    return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
+
+
+def lora_targets_of(model: Any) -> list[str]:
+    """The module names that carry adapters (after peft resolved "all-linear")."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
+
+
+def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
+    """What was trained, for the calibration and run.json: method, adapter settings, counts."""
+    record: dict[str, Any] = {
+        "method": method.method,
+        "trainable_parameters": trainable_parameter_count(model),
+        "total_parameters": sum(parameter.numel() for parameter in model.parameters()),
+        "lora": None,
+    }
+    if method.is_lora:
+        record["lora"] = {**method.settings(), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}
+    return record

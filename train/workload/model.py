@@ -1,0 +1,241 @@
+"""Which model to train: a preset name, a local directory with `config.json`, or a hub id
+`ORG/NAME[@REVISION]` (train.workload.hub).
+
+`resolve_model` checks the reference without importing torch weights (for a hub id it fetches only
+the config and tokenizer); `build_model` makes the module on the target device (weights loaded when
+the directory has them and the spec asks for them: a hub model's after `with_hub_weights`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from common.errors import BenchtrainError
+from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
+from train.workload.method import MethodConfig, apply_method
+from train.workload.presets import PRESETS, canonical_preset, preset_names
+
+# Keys that do not change the computation and must not change the fingerprint.
+FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
+# Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale): taken
+# at the architecture's default before fingerprinting, so a hub config.json and the preset of its
+# shape share calibrations, and presets (which never set them) keep the fingerprints they had.
+FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    config_dict: dict[str, Any]
+    directory: Path | None = None
+    hub: HubModel | None = None  # a hub id's commit; `directory` is then its cache folder
+    # False: build from the config with random weights even where the folder has weights (a hub
+    # model for bench; for train until `with_hub_weights` has them).
+    load_weights: bool = True
+
+    @property
+    def has_weights(self) -> bool:
+        return self.load_weights and self.directory is not None and has_weight_files(self.directory)
+
+    @property
+    def reference(self) -> str:
+        """What `resolve_model` turns back into this spec (in another process, say)."""
+        if self.hub is not None:
+            return self.hub.reference
+        return str(self.directory) if self.directory is not None else self.name
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the architecture accepts (its position table)."""
+        config = self.config_dict
+        return int(config.get("max_position_embeddings") or config.get("n_positions") or 1 << 30)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the full architecture config (defaults filled in by transformers), so a preset,
+        a saved folder and a hub model of the same architecture share calibrations."""
+        shape_only = {key: value for key, value in self.config_dict.items() if key not in FINGERPRINT_DEFAULTED}
+        full = make_config(replace(self, config_dict=shape_only)).to_dict()
+        relevant = {key: value for key, value in full.items() if key not in FINGERPRINT_IGNORED}
+        canonical = json.dumps(relevant, sort_keys=True, default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def resolve_model(reference: str | None) -> ModelSpec:
+    """A preset, a folder, or a hub id (config and tokenizer only: see `with_hub_weights`)."""
+    reference = reference or "tiny"
+    preset = canonical_preset(reference)
+    if preset is not None:
+        return ModelSpec(preset, dict(PRESETS[preset]))
+    folder = Path(reference).expanduser()
+    if folder.is_dir():
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise BenchtrainError(f"model directory {folder} has no config.json; point --model at a Hugging Face model folder")
+        return ModelSpec(folder.name, read_config(config_path), folder)
+    hub_id = parse_hub_id(reference)
+    if hub_id is not None:
+        hub = resolve_hub_model(*hub_id)
+        return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
+    raise BenchtrainError(
+        f"unknown model {reference!r}: use a preset ({', '.join(preset_names())}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
+    )
+
+
+def read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        config_dict = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise BenchtrainError(f"cannot read {config_path}: {error}") from None
+    if not isinstance(config_dict, dict) or "model_type" not in config_dict:
+        raise BenchtrainError(f"{config_path} has no model_type; is it a transformers config?")
+    return config_dict
+
+
+def with_hub_weights(spec: ModelSpec, announce: Any = None, fetch: bool = True) -> ModelSpec:
+    """A hub model's spec that loads its weights: says (through `announce`) how many GB will be
+    fetched into which cache, then fetches them (unless `fetch` is False: a dry run). Other specs
+    are returned as they are."""
+    if spec.hub is None or spec.load_weights:
+        return spec
+    missing = weights_to_fetch(spec.hub)
+    if not missing.needed:
+        return replace(spec, load_weights=True)
+    if announce is not None:
+        verb = "fetching" if fetch else "a run will fetch"
+        announce(f"{verb} {missing.total_bytes / 1e9:.1f} GB of {spec.name} weights ({len(missing.files)} files) into {missing.cache_dir}")
+    if not fetch:
+        return spec
+    fetch_weights(spec.hub, missing)
+    return replace(spec, load_weights=True)
+
+
+def make_config(spec: ModelSpec) -> Any:
+    from transformers import AutoConfig
+
+    values = dict(spec.config_dict)
+    model_type = values.pop("model_type")
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (ValueError, KeyError) as error:
+        raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
+
+
+def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None) -> Any:
+    """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
+    from a directory that has them.
+
+    Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
+    base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
+    adds fp32 adapters."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    method = method or MethodConfig()
+    device = torch.device(device)
+    dtype = torch.bfloat16 if method.is_lora and device.type == "cuda" else torch.float32
+    if spec.has_weights:
+        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
+        model = model.to(device)
+    else:
+        config = make_config(spec)
+        torch.manual_seed(0)  # identical initial weights for every build of a preset
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return apply_method(model, method)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOPs formula needs: matmul parameters (base and adapters), layers, heads, head size."""
+
+    parameter_count: int
+    matmul_parameter_count: int  # the base model's, adapters excluded
+    layers: int
+    heads: int
+    head_dim: int
+    adapter_parameter_count: int = 0
+
+    def flops_terms(self, lora: bool) -> dict[str, float]:
+        """FLOPs per token of each compute term of the throughput model (calibration.fit): per
+        token, per token × length (attention), and what checkpointing recomputes of each. The
+        same formula as flops_per_token, split by what multiplies it."""
+        adapters = self.adapter_parameter_count if lora else 0
+        base = self.matmul_parameter_count
+        attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward
+        return {
+            "per_token": float(4 * base + 6 * adapters if lora else 6 * base),
+            "attention": float(3 * attention),
+            "recompute_per_token": float(2 * base + 2 * adapters),
+            "recompute_attention": float(attention),
+        }
+
+    def forward_flops_per_token(self, seq_len: int, lora: bool = False) -> float:
+        """One forward pass (evaluation): 2N (+ 2A) + Att."""
+        adapters = self.adapter_parameter_count if lora else 0
+        return float(2 * self.matmul_parameter_count + 2 * adapters + 4 * self.layers * self.heads * self.head_dim * seq_len)
+
+    def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
+        """FLOPs the device executes per trained token (PaLM appendix B, as in nanoGPT's estimate_mfu).
+
+        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
+        forward (scores and weighted sum, T = sequence length):
+
+        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
+        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
+        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
+        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
+        """
+        attention = 4 * self.layers * self.heads * self.head_dim * seq_len
+        base = self.matmul_parameter_count
+        adapters = self.adapter_parameter_count if lora else 0
+        flops = (4 * base + 6 * adapters if lora else 6 * base) + 3 * attention
+        if recompute:
+            flops += 2 * base + 2 * adapters + attention
+        return float(flops)
+
+
+def model_shape(model: Any) -> ModelShape:
+    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
+    adapters = sum(parameter.numel() for name, parameter in model.named_parameters() if "lora_" in name)
+    get_base = getattr(model, "get_base_model", None)
+    model = get_base() if get_base is not None else model
+    config = model.config
+    total = sum(parameter.numel() for parameter in model.parameters())
+    # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
+    lookup = 0
+    embeddings = model.get_input_embeddings()
+    tied = model.get_output_embeddings() is not None and model.get_output_embeddings().weight is embeddings.weight
+    if not tied:
+        lookup += embeddings.weight.numel()
+    position = getattr(getattr(model, "transformer", None), "wpe", None)
+    if position is not None:
+        lookup += position.weight.numel()
+    heads = config.num_attention_heads
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return ModelShape(total - adapters, total - lookup - adapters, config.num_hidden_layers, heads, head_dim, adapters)
+
+
+def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:
+    """The `model` section of a calibration or run."""
+    return {
+        **model_identity(spec),
+        "source": "hub" if spec.hub else str(spec.directory) if spec.directory else "preset",
+        "architecture": spec.config_dict.get("model_type"),
+        "parameter_count": shape.parameter_count,
+        "matmul_parameter_count": shape.matmul_parameter_count,
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "head_dim": shape.head_dim,
+        "vocab_size": spec.config_dict.get("vocab_size"),
+    }
+
+
+def model_identity(spec: ModelSpec) -> dict[str, Any]:
+    """Name, fingerprint and, for a hub model, its id and the commit it resolved to."""
+    return {"name": spec.name, "fingerprint": spec.fingerprint, **(spec.hub.record() if spec.hub else {})}
