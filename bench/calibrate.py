@@ -114,7 +114,7 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     lora = method.is_lora
 
     def flops_per_token(config: StepConfig) -> float:
-        return shape.flops_per_token(config.seq_len, lora=lora, recompute=bool(config.gradient_checkpointing))
+        return shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing)
 
     middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)

@@ -81,7 +81,7 @@ class Workload:
             self.checkpointing = enabled
 
     def flops_per_token(self, config: StepConfig) -> float:
-        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=bool(config.gradient_checkpointing))
+        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=config.gradient_checkpointing)
 
     def batches(self, config: StepConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
@@ -96,8 +96,8 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
     """A measurement row (status ok / oom / error / skipped) for one configuration."""
     row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
-    workload.set_checkpointing(bool(config.gradient_checkpointing))
-    shape = (config.micro_batch_size, config.seq_len, bool(config.gradient_checkpointing))
+    workload.set_checkpointing(config.gradient_checkpointing)
+    shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
     # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)

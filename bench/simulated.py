@@ -268,7 +268,7 @@ def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) 
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd"))
     device = SimulatedDevice(
         measured=measured,
-        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=bool(config.gradient_checkpointing)),
+        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing),
         forward_flops_per_token=shape.forward_flops_per_token(1024, lora),
         layers=shape.layers,
         hidden=hidden,
