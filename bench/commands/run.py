@@ -12,9 +12,9 @@ from bench.space import SearchSpace, default_space, parse_int_list, parse_switch
 from calibration.step_config import StepConfig
 from common.durations import format_duration, parse_duration
 from common.errors import EXIT_OK, BenchtrainError
-from train.step.engine import add_step_arguments, step_options_from_args
-from train.workload.formats import add_data_arguments
-from train.workload.method import add_method_arguments, method_from_args
+from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
+from train.step.engine import step_options_from_args
+from train.workload.method import method_from_args
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
