@@ -18,8 +18,9 @@ from typing import Any
 
 from bench.choose import ProbePlanner
 from bench.runner import BenchResult, Budget, run_grid, run_optuna
-from bench.space import ProbeConfig, SearchSpace
+from bench.space import SearchSpace
 from bench.timing import ProbeSettings
+from calibration.step_config import StepConfig
 from common.errors import MeasurementError
 
 EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
@@ -66,7 +67,7 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
     return evaluation + checkpoint_price(task)
 
 
-def eval_price(task: BenchTask, planner: ProbePlanner, config: ProbeConfig) -> float:
+def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> float:
     return (EVAL_STEPS + 1) * planner.cost.step_seconds_high(config) * task.forward_share
 
 
@@ -87,14 +88,15 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
     return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_PROBE_STEPS * planner.cost.step_seconds_high(smallest)
 
 
-def evaluation_corners(planner: ProbePlanner) -> list[ProbeConfig]:
+def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
     """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
     and length, checkpointing off): what `train` needs to plan evaluation time. Before any probe:
     the corners of the grid."""
-    ok = [row for row in planner.ok_rows() if not row.get("gradient_checkpointing")] or [c.as_dict() for c in planner.space.all_configs()]
+    ok = [row for row in planner.ok_rows() if not row.get("gradient_checkpointing")] or [c.to_row() for c in planner.space.all_configs()]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
-    return [ProbeConfig(b, 0, 1, s) for b, s in sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})]
+    corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
+    return [StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s) for b, s in corners]
 
 
 def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> Any:
@@ -111,11 +113,12 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     shape = model_shape(meta_model(spec, method))
     lora = method.is_lora
 
-    def flops_per_token(config: ProbeConfig) -> float:
-        return shape.flops_per_token(config.seq_len, lora=lora, recompute=bool(config.gradient_checkpointing))
+    def flops_per_token(config: StepConfig) -> float:
+        return shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing)
 
     middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
-    task.forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(ProbeConfig(1, 0, 1, middle))
+    one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
+    task.forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
     task.checkpoint_bytes = need.trainable_parameters * 12
     if scratch is not None:
@@ -145,10 +148,10 @@ def calibrate(
     budget.reserved = lambda: after_probes_seconds(task, planner)
     loss_choice = compare_losses(task, coordinator, planner, budget)
 
-    def probe(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+    def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
         price, peak = planner.price(config), planner.predicted_peak(config)
-        row = coordinator.run("probe", {"config": config.as_dict(), "settings": asdict(settings)})
+        row = coordinator.run("probe", {"config": config.to_row(), "settings": asdict(settings)})
         # What was predicted when the probe was chosen, beside what it measured.
         row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
         return row
@@ -220,7 +223,7 @@ LOSS_MEMORY_AT_STAKE = 0.10
 LOSS_TIE = 0.02
 
 
-def loss_comparison_config(planner: ProbePlanner) -> ProbeConfig | None:
+def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
     """Where the losses are compared: the cheapest configuration (one optimizer step per
     micro-step, no workers, the leanest checkpointing mode measured first). The loss's share of a
     step is per token, like the rest of it, so a small micro-batch tells the speeds apart; its
@@ -256,13 +259,13 @@ def compare_losses(task: BenchTask, coordinator: Any, planner: ProbePlanner, bud
     for _ in range(2):
         for loss in task.losses:
             settings = task.settings.with_limit(budget.remaining(), planner.cost.step_seconds_high(config))
-            row = coordinator.run("loss_probe", {"loss": loss, "config": config.as_dict(), "settings": asdict(settings)})
+            row = coordinator.run("loss_probe", {"loss": loss, "config": config.to_row(), "settings": asdict(settings)})
             planner.cost.observe(row)
             rows.append({**row, "loss": loss})
     chosen, reason = choose_measured_loss(rows, task, planner)
     coordinator.run("set_loss", {"loss": chosen})
     task.training["loss"] = chosen
-    return {"config": config.as_dict(), "measurements": rows, "chosen": chosen, "reason": reason}
+    return {"config": config.to_row(), "measurements": rows, "chosen": chosen, "reason": reason}
 
 
 def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
@@ -273,7 +276,7 @@ def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: P
         return str(task.training.get("loss")), "no loss probe succeeded; kept the default"
     step = {loss: statistics.median(row["step_seconds"] for row in found) for loss, found in measured.items()}
     peak = {loss: max(row["peak_memory_bytes"] for row in found) for loss, found in measured.items()}
-    config = ProbeConfig.of(rows[0])
+    config = StepConfig.from_row(rows[0])
     largest = max(c.micro_batch_size * c.seq_len for c in planner.space.all_configs())
     leanest = min(peak.values())
     extra = {loss: (peak[loss] - leanest) / (config.micro_batch_size * config.seq_len) * largest for loss in measured}
@@ -298,7 +301,7 @@ def measure_evaluation(task: BenchTask, coordinator: Any, planner: ProbePlanner,
         if not budget.allows(price):
             skipped.append(f"evaluation probe B{config.micro_batch_size}/S{config.seq_len}: beyond the budget")
             continue
-        rows.append(coordinator.run("eval", config.as_dict()))
+        rows.append(coordinator.run("eval", config.to_row()))
     return rows
 
 

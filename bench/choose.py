@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from bench.cost import CostModel, MemoryPrior
-from bench.space import ProbeConfig, SearchSpace, ruled_out_by
-from calibration.fit import MIN_ROWS_FOR_FIT, config_of, throughput_features
+from bench.space import SearchSpace, ruled_out_by
+from calibration.fit import MIN_ROWS_FOR_FIT, throughput_features
+from calibration.step_config import StepConfig
 
 # A probe is not run when its predicted peak × (1 + this) passes the device's memory.
 MEMORY_HEADROOM = 0.05
@@ -39,7 +40,7 @@ GROWTH = 4
 RIDGE = 1e-3
 
 
-def shape_of(config: ProbeConfig) -> tuple[int, int, int]:
+def shape_of(config: StepConfig) -> tuple[int, int, int]:
     """What a compiled step compiles once: rows, length, checkpointing."""
     return (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
 
@@ -50,8 +51,8 @@ class ProbePlanner:
     cost: CostModel
     memory: MemoryPrior | None = None
     memory_limit_bytes: float | None = None
-    rows: dict[ProbeConfig, dict[str, Any]] = field(default_factory=dict)
-    oom: list[ProbeConfig] = field(default_factory=list)
+    rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
+    oom: list[StepConfig] = field(default_factory=list)
     seen_shapes: set[tuple[int, int, int]] = field(default_factory=set)
     # Checkpointing modes the minimum no longer waits for: the budget could not reach them.
     dropped_modes: set[int] = field(default_factory=set)
@@ -59,7 +60,7 @@ class ProbePlanner:
     # -- what happened ----------------------------------------------------------------------
     def record(self, row: dict[str, Any], repeat: bool = False) -> None:
         """A probe's row (first measurement or a repeat): prices and memory learn from it."""
-        config = ProbeConfig.of(row)
+        config = StepConfig.from_row(row)
         if not repeat:
             self.rows[config] = row
         if row.get("status") == "oom":
@@ -74,17 +75,17 @@ class ProbePlanner:
         return [row for row in self.rows.values() if row.get("status") == "ok"]
 
     # -- prices and limits ------------------------------------------------------------------
-    def price(self, config: ProbeConfig) -> float:
+    def price(self, config: StepConfig) -> float:
         return self.cost.probe_seconds(config, shape_of(config) not in self.seen_shapes)
 
-    def predicted_peak(self, config: ProbeConfig) -> float | None:
+    def predicted_peak(self, config: StepConfig) -> float | None:
         return self.memory.peak_bytes(config) if self.memory is not None else None
 
-    def over_memory(self, config: ProbeConfig) -> bool:
+    def over_memory(self, config: StepConfig) -> bool:
         peak = self.predicted_peak(config)
         return peak is not None and self.memory_limit_bytes is not None and peak * (1 + MEMORY_HEADROOM) > self.memory_limit_bytes
 
-    def candidates(self) -> list[ProbeConfig]:
+    def candidates(self) -> list[StepConfig]:
         """Not yet probed, not ruled out by an OOM, not predicted past the device's memory."""
         return [c for c in self.space.all_configs() if c not in self.rows and ruled_out_by(c, self.oom) is None and not self.over_memory(c)]
 
@@ -102,7 +103,7 @@ class ProbePlanner:
                 error = f"skipped: predicted peak {peak / 2**30:.1f} GiB passes the device's {(self.memory_limit_bytes or 0) / 2**30:.1f} GiB"
             else:
                 continue
-            rows.append({**config.as_dict(), "status": "skipped", "error": error})
+            rows.append({**config.to_row(), "status": "skipped", "error": error})
         return rows
 
     # -- the choice -------------------------------------------------------------------------
@@ -126,12 +127,12 @@ class ProbePlanner:
         self.dropped_modes -= missing
         return []
 
-    def next(self, remaining: float | None) -> ProbeConfig | None:
+    def next(self, remaining: float | None) -> StepConfig | None:
         """The next probe to run with `remaining` seconds of budget (None: unbounded), or None."""
         pool = self.candidates()
         if not pool:
             return None
-        largest = max((c.micro_batch_size * c.seq_len for c in map(ProbeConfig.of, self.ok_rows())), default=None)
+        largest = max((c.micro_batch_size * c.seq_len for c in map(StepConfig.from_row, self.ok_rows())), default=None)
         if largest is not None:
             pool = [c for c in pool if c.micro_batch_size * c.seq_len <= GROWTH * largest] or pool
         prices = {c: self.price(c) for c in pool}
@@ -156,12 +157,12 @@ class ProbePlanner:
         largest = max(self.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
         return self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
 
-    def _gains(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
+    def _gains(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
         everything = self.space.all_configs()
         scale = np.maximum(np.abs(np.stack([self._feature(c) for c in everything])).max(axis=0), 1e-30)
         information = RIDGE * np.eye(len(scale))
         for row in self.ok_rows():
-            z = self._feature(ProbeConfig.of(row)) / scale
+            z = self._feature(StepConfig.from_row(row)) / scale
             information += np.outer(z, z)
         inverse = np.linalg.inv(information)
         gains = {}
@@ -170,22 +171,22 @@ class ProbePlanner:
             gains[config] = math.log1p(float(z @ inverse @ z))
         return gains
 
-    def _feature(self, config: ProbeConfig) -> np.ndarray:
+    def _feature(self, config: StepConfig) -> np.ndarray:
         """The throughput model's features on relative error, plus √tokens: a curvature the
         additive terms cannot express (where the host's launch time and the device's compute
         overlap, between host-bound and compute-bound sizes), so that the design also spreads
         its probes over token counts in between."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
-        return np.append(throughput_features(config_of(config.as_dict())), math.sqrt(tokens) * self._curvature_scale) / micro
+        return np.append(throughput_features(config), math.sqrt(tokens) * self._curvature_scale) / micro
 
-    def _relevance(self, configs: list[ProbeConfig]) -> dict[ProbeConfig, float]:
+    def _relevance(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
         tokens = {c: c.micro_batch_size * c.seq_len for c in configs}
         largest = max(tokens.values())
         return {c: 1.0 + tokens[c] / largest for c in configs}
 
     # -- what a budget buys -----------------------------------------------------------------
-    def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[ProbeConfig, float]]:
+    def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[StepConfig, float]]:
         """The probes this planner would run in `seconds` at today's prices, with each price: a
         dry run of the choice that assumes every probe succeeds as predicted."""
         return self._dry_run(seconds, stop_when_viable)[0]
@@ -194,9 +195,9 @@ class ProbePlanner:
         """Whether a minimum viable fit can still be completed in `seconds` at today's prices."""
         return self._dry_run(seconds, True)[1].viable()
 
-    def _dry_run(self, seconds: float | None, stop_when_viable: bool) -> tuple[list[tuple[ProbeConfig, float]], ProbePlanner]:
+    def _dry_run(self, seconds: float | None, stop_when_viable: bool) -> tuple[list[tuple[StepConfig, float]], ProbePlanner]:
         planner = copy.deepcopy(self)
-        chosen: list[tuple[ProbeConfig, float]] = []
+        chosen: list[tuple[StepConfig, float]] = []
         left = seconds
         while not (stop_when_viable and planner.viable()):
             config = planner.next(left)
@@ -205,6 +206,6 @@ class ProbePlanner:
             price = planner.price(config)
             chosen.append((config, price))
             left = None if left is None else left - price
-            planner.rows[config] = {**config.as_dict(), "status": "ok"}
+            planner.rows[config] = {**config.to_row(), "status": "ok"}
             planner.seen_shapes.add(shape_of(config))
         return chosen, planner

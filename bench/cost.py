@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, min_timed_steps, steps_needed
+from calibration.step_config import StepConfig
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
 # low on purpose (a probe priced too high is only ordered late; one priced too low overruns).
@@ -82,7 +82,7 @@ def matmul_flops(device_type: str, seconds: float = 0.3) -> float:
 
 @dataclass
 class Observation:
-    config: ProbeConfig
+    config: StepConfig
     step_seconds: float | None
     first_step_seconds: float | None
     warmup_steps: int
@@ -96,7 +96,7 @@ class Observation:
 class CostModel:
     """Prices probes: the FLOPs prior until measured, then the measurements."""
 
-    flops_per_token: Callable[[ProbeConfig], float]
+    flops_per_token: Callable[[StepConfig], float]
     speed: DeviceSpeed
     settings: ProbeSettings
     compiled: bool = False
@@ -112,7 +112,7 @@ class CostModel:
         timed = (row.get("step_seconds_mean") or step or 0.0) * int(row.get("timed_steps") or 0)
         self.observations.append(
             Observation(
-                ProbeConfig.of(row),
+                StepConfig.from_row(row),
                 step,
                 row.get("first_step_seconds"),
                 int(row.get("warmup_steps") or 0),
@@ -133,17 +133,17 @@ class CostModel:
         return "measured" if self.measured else f"prior: FLOPs ÷ {self.speed.source}"
 
     # -- predictions ----------------------------------------------------------------------
-    def step_flops(self, config: ProbeConfig) -> float:
+    def step_flops(self, config: StepConfig) -> float:
         return self.flops_per_token(config) * config.micro_batch_size * config.seq_len * config.grad_accum
 
-    def step_seconds(self, config: ProbeConfig) -> float:
+    def step_seconds(self, config: StepConfig) -> float:
         """One optimizer step, central estimate."""
         if self._fit is None:
             return self.step_flops(config) / self.speed.flops_per_second
         fixed, per_flop, _ = self._fit
         return fixed * config.grad_accum + per_flop * self.step_flops(config)
 
-    def step_seconds_high(self, config: ProbeConfig) -> float:
+    def step_seconds_high(self, config: StepConfig) -> float:
         """The price a budget decision uses: the estimate plus what the fit has missed so far."""
         margin = self._fit[2] if self._fit is not None else 0.0
         return self.step_seconds(config) * (1 + max(MIN_COST_MARGIN, margin))
@@ -165,7 +165,7 @@ class CostModel:
         others = [max(0.0, o.first_step_seconds - o.step_seconds) for o in self.observations if o.step_seconds and o.first_step_seconds is not None]
         return statistics.median(others) if others else 0.0
 
-    def start_seconds(self, config: ProbeConfig) -> float:
+    def start_seconds(self, config: StepConfig) -> float:
         """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from
         probes with as many workers (or any, else none)."""
 
@@ -176,7 +176,7 @@ class CostModel:
         alike = [outside(o) for o in self.observations if o.step_seconds and (o.config.num_workers > 0) == (config.num_workers > 0)]
         return statistics.median(alike) if alike else 0.0
 
-    def timed_steps(self, config: ProbeConfig) -> int:
+    def timed_steps(self, config: StepConfig) -> int:
         """Timed steps expected: what the spread seen so far needs, within the probe's time share."""
         step = self.step_seconds(config)
         spreads = [o.spread for o in self.observations if o.spread is not None]
@@ -184,7 +184,7 @@ class CostModel:
         within_share = max(min_timed_steps(step, self.settings), math.ceil(self.settings.max_seconds / max(step, 1e-9)))
         return max(min_timed_steps(step, self.settings), min(wanted, within_share, self.settings.max_steps))
 
-    def probe_seconds(self, config: ProbeConfig, new_shape: bool) -> float:
+    def probe_seconds(self, config: StepConfig, new_shape: bool) -> float:
         """The whole probe, priced high (bench.runner never starts one it cannot afford)."""
         step = self.step_seconds_high(config)
         steps = self.settings.warmup_steps + self.timed_steps(config)
@@ -224,7 +224,7 @@ class MemoryPrior:
     layers: int
     hidden: int
     compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
-    observations: list[tuple[ProbeConfig, float]] = field(default_factory=list)
+    observations: list[tuple[StepConfig, float]] = field(default_factory=list)
     _cache: dict[tuple[int, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
 
     def prior_per_token(self, checkpointing: bool) -> float:
@@ -233,12 +233,12 @@ class MemoryPrior:
             return (self.layers * self.hidden * 2 + 34 * self.hidden) * scale
         return 34 * self.layers * self.hidden * scale
 
-    def accumulating(self, config: ProbeConfig) -> float:
+    def accumulating(self, config: StepConfig) -> float:
         return self.accumulated_gradient_bytes if config.grad_accum > 1 else 0.0
 
     def observe(self, row: dict[str, Any]) -> None:
         if row.get("status") == "ok" and row.get("peak_memory_bytes"):
-            self.observations.append((ProbeConfig.of(row), float(row["peak_memory_bytes"])))
+            self.observations.append((StepConfig.from_row(row), float(row["peak_memory_bytes"])))
 
     def per_token_bytes(self, checkpointing: bool) -> float:
         """Bytes per token in flight: from the probes of this mode ((peak − what the model keeps) ÷
@@ -259,7 +259,7 @@ class MemoryPrior:
         ratio = max(other) / self.prior_per_token(not checkpointing) if other else 1.0
         return self.prior_per_token(checkpointing) * max(1.0, ratio)
 
-    def peak_bytes(self, config: ProbeConfig) -> float:
+    def peak_bytes(self, config: StepConfig) -> float:
         """What the model keeps + tokens × bytes per token (+ the gradients of accumulation, from
         the model's size until a probe accumulated). With two or more sizes of this checkpointing
         mode measured, the larger of that line fitted to them and the calibration's own linear
@@ -270,17 +270,14 @@ class MemoryPrior:
         unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)
         if len({c.micro_batch_size * c.seq_len for c, _ in same}) < 2:
             return self.static_bytes + self.accumulating(config) + tokens * self.per_token_bytes(bool(config.gradient_checkpointing))
-        from calibration.fit import config_of
-
         intercept, slope, model = self._fits(config.gradient_checkpointing, unseen)
         by_tokens = intercept + max(0.0, slope) * tokens + (self.accumulating(config) if config.grad_accum > 1 else 0.0)
-        fitted = model.peak_bytes(config_of(config.as_dict())) + (self.accumulating(config) if unseen else 0.0)
+        fitted = model.peak_bytes(config) + (self.accumulating(config) if unseen else 0.0)
         return float(max(by_tokens, fitted))
 
     def _fits(self, mode: int, unseen: bool) -> tuple[float, float, Any]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
-        from calibration.fit import config_of
         from calibration.memory_fit import fit_memory
 
         key = (mode, unseen, len(self.observations))
@@ -289,6 +286,6 @@ class MemoryPrior:
             counts = np.array([float(c.micro_batch_size * c.seq_len) for c, _ in same])
             peaks = np.array([peak - (0.0 if unseen else self.accumulating(c)) for c, peak in same])
             slope, intercept = np.polyfit(counts, peaks, 1)
-            model = fit_memory([config_of(c.as_dict()) for c, _ in same], np.array([peak for _, peak in same]))
+            model = fit_memory([c for c, _ in same], np.array([peak for _, peak in same]))
             self._cache[key] = (float(intercept), float(slope), model)
         return self._cache[key]

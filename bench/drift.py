@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 
 from bench.remeasure import measurements_of, recombine
-from bench.space import ProbeConfig
+from calibration.step_config import StepConfig
 
 REFERENCE_EVERY = 8
 
 
-def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: ProbeConfig) -> dict[str, Any]:
+def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig) -> dict[str, Any]:
     """Rescale the ok rows in place; `references` are (position, reference tokens/s)."""
-    summary: dict[str, Any] = {"reference": config.as_dict(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
+    summary: dict[str, Any] = {"reference": config.to_row(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
     positions = np.array([position for position, _ in references], dtype=float)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from bench.choose import ProbePlanner
 from bench.cost import PRIOR_EFFICIENCY, DeviceSpeed
-from bench.space import ProbeConfig
 from calibration.fit import MIN_ROWS_FOR_FIT
+from calibration.step_config import StepConfig
 from common.durations import format_duration
 from common.errors import BenchtrainError
 
@@ -34,7 +34,7 @@ class Outlook:
     spent_seconds: float  # already, and the model build (measured, or 0 before it)
     grid_seconds: float  # every probe that fits in memory, at today's prices
     grid_probes: int
-    planned: tuple[tuple[ProbeConfig, float], ...]  # what the budget buys, with each price
+    planned: tuple[tuple[StepConfig, float], ...]  # what the budget buys, with each price
     minimum_seconds: float  # the smallest budget that pays for a minimum viable fit, at these prices
     least_seconds: float  # the same at the device's peak speed: below it no fit is possible at all
     after_probes_seconds: float  # evaluation and checkpoint timings

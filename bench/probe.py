@@ -15,8 +15,8 @@ import statistics
 import time
 from typing import Any
 
-from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
+from calibration.step_config import StepConfig
 from train.step.engine import StepOptions, build_engine
 from train.step.metrics import data_wait_share, step_figures
 from train.step.peak_memory import PeakMemory
@@ -80,10 +80,10 @@ class Workload:
             set_gradient_checkpointing(self.model, enabled)
             self.checkpointing = enabled
 
-    def flops_per_token(self, config: ProbeConfig) -> float:
-        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=bool(config.gradient_checkpointing))
+    def flops_per_token(self, config: StepConfig) -> float:
+        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=config.gradient_checkpointing)
 
-    def batches(self, config: ProbeConfig, count: int) -> Any:
+    def batches(self, config: StepConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
         if self._stream is None:
             return SyntheticBatches(count, config.micro_batch_size, config.seq_len, self.vocab_size)
@@ -92,12 +92,12 @@ class Workload:
         return PackedBatches(self._stream, plan, config.seq_len)
 
 
-def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
+def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
     """A measurement row (status ok / oom / error / skipped) for one configuration."""
-    row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
+    row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
-    workload.set_checkpointing(bool(config.gradient_checkpointing))
-    shape = (config.micro_batch_size, config.seq_len, bool(config.gradient_checkpointing))
+    workload.set_checkpointing(config.gradient_checkpointing)
+    shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
     # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)
@@ -132,7 +132,7 @@ def run_probe(workload: Workload, config: ProbeConfig, settings: ProbeSettings, 
 
 
 def finish_row(
-    row: dict[str, Any], config: ProbeConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
+    row: dict[str, Any], config: StepConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
 ) -> dict[str, Any]:
     """The row's figures from the timed steps (a real probe's and a simulated one's alike).
 
@@ -189,7 +189,7 @@ def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None
 EVAL_STEPS = 4
 
 
-def run_eval_probe(workload: Workload, config: ProbeConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
+def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
     """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
     import torch
 

@@ -81,11 +81,12 @@ def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.ndarray | None:
     """Relative residuals of each ok row against one robust fit of all of them (no cross-validation)."""
-    from calibration.fit import MIN_ROWS_FOR_FIT, config_of, fit_throughput
+    from calibration.fit import MIN_ROWS_FOR_FIT, fit_throughput
+    from calibration.step_config import StepConfig
 
     if len(ok) < max(MIN_ROWS_FOR_FIT, 8):
         return None
-    configs = [config_of(row) for row in ok]
+    configs = [StepConfig.from_row(row) for row in ok]
     micro = np.array([row["step_seconds"] / row["grad_accum"] for row in ok])
     model = fit_throughput(configs, micro, smooth=False)
     predicted = np.array([model.micro_step_seconds(config) for config in configs])

@@ -15,10 +15,11 @@ from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
 from bench.drift import REFERENCE_EVERY, correct_for_drift
 from bench.remeasure import remeasure
-from bench.space import DIMENSIONS, ProbeConfig, SearchSpace
+from bench.space import SearchSpace
 from bench.timing import ProbeSettings
+from calibration.step_config import DIMENSIONS, StepConfig
 
-ProbeFunction = Callable[[ProbeConfig, float | None], dict[str, Any]]
+ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
 # Keep a little of the budget for fitting and writing the calibration.
 BUDGET_RESERVE = 0.04
 # A drift reference is measured again only while it costs at most this share of the budget.
@@ -84,7 +85,7 @@ class Prober:
     def __init__(self, probe: ProbeFunction, budget: Budget) -> None:
         self.probe, self.budget, self.count = probe, budget, 0
 
-    def __call__(self, config: ProbeConfig) -> dict[str, Any]:
+    def __call__(self, config: StepConfig) -> dict[str, Any]:
         # The probe may spend what the budget has left for probes, and no more.
         row = self.probe(config, self.budget.remaining())
         row["position"] = self.count
@@ -92,7 +93,7 @@ class Prober:
         return row
 
     def again(self, row: dict[str, Any]) -> dict[str, Any]:
-        return self(ProbeConfig.of(row))
+        return self(StepConfig.from_row(row))
 
 
 def run_grid(
@@ -111,7 +112,7 @@ def run_grid(
     result = BenchResult()
     planner = planner or default_planner(space)
     prober = Prober(probe, budget)
-    reference: ProbeConfig | None = None
+    reference: StepConfig | None = None
     references: list[tuple[int, float]] = []
     since_reference = 0
 
@@ -147,9 +148,9 @@ def run_grid(
         _advance(progress, row)
     left = planner.candidates()
     result.stopped_by_budget = bool(left)
-    result.left_out = [c.as_dict() for c in left]
+    result.left_out = [c.to_row() for c in left]
     result.rows.extend(planner.unprobed_rows())
-    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(ProbeConfig.of(row))), progress)
+    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(StepConfig.from_row(row))), progress)
     if reference is not None and len(references) > 1 and reference_affordable():
         measure_reference()  # closes the last stretch
     if reference_every:
@@ -208,10 +209,10 @@ def run_optuna(
         sampler=optuna.samplers.TPESampler(seed=seed),
     )
     distributions = {dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)}
-    done: dict[ProbeConfig, dict[str, Any]] = {}
+    done: dict[StepConfig, dict[str, Any]] = {}
     for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in trial.user_attrs:
-            done[ProbeConfig(**{k: int(v) for k, v in trial.params.items()})] = trial.user_attrs["row"]
+            done[StepConfig.from_row(trial.params)] = trial.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))
     planner = planner or default_planner(space)
     for row in result.rows:
@@ -221,7 +222,7 @@ def run_optuna(
     target = min(trials, space.size)
     while len(planner.rows) < target:
         trial = study.ask(distributions)
-        config = ProbeConfig(**{k: int(trial.params[k]) for k in distributions})
+        config = StepConfig.from_row(trial.params)
         if config in planner.rows or config not in planner.candidates() or not budget.allows(planner.price(config)):
             # Known, ruled out or too dear: tell Optuna what it was, and steer the next trial.
             known = planner.rows.get(config)
@@ -232,7 +233,7 @@ def run_optuna(
             choice = planner.next(budget.remaining())
             if choice is None:
                 break
-            study.enqueue_trial(choice.as_dict())
+            study.enqueue_trial(choice.to_row())
             continue
         try:
             row = prober(config)
@@ -249,7 +250,7 @@ def run_optuna(
         _advance(progress, row)
     left = planner.candidates()
     result.stopped_by_budget = bool(left) and len(planner.rows) < target
-    result.left_out = [c.as_dict() for c in left]
+    result.left_out = [c.to_row() for c in left]
     result.rows.extend(planner.unprobed_rows())
-    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(ProbeConfig.of(row))), progress)
+    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(StepConfig.from_row(row))), progress)
     return result

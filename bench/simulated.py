@@ -26,12 +26,12 @@ import json
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.space import ProbeConfig
 from bench.timing import ProbeSettings, time_steps
+from calibration.step_config import StepConfig
 from train.step.step import StepResult
 
 # The real H100 calibration that ships with the package (also tests/fixtures).
@@ -110,7 +110,7 @@ class SimulatedDevice:
     """One H100 running the target model's step (bench.calibrate's coordinator interface)."""
 
     measured: H100Measurements
-    flops_per_token: Any  # ProbeConfig -> FLOPs per token (the target's, recompute included)
+    flops_per_token: Any  # StepConfig -> FLOPs per token (the target's, recompute included)
     forward_flops_per_token: float
     layers: int
     hidden: int
@@ -138,16 +138,16 @@ class SimulatedDevice:
         return self.weight_bytes * self.measured.build_seconds_per_byte
 
     # -- the device's physics ---------------------------------------------------------------
-    def micro_seconds(self, config: ProbeConfig) -> float:
+    def micro_seconds(self, config: StepConfig) -> float:
         tokens = config.micro_batch_size * config.seq_len
         device = tokens * self.flops_per_token(config) / self.measured.flops_per_second
         return max(self.layers * self.measured.host_seconds_per_layer, device)
 
-    def step_seconds(self, config: ProbeConfig) -> float:
+    def step_seconds(self, config: StepConfig) -> float:
         optimizer = self.trainable_parameters * self.measured.optimizer_seconds_per_parameter
         return config.grad_accum * self.micro_seconds(config) + optimizer
 
-    def peak_bytes(self, config: ProbeConfig) -> float:
+    def peak_bytes(self, config: StepConfig) -> float:
         tokens = config.micro_batch_size * config.seq_len
         unit = self.measured.activation_bytes_per_layer_unit
         if config.gradient_checkpointing:
@@ -167,10 +167,10 @@ class SimulatedDevice:
     def _probe(self, payload: dict[str, Any]) -> dict[str, Any]:
         from bench.probe import finish_row
 
-        config = ProbeConfig.of(payload["config"])
+        config = StepConfig.from_row(payload["config"])
         settings = ProbeSettings(**payload["settings"])
         started = self.clock()
-        row: dict[str, Any] = {**config.as_dict(), "status": "ok"}
+        row: dict[str, Any] = {**config.to_row(), "status": "ok"}
         shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
         row["new_shape"] = shape not in self.compiled_shapes
         peak = self.peak_bytes(config)
@@ -199,10 +199,10 @@ class SimulatedDevice:
         return row
 
     def _log(self, row: dict[str, Any], started: float, peak: float) -> None:
-        self.log.append({"config": ProbeConfig.of(row), "status": row["status"], "started": started, "ended": self.clock(), "peak_bytes": peak})
+        self.log.append({"config": StepConfig.from_row(row), "status": row["status"], "started": started, "ended": self.clock(), "peak_bytes": peak})
 
     def _eval(self, payload: dict[str, Any]) -> dict[str, Any]:
-        config = ProbeConfig.of(payload)
+        config = StepConfig.from_row(payload)
         tokens = config.micro_batch_size * config.seq_len
         batch = max(self.layers * self.measured.host_seconds_per_layer / 3, tokens * self.forward_flops_per_token / self.measured.flops_per_second)
         self.clock.advance(5 * batch)
@@ -226,7 +226,7 @@ class SimulatedDevice:
         }
 
     def _compile_cache(self, payload: dict[str, Any]) -> dict[str, Any]:
-        config = ProbeConfig.of({**payload["row"], "grad_accum": 1, "num_workers": 0})
+        config = StepConfig.from_row({**payload["row"], "grad_accum": 1, "num_workers": 0})
         step = self.step_seconds(config)
         cached = self.compile_seconds / 4  # from inductor's on-disk cache: no autotuning, no codegen
         self.clock.advance(self.build_seconds + cached + 4 * step)
@@ -239,17 +239,17 @@ class ReplayedDevice(SimulatedDevice):
     and peak are what that probe measured on the H100; what ran out of memory there (or was
     skipped as larger than an OOM) runs out of memory here."""
 
-    measured_rows: dict[ProbeConfig, dict[str, Any]] = field(default_factory=dict)
+    measured_rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
 
-    def _row(self, config: ProbeConfig) -> dict[str, Any] | None:
-        row = self.measured_rows.get(ProbeConfig(config.micro_batch_size, config.num_workers, config.grad_accum, config.seq_len, 0))
+    def _row(self, config: StepConfig) -> dict[str, Any] | None:
+        row = self.measured_rows.get(replace(config, gradient_checkpointing=False))
         return row if row is not None and row["status"] == "ok" else None
 
-    def step_seconds(self, config: ProbeConfig) -> float:
+    def step_seconds(self, config: StepConfig) -> float:
         row = self._row(config)
         return float(row["step_seconds"]) if row else math.inf
 
-    def peak_bytes(self, config: ProbeConfig) -> float:
+    def peak_bytes(self, config: StepConfig) -> float:
         row = self._row(config)
         return float(row["peak_memory_bytes"]) if row else math.inf
 
@@ -268,7 +268,7 @@ def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) 
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd"))
     device = SimulatedDevice(
         measured=measured,
-        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=bool(config.gradient_checkpointing)),
+        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing),
         forward_flops_per_token=shape.forward_flops_per_token(1024, lora),
         layers=shape.layers,
         hidden=hidden,
@@ -281,7 +281,7 @@ def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) 
     if replay:
         rows = json.loads(FIXTURE.read_text())["measurements"]
         fields = {name: value for name, value in device.__dict__.items() if name in SimulatedDevice.__dataclass_fields__}
-        device = ReplayedDevice(**{**fields, "compile_seconds": 0.0, "measured_rows": {ProbeConfig.of(row): row for row in rows}})
+        device = ReplayedDevice(**{**fields, "compile_seconds": 0.0, "measured_rows": {StepConfig.from_row(row): row for row in rows}})
     assert compute_bytes("cuda") == 2
     return device, spec, method, need
 

@@ -6,32 +6,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from calibration.step_config import DIMENSIONS, StepConfig
 from common.errors import BenchtrainError
-
-
-@dataclass(frozen=True, order=True)
-class ProbeConfig:
-    micro_batch_size: int
-    num_workers: int
-    grad_accum: int
-    seq_len: int
-    gradient_checkpointing: int = 0  # 0 off, 1 on (an int, like every other dimension)
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "micro_batch_size": self.micro_batch_size,
-            "num_workers": self.num_workers,
-            "grad_accum": self.grad_accum,
-            "seq_len": self.seq_len,
-            "gradient_checkpointing": self.gradient_checkpointing,
-        }
-
-    @classmethod
-    def of(cls, row: dict[str, int]) -> ProbeConfig:
-        return cls(*(int(row.get(name, 0)) for name in DIMENSIONS))
-
-
-DIMENSIONS = ("micro_batch_size", "num_workers", "grad_accum", "seq_len", "gradient_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -49,8 +25,8 @@ class SearchSpace:
     def size(self) -> int:
         return math.prod(len(axis) for axis in self.values())
 
-    def all_configs(self) -> list[ProbeConfig]:
-        return [ProbeConfig(*combo) for combo in itertools.product(*self.values())]
+    def all_configs(self) -> list[StepConfig]:
+        return [StepConfig.from_row(dict(zip(DIMENSIONS, combo, strict=True))) for combo in itertools.product(*self.values())]
 
     def as_dict(self) -> dict[str, list[int]]:
         return {
@@ -94,7 +70,7 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def ruled_out_by(config: ProbeConfig, oom_configs: list[ProbeConfig]) -> ProbeConfig | None:
+def ruled_out_by(config: StepConfig, oom_configs: list[StepConfig]) -> StepConfig | None:
     """The OOM probe that makes `config` pointless: as large a batch at as long a sequence, keeping
     at least as many activations (checkpointing off needs more memory than on)."""
     for oom in oom_configs:

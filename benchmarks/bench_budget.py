@@ -38,9 +38,8 @@ from common.durations import format_duration, parse_duration
 
 def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:
     from bench.simulated import simulate_bench
-    from bench.space import ProbeConfig
-    from calibration.fit import config_of
     from calibration.model import Calibration
+    from calibration.step_config import StepConfig
 
     try:
         record, device = simulate_bench(model, lora, budget, checkpointing, replay=replay)
@@ -50,7 +49,7 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
     if record["fit"] is None:
         return {"budget": format_duration(budget), "probes ok": len(ok), "result": "no fit"}
     calibration = Calibration(record)
-    probed = {ProbeConfig.of(row) for row in ok}
+    probed = {StepConfig.from_row(row) for row in ok}
     truths = []
     from bench.space import default_space
 
@@ -59,10 +58,10 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
         for s in space.seq_lens:
             for a in space.accums:
                 for c in checkpointing:
-                    config = ProbeConfig(b, 0, a, s, c)
+                    config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s, gradient_checkpointing=bool(c))
                     if config in probed or not device.peak_bytes(config) <= device.hardware["memory_bytes"]:
                         continue
-                    predicted = calibration.micro_step_seconds(config_of(config.as_dict())) * a
+                    predicted = calibration.micro_step_seconds(config) * a
                     truths.append(abs(predicted / device.step_seconds(config) - 1) * 100)
     error = record["fit"]["held_out_error"]
     memory = (record["fit"].get("memory") or {}).get("held_out_error") or {}

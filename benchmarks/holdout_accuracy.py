@@ -55,7 +55,7 @@ def main() -> None:
 
     import calibration
     from bench.probe import ProbeSettings, Workload, run_probe
-    from bench.space import ProbeConfig
+    from calibration.step_config import StepConfig
     from train.step.hardware import detect_hardware
     from train.workload.model import resolve_model
 
@@ -71,7 +71,7 @@ def main() -> None:
     # The machine may run at another speed now than during the calibration: the reference probe,
     # run again just before each configuration, tells how much (drift-adjusted column).
     drift = (cal.data.get("search") or {}).get("drift") or {}
-    reference = ProbeConfig(**drift["reference"]) if drift.get("reference") else None
+    reference = StepConfig.from_row(drift["reference"]) if drift.get("reference") else None
     reference_typical = statistics.median(m["tokens_per_second"] for m in drift["measurements"]) if drift.get("measurements") else None
     errors, adjusted_errors = [], []
     for spec in args.configs.split(","):
@@ -81,7 +81,7 @@ def main() -> None:
         if reference is not None and reference_typical:
             reference_row = run_probe(workload, reference, settings)
             speed_now = reference_row["tokens_per_second"] / reference_typical if reference_row["status"] == "ok" else None
-        row = run_probe(workload, ProbeConfig(b, w, a, s), settings, hardware.get("peak_bf16_flops"))
+        row = run_probe(workload, StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s), settings, hardware.get("peak_bf16_flops"))
         if row["status"] != "ok":
             print(f"{b:>5} {w:>7} {a:>5} {s:>7} {predicted.tokens_per_second:>10,.0f} {row['status']:>10}")
             continue

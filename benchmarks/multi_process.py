@@ -54,8 +54,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from calibration.comm import CommModel, fsdp_micro_step_seconds
-    from calibration.fit import Config
     from calibration.model import Calibration
+    from calibration.step_config import StepConfig
     from train.planning.comm import traffic_of
     from train.planning.memory_check import memory_need
     from train.workload.method import MethodConfig
@@ -84,7 +84,7 @@ def main() -> None:
     for row in several_data["measurements"]:
         if row["status"] != "ok":
             continue
-        config = Config(row["micro_batch_size"], row["seq_len"], row["grad_accum"], row["num_workers"], bool(row.get("gradient_checkpointing")))
+        config = StepConfig.from_row(row)
         alone = single.throughput.micro_step_seconds(config) * config.grad_accum  # a median step, like the probe's figure
         predicted = alone + per_step + config.grad_accum * per_micro_step
         error = (row["step_seconds"] - predicted) / predicted * 100  # + = slower than predicted

@@ -22,13 +22,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from bench.probe import Workload
-    from bench.space import ProbeConfig
+    from calibration.step_config import StepConfig
     from train.workload.batching import make_loader
     from train.workload.model import resolve_model
 
     workload = Workload(resolve_model(args.model))
     b, w, a, s = (int(x) for x in args.config.split("x"))
-    config = ProbeConfig(b, w, a, s)
+    config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
     means = []
     print(f"{'round':>5} {'mean step s':>12} {'median':>8} {'min':>8} {'max':>8} {'tokens/s':>10}")
     for index in range(args.rounds):

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from calibration.fit_tools import UNCERTAINTY_FLOOR, Config, ErrorSummary, fit_nonnegative, folds
+from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
 from calibration.memory_fit import fit_memory_section
+from calibration.step_config import StepConfig
 
 THROUGHPUT_TERMS = (
     "fixed",
@@ -59,7 +60,7 @@ THROUGHPUT_TERMS = (
 )
 
 
-def throughput_features(config: Config) -> np.ndarray:
+def throughput_features(config: StepConfig) -> np.ndarray:
     tokens = config.micro_batch_size * config.seq_len
     workers = config.num_workers
     recompute = 1.0 if config.gradient_checkpointing else 0.0
@@ -102,7 +103,7 @@ class ResidualSmoother:
     bandwidth: float
     prior_weight: float = 0.5
 
-    def __call__(self, config: Config) -> float:
+    def __call__(self, config: StepConfig) -> float:
         if len(self.points) == 0:
             return 0.0
         distance2 = ((self.points - residual_coordinates(config)) ** 2).sum(axis=1)
@@ -113,7 +114,7 @@ class ResidualSmoother:
 SMOOTHER_DIMENSIONS = 5
 
 
-def residual_coordinates(config: Config) -> np.ndarray:
+def residual_coordinates(config: StepConfig) -> np.ndarray:
     return np.array(
         [
             math.log2(config.micro_batch_size),
@@ -147,7 +148,7 @@ class ThroughputModel:
     smoother: ResidualSmoother | None = None
     overlap_power: float = 1.0
 
-    def micro_step_seconds(self, config: Config) -> float:
+    def micro_step_seconds(self, config: StepConfig) -> float:
         features = throughput_features(config)
         parts = {term: features[index] * self.coefficients[term] for index, term in enumerate(THROUGHPUT_TERMS)}
         device = sum(parts[term] for term in DEVICE_TERMS)
@@ -157,10 +158,10 @@ class ThroughputModel:
             base *= math.exp(self.smoother(config))
         return max(base, 1e-9)
 
-    def step_seconds(self, config: Config) -> float:
+    def step_seconds(self, config: StepConfig) -> float:
         return self.micro_step_seconds(config) * config.grad_accum
 
-    def tokens_per_second(self, config: Config) -> float:
+    def tokens_per_second(self, config: StepConfig) -> float:
         return config.micro_batch_size * config.seq_len / self.micro_step_seconds(config)
 
 
@@ -221,7 +222,7 @@ def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, f
 
 
 def fit_throughput(
-    configs: Sequence[Config],
+    configs: Sequence[StepConfig],
     micro_seconds: np.ndarray,
     smooth: bool,
     wait_seconds: np.ndarray | None = None,
@@ -255,7 +256,7 @@ def fit_throughput(
 
 
 def cross_validate_throughput(
-    configs: list[Config],
+    configs: list[StepConfig],
     micro_seconds: np.ndarray,
     smooth: bool,
     wait_seconds: np.ndarray | None = None,
@@ -277,7 +278,7 @@ def cross_validate_throughput(
     return summary, held_out
 
 
-def extrapolated_rows(configs: Sequence[Config]) -> np.ndarray:
+def extrapolated_rows(configs: Sequence[StepConfig]) -> np.ndarray:
     """Which held-out rows the rest of their fold did not surround: a micro-batch, length or
     accumulation beyond the others' smallest or largest (the fit extrapolated to predict them)."""
     outside = np.zeros(len(configs), dtype=bool)
@@ -324,7 +325,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
     ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
     if len(ok_rows) < MIN_ROWS_FOR_FIT:
         raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
-    configs = [config_of(row) for row in ok_rows]
+    configs = [StepConfig.from_row(row) for row in ok_rows]
     micro_seconds = np.array([row["step_seconds"] / row["grad_accum"] for row in ok_rows])
     # The measured DataLoader wait separates data supply from compute (when every row has it).
     shares = [row.get("data_wait_share") for row in ok_rows]
@@ -353,7 +354,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
     memory_section: dict[str, Any] | None = None
     if len(memory_rows) >= MIN_ROWS_FOR_FIT:
         peaks = np.array([float(row["peak_memory_bytes"]) for row in memory_rows])
-        memory_section = fit_memory_section([config_of(row) for row in memory_rows], peaks)
+        memory_section = fit_memory_section([StepConfig.from_row(row) for row in memory_rows], peaks)
 
     outside = extrapolated_rows(configs)
     extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])
@@ -431,13 +432,3 @@ def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
         )
     power = float(fit["parameters"].get("overlap_power", 1.0))
     return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother, power)
-
-
-def config_of(row: dict[str, Any]) -> Config:
-    return Config(
-        micro_batch_size=int(row["micro_batch_size"]),
-        seq_len=int(row["seq_len"]),
-        grad_accum=int(row["grad_accum"]),
-        num_workers=int(row["num_workers"]),
-        gradient_checkpointing=bool(row.get("gradient_checkpointing", False)),
-    )

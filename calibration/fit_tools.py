@@ -1,5 +1,5 @@
-"""Shared pieces of the fits: the configuration a prediction is for, robust non-negative least
-squares on relative error, and held-out error by leave-one-out (or k-fold) cross-validation."""
+"""Shared pieces of the fits: robust non-negative least squares on relative error, and held-out
+error by leave-one-out (or k-fold) cross-validation."""
 
 from __future__ import annotations
 
@@ -13,15 +13,6 @@ from scipy.optimize import nnls
 
 MAX_FOLDS = 10
 LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
-
-
-@dataclass(frozen=True)
-class Config:
-    micro_batch_size: int
-    seq_len: int
-    grad_accum: int
-    num_workers: int
-    gradient_checkpointing: bool = False
 
 
 # Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.

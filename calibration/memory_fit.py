@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.fit_tools import Config, ErrorSummary, cross_validate, fit_nonnegative
+from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
+from calibration.step_config import StepConfig
 
 LINEAR_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed", "accumulated_gradients")
 MEMORY_TERMS = (*LINEAR_TERMS, "optimizer_floor")
@@ -39,21 +40,19 @@ MEMORY_TERMS = (*LINEAR_TERMS, "optimizer_floor")
 MIN_ROWS_FOR_FLOOR = 6
 
 
-def memory_features(config: Config) -> np.ndarray:
+def memory_features(config: StepConfig) -> np.ndarray:
     """The linear form's features, in LINEAR_TERMS order."""
     tokens = config.micro_batch_size * config.seq_len
     kept = 0.0 if config.gradient_checkpointing else 1.0
     accumulating = 1.0 if config.grad_accum > 1 else 0.0
-    return np.array(
-        [1.0, kept * tokens, kept * tokens * config.seq_len, (1 - kept) * tokens, (1 - kept) * tokens * config.seq_len, accumulating]
-    )
+    return np.array([1.0, kept * tokens, kept * tokens * config.seq_len, (1 - kept) * tokens, (1 - kept) * tokens * config.seq_len, accumulating])
 
 
 @dataclass
 class MemoryModel:
     coefficients: dict[str, float]
 
-    def peak_bytes(self, config: Config) -> float:
+    def peak_bytes(self, config: StepConfig) -> float:
         linear = float(np.dot(memory_features(config), [self.coefficients[t] for t in LINEAR_TERMS]))
         return max(self.coefficients.get("optimizer_floor", 0.0), linear)
 
@@ -62,7 +61,7 @@ class MemoryModel:
         return "physical+floor" if self.coefficients.get("optimizer_floor", 0.0) > 0 else "physical"
 
 
-def fit_memory(configs: Sequence[Config], peak_bytes: np.ndarray, floor: bool = False) -> MemoryModel:
+def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False) -> MemoryModel:
     """The linear form by robust NNLS; with `floor`, the max form refined from it."""
     features = np.stack([memory_features(c) for c in configs])
     linear = fit_nonnegative(features, peak_bytes)
@@ -91,7 +90,7 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
     return {**dict(zip(LINEAR_TERMS, map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
 
 
-def fit_memory_section(configs: list[Config], peak_bytes: np.ndarray) -> dict[str, object]:
+def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray) -> dict[str, object]:
     """The calibration's `fit.memory`: the form with the lower held-out median error (the linear
     one on a tie), its parameters and its held-out error."""
     forms = {"physical": False}
@@ -100,7 +99,7 @@ def fit_memory_section(configs: list[Config], peak_bytes: np.ndarray) -> dict[st
     errors: dict[str, ErrorSummary] = {}
     for kind, floor in forms.items():
 
-        def fit_on(train: np.ndarray, floor: bool = floor) -> Callable[[Config], float]:
+        def fit_on(train: np.ndarray, floor: bool = floor) -> Callable[[StepConfig], float]:
             return fit_memory([configs[i] for i in train], peak_bytes[train], floor).peak_bytes
 
         errors[kind] = cross_validate(len(configs), peak_bytes, fit_on, configs)

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from calibration.fit import Config, ThroughputModel, throughput_model_from_json
+from calibration.fit import ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 
 # The smallest relative bound we claim even when cross-validation saw less error.
@@ -133,7 +134,7 @@ class Calibration:
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
 
-    def relative_bound_for(self, config: Config) -> float:
+    def relative_bound_for(self, config: StepConfig) -> float:
         """The bound for one configuration: the relative bound inside the measured range; beyond
         it, at least the held-out error of the probes that were themselves extrapolations (their
         90th percentile), widened by how far out it goes (×log2 of the ratio past the range, for
@@ -152,11 +153,11 @@ class Calibration:
         base = (extrapolated if extrapolated is not None else held_out or 0.0) / 100.0
         return max(bound, base * max(1.0, math.log2(stretch)))
 
-    def promised_bound_for(self, config: Config) -> float:
+    def promised_bound_for(self, config: StepConfig) -> float:
         """What a plan of this configuration promises the deadline (see promised_bound)."""
         return 0.0 if self.too_noisy_to_bound else self.relative_bound_for(config)
 
-    def extrapolation_ratio(self, config: Config) -> float:
+    def extrapolation_ratio(self, config: StepConfig) -> float:
         """How far `config` lies beyond the measured micro-batches, lengths and accumulations: the
         largest ratio past the range (1 inside it)."""
         ratio = 1.0
@@ -215,7 +216,7 @@ class Calibration:
         return float(math.exp(weight * median(math.log(r) for r in ratios)))
 
     # -- predictions ----------------------------------------------------------------------
-    def micro_step_seconds(self, config: Config) -> float:
+    def micro_step_seconds(self, config: StepConfig) -> float:
         """Seconds of one micro-step: the fitted median step, scaled to a mean by the measured tail
         factor and corrected by what past runs measured."""
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
@@ -229,9 +230,19 @@ class Calibration:
         gradient_checkpointing: bool = False,
         memory_offset_bytes: float = 0.0,
     ) -> Prediction:
+        """The prediction for one configuration, named field by field (see predict_for)."""
+        config = StepConfig(
+            micro_batch_size=int(micro_batch_size),
+            num_workers=int(num_workers),
+            grad_accum=int(grad_accum),
+            seq_len=int(seq_len),
+            gradient_checkpointing=bool(gradient_checkpointing),
+        )
+        return self.predict_for(config, memory_offset_bytes)
+
+    def predict_for(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
         """`memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
         e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
-        config = Config(int(micro_batch_size), int(seq_len), int(grad_accum), int(num_workers), bool(gradient_checkpointing))
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum
@@ -264,7 +275,7 @@ class Calibration:
         p90 = (memory.get("held_out_error") or {}).get("p90_abs_pct")
         return max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0)
 
-    def fits_in_memory(self, config: Config, memory_offset_bytes: float = 0.0) -> bool:
+    def fits_in_memory(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> bool:
         """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the
         predicted peak plus margin fits. A run that holds less than the probes did (FSDP shards
         from a 1-process calibration) is judged on the prediction alone."""
@@ -276,7 +287,7 @@ class Calibration:
             return True
         return (self.memory.peak_bytes(config) + memory_offset_bytes) * (1 + self.memory_margin) <= self.memory_limit_bytes
 
-    def within_measured_range(self, config: Config) -> bool:
+    def within_measured_range(self, config: StepConfig) -> bool:
         ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
         inside = all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
         return inside and int(config.gradient_checkpointing) in self.measured_values("gradient_checkpointing")

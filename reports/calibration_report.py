@@ -8,6 +8,7 @@ from typing import Any
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
+from calibration.step_config import StepConfig
 from calibration.store import CSV_COLUMNS
 from reports import figures
 from reports.html import bullet_list, escape, figure_grid, key_values, page, section, table, verdict
@@ -57,7 +58,7 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
             )
         )
         sections.append(section("The fit in words", bullet_list(cal.explain())))
-        fitted = [cal.throughput.tokens_per_second(_config(row)) for row in ok]
+        fitted = [cal.throughput.tokens_per_second(StepConfig.from_row(row)) for row in ok]
         held_out = cal.fit.get("held_out_predicted_tokens_per_second") or fitted
         figure_paths = [
             (
@@ -75,11 +76,7 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
                 "Measured tokens/s by micro batch and sequence length",
             )
         )
-        predict = (
-            (lambda b, s: cal.memory.peak_bytes(_config({"micro_batch_size": b, "seq_len": s, "grad_accum": 1, "num_workers": 0})))
-            if cal and cal.memory
-            else None
-        )
+        predict = (lambda b, s: cal.memory.peak_bytes(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s))) if cal and cal.memory else None
         figure_paths.append(
             (
                 figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"),
@@ -164,9 +161,3 @@ def history_section(data: dict[str, Any]) -> str:
         )
         return section("How past estimates with this calibration fared", table(history_frame.round(2)))
     return section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>")
-
-
-def _config(row: dict) -> object:
-    from calibration.fit import config_of
-
-    return config_of(row)

@@ -40,7 +40,7 @@ def one_rank_oom() -> dict[str, Any]:
 
     from bench.distributed import combine_rows
     from bench.probe import ProbeSettings, Workload, run_probe
-    from bench.space import ProbeConfig
+    from calibration.step_config import StepConfig
     from train.workload.method import unwrap
     from train.workload.model import resolve_model
 
@@ -58,7 +58,7 @@ def one_rank_oom() -> dict[str, Any]:
     settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)
     statuses = []
     for _ in range(2):
-        row = run_probe(workload, ProbeConfig(2, 0, 2, 16), settings)
+        row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=16), settings)
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, row)
         statuses.append(combine_rows(gathered)["status"])

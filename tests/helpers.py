@@ -8,9 +8,10 @@ import itertools
 import random
 from typing import Any
 
-from calibration.fit import THROUGHPUT_TERMS, Config, fit_measurements, throughput_features
+from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
 from calibration.memory_fit import LINEAR_TERMS, memory_features
 from calibration.schema import SCHEMA_VERSION
+from calibration.step_config import StepConfig
 
 TRUE_THROUGHPUT = {
     "fixed": 4e-3,
@@ -28,11 +29,11 @@ TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_c
 GIB = 2**30
 
 
-def micro_seconds(config: Config, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
+def micro_seconds(config: StepConfig, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
     return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), THROUGHPUT_TERMS, strict=True)))
 
 
-def peak_bytes(config: Config, parameters: dict[str, float] = TRUE_MEMORY) -> float:
+def peak_bytes(config: StepConfig, parameters: dict[str, float] = TRUE_MEMORY) -> float:
     return float(sum(f * parameters[t] for f, t in zip(memory_features(config), LINEAR_TERMS, strict=True)))
 
 
@@ -49,7 +50,7 @@ def synthetic_rows(
     rng = random.Random(seed)
     rows = []
     for b, w, a, s, c in itertools.product(batch_sizes, workers, accums, seq_lens, checkpointing):
-        config = Config(b, s, a, w, bool(c))
+        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s, gradient_checkpointing=bool(c))
         peak = peak_bytes(config) * (1 + rng.gauss(0, noise / 2))
         row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s, "gradient_checkpointing": c}
         if memory_limit is not None and peak > memory_limit:

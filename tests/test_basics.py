@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.space import ProbeConfig, parse_int_list, ruled_out_by
+from bench.space import parse_int_list, ruled_out_by
+from calibration.step_config import StepConfig
 from common.durations import format_duration, parse_duration
 from common.errors import BenchtrainError
 
@@ -35,8 +36,8 @@ def test_parse_int_list() -> None:
 
 
 def test_an_oom_rules_out_larger_batches_at_that_and_longer_lengths() -> None:
-    oom = [ProbeConfig(4, 0, 1, 256)]
-    assert ruled_out_by(ProbeConfig(8, 2, 2, 256), oom) == oom[0]
-    assert ruled_out_by(ProbeConfig(4, 0, 1, 512), oom) == oom[0]
-    assert ruled_out_by(ProbeConfig(2, 0, 1, 512), oom) is None
-    assert ruled_out_by(ProbeConfig(8, 0, 1, 128), oom) is None
+    oom = [StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=256)]
+    assert ruled_out_by(StepConfig(micro_batch_size=8, num_workers=2, grad_accum=2, seq_len=256), oom) == oom[0]
+    assert ruled_out_by(StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=512), oom) == oom[0]
+    assert ruled_out_by(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=512), oom) is None
+    assert ruled_out_by(StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=128), oom) is None

@@ -11,7 +11,8 @@ import torch
 
 from bench.probe import ProbeSettings, Workload, run_probe
 from bench.runner import Budget, run_grid, run_optuna
-from bench.space import ProbeConfig, SearchSpace
+from bench.space import SearchSpace
+from calibration.step_config import StepConfig
 from train.workload.model import resolve_model
 
 FAST = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=1.0)
@@ -23,7 +24,7 @@ def workload() -> Workload:
 
 
 def test_a_probe_measures_the_training_step(workload: Workload) -> None:
-    row = run_probe(workload, ProbeConfig(2, 0, 2, 64), FAST)
+    row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=64), FAST)
     assert row["status"] == "ok"
     assert row["tokens_per_second"] > 0
     assert row["tokens_per_second"] == pytest.approx(2 * 64 * 2 / row["step_seconds"])
@@ -35,12 +36,12 @@ def test_a_probe_measures_the_training_step(workload: Workload) -> None:
 
 def test_the_probe_trains_the_model(workload: Workload) -> None:
     before = [p.detach().clone() for p in workload.model.parameters()]
-    run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)
+    run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, workload.model.parameters(), strict=True))
 
 
 def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
-    row = run_probe(workload, ProbeConfig(2, 2, 1, 64), FAST)
+    row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=2, grad_accum=1, seq_len=64), FAST)
     assert row["status"] == "ok" and row["num_workers"] == 2
 
 
@@ -51,26 +52,26 @@ def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, 
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(workload.step, "run", run)
-    row = run_probe(workload, ProbeConfig(8, 0, 1, 256), FAST)
+    row = run_probe(workload, StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=256), FAST)
     assert row["status"] == "oom"
     assert "out of memory" in row["error"]
     monkeypatch.setattr(workload.step, "run", real_run)
-    assert run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)["status"] == "ok"  # the workload recovered
+    assert run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)["status"] == "ok"  # the workload recovered
 
 
 def test_other_failures_are_errors(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workload.step, "run", lambda *_, **__: (_ for _ in ()).throw(ValueError("shape mismatch")))
-    row = run_probe(workload, ProbeConfig(1, 0, 1, 32), FAST)
+    row = run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)
     assert row["status"] == "error" and "shape mismatch" in row["error"]
 
 
 def fake_probe(oom_at: tuple[int, int] | None = None, calls: list | None = None):
     """A probe that costs nothing: tokens/s from a formula, OOM at and beyond (batch, length)."""
 
-    def probe(config: ProbeConfig, _remaining: float | None) -> dict[str, Any]:
+    def probe(config: StepConfig, _remaining: float | None) -> dict[str, Any]:
         if calls is not None:
             calls.append(config)
-        row = {**config.as_dict(), "probe_seconds": 0.01}
+        row = {**config.to_row(), "probe_seconds": 0.01}
         if oom_at and config.micro_batch_size >= oom_at[0] and config.seq_len >= oom_at[1]:
             return {**row, "status": "oom", "error": "OutOfMemoryError"}
         step = 0.01 + 1e-5 * config.micro_batch_size * config.seq_len * config.grad_accum
@@ -84,7 +85,7 @@ SPACE = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128))
 
 
 def test_grid_probes_everything_and_prunes_after_oom() -> None:
-    calls: list[ProbeConfig] = []
+    calls: list[StepConfig] = []
     result = run_grid(SPACE, fake_probe(oom_at=(4, 128), calls=calls), Budget(None))
     statuses = {(r["micro_batch_size"], r["seq_len"], r["num_workers"], r["grad_accum"]): r["status"] for r in result.rows}
     assert len(result.rows) == SPACE.size
@@ -103,7 +104,7 @@ def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
 
     clock = VirtualClock()  # each probe takes 0.05 s of it, however busy the machine is
 
-    def slow(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+    def slow(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         clock.advance(0.05)
         row = fake_probe()(config, remaining)
         row["probe_seconds"] = 0.05
@@ -129,10 +130,10 @@ def test_optuna_samples_the_same_space(home: Path) -> None:
 
 def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> None:
     storage = home / "studies" / "bench.db"
-    calls: list[ProbeConfig] = []
+    calls: list[StepConfig] = []
     probe = fake_probe(oom_at=(8, 128), calls=calls)
 
-    def interrupted(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+    def interrupted(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         if len(calls) == 4:
             raise KeyboardInterrupt
         return probe(config, remaining)
@@ -180,7 +181,7 @@ def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monke
 def test_drift_is_measured_with_a_reference_probe_and_corrected() -> None:
     clock = {"probes": 0}
 
-    def slowing_machine(config: ProbeConfig, remaining: float | None) -> dict[str, Any]:
+    def slowing_machine(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         # Every probe the machine gets 1% slower; the model's "true" speed does not change.
         clock["probes"] += 1
         row = fake_probe()(config, remaining)
@@ -227,7 +228,8 @@ def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
     rows = synthetic_rows(noise=0.01)  # a steady machine...
     raw = [row.get("tokens_per_second") for row in rows]
     # ...but references that claim a steep slowdown half-way: the correction would distort the data.
-    drift = correct_for_drift(rows, [(0, 1000.0), (20, 1000.0), (40, 500.0), (60, 500.0)], ProbeConfig(2, 0, 1, 256))
+    reference = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=256)
+    drift = correct_for_drift(rows, [(0, 1000.0), (20, 1000.0), (40, 500.0), (60, 500.0)], reference)
     assert drift["applied"]
     fit = fit_with_drift_choice(rows, drift)
     assert not drift["applied"] and "did not help" in drift["reason"]

@@ -14,9 +14,10 @@ import pytest
 from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
 from bench.simulated import COMPILE_SECONDS, simulate_bench
-from bench.space import ProbeConfig, SearchSpace
+from bench.space import SearchSpace
 from bench.timing import ProbeSettings, StepTiming, time_steps
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.step.step import StepResult
 
@@ -84,18 +85,20 @@ def flops_planner(space: SearchSpace, compiled: bool = False) -> ProbePlanner:
 
 def test_prices_start_from_flops_and_follow_the_measurements() -> None:
     planner = flops_planner(SearchSpace((1, 4), (0,), (1,), (64, 256)), compiled=True)
-    small, large = ProbeConfig(1, 0, 1, 64), ProbeConfig(4, 0, 1, 256)
+    small = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=64)
+    large = StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=256)
     assert planner.cost.step_seconds(large) == pytest.approx(16 * planner.cost.step_seconds(small))
     assert not planner.cost.measured and "prior" in planner.cost.source
     # The device turns out 10x slower than the prior, plus a fixed 50 ms: prices follow.
     for config in (small, large):
         step = 0.05 + 10 * planner.cost.step_flops(config) / 1e12
-        row = {**config.as_dict(), "status": "ok", "step_seconds": step, "first_step_seconds": step + 20.0, "timed_steps": 4, "warmup_steps": 1}
+        row = {**config.to_row(), "status": "ok", "step_seconds": step, "first_step_seconds": step + 20.0, "timed_steps": 4, "warmup_steps": 1}
         planner.record({**row, "probe_seconds": 20.0 + 5 * step, "new_shape": True})
     assert planner.cost.measured
-    assert planner.cost.step_seconds(ProbeConfig(4, 0, 1, 64)) == pytest.approx(0.05 + 10 * 4 * 64 * 1e9 / 1e12, rel=1e-3)
+    wide_short = StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=64)
+    assert planner.cost.step_seconds(wide_short) == pytest.approx(0.05 + 10 * 4 * 64 * 1e9 / 1e12, rel=1e-3)
     # A compiled step's new shape costs the compilation measured; a repeated one does not.
-    assert planner.price(ProbeConfig(4, 0, 1, 64)) > 20.0 > planner.price(ProbeConfig(1, 0, 2, 64))
+    assert planner.price(wide_short) > 20.0 > planner.price(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=2, seq_len=64))
 
 
 def test_the_first_probes_are_cheap_and_cover_both_checkpointing_modes() -> None:

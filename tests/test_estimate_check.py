@@ -26,9 +26,9 @@ import pytest
 from test_cli import calibrated_home, run_main
 
 from calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
-from calibration.fit import Config
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
+from calibration.step_config import StepConfig
 from train.running.guard import NEXT_STEP_SAFETY
 from train.step.step import TrainingStep
 
@@ -87,7 +87,13 @@ def stored_calibration(home: Path) -> Calibration:
 
 def predicted_step_seconds(calibration: Calibration, plan: dict) -> float:
     """The calibration's prediction of one optimizer step of full packed rows."""
-    config = Config(plan["micro_batch_size"], plan["max_length"], plan["grad_accum"], plan["num_workers"], bool(plan["gradient_checkpointing"]))
+    config = StepConfig(
+        micro_batch_size=plan["micro_batch_size"],
+        num_workers=plan["num_workers"],
+        grad_accum=plan["grad_accum"],
+        seq_len=plan["max_length"],
+        gradient_checkpointing=bool(plan["gradient_checkpointing"]),
+    )
     return plan["grad_accum"] * calibration.micro_step_seconds(config)
 
 

@@ -19,10 +19,11 @@ from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_planner import heavy_tailed, tokenized
 
 from bench.runner import Budget, run_grid
-from bench.space import ProbeConfig, SearchSpace
+from bench.space import SearchSpace
 from calibration.accuracy import describe_estimate_error, estimate_error_pct
-from calibration.fit import Config, fit_measurements
+from calibration.fit import fit_measurements
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 
 __all__ = ["calibrated_home"]  # a fixture shared with test_cli
@@ -106,7 +107,7 @@ def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsy
     import bench.probe
 
     def failing(workload: Any, config: Any, settings: Any, peak_flops: Any = None) -> dict[str, Any]:
-        return {**config.as_dict(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
+        return {**config.to_row(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
 
     monkeypatch.setattr(bench.probe, "run_probe", failing)
     code, _, err = run_main("bench", ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet", "--no-report"], capsys)
@@ -209,29 +210,29 @@ def test_one_disturbed_probe_does_not_drag_the_fit() -> None:
     fit = fit_measurements(rows)
     calibration = Calibration(synthetic_calibration(rows))
     for b, s, a, w in [(1, 128, 1, 0), (4, 512, 2, 2), (8, 256, 1, 0), (2, 512, 2, 2)]:
-        truth = micro_seconds(Config(b, s, a, w))
-        assert calibration.throughput.micro_step_seconds(Config(b, s, a, w)) == pytest.approx(truth, rel=0.05)
+        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
+        assert calibration.throughput.micro_step_seconds(config) == pytest.approx(micro_seconds(config), rel=0.05)
     assert fit["held_out_error"]["p90_abs_pct"] < 10
 
 
 def test_a_disturbed_probe_is_measured_again_and_combined_by_median() -> None:
     space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
-    victim = ProbeConfig(2, 0, 1, 128)
-    calls: dict[ProbeConfig, int] = {}
+    victim = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=128)
+    calls: dict[StepConfig, int] = {}
 
-    def probe(config: ProbeConfig, _remaining: float | None) -> dict[str, Any]:
+    def probe(config: StepConfig, _remaining: float | None) -> dict[str, Any]:
         calls[config] = calls.get(config, 0) + 1
-        step = micro_seconds(Config(config.micro_batch_size, config.seq_len, config.grad_accum, config.num_workers)) * config.grad_accum
+        step = micro_seconds(config) * config.grad_accum
         if config == victim and calls[config] == 1:
             step *= 4
         tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-        row = {**config.as_dict(), "status": "ok", "step_seconds": step, "tokens_per_second": tokens / step}
+        row = {**config.to_row(), "status": "ok", "step_seconds": step, "tokens_per_second": tokens / step}
         return {**row, "probe_seconds": 0.01, "step_seconds_spread": 0.01}
 
     result = run_grid(space, probe, Budget(None), reference_every=None)
-    row = next(r for r in result.rows if ProbeConfig(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]) == victim)
+    row = next(r for r in result.rows if StepConfig.from_row(r) == victim)
     assert calls[victim] == 3 and result.remeasured >= 2
-    truth = micro_seconds(Config(2, 128, 1, 0))
+    truth = micro_seconds(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=128))
     assert row["step_seconds"] == pytest.approx(truth, rel=1e-6)  # median of (4x, 1x, 1x)
     assert len(row["repeats"]) == 3
     assert sum(calls.values()) <= space.size + max(2, space.size // 4)
@@ -281,7 +282,7 @@ def test_the_tail_factor_turns_median_probes_into_mean_run_time() -> None:
         row["step_seconds_mean"] = row["step_seconds"] * 1.1
     calibration = Calibration(synthetic_calibration(rows))
     assert calibration.step_tail_factor == pytest.approx(1.1)
-    config = Config(2, 256, 1, 0)
+    config = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=256)
     assert calibration.micro_step_seconds(config) == pytest.approx(micro_seconds(config) * 1.1, rel=1e-3)
     assert TRUE_THROUGHPUT["fixed"] > 0
 

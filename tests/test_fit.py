@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from helpers import TRUE_MEMORY, TRUE_THROUGHPUT, micro_seconds, peak_bytes, synthetic_calibration, synthetic_rows
 
-from calibration.fit import Config, fit_measurements
+from calibration.fit import fit_measurements
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 
 
 def test_noise_free_fit_recovers_parameters() -> None:
@@ -25,7 +26,7 @@ def test_noisy_fit_predicts_unmeasured_configurations_within_the_noise() -> None
     # Between and beyond the measured values: batch 3, 6, 16; length 192, 384, 1024; accum 3, 8; workers 1, 4.
     errors = []
     for b, s, a, w in [(3, 192, 1, 0), (6, 384, 3, 1), (16, 512, 2, 2), (2, 1024, 8, 4), (5, 300, 4, 0)]:
-        config = Config(b, s, a, w)
+        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
         predicted = calibration.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
         truth = b * s * a / (micro_seconds(config) * a)
         errors.append(abs(predicted.tokens_per_second - truth) / truth)
@@ -49,7 +50,7 @@ def test_memory_boundary_separates_fitting_from_oom_configurations() -> None:
     # A configuration well under the limit fits; one far above does not.
     assert calibration.predict(micro_batch_size=1, seq_len=256).fits_in_memory
     assert not calibration.predict(micro_batch_size=64, seq_len=2048).fits_in_memory
-    truth_small = peak_bytes(Config(1, 256, 1, 0))
+    truth_small = peak_bytes(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=256))
     assert calibration.predict(micro_batch_size=1, seq_len=256).peak_memory_bytes == pytest.approx(truth_small, rel=0.05)
 
 
@@ -123,13 +124,13 @@ def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
     flops = {"per_token": 6e6, "attention": 1.2e3, "recompute_per_token": 2e6, "recompute_attention": 400.0}
     per_flop = 3e-13
 
-    def truth(config: Config) -> float:
+    def truth(config: StepConfig) -> float:
         device = per_flop * config.micro_batch_size * config.seq_len * (flops["per_token"] + flops["attention"] * config.seq_len)
         return 0.002 + device + 0.004 / config.grad_accum
 
     rows = []
     for b, s, a in [(1, 128, 1), (4, 128, 1), (1, 512, 2), (8, 256, 1)]:
-        step = truth(Config(b, s, a, 0)) * a
+        step = truth(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s)) * a
         rows.append(
             {
                 "micro_batch_size": b,
@@ -148,15 +149,16 @@ def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
     assert tied["held_out_error"]["median_abs_pct"] < untied["held_out_error"]["median_abs_pct"]
     assert tied["parameters"]["attention"] / tied["parameters"]["per_token"] == pytest.approx(flops["attention"] / flops["per_token"])
     # Far outside the probes, the tied fit still predicts the truth.
-    far = Config(16, 1024, 1, 0)
+    far = StepConfig(micro_batch_size=16, num_workers=0, grad_accum=1, seq_len=1024)
     predicted = Calibration(synthetic_calibration(rows, fit=tied)).throughput.micro_step_seconds(far)
     assert predicted == pytest.approx(truth(far), rel=0.02)
 
 
 def test_the_bound_widens_where_a_plan_extrapolates() -> None:
     calibration = Calibration(synthetic_calibration(synthetic_rows(batch_sizes=(1, 2, 4), noise=0.03, seed=2)))
-    inside = Config(2, 256, 2, 0)
-    double, far = Config(8, 256, 2, 0), Config(64, 256, 2, 0)
+    inside = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=256)
+    double = StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)
+    far = StepConfig(micro_batch_size=64, num_workers=0, grad_accum=2, seq_len=256)
     assert calibration.relative_bound_for(inside) == calibration.relative_bound
     assert calibration.extrapolation_ratio(far) == 16
     assert calibration.relative_bound_for(inside) <= calibration.relative_bound_for(double) < calibration.relative_bound_for(far)
@@ -170,5 +172,5 @@ def test_a_fit_whose_probes_never_extrapolated_does_not_bet_a_plan_beyond_them()
     rows = synthetic_rows(batch_sizes=(2,), seq_lens=(256,), workers=(0, 2), accums=(1, 2, 4), noise=0.01)
     calibration = Calibration(synthetic_calibration(rows))
     assert calibration.fit["extrapolated_error"]["count"] == 0
-    assert calibration.relative_bound_for(Config(2, 256, 2, 0)) < 0.1
-    assert calibration.relative_bound_for(Config(8, 256, 2, 0)) >= 0.5
+    assert calibration.relative_bound_for(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=256)) < 0.1
+    assert calibration.relative_bound_for(StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)) >= 0.5

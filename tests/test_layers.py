@@ -14,7 +14,8 @@ PACKAGES = ("common", "calibration", "reports", "train", "bench")
 
 # Which layer a module stands in: the longest prefix that names it. train/ has rooms, each on its
 # own floor: a room imports only the rooms below it. The commands stand on top: they alone write
-# reports (the run's, the comparison's, the calibration's) after the work below them.
+# reports (the run's, the comparison's, the calibration's) after the work below them. Beside them,
+# the argument groups that bench's and train's commands share (train/arguments.py).
 TRAIN_ROOMS = ("train.workload", "train.step", "train.planning", "train.running", "train.export", "train.recipes")
 LAYERS = {
     "common": "common",
@@ -22,6 +23,7 @@ LAYERS = {
     "reports": "reports",
     "train": "train",
     **{room: room for room in TRAIN_ROOMS},
+    "train.arguments": "command arguments",
     "train.__main__": "train commands",
     "train.cli": "train commands",
     "train.compare_command": "train commands",
@@ -37,9 +39,10 @@ MAY_IMPORT = {
     "reports": {"calibration", "common"},
     "train": set(),
     **{room: {*TRAIN_ROOMS[:floor], "calibration", "common"} for floor, room in enumerate(TRAIN_ROOMS)},
-    "train commands": {*TRAIN_ROOMS, "reports", "calibration", "common"},
+    "command arguments": {*TRAIN_ROOMS, "calibration", "common"},
+    "train commands": {"command arguments", *TRAIN_ROOMS, "reports", "calibration", "common"},
     "bench": {*TRAIN_ROOMS, "calibration", "common"},
-    "bench commands": {"bench", *TRAIN_ROOMS, "reports", "calibration", "common"},
+    "bench commands": {"bench", "command arguments", *TRAIN_ROOMS, "reports", "calibration", "common"},
 }
 
 
@@ -184,6 +187,11 @@ def test_the_rule_catches_an_import_inside_a_function() -> None:
     ]
     assert arrows_against_the_rule({"train.running.loop": {"train.planning.planner", "train.workload.batching"}}) == []
     assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.session"}}) == []
+    # The shared argument groups serve the commands; no component builds a parser from them.
+    assert arrows_against_the_rule({"bench.commands.run": {"train.arguments"}, "train.cli": {"train.arguments"}}) == []
+    assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == [
+        "train.step.engine (train.step) imports train.arguments (command arguments)"
+    ]
 
 
 def test_the_rule_catches_a_loop() -> None:

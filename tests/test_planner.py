@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from helpers import GIB, synthetic_calibration, synthetic_rows
 
-from calibration.fit import Config
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.planner import PlanRequest, deadline_options, make_plan
 from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
@@ -74,7 +74,7 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
     # Brute force over every candidate the calibration allows: nothing is faster.
     best = min(
         sum(
-            calibration.micro_step_seconds(Config(s.rows, s.length, 16 // b, w))
+            calibration.micro_step_seconds(StepConfig(micro_batch_size=s.rows, num_workers=w, grad_accum=16 // b, seq_len=s.length))
             for s in padded_shapes(data.lengths, epoch_batches(data, b, c.max_length, 0, 0), c.max_length)
         )
         for b in (1, 2, 4, 8)

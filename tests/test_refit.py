@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from test_cli import calibrated_home, run_main
 
-from calibration.fit import Config, ThroughputModel, overlapped
+from calibration.fit import ThroughputModel, overlapped
 from calibration.model import Calibration
 from calibration.schema import migrate, validate
+from calibration.step_config import StepConfig
 
 __all__ = ["calibrated_home"]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,18 +42,17 @@ def test_refitting_the_h100_probes_holds_out_within_3_percent(home: Path, capsys
     # The stored model is the one whose error is stated: large micro-batches within a few percent.
     calibration = Calibration(refitted)
     row = next(r for r in source["measurements"] if r["status"] == "ok" and (r["micro_batch_size"], r["grad_accum"], r["seq_len"]) == (16, 4, 512))
-    predicted = calibration.throughput.tokens_per_second(Config(16, 512, 4, row["num_workers"]))
+    predicted = calibration.throughput.tokens_per_second(StepConfig(micro_batch_size=16, num_workers=row["num_workers"], grad_accum=4, seq_len=512))
     assert predicted == pytest.approx(row["micro_batch_size"] * row["seq_len"] / (row["step_seconds"] / 4), rel=0.03)
 
 
 def test_the_memory_model_holds_out_the_h100_peaks_within_3_percent_without_under_predicting() -> None:
     """Issue 21: peaks a plan can bet on. Leave-one-out over the 48 real H100 probes: median ≤ 3%,
     and no probe's peak under-predicted by more than 2% (an under-prediction is an OOM)."""
-    from calibration.fit import config_of
     from calibration.memory_fit import fit_memory_section
 
     rows = [row for row in json.loads(H100.read_text())["measurements"] if row["status"] == "ok"]
-    section = fit_memory_section([config_of(row) for row in rows], np.array([float(row["peak_memory_bytes"]) for row in rows]))
+    section = fit_memory_section([StepConfig.from_row(row) for row in rows], np.array([float(row["peak_memory_bytes"]) for row in rows]))
     assert section["kind"] == "physical+floor"
     assert section["held_out_error"]["median_abs_pct"] <= 3.0
     assert min(section["held_out_relative_errors"]) >= -0.02
@@ -79,8 +79,8 @@ def test_the_overlap_form_is_the_sum_at_power_1_and_the_maximum_as_it_grows() ->
     coefficients.update(fixed=0.08, per_token=2.4e-5, attention=0.0, recompute_per_token=0.0, recompute_attention=0.0)
     model = ThroughputModel(coefficients, overlap_power=8.0)
     # Host-bound at small batches, compute-bound at large ones.
-    assert model.micro_step_seconds(Config(1, 512, 1, 0)) == pytest.approx(0.08, rel=0.01)
-    assert model.micro_step_seconds(Config(16, 1024, 1, 0)) == pytest.approx(2.4e-5 * 16 * 1024, rel=0.01)
+    assert model.micro_step_seconds(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=512)) == pytest.approx(0.08, rel=0.01)
+    assert model.micro_step_seconds(StepConfig(micro_batch_size=16, num_workers=0, grad_accum=1, seq_len=1024)) == pytest.approx(2.4e-5 * 16 * 1024, rel=0.01)
 
 
 def test_one_overhead_model_and_no_report_is_honoured(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:

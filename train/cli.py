@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 
 from common.errors import OneLineParser, guard_cli
-from train.step.engine import add_step_arguments
-from train.workload.formats import add_data_arguments
-from train.workload.method import add_method_arguments
+from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset

@@ -8,12 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.space import ProbeConfig, SearchSpace, default_space, parse_int_list, parse_switch_list
+from bench.space import SearchSpace, default_space, parse_int_list, parse_switch_list
+from calibration.step_config import StepConfig
 from common.durations import format_duration, parse_duration
 from common.errors import EXIT_OK, BenchtrainError
-from train.step.engine import add_step_arguments, step_options_from_args
-from train.workload.formats import add_data_arguments
-from train.workload.method import add_method_arguments, method_from_args
+from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
+from train.step.engine import step_options_from_args
+from train.workload.method import method_from_args
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
@@ -321,8 +322,8 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
 
     return Coordinator(
         {
-            "probe": lambda task: run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
-            "eval": lambda task: run_eval_probe(workload, ProbeConfig.of(task)),
+            "probe": lambda task: run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
+            "eval": lambda task: run_eval_probe(workload, StepConfig.from_row(task)),
             # FSDP: every rank joins in gathering the state that rank 0 saves (train.running.checkpoint);
             # DDP: rank 0 alone saves. Rank 0's figures are kept.
             "checkpoint": lambda task: (
@@ -331,7 +332,7 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Any:
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
             "loss_probe": lambda task: (
                 workload.set_loss(task["loss"]),
-                run_probe(workload, ProbeConfig.of(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
+                run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
             )[1],
             "set_loss": lambda task: (workload.set_loss(task["loss"]), {})[1],
             # Rank 0 only, and last: the other ranks keep their models, which they no longer use.

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from calibration.fit import Config
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError, DeadlineError
 from train.planning.deadline import DeadlineBudget
 from train.planning.overheads import Overheads, plan_overheads
@@ -131,6 +131,29 @@ class Candidate:
     fits_in_memory: bool = True
     extrapolated: bool = False
     truncation: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def planned(cls, config: StepConfig, world_size: int) -> Candidate:
+        """A candidate for `config` (its length the max length), its predictions still to fill in."""
+        return cls(
+            micro_batch_size=config.micro_batch_size,
+            grad_accum=config.grad_accum,
+            num_workers=config.num_workers,
+            max_length=config.seq_len,
+            world_size=world_size,
+            gradient_checkpointing=config.gradient_checkpointing,
+        )
+
+    @property
+    def config(self) -> StepConfig:
+        """The step this candidate runs, at its max length (what the calibration predicts for)."""
+        return StepConfig(
+            micro_batch_size=self.micro_batch_size,
+            num_workers=self.num_workers,
+            grad_accum=self.grad_accum,
+            seq_len=self.max_length,
+            gradient_checkpointing=self.gradient_checkpointing,
+        )
 
     @property
     def tokens_per_second(self) -> float:
@@ -305,15 +328,12 @@ def evaluate(
     calibration: Calibration,
     data: TokenizedData,
     request: PlanRequest,
-    micro: int,
-    accum: int,
-    workers: int,
-    length: int,
+    config: StepConfig,
     cache: ShapeCache | None = None,
-    checkpointing: bool = False,
     eval_data: TokenizedData | None = None,
 ) -> Candidate:
-    candidate = Candidate(micro, accum, workers, length, request.world_size, checkpointing)
+    candidate = Candidate.planned(config, request.world_size)
+    micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
     epochs_whole = math.ceil(request.epochs)
     step_seconds = 0.0
     micro_batches = 0
@@ -324,7 +344,7 @@ def evaluate(
         counts = shape_counts(data, request, micro, length, epoch, cache)
         shapes.update(counts)
         for (rows, batch_length), count in counts.items():
-            step_seconds += count * calibration.micro_step_seconds(Config(rows, batch_length, accum, workers, checkpointing))
+            step_seconds += count * calibration.micro_step_seconds(config.with_shape(rows, batch_length))
             padded += count * rows * batch_length * request.world_size
         batch_count = sum(counts.values())
         micro_batches += batch_count
@@ -348,21 +368,13 @@ def evaluate(
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
-    where = Config(micro, length, accum, workers, checkpointing)
-    bound = candidate.bound_fraction = calibration.relative_bound_for(where)
+    bound = candidate.bound_fraction = calibration.relative_bound_for(config)
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
     widened = 1 + request.prediction_error
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) * widened + candidate.overhead_seconds
-    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(where)) * widened + candidate.overhead_seconds
-    prediction = calibration.predict(
-        micro_batch_size=micro,
-        seq_len=length,
-        grad_accum=accum,
-        num_workers=workers,
-        gradient_checkpointing=checkpointing,
-        memory_offset_bytes=request.memory_offset_bytes,
-    )
+    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(config)) * widened + candidate.overhead_seconds
+    prediction = calibration.predict_for(config, request.memory_offset_bytes)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
     candidate.fits_in_memory = prediction.fits_in_memory
@@ -446,11 +458,12 @@ def make_plan(calibration: Calibration, data: TokenizedData, request: PlanReques
     for length in lengths:
         check_trainable_tokens(data, length, request)
     cache: ShapeCache = {}
-    candidates = [
-        evaluate(calibration, data, request, micro, accum, workers, length, cache, mode, eval_data)
+    configs = [
+        StepConfig(micro_batch_size=micro, num_workers=workers, grad_accum=accum, seq_len=length, gradient_checkpointing=mode)
         for length in lengths
         for micro, accum, workers, mode in options
     ]
+    candidates = [evaluate(calibration, data, request, config, cache, eval_data) for config in configs]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
         raise BenchtrainError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
@@ -534,8 +547,7 @@ def shrink_to_deadline(
         raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
     limit = request.completed_steps + steps
     limited = replace(request, max_steps=limit)
-    c = chosen
-    candidate = evaluate(calibration, data, limited, c.micro_batch_size, c.grad_accum, c.num_workers, c.max_length, None, c.gradient_checkpointing, eval_data)
+    candidate = evaluate(calibration, data, limited, chosen.config, None, eval_data)
     return candidate, limit
 
 

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.fit import Config
 from calibration.model import Calibration
 from train.planning.deadline import DeadlineBudget
 from train.planning.planner import Candidate
@@ -213,9 +212,9 @@ class TrainingRun:
 
     def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
-        c = self.chosen
+        c, step = self.chosen, self.chosen.config
         micro = [
-            self.calibration.micro_step_seconds(Config(shape.rows, shape.length, c.grad_accum, c.num_workers, c.gradient_checkpointing))
+            self.calibration.micro_step_seconds(step.with_shape(shape.rows, shape.length))
             for shape in batch_shapes(self.data, batches, c.max_length, self.shape_bucket)
         ]
         return [sum(micro[i : i + c.grad_accum]) + c.comm_seconds_per_step for i in range(0, len(micro), c.grad_accum)]

@@ -52,28 +52,6 @@ class StepOptions:
             raise BenchtrainError(f"--loss must be one of {', '.join(LOSS_CHOICES)}, got {self.loss!r}")
 
 
-def add_step_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--compile",
-        choices=COMPILE_CHOICES,
-        default="auto",
-        help="torch.compile the decoder blocks: auto (default) = on for CUDA, off on CPU; compile time is measured and planned",
-    )
-    parser.add_argument(
-        "--loss",
-        choices=LOSS_CHOICES,
-        default="auto",
-        help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
-    )
-    parser.add_argument(
-        "--sharding",
-        choices=SHARDING_CHOICES,
-        default="ddp",
-        help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
-        "fsdp = parameters, gradients and optimizer state sharded (full fine-tuning of a model too big for one device)",
-    )
-
-
 def step_options_from_args(args: argparse.Namespace) -> StepOptions:
     return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
 

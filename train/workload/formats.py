@@ -180,23 +180,6 @@ def turn_style(first: dict[str, Any] | None, column: str | None) -> str:
     return "sharegpt" if column in ("conversations", "conversation") else "messages"
 
 
-def add_data_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options that name a dataset's format and columns (train and bench --data)."""
-    parser.add_argument(
-        "--data-format",
-        default="auto",
-        choices=("auto", *FORMATS),
-        help="the data's format (default: auto, from the columns): text, messages (OpenAI), sharegpt, alpaca, prompt_completion",
-    )
-    parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
-    parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
-    parser.add_argument("--messages-field", metavar="COLUMN", help="the column of conversation turns (messages, sharegpt)")
-    parser.add_argument("--prompt-field", metavar="COLUMN", help="the prompt column (prompt_completion; Alpaca's instruction)")
-    parser.add_argument("--completion-field", metavar="COLUMN", help="the answer column (prompt_completion; Alpaca's output)")
-    parser.add_argument("--input-field", metavar="COLUMN", help="Alpaca's optional input column")
-    parser.add_argument("--system-field", metavar="COLUMN", help="a system prompt column (sharegpt, alpaca)")
-
-
 def schema_from_args(args: argparse.Namespace) -> DataSchema:
     return DataSchema(
         format=getattr(args, "data_format", "auto") or "auto",

@@ -76,20 +76,6 @@ def method_from_args(args: Any) -> MethodConfig:
     )
 
 
-def add_method_arguments(parser: Any) -> None:
-    """The same options on `bench run` and `train`."""
-    parser.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning (default) or lora")
-    parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
-    parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
-    parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
-    parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
-    parser.add_argument(
-        "--lora-targets",
-        metavar="NAMES",
-        help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
-    )
-
-
 def quiet_library_warnings() -> None:
     """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
     on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does

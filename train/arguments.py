@@ -1,0 +1,67 @@
+"""The argument groups that `bench run` and `train` share: the data's format and columns, the
+method (full or LoRA) and the step (compile, loss, sharding). They stand beside the commands,
+which build their parsers from them; the components only name their choices."""
+
+from __future__ import annotations
+
+import argparse
+
+from train.step.compile import COMPILE_CHOICES
+from train.step.loss import LOSS_CHOICES
+from train.step.sharding import SHARDING_CHOICES
+from train.workload.formats import FORMATS
+from train.workload.method import METHODS
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name a dataset's format and columns (train and bench --data)."""
+    parser.add_argument(
+        "--data-format",
+        default="auto",
+        choices=("auto", *FORMATS),
+        help="the data's format (default: auto, from the columns): text, messages (OpenAI), sharegpt, alpaca, prompt_completion",
+    )
+    parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
+    parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
+    parser.add_argument("--messages-field", metavar="COLUMN", help="the column of conversation turns (messages, sharegpt)")
+    parser.add_argument("--prompt-field", metavar="COLUMN", help="the prompt column (prompt_completion; Alpaca's instruction)")
+    parser.add_argument("--completion-field", metavar="COLUMN", help="the answer column (prompt_completion; Alpaca's output)")
+    parser.add_argument("--input-field", metavar="COLUMN", help="Alpaca's optional input column")
+    parser.add_argument("--system-field", metavar="COLUMN", help="a system prompt column (sharegpt, alpaca)")
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is trained: the whole model or LoRA adapters, and the adapters' settings (MethodConfig)."""
+    parser.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning (default) or lora")
+    parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
+    parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
+    parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
+    parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
+    parser.add_argument(
+        "--lora-targets",
+        metavar="NAMES",
+        help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
+    )
+
+
+def add_step_arguments(parser: argparse.ArgumentParser) -> None:
+    """How THE step runs (StepOptions): compiled or eager, which loss, how processes share the model."""
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_CHOICES,
+        default="auto",
+        help="torch.compile the decoder blocks: auto (default) = on for CUDA, off on CPU; compile time is measured and planned",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=LOSS_CHOICES,
+        default="auto",
+        help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
+    )
+    parser.add_argument(
+        "--sharding",
+        choices=SHARDING_CHOICES,
+        default="ddp",
+        help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
+        "fsdp = parameters, gradients and optimizer state sharded (full fine-tuning of a model too big for one device)",
+    )
