@@ -106,9 +106,7 @@ def describe(view: Outlook) -> list[str]:
     """The outlook in a few lines for the terminal."""
     lines = [f"the whole grid ({view.grid_probes} probes that fit in memory) needs ≈ {format_duration(view.grid_seconds)} (probe prices: {view.prices})"]
     if view.budget_seconds is not None:
-        sample = ", ".join(
-            f"B{c.micro_batch_size}/W{c.num_workers}/A{c.grad_accum}/S{c.seq_len}" + ("/ckpt" if c.gradient_checkpointing else "") for c, _ in view.planned[:5]
-        )
+        sample = ", ".join(c.label for c, _ in view.planned[:5])
         more = f" and {len(view.planned) - 5} more" if len(view.planned) > 5 else ""
         lines.append(
             f"within {format_duration(view.budget_seconds)} I expect to measure {len(view.planned)} probes ({sample}{more}), "

@@ -244,7 +244,7 @@ class Calibration:
         """`memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
         e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
-            raise BenchtrainError(f"cannot predict for {config}: sizes must be positive")
+            raise BenchtrainError(f"cannot predict for {config.label}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum
         tokens_per_second = config.micro_batch_size * config.seq_len * config.grad_accum / step
         bound = self.relative_bound_for(config)

@@ -35,6 +35,12 @@ class StepConfig:
             gradient_checkpointing=bool(row.get("gradient_checkpointing", 0)),
         )
 
+    @property
+    def label(self) -> str:
+        """How bench's lines name it: B8/W2/A1/S512 (/ckpt with checkpointing)."""
+        text = f"B{self.micro_batch_size}/W{self.num_workers}/A{self.grad_accum}/S{self.seq_len}"
+        return text + ("/ckpt" if self.gradient_checkpointing else "")
+
     def with_shape(self, rows: int, length: int) -> StepConfig:
         """The same step on a batch of `rows` sequences padded (or packed) to `length` tokens."""
         return dataclasses.replace(self, micro_batch_size=rows, seq_len=length)

@@ -388,7 +388,7 @@ def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, in
 
     print("\n".join(describe_calibration(record, path)))
     if left_out:
-        sample = ", ".join(f"B{c['micro_batch_size']}/W{c['num_workers']}/A{c['grad_accum']}/S{c['seq_len']}" for c in left_out[:6])
+        sample = ", ".join(StepConfig.from_row(c).label for c in left_out[:6])
         more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
         print(f"\nnot probed: {sample}{more}")
     print(f"\nbenchmark took {format_duration(record['overheads']['benchmark_seconds'])}; calibration {record['id']} saved to {path}")
