@@ -1,5 +1,6 @@
 """Writes that never leave a half-written file: temporary file (or folder) in the same
-directory, flushed, then renamed over the target. A lock file serialises read-modify-write."""
+directory, flushed, then renamed over the target. A lock file serialises read-modify-write.
+Reading a JSON file back: one-line errors."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 def json_text(payload: Any) -> str:
     """JSON as benchtrain writes it (files, `--json`): numpy scalars as numbers, paths as strings."""
     return json.dumps(payload, indent=2, sort_keys=False, default=_json_default)
+
+
+def read_json_file(path: Path, missing: str | None = None) -> Any:
+    """A JSON file's content; a missing file says `missing` (when given), an unreadable one says why."""
+    from common.errors import BenchtrainError
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        if missing is not None and isinstance(error, FileNotFoundError):
+            raise BenchtrainError(missing) from None
+        raise BenchtrainError(f"cannot read {path}: {error}") from None
 
 
 def _json_default(value: Any) -> Any:

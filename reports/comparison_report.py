@@ -3,10 +3,10 @@ table, and each option's time against its cost with the deadline, from compariso
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from reports import figures
@@ -17,12 +17,7 @@ HOUR = 3600.0
 
 def read_comparison(folder: Path) -> dict[str, Any]:
     path = Path(folder) / "comparison.json"
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BenchtrainError(f"{folder} has no comparison.json") from None
-    except (OSError, json.JSONDecodeError) as error:
-        raise BenchtrainError(f"cannot read {path}: {error}") from None
+    record = read_json_file(path, missing=f"{folder} has no comparison.json")
     if not isinstance(record, dict) or record.get("kind") != "comparison" or not isinstance(record.get("rows"), list):
         raise BenchtrainError(f"{path} is not a benchtrain comparison")
     return record

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
+from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from reports import figures
@@ -18,12 +18,7 @@ ROLLING_STEPS = 20
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "run.json"
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BenchtrainError(f"{run_dir} has no run.json: pass a run folder or a calibration") from None
-    except (OSError, json.JSONDecodeError) as error:
-        raise BenchtrainError(f"cannot read {path}: {error}") from None
+    record = read_json_file(path, missing=f"{run_dir} has no run.json: pass a run folder or a calibration")
     if not isinstance(record, dict) or "plan" not in record or "estimate" not in record:
         raise BenchtrainError(f"{path} is not a benchtrain run record (no plan/estimate)")
     return record

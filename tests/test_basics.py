@@ -41,3 +41,25 @@ def test_an_oom_rules_out_larger_batches_at_that_and_longer_lengths() -> None:
     assert ruled_out_by(StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=512), oom) == oom[0]
     assert ruled_out_by(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=512), oom) is None
     assert ruled_out_by(StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=128), oom) is None
+
+
+def test_reading_a_json_file_fails_in_one_line(tmp_path) -> None:
+    import re
+
+    from common.atomic import read_json_file
+
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    assert read_json_file(_write(tmp_path / "ok.json", '{"a": 1}')) == {"a": 1}
+    for name in ("broken.json", "binary.json"):
+        with pytest.raises(BenchtrainError, match=re.escape(f"cannot read {tmp_path / name}: ")):
+            read_json_file(tmp_path / name)
+    with pytest.raises(BenchtrainError, match=r"^no such record$"):
+        read_json_file(tmp_path / "absent.json", missing="no such record")
+    with pytest.raises(BenchtrainError, match=r"cannot read .*absent\.json: .*No such file"):
+        read_json_file(tmp_path / "absent.json")
+
+
+def _write(path, text: str):
+    path.write_text(text)
+    return path

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from common.atomic import read_json_file
 from common.errors import BenchtrainError
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.method import MethodConfig, apply_method
@@ -87,10 +88,7 @@ def resolve_model(reference: str | None) -> ModelSpec:
 
 
 def read_config(config_path: Path) -> dict[str, Any]:
-    try:
-        config_dict = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise BenchtrainError(f"cannot read {config_path}: {error}") from None
+    config_dict = read_json_file(config_path)
     if not isinstance(config_dict, dict) or "model_type" not in config_dict:
         raise BenchtrainError(f"{config_path} has no model_type; is it a transformers config?")
     return config_dict
