@@ -44,7 +44,6 @@ class Workload:
         self.checkpointing = False
         self.vocab_size = int(unwrap(self.model).config.vocab_size)
         self.pin_memory = pin_memory(self.accelerator)
-        self._stream = data.stream() if data is not None else None
         # (rows, length, checkpointing) already run: with a compiled step, a new one compiles.
         self.seen_shapes: set[tuple[int, int, bool]] = set()
         self.build_seconds = time.perf_counter() - started
@@ -85,11 +84,11 @@ class Workload:
 
     def batches(self, config: StepConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
-        if self._stream is None:
+        if self.data is None:
             return SyntheticBatches(count, config.micro_batch_size, config.seq_len, self.vocab_size)
         rows = count * config.micro_batch_size
         plan = plan_packed_batches(rows, config.micro_batch_size, seed=0, epoch=0)
-        return PackedBatches(self._stream, plan, config.seq_len)
+        return PackedBatches(self.data, plan, config.seq_len)
 
 
 def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.5, 0.8, args.samples).astype(int), 8, 4000)
-    data = TokenizedData([np.zeros(n, np.int32) for n in lengths], [0] * len(lengths), "messages", "synthetic")
+    data = TokenizedData.from_samples([np.zeros(n, np.int32) for n in lengths], [0] * len(lengths), "messages", "synthetic")
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(512, 1024, 2048, 4096))))
     started = time.perf_counter()
     plan = make_plan(calibration, data, PlanRequest(epochs=args.epochs, deadline_seconds=1e9))

@@ -14,8 +14,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Keep datasets' tokenization cache out of the user's ~/.cache during tests.
+# Keep datasets' cache out of the user's ~/.cache, and the tokenized-data cache (and anything else
+# a test writes without its own `home`) out of ~/.benchtrain.
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="benchtrain-tests-hf-"))
+os.environ.setdefault("BENCHTRAIN_HOME", tempfile.mkdtemp(prefix="benchtrain-tests-home-"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

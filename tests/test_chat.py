@@ -31,7 +31,7 @@ def chat_file(tmp_path: Path, count: int = 1) -> Path:
 
 def trained_text(tokenizer, data) -> str:
     """The text of the tokens that carry loss, as the DataLoader labels them."""
-    item = PaddedBatches(data.samples, data.prompt_lengths, [[0]], 512, 0, data.loss_masks)[0]
+    item = PaddedBatches(data, [[0]], 512, 0)[0]
     labels = item["labels"][0]
     return tokenizer.decode(item["input_ids"][0][labels != IGNORE_INDEX].tolist())
 
@@ -41,13 +41,13 @@ def test_the_loss_is_on_the_assistant_turns_only(tmp_path: Path) -> None:
     data = load_tokenized(str(chat_file(tmp_path)), tokenizer)
     assert data.loss_on == "assistant turns"
     assert trained_text(tokenizer, data) == "hello<|eos|>4<|eos|>"
-    assert int(data.loss_masks[0].sum()) == len("hello") + 1 + len("4") + 1
+    assert int(data.mask(0).sum()) == len("hello") + 1 + len("4") + 1
 
 
 def test_train_on_all_keeps_every_token(tmp_path: Path) -> None:
     tokenizer = byte_tokenizer()
     data = load_tokenized(str(chat_file(tmp_path)), tokenizer, train_on="all")
-    assert data.loss_masks is None and data.loss_on == "all tokens"
+    assert data.loss_mask is None and data.loss_on == "all tokens"
     assert trained_text(tokenizer, data).startswith("<|system|>be brief")
 
 
@@ -58,7 +58,7 @@ def test_a_model_folder_s_own_chat_template_is_used(tmp_path: Path) -> None:
     own.save_pretrained(folder)
     tokenizer = load_tokenizer(None, str(folder))
     data = load_tokenized(str(chat_file(tmp_path)), tokenizer)
-    text = tokenizer.decode(data.samples[0].tolist())
+    text = tokenizer.decode(data.sample(0).tolist())
     assert text.startswith("### system: be brief\n")
     assert trained_text(tokenizer, data) == "hello\n4\n"
 

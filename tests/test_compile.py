@@ -43,7 +43,7 @@ def test_padded_batches_are_bucketed_to_few_widths() -> None:
     assert len(bucketed) <= 2 * 1024 // SHAPE_BUCKET < len(exact)  # rows: 4, and the last batch's
     assert all(length % SHAPE_BUCKET == 0 or length == 1024 for _, length in bucketed)
     data = tokenized(lengths)
-    dataset = PaddedBatches(data.samples, data.prompt_lengths, batches, 1024, pad_id=0, bucket=SHAPE_BUCKET)
+    dataset = PaddedBatches(data, batches, 1024, pad_id=0, bucket=SHAPE_BUCKET)
     for index in range(5):  # what the DataLoader delivers is what the planner counted
         rows, width = dataset[index]["input_ids"].shape
         assert (rows, width) in bucketed

@@ -23,10 +23,10 @@ def test_the_eval_split_is_deterministic_and_disjoint() -> None:
     data = tokenized(heavy_tailed(200), fmt="text")
     train, held = split_eval(data, 0.1, seed=3)
     _, again_held = split_eval(data, 0.1, seed=3)
-    assert len(held.samples) == 20 and len(train.samples) == 180
-    assert [s.tolist() for s in held.samples] == [s.tolist() for s in again_held.samples]
-    assert {tuple(s.tolist()) for s in held.samples}.isdisjoint({tuple(s.tolist()) for s in train.samples})
-    assert [s.tolist() for s in split_eval(data, 0.1, seed=4)[1].samples] != [s.tolist() for s in held.samples]
+    assert len(held) == 20 and len(train) == 180
+    assert [held.sample(i).tolist() for i in range(len(held))] == [again_held.sample(i).tolist() for i in range(len(again_held))]
+    assert {tuple(held.sample(i).tolist()) for i in range(len(held))}.isdisjoint({tuple(train.sample(i).tolist()) for i in range(len(train))})
+    assert [split_eval(data, 0.1, seed=4)[1].sample(i).tolist() for i in range(len(held))] != [held.sample(i).tolist() for i in range(len(held))]
 
 
 @pytest.mark.parametrize(

@@ -65,14 +65,14 @@ def test_each_format_is_detected_and_only_the_answers_carry_loss(tmp_path: Path,
     assert (data.format, data.loss_on, data.packing) == (fmt, loss_on, False)
     assert trained_text(tokenizer, data) == answers
     # The masked tokens are exactly the answers' (one byte token each, one for each end-of-turn marker).
-    assert int(data.loss_masks[0].sum()) == len(answers.replace("<|eos|>", "#")) < len(data.samples[0])
+    assert int(data.mask(0).sum()) == len(answers.replace("<|eos|>", "#")) < len(data.sample(0))
 
 
 def test_alpaca_puts_the_input_under_the_instruction_in_the_model_s_template(tmp_path: Path) -> None:
     tokenizer = byte_tokenizer()
     data = load_tokenized(str(write(tmp_path / "alpaca.json", ALPACA)), tokenizer)
-    assert tokenizer.decode(data.samples[0].tolist()) == "<|user|>add\n\n2+2<|eos|><|assistant|>4<|eos|>"
-    assert tokenizer.decode(data.samples[1].tolist()) == "<|user|>greet<|eos|><|assistant|>hello<|eos|>"
+    assert tokenizer.decode(data.sample(0).tolist()) == "<|user|>add\n\n2+2<|eos|><|assistant|>4<|eos|>"
+    assert tokenizer.decode(data.sample(1).tolist()) == "<|user|>greet<|eos|><|assistant|>hello<|eos|>"
 
 
 def test_sharegpt_aliases_and_a_system_column(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_sharegpt_aliases_and_a_system_column(tmp_path: Path) -> None:
     tokenizer = byte_tokenizer()
     data = load_tokenized(str(write(tmp_path / "sharegpt.jsonl", [record])), tokenizer)
     assert data.format == "sharegpt"
-    assert tokenizer.decode(data.samples[0].tolist()).startswith("<|system|>be kind<|eos|><|user|>hi<|eos|><|assistant|>hey")
+    assert tokenizer.decode(data.sample(0).tolist()).startswith("<|system|>be kind<|eos|><|user|>hi<|eos|><|assistant|>hey")
     assert trained_text(tokenizer, data) == "hey<|eos|>bye<|eos|>"
 
 
@@ -112,7 +112,7 @@ def test_odd_columns_are_named_with_options(tmp_path: Path) -> None:
 
     text = write(tmp_path / "notes.jsonl", [{"note": "free text", "title": "x"}])
     data = load_tokenized(str(text), tokenizer, schema=DataSchema(text_field="note"))
-    assert data.format == "text" and data.packing and tokenizer.decode(data.samples[0].tolist()) == "free text<|eos|>"
+    assert data.format == "text" and data.packing and tokenizer.decode(data.sample(0).tolist()) == "free text<|eos|>"
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_a_hub_dataset_is_read_from_the_cache_offline(offline_hub: Path) -> None
     cache_dataset(offline_hub, "org/chats", {"train.jsonl": [SHAREGPT] * 3, "test.jsonl": [SHAREGPT]})
     tokenizer = byte_tokenizer()
     data = load_tokenized("org/chats", tokenizer)
-    assert data.format == "sharegpt" and len(data.samples) == 3
+    assert data.format == "sharegpt" and len(data) == 3
     assert len(load_records("org/chats", split="test")) == 1
     with pytest.raises(BenchtrainError, match=r"hub dataset org/chats has splits \[.*\] but no 'validation': pass --data-split"):
         load_records("org/chats", split="validation")
@@ -163,7 +163,7 @@ def test_a_hub_dataset_is_read_from_the_cache_offline(offline_hub: Path) -> None
 
 
 def padded(lengths: list[int], fmt: str = "messages") -> TokenizedData:
-    return TokenizedData([np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test")
+    return TokenizedData.from_samples([np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test")
 
 
 def test_bench_measures_the_lengths_train_will_plan_for_the_data() -> None:

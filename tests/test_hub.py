@@ -201,7 +201,7 @@ def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, 
     spec = resolve_model(REPO)
     tokenizer = load_tokenizer(spec.directory, None)
     data = load_tokenized(str(chat_file(tmp_path / "chats.jsonl", count=1)), tokenizer)
-    assert tokenizer.decode(data.samples[0].tolist()).startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n")
+    assert tokenizer.decode(data.sample(0).tolist()).startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n")
     assert trained_text(tokenizer, data) == conversation(0)[2]["content"] + "<|im_end|>\n"
 
 

@@ -19,7 +19,7 @@ from train.workload.model import resolve_model
 def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:
     rng = np.random.default_rng(0)
     samples = [rng.integers(3, 200, size=n).astype(np.int32) for n in lengths]
-    return TokenizedData(samples, [prompt] * len(lengths), fmt, "test")
+    return TokenizedData.from_samples(samples, [prompt] * len(lengths), fmt, "test")
 
 
 def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:
@@ -33,7 +33,7 @@ def test_padding_token_counts_are_exact() -> None:
     batches = plan_padded_batches(lengths, micro_batch_size=2, max_length=6, seed=1, epoch=0)
     assert sorted(i for batch in batches for i in batch) == list(range(6))
     shapes = padded_shapes(lengths, batches, max_length=6)
-    dataset = PaddedBatches(data.samples, data.prompt_lengths, batches, max_length=6, pad_id=0)
+    dataset = PaddedBatches(data, batches, max_length=6, pad_id=0)
     for index, shape in enumerate(shapes):
         item = dataset[index]
         assert tuple(item["input_ids"].shape) == (shape.rows, shape.length)
@@ -44,7 +44,7 @@ def test_padding_token_counts_are_exact() -> None:
 
 def test_prompt_tokens_carry_no_loss() -> None:
     data = tokenized([10, 6], fmt="prompt_completion", prompt=4)
-    dataset = PaddedBatches(data.samples, data.prompt_lengths, [[0, 1]], max_length=16, pad_id=0)
+    dataset = PaddedBatches(data, [[0, 1]], max_length=16, pad_id=0)
     labels = dataset[0]["labels"]
     assert int((labels != -100).sum()) == (10 - 4) + (6 - 4)
     assert real_tokens(data, 16) == 8
@@ -56,7 +56,7 @@ def test_packing_token_counts_are_exact() -> None:
     assert packed_row_count(sum(lengths), 4) == 6  # 24 tokens → 6 rows of 4, no padding
     batches = epoch_batches(data, micro_batch_size=4, max_length=4, seed=0, epoch=0)
     assert sorted(row for batch in batches for row in batch) == list(range(6))
-    dataset = PackedBatches(data.stream(), batches, max_length=4)
+    dataset = PackedBatches(data, batches, max_length=4)
     seen = np.concatenate([dataset[i]["input_ids"].numpy().ravel() for i in range(len(dataset))])
     assert sorted(seen.tolist()) == sorted(data.stream().tolist())  # every token exactly once
     assert real_tokens(data, 4) == 24

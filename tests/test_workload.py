@@ -67,11 +67,11 @@ def test_formats(tmp_path: Path, records: list[dict], fmt: str, suffix: str) -> 
     path.write_text(text)
     data = load_tokenized(str(path), byte_tokenizer())
     assert data.format == fmt
-    assert len(data.samples) == len(records)
+    assert len(data) == len(records)
     if fmt == "prompt_completion":
-        assert data.prompt_lengths == [4, 8]  # bytes of the prompts: loss only on completions
+        assert data.prompt_lengths.tolist() == [4, 8]  # bytes of the prompts: loss only on completions
     if fmt == "messages":
-        assert "<|assistant|>" in byte_tokenizer().decode(data.samples[0].tolist())
+        assert "<|assistant|>" in byte_tokenizer().decode(data.sample(0).tolist())
 
 
 def test_csv_parquet_and_saved_datasets(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_csv_parquet_and_saved_datasets(tmp_path: Path) -> None:
     for source in ("d.csv", "d.parquet", "saved"):
         data = load_tokenized(str(tmp_path / source), byte_tokenizer())
         assert length_profile(data.lengths)["count"] == 3
-        assert data.lengths == [4, 8, 18]  # bytes + EOS
+        assert data.lengths.tolist() == [4, 8, 18]  # bytes + EOS
 
 
 def test_bench_with_real_data(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:

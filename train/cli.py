@@ -94,6 +94,12 @@ def add_what_to_train(p: argparse.ArgumentParser) -> None:
         choices=("assistant", "all"),
         help="chat data (messages, sharegpt, alpaca): the loss on the assistant's turns (default) or on every token",
     )
+    p.add_argument(
+        "--exact-profile",
+        action="store_true",
+        help="tokenize every record before planning (the exact length profile; fills the cache). Default: a cold cache plans from a "
+        "random sample sized for a ±1%% token total, and the records are tokenized once, in parallel, when training starts",
+    )
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
     add_step_arguments(p)

@@ -36,15 +36,18 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     check_sharding(config.step_options, method)
     calibrations = select_calibrations(str(config.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
     spec = hub_weights(spec, dry_run=True)
-    _, tokenizer, data, eval_data, profile = load_data(config, spec)
-    comparison = compare(config, spec, method, calibrations, detect_hardware(), data, eval_data, profile, time.monotonic() - started)
+    loaded = load_data(config, spec)
+    tokenizer, profile = loaded.tokenizer, loaded.profile
+    prep = (loaded.prep_seconds, loaded.uncertainty)
+    comparison = compare(config, spec, method, calibrations, detect_hardware(), loaded.data, loaded.eval_data, profile, time.monotonic() - started, None, prep)
     report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
     if config.json:
         print(json_text(comparison.to_json()), flush=True)
     else:
         from train.planning.plan_text import describe_data
 
-        lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *describe_comparison(comparison, getattr(args, "command_line", None))]
+        data_lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *loaded.prepared.describe()]
+        lines = [*data_lines, *describe_comparison(comparison, getattr(args, "command_line", None))]
         print("\n".join(lines), flush=True)
     for row in comparison.rows:
         for warning in dict.fromkeys(row.warnings):

@@ -223,14 +223,20 @@ def measured_data(args: argparse.Namespace, spec: Any, space: SearchSpace) -> tu
     if not args.data:
         return space, None, None
     from train.planning.planner import lengths_to_measure
-    from train.workload.data import length_profile, load_tokenized
+    from train.workload.data import length_profile
     from train.workload.formats import schema_from_args
+    from train.workload.prepare import DataSpec, prepare_data
     from train.workload.tokenizer import load_tokenizer
 
-    tokenized = load_tokenized(args.data, load_tokenizer(spec.directory, args.tokenizer), schema=schema_from_args(args), split=args.data_split)
-    data_record = {"source": args.data, "format": tokenized.format, "profile": length_profile(tokenized.lengths)}
+    # The cache's exact tokens when train (or an earlier bench) made them, else a sample: the
+    # probes read a few batches of real tokens, and the lengths to measure are its quantiles.
+    spec_of_data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split)
+    prepared = prepare_data(spec_of_data, load_tokenizer(spec.directory, args.tokenizer), _say)
+    view = prepared.view
+    tokenized = view if prepared.exact else view.sample
+    data_record = {"source": args.data, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
     if args.seq_lens is None:  # the lengths train will plan for this data
-        space = replace(space, seq_lens=lengths_to_measure(tokenized, space.seq_lens, spec.max_positions))
+        space = replace(space, seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
     return space, tokenized, data_record
 
 

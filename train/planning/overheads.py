@@ -29,6 +29,7 @@ class Overheads:
     compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
     compile_shapes: int = 0
     export_bytes: int = 0  # 0: not known (one checkpoint save is counted)
+    data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache), at the sample's measured rate
 
     @property
     def evaluation_seconds(self) -> float:
@@ -37,7 +38,8 @@ class Overheads:
     @property
     def total_seconds(self) -> float:
         return (
-            self.model_build_seconds
+            self.data_prep_seconds
+            + self.model_build_seconds
             + self.warmup_seconds
             + self.compile_seconds
             + self.checkpoint_seconds * self.checkpoint_count
@@ -58,6 +60,7 @@ class Overheads:
     def lines(self) -> list[str]:
         """For `train --dry-run`: each part, and where it came from."""
         parts = [
+            *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
             f"model build {format_duration(self.model_build_seconds)}",
             f"warm-up {format_duration(self.warmup_seconds)}",
             *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"] if self.compile_shapes else []),
@@ -97,6 +100,7 @@ def plan_overheads(
     compile_seconds: float = 0.0,
     compile_shapes: int = 0,
     export_bytes: int = 0,
+    data_prep_seconds: float = 0.0,
 ) -> Overheads:
     """The overheads of a run with `train_seconds` of predicted training steps; `export_bytes`: what
     the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
@@ -114,4 +118,5 @@ def plan_overheads(
         compile_seconds=compile_seconds,
         compile_shapes=compile_shapes,
         export_bytes=export_bytes,
+        data_prep_seconds=data_prep_seconds,
     )

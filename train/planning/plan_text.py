@@ -30,10 +30,27 @@ def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str |
 
 
 def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[str]:
+    about = "≈" if profile.get("sampled") else ""  # lengths from a sample: train.workload.sampling
     return [
-        f"data: {profile['count']:,} samples, {profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
+        f"data: {profile['count']:,} samples, {about}{profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
         f"p50 {profile['p50']:.0f}, p99 {profile['p99']:.0f}, p99.5 {profile['p99.5']:.0f}, max {profile['max']}",
         *([BYTE_TOKENS_NOTE] if byte_tokens else []),
+    ]
+
+
+def describe_exact_profile(prepared: Any, profile: dict[str, Any], sampled_plan: Plan, plan: Plan) -> list[str]:
+    """After tokenizing every record: the exact total against the sample's estimate, and the plan's
+    steps and estimate on the exact profile (the configuration the sample chose)."""
+    estimate = prepared.estimate
+    total = profile["total_tokens"]
+    error = (total - estimate.total_tokens) / estimate.total_tokens if estimate and estimate.total_tokens else 0.0
+    took = f" in {format_duration(prepared.built_seconds)} (predicted {format_duration(prepared.predicted_seconds)})" if prepared.built_seconds else ""
+    c = plan.chosen
+    return [
+        f"tokenized all {profile['count']:,} records{took}: {total:,} tokens, "
+        + (f"{error:+.2%} from the sample's {estimate.total_tokens:,.0f} ± {estimate.half_width:,.0f}" if estimate else "exact"),
+        f"  on the exact profile: {c.optimizer_steps:,} optimizer steps (sampled plan: {sampled_plan.chosen.optimizer_steps:,}), "
+        f"estimate {format_duration(c.total_seconds)} (≤ {format_duration(c.total_seconds_high)})",
     ]
 
 

@@ -21,8 +21,8 @@ from train.planning.overheads import Overheads, plan_overheads
 from train.planning.prices import run_cost
 from train.step.compile import compile_seconds
 from train.step.evaluation import EvalSchedule
-from train.workload.batching import batch_shapes, packed_shapes, padded_shape_counts, real_tokens, run_batches
-from train.workload.data import TokenizedData, covering_length, truncation
+from train.workload.batching import DataView, batch_shapes, packed_shapes, padded_shape_counts, real_tokens, run_batches
+from train.workload.data import covering_length, truncation
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 # Share of samples each priority keeps whole (1 - the share it may truncate).
@@ -76,6 +76,11 @@ class PlanRequest:
     # the upper bound (and what the deadline is checked against) widens by the largest error such
     # predictions showed (docs/benchmarks.md, "Multi-process").
     prediction_error: float = 0.0
+    # Tokenizing the data before training (a cold cache), predicted at the rate measured on the
+    # sample (train.workload.prepare): an overhead of the run.
+    data_prep_seconds: float = 0.0
+    # The relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it.
+    data_uncertainty: float = 0.0
 
     @property
     def budget(self) -> DeadlineBudget:
@@ -213,7 +218,7 @@ class Plan:
         }
 
 
-def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
+def choose_lengths(calibration: Calibration, data: DataView, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
     """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
     limit on the real token profile: the smallest calibrated length that covers it, else a longer
     one (extrapolated, and said so); only the model's position table can stop that, loudly."""
@@ -257,7 +262,7 @@ def choose_lengths(calibration: Calibration, data: TokenizedData, request: PlanR
     return [int(length)], notes, warnings
 
 
-def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
+def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
     """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
     choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
     longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
@@ -274,7 +279,7 @@ def lengths_to_measure(data: TokenizedData, defaults: tuple[int, ...], max_posit
     return tuple(sorted({*shorter, *needed}))
 
 
-def check_trainable_tokens(data: TokenizedData, max_length: int, request: PlanRequest) -> None:
+def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest) -> None:
     """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
     loss on nothing would train nothing and still exit 0."""
     if data.packing:
@@ -307,7 +312,7 @@ def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: 
 ShapeCache = dict[tuple[int, int, int], Counter]
 
 
-def shape_counts(data: TokenizedData, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
+def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
     """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
     batches do not depend on accumulation or workers)."""
     key = (micro, length, epoch)
@@ -326,11 +331,11 @@ def shape_counts(data: TokenizedData, request: PlanRequest, micro: int, length: 
 
 def evaluate(
     calibration: Calibration,
-    data: TokenizedData,
+    data: DataView,
     request: PlanRequest,
     config: StepConfig,
     cache: ShapeCache | None = None,
-    eval_data: TokenizedData | None = None,
+    eval_data: DataView | None = None,
 ) -> Candidate:
     candidate = Candidate.planned(config, request.world_size)
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
@@ -370,8 +375,10 @@ def evaluate(
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
     bound = candidate.bound_fraction = calibration.relative_bound_for(config)
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
-    candidate.total_seconds_low = candidate.step_seconds / (1 + bound) + candidate.overhead_seconds
-    widened = 1 + request.prediction_error
+    # Lengths from a sample: the steps' tokens are known within the sample's interval.
+    sampled = 1 + request.data_uncertainty
+    candidate.total_seconds_low = candidate.step_seconds / (1 + bound) / sampled + candidate.overhead_seconds
+    widened = (1 + request.prediction_error) * sampled
     candidate.total_seconds_high = candidate.step_seconds * (1 + bound) * widened + candidate.overhead_seconds
     candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(config)) * widened + candidate.overhead_seconds
     prediction = calibration.predict_for(config, request.memory_offset_bytes)
@@ -385,7 +392,7 @@ def evaluate(
 
 
 def candidate_overheads(
-    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[tuple[int, int]], eval_data: TokenizedData | None
+    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[tuple[int, int]], eval_data: DataView | None
 ) -> tuple[Overheads, float]:
     """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
     the export, the report), and one evaluation pass's seconds."""
@@ -408,11 +415,12 @@ def candidate_overheads(
         compile_cost,
         compile_shapes,
         request.export_bytes,
+        request.data_prep_seconds,
     )
     return overheads, eval_pass
 
 
-def eval_pass_seconds(calibration: Calibration, eval_data: TokenizedData, micro: int, length: int, seed: int) -> float:
+def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
     """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
     from train.step.evaluation import eval_batches
 
@@ -425,7 +433,7 @@ def eval_pass_seconds(calibration: Calibration, eval_data: TokenizedData, micro:
     return total
 
 
-def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, candidate: Candidate) -> float:
+def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
     """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
     mean_tokens = sum(data.lengths) / len(data.lengths)
     rows = [row for row in calibration.ok_rows()]
@@ -433,7 +441,7 @@ def naive_seconds(calibration: Calibration, data: TokenizedData, epochs: float, 
     return len(data.lengths) * mean_tokens * epochs / best
 
 
-def make_plan(calibration: Calibration, data: TokenizedData, request: PlanRequest, eval_data: TokenizedData | None = None) -> Plan:
+def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, len(data.lengths) // 4))
     warnings = noise_warnings(calibration)
     if eval_data is not None and calibration.eval_batch_seconds(1, 1) is None:
@@ -537,7 +545,7 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 
 
 def shrink_to_deadline(
-    calibration: Calibration, data: TokenizedData, request: PlanRequest, chosen: Candidate, available: float, eval_data: TokenizedData | None = None
+    calibration: Calibration, data: DataView, request: PlanRequest, chosen: Candidate, available: float, eval_data: DataView | None = None
 ) -> tuple[Candidate, int]:
     """The same configuration with as many steps as fit: counted after the steps a resumed run
     already did, so the limit is the run's total."""

@@ -266,7 +266,9 @@ def options_for(calibrations: list[Any], sharding: str, sources: list[dict[str, 
 # -- one row ---------------------------------------------------------------------------------
 
 
-def plan_row(config: Any, spec: Any, method: Any, option: Option, here: dict[str, Any], data: Any, eval_data: Any, elapsed: float) -> Row:
+def plan_row(
+    config: Any, spec: Any, method: Any, option: Option, here: dict[str, Any], data: Any, eval_data: Any, elapsed: float, prep: tuple[float, float]
+) -> Row:
     """The plan of one option, made as a single-calibration dry run makes it (train.recipes.session), or
     why it cannot be made (a model too big for the device, no configuration in memory)."""
     from train.planning.comm import plan_communication, price_traffic, traffic_of
@@ -294,7 +296,7 @@ def plan_row(config: Any, spec: Any, method: Any, option: Option, here: dict[str
         per_step, per_micro_step, row.communication = plan_communication(cal, option.world_size, traffic, config.force)
         error = 0.0
     placement = row.placement = Placement(device, option.world_size, option.sharding, (per_step, per_micro_step), row.price_per_hour, error)
-    request = plan_request(config, spec, method, cal, placement, need, elapsed, eval_data is not None)
+    request = plan_request(config, spec, method, cal, placement, need, elapsed, eval_data is not None, None, 0, *prep)
     try:
         row.plan = make_plan(cal, data, request, eval_data)
     except BenchtrainError as error:
@@ -333,14 +335,16 @@ def compare(
     profile: dict[str, Any],
     elapsed: float,
     sources: list[dict[str, Any]] | None = None,
+    prep: tuple[float, float] = (0.0, 0.0),
 ) -> Comparison:
     """Every option planned and ranked. `sources`: calibrations whose collectives may price
-    predicted rows (default: those of the comparison and the store)."""
+    predicted rows (default: those of the comparison and the store); `prep`: tokenizing still to
+    do and the token total's relative uncertainty (data profiled from a sample: train.recipes.plan_setup.LoadedData)."""
     if config.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: compare without it")
     sharding = config.step_options.sharding
     options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
-    rows = [plan_row(config, spec, method, option, here, data, eval_data, elapsed) for option in options]
+    rows = [plan_row(config, spec, method, option, here, data, eval_data, elapsed, prep) for option in options]
     by_cost = all(row.price_per_hour is not None for row in rows)
     notes = []
     if not by_cost:

@@ -70,6 +70,7 @@ class TrainConfig:
     force: bool = False
     no_report: bool = False
     train_on: str = "assistant"
+    exact_profile: bool = False  # tokenize every record before planning (else a cold cache plans from a sample)
     data_split: str = "train"
     eval_data: str | None = None
     eval_split: float | None = None

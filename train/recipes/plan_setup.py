@@ -67,22 +67,68 @@ class Placement:
     prediction_error: float = 0.0
 
 
-def load_data(config: TrainConfig, spec: Any) -> tuple[str, Any, Any, Any, dict[str, Any]]:
-    """(data path, tokenizer, tokenized data, eval data or None, length profile)."""
-    from train.workload.data import length_profile, load_tokenized
+@dataclass
+class LoadedData:
+    """The data of a command: as the planner sees it (`data`, `eval_data`: exact, or from a sample)
+    and how to get every record tokenized for training (`exact`)."""
+
+    data_path: str
+    tokenizer: Any
+    prepared: Any  # train.workload.prepare.PreparedData
+    eval_prepared: Any  # the same for --eval-data, or None
+    data: Any
+    eval_data: Any
+    profile: dict[str, Any]
+
+    @property
+    def sampled(self) -> bool:
+        return not self.prepared.exact or (self.eval_prepared is not None and not self.eval_prepared.exact)
+
+    @property
+    def prep_seconds(self) -> float:
+        """Tokenizing still to do before training: at the rate measured on the samples."""
+        return sum(p.predicted_seconds for p in (self.prepared, self.eval_prepared) if p is not None and not p.exact)
+
+    @property
+    def uncertainty(self) -> float:
+        """The token total's relative 95% half-width (0 for an exact profile)."""
+        return self.prepared.estimate.relative_half_width if self.prepared.estimate else 0.0
+
+    def exact(self, config: TrainConfig) -> tuple[Any, Any]:
+        """(data, eval data) of every record, tokenized (the cache built where it is cold)."""
+        from common.console import say
+
+        data = self.prepared.tokenized(say)
+        eval_data = self.eval_prepared.tokenized(say) if self.eval_prepared is not None else None
+        return split_data(data, eval_data, config)
+
+
+def split_data(data: Any, eval_data: Any, config: TrainConfig) -> tuple[Any, Any]:
+    """--eval-split holds out a share of the data (deterministically); --eval-data is its own."""
+    if config.eval_split is not None:
+        from train.step.evaluation import split_eval
+
+        return split_eval(data, config.eval_split, config.seed)
+    return data, eval_data
+
+
+def load_data(config: TrainConfig, spec: Any) -> LoadedData:
+    """The tokenizer and the data: exact when the cache holds it (or --exact-profile), else from a sample."""
+    from common.console import say
+    from train.workload.data import length_profile
+    from train.workload.prepare import DataSpec, prepare_data
     from train.workload.tokenizer import load_tokenizer
 
     data_path = resolve_data_path(config.data)
     tokenizer = load_tokenizer(spec.directory, config.tokenizer)
-    data = load_tokenized(data_path, tokenizer, config.train_on, config.data_schema, config.data_split)
-    eval_data = None
-    if config.eval_split is not None:
-        from train.step.evaluation import split_eval
-
-        data, eval_data = split_eval(data, config.eval_split, config.seed)
-    elif config.eval_data:
-        eval_data = load_tokenized(resolve_data_path(config.eval_data), tokenizer, config.train_on, config.data_schema)
-    return data_path, tokenizer, data, eval_data, length_profile(data.lengths)
+    prepared = prepare_data(DataSpec(data_path, config.train_on, config.data_schema, config.data_split), tokenizer, say, config.exact_profile)
+    eval_prepared = None
+    if config.eval_split is None and config.eval_data:
+        eval_spec = DataSpec(resolve_data_path(config.eval_data), config.train_on, config.data_schema)
+        eval_prepared = prepare_data(eval_spec, tokenizer, say, config.exact_profile)
+    data, eval_data = split_data(prepared.view, eval_prepared.view if eval_prepared else None, config)
+    profile = {**length_profile(data.lengths), "sampled": not prepared.exact}
+    return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
 
 def plan_request(
@@ -96,6 +142,8 @@ def plan_request(
     with_eval: bool,
     resumed: tuple[float, dict[str, Any]] | None = None,
     completed: int = 0,
+    data_prep_seconds: float = 0.0,
+    data_uncertainty: float = 0.0,
 ) -> Any:
     """What the planner is asked for this command, calibration and placement; `resumed`: the
     interrupted run's epochs and configuration (train.recipes.session.resumed_configuration), kept."""
@@ -107,6 +155,8 @@ def plan_request(
     if cal.world_size == 1 and placement.sharding == "fsdp":
         memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
     return PlanRequest(
+        data_prep_seconds=data_prep_seconds,
+        data_uncertainty=data_uncertainty,
         epochs=resumed[0] if resumed else config.epochs,
         deadline_seconds=config.deadline_seconds,
         elapsed_seconds=elapsed_seconds,

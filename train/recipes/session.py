@@ -146,7 +146,8 @@ def same_method(earlier: Any, method: Any) -> bool:
 
 
 def data_fingerprint(data: Any) -> str:
-    """The tokenized data's identity: its format and every sample's length, in order."""
+    """The tokenized data's identity: its format and every sample's length, in order (runs
+    recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
     import hashlib
 
     import numpy as np
@@ -156,13 +157,18 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_same_data(previous: dict[str, Any], data: Any, data_path: str, profile: dict[str, Any], force: bool) -> str | None:
+def check_same_data(previous: dict[str, Any], loaded: Any, force: bool) -> str | None:
     """A resume trains on the run's data (the same samples, so the same batches in the same
     order): other data is refused unless --force. Returns the warning --force let through."""
     before = previous.get("data") or {}
-    known = before.get("fingerprint")
-    if known is not None:
+    data, data_path, profile = loaded.data, loaded.data_path, loaded.profile
+    known_key, known = (before.get("preparation") or {}).get("key"), before.get("fingerprint")
+    if known_key is not None:
+        same = known_key == loaded.prepared.key
+    elif known is not None and loaded.prepared.exact:
         same = known == data_fingerprint(data)
+    elif not loaded.prepared.exact:
+        same = True  # an older run, and data profiled from a sample: checked once tokenized (train_planned)
     else:  # a run recorded before the fingerprint: its length profile
         earlier = before.get("profile") or {}
         same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
@@ -261,11 +267,7 @@ class PlannedRun:
     cal: Any
     placement: Placement
     need: Any  # train.planning.memory_check.MemoryNeed
-    data_path: str
-    tokenizer: Any
-    data: Any
-    eval_data: Any
-    profile: dict[str, Any]
+    loaded: Any  # train.recipes.plan_setup.LoadedData: what the plan saw, and the way to the exact data
     completed: int  # optimizer steps the resumed run already did
     communication: dict[str, Any]
     request: Any  # train.planning.planner.PlanRequest
@@ -274,6 +276,14 @@ class PlannedRun:
     @property
     def rate(self) -> dict[str, Any]:
         return learning_rate_record(self.config, self.plan)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def profile(self) -> dict[str, Any]:
+        return self.loaded.profile
 
 
 def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
@@ -318,9 +328,9 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
     spec = hub_weights(spec, config.dry_run)
 
-    data_path, tokenizer, data, eval_data, profile = load_data(config, spec)
+    loaded = load_data(config, spec)
     if previous:
-        problem = check_same_data(previous, data, data_path, profile, config.force)
+        problem = check_same_data(previous, loaded, config.force)
         if problem:
             say(f"warning: {problem} (--force: continuing on this data)")
 
@@ -331,11 +341,10 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
     placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
     resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
-    request = plan_request(config, spec, method, cal, placement, need, time.monotonic() - started, eval_data is not None, resumed, completed)
-    plan = make_plan(cal, data, request, eval_data)
-    return PlannedRun(
-        config, spec, method, out_dir, previous, cal, placement, need, data_path, tokenizer, data, eval_data, profile, completed, communication, request, plan
-    )
+    elapsed, with_eval = time.monotonic() - started, loaded.eval_data is not None
+    request = plan_request(config, spec, method, cal, placement, need, elapsed, with_eval, resumed, completed, loaded.prep_seconds, loaded.uncertainty)
+    plan = make_plan(cal, loaded.data, request, loaded.eval_data)
+    return PlannedRun(config, spec, method, out_dir, previous, cal, placement, need, loaded, completed, communication, request, plan)
 
 
 def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
@@ -413,6 +422,8 @@ def print_plan(run: PlannedRun) -> None:
     if run.previous:
         print(f"resuming from step {run.completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
     print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer))), flush=True)
+    for line in run.loaded.prepared.describe():
+        print(f"  {line}", flush=True)
     compute = describe_compute(planned_compute(run.spec, run.method, plan.chosen, hardware), hardware)
     if compute:
         print(compute, flush=True)
@@ -437,7 +448,9 @@ def train_planned(run: PlannedRun, command_line: list[str] | None, started: floa
     from train.running.record import write_run
 
     config, method, spec, plan = run.config, run.method, run.spec, run.plan
-    out_dir, record = open_record(config, run.cal, spec, plan, run.data, run.data_path, run.profile, run.previous, run.out_dir, run.request.elapsed_seconds)
+    run = with_exact_data(run, started)
+    plan = run.plan
+    out_dir, record = open_record(config, run.cal, spec, plan, run.loaded, run.previous, run.out_dir, run.request.elapsed_seconds)
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
     record["plan"].update(run.rate)
@@ -455,7 +468,7 @@ def train_planned(run: PlannedRun, command_line: list[str] | None, started: floa
             space = disk_need(run.need, method.is_lora, not spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
             check_space(out_dir, space, config.keep_checkpoints)
             write_run(out_dir, record)
-        outcome = train_with_record(config, run.cal, plan, run.data, spec, run.tokenizer, out_dir, record, started, method, run.eval_data)
+        outcome = train_with_record(config, run.cal, plan, run.loaded.data, spec, run.tokenizer, out_dir, record, started, method, run.loaded.eval_data)
         if is_main_process():
             report_path = finish_record(config, run.cal, plan, record, outcome, out_dir, started, run.request.elapsed_seconds, write_report)
             from train.planning.plan_text import describe_outcome
@@ -467,6 +480,39 @@ def train_planned(run: PlannedRun, command_line: list[str] | None, started: floa
     # Every rank waits until rank 0 has written everything: none exits while another still works.
     finish_together()
     return EXIT_INTERRUPTED if outcome["loop"].status == "interrupted" else EXIT_OK
+
+
+def with_exact_data(run: PlannedRun, started: float) -> PlannedRun:
+    """Every record tokenized (the cache built where it is cold, by one process per machine) and,
+    when the plan came from a sample, the chosen configuration planned again on the exact profile:
+    the steps, their estimate and the deadline check are the exact data's."""
+    from dataclasses import replace
+
+    from train.planning.planner import make_plan
+    from train.workload.data import length_profile
+
+    loaded = run.loaded
+    data, eval_data = loaded.exact(run.config)
+    exact = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
+    if not loaded.sampled:
+        return replace(run, loaded=exact)
+    chosen = run.plan.chosen
+    configuration = run.request.configuration or {
+        "micro_batch_size": chosen.micro_batch_size,
+        "grad_accum": chosen.grad_accum,
+        "num_workers": chosen.num_workers,
+        "max_length": chosen.max_length,
+        "gradient_checkpointing": chosen.gradient_checkpointing,
+    }
+    request = replace(run.request, configuration=configuration, elapsed_seconds=time.monotonic() - started, data_prep_seconds=0.0, data_uncertainty=0.0)
+    plan = make_plan(run.cal, data, request, eval_data)
+    if is_main_process():
+        from train.planning.plan_text import describe_exact_profile
+
+        print("\n".join(describe_exact_profile(loaded.prepared, exact.profile, run.plan, plan)), flush=True)
+    if not plan.meets_deadline:
+        say(f"warning: with the exact profile {plan_deadline_message(plan, run.previous)}; the deadline guard stops the run in time")
+    return replace(run, loaded=exact, request=request, plan=plan)
 
 
 def hub_weights(spec: Any, dry_run: bool) -> Any:
@@ -527,9 +573,7 @@ def open_record(
     cal: Any,
     spec: Any,
     plan: Any,
-    data: Any,
-    data_path: str,
-    profile: dict[str, Any],
+    loaded: Any,
     previous: dict[str, Any] | None,
     out_dir: Path | None,
     elapsed_before_plan: float,
@@ -549,13 +593,16 @@ def open_record(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
+    data = loaded.data
     data_record = {
-        "source": data_path,
+        "source": loaded.data_path,
         "format": data.format,
         "packing": data.packing,
         "loss_on": data.loss_on,
-        "profile": profile,
+        "profile": loaded.profile,
         "fingerprint": data_fingerprint(data),
+        # The cache key, where the tokens are, and the sampled estimate against the exact total.
+        "preparation": {**loaded.prepared.record(), "exact_total_tokens": int(data.lengths.sum()) if config.eval_split is None else None},
     }
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)

@@ -200,8 +200,8 @@ class TrainingRun:
 
     def dataset(self, batches: list[list[int]]) -> Any:
         if self.data.packing:
-            return PackedBatches(self._stream, batches, self.chosen.max_length)
-        return PaddedBatches(self.data.samples, self.data.prompt_lengths, batches, self.chosen.max_length, self.pad_id, self.data.loss_masks, self.shape_bucket)
+            return PackedBatches(self.data, batches, self.chosen.max_length)
+        return PaddedBatches(self.data, batches, self.chosen.max_length, self.pad_id, self.shape_bucket)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -222,7 +222,6 @@ class TrainingRun:
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
         self._build()
-        self._stream = self.data.stream() if self.data.packing else None
         position, resumed_from = self._restore()
         self._start(position, resumed_from)
         from train.step.peak_memory import PeakMemory

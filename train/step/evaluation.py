@@ -61,14 +61,14 @@ def parse_eval_every(text: str | None) -> EvalSchedule:
 
 def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[TokenizedData, TokenizedData]:
     """(train, eval): a deterministic `fraction` of the samples held out, at least one each side."""
-    count = len(data.samples)
+    count = len(data)
     if not 0 < fraction < 1:
         raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {fraction}")
     held = min(count - 1, max(1, round(count * fraction)))
     if count < 2:
         raise BenchtrainError("--eval-split needs at least 2 samples")
     order = np.random.default_rng(seed + 7919).permutation(count)
-    eval_index, train_index = sorted(order[:held].tolist()), sorted(order[held:].tolist())
+    eval_index, train_index = np.sort(order[:held]), np.sort(order[held:])
     return data.subset(train_index), data.subset(eval_index)
 
 
@@ -79,8 +79,8 @@ def eval_batches(data: TokenizedData, micro_batch_size: int, max_length: int, se
 
 def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int, pad_id: int) -> Any:
     if data.packing:
-        return PackedBatches(data.stream(), batches, max_length)
-    return PaddedBatches(data.samples, data.prompt_lengths, batches, max_length, pad_id, data.loss_masks)
+        return PackedBatches(data, batches, max_length)
+    return PaddedBatches(data, batches, max_length, pad_id)
 
 
 def evaluate_loss(

@@ -21,7 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from train.workload.data import TokenizedData
+from train.workload.sampling import SampledData
+from train.workload.tokens import TokenizedData
+
+# What the planner reads of data: the exact store, or a sample standing for the whole set.
+DataView = TokenizedData | SampledData
 
 IGNORE_INDEX = -100
 # Length grouping sorts within windows of this many batches: similar lengths, still shuffled.
@@ -119,20 +123,11 @@ def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[Bat
 
 
 class PaddedBatches:
-    """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length)."""
+    """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length). The
+    samples are sliced out of the memory-mapped store in the worker that collates the batch."""
 
-    def __init__(
-        self,
-        samples: Sequence[np.ndarray],
-        prompt_lengths: Sequence[int],
-        batches: Sequence[Sequence[int]],
-        max_length: int,
-        pad_id: int,
-        loss_masks: Sequence[np.ndarray] | None = None,
-        bucket: int | None = None,
-    ) -> None:
-        self.samples, self.prompt_lengths, self.loss_masks = samples, prompt_lengths, loss_masks
-        self.batches, self.max_length, self.pad_id, self.bucket = list(batches), max_length, pad_id, bucket
+    def __init__(self, data: TokenizedData, batches: Sequence[Sequence[int]], max_length: int, pad_id: int, bucket: int | None = None) -> None:
+        self.data, self.batches, self.max_length, self.pad_id, self.bucket = data, list(batches), max_length, pad_id, bucket
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -140,7 +135,8 @@ class PaddedBatches:
     def __getitem__(self, index: int) -> dict[str, Any]:
         import torch
 
-        rows = [self.samples[i][: self.max_length] for i in self.batches[index]]
+        data = self.data
+        rows = [data.sample(i)[: self.max_length] for i in self.batches[index]]
         width = padded_width(max(len(row) for row in rows), self.max_length, self.bucket)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
@@ -149,21 +145,23 @@ class PaddedBatches:
             input_ids[r, : len(row)] = ids
             labels[r, : len(row)] = ids
             # prompt + completion data: no loss on the prompt.
-            labels[r, : min(self.prompt_lengths[sample_index], len(row))] = IGNORE_INDEX
-            if self.loss_masks is not None:
+            labels[r, : min(data.prompt_length(sample_index), len(row))] = IGNORE_INDEX
+            mask = data.mask(sample_index)
+            if mask is not None:
                 # chat data: loss on the assistant's turns only.
-                keep = torch.as_tensor(np.asarray(self.loss_masks[sample_index][: len(row)], dtype=bool))
-                labels[r, : len(row)][~keep] = IGNORE_INDEX
+                labels[r, : len(row)][~torch.as_tensor(mask[: len(row)])] = IGNORE_INDEX
         # Right padding, no attention mask: under causal attention no real token sees a pad, and
         # pads carry no loss (train.step.step), so the mask would only cost a host sync and SDPA's fast path.
         return {"input_ids": input_ids, "labels": labels, "target_tokens": count_targets(labels)}
 
 
 class PackedBatches:
-    """Item i: the rows of micro-batch i cut from one token stream (wrapping around at its end)."""
+    """Item i: the rows of micro-batch i cut from the data's token stream (its documents back to
+    back, wrapping around at its end), read by position from the store."""
 
-    def __init__(self, stream: np.ndarray, batches: Sequence[Sequence[int]], max_length: int) -> None:
-        self.stream, self.batches, self.max_length = stream, list(batches), max_length
+    def __init__(self, data: TokenizedData, batches: Sequence[Sequence[int]], max_length: int) -> None:
+        self.data, self.batches, self.max_length = data, list(batches), max_length
+        self.stream_length = data.stream_length
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -172,8 +170,9 @@ class PackedBatches:
         import torch
 
         length = self.max_length
-        positions = np.concatenate([np.arange(row * length, (row + 1) * length) for row in self.batches[index]])
-        ids = torch.as_tensor(self.stream[positions % len(self.stream)].astype(np.int64)).view(-1, length)
+        rows = np.asarray(self.batches[index], dtype=np.int64)
+        positions = (rows[:, None] * length + np.arange(length)[None, :]).ravel() % self.stream_length
+        ids = torch.as_tensor(self.data.stream_take(positions).astype(np.int64)).view(-1, length)
         return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
@@ -244,16 +243,16 @@ def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
 
 
-def epoch_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
+def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
     """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
     if data.packing:
-        rows = packed_row_count(sum(data.lengths), max_length)
+        rows = packed_row_count(data.stream_length, max_length)
         return plan_packed_batches(rows, micro_batch_size, seed, epoch)
     return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
 
 
 def run_batches(
-    data: TokenizedData,
+    data: DataView,
     micro_batch_size: int,
     max_length: int,
     seed: int,
@@ -270,17 +269,12 @@ def run_batches(
     return shard(batches, rank, world_size)
 
 
-def batch_shapes(data: TokenizedData, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     if data.packing:
         return packed_shapes(batches, max_length)
     return padded_shapes(data.lengths, batches, max_length, bucket)
 
 
-def real_tokens(data: TokenizedData, max_length: int) -> int:
+def real_tokens(data: DataView, max_length: int) -> int:
     """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
-    if data.packing:
-        return sum(data.lengths)
-    if data.loss_masks is not None:
-        return int(sum(int(mask[:max_length].sum()) for mask in data.loss_masks))
-    kept = np.minimum(np.asarray(data.lengths), max_length)
-    return int((kept - np.minimum(np.asarray(data.prompt_lengths), kept)).sum())
+    return data.real_tokens(max_length)

@@ -1,0 +1,165 @@
+"""Records to token ids, a batch at a time: the tokenizer called once per batch, and for chat data
+the loss mask from one rendering per conversation.
+
+Where the loss is on the assistant's turns, a turn's span runs from the end of everything before
+it rendered with the generation prompt (so the assistant header is not trained) to the end of the
+conversation through that turn (its end-of-turn marker included): `assistant_character_spans`
+renders the conversation three times per assistant turn to find them, which holds for any
+template that renders turn by turn. `TemplateShape` finds the same spans in the one rendering:
+it learns once what the template writes around an assistant message, then locates each message's
+content in order and checks that header and end marker stand around it. A turn it cannot place
+exactly (content the template rewrites, a template that renders the last turn differently) is
+done the reference way, and a template whose spans differ from the reference's on the first
+conversations is done the reference way throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from common.errors import BenchtrainError
+from train.workload.formats import Layout
+
+PROBE_QUESTION = "benchtrain probe question"
+PROBE_ANSWER = "benchtrain probe answer"
+# Conversations whose single-rendering spans are checked against the reference before trusting it.
+CROSS_CHECKED = 16
+
+
+def assistant_character_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    """The reference: the conversation rendered with the tokenizer's own chat template, and the
+    character spans that each assistant turn adds to it (the turn's text and its end marker)."""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        through = tokenizer.apply_chat_template(messages[: index + 1], tokenize=False)
+        if not (rendered.startswith(through) and through.startswith(before)):
+            raise BenchtrainError("the chat template does not render conversations turn by turn; pass --train-on all")
+        spans.append((len(before), len(through)))
+    return rendered, spans
+
+
+@dataclass(frozen=True)
+class TemplateShape:
+    """What the chat template writes around an assistant message: its header (the generation
+    prompt), text between header and content, and after the content (the end-of-turn marker)."""
+
+    header: str
+    before_content: str
+    after_content: str
+
+    @classmethod
+    def learn(cls, tokenizer: Any) -> TemplateShape | None:
+        question = [{"role": "user", "content": PROBE_QUESTION}]
+        try:
+            plain = tokenizer.apply_chat_template(question, tokenize=False)
+            prompted = tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+            through = tokenizer.apply_chat_template([*question, {"role": "assistant", "content": PROBE_ANSWER}], tokenize=False)
+        except Exception:
+            return None
+        if not through.startswith(prompted):
+            return None
+        middle = through[len(prompted) :]
+        at = middle.find(PROBE_ANSWER)
+        if at < 0:
+            return None
+        header = prompted[len(plain) :] if prompted.startswith(plain) else ""
+        return cls(header, middle[:at], middle[at + len(PROBE_ANSWER) :])
+
+    def spans(self, rendered: str, messages: list[dict[str, Any]]) -> list[tuple[int, int]] | None:
+        """The assistant spans in `rendered`, or None where a message cannot be placed exactly."""
+        cursor, spans = 0, []
+        for message in messages:
+            content = message.get("content")
+            if not isinstance(content, str):
+                return None
+            text, at = content, rendered.find(content, cursor)
+            if at < 0 and content.strip() != content:  # templates that trim the content
+                text = content.strip()
+                at = rendered.find(text, cursor)
+            if at < 0:
+                return None
+            end = at + len(text)
+            if message.get("role") == "assistant":
+                start = at - len(self.before_content)
+                close = end + len(self.after_content)
+                if (
+                    rendered[start:at] != self.before_content
+                    or rendered[end:close] != self.after_content
+                    or rendered[max(0, start - len(self.header)) : start] != self.header
+                ):
+                    return None
+                spans.append((start, close))
+                end = close
+            cursor = end
+        return spans
+
+
+class Encoder:
+    """Tokenizes records of `layout` a batch at a time (EOS-terminated text and completions; for
+    chat with the loss on the assistant, a per-token mask)."""
+
+    def __init__(self, layout: Layout, tokenizer: Any, path: str, masked: bool) -> None:
+        self.layout, self.tokenizer, self.path, self.masked = layout, tokenizer, path, masked
+        self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.shape = TemplateShape.learn(tokenizer) if masked else None
+        self.checked = 0  # conversations cross-checked against the reference so far
+        self.reference_turns = 0  # conversations whose spans came from the reference
+
+    def __call__(self, batch: dict[str, list[Any]]) -> tuple[list[list[int]], list[np.ndarray] | None, list[int]]:
+        """(ids per record, masks per record or None, prompt length per record)."""
+        records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+        layout = self.layout
+        if layout.format == "text":
+            texts = [str(record[layout.text] or "") for record in records]
+            return [ids + self.eos for ids in self._ids(texts)], None, [0] * len(records)
+        if layout.is_chat:
+            conversations = [layout.messages_of(record, self.path) for record in records]
+            return (*self._chat(conversations), [0] * len(records))
+        prompts = self._ids([str(record[layout.prompt] or "") for record in records])
+        completions = self._ids([str(record[layout.completion] or "") for record in records])
+        return [p + c + self.eos for p, c in zip(prompts, completions, strict=True)], None, [len(p) for p in prompts]
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    def _chat(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[list[int]], list[np.ndarray] | None]:
+        render = self.tokenizer.apply_chat_template
+        if not self.masked:
+            return self._ids([render(messages, tokenize=False) for messages in conversations]), None
+        rendered, spans = [], []
+        for messages in conversations:
+            text, found = self._spans(messages)
+            rendered.append(text)
+            spans.append(found)
+        encoded = self.tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+        masks = []
+        for offsets, turn_spans in zip(encoded["offset_mapping"], spans, strict=True):
+            # A token is trained when it starts inside an assistant turn's span.
+            starts = np.fromiter((first for first, _ in offsets), dtype=np.int64, count=len(offsets))
+            mask = np.zeros(len(offsets), dtype=np.uint8)
+            for start, end in turn_spans:
+                mask[np.searchsorted(starts, start, "left") : np.searchsorted(starts, end, "left")] = 1
+            masks.append(mask)
+        return encoded["input_ids"], masks
+
+    def _spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+        if self.shape is not None:
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
+            spans = self.shape.spans(rendered, messages)
+            if spans is not None and self.checked >= CROSS_CHECKED:
+                return rendered, spans
+            if spans is not None:
+                self.checked += 1
+                reference = assistant_character_spans(self.tokenizer, messages)
+                if reference != (rendered, spans):
+                    self.shape = None  # this template's spans are not what the reference finds
+                return reference
+        self.reference_turns += 1
+        return assistant_character_spans(self.tokenizer, messages)

@@ -1,0 +1,105 @@
+"""What makes tokenized data what it is, as one key: the data's content, the tokenizer, its chat
+template, the format and columns, and what the loss is on.
+
+A file's content is its sha256, read once and remembered beside the cache by (path, size, mtime,
+ctime, inode): any write changes ctime, so a file changed since is hashed again, and an unchanged
+one costs a `stat`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from common.atomic import write_json_atomic
+from common.home import benchtrain_home
+from train.workload.formats import Layout
+
+KEY_VERSION = 1
+HASH_CHUNK = 16 << 20
+
+
+def data_root() -> Path:
+    """Where tokenized data is cached: $BENCHTRAIN_HOME/data."""
+    return benchtrain_home() / "data"
+
+
+def _stat_key(path: Path) -> str:
+    status = path.stat()
+    return f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
+
+
+def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
+    key = _stat_key(path)
+    if memo is not None and key in memo:
+        return memo[key]
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    if memo is not None:
+        memo[key] = value
+    return value
+
+
+def content_fingerprint(paths: list[Path]) -> str:
+    """sha256 over the files' contents (a folder: every file in it, by relative name)."""
+    memo_path = data_root() / "fingerprints.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+        memo = memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        memo = {}
+    before = len(memo)
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+            digest.update(file_digest(file, memo).encode())
+    if len(memo) != before:
+        try:
+            # Only the entries of files that still exist: the memo does not grow without end.
+            kept = {key: value for key, value in memo.items() if Path(key.split("|")[0]).exists()}
+            write_json_atomic(memo_path, kept)
+        except OSError:
+            pass  # a read-only home: hash again next time
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer's vocabulary, merges, normalisation and special tokens, and its chat template."""
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    specials = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad")}
+    digest.update(json.dumps(specials, sort_keys=True).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()
+
+
+def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
+    """The key tokenized data is cached under (a hex string)."""
+    parts = {"version": KEY_VERSION, "content": content, "tokenizer": tokenizer, "layout": asdict(layout), "masked": masked, **(extra or {})}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def source_paths(path: str, dataset: Any) -> list[Path]:
+    """The files whose bytes are the data: the file or folder given, else (a hub dataset) the
+    Arrow files datasets reads."""
+    given = Path(path).expanduser()
+    if given.exists():
+        return [given]
+    return [Path(entry["filename"]) for entry in getattr(dataset, "cache_files", [])]
+
+
+def process_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))

@@ -1,0 +1,181 @@
+"""From the user's data to what the planner and the trainer read.
+
+`prepare_data` looks the data up in the cache by its key (train.workload.fingerprint): when the
+whole set is tokenized there, the plan uses its exact profile (a warm start costs a hash check of
+small files); otherwise the plan uses a sample (train.workload.sampling), itself cached, and says
+how long tokenizing everything will take at the rate measured on the sample. `tokenized()` makes
+the whole store when training needs it, and checks every file against its checksum first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.durations import format_duration
+from common.errors import BenchtrainError
+from train.workload.data_cache import BuildJob, ensure_store, store_state
+from train.workload.encode import Encoder
+from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
+from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
+from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
+from train.workload.tokens import DamagedStore, TokenizedData, check_store, open_store, token_dtype
+
+TRAIN_ON = ("assistant", "all")
+# A sample that would need more than this share of the records is not worth it: tokenize them all.
+SAMPLE_SHARE_LIMIT = 0.25
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Which data, and how it is read: its path (or hub id), split, format and columns, and what the loss is on."""
+
+    path: str
+    train_on: str = "assistant"
+    schema: DataSchema = field(default_factory=DataSchema)
+    split: str = "train"
+
+    def __post_init__(self) -> None:
+        if self.train_on not in TRAIN_ON:
+            raise BenchtrainError(f"--train-on must be assistant or all, got {self.train_on!r}")
+
+
+@dataclass
+class PreparedData:
+    """The data as the planner sees it (`view`: exact, or from a sample) and the way to the whole store."""
+
+    view: TokenizedData | SampledData
+    key: str
+    folder: Path
+    records: int
+    what: str
+    source: str
+    job_for: Callable[[Any], BuildJob]
+    predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
+    built_seconds: float | None = None  # tokenizing done by this command, measured
+    estimate: TotalEstimate | None = None
+
+    @property
+    def exact(self) -> bool:
+        return isinstance(self.view, TokenizedData)
+
+    def tokenized(self, say: Callable[[str], None]) -> TokenizedData:
+        """Every record, tokenized (built now if the cache lacks it), its files checked."""
+        for _attempt in range(2):
+            data, seconds = ensure_store(self.folder, self.key, lambda: self.job_for(None), say, self.what)
+            if seconds is not None:
+                self.built_seconds = (self.built_seconds or 0.0) + seconds
+            try:
+                check_store(self.folder, self.key, verify_contents=True)
+            except DamagedStore as why:
+                say(f"tokenized data in {self.folder} is damaged ({why}): building it again")
+                import shutil
+
+                shutil.rmtree(self.folder, ignore_errors=True)
+                continue
+            return checked(data, self.source)
+        raise BenchtrainError(f"tokenized data in {self.folder} was damaged again right after it was built")
+
+    def describe(self) -> list[str]:
+        """For the plan: where the tokens come from and what preparing them costs."""
+        if self.exact and self.built_seconds is None and not self.predicted_seconds:
+            return [f"tokenized data: cached in {self.folder} (exact profile of {self.records:,} records)"]
+        if self.exact:
+            return [f"tokenized data: {self.folder} (exact profile of {self.records:,} records, tokenized in {format_duration(self.built_seconds or 0.0)})"]
+        assert self.estimate is not None
+        return [
+            self.estimate.describe(),
+            f"tokenizing all {self.records:,} records: ≈{format_duration(self.predicted_seconds)} (at the rate measured on the sample), "
+            f"counted in the plan; cached in {self.folder} for later runs (`train --exact-profile` tokenizes them first for the exact profile)",
+        ]
+
+    def record(self) -> dict[str, Any]:
+        """What run.json keeps of the preparation."""
+        return {
+            "key": self.key,
+            "cache": str(self.folder),
+            "records": self.records,
+            "profiled_from": "all records" if self.exact else "sample",
+            "sampled_estimate": self.estimate.to_json() if self.estimate else None,
+            "predicted_seconds": self.predicted_seconds,
+            "actual_seconds": self.built_seconds,
+        }
+
+
+def checked(data: TokenizedData, source: str) -> TokenizedData:
+    from dataclasses import replace
+
+    return replace(data, source=source)
+
+
+def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exact: bool = False) -> PreparedData:
+    """The data's view for planning: exact when cached (or asked for), else from a sample."""
+    from train.workload.data import load_records
+
+    records = load_records(spec.path, spec.split)
+    layout = detect_layout(list(records.column_names), spec.schema, spec.path, records[0] if len(records) else None)
+    if layout.is_chat and not getattr(tokenizer, "chat_template", None):
+        raise BenchtrainError(f"{spec.path}: {layout.format} data is rendered with a chat template and this tokenizer has none: pass --tokenizer DIR with one")
+    masked = layout.is_chat and spec.train_on == "assistant"
+    key = cache_key(content_fingerprint(source_paths(spec.path, records)), tokenizer_fingerprint(tokenizer), layout, masked, {"split": spec.split})
+    count = len(records)
+    what = f"{count:,} records of {spec.path}"
+
+    def job_for(indices: np.ndarray | None) -> BuildJob:
+        chosen = records if indices is None else records.select(indices)
+        loss_on = LOSS_ON[layout.format] if masked or not layout.is_chat else "all tokens"
+        meta = {"key": key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
+        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, layout.format == "prompt_completion", meta)
+
+    prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for)  # type: ignore[arg-type]
+    if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
+        prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec, layout)
+        return prepared
+    return sampled(prepared, spec, layout, say)
+
+
+def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callable[[str], None]) -> PreparedData:
+    """The plan's view from a sample sized for a ±1% token total (grown once from SAMPLE_START).
+    Each size is its own store (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
+    size = SAMPLE_START
+    for _round in range(2):
+        indices = sample_indices(prepared.records, size)
+        sample_key = f"{prepared.key}.sample-{size}"
+        job = lambda chosen=indices, name=sample_key: with_sample_meta(prepared.job_for(chosen), len(chosen), name)  # noqa: E731
+        sample, _seconds = ensure_store(prepared.folder.with_name(sample_key), sample_key, job, say, f"a sample of {size:,} records")
+        needed = sample_size_for(sample.lengths, prepared.records)
+        if needed <= size or needed > SAMPLE_SHARE_LIMIT * prepared.records:
+            break
+        size = min(prepared.records, int(needed * 1.1))
+    if needed > SAMPLE_SHARE_LIMIT * prepared.records:
+        say(f"a ±1% token total needs {needed:,} of {prepared.records:,} records: tokenizing them all")
+        prepared.view = checked_view(prepared.tokenized(say), spec, layout)
+        return prepared
+    meta = sample.extra["meta"]
+    sample = checked_view(sample, spec, layout)
+    prepared.estimate = estimate_total(sample.lengths, prepared.records)
+    prepared.predicted_seconds = float(meta["seconds"]) * prepared.records / max(1, int(meta["documents_sampled"]))
+    prepared.view = SampledData.expand(sample, prepared.records, prepared.estimate)
+    return prepared
+
+
+def with_sample_meta(job: BuildJob, size: int, key: str) -> BuildJob:
+    from dataclasses import replace
+
+    return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
+
+
+def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> TokenizedData:
+    """One-line errors for data with nothing to train on."""
+    from dataclasses import replace
+
+    data = replace(data, source=spec.path)
+    if not len(data) or not int(data.lengths.max(initial=0)) > 1:
+        raise BenchtrainError(f"{spec.path}: every sample is empty after tokenization")
+    if data.masked and not int(np.asarray(data.targets).sum()):
+        raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
+    return data

@@ -1,0 +1,125 @@
+"""A plan in seconds from a random sample of the records.
+
+The sample's lengths estimate the whole set's token total (a mean times the record count), with
+a 95% interval from the sample's spread (finite-population corrected). The sample starts at
+SAMPLE_START records and grows once to the size whose interval is within ±TARGET_HALF_WIDTH.
+The planner then plans as if every record had a length drawn from the sample: `SampledData`
+stands for the whole set with each sampled record repeated N/n times (the remainder drawn at
+random), so the batches, padding and truncation it counts have the sample's distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from train.workload.tokens import TokenizedData
+
+SAMPLE_START = 4096
+TARGET_HALF_WIDTH = 0.01  # the token total's 95% interval, relative
+Z_95 = 1.959964
+SAMPLE_SEED = 20261124
+
+
+@dataclass(frozen=True)
+class TotalEstimate:
+    """The token total estimated from `sampled` of `records` records, and its 95% half-width."""
+
+    records: int
+    sampled: int
+    total_tokens: float
+    half_width: float
+
+    @property
+    def relative_half_width(self) -> float:
+        return self.half_width / self.total_tokens if self.total_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"records": self.records, "sampled": self.sampled, "total_tokens": self.total_tokens, "half_width": self.half_width}
+
+    def describe(self) -> str:
+        return f"lengths from {self.sampled:,} of {self.records:,} records: {_tokens(self.total_tokens)} ± {_tokens(self.half_width)} tokens (95%)"
+
+
+def _tokens(value: float) -> str:
+    return f"{value / 1e6:,.1f}M" if value >= 1e6 else f"{value:,.0f}"
+
+
+def estimate_total(lengths: np.ndarray, records: int) -> TotalEstimate:
+    count = len(lengths)
+    mean = float(np.mean(lengths)) if count else 0.0
+    spread = float(np.std(lengths, ddof=1)) if count > 1 else 0.0
+    correction = math.sqrt(max(0.0, (records - count) / (records - 1))) if records > 1 else 0.0
+    return TotalEstimate(records, count, mean * records, Z_95 * records * spread / math.sqrt(max(1, count)) * correction)
+
+
+def sample_size_for(lengths: np.ndarray, records: int, target: float = TARGET_HALF_WIDTH) -> int:
+    """Records to sample so the total's 95% interval is within ±target (from a first sample's spread)."""
+    mean = float(np.mean(lengths))
+    if mean <= 0 or len(lengths) < 2:
+        return records
+    variation = float(np.std(lengths, ddof=1)) / mean
+    infinite = (Z_95 * variation / target) ** 2
+    return min(records, math.ceil(infinite / (1 + (infinite - 1) / records)))
+
+
+def sample_indices(records: int, count: int) -> np.ndarray:
+    """The first `count` of one fixed random order of the records, sorted: a larger sample holds a smaller one."""
+    order = np.random.default_rng(SAMPLE_SEED).permutation(records)
+    return np.sort(order[:count])
+
+
+@dataclass(frozen=True, eq=False)
+class SampledData:
+    """The planner's view of `records` records from a tokenized sample: record i has the length
+    and loss of sample document `stand_in[i]`."""
+
+    sample: TokenizedData
+    stand_in: np.ndarray
+    estimate: TotalEstimate
+
+    @classmethod
+    def expand(cls, sample: TokenizedData, records: int, estimate: TotalEstimate) -> SampledData:
+        count = len(sample)
+        rng = np.random.default_rng(SAMPLE_SEED + 1)
+        stand_in = np.concatenate([np.repeat(np.arange(count), records // count), rng.choice(count, records % count, replace=False)])
+        return cls(sample, stand_in.astype(np.int64), estimate)
+
+    @property
+    def format(self) -> str:
+        return self.sample.format
+
+    @property
+    def source(self) -> str:
+        return self.sample.source
+
+    @property
+    def loss_on(self) -> str:
+        return self.sample.loss_on
+
+    @property
+    def packing(self) -> bool:
+        return self.sample.packing
+
+    def __len__(self) -> int:
+        return len(self.stand_in)
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        return self.sample.lengths[self.stand_in]
+
+    @property
+    def stream_length(self) -> int:
+        return int(self.lengths.sum())
+
+    def subset(self, indices: Any) -> SampledData:
+        return replace(self, stand_in=self.stand_in[np.asarray(indices, dtype=np.int64)])
+
+    def real_tokens(self, max_length: int) -> int:
+        if self.packing:
+            return self.stream_length
+        return int(self.sample.real_tokens_per_document(max_length)[self.stand_in].sum())
