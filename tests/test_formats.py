@@ -15,8 +15,9 @@ from test_hub import offline_hub
 
 from common.errors import BenchtrainError
 from train.planning.planner import lengths_to_measure
-from train.workload.data import TokenizedData, load_records, load_tokenized
+from train.workload.data import TokenizedData, load_records
 from train.workload.formats import DataSchema
+from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 __all__ = ["calibrated_home", "offline_hub"]

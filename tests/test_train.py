@@ -15,8 +15,8 @@ from train.planning.planner import PlanRequest, make_plan
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import LoopSettings, TrainingRun
 from train.step.hardware import detect_hardware
-from train.workload.data import load_tokenized
 from train.workload.model import resolve_model
+from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 

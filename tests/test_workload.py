@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from common.errors import BenchtrainError
-from train.workload.data import length_profile, load_tokenized
+from train.workload.data import length_profile
 from train.workload.model import build_model, model_shape, resolve_model
+from train.workload.prepare import load_tokenized
 from train.workload.presets import PRESETS
 from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 

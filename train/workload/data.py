@@ -21,10 +21,9 @@ import numpy as np
 
 from common.errors import BenchtrainError
 from train.workload.encode import assistant_character_spans
-from train.workload.formats import DataSchema
 from train.workload.tokens import TokenizedData
 
-__all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "load_tokenized", "truncation"]
+__all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "truncation"]
 
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -57,6 +56,8 @@ def load_records(path: str, split: str = "train") -> Any:
     loader = LOADERS.get(source.suffix.lower())
     if loader is None:
         raise BenchtrainError(f"{path}: unsupported file type {source.suffix or '(none)'}; use .jsonl, .json, .csv or .parquet")
+    if source.suffix.lower() == ".jsonl":
+        _check_jsonl(source, lines=1)  # datasets reads a file of one JSON list as rows of text
     datasets.disable_progress_bars() if not _interactive() else None
     try:
         loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
@@ -95,13 +96,15 @@ def _interactive() -> bool:
     return sys.stderr.isatty()
 
 
-def _check_jsonl(source: Path) -> None:
-    """Name the first malformed line: datasets' own error does not."""
+def _check_jsonl(source: Path, lines: int | None = None) -> None:
+    """Name the first malformed line (of the first `lines` non-empty ones): datasets' own error does not."""
     seen = 0
     with source.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
+            if lines is not None and seen >= lines:
+                return
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -117,16 +120,6 @@ def _non_empty(dataset: Any, path: str) -> Any:
     if len(dataset) == 0:
         raise BenchtrainError(f"data file {path} is empty")
     return dataset
-
-
-def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train") -> TokenizedData:
-    """Every record of `path` tokenized (through the cache): tests and small tools."""
-    from common.console import say
-    from train.workload.prepare import DataSpec, prepare_data
-
-    prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
-    assert isinstance(prepared.view, TokenizedData)
-    return prepared.view
 
 
 PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
