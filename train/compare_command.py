@@ -46,7 +46,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     else:
         from train.planning.plan_text import describe_data
 
-        data_lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *loaded.prepared.describe()]
+        data_lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *[f"  {note}" for note in loaded.prepared.describe()]]
         lines = [*data_lines, *describe_comparison(comparison, getattr(args, "command_line", None))]
         print("\n".join(lines), flush=True)
     for row in comparison.rows:

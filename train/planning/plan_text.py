@@ -54,11 +54,14 @@ def describe_exact_profile(prepared: Any, profile: dict[str, Any], sampled_plan:
     ]
 
 
-def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False) -> list[str]:
+def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()) -> list[str]:
+    """The plan as the console shows it; `data_notes`: where the lengths came from and what
+    preparing the tokens costs (train.workload.prepare.PreparedData.describe)."""
     c = plan.chosen
     device = calibration.hardware
     lines = [
         *describe_data(profile, byte_tokens),
+        *[f"  {note}" for note in data_notes],
         f"calibration: {calibration.id} (held-out error p90 {plan.bound_fraction:.1%}"
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",

@@ -421,9 +421,8 @@ def print_plan(run: PlannedRun) -> None:
     hardware = placement.device.hardware
     if run.previous:
         print(f"resuming from step {run.completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
-    print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer))), flush=True)
-    for line in run.loaded.prepared.describe():
-        print(f"  {line}", flush=True)
+    notes = tuple(run.loaded.prepared.describe())
+    print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer), notes)), flush=True)
     compute = describe_compute(planned_compute(run.spec, run.method, plan.chosen, hardware), hardware)
     if compute:
         print(compute, flush=True)

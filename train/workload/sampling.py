@@ -42,11 +42,11 @@ class TotalEstimate:
         return {"records": self.records, "sampled": self.sampled, "total_tokens": self.total_tokens, "half_width": self.half_width}
 
     def describe(self) -> str:
-        return f"lengths from {self.sampled:,} of {self.records:,} records: {_tokens(self.total_tokens)} ± {_tokens(self.half_width)} tokens (95%)"
-
-
-def _tokens(value: float) -> str:
-    return f"{value / 1e6:,.1f}M" if value >= 1e6 else f"{value:,.0f}"
+        if self.total_tokens >= 1e6:
+            total, half = f"{self.total_tokens / 1e6:,.1f}M", f"{self.half_width / 1e6:,.1f}M"
+        else:
+            total, half = f"{self.total_tokens:,.0f}", f"{self.half_width:,.0f}"
+        return f"lengths from {self.sampled:,} of {self.records:,} records: {total} ± {half} tokens (95% interval)"
 
 
 def estimate_total(lengths: np.ndarray, records: int) -> TotalEstimate:
