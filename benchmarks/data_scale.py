@@ -5,7 +5,7 @@ time and memory from the data to the first plan (issue 30).
     python benchmarks/data_scale.py --records 100000 --workdir /tmp/scale-100k
     python benchmarks/data_scale.py --steps plain,full       # only these rows
 
-Rows (each a fresh process; peak RSS is the whole process tree's, sampled every 50 ms):
+Rows (each a fresh process; peak memory is the PSS of the whole process tree, sampled every 50 ms):
   plain   `datasets.load_dataset("json")` + `map(batched=True, num_proc=cores)` rendering each chat
           with the chat template and tokenizing it (no loss mask): the bar the first tokenization is held to
   cold    `train --dry-run` with empty caches (a plan from a sample of the records)
@@ -44,7 +44,7 @@ def vocabulary(rng: np.random.Generator, size: int = 6000) -> np.ndarray:
     return np.array(sorted(words)[:size])
 
 
-def write_chats(path: Path, count: int, seed: int = 0, mean_words: int = 380) -> None:
+def write_chats(path: Path, count: int, seed: int = 0, mean_words: int = 450) -> None:
     """`count` ShareGPT chats (1–4 exchanges, a system prompt in one of four), lengths log-normal
     around `mean_words` words (≈500 tokens of the benchmark's tokenizer once rendered)."""
     rng = np.random.default_rng(seed)
@@ -113,7 +113,8 @@ print(json.dumps({"records": len(tokenized), "tokens": sum(len(ids) for ids in t
 
 
 def timed(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
-    """Wall seconds, exit code, output and peak RSS (the sum over the process tree) of a command."""
+    """Wall seconds, exit code, output and peak memory of a command: the proportional set size (PSS)
+    summed over its process tree, so pages forked workers share are counted once."""
     import psutil
 
     started = time.perf_counter()
@@ -128,7 +129,7 @@ def timed(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
     while process.poll() is None:
         try:
             tree = [watched, *watched.children(recursive=True)]
-            peak = max(peak, sum(member.memory_info().rss for member in tree if member.is_running()))
+            peak = max(peak, sum(member.memory_full_info().pss for member in tree if member.is_running()))
         except psutil.Error:
             pass
         time.sleep(0.05)
@@ -177,7 +178,7 @@ def main() -> int:
         "exact": dry_run,
     }
     print(f"{args.records:,} chats, {cores} cores, workdir {workdir}\n", flush=True)
-    print(f"| {'step':<6} | {'wall':>8} | {'peak RSS':>9} | exit |")
+    print(f"| {'step':<6} | {'wall':>8} | {'peak PSS':>9} | exit |")
     print(f"|{'-' * 8}|{'-' * 10}|{'-' * 11}|------|")
     results = {}
     for step in args.steps.split(","):

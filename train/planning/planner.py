@@ -21,7 +21,17 @@ from train.planning.overheads import Overheads, plan_overheads
 from train.planning.prices import run_cost
 from train.step.compile import compile_seconds
 from train.step.evaluation import EvalSchedule
-from train.workload.batching import DataView, batch_shapes, packed_shapes, padded_shape_counts, real_tokens, run_batches
+from train.workload.batching import (
+    DataView,
+    batch_shapes,
+    epoch_share,
+    packed_shapes,
+    padded_batch_count,
+    padded_epoch_shape_counts,
+    padded_shape_counts,
+    real_tokens,
+    run_batches,
+)
 from train.workload.data import covering_length, truncation
 
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
@@ -318,6 +328,14 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
     key = (micro, length, epoch)
     if cache is not None and key in cache:
         return cache[key]
+    if not data.packing and request.world_size == 1:
+        # One process: the shapes straight from the batch layout, without building the batches.
+        total = padded_batch_count(len(data.lengths), micro)
+        taken = epoch_share(total, epoch, request.epochs)
+        counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
+        if cache is not None:
+            cache[key] = counts
+        return counts
     # Each process runs every world_size-th batch (rank 0 stands for all of them).
     batches = run_batches(data, micro, length, request.seed, epoch, request.epochs, request.world_size)
     if data.packing:

@@ -53,12 +53,11 @@ class BatchShape:
         return self.rows * self.length
 
 
-def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
-    """Length-grouped batches of sample indices: a shuffled order, sorted (longest first) inside
-    windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
+def _padded_layout(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sample order, where each batch starts in it, the order batches run in): a shuffled order,
+    sorted (longest first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and
+    the batches shuffled."""
     count = len(lengths)
-    if count == 0:
-        return []
     rng = np.random.default_rng(seed * 1_000_003 + epoch)
     order = rng.permutation(count)
     clipped = np.minimum(np.asarray(lengths), max_length)
@@ -67,8 +66,40 @@ def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_lengt
     order = order[np.lexsort((-clipped[order], window_of))]
     # A new batch starts every micro_batch_size places inside each window.
     starts = np.flatnonzero(np.arange(count) % window % micro_batch_size == 0)
+    return order, starts, rng.permutation(len(starts))
+
+
+def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Length-grouped batches of sample indices (_padded_layout), in the order they run."""
+    if len(lengths) == 0:
+        return []
+    order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch)
     batches = np.split(order, starts[1:])
-    return [batches[i] for i in rng.permutation(len(batches))]
+    return [batches[i] for i in batch_order]
+
+
+def padded_epoch_shape_counts(
+    lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
+) -> dict[tuple[int, int], int]:
+    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches
+    (one process plans 600,000 samples in seconds): each batch's rows and longest sample from the
+    sorted order, taken in the order the batches run."""
+    if len(lengths) == 0:
+        return {}
+    order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch)
+    clipped = np.minimum(np.asarray(lengths), max_length)[order]
+    sizes = np.diff(np.append(starts, len(order)))
+    longest = np.maximum.reduceat(clipped, starts)
+    chosen = batch_order[:batch_count] if batch_count is not None else batch_order
+    return _shape_counts(sizes[chosen], longest[chosen], max_length, bucket)
+
+
+def _shape_counts(sizes: np.ndarray, longest: np.ndarray, max_length: int, bucket: int | None) -> dict[tuple[int, int], int]:
+    if bucket:
+        longest = np.minimum(max_length, -(-longest // bucket) * bucket)
+    # One integer per (rows, length): np.unique on a 1-D key, not on pairs.
+    keys, counts = np.unique(sizes.astype(np.int64) * (max_length + 1) + longest, return_counts=True)
+    return {(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count) for key, count in zip(keys, counts, strict=True)}
 
 
 def padded_width(longest: int, max_length: int, bucket: int | None = None) -> int:
@@ -104,8 +135,7 @@ def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]]
     if not len(batches):
         return {}
     sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
-    pairs, counts = np.unique(np.stack([sizes, longest], axis=1), axis=0, return_counts=True)
-    return {(int(rows), int(length)): int(count) for (rows, length), count in zip(pairs, counts, strict=True)}
+    return _shape_counts(sizes, longest, max_length, None)
 
 
 def packed_row_count(total_tokens: int, max_length: int) -> int:
@@ -263,10 +293,21 @@ def run_batches(
 ) -> list[list[int]]:
     """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
     batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
+    return shard(batches[: epoch_share(len(batches), epoch, epochs)], rank, world_size)
+
+
+def epoch_share(batch_count: int, epoch: int, epochs: float) -> int:
+    """How many of an epoch's batches run: all, or in a fractional last epoch its first part."""
     whole = math.ceil(epochs)
     if epochs < whole and epoch == whole - 1:
-        batches = batches[: max(1, round(len(batches) * (epochs - (whole - 1))))]
-    return shard(batches, rank, world_size)
+        return max(1, round(batch_count * (epochs - (whole - 1))))
+    return batch_count
+
+
+def padded_batch_count(count: int, micro_batch_size: int) -> int:
+    """Batches of padded data in an epoch: each window of GROUP_WINDOW_BATCHES batches is cut every micro_batch_size samples."""
+    window = micro_batch_size * GROUP_WINDOW_BATCHES
+    return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
 
 
 def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
