@@ -19,7 +19,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-format",
         default="auto",
         choices=("auto", *FORMATS),
-        help="the data's format (default: auto, from the columns): text, messages (OpenAI), sharegpt, alpaca, prompt_completion",
+        help="the data's format (default: auto, from the columns): text, messages (OpenAI), sharegpt, alpaca, prompt_completion, tokens (an input_ids column)",
     )
     parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
     parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
@@ -28,6 +28,17 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--completion-field", metavar="COLUMN", help="the answer column (prompt_completion; Alpaca's output)")
     parser.add_argument("--input-field", metavar="COLUMN", help="Alpaca's optional input column")
     parser.add_argument("--system-field", metavar="COLUMN", help="a system prompt column (sharegpt, alpaca)")
+    parser.add_argument(
+        "--token-dtype",
+        choices=("uint16", "uint32", "int32", "int64"),
+        help="pre-tokenized .bin files: the ids' type (nanoGPT writes uint16); or a benchtrain.json beside them",
+    )
+    parser.add_argument(
+        "--document-separator",
+        type=int,
+        metavar="ID",
+        help="pre-tokenized .bin/.npy files: the token id that ends each document (e.g. 50256, GPT-2's <|endoftext|>)",
+    )
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:

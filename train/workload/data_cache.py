@@ -70,7 +70,9 @@ def store_state(folder: Path, key: str) -> str:
     return "ready"
 
 
-def ensure_store(folder: Path, key: str, job_for: Callable[[], BuildJob], say: Callable[[str], None], what: str) -> tuple[TokenizedData, float | None]:
+def ensure_store(
+    folder: Path, key: str, job_for: Callable[[], BuildJob | Callable[[Path], None]], say: Callable[[str], None], what: str
+) -> tuple[TokenizedData, float | None]:
     """The store in `folder`, built if missing or damaged (by the main process of this machine;
     the others wait for it). Returns it mapped, and the seconds its build took (None: it was there)."""
     state = store_state(folder, key)
@@ -116,28 +118,37 @@ def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str
         time.sleep(0.5)
 
 
-def build_store(folder: Path, job: BuildJob, say: Callable[[str], None], what: str) -> None:
-    """Tokenize every record of the job into `folder` (atomically), with a progress bar."""
+def build_store(folder: Path, job: BuildJob | Callable[[Path], None], say: Callable[[str], None], what: str) -> None:
+    """Tokenize every record of the job into `folder` (atomically), with a progress bar; or run a
+    builder that writes the folder itself (raw token files: train.workload.pretokenized)."""
+    try:
+        with atomic_directory(folder) as temporary:
+            if isinstance(job, BuildJob):
+                tokenize_into(temporary, job, what)
+            else:
+                say(f"indexing the documents of {what}")
+                job(temporary)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskSpaceError(f"no room left in {folder.parent} for the tokenized data ({error.strerror}): free space or set BENCHTRAIN_HOME") from None
+        raise BenchtrainError(f"cannot write the tokenized data into {folder}: {error.strerror or error}") from None
+
+
+def tokenize_into(folder: Path, job: BuildJob, what: str) -> None:
     from common.progress import progress_bar
 
     count = len(job.records)
     workers = worker_count(count)
     started = time.perf_counter()
+    bar = progress_bar(count, f"tokenizing {what}", "records")
     try:
-        with atomic_directory(folder) as temporary:
-            bar = progress_bar(count, f"tokenizing {what}", "records")
-            try:
-                if workers == 1:
-                    encode_range(job, 0, count, temporary / "part-0", bar.update)
-                else:
-                    run_workers(job, count, workers, temporary, bar.update)
-            finally:
-                bar.close()
-            join_parts(job, [temporary / f"part-{k}" for k in range(workers)], temporary, {"workers": workers, "started": started})
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskSpaceError(f"no room left in {folder.parent} for the tokenized data ({error.strerror}): free space or set BENCHTRAIN_HOME") from None
-        raise BenchtrainError(f"cannot write the tokenized data into {folder}: {error.strerror or error}") from None
+        if workers == 1:
+            encode_range(job, 0, count, folder / "part-0", bar.update)
+        else:
+            run_workers(job, count, workers, folder, bar.update)
+    finally:
+        bar.close()
+    join_parts(job, [folder / f"part-{k}" for k in range(workers)], folder, {"workers": workers, "started": started})
 
 
 def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Callable[[int], Any]) -> None:

@@ -116,6 +116,8 @@ class Encoder:
         """(ids per record, masks per record or None, prompt length per record)."""
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         layout = self.layout
+        if layout.format == "tokens":  # pre-tokenized: the ids as they are
+            return [list(ids or []) for ids in batch[layout.text]], None, [0] * len(records)
         if layout.format == "text":
             texts = [str(record[layout.text] or "") for record in records]
             return [ids + self.eos for ids in self._ids(texts)], None, [0] * len(records)

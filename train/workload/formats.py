@@ -7,7 +7,9 @@ and its completion.
   ROLE_ALIASES); a `system` column, when there is one, opens the conversation;
 - `alpaca`: `instruction`, an optional `input`, `output` (Dolly's `context` and `response` too) and an
   optional `system`: one user turn and the answer;
-- `prompt_completion`: `prompt` + `completion`, the loss on the completion.
+- `prompt_completion`: `prompt` + `completion`, the loss on the completion;
+- `tokens`: an `input_ids` column of token ids (pre-tokenized); packed, the loss on every token
+  (raw .bin/.npy token files: train.workload.pretokenized).
 
 The three chat formats are rendered with the tokenizer's own chat template and the loss is on the
 assistant's turns (for Alpaca, the output). Detection is automatic; `--data-format` and the column
@@ -22,7 +24,7 @@ from typing import Any
 
 from common.errors import BenchtrainError
 
-FORMATS = ("text", "messages", "sharegpt", "alpaca", "prompt_completion")
+FORMATS = ("text", "messages", "sharegpt", "alpaca", "prompt_completion", "tokens")
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca")
 TEXT_FIELDS = ("text", "content", "body")
 CONVERSATION_FIELDS = ("messages", "conversations", "conversation")
@@ -45,7 +47,15 @@ ROLE_ALIASES = {
     "observation": "tool",
 }
 # What each format's loss is on, as run.json says it (`--train-on all`: every token).
-LOSS_ON = {"messages": "assistant turns", "sharegpt": "assistant turns", "alpaca": "outputs", "prompt_completion": "completions", "text": "all tokens"}
+LOSS_ON = {
+    "messages": "assistant turns",
+    "sharegpt": "assistant turns",
+    "alpaca": "outputs",
+    "prompt_completion": "completions",
+    "text": "all tokens",
+    "tokens": "all tokens",
+}
+TOKEN_FIELD = "input_ids"
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,9 @@ class DataSchema:
     completion_field: str | None = None
     input_field: str | None = None
     system_field: str | None = None
+    # Raw token files (train.workload.pretokenized): the ids' dtype and the separator ending each document.
+    token_dtype: str | None = None
+    document_separator: int | None = None
 
     def __post_init__(self) -> None:
         if self.format not in ("auto", *FORMATS):
@@ -136,6 +149,8 @@ def detect_layout(columns: list[str], schema: DataSchema, where: str, first: dic
             "or name the columns with --data-format and --text-field, --messages-field, --prompt-field, --completion-field"
         )
     system = pick(schema.system_field, "--system-field", ("system",), required=False)
+    if fmt == "tokens":
+        return Layout("tokens", text=pick(None, "--data-format tokens", (TOKEN_FIELD,)))
     if fmt == "text":
         return Layout("text", text=pick(schema.text_field, "--text-field", TEXT_FIELDS))
     if fmt in ("messages", "sharegpt"):
@@ -160,6 +175,8 @@ def guess_format(present: set[str], schema: DataSchema) -> str | None:
         return "text"
     if schema.prompt_field or schema.completion_field:
         return "alpaca" if schema.input_field or (present & set(INSTRUCTION_FIELDS)) else "prompt_completion"
+    if TOKEN_FIELD in present and not present & {*TEXT_FIELDS, *CONVERSATION_FIELDS, *INSTRUCTION_FIELDS, "prompt"}:
+        return "tokens"
     if present & set(CONVERSATION_FIELDS):
         return "messages"
     if present & set(INSTRUCTION_FIELDS) and present & set(OUTPUT_FIELDS):
@@ -189,4 +206,6 @@ def schema_from_args(args: argparse.Namespace) -> DataSchema:
         completion_field=getattr(args, "completion_field", None),
         input_field=getattr(args, "input_field", None),
         system_field=getattr(args, "system_field", None),
+        token_dtype=getattr(args, "token_dtype", None),
+        document_separator=getattr(args, "document_separator", None),
     )

@@ -54,7 +54,7 @@ class PreparedData:
     records: int
     what: str
     source: str
-    job_for: Callable[[Any], BuildJob]
+    job_for: Callable[[Any], Any]  # indices (None: all) -> a BuildJob, or a builder of the store folder
     predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
@@ -115,7 +115,11 @@ def checked(data: TokenizedData, source: str) -> TokenizedData:
 def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exact: bool = False) -> PreparedData:
     """The data's view for planning: exact when cached (or asked for), else from a sample."""
     from train.workload.data import load_records
+    from train.workload.pretokenized import token_files
 
+    files = token_files(spec.path)
+    if files is not None:
+        return prepare_token_files(spec, files, len(tokenizer), say)
     records = load_records(spec.path, spec.split)
     layout = detect_layout(list(records.column_names), spec.schema, spec.path, records[0] if len(records) else None)
     if layout.is_chat and not getattr(tokenizer, "chat_template", None):
@@ -136,6 +140,21 @@ def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exa
         prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec, layout)
         return prepared
     return sampled(prepared, spec, layout, say)
+
+
+def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say: Callable[[str], None]) -> PreparedData:
+    """Raw token files (train.workload.pretokenized): their documents indexed once, the ids mapped in place."""
+    from train.workload.pretokenized import TokenFileSettings, index_token_files
+
+    settings = TokenFileSettings.resolve(files, spec.schema.token_dtype, spec.schema.document_separator)
+    extra = {"dtype": settings.dtype, "separator": settings.separator, "vocab": vocab_size}
+    key = cache_key(content_fingerprint(files), "raw token files", Layout("tokens"), False, extra)
+    what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
+    builder = index_token_files(files, settings, vocab_size, spec.path, key)
+    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: builder)  # type: ignore[arg-type]
+    prepared.view = checked_view(prepared.tokenized(say), spec, Layout("tokens"))
+    prepared.records = len(prepared.view)
+    return prepared
 
 
 def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callable[[str], None]) -> PreparedData:

@@ -300,7 +300,12 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     meta = meta or read_json_file(folder / "meta.json")
     source = source or meta.get("source", str(folder))
     files = meta["files"]
-    tokens = _map(folder / "tokens.bin", np.dtype(meta["dtype"]))
+    if "external" in meta:  # raw token files, mapped where they are (train.workload.pretokenized)
+        from train.workload.pretokenized import open_token_files
+
+        tokens = open_token_files(meta)
+    else:
+        tokens = _map(folder / "tokens.bin", np.dtype(meta["dtype"]))
     offsets = np.load(folder / "offsets.npy", allow_pickle=False)
     mask = _map(folder / "mask.bin", np.dtype(np.uint8)) if "mask.bin" in files else None
     prompts = np.load(folder / "prompts.npy", allow_pickle=False) if "prompts.npy" in files else None
