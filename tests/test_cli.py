@@ -257,11 +257,18 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"]
     out = calibrated_home / "two"
     first = [*train, "--out", str(out), "--lr-scaling", "sqrt", "--base-batch", "2"]
-    result = run_process_group(torchrun("train", [*first, "--max-steps", "4"]), env, timeout=240)
+    tokenized_by = calibrated_home / "tokenized-by.log"  # train.workload.data_cache.encode_range's trace
+    result = run_process_group(torchrun("train", [*first, "--max-steps", "4"]), {**env, "BENCHTRAIN_TOKENIZE_LOG": str(tokenized_by)}, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("communication: predicted") == 1, result.stdout  # said once, by rank 0
-    result = launch("train", [*first, "--max-steps", "6", "--resume"])
+    # The data was tokenized once, by rank 0 (rank 1 waited for the cache and mapped it).
+    builders = [line.split() for line in tokenized_by.read_text().splitlines()]
+    assert builders and {(rank, local) for rank, local, *_ in builders} == {("0", "0")}
+    assert sum(int(stop) - int(start) for *_, start, stop in builders) == 300
+    traced = {"BENCHTRAIN_HOME": str(calibrated_home), "BENCHTRAIN_TOKENIZE_LOG": str(tokenized_by)}
+    result = fork_server.run_group("train", [*first, "--max-steps", "6", "--resume"], folder, env=traced)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert len(tokenized_by.read_text().splitlines()) == len(builders)  # the resume read the cache
     record = json.loads((out / "run.json").read_text())
     assert [entry["step"] for entry in record["losses"]] == list(range(1, 7))  # resumed under 2 processes
     plan = record["plan"]

@@ -152,6 +152,10 @@ def tokenize_into(folder: Path, job: BuildJob, what: str) -> None:
 
 
 def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Callable[[int], Any]) -> None:
+    trace = os.environ.get("BENCHTRAIN_TOKENIZE_LOG")
+    if trace:  # which process tokenized what (tests: under a launcher only the main process does)
+        with open(trace, "a") as handle:
+            handle.write(f"{os.environ.get('RANK', '0')} {os.environ.get('LOCAL_RANK', '0')} {os.getpid()} {start} {stop}\n")
     writer = TokenWriter(part, job.dtype, job.masked, job.prompts)
     for first in range(start, stop, ENCODE_BATCH):
         last = min(stop, first + ENCODE_BATCH)
