@@ -27,10 +27,11 @@ import train.workload.sampling as sampling
 from common.errors import BenchtrainError, DiskSpaceError
 from train.workload.batching import IGNORE_INDEX, PaddedBatches
 from train.workload.data import load_records
+from train.workload.data_cache import BuildJob
 from train.workload.encode import Encoder, assistant_character_spans
 from train.workload.fingerprint import data_root
 from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
-from train.workload.prepare import DataSpec, load_tokenized, prepare_data
+from train.workload.prepare import DataSpec, PreparedData, load_tokenized, prepare_data
 from train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import byte_tokenizer
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store
@@ -166,19 +167,34 @@ def sized_estimate(lengths: np.ndarray) -> tuple[TotalEstimate, int]:
     return estimate_total(lengths[sample_indices(records, size)], records), size
 
 
-def planned_like_prepare(lengths: np.ndarray) -> TotalEstimate | None:
-    """prepare.sampled's sizes on an array: up to two rounds, everything (None) when the sample
-    would exceed SAMPLE_SHARE_LIMIT of the records."""
-    records, size = len(lengths), sampling.SAMPLE_START
-    for _round in range(2):
-        sample = lengths[sample_indices(records, size)]
-        needed = sample_size_for(sample, records)
-        if needed <= size or needed > prepare.SAMPLE_SHARE_LIMIT * records:
-            break
-        size = min(records, int(needed * 1.1))
-    if needed > prepare.SAMPLE_SHARE_LIMIT * records:
-        return None
-    return estimate_total(sample, records)
+@pytest.fixture()
+def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], TotalEstimate | None]:
+    """prepare.sampled itself on an array of lengths (its stores faked: a sample's documents have
+    the chosen records' lengths); the estimate, or None where it tokenized every record (exact)."""
+
+    def fake_store(folder: Path, key: str, job_for: Callable[[], BuildJob], say: Callable[[str], None], what: str) -> tuple[TokenizedData, float]:
+        job = job_for()
+        chosen = np.arange(len(lengths)) if job.records is None else np.asarray(job.records)
+        offsets = np.concatenate(([0], np.cumsum(lengths[chosen]))).astype(np.int64)
+        return TokenizedData(np.zeros(0, np.uint16), offsets, "text", "synthetic", extra={"meta": {**job.meta, "seconds": 1.0}}), 1.0
+
+    def job_for(indices: np.ndarray | None) -> BuildJob:
+        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": "synthetic", "source": "synthetic", "format": "text"})
+
+    monkeypatch.setattr(prepare, "ensure_store", fake_store)
+    monkeypatch.setattr(prepare, "check_store", lambda *_args, **_kwargs: {})
+    lengths = np.zeros(0, np.int64)
+
+    def plan(values: np.ndarray) -> TotalEstimate | None:
+        nonlocal lengths
+        lengths = values
+        prepared = PreparedData(None, "synthetic", Path("/nonexistent/synthetic"), len(values), "synthetic", "synthetic", job_for)  # type: ignore[arg-type]
+        done = prepare.sampled(prepared, DataSpec("synthetic"), Layout("text", text="text"), lambda _line: None)
+        assert len(done.view) == len(values)
+        assert done.exact == (done.estimate is None)
+        return done.estimate
+
+    return plan
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -198,6 +214,7 @@ def test_the_sized_sample_estimates_the_total_within_one_percent(shape: str) -> 
 
 def test_the_stated_interval_covers_the_total_across_seeds() -> None:
     seeds = range(1, 41)
+    covered_in_all = 0
     for shape in SHAPES:
         covered, within_one_percent, widths = 0, 0, []
         for seed in seeds:
@@ -208,19 +225,29 @@ def test_the_stated_interval_covers_the_total_across_seeds() -> None:
             covered += error <= estimate.half_width
             within_one_percent += error <= 0.01 * exact
             widths.append(estimate.relative_half_width)
-        assert covered >= 0.9 * len(seeds), (shape, covered)
+        covered_in_all += covered
+        # A 95% interval: 38 of 40 expected; 34 or more but for a 1% chance.
+        assert covered >= 0.85 * len(seeds), (shape, covered)
         assert within_one_percent >= 0.85 * len(seeds), (shape, within_one_percent)
         assert float(np.median(widths)) <= sampling.TARGET_HALF_WIDTH * 1.02, shape
         if shape != "pareto":
             # A first sample of 4096 sees these spreads well: the sized sample meets the target.
             assert max(widths) <= sampling.TARGET_HALF_WIDTH * 1.05, (shape, max(widths))
+    assert covered_in_all >= 0.9 * len(seeds) * len(SHAPES)
 
 
-def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails() -> None:
+def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails(plan_lengths: Callable[[np.ndarray], TotalEstimate | None]) -> None:
+    sampled = 0
     for shape in ("log-normal", "uniform", "bimodal"):
         for seed in range(1, 11):
-            estimate = planned_like_prepare(lengths_of(shape, seed))
-            assert estimate is not None and estimate.relative_half_width <= sampling.TARGET_HALF_WIDTH * 1.05, (shape, seed)
+            lengths = lengths_of(shape, seed)
+            estimate = plan_lengths(lengths)
+            if estimate is not None:
+                assert abs(estimate.total_tokens - lengths.sum()) <= 0.02 * lengths.sum()
+            # None: the sample would be over a quarter of the records, and every record is tokenized (exact).
+            assert estimate is None or estimate.relative_half_width <= sampling.TARGET_HALF_WIDTH * 1.05, (shape, seed)
+            sampled += estimate is not None
+    assert sampled >= 10  # (the uniform lengths at least: the wide mixtures need over 50,000 of the 200,000)
 
 
 @pytest.mark.xfail(
@@ -228,8 +255,9 @@ def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails() -> None:
     reason="prepare.sampled grows the sample once: when the grown sample shows a wider spread than the first (heavy tails), "
     "the size it then asks for is computed and dropped, and the plan's interval is wider than ±1% (up to ±1.2% here)",
 )
-def test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail() -> None:
-    widths = [estimate.relative_half_width for seed in range(1, 41) if (estimate := planned_like_prepare(lengths_of("pareto", seed))) is not None]
+def test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail(plan_lengths: Callable[[np.ndarray], TotalEstimate | None]) -> None:
+    widths = [estimate.relative_half_width for seed in range(1, 41) if (estimate := plan_lengths(lengths_of("pareto", seed))) is not None]
+    assert len(widths) >= 30
     assert max(widths) <= sampling.TARGET_HALF_WIDTH * 1.05
 
 
@@ -359,10 +387,10 @@ def test_the_cache_is_reused_and_rebuilt_when_the_data_s_making_changes(home: Pa
     changed = prepare_data(changed_spec, changed_tokenizer, say_to(messages), exact=True)
     assert sum(encoder_calls) == 30, "tokenized again"
     assert changed.key != first.key and changed.folder != first.folder
-    if change != "tokenizer":  # an extra special token that the data does not use: the same ids, in a store of its own
-        assert not np.array_equal(arrays(changed.view)["tokens"], built["tokens"])
-    if change == "train_on":
+    if change == "train_on":  # the same ids, the loss on every token
         assert changed.view.loss_mask is None and first.view.loss_mask is not None
+    elif change != "tokenizer":  # (an extra special token that the data does not use: the same ids, in a store of its own)
+        assert not np.array_equal(arrays(changed.view)["tokens"], built["tokens"])
     # The first store is still there for the first settings.
     path.write_text(original_text)
     encoder_calls.clear()
@@ -684,8 +712,10 @@ def test_a_parallel_build_equals_a_serial_one(home: Path, tmp_path: Path, monkey
     assert serial.view.extra["meta"]["workers"] == 1 and serial.folder != parallel.folder
 
     assert_same_arrays(arrays(parallel.view), arrays(serial.view))
-    kept = sum(1 for record in load_records(str(path)) if fmt not in ("prompt_completion", "text") or any(record.values()))
-    assert len(serial.view) == kept < (601 if fmt != "messages" else 602)  # records that are only an EOS are dropped
+    kept = sum(1 for record in load_records(str(path)) if fmt == "messages" or any(record.values()))
+    assert len(serial.view) == kept
+    if fmt != "messages":
+        assert kept < 601  # records that are only an EOS are dropped
     for name in ("tokens.bin", "mask.bin", "offsets.npy", "targets.npy", "prompts.npy"):
         assert (parallel.folder / name).exists() == (serial.folder / name).exists(), name
         if (serial.folder / name).exists():

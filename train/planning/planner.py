@@ -25,6 +25,8 @@ from train.workload.batching import (
     DataView,
     batch_shapes,
     epoch_share,
+    packed_epoch_shape_counts,
+    packed_row_count,
     packed_shapes,
     padded_batch_count,
     padded_epoch_shape_counts,
@@ -328,11 +330,15 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
     key = (micro, length, epoch)
     if cache is not None and key in cache:
         return cache[key]
-    if not data.packing and request.world_size == 1:
+    if request.world_size == 1:
         # One process: the shapes straight from the batch layout, without building the batches.
-        total = padded_batch_count(len(data.lengths), micro)
-        taken = epoch_share(total, epoch, request.epochs)
-        counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
+        if data.packing:
+            rows = packed_row_count(data.stream_length, length)
+            counts = Counter(packed_epoch_shape_counts(rows, micro, length, epoch_share(-(-rows // micro), epoch, request.epochs)))
+        else:
+            total = padded_batch_count(len(data.lengths), micro)
+            taken = epoch_share(total, epoch, request.epochs)
+            counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
         if cache is not None:
             cache[key] = counts
         return counts
@@ -460,7 +466,9 @@ def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candi
 
 
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
-    effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, len(data.lengths) // 4))
+    # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
+    units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
+    effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))
     warnings = noise_warnings(calibration)
     if eval_data is not None and calibration.eval_batch_seconds(1, 1) is None:
         warnings.append(f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it")

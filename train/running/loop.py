@@ -7,7 +7,6 @@ prediction, decide (continue / checkpoint / stop), record → final checkpoint.
 
 from __future__ import annotations
 
-import itertools
 import math
 import signal
 import time
@@ -15,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from calibration.model import Calibration
 from train.planning.deadline import DeadlineBudget
@@ -27,7 +28,7 @@ from train.step import metrics
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
 from train.step.runtime import agree
-from train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, make_loader, run_batches
+from train.workload.batching import PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 
@@ -210,14 +211,17 @@ class TrainingRun:
 
         return SHAPE_BUCKET if self.engine.compiled else None
 
-    def predicted_step_seconds(self, batches: list[list[int]]) -> list[float]:
-        """Predicted seconds of each optimizer step of an epoch, from the batch shapes."""
+    def predicted_step_seconds(self, batches: Any) -> np.ndarray:
+        """Predicted seconds of each optimizer step of an epoch, from the batch shapes (each distinct
+        shape predicted once: an epoch may hold millions of batches)."""
         c, step = self.chosen, self.chosen.config
-        micro = [
-            self.calibration.micro_step_seconds(step.with_shape(shape.rows, shape.length))
-            for shape in batch_shapes(self.data, batches, c.max_length, self.shape_bucket)
-        ]
-        return [sum(micro[i : i + c.grad_accum]) + c.comm_seconds_per_step for i in range(0, len(micro), c.grad_accum)]
+        rows, lengths = batch_rows_and_lengths(self.data, batches, c.max_length, self.shape_bucket)
+        if not len(rows):
+            return np.zeros(0)
+        shapes, which = np.unique(np.stack([rows, lengths], axis=1), axis=0, return_inverse=True)
+        seconds = np.array([self.calibration.micro_step_seconds(step.with_shape(int(r), int(n))) for r, n in shapes])
+        micro = seconds[np.asarray(which).ravel()]
+        return np.add.reduceat(micro, np.arange(0, len(micro), c.grad_accum)) + c.comm_seconds_per_step
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -257,7 +261,7 @@ class TrainingRun:
         c = self.chosen
         batches = self.epoch_batches(position.epoch)
         predicted = self.predicted_step_seconds(batches)
-        elapsed_predicted = [0.0, *itertools.accumulate(predicted)]  # running totals for the guard
+        elapsed_predicted = np.concatenate(([0.0], np.cumsum(predicted)))  # running totals for the guard
         loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
         iterator = iter(loader)
         while position.batch_in_epoch < len(batches) and self.status == "completed":
@@ -265,9 +269,10 @@ class TrainingRun:
                 self.status = "step_limit"
                 break
             step_index = position.batch_in_epoch // c.grad_accum
-            result, now = self._step(iterator, position, min(c.grad_accum, len(batches) - position.batch_in_epoch), predicted[step_index])
-            remaining_predicted = self._remaining_predicted(position, elapsed_predicted, step_index, self.limit)
-            self._after_step(position, result, now, predicted[step_index], remaining_predicted)
+            step_predicted = float(predicted[step_index])
+            result, now = self._step(iterator, position, min(c.grad_accum, len(batches) - position.batch_in_epoch), step_predicted)
+            remaining_predicted = float(self._remaining_predicted(position, elapsed_predicted, step_index, self.limit))
+            self._after_step(position, result, now, step_predicted, remaining_predicted)
         del iterator, loader
         if self.status == "completed" and position.batch_in_epoch >= len(batches):
             position.epoch += 1
@@ -406,7 +411,7 @@ class TrainingRun:
         return left * overheads.compile_seconds / overheads.compile_shapes
 
     @staticmethod
-    def _remaining_predicted(position: Position, elapsed_predicted: list[float], step_index: int, limit: int) -> float:
+    def _remaining_predicted(position: Position, elapsed_predicted: np.ndarray, step_index: int, limit: int) -> float:
         """Predicted seconds of the steps still to run (this epoch's rest + later epochs), from the
         epoch's running totals so each step costs O(1), however long the epoch."""
         steps_left = max(0, limit - position.step)

@@ -14,7 +14,6 @@ Each DataLoader item is one whole micro-batch, collated inside the worker proces
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,10 +141,44 @@ def packed_row_count(total_tokens: int, max_length: int) -> int:
     return max(1, -(-total_tokens // max_length))
 
 
-def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    order = list(range(row_count))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return [order[i : i + micro_batch_size] for i in range(0, row_count, micro_batch_size)]
+class PackedPlan(Sequence):
+    """An epoch's packed batches, lazily: one shuffled array of row numbers (int32 where it fits),
+    cut into micro-batches when read, so a corpus of a billion tokens holds no Python object per row."""
+
+    def __init__(self, order: np.ndarray, micro_batch_size: int, first: int = 0, count: int | None = None) -> None:
+        self.order, self.micro_batch_size, self.first = order, micro_batch_size, first
+        self.count = -(-len(order) // micro_batch_size) - first if count is None else count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.count)
+            if step == 1:
+                return PackedPlan(self.order, self.micro_batch_size, self.first + start, max(0, stop - start))
+            return [self[i] for i in range(start, stop, step)]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        batch = self.first + (index % self.count)
+        return self.order[batch * self.micro_batch_size : (batch + 1) * self.micro_batch_size].tolist()
+
+
+def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch: int) -> PackedPlan:
+    dtype = np.int32 if row_count < 2**31 else np.int64
+    order = np.random.default_rng(seed * 1_000_003 + epoch).permutation(row_count).astype(dtype)
+    return PackedPlan(order, micro_batch_size)
+
+
+def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int, batch_count: int) -> dict[tuple[int, int], int]:
+    """packed_shapes' counts of one process's first `batch_count` batches, without the batches:
+    every batch is full but the epoch's last (which the shuffle leaves last)."""
+    total = -(-row_count // micro_batch_size)
+    last = row_count - (total - 1) * micro_batch_size
+    counts = {(micro_batch_size, length): min(batch_count, total - 1)}
+    if batch_count >= total:
+        counts[(last, length)] = counts.get((last, length), 0) + 1
+    return {shape: count for shape, count in counts.items() if count}
 
 
 def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
@@ -259,7 +292,7 @@ def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     with the last full round's as two rounds of smaller batches. Only a micro-batch of 1 with
     fewer leftover samples than processes drops those few."""
     if world_size <= 1:
-        return list(batches)
+        return batches  # type: ignore[return-value]  # a list, or a PackedPlan (lazy)
     whole = len(batches) - len(batches) % world_size
     leftover = [sample for batch in batches[whole:] for sample in batch]
     if not leftover:
@@ -308,6 +341,21 @@ def padded_batch_count(count: int, micro_batch_size: int) -> int:
     """Batches of padded data in an epoch: each window of GROUP_WINDOW_BATCHES batches is cut every micro_batch_size samples."""
     window = micro_batch_size * GROUP_WINDOW_BATCHES
     return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
+
+
+def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: int, bucket: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch's rows and padded length as two arrays (no object per batch: a packed epoch of a
+    billion tokens has millions of batches)."""
+    if not len(batches):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if not data.packing:
+        return _padded_rows_and_lengths(data.lengths, batches, max_length, bucket)
+    if isinstance(batches, PackedPlan):
+        rows = np.full(len(batches), batches.micro_batch_size, dtype=np.int64)
+        rows[-1] = len(batches[len(batches) - 1])
+    else:
+        rows = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+    return rows, np.full(len(rows), max_length, dtype=np.int64)
 
 
 def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:

@@ -131,7 +131,7 @@ def scan_documents(array: np.ndarray, separator: int | None) -> tuple[np.ndarray
     ends: list[np.ndarray] = []
     largest = -1
     for start in range(0, len(array), SCAN_CHUNK):
-        chunk = np.asarray(array[start : start + SCAN_CHUNK])
+        chunk = _read(array, start, min(len(array), start + SCAN_CHUNK))
         largest = max(largest, int(chunk.max(initial=0)))
         if separator is not None:
             ends.append(np.flatnonzero(chunk == separator) + start + 1)
@@ -140,6 +140,14 @@ def scan_documents(array: np.ndarray, separator: int | None) -> tuple[np.ndarray
         boundaries = np.append(boundaries, len(array))
     lengths = np.diff(np.concatenate(([0], boundaries))).astype(np.int64)
     return lengths[lengths > 0], largest
+
+
+def _read(array: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """ids[start:stop], read from the file when it is mapped: the scan then leaves no mapped pages
+    behind in the process's resident memory."""
+    if isinstance(array, np.memmap) and array.filename:
+        return np.fromfile(array.filename, dtype=array.dtype, count=stop - start, offset=array.offset + start * array.dtype.itemsize)
+    return np.asarray(array[start:stop])
 
 
 def index_token_files(files: list[Path], settings: TokenFileSettings, vocab_size: int, source: str, key: str) -> Callable[[Path], None]:
