@@ -238,7 +238,30 @@ def plan_sections(record: dict[str, Any]) -> list[str]:
                 ),
             )
         )
+    preparation = data.get("preparation")
+    if preparation:
+        sections.append(section("Data preparation", key_values(preparation_rows(preparation))))
     return sections
+
+
+def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Where the plan's lengths came from (a sample's estimate against the exact total) and the
+    tokenizing, predicted against measured (train.workload.prepare.PreparedData.record)."""
+    rows: list[tuple[str, Any]] = [("lengths profiled from", preparation.get("profiled_from")), ("records", preparation.get("records"))]
+    estimate, exact = preparation.get("sampled_estimate"), preparation.get("exact_total_tokens")
+    if estimate:
+        rows.append(("sampled records", estimate["sampled"]))
+        rows.append(("token total, sampled estimate", f"{estimate['total_tokens']:,.0f} ± {estimate['half_width']:,.0f} (95%)"))
+        if exact:
+            error = (exact - estimate["total_tokens"]) / estimate["total_tokens"]
+            rows.append(("token total, exact", f"{exact:,} ({error:+.2%} from the estimate)"))
+    elif exact:
+        rows.append(("token total, exact", f"{exact:,}"))
+    predicted, actual = preparation.get("predicted_seconds"), preparation.get("actual_seconds")
+    rows.append(("tokenizing, predicted", format_duration(predicted) if predicted else "0 (cached)"))
+    rows.append(("tokenizing, actual", format_duration(actual) if actual is not None else "0 (cached)"))
+    rows.append(("cache", preparation.get("cache")))
+    return rows
 
 
 def _plan_value(key: str, value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -403,3 +404,39 @@ def test_an_out_of_memory_error_while_training_is_one_line(
     monkeypatch.setattr(TrainingStep, "run", out_of_memory)
     code, _, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4"], capsys)
     assert_one_line_error(code, err, "out of memory training batch")
+
+
+def test_a_cold_run_plans_from_a_sample_then_trains_on_every_record(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """More records than the first sample: the plan comes from a sample (its interval said, the
+    tokenizing predicted and counted), the run tokenizes every record once, plans the chosen
+    configuration again on the exact profile, and records the sampled estimate against the exact
+    total and the tokenizing predicted against measured; the next command plans exactly from the cache."""
+    rng = random.Random(3)
+    lines = []
+    for _ in range(5000):
+        answer = "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(60, 120)))
+        lines.append(json.dumps({"conversations": [{"from": "human", "value": "question?"}, {"from": "gpt", "value": answer}]}))
+    data = write_lines(tmp_path / "chats.jsonl", lines)
+    out = tmp_path / "run"
+    arguments = ["--data", str(data), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--out", str(out)]
+    code, printed, err = run_main("train", [*arguments, "--dry-run"], capsys)
+    assert code == 0, err
+    assert "lengths from 4,096 of 5,000 records:" in printed and "tokens (95% interval)" in printed
+    assert "tokenizing all 5,000 records: ≈" in printed and "tokenizing " in printed.split("overheads")[1]  # an overhead of the plan
+    assert "data: 5,000 samples, ≈" in printed
+    code, printed, err = run_main("train", arguments, capsys)
+    assert code == 0, err
+    assert "tokenized all 5,000 records" in printed and "on the exact profile:" in printed
+    record = json.loads((out / "run.json").read_text())
+    preparation = record["data"]["preparation"]
+    exact = sum(len(json.loads(line)["conversations"][1]["value"]) for line in lines)  # assistant bytes: fewer than every token
+    assert preparation["profiled_from"] == "sample" and preparation["sampled_estimate"]["sampled"] == 4096
+    assert preparation["exact_total_tokens"] == record["data"]["profile"]["total_tokens"] > exact
+    estimate = preparation["sampled_estimate"]
+    assert abs(preparation["exact_total_tokens"] - estimate["total_tokens"]) <= 2 * estimate["half_width"]
+    assert preparation["predicted_seconds"] > 0 and preparation["actual_seconds"] > 0
+    report = (out / "report.html").read_text()
+    assert "Data preparation" in report and "token total, exact" in report
+    code, printed, err = run_main("train", [*arguments, "--dry-run"], capsys)
+    assert code == 0, err
+    assert "cached in" in printed and "exact profile of 5,000 records" in printed and "lengths from" not in printed

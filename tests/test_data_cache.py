@@ -231,7 +231,8 @@ def test_the_stated_interval_covers_the_total_across_seeds() -> None:
         assert within_one_percent >= 0.85 * len(seeds), (shape, within_one_percent)
         assert float(np.median(widths)) <= sampling.TARGET_HALF_WIDTH * 1.02, shape
         if shape != "pareto":
-            # A first sample of 4096 sees these spreads well: the sized sample meets the target.
+            # A first sample of 4096 sees these spreads well: the sized sample meets the target. (It
+            # underestimates a heavy tail's spread: see test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail.)
             assert max(widths) <= sampling.TARGET_HALF_WIDTH * 1.05, (shape, max(widths))
     assert covered_in_all >= 0.9 * len(seeds) * len(SHAPES)
 
@@ -250,11 +251,6 @@ def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails(plan_lengths: 
     assert sampled >= 10  # (the uniform lengths at least: the wide mixtures need over 50,000 of the 200,000)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare.sampled grows the sample once: when the grown sample shows a wider spread than the first (heavy tails), "
-    "the size it then asks for is computed and dropped, and the plan's interval is wider than ±1% (up to ±1.2% here)",
-)
 def test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail(plan_lengths: Callable[[np.ndarray], TotalEstimate | None]) -> None:
     widths = [estimate.relative_half_width for seed in range(1, 41) if (estimate := plan_lengths(lengths_of("pareto", seed))) is not None]
     assert len(widths) >= 30

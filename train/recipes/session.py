@@ -601,7 +601,7 @@ def open_record(
         "profile": loaded.profile,
         "fingerprint": data_fingerprint(data),
         # The cache key, where the tokens are, and the sampled estimate against the exact total.
-        "preparation": {**loaded.prepared.record(), "exact_total_tokens": int(data.lengths.sum()) if config.eval_split is None else None},
+        "preparation": loaded.prepared.record(),
     }
     if not data.packing:
         data_record["truncation"] = truncation(data.lengths, plan.chosen.max_length)

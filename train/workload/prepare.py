@@ -58,6 +58,7 @@ class PreparedData:
     predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
+    exact_tokens: int | None = None  # every record's tokens, once tokenized
 
     @property
     def exact(self) -> bool:
@@ -77,6 +78,7 @@ class PreparedData:
 
                 shutil.rmtree(self.folder, ignore_errors=True)
                 continue
+            self.exact_tokens = int(data.lengths.sum())
             return checked(data, self.source)
         raise BenchtrainError(f"tokenized data in {self.folder} was damaged again right after it was built")
 
@@ -103,6 +105,7 @@ class PreparedData:
             "sampled_estimate": self.estimate.to_json() if self.estimate else None,
             "predicted_seconds": self.predicted_seconds,
             "actual_seconds": self.built_seconds,
+            "exact_total_tokens": self.exact_tokens,
         }
 
 
@@ -158,10 +161,11 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
 
 
 def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callable[[str], None]) -> PreparedData:
-    """The plan's view from a sample sized for a ±1% token total (grown once from SAMPLE_START).
+    """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the
+    size the sample's spread asks for, and again if a heavy tail shows in the larger sample).
     Each size is its own store (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
     size = SAMPLE_START
-    for _round in range(2):
+    for _round in range(3):
         indices = sample_indices(prepared.records, size)
         sample_key = f"{prepared.key}.sample-{size}"
         job = lambda chosen=indices, name=sample_key: with_sample_meta(prepared.job_for(chosen), len(chosen), name)  # noqa: E731
