@@ -17,6 +17,8 @@ EXAMPLES = """examples:
   train --data alpaca.json --model meta-llama/Llama-3.1-8B-Instruct@main --deadline 3h --dry-run
   train --data ORG/dataset --data-split train --messages-field dialog --deadline 2h  # a hub dataset with its own column name
   train --data train.parquet --deadline 2h --dry-run                    # print the plan only
+  train --data chats-600k.jsonl --model llama-3.2-1b --tokenizer tok/ --deadline 12h --dry-run   # a plan from a sample, in seconds
+  train --data fineweb/ --token-dtype uint16 --document-separator 50256 --model gpt2 --deadline 6h   # pre-tokenized shards
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one

@@ -14,6 +14,7 @@ reused by `bench --data`, `train`, `--resume` and every process of a launch.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import multiprocessing
 import os
@@ -193,6 +194,9 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
     queue = context.Queue()
     bounds = np.linspace(0, count, workers + 1).astype(int)
     _JOB = job
+    # The workers are forks: without this, the collector's first pass in each would touch (and so
+    # copy) every object the parent holds (torch, transformers, the planner's arrays).
+    gc.freeze()
     processes = [
         context.Process(target=_worker, args=(k, int(bounds[k]), int(bounds[k + 1]), str(folder / f"part-{k}"), queue), daemon=True) for k in range(workers)
     ]
@@ -217,6 +221,7 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
                 raise BenchtrainError(f"{job.meta.get('source', 'data')}: cannot tokenize ({value})")
     finally:
         _JOB = None
+        gc.unfreeze()
         for process in processes:
             if process.is_alive():
                 process.terminate()
