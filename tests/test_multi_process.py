@@ -42,7 +42,7 @@ def test_every_sample_is_seen_once_per_epoch_and_every_rank_runs_the_same_steps(
     seen = [int(sample) for share in shares for batch in share for sample in batch]
     assert sorted(seen) == list(range(samples))  # each once, none dropped
     assert len({len(share) for share in shares}) == 1  # the same number of steps everywhere
-    assert shard(batches, 0, 1) == list(batches)
+    assert list(shard(batches, 0, 1)) == list(batches)
 
 
 def test_a_few_leftover_samples_are_dealt_out_with_the_last_round() -> None:

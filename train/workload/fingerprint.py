@@ -20,6 +20,7 @@ from common.home import benchtrain_home
 from train.workload.formats import Layout
 
 KEY_VERSION = 1
+STORE_VERSION = 1  # the layout of a store folder (train.workload.tokens)
 HASH_CHUNK = 16 << 20
 
 

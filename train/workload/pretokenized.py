@@ -166,9 +166,9 @@ def index_token_files(files: list[Path], settings: TokenFileSettings, vocab_size
         offsets = np.concatenate(([0], np.cumsum(every))).astype(np.int64)
         np.save(folder / "offsets.npy", offsets, allow_pickle=False)
         np.save(folder / "targets.npy", every.astype(np.int32), allow_pickle=False)
-        from train.workload.tokens import STORE_VERSION, file_sha256
+        from train.workload.fingerprint import STORE_VERSION, file_digest
 
-        files_meta = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_sha256(folder / name)} for name in ("offsets.npy", "targets.npy")}
+        files_meta = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in ("offsets.npy", "targets.npy")}
         meta = {
             "key": key,
             "source": source,

@@ -27,9 +27,8 @@ import numpy as np
 
 from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
+from train.workload.fingerprint import STORE_VERSION, file_digest
 
-STORE_VERSION = 1
-HASH_CHUNK = 16 << 20
 # Truncated documents whose masks are summed at once (bounded memory for real_tokens).
 MASK_CHUNK_DOCUMENTS = 4096
 
@@ -258,11 +257,7 @@ class TokenWriter:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_digest(Path(path))
 
 
 class DamagedStore(Exception):
