@@ -60,46 +60,52 @@ def worker_count(records: int) -> int:
     return max(1, min(cores, records // MIN_RECORDS_PER_WORKER))
 
 
-def store_state(folder: Path, key: str) -> str:
-    """`ready`, `missing`, or why the store folder cannot be used."""
+def store_state(folder: Path, key: str, verify_contents: bool = False) -> str:
+    """`ready`, `missing`, or why the store folder cannot be used (train.workload.tokens.check_store)."""
     if not folder.exists():
         return "missing"
     try:
-        check_store(folder, key)
+        check_store(folder, key, verify_contents)
     except DamagedStore as why:
         return str(why)
     return "ready"
 
 
 def ensure_store(
-    folder: Path, key: str, job_for: Callable[[], BuildJob | Callable[[Path], None]], say: Callable[[str], None], what: str
+    folder: Path,
+    key: str,
+    job_for: Callable[[], BuildJob | Callable[[Path], None]],
+    say: Callable[[str], None],
+    what: str,
+    verify_contents: bool = False,
 ) -> tuple[TokenizedData, float | None]:
     """The store in `folder`, built if missing or damaged (by the main process of this machine;
-    the others wait for it). Returns it mapped, and the seconds its build took (None: it was there)."""
-    state = store_state(folder, key)
+    the others wait for it); `verify_contents`: every file against its checksum (before training).
+    Returns it mapped, and the seconds its build took (None: it was there)."""
+    state = store_state(folder, key, verify_contents)
     if state == "ready":
         return open_store(folder), None
     if process_local_rank() != 0:
-        return wait_for_store(folder, key, say, what), None
+        return wait_for_store(folder, key, say, what, verify_contents), None
     with file_lock(folder.with_name(f"{folder.name}.lock")):
-        state = store_state(folder, key)  # another command may have built it meanwhile
+        state = store_state(folder, key, verify_contents)  # another command may have built it meanwhile
         if state == "ready":
             return open_store(folder), None
         if state != "missing":
-            say(f"tokenized data in {folder} is {state}: building it again")
+            say(f"tokenized data in {folder} cannot be used ({state}): building it again")
         started = time.perf_counter()
         build_store(folder, job_for(), say, what)
         return open_store(folder), time.perf_counter() - started
 
 
-def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str) -> TokenizedData:
+def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str, verify_contents: bool = False) -> TokenizedData:
     """A process other than the builder: wait for the store the main process writes."""
     import fcntl
 
     lock = folder.with_name(f"{folder.name}.lock")
     said, quiet_since = False, time.monotonic()
     while True:
-        if store_state(folder, key) == "ready":
+        if store_state(folder, key, verify_contents) == "ready":
             return open_store(folder)
         if not said:
             say(f"waiting for the main process to tokenize {what}")

@@ -10,7 +10,7 @@ the whole store when training needs it, and checks every file against its checks
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from train.workload.encode import Encoder
 from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
 from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
-from train.workload.tokens import DamagedStore, TokenizedData, check_store, open_store, token_dtype
+from train.workload.tokens import TokenizedData, open_store, token_dtype
 
 TRAIN_ON = ("assistant", "all")
 # A sample that would need more than this share of the records is not worth it: tokenize them all.
@@ -65,22 +65,12 @@ class PreparedData:
         return isinstance(self.view, TokenizedData)
 
     def tokenized(self, say: Callable[[str], None]) -> TokenizedData:
-        """Every record, tokenized (built now if the cache lacks it), its files checked."""
-        for _attempt in range(2):
-            data, seconds = ensure_store(self.folder, self.key, lambda: self.job_for(None), say, self.what)
-            if seconds is not None:
-                self.built_seconds = (self.built_seconds or 0.0) + seconds
-            try:
-                check_store(self.folder, self.key, verify_contents=True)
-            except DamagedStore as why:
-                say(f"tokenized data in {self.folder} is damaged ({why}): building it again")
-                import shutil
-
-                shutil.rmtree(self.folder, ignore_errors=True)
-                continue
-            self.exact_tokens = int(data.lengths.sum())
-            return checked(data, self.source)
-        raise BenchtrainError(f"tokenized data in {self.folder} was damaged again right after it was built")
+        """Every record, tokenized (built now if the cache lacks it or any file fails its checksum)."""
+        data, seconds = ensure_store(self.folder, self.key, lambda: self.job_for(None), say, self.what, verify_contents=True)
+        if seconds is not None:
+            self.built_seconds = (self.built_seconds or 0.0) + seconds
+        self.exact_tokens = int(data.lengths.sum())
+        return replace(data, source=self.source)
 
     def describe(self) -> list[str]:
         """For the plan: where the tokens come from and what preparing them costs."""
@@ -107,12 +97,6 @@ class PreparedData:
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
         }
-
-
-def checked(data: TokenizedData, source: str) -> TokenizedData:
-    from dataclasses import replace
-
-    return replace(data, source=source)
 
 
 def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exact: bool = False) -> PreparedData:
@@ -187,15 +171,11 @@ def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callabl
 
 
 def with_sample_meta(job: BuildJob, size: int, key: str) -> BuildJob:
-    from dataclasses import replace
-
     return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
 
 
 def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> TokenizedData:
     """One-line errors for data with nothing to train on."""
-    from dataclasses import replace
-
     data = replace(data, source=spec.path)
     if not len(data) or not int(data.lengths.max(initial=0)) > 1:
         raise BenchtrainError(f"{spec.path}: every sample is empty after tokenization")
