@@ -253,8 +253,8 @@ def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append(("sampled records", estimate["sampled"]))
         rows.append(("token total, sampled estimate", f"{estimate['total_tokens']:,.0f} ± {estimate['half_width']:,.0f} (95%)"))
         if exact:
-            error = (exact - estimate["total_tokens"]) / estimate["total_tokens"]
-            rows.append(("token total, exact", f"{exact:,} ({error:+.2%} from the estimate)"))
+            error = preparation.get("sampled_error")  # train.workload.sampling.TotalEstimate.error_of
+            rows.append(("token total, exact", f"{exact:,}" + (f" ({error:+.2%} from the estimate)" if error is not None else "")))
     elif exact:
         rows.append(("token total, exact", f"{exact:,}"))
     predicted, actual = preparation.get("predicted_seconds"), preparation.get("actual_seconds")

@@ -38,16 +38,16 @@ def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[st
     ]
 
 
-def describe_exact_profile(prepared: Any, profile: dict[str, Any], sampled_plan: Plan, plan: Plan) -> list[str]:
+def describe_exact_profile(prepared: Any, sampled_plan: Plan, plan: Plan) -> list[str]:
     """After tokenizing every record: the exact total against the sample's estimate, and the plan's
     steps and estimate on the exact profile (the configuration the sample chose)."""
     estimate = prepared.estimate
-    total = profile["total_tokens"]
-    error = (total - estimate.total_tokens) / estimate.total_tokens if estimate and estimate.total_tokens else 0.0
+    total = prepared.exact_tokens  # every record's (with --eval-split, the profile is the training part's)
+    error = estimate.error_of(total) if estimate else 0.0
     took = f" in {format_duration(prepared.built_seconds)} (predicted {format_duration(prepared.predicted_seconds)})" if prepared.built_seconds else ""
     c = plan.chosen
     return [
-        f"tokenized all {profile['count']:,} records{took}: {total:,} tokens, "
+        f"tokenized all {prepared.records:,} records{took}: {total:,} tokens, "
         + (f"{error:+.2%} from the sample's {estimate.total_tokens:,.0f} ± {estimate.half_width:,.0f}" if estimate else "exact"),
         f"  on the exact profile: {c.optimizer_steps:,} optimizer steps (sampled plan: {sampled_plan.chosen.optimizer_steps:,}), "
         f"estimate {format_duration(c.total_seconds)} (≤ {format_duration(c.total_seconds_high)})",

@@ -508,7 +508,7 @@ def with_exact_data(run: PlannedRun, started: float) -> PlannedRun:
     if is_main_process():
         from train.planning.plan_text import describe_exact_profile
 
-        print("\n".join(describe_exact_profile(loaded.prepared, exact.profile, run.plan, plan)), flush=True)
+        print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
     if not plan.meets_deadline:
         say(f"warning: with the exact profile {plan_deadline_message(plan, run.previous)}; the deadline guard stops the run in time")
     return replace(run, loaded=exact, request=request, plan=plan)

@@ -96,6 +96,7 @@ class PreparedData:
             "predicted_seconds": self.predicted_seconds,
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
+            "sampled_error": self.estimate.error_of(self.exact_tokens) if self.estimate and self.exact_tokens is not None else None,
         }
 
 

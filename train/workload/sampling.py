@@ -38,6 +38,10 @@ class TotalEstimate:
     def relative_half_width(self) -> float:
         return self.half_width / self.total_tokens if self.total_tokens else 0.0
 
+    def error_of(self, exact_tokens: int) -> float:
+        """(exact − estimated) / estimated: positive when the data held more tokens than the sample said."""
+        return (exact_tokens - self.total_tokens) / self.total_tokens if self.total_tokens else 0.0
+
     def to_json(self) -> dict[str, Any]:
         return {"records": self.records, "sampled": self.sampled, "total_tokens": self.total_tokens, "half_width": self.half_width}
 
