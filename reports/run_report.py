@@ -258,7 +258,10 @@ def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
     elif exact:
         rows.append(("token total, exact", f"{exact:,}"))
     predicted, actual = preparation.get("predicted_seconds"), preparation.get("actual_seconds")
-    rows.append(("tokenizing, predicted", format_duration(predicted) if predicted else "0 (cached)"))
+    if predicted:
+        rows.append(("tokenizing, predicted", format_duration(predicted)))
+    elif actual is not None:
+        rows.append(("tokenizing, predicted", "none: done before the plan (every record profiled)"))
     rows.append(("tokenizing, actual", format_duration(actual) if actual is not None else "0 (cached)"))
     rows.append(("cache", preparation.get("cache")))
     return rows
