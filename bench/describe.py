@@ -28,6 +28,7 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
     from bench.tables import format_table
     from calibration.accuracy import describe_estimate_error, estimate_error_pct
     from calibration.model import Calibration
+    from calibration.setup import describe_setup
 
     hardware, model = data["hardware"], data["model"]
     counts = status_counts(data["measurements"])
@@ -35,6 +36,7 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
         f"calibration {data['id']}  ({path})",
         f"  created {data['created_at']} on {hardware['name']} ×{hardware['count']} "
         f"({hardware['memory_bytes'] / 2**30:.1f} GiB), model {model['name']} ({model['parameter_count']:,} parameters)",
+        "  setup: " + describe_setup(data),
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
     ]
     lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))

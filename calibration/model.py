@@ -135,10 +135,10 @@ class Calibration:
         return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
 
     def relative_bound_for(self, config: StepConfig) -> float:
-        """The bound for one configuration: the relative bound inside the measured range; beyond
-        it, at least the held-out error of the probes that were themselves extrapolations (their
-        90th percentile), widened by how far out it goes (×log2 of the ratio past the range, for
-        more than a doubling)."""
+        """The bound for one configuration: the relative bound inside the measured range; beyond it
+        the larger of that and the held-out error of the probes that were themselves extrapolations
+        (their 90th percentile; UNTESTED_EXTRAPOLATION when no probe tested it), widened by that much
+        again for every doubling past the range: × (1 + log2 of the ratio past it)."""
         bound = self.relative_bound
         stretch = self.extrapolation_ratio(config)
         if stretch <= 1.0:
@@ -147,19 +147,18 @@ class Calibration:
         if record is not None and not record.get("count"):
             # No held-out probe lay beyond the others (e.g. every probe at one size): nothing
             # measured how this fit extrapolates, so a plan beyond the sizes is not bet on.
-            return max(bound, UNTESTED_EXTRAPOLATION * max(1.0, math.log2(stretch)))
-        extrapolated = (record or {}).get("p90_abs_pct")
-        held_out = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
-        base = (extrapolated if extrapolated is not None else held_out or 0.0) / 100.0
-        return max(bound, base * max(1.0, math.log2(stretch)))
+            base = max(bound, UNTESTED_EXTRAPOLATION)
+        else:
+            base = max(bound, ((record or {}).get("p90_abs_pct") or 0.0) / 100.0)
+        return base * (1 + math.log2(stretch))
 
     def promised_bound_for(self, config: StepConfig) -> float:
         """What a plan of this configuration promises the deadline (see promised_bound)."""
         return 0.0 if self.too_noisy_to_bound else self.relative_bound_for(config)
 
     def extrapolation_ratio(self, config: StepConfig) -> float:
-        """How far `config` lies beyond the measured micro-batches, lengths and accumulations: the
-        largest ratio past the range (1 inside it)."""
+        """How far `config` lies beyond the measured micro-batches, lengths, accumulations and tokens
+        per micro-step: the largest ratio past the range (1 inside it)."""
         ratio = 1.0
         for name in ("micro_batch_size", "seq_len", "grad_accum"):
             values = self.measured_values(name)
@@ -168,6 +167,10 @@ class Calibration:
                 ratio = max(ratio, value / values[-1])
             elif values and 0 < value < values[0]:
                 ratio = max(ratio, values[0] / value)
+        # Tokens per micro-step past the most any probe ran (8 × 256 when 8 × 64 and 4 × 256 were measured).
+        measured_tokens = max((row["micro_batch_size"] * row["seq_len"] for row in self.ok_rows()), default=0)
+        if measured_tokens:
+            ratio = max(ratio, config.micro_batch_size * config.seq_len / measured_tokens)
         return ratio
 
     @property

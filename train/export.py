@@ -7,24 +7,32 @@
   the tokenizer and the base's `config.json`. The adapter's `base_model_name_or_path` points at the
   base: the hub id (with its commit as `revision`), the `--model DIR` folder, or — for a preset
   built from its config, which has no weights on disk — `final-base/`, written here, so
-  `PeftModel.from_pretrained(base, final)` is exactly the trained model;
+  `PeftModel.from_pretrained(base, final)` is exactly the trained model. A base inside the run
+  folder (`final-base/`, a `--model DIR` under `--out`) is named relative to `final/`
+  (`../final-base`), so the run folder can be moved, copied or shared; a `--model DIR` outside the
+  run folder is not part of the run and stays an absolute path;
 - `--merge-lora`: also the merged full model in `final-merged/`.
 
 Each folder is written to a temporary folder and renamed, so a crash never leaves half a model.
+`load_final(final)` loads the trained model back, wherever the run folder now is.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from common.atomic import atomic_directory
+from common.errors import BenchtrainError
 from train.workload.method import MethodConfig
 
 FINAL = "final"
 FINAL_BASE = "final-base"
 FINAL_MERGED = "final-merged"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 def export_final(
@@ -42,22 +50,32 @@ def export_final(
     else:
         revision = None
         if spec.has_weights and spec.hub is not None:
-            base_path, revision = spec.hub.repo_id, spec.hub.revision
-        elif spec.has_weights:
-            base_path = Path(spec.directory).resolve()
+            base, revision = spec.hub.repo_id, spec.hub.revision
+            location = base
         else:
-            base_path = (run_dir / FINAL_BASE).resolve()
-            with atomic_directory(base_path) as folder:
-                save_base(model, tokenizer, folder)
-            record["base_path"] = str(base_path)
+            if spec.has_weights:
+                base_path = Path(spec.directory).resolve()
+            else:
+                base_path = (run_dir / FINAL_BASE).resolve()
+                with atomic_directory(base_path) as folder:
+                    save_base(model, tokenizer, folder)
+            base, location = base_reference(run_dir, base_path), str(base_path)
+            if is_relative_reference(base):
+                # run.json also keeps the absolute folder, where it was when the run wrote it.
+                record["base_path"] = location
         with atomic_directory(run_dir / FINAL) as folder:
             config = model.peft_config["default"]
-            config.base_model_name_or_path = str(base_path)
+            # peft reads the base's config.json at this name while saving (has the vocabulary been
+            # resized?), from the current directory, else asks the hub: so it gets the absolute
+            # folder, and the adapter's file the reference that travels with the run.
+            config.base_model_name_or_path = location
             config.revision = revision
             model.save_pretrained(folder, safe_serialization=True)
+            if base != location:
+                name_base(folder / ADAPTER_CONFIG, base)
             model.get_base_model().config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-        record["base_model_name_or_path"] = str(base_path)
+        record["base_model_name_or_path"] = base
         if revision:
             record["base_revision"] = revision
         if merge_lora:
@@ -82,3 +100,60 @@ def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
         state[name.replace(".base_layer.", ".")] = tensor
     base.save_pretrained(folder, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(folder)
+
+
+def base_reference(run_dir: Path, base: Path) -> str:
+    """How final/ names a base folder: relative to final/ (`../final-base`) when the base lies in the
+    run folder, so the reference survives moving or copying the run; else its absolute path, since a
+    folder outside the run does not travel with it."""
+    adapter = (run_dir / FINAL).resolve()
+    run_root = run_dir.resolve()
+    if not base.is_relative_to(run_root):
+        return str(base)
+    # Always with a leading "./" or "../": that is what tells a path from a hub id ("org/name").
+    relative = Path(os.path.relpath(base, adapter)).as_posix()
+    return relative if relative.startswith(".") else f"./{relative}"
+
+
+def name_base(adapter_config: Path, base: str) -> None:
+    """Rewrite the base an adapter_config.json names, keeping peft's layout of the file."""
+    config = json.loads(adapter_config.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base
+    adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+
+
+def is_relative_reference(base: str) -> bool:
+    """A base named relative to the adapter folder. Hub ids cannot start with ".", so no hub id reads as one."""
+    return base == "." or base == ".." or base.startswith(("./", "../"))
+
+
+def load_final(folder: str | Path, **kwargs: Any) -> Any:
+    """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
+    `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
+
+    peft's `AutoPeftModelForCausalLM.from_pretrained(final)` resolves a relative base against the
+    current directory; this resolves it against final/, so it works from anywhere the run folder is."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder).expanduser()
+    adapter_config = folder / ADAPTER_CONFIG
+    if not adapter_config.is_file():
+        return AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    from peft import PeftModel
+
+    config = json.loads(adapter_config.read_text(encoding="utf-8"))
+    base = resolve_base(folder, config["base_model_name_or_path"])
+    if config.get("revision"):
+        kwargs.setdefault("revision", config["revision"])
+    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), folder)
+
+
+def resolve_base(adapter: Path, base: str) -> str:
+    """An adapter's base as `from_pretrained` takes it: a relative one as the folder it names from the
+    adapter's folder; an absolute path or hub id unchanged."""
+    if not is_relative_reference(base):
+        return base
+    path = (adapter / base).resolve()
+    if not path.is_dir():
+        raise BenchtrainError(f"the adapter in {adapter} names its base as {base}, but {path} does not exist; copy the whole run folder")
+    return str(path)

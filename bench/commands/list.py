@@ -14,6 +14,7 @@ def add_parser(commands: Any) -> None:
 
 
 def list_command() -> int:
+    from calibration.setup import describe_setup
     from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
 
     entries = list_calibrations()
@@ -32,4 +33,6 @@ def list_command() -> int:
         median = (fit.get("held_out_error") or {}).get("median_abs_pct")
         error_text = f"held-out median error {median:.1f}%" if median is not None else "no fit"
         print(f"{data['id']:<44} {data['created_at']}  {data['hardware']['name'][:28]:<28}  {data['model']['name']:<14} {ok:>3} ok probes, {error_text}")
+        # What was measured, on a line of its own: the row above is already a terminal wide.
+        print(f"{'':<4}{describe_setup(data)}")
     return EXIT_OK

@@ -54,6 +54,12 @@ class Overheads:
         evaluation and the report. The deadline guard keeps it in reserve."""
         return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds
 
+    @property
+    def during_training_seconds(self) -> float:
+        """What the run spends between its steps: the periodic checkpoints and evaluations (the
+        final ones come after the last step: after_training_seconds)."""
+        return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(0, self.eval_count - 1)
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 

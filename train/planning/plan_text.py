@@ -86,7 +86,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
     if plan.cost is not None:
         lines.append(f"  cost: ${plan.cost:,.2f}")
     for alternative in plan.alternatives:
-        lines.append(f"  alternative: {alternative.label()}: {format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
+        steps = f"{alternative.optimizer_steps:,} steps in " if plan.step_limit is not None else ""
+        lines.append(f"  alternative: {alternative.label()}: {steps}{format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
     for note in plan.notes:
         lines.append(f"  note: {note}")
     return lines

@@ -15,6 +15,7 @@ from typing import Any
 
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
+from common.durations import format_duration
 from common.errors import BenchtrainError, DeadlineError
 from train.planning.deadline import DeadlineBudget
 from train.planning.overheads import Overheads, plan_overheads
@@ -505,14 +506,19 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     chosen = ranked[0]
     available = request.budget.seconds_left(request.elapsed_seconds)
     step_limit = request.max_steps
+    alternatives = ranked[1:4]
     if chosen.total_seconds_promised > available and request.fit_deadline:
-        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data)
-        notes.append(f"--fit-deadline: limited to {step_limit} optimizer steps so the run ends in time")
+        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data, cache)
+        notes.append(
+            f"--fit-deadline: limited to {step_limit:,} of {ranked[0].optimizer_steps:,} optimizer steps so the run ends in time "
+            f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
+        )
+        alternatives = shortened_alternatives(calibration, data, request, ranked[1:], available, eval_data, cache)
     meets = chosen.total_seconds_promised <= available
     cost = run_cost(chosen.total_seconds, request.price_per_hour, request.world_size)
     return Plan(
         chosen=chosen,
-        alternatives=[c for c in ranked[1:4]],
+        alternatives=alternatives,
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
         budget=request.budget,
         available_seconds=available,
@@ -528,6 +534,31 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         warnings=warnings,
         price_per_hour=request.price_per_hour,
     )
+
+
+def shortened_alternatives(
+    calibration: Calibration,
+    data: DataView,
+    request: PlanRequest,
+    ranked: list[Candidate],
+    available: float,
+    eval_data: DataView | None,
+    cache: ShapeCache,
+    shown: int = 3,
+) -> list[Candidate]:
+    """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
+    (those of which not one step fits are left out)."""
+    alternatives = []
+    for candidate in ranked:
+        if len(alternatives) == shown:
+            break
+        if candidate.total_seconds_promised > available:
+            try:
+                candidate = shrink_to_deadline(calibration, data, request, candidate, available, eval_data, cache)[0]
+            except DeadlineError:
+                continue
+        alternatives.append(candidate)
+    return alternatives
 
 
 def checkpointing_modes(calibration: Calibration, requested: str) -> list[bool]:
@@ -571,18 +602,39 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 
 
 def shrink_to_deadline(
-    calibration: Calibration, data: DataView, request: PlanRequest, chosen: Candidate, available: float, eval_data: DataView | None = None
+    calibration: Calibration,
+    data: DataView,
+    request: PlanRequest,
+    chosen: Candidate,
+    available: float,
+    eval_data: DataView | None = None,
+    cache: ShapeCache | None = None,
 ) -> tuple[Candidate, int]:
-    """The same configuration with as many steps as fit: counted after the steps a resumed run
-    already did, so the limit is the run's total."""
-    per_step = (chosen.total_seconds_promised - chosen.overhead_seconds) / max(1, chosen.remaining_steps)
-    steps = math.floor((available - chosen.overhead_seconds) / per_step) if per_step > 0 else 0
-    if steps < 1:
-        raise DeadlineError("--fit-deadline: not even one optimizer step fits before the deadline")
-    limit = request.completed_steps + steps
-    limited = replace(request, max_steps=limit)
-    candidate = evaluate(calibration, data, limited, chosen.config, None, eval_data)
-    return candidate, limit
+    """The same configuration with as many steps as fit: each count planned as the run it would be
+    (its own checkpoints, evaluations and export, not the whole plan's), the largest whose promised
+    total fits found by bisection (the total grows with the steps). Counted after the steps a
+    resumed run already did, so the limit is the run's total."""
+
+    def limited(steps: int) -> Candidate:
+        return evaluate(calibration, data, replace(request, max_steps=request.completed_steps + steps), chosen.config, cache, eval_data)
+
+    fits, low, high = None, 0, chosen.remaining_steps - 1  # all the steps do not fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        candidate = limited(middle)
+        if candidate.total_seconds_promised <= available:
+            fits, low = candidate, middle
+        else:
+            high = middle - 1
+    if fits is None:
+        one = limited(1)
+        if one.total_seconds_promised > available:
+            raise DeadlineError(
+                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
+                f"needs up to {format_duration(one.total_seconds_promised)} with its overheads, {format_duration(max(0.0, available))} are left"
+            )
+        fits, low = one, 1
+    return fits, request.completed_steps + low
 
 
 def deadline_options(plan: Plan, resuming: bool = False) -> str:

@@ -188,6 +188,30 @@ def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 
+def run_total_steps(previous: dict[str, Any]) -> int:
+    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`:
+    its plan's step limit, else its steps)."""
+    plan = previous["plan"]
+    if plan.get("total_steps"):
+        return int(plan["total_steps"])
+    steps, limit = int(plan["optimizer_steps"]), plan.get("step_limit")
+    return min(steps, int(limit)) if limit else steps
+
+
+def resumed_step_limit(previous: dict[str, Any], config: TrainConfig, completed: int) -> int:
+    """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
+    later). A run that did all its steps is not resumed, and a resume never extends a run."""
+    total, run = run_total_steps(previous), f"--resume: run {previous['run_id']}"
+    if completed >= total or previous.get("status") == "completed":
+        raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
+    if config.max_steps is not None and config.max_steps > total:
+        raise BenchtrainError(
+            f"{run} has {total:,} optimizer steps; --max-steps {config.max_steps} would extend it, which a resume never does: "
+            "drop --max-steps, or train more in a new run"
+        )
+    return min(total, config.max_steps or total)
+
+
 def completed_steps(out_dir: Path) -> int:
     """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
     from train.running.checkpoint import read_progress
@@ -316,6 +340,10 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     from train.planning.planner import make_plan
 
     spec, method, out_dir, previous = resume_target(config)
+    completed = completed_steps(out_dir) if previous else 0
+    if previous:
+        # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
+        config = replace(config, max_steps=resumed_step_limit(previous, config, completed))
     cal, world_size, sharding = calibration_for(config, spec, method, previous)
     config, device, price = device_for(config, cal, spec, method)
     from train.planning.memory_check import check_fits
@@ -334,7 +362,6 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
         if problem:
             say(f"warning: {problem} (--force: continuing on this data)")
 
-    completed = completed_steps(out_dir) if previous else 0
     from train.planning.comm import plan_communication, traffic_of
 
     traffic = traffic_of(sharding, need, device.hardware["device_type"])
@@ -420,7 +447,13 @@ def print_plan(run: PlannedRun) -> None:
     plan, rate, placement = run.plan, run.rate, run.placement
     hardware = placement.device.hardware
     if run.previous:
-        print(f"resuming from step {run.completed} of {plan.chosen.optimizer_steps}: planning the {plan.chosen.remaining_steps} steps left", flush=True)
+        total = run_total_steps(run.previous)
+        stop = f", stopping at step {plan.step_limit or plan.chosen.optimizer_steps:,}" if (plan.step_limit or plan.chosen.optimizer_steps) < total else ""
+        print(
+            f"resuming from step {run.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "
+            f"planning the {plan.chosen.remaining_steps:,} steps left",
+            flush=True,
+        )
     notes = tuple(run.loaded.prepared.describe())
     print("\n".join(describe_plan(plan, run.profile, run.cal, is_byte_tokenizer(run.tokenizer), notes)), flush=True)
     compute = describe_compute(planned_compute(run.spec, run.method, plan.chosen, hardware), hardware)
@@ -457,6 +490,8 @@ def train_planned(run: PlannedRun, command_line: list[str] | None, started: floa
     record["plan"]["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)
     # Written before training, so that a run killed at any moment can be resumed with its method.
     record["plan"]["lora"] = method.settings()
+    # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
+    record["plan"]["total_steps"] = run_total_steps(record)
     with contextlib.ExitStack() as held:
         if is_main_process():
             # One train per run folder; then room for what it will write, before any work.
@@ -610,6 +645,7 @@ def open_record(
     if not previous:
         return out_dir, fresh
     previous["resumed"] = previous.get("resumed", 0) + 1
+    previous["plan"]["total_steps"] = run_total_steps(previous)  # before this command's steps replace the plan's
     # What this command planned: the steps left, its own deadline, time and step limit.
     previous["deadline_seconds"] = plan.deadline_seconds
     previous["elapsed_before_plan"] = elapsed_before_plan
@@ -694,6 +730,7 @@ def train_with_record(
         seed=config.seed,
         epochs=plan.epochs,
         step_limit=plan.step_limit,
+        schedule_steps=record["plan"]["total_steps"],
         resume=config.resume,
         report_to=config.trackers,
     )

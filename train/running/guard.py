@@ -42,6 +42,9 @@ class GuardSettings(DeadlineBudget):
     reserve_seconds: float  # what must still fit after the last step
     on_overrun: str = "stop"
     warmup_steps: int = 1
+    # The periodic checkpoints and evaluations the plan puts between the steps, per second of
+    # steps: the steps left bring theirs with them (the projection and a shrink count them).
+    periodic_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.on_overrun not in OVERRUN_ACTIONS:
@@ -94,13 +97,13 @@ class DeadlineGuard:
             self.window.append((actual_seconds, predicted_seconds))
         # Until a steady step is seen, the prediction itself stands (not the warm-up step).
         ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
-        projected = elapsed + remaining_predicted * ratio + pending_compile_seconds + s.reserve_seconds
+        projected = elapsed + remaining_predicted * ratio * (1 + s.periodic_share) + pending_compile_seconds + s.reserve_seconds
         message = None
         action = "continue"
         over = self.seen > s.warmup_steps and self._over_budget(projected, elapsed)
         then = {"stop": "will checkpoint and stop at the last safe moment", "warn": "continuing (--on-overrun warn)", "shrink": "shrinking"}[s.on_overrun]
         if over and s.on_overrun == "shrink":
-            per_step = sum(a for a, _ in self.window) / len(self.window)
+            per_step = sum(a for a, _ in self.window) / len(self.window) * (1 + s.periodic_share)
             room = s.budget_seconds - elapsed - s.reserve_seconds
             new_limit = step + max(0, math.floor(room / per_step))
             if new_limit < self.limit:

@@ -46,6 +46,9 @@ class LoopSettings:
     seed: int = 0
     epochs: float = 1.0
     step_limit: int | None = None
+    # The run's optimizer steps as first planned: the learning-rate schedule's horizon (warm-up and
+    # decay), kept by every resume whatever this command's step limit (None: this plan's steps).
+    schedule_steps: int | None = None
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
@@ -168,7 +171,7 @@ class TrainingRun:
 
         self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(self.settings.seed)
-        schedule = cosine_schedule(self.total_steps())
+        schedule = cosine_schedule(self.settings.schedule_steps or self.total_steps())
         self.engine = build_engine(
             self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, self.settings.learning_rate, schedule
         )
@@ -252,7 +255,10 @@ class TrainingRun:
         self.log_every, self.checkpoint_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(s.checkpoint_interval_seconds, now), Every(None, now)
         self.limit = self.planned_limit = self.total_steps()
         reserve = c.overheads.after_training_seconds if c.overheads else 0.0
-        settings = GuardSettings(**asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps)
+        periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
+        settings = GuardSettings(
+            **asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic
+        )
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress = self._progress(self.limit, position.step)
 

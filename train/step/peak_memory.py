@@ -4,6 +4,19 @@ On Linux the kernel keeps the peak RSS (VmHWM) and lets a process reset it (writ
 /proc/self/clear_refs), which costs nothing while the probe runs; freed heap is handed back to
 the OS first (glibc `malloc_trim`) so one probe's peak does not inflate the next one's.
 Elsewhere a background thread samples RSS (it competes with the probe for the CPU a little).
+
+On CPU the process's heap is the device memory, and glibc's heap fragments: with its default,
+dynamic mmap threshold every tensor up to 32 MB comes from the heap, and accumulation (gradients
+allocated between two micro-batches' activations) left gpt2's peak RSS 1.8 GB above the physical
++0.5 GB of its gradients; every later step grew it again, so a probe and a run of the same
+configuration peaked gigabytes apart depending on what ran before (issue #31: 9.0 GiB against a
+5.6 GiB plan; LoRA at batch 1, whose activations are below 1 MiB, grew 0.1 GiB a step).
+`physical_cpu_memory` keeps the threshold at glibc's starting 128 KiB, so every tensor that
+matters is its own mapping, returned to the system when freed: the peak RSS is then the bytes the
+step holds, as the CUDA allocator's peak is on a GPU, the same in a probe and in a run. It costs
+CPU steps time (fresh pages are zero-filled; gpt2 8 × 256: 5.9 s → 8.5 s a step, LoRA 1 × 256 × 8:
+7.0 s → 9.7 s), measured by bench like any other cost of the step. docs/benchmarks.md, "Peak
+memory: plan vs run".
 """
 
 from __future__ import annotations
@@ -15,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_SECONDS = 0.01
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+CPU_MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting threshold, kept there
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -24,6 +39,16 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def physical_cpu_memory() -> bool:
+    """Every allocation of CPU_MMAP_THRESHOLD_BYTES or more mapped on its own and unmapped when
+    freed (glibc; a fixed threshold also stops glibc raising it). Returns whether it applied
+    (False off glibc, where RSS is measured as the allocator leaves it)."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, CPU_MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 def _high_water_mark() -> int | None:

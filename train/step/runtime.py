@@ -31,6 +31,11 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
         # TF32 for any fp32 matmul left outside autocast (nanoGPT, torchtitan do the same).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    else:
+        from train.step.peak_memory import physical_cpu_memory
+
+        # Bench and train alike: a CPU step's peak RSS is what it holds, not how the heap fragmented.
+        physical_cpu_memory()
     # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
     # Accelerator serves every grad_accum value a benchmark probes.
     # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
