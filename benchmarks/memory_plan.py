@@ -22,7 +22,9 @@ GIB = 2**30
 
 
 def run_train(arguments: list[str], out: Path) -> dict | None:
-    result = subprocess.run(["train", "--no-report", "--out", str(out), *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    result = subprocess.run(
+        ["train", "--no-report", "--out", str(out), *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
     if result.returncode != 0:
         print(f"train exited {result.returncode}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}")
         return None

@@ -65,63 +65,81 @@ def verdict_of(record: dict[str, Any], check: Any) -> str:
 
 
 def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
-    """The table of estimate (with its bounds) against actual, for the steps that ran and the whole plan."""
+    """The table of estimate (with its bounds) against actual, for the steps that ran and the whole
+    plan, and the held-out error the bounds stand on."""
     import pandas as pd
 
     estimate, actual = record["estimate"], record.get("actual") or {}
     ran_check = check.to_json() if check is not None else {}
-    summary = pd.DataFrame(
-        [
-            {
-                "": "time of the steps that ran, with the overheads that happened (s)",
-                "estimate": ran_check.get("estimated_seconds"),
-                "low": None,
-                "high": None,
-                "actual": ran_check.get("actual_seconds"),
-            },
-            {
-                "": "training time of the steps that ran (s)",
-                "estimate": ran_check.get("predicted_train_seconds"),
-                "low": None,
-                "high": None,
-                "actual": ran_check.get("actual_train_seconds"),
-            },
-            {
-                "": "real tokens/s of the steps that ran",
-                "estimate": ran_check.get("predicted_tokens_per_second"),
-                "low": None,
-                "high": None,
-                "actual": ran_check.get("actual_tokens_per_second"),
-            },
-            {
-                "": "whole plan (s; actual: projected at the live speed)",
-                "estimate": estimate["total_seconds"],
-                "low": estimate["total_seconds_low"],
-                "high": estimate["total_seconds_high"],
-                "actual": check.projected_seconds if check is not None and check.partial else None,
-            },
-            {
-                "": "peak memory (GiB)",
-                "estimate": _gib(estimate.get("peak_memory_bytes")),
-                "low": None,
-                "high": None,
-                "actual": _gib(actual.get("peak_memory_bytes")),
-            },
-            {"": "TFLOP/s per process", "estimate": None, "low": None, "high": None, "actual": actual.get("tflops")},
-            {"": "MFU", "estimate": None, "low": None, "high": None, "actual": actual.get("mfu")},
-            {"": "data-wait share", "estimate": None, "low": None, "high": None, "actual": actual.get("data_wait_share")},
-            {"": "naive estimate (s)", "estimate": estimate.get("naive_seconds"), "low": None, "high": None, "actual": None},
-            {"": "cost ($)", "estimate": estimate.get("cost"), "low": None, "high": None, "actual": actual.get("cost")},
-        ]
-    )
+    bound = estimate.get("bound_fraction")
+    train = ran_check.get("predicted_train_seconds")
+    overheads = ran_check["estimated_seconds"] - train if train is not None and ran_check.get("estimated_seconds") is not None else None
+    speed = ran_check.get("predicted_tokens_per_second")
+
+    def bounded(value: float | None, extra: float = 0.0) -> tuple[float | None, float | None]:
+        """(low, high) of a predicted time: the configuration's bound on it, the overheads added as measured."""
+        if value is None or bound is None:
+            return None, None
+        return value / (1 + bound) + extra, value * (1 + bound) + extra
+
+    speed_bounds = (speed / (1 + bound), speed * (1 + bound)) if speed and bound is not None else (None, None)
+    rows = [
+        (
+            "time of the steps that ran, with the overheads that happened (s)",
+            ran_check.get("estimated_seconds"),
+            *bounded(train, overheads or 0.0),
+            ran_check.get("actual_seconds"),
+        ),
+        ("training time of the steps that ran (s)", train, *bounded(train), ran_check.get("actual_train_seconds")),
+        ("real tokens/s of the steps that ran", speed, *speed_bounds, ran_check.get("actual_tokens_per_second")),
+        (
+            "whole plan (s; actual: projected at the live speed)",
+            estimate["total_seconds"],
+            estimate["total_seconds_low"],
+            estimate["total_seconds_high"],
+            check.projected_seconds if check is not None and check.partial else None,
+        ),
+        (
+            "peak memory (GiB)",
+            _gib(estimate.get("peak_memory_bytes")),
+            None,
+            _gib(estimate.get("peak_memory_bytes_high")),
+            _gib(actual.get("peak_memory_bytes")),
+        ),
+        ("TFLOP/s per process", None, None, None, actual.get("tflops")),
+        ("MFU", None, None, None, actual.get("mfu")),
+        ("data-wait share", None, None, None, actual.get("data_wait_share")),
+        ("naive estimate (s)", estimate.get("naive_seconds"), None, None, None),
+        ("cost ($)", estimate.get("cost"), None, None, actual.get("cost")),
+    ]
+    summary = pd.DataFrame(rows, columns=["", "estimate", "low", "high", "actual"])
     return section(
         "Estimate vs actual",
         table(summary.round(2)),
+        f"<p>{describe_bounds(estimate)}</p>"
         "<p>Times run from the plan to the end of the export; the report is timed on its own. A run that stopped early or was "
         "resumed is compared with the estimate for the steps it ran (each step's prediction, recorded as it ran) plus the "
         "overheads that took place; the whole plan at the live speed is shown beside it.</p>"
         "<p>The naive estimate is samples × mean tokens / the best measured tokens/s: what people compute by hand. It is shown, never used.</p>",
     )
+
+
+def describe_bounds(estimate: dict[str, Any]) -> str:
+    """What the low/high columns stand on: the calibration's held-out error, wider where the plan extrapolated."""
+    errors = estimate.get("held_out_error") or {}
+    time_error, memory_error = errors.get("time") or {}, errors.get("memory") or {}
+    if not time_error:
+        return "Bounds: this run's record predates the held-out error in run.json."
+    parts = [f"the calibration's held-out error on step time: median {time_error['median_abs_pct']:.1f}%, 90th percentile {time_error['p90_abs_pct']:.1f}%"]
+    if memory_error:
+        parts.append(f"on peak memory: median {memory_error['median_abs_pct']:.1f}%, 90th percentile {memory_error['p90_abs_pct']:.1f}%")
+    bound = estimate.get("bound_fraction")
+    text = "Bounds: " + "; ".join(parts)
+    if bound is not None:
+        text += f". This plan's time bound is ±{bound:.0%}" + (
+            " (widened: the plan extrapolated past the measured sizes)" if estimate.get("extrapolated") else ""
+        )
+    return text + "."
 
 
 def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list[dict[str, Any]]) -> list[tuple[Path, str]]:

@@ -69,10 +69,7 @@ def pytest_runtest_call(item: pytest.Item):
     import resource
 
     def cpu_seconds() -> float:
-        return sum(
-            usage.ru_utime + usage.ru_stime
-            for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
-        )
+        return sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
     before = cpu_seconds()
     yield

@@ -109,3 +109,17 @@ def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes
     }
     data.update(overrides)
     return data
+
+
+def pretend_interrupted(out: Any, total_steps: int) -> None:
+    """Make the finished run in `out` look like one stopped on its way to `total_steps` (its last
+    checkpoint kept): a resume continues a run and never extends a finished one, so a test that
+    resumes a short run for what it checks (checkpoints, calibrations, processes) starts from this."""
+    import json
+    from pathlib import Path
+
+    path = Path(out) / "run.json"
+    record = json.loads(path.read_text())
+    record["status"] = "interrupted"
+    record["plan"]["total_steps"] = total_steps
+    path.write_text(json.dumps(record))

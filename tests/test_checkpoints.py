@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import synthetic_calibration
+from helpers import pretend_interrupted, synthetic_calibration
 from test_cli import assert_one_line_error, calibrated_home, run_main
 
 from train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
@@ -100,6 +100,7 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_without_running_it(
     latest = list_checkpoints(out / "checkpoints")[-1]
     marker = tmp_path / "code-ran"
     torch.save({"optimizer": RunsCode(marker)}, latest / OPTIMIZER_FILE)
+    pretend_interrupted(out, 4)
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", capsys=capsys)
     assert_one_line_error(code, err, "cannot be loaded safely")
     assert not marker.exists()
@@ -111,6 +112,7 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Pa
     assert code == 0, err
     found = list_checkpoints(out / "checkpoints")
     (found[-1] / "model.safetensors").write_bytes(b"\x00" * 64)
+    pretend_interrupted(out, 4)
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", capsys=capsys)
     assert_one_line_error(code, err, f"the previous checkpoint, {found[-2].name}, is intact")
 
@@ -143,8 +145,10 @@ def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heav
         created_at="2030-01-01T00:00:00+00:00",
     )
     save_calibration(newer)
+    pretend_interrupted(out, 3)
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "3", "--resume", capsys=capsys)
     assert code == 0, err
+    pretend_interrupted(out, 4)
     assert json.loads((out / "run.json").read_text())["calibration_id"] == own  # not the newer latest
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", capsys=capsys)
     assert_one_line_error(code, err, f"this run was planned with calibration {own}, not newer-calibration")

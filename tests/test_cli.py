@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import synthetic_calibration
+from helpers import pretend_interrupted, synthetic_calibration
 
 from calibration.store import save_calibration
 from common.errors import guard_cli
@@ -267,6 +267,7 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert builders and {(rank, local) for rank, local, *_ in builders} == {("0", "0")}
     assert sum(int(stop) - int(start) for *_, start, stop in builders) == 300
     traced = {"BENCHTRAIN_HOME": str(calibrated_home), "BENCHTRAIN_TOKENIZE_LOG": str(tokenized_by)}
+    pretend_interrupted(out, 6)
     result = fork_server.run_group("train", [*first, "--max-steps", "6", "--resume"], folder, env=traced)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(tokenized_by.read_text().splitlines()) == len(builders)  # the resume read the cache
@@ -340,6 +341,7 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
 
     # The resume repeats the run's data options (its eval split too: a resume trains on the run's samples).
     resume = [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--eval-split", "0.05", "--resume"]
+    pretend_interrupted(fsdp, 5)
     result = launch("train", resume)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = json.loads((fsdp / "run.json").read_text())
@@ -368,20 +370,38 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     assert result.returncode != 0 and "measured with --sharding fsdp, this run uses ddp" in result.stderr
 
 
-def test_resume_through_the_command_line(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_through_the_command_line(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+
+    from train.step.step import TrainingStep
+
     out = tmp_path / "run"
-    common = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--out", str(out), "--no-report"]
-    code, _, err = run_main("train", [*common, "--max-steps", "3"], capsys)
-    assert code == 0, err
+    common = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--out", str(out), "--no-report", "--max-steps", "6"]
+    real_step, steps = TrainingStep.run, []
+
+    def ctrl_c_after_the_third(self: TrainingStep, *args: object, **kwargs: object) -> object:
+        result = real_step(self, *args, **kwargs)
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(TrainingStep, "run", ctrl_c_after_the_third)
+    code, _, err = run_main("train", common, capsys)
+    assert code == 130, err
+    monkeypatch.setattr(TrainingStep, "run", real_step)
     first = json.loads((out / "run.json").read_text())
-    assert first["actual"]["steps"] == 3 and first["status"] == "step_limit"
+    assert first["actual"]["steps"] == 3 and first["status"] == "interrupted"
     # FSDP checkpoints key the optimizer state by name: a run resumes with the sharding it had.
     original = (out / "run.json").read_text()
     (out / "run.json").write_text(json.dumps({**first, "plan": {**first["plan"], "sharding": "fsdp"}}))
-    code, _, err = run_main("train", [*common, "--resume", "--max-steps", "6"], capsys)
+    code, _, err = run_main("train", [*common, "--resume"], capsys)
     assert_one_line_error(code, err, "was trained with sharding fsdp; resume it with the same (now: none)")
     (out / "run.json").write_text(original)
-    code, _, err = run_main("train", [*common, "--resume", "--max-steps", "6"], capsys)
+    code, _, err = run_main("train", [*common, "--resume"], capsys)
     assert code == 0, err
     resumed = json.loads((out / "run.json").read_text())
     assert resumed["run_id"] == first["run_id"] and resumed["resumed"] == 1

@@ -189,9 +189,7 @@ def test_the_rule_catches_an_import_inside_a_function() -> None:
     assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.session"}}) == []
     # The shared argument groups serve the commands; no component builds a parser from them.
     assert arrows_against_the_rule({"bench.commands.run": {"train.arguments"}, "train.cli": {"train.arguments"}}) == []
-    assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == [
-        "train.step.engine (train.step) imports train.arguments (command arguments)"
-    ]
+    assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == ["train.step.engine (train.step) imports train.arguments (command arguments)"]
 
 
 def test_the_rule_catches_a_loop() -> None:

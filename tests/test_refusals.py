@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import pretend_interrupted
 from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_estimate_check import FakeClock, clock
 
@@ -49,6 +50,7 @@ def test_a_resume_of_another_run_is_refused_unless_forced(
     code, _, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--max-steps", "2", *common], capsys)
     assert code == 0, err
     run_id = json.loads((out / "run.json").read_text())["run_id"]
+    pretend_interrupted(out, 6)
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"text": f"another sample {index} " * 20}) + "\n" for index in range(200)))
     resume = ["--deadline", "30m", "--max-steps", "6", "--resume", "--dry-run", *common]
@@ -69,7 +71,8 @@ def test_a_resume_of_another_run_is_refused_unless_forced(
 
     # A resumed plan that does not fit is refused like a fresh one (exit 3), or follows --fit-deadline:
     # every step of the epoch left, in 3 s of which the overheads take 2.2 s.
-    tight = ["--data", str(heavy_tailed_jsonl), "--deadline", "3s", "--max-steps", "100000", "--resume", "--dry-run", *common]
+    pretend_interrupted(out, 100000)  # every step of the epoch
+    tight = ["--data", str(heavy_tailed_jsonl), "--deadline", "3s", "--resume", "--dry-run", *common]
     code, _, err = run_main("train", tight, capsys)
     assert_one_line_error(code, err, "the steps left need up to", expected_code=3)
     assert "--epochs" not in err and "--max-steps" in err

@@ -62,7 +62,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
     lines = [
         *describe_data(profile, byte_tokens),
         *[f"  {note}" for note in data_notes],
-        f"calibration: {calibration.id} (held-out error p90 {plan.bound_fraction:.1%}"
+        f"calibration: {calibration.id} ({describe_error(calibration, c)}"
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",
         f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
@@ -74,7 +74,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
         + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
         + " and report",
         *[f"  {line}" for line in (c.overheads.lines() if c.overheads else [])],
-        f"  tokens: {c.tokens:,} real of {c.padded_tokens:,} computed ({_share(c.tokens, c.padded_tokens)} useful)"
+        f"  tokens: {c.tokens:,} real (those the loss is on, within the max length) of {c.padded_tokens:,} computed "
+        f"(padding and prompts included; {_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
         f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration measured",
@@ -93,8 +94,28 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
     return lines
 
 
+def describe_error(calibration: Any, chosen: Any) -> str:
+    """The calibration's held-out error, and the bound this plan's configuration gets: wider where
+    it extrapolates past the measured sizes (Calibration.relative_bound_for)."""
+    held_out = calibration.fit.get("held_out_error") or {}
+    text = f"held-out error median {held_out.get('median_abs_pct', 0.0):.1f}%, p90 {held_out.get('p90_abs_pct', 0.0):.1f}%"
+    stretch = calibration.extrapolation_ratio(chosen.config)
+    if stretch > 1.0:
+        text += f"; ±{chosen.bound_fraction:.0%} here, {stretch:.2g}× past the measured sizes"
+    elif chosen.bound_fraction * 100 > held_out.get("p90_abs_pct", 0.0) + 0.05:
+        text += f"; bounds ±{chosen.bound_fraction:.0%} (run-to-run spread)"
+    return text
+
+
 def _share(part: float, whole: float) -> str:
     return f"{part / whole:.1%}" if whole else "n/a"
+
+
+def describe_peak_memory(predicted: float | None, measured: float | None) -> str | None:
+    """`peak memory: 5.66 GiB actual vs 5.47 GiB predicted (+3.6%)`."""
+    if not predicted or not measured:
+        return None
+    return f"peak memory: {_gib(measured)} actual vs {_gib(predicted)} predicted ({(measured - predicted) / predicted:+.1%})"
 
 
 def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
@@ -106,6 +127,9 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
     check = check_estimate(record)
     if check is not None:
         lines += [f"  {line}" for line in describe_check(check)]
+    memory = describe_peak_memory(record["estimate"].get("peak_memory_bytes"), actual.get("peak_memory_bytes"))
+    if memory:
+        lines.append(f"  {memory}")
     used = actual.get("command_seconds")
     report = f"; the report took {format_duration(actual['report_seconds'])} more" if actual.get("report_seconds") is not None else ""
     lines.append(

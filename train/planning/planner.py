@@ -515,6 +515,9 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         )
         alternatives = shortened_alternatives(calibration, data, request, ranked[1:], available, eval_data, cache)
     meets = chosen.total_seconds_promised <= available
+    warning = error_decides_deadline(chosen, available)
+    if warning:
+        warnings.append(warning)
     cost = run_cost(chosen.total_seconds, request.price_per_hour, request.world_size)
     return Plan(
         chosen=chosen,
@@ -533,6 +536,19 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         cost=cost,
         warnings=warnings,
         price_per_hour=request.price_per_hour,
+    )
+
+
+def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
+    """Said when the calibration's error is what decides the deadline: the central estimate fits
+    and its upper bound does not (refused, or promised on the central estimate when too noisy)."""
+    if not chosen.total_seconds <= available < chosen.total_seconds_high:
+        return None
+    return (
+        f"the calibration's error decides this deadline: the estimate {format_duration(chosen.total_seconds)} fits the "
+        f"{format_duration(available)} usable, its upper bound {format_duration(chosen.total_seconds_high)} (±{chosen.bound_fraction:.0%}) "
+        "does not; a longer `bench run --budget` measures more and narrows it"
+        + (", as measuring the lengths and batch sizes this plan extrapolates to does" if chosen.extrapolated else "")
     )
 
 

@@ -40,10 +40,7 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
         passed_over: list[Path] = []
         chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes), passed_over.append)
         if passed_over:
-            say(
-                f"calibration: {chosen.id} ({chosen.world_size} process(es), {chosen.sharding}) suits this run "
-                f"({processes[0]} process(es), {processes[1]}) better than the newer {passed_over[0].stem}"
-            )
+            say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
     own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
     if config.use_calibration is not None:
@@ -58,6 +55,15 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
             except BenchtrainError:
                 continue
     raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
+
+
+def why_chosen(chosen: Any, newer: Path, spec: Any, method: Any, processes: tuple[int, str]) -> str:
+    """`latest` took `chosen` over the newer file: what it measured, and the difference that decided."""
+    from calibration.schema import read_calibration_file
+    from calibration.setup import Setup, describe_setup, setup_difference
+
+    run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, None, *processes)
+    return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
 
 
 def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:

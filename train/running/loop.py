@@ -256,9 +256,7 @@ class TrainingRun:
         self.limit = self.planned_limit = self.total_steps()
         reserve = c.overheads.after_training_seconds if c.overheads else 0.0
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
-        settings = GuardSettings(
-            **asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic
-        )
+        settings = GuardSettings(**asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress = self._progress(self.limit, position.step)
 

@@ -30,7 +30,7 @@ def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, A
         "model": model,
         "data": data,
         "plan": plan_section(plan),
-        "estimate": estimate_section(plan),
+        "estimate": {**estimate_section(plan), "held_out_error": held_out_errors(calibration)},
         "actual": None,
         "deadline_seconds": plan.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,
@@ -63,6 +63,12 @@ def plan_section(plan: Plan) -> dict[str, Any]:
     }
 
 
+def held_out_errors(calibration: Any) -> dict[str, Any]:
+    """The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report."""
+    fit = calibration.fit
+    return {"time": fit.get("held_out_error"), "memory": (fit.get("memory") or {}).get("held_out_error")}
+
+
 def estimate_section(plan: Plan) -> dict[str, Any]:
     chosen = plan.chosen
     bound = plan.bound_fraction
@@ -81,6 +87,9 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
         "tokens_per_second_low": chosen.tokens_per_second / (1 + bound),
         "tokens_per_second_high": chosen.tokens_per_second * (1 + bound),
         "peak_memory_bytes": chosen.peak_memory_bytes,
+        "peak_memory_bytes_high": chosen.peak_memory_bytes_high,
+        "bound_fraction": chosen.bound_fraction,  # the time bound of this configuration (wider when extrapolating)
+        "extrapolated": chosen.extrapolated,
         "eval_seconds": chosen.eval_seconds,
         "overheads": chosen.overheads.to_json() if chosen.overheads else None,
         "naive_seconds": plan.naive_seconds,

@@ -63,14 +63,13 @@ class TokenFileSettings:
             except (OSError, ValueError) as error:
                 raise BenchtrainError(f"{metadata_path} is not valid JSON ({error})") from None
             if not isinstance(metadata, dict):
-                raise BenchtrainError(f"{metadata_path} must be an object like {{\"dtype\": \"uint16\", \"separator\": 50256}}")
+                raise BenchtrainError(f'{metadata_path} must be an object like {{"dtype": "uint16", "separator": 50256}}')
         chosen = cls(dtype or metadata.get("dtype"), separator if separator is not None else metadata.get("separator"))
         if chosen.dtype is not None and chosen.dtype not in TOKEN_DTYPES:
             raise BenchtrainError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {chosen.dtype!r}")
         if any(file.suffix.lower() == ".bin" for file in files) and chosen.dtype is None:
             raise BenchtrainError(
-                f"{files[0]}: a .bin file of token ids needs its dtype: pass --token-dtype uint16 (nanoGPT's) or uint32, "
-                f"or write {METADATA_FILE} beside it"
+                f"{files[0]}: a .bin file of token ids needs its dtype: pass --token-dtype uint16 (nanoGPT's) or uint32, or write {METADATA_FILE} beside it"
             )
         return chosen
 
