@@ -166,8 +166,9 @@ def test_train_peaks_where_the_gpt2_plan_says(tmp_path: Path) -> None:
     rng = random.Random(0)
     data = tmp_path / "text.jsonl"
     data.write_text("".join(json.dumps({"text": " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(150))}) + "\n" for _ in range(64)))
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "train", "--use-calibration", str(GPT2_CALIBRATION), "--force", "--model", "gpt2", "--data", str(data)]
+    out, calibration = tmp_path / "run", tmp_path / GPT2_CALIBRATION.name
+    calibration.write_bytes(GPT2_CALIBRATION.read_bytes())  # a run appends its speed to its calibration's history
+    command = [sys.executable, "-m", "train", "--use-calibration", str(calibration), "--force", "--model", "gpt2", "--data", str(data)]
     command += ["--deadline", "30m", "--effective-batch", "8", "--max-length", "256", "--max-steps", "2", "--out", str(out), "--no-report"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "BENCHTRAIN_HOME": str(tmp_path / "home")}, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -207,3 +208,14 @@ def test_the_plan_and_the_report_state_the_held_out_error() -> None:
     stretch = calibration.extrapolation_ratio(plan.chosen.config)  # 4 × 960 tokens a micro-step against 512 measured
     assert stretch == pytest.approx(4 * 960 / 512) and plan.chosen.bound_fraction > 2 * calibration.relative_bound
     assert f"±{plan.chosen.bound_fraction:.0%} here, {stretch:.2g}× past the measured sizes" in text
+
+
+def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> None:
+    calibration, data = gpt2_calibration(), tokenized(chat_lengths(500, 600))
+    request = PlanRequest(epochs=1, deadline_seconds=1e6, max_length=256, effective_batch=4, margin_fraction=0.0)
+    roomy = make_plan(calibration, data, request)
+    assert not any("decides this deadline" in warning for warning in roomy.warnings)
+    between = (roomy.chosen.total_seconds + roomy.chosen.total_seconds_high) / 2
+    tight = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "deadline_seconds": between}))
+    assert tight.chosen.label() == roomy.chosen.label() and not tight.meets_deadline
+    assert any(warning.startswith("the calibration's error decides this deadline: the estimate") for warning in tight.warnings)

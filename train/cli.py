@@ -131,15 +131,23 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed)",
+    )
     p.add_argument(
         "--on-overrun",
         default="stop",
         choices=("stop", "shrink", "warn"),
         help="when live speed says the deadline will be missed: checkpoint and stop (default), shrink the remaining steps, or warn",
     )
-    p.add_argument("--fit-deadline", action="store_true", help="if the plan does not fit, cut the number of steps so that it does")
-    p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps")
+    p.add_argument(
+        "--fit-deadline",
+        action="store_true",
+        help="if the plan does not fit, cut the number of steps so that it does (planned with the shortened run's own checkpoints and export)",
+    )
+    p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)")
     p.add_argument("--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
     p.add_argument(

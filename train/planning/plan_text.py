@@ -66,7 +66,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
         + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
         + ")",
         f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
-        f"{'packed rows' if plan.packing else 'samples'}; {c.optimizer_steps:,} optimizer steps"
+        f"{'packed rows' if plan.packing else 'samples'}; {_steps(c.optimizer_steps, 'optimizer ')}"
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  estimate {format_duration(c.total_seconds)} (bounds {format_duration(c.total_seconds_low)} – "
         f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
@@ -87,7 +87,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
     if plan.cost is not None:
         lines.append(f"  cost: ${plan.cost:,.2f}")
     for alternative in plan.alternatives:
-        steps = f"{alternative.optimizer_steps:,} steps in " if plan.step_limit is not None else ""
+        steps = f"{_steps(alternative.optimizer_steps)} in " if plan.step_limit is not None else ""
         lines.append(f"  alternative: {alternative.label()}: {steps}{format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
     for note in plan.notes:
         lines.append(f"  note: {note}")
@@ -105,6 +105,10 @@ def describe_error(calibration: Any, chosen: Any) -> str:
     elif chosen.bound_fraction * 100 > held_out.get("p90_abs_pct", 0.0) + 0.05:
         text += f"; bounds ±{chosen.bound_fraction:.0%} (run-to-run spread)"
     return text
+
+
+def _steps(count: int, kind: str = "") -> str:
+    return f"{count:,} {kind}step{'' if count == 1 else 's'}"
 
 
 def _share(part: float, whole: float) -> str:

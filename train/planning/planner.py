@@ -243,7 +243,8 @@ def choose_lengths(calibration: Calibration, data: DataView, request: PlanReques
         if request.max_length < 1:
             raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
         if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
-            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates")
+            measure = f"`bench run --seq-lens {calibrated[-1]},{request.max_length}` measures it" if calibrated else "`bench run` measures it"
+            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates; {measure}")
         if not data.packing:
             cut = truncation(data.lengths, request.max_length)
             if cut["share_truncated"] > 1 - coverage + 1e-12:
@@ -539,6 +540,9 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     )
 
 
+EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
+
+
 def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     """Said when the calibration's error is what decides the deadline: the central estimate fits
     and its upper bound does not (refused, or promised on the central estimate when too noisy)."""
@@ -547,8 +551,7 @@ def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     return (
         f"the calibration's error decides this deadline: the estimate {format_duration(chosen.total_seconds)} fits the "
         f"{format_duration(available)} usable, its upper bound {format_duration(chosen.total_seconds_high)} (±{chosen.bound_fraction:.0%}) "
-        "does not; a longer `bench run --budget` measures more and narrows it"
-        + (", as measuring the lengths and batch sizes this plan extrapolates to does" if chosen.extrapolated else "")
+        + (f"does not; {EXTRAPOLATION_ADVICE}" if chosen.extrapolated else "does not; a longer `bench run --budget` narrows it")
     )
 
 
@@ -645,9 +648,10 @@ def shrink_to_deadline(
     if fits is None:
         one = limited(1)
         if one.total_seconds_promised > available:
+            wide = f" (its bound ±{one.bound_fraction:.0%}: {EXTRAPOLATION_ADVICE})" if one.extrapolated else ""
             raise DeadlineError(
                 f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
-                f"needs up to {format_duration(one.total_seconds_promised)} with its overheads, {format_duration(max(0.0, available))} are left"
+                f"needs up to {format_duration(one.total_seconds_promised)} with its overheads{wide}, {format_duration(max(0.0, available))} are left"
             )
         fits, low = one, 1
     return fits, request.completed_steps + low
