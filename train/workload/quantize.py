@@ -1,0 +1,145 @@
+"""A quantized, frozen base for LoRA (QLoRA's 4-bit NF4, LLM.int8's 8-bit), and its bytes.
+
+`--quantize 4bit` is NF4 with double quantization and bf16 compute, as QLoRA and peft's docs use
+it; `--quantize 8bit` is LLM.int8 (bitsandbytes >= 0.48, which runs on CPU as well as CUDA).
+
+The bytes of a quantized base are arithmetic, computed here without building the model (on the
+`meta` device) and checked against the real bitsandbytes modules on CPU (tests/test_quantize.py):
+transformers converts every `nn.Linear`/`Conv1D` except the output head, tied weights and the
+model's fp32-kept modules (`get_keys_to_not_convert`, the rule `replace_with_bnb_linear` applies),
+and each converted layer of n = in × out weights holds
+
+- 4-bit: the packed values (2 a byte: ⌈n/2⌉), one absmax per block of 64 — with double
+  quantization an 8-bit code each (⌈n/64⌉ bytes) plus the second level's fp32 absmax per 256 of
+  those, its 256-entry fp32 code and an fp32 offset —, and the 16-entry fp32 NF4 code;
+- 8-bit: one int8 per weight (n bytes) and an fp32 scale per output row (SCB);
+
+its bias, and every layer left unconverted (embeddings, head, norms), stays at the model's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BenchtrainError
+
+QUANTIZE_CHOICES = ("none", "8bit", "4bit")
+BITSANDBYTES_MIN_VERSION = "0.48"
+INSTALL_HINT = f"pip install 'bitsandbytes>={BITSANDBYTES_MIN_VERSION}'"
+BLOCKSIZE_4BIT = 64  # weights per absmax (bitsandbytes' default for 4-bit)
+NESTED_BLOCKSIZE = 256  # absmax values per second-level absmax (double quantization)
+NF4_CODE_VALUES = 16
+NESTED_CODE_VALUES = 256
+FLOAT32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class QuantizedBytes:
+    """The bytes a quantized base holds, by kind."""
+
+    quantized: int  # the converted layers' packed (4-bit) or int8 weights
+    statistics: int  # their absmax, codes and offsets (4-bit) or row scales (8-bit)
+    unquantized: int  # everything else, biases included, at the model's dtype
+    layers: int  # layers converted
+
+    @property
+    def total(self) -> int:
+        return self.quantized + self.statistics + self.unquantized
+
+
+def check_quantize(kind: str, is_lora: bool) -> None:
+    """--quantize is a choice of the frozen base of a LoRA run; bitsandbytes must be there."""
+    if kind not in QUANTIZE_CHOICES:
+        raise BenchtrainError(f"--quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {kind!r}")
+    if kind == "none":
+        return
+    if not is_lora:
+        raise BenchtrainError(f"--quantize {kind} quantizes a frozen base: it needs --lora (full fine-tuning trains every weight, which stay in bf16/fp32)")
+    require_bitsandbytes()
+
+
+def require_bitsandbytes() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        installed = version("bitsandbytes")
+    except PackageNotFoundError:
+        raise BenchtrainError(f"--quantize needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
+    if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
+        raise BenchtrainError(f"--quantize needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
+
+
+def bitsandbytes_config(kind: str, compute_dtype: Any) -> Any:
+    """transformers' BitsAndBytesConfig for `kind` (4bit: NF4, double quantization, `compute_dtype`)."""
+    from transformers import BitsAndBytesConfig
+
+    if kind == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"no bitsandbytes config for {kind!r}")
+
+
+def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
+    """(name, in features, out features, has bias) of every layer transformers quantizes."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skipped = list({*get_keys_to_not_convert(model), *(getattr(model, "_keep_in_fp32_modules", None) or [])})
+    layers = []
+    for name, module in model.named_modules():
+        if not should_convert_module(name, skipped):
+            continue
+        if isinstance(module, Conv1D):
+            inputs, outputs = module.weight.shape
+        elif type(module) is nn.Linear:
+            inputs, outputs = module.in_features, module.out_features
+        else:
+            continue
+        layers.append((name, int(inputs), int(outputs), module.bias is not None))
+    return layers
+
+
+def quantized_bytes(model: Any, kind: str, dtype_bytes: int) -> QuantizedBytes:
+    """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as
+    `kind`, its other tensors at `dtype_bytes` each."""
+    layers = converted_layers(model) if kind != "none" else []
+    whole = sum(parameter.numel() for parameter in model.parameters()) + sum(buffer.numel() for buffer in model.buffers())
+    converted_weights = sum(inputs * outputs for _, inputs, outputs, _ in layers)
+    quantized = statistics = 0
+    for _, inputs, outputs, _ in layers:
+        weights = inputs * outputs
+        if kind == "4bit":
+            blocks = math.ceil(weights / BLOCKSIZE_4BIT)
+            quantized += math.ceil(weights / 2)
+            nested = math.ceil(blocks / NESTED_BLOCKSIZE) * FLOAT32_BYTES + NESTED_CODE_VALUES * FLOAT32_BYTES + FLOAT32_BYTES  # absmax, code, offset
+            statistics += blocks + nested + NF4_CODE_VALUES * FLOAT32_BYTES
+        else:
+            quantized += weights
+            statistics += outputs * FLOAT32_BYTES
+    return QuantizedBytes(quantized, statistics, (whole - converted_weights) * dtype_bytes, len(layers))
+
+
+def loaded_bytes(model: Any) -> int:
+    """The bytes a loaded model holds: its parameters and buffers at their storage dtype, and the
+    quantization state bitsandbytes keeps beside its 4-bit weights (absmax, codes, offsets) and
+    its 8-bit ones (row scales): what `quantized_bytes` predicts."""
+    import torch
+
+    def size(tensor: Any) -> int:
+        return tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
+
+    total = sum(size(tensor) for tensor in (*model.parameters(), *model.buffers()))
+    for parameter in model.parameters():
+        state = getattr(parameter, "quant_state", None)
+        while state is not None:
+            total += size(state.absmax) + size(state.code) + size(getattr(state, "offset", None))
+            state = getattr(state, "state2", None)
+        total += size(getattr(parameter, "SCB", None))
+    return total
