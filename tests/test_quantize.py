@@ -9,8 +9,15 @@ import pytest
 
 pytest.importorskip("bitsandbytes")
 
+import torch
+from test_cli import assert_one_line_error, calibrated_home, run_main
+from test_export import PROMPT, logits, trained
+from test_train import tokenizer
+
 from common.errors import BenchtrainError
 from train.workload.quantize import bitsandbytes_config, check_quantize, loaded_bytes, quantized_bytes
+
+__all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
 
 
 def configs() -> dict[str, object]:
@@ -95,3 +102,55 @@ def test_quantize_is_for_a_frozen_base_and_needs_bitsandbytes(monkeypatch: pytes
     monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
     with pytest.raises(BenchtrainError, match=r"needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'"):
         check_quantize("4bit", is_lora=True)
+
+
+# The finished model and the command line (tiny on CPU) ------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["4bit", "8bit"])
+def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_goes(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer: object, kind: str
+) -> None:
+    import shutil
+
+    from train.export import export_final, load_final
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    method = MethodConfig(method="lora", quantize=kind)
+    model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
+    expected = logits(model)
+    record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method)
+    assert record["base_quantization"] == kind and record["base_model_name_or_path"] == "../final-base"
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(run_dir, moved)
+    shutil.rmtree(run_dir)
+    loaded = load_final(moved / "final")
+    assert type(loaded.get_base_model().model.layers[0].self_attn.q_proj.base_layer).__name__ == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
+    assert torch.allclose(logits(loaded), expected, atol=1e-4)  # the base quantizes again to the trained one
+    plain = load_final(moved / "final", quantized=False)  # and the adapter loads on the unquantized base
+    assert type(plain.get_base_model().model.layers[0].self_attn.q_proj.base_layer) is torch.nn.Linear
+    assert plain.generate(input_ids=PROMPT, max_new_tokens=3, do_sample=False).shape == (1, PROMPT.shape[1] + 3)
+
+
+def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "30s", "--quiet", "--no-report"]
+    code, _, err = run_main("bench", ["run", "--lora", "--quantize", "4bit", *grid], capsys)
+    assert code == 0, err
+    calibration = json.loads(next((home / "calibrations").glob("*.json")).read_text())
+    assert calibration["training"]["quantization"] == "4bit"
+    code, printed, err = run_main("bench", ["list"], capsys)
+    assert "LoRA r16 on a 4-bit base" in printed
+    out = home / "run"
+    arguments = ["--data", "sample", "--lora", "--deadline", "5m", "--max-steps", "24", "--out", str(out), "--no-report"]
+    code, _, err = run_main("train", [*arguments[:3], "--deadline", "5m", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "measured a 4bit base, this run asks for --quantize none")
+    code, printed, err = run_main("train", [*arguments, "--quantize", "4bit"], capsys)
+    assert code == 0, err
+    assert "on every linear projection of a 4-bit base" in printed
+    record = json.loads((out / "run.json").read_text())
+    losses = [entry["loss"] for entry in record["losses"]]
+    assert sum(losses[-4:]) < sum(losses[:4])  # it learns
+    assert record["final"]["base_quantization"] == "4bit" and record["training"]["quantization"] == "4bit"

@@ -53,6 +53,12 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
+    parser.add_argument(
+        "--quantize",
+        choices=("none", "8bit", "4bit"),
+        default="none",
+        help="with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute) or 8bit (LLM.int8)",
+    )
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:

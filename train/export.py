@@ -12,6 +12,11 @@
   (`../final-base`), so the run folder can be moved, copied or shared; a `--model DIR` outside the
   run folder is not part of the run and stays an absolute path;
 - `--merge-lora`: also the merged full model in `final-merged/`.
+- `--quantize 4bit|8bit` (a LoRA run on a bitsandbytes base): final/ also holds `benchtrain.json`
+  naming the quantization the adapters were trained on; a preset's `final-base/` holds its
+  unquantized (seeded) weights, which quantize to exactly the base that was trained. `load_final`
+  loads the base quantized that way (`quantized=False`: in its own precision), and `--merge-lora`
+  merges into the unquantized base (peft's way for QLoRA adapters), not the 4-bit one.
 
 Each folder is written to a temporary folder and renamed, so a crash never leaves half a model.
 `load_final(final)` loads the trained model back, wherever the run folder now is.
@@ -33,6 +38,7 @@ FINAL = "final"
 FINAL_BASE = "final-base"
 FINAL_MERGED = "final-merged"
 ADAPTER_CONFIG = "adapter_config.json"
+RUN_NOTE = "benchtrain.json"  # in final/: what a loader needs beyond peft's files (the base's quantization)
 
 
 def export_final(
@@ -58,7 +64,10 @@ def export_final(
             else:
                 base_path = (run_dir / FINAL_BASE).resolve()
                 with atomic_directory(base_path) as folder:
-                    save_base(model, tokenizer, folder)
+                    if method.quantized:
+                        save_seeded_base(spec, tokenizer, folder)
+                    else:
+                        save_base(model, tokenizer, folder)
             base, location = base_reference(run_dir, base_path), str(base_path)
             if is_relative_reference(base):
                 # run.json also keeps the absolute folder, where it was when the run wrote it.
@@ -75,13 +84,19 @@ def export_final(
                 name_base(folder / ADAPTER_CONFIG, base)
             model.get_base_model().config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
+            if method.quantized:
+                (folder / RUN_NOTE).write_text(json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8")
         record["base_model_name_or_path"] = base
+        if method.quantized:
+            record["base_quantization"] = method.quantize
         if revision:
             record["base_revision"] = revision
         if merge_lora:
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
-                # Last: merging folds the adapters into the base weights of the in-memory model.
-                merged = model.merge_and_unload()
+                # Last: merging folds the adapters into the base weights of the in-memory model; a
+                # quantized base is merged into in its own precision, loaded from what final/ names.
+                merged = (load_final(run_dir / FINAL, quantized=False) if method.quantized else model).merge_and_unload()
+                record["merged_into"] = "the unquantized base" if method.quantized else "the trained base"
                 merged.save_pretrained(folder, safe_serialization=True)
                 tokenizer.save_pretrained(folder)
             record["merged_path"] = str(run_dir / FINAL_MERGED)
@@ -99,6 +114,19 @@ def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
             continue
         state[name.replace(".base_layer.", ".")] = tensor
     base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def save_seeded_base(spec: Any, tokenizer: Any, folder: Path) -> None:
+    """A preset's base before quantization: built from its config with the seed every build uses
+    (train.workload.model.build_model), so that quantizing it again gives the trained base."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from train.workload.model import make_config
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(make_config(spec)).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 
 
@@ -127,9 +155,11 @@ def is_relative_reference(base: str) -> bool:
     return base == "." or base == ".." or base.startswith(("./", "../"))
 
 
-def load_final(folder: str | Path, **kwargs: Any) -> Any:
+def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any:
     """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
     `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
+    An adapter trained on a quantized base gets its base quantized the same way (`quantized=False`:
+    the base in its own precision, e.g. to merge).
 
     peft's `AutoPeftModelForCausalLM.from_pretrained(final)` resolves a relative base against the
     current directory; this resolves it against final/, so it works from anywhere the run folder is."""
@@ -145,6 +175,15 @@ def load_final(folder: str | Path, **kwargs: Any) -> Any:
     base = resolve_base(folder, config["base_model_name_or_path"])
     if config.get("revision"):
         kwargs.setdefault("revision", config["revision"])
+    note = folder / RUN_NOTE
+    quantization = json.loads(note.read_text(encoding="utf-8")).get("base_quantization") if note.is_file() else None
+    if quantization and quantized and "quantization_config" not in kwargs:
+        import torch
+
+        from train.workload.quantize import bitsandbytes_config
+
+        kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16)
+        kwargs.setdefault("device_map", {"": 0} if torch.cuda.is_available() else "cpu")
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), folder)
 
 

@@ -60,25 +60,26 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
 def why_chosen(chosen: Any, newer: Path, spec: Any, method: Any, processes: tuple[int, str]) -> str:
     """`latest` took `chosen` over the newer file: what it measured, and the difference that decided."""
     from calibration.schema import read_calibration_file
-    from calibration.setup import Setup, describe_setup, setup_difference
+    from calibration.setup import Setup, describe_setup, quantization_name, setup_difference
 
-    run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, None, *processes)
+    run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, quantization_name(method.quantize), *processes)
     return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
 
 
 def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:
     """Which stored calibrations `latest` prefers for this run, best first (calibration.store)."""
 
-    def measured(data: dict[str, Any]) -> tuple[str | None, str, int, str]:
+    def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
         training = data.get("training") or {}
         size = int(distributed.get("world_size", 1))
-        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), size, str(distributed.get("sharding", "none"))
+        quantize = training.get("quantization") or "none"
+        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), quantize, size, str(distributed.get("sharding", "none"))
 
-    mine = (spec.fingerprint, method.method)
+    mine = (spec.fingerprint, method.method, method.quantize)
     return (
         lambda data: measured(data) == (*mine, *processes),
-        lambda data: measured(data)[:3] == (*mine, 1),
+        lambda data: measured(data)[:4] == (*mine, 1),
     )
 
 
@@ -107,6 +108,7 @@ def resumed_method(previous: dict[str, Any]) -> Any:
         lora_alpha=float(lora["alpha"]),
         lora_dropout=float(lora.get("dropout", 0.0)),
         lora_targets=tuple(targets) if targets else None,
+        quantize=str(lora.get("quantize", "none")),
     )
 
 
@@ -146,7 +148,12 @@ def same_method(earlier: Any, method: Any) -> bool:
         return False
     if not method.is_lora:
         return True
-    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout) == (method.lora_rank, method.alpha, method.lora_dropout)
+    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout, earlier.quantize) == (
+        method.lora_rank,
+        method.alpha,
+        method.lora_dropout,
+        method.quantize,
+    )
     named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
     return same_settings and named
 
@@ -259,6 +266,12 @@ def check_compatible(
         names = {"full": "full fine-tuning", "lora": "LoRA"}
         rerun = "bench run --lora" if method.is_lora else "bench run"
         problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
+    measured_quantize = measured.get("quantization") or "none"
+    if measured_quantize != method.quantize:
+        problems.append(
+            f"calibration {calibration.id} measured a {measured_quantize} base, this run asks for --quantize {method.quantize}: "
+            f"run `bench run --lora --quantize {method.quantize}` here, or pass --force"
+        )
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
     if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:

@@ -25,6 +25,7 @@ class MethodConfig:
     lora_alpha: float | None = None  # default 2 × rank
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of attention and MLP
+    quantize: str = "none"  # none | 8bit | 4bit: the frozen base as bitsandbytes holds it (train.workload.quantize)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -37,6 +38,13 @@ class MethodConfig:
             raise BenchtrainError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None and not all(self.lora_targets):
             raise BenchtrainError("--lora-targets needs module names, e.g. q_proj,v_proj")
+        from train.workload.quantize import check_quantize
+
+        check_quantize(self.quantize, self.is_lora)
+
+    @property
+    def quantized(self) -> bool:
+        return self.quantize != "none"
 
     @property
     def is_lora(self) -> bool:
@@ -50,12 +58,19 @@ class MethodConfig:
         """The adapter settings as asked (targets None: every linear projection); None for full."""
         if not self.is_lora:
             return None
-        return {"rank": self.lora_rank, "alpha": self.alpha, "dropout": self.lora_dropout, "targets": list(self.lora_targets) if self.lora_targets else None}
+        settings = {
+            "rank": self.lora_rank,
+            "alpha": self.alpha,
+            "dropout": self.lora_dropout,
+            "targets": list(self.lora_targets) if self.lora_targets else None,
+        }
+        return {**settings, "quantize": self.quantize} if self.quantized else settings
 
     def describe(self) -> str:
         if not self.is_lora:
             return "full fine-tuning"
-        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {', '.join(self.lora_targets) if self.lora_targets else 'every linear projection'}"
+        base = f" of a {self.quantize.replace('bit', '-bit')} base" if self.quantized else ""
+        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {', '.join(self.lora_targets) if self.lora_targets else 'every linear projection'}{base}"
 
 
 def parse_targets(text: str | None) -> tuple[str, ...] | None:
@@ -73,6 +88,7 @@ def method_from_args(args: Any) -> MethodConfig:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=parse_targets(args.lora_targets),
+        quantize=getattr(args, "quantize", "none"),
     )
 
 
@@ -84,6 +100,8 @@ def quiet_library_warnings() -> None:
 
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
+    # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
+    warnings.filterwarnings("ignore", message=r".*_check_is_size will be removed.*", category=FutureWarning)
 
 
 def apply_method(model: Any, method: MethodConfig) -> Any:
@@ -163,6 +181,7 @@ def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
         "trainable_parameters": trainable_parameter_count(model),
         "total_parameters": sum(parameter.numel() for parameter in model.parameters()),
         "lora": None,
+        "quantization": method.quantize if method.quantized else None,
     }
     if method.is_lora:
         record["lora"] = {**method.settings(), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}

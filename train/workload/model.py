@@ -136,6 +136,10 @@ def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None
     method = method or MethodConfig()
     device = torch.device(device)
     dtype = torch.bfloat16 if method.is_lora and device.type == "cuda" else torch.float32
+    if method.quantized:
+        from train.workload.quantize import quantized_base
+
+        return apply_method(quantized_base(spec, device, method.quantize, dtype), method)
     if spec.has_weights:
         model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
         model = model.to(device)

@@ -143,3 +143,30 @@ def loaded_bytes(model: Any) -> int:
             state = getattr(state, "state2", None)
         total += size(getattr(parameter, "SCB", None))
     return total
+
+
+def quantized_base(spec: Any, device: Any, kind: str, dtype: Any) -> Any:
+    """The frozen base of `spec` quantized by bitsandbytes on `device`, prepared for k-bit training
+    as peft does it (norms and embeddings upcast to fp32, input gradients on for checkpointing).
+    A preset built from its config has no weights on disk: its (seeded) weights are written to a
+    temporary folder first, since transformers quantizes while it loads."""
+    import tempfile
+
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
+
+    from train.workload.model import make_config
+
+    require_bitsandbytes()
+    options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}, "quantization_config": bitsandbytes_config(kind, torch.bfloat16)}
+    if spec.has_weights:
+        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, **options)
+    else:
+        torch.manual_seed(0)  # the same initial weights as the preset's unquantized builds
+        plain = AutoModelForCausalLM.from_config(make_config(spec), dtype=dtype)
+        with tempfile.TemporaryDirectory(prefix="benchtrain-quantize-") as folder:
+            plain.save_pretrained(folder)
+            del plain
+            model = AutoModelForCausalLM.from_pretrained(folder, **options)
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
