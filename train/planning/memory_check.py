@@ -17,7 +17,7 @@ whether the fixed part alone is already too much.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.errors import BenchtrainError
@@ -95,17 +95,28 @@ def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, in
 def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
     total, trainable, blocks, largest_block = parameter_counts(spec, method)
     frozen = total - trainable
-    frozen_bytes = compute_bytes(device_type)
+    frozen_bytes = frozen * compute_bytes(device_type)
+    if method.quantized:
+        frozen_bytes = quantized_base_bytes(spec, method.quantize).total
     return MemoryNeed(
         method=method.method,
         total_parameters=total,
         trainable_parameters=trainable,
-        weights_bytes=frozen * frozen_bytes + trainable * FP32_BYTES,
+        weights_bytes=frozen_bytes + trainable * FP32_BYTES,
         gradient_bytes=trainable * FP32_BYTES,
         optimizer_bytes=trainable * 2 * FP32_BYTES,
         blocks=blocks,
         largest_block_parameters=largest_block,
     )
+
+
+def quantized_base_bytes(spec: Any, kind: str) -> Any:
+    """The frozen base's bytes quantized as `kind` (train.workload.quantize.QuantizedBytes): the
+    layers bitsandbytes converts packed, the rest in fp32, where peft's preparation for k-bit
+    training puts them (train.workload.quantize.quantized_base)."""
+    from train.workload.quantize import quantized_bytes
+
+    return quantized_bytes(meta_model(spec, MethodConfig()), kind, FP32_BYTES)
 
 
 def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> MemoryNeed:
@@ -133,6 +144,17 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
     )
 
 
+def quantization_available() -> bool:
+    from common.errors import BenchtrainError as Missing
+    from train.workload.quantize import require_bitsandbytes
+
+    try:
+        require_bitsandbytes()
+    except Missing:
+        return False
+    return True
+
+
 def describe_needs(
     spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1, calibration_device: bool = False
 ) -> str:
@@ -140,12 +162,21 @@ def describe_needs(
     or the one the calibration measured when the dry run plans for another — (and, under FSDP,
     what each process holds)."""
     parts = []
-    for method in (MethodConfig(method="full"), chosen if chosen.is_lora else MethodConfig(method="lora")):
+    lora = chosen if chosen.is_lora else MethodConfig(method="lora")
+    bases = [replace(lora, quantize=kind) for kind in ("none", "8bit", "4bit") if kind == lora.quantize or quantization_available()]
+    for method in (MethodConfig(method="full"), *bases):
         need = memory_need(spec, method, hardware["device_type"])
         label = "full fine-tuning" if method.method == "full" else f"LoRA r{method.lora_rank}"
+        detail = ""
+        if method.quantized:
+            from train.workload.quantize import base_phrase
+
+            base = quantized_base_bytes(spec, method.quantize)
+            label += f" on {base_phrase(method.quantize)}"
+            detail = f" ({base.quantized / GIB:.2f} packed + {base.statistics / GIB:.2f} statistics + {base.unquantized / GIB:.2f} unquantized)"
         sharded = ""
         if sharding == "fsdp" and method.method == "full":
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
-        parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{sharded}")
+        parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
     device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
     return f"memory before activations: {', '.join(parts)}; {device} has {hardware['memory_bytes'] / GIB:.0f} GiB"

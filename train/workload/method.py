@@ -69,7 +69,9 @@ class MethodConfig:
     def describe(self) -> str:
         if not self.is_lora:
             return "full fine-tuning"
-        base = f" of a {self.quantize.replace('bit', '-bit')} base" if self.quantized else ""
+        from train.workload.quantize import base_phrase
+
+        base = f" of {base_phrase(self.quantize)}" if self.quantized else ""
         return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {', '.join(self.lora_targets) if self.lora_targets else 'every linear projection'}{base}"
 
 
