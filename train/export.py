@@ -180,10 +180,11 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
     if quantization and quantized and "quantization_config" not in kwargs:
         import torch
 
-        from train.workload.quantize import bitsandbytes_config
+        from train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
 
         kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16)
         kwargs.setdefault("device_map", {"": 0} if torch.cuda.is_available() else "cpu")
+        return PeftModel.from_pretrained(keep_one_weight_layout(AutoModelForCausalLM.from_pretrained(base, **kwargs)), folder)
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), folder)
 
 

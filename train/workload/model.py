@@ -139,7 +139,8 @@ def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None
     if method.quantized:
         from train.workload.quantize import quantized_base
 
-        return apply_method(quantized_base(spec, device, method.quantize, dtype), method)
+        source = spec.directory if spec.has_weights else make_config(spec)
+        return apply_method(quantized_base(source, device, method.quantize, dtype), method)
     if spec.has_weights:
         model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
         model = model.to(device)

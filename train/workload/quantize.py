@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from common.errors import BenchtrainError
@@ -150,28 +151,40 @@ def loaded_bytes(model: Any) -> int:
     return total
 
 
-def quantized_base(spec: Any, device: Any, kind: str, dtype: Any) -> Any:
-    """The frozen base of `spec` quantized by bitsandbytes on `device`, prepared for k-bit training
-    as peft does it (norms and embeddings upcast to fp32, input gradients on for checkpointing).
-    A preset built from its config has no weights on disk: its (seeded) weights are written to a
-    temporary folder first, since transformers quantizes while it loads."""
+def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
+    """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
+    does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
+    is a folder of weights, or a model config: a preset built from its config has no weights on
+    disk, so its (seeded) weights are written to a temporary folder first, since transformers
+    quantizes while it loads."""
     import tempfile
 
     import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config
-
     require_bitsandbytes()
     options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}, "quantization_config": bitsandbytes_config(kind, torch.bfloat16)}
-    if spec.has_weights:
-        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, **options)
+    if isinstance(source, (str, Path)):
+        model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **options)
     else:
         torch.manual_seed(0)  # the same initial weights as the preset's unquantized builds
-        plain = AutoModelForCausalLM.from_config(make_config(spec), dtype=dtype)
+        plain = AutoModelForCausalLM.from_config(source, dtype=dtype)
         with tempfile.TemporaryDirectory(prefix="benchtrain-quantize-") as folder:
             plain.save_pretrained(folder)
             del plain
             model = AutoModelForCausalLM.from_pretrained(folder, **options)
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return prepare_model_for_kbit_training(keep_one_weight_layout(model), use_gradient_checkpointing=False)
+
+
+def keep_one_weight_layout(model: Any) -> Any:
+    """Turn off bitsandbytes' (>= 0.49) CPU repacking of 4-bit weights. On CPUs with AVX512-BF16
+    a `Linear4bit` repacks its weights in place the first time it runs in eval mode without
+    gradients (an inference speed-up): that fails outright for a layer whose out features are not a
+    multiple of 32 ("N must be divisible by block_n"), and an evaluation pass in the middle of
+    training would leave the training step a changed layout. One layout, everywhere, is what
+    `quantized_bytes` counts and what trains."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model
