@@ -48,10 +48,14 @@ class Prediction:
 class Calibration:
     """The data of one calibration file plus the models fitted to it."""
 
-    def __init__(self, data: dict[str, Any], path: Path | None = None) -> None:
-        self.data = data
+    def __init__(self, data: dict[str, Any], path: Path | None = None, variant: int | None = None) -> None:
+        from calibration.schema import variant_data
+
+        self.file_data = data
+        self.data = variant_data(data, variant) if variant is not None else data
         self.path = path
-        fit = data.get("fit")
+        self.variant = variant  # which of the file's setups (calibration.schema.variant_data); None: the first
+        fit = self.data.get("fit")
         if not fit:
             raise BenchtrainError(f"calibration {data.get('id')} has no fitted model: re-run `bench run`")
         self.throughput: ThroughputModel = throughput_model_from_json(fit)
@@ -61,6 +65,29 @@ class Calibration:
     @property
     def id(self) -> str:
         return self.data["id"]
+
+    def variants(self) -> list[Calibration]:
+        """Every setup the file measured (its base's quantization, its optimizer), the first first."""
+        count = len(self.file_data.get("variants") or [])
+        return [Calibration(self.file_data, self.path, index) for index in (None, *range(count))]
+
+    def with_device_memory(self, memory_bytes: int) -> Calibration:
+        """This calibration planned for a device of `memory_bytes` (`train --device-memory`): its
+        memory model's predictions judged against that limit instead of the measured device's."""
+        import copy
+
+        data = copy.deepcopy(self.file_data)
+        for entry in (data, *(data.get("variants") or [])):
+            if "hardware" in entry:
+                entry["hardware"] = {**entry["hardware"], "memory_bytes": memory_bytes}
+        return Calibration(data, self.path, self.variant)
+
+    @property
+    def variant_key(self) -> tuple[str, str]:
+        """(quantize, optimizer) as train's --quantize/--optimizer name them."""
+        from calibration.setup import variant_key
+
+        return variant_key(self.data)
 
     @property
     def hardware(self) -> dict[str, Any]:

@@ -171,7 +171,26 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
+    variants = data.get("variants")
+    if variants is not None:
+        if not isinstance(variants, list) or not all(isinstance(entry, dict) for entry in variants):
+            raise CalibrationFileError(f"calibration {path}: variants should be a list of objects")
+        for index in range(len(variants)):
+            validate(variant_data(data, index), f"{path} (variants[{index}])")
     return data
+
+
+def variant_data(data: dict[str, Any], index: int | None) -> dict[str, Any]:
+    """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores
+    the first setup measured at the top and each other one under `variants` (its measurements, fit,
+    training, overheads, history), over the shared rest (device, model, data). None: the first."""
+    shared = {key: value for key, value in data.items() if key != "variants"}
+    return shared if index is None else {**shared, **data["variants"][index], "id": data["id"]}
+
+
+def variant_history(data: dict[str, Any], index: int | None) -> list[dict[str, Any]]:
+    """The history list that runs planned with variant `index` append to (in place)."""
+    return (data if index is None else data["variants"][index]).setdefault("history", [])
 
 
 def _check_fit(fit: Any, where: str) -> None:

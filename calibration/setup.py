@@ -66,10 +66,26 @@ def quantization_name(value: Any) -> str | None:
     return f"{digits.group()}-bit" if digits else str(value)
 
 
+def variant_key(data: dict[str, Any]) -> tuple[str, str]:
+    """(quantize, optimizer) of a calibration or one of its variants, as --quantize/--optimizer name them."""
+    training = data.get("training") or {}
+    return (str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
+
+
+def variant_name(quantize: str, optimizer: str) -> str:
+    """ "a 4-bit base", "an unquantized base with adamw-8bit": one of a calibration's variants."""
+    bits = quantization_name(quantize) or ""
+    base = "an unquantized base" if quantize == "none" else f"{'an' if bits.startswith('8') else 'a'} {bits} base"
+    return base if optimizer == "adamw" else f"{base} with {optimizer}"
+
+
 def describe_setup(data: dict[str, Any]) -> str:
     """One phrase: "LoRA r16 on a 4-bit base, checkpointing off+on, 2 processes (ddp)"."""
     setup = measured_setup(data)
     parts = [_training_phrase(setup)]
+    if data.get("variants"):
+        measured = [data, *data["variants"]]
+        parts.append("measured " + " and ".join(variant_name(*variant_key(entry)) for entry in measured))
     if setup.checkpointing:
         parts.append("checkpointing " + "+".join("on" if mode else "off" for mode in setup.checkpointing))
     parts.append(_processes_phrase(setup))

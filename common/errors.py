@@ -27,6 +27,10 @@ class BenchtrainError(Exception):
     exit_code = EXIT_USAGE
 
 
+class DoesNotFitError(BenchtrainError):
+    """Nothing the plan could choose fits the device's memory."""
+
+
 class CalibrationFileError(BenchtrainError):
     """A calibration file that cannot be read: corrupt, incomplete or from a future version."""
 

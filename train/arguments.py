@@ -11,6 +11,8 @@ from train.step.loss import LOSS_CHOICES
 from train.step.sharding import SHARDING_CHOICES
 from train.workload.formats import FORMATS
 from train.workload.method import METHODS
+from train.workload.optimizers import OPTIMIZER_CHOICES
+from train.workload.quantize import QUANTIZE_CHOICES
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +43,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    """What is trained: the whole model or LoRA adapters, and the adapters' settings (MethodConfig)."""
+def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False) -> None:
+    """What is trained: the whole model or LoRA adapters, the adapters' settings, the base's
+    quantization and the optimizer (MethodConfig). `measured` (bench): --quantize and --optimizer
+    take lists, each value measured into the one calibration; train takes one value or `auto`."""
     parser.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning (default) or lora")
     parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
     parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
@@ -53,11 +57,25 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
+    quantize = "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute) or 8bit (LLM.int8)"
+    optimizer = "adamw (fp32 moments, fused), adamw-8bit or paged-adamw-8bit (bitsandbytes' 8-bit moments; paged: CUDA unified memory)"
+    if measured:
+        parser.add_argument(
+            "--quantize", default="none", metavar="LIST", help=f"{quantize}; a list (none,4bit) measures each into one calibration (default: none)"
+        )
+        parser.add_argument("--optimizer", default="adamw", metavar="LIST", help=f"{optimizer}; a list measures each (default: adamw)")
+        return
     parser.add_argument(
         "--quantize",
-        choices=("none", "8bit", "4bit"),
-        default="none",
-        help="with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute) or 8bit (LLM.int8)",
+        choices=("auto", *QUANTIZE_CHOICES),
+        default="auto",
+        help=f"{quantize}; auto (default): what the calibration measured, the fastest that fits where it measured several",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=("auto", *OPTIMIZER_CHOICES),
+        default="auto",
+        help=f"{optimizer}; auto (default): what the calibration measured, the fastest that fits where it measured several",
     )
 
 

@@ -132,6 +132,12 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="plan for a device with this much memory (24GiB, 48G, 80GB; plain numbers are GiB): e.g. a 24 GiB card from an H100 "
+        "calibration, told which bases (none/8bit/4bit) fit",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed)",

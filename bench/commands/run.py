@@ -70,7 +70,7 @@ def add_parser(commands: Any) -> None:
     run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")
     run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
     run.add_argument("--checkpointing", metavar="off,on", help="gradient checkpointing modes to measure, e.g. off,on (default: off)")
-    add_method_arguments(run)
+    add_method_arguments(run, measured=True)
     add_step_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
     run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
@@ -133,16 +133,46 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """Each setup asked for (--quantize × --optimizer) measured in turn, within its share of the
+    budget, then stored as one calibration: the first at the top, the others as its variants."""
     started = time.monotonic()
     budget_asked = validate_args(args)
     from common.home import writable_subdir
+    from train.step.runtime import job_world_size
     from train.workload.model import resolve_model
+    from train.workload.variants import measured_methods
 
     spec = resolve_model(args.model)
-    method = method_from_args(args)
+    methods = measured_methods(args.quantize, args.optimizer, method_from_args(args))
+    if len(methods) > 1 and job_world_size() > 1:
+        raise BenchtrainError(
+            "several --quantize/--optimizer values are measured one process at a time: run them without `accelerate launch`, or one value per launch"
+        )
     writable_subdir("calibrations")
+    records = []
+    for index, method in enumerate(methods):
+        if len(methods) > 1:
+            _say(f"setup {index + 1} of {len(methods)}: {method.describe()}")
+        record = measure_setup(args, spec, method, variant_budget(budget_asked, started, len(methods) - index))
+        if record is None:
+            return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
+        records.append(record)
+    return store_calibration(args, records, started)
+
+
+def variant_budget(budget_asked: float | str | None, started: float, setups_left: int) -> float | str | None:
+    """This setup's share of --budget: what is left of it, split evenly among the setups left."""
+    if not isinstance(budget_asked, (int, float)):
+        return budget_asked
+    return max(0.0, budget_asked - (time.monotonic() - started)) / setups_left
+
+
+def measure_setup(args: argparse.Namespace, spec: Any, method: Any, budget_asked: float | str | None) -> dict[str, Any] | None:
+    """One setup's probes and fit (rank 0's record; None on the other processes)."""
+    started = time.monotonic()
     from bench.calibrate import after_probes_seconds, plan_probes
     from bench.outlook import expected_error, settle_budget
+    from common.home import writable_subdir
 
     task, options, need, tokenized = describe_task(args, spec, method, budget_asked)
     planner = plan_probes(task, spec, method, need, options, scratch=writable_subdir("scratch"))
@@ -159,11 +189,12 @@ def run_command(args: argparse.Namespace) -> int:
     coordinator = probe_coordinator(workload, task.hardware.get("peak_bf16_flops"))
     if not coordinator.leads:
         coordinator.follow()  # rank 0 decides every probe; this process runs each with it
-        return EXIT_OK
+        return None
     try:
-        return measure_and_store(args, task, planner, workload, coordinator, budget_seconds, started)
+        return measure(args, task, planner, workload, coordinator, budget_seconds, started)
     finally:
         coordinator.finish()
+        workload.release()  # the next setup builds its own model
 
 
 def describe_task(args: argparse.Namespace, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[Any, Any, Any, Any]:
@@ -256,16 +287,15 @@ def build_workload(args: argparse.Namespace, task: Any, spec: Any, tokenized: An
     task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
     _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     if args.search == "optuna":
-        task.study = (benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, task.model, task.space, args.data))
+        task.study = (benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, task.model, task.space, args.data, method.describe()))
     return workload
 
 
-def measure_and_store(args: argparse.Namespace, task: Any, planner: Any, workload: Any, coordinator: Any, budget_seconds: float | None, started: float) -> int:
-    """Rank 0: the probes within the budget, the fit, the calibration stored, its report, the summary."""
+def measure(args: argparse.Namespace, task: Any, planner: Any, workload: Any, coordinator: Any, budget_seconds: float | None, started: float) -> dict[str, Any]:
+    """Rank 0: the probes within the budget and the fit, as a calibration record."""
     from bench.calibrate import after_probes_seconds, calibrate, nothing_fitted
     from bench.outlook import minimum_from_scratch, outlook, refuse_if_too_small
     from bench.runner import Budget
-    from calibration.store import save_calibration, update_calibration
 
     # The build is measured now: a budget it left too small for a minimum is refused here.
     refuse_if_too_small(outlook(planner, budget_seconds, time.monotonic() - started, after_probes_seconds(task, planner)))
@@ -282,16 +312,35 @@ def measure_and_store(args: argparse.Namespace, task: Any, planner: Any, workloa
             progress.close()
     if record["fit"] is None:
         raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
+    record["left_out_configs"] = result.left_out  # for the summary; not stored
+    return record
+
+
+def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
+    """One calibration of every setup measured (the first at the top, the others as its variants),
+    its report, the summary."""
+    from calibration.setup import variant_key, variant_name
+    from calibration.store import save_calibration, update_calibration
+
+    left_out = [record.pop("left_out_configs") for record in records]
+    record = {**records[0], "variants": [{key: value for key, value in other.items() if key != "id"} for other in records[1:]]}
+    if not record["variants"]:
+        del record["variants"]
     path = save_calibration(record)
     report_path = None
     if not args.no_report:
         report_started = time.monotonic()
         report_path = _write_report(path)
         if report_path is not None:
-            # train's plan counts the report it writes at the end: measured here.
+            # train's plan counts the report it writes at the end: measured here, for every setup.
             seconds = round(time.monotonic() - report_started, 3)
-            update_calibration(path, lambda data: data["overheads"].update(report_seconds=seconds))
-    print_summary(record, str(path), result.left_out, report_path)
+            update_calibration(path, lambda data: [entry["overheads"].update(report_seconds=seconds) for entry in (data, *data.get("variants", []))])
+    for index, (one, not_probed) in enumerate(zip(records, left_out, strict=True)):
+        one["id"] = record["id"]  # the id it was saved under
+        if len(records) > 1:
+            print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_key(one))}")
+        last = index == len(records) - 1
+        print_summary(one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None)
     return EXIT_OK
 
 
@@ -389,7 +438,9 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any) -> None:
+def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
+    """The calibration in words; the closing lines (time taken, where it is) after the last setup's
+    (`total_seconds`: of the whole command), not after the others'."""
     from bench.describe import describe_calibration
 
     print("\n".join(describe_calibration(record, path)))
@@ -397,6 +448,8 @@ def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, in
         sample = ", ".join(StepConfig.from_row(c).label for c in left_out[:6])
         more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
         print(f"\nnot probed: {sample}{more}")
-    print(f"\nbenchmark took {format_duration(record['overheads']['benchmark_seconds'])}; calibration {record['id']} saved to {path}")
+    if total_seconds is None:
+        return
+    print(f"\nbenchmark took {format_duration(total_seconds)}; calibration {record['id']} saved to {path}")
     if report_path:
         print(f"report: {report_path}")

@@ -6,7 +6,10 @@ device, which allocates nothing. Bytes per parameter follow from what is kept, n
 - full fine-tuning: fp32 weights (autocast computes in bf16 from fp32 masters) + fp32 gradients
   + AdamW's two fp32 moments = 16 bytes per parameter;
 - LoRA: the frozen base in bf16 on CUDA (fp32 on CPU), no gradients or optimizer state for it; the
-  adapters at 16 bytes per parameter like full fine-tuning.
+  adapters at 16 bytes per parameter like full fine-tuning; a base quantized by bitsandbytes at its
+  packed bytes (train.workload.quantize);
+- `--optimizer adamw-8bit`: one byte per moment and an fp32 absmax per 256 values instead of two fp32
+  moments (train.workload.optimizers), exact per tensor.
 
 Under FSDP (`--sharding fsdp`, train/step/sharding.py) each of N processes keeps 1/N of all of it, plus
 the largest block's parameters gathered whole (and the next one, prefetched).
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.errors import BenchtrainError
+from common.errors import DoesNotFitError
 from train.step.sharding import largest_block_parameters
 from train.workload.method import MethodConfig, apply_method, decoder_blocks
 
@@ -92,7 +95,14 @@ def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, in
     return total, trainable, len(blocks), largest_block_parameters(blocks)
 
 
+def trainable_sizes(spec: Any, method: MethodConfig) -> list[int]:
+    """The values of each trainable tensor (what an optimizer keeps state for)."""
+    return [parameter.numel() for parameter in meta_model(spec, method).parameters() if parameter.requires_grad]
+
+
 def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
+    from train.workload.optimizers import optimizer_state_bytes
+
     total, trainable, blocks, largest_block = parameter_counts(spec, method)
     frozen = total - trainable
     frozen_bytes = frozen * compute_bytes(device_type)
@@ -104,7 +114,7 @@ def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed
         trainable_parameters=trainable,
         weights_bytes=frozen_bytes + trainable * FP32_BYTES,
         gradient_bytes=trainable * FP32_BYTES,
-        optimizer_bytes=trainable * 2 * FP32_BYTES,
+        optimizer_bytes=optimizer_state_bytes(method.optimizer, trainable_sizes(spec, method)),
         blocks=blocks,
         largest_block_parameters=largest_block,
     )
@@ -135,13 +145,29 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
             options.append("shard it over several GPUs (accelerate launch --num_processes N -m train … --sharding fsdp)")
         else:
             options.append("shard it over more processes")
+    options.extend(smaller_bases(spec, method, hardware["device_type"], available))
     options.append("a smaller model or a device with more memory")
     needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
-    raise BenchtrainError(
+    raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
-        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB: {', or '.join(options[:2])}"
+        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
+        f"{', or '.join(options[:2])}"
     )
+
+
+def smaller_bases(spec: Any, method: MethodConfig, device_type: str, available: float) -> list[str]:
+    """For LoRA: the bitsandbytes bases, smaller than this run's, whose fixed memory fits in
+    `available` bytes, as advice ("--quantize 4bit (≈11 GiB before activations)")."""
+    if not method.is_lora or not quantization_available():
+        return []
+    mine = memory_need(spec, method, device_type).total_bytes
+    options = []
+    for kind in ("8bit", "4bit"):
+        need = memory_need(spec, replace(method, quantize=kind), device_type).total_bytes
+        if kind != method.quantize and need < mine and need <= available:
+            options.append(f"--quantize {kind} (≈{need / GIB:.0f} GiB before activations)")
+    return options
 
 
 def quantization_available() -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from common.durations import format_duration
-from common.errors import BenchtrainError, DeadlineError
+from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.deadline import DeadlineBudget
 from train.planning.overheads import Overheads, plan_overheads
 from train.planning.prices import run_cost
@@ -502,7 +502,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     candidates = [evaluate(calibration, data, request, config, cache, eval_data) for config in configs]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
-        raise BenchtrainError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
+        raise DoesNotFitError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
     available = request.budget.seconds_left(request.elapsed_seconds)

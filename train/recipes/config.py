@@ -14,6 +14,7 @@ from typing import Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from common.sizes import parse_memory_size
 from train.planning.deadline import DeadlineBudget
 from train.planning.prices import Prices, parse_prices
 from train.running.trackers import parse_report_to
@@ -54,6 +55,7 @@ class TrainConfig:
     workers: int | None = None
     out: str | None = None
     dry_run: bool = False
+    device_memory: str | None = None  # as written; device_memory_bytes once parsed
     resume: bool = False
     on_overrun: str = "stop"
     fit_deadline: bool = False
@@ -79,6 +81,8 @@ class TrainConfig:
     merge_lora: bool = False
     gradient_checkpointing: str = "auto"
     method: MethodConfig = field(default_factory=MethodConfig)
+    quantize: str = "auto"  # as asked: auto = the calibration's setups (train.recipes.variant_choice)
+    optimizer: str = "auto"
     step_options: StepOptions = field(default_factory=StepOptions)
     data_schema: DataSchema = field(default_factory=DataSchema)
     # Derived from the above in __post_init__:
@@ -88,6 +92,7 @@ class TrainConfig:
     eval_schedule: EvalSchedule = field(init=False)
     trackers: tuple[str, ...] = field(init=False)
     prices: Prices = field(init=False)
+    device_memory_bytes: int | None = field(init=False)
 
     def __post_init__(self) -> None:
         derived = {
@@ -97,6 +102,7 @@ class TrainConfig:
             "eval_schedule": parse_eval_every(self.eval_every),
             "trackers": parse_report_to(self.report_to),
             "prices": parse_prices(self.price_per_hour),
+            "device_memory_bytes": parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
         }
         derived["budget"] = DeadlineBudget.with_margin_share(derived["deadline_seconds"], self.margin)
         for name, value in derived.items():

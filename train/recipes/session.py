@@ -16,7 +16,7 @@ from calibration.accuracy import check_estimate
 from common.atomic import json_text
 from common.console import is_main_process, say
 from common.durations import format_duration
-from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.disk import RunLock, check_space, disk_need
 from train.recipes.config import TrainConfig
 from train.recipes.plan_setup import Placement, load_data, plan_device, plan_json, plan_request
@@ -99,8 +99,9 @@ def resumed_method(previous: dict[str, Any]) -> Any:
 
     plan = previous["plan"]
     lora = plan.get("lora") or {}
+    optimizer = str(plan.get("optimizer", "adamw"))
     if plan.get("method", "full") != "lora":
-        return MethodConfig()
+        return MethodConfig(optimizer=optimizer)
     targets = lora.get("targets")
     return MethodConfig(
         method="lora",
@@ -109,6 +110,7 @@ def resumed_method(previous: dict[str, Any]) -> Any:
         lora_dropout=float(lora.get("dropout", 0.0)),
         lora_targets=tuple(targets) if targets else None,
         quantize=str(lora.get("quantize", "none")),
+        optimizer=optimizer,
     )
 
 
@@ -144,7 +146,7 @@ def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, met
 def same_method(earlier: Any, method: Any) -> bool:
     """The run's method (run.json keeps LoRA's targets as resolved module names) and this
     command's: the same method and adapter settings; targets only when this command names them."""
-    if earlier.method != method.method:
+    if earlier.method != method.method or earlier.optimizer != method.optimizer:
         return False
     if not method.is_lora:
         return True
@@ -272,6 +274,12 @@ def check_compatible(
             f"calibration {calibration.id} measured a {measured_quantize} base, this run asks for --quantize {method.quantize}: "
             f"run `bench run --lora --quantize {method.quantize}` here, or pass --force"
         )
+    measured_optimizer = measured.get("optimizer") or "adamw"
+    if measured_optimizer != method.optimizer:
+        problems.append(
+            f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
+            f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
+        )
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
     if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
@@ -355,8 +363,11 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
 
 def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     """From the validated command line to a plan: the model and the run to resume, the calibration,
-    the device, the memory check, the data, communication, and the planner."""
-    from train.planning.planner import make_plan
+    the device, the memory check, the data, communication, and the planner — for each setup the
+    calibration measured that the run may train with (train.recipes.variant_choice), the fastest
+    kept."""
+    from train.planning.memory_check import check_fits
+    from train.recipes.variant_choice import asked_variant, setups_to_plan, unmeasured_bases
 
     spec, method, out_dir, previous = resume_target(config)
     completed = completed_steps(out_dir) if previous else 0
@@ -364,25 +375,78 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
         # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
         config = replace(config, max_steps=resumed_step_limit(previous, config, completed))
     cal, world_size, sharding = calibration_for(config, spec, method, previous)
-    config, device, price = device_for(config, cal, spec, method)
-    from train.planning.memory_check import check_fits
-
+    if config.device_memory_bytes:
+        cal = cal.with_device_memory(config.device_memory_bytes)
     before = previous["plan"].get("sharding", "none") if previous else sharding
     if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
         raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
-    # Before any data or model work: a too-big model is one line.
-    need = check_fits(spec, method, device.hardware, sharding, world_size)
+    candidates = setups_to_plan(cal, method, method.variant if previous else asked_variant(config.quantize, config.optimizer))
+    setups, refused = [], []
+    for index, (variant, variant_method) in enumerate(candidates):
+        try:
+            variant_config, device, price = device_for(config, variant, spec, variant_method, quiet=index > 0)
+            # Before any data or model work: a too-big model is one line.
+            need = check_fits(spec, variant_method, device.hardware, sharding, world_size)
+        except BenchtrainError as error:
+            if len(candidates) == 1:
+                raise
+            refused.append((variant_method, str(error)))
+            continue
+        setups.append((variant, variant_method, variant_config, device, price, need))
+    if not setups:
+        raise BenchtrainError(f"no setup the calibration measured fits: {refused[0][1]}")
     # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
     spec = hub_weights(spec, config.dry_run)
 
-    loaded = load_data(config, spec)
+    loaded = load_data(setups[0][2], spec)
     if previous:
         problem = check_same_data(previous, loaded, config.force)
         if problem:
             say(f"warning: {problem} (--force: continuing on this data)")
+    runs = []
+    for setup in setups:
+        try:
+            runs.append(plan_setup(setup, spec, out_dir, previous, loaded, completed, (world_size, sharding), started))
+        except DoesNotFitError as error:
+            if len(setups) == 1:
+                raise DoesNotFitError(with_smaller_bases(str(error), spec, setup[1], setup[0], setup[3].hardware, setup[5])) from None
+            refused.append((setup[1], str(error)))
+    if not runs:
+        first = setups[0]
+        message = f"no setup the calibration measured fits: {refused[0][1]}"
+        raise DoesNotFitError(with_smaller_bases(message, spec, first[1], first[0], first[3].hardware, first[5]))
+    run = choose_setup(runs, refused)
+    peak = run.plan.chosen.peak_memory_bytes
+    activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
+    run.plan.notes.extend(unmeasured_bases(spec, run.method, run.cal, run.placement.device.hardware, activations))
+    return run
 
+
+def with_smaller_bases(message: str, spec: Any, method: Any, cal: Any, hardware: dict[str, Any], need: Any) -> str:
+    """A plan that fits nowhere, and what the bases the calibration did not measure would hold,
+    with the activations of the smallest step."""
+    from train.recipes.variant_choice import smallest_activations, unmeasured_bases
+
+    others = unmeasured_bases(spec, method, cal, hardware, smallest_activations(cal, need.total_bytes))
+    return message + ("; " + "; ".join(others) if others else "")
+
+
+def plan_setup(
+    setup: tuple[Any, Any, TrainConfig, Any, float | None, Any],
+    spec: Any,
+    out_dir: Path | None,
+    previous: dict[str, Any] | None,
+    loaded: Any,
+    completed: int,
+    processes: tuple[int, str],
+    started: float,
+) -> PlannedRun:
+    """The plan of one setup: (calibration variant, method, configuration, device, price, memory need)."""
     from train.planning.comm import plan_communication, traffic_of
+    from train.planning.planner import make_plan
 
+    cal, method, config, device, price, need = setup
+    world_size, sharding = processes
     traffic = traffic_of(sharding, need, device.hardware["device_type"])
     comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
     placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
@@ -391,6 +455,19 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     request = plan_request(config, spec, method, cal, placement, need, elapsed, with_eval, resumed, completed, loaded.prep_seconds, loaded.uncertainty)
     plan = make_plan(cal, loaded.data, request, loaded.eval_data)
     return PlannedRun(config, spec, method, out_dir, previous, cal, placement, need, loaded, completed, communication, request, plan)
+
+
+def choose_setup(runs: list[PlannedRun], refused: list[tuple[Any, str]]) -> PlannedRun:
+    """The fastest plan that meets the deadline (else the shortest), its notes saying what the
+    other setups would have cost."""
+    from train.recipes.variant_choice import compare_setups, plan_order
+
+    if len(runs) + len(refused) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda run: plan_order(run.plan))
+    best = ranked[0]
+    best.plan.notes.extend(compare_setups((best.cal, best.plan), [(run.cal, run.plan) for run in ranked[1:]], refused))
+    return best
 
 
 def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
@@ -405,6 +482,9 @@ def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str,
     previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
     method = config.method
     if previous:
+        from train.recipes.variant_choice import asked_variant, with_run_variant
+
+        method = with_run_variant(method, resumed_method(previous), asked_variant(config.quantize, config.optimizer))
         spec = resumed_spec(spec, previous)
         for problem in check_same_run(previous, config, spec, method):
             say(f"warning: {problem} (--force: continuing with this command's)")
@@ -433,15 +513,18 @@ def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[
     return cal, world_size, sharding
 
 
-def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any) -> tuple[TrainConfig, Any, float | None]:
+def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any, quiet: bool = False) -> tuple[TrainConfig, Any, float | None]:
     """The device the plan is for (this machine, or in a dry run the calibration's), its price per
-    device-hour, and the configuration with the loss bench measured best (`--loss auto`)."""
+    device-hour, and the configuration with the loss bench measured best (`--loss auto`). `quiet`:
+    say nothing (a calibration's second setup: the first said it)."""
     from train.step.hardware import detect_hardware
 
     here = detect_hardware()
     device = plan_device(config, cal, here, spec)
+    if config.device_memory_bytes:
+        device = replace(device, hardware={**device.hardware, "memory_bytes": config.device_memory_bytes, "memory_from": "--device-memory"})
     hardware, foreign = device.hardware, device.foreign
-    if foreign:
+    if foreign and not quiet:
         say(
             f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
             "training on it needs that device, or --force"
@@ -451,7 +534,7 @@ def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any) -> tuple[T
     if config.step_options.loss == "auto" and not foreign and cal.data.get("loss_choice"):
         # The loss bench measured best for this calibration runs (train.recipes.plan_setup.plan_device).
         config = replace(config, step_options=replace(config.step_options, loss=device.loss))
-    for warning in warnings:
+    for warning in warnings if not quiet else ():
         say(f"warning: {warning}")
     return config, device, price
 
@@ -504,6 +587,7 @@ def train_planned(run: PlannedRun, command_line: list[str] | None, started: floa
     out_dir, record = open_record(config, run.cal, spec, plan, run.loaded, run.previous, run.out_dir, run.request.elapsed_seconds)
     record["config"] = config.to_json()  # the whole validated configuration of this command
     record["plan"]["method"] = method.method
+    record["plan"]["optimizer"] = method.optimizer
     record["plan"].update(run.rate)
     record["plan"]["communication"] = run.communication
     record["plan"]["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)

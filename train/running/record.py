@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate
+from calibration.schema import variant_history
 from calibration.store import is_bundled, update_calibration
 from common.atomic import write_json_atomic
 from train.planning.planner import Plan
@@ -152,4 +153,4 @@ def feed_back(calibration: Any, record: dict[str, Any]) -> None:
         "steps": check.steps_run,
         "status": check.status,
     }
-    update_calibration(calibration.path, lambda data: data.setdefault("history", []).append(entry))
+    update_calibration(calibration.path, lambda data: variant_history(data, calibration.variant).append(entry))

@@ -68,8 +68,10 @@ def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | N
     return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
 
 
-def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> Any:
-    import torch
+def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = "adamw") -> Any:
+    """`name`'s optimizer (train.workload.optimizers) over the trainable parameters, weight decay on
+    matrices only."""
+    from train.workload.optimizers import make_optimizer as optimizer_named
 
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -77,9 +79,7 @@ def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE) -> 
         {"params": decay, "weight_decay": DEFAULT_WEIGHT_DECAY},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    # Fused AdamW on CUDA and CPU alike: one kernel per step, and no per-parameter `.item()` of the
-    # step count (the foreach version's host syncs).
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), fused=True)
+    return optimizer_named(name, groups, learning_rate)
 
 
 def pin_memory(accelerator: Any) -> bool:

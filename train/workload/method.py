@@ -26,6 +26,7 @@ class MethodConfig:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of attention and MLP
     quantize: str = "none"  # none | 8bit | 4bit: the frozen base as bitsandbytes holds it (train.workload.quantize)
+    optimizer: str = "adamw"  # adamw | adamw-8bit | paged-adamw-8bit (train.workload.optimizers)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -38,9 +39,11 @@ class MethodConfig:
             raise BenchtrainError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None and not all(self.lora_targets):
             raise BenchtrainError("--lora-targets needs module names, e.g. q_proj,v_proj")
+        from train.workload.optimizers import check_optimizer
         from train.workload.quantize import check_quantize
 
         check_quantize(self.quantize, self.is_lora)
+        check_optimizer(self.optimizer)
 
     @property
     def quantized(self) -> bool:
@@ -66,13 +69,20 @@ class MethodConfig:
         }
         return {**settings, "quantize": self.quantize} if self.quantized else settings
 
+    @property
+    def variant(self) -> tuple[str, str]:
+        """What a calibration may measure several of for one model and method: (quantize, optimizer)."""
+        return (self.quantize, self.optimizer)
+
     def describe(self) -> str:
+        optimizer = "" if self.optimizer == "adamw" else f", {self.optimizer}"
         if not self.is_lora:
-            return "full fine-tuning"
+            return f"full fine-tuning{optimizer}"
         from train.workload.quantize import base_phrase
 
         base = f" of {base_phrase(self.quantize)}" if self.quantized else ""
-        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {', '.join(self.lora_targets) if self.lora_targets else 'every linear projection'}{base}"
+        targets = ", ".join(self.lora_targets) if self.lora_targets else "every linear projection"
+        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {targets}{base}{optimizer}"
 
 
 def parse_targets(text: str | None) -> tuple[str, ...] | None:
@@ -90,29 +100,41 @@ def method_from_args(args: Any) -> MethodConfig:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=parse_targets(args.lora_targets),
-        quantize=getattr(args, "quantize", "none"),
+        quantize=single_choice(getattr(args, "quantize", None), "none"),
+        optimizer=single_choice(getattr(args, "optimizer", None), "adamw"),
     )
+
+
+def single_choice(value: str | None, default: str) -> str:
+    """One value of an option bench takes as a list and train as one value or `auto`: the first
+    listed (bench measures each, train.workload.variants), `default` for none or `auto`."""
+    first = (value or "").split(",")[0].strip()
+    return default if first in ("", "auto") else first
 
 
 def quiet_library_warnings() -> None:
     """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
     on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
     rightly: warnings the user can do nothing about."""
+    import logging
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
     warnings.filterwarnings("ignore", message=r".*_check_is_size will be removed.*", category=FutureWarning)
+    # bitsandbytes >= 0.50 logs, when imported on an AVX512-BF16 CPU, that an optional kernel package
+    # for its 4-bit inference path is missing: a path benchtrain turns off (quantize.keep_one_weight_layout).
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def apply_method(model: Any, method: MethodConfig) -> Any:
     """The model to train: itself (full), or wrapped with LoRA adapters and its base frozen."""
     if not method.is_lora:
         return model
+    quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
     from peft import LoraConfig, get_peft_model
 
-    quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
     config = LoraConfig(
         r=method.lora_rank,
         lora_alpha=method.alpha,
@@ -184,6 +206,7 @@ def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
         "total_parameters": sum(parameter.numel() for parameter in model.parameters()),
         "lora": None,
         "quantization": method.quantize if method.quantized else None,
+        "optimizer": method.optimizer,
     }
     if method.is_lora:
         record["lora"] = {**method.settings(), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}

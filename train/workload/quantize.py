@@ -66,7 +66,7 @@ def check_quantize(kind: str, is_lora: bool) -> None:
     require_bitsandbytes()
 
 
-def require_bitsandbytes() -> None:
+def require_bitsandbytes(what: str = "--quantize") -> None:
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
@@ -74,9 +74,9 @@ def require_bitsandbytes() -> None:
     try:
         installed = version("bitsandbytes")
     except PackageNotFoundError:
-        raise BenchtrainError(f"--quantize needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
+        raise BenchtrainError(f"{what} needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
     if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
-        raise BenchtrainError(f"--quantize needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
+        raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
 
 
 def bitsandbytes_config(kind: str, compute_dtype: Any) -> Any:
