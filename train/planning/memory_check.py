@@ -151,7 +151,7 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
-        f"activations; this {hardware['name']} has {available / GIB:.0f} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
+        f"activations; this {hardware['name']} has {available / GIB:.3g} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
         f"{', or '.join(options[:2])}"
     )
 

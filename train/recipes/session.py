@@ -408,7 +408,7 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
         try:
             runs.append(plan_setup(setup, spec, out_dir, previous, loaded, completed, (world_size, sharding), started))
         except DoesNotFitError as error:
-            if len(setups) == 1:
+            if len(candidates) == 1:
                 raise DoesNotFitError(with_smaller_bases(str(error), spec, setup[1], setup[0], setup[3].hardware, setup[5])) from None
             refused.append((setup[1], str(error)))
     if not runs:

@@ -135,7 +135,7 @@ def unmeasured_bases(spec: Any, method: Any, calibration: Any, hardware: dict[st
             peak = need + activations[0]
             margin = calibration.memory_margin
             verdict = "fits" if peak * (1 + margin) <= limit else f"fits only without the {margin:.0%} margin plans keep:" if peak <= limit else "does not fit"
-            fit = f"; ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {verdict} the {limit / GIB:.0f} GiB"
+            fit = f"; ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {verdict} the {limit / GIB:.3g} GiB"
         lines.append(
             f"{variant_name(kind, method.optimizer)} (not measured): {need / GIB:.2f} GiB before activations, {change} (computed){fit}; "
             f"its speed is unmeasured: `bench run --lora --quantize {','.join(sorted(measured | {kind}, key=('none', '8bit', '4bit').index))}`"

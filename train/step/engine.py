@@ -115,7 +115,7 @@ def build_engine(
     sharding = sharding_in_use(options.sharding, accelerator.num_processes)
     if sharding == "fsdp":
         shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
-    optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE, method.optimizer)
+    optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE, method.optimizer if method is not None else "adamw")
     scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps the schedule
     # once per process at every optimizer step (split_batches=False: a schedule counted in

@@ -1,0 +1,236 @@
+"""A quantized base and an 8-bit optimizer as measured choices (issue 32): one calibration of
+several setups, the planner's choice among them by speed and memory, the 8-bit optimizer's state
+bytes against the real bitsandbytes optimizer, and what a plan says of bases it did not measure."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("bitsandbytes")
+
+from test_cli import assert_one_line_error, run_main
+
+from bench.refit import refit_record
+from calibration.model import Calibration
+from calibration.schema import read_calibration_file
+from common.errors import BenchtrainError
+from common.sizes import parse_memory_size
+from train.recipes.variant_choice import setups_to_plan
+from train.workload.method import MethodConfig
+
+GPT2_LORA = Path(__file__).parent / "fixtures" / "cpu-gpt2-lora-bench2m.json"
+GIB = 2**30
+
+
+@pytest.mark.parametrize("name", ["adamw", "adamw-8bit", "paged-adamw-8bit"])
+def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
+    """memory_need's optimizer bytes (on `meta`) against the state the real optimizer keeps after a
+    step of the LoRA model train builds; the shared 8-bit quantization maps counted once."""
+    import torch
+
+    from train.planning.memory_check import memory_need
+    from train.step.runtime import make_optimizer
+    from train.workload.model import build_model, resolve_model
+
+    spec, method = resolve_model("tiny"), MethodConfig(method="lora", optimizer=name)
+    model = build_model(spec, "cpu", method)
+    optimizer = make_optimizer(model, 1e-3, name)
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            parameter.grad = torch.randn_like(parameter)
+    optimizer.step()
+    seen: dict[int, int] = {}
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.dim() > 0:  # the step counters are scalars
+                seen[value.data_ptr()] = value.numel() * value.element_size()
+    need = memory_need(spec, method, "cpu").optimizer_bytes
+    assert need == sum(seen.values())
+    if name != "adamw":
+        # tiny's adapters are mostly under 4,096 values (fp32 moments); gpt2's are not: ≈4× less.
+        assert need < memory_need(spec, MethodConfig(method="lora"), "cpu").optimizer_bytes
+        gpt2 = resolve_model("gpt2")
+        ratio = memory_need(gpt2, method, "cpu").optimizer_bytes / memory_need(gpt2, MethodConfig(method="lora"), "cpu").optimizer_bytes
+        assert 0.25 < ratio < 0.26
+
+
+def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit"):
+        MethodConfig(optimizer="sgd")
+    code, _, err = run_main("train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--optimizer", "adamw-8bit", "--data", "sample", "--deadline", "1h", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "measured the adamw optimizer, this run asks for --optimizer adamw-8bit")
+
+
+def test_device_memory_is_read_as_people_write_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_memory_size("24GiB") == parse_memory_size("24") == parse_memory_size("24g") == 24 * GIB
+    assert parse_memory_size("80GB") == 80 * 10**9
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "1h", "--device-memory", "lots", "--dry-run"], capsys)
+    assert_one_line_error(code, err, "--device-memory 'lots' is not a memory size")
+
+
+def four_bit_variant(record: dict[str, Any], slower: float, less_bytes: float) -> dict[str, Any]:
+    """The same probes as if on a 4-bit base: each step `slower` times as long, every peak
+    `less_bytes` lower (the weights), fitted again."""
+    variant = copy.deepcopy(record)
+    for row in variant["measurements"]:
+        if row["status"] == "ok":
+            row["step_seconds"] *= slower
+            row["tokens_per_second"] /= slower
+            row["peak_memory_bytes"] -= less_bytes
+    variant = refit_record(variant)
+    variant["training"]["quantization"] = "4bit"
+    variant["history"] = []
+    return {key: value for key, value in variant.items() if key != "id"}
+
+
+@pytest.fixture()
+def two_setups(home: Path) -> Path:
+    """The gpt2 LoRA calibration (2 minutes on this CPU) with a 4-bit variant: 30% slower, 0.5 GiB less."""
+    record = read_calibration_file(GPT2_LORA)
+    record["variants"] = [four_bit_variant(record, 1.3, 0.5 * GIB)]
+    path = home / "two-setups.json"
+    home.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> None:
+    calibration = Calibration(read_calibration_file(two_setups), two_setups)
+    first, four_bit = calibration.variants()
+    assert (first.variant_key, four_bit.variant_key) == (("none", "adamw"), ("4bit", "adamw"))
+    assert four_bit.id == first.id and four_bit.variant == 0
+    config = next(c for c in (first.ok_rows()[0],))
+    from calibration.step_config import StepConfig
+
+    step = StepConfig.from_row(config)
+    assert four_bit.predict_for(step).step_seconds / first.predict_for(step).step_seconds == pytest.approx(1.3, rel=0.1)
+    assert first.predict_for(step).peak_memory_bytes - four_bit.predict_for(step).peak_memory_bytes == pytest.approx(0.5 * GIB, rel=0.05)
+    lora = MethodConfig(method="lora")
+    assert [method.quantize for _, method in setups_to_plan(calibration, lora, (None, None))] == ["none", "4bit"]
+    assert [method.quantize for _, method in setups_to_plan(calibration, lora, ("4bit", None))] == ["4bit"]
+    # Full fine-tuning never plans a quantized base.
+    assert [method.quantize for _, method in setups_to_plan(calibration, MethodConfig(), (None, None))] == ["none"]
+
+
+def dry_run(two_setups: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    arguments = ["--use-calibration", str(two_setups), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run", *extra]
+    return run_main("train", arguments, capsys)
+
+
+def test_the_planner_keeps_the_faster_setup_and_says_what_the_other_costs(two_setups: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, printed, err = dry_run(two_setups, capsys)
+    assert code == 0, err
+    assert "chosen: an unquantized base, the fastest that fits memory and the deadline" in printed
+    note = next(line for line in printed.splitlines() if "note: a 4-bit base: step ×" in line)
+    ratio = float(note.split("step ×")[1].split(",")[0])
+    assert 1.2 < ratio < 1.4
+    assert "GiB less peak memory" in note and "fits micro-batch" in note and "its best plan batch" in note
+
+
+def test_under_a_memory_limit_the_planner_takes_the_4bit_base(two_setups: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """0.9 GiB: below the unquantized base's optimizer-step floor (1.01 GiB measured), above the 4-bit one's."""
+    code, printed, err = dry_run(two_setups, capsys, "--device-memory", "0.9GiB")
+    assert code == 0, err
+    assert "chosen: a 4-bit base" in printed
+    assert "an unquantized base: not planned (no configuration fits in memory" in printed
+    assert "on every linear projection of a 4-bit base" in printed  # what it would train
+    code, printed, err = dry_run(two_setups, capsys, "--device-memory", "0.3GiB")
+    assert_one_line_error(code, err, "no setup the calibration measured fits")
+
+
+def test_a_plan_names_the_bases_it_did_not_measure(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, printed, err = run_main("train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run"], capsys)
+    assert code == 0, err
+    for base in ("an 8-bit base", "a 4-bit base"):
+        line = next(line for line in printed.splitlines() if f"note: {base} (not measured)" in line)
+        assert "GiB less than this run's (computed)" in line and "its speed is unmeasured" in line and "peak at this plan's configuration: fits the" in line
+
+
+def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """mistral-nemo-12b LoRA measured on the simulated H100 (bf16 base only), planned for 24 GiB."""
+    from bench.simulated import simulate_bench
+    from calibration.store import save_calibration
+
+    record, _ = simulate_bench("mistral-nemo-12b", lora=True, budget=300)
+    path = save_calibration(record)
+    arguments = ["--use-calibration", str(path), "--model", "mistral-nemo-12b", "--lora", "--data", "sample", "--deadline", "2h", "--dry-run"]
+    code, _, err = run_main("train", [*arguments, "--device-memory", "24GiB"], capsys)
+    assert_one_line_error(code, err, "no configuration fits in memory")
+    assert "an 8-bit base (not measured): 16.01 GiB before activations" in err and "a 4-bit base (not measured): 11.09 GiB" in err
+    assert err.count("peak at micro-batch 1 × length") == 2
+    code, _, err = run_main("train", [*arguments, "--device-memory", "20GiB"], capsys)
+    assert_one_line_error(code, err, "has 20 GiB (--device-memory): --quantize 8bit (≈16 GiB before activations), or --quantize 4bit (≈11 GiB")
+    code, printed, err = run_main("train", [*arguments, "--device-memory", "80GiB"], capsys)
+    assert code == 0, err
+    assert "note: a 4-bit base (not measured)" in printed and "fits the 80 GiB" in printed
+
+
+def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench run --quantize none,4bit` on tiny: one file, two fits, each variant's history its own."""
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "40s", "--quiet", "--no-report"]
+    code, printed, err = run_main("bench", ["run", "--lora", "--quantize", "none,4bit", *grid], capsys)
+    assert code == 0, err
+    (path,) = (home / "calibrations").glob("*.json")
+    calibration = Calibration(read_calibration_file(path), path)
+    first, four_bit = calibration.variants()
+    assert first.variant_key == ("none", "adamw") and four_bit.variant_key == ("4bit", "adamw")
+    assert len(first.ok_rows()) >= 3 and len(four_bit.ok_rows()) >= 3 and first.fit != four_bit.fit
+    assert "variant 1: a 4-bit base" in printed
+    code, printed, _ = run_main("bench", ["list"], capsys)
+    assert "measured an unquantized base and a 4-bit base" in printed
+    out = home / "run"
+    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "5m", "--max-steps", "4", "--out", str(out), "--no-report"], capsys)
+    assert code == 0, err
+    assert "setups measured: 2; chosen:" in printed
+    record = json.loads((out / "run.json").read_text())
+    chosen = record["training"]["quantization"] or "none"
+    data = json.loads(path.read_text())
+    histories = {"none": data.get("history", []), "4bit": data["variants"][0].get("history", [])}
+    assert len(histories[chosen]) == 1 and all(not entries for kind, entries in histories.items() if kind != chosen)
+
+
+def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tiny: bench measures LoRA on an 8-bit base with paged 8-bit AdamW, train (auto) trains that,
+    final/ loads with peft on the 8-bit base again."""
+    import torch
+
+    from train.export import load_final
+
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "30s", "--quiet", "--no-report"]
+    code, _, err = run_main("bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys)
+    assert code == 0, err
+    out = home / "run"
+    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "5m", "--max-steps", "24", "--out", str(out), "--no-report"], capsys)
+    assert code == 0, err
+    assert "of an 8-bit base, paged-adamw-8bit" in printed
+    record = json.loads((out / "run.json").read_text())
+    assert record["training"]["optimizer"] == "paged-adamw-8bit" and record["plan"]["optimizer"] == "paged-adamw-8bit"
+    losses = [entry["loss"] for entry in record["losses"]]
+    assert sum(losses[-4:]) < sum(losses[:4])  # it learns
+    model = load_final(out / "final")
+    assert type(model.get_base_model().model.layers[0].mlp.up_proj.base_layer).__name__ == "Linear8bitLt"
+    prompt = torch.tensor([[72, 105, 33]])
+    assert model.generate(input_ids=prompt, max_new_tokens=3, do_sample=False).shape == (1, 6)
+
+
+@pytest.mark.slow
+def test_gpt2_trains_on_a_4bit_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit base, planned with --force from the
+    bf16-base calibration of 2 minutes on this CPU."""
+    from train.export import load_final
+
+    out = home / "run"
+    arguments = ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--quantize", "4bit", "--force", "--data", "sample"]
+    arguments += ["--deadline", "2h", "--max-steps", "6", "--max-length", "128", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
+    code, printed, err = run_main("train", arguments, capsys)
+    assert code == 0, err
+    record = json.loads((out / "run.json").read_text())
+    losses = [entry["loss"] for entry in record["losses"]]
+    assert losses[-1] < losses[0]
+    model = load_final(out / "final")
+    assert type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__ == "Linear4bit"
