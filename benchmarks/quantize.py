@@ -39,7 +39,8 @@ def built_bytes(model: str, quantize: str, optimizer: str) -> tuple[int, int, in
         if parameter.requires_grad:
             parameter.grad = torch.zeros_like(parameter)
     optimizer_object.step()
-    state = {value.data_ptr(): value.numel() * value.element_size() for s in optimizer_object.state.values() for value in s.values() if torch.is_tensor(value) and value.dim()}
+    tensors = [value for state in optimizer_object.state.values() for value in state.values() if torch.is_tensor(value) and value.dim()]
+    state = {tensor.data_ptr(): tensor.numel() * tensor.element_size() for tensor in tensors}  # shared maps once
     return need.weights_bytes, loaded_bytes(built), need.optimizer_bytes, sum(state.values())
 
 
@@ -66,7 +67,8 @@ def main() -> None:
         calibration = Calibration(read_calibration_file(path), path)
         config = StepConfig(args.batch, 0, 1, args.length)
         print(f"{args.model} LoRA r16 on this CPU, probe B{args.batch}/S{args.length} ({' '.join(command)} --budget {args.budget})\n")
-        header = f"{'setup':<22} {'weights pred':>12} {'weights built':>13} {'optim pred':>10} {'optim real':>10} {'step s':>8} {'fit s':>8} {'peak GiB':>9} {'fit GiB':>8}"
+        columns = (("setup", 22), ("weights pred", 12), ("weights built", 13), ("optim pred", 10), ("optim real", 10), ("step s", 8), ("fit s", 8))
+        header = " ".join(f"{name:<{width}}" if name == "setup" else f"{name:>{width}}" for name, width in columns) + f" {'peak GiB':>9} {'fit GiB':>8}"
         print(header)
         print("-" * len(header))
         for variant in calibration.variants():
@@ -77,7 +79,8 @@ def main() -> None:
             measured_step = f"{row['step_seconds']:.3f}" if row else "–"
             measured_peak = f"{row['peak_memory_bytes'] / GIB:.3f}" if row else "–"
             print(
-                f"{quantize + ' / ' + optimizer:<22} {weights_predicted / GIB:>12.4f} {weights_built / GIB:>13.4f} {state_predicted / 2**20:>9.2f}M {state_real / 2**20:>9.2f}M "
+                f"{quantize + ' / ' + optimizer:<22} {weights_predicted / GIB:>12.4f} {weights_built / GIB:>13.4f} "
+                f"{state_predicted / 2**20:>9.2f}M {state_real / 2**20:>9.2f}M "
                 f"{measured_step:>8} {fit.step_seconds:>8.3f} {measured_peak:>9} {(fit.peak_memory_bytes or 0) / GIB:>8.3f}"
             )
         print(f"\ncalibration: {json.loads(path.read_text())['id']}")

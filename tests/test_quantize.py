@@ -190,3 +190,14 @@ def test_the_12b_dry_run_names_the_4bit_base_s_bytes(home: Path, capsys: pytest.
     base_gib = sum(float(part.split()[0]) for part in four_bit.split("(")[1].split(")")[0].split(" + "))
     assert abs(base_gib * 2**30 - by_hand) / by_hand < 0.01, (base_gib, by_hand / 2**30)
     assert "on an 8-bit base ≈" in line
+
+
+def test_a_4bit_model_counts_the_weights_it_stands_for() -> None:
+    """FLOPs, MFU and the calibration's parameter count come from the model's shape: a 4-bit base
+    stores two weights a byte, but computes with all of them."""
+    from train.workload.method import MethodConfig
+    from train.workload.model import build_model, model_shape, resolve_model
+
+    spec = resolve_model("tiny")
+    plain, four_bit = (model_shape(build_model(spec, "cpu", MethodConfig(method="lora", quantize=kind))) for kind in ("none", "4bit"))
+    assert four_bit == plain

@@ -62,7 +62,11 @@ def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
 def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit"):
         MethodConfig(optimizer="sgd")
-    code, _, err = run_main("train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--optimizer", "adamw-8bit", "--data", "sample", "--deadline", "1h", "--dry-run"], capsys)
+    code, _, err = run_main(
+        "train",
+        ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--optimizer", "adamw-8bit", "--data", "sample", "--deadline", "1h", "--dry-run"],
+        capsys,
+    )
     assert_one_line_error(code, err, "measured the adamw optimizer, this run asks for --optimizer adamw-8bit")
 
 
@@ -144,7 +148,9 @@ def test_under_a_memory_limit_the_planner_takes_the_4bit_base(two_setups: Path, 
 
 
 def test_a_plan_names_the_bases_it_did_not_measure(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, printed, err = run_main("train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run"], capsys)
+    code, printed, err = run_main(
+        "train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run"], capsys
+    )
     assert code == 0, err
     for base in ("an 8-bit base", "a 4-bit base"):
         line = next(line for line in printed.splitlines() if f"note: {base} (not measured)" in line)
@@ -227,7 +233,7 @@ def test_gpt2_trains_on_a_4bit_base_and_its_final_loads(home: Path, capsys: pyte
     out = home / "run"
     arguments = ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--quantize", "4bit", "--force", "--data", "sample"]
     arguments += ["--deadline", "2h", "--max-steps", "6", "--max-length", "128", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
-    code, printed, err = run_main("train", arguments, capsys)
+    code, _, err = run_main("train", arguments, capsys)
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())
     losses = [entry["loss"] for entry in record["losses"]]

@@ -458,13 +458,13 @@ def plan_setup(
 
 
 def choose_setup(runs: list[PlannedRun], refused: list[tuple[Any, str]]) -> PlannedRun:
-    """The fastest plan that meets the deadline (else the shortest), its notes saying what the
-    other setups would have cost."""
-    from train.recipes.variant_choice import compare_setups, plan_order
+    """The best plan (train.recipes.variant_choice.best_first), its notes saying what the other
+    setups would have cost."""
+    from train.recipes.variant_choice import best_first, compare_setups
 
     if len(runs) + len(refused) == 1:
         return runs[0]
-    ranked = sorted(runs, key=lambda run: plan_order(run.plan))
+    ranked = [runs[index] for index in best_first([run.plan for run in runs])]
     best = ranked[0]
     best.plan.notes.extend(compare_setups((best.cal, best.plan), [(run.cal, run.plan) for run in ranked[1:]], refused))
     return best

@@ -60,9 +60,13 @@ def smallest_activations(calibration: Any, need_bytes: float) -> tuple[float, st
     return (max(0.0, peak - need_bytes), f"micro-batch 1 × length {length}") if peak is not None else None
 
 
-def plan_order(plan: Any) -> tuple[bool, float]:
-    """Best first: plans that meet the deadline, then the shortest whole run."""
-    return (not plan.meets_deadline, plan.chosen.total_seconds)
+def best_first(plans: list[Any]) -> list[int]:
+    """The plans' indices, best first: those that meet the deadline, then the shortest run. Where
+    --fit-deadline cut a plan's steps, a shorter run may train less: then the most tokens trained
+    before the deadline come first."""
+    cut = any(plan.step_limit for plan in plans)
+    order = lambda index: (not plans[index].meets_deadline, -plans[index].chosen.tokens if cut else 0, plans[index].chosen.total_seconds)  # noqa: E731
+    return sorted(range(len(plans)), key=order)
 
 
 def step_config_of(candidate: Any) -> StepConfig:
@@ -84,9 +88,13 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
     chosen_cal, chosen_plan = chosen
     config = step_config_of(chosen_plan.chosen)
     mine = chosen_cal.predict_for(config)
-    lines = [
-        f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen_cal.variant_key)}, the fastest that fits memory and the deadline"
-    ]
+    if not chosen_plan.meets_deadline:
+        why = "the shortest plan that fits memory (none meets the deadline)"
+    elif chosen_plan.step_limit:
+        why = "the most tokens trained before the deadline (--fit-deadline)"
+    else:
+        why = "the fastest that fits memory and the deadline"
+    lines = [f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen_cal.variant_key)}, {why}"]
     for cal, plan in others:
         theirs = cal.predict_for(config)
         parts = [f"step ×{theirs.step_seconds / mine.step_seconds:.2f}"]
@@ -98,9 +106,8 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
         parts.append(f"fits micro-batch {largest}{more}" if largest else "does not fit even micro-batch 1")
         own = plan.chosen
         verdict = "meets the deadline" if plan.meets_deadline else "misses the deadline"
-        parts.append(
-            f"its best plan batch {own.micro_batch_size} × accum {own.grad_accum}, max length {own.max_length}: {_duration(own.total_seconds)} ({verdict})"
-        )
+        shape = f"{own.optimizer_steps:,} steps of batch {own.micro_batch_size} × accum {own.grad_accum}, max length {own.max_length}"
+        parts.append(f"its best plan {shape}, {own.tokens:,} tokens: {_duration(own.total_seconds)} ({verdict})")
         lines.append(f"{variant_name(*cal.variant_key)}: " + ", ".join(parts))
     lines.extend(f"{variant_name(method.quantize, method.optimizer)}: not planned ({why})" for method, why in refused)
     return lines

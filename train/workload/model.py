@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -202,13 +203,21 @@ class ModelShape:
         return float(flops)
 
 
+def logical_numel(parameter: Any) -> int:
+    """The weights a parameter stands for: a 4-bit bitsandbytes weight stores two a byte (its
+    `quant_state` keeps the shape it came from); every other parameter, its own count."""
+    state = getattr(parameter, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else parameter.numel()
+
+
 def model_shape(model: Any) -> ModelShape:
     model = getattr(model, "module", model)  # unwrap DistributedDataParallel
     adapters = sum(parameter.numel() for name, parameter in model.named_parameters() if "lora_" in name)
     get_base = getattr(model, "get_base_model", None)
     model = get_base() if get_base is not None else model
     config = model.config
-    total = sum(parameter.numel() for parameter in model.parameters())
+    total = sum(logical_numel(parameter) for parameter in model.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
     lookup = 0
     embeddings = model.get_input_embeddings()
