@@ -168,7 +168,7 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
     code, _, err = run_main("train", [*arguments, "--device-memory", "24GiB"], capsys)
     assert_one_line_error(code, err, "no configuration fits in memory")
     assert "an 8-bit base (not measured): 16.01 GiB before activations" in err and "a 4-bit base (not measured): 11.09 GiB" in err
-    assert err.count("peak at micro-batch 1 × length") == 2
+    assert err.count("peak at micro-batch 1 × length") == 3 and "this run's base: ≈" in err  # none, 8-bit, 4-bit
     code, _, err = run_main("train", [*arguments, "--device-memory", "20GiB"], capsys)
     assert_one_line_error(code, err, "has 20 GiB (--device-memory): --quantize 8bit (≈16 GiB before activations), or --quantize 4bit (≈11 GiB")
     code, printed, err = run_main("train", [*arguments, "--device-memory", "80GiB"], capsys)
@@ -189,6 +189,8 @@ def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pyte
     assert "variant 1: a 4-bit base" in printed
     code, printed, _ = run_main("bench", ["list"], capsys)
     assert "measured an unquantized base and a 4-bit base" in printed
+    code, printed, _ = run_main("bench", ["show", "latest"], capsys)
+    assert "variant 1: a 4-bit base" in printed and printed.count("Held-out tokens/s error") == 2
     out = home / "run"
     code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "5m", "--max-steps", "4", "--out", str(out), "--no-report"], capsys)
     assert code == 0, err

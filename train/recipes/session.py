@@ -425,10 +425,15 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
 def with_smaller_bases(message: str, spec: Any, method: Any, cal: Any, hardware: dict[str, Any], need: Any) -> str:
     """A plan that fits nowhere, and what the bases the calibration did not measure would hold,
     with the activations of the smallest step."""
-    from train.recipes.variant_choice import smallest_activations, unmeasured_bases
+    from train.recipes.variant_choice import GIB, fit_verdict, smallest_activations, unmeasured_bases
 
-    others = unmeasured_bases(spec, method, cal, hardware, smallest_activations(cal, need.total_bytes))
-    return message + ("; " + "; ".join(others) if others else "")
+    activations = smallest_activations(cal, need.total_bytes)
+    others = unmeasured_bases(spec, method, cal, hardware, activations)
+    if not others or activations is None:
+        return message + ("; " + "; ".join(others) if others else "")
+    peak = need.total_bytes + activations[0]
+    mine = f"this run's base: ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {fit_verdict(peak, float(hardware['memory_bytes']), cal.memory_margin)}"
+    return "; ".join([message, mine, *others])
 
 
 def plan_setup(

@@ -119,6 +119,14 @@ def _duration(seconds: float) -> str:
     return format_duration(seconds)
 
 
+def fit_verdict(peak: float, limit: float, margin: float) -> str:
+    """ "fits the 24 GiB", "fits the 16 GiB only without the 10% margin plans keep", "does not fit the 16 GiB"."""
+    device = f"the {limit / GIB:.3g} GiB"
+    if peak * (1 + margin) <= limit:
+        return f"fits {device}"
+    return f"fits {device} only without the {margin:.0%} margin plans keep" if peak <= limit else f"does not fit {device}"
+
+
 def unmeasured_bases(spec: Any, method: Any, calibration: Any, hardware: dict[str, Any], activations: tuple[float, str] | None) -> list[str]:
     """For LoRA: each base (none/8bit/4bit) the calibration did not measure, what it would hold
     before activations (computed from the model's shapes, train.planning.memory_check) against
@@ -140,9 +148,7 @@ def unmeasured_bases(spec: Any, method: Any, calibration: Any, hardware: dict[st
         fit = ""
         if activations is not None:
             peak = need + activations[0]
-            margin = calibration.memory_margin
-            verdict = "fits" if peak * (1 + margin) <= limit else f"fits only without the {margin:.0%} margin plans keep:" if peak <= limit else "does not fit"
-            fit = f"; ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {verdict} the {limit / GIB:.3g} GiB"
+            fit = f"; ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {fit_verdict(peak, limit, calibration.memory_margin)}"
         lines.append(
             f"{variant_name(kind, method.optimizer)} (not measured): {need / GIB:.2f} GiB before activations, {change} (computed){fit}; "
             f"its speed is unmeasured: `bench run --lora --quantize {','.join(sorted(measured | {kind}, key=('none', '8bit', '4bit').index))}`"

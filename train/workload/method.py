@@ -123,6 +123,8 @@ def quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
     warnings.filterwarnings("ignore", message=r".*_check_is_size will be removed.*", category=FutureWarning)
+    # LLM.int8 computes its matmuls in fp16, as its paper does: said on every call on CPU.
+    warnings.filterwarnings("ignore", message=r"MatMul8bitLt: inputs will be cast from .* during quantization")
     # bitsandbytes >= 0.50 logs, when imported on an AVX512-BF16 CPU, that an optional kernel package
     # for its 4-bit inference path is missing: a path benchtrain turns off (quantize.keep_one_weight_layout).
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
@@ -199,11 +201,14 @@ def lora_targets_of(model: Any) -> list[str]:
 
 
 def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
-    """What was trained, for the calibration and run.json: method, adapter settings, counts."""
+    """What was trained, for the calibration and run.json: method, adapter settings, counts (a
+    4-bit weight counted as the weights it stands for)."""
+    from train.workload.quantize import logical_numel
+
     record: dict[str, Any] = {
         "method": method.method,
         "trainable_parameters": trainable_parameter_count(model),
-        "total_parameters": sum(parameter.numel() for parameter in model.parameters()),
+        "total_parameters": sum(logical_numel(parameter) for parameter in model.parameters()),
         "lora": None,
         "quantization": method.quantize if method.quantized else None,
         "optimizer": method.optimizer,

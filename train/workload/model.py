@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from common.errors import BenchtrainError
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.method import MethodConfig, apply_method
 from train.workload.presets import PRESETS, canonical_preset, preset_names
+from train.workload.quantize import logical_numel
 
 # Keys that do not change the computation and must not change the fingerprint.
 FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
@@ -201,14 +201,6 @@ class ModelShape:
         if recompute:
             flops += 2 * base + 2 * adapters + attention
         return float(flops)
-
-
-def logical_numel(parameter: Any) -> int:
-    """The weights a parameter stands for: a 4-bit bitsandbytes weight stores two a byte (its
-    `quant_state` keeps the shape it came from); every other parameter, its own count."""
-    state = getattr(parameter, "quant_state", None)
-    shape = getattr(state, "shape", None)
-    return int(math.prod(shape)) if shape is not None else parameter.numel()
 
 
 def model_shape(model: Any) -> ModelShape:

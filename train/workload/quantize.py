@@ -50,6 +50,14 @@ class QuantizedBytes:
         return self.quantized + self.statistics + self.unquantized
 
 
+def logical_numel(parameter: Any) -> int:
+    """The weights a parameter stands for: a 4-bit bitsandbytes weight stores two a byte (its
+    `quant_state` keeps the shape it came from); every other parameter, its own count."""
+    state = getattr(parameter, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else parameter.numel()
+
+
 def base_phrase(kind: str) -> str:
     """`a 4-bit base`, `an 8-bit base`."""
     return f"{'an' if kind == '8bit' else 'a'} {kind.replace('bit', '-bit')} base"
@@ -162,18 +170,26 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     require_bitsandbytes()
     options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}, "quantization_config": bitsandbytes_config(kind, torch.bfloat16)}
-    if isinstance(source, (str, Path)):
-        model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **options)
-    else:
-        torch.manual_seed(0)  # the same initial weights as the preset's unquantized builds
-        plain = AutoModelForCausalLM.from_config(source, dtype=dtype)
-        with tempfile.TemporaryDirectory(prefix="benchtrain-quantize-") as folder:
-            plain.save_pretrained(folder)
-            del plain
-            model = AutoModelForCausalLM.from_pretrained(folder, **options)
+    # transformers' own bars ("Writing model shards", "Loading weights") would interleave with bench's.
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        if isinstance(source, (str, Path)):
+            model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **options)
+        else:
+            torch.manual_seed(0)  # the same initial weights as the preset's unquantized builds
+            plain = AutoModelForCausalLM.from_config(source, dtype=dtype)
+            with tempfile.TemporaryDirectory(prefix="benchtrain-quantize-") as folder:
+                plain.save_pretrained(folder)
+                del plain
+                model = AutoModelForCausalLM.from_pretrained(folder, **options)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
     return prepare_model_for_kbit_training(keep_one_weight_layout(model), use_gradient_checkpointing=False)
 
 
