@@ -24,6 +24,9 @@ EXAMPLES = """examples:
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
+  train --data chats.jsonl --model llama-3.1-8b --lora --deadline 3h     # --quantize/--optimizer auto: the fastest setup bench measured
+  train --data chats.jsonl --model mistral-nemo-12b --lora --quantize 4bit --optimizer paged-adamw-8bit --deadline 6h   # QLoRA
+  train --data chats.jsonl --model mistral-nemo-12b --lora --deadline 6h --dry-run --device-memory 24GiB   # which base fits a 24 GiB card?
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h --lr-scaling sqrt --base-batch 16

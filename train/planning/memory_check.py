@@ -151,9 +151,15 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
-        f"activations; this {hardware['name']} has {available / GIB:.3g} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
+        f"activations; this {hardware['name']} has {gib_text(available)} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
         f"{', or '.join(options[:2])}"
     )
+
+
+def gib_text(size_bytes: float) -> str:
+    """A device's memory in GiB as people quote it: 79, 24, 0.9."""
+    gib = size_bytes / GIB
+    return f"{gib:.0f}" if gib >= 10 else f"{gib:.2g}"
 
 
 def smaller_bases(spec: Any, method: MethodConfig, device_type: str, available: float) -> list[str]:

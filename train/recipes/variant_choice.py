@@ -121,7 +121,9 @@ def _duration(seconds: float) -> str:
 
 def fit_verdict(peak: float, limit: float, margin: float) -> str:
     """ "fits the 24 GiB", "fits the 16 GiB only without the 10% margin plans keep", "does not fit the 16 GiB"."""
-    device = f"the {limit / GIB:.3g} GiB"
+    from train.planning.memory_check import gib_text
+
+    device = f"the {gib_text(limit)} GiB"
     if peak * (1 + margin) <= limit:
         return f"fits {device}"
     return f"fits {device} only without the {margin:.0%} margin plans keep" if peak <= limit else f"does not fit {device}"
