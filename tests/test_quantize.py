@@ -53,6 +53,20 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return folders
 
 
+def hide_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if bitsandbytes were not installed (its version unknown to importlib.metadata)."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+
+    def without_bitsandbytes(name: str) -> str:
+        if name == "bitsandbytes":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
+
+
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
 @pytest.mark.parametrize("kind", ["4bit", "8bit", "none"])
 def test_the_bytes_of_a_quantized_base_are_known_before_it_is_built(saved: dict[str, Path], architecture: str, kind: str) -> None:
@@ -90,16 +104,7 @@ def test_quantize_is_for_a_frozen_base_and_needs_bitsandbytes(monkeypatch: pytes
     check_quantize("none", is_lora=False)
     check_quantize("8bit", is_lora=True)
 
-    import importlib.metadata
-
-    real_version = importlib.metadata.version
-
-    def without_bitsandbytes(name: str) -> str:
-        if name == "bitsandbytes":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real_version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
+    hide_bitsandbytes(monkeypatch)
     with pytest.raises(BenchtrainError, match=r"needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'"):
         check_quantize("4bit", is_lora=True)
 

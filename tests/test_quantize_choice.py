@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("bitsandbytes")
 
 from test_cli import assert_one_line_error, run_main
+from test_quantize import hide_bitsandbytes
 
 from bench.refit import refit_record
 from calibration.model import Calibration
@@ -242,3 +243,33 @@ def test_gpt2_trains_on_a_4bit_base_and_its_final_loads(home: Path, capsys: pyte
     assert losses[-1] < losses[0]
     model = load_final(out / "final")
     assert type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__ == "Linear4bit"
+
+
+def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_bitsandbytes(monkeypatch)
+    with pytest.raises(BenchtrainError, match=r"^--optimizer adamw-8bit needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'$"):
+        MethodConfig(method="lora", optimizer="adamw-8bit")
+    MethodConfig(method="lora")  # plain AdamW needs nothing more
+
+
+def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto() -> None:
+    from train.recipes.session import resumed_method, same_method
+    from train.recipes.variant_choice import asked_variant, with_run_variant
+
+    previous = {"plan": {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}}
+    run = resumed_method(previous)
+    assert run.variant == ("4bit", "paged-adamw-8bit")
+    command = MethodConfig(method="lora")  # --quantize auto --optimizer auto
+    kept = with_run_variant(command, run, asked_variant("auto", "auto"))
+    assert kept.variant == run.variant and same_method(run, kept)
+    other = with_run_variant(command, run, asked_variant("none", "auto"))  # a value named is this command's
+    assert other.variant == ("none", "paged-adamw-8bit") and not same_method(run, other)
+
+
+def test_a_refit_fits_every_setup_again(two_setups: Path) -> None:
+    source = read_calibration_file(two_setups)
+    refitted = refit_record(source)
+    assert len(refitted["variants"]) == 1 and refitted["variants"][0]["training"]["quantization"] == "4bit"
+    assert refitted["variants"][0]["refit_of"] == source["id"]
+    _, four_bit = Calibration(refitted).variants()
+    assert four_bit.fit["memory"] == source["variants"][0]["fit"]["memory"]  # the same rows, the same fit
