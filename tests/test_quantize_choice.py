@@ -228,21 +228,22 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
 
 
 @pytest.mark.slow
-def test_gpt2_trains_on_a_4bit_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit base, planned with --force from the
-    bf16-base calibration of 2 minutes on this CPU."""
+@pytest.mark.parametrize("kind", ["4bit", "8bit"])
+def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit or 8-bit base, planned with --force from
+    the bf16-base calibration of 2 minutes on this CPU."""
     from train.export import load_final
 
     out = home / "run"
-    arguments = ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--quantize", "4bit", "--force", "--data", "sample"]
-    arguments += ["--deadline", "2h", "--max-steps", "6", "--max-length", "128", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
+    arguments = ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--quantize", kind, "--force", "--data", "sample"]
+    arguments += ["--deadline", "2h", "--max-steps", "5", "--max-length", "64", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
     code, _, err = run_main("train", arguments, capsys)
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())
     losses = [entry["loss"] for entry in record["losses"]]
     assert losses[-1] < losses[0]
     model = load_final(out / "final")
-    assert type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__ == "Linear4bit"
+    assert type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__ == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
 
 
 def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

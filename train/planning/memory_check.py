@@ -211,4 +211,14 @@ def describe_needs(
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
     device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
-    return f"memory before activations: {', '.join(parts)}; {device} has {hardware['memory_bytes'] / GIB:.0f} GiB"
+    optimizer = optimizer_states(spec, chosen, hardware["device_type"])
+    return f"memory before activations: {', '.join(parts)}; {optimizer}; {device} has {gib_text(hardware['memory_bytes'])} GiB"
+
+
+def optimizer_states(spec: Any, chosen: MethodConfig, device_type: str) -> str:
+    """ "optimizer state: 18 MiB with adamw, 4.57 MiB with adamw-8bit or paged-adamw-8bit (this run: adamw)"."""
+    from train.workload.optimizers import OPTIMIZER_CHOICES
+
+    sizes = {name: memory_need(spec, replace(chosen, optimizer=name), device_type).optimizer_bytes for name in OPTIMIZER_CHOICES[:2]}
+    texts = [f"{size / 2**20:.3g} MiB with {name}" for name, size in sizes.items()]
+    return f"optimizer state: {', '.join(texts)} or paged-adamw-8bit (this run: {chosen.optimizer})"
