@@ -234,8 +234,12 @@ def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys:
     the bf16-base calibration of 2 minutes on this CPU."""
     from train.export import load_final
 
+    import shutil
+
     out = home / "run"
-    arguments = ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--quantize", kind, "--force", "--data", "sample"]
+    home.mkdir(parents=True, exist_ok=True)
+    calibration = shutil.copy(GPT2_LORA, home / "gpt2-lora.json")  # a run appends to its calibration's history
+    arguments = ["--use-calibration", str(calibration), "--model", "gpt2", "--lora", "--quantize", kind, "--force", "--data", "sample"]
     arguments += ["--deadline", "2h", "--max-steps", "5", "--max-length", "64", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
     code, _, err = run_main("train", arguments, capsys)
     assert code == 0, err
