@@ -232,9 +232,9 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
 def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
     """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit or 8-bit base, planned with --force from
     the bf16-base calibration of 2 minutes on this CPU."""
-    from train.export import load_final
-
     import shutil
+
+    from train.export import load_final
 
     out = home / "run"
     home.mkdir(parents=True, exist_ok=True)
