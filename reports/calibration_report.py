@@ -7,7 +7,8 @@ from typing import Any
 
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
-from calibration.schema import read_calibration_file
+from calibration.schema import read_calibration_file, variant_data
+from calibration.setup import describe_setup, variant_key, variant_name
 from calibration.step_config import StepConfig
 from calibration.store import CSV_COLUMNS
 from reports import figures
@@ -23,10 +24,10 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     data = read_calibration_file(calibration_path)
     out = Path(out_dir) if out_dir else report_dir_for(calibration_path)
     out.mkdir(parents=True, exist_ok=True)
-    cal = Calibration(data, calibration_path) if data.get("fit") else None
-    sections = fit_sections(cal, data, out)
-    sections += drift_sections(data)
-    sections += [measurements_section(data["measurements"]), setup_section(data), history_section(data)]
+    sections = setup_sections(data, calibration_path, None, out)
+    # Each other setup the calibration measured (bench run --quantize none,4bit …), its figures apart.
+    for index in range(len(data.get("variants") or [])):
+        sections += setup_sections(data, calibration_path, index, out / f"variant-{index + 1}")
     html_path = out / "report.html"
     html_path.write_text(
         page(
@@ -37,6 +38,21 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
         encoding="utf-8",
     )
     return html_path
+
+
+def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, out: Path) -> list[str]:
+    """The sections of one setup the file measured (the first: variant None), under a heading
+    naming it when the file holds several."""
+    data = variant_data(file_data, variant)
+    out.mkdir(parents=True, exist_ok=True)
+    cal = Calibration(file_data, path, variant) if data.get("fit") else None
+    sections = fit_sections(cal, data, out)
+    sections += drift_sections(data)
+    sections += [measurements_section(data["measurements"]), setup_section(data), history_section(data)]
+    if not file_data.get("variants"):
+        return sections
+    heading = f"{'First setup' if variant is None else f'Variant {variant + 1}'}: {variant_name(*variant_key(data))}"
+    return [section(heading, f"<p>{escape(describe_setup(data))}</p>"), *sections]
 
 
 def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> list[str]:

@@ -278,3 +278,11 @@ def test_a_refit_fits_every_setup_again(two_setups: Path) -> None:
     assert refitted["variants"][0]["refit_of"] == source["id"]
     _, four_bit = Calibration(refitted).variants()
     assert four_bit.fit["memory"] == source["variants"][0]["fit"]["memory"]  # the same rows, the same fit
+
+
+def test_the_calibration_report_shows_every_setup(two_setups: Path, tmp_path: Path) -> None:
+    from reports.calibration_report import write_calibration_report
+
+    text = write_calibration_report(two_setups, tmp_path / "report").read_text()
+    assert "First setup: an unquantized base" in text and "Variant 1: a 4-bit base" in text
+    assert text.count("The fit in words") == 2 and (tmp_path / "report" / "variant-1" / "throughput_heatmap.png").is_file()
