@@ -151,7 +151,7 @@ def settle_budget(
     seconds = auto_budget(planner, spent_seconds, after_probes_seconds) if asked == "auto" else asked
     assert seconds is None or isinstance(seconds, (int, float))
     if asked == "auto":
-        say(f"--budget auto: {format_duration(seconds)} (the grid's first {AUTO_PROBES} probes at today's prices)")
+        say(f"--budget auto: {format_duration(seconds or 0.0)} (the grid's first {AUTO_PROBES} probes at today's prices)")
     view = outlook(planner, seconds, spent_seconds, after_probes_seconds)
     if expected is not None and view.planned:
         view = dataclasses.replace(view, expected_error_pct=expected(len(view.planned)))

@@ -123,6 +123,8 @@ def run_grid(
 
     def measure_reference() -> None:
         nonlocal since_reference
+        if reference is None:
+            return
         row = prober(reference)
         planner.record(row, repeat=True)
         since_reference = 0
@@ -198,7 +200,7 @@ def run_optuna(
     cannot pay for, or already known, is replaced by the planner's choice (bench.choose).
     """
     import optuna
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -210,11 +212,11 @@ def run_optuna(
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=seed),
     )
-    distributions = {dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)}
+    distributions: dict[str, BaseDistribution] = {dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)}
     done: dict[StepConfig, dict[str, Any]] = {}
-    for trial in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if "row" in trial.user_attrs:
-            done[StepConfig.from_row(trial.params)] = trial.user_attrs["row"]
+    for finished in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if "row" in finished.user_attrs:
+            done[StepConfig.from_row(finished.params)] = finished.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))
     planner = planner or default_planner(space)
     for row in result.rows:

@@ -265,7 +265,7 @@ def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) 
     method = MethodConfig(method="lora") if lora else MethodConfig()
     need = memory_need(spec, method, "cuda")
     shape = model_shape(meta_model(spec, method))
-    hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd"))
+    hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict["n_embd"])
     device = SimulatedDevice(
         measured=measured,
         flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing),

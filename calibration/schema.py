@@ -20,7 +20,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     """Version 2 knows what was trained (full or LoRA) and gradient checkpointing per probe.
     Version 1 files measured full fine-tuning without checkpointing."""
     data = dict(data)
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    model = data["model"] if isinstance(data.get("model"), dict) else {}
     data.setdefault("training", {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")})
     for row in data.get("measurements") or []:
         if isinstance(row, dict):
@@ -28,7 +28,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
             # Version 1 stored a probe's mean step as step_seconds; version 2 fits the median (the
             # mean is kept beside it, and the fit's tail factor turns medians back into means).
             median = row.get("step_seconds_median")
-            if row.get("status") == "ok" and _is_number(median) and median > 0 and "step_seconds_mean" not in row:
+            if row.get("status") == "ok" and isinstance(median, (int, float)) and median > 0 and "step_seconds_mean" not in row:
                 row["step_seconds_mean"] = row.get("step_seconds")
                 row["step_seconds"] = median
                 tokens = row.get("micro_batch_size", 0) * row.get("seq_len", 0) * row.get("grad_accum", 0)

@@ -92,7 +92,8 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
                 "Measured tokens/s by micro batch and sequence length",
             )
         )
-        predict = (lambda b, s: cal.memory.peak_bytes(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s))) if cal and cal.memory else None
+        memory = cal.memory if cal else None
+        predict = (lambda b, s: memory.peak_bytes(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s))) if memory else None  # type: ignore[union-attr]
         figure_paths.append(
             (
                 figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"),

@@ -175,7 +175,7 @@ def wrap(lines: list[str], width: int = 90) -> list[str]:
 def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: list[int] | None = None, eval_losses: list[float] | None = None) -> Path:
     figure, axis = plt.subplots(figsize=(7.2, 4.0))
     axis.plot(steps, losses, color="#8e44ad", linewidth=1, label="training loss")
-    if eval_steps:
+    if eval_steps and eval_losses:
         axis.plot(eval_steps, eval_losses, color="#e67e22", marker="o", linewidth=1.5, label="eval loss")
         axis.legend()
     axis.set_xlabel("optimizer step")

@@ -336,7 +336,11 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
         if report_path is not None:
             # train's plan counts the report it writes at the end: measured here, for every setup.
             seconds = round(time.monotonic() - report_started, 3)
-            update_calibration(path, lambda data: [entry["overheads"].update(report_seconds=seconds) for entry in (data, *data.get("variants", []))])
+            def add_report_seconds(data: dict[str, Any]) -> None:
+                for entry in (data, *data.get("variants", [])):
+                    entry["overheads"]["report_seconds"] = seconds
+
+            update_calibration(path, add_report_seconds)
     for index, (one, not_probed) in enumerate(zip(records, left_out, strict=True)):
         one["id"] = record["id"]  # the id it was saved under
         if len(records) > 1:

@@ -477,7 +477,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         fixed = request.configuration
-        lengths, notes = [fixed["max_length"]], []
+        lengths, notes = [fixed["max_length"]], list[str]()
         options = [(fixed["micro_batch_size"], fixed["grad_accum"], fixed["num_workers"], bool(fixed.get("gradient_checkpointing", False)))]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
@@ -567,7 +567,7 @@ def shortened_alternatives(
 ) -> list[Candidate]:
     """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
     (those of which not one step fits are left out)."""
-    alternatives = []
+    alternatives: list[Candidate] = []
     for candidate in ranked:
         if len(alternatives) == shown:
             break

@@ -289,13 +289,13 @@ def plan_row(
         row.problem = str(error)
         return row
     traffic = traffic_of(option.sharding, need, device.hardware["device_type"])
-    if option.predicted:
+    if option.predicted and option.collectives is not None:
         per_step, per_micro_step, row.communication = price_traffic(option.collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
-        error = PREDICTION_ERROR[option.sharding]
+        prediction_error = PREDICTION_ERROR[option.sharding]
     else:
         per_step, per_micro_step, row.communication = plan_communication(cal, option.world_size, traffic, config.force)
-        error = 0.0
-    placement = row.placement = Placement(device, option.world_size, option.sharding, (per_step, per_micro_step), row.price_per_hour, error)
+        prediction_error = 0.0
+    placement = row.placement = Placement(device, option.world_size, option.sharding, (per_step, per_micro_step), row.price_per_hour, prediction_error)
     request = plan_request(config, spec, method, cal, placement, need, elapsed, eval_data is not None, None, 0, *prep)
     try:
         row.plan = make_plan(cal, data, request, eval_data)

@@ -95,7 +95,7 @@ class TrainConfig:
     device_memory_bytes: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        derived = {
+        derived: dict[str, Any] = {
             "deadline_seconds": parse_duration(self.deadline, "--deadline"),
             "checkpoint_interval_seconds": parse_duration(self.checkpoint_interval, "--checkpoint-interval"),
             "max_length": parse_max_length(self.max_length),

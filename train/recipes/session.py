@@ -48,10 +48,10 @@ def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calib
         if chosen.id != own_id and not config.force:
             raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
         return chosen
-    for reference in (own_path, own_id):
-        if reference and (Path(reference).is_file() or "/" not in str(reference)):
+    for stored in (own_path, own_id):
+        if stored and (Path(stored).is_file() or "/" not in str(stored)):
             try:
-                return calibration_api.load(reference)
+                return calibration_api.load(stored)
             except BenchtrainError:
                 continue
     raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
@@ -370,7 +370,7 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     from train.recipes.variant_choice import asked_variant, setups_to_plan, unmeasured_bases
 
     spec, method, out_dir, previous = resume_target(config)
-    completed = completed_steps(out_dir) if previous else 0
+    completed = completed_steps(out_dir) if previous and out_dir else 0
     if previous:
         # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
         config = replace(config, max_steps=resumed_step_limit(previous, config, completed))
@@ -482,9 +482,9 @@ def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str,
 
     spec = resolve_model(config.model)
     out_dir = Path(config.out).expanduser() if config.out else None
-    if config.resume and not (out_dir / "run.json").is_file():
+    if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-    previous = json.loads((out_dir / "run.json").read_text()) if config.resume else None
+    previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
     method = config.method
     if previous:
         from train.recipes.variant_choice import asked_variant, with_run_variant

@@ -53,9 +53,9 @@ def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     version, internal, gauss = random.getstate()
-    name, keys, position, has_gauss, cached = np.random.get_state()
-    plain = {"python": [version, list(internal), gauss], "numpy": [name, keys.tolist(), int(position), int(has_gauss), float(cached)]}
-    tensors = {"torch": torch.get_rng_state()}
+    name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    plain = {"python": [version, list(internal), gauss], "numpy": [name, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)]}
+    tensors: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors["cuda"] = torch.cuda.get_rng_state_all()
     return plain, tensors

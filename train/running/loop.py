@@ -432,6 +432,8 @@ class TrainingRun:
         from train.step.evaluation import evaluate_loss
 
         c = self.chosen
+        if self.eval_data is None:
+            return
         result = evaluate_loss(
             self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed, self.engine.compiled
         )
@@ -441,7 +443,7 @@ class TrainingRun:
             progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
         self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
 
-    def _track(self, values: dict[str, float], step: int) -> None:
+    def _track(self, values: dict[str, float | None], step: int) -> None:
         if self.accelerator.is_main_process:
             trackers.log(self.accelerator, values, step)
 

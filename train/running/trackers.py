@@ -69,7 +69,8 @@ def start(accelerator: Any, names: tuple[str, ...], run_dir: Path, record: dict[
     log(accelerator, {f"estimate/{key}": value for key, value in estimate.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}, 0)
 
 
-def log(accelerator: Any, values: dict[str, float], step: int) -> None:
+def log(accelerator: Any, values: dict[str, float | None], step: int) -> None:
+    """The values known at `step` to every tracker (None: not known, left out)."""
     if getattr(accelerator, "trackers", None):
         accelerator.log({key: value for key, value in values.items() if value is not None}, step=step)
 

@@ -72,7 +72,9 @@ def compile_cache_record() -> dict[str, str]:
 
 def compile_cache_usable(cache: dict[str, str] | None) -> bool:
     """Whether a run here finds bench's compiled kernels: same machine, cache still there."""
-    return bool(cache) and cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
+    if not cache:
+        return False
+    return cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
 
 
 def compile_seconds(measured: dict[str, Any], shapes: set[tuple[int, int]], probed: set[tuple[int, int]], cache: dict[str, str] | None) -> float:

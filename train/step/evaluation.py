@@ -18,7 +18,7 @@ import numpy as np
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
-from train.workload.batching import IGNORE_INDEX, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
+from train.workload.batching import IGNORE_INDEX, DataView, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
 from train.workload.data import TokenizedData
 
 
@@ -72,7 +72,7 @@ def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[Tokeniz
     return data.subset(train_index), data.subset(eval_index)
 
 
-def eval_batches(data: TokenizedData, micro_batch_size: int, max_length: int, seed: int) -> list[list[int]]:
+def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int) -> Any:
     """The eval set's fixed batches (as planned for training, epoch 0)."""
     return epoch_batches(data, micro_batch_size, max_length, seed, 0)
 

@@ -138,6 +138,7 @@ def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: i
         grad_logits[torch.arange(len(target), device=target.device), safe_target] -= 1.0
         grad_logits.mul_((keep / count)[:, None])
         grad_logits = grad_logits.to(hidden.dtype)
+        assert grad_hidden is not None  # made whenever grads are
         grad_hidden[start : start + chunk] = grad_logits @ compute
         if grad_weight is not None:
             # Accumulated in fp32 whatever the matmul dtype.

@@ -23,6 +23,9 @@ import numpy as np
 from train.workload.sampling import SampledData
 from train.workload.tokens import TokenizedData
 
+# Sample lengths: a list, or the memory-mapped int array a big corpus keeps (train.workload.tokens).
+Lengths = Sequence[int] | np.ndarray
+
 # What the planner reads of data: the exact store, or a sample standing for the whole set.
 DataView = TokenizedData | SampledData
 
@@ -52,7 +55,7 @@ class BatchShape:
         return self.rows * self.length
 
 
-def _padded_layout(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _padded_layout(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sample order, where each batch starts in it, the order batches run in): a shuffled order,
     sorted (longest first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and
     the batches shuffled."""
@@ -68,7 +71,7 @@ def _padded_layout(lengths: Sequence[int], micro_batch_size: int, max_length: in
     return order, starts, rng.permutation(len(starts))
 
 
-def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
+def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
     """Length-grouped batches of sample indices (_padded_layout), in the order they run."""
     if len(lengths) == 0:
         return []
@@ -78,7 +81,7 @@ def plan_padded_batches(lengths: Sequence[int], micro_batch_size: int, max_lengt
 
 
 def padded_epoch_shape_counts(
-    lengths: Sequence[int], micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
+    lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
 ) -> dict[tuple[int, int], int]:
     """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches
     (one process plans 600,000 samples in seconds): each batch's rows and longest sample from the
@@ -109,7 +112,7 @@ def padded_width(longest: int, max_length: int, bucket: int | None = None) -> in
 
 
 def _padded_rows_and_lengths(
-    lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+    lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     clipped = np.minimum(np.asarray(lengths), max_length)
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
@@ -120,7 +123,7 @@ def _padded_rows_and_lengths(
     return sizes, longest
 
 
-def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def padded_shapes(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     """Each batch's (rows, length it is padded to)."""
     if not len(batches):
         return []
@@ -128,7 +131,7 @@ def padded_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(lengths: Sequence[int], batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
+def padded_shape_counts(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):
@@ -147,20 +150,20 @@ class PackedPlan(Sequence):
 
     def __init__(self, order: np.ndarray, micro_batch_size: int, first: int = 0, count: int | None = None) -> None:
         self.order, self.micro_batch_size, self.first = order, micro_batch_size, first
-        self.count = -(-len(order) // micro_batch_size) - first if count is None else count
+        self.batches = -(-len(order) // micro_batch_size) - first if count is None else count
 
     def __len__(self) -> int:
-        return self.count
+        return self.batches
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            start, stop, step = index.indices(self.count)
+            start, stop, step = index.indices(self.batches)
             if step == 1:
                 return PackedPlan(self.order, self.micro_batch_size, self.first + start, max(0, stop - start))
             return [self[i] for i in range(start, stop, step)]
-        if not -self.count <= index < self.count:
+        if not -self.batches <= index < self.batches:
             raise IndexError(index)
-        batch = self.first + (index % self.count)
+        batch = self.first + (index % self.batches)
         return self.order[batch * self.micro_batch_size : (batch + 1) * self.micro_batch_size].tolist()
 
 
@@ -306,7 +309,7 @@ def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
 
 
-def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[list[int]]:
+def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[Any]:
     """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
     if data.packing:
         rows = packed_row_count(data.stream_length, max_length)

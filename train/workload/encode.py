@@ -117,15 +117,15 @@ class Encoder:
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         layout = self.layout
         if layout.format == "tokens":  # pre-tokenized: the ids as they are
-            return [list(ids or []) for ids in batch[layout.text]], None, [0] * len(records)
+            return [list(ids or []) for ids in batch[layout.column(layout.text)]], None, [0] * len(records)
         if layout.format == "text":
-            texts = [str(record[layout.text] or "") for record in records]
+            texts = [str(record[layout.column(layout.text)] or "") for record in records]
             return [ids + self.eos for ids in self._ids(texts)], None, [0] * len(records)
         if layout.is_chat:
             conversations = [layout.messages_of(record, self.path) for record in records]
             return (*self._chat(conversations), [0] * len(records))
-        prompts = self._ids([str(record[layout.prompt] or "") for record in records])
-        completions = self._ids([str(record[layout.completion] or "") for record in records])
+        prompts = self._ids([str(record[layout.column(layout.prompt)] or "") for record in records])
+        completions = self._ids([str(record[layout.column(layout.completion)] or "") for record in records])
         return [p + c + self.eos for p, c in zip(prompts, completions, strict=True)], None, [len(p) for p in prompts]
 
     def _ids(self, texts: list[str]) -> list[list[int]]:

@@ -94,16 +94,23 @@ class Layout:
     def is_chat(self) -> bool:
         return self.format in CHAT_FORMATS
 
+    def column(self, name: str | None) -> str:
+        """A column this format needs (set whenever the format is: detect_layout)."""
+        if name is None:
+            raise BenchtrainError(f"the {self.format} format needs a column that was not named")
+        return name
+
     def messages_of(self, record: dict[str, Any], where: str) -> list[dict[str, str]]:
         """A chat record as {role, content} turns for the chat template."""
         system = str(record.get(self.system) or "") if self.system else ""
         opening = [{"role": "system", "content": system}] if system else []
         if self.format == "alpaca":
-            instruction = str(record.get(self.prompt) or "")
+            instruction = str(record.get(self.column(self.prompt)) or "")
             extra = str(record.get(self.input) or "") if self.input else ""
             question = f"{instruction}\n\n{extra}" if extra else instruction
-            return [*opening, {"role": "user", "content": question}, {"role": "assistant", "content": str(record.get(self.completion) or "")}]
-        turns = record.get(self.messages)
+            answer = str(record.get(self.column(self.completion)) or "")
+            return [*opening, {"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        turns = record.get(self.column(self.messages))
         if not isinstance(turns, list) or not turns:
             raise BenchtrainError(f"{where}: a {self.messages!r} value is not a non-empty list of turns")
         messages = [normalise_turn(turn, where) for turn in turns]
@@ -116,8 +123,8 @@ def normalise_turn(turn: Any, where: str) -> dict[str, Any]:
     if not isinstance(turn, dict):
         raise BenchtrainError(f"{where}: a turn is {type(turn).__name__}, not an object with role/content or from/value")
     if "role" in turn:
-        role = str(turn["role"])
-        return {**turn, "role": ROLE_ALIASES.get(role.strip().lower(), role)}
+        named = str(turn["role"])
+        return {**turn, "role": ROLE_ALIASES.get(named.strip().lower(), named)}
     speaker = turn.get("from")
     role = ROLE_ALIASES.get(str(speaker).strip().lower())
     if role is None:

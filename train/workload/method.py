@@ -139,7 +139,7 @@ def apply_method(model: Any, method: MethodConfig) -> Any:
 
     config = LoraConfig(
         r=method.lora_rank,
-        lora_alpha=method.alpha,
+        lora_alpha=method.alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha scales as written
         lora_dropout=method.lora_dropout,
         target_modules=list(method.lora_targets) if method.lora_targets else ALL_LINEAR,
         bias="none",
@@ -214,5 +214,5 @@ def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
         "optimizer": method.optimizer,
     }
     if method.is_lora:
-        record["lora"] = {**method.settings(), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}
+        record["lora"] = {**(method.settings() or {}), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}
     return record
