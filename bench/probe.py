@@ -13,6 +13,7 @@ import gc
 import os
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
@@ -109,11 +110,11 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
             # Under several processes every rank runs the same steps (each one all-reduces):
             # a stop decision on any rank stops them all.
             timing = time_steps(
-                lambda: workload.step.run(iterator, config.grad_accum),
+                partial(workload.step.run, iterator, config.grad_accum),
                 settings,
                 time.perf_counter,
                 lambda flag: agree(workload.accelerator, flag, "max"),
-                first_step=lambda: first_step_agreed(workload, iterator, config.grad_accum),
+                first_step=partial(first_step_agreed, workload, iterator, config.grad_accum),
             )
     except Exception as error:  # a failed probe is data, not a crash
         row["status"] = "oom" if is_out_of_memory(error) else "error"

@@ -212,7 +212,9 @@ def run_optuna(
         direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=seed),
     )
-    distributions: dict[str, BaseDistribution] = {dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)}
+    distributions: dict[str, BaseDistribution] = {
+        dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
+    }
     done: dict[StepConfig, dict[str, Any]] = {}
     for finished in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in finished.user_attrs:
