@@ -1,7 +1,7 @@
 """Which machine to rent: one plan per calibration, the cheapest that meets the deadline first.
 
 `train --dry-run --use-calibration A,B,C` (or `all`) plans the same run once per calibration,
-each for the device that calibration measured (train.recipes.session.plan_device: its memory, peak
+each for the device that calibration measured (train.recipes.plan_setup.plan_device: its memory, peak
 FLOP/s, compile and loss) and the processes it measured, with `--priority` choosing inside each
 row as it does for one calibration. Each row costs its estimate × the price of its device ×
 its processes (train.planning.prices.run_cost). The recommended row meets the deadline at the lowest cost,
@@ -25,8 +25,8 @@ from typing import Any
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.planning.deadline import DeadlineBudget
-from train.recipes.plan_setup import Placement, plan_device, plan_json, plan_request, same_device
-from train.recipes.session import check_compatible, planned_compute
+from train.recipes.calibration_choice import check_compatible
+from train.recipes.plan_setup import Placement, plan_device, plan_json, plan_request, planned_compute, same_device
 
 # The largest |error| of a multi-process step predicted from a 1-process calibration plus
 # collectives timed on idle processes (docs/benchmarks.md, "Multi-process": cpu-vm, gloo, 2

@@ -146,7 +146,7 @@ def plan_request(
     data_uncertainty: float = 0.0,
 ) -> Any:
     """What the planner is asked for this command, calibration and placement; `resumed`: the
-    interrupted run's epochs and configuration (train.recipes.session.resumed_configuration), kept."""
+    interrupted run's epochs and configuration (train.recipes.resume.resumed_configuration), kept."""
     from train.planning.planner import PlanRequest
 
     device_type = placement.device.hardware["device_type"]
@@ -200,3 +200,19 @@ def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str
         "communication": communication,
         "compute": compute,
     }
+
+
+def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+    """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
+    for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
+    from train.planning.memory_check import meta_model
+    from train.step.hardware import peak_flops
+    from train.step.metrics import planned_figures
+    from train.workload.model import model_shape
+
+    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
+    if not peak or not chosen.step_seconds:
+        return {"mfu": None}
+    shape = model_shape(meta_model(spec, method))
+    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
+    return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)

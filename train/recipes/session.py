@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -18,223 +17,20 @@ from common.console import is_main_process, say
 from common.durations import format_duration
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.disk import RunLock, check_space, disk_need
+from train.recipes.calibration_choice import calibration_for, check_compatible
 from train.recipes.config import TrainConfig
-from train.recipes.plan_setup import Placement, load_data, plan_device, plan_json, plan_request
+from train.recipes.plan_setup import Placement, load_data, plan_device, plan_json, plan_request, planned_compute
+from train.recipes.resume import (
+    check_same_data,
+    completed_steps,
+    data_fingerprint,
+    resume_command,
+    resume_target,
+    resumed_configuration,
+    resumed_step_limit,
+    run_total_steps,
+)
 from train.running.checkpoint import list_checkpoints
-
-# What a resumed run keeps from the interrupted one: the same batches in the same order.
-RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
-
-
-def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any, spec: Any, method: Any, processes: tuple[int, str]) -> Any:
-    """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
-    the calibration it started with, and another one is refused unless --force. `latest` is the
-    newest of this model and method measured with this run's (processes, sharding), else the newest
-    of one process (communication is then predicted), else the newest; when that is not the
-    newest, it says why."""
-    on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
-    if previous is None:
-        reference = config.use_calibration or "latest"
-        if reference != "latest":
-            return calibration_api.load(reference, on_skip=on_skip)
-        passed_over: list[Path] = []
-        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes), passed_over.append)
-        if passed_over:
-            say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
-        return chosen
-    own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
-    if config.use_calibration is not None:
-        chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
-        if chosen.id != own_id and not config.force:
-            raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
-        return chosen
-    for stored in (own_path, own_id):
-        if stored and (Path(stored).is_file() or "/" not in str(stored)):
-            try:
-                return calibration_api.load(stored)
-            except BenchtrainError:
-                continue
-    raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
-
-
-def why_chosen(chosen: Any, newer: Path, spec: Any, method: Any, processes: tuple[int, str]) -> str:
-    """`latest` took `chosen` over the newer file: what it measured, and the difference that decided."""
-    from calibration.schema import read_calibration_file
-    from calibration.setup import Setup, describe_setup, quantization_name, setup_difference
-
-    run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, quantization_name(method.quantize), *processes)
-    return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
-
-
-def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:
-    """Which stored calibrations `latest` prefers for this run, best first (calibration.store)."""
-
-    def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
-        distributed = data.get("distributed") or {}
-        training = data.get("training") or {}
-        size = int(distributed.get("world_size", 1))
-        quantize = training.get("quantization") or "none"
-        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), quantize, size, str(distributed.get("sharding", "none"))
-
-    mine = (spec.fingerprint, method.method, method.quantize)
-    return (
-        lambda data: measured(data) == (*mine, *processes),
-        lambda data: measured(data)[:4] == (*mine, 1),
-    )
-
-
-def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
-    """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
-    from train.workload.model import resolve_model
-
-    pinned = (previous.get("model") or {}).get("revision")
-    if spec.hub is None or not pinned or pinned == spec.hub.revision:
-        return spec
-    return resolve_model(f"{spec.hub.repo_id}@{pinned}")
-
-
-def resumed_method(previous: dict[str, Any]) -> Any:
-    """The interrupted run's method: a resumed run trains what it trained."""
-    from train.workload.method import MethodConfig
-
-    plan = previous["plan"]
-    lora = plan.get("lora") or {}
-    optimizer = str(plan.get("optimizer", "adamw"))
-    if plan.get("method", "full") != "lora":
-        return MethodConfig(optimizer=optimizer)
-    targets = lora.get("targets")
-    return MethodConfig(
-        method="lora",
-        lora_rank=int(lora["rank"]),
-        lora_alpha=float(lora["alpha"]),
-        lora_dropout=float(lora.get("dropout", 0.0)),
-        lora_targets=tuple(targets) if targets else None,
-        quantize=str(lora.get("quantize", "none")),
-        optimizer=optimizer,
-    )
-
-
-def resumed_configuration(previous: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
-    """The interrupted run's configuration, which its resume keeps (--force with --max-length N
-    takes N instead: check_same_run)."""
-    configuration = {key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION}
-    if config.force and isinstance(config.max_length, int):
-        configuration["max_length"] = config.max_length
-    return configuration
-
-
-def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, method: Any) -> list[str]:
-    """A resume continues the run it names: another model, method or max length than the run's is
-    refused (one line) unless --force, which then trains with this command's. Returns what --force
-    let through, to warn about. (Other data is checked once it is tokenized: check_same_data.)"""
-    plan = previous["plan"]
-    run = f"--resume: run {previous['run_id']}"
-    problems = []
-    trained = previous.get("model") or {}
-    if trained.get("fingerprint") and trained["fingerprint"] != spec.fingerprint:
-        problems.append(f"{run} trained model {trained.get('name')}, this command names {spec.name}: pass --model as the run did")
-    earlier = resumed_method(previous)
-    if not same_method(earlier, method):
-        problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
-    if isinstance(config.max_length, int) and config.max_length != plan["max_length"]:
-        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {config.max_length}: drop it")
-    if problems and not config.force:
-        raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
-    return problems
-
-
-def same_method(earlier: Any, method: Any) -> bool:
-    """The run's method (run.json keeps LoRA's targets as resolved module names) and this
-    command's: the same method and adapter settings; targets only when this command names them."""
-    if earlier.method != method.method or earlier.optimizer != method.optimizer:
-        return False
-    if not method.is_lora:
-        return True
-    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout, earlier.quantize) == (
-        method.lora_rank,
-        method.alpha,
-        method.lora_dropout,
-        method.quantize,
-    )
-    named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
-    return same_settings and named
-
-
-def data_fingerprint(data: Any) -> str:
-    """The tokenized data's identity: its format and every sample's length, in order (runs
-    recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
-    import hashlib
-
-    import numpy as np
-
-    digest = hashlib.sha256(data.format.encode())
-    digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
-    return digest.hexdigest()[:16]
-
-
-def check_same_data(previous: dict[str, Any], loaded: Any, force: bool) -> str | None:
-    """A resume trains on the run's data (the same samples, so the same batches in the same
-    order): other data is refused unless --force. Returns the warning --force let through."""
-    before = previous.get("data") or {}
-    data, data_path, profile = loaded.data, loaded.data_path, loaded.profile
-    known_key, known = (before.get("preparation") or {}).get("key"), before.get("fingerprint")
-    if known_key is not None:
-        same = known_key == loaded.prepared.key
-    elif known is not None and loaded.prepared.exact:
-        same = known == data_fingerprint(data)
-    elif not loaded.prepared.exact:
-        same = True  # an older run, and data profiled from a sample: checked once tokenized (train_planned)
-    else:  # a run recorded before the fingerprint: its length profile
-        earlier = before.get("profile") or {}
-        same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
-    if same:
-        return None
-    earlier = before.get("profile") or {}
-    problem = (
-        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({_count(earlier.get('count'))} samples, "
-        f"{_count(earlier.get('total_tokens'))} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
-    )
-    if not force:
-        raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
-    return problem
-
-
-def _count(value: Any) -> str:
-    return f"{value:,}" if isinstance(value, int) else "?"
-
-
-def run_total_steps(previous: dict[str, Any]) -> int:
-    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`:
-    its plan's step limit, else its steps)."""
-    plan = previous["plan"]
-    if plan.get("total_steps"):
-        return int(plan["total_steps"])
-    steps, limit = int(plan["optimizer_steps"]), plan.get("step_limit")
-    return min(steps, int(limit)) if limit else steps
-
-
-def resumed_step_limit(previous: dict[str, Any], config: TrainConfig, completed: int) -> int:
-    """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
-    later). A run that did all its steps is not resumed, and a resume never extends a run."""
-    total, run = run_total_steps(previous), f"--resume: run {previous['run_id']}"
-    if completed >= total or previous.get("status") == "completed":
-        raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
-    if config.max_steps is not None and config.max_steps > total:
-        raise BenchtrainError(
-            f"{run} has {total:,} optimizer steps; --max-steps {config.max_steps} would extend it, which a resume never does: "
-            "drop --max-steps, or train more in a new run"
-        )
-    return min(total, config.max_steps or total)
-
-
-def completed_steps(out_dir: Path) -> int:
-    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
-    from train.running.checkpoint import read_progress
-
-    found = list_checkpoints(out_dir / "checkpoints")
-    if not found:
-        raise BenchtrainError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
-    return int(read_progress(found[-1])["step"])
 
 
 def learning_rate_record(config: TrainConfig, plan: Any) -> dict[str, Any]:
@@ -248,52 +44,6 @@ def learning_rate_record(config: TrainConfig, plan: Any) -> dict[str, Any]:
         "lr_scaling": config.lr_scaling,
         "base_batch": config.base_batch or effective,
     }
-
-
-def check_compatible(
-    calibration: Any, spec: Any, hardware: dict[str, Any], force: bool, method: Any, compiled: bool = False, loss: str | None = None
-) -> list[str]:
-    """A calibration for another model, device, training method or compile setting is refused
-    unless --force (then warned); other LoRA settings than measured are only warned about (they
-    barely move the speed)."""
-    problems = []
-    measured = calibration.training
-    if bool(measured.get("compile")) != compiled:
-        states = {True: "a compiled step", False: "an eager step"}
-        problems.append(
-            f"calibration {calibration.id} measured {states[bool(measured.get('compile'))]}, this run would use {states[compiled]}: "
-            f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
-        )
-    if measured["method"] != method.method:
-        names = {"full": "full fine-tuning", "lora": "LoRA"}
-        rerun = "bench run --lora" if method.is_lora else "bench run"
-        problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
-    measured_quantize = measured.get("quantization") or "none"
-    if measured_quantize != method.quantize:
-        problems.append(
-            f"calibration {calibration.id} measured a {measured_quantize} base, this run asks for --quantize {method.quantize}: "
-            f"run `bench run --lora --quantize {method.quantize}` here, or pass --force"
-        )
-    measured_optimizer = measured.get("optimizer") or "adamw"
-    if measured_optimizer != method.optimizer:
-        problems.append(
-            f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
-            f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
-        )
-    if calibration.model["fingerprint"] != spec.fingerprint:
-        problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
-    if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
-        problems.append(f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}")
-    if problems and not force:
-        first = problems[0]
-        raise BenchtrainError(first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force")
-    notes = list(problems)
-    if loss and measured.get("loss") and measured["loss"] != loss:  # calibrations before --loss did not record it
-        notes.append(f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ")
-    lora = measured.get("lora") or {}
-    if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
-        notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
-    return notes
 
 
 def plan_deadline_message(plan: Any, previous: dict[str, Any] | None) -> str:
@@ -475,49 +225,6 @@ def choose_setup(runs: list[PlannedRun], refused: list[tuple[Any, str]]) -> Plan
     return best
 
 
-def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
-    """The model spec, the method, the run folder and, with --resume, the run.json it continues
-    (whose model and adapters it keeps; other options differing are warned of)."""
-    from train.workload.model import resolve_model
-
-    spec = resolve_model(config.model)
-    out_dir = Path(config.out).expanduser() if config.out else None
-    if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
-        raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-    previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
-    method = config.method
-    if previous:
-        from train.recipes.variant_choice import asked_variant, with_run_variant
-
-        method = with_run_variant(method, resumed_method(previous), asked_variant(config.quantize, config.optimizer))
-        spec = resumed_spec(spec, previous)
-        for problem in check_same_run(previous, config, spec, method):
-            say(f"warning: {problem} (--force: continuing with this command's)")
-        if same_method(resumed_method(previous), method):
-            method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
-    return spec, method, out_dir, previous
-
-
-def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[str, Any] | None) -> tuple[Any, int, str]:
-    """The calibration to plan with, and the processes and sharding the plan is for."""
-    import calibration as calibration_api
-    from train.step.engine import check_sharding
-    from train.step.runtime import job_world_size
-    from train.step.sharding import sharding_in_use
-
-    world_size = job_world_size()
-    check_sharding(config.step_options, method)
-    sharding = sharding_in_use(config.step_options.sharding, world_size)
-    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
-    if not cal.ok_rows():
-        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
-    if config.dry_run and world_size == 1 and cal.world_size > 1:
-        # Like its device, a dry run plans the processes the calibration measured (train.recipes.compare too).
-        world_size, sharding = cal.world_size, cal.sharding
-        say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
-    return cal, world_size, sharding
-
-
 def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any, quiet: bool = False) -> tuple[TrainConfig, Any, float | None]:
     """The device the plan is for (this machine, or in a dry run the calibration's), its price per
     device-hour, and the configuration with the loss bench measured best (`--loss auto`). `quiet`:
@@ -669,45 +376,6 @@ def hub_weights(spec: Any, dry_run: bool) -> Any:
     except BenchtrainError as error:
         say(f"warning: {error}")
         return spec
-
-
-def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
-    """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
-    for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
-    from train.planning.memory_check import meta_model
-    from train.step.hardware import peak_flops
-    from train.step.metrics import planned_figures
-    from train.workload.model import model_shape
-
-    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
-    if not peak or not chosen.step_seconds:
-        return {"mfu": None}
-    shape = model_shape(meta_model(spec, method))
-    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
-    return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
-
-
-def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
-    """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
-    if command_line is None:
-        return None
-    import shlex
-
-    kept, skip = [], False
-    for token in command_line:
-        if skip:
-            skip = False
-            continue
-        if token in ("--resume", "--dry-run"):
-            continue
-        if token == "--out":
-            skip = True
-            continue
-        if token.startswith("--out="):
-            continue
-        kept.append(token)
-    launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
-    return shlex.join([*launcher, *kept, "--resume", "--out", str(out_dir)])
 
 
 def open_record(
