@@ -196,3 +196,28 @@ def test_the_rule_catches_a_loop() -> None:
     graph = {"train.planning.planner": {"train.step.evaluation", "common.errors"}, "train.step.evaluation": {"train.planning.planner"}, "common.errors": set()}
     assert import_loops(graph) == [["train.planning.planner", "train.step.evaluation"]]
     assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+# The planning pipeline has one home: a plan is made (and communication priced for it) only in
+# train/recipes/plan_setup.py, whoever asks for it (a train command, each setup, each compared row).
+PLANNING_CALLS = {"make_plan", "plan_communication"}
+PLANNING_HOME = "train.recipes.plan_setup"
+
+
+def planning_calls_outside_home() -> list[str]:
+    import ast
+
+    found = []
+    for module, path in our_modules().items():
+        if module == PLANNING_HOME or layer_of(module) is None or module.startswith("train.planning"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else None
+                if name in PLANNING_CALLS:
+                    found.append(f"{module}:{node.lineno} calls {name}")
+    return found
+
+
+def test_plans_are_made_in_one_place() -> None:
+    assert planning_calls_outside_home() == []

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from common.durations import format_duration
-from common.errors import BenchtrainError
+from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.deadline import DeadlineBudget
-from train.recipes.calibration_choice import check_compatible
-from train.recipes.plan_setup import Placement, plan_device, plan_json, plan_request, planned_compute, same_device
+from train.recipes.plan_setup import Placement, PlanContext, fit_setup, plan_device, plan_fitted, plan_json, planned_compute, same_device
 
 # The largest |error| of a multi-process step predicted from a 1-process calibration plus
 # collectives timed on idle processes (docs/benchmarks.md, "Multi-process": cpu-vm, gloo, 2
@@ -266,43 +265,39 @@ def options_for(calibrations: list[Any], sharding: str, sources: list[dict[str, 
 # -- one row ---------------------------------------------------------------------------------
 
 
-def plan_row(
-    config: Any, spec: Any, method: Any, option: Option, here: dict[str, Any], data: Any, eval_data: Any, elapsed: float, prep: tuple[float, float]
-) -> Row:
-    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.session), or
-    why it cannot be made (a model too big for the device, no configuration in memory)."""
-    from train.planning.comm import plan_communication, price_traffic, traffic_of
-    from train.planning.memory_check import check_fits
-    from train.planning.planner import make_plan
+def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, Any]) -> Row:
+    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.plan_setup:
+    fit_setup, plan_fitted), or why it cannot be made (a model too big for the device, no
+    configuration in memory)."""
+    from train.planning.comm import price_traffic
 
-    cal = option.calibration
-    device = plan_device(config, cal, here, spec)
-    row = Row(option, device.hardware)
-    row.price_per_hour = config.prices.for_device(cal.id, device.hardware)
-    row.warnings = check_compatible(cal, spec, device.hardware, config.force, method, device.compiled, device.loss)
+    cal, layout = option.calibration, (option.world_size, option.sharding)
     if not cal.ok_rows():
+        row = Row(option, plan_device(context.config, cal, here, context.spec).hardware)
         row.problem = f"calibration {cal.id} has no successful probes"
         return row
     try:
-        need = check_fits(spec, method, device.hardware, option.sharding, option.world_size)
-    except BenchtrainError as error:
+        setup = fit_setup(context.config, cal, context.spec, method, layout, here)
+    except DoesNotFitError as error:
+        row = Row(option, plan_device(context.config, cal, here, context.spec).hardware)
         row.problem = str(error)
         return row
-    traffic = traffic_of(option.sharding, need, device.hardware["device_type"])
+    row = Row(option, setup.device.hardware)
+    row.price_per_hour, row.warnings = setup.price_per_hour, list(setup.warnings)
+    communicate = None
     if option.predicted and option.collectives is not None:
-        per_step, per_micro_step, row.communication = price_traffic(option.collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
-        prediction_error = PREDICTION_ERROR[option.sharding]
-    else:
-        per_step, per_micro_step, row.communication = plan_communication(cal, option.world_size, traffic, config.force)
-        prediction_error = 0.0
-    placement = row.placement = Placement(device, option.world_size, option.sharding, (per_step, per_micro_step), row.price_per_hour, prediction_error)
-    request = plan_request(config, spec, method, cal, placement, need, elapsed, eval_data is not None, None, 0, *prep)
+        collectives = option.collectives
+
+        def communicate(traffic: Any) -> tuple[float, float, dict[str, Any], float]:
+            return (*price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from), PREDICTION_ERROR[option.sharding])
+
     try:
-        row.plan = make_plan(cal, data, request, eval_data)
+        placed = plan_fitted(setup, context, layout, communicate)
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.compute = planned_compute(spec, method, row.plan.chosen, device.hardware)
+    row.placement, row.communication, row.plan = placed.placement, placed.communication, placed.plan
+    row.compute = planned_compute(context.spec, method, row.plan.chosen, setup.device.hardware)
     row.warnings += row.plan.warnings
     return row
 
@@ -344,7 +339,8 @@ def compare(
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: compare without it")
     sharding = config.step_options.sharding
     options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
-    rows = [plan_row(config, spec, method, option, here, data, eval_data, elapsed, prep) for option in options]
+    context = PlanContext(config, spec, data, eval_data, elapsed, *prep)
+    rows = [plan_row(context, method, option, here) for option in options]
     by_cost = all(row.price_per_hour is not None for row in rows)
     notes = []
     if not by_cost:

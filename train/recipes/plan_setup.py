@@ -54,6 +54,47 @@ def plan_device(config: TrainConfig, cal: Any, here: dict[str, Any], spec: Any) 
 
 
 @dataclass(frozen=True)
+class PlanContext:
+    """What every plan of one command shares, whichever calibration or setup it is for: the
+    command's configuration and model, the data as the planner sees it, the time already spent,
+    and for a resumed run the interrupted run's epochs and configuration (train.recipes.resume)."""
+
+    config: TrainConfig
+    spec: Any
+    data: Any
+    eval_data: Any
+    elapsed_seconds: float
+    data_prep_seconds: float = 0.0
+    data_uncertainty: float = 0.0
+    resumed: tuple[float, dict[str, Any]] | None = None
+    completed: int = 0
+
+
+@dataclass(frozen=True)
+class FittedSetup:
+    """A calibration (or one of its setups) and the method it measured, on the device the plan is
+    for, checked before any data is read: it suits the run (or --force) and the model fits."""
+
+    config: TrainConfig  # with the loss bench measured best (--loss auto)
+    cal: Any
+    method: Any
+    device: PlanDevice
+    price_per_hour: float | None
+    need: Any  # train.planning.memory_check.MemoryNeed
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class PlacedPlan:
+    """A fitted setup planned: where it runs, what communication adds, what was asked, the plan."""
+
+    placement: Placement
+    communication: dict[str, Any]
+    request: Any  # train.planning.planner.PlanRequest
+    plan: Any  # train.planning.planner.Plan
+
+
+@dataclass(frozen=True)
 class Placement:
     """Where a plan runs: the device, the processes and their sharding, what communication adds
     that the calibration's step times lack (per optimizer step, per micro-step), the price per
@@ -131,23 +172,11 @@ def load_data(config: TrainConfig, spec: Any) -> LoadedData:
     return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
 
-def plan_request(
-    config: TrainConfig,
-    spec: Any,
-    method: Any,
-    cal: Any,
-    placement: Placement,
-    need: Any,
-    elapsed_seconds: float,
-    with_eval: bool,
-    resumed: tuple[float, dict[str, Any]] | None = None,
-    completed: int = 0,
-    data_prep_seconds: float = 0.0,
-    data_uncertainty: float = 0.0,
-) -> Any:
-    """What the planner is asked for this command, calibration and placement; `resumed`: the
-    interrupted run's epochs and configuration (train.recipes.resume.resumed_configuration), kept."""
+def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
+    """What the planner is asked for this command, calibration and placement."""
     from train.planning.planner import PlanRequest
+
+    config, spec, resumed = context.config, context.spec, context.resumed
 
     device_type = placement.device.hardware["device_type"]
     # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
@@ -155,11 +184,11 @@ def plan_request(
     if cal.world_size == 1 and placement.sharding == "fsdp":
         memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
     return PlanRequest(
-        data_prep_seconds=data_prep_seconds,
-        data_uncertainty=data_uncertainty,
+        data_prep_seconds=context.data_prep_seconds,
+        data_uncertainty=context.data_uncertainty,
         epochs=resumed[0] if resumed else config.epochs,
         deadline_seconds=config.deadline_seconds,
-        elapsed_seconds=elapsed_seconds,
+        elapsed_seconds=context.elapsed_seconds,
         priority=config.priority,
         effective_batch=config.effective_batch,
         max_length=resumed[1]["max_length"] if resumed else config.max_length,
@@ -172,10 +201,10 @@ def plan_request(
         fit_deadline=config.fit_deadline,
         seed=config.seed,
         max_positions=spec.max_positions,
-        completed_steps=completed,
+        completed_steps=context.completed,
         configuration=resumed[1] if resumed else None,
         gradient_checkpointing=config.gradient_checkpointing,
-        eval_schedule=config.eval_schedule if with_eval else None,
+        eval_schedule=config.eval_schedule if context.eval_data is not None else None,
         with_report=not config.no_report,
         compiled=placement.device.compiled,
         comm_seconds_per_step=placement.comm_seconds[0],
@@ -216,3 +245,53 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     shape = model_shape(meta_model(spec, method))
     flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
+
+
+def fit_setup(config: TrainConfig, cal: Any, spec: Any, method: Any, layout: tuple[int, str], here: dict[str, Any]) -> FittedSetup:
+    """The first half of every plan (a `train` command's, each setup's, each row of a comparison):
+    the device (`here`, or in a dry run the calibration's; `--device-memory`), its price, the
+    calibration's fitness for the run (refused in one line unless --force), and the memory check
+    (train.planning.memory_check.check_fits, one line when the model does not fit)."""
+    from dataclasses import replace
+
+    from train.planning.memory_check import check_fits
+    from train.recipes.calibration_choice import check_compatible
+
+    device = plan_device(config, cal, here, spec)
+    if config.device_memory_bytes:
+        device = replace(device, hardware={**device.hardware, "memory_bytes": config.device_memory_bytes, "memory_from": "--device-memory"})
+    price = config.prices.for_device(cal.id, device.hardware)
+    warnings = check_compatible(cal, spec, device.hardware, config.force, method, device.compiled, device.loss)
+    if config.step_options.loss == "auto" and not device.foreign and cal.data.get("loss_choice"):
+        # The loss bench measured best for this calibration runs (plan_device).
+        config = replace(config, step_options=replace(config.step_options, loss=device.loss))
+    world_size, sharding = layout
+    need = check_fits(spec, method, device.hardware, sharding, world_size)
+    return FittedSetup(config, cal, method, device, price, need, warnings)
+
+
+def plan_fitted(setup: FittedSetup, context: PlanContext, layout: tuple[int, str], communicate: Any = None) -> PlacedPlan:
+    """The second half: what communication adds (measured among the calibration's processes, or
+    `communicate(traffic)` → (per step, per micro-step, record, relative error) where a comparison
+    predicts it), the placement, the request and the planner's plan."""
+    from train.planning.comm import plan_communication, traffic_of
+    from train.planning.planner import make_plan
+
+    world_size, sharding = layout
+    traffic = traffic_of(sharding, setup.need, setup.device.hardware["device_type"])
+    if communicate is None:
+        per_step, per_micro_step, communication = plan_communication(setup.cal, world_size, traffic, setup.config.force)
+        error = 0.0
+    else:
+        per_step, per_micro_step, communication, error = communicate(traffic)
+    placement = Placement(setup.device, world_size, sharding, (per_step, per_micro_step), setup.price_per_hour, error)
+    request = plan_request(context, setup.method, setup.cal, placement, setup.need)
+    return PlacedPlan(placement, communication, request, make_plan(setup.cal, context.data, request, context.eval_data))
+
+
+def plan_again(cal: Any, request: Any, data: Any, eval_data: Any) -> Any:
+    """The planner on a request already made, for other data: the exact tokens once a plan made from
+    a sample is kept (train.recipes.session.with_exact_data)."""
+    from train.planning.planner import make_plan
+
+    return make_plan(cal, data, request, eval_data)

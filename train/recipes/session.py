@@ -17,9 +17,9 @@ from common.console import is_main_process, say
 from common.durations import format_duration
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.disk import RunLock, check_space, disk_need
-from train.recipes.calibration_choice import calibration_for, check_compatible
+from train.recipes.calibration_choice import calibration_for
 from train.recipes.config import TrainConfig
-from train.recipes.plan_setup import Placement, load_data, plan_device, plan_json, plan_request, planned_compute
+from train.recipes.plan_setup import Placement, PlanContext, fit_setup, load_data, plan_fitted, plan_json, planned_compute
 from train.recipes.resume import (
     check_same_data,
     completed_steps,
@@ -116,7 +116,6 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     the device, the memory check, the data, communication, and the planner — for each setup the
     calibration measured that the run may train with (train.recipes.variant_choice), the fastest
     kept."""
-    from train.planning.memory_check import check_fits
     from train.recipes.variant_choice import asked_variant, setups_to_plan, unmeasured_bases
 
     spec, method, out_dir, previous = resume_target(config)
@@ -131,40 +130,41 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
         raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
     candidates = setups_to_plan(cal, method, method.variant if previous else asked_variant(config.quantize, config.optimizer))
+    layout = (world_size, sharding)
     setups, refused = [], []
     for index, (variant, variant_method) in enumerate(candidates):
         try:
-            variant_config, device, price = device_for(config, variant, spec, variant_method, quiet=index > 0)
-            # Before any data or model work: a too-big model is one line.
-            need = check_fits(spec, variant_method, device.hardware, sharding, world_size)
+            # Before any data or model work: a calibration that does not suit, a too-big model, in one line.
+            setups.append(fitted_for(config, variant, spec, variant_method, layout, quiet=index > 0))
         except BenchtrainError as error:
             if len(candidates) == 1:
                 raise
             refused.append((variant_method, str(error)))
-            continue
-        setups.append((variant, variant_method, variant_config, device, price, need))
     if not setups:
         raise BenchtrainError(f"no setup the calibration measured fits: {refused[0][1]}")
     # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
     spec = hub_weights(spec, config.dry_run)
 
-    loaded = load_data(setups[0][2], spec)
+    loaded = load_data(setups[0].config, spec)
     if previous:
         problem = check_same_data(previous, loaded, config.force)
         if problem:
             say(f"warning: {problem} (--force: continuing on this data)")
+    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
+    context = PlanContext(
+        config, spec, loaded.data, loaded.eval_data, time.monotonic() - started, loaded.prep_seconds, loaded.uncertainty, resumed, completed
+    )
     runs = []
     for setup in setups:
         try:
-            runs.append(plan_setup(setup, spec, out_dir, previous, loaded, completed, (world_size, sharding), started))
+            runs.append(planned_setup(setup, context, (out_dir, previous, loaded), layout))
         except DoesNotFitError as error:
             if len(candidates) == 1:
-                raise DoesNotFitError(with_smaller_bases(str(error), spec, setup[1], setup[0], setup[3].hardware, setup[5])) from None
-            refused.append((setup[1], str(error)))
+                raise DoesNotFitError(with_smaller_bases(str(error), spec, setup)) from None
+            refused.append((setup.method, str(error)))
     if not runs:
-        first = setups[0]
         message = f"no setup the calibration measured fits: {refused[0][1]}"
-        raise DoesNotFitError(with_smaller_bases(message, spec, first[1], first[0], first[3].hardware, first[5]))
+        raise DoesNotFitError(with_smaller_bases(message, spec, setups[0]))
     run = choose_setup(runs, refused)
     peak = run.plan.chosen.peak_memory_bytes
     activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
@@ -172,11 +172,12 @@ def plan_run(config: TrainConfig, started: float) -> PlannedRun:
     return run
 
 
-def with_smaller_bases(message: str, spec: Any, method: Any, cal: Any, hardware: dict[str, Any], need: Any) -> str:
+def with_smaller_bases(message: str, spec: Any, setup: Any) -> str:
     """A plan that fits nowhere, and what the bases the calibration did not measure would hold,
-    with the activations of the smallest step."""
+    with the activations of the smallest step (`setup`: train.recipes.plan_setup.FittedSetup)."""
     from train.recipes.variant_choice import GIB, fit_verdict, smallest_activations, unmeasured_bases
 
+    cal, method, need, hardware = setup.cal, setup.method, setup.need, setup.device.hardware
     activations = smallest_activations(cal, need.total_bytes)
     others = unmeasured_bases(spec, method, cal, hardware, activations)
     if not others or activations is None:
@@ -186,30 +187,15 @@ def with_smaller_bases(message: str, spec: Any, method: Any, cal: Any, hardware:
     return "; ".join([message, mine, *others])
 
 
-def plan_setup(
-    setup: tuple[Any, Any, TrainConfig, Any, float | None, Any],
-    spec: Any,
-    out_dir: Path | None,
-    previous: dict[str, Any] | None,
-    loaded: Any,
-    completed: int,
-    processes: tuple[int, str],
-    started: float,
-) -> PlannedRun:
-    """The plan of one setup: (calibration variant, method, configuration, device, price, memory need)."""
-    from train.planning.comm import plan_communication, traffic_of
-    from train.planning.planner import make_plan
-
-    cal, method, config, device, price, need = setup
-    world_size, sharding = processes
-    traffic = traffic_of(sharding, need, device.hardware["device_type"])
-    comm_seconds, comm_micro_seconds, communication = plan_communication(cal, world_size, traffic, config.force)
-    placement = Placement(device, world_size, sharding, (comm_seconds, comm_micro_seconds), price)
-    resumed = (previous["plan"]["epochs"], resumed_configuration(previous, config)) if previous else None
-    elapsed, with_eval = time.monotonic() - started, loaded.eval_data is not None
-    request = plan_request(config, spec, method, cal, placement, need, elapsed, with_eval, resumed, completed, loaded.prep_seconds, loaded.uncertainty)
-    plan = make_plan(cal, loaded.data, request, loaded.eval_data)
-    return PlannedRun(config, spec, method, out_dir, previous, cal, placement, need, loaded, completed, communication, request, plan)
+def planned_setup(setup: Any, context: Any, run: tuple[Path | None, dict[str, Any] | None, Any], layout: tuple[int, str]) -> PlannedRun:
+    """The plan of one fitted setup (train.recipes.plan_setup.plan_fitted), as this command's run:
+    `run` is (the run folder, the run.json it resumes, the loaded data)."""
+    out_dir, previous, loaded = run
+    placed = plan_fitted(setup, context, layout)
+    return PlannedRun(
+        setup.config, context.spec, setup.method, out_dir, previous, setup.cal, placed.placement, setup.need, loaded,
+        context.completed, placed.communication, placed.request, placed.plan,
+    )
 
 
 def choose_setup(runs: list[PlannedRun], refused: list[tuple[Any, str]]) -> PlannedRun:
@@ -225,30 +211,22 @@ def choose_setup(runs: list[PlannedRun], refused: list[tuple[Any, str]]) -> Plan
     return best
 
 
-def device_for(config: TrainConfig, cal: Any, spec: Any, method: Any, quiet: bool = False) -> tuple[TrainConfig, Any, float | None]:
-    """The device the plan is for (this machine, or in a dry run the calibration's), its price per
-    device-hour, and the configuration with the loss bench measured best (`--loss auto`). `quiet`:
+def fitted_for(config: TrainConfig, cal: Any, spec: Any, method: Any, layout: tuple[int, str], quiet: bool = False) -> Any:
+    """The setup on the device the plan is for (train.recipes.plan_setup.fit_setup), said: the
+    calibration's device when a dry run plans for another, and what --force let through. `quiet`:
     say nothing (a calibration's second setup: the first said it)."""
     from train.step.hardware import detect_hardware
 
     here = detect_hardware()
-    device = plan_device(config, cal, here, spec)
-    if config.device_memory_bytes:
-        device = replace(device, hardware={**device.hardware, "memory_bytes": config.device_memory_bytes, "memory_from": "--device-memory"})
-    hardware, foreign = device.hardware, device.foreign
-    if foreign and not quiet:
+    setup = fit_setup(config, cal, spec, method, layout, here)
+    if setup.device.foreign and not quiet:
         say(
             f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
             "training on it needs that device, or --force"
         )
-    price = config.prices.for_device(cal.id, hardware)
-    warnings = check_compatible(cal, spec, hardware, config.force, method, device.compiled, device.loss)
-    if config.step_options.loss == "auto" and not foreign and cal.data.get("loss_choice"):
-        # The loss bench measured best for this calibration runs (train.recipes.plan_setup.plan_device).
-        config = replace(config, step_options=replace(config.step_options, loss=device.loss))
-    for warning in warnings if not quiet else ():
+    for warning in setup.warnings if not quiet else ():
         say(f"warning: {warning}")
-    return config, device, price
+    return setup
 
 
 def print_plan(run: PlannedRun) -> None:
@@ -337,7 +315,7 @@ def with_exact_data(run: PlannedRun, started: float) -> PlannedRun:
     the steps, their estimate and the deadline check are the exact data's."""
     from dataclasses import replace
 
-    from train.planning.planner import make_plan
+    from train.recipes.plan_setup import plan_again
     from train.workload.data import length_profile
 
     loaded = run.loaded
@@ -354,7 +332,7 @@ def with_exact_data(run: PlannedRun, started: float) -> PlannedRun:
         "gradient_checkpointing": chosen.gradient_checkpointing,
     }
     request = replace(run.request, configuration=configuration, elapsed_seconds=time.monotonic() - started, data_prep_seconds=0.0, data_uncertainty=0.0)
-    plan = make_plan(run.cal, data, request, eval_data)
+    plan = plan_again(run.cal, request, data, eval_data)
     if is_main_process():
         from train.planning.plan_text import describe_exact_profile
 
