@@ -22,18 +22,16 @@ GIB = 2**30
 def run_comparison(args: argparse.Namespace, started: float) -> int:
     from train.recipes.plan_setup import load_data
     from train.recipes.session import hub_weights
-    from train.step.engine import check_sharding
+    from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
-    from train.step.runtime import job_world_size
     from train.workload.model import resolve_model
     from train.workload.tokenizer import is_byte_tokenizer
 
     config = TrainConfig.from_args(args)
-    if job_world_size() > 1:
+    method = config.method
+    if process_layout(config.step_options, method)[0] > 1:
         raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
     spec = resolve_model(config.model)
-    method = config.method
-    check_sharding(config.step_options, method)
     calibrations = select_calibrations(str(config.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
     spec = hub_weights(spec, dry_run=True)
     loaded = load_data(config, spec)

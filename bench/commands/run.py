@@ -205,16 +205,12 @@ def describe_task(args: argparse.Namespace, spec: Any, method: Any, budget_asked
     from bench.calibrate import BenchTask
     from bench.timing import ProbeSettings
     from train.planning.memory_check import check_fits
-    from train.step.engine import check_sharding
+    from train.step.engine import process_layout
     from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
-    from train.step.runtime import job_world_size
-    from train.step.sharding import sharding_in_use
 
     hardware = detect_hardware()
     options = step_options_from_args(args)
-    check_sharding(options, method)
-    world_size = job_world_size()
-    sharding = sharding_in_use(options.sharding, world_size)
+    world_size, sharding = process_layout(options, method)
     # Seconds, before anything is built: a too-big model is one line.
     need = check_fits(spec, method, hardware, sharding, world_size)
     warnings: list[str] = []

@@ -117,13 +117,9 @@ def check_compatible(
 def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[str, Any] | None) -> tuple[Any, int, str]:
     """The calibration to plan with, and the processes and sharding the plan is for."""
     import calibration as calibration_api
-    from train.step.engine import check_sharding
-    from train.step.runtime import job_world_size
-    from train.step.sharding import sharding_in_use
+    from train.step.engine import process_layout
 
-    world_size = job_world_size()
-    check_sharding(config.step_options, method)
-    sharding = sharding_in_use(config.step_options.sharding, world_size)
+    world_size, sharding = process_layout(config.step_options, method)
     cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")

@@ -64,6 +64,17 @@ def check_sharding(options: StepOptions, method: Any) -> None:
         raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
 
 
+def process_layout(options: StepOptions, method: Any, processes: int | None = None) -> tuple[int, str]:
+    """(processes, sharding) of this job — the launcher's processes (`processes` where already
+    known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
+    comparison settle it; a method and sharding that do not go together are one line."""
+    from train.step.runtime import job_world_size
+
+    check_sharding(options, method)
+    world_size = job_world_size() if processes is None else processes
+    return world_size, sharding_in_use(options.sharding, world_size)
+
+
 @dataclass
 class Engine:
     accelerator: Any
@@ -111,8 +122,7 @@ def build_engine(
     install_loss(model, loss_kind, compiled=compiled)
     if compiled:
         compile_blocks(model)
-    check_sharding(options, method)
-    sharding = sharding_in_use(options.sharding, accelerator.num_processes)
+    _, sharding = process_layout(options, method, accelerator.num_processes)
     if sharding == "fsdp":
         shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
     optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE, method.optimizer if method is not None else "adamw")
