@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.space import SearchSpace, default_space, parse_int_list, parse_switch_list
 from calibration.step_config import StepConfig
+from common.console import say
 from common.durations import format_duration, parse_duration
 from common.errors import EXIT_OK, BenchtrainError
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
@@ -154,7 +155,7 @@ def run_command(args: argparse.Namespace) -> int:
     records = []
     for index, method in enumerate(methods):
         if len(methods) > 1:
-            _say(f"setup {index + 1} of {len(methods)}: {method.describe()}")
+            say(f"setup {index + 1} of {len(methods)}: {method.describe()}")
         record = measure_setup(args, spec, method, variant_budget(budget_asked, started, len(methods) - index))
         if record is None:
             return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
@@ -184,7 +185,7 @@ def measure_setup(args: argparse.Namespace, spec: Any, method: Any, budget_asked
         budget_asked,
         time.monotonic() - started,
         after_probes_seconds(task, planner),
-        _say,
+        say,
         lambda probes: expected_error(task.hardware["name"], spec.fingerprint, probes),
     )
     workload = build_workload(args, task, spec, tokenized, method, options)
@@ -217,7 +218,7 @@ def describe_task(args: argparse.Namespace, spec: Any, method: Any, budget_asked
     mismatch = requested_mismatch(args.gpu, hardware)
     if mismatch:
         warnings.append(mismatch)
-        _say(f"warning: {mismatch}")
+        say(f"warning: {mismatch}")
     space = space_from_args(args, default_space(hardware["device_type"], hardware["memory_bytes"]))
     space = within_positions(space, spec.max_positions, asked=args.seq_lens is not None)
     space, tokenized, data_record = measured_data(args, spec, space)
@@ -260,7 +261,7 @@ def measured_data(args: argparse.Namespace, spec: Any, space: SearchSpace) -> tu
     # The cache's exact tokens when train (or an earlier bench) made them, else a sample: the
     # probes read a few batches of real tokens, and the lengths to measure are its quantiles.
     spec_of_data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split)
-    prepared = prepare_data(spec_of_data, load_tokenizer(spec.directory, args.tokenizer), _say)
+    prepared = prepare_data(spec_of_data, load_tokenizer(spec.directory, args.tokenizer), say)
     view = prepared.view
     tokenized = view if prepared.exact else view.sample
     data_record = {"source": args.data, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
@@ -276,14 +277,14 @@ def build_workload(args: argparse.Namespace, task: Any, spec: Any, tokenized: An
     from common.home import benchtrain_home, writable_subdir
     from train.workload.model import model_record
 
-    _say(f"building {spec.name} on {task.hardware['name']} …")
+    say(f"building {spec.name} on {task.hardware['name']} …")
     workload = Workload(spec, tokenized, method, options)
     task.model = model_record(spec, workload.shape)
     task.training = {**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)}
     task.compiled = workload.engine.compiled
     task.losses = losses_to_compare(options.loss, workload)
     task.checkpoint_payload = lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes)
-    _say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
+    say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     if args.search == "optuna":
         task.study = (benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, task.model, task.space, args.data, method.describe()))
     return workload
@@ -301,7 +302,7 @@ def measure(args: argparse.Namespace, task: Any, planner: Any, workload: Any, co
     before_probes = budget.elapsed()
     space = task.space
     total = space.size if args.search == "grid" else min(task.trials, space.size)
-    _say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+    say(f"probing up to {total} of {space.size} configurations ({args.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
     progress = _progress_bar(total, args.quiet, budget_seconds)
     try:
         record, result = calibrate(task, coordinator, planner, budget, workload.build_seconds, progress)
@@ -429,15 +430,6 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
     from common.progress import BudgetBar, progress_bar
 
     return BudgetBar(budget_seconds, total) if budget_seconds else progress_bar(total, "probes", "probe")
-
-
-def _say(message: str) -> None:
-    import sys
-
-    from common.console import is_main_process
-
-    if is_main_process():
-        print(message, file=sys.stderr, flush=True)
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
