@@ -10,7 +10,7 @@ from typing import Any
 from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
-from train.running.checkpoint import list_checkpoints
+from train.running.checkpoint import checkpoints_to_resume
 
 # What a resumed run keeps from the interrupted one: the same batches in the same order.
 RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
@@ -165,10 +165,7 @@ def completed_steps(out_dir: Path) -> int:
     """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
     from train.running.checkpoint import read_progress
 
-    found = list_checkpoints(out_dir / "checkpoints")
-    if not found:
-        raise BenchtrainError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
-    return int(read_progress(found[-1])["step"])
+    return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
 
 
 def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:

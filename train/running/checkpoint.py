@@ -195,6 +195,16 @@ def list_checkpoints(parent: Path) -> list[Path]:
     return sorted(p for p in parent.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / MARKER_FILE).is_file())
 
 
+def checkpoints_to_resume(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first; none is the one-line --resume error."""
+    from common.errors import BenchtrainError
+
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        raise BenchtrainError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
+    return found
+
+
 def prune_checkpoints(parent: Path, keep: int) -> None:
     for old in list_checkpoints(parent)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -22,7 +22,7 @@ from train.planning.deadline import DeadlineBudget
 from train.planning.planner import Candidate
 from train.running import trackers
 from train.running.cadence import Every
-from train.running.checkpoint import CheckpointReadError, checkpoint_name, list_checkpoints, load_checkpoint, save_checkpoint
+from train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
 from train.running.guard import DeadlineGuard, GuardSettings, Verdict
 from train.step import metrics
 from train.step.engine import StepOptions
@@ -515,11 +515,7 @@ class TrainingRun:
     def _restore(self) -> tuple[Position, str | None]:
         if not self.settings.resume:
             return Position(), None
-        found = list_checkpoints(self.out_dir / "checkpoints")
-        if not found:
-            from common.errors import BenchtrainError
-
-            raise BenchtrainError(f"--resume: no checkpoint in {self.out_dir / 'checkpoints'}")
+        found = checkpoints_to_resume(self.out_dir)
         try:
             meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
         except CheckpointReadError as error:
