@@ -41,6 +41,12 @@ class StepConfig:
         text = f"B{self.micro_batch_size}/W{self.num_workers}/A{self.grad_accum}/S{self.seq_len}"
         return text + ("/ckpt" if self.gradient_checkpointing else "")
 
+    @property
+    def phrase(self) -> str:
+        """How plans name it: "batch 8 × accum 2, 0 workers, max length 512" (", gradient checkpointing")."""
+        checkpointing = ", gradient checkpointing" if self.gradient_checkpointing else ""
+        return f"batch {self.micro_batch_size} × accum {self.grad_accum}, {self.num_workers} workers, max length {self.seq_len}{checkpointing}"
+
     def with_shape(self, rows: int, length: int) -> StepConfig:
         """The same step on a batch of `rows` sequences padded (or packed) to `length` tokens."""
         return dataclasses.replace(self, micro_batch_size=rows, seq_len=length)

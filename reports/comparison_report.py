@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from calibration.step_config import StepConfig
 from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
@@ -97,7 +98,7 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
         "processes": row["world_size"],
         "source": row["source"],
         "plan": (
-            f"batch {chosen['micro_batch_size']} × accum {chosen['grad_accum']}, {chosen['num_workers']} workers, max length {chosen['max_length']}"
+            StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase
             if plan
             else row.get("problem")
         ),

@@ -178,8 +178,7 @@ class Candidate:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
 
     def label(self) -> str:
-        checkpointing = ", gradient checkpointing" if self.gradient_checkpointing else ""
-        return f"batch {self.micro_batch_size} × accum {self.grad_accum}, {self.num_workers} workers, max length {self.max_length}{checkpointing}"
+        return self.config.phrase
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -106,7 +106,7 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
         parts.append(f"fits micro-batch {largest}{more}" if largest else "does not fit even micro-batch 1")
         own = plan.chosen
         verdict = "meets the deadline" if plan.meets_deadline else "misses the deadline"
-        shape = f"{own.optimizer_steps:,} steps of batch {own.micro_batch_size} × accum {own.grad_accum}, max length {own.max_length}"
+        shape = f"{own.optimizer_steps:,} steps of {own.label()}"
         parts.append(f"its best plan {shape}, {own.tokens:,} tokens: {_duration(own.total_seconds)} ({verdict})")
         lines.append(f"{variant_name(*cal.variant_key)}: " + ", ".join(parts))
     lines.extend(f"{variant_name(method.quantize, method.optimizer)}: not planned ({why})" for method, why in refused)
