@@ -122,12 +122,10 @@ class PlanRequest:
 
 @dataclass
 class Candidate:
-    micro_batch_size: int
-    grad_accum: int
-    num_workers: int
-    max_length: int
+    """One configuration the planner weighs, and what it predicts for it."""
+
+    config: StepConfig  # the step it runs, at its max length (what the calibration predicts for)
     world_size: int
-    gradient_checkpointing: bool = False
     optimizer_steps: int = 0  # the run's target (all of it, resumed or not)
     remaining_steps: int = 0  # what this command still runs: the estimate covers these
     micro_batches: int = 0
@@ -153,25 +151,28 @@ class Candidate:
     @classmethod
     def planned(cls, config: StepConfig, world_size: int) -> Candidate:
         """A candidate for `config` (its length the max length), its predictions still to fill in."""
-        return cls(
-            micro_batch_size=config.micro_batch_size,
-            grad_accum=config.grad_accum,
-            num_workers=config.num_workers,
-            max_length=config.seq_len,
-            world_size=world_size,
-            gradient_checkpointing=config.gradient_checkpointing,
-        )
+        return cls(config=config, world_size=world_size)
+
+    # The step's dimensions, as the plan and run.json name them (a plan's length is its max length).
+    @property
+    def micro_batch_size(self) -> int:
+        return self.config.micro_batch_size
 
     @property
-    def config(self) -> StepConfig:
-        """The step this candidate runs, at its max length (what the calibration predicts for)."""
-        return StepConfig(
-            micro_batch_size=self.micro_batch_size,
-            num_workers=self.num_workers,
-            grad_accum=self.grad_accum,
-            seq_len=self.max_length,
-            gradient_checkpointing=self.gradient_checkpointing,
-        )
+    def grad_accum(self) -> int:
+        return self.config.grad_accum
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.num_workers
+
+    @property
+    def max_length(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.config.gradient_checkpointing
 
     @property
     def tokens_per_second(self) -> float:
@@ -181,9 +182,12 @@ class Candidate:
         return self.config.phrase
 
     def to_json(self) -> dict[str, Any]:
+        """run.json's and the plan's flat form: the step's columns (seq_len as max_length), then the predictions."""
         data = asdict(self)
-        data["tokens_per_second"] = self.tokens_per_second
-        return data
+        step = data.pop("config")
+        columns = {"micro_batch_size": step["micro_batch_size"], "grad_accum": step["grad_accum"], "num_workers": step["num_workers"]}
+        columns.update(max_length=step["seq_len"], world_size=data.pop("world_size"), gradient_checkpointing=step["gradient_checkpointing"])
+        return {**columns, **data, "tokens_per_second": self.tokens_per_second}
 
 
 @dataclass
