@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -67,7 +68,7 @@ def make_run(
         resume=resume,
         log_interval_seconds=0.5,
     )
-    plan.chosen.gradient_checkpointing = checkpointing
+    plan.chosen.config = dataclasses.replace(plan.chosen.config, gradient_checkpointing=checkpointing)
     return TrainingRun(
         calibration=calibration,
         chosen=plan.chosen,
