@@ -14,7 +14,7 @@ from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_hub import offline_hub
 
 from common.errors import BenchtrainError
-from train.planning.planner import lengths_to_measure
+from train.planning.lengths import lengths_to_measure
 from train.workload.data import TokenizedData, load_records
 from train.workload.formats import DataSchema
 from train.workload.prepare import load_tokenized

@@ -252,7 +252,7 @@ def measured_data(args: argparse.Namespace, spec: Any, space: SearchSpace) -> tu
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if not args.data:
         return space, None, None
-    from train.planning.planner import lengths_to_measure
+    from train.planning.lengths import lengths_to_measure
     from train.workload.data import length_profile
     from train.workload.formats import schema_from_args
     from train.workload.prepare import DataSpec, prepare_data

@@ -96,20 +96,24 @@ def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float
     return timed
 
 
+@dataclass(frozen=True)
+class PlannedWork:
+    """What a run does besides its steps, as planned before bench's measurements price it: its
+    evaluations, the batch shapes it compiles, the bytes it exports, its tokenizing."""
+
+    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
+    eval_count: int = 0
+    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
+    compile_shapes: int = 0
+    export_bytes: int = 0  # final/ (and final-base/, final-merged/); 0: not known (one checkpoint save is counted)
+    data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache)
+
+
 def plan_overheads(
-    measured: dict[str, float],
-    train_seconds: float,
-    checkpoint_interval: float,
-    with_report: bool = True,
-    eval_pass_seconds: float = 0.0,
-    eval_count: int = 0,
-    compile_seconds: float = 0.0,
-    compile_shapes: int = 0,
-    export_bytes: int = 0,
-    data_prep_seconds: float = 0.0,
+    measured: dict[str, float], train_seconds: float, checkpoint_interval: float, with_report: bool = True, work: PlannedWork = PlannedWork()
 ) -> Overheads:
-    """The overheads of a run with `train_seconds` of predicted training steps; `export_bytes`: what
-    the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
+    """The overheads of a run with `train_seconds` of predicted training steps; `work.export_bytes`:
+    what the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
     save = checkpoint_save_seconds(measured)
     periodic = math.floor(train_seconds / checkpoint_interval) if checkpoint_interval > 0 else 0
     return Overheads(
@@ -117,12 +121,12 @@ def plan_overheads(
         warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
         checkpoint_seconds=save,
         checkpoint_count=periodic + 1,
-        export_seconds=write_seconds(measured, export_bytes) if export_bytes else save,
-        eval_pass_seconds=eval_pass_seconds,
-        eval_count=eval_count,
+        export_seconds=write_seconds(measured, work.export_bytes) if work.export_bytes else save,
+        eval_pass_seconds=work.eval_pass_seconds,
+        eval_count=work.eval_count,
         report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
-        compile_seconds=compile_seconds,
-        compile_shapes=compile_shapes,
-        export_bytes=export_bytes,
-        data_prep_seconds=data_prep_seconds,
+        compile_seconds=work.compile_seconds,
+        compile_shapes=work.compile_shapes,
+        export_bytes=work.export_bytes,
+        data_prep_seconds=work.data_prep_seconds,
     )

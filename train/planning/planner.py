@@ -9,46 +9,27 @@ throughput` estimate is computed for comparison only.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from common.durations import format_duration
-from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
+from common.errors import BenchtrainError, DoesNotFitError
+from train.planning.calibrated import batch_sizes_for, checkpointing_modes, noise_warnings
 from train.planning.deadline import DeadlineBudget
-from train.planning.overheads import Overheads, plan_overheads
+from train.planning.fit_deadline import error_decides_deadline, shortened_alternatives, shrink_to_deadline
+from train.planning.lengths import check_trainable_tokens, choose_lengths
+from train.planning.overheads import Overheads, PlannedWork, plan_overheads
 from train.planning.prices import run_cost
+from train.planning.priorities import PRIORITIES, rank
+from train.planning.shapes import ShapeCache, eval_pass_seconds, shape_counts
 from train.step.compile import compile_seconds
 from train.step.evaluation import EvalSchedule
-from train.workload.batching import (
-    DataView,
-    batch_shapes,
-    epoch_share,
-    packed_epoch_shape_counts,
-    packed_row_count,
-    packed_shapes,
-    padded_batch_count,
-    padded_epoch_shape_counts,
-    padded_shape_counts,
-    real_tokens,
-    run_batches,
-)
-from train.workload.data import covering_length, truncation
+from train.workload.batching import DataView, real_tokens
+from train.workload.data import truncation
 
-PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
-# Share of samples each priority keeps whole (1 - the share it may truncate).
-COVERAGE = {"quality": 1.0}
-DEFAULT_COVERAGE = 0.995
-# A length chosen beyond the calibrated ones is rounded up to a multiple of this.
-LENGTH_GRANULE = 64
-MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short data
-BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
-MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 DEFAULT_EFFECTIVE_BATCH = 16
-# A max length that leaves less than this share of the trainable tokens is refused, not planned.
-MIN_TRAINABLE_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -234,130 +215,6 @@ class Plan:
         }
 
 
-def choose_lengths(calibration: Calibration, data: DataView, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
-    """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
-    limit on the real token profile: the smallest calibrated length that covers it, else a longer
-    one (extrapolated, and said so); only the model's position table can stop that, loudly."""
-    calibrated = calibration.measured_values("seq_len")
-    notes: list[str] = []
-    warnings: list[str] = []
-    coverage = COVERAGE.get(request.priority, DEFAULT_COVERAGE)
-    if isinstance(request.max_length, int):
-        if request.max_length < 1:
-            raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
-        if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
-            measure = f"`bench run --seq-lens {calibrated[-1]},{request.max_length}` measures it" if calibrated else "`bench run` measures it"
-            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates; {measure}")
-        if not data.packing:
-            cut = truncation(data.lengths, request.max_length)
-            if cut["share_truncated"] > 1 - coverage + 1e-12:
-                warnings.append(
-                    f"--max-length {request.max_length} truncates {cut['share_truncated']:.1%} of samples, more than {request.priority} allows "
-                    f"({1 - coverage:.1%}); --max-length auto keeps them"
-                )
-        return [request.max_length], notes, warnings
-    if data.packing:
-        # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
-        return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
-    needed = covering_length(data.lengths, coverage)
-    covering = [length for length in calibrated if length >= needed]
-    if covering:
-        return [covering[0]], notes, warnings
-    limit = request.max_positions or math.inf
-    length = min(-(-needed // LENGTH_GRANULE) * LENGTH_GRANULE, limit)
-    if length >= needed:
-        notes.append(
-            f"max length {length} covers {coverage:.1%} of samples ({needed} tokens) but is longer than any calibrated length "
-            f"({calibrated[-1]}): the estimate extrapolates; `bench run --seq-lens {calibrated[-1]},{length}` measures it"
-        )
-        return [int(length)], notes, warnings
-    cut = truncation(data.lengths, int(length))
-    warnings.append(
-        f"the model accepts at most {int(limit)} tokens, so {cut['share_truncated']:.1%} of samples are truncated "
-        f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
-    )
-    return [int(length)], notes, warnings
-
-
-def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
-    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
-    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
-    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
-    of the shortest for short data), as many lengths in all as the default grid has, so that the
-    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
-    if data.packing:
-        return defaults
-    coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
-    needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
-    room = max(0, len(defaults) - len(needed))
-    shorter = [length for length in defaults if length < needed[0]][-room:] if room else []
-    while len(shorter) < room and (shorter or needed)[0] // 2 >= MIN_MEASURED_LENGTH:
-        shorter.insert(0, (shorter or needed)[0] // 2)
-    return tuple(sorted({*shorter, *needed}))
-
-
-def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest) -> None:
-    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
-    loss on nothing would train nothing and still exit 0."""
-    if data.packing:
-        return  # packing truncates nothing
-    whole = real_tokens(data, max(data.lengths))
-    kept = real_tokens(data, max_length)
-    if whole and kept >= MIN_TRAINABLE_SHARE * whole:
-        return
-    what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
-    cut = truncation(data.lengths, max_length)
-    needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
-    keeps = real_tokens(data, int(needed)) / whole if whole else 0.0
-    raise BenchtrainError(
-        f"{what} leaves {kept:,} of {whole:,} trainable tokens ({kept / whole if whole else 0:.1%}; the loss is on {data.loss_on}): "
-        f"{cut['share_truncated']:.1%} of samples are truncated; --max-length {int(needed)} keeps {keeps:.1%} of them"
-    )
-
-
-def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
-    """(micro batch, accumulation) pairs that keep samples per optimizer step = effective_batch."""
-    calibrated = calibration.measured_values("micro_batch_size")
-    pairs = []
-    for micro in range(1, calibrated[-1] + 1):
-        per_step = micro * world_size
-        if effective_batch % per_step == 0 and micro >= calibrated[0]:
-            pairs.append((micro, effective_batch // per_step))
-    return pairs
-
-
-ShapeCache = dict[tuple[int, int, int], Counter]
-
-
-def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
-    """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
-    batches do not depend on accumulation or workers)."""
-    key = (micro, length, epoch)
-    if cache is not None and key in cache:
-        return cache[key]
-    if request.world_size == 1:
-        # One process: the shapes straight from the batch layout, without building the batches.
-        if data.packing:
-            rows = packed_row_count(data.stream_length, length)
-            counts = Counter(packed_epoch_shape_counts(rows, micro, length, epoch_share(-(-rows // micro), epoch, request.epochs)))
-        else:
-            total = padded_batch_count(len(data.lengths), micro)
-            taken = epoch_share(total, epoch, request.epochs)
-            counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
-        if cache is not None:
-            cache[key] = counts
-        return counts
-    # Each process runs every world_size-th batch (rank 0 stands for all of them).
-    batches = run_batches(data, micro, length, request.seed, epoch, request.epochs, request.world_size)
-    if data.packing:
-        counts = Counter((shape.rows, shape.length) for shape in packed_shapes(batches, length))
-    else:
-        counts = Counter(padded_shape_counts(data.lengths, batches, length, request.shape_bucket))
-    if cache is not None:
-        cache[key] = counts
-    return counts
-
-
 def evaluate(
     calibration: Calibration,
     data: DataView,
@@ -434,32 +291,9 @@ def candidate_overheads(
     if request.compiled:
         probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
-    overheads = plan_overheads(
-        calibration.overheads,
-        candidate.step_seconds,
-        request.checkpoint_interval_seconds,
-        request.with_report,
-        eval_pass,
-        eval_count,
-        compile_cost,
-        compile_shapes,
-        request.export_bytes,
-        request.data_prep_seconds,
-    )
+    work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds)
+    overheads = plan_overheads(calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, work)
     return overheads, eval_pass
-
-
-def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
-    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
-    from train.step.evaluation import eval_batches
-
-    total = 0.0
-    for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
-        seconds = calibration.eval_batch_seconds(shape.rows, shape.length)
-        if seconds is None:
-            return 0.0
-        total += seconds
-    return total
 
 
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
@@ -512,12 +346,16 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     step_limit = request.max_steps
     alternatives = ranked[1:4]
     if chosen.total_seconds_promised > available and request.fit_deadline:
-        chosen, step_limit = shrink_to_deadline(calibration, data, request, chosen, available, eval_data, cache)
+
+        def limited(candidate: Candidate, max_steps: int) -> Candidate:
+            return evaluate(calibration, data, replace(request, max_steps=max_steps), candidate.config, cache, eval_data)
+
+        chosen, step_limit = shrink_to_deadline(chosen, available, limited)
         notes.append(
             f"--fit-deadline: limited to {step_limit:,} of {ranked[0].optimizer_steps:,} optimizer steps so the run ends in time "
             f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
         )
-        alternatives = shortened_alternatives(calibration, data, request, ranked[1:], available, eval_data, cache)
+        alternatives = shortened_alternatives(ranked[1:], available, limited)
     meets = chosen.total_seconds_promised <= available
     warning = error_decides_deadline(chosen, available)
     if warning:
@@ -541,123 +379,6 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         warnings=warnings,
         price_per_hour=request.price_per_hour,
     )
-
-
-EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
-
-
-def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
-    """Said when the calibration's error is what decides the deadline: the central estimate fits
-    and its upper bound does not (refused, or promised on the central estimate when too noisy)."""
-    if not chosen.total_seconds <= available < chosen.total_seconds_high:
-        return None
-    return (
-        f"the calibration's error decides this deadline: the estimate {format_duration(chosen.total_seconds)} fits the "
-        f"{format_duration(available)} usable, its upper bound {format_duration(chosen.total_seconds_high)} (±{chosen.bound_fraction:.0%}) "
-        + (f"does not; {EXTRAPOLATION_ADVICE}" if chosen.extrapolated else "does not; a longer `bench run --budget` narrows it")
-    )
-
-
-def shortened_alternatives(
-    calibration: Calibration,
-    data: DataView,
-    request: PlanRequest,
-    ranked: list[Candidate],
-    available: float,
-    eval_data: DataView | None,
-    cache: ShapeCache,
-    shown: int = 3,
-) -> list[Candidate]:
-    """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
-    (those of which not one step fits are left out)."""
-    alternatives: list[Candidate] = []
-    for candidate in ranked:
-        if len(alternatives) == shown:
-            break
-        if candidate.total_seconds_promised > available:
-            try:
-                candidate = shrink_to_deadline(calibration, data, request, candidate, available, eval_data, cache)[0]
-            except DeadlineError:
-                continue
-        alternatives.append(candidate)
-    return alternatives
-
-
-def checkpointing_modes(calibration: Calibration, requested: str) -> list[bool]:
-    """Gradient checkpointing modes to plan with: those the calibration measured, as asked."""
-    measured = [bool(value) for value in calibration.measured_values("gradient_checkpointing")]
-    wanted = {"auto": measured, "on": [True], "off": [False]}[requested]
-    modes = [mode for mode in wanted if mode in measured]
-    if not modes:
-        raise BenchtrainError(
-            f"--gradient-checkpointing {requested}: calibration {calibration.id} did not measure it; "
-            f"run `bench run --checkpointing off,on`, or use --gradient-checkpointing auto"
-        )
-    return modes
-
-
-def noise_warnings(calibration: Calibration) -> list[str]:
-    """What the calibration's own error says about this plan, out loud."""
-    warnings = []
-    noise = calibration.data.get("noise") or {}
-    if noise.get("message"):
-        warnings.append(f"calibration {calibration.id}: {noise['message']}")
-    if calibration.too_noisy_to_bound:
-        warnings.append(
-            f"the calibration's 90th-percentile error ({calibration.relative_bound:.0%}) is too large to promise a finish time: the deadline "
-            "is checked against the central estimate, not an upper bound; the deadline guard still stops the run in time if it is slower"
-        )
-    return warnings
-
-
-def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
-    by_time = sorted(candidates, key=lambda c: (c.total_seconds, c.extrapolated, c.micro_batch_size))
-    if priority in ("fast", "quality"):
-        return by_time
-    if priority == "balanced":
-        roomy = [c for c in by_time if (c.peak_memory_bytes_high or 0) <= BALANCED_MEMORY_HEADROOM * memory_limit]
-        return roomy + [c for c in by_time if c not in roomy]
-    fastest = by_time[0].total_seconds
-    near = [c for c in by_time if c.total_seconds <= fastest * (1 + MEMORY_EFFICIENT_SLACK)]
-    near.sort(key=lambda c: (c.peak_memory_bytes or 0, c.total_seconds))
-    return near + [c for c in by_time if c not in near]
-
-
-def shrink_to_deadline(
-    calibration: Calibration,
-    data: DataView,
-    request: PlanRequest,
-    chosen: Candidate,
-    available: float,
-    eval_data: DataView | None = None,
-    cache: ShapeCache | None = None,
-) -> tuple[Candidate, int]:
-    """The same configuration with as many steps as fit: each count planned as the run it would be
-    (its own checkpoints, evaluations and export, not the whole plan's), the largest whose promised
-    total fits found by bisection (the total grows with the steps). Counted after the steps a
-    resumed run already did, so the limit is the run's total."""
-
-    def limited(steps: int) -> Candidate:
-        return evaluate(calibration, data, replace(request, max_steps=request.completed_steps + steps), chosen.config, cache, eval_data)
-
-    fits, low, high = None, 0, chosen.remaining_steps - 1  # all the steps do not fit
-    while low < high:
-        middle = (low + high + 1) // 2
-        candidate = limited(middle)
-        if candidate.total_seconds_promised <= available:
-            fits, low = candidate, middle
-        else:
-            high = middle - 1
-    if fits is None:
-        one = limited(1)
-        if one.total_seconds_promised > available:
-            wide = f" (its bound ±{one.bound_fraction:.0%}: {EXTRAPOLATION_ADVICE})" if one.extrapolated else ""
-            raise DeadlineError(
-                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
-                f"needs up to {format_duration(one.total_seconds_promised)} with its overheads{wide}, {format_duration(max(0.0, available))} are left"
-            )
-        fits, low = one, 1
-    return fits, request.completed_steps + low
 
 
 def deadline_options(plan: Plan, resuming: bool = False) -> str:

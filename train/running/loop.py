@@ -28,7 +28,7 @@ from train.step import metrics
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
 from train.step.runtime import agree
-from train.workload.batching import PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+from train.workload.batching import BatchLayout, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 
@@ -189,9 +189,7 @@ class TrainingRun:
         c = self.chosen
         return run_batches(
             self.data,
-            c.micro_batch_size,
-            c.max_length,
-            self.settings.seed,
+            BatchLayout(c.micro_batch_size, c.max_length, self.settings.seed),
             epoch,
             self.settings.epochs,
             self.accelerator.num_processes,
@@ -435,7 +433,7 @@ class TrainingRun:
         if self.eval_data is None:
             return
         result = evaluate_loss(
-            self.accelerator, self.model, self.eval_data, c.micro_batch_size, c.max_length, self.pad_id, self.settings.seed, self.engine.compiled
+            self.accelerator, self.model, self.eval_data, BatchLayout(c.micro_batch_size, c.max_length, self.settings.seed), self.pad_id, self.engine.compiled
         )
         entry = {"step": position.step, "elapsed": time.monotonic() - self.settings.started_at, **result}
         position.evals.append(entry)

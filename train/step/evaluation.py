@@ -18,7 +18,7 @@ import numpy as np
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
-from train.workload.batching import IGNORE_INDEX, DataView, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
+from train.workload.batching import IGNORE_INDEX, BatchLayout, DataView, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
 from train.workload.data import TokenizedData
 
 
@@ -83,10 +83,9 @@ def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int,
     return PaddedBatches(data, batches, max_length, pad_id)
 
 
-def evaluate_loss(
-    accelerator: Any, model: Any, data: TokenizedData, micro_batch_size: int, max_length: int, pad_id: int, seed: int, compiled: bool = False
-) -> dict[str, float]:
-    """Mean loss per target token over the eval set, its perplexity, and the seconds it took.
+def evaluate_loss(accelerator: Any, model: Any, data: TokenizedData, layout: BatchLayout, pad_id: int, compiled: bool = False) -> dict[str, float]:
+    """Mean loss per target token over the eval set (cut into batches as `layout` says: the run's
+    micro batch size, max length and seed), its perplexity, and the seconds it took.
     A compiled model evaluates eagerly (train.step.compile.eager_region), as bench measured it."""
     import torch
 
@@ -94,8 +93,8 @@ def evaluate_loss(
     from train.step.step import without_packed_sequence_check
 
     started = time.perf_counter()
-    batches = shard(eval_batches(data, micro_batch_size, max_length, seed), accelerator.process_index, accelerator.num_processes)
-    loader = make_loader(eval_dataset(data, batches, max_length, pad_id), 0, accelerator.device.type == "cuda")
+    batches = shard(eval_batches(data, layout.micro_batch_size, layout.max_length, layout.seed), accelerator.process_index, accelerator.num_processes)
+    loader = make_loader(eval_dataset(data, batches, layout.max_length, pad_id), 0, accelerator.device.type == "cuda")
     device = accelerator.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     tokens = torch.zeros((), device=device, dtype=torch.float64)

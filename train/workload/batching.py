@@ -317,18 +317,19 @@ def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: 
     return plan_padded_batches(data.lengths, micro_batch_size, max_length, seed, epoch)
 
 
-def run_batches(
-    data: DataView,
-    micro_batch_size: int,
-    max_length: int,
-    seed: int,
-    epoch: int,
-    epochs: float,
-    world_size: int = 1,
-    rank: int = 0,
-) -> list[list[int]]:
+@dataclass(frozen=True)
+class BatchLayout:
+    """What cuts data into micro-batches besides the epoch: the same three give the same batches
+    (epoch_batches), in training and in evaluation alike."""
+
+    micro_batch_size: int
+    max_length: int
+    seed: int
+
+
+def run_batches(data: DataView, layout: BatchLayout, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[list[int]]:
     """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
-    batches = epoch_batches(data, micro_batch_size, max_length, seed, epoch)
+    batches = epoch_batches(data, layout.micro_batch_size, layout.max_length, layout.seed, epoch)
     return shard(batches[: epoch_share(len(batches), epoch, epochs)], rank, world_size)
 
 
