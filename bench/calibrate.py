@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
-from bench.runner import BenchResult, Budget, run_grid, run_optuna
+from bench.record import CalibrationSubject, build_calibration
+from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.space import SearchSpace
 from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
@@ -27,9 +28,20 @@ EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
 
 
-@dataclass
+@dataclass(frozen=True)
+class AfterProbePrices:
+    """What prices the work after the probes, learned while planning them (`plan_probes`): the
+    evaluation probes' share of a training step's FLOPs, and the checkpoint write."""
+
+    forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
+    checkpoint_bytes: int = 0  # what a checkpoint holds: the trained weights (fp32) and AdamW's two moments
+    disk_bytes_per_second: float | None = None  # the scratch folder's write speed (None: not timed)
+
+
+@dataclass(frozen=True)
 class BenchTask:
-    """What this benchmark is, known before the first probe."""
+    """What this benchmark is, known before the first probe: built once it is all known (the
+    model's records, the prices after the probes) with `dataclasses.replace`, never written into."""
 
     space: SearchSpace
     settings: ProbeSettings
@@ -40,21 +52,40 @@ class BenchTask:
     device_label: str
     requested_device: str | None = None
     data: dict[str, Any] | None = None
-    warnings: list[str] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()  # known before the first probe (those found later go to the record)
     search: str = "grid"
     trials: int = 0
-    study: tuple[Path, str] | None = None  # optuna's storage and study name
+    study: OptunaStudy | None = None  # where --search optuna keeps its trials
     compiled: bool = False
     sharding: str = "ddp"
     world_size: int = 1
-    forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
-    checkpoint_bytes: int = 0
-    disk_bytes_per_second: float | None = None
+    prices: AfterProbePrices = AfterProbePrices()
     load_before: float | None = None
     budget_auto: bool = False
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """A benchmark under way: what it measures, the processes that run each measurement (the
+    coordinator: bench.distributed, or a simulated device), how probes are chosen and priced, and
+    the time left."""
+
+    task: BenchTask
+    coordinator: Any
+    planner: ProbePlanner
+    budget: Budget
+
+
+@dataclass(frozen=True)
+class LossComparison:
+    """`--loss auto`'s comparison: what the record keeps of it (None: not compared) and, when the
+    budget could not pay for it, the warning that says so."""
+
+    record: dict[str, Any] | None = None
+    warning: str | None = None
 
 
 def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
@@ -68,15 +99,16 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
 
 
 def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> float:
-    return (EVAL_STEPS + 1) * planner.cost.step_seconds_high(config) * task.forward_share
+    return (EVAL_STEPS + 1) * planner.cost.step_seconds_high(config) * task.prices.forward_share
 
 
 def checkpoint_price(task: BenchTask) -> float:
     from bench.disk_write import MAX_WRITE_BYTES
 
-    if not task.disk_bytes_per_second:
+    prices = task.prices
+    if not prices.disk_bytes_per_second:
         return 0.0
-    return min(task.checkpoint_bytes, MAX_WRITE_BYTES) / task.disk_bytes_per_second
+    return min(prices.checkpoint_bytes, MAX_WRITE_BYTES) / prices.disk_bytes_per_second
 
 
 def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: float) -> float:
@@ -99,10 +131,11 @@ def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
     return [StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s) for b, s in corners]
 
 
-def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> Any:
+def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> tuple[ProbePlanner, AfterProbePrices]:
     """The probe planner for this model on this device, from the `meta` device (FLOPs, exact
-    parameter bytes) and the device's speed; also fills in the task's FLOPs share of a forward
-    pass and the checkpoint's bytes, and times the disk (a 32 MiB write) when given a folder."""
+    parameter bytes) and the device's speed; and the prices of the work after the probes: a
+    forward pass's FLOPs share, the checkpoint's bytes, and the disk's speed (a 32 MiB write)
+    when given a folder. The caller puts the prices in the task (`replace(task, prices=…)`)."""
     from bench.choose import ProbePlanner
     from bench.cost import CostModel, MemoryPrior, device_speed
     from train.planning.memory_check import compute_bytes, meta_model
@@ -118,13 +151,15 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
 
     middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
-    task.forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
+    forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
-    task.checkpoint_bytes = need.trainable_parameters * 12
+    checkpoint_bytes = need.trainable_parameters * 12
+    disk_bytes_per_second = None
     if scratch is not None:
         from bench.disk_write import disk_bandwidth
 
-        task.disk_bytes_per_second = disk_bandwidth(scratch)
+        disk_bytes_per_second = disk_bandwidth(scratch)
+    prices = AfterProbePrices(forward_share, checkpoint_bytes, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
@@ -136,17 +171,15 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
         compute_bytes=compute_bytes(hardware["device_type"]),
     )
     limit = float(hardware["memory_bytes"]) if hardware["device_type"] == "cuda" else None
-    return ProbePlanner(task.space, cost, memory, limit)
+    return ProbePlanner(task.space, cost, memory, limit), prices
 
 
-def calibrate(
-    task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget, build_seconds: float, progress: Any = None
-) -> tuple[dict[str, Any], BenchResult]:
+def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:
     """Probe, time what follows, and assemble the calibration record (fitted when it can be)."""
-    from bench.record import build_calibration
-
+    task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
-    loss_choice = compare_losses(task, coordinator, planner, budget)
+    losses = compare_losses(run)
+    warnings = [*task.warnings, *([losses.warning] if losses.warning else [])]
 
     def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
@@ -160,24 +193,25 @@ def calibrate(
         result = run_grid(task.space, probe, budget, progress, planner=planner)
     else:
         assert task.study is not None
-        result = run_optuna(task.space, probe, budget, task.trials, task.study[0], task.study[1], progress, planner=planner)
+        result = run_optuna(task.space, probe, budget, task.trials, task.study, progress, planner=planner)
     budget.reserved = lambda: 0.0
     for mode in result.dropped_modes:
-        task.warnings.append(
+        warnings.append(
             f"gradient checkpointing {'on' if mode else 'off'} was not measured: the budget could not pay for its first probe "
             "(a compilation) after the others; this calibration plans the other mode only (a larger --budget measures both)"
         )
 
     skipped: list[str] = []
-    eval_rows = measure_evaluation(task, coordinator, planner, budget, skipped)
-    overheads: dict[str, Any] = {"model_build_seconds": round(build_seconds, 4), **measure_checkpoint_write(task, coordinator, budget, skipped)}
+    eval_rows = measure_evaluation(run, skipped)
+    overheads: dict[str, Any] = {"model_build_seconds": round(build_seconds, 4), **measure_checkpoint_write(run, skipped)}
     overheads.update(warmup_costs(result.rows, task.settings.warmup_steps, task.compiled))
     overheads["warmup_steps"] = task.settings.warmup_steps
     if task.world_size > 1:
         collectives = coordinator.run("comm", {})
-    training = dict(task.training)
+    # The loss compared is the one every probe ran, and the one `train --loss auto` runs.
+    training = {**task.training, **({"loss": losses.record["chosen"]} if losses.record else {})}
     if task.compiled:
-        overheads.update(measure_compile_cache(task, coordinator, planner, budget, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
+        overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
         from train.step.compile import compile_cache_record
 
         training["compile_cache"] = compile_cache_record()
@@ -192,24 +226,13 @@ def calibrate(
         "prices": planner.cost.speed.source,
         "skipped_after_probes": skipped,
     }
-    record = build_calibration(
-        hardware=task.hardware,
-        software=task.software,
-        model=task.model,
-        device_label=task.device_label,
-        requested_device=task.requested_device,
-        result=result,
-        search=search,
-        overheads=overheads,
-        data=task.data,
-        warnings=task.warnings,
-        training=training,
-    )
+    subject = CalibrationSubject(task.hardware, task.software, task.model, task.device_label, task.requested_device, training, task.data)
+    record = build_calibration(subject, result, search, overheads, warnings)
     from calibration.fit import fit_eval
 
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
-    if loss_choice is not None:
-        record["loss_choice"] = loss_choice
+    if losses.record is not None:
+        record["loss_choice"] = losses.record
     if task.world_size > 1:
         record["distributed"] = distributed_record(collectives, task.sharding)
     record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
@@ -237,24 +260,24 @@ def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
     return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 
 
-def compare_losses(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget) -> dict[str, Any] | None:
+def compare_losses(run: BenchRun) -> LossComparison:
     """`--loss auto`: each loss that applies, twice in alternation at one configuration; the fastest
     whose extra logits memory at the grid's largest micro-batch stays under LOSS_MEMORY_AT_STAKE of
     the device, ties to the leaner. Every probe after it runs the chosen loss (and so does
     `train --loss auto` with this calibration). Only while the budget still pays for a minimum
     viable fit afterwards."""
+    task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     if len(task.losses) < 2:
-        return None
+        return LossComparison()
     config = loss_comparison_config(planner)
     if config is None:
-        return None
+        return LossComparison()
     price = 2 * len(task.losses) * planner.price(config)
     remaining = budget.remaining()
     if remaining is not None and (price > remaining or not planner.viable_within(remaining - price)):
-        task.warnings.append(
-            f"the losses ({', '.join(task.losses)}) were not compared: the budget could not pay for it; probes ran {task.training.get('loss')}"
+        return LossComparison(
+            warning=f"the losses ({', '.join(task.losses)}) were not compared: the budget could not pay for it; probes ran {task.training.get('loss')}"
         )
-        return None
     rows = []
     for _ in range(2):
         for loss in task.losses:
@@ -264,8 +287,7 @@ def compare_losses(task: BenchTask, coordinator: Any, planner: ProbePlanner, bud
             rows.append({**row, "loss": loss})
     chosen, reason = choose_measured_loss(rows, task, planner)
     coordinator.run("set_loss", {"loss": chosen})
-    task.training["loss"] = chosen
-    return {"config": config.to_row(), "measurements": rows, "chosen": chosen, "reason": reason}
+    return LossComparison({"config": config.to_row(), "measurements": rows, "chosen": chosen, "reason": reason})
 
 
 def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
@@ -289,8 +311,9 @@ def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: P
     return chosen, f"{chosen}: {rule} ({described})"
 
 
-def measure_evaluation(task: BenchTask, coordinator: Any, planner: ProbePlanner, budget: Budget, skipped: list[str]) -> list[dict[str, Any]]:
+def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[dict[str, Any]]:
     """The corners, cheapest first, while the budget pays (two at least, or none: a fit needs two)."""
+    task, planner, budget = run.task, run.planner, run.budget
     corners = sorted(evaluation_corners(planner), key=lambda config: eval_price(task, planner, config))
     prices = [eval_price(task, planner, config) for config in corners]
     if len(corners) >= 2 and not budget.allows(prices[0] + prices[1]):
@@ -301,34 +324,26 @@ def measure_evaluation(task: BenchTask, coordinator: Any, planner: ProbePlanner,
         if not budget.allows(price):
             skipped.append(f"evaluation probe B{config.micro_batch_size}/S{config.seq_len}: beyond the budget")
             continue
-        rows.append(coordinator.run("eval", config.to_row()))
+        rows.append(run.coordinator.run("eval", config.to_row()))
     return rows
 
 
-def measure_checkpoint_write(task: BenchTask, coordinator: Any, budget: Budget, skipped: list[str]) -> dict[str, Any]:
+def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any]:
     """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes; the
     bound also keeps it inside what the budget has left."""
     from bench.disk_write import MAX_WRITE_BYTES
 
-    left = budget.left()
+    prices = run.task.prices
+    left = run.budget.left()
     limit = MAX_WRITE_BYTES
-    if left is not None and task.disk_bytes_per_second:
-        limit = int(max(0.0, left) * task.disk_bytes_per_second / 2)
-        if limit < min(MAX_WRITE_BYTES, task.checkpoint_bytes):
+    if left is not None and prices.disk_bytes_per_second:
+        limit = int(max(0.0, left) * prices.disk_bytes_per_second / 2)
+        if limit < min(MAX_WRITE_BYTES, prices.checkpoint_bytes):
             skipped.append(f"checkpoint timing: a write of {limit / 2**20:,.0f} MiB instead of {MAX_WRITE_BYTES / 2**20:,.0f} MiB (the budget left)")
-    return coordinator.run("checkpoint", task.checkpoint_payload(max(limit, 1 << 20)))
+    return run.coordinator.run("checkpoint", run.task.checkpoint_payload(max(limit, 1 << 20)))
 
 
-def measure_compile_cache(
-    task: BenchTask,
-    coordinator: Any,
-    planner: ProbePlanner,
-    budget: Budget,
-    build_seconds: float,
-    rows: list[dict[str, Any]],
-    warmup_extra: float,
-    skipped: list[str],
-) -> dict[str, Any]:
+def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
     """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
     a fresh process (bench.compile_probe) on the first probed shape times its first step against
     its steady one, less the warm-up every run pays anyway. The device is freed first, so that
@@ -336,11 +351,11 @@ def measure_compile_cache(
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok:
         return {}
-    if not budget.allows(compile_cache_price(task, planner, build_seconds)):
+    if not run.budget.allows(compile_cache_price(run.task, run.planner, build_seconds)):
         skipped.append("compile-cache timing: beyond the budget (train prices a compilation per shape instead)")
         return {}
     shape = {key: ok[0][key] for key in ("micro_batch_size", "seq_len", "gradient_checkpointing")}
-    measured = coordinator.run("compile_cache", {"row": shape, "timeout_seconds": budget.left()})
+    measured = run.coordinator.run("compile_cache", {"row": shape, "timeout_seconds": run.budget.left()})
     if not measured:
         return {}
     cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)

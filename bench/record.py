@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -13,32 +14,40 @@ from calibration.schema import SCHEMA_VERSION
 from calibration.store import new_id
 
 
+@dataclass(frozen=True)
+class CalibrationSubject:
+    """What a calibration is of: the device (its hardware and software, its label, and the one
+    asked for with --gpu), the model, how it is trained, and the data it read (None: synthetic)."""
+
+    hardware: dict[str, Any]
+    software: dict[str, Any]
+    model: dict[str, Any]
+    device_label: str
+    requested_device: str | None = None
+    training: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+
+
 def build_calibration(
-    *,
-    hardware: dict[str, Any],
-    software: dict[str, Any],
-    model: dict[str, Any],
-    device_label: str,
-    requested_device: str | None,
+    subject: CalibrationSubject,
     result: BenchResult,
     search: dict[str, Any],
     overheads: dict[str, float],
-    data: dict[str, Any] | None,
     warnings: list[str],
-    training: dict[str, Any] | None = None,
     created: datetime | None = None,
 ) -> dict[str, Any]:
     created = created or datetime.now(timezone.utc)
+    model = subject.model
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "id": new_id(device_label, model["name"], created),
+        "id": new_id(subject.device_label, model["name"], created),
         "created_at": created.isoformat(timespec="seconds"),
-        "hardware": hardware,
-        "software": software,
+        "hardware": subject.hardware,
+        "software": subject.software,
         "model": model,
-        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
-        "requested_device": requested_device,
-        "data": data,
+        "training": subject.training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
+        "requested_device": subject.requested_device,
+        "data": subject.data,
         "search": {
             **search,
             "stopped_by_budget": result.stopped_by_budget,

@@ -182,15 +182,23 @@ def study_name(hardware: dict[str, Any], model: dict[str, Any], space: SearchSpa
     return "bench-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class OptunaStudy:
+    """Where an Optuna search keeps its trials: the SQLite file, the study's name (what an
+    interrupted bench resumes, `study_name`) and the TPE sampler's seed."""
+
+    storage_path: Path
+    name: str
+    seed: int = 0
+
+
 def run_optuna(
     space: SearchSpace,
     probe: ProbeFunction,
     budget: Budget,
     trials: int,
-    storage_path: Path,
-    name: str,
+    study: OptunaStudy,
     progress: Any = None,
-    seed: int = 0,
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial.
@@ -204,19 +212,19 @@ def run_optuna(
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage_path.parent.mkdir(parents=True, exist_ok=True)
-    study = optuna.create_study(
-        study_name=name,
-        storage=f"sqlite:///{storage_path}",
+    study.storage_path.parent.mkdir(parents=True, exist_ok=True)
+    optuna_study = optuna.create_study(
+        study_name=study.name,
+        storage=f"sqlite:///{study.storage_path}",
         load_if_exists=True,
         direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed),
+        sampler=optuna.samplers.TPESampler(seed=study.seed),
     )
     distributions: dict[str, BaseDistribution] = {
         dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
     }
     done: dict[StepConfig, dict[str, Any]] = {}
-    for finished in study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
+    for finished in optuna_study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in finished.user_attrs:
             done[StepConfig.from_row(finished.params)] = finished.user_attrs["row"]
     result = BenchResult(rows=list(done.values()), reused=len(done))
@@ -227,30 +235,30 @@ def run_optuna(
     prober = Prober(probe, budget)
     target = min(trials, space.size)
     while len(planner.rows) < target:
-        trial = study.ask(distributions)
+        trial = optuna_study.ask(distributions)
         config = StepConfig.from_row(trial.params)
         if config in planner.rows or config not in planner.candidates() or not budget.allows(planner.price(config)):
             # Known, ruled out or too dear: tell Optuna what it was, and steer the next trial.
             known = planner.rows.get(config)
             if known is not None and known["status"] == "ok":
-                study.tell(trial, known["tokens_per_second"])
+                optuna_study.tell(trial, known["tokens_per_second"])
             else:
-                study.tell(trial, state=TrialState.FAIL)
+                optuna_study.tell(trial, state=TrialState.FAIL)
             choice = planner.next(budget.remaining())
             if choice is None:
                 break
-            study.enqueue_trial(choice.to_row())
+            optuna_study.enqueue_trial(choice.to_row())
             continue
         try:
             row = prober(config)
         except BaseException:
-            study.tell(trial, state=TrialState.FAIL)
+            optuna_study.tell(trial, state=TrialState.FAIL)
             raise
         trial.set_user_attr("row", row)
         if row["status"] == "ok":
-            study.tell(trial, row["tokens_per_second"])
+            optuna_study.tell(trial, row["tokens_per_second"])
         else:
-            study.tell(trial, state=TrialState.FAIL)
+            optuna_study.tell(trial, state=TrialState.FAIL)
         planner.record(row)
         result.rows.append(row)
         _advance(progress, row)

@@ -297,10 +297,10 @@ def simulate_bench(
 ) -> tuple[dict[str, Any], SimulatedDevice]:
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
-    fit as a real run (bench.commands.run); the device and the clock are simulated."""
+    fit as a real run (bench.setup_measurement); the device and the clock are simulated."""
     from dataclasses import replace
 
-    from bench.calibrate import BenchTask, after_probes_seconds, calibrate, plan_probes
+    from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, plan_probes
     from bench.outlook import outlook, refuse_if_too_small, settle_budget
     from bench.runner import Budget
     from bench.space import default_space
@@ -327,12 +327,13 @@ def simulate_bench(
         compiled=compiled,
         budget_auto=budget == "auto",
     )
-    planner = plan_probes(task, spec, method, need, StepOptions(compile="on" if compiled else "off"))
-    task.disk_bytes_per_second = device.measured.disk_bytes_per_second
+    planner, prices = plan_probes(task, spec, method, need, StepOptions(compile="on" if compiled else "off"))
+    # The disk's speed is the measured H100 host's, not this machine's.
+    task = replace(task, prices=replace(prices, disk_bytes_per_second=device.measured.disk_bytes_per_second))
     # A second for imports, hardware detection and the meta model, as on a real machine.
     device.clock.advance(1.0)
     seconds = settle_budget(planner, budget, device.clock(), after_probes_seconds(task, planner), say)
     device.clock.advance(device.build_seconds)
     refuse_if_too_small(outlook(planner, seconds, device.clock(), after_probes_seconds(task, planner)))
-    record, _ = calibrate(task, device, planner, Budget(seconds, 0.0, device.clock), device.build_seconds)
+    record, _ = calibrate(BenchRun(task, device, planner, Budget(seconds, 0.0, device.clock)), device.build_seconds)
     return record, device

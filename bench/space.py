@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calibration.step_config import DIMENSIONS, StepConfig
 from common.errors import BenchtrainError
@@ -50,6 +50,18 @@ def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
         (1, 4),
         (512, 1024, 2048) if big else (256, 512, 1024),
     )
+
+
+def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
+    """The sequence lengths the model's position table holds, known before the model is built:
+    lengths asked for (`asked`) beyond it are a one-line error; default ones beyond it (a big
+    GPU's 2048 for gpt2's 1024 positions) are left out, the table's own size probed instead."""
+    too_long = [length for length in space.seq_lens if length > max_positions]
+    if not too_long:
+        return space
+    if asked:
+        raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
+    return replace(space, seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.probe import ProbeSettings, Workload, run_probe
-from bench.runner import Budget, run_grid, run_optuna
+from bench.runner import Budget, OptunaStudy, run_grid, run_optuna
 from bench.space import SearchSpace
 from calibration.step_config import StepConfig
 from train.workload.model import resolve_model
@@ -122,7 +122,7 @@ def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
 
 
 def test_optuna_samples_the_same_space(home: Path) -> None:
-    result = run_optuna(SPACE, fake_probe(), Budget(None), trials=8, storage_path=home / "studies" / "bench.db", name="t1")
+    result = run_optuna(SPACE, fake_probe(), Budget(None), trials=8, study=OptunaStudy(home / "studies" / "bench.db", "t1"))
     configs = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]) for r in result.rows}
     assert len(result.rows) == 8 == len(configs)
     assert all(r["status"] == "ok" for r in result.rows)
@@ -139,10 +139,10 @@ def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> 
         return probe(config, remaining)
 
     with pytest.raises(KeyboardInterrupt):
-        run_optuna(SPACE, interrupted, Budget(None), trials=10, storage_path=storage, name="resume")
+        run_optuna(SPACE, interrupted, Budget(None), trials=10, study=OptunaStudy(storage, "resume"))
     first = list(calls)
     assert len(first) == 4
-    result = run_optuna(SPACE, probe, Budget(None), trials=10, storage_path=storage, name="resume")
+    result = run_optuna(SPACE, probe, Budget(None), trials=10, study=OptunaStudy(storage, "resume"))
     second = calls[4:]
     assert result.reused == 4
     assert not set(first) & set(second), "finished probes were repeated"
@@ -245,8 +245,7 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     from test_cli import assert_one_line_error, run_main
 
     import bench.probe
-    from bench.commands.run import within_positions
-    from bench.space import default_space
+    from bench.space import default_space, within_positions
 
     monkeypatch.setattr(bench.probe, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)

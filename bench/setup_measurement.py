@@ -1,0 +1,210 @@
+"""One setup (one --quantize × --optimizer value) measured: what to measure on what, described
+before anything is built; the probes planned and the budget settled; the model built; the probes,
+the timings after them and the fit, run by every process as rank 0 decides (bench.probe_tasks).
+
+`bench run` (bench.commands.run) parses its options into a BenchRequest and calls
+`measure_setup` for each setup; it stores and describes what comes back.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
+from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
+from bench.probe_tasks import checkpoint_task, probe_coordinator
+from bench.runner import Budget, OptunaStudy, study_name
+from bench.space import SearchSpace, default_space, within_positions
+from bench.timing import ProbeSettings
+from common.console import say
+from common.durations import format_duration
+from common.home import benchtrain_home, writable_subdir
+from train.step.engine import StepOptions, process_layout
+from train.workload.prepare import DataSpec
+
+# (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
+ProgressBar = Callable[[int, float | None], Any]
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """What `bench run` was asked to measure, its options parsed: the step's options, the grid's
+    lists given (by SearchSpace field; the device's defaults for the others), the device asked for,
+    the data, the search and the probes' time limit."""
+
+    options: StepOptions
+    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    requested_device: str | None = None  # --gpu
+    data: DataSpec | None = None  # --data and its format options (None: synthetic tokens)
+    tokenizer: str | None = None  # for --data (None: the model folder's, or the byte tokenizer)
+    search: str = "grid"  # grid | optuna
+    trials: int | None = None  # optuna's probes (None: a third of the space)
+    max_probe_seconds: float | None = None  # seconds each probe may time steps (None: from the budget)
+
+
+def no_progress_bar(total: int, budget_seconds: float | None) -> Any:
+    return None
+
+
+def measure_setup(
+    request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None, progress: ProgressBar = no_progress_bar
+) -> dict[str, Any] | None:
+    """One setup's probes and fit (rank 0's record; None on the other processes)."""
+    started = time.monotonic()
+    task, need, tokenized = describe_task(request, spec, method, budget_asked)
+    planner, prices = plan_probes(task, spec, method, need, request.options, scratch=writable_subdir("scratch"))
+    task = replace(task, prices=prices)
+    # What the budget buys, within seconds, before the model is built; refused if too small.
+    budget_seconds = settle_budget(
+        planner,
+        budget_asked,
+        time.monotonic() - started,
+        after_probes_seconds(task, planner),
+        say,
+        lambda probes: expected_error(task.hardware["name"], spec.fingerprint, probes),
+    )
+    workload, task = build_workload(request, task, spec, tokenized, method)
+    coordinator = probe_coordinator(workload, task.hardware.get("peak_bf16_flops"))
+    if not coordinator.leads:
+        coordinator.follow()  # rank 0 decides every probe; this process runs each with it
+        return None
+    try:
+        return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started)), workload, progress)
+    finally:
+        coordinator.finish()
+        workload.release()  # the next setup builds its own model
+
+
+def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
+    """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
+    tokenized --data or None). A model too big for the device is one line here."""
+    from train.planning.memory_check import check_fits
+    from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
+
+    hardware = detect_hardware()
+    world_size, sharding = process_layout(request.options, method)
+    # Seconds, before anything is built: a too-big model is one line.
+    need = check_fits(spec, method, hardware, sharding, world_size)
+    warnings: list[str] = []
+    mismatch = requested_mismatch(request.requested_device, hardware)
+    if mismatch:
+        warnings.append(mismatch)
+        say(f"warning: {mismatch}")
+    space = replace(default_space(hardware["device_type"], hardware["memory_bytes"]), **request.space_asked)
+    space = within_positions(space, spec.max_positions, asked="seq_lens" in request.space_asked)
+    space, tokenized, data_record = measured_data(request, spec, space)
+    settings = ProbeSettings.for_device(hardware["device_type"])
+    if request.max_probe_seconds:
+        settings = replace(settings, max_seconds=request.max_probe_seconds)
+    elif isinstance(budget_asked, (int, float)):
+        settings = settings.for_budget(budget_asked)
+    task = BenchTask(
+        space=space,
+        settings=settings,
+        hardware=hardware,
+        software=detect_software(),
+        model={},
+        training={},
+        device_label=device_label(hardware),
+        requested_device=request.requested_device,
+        data=data_record,
+        warnings=tuple(warnings),
+        search=request.search,
+        trials=request.trials or max(4, space.size // 3),
+        sharding=sharding,
+        world_size=world_size,
+        load_before=load_average(),
+        budget_auto=budget_asked == "auto",
+    )
+    return task, need, tokenized
+
+
+def measured_data(request: BenchRequest, spec: Any, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+    """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
+    if request.data is None:
+        return space, None, None
+    from train.planning.lengths import lengths_to_measure
+    from train.workload.data import length_profile
+    from train.workload.prepare import prepare_data
+    from train.workload.tokenizer import load_tokenizer
+
+    # The cache's exact tokens when train (or an earlier bench) made them, else a sample: the
+    # probes read a few batches of real tokens, and the lengths to measure are its quantiles.
+    prepared = prepare_data(request.data, load_tokenizer(spec.directory, request.tokenizer), say)
+    view = prepared.view
+    tokenized = view if prepared.exact else view.sample
+    data_record = {"source": request.data.path, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
+    if "seq_lens" not in request.space_asked:  # the lengths train will plan for this data
+        space = replace(space, seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
+    return space, tokenized, data_record
+
+
+def build_workload(request: BenchRequest, task: BenchTask, spec: Any, tokenized: Any, method: Any) -> tuple[Any, BenchTask]:
+    """The model, step and DataLoader the probes run (train's own), and the task as building them
+    completes it: the model's and training's records, whether the step is compiled, the losses to
+    compare, the checkpoint timing's payload and (--search optuna) the study."""
+    # Looked up now: tests replace the model.
+    from bench.probe import Workload
+    from train.workload.model import model_record
+
+    say(f"building {spec.name} on {task.hardware['name']} …")
+    workload = Workload(spec, tokenized, method, request.options)
+    model = model_record(spec, workload.shape)
+    study = None
+    if request.search == "optuna":
+        data = request.data.path if request.data is not None else None
+        study = OptunaStudy(benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, model, task.space, data, method.describe()))
+    task = replace(
+        task,
+        model=model,
+        training={**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)},
+        compiled=workload.engine.compiled,
+        losses=losses_to_compare(request.options.loss, workload),
+        checkpoint_payload=lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes),
+        study=study,
+    )
+    say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
+    return workload, task
+
+
+def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
+    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
+    and the other plain-torch ones (Liger's kernels, once installed, stay for all of them)."""
+    from train.step.loss import PLAIN_HEAD_MODEL_TYPES
+
+    if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
+        return ()
+    return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
+
+
+def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, Any]:
+    """Rank 0: the probes within the budget and the fit, as a calibration record."""
+    task, planner, budget = run.task, run.planner, run.budget
+    budget_seconds = budget.seconds
+    # The build is measured now: a budget it left too small for a minimum is refused here.
+    refuse_if_too_small(outlook(planner, budget_seconds, budget.elapsed(), after_probes_seconds(task, planner)))
+    before_probes = budget.elapsed()
+    space = task.space
+    total = space.size if task.search == "grid" else min(task.trials, space.size)
+    say(f"probing up to {total} of {space.size} configurations ({task.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+    bar = progress(total, budget_seconds)
+    try:
+        record, result = calibrate(run, workload.build_seconds, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if record["fit"] is None:
+        raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
+    record["left_out_configs"] = result.left_out  # for the summary; not stored
+    return record
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
