@@ -24,6 +24,7 @@ def main() -> None:
     from helpers import synthetic_calibration, synthetic_rows
 
     from calibration.model import Calibration
+    from train.planning.deadline import Deadline
     from train.planning.planner import PlanRequest, make_plan
     from train.workload.data import TokenizedData
 
@@ -32,7 +33,7 @@ def main() -> None:
     data = TokenizedData.from_samples([np.zeros(n, np.int32) for n in lengths], [0] * len(lengths), "messages", "synthetic")
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(512, 1024, 2048, 4096))))
     started = time.perf_counter()
-    plan = make_plan(calibration, data, PlanRequest(epochs=args.epochs, deadline_seconds=1e9))
+    plan = make_plan(calibration, data, PlanRequest(epochs=args.epochs, deadline=Deadline.with_margin_share(1e9, 0.05)))
     print(f"{args.samples:,} samples × {args.epochs:g} epochs: planned in {time.perf_counter() - started:.1f}s → {plan.chosen.label()}")
 
 

@@ -65,7 +65,7 @@ def serve() -> None:
 
     import bench.cli  # noqa: F401
     import train.cli
-    import train.recipes.session  # noqa: F401
+    import train.recipes.recipe  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -28,6 +28,7 @@ from common.errors import BenchtrainError
 from train.planning.prices import parse_prices, run_cost
 from train.recipes.compare import PREDICTION_ERROR, compare, no_row_meets_the_deadline
 from train.recipes.config import TrainConfig
+from train.recipes.plan_setup import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
@@ -79,7 +80,8 @@ def run_compare(calibrations: list[dict[str, Any]], model: str = "llama-3.2-1b",
     config = TrainConfig(data="test", dry_run=True, **{"deadline": "12h", **options})
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
-    return compare(config, resolve_model(model), MethodConfig(), loaded, detect_hardware(), data, None, length_profile(data.lengths), 0.0, sources or [])
+    context = PlanContext(config, resolve_model(model), data, None, 0.0)
+    return compare(context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), sources or [])
 
 
 # -- prices -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from test_planner import heavy_tailed, tokenized
 
 from bench.calibrate import warmup_costs
 from calibration.model import Calibration
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, make_plan
 from train.running.guard import DeadlineGuard, GuardSettings
 from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
@@ -73,7 +74,7 @@ def test_bench_separates_compilation_from_warm_up() -> None:
 
 
 def test_guard_leaves_compiling_steps_out_and_counts_compilation_still_to_come() -> None:
-    guard = DeadlineGuard(GuardSettings(deadline_seconds=100, margin_seconds=0, reserve_seconds=0, warmup_steps=0), limit=50)
+    guard = DeadlineGuard(GuardSettings(Deadline(100, 0), reserve_seconds=0, warmup_steps=0), limit=50)
     verdict = guard.observe(1, elapsed=31, actual_seconds=31, predicted_seconds=1, remaining_predicted=49, compiled=True)
     assert verdict.ratio == 1.0 and verdict.message is None  # 31 s of compiling is not a 31× slower step
     verdict = guard.observe(2, elapsed=32, actual_seconds=1, predicted_seconds=1, remaining_predicted=48, pending_compile_seconds=30)
@@ -85,7 +86,7 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     overheads = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "warmup_extra_seconds": 0.2, "compile_seconds_per_shape": 7.0}
     calibration = Calibration(synthetic_calibration(overheads=overheads, training={"method": "full", "lora": None, "compile": True}))
     data = tokenized(heavy_tailed())
-    request = PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=8, compiled=True)
+    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, compiled=True)
     plan = make_plan(calibration, data, request)
     chosen = plan.chosen
     batches = plan_padded_batches(data.lengths, chosen.micro_batch_size, chosen.max_length, seed=0, epoch=0)
@@ -93,7 +94,9 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     assert chosen.overheads.compile_shapes == len(shapes)
     assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
     assert chosen.overhead_seconds >= chosen.overheads.compile_seconds
-    eager = make_plan(Calibration(synthetic_calibration(overheads=overheads)), data, PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=8)).chosen
+    eager = make_plan(
+        Calibration(synthetic_calibration(overheads=overheads)), data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8)
+    ).chosen
     assert eager.overheads.compile_seconds == 0.0 and eager.overheads.compile_shapes == 0
 
 

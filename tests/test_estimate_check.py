@@ -39,7 +39,7 @@ MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
 
 
 class FakeClock:
-    """`time` as train.cli, train.recipes.session and train.running.loop see it."""
+    """`time` as train.cli, the deadline (train.planning.deadline) and train.running.loop see it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -59,7 +59,7 @@ class FakeClock:
 @pytest.fixture()
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    for module in ("train.cli", "train.recipes.session", "train.running.loop"):
+    for module in ("train.cli", "train.planning.deadline", "train.running.loop"):
         monkeypatch.setattr(f"{module}.time", fake)
     real_step = TrainingStep.run
 

@@ -13,6 +13,7 @@ from test_planner import heavy_tailed, tokenized
 
 from calibration.model import Calibration
 from common.errors import BenchtrainError
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, make_plan
 from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
 
@@ -46,7 +47,7 @@ def test_the_plan_adds_evaluation_time() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed(), fmt="text")
     train, held = split_eval(data, 0.2, seed=0)
-    request = PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=128, num_workers=0)
+    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=128, num_workers=0)
     without = make_plan(calibration, train, request).chosen
     every_10 = make_plan(calibration, train, PlanRequest(**{**request.__dict__, "eval_schedule": EvalSchedule(every_steps=10)}), held).chosen
     at_end = make_plan(calibration, train, PlanRequest(**{**request.__dict__, "eval_schedule": EvalSchedule()}), held).chosen

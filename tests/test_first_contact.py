@@ -27,6 +27,7 @@ from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 
 __all__ = ["calibrated_home"]  # a fixture shared with test_cli
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, make_plan
 
 
@@ -39,7 +40,9 @@ def short_calibration(**overrides: Any) -> Calibration:
 def test_balanced_keeps_the_truncation_limit_on_long_chat_data() -> None:
     """89% of chat samples were cut to the longest calibrated length (256) with only a note."""
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
-    plan = make_plan(short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_positions=4096))
+    plan = make_plan(
+        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=4096)
+    )
     assert plan.chosen.truncation["share_truncated"] <= 0.005
     assert plan.chosen.max_length >= sorted(lengths)[int(0.995 * len(lengths)) - 1]
     assert plan.chosen.max_length % 64 == 0
@@ -48,14 +51,18 @@ def test_balanced_keeps_the_truncation_limit_on_long_chat_data() -> None:
 
 def test_when_the_model_cannot_take_the_length_the_plan_says_so_loudly() -> None:
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
-    plan = make_plan(short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_positions=256))
+    plan = make_plan(
+        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=256)
+    )
     assert plan.chosen.max_length == 256
     assert any("at most 256 tokens" in warning and "truncated" in warning for warning in plan.warnings)
 
 
 def test_an_explicit_max_length_that_truncates_too_much_is_a_warning() -> None:
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
-    plan = make_plan(short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=128))
+    plan = make_plan(
+        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=128)
+    )
     assert any("--max-length 128 truncates 100.0%" in warning for warning in plan.warnings)
 
 
@@ -63,12 +70,12 @@ def test_an_explicit_max_length_that_truncates_too_much_is_a_warning() -> None:
 def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
     """A resumed run was capped at 4 steps when 8 were done: it trained nothing."""
     calibration, data = short_calibration(), tokenized(heavy_tailed(), fmt="text")
-    whole = make_plan(calibration, data, PlanRequest(epochs=3, deadline_seconds=1e6, effective_batch=4, max_length=64))
+    whole = make_plan(calibration, data, PlanRequest(epochs=3, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64))
     per_step = whole.chosen.step_seconds / whole.chosen.optimizer_steps
     overhead = whole.chosen.overhead_seconds
     # A deadline with room for about 20 steps (and no margin to keep the arithmetic plain).
     deadline = overhead + 20 * per_step * (1 + calibration.promised_bound)
-    request = PlanRequest(epochs=3, deadline_seconds=deadline, effective_batch=4, max_length=64, margin_fraction=0.0, fit_deadline=True)
+    request = PlanRequest(epochs=3, deadline=Deadline.with_margin_share(deadline, 0.0), effective_batch=4, max_length=64, fit_deadline=True)
     fresh = make_plan(calibration, data, request)
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 8}))
     assert 15 <= fresh.step_limit <= 20
@@ -79,7 +86,7 @@ def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
 
 def test_resume_estimates_only_the_steps_left() -> None:
     calibration, data = short_calibration(), tokenized(heavy_tailed(), fmt="text")
-    request = PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64, max_steps=40)
+    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64, max_steps=40)
     whole = make_plan(calibration, data, request)
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 30}))
     assert resumed.chosen.optimizer_steps == 40 and resumed.chosen.remaining_steps == 10
@@ -262,7 +269,11 @@ def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_es
     data["warnings"] = [noise["message"]]
     calibration = Calibration(data)
     assert calibration.too_noisy_to_bound
-    plan = make_plan(calibration, tokenized(heavy_tailed(), fmt="text"), PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=64))
+    plan = make_plan(
+        calibration,
+        tokenized(heavy_tailed(), fmt="text"),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64),
+    )
     assert plan.chosen.total_seconds_promised == pytest.approx(plan.chosen.total_seconds)
     assert plan.chosen.total_seconds_high - plan.chosen.overhead_seconds > 1.5 * plan.chosen.step_seconds
     assert any("too large to promise" in warning for warning in plan.warnings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from train.planning.deadline import Deadline
 from train.running.guard import DeadlineGuard, GuardSettings
 
 STEP = 1.0  # predicted seconds per step
@@ -21,9 +22,9 @@ def run(guard: DeadlineGuard, actual: list[float], start: float = 5.0, total: in
     return verdicts
 
 
-def settings(**overrides) -> GuardSettings:
-    values = {"deadline_seconds": 120.0, "margin_seconds": 5.0, "reserve_seconds": 5.0, "on_overrun": "stop", "warmup_steps": 1}
-    return GuardSettings(**{**values, **overrides})
+def settings(deadline_seconds: float = 120.0, margin_seconds: float = 5.0, **overrides) -> GuardSettings:
+    values = {"reserve_seconds": 5.0, "on_overrun": "stop", "warmup_steps": 1}
+    return GuardSettings(Deadline(deadline_seconds, margin_seconds), **{**values, **overrides})
 
 
 def test_on_track_says_nothing_and_never_stops() -> None:

@@ -332,7 +332,7 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_model: tuple[Any, Any]) -> None:
-    from train.recipes.resume import resumed_spec
+    from train.running.resume import resumed_spec
 
     newer = "f" * 40
     cache_model(offline_hub, *hub_model, weights=False).rename(offline_hub / "models--org--tiny-chat" / "snapshots" / newer)

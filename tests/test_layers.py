@@ -1,6 +1,7 @@
 """The house's rules, read from the code (every import, those inside functions too): imports go
-one way between the layers, no modules import each other in a loop, and no function in bench/,
-train/ or reports/ is longer than a screen."""
+one way between the layers, no modules import each other in a loop; in bench/, train/ and
+reports/ no function is longer than a screen or takes more than seven parameters, and no module
+is longer than 450 lines; a plan is made in one place."""
 
 from __future__ import annotations
 
@@ -162,6 +163,42 @@ def test_the_length_rule_catches_a_long_function() -> None:
     assert long_functions(f"def short():\n{body[: body.rindex('    x')]}", "train.fake") == []
 
 
+MAX_PARAMETERS = 7
+MAX_MODULE_LINES = 450
+
+
+def crowded_functions(source: str, module: str) -> list[str]:
+    """`module.function (N parameters)` for each function over MAX_PARAMETERS: every positional
+    and keyword-only parameter counts (self and cls do not), *args and **kwargs once each, so a
+    settings object passed whole counts once."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            named = [a for a in (*arguments.posonlyargs, *arguments.args) if a.arg not in ("self", "cls")]
+            count = len(named) + len(arguments.kwonlyargs) + (arguments.vararg is not None) + (arguments.kwarg is not None)
+            if count > MAX_PARAMETERS:
+                found.append(f"{module}.{node.name} ({count} parameters)")
+    return found
+
+
+def test_no_function_takes_more_than_seven_parameters() -> None:
+    ours = [(name, path) for name, path in our_modules().items() if name.split(".")[0] in SHORT_FUNCTION_PACKAGES]
+    assert [crowded for name, path in ours for crowded in crowded_functions(path.read_text(), name)] == []
+
+
+def test_the_parameter_rule_counts_every_kind_once() -> None:
+    assert crowded_functions("def f(self, a, b, c, d, e, f, g): pass", "train.fake") == []
+    assert crowded_functions("def f(a, b, c, d, e, f, *, g, h): pass", "train.fake") == ["train.fake.f (8 parameters)"]
+    assert crowded_functions("def f(a, b, c, d, e, f, *args, **kwargs): pass", "train.fake") == ["train.fake.f (8 parameters)"]
+    assert crowded_functions("class A:\n    def __init__(self, settings, hooks): pass", "train.fake") == []
+
+
+def test_no_module_is_longer_than_450_lines() -> None:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in our_modules().items() if name.split(".")[0] in SHORT_FUNCTION_PACKAGES}
+    assert [f"{name} ({lines} lines)" for name, lines in lengths.items() if lines > MAX_MODULE_LINES] == []
+
+
 def test_every_package_is_installed() -> None:
     """A fresh `pip install .` carries every package of ours (setuptools lists them by name)."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -179,14 +216,14 @@ def test_the_rule_catches_an_import_inside_a_function() -> None:
         "calibration.fake (calibration) imports reports.figures (reports)",
         "calibration.fake (calibration) imports train.planning.planner (train.planning)",
     ]
-    assert arrows_against_the_rule({"train.recipes.session": {"reports.run_report"}}) == [
-        "train.recipes.session (train.recipes) imports reports.run_report (reports)"
+    assert arrows_against_the_rule({"train.recipes.recipe": {"reports.run_report"}}) == [
+        "train.recipes.recipe (train.recipes) imports reports.run_report (reports)"
     ]
     assert arrows_against_the_rule({"train.workload.method": {"train.step.runtime"}}) == [
         "train.workload.method (train.workload) imports train.step.runtime (train.step)"
     ]
     assert arrows_against_the_rule({"train.running.loop": {"train.planning.planner", "train.workload.batching"}}) == []
-    assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.session"}}) == []
+    assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.recipe"}}) == []
     # The shared argument groups serve the commands; no component builds a parser from them.
     assert arrows_against_the_rule({"bench.commands.run": {"train.arguments"}, "train.cli": {"train.arguments"}}) == []
     assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == ["train.step.engine (train.step) imports train.arguments (command arguments)"]

@@ -9,6 +9,7 @@ from helpers import GIB, synthetic_calibration, synthetic_rows
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, deadline_options, make_plan
 from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
 from train.workload.data import TokenizedData
@@ -65,7 +66,7 @@ def test_packing_token_counts_are_exact() -> None:
 def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effective_batch() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10_000, priority="fast", effective_batch=16))
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), priority="fast", effective_batch=16))
     c = plan.chosen
     assert c.micro_batch_size * c.grad_accum * c.world_size == 16
     for alternative in plan.alternatives:
@@ -88,7 +89,7 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
 def test_padding_costs_are_counted_from_real_batches() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10_000, effective_batch=8))
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), effective_batch=8))
     c = plan.chosen
     assert c.padded_tokens > c.tokens  # padding exists and is counted
     assert c.tokens == real_tokens(data, c.max_length)
@@ -98,10 +99,10 @@ def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(128, 256, 512, 1024, 2048))))
     lengths = [100] * 990 + [300] * 7 + [1500] * 3
     data = tokenized(lengths)
-    balanced = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6))
+    balanced = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05)))
     assert balanced.chosen.max_length == 512  # 99.5% ≤ 300 tokens: smallest calibrated length ≥ 300
     assert balanced.chosen.truncation["samples_truncated"] == 3
-    quality = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="quality"))
+    quality = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="quality"))
     assert quality.chosen.max_length == 2048
     assert quality.chosen.truncation["samples_truncated"] == 0
 
@@ -109,8 +110,8 @@ def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
 def test_memory_efficient_takes_less_memory_within_the_time_slack() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    fast = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="fast")).chosen
-    lean = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="memory_efficient")).chosen
+    fast = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast")).chosen
+    lean = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="memory_efficient")).chosen
     assert lean.peak_memory_bytes <= fast.peak_memory_bytes
     assert lean.total_seconds <= fast.total_seconds * 1.10 + 1e-9
 
@@ -119,7 +120,7 @@ def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
     rows = synthetic_rows(memory_limit=3.2e9)
     calibration = Calibration(synthetic_calibration(rows, memory_bytes=3.2e9))
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, priority="fast"))
+    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast"))
     assert plan.chosen.fits_in_memory
     assert calibration.predict(micro_batch_size=plan.chosen.micro_batch_size, seq_len=plan.chosen.max_length).fits_in_memory
 
@@ -127,11 +128,11 @@ def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
 def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_steps() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=50, deadline_seconds=30))
+    plan = make_plan(calibration, data, PlanRequest(epochs=50, deadline=Deadline.with_margin_share(30, 0.05)))
     assert not plan.meets_deadline
     options = deadline_options(plan)
     assert "--epochs" in options and "--max-steps" in options and "--max-length" in options
-    fitted = make_plan(calibration, data, PlanRequest(epochs=50, deadline_seconds=30, fit_deadline=True))
+    fitted = make_plan(calibration, data, PlanRequest(epochs=50, deadline=Deadline.with_margin_share(30, 0.05), fit_deadline=True))
     assert fitted.meets_deadline and fitted.step_limit is not None
     assert fitted.chosen.optimizer_steps == fitted.step_limit < plan.chosen.optimizer_steps
 
@@ -140,21 +141,21 @@ def test_bad_requests_are_one_line_errors() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
     with pytest.raises(BenchtrainError, match="--priority"):
-        PlanRequest(epochs=1, deadline_seconds=10, priority="cheap")
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), priority="cheap")
     with pytest.raises(BenchtrainError, match="--effective-batch"):
-        PlanRequest(epochs=1, deadline_seconds=10, effective_batch=0)
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), effective_batch=0)
     with pytest.raises(BenchtrainError, match="--epochs"):
-        PlanRequest(epochs=0, deadline_seconds=10)
+        PlanRequest(epochs=0, deadline=Deadline.with_margin_share(10, 0.05))
     with pytest.raises(BenchtrainError, match="--max-length"):
-        make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=10, max_length=0))
+        make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), max_length=0))
     only_big = Calibration(synthetic_calibration(synthetic_rows(batch_sizes=(4, 8))))
     with pytest.raises(BenchtrainError, match="divides --effective-batch 3"):
-        make_plan(only_big, data, PlanRequest(epochs=1, deadline_seconds=10, effective_batch=3))
+        make_plan(only_big, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), effective_batch=3))
 
 
 def test_the_calibrated_overheads_are_added() -> None:
     calibration = Calibration(synthetic_calibration())
-    plan = make_plan(calibration, tokenized(heavy_tailed()), PlanRequest(epochs=1, deadline_seconds=1e6))
+    plan = make_plan(calibration, tokenized(heavy_tailed()), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05)))
     overheads = calibration.overheads
     minimum = overheads["model_build_seconds"] + overheads["checkpoint_save_seconds"] + overheads["report_seconds"]
     assert plan.chosen.overhead_seconds >= minimum
@@ -178,7 +179,7 @@ def test_the_final_export_is_planned_by_its_bytes() -> None:
     data = tokenized(heavy_tailed())
     for overheads, seconds in ((measured, with_base / 1e9), ({**measured, "disk_write_bytes_per_second": None}, 0.5 * with_base / 5e8)):
         calibration = Calibration(synthetic_calibration(overheads=overheads))
-        chosen = make_plan(calibration, data, PlanRequest(epochs=1, deadline_seconds=1e6, export_bytes=with_base)).chosen
+        chosen = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), export_bytes=with_base)).chosen
         assert chosen.overheads.export_seconds == pytest.approx(seconds)
         assert chosen.overheads.after_training_seconds >= seconds  # kept in reserve by the guard
         assert chosen.overhead_seconds >= seconds

@@ -28,6 +28,7 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 from common.errors import DeadlineError
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, evaluate, make_plan
 
 __all__ = ["calibrated_home", "clock"]
@@ -49,7 +50,9 @@ def chat_lengths(count: int, median: float, seed: int = 0) -> list[int]:
 def fit_deadline_plan(lengths: list[int], deadline: float) -> tuple[Calibration, object, object, PlanRequest]:
     calibration, data = gpt2_calibration(), tokenized(lengths)
     # The issue's configuration: effective batch 16, max length 960 (3.75× past the measured 256).
-    request = PlanRequest(epochs=1, deadline_seconds=deadline, max_length=960, effective_batch=16, fit_deadline=True, with_report=False)
+    request = PlanRequest(
+        epochs=1, deadline=Deadline.with_margin_share(deadline, 0.05), max_length=960, effective_batch=16, fit_deadline=True, with_report=False
+    )
     return calibration, data, make_plan(calibration, data, request), request
 
 
@@ -59,7 +62,9 @@ def test_fit_deadline_fills_the_deadline_with_the_shortened_run_s_own_overheads(
     more step than planned would not fit."""
     calibration, data, plan, request = fit_deadline_plan(chat_lengths(5000, 2260), 240.0)
     chosen = plan.chosen
-    whole = evaluate(calibration, data, PlanRequest(**{**request.__dict__, "deadline_seconds": 1e9, "fit_deadline": False}), chosen.config)
+    whole = evaluate(
+        calibration, data, PlanRequest(**{**request.__dict__, "deadline": Deadline.with_margin_share(1e9, 0.05), "fit_deadline": False}), chosen.config
+    )
     assert whole.total_seconds > 3600 and whole.overheads.checkpoint_count > 5  # the run it shortens
     assert plan.meets_deadline and plan.step_limit == chosen.optimizer_steps
     assert chosen.overheads.checkpoint_count == 1  # its own: no periodic checkpoint in 4 minutes
@@ -82,8 +87,8 @@ def test_fit_deadline_refuses_only_when_one_step_with_its_own_overheads_does_not
 def test_the_guard_s_projection_counts_the_periodic_checkpoints_of_the_steps_left() -> None:
     from train.running.guard import DeadlineGuard, GuardSettings
 
-    plain = DeadlineGuard(GuardSettings(1000.0, 0.0, reserve_seconds=10.0, on_overrun="shrink"), limit=100)
-    periodic = DeadlineGuard(GuardSettings(1000.0, 0.0, reserve_seconds=10.0, on_overrun="shrink", periodic_share=0.25), limit=100)
+    plain = DeadlineGuard(GuardSettings(Deadline(1000.0, 0.0), reserve_seconds=10.0, on_overrun="shrink"), limit=100)
+    periodic = DeadlineGuard(GuardSettings(Deadline(1000.0, 0.0), reserve_seconds=10.0, on_overrun="shrink", periodic_share=0.25), limit=100)
     for guard in (plain, periodic):
         guard.observe(1, 10.0, 10.0, 10.0, 990.0)
     verdicts = [guard.observe(2, 20.0, 10.0, 10.0, 980.0) for guard in (plain, periodic)]
@@ -201,7 +206,7 @@ def test_the_plan_and_the_report_state_the_held_out_error() -> None:
 
     calibration = gpt2_calibration()
     lengths = chat_lengths(2000, 600)
-    plan = make_plan(calibration, tokenized(lengths), PlanRequest(epochs=1, deadline_seconds=1e6, max_length=960, effective_batch=4))
+    plan = make_plan(calibration, tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), max_length=960, effective_batch=4))
     text = "\n".join(describe_plan(plan, {"count": 1, "total_tokens": 1, "mean": 1, "p50": 1, "p99": 1, "p99.5": 1, "max": 1}, calibration))
     held_out = calibration.fit["held_out_error"]
     assert f"held-out error median {held_out['median_abs_pct']:.1f}%, p90 {held_out['p90_abs_pct']:.1f}%" in text
@@ -212,10 +217,10 @@ def test_the_plan_and_the_report_state_the_held_out_error() -> None:
 
 def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> None:
     calibration, data = gpt2_calibration(), tokenized(chat_lengths(500, 600))
-    request = PlanRequest(epochs=1, deadline_seconds=1e6, max_length=256, effective_batch=4, margin_fraction=0.0)
+    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.0), max_length=256, effective_batch=4)
     roomy = make_plan(calibration, data, request)
     assert not any("decides this deadline" in warning for warning in roomy.warnings)
     between = (roomy.chosen.total_seconds + roomy.chosen.total_seconds_high) / 2
-    tight = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "deadline_seconds": between}))
+    tight = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "deadline": Deadline.with_margin_share(between, 0.0)}))
     assert tight.chosen.label() == roomy.chosen.label() and not tight.meets_deadline
     assert any(warning.startswith("the calibration's error decides this deadline: the estimate") for warning in tight.warnings)

@@ -12,10 +12,13 @@ import pytest
 from helpers import synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
+from train.planning.deadline import Deadline
 from train.planning.planner import PlanRequest, make_plan
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import LoopSettings, TrainingRun
+from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
 from train.step.hardware import detect_hardware
+from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
@@ -55,12 +58,10 @@ def make_run(
     plan = make_plan(
         calibration,
         data,
-        PlanRequest(epochs=1, deadline_seconds=1e6, effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
     )
     settings = LoopSettings(
-        started_at=time.monotonic(),
-        deadline_seconds=deadline,
-        margin_seconds=0.5,
+        deadline=Deadline(deadline, 0.5, started_at=time.monotonic()),
         on_overrun=on_overrun,
         checkpoint_interval_seconds=1e6,
         epochs=1,
@@ -72,13 +73,11 @@ def make_run(
     return TrainingRun(
         calibration=calibration,
         chosen=plan.chosen,
-        method=method,
-        data=data,
-        spec=resolve_model("tiny"),
-        pad_id=tokenizer.pad_token_id,
+        model=ModelToTrain(resolve_model("tiny"), method or MethodConfig()),
+        data=TrainingData(data, tokenizer.pad_token_id),
         out_dir=tmp_path / out,
         settings=settings,
-        step_hook=hook,
+        hooks=LoopHooks(step_hook=hook),
     )
 
 
@@ -91,7 +90,7 @@ GUARD_DEADLINE_SECONDS = 12.0
 def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS))
     outcome = run.run()
-    elapsed = time.monotonic() - run.settings.started_at  # the deadline counts from the command's start
+    elapsed = run.settings.deadline.elapsed()  # the deadline counts from the command's start
     assert outcome.status == "stopped_for_deadline"
     assert elapsed < GUARD_DEADLINE_SECONDS, elapsed
     assert outcome.steps > 3
@@ -104,7 +103,7 @@ def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Pat
         tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS), on_overrun="shrink"
     )
     outcome = run.run()
-    assert time.monotonic() - run.settings.started_at < GUARD_DEADLINE_SECONDS
+    assert run.settings.deadline.elapsed() < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
 
 

@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         from train.compare_command import run_comparison
 
         return run_comparison(args, started)
-    from train.recipes.session import run_training
+    from train.recipes.recipe import run_training
 
     return run_training(args, started, write_run_report)
 

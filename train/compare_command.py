@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -20,14 +19,13 @@ GIB = 2**30
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:
-    from train.recipes.plan_setup import load_data
-    from train.recipes.session import hub_weights
+    from train.recipes.plan_setup import PlanContext, hub_weights, load_data
     from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
     from train.workload.model import resolve_model
     from train.workload.tokenizer import is_byte_tokenizer
 
-    config = TrainConfig.from_args(args)
+    config = TrainConfig.from_args(args, started_at=started)
     method = config.method
     if process_layout(config.step_options, method)[0] > 1:
         raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
@@ -36,8 +34,8 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     spec = hub_weights(spec, dry_run=True)
     loaded = load_data(config, spec)
     tokenizer, profile = loaded.tokenizer, loaded.profile
-    prep = (loaded.prep_seconds, loaded.uncertainty)
-    comparison = compare(config, spec, method, calibrations, detect_hardware(), loaded.data, loaded.eval_data, profile, time.monotonic() - started, None, prep)
+    context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
+    comparison = compare(context, method, calibrations, detect_hardware(), profile)
     report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
     if config.json:
         print(json_text(comparison.to_json()), flush=True)

@@ -1,23 +1,27 @@
-"""The deadline of one `train` command, and the margin held back from it.
+"""The deadline of one `train` command: when the command started, the deadline counted from
+then, and the margin held back from it.
 
-Built once from the command line (`--deadline`, `--margin`: train.recipes.config.TrainConfig.budget)
-and handed whole to the planner (what a plan may promise) and to the deadline guard (what the live
-speed is held against). The budget — deadline minus margin — is computed here and nowhere else.
+Built once, when the command's options are validated (train.recipes.config.TrainConfig.deadline),
+and handed whole to the planner (what a plan may promise), the loop (how long the command has
+run) and the deadline guard (what the live speed is held against). The budget — deadline minus
+margin — and the time elapsed are computed here and nowhere else.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class DeadlineBudget:
+class Deadline:
     deadline_seconds: float  # from the command's start
     margin_seconds: float  # held back from the deadline as a safety margin
+    started_at: float = 0.0  # time.monotonic() when the command started: the deadline counts from there
 
     @classmethod
-    def with_margin_share(cls, deadline_seconds: float, margin_share: float) -> DeadlineBudget:
-        return cls(deadline_seconds, deadline_seconds * margin_share)
+    def with_margin_share(cls, deadline_seconds: float, margin_share: float, started_at: float = 0.0) -> Deadline:
+        return cls(deadline_seconds, deadline_seconds * margin_share, started_at)
 
     @property
     def budget_seconds(self) -> float:
@@ -27,6 +31,10 @@ class DeadlineBudget:
     def seconds_left(self, elapsed_seconds: float) -> float:
         """What is left of the budget after `elapsed_seconds` of the command."""
         return self.budget_seconds - elapsed_seconds
+
+    def elapsed(self, now: float | None = None) -> float:
+        """Seconds since the command started (at `now`, a time.monotonic() reading; default: now)."""
+        return (time.monotonic() if now is None else now) - self.started_at
 
     @staticmethod
     def deadline_holding(seconds: float, margin_share: float) -> float:

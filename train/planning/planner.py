@@ -17,7 +17,7 @@ from calibration.step_config import StepConfig
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.calibrated import batch_sizes_for, checkpointing_modes, noise_warnings
-from train.planning.deadline import DeadlineBudget
+from train.planning.deadline import Deadline
 from train.planning.fit_deadline import error_decides_deadline, shortened_alternatives, shrink_to_deadline
 from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.overheads import Overheads, PlannedWork, plan_overheads
@@ -35,14 +35,13 @@ DEFAULT_EFFECTIVE_BATCH = 16
 @dataclass(frozen=True)
 class PlanRequest:
     epochs: float
-    deadline_seconds: float
+    deadline: Deadline  # the command's, whole (train.recipes.config.TrainConfig.run_deadline)
     elapsed_seconds: float = 0.0  # already spent by this command (loading, tokenizing)
     priority: str = "balanced"
     effective_batch: int | None = None
     max_length: int | str | None = "auto"
     world_size: int = 1
     num_workers: int | None = None
-    margin_fraction: float = 0.05
     checkpoint_interval_seconds: float = 600.0
     price_per_hour: float | None = None
     max_steps: int | None = None
@@ -51,7 +50,7 @@ class PlanRequest:
     max_positions: int | None = None  # the model's position table: no length beyond it
     completed_steps: int = 0  # --resume: optimizer steps the interrupted run already did
     # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length, gradient_checkpointing.
-    configuration: dict[str, int] | None = None
+    configuration: StepConfig | None = None
     gradient_checkpointing: str = "auto"  # auto | on | off
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
@@ -75,10 +74,6 @@ class PlanRequest:
     data_prep_seconds: float = 0.0
     # The relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it.
     data_uncertainty: float = 0.0
-
-    @property
-    def budget(self) -> DeadlineBudget:
-        return DeadlineBudget.with_margin_share(self.deadline_seconds, self.margin_fraction)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -176,7 +171,7 @@ class Plan:
     chosen: Candidate
     alternatives: list[Candidate]
     naive_seconds: float
-    budget: DeadlineBudget
+    deadline: Deadline
     available_seconds: float
     meets_deadline: bool
     effective_batch: int
@@ -192,7 +187,7 @@ class Plan:
 
     @property
     def deadline_seconds(self) -> float:
-        return self.budget.deadline_seconds
+        return self.deadline.deadline_seconds
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -314,8 +309,8 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         fixed = request.configuration
-        lengths, notes = [fixed["max_length"]], list[str]()
-        options = [(fixed["micro_batch_size"], fixed["grad_accum"], fixed["num_workers"], bool(fixed.get("gradient_checkpointing", False)))]
+        lengths, notes = [fixed.seq_len], list[str]()
+        options = [(fixed.micro_batch_size, fixed.grad_accum, fixed.num_workers, fixed.gradient_checkpointing)]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
         warnings += length_warnings
@@ -342,7 +337,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         raise DoesNotFitError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
-    available = request.budget.seconds_left(request.elapsed_seconds)
+    available = request.deadline.seconds_left(request.elapsed_seconds)
     step_limit = request.max_steps
     alternatives = ranked[1:4]
     if chosen.total_seconds_promised > available and request.fit_deadline:
@@ -365,7 +360,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         chosen=chosen,
         alternatives=alternatives,
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
-        budget=request.budget,
+        deadline=request.deadline,
         available_seconds=available,
         meets_deadline=meets,
         effective_batch=effective_batch,

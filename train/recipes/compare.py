@@ -24,7 +24,7 @@ from typing import Any
 
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.deadline import DeadlineBudget
+from train.planning.deadline import Deadline
 from train.recipes.plan_setup import Placement, PlanContext, fit_setup, plan_device, plan_fitted, plan_json, planned_compute, same_device
 
 # The largest |error| of a multi-process step predicted from a 1-process calibration plus
@@ -320,26 +320,16 @@ def rank(rows: list[Row], by_cost: bool) -> list[Row]:
 
 
 def compare(
-    config: Any,
-    spec: Any,
-    method: Any,
-    calibrations: list[Any],
-    here: dict[str, Any],
-    data: Any,
-    eval_data: Any,
-    profile: dict[str, Any],
-    elapsed: float,
-    sources: list[dict[str, Any]] | None = None,
-    prep: tuple[float, float] = (0.0, 0.0),
+    context: PlanContext, method: Any, calibrations: list[Any], here: dict[str, Any], profile: dict[str, Any], sources: list[dict[str, Any]] | None = None
 ) -> Comparison:
-    """Every option planned and ranked. `sources`: calibrations whose collectives may price
-    predicted rows (default: those of the comparison and the store); `prep`: tokenizing still to
-    do and the token total's relative uncertainty (data profiled from a sample: train.recipes.plan_setup.LoadedData)."""
+    """Every option planned and ranked, each on the same `context` (the command, the model, the
+    data as profiled, the time spent). `sources`: calibrations whose collectives may price
+    predicted rows (default: those of the comparison and the store)."""
+    config, spec = context.config, context.spec
     if config.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: compare without it")
     sharding = config.step_options.sharding
     options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
-    context = PlanContext(config, spec, data, eval_data, elapsed, *prep)
     rows = [plan_row(context, method, option, here) for option in options]
     by_cost = all(row.price_per_hour is not None for row in rows)
     notes = []
@@ -350,10 +340,10 @@ def compare(
             "predicted rows: a 1-process calibration plus collectives measured among N processes of the same device by another "
             f"calibration; not measured as N-process steps, so their upper bound is widened ({PREDICTION_SOURCE})"
         )
-    budget = config.budget
+    deadline = config.run_deadline
     ranked_by = "cost" if by_cost else "time"
-    available = budget.seconds_left(elapsed)
-    return Comparison(rank(rows, by_cost), spec.name, method.describe(), config.priority, budget.deadline_seconds, available, ranked_by, profile, notes)
+    available = deadline.seconds_left(context.elapsed_seconds)
+    return Comparison(rank(rows, by_cost), spec.name, method.describe(), config.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
 
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
@@ -367,8 +357,8 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
         return f"no calibration could plan this run: {problems}"
     closest = planned[0]
     plan = closest.plan
-    spent = plan.budget.budget_seconds - plan.available_seconds
-    needed = DeadlineBudget.deadline_holding(plan.chosen.total_seconds_promised + spent, margin)
+    spent = plan.deadline.budget_seconds - plan.available_seconds
+    needed = Deadline.deadline_holding(plan.chosen.total_seconds_promised + spent, margin)
     needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write
     return (
         f"no calibration's plan meets the {format_duration(comparison.deadline_seconds)} deadline: the closest, {closest.reference} "

@@ -1,21 +1,22 @@
 """One validated configuration for a `train` command, from which everything else is derived.
 
 Built once from the command line (`TrainConfig.from_args`), checked in `__post_init__` (every bad
-value is a one-line `BenchtrainError`), written whole into run.json, and read by the session in
-place of the raw argparse namespace.
+value is a one-line `BenchtrainError`), written whole into run.json, and read by the recipe (train.recipes.recipe) in
+place of the raw argparse namespace. The command's deadline (`run_deadline`) is built here, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
 from common.sizes import parse_memory_size
-from train.planning.deadline import DeadlineBudget
+from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
@@ -85,9 +86,12 @@ class TrainConfig:
     optimizer: str = "auto"
     step_options: StepOptions = field(default_factory=StepOptions)
     data_schema: DataSchema = field(default_factory=DataSchema)
+    # time.monotonic() when the command started: its deadline counts from there.
+    started_at: float = field(default_factory=time.monotonic)
     # Derived from the above in __post_init__:
     deadline_seconds: float = field(init=False)
-    budget: DeadlineBudget = field(init=False)  # the deadline and --margin, handed whole to planner and guard
+    # The start, --deadline and --margin: built here once, handed whole to the planner, the loop and the guard.
+    run_deadline: Deadline = field(init=False)
     checkpoint_interval_seconds: float = field(init=False)
     eval_schedule: EvalSchedule = field(init=False)
     trackers: tuple[str, ...] = field(init=False)
@@ -104,7 +108,7 @@ class TrainConfig:
             "prices": parse_prices(self.price_per_hour),
             "device_memory_bytes": parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
         }
-        derived["budget"] = DeadlineBudget.with_margin_share(derived["deadline_seconds"], self.margin)
+        derived["run_deadline"] = Deadline.with_margin_share(derived["deadline_seconds"], self.margin, self.started_at)
         for name, value in derived.items():
             object.__setattr__(self, name, value)
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
@@ -143,9 +147,12 @@ class TrainConfig:
         return is_comparison(self.use_calibration)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+    def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:
+        """`started_at`: when the command started (time.monotonic(); default: now)."""
         names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options", "data_schema")}
         values = {name: value for name, value in vars(args).items() if name in names}
+        if started_at is not None:
+            values["started_at"] = started_at
         return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
 
     def to_json(self) -> dict[str, Any]:
@@ -153,5 +160,6 @@ class TrainConfig:
         data["eval_schedule"] = asdict(self.eval_schedule)
         data["trackers"] = list(self.trackers)
         data.pop("prices")  # price_per_hour holds what was given
-        data.pop("budget")  # deadline_seconds and margin hold it
+        data.pop("run_deadline")  # deadline_seconds and margin hold it
+        data.pop("started_at")  # a reading of this machine's monotonic clock: nothing to keep
         return data

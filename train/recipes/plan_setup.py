@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.disk import export_bytes
 from train.recipes.config import TrainConfig
@@ -57,7 +58,7 @@ def plan_device(config: TrainConfig, cal: Any, here: dict[str, Any], spec: Any) 
 class PlanContext:
     """What every plan of one command shares, whichever calibration or setup it is for: the
     command's configuration and model, the data as the planner sees it, the time already spent,
-    and for a resumed run the interrupted run's epochs and configuration (train.recipes.resume)."""
+    and for a resumed run the interrupted run's epochs and configuration (train.running.resume)."""
 
     config: TrainConfig
     spec: Any
@@ -66,7 +67,7 @@ class PlanContext:
     elapsed_seconds: float
     data_prep_seconds: float = 0.0
     data_uncertainty: float = 0.0
-    resumed: tuple[float, dict[str, Any]] | None = None
+    resumed: tuple[float, StepConfig] | None = None  # train.running.resume.resumed_configuration
     completed: int = 0
 
 
@@ -172,6 +173,21 @@ def load_data(config: TrainConfig, spec: Any) -> LoadedData:
     return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
 
+def hub_weights(spec: Any, dry_run: bool) -> Any:
+    """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
+    with the size); a dry run only says what a run would fetch, and plans without them."""
+    from common.console import say
+    from train.workload.model import with_hub_weights
+
+    if not dry_run:
+        return with_hub_weights(spec, say)
+    try:
+        return with_hub_weights(spec, say, fetch=False)
+    except BenchtrainError as error:
+        say(f"warning: {error}")
+        return spec
+
+
 def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
     """What the planner is asked for this command, calibration and placement."""
     from train.planning.planner import PlanRequest
@@ -187,14 +203,13 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         data_prep_seconds=context.data_prep_seconds,
         data_uncertainty=context.data_uncertainty,
         epochs=resumed[0] if resumed else config.epochs,
-        deadline_seconds=config.deadline_seconds,
+        deadline=config.run_deadline,
         elapsed_seconds=context.elapsed_seconds,
         priority=config.priority,
         effective_batch=config.effective_batch,
-        max_length=resumed[1]["max_length"] if resumed else config.max_length,
+        max_length=resumed[1].seq_len if resumed else config.max_length,
         world_size=placement.world_size,
         num_workers=config.workers,
-        margin_fraction=config.margin,
         checkpoint_interval_seconds=config.checkpoint_interval_seconds,
         price_per_hour=placement.price_per_hour,
         max_steps=config.max_steps,
@@ -291,7 +306,7 @@ def plan_fitted(setup: FittedSetup, context: PlanContext, layout: tuple[int, str
 
 def plan_again(cal: Any, request: Any, data: Any, eval_data: Any) -> Any:
     """The planner on a request already made, for other data: the exact tokens once a plan made from
-    a sample is kept (train.recipes.session.with_exact_data)."""
+    a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
     from train.planning.planner import make_plan
 
     return make_plan(cal, data, request, eval_data)

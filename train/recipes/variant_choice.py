@@ -4,7 +4,8 @@
 the deadline; a value named picks the setups that measured it. The plan says what the others would
 cost at the chosen configuration: step time, peak memory, the largest micro-batch that fits.
 
-Pure over plans and calibrations: train.recipes.session plans each setup and calls `choose_setup`."""
+Pure over plans and calibrations: the recipe (train.recipes.recipe) plans each setup and
+train.recipes.setup_choice.choose_setup keeps the best."""
 
 from __future__ import annotations
 

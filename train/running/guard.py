@@ -25,7 +25,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from train.planning.deadline import DeadlineBudget
+from train.planning.deadline import Deadline
 
 OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WINDOW_STEPS = 20
@@ -36,9 +36,10 @@ ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 @dataclass(frozen=True)
-class GuardSettings(DeadlineBudget):
-    """The command's deadline budget, and how the guard keeps it."""
+class GuardSettings:
+    """The command's deadline (whole, as the command built it), and how the guard keeps it."""
 
+    deadline: Deadline
     reserve_seconds: float  # what must still fit after the last step
     on_overrun: str = "stop"
     warmup_steps: int = 1
@@ -49,6 +50,10 @@ class GuardSettings(DeadlineBudget):
     def __post_init__(self) -> None:
         if self.on_overrun not in OVERRUN_ACTIONS:
             raise ValueError(f"on_overrun must be one of {OVERRUN_ACTIONS}")
+
+    @property
+    def budget_seconds(self) -> float:
+        return self.deadline.budget_seconds
 
 
 @dataclass(frozen=True)

@@ -3,132 +3,29 @@ checkpoints, resume and clean stops on SIGINT/SIGTERM.
 
 Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
 prediction, decide (continue / checkpoint / stop), record → final checkpoint.
+The settings, the position and the outcome are in train.running.loop_state.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from calibration.model import Calibration
-from train.planning.deadline import DeadlineBudget
 from train.planning.planner import Candidate
 from train.running import trackers
 from train.running.cadence import Every
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
 from train.running.guard import DeadlineGuard, GuardSettings, Verdict
+from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, ModelToTrain, Position, StopSignals, TrainingData
 from train.step import metrics
-from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
 from train.step.runtime import agree
 from train.workload.batching import BatchLayout, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
-from train.workload.data import TokenizedData
-from train.workload.method import MethodConfig
-
-
-@dataclass
-class LoopSettings:
-    started_at: float  # time.monotonic() when the command started: the deadline counts from there
-    deadline_seconds: float
-    margin_seconds: float
-    on_overrun: str = "stop"
-    checkpoint_interval_seconds: float = 600.0
-    keep_checkpoints: int = 2
-    log_interval_seconds: float = 10.0
-    learning_rate: float = 3e-4
-    seed: int = 0
-    epochs: float = 1.0
-    step_limit: int | None = None
-    # The run's optimizer steps as first planned: the learning-rate schedule's horizon (warm-up and
-    # decay), kept by every resume whatever this command's step limit (None: this plan's steps).
-    schedule_steps: int | None = None
-    resume: bool = False
-    report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
-    warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
-
-    @property
-    def budget(self) -> DeadlineBudget:
-        return DeadlineBudget(self.deadline_seconds, self.margin_seconds)
-
-
-@dataclass
-class LoopOutcome:
-    status: str  # completed | stopped_for_deadline | interrupted | step_limit
-    steps: int
-    micro_batches: int
-    tokens: int
-    padded_tokens: int
-    step_seconds: float  # sum of measured optimizer-step times
-    checkpoint_seconds: list[float]
-    losses: list[dict[str, float]]
-    timeline: list[dict[str, float]]
-    events: list[str]
-    last_checkpoint: str | None
-    resumed_from: str | None = None
-    exit_signal: int | None = None
-    evals: list[dict[str, float]] = field(default_factory=list)
-    batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
-    figures: dict[str, Any] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
-    start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
-    shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
-
-
-@dataclass
-class Position:
-    """Where the loop is: resumable from a checkpoint's meta."""
-
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    micro_batches: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
-    step_seconds: float = 0.0
-    predicted_seconds: float = 0.0
-    data_wait_seconds: float = 0.0
-    losses: list[dict[str, float]] = field(default_factory=list)
-    timeline: list[dict[str, float]] = field(default_factory=list)
-    evals: list[dict[str, float]] = field(default_factory=list)
-    flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
-
-    def count(self, result: Any, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
-        """One optimizer step of `micro_count` micro-batches done (`result`: train.step.step.StepResult)."""
-        self.step += 1
-        self.batch_in_epoch += micro_count
-        self.micro_batches += micro_count
-        self.tokens += result.target_tokens * processes
-        self.padded_tokens += result.tokens * processes
-        self.step_seconds += result.seconds
-        self.data_wait_seconds += result.data_wait_seconds
-        self.predicted_seconds += predicted_seconds
-        self.flops += flops
-
-
-class StopSignals:
-    """SIGINT/SIGTERM ask the loop to checkpoint and stop after the current step."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def _handle(self, number: int, _frame: Any) -> None:
-        self.received = number
-
-    def __exit__(self, *exc: object) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
 
 
 class TrainingRun:
@@ -137,27 +34,20 @@ class TrainingRun:
         *,
         calibration: Calibration,
         chosen: Candidate,
-        data: TokenizedData,
-        spec: Any,
-        pad_id: int,
+        model: ModelToTrain,
+        data: TrainingData,
         out_dir: Path,
         settings: LoopSettings,
-        on_update: Callable[[Position, list[str]], None] | None = None,
-        step_hook: Callable[[int], None] | None = None,
-        method: MethodConfig | None = None,
-        step_options: StepOptions | None = None,
-        eval_data: TokenizedData | None = None,
-        eval_schedule: EvalSchedule | None = None,
-        tracker_record: dict[str, Any] | None = None,
+        hooks: LoopHooks | None = None,
     ) -> None:
-        self.calibration, self.chosen, self.data, self.spec = calibration, chosen, data, spec
-        self.method = method or MethodConfig()
-        self.step_options = step_options or StepOptions()
-        self.pad_id, self.out_dir, self.settings = pad_id, out_dir, settings
-        self.on_update = on_update
-        self.step_hook = step_hook  # tests slow the step down through this
-        self.eval_data, self.eval_schedule = eval_data, eval_schedule or EvalSchedule()
-        self.tracker_record = tracker_record or {}
+        hooks = hooks or LoopHooks()
+        self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
+        self.spec, self.method, self.step_options = model.spec, model.method, model.step_options
+        self.data, self.pad_id = data.data, data.pad_id
+        self.eval_data, self.eval_schedule = data.eval_data, data.eval_schedule or EvalSchedule()
+        self.on_update = hooks.on_update
+        self.step_hook = hooks.step_hook  # tests slow the step down through this
+        self.tracker_record = hooks.tracker_record or {}
         self.events: list[str] = []
         self.shapes_seen: set[tuple[int, ...]] = set()
         self.peak_memory: Any = None
@@ -254,7 +144,7 @@ class TrainingRun:
         self.limit = self.planned_limit = self.total_steps()
         reserve = c.overheads.after_training_seconds if c.overheads else 0.0
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
-        settings = GuardSettings(**asdict(s.budget), reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
+        settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress = self._progress(self.limit, position.step)
 
@@ -292,7 +182,7 @@ class TrainingRun:
             {
                 "step": position.step,
                 "loss": result.loss,
-                "elapsed": now - self.settings.started_at,
+                "elapsed": self.settings.deadline.elapsed(now),
                 "seconds": result.seconds,
                 "predicted_seconds": predicted_seconds,
                 "tokens": result.target_tokens * processes,
@@ -304,7 +194,7 @@ class TrainingRun:
     def _after_step(self, position: Position, result: Any, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
         """The deadline guard's verdict on this step, then what is due: live line, trackers, log,
         evaluation, checkpoint."""
-        elapsed = now - self.settings.started_at
+        elapsed = self.settings.deadline.elapsed(now)
         compiled_here = self._met_new_shapes(result.shapes)
         pending_compile = self._pending_compile_seconds()
         verdict = self.guard.observe(position.step, elapsed, result.seconds, predicted_seconds, remaining_predicted, compiled_here, pending_compile)
@@ -361,7 +251,7 @@ class TrainingRun:
         if self._saves_here and not already_saved and position.step > 0:
             self._save(position)
         now = time.monotonic()
-        position.timeline.append(self._timeline_point(position, now, 1.0, now - self.settings.started_at))
+        position.timeline.append(self._timeline_point(position, now, 1.0, self.settings.deadline.elapsed(now)))
 
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
@@ -435,7 +325,7 @@ class TrainingRun:
         result = evaluate_loss(
             self.accelerator, self.model, self.eval_data, BatchLayout(c.micro_batch_size, c.max_length, self.settings.seed), self.pad_id, self.engine.compiled
         )
-        entry = {"step": position.step, "elapsed": time.monotonic() - self.settings.started_at, **result}
+        entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
         if progress is not None:
             progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
@@ -466,7 +356,7 @@ class TrainingRun:
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
         s = self.settings
         return {
-            "elapsed": now - s.started_at,
+            "elapsed": s.deadline.elapsed(now),
             "steps": position.step,
             "tokens": position.tokens,
             "train_seconds": position.step_seconds,
@@ -485,11 +375,11 @@ class TrainingRun:
     def _log(self, progress: Any, position: Position, now: float, verdict: Any) -> None:
         predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
         actual_rate = position.tokens / max(position.step_seconds, 1e-9)
-        elapsed = now - self.settings.started_at
+        elapsed = self.settings.deadline.elapsed(now)
         line = (
             f"step {position.step}: {actual_rate:,.0f} tok/s actual vs {predicted_rate:,.0f} predicted, "
             f"elapsed {elapsed:.0f}s, remaining {max(0.0, verdict.projected_finish - elapsed):.0f}s; {verdict.summary} "
-            f"(deadline {self.settings.deadline_seconds:.0f}s)"
+            f"(deadline {self.settings.deadline.deadline_seconds:.0f}s)"
         )
         if progress is not None:
             progress.write(line)

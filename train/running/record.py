@@ -1,8 +1,11 @@
 """`run.json`: the plan, the estimate with bounds, what actually happened, and the feedback
-of the measured throughput into the calibration's history."""
+of the measured throughput into the calibration's history. `RunRecord` owns the file of one
+command from its plan to its end."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -11,9 +14,11 @@ from calibration.accuracy import check_estimate
 from calibration.schema import variant_history
 from calibration.store import is_bundled, update_calibration
 from common.atomic import write_json_atomic
+from train.planning.deadline import Deadline
 from train.planning.planner import Plan
 from train.planning.prices import run_cost
-from train.running.loop import LoopOutcome
+from train.running.loop_state import LoopOutcome, Position
+from train.running.resume import run_total_steps
 
 RUN_SCHEMA_VERSION = 1
 
@@ -47,6 +52,9 @@ def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, A
 def plan_section(plan: Plan) -> dict[str, Any]:
     chosen = plan.chosen
     return {
+        # The step configuration as a calibration row: what a resume reads back
+        # (train.running.resume.resumed_configuration); the flat keys below are for readers.
+        "configuration": chosen.config.to_row(),
         "micro_batch_size": chosen.micro_batch_size,
         "grad_accum": chosen.grad_accum,
         "num_workers": chosen.num_workers,
@@ -154,3 +162,79 @@ def feed_back(calibration: Any, record: dict[str, Any]) -> None:
         "status": check.status,
     }
     update_calibration(calibration.path, lambda data: variant_history(data, calibration.variant).append(entry))
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """What training left: the loop's outcome, final/ as exported, the model's and the method's records."""
+
+    loop: LoopOutcome
+    final: dict[str, Any] | None
+    model: dict[str, Any]
+    training: dict[str, Any]
+
+
+@dataclass
+class RunRecord:
+    """run.json of one command, from its plan to its end: opened (a new run's, or the resumed run's
+    brought up to this command's plan), written whenever the loop reports, finished with what
+    happened; the measured speed fed back into the calibration."""
+
+    out_dir: Path
+    data: dict[str, Any]
+    earlier_events: list[str] = field(default_factory=list)  # the resumed run's, before this command
+
+    @classmethod
+    def open(cls, out_dir: Path, fresh: dict[str, Any], previous: dict[str, Any] | None) -> RunRecord:
+        """`fresh` (new_run_record of this command's plan), or with --resume the run's own record
+        (`previous`) taking this command's plan, estimate and data from it."""
+        if not previous:
+            return cls(out_dir, fresh)
+        previous["resumed"] = previous.get("resumed", 0) + 1
+        previous["plan"]["total_steps"] = run_total_steps(previous)  # before this command's steps replace the plan's
+        # What this command planned: the steps left, its own deadline, time and step limit.
+        for key in ("deadline_seconds", "elapsed_before_plan", "estimate", "chosen", "data"):
+            previous[key] = fresh[key]  # data: the same (check_same_data), or what --force continued on
+        for key in ("optimizer_steps", "step_limit", "max_length"):
+            previous["plan"][key] = fresh["plan"][key]
+        return cls(out_dir, previous, list(previous.get("events", [])))
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        return self.data["plan"]
+
+    def write(self) -> Path:
+        return write_run(self.out_dir, self.data)
+
+    def progress(self, position: Position, events: list[str]) -> None:
+        """The loop's report (train.running.loop_state.LoopHooks.on_update): where it is, written."""
+        self.data.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
+        self.data["events"] = self.earlier_events + events
+        self.write()
+
+    def finish(self, trained: TrainedRun, calibration: Any, plan: Plan, deadline: Deadline, write_report: Callable[[Path], Path] | None) -> Path | None:
+        """What happened, in run.json; the measured speed back into the calibration; the report
+        (`write_report(run folder)`, None: --no-report), whose time the deadline also covers."""
+        record, loop = self.data, trained.loop
+        record.update(final=trained.final, model=trained.model, training=trained.training, status=loop.status)
+        record["plan"]["lora"] = trained.training["lora"]
+        record.update(losses=loop.losses, timeline=loop.timeline, evals=loop.evals, events=self.earlier_events + loop.events)
+        elapsed = deadline.elapsed()
+        # The span the estimate check compares: from the plan to the end of the export. The report
+        # comes after it (it is written from these figures) and is timed on its own.
+        record["actual"] = actual_section(loop, elapsed - record["elapsed_before_plan"], plan.price_per_hour, plan.chosen.world_size)
+        record["actual"]["command_seconds"] = elapsed
+        planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
+        record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
+        check = check_estimate(record)
+        record["estimate_check"] = check.to_json() if check else None
+        record["estimate_error_pct"] = check.error_pct if check else None
+        self.write()
+        feed_back(calibration, record)
+        report_path = write_report(self.out_dir) if write_report else None
+        finished = deadline.elapsed()
+        record["actual"]["report_seconds"] = finished - elapsed if report_path else None
+        record["actual"]["command_seconds"] = finished
+        record["met_deadline"] = finished <= plan.deadline_seconds
+        self.write()
+        return report_path

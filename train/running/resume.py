@@ -1,20 +1,16 @@
 """A resumed run: the run it continues (its run.json, model, method, configuration, steps), what this
-command may and may not change of it, and the command that resumes a stopped one."""
+command may and may not change of it, and the command that resumes a stopped one. Every resume
+check is here; the recipe (train.recipes.recipe.TrainRecipe.setup) calls them with the command's
+options."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from common.console import say
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
-from train.recipes.config import TrainConfig
 from train.running.checkpoint import checkpoints_to_resume
-
-# What a resumed run keeps from the interrupted one: the same batches in the same order.
-RESUMED_CONFIGURATION = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "gradient_checkpointing")
-
 
 
 def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
@@ -48,16 +44,18 @@ def resumed_method(previous: dict[str, Any]) -> Any:
     )
 
 
-def resumed_configuration(previous: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
-    """The interrupted run's configuration, which its resume keeps (--force with --max-length N
-    takes N instead: check_same_run)."""
-    configuration = {key: previous["plan"].get(key, 0) for key in RESUMED_CONFIGURATION}
-    if config.force and isinstance(config.max_length, int):
-        configuration["max_length"] = config.max_length
-    return configuration
+def resumed_configuration(previous: dict[str, Any], max_length: int | None = None) -> StepConfig:
+    """The interrupted run's step configuration, which its resume keeps: the same batches in the same
+    order (`max_length`: what --force with --max-length N trains with instead, check_same_run).
+    Written with StepConfig.to_row (train.running.record.plan_section); a run.json from before
+    that holds the flat keys, its length as max_length."""
+    plan = previous["plan"]
+    row = plan.get("configuration") or {**plan, "seq_len": plan.get("max_length", 0)}
+    configuration = StepConfig.from_row(row)
+    return configuration.with_shape(configuration.micro_batch_size, max_length) if max_length else configuration
 
 
-def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, method: Any) -> list[str]:
+def check_same_run(previous: dict[str, Any], spec: Any, method: Any, max_length: int | str | None, force: bool) -> list[str]:
     """A resume continues the run it names: another model, method or max length than the run's is
     refused (one line) unless --force, which then trains with this command's. Returns what --force
     let through, to warn about. (Other data is checked once it is tokenized: check_same_data.)"""
@@ -70,9 +68,9 @@ def check_same_run(previous: dict[str, Any], config: TrainConfig, spec: Any, met
     earlier = resumed_method(previous)
     if not same_method(earlier, method):
         problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
-    if isinstance(config.max_length, int) and config.max_length != plan["max_length"]:
-        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {config.max_length}: drop it")
-    if problems and not config.force:
+    if isinstance(max_length, int) and max_length != plan["max_length"]:
+        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {max_length}: drop it")
+    if problems and not force:
         raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
     return problems
 
@@ -147,18 +145,18 @@ def run_total_steps(previous: dict[str, Any]) -> int:
     return min(steps, int(limit)) if limit else steps
 
 
-def resumed_step_limit(previous: dict[str, Any], config: TrainConfig, completed: int) -> int:
+def resumed_step_limit(previous: dict[str, Any], max_steps: int | None, completed: int) -> int:
     """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
     later). A run that did all its steps is not resumed, and a resume never extends a run."""
     total, run = run_total_steps(previous), f"--resume: run {previous['run_id']}"
     if completed >= total or previous.get("status") == "completed":
         raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
-    if config.max_steps is not None and config.max_steps > total:
+    if max_steps is not None and max_steps > total:
         raise BenchtrainError(
-            f"{run} has {total:,} optimizer steps; --max-steps {config.max_steps} would extend it, which a resume never does: "
+            f"{run} has {total:,} optimizer steps; --max-steps {max_steps} would extend it, which a resume never does: "
             "drop --max-steps, or train more in a new run"
         )
-    return min(total, config.max_steps or total)
+    return min(total, max_steps or total)
 
 
 def completed_steps(out_dir: Path) -> int:
@@ -166,29 +164,6 @@ def completed_steps(out_dir: Path) -> int:
     from train.running.checkpoint import read_progress
 
     return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
-
-
-def resume_target(config: TrainConfig) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
-    """The model spec, the method, the run folder and, with --resume, the run.json it continues
-    (whose model and adapters it keeps; other options differing are warned of)."""
-    from train.workload.model import resolve_model
-
-    spec = resolve_model(config.model)
-    out_dir = Path(config.out).expanduser() if config.out else None
-    if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
-        raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-    previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
-    method = config.method
-    if previous:
-        from train.recipes.variant_choice import asked_variant, with_run_variant
-
-        method = with_run_variant(method, resumed_method(previous), asked_variant(config.quantize, config.optimizer))
-        spec = resumed_spec(spec, previous)
-        for problem in check_same_run(previous, config, spec, method):
-            say(f"warning: {problem} (--force: continuing with this command's)")
-        if same_method(resumed_method(previous), method):
-            method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
-    return spec, method, out_dir, previous
 
 
 def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:

@@ -1,0 +1,382 @@
+"""One `train` command as a recipe (the shape of torchtune's recipes, state on the recipe):
+
+- `setup`: the run to resume, the calibration and the setups it measured fitted to the device,
+  the model's weights, the data;
+- `plan`: each setup planned (train.recipes.plan_setup), the best kept (train.recipes.setup_choice);
+- `train`: every record tokenized, run.json opened (train.running.record.RunRecord), the loop,
+  final/;
+- `finish`: run.json completed, the calibration fed, the report; `cleanup` lets the run folder go.
+
+train/cli.py calls `run_training`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from common.atomic import json_text
+from common.console import is_main_process, say
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError, DoesNotFitError
+from train.recipes.config import TrainConfig
+from train.recipes.plan_setup import FittedSetup, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
+from train.recipes.planned_run import PlannedRun, print_plan
+from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
+from train.running.record import RunRecord, TrainedRun
+from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_step_limit
+
+
+def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
+    """`started`: time.monotonic() when the command started (its deadline counts from there);
+    `write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
+    recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
+    recipe.setup()
+    recipe.plan()
+    if not recipe.show_plan():
+        return EXIT_OK
+    try:
+        recipe.train()
+        status = recipe.finish()
+    finally:
+        recipe.cleanup()
+    from train.step.runtime import finish_together
+
+    # Every rank waits until rank 0 has written everything: none exits while another still works.
+    finish_together()
+    return status
+
+
+class TrainRecipe:
+    def __init__(self, config: TrainConfig, write_report: Callable[[Path], Path], command_line: list[str] | None = None) -> None:
+        self.config = config
+        self.write_report = write_report
+        self.command_line = command_line  # for the resume command a stopped run prints
+        self._held = contextlib.ExitStack()  # the run folder's lock, from opening run.json to the end
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """The model, the method and the run to resume; the calibration and each setup it measured
+        that the run may train with, fitted to the device (a calibration that does not suit or a
+        model too big: one line, before any data or model work); the hub weights; the data."""
+        self.spec, self.method, self.out_dir, self.previous = self._resume_target()
+        self.completed = completed_steps(self.out_dir) if self.previous and self.out_dir else 0
+        if self.previous:
+            # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
+            self.config = replace(self.config, max_steps=resumed_step_limit(self.previous, self.config.max_steps, self.completed))
+        self._fit_setups()
+        # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
+        self.spec = hub_weights(self.spec, self.config.dry_run)
+        self.loaded = load_data(self.setups[0].config, self.spec)
+        if self.previous:
+            problem = check_same_data(self.previous, self.loaded, self.config.force)
+            if problem:
+                say(f"warning: {problem} (--force: continuing on this data)")
+
+    def _resume_target(self) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
+        """The model spec, the method, the run folder and, with --resume, the run.json it continues
+        (whose model and adapters it keeps; other options differing are warned of)."""
+        import json
+
+        from train.recipes.variant_choice import asked_variant, with_run_variant
+        from train.running.resume import check_same_run, resumed_method, resumed_spec, same_method
+        from train.workload.model import resolve_model
+
+        config = self.config
+        spec = resolve_model(config.model)
+        out_dir = Path(config.out).expanduser() if config.out else None
+        if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
+            raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
+        previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
+        method = config.method
+        if previous:
+            method = with_run_variant(method, resumed_method(previous), asked_variant(config.quantize, config.optimizer))
+            spec = resumed_spec(spec, previous)
+            for problem in check_same_run(previous, spec, method, config.max_length, config.force):
+                say(f"warning: {problem} (--force: continuing with this command's)")
+            if same_method(resumed_method(previous), method):
+                method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
+        return spec, method, out_dir, previous
+
+    def _fit_setups(self) -> None:
+        """The calibration, the processes and their sharding, and the setups to plan: each fitted
+        (train.recipes.setup_choice.fitted_for); those refused are kept to say why."""
+        from train.recipes.calibration_choice import calibration_for
+        from train.recipes.variant_choice import asked_variant, setups_to_plan
+
+        config, previous = self.config, self.previous
+        cal, world_size, sharding = calibration_for(config, self.spec, self.method, previous)
+        if config.device_memory_bytes:
+            cal = cal.with_device_memory(config.device_memory_bytes)
+        before = previous["plan"].get("sharding", "none") if previous else sharding
+        if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
+            raise BenchtrainError(f"--resume: {self.out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
+        self.layout = (world_size, sharding)
+        self.candidates = setups_to_plan(cal, self.method, self.method.variant if previous else asked_variant(config.quantize, config.optimizer))
+        self.setups: list[FittedSetup] = []
+        self.refused: list[tuple[Any, str]] = []
+        for index, (variant, variant_method) in enumerate(self.candidates):
+            try:
+                self.setups.append(fitted_for(config, variant, self.spec, variant_method, self.layout, quiet=index > 0))
+            except BenchtrainError as error:
+                if len(self.candidates) == 1:
+                    raise
+                self.refused.append((variant_method, str(error)))
+        if not self.setups:
+            raise BenchtrainError(f"no setup the calibration measured fits: {self.refused[0][1]}")
+
+    # -- plan -------------------------------------------------------------------------------
+    def plan(self) -> PlannedRun:
+        """Each fitted setup planned on the data as loaded; the fastest that fits kept, its notes
+        saying what the others cost and what unmeasured bases would hold."""
+        from train.recipes.variant_choice import unmeasured_bases
+
+        config, loaded, previous = self.config, self.loaded, self.previous
+        # --force with --max-length N trains the run's configuration at length N (check_same_run).
+        forced_length = config.max_length if config.force and isinstance(config.max_length, int) else None
+        resumed = (previous["plan"]["epochs"], resumed_configuration(previous, forced_length)) if previous else None
+        context = PlanContext(
+            config, self.spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty, resumed, self.completed
+        )
+        runs, refused = [], list(self.refused)
+        for setup in self.setups:
+            try:
+                runs.append(self._planned(setup, context))
+            except DoesNotFitError as error:
+                if len(self.candidates) == 1:
+                    raise DoesNotFitError(with_smaller_bases(str(error), self.spec, setup)) from None
+                refused.append((setup.method, str(error)))
+        if not runs:
+            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0][1]}", self.spec, self.setups[0]))
+        run = self.run = choose_setup(runs, refused)
+        self.config = run.config  # the chosen setup's: with the loss bench measured best (--loss auto)
+        peak = run.plan.chosen.peak_memory_bytes
+        activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
+        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.placement.device.hardware, activations))
+        return run
+
+    def _planned(self, setup: FittedSetup, context: PlanContext) -> PlannedRun:
+        """The plan of one fitted setup (train.recipes.plan_setup.plan_fitted), as this command's run."""
+        placed = plan_fitted(setup, context, self.layout)
+        return PlannedRun(
+            config=setup.config,
+            spec=self.spec,
+            method=setup.method,
+            out_dir=self.out_dir,
+            previous=self.previous,
+            cal=setup.cal,
+            need=setup.need,
+            loaded=self.loaded,
+            completed=self.completed,
+            placement=placed.placement,
+            communication=placed.communication,
+            request=placed.request,
+            plan=placed.plan,
+        )
+
+    def show_plan(self) -> bool:
+        """The plan on the console (rank 0), or as JSON with --json; a plan that misses the deadline
+        ends the command (a dry run the same way the real run would, so a script can tell). Whether
+        to train: not after --json or --dry-run."""
+        run, config = self.run, self.config
+        if is_main_process() and config.json:
+            compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.device.hardware)
+            print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
+            for warning in run.plan.warnings:
+                say(f"warning: {warning}")
+        elif is_main_process():
+            print_plan(run)
+        if not run.plan.meets_deadline:
+            raise DeadlineError(run.deadline_message)
+        return not (config.json or config.dry_run)
+
+    # -- train ------------------------------------------------------------------------------
+    def train(self) -> TrainedRun:
+        """Train to the plan: the exact data, run.json written before training (a run killed at any
+        moment can be resumed with its method), the run folder locked and checked for room first."""
+        from train.planning.disk import RunLock, check_space, disk_need
+        from train.running.checkpoint import list_checkpoints
+
+        self._with_exact_data()
+        run, config = self.run, self.config
+        self.record = self._open_record()
+        if is_main_process():
+            # One train per run folder; then room for what it will write, before any work.
+            out_dir = self.record.out_dir
+            self._held.enter_context(RunLock(out_dir))
+            existing = len(list_checkpoints(out_dir / "checkpoints"))
+            merge = bool(config.merge_lora and run.method.is_lora)
+            device_type = run.placement.device.hardware["device_type"]
+            space = disk_need(run.need, run.method.is_lora, not run.spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
+            check_space(out_dir, space, config.keep_checkpoints)
+            self.record.write()
+        self.trained = self._train_loop()
+        return self.trained
+
+    def _with_exact_data(self) -> None:
+        """Every record tokenized (the cache built where it is cold, by one process per machine) and,
+        when the plan came from a sample, the chosen configuration planned again on the exact profile:
+        the steps, their estimate and the deadline check are the exact data's."""
+        from train.recipes.plan_setup import plan_again
+        from train.workload.data import length_profile
+
+        run = self.run
+        loaded = run.loaded
+        data, eval_data = loaded.exact(run.config)
+        exact = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
+        if not loaded.sampled:
+            self.run = replace(run, loaded=exact)
+            return
+        configuration = run.request.configuration or run.plan.chosen.config
+        elapsed = self.config.run_deadline.elapsed()
+        request = replace(run.request, configuration=configuration, elapsed_seconds=elapsed, data_prep_seconds=0.0, data_uncertainty=0.0)
+        plan = plan_again(run.cal, request, data, eval_data)
+        if is_main_process():
+            from train.planning.plan_text import describe_exact_profile
+
+            print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
+        self.run = replace(run, loaded=exact, request=request, plan=plan)
+        if not plan.meets_deadline:
+            say(f"warning: with the exact profile {self.run.deadline_message}; the deadline guard stops the run in time")
+
+    def _open_record(self) -> RunRecord:
+        """The run folder and its run.json: new, or the interrupted run's when resuming; with the
+        whole validated configuration, the method and what the plan settled."""
+        from common.home import writable_subdir
+        from train.running.record import new_run_record
+        from train.running.resume import run_total_steps
+        from train.workload.model import model_identity
+
+        run = self.run
+        # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
+        run_id = run.previous["run_id"] if run.previous else f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        out_dir = run.out_dir or writable_subdir("runs") / run_id
+        if is_main_process():
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
+        # The model section is completed with parameter counts once the model is built.
+        fresh = new_run_record(run_id, run.plan, run.cal, model_identity(run.spec), self._data_section(), run.request.elapsed_seconds)
+        record = RunRecord.open(out_dir, fresh, run.previous)
+        plan = record.plan
+        record.data["config"] = self.config.to_json()  # the whole validated configuration of this command
+        plan.update(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
+        plan["communication"] = run.communication
+        plan["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)
+        plan["lora"] = run.method.settings()
+        # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
+        plan["total_steps"] = run_total_steps(record.data)
+        return record
+
+    def _data_section(self) -> dict[str, Any]:
+        """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
+        from train.running.resume import data_fingerprint
+        from train.workload.data import truncation
+
+        loaded = self.run.loaded
+        data = loaded.data
+        section = {
+            "source": loaded.data_path,
+            "format": data.format,
+            "packing": data.packing,
+            "loss_on": data.loss_on,
+            "profile": loaded.profile,
+            "fingerprint": data_fingerprint(data),
+            # The cache key, where the tokens are, and the sampled estimate against the exact total.
+            "preparation": loaded.prepared.record(),
+        }
+        if not data.packing:
+            section["truncation"] = truncation(data.lengths, self.run.plan.chosen.max_length)
+        return section
+
+    def _train_loop(self) -> TrainedRun:
+        """The training loop (train.running.loop.TrainingRun) on the plan, then final/."""
+        from train.running.loop import TrainingRun
+        from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData
+        from train.workload.method import method_record
+        from train.workload.model import model_record, model_shape
+
+        run, config, record = self.run, self.config, self.record
+        settings = LoopSettings(
+            deadline=config.run_deadline,
+            on_overrun=config.on_overrun,
+            checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+            keep_checkpoints=config.keep_checkpoints,
+            learning_rate=record.plan["learning_rate"],  # scaled once, in the plan (PlannedRun.rate)
+            seed=config.seed,
+            epochs=run.plan.epochs,
+            step_limit=run.plan.step_limit,
+            schedule_steps=record.plan["total_steps"],
+            resume=config.resume,
+            report_to=config.trackers,
+        )
+        pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+        loop = TrainingRun(
+            calibration=run.cal,
+            chosen=run.plan.chosen,
+            model=ModelToTrain(run.spec, run.method, config.step_options),
+            data=TrainingData(run.loaded.data, pad_id, run.loaded.eval_data, config.eval_schedule),
+            out_dir=record.out_dir,
+            settings=settings,
+            hooks=LoopHooks(on_update=record.progress, tracker_record=record.data),
+        )
+        try:
+            outcome = loop.run()
+            final = export_final_model(loop, record.out_dir, run.tokenizer, config.merge_lora, outcome.status)
+        except Exception as error:
+            from train.step.runtime import is_out_of_memory
+
+            if not is_out_of_memory(error):
+                raise
+            chosen = run.plan.chosen
+            raise BenchtrainError(
+                f"out of memory training batch {chosen.micro_batch_size} at length {chosen.max_length}, which the calibration "
+                f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
+            ) from None
+        training = {**method_record(run.method, loop.model), **loop.engine.record()}
+        return TrainedRun(outcome, final, model_record(run.spec, model_shape(loop.model)), training)
+
+    # -- finish -----------------------------------------------------------------------------
+    def finish(self) -> int:
+        """run.json completed, the measured speed fed back, the report, and what to do next
+        (rank 0); the exit status: interrupted or not."""
+        if is_main_process():
+            from train.planning.plan_text import describe_outcome
+
+            run, config, record = self.run, self.config, self.record
+            write_report = None if config.no_report else self.write_report
+            report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report)
+            resume = resume_command(self.command_line, record.out_dir, run.placement.world_size)
+            print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
+        return EXIT_INTERRUPTED if self.trained.loop.status == "interrupted" else EXIT_OK
+
+    def cleanup(self) -> None:
+        """The run folder's lock released (whether the run finished or failed)."""
+        self._held.close()
+
+
+# Runs that stopped before their planned end leave a final/ of their last state, marked partial.
+PARTIAL_STATUSES = ("stopped_for_deadline", "interrupted")
+
+
+def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
+    """final/ (and final-base/, final-merged/) from the trained model, written by the main process
+    (under FSDP every process first joins in gathering the full weights)."""
+    if loop.model is None:
+        return None
+    from train.step.sharding import gather_full_state, is_sharded
+
+    full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None
+    if not is_main_process():
+        return None
+    from train.export import export_final
+
+    model = loop.accelerator.unwrap_model(loop.model)
+    final = export_final(out_dir, model, tokenizer, loop.spec, loop.method, merge_lora, full_weights)
+    final["partial"] = status in PARTIAL_STATUSES
+    return final
