@@ -84,8 +84,16 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
 
 
 def real_row(model: str, lora: bool, checkpointing: str | None, budget: float, device: str) -> dict[str, Any]:
-    home = Path(tempfile.mkdtemp(prefix="bench-budget-"))
-    command = [sys.executable, "-m", "bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet"]
+    return real_bench(model, lora, checkpointing, budget, device)[0]
+
+
+def real_bench(
+    model: str, lora: bool, checkpointing: str | None, budget: float, device: str, extra: tuple[str, ...] = (), home: Path | None = None
+) -> tuple[dict[str, Any], Path | None]:
+    """One `bench run` in its own process and BENCHTRAIN_HOME (`home`, else a new temporary one):
+    its row, and the calibration it stored (None: none). `extra`: more bench run options."""
+    home = home or Path(tempfile.mkdtemp(prefix="bench-budget-"))
+    command = [sys.executable, "-m", "bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet", *extra]
     if lora:
         command.append("--lora")
     if checkpointing:
@@ -97,7 +105,7 @@ def real_row(model: str, lora: bool, checkpointing: str | None, budget: float, d
     row: dict[str, Any] = {"budget": format_duration(budget), "exit": done.returncode, "took": format_duration(took)}
     if not stored:
         row["result"] = (done.stderr.strip().splitlines() or [""])[-1][:120]
-        return row
+        return row, None
     record = json.loads(stored[-1].read_text())
     ok = [r for r in record["measurements"] if r["status"] == "ok"]
     error = record["fit"]["held_out_error"]
@@ -111,7 +119,7 @@ def real_row(model: str, lora: bool, checkpointing: str | None, budget: float, d
             "load before": record["search"].get("load_average_before"),
         }
     )
-    return row
+    return row, stored[-1]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

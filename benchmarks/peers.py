@@ -125,7 +125,7 @@ def plain_loop(setup: Setup, compiled: bool) -> list[float]:
     return timed(setup, step, batches(setup, model.config.vocab_size))
 
 
-def ours(setup: Setup, compiled: bool) -> list[float]:
+def ours(setup: Setup, compiled: bool, loss: str = "auto") -> list[float]:
     from accelerate import Accelerator  # noqa: F401  (make_accelerator imports it)
 
     from train.step.engine import StepOptions, build_engine
@@ -134,7 +134,8 @@ def ours(setup: Setup, compiled: bool) -> list[float]:
     from train.workload.model import resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
-    engine = build_engine(resolve_model(setup.model), method, make_accelerator(), StepOptions(compile="on" if compiled else "off"), setup.checkpointing)
+    options = StepOptions(compile="on" if compiled else "off", loss=loss)
+    engine = build_engine(resolve_model(setup.model), method, make_accelerator(), options, setup.checkpointing)
     data = batches(setup, engine.model.config.vocab_size)
     return timed(setup, lambda batch: engine.step.run(iter([batch]), 1), data)
 
@@ -221,6 +222,10 @@ RUNNERS: dict[str, Callable[[Setup], list[float]]] = {
     "unsloth": unsloth,
     "ours-eager": lambda setup: ours(setup, compiled=False),
     "ours-compiled": lambda setup: ours(setup, compiled=True),
+    # THE step (eager) with each loss of --loss: the loss comparison (benchmarks/gpu_check.py).
+    "ours-chunked-loss": lambda setup: ours(setup, compiled=False, loss="chunked"),
+    "ours-plain-loss": lambda setup: ours(setup, compiled=False, loss="plain"),
+    "ours-liger-loss": lambda setup: ours(setup, compiled=False, loss="liger"),
 }
 
 
@@ -283,7 +288,7 @@ def main() -> None:
     loops = [name.strip() for name in args.loops.split(",") if name.strip()]
     unknown = [name for name in loops if name not in RUNNERS]
     if unknown:
-        parser.error(f"unknown loops {unknown}; choose from {', '.join(LOOPS)}")
+        parser.error(f"unknown loops {unknown}; choose from {', '.join(RUNNERS)}")
     setup = Setup(args.model, args.lora, args.lora_rank, args.checkpointing, args.micro_batch, args.seq_len, args.steps, args.warmup)
 
     from train.step.hardware import detect_hardware

@@ -15,10 +15,10 @@ from typing import Any
 
 def learning_rate_curve(steps: int) -> dict[str, Any]:
     """The learning rate each of `steps` optimizer steps trained at, with the run's schedule
-    (train.step.engine.cosine_schedule) and THE step, and the scheduler's rate after the last one."""
+    (the default cosine, train.step.hyperparameters) and THE step, and the scheduler's rate after the last one."""
     import torch
 
-    from train.step.engine import StepOptions, build_engine, cosine_schedule
+    from train.step.engine import Optimization, StepOptions, build_engine
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
     from train.workload.method import MethodConfig
@@ -27,7 +27,7 @@ def learning_rate_curve(steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     spec = resolve_model("tiny")
     options = StepOptions(compile="off", loss="plain")
-    engine = build_engine(spec, MethodConfig(), make_accelerator(), options, learning_rate=1e-3, make_scheduler=cosine_schedule(steps))
+    engine = build_engine(spec, MethodConfig(), make_accelerator(), options, optimization=Optimization(1e-3, total_steps=steps))
     batches = iter(SyntheticBatches(steps, 1, 8, spec.config_dict["vocab_size"]))
     rates = [engine.step.run(batches, 1).learning_rate for _ in range(steps)]
     return {"rates": rates, "final": engine.scheduler.get_last_lr()[0], "processes": engine.accelerator.num_processes}

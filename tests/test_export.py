@@ -157,7 +157,7 @@ def test_every_run_writes_final_and_a_stopped_one_says_partial(calibrated_home: 
     assert code == 0, err
     run_dir = next((calibrated_home / "runs").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["final"]["path"] == str(run_dir / "final") and record["final"]["partial"] is False
+    assert record["final"]["path"] == "final" and record["final"]["partial"] is False  # relative to the run folder (issue 34)
     assert f"model: {run_dir / 'final'}" in out
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
 
@@ -182,7 +182,8 @@ def test_an_interrupted_run_still_writes_final_marked_partial(
     monkeypatch.setattr(TrainingStep, "run", sigterm_on_the_second_step)
     code, out, _ = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"], capsys)
     assert code == 130
-    record = json.loads(next((calibrated_home / "runs").glob("*/run.json")).read_text())
+    run_json = next((calibrated_home / "runs").glob("*/run.json"))
+    record = json.loads(run_json.read_text())
     assert record["status"] == "interrupted" and record["final"]["partial"] is True
     assert "partial: the run stopped before its planned end" in out
-    assert (Path(record["final"]["path"]) / "model.safetensors").is_file()
+    assert (run_json.parent / record["final"]["path"] / "model.safetensors").is_file()

@@ -61,8 +61,8 @@ def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
 
 
 def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit"):
-        MethodConfig(optimizer="sgd")
+    with pytest.raises(BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit, adamw-fused, sgd"):
+        MethodConfig(optimizer="lion")
     code, _, err = run_main(
         "train",
         ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--optimizer", "adamw-8bit", "--data", "sample", "--deadline", "1h", "--dry-run"],

@@ -58,7 +58,10 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
         help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
     quantize = "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute) or 8bit (LLM.int8)"
-    optimizer = "adamw (fp32 moments, fused), adamw-8bit or paged-adamw-8bit (bitsandbytes' 8-bit moments; paged: CUDA unified memory)"
+    optimizer = (
+        "adamw (fp32 moments, fused where the device has the kernel), adamw-fused (fused or refused), adamw-8bit or paged-adamw-8bit "
+        "(bitsandbytes' 8-bit moments; paged: CUDA unified memory), sgd (momentum 0.9: one fp32 buffer)"
+    )
     if measured:
         parser.add_argument(
             "--quantize", default="none", metavar="LIST", help=f"{quantize}; a list (none,4bit) measures each into one calibration (default: none)"

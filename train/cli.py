@@ -30,6 +30,9 @@ EXAMPLES = """examples:
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h --lr-scaling sqrt --base-batch 16
+  train --data train.jsonl --deadline 1h --learning-rate 2e-5 --lr-scheduler-type linear --warmup-steps 100 --weight-decay 0.01
+  train --data train.jsonl --deadline 1h --lr-scheduler-type constant_with_warmup --warmup-ratio 0.1 --max-grad-norm 0 --adam-beta2 0.999
+  train --data train.jsonl --deadline 1h --optimizer sgd --learning-rate 0.01 --weight-decay 0   # a calibration that measured sgd
   accelerate launch --num_processes 4 -m train --data train.jsonl --model llama-3.1-8b --sharding fsdp --deadline 6h
 
 exit codes:
@@ -185,6 +188,7 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
         help="scale the learning rate with effective batch / --base-batch (effective = micro-batch × processes × accumulation)",
     )
     p.add_argument("--base-batch", type=int, metavar="N", help="the effective batch --learning-rate was tuned for (default: the planned one)")
+    add_hyperparameters(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--force",
@@ -193,6 +197,31 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_hyperparameters(p: argparse.ArgumentParser) -> None:
+    """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them
+    (train.step.hyperparameters). Not named: the default, or with --resume the run's own."""
+    from train.step.hyperparameters import DEFAULT_BETAS, DEFAULT_EPSILON, DEFAULT_MAX_GRAD_NORM, DEFAULT_WARMUP_RATIO, DEFAULT_WEIGHT_DECAY, SCHEDULER_CHOICES
+
+    p.add_argument(
+        "--lr-scheduler-type",
+        choices=SCHEDULER_CHOICES,
+        help="after the warm-up: cosine (default) or linear decay to 0, constant_with_warmup; constant has no warm-up",
+    )
+    p.add_argument(
+        "--warmup-ratio", type=float, metavar="FRACTION", help=f"share of the optimizer steps warming up linearly from 0 (default: {DEFAULT_WARMUP_RATIO})"
+    )
+    p.add_argument("--warmup-steps", type=int, metavar="N", help="optimizer steps warming up: overrides --warmup-ratio")
+    p.add_argument(
+        "--weight-decay", type=float, metavar="W", help=f"decoupled weight decay on matrices, none on biases and norms (default: {DEFAULT_WEIGHT_DECAY})"
+    )
+    p.add_argument(
+        "--max-grad-norm", type=float, metavar="NORM", help=f"clip the gradients' global norm to this; 0: no clipping (default: {DEFAULT_MAX_GRAD_NORM})"
+    )
+    p.add_argument("--adam-beta1", type=float, metavar="B1", help=f"AdamW's beta1 (default: {DEFAULT_BETAS[0]})")
+    p.add_argument("--adam-beta2", type=float, metavar="B2", help=f"AdamW's beta2 (default: {DEFAULT_BETAS[1]})")
+    p.add_argument("--adam-epsilon", type=float, metavar="EPS", help=f"AdamW's epsilon (default: {DEFAULT_EPSILON:g})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ RUN_EXAMPLES = """examples:
   bench run --gpu h100 --model mistral-nemo-12b --lora --budget auto   # the budget for a dozen probes, said up front
   bench run --gpu h100 --model llama-3.1-8b --lora --quantize none,4bit --budget 10m   # one calibration, both bases (QLoRA)
   bench run --gpu h100 --model llama-3.1-8b --lora --optimizer adamw,paged-adamw-8bit  # 8-bit optimizer states, measured
+  bench run --gpu h100 --model llama-3.2-1b --optimizer adamw,sgd   # SGD with momentum: half the state, its own measured setup
   bench run --data train.jsonl --model ./my-model   # real tokens from your data, lengths from its profile
   bench run --gpu h100 --model Qwen/Qwen2.5-7B-Instruct   # a hub id: config.json only, from the cache or the hub
   bench refit latest                                 # fit stored measurements again with this version's model

@@ -216,9 +216,8 @@ def describe_needs(
 
 
 def optimizer_states(spec: Any, chosen: MethodConfig, device_type: str) -> str:
-    """ "optimizer state: 18 MiB with adamw, 4.57 MiB with adamw-8bit or paged-adamw-8bit (this run: adamw)"."""
-    from train.workload.optimizers import OPTIMIZER_CHOICES
-
-    sizes = {name: memory_need(spec, replace(chosen, optimizer=name), device_type).optimizer_bytes for name in OPTIMIZER_CHOICES[:2]}
-    texts = [f"{size / 2**20:.3g} MiB with {name}" for name, size in sizes.items()]
-    return f"optimizer state: {', '.join(texts)} or paged-adamw-8bit (this run: {chosen.optimizer})"
+    """ "optimizer state: 18 MiB with adamw or adamw-fused, 4.57 MiB with adamw-8bit or paged-adamw-8bit, 9 MiB with sgd (this run: adamw)"."""
+    names = {"adamw": "adamw or adamw-fused", "adamw-8bit": "adamw-8bit or paged-adamw-8bit", "sgd": "sgd"}
+    sizes = {label: memory_need(spec, replace(chosen, optimizer=name), device_type).optimizer_bytes for name, label in names.items()}
+    texts = [f"{size / 2**20:.3g} MiB with {label}" for label, size in sizes.items()]
+    return f"optimizer state: {', '.join(texts)} (this run: {chosen.optimizer})"

@@ -7,6 +7,7 @@ from typing import Any
 
 from calibration.accuracy import check_estimate, describe_check
 from common.durations import format_duration
+from common.run_paths import run_path
 from train.planning.planner import Plan
 
 
@@ -144,9 +145,10 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
     final = record.get("final")
     if final:
         partial = " (partial: the run stopped before its planned end)" if final.get("partial") else ""
-        lines.append(f"  model: {final['path']}{partial}")
+        # run.json keeps them relative to the run folder (older records: absolute); shown where they are.
+        lines.append(f"  model: {run_path(final['path'], out_dir)}{partial}")
         if final.get("merged_path"):
-            lines.append(f"  merged model: {final['merged_path']}")
+            lines.append(f"  merged model: {run_path(final['merged_path'], out_dir)}")
     if report_path:
         lines.append(f"  report: {report_path}")
     if actual["status"] in ("interrupted", "stopped_for_deadline"):

@@ -21,6 +21,7 @@ from train.planning.prices import Prices, parse_prices
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
 from train.step.evaluation import EvalSchedule, parse_eval_every
+from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, settings_from
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
 
@@ -67,6 +68,16 @@ class TrainConfig:
     price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
     json: bool = False
     learning_rate: float = 3e-4
+    # The schedule's and the optimizer's hyper-parameters as named (None: not named: the default, or
+    # a resumed run's own); `hyperparameters` holds them validated (train.step.hyperparameters).
+    lr_scheduler_type: str | None = None
+    warmup_ratio: float | None = None
+    warmup_steps: int | None = None
+    weight_decay: float | None = None
+    max_grad_norm: float | None = None
+    adam_beta1: float | None = None
+    adam_beta2: float | None = None
+    adam_epsilon: float | None = None
     lr_scaling: str = "none"
     base_batch: int | None = None
     seed: int = 0
@@ -97,6 +108,7 @@ class TrainConfig:
     trackers: tuple[str, ...] = field(init=False)
     prices: Prices = field(init=False)
     device_memory_bytes: int | None = field(init=False)
+    hyperparameters: OptimizerSettings = field(init=False)
 
     def __post_init__(self) -> None:
         derived: dict[str, Any] = {
@@ -107,6 +119,7 @@ class TrainConfig:
             "trackers": parse_report_to(self.report_to),
             "prices": parse_prices(self.price_per_hour),
             "device_memory_bytes": parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
+            "hyperparameters": settings_from({name: getattr(self, name) for name in SETTING_NAMES}),
         }
         derived["run_deadline"] = Deadline.with_margin_share(derived["deadline_seconds"], self.margin, self.started_at)
         for name, value in derived.items():
@@ -141,6 +154,12 @@ class TrainConfig:
             )
         if self.comparing and self.resume:
             raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
+
+    def named_hyperparameters(self) -> dict[str, Any]:
+        """The hyper-parameters this command names (a resume keeps the run's others), and its
+        learning rate (which has a default: always named)."""
+        named = {name: getattr(self, name) for name in SETTING_NAMES if getattr(self, name) is not None}
+        return {**named, "learning_rate": self.learning_rate}
 
     @property
     def comparing(self) -> bool:

@@ -247,6 +247,7 @@ class TrainRecipe:
         """The run folder and its run.json: new, or the interrupted run's when resuming; with the
         whole validated configuration, the method and what the plan settled."""
         from common.home import writable_subdir
+        from common.run_paths import stored_path
         from train.running.record import new_run_record
         from train.running.resume import run_total_steps
         from train.workload.model import model_identity
@@ -265,6 +266,7 @@ class TrainRecipe:
         record = RunRecord.open(out_dir, fresh, run.previous)
         plan = record.plan
         record.data["config"] = self.config.to_json()  # the whole validated configuration of this command
+        record.data["config"]["out"] = stored_path(self.config.out, out_dir)  # ".": the run folder itself, wherever it moves
         plan.update(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
         plan["communication"] = run.communication
         plan["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)

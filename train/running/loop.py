@@ -56,15 +56,14 @@ class TrainingRun:
     def _build(self) -> None:
         import torch
 
-        from train.step.engine import build_engine, cosine_schedule
+        from train.step.engine import Optimization, build_engine
         from train.step.runtime import make_accelerator, pin_memory
 
-        self.accelerator = make_accelerator(self.settings.report_to, self.out_dir / "tensorboard")
-        torch.manual_seed(self.settings.seed)
-        schedule = cosine_schedule(self.settings.schedule_steps or self.total_steps())
-        self.engine = build_engine(
-            self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, self.settings.learning_rate, schedule
-        )
+        s = self.settings
+        self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
+        torch.manual_seed(s.seed)
+        optimization = Optimization(s.learning_rate, s.hyperparameters, s.schedule_steps or self.total_steps())
+        self.engine = build_engine(self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, optimization)
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
         from train.step.hardware import detect_hardware

@@ -12,6 +12,7 @@ from typing import Any
 from train.planning.deadline import Deadline
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
+from train.step.hyperparameters import OptimizerSettings
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 
@@ -33,6 +34,8 @@ class LoopSettings:
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
+    # The schedule's and the optimizer's hyper-parameters (--lr-scheduler-type, --weight-decay, …).
+    hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
 
 
 @dataclass
@@ -135,5 +138,3 @@ class LoopHooks:
     on_update: Callable[[Position, list[str]], None] | None = None
     step_hook: Callable[[int], None] | None = None
     tracker_record: dict[str, Any] | None = None
-
-

@@ -14,6 +14,7 @@ from calibration.accuracy import check_estimate
 from calibration.schema import variant_history
 from calibration.store import is_bundled, update_calibration
 from common.atomic import write_json_atomic
+from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
 from train.planning.planner import Plan
 from train.planning.prices import run_cost
@@ -216,13 +217,16 @@ class RunRecord:
         """What happened, in run.json; the measured speed back into the calibration; the report
         (`write_report(run folder)`, None: --no-report), whose time the deadline also covers."""
         record, loop = self.data, trained.loop
-        record.update(final=trained.final, model=trained.model, training=trained.training, status=loop.status)
+        # Paths inside the run folder are kept relative to it, so the folder can move (common.run_paths).
+        final = stored_paths(trained.final, self.out_dir, FINAL_PATH_KEYS)
+        record.update(final=final, model=trained.model, training=trained.training, status=loop.status)
         record["plan"]["lora"] = trained.training["lora"]
         record.update(losses=loop.losses, timeline=loop.timeline, evals=loop.evals, events=self.earlier_events + loop.events)
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.
         record["actual"] = actual_section(loop, elapsed - record["elapsed_before_plan"], plan.price_per_hour, plan.chosen.world_size)
+        record["actual"]["last_checkpoint"] = stored_path(loop.last_checkpoint, self.out_dir)
         record["actual"]["command_seconds"] = elapsed
         planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
         record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds

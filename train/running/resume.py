@@ -5,6 +5,7 @@ options."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,43 @@ def check_same_run(previous: dict[str, Any], spec: Any, method: Any, max_length:
     if problems and not force:
         raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
     return problems
+
+
+# What a resume compares of the hyper-parameters: the schedule the run's steps follow and what the
+# optimizer is given (the warm-up as the steps it has, however it was asked for).
+COMPARED_HYPERPARAMETERS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+
+def resumed_hyperparameters(previous: dict[str, Any], named: dict[str, Any], force: bool) -> dict[str, Any]:
+    """The hyper-parameters a resume trains with, by their TrainConfig names: the run's (run.json's
+    `hyperparameters`; a run from before that section trained with the defaults). One this command
+    `named` differently is refused (one line) unless --force, which then trains with this
+    command's (said in a warning). `named` may hold the command's `learning_rate` (an option with a
+    default, so always named): it must be the run's --learning-rate (its plan's base rate)."""
+    from dataclasses import asdict
+
+    from common.console import say
+    from train.step.hyperparameters import option_name, settings_from, settings_of_run
+
+    theirs = settings_of_run(previous.get("hyperparameters"))
+    asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
+    values = {**asdict(theirs), **asked}
+    total = run_total_steps(previous)
+    before, now = theirs.record(0.0, "", total), settings_from(values).record(0.0, "", total)
+    run = f"--resume: run {previous['run_id']}"
+    problems = [
+        (f"{run} trained with {option_name(key)} {before[key]}, this command asks for {now[key]}", "drop it (a resume keeps the run's)")
+        for key in COMPARED_HYPERPARAMETERS
+        if before[key] != now[key]
+    ]
+    rate, earlier_rate = named.get("learning_rate"), previous["plan"].get("base_learning_rate")
+    if rate is not None and earlier_rate is not None and not math.isclose(rate, earlier_rate, rel_tol=1e-9):
+        problems.insert(0, (f"{run} trained with --learning-rate {earlier_rate:g}, this command asks for {rate:g}", "repeat the run's --learning-rate"))
+    if problems and not force:
+        raise BenchtrainError(f"{problems[0][0]}: {problems[0][1]}, or pass --force to continue with this command's")
+    for problem, _ in problems:
+        say(f"warning: {problem} (--force: continuing with this command's)")
+    return values if problems else asdict(theirs)
 
 
 def same_method(earlier: Any, method: Any) -> bool:

@@ -9,27 +9,35 @@ Order matters: the model (with its method: full or LoRA) → gradient checkpoint
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
+from train.step.hyperparameters import DEFAULT_WARMUP_RATIO, OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
+from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
 
-# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero.
-WARMUP_FRACTION = 0.05
+# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero: the
+# default schedule (train.step.hyperparameters.OptimizerSettings chooses another).
+WARMUP_FRACTION = DEFAULT_WARMUP_RATIO
 
 
 def cosine_schedule(total_steps: int) -> Any:
-    """`make_scheduler` for `build_engine`: the run's learning-rate schedule over its `total_steps`
-    optimizer steps (the same on every process)."""
+    """`make_scheduler` for the default schedule: the run's learning-rate schedule over its
+    `total_steps` optimizer steps (the same on every process)."""
+    return OptimizerSettings().scheduler(total_steps)
 
-    def make(optimizer: Any) -> Any:
-        from transformers import get_cosine_schedule_with_warmup
 
-        return get_cosine_schedule_with_warmup(optimizer, max(1, int(WARMUP_FRACTION * total_steps)), max(1, total_steps))
+@dataclass(frozen=True)
+class Optimization:
+    """What the optimizer and its schedule are given: the peak learning rate, the hyper-parameters
+    (schedule, warm-up, weight decay, clipping, betas, epsilon), and the schedule's horizon in
+    optimizer steps (None: a constant rate, as bench probes use)."""
 
-    return make
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    settings: OptimizerSettings = field(default_factory=OptimizerSettings)
+    total_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,15 +105,14 @@ def build_engine(
     accelerator: Any,
     options: StepOptions,
     checkpointing: bool = False,
-    learning_rate: float | None = None,
-    make_scheduler: Any = None,
+    optimization: Optimization | None = None,
 ) -> Engine:
-    """Everything THE step needs. `make_scheduler(optimizer)` builds the LR schedule (constant
-    when None, as bench probes use)."""
+    """Everything THE step needs. `optimization`: the learning rate, the hyper-parameters and the
+    schedule's horizon (None: the defaults at a constant rate, as bench probes use)."""
     import torch
 
     from common.errors import BenchtrainError
-    from train.step.runtime import DEFAULT_LEARNING_RATE, make_optimizer
+    from train.step.runtime import make_optimizer
     from train.step.step import TrainingStep
     from train.workload.method import set_gradient_checkpointing
     from train.workload.model import build_model
@@ -125,8 +132,13 @@ def build_engine(
     _, sharding = process_layout(options, method, accelerator.num_processes)
     if sharding == "fsdp":
         shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
-    optimizer = make_optimizer(model, learning_rate or DEFAULT_LEARNING_RATE, method.optimizer if method is not None else "adamw")
-    scheduler = make_scheduler(optimizer) if make_scheduler else torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    optimization = optimization or Optimization()
+    settings = optimization.settings
+    optimizer = make_optimizer(model, optimization.learning_rate, method.optimizer if method is not None else "adamw", settings)
+    if optimization.total_steps is None:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    else:
+        scheduler = settings.scheduler(optimization.total_steps)(optimizer)
     # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps the schedule
     # once per process at every optimizer step (split_batches=False: a schedule counted in
     # per-process batches), while ours counts the run's optimizer steps, so under N processes it
@@ -137,5 +149,5 @@ def build_engine(
         optimizer = accelerator.prepare(optimizer)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-    step = TrainingStep(accelerator, model, optimizer, scheduler)
+    step = TrainingStep(accelerator, model, optimizer, scheduler, settings.max_grad_norm)
     return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)

@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from train.step.hyperparameters import DEFAULT_MAX_GRAD_NORM
 from train.workload.batching import count_targets, to_device
-
-DEFAULT_MAX_GRAD_NORM = 1.0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ class MethodConfig:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of attention and MLP
     quantize: str = "none"  # none | 8bit | 4bit: the frozen base as bitsandbytes holds it (train.workload.quantize)
-    optimizer: str = "adamw"  # adamw | adamw-8bit | paged-adamw-8bit (train.workload.optimizers)
+    optimizer: str = "adamw"  # adamw | adamw-8bit | paged-adamw-8bit | adamw-fused | sgd (train.workload.optimizers)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

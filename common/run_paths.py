@@ -1,0 +1,51 @@
+"""Paths a run records about its own folder: stored relative to the run folder, so the folder can be
+moved, copied or shared and still be resumed, reported and loaded (issue 34).
+
+run.json keeps `final/`, `final-merged/`, `final-base/` and the last checkpoint as
+`final`, `checkpoints/step-0000005`; paths outside the run folder (the data, the calibration, a
+`--model DIR`, the tokenized-data cache) are inputs and stay as given. Records written before
+this kept absolute paths: a reader resolves those too, and where the folder has moved since, finds
+the same place in the folder where the run is now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The keys of run.json's `final` section that name folders (train.export.export_final).
+FINAL_PATH_KEYS = ("path", "merged_path", "base_path")
+
+
+def stored_path(path: str | Path | None, run_dir: Path) -> str | None:
+    """`path` as run.json keeps it: relative to `run_dir` (POSIX separators) when it lies inside the
+    run folder, else unchanged."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def run_path(recorded: str | Path, run_dir: Path) -> Path:
+    """A path run.json recorded, where it is now: a relative one inside `run_dir`; an absolute one
+    as written while it exists; an absolute one that no longer exists (a record from before issue 34
+    whose run folder moved) as the same place in `run_dir` when that exists (`…/final`,
+    `…/checkpoints/step-0000005`)."""
+    path = Path(recorded).expanduser()
+    if not path.is_absolute():
+        return Path(run_dir) / path
+    if path.exists():
+        return path
+    for depth in (1, 2):
+        candidate = Path(run_dir).joinpath(*path.parts[-depth:])
+        if len(path.parts) > depth and candidate.exists():
+            return candidate
+    return path
+
+
+def stored_paths(section: dict[str, Any] | None, run_dir: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """`section` with the paths under `keys` stored relative to the run folder (a copy)."""
+    if section is None:
+        return None
+    return {key: stored_path(value, run_dir) if key in keys and isinstance(value, str) else value for key, value in section.items()}

@@ -1,0 +1,146 @@
+"""The hyper-parameters people set, under the names HF Trainer and TRL users know: the learning-rate
+schedule and its warm-up, weight decay, gradient clipping and Adam's betas and epsilon.
+
+One frozen `OptimizerSettings`, validated where it is built (each bad value one line), carried
+whole from the command's configuration (train.recipes.config.TrainConfig) to the engine's build
+(train.step.engine.Optimization), recorded in run.json's `hyperparameters` section under the HF
+keys (`record`), and kept by a resume (train.running.resume.resumed_hyperparameters).
+
+The schedules are transformers' own (`get_scheduler`'s): after a linear warm-up from 0,
+- cosine: half a cosine from the peak rate to 0 at the last step (the default, as before);
+- linear: a straight line from the peak rate to 0 at the last step;
+- constant_with_warmup: the peak rate to the end;
+- constant: the peak rate from the first step (no warm-up, as in transformers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import BenchtrainError
+from train.workload.optimizers import BETAS, EPSILON
+
+SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
+DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps (before: WARMUP_FRACTION, fixed)
+DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.step.runtime.make_optimizer)
+DEFAULT_MAX_GRAD_NORM = 1.0  # 0: no clipping
+DEFAULT_BETAS = BETAS
+DEFAULT_EPSILON = EPSILON  # torch's AdamW default
+# The keys of run.json's `hyperparameters`, as HF TrainingArguments names them.
+HF_KEYS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim",
+)
+# benchtrain's --optimizer as HF's `optim` names it (adamw: torch's fused AdamW where the device has it).
+HF_OPTIM = {
+    "adamw": "adamw_torch_fused",
+    "adamw-fused": "adamw_torch_fused",
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "sgd": "sgd",
+}
+# The fields of OptimizerSettings, which are also their options' names (--warmup-ratio: warmup_ratio).
+SETTING_NAMES = ("lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+
+def option_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The schedule's and the optimizer's hyper-parameters (the learning rate and the optimizer
+    itself are the plan's and the method's: train.recipes.planned_run, train.workload.method)."""
+
+    lr_scheduler_type: str = "cosine"
+    warmup_ratio: float = DEFAULT_WARMUP_RATIO
+    warmup_steps: int | None = None  # overrides warmup_ratio when given
+    weight_decay: float = DEFAULT_WEIGHT_DECAY
+    max_grad_norm: float = DEFAULT_MAX_GRAD_NORM
+    adam_beta1: float = DEFAULT_BETAS[0]
+    adam_beta2: float = DEFAULT_BETAS[1]
+    adam_epsilon: float = DEFAULT_EPSILON
+
+    def __post_init__(self) -> None:
+        if self.lr_scheduler_type not in SCHEDULER_CHOICES:
+            raise BenchtrainError(f"--lr-scheduler-type must be one of {', '.join(SCHEDULER_CHOICES)}, got {self.lr_scheduler_type!r}")
+        if not (math.isfinite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
+            raise BenchtrainError(f"--warmup-ratio must be a fraction in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise BenchtrainError(f"--warmup-steps must be 0 or more, got {self.warmup_steps}")
+        for name in ("weight_decay", "max_grad_norm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise BenchtrainError(f"{option_name(name)} must be 0 or more, got {value}")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value < 1):
+                raise BenchtrainError(f"{option_name(name)} must be in [0, 1), got {value}")
+        if not (math.isfinite(self.adam_epsilon) and self.adam_epsilon > 0):
+            raise BenchtrainError(f"--adam-epsilon must be positive, got {self.adam_epsilon}")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return (self.adam_beta1, self.adam_beta2)
+
+    def warmup_for(self, total_steps: int) -> int:
+        """The warm-up's optimizer steps in a run of `total_steps`: --warmup-steps where given, else
+        the ratio's share (at least one step for a ratio above 0, as before); none for `constant`."""
+        if self.lr_scheduler_type == "constant":
+            return 0
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(1, int(self.warmup_ratio * total_steps)) if self.warmup_ratio > 0 else 0
+
+    def scheduler(self, total_steps: int) -> Any:
+        """`make_scheduler(optimizer)`: this schedule over the run's `total_steps` optimizer steps
+        (the same on every process; a resume keeps the run's first horizon)."""
+        kind, warmup, total = self.lr_scheduler_type, self.warmup_for(total_steps), max(1, total_steps)
+
+        def make(optimizer: Any) -> Any:
+            from transformers import get_scheduler
+
+            if kind == "constant":
+                return get_scheduler(kind, optimizer)
+            if kind == "constant_with_warmup":
+                return get_scheduler(kind, optimizer, num_warmup_steps=warmup)
+            return get_scheduler(kind, optimizer, num_warmup_steps=warmup, num_training_steps=total)
+
+        return make
+
+    def record(self, learning_rate: float, optimizer: str, total_steps: int) -> dict[str, Any]:
+        """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
+        schedule has over its `total_steps`, `optim` HF's name of the optimizer."""
+        return {
+            "learning_rate": learning_rate,
+            "lr_scheduler_type": self.lr_scheduler_type,
+            "warmup_ratio": self.warmup_ratio,
+            "warmup_steps": self.warmup_for(total_steps),
+            "weight_decay": self.weight_decay,
+            "max_grad_norm": self.max_grad_norm,
+            "adam_beta1": self.adam_beta1,
+            "adam_beta2": self.adam_beta2,
+            "adam_epsilon": self.adam_epsilon,
+            "optim": HF_OPTIM.get(optimizer, optimizer),
+        }
+
+
+def settings_from(values: dict[str, Any]) -> OptimizerSettings:
+    """OptimizerSettings from named values (None or absent: the default)."""
+    return OptimizerSettings(**{name: values[name] for name in SETTING_NAMES if values.get(name) is not None})
+
+
+def settings_of_run(hyperparameters: dict[str, Any] | None) -> OptimizerSettings:
+    """The settings a run.json's `hyperparameters` section records (its warm-up as the steps it
+    had); a run from before the section trained with the defaults."""
+    return settings_from(hyperparameters or {})
