@@ -28,7 +28,7 @@ from train.recipes.plan_setup import FittedSetup, PlanContext, hub_weights, load
 from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
 from train.running.record import RunRecord, TrainedRun
-from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_step_limit
+from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_hyperparameters, resumed_step_limit
 
 
 def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
@@ -68,6 +68,7 @@ class TrainRecipe:
         if self.previous:
             # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
             self.config = replace(self.config, max_steps=resumed_step_limit(self.previous, self.config.max_steps, self.completed))
+            self.config = replace(self.config, **resumed_hyperparameters(self.previous, self.config.named_hyperparameters(), self.config.force))
         self._fit_setups()
         # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
         self.spec = hub_weights(self.spec, self.config.dry_run)
@@ -273,6 +274,8 @@ class TrainRecipe:
         plan["lora"] = run.method.settings()
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         plan["total_steps"] = run_total_steps(record.data)
+        # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
+        record.data["hyperparameters"] = self.config.hyperparameters.record(plan["learning_rate"], run.method.optimizer, plan["total_steps"])
         return record
 
     def _data_section(self) -> dict[str, Any]:
@@ -316,6 +319,7 @@ class TrainRecipe:
             schedule_steps=record.plan["total_steps"],
             resume=config.resume,
             report_to=config.trackers,
+            hyperparameters=config.hyperparameters,
         )
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
