@@ -18,6 +18,7 @@ EXIT_USAGE = 2
 EXIT_DEADLINE = 3
 EXIT_NO_FIT = 4
 EXIT_DISK = 5
+EXIT_PUSH_FAILED = 6  # trained; the push to the hub failed (final/ intact, the retry command said)
 EXIT_INTERRUPTED = 130
 
 

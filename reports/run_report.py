@@ -58,10 +58,20 @@ def verdict_of(record: dict[str, Any], check: Any) -> str:
     if check is None:
         return verdict("This run has a plan but has not finished training.", False)
     met = bool(record.get("met_deadline"))
-    return verdict(
-        [*describe_check(check), f"deadline {format_duration(record['deadline_seconds'])} {'met' if met else 'missed'}; status {check.status}"],
-        met and check.error_pct is not None and abs(check.error_pct) <= 15,
-    )
+    lines = [*describe_check(check), f"deadline {format_duration(record['deadline_seconds'])} {'met' if met else 'missed'}; status {check.status}"]
+    return verdict([*lines, *push_lines(record)], met and check.error_pct is not None and abs(check.error_pct) <= 15)
+
+
+def push_lines(record: dict[str, Any]) -> list[str]:
+    """--push-to-hub: where the model went, how much and how long against the plan, or the retry."""
+    push, overheads = record.get("push"), (record.get("estimate") or {}).get("overheads") or {}
+    if not push:
+        return []
+    if push.get("status") != "pushed":
+        return [f"the push to {push['repo_id']} failed ({push.get('error')}); final/ is intact: from the run folder, {push['retry']}"]
+    planned = overheads.get("upload_seconds")
+    against = f" (planned {format_duration(planned)})" if planned else ""
+    return [f"pushed to {push['url']}: {push['bytes'] / 1e6:,.1f} MB in {format_duration(push['seconds'])}{against}"]
 
 
 def estimate_against_actual(record: dict[str, Any], check: Any) -> str:

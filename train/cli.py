@@ -29,6 +29,8 @@ EXAMPLES = """examples:
   train --data chats.jsonl --model mistral-nemo-12b --lora --deadline 6h --dry-run --device-memory 24GiB   # which base fits a 24 GiB card?
   train --data chats.jsonl --eval-split 0.05 --eval-every 500steps --report-to tensorboard --deadline 3h
   train --data train.jsonl --deadline 1h --compile on --loss chunked     # what the calibration measured (auto: on for CUDA)
+  train --data chats.jsonl --model llama-3.1-8b --lora --deadline 3h --push-to-hub my-org/llama-chat --hub-private   # model card from run.json
+  train --out runs/my-run --push-to-hub my-org/llama-chat --push-only   # push a finished run again (the retry a failed push prints)
   accelerate launch --num_processes 4 -m train --data train.jsonl --deadline 1h --lr-scaling sqrt --base-batch 16
   train --data train.jsonl --deadline 1h --learning-rate 2e-5 --lr-scheduler-type linear --warmup-steps 100 --weight-decay 0.01
   train --data train.jsonl --deadline 1h --lr-scheduler-type constant_with_warmup --warmup-ratio 0.1 --max-grad-norm 0 --adam-beta2 0.999
@@ -40,6 +42,7 @@ exit codes:
   2  bad input: one line says what and how to fix it
   3  the plan (or a resumed run's steps left) does not fit the deadline (with --dry-run too); the line lists options, or use --fit-deadline
   5  no room on the disk for the run, or a checkpoint save failed (the previous one is intact)
+  6  trained, but --push-to-hub failed: final/ is intact and the line says the command that retries the push
   130 interrupted (SIGINT/SIGTERM): the step in flight finishes, a checkpoint is saved and the resume command printed
 """
 
@@ -129,6 +132,7 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
         help="experiment trackers, a comma list (default: none); W&B offline with WANDB_MODE=offline",
     )
     p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
+    add_hub_push(p)
     p.add_argument(
         "--gradient-checkpointing",
         default="auto",
@@ -199,6 +203,19 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def add_hub_push(p: argparse.ArgumentParser) -> None:
+    """--push-to-hub and its options: checked before any work, pushed after training."""
+    p.add_argument(
+        "--push-to-hub",
+        metavar="ORG/NAME",
+        help="after training, upload final/ (final-merged/ with --merge-lora) and a model card to this hub repository; "
+        "the token and the hub are checked before any work, and the upload is part of the plan",
+    )
+    p.add_argument("--hub-private", action="store_true", help="with --push-to-hub: create the repository private")
+    p.add_argument("--hub-revision", metavar="BRANCH", help="with --push-to-hub: push to this branch (created if missing)")
+    p.add_argument("--push-only", action="store_true", help="with --push-to-hub and --out RUN: push that finished run's model again (no training)")
+
+
 def add_hyperparameters(p: argparse.ArgumentParser) -> None:
     """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them
     (train.step.hyperparameters). Not named: the default, or with --resume the run's own."""
@@ -224,11 +241,24 @@ def add_hyperparameters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adam-epsilon", type=float, metavar="EPS", help=f"AdamW's epsilon (default: {DEFAULT_EPSILON:g})")
 
 
+def push_parser() -> argparse.ArgumentParser:
+    """`train --out RUN --push-to-hub ORG/NAME --push-only`: the options a push of a finished run takes."""
+    p = OneLineParser(prog="train --push-only", description="Push a finished run's final/ and its model card to the hub.")
+    p.add_argument("--out", required=True, metavar="DIR", help="the run folder")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_hub_push(p)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from common.durations import join_negative_values
 
     argv = sys.argv[1:] if argv is None else argv
+    if "--push-only" in argv:  # a finished run's model to the hub: no data, deadline or plan
+        from train.recipes.hub_push import push_existing_run
+
+        return push_existing_run(push_parser().parse_args(argv))
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
     from train.recipes.config import is_comparison

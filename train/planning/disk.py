@@ -42,6 +42,16 @@ def export_bytes(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, d
     return trainable * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
 
 
+def upload_bytes(need: MemoryNeed, lora: bool, merge: bool, device_type: str) -> int:
+    """Bytes --push-to-hub uploads: final/ (the fp32 model, or the adapters), or with --merge-lora
+    the merged model (final-merged/, in the frozen base's precision)."""
+    if not lora:
+        return need.total_parameters * FP32_BYTES
+    if merge:
+        return need.total_parameters * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+    return need.trainable_parameters * FP32_BYTES
+
+
 def disk_need(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str, keep: int, existing: int = 0) -> DiskNeed:
     """Bytes the run will write into its folder (checkpoints already there count as written)."""
     checkpoint = need.trainable_parameters * FP32_BYTES + need.optimizer_bytes

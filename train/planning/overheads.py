@@ -30,6 +30,7 @@ class Overheads:
     compile_shapes: int = 0
     export_bytes: int = 0  # 0: not known (one checkpoint save is counted)
     data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache), at the sample's measured rate
+    upload_seconds: float = 0.0  # --push-to-hub: the upload's bytes at the measured (or stated default) bandwidth
 
     @property
     def evaluation_seconds(self) -> float:
@@ -46,13 +47,14 @@ class Overheads:
             + self.export_seconds
             + self.evaluation_seconds
             + self.report_seconds
+            + self.upload_seconds
         )
 
     @property
     def after_training_seconds(self) -> float:
         """What must still fit after the last step: the final checkpoint, the export, the final
         evaluation and the report. The deadline guard keeps it in reserve."""
-        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds
+        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds + self.upload_seconds
 
     @property
     def during_training_seconds(self) -> float:
@@ -75,6 +77,8 @@ class Overheads:
         ]
         if self.eval_count:
             parts.append(f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}")
+        if self.upload_seconds:
+            parts.append(f"hub push {format_duration(self.upload_seconds)}")
         parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
         return [f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)]
 
@@ -107,6 +111,7 @@ class PlannedWork:
     compile_shapes: int = 0
     export_bytes: int = 0  # final/ (and final-base/, final-merged/); 0: not known (one checkpoint save is counted)
     data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache)
+    upload_seconds: float = 0.0  # --push-to-hub, predicted (train.recipes.hub_push.upload_rate)
 
 
 def plan_overheads(
@@ -129,4 +134,5 @@ def plan_overheads(
         compile_shapes=work.compile_shapes,
         export_bytes=work.export_bytes,
         data_prep_seconds=work.data_prep_seconds,
+        upload_seconds=work.upload_seconds,
     )

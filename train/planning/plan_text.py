@@ -149,6 +149,14 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
         lines.append(f"  model: {run_path(final['path'], out_dir)}{partial}")
         if final.get("merged_path"):
             lines.append(f"  merged model: {run_path(final['merged_path'], out_dir)}")
+    push = record.get("push")
+    if push:
+        pushed = push.get("status") == "pushed"
+        lines.append(
+            f"  hub: {push['url']}: {push['bytes'] / 1e6:,.1f} MB in {format_duration(push['seconds'])}"
+            if pushed
+            else f"  hub: the push to {push['repo_id']} failed; retry with: {push['retry'].replace('--out .', f'--out {out_dir}', 1)}"
+        )
     if report_path:
         lines.append(f"  report: {report_path}")
     if actual["status"] in ("interrupted", "stopped_for_deadline"):

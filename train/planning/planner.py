@@ -65,6 +65,8 @@ class PlanRequest:
     memory_offset_bytes: float = 0.0
     # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
     export_bytes: int = 0
+    # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
+    upload_seconds: float = 0.0
     # A step time predicted for another world size than the calibration measured (train.recipes.compare):
     # the upper bound (and what the deadline is checked against) widens by the largest error such
     # predictions showed (docs/benchmarks.md, "Multi-process").
@@ -286,7 +288,7 @@ def candidate_overheads(
     if request.compiled:
         probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
-    work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds)
+    work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds, request.upload_seconds)
     overheads = plan_overheads(calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, work)
     return overheads, eval_pass
 

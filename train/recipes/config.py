@@ -11,7 +11,7 @@ import argparse
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
@@ -24,6 +24,9 @@ from train.step.evaluation import EvalSchedule, parse_eval_every
 from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, settings_from
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
+
+if TYPE_CHECKING:
+    from train.recipes.hub_push import PushTarget
 
 
 def parse_max_length(value: Any) -> int | str:
@@ -91,6 +94,10 @@ class TrainConfig:
     eval_every: str | None = None
     report_to: str = "none"
     merge_lora: bool = False
+    push_to_hub: str | None = None  # ORG/NAME: final/ and a model card uploaded after training (train.recipes.hub_push)
+    hub_private: bool = False
+    hub_revision: str | None = None  # a branch of the hub repository (created if missing)
+    push_only: bool = False  # push an existing run's final/ (the retry a failed push prints)
     gradient_checkpointing: str = "auto"
     method: MethodConfig = field(default_factory=MethodConfig)
     quantize: str = "auto"  # as asked: auto = the calibration's setups (train.recipes.variant_choice)
@@ -146,6 +153,7 @@ class TrainConfig:
             raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
         if self.eval_split is not None and not 0 < self.eval_split < 1:
             raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {self.eval_split}")
+        self._check_push()
         if self.json and not self.dry_run:
             raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
         if self.comparing and not self.dry_run:
@@ -164,6 +172,23 @@ class TrainConfig:
     @property
     def comparing(self) -> bool:
         return is_comparison(self.use_calibration)
+
+    def _check_push(self) -> None:
+        if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
+            raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
+        if self.push_to_hub:
+            from train.recipes.hub_push import valid_repo_id
+
+            valid_repo_id(self.push_to_hub)
+        if self.push_only and not self.out:
+            raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
+
+    @property
+    def push_target(self) -> PushTarget | None:
+        """Where --push-to-hub sends the model (not checked against the hub yet: hub_push.check_push)."""
+        from train.recipes.hub_push import PushTarget
+
+        return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:

@@ -188,6 +188,17 @@ def hub_weights(spec: Any, dry_run: bool) -> Any:
         return spec
 
 
+def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_type: str) -> float:
+    """--push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default."""
+    if not config.push_to_hub:
+        return 0.0
+    from train.planning.disk import upload_bytes
+    from train.recipes.hub_push import upload_rate
+
+    rate, _ = upload_rate()
+    return upload_bytes(need, method.is_lora, bool(config.merge_lora and method.is_lora), device_type) / rate
+
+
 def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
     """What the planner is asked for this command, calibration and placement."""
     from train.planning.planner import PlanRequest
@@ -226,6 +237,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         comm_seconds_per_micro_step=placement.comm_seconds[1],
         memory_offset_bytes=memory_offset,
         export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
+        upload_seconds=planned_upload_seconds(config, need, method, device_type),
         prediction_error=placement.prediction_error,
     )
 

@@ -18,17 +18,22 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.atomic import json_text
 from common.console import is_main_process, say
-from common.errors import EXIT_INTERRUPTED, EXIT_OK, BenchtrainError, DeadlineError, DoesNotFitError
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
 from train.recipes.config import TrainConfig
+from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
 from train.recipes.plan_setup import FittedSetup, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
 from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
 from train.running.record import RunRecord, TrainedRun
 from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_hyperparameters, resumed_step_limit
+
+if TYPE_CHECKING:
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
 
 
 def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
@@ -63,6 +68,9 @@ class TrainRecipe:
         """The model, the method and the run to resume; the calibration and each setup it measured
         that the run may train with, fitted to the device (a calibration that does not suit or a
         model too big: one line, before any data or model work); the hub weights; the data."""
+        # --push-to-hub: the name, the token and the hub, checked before any data or model work.
+        target = self.config.push_target
+        self.push = check_push(target) if target is not None else None
         self.spec, self.method, self.out_dir, self.previous = self._resume_target()
         self.completed = completed_steps(self.out_dir) if self.previous and self.out_dir else 0
         if self.previous:
@@ -78,7 +86,7 @@ class TrainRecipe:
             if problem:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
-    def _resume_target(self) -> tuple[Any, Any, Path | None, dict[str, Any] | None]:
+    def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, dict[str, Any] | None]:
         """The model spec, the method, the run folder and, with --resume, the run.json it continues
         (whose model and adapters it keeps; other options differing are warned of)."""
         import json
@@ -158,6 +166,8 @@ class TrainRecipe:
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
         run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.placement.device.hardware, activations))
+        if self.push is not None:
+            run.plan.notes.append(push_note(self.push, run))
         return run
 
     def _planned(self, setup: FittedSetup, context: PlanContext) -> PlannedRun:
@@ -356,10 +366,20 @@ class TrainRecipe:
 
             run, config, record = self.run, self.config, self.record
             write_report = None if config.no_report else self.write_report
-            report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report)
+            push = self._push if self.push is not None and self.trained.final else None
+            report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
             resume = resume_command(self.command_line, record.out_dir, run.placement.world_size)
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
-        return EXIT_INTERRUPTED if self.trained.loop.status == "interrupted" else EXIT_OK
+        if self.trained.loop.status == "interrupted":
+            return EXIT_INTERRUPTED
+        return EXIT_PUSH_FAILED if (self.record.data.get("push") or {}).get("status") == "failed" else EXIT_OK
+
+    def _push(self, record: dict[str, Any]) -> None:
+        """final/ and its model card to the hub (train.recipes.hub_push), recorded in run.json."""
+        assert self.push is not None
+        say(f"pushing {folder_to_push(self.record.out_dir, record).name}/ to {self.push.repo_id} …")
+        record["push"] = push_run(self.record.out_dir, record, self.push)
+        say(describe_push(record["push"], self.record.out_dir))
 
     def cleanup(self) -> None:
         """The run folder's lock released (whether the run finished or failed)."""

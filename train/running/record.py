@@ -213,9 +213,18 @@ class RunRecord:
         self.data["events"] = self.earlier_events + events
         self.write()
 
-    def finish(self, trained: TrainedRun, calibration: Any, plan: Plan, deadline: Deadline, write_report: Callable[[Path], Path] | None) -> Path | None:
+    def finish(
+        self,
+        trained: TrainedRun,
+        calibration: Any,
+        plan: Plan,
+        deadline: Deadline,
+        write_report: Callable[[Path], Path] | None,
+        before_report: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
-        (`write_report(run folder)`, None: --no-report), whose time the deadline also covers."""
+        (`write_report(run folder)`, None: --no-report), whose time the deadline also covers.
+        `before_report(record)`: work after the export that the report shows (the hub push)."""
         record, loop = self.data, trained.loop
         # Paths inside the run folder are kept relative to it, so the folder can move (common.run_paths).
         final = stored_paths(trained.final, self.out_dir, FINAL_PATH_KEYS)
@@ -228,16 +237,21 @@ class RunRecord:
         record["actual"] = actual_section(loop, elapsed - record["elapsed_before_plan"], plan.price_per_hour, plan.chosen.world_size)
         record["actual"]["last_checkpoint"] = stored_path(loop.last_checkpoint, self.out_dir)
         record["actual"]["command_seconds"] = elapsed
-        planned_report = plan.chosen.overheads.report_seconds if plan.chosen.overheads else 0.0
+        overheads = plan.chosen.overheads
+        planned_report = overheads.report_seconds + overheads.upload_seconds if overheads else 0.0
         record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
         check = check_estimate(record)
         record["estimate_check"] = check.to_json() if check else None
         record["estimate_error_pct"] = check.error_pct if check else None
         self.write()
         feed_back(calibration, record)
+        if before_report is not None:
+            before_report(record)
+            self.write()
+        report_started = deadline.elapsed()
         report_path = write_report(self.out_dir) if write_report else None
         finished = deadline.elapsed()
-        record["actual"]["report_seconds"] = finished - elapsed if report_path else None
+        record["actual"]["report_seconds"] = finished - report_started if report_path else None
         record["actual"]["command_seconds"] = finished
         record["met_deadline"] = finished <= plan.deadline_seconds
         self.write()

@@ -1,0 +1,195 @@
+"""`--push-to-hub ORG/NAME`: the run's model on the Hugging Face hub, with a model card.
+
+Checked up front (`check_push`, before any data or model work): the name is valid, the hub is not
+switched off (HF_HUB_OFFLINE), a token is present and the hub accepts it — a push refused after a
+12-hour run would be the worst moment to learn it. After training, `push_run` uploads final/ (or
+final-merged/ with --merge-lora), the tokenizer in it and a model card from run.json
+(train.recipes.model_card) through huggingface_hub, timed; a failure leaves final/ as it was and
+says the one command that retries it (`train --out RUN --push-to-hub ORG/NAME --push-only`).
+
+The plan prices the upload: its bytes (train.planning.disk.upload_bytes) at the bandwidth the last
+push from this machine measured ($BENCHTRAIN_HOME/hub_upload.json), else at a stated default.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from common.atomic import read_json_file, write_json_atomic, write_text_atomic
+from common.errors import BenchtrainError
+
+# No push measured from this machine yet: a conservative sustained upload rate (a cloud GPU host
+# usually does better; the first push measures it and later plans use the measurement).
+DEFAULT_UPLOAD_BYTES_PER_SECOND = 20e6
+RATE_FILE = "hub_upload.json"
+# Smaller uploads are dominated by the hub's round trips: they say little about the bandwidth.
+MIN_MEASURED_BYTES = 5e6
+TRUE_VALUES = {"1", "on", "yes", "true"}
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """Where a run's model goes on the hub (`user`: whom the token belongs to, once checked)."""
+
+    repo_id: str
+    private: bool = False
+    revision: str | None = None  # a branch, created if missing; None: main
+    user: str | None = None
+
+    @property
+    def url(self) -> str:
+        from huggingface_hub import constants
+
+        return f"{constants.ENDPOINT}/{self.repo_id}" + (f"/tree/{self.revision}" if self.revision else "")
+
+
+def valid_repo_id(repo_id: str) -> str:
+    """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise BenchtrainError(f"--push-to-hub {repo_id!r} is not a hub repository name (ORG/NAME): {str(error).splitlines()[0]}") from None
+    return repo_id
+
+
+def check_push(target: PushTarget) -> PushTarget:
+    """Refused now, in one line, rather than after training: the hub switched off, no token, a
+    token the hub rejects, or no way to reach it. Returns the target with the token's user."""
+    from huggingface_hub import HfApi, get_token
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_VALUES:
+        raise BenchtrainError("--push-to-hub: HF_HUB_OFFLINE is set, so nothing can be pushed: unset it, or drop --push-to-hub")
+    token = get_token()
+    if not token:
+        raise BenchtrainError("--push-to-hub: no Hugging Face token: run `hf auth login` or set HF_TOKEN, then train again")
+    try:
+        user = HfApi().whoami(token=token)
+    except Exception as error:  # httpx's connection errors and the hub's HTTP errors alike
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status == 401:
+            raise BenchtrainError("--push-to-hub: the hub rejects this token: run `hf auth login` with a token that can write") from None
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+        raise BenchtrainError(f"--push-to-hub: cannot reach the hub ({reason}): check the network, or drop --push-to-hub") from None
+    return PushTarget(target.repo_id, target.private, target.revision, str(user.get("name") or ""))
+
+
+def upload_rate() -> tuple[float, str]:
+    """Bytes per second an upload is planned at, and where that figure comes from."""
+    from common.home import benchtrain_home
+
+    try:
+        measured = read_json_file(benchtrain_home() / RATE_FILE)
+        rate = float(measured["bytes_per_second"])
+        if rate > 0:
+            return rate, f"measured by the push of {measured['bytes'] / 1e6:,.0f} MB on {measured['at'][:10]}"
+    except (BenchtrainError, OSError, KeyError, TypeError, ValueError):
+        pass
+    return DEFAULT_UPLOAD_BYTES_PER_SECOND, f"a default ({DEFAULT_UPLOAD_BYTES_PER_SECOND / 1e6:.0f} MB/s): no push measured from this machine yet"
+
+
+def remember_rate(size: int, seconds: float) -> None:
+    """A push large enough to measure the bandwidth: kept for the next plans."""
+    from common.home import benchtrain_home
+
+    if size < MIN_MEASURED_BYTES or seconds <= 0:
+        return
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    benchtrain_home().mkdir(parents=True, exist_ok=True)
+    write_json_atomic(benchtrain_home() / RATE_FILE, {"bytes_per_second": size / seconds, "bytes": size, "seconds": seconds, "at": at})
+
+
+def folder_to_push(run_dir: Path, record: dict[str, Any]) -> Path:
+    """final-merged/ when the run wrote one (--merge-lora), else final/."""
+    from train.export import FINAL, FINAL_MERGED
+
+    final = record.get("final") or {}
+    merged = run_dir / FINAL_MERGED
+    return merged if final.get("merged_path") and merged.is_dir() else run_dir / FINAL
+
+
+def retry_command(run_dir: Path, target: PushTarget) -> str:
+    options = ["--hub-private"] if target.private else []
+    options += ["--hub-revision", target.revision] if target.revision else []
+    return shlex.join(["train", "--out", str(run_dir), "--push-to-hub", target.repo_id, *options, "--push-only"])
+
+
+def push_run(run_dir: Path, record: dict[str, Any], target: PushTarget) -> dict[str, Any]:
+    """Upload the run's model folder with its model card; what run.json records of it. A failure
+    is recorded (and said by the caller) with the command that retries it; final/ stays intact."""
+    from huggingface_hub import HfApi
+
+    from train.recipes.model_card import model_card
+
+    folder = folder_to_push(run_dir, record)
+    files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and path.name != "README.md")
+    size = sum((folder / name).stat().st_size for name in files)
+    section: dict[str, Any] = {"repo_id": target.repo_id, "revision": target.revision, "private": target.private, "folder": folder.name}
+    # The retry from inside the run folder: run.json keeps nothing that a move of the folder breaks.
+    section.update(files=[*files, "README.md"], bytes=size, url=target.url, retry=retry_command(Path("."), target))
+    started = time.monotonic()
+    try:
+        write_text_atomic(folder / "README.md", model_card(record, target.repo_id))
+        api = HfApi()
+        api.create_repo(target.repo_id, private=target.private, exist_ok=True)
+        if target.revision:
+            api.create_branch(target.repo_id, branch=target.revision, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=target.repo_id, folder_path=folder, revision=target.revision, commit_message=f"benchtrain run {record.get('run_id')}"
+        )
+    except Exception as error:  # the network, the hub, the disk: said in one line, final/ kept
+        text = str(error).splitlines()[0] if str(error) else ""
+        return {**section, "status": "failed", "error": f"{type(error).__name__}: {text}", "seconds": time.monotonic() - started}
+    seconds = time.monotonic() - started
+    remember_rate(size, seconds)
+    return {**section, "status": "pushed", "seconds": seconds, "commit_url": str(getattr(commit, "commit_url", "") or "")}
+
+
+def push_note(target: PushTarget, run: Any) -> str:
+    """The plan's line on the push (`run`: train.recipes.planned_run.PlannedRun): what, where, how
+    long and at what bandwidth."""
+    from train.planning.disk import upload_bytes
+
+    method, merge = run.method, bool(run.config.merge_lora and run.method.is_lora)
+    size = upload_bytes(run.need, method.is_lora, merge, run.placement.device.hardware["device_type"])
+    rate, source = upload_rate()
+    details = [*([f"branch {target.revision}"] if target.revision else []), *(["private"] if target.private else [])]
+    where = target.repo_id + (f" ({', '.join(details)})" if details else "")
+    return f"--push-to-hub {where}: ≈{size / 1e6:,.0f} MB at {rate / 1e6:,.0f} MB/s, {source}"
+
+
+def describe_push(section: dict[str, Any], run_dir: Path) -> str:
+    """One line: pushed (where, how much, how long), or failed with the command that retries it
+    (for the run folder where it is now)."""
+    if section.get("status") == "pushed":
+        return f"pushed {section['bytes'] / 1e6:,.1f} MB to {section['url']} in {section['seconds']:.1f}s"
+    retry = section["retry"].replace("--out .", f"--out {shlex.quote(str(run_dir))}", 1)
+    return f"warning: the push to {section['repo_id']} failed ({section.get('error')}); final/ is intact: retry with `{retry}`"
+
+
+def push_existing_run(args: Any) -> int:
+    """`train --out RUN --push-to-hub ORG/NAME --push-only`: a finished run's model pushed (again)."""
+    from common.console import say
+    from common.errors import EXIT_OK, EXIT_PUSH_FAILED
+    from train.running.record import write_run
+
+    if not args.push_to_hub:
+        raise BenchtrainError("--push-only pushes a run to the hub: add --push-to-hub ORG/NAME")
+    run_dir = Path(args.out).expanduser()
+    record = read_json_file(run_dir / "run.json", missing=f"--push-only: {run_dir} has no run.json: name a run folder with --out")
+    target = PushTarget(valid_repo_id(args.push_to_hub), bool(args.hub_private), args.hub_revision)
+    if not folder_to_push(run_dir, record).is_dir():
+        raise BenchtrainError(f"--push-only: {run_dir} has no final/ to push: the run has not finished its export")
+    section = push_run(run_dir, record, check_push(target))
+    record["push"] = section
+    write_run(run_dir, record)
+    say(describe_push(section, run_dir))
+    return EXIT_OK if section["status"] == "pushed" else EXIT_PUSH_FAILED
