@@ -246,9 +246,9 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
 
     pretend_interrupted(out, 6)
     resume = [*common, "--deadline", "30m", "--max-steps", "3", "--resume"]
-    code, _, err = run_main("train", [*resume, "--dry-run"], capsys)
+    code, _, err = run_main("train", [*resume, "--dry-run", "--learning-rate", "3e-4"], capsys)
     assert_one_line_error(code, err, f"--resume: run {run_id} trained with --learning-rate 0.0002, this command asks for 0.0003: repeat the run's")
-    resume += ["--learning-rate", "2e-4"]
+    # Not given, the run's own rate (2e-4, not the default): the resume below trains with it.
     code, _, err = run_main("train", [*resume, "--dry-run", "--weight-decay", "0.1"], capsys)
     assert_one_line_error(code, err, f"--resume: run {run_id} trained with --weight-decay 0.01, this command asks for 0.1")
     assert "or pass --force" in err
@@ -258,7 +258,7 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
     assert code == 0, err
     assert "warning: --resume: run" in err and "--weight-decay 0.01" in err
 
-    # Not named: the run's own, kept in run.json; named the same: accepted.
+    # Not named: the run's own (the learning rate too), kept in run.json; named the same: accepted.
     code, _, err = run_main("train", [*resume, "--weight-decay", "0.01"], capsys)
     assert code == 0, err
     resumed = json.loads((out / "run.json").read_text())

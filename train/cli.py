@@ -184,7 +184,9 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
         "per device (words of its name, or a calibration id), or a file of such pairs",
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
-    p.add_argument("--learning-rate", type=float, default=3e-4, help="peak learning rate at --base-batch (default: 3e-4)")
+    p.add_argument(
+        "--learning-rate", type=float, metavar="LR", help="peak learning rate at --base-batch (default: 3e-4; with --resume: the run's)"
+    )
     p.add_argument(
         "--lr-scaling",
         choices=("none", "linear", "sqrt"),

@@ -71,6 +71,7 @@ class TrainConfig:
     price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
     json: bool = False
     learning_rate: float = 3e-4
+    learning_rate_named: bool = True  # False: --learning-rate not given (a resume then keeps the run's)
     # The schedule's and the optimizer's hyper-parameters as named (None: not named: the default, or
     # a resumed run's own); `hyperparameters` holds them validated (train.step.hyperparameters).
     lr_scheduler_type: str | None = None
@@ -164,10 +165,10 @@ class TrainConfig:
             raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
 
     def named_hyperparameters(self) -> dict[str, Any]:
-        """The hyper-parameters this command names (a resume keeps the run's others), and its
-        learning rate (which has a default: always named)."""
+        """The hyper-parameters this command names (a resume keeps the run's others), its learning
+        rate among them when --learning-rate was given."""
         named = {name: getattr(self, name) for name in SETTING_NAMES if getattr(self, name) is not None}
-        return {**named, "learning_rate": self.learning_rate}
+        return {**named, "learning_rate": self.learning_rate} if self.learning_rate_named else named
 
     @property
     def comparing(self) -> bool:
@@ -195,6 +196,9 @@ class TrainConfig:
         """`started_at`: when the command started (time.monotonic(); default: now)."""
         names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options", "data_schema")}
         values = {name: value for name, value in vars(args).items() if name in names}
+        if values.get("learning_rate", 0) is None:  # not given: the default, or with --resume the run's
+            values.pop("learning_rate")
+            values["learning_rate_named"] = False
         if started_at is not None:
             values["started_at"] = started_at
         return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
@@ -206,4 +210,5 @@ class TrainConfig:
         data.pop("prices")  # price_per_hour holds what was given
         data.pop("run_deadline")  # deadline_seconds and margin hold it
         data.pop("started_at")  # a reading of this machine's monotonic clock: nothing to keep
+        data.pop("learning_rate_named")  # learning_rate holds the rate trained with
         return data

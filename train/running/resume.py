@@ -85,8 +85,8 @@ def resumed_hyperparameters(previous: dict[str, Any], named: dict[str, Any], for
     """The hyper-parameters a resume trains with, by their TrainConfig names: the run's (run.json's
     `hyperparameters`; a run from before that section trained with the defaults). One this command
     `named` differently is refused (one line) unless --force, which then trains with this
-    command's (said in a warning). `named` may hold the command's `learning_rate` (an option with a
-    default, so always named): it must be the run's --learning-rate (its plan's base rate)."""
+    command's (said in a warning). `named` holds the command's `learning_rate` when --learning-rate
+    was given: it must be the run's (its plan's base rate); not given, the run's is kept."""
     from dataclasses import asdict
 
     from common.console import say
@@ -110,7 +110,9 @@ def resumed_hyperparameters(previous: dict[str, Any], named: dict[str, Any], for
         raise BenchtrainError(f"{problems[0][0]}: {problems[0][1]}, or pass --force to continue with this command's")
     for problem, _ in problems:
         say(f"warning: {problem} (--force: continuing with this command's)")
-    return values if problems else asdict(theirs)
+    kept = values if problems else asdict(theirs)
+    # --learning-rate not given: the run's own rate (its plan's base rate), not the default.
+    return {**kept, "learning_rate": float(earlier_rate)} if rate is None and earlier_rate is not None else kept
 
 
 def same_method(earlier: Any, method: Any) -> bool:
