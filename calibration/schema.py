@@ -175,9 +175,27 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
     if variants is not None:
         if not isinstance(variants, list) or not all(isinstance(entry, dict) for entry in variants):
             raise CalibrationFileError(f"calibration {path}: variants should be a list of objects")
-        for index in range(len(variants)):
-            validate(variant_data(data, index), f"{path} (variants[{index}])")
+        _check_variants(data, variants, path)
     return data
+
+
+# What each variant measured for itself: without them a variant would inherit the first setup's
+# probes and fit through `variant_data` and plan as a setup nobody measured.
+VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
+
+
+def _check_variants(data: dict[str, Any], variants: list[dict[str, Any]], path: Path | str) -> None:
+    from calibration.setup import variant_key
+
+    seen = {variant_key(data): "the first setup"}
+    for index, entry in enumerate(variants):
+        where = f"calibration {path}: variants[{index}]"
+        _check_fields(entry, VARIANT_OWN_FIELDS, where)
+        validate(variant_data(data, index), f"{path} (variants[{index}])")
+        key = variant_key(entry)
+        if key in seen:
+            raise CalibrationFileError(f"{where} measured the same setup as {seen[key]} (quantize {key[0]}, optimizer {key[1]})")
+        seen[key] = f"variants[{index}]"
 
 
 def variant_data(data: dict[str, Any], index: int | None) -> dict[str, Any]:

@@ -286,3 +286,28 @@ def test_the_calibration_report_shows_every_setup(two_setups: Path, tmp_path: Pa
     text = write_calibration_report(two_setups, tmp_path / "report").read_text()
     assert "First setup: an unquantized base" in text and "Variant 1: a 4-bit base" in text
     assert text.count("The fit in words") == 2 and (tmp_path / "report" / "variant-1" / "throughput_heatmap.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({}, "variants[0]: missing field 'measurements'"),
+        ({"training": {"method": "lora", "quantization": "4bit"}}, "variants[0]: missing field 'measurements'"),
+        ({"measurements": [], "training": "4bit"}, "variants[0]: field 'training' should be dict"),
+        ("same", "variants[0] measured the same setup as the first setup (quantize none, optimizer adamw)"),
+    ],
+)
+def test_a_malformed_variant_is_refused_in_one_line_and_the_file_kept(
+    two_setups: Path, capsys: pytest.CaptureFixture[str], entry: Any, message: str
+) -> None:
+    """A variant entry that measured nothing of its own (it would inherit the first setup's probes
+    and plan as a setup nobody measured) or that repeats a setup: one line, exit 2, file untouched."""
+    record = json.loads(two_setups.read_text())
+    if entry == "same":
+        entry = {**record["variants"][0], "training": {**record["variants"][0]["training"], "quantization": None}}
+    record["variants"] = [entry]
+    two_setups.write_text(json.dumps(record))
+    before = two_setups.read_bytes()
+    code, _, err = dry_run(two_setups, capsys)
+    assert_one_line_error(code, err, message)
+    assert two_setups.read_bytes() == before
