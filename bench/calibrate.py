@@ -171,7 +171,7 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
         compute_bytes=compute_bytes(hardware["device_type"]),
     )
     limit = float(hardware["memory_bytes"]) if hardware["device_type"] == "cuda" else None
-    return ProbePlanner(task.space, cost, memory, limit), prices
+    return ProbePlanner(task.space, cost, memory, limit, host_cores=hardware.get("cpu_cores")), prices
 
 
 def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:

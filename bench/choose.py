@@ -11,6 +11,9 @@ cannot pay for or the device's memory cannot hold.
   to 2× (a plan runs there; the fixed cost of tiny batches matters less to it).
 - **A minimum viable fit first**: until MIN_ROWS_FOR_FIT probes succeeded and every checkpointing
   mode asked for has one, each probe must leave enough budget for the rest of that minimum.
+- **Few cores, no workers first**: on a host with at most FEW_CORES cores, the probes before a
+  minimum viable fit start no DataLoader workers: a worker process competes with the step for a
+  core, and a price measured that way on a busy host would decide every probe after it.
 - **Step by step**: a probe holds at most GROWTH× the tokens per micro-step of the largest that
   ran, so an OOM is met at the smallest size that causes it and rules out the rest.
 - **Memory**: a configuration whose predicted peak (bench.cost.MemoryPrior, refitted as probes
@@ -38,6 +41,12 @@ MEMORY_HEADROOM = 0.05
 # micro-batch that ran (memory and prices are extrapolated no further than that).
 GROWTH = 4
 RIDGE = 1e-3
+# A host with this many cores or fewer runs the minimum viable fit without DataLoader workers.
+FEW_CORES = 2
+# Bench gives up on a minimum viable fit only when what is left cannot pay for the probes it still
+# needs at the cheapest price measured, times this: prices measured on a disturbed machine (or once)
+# are not trusted to rule everything out while a few cheap probes would settle it.
+GIVE_UP_MARGIN = 1.0
 
 
 def shape_of(config: StepConfig) -> tuple[int, int, int]:
@@ -56,6 +65,7 @@ class ProbePlanner:
     seen_shapes: set[tuple[int, int, int]] = field(default_factory=set)
     # Checkpointing modes the minimum no longer waits for: the budget could not reach them.
     dropped_modes: set[int] = field(default_factory=set)
+    host_cores: int | None = None  # the host's CPU cores (None: not known, workers as any other dimension)
 
     # -- what happened ----------------------------------------------------------------------
     def record(self, row: dict[str, Any], repeat: bool = False) -> None:
@@ -114,6 +124,27 @@ class ProbePlanner:
     def _missing_modes(self) -> set[int]:
         return set(self.space.checkpointing) - self.dropped_modes - {row.get("gradient_checkpointing", 0) for row in self.ok_rows()}
 
+    def still_needed(self) -> int:
+        """Successful probes a minimum viable fit still needs."""
+        return max(MIN_ROWS_FOR_FIT - len(self.ok_rows()), len(self._missing_modes()), 1)
+
+    def cheap_probes_remain(self, remaining: float | None) -> bool:
+        """Whether `remaining` seconds still pay for the probes the minimum needs at the cheapest
+        price of any candidate: then bench keeps measuring (each probe measures the prices again)
+        instead of giving up on prices that a busy moment may have inflated."""
+        pool = self.candidates()
+        if remaining is None or not pool:
+            return remaining is None and bool(pool)
+        return remaining >= GIVE_UP_MARGIN * self.still_needed() * min(self.price(c) for c in pool)
+
+    def _before_viable(self, pool: list[StepConfig]) -> list[StepConfig]:
+        """The candidates for a probe before a minimum viable fit: on a host of few cores, those
+        with the fewest DataLoader workers."""
+        if self.host_cores is None or self.host_cores > FEW_CORES:
+            return pool
+        fewest = min(c.num_workers for c in pool)
+        return [c for c in pool if c.num_workers == fewest]
+
     def settle_for_measured_modes(self, remaining: float | None) -> list[int]:
         """When the budget cannot reach a minimum fit with every checkpointing mode but can with
         the modes already measured, the minimum stops waiting for the others (a calibration of
@@ -132,6 +163,8 @@ class ProbePlanner:
         pool = self.candidates()
         if not pool:
             return None
+        if not self.viable():
+            pool = self._before_viable(pool)
         largest = max((c.micro_batch_size * c.seq_len for c in map(StepConfig.from_row, self.ok_rows())), default=None)
         if largest is not None:
             pool = [c for c in pool if c.micro_batch_size * c.seq_len <= GROWTH * largest] or pool
@@ -141,7 +174,7 @@ class ProbePlanner:
             return None
         if not self.viable():
             missing = self._missing_modes()
-            still_needed = max(MIN_ROWS_FOR_FIT - len(self.ok_rows()), len(missing), 1)
+            still_needed = self.still_needed()
             if missing and len(self.ok_rows()) + len(missing) >= MIN_ROWS_FOR_FIT:
                 affordable = [c for c in affordable if c.gradient_checkpointing in missing] or affordable
             # Leave room for the rest of the minimum: prefer probes a share of what is left pays.

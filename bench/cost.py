@@ -192,12 +192,20 @@ class CostModel:
 
     # -- fitting --------------------------------------------------------------------------
     def _fit_steps(self) -> tuple[float, float, float] | None:
-        measured = [o for o in self.observations if o.step_seconds]
-        if not measured:
+        # One point per step size (FLOPs, accumulation): the fastest measured. A busy moment only
+        # ever slows a step, so a size measured again at the machine's quiet speed replaces the
+        # disturbed price instead of being averaged with it (issue 38: one probe beside two CPU
+        # hogs priced every later probe 60× and ended the benchmark).
+        fastest: dict[tuple[float, int], float] = {}
+        for o in self.observations:
+            if o.step_seconds:
+                key = (self.step_flops(o.config), o.config.grad_accum)
+                fastest[key] = min(fastest.get(key, math.inf), o.step_seconds)
+        if not fastest:
             return None
-        flops = np.array([self.step_flops(o.config) for o in measured])
-        seconds = np.array([o.step_seconds for o in measured])
-        accums = np.array([o.config.grad_accum for o in measured], dtype=float)
+        flops = np.array([key[0] for key in fastest])
+        seconds = np.array(list(fastest.values()))
+        accums = np.array([key[1] for key in fastest], dtype=float)
         if len({round(f / a) for f, a in zip(flops, accums, strict=True)}) < 2:
             # One size: the prior's shape, scaled to what it measured.
             per_flop = float(np.median(seconds / flops))

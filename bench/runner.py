@@ -24,6 +24,9 @@ ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
 BUDGET_RESERVE = 0.04
 # A drift reference is measured again only while it costs at most this share of the budget.
 REFERENCE_MAX_SHARE = 0.03
+# Probes of the grid that must have measured the prices before they may stop a benchmark short of
+# a minimum viable fit.
+PRICE_CONFIRMATIONS = 2
 
 
 @dataclass
@@ -134,8 +137,13 @@ def run_grid(
     while (config := planner.next(budget.remaining())) is not None:
         if not planner.viable() and planner.cost.measured:
             result.dropped_modes += planner.settle_for_measured_modes(budget.remaining())
-            if not planner.viable_within(budget.remaining()):
-                break  # measured prices say no fit can be reached: stop spending (bench.calibrate says what it needs)
+            # Measured prices say no fit can be reached: stop spending (bench.calibrate says what it
+            # needs), but only on prices the grid's own probes measured twice (one busy moment, or
+            # the loss comparison's probes at one configuration, decide nothing) and once even the
+            # cheapest probes no longer fit.
+            confirmed = len(result.rows) >= PRICE_CONFIRMATIONS
+            if confirmed and not planner.viable_within(budget.remaining()) and not planner.cheap_probes_remain(budget.remaining()):
+                break
             config = planner.next(budget.remaining()) or config
         if reference_every and reference is not None and since_reference >= reference_every and reference_affordable():
             measure_reference()

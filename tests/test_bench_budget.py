@@ -176,3 +176,68 @@ def test_a_budget_that_cannot_reach_both_checkpointing_modes_keeps_the_one_it_me
     calibration = check_simulated_calibration(record, device, 120, home)
     assert len(calibration.measured_values("gradient_checkpointing")) == 1
     assert any("was not measured: the budget could not pay" in warning for warning in record["warnings"])
+
+
+def busy_then_quiet_probe(clock: Any, disturbed: int, slower: float = 60.0) -> Any:
+    """A probe on a virtual clock: the first `disturbed` probes run `slower` times slower (two CPU
+    hogs start with the benchmark), the rest at the machine's quiet speed."""
+    calls: list[StepConfig] = []
+
+    def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
+        factor = slower if len(calls) < disturbed else 1.0
+        calls.append(config)
+        step = factor * (0.01 + 2e-5 * config.micro_batch_size * config.seq_len) * config.grad_accum
+        seconds = 6 * step + 0.1 * factor
+        clock.advance(seconds)
+        tokens = config.micro_batch_size * config.seq_len * config.grad_accum
+        return {
+            **config.to_row(),
+            "status": "ok",
+            "step_seconds": step,
+            "tokens_per_second": tokens / step,
+            "peak_memory_bytes": 1e6,
+            "probe_seconds": seconds,
+            "first_step_seconds": step,
+            "timed_steps": 5,
+            "warmup_steps": 1,
+        }
+
+    probe.calls = calls  # type: ignore[attr-defined]
+    return probe
+
+
+@pytest.mark.parametrize("before_the_grid", [0, 4], ids=["first-probe", "loss-comparison"])
+def test_one_disturbed_price_does_not_end_the_benchmark(before_the_grid: int) -> None:
+    """Issue 38: on a 2-core machine with two CPU hogs, bench priced every probe from its first,
+    disturbed ones and gave up on a minimum viable fit ("only 0 of 0 probes succeeded") with most
+    of its budget left. A size measured again at the quiet speed replaces the disturbed price, and
+    prices decide a give-up only once two probes of the grid measured them. `before_the_grid`:
+    the loss comparison's probes (at one configuration, all in the busy moment) came first."""
+    from bench.runner import Budget, run_grid
+    from bench.simulated import VirtualClock
+
+    clock = VirtualClock()
+    space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
+    planner = flops_planner(space)
+    probe = busy_then_quiet_probe(clock, disturbed=max(1, before_the_grid), slower=300.0 if before_the_grid == 0 else 1000.0)
+    cheapest = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=64)
+    for _ in range(before_the_grid):
+        planner.cost.observe(probe(cheapest, None))
+    budget = Budget(150.0, clock=clock)  # from the grid's start
+    result = run_grid(space, probe, budget, planner=planner, reference_every=None)
+    assert probe.calls[0].micro_batch_size * probe.calls[0].seq_len == 64  # the cheapest first, priced by its busy moment
+    assert len([row for row in result.rows if row["status"] == "ok"]) >= 3
+    assert budget.elapsed() <= 150.0
+
+
+def test_on_two_cores_the_probes_before_a_fit_start_no_dataloader_workers() -> None:
+    """Each DataLoader worker is a process that competes with the step for one of two cores: the
+    minimum viable fit is measured without them; more cores leave workers to the gain."""
+    space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
+    few = flops_planner(space)
+    few.host_cores = 2
+    chosen = [config for config, _ in few.preview(None, stop_when_viable=True)]
+    assert len(chosen) >= 3 and all(config.num_workers == 0 for config in chosen)
+    many = flops_planner(space)
+    many.host_cores = 16
+    assert any(config.num_workers == 2 for config, _ in many.preview(None, stop_when_viable=False)[:6])
