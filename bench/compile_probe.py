@@ -11,6 +11,7 @@ on-disk cache, which an in-process measurement (with imports done) would miss.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,41 @@ from dataclasses import asdict
 from typing import Any
 
 STEPS = 4
+
+# What a launcher tells each worker about the job it belongs to: torchrun's elastic agent
+# (torch/distributed/elastic/agent/server/local_elastic_agent.py, `_start_workers`) and
+# `accelerate launch` (accelerate/utils/launch.py). A child that inherits them is one more rank 0
+# of the job: accelerate joins the job's rendezvous (MASTER_ADDR/PORT, RANK 0 of WORLD_SIZE N) and
+# the child and every other rank wait on each other until the watchdog kills the bench.
+LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "FORK_LAUNCHED",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",  # the agent's choice for its workers; a lone process keeps torch's default
+    }
+)
+# TORCHELASTIC_*: the agent's run id, store and restarts; ACCELERATE_* and FSDP_*: the launched
+# job's distributed type, precision and FSDP plugin (a child builds its own, as one process);
+# PET_*: torchrun's own arguments given as variables.
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "ACCELERATE_", "FSDP_", "PET_")
+
+
+def single_process_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """`environ` (this process's environment) without the launcher's variables: a child started
+    from it is a process of its own, not a rank of this job. The device stays the same
+    (CUDA_VISIBLE_DEVICES is kept): the child runs where rank 0 ran."""
+    source = dict(os.environ if environ is None else environ)
+    return {name: value for name, value in source.items() if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
 
 
 def main(argv: list[str]) -> None:
@@ -49,7 +85,13 @@ def measure_in_new_process(model: str, method: Any, loss: str, row: dict[str, An
         "checkpointing": bool(row.get("gradient_checkpointing")),
     }
     try:
-        done = subprocess.run([sys.executable, "-m", "bench.compile_probe", json.dumps(request)], capture_output=True, text=True, timeout=timeout_seconds)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.compile_probe", json.dumps(request)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_seconds,
+            env=single_process_environment(),  # never a second rank 0 of this job
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode != 0 or not done.stdout.strip():

@@ -2,6 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node N tests/distributed_checks.py lr-curve STEPS
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py one-rank-oom
+    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py plans-agree DATA ELAPSED ARGUMENTS…
+    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py late-oom ddp|fsdp
 
 Rank 0 prints one JSON line with what it found. `learning_rate_curve` also runs in one process, in
 the test itself, for the curve to compare with."""
@@ -9,6 +11,7 @@ the test itself, for the curve to compare with."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -66,11 +69,85 @@ def one_rank_oom() -> dict[str, Any]:
     return {"statuses": statuses}
 
 
+def late_oom(sharding: str) -> dict[str, Any]:
+    """A probe whose second step runs out of memory on rank 1 alone, in the optimizer's step (after
+    the step's collectives: the others are already past them), then a probe that fits: both end on
+    every rank, and the combined rows say oom, then ok."""
+    import torch.distributed as dist
+
+    from bench.distributed import combine_rows
+    from bench.probe import ProbeSettings, Workload, run_probe
+    from calibration.step_config import StepConfig
+    from train.step.engine import StepOptions
+    from train.workload.model import resolve_model
+
+    workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain", sharding=sharding))
+    optimizer = workload.step.optimizer
+    original, calls = optimizer.step, {"count": 0}
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        calls["count"] += 1
+        if dist.get_rank() == 1 and calls["count"] == 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (rank 1, step 2)")
+        return original(*args, **kwargs)
+
+    optimizer.step = step
+    settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)
+    rows = []
+    for _ in range(2):
+        row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=16), settings)
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, row)
+        rows.append(combine_rows(gathered))
+    return {"statuses": [row["status"] for row in rows], "errors": [row.get("error", "") for row in rows], "sharding": workload.engine.sharding}
+
+
+def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[str, Any]:
+    """`train`'s plan on every rank (tests/test_ranks_agree.py), rank 1 made to have spent
+    `rank1_elapsed` seconds more than rank 0 (its clock feeds --fit-deadline and the deadline check);
+    then the guard before the first step, given a step count that differs on rank 1."""
+    import time
+
+    import torch.distributed as dist
+
+    from common.errors import BenchtrainError
+    from train.cli import build_parser
+    from train.recipes.config import TrainConfig
+    from train.recipes.ranks import check_same_training
+    from train.recipes.recipe import TrainRecipe
+
+    rank = int(os.environ["RANK"])
+    args = build_parser().parse_args(["--use-calibration", "latest", "--data", data, *arguments])
+    started = time.monotonic() - (rank1_elapsed if rank == 1 else 0.0)
+    recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), lambda folder: folder)
+    recipe.setup()
+    try:
+        plan = recipe.plan().plan
+        mine: dict[str, Any] = {"configuration": plan.chosen.config.to_row(), "optimizer_steps": plan.chosen.optimizer_steps, "step_limit": plan.step_limit}
+    except BenchtrainError as error:
+        mine = {"refused": str(error)}
+    plans: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(plans, mine)
+    try:
+        check_same_training({"optimizer_steps": 10 + rank})
+        guard = "passed"
+    except BenchtrainError as error:
+        guard = str(error)
+    guards: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(guards, guard)
+    return {"plans": plans, "guard": guards}
+
+
 def main() -> None:
     import torch.distributed as dist
 
     check = sys.argv[1]
-    result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
+    if check == "plans-agree":
+        result = plans_agree(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
+    elif check == "late-oom":
+        result = late_oom(sys.argv[2])
+    else:
+        result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)
     from train.step.runtime import finish_together, leave

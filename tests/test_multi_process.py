@@ -193,10 +193,11 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
 CHECKS = Path(__file__).with_name("distributed_checks.py")
 
 
-def _under_torchrun(processes: int, *arguments: str, timeout: float = 150) -> dict:
-    """What tests/distributed_checks.py's rank 0 reports under torchrun with `processes` gloo processes."""
+def _under_torchrun(processes: int, *arguments: str, timeout: float = 150, env: dict[str, str] | None = None) -> dict:
+    """What tests/distributed_checks.py's rank 0 reports under torchrun with `processes` gloo
+    processes (`env`: variables added to this process's)."""
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), str(CHECKS), *arguments]
     result = run_process_group(command, env, timeout)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -25,8 +25,9 @@ from common.console import is_main_process, say
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
 from train.recipes.config import TrainConfig
 from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
-from train.recipes.plan_setup import FittedSetup, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
+from train.recipes.plan_setup import FittedSetup, PlacedPlan, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
 from train.recipes.planned_run import PlannedRun, print_plan
+from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
 from train.running.record import RunRecord, TrainedRun
 from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_hyperparameters, resumed_step_limit
@@ -49,10 +50,13 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
         status = recipe.finish()
     finally:
         recipe.cleanup()
-    from train.step.runtime import finish_together
+    from train.step.runtime import finish_together, finish_wait_seconds
 
     # Every rank waits until rank 0 has written everything: none exits while another still works.
-    finish_together()
+    # As long as rank 0's export, report and push are planned to take (and more): a fixed wait
+    # ended rank 0 in the middle of a long push.
+    overheads = recipe.run.plan.chosen.overheads
+    finish_together(finish_wait_seconds(overheads.after_training_seconds if overheads is not None else 0.0))
     return status
 
 
@@ -151,17 +155,10 @@ class TrainRecipe:
         context = PlanContext(
             config, self.spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty, resumed, self.completed
         )
-        runs, refused = [], list(self.refused)
-        for setup in self.setups:
-            try:
-                runs.append(self._planned(setup, context))
-            except DoesNotFitError as error:
-                if len(self.candidates) == 1:
-                    raise DoesNotFitError(with_smaller_bases(str(error), self.spec, setup)) from None
-                refused.append((setup.method, str(error)))
-        if not runs:
-            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0][1]}", self.spec, self.setups[0]))
-        run = self.run = choose_setup(runs, refused)
+        # Every rank plans (a 1-process calibration's collectives are timed among all of them);
+        # rank 0's plan is what every rank trains (train.recipes.ranks).
+        index, placed = rank0_decides(lambda: self._choose(context), lambda chosen: (chosen[0], self._with_own_clock(chosen[1])))
+        run = self.run = self._as_run(self.setups[index], placed)
         self.config = run.config  # the chosen setup's: with the loss bench measured best (--loss auto)
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
@@ -170,9 +167,32 @@ class TrainRecipe:
             run.plan.notes.append(push_note(self.push, run))
         return run
 
-    def _planned(self, setup: FittedSetup, context: PlanContext) -> PlannedRun:
-        """The plan of one fitted setup (train.recipes.plan_setup.plan_fitted), as this command's run."""
-        placed = plan_fitted(setup, context, self.layout)
+    def _choose(self, context: PlanContext) -> tuple[int, PlacedPlan]:
+        """Each fitted setup planned (train.recipes.plan_setup.plan_fitted), the best kept: its
+        index among the setups and its plan."""
+        runs, refused, indexes = [], list(self.refused), {}
+        for index, setup in enumerate(self.setups):
+            try:
+                run = self._as_run(setup, plan_fitted(setup, context, self.layout))
+            except DoesNotFitError as error:
+                if len(self.candidates) == 1:
+                    raise DoesNotFitError(with_smaller_bases(str(error), self.spec, setup)) from None
+                refused.append((setup.method, str(error)))
+                continue
+            indexes[id(run)] = index
+            runs.append(run)
+        if not runs:
+            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0][1]}", self.spec, self.setups[0]))
+        run = choose_setup(runs, refused)
+        return indexes[id(run)], PlacedPlan(run.placement, run.communication, run.request, run.plan)
+
+    def _with_own_clock(self, placed: PlacedPlan) -> PlacedPlan:
+        """Rank 0's plan on another rank: its deadline counted from this process's start (a
+        time.monotonic() reading of another process, on another machine, means nothing here)."""
+        return replace(placed, request=replace(placed.request, deadline=self.config.run_deadline))
+
+    def _as_run(self, setup: FittedSetup, placed: PlacedPlan) -> PlannedRun:
+        """A planned setup as this command's run."""
         return PlannedRun(
             config=setup.config,
             spec=self.spec,
@@ -215,6 +235,8 @@ class TrainRecipe:
         self._with_exact_data()
         run, config = self.run, self.config
         self.record = self._open_record()
+        # Before any step: every rank trains rank 0's configuration, steps and learning-rate horizon.
+        check_same_training(training_summary(run.plan, self.record.plan, self.record.data["run_id"]))
         if is_main_process():
             # One train per run folder; then room for what it will write, before any work.
             out_dir = self.record.out_dir
@@ -245,7 +267,11 @@ class TrainRecipe:
         configuration = run.request.configuration or run.plan.chosen.config
         elapsed = self.config.run_deadline.elapsed()
         request = replace(run.request, configuration=configuration, elapsed_seconds=elapsed, data_prep_seconds=0.0, data_uncertainty=0.0)
-        plan = plan_again(run.cal, request, data, eval_data)
+        # Rank 0's plan again (its elapsed time): every rank trains the same steps.
+        request, plan = rank0_decides(
+            lambda: (request, plan_again(run.cal, request, data, eval_data)),
+            lambda chosen: (replace(chosen[0], deadline=self.config.run_deadline), chosen[1]),
+        )
         if is_main_process():
             from train.planning.plan_text import describe_exact_profile
 
@@ -265,7 +291,8 @@ class TrainRecipe:
 
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
-        run_id = run.previous["run_id"] if run.previous else f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
+        run_id = run.previous["run_id"] if run.previous else from_rank0(f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
         out_dir = run.out_dir or writable_subdir("runs") / run_id
         if is_main_process():
             try:

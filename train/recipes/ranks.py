@@ -1,0 +1,95 @@
+"""What the processes of a multi-process `train` decide once, on rank 0, for all of them.
+
+Each process plans (it must: a 1-process calibration's collectives are timed among all of them,
+train.planning.comm), but each plans from its own clock and its own timings: its elapsed time and
+tokenizing rate feed `--fit-deadline`, the deadline check and the learning-rate horizon, and its
+collective timings the communication it adds. Near a boundary two ranks then chose different step
+counts or configurations, and the job hung in its first mismatched collective or trained two
+different runs. Rank 0's outcome is what every rank trains (`rank0_decides`, broadcast: it is
+our own data, never a user's file), and before the first step every rank checks that it trains
+what rank 0 trains (`check_same_training`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from common.errors import BenchtrainError
+from train.step.runtime import job_world_size
+
+T = TypeVar("T")
+
+
+def _join_process_group() -> Any:
+    """torch.distributed, joined to the launcher's process group: the one train.step.runtime.make_accelerator
+    joins later (accelerate's PartialState, created once per process)."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState(cpu=not torch.cuda.is_available())
+    return dist
+
+
+def from_rank0(value: T) -> T:
+    """`value` as rank 0 has it, on every rank (one process: `value`)."""
+    if job_world_size() == 1:
+        return value
+    dist = _join_process_group()
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda value: value) -> T:
+    """`decide()` on every rank (so that every rank joins the collectives it holds), then rank 0's
+    outcome on all: its value (through `adopt` on the other ranks, which put their own clocks
+    back in), or the BenchtrainError it raised, raised on every rank: a plan refused on rank 0 is
+    refused everywhere, and one refused on another rank alone does not leave rank 0 waiting."""
+    if job_world_size() == 1:
+        return decide()
+    try:
+        outcome: tuple[Any, BenchtrainError | None] = (decide(), None)
+    except BenchtrainError as refusal:
+        outcome = (None, refusal)
+    value, refused = from_rank0(outcome)
+    if refused is not None:
+        raise refused
+    dist = _join_process_group()
+    return value if dist.get_rank() == 0 else adopt(value)
+
+
+def check_same_training(training: dict[str, Any]) -> None:
+    """Every rank trains what rank 0 trains (`training`: the configuration, the epochs, the step
+    limit, the learning rate and its schedule's horizon, the run): else one line on every rank,
+    before any step, rather than a hang in the first collective that differs."""
+    if job_world_size() == 1:
+        return
+    dist = _join_process_group()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, training)
+    lead = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        differing = [key for key in sorted(set(lead) | set(theirs)) if lead.get(key) != theirs.get(key)]
+        if differing:
+            key = differing[0]
+            raise BenchtrainError(
+                f"the processes disagree on what to train: rank {rank}'s {key} is {theirs.get(key)!r}, rank 0's {lead.get(key)!r} "
+                f"({', '.join(differing)} differ); every rank must plan from rank 0's plan (report this as a bug)"
+            )
+
+
+def training_summary(plan: Any, record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """What `check_same_training` compares: the configuration, its steps and learning-rate horizon."""
+    chosen = plan.chosen
+    return {
+        "configuration": chosen.config.to_row(),
+        "world_size": chosen.world_size,
+        "epochs": plan.epochs,
+        "optimizer_steps": chosen.optimizer_steps,
+        "step_limit": plan.step_limit,
+        "total_steps": record_plan.get("total_steps"),
+        "learning_rate": record_plan.get("learning_rate"),
+        "run_id": run_id,
+    }
