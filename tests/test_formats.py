@@ -133,11 +133,12 @@ def test_unusable_data_is_one_line(
     assert_one_line_error(code, err, fragment)
 
 
-def test_chat_data_needs_a_chat_template(tmp_path: Path) -> None:
+def test_chat_data_without_a_chat_template_gets_chatml(tmp_path: Path) -> None:
+    """A base model's tokenizer has no template: ChatML, as TRL gives it (tests/test_chat_template.py)."""
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = None
-    with pytest.raises(BenchtrainError, match="sharegpt data is rendered with a chat template and this tokenizer has none"):
-        load_tokenized(str(write(tmp_path / "sharegpt.jsonl", [SHAREGPT])), tokenizer)
+    data = load_tokenized(str(write(tmp_path / "sharegpt.jsonl", [SHAREGPT])), tokenizer)
+    assert tokenizer.decode(data.sample(0).tolist()).startswith("<|im_start|>")
 
 
 def cache_dataset(hub: Path, repo: str, files: dict[str, list[dict[str, Any]]]) -> Path:

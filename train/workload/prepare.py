@@ -23,6 +23,7 @@ from train.workload.encode import Encoder
 from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
 from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
+from train.workload.tokenizer import chat_template_note, ensure_chat_template
 from train.workload.tokens import TokenizedData, open_store, token_dtype
 
 TRAIN_ON = ("assistant", "all")
@@ -59,6 +60,7 @@ class PreparedData:
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
     exact_tokens: int | None = None  # every record's tokens, once tokenized
+    chat_template: str | None = None  # chat data: "tokenizer" (its own) or "chatml" (added: it had none)
 
     @property
     def exact(self) -> bool:
@@ -74,6 +76,9 @@ class PreparedData:
 
     def describe(self) -> list[str]:
         """For the plan: where the tokens come from and what preparing them costs."""
+        return [*filter(None, [chat_template_note(self.chat_template)]), *self._describe_tokens()]
+
+    def _describe_tokens(self) -> list[str]:
         if self.exact and self.built_seconds is None and not self.predicted_seconds:
             return [f"tokenized data: cached in {self.folder} (exact profile of {self.records:,} records)"]
         if self.exact:
@@ -97,6 +102,7 @@ class PreparedData:
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
             "sampled_error": self.estimate.error_of(self.exact_tokens) if self.estimate and self.exact_tokens is not None else None,
+            "chat_template": self.chat_template,
         }
 
 
@@ -110,8 +116,8 @@ def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exa
         return prepare_token_files(spec, files, len(tokenizer), say)
     records = load_records(spec.path, spec.split)
     layout = detect_layout(list(records.column_names), spec.schema, spec.path, records[0] if len(records) else None)
-    if layout.is_chat and not getattr(tokenizer, "chat_template", None):
-        raise BenchtrainError(f"{spec.path}: {layout.format} data is rendered with a chat template and this tokenizer has none: pass --tokenizer DIR with one")
+    # A base model's tokenizer without a template gets ChatML, before the key (which digests the template).
+    template = ensure_chat_template(tokenizer) if layout.is_chat else None
     masked = layout.is_chat and spec.train_on == "assistant"
     key = cache_key(content_fingerprint(source_paths(spec.path, records)), tokenizer_fingerprint(tokenizer), layout, masked, {"split": spec.split})
     count = len(records)
@@ -123,7 +129,7 @@ def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exa
         meta = {"key": key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
         return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, layout.format == "prompt_completion", meta)
 
-    prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for)  # type: ignore[arg-type]
+    prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
         prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec, layout)
         return prepared

@@ -17,6 +17,16 @@ CHAT_TEMPLATE = (
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 BYTE_TOKENIZER_NAME = "benchtrain-bytes"
+# For a base model whose tokenizer has no chat template (Llama-3.1-8B, Mistral-7B base): ChatML, as
+# TRL gives one (its SFTTrainer clones a ChatML template, trl.clone_chat_template). Unlike TRL, the
+# markers stay plain text: no <|im_start|>/<|im_end|> tokens are added, so the embeddings keep their
+# size (a frozen LoRA base would never train new rows; the memory model and final/ stay the base's),
+# and the template saved with final/ renders at inference exactly what training saw.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TEMPLATE_SOURCE = "benchtrain_chat_template_source"  # set on a tokenizer whose template benchtrain added
 
 
 def byte_tokenizer() -> Any:
@@ -60,3 +70,24 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def ensure_chat_template(tokenizer: Any) -> str:
+    """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's
+    source: "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken:
+    the key digests the template (train.workload.fingerprint.tokenizer_fingerprint)."""
+    if getattr(tokenizer, "chat_template", None):
+        return str(getattr(tokenizer, TEMPLATE_SOURCE, "tokenizer"))
+    tokenizer.chat_template = CHATML_TEMPLATE
+    setattr(tokenizer, TEMPLATE_SOURCE, "chatml")
+    return "chatml"
+
+
+def chat_template_note(source: str | None) -> str | None:
+    """The plan's line when the chat template is not the tokenizer's own."""
+    if source != "chatml":
+        return None
+    return (
+        "chat template: ChatML (<|im_start|>role\\n…<|im_end|>), added because the tokenizer has none (a base model), as TRL does; "
+        "plain text, no tokens added; saved with final/'s tokenizer"
+    )
