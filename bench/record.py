@@ -68,7 +68,30 @@ def build_calibration(
         record["noise"] = assess_noise(record)
         if record["noise"]:
             record["warnings"].append(record["noise"]["message"])
+    fragmented = fragmentation_warning(result.rows)
+    if fragmented:
+        record["warnings"].append(fragmented)
     return record
+
+
+# Reserved this far above allocated (the caching allocator's fragmentation) is worth saying.
+FRAGMENTATION_SHARE = 0.10
+
+
+def fragmentation_warning(rows: list[dict[str, Any]]) -> str | None:
+    """On a GPU, when a probe's reserved peak lay well above its allocated peak: the plan counts it
+    (calibration.memory_fit), and PyTorch's expandable segments may shrink it, unmeasured here."""
+    gaps = [
+        (row["peak_reserved_bytes"] - row["peak_memory_bytes"]) / row["peak_memory_bytes"]
+        for row in rows
+        if row["status"] == "ok" and row.get("peak_reserved_bytes") and row.get("peak_memory_bytes")
+    ]
+    if not gaps or max(gaps) <= FRAGMENTATION_SHARE:
+        return None
+    return (
+        f"the CUDA allocator reserved up to {max(gaps):.0%} more than it allocated (fragmentation; plans count it): "
+        "PYTORCH_ALLOC_CONF=expandable_segments:True may reduce it; measure it with its own `bench run` before training with it"
+    )
 
 
 def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:

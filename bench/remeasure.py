@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from calibration.memory_fit import MEMORY_FIELDS
+
 MAX_REPEATS = 3
 # A probe is suspect when its spread is this many times the typical spread (and above the floor),
 # or when a quick robust fit misses it by this many robust standard deviations (and by the floor).
@@ -51,8 +53,9 @@ def add_repeat(row: dict[str, Any], new: dict[str, Any]) -> None:
     if not row.get("repeats"):
         row["repeats"] = [{key: row[key] for key in MEASUREMENT_KEYS if key in row}]
     row["repeats"].append({key: new[key] for key in MEASUREMENT_KEYS if key in new})
-    if new.get("peak_memory_bytes"):
-        row["peak_memory_bytes"] = max(row.get("peak_memory_bytes") or 0, new["peak_memory_bytes"])
+    for name in MEMORY_FIELDS:  # the allocated peak, and on CUDA reserved and outside PyTorch: the most seen
+        if new.get(name):
+            row[name] = max(row.get(name) or 0, new[name])
     recombine(row)
 
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
-from calibration.memory_fit import fit_memory_section
+from calibration.memory_fit import fit_memory_rows
 from calibration.step_config import StepConfig
 
 THROUGHPUT_TERMS = (
@@ -353,8 +353,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None
     if len(memory_rows) >= MIN_ROWS_FOR_FIT:
-        peaks = np.array([float(row["peak_memory_bytes"]) for row in memory_rows])
-        memory_section = fit_memory_section([StepConfig.from_row(row) for row in memory_rows], peaks)
+        memory_section = fit_memory_rows(memory_rows)  # reserved + outside the allocator where recorded
 
     outside = extrapolated_rows(configs)
     extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])

@@ -22,18 +22,31 @@ gradients at every size, and below ≈2k tokens a micro-step the optimizer step 
 straight line through both under-predicts the large configurations a plan uses. Both forms are
 fitted (non-negative, on relative error); the floor form is kept when it predicts held-out probes
 better. Terms no probe exercises stay zero.
+
+What is fitted (`basis`): on a GPU, the caching allocator's *reserved* peak when every probe recorded
+it (allocated + the fragmentation the allocator keeps), plus, as a constant, the most any probe saw
+used outside PyTorch's allocator (`non_torch_bytes`: CUDA context, loaded kernels, NCCL buffers;
+bench.probe via train.step.peak_memory). A calibration measured before these were recorded (or on a
+CPU, where the peak RSS is the whole process) fits the allocated peak with no constant, as before:
+`basis` "allocated" (train.planning.memory_check.memory_basis_note says so in the plan).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
 
+# A measurement row's memory fields: the allocated peak (CUDA) or peak RSS (CPU), and on CUDA the
+# reserved peak, the device's used bytes and the bytes used outside the allocator.
+CUDA_MEMORY_FIELDS = ("peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
+MEMORY_FIELDS = ("peak_memory_bytes", *CUDA_MEMORY_FIELDS)
+BASES = ("allocated", "reserved")
 LINEAR_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed", "accumulated_gradients")
 MEMORY_TERMS = (*LINEAR_TERMS, "optimizer_floor")
 # The floor form has one more parameter and a kink: it needs a few probes on each side of it.
@@ -51,10 +64,13 @@ def memory_features(config: StepConfig) -> np.ndarray:
 @dataclass
 class MemoryModel:
     coefficients: dict[str, float]
+    basis: str = "allocated"  # what the coefficients were fitted to (BASES)
+    non_torch_bytes: float = 0.0  # held outside PyTorch's allocator, added to every peak
 
     def peak_bytes(self, config: StepConfig) -> float:
+        """The device bytes a step needs: the fitted peak plus what lies outside the allocator."""
         linear = float(np.dot(memory_features(config), [self.coefficients[t] for t in LINEAR_TERMS]))
-        return max(self.coefficients.get("optimizer_floor", 0.0), linear)
+        return max(self.coefficients.get("optimizer_floor", 0.0), linear) + self.non_torch_bytes
 
     @property
     def kind(self) -> str:
@@ -114,7 +130,36 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray) -> dic
     }
 
 
+def fit_memory_rows(rows: Sequence[dict[str, Any]]) -> dict[str, object]:
+    """`fit.memory` from ok measurement rows with a peak: fitted to the reserved peak when every
+    row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
+    outside the allocator (the most any row saw) and the basis recorded beside the fit."""
+    configs = [StepConfig.from_row(row) for row in rows]
+    reserved = all(_number(row.get("peak_reserved_bytes")) for row in rows)
+    field = "peak_reserved_bytes" if reserved else "peak_memory_bytes"
+    section = fit_memory_section(configs, np.array([float(row[field]) for row in rows]))
+    outside = [float(row["non_torch_bytes"]) for row in rows if _number(row.get("non_torch_bytes"))] if reserved else []
+    return {**section, "basis": "reserved" if reserved else "allocated", "non_torch_bytes": max(outside, default=0.0)}
+
+
+def device_peak_bytes(figures: dict[str, Any]) -> float | None:
+    """What the device held at a measurement's highest point: the reserved peak plus the bytes used
+    outside the allocator where they were recorded (CUDA), else the peak as recorded (the allocated
+    peak of an older GPU record, the peak RSS on CPU). Compare with a plan's predicted peak."""
+    reserved, outside = figures.get("peak_reserved_bytes"), figures.get("non_torch_bytes")
+    if _number(reserved) and _number(outside):
+        return float(reserved) + float(outside)
+    peak = figures.get("peak_memory_bytes")
+    return float(peak) if _number(peak) else None
+
+
+def _number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 def memory_model_from_json(memory: dict[str, object]) -> MemoryModel:
     parameters = memory["parameters"]
     assert isinstance(parameters, dict)
-    return MemoryModel({term: float(parameters.get(term, 0.0)) for term in MEMORY_TERMS})
+    coefficients = {term: float(parameters.get(term, 0.0)) for term in MEMORY_TERMS}
+    outside = memory.get("non_torch_bytes")
+    return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if _number(outside) else 0.0)

@@ -13,7 +13,7 @@ from typing import Any
 
 from common.errors import CalibrationFileError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
@@ -64,8 +64,26 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 measures, on a GPU, the allocator's reserved peak and the bytes used outside it
+    beside the allocated peak (optional row fields: calibration.memory_fit.CUDA_MEMORY_FIELDS), and
+    its memory fit says what it was fitted to (`basis`) and what it adds outside the allocator
+    (`non_torch_bytes`). A version 3 fit was of the allocated peak with nothing added: it plans as
+    before (the plan says so); `bench run` measures the rest. An older benchtrain refuses version 4:
+    it would plan a reserved-basis fit without the bytes outside the allocator."""
+    data = dict(data)
+    for entry in (data, *(data.get("variants") or [])):
+        fit = entry.get("fit") if isinstance(entry, dict) else None
+        memory = fit.get("memory") if isinstance(fit, dict) else None
+        if isinstance(memory, dict):
+            memory.setdefault("basis", "allocated")
+            memory.setdefault("non_torch_bytes", 0.0)
+    data["schema_version"] = 4
+    return data
+
+
 # Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 _NUMBER = (int, float)
 REQUIRED_TOP = {
@@ -86,7 +104,8 @@ REQUIRED_MEASUREMENT = {
     "seq_len": int,
     "status": str,
 }
-MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes")
+# peak_memory_bytes and the optional CUDA memory fields (calibration.memory_fit.MEMORY_FIELDS).
+MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes", "peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
 STATUSES = {"ok", "oom", "error", "skipped"}
 
 
@@ -213,7 +232,7 @@ def variant_history(data: dict[str, Any], index: int | None) -> list[dict[str, A
 
 def _check_fit(fit: Any, where: str) -> None:
     from calibration.fit import SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
-    from calibration.memory_fit import MEMORY_TERMS
+    from calibration.memory_fit import BASES, MEMORY_TERMS
 
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")
@@ -239,6 +258,11 @@ def _check_fit(fit: Any, where: str) -> None:
         for term in MEMORY_TERMS:
             if not _is_number(memory["parameters"].get(term)):
                 raise CalibrationFileError(f"{where}.memory.parameters.{term} is missing or not a number")
+        if memory.get("basis", "allocated") not in BASES:
+            raise CalibrationFileError(f"{where}.memory.basis is {memory['basis']!r}, expected one of {list(BASES)}")
+        outside = memory.get("non_torch_bytes", 0.0)
+        if not (_is_number(outside) and outside >= 0):
+            raise CalibrationFileError(f"{where}.memory.non_torch_bytes should be a non-negative number")
 
 
 def _is_number(value: Any) -> bool:

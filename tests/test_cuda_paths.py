@@ -92,6 +92,11 @@ def test_peak_memory_on_cuda_is_the_allocators_peak_on_this_device(monkeypatch: 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda where=None: calls.append(f"reset {where}"))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda where=None: 3 * 2**30 if where == device else 0)
+    # Reserved, device totals: tests/test_memory_reserved.py holds what is made of them.
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda where=None: 4 * 2**30 if where == device else 0)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda where=None: 4 * 2**30 if where == device else 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda where=None: (75 * 2**30, 80 * 2**30) if where == device else (0, 0))
     with PeakMemory(device) as memory:
         assert calls == ["empty_cache", "reset cuda:1"]  # the previous probe's peak does not count
     assert memory.peak_bytes == 3 * 2**30
+    assert memory.record() == {"peak_reserved_bytes": 4 * 2**30, "device_used_bytes": 5 * 2**30, "non_torch_bytes": 2**30}

@@ -18,6 +18,7 @@ from common.errors import EXIT_OK, BenchtrainError
 from common.home import writable_subdir
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
 from train.step.engine import step_options_from_args
+from train.step.hardware import require_requested_device
 from train.step.runtime import job_world_size
 from train.workload.formats import schema_from_args
 from train.workload.method import method_from_args
@@ -59,7 +60,8 @@ def add_parser(commands: Any) -> None:
     run.add_argument(
         "--gpu",
         metavar="NAME",
-        help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device",
+        help="the hardware this calibration is for (h100, h200, a100, cpu, …); checked against the detected device: "
+        "a GPU name where torch sees no usable CUDA is refused (exit 2), cpu measures the CPU",
     )
     run.add_argument(
         "--model",
@@ -166,6 +168,8 @@ def run_command(args: argparse.Namespace) -> int:
     budget, then stored as one calibration: the first at the top, the others as its variants."""
     started = time.monotonic()
     budget_asked = validate_args(args)
+    # A GPU asked for that torch cannot use is refused, not measured on the CPU under its name.
+    require_requested_device(args.gpu)
     # Imported once the options are valid: the planner's modules are not needed before (nor for --help).
     from bench.setup_measurement import measure_setup
 

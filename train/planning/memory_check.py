@@ -221,3 +221,27 @@ def optimizer_states(spec: Any, chosen: MethodConfig, device_type: str) -> str:
     sizes = {label: memory_need(spec, replace(chosen, optimizer=name), device_type).optimizer_bytes for name, label in names.items()}
     texts = [f"{size / 2**20:.3g} MiB with {label}" for label, size in sizes.items()]
     return f"optimizer state: {', '.join(texts)} (this run: {chosen.optimizer})"
+
+
+def memory_basis_note(calibration: Any) -> str | None:
+    """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes):
+    the allocator's reserved peak plus the bytes measured outside it (calibration.memory_fit), or,
+    for one measured before those were recorded, the allocated peak alone, as before. None on CPU
+    (the peak RSS is the whole process) or without a memory fit."""
+    from train.step.hardware import allocator_conf
+
+    memory = (calibration.fit or {}).get("memory")
+    if not memory or calibration.hardware.get("device_type") != "cuda":
+        return None
+    if memory.get("basis") == "reserved":
+        outside = float(memory.get("non_torch_bytes") or 0.0)
+        measured, here = (calibration.data.get("software") or {}).get("allocator_conf"), allocator_conf()
+        differs = f"; measured with allocator settings {measured or 'default'}, this run has {here or 'default'}" if measured != here else ""
+        return (
+            f"peak memory: the CUDA allocator's reserved peak (fragmentation included) + {outside / GIB:.2f} GiB measured outside it "
+            f"(CUDA context, kernels, NCCL), as the probes measured them from an empty cache{differs}"
+        )
+    return (
+        f"peak memory: calibration {calibration.id} measured the CUDA allocator's allocated peak only: the plan leaves out its "
+        "fragmentation and the CUDA context (≈0.5 GiB or more); re-run `bench run` to measure them"
+    )

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import check_estimate, describe_check
+from calibration.memory_fit import device_peak_bytes
 from common.durations import format_duration
 from common.run_paths import run_path
 from train.planning.planner import Plan
@@ -132,7 +133,7 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
     check = check_estimate(record)
     if check is not None:
         lines += [f"  {line}" for line in describe_check(check)]
-    memory = describe_peak_memory(record["estimate"].get("peak_memory_bytes"), actual.get("peak_memory_bytes"))
+    memory = describe_peak_memory(record["estimate"].get("peak_memory_bytes"), device_peak_bytes(actual))
     if memory:
         lines.append(f"  {memory}")
     used = actual.get("command_seconds")

@@ -20,6 +20,7 @@ from train.planning.calibrated import batch_sizes_for, checkpointing_modes, nois
 from train.planning.deadline import Deadline
 from train.planning.fit_deadline import error_decides_deadline, shortened_alternatives, shrink_to_deadline
 from train.planning.lengths import check_trainable_tokens, choose_lengths
+from train.planning.memory_check import memory_basis_note
 from train.planning.overheads import Overheads, PlannedWork, plan_overheads
 from train.planning.prices import run_cost
 from train.planning.priorities import PRIORITIES, rank
@@ -353,6 +354,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
             f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
         )
         alternatives = shortened_alternatives(ranked[1:], available, limited)
+    notes.extend(filter(None, [memory_basis_note(calibration)]))  # what the peak memory stands on (GPU)
     meets = chosen.total_seconds_promised <= available
     warning = error_decides_deadline(chosen, available)
     if warning:

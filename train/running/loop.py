@@ -285,7 +285,8 @@ class TrainingRun:
         per_process = position.padded_tokens / self.accelerator.num_processes
         flops_per_token = position.flops / per_process if per_process else 0.0
         figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, flops_per_token, self.peak_flops)
-        return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None}
+        memory = self.peak_memory.record() if self.peak_memory else {}  # on CUDA: reserved, used, outside PyTorch
+        return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None, **memory}
 
     def _met_new_shapes(self, shapes: tuple[tuple[int, ...], ...]) -> bool:
         """Whether this step met a batch shape for the first time: compiled steps compile it then."""

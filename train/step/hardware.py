@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+from pathlib import Path
 from typing import Any
+
+from common.errors import BenchtrainError
 
 # Dense (no sparsity) bf16 tensor-core peak per device, FLOP/s, from the vendors' datasheets, and
 # for the GPUs that can be split into MIG slices, the whole GPU's streaming multiprocessors: a
@@ -106,7 +109,19 @@ def detect_software() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
         "platform": platform.platform(),
+        # The caching allocator's settings (expandable_segments changes fragmentation, so the
+        # reserved peak): a plan says when the run's differ (train.planning.memory_check).
+        "allocator_conf": allocator_conf(),
     }
+
+
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def allocator_conf() -> str | None:
+    """PyTorch's allocator settings from the environment (PYTORCH_ALLOC_CONF, or its older name
+    PYTORCH_CUDA_ALLOC_CONF), e.g. "expandable_segments:True"; None: the defaults."""
+    return next((os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)), None)
 
 
 def device_label(hardware: dict[str, Any]) -> str:
@@ -133,3 +148,83 @@ def requested_mismatch(requested: str | None, hardware: dict[str, Any]) -> str |
         f"--gpu {requested} was asked for but the detected device is {hardware['name']} "
         f"({hardware['device_type']}); this calibration describes the detected device"
     )
+
+
+def require_requested_device(requested: str | None) -> None:
+    """`--gpu NAME` (other than cpu) where torch sees no usable CUDA: one line saying what torch
+    sees and the install that fixes it, instead of benchmarking the CPU under a GPU's name (a torch
+    build for another CUDA than the driver's, on a rented machine, looks exactly like that)."""
+    if not requested or requested.strip().lower() == "cpu":
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    raise BenchtrainError(f"--gpu {requested}: {cuda_diagnosis(torch.__version__, torch.version.cuda, driver_version(), driver_cuda_version())}")
+
+
+def cuda_diagnosis(torch_version: str, build_cuda: str | None, driver: str | None, driver_cuda: str | None) -> str:
+    """What torch sees when torch.cuda.is_available() is False, and the fix, in one line."""
+    release = torch_version.split("+")[0]
+    build = f"torch {torch_version} is built for CUDA {build_cuda}" if build_cuda else f"torch {torch_version} is a CPU-only build"
+    if driver is None and driver_cuda is None:
+        seen = f"{build}, no NVIDIA driver found (nvidia-smi, libcuda), torch.cuda.is_available() is False"
+        install = "" if build_cuda else ", then a CUDA build of torch"
+        return f"{seen}: no GPU is usable here (install the NVIDIA driver{install}), or measure this CPU with --gpu cpu"
+    supports = f" supporting CUDA {driver_cuda}" if driver_cuda else ""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    seen = f"{build}, NVIDIA driver {driver or 'found'}{supports}, torch.cuda.is_available() is False{hidden}"
+    if build_cuda and driver_cuda and _version_tuple(build_cuda) <= _version_tuple(driver_cuda):
+        fix = "make the GPU visible (CUDA_VISIBLE_DEVICES)" if hidden else "torch's CUDA and the driver's agree: nvidia-smi should say why the GPU is unusable"
+        return f"{seen}: {fix}, or measure this CPU with --gpu cpu"
+    wheel = f"cu{driver_cuda.replace('.', '')}" if driver_cuda else "cuXYZ"
+    target = f"CUDA {driver_cuda} or older" if driver_cuda else "the driver's CUDA (nvidia-smi shows it)"
+    return (
+        f"{seen}: install torch {release} built for {target} "
+        f"(pip install --force-reinstall torch=={release} --index-url https://download.pytorch.org/whl/{wheel}), "
+        "or update the NVIDIA driver; --gpu cpu measures this CPU"
+    )
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, from the kernel module or nvidia-smi; None without one."""
+    try:
+        match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", Path("/proc/driver/nvidia/version").read_text())
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    output = _nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    return output.splitlines()[0].strip() if output else None
+
+
+def driver_cuda_version() -> str | None:
+    """The newest CUDA the driver supports ("12.4"): libcuda's cuDriverGetVersion, else nvidia-smi's header."""
+    import ctypes
+
+    try:
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+            return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    match = re.search(r"CUDA Version:\s*([\d.]+)", _nvidia_smi() or "")
+    return match.group(1) if match else None
+
+
+def _nvidia_smi(*arguments: str) -> str | None:
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        result = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None

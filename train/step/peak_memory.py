@@ -1,5 +1,14 @@
 """Peak memory of a probe: the CUDA allocator's peak on GPU, the process's peak RSS on CPU.
 
+On a GPU the allocator's allocated peak (`max_memory_allocated`) is not what the device must hold:
+the caching allocator keeps whole segments (`max_memory_reserved`: allocated + fragmentation, which
+grows with the many shapes of padded batches), and outside PyTorch the CUDA context, loaded kernels
+and NCCL's buffers take memory too (cuBLAS/cuDNN workspaces come from the allocator: in reserved).
+So a CUDA measurement records, beside the allocated peak: the reserved peak, the device's used bytes
+(total − free, torch.cuda.mem_get_info: every process on the device) and the bytes used outside
+PyTorch's allocator (used − reserved, read at the same moment). The memory fit plans from reserved
+plus those bytes (calibration.memory_fit; issue 39).
+
 On Linux the kernel keeps the peak RSS (VmHWM) and lets a process reset it (writing 5 to
 /proc/self/clear_refs), which costs nothing while the probe runs; freed heap is handed back to
 the OS first (glibc `malloc_trim`) so one probe's peak does not inflate the next one's.
@@ -74,6 +83,11 @@ class PeakMemory:
         self.cuda = device.type == "cuda"
         self.device = device
         self.peak_bytes = 0
+        # CUDA only (None elsewhere): the allocator's reserved peak, the device's used bytes and the
+        # bytes used outside the allocator, at exit.
+        self.peak_reserved_bytes: int | None = None
+        self.device_used_bytes: int | None = None
+        self.non_torch_bytes: int | None = None
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PeakMemory:
@@ -83,6 +97,9 @@ class PeakMemory:
         if self.cuda:
             import torch
 
+            # Each probe starts from an empty cache so that its reserved peak is its own shape's,
+            # not what an earlier, larger probe left cached (a run's growth over many shapes is its
+            # own figure: train records the same fields).
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)  # this process's device, named
             return self
@@ -104,9 +121,7 @@ class PeakMemory:
 
     def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            import torch
-
-            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self._read_cuda()
             return
         if self._thread is None:
             self.peak_bytes = _high_water_mark() or 0
@@ -114,3 +129,27 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
         self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)
+
+    def _read_cuda(self) -> None:
+        import torch
+
+        self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.device_used_bytes = int(total - free)
+        # Read together with the used bytes: what the allocator holds now, not at its peak.
+        self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """What the device held at the highest point: reserved + outside the allocator on CUDA, the
+        peak RSS on CPU."""
+        if self.peak_reserved_bytes is None or self.non_torch_bytes is None:
+            return self.peak_bytes
+        return self.peak_reserved_bytes + self.non_torch_bytes
+
+    def record(self) -> dict[str, int]:
+        """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes:
+        on CUDA only (calibration.memory_fit.CUDA_MEMORY_FIELDS)."""
+        fields = {"peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes, "non_torch_bytes": self.non_torch_bytes}
+        return {name: value for name, value in fields.items() if value is not None}

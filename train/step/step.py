@@ -89,6 +89,20 @@ class TrainingStep:
         self.scheduler = scheduler
         self.max_grad_norm = max_grad_norm
         self.timer = StepTimer(accelerator.device)
+        # Under DDP with gradient_as_bucket_view the gradients are views into DDP's all-reduce
+        # buckets (one fp32 copy, allocated when DDP wraps the model) and must stay so: see
+        # settle_gradient_buckets.
+        self.bucket_views = bool(getattr(model, "gradient_as_bucket_view", False))
+        if self.bucket_views:
+            settle_gradient_buckets(accelerator, model, optimizer)
+
+    def clear_gradients(self) -> None:
+        """Gradients zeroed for the next step. Under DDP with bucket views, zeroed in place: set to
+        None, the next step's micro-steps under no_sync (accumulation, the probe's first step) would
+        get fresh tensors from autograd beside the buckets, an extra fp32 copy of every gradient
+        until the synchronised micro-step copies them in (torch's DDP docs, batched_grad_copy: "the
+        bucket view alias is destroyed every iteration"). Elsewhere, set to None: freed."""
+        self.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
     def run(self, batches: Iterator[dict[str, Any]], grad_accum: int, synchronize: bool = True) -> StepResult:
         """One optimizer step over the next `grad_accum` micro-batches of `batches`. With
@@ -131,6 +145,31 @@ class TrainingStep:
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()  # once per optimizer step, whatever the number of processes
-        self.optimizer.zero_grad(set_to_none=True)
+        self.clear_gradients()
         seconds = self.timer.stop()
         return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate)
+
+
+def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:
+    """Make a DDP model's gradients views into its buckets before the first real step, and let DDP
+    rebuild its buckets (in the order gradients become ready) now rather than during a step.
+
+    DDP (torch/nn/parallel/distributed.py, reducer.cpp) makes a gradient a bucket view only in a
+    synchronised backward, and at a bucket rebuild (once, at the forward after the first
+    synchronised backward) only gradients that exist are moved into the new buckets, the old ones
+    freed after the new ones are allocated. Until then a micro-step under no_sync (accumulation, and
+    bench's first step, which runs without any collective: bench.probe.first_step_agreed) gets its
+    gradients from autograd beside the buckets: two fp32 copies. Two synchronised passes over one
+    tiny row here (no optimizer step, gradients zeroed in place, RNG untouched, compiled blocks run
+    eagerly) leave every gradient in the rebuilt buckets, before any optimizer state exists, so every
+    step after holds one copy (tests/test_memory_reserved.py, two processes under torchrun)."""
+    import torch
+
+    device = accelerator.device
+    tokens = torch.zeros((1, 8), dtype=torch.long, device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.compiler.set_stance("force_eager"):
+        for _ in range(2):  # the first records the order gradients become ready; the second's forward rebuilds
+            with without_packed_sequence_check():
+                loss = model(input_ids=tokens, labels=tokens).loss
+                accelerator.backward(loss * 0.0)
+    optimizer.zero_grad(set_to_none=False)
