@@ -65,15 +65,10 @@ class Workload:
             torch.cuda.empty_cache()
 
     def set_loss(self, kind: str) -> None:
-        """Compute the loss with `kind` from now on (bench compares the losses that apply)."""
-        from dataclasses import replace
-
-        from train.step.loss import install_loss
-
-        if kind != self.engine.loss:
-            install_loss(self.model, kind, compiled=self.engine.compiled)
-            self.engine = replace(self.engine, loss=kind)
-            self.training["loss"] = kind
+        """Compute the loss with `kind` from now on (bench compares the losses that apply), through
+        the engine's `with_loss`: the probe's step keeps the precision `train`'s step runs in."""
+        self.engine = self.engine.with_loss(kind)
+        self.training["loss"] = kind
 
     def set_checkpointing(self, enabled: bool) -> None:
         if enabled != self.checkpointing:
@@ -110,7 +105,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
             # Under several processes every rank runs the same steps (each one all-reduces):
             # a stop decision on any rank stops them all.
             timing = time_steps(
-                partial(workload.step.run, iterator, config.grad_accum),
+                partial(agreed_step, workload, partial(workload.step.run, iterator, config.grad_accum)),
                 settings,
                 time.perf_counter,
                 lambda flag: agree(workload.accelerator, flag, "max"),
@@ -128,6 +123,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
         return row
     assert timing is not None
     row["loss"] = workload.engine.loss
+    row.update(memory.record())  # on CUDA: reserved, device used, outside PyTorch (beside the allocated peak)
     return finish_row(row, config, timing, int(memory.peak_bytes), workload.flops_per_token(config), peak_flops)
 
 
@@ -177,13 +173,25 @@ def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None
     does so in its first step, and an OOM on one process alone would otherwise leave the others in
     DDP's all-reduce (with NCCL, until the watchdog kills the job). Under FSDP the forward itself
     all-gathers, so there the first step is an ordinary one."""
+    agreed_step(workload, partial(workload.step.run, batches, grad_accum, synchronize=False))
+
+
+def agreed_step(workload: Workload, run_step: Any) -> Any:
+    """`run_step()`, then every process's outcome agreed (one small all-reduce, outside the step's
+    timer): a failure on one process after its step's last collective — the optimizer's step
+    (AdamW's foreach temporaries, a paged 8-bit optimizer), the scheduler, the step's end — raises
+    on every process, and the probe ends everywhere as that failure; before, the others went on into
+    the next step's collectives while the failed one gathered its row, and the bench hung until
+    the watchdog killed it with every row measured so far. One process: `run_step()` as it is."""
     failure: Exception | None = None
+    result = None
     try:
-        workload.step.run(batches, grad_accum, synchronize=False)
+        result = run_step()
     except Exception as error:  # reported after every process has said how its step went
         failure = error
     if agree(workload.accelerator, int(failure is not None), "max"):
         raise failure or FailedOnAnotherProcess("the probe failed on another process")
+    return result
 
 
 EVAL_STEPS = 4
@@ -235,8 +243,9 @@ def machine_load() -> float | None:
 
 
 def recover_after_failure(workload: Workload) -> None:
-    """Drop half-built gradients and cached blocks so the next probe starts clean."""
-    workload.optimizer.zero_grad(set_to_none=True)
+    """Drop half-built gradients and cached blocks so the next probe starts clean (under DDP the
+    gradients are zeroed in place, in their buckets: train.step.step.TrainingStep.clear_gradients)."""
+    workload.step.clear_gradients()
     gc.collect()
     if workload.device.type == "cuda":
         import torch

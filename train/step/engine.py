@@ -94,9 +94,24 @@ class Engine:
     loss: str  # the loss implementation in use
     sharding: str = "none"  # none (one process) | ddp | fsdp
 
+    @property
+    def precision(self) -> str:
+        """bf16 (autocast: CUDA, or CPU with BENCHTRAIN_CPU_BF16=1) or fp32."""
+        return "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
+
     def record(self) -> dict[str, Any]:
         """How the step ran, for the calibration's and run.json's `training` section."""
-        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding}
+        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": self.precision}
+
+    def with_loss(self, kind: str) -> Engine:
+        """This engine computing the loss with `kind` (bench compares the losses on one model):
+        the same `install_loss` that built it, so the step keeps accelerate's precision wrapper."""
+        from dataclasses import replace
+
+        if kind == self.loss:
+            return self
+        install_loss(self.model, kind, compiled=self.compiled)
+        return replace(self, loss=kind)
 
 
 def build_engine(
@@ -123,15 +138,16 @@ def build_engine(
     except ValueError as error:
         raise BenchtrainError(str(error)) from None
     compiled = compile_enabled(options.compile, device_type)
-    model = build_model(spec, accelerator.device, method)
+    _, sharding = process_layout(options, method, accelerator.num_processes)
+    # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).
+    model = build_model(spec, "meta" if sharding == "fsdp" else accelerator.device, method)
     if checkpointing:
         set_gradient_checkpointing(model, True)
     install_loss(model, loss_kind, compiled=compiled)
     if compiled:
         compile_blocks(model)
-    _, sharding = process_layout(options, method, accelerator.num_processes)
     if sharding == "fsdp":
-        shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16")
+        shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16", spec=spec)
     optimization = optimization or Optimization()
     settings = optimization.settings
     optimizer = make_optimizer(model, optimization.learning_rate, method.optimizer if method is not None else "adamw", settings)

@@ -16,7 +16,9 @@ plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replac
   (with compile on, inductor fuses those itself).
 
 The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
-DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected.
+DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected. That forward is
+put in place once (`_loss_forward`) and reads the loss in use at each call: bench switches losses on
+one model after accelerate's `prepare` wrapped the forward in bf16 autocast, and the wrapper stays.
 """
 
 from __future__ import annotations
@@ -224,13 +226,15 @@ def apply_liger_kernels(lm: Any) -> bool:
     replaces the RMSNorm and MLP classes (and, with `rope`, the RoPE function) in transformers'
     modeling module, where every model built later in the process would pick them up (bench builds
     several; the export loads one). Those module-level names are put back. Liger's RoPE exists only
-    as that module-level function, so it is left out."""
+    as that module-level function, so it is left out. What it did to the instance is recorded, so
+    that switching to another loss (bench compares them on one model) undoes it: `remove_liger_kernels`."""
     _, liger = liger_functions()
     apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
     if apply is None:
         return False
     modeling = importlib.import_module(type(lm).__module__)
     before = dict(vars(modeling))
+    instance_before = _module_states(lm)
     try:
         apply(rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=True, model=lm)
     finally:
@@ -239,36 +243,121 @@ def apply_liger_kernels(lm: Any) -> bool:
         for name, value in before.items():
             if vars(modeling).get(name) is not value:
                 setattr(modeling, name, value)
+        changes = _changes_since(instance_before)
+        vars(lm).setdefault(LIGER_CHANGES, []).extend(changes)
     return True
+
+
+# Where the instance keeps what Liger changed on it (apply_liger_kernels), to be undone.
+LIGER_CHANGES = "_benchtrain_liger_changes"
+_ABSENT = object()  # an attribute the module did not have
+
+
+def _module_states(lm: Any) -> list[tuple[Any, type, dict[str, Any], dict[str, Any]]]:
+    """Each module of `lm` with its class, its own attributes and its children (shallow copies)."""
+    return [(module, type(module), dict(vars(module)), dict(module._modules)) for module in lm.modules()]
+
+
+def _changes_since(states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]]) -> list[tuple[Any, str, str, Any, Any]]:
+    """(module, what, name, before, after) for every class, attribute (a bound `forward`, say) and
+    child module that changed on the modules in `states` since they were taken."""
+    changes: list[tuple[Any, str, str, Any, Any]] = []
+    for module, cls, attributes, children in states:
+        if type(module) is not cls:
+            changes.append((module, "class", "__class__", cls, type(module)))
+        now = vars(module)
+        for name in (set(attributes) | set(now)) - {"_modules"}:
+            if attributes.get(name, _ABSENT) is not now.get(name, _ABSENT):
+                changes.append((module, "attribute", name, attributes.get(name, _ABSENT), now.get(name, _ABSENT)))
+        for name in set(children) | set(module._modules):
+            if children.get(name, _ABSENT) is not module._modules.get(name, _ABSENT):
+                changes.append((module, "child", name, children.get(name, _ABSENT), module._modules.get(name, _ABSENT)))
+    return changes
+
+
+def remove_liger_kernels(lm: Any) -> None:
+    """Put back every class, attribute and child module that `apply_liger_kernels` changed on `lm`,
+    where it still holds what Liger put there (a later change, such as gradient checkpointing's
+    flags, stays)."""
+    for module, what, name, before, after in reversed(vars(lm).pop(LIGER_CHANGES, [])):
+        if what == "class":
+            if type(module) is after:
+                module.__class__ = before
+            continue
+        place = module._modules if what == "child" else vars(module)
+        if place.get(name, _ABSENT) is not after:
+            continue
+        if before is _ABSENT:
+            del place[name]
+        else:
+            place[name] = before
+
+
+def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+    """The causal LM's forward once a loss is installed: the loss in use (`_benchtrain_loss`) is
+    read at every call, so switching the loss never replaces this function. Accelerate's `prepare`
+    wraps the instance's forward in bf16 autocast (and fp32 outputs); a switch that replaced the
+    forward would drop that wrapper, and every later step would run in fp32."""
+    original = self._benchtrain_original_forward
+    kind = self._benchtrain_loss
+    if kind == "plain" or labels is None or kwargs.get("return_dict") is False:
+        return original(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
+    decoder = getattr(self, self.base_model_prefix)
+    kwargs.pop("use_cache", None)
+    outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+    loss = loss_of(outputs.last_hidden_state, self.get_output_embeddings().weight, labels)
+    return CausalLMOutputWithPast(loss=loss, logits=None)
+
+
+def _forward_chain(forward: Any) -> list[Any]:
+    """The functions inside `forward`: accelerate's fp32-output and autocast wrappers each keep the
+    function they wrap as `__wrapped__` (as functools.wraps does)."""
+    chain: list[Any] = []
+    function = getattr(forward, "__func__", forward)
+    while function is not None and len(chain) < 32:
+        chain.append(function)
+        function = getattr(function, "__wrapped__", None)
+    return chain
+
+
+def _put_loss_forward(lm: Any) -> None:
+    """Make `_loss_forward` the function the instance's forward ends in, once, keeping the
+    precision wrapper accelerate's `prepare` put around the instance's forward.
+
+    Before `prepare` (build_engine), the forward becomes `_loss_forward` and `prepare` wraps it.
+    Where `prepare` came first (it kept the forward it wrapped as `_original_forward`), the same
+    wrapper is built again around `_loss_forward`, with accelerate's own functions and its state's
+    precision, as `prepare_model` builds it."""
+    if any(function is _loss_forward for function in _forward_chain(lm.forward)):
+        return  # installed before: a loss switch changes `_benchtrain_loss` alone
+    prepared = vars(lm).get("_original_forward")
+    lm._benchtrain_original_forward = prepared if prepared is not None else lm.forward
+    lm.forward = types.MethodType(_loss_forward, lm)
+    if prepared is not None:
+        from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
+
+        lm._original_forward = lm.forward
+        autocast = get_mixed_precision_context_manager(native_amp=True)
+        lm.forward = types.MethodType(convert_outputs_to_fp32(autocast(_loss_forward)), lm)
 
 
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
-    Without labels (generation, the export) the model's own forward runs unchanged."""
+    Without labels (generation, the export) the model's own forward runs unchanged. Called again
+    (bench compares the losses on one model), before or after accelerate's `prepare`: the forward
+    keeps accelerate's precision wrapper, and Liger's kernels are on the model only while the loss
+    is `liger`."""
     from train.workload.method import unwrap
 
+    if kind not in LOSS_CHOICES or kind == "auto":
+        raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)
-    # Installed again (bench compares the losses on one model): from the model's own forward.
-    original = lm.__dict__.get("_benchtrain_original_forward", lm.forward)
-    lm._benchtrain_original_forward = original
-    lm.forward = original
+    _put_loss_forward(lm)
+    remove_liger_kernels(lm)
     lm._benchtrain_loss = kind
-    if kind == "plain":
-        return kind
     if kind == "liger" and not compiled:
         apply_liger_kernels(lm)
-    loss_of = liger_cross_entropy if kind == "liger" else chunked_cross_entropy
-
-    def forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
-        if labels is None or kwargs.get("return_dict") is False:
-            return original(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        decoder = getattr(self, self.base_model_prefix)
-        kwargs.pop("use_cache", None)
-        outputs = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
-        loss = loss_of(outputs.last_hidden_state, self.get_output_embeddings().weight, labels)
-        return CausalLMOutputWithPast(loss=loss, logits=None)
-
-    lm.forward = types.MethodType(forward, lm)
     return kind

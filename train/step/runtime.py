@@ -1,7 +1,8 @@
 """Device, precision and optimizer setup shared by `bench` probes and `train` runs.
 
 CUDA: bf16 autocast through accelerate, TF32 matmuls, SDPA attention (chosen at model build),
-fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW (other optimizers: train.workload.optimizers).
+fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW (other optimizers: train.workload.optimizers);
+bf16 autocast too with BENCHTRAIN_CPU_BF16=1 (`cpu_bf16`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ DEFAULT_LEARNING_RATE = 3e-4
 def job_world_size() -> int:
     """Processes the launcher started (accelerate launch and torchrun set WORLD_SIZE); 1 without one."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# BENCHTRAIN_CPU_BF16=1: bench and train on CPU with bf16 autocast, as on a GPU. For CPUs with bf16
+# matrix units (AMX, SVE-bf16), where it is faster, and for testing the GPU's precision path on CPU.
+CPU_BF16_VARIABLE = "BENCHTRAIN_CPU_BF16"
+
+
+def cpu_bf16() -> bool:
+    """Whether BENCHTRAIN_CPU_BF16 asks for bf16 autocast on CPU (1/true/yes/on; unset, 0/false/no/off: no)."""
+    value = os.environ.get(CPU_BF16_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    from common.errors import BenchtrainError
+
+    raise BenchtrainError(f"{CPU_BF16_VARIABLE}={value!r}: use 1 (bf16 autocast on CPU) or 0 (fp32)")
 
 
 def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
@@ -49,7 +67,7 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     return Accelerator(
         kwargs_handlers=[ddp],
-        mixed_precision="bf16" if cuda else "no",
+        mixed_precision="bf16" if cuda or cpu_bf16() else "no",
         gradient_accumulation_steps=1,
         cpu=not cuda and several,
         log_with=list(log_with) or None,
@@ -105,12 +123,26 @@ def agree(accelerator: Any, value: int, operation: str = "max") -> int:
 
 FINISH_KEY = "benchtrain/finished"
 LEFT_KEY = "benchtrain/left"
+# The least the processes wait for each other at the end (what is not planned: a slow interpreter
+# exit, a tracker's flush). Rank 0's planned work after the last step comes on top
+# (finish_wait_seconds): a fixed 600 s ended rank 0 in the middle of a 16 GB push at 20 MB/s.
 FINISH_TIMEOUT_SECONDS = 600.0
+# Rank 0's export and push may take this many times their planned seconds (a slower uplink than
+# the stated default, a busy disk) before the others give up on it.
+FINISH_SLACK_FACTOR = 2.0
+
+
+def finish_wait_seconds(rank0_work_seconds: float) -> float:
+    """How long a process waits at the end for the others: rank 0's work after the last step as
+    planned (its final checkpoint, export, evaluation, report and hub push:
+    train.planning.overheads.Overheads.after_training_seconds), with slack, plus FINISH_TIMEOUT_SECONDS."""
+    return FINISH_TIMEOUT_SECONDS + FINISH_SLACK_FACTOR * max(0.0, rank0_work_seconds)
 
 
 def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
     """Wait until every process of a multi-process run gets here, through the launcher's
-    rendezvous store rather than a collective.
+    rendezvous store rather than a collective; `timeout_seconds`: finish_wait_seconds of the
+    plan (a process that gives up fails, and the launcher then ends every rank, rank 0 too).
 
     Why not a gloo/NCCL barrier: a barrier right before the process group is torn down leaves a
     collective's work object being destroyed in gloo's worker thread, which needs the GIL, while
@@ -125,23 +157,25 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
 
     store = _get_default_store()
     world_size = dist.get_world_size()
-    waited_from = time.monotonic()
-
-    def wait_for_all(key: str) -> None:
-        store.add(key, 1)
-        while store.add(key, 0) < world_size:
-            if time.monotonic() - waited_from > timeout_seconds:
-                raise RuntimeError(f"other processes did not finish within {timeout_seconds:.0f}s")
-            time.sleep(0.05)
-
-    wait_for_all(FINISH_KEY)
+    give_up_at = time.monotonic() + timeout_seconds
+    wait_for_all(store, FINISH_KEY, world_size, give_up_at)
     # Where rank 0 hosts the store (a launcher without torchrun's agent store: srun, mpirun, a
     # script setting MASTER_ADDR itself), rank 0 leaving ends the store under a rank still asking
     # it: every other rank says it has seen everyone finish, and rank 0 leaves last.
     if dist.get_rank() == 0:
-        wait_for_all(LEFT_KEY)
+        wait_for_all(store, LEFT_KEY, world_size, give_up_at)
     else:
         store.add(LEFT_KEY, 1)
+
+
+def wait_for_all(store: Any, key: str, world_size: int, give_up_at: float, clock: Any = time.monotonic, pause: Any = time.sleep) -> None:
+    """Count this process in at `key` of the store, then wait until all `world_size` have, or
+    fail once `clock()` passes `give_up_at`."""
+    store.add(key, 1)
+    while store.add(key, 0) < world_size:
+        if clock() > give_up_at:
+            raise RuntimeError(f"other processes did not reach the end of the run in time ({key})")
+        pause(0.05)
 
 
 def leave(code: int) -> None:
