@@ -117,3 +117,32 @@ def test_a_bad_cpu_bf16_value_is_one_line(home: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("BENCHTRAIN_CPU_BF16", "maybe")
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", *TINY_GRID, "--no-report"], capsys)
     assert_one_line_error(code, err, "BENCHTRAIN_CPU_BF16='maybe'")
+
+
+def test_a_calibration_of_another_precision_is_refused_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 calibration planning an fp32 run (or the reverse) would be off by the precision's
+    factor in speed and activation memory: refused in one line, warned with --force; calibrations
+    that predate the record are planned as before."""
+    from types import SimpleNamespace
+
+    from common.errors import BenchtrainError
+    from train.recipes.calibration_choice import check_compatible
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    spec = resolve_model("tiny")
+    hardware = {"name": "Test CPU", "device_type": "cpu"}
+
+    def calibration(**training: Any) -> Any:
+        return SimpleNamespace(id="cal", training={"method": "full", **training}, model={"name": "tiny", "fingerprint": spec.fingerprint}, hardware=hardware)
+
+    monkeypatch.delenv("BENCHTRAIN_CPU_BF16", raising=False)
+    with pytest.raises(BenchtrainError, match=r"^calibration cal measured a bf16 step, this run would train in fp32 .*or pass --force$"):
+        check_compatible(calibration(precision="bf16"), spec, hardware, False, MethodConfig())
+    assert "measured a bf16 step" in check_compatible(calibration(precision="bf16"), spec, hardware, True, MethodConfig())[0]
+    assert check_compatible(calibration(precision="fp32"), spec, hardware, False, MethodConfig()) == []
+    assert check_compatible(calibration(), spec, hardware, False, MethodConfig()) == []
+    monkeypatch.setenv("BENCHTRAIN_CPU_BF16", "1")
+    assert check_compatible(calibration(precision="bf16"), spec, hardware, False, MethodConfig()) == []
+    with pytest.raises(BenchtrainError, match="measured a fp32 step, this run would train in bf16"):
+        check_compatible(calibration(precision="fp32"), spec, hardware, False, MethodConfig())

@@ -9,6 +9,7 @@ from typing import Any
 from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
+from train.step.runtime import run_precision
 
 
 def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any, spec: Any, method: Any, processes: tuple[int, str]) -> Any:
@@ -97,6 +98,12 @@ def check_compatible(
         problems.append(
             f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
             f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
+        )
+    measured_precision = measured.get("precision")  # calibrations before issue 39 did not record it
+    if measured_precision and measured_precision != run_precision(hardware["device_type"]):
+        problems.append(
+            f"calibration {calibration.id} measured a {measured_precision} step, this run would train in {run_precision(hardware['device_type'])} "
+            f"(BENCHTRAIN_CPU_BF16): run `bench run` with the same setting here, or pass --force"
         )
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")

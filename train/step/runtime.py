@@ -39,6 +39,12 @@ def cpu_bf16() -> bool:
     raise BenchtrainError(f"{CPU_BF16_VARIABLE}={value!r}: use 1 (bf16 autocast on CPU) or 0 (fp32)")
 
 
+def run_precision(device_type: str) -> str:
+    """The precision a step on `device_type` runs in, as calibrations and run.json record it (the
+    Accelerator built from it says the same: `Engine.precision`)."""
+    return "bf16" if device_type == "cuda" or cpu_bf16() else "fp32"
+
+
 def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
     import torch
     from accelerate import Accelerator

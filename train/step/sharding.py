@@ -13,6 +13,14 @@ called directly because accelerate turns its FSDP plugin on only for GPU-like di
 not for CPU processes on gloo (accelerate/state.py), and the code the CPU tests run must be the
 code the GPUs run. Launch and the process group stay accelerate's (`accelerate launch`, torchrun).
 
+The model is built on `meta` and sharded there, then each rank materialises its shards only
+(`materialise_shards`): no rank ever holds the whole fp32 model, which is what the memory check
+(train.planning.memory_check, a 1/N share plus gathered blocks) assumes. A preset's weights are
+drawn one module at a time (train.workload.meta_init: the values the unsharded build has, bit for
+bit), each rank keeping its slice; a folder's weights are read by rank 0 alone, into its host
+memory, and broadcast, every rank keeping its shard (torch.distributed.checkpoint's
+`set_model_state_dict(..., broadcast_from_rank0=True)`, what accelerate's FSDP2 loading does).
+
 Checkpoints and the exported model hold the full state: gathered to rank 0's host memory
 (torch.distributed.checkpoint.state_dict) and loaded back by broadcast from rank 0, so a
 checkpoint has the same files whatever the sharding, and only rank 0 writes.
@@ -32,10 +40,11 @@ def sharding_in_use(requested: str, world_size: int) -> str:
     return "none" if world_size < 2 else requested
 
 
-def shard_model(model: Any, device: Any, bf16: bool) -> int:
+def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     """Shard `model` in place over every process of the job (FSDP2): each decoder block, then the
-    root. On CUDA, blocks compute in bf16 from fp32 shards and reduce gradients in fp32 (accelerate's
-    bf16 mixed precision under FSDP). Returns the number of FSDP units."""
+    root. Under bf16 mixed precision, blocks compute in bf16 from fp32 shards and reduce gradients
+    in fp32 (accelerate's bf16 mixed precision under FSDP). A model built on `meta` is then
+    materialised from `spec` (`materialise_shards`). Returns the number of FSDP units."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -49,7 +58,69 @@ def shard_model(model: Any, device: Any, bf16: bool) -> int:
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if spec is not None and is_on_meta(model):
+        materialise_shards(model, spec, device)
     return len(blocks) + 1
+
+
+def is_on_meta(model: Any) -> bool:
+    return any(parameter.is_meta for parameter in model.parameters())
+
+
+def materialise_shards(model: Any, spec: Any, device: Any) -> None:
+    """Give a model sharded on `meta` its weights on `device`, each rank allocating and filling its
+    shards only: the seeded initial values, one module at a time (every rank draws the same ones
+    and keeps its slice; no communication), then, for a folder with weights, those read by rank 0
+    and broadcast. Tied weights are tied again (`to_empty` gives each module its own tensor)."""
+    import torch
+
+    from train.workload.meta_init import meta_plain_model, seeded_tensors
+    from train.workload.method import unwrap
+
+    lm = unwrap(model)
+    lm.to_empty(device=device)
+    lm.tie_weights()
+    with torch.no_grad():
+        for name, value in seeded_tensors(meta_plain_model(lm.config), device):
+            fill_slice(lm.get_parameter_or_buffer(name), value)
+            del value  # one full tensor at a time: not this one while the next is drawn
+    if spec.has_weights:
+        load_from_rank0(lm, spec)
+
+
+def fill_slice(target: Any, full: Any) -> None:
+    """Copy this rank's slice of the full tensor `full` into `target` (a sharded DTensor, or a
+    replicated buffer), cut where FSDP cuts (`torch.chunk` along the sharded dimension), without a
+    collective and without a copy of the slice."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    if not isinstance(target, DTensor):
+        target.copy_(full)
+        return
+    placements, mesh = target.placements, target.device_mesh
+    if len(placements) == 1 and isinstance(placements[0], Shard):
+        pieces = torch.chunk(full, mesh.size(), dim=placements[0].dim)
+        rank = mesh.get_local_rank()
+        local = pieces[rank] if rank < len(pieces) else full.narrow(placements[0].dim, 0, 0)
+    else:  # another layout: DTensor's own cut (a copy)
+        local = distribute_tensor(full, mesh, placements, src_data_rank=None).to_local()
+    target.to_local().copy_(local)
+
+
+def load_from_rank0(model: Any, spec: Any) -> None:
+    """A folder's weights into the sharded model: rank 0 reads them into its host memory, every
+    other rank reads nothing, and each keeps its shard of what rank 0 broadcasts."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    weights: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        full = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, dtype=torch.float32, device_map="cpu")
+        weights = full.state_dict()
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 def is_sharded(model: Any) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 from common.atomic import read_json_file
 from common.errors import BenchtrainError
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
+from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method
 from train.workload.presets import PRESETS, canonical_preset, preset_names
 from train.workload.quantize import logical_numel
@@ -137,6 +138,10 @@ def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None
     method = method or MethodConfig()
     device = torch.device(device)
     dtype = torch.bfloat16 if method.is_lora and device.type == "cuda" else torch.float32
+    if device.type == "meta":
+        # A skeleton that allocates nothing: FSDP shards it, then each rank materialises its
+        # shards and fills them with the weights below (train.step.sharding.materialise_shards).
+        return apply_method(meta_plain_model(make_config(spec), dtype), method)
     if method.quantized:
         from train.workload.quantize import quantized_base
 

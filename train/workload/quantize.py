@@ -162,35 +162,87 @@ def loaded_bytes(model: Any) -> int:
 def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
     does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
-    is a folder of weights, or a model config: a preset built from its config has no weights on
-    disk, so its (seeded) weights are written to a temporary folder first, since transformers
-    quantizes while it loads."""
-    import tempfile
-
+    is a folder of weights (transformers quantizes while it loads them), or a model config: a
+    preset, whose seeded weights are drawn and quantized one layer at a time (`quantized_from_config`)."""
     import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
     require_bitsandbytes()
-    options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}, "quantization_config": bitsandbytes_config(kind, torch.bfloat16)}
-    # transformers' own bars ("Writing model shards", "Loading weights") would interleave with bench's.
+    # transformers' own bars ("Loading weights") would interleave with bench's.
     bars = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()
     try:
         if isinstance(source, (str, Path)):
-            model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, **options)
+            options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}}
+            quantization = bitsandbytes_config(kind, torch.bfloat16)
+            model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, quantization_config=quantization, **options)
         else:
-            torch.manual_seed(0)  # the same initial weights as the preset's unquantized builds
-            plain = AutoModelForCausalLM.from_config(source, dtype=dtype)
-            with tempfile.TemporaryDirectory(prefix="benchtrain-quantize-") as folder:
-                plain.save_pretrained(folder)
-                del plain
-                model = AutoModelForCausalLM.from_pretrained(folder, **options)
+            model = quantized_from_config(source, device, kind, dtype)
     finally:
         if bars:
             transformers_logging.enable_progress_bar()
     return prepare_model_for_kbit_training(keep_one_weight_layout(model), use_gradient_checkpointing=False)
+
+
+def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any) -> Any:
+    """A preset's quantized base without its full-precision model ever existing, in memory or on
+    disk: the model is built on `meta`, transformers' own quantizer swaps its layers for
+    bitsandbytes' there (as `from_pretrained` does before loading), and each layer's seeded
+    initial weights (train.workload.meta_init: those `from_config` draws on the CPU after
+    `torch.manual_seed(0)`, the unquantized builds' weights) are quantized as they come, the way
+    transformers quantizes a loaded tensor (integrations/bitsandbytes.py). So host memory holds
+    one full-precision layer at a time besides what stays unquantized, and the result is the
+    same, to the byte, as quantizing those weights written to a folder and loaded."""
+    import torch
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    from train.workload.meta_init import meta_plain_model, seeded_tensors
+
+    device = torch.device(device)
+    quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, torch.bfloat16), pre_quantized=False)
+    model = meta_plain_model(config, dtype)
+    quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": device}, checkpoint_files=None, use_kernels=False)
+    for name, value in seeded_tensors(meta_plain_model(config, dtype), "cpu"):
+        put_quantized(model, name, value, device)
+        del value  # one full-precision tensor at a time: not this one while the next is drawn
+    model.tie_weights()  # a tied head takes the embedding it was tied to on `meta`
+    left = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+    if left:
+        raise RuntimeError(f"quantized base: {', '.join(left[:3])} not initialised")
+    model.hf_quantizer = quantizer
+    quantizer.postprocess_model(model)
+    return model.eval()  # as from_pretrained leaves it
+
+
+def put_quantized(model: Any, name: str, value: Any, device: Any) -> None:
+    """One tensor of the model, quantized if its layer is bitsandbytes': what transformers'
+    Bnb4bitQuantize / Bnb8bitQuantize do to a loaded weight (Conv1D's transposed first)."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    module_name, _, attribute = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if attribute in module._buffers:
+        module._buffers[attribute] = value.to(device)
+        return
+    old = module._parameters[attribute]
+    quantized = isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) and attribute == "weight"
+    if quantized and issubclass(module.source_cls, Conv1D):
+        value = value.T
+    new: Any
+    if quantized and isinstance(module, bnb.nn.Linear4bit):
+        new = bnb.nn.Params4bit(value, requires_grad=False, **old.__dict__)
+        new = new.to(device)  # bitsandbytes quantizes as it moves the weight
+    elif quantized:
+        settings = {key: item for key, item in old.__dict__.items() if key != "SCB"}
+        new = bnb.nn.Int8Params(value.to("cpu"), requires_grad=False, **settings)
+        new = new.to(device)
+    else:
+        new = torch.nn.Parameter(value.to(device), requires_grad=old.requires_grad)
+    module._parameters[attribute] = new
 
 
 def keep_one_weight_layout(model: Any) -> Any:
