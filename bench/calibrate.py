@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
+from bench.probe_tasks import probe_timeout_seconds
 from bench.record import CalibrationSubject, build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.space import SearchSpace
 from bench.timing import ProbeSettings
+from bench.unfinished import KeptRows
 from calibration.step_config import StepConfig
 from common.errors import MeasurementError
 
@@ -77,6 +79,7 @@ class BenchRun:
     coordinator: Any
     planner: ProbePlanner
     budget: Budget
+    keep_rows: bool = False  # write the rows so far after every probe (bench.unfinished); not for simulations
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,18 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
 
 
 def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:
-    """Probe, time what follows, and assemble the calibration record (fitted when it can be)."""
+    """Probe, time what follows, and assemble the calibration record (fitted when it can be).
+    With `run.keep_rows` the rows so far are on disk after every probe (a failure says where)."""
+    kept = KeptRows(run.task) if run.keep_rows else None
+    try:
+        return measure_and_record(run, build_seconds, progress, kept)
+    except Exception as error:
+        if kept is None or kept.path is None:
+            raise
+        raise kept.stopped(error) from error
+
+
+def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None) -> tuple[dict[str, Any], BenchResult]:
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
     losses = compare_losses(run)
@@ -184,9 +198,11 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
     def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
         settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
         price, peak = planner.price(config), planner.predicted_peak(config)
-        row = coordinator.run("probe", {"config": config.to_row(), "settings": asdict(settings)})
+        row = coordinator.run("probe", {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(price)})
         # What was predicted when the probe was chosen, beside what it measured.
         row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
+        if kept is not None:
+            kept.add(row)
         return row
 
     if task.search == "grid":
@@ -228,6 +244,8 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
     }
     subject = CalibrationSubject(task.hardware, task.software, task.model, task.device_label, task.requested_device, training, task.data)
     record = build_calibration(subject, result, search, overheads, warnings)
+    if kept is not None:
+        kept.name_in(record)  # storing the record (or keeping it as failed) removes the kept rows
     from calibration.fit import fit_eval
 
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
@@ -282,7 +300,8 @@ def compare_losses(run: BenchRun) -> LossComparison:
     for _ in range(2):
         for loss in task.losses:
             settings = task.settings.with_limit(budget.remaining(), planner.cost.step_seconds_high(config))
-            row = coordinator.run("loss_probe", {"loss": loss, "config": config.to_row(), "settings": asdict(settings)})
+            payload = {"loss": loss, "config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(planner.price(config))}
+            row = coordinator.run("loss_probe", payload)
             planner.cost.observe(row)
             rows.append({**row, "loss": loss})
     chosen, reason = choose_measured_loss(rows, task, planner)

@@ -38,6 +38,7 @@ class Coordinator:
         self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
+        self.failed = False  # a task failed on rank 0: the ranks may no longer be in step
 
     @property
     def leads(self) -> bool:
@@ -47,8 +48,12 @@ class Coordinator:
         """Rank 0: run `task` on every rank and return the combined row."""
         if not self.distributed:
             return self.handlers[task](payload)
-        self._broadcast((task, payload))
-        return self._execute(task, payload)
+        try:
+            self._broadcast((task, payload))
+            return self._execute(task, payload)
+        except BaseException:
+            self.failed = True
+            raise
 
     def follow(self) -> None:
         """Ranks > 0: run what rank 0 broadcasts until it says done."""
@@ -59,7 +64,10 @@ class Coordinator:
             self._execute(task, payload)
 
     def finish(self) -> None:
-        if self.distributed and self.leads:
+        # After a failed task no collective is sent: the process group may be what failed (a
+        # timed-out collective), or the others are still in the task's; its error is the one to
+        # tell, and the launcher ends the others once rank 0 leaves.
+        if self.distributed and self.leads and not self.failed:
             self._broadcast((DONE, {}))
 
     def _execute(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:

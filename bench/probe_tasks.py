@@ -1,8 +1,23 @@
 """What each process of a bench runs on its workload when rank 0 says so: the coordinator's named
-tasks (bench.distributed), the same code under one process or several."""
+tasks (bench.distributed), the same code under one process or several.
+
+Under several processes nothing here waits on another rank longer than it should:
+- a probe's collectives give up after a multiple of the probe's price (`probe_timeout_seconds`),
+  not NCCL's 10 minutes: a rank that fails between a step's collectives (an out-of-memory in
+  FSDP's backward) leaves the others in one that nothing can match, and the job then ends within
+  minutes (NCCL's watchdog; gloo raises), with the rows measured so far on disk (bench.unfinished);
+- while rank 0's compile-cache child runs (up to its own timeout, 900 s at most), the others wait
+  on the launcher's store, not in a collective the watchdog would end after 10 minutes.
+"""
 
 from __future__ import annotations
 
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +27,79 @@ from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
 from common.console import is_main_process
 from train.planning.comm import measure_collectives
+from train.step.runtime import wait_for_all
+
+# A probe's collectives wait for the slowest rank this many times the probe's price (all its steps
+# priced high, a compilation for a new shape included: bench.cost), and never less than the floor
+# (DataLoader workers starting, an allocator's retry, a busy host: what no price holds).
+COLLECTIVE_TIMEOUT_FACTOR = 4.0
+COLLECTIVE_TIMEOUT_FLOOR = 120.0
+# The compile-cache child's timeout when the budget sets none (bench.compile_probe).
+COMPILE_CHILD_TIMEOUT = 900.0
+# What rank 0 does around the child (freeing the device, starting the interpreter) on top of it.
+COMPILE_WAIT_SLACK = 60.0
+COMPILE_CACHE_KEY = "benchtrain/compile-cache"
+
+
+def probe_timeout_seconds(price_seconds: float) -> float:
+    """How long a probe's collectives wait for another rank before the job gives up on it."""
+    return max(COLLECTIVE_TIMEOUT_FLOOR, COLLECTIVE_TIMEOUT_FACTOR * price_seconds)
+
+
+@contextmanager
+def collectives_give_up_after(seconds: float | None) -> Iterator[None]:
+    """Under several processes: collectives started inside give up after `seconds` (NCCL's watchdog
+    then ends the process, as torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING asks; gloo raises), then
+    the process group's timeout is what it was. torch sets it per process group at creation only
+    (accelerate's InitProcessGroupKwargs), when no probe is priced yet: `_set_pg_timeout` changes it."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    set_timeout = getattr(distributed_c10d, "_set_pg_timeout", None)
+    if seconds is None or set_timeout is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        yield
+        return
+    before = process_group_timeout()
+    set_timeout(timedelta(seconds=seconds))
+    try:
+        yield
+    finally:
+        set_timeout(before)
+
+
+def process_group_timeout() -> timedelta:
+    """The default process group's timeout (its backends' options); torch's default when unreadable."""
+    from torch.distributed import distributed_c10d
+
+    group = distributed_c10d._get_default_group()
+    for device in group._device_types:
+        timeout = getattr(getattr(group._get_backend(device), "options", None), "_timeout", None)
+        if isinstance(timeout, timedelta):
+            return timeout
+    return distributed_c10d.default_pg_timeout
+
+
+@dataclass(frozen=True)
+class JobStore:
+    """The launcher's rendezvous store of a multi-process job (torchrun's agent store, or rank 0's),
+    to wait on without a collective: what train.step.runtime.finish_together waits on too."""
+
+    store: Any
+    world_size: int
+    rank: int
+    clock: Callable[[], float] = time.monotonic
+    pause: Callable[[float], None] = time.sleep
+
+    @classmethod
+    def of_this_job(cls) -> JobStore | None:
+        """This job's store; None for a single process."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return cls(_get_default_store(), dist.get_world_size(), dist.get_rank())
 
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
@@ -19,9 +107,15 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     # Looked up when the coordinator is made: tests replace the probes.
     from bench.probe import run_eval_probe, run_probe
 
+    compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())  # the same sequence on every rank
+
+    def probe(task: dict[str, Any]) -> dict[str, Any]:
+        with collectives_give_up_after(task.get("timeout_seconds")):
+            return run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops)
+
     return Coordinator(
         {
-            "probe": lambda task: run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
+            "probe": probe,
             "eval": lambda task: run_eval_probe(workload, StepConfig.from_row(task)),
             # FSDP: every rank joins in gathering the state that rank 0 saves (train.running.checkpoint);
             # DDP: rank 0 alone saves. Rank 0's figures are kept.
@@ -29,13 +123,10 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
                 measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"]) if task["every_rank"] or is_main_process() else {}
             ),
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
-            "loss_probe": lambda task: (
-                workload.set_loss(task["loss"]),
-                run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops),
-            )[1],
+            "loss_probe": lambda task: (workload.set_loss(task["loss"]), probe(task))[1],
             "set_loss": lambda task: (workload.set_loss(task["loss"]), {})[1],
             # Rank 0 only, and last: the other ranks keep their models, which they no longer use.
-            "compile_cache": lambda task: measure_cached_compile(workload, task["row"], task.get("timeout_seconds")) if is_main_process() else {},
+            "compile_cache": lambda task: compile_cache_task(workload, task, next(compile_cache_keys), JobStore.of_this_job()),
         }
     )
 
@@ -50,6 +141,28 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
     }
 
 
+def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobStore | None) -> dict[str, Any]:
+    """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for
+    it on the job's store, for as long as the child may run and COMPILE_WAIT_SLACK more, then all
+    go on to exchange the result (bench.distributed.Coordinator: a collective that is now quick).
+    Waiting in that collective instead, a child slower than NCCL's 10-minute timeout had the
+    watchdog end the other ranks, and the job. `job`: None for a single process."""
+    timeout_seconds = float(task.get("timeout_seconds") or COMPILE_CHILD_TIMEOUT)
+    if job is None:
+        return measure_cached_compile(workload, task["row"], timeout_seconds)
+    if job.rank == 0:
+        try:
+            return measure_cached_compile(workload, task["row"], timeout_seconds)
+        finally:
+            job.store.add(key, 1)  # rank 0's count: the others stop waiting
+    give_up_at = job.clock() + timeout_seconds + COMPILE_WAIT_SLACK
+    try:  # every rank counts itself in; the count is whole once rank 0 has
+        wait_for_all(job.store, key, job.world_size, give_up_at, job.clock, job.pause)
+    except RuntimeError as error:
+        raise RuntimeError(f"rank 0's compile-cache measurement did not end within {timeout_seconds + COMPILE_WAIT_SLACK:.0f} s") from error
+    return {}
+
+
 def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
     """Free this process's model and device memory, then time a fresh `train`-like process
     compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
@@ -57,4 +170,4 @@ def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: 
 
     loss = workload.engine.loss
     workload.release()
-    return measure_in_new_process(workload.spec.reference, workload.method, loss, row, timeout_seconds or 900.0) or {}
+    return measure_in_new_process(workload.spec.reference, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}

@@ -73,7 +73,7 @@ def measure_setup(
         coordinator.follow()  # rank 0 decides every probe; this process runs each with it
         return None
     try:
-        return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started)), workload, progress)
+        return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True), workload, progress)
     finally:
         coordinator.finish()
         workload.release()  # the next setup builds its own model
@@ -173,7 +173,8 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: Any, tokenized:
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
     """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
-    and the other plain-torch ones (Liger's kernels, once installed, stay for all of them)."""
+    and the other plain-torch ones (Liger's RMSNorm/SwiGLU kernels are on the model only while the
+    liger loss is: train.step.loss.install_loss, as `train` builds each)."""
     from train.step.loss import PLAIN_HEAD_MODEL_TYPES
 
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.schema import read_calibration_file
-from common.atomic import file_lock, write_json_atomic, write_text_atomic
+from common.atomic import file_lock, read_json_file, write_json_atomic, write_text_atomic
 from common.errors import BenchtrainError, CalibrationFileError
 from common.home import benchtrain_home, writable_subdir
 
@@ -78,7 +78,9 @@ def new_id(device: str, model_name: str, when: datetime) -> str:
 
 
 def save_calibration(data: dict[str, Any]) -> Path:
-    """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix."""
+    """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix. The measurements
+    its bench kept aside while it ran (`keep_unfinished`) are removed once it is written."""
+    kept = unfinished_paths(data)
     folder = writable_subdir("calibrations")
     with file_lock(folder / ".lock"):
         base, candidate, suffix = data["id"], data["id"], 2
@@ -88,15 +90,69 @@ def save_calibration(data: dict[str, Any]) -> Path:
         write_text_atomic(folder / f"{candidate}.csv", measurements_csv(data["measurements"]))
         path = folder / f"{candidate}.json"
         write_json_atomic(path, data)
+    discard_unfinished(kept)
     return path
 
 
 def save_failed(data: dict[str, Any]) -> Path:
-    """Keep a benchmark that fitted nothing out of the store (`latest` never sees it)."""
+    """Keep a benchmark that fitted nothing out of the store (`latest` never sees it); it replaces
+    the measurements its bench kept aside while it ran."""
+    kept = unfinished_paths(data)
     folder = writable_subdir("calibrations") / "failed"
     path = folder / f"{data['id']}.json"
     write_json_atomic(path, data)
+    discard_unfinished(kept)
     return path
+
+
+# A bench under way keeps the measurements it has so far beside the calibrations, never among them
+# (`latest` reads calibrations/*.json only): a bench that dies (an out-of-memory between one rank's
+# collectives, a watchdog, a lost machine) leaves them readable. The record it is building names
+# the file under this key, which saving it removes (`unfinished_paths`).
+UNFINISHED_KEY = "unfinished_measurements"
+
+
+def unfinished_dir() -> Path:
+    return calibrations_dir() / "unfinished"
+
+
+def keep_unfinished(data: dict[str, Any], path: Path | None = None) -> Path:
+    """Write a bench's measurements so far (atomically) to `path`, or to a new file named after
+    `data`'s id (a taken name gets a numeric suffix); returns where."""
+    if path is None:
+        folder = writable_subdir("calibrations") / "unfinished"
+        base, candidate, suffix = data["id"], data["id"], 2
+        while (folder / f"{candidate}.json").exists():
+            candidate, suffix = f"{base}-{suffix}", suffix + 1
+        path = folder / f"{candidate}.json"
+    write_json_atomic(path, data)
+    return path
+
+
+def unfinished_paths(data: dict[str, Any]) -> list[Path]:
+    """The kept measurements a record (and its variants) names, the names taken out of it."""
+    entries = [data, *data.get("variants", [])]
+    return [Path(entry.pop(UNFINISHED_KEY)) for entry in entries if entry.get(UNFINISHED_KEY)]
+
+
+def discard_unfinished(paths: Sequence[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def list_unfinished() -> list[tuple[Path, dict[str, Any] | None]]:
+    """(path, content or None when unreadable) for every bench that kept measurements and never
+    stored them, newest first."""
+    folder = unfinished_dir()
+    if not folder.is_dir():
+        return []
+    entries: list[tuple[Path, dict[str, Any] | None]] = []
+    for path in sorted(folder.glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True):
+        try:
+            entries.append((path, read_json_file(path)))
+        except BenchtrainError:
+            entries.append((path, None))
+    return entries
 
 
 def measurements_csv(rows: list[dict[str, Any]]) -> str:

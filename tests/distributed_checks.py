@@ -4,6 +4,7 @@
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py one-rank-oom
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py plans-agree DATA ELAPSED ARGUMENTS…
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py late-oom ddp|fsdp
+    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py rows-survive ddp|fsdp oom|stall
 
 Rank 0 prints one JSON line with what it found. `learning_rate_curve` also runs in one process, in
 the test itself, for the curve to compare with."""
@@ -102,6 +103,64 @@ def late_oom(sharding: str) -> dict[str, Any]:
     return {"statuses": [row["status"] for row in rows], "errors": [row.get("error", "") for row in rows], "sharding": workload.engine.sharding}
 
 
+# The probe (counted from 1) in whose second step's backward rank 1 fails (rows_survive).
+FAILING_PROBE = 3
+# How long rank 1 stalls there before it runs out of memory ("stall"): past the probe's collective timeout.
+STALL_SECONDS = 25.0
+
+
+def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
+    """`bench run` under two processes, rank 1 failing in the middle of the third probe's second
+    step's backward: between collectives (FSDP's all-gathers and reduce-scatters, DDP's bucketed
+    all-reduce), where no agreement can reach the other rank. "oom": it runs out of memory there
+    (rank 0's next collective no longer matches rank 1's: gloo aborts; NCCL would wait for its
+    watchdog); "stall": it first stalls for STALL_SECONDS, and rank 0's collective gives up after the
+    probe's timeout (bench.probe_tasks.COLLECTIVE_TIMEOUT_FLOOR made 5 s). Rank 0's exit code and
+    the seconds from the failing probe's start to bench's end, when it ends at all."""
+    import time
+
+    import torch.distributed as dist
+
+    import bench.probe as probe
+    import bench.probe_tasks as probe_tasks
+    from bench.cli import main as bench_main
+    from common.errors import guard_cli
+    from train.workload.method import unwrap
+
+    probe_tasks.COLLECTIVE_TIMEOUT_FLOOR = 5.0  # seconds: the test's processes are not GPUs
+    original, probes = probe.run_probe, {"count": 0, "failing_started": 0.0}
+
+    def run_probe(workload: Any, config: Any, settings: Any, peak_flops: float | None = None) -> dict[str, Any]:
+        probes["count"] += 1
+        if probes["count"] == FAILING_PROBE:
+            probes["failing_started"] = time.monotonic()
+        if probes["count"] != FAILING_PROBE or int(os.environ["RANK"]) != 1:
+            return original(workload, config, settings, peak_flops)
+        blocks = unwrap(workload.model).model.layers  # a llama's decoder blocks (FSDP renames their class)
+        forwards = {"count": 0}
+
+        def out_of_memory(gradient: Any) -> Any:
+            if failure == "stall":
+                time.sleep(STALL_SECONDS)
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (rank 1, step 2's backward)")
+
+        def arm(module: Any, inputs: Any, output: Any) -> None:
+            forwards["count"] += 1
+            if forwards["count"] == 2:  # the second step: its backward fails between the blocks' collectives
+                (output[0] if isinstance(output, tuple) else output).register_hook(out_of_memory)
+
+        handle = blocks[len(blocks) // 2].register_forward_hook(arm)
+        try:
+            return original(workload, config, settings, peak_flops)
+        finally:
+            handle.remove()
+
+    probe.run_probe = run_probe
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1"]
+    code = guard_cli(bench_main, ["run", *grid, "--sharding", sharding, "--loss", "plain", "--compile", "off", "--no-report", "--quiet"])
+    return {"code": code, "rank": dist.get_rank(), "failing_probe_seconds": time.monotonic() - probes["failing_started"]}
+
+
 def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[str, Any]:
     """`train`'s plan on every rank (tests/test_ranks_agree.py), rank 1 made to have spent
     `rank1_elapsed` seconds more than rank 0 (its clock feeds --fit-deadline and the deadline check);
@@ -146,6 +205,8 @@ def main() -> None:
         result = plans_agree(sys.argv[2], float(sys.argv[3]), sys.argv[4:])
     elif check == "late-oom":
         result = late_oom(sys.argv[2])
+    elif check == "rows-survive":
+        result = rows_survive(sys.argv[2], sys.argv[3])
     else:
         result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
     if dist.get_rank() == 0:

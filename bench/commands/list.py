@@ -14,9 +14,13 @@ def add_parser(commands: Any) -> None:
 
 
 def list_command() -> int:
+    from bench.unfinished import describe_unfinished
     from calibration.setup import describe_setup
     from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
 
+    # What benches that died kept of their measurements (never a calibration): named first.
+    for line in describe_unfinished():
+        print(line)
     entries = list_calibrations()
     # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
     bundled = ", ".join(bundled_calibrations())

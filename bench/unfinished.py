@@ -1,0 +1,101 @@
+"""The measurements of a bench under way, on disk after every probe.
+
+A multi-process bench can die with nothing said: an out-of-memory on one rank between a step's
+collectives (FSDP's all-gathers and reduce-scatters, DDP's bucketed all-reduce) leaves the other
+ranks in a collective that nothing can match, until the collective's timeout (bench.probe_tasks)
+ends the job, or gloo aborts on the mismatch. Rank 0 therefore writes the rows measured so far
+after every probe (calibration.store.keep_unfinished: beside the calibrations, never among them,
+so `latest` never plans from them); `bench list` names what a dead bench left, and a stored or
+failed calibration replaces its own file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, ClassVar
+
+from common.console import say
+from common.errors import EXIT_INTERNAL, BenchtrainError
+
+WHAT_IT_IS = "the measurements of a bench that had not finished: not a calibration (no fit); `bench run` measures again"
+
+
+class BenchStopped(BenchtrainError):
+    """A bench that failed after some probes: what failed, and where the rows measured are."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class KeptRows:
+    """Rank 0's measurements so far, rewritten whole (atomically) after every probe."""
+
+    # This process's files (one per setup of `bench run --quantize/--optimizer …`): not earlier benches'.
+    written_here: ClassVar[set[Path]] = set()
+
+    def __init__(self, task: Any, started: datetime | None = None) -> None:
+        from calibration.store import new_id
+
+        started = started or datetime.now(timezone.utc)
+        self.path: Path | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.head = {
+            "id": new_id(task.device_label, task.model.get("name", "model"), started),
+            "created_at": started.isoformat(timespec="seconds"),
+            "unfinished": WHAT_IT_IS,
+            "hardware": task.hardware,
+            "software": task.software,
+            "model": task.model,
+            "training": task.training,
+            "requested_device": task.requested_device,
+            "data": task.data,
+            "processes": {"world_size": task.world_size, "sharding": task.sharding},
+            "search": {"method": task.search, "space": task.space.as_dict()},
+        }
+
+    def add(self, row: dict[str, Any]) -> None:
+        from calibration.store import keep_unfinished, list_unfinished
+
+        self.rows.append(row)
+        first = self.path is None
+        self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
+        if first:
+            KeptRows.written_here.add(self.path)
+            others = [path for path, _ in list_unfinished() if path not in KeptRows.written_here]
+            earlier = f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
+            say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
+
+    def name_in(self, record: dict[str, Any]) -> None:
+        """Let `record` name the file, which storing it (or keeping it as failed) removes."""
+        from calibration.store import UNFINISHED_KEY
+
+        if self.path is not None:
+            record[UNFINISHED_KEY] = str(self.path)
+
+    def stopped(self, error: BaseException) -> BenchStopped:
+        """What to raise (from `error`, which --debug shows) for a bench that failed with `error`
+        after some rows were kept: one line that says where they are."""
+        ok = sum(1 for row in self.rows if row.get("status") == "ok")
+        cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"[:300]
+        stopped = BenchStopped(
+            f"the bench stopped after {len(self.rows)} probes ({ok} ok), on {cause}; "
+            f"the measurements so far are kept in {self.path} (not a calibration; `bench list` names it)"
+        )
+        stopped.exit_code = getattr(error, "exit_code", EXIT_INTERNAL)  # a problem the user can fix keeps its code
+        return stopped
+
+
+def describe_unfinished() -> list[str]:
+    """`bench list`'s lines for the benches that kept measurements and never stored them."""
+    from calibration.store import list_unfinished
+
+    lines = []
+    for path, data in list_unfinished():
+        if data is None:
+            lines.append(f"unfinished bench {path}: unreadable")
+            continue
+        rows = data.get("measurements") or []
+        ok = sum(1 for row in rows if row.get("status") == "ok")
+        started = data.get("created_at", "?")
+        lines.append(f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)")
+    return lines
