@@ -11,7 +11,6 @@ with `gradient_as_bucket_view` the gradients should be views into them, and noth
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 
@@ -80,15 +79,9 @@ def ddp_gradient_storage() -> dict[str, Any]:
 
 
 def main() -> None:
-    import torch.distributed as dist
+    from distributed_checks import report_and_leave
 
-    result = ddp_gradient_storage()
-    if dist.get_rank() == 0:
-        print(json.dumps(result), flush=True)
-    from train.step.runtime import finish_together, leave
-
-    finish_together()
-    leave(0)
+    report_and_leave(ddp_gradient_storage())
 
 
 if __name__ == "__main__":

@@ -198,7 +198,6 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
 
 
 def main() -> None:
-    import torch.distributed as dist
 
     check = sys.argv[1]
     if check == "plans-agree":
@@ -209,6 +208,13 @@ def main() -> None:
         result = rows_survive(sys.argv[2], sys.argv[3])
     else:
         result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
+    report_and_leave(result)
+
+
+def report_and_leave(result: Any) -> None:
+    """Rank 0 prints `result` as one JSON line; every rank waits for the others and exits 0."""
+    import torch.distributed as dist
+
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)
     from train.step.runtime import finish_together, leave
