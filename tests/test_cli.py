@@ -160,6 +160,27 @@ def test_train_bad_data(calibrated_home: Path, tmp_path: Path, capsys: pytest.Ca
     assert_one_line_error(code, err, fragment)
 
 
+def test_datasets_own_error_log_stays_out_of_a_bad_file_s_one_line(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """datasets logs its own error before raising; with its handler's stream gone (configured under
+    an earlier test's captured stderr, or a closed pipe) logging printed a traceback beside our line."""
+    import io
+    import logging
+
+    gone = io.StringIO()
+    gone.close()
+    handler = logging.StreamHandler(gone)
+    logging.getLogger("datasets").addHandler(handler)
+    try:
+        path = tmp_path / "data.jsonl"
+        write_lines(path, ['{"text": "ok"}', '{"text": broken}'])
+        code, _, err = run_main("train", ["--data", str(path), "--deadline", "5m"], capsys)
+    finally:
+        logging.getLogger("datasets").removeHandler(handler)
+    assert_one_line_error(code, err, "line 2: not valid JSON")
+
+
 @pytest.mark.parametrize(
     ("extra", "fragment"),
     [

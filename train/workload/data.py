@@ -11,9 +11,11 @@ hub cache as models are, train.workload.hub, then read with `datasets.load_datas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,8 @@ def load_records(path: str, split: str = "train") -> Any:
         _check_jsonl(source, lines=1)  # datasets reads a file of one JSON list as rows of text
     datasets.disable_progress_bars() if not _interactive() else None
     try:
-        loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
+        with _datasets_quiet():
+            loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
     except Exception as error:
         if source.suffix.lower() == ".jsonl":
             _check_jsonl(source)  # names the first malformed line, which datasets' error does not
@@ -69,6 +72,21 @@ def load_records(path: str, split: str = "train") -> Any:
         detail = f": {str(cause).splitlines()[0]}" if cause and str(cause) else ""
         raise BenchtrainError(f"cannot read {path} ({message}{detail})") from None
     return _non_empty(loaded, path)
+
+
+@contextlib.contextmanager
+def _datasets_quiet() -> Iterator[None]:
+    """datasets logs its own error (with a traceback where its handler's stream is gone) before it
+    raises; the failure is ours to say, in one line: its logger is silenced while it reads."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) -> Any:
