@@ -149,7 +149,7 @@ def finish_row(
     row.update(
         tokens_per_second=figures["computed_tokens_per_second"],
         step_seconds=median_seconds,
-        step_seconds_mean=statistics.fmean(steps),
+        step_seconds_mean=statistics.fmean(timing.raw_step_seconds or steps),  # as timed: a run lasts their sum
         step_seconds_median=median_seconds,
         step_seconds_spread=spread(steps),
         step_seconds_min=min(steps),

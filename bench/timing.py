@@ -7,6 +7,14 @@ time it was given for timing is spent, or the next step would pass the probe's t
 benchmark's budget has left). A step cannot be interrupted, so the limit is kept by not starting
 a step that the steps so far say would cross it.
 
+At accumulation A a step is A micro-steps: a burst of other work on the machine lands inside a
+step instead of in a step of its own, where the median would have left it out, and a long step
+gets few timed steps (two at 16 × 60 ms). Where the step times each micro-step (on CPU), a step's
+figure is therefore its optimizer part plus A × its median micro-step: as robust at accumulation 16
+as at 1 (issue #38: a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
+at 1 and 2; the same process, interleaved, runs both at 0.058 s). The raw step seconds are kept
+for the mean (a run lasts the sum of its steps, slow ones included).
+
 Warm-up is measured too: one step always (allocation, kernel selection, a compilation); a first
 timed step that is still far slower than the rest is moved to the warm-up afterwards.
 
@@ -99,8 +107,9 @@ class StepTiming:
     first_step_seconds: float = 0.0
     warmup_seconds: float = 0.0
     warmup_steps: int = 0
-    step_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)  # steady_step_seconds of each timed step
     wait_seconds: list[float] = field(default_factory=list)
+    raw_step_seconds: list[float] = field(default_factory=list)  # as the clock measured them
     stop_reason: str = ""
 
     @property
@@ -156,7 +165,8 @@ def time_steps(
             timing.stop_reason = "time limit"
             break
         result = run_step()
-        timing.step_seconds.append(result.seconds)
+        timing.step_seconds.append(steady_step_seconds(result))
+        timing.raw_step_seconds.append(result.seconds)
         timing.wait_seconds.append(result.data_wait_seconds)
         reason = _stop_reason(timing.step_seconds, clock() - timed_from, settings)
         if agree(int(reason is not None)):
@@ -164,6 +174,20 @@ def time_steps(
             break
     _trim_slow_start(timing)
     return timing
+
+
+# Fewest micro-steps whose median leaves one disturbed micro-step out.
+MIN_MICRO_STEPS_FOR_MEDIAN = 3
+
+
+def steady_step_seconds(result: Any) -> float:
+    """A step's seconds with its micro-steps counted at their median: the step's time less its
+    micro-steps', plus A × their median (the step's own seconds where it did not time them, as on a
+    GPU, or where A is below MIN_MICRO_STEPS_FOR_MEDIAN)."""
+    micro = list(getattr(result, "micro_step_seconds", ()) or ())
+    if len(micro) < MIN_MICRO_STEPS_FOR_MEDIAN:
+        return float(result.seconds)
+    return float(result.seconds) - sum(micro) + len(micro) * statistics.median(micro)
 
 
 def _would_cross(left: float, expected_step: float) -> bool:
@@ -186,6 +210,7 @@ def _trim_slow_start(timing: StepTiming) -> None:
     """A first timed step still warming up (far slower than the rest) counts as warm-up."""
     steps = timing.step_seconds
     if len(steps) >= MIN_TIMED_STEPS + 1 and steps[0] > SLOW_START_FACTOR * statistics.median(steps[1:]):
-        timing.warmup_seconds += steps.pop(0)
+        steps.pop(0)
+        timing.warmup_seconds += timing.raw_step_seconds.pop(0)
         timing.wait_seconds.pop(0)
         timing.warmup_steps += 1

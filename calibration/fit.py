@@ -37,12 +37,13 @@ and of peak memory, median and 90th percentile.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from calibration.extrapolation import held_out_by_dimension
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
 from calibration.memory_fit import fit_memory_rows
 from calibration.step_config import StepConfig
@@ -357,6 +358,14 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
 
     outside = extrapolated_rows(configs)
     extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])
+
+    def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
+        def pick(values: np.ndarray | None) -> np.ndarray | None:
+            return None if values is None else values[train]
+
+        chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, pick(wait_seconds), pick(uncertainty), overlap, tied)
+        return chosen.micro_step_seconds
+
     return {
         "kind": kind,
         "reason": reason,
@@ -366,6 +375,8 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
         "held_out_error": error.to_json(),
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
+        # Per dimension, the probes at its largest value predicted from the rest (calibration.extrapolation).
+        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fit_on, held_out, MIN_ROWS_FOR_FIT),
         "held_out_relative_errors": error.signed_relative,
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: value[0].to_json() for name, value in candidates.items()},

@@ -32,6 +32,9 @@ class StepResult:
     micro_batches: int
     shapes: tuple[tuple[int, ...], ...] = ()  # each micro-batch's (rows, length): a new one compiles
     learning_rate: float = 0.0  # what this step's optimizer step used
+    # Each micro-step's seconds (its forward and backward, not its wait), on CPU only, where the
+    # host's clock times the work; on a GPU it would take a synchronisation per micro-step.
+    micro_step_seconds: tuple[float, ...] = ()
 
 
 class StepTimer:
@@ -89,6 +92,9 @@ class TrainingStep:
         self.scheduler = scheduler
         self.max_grad_norm = max_grad_norm
         self.timer = StepTimer(accelerator.device)
+        # On CPU the host runs the work as it is issued: its clock times each micro-step for free
+        # (bench.timing.steady_step_seconds).
+        self.host_timed = accelerator.device.type == "cpu"
         # Under DDP with gradient_as_bucket_view the gradients are views into DDP's all-reduce
         # buckets (one fp32 copy, allocated when DDP wraps the model) and must stay so: see
         # settle_gradient_buckets.
@@ -117,11 +123,13 @@ class TrainingStep:
         wait = 0.0
         tokens = target_tokens = 0
         shapes = []
+        micro_seconds: list[float] = []
         self.timer.start()
         for index in range(grad_accum):
             waited_from = time.perf_counter()
             batch = next(batches)
-            wait += time.perf_counter() - waited_from
+            started = time.perf_counter()
+            wait += started - waited_from
             # Counted by the DataLoader worker (count_targets); host tensors only, no device sync.
             counted = batch.get("target_tokens")
             target_tokens += int(counted) if counted is not None else count_targets(batch["labels"])
@@ -139,6 +147,8 @@ class TrainingStep:
                 loss = outputs.loss / grad_accum
                 accelerator.backward(loss)
             loss_sum += loss.detach()
+            if self.host_timed:
+                micro_seconds.append(time.perf_counter() - started)
         if self.max_grad_norm:
             accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
         learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
@@ -147,7 +157,9 @@ class TrainingStep:
             self.scheduler.step()  # once per optimizer step, whatever the number of processes
         self.clear_gradients()
         seconds = self.timer.stop()
-        return StepResult(seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate)
+        return StepResult(
+            seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate, micro_step_seconds=tuple(micro_seconds)
+        )
 
 
 def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:

@@ -1,0 +1,145 @@
+"""How far a plan may miss where it extrapolates, measured per dimension at fit time.
+
+A blanket widening (× (1 + log2 of the largest stretch past the range), issue #38) made a plan at
+accumulation 16 from probes at 1–2 four times as uncertain as one inside the range, although
+accumulation repeats a measured micro-step, and it widened a length extrapolation by a rule, not
+by what extrapolating length was seen to miss. Instead, at fit time, for each dimension (micro
+batch, length, accumulation, tokens per micro-step) the probes at its largest measured value are
+held out, predicted by a fit of the rest, and that error is kept with how far the held-out step
+reached (`fit["extrapolation_by_dimension"]`). A plan then widens only along the dimensions it
+extrapolates, each by its own measured error:
+
+- micro batch, length, tokens per micro-step: the measured error per doubling, times the doublings
+  past the range (the model's terms grow with size; an error in one grows with the stretch);
+- accumulation past the largest measured: what its probes missed beyond the relative bound (which
+  already holds the probes' noise), once, not per doubling. A micro-step costs its measured work
+  plus the optimizer step's share, optimizer/A, which only shrinks past the range: what
+  extrapolating accumulation can miss is bounded by what the held-out probes missed. When they
+  missed no more than any probe, the plan is as certain as one inside the range. Below the
+  smallest measured accumulation that share grows: per doubling, as the sizes.
+
+A dimension nothing could hold out (one value measured, or too few probes left to fit) is
+`None`: a plan past it widens by UNTESTED_EXTRAPOLATION per doubling.
+
+Micro batch and length both set the tokens of a micro-step, so their widenings and the tokens'
+overlap: the sizes widen by the larger of (micro batch + length) and tokens, not by all three.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from calibration.fit_tools import ErrorSummary
+from calibration.step_config import StepConfig
+
+DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
+SIZE_DIMENSIONS = ("micro_batch_size", "seq_len")
+
+
+def dimension_value(config: StepConfig, name: str) -> int:
+    """`config`'s value along `name` (tokens: micro batch × length)."""
+    if name == "tokens":
+        return config.micro_batch_size * config.seq_len
+    return int(getattr(config, name))
+
+
+def held_out_by_dimension(
+    configs: Sequence[StepConfig],
+    micro_seconds: np.ndarray,
+    fit_on: Callable[[np.ndarray], Callable[[StepConfig], float]],
+    leave_one_out: np.ndarray,
+    min_rows: int,
+) -> dict[str, dict[str, Any] | None]:
+    """For each dimension: the probes at its largest value predicted by `fit_on(the other rows)`
+    (a function of a config giving micro-step seconds): their tokens/s error (median, p90, max,
+    count), `stretch` (the held-out value over the largest one left) and `basis`. None where a
+    dimension has one value or fewer than `min_rows` probes would be left to fit.
+
+    Accumulation measured at two values is the exception: without its largest, one accumulation is
+    left, and no fit of one accumulation can tell the optimizer step's share from the micro-step's
+    (it would "miss" by that share, which the fit of both values measures). There the probes at the
+    largest accumulation are judged by their leave-one-out predictions (`leave_one_out`, micro-step
+    seconds of each probe from a fit of all the others: the other sizes at that accumulation pin
+    the optimizer's share): basis "leave-one-out"."""
+    record: dict[str, dict[str, Any] | None] = {}
+    for name in DIMENSIONS:
+        values = np.array([dimension_value(config, name) for config in configs])
+        distinct = np.unique(values)
+        train = np.flatnonzero(values < distinct[-1])
+        if len(distinct) < 2 or len(train) < min_rows:
+            record[name] = None
+            continue
+        test = np.flatnonzero(values == distinct[-1])
+        if name == "grad_accum" and len(distinct) == 2:
+            predicted, basis = leave_one_out[test], "leave-one-out"
+        else:
+            predict = fit_on(train)
+            predicted, basis = np.array([predict(configs[int(index)]) for index in test]), "held out"
+        # tokens/s error, actual over predicted on the same tokens, as the held-out error is.
+        summary = ErrorSummary.from_pairs(1.0 / predicted, 1.0 / micro_seconds[test])
+        record[name] = {**summary.to_json(), "stretch": float(distinct[-1] / distinct[-2]), "basis": basis}
+    return record
+
+
+def stretch_by_dimension(config: StepConfig, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """How far `config` lies past the measured `rows` along each dimension: value / largest, or
+    smallest / value below the range (1 inside). Also `grad_accum_below`: 1, or the ratio below."""
+    stretches: dict[str, float] = {}
+    for name in DIMENSIONS:
+        measured = [dimension_value(StepConfig.from_row(row), name) for row in rows]
+        value = dimension_value(config, name)
+        above = value / max(measured) if measured and value > max(measured) else 1.0
+        below = min(measured) / value if measured and name != "tokens" and 0 < value < min(measured) else 1.0
+        stretches[name] = max(above, below)
+        if name == "grad_accum":
+            stretches["grad_accum_below"] = below
+    return stretches
+
+
+def extrapolation_widening(record: dict[str, Any], stretches: dict[str, float], untested: float, inside: float) -> float:
+    """What to add to the relative bound (`inside`) for a plan `stretches` past the range
+    (stretch_by_dimension), from the measured per-dimension errors (`record`, as
+    held_out_by_dimension gives it)."""
+
+    def widening(name: str, per_doubling: bool = True) -> float:
+        stretch = stretches.get(name, 1.0)
+        if stretch <= 1.0:
+            return 0.0
+        measured = record.get(name)
+        if not measured or not measured.get("count"):
+            return untested * math.log2(stretch)
+        error = float(measured.get("p90_abs_pct") or 0.0) / 100.0
+        if not per_doubling:
+            return max(0.0, error - inside)
+        # Per doubling; a held-out step shorter than a doubling counts as one (its error is then
+        # mostly the probes' own noise, which does not grow with the stretch).
+        return error * math.log2(stretch) / max(1.0, math.log2(float(measured.get("stretch") or 2.0)))
+
+    sizes = max(widening("micro_batch_size") + widening("seq_len"), widening("tokens"))
+    if stretches.get("grad_accum_below", 1.0) > 1.0:
+        accumulation = widening("grad_accum")  # below the range: the optimizer's share grows
+    else:
+        accumulation = widening("grad_accum", per_doubling=False)
+    return sizes + accumulation
+
+
+def check_record(record: Any, where: str) -> str | None:
+    """A problem with a stored `extrapolation_by_dimension` record, in one line, or None."""
+    if not isinstance(record, dict):
+        return f"{where} should be an object"
+    for name, entry in record.items():
+        if name not in DIMENSIONS:
+            return f"{where}: unknown dimension {name!r} (known: {', '.join(DIMENSIONS)})"
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            return f"{where}.{name} should be an object or null"
+        for field in ("p90_abs_pct", "stretch"):
+            value = entry.get(field)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+                return f"{where}.{name}.{field} should be a non-negative number"
+    return None
