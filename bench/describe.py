@@ -40,6 +40,10 @@ def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
     ]
     lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))
+    if data.get("slices"):
+        from calibration.slices import describe_slices
+
+        lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")
     if distributed:
         lines.append("  " + describe_processes(distributed))

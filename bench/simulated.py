@@ -254,14 +254,14 @@ class ReplayedDevice(SimulatedDevice):
         return float(row["peak_memory_bytes"]) if row else math.inf
 
 
-def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
+def simulated_h100(model: Any, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
     """(device, spec, method, memory need) for a preset on a simulated H100 80 GB."""
     from train.planning.memory_check import compute_bytes, memory_need, meta_model
     from train.workload.method import MethodConfig
     from train.workload.model import model_shape, resolve_model
 
     measured = H100Measurements.load()
-    spec = resolve_model(model)
+    spec = resolve_model(model) if isinstance(model, str) else model  # a preset name, or a spec (a layer slice: bench.layer_slices)
     method = MethodConfig(method="lora") if lora else MethodConfig()
     need = memory_need(spec, method, "cuda")
     shape = model_shape(meta_model(spec, method))
@@ -287,7 +287,7 @@ def simulated_h100(model: str, lora: bool, seed: int = 0, replay: bool = False) 
 
 
 def simulate_bench(
-    model: str,
+    model: Any,
     lora: bool,
     budget: float | str | None,
     checkpointing: tuple[int, ...] = (0,),

@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from calibration.fit import ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 
@@ -159,17 +161,27 @@ class Calibration:
         run-to-run spread that past runs showed around the history correction (a machine whose
         speed drifts cannot be predicted better than it repeats itself)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
-        return max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
+        bound = max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
+        # Measured on layer slices: widened by how far their extrapolation in depth was measured to miss.
+        return slice_widening(self.data, bound, "time")
 
     def relative_bound_for(self, config: StepConfig) -> float:
-        """The bound for one configuration: the relative bound inside the measured range; beyond it
-        the larger of that and the held-out error of the probes that were themselves extrapolations
-        (their 90th percentile; UNTESTED_EXTRAPOLATION when no probe tested it), widened by that much
-        again for every doubling past the range: × (1 + log2 of the ratio past it)."""
+        """The bound for one configuration: the relative bound inside the measured range; beyond it,
+        that plus, for each dimension the configuration extrapolates along, what holding out that
+        dimension's largest probes was measured to miss (calibration.extrapolation: per doubling for
+        sizes, once for accumulation, UNTESTED_EXTRAPOLATION per doubling where nothing measured it).
+
+        A fit stored without that record (before issue #38; `bench refit` adds it) keeps the old
+        rule: the larger of the relative bound and the held-out error of the probes that were
+        themselves extrapolations, × (1 + log2 of the largest ratio past the range)."""
         bound = self.relative_bound
         stretch = self.extrapolation_ratio(config)
         if stretch <= 1.0:
             return bound
+        by_dimension = self.fit.get("extrapolation_by_dimension")
+        if by_dimension is not None:
+            stretches = stretch_by_dimension(config, self.ok_rows())
+            return bound + extrapolation_widening(by_dimension, stretches, UNTESTED_EXTRAPOLATION, bound)
         record = self.fit.get("extrapolated_error")
         if record is not None and not record.get("count"):
             # No held-out probe lay beyond the others (e.g. every probe at one size): nothing
@@ -303,7 +315,7 @@ class Calibration:
     def memory_margin(self) -> float:
         memory = self.fit.get("memory") or {}
         p90 = (memory.get("held_out_error") or {}).get("p90_abs_pct")
-        return max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0)
+        return slice_widening(self.data, max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0), "memory")
 
     def fits_in_memory(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> bool:
         """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the

@@ -190,6 +190,13 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
+    slices = data.get("slices")
+    if slices is not None:
+        from calibration.slices import check_slices
+
+        problem = check_slices(slices, f"calibration {path}: slices")
+        if problem:
+            raise CalibrationFileError(problem)
     variants = data.get("variants")
     if variants is not None:
         if not isinstance(variants, list) or not all(isinstance(entry, dict) for entry in variants):
@@ -251,6 +258,12 @@ def _check_fit(fit: Any, where: str) -> None:
             raise CalibrationFileError(f"{where}.smoother.points should be lists of {SMOOTHER_DIMENSIONS} numbers")
         if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
+    if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
+        from calibration.extrapolation import check_record
+
+        problem = check_record(fit["extrapolation_by_dimension"], f"{where}.extrapolation_by_dimension")
+        if problem:
+            raise CalibrationFileError(problem)
     memory = fit.get("memory")
     if memory is not None:
         if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):

@@ -43,6 +43,8 @@ RUN_EXAMPLES = """examples:
   bench run --gpu h100 --model Qwen/Qwen2.5-7B-Instruct   # a hub id: config.json only, from the cache or the hub
   bench refit latest                                 # fit stored measurements again with this version's model
   bench run --gpu cpu --compile on                   # measure the compiled step (default on CUDA) and its compile time
+  bench run --gpu h100 --model llama-3.1-8b --layers auto --budget 5m   # slices of the real architecture, planned whole
+  bench run --gpu cpu --model gpt2 --layers 2,4,6   # 2, 4 and 6 of gpt2's 12 layers; the 6-layer probes test the extrapolation
   accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
   accelerate launch --num_processes 4 -m bench run --gpu h200 --model llama-3.1-8b --sharding fsdp   # full fine-tuning sharded
 
@@ -104,6 +106,14 @@ def add_parser(commands: Any) -> None:
         metavar="S",
         help="seconds each probe may spend timing steps (default: 1%% of --budget, at least 1.5 on CPU and 10 on GPU)",
     )
+    run.add_argument(
+        "--layers",
+        metavar="auto|K1,K2[,…]",
+        help="measure slices of the real architecture with K decoder layers at each depth and plan the whole model from them "
+        "(time and activations fitted as a fixed part + a per-layer part, the extrapolation's held-out error recorded); auto: the whole "
+        "model when it fits and the budget buys a usable fit of it, else 2,4,6 layers (1,2,3 or 1,2 where those do not fit). "
+        "Architectures whose layers differ are measured whole",
+    )
     run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -139,6 +149,9 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
         raise BenchtrainError(f"--trials must be a positive integer, got {args.trials}")
     if args.max_probe_seconds is not None and args.max_probe_seconds <= 0:
         raise BenchtrainError("--max-probe-seconds must be positive")
+    from bench.layer_slices import parse_layers
+
+    parse_layers(getattr(args, "layers", None))
     if args.budget and str(args.budget).strip().lower() == "auto":
         return "auto"
     return parse_duration(args.budget, "--budget") if args.budget else None
@@ -186,7 +199,15 @@ def run_command(args: argparse.Namespace) -> int:
         if len(methods) > 1:
             say(f"setup {index + 1} of {len(methods)}: {method.describe()}")
         budget = variant_budget(budget_asked, started, len(methods) - index)
-        record = measure_setup(request, spec, method, budget, lambda total, seconds: _progress_bar(total, args.quiet, seconds))
+        bar = lambda total, seconds: _progress_bar(total, args.quiet, seconds)  # noqa: E731
+        if getattr(args, "layers", None) is not None:
+            from bench.layer_slices import measure_layers, parse_layers
+
+            layers = parse_layers(args.layers)
+            assert layers is not None
+            record = measure_layers(request, spec, method, budget, layers, bar)
+        else:
+            record = measure_setup(request, spec, method, budget, bar)
         if record is None:
             return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
         records.append(record)

@@ -129,6 +129,43 @@ def quantized_base_bytes(spec: Any, kind: str) -> Any:
     return quantized_bytes(meta_model(spec, MethodConfig()), kind, FP32_BYTES)
 
 
+# The most processes `gpus_needed` looks at: past it, no count of this device holds the model.
+MAX_PROCESSES = 4096
+
+
+def gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> int | None:
+    """How many devices like `hardware` a run needs for its fixed memory (weights, gradients,
+    optimizer state) to fit in each, FSDP sharding it over them (`per_process_bytes`): 1 when it
+    fits whole; None when no count does (the blocks gathered whole already exceed one device)."""
+    available = float(hardware["memory_bytes"])
+    device_type = hardware["device_type"]
+    if need.per_process_bytes("none", 1, device_type) <= available:
+        return 1
+    if need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available:
+        return None
+    # Fewest processes whose shard plus gathered blocks fits; bytes per process fall with the count.
+    low, high = 2, MAX_PROCESSES
+    while low < high:
+        middle = (low + high) // 2
+        if need.per_process_bytes("fsdp", middle, device_type) <= available:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def describe_gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> str | None:
+    """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None
+    when it fits one (or no count of them: full fine-tuning only shards)."""
+    if need.method != "full":
+        return None
+    count = gpus_needed(need, hardware)
+    if count is None or count == 1:
+        return None
+    each = need.per_process_bytes("fsdp", count, hardware["device_type"])
+    return f"it needs {count} of these devices under FSDP (≈{each / GIB:.1f} GiB per process before activations, the fewest whose shards fit)"
+
+
 def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> MemoryNeed:
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
@@ -141,18 +178,21 @@ def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], shardi
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
         if lora.total_bytes <= available:
             options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
+        count = gpus_needed(need, hardware)
+        processes = str(count) if count else "N"
         if sharding != "fsdp":
-            options.append("shard it over several GPUs (accelerate launch --num_processes N -m train … --sharding fsdp)")
+            options.append(f"shard it over several GPUs (accelerate launch --num_processes {processes} -m train … --sharding fsdp)")
         else:
-            options.append("shard it over more processes")
+            options.append(f"shard it over more processes ({processes})")
     options.extend(smaller_bases(spec, method, hardware["device_type"], available))
     options.append("a smaller model or a device with more memory")
     needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
+    many = describe_gpus_needed(need, hardware)
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
         f"activations; this {hardware['name']} has {gib_text(available)} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
-        f"{', or '.join(options[:2])}"
+        f"{', or '.join(options[:2])}{f'; {many}' if many else ''}"
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from calibration.model import Calibration
+from calibration.slices import slices_plan_note
 from calibration.step_config import StepConfig
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
@@ -355,6 +356,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         )
         alternatives = shortened_alternatives(ranked[1:], available, limited)
     notes.extend(filter(None, [memory_basis_note(calibration)]))  # what the peak memory stands on (GPU)
+    notes.extend(filter(None, [slices_plan_note(calibration.data)]))  # measured on layer slices: what it rests on
     meets = chosen.total_seconds_promised <= available
     warning = error_decides_deadline(chosen, available)
     if warning:

@@ -1,0 +1,240 @@
+"""`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
+
+A slice is the model's own config.json with its layer count (num_hidden_layers, n_layer) set to K
+and every per-layer list cut to K: the same hidden size, heads, vocabulary and head, LoRA targets,
+quantization, optimizer, compile, loss and checkpointing as the run. Each depth is benched in turn
+as a model of its own (bench.setup_measurement, its share of the budget), and the depths become
+one calibration of the whole model (bench.slice_record, calibration.slices).
+
+`--layers auto` (AUTO_LADDERS):
+- the whole model when it fits the device and the budget buys AUTO_PROBES probes of it (what
+  `--budget auto` calls a usable fit; a budget of a bare minimum fit buys more probes on slices,
+  at a measured extrapolation error), or when no budget is given;
+- else the first ladder of depths, shallowest first, whose deepest slice fits: 2, 4, 6 layers
+  (three depths, so that the deepest is held out: the extrapolation's error is measured), then
+  1, 2, 3, then 1, 2. A slice fits when what it keeps before activations is at most
+  SLICE_MEMORY_SHARE of the device. Each depth's share of the budget is in proportion to its
+  price: its layers plus the embedding and head counted in layers of matmul parameters.
+
+Where the blocks differ (alternating attention types, mixture-of-experts layers of different
+kinds, dense layers first), a slice would not measure the whole model's layers: slices are
+refused in one line and the whole model is measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from common.console import say
+from common.errors import BenchtrainError, DoesNotFitError
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+AUTO_LADDERS = ((2, 4, 6), (1, 2, 3), (1, 2))
+SLICE_MEMORY_SHARE = 0.8
+# Config values that make one block differ from another (beyond per-layer lists with mixed values).
+NON_UNIFORM_KEYS = {
+    "first_k_dense_replace": lambda value: bool(value),  # DeepSeek: dense layers first, then MoE
+    "mlp_only_layers": lambda value: bool(value),  # Qwen MoE: some layers dense
+    "decoder_sparse_step": lambda value: isinstance(value, int) and value > 1,  # MoE every n-th layer
+    "moe_layer_freq": lambda value: isinstance(value, int) and value > 1,
+    "interleave_moe_layer_step": lambda value: isinstance(value, int) and value > 1,  # Llama 4
+}
+
+
+def parse_layers(text: str | None) -> str | tuple[int, ...] | None:
+    """`auto`, two or more distinct positive depths (sorted), or None without --layers."""
+    if text is None:
+        return None
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise BenchtrainError(f"--layers takes auto or a list of layer counts such as 2,4,6, got {text!r}") from None
+    if len(depths) < 2 or depths[0] < 1:
+        raise BenchtrainError(f"--layers needs two or more distinct positive layer counts (a line needs two points), got {text!r}")
+    return depths
+
+
+def layer_key(config_dict: dict[str, Any]) -> str:
+    return next((key for key in LAYER_KEYS if key in config_dict), "num_hidden_layers")
+
+
+def full_layers(spec: Any) -> int:
+    from train.workload.model import make_config
+
+    return int(make_config(spec).num_hidden_layers)
+
+
+def non_uniform_reason(spec: Any) -> str | None:
+    """Why slices of this architecture would not measure its layers (None: its blocks are alike)."""
+    from train.workload.model import make_config
+
+    config = make_config(spec).to_dict()
+    layers = full_layers(spec)
+    for key, value in sorted(config.items()):
+        if isinstance(value, list) and len(value) == layers and len({repr(entry) for entry in value}) > 1:
+            kinds = ", ".join(sorted({str(entry) for entry in value})[:3])
+            return f"its layers differ ({key}: {kinds})"
+        test = NON_UNIFORM_KEYS.get(key)
+        if test is not None and test(value):
+            return f"its layers differ ({key} = {value})"
+    return None
+
+
+def slice_spec(spec: Any, layers: int) -> Any:
+    """The model cut to `layers` decoder layers: its config with the layer count (and every per-layer
+    list) at `layers`, random weights (a slice of a checkpoint is not loaded: speed and memory do not
+    depend on the values)."""
+    total = full_layers(spec)
+    config = {key: value[:layers] if isinstance(value, list) and len(value) == total else value for key, value in spec.config_dict.items()}
+    config[layer_key(spec.config_dict)] = layers
+    return replace(spec, config_dict=config, load_weights=False)
+
+
+def static_bytes(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str]) -> float:
+    """What one process keeps before activations (exact, from the `meta` device)."""
+    from train.planning.memory_check import memory_need
+
+    world_size, sharding = layout
+    return memory_need(spec, method, hardware["device_type"]).per_process_bytes(sharding, world_size, hardware["device_type"])
+
+
+def auto_depths(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str]) -> tuple[int, ...] | None:
+    """The first ladder of AUTO_LADDERS whose deepest slice fits the device (None: none shallower
+    than the model fits)."""
+    layers = full_layers(spec)
+    limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
+    for ladder in AUTO_LADDERS:
+        if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit:
+            return ladder
+    return None
+
+
+def whole_model_affordable(request: Any, spec: Any, method: Any, budget: float | str | None) -> bool:
+    """The whole model fits the device and the budget buys AUTO_PROBES probes of it (or the whole
+    grid), at the prices bench works out before building anything."""
+    from bench.calibrate import after_probes_seconds, plan_probes
+    from bench.outlook import AUTO_PROBES, outlook
+    from bench.setup_measurement import describe_task
+
+    try:
+        task, need, _ = describe_task(request, spec, method, budget)
+    except DoesNotFitError:
+        return False
+    if not isinstance(budget, (int, float)):
+        return True  # no budget (the whole grid) or --budget auto (priced for AUTO_PROBES probes)
+    planner, _ = plan_probes(task, spec, method, need, request.options)
+    view = outlook(planner, budget, 0.0, after_probes_seconds(task, planner))
+    return len(view.planned) >= min(AUTO_PROBES, view.grid_probes)
+
+
+def choose_depths(request: Any, spec: Any, method: Any, asked: str | tuple[int, ...], budget: float | str | None) -> tuple[tuple[int, ...] | None, str]:
+    """(the depths to measure, or None for the whole model; the rule that chose, in words)."""
+    from train.step.engine import process_layout
+    from train.step.hardware import detect_hardware
+
+    layers = full_layers(spec)
+    reason = non_uniform_reason(spec)
+    if reason is not None:
+        say(f"--layers: {spec.name} cannot be measured on slices: {reason}; measuring the whole model")
+        return None, f"whole model: {reason}"
+    if asked != "auto":
+        assert isinstance(asked, tuple)
+        if asked[-1] > layers:
+            raise BenchtrainError(f"--layers {','.join(map(str, asked))}: {spec.name} has {layers} layers")
+        return asked, "asked (--layers)"
+    if layers <= AUTO_LADDERS[-1][-1] or whole_model_affordable(request, spec, method, budget):
+        return None, "whole model: it fits the device and the budget buys a usable fit of it"
+    depths = auto_depths(spec, method, detect_hardware(), process_layout(request.options, method))
+    if depths is None:
+        raise DoesNotFitError(
+            f"--layers auto: not even a {AUTO_LADDERS[-1][-1]}-layer slice of {spec.name} fits this device with room for activations; "
+            "use --lora, --quantize 4bit, or a device with more memory"
+        )
+    return depths, f"auto: {'/'.join(map(str, depths))}, the first of {', '.join('/'.join(map(str, d)) for d in AUTO_LADDERS)} whose deepest slice fits"
+
+
+def depth_prices(spec: Any, method: Any, depths: tuple[int, ...]) -> dict[int, float]:
+    """Each depth's relative price: its layers plus the fixed part (embedding, head) counted in
+    layers of matmul parameters (a probe's FLOPs are in proportion)."""
+    from train.planning.memory_check import meta_model
+    from train.workload.model import model_shape
+
+    low, high = depths[0], depths[-1]
+    first, last = (model_shape(meta_model(slice_spec(spec, depth), method)).matmul_parameter_count for depth in (low, high))
+    per_layer = max(1.0, (last - first) / (high - low))
+    fixed_layers = max(0.0, (first - per_layer * low) / per_layer)
+    return {depth: depth + fixed_layers for depth in depths}
+
+
+def measure_layers(
+    request: Any, spec: Any, method: Any, budget: float | str | None, asked: str | tuple[int, ...], progress: Callable[[int, float | None], Any]
+) -> dict[str, Any] | None:
+    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's
+    record; None on the other processes)."""
+    import time
+
+    from bench.setup_measurement import measure_setup
+
+    started = time.monotonic()
+    depths, rule = choose_depths(request, spec, method, asked, budget)
+    if depths is None:
+        return measure_setup(request, spec, method, budget, progress)
+    layers = full_layers(spec)
+    say(f"measuring {spec.name} on slices of {', '.join(map(str, depths))} of its {layers} layers ({rule})")
+    prices = depth_prices(spec, method, depths)
+    records: dict[int, dict[str, Any]] = {}
+    for index, depth in enumerate(depths):
+        share = budget
+        if isinstance(budget, (int, float)):
+            left = max(0.0, budget - (time.monotonic() - started))
+            share = left * prices[depth] / sum(prices[d] for d in depths[index:])
+        say(f"slice {index + 1} of {len(depths)}: {depth} of {spec.name}'s {layers} layers")
+        record = measure_setup(request, slice_spec(spec, depth), method, share, progress)
+        if record is None:
+            return None
+        records[depth] = record
+    return whole_model_record(records, spec, method, rule)
+
+
+def whole_model_record(records: dict[int, dict[str, Any]], spec: Any, method: Any, rule: str) -> dict[str, Any]:
+    """The depths' records combined into the whole model's calibration; shallower depths' kept rows
+    are discarded (the combined record names the deepest's, removed when it is stored)."""
+    from bench.slice_record import WholeModel, combine_slices
+    from calibration.store import unfinished_paths
+    from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
+    from train.workload.method import method_record
+    from train.workload.model import model_record, model_shape
+
+    deepest = records[max(records)]
+    hardware = deepest["hardware"]
+    distributed = deepest.get("distributed") or {}
+    layout = (int(distributed.get("world_size", 1)), str(distributed.get("sharding", "none")))
+    meta = meta_model(spec, method)
+    shape = model_shape(meta)
+    layers = full_layers(spec)
+    counts = {key: value for key, value in method_record(method, meta).items() if key in ("trainable_parameters", "total_parameters", "lora")}
+    need = memory_need(spec, method, hardware["device_type"])
+    whole = WholeModel(
+        spec=spec,
+        layers=layers,
+        layer_key=layer_key(spec.config_dict),
+        model=model_record(spec, shape),
+        training={**counts, "flops_terms": shape.flops_terms(method.is_lora)},
+        static_bytes={depth: static_bytes(slice_spec(spec, depth), method, hardware, layout) for depth in records}
+        | {layers: static_bytes(spec, method, hardware, layout)},
+        gpus_needed=gpus_needed(need, hardware),
+        rule=rule,
+    )
+    record = combine_slices(records, whole)
+    for depth in sorted(records)[:-1]:
+        from calibration.store import discard_unfinished
+
+        discard_unfinished(unfinished_paths(records[depth]))
+    many = describe_gpus_needed(need, hardware)
+    if many:
+        say(f"the whole model does not fit one {hardware['name']}: {many}")
+    return record

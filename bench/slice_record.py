@@ -1,0 +1,171 @@
+"""The calibration of a whole model from the calibrations of its layer slices (bench.layer_slices).
+
+Each slice depth was benched like a model of its own (bench.setup_measurement: probes, evaluation,
+checkpoint and compile timings, fit). Here they become one calibration of the whole model:
+
+- the model's record (name, fingerprint, parameter counts, FLOPs terms) is the whole model's,
+  from the `meta` device, so `train` plans the model it trains with it;
+- each configuration measured at two depths or more gets a row at full depth (status ok, marked
+  `from_slices`), from its time and activation lines in depth (calibration.slices); the
+  throughput and memory models are fitted to those rows exactly as to measured ones, so train's
+  planner needs nothing new;
+- evaluation batches and the one-off costs (model build, warm-up, compilation, checkpoint bytes)
+  are lines in depth too;
+- `slices` records the depths, the per-layer terms, the extrapolation's held-out error (the plan
+  widens its bounds by it: calibration.model) and how many devices like this one the whole model
+  needs (train.planning.memory_check.gpus_needed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from calibration.slices import DepthLine, SliceFit, derive_full_rows, slice_error
+from common.errors import MeasurementError
+
+# One-off costs that do not grow with depth (counts, rates, flags): the deepest slice's.
+KEPT_OVERHEADS = {"warmup_steps", "compile_shapes_measured", "disk_write_bytes_per_second", "checkpoint_extrapolated"}
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    """What the slices stand for: the whole model's spec and record, and its exact fixed bytes."""
+
+    spec: Any  # train.workload.model.ModelSpec
+    layers: int
+    layer_key: str
+    model: dict[str, Any]  # the calibration's `model` section
+    training: dict[str, Any]  # trainable/total parameters and FLOPs terms of the whole model
+    static_bytes: dict[int, float]  # before activations, per process, at each slice depth and at `layers`
+    gpus_needed: int | None  # devices like the bench's the whole model needs (FSDP); None: no count holds it
+    rule: str  # how the depths were chosen
+
+
+def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dict[str, Any]:
+    """One calibration of the whole model from each depth's record (`records[K]`, K layers)."""
+    from bench.record import assess_noise, fit_with_drift_choice
+    from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+
+    depths = sorted(records)
+    deepest = records[depths[-1]]
+    fitted = derive_full_rows({depth: smoothed_rows(records[depth]) for depth in depths}, whole.layers, whole.static_bytes)
+    if len(fitted.rows) < MIN_ROWS_FOR_FIT:
+        raise MeasurementError(
+            f"only {len(fitted.rows)} configurations were measured at two slice depths or more; a fit of the whole model needs "
+            f"{MIN_ROWS_FOR_FIT}: raise --budget or narrow the grid (--batch-sizes, --seq-lens)"
+        )
+    record = {key: value for key, value in deepest.items() if key not in ("noise", "left_out_configs")}
+    record.update(model=whole.model, training={**deepest["training"], **whole.training}, measurements=fitted.rows, history=[])
+    record["fit"] = fit_with_drift_choice(fitted.rows, None, whole.training.get("flops_terms"))
+    eval_rows = derive_eval_rows(records, whole.layers)
+    record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
+    record["overheads"] = derive_overheads(records, whole.layers)
+    record["search"] = {**deepest["search"], "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths}}
+    record["slices"] = slices_section(fitted, depths, whole)
+    record["warnings"] = list(dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", [])))
+    noise = assess_noise(record)
+    if noise:
+        record["noise"] = noise
+        record["warnings"].append(noise["message"])
+    record["left_out_configs"] = deepest.get("left_out_configs", [])
+    return record
+
+
+def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A depth's ok rows with their step time as that depth's fit predicts it (its measured median
+    kept as `step_seconds_measured`): one probe slowed by other work, or paying the process's first
+    steps, would otherwise bend a line through two or three points, while the fit, robust and
+    cross-validated over every probe of the depth, has already weighed it. Memory stays measured
+    (it is exact to a fraction of a percent)."""
+    from calibration.model import Calibration
+    from calibration.step_config import StepConfig
+
+    model = Calibration(record).throughput
+    rows = []
+    for row in record["measurements"]:
+        if row.get("status") == "ok" and row.get("step_seconds"):
+            fitted = model.micro_step_seconds(StepConfig.from_row(row)) * row["grad_accum"]
+            row = {**row, "step_seconds": fitted, "step_seconds_measured": row["step_seconds"]}
+        rows.append(row)
+    return rows
+
+
+def depth_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """What one depth's bench measured and how well its own fit held out."""
+    rows = record["measurements"]
+    fit = record.get("fit") or {}
+    return {
+        "probes": len(rows),
+        "ok": sum(1 for row in rows if row["status"] == "ok"),
+        "held_out_median_pct": (fit.get("held_out_error") or {}).get("median_abs_pct"),
+        "benchmark_seconds": (record.get("overheads") or {}).get("benchmark_seconds"),
+        "budget_seconds": (record.get("search") or {}).get("budget_seconds"),
+    }
+
+
+def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> dict[str, Any]:
+    per_layer = [entry["per_layer_seconds"] for entry in fitted.per_config]
+    activations = [entry["per_layer_activation_bytes"] for entry in fitted.per_config if "per_layer_activation_bytes" in entry]
+    fixed = [entry["fixed_seconds"] for entry in fitted.per_config]
+    section: dict[str, Any] = {
+        "depths": depths,
+        "full_layers": whole.layers,
+        "layer_key": whole.layer_key,
+        "rule": whole.rule,
+        "per_layer": {
+            "seconds": statistics.median(per_layer),
+            "activation_bytes": statistics.median(activations) if activations else None,
+            "fixed_seconds": statistics.median(fixed),
+        },
+        "per_config": fitted.per_config,
+        "held_out": {
+            "time": {**fitted.held_out_time.to_json(), "signed_relative": fitted.held_out_time.signed_relative},
+            "memory": {**fitted.held_out_memory.to_json(), "signed_relative": fitted.held_out_memory.signed_relative},
+        },
+        "static_bytes": {str(depth): whole.static_bytes[depth] for depth in sorted(whole.static_bytes)},
+        "gpus_needed": whole.gpus_needed,
+    }
+    time = section["held_out"]["time"]
+    section["held_out_error_pct"] = time["median_abs_pct"]
+    section["bound_widening"] = {"time": slice_error(section, "time"), "memory": slice_error(section, "memory")}
+    return section
+
+
+def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """Forward-only batches at full depth, one per (batch, length) evaluated at two depths or more."""
+    found: dict[tuple[int, int], dict[int, float]] = {}
+    for depth, record in records.items():
+        for row in (record.get("eval") or {}).get("measurements") or []:
+            if row.get("status") == "ok" and row.get("batch_seconds"):
+                found.setdefault((row["micro_batch_size"], row["seq_len"]), {})[depth] = float(row["batch_seconds"])
+    rows = []
+    for (batch, length), seconds in sorted(found.items()):
+        if len(seconds) < 2:
+            continue
+        line = DepthLine.fit(list(seconds), list(seconds.values()))
+        value = max(line.at(layers), max(seconds.values()))
+        rows.append({"micro_batch_size": batch, "seq_len": length, "status": "ok", "batch_seconds": value, "tokens_per_second": batch * length / value})
+    return rows
+
+
+def derive_overheads(records: dict[int, dict[str, Any]], layers: int) -> dict[str, float]:
+    """The one-off costs at full depth: lines in depth (model build, warm-up, compilation, the
+    checkpoint's bytes), the checkpoint's write at the measured disk speed, the kept ones as the
+    deepest slice measured them, and the whole bench's seconds."""
+    depths = sorted(records)
+    deepest = records[depths[-1]].get("overheads") or {}
+    overheads: dict[str, float] = {}
+    for name, value in deepest.items():
+        values = {depth: (records[depth].get("overheads") or {}).get(name) for depth in depths}
+        if name in KEPT_OVERHEADS or name == "benchmark_seconds" or not all(isinstance(v, (int, float)) for v in values.values()):
+            overheads[name] = value
+            continue
+        overheads[name] = max(0.0, DepthLine.fit(depths, list(values.values())).at(layers))  # type: ignore[arg-type]
+    rate = overheads.get("disk_write_bytes_per_second")
+    if rate and overheads.get("checkpoint_bytes"):
+        overheads["checkpoint_save_seconds"] = round(overheads["checkpoint_bytes"] / rate, 4)
+        overheads["checkpoint_bytes"] = round(overheads["checkpoint_bytes"])
+    overheads["benchmark_seconds"] = round(sum(float((records[d].get("overheads") or {}).get("benchmark_seconds") or 0.0) for d in depths), 2)
+    return overheads

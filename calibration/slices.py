@@ -1,0 +1,261 @@
+"""A calibration of a whole model measured on layer slices of it (`bench run --layers`).
+
+A decoder-only model is one block repeated L times between an embedding and a head, so for each
+step configuration its step time and its activations are a fixed part plus L identical per-layer
+parts:
+
+    step_seconds(L)      = fixed_seconds + per_layer_seconds · L
+    activation_bytes(L)  = fixed_bytes   + per_layer_bytes   · L
+
+Bench measures the real architecture cut to K layers at two or more depths; per configuration
+both lines are fitted by least squares (the slope kept non-negative: a deeper model is never
+faster), and the full depth's row is derived from them. The bytes every process keeps (weights,
+gradients, optimizer state, a quantized base) are not extrapolated: they are exact, from the
+`meta` device, at each slice depth and at full depth; only what the step adds on top
+(activations, the allocator's workspace) is measured per layer.
+
+The extrapolation's own error is measured as bench's fits measure theirs, held out: with three
+depths or more, each configuration's deepest measured probe is predicted from the shallower ones.
+A plan's bounds widen by that error (`slice_widening`), stretched for every doubling from the
+deepest held-out depth to the full depth, as calibration.model widens a fit beyond its sizes.
+
+Plain data and math: numpy only, as the rest of calibration/.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from calibration.fit_tools import ErrorSummary
+from calibration.step_config import StepConfig
+
+# The relative error assumed when no deeper probe was held out (two depths only): the worst the
+# 2→4-layer slope missed gpt2's 12 layers by on a CPU (issue 40: +16% to +33%), rounded up.
+UNTESTED_SLICE_ERROR = 0.35
+# Row fields measured in bytes that hold the model's own bytes (extrapolated above the exact static
+# bytes), and those that do not depend on depth (the CUDA context, cuBLAS, NCCL: outside PyTorch).
+DEPTH_BYTES_FIELDS = ("peak_memory_bytes", "peak_reserved_bytes", "device_used_bytes")
+CONSTANT_BYTES_FIELDS = ("non_torch_bytes",)
+
+
+@dataclass(frozen=True)
+class DepthLine:
+    """value(L) = fixed + per_layer · L, fitted over slice depths."""
+
+    fixed: float
+    per_layer: float
+
+    def at(self, layers: float) -> float:
+        return self.fixed + self.per_layer * layers
+
+    @classmethod
+    def fit(cls, depths: Sequence[float], values: Sequence[float]) -> DepthLine:
+        """Least squares over two or more distinct depths; a negative slope (noise between two
+        close depths) is taken as flat: a deeper model never costs less."""
+        x, y = np.asarray(depths, dtype=float), np.asarray(values, dtype=float)
+        if len(set(x.tolist())) < 2:
+            raise ValueError(f"a line in depth needs two distinct depths, got {sorted(set(x.tolist()))}")
+        slope, intercept = np.polyfit(x, y, 1)
+        if slope < 0:
+            return cls(float(y.mean()), 0.0)
+        return cls(float(intercept), float(slope))
+
+
+@dataclass(frozen=True)
+class SliceFit:
+    """The full depth's rows derived from the slices, each configuration's lines, and the
+    extrapolation's held-out error (time and memory)."""
+
+    rows: list[dict[str, Any]]
+    per_config: list[dict[str, Any]]
+    held_out_time: ErrorSummary
+    held_out_memory: ErrorSummary
+
+
+def ok_by_config(rows: Sequence[dict[str, Any]]) -> dict[StepConfig, dict[str, Any]]:
+    return {StepConfig.from_row(row): row for row in rows if row.get("status") == "ok" and row.get("step_seconds")}
+
+
+def derive_full_rows(by_depth: Mapping[int, Sequence[dict[str, Any]]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
+    """From each depth's measurement rows: the rows of the whole model (`full_layers` deep) for every
+    configuration measured ok at two depths or more. `static_bytes[K]`: what a K-layer model keeps
+    before activations (exact, from the `meta` device), for every slice depth and `full_layers`."""
+    measured = {depth: ok_by_config(rows) for depth, rows in by_depth.items()}
+    configs = sorted({config for rows in measured.values() for config in rows})
+    derived, per_config = [], []
+    time_pairs: list[tuple[float, float]] = []
+    memory_pairs: list[tuple[float, float]] = []
+    for config in configs:
+        found = {depth: rows[config] for depth, rows in sorted(measured.items()) if config in rows}
+        if len(found) < 2:
+            continue
+        row, lines = derive_row(config, found, full_layers, static_bytes)
+        derived.append(row)
+        per_config.append({**config.to_row(), **lines})
+        if len(found) >= 3:
+            time_pair, memory_pair = held_out_pairs(found, static_bytes)
+            time_pairs.append(time_pair)
+            if memory_pair is not None:
+                memory_pairs.append(memory_pair)
+    return SliceFit(derived, per_config, summary(time_pairs), summary(memory_pairs))
+
+
+def summary(pairs: list[tuple[float, float]]) -> ErrorSummary:
+    predicted = np.array([pair[0] for pair in pairs], dtype=float)
+    actual = np.array([pair[1] for pair in pairs], dtype=float)
+    return ErrorSummary.from_pairs(predicted, actual)
+
+
+def activation_values(found: dict[int, dict[str, Any]], field: str, static_bytes: dict[int, float]) -> list[float] | None:
+    """`field` less the exact static bytes at each depth, or None where a row lacks it."""
+    values = [row.get(field) for row in found.values()]
+    if not all(isinstance(value, (int, float)) and value > 0 for value in values):
+        return None
+    return [float(value) - static_bytes[depth] for depth, value in zip(found, values, strict=True)]  # type: ignore[arg-type]
+
+
+def measured_seconds(row: dict[str, Any]) -> float:
+    """The probe's measured median step (rows whose step time a fit smoothed keep it aside)."""
+    return float(row.get("step_seconds_measured", row["step_seconds"]))
+
+
+def derive_row(config: StepConfig, found: dict[int, dict[str, Any]], full_layers: int, static_bytes: dict[int, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One configuration's row at full depth, and its fitted lines (for the record)."""
+    depths = list(found)
+    deepest = found[depths[-1]]
+    time_line = DepthLine.fit(depths, [row["step_seconds"] for row in found.values()])
+    step = max(time_line.at(full_layers), min(row["step_seconds"] for row in found.values()))
+    tokens = config.micro_batch_size * config.seq_len * config.grad_accum
+    # Waiting for data does not depend on depth: its seconds carry over, its share shrinks.
+    waits = [row["data_wait_share"] * measured_seconds(row) for row in found.values() if isinstance(row.get("data_wait_share"), (int, float))]
+    tails = [row["step_seconds_mean"] / measured_seconds(row) for row in found.values() if isinstance(row.get("step_seconds_mean"), (int, float))]
+    row: dict[str, Any] = {
+        **config.to_row(),
+        "status": "ok",
+        "step_seconds": step,
+        "step_seconds_median": step,
+        "tokens_per_second": tokens / step,
+        "step_seconds_spread": max(float(r.get("step_seconds_spread") or 0.0) for r in found.values()),
+        "from_slices": {"depths": depths, "step_seconds": [measured_seconds(r) for r in found.values()]},
+    }
+    if len(waits) == len(found):
+        row["data_wait_share"] = min(1.0, float(np.median(waits)) / step)
+    if len(tails) == len(found):
+        row["step_seconds_mean"] = step * float(np.median(tails))
+    lines: dict[str, Any] = {"fixed_seconds": time_line.fixed, "per_layer_seconds": time_line.per_layer}
+    for field in DEPTH_BYTES_FIELDS:
+        values = activation_values(found, field, static_bytes)
+        if values is None:
+            continue
+        memory_line = DepthLine.fit(depths, values)
+        row[field] = round(static_bytes[full_layers] + max(0.0, memory_line.at(full_layers)))
+        row["from_slices"][field] = [r[field] for r in found.values()]
+        if field == "peak_memory_bytes":
+            lines.update(fixed_activation_bytes=memory_line.fixed, per_layer_activation_bytes=memory_line.per_layer)
+    for field in CONSTANT_BYTES_FIELDS:
+        if isinstance(deepest.get(field), (int, float)):
+            row[field] = deepest[field]
+    if deepest.get("loss"):
+        row["loss"] = deepest["loss"]
+    return row, lines
+
+
+def held_out_pairs(found: dict[int, dict[str, Any]], static_bytes: dict[int, float]) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """(predicted, measured) step seconds and peak bytes at the deepest depth, from the others."""
+    depths = list(found)
+    shallow, deepest = depths[:-1], depths[-1]
+    time_line = DepthLine.fit(shallow, [found[depth]["step_seconds"] for depth in shallow])
+    # Against what the deepest probe measured (rows smoothed by their depth's fit keep it aside).
+    time_pair = (time_line.at(deepest), measured_seconds(found[deepest]))
+    values = activation_values(found, "peak_memory_bytes", static_bytes)
+    if values is None:
+        return time_pair, None
+    memory_line = DepthLine.fit(shallow, values[:-1])
+    predicted = static_bytes[deepest] + max(0.0, memory_line.at(deepest))
+    return time_pair, (predicted, float(found[deepest]["peak_memory_bytes"]))
+
+
+# -- what a stored calibration says about its slices ---------------------------------------------
+def slices_record(data: dict[str, Any]) -> dict[str, Any] | None:
+    slices = data.get("slices")
+    return slices if isinstance(slices, dict) else None
+
+
+def stretch(slices: dict[str, Any]) -> float:
+    """How far the full depth lies past the deepest depth the held-out error was measured at."""
+    deepest = max(slices["depths"])
+    return max(1.0, slices["full_layers"] / deepest)
+
+
+def slice_error(slices: dict[str, Any], kind: str) -> float:
+    """The relative error a plan adds for extrapolating in depth (`kind`: time or memory): the
+    held-out 90th percentile (UNTESTED_SLICE_ERROR when no deeper probe was held out), × (1 +
+    log2 of the stretch to full depth)."""
+    held_out = (slices.get("held_out") or {}).get(kind) or {}
+    p90 = held_out.get("p90_abs_pct")
+    base = UNTESTED_SLICE_ERROR if p90 is None or not held_out.get("count") else float(p90) / 100.0
+    return base * (1 + math.log2(stretch(slices)))
+
+
+def slice_widening(data: dict[str, Any], bound: float, kind: str = "time") -> float:
+    """`bound` (relative) widened by the slices' extrapolation error: (1 + bound)(1 + error) − 1;
+    `bound` itself for a calibration of the whole model."""
+    slices = slices_record(data)
+    if slices is None:
+        return bound
+    return (1 + bound) * (1 + slice_error(slices, kind)) - 1
+
+
+def describe_slices(slices: dict[str, Any]) -> str:
+    """One line for `bench show` and the plan: what was measured and how well it extrapolated."""
+    depths = ", ".join(str(depth) for depth in slices["depths"])
+    held = slices.get("held_out") or {}
+    time, memory = held.get("time") or {}, held.get("memory") or {}
+    if time.get("count"):
+        error = (
+            f"the deepest slice predicted from the shallower ones within {time['median_abs_pct']:.1f}% step time (median, "
+            f"{time['p90_abs_pct']:.1f}% 90th percentile over {time['count']} configurations)"
+            + (f" and {memory['median_abs_pct']:.1f}% peak memory" if memory.get("count") else "")
+        )
+    else:
+        error = f"no deeper slice held out (two depths): bounds widen by an assumed {UNTESTED_SLICE_ERROR:.0%} per stretch"
+    terms = slices.get("per_layer") or {}
+    per_layer = ""
+    if terms.get("seconds") is not None:
+        per_layer = f"; per layer {terms['seconds'] * 1000:.3g} ms and {terms.get('activation_bytes', 0) / 2**20:.3g} MiB (median over configurations)"
+    return (
+        f"measured on layer slices of {depths} of its {slices['full_layers']} layers, extrapolated to the whole model{per_layer}; "
+        f"{error}; plans widen time bounds by {slice_error(slices, 'time'):.0%}"
+    )
+
+
+def slices_plan_note(data: dict[str, Any]) -> str | None:
+    """The plan's note for a calibration measured on slices (None: measured whole)."""
+    slices = slices_record(data)
+    if slices is None:
+        return None
+    return f"calibration {data.get('id')} was {describe_slices(slices)}"
+
+
+def check_slices(slices: Any, where: str) -> str | None:
+    """What is wrong with a calibration's `slices` section (None: nothing); schema.validate raises it."""
+    if not isinstance(slices, dict):
+        return f"{where} should be an object"
+    depths, full = slices.get("depths"), slices.get("full_layers")
+    if not (isinstance(depths, list) and len(depths) >= 2 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)):
+        return f"{where}.depths should list two or more positive layer counts"
+    if not (isinstance(full, int) and not isinstance(full, bool) and full >= max(depths)):
+        return f"{where}.full_layers should be an integer at least the deepest slice"
+    held = slices.get("held_out", {})
+    if not isinstance(held, dict) or not all(isinstance(held.get(kind, {}), dict) for kind in ("time", "memory")):
+        return f"{where}.held_out should hold time and memory error summaries"
+    for kind in ("time", "memory"):
+        p90 = (held.get(kind) or {}).get("p90_abs_pct")
+        if p90 is not None and not (isinstance(p90, (int, float)) and not isinstance(p90, bool) and p90 >= 0):
+            return f"{where}.held_out.{kind}.p90_abs_pct should be a non-negative number"
+    return None
