@@ -67,6 +67,7 @@ class BenchTask:
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
+    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice timed once (bench.layer_slices)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def checkpoint_price(task: BenchTask) -> float:
     from bench.disk_write import MAX_WRITE_BYTES
 
     prices = task.prices
-    if not prices.disk_bytes_per_second:
+    if not prices.disk_bytes_per_second or not task.one_off_timings:
         return 0.0
     return min(prices.checkpoint_bytes, MAX_WRITE_BYTES) / prices.disk_bytes_per_second
 
@@ -348,11 +349,12 @@ def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[dict[str, Any]
 
 
 def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any]:
-    """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes; the
-    bound also keeps it inside what the budget has left."""
+    """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes (the bound keeps it inside the budget)."""
     from bench.disk_write import MAX_WRITE_BYTES
 
     prices = run.task.prices
+    if not run.task.one_off_timings:
+        return {}
     left = run.budget.left()
     limit = MAX_WRITE_BYTES
     if left is not None and prices.disk_bytes_per_second:
@@ -368,7 +370,7 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
     its steady one, less the warm-up every run pays anyway. The device is freed first, so that
     process never builds a second copy of the model beside this one's."""
     ok = [row for row in rows if row["status"] == "ok"]
-    if not ok:
+    if not ok or not run.task.one_off_timings:
         return {}
     if not run.budget.allows(compile_cache_price(run.task, run.planner, build_seconds)):
         skipped.append("compile-cache timing: beyond the budget (train prices a compilation per shape instead)")

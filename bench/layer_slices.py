@@ -10,11 +10,13 @@ one calibration of the whole model (bench.slice_record, calibration.slices).
 - the whole model when it fits the device and the budget buys AUTO_PROBES probes of it (what
   `--budget auto` calls a usable fit; a budget of a bare minimum fit buys more probes on slices,
   at a measured extrapolation error), or when no budget is given;
-- else the first ladder of depths, shallowest first, whose deepest slice fits: 2, 4, 6 layers
-  (three depths, so that the deepest is held out: the extrapolation's error is measured), then
-  1, 2, 3, then 1, 2. A slice fits when what it keeps before activations is at most
-  SLICE_MEMORY_SHARE of the device. Each depth's share of the budget is in proportion to its
-  price: its layers plus the embedding and head counted in layers of matmul parameters.
+- else the first ladder of depths, shallowest first, whose deepest slice fits and at whose every
+  depth the budget pays for a minimum viable fit: 2, 4, 6 layers (three depths, so that the
+  deepest is held out: the extrapolation's error is measured), then 1, 2, 3, then 1, 2. A slice
+  fits when what it keeps before activations is at most SLICE_MEMORY_SHARE of the device.
+
+The depths run in one process; the budget is split by the planner's own prices, a shape compiled
+at one depth is compiled for the next, and the one-off timings are made once (bench.slice_budget).
 
 Where the blocks differ (alternating attention types, mixture-of-experts layers of different
 kinds, dense layers first), a slice would not measure the whole model's layers: slices are
@@ -102,15 +104,16 @@ def static_bytes(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple
     return memory_need(spec, method, hardware["device_type"]).per_process_bytes(sharding, world_size, hardware["device_type"])
 
 
-def auto_depths(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str]) -> tuple[int, ...] | None:
-    """The first ladder of AUTO_LADDERS whose deepest slice fits the device (None: none shallower
-    than the model fits)."""
+def auto_depths(
+    spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
+) -> tuple[int, ...] | None:
+    """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the
+    budget pays a minimum viable fit at (`affordable`, bench.slice_budget); where the budget pays
+    for none, the first that fits (its refusal names the budget). None: no slice fits."""
     layers = full_layers(spec)
     limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
-    for ladder in AUTO_LADDERS:
-        if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit:
-            return ladder
-    return None
+    fitting = [ladder for ladder in AUTO_LADDERS if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit]
+    return next((ladder for ladder in fitting if affordable(ladder)), fitting[0] if fitting else None)
 
 
 def whole_model_affordable(request: Any, spec: Any, method: Any, budget: float | str | None) -> bool:
@@ -148,36 +151,47 @@ def choose_depths(request: Any, spec: Any, method: Any, asked: str | tuple[int, 
         return asked, "asked (--layers)"
     if layers <= AUTO_LADDERS[-1][-1] or whole_model_affordable(request, spec, method, budget):
         return None, "whole model: it fits the device and the budget buys a usable fit of it"
-    depths = auto_depths(spec, method, detect_hardware(), process_layout(request.options, method))
+
+    def affordable(ladder: tuple[int, ...]) -> bool:
+        from bench.slice_budget import needed_seconds
+
+        return not isinstance(budget, (int, float)) or needed_seconds(price_ladder(request, spec, method, ladder, budget)) <= budget
+
+    depths = auto_depths(spec, method, detect_hardware(), process_layout(request.options, method), affordable)
     if depths is None:
         raise DoesNotFitError(
             f"--layers auto: not even a {AUTO_LADDERS[-1][-1]}-layer slice of {spec.name} fits this device with room for activations; "
             "use --lora, --quantize 4bit, or a device with more memory"
         )
-    return depths, f"auto: {'/'.join(map(str, depths))}, the first of {', '.join('/'.join(map(str, d)) for d in AUTO_LADDERS)} whose deepest slice fits"
+    ladders = ", ".join("/".join(map(str, ladder)) for ladder in AUTO_LADDERS)
+    return depths, f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays"
 
 
-def depth_prices(spec: Any, method: Any, depths: tuple[int, ...]) -> dict[int, float]:
-    """Each depth's relative price: its layers plus the fixed part (embedding, head) counted in
-    layers of matmul parameters (a probe's FLOPs are in proportion)."""
-    from train.planning.memory_check import meta_model
-    from train.workload.model import model_shape
+def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], budget: float | str | None) -> dict[int, Any]:
+    """Each depth's prices (bench.slice_budget.DepthPrice) from the planner bench would probe it
+    with, before anything is built."""
+    from bench.calibrate import after_probes_seconds, plan_probes
+    from bench.setup_measurement import describe_task
+    from bench.slice_budget import price_depths
 
-    low, high = depths[0], depths[-1]
-    first, last = (model_shape(meta_model(slice_spec(spec, depth), method)).matmul_parameter_count for depth in (low, high))
-    per_layer = max(1.0, (last - first) / (high - low))
-    fixed_layers = max(0.0, (first - per_layer * low) / per_layer)
-    return {depth: depth + fixed_layers for depth in depths}
+    planners = {}
+    for index, depth in enumerate(depths):
+        task, need, _ = describe_task(request, slice_spec(spec, depth), method, budget)
+        planner, prices = plan_probes(task, slice_spec(spec, depth), method, need, request.options)
+        task = replace(task, prices=prices, one_off_timings=index == 0)
+        planners[depth] = (planner, 0.0, after_probes_seconds(task, planner))
+    return price_depths(planners)
 
 
 def measure_layers(
     request: Any, spec: Any, method: Any, budget: float | str | None, asked: str | tuple[int, ...], progress: Callable[[int, float | None], Any]
 ) -> dict[str, Any] | None:
-    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's
-    record; None on the other processes)."""
+    """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
+    and their combination (rank 0's record; None on the other processes)."""
     import time
 
     from bench.setup_measurement import measure_setup
+    from bench.slice_budget import Carry, depth_share, refuse_if_unaffordable
 
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
@@ -185,19 +199,25 @@ def measure_layers(
         return measure_setup(request, spec, method, budget, progress)
     layers = full_layers(spec)
     say(f"measuring {spec.name} on slices of {', '.join(map(str, depths))} of its {layers} layers ({rule})")
-    prices = depth_prices(spec, method, depths)
-    records: dict[int, dict[str, Any]] = {}
+    prices = price_ladder(request, spec, method, depths, budget) if isinstance(budget, (int, float)) else None
+    if prices is not None:
+        refuse_if_unaffordable(prices, budget, spec.name)
+    records: dict[int, dict[str, Any] | None] = {}
+    carry = Carry()
     for index, depth in enumerate(depths):
         share = budget
-        if isinstance(budget, (int, float)):
-            left = max(0.0, budget - (time.monotonic() - started))
-            share = left * prices[depth] / sum(prices[d] for d in depths[index:])
+        if prices is not None and isinstance(budget, (int, float)):
+            share = depth_share(max(0.0, budget - (time.monotonic() - started)), prices, depths[index:])
         say(f"slice {index + 1} of {len(depths)}: {depth} of {spec.name}'s {layers} layers")
-        record = measure_setup(request, slice_spec(spec, depth), method, share, progress)
-        if record is None:
-            return None
-        records[depth] = record
-    return whole_model_record(records, spec, method, rule)
+        records[depth] = record = measure_setup(request, slice_spec(spec, depth), method, share, progress, carry)
+        # `--loss auto` compared the losses at the first depth: the others run the one it chose.
+        chosen = ((record or {}).get("loss_choice") or {}).get("chosen")
+        if chosen:
+            request = replace(request, options=replace(request.options, loss=chosen))
+    measured = {depth: record for depth, record in records.items() if record is not None}
+    if len(measured) < len(depths):
+        return None  # the other processes: rank 0 combines
+    return whole_model_record(measured, spec, method, rule)
 
 
 def whole_model_record(records: dict[int, dict[str, Any]], spec: Any, method: Any, rule: str) -> dict[str, Any]:
@@ -228,6 +248,7 @@ def whole_model_record(records: dict[int, dict[str, Any]], spec: Any, method: An
         | {layers: static_bytes(spec, method, hardware, layout)},
         gpus_needed=gpus_needed(need, hardware),
         rule=rule,
+        checkpoint_bytes=need.trainable_parameters * 12,  # the weights trained (fp32) and AdamW's two moments, as bench.calibrate prices it
     )
     record = combine_slices(records, whole)
     for depth in sorted(records)[:-1]:

@@ -51,13 +51,16 @@ def no_progress_bar(total: int, budget_seconds: float | None) -> Any:
 
 
 def measure_setup(
-    request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None, progress: ProgressBar = no_progress_bar
+    request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None, progress: ProgressBar = no_progress_bar, carry: Any = None
 ) -> dict[str, Any] | None:
-    """One setup's probes and fit (rank 0's record; None on the other processes)."""
+    """One setup's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
+    slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
     started = time.monotonic()
     task, need, tokenized = describe_task(request, spec, method, budget_asked)
     planner, prices = plan_probes(task, spec, method, need, request.options, scratch=writable_subdir("scratch"))
     task = replace(task, prices=prices)
+    if carry is not None:
+        task = carry.prepare(task, planner)
     # What the budget buys, within seconds, before the model is built; refused if too small.
     budget_seconds = settle_budget(
         planner,
@@ -68,6 +71,8 @@ def measure_setup(
         lambda probes: expected_error(task.hardware["name"], spec.fingerprint, probes),
     )
     workload, task = build_workload(request, task, spec, tokenized, method)
+    if carry is not None:
+        carry.seed(workload.seen_shapes)
     coordinator = probe_coordinator(workload, task.hardware.get("peak_bf16_flops"))
     if not coordinator.leads:
         coordinator.follow()  # rank 0 decides every probe; this process runs each with it
@@ -77,6 +82,8 @@ def measure_setup(
     finally:
         coordinator.finish()
         workload.release()  # the next setup builds its own model
+        if carry is not None:
+            carry.done(planner)
 
 
 def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:

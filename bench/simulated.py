@@ -298,11 +298,28 @@ def simulate_bench(
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
     fit as a real run (bench.setup_measurement); the device and the clock are simulated."""
+    bench = simulated_setup(model, lora, budget, checkpointing, seed, replay)
+    return run_simulated(bench, budget, say), bench.device
+
+
+@dataclass
+class SimulatedBench:
+    """A simulated `bench run` planned, not yet run: its device, task and probe planner (what
+    bench.layer_slices prices each slice depth with before running any)."""
+
+    device: SimulatedDevice
+    task: Any  # bench.calibrate.BenchTask
+    planner: Any  # bench.choose.ProbePlanner
+
+
+def simulated_setup(
+    model: Any, lora: bool, budget: float | str | None, checkpointing: tuple[int, ...] = (0,), seed: int = 0, replay: bool = False
+) -> SimulatedBench:
+    """The device, the task and the planner of a simulated bench, as `bench run` has them before
+    building the model."""
     from dataclasses import replace
 
-    from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, plan_probes
-    from bench.outlook import outlook, refuse_if_too_small, settle_budget
-    from bench.runner import Budget
+    from bench.calibrate import BenchTask, plan_probes
     from bench.space import default_space
     from train.planning.memory_check import meta_model
     from train.step.engine import StepOptions
@@ -330,10 +347,21 @@ def simulate_bench(
     planner, prices = plan_probes(task, spec, method, need, StepOptions(compile="on" if compiled else "off"))
     # The disk's speed is the measured H100 host's, not this machine's.
     task = replace(task, prices=replace(prices, disk_bytes_per_second=device.measured.disk_bytes_per_second))
+    return SimulatedBench(device, task, planner)
+
+
+def run_simulated(bench: SimulatedBench, budget: float | str | None, say: Any = lambda line: None) -> dict[str, Any]:
+    """The planned bench run on its device's clock, from the clock's time now."""
+    from bench.calibrate import BenchRun, after_probes_seconds, calibrate
+    from bench.outlook import outlook, refuse_if_too_small, settle_budget
+    from bench.runner import Budget
+
+    device, task, planner = bench.device, bench.task, bench.planner
+    started = device.clock()
     # A second for imports, hardware detection and the meta model, as on a real machine.
     device.clock.advance(1.0)
-    seconds = settle_budget(planner, budget, device.clock(), after_probes_seconds(task, planner), say)
+    seconds = settle_budget(planner, budget, device.clock() - started, after_probes_seconds(task, planner), say)
     device.clock.advance(device.build_seconds)
-    refuse_if_too_small(outlook(planner, seconds, device.clock(), after_probes_seconds(task, planner)))
-    record, _ = calibrate(BenchRun(task, device, planner, Budget(seconds, 0.0, device.clock)), device.build_seconds)
-    return record, device
+    refuse_if_too_small(outlook(planner, seconds, device.clock() - started, after_probes_seconds(task, planner)))
+    record, _ = calibrate(BenchRun(task, device, planner, Budget(seconds, started, device.clock)), device.build_seconds)
+    return record

@@ -1,24 +1,65 @@
-"""`bench run --gpu h100 --model MODEL --layers K1,K2,…` on the simulated H100 (bench.simulated):
-each depth benched on the virtual clock within its share of the budget (bench.layer_slices), the
-depths combined into the whole model's calibration, as a real run combines them."""
+"""`bench run --gpu h100 --model MODEL --layers auto|K1,K2,…` on the simulated H100 (bench.simulated):
+the depths benched one after the other on one virtual clock, as one process runs them: the budget
+split by the planner's prices, shapes compiled at one depth compiled for the next, the one-off
+timings made once (bench.slice_budget); the depths combined into the whole model's calibration, as
+a real run combines them (bench.layer_slices)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from common.errors import BenchtrainError
 
-def simulate_slices(model: str, lora: bool, budget: float, depths: tuple[int, ...], seed: int = 0) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    """(the whole model's calibration, each depth's) from slices of `model` on the simulated H100."""
-    from bench.layer_slices import depth_prices, slice_spec, whole_model_record
-    from bench.simulated import simulate_bench
+
+def simulate_slices(
+    model: str, lora: bool, budget: float, depths: tuple[int, ...] | str = "auto", seed: int = 0
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]], float]:
+    """(the whole model's calibration, each depth's, the seconds all took on the virtual clock)
+    from slices of `model` on the simulated H100.
+    `depths="auto"`: --layers auto's ladders (the whole model is not benched here: the caller
+    compares with `simulate_bench`)."""
+    from bench.layer_slices import AUTO_LADDERS, auto_depths, whole_model_record
+    from bench.simulated import H100Measurements, VirtualClock, run_simulated
+    from bench.slice_budget import Carry, depth_share, needed_seconds, refuse_if_unaffordable
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
     spec = resolve_model(model)
     method = MethodConfig(method="lora") if lora else MethodConfig()
-    prices = depth_prices(spec, method, depths)
+    if depths == "auto":
+        hardware = H100Measurements.load().hardware
+        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: needed_seconds(price_ladder(spec, lora, ladder, budget, seed)[1]) <= budget)
+        if fitting is None:
+            raise BenchtrainError(f"--layers auto: no ladder of {AUTO_LADDERS} fits")
+        depths = fitting
+    assert isinstance(depths, tuple)
+    benches, prices = price_ladder(spec, lora, depths, budget, seed)
+    refuse_if_unaffordable(prices, budget, spec.name)
+    clock, carry = VirtualClock(), Carry()
     records = {}
-    for depth in depths:
-        share = budget * prices[depth] / sum(prices.values())
-        records[depth], _ = simulate_bench(slice_spec(spec, depth), lora, share, seed=seed)
-    return whole_model_record(records, spec, method, f"simulated: {','.join(map(str, depths))}"), records
+    for index, depth in enumerate(depths):
+        bench = benches[depth]
+        bench.device.clock = clock
+        carry.seed(bench.device.compiled_shapes)
+        bench.task = carry.prepare(bench.task, bench.planner)
+        records[depth] = run_simulated(bench, depth_share(budget - clock(), prices, depths[index:]))
+        carry.done(bench.planner)
+    return whole_model_record(records, spec, method, f"simulated: {','.join(map(str, depths))}"), records, clock()
+
+
+def price_ladder(spec: Any, lora: bool, depths: tuple[int, ...], budget: float, seed: int = 0) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Each depth's simulated bench, planned (not run), and its prices (bench.slice_budget)."""
+    from dataclasses import replace
+
+    from bench.calibrate import after_probes_seconds
+    from bench.layer_slices import slice_spec
+    from bench.simulated import simulated_setup
+    from bench.slice_budget import price_depths
+
+    benches = {}
+    for index, depth in enumerate(depths):
+        bench = simulated_setup(slice_spec(spec, depth), lora, budget, seed=seed)
+        bench.task = replace(bench.task, one_off_timings=index == 0)
+        benches[depth] = bench
+    before = {depth: 1.0 + bench.device.build_seconds for depth, bench in benches.items()}
+    return benches, price_depths({depth: (b.planner, before[depth], after_probes_seconds(b.task, b.planner)) for depth, b in benches.items()})

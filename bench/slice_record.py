@@ -9,8 +9,10 @@ checkpoint and compile timings, fit). Here they become one calibration of the wh
   `from_slices`), from its time and activation lines in depth (calibration.slices); the
   throughput and memory models are fitted to those rows exactly as to measured ones, so train's
   planner needs nothing new;
-- evaluation batches and the one-off costs (model build, warm-up, compilation, checkpoint bytes)
-  are lines in depth too;
+- evaluation batches and the one-off costs that grow with depth (model build, warm-up) are lines
+  in depth too; those that do not (a compilation per shape of the one block class, the disk's
+  speed, the compile cache) are taken from the depths that measured them, once (bench.slice_budget);
+  the checkpoint's bytes are the whole model's, exact, written at the measured disk speed;
 - `slices` records the depths, the per-layer terms, the extrapolation's held-out error (the plan
   widens its bounds by it: calibration.model) and how many devices like this one the whole model
   needs (train.planning.memory_check.gpus_needed).
@@ -25,8 +27,10 @@ from typing import Any
 from calibration.slices import DepthLine, SliceFit, derive_full_rows, slice_error
 from common.errors import MeasurementError
 
-# One-off costs that do not grow with depth (counts, rates, flags): the deepest slice's.
-KEPT_OVERHEADS = {"warmup_steps", "compile_shapes_measured", "disk_write_bytes_per_second", "checkpoint_extrapolated"}
+# One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
+# the depths that timed them (the first: bench.slice_budget); per shape, weighted by the shapes each compiled.
+KEPT_OVERHEADS = {"warmup_steps", "disk_write_bytes_per_second", "checkpoint_extrapolated", "compile_cached_seconds_per_shape"}
+PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class WholeModel:
     static_bytes: dict[int, float]  # before activations, per process, at each slice depth and at `layers`
     gpus_needed: int | None  # devices like the bench's the whole model needs (FSDP); None: no count holds it
     rule: str  # how the depths were chosen
+    checkpoint_bytes: int = 0  # what the whole model's checkpoint holds (bench.calibrate.AfterProbePrices)
 
 
 def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dict[str, Any]:
@@ -61,7 +66,7 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
     record["fit"] = fit_with_drift_choice(fitted.rows, None, whole.training.get("flops_terms"))
     eval_rows = derive_eval_rows(records, whole.layers)
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
-    record["overheads"] = derive_overheads(records, whole.layers)
+    record["overheads"] = derive_overheads(records, whole.layers, whole.checkpoint_bytes)
     record["search"] = {**deepest["search"], "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths}}
     record["slices"] = slices_section(fitted, depths, whole)
     record["warnings"] = list(dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", [])))
@@ -150,22 +155,32 @@ def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[di
     return rows
 
 
-def derive_overheads(records: dict[int, dict[str, Any]], layers: int) -> dict[str, float]:
-    """The one-off costs at full depth: lines in depth (model build, warm-up, compilation, the
-    checkpoint's bytes), the checkpoint's write at the measured disk speed, the kept ones as the
-    deepest slice measured them, and the whole bench's seconds."""
+def derive_overheads(records: dict[int, dict[str, Any]], layers: int, checkpoint_bytes: int = 0) -> dict[str, float]:
+    """The one-off costs at full depth: lines in depth where every depth measured them (model
+    build, warm-up), the depth-free ones as measured (KEPT_OVERHEADS, PER_SHAPE_OVERHEADS), the
+    whole model's checkpoint written at the measured disk speed, and the whole bench's seconds."""
     depths = sorted(records)
-    deepest = records[depths[-1]].get("overheads") or {}
-    overheads: dict[str, float] = {}
-    for name, value in deepest.items():
-        values = {depth: (records[depth].get("overheads") or {}).get(name) for depth in depths}
-        if name in KEPT_OVERHEADS or name == "benchmark_seconds" or not all(isinstance(v, (int, float)) for v in values.values()):
-            overheads[name] = value
+    found = {depth: records[depth].get("overheads") or {} for depth in depths}
+    overheads: dict[str, Any] = {}
+    for name in dict.fromkeys(key for depth in depths for key in found[depth]):
+        values = {depth: found[depth][name] for depth in depths if isinstance(found[depth].get(name), (int, float))}
+        if name in PER_SHAPE_OVERHEADS or name in PER_SHAPE_OVERHEADS.values():
             continue
-        overheads[name] = max(0.0, DepthLine.fit(depths, list(values.values())).at(layers))  # type: ignore[arg-type]
+        if name in KEPT_OVERHEADS or len(values) < len(depths):
+            overheads[name] = next((found[depth][name] for depth in depths if name in found[depth]), None)
+        else:
+            overheads[name] = max(0.0, DepthLine.fit(depths, list(values.values())).at(layers))
+    for name, count in PER_SHAPE_OVERHEADS.items():
+        weights = {depth: float(found[depth].get(count) or 0) for depth in depths if isinstance(found[depth].get(name), (int, float))}
+        if weights:
+            total = sum(weights.values())
+            mean = sum(weights[d] * found[d][name] for d in weights) / total if total else max(found[d][name] for d in weights)
+            overheads.update({name: mean, count: int(total)})
     rate = overheads.get("disk_write_bytes_per_second")
+    if checkpoint_bytes:
+        overheads["checkpoint_bytes"] = checkpoint_bytes
     if rate and overheads.get("checkpoint_bytes"):
         overheads["checkpoint_save_seconds"] = round(overheads["checkpoint_bytes"] / rate, 4)
         overheads["checkpoint_bytes"] = round(overheads["checkpoint_bytes"])
-    overheads["benchmark_seconds"] = round(sum(float((records[d].get("overheads") or {}).get("benchmark_seconds") or 0.0) for d in depths), 2)
+    overheads["benchmark_seconds"] = round(sum(float(found[d].get("benchmark_seconds") or 0.0) for d in depths), 2)
     return overheads

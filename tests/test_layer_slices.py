@@ -243,7 +243,7 @@ def test_full_fine_tuning_too_big_for_one_simulated_h100_is_calibrated_on_slices
     from calibration.model import Calibration
     from calibration.store import save_calibration
 
-    record, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
+    record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
     assert record["slices"]["gpus_needed"] == 2 and record["model"]["layers"] == 32
     # The simulated H100's own step and peak at full depth (its physics is linear in layers): the slices predict them.
     device, *_ = simulated_h100("llama-3.1-8b", False)
@@ -257,3 +257,42 @@ def test_full_fine_tuning_too_big_for_one_simulated_h100_is_calibrated_on_slices
     code, _, err = run_main("train", ["--use-calibration", str(path), "--model", "llama-3.1-8b", "--data", "sample", "--deadline", "24h", "--dry-run"], capsys)
     assert_one_line_error(code, err, "it needs 2 of these devices under FSDP", expected_code=code)
     assert code != 0
+
+
+def ok_probes(record: dict[str, Any]) -> int:
+    return sum(1 for row in record["measurements"] if row["status"] == "ok" and "predicted" in row)
+
+
+@pytest.mark.parametrize("budget", [120, 300], ids=["2m", "5m"])
+def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated_h100(budget: int, home: Path) -> None:
+    """Issue 40's `bench run --model llama-3.1-8b --lora --budget 2m --layers auto` on the simulated
+    H100: one process benches the depths, so the block compiled at one depth is compiled for the
+    next (the device still charges COMPILE_SECONDS per new shape of the process), the checkpoint and
+    compile-cache timings are made once, and the budget is split by the planner's prices."""
+    from bench.simulated import COMPILE_SECONDS, simulate_bench, simulated_h100
+    from bench.simulated_slices import simulate_slices
+    from calibration.model import Calibration
+    from calibration.store import save_calibration
+
+    whole, _ = simulate_bench("llama-3.1-8b", lora=True, budget=budget)
+    record, depths, seconds = simulate_slices("llama-3.1-8b", True, float(budget), "auto")
+    assert sorted(depths) == [2, 4, 6]
+    slice_probes = sum(ok_probes(depth) for depth in depths.values())
+    assert slice_probes >= 3 * ok_probes(whole), (slice_probes, ok_probes(whole))
+    # Inside the budget, every depth with a fit of its own and the whole model's rows from them.
+    assert seconds <= budget and all(depth["fit"] is not None for depth in depths.values())
+    assert record["overheads"]["benchmark_seconds"] <= budget
+    # Compiled once per shape for all depths, and the whole model's compilation is what that cost.
+    assert record["overheads"]["compile_seconds_per_shape"] == pytest.approx(COMPILE_SECONDS, rel=0.02)
+    assert sum(depth["overheads"].get("compile_shapes_measured", 0) for depth in depths.values()) == len(
+        {(r["micro_batch_size"], r["seq_len"], r["gradient_checkpointing"]) for depth in depths.values() for r in depth["measurements"] if r["status"] == "ok"}
+    )
+    # A usable calibration of the whole model whose predictions hold within its own recorded bound.
+    cal = Calibration(json.loads(save_calibration(record).read_text()))
+    device, *_ = simulated_h100("llama-3.1-8b", True)
+    assert len(cal.ok_rows()) >= 3 and record["model"]["layers"] == 32
+    for row in cal.ok_rows():
+        config = StepConfig.from_row(row)
+        predicted = cal.throughput.micro_step_seconds(config) * config.grad_accum
+        assert abs(predicted / device.step_seconds(config) - 1) <= cal.relative_bound
+    assert record["overheads"]["checkpoint_bytes"] == device.checkpoint_bytes
