@@ -42,9 +42,7 @@ def one_rank_oom() -> dict[str, Any]:
     (no rank left in DDP's all-reduce), and the combined rows say oom, then ok."""
     import torch.distributed as dist
 
-    from bench.distributed import combine_rows
-    from bench.probe import ProbeSettings, Workload, run_probe
-    from calibration.step_config import StepConfig
+    from bench.probe import Workload
     from train.workload.method import unwrap
     from train.workload.model import resolve_model
 
@@ -59,15 +57,29 @@ def one_rank_oom() -> dict[str, Any]:
         return original(*args, **kwargs)
 
     lm.forward = forward
+    rows = two_probes_on_every_rank(workload, lambda: failing.update(on=False))
+    return {"statuses": [row["status"] for row in rows]}
+
+
+def two_probes_on_every_rank(workload: Any, after_first: Any = None) -> list[dict[str, Any]]:
+    """The same small probe twice on every rank, each one's rows combined as bench combines them
+    (`after_first` runs between the two)."""
+    import torch.distributed as dist
+
+    from bench.distributed import combine_rows
+    from bench.probe import ProbeSettings, run_probe
+    from calibration.step_config import StepConfig
+
     settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)
-    statuses = []
-    for _ in range(2):
+    rows = []
+    for index in range(2):
         row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=16), settings)
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, row)
-        statuses.append(combine_rows(gathered)["status"])
-        failing["on"] = False
-    return {"statuses": statuses}
+        rows.append(combine_rows(gathered))
+        if index == 0 and after_first is not None:
+            after_first()
+    return rows
 
 
 def late_oom(sharding: str) -> dict[str, Any]:
@@ -76,9 +88,7 @@ def late_oom(sharding: str) -> dict[str, Any]:
     every rank, and the combined rows say oom, then ok."""
     import torch.distributed as dist
 
-    from bench.distributed import combine_rows
-    from bench.probe import ProbeSettings, Workload, run_probe
-    from calibration.step_config import StepConfig
+    from bench.probe import Workload
     from train.step.engine import StepOptions
     from train.workload.model import resolve_model
 
@@ -93,13 +103,7 @@ def late_oom(sharding: str) -> dict[str, Any]:
         return original(*args, **kwargs)
 
     optimizer.step = step
-    settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)
-    rows = []
-    for _ in range(2):
-        row = run_probe(workload, StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=16), settings)
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, row)
-        rows.append(combine_rows(gathered))
+    rows = two_probes_on_every_rank(workload)
     return {"statuses": [row["status"] for row in rows], "errors": [row.get("error", "") for row in rows], "sharding": workload.engine.sharding}
 
 
