@@ -159,6 +159,9 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: Any, tokenized:
     from train.workload.model import model_record
 
     say(f"building {spec.name} on {task.hardware['name']} …")
+    from train.step.peak_memory import HOST_BASELINE_KEY, process_resident_bytes
+
+    task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: process_resident_bytes()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
     model = model_record(spec, workload.shape)
     study = None

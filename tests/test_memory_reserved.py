@@ -208,3 +208,38 @@ def test_ddp_holds_one_copy_of_the_gradients_at_every_step() -> None:
         "first step after a failed probe": 1.0,
         "accum 2 after it": 1.0,
     }
+
+
+def test_a_cpu_plan_counts_what_the_train_process_holds_beyond_the_bench_process(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CPU a peak is the process's resident set: the train process holds libraries and records
+    the bench process never loaded (datasets and pyarrow alone ≈ 95 MiB; the demo ran +35% over
+    its plan). bench records its resident set before the model build; the plan adds what this
+    process holds beyond it, measured at plan time. Not on a GPU, nor for older calibrations."""
+    import json
+
+    from helpers import synthetic_calibration
+    from test_cli import run_main
+
+    from calibration.store import save_calibration
+    from train.step import peak_memory
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    monkeypatch.setattr(peak_memory, "process_resident_bytes", lambda: 900 * 2**20)
+    hardware = detect_hardware()
+    assert peak_memory.host_excess_bytes({**hardware, peak_memory.HOST_BASELINE_KEY: 700 * 2**20}, "cpu") == 200 * 2**20
+    assert peak_memory.host_excess_bytes({**hardware, peak_memory.HOST_BASELINE_KEY: 700 * 2**20}, "cuda") == 0.0
+    assert peak_memory.host_excess_bytes({**hardware, peak_memory.HOST_BASELINE_KEY: 950 * 2**20}, "cpu") == 0.0
+    assert peak_memory.host_excess_bytes(hardware, "cpu") == 0.0
+
+    def planned_peak(baseline: int | None) -> float:
+        recorded = {**hardware, **({peak_memory.HOST_BASELINE_KEY: baseline} if baseline else {})}
+        model = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
+        path = save_calibration(synthetic_calibration(hardware=recorded, model=model))
+        code, out, err = run_main("train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run", "--json"], capsys)
+        assert code == 0, err
+        return float(json.loads(out)["plan"]["chosen"]["peak_memory_bytes"])
+
+    assert planned_peak(700 * 2**20) - planned_peak(None) == pytest.approx(200 * 2**20, rel=1e-6)

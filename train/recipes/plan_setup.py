@@ -12,6 +12,7 @@ from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.disk import export_bytes
 from train.recipes.config import TrainConfig
+from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
 
@@ -210,6 +211,9 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
     memory_offset = 0.0
     if cal.world_size == 1 and placement.sharding == "fsdp":
         memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
+    # On CPU this process's own libraries and data beyond the bench process's, measured now (its
+    # data loaded, its model not yet built).
+    memory_offset += host_excess_bytes(cal.hardware, device_type)
     return PlanRequest(
         data_prep_seconds=context.data_prep_seconds,
         data_uncertainty=context.data_uncertainty,

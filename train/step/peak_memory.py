@@ -76,6 +76,31 @@ def _reset_high_water_mark() -> bool:
     return _high_water_mark() is not None
 
 
+# On CPU a process's peak is its resident set, which also holds what the process loaded before
+# any model (libraries, records, tokenizer arrays): bench records its own before it builds the
+# model, and `train` adds what its process holds beyond that (train.recipes.plan_setup).
+HOST_BASELINE_KEY = "process_rss_before_model_bytes"
+
+
+def process_resident_bytes() -> int | None:
+    """This process's resident set now (None where psutil cannot read it)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
+        return None
+
+
+def host_excess_bytes(hardware: dict[str, Any], device_type: str) -> float:
+    """What this process (on CPU, before its model is built) holds beyond the bench process that
+    measured `hardware` held at the same point: a plan's peak memory on CPU adds it. 0 on a GPU,
+    for calibrations that did not record it, or where it holds less."""
+    recorded = hardware.get(HOST_BASELINE_KEY)
+    now = process_resident_bytes() if device_type == "cpu" and recorded else None
+    return max(0.0, float(now - recorded)) if now is not None and recorded else 0.0
+
+
 class PeakMemory:
     """Context manager; `.peak_bytes` after exit."""
 
