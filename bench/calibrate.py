@@ -67,7 +67,7 @@ class BenchTask:
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
-    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice timed once (bench.layer_slices)
+    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.slice_budget)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,7 @@ class CostModel:
     settings: ProbeSettings
     compiled: bool = False
     observations: list[Observation] = field(default_factory=list)
+    compile_prior_seconds: float = COMPILE_PRIOR_SECONDS  # a new shape's compilation until measured (or as an earlier bench measured it)
     _fit: tuple[float, float, float] | None = None  # fixed seconds, seconds per FLOP, relative margin
 
     # -- what was measured --------------------------------------------------------------
@@ -161,7 +162,7 @@ class CostModel:
         if self.compiled:
             # Unmeasured: a new shape compiles (the prior); a repeated one pays what the step's
             # own warm-up costs, which the probes of new shapes cannot tell apart from compiling.
-            return COMPILE_PRIOR_SECONDS if new_shape else 0.0
+            return self.compile_prior_seconds if new_shape else 0.0
         others = [max(0.0, o.first_step_seconds - o.step_seconds) for o in self.observations if o.step_seconds and o.first_step_seconds is not None]
         return statistics.median(others) if others else 0.0
 

@@ -178,7 +178,7 @@ def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], 
     for index, depth in enumerate(depths):
         task, need, _ = describe_task(request, slice_spec(spec, depth), method, budget)
         planner, prices = plan_probes(task, slice_spec(spec, depth), method, need, request.options)
-        task = replace(task, prices=prices, one_off_timings=index == 0)
+        task = replace(task, prices=prices, one_off_timings=index == len(depths) - 1)
         planners[depth] = (planner, 0.0, after_probes_seconds(task, planner))
     return price_depths(planners)
 
@@ -201,7 +201,7 @@ def measure_layers(
     say(f"measuring {spec.name} on slices of {', '.join(map(str, depths))} of its {layers} layers ({rule})")
     prices = price_ladder(request, spec, method, depths, budget) if isinstance(budget, (int, float)) else None
     if prices is not None:
-        refuse_if_unaffordable(prices, budget, spec.name)
+        refuse_if_unaffordable(prices, budget, spec.name, time.monotonic() - started)
     records: dict[int, dict[str, Any] | None] = {}
     carry = Carry()
     for index, depth in enumerate(depths):
@@ -209,6 +209,7 @@ def measure_layers(
         if prices is not None and isinstance(budget, (int, float)):
             share = depth_share(max(0.0, budget - (time.monotonic() - started)), prices, depths[index:])
         say(f"slice {index + 1} of {len(depths)}: {depth} of {spec.name}'s {layers} layers")
+        carry.one_off = index == len(depths) - 1
         records[depth] = record = measure_setup(request, slice_spec(spec, depth), method, share, progress, carry)
         # `--loss auto` compared the losses at the first depth: the others run the one it chose.
         chosen = ((record or {}).get("loss_choice") or {}).get("chosen")

@@ -26,20 +26,28 @@ def simulate_slices(
 
     spec = resolve_model(model)
     method = MethodConfig(method="lora") if lora else MethodConfig()
+    priced: dict[tuple[int, ...], Any] = {}
+
+    def priced_ladder(ladder: tuple[int, ...]) -> Any:
+        if ladder not in priced:  # planned once: auto's choice and the run share it
+            priced[ladder] = price_ladder(spec, lora, ladder, budget, seed)
+        return priced[ladder]
+
     if depths == "auto":
         hardware = H100Measurements.load().hardware
-        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: needed_seconds(price_ladder(spec, lora, ladder, budget, seed)[1]) <= budget)
+        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: needed_seconds(priced_ladder(ladder)[1]) <= budget)
         if fitting is None:
             raise BenchtrainError(f"--layers auto: no ladder of {AUTO_LADDERS} fits")
         depths = fitting
     assert isinstance(depths, tuple)
-    benches, prices = price_ladder(spec, lora, depths, budget, seed)
+    benches, prices = priced_ladder(depths)
     refuse_if_unaffordable(prices, budget, spec.name)
     clock, carry = VirtualClock(), Carry()
     records = {}
     for index, depth in enumerate(depths):
         bench = benches[depth]
         bench.device.clock = clock
+        carry.one_off = index == len(depths) - 1
         carry.seed(bench.device.compiled_shapes)
         bench.task = carry.prepare(bench.task, bench.planner)
         records[depth] = run_simulated(bench, depth_share(budget - clock(), prices, depths[index:]))
@@ -59,7 +67,7 @@ def price_ladder(spec: Any, lora: bool, depths: tuple[int, ...], budget: float, 
     benches = {}
     for index, depth in enumerate(depths):
         bench = simulated_setup(slice_spec(spec, depth), lora, budget, seed=seed)
-        bench.task = replace(bench.task, one_off_timings=index == 0)
+        bench.task = replace(bench.task, one_off_timings=index == len(depths) - 1)
         benches[depth] = bench
     before = {depth: 1.0 + bench.device.build_seconds for depth, bench in benches.items()}
     return benches, price_depths({depth: (b.planner, before[depth], after_probes_seconds(b.task, b.planner)) for depth, b in benches.items()})

@@ -28,7 +28,7 @@ from calibration.slices import DepthLine, SliceFit, derive_full_rows, slice_erro
 from common.errors import MeasurementError
 
 # One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
-# the depths that timed them (the first: bench.slice_budget); per shape, weighted by the shapes each compiled.
+# the depths that timed them (bench.slice_budget); per shape, weighted by the shapes each compiled.
 KEPT_OVERHEADS = {"warmup_steps", "disk_write_bytes_per_second", "checkpoint_extrapolated", "compile_cached_seconds_per_shape"}
 PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
 

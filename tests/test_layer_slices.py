@@ -263,12 +263,19 @@ def ok_probes(record: dict[str, Any]) -> int:
     return sum(1 for row in record["measurements"] if row["status"] == "ok" and "predicted" in row)
 
 
-@pytest.mark.parametrize("budget", [120, 300], ids=["2m", "5m"])
-def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated_h100(budget: int, home: Path) -> None:
+@pytest.mark.slow  # four simulated benches of an 8B shape: about 15 s each on a busy 2-core machine
+@pytest.mark.parametrize(("budget", "times"), [(120, 3), (300, 2)], ids=["2m", "5m"])
+def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated_h100(budget: int, times: int, home: Path) -> None:
     """Issue 40's `bench run --model llama-3.1-8b --lora --budget 2m --layers auto` on the simulated
     H100: one process benches the depths, so the block compiled at one depth is compiled for the
     next (the device still charges COMPILE_SECONDS per new shape of the process), the checkpoint and
-    compile-cache timings are made once, and the budget is split by the planner's prices."""
+    compile-cache timings are made once, and the budget is split by the planner's prices.
+
+    2 minutes: 12 probes on slices (the one shape the budget compiles, its 4 configurations at each
+    depth) against the whole model's 4. 5 minutes: 40 against 18, not 3×: slices and the whole model
+    alike pay COMPILE_SECONDS per shape and measure 4 configurations of each shape (workers ×
+    accumulation), so 54 probes would need every depth to run 5 compiled shapes' 20 configurations;
+    the compilations alone take 200 of the 300 seconds."""
     from bench.simulated import COMPILE_SECONDS, simulate_bench, simulated_h100
     from bench.simulated_slices import simulate_slices
     from calibration.model import Calibration
@@ -278,7 +285,7 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
     record, depths, seconds = simulate_slices("llama-3.1-8b", True, float(budget), "auto")
     assert sorted(depths) == [2, 4, 6]
     slice_probes = sum(ok_probes(depth) for depth in depths.values())
-    assert slice_probes >= 3 * ok_probes(whole), (slice_probes, ok_probes(whole))
+    assert slice_probes >= times * ok_probes(whole), (slice_probes, ok_probes(whole))
     # Inside the budget, every depth with a fit of its own and the whole model's rows from them.
     assert seconds <= budget and all(depth["fit"] is not None for depth in depths.values())
     assert record["overheads"]["benchmark_seconds"] <= budget
@@ -296,3 +303,49 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
         predicted = cal.throughput.micro_step_seconds(config) * config.grad_accum
         assert abs(predicted / device.step_seconds(config) - 1) <= cal.relative_bound
     assert record["overheads"]["checkpoint_bytes"] == device.checkpoint_bytes
+
+
+def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once() -> None:
+    """bench.slice_budget: the first depth's minimum pays the compilations, the later depths probe
+    the same shapes at a repeated shape's price; each depth's share covers its minimum, in
+    proportion to the minimums; a budget short of them all is one line naming what they need."""
+    from bench.choose import ProbePlanner, shape_of
+    from bench.cost import COMPILE_PRIOR_SECONDS, CostModel, DeviceSpeed
+    from bench.slice_budget import Carry, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
+    from bench.space import SearchSpace
+    from bench.timing import ProbeSettings
+
+    def planner(layers: int) -> ProbePlanner:
+        cost = CostModel(lambda config: 1e9 * (2 + layers), DeviceSpeed(1e13, "test"), ProbeSettings(), compiled=True)
+        return ProbePlanner(SearchSpace((1, 2), (0,), (1, 2), (64, 128)), cost)
+
+    planners = {depth: planner(depth) for depth in (2, 4, 6)}
+    prices = price_depths({depth: (p, 1.0, 0.5) for depth, p in planners.items()})
+    first, *later = (prices[depth].minimum for depth in (2, 4, 6))
+    assert first > COMPILE_PRIOR_SECONDS > max(later)  # one compilation, at the first depth
+    budget = 2 * needed_seconds(prices)
+    shares = [depth_share(budget - sum(prices[d].minimum * 2 for d in (2, 4, 6)[:i]), prices, (2, 4, 6)[i:]) for i in range(3)]
+    assert shares == pytest.approx([2 * prices[d].minimum for d in (2, 4, 6)])
+    with pytest.raises(BenchtrainError, match=r"--budget .* cannot pay for a minimum calibration at each of the slice depths 2, 4, 6 of m: they need"):
+        refuse_if_unaffordable(prices, needed_seconds(prices) * 0.9, "m")
+    # What a depth leaves the next: the shapes it ran (priced as compiled) and the compilation it measured.
+    from bench.calibrate import BenchTask
+
+    small, large = StepConfig(1, 0, 1, 64), StepConfig(2, 0, 1, 128)
+    assert planners[4].price(small) > COMPILE_PRIOR_SECONDS
+    planners[2].seen_shapes.add(shape_of(small))
+    carry = Carry()
+    carry.done(planners[2])
+    carry.one_off = True
+    task = carry.prepare(BenchTask(SearchSpace((1,), (0,), (1,), (64,)), ProbeSettings(), {}, {}, {}, {}, "test"), planners[4])
+    assert task.one_off_timings and planners[4].price(small) < COMPILE_PRIOR_SECONDS < planners[4].price(large)
+    seen: set[tuple[int, int, bool]] = {(2, 128, False)}
+    carry.seed(seen)
+    assert (1, 64, False) in seen  # a workload's shapes run (a flag of 0 and False are one key)
+
+
+def test_a_budget_too_small_for_every_depth_is_one_line_before_anything_is_built(home: Path, deep_tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = ["--batch-sizes", "1,2", "--seq-lens", "32,64", "--accum", "1", "--workers", "0", "--no-report", "--quiet"]
+    code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--model", deep_tiny, "--layers", "2,4", "--budget", "0.5s", *grid], capsys)
+    assert_one_line_error(code, err, "cannot pay for a minimum calibration at each of the slice depths 2, 4 of tiny-deep")
+    assert "building" not in err
