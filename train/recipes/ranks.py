@@ -80,16 +80,11 @@ def check_same_training(training: dict[str, Any]) -> None:
             )
 
 
-def training_summary(plan: Any, record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """What `check_same_training` compares: the configuration, its steps and learning-rate horizon."""
-    chosen = plan.chosen
-    return {
-        "configuration": chosen.config.to_row(),
-        "world_size": chosen.world_size,
-        "epochs": plan.epochs,
-        "optimizer_steps": chosen.optimizer_steps,
-        "step_limit": plan.step_limit,
-        "total_steps": record_plan.get("total_steps"),
-        "learning_rate": record_plan.get("learning_rate"),
-        "run_id": run_id,
-    }
+# What every rank must train alike, as run.json's plan section holds it (train.running.record.plan_section).
+COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps", "step_limit", "total_steps", "learning_rate")
+
+
+def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """What `check_same_training` compares: the configuration, its steps and learning-rate horizon,
+    read from run.json's plan section, and the run."""
+    return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}

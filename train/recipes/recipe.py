@@ -236,7 +236,7 @@ class TrainRecipe:
         run, config = self.run, self.config
         self.record = self._open_record()
         # Before any step: every rank trains rank 0's configuration, steps and learning-rate horizon.
-        check_same_training(training_summary(run.plan, self.record.plan, self.record.data["run_id"]))
+        check_same_training(training_summary(self.record.plan, self.record.data["run_id"]))
         if is_main_process():
             # One train per run folder; then room for what it will write, before any work.
             out_dir = self.record.out_dir
