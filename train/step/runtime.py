@@ -73,7 +73,7 @@ def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) ->
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     return Accelerator(
         kwargs_handlers=[ddp],
-        mixed_precision="bf16" if cuda or cpu_bf16() else "no",
+        mixed_precision="bf16" if run_precision("cuda" if cuda else "cpu") == "bf16" else "no",  # one place decides
         gradient_accumulation_steps=1,
         cpu=not cuda and several,
         log_with=list(log_with) or None,
