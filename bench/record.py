@@ -10,6 +10,7 @@ from typing import Any
 from bench.drift import undo_correction
 from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
+from calibration.memory_fit import held_gradient_bytes
 from calibration.schema import SCHEMA_VERSION
 from calibration.store import new_id
 
@@ -64,7 +65,7 @@ def build_calibration(
     }
     ok_count = sum(1 for row in result.rows if row["status"] == "ok")
     if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record["training"].get("flops_terms"))
+        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record)
         record["noise"] = assess_noise(record)
         if record["noise"]:
             record["warnings"].append(record["noise"]["message"])
@@ -124,14 +125,16 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
-def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, flops: dict[str, float] | None = None) -> dict[str, Any]:
-    """Keep the drift correction only if it makes the fit better on held-out probes."""
-    corrected = fit_measurements(rows, flops)
+def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any]:
+    """Keep the drift correction only if it makes the fit better on held-out probes. `record`: the
+    calibration (its model's FLOPs per token and the gradients its step holds)."""
+    flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
+    corrected = fit_measurements(rows, flops, gradients)
     if not drift or not drift.get("applied"):
         return corrected
     raw_rows = copy.deepcopy(rows)
     undo_correction(raw_rows)
-    raw = fit_measurements(raw_rows, flops)
+    raw = fit_measurements(raw_rows, flops, gradients)
     corrected_error = corrected["held_out_error"]["median_abs_pct"]
     raw_error = raw["held_out_error"]["median_abs_pct"]
     drift["held_out_median_pct"] = {"corrected": corrected_error, "raw": raw_error}

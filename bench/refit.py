@@ -30,7 +30,7 @@ def refit_record(source: dict[str, Any], created: datetime | None = None) -> dic
     record["created_at"] = created.isoformat(timespec="seconds")
     record["refit_of"] = source["id"]
     record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
-    record["fit"] = fit_with_drift_choice(rows, (record.get("search") or {}).get("drift"), (record.get("training") or {}).get("flops_terms"))
+    record["fit"] = fit_with_drift_choice(rows, (record.get("search") or {}).get("drift"), record)
     record["noise"] = assess_noise(record)
     if record["noise"]:
         record["warnings"].append(record["noise"]["message"])

@@ -320,9 +320,10 @@ def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
     return best, f"the {best} model cut the held-out median error from {base_error:.1f}% ({baseline}) to {best_error:.1f}% ({others})"
 
 
-def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | None = None) -> dict[str, Any]:
+def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0) -> dict[str, Any]:
     """The `fit` section of a calibration, from its measurement rows (status `ok` used). With the
-    model's FLOPs per token of each compute term (`flops`), a FLOPs-tied form competes too."""
+    model's FLOPs per token of each compute term (`flops`), a FLOPs-tied form competes too; the
+    memory fit holds at least `gradient_bytes` while accumulating (memory_fit.held_gradient_bytes)."""
     ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
     if len(ok_rows) < MIN_ROWS_FOR_FIT:
         raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
@@ -354,7 +355,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: dict[str, Any] | None = None
     if len(memory_rows) >= MIN_ROWS_FOR_FIT:
-        memory_section = fit_memory_rows(memory_rows)  # reserved + outside the allocator where recorded
+        memory_section = fit_memory_rows(memory_rows, gradient_bytes)  # reserved + outside the allocator where recorded
 
     outside = extrapolated_rows(configs)
     extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])

@@ -23,6 +23,12 @@ straight line through both under-predicts the large configurations a plan uses. 
 fitted (non-negative, on relative error); the floor form is kept when it predicts held-out probes
 better. Terms no probe exercises stay zero.
 
+What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`:
+the trainable parameters' fp32 gradients, this rank's shard under FSDP): that is arithmetic on the
+model, not a prior. A 2-minute gpt2 bench measures accumulation only at micro-batch 1, where the
+optimizer step's floor hides most of it, and fitted 216 MiB for gradients of 475 MiB: a run at
+8 × 2 peaked 18% above its plan (docs/benchmarks.md, "A plan you can bet on, again").
+
 What is fitted (`basis`): on a GPU, the caching allocator's *reserved* peak when every probe recorded
 it (allocated + the fragmentation the allocator keeps), plus, as a constant, the most any probe saw
 used outside PyTorch's allocator (`non_torch_bytes`: CUDA context, loaded kernels, NCCL buffers;
@@ -77,14 +83,31 @@ class MemoryModel:
         return "physical+floor" if self.coefficients.get("optimizer_floor", 0.0) > 0 else "physical"
 
 
-def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False) -> MemoryModel:
-    """The linear form by robust NNLS; with `floor`, the max form refined from it."""
+def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False, gradient_bytes: float = 0.0) -> MemoryModel:
+    """The linear form by robust NNLS; with `floor`, the max form refined from it. Accumulation holds
+    at least `gradient_bytes` (once some probe accumulated: a term no probe exercises stays zero)."""
     features = np.stack([memory_features(c) for c in configs])
     linear = fit_nonnegative(features, peak_bytes)
     coefficients = {**dict(zip(LINEAR_TERMS, map(float, linear), strict=True)), "optimizer_floor": 0.0}
     if floor:
         coefficients = _fit_floor(features, peak_bytes, linear)
+    if any(config.grad_accum > 1 for config in configs):
+        coefficients["accumulated_gradients"] = max(coefficients["accumulated_gradients"], float(gradient_bytes))
     return MemoryModel(coefficients)
+
+
+def held_gradient_bytes(record: dict[str, Any]) -> float:
+    """The fp32 gradients a calibration's step holds while accumulating: every trainable parameter's,
+    or this rank's share of them under FSDP (train.step.sharding shards gradients)."""
+    from calibration.comm import gradient_bytes
+
+    training = record.get("training") or {}
+    trainable = training.get("trainable_parameters")
+    if not isinstance(trainable, int) or trainable <= 0:
+        return 0.0
+    world_size = int((record.get("distributed") or {}).get("world_size", 1) or 1)
+    shards = world_size if training.get("sharding") == "fsdp" else 1
+    return gradient_bytes(trainable) / shards
 
 
 def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) -> dict[str, float]:
@@ -106,7 +129,7 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
     return {**dict(zip(LINEAR_TERMS, map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
 
 
-def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray) -> dict[str, object]:
+def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> dict[str, object]:
     """The calibration's `fit.memory`: the form with the lower held-out median error (the linear
     one on a tie), its parameters and its held-out error."""
     forms = {"physical": False}
@@ -116,11 +139,11 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray) -> dic
     for kind, floor in forms.items():
 
         def fit_on(train: np.ndarray, floor: bool = floor) -> Callable[[StepConfig], float]:
-            return fit_memory([configs[i] for i in train], peak_bytes[train], floor).peak_bytes
+            return fit_memory([configs[i] for i in train], peak_bytes[train], floor, gradient_bytes).peak_bytes
 
         errors[kind] = cross_validate(len(configs), peak_bytes, fit_on, configs)
     kind = min(errors, key=lambda name: (round(errors[name].median_abs_pct, 3), name != "physical"))
-    model = fit_memory(configs, peak_bytes, forms[kind])
+    model = fit_memory(configs, peak_bytes, forms[kind], gradient_bytes)
     return {
         "kind": kind,
         "parameters": model.coefficients,
@@ -130,14 +153,14 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray) -> dic
     }
 
 
-def fit_memory_rows(rows: Sequence[dict[str, Any]]) -> dict[str, object]:
+def fit_memory_rows(rows: Sequence[dict[str, Any]], gradient_bytes: float = 0.0) -> dict[str, object]:
     """`fit.memory` from ok measurement rows with a peak: fitted to the reserved peak when every
     row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
     outside the allocator (the most any row saw) and the basis recorded beside the fit."""
     configs = [StepConfig.from_row(row) for row in rows]
     reserved = all(_number(row.get("peak_reserved_bytes")) for row in rows)
     field = "peak_reserved_bytes" if reserved else "peak_memory_bytes"
-    section = fit_memory_section(configs, np.array([float(row[field]) for row in rows]))
+    section = fit_memory_section(configs, np.array([float(row[field]) for row in rows]), gradient_bytes)
     outside = [float(row["non_torch_bytes"]) for row in rows if _number(row.get("non_torch_bytes"))] if reserved else []
     return {**section, "basis": "reserved" if reserved else "allocated", "non_torch_bytes": max(outside, default=0.0)}
 

@@ -20,12 +20,16 @@ allocated between two micro-batches' activations) left gpt2's peak RSS 1.8 GB ab
 +0.5 GB of its gradients; every later step grew it again, so a probe and a run of the same
 configuration peaked gigabytes apart depending on what ran before (issue #31: 9.0 GiB against a
 5.6 GiB plan; LoRA at batch 1, whose activations are below 1 MiB, grew 0.1 GiB a step).
-`physical_cpu_memory` keeps the threshold at glibc's starting 128 KiB, so every tensor that
-matters is its own mapping, returned to the system when freed: the peak RSS is then the bytes the
-step holds, as the CUDA allocator's peak is on a GPU, the same in a probe and in a run. It costs
-CPU steps time (fresh pages are zero-filled; gpt2 8 × 256: 5.9 s → 8.5 s a step, LoRA 1 × 256 × 8:
-7.0 s → 9.7 s), measured by bench like any other cost of the step. docs/benchmarks.md, "Peak
-memory: plan vs run".
+`physical_cpu_memory` fixes the threshold at 8 MiB (a fixed threshold also stops glibc raising
+it): every tensor that matters for the peak (logits, activations of a micro-batch, gradients of the
+large matrices) is its own mapping, returned to the system when freed, and the heap holds only the
+small ones, so a probe and a run of the same configuration peak alike (gpt2 8 × 256: +5.4% run vs
+plan from a fresh bench; 8 × 2 × 64: the run's peak in the probe's within 1%). The threshold was
+glibc's starting 128 KiB until issue #38 measured what that cost: every mid-sized tensor mapped and
+zero-filled afresh on every step halved tiny's CPU throughput (8 × 320: 8.4k → 16.3k tokens/s with
+8 MiB) and made it jagged in shape (off-grid probes predicted with a median error of 6.5–21.9% and
+a worst of 32–43%, against 2.0–3.0% and 6.6–16.8% with 8 MiB). docs/benchmarks.md, "A plan you
+can bet on, again".
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 SAMPLE_SECONDS = 0.01
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-CPU_MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's own starting threshold, kept there
+CPU_MMAP_THRESHOLD_BYTES = 8 * 2**20  # module docstring: 128 KiB halved small steps' speed
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
