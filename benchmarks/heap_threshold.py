@@ -62,10 +62,10 @@ def main() -> None:
     print("threshold | " + " | ".join(f"{b}×{s} tok/s" for b, s in shapes) + " | largest peak GiB")
     print("--- | " + " | ".join("---" for _ in shapes) + " | ---")
     for threshold, runs in results.items():
-        speeds = [statistics.median(run[shape][0] for run in runs if shape in run) for shape in shapes]
+        speeds = [[run[shape][0] for run in runs if shape in run] for shape in shapes]  # a shape the budget missed: —
         peak = max(figures[1] for run in runs for figures in run.values())
         label = threshold if threshold == "glibc" else f"{int(threshold) // 1024} KiB"
-        print(f"{label} | " + " | ".join(f"{speed:,.0f}" for speed in speeds) + f" | {peak:.2f}")
+        print(f"{label} | " + " | ".join(f"{statistics.median(s):,.0f}" if s else "—" for s in speeds) + f" | {peak:.2f}")
 
 
 if __name__ == "__main__":
