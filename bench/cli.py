@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.commands import data, refit, run, show
+from bench.commands import data, push, refit, run, show
 from bench.commands import list as listing
 from bench.commands.run import RUN_EXAMPLES
 from common.errors import EXIT_OK, OneLineParser, guard_cli
@@ -22,9 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=RUN_EXAMPLES,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    commands = parser.add_subparsers(dest="command", metavar="{run,list,show,refit,data}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,list,show,refit,data,push}")
 
-    for command in (run, listing, show, refit, data):
+    for command in (run, listing, show, refit, data, push):
         command.add_parser(commands)
     return parser
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from calibration.hub import cached_file, is_hub_reference, shared_calibrations
 from calibration.schema import read_calibration_file
 from common.atomic import file_lock, read_json_file, write_json_atomic, write_text_atomic
 from common.errors import BenchtrainError, CalibrationFileError
@@ -187,15 +188,18 @@ def resolve_calibration(
     """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
     not be read is reported through `on_skip` (one sentence naming it and why), never in silence;
     with `preferences`, the newest file the first of them accepts wins, then the next, then the
-    newest, and `on_passed_over` hears of the newest readable file when it is not the one chosen."""
+    newest, and `on_passed_over` hears of the newest readable file when it is not the one chosen.
+    `hub:ORG/NAME/ID`, or `hub:ORG/NAME` (its calibrations chosen among as `latest` chooses), is the
+    file in huggingface_hub's cache, checked."""
+    if is_hub_reference(reference):  # hub:ORG/NAME[/ID]: from huggingface_hub's cache, validated (calibration.hub)
+        chosen = choose(shared_calibrations(reference, on_skip), preferences, on_passed_over)
+        if chosen is None:  # shared_calibrations returns one at least, or says why not
+            raise BenchtrainError(f"{reference}: no calibration to use")
+        return chosen
     if reference == "latest":
         entries = list_calibrations()
         readable = [(path, data) for path, data, _ in entries if data is not None]
-        newest = readable[0][0] if readable else None
-        preferred = (next((path for path, data in readable if accepts(data)), None) for accepts in preferences)
-        chosen = next((path for path in preferred if path is not None), newest)
-        if on_passed_over is not None and newest is not None and chosen != newest:
-            on_passed_over(newest)
+        chosen = choose(readable, preferences, on_passed_over)
         chosen_time = chosen.stat().st_mtime if chosen is not None else 0.0
         for path, data, error in entries:
             if data is None and on_skip is not None and path.stat().st_mtime >= chosen_time:
@@ -227,10 +231,33 @@ def resolve_calibration(
     raise BenchtrainError(f"unknown calibration {reference!r}: {accepted}{home_hint()}")
 
 
+def choose(
+    readable: Sequence[tuple[Path, dict[str, Any]]],
+    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    on_passed_over: Callable[[Path], None] | None = None,
+) -> Path | None:
+    """Of calibrations newest first: the newest the first preference accepts, then the next's, else
+    the newest; `on_passed_over` hears of the newest when it is not the one chosen."""
+    newest = readable[0][0] if readable else None
+    preferred = (next((path for path, data in readable if accepts(data)), None) for accepts in preferences)
+    chosen = next((path for path in preferred if path is not None), newest)
+    if on_passed_over is not None and newest is not None and chosen != newest:
+        on_passed_over(newest)
+    return chosen
+
+
+def is_read_only(path: Path | str | None) -> bool:
+    """Bundled with benchtrain, or downloaded from the hub into huggingface_hub's cache: the
+    measurement as it was shared, which runs never write to."""
+    return is_bundled(path) or (path is not None and cached_file(path) is not None)
+
+
 def update_calibration(path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Read, change and rewrite a calibration under the store lock (never a bundled one)."""
     if is_bundled(path):
         raise BenchtrainError(f"{path} ships with benchtrain and is not changed; run `bench run` for a calibration of your own")
+    if cached_file(path) is not None:
+        raise BenchtrainError(f"{path} was downloaded from the hub and is not changed; run `bench run` for a calibration of your own")
     with file_lock(Path(path).parent / ".lock"):
         data = read_calibration_file(path)
         change(data)

@@ -23,6 +23,7 @@ EXAMPLES = """examples:
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
+  train --use-calibration all,hub:my-org/gpu-calibrations --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # and what others measured
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
   train --data chats.jsonl --model llama-3.1-8b --lora --deadline 3h     # --quantize/--optimizer auto: the fastest setup bench measured
   train --data chats.jsonl --model mistral-nemo-12b --lora --quantize 4bit --optimizer paged-adamw-8bit --deadline 6h   # QLoRA
@@ -64,10 +65,11 @@ def add_what_to_train(p: argparse.ArgumentParser) -> None:
     """The calibration, the data, the model, the deadline and the shape of the work."""
     p.add_argument(
         "--use-calibration",
-        metavar="latest|ID|PATH|A,B,C|all",
+        metavar="latest|ID|PATH|hub:ORG/NAME[/ID]|A,B,C|all",
         help="calibration to plan with: latest (default; with --resume, the one the run started with), an id, a .json file, "
-        "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured); with --dry-run, "
-        "A,B,C or all (the stored and bundled ones of this model and method) compares them: a row each, the cheapest that meets the deadline first",
+        "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured), or one shared on the hub "
+        "(hub:ORG/NAME/ID, written by `bench push`); with --dry-run, A,B,C, all (the stored and bundled ones of this model and method) "
+        "or hub:ORG/NAME (those of that hub repository) compares them: a row each, the cheapest that meets the deadline first",
     )
     p.add_argument(
         "--data",

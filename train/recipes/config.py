@@ -42,8 +42,12 @@ def parse_max_length(value: Any) -> int | str:
 
 
 def is_comparison(use_calibration: str | None) -> bool:
-    """--use-calibration names several calibrations (A,B,C) or `all`: a comparison (train.recipes.compare)."""
-    return use_calibration is not None and ("," in use_calibration or use_calibration.strip() == "all")
+    """--use-calibration names several calibrations (A,B,C), `all`, or every one a hub repository
+    shares (`hub:ORG/NAME`, not `hub:ORG/NAME/ID`: calibration.hub): a comparison (train.recipes.compare)."""
+    if use_calibration is None:
+        return False
+    text = use_calibration.strip()
+    return "," in text or text == "all" or (text.startswith("hub:") and text.count("/") == 1)
 
 
 @dataclass(frozen=True)

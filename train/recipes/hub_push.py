@@ -13,7 +13,6 @@ push from this machine measured ($BENCHTRAIN_HOME/hub_upload.json), else at a st
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ DEFAULT_UPLOAD_BYTES_PER_SECOND = 20e6
 RATE_FILE = "hub_upload.json"
 # Smaller uploads are dominated by the hub's round trips: they say little about the bandwidth.
 MIN_MEASURED_BYTES = 5e6
-TRUE_VALUES = {"1", "on", "yes", "true"}
 
 
 @dataclass(frozen=True)
@@ -51,35 +49,19 @@ class PushTarget:
 
 def valid_repo_id(repo_id: str) -> str:
     """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+    from common.hub_access import valid_repo_id as valid_name
 
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise BenchtrainError(f"--push-to-hub {repo_id!r} is not a hub repository name (ORG/NAME): {str(error).splitlines()[0]}") from None
-    return repo_id
+    return valid_name(repo_id, "--push-to-hub")
 
 
 def check_push(target: PushTarget) -> PushTarget:
     """Refused now, in one line, rather than after training: the hub switched off, no token, a
-    token the hub rejects, or no way to reach it. Returns the target with the token's user."""
-    from huggingface_hub import HfApi, get_token
+    token the hub rejects, or no way to reach it (common.hub_access, which `bench push` shares).
+    Returns the target with the token's user."""
+    from common.hub_access import writing_user
 
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_VALUES:
-        raise BenchtrainError("--push-to-hub: HF_HUB_OFFLINE is set, so nothing can be pushed: unset it, or drop --push-to-hub")
-    token = get_token()
-    if not token:
-        raise BenchtrainError("--push-to-hub: no Hugging Face token: run `hf auth login` or set HF_TOKEN, then train again")
-    try:
-        user = HfApi().whoami(token=token)
-    except Exception as error:  # httpx's connection errors and the hub's HTTP errors alike
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        if status == 401:
-            raise BenchtrainError("--push-to-hub: the hub rejects this token: run `hf auth login` with a token that can write") from None
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
-        raise BenchtrainError(f"--push-to-hub: cannot reach the hub ({reason}): check the network, or drop --push-to-hub") from None
-    return PushTarget(target.repo_id, target.private, target.revision, str(user.get("name") or ""))
+    user = writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub")
+    return PushTarget(target.repo_id, target.private, target.revision, user)
 
 
 def upload_rate() -> tuple[float, str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from calibration.accuracy import check_estimate
 from calibration.schema import variant_history
-from calibration.store import is_bundled, update_calibration
+from calibration.store import is_read_only, update_calibration
 from common.atomic import write_json_atomic
 from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
@@ -147,8 +147,8 @@ def feed_back(calibration: Any, record: dict[str, Any]) -> None:
     this command ran against their own prediction (calibration.accuracy.check_estimate), so a run
     that stopped early or was resumed counts like a completed one."""
     check = check_estimate(record)
-    if check is None or not check.steps_run or calibration.path is None or is_bundled(calibration.path) or not check.predicted_tokens_per_second:
-        return  # a bundled calibration is the measurement it ships with: runs elsewhere do not change it
+    if check is None or not check.steps_run or calibration.path is None or is_read_only(calibration.path) or not check.predicted_tokens_per_second:
+        return  # a bundled or hub-shared calibration is the measurement as shared: runs elsewhere do not change it
     entry = {
         "run_id": record["run_id"],
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -21,8 +21,11 @@ from typing import Any
 
 from common.errors import BenchtrainError
 
+# Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
+from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
+from common.hub_access import first_line as first_line  # re-exported: train.workload.data reads it here
+
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
-COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
 # What bench and the data need: the config, the tokenizer and its chat template (a few MB at most).
 SMALL_FILES = [
     "config.json",
@@ -38,7 +41,6 @@ SMALL_FILES = [
 ]
 # Safetensors when the repository has them (transformers prefers them too); else PyTorch files.
 WEIGHT_PATTERNS = (["*.safetensors", "*.safetensors.index.json"], ["pytorch_model*.bin", "pytorch_model.bin.index.json"])
-NETWORK_ADVICE = "check the network, or download it where there is one with"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -76,21 +78,6 @@ def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
     """(ORG/NAME, revision or None) when `reference` is written like a hub id, else None."""
     match = HUB_ID.match(reference.strip())
     return (match["repo"], match["revision"]) if match else None
-
-
-def download_command(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
-    parts = ["hf download", repo_id]
-    if repo_type != "model":
-        parts.append(f"--repo-type {repo_type}")
-    if revision:
-        parts.append(f"--revision {revision}")
-    return " ".join(parts)
-
-
-def hub_cache_dir() -> str:
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
 
 
 def has_weight_files(folder: Path) -> bool:
@@ -168,72 +155,3 @@ def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
     snapshot(hub.repo_id, hub.revision, fetch.patterns)
     if not has_weight_files(hub.snapshot):
         raise BenchtrainError(f"the weights of {hub.repo_id}@{hub.revision[:12]} are still incomplete in {hub.snapshot} after the download")
-
-
-def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, repo_type: str = "model") -> Path:
-    """The cache folder of `repo_id@revision` holding the files that match `patterns`, fetched
-    when online and missing."""
-    from huggingface_hub import is_offline_mode, snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
-
-    def fetch(local_only: bool) -> Path:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=patterns, local_files_only=local_only))
-
-    if revision and COMMIT_HASH.fullmatch(revision) and not is_offline_mode():
-        # A commit never changes: a cached one needs no question to the hub.
-        try:
-            return fetch(True)
-        except (LocalEntryNotFoundError, IncompleteSnapshotError):
-            pass
-    return guarded(repo_id, revision, repo_type, lambda: fetch(is_offline_mode()))
-
-
-def guarded(repo_id: str, revision: str | None, repo_type: str, call: Any) -> Any:
-    """`call()`, with huggingface_hub's errors turned into one line that says what to do."""
-    try:
-        return call()
-    except Exception as error:
-        message = refusal(error, repo_id, revision, repo_type)
-        if message is None:
-            raise
-        raise BenchtrainError(message) from None
-
-
-def refusal(error: BaseException, repo_id: str, revision: str | None, repo_type: str) -> str | None:
-    """The one line for a huggingface_hub error (None: not one of its errors)."""
-    from huggingface_hub import errors as hub_errors
-    from huggingface_hub import get_token, is_offline_mode
-
-    what = "dataset" if repo_type == "dataset" else "model"
-    label = f"{repo_id}@{revision}" if revision else repo_id
-    command = download_command(repo_id, revision, repo_type)
-    cache = hub_cache_dir()
-    if isinstance(error, hub_errors.HFValidationError):
-        return f"{label} is not a valid hub {what} id (ORG/NAME[@REVISION]): {first_line(error)}"
-    if isinstance(error, hub_errors.GatedRepoError):
-        access = "the token in use has no access to it" if get_token() else "no token is set"
-        page = f"https://huggingface.co/{'datasets/' if what == 'dataset' else ''}{repo_id}"
-        return f"hub {what} {repo_id} is gated and {access}: accept its terms on {page} and set HF_TOKEN (or run `hf auth login`)"
-    if isinstance(error, hub_errors.RepositoryNotFoundError):
-        private = "" if get_token() else " (if it is private, set HF_TOKEN)"
-        return f"no {what} {repo_id} on the hub{private}: check the id (ORG/NAME)"
-    if isinstance(error, hub_errors.RevisionNotFoundError):
-        return f"hub {what} {repo_id} has no revision {revision!r}: name a branch, tag or commit that exists"
-    if isinstance(error, (hub_errors.LocalEntryNotFoundError, hub_errors.IncompleteSnapshotError, hub_errors.DryRunError)):
-        if is_offline_mode():
-            return f"{what} {label} is not in the hub cache {cache} and HF_HUB_OFFLINE is set: download it with `{command}`"
-        cause = error.__cause__
-        if isinstance(cause, hub_errors.HfHubHTTPError):  # the hub answered (gated, not found, …): say what it said
-            return refusal(cause, repo_id, revision, repo_type)
-        reason = f" ({first_line(cause)})" if cause is not None else ""
-        return f"cannot reach the hub for {what} {label}{reason} and it is not in the hub cache {cache}: {NETWORK_ADVICE} `{command}`"
-    if isinstance(error, hub_errors.HfHubHTTPError):
-        return f"the hub refused {what} {label}: {first_line(error)}"
-    if isinstance(error, hub_errors.HTTPError):  # no connection, a timeout
-        return f"cannot reach the hub for {what} {label} ({first_line(error)}): {NETWORK_ADVICE} `{command}`"
-    return None
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,272 @@
+"""Calibrations people share: a dataset repository on the Hugging Face hub.
+
+    bench push ORG/NAME [IDS...]         calibrations/<id>.json each, and a README.md card listing all
+    --use-calibration hub:ORG/NAME       every calibration there (a comparison: those of the run's model and method)
+    --use-calibration hub:ORG/NAME/ID    that one
+
+Downloads go through huggingface_hub's cache (common.hub_access.snapshot), so HF_HUB_OFFLINE=1
+reads only the cache. Nothing from a repository is executed or unpickled: only
+`calibrations/*.json` is fetched and read, as JSON, by calibration.schema's reader, and a damaged
+file is refused in one line naming the repository and the file. A calibration read from the hub
+says where it came from (`source`: the repository, the file, the commit, who measured it), so a
+plan or a comparison row can say whose measurement it rests on (Calibration.provenance).
+
+No torch, nothing of train or bench: plain data, huggingface_hub imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration.hub_card import card_text
+from calibration.schema import read_calibration_file
+from common.errors import BenchtrainError, CalibrationFileError
+from common.hub_access import COMMIT_HASH, download_command, first_line, hub_cache_dir, refusal, snapshot, valid_repo_id
+
+PREFIX = "hub:"
+FOLDER = "calibrations"
+CARD = "README.md"
+# Past this a file is no calibration (the real H100 grid of 48 probes is 43 kB): refused unread.
+MAX_FILE_BYTES = 32 * 2**20
+# What `bench run` names a calibration (calibration.store.new_id): nothing that leaves calibrations/.
+CALIBRATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+FORMS = "hub:ORG/NAME (every calibration in that dataset repository) or hub:ORG/NAME/ID (one)"
+
+
+@dataclass(frozen=True)
+class HubReference:
+    repo_id: str
+    calibration_id: str | None = None  # None: every calibration in the repository
+
+    @property
+    def text(self) -> str:
+        return f"{PREFIX}{self.repo_id}" + (f"/{self.calibration_id}" if self.calibration_id else "")
+
+    @property
+    def pattern(self) -> str:
+        return f"{FOLDER}/{self.calibration_id or '*'}.json"
+
+
+def is_hub_reference(reference: str) -> bool:
+    return reference.strip().startswith(PREFIX)
+
+
+def parse_reference(reference: str) -> HubReference:
+    """`hub:ORG/NAME` or `hub:ORG/NAME/ID`, or a one-line error."""
+    text = reference.strip()
+    parts = text[len(PREFIX) :].split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise BenchtrainError(f"--use-calibration {text!r} is not a hub calibration: {FORMS}")
+    repo_id = valid_repo_id("/".join(parts[:2]), f"--use-calibration {text}:")
+    if len(parts) == 2:
+        return HubReference(repo_id)
+    calibration_id = parts[2].removesuffix(".json")
+    if not CALIBRATION_ID.fullmatch(calibration_id):
+        raise BenchtrainError(f"--use-calibration {text!r}: {calibration_id!r} is not a calibration id (letters, digits, '.', '_', '-')")
+    return HubReference(repo_id, calibration_id)
+
+
+# -- reading what was downloaded ------------------------------------------------------------------
+
+
+def cached_file(path: Path | str) -> tuple[str, str, str] | None:
+    """(repository, file in it, commit) of a calibration in huggingface_hub's cache, whose layout is
+    <cache>/datasets--ORG--NAME/snapshots/<commit>/calibrations/<id>.json; None for any other path.
+    (A repository id never holds `--`, so the folder's name splits back into ORG/NAME.)"""
+    parts = Path(path).parts
+    if len(parts) < 5 or parts[-2] != FOLDER or parts[-4] != "snapshots" or not COMMIT_HASH.fullmatch(parts[-3]):
+        return None
+    kind, *names = parts[-5].split("--")
+    if kind != "datasets" or len(names) != 2 or not parts[-1].endswith(".json"):
+        return None
+    return "/".join(names), f"{FOLDER}/{parts[-1]}", parts[-3]
+
+
+def read_shared(path: Path, repo_id: str) -> dict[str, Any]:
+    """A downloaded calibration: JSON checked by calibration.schema, its id its file's name, and a
+    `source` saying where it came from. A damaged one: CalibrationFileError naming the repository
+    and the file."""
+    repo, file, revision = cached_file(path) or (repo_id, f"{FOLDER}/{path.name}", None)
+    where = f"hub:{repo}: {file} refused"
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise CalibrationFileError(f"{where}: {size:,} bytes, more than any calibration holds")
+    try:
+        data = read_calibration_file(path)
+    except CalibrationFileError as error:
+        reason = str(error).replace(f"calibration {path}", "the file").replace(str(path), file).removesuffix("; re-run `bench run`")
+        raise CalibrationFileError(f"{where} ({reason})") from None
+    if data["id"] != path.stem:
+        raise CalibrationFileError(f"{where}: it calls itself {data['id']!r}, not {path.stem!r}")
+    data["source"] = {"kind": "hub", "repo": repo, "file": file, "revision": revision, "measured_by": measured_by(data)}
+    return data
+
+
+def measured_by(data: dict[str, Any]) -> str | None:
+    """Who measured it, as `bench push` wrote it (the token's user): one short line, or None."""
+    who = data.get("measured_by")
+    if not isinstance(who, str) or not who.strip():
+        return None
+    return who.strip().splitlines()[0][:80]
+
+
+def read_calibration(path: Path) -> dict[str, Any]:
+    """calibration.schema's reader; a file in huggingface_hub's cache is read as a shared one (its
+    id checked, its `source` added), also when named by its path (a resumed run's calibration)."""
+    found = cached_file(path)
+    return read_shared(Path(path), found[0]) if found else read_calibration_file(Path(path))
+
+
+def hub_provenance(data: dict[str, Any]) -> str | None:
+    """ "hub:ORG/NAME (by USER)" for a calibration read from the hub; None for any other."""
+    source = data.get("source")
+    if not isinstance(source, dict) or source.get("kind") != "hub":
+        return None
+    who = source.get("measured_by")
+    return f"{PREFIX}{source.get('repo')}" + (f" (by {who})" if who else "")
+
+
+def hub_reference(data: dict[str, Any]) -> str | None:
+    """How --use-calibration names a calibration read from the hub: hub:ORG/NAME/ID."""
+    source = data.get("source")
+    if not isinstance(source, dict) or source.get("kind") != "hub":
+        return None
+    return f"{PREFIX}{source.get('repo')}/{data.get('id')}"
+
+
+# -- pulling --------------------------------------------------------------------------------------
+
+
+def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names,
+    newest first. A damaged file is refused: an error when it was named (`/ID`) or no `on_skip`
+    hears of it, else one line through `on_skip` and the others are used."""
+    ref = parse_reference(reference)
+    try:
+        folder = snapshot(ref.repo_id, None, [ref.pattern], repo_type="dataset")
+    except BenchtrainError as error:
+        raise BenchtrainError(f"{ref.text}: {error}") from None
+    files = sorted((folder / FOLDER).glob(f"{ref.calibration_id or '*'}.json"))
+    if not files:
+        raise BenchtrainError(nothing_there(ref))
+    entries = []
+    for path in files:
+        try:
+            entries.append((path, read_shared(path, ref.repo_id)))
+        except CalibrationFileError as error:
+            if ref.calibration_id is not None or on_skip is None:
+                raise
+            on_skip(str(error))
+    if not entries:
+        raise BenchtrainError(f"{ref.text}: none of its {len(files)} calibration files can be used")
+    return sorted(entries, key=lambda entry: str(entry[1].get("created_at", "")), reverse=True)
+
+
+def nothing_there(ref: HubReference) -> str:
+    from huggingface_hub import is_offline_mode
+
+    what = f"{ref.pattern} is" if ref.calibration_id else "no calibrations/*.json are"
+    if is_offline_mode():
+        command = download_command(ref.repo_id, None, "dataset")
+        return f"{ref.text}: {what} not in the hub cache {hub_cache_dir()} and HF_HUB_OFFLINE is set: download the repository with `{command}`"
+    if ref.calibration_id:
+        return f"{ref.text}: the repository has no {ref.pattern}: `{PREFIX}{ref.repo_id}` names every calibration it has"
+    return f"{ref.text}: the repository holds no calibrations/*.json: is it one `bench push` wrote?"
+
+
+# -- pushing --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pushed:
+    repo_id: str
+    files: list[str]  # what this push sent, the card aside
+    listed: int  # calibrations the card lists: those sent and those already there
+    commit_url: str
+
+    @property
+    def url(self) -> str:
+        from huggingface_hub import constants
+
+        return f"{constants.ENDPOINT}/datasets/{self.repo_id}"
+
+
+def shareable(data: dict[str, Any], user: str) -> dict[str, Any]:
+    """The copy of a calibration that goes up: who measured it (kept when it already says), the
+    local paths of the data and a model folder cut to their names (they say nothing to others and
+    may say too much), no `source` (a download writes its own)."""
+    shared = copy.deepcopy(data)
+    shared.pop("source", None)
+    shared["measured_by"] = measured_by(data) or user or "unknown"
+    for section in ("data", "model"):
+        entry = shared.get(section)
+        if isinstance(entry, dict) and isinstance(entry.get("source"), str) and os.path.isabs(os.path.expanduser(entry["source"])):
+            entry["source"] = Path(entry["source"]).name
+    return shared
+
+
+def push_calibrations(repo_id: str, calibrations: list[dict[str, Any]], user: str) -> Pushed:
+    """One commit to the dataset repository `repo_id` (made when missing): each calibration as
+    calibrations/<id>.json and README.md listing them with those already there. Any failure is one
+    line; the commit is all or nothing."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    unnamed = [str(data.get("id")) for data in calibrations if not CALIBRATION_ID.fullmatch(str(data.get("id")))]
+    if unnamed:
+        raise BenchtrainError(f"bench push: {unnamed[0]!r} cannot name a file on the hub (letters, digits, '.', '_', '-'): push calibrations `bench run` wrote")
+    api = HfApi()
+    sending = {f"{FOLDER}/{data['id']}.json": shareable(data, user) for data in calibrations}
+
+    def push() -> tuple[Any, int]:
+        api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+        present = [name for name in api.list_repo_files(repo_id, repo_type="dataset") if is_calibration_file(name)]
+        # Those already there stay, and the card lists them too (an id sent again replaces its file).
+        listed = {**{name: fetch_earlier(api, repo_id, name) for name in present if name not in sending}, **sending}
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=json_bytes(data)) for name, data in sending.items()]
+        operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_text(repo_id, listed).encode("utf-8")))
+        message = f"benchtrain: {len(sending)} calibration(s) measured by {user or 'unknown'}"
+        return api.create_commit(repo_id, operations, commit_message=message, repo_type="dataset"), len(listed)
+
+    commit, listed = pushing(repo_id, push)
+    return Pushed(repo_id, list(sending), listed, str(getattr(commit, "commit_url", "") or ""))
+
+
+def is_calibration_file(name: str) -> bool:
+    """calibrations/<id>.json, and nothing deeper or else."""
+    folder, _, file = name.partition("/")
+    return folder == FOLDER and "/" not in file and file.endswith(".json") and bool(CALIBRATION_ID.fullmatch(file.removesuffix(".json")))
+
+
+def fetch_earlier(api: Any, repo_id: str, name: str) -> dict[str, Any] | None:
+    """A calibration already in the repository, read to list it on the card (None: damaged)."""
+    path = Path(api.hf_hub_download(repo_id, name, repo_type="dataset"))
+    try:
+        return read_shared(path, repo_id)
+    except CalibrationFileError:
+        return None
+
+
+def json_bytes(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2) + "\n").encode("utf-8")
+
+
+def pushing(repo_id: str, call: Callable[[], Any]) -> Any:
+    """`call()`, any failure (the hub's answer, the network) in one line."""
+    from huggingface_hub import errors as hub_errors
+
+    try:
+        return call()
+    except hub_errors.HfHubHTTPError as error:  # the hub answered: not found, forbidden, …
+        reason = refusal(error, repo_id, None, "dataset") or first_line(error)
+    except hub_errors.HTTPError as error:  # no answer: no connection, a timeout
+        reason = f"cannot reach the hub ({type(error).__name__}: {first_line(error)}): check the network and push again"
+    except (OSError, ValueError) as error:  # a file of the push that cannot be read, an argument the hub's client refuses
+        reason = f"{type(error).__name__}: {first_line(error)}"
+    raise BenchtrainError(f"bench push {repo_id}: {reason}; nothing was committed")
