@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.disk_write import measure_checkpoint, real_save_fits
 from bench.distributed import Coordinator
+from bench.step_split import profile_task
 from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
 from common.console import is_main_process
@@ -125,6 +126,7 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
             "loss_probe": lambda task: (workload.set_loss(task["loss"]), probe(task))[1],
             "set_loss": lambda task: (workload.set_loss(task["loss"]), {})[1],
+            "step_split": lambda task: profile_task(workload, task),  # bench.step_split: after the fit, at two probes
             # Rank 0 only, and last: the other ranks keep their models, which they no longer use.
             "compile_cache": lambda task: compile_cache_task(workload, task, next(compile_cache_keys), JobStore.of_this_job()),
         }

@@ -210,6 +210,9 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
             bar.close()
     if record["fit"] is None:
         raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
+    from bench.step_split import record_step_split
+
+    record["step_split"] = record_step_split(run, record, workload)  # what a translation to another GPU scales (calibration.translate)
     record["left_out_configs"] = result.left_out  # for the summary; not stored
     return record
 

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from calibration.hub import read_calibration
 from calibration.model import Calibration, Prediction
-from calibration.schema import SCHEMA_VERSION, read_calibration_file
+from calibration.schema import SCHEMA_VERSION
 from calibration.store import resolve_calibration
 from common.errors import BenchtrainError, CalibrationFileError
 
@@ -34,9 +35,10 @@ def load(
     preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Calibration:
-    """Load `latest`, a calibration id, or a path to a calibration JSON; `on_skip` hears about
+    """Load `latest`, a calibration id, a path to a calibration JSON, or one shared on the hub
+    (`hub:ORG/NAME/ID`; calibration.hub: it says where it came from); `on_skip` hears about
     newer calibration files that `latest` had to skip because they cannot be read. `preferences`:
     for `latest`, the newest calibration the first of them accepts (then the next), else the newest;
     `on_passed_over` hears of the newest one when a preference chose another."""
     path = resolve_calibration(str(reference), on_skip, preferences, on_passed_over)
-    return Calibration(read_calibration_file(path), path)
+    return Calibration(read_calibration(path), path)

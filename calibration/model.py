@@ -68,6 +68,20 @@ class Calibration:
     def id(self) -> str:
         return self.data["id"]
 
+    @property
+    def provenance(self) -> str:
+        """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
+        (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), or "from FILE"."""
+        from calibration.hub import hub_provenance
+        from calibration.store import calibrations_dir, is_bundled
+
+        shared = hub_provenance(self.data)
+        if shared is not None:
+            return shared
+        if self.path is None or Path(self.path).resolve().parent == calibrations_dir().resolve():
+            return "measured here"
+        return f"bundled {Path(self.path).stem}" if is_bundled(self.path) else f"from {Path(self.path).name}"
+
     def variants(self) -> list[Calibration]:
         """Every setup the file measured (its base's quantization, its optimizer), the first first."""
         count = len(self.file_data.get("variants") or [])
@@ -165,7 +179,26 @@ class Calibration:
         # Measured on layer slices: widened by how far their extrapolation in depth was measured to miss.
         return slice_widening(self.data, bound, "time")
 
+    @property
+    def translation(self) -> dict[str, Any] | None:
+        """How this calibration was translated from the device it measured (calibration.translate); None: measured here."""
+        record = self.data.get("translation")
+        return record if isinstance(record, dict) and not record.get("identity") else None
+
+    def bounds_for(self, config: StepConfig, measured: float | None = None) -> tuple[float, float]:
+        """(lower, upper) widths around the central step time at `config` (it may take central /
+        (1 + lower) to central × (1 + upper)): the measured bound (default measured_bound_for), out to
+        a translation's bracket ends (calibration.translate.widened_bounds)."""
+        from calibration.translate import widened_bounds
+
+        measured = self.measured_bound_for(config) if measured is None else measured
+        return widened_bounds(measured, self.translation, self.fit["parameters"], config)
+
     def relative_bound_for(self, config: StepConfig) -> float:
+        """The upper bound for one configuration (bounds_for): a translation's at its bracket's upper end."""
+        return self.bounds_for(config)[1]
+
+    def measured_bound_for(self, config: StepConfig) -> float:
         """The bound for one configuration: the relative bound inside the measured range; beyond it,
         that plus, for each dimension the configuration extrapolates along, what holding out that
         dimension's largest probes was measured to miss (calibration.extrapolation: per doubling for
@@ -192,8 +225,8 @@ class Calibration:
         return base * (1 + math.log2(stretch))
 
     def promised_bound_for(self, config: StepConfig) -> float:
-        """What a plan of this configuration promises the deadline (see promised_bound)."""
-        return 0.0 if self.too_noisy_to_bound else self.relative_bound_for(config)
+        """What a plan of this configuration promises the deadline (see promised_bound), at a translation's upper end."""
+        return self.bounds_for(config, 0.0 if self.too_noisy_to_bound else None)[1]
 
     def extrapolation_ratio(self, config: StepConfig) -> float:
         """How far `config` lies beyond the measured micro-batches, lengths, accumulations and tokens
@@ -289,7 +322,7 @@ class Calibration:
             raise BenchtrainError(f"cannot predict for {config.label}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum
         tokens_per_second = config.micro_batch_size * config.seq_len * config.grad_accum / step
-        bound = self.relative_bound_for(config)
+        lower, bound = self.bounds_for(config)
         peak = peak_high = None
         if self.memory is not None:
             peak = self.memory.peak_bytes(config) + memory_offset_bytes
@@ -297,9 +330,9 @@ class Calibration:
         return Prediction(
             tokens_per_second=tokens_per_second,
             tokens_per_second_low=tokens_per_second / (1 + bound),
-            tokens_per_second_high=tokens_per_second * (1 + bound),
+            tokens_per_second_high=tokens_per_second * (1 + lower),
             step_seconds=step,
-            step_seconds_low=step / (1 + bound),
+            step_seconds_low=step / (1 + lower),
             step_seconds_high=step * (1 + bound),
             peak_memory_bytes=peak,
             peak_memory_bytes_high=peak_high,

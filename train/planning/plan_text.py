@@ -7,6 +7,7 @@ from typing import Any
 
 from calibration.accuracy import check_estimate, describe_check
 from calibration.memory_fit import device_peak_bytes
+from calibration.translate import describe_translation
 from common.durations import format_duration
 from common.run_paths import run_path
 from train.planning.planner import Plan
@@ -70,7 +71,8 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
         f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
         f"{'packed rows' if plan.packing else 'samples'}; {_steps(c.optimizer_steps, 'optimizer ')}"
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
-        f"  estimate {format_duration(c.total_seconds)} (bounds {format_duration(c.total_seconds_low)} – "
+        f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
+        f"(bounds {format_duration(c.total_seconds_low)} – "
         f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
         + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
@@ -80,7 +82,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
         f"(padding and prompts included; {_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
-        f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration measured",
+        f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration {'was translated to' if device.get('translated') else 'measured'}",
         f"  deadline: {format_duration(plan.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
         f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
         f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",
@@ -106,7 +108,8 @@ def describe_error(calibration: Any, chosen: Any) -> str:
         text += f"; ±{chosen.bound_fraction:.0%} here, {stretch:.2g}× past the measured sizes"
     elif chosen.bound_fraction * 100 > held_out.get("p90_abs_pct", 0.0) + 0.05:
         text += f"; bounds ±{chosen.bound_fraction:.0%} (run-to-run spread)"
-    return text
+    translation = getattr(calibration, "translation", None)  # calibration.translate: a device nobody measured
+    return f"{text}; {describe_translation(translation)}" if translation else text
 
 
 def _steps(count: int, kind: str = "") -> str:

@@ -1,0 +1,152 @@
+"""The step's split into compute-bound kernels, memory-bound kernels and exposed host time, at two
+probes: what a translation of this calibration to another GPU scales (calibration.translate; the
+record's shape: calibration.split).
+
+On a GPU, THE step runs a few more times under torch.profiler (kernels only, so the host is not
+slowed by tracing it) at each of the two probes calibration.split.split_rows picks; each kernel is
+compute-bound or memory-bound by its name (cuBLAS/CUTLASS GEMMs, flash and memory-efficient
+attention: compute; everything else — elementwise, norms, softmax, reductions, copies, the
+optimizer, NCCL — memory), the device's busy time is split in their proportion, and the host's
+exposed time is the wall time the device was idle. Elsewhere (CPU, a simulated device, a profiler
+that failed) the record comes from the FLOP count and the fit's terms (calibration.split.flops_split).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from calibration.split import config_fields, flops_split, split_rows
+from calibration.step_config import StepConfig
+
+# Parts of a kernel's name that make it compute-bound (lower case): cuBLAS's and CUTLASS's GEMMs
+# (`sm90_xmma_gemm_…`, `ampere_bf16_s16816gemm_…`, `cutlass::Kernel2<…>`, `nvjet_…`: cuBLAS's newer
+# Hopper GEMMs), tensor-core MMA (`xmma`, `wgmma`, `hmma`: not bare "mma", which is in
+# "FusedAdamMathFunctor"), flash and memory-efficient attention (`flash_fwd_kernel`,
+# `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
+COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
+PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
+# The profiler's own start and stop (CUPTI), per probe, for the price below.
+PROFILER_SECONDS = 2.0
+
+
+def kernel_kind(name: str) -> str:
+    """"compute" for a matmul or attention kernel, "memory" for the rest."""
+    lowered = name.lower()
+    return "compute" if any(word in lowered for word in COMPUTE_KERNEL_WORDS) else "memory"
+
+
+def is_device_event(event: Any) -> bool:
+    """A kernel, copy or memset the profiler saw on the device (torch's FunctionEvent of a device
+    type other than CPU), not a host-side op."""
+    from torch.autograd import DeviceType
+
+    return getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of (start, end) intervals in µs: kernels on several streams
+    overlap, and the device was busy once, not twice."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy / 1e6
+
+
+def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) -> dict[str, float]:
+    """Compute, memory and exposed host seconds per optimizer step, from the profiler's events
+    (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in µs) over `steps`
+    steps that took `wall_seconds`."""
+    totals = {"compute": 0.0, "memory": 0.0}
+    intervals = []
+    for event in events:
+        if not is_device_event(event):
+            continue
+        start, end = float(event.time_range.start), float(event.time_range.end)
+        totals[kernel_kind(event.name)] += end - start
+        intervals.append((start, end))
+    busy = busy_seconds(intervals)
+    kernels = totals["compute"] + totals["memory"]
+    compute = busy * totals["compute"] / kernels if kernels else 0.0
+    return {
+        "compute_seconds": compute / steps,
+        "memory_seconds": (busy - compute) / steps,
+        "host_seconds": max(0.0, wall_seconds - busy) / steps,
+    }
+
+
+def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Run THE step at `config` (0 workers: batches built in this process) once unprofiled, then
+    `steps` times under the profiler (`profiler`: torch.profiler.profile, or a test's stand-in
+    whose session's `events()` are FunctionEvents), and split what the device did."""
+    from train.workload.batching import make_loader
+
+    config = replace(config, num_workers=0)
+    workload.set_checkpointing(config.gradient_checkpointing)
+    loader = make_loader(workload.batches(config, (steps + 1) * config.grad_accum), 0, workload.pin_memory)
+    batches = iter(loader)
+    workload.step.run(batches, config.grad_accum)  # warm-up: the allocator, the kernels' choice
+    synchronize(workload.device)
+    if profiler is None:
+        from torch.profiler import ProfilerActivity, profile
+
+        # Kernels only on a GPU: tracing the host's ops would slow the host, whose idle gaps are measured.
+        activity = ProfilerActivity.CUDA if workload.device.type == "cuda" else ProfilerActivity.CPU
+        profiler = partial(profile, activities=[activity])
+    with profiler() as session:
+        started = time.perf_counter()
+        for _ in range(steps):
+            workload.step.run(batches, config.grad_accum)
+        synchronize(workload.device)
+        wall = time.perf_counter() - started
+    split = split_from_events(session.events(), wall, steps)
+    return {**config_fields(config.to_row()), **split, "method": "profiler", "profiled_steps": steps, "profiled_seconds": round(wall, 4)}
+
+
+def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """The coordinator's "step_split" task (bench.probe_tasks), on every process (the step's
+    collectives need them all): the split, or the error that stopped it (rank 0 then falls back to
+    the FLOP count)."""
+    from bench.probe import recover_after_failure
+
+    try:
+        return profile_split(workload, StepConfig.from_row(task["config"]))
+    except Exception as error:  # the record is a refinement: a failure costs it, not the calibration
+        recover_after_failure(workload)
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]}
+
+
+def split_price(rows: list[dict[str, Any]]) -> float:
+    """Seconds the profiled split costs after the probes (for a budget that reserves them)."""
+    return sum((PROFILED_STEPS + 1) * float(row["step_seconds"]) + PROFILER_SECONDS for row in split_rows(rows))
+
+
+def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:
+    """Rank 0, after the fit: the `step_split` records of the calibration (calibration.split). On a
+    GPU through the coordinator's "step_split" task (every process profiles its step), while this
+    process still holds its model (the compile-cache timing, last, releases it: decided here, so
+    no process starts a step the others do not); else, or when profiling failed, from the FLOP
+    count and the fit's terms."""
+    coordinator = run.coordinator
+    holds_model = getattr(workload, "step", None) is not None
+    profiled = record["hardware"].get("device_type") == "cuda" and holds_model and "step_split" in (getattr(coordinator, "handlers", None) or {})
+    entries = []
+    for row in split_rows(record["measurements"]):
+        entry = coordinator.run("step_split", {"config": StepConfig.from_row(row).to_row()}) if profiled else {}
+        if "compute_seconds" not in entry:
+            failed = entry.get("error")
+            entry = {**flops_split(record["fit"], row), **({"profiler_error": failed} if failed else {})}
+        entries.append(entry)
+    return entries
+
+
+def synchronize(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)

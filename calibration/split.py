@@ -1,0 +1,120 @@
+"""How a training step's time splits: compute-bound kernels, memory-bound kernels, exposed host time.
+
+It is what a translation to another GPU scales (calibration.translate): compute-bound kernels
+(matmuls, attention) with the dense FLOP/s, memory-bound ones (norms, activations, softmax, the
+loss, the optimizer's elementwise updates, copies) with the memory bandwidth, and the host's
+exposed time (Python, kernel launches, the data loader) not at all.
+
+A calibration's `step_split` holds it at two probes, one record each:
+
+    {"micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing",
+     "compute_seconds", "memory_seconds", "host_seconds", "method": "profiler" | "flops"}
+
+(seconds per optimizer step). Two ways to know it:
+- "profiler": bench runs the step under torch.profiler on a GPU and sorts the kernels by name
+  (bench.step_split); the host's exposed time is the wall time the device was idle.
+- "flops": from what every calibration has (CPUs, simulated devices, calibrations from before the
+  record): the fit's terms say host (the fixed per-micro-step cost where the device does not hide
+  it, and the data wait) and device (the per-token, attention and recompute terms, and the
+  optimizer step); on a GPU with a known peak the probe's MFU holds its FLOP count, and the
+  matmuls at MATMUL_EFFICIENCY of the peak take mfu × step / MATMUL_EFFICIENCY of the step: the
+  rest of the device time, and the optimizer step, are memory-bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calibration.fit import DATA_TERMS, DEVICE_TERMS, HOST_TERM, THROUGHPUT_TERMS, overlapped, throughput_features
+from calibration.step_config import StepConfig
+
+SPLIT_FIELDS = ("compute_seconds", "memory_seconds", "host_seconds")
+METHODS = ("profiler", "flops")
+CONFIG_FIELDS = ("micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing")
+# Assumption (not measured here): the share of the dense bf16 peak a training step's matmul and
+# attention kernels reach on average. cuBLAS reaches 70-80% on large bf16 GEMMs on an H100; a
+# step's smaller GEMMs and its attention kernels less. Only the central estimate of the "flops"
+# split depends on it: a translation's bracket spans all-compute to all-memory whatever it is.
+MATMUL_EFFICIENCY = 0.6
+SPLIT_PROBES = 2
+
+
+def step_parts(parameters: dict[str, Any], config: StepConfig) -> tuple[float, float, float]:
+    """(device kernels, optimizer step, exposed host) seconds of one micro-step by the fit's terms:
+    the host's fixed cost counts only where the device does not hide it (the `overlap` form's
+    smooth maximum), the data terms always; the optimizer step is shared by the accumulated
+    micro-steps."""
+    features = throughput_features(config)
+    parts = {term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(THROUGHPUT_TERMS)}
+    device = sum(parts[term] for term in DEVICE_TERMS)
+    power = float(parameters.get("overlap_power", 1.0))
+    exposed = max(0.0, float(overlapped(parts[HOST_TERM], device, power)) - device)
+    host = exposed + sum(parts[term] for term in (*DATA_TERMS, "per_worker"))
+    return device, parts["optimizer_step"], host
+
+
+def config_fields(row: dict[str, Any]) -> dict[str, int]:
+    return {name: int(row.get(name, 0)) for name in CONFIG_FIELDS}
+
+
+def split_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probes whose split is recorded: the ok probe with the most tokens per micro-step and the
+    largest one of a smaller size (the sizes plans choose; two, to keep it cheap). Among equals,
+    the fewest accumulated micro-steps, workers and no checkpointing: the plainest step."""
+    ok = [row for row in rows if row.get("status") == "ok" and (row.get("step_seconds") or 0) > 0]
+
+    def size(row: dict[str, Any]) -> int:
+        return int(row["micro_batch_size"]) * int(row["seq_len"])
+
+    def key(row: dict[str, Any]) -> tuple[int, int, int, int]:
+        return size(row), -int(row.get("grad_accum", 1)), -int(row.get("num_workers", 0)), -int(row.get("gradient_checkpointing", 0))
+
+    chosen: list[dict[str, Any]] = []
+    while ok and len(chosen) < SPLIT_PROBES:
+        largest = max(ok, key=key)
+        chosen.append(largest)
+        ok = [row for row in ok if size(row) < size(largest)]
+    return chosen
+
+
+def flops_split(fit: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The "flops" split of a measured probe, scaled to its measured step."""
+    config = StepConfig.from_row(row)
+    device, optimizer, host = step_parts(fit["parameters"], config)
+    step = float(row["step_seconds"])
+    modelled = (device + optimizer + host) * config.grad_accum
+    scale = step / modelled if modelled > 0 else 0.0
+    compute = device * config.grad_accum * scale if modelled > 0 else step
+    memory = optimizer * config.grad_accum * scale
+    mfu = row.get("mfu")
+    if isinstance(mfu, (int, float)) and not isinstance(mfu, bool) and mfu > 0:
+        matmul = min(compute, mfu * step / MATMUL_EFFICIENCY)
+        compute, memory = matmul, memory + compute - matmul
+    return {
+        **config_fields(row),
+        "compute_seconds": compute,
+        "memory_seconds": memory,
+        "host_seconds": host * config.grad_accum * scale,
+        "method": "flops",
+    }
+
+
+def usable_record(entry: Any) -> bool:
+    """A `step_split` record the translation can use: three non-negative numbers and a method."""
+    if not isinstance(entry, dict) or entry.get("method") not in METHODS:
+        return False
+    values = [entry.get(name) for name in SPLIT_FIELDS]
+    numbers = [float(value) for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0]
+    return len(numbers) == len(SPLIT_FIELDS) and sum(numbers) > 0
+
+
+def step_splits(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The calibration's recorded split (bench.step_split), or, where it has none, the "flops" split
+    of the probes bench would have recorded."""
+    recorded = [entry for entry in data.get("step_split") or [] if usable_record(entry)]
+    if recorded:
+        return recorded
+    fit = data.get("fit")
+    if not fit:
+        return []
+    return [flops_split(fit, row) for row in split_rows(data.get("measurements") or [])]

@@ -1,0 +1,283 @@
+"""A calibration measured on one GPU, translated to another from datasheet figures: a plan before
+anyone rents the other GPU, said to be translated and bracketed, never passed off as measured.
+
+What changes between two GPUs of one vendor at one precision, and how it is carried over:
+- The step's device time. Compute-bound kernels (matmuls, attention) scale with the dense bf16
+  FLOP/s, memory-bound ones with the memory bandwidth; the step's split says which share is which
+  (calibration.split: bench's profiler, or the FLOP count and the fit's terms). The central
+  estimate scales each share by its own ratio; the bracket runs from scaling ALL of the device time
+  by the FLOP/s ratio to ALL of it by the bandwidth ratio, whichever way round is slower.
+- The host's exposed time (Python, kernel launches, the data loader) belongs to the CPU, not the
+  GPU: it is not scaled, but the CPU beside a rented GPU is another one, so it is widened by
+  HOST_WIDENING either way.
+- Memory: the same bytes (weights, gradients, optimizer state, activations at one precision, the
+  kernels' workspaces within one vendor): the memory model is kept whole and judged against the
+  target's memory; a model whose fixed part alone does not fit is refused.
+
+How the planner sees it. The fit's device terms (calibration.fit.DEVICE_TERMS and the optimizer
+step) are multiplied by the central device factor and the host terms kept, so every prediction is
+the central estimate at its own configuration; the measurements are scaled alike (a refit gives the
+same fit). `translation` records the ratios, and calibration.model.Calibration widens a plan's
+bounds by the bracket at the planned configuration (`bracket_for`): the upper bound, which the
+deadline and the price are judged against, lies at the bracket's upper end (times the fit's own
+error). Nothing here is validated on a GPU until someone runs `bench run` on the target.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from calibration.datasheets import DeviceSheet, known_keys, sheet_for
+from calibration.fit import DEVICE_TERMS, EVAL_TERMS, throughput_model_from_json
+from calibration.split import step_parts, step_splits
+from calibration.step_config import StepConfig
+from common.errors import BenchtrainError, DoesNotFitError
+
+# Assumption, not measured: how much slower or faster the host part of a step may run beside the
+# target GPU. That part is single-threaded Python and kernel launches; the CPUs of rented GPU
+# machines (Xeon Sapphire Rapids / Ice Lake, EPYC Milan / Genoa, Grace) differ by up to about a
+# quarter in single-thread speed, so ±25% of the host time brackets a machine nobody measured.
+HOST_WIDENING = 0.25
+# The optimizer step is elementwise (AdamW reads and writes every parameter's state): memory-bound,
+# scaled with the other device terms by the central device factor.
+SCALED_TERMS = (*DEVICE_TERMS, "optimizer_step")
+STEP_FIELDS = ("step_seconds", "step_seconds_mean", "step_seconds_median", "step_seconds_min", "step_seconds_max")
+GIB = 2**30
+
+
+def source_sheet(data: dict[str, Any]) -> DeviceSheet:
+    """The datasheet row of the device a calibration measured, or a one-line refusal: a translated
+    calibration, a CPU (its host and device are one, and no datasheet holds it), a device the table
+    lacks, a MIG slice."""
+    hardware = data.get("hardware") or {}
+    name = str(hardware.get("name", "?"))
+    if hardware.get("translated"):  # its bracket would be lost, not compounded
+        raise BenchtrainError(f"calibration {data.get('id')} is itself translated from {hardware.get('translated_from')}: translate the measured one")
+    if hardware.get("device_type") != "cuda":
+        raise BenchtrainError(
+            f"calibration {data.get('id')} measured {name} ({hardware.get('device_type')}): a CPU calibration is never translated "
+            "to a GPU (nor a GPU's to a CPU); run `bench run` on the GPU"
+        )
+    if "MIG" in str(hardware.get("peak_flops_entry") or ""):
+        raise BenchtrainError(f"calibration {data.get('id')} measured a MIG slice of {name}: its share of the memory bandwidth is in no datasheet")
+    sheet = sheet_for(name)
+    if sheet is None:
+        raise BenchtrainError(f"calibration {data.get('id')} measured {name}, which the datasheet table lacks ({known_keys()}): it cannot be translated")
+    return sheet
+
+
+def translate(data: dict[str, Any], target: DeviceSheet, world_size: int = 1) -> dict[str, Any]:
+    """A new calibration data dict for `target` (see the module's docstring): hardware replaced by
+    the target's (`translated: True`), id `<id>~<target key>`, the fit and the measurements at the
+    central estimate, and a `translation` record. The same device: the data unchanged but for an
+    identity record (factor 1, bracket [1, 1]). `world_size` processes of the target: its count in
+    the hardware record; with one, a model whose fixed memory exceeds the target is refused here
+    (with several, sharding may fit it: the planner's memory check decides)."""
+    if world_size < 1:
+        raise BenchtrainError(f"a translation needs at least one process, got {world_size}")
+    source = source_sheet(data)
+    if source.vendor != target.vendor:
+        raise BenchtrainError(
+            f"calibration {data.get('id')} measured {source.name} ({source.vendor}): never translated to {target.name} ({target.vendor}), "
+            "another vendor's kernels; run `bench run` there"
+        )
+    record = translation_record(data, source, target)
+    translated = copy.deepcopy(data)
+    translated["translation"] = record
+    if record["identity"]:
+        return translated
+    if world_size == 1:
+        check_fixed_memory(data, target)
+    for entry in (translated, *(translated.get("variants") or [])):
+        scale_entry(entry, record["device_factor"], source.bf16_dense_flops / target.bf16_dense_flops)
+        keep_oom_rows_that_hold(entry, float(data["hardware"]["memory_bytes"]), target)
+    translated["hardware"] = target_hardware(data["hardware"], target, world_size)
+    translated["id"] = f"{data['id']}~{target.key}"
+    return translated
+
+
+def translation_record(data: dict[str, Any], source: DeviceSheet, target: DeviceSheet) -> dict[str, Any]:
+    """Ratios (target ÷ source, > 1 where the target is faster), the split they were weighed by, the
+    central device factor, and at the split's probes the step's central factor, host share and
+    bracket [low, high] (time on the target ÷ time measured)."""
+    identity = source.key == target.key
+    flops_ratio = target.bf16_dense_flops / source.bf16_dense_flops
+    bandwidth_ratio = target.memory_bandwidth / source.memory_bandwidth
+    splits = step_splits(data)
+    compute = sum(float(entry["compute_seconds"]) for entry in splits)
+    memory = sum(float(entry["memory_seconds"]) for entry in splits)
+    device_factor = (compute / flops_ratio + memory / bandwidth_ratio) / (compute + memory) if compute + memory > 0 else 1 / flops_ratio
+    record: dict[str, Any] = {
+        "identity": identity,
+        "from_device": data["hardware"]["name"],
+        "from_sheet": source.name,
+        "to_device": target.name,
+        "to_key": target.key,
+        "flops_ratio": flops_ratio,
+        "bandwidth_ratio": bandwidth_ratio,
+        "device_factor": 1.0 if identity else device_factor,
+        "host_widening": 0.0 if identity else HOST_WIDENING,
+        "split_method": splits[0]["method"] if splits else None,
+        "compute_share": compute / (compute + memory) if compute + memory > 0 else None,
+        "sources": list(dict.fromkeys((*source.sources, *target.sources))),
+    }
+    record.update(summary_at(data, splits, record))
+    return record
+
+
+def summary_at(data: dict[str, Any], splits: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+    """The step's central factor, host share and bracket at the split's probes (the sizes plans
+    choose), by the fit's terms there: what a table row shows of the translation."""
+    if record["identity"]:
+        return {"central_factor": 1.0, "host_share": None, "bracket": [1.0, 1.0]}
+    if not splits or not data.get("fit"):  # nothing says where the time goes: all of it is the device's
+        ratios = sorted((1 / record["flops_ratio"], 1 / record["bandwidth_ratio"]))
+        return {"central_factor": record["device_factor"], "host_share": None, "bracket": ratios}
+    parameters = data["fit"]["parameters"]
+    device = host = 0.0
+    for entry in splits:
+        config = StepConfig.from_row(entry)
+        kernels, optimizer, exposed = step_parts(parameters, config)
+        device += (kernels + optimizer) * config.grad_accum
+        host += exposed * config.grad_accum
+    total = device + host
+    central = (device * record["device_factor"] + host) / total
+    low, high = bracket_around(device * record["device_factor"] / total, host / total, record)
+    return {"central_factor": central, "host_share": host / total, "bracket": [low * central, high * central]}
+
+
+def bracket_around(device_share: float, host_share: float, record: dict[str, Any]) -> tuple[float, float]:
+    """(low, high) factors around a central estimate whose device part (already at the central
+    device factor) and host part are these shares of it."""
+    factor = float(record["device_factor"])
+    slow, fast = max(1 / record["flops_ratio"], 1 / record["bandwidth_ratio"]), min(1 / record["flops_ratio"], 1 / record["bandwidth_ratio"])
+    widening = float(record["host_widening"])
+    total = device_share + host_share
+    low = (device_share * fast / factor + host_share * (1 - widening)) / total
+    high = (device_share * slow / factor + host_share * (1 + widening)) / total
+    return low, high
+
+
+def bracket_for(parameters: dict[str, Any], config: StepConfig, record: dict[str, Any]) -> tuple[float, float]:
+    """(low, high) factors around a translated calibration's central estimate at `config`, by its
+    fit's device and host terms there (a host-bound small micro-batch gets the host's bracket, a
+    compute-bound one the datasheet ratios'); (1, 1) for the identity."""
+    if record.get("identity"):
+        return 1.0, 1.0
+    try:
+        device, optimizer, host = step_parts(parameters, config)
+        return bracket_around(device + optimizer, host, record) if device + optimizer + host > 0 else (1.0, 1.0)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise BenchtrainError(f"a translated calibration's translation record is damaged ({error!r}): translate it again") from None
+
+
+def widened_bounds(measured: float, record: dict[str, Any] | None, parameters: dict[str, Any], config: StepConfig) -> tuple[float, float]:
+    """(lower, upper) widths of a calibration's bounds at `config` (calibration.model.Calibration.bounds_for):
+    the measured bound, times a translation's bracket ends (None: measured here, left as it is)."""
+    if record is None:
+        return measured, measured
+    low, high = bracket_for(parameters, config, record)
+    return (1 + measured) / low - 1, (1 + measured) * high - 1
+
+
+def check_fixed_memory(data: dict[str, Any], target: DeviceSheet) -> None:
+    """Refuse a target that cannot hold what the probes held before any activation: the memory
+    fit's static part (weights, gradients, optimizer state, the allocator's and the CUDA
+    context's measured bytes)."""
+    statics = []
+    for entry in (data, *(data.get("variants") or [])):  # each setup measured (a 4-bit base holds less)
+        memory = (entry.get("fit") or {}).get("memory") or {}
+        statics.append(float((memory.get("parameters") or {}).get("static", 0.0)) + float(memory.get("non_torch_bytes") or 0.0))
+    static = min(statics)
+    if static > target.memory_bytes:
+        raise DoesNotFitError(
+            f"calibration {data.get('id')}: the model's fixed memory, {static / GIB:.1f} GiB measured on {data['hardware']['name']}, "
+            f"does not fit the {target.name}'s {target.memory_bytes / GIB:.0f} GiB: a device with more memory, LoRA, or several "
+            "processes sharded with FSDP"
+        )
+
+
+def scale_entry(entry: dict[str, Any], device_factor: float, peak_ratio: float) -> None:
+    """The fit's device terms and the eval fit's token terms × the central device factor; each
+    measured step × what that does to the fit's prediction at its configuration."""
+    fit = entry.get("fit")
+    if not fit:
+        return
+    before = throughput_model_from_json(fit)
+    fit["parameters"] = {term: value * device_factor if term in SCALED_TERMS else value for term, value in fit["parameters"].items()}
+    after = throughput_model_from_json(fit)
+    evaluation = (entry.get("eval") or {}).get("fit")
+    if evaluation and isinstance(evaluation.get("parameters"), dict):
+        evaluation["parameters"] = {term: value * device_factor if term in EVAL_TERMS[1:] else value for term, value in evaluation["parameters"].items()}
+    factors = []
+    for row in entry.get("measurements") or []:
+        if row.get("status") != "ok" or not row.get("step_seconds"):
+            continue
+        config = StepConfig.from_row(row)
+        factors.append(after.micro_step_seconds(config) / before.micro_step_seconds(config))
+        scale_row(row, factors[-1], peak_ratio)
+    held_out = fit.get("held_out_predicted_tokens_per_second")
+    if isinstance(held_out, list) and len(held_out) == len(factors):  # one per fitted row, in order (calibration.fit)
+        fit["held_out_predicted_tokens_per_second"] = [rate / factor for rate, factor in zip(held_out, factors, strict=True)]
+
+
+def scale_row(row: dict[str, Any], factor: float, peak_ratio: float) -> None:
+    """A measured row as the target would show it at the central estimate: its step times × factor,
+    its rate ÷ factor, its MFU against the target's peak (`peak_ratio`: source peak ÷ target peak)."""
+    for name in STEP_FIELDS:
+        if isinstance(row.get(name), (int, float)):
+            row[name] *= factor
+    for name in ("tokens_per_second", "tflops"):
+        if isinstance(row.get(name), (int, float)):
+            row[name] /= factor
+    if isinstance(row.get("mfu"), (int, float)):
+        row["mfu"] = row["mfu"] * peak_ratio / factor
+    row["translated_factor"] = factor
+
+
+def keep_oom_rows_that_hold(entry: dict[str, Any], source_memory: float, target: DeviceSheet) -> None:
+    """An out-of-memory probe still bounds what fits on a target with no more memory; on a larger
+    one it says nothing (the memory model judges instead): kept as skipped, with why."""
+    if target.memory_bytes <= source_memory:
+        return
+    for row in entry.get("measurements") or []:
+        if row.get("status") == "oom":
+            row["status"] = "skipped"
+            row["error"] = f"out of memory on the {source_memory / GIB:.0f} GiB device measured; the {target.name} has more (the memory model judges it)"
+
+
+def target_hardware(hardware: dict[str, Any], target: DeviceSheet, world_size: int) -> dict[str, Any]:
+    """The hardware record of the target, from its datasheet, marked translated."""
+    record = {key: value for key, value in hardware.items() if key not in ("compute_capability", "cuda_version", "multiprocessors")}
+    record.update(
+        name=target.device_name,
+        count=max(world_size, int(hardware.get("count", 1))),
+        memory_bytes=target.memory_bytes,
+        peak_flops_entry=target.peak_entry,
+        peak_bf16_flops=target.bf16_dense_flops,
+        vendor=target.vendor,
+        translated=True,
+        translated_from=hardware["name"],
+    )
+    if target.multiprocessors:
+        record["multiprocessors"] = target.multiprocessors
+    return record
+
+
+def translation_for(text: str, data: dict[str, Any], world_size: int = 1) -> dict[str, Any]:
+    """`translate` to the device a CLI key or device name names, or one line naming the keys."""
+    target = sheet_for(text)
+    if target is None:
+        raise BenchtrainError(f"no datasheet for {text!r}: one of {known_keys()}")
+    return translate(data, target, world_size)
+
+
+def describe_translation(record: dict[str, Any]) -> str:
+    """One line for a plan or a table row: what the figures rest on."""
+    low, high = record["bracket"]
+    return (
+        f"translated from {record['from_device']} to the {record['to_device']} by datasheet ratios (FLOP/s ×{record['flops_ratio']:.2f}, "
+        f"bandwidth ×{record['bandwidth_ratio']:.2f}; split: {record.get('split_method') or 'none'}): step ×{record['central_factor']:.2f}, "
+        f"bracket ×{low:.2f}–×{high:.2f}; not measured: `bench run` on the {record['to_device']} would settle it"
+    )
