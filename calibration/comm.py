@@ -121,8 +121,15 @@ def describe_communication(record: dict[str, Any]) -> str | None:
         )
     else:
         added = f"{record['gradient_bytes'] / 2**20:.0f} MiB of gradients, +{record['seconds_per_step'] * 1e3:.1f} ms per optimizer step"
-    timed = f"measured by calibration {record['collectives_from']}" if record.get("collectives_from") else "measured now"
+    analytic = any(entry.get("source") == "analytic" for entry in (record.get("collectives") or {}).values())
+    if record.get("collectives_from"):
+        timed = f"measured by calibration {record['collectives_from']}"
+    elif analytic:
+        timed = f"priced from {record.get('interconnect') or 'the interconnect'}'s link figures, not measured,"
+    else:
+        timed = "measured now"
+    hidden = "; at most that: the estimate counts half of what backward can hide" if record.get("overlap") == "bracketed" else ""
     return (
         f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives {timed} "
-        f"among {record['world_size']} processes ({measured}): {added}"
+        f"among {record['world_size']} processes ({measured}): {added}{hidden}"
     )

@@ -26,7 +26,7 @@ from common.atomic import json_text
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.planning.prices import parse_prices, run_cost
-from train.recipes.compare import PREDICTION_ERROR, compare, no_row_meets_the_deadline
+from train.recipes.compare import compare, no_row_meets_the_deadline
 from train.recipes.config import TrainConfig
 from train.recipes.plan_setup import PlanContext
 from train.workload.data import length_profile
@@ -200,8 +200,9 @@ def test_one_and_two_cpu_processes_cost_time_times_price_times_processes() -> No
 
 def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     """A 1-process calibration + the all-reduce a 2-process calibration of another model measured
-    on this device: a predicted 2-process row, its upper bound widened by what such predictions
-    missed (docs/benchmarks.md). A measured 2-process calibration in the comparison replaces it."""
+    on this device: a predicted 2-process row, its all-reduce bracketed between hidden behind
+    backward and not at all (the upper bound adds it in full, calibration.topology). A measured
+    2-process calibration in the comparison replaces it."""
     from calibration.comm import CommModel
     from train.planning.comm import traffic_of
     from train.planning.memory_check import memory_need
@@ -217,8 +218,12 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     assert expected > 0 and predicted.communication["seconds_per_step"] == pytest.approx(expected)
     assert predicted.communication["collectives_from"] == "gpt2-two"
     chosen, bound = predicted.plan.chosen, predicted.plan.chosen.bound_fraction
-    widened = chosen.step_seconds * (1 + bound) * (1 + PREDICTION_ERROR["ddp"]) + chosen.overhead_seconds
-    assert chosen.total_seconds_high == pytest.approx(widened) and chosen.total_seconds_promised == pytest.approx(widened)
+    assert chosen.comm_seconds_per_step_high == pytest.approx(expected)  # none hidden: the measured all-reduce
+    assert chosen.comm_seconds_per_step_low < chosen.comm_seconds_per_step < chosen.comm_seconds_per_step_high
+    compute = chosen.step_seconds - chosen.remaining_steps * chosen.comm_seconds_per_step
+    bracketed = compute * (1 + bound) + chosen.remaining_steps * expected + chosen.overhead_seconds
+    assert chosen.total_seconds_high == pytest.approx(bracketed) and chosen.total_seconds_promised == pytest.approx(bracketed)
+    assert predicted.to_json()["comm_overlap"] and not measured.to_json()["comm_overlap"]
     assert predicted.cost == pytest.approx(chosen.total_seconds / 3600 * 2)
     assert any("predicted rows" in note for note in comparison.notes)
     two = cpu_calibration("cpu-two", processes=2)

@@ -132,7 +132,10 @@ def row_plan(row: Row) -> str:
         f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, row.plan.available_seconds))} usable{price}"
     )
     if row.option.predicted:
-        text += f"; predicted with the collectives of {row.option.collectives_from}"
+        text += f"; predicted with {row.option.collectives_source}"
+    provenance = row.option.calibration.provenance
+    if provenance.startswith("hub:"):  # whose measurement the row rests on (calibration.hub)
+        text += f"; rests on a measurement shared as {provenance}"
     return text
 
 

@@ -114,6 +114,13 @@ def add_parser(commands: Any) -> None:
         "model when it fits and the budget buys a usable fit of it, else 2,4,6 layers (1,2,3 or 1,2 where those do not fit). "
         "Architectures whose layers differ are measured whole",
     )
+    run.add_argument(
+        "--interconnect",
+        metavar="WORD",
+        help="how this job's devices are linked, recorded with the calibration and matched when a run or a comparison picks "
+        "one: nvlink, nvswitch, pcie, ib, ethernet, loopback, or NODESxGPUS:nvlink+ib across nodes, e.g. 2x8:nvlink+ib "
+        "(default: detected: NVML's active NVLinks on CUDA, loopback on CPU; several nodes are not detected)",
+    )
     run.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -152,9 +159,19 @@ def validate_args(args: argparse.Namespace) -> float | str | None:
     from bench.layer_slices import parse_layers
 
     parse_layers(getattr(args, "layers", None))
+    interconnect_word(args)
     if args.budget and str(args.budget).strip().lower() == "auto":
         return "auto"
     return parse_duration(args.budget, "--budget") if args.budget else None
+
+
+def interconnect_word(args: argparse.Namespace) -> str | None:
+    """--interconnect as calibration.topology's word for this job's processes; None without it."""
+    if not getattr(args, "interconnect", None):
+        return None
+    from calibration.topology import parse_interconnect
+
+    return parse_interconnect(args.interconnect).placed(job_world_size()).word
 
 
 def request_from_args(args: argparse.Namespace) -> BenchRequest:
@@ -225,6 +242,10 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     """One calibration of every setup measured (the first at the top, the others as its variants),
     its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
+    word = interconnect_word(args)
+    if word is not None:  # what the user says overrides what was detected
+        for one in records:
+            one["hardware"] = {**one["hardware"], "interconnect": word, "interconnect_from": "--interconnect"}
     record = {**records[0], "variants": [{key: value for key, value in other.items() if key != "id"} for other in records[1:]]}
     if not record["variants"]:
         del record["variants"]

@@ -2,8 +2,9 @@
 multi-process plan adds for them.
 
 Every process calls `measure_collective` together; each size is timed a few times after a warm-up
-and the slowest process's median is kept (a collective ends when its last member does), so every
-process returns the same figures. calibration.comm fits them. DDP all-reduces gradients; FSDP
+(on CPU beside a computing thread, as a step's collectives run: `beside_compute`) and the slowest
+process's median is kept (a collective ends when its last member does), so every process returns
+the same figures. calibration.comm fits them. DDP all-reduces gradients; FSDP
 all-gathers parameters and reduce-scatters gradients (train/step/sharding.py).
 """
 
@@ -11,12 +12,32 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-# Message sizes in bytes: latency-bound to bandwidth-bound.
+# Message sizes in bytes: latency-bound to bandwidth-bound. On CUDA also the sizes where NVLink
+# reaches its bandwidth (a 1B model's gradients are 4 GiB, sent in 25 MiB buckets; FSDP gathers a
+# whole block at once), where the GPU has the memory; the CPU's stay small (tests, gloo).
 COMM_SIZES = (2**16, 2**20, 2**22, 2**24)
+CUDA_EXTRA_SIZES = (2**26, 2**28, 2**30)
 REPEATS = 5
+
+
+def comm_sizes(device: Any) -> tuple[int, ...]:
+    """The message sizes to time on `device`: COMM_SIZES, and on CUDA the large ones whose two
+    buffers (the whole message and a part) fit in half the free memory of the fullest process
+    (every process must time the same sizes, or the collectives would not pair up)."""
+    if getattr(device, "type", None) != "cuda":
+        return COMM_SIZES
+    import torch
+    import torch.distributed as dist
+
+    free = torch.tensor([float(torch.cuda.mem_get_info(device)[0])], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    return COMM_SIZES + tuple(size for size in CUDA_EXTRA_SIZES if 2 * size <= free.item() / 2)
 
 
 def world() -> tuple[int, str | None]:
@@ -56,11 +77,43 @@ def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
     return Traffic(sharding, gradients, need.total_parameters * compute_bytes(device_type), need.blocks + 1)
 
 
-def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] = COMM_SIZES, repeats: int = REPEATS) -> list[dict[str, float]]:
+@contextmanager
+def beside_compute(device: Any) -> Iterator[None]:
+    """On CPU, a thread computing beside the collectives while they are timed: gloo's threads share
+    the host's cores with the step's compute threads, and timed on idle processes they took a half
+    to a third of what a DDP step pays for them (docs/benchmarks.md, "Multi-process"; issue 41,
+    tests/test_topology.py). On CUDA, NCCL runs on the GPU: nothing is added."""
+    if getattr(device, "type", None) != "cpu":
+        yield
+        return
+    import threading
+
+    import torch
+
+    stop = threading.Event()
+
+    def compute() -> None:
+        left, right = torch.randn(256, 256), torch.randn(256, 256)
+        while not stop.is_set():
+            left @ right  # with the process's torch threads, as the step's matmuls
+
+    thread = threading.Thread(target=compute, name="beside-collectives", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] | None = None, repeats: int = REPEATS) -> list[dict[str, float]]:
     """(bytes, seconds) rows for one collective; `bytes` is the whole message (what is reduced, or
-    gathered, in all)."""
+    gathered, in all). `sizes`: comm_sizes(device) unless given."""
     import torch
     import torch.distributed as dist
+
+    if sizes is None:
+        sizes = comm_sizes(device)
 
     world_size = dist.get_world_size()
     # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
@@ -72,31 +125,32 @@ def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, 
             torch.cuda.synchronize(device)
 
     rows = []
-    for size in sizes:
-        elements = max(world_size, size // 4 // world_size * world_size)
-        whole = torch.ones(elements, dtype=torch.float32, device=device)
-        part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
+    with beside_compute(device):
+        for size in sizes:
+            elements = max(world_size, size // 4 // world_size * world_size)
+            whole = torch.ones(elements, dtype=torch.float32, device=device)
+            part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
 
-        def once(whole: Any = whole, part: Any = part) -> None:
-            if kind == "all_reduce":
-                dist.all_reduce(whole)
-            elif kind == "all_gather":
-                all_gather(whole, part)
-            else:
-                reduce_scatter(part, whole)
+            def once(whole: Any = whole, part: Any = part) -> None:
+                if kind == "all_reduce":
+                    dist.all_reduce(whole)
+                elif kind == "all_gather":
+                    all_gather(whole, part)
+                else:
+                    reduce_scatter(part, whole)
 
-        once()  # warm-up: connections, buffers
-        synchronize()
-        seconds = []
-        for _ in range(repeats):
-            dist.barrier()
-            started = time.perf_counter()
-            once()
+            once()  # warm-up: connections, buffers
             synchronize()
-            seconds.append(time.perf_counter() - started)
-        slowest = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        rows.append({"bytes": float(elements * 4), "seconds": float(slowest.item())})
+            seconds = []
+            for _ in range(repeats):
+                dist.barrier()
+                started = time.perf_counter()
+                once()
+                synchronize()
+                seconds.append(time.perf_counter() - started)
+            slowest = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            rows.append({"bytes": float(elements * 4), "seconds": float(slowest.item())})
     return rows
 
 

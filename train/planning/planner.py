@@ -15,6 +15,7 @@ from typing import Any
 from calibration.model import Calibration
 from calibration.slices import slices_plan_note
 from calibration.step_config import StepConfig
+from calibration.topology import bracket_estimate, overlap_bracket
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.calibrated import batch_sizes_for, checkpointing_modes, noise_warnings
@@ -69,10 +70,12 @@ class PlanRequest:
     export_bytes: int = 0
     # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
     upload_seconds: float = 0.0
-    # A step time predicted for another world size than the calibration measured (train.recipes.compare):
-    # the upper bound (and what the deadline is checked against) widens by the largest error such
-    # predictions showed (docs/benchmarks.md, "Multi-process").
-    prediction_error: float = 0.0
+    # Whether the collectives above may run behind backward (a row predicted from a 1-process step,
+    # train.recipes.compare): the estimate counts the midpoint of the overlap bracket, the lower
+    # bound full overlap, the upper bound (what the deadline is checked against) none: the
+    # communication seconds above are that absolute upper bound (calibration.topology). False:
+    # counted in full everywhere.
+    comm_overlap: bool = False
     # Tokenizing the data before training (a cold cache), predicted at the rate measured on the
     # sample (train.workload.prepare): an overhead of the run.
     data_prep_seconds: float = 0.0
@@ -110,7 +113,9 @@ class Candidate:
     remaining_steps: int = 0  # what this command still runs: the estimate covers these
     micro_batches: int = 0
     step_seconds: float = 0.0  # training steps only, predicted
-    comm_seconds_per_step: float = 0.0  # predicted all-reduce added to each optimizer step
+    comm_seconds_per_step: float = 0.0  # predicted collectives added to each optimizer step (the estimate)
+    comm_seconds_per_step_low: float = 0.0  # …hidden behind backward as far as they can be
+    comm_seconds_per_step_high: float = 0.0  # …none hidden
     overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
     total_seconds: float = 0.0
     total_seconds_low: float = 0.0
@@ -239,8 +244,13 @@ def evaluate(
         batch_count = sum(counts.values())
         micro_batches += batch_count
         steps += math.ceil(batch_count / accum)
-    step_seconds += steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
-    candidate.comm_seconds_per_step = request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
+    compute_seconds = step_seconds
+    floor_step, floor_micro = exposed_floor(request, compute_seconds / max(1, micro_batches))
+    comm_low = steps * floor_step + micro_batches * floor_micro
+    comm_high = steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
+    step_seconds += bracket_estimate(comm_low, comm_high)
+    low, high = floor_step + accum * floor_micro, request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
+    candidate.comm_seconds_per_step_low, candidate.comm_seconds_per_step, candidate.comm_seconds_per_step_high = low, bracket_estimate(low, high), high
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
@@ -252,6 +262,8 @@ def evaluate(
     candidate.remaining_steps = remaining
     candidate.micro_batches = round(micro_batches * fraction_run)
     candidate.step_seconds = step_seconds * fraction_run
+    compute_seconds *= fraction_run
+    comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
     candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
     candidate.overheads, eval_pass = candidate_overheads(calibration, request, candidate, shapes, eval_data)
@@ -262,10 +274,11 @@ def evaluate(
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
     # Lengths from a sample: the steps' tokens are known within the sample's interval.
     sampled = 1 + request.data_uncertainty
-    candidate.total_seconds_low = candidate.step_seconds / (1 + bound) / sampled + candidate.overhead_seconds
-    widened = (1 + request.prediction_error) * sampled
-    candidate.total_seconds_high = candidate.step_seconds * (1 + bound) * widened + candidate.overhead_seconds
-    candidate.total_seconds_promised = candidate.step_seconds * (1 + calibration.promised_bound_for(config)) * widened + candidate.overhead_seconds
+    # The collectives are absolute seconds beside the calibration's compute: its bound does not widen them.
+    candidate.total_seconds_low = compute_seconds / (1 + bound) / sampled + comm_low + candidate.overhead_seconds
+    candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
+    promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
+    candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds
     prediction = calibration.predict_for(config, request.memory_offset_bytes)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
@@ -274,6 +287,16 @@ def evaluate(
     if not data.packing:
         candidate.truncation = truncation(data.lengths, length)
     return candidate
+
+
+def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, float]:
+    """The least the collectives of an optimizer step and of a micro-step can add: all of them, or
+    (request.comm_overlap) what backward cannot hide (calibration.topology.overlap_bracket) —
+    DDP's all-reduce behind its step's last micro-step, FSDP's collectives behind their own, at
+    the run's mean micro-step."""
+    if not request.comm_overlap:
+        return request.comm_seconds_per_step, request.comm_seconds_per_micro_step
+    return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
 
 
 def candidate_overheads(

@@ -12,19 +12,27 @@ from train.recipes.config import TrainConfig
 from train.step.runtime import run_precision
 
 
-def load_calibration(config: TrainConfig, previous: dict[str, Any] | None, calibration_api: Any, spec: Any, method: Any, processes: tuple[int, str]) -> Any:
+def load_calibration(
+    config: TrainConfig,
+    previous: dict[str, Any] | None,
+    calibration_api: Any,
+    spec: Any,
+    method: Any,
+    processes: tuple[int, str],
+    interconnect: str | None = None,
+) -> Any:
     """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
     the calibration it started with, and another one is refused unless --force. `latest` is the
-    newest of this model and method measured with this run's (processes, sharding), else the newest
-    of one process (communication is then predicted), else the newest; when that is not the
-    newest, it says why."""
+    newest of this model and method measured with this run's (processes, sharding) over this
+    machine's `interconnect`, else over another, else the newest of one process (communication is
+    then predicted), else the newest; when that is not the newest, it says why."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if previous is None:
         reference = config.use_calibration or "latest"
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
         passed_over: list[Path] = []
-        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes), passed_over.append)
+        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes, interconnect), passed_over.append)
         if passed_over:
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
@@ -52,8 +60,11 @@ def why_chosen(chosen: Any, newer: Path, spec: Any, method: Any, processes: tupl
     return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
 
 
-def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) -> tuple[Any, Any]:
-    """Which stored calibrations `latest` prefers for this run, best first (calibration.store)."""
+def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str], interconnect: str | None = None) -> tuple[Any, ...]:
+    """Which stored calibrations `latest` prefers for this run, best first (calibration.store): a
+    calibration of another interconnect than `interconnect` (this machine's) is a preference
+    missed, not a refusal (one that recorded none matches any: calibration.topology)."""
+    from calibration.topology import same_interconnect
 
     def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
@@ -64,6 +75,7 @@ def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str]) 
 
     mine = (spec.fingerprint, method.method, method.quantize)
     return (
+        lambda data: measured(data) == (*mine, *processes) and same_interconnect((data.get("hardware") or {}).get("interconnect"), interconnect),
         lambda data: measured(data) == (*mine, *processes),
         lambda data: measured(data)[:4] == (*mine, 1),
     )
@@ -125,9 +137,10 @@ def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[
     """The calibration to plan with, and the processes and sharding the plan is for."""
     import calibration as calibration_api
     from train.step.engine import process_layout
+    from train.step.hardware import detect_hardware
 
     world_size, sharding = process_layout(config.step_options, method)
-    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding))
+    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding), detect_hardware().get("interconnect"))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     if config.dry_run and world_size == 1 and cal.world_size > 1:

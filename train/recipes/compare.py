@@ -8,9 +8,12 @@ its processes (train.planning.prices.run_cost). The recommended row meets the de
 ties by time; without prices, the fastest that meets it.
 
 Rows for N processes that no calibration measured are *predicted*: a 1-process calibration's step
-plus the collectives another calibration measured among N processes of the same device (any
-model: collectives only move bytes), priced as `train` prices them (train.planning.comm.price_traffic).
-Their upper bound widens by the largest error such predictions showed (PREDICTION_ERROR).
+plus the collectives another calibration measured among N processes of the same device and
+interconnect (any model: collectives only move bytes), or, where none did, collectives priced from
+the interconnect's link figures (calibration.topology; train.recipes.options), priced as `train`
+prices them (train.planning.comm.price_traffic). Their time is bracketed between the collectives
+hidden behind backward as far as they can be and not at all (train.planning.planner.exposed_floor):
+the estimate takes the midpoint, the upper bound (and the deadline) none hidden.
 
 Computation only: rows and their ranking; train.compare_command prints them.
 """
@@ -25,29 +28,13 @@ from typing import Any
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.deadline import Deadline
-from train.recipes.plan_setup import Placement, PlanContext, fit_setup, plan_device, plan_fitted, plan_json, planned_compute, same_device
+from train.recipes.options import Option, collectives_sources, options_for
+from train.recipes.plan_setup import Placement, PlanContext, fit_setup, plan_device, plan_fitted, plan_json, planned_compute
 
-# The largest |error| of a multi-process step predicted from a 1-process calibration plus
-# collectives timed on idle processes (docs/benchmarks.md, "Multi-process": cpu-vm, gloo, 2
-# processes; every measured step was slower than predicted). No GPU (NCCL) figure exists yet.
-PREDICTION_ERROR = {"ddp": 0.412, "fsdp": 1.063}
-PREDICTION_SOURCE = "docs/benchmarks.md: +41% (DDP) and +106% (FSDP) at most, cpu-vm gloo; not yet measured on GPUs"
-
-
-@dataclass(frozen=True)
-class Option:
-    """One row to plan: a calibration, with its own processes (measured) or N processes predicted
-    from collectives that calibration `collectives_from` measured."""
-
-    calibration: Any
-    world_size: int
-    sharding: str
-    collectives: dict[str, dict[str, Any]] | None = None
-    collectives_from: str | None = None
-
-    @property
-    def predicted(self) -> bool:
-        return self.collectives is not None
+COMMUNICATION_BRACKET = (
+    "collectives between full overlap with backward (2/3 of the step's compute, an assumption) and none; estimate at the midpoint, "
+    "upper bound and deadline at none (calibration.topology)"
+)
 
 
 @dataclass
@@ -70,8 +57,12 @@ class Row:
     @property
     def reference(self) -> str:
         """How --use-calibration names it: a bundled one by its name, a stored one by its id, else its path."""
+        from calibration.hub import hub_reference
         from calibration.store import calibrations_dir, is_bundled
 
+        shared = hub_reference(self.option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
+        if shared is not None:
+            return shared
         path = self.option.calibration.path
         if path is None or is_bundled(path):
             return path.stem if path is not None else self.calibration_id
@@ -104,13 +95,16 @@ class Row:
         data.update(
             {
                 "reference": self.reference,
+                "provenance": cal.provenance,  # whose measurement: measured here, hub:ORG/NAME (by USER), bundled
                 "device": self.device["name"],
                 "device_type": self.device["device_type"],
                 "memory_bytes": self.device["memory_bytes"],
                 "sharding": self.option.sharding,
                 "source": "predicted" if self.option.predicted else "measured",
                 "collectives_from": self.option.collectives_from,
-                "prediction_error": PREDICTION_ERROR[self.option.sharding] if self.option.predicted else 0.0,
+                "collectives_source": self.option.collectives_source,
+                "interconnect": self.option.interconnect or self.device.get("interconnect"),
+                "comm_overlap": self.option.predicted,
                 "price_per_hour": self.price_per_hour,
                 "cost": self.cost,
                 "meets_deadline": self.meets_deadline,
@@ -152,7 +146,7 @@ class Comparison:
             "recommended": best.calibration_id if best else None,
             "recommended_world_size": best.processes if best else None,
             "profile": self.profile,
-            "prediction_error_source": PREDICTION_SOURCE,
+            "communication_bracket": COMMUNICATION_BRACKET,
             "notes": self.notes,
             "rows": [row.to_json() for row in self.rows],
         }
@@ -168,42 +162,59 @@ def measured_identity(data: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = None) -> list[Any]:
-    """The calibrations a comparison names: `all` (every stored calibration of this model and
-    method, newest first, then the bundled ones) or ids/paths separated by commas (each once)."""
+    """The calibrations a comparison names, separated by commas (each once): `all` (every stored
+    calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
+    (those of this model and method shared in that hub repository: calibration.hub), ids, paths
+    or `hub:ORG/NAME/ID`."""
     import calibration as calibration_api
-    from calibration.model import Calibration
+    from calibration.hub import is_hub_reference, parse_reference, shared_calibrations
     from calibration.schema import read_calibration_file
     from calibration.store import bundled_calibrations, list_calibrations
 
-    if reference.strip() == "all":
-        mine = (spec.fingerprint, method.method)
-        stored = [(path, data) for path, data, _ in list_calibrations() if data is not None]
-        stored += [(path, read_calibration_file(path)) for path in bundled_calibrations().values()]
-        found = []
-        for path, data in stored:
-            if measured_identity(data) != mine:
-                continue
-            try:
-                found.append(Calibration(data, path))
-            except BenchtrainError as error:  # no fitted model: said, and left out
-                if on_skip is not None:
-                    on_skip(f"skipped {path}: {error}")
-        if not found:
-            raise BenchtrainError(
-                f"--use-calibration all: no stored or bundled calibration of {spec.name} ({method.describe()}); "
-                f"run `bench run --model {spec.name}{' --lora' if method.is_lora else ''}` on each device to compare"
-            )
-        chosen = found
-    else:
-        names = [part.strip() for part in reference.split(",") if part.strip()]
-        if not names:
-            raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids or paths) or all")
-        chosen = [calibration_api.load(name, on_skip=on_skip) for name in names]
+    names = [part.strip() for part in reference.split(",") if part.strip()]
+    if not names:
+        raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
+    chosen: list[Any] = []
+    for name in names:
+        if name == "all":
+            stored = [(path, data) for path, data, _ in list_calibrations() if data is not None]
+            stored += [(path, read_calibration_file(path)) for path in bundled_calibrations().values()]
+            chosen += of_this_run(stored, spec, method, on_skip)
+        elif is_hub_reference(name) and parse_reference(name).calibration_id is None:
+            shared = of_this_run(shared_calibrations(name, on_skip), spec, method, on_skip)
+            if not shared and on_skip is not None:
+                on_skip(f"{name}: none of its calibrations measured {spec.name} ({method.describe()})")
+            chosen += shared
+        else:
+            chosen.append(calibration_api.load(name, on_skip=on_skip))
+    if not chosen:
+        what = "no stored or bundled calibration of" if names == ["all"] else "none of these calibrations measured"
+        raise BenchtrainError(
+            f"--use-calibration {reference}: {what} {spec.name} ({method.describe()}); "
+            f"run `bench run --model {spec.name}{' --lora' if method.is_lora else ''}` on each device to compare"
+        )
     unique: dict[str, Any] = {}
     for cal in chosen:
         unique.setdefault(cal.id, cal)
     check_one_model_and_method(list(unique.values()))
     return list(unique.values())
+
+
+def of_this_run(entries: list[tuple[Path, dict[str, Any]]], spec: Any, method: Any, on_skip: Any) -> list[Any]:
+    """The calibrations (path, data) of this model and method; one without a fitted model is said
+    and left out."""
+    from calibration.model import Calibration
+
+    found = []
+    for path, data in entries:
+        if measured_identity(data) != (spec.fingerprint, method.method):
+            continue
+        try:
+            found.append(Calibration(data, path))
+        except BenchtrainError as error:
+            if on_skip is not None:
+                on_skip(f"skipped {path}: {error}")
+    return found
 
 
 def check_one_model_and_method(calibrations: list[Any]) -> None:
@@ -220,46 +231,6 @@ def check_one_model_and_method(calibrations: list[Any]) -> None:
                 f"calibrations of different methods in one comparison: {first.id} measured {first.training.get('method', 'full')}, "
                 f"{other.id} measured {other.training.get('method', 'full')}; compare calibrations of one method"
             )
-
-
-def collectives_sources(calibrations: list[Any]) -> list[dict[str, Any]]:
-    """Calibrations of several processes whose collectives can price predicted rows: those in the
-    comparison and every stored one (of any model), newest first, as raw data."""
-    from calibration.store import list_calibrations
-
-    seen, sources = set(), []
-    candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
-    for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
-        if data["id"] in seen or int((data.get("distributed") or {}).get("world_size", 1)) < 2:
-            continue
-        seen.add(data["id"])
-        sources.append(data)
-    return sources
-
-
-def options_for(calibrations: list[Any], sharding: str, sources: list[dict[str, Any]]) -> list[Option]:
-    """A row for each calibration as measured; and for each 1-process one, a predicted row per
-    process count another calibration measured collectives for on the same device (the newest),
-    unless a calibration in the comparison measured that device, count and sharding itself."""
-    from train.planning.comm import COLLECTIVES, stored_collectives
-
-    options = [Option(cal, cal.world_size, cal.sharding if cal.world_size > 1 else "none") for cal in calibrations]
-    measured = {(cal.hardware["name"], cal.world_size, cal.sharding) for cal in calibrations}
-    for cal in calibrations:
-        if cal.world_size != 1:
-            continue
-        predicted: dict[int, Option] = {}
-        for data in sources:
-            processes = int(data["distributed"]["world_size"])
-            collectives = stored_collectives(data.get("distributed"))
-            if processes in predicted or (cal.hardware["name"], processes, sharding) in measured:
-                continue
-            if not same_device(data["hardware"], cal.hardware) or not all(kind in collectives for kind in COLLECTIVES[sharding]):
-                continue
-            wanted = {kind: collectives[kind] for kind in COLLECTIVES[sharding]}
-            predicted[processes] = Option(cal, processes, sharding, wanted, data["id"])
-        options += [predicted[count] for count in sorted(predicted)]
-    return options
 
 
 # -- one row ---------------------------------------------------------------------------------
@@ -288,8 +259,9 @@ def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, 
     if option.predicted and option.collectives is not None:
         collectives = option.collectives
 
-        def communicate(traffic: Any) -> tuple[float, float, dict[str, Any], float]:
-            return (*price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from), PREDICTION_ERROR[option.sharding])
+        def communicate(traffic: Any) -> tuple[float, float, dict[str, Any]]:
+            per_step, per_micro_step, record = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
+            return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
     try:
         placed = plan_fitted(setup, context, layout, communicate)
@@ -320,16 +292,24 @@ def rank(rows: list[Row], by_cost: bool) -> list[Row]:
 
 
 def compare(
-    context: PlanContext, method: Any, calibrations: list[Any], here: dict[str, Any], profile: dict[str, Any], sources: list[dict[str, Any]] | None = None
+    context: PlanContext,
+    method: Any,
+    calibrations: list[Any],
+    here: dict[str, Any],
+    profile: dict[str, Any],
+    sources: list[dict[str, Any]] | None = None,
+    options: list[Option] | None = None,
 ) -> Comparison:
     """Every option planned and ranked, each on the same `context` (the command, the model, the
     data as profiled, the time spent). `sources`: calibrations whose collectives may price
-    predicted rows (default: those of the comparison and the store)."""
+    predicted rows (default: those of the comparison and the store). `options`: the rows to plan
+    (e.g. from predicted_option), instead of options_for's."""
     config, spec = context.config, context.spec
     if config.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: compare without it")
     sharding = config.step_options.sharding
-    options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
+    if options is None:
+        options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
     rows = [plan_row(context, method, option, here) for option in options]
     by_cost = all(row.price_per_hour is not None for row in rows)
     notes = []
@@ -337,8 +317,8 @@ def compare(
         notes.append("no --price-per-hour: rows are ranked by time; pass h100=2.5,… to rank by cost")
     if any(option.predicted for option in options):
         notes.append(
-            "predicted rows: a 1-process calibration plus collectives measured among N processes of the same device by another "
-            f"calibration; not measured as N-process steps, so their upper bound is widened ({PREDICTION_SOURCE})"
+            "predicted rows: a 1-process calibration plus collectives measured among N processes of the same device and interconnect "
+            f"by another calibration, or priced from the interconnect's link figures; not measured as N-process steps: {COMMUNICATION_BRACKET}"
         )
     deadline = config.run_deadline
     ranked_by = "cost" if by_cost else "time"

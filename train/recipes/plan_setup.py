@@ -99,15 +99,16 @@ class PlacedPlan:
 @dataclass(frozen=True)
 class Placement:
     """Where a plan runs: the device, the processes and their sharding, what communication adds
-    that the calibration's step times lack (per optimizer step, per micro-step), the price per
-    device-hour, and how far the step time is predicted rather than measured (train.recipes.compare)."""
+    that the calibration's step times lack (per optimizer step, per micro-step, none of it hidden),
+    the price per device-hour, and whether that communication may hide behind backward (a row
+    predicted from a 1-process step, train.recipes.compare: the planner brackets it)."""
 
     device: PlanDevice
     world_size: int
     sharding: str
     comm_seconds: tuple[float, float] = (0.0, 0.0)
     price_per_hour: float | None = None
-    prediction_error: float = 0.0
+    comm_overlap: bool = False
 
 
 @dataclass
@@ -242,7 +243,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         memory_offset_bytes=memory_offset,
         export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
         upload_seconds=planned_upload_seconds(config, need, method, device_type),
-        prediction_error=placement.prediction_error,
+        comm_overlap=placement.comm_overlap,
     )
 
 
@@ -303,8 +304,10 @@ def fit_setup(config: TrainConfig, cal: Any, spec: Any, method: Any, layout: tup
 
 def plan_fitted(setup: FittedSetup, context: PlanContext, layout: tuple[int, str], communicate: Any = None) -> PlacedPlan:
     """The second half: what communication adds (measured among the calibration's processes, or
-    `communicate(traffic)` → (per step, per micro-step, record, relative error) where a comparison
-    predicts it), the placement, the request and the planner's plan."""
+    `communicate(traffic)` → (per step, per micro-step, record) where a comparison predicts it:
+    the collectives' seconds with none hidden, which the planner brackets between full overlap
+    with backward and none, train.planning.planner.exposed_floor), the placement, the request
+    and the planner's plan."""
     from train.planning.comm import plan_communication, traffic_of
     from train.planning.planner import make_plan
 
@@ -312,10 +315,10 @@ def plan_fitted(setup: FittedSetup, context: PlanContext, layout: tuple[int, str
     traffic = traffic_of(sharding, setup.need, setup.device.hardware["device_type"])
     if communicate is None:
         per_step, per_micro_step, communication = plan_communication(setup.cal, world_size, traffic, setup.config.force)
-        error = 0.0
     else:
-        per_step, per_micro_step, communication, error = communicate(traffic)
-    placement = Placement(setup.device, world_size, sharding, (per_step, per_micro_step), setup.price_per_hour, error)
+        per_step, per_micro_step, communication = communicate(traffic)
+    overlap = communicate is not None
+    placement = Placement(setup.device, world_size, sharding, (per_step, per_micro_step), setup.price_per_hour, overlap)
     request = plan_request(context, setup.method, setup.cal, placement, setup.need)
     return PlacedPlan(placement, communication, request, make_plan(setup.cal, context.data, request, context.eval_data))
 

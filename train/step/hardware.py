@@ -2,48 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
 from pathlib import Path
 from typing import Any
 
+from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
-
-# Dense (no sparsity) bf16 tensor-core peak per device, FLOP/s, from the vendors' datasheets, and
-# for the GPUs that can be split into MIG slices, the whole GPU's streaming multiprocessors: a
-# slice has a share of them, and that share of the peak.
-# Patterns are whole words of the device name ("L4" is not "L40"); the first entry that matches wins.
-PEAK_BF16_DENSE_FLOPS: list[tuple[tuple[str, ...], str, float, int | None]] = [
-    (("h100", "pcie"), "H100 PCIe", 756e12, 114),
-    (("h100", "nvl"), "H100 NVL", 835e12, 132),
-    (("h100",), "H100 SXM", 989e12, 132),
-    (("gh200",), "GH200", 989e12, 132),
-    (("h200", "nvl"), "H200 NVL", 835e12, 132),
-    (("h200",), "H200", 989e12, 132),
-    (("b200",), "B200", 2250e12, 148),
-    (("a100",), "A100", 312e12, 108),
-    (("l40s",), "L40S", 362e12, None),
-    (("l40",), "L40", 181e12, None),
-    (("a10g",), "A10G", 70e12, None),
-    (("l4",), "L4", 121e12, None),
-    (("4090",), "RTX 4090", 165e12, None),
-    (("mi300x",), "MI300X", 1307e12, None),
-]
 
 
 def peak_flops(device_name: str, multiprocessors: int | None = None) -> tuple[str, float] | None:
-    """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs). A device
-    with fewer multiprocessors than its whole GPU (a MIG slice) gets their share of the peak."""
-    words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
-    for patterns, label, flops, full_multiprocessors in PEAK_BF16_DENSE_FLOPS:
-        if not all(pattern in words for pattern in patterns):
-            continue
-        if full_multiprocessors and multiprocessors and multiprocessors < full_multiprocessors:
-            share = multiprocessors / full_multiprocessors
-            return f"{label} MIG {multiprocessors}/{full_multiprocessors} SMs", flops * share
-        return label, flops
-    return None
+    """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs), from the
+    datasheet table (calibration.datasheets: whole words of the name, the source of each figure). A
+    device with fewer multiprocessors than its whole GPU (a MIG slice) gets their share of the peak."""
+    sheet = sheet_for(device_name)
+    if sheet is None:
+        return None
+    full = sheet.multiprocessors
+    if full and multiprocessors and multiprocessors < full:
+        return f"{sheet.peak_entry} MIG {multiprocessors}/{full} SMs", sheet.bf16_dense_flops * multiprocessors / full
+    return sheet.peak_entry, sheet.bf16_dense_flops
 
 
 def detect_hardware() -> dict[str, Any]:
@@ -64,6 +44,7 @@ def detect_hardware() -> dict[str, Any]:
             "peak_flops_entry": peak[0] if peak else None,
             "peak_bf16_flops": peak[1] if peak else None,
             "cpu_cores": os.cpu_count(),
+            **detect_interconnect(),
         }
     import psutil
 
@@ -76,7 +57,64 @@ def detect_hardware() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "peak_flops_entry": None,
         "peak_bf16_flops": None,
+        "interconnect": "loopback",  # gloo between processes of this host (calibration.topology)
     }
+
+
+@functools.cache
+def detect_interconnect(index: int = 0) -> dict[str, Any]:
+    """{"interconnect": word or None, "nvlinks": active NVLinks or None} of GPU `index` (NVML's
+    index: the same kind of GPU in a node has the same links): NVML (pynvml / nvidia-ml-py) where
+    importable, else `nvidia-smi nvlink -s`; no active link is PCIe, links to an NVSwitch are
+    nvswitch. Both None where neither answers. Several nodes are not seen from here: `bench run
+    --interconnect 2x8:nvlink+ib` says so (calibration.topology)."""
+    found = _nvml_links(index)
+    if found is None:
+        found = _smi_links(index)
+    if found is None:
+        return {"interconnect": None, "nvlinks": None}
+    active, switched = found
+    word = "pcie" if active == 0 else "nvswitch" if switched else "nvlink"
+    return {"interconnect": word, "nvlinks": active}
+
+
+def _nvml_links(index: int) -> tuple[int, bool] | None:
+    """(active NVLinks, any of them to an NVSwitch) from NVML; None without pynvml or a driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # pynvml.NVMLError: no driver, no library
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        active, switched = 0, False
+        remote_type = getattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        switch = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+                active += 1
+                switched = switched or (remote_type is not None and remote_type(handle, link) == switch)
+            except pynvml.NVMLError:  # past the device's links, or a GPU without NVLink
+                continue
+        return active, switched
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _smi_links(index: int) -> tuple[int, bool] | None:
+    """(active NVLinks, False) from `nvidia-smi nvlink -s -i INDEX` ("Link 0: 26.562 GB/s"; an
+    inactive one says <inactive>); None without nvidia-smi. It cannot tell an NVSwitch."""
+    output = _nvidia_smi("nvlink", "-s", "-i", str(index))
+    if output is None:
+        return None
+    return len(re.findall(r"Link \d+:\s*[\d.]+\s*GB/s", output)), False
 
 
 def _cpu_name() -> str:

@@ -1,0 +1,315 @@
+"""How the processes of a job are linked, and what their collectives cost from the links' figures
+(no torch here: plain data and arithmetic).
+
+An interconnect is written as one word, as `bench run --interconnect` and a comparison take it:
+
+    nvlink | nvswitch | pcie | loopback     every process on one node, linked by that
+    ib | infiniband | ethernet              one process per node, linked by the network
+    NxG:KIND+NET                            N nodes of G GPUs each: KIND inside a node, NET
+                                            between nodes, e.g. 2x8:nvlink+ib
+    NxG:KIND                                N = 1 only (several nodes need their network)
+
+`loopback` is gloo between processes of one host (a CPU job): it has no datasheet figure, only a
+measured one (`link_from_all_reduce`).
+
+Collectives are priced as NCCL's ring algorithm moves bytes (a message of B bytes among n
+processes, each link of bandwidth bw per direction and latency lat per ring step):
+
+    all-reduce                   2(n−1)/n × B/bw + 2(n−1) × lat
+    all-gather, reduce-scatter    (n−1)/n × B/bw +  (n−1) × lat
+
+plus NCCL's base latency once per collective. Across nodes (m nodes of g GPUs) hierarchically:
+reduce-scatter inside each node, all-reduce between nodes of the 1/g of the bytes each GPU holds
+(each GPU over its own network port, as rail-optimised HGX nodes are cabled), all-gather inside
+each node. Every collective stays a line in the message size, so it is a calibration.comm.CommModel
+like a measured one, and train.planning.comm.price_traffic prices it unchanged.
+
+Exposed time: DDP's all-reduce (per optimizer step) and FSDP's gathers and reduce-scatters (per
+micro-step) run while backward computes. `overlap_bracket` brackets what the step pays between
+full overlap and none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from calibration.comm import CommModel
+from common.errors import BenchtrainError
+
+KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "ethernet", "loopback")
+NETWORKS = ("infiniband", "ethernet")
+ALIASES = {
+    "nvlink": "nvlink",
+    "nvl": "nvlink",
+    "nvswitch": "nvswitch",
+    "pcie": "pcie",
+    "pci": "pcie",
+    "ib": "infiniband",
+    "infiniband": "infiniband",
+    "ethernet": "ethernet",
+    "eth": "ethernet",
+    "loopback": "loopback",
+    "gloo": "loopback",
+}
+# NVSwitch is NVLink through switches: the same per-GPU links and figures, so a calibration of one
+# serves the other.
+FAMILY = {"nvswitch": "nvlink"}
+
+# Assumption, not a measurement: backward costs about twice forward (two matmuls per forward one),
+# so it is 2/3 of a step's compute; the collectives can hide behind at most that.
+BACKWARD_SHARE = 2 / 3
+
+_LAYOUT = re.compile(r"^(\d+)x(\d+):(.+)$")
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """`kind` links the GPUs of one node, `network` the nodes (None: one node). `nodes` and
+    `gpus_per_node` None: from the process count (`placed`)."""
+
+    kind: str
+    network: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+
+    @property
+    def word(self) -> str:
+        """The canonical word (what hardware records store and what matching compares)."""
+        links = f"{self.kind}+{self.network}" if self.network and self.network != self.kind else self.kind
+        if self.nodes is not None and self.gpus_per_node is not None and (self.nodes > 1 or self.network):
+            return f"{self.nodes}x{self.gpus_per_node}:{links}"
+        return links
+
+    @property
+    def family(self) -> str:
+        """The word with NVSwitch read as NVLink: what matching compares."""
+        return Interconnect(FAMILY.get(self.kind, self.kind), self.network, self.nodes, self.gpus_per_node).word
+
+    def placed(self, processes: int) -> Interconnect:
+        """The layout for `processes`: one node, or one per process for a bare network; a layout
+        written out must hold exactly that many."""
+        if self.nodes is not None and self.gpus_per_node is not None:
+            if self.nodes * self.gpus_per_node != processes:
+                raise BenchtrainError(f"interconnect {self.word} holds {self.nodes * self.gpus_per_node} processes, not {processes}")
+            return self
+        if self.kind in NETWORKS:
+            return Interconnect(self.kind, self.kind, processes, 1)
+        return Interconnect(self.kind, None, 1, processes)
+
+
+def canonical(word: str, flag: str = "--interconnect") -> str:
+    kind = ALIASES.get(word.strip().lower())
+    if kind is None:
+        raise BenchtrainError(f"{flag} {word!r}: not an interconnect; one of nvlink, nvswitch, pcie, ib, ethernet, loopback, or NxG:nvlink+ib")
+    return kind
+
+
+def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
+    """`nvlink`, `pcie`, `ib`, `2x8:nvlink+ib`, … (the module's docstring); one line for anything else."""
+    cleaned = text.strip().lower()
+    layout = _LAYOUT.match(cleaned)
+    nodes: int | None = None
+    gpus: int | None = None
+    if layout:
+        nodes, gpus, cleaned = int(layout.group(1)), int(layout.group(2)), layout.group(3)
+        if nodes < 1 or gpus < 1:
+            raise BenchtrainError(f"{flag} {text!r}: nodes and GPUs per node must be positive (2x8:nvlink+ib)")
+    parts = cleaned.split("+")
+    if len(parts) > 2 or not all(parts):
+        raise BenchtrainError(f"{flag} {text!r}: one link inside a node and one between nodes at most, e.g. 2x8:nvlink+ib")
+    kind = canonical(parts[0], flag)
+    network = canonical(parts[1], flag) if len(parts) == 2 else None
+    if network is not None and network not in NETWORKS:
+        raise BenchtrainError(f"{flag} {text!r}: nodes are linked by ib or ethernet, not {network}")
+    if kind == "loopback" and (network or (nodes or 1) > 1):
+        raise BenchtrainError(f"{flag} {text!r}: loopback is one host")
+    if network is None and kind in NETWORKS:
+        network = kind
+    if network is not None and kind not in NETWORKS and layout is None:
+        raise BenchtrainError(f"{flag} {text!r}: say how many nodes of how many GPUs, e.g. 2x8:{kind}+{parts[1]}")
+    if layout and nodes and nodes > 1 and network is None:
+        raise BenchtrainError(f"{flag} {text!r}: {nodes} nodes need a network between them, e.g. {nodes}x{gpus}:{kind}+ib")
+    return Interconnect(kind, network, nodes, gpus)
+
+
+def recorded_interconnect(hardware: dict[str, Any], processes: int | None = None) -> Interconnect | None:
+    """The interconnect a hardware record names (placed for `processes` where given); None where
+    it names none (calibrations before issue 41), one this version cannot read, or a layout that
+    does not hold `processes`. A CPU's record that names none is loopback (gloo on one host: what
+    every CPU calibration before issue 41 measured)."""
+    word = hardware.get("interconnect") or ("loopback" if hardware.get("device_type") == "cpu" else None)
+    if not word:
+        return None
+    try:
+        link = parse_interconnect(str(word))
+        return link.placed(processes) if processes else link
+    except BenchtrainError:
+        return None
+
+
+def same_interconnect(measured: str | None, wanted: str | None) -> bool:
+    """Whether collectives measured over `measured` price a run over `wanted` (words, or None).
+    Either side unknown (not recorded, unreadable): taken as the same."""
+    one, other = recorded_interconnect({"interconnect": measured}), recorded_interconnect({"interconnect": wanted})
+    return one is None or other is None or one.family == other.family
+
+
+# -- the links' figures -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """One GPU's link of a kind: bandwidth per direction, latency per ring step, NCCL's base
+    latency once per collective, and where each figure comes from."""
+
+    kind: str
+    bandwidth_bytes_per_second: float
+    hop_latency_seconds: float
+    base_latency_seconds: float
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
+            "hop_latency_seconds": self.hop_latency_seconds,
+            "base_latency_seconds": self.base_latency_seconds,
+            "source": self.source,
+        }
+
+
+# NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at 5067397, ncclTunerConstantsDefaults,
+# Ring algorithm, Simple protocol: the one large messages use): baseLatencies 14.0 µs per
+# collective; hwLatencies per ring step NVLINK 3.4 µs, PCI 5.7 µs, NET 14.0 µs; nsteps 2(n−1) for
+# all-reduce, n−1 for all-gather and reduce-scatter (tuning.cc line 289).
+NCCL = "NVIDIA/nccl src/graph/tuning.cc (5067397) ring/simple"
+BASE_LATENCY = 14.0e-6
+HOP_LATENCY = {"nvlink": 3.4e-6, "nvswitch": 3.4e-6, "pcie": 5.7e-6, "infiniband": 14.0e-6, "ethernet": 14.0e-6}
+
+# Per-GPU link bandwidth comes from the datasheet table (calibration.datasheets: NVLink and PCIe
+# x16, bidirectional totals, halved here for one direction; the source of each figure there).
+# Between nodes, per GPU (one port each): InfiniBand NDR 400 Gb/s = 50 GB/s (NVIDIA ConnectX-7
+# datasheet); Ethernet 100 GbE = 12.5 GB/s (IEEE 802.3ba), what a plain cloud network gives.
+NETWORK_BANDWIDTH = {
+    "infiniband": (50e9, "InfiniBand NDR 400 Gb/s per GPU port (NVIDIA ConnectX-7 datasheet)"),
+    "ethernet": (12.5e9, "100 Gb Ethernet per GPU (IEEE 802.3ba)"),
+}
+# A device the table does not hold, over PCIe: Gen4 x16 (16 GT/s × 16 lanes ≈ 32 GB/s each way,
+# PCI-SIG), the slower of the two generations GPUs use: an assumption, said in the link's source.
+PCIE_GEN4_BANDWIDTH = 32e9
+
+
+def link_figures(kind: str, device_name: str) -> Link:
+    """The datasheet figures of a `kind` link on `device_name`; one line where there are none."""
+    from calibration.datasheets import sheet_for
+
+    sheet = sheet_for(device_name)
+    if kind in ("nvlink", "nvswitch"):
+        bandwidth = sheet.nvlink_bandwidth if sheet is not None else None
+        if sheet is None or bandwidth is None:
+            raise BenchtrainError(f"no NVLink figure for {device_name} (no NVLink, or not in calibration.datasheets): use pcie, or measure it")
+        source = f"{sheet.name} {sheet.peer_link} {bandwidth / 1e9:.0f} GB/s bidirectional, halved ({'; '.join(sheet.sources)})"
+        return Link(kind, bandwidth / 2, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+    if kind == "pcie":
+        if sheet is None:
+            source = f"PCIe Gen4 x16 assumed ({device_name} is not in calibration.datasheets)"
+            return Link(kind, PCIE_GEN4_BANDWIDTH, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+        source = f"{sheet.name} PCIe Gen{sheet.pcie_generation} x16 {sheet.pcie_bandwidth / 1e9:.0f} GB/s bidirectional, halved ({'; '.join(sheet.sources)})"
+        return Link(kind, sheet.pcie_bandwidth / 2, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+    if kind in NETWORK_BANDWIDTH:
+        bandwidth, source = NETWORK_BANDWIDTH[kind]
+        return Link(kind, bandwidth, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+    raise BenchtrainError(
+        f"{kind} has no datasheet figure: measure it (`torchrun --nproc_per_node 2 -m bench run --gpu cpu` stores the collectives of this host)"
+    )
+
+
+def link_from_all_reduce(model: CommModel) -> Link:
+    """The link a measured all-reduce among `model.world_size` processes implies, by the ring
+    formula backwards: latency per step = latency / 2(n−1), bandwidth = 2(n−1)/n / seconds per byte."""
+    n = model.world_size
+    if n < 2:
+        raise BenchtrainError("an all-reduce of one process measures no link")
+    steps = 2 * (n - 1)
+    bandwidth = steps / n / model.seconds_per_byte if model.seconds_per_byte > 0 else float("inf")
+    return Link("loopback", bandwidth, model.latency_seconds / steps, 0.0, f"measured: {model.backend} all-reduce among {n} processes")
+
+
+# -- collectives from links ---------------------------------------------------------------------
+
+
+def ring_seconds(kind: str, message_bytes: float, processes: int, link: Link) -> float:
+    """One ring collective of `message_bytes` (the whole message) among `processes` on `link`."""
+    model = ring_model(kind, processes, link)
+    return model.latency_seconds + message_bytes * model.seconds_per_byte
+
+
+def ring_model(kind: str, processes: int, link: Link, backend: str = "nccl") -> CommModel:
+    """A ring collective as a line: (n−1)/n of the bytes per direction, 2× for an all-reduce."""
+    n = processes
+    passes = 2 if kind == "all_reduce" else 1
+    latency = link.base_latency_seconds + passes * (n - 1) * link.hop_latency_seconds
+    return CommModel(n, backend, latency, passes * (n - 1) / n / link.bandwidth_bytes_per_second)
+
+
+def hierarchical_model(kind: str, nodes: int, gpus_per_node: int, intra: Link, inter: Link, backend: str = "nccl") -> CommModel:
+    """Across nodes: reduce-scatter in each node, the collective between nodes on the 1/g of the
+    bytes each GPU holds, all-gather in each node (for an all-reduce); an all-gather gathers
+    between nodes then inside, a reduce-scatter the reverse. Latency: NCCL's base once."""
+    g, m = gpus_per_node, nodes
+    passes = 2 if kind == "all_reduce" else 1  # an all-reduce's two phases, inside the node and between nodes alike
+    latency = intra.base_latency_seconds + passes * ((g - 1) * intra.hop_latency_seconds + (m - 1) * inter.hop_latency_seconds)
+    per_byte = passes * ((g - 1) / g / intra.bandwidth_bytes_per_second + (m - 1) / m / g / inter.bandwidth_bytes_per_second)
+    return CommModel(m * g, backend, latency, per_byte)
+
+
+def collective_model(kind: str, interconnect: Interconnect, intra: Link, inter: Link | None = None, backend: str = "nccl") -> CommModel:
+    """One collective (all_reduce, all_gather, reduce_scatter) over a placed interconnect."""
+    nodes, gpus = interconnect.nodes or 1, interconnect.gpus_per_node or 1
+    if nodes == 1:
+        return ring_model(kind, gpus, intra, backend)
+    if inter is None:
+        raise BenchtrainError(f"interconnect {interconnect.word}: no figure for the network between nodes")
+    if gpus == 1:
+        return ring_model(kind, nodes, inter, backend)
+    return hierarchical_model(kind, nodes, gpus, intra, inter, backend)
+
+
+def analytic_collectives(
+    interconnect: Interconnect | str, processes: int, device_name: str, kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+) -> dict[str, dict[str, Any]]:
+    """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}
+    for `processes` of `device_name` over `interconnect`, in the shape stored collectives have
+    (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
+    placed = (parse_interconnect(interconnect) if isinstance(interconnect, str) else interconnect).placed(processes)
+    intra = link_figures(placed.kind, device_name)
+    inter = link_figures(placed.network, device_name) if placed.network else None
+    links = [intra.to_json()] + ([inter.to_json()] if inter is not None and placed.network != placed.kind else [])
+    return {
+        kind: {"fit": collective_model(kind, placed, intra, inter).to_json(), "source": "analytic", "interconnect": placed.word, "links": links}
+        for kind in kinds
+    }
+
+
+def is_analytic(collectives: dict[str, dict[str, Any]]) -> bool:
+    return any(entry.get("source") == "analytic" for entry in collectives.values())
+
+
+# -- overlap with backward ------------------------------------------------------------------------
+
+
+def overlap_bracket(comm_seconds: float, compute_seconds: float) -> tuple[float, float]:
+    """(exposed with full overlap, exposed with none) of `comm_seconds` of collectives running
+    beside a step of `compute_seconds`: full overlap hides them behind backward (BACKWARD_SHARE of
+    the compute) and shows only what is left; none shows all of it."""
+    return max(0.0, comm_seconds - BACKWARD_SHARE * compute_seconds), comm_seconds
+
+
+def bracket_estimate(low: float, high: float) -> float:
+    """The estimate inside an overlap bracket: its midpoint. Full overlap is out of reach (DDP's
+    last bucket, the first layers' gradients, is reduced after backward ends; FSDP's first gather
+    comes before any compute), none is the worst case, and nothing measured on a GPU yet says
+    where between; the upper bound, and the deadline, take none."""
+    return (low + high) / 2
