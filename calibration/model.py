@@ -71,10 +71,13 @@ class Calibration:
     @property
     def provenance(self) -> str:
         """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
-        (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), or "from FILE"."""
+        (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), "from FILE", or
+        "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
         from calibration.hub import hub_provenance
         from calibration.store import calibrations_dir, is_bundled
 
+        if self.translation is not None:  # a measurement of another device, not of this one
+            return f"translated from {self.translation['from_device']} by datasheet ratios"
         shared = hub_provenance(self.data)
         if shared is not None:
             return shared

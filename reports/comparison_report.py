@@ -25,7 +25,13 @@ def read_comparison(folder: Path) -> dict[str, Any]:
 
 
 def option_label(index: int, row: dict[str, Any]) -> str:
+    if row.get("machine"):  # a row of --consider: the machine and where its figures come from
+        return f"{index}. {row['machine']} ({row['kind']})"
     return f"{index}. {row['device']} × {row['world_size']}" + (" (predicted)" if row["source"] == "predicted" else "")
+
+
+def name_of(row: dict[str, Any]) -> str:
+    return str(row.get("machine") or row.get("reference") or row.get("calibration_id"))
 
 
 def write_comparison_report(folder: Path) -> Path:
@@ -42,7 +48,7 @@ def write_comparison_report(folder: Path) -> Path:
         cost = f" for ${best['cost']:,.2f}" if best["cost"] is not None else ""
         sections.append(
             verdict(
-                f"Recommended: {best.get('reference') or best['calibration_id']} on {best['device']} × {best['world_size']} — "
+                f"Recommended: {name_of(best)} on {best['device']} × {best['world_size']} — "
                 f"≈{format_duration(chosen['total_seconds'])}{cost}, meets the {format_duration(deadline)} deadline",
                 True,
             )
@@ -58,9 +64,9 @@ def write_comparison_report(folder: Path) -> Path:
                 "label": option_label(index, row),
                 "hours": row["plan"]["chosen"]["total_seconds"] / HOUR,
                 "low": row["plan"]["chosen"]["total_seconds_low"] / HOUR,
-                "high": row["plan"]["chosen"]["total_seconds_high"] / HOUR,
+                "high": row["plan"]["chosen"]["total_seconds_promised" if row.get("machine") else "total_seconds_high"] / HOUR,
                 "cost": row["cost"],
-                "predicted": row["source"] == "predicted",
+                "predicted": row.get("kind", row["source"]) in ("predicted", "translated"),
                 "recommended": row["recommended"],
             }
             for index, row in planned
@@ -71,7 +77,9 @@ def write_comparison_report(folder: Path) -> Path:
         title = f"{record['model']} ({record['method']}), priority {record['priority']}: {finding}"
         path = figures.time_vs_cost(options, deadline / HOUR, folder / "time_vs_cost.png", title)
         sections.append(section("Time vs cost", figure_grid([(path, "Estimated time (bars: bounds) against cost; the dashed line is the deadline")])))
-    notes = [*record.get("notes", []), *[f"{row['calibration_id']}: {row['problem']}" for row in rows if row.get("problem")]]
+    notes = [*record.get("notes", []), *[f"{name_of(row)}: {row['problem']}" for row in rows if row.get("problem")]]
+    notes += [f"{name_of(row)}: rests on {row['rests_on']}" for row in rows if row.get("rests_on") and row.get("plan")]
+    notes += [f"{name_of(row)}: settle with `{row['settle']}`" for row in rows if row.get("settle")]
     notes.append(f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)")
     sections.append(section("Notes", bullet_list(notes)))
     html_path = folder / "report.html"
@@ -86,6 +94,17 @@ def write_comparison_report(folder: Path) -> Path:
     return html_path
 
 
+def upper_key(row: dict[str, Any]) -> str:
+    """A --consider row is judged at the upper end its deadline is checked against."""
+    return "total_seconds_promised" if row.get("machine") else "total_seconds_high"
+
+
+def cost_cell(row: dict[str, Any]) -> str | float | None:
+    if row.get("cost_low") is not None and row.get("cost_upper") is not None:
+        return f"{row['cost_low']:,.2f} – {row['cost_upper']:,.2f}"
+    return None if row.get("cost") is None else round(row["cost"], 2)
+
+
 def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
     plan = row.get("plan")
     chosen = plan["chosen"] if plan else {}
@@ -93,18 +112,18 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
     compute = row.get("compute") or {}
     return {
         "#": f"{index}{' (recommended)' if row['recommended'] else ''}",
-        "calibration": row.get("reference") or row["calibration_id"],
+        "calibration": name_of(row),
         "device": row["device"],
         "processes": row["world_size"],
-        "source": row["source"],
+        "source": row.get("kind") or row["source"],
         "plan": (
             StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase
             if plan
             else row.get("problem")
         ),
         "time": format_duration(chosen["total_seconds"]) if plan else None,
-        "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen['total_seconds_high'])}" if plan else None,
-        "cost ($)": None if row["cost"] is None else round(row["cost"], 2),
+        "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen[upper_key(row)])}" if plan else None,
+        "cost ($)": cost_cell(row),
         "peak memory (GiB)": None if peak is None else round(peak / 2**30, 1),
         "headroom": None if row.get("memory_headroom") is None else f"{row['memory_headroom']:.0%}",
         "MFU": None if compute.get("mfu") is None else f"{compute['mfu']:.1%}",

@@ -24,6 +24,8 @@ EXAMPLES = """examples:
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
   train --use-calibration all,hub:my-org/gpu-calibrations --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # and what others measured
+  train --consider h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie --price-per-hour h100=2.5,h200=3.8,a100=1.2 \
+        --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which machine, before renting any
   train --data chats.jsonl --model llama-3.1-8b --lora --gradient-checkpointing auto --deadline 3h
   train --data chats.jsonl --model llama-3.1-8b --lora --deadline 3h     # --quantize/--optimizer auto: the fastest setup bench measured
   train --data chats.jsonl --model mistral-nemo-12b --lora --quantize 4bit --optimizer paged-adamw-8bit --deadline 6h   # QLoRA
@@ -70,6 +72,13 @@ def add_what_to_train(p: argparse.ArgumentParser) -> None:
         "or a bundled one (h100-llama-3.2-1b: a dry run plans for the device a calibration measured), or one shared on the hub "
         "(hub:ORG/NAME/ID, written by `bench push`); with --dry-run, A,B,C, all (the stored and bundled ones of this model and method) "
         "or hub:ORG/NAME (those of that hub repository) compares them: a row each, the cheapest that meets the deadline first",
+    )
+    p.add_argument(
+        "--consider",
+        metavar="DEVICE[:GPUS[:LINK]],…",
+        help="with --dry-run: one row per machine one might rent (h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie), each from the best "
+        "source among the calibrations (--use-calibration, default all): measured here, measured by someone (hub), predicted (collectives "
+        "by topology), translated (datasheet ratios, same vendor) or not plannable; time and cost bracketed, judged at the upper end",
     )
     p.add_argument(
         "--data",
@@ -267,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     args.command_line = list(argv)  # for the resume command printed after a stop
     from train.recipes.config import is_comparison
 
-    if is_comparison(args.use_calibration):
+    if getattr(args, "consider", None) and args.use_calibration is None:
+        args.use_calibration = "all"  # the machines are planned from every calibration there is
+    if is_comparison(args.use_calibration) or getattr(args, "consider", None):
         from train.compare_command import run_comparison
 
         return run_comparison(args, started)

@@ -1,5 +1,6 @@
 """`train --dry-run --use-calibration A,B,C|all`: the comparison (train.recipes.compare) as a table, as
-JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report)."""
+JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report); with
+`--consider MACHINES`, a row per machine (train.recipes.consider) in the same three forms."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import shlex
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from common.atomic import json_text
 from common.console import say
@@ -14,6 +16,7 @@ from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.recipes.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
 from train.recipes.config import TrainConfig
+from train.recipes.consider import consider, parse_machines
 
 GIB = 2**30
 
@@ -29,13 +32,17 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     method = config.method
     if process_layout(config.step_options, method)[0] > 1:
         raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
+    machines = parse_machines(config.consider) if config.consider else None  # a bad machine is said before the data loads
     spec = resolve_model(config.model)
     calibrations = select_calibrations(str(config.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
     spec = hub_weights(spec, dry_run=True)
     loaded = load_data(config, spec)
     tokenizer, profile = loaded.tokenizer, loaded.profile
     context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
-    comparison = compare(context, method, calibrations, detect_hardware(), profile)
+    if machines:
+        comparison = consider(context, method, calibrations, detect_hardware(), profile, machines)
+    else:
+        comparison = compare(context, method, calibrations, detect_hardware(), profile)
     report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
     if config.json:
         print(json_text(comparison.to_json()), flush=True)
@@ -73,6 +80,8 @@ def write_comparison(comparison: Comparison, out: str | None, model_name: str) -
 def describe_comparison(comparison: Comparison, command_line: list[str] | None = None) -> list[str]:
     """The table, a line per row's plan, what was predicted, and the recommendation."""
     rows = comparison.rows
+    if rows and rows[0].consider is not None:
+        return describe_machines(comparison, train_command(command_line, comparison.recommended) if comparison.recommended else None)
     usable = format_duration(max(0.0, comparison.available_seconds))
     lines = [
         f"{len(rows)} option(s) for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
@@ -101,6 +110,7 @@ HEADER = ["#", "calibration", "device", "×", "source", "time", "bounds", "cost"
 
 def cells(index: int, row: Row) -> list[str]:
     mark = f"{index}*" if row.recommended else str(index)
+    assert row.option is not None  # a comparison of calibrations: every row has one
     source = "predicted" if row.option.predicted else "measured"
     fixed = [mark, row.reference, row.device["name"], str(row.processes), source]
     if row.plan is None:
@@ -122,7 +132,7 @@ def table(lines: list[list[str]]) -> list[str]:
 
 
 def row_plan(row: Row) -> str:
-    if row.plan is None:
+    if row.plan is None or row.option is None:
         return f"no plan: {row.problem}"
     chosen = row.plan.chosen
     price = f"; ${row.price_per_hour:,.2f} per device-hour × {row.processes}" if row.price_per_hour is not None else ""
@@ -151,11 +161,74 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
             continue
         if token in ("--dry-run", "--json"):
             continue
-        if token in ("--use-calibration", "--out"):
+        if token in ("--use-calibration", "--out", "--consider"):
             skip = True
             continue
-        if token.startswith(("--use-calibration=", "--out=")):
+        if token.startswith(("--use-calibration=", "--out=", "--consider=")):
             continue
         kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
     return shlex.join([*launcher, "--use-calibration", row.reference, *kept])
+
+
+# -- `--consider`: a row per machine (train.recipes.consider) --------------------------------
+
+
+MACHINE_HEADER = ["#", "machine", "source", "time (low – upper)", "cost (low – upper)", "peak memory", "deadline", ""]
+
+
+def describe_machines(comparison: Any, train_command: str | None) -> list[str]:
+    """The table, what each row rests on and what would settle it, and the recommendation."""
+    rows = comparison.rows
+    usable = format_duration(max(0.0, comparison.available_seconds))
+    lines = [
+        f"{len(rows)} machine(s) for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
+        f"deadline {format_duration(comparison.deadline_seconds)} ({usable} usable), ranked by {comparison.ranked_by} at the upper end:",
+        *table([MACHINE_HEADER, *[machine_cells(index, row) for index, row in enumerate(rows, 1)]]),
+    ]
+    for index, row in enumerate(rows, 1):
+        lines.append(f"  {index}: {machine_text(row)}")
+        if row.consider.settle:
+            cost = f" (≈ ${row.consider.settle_cost:,.2f})" if row.consider.settle_cost is not None else ""
+            lines.append(f"     settle with: {row.consider.settle}{cost}")
+    lines += [f"  note: {note}" for note in comparison.notes]
+    best = comparison.recommended
+    if best is None:
+        return lines
+    rivals = [str(index) for index, row in enumerate(rows, 1) if row.consider.could_overtake]
+    cost = cost_text(best)
+    lines.append(f"recommended: 1, {best.consider.machine} ({best.consider.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}")
+    if rivals:
+        lines.append(f"  could overtake it within their brackets: {', '.join(rivals)} (measure them to know)")
+    if best.consider.settle:
+        lines.append(f"  not measured: run `{best.consider.settle}` on it first, then train with --use-calibration latest")
+    elif train_command:
+        lines.append(f"  train it there with: {train_command}")
+    return lines
+
+
+def machine_cells(index: int, row: Any) -> list[str]:
+    mark = f"{index}*" if row.recommended else str(index)
+    fixed = [mark, row.consider.machine, row.consider.kind]
+    if row.plan is None:
+        return [*fixed, "–", "–", "–", "no plan", ""]
+    chosen = row.plan.chosen
+    time = f"{format_duration(chosen.total_seconds_low)} – {format_duration(chosen.total_seconds_promised)}"
+    memory = "–" if chosen.peak_memory_bytes is None else f"{chosen.peak_memory_bytes / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB"
+    deadline = "meets" if row.meets_deadline else "MISSES"
+    return [*fixed, time, cost_text(row) or "–", memory, deadline, "could overtake" if row.consider.could_overtake else ""]
+
+
+def cost_text(row: Any) -> str:
+    from train.recipes.consider import cost_bracket
+
+    costs = cost_bracket(row)
+    return f"${costs[0]:,.2f} – ${costs[1]:,.2f}" if costs else ""
+
+
+def machine_text(row: Any) -> str:
+    if row.plan is None:
+        return f"no plan: {row.problem}"
+    chosen = row.plan.chosen
+    price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
+    return f"{chosen.label()}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.consider.rests_on}"

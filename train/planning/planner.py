@@ -275,7 +275,9 @@ def evaluate(
     # Lengths from a sample: the steps' tokens are known within the sample's interval.
     sampled = 1 + request.data_uncertainty
     # The collectives are absolute seconds beside the calibration's compute: its bound does not widen them.
-    candidate.total_seconds_low = compute_seconds / (1 + bound) / sampled + comm_low + candidate.overhead_seconds
+    # A translated calibration's bracket reaches further one way than the other (Calibration.bounds_for).
+    lower = calibration.bounds_for(config)[0]
+    candidate.total_seconds_low = compute_seconds / (1 + lower) / sampled + comm_low + candidate.overhead_seconds
     candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
     candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds

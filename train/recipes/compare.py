@@ -39,7 +39,7 @@ COMMUNICATION_BRACKET = (
 
 @dataclass
 class Row:
-    option: Option
+    option: Option | None  # None: a machine considered with no calibration to plan it from (`problem` says why)
     device: dict[str, Any]
     price_per_hour: float | None = None
     placement: Placement | None = None
@@ -49,10 +49,11 @@ class Row:
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)
     warnings: list[str] = field(default_factory=list)
     recommended: bool = False
+    consider: Consideration | None = None  # a row of `--consider` (train.recipes.consider)
 
     @property
     def calibration_id(self) -> str:
-        return self.option.calibration.id
+        return self.option.calibration.id if self.option is not None else "–"
 
     @property
     def reference(self) -> str:
@@ -60,6 +61,8 @@ class Row:
         from calibration.hub import hub_reference
         from calibration.store import calibrations_dir, is_bundled
 
+        if self.option is None:
+            return "–"
         shared = hub_reference(self.option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
         if shared is not None:
             return shared
@@ -70,7 +73,7 @@ class Row:
 
     @property
     def processes(self) -> int:
-        return self.option.world_size
+        return self.option.world_size if self.option is not None else self.consider.processes if self.consider else 1
 
     @property
     def cost(self) -> float | None:
@@ -87,6 +90,9 @@ class Row:
         return None if peak is None else 1 - peak / float(self.device["memory_bytes"])
 
     def to_json(self) -> dict[str, Any]:
+        if self.option is None:
+            bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
+            return {**bare, **self.considered()}
         cal = self.option.calibration
         if self.plan is not None and self.placement is not None:
             data = plan_json(cal, self.plan, self.placement, self.communication, self.compute)
@@ -112,9 +118,43 @@ class Row:
                 "problem": self.problem,
                 "warnings": self.warnings,
                 "recommended": self.recommended,
+                **self.considered(),
             }
         )
         return data
+
+    def considered(self) -> dict[str, Any]:
+        return self.consider.to_json() if self.consider is not None else {}
+
+
+@dataclass
+class Consideration:
+    """What a `--consider` row adds (train.recipes.consider): the machine, where its figures come
+    from, and for a row nobody measured, the bench run that would settle it."""
+
+    machine: str  # 2×H100 SXM nvlink
+    processes: int
+    kind: str  # measured here | measured by someone | predicted | translated | not plannable
+    rests_on: str = ""
+    settle: str | None = None
+    settle_seconds: float = 0.0
+    settle_cost: float | None = None
+    could_overtake: bool = False
+    cost_low: float | None = None  # the cost at the time bracket's ends (train.recipes.consider.cost_bracket)
+    cost_upper: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "machine": self.machine,
+            "kind": self.kind,
+            "rests_on": self.rests_on,
+            "settle": self.settle,
+            "settle_seconds": self.settle_seconds,
+            "settle_cost": self.settle_cost,
+            "could_overtake": self.could_overtake,
+            "cost_low": self.cost_low,
+            "cost_upper": self.cost_upper,
+        }
 
 
 @dataclass

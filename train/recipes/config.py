@@ -55,6 +55,7 @@ class TrainConfig:
     data: str
     deadline: str
     use_calibration: str | None = None
+    consider: str | None = None  # --consider: machines to plan (train.recipes.consider); a dry run
     model: str = "tiny"
     tokenizer: str | None = None
     epochs: float = 1.0
@@ -161,6 +162,8 @@ class TrainConfig:
         self._check_push()
         if self.json and not self.dry_run:
             raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
+        if self.consider and not self.dry_run:
+            raise BenchtrainError(f"--consider {self.consider} plans machines you have not rented, which is a dry run: add --dry-run")
         if self.comparing and not self.dry_run:
             raise BenchtrainError(
                 f"--use-calibration {self.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
@@ -176,7 +179,7 @@ class TrainConfig:
 
     @property
     def comparing(self) -> bool:
-        return is_comparison(self.use_calibration)
+        return is_comparison(self.use_calibration) or bool(self.consider)
 
     def _check_push(self) -> None:
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
