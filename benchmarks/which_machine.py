@@ -2,6 +2,8 @@
 
     python benchmarks/which_machine.py                       # 8,000 chats × ≈500 tokens, 3 epochs, 12 h
     python benchmarks/which_machine.py --use-calibration h100-llama-3.2-1b,my-h200.json --price-per-hour h100=2.5,h200=3.8
+    python benchmarks/which_machine.py --samples 600000 --deadline 24h --consider h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie \
+        --price-per-hour h100=2.5,h200=3.8,a100=1.2        # the seeds' question, before renting any (README)
 
 Writes 8,000 synthetic chats (messages format; a user turn and an assistant turn, ≈500 tokens of
 the byte-level tokenizer each once rendered with the chat template) into a temporary folder and
@@ -49,6 +51,7 @@ def main() -> int:
     parser.add_argument("--model", default="llama-3.2-1b")
     parser.add_argument("--epochs", default="3")
     parser.add_argument("--deadline", default="12h")
+    parser.add_argument("--consider", help="machines to plan (train --consider): h100:1,h100:2:nvlink,…")
     parser.add_argument("extra", nargs="*", help="more train options (after --)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="which-machine-") as folder:
@@ -58,6 +61,8 @@ def main() -> int:
             "train", "--dry-run", "--use-calibration", args.use_calibration, "--model", args.model, "--data", str(data),
             "--epochs", args.epochs, "--deadline", args.deadline, "--price-per-hour", args.price_per_hour, *args.extra,
         ]  # fmt: skip
+        if args.consider:
+            command += ["--consider", args.consider]
         print("$ " + " ".join(command).replace(str(data), "chats.jsonl"), flush=True)
         environment = {**os.environ, "BENCHTRAIN_HOME": str(Path(folder) / "home")}
         result = subprocess.run([sys.executable, "-m", "train", *command[1:]], env=environment, check=False, capture_output=True, text=True)
