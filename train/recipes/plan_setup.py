@@ -1,6 +1,6 @@
 """What a plan is made for: the device (this machine's, or in a dry run the calibration's), the
 processes and what their communication adds, the price, the data; and the planner's request
-from them. Shared by a `train` command (train.recipes.session) and a comparison of calibrations
+from them. Shared by a `train` command (train.recipes.recipe) and a comparison of calibrations
 (train.recipes.compare), so that both plan alike."""
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def check_same_data(previous: dict[str, Any], loaded: Any, force: bool) -> str |
     elif known is not None and loaded.prepared.exact:
         same = known == data_fingerprint(data)
     elif not loaded.prepared.exact:
-        same = True  # an older run, and data profiled from a sample: checked once tokenized (train_planned)
+        same = True  # an older run, and data profiled from a sample: checked once tokenized (train.recipes.recipe: TrainRecipe._with_exact_data)
     else:  # a run recorded before the fingerprint: its length profile
         earlier = before.get("profile") or {}
         same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
