@@ -82,12 +82,7 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     rows = comparison.rows
     if rows and rows[0].consider is not None:
         return describe_machines(comparison, train_command(command_line, comparison.recommended) if comparison.recommended else None)
-    usable = format_duration(max(0.0, comparison.available_seconds))
-    lines = [
-        f"{len(rows)} option(s) for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
-        f"deadline {format_duration(comparison.deadline_seconds)} ({usable} usable), ranked by {comparison.ranked_by}:",
-        *table([HEADER, *[cells(index, row) for index, row in enumerate(rows, 1)]]),
-    ]
+    lines = [heading(comparison, "option(s)", ":"), *table([HEADER, *[cells(index, row) for index, row in enumerate(rows, 1)]])]
     for index, row in enumerate(rows, 1):
         lines.append(f"  {index}: {row_plan(row)}")
     for note in comparison.notes:
@@ -103,6 +98,14 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     if command:
         lines.append(f"  train it there with: {command}")
     return lines
+
+
+def heading(comparison: Comparison, noun: str, end: str) -> str:
+    usable = format_duration(max(0.0, comparison.available_seconds))
+    return (
+        f"{len(comparison.rows)} {noun} for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
+        f"deadline {format_duration(comparison.deadline_seconds)} ({usable} usable), ranked by {comparison.ranked_by}{end}"
+    )
 
 
 HEADER = ["#", "calibration", "device", "×", "source", "time", "bounds", "cost", "peak memory (headroom)", "MFU", "deadline"]
@@ -180,12 +183,8 @@ MACHINE_HEADER = ["#", "machine", "source", "time (low – upper)", "cost (low �
 def describe_machines(comparison: Any, train_command: str | None) -> list[str]:
     """The table, what each row rests on and what would settle it, and the recommendation."""
     rows = comparison.rows
-    usable = format_duration(max(0.0, comparison.available_seconds))
-    lines = [
-        f"{len(rows)} machine(s) for {comparison.model} ({comparison.method}), priority {comparison.priority}, "
-        f"deadline {format_duration(comparison.deadline_seconds)} ({usable} usable), ranked by {comparison.ranked_by} at the upper end:",
-        *table([MACHINE_HEADER, *[machine_cells(index, row) for index, row in enumerate(rows, 1)]]),
-    ]
+    cells_of = [machine_cells(index, row) for index, row in enumerate(rows, 1)]
+    lines = [heading(comparison, "machine(s)", " at the upper end:"), *table([MACHINE_HEADER, *cells_of])]
     for index, row in enumerate(rows, 1):
         lines.append(f"  {index}: {machine_text(row)}")
         if row.consider.settle:

@@ -21,6 +21,7 @@ Computation only: rows and their ranking; train.compare_command prints them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,9 +321,15 @@ def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, 
 def rank(rows: list[Row], by_cost: bool) -> list[Row]:
     """Rows that meet the deadline by cost (or time without prices), ties by time; then those that
     do not, closest first; then those with no plan. The first that meets it is recommended."""
+    return rank_by(rows, lambda row: (row.cost if by_cost else 0.0, row.plan.chosen.total_seconds), lambda row: row.plan.chosen.total_seconds_promised)
+
+
+def rank_by(rows: list[Row], meeting_key: Callable[[Row], Any], missing_key: Callable[[Row], Any]) -> list[Row]:
+    """Rows that meet the deadline ordered by `meeting_key`, then those that do not by
+    `missing_key`, then those with no plan; the first that meets it is recommended."""
     planned = [row for row in rows if row.plan is not None]
-    meeting = sorted((row for row in planned if row.meets_deadline), key=lambda row: (row.cost if by_cost else 0.0, row.plan.chosen.total_seconds))
-    missing = sorted((row for row in planned if not row.meets_deadline), key=lambda row: row.plan.chosen.total_seconds_promised)
+    meeting = sorted((row for row in planned if row.meets_deadline), key=meeting_key)
+    missing = sorted((row for row in planned if not row.meets_deadline), key=missing_key)
     ranked = meeting + missing + [row for row in rows if row.plan is None]
     for row in ranked:
         row.recommended = False

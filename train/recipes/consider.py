@@ -225,21 +225,14 @@ def cost_bracket(row: Any) -> tuple[float, float] | None:
 def rank_at_upper_end(rows: list[Any], by_cost: bool) -> list[Any]:
     """Rows that meet the deadline at their upper end, cheapest at that end first (fastest without
     prices); then the others, closest first; then those with no plan. The first is recommended."""
-    planned = [row for row in rows if row.plan is not None]
+    from train.recipes.compare import rank_by
 
     def upper(row: Any) -> tuple[float, float]:
         costs, seconds = cost_bracket(row), bracket(row)
         assert seconds is not None
         return ((costs[1] if costs else 0.0) if by_cost else 0.0), seconds[1]
 
-    meeting = sorted((row for row in planned if row.meets_deadline), key=upper)
-    missing = sorted((row for row in planned if not row.meets_deadline), key=lambda row: upper(row)[1])
-    ranked = meeting + missing + [row for row in rows if row.plan is None]
-    for row in ranked:
-        row.recommended = False
-    if meeting:
-        meeting[0].recommended = True
-    return ranked
+    return rank_by(rows, upper, lambda row: upper(row)[1])
 
 
 def could_overtake(rows: list[Any], available_seconds: float, by_cost: bool) -> list[Any]:
