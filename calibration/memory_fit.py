@@ -82,6 +82,13 @@ class MemoryModel:
     def kind(self) -> str:
         return "physical+floor" if self.coefficients.get("optimizer_floor", 0.0) > 0 else "physical"
 
+    def with_gradient_shards(self, shards: int) -> MemoryModel:
+        """This model for an FSDP process of `shards` planned from a 1-process calibration: what it
+        holds while accumulating is its shard of the gradients (the rest of the sharding is the
+        plan's memory offset: train.recipes.plan_setup)."""
+        held = self.coefficients["accumulated_gradients"] / max(1, shards)
+        return MemoryModel({**self.coefficients, "accumulated_gradients": held}, self.basis, self.non_torch_bytes)
+
 
 def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False, gradient_bytes: float = 0.0) -> MemoryModel:
     """The linear form by robust NNLS; with `floor`, the max form refined from it. Accumulation holds

@@ -8,6 +8,7 @@ throughput` estimate is computed for comparison only.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -66,6 +67,8 @@ class PlanRequest:
     # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
     # a 1-process calibration, train.planning.memory_check.MemoryNeed.per_process_bytes).
     memory_offset_bytes: float = 0.0
+    # FSDP processes planned from a 1-process calibration: each accumulates its 1/N of the gradients.
+    gradient_shards: int = 1
     # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
     export_bytes: int = 0
     # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
@@ -328,7 +331,19 @@ def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candi
     return len(data.lengths) * mean_tokens * epochs / best
 
 
+def sharded_view(calibration: Calibration, gradient_shards: int) -> Calibration:
+    """The calibration as an FSDP process of `gradient_shards` planned from one process sees it:
+    a view whose memory model accumulates that process's shard of the gradients."""
+    if gradient_shards <= 1 or calibration.memory is None:
+        return calibration
+    memory = calibration.memory.with_gradient_shards(gradient_shards)
+    view = copy.copy(calibration)
+    view.memory = memory
+    return view
+
+
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
+    calibration = sharded_view(calibration, request.gradient_shards)
     # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
     units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))

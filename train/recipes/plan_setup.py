@@ -209,9 +209,10 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
 
     device_type = placement.device.hardware["device_type"]
     # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
-    memory_offset = 0.0
+    memory_offset, gradient_shards = 0.0, 1
     if cal.world_size == 1 and placement.sharding == "fsdp":
         memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
+        gradient_shards = placement.world_size
     # On CPU this process's own libraries and data beyond the bench process's, measured now (its
     # data loaded, its model not yet built).
     memory_offset += host_excess_bytes(cal.hardware, device_type)
@@ -241,6 +242,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         comm_seconds_per_step=placement.comm_seconds[0],
         comm_seconds_per_micro_step=placement.comm_seconds[1],
         memory_offset_bytes=memory_offset,
+        gradient_shards=gradient_shards,
         export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
         upload_seconds=planned_upload_seconds(config, need, method, device_type),
         comm_overlap=placement.comm_overlap,
