@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from common.durations import format_duration
 
 
@@ -47,10 +48,10 @@ ERROR_LABEL = "estimate error % (+ = took longer than estimated)"
 # live speed, is shown beside it.
 
 STOP_REASONS = {
-    "completed": "completed: every planned step ran",
-    "step_limit": "reached its step limit",
-    "stopped_for_deadline": "stopped by the deadline guard: at the live speed the rest would have missed the deadline",
-    "interrupted": "interrupted",
+    COMPLETED: "completed: every planned step ran",
+    STEP_LIMIT: "reached its step limit",
+    STOPPED_FOR_DEADLINE: "stopped by the deadline guard: at the live speed the rest would have missed the deadline",
+    INTERRUPTED: "interrupted",
 }
 SIGNAL_NAMES = {2: "SIGINT, Ctrl-C", 15: "SIGTERM"}
 
@@ -178,11 +179,11 @@ def evaluations_run(record: dict[str, Any], start: int) -> int:
 
 
 def stop_reason(status: str, actual: dict[str, Any], record: dict[str, Any]) -> str:
-    if status == "interrupted" and actual.get("exit_signal") is not None:
+    if status == INTERRUPTED and actual.get("exit_signal") is not None:
         number = int(actual["exit_signal"])
         return f"interrupted ({SIGNAL_NAMES.get(number, f'signal {number}')})"
-    if status == "step_limit":
-        if actual.get("shrunk_to") is not None:
+    if status == STEP_LIMIT:
+        if actual.get("shrunk_to") is not None:  # only the guard's shrink sets it
             return f"shrunk by the deadline guard to {actual['shrunk_to']:,} steps (--on-overrun shrink)"
         planned = (record.get("plan") or {}).get("step_limit")
         return f"reached the plan's step limit{f' of {planned:,}' if planned else ''} (--max-steps or --fit-deadline)"

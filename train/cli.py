@@ -163,12 +163,9 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed)",
     )
-    p.add_argument(
-        "--on-overrun",
-        default="stop",
-        choices=("stop", "shrink", "warn"),
-        help="when live speed says the deadline will be missed: checkpoint and stop (default), shrink the remaining steps, or warn",
-    )
+    from train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
+
+    p.add_argument("--on-overrun", default=DEFAULT_OVERRUN_ACTION, choices=tuple(OVERRUN_ACTIONS), help=overrun_help())
     p.add_argument(
         "--fit-deadline",
         action="store_true",

@@ -7,6 +7,7 @@ from typing import Any
 
 from calibration.accuracy import check_estimate, describe_check
 from calibration.memory_fit import device_peak_bytes
+from calibration.run_status import STOPPED_EARLY
 from calibration.translate import describe_translation
 from common.durations import format_duration
 from common.run_paths import run_path
@@ -163,7 +164,7 @@ def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | 
         )
     if report_path:
         lines.append(f"  report: {report_path}")
-    if actual["status"] in ("interrupted", "stopped_for_deadline"):
+    if actual["status"] in STOPPED_EARLY:
         checkpoint = actual.get("last_checkpoint")
         if checkpoint and resume_command:
             lines.append(f"checkpoint saved ({Path(checkpoint).name}); resume with: {resume_command}")

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.run_status import INTERRUPTED, STOPPED_EARLY
 from common.atomic import json_text
 from common.console import is_main_process, say
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
@@ -397,7 +398,7 @@ class TrainRecipe:
             report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
             resume = resume_command(self.command_line, record.out_dir, run.placement.world_size)
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
-        if self.trained.loop.status == "interrupted":
+        if self.trained.loop.status == INTERRUPTED:
             return EXIT_INTERRUPTED
         return EXIT_PUSH_FAILED if (self.record.data.get("push") or {}).get("status") == "failed" else EXIT_OK
 
@@ -411,10 +412,6 @@ class TrainRecipe:
     def cleanup(self) -> None:
         """The run folder's lock released (whether the run finished or failed)."""
         self._held.close()
-
-
-# Runs that stopped before their planned end leave a final/ of their last state, marked partial.
-PARTIAL_STATUSES = ("stopped_for_deadline", "interrupted")
 
 
 def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
@@ -431,5 +428,5 @@ def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: boo
 
     model = loop.accelerator.unwrap_model(loop.model)
     final = export_final(out_dir, model, tokenizer, loop.spec, loop.method, merge_lora, full_weights)
-    final["partial"] = status in PARTIAL_STATUSES
+    final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state
     return final

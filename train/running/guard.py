@@ -8,9 +8,14 @@ steady speed — and projects the finish: elapsed + remaining × ratio + the res
 checkpoint, export, evaluation, report). Then:
 
 - continue, while the projection is inside the budget (deadline − margin);
-- shrink (`--on-overrun shrink`): cut the step limit to what fits at the live speed;
-- stop (`--on-overrun stop`, default): at the last moment that still leaves time for one more step
-  and the reserve, stop; `warn` only warns.
+- otherwise what `--on-overrun` says, one entry of OVERRUN_ACTIONS: shrink (cut the step limit to
+  what fits at the live speed), stop (default: at the last moment that still leaves time for one
+  more step and the reserve, stop), warn (only warn).
+
+Each action carries all that its readers need — its CLI word and help phrase, what the guard says
+and asks of the loop (a Move), the status words a run ends with — so adding one is one entry in
+OVERRUN_ACTIONS: the CLI's choices and help, the guard and the loop read them from there. The
+status words themselves are run.json's, in calibration.run_status.
 
 A warning is said once per change of state (on track → over budget → back on track), not on
 every step, and the state has hysteresis: once over budget, the run is back on track only when the
@@ -24,15 +29,79 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 
+from calibration.run_status import INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from train.planning.deadline import Deadline
 
-OVERRUN_ACTIONS = ("stop", "shrink", "warn")
 WINDOW_STEPS = 20
 NEXT_STEP_SAFETY = 1.5  # the next step may take this much longer than the slowest recent one
 # Over budget → back on track only with this share of the time left before the budget to spare.
 HYSTERESIS_FRACTION = 0.05
 ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
+
+
+class Move(Enum):
+    """What the loop does after a step (the guard's Verdict.move), weakest first: the processes
+    agree on the strongest any of them asks (`strength`, agreed with "max"), so that all of them
+    checkpoint or stop together."""
+
+    CONTINUE = "continue"
+    SHRINK = "shrink"  # the step limit was cut (Verdict.limit); the run ends there, STEP_LIMIT
+    CHECKPOINT = "checkpoint"  # save a checkpoint now and go on
+    STOP = "stop"  # checkpoint and stop: STOPPED_FOR_DEADLINE
+    INTERRUPT = "interrupt"  # not the guard's: SIGINT/SIGTERM, checkpoint and stop: INTERRUPTED
+
+    @property
+    def strength(self) -> int:
+        return list(Move).index(self)
+
+    @staticmethod
+    def of_strength(strength: int) -> Move:
+        return list(Move)[strength]
+
+    @property
+    def status(self) -> str | None:
+        """The status word the run ends with after this move (None: it goes on)."""
+        return {Move.STOP: STOPPED_FOR_DEADLINE, Move.INTERRUPT: INTERRUPTED}.get(self)
+
+
+@dataclass(frozen=True)
+class OverrunAction:
+    """One `--on-overrun` choice: what the guard does once the projection passes the budget."""
+
+    word: str  # --on-overrun WORD (GuardSettings.on_overrun, run.json's config.on_overrun)
+    help: str  # its phrase in --on-overrun's help
+    then: str  # what the guard says it does about being over budget (the warning, the live line, the log)
+    # What the guard asks of the loop as the projection passes the budget: SHRINK at every step
+    # over it (the live speed moves), any other move once per change of state.
+    when_over: Move = Move.CONTINUE
+    stops: bool = True  # stop at the last safe moment (the run checkpointed, STOPPED_FOR_DEADLINE)
+
+    @property
+    def ends_with(self) -> tuple[str, ...]:
+        """The status words the guard may end a run with under this action (run.json's actual.status)."""
+        words = [STEP_LIMIT if self.when_over is Move.SHRINK else self.when_over.status, STOPPED_FOR_DEADLINE if self.stops else None]
+        return tuple(dict.fromkeys(word for word in words if word))
+
+
+DEFAULT_OVERRUN_ACTION = "stop"
+# --on-overrun's choices, in the order its help lists them.
+OVERRUN_ACTIONS: dict[str, OverrunAction] = {
+    action.word: action
+    for action in (
+        OverrunAction("stop", "checkpoint and stop", "will checkpoint and stop at the last safe moment"),
+        OverrunAction("shrink", "shrink the remaining steps", "shrinking", when_over=Move.SHRINK),
+        OverrunAction("warn", "warn", "continuing (--on-overrun warn)", stops=False),
+    )
+}
+
+
+def overrun_help() -> str:
+    """--on-overrun's help: each action's phrase, the default marked."""
+    phrases = [f"{action.help} (default)" if word == DEFAULT_OVERRUN_ACTION else action.help for word, action in OVERRUN_ACTIONS.items()]
+    listed = f"{', '.join(phrases[:-1])}, or {phrases[-1]}" if len(phrases) > 1 else phrases[0]
+    return f"when live speed says the deadline will be missed: {listed}"
 
 
 @dataclass(frozen=True)
@@ -41,7 +110,7 @@ class GuardSettings:
 
     deadline: Deadline
     reserve_seconds: float  # what must still fit after the last step
-    on_overrun: str = "stop"
+    on_overrun: str = DEFAULT_OVERRUN_ACTION  # a word of OVERRUN_ACTIONS
     warmup_steps: int = 1
     # The periodic checkpoints and evaluations the plan puts between the steps, per second of
     # steps: the steps left bring theirs with them (the projection and a shrink count them).
@@ -49,7 +118,11 @@ class GuardSettings:
 
     def __post_init__(self) -> None:
         if self.on_overrun not in OVERRUN_ACTIONS:
-            raise ValueError(f"on_overrun must be one of {OVERRUN_ACTIONS}")
+            raise ValueError(f"on_overrun must be one of {tuple(OVERRUN_ACTIONS)}")
+
+    @property
+    def action(self) -> OverrunAction:
+        return OVERRUN_ACTIONS[self.on_overrun]
 
     @property
     def budget_seconds(self) -> float:
@@ -58,7 +131,7 @@ class GuardSettings:
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # continue | shrink | stop
+    move: Move  # what the loop does now: CONTINUE | SHRINK | CHECKPOINT | STOP
     limit: int  # the step limit from now on
     projected_finish: float  # seconds from the command's start
     ratio: float  # actual / predicted step time over the window
@@ -66,6 +139,11 @@ class Verdict:
     state: str = ON_TRACK  # WARMING_UP (no live speed yet) | ON_TRACK | OVER_BUDGET, with hysteresis
     budget_seconds: float = 0.0  # deadline − margin, from the command's start
     then: str = ""  # what the guard does about being over budget
+
+    @property
+    def action(self) -> str:
+        """The move's word: continue | shrink | checkpoint | stop."""
+        return self.move.value
 
     @property
     def summary(self) -> str:
@@ -104,27 +182,28 @@ class DeadlineGuard:
         ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
         projected = elapsed + remaining_predicted * ratio * (1 + s.periodic_share) + pending_compile_seconds + s.reserve_seconds
         message = None
-        action = "continue"
+        move, action = Move.CONTINUE, s.action
         over = self.seen > s.warmup_steps and self._over_budget(projected, elapsed)
-        then = {"stop": "will checkpoint and stop at the last safe moment", "warn": "continuing (--on-overrun warn)", "shrink": "shrinking"}[s.on_overrun]
-        if over and s.on_overrun == "shrink":
+        then = action.then
+        if over and action.when_over is Move.SHRINK:
             per_step = sum(a for a, _ in self.window) / len(self.window) * (1 + s.periodic_share)
             room = s.budget_seconds - elapsed - s.reserve_seconds
             new_limit = step + max(0, math.floor(room / per_step))
             if new_limit < self.limit:
                 self.limit = new_limit
-                action = "shrink"
+                move = Move.SHRINK
                 message = f"step {step}: projected finish {projected:.0f}s > {s.budget_seconds:.0f}s budget at the live speed; shrinking to {new_limit} steps"
             then = f"shrunk to {self.limit} steps"
         elif over and not self.over_budget:
             message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {s.budget_seconds:.0f}s; {then}"
-        elif not over and self.over_budget and s.on_overrun != "shrink":
+            move = action.when_over
+        elif not over and self.over_budget and action.when_over is not Move.SHRINK:
             message = f"step {step}: back on track, projected finish {projected:.0f}s of {s.budget_seconds:.0f}s"
         self.over_budget = over
-        if s.on_overrun != "warn" and step < self.limit and elapsed > self.last_safe_moment():
-            action = "stop"
+        if action.stops and step < self.limit and elapsed > self.last_safe_moment():
+            move = Move.STOP
         state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
-        return Verdict(action, self.limit, projected, ratio, message, state, s.budget_seconds, then)
+        return Verdict(move, self.limit, projected, ratio, message, state, s.budget_seconds, then)
 
     def _over_budget(self, projected: float, elapsed: float) -> bool:
         """Over budget past the budget; back on track only with a margin to spare (hysteresis)."""

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from calibration.model import Calibration
+from calibration.run_status import COMPLETED, STEP_LIMIT
 from train.planning.planner import Candidate
 from train.running import trackers
 from train.running.cadence import Every
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
-from train.running.guard import DeadlineGuard, GuardSettings, Verdict
+from train.running.guard import DeadlineGuard, GuardSettings, Move, Verdict
 from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, ModelToTrain, Position, StopSignals, TrainingData
 from train.step import metrics
 from train.step.evaluation import EvalSchedule
@@ -123,7 +124,7 @@ class TrainingRun:
         self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
             with StopSignals() as self.signals:
-                while position.epoch < math.ceil(self.settings.epochs) and self.status == "completed":
+                while position.epoch < math.ceil(self.settings.epochs) and self.status == COMPLETED:
                     self._run_epoch(position)
                 self._finish(position)
         finally:
@@ -136,7 +137,8 @@ class TrainingRun:
     def _start(self, position: Position, resumed_from: str | None) -> None:
         """The run's state before its first step: status, step limit, guard, cadences, live line."""
         s, c = self.settings, self.chosen
-        self.start_step, self.status, self.last_checkpoint = position.step, "completed", resumed_from
+        self.start_step, self.status, self.last_checkpoint = position.step, COMPLETED, resumed_from
+        self.checkpoint_asked = False  # the guard's Move.CHECKPOINT, agreed by every rank
         self.checkpoint_times: list[float] = []
         now = time.monotonic()
         self.log_every, self.checkpoint_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(s.checkpoint_interval_seconds, now), Every(None, now)
@@ -155,9 +157,9 @@ class TrainingRun:
         elapsed_predicted = np.concatenate(([0.0], np.cumsum(predicted)))  # running totals for the guard
         loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
         iterator = iter(loader)
-        while position.batch_in_epoch < len(batches) and self.status == "completed":
+        while position.batch_in_epoch < len(batches) and self.status == COMPLETED:
             if position.step >= self.limit:
-                self.status = "step_limit"
+                self.status = STEP_LIMIT
                 break
             step_index = position.batch_in_epoch // c.grad_accum
             step_predicted = float(predicted[step_index])
@@ -165,7 +167,7 @@ class TrainingRun:
             remaining_predicted = float(self._remaining_predicted(position, elapsed_predicted, step_index, self.limit))
             self._after_step(position, result, now, step_predicted, remaining_predicted)
         del iterator, loader
-        if self.status == "completed" and position.batch_in_epoch >= len(batches):
+        if self.status == COMPLETED and position.batch_in_epoch >= len(batches):
             position.epoch += 1
             position.batch_in_epoch = 0
 
@@ -202,7 +204,7 @@ class TrainingRun:
             self.progress.update(1)
             self.progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
         self._track_step(position, result, verdict.projected_finish - elapsed)
-        if self.log_every.due(now) or self.status != "completed":
+        if self.log_every.due(now) or self.status != COMPLETED:
             self.log_every.done(now)
             position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
             self._log(self.progress, position, now, verdict)
@@ -211,38 +213,38 @@ class TrainingRun:
         self._checkpoint_if_due(position, now)
 
     def _heed(self, verdict: Verdict) -> None:
-        """Say a change of state once; every rank agrees to stop (for the deadline or a signal) and
-        on the step limit."""
+        """Say a change of state once; every rank agrees on the strongest move any asks (a signal
+        outranks the guard) and on the step limit."""
         if verdict.message:
             self.events.append(verdict.message)
             if self.progress is not None:
                 self.progress.write(f"deadline: {verdict.message}")
-        stop_code = 2 if self.signals.received is not None else (1 if verdict.action == "stop" else 0)
-        stop_code = agree(self.accelerator, stop_code, "max")
+        asked = Move.INTERRUPT if self.signals.received is not None else verdict.move
+        move = Move.of_strength(agree(self.accelerator, asked.strength, "max"))
         self.limit = self.guard.limit = agree(self.accelerator, verdict.limit, "min")
-        if stop_code:
-            self.status = "interrupted" if stop_code == 2 else "stopped_for_deadline"
+        self.status = move.status or self.status  # a stop's status word (calibration.run_status)
+        self.checkpoint_asked = move is Move.CHECKPOINT
 
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
-        due = self.eval_data is not None and self.status == "completed" and self.eval_schedule.due(position.step, self.eval_clock.since(now))
+        due = self.eval_data is not None and self.status == COMPLETED and self.eval_schedule.due(position.step, self.eval_clock.since(now))
         if agree(self.accelerator, int(due), "max"):
             self._evaluate(position, self.progress)
             self.eval_clock.done(time.monotonic())
 
     def _checkpoint_if_due(self, position: Position, now: float) -> None:
-        """Periodically, and when the run stops early (its last step is kept)."""
+        """Periodically, when the guard asks, and when the run stops early (its last step is kept)."""
         periodic = self.checkpoint_every.due(now)
         if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
             periodic = bool(agree(self.accelerator, int(periodic), "max"))
-        if (periodic or self.status != "completed") and self._saves_here:
+        if (periodic or self.checkpoint_asked or self.status != COMPLETED) and self._saves_here:
             self._save(position)
             self.checkpoint_every.done(time.monotonic())
 
     def _finish(self, position: Position) -> None:
         """After the last step: the final evaluation and checkpoint, unless this step has them."""
-        if self.status == "completed" and position.step >= self.limit and self.settings.step_limit:
-            self.status = "step_limit"
+        if self.status == COMPLETED and position.step >= self.limit and self.settings.step_limit:
+            self.status = STEP_LIMIT
         evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
         if self.eval_data is not None and position.step > 0 and not evaluated_here:
             self._evaluate(position, self.progress)  # every run ends with an evaluation

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from train.planning.deadline import Deadline
+from train.running.guard import DEFAULT_OVERRUN_ACTION
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
 from train.step.hyperparameters import OptimizerSettings
@@ -20,7 +21,7 @@ from train.workload.method import MethodConfig
 @dataclass
 class LoopSettings:
     deadline: Deadline  # the command's, as it built it: the start, the deadline and the margin
-    on_overrun: str = "stop"
+    on_overrun: str = DEFAULT_OVERRUN_ACTION  # a word of train.running.guard.OVERRUN_ACTIONS
     checkpoint_interval_seconds: float = 600.0
     keep_checkpoints: int = 2
     log_interval_seconds: float = 10.0
@@ -40,7 +41,7 @@ class LoopSettings:
 
 @dataclass
 class LoopOutcome:
-    status: str  # completed | stopped_for_deadline | interrupted | step_limit
+    status: str  # a word of calibration.run_status: completed | step_limit | stopped_for_deadline | interrupted
     steps: int
     micro_batches: int
     tokens: int

@@ -1,0 +1,153 @@
+"""Guard actions as a table carrying their status words (issue 42): adding an `--on-overrun` action
+is one entry in train.running.guard.OVERRUN_ACTIONS — the CLI accepts it, the guard and the loop
+carry it out — and the status words run.json holds do not change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+from helpers import synthetic_calibration, synthetic_rows
+
+from calibration import run_status
+from calibration.model import Calibration
+from train.planning.deadline import Deadline
+from train.planning.planner import PlanRequest, make_plan
+from train.running import guard
+from train.running.checkpoint import list_checkpoints
+from train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction
+from train.running.loop import LoopSettings, TrainingRun
+from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
+from train.step.hardware import detect_hardware
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
+from train.workload.prepare import load_tokenized
+from train.workload.tokenizer import byte_tokenizer
+
+# A new action, written as a newcomer would add it: one entry in the table, nothing else.
+CHECKPOINT = OverrunAction("checkpoint", "checkpoint and go on", "checkpointing and continuing", when_over=Move.CHECKPOINT, stops=False)
+
+
+@pytest.fixture()
+def checkpoint_action(monkeypatch: pytest.MonkeyPatch) -> OverrunAction:
+    monkeypatch.setitem(guard.OVERRUN_ACTIONS, CHECKPOINT.word, CHECKPOINT)
+    return CHECKPOINT
+
+
+def observe_all(watch: DeadlineGuard, actual: list[float], start: float = 5.0, total: int = 100) -> list[guard.Verdict]:
+    """Feed steps of 1 s predicted each until the guard stops the run (as tests/test_guard.py does)."""
+    verdicts, elapsed = [], start
+    for step, seconds in enumerate(actual, start=1):
+        elapsed += seconds
+        verdicts.append(watch.observe(step, elapsed, seconds, 1.0, max(0, min(watch.limit, total) - step) * 1.0))
+        if verdicts[-1].move is Move.STOP:
+            break
+    return verdicts
+
+
+def guard_for(on_overrun: str) -> DeadlineGuard:
+    return DeadlineGuard(GuardSettings(Deadline(120.0, 5.0), reserve_seconds=5.0, on_overrun=on_overrun), limit=100)
+
+
+# -- the words stay ------------------------------------------------------------------------------
+
+
+def test_the_status_words_run_json_holds_are_unchanged() -> None:
+    """People's scripts, the report and the model card read these: spelled out, not imported."""
+    assert run_status.RUN_END_STATUSES == ("completed", "step_limit", "stopped_for_deadline", "interrupted")
+    assert run_status.STOPPED_EARLY == ("stopped_for_deadline", "interrupted")
+    assert (Move.STOP.status, Move.INTERRUPT.status, Move.CHECKPOINT.status, Move.CONTINUE.status) == ("stopped_for_deadline", "interrupted", None, None)
+    ends = {word: action.ends_with for word, action in guard.OVERRUN_ACTIONS.items()}
+    assert ends == {"stop": ("stopped_for_deadline",), "shrink": ("step_limit", "stopped_for_deadline"), "warn": ()}
+    # A new action picks among the same words: one that goes on ends no run; one that stops at once, the old word.
+    abort = OverrunAction("abort", "stop at once", "stopping", when_over=Move.STOP, stops=False)
+    assert CHECKPOINT.ends_with == () and abort.ends_with == ("stopped_for_deadline",)
+    # What run.json writes is the plain word.
+    assert json.dumps({"status": Move.STOP.status}) == '{"status": "stopped_for_deadline"}'
+
+
+def test_the_built_in_actions_keep_their_cli_words_and_help() -> None:
+    from train.cli import build_parser
+
+    (option,) = [action for action in build_parser()._actions if "--on-overrun" in action.option_strings]
+    assert option.choices == ("stop", "shrink", "warn") and option.default == "stop"
+    assert option.help == "when live speed says the deadline will be missed: checkpoint and stop (default), shrink the remaining steps, or warn"
+
+
+# -- a new action: one entry ------------------------------------------------------------------------
+
+
+def test_the_cli_accepts_a_registered_action(checkpoint_action: OverrunAction) -> None:
+    from train.cli import build_parser
+    from train.recipes.config import TrainConfig
+
+    args = build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])
+    assert TrainConfig.from_args(args).on_overrun == "checkpoint"
+    (option,) = [action for action in build_parser()._actions if "--on-overrun" in action.option_strings]
+    assert option.help.endswith("shrink the remaining steps, warn, or checkpoint and go on")
+
+
+def test_an_unregistered_action_is_refused() -> None:
+    """Without its entry the word is bad input: one line (common.errors), and the guard refuses it."""
+    from common.errors import BenchtrainError
+    from train.cli import build_parser
+
+    with pytest.raises(BenchtrainError, match="invalid choice: 'checkpoint' \\(choose from 'stop', 'shrink', 'warn'\\)"):
+        build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])
+    with pytest.raises(ValueError):
+        GuardSettings(Deadline(120.0, 5.0), reserve_seconds=5.0, on_overrun="checkpoint")
+
+
+def test_the_guard_carries_out_a_registered_action(checkpoint_action: OverrunAction) -> None:
+    """Checkpoint once per passing of the budget, say so, and never stop (even past the last safe moment)."""
+    slow_then_fast_then_slow = [1.0] * 10 + [2.0] * 15 + [0.2] * 30 + [3.0] * 45
+    verdicts = observe_all(guard_for("checkpoint"), slow_then_fast_then_slow)
+    assert len(verdicts) == len(slow_then_fast_then_slow)  # never stopped
+    checkpoints = [step for step, verdict in enumerate(verdicts, start=1) if verdict.move is Move.CHECKPOINT]
+    assert len(checkpoints) == 2 and 10 < checkpoints[0] <= 25 and 55 < checkpoints[1]
+    said = [verdict.message for verdict in verdicts if verdict.message and "passes the deadline budget" in verdict.message]
+    assert len(said) == 2 and all(message.endswith("; checkpointing and continuing") for message in said)
+    assert verdicts[checkpoints[0] - 1].action == "checkpoint" and "checkpointing and continuing" in verdicts[checkpoints[0]].summary
+    # The same steps under the built-in actions: stop stops, warn neither stops nor checkpoints.
+    assert observe_all(guard_for("stop"), slow_then_fast_then_slow)[-1].move is Move.STOP
+    assert {verdict.move for verdict in observe_all(guard_for("warn"), slow_then_fast_then_slow)} == {Move.CONTINUE}
+
+
+def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> TrainingRun:
+    """The tiny model on this machine, each step slowed far below its prediction (0.3 s of sleep)
+    under a 1 s deadline: over budget from the first steady step on."""
+    spec, tokenizer = resolve_model("tiny"), byte_tokenizer()
+    model = {"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint}
+    calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(32, 64)), hardware=detect_hardware(), model=model))
+    data = load_tokenized(str(data_path), tokenizer)
+    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=32, num_workers=0, max_steps=steps)
+    plan = make_plan(calibration, data, request)
+    plan.chosen.config = dataclasses.replace(plan.chosen.config, gradient_checkpointing=False)
+    settings = LoopSettings(
+        deadline=Deadline(1.0, 0.2, started_at=time.monotonic()), on_overrun=on_overrun, checkpoint_interval_seconds=1e6, epochs=1, step_limit=steps
+    )
+    return TrainingRun(
+        calibration=calibration,
+        chosen=plan.chosen,
+        model=ModelToTrain(spec, MethodConfig()),
+        data=TrainingData(data, tokenizer.pad_token_id),
+        out_dir=tmp_path / on_overrun,
+        settings=settings,
+        hooks=LoopHooks(step_hook=lambda step: time.sleep(0.3)),
+    )
+
+
+def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunAction, tmp_path: Path, heavy_tailed_jsonl: Path) -> None:
+    """The new action reaches the loop through LoopSettings.on_overrun (what the CLI's word
+    becomes): a checkpoint where the projection passed the budget, and the run goes on to its end."""
+    run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5)
+    outcome = run.run()
+    assert outcome.status == "step_limit" and outcome.steps == 5  # not stopped, though far past the deadline
+    assert any("passes the deadline budget" in event and event.endswith("checkpointing and continuing") for event in outcome.events)
+    saved = [event for event in outcome.events if event.startswith("checkpoint ")]
+    # The guard's checkpoint at the first steady step (step 2: step 1 is the warm-up), the final one at step 5.
+    assert [event.split()[1] for event in saved] == ["step-0000002", "step-0000005"]
+    assert [path.name for path in list_checkpoints(tmp_path / "checkpoint" / "checkpoints")] == ["step-0000002", "step-0000005"]
