@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BenchtrainError
-from train.workload.formats import Layout
+from train.workload.formats import Encoded, Layout, Tokenizing
 
 PROBE_QUESTION = "benchtrain probe question"
 PROBE_ANSWER = "benchtrain probe answer"
@@ -102,8 +102,9 @@ class TemplateShape:
 
 
 class Encoder:
-    """Tokenizes records of `layout` a batch at a time (EOS-terminated text and completions; for
-    chat with the loss on the assistant, a per-token mask)."""
+    """Tokenizes records of `layout` a batch at a time, through its format's `encode`
+    (train.workload.formats.FORMATS), handing it the tokenizer's ways from text to ids: plain
+    texts, and chat rendered with the template (with the loss on the assistant, a per-token mask)."""
 
     def __init__(self, layout: Layout, tokenizer: Any, path: str, masked: bool) -> None:
         self.layout, self.tokenizer, self.path, self.masked = layout, tokenizer, path, masked
@@ -111,22 +112,12 @@ class Encoder:
         self.shape = TemplateShape.learn(tokenizer) if masked else None
         self.checked = 0  # conversations cross-checked against the reference so far
         self.reference_turns = 0  # conversations whose spans came from the reference
+        self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
-    def __call__(self, batch: dict[str, list[Any]]) -> tuple[list[list[int]], list[np.ndarray] | None, list[int]]:
-        """(ids per record, masks per record or None, prompt length per record)."""
+    def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
+        """(ids per record, masks per record or None, prompt length per record), as the format encodes them."""
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-        layout = self.layout
-        if layout.format == "tokens":  # pre-tokenized: the ids as they are
-            return [list(ids or []) for ids in batch[layout.column(layout.text)]], None, [0] * len(records)
-        if layout.format == "text":
-            texts = [str(record[layout.column(layout.text)] or "") for record in records]
-            return [ids + self.eos for ids in self._ids(texts)], None, [0] * len(records)
-        if layout.is_chat:
-            conversations = [layout.messages_of(record, self.path) for record in records]
-            return (*self._chat(conversations), [0] * len(records))
-        prompts = self._ids([str(record[layout.column(layout.prompt)] or "") for record in records])
-        completions = self._ids([str(record[layout.column(layout.completion)] or "") for record in records])
-        return [p + c + self.eos for p, c in zip(prompts, completions, strict=True)], None, [len(p) for p in prompts]
+        return self.layout.data_format.encode(self.tools, records)
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -21,7 +21,7 @@ from common.errors import BenchtrainError
 from train.workload.data_cache import BuildJob, ensure_store, store_state
 from train.workload.encode import Encoder
 from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
-from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
+from train.workload.formats import DataSchema, Layout, detect_layout
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
 from train.workload.tokens import TokenizedData, open_store, token_dtype
@@ -117,17 +117,18 @@ def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exa
     records = load_records(spec.path, spec.split)
     layout = detect_layout(list(records.column_names), spec.schema, spec.path, records[0] if len(records) else None)
     # A base model's tokenizer without a template gets ChatML, before the key (which digests the template).
-    template = ensure_chat_template(tokenizer) if layout.is_chat else None
-    masked = layout.is_chat and spec.train_on == "assistant"
+    fmt = layout.data_format
+    template = ensure_chat_template(tokenizer) if fmt.chat else None
+    masked = fmt.chat and spec.train_on == "assistant"
     key = cache_key(content_fingerprint(source_paths(spec.path, records)), tokenizer_fingerprint(tokenizer), layout, masked, {"split": spec.split})
     count = len(records)
     what = f"{count:,} records of {spec.path}"
 
     def job_for(indices: np.ndarray | None) -> BuildJob:
         chosen = records if indices is None else records.select(indices)
-        loss_on = LOSS_ON[layout.format] if masked or not layout.is_chat else "all tokens"
+        loss_on = fmt.loss_on if masked or not fmt.chat else "all tokens"
         meta = {"key": key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
-        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, layout.format == "prompt_completion", meta)
+        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta)
 
     prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":

@@ -28,6 +28,7 @@ import numpy as np
 from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
 from train.workload.fingerprint import STORE_VERSION, file_digest
+from train.workload.formats import FORMATS
 
 # Truncated documents whose masks are summed at once (bounded memory for real_tokens).
 MASK_CHUNK_DOCUMENTS = 4096
@@ -86,8 +87,10 @@ class TokenizedData:
 
     @property
     def packing(self) -> bool:
-        # Only free text (and pre-tokenized corpora) is packed: chat turns and prompt/completion pairs keep their borders.
-        return self.format in ("text", "tokens")
+        # The format's entry says (train.workload.formats): free text and pre-tokenized corpora pack; chat turns and
+        # prompt/completion pairs keep their borders.
+        entry = FORMATS.get(self.format)
+        return entry is not None and entry.packs
 
     @property
     def masked(self) -> bool:
