@@ -9,9 +9,9 @@ import argparse
 from train.step.compile import COMPILE_CHOICES
 from train.step.loss import LOSS_CHOICES
 from train.step.sharding import SHARDING_CHOICES
-from train.workload.formats import FORMATS
+from train.workload.formats import FORMATS, format_help
 from train.workload.method import METHODS
-from train.workload.optimizers import OPTIMIZER_CHOICES
+from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_help
 from train.workload.quantize import QUANTIZE_CHOICES
 
 
@@ -21,7 +21,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-format",
         default="auto",
         choices=("auto", *FORMATS),
-        help="the data's format (default: auto, from the columns): text, messages (OpenAI), sharegpt, alpaca, prompt_completion, tokens (an input_ids column)",
+        help=format_help(),
     )
     parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
     parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
@@ -58,15 +58,12 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
         help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
     quantize = "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute) or 8bit (LLM.int8)"
-    optimizer = (
-        "adamw (fp32 moments, fused where the device has the kernel), adamw-fused (fused or refused), adamw-8bit or paged-adamw-8bit "
-        "(bitsandbytes' 8-bit moments; paged: CUDA unified memory), sgd (momentum 0.9: one fp32 buffer)"
-    )
+    optimizer = optimizer_help()  # each of OPTIMIZERS with its phrase
     if measured:
         parser.add_argument(
             "--quantize", default="none", metavar="LIST", help=f"{quantize}; a list (none,4bit) measures each into one calibration (default: none)"
         )
-        parser.add_argument("--optimizer", default="adamw", metavar="LIST", help=f"{optimizer}; a list measures each (default: adamw)")
+        parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, metavar="LIST", help=f"{optimizer}; a list measures each (default: {DEFAULT_OPTIMIZER})")
         return
     parser.add_argument(
         "--quantize",
@@ -76,7 +73,7 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
     )
     parser.add_argument(
         "--optimizer",
-        choices=("auto", *OPTIMIZER_CHOICES),
+        choices=("auto", *OPTIMIZERS),
         default="auto",
         help=f"{optimizer}; auto (default): what the calibration measured, the fastest that fits where it measured several",
     )

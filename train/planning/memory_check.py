@@ -251,15 +251,18 @@ def describe_needs(
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
     device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
-    optimizer = optimizer_states(spec, chosen, hardware["device_type"])
+    optimizer = optimizer_states(spec, chosen)
     return f"memory before activations: {', '.join(parts)}; {optimizer}; {device} has {gib_text(hardware['memory_bytes'])} GiB"
 
 
-def optimizer_states(spec: Any, chosen: MethodConfig, device_type: str) -> str:
-    """ "optimizer state: 18 MiB with adamw or adamw-fused, 4.57 MiB with adamw-8bit or paged-adamw-8bit, 9 MiB with sgd (this run: adamw)"."""
-    names = {"adamw": "adamw or adamw-fused", "adamw-8bit": "adamw-8bit or paged-adamw-8bit", "sgd": "sgd"}
-    sizes = {label: memory_need(spec, replace(chosen, optimizer=name), device_type).optimizer_bytes for name, label in names.items()}
-    texts = [f"{size / 2**20:.3g} MiB with {label}" for label, size in sizes.items()]
+def optimizer_states(spec: Any, chosen: MethodConfig) -> str:
+    """ "optimizer state: 18 MiB with adamw or adamw-fused, 4.57 MiB with adamw-8bit or paged-adamw-8bit, 9 MiB with sgd (this run: adamw)":
+    each optimizer of train.workload.optimizers.OPTIMIZERS, those of the same state bytes together."""
+    from train.workload.optimizers import OPTIMIZERS, same_state_groups
+
+    sizes = trainable_sizes(spec, chosen)  # the same tensors whichever optimizer keeps state for them
+    groups = same_state_groups(OPTIMIZERS.values())
+    texts = [f"{group[0].state_bytes(sizes) / 2**20:.3g} MiB with {' or '.join(entry.name for entry in group)}" for group in groups]
     return f"optimizer state: {', '.join(texts)} (this run: {chosen.optimizer})"
 
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BenchtrainError
-from train.workload.optimizers import BETAS, EPSILON
+from train.workload.optimizers import BETAS, EPSILON, hf_optim
 
 SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
 DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps (before: WARMUP_FRACTION, fixed)
-DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.step.runtime.make_optimizer)
+DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.workload.optimizers.parameter_groups)
 DEFAULT_MAX_GRAD_NORM = 1.0  # 0: no clipping
 DEFAULT_BETAS = BETAS
 DEFAULT_EPSILON = EPSILON  # torch's AdamW default
@@ -41,14 +41,6 @@ HF_KEYS = (
     "adam_epsilon",
     "optim",
 )
-# benchtrain's --optimizer as HF's `optim` names it (adamw: torch's fused AdamW where the device has it).
-HF_OPTIM = {
-    "adamw": "adamw_torch_fused",
-    "adamw-fused": "adamw_torch_fused",
-    "adamw-8bit": "adamw_bnb_8bit",
-    "paged-adamw-8bit": "paged_adamw_8bit",
-    "sgd": "sgd",
-}
 # The fields of OptimizerSettings, which are also their options' names (--warmup-ratio: warmup_ratio).
 SETTING_NAMES = ("lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
 
@@ -120,7 +112,7 @@ class OptimizerSettings:
 
     def record(self, learning_rate: float, optimizer: str, total_steps: int) -> dict[str, Any]:
         """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
-        schedule has over its `total_steps`, `optim` HF's name of the optimizer."""
+        schedule has over its `total_steps`, `optim` HF's name of the optimizer (its OPTIMIZERS entry's)."""
         return {
             "learning_rate": learning_rate,
             "lr_scheduler_type": self.lr_scheduler_type,
@@ -131,7 +123,7 @@ class OptimizerSettings:
             "adam_beta1": self.adam_beta1,
             "adam_beta2": self.adam_beta2,
             "adam_epsilon": self.adam_epsilon,
-            "optim": HF_OPTIM.get(optimizer, optimizer),
+            "optim": hf_optim(optimizer),
         }
 
 

@@ -1,7 +1,7 @@
 """Device, precision and optimizer setup shared by `bench` probes and `train` runs.
 
 CUDA: bf16 autocast through accelerate, TF32 matmuls, SDPA attention (chosen at model build),
-fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW (other optimizers: train.workload.optimizers);
+fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW (every optimizer: train.workload.optimizers.OPTIMIZERS);
 bf16 autocast too with BENCHTRAIN_CPU_BF16=1 (`cpu_bf16`).
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 from typing import TYPE_CHECKING, Any
+
+from train.workload.optimizers import DEFAULT_OPTIMIZER
 
 if TYPE_CHECKING:
     from train.step.hyperparameters import OptimizerSettings
@@ -94,21 +96,16 @@ def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | N
     return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
 
 
-def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = "adamw", settings: OptimizerSettings | None = None) -> Any:
-    """`name`'s optimizer (train.workload.optimizers) over the trainable parameters, weight decay on
-    matrices only; betas, epsilon and weight decay from `settings`
+def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None) -> Any:
+    """`name`'s optimizer (its entry in train.workload.optimizers.OPTIMIZERS) over the trainable
+    parameters, weight decay on matrices only; betas, epsilon and weight decay from `settings`
     (train.step.hyperparameters.OptimizerSettings; None: the defaults)."""
     from train.step.hyperparameters import OptimizerSettings as Defaults
     from train.workload.optimizers import make_optimizer as optimizer_named
+    from train.workload.optimizers import parameter_groups
 
     settings = settings or Defaults()
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": settings.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return optimizer_named(name, groups, learning_rate, settings.betas, settings.adam_epsilon)
+    return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
 
 
 def pin_memory(accelerator: Any) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BenchtrainError
+from train.workload.optimizers import DEFAULT_OPTIMIZER
 
 METHODS = ("full", "lora")
 ALL_LINEAR = "all-linear"
@@ -26,7 +27,7 @@ class MethodConfig:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | None = None  # None: every linear projection of attention and MLP
     quantize: str = "none"  # none | 8bit | 4bit: the frozen base as bitsandbytes holds it (train.workload.quantize)
-    optimizer: str = "adamw"  # adamw | adamw-8bit | paged-adamw-8bit | adamw-fused | sgd (train.workload.optimizers)
+    optimizer: str = DEFAULT_OPTIMIZER  # a name in train.workload.optimizers.OPTIMIZERS
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -75,7 +76,7 @@ class MethodConfig:
         return (self.quantize, self.optimizer)
 
     def describe(self) -> str:
-        optimizer = "" if self.optimizer == "adamw" else f", {self.optimizer}"
+        optimizer = "" if self.optimizer == DEFAULT_OPTIMIZER else f", {self.optimizer}"
         if not self.is_lora:
             return f"full fine-tuning{optimizer}"
         from train.workload.quantize import base_phrase
@@ -101,7 +102,7 @@ def method_from_args(args: Any) -> MethodConfig:
         lora_dropout=args.lora_dropout,
         lora_targets=parse_targets(args.lora_targets),
         quantize=single_choice(getattr(args, "quantize", None), "none"),
-        optimizer=single_choice(getattr(args, "optimizer", None), "adamw"),
+        optimizer=single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER),
     )
 
 

@@ -1,8 +1,12 @@
-"""The optimizer that trains the weights: AdamW in fp32 (torch's fused kernel), bitsandbytes' 8-bit
-AdamW, plain or paged, or SGD with momentum, and the bytes of its state.
+"""The optimizer that trains the weights, and everything the rest of the code knows of it, in one
+table: `OPTIMIZERS`, an entry per `--optimizer` value with how it is built, the bytes of its state,
+HF Trainer's name for it, its phrase in `--help` and whether it needs bitsandbytes. The argument
+parsers, the memory check, run.json's `hyperparameters` and the engine read the table; none names
+an optimizer, so adding one is adding an entry here.
 
 - `adamw` (the default, as before): torch's AdamW with its fused kernel where the device has one
   (CUDA and CPU among them), else its foreach kernel, said in a warning.
+- `adamw-8bit`, `paged-adamw-8bit`: bitsandbytes' 8-bit AdamW, plain or paged (below).
 - `adamw-fused`: the same fused AdamW, HF's `adamw_torch_fused`, refused (one line) on a device
   without the kernel instead of falling back; its own setup in a calibration like any other.
 - `sgd`: torch's SGD with momentum 0.9 (SGD_MOMENTUM, not Nesterov), weight decay as AdamW's
@@ -19,11 +23,12 @@ Which is faster, and by how much, is measured by bench like any other choice.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BenchtrainError
 
-OPTIMIZER_CHOICES = ("adamw", "adamw-8bit", "paged-adamw-8bit", "adamw-fused", "sgd")
 FP32_BYTES = 4
 BLOCKSIZE_8BIT = 256  # values per absmax in bitsandbytes' 8-bit optimizer states
 MIN_8BIT_SIZE = 4096  # tensors smaller than this keep fp32 moments
@@ -31,36 +36,47 @@ QUANTIZATION_MAP_VALUES = 256
 BETAS = (0.9, 0.95)
 EPSILON = 1e-8
 SGD_MOMENTUM = 0.9
+DEFAULT_OPTIMIZER = "adamw"
+
+# An optimizer over parameter groups (each with its weight decay): (groups, learning rate, betas, epsilon).
+Build = Callable[[list[dict[str, Any]], float, tuple[float, float], float], Any]
 
 
-def check_optimizer(name: str) -> None:
-    if name not in OPTIMIZER_CHOICES:
-        raise BenchtrainError(f"--optimizer must be one of {', '.join(OPTIMIZER_CHOICES)}, got {name!r}")
-    if is_8bit(name):
-        from train.workload.quantize import require_bitsandbytes
+@dataclass(frozen=True)
+class StateBytes:
+    """The bytes of an optimizer's state for trainable tensors of these sizes (values each):
+    `buffers` tensors the size of each parameter (AdamW's two moments, SGD's momentum; the step
+    counts are scalars), in fp32, or with `eight_bit` as bitsandbytes keeps them (above). Equal
+    ones share a line of the dry run's "optimizer state"."""
 
-        require_bitsandbytes(f"--optimizer {name}")
+    buffers: int
+    eight_bit: bool = False
+
+    def __call__(self, trainable_sizes: list[int]) -> int:
+        if not self.eight_bit:
+            return sum(trainable_sizes) * self.buffers * FP32_BYTES
+        total = 0
+        quantized_any = False
+        for size in trainable_sizes:
+            if size < MIN_8BIT_SIZE:
+                total += size * self.buffers * FP32_BYTES
+            else:
+                quantized_any = True
+                total += self.buffers * (size + math.ceil(size / BLOCKSIZE_8BIT) * FP32_BYTES)
+        return total + (2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized_any else 0)
 
 
-def is_8bit(name: str) -> bool:
-    return name.endswith("8bit")
+@dataclass(frozen=True)
+class Optimizer:
+    """One `--optimizer` value. `state_bytes` may be any function of the trainable tensors' sizes
+    (a StateBytes for the usual ones); `hf_optim` is run.json's `optim`, as HF Trainer names it."""
 
-
-def optimizer_state_bytes(name: str, trainable_sizes: list[int]) -> int:
-    """The bytes of the optimizer's state for trainable tensors of these sizes (values each)."""
-    if name == "sgd":
-        return sum(trainable_sizes) * FP32_BYTES  # one momentum buffer
-    if not is_8bit(name):
-        return sum(trainable_sizes) * 2 * FP32_BYTES  # exp_avg and exp_avg_sq (the step count is a scalar)
-    total = 0
-    quantized_any = False
-    for size in trainable_sizes:
-        if size < MIN_8BIT_SIZE:
-            total += size * 2 * FP32_BYTES
-        else:
-            quantized_any = True
-            total += 2 * (size + math.ceil(size / BLOCKSIZE_8BIT) * FP32_BYTES)
-    return total + (2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized_any else 0)
+    name: str
+    build: Build
+    state_bytes: Callable[[list[int]], int]
+    hf_optim: str
+    help: str
+    needs_bitsandbytes: bool = False
 
 
 def fused_devices() -> list[str]:
@@ -79,31 +95,135 @@ def has_fused_adamw(groups: list[dict[str, Any]]) -> bool:
     return all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
 
 
+def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float, refuse_unfused: bool = False) -> Any:
+    """Fused AdamW (one kernel per step, no host sync of the step count); where the device has no
+    kernel, the foreach one with a warning, or (`refuse_unfused`, adamw-fused) a one-line error."""
+    import torch
+
+    fused = has_fused_adamw(groups)
+    if not fused and refuse_unfused:
+        device = next((p.device.type for group in groups for p in group["params"]), "?")
+        raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
+    if not fused:
+        from common.console import say
+
+        say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
+
+
+def torch_fused_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+    return torch_adamw(groups, learning_rate, betas, eps, refuse_unfused=True)
+
+
+def torch_sgd(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+    """SGD with momentum (betas and epsilon are Adam's: unused)."""
+    import torch
+
+    return torch.optim.SGD(groups, lr=learning_rate, momentum=SGD_MOMENTUM)
+
+
+def bitsandbytes_adamw(paged: bool) -> Build:
+    """bitsandbytes' 8-bit AdamW, paged or not, with the same betas and epsilon as torch's."""
+
+    def build(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+        import warnings
+
+        import bitsandbytes as bnb
+
+        # "Paged optimizers are not supported on CPU": on CPU the paged one is the plain one, as said above.
+        warnings.filterwarnings("ignore", message=r"Paged optimizers are not supported on CPU.*", category=UserWarning)
+        cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
+        return cls(groups, lr=learning_rate, betas=betas, eps=eps)
+
+    return build
+
+
+ADAM_STATE = StateBytes(buffers=2)  # exp_avg and exp_avg_sq
+ADAM_8BIT_STATE = StateBytes(buffers=2, eight_bit=True)
+# The order is the choices' order (`--optimizer must be one of ...`, --help), the default first.
+OPTIMIZERS: dict[str, Optimizer] = {
+    entry.name: entry
+    for entry in (
+        Optimizer(
+            name="adamw",
+            build=torch_adamw,
+            state_bytes=ADAM_STATE,
+            hf_optim="adamw_torch_fused",
+            help="fp32 moments, fused where the device has the kernel",
+        ),
+        Optimizer(
+            name="adamw-8bit",
+            build=bitsandbytes_adamw(paged=False),
+            state_bytes=ADAM_8BIT_STATE,
+            hf_optim="adamw_bnb_8bit",
+            help="bitsandbytes' 8-bit moments",
+            needs_bitsandbytes=True,
+        ),
+        Optimizer(
+            name="paged-adamw-8bit",
+            build=bitsandbytes_adamw(paged=True),
+            state_bytes=ADAM_8BIT_STATE,
+            hf_optim="paged_adamw_8bit",
+            help="the same in CUDA unified memory, paged to the host under pressure",
+            needs_bitsandbytes=True,
+        ),
+        Optimizer(name="adamw-fused", build=torch_fused_adamw, state_bytes=ADAM_STATE, hf_optim="adamw_torch_fused", help="fused or refused"),
+        Optimizer(name="sgd", build=torch_sgd, state_bytes=StateBytes(buffers=1), hf_optim="sgd", help="momentum 0.9: one fp32 buffer"),
+    )
+}
+# The built-in choices. What must see an entry added at run time (a test's) reads OPTIMIZERS itself.
+OPTIMIZER_CHOICES = tuple(OPTIMIZERS)
+
+
+def optimizer_named(name: str) -> Optimizer:
+    if name not in OPTIMIZERS:
+        raise BenchtrainError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return OPTIMIZERS[name]
+
+
+def check_optimizer(name: str) -> None:
+    if optimizer_named(name).needs_bitsandbytes:
+        from train.workload.quantize import require_bitsandbytes
+
+        require_bitsandbytes(f"--optimizer {name}")
+
+
+def optimizer_state_bytes(name: str, trainable_sizes: list[int]) -> int:
+    """The bytes of the optimizer's state for trainable tensors of these sizes (values each)."""
+    return optimizer_named(name).state_bytes(trainable_sizes)
+
+
+def hf_optim(name: str) -> str:
+    """HF Trainer's `optim` for `name` (a name not in the table, from an older run.json: itself)."""
+    return OPTIMIZERS[name].hf_optim if name in OPTIMIZERS else name
+
+
+def optimizer_help() -> str:
+    """--optimizer's help: each choice with its phrase."""
+    return ", ".join(f"{entry.name} ({entry.help})" for entry in OPTIMIZERS.values())
+
+
+def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
+    """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size
+    said once)."""
+    groups: list[list[Optimizer]] = []
+    for entry in entries:
+        group = next((group for group in groups if group[0].state_bytes == entry.state_bytes), None)
+        if group is None:
+            groups.append([entry])
+        else:
+            group.append(entry)
+    return groups
+
+
+def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+    """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases,
+    norms) without, as HF Trainer and nanoGPT do."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def make_optimizer(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float] = BETAS, eps: float = EPSILON) -> Any:
-    """`name`'s optimizer over parameter `groups` (each with its weight decay): fused AdamW (one
-    kernel per step, no host sync of the step count), SGD with momentum, or bitsandbytes' 8-bit
-    AdamW (paged or not) with the same betas."""
-    if name in ("adamw", "adamw-fused"):
-        import torch
-
-        fused = has_fused_adamw(groups)
-        if not fused and name == "adamw-fused":
-            device = next((p.device.type for group in groups for p in group["params"]), "?")
-            raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
-        if not fused:
-            from common.console import say
-
-            say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
-    if name == "sgd":
-        import torch
-
-        return torch.optim.SGD(groups, lr=learning_rate, momentum=SGD_MOMENTUM)
-    import warnings
-
-    import bitsandbytes as bnb
-
-    # "Paged optimizers are not supported on CPU": on CPU the paged one is the plain one, as said above.
-    warnings.filterwarnings("ignore", message=r"Paged optimizers are not supported on CPU.*", category=UserWarning)
-    cls = bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit
-    return cls(groups, lr=learning_rate, betas=betas, eps=eps)
+    """`name`'s optimizer (its OPTIMIZERS entry) over parameter `groups` (each with its weight decay)."""
+    return optimizer_named(name).build(groups, learning_rate, betas, eps)

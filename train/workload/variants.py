@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from common.errors import BenchtrainError
 from train.workload.method import MethodConfig
-from train.workload.optimizers import OPTIMIZER_CHOICES
+from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from train.workload.quantize import QUANTIZE_CHOICES
 
 
@@ -25,5 +25,5 @@ def parse_choices(text: str | None, choices: tuple[str, ...], option: str, defau
 def measured_methods(quantize: str | None, optimizer: str | None, method: MethodConfig) -> list[MethodConfig]:
     """Every (quantization, optimizer) pair bench is asked to measure, the first listed first."""
     quantizations = parse_choices(quantize, QUANTIZE_CHOICES, "--quantize", "none")
-    optimizers = parse_choices(optimizer, OPTIMIZER_CHOICES, "--optimizer", "adamw")
+    optimizers = parse_choices(optimizer, tuple(OPTIMIZERS), "--optimizer", DEFAULT_OPTIMIZER)
     return [replace(method, quantize=q, optimizer=o) for q in quantizations for o in optimizers]
