@@ -105,19 +105,12 @@ def test_no_module_but_the_table_names_an_optimizer() -> None:
 def test_the_dry_run_s_state_line_needs_no_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 8-bit optimizers' state is arithmetic: said without bitsandbytes installed (it was an
     error: "--optimizer adamw-8bit needs bitsandbytes", for a run that asked for adamw)."""
-    import importlib.metadata
+    from test_quantize import hide_bitsandbytes
 
     from train.planning.memory_check import describe_needs
     from train.workload.model import resolve_model
 
-    real_version = importlib.metadata.version
-
-    def without_bitsandbytes(name: str) -> str:
-        if name == "bitsandbytes":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real_version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
+    hide_bitsandbytes(monkeypatch)
     line = describe_needs(resolve_model("tiny"), MethodConfig(), {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34})
     assert "MiB with adamw or adamw-fused, " in line and "MiB with adamw-8bit or paged-adamw-8bit, " in line and "(this run: adamw);" in line
     assert "8-bit base" not in line  # the quantized bases do need it
