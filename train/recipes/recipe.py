@@ -263,7 +263,11 @@ class TrainRecipe:
         data, eval_data = loaded.exact(run.config)
         exact = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
         if not loaded.sampled:
-            self.run = replace(run, loaded=exact)
+            # The run's span starts here, after the plan was shown (its text imports peft and
+            # bitsandbytes to size every method: ≈1.2 s, not a cost of the planned work): that time
+            # is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
+            request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
+            self.run = replace(run, loaded=exact, request=request)
             return
         configuration = run.request.configuration or run.plan.chosen.config
         elapsed = self.config.run_deadline.elapsed()
