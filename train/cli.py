@@ -185,6 +185,8 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
 
 def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     """Cost, output, learning rate, seed and the escape hatches."""
+    from train.step.runtime import DEFAULT_LEARNING_RATE
+
     p.add_argument(
         "--price-per-hour",
         metavar="USD|DEVICE=USD,…|FILE",
@@ -193,7 +195,10 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
     p.add_argument(
-        "--learning-rate", type=float, metavar="LR", help="peak learning rate at --base-batch (default: 3e-4; with --resume: the run's)"
+        "--learning-rate",
+        type=float,
+        metavar="LR",
+        help=f"peak learning rate at --base-batch (default: {DEFAULT_LEARNING_RATE:.0e}; with --resume: the run's)".replace("e-0", "e-"),
     )
     p.add_argument(
         "--lr-scaling",

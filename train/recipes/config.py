@@ -22,6 +22,7 @@ from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
 from train.step.evaluation import EvalSchedule, parse_eval_every
 from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, settings_from
+from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
 
@@ -75,7 +76,7 @@ class TrainConfig:
     margin: float = 0.05
     price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
     json: bool = False
-    learning_rate: float = 3e-4
+    learning_rate: float = DEFAULT_LEARNING_RATE
     learning_rate_named: bool = True  # False: --learning-rate not given (a resume then keeps the run's)
     # The schedule's and the optimizer's hyper-parameters as named (None: not named: the default, or
     # a resumed run's own); `hyperparameters` holds them validated (train.step.hyperparameters).

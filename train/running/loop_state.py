@@ -14,6 +14,7 @@ from train.running.guard import DEFAULT_OVERRUN_ACTION
 from train.step.engine import StepOptions
 from train.step.evaluation import EvalSchedule
 from train.step.hyperparameters import OptimizerSettings
+from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 
@@ -25,7 +26,7 @@ class LoopSettings:
     checkpoint_interval_seconds: float = 600.0
     keep_checkpoints: int = 2
     log_interval_seconds: float = 10.0
-    learning_rate: float = 3e-4
+    learning_rate: float = DEFAULT_LEARNING_RATE
     seed: int = 0
     epochs: float = 1.0
     step_limit: int | None = None
