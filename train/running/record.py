@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from calibration.accuracy import check_estimate
+from calibration.accuracy import EstimateCheck, check_estimate
 from calibration.schema import variant_history
 from calibration.store import is_read_only, update_calibration
 from common.atomic import write_json_atomic
@@ -142,11 +142,12 @@ def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def feed_back(calibration: Any, record: dict[str, Any]) -> None:
+def feed_back(calibration: Any, record: dict[str, Any], check: EstimateCheck | None = None) -> None:
     """Append the measured speed to the calibration's history so the next plan uses it: the steps
-    this command ran against their own prediction (calibration.accuracy.check_estimate), so a run
-    that stopped early or was resumed counts like a completed one."""
-    check = check_estimate(record)
+    this command ran against their own prediction (`check`: calibration.accuracy.check_estimate of
+    the record, computed once by the caller that has it), so a run that stopped early or was
+    resumed counts like a completed one."""
+    check = check if check is not None else check_estimate(record)
     if check is None or not check.steps_run or calibration.path is None or is_read_only(calibration.path) or not check.predicted_tokens_per_second:
         return  # a bundled or hub-shared calibration is the measurement as shared: runs elsewhere do not change it
     entry = {
@@ -244,7 +245,7 @@ class RunRecord:
         record["estimate_check"] = check.to_json() if check else None
         record["estimate_error_pct"] = check.error_pct if check else None
         self.write()
-        feed_back(calibration, record)
+        feed_back(calibration, record, check)
         if before_report is not None:
             before_report(record)
             self.write()
