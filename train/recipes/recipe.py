@@ -108,12 +108,13 @@ class TrainRecipe:
         previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
         method = config.method
         if previous:
-            method = with_run_variant(method, resumed_method(previous), asked_variant(config.quantize, config.optimizer))
+            run_method = resumed_method(previous)  # read once: the run's method as run.json holds it
+            method = with_run_variant(method, run_method, asked_variant(config.quantize, config.optimizer))
             spec = resumed_spec(spec, previous)
             for problem in check_same_run(previous, spec, method, config.max_length, config.force):
                 say(f"warning: {problem} (--force: continuing with this command's)")
-            if same_method(resumed_method(previous), method):
-                method = resumed_method(previous)  # the run's adapters exactly (its targets as resolved)
+            if same_method(run_method, method):
+                method = run_method  # the run's adapters exactly (its targets as resolved)
         return spec, method, out_dir, previous
 
     def _fit_setups(self) -> None:
