@@ -219,10 +219,9 @@ def machine_cells(index: int, row: Any) -> list[str]:
 
 
 def cost_text(row: Any) -> str:
-    from train.recipes.consider import cost_bracket
-
-    costs = cost_bracket(row)
-    return f"${costs[0]:,.2f} – ${costs[1]:,.2f}" if costs else ""
+    """The cost bracket the row holds (train.recipes.consider.machine_row: the same figures as its JSON and report)."""
+    low, upper = row.consider.cost_low, row.consider.cost_upper
+    return f"${low:,.2f} – ${upper:,.2f}" if low is not None and upper is not None else ""
 
 
 def machine_text(row: Any) -> str:
