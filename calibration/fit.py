@@ -151,7 +151,7 @@ class ThroughputModel:
 
     def micro_step_seconds(self, config: StepConfig) -> float:
         features = throughput_features(config)
-        parts = {term: features[index] * self.coefficients[term] for index, term in enumerate(THROUGHPUT_TERMS)}
+        parts: dict[str, float] = {term: features[index] * self.coefficients[term] for index, term in enumerate(THROUGHPUT_TERMS)}
         device = sum(parts[term] for term in DEVICE_TERMS)
         rest = sum(value for term, value in parts.items() if term not in DEVICE_TERMS and term != HOST_TERM)
         base = float(overlapped(parts[HOST_TERM], device, self.overlap_power)) + rest
@@ -192,7 +192,8 @@ def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, un
         theta = np.where(free, x[:-1], 0.0) * unit / magnitude
         host_part = features[:, host] * theta[host]
         device_part = features[:, device] @ theta[device]
-        return overlapped(host_part, device_part, float(np.exp(x[-1]))) + features[:, additive] @ theta[additive]
+        seconds: np.ndarray = overlapped(host_part, device_part, float(np.exp(x[-1]))) + features[:, additive] @ theta[additive]
+        return seconds
 
     x0 = np.concatenate([start * magnitude / unit, [np.log(2.0)]])
     solution = least_squares(

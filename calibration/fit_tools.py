@@ -48,7 +48,8 @@ def fit_nonnegative(
         residuals = (base / column_scale) @ solution - targets * relative
         spread = max(1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))), MIN_RESIDUAL_SCALE)
         huber = np.minimum(1.0, HUBER_K * spread / np.maximum(np.abs(residuals), 1e-12))
-    return solution / column_scale
+    scaled_back: np.ndarray = solution / column_scale  # nnls comes from untyped scipy
+    return scaled_back
 
 
 def folds(count: int) -> list[np.ndarray]:

@@ -128,7 +128,8 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
 
     def predict(x: np.ndarray) -> np.ndarray:
         theta = np.where(free, x[:-1], 0.0) * unit / scale
-        return np.maximum(x[-1] * unit, features @ theta)
+        peaks: np.ndarray = np.maximum(x[-1] * unit, features @ theta)
+        return peaks
 
     x0 = np.concatenate([start * scale / unit, [peak_bytes.min() / unit]])
     solution = least_squares(lambda x: (predict(x) - peak_bytes) / peak_bytes, np.clip(x0, 0, None), bounds=(0, np.inf), loss="soft_l1", f_scale=0.05)

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,9 +64,12 @@ class Calibration:
         self.memory: MemoryModel | None = memory_model_from_json(fit["memory"]) if fit.get("memory") else None
 
     # -- identity -------------------------------------------------------------------------
+    # The sections below are JSON read from the file: calibration/schema.py's validate() checked
+    # their shapes on load (id a string, hardware and model objects, measurements a list of
+    # objects, overheads numbers, history a list), so each is cast to that shape, not converted.
     @property
     def id(self) -> str:
-        return self.data["id"]
+        return cast(str, self.data["id"])
 
     @property
     def provenance(self) -> str:
@@ -110,24 +113,24 @@ class Calibration:
 
     @property
     def hardware(self) -> dict[str, Any]:
-        return self.data["hardware"]
+        return cast(dict[str, Any], self.data["hardware"])
 
     @property
     def model(self) -> dict[str, Any]:
-        return self.data["model"]
+        return cast(dict[str, Any], self.data["model"])
 
     @property
     def measurements(self) -> list[dict[str, Any]]:
-        return self.data["measurements"]
+        return cast(list[dict[str, Any]], self.data["measurements"])
 
     @property
     def fit(self) -> dict[str, Any]:
-        return self.data["fit"]
+        return cast(dict[str, Any], self.data["fit"])
 
     @property
     def overheads(self) -> dict[str, float]:
         """Measured one-off costs (model build, warm-up, checkpoint save), seconds."""
-        return self.data.get("overheads", {})
+        return cast(dict[str, float], self.data.get("overheads", {}))
 
     def ok_rows(self) -> list[dict[str, Any]]:
         return [row for row in self.measurements if row["status"] == "ok"]
@@ -281,7 +284,7 @@ class Calibration:
 
     @property
     def history(self) -> list[dict[str, Any]]:
-        return self.data.get("history", [])
+        return cast(list[dict[str, Any]], self.data.get("history", []))
 
     @property
     def history_factor(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from common.errors import CalibrationFileError
 
@@ -122,9 +122,10 @@ def read_calibration_file(path: Path) -> dict[str, Any]:
     return validate(migrate(data, path), path)
 
 
-def migrate(data: Any, path: Path | str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise CalibrationFileError(f"calibration {path}: expected a JSON object, got {type(data).__name__}")
+def migrate(parsed: object, path: Path | str) -> dict[str, Any]:
+    if not isinstance(parsed, dict):
+        raise CalibrationFileError(f"calibration {path}: expected a JSON object, got {type(parsed).__name__}")
+    data: dict[str, Any] = parsed  # a JSON object: its keys are strings
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise CalibrationFileError(f"calibration {path}: missing or non-integer schema_version")
@@ -234,7 +235,8 @@ def variant_data(data: dict[str, Any], index: int | None) -> dict[str, Any]:
 
 def variant_history(data: dict[str, Any], index: int | None) -> list[dict[str, Any]]:
     """The history list that runs planned with variant `index` append to (in place)."""
-    return (data if index is None else data["variants"][index]).setdefault("history", [])
+    # JSON read: validate() checked that variants are objects; history is a list wherever present.
+    return cast(list[dict[str, Any]], (data if index is None else data["variants"][index]).setdefault("history", []))
 
 
 def _check_fit(fit: Any, where: str) -> None:

@@ -189,7 +189,8 @@ def slices_record(data: dict[str, Any]) -> dict[str, Any] | None:
 def stretch(slices: dict[str, Any]) -> float:
     """How far the full depth lies past the deepest depth the held-out error was measured at."""
     deepest = max(slices["depths"])
-    return max(1.0, slices["full_layers"] / deepest)
+    ratio: float = slices["full_layers"] / deepest  # JSON numbers (check_slices checked them)
+    return max(1.0, ratio)
 
 
 def slice_error(slices: dict[str, Any], kind: str) -> float:

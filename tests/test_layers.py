@@ -1,7 +1,8 @@
 """The house's rules, read from the code (every import, those inside functions too): imports go
 one way between the layers, no modules import each other in a loop; in bench/, train/ and
-reports/ no function is longer than a screen or takes more than seven parameters, and no module
-is longer than 450 lines; a plan is made in one place."""
+reports/ no function is longer than a screen and no module is longer than 450 lines; what one
+room calls in another takes and returns named types (no `Any`, no bare tuple); a plan is made in
+one place."""
 
 from __future__ import annotations
 
@@ -61,6 +62,15 @@ def our_modules() -> dict[str, Path]:
     return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 
 
+def import_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from ... import` in `module` reads from, a relative one resolved."""
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
     """The modules of ours that `source` imports anywhere in it (a function's body included).
     `from a import b` names the module a.b where there is one, else a."""
@@ -69,10 +79,7 @@ def imported_modules(source: str, module: str, is_package: bool, known: set[str]
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = import_base(node, module, is_package)
             for alias in node.names:
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
     return {name for name in found if name.split(".")[0] in PACKAGES}
@@ -163,35 +170,7 @@ def test_the_length_rule_catches_a_long_function() -> None:
     assert long_functions(f"def short():\n{body[: body.rindex('    x')]}", "train.fake") == []
 
 
-MAX_PARAMETERS = 7
 MAX_MODULE_LINES = 450
-
-
-def crowded_functions(source: str, module: str) -> list[str]:
-    """`module.function (N parameters)` for each function over MAX_PARAMETERS: every positional
-    and keyword-only parameter counts (self and cls do not), *args and **kwargs once each, so a
-    settings object passed whole counts once."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            arguments = node.args
-            named = [a for a in (*arguments.posonlyargs, *arguments.args) if a.arg not in ("self", "cls")]
-            count = len(named) + len(arguments.kwonlyargs) + (arguments.vararg is not None) + (arguments.kwarg is not None)
-            if count > MAX_PARAMETERS:
-                found.append(f"{module}.{node.name} ({count} parameters)")
-    return found
-
-
-def test_no_function_takes_more_than_seven_parameters() -> None:
-    ours = [(name, path) for name, path in our_modules().items() if name.split(".")[0] in SHORT_FUNCTION_PACKAGES]
-    assert [crowded for name, path in ours for crowded in crowded_functions(path.read_text(), name)] == []
-
-
-def test_the_parameter_rule_counts_every_kind_once() -> None:
-    assert crowded_functions("def f(self, a, b, c, d, e, f, g): pass", "train.fake") == []
-    assert crowded_functions("def f(a, b, c, d, e, f, *, g, h): pass", "train.fake") == ["train.fake.f (8 parameters)"]
-    assert crowded_functions("def f(a, b, c, d, e, f, *args, **kwargs): pass", "train.fake") == ["train.fake.f (8 parameters)"]
-    assert crowded_functions("class A:\n    def __init__(self, settings, hooks): pass", "train.fake") == []
 
 
 def test_no_module_is_longer_than_450_lines() -> None:
@@ -258,3 +237,202 @@ def planning_calls_outside_home() -> list[str]:
 
 def test_plans_are_made_in_one_place() -> None:
     assert planning_calls_outside_home() == []
+
+
+# -- what one room hands another: named types -------------------------------------------------
+# A function called across rooms is one that a module of another room imports by name
+# (`from X import f`, followed through re-exports such as calibration/__init__.py) or calls as
+# `X.f` after `import X` / `from package import X`; a class imported so brings its public methods
+# (`__init__` and properties included) and its public annotated fields (a dataclass's or a
+# NamedTuple's constructor) along. None of their parameters or returns may be `Any` (a bare one or
+# one inside, `dict[str, Any]` and `Callable[..., Any]` too) or a fixed-length tuple (`tuple[a, b]`,
+# bare `tuple`, or an unannotated `return a, b`): a reader of the other room must see what it gets,
+# by name, not `[0]`/`[1]`. `tuple[X, ...]` is a sequence and passes. A JSON object, whose values
+# are whatever the file holds, is named once: common/json_types.py's JsonDict.
+TUPLE_NAMES = {"tuple", "Tuple"}
+
+
+def annotation_problems(annotation: ast.expr | None) -> list[str]:
+    """What in one annotation may not cross rooms: `Any`, a fixed-length or bare tuple."""
+    if annotation is None:
+        return []
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return annotation_problems(ast.parse(annotation.value, mode="eval").body)
+    problems: list[str] = []
+    for node in ast.walk(annotation):
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name == "Any":
+            problems.append("Any")
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            value = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
+            items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if value in TUPLE_NAMES and not (len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis):
+                problems.append("tuple")
+    # A bare `tuple` (not subscripted) says nothing of what it holds.
+    subscripted = {id(node.value) for node in ast.walk(annotation) if isinstance(node, ast.Subscript)}
+    problems += ["tuple" for node in ast.walk(annotation) if isinstance(node, ast.Name) and node.id in TUPLE_NAMES and id(node) not in subscripted]
+    return sorted(set(problems))
+
+
+def returns_a_tuple(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """An unannotated function returning a tuple display (its own returns, not a nested function's)."""
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def signature_problems(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """`parameter: annotation` or `returns annotation` for each part of the signature that may not cross rooms."""
+    arguments = function.args
+    parameters = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    parameters += [argument for argument in (arguments.vararg, arguments.kwarg) if argument is not None]
+    found = [f"{argument.arg}: {ast.unparse(argument.annotation)}" for argument in parameters if argument.annotation and annotation_problems(argument.annotation)]
+    if function.returns is not None and annotation_problems(function.returns):
+        found.append(f"returns {ast.unparse(function.returns)}")
+    elif function.returns is None and returns_a_tuple(function):
+        found.append("returns a bare tuple (unannotated)")
+    return found
+
+
+def class_problems(cls: ast.ClassDef) -> list[tuple[str, str]]:
+    """(member, problem) for the public methods and annotated fields of a class."""
+    found = []
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not node.name.startswith("_") or node.name == "__init__"):
+            found += [(node.name, problem) for problem in signature_problems(node)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_") and annotation_problems(node.annotation):
+            found.append((node.target.id, f"field {ast.unparse(node.annotation)}"))
+    return found
+
+
+def top_level(tree: ast.Module, module: str, is_package: bool, known: set[str]) -> tuple[dict[str, ast.AST], dict[str, tuple[str, str]]]:
+    """A module's own functions and classes by name, and the names it imports from modules of ours
+    (local name -> (module, name)), which is what a re-export is."""
+    defined: dict[str, ast.AST] = {}
+    imported: dict[str, tuple[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined[node.name] = node
+        elif isinstance(node, ast.ImportFrom):
+            base = import_base(node, module, is_package)
+            for alias in node.names:
+                if base in known and f"{base}.{alias.name}" not in known:
+                    imported[alias.asname or alias.name] = (base, alias.name)
+    return defined, imported
+
+
+def names_used(tree: ast.Module, module: str, is_package: bool, known: set[str]) -> set[tuple[str, str]]:
+    """(module, name) for each name of another module of ours that `tree` imports by name or reads
+    as `module.name` (imports inside functions too)."""
+    used: set[tuple[str, str]] = set()
+    modules: dict[str, str] = {}  # a local name that stands for a module of ours
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                modules[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = import_base(node, module, is_package)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    modules[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif base in known:
+                    used.add((base, alias.name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain: list[str] = []
+            inner: ast.expr = node
+            while isinstance(inner, ast.Attribute):
+                chain.insert(0, inner.attr)
+                inner = inner.value
+            if not isinstance(inner, ast.Name) or inner.id not in modules:
+                continue
+            target = modules[inner.id]
+            while chain and f"{target}.{chain[0]}" in known:
+                target = f"{target}.{chain.pop(0)}"
+            if chain and target in known:
+                used.add((target, chain[0]))
+    return used
+
+
+def untyped_crossings(sources: dict[str, str], packages: set[str] = frozenset()) -> list[str]:
+    """`module.function: problem` (`module.Class.member: problem`) for each function or class that
+    a module of another room uses whose signature carries `Any` or a bare tuple. `sources` maps
+    module names to their text; `packages` names those that are a package's __init__."""
+    known = set(sources)
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    tops = {name: top_level(tree, name, name in packages, known) for name, tree in trees.items()}
+
+    def definition(module: str, name: str, hops: int = 0) -> tuple[str, ast.AST] | None:
+        defined, imported = tops[module]
+        if name in defined:
+            return module, defined[name]
+        if name in imported and hops < 10:
+            return definition(*imported[name], hops + 1)
+        return None
+
+    crossing: dict[tuple[str, str], ast.AST] = {}
+    for user, tree in trees.items():
+        for module, name in names_used(tree, user, user in packages, known):
+            found = definition(module, name)
+            if found is not None and layer_of(found[0]) != layer_of(user):
+                crossing[(found[0], name)] = found[1]
+    problems = []
+    for (module, name), node in sorted(crossing.items()):
+        if isinstance(node, ast.ClassDef):
+            problems += [f"{module}.{name}.{member}: {problem}" for member, problem in class_problems(node)]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            problems += [f"{module}.{name}: {problem}" for problem in signature_problems(node)]
+    return sorted(problems)
+
+
+def our_sources() -> tuple[dict[str, str], set[str]]:
+    modules = our_modules()
+    return {name: path.read_text(encoding="utf-8") for name, path in modules.items()}, {name for name, path in modules.items() if path.name == "__init__.py"}
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 42: the rooms are being retyped (run file, planning types, ChosenSetup); remove this mark once the list is empty",
+)
+def test_no_any_or_bare_tuple_crosses_rooms() -> None:
+    assert untyped_crossings(*our_sources()) == []
+
+
+def test_the_crossing_rule_catches_any_and_tuples() -> None:
+    planner = (
+        "from typing import Any\n"
+        "from common.json_types import JsonDict\n"
+        "def widths(rows: list[dict[str, Any]]) -> tuple[float, float]: ...\n"
+        "def names(rows: list[JsonDict]) -> tuple[str, ...]: ...\n"
+        "def pair(x: int):\n    return x, x\n"
+        "def alone(options: Any) -> tuple: ...\n"
+        "class Plan:\n"
+        "    layout: tuple[int, int]\n"
+        "    steps: int\n"
+        "    def __init__(self, settings: 'Any') -> None: ...\n"
+        "    def clean(self) -> int: ...\n"
+        "    def _private(self) -> Any: ...\n"
+    )
+    sources = {
+        "common.json_types": "from typing import Any\nJsonDict = dict[str, Any]\n",
+        "train.planning": "from train.planning.planner import widths\n",
+        "train.planning.planner": planner,
+        "train.recipes.recipe": "from train.planning import widths\nfrom train.planning import planner\nfrom train.planning.planner import Plan\nplanner.names([])\nplanner.pair(1)\n",
+    }
+    assert untyped_crossings(sources, {"train.planning"}) == [
+        "train.planning.planner.Plan.__init__: settings: 'Any'",
+        "train.planning.planner.Plan.layout: field tuple[int, int]",
+        "train.planning.planner.pair: returns a bare tuple (unannotated)",
+        "train.planning.planner.widths: returns tuple[float, float]",
+        "train.planning.planner.widths: rows: list[dict[str, Any]]",
+    ]
+    # `alone` is used only inside its room; `import` of a whole module counts as `module.name` calls.
+    sources["train.planning.fit"] = "from train.planning.planner import alone\n"
+    sources["calibration.user"] = "import train.planning.planner\ntrain.planning.planner.alone(1)\n"
+    assert "train.planning.planner.alone: options: Any" in untyped_crossings(sources, {"train.planning"})
+    assert "train.planning.planner.alone: returns tuple" in untyped_crossings(sources, {"train.planning"})
