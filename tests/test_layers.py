@@ -291,7 +291,8 @@ def signature_problems(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list
     arguments = function.args
     parameters = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
     parameters += [argument for argument in (arguments.vararg, arguments.kwarg) if argument is not None]
-    found = [f"{argument.arg}: {ast.unparse(argument.annotation)}" for argument in parameters if argument.annotation and annotation_problems(argument.annotation)]
+    annotated = [argument for argument in parameters if argument.annotation is not None]
+    found = [f"{argument.arg}: {ast.unparse(argument.annotation)}" for argument in annotated if annotation_problems(argument.annotation)]
     if function.returns is not None and annotation_problems(function.returns):
         found.append(f"returns {ast.unparse(function.returns)}")
     elif function.returns is None and returns_a_tuple(function):
@@ -305,8 +306,8 @@ def class_problems(cls: ast.ClassDef) -> list[tuple[str, str]]:
     for node in cls.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not node.name.startswith("_") or node.name == "__init__"):
             found += [(node.name, problem) for problem in signature_problems(node)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_") and annotation_problems(node.annotation):
-            found.append((node.target.id, f"field {ast.unparse(node.annotation)}"))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_"):
+            found += [(node.target.id, f"field {ast.unparse(node.annotation)}")] if annotation_problems(node.annotation) else []
     return found
 
 
@@ -422,7 +423,10 @@ def test_the_crossing_rule_catches_any_and_tuples() -> None:
         "common.json_types": "from typing import Any\nJsonDict = dict[str, Any]\n",
         "train.planning": "from train.planning.planner import widths\n",
         "train.planning.planner": planner,
-        "train.recipes.recipe": "from train.planning import widths\nfrom train.planning import planner\nfrom train.planning.planner import Plan\nplanner.names([])\nplanner.pair(1)\n",
+        "train.recipes.recipe": (
+            "from train.planning import widths\nfrom train.planning import planner\nfrom train.planning.planner import Plan\n"
+            "planner.names([])\nplanner.pair(1)\n"
+        ),
     }
     assert untyped_crossings(sources, {"train.planning"}) == [
         "train.planning.planner.Plan.__init__: settings: 'Any'",
