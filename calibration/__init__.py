@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from calibration.hub import read_calibration
 from calibration.model import Calibration, Prediction
 from calibration.schema import SCHEMA_VERSION
 from calibration.store import resolve_calibration
 from common.errors import BenchtrainError, CalibrationFileError
+from common.json_types import JsonDict
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -32,7 +32,7 @@ __all__ = [
 def load(
     reference: str | Path = "latest",
     on_skip: Callable[[str], None] | None = None,
-    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    preferences: Sequence[Callable[[JsonDict], bool]] = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Calibration:
     """Load `latest`, a calibration id, a path to a calibration JSON, or one shared on the hub

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from common.durations import format_duration
+from common.json_types import JsonDict
 
 
 def estimate_error_pct(estimated_seconds: float | None, actual_seconds: float | None) -> float | None:
@@ -94,7 +94,7 @@ class EstimateCheck:
         actual, predicted = self.actual_tokens_per_second, self.predicted_tokens_per_second
         return (actual - predicted) / predicted * 100 if actual is not None and predicted else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             **asdict(self),
             "actual_tokens_per_second": self.actual_tokens_per_second,
@@ -103,7 +103,7 @@ class EstimateCheck:
         }
 
 
-def check_estimate(record: dict[str, Any]) -> EstimateCheck | None:
+def check_estimate(record: JsonDict) -> EstimateCheck | None:
     """The like-for-like comparison of a run record (run.json); None before the run has finished.
     run.json, the console summary, the run report's banner and its charts all read this."""
     actual, estimate = record.get("actual"), record.get("estimate") or {}
@@ -149,7 +149,7 @@ def check_estimate(record: dict[str, Any]) -> EstimateCheck | None:
     )
 
 
-def overheads_that_happened(overheads: dict[str, Any], record: dict[str, Any], start: int, steps_run: int) -> float:
+def overheads_that_happened(overheads: JsonDict, record: JsonDict, start: int, steps_run: int) -> float:
     """The planned seconds of each overhead, counted as often as it took place in this command
     (the report aside: it comes after, and is timed on its own)."""
     actual = record["actual"]
@@ -166,7 +166,7 @@ def overheads_that_happened(overheads: dict[str, Any], record: dict[str, Any], s
     return seconds
 
 
-def overheads_still_planned(overheads: dict[str, Any], record: dict[str, Any], start: int) -> float:
+def overheads_still_planned(overheads: JsonDict, record: JsonDict, start: int) -> float:
     """Planned checkpoints and evaluations that a run stopped early did not get to."""
     saved = len(record["actual"].get("checkpoint_seconds") or [])
     checkpoints = max(0, int(overheads.get("checkpoint_count", 0)) - saved) * float(overheads.get("checkpoint_seconds", 0.0))
@@ -174,11 +174,11 @@ def overheads_still_planned(overheads: dict[str, Any], record: dict[str, Any], s
     return checkpoints + evaluations
 
 
-def evaluations_run(record: dict[str, Any], start: int) -> int:
+def evaluations_run(record: JsonDict, start: int) -> int:
     return sum(1 for entry in record.get("evals") or [] if entry.get("step", 0) > start)
 
 
-def stop_reason(status: str, actual: dict[str, Any], record: dict[str, Any]) -> str:
+def stop_reason(status: str, actual: JsonDict, record: JsonDict) -> str:
     if status == INTERRUPTED and actual.get("exit_signal") is not None:
         number = int(actual["exit_signal"])
         return f"interrupted ({SIGNAL_NAMES.get(number, f'signal {number}')})"

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+
+from common.json_types import JsonDict
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 GRADIENT_BYTES_PER_PARAMETER = 4  # trainable parameters keep fp32 gradients (full fine-tuning and LoRA adapters)
@@ -52,7 +53,7 @@ class CommModel:
             return 0.0
         return messages * self.latency_seconds + message_bytes * self.seconds_per_byte
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             "world_size": self.world_size,
             "backend": self.backend,
@@ -62,7 +63,7 @@ class CommModel:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CommModel:
+    def from_json(cls, data: JsonDict) -> CommModel:
         return cls(int(data["world_size"]), str(data["backend"]), float(data["latency_seconds"]), float(data["seconds_per_byte"]))
 
 
@@ -95,7 +96,7 @@ def gradient_bytes(trainable_parameters: int) -> int:
     return int(trainable_parameters) * GRADIENT_BYTES_PER_PARAMETER
 
 
-def describe_collectives(record: dict[str, Any]) -> str:
+def describe_collectives(record: JsonDict) -> str:
     """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives` (a calibration's
     `distributed`, a plan's `communication`), or with only the all-reduce's `comm` (written before FSDP)."""
     collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
@@ -105,7 +106,7 @@ def describe_collectives(record: dict[str, Any]) -> str:
     )
 
 
-def describe_communication(record: dict[str, Any]) -> str | None:
+def describe_communication(record: JsonDict) -> str | None:
     """One line for the plan (and the run report): which step times a multi-process plan rests on.
     Records written before FSDP (DDP only: `comm` instead of `collectives`) read the same."""
     if record["world_size"] < 2:

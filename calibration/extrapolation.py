@@ -35,6 +35,7 @@ import numpy as np
 
 from calibration.fit_tools import ErrorSummary
 from calibration.step_config import StepConfig
+from common.json_types import JsonDict
 
 DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
 SIZE_DIMENSIONS = ("micro_batch_size", "seq_len")
@@ -53,7 +54,7 @@ def held_out_by_dimension(
     fit_on: Callable[[np.ndarray], Callable[[StepConfig], float]],
     leave_one_out: np.ndarray,
     min_rows: int,
-) -> dict[str, dict[str, Any] | None]:
+) -> dict[str, JsonDict | None]:
     """For each dimension: the probes at its largest value predicted by `fit_on(the other rows)`
     (a function of a config giving micro-step seconds): their tokens/s error (median, p90, max,
     count), `stretch` (the held-out value over the largest one left) and `basis`. None where a
@@ -65,7 +66,7 @@ def held_out_by_dimension(
     largest accumulation are judged by their leave-one-out predictions (`leave_one_out`, micro-step
     seconds of each probe from a fit of all the others: the other sizes at that accumulation pin
     the optimizer's share): basis "leave-one-out"."""
-    record: dict[str, dict[str, Any] | None] = {}
+    record: dict[str, JsonDict | None] = {}
     for name in DIMENSIONS:
         values = np.array([dimension_value(config, name) for config in configs])
         distinct = np.unique(values)
@@ -85,7 +86,7 @@ def held_out_by_dimension(
     return record
 
 
-def stretch_by_dimension(config: StepConfig, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+def stretch_by_dimension(config: StepConfig, rows: Sequence[JsonDict]) -> dict[str, float]:
     """How far `config` lies past the measured `rows` along each dimension: value / largest, or
     smallest / value below the range (1 inside). Also `grad_accum_below`: 1, or the ratio below."""
     stretches: dict[str, float] = {}
@@ -100,7 +101,7 @@ def stretch_by_dimension(config: StepConfig, rows: Sequence[dict[str, Any]]) -> 
     return stretches
 
 
-def extrapolation_widening(record: dict[str, Any], stretches: dict[str, float], untested: float, inside: float) -> float:
+def extrapolation_widening(record: JsonDict, stretches: dict[str, float], untested: float, inside: float) -> float:
     """What to add to the relative bound (`inside`) for a plan `stretches` past the range
     (stretch_by_dimension), from the measured per-dimension errors (`record`, as
     held_out_by_dimension gives it)."""

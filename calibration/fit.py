@@ -47,6 +47,7 @@ from calibration.extrapolation import held_out_by_dimension
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
 from calibration.memory_fit import fit_memory_rows
 from calibration.step_config import StepConfig
+from common.json_types import JsonDict
 
 THROUGHPUT_TERMS = (
     "fixed",
@@ -80,7 +81,7 @@ def throughput_features(config: StepConfig) -> np.ndarray:
     )
 
 
-def probe_uncertainty(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+def probe_uncertainty(rows: Sequence[JsonDict]) -> np.ndarray:
     """Relative standard error of each probe's median step time (from its interquartile spread and
     the number of steps it timed), combined with UNCERTAINTY_FLOOR."""
     values = []
@@ -321,7 +322,7 @@ def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
     return best, f"the {best} model cut the held-out median error from {base_error:.1f}% ({baseline}) to {best_error:.1f}% ({others})"
 
 
-def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0) -> dict[str, Any]:
+def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0) -> JsonDict:
     """The `fit` section of a calibration, from its measurement rows (status `ok` used). With the
     model's FLOPs per token of each compute term (`flops`), a FLOPs-tied form competes too; the
     memory fit holds at least `gradient_bytes` while accumulating (memory_fit.held_gradient_bytes)."""
@@ -354,7 +355,7 @@ def fit_measurements(rows: Sequence[dict[str, Any]], flops: dict[str, float] | N
     model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap, tied)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
-    memory_section: dict[str, Any] | None = None
+    memory_section: JsonDict | None = None
     if len(memory_rows) >= MIN_ROWS_FOR_FIT:
         memory_section = fit_memory_rows(memory_rows, gradient_bytes)  # reserved + outside the allocator where recorded
 
@@ -396,7 +397,7 @@ def eval_features(micro_batch_size: int, seq_len: int) -> np.ndarray:
     return np.array([1.0, tokens, tokens * seq_len])
 
 
-def fit_eval(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def fit_eval(rows: Sequence[JsonDict]) -> JsonDict | None:
     """Seconds of one forward-only eval batch = fixed + per_token·B·S + attention·B·S², from the
     eval probes; None with fewer than two."""
     ok = [row for row in rows if row.get("status") == "ok" and row.get("batch_seconds")]
@@ -407,7 +408,7 @@ def fit_eval(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return {"terms": list(EVAL_TERMS), "parameters": dict(zip(EVAL_TERMS, map(float, solution), strict=True))}
 
 
-def step_tail_factor(rows: Sequence[dict[str, Any]]) -> float:
+def step_tail_factor(rows: Sequence[JsonDict]) -> float:
     """How much longer the mean step is than the median step, typically over the probes.
 
     Probes are fitted to their median step (robust to a burst of other work on the machine), but a
@@ -421,7 +422,7 @@ def step_tail_factor(rows: Sequence[dict[str, Any]]) -> float:
     return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
 
-def _smoother_json(smoother: ResidualSmoother | None) -> dict[str, Any] | None:
+def _smoother_json(smoother: ResidualSmoother | None) -> JsonDict | None:
     if smoother is None:
         return None
     return {
@@ -432,7 +433,7 @@ def _smoother_json(smoother: ResidualSmoother | None) -> dict[str, Any] | None:
     }
 
 
-def throughput_model_from_json(fit: dict[str, Any]) -> ThroughputModel:
+def throughput_model_from_json(fit: JsonDict) -> ThroughputModel:
     smoother = None
     if fit.get("smoother"):
         data = fit["smoother"]

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from common.json_types import JsonDict
+
 MAX_FOLDS = 10
 LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
 
@@ -84,7 +86,7 @@ class ErrorSummary:
             [float(value) for value in relative],
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             "median_abs_pct": _finite_or_none(self.median_abs_pct),
             "p90_abs_pct": _finite_or_none(self.p90_abs_pct),

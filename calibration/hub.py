@@ -29,6 +29,7 @@ from calibration.hub_card import card_text
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError, CalibrationFileError
 from common.hub_access import COMMIT_HASH, download_command, first_line, hub_cache_dir, refusal, snapshot, valid_repo_id
+from common.json_types import JsonDict
 
 PREFIX = "hub:"
 FOLDER = "calibrations"
@@ -89,7 +90,7 @@ def cached_file(path: Path | str) -> tuple[str, str, str] | None:
     return "/".join(names), f"{FOLDER}/{parts[-1]}", parts[-3]
 
 
-def read_shared(path: Path, repo_id: str) -> dict[str, Any]:
+def read_shared(path: Path, repo_id: str) -> JsonDict:
     """A downloaded calibration: JSON checked by calibration.schema, its id its file's name, and a
     `source` saying where it came from. A damaged one: CalibrationFileError naming the repository
     and the file."""
@@ -109,7 +110,7 @@ def read_shared(path: Path, repo_id: str) -> dict[str, Any]:
     return data
 
 
-def measured_by(data: dict[str, Any]) -> str | None:
+def measured_by(data: JsonDict) -> str | None:
     """Who measured it, as `bench push` wrote it (the token's user): one short line, or None."""
     who = data.get("measured_by")
     if not isinstance(who, str) or not who.strip():
@@ -117,14 +118,14 @@ def measured_by(data: dict[str, Any]) -> str | None:
     return who.strip().splitlines()[0][:80]
 
 
-def read_calibration(path: Path) -> dict[str, Any]:
+def read_calibration(path: Path) -> JsonDict:
     """calibration.schema's reader; a file in huggingface_hub's cache is read as a shared one (its
     id checked, its `source` added), also when named by its path (a resumed run's calibration)."""
     found = cached_file(path)
     return read_shared(Path(path), found[0]) if found else read_calibration_file(Path(path))
 
 
-def hub_provenance(data: dict[str, Any]) -> str | None:
+def hub_provenance(data: JsonDict) -> str | None:
     """ "hub:ORG/NAME (by USER)" for a calibration read from the hub; None for any other."""
     source = data.get("source")
     if not isinstance(source, dict) or source.get("kind") != "hub":
@@ -133,7 +134,7 @@ def hub_provenance(data: dict[str, Any]) -> str | None:
     return f"{PREFIX}{source.get('repo')}" + (f" (by {who})" if who else "")
 
 
-def hub_reference(data: dict[str, Any]) -> str | None:
+def hub_reference(data: JsonDict) -> str | None:
     """How --use-calibration names a calibration read from the hub: hub:ORG/NAME/ID."""
     source = data.get("source")
     if not isinstance(source, dict) or source.get("kind") != "hub":
@@ -144,7 +145,7 @@ def hub_reference(data: dict[str, Any]) -> str | None:
 # -- pulling --------------------------------------------------------------------------------------
 
 
-def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[tuple[Path, JsonDict]]:
     """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names,
     newest first. A damaged file is refused: an error when it was named (`/ID`) or no `on_skip`
     hears of it, else one line through `on_skip` and the others are used."""
@@ -198,7 +199,7 @@ class Pushed:
         return f"{constants.ENDPOINT}/datasets/{self.repo_id}"
 
 
-def shareable(data: dict[str, Any], user: str) -> dict[str, Any]:
+def shareable(data: JsonDict, user: str) -> JsonDict:
     """The copy of a calibration that goes up: who measured it (kept when it already says), the
     local paths of the data and a model folder cut to their names (they say nothing to others and
     may say too much), no `source` (a download writes its own)."""
@@ -212,7 +213,7 @@ def shareable(data: dict[str, Any], user: str) -> dict[str, Any]:
     return shared
 
 
-def push_calibrations(repo_id: str, calibrations: list[dict[str, Any]], user: str) -> Pushed:
+def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> Pushed:
     """One commit to the dataset repository `repo_id` (made when missing): each calibration as
     calibrations/<id>.json and README.md listing them with those already there. Any failure is one
     line; the commit is all or nothing."""
@@ -244,7 +245,7 @@ def is_calibration_file(name: str) -> bool:
     return folder == FOLDER and "/" not in file and file.endswith(".json") and bool(CALIBRATION_ID.fullmatch(file.removesuffix(".json")))
 
 
-def fetch_earlier(api: Any, repo_id: str, name: str) -> dict[str, Any] | None:
+def fetch_earlier(api: Any, repo_id: str, name: str) -> JsonDict | None:
     """A calibration already in the repository, read to list it on the card (None: damaged)."""
     path = Path(api.hf_hub_download(repo_id, name, repo_type="dataset"))
     try:
@@ -253,7 +254,7 @@ def fetch_earlier(api: Any, repo_id: str, name: str) -> dict[str, Any] | None:
         return None
 
 
-def json_bytes(data: dict[str, Any]) -> bytes:
+def json_bytes(data: JsonDict) -> bytes:
     return (json.dumps(data, indent=2) + "\n").encode("utf-8")
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from calibration.schema import SCHEMA_VERSION
 from calibration.setup import measured_setup, quantization_name, variant_key
+from common.json_types import JsonDict
 
 COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "processes", "software", "created", "measured by")
 
 
-def card_text(repo_id: str, calibrations: dict[str, dict[str, Any] | None]) -> str:
+def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
     """The card for `calibrations` (file in the repository → its data; None: a file that cannot be
     read), newest first."""
     readable = sorted((data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True)
@@ -49,7 +50,7 @@ def card_text(repo_id: str, calibrations: dict[str, dict[str, Any] | None]) -> s
     return "\n".join(lines) + "\n"
 
 
-def card_row(data: dict[str, Any]) -> list[str]:
+def card_row(data: JsonDict) -> list[str]:
     hardware, software = data.get("hardware") or {}, data.get("software") or {}
     setup = measured_setup(data)
     return [
@@ -66,7 +67,7 @@ def card_row(data: dict[str, Any]) -> list[str]:
     ]
 
 
-def setups(data: dict[str, Any]) -> list[tuple[str, str]]:
+def setups(data: JsonDict) -> list[tuple[str, str]]:
     """(quantize, optimizer) of each setup the file measured (calibration.schema.variant_data)."""
     return [variant_key(entry) for entry in (data, *(data.get("variants") or []))]
 
@@ -78,7 +79,7 @@ def interconnect(value: Any) -> str:
     return str(value) if value else "–"
 
 
-def versions(software: dict[str, Any], hardware: dict[str, Any]) -> str:
+def versions(software: JsonDict, hardware: JsonDict) -> str:
     cuda = software.get("cuda") or hardware.get("cuda_version")
     named = [("torch", software.get("torch")), ("transformers", software.get("transformers")), ("CUDA", cuda)]
     return ", ".join(f"{name} {version}" for name, version in named if version) or "–"

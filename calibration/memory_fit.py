@@ -41,12 +41,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 import numpy as np
 
 from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
+from common.json_types import JsonDict
 
 # A measurement row's memory fields: the allocated peak (CUDA) or peak RSS (CPU), and on CUDA the
 # reserved peak, the device's used bytes and the bytes used outside the allocator.
@@ -103,7 +104,7 @@ def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: boo
     return MemoryModel(coefficients)
 
 
-def held_gradient_bytes(record: dict[str, Any]) -> float:
+def held_gradient_bytes(record: JsonDict) -> float:
     """The fp32 gradients a calibration's step holds while accumulating: every trainable parameter's,
     or this rank's share of them under FSDP (train.step.sharding shards gradients)."""
     from calibration.comm import gradient_bytes
@@ -161,7 +162,7 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradie
     }
 
 
-def fit_memory_rows(rows: Sequence[dict[str, Any]], gradient_bytes: float = 0.0) -> dict[str, object]:
+def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> dict[str, object]:
     """`fit.memory` from ok measurement rows with a peak: fitted to the reserved peak when every
     row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
     outside the allocator (the most any row saw) and the basis recorded beside the fit."""
@@ -173,7 +174,7 @@ def fit_memory_rows(rows: Sequence[dict[str, Any]], gradient_bytes: float = 0.0)
     return {**section, "basis": "reserved" if reserved else "allocated", "non_torch_bytes": max(outside, default=0.0)}
 
 
-def device_peak_bytes(figures: dict[str, Any]) -> float | None:
+def device_peak_bytes(figures: JsonDict) -> float | None:
     """What the device held at a measurement's highest point: the reserved peak plus the bytes used
     outside the allocator where they were recorded (CUDA), else the peak as recorded (the allocated
     peak of an older GPU record, the peak RSS on CPU). Compare with a plan's predicted peak."""

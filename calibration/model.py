@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -15,7 +15,13 @@ from calibration.fit import ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
+
+if TYPE_CHECKING:  # imported where used, below, as before: only their names are needed here
+    from calibration.comm import CommModel
+    from calibration.setup import SetupKey
+    from calibration.translate import BoundWidths
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02
@@ -43,14 +49,14 @@ class Prediction:
     fits_in_memory: bool
     within_measured_range: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return asdict(self)
 
 
 class Calibration:
     """The data of one calibration file plus the models fitted to it."""
 
-    def __init__(self, data: dict[str, Any], path: Path | None = None, variant: int | None = None) -> None:
+    def __init__(self, data: JsonDict, path: Path | None = None, variant: int | None = None) -> None:
         from calibration.schema import variant_data
 
         self.file_data = data
@@ -105,37 +111,37 @@ class Calibration:
         return Calibration(data, self.path, self.variant)
 
     @property
-    def variant_key(self) -> tuple[str, str]:
+    def variant_key(self) -> SetupKey:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
         from calibration.setup import variant_key
 
         return variant_key(self.data)
 
     @property
-    def hardware(self) -> dict[str, Any]:
-        return cast(dict[str, Any], self.data["hardware"])
+    def hardware(self) -> JsonDict:
+        return cast(JsonDict, self.data["hardware"])
 
     @property
-    def model(self) -> dict[str, Any]:
-        return cast(dict[str, Any], self.data["model"])
+    def model(self) -> JsonDict:
+        return cast(JsonDict, self.data["model"])
 
     @property
-    def measurements(self) -> list[dict[str, Any]]:
-        return cast(list[dict[str, Any]], self.data["measurements"])
+    def measurements(self) -> list[JsonDict]:
+        return cast(list[JsonDict], self.data["measurements"])
 
     @property
-    def fit(self) -> dict[str, Any]:
-        return cast(dict[str, Any], self.data["fit"])
+    def fit(self) -> JsonDict:
+        return cast(JsonDict, self.data["fit"])
 
     @property
     def overheads(self) -> dict[str, float]:
         """Measured one-off costs (model build, warm-up, checkpoint save), seconds."""
         return cast(dict[str, float], self.data.get("overheads", {}))
 
-    def ok_rows(self) -> list[dict[str, Any]]:
+    def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "ok"]
 
-    def oom_rows(self) -> list[dict[str, Any]]:
+    def oom_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "oom"]
 
     def measured_values(self, name: str) -> list[int]:
@@ -162,7 +168,7 @@ class Calibration:
         return str((self.data.get("distributed") or {}).get("sharding", "none"))
 
     @property
-    def comm(self) -> Any:
+    def comm(self) -> CommModel | None:
         """The all-reduce model measured among those processes (calibration.comm), or None."""
         from calibration.comm import CommModel
 
@@ -170,7 +176,7 @@ class Calibration:
         return CommModel.from_json(fitted) if fitted else None
 
     @property
-    def training(self) -> dict[str, Any]:
+    def training(self) -> JsonDict:
         """What the probes trained: method (full or lora), adapter settings, trainable parameters."""
         return self.data.get("training") or {"method": "full", "lora": None}
 
@@ -186,12 +192,12 @@ class Calibration:
         return slice_widening(self.data, bound, "time")
 
     @property
-    def translation(self) -> dict[str, Any] | None:
+    def translation(self) -> JsonDict | None:
         """How this calibration was translated from the device it measured (calibration.translate); None: measured here."""
         record = self.data.get("translation")
         return record if isinstance(record, dict) and not record.get("identity") else None
 
-    def bounds_for(self, config: StepConfig, measured: float | None = None) -> tuple[float, float]:
+    def bounds_for(self, config: StepConfig, measured: float | None = None) -> BoundWidths:
         """(lower, upper) widths around the central step time at `config` (it may take central /
         (1 + lower) to central × (1 + upper)): the measured bound (default measured_bound_for), out to
         a translation's bracket ends (calibration.translate.widened_bounds)."""
@@ -283,8 +289,8 @@ class Calibration:
         ]
 
     @property
-    def history(self) -> list[dict[str, Any]]:
-        return cast(list[dict[str, Any]], self.data.get("history", []))
+    def history(self) -> list[JsonDict]:
+        return cast(list[JsonDict], self.data.get("history", []))
 
     @property
     def history_factor(self) -> float:

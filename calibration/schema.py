@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from common.errors import CalibrationFileError
+from common.json_types import JsonDict
 
 SCHEMA_VERSION = 4
 
 
-def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+def _v1_to_v2(data: JsonDict) -> JsonDict:
     """Version 2 knows what was trained (full or LoRA) and gradient checkpointing per probe.
     Version 1 files measured full fine-tuning without checkpointing."""
     data = dict(data)
@@ -50,7 +51,7 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+def _v2_to_v3(data: JsonDict) -> JsonDict:
     """Version 3's memory model knows the gradients held while accumulating and the optimizer
     step's floor (calibration.memory_fit); a version 2 fit had neither (both zero), and `bench
     refit` fits them from the stored measurements."""
@@ -64,7 +65,7 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+def _v3_to_v4(data: JsonDict) -> JsonDict:
     """Version 4 measures, on a GPU, the allocator's reserved peak and the bytes used outside it
     beside the allocated peak (optional row fields: calibration.memory_fit.CUDA_MEMORY_FIELDS), and
     its memory fit says what it was fitted to (`basis`) and what it adds outside the allocator
@@ -83,7 +84,7 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[JsonDict], JsonDict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 _NUMBER = (int, float)
 REQUIRED_TOP = {
@@ -109,7 +110,7 @@ MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes",
 STATUSES = {"ok", "oom", "error", "skipped"}
 
 
-def read_calibration_file(path: Path) -> dict[str, Any]:
+def read_calibration_file(path: Path) -> JsonDict:
     """Parse, migrate and validate a calibration file, or raise a one-line error naming it."""
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -122,10 +123,10 @@ def read_calibration_file(path: Path) -> dict[str, Any]:
     return validate(migrate(data, path), path)
 
 
-def migrate(parsed: object, path: Path | str) -> dict[str, Any]:
+def migrate(parsed: object, path: Path | str) -> JsonDict:
     if not isinstance(parsed, dict):
         raise CalibrationFileError(f"calibration {path}: expected a JSON object, got {type(parsed).__name__}")
-    data: dict[str, Any] = parsed  # a JSON object: its keys are strings
+    data: JsonDict = parsed  # a JSON object: its keys are strings
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise CalibrationFileError(f"calibration {path}: missing or non-integer schema_version")
@@ -141,7 +142,7 @@ def migrate(parsed: object, path: Path | str) -> dict[str, Any]:
     return data
 
 
-def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
+def validate(data: JsonDict, path: Path | str) -> JsonDict:
     _check_fields(data, REQUIRED_TOP, f"calibration {path}")
     _check_fields(data["hardware"], REQUIRED_HARDWARE, f"calibration {path}: hardware")
     _check_fields(data["model"], REQUIRED_MODEL, f"calibration {path}: model")
@@ -211,7 +212,7 @@ def validate(data: dict[str, Any], path: Path | str) -> dict[str, Any]:
 VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
-def _check_variants(data: dict[str, Any], variants: list[dict[str, Any]], path: Path | str) -> None:
+def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) -> None:
     from calibration.setup import variant_key
 
     seen = {variant_key(data): "the first setup"}
@@ -225,7 +226,7 @@ def _check_variants(data: dict[str, Any], variants: list[dict[str, Any]], path: 
         seen[key] = f"variants[{index}]"
 
 
-def variant_data(data: dict[str, Any], index: int | None) -> dict[str, Any]:
+def variant_data(data: JsonDict, index: int | None) -> JsonDict:
     """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores
     the first setup measured at the top and each other one under `variants` (its measurements, fit,
     training, overheads, history), over the shared rest (device, model, data). None: the first."""
@@ -233,10 +234,10 @@ def variant_data(data: dict[str, Any], index: int | None) -> dict[str, Any]:
     return shared if index is None else {**shared, **data["variants"][index], "id": data["id"]}
 
 
-def variant_history(data: dict[str, Any], index: int | None) -> list[dict[str, Any]]:
+def variant_history(data: JsonDict, index: int | None) -> list[JsonDict]:
     """The history list that runs planned with variant `index` append to (in place)."""
     # JSON read: validate() checked that variants are objects; history is a list wherever present.
-    return cast(list[dict[str, Any]], (data if index is None else data["variants"][index]).setdefault("history", []))
+    return cast(list[JsonDict], (data if index is None else data["variants"][index]).setdefault("history", []))
 
 
 def _check_fit(fit: Any, where: str) -> None:
@@ -284,7 +285,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value
 
 
-def _check_fields(obj: Any, required: dict[str, Any], where: str) -> None:
+def _check_fields(obj: Any, required: JsonDict, where: str) -> None:
     if not isinstance(obj, dict):
         raise CalibrationFileError(f"{where} should be an object")
     for name, kind in required.items():

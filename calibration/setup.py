@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
+
+from common.json_types import JsonDict
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Setup:
     checkpointing: tuple[bool, ...] = ()
 
 
-def measured_setup(data: dict[str, Any]) -> Setup:
+def measured_setup(data: JsonDict) -> Setup:
     """The setup a calibration measured. Files before schema version 2 recorded no training
     section: they measured full fine-tuning without checkpointing (calibration.schema)."""
     training = data.get("training") or {}
@@ -53,7 +55,7 @@ def measured_setup(data: dict[str, Any]) -> Setup:
     )
 
 
-def quantization_name(value: Any) -> str | None:
+def quantization_name(value: object) -> str | None:
     """The base's quantization as "4-bit"/"8-bit" from whatever the calibration records (a bit
     count, "nf4", "int8", "4bit", or an object with `bits`); None when the base is not quantized."""
     if isinstance(value, dict):
@@ -66,10 +68,17 @@ def quantization_name(value: Any) -> str | None:
     return f"{digits.group()}-bit" if digits else str(value)
 
 
-def variant_key(data: dict[str, Any]) -> tuple[str, str]:
+class SetupKey(NamedTuple):
+    """Which setup a calibration or one of its variants measured, as --quantize/--optimizer name it."""
+
+    quantize: str
+    optimizer: str
+
+
+def variant_key(data: JsonDict) -> SetupKey:
     """(quantize, optimizer) of a calibration or one of its variants, as --quantize/--optimizer name them."""
     training = data.get("training") or {}
-    return (str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
+    return SetupKey(str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
 
 
 def variant_name(quantize: str, optimizer: str) -> str:
@@ -79,7 +88,7 @@ def variant_name(quantize: str, optimizer: str) -> str:
     return base if optimizer == "adamw" else f"{base} with {optimizer}"
 
 
-def describe_setup(data: dict[str, Any]) -> str:
+def describe_setup(data: JsonDict) -> str:
     """One phrase: "LoRA r16 on a 4-bit base, checkpointing off+on, 2 processes (ddp)"."""
     setup = measured_setup(data)
     parts = [_training_phrase(setup)]
@@ -92,7 +101,7 @@ def describe_setup(data: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def setup_difference(chosen: dict[str, Any], passed_over: dict[str, Any], run: Setup) -> str:
+def setup_difference(chosen: JsonDict, passed_over: JsonDict, run: Setup) -> str:
     """Why `chosen` suits `run` better than the newer `passed_over`, in words: what the newer one
     measured that this run does not train (model, method and rank, quantization, processes), e.g.
     "the newer cpu-gpt2-… measured full fine-tuning (this run: LoRA r16)". An aspect is named only

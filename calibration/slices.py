@@ -33,6 +33,7 @@ import numpy as np
 
 from calibration.fit_tools import ErrorSummary
 from calibration.step_config import StepConfig
+from common.json_types import JsonDict
 
 # The relative error assumed when no deeper probe was held out (two depths only): the worst the
 # 2→4-layer slope missed gpt2's 12 layers by on a CPU (issue 40: +16% to +33%), rounded up.
@@ -71,17 +72,17 @@ class SliceFit:
     """The full depth's rows derived from the slices, each configuration's lines, and the
     extrapolation's held-out error (time and memory)."""
 
-    rows: list[dict[str, Any]]
-    per_config: list[dict[str, Any]]
+    rows: list[JsonDict]
+    per_config: list[JsonDict]
     held_out_time: ErrorSummary
     held_out_memory: ErrorSummary
 
 
-def ok_by_config(rows: Sequence[dict[str, Any]]) -> dict[StepConfig, dict[str, Any]]:
+def ok_by_config(rows: Sequence[JsonDict]) -> dict[StepConfig, JsonDict]:
     return {StepConfig.from_row(row): row for row in rows if row.get("status") == "ok" and row.get("step_seconds")}
 
 
-def derive_full_rows(by_depth: Mapping[int, Sequence[dict[str, Any]]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
+def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
     """From each depth's measurement rows: the rows of the whole model (`full_layers` deep) for every
     configuration measured ok at two depths or more. `static_bytes[K]`: what a K-layer model keeps
     before activations (exact, from the `meta` device), for every slice depth and `full_layers`."""
@@ -111,7 +112,7 @@ def summary(pairs: list[tuple[float, float]]) -> ErrorSummary:
     return ErrorSummary.from_pairs(predicted, actual)
 
 
-def activation_values(found: dict[int, dict[str, Any]], field: str, static_bytes: dict[int, float]) -> list[float] | None:
+def activation_values(found: dict[int, JsonDict], field: str, static_bytes: dict[int, float]) -> list[float] | None:
     """`field` less the exact static bytes at each depth, or None where a row lacks it."""
     values = [row.get(field) for row in found.values()]
     if not all(isinstance(value, (int, float)) and value > 0 for value in values):
@@ -119,12 +120,13 @@ def activation_values(found: dict[int, dict[str, Any]], field: str, static_bytes
     return [float(value) - static_bytes[depth] for depth, value in zip(found, values, strict=True)]  # type: ignore[arg-type]
 
 
-def measured_seconds(row: dict[str, Any]) -> float:
+def measured_seconds(row: JsonDict) -> float:
     """The probe's measured median step (rows whose step time a fit smoothed keep it aside)."""
-    return float(row.get("step_seconds_measured", row["step_seconds"]))
+    # Not row.get(key, default): mypy reads that as `Any | None` for a JsonDict.
+    return float(row["step_seconds_measured"] if "step_seconds_measured" in row else row["step_seconds"])
 
 
-def derive_row(config: StepConfig, found: dict[int, dict[str, Any]], full_layers: int, static_bytes: dict[int, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+def derive_row(config: StepConfig, found: dict[int, JsonDict], full_layers: int, static_bytes: dict[int, float]) -> tuple[JsonDict, JsonDict]:
     """One configuration's row at full depth, and its fitted lines (for the record)."""
     depths = list(found)
     deepest = found[depths[-1]]
@@ -134,7 +136,7 @@ def derive_row(config: StepConfig, found: dict[int, dict[str, Any]], full_layers
     # Waiting for data does not depend on depth: its seconds carry over, its share shrinks.
     waits = [row["data_wait_share"] * measured_seconds(row) for row in found.values() if isinstance(row.get("data_wait_share"), (int, float))]
     tails = [row["step_seconds_mean"] / measured_seconds(row) for row in found.values() if isinstance(row.get("step_seconds_mean"), (int, float))]
-    row: dict[str, Any] = {
+    row: JsonDict = {
         **config.to_row(),
         "status": "ok",
         "step_seconds": step,
@@ -147,7 +149,7 @@ def derive_row(config: StepConfig, found: dict[int, dict[str, Any]], full_layers
         row["data_wait_share"] = min(1.0, float(np.median(waits)) / step)
     if len(tails) == len(found):
         row["step_seconds_mean"] = step * float(np.median(tails))
-    lines: dict[str, Any] = {"fixed_seconds": time_line.fixed, "per_layer_seconds": time_line.per_layer}
+    lines: JsonDict = {"fixed_seconds": time_line.fixed, "per_layer_seconds": time_line.per_layer}
     for field in DEPTH_BYTES_FIELDS:
         values = activation_values(found, field, static_bytes)
         if values is None:
@@ -165,7 +167,7 @@ def derive_row(config: StepConfig, found: dict[int, dict[str, Any]], full_layers
     return row, lines
 
 
-def held_out_pairs(found: dict[int, dict[str, Any]], static_bytes: dict[int, float]) -> tuple[tuple[float, float], tuple[float, float] | None]:
+def held_out_pairs(found: dict[int, JsonDict], static_bytes: dict[int, float]) -> tuple[tuple[float, float], tuple[float, float] | None]:
     """(predicted, measured) step seconds and peak bytes at the deepest depth, from the others."""
     depths = list(found)
     shallow, deepest = depths[:-1], depths[-1]
@@ -181,19 +183,19 @@ def held_out_pairs(found: dict[int, dict[str, Any]], static_bytes: dict[int, flo
 
 
 # -- what a stored calibration says about its slices ---------------------------------------------
-def slices_record(data: dict[str, Any]) -> dict[str, Any] | None:
+def slices_record(data: JsonDict) -> JsonDict | None:
     slices = data.get("slices")
     return slices if isinstance(slices, dict) else None
 
 
-def stretch(slices: dict[str, Any]) -> float:
+def stretch(slices: JsonDict) -> float:
     """How far the full depth lies past the deepest depth the held-out error was measured at."""
     deepest = max(slices["depths"])
     ratio: float = slices["full_layers"] / deepest  # JSON numbers (check_slices checked them)
     return max(1.0, ratio)
 
 
-def slice_error(slices: dict[str, Any], kind: str) -> float:
+def slice_error(slices: JsonDict, kind: str) -> float:
     """The relative error a plan adds for extrapolating in depth (`kind`: time or memory): the
     held-out 90th percentile (UNTESTED_SLICE_ERROR when no deeper probe was held out), × (1 +
     log2 of the stretch to full depth)."""
@@ -203,7 +205,7 @@ def slice_error(slices: dict[str, Any], kind: str) -> float:
     return base * (1 + math.log2(stretch(slices)))
 
 
-def slice_widening(data: dict[str, Any], bound: float, kind: str = "time") -> float:
+def slice_widening(data: JsonDict, bound: float, kind: str = "time") -> float:
     """`bound` (relative) widened by the slices' extrapolation error: (1 + bound)(1 + error) − 1;
     `bound` itself for a calibration of the whole model."""
     slices = slices_record(data)
@@ -212,7 +214,7 @@ def slice_widening(data: dict[str, Any], bound: float, kind: str = "time") -> fl
     return (1 + bound) * (1 + slice_error(slices, kind)) - 1
 
 
-def describe_slices(slices: dict[str, Any]) -> str:
+def describe_slices(slices: JsonDict) -> str:
     """One line for `bench show` and the plan: what was measured and how well it extrapolated."""
     depths = ", ".join(str(depth) for depth in slices["depths"])
     held = slices.get("held_out") or {}
@@ -235,7 +237,7 @@ def describe_slices(slices: dict[str, Any]) -> str:
     )
 
 
-def slices_plan_note(data: dict[str, Any]) -> str | None:
+def slices_plan_note(data: JsonDict) -> str | None:
     """The plan's note for a calibration measured on slices (None: measured whole)."""
     slices = slices_record(data)
     if slices is None:

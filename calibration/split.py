@@ -27,6 +27,7 @@ from typing import Any
 
 from calibration.fit import DATA_TERMS, DEVICE_TERMS, HOST_TERM, THROUGHPUT_TERMS, overlapped, throughput_features
 from calibration.step_config import StepConfig
+from common.json_types import JsonDict
 
 SPLIT_FIELDS = ("compute_seconds", "memory_seconds", "host_seconds")
 METHODS = ("profiler", "flops")
@@ -39,7 +40,7 @@ MATMUL_EFFICIENCY = 0.6
 SPLIT_PROBES = 2
 
 
-def step_parts(parameters: dict[str, Any], config: StepConfig) -> tuple[float, float, float]:
+def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, float]:
     """(device kernels, optimizer step, exposed host) seconds of one micro-step by the fit's terms:
     the host's fixed cost counts only where the device does not hide it (the `overlap` form's
     smooth maximum), the data terms always; the optimizer step is shared by the accumulated
@@ -53,23 +54,23 @@ def step_parts(parameters: dict[str, Any], config: StepConfig) -> tuple[float, f
     return device, parts["optimizer_step"], host
 
 
-def config_fields(row: dict[str, Any]) -> dict[str, int]:
+def config_fields(row: JsonDict) -> dict[str, int]:
     return {name: int(row.get(name, 0)) for name in CONFIG_FIELDS}
 
 
-def split_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def split_rows(rows: list[JsonDict]) -> list[JsonDict]:
     """The probes whose split is recorded: the ok probe with the most tokens per micro-step and the
     largest one of a smaller size (the sizes plans choose; two, to keep it cheap). Among equals,
     the fewest accumulated micro-steps, workers and no checkpointing: the plainest step."""
     ok = [row for row in rows if row.get("status") == "ok" and (row.get("step_seconds") or 0) > 0]
 
-    def size(row: dict[str, Any]) -> int:
+    def size(row: JsonDict) -> int:
         return int(row["micro_batch_size"]) * int(row["seq_len"])
 
-    def key(row: dict[str, Any]) -> tuple[int, int, int, int]:
+    def key(row: JsonDict) -> tuple[int, int, int, int]:
         return size(row), -int(row.get("grad_accum", 1)), -int(row.get("num_workers", 0)), -int(row.get("gradient_checkpointing", 0))
 
-    chosen: list[dict[str, Any]] = []
+    chosen: list[JsonDict] = []
     while ok and len(chosen) < SPLIT_PROBES:
         largest = max(ok, key=key)
         chosen.append(largest)
@@ -77,7 +78,7 @@ def split_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return chosen
 
 
-def flops_split(fit: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+def flops_split(fit: JsonDict, row: JsonDict) -> JsonDict:
     """The "flops" split of a measured probe, scaled to its measured step."""
     config = StepConfig.from_row(row)
     device, optimizer, host = step_parts(fit["parameters"], config)
@@ -108,7 +109,7 @@ def usable_record(entry: Any) -> bool:
     return len(numbers) == len(SPLIT_FIELDS) and sum(numbers) > 0
 
 
-def step_splits(data: dict[str, Any]) -> list[dict[str, Any]]:
+def step_splits(data: JsonDict) -> list[JsonDict]:
     """The calibration's recorded split (bench.step_split), or, where it has none, the "flops" split
     of the probes bench would have recorded."""
     recorded = [entry for entry in data.get("step_split") or [] if usable_record(entry)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 # The row columns, in the order of the fields (the search space's axes follow it).
 DIMENSIONS = ("micro_batch_size", "num_workers", "grad_accum", "seq_len", "gradient_checkpointing")
@@ -25,8 +24,9 @@ class StepConfig:
         return {name: int(getattr(self, name)) for name in DIMENSIONS}
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> StepConfig:
-        """From a measurement row (or anything with its columns); checkpointing absent is off."""
+    def from_row(cls, row: Mapping[str, float | str]) -> StepConfig:
+        """From a measurement row (or anything with its columns: numbers, or their text); checkpointing
+        absent is off."""
         return cls(
             micro_batch_size=int(row["micro_batch_size"]),
             num_workers=int(row["num_workers"]),

@@ -16,13 +16,14 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from calibration.hub import cached_file, is_hub_reference, shared_calibrations
 from calibration.schema import read_calibration_file
 from common.atomic import file_lock, read_json_file, write_json_atomic, write_text_atomic
 from common.errors import BenchtrainError, CalibrationFileError
 from common.home import benchtrain_home, writable_subdir
+from common.json_types import JsonDict
 
 CSV_COLUMNS = (
     "micro_batch_size",
@@ -78,7 +79,7 @@ def new_id(device: str, model_name: str, when: datetime) -> str:
     return f"{slug(device)}-{slug(model_name)}-{when.strftime('%Y%m%d-%H%M%S')}"
 
 
-def save_calibration(data: dict[str, Any]) -> Path:
+def save_calibration(data: JsonDict) -> Path:
     """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix. The measurements
     its bench kept aside while it ran (`keep_unfinished`) are removed once it is written."""
     kept = unfinished_paths(data)
@@ -95,7 +96,7 @@ def save_calibration(data: dict[str, Any]) -> Path:
     return path
 
 
-def save_failed(data: dict[str, Any]) -> Path:
+def save_failed(data: JsonDict) -> Path:
     """Keep a benchmark that fitted nothing out of the store (`latest` never sees it); it replaces
     the measurements its bench kept aside while it ran."""
     kept = unfinished_paths(data)
@@ -117,7 +118,7 @@ def unfinished_dir() -> Path:
     return calibrations_dir() / "unfinished"
 
 
-def keep_unfinished(data: dict[str, Any], path: Path | None = None) -> Path:
+def keep_unfinished(data: JsonDict, path: Path | None = None) -> Path:
     """Write a bench's measurements so far (atomically) to `path`, or to a new file named after
     `data`'s id (a taken name gets a numeric suffix); returns where."""
     if path is None:
@@ -130,7 +131,7 @@ def keep_unfinished(data: dict[str, Any], path: Path | None = None) -> Path:
     return path
 
 
-def unfinished_paths(data: dict[str, Any]) -> list[Path]:
+def unfinished_paths(data: JsonDict) -> list[Path]:
     """The kept measurements a record (and its variants) names, the names taken out of it."""
     entries = [data, *data.get("variants", [])]
     return [Path(entry.pop(UNFINISHED_KEY)) for entry in entries if entry.get(UNFINISHED_KEY)]
@@ -141,22 +142,37 @@ def discard_unfinished(paths: Sequence[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
-def list_unfinished() -> list[tuple[Path, dict[str, Any] | None]]:
+class KeptFile(NamedTuple):
+    """A kept file: what it holds, or None when it cannot be read."""
+
+    path: Path
+    data: JsonDict | None
+
+
+class ListedCalibration(NamedTuple):
+    """A calibration file: what it holds, or None and why it cannot be read."""
+
+    path: Path
+    data: JsonDict | None
+    error: str | None
+
+
+def list_unfinished() -> list[KeptFile]:
     """(path, content or None when unreadable) for every bench that kept measurements and never
     stored them, newest first."""
     folder = unfinished_dir()
     if not folder.is_dir():
         return []
-    entries: list[tuple[Path, dict[str, Any] | None]] = []
+    entries: list[KeptFile] = []
     for path in sorted(folder.glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True):
         try:
-            entries.append((path, read_json_file(path)))
+            entries.append(KeptFile(path, read_json_file(path)))
         except BenchtrainError:
-            entries.append((path, None))
+            entries.append(KeptFile(path, None))
     return entries
 
 
-def measurements_csv(rows: list[dict[str, Any]]) -> str:
+def measurements_csv(rows: list[JsonDict]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
@@ -164,17 +180,17 @@ def measurements_csv(rows: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
+def list_calibrations() -> list[ListedCalibration]:
     """(path, data, error) for every calibration file, newest first; unreadable ones keep their error."""
-    entries: list[tuple[Path, dict[str, Any] | None, str | None]] = []
+    entries: list[ListedCalibration] = []
     folder = calibrations_dir()
     if not folder.is_dir():
         return entries
     for path in folder.glob("*.json"):
         try:
-            entries.append((path, read_calibration_file(path), None))
+            entries.append(ListedCalibration(path, read_calibration_file(path), None))
         except CalibrationFileError as error:
-            entries.append((path, None, str(error)))
+            entries.append(ListedCalibration(path, None, str(error)))
     entries.sort(key=lambda entry: (entry[1] or {}).get("created_at", ""), reverse=True)
     return entries
 
@@ -182,7 +198,7 @@ def list_calibrations() -> list[tuple[Path, dict[str, Any] | None, str | None]]:
 def resolve_calibration(
     reference: str,
     on_skip: Callable[[str], None] | None = None,
-    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    preferences: Sequence[Callable[[JsonDict], bool]] = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Path:
     """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
@@ -232,8 +248,8 @@ def resolve_calibration(
 
 
 def choose(
-    readable: Sequence[tuple[Path, dict[str, Any]]],
-    preferences: Sequence[Callable[[dict[str, Any]], bool]] = (),
+    readable: Sequence[tuple[Path, JsonDict]],
+    preferences: Sequence[Callable[[JsonDict], bool]] = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Path | None:
     """Of calibrations newest first: the newest the first preference accepts, then the next's, else
@@ -252,7 +268,7 @@ def is_read_only(path: Path | str | None) -> bool:
     return is_bundled(path) or (path is not None and cached_file(path) is not None)
 
 
-def update_calibration(path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def update_calibration(path: Path, change: Callable[[JsonDict], None]) -> JsonDict:
     """Read, change and rewrite a calibration under the store lock (never a bundled one)."""
     if is_bundled(path):
         raise BenchtrainError(f"{path} ships with benchtrain and is not changed; run `bench run` for a calibration of your own")

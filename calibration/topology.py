@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 from calibration.comm import CommModel
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "ethernet", "loopback")
 NETWORKS = ("infiniband", "ethernet")
@@ -134,7 +135,7 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
     return Interconnect(kind, network, nodes, gpus)
 
 
-def recorded_interconnect(hardware: dict[str, Any], processes: int | None = None) -> Interconnect | None:
+def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> Interconnect | None:
     """The interconnect a hardware record names (placed for `processes` where given); None where
     it names none (calibrations before issue 41), one this version cannot read, or a layout that
     does not hold `processes`. A CPU's record that names none is loopback (gloo on one host: what
@@ -170,7 +171,7 @@ class Link:
     base_latency_seconds: float
     source: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             "kind": self.kind,
             "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
@@ -279,7 +280,7 @@ def collective_model(kind: str, interconnect: Interconnect, intra: Link, inter: 
 
 def analytic_collectives(
     interconnect: Interconnect | str, processes: int, device_name: str, kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, JsonDict]:
     """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}
     for `processes` of `device_name` over `interconnect`, in the shape stored collectives have
     (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
@@ -293,18 +294,25 @@ def analytic_collectives(
     }
 
 
-def is_analytic(collectives: dict[str, dict[str, Any]]) -> bool:
+def is_analytic(collectives: dict[str, JsonDict]) -> bool:
     return any(entry.get("source") == "analytic" for entry in collectives.values())
 
 
 # -- overlap with backward ------------------------------------------------------------------------
 
 
-def overlap_bracket(comm_seconds: float, compute_seconds: float) -> tuple[float, float]:
+class OverlapBracket(NamedTuple):
+    """Seconds of collectives a step shows: with full overlap (`low`) and with none (`high`)."""
+
+    low: float
+    high: float
+
+
+def overlap_bracket(comm_seconds: float, compute_seconds: float) -> OverlapBracket:
     """(exposed with full overlap, exposed with none) of `comm_seconds` of collectives running
     beside a step of `compute_seconds`: full overlap hides them behind backward (BACKWARD_SHARE of
     the compute) and shows only what is left; none shows all of it."""
-    return max(0.0, comm_seconds - BACKWARD_SHARE * compute_seconds), comm_seconds
+    return OverlapBracket(max(0.0, comm_seconds - BACKWARD_SHARE * compute_seconds), comm_seconds)
 
 
 def bracket_estimate(low: float, high: float) -> float:

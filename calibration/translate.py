@@ -26,13 +26,14 @@ error). Nothing here is validated on a GPU until someone runs `bench run` on the
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import NamedTuple
 
 from calibration.datasheets import DeviceSheet, known_keys, sheet_for
 from calibration.fit import DEVICE_TERMS, EVAL_TERMS, throughput_model_from_json
 from calibration.split import step_parts, step_splits
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError, DoesNotFitError
+from common.json_types import JsonDict
 
 # Assumption, not measured: how much slower or faster the host part of a step may run beside the
 # target GPU. That part is single-threaded Python and kernel launches; the CPUs of rented GPU
@@ -46,7 +47,7 @@ STEP_FIELDS = ("step_seconds", "step_seconds_mean", "step_seconds_median", "step
 GIB = 2**30
 
 
-def source_sheet(data: dict[str, Any]) -> DeviceSheet:
+def source_sheet(data: JsonDict) -> DeviceSheet:
     """The datasheet row of the device a calibration measured, or a one-line refusal: a translated
     calibration, a CPU (its host and device are one, and no datasheet holds it), a device the table
     lacks, a MIG slice."""
@@ -67,7 +68,7 @@ def source_sheet(data: dict[str, Any]) -> DeviceSheet:
     return sheet
 
 
-def translate(data: dict[str, Any], target: DeviceSheet, world_size: int = 1) -> dict[str, Any]:
+def translate(data: JsonDict, target: DeviceSheet, world_size: int = 1) -> JsonDict:
     """A new calibration data dict for `target` (see the module's docstring): hardware replaced by
     the target's (`translated: True`), id `<id>~<target key>`, the fit and the measurements at the
     central estimate, and a `translation` record. The same device: the data unchanged but for an
@@ -97,7 +98,7 @@ def translate(data: dict[str, Any], target: DeviceSheet, world_size: int = 1) ->
     return translated
 
 
-def translation_record(data: dict[str, Any], source: DeviceSheet, target: DeviceSheet) -> dict[str, Any]:
+def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet) -> JsonDict:
     """Ratios (target ÷ source, > 1 where the target is faster), the split they were weighed by, the
     central device factor, and at the split's probes the step's central factor, host share and
     bracket [low, high] (time on the target ÷ time measured)."""
@@ -108,7 +109,7 @@ def translation_record(data: dict[str, Any], source: DeviceSheet, target: Device
     compute = sum(float(entry["compute_seconds"]) for entry in splits)
     memory = sum(float(entry["memory_seconds"]) for entry in splits)
     device_factor = (compute / flops_ratio + memory / bandwidth_ratio) / (compute + memory) if compute + memory > 0 else 1 / flops_ratio
-    record: dict[str, Any] = {
+    record: JsonDict = {
         "identity": identity,
         "from_device": data["hardware"]["name"],
         "from_sheet": source.name,
@@ -126,7 +127,7 @@ def translation_record(data: dict[str, Any], source: DeviceSheet, target: Device
     return record
 
 
-def summary_at(data: dict[str, Any], splits: list[dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+def summary_at(data: JsonDict, splits: list[JsonDict], record: JsonDict) -> JsonDict:
     """The step's central factor, host share and bracket at the split's probes (the sizes plans
     choose), by the fit's terms there: what a table row shows of the translation."""
     if record["identity"]:
@@ -147,7 +148,21 @@ def summary_at(data: dict[str, Any], splits: list[dict[str, Any]], record: dict[
     return {"central_factor": central, "host_share": host / total, "bracket": [low * central, high * central]}
 
 
-def bracket_around(device_share: float, host_share: float, record: dict[str, Any]) -> tuple[float, float]:
+class Bracket(NamedTuple):
+    """Factors around a central estimate: it may be `low` to `high` times itself."""
+
+    low: float
+    high: float
+
+
+class BoundWidths(NamedTuple):
+    """Relative widths of a step time's bounds: central / (1 + lower) to central × (1 + upper)."""
+
+    lower: float
+    upper: float
+
+
+def bracket_around(device_share: float, host_share: float, record: JsonDict) -> Bracket:
     """(low, high) factors around a central estimate whose device part (already at the central
     device factor) and host part are these shares of it."""
     factor = float(record["device_factor"])
@@ -156,32 +171,32 @@ def bracket_around(device_share: float, host_share: float, record: dict[str, Any
     total = device_share + host_share
     low = (device_share * fast / factor + host_share * (1 - widening)) / total
     high = (device_share * slow / factor + host_share * (1 + widening)) / total
-    return low, high
+    return Bracket(low, high)
 
 
-def bracket_for(parameters: dict[str, Any], config: StepConfig, record: dict[str, Any]) -> tuple[float, float]:
+def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> Bracket:
     """(low, high) factors around a translated calibration's central estimate at `config`, by its
     fit's device and host terms there (a host-bound small micro-batch gets the host's bracket, a
     compute-bound one the datasheet ratios'); (1, 1) for the identity."""
     if record.get("identity"):
-        return 1.0, 1.0
+        return Bracket(1.0, 1.0)
     try:
         device, optimizer, host = step_parts(parameters, config)
-        return bracket_around(device + optimizer, host, record) if device + optimizer + host > 0 else (1.0, 1.0)
+        return bracket_around(device + optimizer, host, record) if device + optimizer + host > 0 else Bracket(1.0, 1.0)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         raise BenchtrainError(f"a translated calibration's translation record is damaged ({error!r}): translate it again") from None
 
 
-def widened_bounds(measured: float, record: dict[str, Any] | None, parameters: dict[str, Any], config: StepConfig) -> tuple[float, float]:
+def widened_bounds(measured: float, record: JsonDict | None, parameters: JsonDict, config: StepConfig) -> BoundWidths:
     """(lower, upper) widths of a calibration's bounds at `config` (calibration.model.Calibration.bounds_for):
     the measured bound, times a translation's bracket ends (None: measured here, left as it is)."""
     if record is None:
-        return measured, measured
+        return BoundWidths(measured, measured)
     low, high = bracket_for(parameters, config, record)
-    return (1 + measured) / low - 1, (1 + measured) * high - 1
+    return BoundWidths((1 + measured) / low - 1, (1 + measured) * high - 1)
 
 
-def check_fixed_memory(data: dict[str, Any], target: DeviceSheet) -> None:
+def check_fixed_memory(data: JsonDict, target: DeviceSheet) -> None:
     """Refuse a target that cannot hold what the probes held before any activation: the memory
     fit's static part (weights, gradients, optimizer state, the allocator's and the CUDA
     context's measured bytes)."""
@@ -198,7 +213,7 @@ def check_fixed_memory(data: dict[str, Any], target: DeviceSheet) -> None:
         )
 
 
-def scale_entry(entry: dict[str, Any], device_factor: float, peak_ratio: float) -> None:
+def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> None:
     """The fit's device terms and the eval fit's token terms × the central device factor; each
     measured step × what that does to the fit's prediction at its configuration."""
     fit = entry.get("fit")
@@ -222,7 +237,7 @@ def scale_entry(entry: dict[str, Any], device_factor: float, peak_ratio: float) 
         fit["held_out_predicted_tokens_per_second"] = [rate / factor for rate, factor in zip(held_out, factors, strict=True)]
 
 
-def scale_row(row: dict[str, Any], factor: float, peak_ratio: float) -> None:
+def scale_row(row: JsonDict, factor: float, peak_ratio: float) -> None:
     """A measured row as the target would show it at the central estimate: its step times × factor,
     its rate ÷ factor, its MFU against the target's peak (`peak_ratio`: source peak ÷ target peak)."""
     for name in STEP_FIELDS:
@@ -236,7 +251,7 @@ def scale_row(row: dict[str, Any], factor: float, peak_ratio: float) -> None:
     row["translated_factor"] = factor
 
 
-def keep_oom_rows_that_hold(entry: dict[str, Any], source_memory: float, target: DeviceSheet) -> None:
+def keep_oom_rows_that_hold(entry: JsonDict, source_memory: float, target: DeviceSheet) -> None:
     """An out-of-memory probe still bounds what fits on a target with no more memory; on a larger
     one it says nothing (the memory model judges instead): kept as skipped, with why."""
     if target.memory_bytes <= source_memory:
@@ -247,7 +262,7 @@ def keep_oom_rows_that_hold(entry: dict[str, Any], source_memory: float, target:
             row["error"] = f"out of memory on the {source_memory / GIB:.0f} GiB device measured; the {target.name} has more (the memory model judges it)"
 
 
-def target_hardware(hardware: dict[str, Any], target: DeviceSheet, world_size: int) -> dict[str, Any]:
+def target_hardware(hardware: JsonDict, target: DeviceSheet, world_size: int) -> JsonDict:
     """The hardware record of the target, from its datasheet, marked translated."""
     record = {key: value for key, value in hardware.items() if key not in ("compute_capability", "cuda_version", "multiprocessors")}
     record.update(
@@ -265,7 +280,7 @@ def target_hardware(hardware: dict[str, Any], target: DeviceSheet, world_size: i
     return record
 
 
-def translation_for(text: str, data: dict[str, Any], world_size: int = 1) -> dict[str, Any]:
+def translation_for(text: str, data: JsonDict, world_size: int = 1) -> JsonDict:
     """`translate` to the device a CLI key or device name names, or one line naming the keys."""
     target = sheet_for(text)
     if target is None:
@@ -273,7 +288,7 @@ def translation_for(text: str, data: dict[str, Any], world_size: int = 1) -> dic
     return translate(data, target, world_size)
 
 
-def describe_translation(record: dict[str, Any]) -> str:
+def describe_translation(record: JsonDict) -> str:
     """One line for a plan or a table row: what the figures rest on."""
     low, high = record["bracket"]
     return (

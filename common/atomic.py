@@ -35,11 +35,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_json_atomic(path: Path, payload: object) -> None:
     write_text_atomic(path, json_text(payload) + "\n")
 
 
-def json_text(payload: Any) -> str:
+def json_text(payload: object) -> str:
     """JSON as benchtrain writes it (files, `--json`): numpy scalars as numbers, paths as strings."""
     return json.dumps(payload, indent=2, sort_keys=False, default=_json_default)
 

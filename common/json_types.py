@@ -6,6 +6,6 @@ out of signatures between rooms (tests/test_layers.py): anywhere else, a bare `A
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
-JsonDict = dict[str, Any]
+JsonDict: TypeAlias = dict[str, Any]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 
-def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: Any = None) -> Any:
+def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(
@@ -21,7 +21,7 @@ def progress_bar(total: int, description: str, unit: str, initial: int = 0, file
     )
 
 
-def _refresh_seconds(file: Any) -> float:
+def _refresh_seconds(file: TextIO | None) -> float:
     stream = file if file is not None else sys.stderr
     return 0.2 if getattr(stream, "isatty", lambda: False)() else 10.0
 
@@ -31,7 +31,7 @@ class BudgetBar:
     probes done so far (which under a budget would promise far more time than the budget allows).
     The description counts the probes. Same interface as a tqdm bar for what the runner uses."""
 
-    def __init__(self, budget_seconds: float, probes: int, file: Any = None) -> None:
+    def __init__(self, budget_seconds: float, probes: int, file: TextIO | None = None) -> None:
         from tqdm.auto import tqdm
 
         self.budget_seconds, self.probes, self.done = budget_seconds, probes, 0

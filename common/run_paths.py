@@ -10,7 +10,8 @@ the same place in the folder where the run is now."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from common.json_types import JsonDict
 
 # The keys of run.json's `final` section that name folders (train.export.export_final).
 FINAL_PATH_KEYS = ("path", "merged_path", "base_path")
@@ -44,7 +45,7 @@ def run_path(recorded: str | Path, run_dir: Path) -> Path:
     return path
 
 
-def stored_paths(section: dict[str, Any] | None, run_dir: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+def stored_paths(section: JsonDict | None, run_dir: Path, keys: tuple[str, ...]) -> JsonDict | None:
     """`section` with the paths under `keys` stored relative to the run folder (a copy)."""
     if section is None:
         return None
