@@ -7,6 +7,7 @@ one place."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -291,8 +292,8 @@ def signature_problems(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list
     arguments = function.args
     parameters = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
     parameters += [argument for argument in (arguments.vararg, arguments.kwarg) if argument is not None]
-    annotated = [argument for argument in parameters if argument.annotation is not None]
-    found = [f"{argument.arg}: {ast.unparse(argument.annotation)}" for argument in annotated if annotation_problems(argument.annotation)]
+    annotated = [(argument.arg, argument.annotation) for argument in parameters if argument.annotation is not None]
+    found = [f"{name}: {ast.unparse(annotation)}" for name, annotation in annotated if annotation_problems(annotation)]
     if function.returns is not None and annotation_problems(function.returns):
         found.append(f"returns {ast.unparse(function.returns)}")
     elif function.returns is None and returns_a_tuple(function):
@@ -360,7 +361,7 @@ def names_used(tree: ast.Module, module: str, is_package: bool, known: set[str])
     return used
 
 
-def untyped_crossings(sources: dict[str, str], packages: set[str] = frozenset()) -> list[str]:
+def untyped_crossings(sources: dict[str, str], packages: Collection[str] = ()) -> list[str]:
     """`module.function: problem` (`module.Class.member: problem`) for each function or class that
     a module of another room uses whose signature carries `Any` or a bare tuple. `sources` maps
     module names to their text; `packages` names those that are a package's __init__."""
