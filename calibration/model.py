@@ -15,13 +15,13 @@ from calibration.fit import ThroughputModel, throughput_model_from_json
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
+from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 if TYPE_CHECKING:  # imported where used, below, as before: only their names are needed here
     from calibration.comm import CommModel
     from calibration.setup import SetupKey
     from calibration.translate import BoundWidths
-from common.errors import BenchtrainError
-from common.json_types import JsonDict
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02
