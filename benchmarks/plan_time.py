@@ -25,7 +25,8 @@ def main() -> None:
 
     from calibration.model import Calibration
     from train.planning.deadline import Deadline
-    from train.planning.planner import PlanRequest, make_plan
+    from train.planning.planner import make_plan
+    from train.planning.types import PlanRequest
     from train.workload.data import TokenizedData
 
     rng = np.random.default_rng(0)

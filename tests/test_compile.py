@@ -17,7 +17,8 @@ from test_planner import heavy_tailed, tokenized
 from bench.calibrate import warmup_costs
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 from train.running.guard import DeadlineGuard, GuardSettings
 from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
 from train.workload.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
@@ -89,8 +90,8 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, compiled=True)
     plan = make_plan(calibration, data, request)
     chosen = plan.chosen
-    batches = plan_padded_batches(data.lengths, chosen.micro_batch_size, chosen.max_length, seed=0, epoch=0)
-    shapes = padded_shape_counts(data.lengths, batches, chosen.max_length, SHAPE_BUCKET)
+    batches = plan_padded_batches(data.lengths, chosen.config.micro_batch_size, chosen.config.seq_len, seed=0, epoch=0)
+    shapes = padded_shape_counts(data.lengths, batches, chosen.config.seq_len, SHAPE_BUCKET)
     assert chosen.overheads.compile_shapes == len(shapes)
     assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
     assert chosen.overhead_seconds >= chosen.overheads.compile_seconds

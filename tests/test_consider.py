@@ -194,7 +194,6 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     at accumulation > 1: each process's peak is the 1-process prediction, less the sharded state
     (the plan's memory offset), less 3/4 of what accumulation holds."""
     from bench.refit import refit_record
-    from calibration.step_config import StepConfig
     from train.planning.memory_check import memory_need
     from train.step.engine import StepOptions
 
@@ -202,11 +201,11 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     comparison = run_consider("h100:4:nvlink", [data], step_options=StepOptions(sharding="fsdp"), effective_batch=64)
     (row,) = comparison.rows
     chosen = row.plan.chosen
-    assert row.consider.kind == "predicted" and chosen.grad_accum > 1, row.problem
+    assert row.consider.kind == "predicted" and chosen.config.grad_accum > 1, row.problem
     memory = Calibration(data).memory
     held = memory.coefficients["accumulated_gradients"]
     assert held >= 1_235_814_400 * 4  # Llama-3.2-1B's fp32 gradients
     need = memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda")
     offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes
-    config = StepConfig(chosen.micro_batch_size, chosen.num_workers, chosen.grad_accum, chosen.max_length, bool(chosen.gradient_checkpointing))
+    config = chosen.config
     assert chosen.peak_memory_bytes == pytest.approx(memory.peak_bytes(config) + offset - 0.75 * held, rel=1e-6)

@@ -14,7 +14,8 @@ from test_planner import heavy_tailed, tokenized
 from calibration.model import Calibration
 from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
 
 __all__ = ["calibrated_home"]

@@ -28,7 +28,8 @@ from calibration.store import save_calibration
 
 __all__ = ["calibrated_home"]  # a fixture shared with test_cli
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 
 
 def short_calibration(**overrides: Any) -> Calibration:
@@ -44,8 +45,8 @@ def test_balanced_keeps_the_truncation_limit_on_long_chat_data() -> None:
         short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=4096)
     )
     assert plan.chosen.truncation["share_truncated"] <= 0.005
-    assert plan.chosen.max_length >= sorted(lengths)[int(0.995 * len(lengths)) - 1]
-    assert plan.chosen.max_length % 64 == 0
+    assert plan.chosen.config.seq_len >= sorted(lengths)[int(0.995 * len(lengths)) - 1]
+    assert plan.chosen.config.seq_len % 64 == 0
     assert any("extrapolates" in note for note in plan.notes)
 
 
@@ -54,7 +55,7 @@ def test_when_the_model_cannot_take_the_length_the_plan_says_so_loudly() -> None
     plan = make_plan(
         short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=256)
     )
-    assert plan.chosen.max_length == 256
+    assert plan.chosen.config.seq_len == 256
     assert any("at most 256 tokens" in warning and "truncated" in warning for warning in plan.warnings)
 
 

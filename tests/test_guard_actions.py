@@ -15,7 +15,8 @@ from helpers import synthetic_calibration, synthetic_rows
 from calibration import run_status
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 from train.running import guard
 from train.running.checkpoint import list_checkpoints
 from train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction

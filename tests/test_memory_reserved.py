@@ -36,7 +36,8 @@ from calibration.step_config import StepConfig
 from common.errors import CalibrationFileError
 from train.planning.deadline import Deadline
 from train.planning.memory_check import memory_basis_note
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 
 # What a long GPU run holds beyond the allocated peak: fragmentation kept by the caching allocator
 # (8% + 0.25 GiB here) and 0.6 GiB outside it (CUDA context, kernels, NCCL).

@@ -10,7 +10,8 @@ from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, deadline_options, make_plan
+from train.planning.planner import deadline_options, make_plan
+from train.planning.types import PlanRequest
 from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
@@ -68,15 +69,15 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
     data = tokenized(heavy_tailed())
     plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), priority="fast", effective_batch=16))
     c = plan.chosen
-    assert c.micro_batch_size * c.grad_accum * c.world_size == 16
+    assert c.config.micro_batch_size * c.config.grad_accum * c.world_size == 16
     for alternative in plan.alternatives:
-        assert alternative.micro_batch_size * alternative.grad_accum == 16
+        assert alternative.config.micro_batch_size * alternative.config.grad_accum == 16
         assert alternative.total_seconds >= c.total_seconds
     # Brute force over every candidate the calibration allows: nothing is faster.
     best = min(
         sum(
             calibration.micro_step_seconds(StepConfig(micro_batch_size=s.rows, num_workers=w, grad_accum=16 // b, seq_len=s.length))
-            for s in padded_shapes(data.lengths, epoch_batches(data, b, c.max_length, 0, 0), c.max_length)
+            for s in padded_shapes(data.lengths, epoch_batches(data, b, c.config.seq_len, 0, 0), c.config.seq_len)
         )
         for b in (1, 2, 4, 8)
         for w in (0, 2)
@@ -92,7 +93,7 @@ def test_padding_costs_are_counted_from_real_batches() -> None:
     plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), effective_batch=8))
     c = plan.chosen
     assert c.padded_tokens > c.tokens  # padding exists and is counted
-    assert c.tokens == real_tokens(data, c.max_length)
+    assert c.tokens == real_tokens(data, c.config.seq_len)
 
 
 def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
@@ -100,10 +101,10 @@ def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
     lengths = [100] * 990 + [300] * 7 + [1500] * 3
     data = tokenized(lengths)
     balanced = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05)))
-    assert balanced.chosen.max_length == 512  # 99.5% ≤ 300 tokens: smallest calibrated length ≥ 300
+    assert balanced.chosen.config.seq_len == 512  # 99.5% ≤ 300 tokens: smallest calibrated length ≥ 300
     assert balanced.chosen.truncation["samples_truncated"] == 3
     quality = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="quality"))
-    assert quality.chosen.max_length == 2048
+    assert quality.chosen.config.seq_len == 2048
     assert quality.chosen.truncation["samples_truncated"] == 0
 
 
@@ -122,7 +123,7 @@ def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
     data = tokenized(heavy_tailed())
     plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast"))
     assert plan.chosen.fits_in_memory
-    assert calibration.predict(micro_batch_size=plan.chosen.micro_batch_size, seq_len=plan.chosen.max_length).fits_in_memory
+    assert calibration.predict(micro_batch_size=plan.chosen.config.micro_batch_size, seq_len=plan.chosen.config.seq_len).fits_in_memory
 
 
 def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_steps() -> None:

@@ -29,7 +29,8 @@ from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 from common.errors import DeadlineError
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, evaluate, make_plan
+from train.planning.planner import evaluate, make_plan
+from train.planning.types import PlanRequest
 
 __all__ = ["calibrated_home", "clock"]
 

@@ -169,7 +169,8 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
     (a predicted row): the upper bound is the same, the estimate and the lower bound are not; a
     collective longer than backward keeps the rest exposed even at full overlap (FSDP, per micro-step)."""
     from train.planning.deadline import Deadline
-    from train.planning.planner import PlanRequest, make_plan
+    from train.planning.planner import make_plan
+    from train.planning.types import PlanRequest
 
     calibration, data = Calibration(synthetic_calibration()), tokenized(heavy_tailed(300))
     base = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, num_workers=0, world_size=2)
@@ -254,10 +255,10 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
         chosen[word] = row.plan.chosen
         assert row.communication["seconds_per_micro_step"] > 0 and row.communication["seconds_per_step"] == 0
     for word, candidate in chosen.items():
-        per_micro = candidate.comm_seconds_per_step_high / candidate.grad_accum
+        per_micro = candidate.comm_seconds_per_step_high / candidate.config.grad_accum
         compute = (candidate.step_seconds - candidate.remaining_steps * candidate.comm_seconds_per_step) / candidate.micro_batches
         floor = max(0.0, per_micro - BACKWARD_SHARE * compute)
-        assert candidate.comm_seconds_per_step_low == pytest.approx(floor * candidate.grad_accum, rel=1e-6, abs=1e-12), word
+        assert candidate.comm_seconds_per_step_low == pytest.approx(floor * candidate.config.grad_accum, rel=1e-6, abs=1e-12), word
     assert chosen["nvlink"].comm_seconds_per_step_low == 0.0 < chosen["pcie"].comm_seconds_per_step_low
     assert chosen["pcie"].total_seconds_low > chosen["nvlink"].total_seconds_low
 

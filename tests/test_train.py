@@ -13,7 +13,8 @@ from helpers import synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import LoopSettings, TrainingRun
 from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
@@ -160,9 +161,9 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
     outcome = run.run()
     c = run.chosen
-    shapes = batch_shapes(run.data, run.epoch_batches(0), c.max_length, run.shape_bucket)[: outcome.micro_batches]
+    shapes = batch_shapes(run.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.micro_batches]
     flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
-    assert max(shape.length for shape in shapes) < c.max_length  # padded batches shorter than max_length
+    assert max(shape.length for shape in shapes) < c.config.seq_len  # padded batches shorter than max_length
     assert outcome.figures["tflops"] * 1e12 * outcome.step_seconds == pytest.approx(flops, rel=1e-9)
 
 

@@ -22,7 +22,8 @@ from calibration.translate import bracket_for, translate, translation_for
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.deadline import Deadline
 from train.planning.plan_text import describe_error, describe_plan
-from train.planning.planner import PlanRequest, make_plan
+from train.planning.planner import make_plan
+from train.planning.types import PlanRequest
 from train.step.hardware import peak_flops
 from train.workload.data import TokenizedData
 

@@ -9,45 +9,15 @@ limit (train.planning.planner.make_plan), so nothing here depends on how a candi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
 
 from common.durations import format_duration
 from common.errors import DeadlineError
+from train.planning.types import Candidate
 
 EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
 
 
-class Estimate(Protocol):
-    """What the deadline reads of a planned candidate (train.planning.planner.Candidate)."""
-
-    @property
-    def optimizer_steps(self) -> int: ...
-
-    @property
-    def remaining_steps(self) -> int: ...
-
-    @property
-    def total_seconds(self) -> float: ...
-
-    @property
-    def total_seconds_high(self) -> float: ...
-
-    @property
-    def total_seconds_promised(self) -> float: ...
-
-    @property
-    def bound_fraction(self) -> float: ...
-
-    @property
-    def extrapolated(self) -> bool: ...
-
-    def label(self) -> str: ...
-
-
-CandidateT = TypeVar("CandidateT", bound=Estimate)
-
-
-def error_decides_deadline(chosen: Estimate, available: float) -> str | None:
+def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     """Said when the calibration's error is what decides the deadline: the central estimate fits
     and its upper bound does not (refused, or promised on the central estimate when too noisy)."""
     if not chosen.total_seconds <= available < chosen.total_seconds_high:
@@ -59,11 +29,11 @@ def error_decides_deadline(chosen: Estimate, available: float) -> str | None:
     )
 
 
-def shortened_alternatives(ranked: list[CandidateT], available: float, limited: Callable[[CandidateT, int], CandidateT], shown: int = 3) -> list[CandidateT]:
+def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate], shown: int = 3) -> list[Candidate]:
     """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
     (those of which not one step fits are left out). `limited(candidate, max_steps)`: the
     candidate's configuration planned with that step limit."""
-    alternatives: list[CandidateT] = []
+    alternatives: list[Candidate] = []
     for candidate in ranked:
         if len(alternatives) == shown:
             break
@@ -76,7 +46,7 @@ def shortened_alternatives(ranked: list[CandidateT], available: float, limited: 
     return alternatives
 
 
-def shrink_to_deadline(chosen: CandidateT, available: float, limited: Callable[[CandidateT, int], CandidateT]) -> tuple[CandidateT, int]:
+def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]) -> tuple[Candidate, int]:
     """The same configuration with as many steps as fit: each count planned as the run it would be
     by `limited(chosen, max_steps)`, the largest whose promised total fits found by bisection (the
     total grows with the steps). Counted after the steps a resumed run already did, so the limit

@@ -9,10 +9,10 @@ nothing and may take any calibrated length. `bench run --data` measures the leng
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 from calibration.model import Calibration
 from common.errors import BenchtrainError
+from train.planning.types import PlanRequest
 from train.workload.batching import DataView, real_tokens
 from train.workload.data import covering_length, truncation
 
@@ -26,20 +26,7 @@ MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short d
 MIN_TRAINABLE_SHARE = 0.01
 
 
-class LengthRequest(Protocol):
-    """What choosing a length reads of the plan's request (train.planning.planner.PlanRequest)."""
-
-    @property
-    def priority(self) -> str: ...
-
-    @property
-    def max_length(self) -> int | str | None: ...
-
-    @property
-    def max_positions(self) -> int | None: ...
-
-
-def choose_lengths(calibration: Calibration, data: DataView, request: LengthRequest) -> tuple[list[int], list[str], list[str]]:
+def choose_lengths(calibration: Calibration, data: DataView, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
     """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
     limit on the real token profile: the smallest calibrated length that covers it, else a longer
     one (extrapolated, and said so); only the model's position table can stop that, loudly."""
@@ -101,7 +88,7 @@ def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions:
     return tuple(sorted({*shorter, *needed}))
 
 
-def check_trainable_tokens(data: DataView, max_length: int, request: LengthRequest) -> None:
+def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest) -> None:
     """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
     loss on nothing would train nothing and still exit 0."""
     if data.packing:

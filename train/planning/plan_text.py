@@ -11,7 +11,7 @@ from calibration.run_status import STOPPED_EARLY
 from calibration.translate import describe_translation
 from common.durations import format_duration
 from common.run_paths import run_path
-from train.planning.planner import Plan
+from train.planning.types import Plan
 
 
 def _gib(value: float | None) -> str:

@@ -1,41 +1,18 @@
-"""The priorities a plan may be made for, and the order each puts the candidates in: fast and
-quality by time alone, balanced keeping the predicted peak memory clear of the limit first,
-memory_efficient taking the smallest peak among those nearly as fast as the fastest.
+"""The order each priority a plan may be made for (train.planning.types.PRIORITIES) puts the
+candidates in: fast and quality by time alone, balanced keeping the predicted peak memory clear of
+the limit first, memory_efficient taking the smallest peak among those nearly as fast as the fastest.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from train.planning.types import Candidate
 
-PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 
 
-class Ranked(Protocol):
-    """What ranking reads of a planned candidate (train.planning.planner.Candidate)."""
-
-    @property
-    def total_seconds(self) -> float: ...
-
-    @property
-    def extrapolated(self) -> bool: ...
-
-    @property
-    def micro_batch_size(self) -> int: ...
-
-    @property
-    def peak_memory_bytes(self) -> float | None: ...
-
-    @property
-    def peak_memory_bytes_high(self) -> float | None: ...
-
-
-CandidateT = TypeVar("CandidateT", bound=Ranked)
-
-
-def rank(candidates: list[CandidateT], priority: str, memory_limit: float) -> list[CandidateT]:
-    by_time = sorted(candidates, key=lambda c: (c.total_seconds, c.extrapolated, c.micro_batch_size))
+def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
+    by_time = sorted(candidates, key=lambda c: (c.total_seconds, c.extrapolated, c.config.micro_batch_size))
     if priority in ("fast", "quality"):
         return by_time
     if priority == "balanced":

@@ -6,9 +6,9 @@ the planner's step time is the sum over these counts (train.planning.planner.eva
 from __future__ import annotations
 
 from collections import Counter
-from typing import Protocol
 
 from calibration.model import Calibration
+from train.planning.types import PlanRequest
 from train.workload.batching import (
     BatchLayout,
     DataView,
@@ -23,27 +23,10 @@ from train.workload.batching import (
     run_batches,
 )
 
-
-class ShapeRequest(Protocol):
-    """What counting shapes reads of the plan's request (train.planning.planner.PlanRequest)."""
-
-    @property
-    def epochs(self) -> float: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def seed(self) -> int: ...
-
-    @property
-    def shape_bucket(self) -> int | None: ...
-
-
 ShapeCache = dict[tuple[int, int, int], Counter]
 
 
-def shape_counts(data: DataView, request: ShapeRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
+def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
     """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
     batches do not depend on accumulation or workers)."""
     key = (micro, length, epoch)

@@ -44,7 +44,7 @@ class Row:
     device: dict[str, Any]
     price_per_hour: float | None = None
     placement: Placement | None = None
-    plan: Any = None  # train.planning.planner.Plan, or None when this calibration cannot plan the run
+    plan: Any = None  # train.planning.types.Plan, or None when this calibration cannot plan the run
     communication: dict[str, Any] = field(default_factory=dict)
     compute: dict[str, Any] = field(default_factory=dict)
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)

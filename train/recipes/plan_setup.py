@@ -92,8 +92,8 @@ class PlacedPlan:
 
     placement: Placement
     communication: dict[str, Any]
-    request: Any  # train.planning.planner.PlanRequest
-    plan: Any  # train.planning.planner.Plan
+    request: Any  # train.planning.types.PlanRequest
+    plan: Any  # train.planning.types.Plan
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_t
 
 def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
     """What the planner is asked for this command, calibration and placement."""
-    from train.planning.planner import PlanRequest
+    from train.planning.types import PlanRequest
 
     config, spec, resumed = context.config, context.spec, context.resumed
 
@@ -277,7 +277,7 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, method))
-    flops = shape.flops_per_token(chosen.max_length, lora=method.is_lora, recompute=chosen.gradient_checkpointing)
+    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.gradient_checkpointing)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 

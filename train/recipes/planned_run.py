@@ -15,7 +15,7 @@ from train.running.resume import run_total_steps
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from train.planning.memory_check import MemoryNeed
-    from train.planning.planner import Plan, PlanRequest
+    from train.planning.types import Plan, PlanRequest
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
@@ -24,7 +24,7 @@ def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
     """The learning rate this run uses, and how it was scaled from --learning-rate."""
     from train.step.runtime import scaled_learning_rate
 
-    effective = plan.chosen.micro_batch_size * plan.chosen.world_size * plan.chosen.grad_accum
+    effective = plan.chosen.config.micro_batch_size * plan.chosen.world_size * plan.chosen.config.grad_accum
     return {
         "learning_rate": scaled_learning_rate(config.learning_rate, config.lr_scaling, config.base_batch, effective),
         "base_learning_rate": config.learning_rate,

@@ -339,7 +339,7 @@ class TrainRecipe:
             "preparation": loaded.prepared.record(),
         }
         if not data.packing:
-            section["truncation"] = truncation(data.lengths, self.run.plan.chosen.max_length)
+            section["truncation"] = truncation(data.lengths, self.run.plan.chosen.config.seq_len)
         return section
 
     def _train_loop(self) -> TrainedRun:
@@ -384,7 +384,7 @@ class TrainRecipe:
                 raise
             chosen = run.plan.chosen
             raise BenchtrainError(
-                f"out of memory training batch {chosen.micro_batch_size} at length {chosen.max_length}, which the calibration "
+                f"out of memory training batch {chosen.config.micro_batch_size} at length {chosen.config.seq_len}, which the calibration "
                 f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
             ) from None
         training = {**method_record(run.method, loop.model), **loop.engine.record()}

@@ -70,10 +70,6 @@ def best_first(plans: list[Any]) -> list[int]:
     return sorted(range(len(plans)), key=order)
 
 
-def step_config_of(candidate: Any) -> StepConfig:
-    return StepConfig(candidate.micro_batch_size, candidate.num_workers, candidate.grad_accum, candidate.max_length, candidate.gradient_checkpointing)
-
-
 def largest_fitting_micro_batch(calibration: Any, config: StepConfig) -> int:
     """The largest power-of-two micro-batch the calibration's memory model fits at `config`'s
     length and checkpointing (0: not even one)."""
@@ -87,7 +83,7 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
     """Plan notes: what each other setup would cost at the chosen configuration, and its own best plan.
     `chosen`/`others`: (calibration variant, plan); `refused`: (method, why it was not planned)."""
     chosen_cal, chosen_plan = chosen
-    config = step_config_of(chosen_plan.chosen)
+    config: StepConfig = chosen_plan.chosen.config
     mine = chosen_cal.predict_for(config)
     if not chosen_plan.meets_deadline:
         why = "the shortest plan that fits memory (none meets the deadline)"

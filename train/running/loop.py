@@ -17,7 +17,7 @@ import numpy as np
 
 from calibration.model import Calibration
 from calibration.run_status import COMPLETED, STEP_LIMIT
-from train.planning.planner import Candidate
+from train.planning.types import Candidate
 from train.running import trackers
 from train.running.cadence import Every
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
@@ -64,22 +64,22 @@ class TrainingRun:
         self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(s.seed)
         optimization = Optimization(s.learning_rate, s.hyperparameters, s.schedule_steps or self.total_steps())
-        self.engine = build_engine(self.spec, self.method, self.accelerator, self.step_options, self.chosen.gradient_checkpointing, optimization)
+        self.engine = build_engine(self.spec, self.method, self.accelerator, self.step_options, self.chosen.config.gradient_checkpointing, optimization)
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
         from train.step.hardware import detect_hardware
         from train.workload.model import model_shape
 
-        shape, lora, recompute = model_shape(self.model), self.method.is_lora, self.chosen.gradient_checkpointing
+        shape, lora, recompute = model_shape(self.model), self.method.is_lora, self.chosen.config.gradient_checkpointing
         self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        c = self.chosen
+        step = self.chosen.config
         return run_batches(
             self.data,
-            BatchLayout(c.micro_batch_size, c.max_length, self.settings.seed),
+            BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed),
             epoch,
             self.settings.epochs,
             self.accelerator.num_processes,
@@ -92,8 +92,8 @@ class TrainingRun:
 
     def dataset(self, batches: list[list[int]]) -> Any:
         if self.data.packing:
-            return PackedBatches(self.data, batches, self.chosen.max_length)
-        return PaddedBatches(self.data, batches, self.chosen.max_length, self.pad_id, self.shape_bucket)
+            return PackedBatches(self.data, batches, self.chosen.config.seq_len)
+        return PaddedBatches(self.data, batches, self.chosen.config.seq_len, self.pad_id, self.shape_bucket)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -106,13 +106,13 @@ class TrainingRun:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes (each distinct
         shape predicted once: an epoch may hold millions of batches)."""
         c, step = self.chosen, self.chosen.config
-        rows, lengths = batch_rows_and_lengths(self.data, batches, c.max_length, self.shape_bucket)
+        rows, lengths = batch_rows_and_lengths(self.data, batches, step.seq_len, self.shape_bucket)
         if not len(rows):
             return np.zeros(0)
         shapes, which = np.unique(np.stack([rows, lengths], axis=1), axis=0, return_inverse=True)
         seconds = np.array([self.calibration.micro_step_seconds(step.with_shape(int(r), int(n))) for r, n in shapes])
         micro = seconds[np.asarray(which).ravel()]
-        return np.add.reduceat(micro, np.arange(0, len(micro), c.grad_accum)) + c.comm_seconds_per_step
+        return np.add.reduceat(micro, np.arange(0, len(micro), step.grad_accum)) + c.comm_seconds_per_step
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> LoopOutcome:
@@ -155,15 +155,15 @@ class TrainingRun:
         batches = self.epoch_batches(position.epoch)
         predicted = self.predicted_step_seconds(batches)
         elapsed_predicted = np.concatenate(([0.0], np.cumsum(predicted)))  # running totals for the guard
-        loader = make_loader(self.dataset(batches), c.num_workers, self.pin_memory, start=position.batch_in_epoch)
+        loader = make_loader(self.dataset(batches), c.config.num_workers, self.pin_memory, start=position.batch_in_epoch)
         iterator = iter(loader)
         while position.batch_in_epoch < len(batches) and self.status == COMPLETED:
             if position.step >= self.limit:
                 self.status = STEP_LIMIT
                 break
-            step_index = position.batch_in_epoch // c.grad_accum
+            step_index = position.batch_in_epoch // c.config.grad_accum
             step_predicted = float(predicted[step_index])
-            result, now = self._step(iterator, position, min(c.grad_accum, len(batches) - position.batch_in_epoch), step_predicted)
+            result, now = self._step(iterator, position, min(c.config.grad_accum, len(batches) - position.batch_in_epoch), step_predicted)
             remaining_predicted = float(self._remaining_predicted(position, elapsed_predicted, step_index, self.limit))
             self._after_step(position, result, now, step_predicted, remaining_predicted)
         del iterator, loader
@@ -321,12 +321,11 @@ class TrainingRun:
         """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
         from train.step.evaluation import evaluate_loss
 
-        c = self.chosen
+        step = self.chosen.config
         if self.eval_data is None:
             return
-        result = evaluate_loss(
-            self.accelerator, self.model, self.eval_data, BatchLayout(c.micro_batch_size, c.max_length, self.settings.seed), self.pad_id, self.engine.compiled
-        )
+        layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
+        result = evaluate_loss(self.accelerator, self.model, self.eval_data, layout, self.pad_id, self.engine.compiled)
         entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
         if progress is not None:

@@ -16,8 +16,8 @@ from calibration.store import is_read_only, update_calibration
 from common.atomic import write_json_atomic
 from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
-from train.planning.planner import Plan
 from train.planning.prices import run_cost
+from train.planning.types import Plan
 from train.running.loop_state import LoopOutcome, Position
 from train.running.resume import run_total_steps
 
@@ -56,12 +56,12 @@ def plan_section(plan: Plan) -> dict[str, Any]:
         # The step configuration as a calibration row: what a resume reads back
         # (train.running.resume.resumed_configuration); the flat keys below are for readers.
         "configuration": chosen.config.to_row(),
-        "micro_batch_size": chosen.micro_batch_size,
-        "grad_accum": chosen.grad_accum,
-        "num_workers": chosen.num_workers,
-        "max_length": chosen.max_length,
+        "micro_batch_size": chosen.config.micro_batch_size,
+        "grad_accum": chosen.config.grad_accum,
+        "num_workers": chosen.config.num_workers,
+        "max_length": chosen.config.seq_len,
         "world_size": chosen.world_size,
-        "gradient_checkpointing": chosen.gradient_checkpointing,
+        "gradient_checkpointing": chosen.config.gradient_checkpointing,
         "effective_batch": plan.effective_batch,
         "optimizer_steps": chosen.optimizer_steps,
         "micro_batches": chosen.micro_batches,

@@ -1,0 +1,185 @@
+"""What the planner is asked, what it weighs and what it answers: the request (PlanRequest), each
+configuration it predicts (Candidate) and the plan it makes (Plan). One home that every planning
+module imports (train.planning.planner, .priorities, .fit_deadline, .shapes, .lengths), so this
+module imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from calibration.step_config import StepConfig
+from common.errors import BenchtrainError
+from train.planning.deadline import Deadline
+from train.planning.overheads import Overheads
+from train.step.evaluation import EvalSchedule
+
+# The priorities a plan may be made for (train.planning.priorities orders candidates by each).
+# Here, beside the request that checks them, because priorities.py imports Candidate from here.
+PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    epochs: float
+    deadline: Deadline  # the command's, whole (train.recipes.config.TrainConfig.run_deadline)
+    elapsed_seconds: float = 0.0  # already spent by this command (loading, tokenizing)
+    priority: str = "balanced"
+    effective_batch: int | None = None
+    max_length: int | str | None = "auto"
+    world_size: int = 1
+    num_workers: int | None = None
+    checkpoint_interval_seconds: float = 600.0
+    price_per_hour: float | None = None
+    max_steps: int | None = None
+    fit_deadline: bool = False
+    seed: int = 0
+    max_positions: int | None = None  # the model's position table: no length beyond it
+    completed_steps: int = 0  # --resume: optimizer steps the interrupted run already did
+    # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length, gradient_checkpointing.
+    configuration: StepConfig | None = None
+    gradient_checkpointing: str = "auto"  # auto | on | off
+    eval_schedule: EvalSchedule | None = None  # None: no evaluation
+    with_report: bool = True  # --no-report: no report time in the plan
+    compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
+    # Gradient all-reduce per optimizer step that the calibration's step times do not hold (a
+    # 1-process calibration planning an N-process run: calibration.comm).
+    comm_seconds_per_step: float = 0.0
+    # FSDP's all-gathers and reduce-scatter per micro-step, likewise (train/planning/comm.py).
+    comm_seconds_per_micro_step: float = 0.0
+    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
+    # a 1-process calibration, train.planning.memory_check.MemoryNeed.per_process_bytes).
+    memory_offset_bytes: float = 0.0
+    # FSDP processes planned from a 1-process calibration: each accumulates its 1/N of the gradients.
+    gradient_shards: int = 1
+    # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
+    export_bytes: int = 0
+    # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
+    upload_seconds: float = 0.0
+    # Whether the collectives above may run behind backward (a row predicted from a 1-process step,
+    # train.recipes.compare): the estimate counts the midpoint of the overlap bracket, the lower
+    # bound full overlap, the upper bound (what the deadline is checked against) none: the
+    # communication seconds above are that absolute upper bound (calibration.topology). False:
+    # counted in full everywhere.
+    comm_overlap: bool = False
+    # Tokenizing the data before training (a cold cache), predicted at the rate measured on the
+    # sample (train.workload.prepare): an overhead of the run.
+    data_prep_seconds: float = 0.0
+    # The relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it.
+    data_uncertainty: float = 0.0
+
+    @property
+    def shape_bucket(self) -> int | None:
+        from train.step.compile import SHAPE_BUCKET
+
+        return SHAPE_BUCKET if self.compiled else None
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise BenchtrainError(f"--priority must be one of {', '.join(PRIORITIES)}, got {self.priority!r}")
+        if not self.epochs > 0:
+            raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise BenchtrainError(f"--effective-batch must be a positive integer, got {self.effective_batch}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise BenchtrainError(f"--max-steps must be a positive integer, got {self.max_steps}")
+        if self.gradient_checkpointing not in ("auto", "on", "off"):
+            raise BenchtrainError(f"--gradient-checkpointing must be auto, on or off, got {self.gradient_checkpointing!r}")
+        if self.completed_steps < 0:
+            raise BenchtrainError(f"completed steps must be non-negative, got {self.completed_steps}")
+
+
+@dataclass
+class Candidate:
+    """One configuration the planner weighs, and what it predicts for it."""
+
+    config: StepConfig  # the step it runs, at its max length (what the calibration predicts for)
+    world_size: int
+    optimizer_steps: int = 0  # the run's target (all of it, resumed or not)
+    remaining_steps: int = 0  # what this command still runs: the estimate covers these
+    micro_batches: int = 0
+    step_seconds: float = 0.0  # training steps only, predicted
+    comm_seconds_per_step: float = 0.0  # predicted collectives added to each optimizer step (the estimate)
+    comm_seconds_per_step_low: float = 0.0  # …hidden behind backward as far as they can be
+    comm_seconds_per_step_high: float = 0.0  # …none hidden
+    overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
+    total_seconds: float = 0.0
+    total_seconds_low: float = 0.0
+    total_seconds_high: float = 0.0
+    total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
+    bound_fraction: float = 0.0  # the calibration's relative bound here (wider when extrapolating)
+    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
+    eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
+    overheads: Overheads | None = None  # the parts of overhead_seconds (train.planning.overheads)
+    tokens: int = 0  # real tokens trained on
+    padded_tokens: int = 0  # positions computed, padding included
+    peak_memory_bytes: float | None = None
+    peak_memory_bytes_high: float | None = None
+    fits_in_memory: bool = True
+    extrapolated: bool = False
+    truncation: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def planned(cls, config: StepConfig, world_size: int) -> Candidate:
+        """A candidate for `config` (its length the max length), its predictions still to fill in."""
+        return cls(config=config, world_size=world_size)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.step_seconds if self.step_seconds else 0.0
+
+    def label(self) -> str:
+        return self.config.phrase
+
+    def to_json(self) -> dict[str, Any]:
+        """run.json's and the plan's flat form: the step's columns (seq_len as max_length), then the predictions."""
+        data = asdict(self)
+        step = data.pop("config")
+        columns = {"micro_batch_size": step["micro_batch_size"], "grad_accum": step["grad_accum"], "num_workers": step["num_workers"]}
+        columns.update(max_length=step["seq_len"], world_size=data.pop("world_size"), gradient_checkpointing=step["gradient_checkpointing"])
+        return {**columns, **data, "tokens_per_second": self.tokens_per_second}
+
+
+@dataclass
+class Plan:
+    chosen: Candidate
+    alternatives: list[Candidate]
+    naive_seconds: float
+    deadline: Deadline
+    available_seconds: float
+    meets_deadline: bool
+    effective_batch: int
+    packing: bool
+    epochs: float
+    priority: str
+    step_limit: int | None
+    bound_fraction: float
+    notes: list[str]
+    cost: float | None
+    warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
+    price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
+
+    @property
+    def deadline_seconds(self) -> float:
+        return self.deadline.deadline_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "chosen": self.chosen.to_json(),
+            "alternatives": [candidate.to_json() for candidate in self.alternatives],
+            "naive_seconds": self.naive_seconds,
+            "deadline_seconds": self.deadline_seconds,
+            "available_seconds": self.available_seconds,
+            "meets_deadline": self.meets_deadline,
+            "effective_batch": self.effective_batch,
+            "packing": self.packing,
+            "epochs": self.epochs,
+            "priority": self.priority,
+            "step_limit": self.step_limit,
+            "bound_fraction": self.bound_fraction,
+            "notes": self.notes,
+            "warnings": self.warnings,
+            "cost": self.cost,
+            "price_per_hour": self.price_per_hour,
+        }
