@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from calibration.step_config import StepConfig
 from common.atomic import write_json_atomic
@@ -185,8 +185,9 @@ class RunFile:
     def get(self, key: str) -> JsonValue:
         return self.sections.get(key)
 
-    def update(self, **values: JsonValue) -> None:
-        """Top-level sections set (a new one goes last, as the file has always added them)."""
+    def update(self, **values: Any) -> None:
+        """Top-level sections set (a new one goes last, as the file has always added them). Any:
+        the code's records of what happened (lists of dicts it built), JSON by construction."""
         self.sections.update(values)
 
     @property
@@ -195,7 +196,8 @@ class RunFile:
         plan = self.to_json()["plan"]
         return plan if isinstance(plan, dict) else {}
 
-    def update_plan(self, **values: JsonValue) -> None:
+    def update_plan(self, **values: Any) -> None:
+        """Plan keys set; its step columns are the configuration's (set `configuration`)."""
         held = self.sections.get("plan")
         assert isinstance(held, dict)
         held.update({key: value for key, value in values.items() if key not in STEP_COLUMNS})
@@ -248,6 +250,25 @@ class RunMethod:
     quantize: str = "none"
 
 
+def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMethod:
+    """The method a run.json's plan section records."""
+    return _method(_Reader(source, "plan", plan))
+
+
+def _method(plan: _Reader) -> RunMethod:
+    lora = plan.section("lora")
+    is_lora = plan.text("method", "full") == "lora"
+    return RunMethod(
+        method="lora" if is_lora else "full",
+        optimizer=plan.text("optimizer", "adamw") or "adamw",
+        lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
+        lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,
+        lora_dropout=lora.number("dropout", 0.0) or 0.0,
+        lora_targets=lora.texts("targets") or None,
+        quantize=lora.text("quantize", "none") or "none",
+    )
+
+
 @dataclass(frozen=True)
 class RunData:
     """What a resume compares of the run's data (train.running.resume.check_same_data)."""
@@ -285,17 +306,7 @@ class ResumedRun:
         top = _Reader(source, "", document)
         plan, model, data = top.section("plan", required=True), top.section("model"), top.section("data")
         configuration = _configuration(plan)
-        lora = plan.section("lora")
-        is_lora = plan.text("method", "full") == "lora"
-        method = RunMethod(
-            method="lora" if is_lora else "full",
-            optimizer=plan.text("optimizer", "adamw") or "adamw",
-            lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
-            lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,
-            lora_dropout=lora.number("dropout", 0.0) or 0.0,
-            lora_targets=lora.texts("targets") or None,
-            quantize=lora.text("quantize", "none") or "none",
-        )
+        method = _method(plan)
         profile = data.section("profile")
         return cls(
             run_id=top.text("run_id", required=True) or "",
