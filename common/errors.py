@@ -36,6 +36,10 @@ class CalibrationFileError(BenchtrainError):
     """A calibration file that cannot be read: corrupt, incomplete or from a future version."""
 
 
+class RunFileError(BenchtrainError):
+    """A run.json that cannot be read: not JSON, or a key the code reads missing or of another type."""
+
+
 class MeasurementError(BenchtrainError):
     """A benchmark that measured too little to fit a model: nothing usable was stored."""
 

@@ -267,9 +267,13 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
 
 
 def test_a_run_from_before_the_section_resumes_with_the_defaults() -> None:
+    from calibration.run_file import ResumedRun
+    from calibration.step_config import StepConfig
     from train.running.resume import resumed_hyperparameters
 
-    previous = {"run_id": "old", "plan": {"optimizer_steps": 40}}
+    # What a resume reads of it (the epochs and configuration the read requires, as such a run had).
+    row = StepConfig(1, 0, 1, 64).to_row()
+    previous = ResumedRun.of({"run_id": "old", "plan": {"optimizer_steps": 40, "epochs": 1.0, "configuration": dict(row)}}, "run.json")
     kept = resumed_hyperparameters(previous, {"learning_rate": 3e-4}, force=False)
     assert OptimizerSettings(**kept).record(PEAK, "adamw", 40) == OptimizerSettings().record(PEAK, "adamw", 40)
     with pytest.raises(BenchtrainError, match=r"^--resume: run old trained with --max-grad-norm 1.0, this command asks for 0.0: drop it"):

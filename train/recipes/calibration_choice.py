@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from calibration.run_file import ResumedRun
 from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
@@ -14,7 +15,7 @@ from train.step.runtime import run_precision
 
 def load_calibration(
     config: TrainConfig,
-    previous: dict[str, Any] | None,
+    resumed: ResumedRun | None,
     calibration_api: Any,
     spec: Any,
     method: Any,
@@ -27,7 +28,7 @@ def load_calibration(
     machine's `interconnect`, else over another, else the newest of one process (communication is
     then predicted), else the newest; when that is not the newest, it says why."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
-    if previous is None:
+    if resumed is None:
         reference = config.use_calibration or "latest"
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
@@ -36,7 +37,7 @@ def load_calibration(
         if passed_over:
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
-    own_id, own_path = previous.get("calibration_id"), previous.get("calibration_path")
+    own_id, own_path = resumed.calibration_id, resumed.calibration_path
     if config.use_calibration is not None:
         chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
         if chosen.id != own_id and not config.force:
@@ -133,14 +134,14 @@ def check_compatible(
     return notes
 
 
-def calibration_for(config: TrainConfig, spec: Any, method: Any, previous: dict[str, Any] | None) -> tuple[Any, int, str]:
+def calibration_for(config: TrainConfig, spec: Any, method: Any, resumed: ResumedRun | None) -> tuple[Any, int, str]:
     """The calibration to plan with, and the processes and sharding the plan is for."""
     import calibration as calibration_api
     from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
 
     world_size, sharding = process_layout(config.step_options, method)
-    cal = load_calibration(config, previous, calibration_api, spec, method, (world_size, sharding), detect_hardware().get("interconnect"))
+    cal = load_calibration(config, resumed, calibration_api, spec, method, (world_size, sharding), detect_hardware().get("interconnect"))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     if config.dry_run and world_size == 1 and cal.world_size > 1:

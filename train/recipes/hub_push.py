@@ -159,19 +159,20 @@ def describe_push(section: dict[str, Any], run_dir: Path) -> str:
 
 def push_existing_run(args: Any) -> int:
     """`train --out RUN --push-to-hub ORG/NAME --push-only`: a finished run's model pushed (again)."""
+    from calibration.run_file import RunFile
     from common.console import say
     from common.errors import EXIT_OK, EXIT_PUSH_FAILED
-    from train.running.record import write_run
 
     if not args.push_to_hub:
         raise BenchtrainError("--push-only pushes a run to the hub: add --push-to-hub ORG/NAME")
     run_dir = Path(args.out).expanduser()
     record = read_json_file(run_dir / "run.json", missing=f"--push-only: {run_dir} has no run.json: name a run folder with --out")
     target = PushTarget(valid_repo_id(args.push_to_hub), bool(args.hub_private), args.hub_revision)
+    run_file = RunFile.from_json(record, str(run_dir / "run.json"))  # checked before the push
     if not folder_to_push(run_dir, record).is_dir():
         raise BenchtrainError(f"--push-only: {run_dir} has no final/ to push: the run has not finished its export")
     section = push_run(run_dir, record, check_push(target))
-    record["push"] = section
-    write_run(run_dir, record)
+    run_file.update(push=section)
+    run_file.write(run_dir)
     say(describe_push(section, run_dir))
     return EXIT_OK if section["status"] == "pushed" else EXIT_PUSH_FAILED

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.step_config import StepConfig
+from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
 from train.planning.disk import export_bytes
 from train.recipes.config import TrainConfig
@@ -68,7 +68,7 @@ class PlanContext:
     elapsed_seconds: float
     data_prep_seconds: float = 0.0
     data_uncertainty: float = 0.0
-    resumed: tuple[float, StepConfig] | None = None  # train.running.resume.resumed_configuration
+    resumed: ResumedRun | None = None  # the run a resume continues: its epochs and configuration
     completed: int = 0
 
 
@@ -219,12 +219,12 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
     return PlanRequest(
         data_prep_seconds=context.data_prep_seconds,
         data_uncertainty=context.data_uncertainty,
-        epochs=resumed[0] if resumed else config.epochs,
+        epochs=resumed.epochs if resumed else config.epochs,
         deadline=config.run_deadline,
         elapsed_seconds=context.elapsed_seconds,
         priority=config.priority,
         effective_batch=config.effective_batch,
-        max_length=resumed[1].seq_len if resumed else config.max_length,
+        max_length=resumed.configuration.seq_len if resumed else config.max_length,
         world_size=placement.world_size,
         num_workers=config.workers,
         checkpoint_interval_seconds=config.checkpoint_interval_seconds,
@@ -234,7 +234,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         seed=config.seed,
         max_positions=spec.max_positions,
         completed_steps=context.completed,
-        configuration=resumed[1] if resumed else None,
+        configuration=resumed.configuration if resumed else None,
         gradient_checkpointing=config.gradient_checkpointing,
         eval_schedule=config.eval_schedule if context.eval_data is not None else None,
         with_report=not config.no_report,

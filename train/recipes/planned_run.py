@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration
 from train.recipes.config import TrainConfig
 from train.recipes.plan_setup import LoadedData, Placement, planned_compute
-from train.running.resume import run_total_steps
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -51,7 +51,7 @@ class PlannedRun:
     spec: ModelSpec
     method: MethodConfig
     out_dir: Path | None
-    previous: dict[str, Any] | None  # run.json of the run this command resumes
+    resumed: ResumedRun | None  # what this command continues of the run it resumes
     cal: Calibration
     need: MemoryNeed
     loaded: LoadedData  # what the plan saw, and the way to the exact data
@@ -75,7 +75,7 @@ class PlannedRun:
 
     @property
     def deadline_message(self) -> str:
-        return plan_deadline_message(self.plan, bool(self.previous))
+        return plan_deadline_message(self.plan, self.resumed is not None)
 
 
 def print_plan(run: PlannedRun) -> None:
@@ -87,8 +87,8 @@ def print_plan(run: PlannedRun) -> None:
 
     plan, rate, placement = run.plan, run.rate, run.placement
     hardware = placement.device.hardware
-    if run.previous:
-        total = run_total_steps(run.previous)
+    if run.resumed:
+        total = run.resumed.total_steps
         stop = f", stopping at step {plan.step_limit or plan.chosen.optimizer_steps:,}" if (plan.step_limit or plan.chosen.optimizer_steps) < total else ""
         print(
             f"resuming from step {run.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "

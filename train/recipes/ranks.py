@@ -80,7 +80,7 @@ def check_same_training(training: dict[str, Any]) -> None:
             )
 
 
-# What every rank must train alike, as run.json's plan section holds it (train.running.record.plan_section).
+# What every rank must train alike, as run.json's plan section holds it (calibration.run_file.RunFile writes it).
 COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps", "step_limit", "total_steps", "learning_rate")
 
 

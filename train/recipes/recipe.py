@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.run_file import JsonObject, ResumedRun, RunFile
 from calibration.run_status import INTERRUPTED, STOPPED_EARLY
 from common.atomic import json_text
 from common.console import is_main_process, say
@@ -31,7 +32,7 @@ from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
 from train.running.record import RunRecord, TrainedRun
-from train.running.resume import check_same_data, completed_steps, resume_command, resumed_configuration, resumed_hyperparameters, resumed_step_limit
+from train.running.resume import check_same_data, completed_steps, resume_command, resumed_hyperparameters, resumed_step_limit
 
 if TYPE_CHECKING:
     from train.workload.method import MethodConfig
@@ -76,26 +77,26 @@ class TrainRecipe:
         # --push-to-hub: the name, the token and the hub, checked before any data or model work.
         target = self.config.push_target
         self.push = check_push(target) if target is not None else None
-        self.spec, self.method, self.out_dir, self.previous = self._resume_target()
-        self.completed = completed_steps(self.out_dir) if self.previous and self.out_dir else 0
-        if self.previous:
+        # self.resumed: what this command continues of the run (None: a new run), read once.
+        self.spec, self.method, self.out_dir, self.earlier, self.resumed = self._resume_target()
+        self.completed = completed_steps(self.out_dir) if self.resumed and self.out_dir else 0
+        if self.resumed:
             # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
-            self.config = replace(self.config, max_steps=resumed_step_limit(self.previous, self.config.max_steps, self.completed))
-            self.config = replace(self.config, **resumed_hyperparameters(self.previous, self.config.named_hyperparameters(), self.config.force))
+            self.config = replace(self.config, max_steps=resumed_step_limit(self.resumed, self.config.max_steps, self.completed))
+            self.config = replace(self.config, **resumed_hyperparameters(self.resumed, self.config.named_hyperparameters(), self.config.force))
         self._fit_setups()
         # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
         self.spec = hub_weights(self.spec, self.config.dry_run)
         self.loaded = load_data(self.setups[0].config, self.spec)
-        if self.previous:
-            problem = check_same_data(self.previous, self.loaded, self.config.force)
+        if self.resumed:
+            problem = check_same_data(self.resumed, self.loaded, self.config.force)
             if problem:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
-    def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, dict[str, Any] | None]:
+    def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, RunFile | None, ResumedRun | None]:
         """The model spec, the method, the run folder and, with --resume, the run.json it continues
-        (whose model and adapters it keeps; other options differing are warned of)."""
-        import json
-
+        (whose model and adapters it keeps; other options differing are warned of) and what the
+        resume reads of it (a file that cannot be read: one line, calibration.run_file)."""
         from train.recipes.variant_choice import asked_variant, with_run_variant
         from train.running.resume import check_same_run, resumed_method, resumed_spec, same_method
         from train.workload.model import resolve_model
@@ -105,17 +106,20 @@ class TrainRecipe:
         out_dir = Path(config.out).expanduser() if config.out else None
         if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
             raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-        previous = json.loads((out_dir / "run.json").read_text()) if config.resume and out_dir else None
+        earlier = RunFile.read(out_dir / "run.json") if config.resume and out_dir else None
+        # --force with --max-length N trains the run's configuration at length N (check_same_run).
+        forced_length = config.max_length if config.force and isinstance(config.max_length, int) else None
+        resumed = earlier.resumed().with_length(forced_length) if earlier else None
         method = config.method
-        if previous:
-            run_method = resumed_method(previous)  # read once: the run's method as run.json holds it
+        if resumed:
+            run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
             method = with_run_variant(method, run_method, asked_variant(config.quantize, config.optimizer))
-            spec = resumed_spec(spec, previous)
-            for problem in check_same_run(previous, spec, method, config.max_length, config.force):
+            spec = resumed_spec(spec, resumed)
+            for problem in check_same_run(resumed, run_method, spec, method, config.max_length, config.force):
                 say(f"warning: {problem} (--force: continuing with this command's)")
             if same_method(run_method, method):
                 method = run_method  # the run's adapters exactly (its targets as resolved)
-        return spec, method, out_dir, previous
+        return spec, method, out_dir, earlier, resumed
 
     def _fit_setups(self) -> None:
         """The calibration, the processes and their sharding, and the setups to plan: each fitted
@@ -123,15 +127,15 @@ class TrainRecipe:
         from train.recipes.calibration_choice import calibration_for
         from train.recipes.variant_choice import asked_variant, setups_to_plan
 
-        config, previous = self.config, self.previous
-        cal, world_size, sharding = calibration_for(config, self.spec, self.method, previous)
+        config, resumed = self.config, self.resumed
+        cal, world_size, sharding = calibration_for(config, self.spec, self.method, resumed)
         if config.device_memory_bytes:
             cal = cal.with_device_memory(config.device_memory_bytes)
-        before = previous["plan"].get("sharding", "none") if previous else sharding
+        before = resumed.sharding if resumed else sharding
         if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
             raise BenchtrainError(f"--resume: {self.out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
         self.layout = (world_size, sharding)
-        self.candidates = setups_to_plan(cal, self.method, self.method.variant if previous else asked_variant(config.quantize, config.optimizer))
+        self.candidates = setups_to_plan(cal, self.method, self.method.variant if resumed else asked_variant(config.quantize, config.optimizer))
         self.setups: list[FittedSetup] = []
         self.refused: list[tuple[Any, str]] = []
         for index, (variant, variant_method) in enumerate(self.candidates):
@@ -150,13 +154,9 @@ class TrainRecipe:
         saying what the others cost and what unmeasured bases would hold."""
         from train.recipes.variant_choice import unmeasured_bases
 
-        config, loaded, previous = self.config, self.loaded, self.previous
-        # --force with --max-length N trains the run's configuration at length N (check_same_run).
-        forced_length = config.max_length if config.force and isinstance(config.max_length, int) else None
-        resumed = (previous["plan"]["epochs"], resumed_configuration(previous, forced_length)) if previous else None
-        context = PlanContext(
-            config, self.spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty, resumed, self.completed
-        )
+        config, loaded = self.config, self.loaded
+        elapsed = config.run_deadline.elapsed()
+        context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
         # rank 0's plan is what every rank trains (train.recipes.ranks).
         index, placed = rank0_decides(lambda: self._choose(context), lambda chosen: (chosen[0], self._with_own_clock(chosen[1])))
@@ -200,7 +200,7 @@ class TrainRecipe:
             spec=self.spec,
             method=setup.method,
             out_dir=self.out_dir,
-            previous=self.previous,
+            resumed=self.resumed,
             cal=setup.cal,
             need=setup.need,
             loaded=self.loaded,
@@ -238,7 +238,7 @@ class TrainRecipe:
         run, config = self.run, self.config
         self.record = self._open_record()
         # Before any step: every rank trains rank 0's configuration, steps and learning-rate horizon.
-        check_same_training(training_summary(self.record.plan, self.record.data["run_id"]))
+        check_same_training(training_summary(self.record.plan, self.record.file.run_id))
         if is_main_process():
             # One train per run folder; then room for what it will write, before any work.
             out_dir = self.record.out_dir
@@ -291,14 +291,13 @@ class TrainRecipe:
         whole validated configuration, the method and what the plan settled."""
         from common.home import writable_subdir
         from common.run_paths import stored_path
-        from train.running.record import new_run_record
-        from train.running.resume import run_total_steps
+        from train.running.record import new_run_file
         from train.workload.model import model_identity
 
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
-        run_id = run.previous["run_id"] if run.previous else from_rank0(f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        run_id = run.resumed.run_id if run.resumed else from_rank0(f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
         out_dir = run.out_dir or writable_subdir("runs") / run_id
         if is_main_process():
             try:
@@ -306,19 +305,19 @@ class TrainRecipe:
             except OSError as error:
                 raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
         # The model section is completed with parameter counts once the model is built.
-        fresh = new_run_record(run_id, run.plan, run.cal, model_identity(run.spec), self._data_section(), run.request.elapsed_seconds)
-        record = RunRecord.open(out_dir, fresh, run.previous)
-        plan = record.plan
-        record.data["config"] = self.config.to_json()  # the whole validated configuration of this command
-        record.data["config"]["out"] = stored_path(self.config.out, out_dir)  # ".": the run folder itself, wherever it moves
-        plan.update(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
-        plan["communication"] = run.communication
-        plan["sharding"] = run.placement.sharding  # none | ddp | fsdp (train/step/sharding.py)
-        plan["lora"] = run.method.settings()
+        fresh = new_run_file(run_id, run.plan, run.cal, model_identity(run.spec), self._data_section(), run.request.elapsed_seconds)
+        record = RunRecord.open(out_dir, fresh, self.earlier)
+        file = record.file
+        command = self.config.to_json()  # the whole validated configuration of this command
+        command["out"] = stored_path(self.config.out, out_dir)  # ".": the run folder itself, wherever it moves
+        file.update(config=command)
+        file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
+        # sharding: none | ddp | fsdp (train/step/sharding.py)
+        file.update_plan(communication=run.communication, sharding=run.placement.sharding, lora=run.method.settings())
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
-        plan["total_steps"] = run_total_steps(record.data)
+        file.update_plan(total_steps=file.total_steps)
         # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
-        record.data["hyperparameters"] = self.config.hyperparameters.record(plan["learning_rate"], run.method.optimizer, plan["total_steps"])
+        file.update(hyperparameters=self.config.hyperparameters.record(file.learning_rate, run.method.optimizer, file.total_steps))
         return record
 
     def _data_section(self) -> dict[str, Any]:
@@ -405,14 +404,15 @@ class TrainRecipe:
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
         if self.trained.loop.status == INTERRUPTED:
             return EXIT_INTERRUPTED
-        return EXIT_PUSH_FAILED if (self.record.data.get("push") or {}).get("status") == "failed" else EXIT_OK
+        return EXIT_PUSH_FAILED if self.record.file.push_status == "failed" else EXIT_OK
 
-    def _push(self, record: dict[str, Any]) -> None:
-        """final/ and its model card to the hub (train.recipes.hub_push), recorded in run.json."""
+    def _push(self, record: JsonObject) -> JsonObject:
+        """final/ and its model card to the hub (train.recipes.hub_push): run.json's `push` section."""
         assert self.push is not None
         say(f"pushing {folder_to_push(self.record.out_dir, record).name}/ to {self.push.repo_id} …")
-        record["push"] = push_run(self.record.out_dir, record, self.push)
-        say(describe_push(record["push"], self.record.out_dir))
+        section: JsonObject = push_run(self.record.out_dir, record, self.push)
+        say(describe_push(section, self.record.out_dir))
+        return section
 
     def cleanup(self) -> None:
         """The run folder's lock released (whether the run finished or failed)."""

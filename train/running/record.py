@@ -1,6 +1,7 @@
 """`run.json`: the plan, the estimate with bounds, what actually happened, and the feedback
 of the measured throughput into the calibration's history. `RunRecord` owns the file of one
-command from its plan to its end."""
+command from its plan to its end, held as a calibration.run_file.RunFile (read, written and
+its repeated values kept in one place there)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import EstimateCheck, check_estimate
+from calibration.run_file import RUN_SCHEMA_VERSION, STEP_COLUMNS, JsonObject, RunFile
 from calibration.schema import variant_history
 from calibration.store import is_read_only, update_calibration
-from common.atomic import write_json_atomic
 from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
 from train.planning.prices import run_cost
 from train.planning.types import Plan
 from train.running.loop_state import LoopOutcome, Position
-from train.running.resume import run_total_steps
-
-RUN_SCHEMA_VERSION = 1
 
 
-def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any], data: dict[str, Any], elapsed_before_plan: float) -> dict[str, Any]:
+def new_run_file(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any], data: dict[str, Any], elapsed_before_plan: float) -> RunFile:
+    """A new run's run.json: its step configuration held once, as the chosen StepConfig (written
+    into the plan's row, the flat keys and `chosen` by RunFile)."""
     chosen = plan.chosen
-    return {
+    sections: JsonObject = {
         "schema_version": RUN_SCHEMA_VERSION,
         "run_id": run_id,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -46,22 +46,18 @@ def new_run_record(run_id: str, plan: Plan, calibration: Any, model: dict[str, A
         "losses": [],
         "events": [],
         "alternatives": [candidate.to_json() for candidate in plan.alternatives],
-        "chosen": chosen.to_json(),
+        # The step's columns are the configuration's (RunFile writes them from it).
+        "chosen": {key: value for key, value in chosen.to_json().items() if key not in STEP_COLUMNS},
     }
+    return RunFile(run_id, chosen.config, chosen.world_size, sections)
 
 
 def plan_section(plan: Plan) -> dict[str, Any]:
+    """The plan but its step configuration, which RunFile writes before these keys: as a
+    calibration row (what a resume reads back, calibration.run_file.ResumedRun) and as the flat
+    keys readers know."""
     chosen = plan.chosen
     return {
-        # The step configuration as a calibration row: what a resume reads back
-        # (train.running.resume.resumed_configuration); the flat keys below are for readers.
-        "configuration": chosen.config.to_row(),
-        "micro_batch_size": chosen.config.micro_batch_size,
-        "grad_accum": chosen.config.grad_accum,
-        "num_workers": chosen.config.num_workers,
-        "max_length": chosen.config.seq_len,
-        "world_size": chosen.world_size,
-        "gradient_checkpointing": chosen.config.gradient_checkpointing,
         "effective_batch": plan.effective_batch,
         "optimizer_steps": chosen.optimizer_steps,
         "micro_batches": chosen.micro_batches,
@@ -136,12 +132,6 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
     }
 
 
-def write_run(out_dir: Path, record: dict[str, Any]) -> Path:
-    path = out_dir / "run.json"
-    write_json_atomic(path, record)
-    return path
-
-
 def feed_back(calibration: Any, record: dict[str, Any], check: EstimateCheck | None = None) -> None:
     """Append the measured speed to the calibration's history so the next plan uses it: the steps
     this command ran against their own prediction (`check`: calibration.accuracy.check_estimate of
@@ -183,35 +173,44 @@ class RunRecord:
     happened; the measured speed fed back into the calibration."""
 
     out_dir: Path
-    data: dict[str, Any]
+    file: RunFile
     earlier_events: list[str] = field(default_factory=list)  # the resumed run's, before this command
 
     @classmethod
-    def open(cls, out_dir: Path, fresh: dict[str, Any], previous: dict[str, Any] | None) -> RunRecord:
-        """`fresh` (new_run_record of this command's plan), or with --resume the run's own record
-        (`previous`) taking this command's plan, estimate and data from it."""
-        if not previous:
+    def open(cls, out_dir: Path, fresh: RunFile, earlier: RunFile | None) -> RunRecord:
+        """`fresh` (new_run_file of this command's plan), or with --resume the run's own file
+        (`earlier`) taking this command's plan, estimate and data from it."""
+        if earlier is None:
             return cls(out_dir, fresh)
-        previous["resumed"] = previous.get("resumed", 0) + 1
-        previous["plan"]["total_steps"] = run_total_steps(previous)  # before this command's steps replace the plan's
+        resumed = earlier.get("resumed")
+        earlier.update(resumed=(resumed if isinstance(resumed, int) else 0) + 1)
+        earlier.update_plan(total_steps=earlier.total_steps)  # before this command's steps replace the plan's
         # What this command planned: the steps left, its own deadline, time and step limit.
         for key in ("deadline_seconds", "elapsed_before_plan", "estimate", "chosen", "data"):
-            previous[key] = fresh[key]  # data: the same (check_same_data), or what --force continued on
-        for key in ("optimizer_steps", "step_limit", "max_length"):
-            previous["plan"][key] = fresh["plan"][key]
-        return cls(out_dir, previous, list(previous.get("events", [])))
+            earlier.update(**{key: fresh.get(key)})  # data: the same (check_same_data), or what --force continued on
+        plan = fresh.plan
+        earlier.update_plan(optimizer_steps=plan["optimizer_steps"], step_limit=plan["step_limit"])
+        # The configuration this command trains (the run's: ResumedRun.configuration, at --force's length).
+        earlier.configuration, earlier.world_size = fresh.configuration, fresh.world_size
+        return cls(out_dir, earlier, earlier.events)
 
     @property
     def plan(self) -> dict[str, Any]:
-        return self.data["plan"]
+        """run.json's plan section as written (a copy)."""
+        return self.file.plan
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """run.json as written (a copy, for readers of the whole record: the outcome's text, trackers)."""
+        return self.file.to_json()
 
     def write(self) -> Path:
-        return write_run(self.out_dir, self.data)
+        return self.file.write(self.out_dir)
 
     def progress(self, position: Position, events: list[str]) -> None:
         """The loop's report (train.running.loop_state.LoopHooks.on_update): where it is, written."""
-        self.data.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
-        self.data["events"] = self.earlier_events + events
+        self.file.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
+        self.file.update(events=self.earlier_events + events)
         self.write()
 
     def finish(
@@ -221,39 +220,38 @@ class RunRecord:
         plan: Plan,
         deadline: Deadline,
         write_report: Callable[[Path], Path] | None,
-        before_report: Callable[[dict[str, Any]], None] | None = None,
+        before_report: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
         (`write_report(run folder)`, None: --no-report), whose time the deadline also covers.
-        `before_report(record)`: work after the export that the report shows (the hub push)."""
-        record, loop = self.data, trained.loop
+        `before_report(record)`: work after the export that the report shows (the hub push),
+        returning run.json's section of it (`push`)."""
+        record, loop = self.file, trained.loop
         # Paths inside the run folder are kept relative to it, so the folder can move (common.run_paths).
         final = stored_paths(trained.final, self.out_dir, FINAL_PATH_KEYS)
         record.update(final=final, model=trained.model, training=trained.training, status=loop.status)
-        record["plan"]["lora"] = trained.training["lora"]
+        record.update_plan(lora=trained.training["lora"])
         record.update(losses=loop.losses, timeline=loop.timeline, evals=loop.evals, events=self.earlier_events + loop.events)
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.
-        record["actual"] = actual_section(loop, elapsed - record["elapsed_before_plan"], plan.price_per_hour, plan.chosen.world_size)
-        record["actual"]["last_checkpoint"] = stored_path(loop.last_checkpoint, self.out_dir)
-        record["actual"]["command_seconds"] = elapsed
+        actual = actual_section(loop, elapsed - record.elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
+        actual.update(last_checkpoint=stored_path(loop.last_checkpoint, self.out_dir), command_seconds=elapsed)
         overheads = plan.chosen.overheads
         planned_report = overheads.report_seconds + overheads.upload_seconds if overheads else 0.0
-        record["met_deadline"] = elapsed + planned_report <= plan.deadline_seconds
-        check = check_estimate(record)
-        record["estimate_check"] = check.to_json() if check else None
-        record["estimate_error_pct"] = check.error_pct if check else None
+        record.update(actual=actual, met_deadline=elapsed + planned_report <= plan.deadline_seconds)
+        check = check_estimate(record.to_json())
+        # Its error is written a second time, as estimate_error_pct, by RunFile (from this one value).
+        record.update(estimate_check=check.to_json() if check else None)
         self.write()
-        feed_back(calibration, record, check)
+        feed_back(calibration, record.to_json(), check)
         if before_report is not None:
-            before_report(record)
+            record.update(push=before_report(record.to_json()))
             self.write()
         report_started = deadline.elapsed()
         report_path = write_report(self.out_dir) if write_report else None
         finished = deadline.elapsed()
-        record["actual"]["report_seconds"] = finished - report_started if report_path else None
-        record["actual"]["command_seconds"] = finished
-        record["met_deadline"] = finished <= plan.deadline_seconds
+        actual.update(report_seconds=finished - report_started if report_path else None, command_seconds=finished)
+        record.update(actual=actual, met_deadline=finished <= plan.deadline_seconds)
         self.write()
         return report_path

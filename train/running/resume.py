@@ -9,68 +9,51 @@ import math
 from pathlib import Path
 from typing import Any
 
-from calibration.step_config import StepConfig
+from calibration.run_file import ResumedRun, RunMethod
 from common.errors import BenchtrainError
 from train.running.checkpoint import checkpoints_to_resume
 
 
-def resumed_spec(spec: Any, previous: dict[str, Any]) -> Any:
+def resumed_spec(spec: Any, resumed: ResumedRun) -> Any:
     """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
     from train.workload.model import resolve_model
 
-    pinned = (previous.get("model") or {}).get("revision")
+    pinned = resumed.model_revision
     if spec.hub is None or not pinned or pinned == spec.hub.revision:
         return spec
     return resolve_model(f"{spec.hub.repo_id}@{pinned}")
 
 
-def resumed_method(previous: dict[str, Any]) -> Any:
-    """The interrupted run's method: a resumed run trains what it trained."""
+def resumed_method(recorded: RunMethod) -> Any:
+    """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
     from train.workload.method import MethodConfig
 
-    plan = previous["plan"]
-    lora = plan.get("lora") or {}
-    optimizer = str(plan.get("optimizer", "adamw"))
-    if plan.get("method", "full") != "lora":
-        return MethodConfig(optimizer=optimizer)
-    targets = lora.get("targets")
+    if recorded.method != "lora":
+        return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(
         method="lora",
-        lora_rank=int(lora["rank"]),
-        lora_alpha=float(lora["alpha"]),
-        lora_dropout=float(lora.get("dropout", 0.0)),
-        lora_targets=tuple(targets) if targets else None,
-        quantize=str(lora.get("quantize", "none")),
-        optimizer=optimizer,
+        lora_rank=recorded.lora_rank,
+        lora_alpha=recorded.lora_alpha,
+        lora_dropout=recorded.lora_dropout,
+        lora_targets=recorded.lora_targets,
+        quantize=recorded.quantize,
+        optimizer=recorded.optimizer,
     )
 
 
-def resumed_configuration(previous: dict[str, Any], max_length: int | None = None) -> StepConfig:
-    """The interrupted run's step configuration, which its resume keeps: the same batches in the same
-    order (`max_length`: what --force with --max-length N trains with instead, check_same_run).
-    Written with StepConfig.to_row (train.running.record.plan_section); a run.json from before
-    that holds the flat keys, its length as max_length."""
-    plan = previous["plan"]
-    row = plan.get("configuration") or {**plan, "seq_len": plan.get("max_length", 0)}
-    configuration = StepConfig.from_row(row)
-    return configuration.with_shape(configuration.micro_batch_size, max_length) if max_length else configuration
-
-
-def check_same_run(previous: dict[str, Any], spec: Any, method: Any, max_length: int | str | None, force: bool) -> list[str]:
-    """A resume continues the run it names: another model, method or max length than the run's is
-    refused (one line) unless --force, which then trains with this command's. Returns what --force
-    let through, to warn about. (Other data is checked once it is tokenized: check_same_data.)"""
-    plan = previous["plan"]
-    run = f"--resume: run {previous['run_id']}"
+def check_same_run(resumed: ResumedRun, earlier: Any, spec: Any, method: Any, max_length: int | str | None, force: bool) -> list[str]:
+    """A resume continues the run it names (`earlier`: its method, resumed_method): another model,
+    method or max length than the run's is refused (one line) unless --force, which then trains
+    with this command's. Returns what --force let through, to warn about. (Other data is checked
+    once it is tokenized: check_same_data.)"""
+    run = f"--resume: run {resumed.run_id}"
     problems = []
-    trained = previous.get("model") or {}
-    if trained.get("fingerprint") and trained["fingerprint"] != spec.fingerprint:
-        problems.append(f"{run} trained model {trained.get('name')}, this command names {spec.name}: pass --model as the run did")
-    earlier = resumed_method(previous)
+    if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
+        problems.append(f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did")
     if not same_method(earlier, method):
         problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
-    if isinstance(max_length, int) and max_length != plan["max_length"]:
-        problems.append(f"{run} trained with max length {plan['max_length']}, this command asks for --max-length {max_length}: drop it")
+    if isinstance(max_length, int) and max_length != resumed.max_length:
+        problems.append(f"{run} trained with max length {resumed.max_length}, this command asks for --max-length {max_length}: drop it")
     if problems and not force:
         raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
     return problems
@@ -81,7 +64,7 @@ def check_same_run(previous: dict[str, Any], spec: Any, method: Any, max_length:
 COMPARED_HYPERPARAMETERS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
 
 
-def resumed_hyperparameters(previous: dict[str, Any], named: dict[str, Any], force: bool) -> dict[str, Any]:
+def resumed_hyperparameters(resumed: ResumedRun, named: dict[str, Any], force: bool) -> dict[str, Any]:
     """The hyper-parameters a resume trains with, by their TrainConfig names: the run's (run.json's
     `hyperparameters`; a run from before that section trained with the defaults). One this command
     `named` differently is refused (one line) unless --force, which then trains with this
@@ -92,18 +75,18 @@ def resumed_hyperparameters(previous: dict[str, Any], named: dict[str, Any], for
     from common.console import say
     from train.step.hyperparameters import option_name, settings_from, settings_of_run
 
-    theirs = settings_of_run(previous.get("hyperparameters"))
+    theirs = settings_of_run(resumed.hyperparameters)
     asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
     values = {**asdict(theirs), **asked}
-    total = run_total_steps(previous)
+    total = resumed.total_steps
     before, now = theirs.record(0.0, "", total), settings_from(values).record(0.0, "", total)
-    run = f"--resume: run {previous['run_id']}"
+    run = f"--resume: run {resumed.run_id}"
     problems = [
         (f"{run} trained with {option_name(key)} {before[key]}, this command asks for {now[key]}", "drop it (a resume keeps the run's)")
         for key in COMPARED_HYPERPARAMETERS
         if before[key] != now[key]
     ]
-    rate, earlier_rate = named.get("learning_rate"), previous["plan"].get("base_learning_rate")
+    rate, earlier_rate = named.get("learning_rate"), resumed.base_learning_rate
     if rate is not None and earlier_rate is not None and not math.isclose(rate, earlier_rate, rel_tol=1e-9):
         problems.insert(0, (f"{run} trained with --learning-rate {earlier_rate:g}, this command asks for {rate:g}", "repeat the run's --learning-rate"))
     if problems and not force:
@@ -144,12 +127,12 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_same_data(previous: dict[str, Any], loaded: Any, force: bool) -> str | None:
+def check_same_data(resumed: ResumedRun, loaded: Any, force: bool) -> str | None:
     """A resume trains on the run's data (the same samples, so the same batches in the same
     order): other data is refused unless --force. Returns the warning --force let through."""
-    before = previous.get("data") or {}
+    before = resumed.data
     data, data_path, profile = loaded.data, loaded.data_path, loaded.profile
-    known_key, known = (before.get("preparation") or {}).get("key"), before.get("fingerprint")
+    known_key, known = before.preparation_key, before.fingerprint
     if known_key is not None:
         same = known_key == loaded.prepared.key
     elif known is not None and loaded.prepared.exact:
@@ -157,14 +140,12 @@ def check_same_data(previous: dict[str, Any], loaded: Any, force: bool) -> str |
     elif not loaded.prepared.exact:
         same = True  # an older run, and data profiled from a sample: checked once tokenized (train.recipes.recipe: TrainRecipe._with_exact_data)
     else:  # a run recorded before the fingerprint: its length profile
-        earlier = before.get("profile") or {}
-        same = (earlier.get("count"), earlier.get("total_tokens")) == (profile["count"], profile["total_tokens"])
+        same = (before.count, before.total_tokens) == (profile["count"], profile["total_tokens"])
     if same:
         return None
-    earlier = before.get("profile") or {}
     problem = (
-        f"--resume: run {previous['run_id']} trained on {before.get('source')} ({_count(earlier.get('count'))} samples, "
-        f"{_count(earlier.get('total_tokens'))} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
+        f"--resume: run {resumed.run_id} trained on {before.source} ({_count(before.count)} samples, "
+        f"{_count(before.total_tokens)} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
     )
     if not force:
         raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
@@ -175,21 +156,11 @@ def _count(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 
-def run_total_steps(previous: dict[str, Any]) -> int:
-    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`:
-    its plan's step limit, else its steps)."""
-    plan = previous["plan"]
-    if plan.get("total_steps"):
-        return int(plan["total_steps"])
-    steps, limit = int(plan["optimizer_steps"]), plan.get("step_limit")
-    return min(steps, int(limit)) if limit else steps
-
-
-def resumed_step_limit(previous: dict[str, Any], max_steps: int | None, completed: int) -> int:
+def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: int) -> int:
     """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
     later). A run that did all its steps is not resumed, and a resume never extends a run."""
-    total, run = run_total_steps(previous), f"--resume: run {previous['run_id']}"
-    if completed >= total or previous.get("status") == "completed":
+    total, run = resumed.total_steps, f"--resume: run {resumed.run_id}"
+    if completed >= total or resumed.status == "completed":
         raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
     if max_steps is not None and max_steps > total:
         raise BenchtrainError(

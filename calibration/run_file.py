@@ -1,0 +1,342 @@
+"""run.json, read and written here only: `RunFile` is the document (its keys exactly as people's
+scripts, reports/ and the model card read them), `ResumedRun` what a resume reads of it, typed.
+
+A value run.json repeats is held once and written wherever it appears: the step configuration
+(the plan's `configuration` row, the flat keys beside it and `chosen`'s) from one StepConfig, the
+estimate error (`estimate_check.error_pct` and `estimate_error_pct`) from the check. Reading
+validates what the code reads; a file that fails is one line naming the file and the key
+(common.errors.RunFileError), as calibration.schema does for calibrations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from calibration.step_config import StepConfig
+from common.atomic import write_json_atomic
+from common.errors import RunFileError
+
+JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
+JsonObject: TypeAlias = dict[str, JsonValue]
+
+RUN_SCHEMA_VERSION = 1
+
+# The flat keys the plan section and `chosen` write beside the configuration (seq_len as max_length).
+STEP_COLUMNS = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "world_size", "gradient_checkpointing")
+
+
+def step_columns(config: StepConfig, world_size: int) -> JsonObject:
+    """The step configuration as run.json's flat keys name it, in their order."""
+    return {
+        "micro_batch_size": config.micro_batch_size,
+        "grad_accum": config.grad_accum,
+        "num_workers": config.num_workers,
+        "max_length": config.seq_len,
+        "world_size": world_size,
+        "gradient_checkpointing": config.gradient_checkpointing,
+    }
+
+
+class _Reader:
+    """Typed reads of one JSON object of one file: a missing key or another type is one line."""
+
+    def __init__(self, source: str, where: str, values: Mapping[str, JsonValue]) -> None:
+        self.source, self.where, self.values = source, where, values
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _fail(self, key: str, expected: str) -> RunFileError:
+        value = self.values.get(key)
+        found = "missing" if key not in self.values else f"{type(value).__name__} {value!r}"[:60]
+        return RunFileError(f"run file {self.source}: {self._name(key)} should be {expected}, found {found}")
+
+    def _typed(self, key: str, kinds: tuple[type, ...], expected: str, required: bool) -> JsonValue:
+        """The value (None: absent or null, which only a required key refuses)."""
+        value = self.values.get(key)
+        if value is None:
+            if required:
+                raise self._fail(key, expected)
+            return None
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise self._fail(key, expected)
+        return value
+
+    def text(self, key: str, default: str | None = None, required: bool = False) -> str | None:
+        value = self._typed(key, (str,), "a string", required)
+        return value if isinstance(value, str) else default
+
+    def integer(self, key: str, default: int | None = None, required: bool = False) -> int | None:
+        value = self._typed(key, (int,), "an integer", required)
+        return int(value) if isinstance(value, int) else default
+
+    def number(self, key: str, default: float | None = None, required: bool = False) -> float | None:
+        value = self._typed(key, (int, float), "a number", required)
+        return float(value) if isinstance(value, (int, float)) else default
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self._typed(key, (bool, int), "true or false", False)
+        return bool(value)
+
+    def texts(self, key: str) -> tuple[str, ...] | None:
+        value = self._typed(key, (list,), "a list of strings", False)
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return tuple(str(item) for item in value)
+        if value is None:
+            return None
+        raise self._fail(key, "a list of strings")
+
+    def section(self, key: str, required: bool = False) -> _Reader:
+        value = self._typed(key, (dict,), "an object", required)
+        return _Reader(self.source, self._name(key), value if isinstance(value, dict) else {})
+
+    def object(self, key: str) -> JsonObject | None:
+        value = self._typed(key, (dict,), "an object", False)
+        return value if isinstance(value, dict) else None
+
+
+def _configuration(plan: _Reader) -> StepConfig:
+    """The plan's step configuration: its `configuration` row (written with StepConfig.to_row); a
+    run.json from before that row holds the flat keys, its length as max_length."""
+    row = plan.section("configuration") if "configuration" in plan.values else plan
+    return StepConfig(
+        micro_batch_size=row.integer("micro_batch_size", required=True) or 0,
+        num_workers=row.integer("num_workers", required=True) or 0,
+        grad_accum=row.integer("grad_accum", required=True) or 0,
+        seq_len=(row.integer("seq_len", required=True) if row is not plan else row.integer("max_length", 0)) or 0,
+        gradient_checkpointing=row.flag("gradient_checkpointing"),
+    )
+
+
+@dataclass
+class RunFile:
+    """run.json as a document: `configuration` and `world_size` (written into the plan's row and
+    flat keys and into `chosen`), `estimate_check` (its error written twice), and every other
+    section as written, in the file's order. `run_id` and the plan are checked on read."""
+
+    run_id: str
+    configuration: StepConfig
+    world_size: int
+    sections: JsonObject = field(default_factory=dict)  # the rest, in order; plan and chosen without the step columns
+    source: str = "run.json"  # the path errors name
+
+    # -- read -------------------------------------------------------------------------------
+    @classmethod
+    def read(cls, path: Path) -> RunFile:
+        try:
+            document = json.loads(path.read_text())
+        except OSError as error:
+            raise RunFileError(f"cannot read run file {path}: {error.strerror or error}") from None
+        except ValueError as error:
+            raise RunFileError(f"run file {path} is not valid JSON ({error})") from None
+        if not isinstance(document, dict):
+            raise RunFileError(f"run file {path}: expected a JSON object, got {type(document).__name__}")
+        return cls.from_json(document, str(path))
+
+    @classmethod
+    def from_json(cls, document: JsonObject, source: str = "run.json") -> RunFile:
+        """The document as read (or as `new_run_file` builds it): the plan's and `chosen`'s step
+        columns and `estimate_error_pct` are taken out, to be written from the one value again."""
+        top = _Reader(source, "", document)
+        run_id = top.text("run_id", required=True) or ""
+        plan = top.section("plan", required=True)
+        configuration = _configuration(plan)
+        world_size = plan.integer("world_size", 1) or 1
+        sections: JsonObject = {}
+        for key, value in document.items():
+            if key in ("plan", "chosen") and isinstance(value, dict):
+                sections[key] = {name: item for name, item in value.items() if name not in ("configuration", *STEP_COLUMNS)}
+            elif not (key == "estimate_error_pct" and "estimate_check" in document):
+                sections[key] = value
+        return cls(run_id, configuration, world_size, sections, source)
+
+    def resumed(self) -> ResumedRun:
+        """What a resume reads of this run, typed and checked (one line naming the key)."""
+        return ResumedRun.of(self.to_json(), self.source)
+
+    # -- write ------------------------------------------------------------------------------
+    def to_json(self) -> JsonObject:
+        """The document as run.json holds it, every repeated value written from its one source."""
+        columns = step_columns(self.configuration, self.world_size)
+        document: JsonObject = {}
+        for key, value in self.sections.items():
+            if key == "run_id":
+                document[key] = self.run_id
+            elif key == "plan" and isinstance(value, dict):
+                document[key] = {"configuration": dict(self.configuration.to_row()), **columns, **value}
+            elif key == "chosen" and isinstance(value, dict):
+                document[key] = {**columns, **value}
+            else:
+                document[key] = value
+            if key == "estimate_check":
+                document["estimate_error_pct"] = value.get("error_pct") if isinstance(value, dict) else None
+        return document
+
+    def write(self, out_dir: Path) -> Path:
+        path = out_dir / "run.json"
+        write_json_atomic(path, self.to_json())
+        return path
+
+    # -- sections ---------------------------------------------------------------------------
+    def get(self, key: str) -> JsonValue:
+        return self.sections.get(key)
+
+    def update(self, **values: Any) -> None:
+        """Top-level sections set (a new one goes last, as the file has always added them). Any:
+        the code's records of what happened (lists of dicts it built), JSON by construction."""
+        self.sections.update(values)
+
+    @property
+    def plan(self) -> JsonObject:
+        """The plan section as written (a copy: set it with update_plan)."""
+        plan = self.to_json()["plan"]
+        return plan if isinstance(plan, dict) else {}
+
+    def update_plan(self, **values: Any) -> None:
+        """Plan keys set; its step columns are the configuration's (set `configuration`)."""
+        held = self.sections.get("plan")
+        assert isinstance(held, dict)
+        held.update({key: value for key, value in values.items() if key not in STEP_COLUMNS})
+
+    @property
+    def status(self) -> str | None:
+        return _Reader(self.source, "", self.sections).text("status")
+
+    @property
+    def total_steps(self) -> int:
+        return _total_steps(_Reader(self.source, "plan", self.plan))
+
+    @property
+    def learning_rate(self) -> float:
+        return _Reader(self.source, "plan", self.plan).number("learning_rate", required=True) or 0.0
+
+    @property
+    def elapsed_before_plan(self) -> float:
+        return _Reader(self.source, "", self.sections).number("elapsed_before_plan", 0.0) or 0.0
+
+    @property
+    def events(self) -> list[str]:
+        return list(_Reader(self.source, "", self.sections).texts("events") or ())
+
+    @property
+    def push_status(self) -> str | None:
+        return _Reader(self.source, "", self.sections).section("push").text("status")
+
+
+def _total_steps(plan: _Reader) -> int:
+    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`:
+    its plan's step limit, else its steps)."""
+    total = plan.integer("total_steps")
+    if total:
+        return total
+    steps, limit = plan.integer("optimizer_steps", required=True) or 0, plan.integer("step_limit")
+    return min(steps, limit) if limit else steps
+
+
+@dataclass(frozen=True)
+class RunMethod:
+    """The method as run.json's plan records it (train.running.resume.resumed_method makes it a MethodConfig)."""
+
+    method: str = "full"
+    optimizer: str = "adamw"
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] | None = None
+    quantize: str = "none"
+
+
+def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMethod:
+    """The method a run.json's plan section records."""
+    return _method(_Reader(source, "plan", plan))
+
+
+def _method(plan: _Reader) -> RunMethod:
+    lora = plan.section("lora")
+    is_lora = plan.text("method", "full") == "lora"
+    return RunMethod(
+        method="lora" if is_lora else "full",
+        optimizer=plan.text("optimizer", "adamw") or "adamw",
+        lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
+        lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,
+        lora_dropout=lora.number("dropout", 0.0) or 0.0,
+        lora_targets=lora.texts("targets") or None,
+        quantize=lora.text("quantize", "none") or "none",
+    )
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What a resume compares of the run's data (train.running.resume.check_same_data)."""
+
+    source: str | None = None
+    fingerprint: str | None = None
+    preparation_key: str | None = None
+    count: int | None = None
+    total_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ResumedRun:
+    """What resuming a run reads of its run.json, checked once on read."""
+
+    run_id: str
+    status: str | None
+    model_name: str | None
+    model_fingerprint: str | None
+    model_revision: str | None  # the hub commit it trained
+    method: RunMethod
+    configuration: StepConfig  # the same batches in the same order
+    max_length: int  # as the plan recorded it
+    epochs: float
+    total_steps: int  # its learning-rate schedule's horizon, fixed at its first plan
+    base_learning_rate: float | None
+    hyperparameters: JsonObject | None  # under HF's names (train.step.hyperparameters.settings_of_run)
+    calibration_id: str | None
+    calibration_path: str | None
+    sharding: str
+    data: RunData
+
+    @classmethod
+    def of(cls, document: JsonObject, source: str) -> ResumedRun:
+        top = _Reader(source, "", document)
+        plan, model, data = top.section("plan", required=True), top.section("model"), top.section("data")
+        configuration = _configuration(plan)
+        method = _method(plan)
+        profile = data.section("profile")
+        return cls(
+            run_id=top.text("run_id", required=True) or "",
+            status=top.text("status"),
+            model_name=model.text("name"),
+            model_fingerprint=model.text("fingerprint"),
+            model_revision=model.text("revision"),
+            method=method,
+            configuration=configuration,
+            max_length=plan.integer("max_length", configuration.seq_len) or configuration.seq_len,
+            epochs=plan.number("epochs", required=True) or 0.0,
+            total_steps=_total_steps(plan),
+            base_learning_rate=plan.number("base_learning_rate"),
+            hyperparameters=top.object("hyperparameters"),
+            calibration_id=top.text("calibration_id"),
+            calibration_path=top.text("calibration_path"),
+            sharding=plan.text("sharding", "none") or "none",
+            data=RunData(
+                data.text("source"),
+                data.text("fingerprint"),
+                data.section("preparation").text("key"),
+                profile.integer("count"),
+                profile.integer("total_tokens"),
+            ),
+        )
+
+    def with_length(self, max_length: int | None) -> ResumedRun:
+        """--force with --max-length N: the run's configuration trained at length N (check_same_run)."""
+        if not max_length:
+            return self
+        from dataclasses import replace
+
+        return replace(self, configuration=self.configuration.with_shape(self.configuration.micro_batch_size, max_length))
