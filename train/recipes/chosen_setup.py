@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
-from train.recipes.variant_choice import Refused
+from train.recipes.variant_choice import Refused, asked_variant, setups_to_plan
 from train.step.engine import MeasuredStep, ProcessLayout, StepOptions, StepSetup, resolve_step
 
 if TYPE_CHECKING:
@@ -168,8 +168,6 @@ def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, 
 def choose_setups(config: TrainConfig, spec: ModelSpec, method: MethodConfig, previous: dict[str, Any] | None, out_dir: Path | None) -> Setups:
     """The calibration, the processes and their sharding, and the setups to plan: each fitted
     (`said_setup`); those refused are kept to say why. A resumed run keeps its sharding."""
-    from train.recipes.variant_choice import asked_variant, setups_to_plan
-
     cal, layout = calibration_for(config, spec, method, previous)
     if config.device_memory_bytes:
         cal = cal.with_device_memory(config.device_memory_bytes)
