@@ -60,7 +60,7 @@ def single_process_environment(environ: dict[str, str] | None = None) -> dict[st
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
     from train.workload.method import MethodConfig
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> None:
 
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     options = StepOptions(compile="on", loss=request["loss"])
-    engine = build_engine(resolve_model(request["model"]), method, make_accelerator(), options, request["checkpointing"])
+    engine = engine_from_options(resolve_model(request["model"]), method, make_accelerator(), options, request["checkpointing"])
     batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], engine.model.config.vocab_size)[0]
     seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(STEPS)]
     print(json.dumps({"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:]), "process_seconds": time.perf_counter() - started}))

@@ -157,7 +157,8 @@ def choose_depths(request: Any, spec: Any, method: Any, asked: str | tuple[int, 
 
         return not isinstance(budget, (int, float)) or needed_seconds(price_ladder(request, spec, method, ladder, budget)) <= budget
 
-    depths = auto_depths(spec, method, detect_hardware(), process_layout(request.options, method), affordable)
+    layout = process_layout(request.options, method)
+    depths = auto_depths(spec, method, detect_hardware(), (layout.world_size, layout.sharding), affordable)
     if depths is None:
         raise DoesNotFitError(
             f"--layers auto: not even a {AUTO_LADDERS[-1][-1]}-layer slice of {spec.name} fits this device with room for activations; "

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from calibration.step_config import StepConfig
-from train.step.engine import StepOptions, build_engine
+from train.step.engine import StepOptions, engine_from_options
 from train.step.metrics import data_wait_share, step_figures
 from train.step.peak_memory import PeakMemory
 from train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
@@ -38,7 +38,7 @@ class Workload:
         self.data = data
         self.method = method or MethodConfig()
         self.accelerator = make_accelerator()
-        self.engine = build_engine(spec, self.method, self.accelerator, options or StepOptions())
+        self.engine = engine_from_options(spec, self.method, self.accelerator, options or StepOptions())
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.shape: ModelShape = model_shape(self.model)
         self.training = {**method_record(self.method, self.model), **self.engine.record()}

@@ -93,7 +93,8 @@ def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: f
     from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
 
     hardware = detect_hardware()
-    world_size, sharding = process_layout(request.options, method)
+    layout = process_layout(request.options, method)
+    world_size, sharding = layout.world_size, layout.sharding
     # Seconds, before anything is built: a too-big model is one line.
     need = check_fits(spec, method, hardware, sharding, world_size)
     warnings: list[str] = []

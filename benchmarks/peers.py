@@ -128,14 +128,14 @@ def plain_loop(setup: Setup, compiled: bool) -> list[float]:
 def ours(setup: Setup, compiled: bool, loss: str = "auto") -> list[float]:
     from accelerate import Accelerator  # noqa: F401  (make_accelerator imports it)
 
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     options = StepOptions(compile="on" if compiled else "off", loss=loss)
-    engine = build_engine(resolve_model(setup.model), method, make_accelerator(), options, setup.checkpointing)
+    engine = engine_from_options(resolve_model(setup.model), method, make_accelerator(), options, setup.checkpointing)
     data = batches(setup, engine.model.config.vocab_size)
     return timed(setup, lambda batch: engine.step.run(iter([batch]), 1), data)
 

@@ -22,7 +22,7 @@ def learning_rate_curve(steps: int) -> dict[str, Any]:
     (the default cosine, train.step.hyperparameters) and THE step, and the scheduler's rate after the last one."""
     import torch
 
-    from train.step.engine import Optimization, StepOptions, build_engine
+    from train.step.engine import Optimization, StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
     from train.workload.method import MethodConfig
@@ -31,7 +31,7 @@ def learning_rate_curve(steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     spec = resolve_model("tiny")
     options = StepOptions(compile="off", loss="plain")
-    engine = build_engine(spec, MethodConfig(), make_accelerator(), options, optimization=Optimization(1e-3, total_steps=steps))
+    engine = engine_from_options(spec, MethodConfig(), make_accelerator(), options, optimization=Optimization(1e-3, total_steps=steps))
     batches = iter(SyntheticBatches(steps, 1, 8, spec.config_dict["vocab_size"]))
     rates = [engine.step.run(batches, 1).learning_rate for _ in range(steps)]
     return {"rates": rates, "final": engine.scheduler.get_last_lr()[0], "processes": engine.accelerator.num_processes}

@@ -104,12 +104,12 @@ def test_bench_and_train_run_every_step_in_bf16_before_and_after_a_loss_switch(
 
 @pytest.mark.usefixtures("cpu_bf16")
 def test_the_engine_records_bf16_on_cpu_when_asked() -> None:
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
-    engine = build_engine(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions())
+    engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions())
     assert engine.accelerator.device.type == "cpu" and engine.record()["precision"] == "bf16"
 
 

@@ -79,13 +79,13 @@ def test_a_step_of_many_micro_steps_is_measured_as_robustly_as_a_short_one() -> 
 
 
 def test_the_cpu_step_times_each_micro_step() -> None:
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
-    engine = build_engine(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile="off", loss="plain"))
+    engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile="off", loss="plain"))
     batches = iter(SyntheticBatches(4, 2, 32, 320)[index] for index in range(4))
     result = engine.step.run(batches, 4)
     assert len(result.micro_step_seconds) == 4 and all(seconds > 0 for seconds in result.micro_step_seconds)

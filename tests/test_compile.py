@@ -105,14 +105,14 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
 def test_compiled_step_computes_what_the_eager_step_does() -> None:
     from accelerate import Accelerator
 
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.workload.batching import SyntheticBatches
     from train.workload.model import resolve_model
 
     losses = {}
     for mode in ("off", "on"):
         torch.manual_seed(0)
-        engine = build_engine(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions(compile=mode))
+        engine = engine_from_options(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions(compile=mode))
         assert engine.compiled == (mode == "on") and engine.loss == "chunked"
         batch = SyntheticBatches(1, 2, 64, 320)[0]
         losses[mode] = [engine.step.run(iter([batch, batch]), 2).loss for _ in range(3)]

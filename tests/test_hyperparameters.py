@@ -95,13 +95,13 @@ def tiny_engine(settings: OptimizerSettings, optimizer: str = "adamw", total_ste
     import torch
     from accelerate import Accelerator
 
-    from train.step.engine import Optimization, StepOptions, build_engine
+    from train.step.engine import Optimization, StepOptions, engine_from_options
     from train.workload.model import resolve_model
 
     torch.manual_seed(0)
     options = StepOptions(compile="off", loss="plain")
     method = MethodConfig(optimizer=optimizer)
-    return build_engine(resolve_model("tiny"), method, Accelerator(cpu=True), options, optimization=Optimization(PEAK, settings, total_steps))
+    return engine_from_options(resolve_model("tiny"), method, Accelerator(cpu=True), options, optimization=Optimization(PEAK, settings, total_steps))
 
 
 def batches(steps: int = 4):

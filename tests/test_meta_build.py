@@ -213,14 +213,14 @@ def build_and_train(spec: Any, expected: Any) -> dict[str, Any]:
     from accelerate import Accelerator
 
     from train.planning.memory_check import memory_need
-    from train.step.engine import StepOptions, build_engine
+    from train.step.engine import StepOptions, engine_from_options
     from train.step.sharding import gather_full_state
     from train.workload.batching import SyntheticBatches
     from train.workload.method import MethodConfig, unwrap
 
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     with LiveFloat32() as spy:
-        engine = build_engine(spec, MethodConfig(), accelerator, StepOptions(compile="off", loss="plain", sharding="fsdp"))
+        engine = engine_from_options(spec, MethodConfig(), accelerator, StepOptions(compile="off", loss="plain", sharding="fsdp"))
     lm = unwrap(engine.model)
     need = memory_need(spec, MethodConfig(), "cpu")
     held = sum(parameter.to_local().numel() * 4 for parameter in lm.parameters())

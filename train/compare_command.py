@@ -30,7 +30,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
 
     config = TrainConfig.from_args(args, started_at=started)
     method = config.method
-    if process_layout(config.step_options, method)[0] > 1:
+    if process_layout(config.step_options, method).world_size > 1:
         raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
     machines = parse_machines(config.consider) if config.consider else None  # a bad machine is said before the data loads
     spec = resolve_model(config.model)

@@ -132,20 +132,3 @@ def check_compatible(
     if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
         notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
     return notes
-
-
-def calibration_for(config: TrainConfig, spec: Any, method: Any, resumed: ResumedRun | None) -> tuple[Any, int, str]:
-    """The calibration to plan with, and the processes and sharding the plan is for."""
-    import calibration as calibration_api
-    from train.step.engine import process_layout
-    from train.step.hardware import detect_hardware
-
-    world_size, sharding = process_layout(config.step_options, method)
-    cal = load_calibration(config, resumed, calibration_api, spec, method, (world_size, sharding), detect_hardware().get("interconnect"))
-    if not cal.ok_rows():
-        raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
-    if config.dry_run and world_size == 1 and cal.world_size > 1:
-        # Like its device, a dry run plans the processes the calibration measured (train.recipes.compare too).
-        world_size, sharding = cal.world_size, cal.sharding
-        say(f"planning for the {world_size} processes ({sharding}) calibration {cal.id} measured")
-    return cal, world_size, sharding

@@ -1,7 +1,7 @@
 """Which machine to rent: one plan per calibration, the cheapest that meets the deadline first.
 
 `train --dry-run --use-calibration A,B,C` (or `all`) plans the same run once per calibration,
-each for the device that calibration measured (train.recipes.plan_setup.plan_device: its memory, peak
+each for the device that calibration measured (train.recipes.chosen_setup.setup_for: its memory, peak
 FLOP/s, compile and loss) and the processes it measured, with `--priority` choosing inside each
 row as it does for one calibration. Each row costs its estimate × the price of its device ×
 its processes (train.planning.prices.run_cost). The recommended row meets the deadline at the lowest cost,
@@ -29,8 +29,10 @@ from typing import Any
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.deadline import Deadline
+from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
-from train.recipes.plan_setup import Placement, PlanContext, fit_setup, plan_device, plan_fitted, plan_json, planned_compute
+from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
+from train.step.engine import ProcessLayout
 
 COMMUNICATION_BRACKET = (
     "collectives between full overlap with backward (2/3 of the step's compute, an assumption) and none; estimate at the midpoint, "
@@ -278,23 +280,23 @@ def check_one_model_and_method(calibrations: list[Any]) -> None:
 
 
 def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, Any]) -> Row:
-    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.plan_setup:
-    fit_setup, plan_fitted), or why it cannot be made (a model too big for the device, no
+    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.chosen_setup.setup_for,
+    train.recipes.plan_setup.plan_fitted), or why it cannot be made (a model too big for the device, no
     configuration in memory)."""
     from train.planning.comm import price_traffic
 
-    cal, layout = option.calibration, (option.world_size, option.sharding)
+    cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
     if not cal.ok_rows():
-        row = Row(option, plan_device(context.config, cal, here, context.spec).hardware)
+        row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = f"calibration {cal.id} has no successful probes"
         return row
     try:
-        setup = fit_setup(context.config, cal, context.spec, method, layout, here)
+        setup = setup_for(context.config, cal, context.spec, method, layout, here)
     except DoesNotFitError as error:
-        row = Row(option, plan_device(context.config, cal, here, context.spec).hardware)
+        row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = str(error)
         return row
-    row = Row(option, setup.device.hardware)
+    row = Row(option, setup.hardware)
     row.price_per_hour, row.warnings = setup.price_per_hour, list(setup.warnings)
     communicate = None
     if option.predicted and option.collectives is not None:
@@ -305,12 +307,12 @@ def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, 
             return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
     try:
-        placed = plan_fitted(setup, context, layout, communicate)
+        placed = plan_fitted(setup, context, communicate)
     except BenchtrainError as error:
         row.problem = str(error)
         return row
     row.placement, row.communication, row.plan = placed.placement, placed.communication, placed.plan
-    row.compute = planned_compute(context.spec, method, row.plan.chosen, setup.device.hardware)
+    row.compute = planned_compute(context.spec, method, row.plan.chosen, setup.hardware)
     row.warnings += row.plan.warnings
     return row
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.errors import BenchtrainError
-from train.recipes.plan_setup import same_device
+from train.recipes.chosen_setup import same_device
 
 
 @dataclass(frozen=True)

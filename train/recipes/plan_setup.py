@@ -1,12 +1,13 @@
-"""What a plan is made for: the device (this machine's, or in a dry run the calibration's), the
-processes and what their communication adds, the price, the data; and the planner's request
-from them. Shared by a `train` command (train.recipes.recipe) and a comparison of calibrations
-(train.recipes.compare), so that both plan alike."""
+"""The plan of a setup (train.recipes.chosen_setup decided its device, processes, step and price):
+what the processes' communication adds, the data, and the planner's request from them. Shared by
+a `train` command (train.recipes.recipe) and a comparison of calibrations (train.recipes.compare),
+so that both plan alike."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
@@ -15,44 +16,12 @@ from train.recipes.config import TrainConfig
 from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
+if TYPE_CHECKING:
+    from train.recipes.chosen_setup import ChosenSetup
 
-def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
-    return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
-
-
-@dataclass(frozen=True)
-class PlanDevice:
-    """The device a plan is for and how the step runs there: this machine, or in a dry run the
-    device the calibration measured (its memory, peak FLOP/s, compile and loss), so that a user
-    plans the GPU they will rent from a machine without one."""
-
-    hardware: dict[str, Any]
-    foreign: bool  # a dry run for the calibration's device, not this machine's
-    compiled: bool
-    loss: str
-
-
-def plan_device(config: TrainConfig, cal: Any, here: dict[str, Any], spec: Any) -> PlanDevice:
-    from train.step.compile import compile_enabled
-    from train.step.loss import choose_loss
-
-    foreign = config.dry_run and not same_device(cal.hardware, here)
-    hardware = cal.hardware if foreign else here
-    measured = cal.training
-    if foreign and config.step_options.compile == "auto":
-        compiled = bool(measured.get("compile"))
-    else:
-        compiled = compile_enabled(config.step_options.compile, hardware["device_type"])
-    try:
-        # auto: the loss bench compared and kept (or the device's when planning for another); else
-        # the rule (train.step.loss.choose_loss).
-        if config.step_options.loss == "auto" and measured.get("loss") and (foreign or cal.data.get("loss_choice")):
-            loss = measured["loss"]
-        else:
-            loss = choose_loss(config.step_options.loss, hardware["device_type"], spec.config_dict.get("model_type"))
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
-    return PlanDevice(hardware, foreign, compiled, loss)
+# What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
+# micro-step, the communication record), train.recipes.compare.plan_row.
+Communicate = Callable[[Any], tuple[float, float, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -73,20 +42,6 @@ class PlanContext:
 
 
 @dataclass(frozen=True)
-class FittedSetup:
-    """A calibration (or one of its setups) and the method it measured, on the device the plan is
-    for, checked before any data is read: it suits the run (or --force) and the model fits."""
-
-    config: TrainConfig  # with the loss bench measured best (--loss auto)
-    cal: Any
-    method: Any
-    device: PlanDevice
-    price_per_hour: float | None
-    need: Any  # train.planning.memory_check.MemoryNeed
-    warnings: list[str]
-
-
-@dataclass(frozen=True)
 class PlacedPlan:
     """A fitted setup planned: where it runs, what communication adds, what was asked, the plan."""
 
@@ -98,17 +53,30 @@ class PlacedPlan:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a plan runs: the device, the processes and their sharding, what communication adds
-    that the calibration's step times lack (per optimizer step, per micro-step, none of it hidden),
-    the price per device-hour, and whether that communication may hide behind backward (a row
+    """Where a plan runs: the setup (its device, processes and sharding, price per device-hour),
+    what communication adds that the calibration's step times lack (per optimizer step, per
+    micro-step, none of it hidden), and whether that communication may hide behind backward (a row
     predicted from a 1-process step, train.recipes.compare: the planner brackets it)."""
 
-    device: PlanDevice
-    world_size: int
-    sharding: str
+    setup: ChosenSetup
     comm_seconds: tuple[float, float] = (0.0, 0.0)
-    price_per_hour: float | None = None
     comm_overlap: bool = False
+
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return self.setup.hardware
+
+    @property
+    def world_size(self) -> int:
+        return self.setup.world_size
+
+    @property
+    def sharding(self) -> str:
+        return self.setup.sharding
+
+    @property
+    def price_per_hour(self) -> float | None:
+        return self.setup.price_per_hour
 
 
 @dataclass
@@ -207,7 +175,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
 
     config, spec, resumed = context.config, context.spec, context.resumed
 
-    device_type = placement.device.hardware["device_type"]
+    device_type = placement.setup.device_type
     # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
     memory_offset, gradient_shards = 0.0, 1
     if cal.world_size == 1 and placement.sharding == "fsdp":
@@ -238,7 +206,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
         gradient_checkpointing=config.gradient_checkpointing,
         eval_schedule=config.eval_schedule if context.eval_data is not None else None,
         with_report=not config.no_report,
-        compiled=placement.device.compiled,
+        compiled=placement.setup.compiled,
         comm_seconds_per_step=placement.comm_seconds[0],
         comm_seconds_per_micro_step=placement.comm_seconds[1],
         memory_offset_bytes=memory_offset,
@@ -254,9 +222,9 @@ def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str
     return {
         "calibration_id": cal.id,
         "calibration_path": str(cal.path) if cal.path else None,
-        "device": placement.device.hardware["name"],
-        "device_type": placement.device.hardware["device_type"],
-        "memory_bytes": placement.device.hardware["memory_bytes"],
+        "device": placement.hardware["name"],
+        "device_type": placement.hardware["device_type"],
+        "memory_bytes": placement.hardware["memory_bytes"],
         "world_size": placement.world_size,
         "sharding": placement.sharding,
         "plan": plan.to_json(),
@@ -281,46 +249,21 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
-def fit_setup(config: TrainConfig, cal: Any, spec: Any, method: Any, layout: tuple[int, str], here: dict[str, Any]) -> FittedSetup:
-    """The first half of every plan (a `train` command's, each setup's, each row of a comparison):
-    the device (`here`, or in a dry run the calibration's; `--device-memory`), its price, the
-    calibration's fitness for the run (refused in one line unless --force), and the memory check
-    (train.planning.memory_check.check_fits, one line when the model does not fit)."""
-    from dataclasses import replace
-
-    from train.planning.memory_check import check_fits
-    from train.recipes.calibration_choice import check_compatible
-
-    device = plan_device(config, cal, here, spec)
-    if config.device_memory_bytes:
-        device = replace(device, hardware={**device.hardware, "memory_bytes": config.device_memory_bytes, "memory_from": "--device-memory"})
-    price = config.prices.for_device(cal.id, device.hardware)
-    warnings = check_compatible(cal, spec, device.hardware, config.force, method, device.compiled, device.loss)
-    if config.step_options.loss == "auto" and not device.foreign and cal.data.get("loss_choice"):
-        # The loss bench measured best for this calibration runs (plan_device).
-        config = replace(config, step_options=replace(config.step_options, loss=device.loss))
-    world_size, sharding = layout
-    need = check_fits(spec, method, device.hardware, sharding, world_size)
-    return FittedSetup(config, cal, method, device, price, need, warnings)
-
-
-def plan_fitted(setup: FittedSetup, context: PlanContext, layout: tuple[int, str], communicate: Any = None) -> PlacedPlan:
-    """The second half: what communication adds (measured among the calibration's processes, or
-    `communicate(traffic)` → (per step, per micro-step, record) where a comparison predicts it:
-    the collectives' seconds with none hidden, which the planner brackets between full overlap
-    with backward and none, train.planning.planner.exposed_floor), the placement, the request
-    and the planner's plan."""
+def plan_fitted(setup: ChosenSetup, context: PlanContext, communicate: Communicate | None = None) -> PlacedPlan:
+    """A setup planned (train.recipes.chosen_setup decided it): what communication adds (measured
+    among the calibration's processes, or `communicate(traffic)` → (per step, per micro-step,
+    record) where a comparison predicts it: the collectives' seconds with none hidden, which the
+    planner brackets between full overlap with backward and none,
+    train.planning.planner.exposed_floor), the placement, the request and the planner's plan."""
     from train.planning.comm import plan_communication, traffic_of
     from train.planning.planner import make_plan
 
-    world_size, sharding = layout
-    traffic = traffic_of(sharding, setup.need, setup.device.hardware["device_type"])
+    traffic = traffic_of(setup.sharding, setup.need, setup.device_type)
     if communicate is None:
-        per_step, per_micro_step, communication = plan_communication(setup.cal, world_size, traffic, setup.config.force)
+        per_step, per_micro_step, communication = plan_communication(setup.cal, setup.world_size, traffic, context.config.force)
     else:
         per_step, per_micro_step, communication = communicate(traffic)
-    overlap = communicate is not None
-    placement = Placement(setup.device, world_size, sharding, (per_step, per_micro_step), setup.price_per_hour, overlap)
+    placement = Placement(setup, (per_step, per_micro_step), comm_overlap=communicate is not None)
     request = plan_request(context, setup.method, setup.cal, placement, setup.need)
     return PlacedPlan(placement, communication, request, make_plan(setup.cal, context.data, request, context.eval_data))
 

@@ -86,7 +86,7 @@ def print_plan(run: PlannedRun) -> None:
     from train.workload.tokenizer import is_byte_tokenizer
 
     plan, rate, placement = run.plan, run.rate, run.placement
-    hardware = placement.device.hardware
+    hardware = placement.hardware
     if run.resumed:
         total = run.resumed.total_steps
         stop = f", stopping at step {plan.step_limit or plan.chosen.optimizer_steps:,}" if (plan.step_limit or plan.chosen.optimizer_steps) < total else ""
@@ -109,7 +109,7 @@ def print_plan(run: PlannedRun) -> None:
             f"from base batch {rate['base_batch']} to this plan's effective batch",
             flush=True,
         )
-    needs = describe_needs(run.spec, run.method, hardware, placement.sharding, placement.world_size, placement.device.foreign)
+    needs = describe_needs(run.spec, run.method, hardware, placement.sharding, placement.world_size, placement.setup.foreign)
     print(f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}", flush=True)
     for warning in plan.warnings:
         say(f"warning: {warning}")

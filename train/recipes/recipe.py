@@ -25,12 +25,14 @@ from calibration.run_status import INTERRUPTED, STOPPED_EARLY
 from common.atomic import json_text
 from common.console import is_main_process, say
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
+from train.recipes.chosen_setup import ChosenSetup, choose_setups
 from train.recipes.config import TrainConfig
 from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
-from train.recipes.plan_setup import FittedSetup, PlacedPlan, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
+from train.recipes.plan_setup import PlacedPlan, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
 from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
-from train.recipes.setup_choice import choose_setup, fitted_for, with_smaller_bases
+from train.recipes.setup_choice import choose_setup, with_smaller_bases
+from train.recipes.variant_choice import Refused
 from train.running.record import RunRecord, TrainedRun
 from train.running.resume import check_same_data, completed_steps, resume_command, resumed_hyperparameters, resumed_step_limit
 
@@ -87,7 +89,7 @@ class TrainRecipe:
         self._fit_setups()
         # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
         self.spec = hub_weights(self.spec, self.config.dry_run)
-        self.loaded = load_data(self.setups[0].config, self.spec)
+        self.loaded = load_data(self.config, self.spec)
         if self.resumed:
             problem = check_same_data(self.resumed, self.loaded, self.config.force)
             if problem:
@@ -122,31 +124,9 @@ class TrainRecipe:
         return spec, method, out_dir, earlier, resumed
 
     def _fit_setups(self) -> None:
-        """The calibration, the processes and their sharding, and the setups to plan: each fitted
-        (train.recipes.setup_choice.fitted_for); those refused are kept to say why."""
-        from train.recipes.calibration_choice import calibration_for
-        from train.recipes.variant_choice import asked_variant, setups_to_plan
-
-        config, resumed = self.config, self.resumed
-        cal, world_size, sharding = calibration_for(config, self.spec, self.method, resumed)
-        if config.device_memory_bytes:
-            cal = cal.with_device_memory(config.device_memory_bytes)
-        before = resumed.sharding if resumed else sharding
-        if (before == "fsdp") != (sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
-            raise BenchtrainError(f"--resume: {self.out_dir} was trained with sharding {before}; resume it with the same (now: {sharding})")
-        self.layout = (world_size, sharding)
-        self.candidates = setups_to_plan(cal, self.method, self.method.variant if resumed else asked_variant(config.quantize, config.optimizer))
-        self.setups: list[FittedSetup] = []
-        self.refused: list[tuple[Any, str]] = []
-        for index, (variant, variant_method) in enumerate(self.candidates):
-            try:
-                self.setups.append(fitted_for(config, variant, self.spec, variant_method, self.layout, quiet=index > 0))
-            except BenchtrainError as error:
-                if len(self.candidates) == 1:
-                    raise
-                self.refused.append((variant_method, str(error)))
-        if not self.setups:
-            raise BenchtrainError(f"no setup the calibration measured fits: {self.refused[0][1]}")
+        """The calibration, the processes and their sharding, and the setups to plan, each decided
+        (train.recipes.chosen_setup.choose_setups); those refused are kept to say why."""
+        self.choice = choose_setups(self.config, self.spec, self.method, self.resumed, self.out_dir)
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self) -> PlannedRun:
@@ -160,11 +140,10 @@ class TrainRecipe:
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
         # rank 0's plan is what every rank trains (train.recipes.ranks).
         index, placed = rank0_decides(lambda: self._choose(context), lambda chosen: (chosen[0], self._with_own_clock(chosen[1])))
-        run = self.run = self._as_run(self.setups[index], placed)
-        self.config = run.config  # the chosen setup's: with the loss bench measured best (--loss auto)
+        run = self.run = self._as_run(self.choice.setups[index], placed)
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
-        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.placement.device.hardware, activations))
+        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.placement.hardware, activations))
         if self.push is not None:
             run.plan.notes.append(push_note(self.push, run))
         return run
@@ -172,19 +151,21 @@ class TrainRecipe:
     def _choose(self, context: PlanContext) -> tuple[int, PlacedPlan]:
         """Each fitted setup planned (train.recipes.plan_setup.plan_fitted), the best kept: its
         index among the setups and its plan."""
-        runs, refused, indexes = [], list(self.refused), {}
-        for index, setup in enumerate(self.setups):
+        choice = self.choice
+        runs: list[PlannedRun] = []
+        refused, indexes = list(choice.refused), {}
+        for index, setup in enumerate(choice.setups):
             try:
-                run = self._as_run(setup, plan_fitted(setup, context, self.layout))
+                run = self._as_run(setup, plan_fitted(setup, context))
             except DoesNotFitError as error:
-                if len(self.candidates) == 1:
+                if choice.weighed == 1:
                     raise DoesNotFitError(with_smaller_bases(str(error), self.spec, setup)) from None
-                refused.append((setup.method, str(error)))
+                refused.append(Refused(setup.method, str(error)))
                 continue
             indexes[id(run)] = index
             runs.append(run)
         if not runs:
-            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0][1]}", self.spec, self.setups[0]))
+            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0].reason}", self.spec, choice.setups[0]))
         run = choose_setup(runs, refused)
         return indexes[id(run)], PlacedPlan(run.placement, run.communication, run.request, run.plan)
 
@@ -193,10 +174,10 @@ class TrainRecipe:
         time.monotonic() reading of another process, on another machine, means nothing here)."""
         return replace(placed, request=replace(placed.request, deadline=self.config.run_deadline))
 
-    def _as_run(self, setup: FittedSetup, placed: PlacedPlan) -> PlannedRun:
+    def _as_run(self, setup: ChosenSetup, placed: PlacedPlan) -> PlannedRun:
         """A planned setup as this command's run."""
         return PlannedRun(
-            config=setup.config,
+            config=self.config,
             spec=self.spec,
             method=setup.method,
             out_dir=self.out_dir,
@@ -217,7 +198,7 @@ class TrainRecipe:
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
         if is_main_process() and config.json:
-            compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.device.hardware)
+            compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.hardware)
             print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
             for warning in run.plan.warnings:
                 say(f"warning: {warning}")
@@ -245,7 +226,7 @@ class TrainRecipe:
             self._held.enter_context(RunLock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
             merge = bool(config.merge_lora and run.method.is_lora)
-            device_type = run.placement.device.hardware["device_type"]
+            device_type = run.placement.setup.device_type
             space = disk_need(run.need, run.method.is_lora, not run.spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
             check_space(out_dir, space, config.keep_checkpoints)
             self.record.write()
@@ -308,7 +289,8 @@ class TrainRecipe:
         fresh = new_run_file(run_id, run.plan, run.cal, model_identity(run.spec), self._data_section(), run.request.elapsed_seconds)
         record = RunRecord.open(out_dir, fresh, self.earlier)
         file = record.file
-        command = self.config.to_json()  # the whole validated configuration of this command
+        # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
+        command = replace(self.config, step_options=run.placement.setup.recorded_options(self.config.step_options)).to_json()
         command["out"] = stored_path(self.config.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
         file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
@@ -367,7 +349,7 @@ class TrainRecipe:
         loop = TrainingRun(
             calibration=run.cal,
             chosen=run.plan.chosen,
-            model=ModelToTrain(run.spec, run.method, config.step_options),
+            model=ModelToTrain(run.spec, run.method, run.placement.setup.step),  # THE step as the setup decided it
             data=TrainingData(run.loaded.data, pad_id, run.loaded.eval_data, config.eval_schedule),
             out_dir=record.out_dir,
             settings=settings,

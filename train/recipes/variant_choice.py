@@ -9,15 +9,26 @@ train.recipes.setup_choice.choose_setup keeps the best."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from calibration.setup import variant_name
 from calibration.step_config import StepConfig
 
+if TYPE_CHECKING:
+    from train.workload.method import MethodConfig
+
 AUTO = "auto"
 GIB = 2**30
 LARGEST_MICRO_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A setup the calibration measured that the run cannot take, and why (one line)."""
+
+    method: MethodConfig
+    reason: str
 
 
 def asked_variant(quantize: str, optimizer: str) -> tuple[str | None, str | None]:
@@ -79,7 +90,7 @@ def largest_fitting_micro_batch(calibration: Any, config: StepConfig) -> int:
     return largest
 
 
-def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refused: list[tuple[Any, str]]) -> list[str]:
+def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refused: list[Refused]) -> list[str]:
     """Plan notes: what each other setup would cost at the chosen configuration, and its own best plan.
     `chosen`/`others`: (calibration variant, plan); `refused`: (method, why it was not planned)."""
     chosen_cal, chosen_plan = chosen
@@ -106,7 +117,7 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
         shape = f"{own.optimizer_steps:,} steps of {own.label()}"
         parts.append(f"its best plan {shape}, {own.tokens:,} tokens: {_duration(own.total_seconds)} ({verdict})")
         lines.append(f"{variant_name(*cal.variant_key)}: " + ", ".join(parts))
-    lines.extend(f"{variant_name(method.quantize, method.optimizer)}: not planned ({why})" for method, why in refused)
+    lines.extend(f"{variant_name(setup.method.quantize, setup.method.optimizer)}: not planned ({setup.reason})" for setup in refused)
     return lines
 
 

@@ -43,7 +43,7 @@ class TrainingRun:
     ) -> None:
         hooks = hooks or LoopHooks()
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
-        self.spec, self.method, self.step_options = model.spec, model.method, model.step_options
+        self.spec, self.method, self.step_setup = model.spec, model.method, model.step
         self.data, self.pad_id = data.data, data.pad_id
         self.eval_data, self.eval_schedule = data.eval_data, data.eval_schedule or EvalSchedule()
         self.on_update = hooks.on_update
@@ -57,14 +57,15 @@ class TrainingRun:
     def _build(self) -> None:
         import torch
 
-        from train.step.engine import Optimization, build_engine
+        from train.step.engine import Optimization, StepOptions, build_engine, step_setup_for
         from train.step.runtime import make_accelerator, pin_memory
 
         s = self.settings
         self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(s.seed)
         optimization = Optimization(s.learning_rate, s.hyperparameters, s.schedule_steps or self.total_steps())
-        self.engine = build_engine(self.spec, self.method, self.accelerator, self.step_options, self.chosen.config.gradient_checkpointing, optimization)
+        setup = self.step_setup or step_setup_for(StepOptions(), self.spec, self.method, self.accelerator)
+        self.engine = build_engine(self.spec, self.method, self.accelerator, setup, self.chosen.config.gradient_checkpointing, optimization)
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
         from train.step.hardware import detect_hardware

@@ -11,7 +11,7 @@ from typing import Any
 
 from train.planning.deadline import Deadline
 from train.running.guard import DEFAULT_OVERRUN_ACTION
-from train.step.engine import StepOptions
+from train.step.engine import StepSetup
 from train.step.evaluation import EvalSchedule
 from train.step.hyperparameters import OptimizerSettings
 from train.step.runtime import DEFAULT_LEARNING_RATE
@@ -115,11 +115,13 @@ class StopSignals:
 
 @dataclass(frozen=True)
 class ModelToTrain:
-    """What the loop trains: the model (train.workload.model.ModelSpec), the method, the step's options."""
+    """What the loop trains: the model (train.workload.model.ModelSpec), the method, and how the
+    step runs as the plan decided it (train.recipes.chosen_setup; None: the default options
+    resolved on the loop's accelerator, train.step.engine.step_setup_for)."""
 
     spec: Any
     method: MethodConfig = field(default_factory=MethodConfig)
-    step_options: StepOptions = field(default_factory=StepOptions)
+    step: StepSetup | None = None
 
 
 @dataclass(frozen=True)

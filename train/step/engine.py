@@ -72,15 +72,84 @@ def check_sharding(options: StepOptions, method: Any) -> None:
         raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
 
 
-def process_layout(options: StepOptions, method: Any, processes: int | None = None) -> tuple[int, str]:
-    """(processes, sharding) of this job — the launcher's processes (`processes` where already
+@dataclass(frozen=True)
+class ProcessLayout:
+    """The processes of a job and how they share the model."""
+
+    world_size: int = 1
+    sharding: str = "none"  # none (one process) | ddp | fsdp (train/step/sharding.py)
+
+
+def process_layout(options: StepOptions, method: Any, processes: int | None = None) -> ProcessLayout:
+    """The processes and the sharding of this job — the launcher's processes (`processes` where already
     known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
     comparison settle it; a method and sharding that do not go together are one line."""
     from train.step.runtime import job_world_size
 
     check_sharding(options, method)
     world_size = job_world_size() if processes is None else processes
-    return world_size, sharding_in_use(options.sharding, world_size)
+    return ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """How THE step runs, decided (no `auto` left): the loss implementation, compiled or eager, the
+    processes and their sharding. Decided once (`resolve_step`) and built as decided (`build_engine`)."""
+
+    loss: str  # chunked | liger | plain
+    compiled: bool
+    sharding: str = "none"  # none (one process) | ddp | fsdp
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """What a calibration's step used, where it decides an `auto` choice: its compile setting when
+    the plan is for its device (a dry run for another), its loss when bench compared the losses or
+    the plan is for its device. None: the rule decides."""
+
+    compiled: bool | None = None
+    loss: str | None = None
+
+
+def resolve_step(
+    options: StepOptions,
+    device_type: str,
+    model_type: str | None,
+    method: Any,
+    layout: ProcessLayout | None = None,
+    measured: MeasuredStep | None = None,
+) -> StepSetup:
+    """The one place `--loss`, `--compile` and `--sharding` become what the step runs (bench's
+    probes, a plan, the training loop): `auto` is the calibration's measurement where it decides
+    (`measured`), else the rule (train.step.loss.choose_loss, train.step.compile.compile_enabled).
+    `layout`: the processes and their sharding already settled (a dry run planning the calibration's
+    processes, a comparison's row); None: this job's (`process_layout`)."""
+    loss, compiled = _loss_and_compile(options, device_type, model_type, measured or MeasuredStep())
+    layout = process_layout(options, method) if layout is None else layout
+    return StepSetup(loss, compiled, layout.sharding, layout.world_size)
+
+
+def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | None, measured: MeasuredStep) -> tuple[str, bool]:
+    from common.errors import BenchtrainError
+
+    if options.compile == "auto" and measured.compiled is not None:
+        compiled = measured.compiled
+    else:
+        compiled = compile_enabled(options.compile, device_type)
+    try:
+        loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
+    except ValueError as error:
+        raise BenchtrainError(str(error)) from None
+    return loss, compiled
+
+
+def step_setup_for(options: StepOptions, spec: Any, method: Any, accelerator: Any) -> StepSetup:
+    """`resolve_step` for a step built on `accelerator` from the options alone (bench's probes,
+    tests): its device and its processes."""
+    loss, compiled = _loss_and_compile(options, accelerator.device.type, spec.config_dict.get("model_type"), MeasuredStep())
+    layout = process_layout(options, method, accelerator.num_processes)
+    return StepSetup(loss, compiled, layout.sharding, layout.world_size)
 
 
 @dataclass
@@ -118,27 +187,21 @@ def build_engine(
     spec: Any,
     method: Any,
     accelerator: Any,
-    options: StepOptions,
+    setup: StepSetup,
     checkpointing: bool = False,
     optimization: Optimization | None = None,
 ) -> Engine:
-    """Everything THE step needs. `optimization`: the learning rate, the hyper-parameters and the
-    schedule's horizon (None: the defaults at a constant rate, as bench probes use)."""
+    """Everything THE step needs, built as `setup` decided (`resolve_step`). `optimization`: the
+    learning rate, the hyper-parameters and the schedule's horizon (None: the defaults at a
+    constant rate, as bench probes use)."""
     import torch
 
-    from common.errors import BenchtrainError
     from train.step.runtime import make_optimizer
     from train.step.step import TrainingStep
     from train.workload.method import set_gradient_checkpointing
     from train.workload.model import build_model
 
-    device_type = accelerator.device.type
-    try:
-        loss_kind = choose_loss(options.loss, device_type, spec.config_dict.get("model_type"))
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
-    compiled = compile_enabled(options.compile, device_type)
-    _, sharding = process_layout(options, method, accelerator.num_processes)
+    loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
     # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).
     model = build_model(spec, "meta" if sharding == "fsdp" else accelerator.device, method)
     if checkpointing:
@@ -167,3 +230,11 @@ def build_engine(
         model, optimizer = accelerator.prepare(model, optimizer)
     step = TrainingStep(accelerator, model, optimizer, scheduler, settings.max_grad_norm)
     return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)
+
+
+def engine_from_options(
+    spec: Any, method: Any, accelerator: Any, options: StepOptions, checkpointing: bool = False, optimization: Optimization | None = None
+) -> Engine:
+    """`build_engine` for a step set up from the options alone (`step_setup_for`: bench's probes,
+    benchmarks, tests), not from a plan."""
+    return build_engine(spec, method, accelerator, step_setup_for(options, spec, method, accelerator), checkpointing, optimization)
