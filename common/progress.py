@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
-def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: Any = None) -> Any:
+class Bar(Protocol):
+    """What benchtrain's loops use of a progress bar: a tqdm bar and a BudgetBar alike."""
+
+    def update(self, count: int = 1) -> object: ...
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> object: ...
+
+    def write(self, text: str) -> object: ...
+
+    def close(self) -> object: ...
+
+
+def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> tqdm:
     from tqdm.auto import tqdm
 
     return tqdm(
@@ -21,7 +36,7 @@ def progress_bar(total: int, description: str, unit: str, initial: int = 0, file
     )
 
 
-def _refresh_seconds(file: Any) -> float:
+def _refresh_seconds(file: TextIO | None) -> float:
     stream = file if file is not None else sys.stderr
     return 0.2 if getattr(stream, "isatty", lambda: False)() else 10.0
 
@@ -31,7 +46,7 @@ class BudgetBar:
     probes done so far (which under a budget would promise far more time than the budget allows).
     The description counts the probes. Same interface as a tqdm bar for what the runner uses."""
 
-    def __init__(self, budget_seconds: float, probes: int, file: Any = None) -> None:
+    def __init__(self, budget_seconds: float, probes: int, file: TextIO | None = None) -> None:
         from tqdm.auto import tqdm
 
         self.budget_seconds, self.probes, self.done = budget_seconds, probes, 0

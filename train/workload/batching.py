@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import numpy as np
 
-from train.workload.sampling import SampledData
-from train.workload.tokens import TokenizedData
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
 
-# Sample lengths: a list, or the memory-mapped int array a big corpus keeps (train.workload.tokens).
-Lengths = Sequence[int] | np.ndarray
+from train.workload.sampling import SampledData
+from train.workload.tokens import Lengths, TokenizedData
 
 # What the planner reads of data: the exact store, or a sample standing for the whole set.
 DataView = TokenizedData | SampledData
@@ -34,12 +35,12 @@ IGNORE_INDEX = -100
 GROUP_WINDOW_BATCHES = 32
 
 
-def count_targets(labels: Any) -> int:
+def count_targets(labels: torch.Tensor) -> int:
     """Tokens that carry loss in a host batch (counted in the DataLoader workers, off the step)."""
     return int((labels != IGNORE_INDEX).sum())
 
 
-def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, torch.Tensor]:
     """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
     host-side counts (`target_tokens`) are dropped."""
     return {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
@@ -188,6 +189,14 @@ def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[Bat
     return [BatchShape(len(batch), max_length) for batch in batches]
 
 
+class MicroBatches(Protocol):
+    """Item i: micro-batch i as the step takes it (PaddedBatches, PackedBatches, SyntheticBatches)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+
 class PaddedBatches:
     """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length). The
     samples are sliced out of the memory-mapped store in the worker that collates the batch."""
@@ -259,14 +268,17 @@ class SyntheticBatches:
         return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
-def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0) -> Any:
+def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start: int = 0) -> DataLoader[dict[str, Any]]:
     """A real DataLoader over whole micro-batches, starting at batch `start` (for --resume)."""
     from torch.utils.data import DataLoader, Subset
 
+    # torch reads a map-style dataset through __len__ and __getitem__ alone: ours need not subclass
+    # its Dataset (which would import torch wherever batches are planned).
+    items = cast("Dataset[dict[str, Any]]", dataset)
     if start:
-        dataset = Subset(dataset, range(start, len(dataset)))
+        items = Subset(items, range(start, len(dataset)))
     return DataLoader(
-        dataset,
+        items,
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,
@@ -347,19 +359,26 @@ def padded_batch_count(count: int, micro_batch_size: int) -> int:
     return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
 
 
-def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: int, bucket: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+class BatchSizes(NamedTuple):
+    """Each batch's rows and the length its rows are padded to, one array each."""
+
+    rows: np.ndarray
+    lengths: np.ndarray
+
+
+def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: int, bucket: int | None = None) -> BatchSizes:
     """Each batch's rows and padded length as two arrays (no object per batch: a packed epoch of a
     billion tokens has millions of batches)."""
     if not len(batches):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return BatchSizes(np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not data.packing:
-        return _padded_rows_and_lengths(data.lengths, batches, max_length, bucket)
+        return BatchSizes(*_padded_rows_and_lengths(data.lengths, batches, max_length, bucket))
     if isinstance(batches, PackedPlan):
         rows = np.full(len(batches), batches.micro_batch_size, dtype=np.int64)
         rows[-1] = len(batches[len(batches) - 1])
     else:
         rows = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
-    return rows, np.full(len(rows), max_length, dtype=np.int64)
+    return BatchSizes(rows, np.full(len(rows), max_length, dtype=np.int64))
 
 
 def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
