@@ -195,7 +195,9 @@ def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> Tokeniz
     return data
 
 
-def load_tokenized(path: str, tokenizer: PreTrainedTokenizerBase, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train") -> TokenizedData:
+def load_tokenized(
+    path: str, tokenizer: PreTrainedTokenizerBase, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train"
+) -> TokenizedData:
     """Every record of `path` tokenized (through the cache): tests and small tools."""
     from common.console import say
 
