@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, overload
 
 import numpy as np
 
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 from train.workload.sampling import SampledData
 from train.workload.tokens import Lengths, TokenizedData
+
+# One micro-batch: its samples' indices (an int array when planned from lengths), or its packed rows.
+MicroBatch = Sequence[int] | np.ndarray
 
 # What the planner reads of data: the exact store, or a sample standing for the whole set.
 DataView = TokenizedData | SampledData
@@ -113,7 +116,7 @@ def padded_width(longest: int, max_length: int, bucket: int | None = None) -> in
 
 
 def _padded_rows_and_lengths(
-    lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+    lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     clipped = np.minimum(np.asarray(lengths), max_length)
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
@@ -124,7 +127,7 @@ def _padded_rows_and_lengths(
     return sizes, longest
 
 
-def padded_shapes(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def padded_shapes(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     """Each batch's (rows, length it is padded to)."""
     if not len(batches):
         return []
@@ -132,7 +135,7 @@ def padded_shapes(lengths: Lengths, batches: Sequence[Sequence[int]], max_length
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
+def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):
@@ -145,7 +148,7 @@ def packed_row_count(total_tokens: int, max_length: int) -> int:
     return max(1, -(-total_tokens // max_length))
 
 
-class PackedPlan(Sequence):
+class PackedPlan(Sequence[list[int]]):
     """An epoch's packed batches, lazily: one shuffled array of row numbers (int32 where it fits),
     cut into micro-batches when read, so a corpus of a billion tokens holds no Python object per row."""
 
@@ -156,7 +159,13 @@ class PackedPlan(Sequence):
     def __len__(self) -> int:
         return self.batches
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[list[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[int] | Sequence[list[int]]:
         if isinstance(index, slice):
             start, stop, step = index.indices(self.batches)
             if step == 1:
@@ -185,7 +194,7 @@ def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int
     return {shape: count for shape, count in counts.items() if count}
 
 
-def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+def packed_shapes(batches: Sequence[MicroBatch], max_length: int) -> list[BatchShape]:
     return [BatchShape(len(batch), max_length) for batch in batches]
 
 
@@ -321,7 +330,7 @@ def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
 
 
-def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[Any]:
+def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[MicroBatch]:
     """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
     if data.packing:
         rows = packed_row_count(data.stream_length, max_length)
@@ -366,7 +375,7 @@ class BatchSizes(NamedTuple):
     lengths: np.ndarray
 
 
-def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: int, bucket: int | None = None) -> BatchSizes:
+def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> BatchSizes:
     """Each batch's rows and padded length as two arrays (no object per batch: a packed epoch of a
     billion tokens has millions of batches)."""
     if not len(batches):
@@ -381,7 +390,7 @@ def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: i
     return BatchSizes(rows, np.full(len(rows), max_length, dtype=np.int64))
 
 
-def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def batch_shapes(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     if data.packing:
         return packed_shapes(batches, max_length)
     return padded_shapes(data.lengths, batches, max_length, bucket)
