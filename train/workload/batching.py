@@ -308,6 +308,9 @@ def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+# Any, for now: run_batches hands shard's list on as list[list[int]], the type train.running.loop
+# reads, though padded batches are int arrays (MicroBatch); shard takes and returns list[MicroBatch]
+# once loop's annotations say MicroBatch.
 def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     """This process's share of an epoch's batches: every world_size-th one. All processes must run
     the same number of steps (a missing step would hang the all-reduce) and every sample should be
