@@ -27,10 +27,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.console import say
 from common.errors import BenchtrainError, DoesNotFitError
+
+if TYPE_CHECKING:
+    from bench.setup_measurement import BenchRequest, ProgressBar
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+
+# Layer counts to measure slices at: sorted, each once (`--layers 2,4,6`).
+Depths = tuple[int, ...]
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 AUTO_LADDERS = ((2, 4, 6), (1, 2, 3), (1, 2))
@@ -45,7 +53,7 @@ NON_UNIFORM_KEYS = {
 }
 
 
-def parse_layers(text: str | None) -> str | tuple[int, ...] | None:
+def parse_layers(text: str | None) -> str | Depths | None:
     """`auto`, two or more distinct positive depths (sorted), or None without --layers."""
     if text is None:
         return None
@@ -185,7 +193,7 @@ def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], 
 
 
 def measure_layers(
-    request: Any, spec: Any, method: Any, budget: float | str | None, asked: str | tuple[int, ...], progress: Callable[[int, float | None], Any]
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
 ) -> dict[str, Any] | None:
     """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
     and their combination (rank 0's record; None on the other processes)."""

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
@@ -23,11 +23,17 @@ from bench.timing import ProbeSettings
 from common.console import say
 from common.durations import format_duration
 from common.home import benchtrain_home, writable_subdir
+from common.progress import Bar
 from train.step.engine import StepOptions, process_layout
 from train.workload.prepare import DataSpec
 
+if TYPE_CHECKING:
+    from bench.slice_budget import Carry
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
-ProgressBar = Callable[[int, float | None], Any]
+ProgressBar = Callable[[int, float | None], Bar | None]
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,17 @@ class BenchRequest:
     max_probe_seconds: float | None = None  # seconds each probe may time steps (None: from the budget)
 
 
-def no_progress_bar(total: int, budget_seconds: float | None) -> Any:
+def no_progress_bar(total: int, budget_seconds: float | None) -> Bar | None:
     return None
 
 
 def measure_setup(
-    request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None, progress: ProgressBar = no_progress_bar, carry: Any = None
+    request: BenchRequest,
+    spec: ModelSpec,
+    method: MethodConfig,
+    budget_asked: float | str | None,
+    progress: ProgressBar = no_progress_bar,
+    carry: Carry | None = None,
 ) -> dict[str, Any] | None:
     """One setup's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""

@@ -64,7 +64,11 @@ def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> Sea
     return replace(space, seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
 
 
-def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
+# One dimension's values in a search (batch sizes, workers, …): sorted, each once.
+Choices = tuple[int, ...]
+
+
+def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:
     """`1,2,4` as a sorted tuple of unique integers ≥ minimum, or a one-line error."""
     values = []
     for part in str(text).split(","):
@@ -92,7 +96,7 @@ def ruled_out_by(config: StepConfig, oom_configs: list[StepConfig]) -> StepConfi
     return None
 
 
-def parse_switch_list(text: str, option: str) -> tuple[int, ...]:
+def parse_switch_list(text: str, option: str) -> Choices:
     """`off,on` (or 0,1, false,true) as a sorted tuple of 0/1, or a one-line error."""
     words = {"off": 0, "0": 0, "false": 0, "no": 0, "on": 1, "1": 1, "true": 1, "yes": 1}
     values = []

@@ -44,19 +44,23 @@ def json_text(payload: object) -> str:
     return json.dumps(payload, indent=2, sort_keys=False, default=_json_default)
 
 
-def read_json_file(path: Path, missing: str | None = None) -> Any:
-    """A JSON file's content; a missing file says `missing` (when given), an unreadable one says why."""
+def read_json_file(path: Path, missing: str | None = None) -> dict[str, Any]:
+    """A JSON file's object (every file benchtrain reads is one); a missing file says `missing`
+    (when given), an unreadable one or one holding something else says why."""
     from common.errors import BenchtrainError
 
     try:
-        return json.loads(Path(path).read_text())
+        content = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         if missing is not None and isinstance(error, FileNotFoundError):
             raise BenchtrainError(missing) from None
         raise BenchtrainError(f"cannot read {path}: {error}") from None
+    if not isinstance(content, dict):
+        raise BenchtrainError(f"cannot read {path}: it holds a JSON {type(content).__name__}, not an object")
+    return content
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     # numpy scalars and paths show up in measurement rows; everything else is a bug.
     if hasattr(value, "item"):
         return value.item()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, NoReturn
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -87,13 +87,21 @@ def first_line(text: str) -> str:
     return lines[0] if lines else "unknown error"
 
 
+class KnownArguments(NamedTuple):
+    """What argparse's parse_known_args returns, by name: the options it knew and the tokens it did not."""
+
+    namespace: argparse.Namespace
+    extras: list[str]
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line (a BenchtrainError for guard_cli) instead of the usage
     block, with a did-you-mean for a mistyped option: `--dealine` → `--deadline`."""
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> KnownArguments:  # type: ignore[override]
+        # Narrower than argparse's overloads on purpose: no command here passes its own namespace class.
         self._given = [str(token) for token in (sys.argv[1:] if args is None else args)]
-        return super().parse_known_args(args, namespace)
+        return KnownArguments(*super().parse_known_args(args, namespace))
 
     def error(self, message: str) -> NoReturn:
         raise BenchtrainError(f"{message}{self._did_you_mean()}; `{self.prog} --help` lists the options")

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from common.errors import BenchtrainError
+
+T = TypeVar("T")
 
 COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
 NETWORK_ADVICE = "check the network, or download it where there is one with"
@@ -56,7 +59,7 @@ def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, rep
     return guarded(repo_id, revision, repo_type, lambda: fetch(is_offline_mode()))
 
 
-def guarded(repo_id: str, revision: str | None, repo_type: str, call: Any) -> Any:
+def guarded(repo_id: str, revision: str | None, repo_type: str, call: Callable[[], T]) -> T:
     """`call()`, with huggingface_hub's errors turned into one line that says what to do."""
     try:
         return call()

@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
-def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> Any:
+class Bar(Protocol):
+    """What benchtrain's loops use of a progress bar: a tqdm bar and a BudgetBar alike."""
+
+    def update(self, count: int = 1) -> object: ...
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> object: ...
+
+    def write(self, text: str) -> object: ...
+
+    def close(self) -> object: ...
+
+
+def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> tqdm:
     from tqdm.auto import tqdm
 
     return tqdm(

@@ -9,6 +9,7 @@ the same place in the folder where the run is now."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from common.json_types import JsonDict
@@ -45,7 +46,7 @@ def run_path(recorded: str | Path, run_dir: Path) -> Path:
     return path
 
 
-def stored_paths(section: JsonDict | None, run_dir: Path, keys: tuple[str, ...]) -> JsonDict | None:
+def stored_paths(section: JsonDict | None, run_dir: Path, keys: Collection[str]) -> JsonDict | None:
     """`section` with the paths under `keys` stored relative to the run folder (a copy)."""
     if section is None:
         return None

@@ -28,11 +28,17 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.atomic import atomic_directory
 from common.errors import BenchtrainError
 from train.workload.method import MethodConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from train.workload.model import ModelSpec
 
 FINAL = "final"
 FINAL_BASE = "final-base"
@@ -42,16 +48,22 @@ RUN_NOTE = "benchtrain.json"  # in final/: what a loader needs beyond peft's fil
 
 
 def export_final(
-    run_dir: Path, model: Any, tokenizer: Any, spec: Any, method: MethodConfig, merge_lora: bool = False, full_weights: dict[str, Any] | None = None
+    run_dir: Path,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    spec: ModelSpec,
+    method: MethodConfig,
+    merge_lora: bool = False,
+    full_weights: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the run's model folders; returns what run.json records (paths, seconds).
     `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its shards."""
     started = time.perf_counter()
-    model = getattr(model, "module", model)
+    trained: Any = getattr(model, "module", model)  # a transformers or peft model: their saving methods
     record: dict[str, Any] = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
     if not method.is_lora:
         with atomic_directory(run_dir / FINAL) as folder:
-            model.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
+            trained.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
             tokenizer.save_pretrained(folder)
     else:
         revision = None
@@ -59,7 +71,7 @@ def export_final(
             base, revision = spec.hub.repo_id, spec.hub.revision
             location = base
         else:
-            if spec.has_weights:
+            if spec.has_weights and spec.directory is not None:  # has_weights: it has a folder
                 base_path = Path(spec.directory).resolve()
             else:
                 base_path = (run_dir / FINAL_BASE).resolve()
@@ -67,22 +79,22 @@ def export_final(
                     if method.quantized:
                         save_seeded_base(spec, tokenizer, folder)
                     else:
-                        save_base(model, tokenizer, folder)
+                        save_base(trained, tokenizer, folder)
             base, location = base_reference(run_dir, base_path), str(base_path)
             if is_relative_reference(base):
                 # run.json also keeps the absolute folder, where it was when the run wrote it.
                 record["base_path"] = location
         with atomic_directory(run_dir / FINAL) as folder:
-            config = model.peft_config["default"]
+            config = trained.peft_config["default"]
             # peft reads the base's config.json at this name while saving (has the vocabulary been
             # resized?), from the current directory, else asks the hub: so it gets the absolute
             # folder, and the adapter's file the reference that travels with the run.
             config.base_model_name_or_path = location
             config.revision = revision
-            model.save_pretrained(folder, safe_serialization=True)
+            trained.save_pretrained(folder, safe_serialization=True)
             if base != location:
                 name_base(folder / ADAPTER_CONFIG, base)
-            model.get_base_model().config.save_pretrained(folder)
+            trained.get_base_model().config.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             if method.quantized:
                 (folder / RUN_NOTE).write_text(json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8")
@@ -95,7 +107,7 @@ def export_final(
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
                 # Last: merging folds the adapters into the base weights of the in-memory model; a
                 # quantized base is merged into in its own precision, loaded from what final/ names.
-                merged = (load_final(run_dir / FINAL, quantized=False) if method.quantized else model).merge_and_unload()
+                merged = (load_final(run_dir / FINAL, quantized=False) if method.quantized else trained).merge_and_unload()
                 record["merged_into"] = "the unquantized base" if method.quantized else "the trained base"
                 merged.save_pretrained(folder, safe_serialization=True)
                 tokenizer.save_pretrained(folder)

@@ -11,15 +11,32 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
-from train.workload.batching import IGNORE_INDEX, BatchLayout, DataView, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
+from train.workload.batching import (
+    IGNORE_INDEX,
+    BatchLayout,
+    DataView,
+    MicroBatch,
+    MicroBatches,
+    PackedBatches,
+    PaddedBatches,
+    epoch_batches,
+    make_loader,
+    shard,
+    to_device,
+)
 from train.workload.data import TokenizedData
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,12 @@ def parse_eval_every(text: str | None) -> EvalSchedule:
     return EvalSchedule(every_seconds=parse_duration(text, "--eval-every"))
 
 
-def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[TokenizedData, TokenizedData]:
+class EvalSplit(NamedTuple):
+    train: TokenizedData
+    held_out: TokenizedData  # the eval set
+
+
+def split_eval(data: TokenizedData, fraction: float, seed: int) -> EvalSplit:
     """(train, eval): a deterministic `fraction` of the samples held out, at least one each side."""
     count = len(data)
     if not 0 < fraction < 1:
@@ -69,21 +91,23 @@ def split_eval(data: TokenizedData, fraction: float, seed: int) -> tuple[Tokeniz
         raise BenchtrainError("--eval-split needs at least 2 samples")
     order = np.random.default_rng(seed + 7919).permutation(count)
     eval_index, train_index = np.sort(order[:held]), np.sort(order[held:])
-    return data.subset(train_index), data.subset(eval_index)
+    return EvalSplit(data.subset(train_index), data.subset(eval_index))
 
 
-def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int) -> Any:
+def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int) -> Sequence[MicroBatch]:
     """The eval set's fixed batches (as planned for training, epoch 0)."""
     return epoch_batches(data, micro_batch_size, max_length, seed, 0)
 
 
-def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int, pad_id: int) -> Any:
+def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int, pad_id: int) -> MicroBatches:
     if data.packing:
         return PackedBatches(data, batches, max_length)
     return PaddedBatches(data, batches, max_length, pad_id)
 
 
-def evaluate_loss(accelerator: Any, model: Any, data: TokenizedData, layout: BatchLayout, pad_id: int, compiled: bool = False) -> dict[str, float]:
+def evaluate_loss(
+    accelerator: Accelerator, model: torch.nn.Module, data: TokenizedData, layout: BatchLayout, pad_id: int, compiled: bool = False
+) -> dict[str, float]:
     """Mean loss per target token over the eval set (cut into batches as `layout` says: the run's
     micro batch size, max length and seed), its perplexity, and the seconds it took.
     A compiled model evaluates eagerly (train.step.compile.eager_region), as bench measured it."""

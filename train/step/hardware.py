@@ -7,13 +7,18 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
 
 
-def peak_flops(device_name: str, multiprocessors: int | None = None) -> tuple[str, float] | None:
+class PeakFlops(NamedTuple):
+    entry: str  # the datasheet table's entry (a MIG slice says its share)
+    flops: float  # dense bf16 FLOP/s
+
+
+def peak_flops(device_name: str, multiprocessors: int | None = None) -> PeakFlops | None:
     """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs), from the
     datasheet table (calibration.datasheets: whole words of the name, the source of each figure). A
     device with fewer multiprocessors than its whole GPU (a MIG slice) gets their share of the peak."""
@@ -22,8 +27,8 @@ def peak_flops(device_name: str, multiprocessors: int | None = None) -> tuple[st
         return None
     full = sheet.multiprocessors
     if full and multiprocessors and multiprocessors < full:
-        return f"{sheet.peak_entry} MIG {multiprocessors}/{full} SMs", sheet.bf16_dense_flops * multiprocessors / full
-    return sheet.peak_entry, sheet.bf16_dense_flops
+        return PeakFlops(f"{sheet.peak_entry} MIG {multiprocessors}/{full} SMs", sheet.bf16_dense_flops * multiprocessors / full)
+    return PeakFlops(sheet.peak_entry, sheet.bf16_dense_flops)
 
 
 def detect_hardware() -> dict[str, Any]:

@@ -16,11 +16,16 @@ The schedules are transformers' own (`get_scheduler`'s): after a linear warm-up 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BenchtrainError
-from train.workload.optimizers import BETAS, EPSILON, hf_optim
+from train.workload.optimizers import BETAS, EPSILON, Betas, hf_optim
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
 
 SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
 DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps (before: WARMUP_FRACTION, fixed)
@@ -82,8 +87,8 @@ class OptimizerSettings:
             raise BenchtrainError(f"--adam-epsilon must be positive, got {self.adam_epsilon}")
 
     @property
-    def betas(self) -> tuple[float, float]:
-        return (self.adam_beta1, self.adam_beta2)
+    def betas(self) -> Betas:
+        return Betas(self.adam_beta1, self.adam_beta2)
 
     def warmup_for(self, total_steps: int) -> int:
         """The warm-up's optimizer steps in a run of `total_steps`: --warmup-steps where given, else
@@ -94,12 +99,12 @@ class OptimizerSettings:
             return self.warmup_steps
         return max(1, int(self.warmup_ratio * total_steps)) if self.warmup_ratio > 0 else 0
 
-    def scheduler(self, total_steps: int) -> Any:
+    def scheduler(self, total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
         """`make_scheduler(optimizer)`: this schedule over the run's `total_steps` optimizer steps
         (the same on every process; a resume keeps the run's first horizon)."""
         kind, warmup, total = self.lr_scheduler_type, self.warmup_for(total_steps), max(1, total_steps)
 
-        def make(optimizer: Any) -> Any:
+        def make(optimizer: torch.optim.Optimizer) -> LambdaLR:  # each of SCHEDULER_CHOICES is one in transformers
             from transformers import get_scheduler
 
             if kind == "constant":

@@ -38,7 +38,10 @@ import ctypes
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLE_SECONDS = 0.01
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -108,7 +111,7 @@ def host_excess_bytes(hardware: dict[str, Any], device_type: str) -> float:
 class PeakMemory:
     """Context manager; `.peak_bytes` after exit."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
         self.peak_bytes = 0

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.workload.optimizers import DEFAULT_OPTIMIZER
 
 if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from torch.distributed import Store
+
     from train.step.hyperparameters import OptimizerSettings
 
 DEFAULT_LEARNING_RATE = 3e-4
@@ -47,7 +53,7 @@ def run_precision(device_type: str) -> str:
     return "bf16" if device_type == "cuda" or cpu_bf16() else "fp32"
 
 
-def make_accelerator(log_with: tuple[str, ...] = (), project_dir: Any = None) -> Any:
+def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | None = None) -> Accelerator:
     import torch
     from accelerate import Accelerator
 
@@ -96,7 +102,9 @@ def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | N
     return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
 
 
-def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None) -> Any:
+def make_optimizer(
+    model: torch.nn.Module, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None
+) -> torch.optim.Optimizer:
     """`name`'s optimizer (its entry in train.workload.optimizers.OPTIMIZERS) over the trainable
     parameters, weight decay on matrices only; betas, epsilon and weight decay from `settings`
     (train.step.hyperparameters.OptimizerSettings; None: the defaults)."""
@@ -108,11 +116,11 @@ def make_optimizer(model: Any, learning_rate: float = DEFAULT_LEARNING_RATE, nam
     return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
 
 
-def pin_memory(accelerator: Any) -> bool:
+def pin_memory(accelerator: Accelerator) -> bool:
     return accelerator.device.type == "cuda"
 
 
-def agree(accelerator: Any, value: int, operation: str = "max") -> int:
+def agree(accelerator: Accelerator, value: int, operation: str = "max") -> int:
     """The same decision on every process (a stop on one rank alone would hang the all-reduce)."""
     if accelerator.num_processes == 1:
         return value
@@ -171,7 +179,9 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
         store.add(LEFT_KEY, 1)
 
 
-def wait_for_all(store: Any, key: str, world_size: int, give_up_at: float, clock: Any = time.monotonic, pause: Any = time.sleep) -> None:
+def wait_for_all(
+    store: Store, key: str, world_size: int, give_up_at: float, clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep
+) -> None:
     """Count this process in at `key` of the store, then wait until all `world_size` have, or
     fail once `clock()` passes `give_up_at`."""
     store.add(key, 1)

@@ -28,7 +28,12 @@ checkpoint has the same files whatever the sharding, and only rank 0 writes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
 
 SHARDING_CHOICES = ("ddp", "fsdp")
 
@@ -123,17 +128,24 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-def is_sharded(model: Any) -> bool:
+def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
 
 
-def _plain_optimizer(optimizer: Any) -> Any:
+def _plain_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
 
 
-def gather_full_state(model: Any, optimizer: Any | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+class FullState(NamedTuple):
+    """A sharded run's whole state on rank 0's host (empty dicts on the other ranks)."""
+
+    weights: dict[str, Any]
+    optimizer_state: dict[str, Any] | None  # None: not asked for
+
+
+def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> FullState:
     """The full model (and optimizer) state on rank 0's host memory; empty dicts on the other ranks.
     Every process must call it together (it all-gathers the shards)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -141,11 +153,11 @@ def gather_full_state(model: Any, optimizer: Any | None) -> tuple[dict[str, Any]
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=options)
     if optimizer is None:
-        return weights, None
-    return weights, get_optimizer_state_dict(model, _plain_optimizer(optimizer), options=options)
+        return FullState(weights, None)
+    return FullState(weights, get_optimizer_state_dict(model, _plain_optimizer(optimizer), options=options))
 
 
-def scatter_full_state(model: Any, optimizer: Any, weights: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
     """Load a full state held by rank 0 (the other ranks pass empty dicts) into the sharded model
     and optimizer: rank 0 broadcasts, every rank keeps its shard. Every process calls it together."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
@@ -155,7 +167,7 @@ def scatter_full_state(model: Any, optimizer: Any, weights: dict[str, Any], opti
     set_optimizer_state_dict(model, _plain_optimizer(optimizer), optimizer_state, options=options)
 
 
-def broadcast_from_rank0(value: Any) -> Any:
+def broadcast_from_rank0(value: T) -> T:
     """A small Python value (an error message, scheduler state, RNG state) from rank 0 to every
     rank. It travels between this job's own processes, never through a file."""
     import torch.distributed as dist
@@ -165,6 +177,6 @@ def broadcast_from_rank0(value: Any) -> Any:
     return box[0]
 
 
-def largest_block_parameters(blocks: list[Any]) -> int:
+def largest_block_parameters(blocks: list[torch.nn.Module]) -> int:
     """Parameters of the largest decoder block: what FSDP all-gathers at once (plus the prefetched next)."""
     return max((sum(parameter.numel() for parameter in block.parameters()) for block in blocks), default=0)

@@ -16,10 +16,13 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from train.step.hyperparameters import DEFAULT_MAX_GRAD_NORM
 from train.workload.batching import count_targets, to_device
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class StepResult:
 class StepTimer:
     """Wall time of a region, closed by a device synchronise (CUDA events on GPU)."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         import torch
 
         self._cuda = device.type == "cuda"

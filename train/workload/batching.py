@@ -16,15 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, overload
 
 import numpy as np
 
-from train.workload.sampling import SampledData
-from train.workload.tokens import TokenizedData
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
 
-# Sample lengths: a list, or the memory-mapped int array a big corpus keeps (train.workload.tokens).
-Lengths = Sequence[int] | np.ndarray
+from train.workload.sampling import SampledData
+from train.workload.tokens import Lengths, TokenizedData
+
+# One micro-batch: its samples' indices (an int array when planned from lengths), or its packed rows.
+MicroBatch = Sequence[int] | np.ndarray
 
 # What the planner reads of data: the exact store, or a sample standing for the whole set.
 DataView = TokenizedData | SampledData
@@ -34,12 +38,12 @@ IGNORE_INDEX = -100
 GROUP_WINDOW_BATCHES = 32
 
 
-def count_targets(labels: Any) -> int:
+def count_targets(labels: torch.Tensor) -> int:
     """Tokens that carry loss in a host batch (counted in the DataLoader workers, off the step)."""
     return int((labels != IGNORE_INDEX).sum())
 
 
-def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, torch.Tensor]:
     """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
     host-side counts (`target_tokens`) are dropped."""
     return {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
@@ -112,7 +116,7 @@ def padded_width(longest: int, max_length: int, bucket: int | None = None) -> in
 
 
 def _padded_rows_and_lengths(
-    lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None
+    lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     clipped = np.minimum(np.asarray(lengths), max_length)
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
@@ -123,7 +127,7 @@ def _padded_rows_and_lengths(
     return sizes, longest
 
 
-def padded_shapes(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def padded_shapes(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     """Each batch's (rows, length it is padded to)."""
     if not len(batches):
         return []
@@ -131,7 +135,7 @@ def padded_shapes(lengths: Lengths, batches: Sequence[Sequence[int]], max_length
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(lengths: Lengths, batches: Sequence[Sequence[int]], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
+def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):
@@ -144,7 +148,7 @@ def packed_row_count(total_tokens: int, max_length: int) -> int:
     return max(1, -(-total_tokens // max_length))
 
 
-class PackedPlan(Sequence):
+class PackedPlan(Sequence[list[int]]):
     """An epoch's packed batches, lazily: one shuffled array of row numbers (int32 where it fits),
     cut into micro-batches when read, so a corpus of a billion tokens holds no Python object per row."""
 
@@ -155,7 +159,13 @@ class PackedPlan(Sequence):
     def __len__(self) -> int:
         return self.batches
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[list[int]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[int] | Sequence[list[int]]:
         if isinstance(index, slice):
             start, stop, step = index.indices(self.batches)
             if step == 1:
@@ -184,8 +194,16 @@ def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int
     return {shape: count for shape, count in counts.items() if count}
 
 
-def packed_shapes(batches: Sequence[Sequence[int]], max_length: int) -> list[BatchShape]:
+def packed_shapes(batches: Sequence[MicroBatch], max_length: int) -> list[BatchShape]:
     return [BatchShape(len(batch), max_length) for batch in batches]
+
+
+class MicroBatches(Protocol):
+    """Item i: micro-batch i as the step takes it (PaddedBatches, PackedBatches, SyntheticBatches)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
 
 
 class PaddedBatches:
@@ -259,14 +277,17 @@ class SyntheticBatches:
         return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
-def make_loader(dataset: Any, num_workers: int, pin_memory: bool, start: int = 0) -> Any:
+def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start: int = 0) -> DataLoader[dict[str, Any]]:
     """A real DataLoader over whole micro-batches, starting at batch `start` (for --resume)."""
     from torch.utils.data import DataLoader, Subset
 
+    # torch reads a map-style dataset through __len__ and __getitem__ alone: ours need not subclass
+    # its Dataset (which would import torch wherever batches are planned).
+    items = cast("Dataset[dict[str, Any]]", dataset)
     if start:
-        dataset = Subset(dataset, range(start, len(dataset)))
+        items = Subset(items, range(start, len(dataset)))
     return DataLoader(
-        dataset,
+        items,
         batch_size=None,
         shuffle=False,
         num_workers=num_workers,
@@ -287,6 +308,9 @@ def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+# Any, for now: run_batches hands shard's list on as list[list[int]], the type train.running.loop
+# reads, though padded batches are int arrays (MicroBatch); shard takes and returns list[MicroBatch]
+# once loop's annotations say MicroBatch.
 def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     """This process's share of an epoch's batches: every world_size-th one. All processes must run
     the same number of steps (a missing step would hang the all-reduce) and every sample should be
@@ -309,7 +333,7 @@ def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
     return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
 
 
-def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[Any]:
+def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[MicroBatch]:
     """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
     if data.packing:
         rows = packed_row_count(data.stream_length, max_length)
@@ -347,22 +371,29 @@ def padded_batch_count(count: int, micro_batch_size: int) -> int:
     return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
 
 
-def batch_rows_and_lengths(data: DataView, batches: Sequence[Any], max_length: int, bucket: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+class BatchSizes(NamedTuple):
+    """Each batch's rows and the length its rows are padded to, one array each."""
+
+    rows: np.ndarray
+    lengths: np.ndarray
+
+
+def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> BatchSizes:
     """Each batch's rows and padded length as two arrays (no object per batch: a packed epoch of a
     billion tokens has millions of batches)."""
     if not len(batches):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return BatchSizes(np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not data.packing:
-        return _padded_rows_and_lengths(data.lengths, batches, max_length, bucket)
+        return BatchSizes(*_padded_rows_and_lengths(data.lengths, batches, max_length, bucket))
     if isinstance(batches, PackedPlan):
         rows = np.full(len(batches), batches.micro_batch_size, dtype=np.int64)
         rows[-1] = len(batches[len(batches) - 1])
     else:
         rows = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
-    return rows, np.full(len(rows), max_length, dtype=np.int64)
+    return BatchSizes(rows, np.full(len(rows), max_length, dtype=np.int64))
 
 
-def batch_shapes(data: DataView, batches: list[list[int]], max_length: int, bucket: int | None = None) -> list[BatchShape]:
+def batch_shapes(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     if data.packing:
         return packed_shapes(batches, max_length)
     return padded_shapes(data.lengths, batches, max_length, bucket)

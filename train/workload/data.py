@@ -23,7 +23,7 @@ import numpy as np
 
 from common.errors import BenchtrainError
 from train.workload.encode import assistant_character_spans
-from train.workload.tokens import TokenizedData
+from train.workload.tokens import Lengths, TokenizedData
 
 __all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "truncation"]
 
@@ -143,7 +143,7 @@ def _non_empty(dataset: Any, path: str) -> Any:
 PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
 
 
-def length_profile(lengths: Any) -> dict[str, Any]:
+def length_profile(lengths: Lengths) -> dict[str, Any]:
     values = np.asarray(lengths, dtype=np.int64)
     profile = {
         "count": len(values),
@@ -157,14 +157,14 @@ def length_profile(lengths: Any) -> dict[str, Any]:
     return profile
 
 
-def covering_length(lengths: Any, coverage: float) -> int:
+def covering_length(lengths: Lengths, coverage: float) -> int:
     """The length that keeps `coverage` of the samples whole (the longest of that share)."""
     values = np.asarray(lengths)
     rank = min(len(values) - 1, math.ceil(coverage * len(values)) - 1)
     return int(np.partition(values, rank)[rank])
 
 
-def truncation(lengths: Any, max_length: int) -> dict[str, Any]:
+def truncation(lengths: Lengths, max_length: int) -> dict[str, Any]:
     values = np.asarray(lengths, dtype=np.int64)
     cut = values > max_length
     return {

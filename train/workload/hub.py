@@ -17,13 +17,16 @@ import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BenchtrainError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
 from common.hub_access import first_line as first_line  # re-exported: train.workload.data reads it here
+
+if TYPE_CHECKING:
+    from huggingface_hub.file_download import DryRunFileInfo
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 # What bench and the data need: the config, the tokenizer and its chat template (a few MB at most).
@@ -117,10 +120,16 @@ def resolve_hub_model(repo_id: str, revision: str | None) -> HubModel:
     return HubModel(repo_id, folder.name, revision, folder)
 
 
+def _dry_run(hub: HubModel, patterns: list[str]) -> list[DryRunFileInfo]:
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(hub.repo_id, revision=hub.revision, allow_patterns=patterns, dry_run=True)
+
+
 def weights_to_fetch(hub: HubModel) -> WeightFetch:
     """What `fetch_weights` will download (nothing when the cache has the weights); offline and
     missing: one line with the download command."""
-    from huggingface_hub import is_offline_mode, snapshot_download
+    from huggingface_hub import is_offline_mode
 
     cache = hub_cache_dir()
     if has_weight_files(hub.snapshot):
@@ -133,7 +142,7 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
     for patterns in WEIGHT_PATTERNS:
         # A dry run lists the files with their sizes and whether each is cached already.
         listed = guarded(
-            hub.repo_id, hub.revision, "model", partial(snapshot_download, hub.repo_id, revision=hub.revision, allow_patterns=patterns, dry_run=True)
+            hub.repo_id, hub.revision, "model", partial(_dry_run, hub, patterns)
         )
         if listed:
             missing = [info for info in listed if info.will_download]

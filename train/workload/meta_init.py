@@ -26,7 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # In-place ops that write every element of their target without reading it: tensor methods, and
 # torch.nn.init's functions (which take their tensor as `tensor=`, and whose inner ops a mode does not see).
@@ -46,7 +50,7 @@ class Step:
     writes: dict[int, bool] = field(default_factory=dict)  # id of a tensor → first write overwrites it whole
 
 
-def meta_plain_model(config: Any, dtype: Any = None) -> Any:
+def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PreTrainedModel:
     """The causal LM of `config` (a transformers config) on `meta`, with SDPA attention: nothing
     allocated, nothing drawn. A skeleton to shard or quantize, or the scratch copy
     train.workload.meta_init draws the initial weights from."""
@@ -165,7 +169,12 @@ def untie(model: Any) -> None:
             module._parameters[name] = torch.nn.Parameter(torch.empty_like(tied, device="meta"), requires_grad=tied.requires_grad)
 
 
-def seeded_tensors(model: Any, device: Any, seed: int = 0) -> Iterator[tuple[str, Any]]:
+class NamedTensor(NamedTuple):
+    name: str
+    tensor: torch.Tensor
+
+
+def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int = 0) -> Iterator[NamedTensor]:
     """(name, value on `device`) of every parameter and buffer of `model`, a causal LM built by
     `from_config` on `meta`, as `from_config` on `device` after `torch.manual_seed(seed)` makes
     them; tied weights are left out (they are their source's). `model` is scratch: it is untied
@@ -197,7 +206,7 @@ def seeded_tensors(model: Any, device: Any, seed: int = 0) -> Iterator[tuple[str
             if last[key] == index:
                 final = live.pop(key)
                 if slots.name(key) not in tied:
-                    yield slots.name(key), final.detach()
+                    yield NamedTensor(slots.name(key), final.detach())
                 del final  # the consumer's, now: not kept while the next one is drawn
             elif not _read_later(steps, index, key):
                 del live[key]  # the next step to write it overwrites it whole

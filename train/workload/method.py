@@ -10,13 +10,26 @@ leaves the output head alone).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.errors import BenchtrainError
 from train.workload.optimizers import DEFAULT_OPTIMIZER
 
+if TYPE_CHECKING:
+    import argparse
+
+    import torch
+    from transformers import PreTrainedModel
+
 METHODS = ("full", "lora")
 ALL_LINEAR = "all-linear"
+
+
+class Variant(NamedTuple):
+    """What a calibration may measure several of for one model and method."""
+
+    quantize: str
+    optimizer: str
 
 
 @dataclass(frozen=True)
@@ -71,9 +84,9 @@ class MethodConfig:
         return {**settings, "quantize": self.quantize} if self.quantized else settings
 
     @property
-    def variant(self) -> tuple[str, str]:
+    def variant(self) -> Variant:
         """What a calibration may measure several of for one model and method: (quantize, optimizer)."""
-        return (self.quantize, self.optimizer)
+        return Variant(self.quantize, self.optimizer)
 
     def describe(self) -> str:
         optimizer = "" if self.optimizer == DEFAULT_OPTIMIZER else f", {self.optimizer}"
@@ -92,7 +105,7 @@ def parse_targets(text: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in text.split(",") if part.strip()) or None
 
 
-def method_from_args(args: Any) -> MethodConfig:
+def method_from_args(args: argparse.Namespace) -> MethodConfig:
     """The method named on a command line (`--lora` is `--method lora`)."""
     method = "lora" if getattr(args, "lora", False) else getattr(args, "method", "full")
     return MethodConfig(
@@ -131,7 +144,7 @@ def quiet_library_warnings() -> None:
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
-def apply_method(model: Any, method: MethodConfig) -> Any:
+def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Module:
     """The model to train: itself (full), or wrapped with LoRA adapters and its base frozen."""
     if not method.is_lora:
         return model
@@ -152,7 +165,7 @@ def apply_method(model: Any, method: MethodConfig) -> Any:
         raise BenchtrainError(f"--lora-targets: {str(error).splitlines()[0]}") from None
 
 
-def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
+def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
     """Recompute activations in the backward pass (less memory, about one more forward pass).
     Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`.
 
@@ -161,7 +174,7 @@ def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
     (`_hf_peft_config_loaded`, which peft's wrapper never sets): off after on left it in place, so
     later probes computed gradients nobody uses, and each "on" added one more. It is removed here
     either way; bench's probes switch checkpointing on and off on one model."""
-    base = unwrap(model)
+    base: Any = unwrap(model)  # its checkpointing methods differ by transformers version
     # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
     if hasattr(base, "activation_checkpointing_enable"):
         if enabled:
@@ -177,14 +190,14 @@ def set_gradient_checkpointing(model: Any, enabled: bool) -> None:
         base.config.use_cache = False
 
 
-def unwrap(model: Any) -> Any:
+def unwrap(model: torch.nn.Module) -> PreTrainedModel:
     """The transformers model inside DDP and peft wrappers."""
-    model = getattr(model, "module", model)
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if get_base is not None else model
+    inner: Any = getattr(model, "module", model)
+    get_base = getattr(inner, "get_base_model", None)
+    return get_base() if get_base is not None else inner
 
 
-def decoder_blocks(model: Any) -> list[Any]:
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated decoder blocks (transformers names their class in `_no_split_modules`): the
     unit that is compiled (train/step/compile.py) and sharded (train/step/sharding.py)."""
     lm = unwrap(model)
@@ -192,16 +205,16 @@ def decoder_blocks(model: Any) -> list[Any]:
     return [module for module in lm.modules() if type(module).__name__ in block_names]
 
 
-def trainable_parameter_count(model: Any) -> int:
+def trainable_parameter_count(model: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
 
 
-def lora_targets_of(model: Any) -> list[str]:
+def lora_targets_of(model: torch.nn.Module) -> list[str]:
     """The module names that carry adapters (after peft resolved "all-linear")."""
     return sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
 
 
-def method_record(method: MethodConfig, model: Any) -> dict[str, Any]:
+def method_record(method: MethodConfig, model: torch.nn.Module) -> dict[str, Any]:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
     from train.workload.quantize import logical_numel

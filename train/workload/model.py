@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.atomic import read_json_file
 from common.errors import BenchtrainError
@@ -21,6 +22,10 @@ from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method
 from train.workload.presets import PRESETS, canonical_preset, preset_names
 from train.workload.quantize import logical_numel
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
 # Keys that do not change the computation and must not change the fingerprint.
 FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
@@ -96,7 +101,7 @@ def read_config(config_path: Path) -> dict[str, Any]:
     return config_dict
 
 
-def with_hub_weights(spec: ModelSpec, announce: Any = None, fetch: bool = True) -> ModelSpec:
+def with_hub_weights(spec: ModelSpec, announce: Callable[[str], None] | None = None, fetch: bool = True) -> ModelSpec:
     """A hub model's spec that loads its weights: says (through `announce`) how many GB will be
     fetched into which cache, then fetches them (unless `fetch` is False: a dry run). Other specs
     are returned as they are."""
@@ -114,7 +119,7 @@ def with_hub_weights(spec: ModelSpec, announce: Any = None, fetch: bool = True) 
     return replace(spec, load_weights=True)
 
 
-def make_config(spec: ModelSpec) -> Any:
+def make_config(spec: ModelSpec) -> PretrainedConfig:
     from transformers import AutoConfig
 
     values = dict(spec.config_dict)
@@ -125,7 +130,7 @@ def make_config(spec: ModelSpec) -> Any:
         raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
 
 
-def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None) -> Any:
+def build_model(spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None) -> torch.nn.Module:
     """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
     from a directory that has them.
 
@@ -148,8 +153,9 @@ def build_model(spec: ModelSpec, device: Any, method: MethodConfig | None = None
         source = spec.directory if spec.has_weights else make_config(spec)
         return apply_method(quantized_base(source, device, method.quantize, dtype), method)
     if spec.has_weights:
-        model = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
-        model = model.to(device)
+        # Any: transformers types its `to` as the unbound torch Module.to (functools.wraps).
+        loaded: Any = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
+        model = loaded.to(device)
     else:
         config = make_config(spec)
         torch.manual_seed(0)  # identical initial weights for every build of a preset
@@ -208,20 +214,20 @@ class ModelShape:
         return float(flops)
 
 
-def model_shape(model: Any) -> ModelShape:
-    model = getattr(model, "module", model)  # unwrap DistributedDataParallel
-    adapters = sum(parameter.numel() for name, parameter in model.named_parameters() if "lora_" in name)
-    get_base = getattr(model, "get_base_model", None)
-    model = get_base() if get_base is not None else model
-    config = model.config
-    total = sum(logical_numel(parameter) for parameter in model.parameters())
+def model_shape(model: torch.nn.Module) -> ModelShape:
+    lm: Any = getattr(model, "module", model)  # unwrap DistributedDataParallel (transformers attributes follow)
+    adapters = sum(parameter.numel() for name, parameter in lm.named_parameters() if "lora_" in name)
+    get_base = getattr(lm, "get_base_model", None)
+    lm = get_base() if get_base is not None else lm
+    config = lm.config
+    total = sum(logical_numel(parameter) for parameter in lm.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
     lookup = 0
-    embeddings = model.get_input_embeddings()
-    tied = model.get_output_embeddings() is not None and model.get_output_embeddings().weight is embeddings.weight
+    embeddings = lm.get_input_embeddings()
+    tied = lm.get_output_embeddings() is not None and lm.get_output_embeddings().weight is embeddings.weight
     if not tied:
         lookup += embeddings.weight.numel()
-    position = getattr(getattr(model, "transformer", None), "wpe", None)
+    position = getattr(getattr(lm, "transformer", None), "wpe", None)
     if position is not None:
         lookup += position.weight.numel()
     heads = config.num_attention_heads

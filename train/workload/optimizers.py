@@ -25,21 +25,32 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.errors import BenchtrainError
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Betas(NamedTuple):
+    """Adam's decay rates: of the running mean of gradients, and of their squares."""
+
+    beta1: float
+    beta2: float
+
 
 FP32_BYTES = 4
 BLOCKSIZE_8BIT = 256  # values per absmax in bitsandbytes' 8-bit optimizer states
 MIN_8BIT_SIZE = 4096  # tensors smaller than this keep fp32 moments
 QUANTIZATION_MAP_VALUES = 256
-BETAS = (0.9, 0.95)
+BETAS = Betas(0.9, 0.95)
 EPSILON = 1e-8
 SGD_MOMENTUM = 0.9
 DEFAULT_OPTIMIZER = "adamw"
 
 # An optimizer over parameter groups (each with its weight decay): (groups, learning rate, betas, epsilon).
-Build = Callable[[list[dict[str, Any]], float, tuple[float, float], float], Any]
+Build = Callable[[list[dict[str, Any]], float, Betas, float], "torch.optim.Optimizer"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ def has_fused_adamw(groups: list[dict[str, Any]]) -> bool:
     return all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
 
 
-def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float, refuse_unfused: bool = False) -> Any:
+def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
     """Fused AdamW (one kernel per step, no host sync of the step count); where the device has no
     kernel, the foreach one with a warning, or (`refuse_unfused`, adamw-fused) a one-line error."""
     import torch
@@ -111,11 +122,11 @@ def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: tuple
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
 
 
-def torch_fused_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+def torch_fused_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
     return torch_adamw(groups, learning_rate, betas, eps, refuse_unfused=True)
 
 
-def torch_sgd(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+def torch_sgd(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
     """SGD with momentum (betas and epsilon are Adam's: unused)."""
     import torch
 
@@ -125,7 +136,7 @@ def torch_sgd(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[f
 def bitsandbytes_adamw(paged: bool) -> Build:
     """bitsandbytes' 8-bit AdamW, paged or not, with the same betas and epsilon as torch's."""
 
-    def build(groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float], eps: float) -> Any:
+    def build(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
         import warnings
 
         import bitsandbytes as bnb
@@ -216,7 +227,7 @@ def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
     return groups
 
 
-def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases,
     norms) without, as HF Trainer and nanoGPT do."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -224,6 +235,6 @@ def parameter_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: tuple[float, float] = BETAS, eps: float = EPSILON) -> Any:
+def make_optimizer(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: Betas = BETAS, eps: float = EPSILON) -> torch.optim.Optimizer:
     """`name`'s optimizer (its OPTIMIZERS entry) over parameter `groups` (each with its weight decay)."""
     return optimizer_named(name).build(groups, learning_rate, betas, eps)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from train.workload.formats import DataSchema, Layout, detect_layout
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
 from train.workload.tokens import TokenizedData, open_store, token_dtype
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TRAIN_ON = ("assistant", "all")
 # A sample that would need more than this share of the records is not worth it: tokenize them all.
@@ -106,7 +109,7 @@ class PreparedData:
         }
 
 
-def prepare_data(spec: DataSpec, tokenizer: Any, say: Callable[[str], None], exact: bool = False) -> PreparedData:
+def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callable[[str], None], exact: bool = False) -> PreparedData:
     """The data's view for planning: exact when cached (or asked for), else from a sample."""
     from train.workload.data import load_records
     from train.workload.pretokenized import token_files
@@ -192,7 +195,9 @@ def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> Tokeniz
     return data
 
 
-def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train") -> TokenizedData:
+def load_tokenized(
+    path: str, tokenizer: PreTrainedTokenizerBase, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train"
+) -> TokenizedData:
     """Every record of `path` tokenized (through the cache): tests and small tools."""
     from common.console import say
 

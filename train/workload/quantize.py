@@ -22,9 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BenchtrainError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import BitsAndBytesConfig
 
 QUANTIZE_CHOICES = ("none", "8bit", "4bit")
 BITSANDBYTES_MIN_VERSION = "0.48"
@@ -87,7 +91,7 @@ def require_bitsandbytes(what: str = "--quantize") -> None:
         raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
 
 
-def bitsandbytes_config(kind: str, compute_dtype: Any) -> Any:
+def bitsandbytes_config(kind: str, compute_dtype: torch.dtype) -> BitsAndBytesConfig:
     """transformers' BitsAndBytesConfig for `kind` (4bit: NF4, double quantization, `compute_dtype`)."""
     from transformers import BitsAndBytesConfig
 
@@ -120,7 +124,7 @@ def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
     return layers
 
 
-def quantized_bytes(model: Any, kind: str, dtype_bytes: int) -> QuantizedBytes:
+def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> QuantizedBytes:
     """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as
     `kind`, its other tensors at `dtype_bytes` each."""
     layers = converted_layers(model) if kind != "none" else []
@@ -245,7 +249,7 @@ def put_quantized(model: Any, name: str, value: Any, device: Any) -> None:
     module._parameters[attribute] = new
 
 
-def keep_one_weight_layout(model: Any) -> Any:
+def keep_one_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
     """Turn off bitsandbytes' (>= 0.49) CPU repacking of 4-bit weights. On CPUs with AVX512-BF16
     a `Linear4bit` repacks its weights in place the first time it runs in eval mode without
     gradients (an inference speed-up): that fails outright for a layer whose out features are not a
@@ -254,5 +258,5 @@ def keep_one_weight_layout(model: Any) -> Any:
     `quantized_bytes` counts and what trains."""
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
+            setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010  # bitsandbytes' attribute, unknown to torch's types
     return model

@@ -7,9 +7,12 @@ carries a chat template, so presets need nothing downloaded.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -29,7 +32,7 @@ CHATML_TEMPLATE = (
 TEMPLATE_SOURCE = "benchtrain_chat_template_source"  # set on a tokenizer whose template benchtrain added
 
 
-def byte_tokenizer() -> Any:
+def byte_tokenizer() -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
@@ -45,7 +48,7 @@ def byte_tokenizer() -> Any:
     return tokenizer
 
 
-def is_byte_tokenizer(tokenizer: Any) -> bool:
+def is_byte_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether token counts are bytes (a preset without a tokenizer of its own)."""
     return getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_NAME
 
@@ -54,7 +57,7 @@ def has_tokenizer_files(folder: Path) -> bool:
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
-def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> Any:
+def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> PreTrainedTokenizerBase:
     """`--tokenizer DIR`, else the model directory's own, else (presets) the byte tokenizer."""
     folder = Path(tokenizer_dir).expanduser() if tokenizer_dir else model_dir
     if folder is None:
@@ -72,7 +75,7 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> Any:
     return tokenizer
 
 
-def ensure_chat_template(tokenizer: Any) -> str:
+def ensure_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
     """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's
     source: "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken:
     the key digests the template (train.workload.fingerprint.tokenizer_fingerprint)."""

@@ -18,6 +18,7 @@ A folder written by `TokenWriter` (train.workload.data_cache builds them) holds:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -29,6 +30,9 @@ from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
 from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
+
+# Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
+Lengths = Sequence[int] | np.ndarray
 
 # Truncated documents whose masks are summed at once (bounded memory for real_tokens).
 MASK_CHUNK_DOCUMENTS = 4096
