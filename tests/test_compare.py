@@ -77,7 +77,7 @@ def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, o
 def run_compare(calibrations: list[dict[str, Any]], model: str = "llama-3.2-1b", sources: list[dict[str, Any]] | None = None, **options: Any) -> Any:
     from train.step.hardware import detect_hardware
 
-    config = TrainConfig(data="test", dry_run=True, **{"deadline": "12h", **options})
+    config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **options})
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model(model), data, None, 0.0)

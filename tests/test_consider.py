@@ -38,7 +38,7 @@ PRICES = "h100=2.5,h200=3.8,a100=1.2,mi300x=3"
 def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: Any) -> Any:
     from train.step.hardware import detect_hardware
 
-    config = TrainConfig(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
+    config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)

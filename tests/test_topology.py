@@ -197,7 +197,7 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
 def compare_options(options: list[Option], calibrations: list[Any], model: str = "llama-3.2-1b", **config: Any) -> Any:
     from train.step.hardware import detect_hardware
 
-    command = TrainConfig(data="test", dry_run=True, **{"deadline": "12h", **config})
+    command = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **config})
     context = PlanContext(command, resolve_model(model), tokenized(heavy_tailed(400)), None, 0.0)
     return compare(context, MethodConfig(), calibrations, detect_hardware(), {}, [], options)
 

@@ -13,9 +13,9 @@ from train.step.evaluation import EvalSchedule
 def test_the_command_line_becomes_one_validated_config() -> None:
     args = build_parser().parse_args(["--data", "sample", "--deadline", "1h30m", "--lora", "--eval-split", "0.1", "--eval-every", "50steps"])
     config = TrainConfig.from_args(args)
-    assert config.deadline_seconds == 5400 and config.checkpoint_interval_seconds == 600
-    assert config.method.is_lora and config.method.lora_rank == 16
-    assert config.eval_schedule == EvalSchedule(every_steps=50) and config.trackers == ()
+    assert config.plan.deadline_seconds == 5400 and config.guard.checkpoint_interval_seconds == 600
+    assert config.tuning.method.is_lora and config.tuning.method.lora_rank == 16
+    assert config.data.eval_schedule == EvalSchedule(every_steps=50) and config.output.trackers == ()
     written = config.to_json()
     assert written["deadline_seconds"] == 5400 and written["method"]["method"] == "lora" and written["eval_schedule"]["every_steps"] == 50
 
@@ -34,4 +34,4 @@ def test_the_command_line_becomes_one_validated_config() -> None:
 )
 def test_every_bad_value_is_one_line(overrides: dict, fragment: str) -> None:
     with pytest.raises(BenchtrainError, match=fragment):
-        TrainConfig(**{"data": "sample", "deadline": "5m", **overrides})
+        TrainConfig.of(**{"data": "sample", "deadline": "5m", **overrides})

@@ -29,22 +29,22 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     from train.workload.tokenizer import is_byte_tokenizer
 
     config = TrainConfig.from_args(args, started_at=started)
-    method = config.method
-    if process_layout(config.step_options, method).world_size > 1:
+    method = config.tuning.method
+    if process_layout(config.step, method).world_size > 1:
         raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
-    machines = parse_machines(config.consider) if config.consider else None  # a bad machine is said before the data loads
+    machines = parse_machines(config.plan.consider) if config.plan.consider else None  # a bad machine is said before the data loads
     spec = resolve_model(config.model)
-    calibrations = select_calibrations(str(config.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
+    calibrations = select_calibrations(str(config.plan.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
     spec = hub_weights(spec, dry_run=True)
-    loaded = load_data(config, spec)
+    loaded = load_data(config.data, spec, config.seed)
     tokenizer, profile = loaded.tokenizer, loaded.profile
     context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
     if machines:
         comparison = consider(context, method, calibrations, detect_hardware(), profile, machines)
     else:
         comparison = compare(context, method, calibrations, detect_hardware(), profile)
-    report = None if config.no_report else write_comparison(comparison, config.out, spec.name)
-    if config.json:
+    report = None if config.output.no_report else write_comparison(comparison, config.output.out, spec.name)
+    if config.output.json:
         print(json_text(comparison.to_json()), flush=True)
     else:
         from train.planning.plan_text import describe_data
@@ -58,7 +58,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     if report is not None:
         say(f"report: {report}")
     if comparison.recommended is None:
-        raise DeadlineError(no_row_meets_the_deadline(comparison, config.margin))
+        raise DeadlineError(no_row_meets_the_deadline(comparison, config.plan.margin))
     return EXIT_OK
 
 

@@ -29,7 +29,7 @@ def load_calibration(
     then predicted), else the newest; when that is not the newest, it says why."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if resumed is None:
-        reference = config.use_calibration or "latest"
+        reference = config.plan.use_calibration or "latest"
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
         passed_over: list[Path] = []
@@ -38,8 +38,8 @@ def load_calibration(
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
     own_id, own_path = resumed.calibration_id, resumed.calibration_path
-    if config.use_calibration is not None:
-        chosen = calibration_api.load(config.use_calibration, on_skip=on_skip)
+    if config.plan.use_calibration is not None:
+        chosen = calibration_api.load(config.plan.use_calibration, on_skip=on_skip)
         if chosen.id != own_id and not config.force:
             raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
         return chosen

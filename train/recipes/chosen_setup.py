@@ -90,7 +90,7 @@ class Setups:
 def plans_elsewhere(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> bool:
     """Whether the plan is for another device than this machine: a dry run plans for the device
     the calibration measured."""
-    return config.dry_run and not same_device(cal.hardware, here)
+    return config.output.dry_run and not same_device(cal.hardware, here)
 
 
 def plan_hardware(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> dict[str, Any]:
@@ -119,10 +119,10 @@ def setup_for(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Me
 
     foreign = plans_elsewhere(config, cal, here)
     hardware = cal.hardware if foreign else here
-    step = resolve_step(config.step_options, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
-    if config.device_memory_bytes:
-        hardware = {**hardware, "memory_bytes": config.device_memory_bytes, "memory_from": "--device-memory"}
-    price = config.prices.for_device(cal.id, hardware)
+    step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
+    if config.plan.device_memory_bytes:
+        hardware = {**hardware, "memory_bytes": config.plan.device_memory_bytes, "memory_from": "--device-memory"}
+    price = config.plan.prices.for_device(cal.id, hardware)
     warnings = check_compatible(cal, spec, hardware, config.force, method, step.compiled, step.loss)
     need = check_fits(spec, method, hardware, step.sharding, step.world_size)
     return ChosenSetup(cal, method, hardware, foreign, step, need, price, tuple(warnings))
@@ -154,12 +154,12 @@ def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, 
     from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
 
-    layout = process_layout(config.step_options, method)
+    layout = process_layout(config.step, method)
     processes = (layout.world_size, layout.sharding)
     cal = load_calibration(config, resumed, calibration_api, spec, method, processes, detect_hardware().get("interconnect"))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
-    if config.dry_run and layout.world_size == 1 and cal.world_size > 1:
+    if config.output.dry_run and layout.world_size == 1 and cal.world_size > 1:
         # Like its device, a dry run plans the processes the calibration measured (train.recipes.compare too).
         layout = ProcessLayout(cal.world_size, cal.sharding)
         say(f"planning for the {layout.world_size} processes ({layout.sharding}) calibration {cal.id} measured")
@@ -170,12 +170,12 @@ def choose_setups(config: TrainConfig, spec: ModelSpec, method: MethodConfig, re
     """The calibration, the processes and their sharding, and the setups to plan: each fitted
     (`said_setup`); those refused are kept to say why. A resumed run keeps its sharding."""
     cal, layout = calibration_for(config, spec, method, resumed)
-    if config.device_memory_bytes:
-        cal = cal.with_device_memory(config.device_memory_bytes)
+    if config.plan.device_memory_bytes:
+        cal = cal.with_device_memory(config.plan.device_memory_bytes)
     before = resumed.sharding if resumed else layout.sharding
     if (before == "fsdp") != (layout.sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
         raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {layout.sharding})")
-    candidates = setups_to_plan(cal, method, method.variant if resumed else asked_variant(config.quantize, config.optimizer))
+    candidates = setups_to_plan(cal, method, method.variant if resumed else asked_variant(config.tuning.quantize, config.tuning.optimizer))
     setups: list[ChosenSetup] = []
     refused: list[Refused] = []
     for index, (variant, variant_method) in enumerate(candidates):

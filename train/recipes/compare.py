@@ -354,9 +354,9 @@ def compare(
     predicted rows (default: those of the comparison and the store). `options`: the rows to plan
     (e.g. from predicted_option), instead of options_for's."""
     config, spec = context.config, context.spec
-    if config.fit_deadline:
+    if config.plan.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: compare without it")
-    sharding = config.step_options.sharding
+    sharding = config.step.sharding
     if options is None:
         options = options_for(calibrations, sharding, collectives_sources(calibrations) if sources is None else sources)
     rows = [plan_row(context, method, option, here) for option in options]
@@ -372,7 +372,7 @@ def compare(
     deadline = config.run_deadline
     ranked_by = "cost" if by_cost else "time"
     available = deadline.seconds_left(context.elapsed_seconds)
-    return Comparison(rank(rows, by_cost), spec.name, method.describe(), config.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
+    return Comparison(rank(rows, by_cost), spec.name, method.describe(), config.plan.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
 
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:

@@ -1,8 +1,19 @@
-"""One validated configuration for a `train` command, from which everything else is derived.
+"""One validated configuration for a `train` command, in the sections its consumers take whole.
 
-Built once from the command line (`TrainConfig.from_args`), checked in `__post_init__` (every bad
-value is a one-line `BenchtrainError`), written whole into run.json, and read by the recipe (train.recipes.recipe) in
-place of the raw argparse namespace. The command's deadline (`run_deadline`) is built here, once.
+Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`),
+each section checked in its own `__post_init__` (every bad value is a one-line
+`BenchtrainError`), written whole into run.json (flat, under the option names people's scripts
+read), and read by the recipe (train.recipes.recipe) in place of the raw argparse namespace. As
+torchtitan's job config hands each component its own section:
+
+- `data` (DataSection): what is read and how; the eval set and its schedule (load_data);
+- `tuning` (TuningSection): the method, the base's quantization and the optimizer as asked, and the
+  optimizer's and schedule's hyper-parameters (the engine, the learning-rate scaling);
+- `step` (StepOptions): how THE step runs — compile, loss, sharding — the same options bench takes;
+- `plan` (PlanSection): the deadline (built here once: `run_deadline`), the calibration, and every
+  ask of the planner (epochs, priority, batch, length, workers, checkpointing, steps, prices);
+- `guard` (GuardSection): what the deadline guard does and how often it checkpoints;
+- `output` (OutputSection): the run folder, resume, report, trackers, export and the hub.
 """
 
 from __future__ import annotations
@@ -51,31 +62,45 @@ def is_comparison(use_calibration: str | None) -> bool:
     return "," in text or text == "all" or (text.startswith("hub:") and text.count("/") == 1)
 
 
+def _derive(section: object, **values: Any) -> None:
+    """Set a frozen section's derived fields (computed once, in its __post_init__)."""
+    for name, value in values.items():
+        object.__setattr__(section, name, value)
+
+
 @dataclass(frozen=True)
-class TrainConfig:
+class DataSection:
+    """What is trained on and how it is read, and the eval set (train.recipes.plan_setup.load_data)."""
+
     data: str
-    deadline: str
-    use_calibration: str | None = None
-    consider: str | None = None  # --consider: machines to plan (train.recipes.consider); a dry run
-    model: str = "tiny"
     tokenizer: str | None = None
-    epochs: float = 1.0
-    priority: str = "balanced"
-    effective_batch: int | None = None
-    max_length: int | str = "auto"
-    workers: int | None = None
-    out: str | None = None
-    dry_run: bool = False
-    device_memory: str | None = None  # as written; device_memory_bytes once parsed
-    resume: bool = False
-    on_overrun: str = "stop"
-    fit_deadline: bool = False
-    max_steps: int | None = None
-    checkpoint_interval: str = "10m"
-    keep_checkpoints: int = 2
-    margin: float = 0.05
-    price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
-    json: bool = False
+    train_on: str = "assistant"
+    exact_profile: bool = False  # tokenize every record before planning (else a cold cache plans from a sample)
+    data_split: str = "train"
+    eval_data: str | None = None
+    eval_split: float | None = None
+    eval_every: str | None = None
+    schema: DataSchema = field(default_factory=DataSchema)
+    eval_schedule: EvalSchedule = field(init=False)
+
+    def __post_init__(self) -> None:
+        _derive(self, eval_schedule=parse_eval_every(self.eval_every))
+        if self.eval_data and self.eval_split is not None:
+            raise BenchtrainError("--eval-data and --eval-split are two ways to choose the eval set: pass one")
+        if self.eval_every and not (self.eval_data or self.eval_split is not None):
+            raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
+        if self.eval_split is not None and not 0 < self.eval_split < 1:
+            raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {self.eval_split}")
+
+
+@dataclass(frozen=True)
+class TuningSection:
+    """The method, the base's quantization and the optimizer as asked (auto: the calibration's setups,
+    train.recipes.variant_choice), and the hyper-parameters of the optimizer and its schedule."""
+
+    method: MethodConfig = field(default_factory=MethodConfig)
+    quantize: str = "auto"
+    optimizer: str = "auto"
     learning_rate: float = DEFAULT_LEARNING_RATE
     learning_rate_named: bool = True  # False: --learning-rate not given (a resume then keeps the run's)
     # The schedule's and the optimizer's hyper-parameters as named (None: not named: the default, or
@@ -90,87 +115,16 @@ class TrainConfig:
     adam_epsilon: float | None = None
     lr_scaling: str = "none"
     base_batch: int | None = None
-    seed: int = 0
-    force: bool = False
-    no_report: bool = False
-    train_on: str = "assistant"
-    exact_profile: bool = False  # tokenize every record before planning (else a cold cache plans from a sample)
-    data_split: str = "train"
-    eval_data: str | None = None
-    eval_split: float | None = None
-    eval_every: str | None = None
-    report_to: str = "none"
-    merge_lora: bool = False
-    push_to_hub: str | None = None  # ORG/NAME: final/ and a model card uploaded after training (train.recipes.hub_push)
-    hub_private: bool = False
-    hub_revision: str | None = None  # a branch of the hub repository (created if missing)
-    push_only: bool = False  # push an existing run's final/ (the retry a failed push prints)
-    gradient_checkpointing: str = "auto"
-    method: MethodConfig = field(default_factory=MethodConfig)
-    quantize: str = "auto"  # as asked: auto = the calibration's setups (train.recipes.variant_choice)
-    optimizer: str = "auto"
-    step_options: StepOptions = field(default_factory=StepOptions)
-    data_schema: DataSchema = field(default_factory=DataSchema)
-    # time.monotonic() when the command started: its deadline counts from there.
-    started_at: float = field(default_factory=time.monotonic)
-    # Derived from the above in __post_init__:
-    deadline_seconds: float = field(init=False)
-    # The start, --deadline and --margin: built here once, handed whole to the planner, the loop and the guard.
-    run_deadline: Deadline = field(init=False)
-    checkpoint_interval_seconds: float = field(init=False)
-    eval_schedule: EvalSchedule = field(init=False)
-    trackers: tuple[str, ...] = field(init=False)
-    prices: Prices = field(init=False)
-    device_memory_bytes: int | None = field(init=False)
     hyperparameters: OptimizerSettings = field(init=False)
 
     def __post_init__(self) -> None:
-        derived: dict[str, Any] = {
-            "deadline_seconds": parse_duration(self.deadline, "--deadline"),
-            "checkpoint_interval_seconds": parse_duration(self.checkpoint_interval, "--checkpoint-interval"),
-            "max_length": parse_max_length(self.max_length),
-            "eval_schedule": parse_eval_every(self.eval_every),
-            "trackers": parse_report_to(self.report_to),
-            "prices": parse_prices(self.price_per_hour),
-            "device_memory_bytes": parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
-            "hyperparameters": settings_from({name: getattr(self, name) for name in SETTING_NAMES}),
-        }
-        derived["run_deadline"] = Deadline.with_margin_share(derived["deadline_seconds"], self.margin, self.started_at)
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
-        if not (self.epochs > 0 and math.isfinite(self.epochs)):
-            raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
-        if self.workers is not None and self.workers < 0:
-            raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
-        if self.keep_checkpoints < 1:
-            raise BenchtrainError("--keep-checkpoints must be at least 1")
-        if not 0 <= self.margin < 0.5:
-            raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {self.margin}")
+        _derive(self, hyperparameters=settings_from({name: getattr(self, name) for name in SETTING_NAMES}))
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise BenchtrainError(f"--learning-rate must be positive, got {self.learning_rate}")
         if self.lr_scaling not in ("none", "linear", "sqrt"):
             raise BenchtrainError(f"--lr-scaling must be none, linear or sqrt, got {self.lr_scaling!r}")
         if self.base_batch is not None and self.base_batch < 1:
             raise BenchtrainError(f"--base-batch must be a positive integer, got {self.base_batch}")
-        if self.resume and not self.out:
-            raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
-        if self.eval_data and self.eval_split is not None:
-            raise BenchtrainError("--eval-data and --eval-split are two ways to choose the eval set: pass one")
-        if self.eval_every and not (self.eval_data or self.eval_split is not None):
-            raise BenchtrainError("--eval-every needs an eval set: --eval-data PATH or --eval-split FRACTION")
-        if self.eval_split is not None and not 0 < self.eval_split < 1:
-            raise BenchtrainError(f"--eval-split must be a fraction between 0 and 1, got {self.eval_split}")
-        self._check_push()
-        if self.json and not self.dry_run:
-            raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
-        if self.consider and not self.dry_run:
-            raise BenchtrainError(f"--consider {self.consider} plans machines you have not rented, which is a dry run: add --dry-run")
-        if self.comparing and not self.dry_run:
-            raise BenchtrainError(
-                f"--use-calibration {self.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
-            )
-        if self.comparing and self.resume:
-            raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
 
     def named_hyperparameters(self) -> dict[str, Any]:
         """The hyper-parameters this command names (a resume keeps the run's others), its learning
@@ -178,11 +132,94 @@ class TrainConfig:
         named = {name: getattr(self, name) for name in SETTING_NAMES if getattr(self, name) is not None}
         return {**named, "learning_rate": self.learning_rate} if self.learning_rate_named else named
 
+
+@dataclass(frozen=True)
+class PlanSection:
+    """What the planner is asked: the deadline (built here once), the calibration (or the machines of
+    --consider), and the run's shape where the command fixes it (else the planner chooses)."""
+
+    deadline: str
+    use_calibration: str | None = None
+    consider: str | None = None  # --consider: machines to plan (train.recipes.consider); a dry run
+    epochs: float = 1.0
+    priority: str = "balanced"
+    effective_batch: int | None = None
+    max_length: int | str = "auto"
+    workers: int | None = None
+    gradient_checkpointing: str = "auto"
+    device_memory: str | None = None  # as written; device_memory_bytes once parsed
+    fit_deadline: bool = False
+    max_steps: int | None = None
+    margin: float = 0.05
+    price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
+    # time.monotonic() when the command started: its deadline counts from there.
+    started_at: float = field(default_factory=time.monotonic)
+    deadline_seconds: float = field(init=False)
+    # The start, --deadline and --margin: built here once, handed whole to the planner, the loop and the guard.
+    run_deadline: Deadline = field(init=False)
+    prices: Prices = field(init=False)
+    device_memory_bytes: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        deadline_seconds = parse_duration(self.deadline, "--deadline")
+        _derive(
+            self,
+            deadline_seconds=deadline_seconds,
+            max_length=parse_max_length(self.max_length),
+            prices=parse_prices(self.price_per_hour),
+            device_memory_bytes=parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
+        )
+        if not 0 <= self.margin < 0.5:
+            raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {self.margin}")
+        _derive(self, run_deadline=Deadline.with_margin_share(deadline_seconds, self.margin, self.started_at))
+        if not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
+        if self.workers is not None and self.workers < 0:
+            raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
+
     @property
     def comparing(self) -> bool:
+        """Several calibrations or machines planned side by side (train.recipes.compare): a dry run."""
         return is_comparison(self.use_calibration) or bool(self.consider)
 
-    def _check_push(self) -> None:
+
+@dataclass(frozen=True)
+class GuardSection:
+    """What the deadline guard does when the run would overrun, and how often the loop checkpoints."""
+
+    on_overrun: str = "stop"
+    checkpoint_interval: str = "10m"
+    keep_checkpoints: int = 2
+    checkpoint_interval_seconds: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        _derive(self, checkpoint_interval_seconds=parse_duration(self.checkpoint_interval, "--checkpoint-interval"))
+        if self.keep_checkpoints < 1:
+            raise BenchtrainError("--keep-checkpoints must be at least 1")
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    """Where the run goes and what leaves it: the run folder (and resuming it), a dry run or its JSON,
+    the report, the trackers, final/'s merge, and the hub."""
+
+    out: str | None = None
+    resume: bool = False
+    dry_run: bool = False
+    json: bool = False
+    no_report: bool = False
+    report_to: str = "none"
+    merge_lora: bool = False
+    push_to_hub: str | None = None  # ORG/NAME: final/ and a model card uploaded after training (train.recipes.hub_push)
+    hub_private: bool = False
+    hub_revision: str | None = None  # a branch of the hub repository (created if missing)
+    push_only: bool = False  # push an existing run's final/ (the retry a failed push prints)
+    trackers: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        _derive(self, trackers=parse_report_to(self.report_to))
+        if self.resume and not self.out:
+            raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
             raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
         if self.push_to_hub:
@@ -191,6 +228,8 @@ class TrainConfig:
             valid_repo_id(self.push_to_hub)
         if self.push_only and not self.out:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
+        if self.json and not self.dry_run:
+            raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
 
     @property
     def push_target(self) -> PushTarget | None:
@@ -199,24 +238,89 @@ class TrainConfig:
 
         return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
+
+# run.json's `config`: every option under its command-line name, flat, in this order (people's
+# scripts, the report and the model card read it), the derived values after them.
+FLAT_ORDER = (
+    "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
+    "device_memory resume on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json "
+    "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
+    "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
+    "merge_lora push_to_hub hub_private hub_revision push_only gradient_checkpointing method quantize optimizer step_options "
+    "data_schema deadline_seconds checkpoint_interval_seconds eval_schedule trackers device_memory_bytes hyperparameters"
+).split()
+# A section's field under another name in run.json (and on the command line).
+FLAT_NAMES = {"schema": "data_schema"}
+SECTIONS = {"data": DataSection, "tuning": TuningSection, "plan": PlanSection, "guard": GuardSection, "output": OutputSection}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: DataSection
+    plan: PlanSection
+    tuning: TuningSection = field(default_factory=TuningSection)
+    step: StepOptions = field(default_factory=StepOptions)
+    guard: GuardSection = field(default_factory=GuardSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    model: str = "tiny"
+    seed: int = 0
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        # The checks that span sections (each section checked its own values).
+        plan, output = self.plan, self.output
+        if plan.consider and not output.dry_run:
+            raise BenchtrainError(f"--consider {plan.consider} plans machines you have not rented, which is a dry run: add --dry-run")
+        if is_comparison(plan.use_calibration) and not output.dry_run:
+            raise BenchtrainError(
+                f"--use-calibration {plan.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
+            )
+        if plan.comparing and output.resume:
+            raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
+
+    @property
+    def comparing(self) -> bool:
+        return self.plan.comparing
+
+    @property
+    def run_deadline(self) -> Deadline:
+        return self.plan.run_deadline
+
+    @classmethod
+    def of(cls, **options: Any) -> TrainConfig:
+        """A configuration from options under their command-line names (`data_schema`, `step_options`
+        and `method` as built objects), each handed to its section."""
+        sections: dict[str, Any] = {}
+        for name, section in SECTIONS.items():
+            names = {f.name for f in fields(section) if f.init}
+            values = {own: options.pop(FLAT_NAMES.get(own, own)) for own in names if FLAT_NAMES.get(own, own) in options}
+            sections[name] = section(**values)
+        step = options.pop("step_options", StepOptions())
+        return cls(**sections, step=step, **options)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:
         """`started_at`: when the command started (time.monotonic(); default: now)."""
-        names = {f.name for f in fields(cls) if f.init and f.name not in ("method", "step_options", "data_schema")}
-        values = {name: value for name, value in vars(args).items() if name in names}
+        flat = {f.name for section in SECTIONS.values() for f in fields(section) if f.init} | {"model", "seed", "force"}
+        flat -= {"method", "schema", "learning_rate_named", "started_at"}
+        values = {name: value for name, value in vars(args).items() if name in flat}
         if values.get("learning_rate", 0) is None:  # not given: the default, or with --resume the run's
             values.pop("learning_rate")
             values["learning_rate_named"] = False
         if started_at is not None:
             values["started_at"] = started_at
-        return cls(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
+        return cls.of(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["eval_schedule"] = asdict(self.eval_schedule)
-        data["trackers"] = list(self.trackers)
-        data.pop("prices")  # price_per_hour holds what was given
-        data.pop("run_deadline")  # deadline_seconds and margin hold it
-        data.pop("started_at")  # a reading of this machine's monotonic clock: nothing to keep
-        data.pop("learning_rate_named")  # learning_rate holds the rate trained with
-        return data
+        """run.json's `config`: flat, under the command-line names (FLAT_ORDER)."""
+        flat: dict[str, Any] = {"model": self.model, "seed": self.seed, "force": self.force, "step_options": asdict(self.step)}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            for f in fields(section):
+                value = getattr(section, f.name)
+                flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+        flat["trackers"] = list(self.output.trackers)
+        # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold
+        # it; started_at: a reading of this machine's monotonic clock; learning_rate_named: learning_rate
+        # holds the rate trained with.
+        return {name: flat[name] for name in FLAT_ORDER}

@@ -260,10 +260,10 @@ def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str,
     from train.recipes.options import collectives_sources
 
     config, spec = context.config, context.spec
-    if config.fit_deadline:
+    if config.plan.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: consider machines without it")
     sources = collectives_sources(calibrations)
-    rows = [machine_row(context, method, source_machine(machine, calibrations, config.step_options.sharding, sources), here) for machine in machines]
+    rows = [machine_row(context, method, source_machine(machine, calibrations, config.step.sharding, sources), here) for machine in machines]
     by_cost = all(row.price_per_hour is not None for row in rows if row.plan is not None) and any(row.plan is not None for row in rows)
     available = config.run_deadline.seconds_left(context.elapsed_seconds)
     ranked = rank_at_upper_end(rows, by_cost)
@@ -272,7 +272,7 @@ def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str,
     notes = [] if by_cost else ["no --price-per-hour: rows are ranked by time; pass h100=2.5,… to rank by cost"]
     notes.append("each row's time and cost run from its plan's low bound to the upper end; the deadline and the price are judged at the upper end")
     deadline, ranked_by = config.run_deadline, "cost" if by_cost else "time"
-    return Comparison(ranked, spec.name, method.describe(), config.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
+    return Comparison(ranked, spec.name, method.describe(), config.plan.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
 
 
 def machine_row(context: Any, method: Any, sourced: Sourced, here: dict[str, Any]) -> Any:
@@ -302,6 +302,6 @@ def price_of(context: Any, machine: Machine) -> float | None:
     """The --price-per-hour of a machine no plan was made for (None where none is given)."""
     hardware = {"name": machine.sheet.device_name, "peak_flops_entry": machine.sheet.peak_entry, "device_type": "cuda"}
     try:
-        return context.config.prices.for_device("", hardware)
+        return context.config.plan.prices.for_device("", hardware)
     except BenchtrainError:
         return None

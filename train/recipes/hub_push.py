@@ -140,7 +140,7 @@ def push_note(target: PushTarget, run: Any) -> str:
     long and at what bandwidth."""
     from train.planning.disk import upload_bytes
 
-    method, merge = run.method, bool(run.config.merge_lora and run.method.is_lora)
+    method, merge = run.method, bool(run.config.output.merge_lora and run.method.is_lora)
     size = upload_bytes(run.need, method.is_lora, merge, run.placement.setup.device_type)
     rate, source = upload_rate()
     details = [*([f"branch {target.revision}"] if target.revision else []), *(["private"] if target.private else [])]

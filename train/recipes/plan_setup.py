@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
 from train.planning.disk import export_bytes
-from train.recipes.config import TrainConfig
+from train.recipes.config import DataSection, TrainConfig
 from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
@@ -106,39 +106,40 @@ class LoadedData:
         """The token total's relative 95% half-width (0 for an exact profile)."""
         return self.prepared.estimate.relative_half_width if self.prepared.estimate else 0.0
 
-    def exact(self, config: TrainConfig) -> tuple[Any, Any]:
+    def exact(self, section: DataSection, seed: int) -> tuple[Any, Any]:
         """(data, eval data) of every record, tokenized (the cache built where it is cold)."""
         from common.console import say
 
         data = self.prepared.tokenized(say)
         eval_data = self.eval_prepared.tokenized(say) if self.eval_prepared is not None else None
-        return split_data(data, eval_data, config)
+        return split_data(data, eval_data, section, seed)
 
 
-def split_data(data: Any, eval_data: Any, config: TrainConfig) -> tuple[Any, Any]:
-    """--eval-split holds out a share of the data (deterministically); --eval-data is its own."""
-    if config.eval_split is not None:
+def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tuple[Any, Any]:
+    """--eval-split holds out a share of the data (deterministically, by `seed`); --eval-data is its own."""
+    if section.eval_split is not None:
         from train.step.evaluation import split_eval
 
-        return split_eval(data, config.eval_split, config.seed)
+        return split_eval(data, section.eval_split, seed)
     return data, eval_data
 
 
-def load_data(config: TrainConfig, spec: Any) -> LoadedData:
-    """The tokenizer and the data: exact when the cache holds it (or --exact-profile), else from a sample."""
+def load_data(section: DataSection, spec: Any, seed: int) -> LoadedData:
+    """The tokenizer and the data (the command's data section, whole): exact when the cache holds it
+    (or --exact-profile), else from a sample; `seed` draws --eval-split's share."""
     from common.console import say
     from train.workload.data import length_profile
     from train.workload.prepare import DataSpec, prepare_data
     from train.workload.tokenizer import load_tokenizer
 
-    data_path = resolve_data_path(config.data)
-    tokenizer = load_tokenizer(spec.directory, config.tokenizer)
-    prepared = prepare_data(DataSpec(data_path, config.train_on, config.data_schema, config.data_split), tokenizer, say, config.exact_profile)
+    data_path = resolve_data_path(section.data)
+    tokenizer = load_tokenizer(spec.directory, section.tokenizer)
+    prepared = prepare_data(DataSpec(data_path, section.train_on, section.schema, section.data_split), tokenizer, say, section.exact_profile)
     eval_prepared = None
-    if config.eval_split is None and config.eval_data:
-        eval_spec = DataSpec(resolve_data_path(config.eval_data), config.train_on, config.data_schema)
-        eval_prepared = prepare_data(eval_spec, tokenizer, say, config.exact_profile)
-    data, eval_data = split_data(prepared.view, eval_prepared.view if eval_prepared else None, config)
+    if section.eval_split is None and section.eval_data:
+        eval_spec = DataSpec(resolve_data_path(section.eval_data), section.train_on, section.schema)
+        eval_prepared = prepare_data(eval_spec, tokenizer, say, section.exact_profile)
+    data, eval_data = split_data(prepared.view, eval_prepared.view if eval_prepared else None, section, seed)
     profile = {**length_profile(data.lengths), "sampled": not prepared.exact}
     return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
@@ -160,13 +161,13 @@ def hub_weights(spec: Any, dry_run: bool) -> Any:
 
 def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_type: str) -> float:
     """--push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default."""
-    if not config.push_to_hub:
+    if not config.output.push_to_hub:
         return 0.0
     from train.planning.disk import upload_bytes
     from train.recipes.hub_push import upload_rate
 
     rate, _ = upload_rate()
-    return upload_bytes(need, method.is_lora, bool(config.merge_lora and method.is_lora), device_type) / rate
+    return upload_bytes(need, method.is_lora, bool(config.output.merge_lora and method.is_lora), device_type) / rate
 
 
 def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
@@ -187,31 +188,31 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
     return PlanRequest(
         data_prep_seconds=context.data_prep_seconds,
         data_uncertainty=context.data_uncertainty,
-        epochs=resumed.epochs if resumed else config.epochs,
+        epochs=resumed.epochs if resumed else config.plan.epochs,
         deadline=config.run_deadline,
         elapsed_seconds=context.elapsed_seconds,
-        priority=config.priority,
-        effective_batch=config.effective_batch,
-        max_length=resumed.configuration.seq_len if resumed else config.max_length,
+        priority=config.plan.priority,
+        effective_batch=config.plan.effective_batch,
+        max_length=resumed.configuration.seq_len if resumed else config.plan.max_length,
         world_size=placement.world_size,
-        num_workers=config.workers,
-        checkpoint_interval_seconds=config.checkpoint_interval_seconds,
+        num_workers=config.plan.workers,
+        checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds,
         price_per_hour=placement.price_per_hour,
-        max_steps=config.max_steps,
-        fit_deadline=config.fit_deadline,
+        max_steps=config.plan.max_steps,
+        fit_deadline=config.plan.fit_deadline,
         seed=config.seed,
         max_positions=spec.max_positions,
         completed_steps=context.completed,
         configuration=resumed.configuration if resumed else None,
-        gradient_checkpointing=config.gradient_checkpointing,
-        eval_schedule=config.eval_schedule if context.eval_data is not None else None,
-        with_report=not config.no_report,
+        gradient_checkpointing=config.plan.gradient_checkpointing,
+        eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
+        with_report=not config.output.no_report,
         compiled=placement.setup.compiled,
         comm_seconds_per_step=placement.comm_seconds[0],
         comm_seconds_per_micro_step=placement.comm_seconds[1],
         memory_offset_bytes=memory_offset,
         gradient_shards=gradient_shards,
-        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.merge_lora and method.is_lora), device_type),
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, bool(config.output.merge_lora and method.is_lora), device_type),
         upload_seconds=planned_upload_seconds(config, need, method, device_type),
         comm_overlap=placement.comm_overlap,
     )
@@ -245,7 +246,7 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, method))
-    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.gradient_checkpointing)
+    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.plan.gradient_checkpointing)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 

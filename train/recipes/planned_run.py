@@ -26,10 +26,10 @@ def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
 
     effective = plan.chosen.config.micro_batch_size * plan.chosen.world_size * plan.chosen.config.grad_accum
     return {
-        "learning_rate": scaled_learning_rate(config.learning_rate, config.lr_scaling, config.base_batch, effective),
-        "base_learning_rate": config.learning_rate,
-        "lr_scaling": config.lr_scaling,
-        "base_batch": config.base_batch or effective,
+        "learning_rate": scaled_learning_rate(config.tuning.learning_rate, config.tuning.lr_scaling, config.tuning.base_batch, effective),
+        "base_learning_rate": config.tuning.learning_rate,
+        "lr_scaling": config.tuning.lr_scaling,
+        "base_batch": config.tuning.base_batch or effective,
     }
 
 

@@ -77,19 +77,21 @@ class TrainRecipe:
         that the run may train with, fitted to the device (a calibration that does not suit or a
         model too big: one line, before any data or model work); the hub weights; the data."""
         # --push-to-hub: the name, the token and the hub, checked before any data or model work.
-        target = self.config.push_target
+        target = self.config.output.push_target
         self.push = check_push(target) if target is not None else None
         # self.resumed: what this command continues of the run (None: a new run), read once.
         self.spec, self.method, self.out_dir, self.earlier, self.resumed = self._resume_target()
         self.completed = completed_steps(self.out_dir) if self.resumed and self.out_dir else 0
         if self.resumed:
             # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
-            self.config = replace(self.config, max_steps=resumed_step_limit(self.resumed, self.config.max_steps, self.completed))
-            self.config = replace(self.config, **resumed_hyperparameters(self.resumed, self.config.named_hyperparameters(), self.config.force))
+            config = self.config
+            self.config = replace(config, plan=replace(config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)))
+            tuning = replace(self.config.tuning, **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force))
+            self.config = replace(self.config, tuning=tuning)
         self._fit_setups()
         # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
-        self.spec = hub_weights(self.spec, self.config.dry_run)
-        self.loaded = load_data(self.config, self.spec)
+        self.spec = hub_weights(self.spec, self.config.output.dry_run)
+        self.loaded = load_data(self.config.data, self.spec, self.config.seed)
         if self.resumed:
             problem = check_same_data(self.resumed, self.loaded, self.config.force)
             if problem:
@@ -105,19 +107,19 @@ class TrainRecipe:
 
         config = self.config
         spec = resolve_model(config.model)
-        out_dir = Path(config.out).expanduser() if config.out else None
-        if config.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
+        out_dir = Path(config.output.out).expanduser() if config.output.out else None
+        if config.output.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
             raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-        earlier = RunFile.read(out_dir / "run.json") if config.resume and out_dir else None
+        earlier = RunFile.read(out_dir / "run.json") if config.output.resume and out_dir else None
         # --force with --max-length N trains the run's configuration at length N (check_same_run).
-        forced_length = config.max_length if config.force and isinstance(config.max_length, int) else None
+        forced_length = config.plan.max_length if config.force and isinstance(config.plan.max_length, int) else None
         resumed = earlier.resumed().with_length(forced_length) if earlier else None
-        method = config.method
+        method = config.tuning.method
         if resumed:
             run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
-            method = with_run_variant(method, run_method, asked_variant(config.quantize, config.optimizer))
+            method = with_run_variant(method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer))
             spec = resumed_spec(spec, resumed)
-            for problem in check_same_run(resumed, run_method, spec, method, config.max_length, config.force):
+            for problem in check_same_run(resumed, run_method, spec, method, config.plan.max_length, config.force):
                 say(f"warning: {problem} (--force: continuing with this command's)")
             if same_method(run_method, method):
                 method = run_method  # the run's adapters exactly (its targets as resolved)
@@ -197,7 +199,7 @@ class TrainRecipe:
         ends the command (a dry run the same way the real run would, so a script can tell). Whether
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
-        if is_main_process() and config.json:
+        if is_main_process() and config.output.json:
             compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.hardware)
             print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
             for warning in run.plan.warnings:
@@ -206,7 +208,7 @@ class TrainRecipe:
             print_plan(run)
         if not run.plan.meets_deadline:
             raise DeadlineError(run.deadline_message)
-        return not (config.json or config.dry_run)
+        return not (config.output.json or config.output.dry_run)
 
     # -- train ------------------------------------------------------------------------------
     def train(self) -> TrainedRun:
@@ -225,10 +227,10 @@ class TrainRecipe:
             out_dir = self.record.out_dir
             self._held.enter_context(RunLock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
-            merge = bool(config.merge_lora and run.method.is_lora)
+            merge = bool(config.output.merge_lora and run.method.is_lora)
             device_type = run.placement.setup.device_type
-            space = disk_need(run.need, run.method.is_lora, not run.spec.has_weights, merge, device_type, config.keep_checkpoints, existing)
-            check_space(out_dir, space, config.keep_checkpoints)
+            space = disk_need(run.need, run.method.is_lora, not run.spec.has_weights, merge, device_type, config.guard.keep_checkpoints, existing)
+            check_space(out_dir, space, config.guard.keep_checkpoints)
             self.record.write()
         self.trained = self._train_loop()
         return self.trained
@@ -242,7 +244,7 @@ class TrainRecipe:
 
         run = self.run
         loaded = run.loaded
-        data, eval_data = loaded.exact(run.config)
+        data, eval_data = loaded.exact(run.config.data, run.config.seed)
         exact = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
         if not loaded.sampled:
             # The run's span starts here, after the plan was shown (its text imports peft and
@@ -290,8 +292,8 @@ class TrainRecipe:
         record = RunRecord.open(out_dir, fresh, self.earlier)
         file = record.file
         # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
-        command = replace(self.config, step_options=run.placement.setup.recorded_options(self.config.step_options)).to_json()
-        command["out"] = stored_path(self.config.out, out_dir)  # ".": the run folder itself, wherever it moves
+        command = replace(self.config, step=run.placement.setup.recorded_options(self.config.step)).to_json()
+        command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
         file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
         # sharding: none | ddp | fsdp (train/step/sharding.py)
@@ -299,7 +301,7 @@ class TrainRecipe:
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         file.update_plan(total_steps=file.total_steps)
         # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
-        file.update(hyperparameters=self.config.hyperparameters.record(file.learning_rate, run.method.optimizer, file.total_steps))
+        file.update(hyperparameters=self.config.tuning.hyperparameters.record(file.learning_rate, run.method.optimizer, file.total_steps))
         return record
 
     def _data_section(self) -> dict[str, Any]:
@@ -333,31 +335,31 @@ class TrainRecipe:
         run, config, record = self.run, self.config, self.record
         settings = LoopSettings(
             deadline=config.run_deadline,
-            on_overrun=config.on_overrun,
-            checkpoint_interval_seconds=config.checkpoint_interval_seconds,
-            keep_checkpoints=config.keep_checkpoints,
+            on_overrun=config.guard.on_overrun,
+            checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds,
+            keep_checkpoints=config.guard.keep_checkpoints,
             learning_rate=record.plan["learning_rate"],  # scaled once, in the plan (PlannedRun.rate)
             seed=config.seed,
             epochs=run.plan.epochs,
             step_limit=run.plan.step_limit,
             schedule_steps=record.plan["total_steps"],
-            resume=config.resume,
-            report_to=config.trackers,
-            hyperparameters=config.hyperparameters,
+            resume=config.output.resume,
+            report_to=config.output.trackers,
+            hyperparameters=config.tuning.hyperparameters,
         )
         pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
             calibration=run.cal,
             chosen=run.plan.chosen,
             model=ModelToTrain(run.spec, run.method, run.placement.setup.step),  # THE step as the setup decided it
-            data=TrainingData(run.loaded.data, pad_id, run.loaded.eval_data, config.eval_schedule),
+            data=TrainingData(run.loaded.data, pad_id, run.loaded.eval_data, config.data.eval_schedule),
             out_dir=record.out_dir,
             settings=settings,
             hooks=LoopHooks(on_update=record.progress, tracker_record=record.data),
         )
         try:
             outcome = loop.run()
-            final = export_final_model(loop, record.out_dir, run.tokenizer, config.merge_lora, outcome.status)
+            final = export_final_model(loop, record.out_dir, run.tokenizer, config.output.merge_lora, outcome.status)
         except Exception as error:
             from train.step.runtime import is_out_of_memory
 
@@ -379,7 +381,7 @@ class TrainRecipe:
             from train.planning.plan_text import describe_outcome
 
             run, config, record = self.run, self.config, self.record
-            write_report = None if config.no_report else self.write_report
+            write_report = None if config.output.no_report else self.write_report
             push = self._push if self.push is not None and self.trained.final else None
             report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
             resume = resume_command(self.command_line, record.out_dir, run.placement.world_size)
