@@ -15,7 +15,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple, TypeAlias
+
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    import torch
+
+    from calibration.model import Calibration
+    from train.planning.memory_check import MemoryNeed
 
 # Message sizes in bytes: latency-bound to bandwidth-bound. On CUDA also the sizes where NVLink
 # reaches its bandwidth (a 1B model's gradients are 4 GiB, sent in 25 MiB buckets; FSDP gathers a
@@ -25,7 +33,7 @@ CUDA_EXTRA_SIZES = (2**26, 2**28, 2**30)
 REPEATS = 5
 
 
-def comm_sizes(device: Any) -> tuple[int, ...]:
+def comm_sizes(device: torch.device) -> tuple[int, ...]:
     """The message sizes to time on `device`: COMM_SIZES, and on CUDA the large ones whose two
     buffers (the whole message and a part) fit in half the free memory of the fullest process
     (every process must time the same sizes, or the collectives would not pair up)."""
@@ -40,13 +48,34 @@ def comm_sizes(device: Any) -> tuple[int, ...]:
     return COMM_SIZES + tuple(size for size in CUDA_EXTRA_SIZES if 2 * size <= free.item() / 2)
 
 
-def world() -> tuple[int, str | None]:
+class World(NamedTuple):
+    """The initialised process group: how many processes, over which backend (None: no group)."""
+
+    processes: int
+    backend: str | None
+
+
+def world() -> World:
     """(processes, backend) of the initialised process group; (1, None) without one."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return 1, None
-    return dist.get_world_size(), str(dist.get_backend())
+        return World(1, None)
+    return World(dist.get_world_size(), str(dist.get_backend()))
+
+
+# Collectives as measured and fitted, by kind: {kind: {"measurements": rows, "fit": CommModel JSON}}
+# (what bench stores in a calibration's `distributed.collectives`).
+Collectives: TypeAlias = dict[str, JsonDict]
+
+
+class CommPlan(NamedTuple):
+    """What communication adds, per optimizer step (DDP) and per micro-step (FSDP), and the record
+    of where the figure comes from (run.json's `communication`)."""
+
+    per_step: float
+    per_micro_step: float
+    record: JsonDict
 
 
 # The collectives each sharding's step runs.
@@ -65,7 +94,7 @@ class Traffic:
     units: int = 1
 
 
-def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
+def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
     """From train.planning.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
     gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
     from calibration.comm import gradient_bytes
@@ -78,7 +107,7 @@ def traffic_of(sharding: str, need: Any, device_type: str) -> Traffic:
 
 
 @contextmanager
-def beside_compute(device: Any) -> Iterator[None]:
+def beside_compute(device: torch.device) -> Iterator[None]:
     """On CPU, a thread computing beside the collectives while they are timed: gloo's threads share
     the host's cores with the step's compute threads, and timed on idle processes they took a half
     to a third of what a DDP step pays for them (docs/benchmarks.md, "Multi-process"; issue 41,
@@ -106,7 +135,7 @@ def beside_compute(device: Any) -> Iterator[None]:
         thread.join()
 
 
-def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, ...] | None = None, repeats: int = REPEATS) -> list[dict[str, float]]:
+def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tuple[int, ...] | None = None, repeats: int = REPEATS) -> list[dict[str, float]]:
     """(bytes, seconds) rows for one collective; `bytes` is the whole message (what is reduced, or
     gathered, in all). `sizes`: comm_sizes(device) unless given."""
     import torch
@@ -131,7 +160,7 @@ def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, 
             whole = torch.ones(elements, dtype=torch.float32, device=device)
             part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
 
-            def once(whole: Any = whole, part: Any = part) -> None:
+            def once(whole: torch.Tensor = whole, part: torch.Tensor = part) -> None:
                 if kind == "all_reduce":
                     dist.all_reduce(whole)
                 elif kind == "all_gather":
@@ -154,19 +183,19 @@ def measure_collective(device: Any, kind: str = "all_reduce", sizes: tuple[int, 
     return rows
 
 
-def measure_collectives(device: Any, kinds: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def measure_collectives(device: torch.device, kinds: tuple[str, ...]) -> Collectives:
     """{kind: {"measurements": rows, "fit": CommModel JSON}} for each collective."""
     from calibration.comm import fit_comm
 
     size, backend = world()
-    fitted = {}
+    fitted: Collectives = {}
     for kind in kinds:
         rows = measure_collective(device, kind)
         fitted[kind] = {"measurements": rows, "fit": fit_comm(rows, size, backend or "none").to_json()}
     return fitted
 
 
-def plan_communication(calibration: Any, world_size: int, traffic: Traffic, force: bool) -> tuple[float, float, dict[str, Any]]:
+def plan_communication(calibration: Calibration, world_size: int, traffic: Traffic, force: bool) -> CommPlan:
     """What a run of `world_size` processes adds for communication, per optimizer step (DDP) and per
     micro-step (FSDP), and where that figure comes from (for run.json and the plan text):
 
@@ -186,7 +215,8 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
                 f"run `accelerate launch --num_processes {world_size} -m bench run --sharding {traffic.sharding}`, or pass --force"
             )
         source = "calibration" if world_size > 1 else "single process"
-        return 0.0, 0.0, {"source": source, "world_size": world_size, "sharding": traffic.sharding if world_size > 1 else "none", "seconds_per_step": 0.0}
+        sharding = traffic.sharding if world_size > 1 else "none"
+        return CommPlan(0.0, 0.0, {"source": source, "world_size": world_size, "sharding": sharding, "seconds_per_step": 0.0})
     if measured != 1 and not force:
         raise BenchtrainError(
             f"calibration {calibration.id} was measured with {measured} processes, this run has {world_size}: "
@@ -201,8 +231,8 @@ def plan_communication(calibration: Any, world_size: int, traffic: Traffic, forc
 
 
 def price_traffic(
-    collectives: dict[str, dict[str, Any]], traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
-) -> tuple[float, float, dict[str, Any]]:
+    collectives: Collectives, traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
+) -> CommPlan:
     """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
     collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
     run's processes, or stored by the calibration `collectives_from` (train.recipes.compare)."""
@@ -214,7 +244,7 @@ def price_traffic(
         per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
-    record = {
+    record: JsonDict = {
         "source": "predicted",
         "world_size": world_size,
         "sharding": traffic.sharding,
@@ -228,10 +258,10 @@ def price_traffic(
     }
     if collectives_from is not None:
         record["collectives_from"] = collectives_from
-    return per_step, per_micro_step, record
+    return CommPlan(per_step, per_micro_step, record)
 
 
-def stored_collectives(distributed: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def stored_collectives(distributed: JsonDict | None) -> Collectives:
     """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
     calibrations from before FSDP kept only the all-reduce (`comm`, `all_reduce`)."""
     distributed = distributed or {}

@@ -12,7 +12,7 @@ import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
@@ -77,7 +77,7 @@ class RunLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / LOCK_FILE
-        self.handle: Any = None
+        self.handle: TextIO | None = None
 
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)

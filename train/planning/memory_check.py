@@ -21,11 +21,19 @@ whether the fixed part alone is already too much.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from common.errors import DoesNotFitError
+from common.json_types import JsonDict
 from train.step.sharding import largest_block_parameters
 from train.workload.method import MethodConfig, apply_method, decoder_blocks
+
+if TYPE_CHECKING:
+    import torch
+
+    from calibration.model import Calibration
+    from train.workload.model import ModelSpec
+    from train.workload.quantize import QuantizedBytes
 
 FP32_BYTES = 4
 BF16_BYTES = 2
@@ -64,10 +72,10 @@ class MemoryNeed:
         return self.total_bytes / world_size + gathered
 
 
-_META_MODELS: dict[str, Any] = {}
+_META_MODELS: dict[str, torch.nn.Module] = {}
 
 
-def meta_model(spec: Any, method: MethodConfig) -> Any:
+def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
     """The model as it will be trained, built on `meta` (no memory, no weights): exact shapes.
     Adapters are made on `meta` too (peft would initialise them for real: seconds for an 8B
     model); one build per architecture and method in a process."""
@@ -81,26 +89,36 @@ def meta_model(spec: Any, method: MethodConfig) -> Any:
     key = json.dumps([spec.config_dict, repr(method)], sort_keys=True, default=str)
     if key not in _META_MODELS:
         with torch.device("meta"):
-            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), method)
+            # transformers leaves from_config unannotated.
+            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), method)  # type: ignore[no-untyped-call]
     return _META_MODELS[key]
 
 
-def parameter_counts(spec: Any, method: MethodConfig) -> tuple[int, int, int, int]:
+class ParameterCounts(NamedTuple):
+    """Parameters of the model as it will be trained: all, trainable, decoder blocks, the largest block's."""
+
+    total: int
+    trainable: int
+    blocks: int
+    largest_block: int
+
+
+def parameter_counts(spec: ModelSpec, method: MethodConfig) -> ParameterCounts:
     """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
     trained, built on `meta`."""
     model = meta_model(spec, method)
     total = sum(parameter.numel() for parameter in model.parameters())
     trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     blocks = decoder_blocks(model)
-    return total, trainable, len(blocks), largest_block_parameters(blocks)
+    return ParameterCounts(total, trainable, len(blocks), largest_block_parameters(blocks))
 
 
-def trainable_sizes(spec: Any, method: MethodConfig) -> list[int]:
+def trainable_sizes(spec: ModelSpec, method: MethodConfig) -> list[int]:
     """The values of each trainable tensor (what an optimizer keeps state for)."""
     return [parameter.numel() for parameter in meta_model(spec, method).parameters() if parameter.requires_grad]
 
 
-def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed:
+def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> MemoryNeed:
     from train.workload.optimizers import optimizer_state_bytes
 
     total, trainable, blocks, largest_block = parameter_counts(spec, method)
@@ -120,7 +138,7 @@ def memory_need(spec: Any, method: MethodConfig, device_type: str) -> MemoryNeed
     )
 
 
-def quantized_base_bytes(spec: Any, kind: str) -> Any:
+def quantized_base_bytes(spec: ModelSpec, kind: str) -> QuantizedBytes:
     """The frozen base's bytes quantized as `kind` (train.workload.quantize.QuantizedBytes): the
     layers bitsandbytes converts packed, the rest in fp32, where peft's preparation for k-bit
     training puts them (train.workload.quantize.quantized_base)."""
@@ -133,7 +151,7 @@ def quantized_base_bytes(spec: Any, kind: str) -> Any:
 MAX_PROCESSES = 4096
 
 
-def gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> int | None:
+def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
     """How many devices like `hardware` a run needs for its fixed memory (weights, gradients,
     optimizer state) to fit in each, FSDP sharding it over them (`per_process_bytes`): 1 when it
     fits whole; None when no count does (the blocks gathered whole already exceed one device)."""
@@ -154,7 +172,7 @@ def gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> int | None:
     return low
 
 
-def describe_gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> str | None:
+def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
     """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None
     when it fits one (or no count of them: full fine-tuning only shards)."""
     if need.method != "full":
@@ -166,7 +184,7 @@ def describe_gpus_needed(need: MemoryNeed, hardware: dict[str, Any]) -> str | No
     return f"it needs {count} of these devices under FSDP (≈{each / GIB:.1f} GiB per process before activations, the fewest whose shards fit)"
 
 
-def check_fits(spec: Any, method: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1) -> MemoryNeed:
+def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1) -> MemoryNeed:
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
@@ -202,7 +220,7 @@ def gib_text(size_bytes: float) -> str:
     return f"{gib:.0f}" if gib >= 10 else f"{gib:.2g}"
 
 
-def smaller_bases(spec: Any, method: MethodConfig, device_type: str, available: float) -> list[str]:
+def smaller_bases(spec: ModelSpec, method: MethodConfig, device_type: str, available: float) -> list[str]:
     """For LoRA: the bitsandbytes bases, smaller than this run's, whose fixed memory fits in
     `available` bytes, as advice ("--quantize 4bit (≈11 GiB before activations)")."""
     if not method.is_lora or not quantization_available():
@@ -228,7 +246,7 @@ def quantization_available() -> bool:
 
 
 def describe_needs(
-    spec: Any, chosen: MethodConfig, hardware: dict[str, Any], sharding: str = "none", world_size: int = 1, calibration_device: bool = False
+    spec: ModelSpec, chosen: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1, calibration_device: bool = False
 ) -> str:
     """One line for `train --dry-run`: the fixed memory of each method on `hardware` — this device,
     or the one the calibration measured when the dry run plans for another — (and, under FSDP,
@@ -255,7 +273,7 @@ def describe_needs(
     return f"memory before activations: {', '.join(parts)}; {optimizer}; {device} has {gib_text(hardware['memory_bytes'])} GiB"
 
 
-def optimizer_states(spec: Any, chosen: MethodConfig) -> str:
+def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
     """ "optimizer state: 18 MiB with adamw or adamw-fused, 4.57 MiB with adamw-8bit or paged-adamw-8bit, 9 MiB with sgd (this run: adamw)":
     each optimizer of train.workload.optimizers.OPTIMIZERS, those of the same state bytes together."""
     from train.workload.optimizers import OPTIMIZERS, same_state_groups
@@ -266,7 +284,7 @@ def optimizer_states(spec: Any, chosen: MethodConfig) -> str:
     return f"optimizer state: {', '.join(texts)} (this run: {chosen.optimizer})"
 
 
-def memory_basis_note(calibration: Any) -> str | None:
+def memory_basis_note(calibration: Calibration) -> str | None:
     """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes):
     the allocator's reserved peak plus the bytes measured outside it (calibration.memory_fit), or,
     for one measured before those were recorded, the allocated peak alone, as before. None on CPU

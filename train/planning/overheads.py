@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from common.durations import format_duration
+from common.json_types import JsonDict
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Overheads:
         final ones come after the last step: after_training_seconds)."""
         return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(0, self.eval_count - 1)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 
     def lines(self) -> list[str]:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from calibration.accuracy import check_estimate, describe_check
 from calibration.memory_fit import device_peak_bytes
 from calibration.run_status import STOPPED_EARLY
 from calibration.translate import describe_translation
 from common.durations import format_duration
+from common.json_types import JsonDict
 from common.run_paths import run_path
-from train.planning.types import Plan
+from train.planning.types import Candidate, Plan
+
+if TYPE_CHECKING:
+    from calibration.model import Calibration
+    from train.workload.prepare import PreparedData
 
 
 def _gib(value: float | None) -> str:
@@ -24,7 +29,7 @@ BYTE_TOKENS_NOTE = (
 )
 
 
-def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str | None:
+def describe_compute(figures: JsonDict, hardware: JsonDict) -> str | None:
     """`compute: ≈305 TFLOP/s per process predicted, MFU 30.9% of the H100 SXM's 989 TFLOP/s`."""
     if figures.get("mfu") is None:
         return None
@@ -33,7 +38,7 @@ def describe_compute(figures: dict[str, Any], hardware: dict[str, Any]) -> str |
     return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
 
 
-def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[str]:
+def describe_data(profile: JsonDict, byte_tokens: bool = False) -> list[str]:
     about = "≈" if profile.get("sampled") else ""  # lengths from a sample: train.workload.sampling
     return [
         f"data: {profile['count']:,} samples, {about}{profile['total_tokens']:,} tokens{' (bytes)' if byte_tokens else ''}; length mean {profile['mean']:.0f}, "
@@ -42,11 +47,12 @@ def describe_data(profile: dict[str, Any], byte_tokens: bool = False) -> list[st
     ]
 
 
-def describe_exact_profile(prepared: Any, sampled_plan: Plan, plan: Plan) -> list[str]:
+def describe_exact_profile(prepared: PreparedData, sampled_plan: Plan, plan: Plan) -> list[str]:
     """After tokenizing every record: the exact total against the sample's estimate, and the plan's
     steps and estimate on the exact profile (the configuration the sample chose)."""
     estimate = prepared.estimate
     total = prepared.exact_tokens  # every record's (with --eval-split, the profile is the training part's)
+    assert total is not None, "describe_exact_profile is called after every record is tokenized"
     error = estimate.error_of(total) if estimate else 0.0
     took = f" in {format_duration(prepared.built_seconds)} (predicted {format_duration(prepared.predicted_seconds)})" if prepared.built_seconds else ""
     c = plan.chosen
@@ -58,7 +64,7 @@ def describe_exact_profile(prepared: Any, sampled_plan: Plan, plan: Plan) -> lis
     ]
 
 
-def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()) -> list[str]:
+def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()) -> list[str]:
     """The plan as the console shows it; `data_notes`: where the lengths came from and what
     preparing the tokens costs (train.workload.prepare.PreparedData.describe)."""
     c = plan.chosen
@@ -99,7 +105,7 @@ def describe_plan(plan: Plan, profile: dict[str, Any], calibration: Any, byte_to
     return lines
 
 
-def describe_error(calibration: Any, chosen: Any) -> str:
+def describe_error(calibration: Calibration, chosen: Candidate) -> str:
     """The calibration's held-out error, and the bound this plan's configuration gets: wider where
     it extrapolates past the measured sizes (Calibration.relative_bound_for)."""
     held_out = calibration.fit.get("held_out_error") or {}
@@ -128,7 +134,7 @@ def describe_peak_memory(predicted: float | None, measured: float | None) -> str
     return f"peak memory: {_gib(measured)} actual vs {_gib(predicted)} predicted ({(measured - predicted) / predicted:+.1%})"
 
 
-def describe_outcome(record: dict[str, Any], out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
+def describe_outcome(record: JsonDict, out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
     """The end of a run in words: the estimate check (the lines the report's banner shows too),
     the deadline, where things are, and how to continue a run that stopped early."""
     actual = record["actual"]

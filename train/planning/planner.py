@@ -137,7 +137,7 @@ def candidate_overheads(
 
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
     """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
-    mean_tokens = sum(data.lengths) / len(data.lengths)
+    mean_tokens: float = sum(data.lengths) / len(data.lengths)  # lengths may be a numpy array: its sum is untyped
     rows = [row for row in calibration.ok_rows()]
     best = max(row["tokens_per_second"] for row in rows) if rows else candidate.tokens_per_second
     return len(data.lengths) * mean_tokens * epochs / best

@@ -16,9 +16,10 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 USAGE = "a number (USD per device-hour), KEY=USD pairs (h100=2.5,h200=3.8) or a file of them"
 
@@ -27,18 +28,25 @@ def words(text: str) -> set[str]:
     return {word for word in re.split(r"[^a-z0-9]+", text.lower()) if word}
 
 
+class KeyPrice(NamedTuple):
+    """One KEY=USD pair as given: words of a device's name (or a calibration id), its price per hour."""
+
+    key: str
+    price: float
+
+
 @dataclass(frozen=True)
 class Prices:
     """Prices per device-hour as given; `default` applies to any device no key names."""
 
     default: float | None = None
-    by_key: tuple[tuple[str, float], ...] = ()
+    by_key: tuple[KeyPrice, ...] = ()
 
     @property
     def given(self) -> bool:
         return self.default is not None or bool(self.by_key)
 
-    def for_device(self, calibration_id: str, hardware: dict[str, Any]) -> float | None:
+    def for_device(self, calibration_id: str, hardware: JsonDict) -> float | None:
         """The price of the device a calibration measured: a key equal to its id, else the most
         specific key whose words all name the device (its name, table entry, or `cpu`/`cuda`),
         else the default; None when no price was given; an error when prices were given but none
@@ -66,7 +74,7 @@ class Prices:
         )
 
 
-def suggested_key(hardware: dict[str, Any]) -> str:
+def suggested_key(hardware: JsonDict) -> str:
     """The key a user would write for a device: its table entry's first word (h100), else `cpu`."""
     if hardware.get("device_type") == "cpu":
         return "cpu"
@@ -74,7 +82,7 @@ def suggested_key(hardware: dict[str, Any]) -> str:
     return entry.split()[0].lower() if entry.split() else "gpu"
 
 
-def parse_prices(value: Any) -> Prices:
+def parse_prices(value: str | float | None) -> Prices:
     """`--price-per-hour` as given: None, a number, KEY=USD pairs, or a file of them."""
     if value is None:
         return Prices()
@@ -106,7 +114,7 @@ def _parse_pairs(parts: list[str], source: str) -> Prices:
     if not parts:
         raise BenchtrainError(f"--price-per-hour {source!r} holds no price: {USAGE}")
     default: float | None = None
-    by_key: list[tuple[str, float]] = []
+    by_key: list[KeyPrice] = []
     for part in parts:
         if "=" not in part:
             if default is not None:
@@ -117,7 +125,7 @@ def _parse_pairs(parts: list[str], source: str) -> Prices:
         key = key.strip()
         if not key or any(key.lower() == known.lower() for known, _ in by_key):
             raise BenchtrainError(f"--price-per-hour {source!r}: {'an empty' if not key else 'a repeated'} device name in {part.strip()!r}")
-        by_key.append((key, _price(amount, source)))
+        by_key.append(KeyPrice(key, _price(amount, source)))
     return Prices(default, tuple(by_key))
 
 

@@ -23,10 +23,10 @@ from train.workload.batching import (
     run_batches,
 )
 
-ShapeCache = dict[tuple[int, int, int], Counter]
+ShapeCache = dict[tuple[int, int, int], Counter[tuple[int, int]]]
 
 
-def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter:
+def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter[tuple[int, int]]:
     """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
     batches do not depend on accumulation or workers)."""
     key = (micro, length, epoch)

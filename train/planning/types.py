@@ -7,10 +7,10 @@ module imports none of them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.planning.deadline import Deadline
 from train.planning.overheads import Overheads
 from train.step.evaluation import EvalSchedule
@@ -118,7 +118,7 @@ class Candidate:
     peak_memory_bytes_high: float | None = None
     fits_in_memory: bool = True
     extrapolated: bool = False
-    truncation: dict[str, Any] = field(default_factory=dict)
+    truncation: JsonDict = field(default_factory=dict)
 
     @classmethod
     def planned(cls, config: StepConfig, world_size: int) -> Candidate:
@@ -132,7 +132,7 @@ class Candidate:
     def label(self) -> str:
         return self.config.phrase
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         """run.json's and the plan's flat form: the step's columns (seq_len as max_length), then the predictions."""
         data = asdict(self)
         step = data.pop("config")
@@ -164,7 +164,7 @@ class Plan:
     def deadline_seconds(self) -> float:
         return self.deadline.deadline_seconds
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             "chosen": self.chosen.to_json(),
             "alternatives": [candidate.to_json() for candidate in self.alternatives],
