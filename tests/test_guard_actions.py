@@ -86,7 +86,7 @@ def test_the_cli_accepts_a_registered_action(checkpoint_action: OverrunAction) -
     from train.recipes.config import TrainConfig
 
     args = build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])
-    assert TrainConfig.from_args(args).on_overrun == "checkpoint"
+    assert TrainConfig.from_args(args).guard.on_overrun == "checkpoint"
     (option,) = [action for action in build_parser()._actions if "--on-overrun" in action.option_strings]
     assert option.help.endswith("shrink the remaining steps, warn, or checkpoint and go on")
 
