@@ -19,7 +19,7 @@ from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.running import guard
 from train.running.checkpoint import list_checkpoints
-from train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction
+from train.running.guard import DeadlineGuard, GuardSection, GuardSettings, Move, OverrunAction
 from train.running.loop import LoopSettings, TrainingRun
 from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
 from train.step.hardware import detect_hardware
@@ -86,7 +86,7 @@ def test_the_cli_accepts_a_registered_action(checkpoint_action: OverrunAction) -
     from train.recipes.config import TrainConfig
 
     args = build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])
-    assert TrainConfig.from_args(args).on_overrun == "checkpoint"
+    assert TrainConfig.from_args(args).guard.on_overrun == "checkpoint"
     (option,) = [action for action in build_parser()._actions if "--on-overrun" in action.option_strings]
     assert option.help.endswith("shrink the remaining steps, warn, or checkpoint and go on")
 
@@ -128,7 +128,7 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> Tr
     plan = make_plan(calibration, data, request)
     plan.chosen.config = dataclasses.replace(plan.chosen.config, gradient_checkpointing=False)
     settings = LoopSettings(
-        deadline=Deadline(1.0, 0.2, started_at=time.monotonic()), on_overrun=on_overrun, checkpoint_interval_seconds=1e6, epochs=1, step_limit=steps
+        deadline=Deadline(1.0, 0.2, started_at=time.monotonic()), guard=GuardSection.every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
     )
     return TrainingRun(
         calibration=calibration,
@@ -142,7 +142,7 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> Tr
 
 
 def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunAction, tmp_path: Path, heavy_tailed_jsonl: Path) -> None:
-    """The new action reaches the loop through LoopSettings.on_overrun (what the CLI's word
+    """The new action reaches the loop through LoopSettings.guard.on_overrun (what the CLI's word
     becomes): a checkpoint where the projection passed the budget, and the run goes on to its end."""
     run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5)
     outcome = run.run()

@@ -16,6 +16,7 @@ from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.running.checkpoint import list_checkpoints
+from train.running.guard import GuardSection
 from train.running.loop import LoopSettings, TrainingRun
 from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
 from train.step.hardware import detect_hardware
@@ -63,8 +64,7 @@ def make_run(
     )
     settings = LoopSettings(
         deadline=Deadline(deadline, 0.5, started_at=time.monotonic()),
-        on_overrun=on_overrun,
-        checkpoint_interval_seconds=1e6,
+        guard=GuardSection.every(1e6, on_overrun=on_overrun),
         epochs=1,
         step_limit=steps,
         resume=resume,
@@ -169,8 +169,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
 
 def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=6)
-    run.settings.checkpoint_interval_seconds = 0.0
-    run.settings.keep_checkpoints = 2
+    run.settings.guard = GuardSection.every(0.0, on_overrun=run.settings.guard.on_overrun, keep=2)
     run.run()
     names = [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")]
     assert names == ["step-0000005", "step-0000006"]

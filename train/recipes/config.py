@@ -12,7 +12,8 @@ torchtitan's job config hands each component its own section:
 - `step` (StepOptions): how THE step runs — compile, loss, sharding — the same options bench takes;
 - `plan` (PlanSection): the deadline (built here once: `run_deadline`), the calibration, and every
   ask of the planner (epochs, priority, batch, length, workers, checkpointing, steps, prices);
-- `guard` (GuardSection): what the deadline guard does and how often it checkpoints;
+- `guard` (train.running.guard.GuardSection, the guard's own): what the deadline guard does and how
+  often the loop checkpoints (taken whole by the loop's LoopSettings);
 - `output` (OutputSection): the run folder, resume, report, trackers, export and the hub.
 """
 
@@ -29,6 +30,7 @@ from common.errors import BenchtrainError
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
+from train.running.guard import GuardSection
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
 from train.step.evaluation import EvalSchedule, parse_eval_every
@@ -181,21 +183,6 @@ class PlanSection:
     def comparing(self) -> bool:
         """Several calibrations or machines planned side by side (train.recipes.compare): a dry run."""
         return is_comparison(self.use_calibration) or bool(self.consider)
-
-
-@dataclass(frozen=True)
-class GuardSection:
-    """What the deadline guard does when the run would overrun, and how often the loop checkpoints."""
-
-    on_overrun: str = "stop"
-    checkpoint_interval: str = "10m"
-    keep_checkpoints: int = 2
-    checkpoint_interval_seconds: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        _derive(self, checkpoint_interval_seconds=parse_duration(self.checkpoint_interval, "--checkpoint-interval"))
-        if self.keep_checkpoints < 1:
-            raise BenchtrainError("--keep-checkpoints must be at least 1")
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class TrainRecipe:
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
         if self.resumed:
-            problem = check_same_data(self.resumed, self.loaded, self.config.force)
+            loaded, force = self.loaded, self.config.force
+            problem = check_same_data(self.resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force)
             if problem:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
@@ -335,9 +336,7 @@ class TrainRecipe:
         run, config, record = self.run, self.config, self.record
         settings = LoopSettings(
             deadline=config.run_deadline,
-            on_overrun=config.guard.on_overrun,
-            checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds,
-            keep_checkpoints=config.guard.keep_checkpoints,
+            guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
             learning_rate=record.plan["learning_rate"],  # scaled once, in the plan (PlannedRun.rate)
             seed=config.seed,
             epochs=run.plan.epochs,

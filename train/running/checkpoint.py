@@ -24,11 +24,18 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from common.atomic import atomic_directory
 from common.errors import EXIT_DISK, BenchtrainError
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim import Optimizer
+    from torch.optim.lr_scheduler import LRScheduler
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -47,8 +54,15 @@ class CheckpointReadError(BenchtrainError):
     """A checkpoint that cannot be used: unreadable, unsafe, or for another model."""
 
 
-def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
-    """(JSON-able Python/NumPy RNG state, torch RNG tensors)."""
+class RngState(NamedTuple):
+    """The random generators' state as a checkpoint keeps it."""
+
+    plain: JsonDict  # Python's and NumPy's, JSON-able (progress.json)
+    tensors: dict[str, Any]  # torch's (and CUDA's) generator tensors (optimizer.pt)
+
+
+def rng_state() -> RngState:
+    """The random generators' state now."""
     import numpy as np
     import torch
 
@@ -58,10 +72,10 @@ def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
     tensors: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors["cuda"] = torch.cuda.get_rng_state_all()
-    return plain, tensors
+    return RngState(plain, tensors)
 
 
-def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
+def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
     import numpy as np
     import torch
 
@@ -74,7 +88,9 @@ def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def save_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any, meta: dict[str, Any], keep: int | None = None) -> float:
+def save_checkpoint(
+    folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None, meta: JsonDict, keep: int | None = None
+) -> float:
     """Write `folder` atomically; returns the seconds it took. Prunes older siblings to `keep`
     only once the new checkpoint is complete."""
     import torch
@@ -120,7 +136,7 @@ def write_error(folder: Path, error: BaseException) -> CheckpointWriteError:
     )
 
 
-def _untied(weights: dict[str, Any]) -> dict[str, Any]:
+def _untied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses tensors that share memory (tied embeddings): store each once more as a copy."""
     seen: set[int] = set()
     out = {}
@@ -149,11 +165,12 @@ def _write_marker(path: Path) -> None:
         os.close(descriptor)
 
 
-def _unwrapped(model: Any) -> Any:
-    return getattr(model, "module", model)
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DistributedDataParallel wrapper (its `module`), or the model itself."""
+    return cast("torch.nn.Module", getattr(model, "module", model))
 
 
-def model_state(model: Any) -> dict[str, Any]:
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a checkpoint must keep of the model: everything for full fine-tuning; for LoRA only the
     trainable adapters (the frozen base is rebuilt from the preset or the model folder)."""
     module = _unwrapped(model)
@@ -163,7 +180,7 @@ def model_state(model: Any) -> dict[str, Any]:
     return {name: value for name, value in module.state_dict().items() if name in trainable}
 
 
-def check_model_state(model: Any, state: dict[str, Any], source: Path) -> bool:
+def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
     """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
     False); a one-line error when it is neither."""
     module = _unwrapped(model)
@@ -178,7 +195,7 @@ def check_model_state(model: Any, state: dict[str, Any], source: Path) -> bool:
     return not partial
 
 
-def load_model_state(model: Any, state: dict[str, Any], source: Path) -> None:
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
     """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
     module = _unwrapped(model)
     partial = not check_model_state(model, state, source)
@@ -210,7 +227,7 @@ def prune_checkpoints(parent: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def read_progress(folder: Path) -> dict[str, Any]:
+def read_progress(folder: Path) -> JsonDict:
     """The checkpoint's progress.json, or a one-line error naming it."""
     try:
         progress = json.loads((folder / PROGRESS_FILE).read_text())
@@ -221,7 +238,7 @@ def read_progress(folder: Path) -> dict[str, Any]:
     return progress
 
 
-def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
     """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
     beyond plain tensors and containers (weights_only)."""
     from train.step.sharding import is_sharded
@@ -235,7 +252,9 @@ def load_checkpoint(folder: Path, model: Any, optimizer: Any, scheduler: Any) ->
     return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
 
 
-def _restore_rest(folder: Path, progress: dict[str, Any], load_optimizer: Any, scheduler: Any, state: dict[str, Any], mismatch: str) -> dict[str, Any]:
+def _restore_rest(
+    folder: Path, progress: JsonDict, load_optimizer: Callable[[], object], scheduler: LRScheduler | None, state: dict[str, Any], mismatch: str
+) -> JsonDict:
     """Optimizer (`load_optimizer()`), scheduler and RNG state back in place; `progress` without its
     RNG. A state that does not fit is a one-line error saying `mismatch`."""
     try:
@@ -248,8 +267,15 @@ def _restore_rest(folder: Path, progress: dict[str, Any], load_optimizer: Any, s
     return progress
 
 
-def _read_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(weights, optimizer/scheduler/RNG state) of `folder`, read safely, or a one-line error."""
+class SavedState(NamedTuple):
+    """What a checkpoint holds besides its progress."""
+
+    weights: dict[str, torch.Tensor]  # model.safetensors
+    state: dict[str, Any]  # optimizer.pt: the optimizer's, the scheduler's and torch's RNG state
+
+
+def _read_state(folder: Path) -> SavedState:
+    """The weights and the optimizer/scheduler/RNG state of `folder`, read safely, or a one-line error."""
     import pickle
 
     import torch
@@ -265,10 +291,10 @@ def _read_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CheckpointReadError(f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
     if not isinstance(state, dict) or "optimizer" not in state or "rng" not in state:
         raise CheckpointReadError(f"checkpoint {folder}: {OPTIMIZER_FILE} holds no optimizer state")
-    return weights, state
+    return SavedState(weights, state)
 
 
-def _load_sharded(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
     """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
     rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
     import torch.distributed as dist
@@ -276,7 +302,7 @@ def _load_sharded(folder: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     from train.step.sharding import broadcast_from_rank0, scatter_full_state
 
     progress = read_progress(folder)
-    weights: dict[str, Any] = {}
+    weights: dict[str, torch.Tensor] = {}
     state: dict[str, Any] = {"optimizer": {}}
     problem = None
     if dist.get_rank() == 0:
@@ -296,6 +322,6 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
-def checkpoint_bytes(model: Any, optimizer_state_bytes: int) -> int:
+def checkpoint_bytes(model: torch.nn.Module, optimizer_state_bytes: int) -> int:
     """Bytes one checkpoint writes: the saved weights plus the optimizer state."""
     return sum(tensor.numel() * tensor.element_size() for tensor in model_state(model).values()) + optimizer_state_bytes

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from calibration.run_status import INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from common.durations import parse_duration
+from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
 
 WINDOW_STEPS = 20
@@ -105,6 +107,32 @@ def overrun_help() -> str:
 
 
 @dataclass(frozen=True)
+class GuardSection:
+    """The command's section for the guard (train.recipes.config.TrainConfig.guard, taken whole by
+    the loop's LoopSettings): what the guard does when the run would overrun, and how often the
+    loop checkpoints and how many checkpoints it keeps."""
+
+    on_overrun: str = DEFAULT_OVERRUN_ACTION  # --on-overrun: a word of OVERRUN_ACTIONS (GuardSettings checks it)
+    checkpoint_interval: str = "10m"  # --checkpoint-interval as written
+    keep_checkpoints: int = 2
+    checkpoint_interval_seconds: float = field(init=False)  # derived: checkpoint_interval in seconds
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint_interval_seconds", parse_duration(self.checkpoint_interval, "--checkpoint-interval"))
+        if self.keep_checkpoints < 1:
+            raise BenchtrainError("--keep-checkpoints must be at least 1")
+
+    @classmethod
+    def every(cls, seconds: float, on_overrun: str = DEFAULT_OVERRUN_ACTION, keep: int = 2) -> GuardSection:
+        """A section that checkpoints every `seconds` (0: after every step, which no
+        --checkpoint-interval can ask): for callers that hold seconds, not the option's text."""
+        section = cls(on_overrun=on_overrun, keep_checkpoints=keep)
+        object.__setattr__(section, "checkpoint_interval", f"{seconds}s")
+        object.__setattr__(section, "checkpoint_interval_seconds", float(seconds))
+        return section
+
+
+@dataclass(frozen=True)
 class GuardSettings:
     """The command's deadline (whole, as the command built it), and how the guard keeps it."""
 
@@ -156,7 +184,7 @@ class Verdict:
 class DeadlineGuard:
     settings: GuardSettings
     limit: int
-    window: deque = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))
+    window: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))  # (actual, predicted) seconds
     seen: int = 0
     over_budget: bool = False
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +27,12 @@ from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, Model
 from train.step import metrics
 from train.step.evaluation import EvalSchedule
 from train.step.runtime import agree
-from train.workload.batching import BatchLayout, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+from train.workload.batching import BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+
+if TYPE_CHECKING:
+    from common.progress import Bar
+    from train.step.peak_memory import PeakMemory
+    from train.step.step import StepResult
 
 
 class TrainingRun:
@@ -51,7 +57,7 @@ class TrainingRun:
         self.tracker_record = hooks.tracker_record or {}
         self.events: list[str] = []
         self.shapes_seen: set[tuple[int, ...]] = set()
-        self.peak_memory: Any = None
+        self.peak_memory: PeakMemory | None = None
 
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -76,7 +82,7 @@ class TrainingRun:
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> list[MicroBatch]:
         step = self.chosen.config
         return run_batches(
             self.data,
@@ -91,7 +97,7 @@ class TrainingRun:
         steps = self.chosen.optimizer_steps
         return min(steps, self.settings.step_limit) if self.settings.step_limit else steps
 
-    def dataset(self, batches: list[list[int]]) -> Any:
+    def dataset(self, batches: list[MicroBatch]) -> PackedBatches | PaddedBatches:
         if self.data.packing:
             return PackedBatches(self.data, batches, self.chosen.config.seq_len)
         return PaddedBatches(self.data, batches, self.chosen.config.seq_len, self.pad_id, self.shape_bucket)
@@ -103,7 +109,7 @@ class TrainingRun:
 
         return SHAPE_BUCKET if self.engine.compiled else None
 
-    def predicted_step_seconds(self, batches: Any) -> np.ndarray:
+    def predicted_step_seconds(self, batches: list[MicroBatch]) -> np.ndarray:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes (each distinct
         shape predicted once: an epoch may hold millions of batches)."""
         c, step = self.chosen, self.chosen.config
@@ -142,11 +148,12 @@ class TrainingRun:
         self.checkpoint_asked = False  # the guard's Move.CHECKPOINT, agreed by every rank
         self.checkpoint_times: list[float] = []
         now = time.monotonic()
-        self.log_every, self.checkpoint_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(s.checkpoint_interval_seconds, now), Every(None, now)
+        self.log_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(None, now)
+        self.checkpoint_every = Every(s.guard.checkpoint_interval_seconds, now)
         self.limit = self.planned_limit = self.total_steps()
         reserve = c.overheads.after_training_seconds if c.overheads else 0.0
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
-        settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
+        settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.guard.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress = self._progress(self.limit, position.step)
 
@@ -172,7 +179,7 @@ class TrainingRun:
             position.epoch += 1
             position.batch_in_epoch = 0
 
-    def _step(self, iterator: Any, position: Position, micro_count: int, predicted_seconds: float) -> tuple[Any, float]:
+    def _step(self, iterator: Iterator[dict[str, Any]], position: Position, micro_count: int, predicted_seconds: float) -> tuple[StepResult, float]:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.step_hook:
             self.step_hook(position.step)
@@ -193,7 +200,7 @@ class TrainingRun:
         )
         return result, now
 
-    def _after_step(self, position: Position, result: Any, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
+    def _after_step(self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
         """The deadline guard's verdict on this step, then what is due: live line, trackers, log,
         evaluation, checkpoint."""
         elapsed = self.settings.deadline.elapsed(now)
@@ -283,7 +290,7 @@ class TrainingRun:
         """Rank 0 writes checkpoints; under FSDP every rank joins in gathering the state."""
         return self.accelerator.is_main_process or self.engine.sharding == "fsdp"
 
-    def _run_figures(self, position: Position) -> dict[str, Any]:
+    def _run_figures(self, position: Position) -> dict[str, float | None]:
         """This process's figures over the run (train.step.metrics), and its peak memory."""
         per_process = position.padded_tokens / self.accelerator.num_processes
         flops_per_token = position.flops / per_process if per_process else 0.0
@@ -316,9 +323,9 @@ class TrainingRun:
         steps_left -= last - (step_index + 1)
         if steps_left > 0 and epoch_steps:
             remaining += steps_left * elapsed_predicted[-1] / epoch_steps
-        return remaining
+        return float(remaining)
 
-    def _evaluate(self, position: Position, progress: Any) -> None:
+    def _evaluate(self, position: Position, progress: Bar | None) -> None:
         """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
         from train.step.evaluation import evaluate_loss
 
@@ -337,7 +344,7 @@ class TrainingRun:
         if self.accelerator.is_main_process:
             trackers.log(self.accelerator, values, step)
 
-    def _track_step(self, position: Position, result: Any, eta_seconds: float) -> None:
+    def _track_step(self, position: Position, result: StepResult, eta_seconds: float) -> None:
         if not self.settings.report_to:
             return
         flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
@@ -369,12 +376,12 @@ class TrainingRun:
         }
 
     @staticmethod
-    def _postfix(result: Any, verdict: Any) -> str:
+    def _postfix(result: StepResult, verdict: Verdict) -> str:
         """The live line: this step's loss and speed, and the deadline guard's state (the same the
         log and the guard's messages say)."""
         return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
 
-    def _log(self, progress: Any, position: Position, now: float, verdict: Any) -> None:
+    def _log(self, progress: Bar | None, position: Position, now: float, verdict: Verdict) -> None:
         predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
         actual_rate = position.tokens / max(position.step_seconds, 1e-9)
         elapsed = self.settings.deadline.elapsed(now)
@@ -386,18 +393,19 @@ class TrainingRun:
         if progress is not None:
             progress.write(line)
 
-    def _progress(self, total: int, initial: int) -> Any:
+    def _progress(self, total: int, initial: int) -> Bar | None:
         if not self.accelerator.is_main_process:
             return None
         from common.progress import progress_bar
 
-        return progress_bar(total, "train", "step", initial)
+        bar: Bar = progress_bar(total, "train", "step", initial)
+        return bar
 
     def _save(self, position: Position) -> None:
         folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
         meta = {key: value for key, value in position.__dict__.items()}
         meta["chosen"] = self.chosen.to_json()
-        seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.keep_checkpoints)
+        seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.guard.keep_checkpoints)
         self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
         self.last_checkpoint = str(folder)
         self.checkpoint_times.append(seconds)

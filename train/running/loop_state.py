@@ -7,24 +7,32 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
+from common.json_types import JsonDict
 from train.planning.deadline import Deadline
-from train.running.guard import DEFAULT_OVERRUN_ACTION
+from train.running.guard import GuardSection
 from train.step.engine import StepSetup
 from train.step.evaluation import EvalSchedule
 from train.step.hyperparameters import OptimizerSettings
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
+from train.workload.model import ModelSpec
+
+if TYPE_CHECKING:
+    from train.step.step import StepResult
+
+# What signal.signal returns and takes: a handler, or SIG_DFL / SIG_IGN / None.
+SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 @dataclass
 class LoopSettings:
     deadline: Deadline  # the command's, as it built it: the start, the deadline and the margin
-    on_overrun: str = DEFAULT_OVERRUN_ACTION  # a word of train.running.guard.OVERRUN_ACTIONS
-    checkpoint_interval_seconds: float = 600.0
-    keep_checkpoints: int = 2
+    # The command's guard section whole: --on-overrun, the checkpoint interval, the checkpoints kept.
+    guard: GuardSection = field(default_factory=GuardSection)
     log_interval_seconds: float = 10.0
     learning_rate: float = DEFAULT_LEARNING_RATE
     seed: int = 0
@@ -57,7 +65,7 @@ class LoopOutcome:
     exit_signal: int | None = None
     evals: list[dict[str, float]] = field(default_factory=list)
     batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
-    figures: dict[str, Any] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
+    figures: dict[str, float | None] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
     start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
     shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
 
@@ -80,8 +88,8 @@ class Position:
     evals: list[dict[str, float]] = field(default_factory=list)
     flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
 
-    def count(self, result: Any, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
-        """One optimizer step of `micro_count` micro-batches done (`result`: train.step.step.StepResult)."""
+    def count(self, result: StepResult, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
+        """One optimizer step of `micro_count` micro-batches done."""
         self.step += 1
         self.batch_in_epoch += micro_count
         self.micro_batches += micro_count
@@ -98,14 +106,14 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, SignalHandler] = {}
 
     def __enter__(self) -> StopSignals:
         for number in (signal.SIGINT, signal.SIGTERM):
             self._previous[number] = signal.signal(number, self._handle)
         return self
 
-    def _handle(self, number: int, _frame: Any) -> None:
+    def _handle(self, number: int, _frame: FrameType | None) -> None:
         self.received = number
 
     def __exit__(self, *exc: object) -> None:
@@ -115,11 +123,11 @@ class StopSignals:
 
 @dataclass(frozen=True)
 class ModelToTrain:
-    """What the loop trains: the model (train.workload.model.ModelSpec), the method, and how the
-    step runs as the plan decided it (train.recipes.chosen_setup; None: the default options
-    resolved on the loop's accelerator, train.step.engine.step_setup_for)."""
+    """What the loop trains: the model, the method, and how the step runs as the plan decided it
+    (train.recipes.chosen_setup; None: the default options resolved on the loop's accelerator,
+    train.step.engine.step_setup_for)."""
 
-    spec: Any
+    spec: ModelSpec
     method: MethodConfig = field(default_factory=MethodConfig)
     step: StepSetup | None = None
 
@@ -141,4 +149,4 @@ class LoopHooks:
 
     on_update: Callable[[Position, list[str]], None] | None = None
     step_hook: Callable[[int], None] | None = None
-    tracker_record: dict[str, Any] | None = None
+    tracker_record: JsonDict | None = None

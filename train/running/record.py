@@ -9,12 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from calibration.accuracy import EstimateCheck, check_estimate
+from calibration.model import Calibration
 from calibration.run_file import RUN_SCHEMA_VERSION, STEP_COLUMNS, JsonObject, RunFile
 from calibration.schema import variant_history
 from calibration.store import is_read_only, update_calibration
+from common.json_types import JsonDict
 from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
 from train.planning.prices import run_cost
@@ -22,7 +23,7 @@ from train.planning.types import Plan
 from train.running.loop_state import LoopOutcome, Position
 
 
-def new_run_file(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any], data: dict[str, Any], elapsed_before_plan: float) -> RunFile:
+def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float) -> RunFile:
     """A new run's run.json: its step configuration held once, as the chosen StepConfig (written
     into the plan's row, the flat keys and `chosen` by RunFile)."""
     chosen = plan.chosen
@@ -52,7 +53,7 @@ def new_run_file(run_id: str, plan: Plan, calibration: Any, model: dict[str, Any
     return RunFile(run_id, chosen.config, chosen.world_size, sections)
 
 
-def plan_section(plan: Plan) -> dict[str, Any]:
+def plan_section(plan: Plan) -> JsonDict:
     """The plan but its step configuration, which RunFile writes before these keys: as a
     calibration row (what a resume reads back, calibration.run_file.ResumedRun) and as the flat
     keys readers know."""
@@ -69,13 +70,13 @@ def plan_section(plan: Plan) -> dict[str, Any]:
     }
 
 
-def held_out_errors(calibration: Any) -> dict[str, Any]:
+def held_out_errors(calibration: Calibration) -> JsonDict:
     """The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report."""
     fit = calibration.fit
     return {"time": fit.get("held_out_error"), "memory": (fit.get("memory") or {}).get("held_out_error")}
 
 
-def estimate_section(plan: Plan) -> dict[str, Any]:
+def estimate_section(plan: Plan) -> JsonDict:
     chosen = plan.chosen
     bound = plan.bound_fraction
     return {
@@ -104,7 +105,7 @@ def estimate_section(plan: Plan) -> dict[str, Any]:
     }
 
 
-def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> dict[str, Any]:
+def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> JsonDict:
     """What happened. `total_seconds`: from the plan to the end of the export (the span the
     estimate check compares, calibration.accuracy.check_estimate); steps, tokens and train seconds
     count the whole run, a resumed one's earlier steps included (`start_step` of them)."""
@@ -132,7 +133,7 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
     }
 
 
-def feed_back(calibration: Any, record: dict[str, Any], check: EstimateCheck | None = None) -> None:
+def feed_back(calibration: Calibration, record: JsonDict, check: EstimateCheck | None = None) -> None:
     """Append the measured speed to the calibration's history so the next plan uses it: the steps
     this command ran against their own prediction (`check`: calibration.accuracy.check_estimate of
     the record, computed once by the caller that has it), so a run that stopped early or was
@@ -161,9 +162,9 @@ class TrainedRun:
     """What training left: the loop's outcome, final/ as exported, the model's and the method's records."""
 
     loop: LoopOutcome
-    final: dict[str, Any] | None
-    model: dict[str, Any]
-    training: dict[str, Any]
+    final: JsonDict | None
+    model: JsonDict
+    training: JsonDict
 
 
 @dataclass
@@ -195,12 +196,12 @@ class RunRecord:
         return cls(out_dir, earlier, earlier.events)
 
     @property
-    def plan(self) -> dict[str, Any]:
+    def plan(self) -> JsonDict:
         """run.json's plan section as written (a copy)."""
         return self.file.plan
 
     @property
-    def data(self) -> dict[str, Any]:
+    def data(self) -> JsonDict:
         """run.json as written (a copy, for readers of the whole record: the outcome's text, trackers)."""
         return self.file.to_json()
 
@@ -216,11 +217,11 @@ class RunRecord:
     def finish(
         self,
         trained: TrainedRun,
-        calibration: Any,
+        calibration: Calibration,
         plan: Plan,
         deadline: Deadline,
         write_report: Callable[[Path], Path] | None,
-        before_report: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        before_report: Callable[[JsonDict], JsonDict] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
         (`write_report(run folder)`, None: --no-report), whose time the deadline also covers.

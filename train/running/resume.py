@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from calibration.run_file import ResumedRun, RunMethod
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume
 
+if TYPE_CHECKING:
+    from train.workload.batching import DataView
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+    from train.workload.prepare import PreparedData
 
-def resumed_spec(spec: Any, resumed: ResumedRun) -> Any:
+
+def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
     """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
     from train.workload.model import resolve_model
 
@@ -24,7 +31,7 @@ def resumed_spec(spec: Any, resumed: ResumedRun) -> Any:
     return resolve_model(f"{spec.hub.repo_id}@{pinned}")
 
 
-def resumed_method(recorded: RunMethod) -> Any:
+def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
     from train.workload.method import MethodConfig
 
@@ -41,7 +48,7 @@ def resumed_method(recorded: RunMethod) -> Any:
     )
 
 
-def check_same_run(resumed: ResumedRun, earlier: Any, spec: Any, method: Any, max_length: int | str | None, force: bool) -> list[str]:
+def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
     """A resume continues the run it names (`earlier`: its method, resumed_method): another model,
     method or max length than the run's is refused (one line) unless --force, which then trains
     with this command's. Returns what --force let through, to warn about. (Other data is checked
@@ -64,7 +71,7 @@ def check_same_run(resumed: ResumedRun, earlier: Any, spec: Any, method: Any, ma
 COMPARED_HYPERPARAMETERS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
 
 
-def resumed_hyperparameters(resumed: ResumedRun, named: dict[str, Any], force: bool) -> dict[str, Any]:
+def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -> JsonDict:
     """The hyper-parameters a resume trains with, by their TrainConfig names: the run's (run.json's
     `hyperparameters`; a run from before that section trained with the defaults). One this command
     `named` differently is refused (one line) unless --force, which then trains with this
@@ -98,7 +105,7 @@ def resumed_hyperparameters(resumed: ResumedRun, named: dict[str, Any], force: b
     return {**kept, "learning_rate": float(earlier_rate)} if rate is None and earlier_rate is not None else kept
 
 
-def same_method(earlier: Any, method: Any) -> bool:
+def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
     """The run's method (run.json keeps LoRA's targets as resolved module names) and this
     command's: the same method and adapter settings; targets only when this command names them."""
     if earlier.method != method.method or earlier.optimizer != method.optimizer:
@@ -115,7 +122,7 @@ def same_method(earlier: Any, method: Any) -> bool:
     return same_settings and named
 
 
-def data_fingerprint(data: Any) -> str:
+def data_fingerprint(data: DataView) -> str:
     """The tokenized data's identity: its format and every sample's length, in order (runs
     recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
     import hashlib
@@ -127,17 +134,17 @@ def data_fingerprint(data: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_same_data(resumed: ResumedRun, loaded: Any, force: bool) -> str | None:
+def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
     """A resume trains on the run's data (the same samples, so the same batches in the same
-    order): other data is refused unless --force. Returns the warning --force let through."""
+    order): other data is refused unless --force. Returns the warning --force let through.
+    `prepared`, `data`, `data_path`, `profile`: this command's data (train.recipes.plan_setup.LoadedData)."""
     before = resumed.data
-    data, data_path, profile = loaded.data, loaded.data_path, loaded.profile
     known_key, known = before.preparation_key, before.fingerprint
     if known_key is not None:
-        same = known_key == loaded.prepared.key
-    elif known is not None and loaded.prepared.exact:
+        same = known_key == prepared.key
+    elif known is not None and prepared.exact:
         same = known == data_fingerprint(data)
-    elif not loaded.prepared.exact:
+    elif not prepared.exact:
         same = True  # an older run, and data profiled from a sample: checked once tokenized (train.recipes.recipe: TrainRecipe._with_exact_data)
     else:  # a run recorded before the fingerprint: its length profile
         same = (before.count, before.total_tokens) == (profile["count"], profile["total_tokens"])
@@ -152,7 +159,7 @@ def check_same_data(resumed: ResumedRun, loaded: Any, force: bool) -> str | None
     return problem
 
 
-def _count(value: Any) -> str:
+def _count(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 # --report-to name → (module that must be importable, pip extra that installs it)
 TRACKERS = {
@@ -39,17 +43,17 @@ def parse_report_to(text: str | None) -> tuple[str, ...]:
     return names
 
 
-def init_kwargs(names: tuple[str, ...], run_dir: Path) -> dict[str, dict[str, Any]]:
+def init_kwargs(names: tuple[str, ...], run_dir: Path) -> dict[str, JsonDict]:
     """Where each tracker writes: inside the run folder."""
-    kwargs: dict[str, dict[str, Any]] = {}
+    kwargs: dict[str, JsonDict] = {}
     if "wandb" in names:
         kwargs["wandb"] = {"dir": str(run_dir)}
     return kwargs
 
 
-def flat_config(record: dict[str, Any]) -> dict[str, Any]:
+def flat_config(record: JsonDict) -> dict[str, bool | int | float | str]:
     """The plan and estimate as scalars (TensorBoard's hparams take nothing nested)."""
-    config: dict[str, Any] = {}
+    config: dict[str, bool | int | float | str] = {}
     for section in ("plan", "estimate"):
         for key, value in (record.get(section) or {}).items():
             if isinstance(value, (bool, int, float, str)):
@@ -61,7 +65,7 @@ def flat_config(record: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def start(accelerator: Any, names: tuple[str, ...], run_dir: Path, record: dict[str, Any]) -> None:
+def start(accelerator: Accelerator, names: tuple[str, ...], run_dir: Path, record: JsonDict) -> None:
     if not names:
         return
     accelerator.init_trackers(PROJECT, config=flat_config(record), init_kwargs=init_kwargs(names, run_dir))
@@ -69,13 +73,13 @@ def start(accelerator: Any, names: tuple[str, ...], run_dir: Path, record: dict[
     log(accelerator, {f"estimate/{key}": value for key, value in estimate.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}, 0)
 
 
-def log(accelerator: Any, values: dict[str, float | None], step: int) -> None:
+def log(accelerator: Accelerator, values: dict[str, float | None], step: int) -> None:
     """The values known at `step` to every tracker (None: not known, left out)."""
     if getattr(accelerator, "trackers", None):
         accelerator.log({key: value for key, value in values.items() if value is not None}, step=step)
 
 
-def finish(accelerator: Any) -> None:
+def finish(accelerator: Accelerator) -> None:
     """Close every tracker (not `accelerator.end_training`, which also tears the process group
     down: see train.step.runtime.finish_together)."""
     for tracker in getattr(accelerator, "trackers", None) or []:

@@ -99,7 +99,7 @@ def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: i
     return epoch_batches(data, micro_batch_size, max_length, seed, 0)
 
 
-def eval_dataset(data: TokenizedData, batches: list[list[int]], max_length: int, pad_id: int) -> MicroBatches:
+def eval_dataset(data: TokenizedData, batches: list[MicroBatch], max_length: int, pad_id: int) -> MicroBatches:
     if data.packing:
         return PackedBatches(data, batches, max_length)
     return PaddedBatches(data, batches, max_length, pad_id)

@@ -210,7 +210,7 @@ class PaddedBatches:
     """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length). The
     samples are sliced out of the memory-mapped store in the worker that collates the batch."""
 
-    def __init__(self, data: TokenizedData, batches: Sequence[Sequence[int]], max_length: int, pad_id: int, bucket: int | None = None) -> None:
+    def __init__(self, data: TokenizedData, batches: Sequence[MicroBatch], max_length: int, pad_id: int, bucket: int | None = None) -> None:
         self.data, self.batches, self.max_length, self.pad_id, self.bucket = data, list(batches), max_length, pad_id, bucket
 
     def __len__(self) -> int:
@@ -243,7 +243,7 @@ class PackedBatches:
     """Item i: the rows of micro-batch i cut from the data's token stream (its documents back to
     back, wrapping around at its end), read by position from the store."""
 
-    def __init__(self, data: TokenizedData, batches: Sequence[Sequence[int]], max_length: int) -> None:
+    def __init__(self, data: TokenizedData, batches: Sequence[MicroBatch], max_length: int) -> None:
         self.data, self.batches, self.max_length = data, list(batches), max_length
         self.stream_length = data.stream_length
 
@@ -308,10 +308,7 @@ def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-# Any, for now: run_batches hands shard's list on as list[list[int]], the type train.running.loop
-# reads, though padded batches are int arrays (MicroBatch); shard takes and returns list[MicroBatch]
-# once loop's annotations say MicroBatch.
-def shard(batches: Sequence[Any], rank: int, world_size: int) -> list[Any]:
+def shard(batches: Sequence[MicroBatch], rank: int, world_size: int) -> list[MicroBatch]:
     """This process's share of an epoch's batches: every world_size-th one. All processes must run
     the same number of steps (a missing step would hang the all-reduce) and every sample should be
     seen once, so the samples of the batches left over after the last full round are dealt out as
@@ -351,7 +348,7 @@ class BatchLayout:
     seed: int
 
 
-def run_batches(data: DataView, layout: BatchLayout, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[list[int]]:
+def run_batches(data: DataView, layout: BatchLayout, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[MicroBatch]:
     """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
     batches = epoch_batches(data, layout.micro_batch_size, layout.max_length, layout.seed, epoch)
     return shard(batches[: epoch_share(len(batches), epoch, epochs)], rank, world_size)
