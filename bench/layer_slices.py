@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.console import say
 from common.errors import BenchtrainError, DoesNotFitError
+from common.json_types import JsonDict
 
 if TYPE_CHECKING:
     from bench.setup_measurement import BenchRequest, ProgressBar
@@ -194,7 +195,7 @@ def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], 
 
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
-) -> dict[str, Any] | None:
+) -> JsonDict | None:
     """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
     and their combination (rank 0's record; None on the other processes)."""
     import time

@@ -23,6 +23,7 @@ from bench.timing import ProbeSettings
 from common.console import say
 from common.durations import format_duration
 from common.home import benchtrain_home, writable_subdir
+from common.json_types import JsonDict
 from common.progress import Bar
 from train.step.engine import StepOptions, process_layout
 from train.workload.prepare import DataSpec
@@ -63,7 +64,7 @@ def measure_setup(
     budget_asked: float | str | None,
     progress: ProgressBar = no_progress_bar,
     carry: Carry | None = None,
-) -> dict[str, Any] | None:
+) -> JsonDict | None:
     """One setup's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
     started = time.monotonic()
