@@ -25,9 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from calibration.model import Calibration
+    from train.recipes.compare import Comparison, Row
+    from train.recipes.plan_setup import PlanContext
+    from train.workload.method import MethodConfig
 
 KINDS = ("measured here", "measured by someone", "predicted", "translated", "not plannable")
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
@@ -253,7 +260,9 @@ def could_overtake(rows: list[Any], available_seconds: float, by_cost: bool) -> 
     return found
 
 
-def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str, Any], profile: dict[str, Any], machines: list[Machine]) -> Any:
+def consider(
+    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, machines: list[Machine]
+) -> Comparison:
     """One planned row per machine (`source_machine`), ranked at the upper ends of their brackets
     (`rank_at_upper_end`), with what would settle each row that was not measured."""
     from train.recipes.compare import Comparison
@@ -275,7 +284,7 @@ def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str,
     return Comparison(ranked, spec.name, method.describe(), config.plan.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
 
 
-def machine_row(context: Any, method: Any, sourced: Sourced, here: dict[str, Any]) -> Any:
+def machine_row(context: PlanContext, method: MethodConfig, sourced: Sourced, here: JsonDict) -> Row:
     """The row of one machine: planned as a comparison plans a calibration (train.recipes.compare),
     or without a plan and why; with the bench run that would settle it unless it was measured."""
     from train.planning.prices import run_cost

@@ -18,6 +18,8 @@ from train.workload.samples import resolve_data_path
 
 if TYPE_CHECKING:
     from train.recipes.chosen_setup import ChosenSetup
+    from train.workload.batching import DataView
+    from train.workload.model import ModelSpec
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
@@ -31,9 +33,9 @@ class PlanContext:
     and for a resumed run the interrupted run's epochs and configuration (train.running.resume)."""
 
     config: TrainConfig
-    spec: Any
-    data: Any
-    eval_data: Any
+    spec: ModelSpec
+    data: DataView
+    eval_data: DataView | None
     elapsed_seconds: float
     data_prep_seconds: float = 0.0
     data_uncertainty: float = 0.0
@@ -124,7 +126,7 @@ def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tu
     return data, eval_data
 
 
-def load_data(section: DataSection, spec: Any, seed: int) -> LoadedData:
+def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
     """The tokenizer and the data (the command's data section, whole): exact when the cache holds it
     (or --exact-profile), else from a sample; `seed` draws --eval-split's share."""
     from common.console import say
@@ -144,7 +146,7 @@ def load_data(section: DataSection, spec: Any, seed: int) -> LoadedData:
     return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
 
-def hub_weights(spec: Any, dry_run: bool) -> Any:
+def hub_weights(spec: ModelSpec, dry_run: bool) -> ModelSpec:
     """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
     with the size); a dry run only says what a run would fetch, and plans without them."""
     from common.console import say
