@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime, timezone
+
 from common.errors import MeasurementError
 from common.json_types import JsonDict
 
