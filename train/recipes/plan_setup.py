@@ -11,19 +11,25 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.planning.disk import export_bytes
 from train.recipes.config import DataSection, TrainConfig
 from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
 if TYPE_CHECKING:
+    from calibration.model import Calibration
+    from train.planning.comm import Traffic
+    from train.planning.memory_check import MemoryNeed
+    from train.planning.types import Candidate, Plan, PlanRequest
     from train.recipes.chosen_setup import ChosenSetup
     from train.workload.batching import DataView
+    from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
-Communicate = Callable[[Any], tuple[float, float, dict[str, Any]]]
+Communicate = Callable[["Traffic"], tuple[float, float, JsonDict]]
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,9 @@ class PlacedPlan:
     """A fitted setup planned: where it runs, what communication adds, what was asked, the plan."""
 
     placement: Placement
-    communication: dict[str, Any]
-    request: Any  # train.planning.types.PlanRequest
-    plan: Any  # train.planning.types.Plan
+    communication: JsonDict
+    request: PlanRequest
+    plan: Plan
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class Placement:
     comm_overlap: bool = False
 
     @property
-    def hardware(self) -> dict[str, Any]:
+    def hardware(self) -> JsonDict:
         return self.setup.hardware
 
     @property
@@ -161,7 +167,7 @@ def hub_weights(spec: ModelSpec, dry_run: bool) -> ModelSpec:
         return spec
 
 
-def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_type: str) -> float:
+def planned_upload_seconds(config: TrainConfig, need: MemoryNeed, method: MethodConfig, device_type: str) -> float:
     """--push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default."""
     if not config.output.push_to_hub:
         return 0.0
@@ -172,7 +178,7 @@ def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_t
     return upload_bytes(need, method.is_lora, bool(config.output.merge_lora and method.is_lora), device_type) / rate
 
 
-def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
+def plan_request(context: PlanContext, method: MethodConfig, cal: Calibration, placement: Placement, need: MemoryNeed) -> PlanRequest:
     """What the planner is asked for this command, calibration and placement."""
     from train.planning.types import PlanRequest
 
@@ -220,7 +226,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
     )
 
 
-def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+def plan_json(cal: Calibration, plan: Plan, placement: Placement, communication: JsonDict, compute: JsonDict) -> JsonDict:
     """A dry run's plan as `--json` prints it (also each row of a comparison, train.recipes.compare)."""
     return {
         "calibration_id": cal.id,
@@ -236,7 +242,7 @@ def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str
     }
 
 
-def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+def planned_compute(spec: ModelSpec, method: MethodConfig, chosen: Candidate, hardware: JsonDict) -> JsonDict:
     """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
     for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
     from train.planning.memory_check import meta_model
@@ -248,7 +254,7 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, method))
-    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.plan.gradient_checkpointing)
+    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.gradient_checkpointing)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
@@ -271,7 +277,7 @@ def plan_fitted(setup: ChosenSetup, context: PlanContext, communicate: Communica
     return PlacedPlan(placement, communication, request, make_plan(setup.cal, context.data, request, context.eval_data))
 
 
-def plan_again(cal: Any, request: Any, data: Any, eval_data: Any) -> Any:
+def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
     """The planner on a request already made, for other data: the exact tokens once a plan made from
     a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
     from train.planning.planner import make_plan
