@@ -37,6 +37,7 @@ from train.step.engine import ProcessLayout
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
+    from train.planning.comm import Traffic
     from train.planning.types import Plan
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -313,7 +314,7 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
     if option.predicted and option.collectives is not None:
         collectives = option.collectives
 
-        def communicate(traffic: Any) -> tuple[float, float, dict[str, Any]]:
+        def communicate(traffic: Traffic) -> tuple[float, float, JsonDict]:
             per_step, per_micro_step, record = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
             return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
