@@ -18,6 +18,8 @@ from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from calibration.model import Calibration
     from train.planning.comm import Traffic
     from train.planning.memory_check import MemoryNeed
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
+    from train.workload.prepare import PreparedData
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
@@ -93,12 +96,14 @@ class LoadedData:
     and how to get every record tokenized for training (`exact`)."""
 
     data_path: str
-    tokenizer: Any
-    prepared: Any  # train.workload.prepare.PreparedData
-    eval_prepared: Any  # the same for --eval-data, or None
+    tokenizer: PreTrainedTokenizerBase
+    prepared: PreparedData
+    eval_prepared: PreparedData | None  # the same for --eval-data
+    # Any until the training loop's TrainingData takes a DataView: its caller (recipe.py's
+    # _train_loop) passes these after _with_exact_data made them exact (TokenizedData).
     data: Any
     eval_data: Any
-    profile: dict[str, Any]
+    profile: JsonDict
 
     @property
     def sampled(self) -> bool:
