@@ -117,7 +117,7 @@ def export_final(
     return record
 
 
-def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
+def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The frozen base as a plain transformers model: the wrapped model's weights without the
     adapter tensors, under their original names."""
     base = peft_model.get_base_model()
@@ -130,7 +130,7 @@ def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def save_seeded_base(spec: Any, tokenizer: Any, folder: Path) -> None:
+def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """A preset's base before quantization: built from its config with the seed every build uses
     (train.workload.model.build_model), so that quantizing it again gives the trained base."""
     import torch
