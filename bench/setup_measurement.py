@@ -98,7 +98,7 @@ def measure_setup(
             carry.done(planner)
 
 
-def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
+def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
     """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
     tokenized --data or None). A model too big for the device is one line here."""
     from train.planning.memory_check import check_fits
@@ -143,7 +143,7 @@ def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: f
     return task, need, tokenized
 
 
-def measured_data(request: BenchRequest, spec: Any, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if request.data is None:
         return space, None, None
@@ -163,7 +163,7 @@ def measured_data(request: BenchRequest, spec: Any, space: SearchSpace) -> tuple
     return space, tokenized, data_record
 
 
-def build_workload(request: BenchRequest, task: BenchTask, spec: Any, tokenized: Any, method: Any) -> tuple[Any, BenchTask]:
+def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them
     completes it: the model's and training's records, whether the step is compiled, the losses to
     compare, the checkpoint timing's payload and (--search optuna) the study."""
