@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from common.json_types import JsonDict
 
 
-def describe_step(training: dict[str, Any], overheads: dict[str, Any]) -> str:
+def describe_step(training: JsonDict, overheads: JsonDict) -> str:
     """How THE step ran: compiled or eager (with the measured compile time), and its loss."""
     loss = training.get("loss", "plain")
     if not training.get("compile"):
@@ -16,14 +16,14 @@ def describe_step(training: dict[str, Any], overheads: dict[str, Any]) -> str:
     return f"torch.compile, {loss} loss; compiling a batch shape took {cold:.1f}s ({overheads.get('compile_shapes_measured', 0)} measured){from_cache}"
 
 
-def describe_processes(distributed: dict[str, Any]) -> str:
+def describe_processes(distributed: JsonDict) -> str:
     """The processes the probes ran with and the collectives measured among them."""
     from calibration.comm import describe_collectives
 
     return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {describe_collectives(distributed)}"
 
 
-def describe_calibration(data: dict[str, Any], path: str) -> list[str]:
+def describe_calibration(data: JsonDict, path: str) -> list[str]:
     from bench.record import best_rows, status_counts
     from bench.tables import format_table
     from calibration.accuracy import describe_estimate_error, estimate_error_pct

@@ -27,13 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from common.console import say
 from common.errors import BenchtrainError, DoesNotFitError
+from common.json_types import JsonDict
 
 if TYPE_CHECKING:
     from bench.setup_measurement import BenchRequest, ProgressBar
+    from bench.slice_budget import DepthPrice
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
@@ -68,17 +70,17 @@ def parse_layers(text: str | None) -> str | Depths | None:
     return depths
 
 
-def layer_key(config_dict: dict[str, Any]) -> str:
+def layer_key(config_dict: JsonDict) -> str:
     return next((key for key in LAYER_KEYS if key in config_dict), "num_hidden_layers")
 
 
-def full_layers(spec: Any) -> int:
+def full_layers(spec: ModelSpec) -> int:
     from train.workload.model import make_config
 
     return int(make_config(spec).num_hidden_layers)
 
 
-def non_uniform_reason(spec: Any) -> str | None:
+def non_uniform_reason(spec: ModelSpec) -> str | None:
     """Why slices of this architecture would not measure its layers (None: its blocks are alike)."""
     from train.workload.model import make_config
 
@@ -94,7 +96,7 @@ def non_uniform_reason(spec: Any) -> str | None:
     return None
 
 
-def slice_spec(spec: Any, layers: int) -> Any:
+def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
     """The model cut to `layers` decoder layers: its config with the layer count (and every per-layer
     list) at `layers`, random weights (a slice of a checkpoint is not loaded: speed and memory do not
     depend on the values)."""
@@ -104,7 +106,7 @@ def slice_spec(spec: Any, layers: int) -> Any:
     return replace(spec, config_dict=config, load_weights=False)
 
 
-def static_bytes(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str]) -> float:
+def static_bytes(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str]) -> float:
     """What one process keeps before activations (exact, from the `meta` device)."""
     from train.planning.memory_check import memory_need
 
@@ -113,7 +115,7 @@ def static_bytes(spec: Any, method: Any, hardware: dict[str, Any], layout: tuple
 
 
 def auto_depths(
-    spec: Any, method: Any, hardware: dict[str, Any], layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
+    spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
 ) -> tuple[int, ...] | None:
     """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the
     budget pays a minimum viable fit at (`affordable`, bench.slice_budget); where the budget pays
@@ -124,7 +126,7 @@ def auto_depths(
     return next((ladder for ladder in fitting if affordable(ladder)), fitting[0] if fitting else None)
 
 
-def whole_model_affordable(request: Any, spec: Any, method: Any, budget: float | str | None) -> bool:
+def whole_model_affordable(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None) -> bool:
     """The whole model fits the device and the budget buys AUTO_PROBES probes of it (or the whole
     grid), at the prices bench works out before building anything."""
     from bench.calibrate import after_probes_seconds, plan_probes
@@ -142,7 +144,9 @@ def whole_model_affordable(request: Any, spec: Any, method: Any, budget: float |
     return len(view.planned) >= min(AUTO_PROBES, view.grid_probes)
 
 
-def choose_depths(request: Any, spec: Any, method: Any, asked: str | tuple[int, ...], budget: float | str | None) -> tuple[tuple[int, ...] | None, str]:
+def choose_depths(
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, asked: str | tuple[int, ...], budget: float | str | None
+) -> tuple[tuple[int, ...] | None, str]:
     """(the depths to measure, or None for the whole model; the rule that chose, in words)."""
     from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
@@ -176,7 +180,7 @@ def choose_depths(request: Any, spec: Any, method: Any, asked: str | tuple[int, 
     return depths, f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays"
 
 
-def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], budget: float | str | None) -> dict[int, Any]:
+def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, DepthPrice]:
     """Each depth's prices (bench.slice_budget.DepthPrice) from the planner bench would probe it
     with, before anything is built."""
     from bench.calibrate import after_probes_seconds, plan_probes
@@ -194,7 +198,7 @@ def price_ladder(request: Any, spec: Any, method: Any, depths: tuple[int, ...], 
 
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
-) -> dict[str, Any] | None:
+) -> JsonDict | None:
     """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
     and their combination (rank 0's record; None on the other processes)."""
     import time
@@ -211,7 +215,7 @@ def measure_layers(
     prices = price_ladder(request, spec, method, depths, budget) if isinstance(budget, (int, float)) else None
     if prices is not None:
         refuse_if_unaffordable(prices, budget, spec.name, time.monotonic() - started)
-    records: dict[int, dict[str, Any] | None] = {}
+    records: dict[int, JsonDict | None] = {}
     carry = Carry()
     for index, depth in enumerate(depths):
         share = budget
@@ -230,7 +234,7 @@ def measure_layers(
     return whole_model_record(measured, spec, method, rule)
 
 
-def whole_model_record(records: dict[int, dict[str, Any]], spec: Any, method: Any, rule: str) -> dict[str, Any]:
+def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: MethodConfig, rule: str) -> JsonDict:
     """The depths' records combined into the whole model's calibration; shallower depths' kept rows
     are discarded (the combined record names the deepest's, removed when it is stored)."""
     from bench.slice_record import WholeModel, combine_slices

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime, timezone
-from typing import Any
 
 from common.errors import MeasurementError
+from common.json_types import JsonDict
 
 
-def refit_record(source: dict[str, Any], created: datetime | None = None) -> dict[str, Any]:
+def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
     """A new calibration record from `source`'s measurements, fitted by this version."""
     from bench.record import assess_noise, fit_with_drift_choice
     from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval

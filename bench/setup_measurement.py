@@ -23,6 +23,7 @@ from bench.timing import ProbeSettings
 from common.console import say
 from common.durations import format_duration
 from common.home import benchtrain_home, writable_subdir
+from common.json_types import JsonDict
 from common.progress import Bar
 from train.step.engine import StepOptions, process_layout
 from train.workload.prepare import DataSpec
@@ -63,7 +64,7 @@ def measure_setup(
     budget_asked: float | str | None,
     progress: ProgressBar = no_progress_bar,
     carry: Carry | None = None,
-) -> dict[str, Any] | None:
+) -> JsonDict | None:
     """One setup's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
     started = time.monotonic()
@@ -97,7 +98,7 @@ def measure_setup(
             carry.done(planner)
 
 
-def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
+def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
     """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
     tokenized --data or None). A model too big for the device is one line here."""
     from train.planning.memory_check import check_fits
@@ -142,7 +143,7 @@ def describe_task(request: BenchRequest, spec: Any, method: Any, budget_asked: f
     return task, need, tokenized
 
 
-def measured_data(request: BenchRequest, spec: Any, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if request.data is None:
         return space, None, None
@@ -162,7 +163,7 @@ def measured_data(request: BenchRequest, spec: Any, space: SearchSpace) -> tuple
     return space, tokenized, data_record
 
 
-def build_workload(request: BenchRequest, task: BenchTask, spec: Any, tokenized: Any, method: Any) -> tuple[Any, BenchTask]:
+def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them
     completes it: the model's and training's records, whether the step is compiled, the losses to
     compare, the checkpoint timing's payload and (--search optuna) the study."""

@@ -11,10 +11,10 @@ validates what the code reads; a file that fails is one line naming the file and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias, cast
 
 from calibration.step_config import StepConfig
 from common.atomic import write_json_atomic
@@ -22,6 +22,9 @@ from common.errors import RunFileError
 
 JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 JsonObject: TypeAlias = dict[str, JsonValue]
+# What a section may be set to: the same values, held in any list or dict the code built (read-only
+# containers are covariant, so a list[dict[str, float]] is one; JsonValue's list is not).
+JsonIn: TypeAlias = "bool | int | float | str | Sequence[JsonIn] | Mapping[str, JsonIn] | None"
 
 RUN_SCHEMA_VERSION = 1
 
@@ -185,10 +188,11 @@ class RunFile:
     def get(self, key: str) -> JsonValue:
         return self.sections.get(key)
 
-    def update(self, **values: Any) -> None:
-        """Top-level sections set (a new one goes last, as the file has always added them). Any:
-        the code's records of what happened (lists of dicts it built), JSON by construction."""
-        self.sections.update(values)
+    def update(self, **values: JsonIn) -> None:
+        """Top-level sections set (a new one goes last, as the file has always added them): the
+        code's records of what happened (lists of dicts it built), JSON by construction."""
+        # Held as given, not copied (as before): the cast only says JsonIn's containers are JSON's.
+        self.sections.update(cast(JsonObject, values))
 
     @property
     def plan(self) -> JsonObject:
@@ -196,11 +200,11 @@ class RunFile:
         plan = self.to_json()["plan"]
         return plan if isinstance(plan, dict) else {}
 
-    def update_plan(self, **values: Any) -> None:
+    def update_plan(self, **values: JsonIn) -> None:
         """Plan keys set; its step columns are the configuration's (set `configuration`)."""
         held = self.sections.get("plan")
         assert isinstance(held, dict)
-        held.update({key: value for key, value in values.items() if key not in STEP_COLUMNS})
+        held.update(cast(JsonObject, {key: value for key, value in values.items() if key not in STEP_COLUMNS}))
 
     @property
     def status(self) -> str | None:

@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+
+from common.json_types import JsonDict
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -44,7 +45,7 @@ def json_text(payload: object) -> str:
     return json.dumps(payload, indent=2, sort_keys=False, default=_json_default)
 
 
-def read_json_file(path: Path, missing: str | None = None) -> dict[str, Any]:
+def read_json_file(path: Path, missing: str | None = None) -> JsonDict:
     """A JSON file's object (every file benchtrain reads is one); a missing file says `missing`
     (when given), an unreadable one or one holding something else says why."""
     from common.errors import BenchtrainError

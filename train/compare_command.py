@@ -14,7 +14,7 @@ from common.atomic import json_text
 from common.console import say
 from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
-from train.recipes.compare import Comparison, Row, compare, no_row_meets_the_deadline, select_calibrations
+from train.recipes.compare import Comparison, Row, compare, no_row_meets_the_deadline, plan_of, select_calibrations
 from train.recipes.config import TrainConfig
 from train.recipes.consider import consider, parse_machines
 
@@ -90,7 +90,7 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     best = comparison.recommended
     if best is None:
         return lines
-    chosen = best.plan.chosen
+    chosen = plan_of(best).chosen
     cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
     why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
     lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{format_duration(chosen.total_seconds)})")

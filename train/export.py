@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.atomic import atomic_directory
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.method import MethodConfig
 
 if TYPE_CHECKING:
@@ -54,13 +55,13 @@ def export_final(
     spec: ModelSpec,
     method: MethodConfig,
     merge_lora: bool = False,
-    full_weights: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    full_weights: dict[str, torch.Tensor] | None = None,
+) -> JsonDict:
     """Write the run's model folders; returns what run.json records (paths, seconds).
     `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its shards."""
     started = time.perf_counter()
     trained: Any = getattr(model, "module", model)  # a transformers or peft model: their saving methods
-    record: dict[str, Any] = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
+    record: JsonDict = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
     if not method.is_lora:
         with atomic_directory(run_dir / FINAL) as folder:
             trained.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
@@ -116,7 +117,7 @@ def export_final(
     return record
 
 
-def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
+def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The frozen base as a plain transformers model: the wrapped model's weights without the
     adapter tensors, under their original names."""
     base = peft_model.get_base_model()
@@ -129,7 +130,7 @@ def save_base(peft_model: Any, tokenizer: Any, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def save_seeded_base(spec: Any, tokenizer: Any, folder: Path) -> None:
+def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """A preset's base before quantization: built from its config with the seed every build uses
     (train.workload.model.build_model), so that quantizing it again gives the trained base."""
     import torch

@@ -21,18 +21,26 @@ Computation only: rows and their ranking; train.compare_command prints them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
+from common.json_types import JsonDict
 from train.planning.deadline import Deadline
 from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
 from train.step.engine import ProcessLayout
+
+if TYPE_CHECKING:
+    from calibration.model import Calibration
+    from train.planning.comm import Traffic
+    from train.planning.types import Plan
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
 
 COMMUNICATION_BRACKET = (
     "collectives between full overlap with backward (2/3 of the step's compute, an assumption) and none; estimate at the midpoint, "
@@ -43,12 +51,12 @@ COMMUNICATION_BRACKET = (
 @dataclass
 class Row:
     option: Option | None  # None: a machine considered with no calibration to plan it from (`problem` says why)
-    device: dict[str, Any]
+    device: JsonDict
     price_per_hour: float | None = None
     placement: Placement | None = None
-    plan: Any = None  # train.planning.types.Plan, or None when this calibration cannot plan the run
-    communication: dict[str, Any] = field(default_factory=dict)
-    compute: dict[str, Any] = field(default_factory=dict)
+    plan: Plan | None = None  # None when this calibration cannot plan the run
+    communication: JsonDict = field(default_factory=dict)
+    compute: JsonDict = field(default_factory=dict)
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)
     warnings: list[str] = field(default_factory=list)
     recommended: bool = False
@@ -92,7 +100,7 @@ class Row:
         peak = self.plan.chosen.peak_memory_bytes if self.plan is not None else None
         return None if peak is None else 1 - peak / float(self.device["memory_bytes"])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         if self.option is None:
             bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
             return {**bare, **self.considered()}
@@ -126,7 +134,7 @@ class Row:
         )
         return data
 
-    def considered(self) -> dict[str, Any]:
+    def considered(self) -> JsonDict:
         return self.consider.to_json() if self.consider is not None else {}
 
 
@@ -146,7 +154,7 @@ class Consideration:
     cost_low: float | None = None  # the cost at the time bracket's ends (train.recipes.consider.cost_bracket)
     cost_upper: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
             "machine": self.machine,
             "kind": self.kind,
@@ -169,14 +177,14 @@ class Comparison:
     deadline_seconds: float
     available_seconds: float
     ranked_by: str  # cost | time
-    profile: dict[str, Any]
+    profile: JsonDict
     notes: list[str] = field(default_factory=list)
 
     @property
     def recommended(self) -> Row | None:
         return self.rows[0] if self.rows and self.rows[0].recommended else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         best = self.recommended
         return {
             "kind": "comparison",
@@ -198,13 +206,15 @@ class Comparison:
 # -- which calibrations ----------------------------------------------------------------------
 
 
-def measured_identity(data: dict[str, Any]) -> tuple[str | None, str]:
+def measured_identity(data: JsonDict) -> tuple[str | None, str]:
     """(model fingerprint, method) of a calibration: what must agree within a comparison (a preset
     and a hub model of the same architecture share a fingerprint, train.workload.model)."""
     return (data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")
 
 
-def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = None) -> list[Any]:
+def select_calibrations(
+    reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None
+) -> list[Calibration]:
     """The calibrations a comparison names, separated by commas (each once): `all` (every stored
     calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
     (those of this model and method shared in that hub repository: calibration.hub), ids, paths
@@ -217,7 +227,7 @@ def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = N
     names = [part.strip() for part in reference.split(",") if part.strip()]
     if not names:
         raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
-    chosen: list[Any] = []
+    chosen: list[Calibration] = []
     for name in names:
         if name == "all":
             stored = [(path, data) for path, data, _ in list_calibrations() if data is not None]
@@ -236,14 +246,16 @@ def select_calibrations(reference: str, spec: Any, method: Any, on_skip: Any = N
             f"--use-calibration {reference}: {what} {spec.name} ({method.describe()}); "
             f"run `bench run --model {spec.name}{' --lora' if method.is_lora else ''}` on each device to compare"
         )
-    unique: dict[str, Any] = {}
+    unique: dict[str, Calibration] = {}
     for cal in chosen:
         unique.setdefault(cal.id, cal)
     check_one_model_and_method(list(unique.values()))
     return list(unique.values())
 
 
-def of_this_run(entries: list[tuple[Path, dict[str, Any]]], spec: Any, method: Any, on_skip: Any) -> list[Any]:
+def of_this_run(
+    entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None
+) -> list[Calibration]:
     """The calibrations (path, data) of this model and method; one without a fitted model is said
     and left out."""
     from calibration.model import Calibration
@@ -260,7 +272,7 @@ def of_this_run(entries: list[tuple[Path, dict[str, Any]]], spec: Any, method: A
     return found
 
 
-def check_one_model_and_method(calibrations: list[Any]) -> None:
+def check_one_model_and_method(calibrations: list[Calibration]) -> None:
     """A comparison is of one model and one method: anything else would compare different runs."""
     first = calibrations[0]
     for other in calibrations[1:]:
@@ -279,7 +291,7 @@ def check_one_model_and_method(calibrations: list[Any]) -> None:
 # -- one row ---------------------------------------------------------------------------------
 
 
-def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, Any]) -> Row:
+def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: JsonDict) -> Row:
     """The plan of one option, made as a single-calibration dry run makes it (train.recipes.chosen_setup.setup_for,
     train.recipes.plan_setup.plan_fitted), or why it cannot be made (a model too big for the device, no
     configuration in memory)."""
@@ -302,7 +314,7 @@ def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, 
     if option.predicted and option.collectives is not None:
         collectives = option.collectives
 
-        def communicate(traffic: Any) -> tuple[float, float, dict[str, Any]]:
+        def communicate(traffic: Traffic) -> tuple[float, float, JsonDict]:
             per_step, per_micro_step, record = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
             return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
@@ -323,7 +335,13 @@ def plan_row(context: PlanContext, method: Any, option: Option, here: dict[str, 
 def rank(rows: list[Row], by_cost: bool) -> list[Row]:
     """Rows that meet the deadline by cost (or time without prices), ties by time; then those that
     do not, closest first; then those with no plan. The first that meets it is recommended."""
-    return rank_by(rows, lambda row: (row.cost if by_cost else 0.0, row.plan.chosen.total_seconds), lambda row: row.plan.chosen.total_seconds_promised)
+    return rank_by(rows, lambda row: (row.cost if by_cost else 0.0, plan_of(row).chosen.total_seconds), lambda row: plan_of(row).chosen.total_seconds_promised)
+
+
+def plan_of(row: Row) -> Plan:
+    """The plan of a row that has one (rank_by's keys see only those)."""
+    assert row.plan is not None
+    return row.plan
 
 
 def rank_by(rows: list[Row], meeting_key: Callable[[Row], Any], missing_key: Callable[[Row], Any]) -> list[Row]:
@@ -342,11 +360,11 @@ def rank_by(rows: list[Row], meeting_key: Callable[[Row], Any], missing_key: Cal
 
 def compare(
     context: PlanContext,
-    method: Any,
-    calibrations: list[Any],
-    here: dict[str, Any],
-    profile: dict[str, Any],
-    sources: list[dict[str, Any]] | None = None,
+    method: MethodConfig,
+    calibrations: list[Calibration],
+    here: JsonDict,
+    profile: JsonDict,
+    sources: list[JsonDict] | None = None,
     options: list[Option] | None = None,
 ) -> Comparison:
     """Every option planned and ranked, each on the same `context` (the command, the model, the
@@ -385,7 +403,7 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)
         return f"no calibration could plan this run: {problems}"
     closest = planned[0]
-    plan = closest.plan
+    plan = plan_of(closest)
     spent = plan.deadline.budget_seconds - plan.available_seconds
     needed = Deadline.deadline_holding(plan.chosen.total_seconds_promised + spent, margin)
     needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write

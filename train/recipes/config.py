@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
@@ -274,9 +275,12 @@ class TrainConfig:
         return self.plan.run_deadline
 
     @classmethod
-    def of(cls, **options: Any) -> TrainConfig:
+    def of(cls, **given: object) -> TrainConfig:
         """A configuration from options under their command-line names (`data_schema`, `step_options`
         and `method` as built objects), each handed to its section."""
+        # Each value goes to the dataclass field of its name, whose type it must have: the fields
+        # hold the types, this mapping only routes them.
+        options: dict[str, Any] = dict(given)
         sections: dict[str, Any] = {}
         for name, section in SECTIONS.items():
             names = {f.name for f in fields(section) if f.init}
@@ -298,9 +302,9 @@ class TrainConfig:
             values["started_at"] = started_at
         return cls.of(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         """run.json's `config`: flat, under the command-line names (FLAT_ORDER)."""
-        flat: dict[str, Any] = {"model": self.model, "seed": self.seed, "force": self.force, "step_options": asdict(self.step)}
+        flat: JsonDict = {"model": self.model, "seed": self.seed, "force": self.force, "step_options": asdict(self.step)}
         for name in SECTIONS:
             section = getattr(self, name)
             for f in fields(section):

@@ -25,9 +25,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from calibration.datasheets import DeviceSheet
+    from calibration.model import Calibration
+    from train.recipes.compare import Comparison, Row
+    from train.recipes.options import Option
+    from train.recipes.plan_setup import PlanContext
+    from train.workload.method import MethodConfig
 
 KINDS = ("measured here", "measured by someone", "predicted", "translated", "not plannable")
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
@@ -38,7 +47,7 @@ class Machine:
     """One machine to consider: `processes` GPUs of the datasheet `sheet`, linked by `interconnect`."""
 
     text: str  # as written: h100:2:nvlink
-    sheet: Any  # calibration.datasheets.DeviceSheet
+    sheet: DeviceSheet
     processes: int
     interconnect: str | None  # a calibration.topology word; None for one GPU
     interconnect_assumed: bool = False  # not written: the card's own link (NVLink where it has one, else PCIe)
@@ -80,7 +89,7 @@ def parse_machines(text: str) -> list[Machine]:
     return machines
 
 
-def default_link(sheet: Any) -> str:
+def default_link(sheet: DeviceSheet) -> str:
     """The link a card has of its own: NVLink where its datasheet lists it, else PCIe."""
     return "nvlink" if sheet.nvlink_bandwidth else "pcie"
 
@@ -91,12 +100,12 @@ class Sourced:
 
     machine: Machine
     kind: str  # one of KINDS
-    option: Any = None  # train.recipes.options.Option
+    option: Option | None = None
     rests_on: str = ""
     problem: str | None = None
 
 
-def device_key(cal: Any) -> str | None:
+def device_key(cal: Calibration) -> str | None:
     """The datasheet key of the GPU a calibration measured (or was translated to); None for a CPU."""
     from calibration.datasheets import sheet_for
 
@@ -106,14 +115,14 @@ def device_key(cal: Any) -> str | None:
     return sheet.key if sheet is not None else None
 
 
-def is_shared(cal: Any) -> bool:
+def is_shared(cal: Calibration) -> bool:
     """Measured by someone else: shared on the hub, or bundled with benchtrain (measured by its makers)."""
     from calibration.store import is_bundled
 
     return ((cal.data.get("source") or {}).get("kind")) == "hub" or (cal.path is not None and is_bundled(cal.path))
 
 
-def source_machine(machine: Machine, calibrations: list[Any], sharding: str, sources: list[dict[str, Any]]) -> Sourced:
+def source_machine(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Sourced:
     """The best source for one machine (the module's docstring), local calibrations before shared ones."""
     from calibration.topology import recorded_interconnect
 
@@ -139,13 +148,13 @@ def family(word: str) -> str:
     return parse_interconnect(word).family
 
 
-def measured_option(cal: Any, machine: Machine, sharding: str) -> Any:
+def measured_option(cal: Calibration, machine: Machine, sharding: str) -> Option:
     from train.recipes.options import Option
 
     return Option(cal, cal.world_size, cal.sharding if cal.world_size > 1 else "none", interconnect=machine.interconnect)
 
 
-def predicted(machine: Machine, cal: Any, sharding: str, sources: list[dict[str, Any]], kind: str, rests_on: str = "") -> Sourced:
+def predicted(machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str = "") -> Sourced:
     """N processes of `cal`'s device over the machine's interconnect (train.recipes.options)."""
     from train.recipes.options import predicted_option
 
@@ -157,7 +166,7 @@ def predicted(machine: Machine, cal: Any, sharding: str, sources: list[dict[str,
     return Sourced(machine, kind, option, f"{what}; collectives: {option.collectives_source}")
 
 
-def translated(machine: Machine, calibrations: list[Any], sharding: str, sources: list[dict[str, Any]]) -> Sourced:
+def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Sourced:
     """A calibration of the same vendor's GPU nearest in FLOP/s, translated (calibration.translate)."""
     from calibration.datasheets import sheet_for
     from calibration.model import Calibration
@@ -169,7 +178,7 @@ def translated(machine: Machine, calibrations: list[Any], sharding: str, sources
         why = "only CPU calibrations" if not gpus else f"no calibration of any {VENDORS.get(machine.sheet.vendor, machine.sheet.vendor)} GPU"
         return Sourced(machine, "not plannable", problem=f"no source: {why}; run `bench run` on a GPU of this vendor")
 
-    def distance(cal: Any) -> tuple[float, bool]:
+    def distance(cal: Calibration) -> tuple[float, bool]:
         source = sheet_for(cal.hardware["name"])
         return abs(math.log(source.bf16_dense_flops / machine.sheet.bf16_dense_flops)), is_shared(cal)  # type: ignore[union-attr]
 
@@ -185,7 +194,7 @@ def translated(machine: Machine, calibrations: list[Any], sharding: str, sources
     return predicted(machine, target, sharding, sources, "translated", rests_on)
 
 
-def settle_command(machine: Machine, model: str, method: Any, budget_seconds: float) -> str:
+def settle_command(machine: Machine, model: str, method: MethodConfig, budget_seconds: float) -> str:
     """The `bench run` that would measure this machine instead."""
     from common.durations import format_duration
 
@@ -195,7 +204,7 @@ def settle_command(machine: Machine, model: str, method: Any, budget_seconds: fl
     return f"{launch}bench run --gpu {machine.sheet.key} --model {model}{lora}{link} --budget {format_duration(budget_seconds)}"
 
 
-def settle_budget(cal: Any) -> float:
+def settle_budget(cal: Calibration) -> float:
     """What the bench that made a calibration was given (its `search.budget_seconds`), else 4 minutes."""
     budget = (cal.data.get("search") or {}).get("budget_seconds")
     return float(budget) if isinstance(budget, (int, float)) and budget > 0 else 240.0
@@ -204,7 +213,7 @@ def settle_budget(cal: Any) -> float:
 # -- the table -------------------------------------------------------------------------------
 
 
-def bracket(row: Any) -> tuple[float, float] | None:
+def bracket(row: Row) -> tuple[float, float] | None:
     """(low, upper) seconds of a planned row: its plan's low bound and the upper end its deadline is judged at."""
     if row.plan is None:
         return None
@@ -212,7 +221,7 @@ def bracket(row: Any) -> tuple[float, float] | None:
     return chosen.total_seconds_low, chosen.total_seconds_promised
 
 
-def cost_bracket(row: Any) -> tuple[float, float] | None:
+def cost_bracket(row: Row) -> tuple[float, float] | None:
     from train.planning.prices import run_cost
 
     seconds = bracket(row)
@@ -222,12 +231,12 @@ def cost_bracket(row: Any) -> tuple[float, float] | None:
     return (low or 0.0), (high or 0.0)
 
 
-def rank_at_upper_end(rows: list[Any], by_cost: bool) -> list[Any]:
+def rank_at_upper_end(rows: list[Row], by_cost: bool) -> list[Row]:
     """Rows that meet the deadline at their upper end, cheapest at that end first (fastest without
     prices); then the others, closest first; then those with no plan. The first is recommended."""
     from train.recipes.compare import rank_by
 
-    def upper(row: Any) -> tuple[float, float]:
+    def upper(row: Row) -> tuple[float, float]:
         costs, seconds = cost_bracket(row), bracket(row)
         assert seconds is not None
         return ((costs[1] if costs else 0.0) if by_cost else 0.0), seconds[1]
@@ -235,7 +244,7 @@ def rank_at_upper_end(rows: list[Any], by_cost: bool) -> list[Any]:
     return rank_by(rows, upper, lambda row: upper(row)[1])
 
 
-def could_overtake(rows: list[Any], available_seconds: float, by_cost: bool) -> list[Any]:
+def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> list[Row]:
     """Rows that might beat the recommended one within their brackets: at their low end they meet
     the deadline and cost less (or, without prices, finish sooner) than it does at its upper end."""
     best = next((row for row in rows if row.recommended), None)
@@ -253,7 +262,9 @@ def could_overtake(rows: list[Any], available_seconds: float, by_cost: bool) -> 
     return found
 
 
-def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str, Any], profile: dict[str, Any], machines: list[Machine]) -> Any:
+def consider(
+    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, machines: list[Machine]
+) -> Comparison:
     """One planned row per machine (`source_machine`), ranked at the upper ends of their brackets
     (`rank_at_upper_end`), with what would settle each row that was not measured."""
     from train.recipes.compare import Comparison
@@ -275,7 +286,7 @@ def consider(context: Any, method: Any, calibrations: list[Any], here: dict[str,
     return Comparison(ranked, spec.name, method.describe(), config.plan.priority, deadline.deadline_seconds, available, ranked_by, profile, notes)
 
 
-def machine_row(context: Any, method: Any, sourced: Sourced, here: dict[str, Any]) -> Any:
+def machine_row(context: PlanContext, method: MethodConfig, sourced: Sourced, here: JsonDict) -> Row:
     """The row of one machine: planned as a comparison plans a calibration (train.recipes.compare),
     or without a plan and why; with the bench run that would settle it unless it was measured."""
     from train.planning.prices import run_cost
@@ -298,7 +309,7 @@ def machine_row(context: Any, method: Any, sourced: Sourced, here: dict[str, Any
     return row
 
 
-def price_of(context: Any, machine: Machine) -> float | None:
+def price_of(context: PlanContext, machine: Machine) -> float | None:
     """The --price-per-hour of a machine no plan was made for (None where none is given)."""
     hardware = {"name": machine.sheet.device_name, "peak_flops_entry": machine.sheet.peak_entry, "device_type": "cuda"}
     try:

@@ -13,6 +13,7 @@ push from this machine measured ($BENCHTRAIN_HOME/hub_upload.json), else at a st
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 
 from common.atomic import read_json_file, write_json_atomic, write_text_atomic
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 # No push measured from this machine yet: a conservative sustained upload rate (a cloud GPU host
 # usually does better; the first push measures it and later plans use the measurement).
@@ -89,7 +91,7 @@ def remember_rate(size: int, seconds: float) -> None:
     write_json_atomic(benchtrain_home() / RATE_FILE, {"bytes_per_second": size / seconds, "bytes": size, "seconds": seconds, "at": at})
 
 
-def folder_to_push(run_dir: Path, record: dict[str, Any]) -> Path:
+def folder_to_push(run_dir: Path, record: JsonDict) -> Path:
     """final-merged/ when the run wrote one (--merge-lora), else final/."""
     from train.export import FINAL, FINAL_MERGED
 
@@ -104,7 +106,7 @@ def retry_command(run_dir: Path, target: PushTarget) -> str:
     return shlex.join(["train", "--out", str(run_dir), "--push-to-hub", target.repo_id, *options, "--push-only"])
 
 
-def push_run(run_dir: Path, record: dict[str, Any], target: PushTarget) -> dict[str, Any]:
+def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
     """Upload the run's model folder with its model card; what run.json records of it. A failure
     is recorded (and said by the caller) with the command that retries it; final/ stays intact."""
     from huggingface_hub import HfApi
@@ -114,7 +116,7 @@ def push_run(run_dir: Path, record: dict[str, Any], target: PushTarget) -> dict[
     folder = folder_to_push(run_dir, record)
     files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and path.name != "README.md")
     size = sum((folder / name).stat().st_size for name in files)
-    section: dict[str, Any] = {"repo_id": target.repo_id, "revision": target.revision, "private": target.private, "folder": folder.name}
+    section: JsonDict = {"repo_id": target.repo_id, "revision": target.revision, "private": target.private, "folder": folder.name}
     # The retry from inside the run folder: run.json keeps nothing that a move of the folder breaks.
     section.update(files=[*files, "README.md"], bytes=size, url=target.url, retry=retry_command(Path("."), target))
     started = time.monotonic()
@@ -148,7 +150,7 @@ def push_note(target: PushTarget, run: Any) -> str:
     return f"--push-to-hub {where}: ≈{size / 1e6:,.0f} MB at {rate / 1e6:,.0f} MB/s, {source}"
 
 
-def describe_push(section: dict[str, Any], run_dir: Path) -> str:
+def describe_push(section: JsonDict, run_dir: Path) -> str:
     """One line: pushed (where, how much, how long), or failed with the command that retries it
     (for the run folder where it is now)."""
     if section.get("status") == "pushed":
@@ -157,7 +159,7 @@ def describe_push(section: dict[str, Any], run_dir: Path) -> str:
     return f"warning: the push to {section['repo_id']} failed ({section.get('error')}); final/ is intact: retry with `{retry}`"
 
 
-def push_existing_run(args: Any) -> int:
+def push_existing_run(args: argparse.Namespace) -> int:
     """`train --out RUN --push-to-hub ORG/NAME --push-only`: a finished run's model pushed (again)."""
     from calibration.run_file import RunFile
     from common.console import say

@@ -6,10 +6,14 @@ interconnect's link figures (calibration.topology)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.recipes.chosen_setup import same_device
+
+if TYPE_CHECKING:
+    from calibration.model import Calibration
 
 
 @dataclass(frozen=True)
@@ -18,10 +22,10 @@ class Option:
     from collectives that calibration `collectives_from` measured, or (`collectives_from` None)
     priced from the links of `interconnect` (calibration.topology.analytic_collectives)."""
 
-    calibration: Any
+    calibration: Calibration
     world_size: int
     sharding: str
-    collectives: dict[str, dict[str, Any]] | None = None
+    collectives: dict[str, JsonDict] | None = None
     collectives_from: str | None = None
     interconnect: str | None = None  # calibration.topology's word, where known
 
@@ -39,7 +43,7 @@ class Option:
         return f"{self.interconnect} link figures (not measured)"
 
 
-def collectives_sources(calibrations: list[Any]) -> list[dict[str, Any]]:
+def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
     """Calibrations of several processes whose collectives can price predicted rows: those in the
     comparison and every stored one (of any model), newest first, as raw data."""
     from calibration.store import list_calibrations
@@ -54,7 +58,7 @@ def collectives_sources(calibrations: list[Any]) -> list[dict[str, Any]]:
     return sources
 
 
-def options_for(calibrations: list[Any], sharding: str, sources: list[dict[str, Any]]) -> list[Option]:
+def options_for(calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> list[Option]:
     """A row for each calibration as measured; and for each 1-process one, a predicted row per
     process count another calibration measured collectives for on the same device and
     interconnect (the newest; an interconnect not recorded matches any), unless a calibration in
@@ -84,7 +88,7 @@ def options_for(calibrations: list[Any], sharding: str, sources: list[dict[str, 
     return options
 
 
-def predicted_option(cal: Any, processes: int, sharding: str, interconnect: str, sources: list[dict[str, Any]]) -> Option:
+def predicted_option(cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]) -> Option:
     """A row for `processes` of `cal`'s device linked by `interconnect` (a calibration.topology
     word: nvlink, pcie, 2x8:nvlink+ib, …), from the 1-process calibration `cal`: the collectives
     the first of `sources` (collectives_sources: newest first) measured among as many processes of

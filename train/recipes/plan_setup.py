@@ -11,17 +11,28 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.planning.disk import export_bytes
 from train.recipes.config import DataSection, TrainConfig
 from train.step.peak_memory import host_excess_bytes
 from train.workload.samples import resolve_data_path
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from calibration.model import Calibration
+    from train.planning.comm import Traffic
+    from train.planning.memory_check import MemoryNeed
+    from train.planning.types import Candidate, Plan, PlanRequest
     from train.recipes.chosen_setup import ChosenSetup
+    from train.workload.batching import DataView
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+    from train.workload.prepare import PreparedData
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
-Communicate = Callable[[Any], tuple[float, float, dict[str, Any]]]
+Communicate = Callable[["Traffic"], tuple[float, float, JsonDict]]
 
 
 @dataclass(frozen=True)
@@ -31,9 +42,9 @@ class PlanContext:
     and for a resumed run the interrupted run's epochs and configuration (train.running.resume)."""
 
     config: TrainConfig
-    spec: Any
-    data: Any
-    eval_data: Any
+    spec: ModelSpec
+    data: DataView
+    eval_data: DataView | None
     elapsed_seconds: float
     data_prep_seconds: float = 0.0
     data_uncertainty: float = 0.0
@@ -46,9 +57,9 @@ class PlacedPlan:
     """A fitted setup planned: where it runs, what communication adds, what was asked, the plan."""
 
     placement: Placement
-    communication: dict[str, Any]
-    request: Any  # train.planning.types.PlanRequest
-    plan: Any  # train.planning.types.Plan
+    communication: JsonDict
+    request: PlanRequest
+    plan: Plan
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,7 @@ class Placement:
     comm_overlap: bool = False
 
     @property
-    def hardware(self) -> dict[str, Any]:
+    def hardware(self) -> JsonDict:
         return self.setup.hardware
 
     @property
@@ -85,12 +96,14 @@ class LoadedData:
     and how to get every record tokenized for training (`exact`)."""
 
     data_path: str
-    tokenizer: Any
-    prepared: Any  # train.workload.prepare.PreparedData
-    eval_prepared: Any  # the same for --eval-data, or None
+    tokenizer: PreTrainedTokenizerBase
+    prepared: PreparedData
+    eval_prepared: PreparedData | None  # the same for --eval-data
+    # Any until the training loop's TrainingData takes a DataView: its caller (recipe.py's
+    # _train_loop) passes these after _with_exact_data made them exact (TokenizedData).
     data: Any
     eval_data: Any
-    profile: dict[str, Any]
+    profile: JsonDict
 
     @property
     def sampled(self) -> bool:
@@ -124,7 +137,7 @@ def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tu
     return data, eval_data
 
 
-def load_data(section: DataSection, spec: Any, seed: int) -> LoadedData:
+def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
     """The tokenizer and the data (the command's data section, whole): exact when the cache holds it
     (or --exact-profile), else from a sample; `seed` draws --eval-split's share."""
     from common.console import say
@@ -144,7 +157,7 @@ def load_data(section: DataSection, spec: Any, seed: int) -> LoadedData:
     return LoadedData(data_path, tokenizer, prepared, eval_prepared, data, eval_data, profile)
 
 
-def hub_weights(spec: Any, dry_run: bool) -> Any:
+def hub_weights(spec: ModelSpec, dry_run: bool) -> ModelSpec:
     """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
     with the size); a dry run only says what a run would fetch, and plans without them."""
     from common.console import say
@@ -159,7 +172,7 @@ def hub_weights(spec: Any, dry_run: bool) -> Any:
         return spec
 
 
-def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_type: str) -> float:
+def planned_upload_seconds(config: TrainConfig, need: MemoryNeed, method: MethodConfig, device_type: str) -> float:
     """--push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default."""
     if not config.output.push_to_hub:
         return 0.0
@@ -170,7 +183,7 @@ def planned_upload_seconds(config: TrainConfig, need: Any, method: Any, device_t
     return upload_bytes(need, method.is_lora, bool(config.output.merge_lora and method.is_lora), device_type) / rate
 
 
-def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placement, need: Any) -> Any:
+def plan_request(context: PlanContext, method: MethodConfig, cal: Calibration, placement: Placement, need: MemoryNeed) -> PlanRequest:
     """What the planner is asked for this command, calibration and placement."""
     from train.planning.types import PlanRequest
 
@@ -218,7 +231,7 @@ def plan_request(context: PlanContext, method: Any, cal: Any, placement: Placeme
     )
 
 
-def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+def plan_json(cal: Calibration, plan: Plan, placement: Placement, communication: JsonDict, compute: JsonDict) -> JsonDict:
     """A dry run's plan as `--json` prints it (also each row of a comparison, train.recipes.compare)."""
     return {
         "calibration_id": cal.id,
@@ -234,7 +247,7 @@ def plan_json(cal: Any, plan: Any, placement: Placement, communication: dict[str
     }
 
 
-def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any]) -> dict[str, Any]:
+def planned_compute(spec: ModelSpec, method: MethodConfig, chosen: Candidate, hardware: JsonDict) -> JsonDict:
     """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
     for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
     from train.planning.memory_check import meta_model
@@ -246,7 +259,7 @@ def planned_compute(spec: Any, method: Any, chosen: Any, hardware: dict[str, Any
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, method))
-    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.plan.gradient_checkpointing)
+    flops = shape.flops_per_token(chosen.config.seq_len, lora=method.is_lora, recompute=chosen.config.gradient_checkpointing)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
@@ -269,7 +282,7 @@ def plan_fitted(setup: ChosenSetup, context: PlanContext, communicate: Communica
     return PlacedPlan(placement, communication, request, make_plan(setup.cal, context.data, request, context.eval_data))
 
 
-def plan_again(cal: Any, request: Any, data: Any, eval_data: Any) -> Any:
+def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
     """The planner on a request already made, for other data: the exact tokens once a plan made from
     a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
     from train.planning.planner import make_plan
