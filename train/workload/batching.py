@@ -34,7 +34,6 @@ MicroBatch = Sequence[int] | np.ndarray
 DataView = TokenizedData | SampledData
 
 
-
 class Batch(TypedDict):
     """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss),
     rows by length; `target_tokens`, the labels that carry loss, counted on the host by the
