@@ -63,13 +63,13 @@ def main(argv: list[str]) -> None:
     from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig
+    from train.workload.method import MethodConfig, unwrap
     from train.workload.model import resolve_model
 
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     options = StepOptions(compile="on", loss=request["loss"])
     engine = engine_from_options(resolve_model(request["model"]), method, make_accelerator(), options, request["checkpointing"])
-    batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], engine.model.config.vocab_size)[0]
+    batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size)[0]
     seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(STEPS)]
     print(json.dumps({"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:]), "process_seconds": time.perf_counter() - started}))
 

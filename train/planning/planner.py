@@ -28,7 +28,7 @@ from train.planning.priorities import rank
 from train.planning.shapes import ShapeCache, eval_pass_seconds, shape_counts
 from train.planning.types import Candidate, Plan, PlanRequest
 from train.step.compile import compile_seconds
-from train.workload.batching import DataView, real_tokens
+from train.workload.batching import BatchShape, DataView, real_tokens
 from train.workload.data import truncation
 
 DEFAULT_EFFECTIVE_BATCH = 16
@@ -49,7 +49,7 @@ def evaluate(
     micro_batches = 0
     padded = 0
     steps = 0
-    shapes: set[tuple[int, int]] = set()
+    shapes: set[BatchShape] = set()
     for epoch in range(epochs_whole):
         counts = shape_counts(data, request, micro, length, epoch, cache)
         shapes.update(counts)
@@ -117,7 +117,7 @@ def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, fl
 
 
 def candidate_overheads(
-    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[tuple[int, int]], eval_data: DataView | None
+    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None
 ) -> tuple[Overheads, float]:
     """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
     the export, the report), and one evaluation pass's seconds."""
@@ -128,7 +128,8 @@ def candidate_overheads(
         eval_count = request.eval_schedule.count(candidate.remaining_steps, candidate.step_seconds)
     compile_cost, compile_shapes = 0.0, 0
     if request.compiled:
-        probed = {(row["micro_batch_size"], row["seq_len"]) for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing}
+        rows = [row for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing]
+        probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
     work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds, request.upload_seconds)
     overheads = plan_overheads(calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, work)

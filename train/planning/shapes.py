@@ -47,7 +47,7 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
     # Each process runs every world_size-th batch (rank 0 stands for all of them).
     batches = run_batches(data, BatchLayout(micro, length, request.seed), epoch, request.epochs, request.world_size)
     if data.packing:
-        counts = Counter((shape.rows, shape.length) for shape in packed_shapes(batches, length))
+        counts = Counter(packed_shapes(batches, length))
     else:
         counts = Counter(padded_shape_counts(data.lengths, batches, length, request.shape_bucket))
     if cache is not None:

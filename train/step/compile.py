@@ -16,9 +16,17 @@ eager (`eager_region`): it is a small share of a run and would otherwise compile
 from __future__ import annotations
 
 import socket
+from collections.abc import Set
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    import torch
+
+    from train.workload.batching import BatchShape
 
 COMPILE_CHOICES = ("auto", "on", "off")
 SHAPE_BUCKET = 64
@@ -35,7 +43,7 @@ def compile_enabled(choice: str, device_type: str) -> bool:
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
-def compile_blocks(model: Any) -> int:
+def compile_blocks(model: torch.nn.Module) -> int:
     """Compile `model`'s repeated blocks in place; the whole model when it names none. Returns how
     many modules were compiled."""
     import torch
@@ -77,11 +85,11 @@ def compile_cache_usable(cache: dict[str, str] | None) -> bool:
     return cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
 
 
-def compile_seconds(measured: dict[str, Any], shapes: set[tuple[int, int]], probed: set[tuple[int, int]], cache: dict[str, str] | None) -> float:
+def compile_seconds(measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None) -> float:
     """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from
     inductor's cache (measured by bench) for the shapes bench probed on this machine, from scratch
     for the others."""
     cold = float(measured.get("compile_seconds_per_shape", 0.0))
     cached = float(measured.get("compile_cached_seconds_per_shape", cold))
-    reusable = probed if compile_cache_usable(cache) else set()
+    reusable: Set[BatchShape] = probed if compile_cache_usable(cache) else set()
     return sum(cached if shape in reusable else cold for shape in shapes)

@@ -9,21 +9,32 @@ Order matters: the model (with its method: full or LoRA) → gradient checkpoint
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.step.hyperparameters import DEFAULT_WARMUP_RATIO, OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
 
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from train.step.step import TrainingStep
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+
 # Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero: the
 # default schedule (train.step.hyperparameters.OptimizerSettings chooses another).
 WARMUP_FRACTION = DEFAULT_WARMUP_RATIO
 
 
-def cosine_schedule(total_steps: int) -> Any:
+def cosine_schedule(total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
     """`make_scheduler` for the default schedule: the run's learning-rate schedule over its
     `total_steps` optimizer steps (the same on every process)."""
     return OptimizerSettings().scheduler(total_steps)
@@ -64,7 +75,7 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
     return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
 
 
-def check_sharding(options: StepOptions, method: Any) -> None:
+def check_sharding(options: StepOptions, method: MethodConfig) -> None:
     """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
     from common.errors import BenchtrainError
 
@@ -80,7 +91,7 @@ class ProcessLayout:
     sharding: str = "none"  # none (one process) | ddp | fsdp (train/step/sharding.py)
 
 
-def process_layout(options: StepOptions, method: Any, processes: int | None = None) -> ProcessLayout:
+def process_layout(options: StepOptions, method: MethodConfig, processes: int | None = None) -> ProcessLayout:
     """The processes and the sharding of this job — the launcher's processes (`processes` where already
     known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
     comparison settle it; a method and sharding that do not go together are one line."""
@@ -116,7 +127,7 @@ def resolve_step(
     options: StepOptions,
     device_type: str,
     model_type: str | None,
-    method: Any,
+    method: MethodConfig,
     layout: ProcessLayout | None = None,
     measured: MeasuredStep | None = None,
 ) -> StepSetup:
@@ -144,7 +155,7 @@ def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | 
     return loss, compiled
 
 
-def step_setup_for(options: StepOptions, spec: Any, method: Any, accelerator: Any) -> StepSetup:
+def step_setup_for(options: StepOptions, spec: ModelSpec, method: MethodConfig, accelerator: Accelerator) -> StepSetup:
     """`resolve_step` for a step built on `accelerator` from the options alone (bench's probes,
     tests): its device and its processes."""
     loss, compiled = _loss_and_compile(options, accelerator.device.type, spec.config_dict.get("model_type"), MeasuredStep())
@@ -154,11 +165,11 @@ def step_setup_for(options: StepOptions, spec: Any, method: Any, accelerator: An
 
 @dataclass
 class Engine:
-    accelerator: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    step: Any  # train.step.step.TrainingStep
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    step: TrainingStep
     compiled: bool
     loss: str  # the loss implementation in use
     sharding: str = "none"  # none (one process) | ddp | fsdp
@@ -168,7 +179,7 @@ class Engine:
         """bf16 (autocast: CUDA, or CPU with BENCHTRAIN_CPU_BF16=1) or fp32."""
         return "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonDict:
         """How the step ran, for the calibration's and run.json's `training` section."""
         return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": self.precision}
 
@@ -184,9 +195,9 @@ class Engine:
 
 
 def build_engine(
-    spec: Any,
-    method: Any,
-    accelerator: Any,
+    spec: ModelSpec,
+    method: MethodConfig,
+    accelerator: Accelerator,
     setup: StepSetup,
     checkpointing: bool = False,
     optimization: Optimization | None = None,
@@ -233,7 +244,7 @@ def build_engine(
 
 
 def engine_from_options(
-    spec: Any, method: Any, accelerator: Any, options: StepOptions, checkpointing: bool = False, optimization: Optimization | None = None
+    spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, options: StepOptions, checkpointing: bool = False, optimization: Optimization | None = None
 ) -> Engine:
     """`build_engine` for a step set up from the options alone (`step_setup_for`: bench's probes,
     benchmarks, tests), not from a plan."""

@@ -7,10 +7,11 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 
 
 class PeakFlops(NamedTuple):
@@ -31,7 +32,7 @@ def peak_flops(device_name: str, multiprocessors: int | None = None) -> PeakFlop
     return PeakFlops(sheet.peak_entry, sheet.bf16_dense_flops)
 
 
-def detect_hardware() -> dict[str, Any]:
+def detect_hardware() -> JsonDict:
     import torch
 
     if torch.cuda.is_available():
@@ -67,7 +68,7 @@ def detect_hardware() -> dict[str, Any]:
 
 
 @functools.cache
-def detect_interconnect(index: int = 0) -> dict[str, Any]:
+def detect_interconnect(index: int = 0) -> JsonDict:
     """{"interconnect": word or None, "nvlinks": active NVLinks or None} of GPU `index` (NVML's
     index: the same kind of GPU in a node has the same links): NVML (pynvml / nvidia-ml-py) where
     importable, else `nvidia-smi nvlink -s`; no active link is PCIe, links to an NVSwitch are
@@ -133,7 +134,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def detect_software() -> dict[str, Any]:
+def detect_software() -> JsonDict:
     from importlib.metadata import PackageNotFoundError, version
 
     import accelerate
@@ -167,7 +168,7 @@ def allocator_conf() -> str | None:
     return next((os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)), None)
 
 
-def device_label(hardware: dict[str, Any]) -> str:
+def device_label(hardware: JsonDict) -> str:
     """Short name for ids: `cpu`, `h100`, `a100`…"""
     if hardware["device_type"] == "cpu":
         return "cpu"
@@ -175,7 +176,7 @@ def device_label(hardware: dict[str, Any]) -> str:
     return (entry or hardware["name"]).lower().replace("nvidia", "").split()[0] if (entry or hardware["name"]) else "gpu"
 
 
-def requested_mismatch(requested: str | None, hardware: dict[str, Any]) -> str | None:
+def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
     """A warning when `--gpu NAME` does not name the detected device, else None."""
     if not requested:
         return None

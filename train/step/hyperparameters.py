@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.optimizers import BETAS, EPSILON, Betas, hf_optim
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class OptimizerSettings:
 
         return make
 
-    def record(self, learning_rate: float, optimizer: str, total_steps: int) -> dict[str, Any]:
+    def record(self, learning_rate: float, optimizer: str, total_steps: int) -> JsonDict:
         """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
         schedule has over its `total_steps`, `optim` HF's name of the optimizer (its OPTIMIZERS entry's)."""
         return {
@@ -132,12 +133,12 @@ class OptimizerSettings:
         }
 
 
-def settings_from(values: dict[str, Any]) -> OptimizerSettings:
+def settings_from(values: JsonDict) -> OptimizerSettings:
     """OptimizerSettings from named values (None or absent: the default)."""
     return OptimizerSettings(**{name: values[name] for name in SETTING_NAMES if values.get(name) is not None})
 
 
-def settings_of_run(hyperparameters: dict[str, Any] | None) -> OptimizerSettings:
+def settings_of_run(hyperparameters: JsonDict | None) -> OptimizerSettings:
     """The settings a run.json's `hyperparameters` section records (its warm-up as the steps it
     had); a run from before the section trained with the defaults."""
     return settings_from(hyperparameters or {})

@@ -38,7 +38,9 @@ import ctypes
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from common.json_types import JsonDict
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +101,7 @@ def process_resident_bytes() -> int | None:
         return None
 
 
-def host_excess_bytes(hardware: dict[str, Any], device_type: str) -> float:
+def host_excess_bytes(hardware: JsonDict, device_type: str) -> float:
     """What this process (on CPU, before its model is built) holds beyond the bench process that
     measured `hardware` held at the same point: a plan's peak memory on CPU adds it. 0 on a GPU,
     for calibrations that did not record it, or where it holds less."""

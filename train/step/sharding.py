@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.checkpoint.state_dict import DictValueType, OptimizerStateType
 
 T = TypeVar("T")
 
@@ -157,7 +158,7 @@ def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     return FullState(weights, get_optimizer_state_dict(model, _plain_optimizer(optimizer), options=options))
 
 
-def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: DictValueType, optimizer_state: OptimizerStateType) -> None:
     """Load a full state held by rank 0 (the other ranks pass empty dicts) into the sharded model
     and optimizer: rank 0 broadcasts, every rank keeps its shard. Every process calls it together."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from train.step.hyperparameters import DEFAULT_MAX_GRAD_NORM
-from train.workload.batching import count_targets, to_device
+from train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +113,7 @@ class TrainingStep:
         bucket view alias is destroyed every iteration"). Elsewhere, set to None: freed."""
         self.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
-    def run(self, batches: Iterator[dict[str, Any]], grad_accum: int, synchronize: bool = True) -> StepResult:
+    def run(self, batches: Iterator[Batch], grad_accum: int, synchronize: bool = True) -> StepResult:
         """One optimizer step over the next `grad_accum` micro-batches of `batches`. With
         `synchronize` False no micro-step all-reduces gradients (DDP): a step with no collective in
         it, whose failure on one process cannot leave the others waiting (bench.probe)."""

@@ -14,9 +14,9 @@ Each DataLoader item is one whole micro-batch, collated inside the worker proces
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, Protocol, TypedDict, cast, overload
 
 import numpy as np
 
@@ -33,6 +33,17 @@ MicroBatch = Sequence[int] | np.ndarray
 # What the planner reads of data: the exact store, or a sample standing for the whole set.
 DataView = TokenizedData | SampledData
 
+
+class Batch(TypedDict):
+    """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss),
+    rows by length; `target_tokens`, the labels that carry loss, counted on the host by the
+    DataLoader worker (not on the device: to_device leaves it behind)."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    target_tokens: NotRequired[int]
+
+
 IGNORE_INDEX = -100
 # Length grouping sorts within windows of this many batches: similar lengths, still shuffled.
 GROUP_WINDOW_BATCHES = 32
@@ -43,14 +54,17 @@ def count_targets(labels: torch.Tensor) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
-def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, torch.Tensor]:
+def to_device(batch: Mapping[str, object], device: torch.device | str) -> Batch:
     """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
     host-side counts (`target_tokens`) are dropped."""
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
+    # Every tensor the batch holds moves (a test's batch may hold more than Batch names).
+    return cast(Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")})
 
 
-@dataclass(frozen=True)
-class BatchShape:
+class BatchShape(NamedTuple):
+    """A micro-batch's rows and the length they are padded to: a key of the planner's shape counts
+    (a NamedTuple, so it equals and hashes as the plain (rows, length) pair)."""
+
     rows: int
     length: int
 
@@ -86,7 +100,7 @@ def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int
 
 def padded_epoch_shape_counts(
     lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
-) -> dict[tuple[int, int], int]:
+) -> dict[BatchShape, int]:
     """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches
     (one process plans 600,000 samples in seconds): each batch's rows and longest sample from the
     sorted order, taken in the order the batches run."""
@@ -100,12 +114,12 @@ def padded_epoch_shape_counts(
     return _shape_counts(sizes[chosen], longest[chosen], max_length, bucket)
 
 
-def _shape_counts(sizes: np.ndarray, longest: np.ndarray, max_length: int, bucket: int | None) -> dict[tuple[int, int], int]:
+def _shape_counts(sizes: np.ndarray, longest: np.ndarray, max_length: int, bucket: int | None) -> dict[BatchShape, int]:
     if bucket:
         longest = np.minimum(max_length, -(-longest // bucket) * bucket)
     # One integer per (rows, length): np.unique on a 1-D key, not on pairs.
     keys, counts = np.unique(sizes.astype(np.int64) * (max_length + 1) + longest, return_counts=True)
-    return {(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count) for key, count in zip(keys, counts, strict=True)}
+    return {BatchShape(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count) for key, count in zip(keys, counts, strict=True)}
 
 
 def padded_width(longest: int, max_length: int, bucket: int | None = None) -> int:
@@ -135,7 +149,7 @@ def padded_shapes(lengths: Lengths, batches: Sequence[MicroBatch], max_length: i
     return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
 
 
-def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[tuple[int, int], int]:
+def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
     """How many batches have each (rows, padded length): what the planner needs, without a
     Python object per batch."""
     if not len(batches):
@@ -183,14 +197,14 @@ def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch:
     return PackedPlan(order, micro_batch_size)
 
 
-def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int, batch_count: int) -> dict[tuple[int, int], int]:
+def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int, batch_count: int) -> dict[BatchShape, int]:
     """packed_shapes' counts of one process's first `batch_count` batches, without the batches:
     every batch is full but the epoch's last (which the shuffle leaves last)."""
     total = -(-row_count // micro_batch_size)
     last = row_count - (total - 1) * micro_batch_size
-    counts = {(micro_batch_size, length): min(batch_count, total - 1)}
+    counts = {BatchShape(micro_batch_size, length): min(batch_count, total - 1)}
     if batch_count >= total:
-        counts[(last, length)] = counts.get((last, length), 0) + 1
+        counts[BatchShape(last, length)] = counts.get(BatchShape(last, length), 0) + 1
     return {shape: count for shape, count in counts.items() if count}
 
 
@@ -203,7 +217,7 @@ class MicroBatches(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    def __getitem__(self, index: int) -> Batch: ...
 
 
 class PaddedBatches:
@@ -216,7 +230,7 @@ class PaddedBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Batch:
         import torch
 
         data = self.data
@@ -250,7 +264,7 @@ class PackedBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Batch:
         import torch
 
         length = self.max_length
@@ -269,7 +283,7 @@ class SyntheticBatches:
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> Batch:
         import torch
 
         generator = torch.Generator().manual_seed(index)
@@ -277,13 +291,13 @@ class SyntheticBatches:
         return {"input_ids": ids, "labels": ids.clone(), "target_tokens": ids.numel()}
 
 
-def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start: int = 0) -> DataLoader[dict[str, Any]]:
+def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start: int = 0) -> DataLoader[Batch]:
     """A real DataLoader over whole micro-batches, starting at batch `start` (for --resume)."""
     from torch.utils.data import DataLoader, Subset
 
     # torch reads a map-style dataset through __len__ and __getitem__ alone: ours need not subclass
     # its Dataset (which would import torch wherever batches are planned).
-    items = cast("Dataset[dict[str, Any]]", dataset)
+    items = cast("Dataset[Batch]", dataset)
     if start:
         items = Subset(items, range(start, len(dataset)))
     return DataLoader(

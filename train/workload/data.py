@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.encode import assistant_character_spans
 from train.workload.tokens import Lengths, TokenizedData
 
@@ -143,7 +144,7 @@ def _non_empty(dataset: Any, path: str) -> Any:
 PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
 
 
-def length_profile(lengths: Lengths) -> dict[str, Any]:
+def length_profile(lengths: Lengths) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
     profile = {
         "count": len(values),
@@ -164,7 +165,7 @@ def covering_length(lengths: Lengths, coverage: float) -> int:
     return int(np.partition(values, rank)[rank])
 
 
-def truncation(lengths: Lengths, max_length: int) -> dict[str, Any]:
+def truncation(lengths: Lengths, max_length: int) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
     cut = values > max_length
     return {

@@ -29,6 +29,7 @@ import numpy as np
 
 from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
+from common.json_types import JsonDict
 from train.workload.fingerprint import data_root, process_local_rank
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
@@ -254,7 +255,7 @@ def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, 
     writer.finish({**job.meta, "workers": build["workers"], "seconds": seconds, "built": time.time()})
 
 
-def list_stores() -> list[dict[str, Any]]:
+def list_stores() -> list[JsonDict]:
     """Every store in the cache: its key, what it holds, its size on disk and when last used."""
     root = data_root()
     rows = []

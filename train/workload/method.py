@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.optimizers import DEFAULT_OPTIMIZER
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class MethodConfig:
     def alpha(self) -> float:
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
-    def settings(self) -> dict[str, Any] | None:
+    def settings(self) -> JsonDict | None:
         """The adapter settings as asked (targets None: every linear projection); None for full."""
         if not self.is_lora:
             return None
@@ -214,12 +215,12 @@ def lora_targets_of(model: torch.nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
 
 
-def method_record(method: MethodConfig, model: torch.nn.Module) -> dict[str, Any]:
+def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
     from train.workload.quantize import logical_numel
 
-    record: dict[str, Any] = {
+    record: JsonDict = {
         "method": method.method,
         "trainable_parameters": trainable_parameter_count(model),
         "total_parameters": sum(logical_numel(parameter) for parameter in model.parameters()),

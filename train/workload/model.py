@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.atomic import read_json_file
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method
@@ -38,7 +39,7 @@ FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "rms_no
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    config_dict: dict[str, Any]
+    config_dict: JsonDict
     directory: Path | None = None
     hub: HubModel | None = None  # a hub id's commit; `directory` is then its cache folder
     # False: build from the config with random weights even where the folder has weights (a hub
@@ -94,7 +95,7 @@ def resolve_model(reference: str | None) -> ModelSpec:
     )
 
 
-def read_config(config_path: Path) -> dict[str, Any]:
+def read_config(config_path: Path) -> JsonDict:
     config_dict = read_json_file(config_path)
     if not isinstance(config_dict, dict) or "model_type" not in config_dict:
         raise BenchtrainError(f"{config_path} has no model_type; is it a transformers config?")
@@ -236,7 +237,7 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     return ModelShape(total - adapters, total - lookup - adapters, config.num_hidden_layers, heads, head_dim, adapters)
 
 
-def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:
+def model_record(spec: ModelSpec, shape: ModelShape) -> JsonDict:
     """The `model` section of a calibration or run."""
     return {
         **model_identity(spec),
@@ -251,6 +252,6 @@ def model_record(spec: ModelSpec, shape: ModelShape) -> dict[str, Any]:
     }
 
 
-def model_identity(spec: ModelSpec) -> dict[str, Any]:
+def model_identity(spec: ModelSpec) -> JsonDict:
     """Name, fingerprint and, for a hub model, its id and the commit it resolved to."""
     return {"name": spec.name, "fingerprint": spec.fingerprint, **(spec.hub.record() if spec.hub else {})}

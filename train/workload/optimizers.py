@@ -25,12 +25,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
 from common.errors import BenchtrainError
 
 if TYPE_CHECKING:
     import torch
+
+
+class ParameterGroup(TypedDict):
+    """Trainable parameters that share a weight decay (parameter_groups: matrices, and the rest)."""
+
+    params: list[torch.nn.Parameter]
+    weight_decay: float
+
+
+def torch_groups(groups: list[ParameterGroup]) -> list[dict[str, Any]]:
+    """The groups as torch's and bitsandbytes' optimizers take them (any keys: a dict of str)."""
+    return cast("list[dict[str, Any]]", groups)
 
 
 class Betas(NamedTuple):
@@ -50,7 +62,7 @@ SGD_MOMENTUM = 0.9
 DEFAULT_OPTIMIZER = "adamw"
 
 # An optimizer over parameter groups (each with its weight decay): (groups, learning rate, betas, epsilon).
-Build = Callable[[list[dict[str, Any]], float, Betas, float], "torch.optim.Optimizer"]
+Build = Callable[[list[ParameterGroup], float, Betas, float], "torch.optim.Optimizer"]
 
 
 @dataclass(frozen=True)
@@ -100,13 +112,13 @@ def fused_devices() -> list[str]:
         return ["cuda", "cpu"]
 
 
-def has_fused_adamw(groups: list[dict[str, Any]]) -> bool:
+def has_fused_adamw(groups: list[ParameterGroup]) -> bool:
     """Whether every parameter sits on a device torch fuses AdamW on, in a floating-point type."""
     devices = fused_devices()
     return all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
 
 
-def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
+def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
     """Fused AdamW (one kernel per step, no host sync of the step count); where the device has no
     kernel, the foreach one with a warning, or (`refuse_unfused`, adamw-fused) a one-line error."""
     import torch
@@ -119,24 +131,24 @@ def torch_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: Betas
         from common.console import say
 
         say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
-    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
+    return torch.optim.AdamW(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
 
 
-def torch_fused_adamw(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
+def torch_fused_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
     return torch_adamw(groups, learning_rate, betas, eps, refuse_unfused=True)
 
 
-def torch_sgd(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
+def torch_sgd(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
     """SGD with momentum (betas and epsilon are Adam's: unused)."""
     import torch
 
-    return torch.optim.SGD(groups, lr=learning_rate, momentum=SGD_MOMENTUM)
+    return torch.optim.SGD(torch_groups(groups), lr=learning_rate, momentum=SGD_MOMENTUM)
 
 
 def bitsandbytes_adamw(paged: bool) -> Build:
     """bitsandbytes' 8-bit AdamW, paged or not, with the same betas and epsilon as torch's."""
 
-    def build(groups: list[dict[str, Any]], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
+    def build(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
         import warnings
 
         import bitsandbytes as bnb
@@ -144,7 +156,7 @@ def bitsandbytes_adamw(paged: bool) -> Build:
         # "Paged optimizers are not supported on CPU": on CPU the paged one is the plain one, as said above.
         warnings.filterwarnings("ignore", message=r"Paged optimizers are not supported on CPU.*", category=UserWarning)
         cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
-        return cls(groups, lr=learning_rate, betas=betas, eps=eps)
+        return cls(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps)
 
     return build
 
@@ -227,7 +239,7 @@ def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
     return groups
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[ParameterGroup]:
     """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases,
     norms) without, as HF Trainer and nanoGPT do."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -235,6 +247,6 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(name: str, groups: list[dict[str, Any]], learning_rate: float, betas: Betas = BETAS, eps: float = EPSILON) -> torch.optim.Optimizer:
+def make_optimizer(name: str, groups: list[ParameterGroup], learning_rate: float, betas: Betas = BETAS, eps: float = EPSILON) -> torch.optim.Optimizer:
     """`name`'s optimizer (its OPTIMIZERS entry) over parameter `groups` (each with its weight decay)."""
     return optimizer_named(name).build(groups, learning_rate, betas, eps)

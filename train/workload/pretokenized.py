@@ -118,7 +118,7 @@ class TokenShards:
         return result
 
 
-def open_token_files(meta: dict[str, Any]) -> Any:
+def open_token_files(meta: dict[str, Any]) -> np.ndarray | TokenShards:
     """The ids of a store whose tokens stay in the user's files (meta's `external`)."""
     arrays = [map_token_file(Path(entry["path"]), entry.get("dtype")) for entry in meta["external"]]
     return arrays[0] if len(arrays) == 1 else TokenShards(arrays)

@@ -22,14 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
+
+if TYPE_CHECKING:
+    from train.workload.pretokenized import TokenShards
 
 # Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
 Lengths = Sequence[int] | np.ndarray
@@ -46,7 +50,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class TokenizedData:
     """Documents of token ids; `index` picks this view's documents (in order) from the arrays."""
 
-    tokens: Any  # np.ndarray / np.memmap, or train.workload.pretokenized.TokenShards
+    tokens: np.ndarray | TokenShards  # np.memmap (an ndarray) of the store, or the user's token files
     offsets: np.ndarray
     format: str
     source: str
@@ -56,7 +60,7 @@ class TokenizedData:
     targets: np.ndarray | None = None  # per document (all documents)
     index: np.ndarray | None = None
     folder: Path | None = None  # where the arrays are mapped from (pickled as the path)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonDict = field(default_factory=dict)  # {"meta": the store's meta.json}
 
     @classmethod
     def from_samples(
@@ -113,7 +117,7 @@ class TokenizedData:
     def prompt_length(self, i: int) -> int:
         return 0 if self.prompt_lengths is None else int(self.prompt_lengths[self.document(i)])
 
-    def subset(self, indices: Any) -> TokenizedData:
+    def subset(self, indices: Sequence[int] | np.ndarray) -> TokenizedData:
         chosen = np.asarray(indices, dtype=np.int64)
         composed = self.index[chosen] if self.index is not None else chosen
         return replace(self, index=composed)
@@ -185,7 +189,7 @@ class TokenizedData:
         return (reopen, (self.folder, self.source, self.index, self.extra))
 
 
-def reopen(folder: Path, source: str, index: np.ndarray | None, extra: dict[str, Any]) -> TokenizedData:
+def reopen(folder: Path, source: str, index: np.ndarray | None, extra: JsonDict) -> TokenizedData:
     return replace(open_store(folder, source), index=index, extra=extra)
 
 
