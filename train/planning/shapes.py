@@ -11,6 +11,7 @@ from calibration.model import Calibration
 from train.planning.types import PlanRequest
 from train.workload.batching import (
     BatchLayout,
+    BatchShape,
     DataView,
     batch_shapes,
     epoch_share,
@@ -23,10 +24,10 @@ from train.workload.batching import (
     run_batches,
 )
 
-ShapeCache = dict[tuple[int, int, int], Counter[tuple[int, int]]]
+ShapeCache = dict[tuple[int, int, int], Counter[BatchShape]]
 
 
-def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter[tuple[int, int]]:
+def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache | None) -> Counter[BatchShape]:
     """How many micro-batches of each (rows, length) one process runs in `epoch` (cached: the
     batches do not depend on accumulation or workers)."""
     key = (micro, length, epoch)

@@ -314,7 +314,8 @@ def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, sc
     problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
     if problem:
         raise CheckpointReadError(problem)
-    scatter = lambda: scatter_full_state(model, optimizer, weights, state["optimizer"])  # noqa: E731
+    # torch's DictValueType is a union dict is invariant in: the tensors are one of its members.
+    scatter = lambda: scatter_full_state(model, optimizer, dict(weights), state["optimizer"])  # noqa: E731
     return _restore_rest(folder, progress, scatter, scheduler, small, "the state does not match this sharded model")
 
 

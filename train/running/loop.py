@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, Model
 from train.step import metrics
 from train.step.evaluation import EvalSchedule
 from train.step.runtime import agree
-from train.workload.batching import BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+from train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
 
 if TYPE_CHECKING:
     from common.progress import Bar
@@ -179,7 +179,7 @@ class TrainingRun:
             position.epoch += 1
             position.batch_in_epoch = 0
 
-    def _step(self, iterator: Iterator[dict[str, Any]], position: Position, micro_count: int, predicted_seconds: float) -> tuple[StepResult, float]:
+    def _step(self, iterator: Iterator[Batch], position: Position, micro_count: int, predicted_seconds: float) -> tuple[StepResult, float]:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.step_hook:
             self.step_hook(position.step)

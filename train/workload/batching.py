@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, Protocol, TypedDict, cast, overload
+from typing import TYPE_CHECKING, NamedTuple, NotRequired, Protocol, TypedDict, cast, overload
 
 import numpy as np
 
