@@ -397,10 +397,6 @@ def our_sources() -> tuple[dict[str, str], set[str]]:
     return {name: path.read_text(encoding="utf-8") for name, path in modules.items()}, {name for name, path in modules.items() if path.name == "__init__.py"}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 42: the rooms are being retyped (run file, planning types, ChosenSetup); remove this mark once the list is empty",
-)
 def test_no_any_or_bare_tuple_crosses_rooms() -> None:
     assert untyped_crossings(*our_sources()) == []
 

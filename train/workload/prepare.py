@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.durations import format_duration
 from common.errors import BenchtrainError
+from common.json_types import JsonDict
 from train.workload.data_cache import BuildJob, ensure_store, store_state
 from train.workload.encode import Encoder
 from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
@@ -28,6 +29,10 @@ from train.workload.tokens import TokenizedData, open_store, token_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+# What builds a store: the records at these indices (None: all) as a BuildJob, or a builder of the
+# store folder itself (pre-tokenized files).
+JobFor = Callable[[np.ndarray | None], BuildJob | Callable[[Path], None]]
 
 TRAIN_ON = ("assistant", "all")
 # A sample that would need more than this share of the records is not worth it: tokenize them all.
@@ -58,7 +63,7 @@ class PreparedData:
     records: int
     what: str
     source: str
-    job_for: Callable[[Any], Any]  # indices (None: all) -> a BuildJob, or a builder of the store folder
+    job_for: JobFor  # indices (None: all) -> a BuildJob, or a builder of the store folder
     predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
@@ -93,7 +98,7 @@ class PreparedData:
             f"counted in the plan; cached in {self.folder} for later runs (`train --exact-profile` tokenizes them first for the exact profile)",
         ]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonDict:
         """What run.json keeps of the preparation."""
         return {
             "key": self.key,
@@ -181,7 +186,11 @@ def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callabl
     return prepared
 
 
-def with_sample_meta(job: BuildJob, size: int, key: str) -> BuildJob:
+def with_sample_meta(job: BuildJob | Callable[[Path], None], size: int, key: str) -> BuildJob:
+    """A sample's build job, its meta naming the sample (only records are sampled: pre-tokenized
+    files are read whole, never through here)."""
+    if not isinstance(job, BuildJob):
+        raise TypeError("a sample is drawn from records, not from pre-tokenized files")
     return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
 
 
