@@ -415,6 +415,6 @@ def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: boo
     from train.export import export_final
 
     model = loop.accelerator.unwrap_model(loop.model)
-    final = export_final(out_dir, model, tokenizer, loop.spec, loop.method, merge_lora, full_weights)
+    final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)
     final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state
     return final

@@ -47,17 +47,17 @@ class TrainingRun:
         settings: LoopSettings,
         hooks: LoopHooks | None = None,
     ) -> None:
-        hooks = hooks or LoopHooks()
+        # Each kept whole, as given: what is trained, on what, and the hooks (tests slow the step
+        # down through hooks.step_hook).
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
-        self.spec, self.method, self.step_setup = model.spec, model.method, model.step
-        self.data, self.pad_id = data.data, data.pad_id
-        self.eval_data, self.eval_schedule = data.eval_data, data.eval_schedule or EvalSchedule()
-        self.on_update = hooks.on_update
-        self.step_hook = hooks.step_hook  # tests slow the step down through this
-        self.tracker_record = hooks.tracker_record or {}
+        self.to_train, self.inputs, self.hooks = model, data, hooks or LoopHooks()
         self.events: list[str] = []
         self.shapes_seen: set[tuple[int, ...]] = set()
         self.peak_memory: PeakMemory | None = None
+
+    @property
+    def eval_schedule(self) -> EvalSchedule:
+        return self.inputs.eval_schedule or EvalSchedule()
 
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -70,22 +70,22 @@ class TrainingRun:
         self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(s.seed)
         optimization = Optimization(s.learning_rate, s.hyperparameters, s.schedule_steps or self.total_steps())
-        setup = self.step_setup or step_setup_for(StepOptions(), self.spec, self.method, self.accelerator)
-        self.engine = build_engine(self.spec, self.method, self.accelerator, setup, self.chosen.config.gradient_checkpointing, optimization)
+        setup = self.to_train.step or step_setup_for(StepOptions(), self.to_train.spec, self.to_train.method, self.accelerator)
+        self.engine = build_engine(self.to_train.spec, self.to_train.method, self.accelerator, setup, self.chosen.config.gradient_checkpointing, optimization)
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
         from train.step.hardware import detect_hardware
         from train.workload.model import model_shape
 
-        shape, lora, recompute = model_shape(self.model), self.method.is_lora, self.chosen.config.gradient_checkpointing
+        shape, lora, recompute = model_shape(self.model), self.to_train.method.is_lora, self.chosen.config.gradient_checkpointing
         self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
-        trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.tracker_record)
+        trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.hooks.tracker_record or {})
 
     def epoch_batches(self, epoch: int) -> list[MicroBatch]:
         step = self.chosen.config
         return run_batches(
-            self.data,
+            self.inputs.data,
             BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed),
             epoch,
             self.settings.epochs,
@@ -98,9 +98,9 @@ class TrainingRun:
         return min(steps, self.settings.step_limit) if self.settings.step_limit else steps
 
     def dataset(self, batches: list[MicroBatch]) -> PackedBatches | PaddedBatches:
-        if self.data.packing:
-            return PackedBatches(self.data, batches, self.chosen.config.seq_len)
-        return PaddedBatches(self.data, batches, self.chosen.config.seq_len, self.pad_id, self.shape_bucket)
+        if self.inputs.data.packing:
+            return PackedBatches(self.inputs.data, batches, self.chosen.config.seq_len)
+        return PaddedBatches(self.inputs.data, batches, self.chosen.config.seq_len, self.inputs.pad_id, self.shape_bucket)
 
     @property
     def shape_bucket(self) -> int | None:
@@ -113,7 +113,7 @@ class TrainingRun:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes (each distinct
         shape predicted once: an epoch may hold millions of batches)."""
         c, step = self.chosen, self.chosen.config
-        rows, lengths = batch_rows_and_lengths(self.data, batches, step.seq_len, self.shape_bucket)
+        rows, lengths = batch_rows_and_lengths(self.inputs.data, batches, step.seq_len, self.shape_bucket)
         if not len(rows):
             return np.zeros(0)
         shapes, which = np.unique(np.stack([rows, lengths], axis=1), axis=0, return_inverse=True)
@@ -181,8 +181,8 @@ class TrainingRun:
 
     def _step(self, iterator: Iterator[Batch], position: Position, micro_count: int, predicted_seconds: float) -> tuple[StepResult, float]:
         """One optimizer step, counted into the position; the step's result and when it ended."""
-        if self.step_hook:
-            self.step_hook(position.step)
+        if self.hooks.step_hook:
+            self.hooks.step_hook(position.step)
         result = self.step.run(iterator, micro_count)
         processes = self.accelerator.num_processes
         position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
@@ -235,7 +235,7 @@ class TrainingRun:
 
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
-        due = self.eval_data is not None and self.status == COMPLETED and self.eval_schedule.due(position.step, self.eval_clock.since(now))
+        due = self.inputs.eval_data is not None and self.status == COMPLETED and self.eval_schedule.due(position.step, self.eval_clock.since(now))
         if agree(self.accelerator, int(due), "max"):
             self._evaluate(position, self.progress)
             self.eval_clock.done(time.monotonic())
@@ -254,7 +254,7 @@ class TrainingRun:
         if self.status == COMPLETED and position.step >= self.limit and self.settings.step_limit:
             self.status = STEP_LIMIT
         evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
-        if self.eval_data is not None and position.step > 0 and not evaluated_here:
+        if self.inputs.eval_data is not None and position.step > 0 and not evaluated_here:
             self._evaluate(position, self.progress)  # every run ends with an evaluation
         already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(checkpoint_name(position.step))
         if self._saves_here and not already_saved and position.step > 0:
@@ -330,10 +330,10 @@ class TrainingRun:
         from train.step.evaluation import evaluate_loss
 
         step = self.chosen.config
-        if self.eval_data is None:
+        if self.inputs.eval_data is None:
             return
         layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
-        result = evaluate_loss(self.accelerator, self.model, self.eval_data, layout, self.pad_id, self.engine.compiled)
+        result = evaluate_loss(self.accelerator, self.model, self.inputs.eval_data, layout, self.inputs.pad_id, self.engine.compiled)
         entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
         if progress is not None:
@@ -425,5 +425,5 @@ class TrainingRun:
         return Position(**fields), str(found[-1])
 
     def _update(self, position: Position) -> None:
-        if self.on_update is not None and self.accelerator.is_main_process:
-            self.on_update(position, self.events)
+        if self.hooks.on_update is not None and self.accelerator.is_main_process:
+            self.hooks.on_update(position, self.events)
