@@ -161,7 +161,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
     outcome = run.run()
     c = run.chosen
-    shapes = batch_shapes(run.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.micro_batches]
+    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.micro_batches]
     flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
     assert max(shape.length for shape in shapes) < c.config.seq_len  # padded batches shorter than max_length
     assert outcome.figures["tflops"] * 1e12 * outcome.step_seconds == pytest.approx(flops, rel=1e-9)
