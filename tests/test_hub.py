@@ -332,6 +332,7 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_model: tuple[Any, Any]) -> None:
+    from calibration.run_file import ResumedRun
     from train.running.resume import resumed_spec
 
     newer = "f" * 40
@@ -340,5 +341,9 @@ def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_m
     (offline_hub / "models--org--tiny-chat" / "refs" / "main").write_text(newer)  # main has moved on since
     spec = resolve_model(REPO)
     assert spec.hub.revision == newer
-    assert resumed_spec(spec, {"model": {"revision": REVISION}}).hub.revision == REVISION
-    assert resumed_spec(spec, {"model": {"name": "tiny"}}) is spec
+    def run(model: dict[str, str]) -> ResumedRun:
+        row = {"micro_batch_size": 1, "grad_accum": 1, "num_workers": 0, "seq_len": 64, "gradient_checkpointing": 0}
+        return ResumedRun.of({"run_id": "old", "model": model, "plan": {"optimizer_steps": 4, "epochs": 1.0, "configuration": row}}, "run.json")
+
+    assert resumed_spec(spec, run({"revision": REVISION})).hub.revision == REVISION
+    assert resumed_spec(spec, run({"name": "tiny"})) is spec
