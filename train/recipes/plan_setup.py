@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
+    from train.workload.prepare import PreparedData
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
@@ -96,10 +97,8 @@ class LoadedData:
 
     data_path: str
     tokenizer: PreTrainedTokenizerBase
-    # train.workload.prepare.PreparedData (the same for --eval-data, or None): named here once its
-    # own job_for and record are typed (tests/test_layers.py would list them as crossing).
-    prepared: Any
-    eval_prepared: Any
+    prepared: PreparedData
+    eval_prepared: PreparedData | None  # the same for --eval-data
     # Any until the training loop's TrainingData takes a DataView: its caller (recipe.py's
     # _train_loop) passes these after _with_exact_data made them exact (TokenizedData).
     data: Any
