@@ -337,11 +337,11 @@ class TrainRecipe:
         settings = LoopSettings(
             deadline=config.run_deadline,
             guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
-            learning_rate=record.plan["learning_rate"],  # scaled once, in the plan (PlannedRun.rate)
+            learning_rate=record.file.learning_rate,  # scaled once, in the plan (PlannedRun.rate)
             seed=config.seed,
             epochs=run.plan.epochs,
             step_limit=run.plan.step_limit,
-            schedule_steps=record.plan["total_steps"],
+            schedule_steps=record.file.total_steps,
             resume=config.output.resume,
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
