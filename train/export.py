@@ -195,7 +195,8 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
 
         from train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
 
-        kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16)
+        # 4-bit computes in bf16 on CUDA, fp32 on a CPU: the dtype each trained in (train.workload.quantize).
+        kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
         kwargs.setdefault("device_map", {"": 0} if torch.cuda.is_available() else "cpu")
         return PeftModel.from_pretrained(keep_one_weight_layout(AutoModelForCausalLM.from_pretrained(base, **kwargs)), folder)
     return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), folder)

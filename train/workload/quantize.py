@@ -1,7 +1,10 @@
 """A quantized, frozen base for LoRA (QLoRA's 4-bit NF4, LLM.int8's 8-bit), and its bytes.
 
-`--quantize 4bit` is NF4 with double quantization and bf16 compute, as QLoRA and peft's docs use
-it; `--quantize 8bit` is LLM.int8 (bitsandbytes >= 0.48, which runs on CPU as well as CUDA).
+`--quantize 4bit` is NF4 with double quantization, computing in the base's dtype: bf16 on CUDA, as
+QLoRA and peft's docs use it, fp32 on a CPU (whose LoRA base is fp32: train.workload.model; on a
+CPU without AVX512-BF16, a bf16 4-bit matmul runs ≈40× slower than an fp32 one, measured on an
+AVX2 EPYC; bf16 autocast, BENCHTRAIN_CPU_BF16=1, still computes in bf16 there). `--quantize 8bit`
+is LLM.int8 (bitsandbytes >= 0.48, which runs on CPU as well as CUDA).
 
 The bytes of a quantized base are arithmetic, computed here without building the model (on the
 `meta` device) and checked against the real bitsandbytes modules on CPU (tests/test_quantize.py):
@@ -168,7 +171,6 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
     is a folder of weights (transformers quantizes while it loads them), or a model config: a
     preset, whose seeded weights are drawn and quantized one layer at a time (`quantized_from_config`)."""
-    import torch
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -180,7 +182,7 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     try:
         if isinstance(source, (str, Path)):
             options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}}
-            quantization = bitsandbytes_config(kind, torch.bfloat16)
+            quantization = bitsandbytes_config(kind, dtype)
             model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, quantization_config=quantization, **options)
         else:
             model = quantized_from_config(source, device, kind, dtype)
@@ -205,7 +207,7 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any) -> An
     from train.workload.meta_init import meta_plain_model, seeded_tensors
 
     device = torch.device(device)
-    quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, torch.bfloat16), pre_quantized=False)
+    quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype), pre_quantized=False)
     model = meta_plain_model(config, dtype)
     quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": device}, checkpoint_files=None, use_kernels=False)
     for name, value in seeded_tensors(meta_plain_model(config, dtype), "cpu"):
