@@ -184,34 +184,34 @@ class ProbePlanner:
         relevance = self._relevance(affordable) if self.viable() else dict.fromkeys(affordable, 1.0)
         return max(affordable, key=lambda c: (gains[c] * relevance[c] / max(prices[c], 1e-9), -prices[c], c))
 
-    @property
     def _curvature_scale(self) -> float:
         """Seconds per √token at the scale of the measured steps (the prior's before any)."""
         largest = max(self.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
         return self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
 
     def _gains(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
+        curvature = self._curvature_scale()  # once: the same for every feature of this choice
         everything = self.space.all_configs()
-        scale = np.maximum(np.abs(np.stack([self._feature(c) for c in everything])).max(axis=0), 1e-30)
+        scale = np.maximum(np.abs(np.stack([self._feature(c, curvature) for c in everything])).max(axis=0), 1e-30)
         information = RIDGE * np.eye(len(scale))
         for row in self.ok_rows():
-            z = self._feature(StepConfig.from_row(row)) / scale
+            z = self._feature(StepConfig.from_row(row), curvature) / scale
             information += np.outer(z, z)
         inverse = np.linalg.inv(information)
         gains = {}
         for config in configs:
-            z = self._feature(config) / scale
+            z = self._feature(config, curvature) / scale
             gains[config] = math.log1p(float(z @ inverse @ z))
         return gains
 
-    def _feature(self, config: StepConfig) -> np.ndarray:
-        """The throughput model's features on relative error, plus √tokens: a curvature the
-        additive terms cannot express (where the host's launch time and the device's compute
-        overlap, between host-bound and compute-bound sizes), so that the design also spreads
-        its probes over token counts in between."""
+    def _feature(self, config: StepConfig, curvature: float) -> np.ndarray:
+        """The throughput model's features on relative error, plus √tokens × `curvature` (seconds
+        per √token): a curvature the additive terms cannot express (where the host's launch time
+        and the device's compute overlap, between host-bound and compute-bound sizes), so that the
+        design also spreads its probes over token counts in between."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
-        return np.append(throughput_features(config), math.sqrt(tokens) * self._curvature_scale) / micro
+        return np.append(throughput_features(config), math.sqrt(tokens) * curvature) / micro
 
     def _relevance(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
         tokens = {c: c.micro_batch_size * c.seq_len for c in configs}
