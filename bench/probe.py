@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from calibration.step_config import StepConfig
+from common.heap import collect_everything
 from train.step.engine import StepOptions, engine_from_options
 from train.step.metrics import data_wait_share, step_figures
 from train.step.peak_memory import PeakMemory
@@ -58,7 +59,7 @@ class Workload:
         process builds the same model on this device (bench.compile_probe). No probe runs after."""
         self.engine = self.model = self.optimizer = self.scheduler = self.step = None  # type: ignore[assignment]
         self.accelerator.free_memory()  # accelerate keeps references to what it prepared
-        gc.collect()
+        collect_everything()  # the model may sit in the collector's frozen generation (common.heap)
         if self.device.type == "cuda":
             import torch
 

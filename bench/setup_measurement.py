@@ -22,6 +22,7 @@ from bench.space import SearchSpace, default_space, within_positions
 from bench.timing import ProbeSettings
 from common.console import say
 from common.durations import format_duration
+from common.heap import frozen_heap
 from common.home import benchtrain_home, writable_subdir
 from common.json_types import JsonDict
 from common.progress import Bar
@@ -86,16 +87,19 @@ def measure_setup(
     if carry is not None:
         carry.seed(workload.seen_shapes)
     coordinator = probe_coordinator(workload, task.hardware.get("peak_bf16_flops"))
-    if not coordinator.leads:
-        coordinator.follow()  # rank 0 decides every probe; this process runs each with it
-        return None
-    try:
-        return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True), workload, progress)
-    finally:
-        coordinator.finish()
-        workload.release()  # the next setup builds its own model
-        if carry is not None:
-            carry.done(planner)
+    # The libraries and the model frozen for the collector: each probe's collections walk only
+    # what the probes made (common.heap).
+    with frozen_heap():
+        if not coordinator.leads:
+            coordinator.follow()  # rank 0 decides every probe; this process runs each with it
+            return None
+        try:
+            return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True), workload, progress)
+        finally:
+            coordinator.finish()
+            workload.release()  # the next setup builds its own model
+            if carry is not None:
+                carry.done(planner)
 
 
 def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:

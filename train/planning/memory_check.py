@@ -78,7 +78,10 @@ _META_MODELS: dict[str, torch.nn.Module] = {}
 def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
     """The model as it will be trained, built on `meta` (no memory, no weights): exact shapes.
     Adapters are made on `meta` too (peft would initialise them for real: seconds for an 8B
-    model); one build per architecture and method in a process."""
+    model); one build per architecture and adapter shape in a process: the base's quantization,
+    the optimizer, LoRA's alpha and dropout change no parameter's shape (bitsandbytes' bytes are
+    arithmetic on the plain layers: quantized_base_bytes), and a plan asks for the same
+    architecture under each of them (≈ 0.7 s a build on a 2-core CPU)."""
     import json
 
     import torch
@@ -86,11 +89,12 @@ def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
 
     from train.workload.model import make_config
 
-    key = json.dumps([spec.config_dict, repr(method)], sort_keys=True, default=str)
+    shaped = MethodConfig(method=method.method, lora_rank=method.lora_rank, lora_targets=method.lora_targets)
+    key = json.dumps([spec.config_dict, repr(shaped)], sort_keys=True, default=str)
     if key not in _META_MODELS:
         with torch.device("meta"):
             # transformers leaves from_config unannotated.
-            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), method)  # type: ignore[no-untyped-call]
+            _META_MODELS[key] = apply_method(AutoModelForCausalLM.from_config(make_config(spec)), shaped)  # type: ignore[no-untyped-call]
     return _META_MODELS[key]
 
 
