@@ -27,6 +27,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+    # The slow tests first (longest first is the classic schedule): under xdist the workers then
+    # end on short tests together, not one on a two-minute test while the other idles.
+    items.sort(key=lambda item: "slow" not in item.keywords)
 
 
 @pytest.fixture(scope="session")

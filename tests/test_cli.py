@@ -81,6 +81,7 @@ def test_bench_unwritable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     assert_one_line_error(code, err, "is not writable")
 
 
+@pytest.mark.slow
 def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_main("bench", ["run", "--gpu", "cpu", *SMALL_GRID], capsys)
     assert code == 0, err
@@ -260,6 +261,7 @@ def torchrun(module: str, arguments: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module, *arguments]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fork_server) -> None:
     """Under a launcher (torchrun, like `accelerate launch`): a 1-process calibration plus all-reduce
@@ -327,6 +329,7 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert "communication: measured in the calibration's 2-process ddp step times" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fork_server) -> None:
     """`--sharding fsdp` under 2 processes: trains what DDP trains (same losses, same eval loss), plans its

@@ -126,6 +126,7 @@ def compile_home(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 @needs_compiler
 def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
     """bench measures compilation per shape and records it; train plans it, runs compiled, and a

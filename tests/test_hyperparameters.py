@@ -282,6 +282,7 @@ def test_a_run_from_before_the_section_resumes_with_the_defaults() -> None:
     assert resumed_hyperparameters(previous, {"warmup_steps": 2}, force=False) == kept
 
 
+@pytest.mark.slow
 def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from calibration.model import Calibration
     from calibration.schema import read_calibration_file

@@ -134,6 +134,7 @@ def test_bench_refuses_a_model_that_cannot_fit(home: Path, capsys: pytest.Captur
     assert not (home / "calibrations").exists() or not list((home / "calibrations").glob("*.json"))
 
 
+@pytest.mark.slow
 def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *TINY_GRID, "--no-report"], capsys)
     assert code == 0, err

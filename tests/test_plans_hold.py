@@ -147,6 +147,7 @@ def test_a_resume_continues_the_run_it_resumes_whatever_this_command_says(
     assert (out / "run.json").read_text() == before  # a refused resume changes nothing
 
 
+@pytest.mark.slow
 def test_a_fit_deadline_run_that_ran_all_its_steps_is_not_resumed(
     calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -138,6 +138,7 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
     assert plain.generate(input_ids=PROMPT, max_new_tokens=3, do_sample=False).shape == (1, PROMPT.shape[1] + 3)
 
 
+@pytest.mark.slow
 def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

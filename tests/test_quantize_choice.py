@@ -177,6 +177,7 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
     assert "note: a 4-bit base (not measured)" in printed and "fits the 80 GiB" in printed
 
 
+@pytest.mark.slow
 def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`bench run --quantize none,4bit` on tiny: one file, two fits, each variant's history its own."""
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "40s", "--quiet", "--no-report"]
@@ -203,6 +204,7 @@ def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pyte
     assert len(histories[chosen]) == 1 and all(not entries for kind, entries in histories.items() if kind != chosen)
 
 
+@pytest.mark.slow
 def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """tiny: bench measures LoRA on an 8-bit base with paged 8-bit AdamW, train (auto) trains that,
     final/ loads with peft on the 8-bit base again."""

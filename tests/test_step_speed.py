@@ -62,6 +62,7 @@ def test_fixed_cost_per_micro_step_from_micro_batch_1_and_2() -> None:
     assert fixed_micro_step_seconds(0.010, 0.030) == 0.0
 
 
+@pytest.mark.slow
 def test_peers_benchmark_runs_in_one_command() -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--loops", "hf-trainer,ours-eager", "--steps", "2", "--warmup", "1"]
     command += ["--micro-batch", "2", "--seq-len", "32"]
