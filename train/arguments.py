@@ -57,7 +57,10 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
         metavar="NAMES",
         help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
-    quantize = "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute on CUDA, fp32 on a CPU) or 8bit (LLM.int8)"
+    quantize = (
+        "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute on CUDA, fp32 on a CPU) "
+        "or 8bit (LLM.int8)"
+    )
     optimizer = optimizer_help()  # each of OPTIMIZERS with its phrase
     if measured:
         parser.add_argument(
