@@ -1,4 +1,5 @@
-"""Checks that run under torchrun, started by tests/test_multi_process.py:
+"""Checks that run as the ranks of a process group: under torchrun, or forked by tests/forkserver.py
+with the variables torchrun sets (tests/test_multi_process.py's `_as_process_group`):
 
     python -m torch.distributed.run --nproc_per_node N tests/distributed_checks.py lr-curve STEPS
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py one-rank-oom

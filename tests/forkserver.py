@@ -1,5 +1,5 @@
 """A process that has imported the training stack once and forks a fresh `train`/`bench` command
-per request, so a test can start (and `kill -9`) many real processes without paying the ≈8 s of
+(or a test's script, named by its path) per request, so a test can start (and `kill -9`) many real processes without paying the ≈8 s of
 torch + transformers imports each time.
 
 The server never runs a tensor operation itself: forking before any OpenMP thread pool exists is
@@ -31,7 +31,8 @@ def exit_code(status: int) -> int:
 
 
 def run_child(command: str, argv: list[str], stderr_path: str, stdout_path: str | None, env: dict[str, str]) -> None:
-    """In the forked child: run the command's entry point as `python -m <command>` would."""
+    """In the forked child: run the command's entry point as `python -m <command>` would (a path
+    ending in .py: the script, as `python <path>` would)."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -40,10 +41,16 @@ def run_child(command: str, argv: list[str], stderr_path: str, stdout_path: str 
         os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
         os.environ.update(env)
         sys.argv = [command, *argv]
-        from common.errors import guard_cli
+        if command.endswith(".py"):  # a script (tests/distributed_checks.py), run as `python script.py` runs it
+            import runpy
 
-        module = __import__(COMMANDS[command], fromlist=["main"])
-        code = guard_cli(module.main, argv)
+            runpy.run_path(command, run_name="__main__")
+            code = 0
+        else:
+            from common.errors import guard_cli
+
+            module = __import__(COMMANDS[command], fromlist=["main"])
+            code = guard_cli(module.main, argv)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
     except BaseException:

@@ -1,20 +1,19 @@
 """Several processes: data sharded without duplicates, the all-reduce and FSDP communication models,
 FSDP's memory per shard, which calibration a multi-process run plans from, LR scaling, and how
-bench combines the ranks' probes; under torchrun (tests/distributed_checks.py): the learning-rate
-schedule and a probe that runs out of memory on one rank. The commands under torchrun are in
+bench combines the ranks' probes; as a process group (tests/distributed_checks.py, ranks forked by
+tests/forkserver.py with torchrun's variables): the learning-rate schedule and a probe that runs out
+of memory on one rank. The commands under torchrun are in
 tests/test_cli.py (test_two_processes_under_torchrun, test_fsdp_under_torchrun)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from forkserver import ForkServer
 from helpers import synthetic_calibration
-from test_cli import run_process_group
 from test_planner import heavy_tailed
 
 from bench.distributed import combine_rows
@@ -193,19 +192,23 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
 CHECKS = Path(__file__).with_name("distributed_checks.py")
 
 
-def _under_torchrun(processes: int, *arguments: str, timeout: float = 150, env: dict[str, str] | None = None) -> dict:
-    """What tests/distributed_checks.py's rank 0 reports under torchrun with `processes` gloo
-    processes (`env`: variables added to this process's)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), str(CHECKS), *arguments]
-    result = run_process_group(command, env, timeout)
+def _as_process_group(fork_server: ForkServer, processes: int, *arguments: str, timeout: float = 150, env: dict[str, str] | None = None) -> dict:
+    """What tests/distributed_checks.py's rank 0 reports as `processes` gloo processes, each forked by
+    the fork server (the stack imported: ≈8 s less a rank than a new interpreter under torchrun) with
+    the variables torchrun sets for its workers. Every check here ends on every rank by itself; a rank
+    that failed would not end the others, as torchrun's agent does (the checks that need it,
+    tests/test_bench_rows_survive.py, run under torchrun)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
+        variables = {"OMP_NUM_THREADS": "1", **(env or {})}
+        result = fork_server.run_group(str(CHECKS), list(arguments), Path(folder), env=variables, processes=processes, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes() -> None:
+def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes(fork_server: ForkServer) -> None:
     """accelerate's prepared scheduler would step once per process per optimizer step: under N
     processes the cosine reached zero after 1/N of the run and climbed back. The schedule now warms
     up, decays once and ends at its floor, step for step as in one process."""
@@ -219,13 +222,13 @@ def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes() 
     assert all(later <= earlier for earlier, later in zip(rates[peak:], rates[peak + 1 :], strict=False))  # one decay, no rise
     assert alone["final"] == 0.0 and rates[-1] < 0.01 * rates[peak]  # the floor after the last step
     for processes in (2, 3):
-        shared = _under_torchrun(processes, "lr-curve", str(steps))
+        shared = _as_process_group(fork_server, processes, "lr-curve", str(steps))
         assert shared["processes"] == processes
         assert shared["rates"] == pytest.approx(rates, rel=1e-12) and shared["final"] == alone["final"]
 
 
 @pytest.mark.slow
-def test_a_probe_out_of_memory_on_one_rank_ends_on_every_rank() -> None:
+def test_a_probe_out_of_memory_on_one_rank_ends_on_every_rank(fork_server: ForkServer) -> None:
     """Rank 0 alone runs out of memory in the probe's first step: every rank learns it before any
     collective, so none is left in DDP's all-reduce; the probe is an OOM, and the next one runs."""
-    assert _under_torchrun(2, "one-rank-oom", timeout=120)["statuses"] == ["oom", "ok"]
+    assert _as_process_group(fork_server, 2, "one-rank-oom", timeout=120)["statuses"] == ["oom", "ok"]

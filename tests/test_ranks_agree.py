@@ -148,15 +148,15 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_an_out_of_memory_on_one_rank_in_a_later_step_ends_the_probe_on_every_rank(sharding: str) -> None:
+def test_an_out_of_memory_on_one_rank_in_a_later_step_ends_the_probe_on_every_rank(sharding: str, fork_server) -> None:
     """Rank 1 alone runs out of memory in its second step's optimizer step (AdamW's temporaries),
     after that step's collectives: rank 0, already past them, went on into the next step's while
     rank 1 gathered its row, and the bench hung until the watchdog killed it with every row
     measured so far. Every step's outcome is now agreed: the probe is an OOM on every rank, and the
     next probe runs (DDP and FSDP, two gloo processes)."""
-    from test_multi_process import _under_torchrun
+    from test_multi_process import _as_process_group
 
-    found = _under_torchrun(2, "late-oom", sharding, timeout=90)
+    found = _as_process_group(fork_server, 2, "late-oom", sharding, timeout=90)
     assert found["sharding"] == sharding
     assert found["statuses"] == ["oom", "ok"]
     assert "rank 1, step 2" in found["errors"][0]  # the failing rank's row is the probe's
@@ -166,14 +166,14 @@ def test_an_out_of_memory_on_one_rank_in_a_later_step_ends_the_probe_on_every_ra
 
 
 @pytest.mark.slow
-def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path) -> None:
+def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fork_server) -> None:
     """Rank 1 has spent 272 s more than rank 0 of a 5-minute deadline (its own clock; a slower
     tokenizing, a later start): planning for itself, --fit-deadline cut it to 32 of rank 0's 200
     steps, and the two ranks would have trained different runs (or hung in the first collective
     that differed). Rank 0's plan is every rank's; and a rank that still differs is refused, in one
     line, on every rank, before any step."""
     from helpers import synthetic_calibration
-    from test_multi_process import _under_torchrun
+    from test_multi_process import _as_process_group
 
     from calibration.store import save_calibration
     from train.step.hardware import detect_hardware
@@ -182,7 +182,7 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path) ->
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     arguments = ["--epochs", "50", "--deadline", "5m", "--fit-deadline", "--effective-batch", "16"]
-    found = _under_torchrun(2, "plans-agree", str(heavy_tailed_jsonl), "272", *arguments, env={"BENCHTRAIN_HOME": str(home)})
+    found = _as_process_group(fork_server, 2, "plans-agree", str(heavy_tailed_jsonl), "272", *arguments, env={"BENCHTRAIN_HOME": str(home)})
     rank0, rank1 = found["plans"]
     assert "configuration" in rank0 and rank0["step_limit"] is None  # rank 0 trains every step it planned
     assert rank1 == rank0
