@@ -1,4 +1,4 @@
-"""Where DDP's gradients live, run under torchrun by tests/test_memory_reserved.py:
+"""Where DDP's gradients live, run as two ranks (torchrun, or tests/forkserver.py's ranks, as tests/test_memory_reserved.py runs it):
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/ddp_gradient_checks.py
 

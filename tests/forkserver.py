@@ -44,6 +44,7 @@ def run_child(command: str, argv: list[str], stderr_path: str, stdout_path: str 
         if command.endswith(".py"):  # a script (tests/distributed_checks.py), run as `python script.py` runs it
             import runpy
 
+            sys.path.insert(0, os.path.dirname(command))  # as python does: the script's folder first
             runpy.run_path(command, run_name="__main__")
             code = 0
         else:
@@ -161,6 +162,19 @@ class ForkServer:
         # Like torchrun: the group fails when any rank fails.
         code = next((codes[pid] for pid in pids if codes[pid] != 0), 0)
         return subprocess.CompletedProcess([command, *argv], code, stdout, stderr)
+
+    def group_report(self, script: Path, arguments: list[str], processes: int = 2, timeout: float = 150, env: dict[str, str] | None = None) -> Any:
+        """The JSON line rank 0 of `script` printed last, its ranks forked (the stack imported: ≈8 s
+        less a rank than a new interpreter under torchrun) with the variables torchrun sets. For
+        scripts whose ranks all end by themselves: a rank that fails does not end the others, as
+        torchrun's agent would (tests that need that, tests/test_bench_rows_survive.py, use torchrun)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
+            variables = {"OMP_NUM_THREADS": "1", **(env or {})}
+            result = self.run_group(str(script), arguments, Path(folder), env=variables, processes=processes, timeout=timeout)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
 
     def __enter__(self) -> ForkServer:
         return self

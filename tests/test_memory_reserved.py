@@ -8,16 +8,14 @@ allocated-only calibration plans as before and says so.
 
 Fault 12: under DDP the gradients of the probe's first step (no collective in it) and of every
 accumulating micro-step were allocated by autograd beside DDP's buckets: two fp32 copies of the
-gradients. Two gloo processes under torchrun (tests/ddp_gradient_checks.py) hold that one copy is
-held at every step.
+gradients. Two gloo processes (tests/ddp_gradient_checks.py, as ranks forked by tests/forkserver.py
+with torchrun's variables) hold that one copy is held at every step.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 from helpers import GIB, synthetic_calibration, synthetic_rows
-from test_cli import run_process_group
 from test_planner import heavy_tailed, tokenized
 
 from calibration.fit import fit_measurements
@@ -190,17 +187,12 @@ CHECKS = Path(__file__).with_name("ddp_gradient_checks.py")
 
 
 @pytest.mark.slow
-def test_ddp_holds_one_copy_of_the_gradients_at_every_step() -> None:
+def test_ddp_holds_one_copy_of_the_gradients_at_every_step(fork_server) -> None:
     """Two gloo processes, the tiny model under DDP (gradient_as_bucket_view): at every step — the
     probe's first, with no collective in it; accumulating ones; the first after a failed probe —
     the gradients held are DDP's buckets and nothing beside them. Before: 2.0 copies in the first
     step and in every step with accumulation (a fresh gradient per parameter under no_sync)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(CHECKS)]
-    result = run_process_group(command, env, 150)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = fork_server.group_report(CHECKS, [], timeout=150)
     assert found["processes"] == 2
     assert found["steps"] == {
         "first step, no sync, accum 2": 1.0,

@@ -1,8 +1,9 @@
 """Models that never exist whole (issue #39, faults 5 and 9): a preset's initial weights drawn one
 module at a time (train.workload.meta_init), a 4-bit base quantized from them without a temporary
 checkpoint, and FSDP built on `meta`, each rank materialising its shards only, in bf16 mixed
-precision under torchrun (this file is also the torchrun worker: `python -m torch.distributed.run
---nproc_per_node 2 tests/test_meta_build.py fsdp FOLDER`).
+precision as two ranks (this file is also the rank's script: `python -m torch.distributed.run
+--nproc_per_node 2 tests/test_meta_build.py fsdp FOLDER`; the test forks the ranks from
+tests/forkserver.py with the variables torchrun sets).
 
 Memory is measured by a spy, not by RSS: `LiveFloat32` follows every fp32 CPU storage made while
 it is on (a dispatch mode sees each op's outputs) and keeps the peak of the bytes alive at once."""
@@ -10,7 +11,6 @@ it is on (a dispatch mode sees each op's outputs) and keeps the peak of the byte
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -164,15 +164,13 @@ def _adapter_bytes(spec: Any) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precision(tmp_path: Path) -> None:
-    """Two gloo processes under torchrun, bf16 mixed precision (FSDP's MixedPrecisionPolicy
+def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precision(tmp_path: Path, fork_server) -> None:
+    """Two gloo processes (forked with torchrun's variables: tests/forkserver.py), bf16 mixed precision (FSDP's MixedPrecisionPolicy
     param_dtype=bfloat16, reduce_dtype=float32): a preset with a tied head and a folder with
     weights. No rank ever holds the whole fp32 model while building (the old build made all of it
     on every rank, then sharded); what a rank holds is its half, as the memory check counts; the
     weights are the unsharded build's (the folder's, read by rank 0 and broadcast); the head stays
     tied; blocks compute in bf16 and the step trains."""
-    from test_cli import run_process_group
-
     folder = tmp_path / "weights"
     torch.manual_seed(1)
     from transformers import AutoModelForCausalLM
@@ -180,12 +178,7 @@ def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precis
     from train.workload.model import make_config
 
     AutoModelForCausalLM.from_config(make_config(spec_of("folder", SEVERAL_LAYERS))).save_pretrained(folder)
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, "fsdp", str(folder)]
-    result = run_process_group(command, env, 200)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ranks = json.loads(result.stdout.strip().splitlines()[-1])
+    ranks = fork_server.group_report(Path(__file__), ["fsdp", str(folder)], timeout=200)
     assert sorted(rank["rank"] for rank in ranks) == [0, 1]
     for rank in ranks:
         for built in (rank["preset"], rank["folder"]):

@@ -7,7 +7,6 @@ tests/test_cli.py (test_two_processes_under_torchrun, test_fsdp_under_torchrun).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -192,21 +191,6 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
 CHECKS = Path(__file__).with_name("distributed_checks.py")
 
 
-def _as_process_group(fork_server: ForkServer, processes: int, *arguments: str, timeout: float = 150, env: dict[str, str] | None = None) -> dict:
-    """What tests/distributed_checks.py's rank 0 reports as `processes` gloo processes, each forked by
-    the fork server (the stack imported: ≈8 s less a rank than a new interpreter under torchrun) with
-    the variables torchrun sets for its workers. Every check here ends on every rank by itself; a rank
-    that failed would not end the others, as torchrun's agent does (the checks that need it,
-    tests/test_bench_rows_survive.py, run under torchrun)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
-        variables = {"OMP_NUM_THREADS": "1", **(env or {})}
-        result = fork_server.run_group(str(CHECKS), list(arguments), Path(folder), env=variables, processes=processes, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes(fork_server: ForkServer) -> None:
     """accelerate's prepared scheduler would step once per process per optimizer step: under N
@@ -222,7 +206,7 @@ def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes(fo
     assert all(later <= earlier for earlier, later in zip(rates[peak:], rates[peak + 1 :], strict=False))  # one decay, no rise
     assert alone["final"] == 0.0 and rates[-1] < 0.01 * rates[peak]  # the floor after the last step
     for processes in (2, 3):
-        shared = _as_process_group(fork_server, processes, "lr-curve", str(steps))
+        shared = fork_server.group_report(CHECKS, ["lr-curve", str(steps)], processes)
         assert shared["processes"] == processes
         assert shared["rates"] == pytest.approx(rates, rel=1e-12) and shared["final"] == alone["final"]
 
@@ -231,4 +215,4 @@ def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes(fo
 def test_a_probe_out_of_memory_on_one_rank_ends_on_every_rank(fork_server: ForkServer) -> None:
     """Rank 0 alone runs out of memory in the probe's first step: every rank learns it before any
     collective, so none is left in DDP's all-reduce; the probe is an OOM, and the next one runs."""
-    assert _as_process_group(fork_server, 2, "one-rank-oom", timeout=120)["statuses"] == ["oom", "ok"]
+    assert fork_server.group_report(CHECKS, ["one-rank-oom"], timeout=120)["statuses"] == ["oom", "ok"]

@@ -154,9 +154,9 @@ def test_an_out_of_memory_on_one_rank_in_a_later_step_ends_the_probe_on_every_ra
     rank 1 gathered its row, and the bench hung until the watchdog killed it with every row
     measured so far. Every step's outcome is now agreed: the probe is an OOM on every rank, and the
     next probe runs (DDP and FSDP, two gloo processes)."""
-    from test_multi_process import _as_process_group
+    from test_multi_process import CHECKS
 
-    found = _as_process_group(fork_server, 2, "late-oom", sharding, timeout=90)
+    found = fork_server.group_report(CHECKS, ["late-oom", sharding], timeout=90)
     assert found["sharding"] == sharding
     assert found["statuses"] == ["oom", "ok"]
     assert "rank 1, step 2" in found["errors"][0]  # the failing rank's row is the probe's
@@ -173,7 +173,7 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fo
     that differed). Rank 0's plan is every rank's; and a rank that still differs is refused, in one
     line, on every rank, before any step."""
     from helpers import synthetic_calibration
-    from test_multi_process import _as_process_group
+    from test_multi_process import CHECKS
 
     from calibration.store import save_calibration
     from train.step.hardware import detect_hardware
@@ -182,7 +182,7 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fo
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     arguments = ["--epochs", "50", "--deadline", "5m", "--fit-deadline", "--effective-batch", "16"]
-    found = _as_process_group(fork_server, 2, "plans-agree", str(heavy_tailed_jsonl), "272", *arguments, env={"BENCHTRAIN_HOME": str(home)})
+    found = fork_server.group_report(CHECKS, ["plans-agree", str(heavy_tailed_jsonl), "272", *arguments], env={"BENCHTRAIN_HOME": str(home)})
     rank0, rank1 = found["plans"]
     assert "configuration" in rank0 and rank0["step_limit"] is None  # rank 0 trains every step it planned
     assert rank1 == rank0

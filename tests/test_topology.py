@@ -9,8 +9,6 @@ inside the bracket built from that link and the step without communication."""
 from __future__ import annotations
 
 import copy
-import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main, run_process_group
+from test_cli import assert_one_line_error, run_main
 from test_compare import cpu_calibration, h100_data
 from test_planner import heavy_tailed, tokenized
 
@@ -448,7 +446,7 @@ CHECKS = Path(__file__).with_name("topology_checks.py")
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_collective_model_holds_a_gloo_ddp_step_within_its_bracket() -> None:
+def test_the_collective_model_holds_a_gloo_ddp_step_within_its_bracket(fork_server) -> None:
     """Two gloo processes, one thread each: all-reduces timed as bench times them (beside a
     computing thread: train.planning.comm.beside_compute) give the loopback link (latency per ring
     step, bandwidth); the ring all-reduce of the tiny model's gradients over that link, bracketed
@@ -456,12 +454,7 @@ def test_the_collective_model_holds_a_gloo_ddp_step_within_its_bracket() -> None
     DDP adds to the step — paired step by step under the same load, within three standard errors
     of its median (this 2-core machine is shared: one step's own noise is tens of percent, and the
     collective's timing, not in that error, moved between 7 and 10 ms from run to run)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(CHECKS), "60"]
-    result = run_process_group(command, env, 240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = fork_server.group_report(CHECKS, ["60"], timeout=240)
     assert found["processes"] == 2 and found["backend"] == "gloo" and found["threads"] == 1
     measured = fit_comm(found["all_reduce"], 2, "gloo")
     link = link_from_all_reduce(measured)

@@ -1,4 +1,4 @@
-"""The collective model against gloo on this host, run under torchrun by tests/test_topology.py:
+"""The collective model against gloo on this host, run as two ranks (torchrun, or tests/forkserver.py's ranks, as tests/test_topology.py runs it):
 
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 tests/topology_checks.py STEPS [MICRO SEQ]
 
