@@ -1,7 +1,7 @@
 """Garbage collection that does not walk the libraries' objects at every probe.
 
 A full `gc.collect()` walks every object alive: after torch, transformers, accelerate and peft are
-imported that is ≈ 470,000 objects, 0.26 s on a 2-core AVX2 EPYC, paid twice a probe (before its
+imported that is ≈ 470,000 objects, ≈0.27 s on a 2-core AVX2 EPYC, paid twice a probe (before its
 peak is measured and after a failure): seconds of a bench's budget, and of its probes' overheads,
 spent on the garbage collector. Inside `frozen_heap()` what was alive when it began (modules,
 classes, the built model) sits in the collector's permanent generation (`gc.freeze`), so a
