@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("bitsandbytes")
 
 from test_cli import assert_one_line_error, run_main
-from test_quantize import hide_bitsandbytes
+from test_quantize import configs, hide_bitsandbytes
 
 from bench.refit import refit_record
 from calibration.model import Calibration
@@ -229,24 +229,24 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
     assert model.generate(input_ids=prompt, max_new_tokens=3, do_sample=False).shape == (1, 6)
 
 
-# gpt2's architecture (Conv1D layers, a tied 50,257-token head, 768 wide) at two blocks: what the
-# test below holds is the layer types and the head, which depth does not change. Its cost was once
-# sized by a timed layer (issue 38), and full gpt2's 4-bit step took 231 s on an AVX2 EPYC: 4-bit
-# computed in bf16 on CPUs, ≈40× slower there than fp32 (now the base's dtype: train.workload.quantize).
-BLOCKS = 2
+# gpt2's architecture (Conv1D layers, a tied 50,257-token head, 768 wide) at two blocks
+# (test_quantize.configs): what the test below holds is the layer types and the head, which depth
+# does not change. Its cost was once sized by a timed layer (issue 38), and full gpt2's 4-bit step
+# took 231 s on an AVX2 EPYC: 4-bit computed in bf16 on CPUs, ≈40× slower there than fp32 (now the
+# base's dtype: train.workload.quantize).
 STEPS = 5
 
 
-def gpt2_blocks(home: Path, blocks: int) -> str:
-    """gpt2's architecture with `blocks` blocks and seeded weights, saved as a folder with a tokenizer."""
+def two_gpt2_blocks(home: Path) -> str:
+    """test_quantize's two-block gpt2 with seeded weights, saved as a folder with a tokenizer."""
     import torch
-    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers import AutoModelForCausalLM
 
     from train.workload.tokenizer import byte_tokenizer
 
-    folder = home / f"gpt2-{blocks}-blocks"
+    folder = home / "gpt2-2-blocks"
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(GPT2Config(n_layer=blocks, n_embd=768, n_head=12, vocab_size=50257)).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(configs()["gpt2"]).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return str(folder)
 
@@ -255,7 +255,7 @@ def gpt2_blocks(home: Path, blocks: int) -> str:
 @pytest.mark.parametrize("kind", ["4bit", "8bit"])
 def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
     """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit or 8-bit base, planned with --force from
-    the bf16-base calibration of 2 minutes on this CPU; two of gpt2's blocks (BLOCKS)."""
+    the bf16-base calibration of 2 minutes on this CPU; two of gpt2's blocks."""
     import shutil
 
     from train.export import load_final
@@ -263,7 +263,7 @@ def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys:
     out = home / "run"
     home.mkdir(parents=True, exist_ok=True)
     calibration = shutil.copy(GPT2_LORA, home / "gpt2-lora.json")  # a run appends to its calibration's history
-    model = gpt2_blocks(home, BLOCKS)
+    model = two_gpt2_blocks(home)
     arguments = ["--use-calibration", str(calibration), "--model", model, "--lora", "--quantize", kind, "--force", "--data", "sample"]
     arguments += ["--deadline", "2h", "--max-steps", str(STEPS), "--max-length", "64", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
     code, _, err = run_main("train", arguments, capsys)
