@@ -1,0 +1,81 @@
+"""The documentation agrees with the code: every option the commands accept is in docs/usage.md and
+every option docs/usage.md names exists; the README stays a first page whose test command is the
+one CI runs; relative links in the docs point at files that exist."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from bench.cli import build_parser as bench_parser
+from reports.cli import build_parser as report_parser
+from train.cli import build_parser as train_parser
+from train.cli import push_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+USAGE = ROOT / "docs" / "usage.md"
+# Options of the tools benchtrain runs under or beside (accelerate, torchrun, pip, hf), which the
+# usage page shows in its command lines.
+OTHER_TOOLS = {
+    "--num_processes",
+    "--nproc_per_node",
+    "--num_machines",
+    "--machine_rank",
+    "--main_process_ip",
+    "--main_process_port",
+    "--cpu",
+    "--revision",
+    "--standalone",
+}
+MISTYPED = {"--dealine"}  # the usage page's example of a mistyped option
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
+
+
+def parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """A parser and every subcommand's parser below it."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found.extend(parsers(child))
+    return found
+
+
+def accepted_options() -> set[str]:
+    options: set[str] = set()
+    for root in (bench_parser(), train_parser(), push_parser(), report_parser()):
+        for parser in parsers(root):
+            for action in parser._actions:
+                options.update(flag for flag in action.option_strings if flag.startswith("--") and flag != "--help")
+    return options
+
+
+def test_every_option_a_command_accepts_is_in_the_usage_page() -> None:
+    named = set(OPTION.findall(USAGE.read_text()))
+    missing = sorted(accepted_options() - named)
+    assert not missing, f"options missing from docs/usage.md: {missing}"
+
+
+def test_every_option_the_usage_page_names_exists() -> None:
+    named = set(OPTION.findall(USAGE.read_text()))
+    unknown = sorted(named - accepted_options() - OTHER_TOOLS - MISTYPED)
+    assert not unknown, f"docs/usage.md names options no command accepts: {unknown}"
+
+
+def test_the_readme_is_a_first_page_whose_test_command_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    ci = (ROOT / ".ci" / "run").read_text().split()
+    assert "bash scripts/test.sh" in readme and ci[-2:] == ["bash", "scripts/test.sh"]
+    assert "bash scripts/demo.sh" in readme and (ROOT / "scripts" / "demo.sh").is_file()
+
+
+def test_relative_links_in_the_docs_point_at_files_that_exist() -> None:
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} → {target}")
+    assert not broken, f"broken links: {broken}"
