@@ -8,7 +8,7 @@ and without `gc.freeze` (common.heap). One thread, as a test worker runs.
 
 On a CPU without AVX512-BF16 (an AVX2 EPYC) bf16 matmuls fall back to a slow path: that made 4-bit
 bases computing in bf16 take minutes per gpt2 step there (train.workload.quantize now computes in the
-base's dtype, fp32 on a CPU). Prints one table; docs/benchmarks.md records the results.
+base's dtype, fp32 on a CPU). Prints one table; docs/results.md records the results.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every GPU claim of docs/benchmarks.md in one command (issue 34), within ten minutes on one H100:
+"""Every GPU claim of docs/results.md ("Not measured on a GPU yet") in one command, within ten minutes on one H100:
 
     python benchmarks/gpu_check.py --out gpu-check/            # one H100 (or any CUDA GPU), priced ≈ 9.6 min (not yet run on one)
     python benchmarks/gpu_check.py --price                     # that price, check by check, on any machine (seconds)
@@ -15,8 +15,8 @@ benchmarks/ scripts run (peers.py's loops, bench_budget.py's `bench run` process
   its ratio to HF Trainer and to a plain `torch.compile`d loop (peers.py: median step of each);
 - loss: THE step with the chunked, the plain and Liger's loss, tokens/s and peak;
 - lora-8b: `bench run --gpu h100 --model llama-3.1-8b --lora --budget 2m` (compiled) in its own
-  process: probes, held-out error, wall time against the budget (the README asks 5m: the ten
-  minutes hold 2m beside the rest; `--lora-budget 5m` for the README's figure);
+  process: probes, held-out error, wall time against the budget (docs/usage.md's 8B command asks
+  5m: the ten minutes hold 2m beside the rest; `--lora-budget 5m` for that figure);
 - train: `bench run --model llama-3.2-1b --compile off --budget 45s`, then `train --deadline 2m30s
   --fit-deadline` on the bundled sample from that calibration: the estimate error (like for like,
   calibration.accuracy.check_estimate) and the deadline;
@@ -32,7 +32,7 @@ the bundled H100 calibration predicts each fixed-shape check's peak with 10% of 
 all four peers at), and the simulated H100 prices the whole script under ten minutes.
 
 It writes `gpu_check.json` (every figure) and `gpu_check.md` (one row per check, ready for
-docs/benchmarks.md) into --out. Without CUDA it refuses (exit 2) unless --smoke, which runs the
+docs/results.md) into --out. Without CUDA it refuses (exit 2) unless --smoke, which runs the
 same functions on CPU with the `tiny` preset, small grids, one thread (MFU against a timed matmul,
 since a CPU has no datasheet peak; uncompiled peers and benches: bench prices an unmeasured
 compilation at 30 s, more than a smoke budget). The smoke's budgets are sized by what this machine
@@ -126,7 +126,7 @@ GPU = Scale(
     lora_budget=120.0,
     bench_budget=45.0,  # the replayed H100 grid: 22 eager probes
     train_deadline=150.0,  # what is left of the ten minutes (benchmarks/gpu_check_price.py)
-    lora_extra=(),  # the README's command: compiled (--compile auto on CUDA)
+    lora_extra=(),  # the usage page's 8B command: compiled (--compile auto on CUDA)
     bench_extra=("--compile", "off"),
     train_extra=("--compile", "off"),
 )

@@ -12,7 +12,7 @@ Every figure comes from the real H100 calibration that ships with the package
   replayed real grid (bench.simulated.simulate_bench(replay=True));
 - the `train` check: its deadline (`--fit-deadline` fills it; the deadline counts from the command's start);
 - each fresh Python process: PROCESS_SECONDS (not in the calibration; the real H100 `train` run of
-  docs/benchmarks.md spent 12.4 s from its start to its plan, imports and data included).
+  2026-11-22 spent 12.4 s from its start to its plan, imports and data included).
 
 And what each fixed-shape check holds in memory: the calibration's predicted peak with its fit's
 margin (`peak_memory_bytes_high`), against the device's memory less SPARE.

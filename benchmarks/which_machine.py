@@ -1,9 +1,9 @@
-"""The seeds' question, answered by `train --dry-run --use-calibration …` (the README's output).
+"""The seeds' question, answered by `train --dry-run --use-calibration …` (docs/results.md has the table).
 
     python benchmarks/which_machine.py                       # 8,000 chats × ≈500 tokens, 3 epochs, 12 h
     python benchmarks/which_machine.py --use-calibration h100-llama-3.2-1b,my-h200.json --price-per-hour h100=2.5,h200=3.8
     python benchmarks/which_machine.py --samples 600000 --deadline 24h --consider h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie \
-        --price-per-hour h100=2.5,h200=3.8,a100=1.2        # the seeds' question, before renting any (README)
+        --price-per-hour h100=2.5,h200=3.8,a100=1.2        # the seeds' question, before renting any (docs/results.md)
 
 Writes 8,000 synthetic chats (messages format; a user turn and an assistant turn, ≈500 tokens of
 the byte-level tokenizer each once rendered with the chat template) into a temporary folder and

@@ -27,7 +27,7 @@ What accumulation holds is never fitted below the gradients themselves (`held_gr
 the trainable parameters' fp32 gradients, this rank's shard under FSDP): that is arithmetic on the
 model, not a prior. A 2-minute gpt2 bench measures accumulation only at micro-batch 1, where the
 optimizer step's floor hides most of it, and fitted 216 MiB for gradients of 475 MiB: a run at
-8 × 2 peaked 18% above its plan (docs/benchmarks.md, "A plan you can bet on, again").
+8 × 2 peaked 18% above its plan (CHANGELOG.md, 2026-11-25, "A plan you can bet on, again").
 
 What is fitted (`basis`): on a GPU, the caching allocator's *reserved* peak when every probe recorded
 it (allocated + the fragmentation the allocator keeps), plus, as a constant, the most any probe saw

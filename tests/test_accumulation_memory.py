@@ -2,8 +2,8 @@
 
 A 2-minute gpt2 bench on CPU measured accumulation only at micro-batch 1, where the optimizer
 step's floor hides it; the memory fit gave accumulation 216 MiB for 475 MiB of fp32 gradients,
-and a run at 8 × 2 × 64 peaked 18% above its plan (docs/benchmarks.md, "A plan you can bet on,
-again"). The fit now keeps the accumulation term at least at the gradients' bytes
+and a run at 8 × 2 × 64 peaked 18% above its plan (CHANGELOG.md, 2026-11-25, "A plan you can bet
+on, again"). The fit now keeps the accumulation term at least at the gradients' bytes
 (calibration.memory_fit.held_gradient_bytes).
 """
 

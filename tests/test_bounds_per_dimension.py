@@ -143,7 +143,7 @@ def test_a_length_extrapolation_widens_by_what_extrapolating_length_was_measured
     assert calibration.relative_bound_for(config(16, 256, 2)) < calibration.relative_bound_for(config(4, 1024, 2))
     # Micro batch's bound is true: the truth one doubling past the largest probe lies inside it.
     # (Length's is measured, not guaranteed: this truth's unmodelled share grows with length, so a
-    # doubling past 512 misses about twice what the doubling past 256 did: docs/benchmarks.md, issue #38.)
+    # doubling past 512 misses about twice what the doubling past 256 did: CHANGELOG.md, 2026-11-25.)
     prediction = calibration.predict_for(config(16, 256, 2))
     assert prediction.step_seconds_low <= length_truth(config(16, 256, 2)) * 2 <= prediction.step_seconds_high
 

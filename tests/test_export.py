@@ -71,7 +71,7 @@ def test_lora_final_is_an_adapter_that_peft_loads_onto_the_written_base(
     from peft import AutoPeftModelForCausalLM
 
     monkeypatch.chdir(final)  # peft resolves the relative base against the current directory
-    assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(final)), expected, atol=1e-5)  # as the README shows
+    assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(final)), expected, atol=1e-5)
     merged = AutoModelForCausalLM.from_pretrained(record["merged_path"])
     assert torch.allclose(logits(merged), expected, atol=1e-5)  # merged = base + adapter
 
@@ -114,7 +114,7 @@ def test_a_moved_lora_run_still_loads_with_load_final_and_peft(tmp_path: Path, h
     unrelated.mkdir()
     monkeypatch.chdir(unrelated)  # load_final resolves the base against final/, not the current directory
     assert torch.allclose(logits(load_final(moved / "final")), expected, atol=1e-5)
-    monkeypatch.chdir(moved / "final")  # peft's own loader, from inside final/ (as the README says)
+    monkeypatch.chdir(moved / "final")  # peft's own loader, from inside final/
     assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(".")), expected, atol=1e-5)
 
 

@@ -110,7 +110,7 @@ def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
 def beside_compute(device: torch.device) -> Iterator[None]:
     """On CPU, a thread computing beside the collectives while they are timed: gloo's threads share
     the host's cores with the step's compute threads, and timed on idle processes they took a half
-    to a third of what a DDP step pays for them (docs/benchmarks.md, "Multi-process"; issue 41,
+    to a third of what a DDP step pays for them (docs/results.md, "Several processes on CPU";
     tests/test_topology.py). On CUDA, NCCL runs on the GPU: nothing is added."""
     if getattr(device, "type", None) != "cpu":
         yield

@@ -25,11 +25,11 @@ it): every tensor that matters for the peak (logits, activations of a micro-batc
 large matrices) is its own mapping, returned to the system when freed, and the heap holds only the
 small ones, so a probe and a run of the same configuration peak alike (gpt2 8 × 256: +5.4% run vs
 plan from a fresh bench; 8 × 2 × 64: the run's peak in the probe's within 1%). The threshold was
-glibc's starting 128 KiB until issue #38 measured what that cost: every mid-sized tensor mapped and
+glibc's starting 128 KiB until it was measured what that cost: every mid-sized tensor mapped and
 zero-filled afresh on every step halved tiny's CPU throughput (8 × 320: 8.4k → 16.3k tokens/s with
 8 MiB) and made it jagged in shape (off-grid probes predicted with a median error of 6.5–21.9% and
-a worst of 32–43%, against 2.0–3.0% and 6.6–16.8% with 8 MiB). docs/benchmarks.md, "A plan you
-can bet on, again".
+a worst of 32–43%, against 2.0–3.0% and 6.6–16.8% with 8 MiB): `python benchmarks/heap_threshold.py`,
+and CHANGELOG.md, 2026-11-25.
 """
 
 from __future__ import annotations
