@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 from pathlib import Path
 
 from bench.cli import build_parser as bench_parser
+from common.errors import BenchtrainError
 from reports.cli import build_parser as report_parser
 from train.cli import build_parser as train_parser
 from train.cli import push_parser
@@ -79,3 +81,32 @@ def test_relative_links_in_the_docs_point_at_files_that_exist() -> None:
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} → {target}")
     assert not broken, f"broken links: {broken}"
+
+
+def command_lines(page: Path) -> list[list[str]]:
+    """The `bench`, `train` and `report` command lines in a page's code blocks (those under
+    accelerate launch or torchrun from their `-m` on), continuation lines joined, comments cut;
+    lines that elide a part (`…`) are left out."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line.replace("<run id>", "RUN").split("  #")[0].split(" # ")[0], comments=True)
+            if "-m" in words:
+                words = words[words.index("-m") + 1 :]
+            if words and words[0] in ("bench", "train", "report") and "…" not in line:
+                found.append(words)
+    return found
+
+
+def test_every_command_line_in_the_readme_and_the_usage_page_parses() -> None:
+    lines = command_lines(ROOT / "README.md") + command_lines(USAGE)
+    assert len(lines) > 40
+    builders = {"bench": bench_parser, "train": train_parser, "report": report_parser}
+    refused = []
+    for words in lines:
+        parser = push_parser() if "--push-only" in words else builders[words[0]]()
+        try:
+            parser.parse_args([word for word in words[1:] if word != "--push-only"])
+        except (SystemExit, BenchtrainError):
+            refused.append(" ".join(words))
+    assert not refused, f"command lines the parsers refuse: {refused}"
