@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,3 +52,33 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
         compile_probe.main([started[0][-1]])
     assert make_config(built[0]).num_hidden_layers == 2
     assert not built[0].load_weights
+
+
+# -- FSDP with bitsandbytes' 8-bit AdamW crashed at the first optimizer step ------------------------
+
+
+@pytest.mark.slow
+def test_fsdp_with_8bit_adamw_is_one_line_before_any_probe(fork_server: Any, tmp_path: Path) -> None:
+    """Two gloo ranks benching `--sharding fsdp --optimizer adamw-8bit`: bitsandbytes' state is sized
+    from the whole tensor, so every probe failed at its first optimizer step ("mixed torch.Tensor and
+    DTensor") and the budget went with them. Now each rank says why in one line, before building."""
+    arguments = ["run", "--gpu", "cpu", "--sharding", "fsdp", "--optimizer", "adamw-8bit", "--budget", "40s", "--batch-sizes", "1", "--seq-lens", "32"]
+    result = fork_server.run_group("bench", arguments, tmp_path / "ranks", env={"BENCHTRAIN_HOME": str(tmp_path / "home")}, timeout=200)
+    assert result.returncode != 0
+    refusals = [line for line in result.stderr.splitlines() if "adamw-8bit" in line]
+    assert len(refusals) == 2 and all("FSDP" in line and "--sharding ddp" in line for line in refusals), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "probe" not in result.stdout + result.stderr
+    assert not (tmp_path / "home" / "calibrations").exists() or not any((tmp_path / "home" / "calibrations").iterdir())
+
+
+def test_the_optimizer_table_says_which_rows_step_sharded_parameters() -> None:
+    from common.errors import BenchtrainError
+    from train.step.engine import StepOptions, process_layout
+    from train.workload.method import MethodConfig
+
+    for name in ("adamw-8bit", "paged-adamw-8bit"):
+        with pytest.raises(BenchtrainError, match=f"--optimizer {name} cannot step FSDP"):
+            process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=4)
+        assert process_layout(StepOptions(sharding="ddp"), MethodConfig(optimizer=name), processes=4).sharding == "ddp"
+        assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=1).sharding == "none"  # one process shards nothing
+    assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer="adamw"), processes=4).sharding == "fsdp"
