@@ -82,3 +82,38 @@ def test_the_optimizer_table_says_which_rows_step_sharded_parameters() -> None:
         assert process_layout(StepOptions(sharding="ddp"), MethodConfig(optimizer=name), processes=4).sharding == "ddp"
         assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=1).sharding == "none"  # one process shards nothing
     assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer="adamw"), processes=4).sharding == "fsdp"
+
+
+# -- a multi-GPU plan from a 1-process calibration left out NCCL's own memory -----------------------
+
+
+def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H100 calibration was measured by one process: no communicator existed, so its peak holds
+    none of NCCL's buffers, nor the NVLS memory NCCL binds on each GPU of an NVSwitch. The plan for
+    8 DDP processes adds them per GPU (calibration.nccl_memory); over PCIe the buffers alone."""
+    from test_consider import FIXTURE, run_consider
+
+    import train.planning.planner as planner
+    from calibration.schema import read_calibration_file
+
+    requests: list[Any] = []
+    make_plan = planner.make_plan
+
+    def capture(cal: Any, data: Any, request: Any, eval_data: Any = None) -> Any:
+        requests.append(request)
+        return make_plan(cal, data, request, eval_data)
+
+    monkeypatch.setattr(planner, "make_plan", capture)
+    comparison = run_consider("h100:1,h100:8:nvswitch,h100:8:pcie", [read_calibration_file(FIXTURE)])
+    alone, switched, pcie = requests
+    assert [row.placement.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
+    assert alone.world_size == 1 and alone.memory_offset_bytes == 0.0
+    buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)  # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
+    assert pcie.world_size == 8 and pcie.memory_offset_bytes == buffers
+    assert switched.memory_offset_bytes == buffers + 8 * 32 * 2**20  # NVLS: 32 MiB per GPU of the node on each
+    from calibration.nccl_memory import communicator_bytes
+
+    h100 = read_calibration_file(FIXTURE)["hardware"]
+    assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes
+    assert communicator_bytes({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}, 8) == buffers  # no NVLS before Hopper
+    assert communicator_bytes({"device_type": "cpu"}, 8) == 0.0 and communicator_bytes(h100, 1) == 0.0

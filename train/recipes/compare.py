@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.topology import parse_interconnect
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
@@ -308,6 +309,8 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = str(error)
         return row
+    if option.interconnect is not None:  # the machine's links, which the calibration's device record may not name
+        setup = replace(setup, hardware={**setup.hardware, "interconnect": parse_interconnect(option.interconnect).kind})
     row = Row(option, setup.hardware)
     row.price_per_hour, row.warnings = setup.price_per_hour, list(setup.warnings)
     communicate = None
