@@ -41,9 +41,10 @@ Links = tuple[str | None, float | None, int]  # (peer link, its bytes/s per GPU,
 NVLINK_3: Links = ("NVLink 3", 600 * GB, 4)
 NVLINK_4: Links = ("NVLink 4", 900 * GB, 5)
 NVLINK_5: Links = ("NVLink 5", 1800 * GB, 5)
-H100_BRIDGE: Links = ("NVLink bridge", 600 * GB, 5)
-H200_BRIDGE: Links = ("NVLink bridge", 900 * GB, 5)
-A100_BRIDGE: Links = ("NVLink bridge", 600 * GB, 4)
+# Bridges carry the NVLink generation of their card (NCCL prices a link by it: calibration.topology).
+H100_BRIDGE: Links = ("NVLink 4 bridge", 600 * GB, 5)
+H200_BRIDGE: Links = ("NVLink 4 bridge", 900 * GB, 5)
+A100_BRIDGE: Links = ("NVLink 3 bridge", 600 * GB, 4)
 NO_LINK_GEN4: Links = (None, None, 4)
 
 
@@ -60,7 +61,7 @@ class DeviceSheet:
     memory_bytes: int
     memory_kind: str
     memory_bandwidth: float  # bytes/s
-    peer_link: str | None  # "NVLink 4", "NVLink bridge", "Infinity Fabric"; None: PCIe only
+    peer_link: str | None  # "NVLink 4", "NVLink 4 bridge", "Infinity Fabric"; None: PCIe only
     peer_link_bandwidth: float | None  # bytes/s per GPU, bidirectional
     pcie_generation: int
     pcie_bandwidth: float  # bytes/s, x16, bidirectional
@@ -72,6 +73,11 @@ class DeviceSheet:
     def nvlink_bandwidth(self) -> float | None:
         """Bytes/s over NVLink per GPU (bidirectional), None where the card has none."""
         return self.peer_link_bandwidth if self.peer_link and self.peer_link.startswith("NVLink") else None
+
+    @property
+    def nvlink_generation(self) -> str | None:
+        """The NVLink generation ("NVLink 3", "NVLink 4", "NVLink 5"; a bridge's too); None without NVLink."""
+        return " ".join(self.peer_link.split()[:2]) if self.nvlink_bandwidth and self.peer_link else None
 
 
 def _sheet(

@@ -117,3 +117,73 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes
     assert communicator_bytes({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}, 8) == buffers  # no NVLS before Hopper
     assert communicator_bytes({"device_type": "cpu"}, 8) == 0.0 and communicator_bytes(h100, 1) == 0.0
+
+
+# -- collectives priced at datasheet signalling rates, and NVLink pairs read as a fabric ------------
+
+
+def fake_nvml(links: dict[int, list[int]], gpus: int, switched: bool = False) -> Any:
+    """pynvml for a node of `gpus` GPUs whose GPU 0 has an active NVLink to each GPU of `links`
+    (link number → the GPU at its other end; -1: an NVSwitch)."""
+    import types
+
+    module = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def bus(index: int) -> Any:
+        return types.SimpleNamespace(busId=f"00000000:{0x18 + index:02x}:00.0".encode())
+
+    def state(handle: str, link: int) -> int:
+        if link not in links:
+            raise NVMLError("Invalid Argument")
+        return 1
+
+    module.NVMLError = NVMLError  # type: ignore[attr-defined]
+    module.NVML_FEATURE_ENABLED = 1  # type: ignore[attr-defined]
+    module.NVML_NVLINK_MAX_LINKS = 18  # type: ignore[attr-defined]
+    module.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    module.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: gpus  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = lambda index: f"gpu{index}"  # type: ignore[attr-defined]
+    module.nvmlDeviceGetPciInfo = lambda handle: bus(int(handle[3:]))  # type: ignore[attr-defined]
+    module.nvmlDeviceGetNvLinkState = state  # type: ignore[attr-defined]
+    module.nvmlDeviceGetNvLinkRemoteDeviceType = lambda handle, link: 2 if switched else 0  # type: ignore[attr-defined]
+    module.nvmlDeviceGetNvLinkRemotePciInfo = lambda handle, link: bus(links[link]) if links[link] >= 0 else types.SimpleNamespace(busId=b"0000:c0:00.0")  # type: ignore[attr-defined]
+    return module
+
+
+def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_pcie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's topology model (src/graph/topo.h, topo.cc): 20.6 GB/s per SM90 NVLink (18 links: 370.8
+    GB/s, not 900/2 = 450), 20.0 per SM80 link, PCIe x16 Gen4 24 GB/s and Gen5 48 (not 32 and 64).
+    And 8 PCIe H100s bridged in pairs: GPU 0's NVLinks reach GPU 1 alone, so a ring over all 8
+    crosses PCIe between pairs: the node is pcie, not an NVLink fabric."""
+    import sys
+
+    from calibration.topology import link_figures
+    from train.step import hardware
+
+    def detected(module: Any) -> Any:
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        hardware.detect_interconnect.cache_clear()
+        return hardware.detect_interconnect()["interconnect"]
+
+    try:
+        assert detected(fake_nvml(dict.fromkeys(range(18), -1), 8, switched=True)) == "nvswitch"  # HGX H100
+        assert detected(fake_nvml({link: 1 + link % 3 for link in range(12)}, 4)) == "nvlink"  # 4 A100s, each linked to every other
+        assert detected(fake_nvml({link: 1 for link in range(12)}, 8)) == "pcie"  # 8 H100 PCIe, bridged in pairs
+        assert detected(fake_nvml({link: 1 for link in range(12)}, 2)) == "nvlink"  # the one pair alone: its bridge
+        assert detected(fake_nvml({}, 8)) == "pcie"
+    finally:
+        hardware.detect_interconnect.cache_clear()
+    matrix = "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\nGPU0\t X \tNV12\tPXB\tSYS\t0-31\nGPU1\tNV12\t X \tSYS\tPXB\t0-31\n"
+    assert hardware._smi_peers(matrix, 0) == (1, 4)  # nvidia-smi topo -m: one NVLink peer of four GPUs
+
+    assert link_figures("nvswitch", "NVIDIA H100 80GB HBM3").bandwidth_bytes_per_second == pytest.approx(18 * 20.6e9)
+    assert link_figures("nvlink", "NVIDIA A100-SXM4-80GB").bandwidth_bytes_per_second == pytest.approx(12 * 20.0e9)
+    assert link_figures("nvlink", "NVIDIA H100 PCIe").bandwidth_bytes_per_second == pytest.approx(12 * 20.6e9)  # its 600 GB/s bridge
+    assert link_figures("pcie", "NVIDIA H100 PCIe").bandwidth_bytes_per_second == 48e9  # Gen5 x16
+    assert link_figures("pcie", "NVIDIA A100 80GB PCIe").bandwidth_bytes_per_second == 24e9  # Gen4 x16
+    assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 24e9  # not in the table: Gen4 assumed
+    assert "topo.h" in link_figures("pcie", "NVIDIA L4").source and "20.6 GB/s" in link_figures("nvlink", "NVIDIA H200").source
