@@ -187,3 +187,23 @@ def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_p
     assert link_figures("pcie", "NVIDIA A100 80GB PCIe").bandwidth_bytes_per_second == 24e9  # Gen4 x16
     assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 24e9  # not in the table: Gen4 assumed
     assert "topo.h" in link_figures("pcie", "NVIDIA L4").source and "20.6 GB/s" in link_figures("nvlink", "NVIDIA H200").source
+
+
+# -- the profiler's split counted NCCL's kernels as memory-bound time --------------------------------
+
+
+def test_a_concurrent_nccl_kernel_is_communication_not_memory_bound_time() -> None:
+    """An FSDP step: a GEMM (0-600 µs) and an elementwise kernel (600-800) on the compute stream, an
+    NCCL all-gather on its own stream from 500 to 1000 µs, the last 200 µs of it alone. The GEMM's
+    share of the step's kernels stays 600/800; the all-gather is neither compute nor memory: 200 µs
+    of exposed communication, and the host's exposed time is what ran nothing (1000-2000 µs)."""
+    from test_step_split import kernel
+
+    from bench.step_split import kernel_kind, split_from_events
+
+    gemm, add = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "void at::native::vectorized_elementwise_kernel<4, add>"
+    gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    assert kernel_kind(gather) == "communication"
+    split = split_from_events([kernel(gemm, 0, 600), kernel(add, 600, 800), kernel(gather, 500, 1000)], wall_seconds=0.002, steps=1)
+    assert split["compute_seconds"] == pytest.approx(600e-6) and split["memory_seconds"] == pytest.approx(200e-6)
+    assert split["comm_seconds"] == pytest.approx(200e-6) and split["host_seconds"] == pytest.approx(1000e-6)
