@@ -207,3 +207,53 @@ def test_a_concurrent_nccl_kernel_is_communication_not_memory_bound_time() -> No
     split = split_from_events([kernel(gemm, 0, 600), kernel(add, 600, 800), kernel(gather, 500, 1000)], wall_seconds=0.002, steps=1)
     assert split["compute_seconds"] == pytest.approx(600e-6) and split["memory_seconds"] == pytest.approx(200e-6)
     assert split["comm_seconds"] == pytest.approx(200e-6) and split["host_seconds"] == pytest.approx(1000e-6)
+
+
+# -- a slice calibration kept the deepest slice's step split as the whole model's ---------------------
+
+
+def test_a_slice_calibrations_split_is_the_whole_models_not_the_deepest_slices() -> None:
+    """Llama-3.1-8B's matmuls per layer hold 4096 × (2 × 4096 + 2 × 1024 + 3 × 14336) = 218.1M
+    weights, its head 4096 × 128256 = 525.3M: at 6 of 32 layers the head is ≈29% of the matmul
+    FLOPs, at 32 ≈7%. Splits measured at 2, 4 and 6 layers (compute-bound seconds in proportion to
+    those FLOPs) give the whole model's split as lines in depth, not the 6-layer one."""
+    from calibration.slices import derive_step_split
+
+    layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9  # seconds at 1 s per 1e9 weights: any scale
+    config = {"micro_batch_size": 4, "seq_len": 2048, "grad_accum": 1, "num_workers": 0, "gradient_checkpointing": 0}
+
+    def split(depth: int) -> dict[str, Any]:
+        return {**config, "compute_seconds": head + depth * layer, "memory_seconds": 0.02 + 0.01 * depth, "host_seconds": 0.05, "method": "profiler"}
+
+    assert head / split(6)["compute_seconds"] == pytest.approx(0.286, abs=0.002)  # the deepest slice's
+    alone = {**split(6), "micro_batch_size": 1}  # split at one depth only: no line
+    derived = derive_step_split({2: [split(2)], 4: [split(4)], 6: [split(6), alone]}, 32)
+    (whole,) = derived
+    assert whole["compute_seconds"] == pytest.approx(head + 32 * layer) and head / whole["compute_seconds"] == pytest.approx(0.070, abs=0.002)
+    assert whole["memory_seconds"] == pytest.approx(0.34) and whole["host_seconds"] == pytest.approx(0.05)
+    assert whole["method"] == "profiler" and whole["micro_batch_size"] == 4 and whole["slice_depths"] == [2, 4, 6]
+    assert derive_step_split({2: [split(2)], 6: [alone]}, 32) == []  # nothing split twice: the whole fit's FLOP-count split stands
+
+
+@pytest.mark.slow  # three simulated benches of an 8B shape on slices: ≈15 s
+def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """The same split at each depth of a simulated 8B bench on 2, 4 and 6 layers: the calibration of
+    the whole model holds its line at 32 layers, not the 6-layer split it used to copy."""
+    import bench.slice_record as slice_record
+    from bench.simulated_slices import simulate_slices
+
+    layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9
+    combine = slice_record.combine_slices
+
+    def with_splits(records: dict[int, dict[str, Any]], whole: Any) -> dict[str, Any]:
+        for depth, record in records.items():
+            row = next(row for row in record["measurements"] if row["status"] == "ok")
+            config = {name: int(row.get(name, 0)) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing")}
+            parts = {"compute_seconds": head + depth * layer, "memory_seconds": 0.1 * depth, "host_seconds": 0.05}
+            record["step_split"] = [{**config, **parts, "method": "profiler"}]
+        return combine(records, whole)
+
+    monkeypatch.setattr(slice_record, "combine_slices", with_splits)
+    record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
+    (split,) = record["step_split"]
+    assert split["compute_seconds"] == pytest.approx(head + 32 * layer) and split["memory_seconds"] == pytest.approx(3.2)
