@@ -257,3 +257,26 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
     (split,) = record["step_split"]
     assert split["compute_seconds"] == pytest.approx(head + 32 * layer) and split["memory_seconds"] == pytest.approx(3.2)
+
+
+# -- FSDP loading a folder left the other ranks in a collective while rank 0 read the weights -------
+
+
+@pytest.mark.slow
+def test_a_slow_rank_0_load_does_not_outlast_the_process_groups_timeout(fork_server: Any, tmp_path: Path) -> None:
+    """Two gloo ranks whose collectives give up after 5 s; rank 0 takes 8 s more to read a bf16
+    folder (a 70B checkpoint on a slow disk against NCCL's 10-minute watchdog). Rank 1 used to wait
+    in broadcast_object_list and fail; now it waits on the job's store, and both keep the folder's
+    weights, read in the checkpoint's bf16 and kept in fp32 shards."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from train.workload.model import make_config, resolve_model
+
+    folder = tmp_path / "bf16"
+    torch.manual_seed(3)
+    config = make_config(resolve_model("tiny"))
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    checks = Path(__file__).with_name("distributed_checks.py")
+    report = fork_server.group_report(checks, ["slow-load", str(folder), "5", "8"], timeout=120)
+    assert report == {"same": True, "saved_dtype": "torch.bfloat16", "shard_dtype": "torch.float32"}
