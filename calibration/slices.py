@@ -116,18 +116,18 @@ def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: i
     model's. [] where no configuration was split at two depths: the FLOP-count split of the whole
     model's fit then stands (calibration.split.step_splits)."""
     found: dict[tuple[tuple[str, int], ...], dict[int, JsonDict]] = {}
-    for depth, entries in sorted(by_depth.items()):
-        for entry in entries:
+    for depth, records in sorted(by_depth.items()):
+        for entry in records:
             if usable_record(entry):
                 found.setdefault(tuple(config_fields(entry).items()), {})[depth] = entry
     derived = []
-    for config, entries in found.items():
-        if len(entries) < 2:
+    for config, at_depth in found.items():
+        if len(at_depth) < 2:
             continue
-        depths = sorted(entries)
-        fields = [*SPLIT_FIELDS, *(["comm_seconds"] if all("comm_seconds" in entries[depth] for depth in depths) else [])]
-        parts = {field: max(0.0, DepthLine.fit(depths, [float(entries[depth][field]) for depth in depths]).at(full_layers)) for field in fields}
-        methods = {entries[depth]["method"] for depth in depths}
+        depths = sorted(at_depth)
+        fields = [*SPLIT_FIELDS, *(["comm_seconds"] if all("comm_seconds" in at_depth[depth] for depth in depths) else [])]
+        parts = {field: max(0.0, DepthLine.fit(depths, [float(at_depth[depth][field]) for depth in depths]).at(full_layers)) for field in fields}
+        methods = {at_depth[depth]["method"] for depth in depths}
         derived.append({**dict(config), **parts, "method": methods.pop() if len(methods) == 1 else "flops", "slice_depths": depths})
     return derived
 

@@ -221,13 +221,13 @@ def link_figures(kind: str, device_name: str) -> Link:
 
     sheet = sheet_for(device_name)
     if kind in ("nvlink", "nvswitch"):
-        generation = sheet.nvlink_generation if sheet is not None else None
-        if sheet is None or generation is None or sheet.nvlink_bandwidth is None:
+        nvlink = sheet.nvlink_generation if sheet is not None else None
+        if sheet is None or nvlink is None or sheet.nvlink_bandwidth is None:
             raise BenchtrainError(f"no NVLink figure for {device_name} (no NVLink, or not in calibration.datasheets): use pcie, or measure it")
-        links = round(sheet.nvlink_bandwidth / NVLINK_LINK_RATE[generation])
-        bandwidth = links * NCCL_NVLINK_BANDWIDTH[generation]
+        links = round(sheet.nvlink_bandwidth / NVLINK_LINK_RATE[nvlink])
+        bandwidth = links * NCCL_NVLINK_BANDWIDTH[nvlink]
         source = (
-            f"{sheet.name} {sheet.peer_link}: {links} links × {NCCL_NVLINK_BANDWIDTH[generation] / 1e9:g} GB/s, NCCL's figure per link "
+            f"{sheet.name} {sheet.peer_link}: {links} links × {NCCL_NVLINK_BANDWIDTH[nvlink] / 1e9:g} GB/s, NCCL's figure per link "
             f"({NCCL_TOPOLOGY}; links from {sheet.nvlink_bandwidth / 1e9:.0f} GB/s, {'; '.join(sheet.sources)})"
         )
         return Link(kind, bandwidth, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
