@@ -280,3 +280,34 @@ def test_a_slow_rank_0_load_does_not_outlast_the_process_groups_timeout(fork_ser
     checks = Path(__file__).with_name("distributed_checks.py")
     report = fork_server.group_report(checks, ["slow-load", str(folder), "5", "8"], timeout=120)
     assert report == {"same": True, "saved_dtype": "torch.bfloat16", "shard_dtype": "torch.float32"}
+
+
+def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -> None:
+    """`train --dry-run --consider h100:4 --sharding fsdp --optimizer adamw-8bit` from one process:
+    the 4-process row is sharded even though this command is not, and says why it has no plan."""
+    import copy
+
+    from test_consider import FIXTURE
+    from test_planner import heavy_tailed, tokenized
+
+    from calibration.model import Calibration
+    from calibration.schema import read_calibration_file
+    from train.recipes.config import TrainConfig
+    from train.recipes.consider import consider, parse_machines
+    from train.recipes.plan_setup import PlanContext
+    from train.step.engine import StepOptions
+    from train.step.hardware import detect_hardware
+    from train.workload.data import length_profile
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    config = TrainConfig.of(data="test", dry_run=True, deadline="12h", step_options=StepOptions(sharding="fsdp"))
+    data = tokenized(heavy_tailed(400))
+    context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)
+    measured = copy.deepcopy(read_calibration_file(FIXTURE))
+    measured["training"]["optimizer"] = "adamw-8bit"  # one process measured 8-bit AdamW
+    calibrations = [Calibration(measured)]
+    method = MethodConfig(optimizer="adamw-8bit")
+    comparison = consider(context, method, calibrations, detect_hardware(), length_profile(data.lengths), parse_machines("h100:4:nvlink"))
+    (row,) = comparison.rows
+    assert row.plan is None and row.problem is not None and row.problem.startswith("--optimizer adamw-8bit cannot step FSDP's sharded parameters")

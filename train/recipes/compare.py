@@ -35,6 +35,7 @@ from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
 from train.step.engine import ProcessLayout
+from train.workload.optimizers import check_optimizer_sharding
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -299,6 +300,12 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
     from train.planning.comm import price_traffic
 
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
+    try:  # a row of N processes is sharded as asked even when this command runs one
+        check_optimizer_sharding(method.optimizer, layout.sharding)
+    except BenchtrainError as error:
+        row = Row(option, plan_hardware(context.config, cal, here))
+        row.problem = str(error)
+        return row
     if not cal.ok_rows():
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = f"calibration {cal.id} has no successful probes"
