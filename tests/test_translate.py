@@ -268,9 +268,9 @@ def test_the_bracket_holds_every_published_a100_h100_pair_both_ways(compute: flo
 
 def test_the_central_estimate_is_shifted_to_what_hopper_attained_over_ampere() -> None:
     """A compute-bound step (90% matmuls) translated from an A100-80GB to an H100 by the datasheets
-    alone would run 2.95x faster: more than any of the 34 published pairs (at most 2.84x; median
+    alone would run 2.90x faster: more than any of the 34 published pairs (at most 2.84x; median
     2.16x). The central estimate scales compute by the FLOP/s ratio they attained (3.17 × 0.68 =
-    2.16) and lands among them; the bracket's ends stay the datasheets'."""
+    2.16: 2.09x for this step) and lands among them; the bracket's ends stay the datasheets'."""
     from calibration.datasheets import PUBLISHED_COMPARISONS, generation_shift
 
     speedups = sorted(pair.speedup for pair in PUBLISHED_COMPARISONS[0].pairs)
