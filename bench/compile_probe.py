@@ -5,7 +5,10 @@ Run by `bench run --compile on` in a fresh Python process, as `train` will be: b
 and the steady step's. The difference holds loading inductor and the compiled kernels from its
 on-disk cache, which an in-process measurement (with imports done) would miss.
 
-    python -m bench.compile_probe '{"model": "tiny", "method": {...}, "micro_batch_size": 2, "seq_len": 64}'
+    python -m bench.compile_probe '{"model": "tiny", "config": {...}, "method": {...}, "micro_batch_size": 2, "seq_len": 64}'
+
+The request carries the model's config whole: under `bench run --layers` the workload is a slice
+(bench.layer_slices), whose depth its reference (a hub id, a folder, a preset) does not hold.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from train.workload.model import ModelSpec
 
 STEPS = 4
 
@@ -68,16 +74,20 @@ def main(argv: list[str]) -> None:
 
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     options = StepOptions(compile="on", loss=request["loss"])
-    engine = engine_from_options(resolve_model(request["model"]), method, make_accelerator(), options, request["checkpointing"])
+    spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
+    engine = engine_from_options(spec, method, make_accelerator(), options, request["checkpointing"])
     batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size)[0]
     seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(STEPS)]
     print(json.dumps({"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:]), "process_seconds": time.perf_counter() - started}))
 
 
-def measure_in_new_process(model: str, method: Any, loss: str, row: dict[str, Any], timeout_seconds: float = 900.0) -> dict[str, float] | None:
-    """Run this module in a fresh interpreter for `row`'s shape; None when it fails."""
+def measure_in_new_process(spec: ModelSpec, method: Any, loss: str, row: dict[str, Any], timeout_seconds: float = 900.0) -> dict[str, float] | None:
+    """Run this module in a fresh interpreter for `spec` (a slice stays a slice) at `row`'s shape;
+    None when it fails."""
     request = {
-        "model": model,
+        "model": spec.reference,
+        "config": spec.config_dict,
+        "load_weights": spec.load_weights,
         "method": asdict(method),
         "loss": loss,
         "micro_batch_size": int(row["micro_batch_size"]),

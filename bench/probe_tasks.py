@@ -172,4 +172,4 @@ def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: 
 
     loss = workload.engine.loss
     workload.release()
-    return measure_in_new_process(workload.spec.reference, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}
+    return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}

@@ -13,6 +13,8 @@ checkpoint and compile timings, fit). Here they become one calibration of the wh
   in depth too; those that do not (a compilation per shape of the one block class, the disk's
   speed, the compile cache) are taken from the depths that measured them, once (bench.slice_budget);
   the checkpoint's bytes are the whole model's, exact, written at the measured disk speed;
+- the step's split (what a translation to another GPU weighs) is a line in depth too, part by
+  part, never the deepest slice's (calibration.slices.derive_step_split);
 - `slices` records the depths, the per-layer terms, the extrapolation's held-out error (the plan
   widens its bounds by it: calibration.model) and how many devices like this one the whole model
   needs (train.planning.memory_check.gpus_needed).
@@ -24,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from calibration.slices import DepthLine, SliceFit, derive_full_rows, slice_error
+from calibration.slices import DepthLine, SliceFit, derive_full_rows, derive_step_split, slice_error
 from common.errors import MeasurementError
 
 # One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
@@ -69,6 +71,11 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
     record["overheads"] = derive_overheads(records, whole.layers, whole.checkpoint_bytes)
     record["search"] = {**deepest["search"], "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths}}
     record["slices"] = slices_section(fitted, depths, whole)
+    # The deepest slice's split is not the whole model's (its head weighs more): lines in depth, or
+    # none (the whole model's FLOP-count split then stands).
+    record["step_split"] = derive_step_split({depth: records[depth].get("step_split") or [] for depth in depths}, whole.layers)
+    if not record["step_split"]:
+        del record["step_split"]
     record["warnings"] = list(dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", [])))
     noise = assess_noise(record)
     if noise:

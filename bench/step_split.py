@@ -6,8 +6,12 @@ On a GPU, THE step runs a few more times under torch.profiler (kernels only, so 
 slowed by tracing it) at each of the two probes calibration.split.split_rows picks; each kernel is
 compute-bound or memory-bound by its name (cuBLAS/CUTLASS GEMMs, flash and memory-efficient
 attention: compute; everything else — elementwise, norms, softmax, reductions, copies, the
-optimizer, NCCL — memory), the device's busy time is split in their proportion, and the host's
-exposed time is the wall time the device was idle. Elsewhere (CPU, a simulated device, a profiler
+optimizer — memory), the time those kernels kept the device busy is split in their proportion, and
+the host's exposed time is the wall time the device ran nothing. NCCL's kernels (DDP's all-reduce,
+FSDP's gathers and reduce-scatters) are communication: they run on NCCL's own stream beside the
+step's kernels and move bytes over the links, not through HBM, so they are counted apart
+(`comm_seconds`: the time they alone ran), never as memory-bound time a translation would scale by
+the memory bandwidth. Elsewhere (CPU, a simulated device, a profiler
 that failed) the record comes from the FLOP count and the fit's terms (calibration.split.flops_split).
 """
 
@@ -33,9 +37,15 @@ PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one un
 PROFILER_SECONDS = 2.0
 
 
+# NCCL's kernels: `ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_…` (before NCCL 2.19).
+COMMUNICATION_KERNEL_PREFIX = "nccl"
+
+
 def kernel_kind(name: str) -> str:
-    """"compute" for a matmul or attention kernel, "memory" for the rest."""
+    """The kind of a kernel by its name: communication (NCCL), compute (a matmul or attention) or memory (the rest)."""
     lowered = name.lower()
+    if lowered.removeprefix("void ").startswith(COMMUNICATION_KERNEL_PREFIX):
+        return "communication"
     return "compute" if any(word in lowered for word in COMPUTE_KERNEL_WORDS) else "memory"
 
 
@@ -59,24 +69,29 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 
 def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) -> dict[str, float]:
-    """Compute, memory and exposed host seconds per optimizer step, from the profiler's events
-    (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in µs) over `steps`
-    steps that took `wall_seconds`."""
-    totals = {"compute": 0.0, "memory": 0.0}
-    intervals = []
+    """Compute, memory, exposed communication and exposed host seconds per optimizer step, from the
+    profiler's events (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in
+    µs) over `steps` steps that took `wall_seconds`."""
+    totals = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
+    step_kernels, every_kernel = [], []
     for event in events:
         if not is_device_event(event):
             continue
         start, end = float(event.time_range.start), float(event.time_range.end)
-        totals[kernel_kind(event.name)] += end - start
-        intervals.append((start, end))
-    busy = busy_seconds(intervals)
+        kind = kernel_kind(event.name)
+        totals[kind] += end - start
+        every_kernel.append((start, end))
+        if kind != "communication":
+            step_kernels.append((start, end))
+    busy = busy_seconds(step_kernels)
+    anything = busy_seconds(every_kernel)
     kernels = totals["compute"] + totals["memory"]
     compute = busy * totals["compute"] / kernels if kernels else 0.0
     return {
         "compute_seconds": compute / steps,
         "memory_seconds": (busy - compute) / steps,
-        "host_seconds": max(0.0, wall_seconds - busy) / steps,
+        "comm_seconds": (anything - busy) / steps,  # NCCL alone on the device: communication the step waited for
+        "host_seconds": max(0.0, wall_seconds - anything) / steps,
     }
 
 

@@ -410,12 +410,13 @@ def compile_in_new_process(ctx: Context) -> dict[str, float] | None:
     this scale's shape (full fine-tuning), as a `train` process meets a shape nothing compiled yet."""
     from bench.compile_probe import measure_in_new_process
     from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     s = ctx.scale
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-", dir=ctx.work)
     try:
-        return measure_in_new_process(s.model, MethodConfig(), "auto", {"micro_batch_size": s.micro_batch, "seq_len": s.seq_len}, 600.0)
+        return measure_in_new_process(resolve_model(s.model), MethodConfig(), "auto", {"micro_batch_size": s.micro_batch, "seq_len": s.seq_len}, 600.0)
     finally:
         if before is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR")

@@ -16,6 +16,13 @@ Conventions, the same for every row:
 - `words`: whole words of a device name (or a CLI key) that pick the row, as torch names devices
   ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); the first row whose words all appear wins,
   so the more specific rows come first ("h100 pcie" before "h100"; "l4" is not "l40").
+
+Beside the figures, PUBLISHED_COMPARISONS: the same training step measured by others on two GPUs,
+which the translation's bracket must hold (tests/test_translate.py) and from which its central
+estimate takes the FLOP/s ratio a newer generation attained over an older one (`generation_shift`).
+One source so far (llm-foundry's MPT tables, A100-80GB against H100-80GB); no published pair of the
+same step holds Hopper against Blackwell or any Ada card, so those translations rest on the
+datasheets alone.
 """
 
 from __future__ import annotations
@@ -41,9 +48,10 @@ Links = tuple[str | None, float | None, int]  # (peer link, its bytes/s per GPU,
 NVLINK_3: Links = ("NVLink 3", 600 * GB, 4)
 NVLINK_4: Links = ("NVLink 4", 900 * GB, 5)
 NVLINK_5: Links = ("NVLink 5", 1800 * GB, 5)
-H100_BRIDGE: Links = ("NVLink bridge", 600 * GB, 5)
-H200_BRIDGE: Links = ("NVLink bridge", 900 * GB, 5)
-A100_BRIDGE: Links = ("NVLink bridge", 600 * GB, 4)
+# Bridges carry the NVLink generation of their card (NCCL prices a link by it: calibration.topology).
+H100_BRIDGE: Links = ("NVLink 4 bridge", 600 * GB, 5)
+H200_BRIDGE: Links = ("NVLink 4 bridge", 900 * GB, 5)
+A100_BRIDGE: Links = ("NVLink 3 bridge", 600 * GB, 4)
 NO_LINK_GEN4: Links = (None, None, 4)
 
 
@@ -60,7 +68,7 @@ class DeviceSheet:
     memory_bytes: int
     memory_kind: str
     memory_bandwidth: float  # bytes/s
-    peer_link: str | None  # "NVLink 4", "NVLink bridge", "Infinity Fabric"; None: PCIe only
+    peer_link: str | None  # "NVLink 4", "NVLink 4 bridge", "Infinity Fabric"; None: PCIe only
     peer_link_bandwidth: float | None  # bytes/s per GPU, bidirectional
     pcie_generation: int
     pcie_bandwidth: float  # bytes/s, x16, bidirectional
@@ -72,6 +80,11 @@ class DeviceSheet:
     def nvlink_bandwidth(self) -> float | None:
         """Bytes/s over NVLink per GPU (bidirectional), None where the card has none."""
         return self.peer_link_bandwidth if self.peer_link and self.peer_link.startswith("NVLink") else None
+
+    @property
+    def nvlink_generation(self) -> str | None:
+        """The NVLink generation ("NVLink 3", "NVLink 4", "NVLink 5"; a bridge's too); None without NVLink."""
+        return " ".join(self.peer_link.split()[:2]) if self.nvlink_bandwidth and self.peer_link else None
 
 
 def _sheet(
@@ -188,3 +201,105 @@ def sheet_for(text: str) -> DeviceSheet | None:
 def known_keys() -> str:
     """The keys, for an error message."""
     return ", ".join(sheet.key for sheet in SHEETS)
+
+
+# -- published cross-GPU measurements the translation's bracket is checked against --------------
+
+
+@dataclass(frozen=True)
+class PublishedPair:
+    """One training step measured on two GPUs with the same model, sequence length, micro-batch,
+    accumulation, activation checkpointing and GPU count: tokens per second per GPU on each."""
+
+    model: str
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    checkpointing: bool
+    slower_tokens_per_second: float  # per GPU, on `slower`
+    faster_tokens_per_second: float  # per GPU, on `faster`
+
+    @property
+    def speedup(self) -> float:
+        return self.faster_tokens_per_second / self.slower_tokens_per_second
+
+
+@dataclass(frozen=True)
+class PublishedComparison:
+    """Pairs from one source, between two datasheet rows (keys), on `gpus` GPUs each."""
+
+    source: str
+    slower: str
+    faster: str
+    gpus: int
+    setup: str
+    pairs: tuple[PublishedPair, ...]
+
+
+LLM_FOUNDRY_SOURCE = (
+    "mosaicml/llm-foundry scripts/train/benchmarking/README.md (commit 061f2c7c), tables 'H100 80GB BF16' and "
+    "'A100 80GB with 1600 Gbps node-node interconnect (RoCE)': Throughput (T/s/GPU) of MPT models, every row whose model, "
+    "sequence length, GPU count, micro-batch, accumulation and checkpointing are the same on both"
+)
+# fmt: off
+PUBLISHED_COMPARISONS: tuple[PublishedComparison, ...] = (
+    # Ampere to Hopper, SXM, 8 GPUs in one node, FSDP FULL_SHARD, amp_bf16, flash attention. Speed-ups 1.81x-2.84x:
+    # lowest at 32k-65k tokens (attention-bound), highest at 512-1024 tokens of the 760m model (the A100's MFU fell to 45%).
+    PublishedComparison(LLM_FOUNDRY_SOURCE, "a100-80gb", "h100", 8, "FSDP full shard, amp_bf16, MPT (flash attention)", tuple(
+        PublishedPair(model, seq_len, micro, accum, checkpointing, a100, h100)
+        for model, seq_len, micro, accum, checkpointing, a100, h100 in (
+            ("mpt-30b", 8192, 1, 21, True, 574, 1384), ("mpt-30b", 4096, 1, 21, True, 814, 1802),
+            ("mpt-30b", 2048, 3, 21, True, 916, 2002), ("mpt-30b", 1024, 6, 21, True, 946, 2084),
+            ("mpt-13b", 32768, 1, 3, True, 1016, 1976), ("mpt-13b", 16384, 3, 3, True, 1431, 2985),
+            ("mpt-13b", 4096, 10, 3, True, 2060, 4717), ("mpt-13b", 1024, 40, 3, True, 2330, 5502),
+            ("mpt-7b", 65536, 1, 2, True, 1013, 1956), ("mpt-7b", 32768, 2, 2, True, 1672, 3318),
+            ("mpt-7b", 8192, 8, 2, True, 3206, 6935), ("mpt-7b", 4096, 16, 2, True, 3684, 8611),
+            ("mpt-7b", 1024, 64, 2, True, 4357, 10203),
+            ("mpt-3b", 65536, 1, 2, True, 1767, 3262), ("mpt-3b", 32768, 3, 6, True, 3029, 5873),
+            ("mpt-3b", 16384, 1, 6, False, 5529, 11152), ("mpt-3b", 8192, 3, 6, False, 7695, 16578),
+            ("mpt-3b", 4096, 5, 6, False, 9457, 20964), ("mpt-3b", 1024, 20, 6, False, 11580, 27046),
+            ("mpt-3b", 512, 40, 6, False, 12127, 27965),
+            ("mpt-1b", 65536, 1, 2, True, 3044, 5506), ("mpt-1b", 32768, 1, 4, False, 6275, 12025),
+            ("mpt-1b", 16384, 2, 4, False, 9956, 19649), ("mpt-1b", 8192, 3, 4, False, 13814, 29157),
+            ("mpt-1b", 4096, 7, 4, False, 17807, 38535), ("mpt-1b", 1024, 18, 4, False, 22112, 48910),
+            ("mpt-1b", 512, 56, 4, False, 23148, 52275),
+            ("mpt-760m", 32768, 1, 2, False, 8802, 16291), ("mpt-760m", 16384, 3, 2, False, 14274, 27815),
+            ("mpt-760m", 8192, 6, 2, False, 20933, 41825), ("mpt-760m", 4096, 12, 2, False, 27351, 55459),
+            ("mpt-760m", 2048, 24, 2, False, 32434, 63147), ("mpt-760m", 1024, 48, 2, False, 29765, 78581),
+            ("mpt-760m", 512, 96, 2, False, 29446, 83749),
+        )
+    )),
+)
+# fmt: on
+
+# Each row's GPU generation: what published comparisons are kept by (calibration.translate).
+ARCHITECTURE = {
+    "h100-pcie": "hopper", "h100-nvl": "hopper", "h100": "hopper", "gh200": "hopper", "h200-nvl": "hopper", "h200": "hopper",
+    "b200": "blackwell", "a100-80gb-pcie": "ampere", "a100-40gb-pcie": "ampere", "a100-80gb": "ampere", "a100-40gb": "ampere",
+    "a10g": "ampere", "l40s": "ada", "l40": "ada", "l4": "ada", "4090": "ada", "mi300x": "cdna3",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GenerationShift:
+    """What published runs show of the dense FLOP/s ratio between two generations: the median
+    speed-up measured, over the datasheets' FLOP/s ratio of the GPUs measured (< 1: the newer GPU
+    reaches a smaller share of its peak with the same software), and where it comes from."""
+
+    attained_share: float
+    median_speedup: float
+    pairs: int
+    source: str
+
+
+def generation_shift(slower: str, faster: str) -> GenerationShift | None:
+    """The published shift from generation `slower` to `faster` (ARCHITECTURE's words); None where
+    no published comparison holds that pair of generations (the datasheet ratios then stand)."""
+    import statistics
+
+    for comparison in PUBLISHED_COMPARISONS:
+        if (ARCHITECTURE[comparison.slower], ARCHITECTURE[comparison.faster]) == (slower, faster):
+            speedup = statistics.median(pair.speedup for pair in comparison.pairs)
+            flops = SHEETS_BY_KEY[comparison.faster].bf16_dense_flops / SHEETS_BY_KEY[comparison.slower].bf16_dense_flops
+            return GenerationShift(speedup / flops, speedup, len(comparison.pairs), comparison.source)
+    return None

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from calibration.fit_tools import ErrorSummary
+from calibration.split import SPLIT_FIELDS, config_fields, usable_record
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -104,6 +105,31 @@ def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: in
             if memory_pair is not None:
                 memory_pairs.append(memory_pair)
     return SliceFit(derived, per_config, summary(time_pairs), summary(memory_pairs))
+
+
+def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int) -> list[JsonDict]:
+    """The whole model's step split (calibration.split) from each depth's: every part a line in
+    depth at `full_layers`, for each configuration split at two depths or more. The line's fixed
+    part is the embedding, the head and the loss, its slope a layer's: the head is a large share of
+    a shallow slice's matmuls (an 8B's 4096 × 128256 head against 6 layers: ≈29% of the FLOPs) and a
+    small one of the whole model's (≈7% at 32), so the deepest slice's split is not the whole
+    model's. [] where no configuration was split at two depths: the FLOP-count split of the whole
+    model's fit then stands (calibration.split.step_splits)."""
+    found: dict[tuple[tuple[str, int], ...], dict[int, JsonDict]] = {}
+    for depth, records in sorted(by_depth.items()):
+        for entry in records:
+            if usable_record(entry):
+                found.setdefault(tuple(config_fields(entry).items()), {})[depth] = entry
+    derived = []
+    for config, at_depth in found.items():
+        if len(at_depth) < 2:
+            continue
+        depths = sorted(at_depth)
+        fields = [*SPLIT_FIELDS, *(["comm_seconds"] if all("comm_seconds" in at_depth[depth] for depth in depths) else [])]
+        parts = {field: max(0.0, DepthLine.fit(depths, [float(at_depth[depth][field]) for depth in depths]).at(full_layers)) for field in fields}
+        methods = {at_depth[depth]["method"] for depth in depths}
+        derived.append({**dict(config), **parts, "method": methods.pop() if len(methods) == 1 else "flops", "slice_depths": depths})
+    return derived
 
 
 def summary(pairs: list[tuple[float, float]]) -> ErrorSummary:

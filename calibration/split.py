@@ -10,7 +10,8 @@ A calibration's `step_split` holds it at two probes, one record each:
     {"micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing",
      "compute_seconds", "memory_seconds", "host_seconds", "method": "profiler" | "flops"}
 
-(seconds per optimizer step). Two ways to know it:
+(seconds per optimizer step; a profiled record of several processes also has `comm_seconds`, the
+time NCCL's kernels alone ran, which is neither compute- nor memory-bound). Two ways to know it:
 - "profiler": bench runs the step under torch.profiler on a GPU and sorts the kernels by name
   (bench.step_split); the host's exposed time is the wall time the device was idle.
 - "flops": from what every calibration has (CPUs, simulated devices, calibrations from before the

@@ -189,36 +189,53 @@ NCCL = "NVIDIA/nccl src/graph/tuning.cc (5067397) ring/simple"
 BASE_LATENCY = 14.0e-6
 HOP_LATENCY = {"nvlink": 3.4e-6, "nvswitch": 3.4e-6, "pcie": 5.7e-6, "infiniband": 14.0e-6, "ethernet": 14.0e-6}
 
-# Per-GPU link bandwidth comes from the datasheet table (calibration.datasheets: NVLink and PCIe
-# x16, bidirectional totals, halved here for one direction; the source of each figure there).
+# Per-GPU link bandwidth as NCCL's own topology model prices it (NVIDIA/nccl src/graph/topo.h and
+# topo.cc at 5067397), GB/s each way, what its ring search and tuning assume a link delivers, not
+# the datasheet's signalling rate:
+# - NVLink: a figure per link by GPU generation (SM80_NVLINK_BW 20.0, SM90_NVLINK_BW 20.6,
+#   SM100_NVLINK_BW 40.1) times the links; the datasheet's total over its per-link rate gives the
+#   links (NVLink 3 and 4: 50 GB/s bidirectional a link, NVLink 5: 100): an H100 SXM's 18 links are
+#   371 GB/s, against 450 from its 900 GB/s halved; an A100's 12 are 240 GB/s;
+# - PCIe: link width × per-lane rate / 80 (topo.cc, kvDictPciGen: 16 GT/s → 120, 32 GT/s → 240):
+#   Gen4 x16 24 GB/s, Gen5 x16 48 GB/s, against 32 and 64 halved from the datasheet. Across CPU
+#   sockets NCCL prices the path at the socket link (SKL_QPI_BW 10, SRP_QPI_BW 22, ERP_QPI_BW 40,
+#   AMD_BW 16), which a card's word does not say: a PCIe ring spanning sockets is slower still.
 # Between nodes, per GPU (one port each): InfiniBand NDR 400 Gb/s = 50 GB/s (NVIDIA ConnectX-7
 # datasheet); Ethernet 100 GbE = 12.5 GB/s (IEEE 802.3ba), what a plain cloud network gives.
+NCCL_TOPOLOGY = "NVIDIA/nccl src/graph/topo.h, topo.cc (5067397)"
+NCCL_NVLINK_BANDWIDTH = {"NVLink 3": 20.0e9, "NVLink 4": 20.6e9, "NVLink 5": 40.1e9}
+NVLINK_LINK_RATE = {"NVLink 3": 50e9, "NVLink 4": 50e9, "NVLink 5": 100e9}  # bidirectional per link (datasheets: 600/12, 900/18, 1800/18)
+NCCL_PCIE_BANDWIDTH = {3: 12e9, 4: 24e9, 5: 48e9}  # x16
 NETWORK_BANDWIDTH = {
     "infiniband": (50e9, "InfiniBand NDR 400 Gb/s per GPU port (NVIDIA ConnectX-7 datasheet)"),
     "ethernet": (12.5e9, "100 Gb Ethernet per GPU (IEEE 802.3ba)"),
 }
-# A device the table does not hold, over PCIe: Gen4 x16 (16 GT/s × 16 lanes ≈ 32 GB/s each way,
-# PCI-SIG), the slower of the two generations GPUs use: an assumption, said in the link's source.
-PCIE_GEN4_BANDWIDTH = 32e9
+# A device the table does not hold, over PCIe: Gen4 x16, the slower of the two generations GPUs
+# use: an assumption, said in the link's source.
+ASSUMED_PCIE_GENERATION = 4
 
 
 def link_figures(kind: str, device_name: str) -> Link:
-    """The datasheet figures of a `kind` link on `device_name`; one line where there are none."""
+    """NCCL's figures for a `kind` link on `device_name` (above); one line where there are none."""
     from calibration.datasheets import sheet_for
 
     sheet = sheet_for(device_name)
     if kind in ("nvlink", "nvswitch"):
-        bandwidth = sheet.nvlink_bandwidth if sheet is not None else None
-        if sheet is None or bandwidth is None:
+        nvlink = sheet.nvlink_generation if sheet is not None else None
+        if sheet is None or nvlink is None or sheet.nvlink_bandwidth is None:
             raise BenchtrainError(f"no NVLink figure for {device_name} (no NVLink, or not in calibration.datasheets): use pcie, or measure it")
-        source = f"{sheet.name} {sheet.peer_link} {bandwidth / 1e9:.0f} GB/s bidirectional, halved ({'; '.join(sheet.sources)})"
-        return Link(kind, bandwidth / 2, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+        links = round(sheet.nvlink_bandwidth / NVLINK_LINK_RATE[nvlink])
+        bandwidth = links * NCCL_NVLINK_BANDWIDTH[nvlink]
+        source = (
+            f"{sheet.name} {sheet.peer_link}: {links} links × {NCCL_NVLINK_BANDWIDTH[nvlink] / 1e9:g} GB/s, NCCL's figure per link "
+            f"({NCCL_TOPOLOGY}; links from {sheet.nvlink_bandwidth / 1e9:.0f} GB/s, {'; '.join(sheet.sources)})"
+        )
+        return Link(kind, bandwidth, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
     if kind == "pcie":
-        if sheet is None:
-            source = f"PCIe Gen4 x16 assumed ({device_name} is not in calibration.datasheets)"
-            return Link(kind, PCIE_GEN4_BANDWIDTH, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
-        source = f"{sheet.name} PCIe Gen{sheet.pcie_generation} x16 {sheet.pcie_bandwidth / 1e9:.0f} GB/s bidirectional, halved ({'; '.join(sheet.sources)})"
-        return Link(kind, sheet.pcie_bandwidth / 2, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
+        generation = sheet.pcie_generation if sheet is not None else ASSUMED_PCIE_GENERATION
+        assumed = f", assumed ({device_name} is not in calibration.datasheets)" if sheet is None else ""
+        source = f"PCIe Gen{generation} x16{assumed}: {NCCL_PCIE_BANDWIDTH[generation] / 1e9:g} GB/s, NCCL's figure ({NCCL_TOPOLOGY})"
+        return Link(kind, NCCL_PCIE_BANDWIDTH[generation], HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")
     if kind in NETWORK_BANDWIDTH:
         bandwidth, source = NETWORK_BANDWIDTH[kind]
         return Link(kind, bandwidth, HOP_LATENCY[kind], BASE_LATENCY, f"{source}; latency {NCCL}")

@@ -5,8 +5,11 @@ What changes between two GPUs of one vendor at one precision, and how it is carr
 - The step's device time. Compute-bound kernels (matmuls, attention) scale with the dense bf16
   FLOP/s, memory-bound ones with the memory bandwidth; the step's split says which share is which
   (calibration.split: bench's profiler, or the FLOP count and the fit's terms). The central
-  estimate scales each share by its own ratio; the bracket runs from scaling ALL of the device time
-  by the FLOP/s ratio to ALL of it by the bandwidth ratio, whichever way round is slower.
+  estimate scales each share by its own ratio, the compute share by the FLOP/s ratio published
+  runs between the two generations attained where there are some (calibration.datasheets
+  PUBLISHED_COMPARISONS: an H100 trains 2.16x an A100's tokens, not the datasheets' 3.17x); the
+  bracket runs from scaling ALL of the device time by the fastest of the FLOP/s ratios and the
+  bandwidth ratio to ALL of it by the slowest, and holds every published pair (tests/test_translate.py).
 - The host's exposed time (Python, kernel launches, the data loader) belongs to the CPU, not the
   GPU: it is not scaled, but the CPU beside a rented GPU is another one, so it is widened by
   HOST_WIDENING either way.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import copy
 from typing import NamedTuple
 
-from calibration.datasheets import DeviceSheet, known_keys, sheet_for
+from calibration.datasheets import ARCHITECTURE, DeviceSheet, generation_shift, known_keys, sheet_for
 from calibration.fit import DEVICE_TERMS, EVAL_TERMS, throughput_model_from_json
 from calibration.split import step_parts, step_splits
 from calibration.step_config import StepConfig
@@ -105,10 +108,11 @@ def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet)
     identity = source.key == target.key
     flops_ratio = target.bf16_dense_flops / source.bf16_dense_flops
     bandwidth_ratio = target.memory_bandwidth / source.memory_bandwidth
+    attained_ratio, attained_from = attained_flops_ratio(source, target)
     splits = step_splits(data)
     compute = sum(float(entry["compute_seconds"]) for entry in splits)
     memory = sum(float(entry["memory_seconds"]) for entry in splits)
-    device_factor = (compute / flops_ratio + memory / bandwidth_ratio) / (compute + memory) if compute + memory > 0 else 1 / flops_ratio
+    device_factor = (compute / attained_ratio + memory / bandwidth_ratio) / (compute + memory) if compute + memory > 0 else 1 / attained_ratio
     record: JsonDict = {
         "identity": identity,
         "from_device": data["hardware"]["name"],
@@ -117,11 +121,13 @@ def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet)
         "to_key": target.key,
         "flops_ratio": flops_ratio,
         "bandwidth_ratio": bandwidth_ratio,
+        "attained_flops_ratio": attained_ratio,
+        "attained_from": attained_from,
         "device_factor": 1.0 if identity else device_factor,
         "host_widening": 0.0 if identity else HOST_WIDENING,
         "split_method": splits[0]["method"] if splits else None,
         "compute_share": compute / (compute + memory) if compute + memory > 0 else None,
-        "sources": list(dict.fromkeys((*source.sources, *target.sources))),
+        "sources": list(dict.fromkeys((*source.sources, *target.sources, *([attained_from] if attained_from else [])))),
     }
     record.update(summary_at(data, splits, record))
     return record
@@ -133,8 +139,8 @@ def summary_at(data: JsonDict, splits: list[JsonDict], record: JsonDict) -> Json
     if record["identity"]:
         return {"central_factor": 1.0, "host_share": None, "bracket": [1.0, 1.0]}
     if not splits or not data.get("fit"):  # nothing says where the time goes: all of it is the device's
-        ratios = sorted((1 / record["flops_ratio"], 1 / record["bandwidth_ratio"]))
-        return {"central_factor": record["device_factor"], "host_share": None, "bracket": ratios}
+        ratios = device_time_factors(record)
+        return {"central_factor": record["device_factor"], "host_share": None, "bracket": [min(ratios), max(ratios)]}
     parameters = data["fit"]["parameters"]
     device = host = 0.0
     for entry in splits:
@@ -166,12 +172,36 @@ def bracket_around(device_share: float, host_share: float, record: JsonDict) -> 
     """(low, high) factors around a central estimate whose device part (already at the central
     device factor) and host part are these shares of it."""
     factor = float(record["device_factor"])
-    slow, fast = max(1 / record["flops_ratio"], 1 / record["bandwidth_ratio"]), min(1 / record["flops_ratio"], 1 / record["bandwidth_ratio"])
+    ratios = device_time_factors(record)
+    slow, fast = max(ratios), min(ratios)
     widening = float(record["host_widening"])
     total = device_share + host_share
     low = (device_share * fast / factor + host_share * (1 - widening)) / total
     high = (device_share * slow / factor + host_share * (1 + widening)) / total
     return Bracket(low, high)
+
+
+def device_time_factors(record: JsonDict) -> tuple[float, ...]:
+    """What the device's time may be multiplied by: all of it at the datasheets' FLOP/s ratio, at
+    their bandwidth ratio, or at the FLOP/s ratio published runs attained (a record from before it:
+    the datasheets')."""
+    attained = float(record.get("attained_flops_ratio") or record["flops_ratio"])
+    return 1 / record["flops_ratio"], 1 / record["bandwidth_ratio"], 1 / attained
+
+
+def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[float, str | None]:
+    """The FLOP/s ratio (target ÷ source) the central estimate scales compute-bound time by: the
+    datasheets', times the share published runs between the two generations attained of it
+    (calibration.datasheets.generation_shift: Ampere to Hopper, 0.68: a median speed-up of 2.16,
+    not 3.17), and that comparison's source; the datasheets' alone, and None, where none was published."""
+    datasheet = target.bf16_dense_flops / source.bf16_dense_flops
+    generations = ARCHITECTURE[source.key], ARCHITECTURE[target.key]
+    forward, backward = generation_shift(*generations), generation_shift(*reversed(generations))
+    if forward is not None:
+        return datasheet * forward.attained_share, forward.source
+    if backward is not None:
+        return datasheet / backward.attained_share, backward.source
+    return datasheet, None
 
 
 def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> Bracket:

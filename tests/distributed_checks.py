@@ -6,6 +6,7 @@ with the variables torchrun sets (tests/test_multi_process.py's `_as_process_gro
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py plans-agree DATA ELAPSED ARGUMENTS…
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py late-oom ddp|fsdp
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py rows-survive ddp|fsdp oom|stall
+    python -m torch.distributed.run --nproc_per_node 2 tests/distributed_checks.py slow-load FOLDER TIMEOUT SLEEP
 
 Rank 0 prints one JSON line with what it found. `learning_rate_curve` also runs in one process, in
 the test itself, for the curve to compare with."""
@@ -202,6 +203,45 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
     return {"plans": plans, "guard": guards}
 
 
+def slow_load(folder: str, timeout_seconds: float, sleep_seconds: float) -> dict[str, Any]:
+    """FSDP's sharded model filled from `folder` (train.step.sharding.load_from_rank0) under a process
+    group whose collectives give up after `timeout_seconds`, while rank 0's reading of the weights
+    takes `sleep_seconds` longer: the other ranks must not be left in a collective meanwhile. Rank 0
+    reports whether the gathered weights are the folder's (in the shards' fp32)."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from train.step.sharding import gather_full_state, shard_model
+    from train.workload.model import make_config, resolve_model
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_seconds))
+    spec = resolve_model(folder)
+    read = AutoModelForCausalLM.from_pretrained
+    if dist.get_rank() == 0:
+
+        def slow_read(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(sleep_seconds)
+            return read(*args, **kwargs)
+
+        AutoModelForCausalLM.from_pretrained = slow_read  # type: ignore[method-assign]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(make_config(spec), dtype=torch.float32)
+    shard_model(model, torch.device("cpu"), bf16=False, spec=spec)
+    weights, _ = gather_full_state(model, None)
+    if dist.get_rank() != 0:
+        return {}
+    saved = read(folder, dtype="auto").state_dict()
+    return {
+        "same": all(torch.equal(weights[name], tensor.float()) for name, tensor in saved.items()),
+        "saved_dtype": str(next(iter(saved.values())).dtype),
+        "shard_dtype": str(next(model.parameters()).dtype),
+    }
+
+
 def main() -> None:
 
     check = sys.argv[1]
@@ -211,6 +251,8 @@ def main() -> None:
         result = late_oom(sys.argv[2])
     elif check == "rows-survive":
         result = rows_survive(sys.argv[2], sys.argv[3])
+    elif check == "slow-load":
+        result = slow_load(sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
     else:
         result = learning_rate_curve(int(sys.argv[2])) if check == "lr-curve" else one_rank_oom()
     report_and_leave(result)

@@ -59,6 +59,7 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
 
     import bench.compile_probe as compile_probe
     from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
 
     for name, value in TORCHRUN_SETS.items():
         monkeypatch.setenv(name, value)
@@ -72,7 +73,7 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
 
     monkeypatch.setattr(compile_probe.subprocess, "run", child)
     row = {"micro_batch_size": 2, "seq_len": 16}
-    measured = compile_probe.measure_in_new_process("tiny", MethodConfig(), "plain", row, timeout_seconds=60)
+    measured = compile_probe.measure_in_new_process(resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60)
     assert started and started[0][1:3] == ["-m", "bench.compile_probe"]
     assert measured is not None and measured["seen"] == []
 

@@ -28,7 +28,8 @@ KERNELS = {
     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>": "memory",
     "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::LogSoftMaxForwardEpilogue>": "memory",
     "Memcpy HtoD (Pinned -> Device)": "memory",
-    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)": "memory",
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)": "communication",
+    "void ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)": "communication",
 }
 
 

@@ -56,29 +56,30 @@ def test_ring_collectives_move_what_a_ring_moves() -> None:
     """All-reduce of B bytes among n: 2(n−1)/n × B/bw + 2(n−1) steps of latency; all-gather and
     reduce-scatter half of it; NCCL's base latency once."""
     link = link_figures("nvlink", H100)
-    assert link.bandwidth_bytes_per_second == 450e9 and link.hop_latency_seconds == 3.4e-6 and link.base_latency_seconds == 14e-6
+    bandwidth = 18 * 20.6e9  # NCCL's SM90 figure per link (src/graph/topo.h)
+    assert link.bandwidth_bytes_per_second == pytest.approx(bandwidth) and link.hop_latency_seconds == 3.4e-6 and link.base_latency_seconds == 14e-6
     size = GIB
     for n in (2, 4, 8):
         reduce_all = ring_seconds("all_reduce", size, n, link)
-        assert reduce_all == pytest.approx(BASE_LATENCY + 2 * (n - 1) * 3.4e-6 + 2 * (n - 1) / n * size / 450e9)
+        assert reduce_all == pytest.approx(BASE_LATENCY + 2 * (n - 1) * 3.4e-6 + 2 * (n - 1) / n * size / bandwidth)
         for kind in ("all_gather", "reduce_scatter"):
-            assert ring_seconds(kind, size, n, link) == pytest.approx(BASE_LATENCY + (n - 1) * 3.4e-6 + (n - 1) / n * size / 450e9)
-    # Two H100s: a 1 GiB all-reduce crosses NVLink in ≈2.4 ms, PCIe Gen5 (64 GB/s each way) in ≈17 ms.
-    assert ring_seconds("all_reduce", GIB, 2, link) == pytest.approx(2.4e-3, rel=0.02)
-    assert ring_seconds("all_reduce", GIB, 2, link_figures("pcie", H100)) == pytest.approx(16.8e-3, rel=0.02)
+            assert ring_seconds(kind, size, n, link) == pytest.approx(BASE_LATENCY + (n - 1) * 3.4e-6 + (n - 1) / n * size / bandwidth)
+    # Two H100s: a 1 GiB all-reduce crosses NVLink in ≈2.9 ms, PCIe Gen5 (NCCL's 48 GB/s) in ≈22 ms.
+    assert ring_seconds("all_reduce", GIB, 2, link) == pytest.approx(2.9e-3, rel=0.02)
+    assert ring_seconds("all_reduce", GIB, 2, link_figures("pcie", H100)) == pytest.approx(22.4e-3, rel=0.02)
     # As a CommModel, DDP's buckets each pay the latency (calibration.comm).
     model = ring_model("all_reduce", 4, link)
     gradients = 4 * 10**9
     buckets = -(-gradients // BUCKET_BYTES)
-    assert model.all_reduce_seconds(gradients) == pytest.approx(buckets * (BASE_LATENCY + 6 * 3.4e-6) + 1.5 * gradients / 450e9)
+    assert model.all_reduce_seconds(gradients) == pytest.approx(buckets * (BASE_LATENCY + 6 * 3.4e-6) + 1.5 * gradients / bandwidth)
 
 
 def test_link_figures_come_from_the_datasheets_and_nccl() -> None:
     a100 = link_figures("nvlink", "NVIDIA A100-SXM4-40GB")
-    assert a100.bandwidth_bytes_per_second == 300e9 and "600 GB/s" in a100.source and "tuning.cc" in a100.source
-    assert link_figures("pcie", "NVIDIA A100-SXM4-40GB").bandwidth_bytes_per_second == 32e9  # Gen4
-    assert link_figures("pcie", H100).bandwidth_bytes_per_second == 64e9  # Gen5
-    assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 32e9  # not in the table: Gen4, said
+    assert a100.bandwidth_bytes_per_second == 240e9 and "600 GB/s" in a100.source and "tuning.cc" in a100.source  # 12 links × 20 GB/s
+    assert link_figures("pcie", "NVIDIA A100-SXM4-40GB").bandwidth_bytes_per_second == 24e9  # Gen4 x16, NCCL's figure
+    assert link_figures("pcie", H100).bandwidth_bytes_per_second == 48e9  # Gen5
+    assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 24e9  # not in the table: Gen4, said
     assert "assumed" in link_figures("pcie", "NVIDIA RTX A6000").source
     assert link_figures("infiniband", H100).bandwidth_bytes_per_second == 50e9
     assert link_figures("pcie", H100).hop_latency_seconds == HOP_LATENCY["pcie"] == 5.7e-6
@@ -95,11 +96,11 @@ def test_two_nodes_are_slower_than_one_and_priced_hierarchically() -> None:
     one_node = collective_model("all_reduce", parse_interconnect("nvlink").placed(8), nvlink)
     two_nodes = collective_model("all_reduce", parse_interconnect("2x4:nvlink+ib").placed(8), nvlink, ib)
     assert two_nodes.all_reduce_seconds(4e9) > 1.5 * one_node.all_reduce_seconds(4e9)  # 43 ms against 25
-    per_byte = 2 * 3 / 4 / 450e9 + 2 * 1 / 2 / 4 / 50e9
+    per_byte = 2 * 3 / 4 / 370.8e9 + 2 * 1 / 2 / 4 / 50e9
     assert two_nodes.seconds_per_byte == pytest.approx(per_byte)
     assert two_nodes.latency_seconds == pytest.approx(BASE_LATENCY + 2 * 3 * 3.4e-6 + 2 * 1 * 14e-6)
     gather = collective_model("all_gather", parse_interconnect("2x4:nvlink+ib").placed(8), nvlink, ib)
-    assert gather.seconds_per_byte == pytest.approx(3 / 4 / 450e9 + 1 / 2 / 4 / 50e9)
+    assert gather.seconds_per_byte == pytest.approx(3 / 4 / 370.8e9 + 1 / 2 / 4 / 50e9)
     # One GPU per node: a plain ring over the network.
     alone = collective_model("all_reduce", parse_interconnect("ib").placed(4), nvlink, ib)
     assert alone == ring_model("all_reduce", 4, ib)

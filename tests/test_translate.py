@@ -237,3 +237,51 @@ def test_a_recorded_split_is_used_and_a_damaged_one_ignored(tmp_path: Path) -> N
     assert record["split_method"] == "profiler" and record["device_factor"] == pytest.approx(H100_TO_H200_BANDWIDTH)
     data["step_split"] = [{"compute_seconds": "a lot", "method": "profiler"}]
     assert [entry["method"] for entry in step_splits(data)] == ["flops", "flops"]
+
+
+# -- the bracket against published cross-GPU runs (calibration.datasheets.PUBLISHED_COMPARISONS) --------
+
+
+def as_a100_80gb(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` as if measured on an A100-SXM4-80GB: what a translation reads of its device."""
+    data = copy.deepcopy(data)
+    data["hardware"] = {**data["hardware"], "name": "NVIDIA A100-SXM4-80GB", "peak_flops_entry": "A100", "memory_bytes": 85_100_000_000}
+    return data
+
+
+@pytest.mark.parametrize("compute", [1.0, 0.9, 0.5, 0.0])
+def test_the_bracket_holds_every_published_a100_h100_pair_both_ways(compute: float) -> None:
+    """llm-foundry's 34 pairs of the same MPT step on 8 A100-80GB and 8 H100-80GB (speed-ups 1.81x
+    to 2.84x) all lie within the translated bracket, from the A100 to the H100 and back, whatever
+    the step's split: its ends are the datasheets' FLOP/s (3.17x) and bandwidth (1.64x) ratios."""
+    from calibration.datasheets import PUBLISHED_COMPARISONS
+
+    (comparison,) = PUBLISHED_COMPARISONS
+    speedups = [pair.speedup for pair in comparison.pairs]
+    assert len(speedups) == 34 and min(speedups) == pytest.approx(1.809, abs=1e-3) and max(speedups) == pytest.approx(2.844, abs=1e-3)
+    measured_on_h100 = compute_bound(h100(), compute, 1.0 - compute)
+    low, high = translate(measured_on_h100, sheet_for("a100-80gb"))["translation"]["bracket"]  # type: ignore[arg-type]
+    assert all(low <= speedup <= high for speedup in speedups), (low, high)  # time on the A100 ÷ time on the H100
+    low, high = translate(as_a100_80gb(measured_on_h100), sheet_for("h100"))["translation"]["bracket"]  # type: ignore[arg-type]
+    assert all(low <= 1 / speedup <= high for speedup in speedups), (low, high)
+
+
+def test_the_central_estimate_is_shifted_to_what_hopper_attained_over_ampere() -> None:
+    """A compute-bound step (90% matmuls) translated from an A100-80GB to an H100 by the datasheets
+    alone would run 2.90x faster: more than any of the 34 published pairs (at most 2.84x; median
+    2.16x). The central estimate scales compute by the FLOP/s ratio they attained (3.17 × 0.68 =
+    2.16: 2.09x for this step) and lands among them; the bracket's ends stay the datasheets'."""
+    from calibration.datasheets import PUBLISHED_COMPARISONS, generation_shift
+
+    speedups = sorted(pair.speedup for pair in PUBLISHED_COMPARISONS[0].pairs)
+    record = translate(as_a100_80gb(compute_bound(h100())), sheet_for("h100"))["translation"]  # type: ignore[arg-type]
+    datasheets_only = 1 / (0.9 / record["flops_ratio"] + 0.1 / record["bandwidth_ratio"])
+    assert datasheets_only > speedups[-1]
+    shift = generation_shift("ampere", "hopper")
+    assert shift is not None and shift.attained_share == pytest.approx(0.681, abs=1e-3) and "llm-foundry" in record["attained_from"]
+    assert record["attained_flops_ratio"] == pytest.approx(record["flops_ratio"] * shift.attained_share)
+    assert speedups[0] < 1 / record["central_factor"] < speedups[-1]
+    assert record["bracket"] == pytest.approx([1 / record["flops_ratio"], 1 / record["bandwidth_ratio"]])
+    # Within a generation, or between generations nobody published, the datasheets stand.
+    h200 = translate(compute_bound(h100()), sheet_for("h200"))["translation"]  # type: ignore[arg-type]
+    assert h200["attained_flops_ratio"] == h200["flops_ratio"] and h200["attained_from"] is None

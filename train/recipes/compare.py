@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.topology import parse_interconnect
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
@@ -34,6 +35,7 @@ from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
 from train.step.engine import ProcessLayout
+from train.workload.optimizers import check_optimizer_sharding
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -298,6 +300,12 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
     from train.planning.comm import price_traffic
 
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
+    try:  # a row of N processes is sharded as asked even when this command runs one
+        check_optimizer_sharding(method.optimizer, layout.sharding)
+    except BenchtrainError as error:
+        row = Row(option, plan_hardware(context.config, cal, here))
+        row.problem = str(error)
+        return row
     if not cal.ok_rows():
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = f"calibration {cal.id} has no successful probes"
@@ -308,6 +316,8 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = str(error)
         return row
+    if option.interconnect is not None:  # the machine's links, which the calibration's device record may not name
+        setup = replace(setup, hardware={**setup.hardware, "interconnect": parse_interconnect(option.interconnect).kind})
     row = Row(option, setup.hardware)
     row.price_per_hour, row.warnings = setup.price_per_hour, list(setup.warnings)
     communicate = None

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from calibration.nccl_memory import communicator_bytes
 from calibration.run_file import ResumedRun
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
@@ -195,6 +196,10 @@ def plan_request(context: PlanContext, method: MethodConfig, cal: Calibration, p
     if cal.world_size == 1 and placement.sharding == "fsdp":
         memory_offset = need.per_process_bytes(placement.sharding, placement.world_size, device_type) - need.total_bytes
         gradient_shards = placement.world_size
+    # A 1-process calibration measured no NCCL communicator: each GPU of N holds its buffers (and
+    # NVLS memory on an NVSwitch) besides; an N-process calibration measured them in its peak.
+    if cal.world_size == 1:
+        memory_offset += communicator_bytes(placement.hardware, placement.world_size)
     # On CPU this process's own libraries and data beyond the bench process's, measured now (its
     # data loaded, its model not yet built).
     memory_offset += host_excess_bytes(cal.hardware, device_type)

@@ -19,6 +19,7 @@ from train.step.hyperparameters import DEFAULT_WARMUP_RATIO, OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
+from train.workload.optimizers import check_optimizer_sharding
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,9 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
 
     check_sharding(options, method)
     world_size = job_world_size() if processes is None else processes
-    return ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
+    layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
+    check_optimizer_sharding(method.optimizer, layout.sharding)
+    return layout
 
 
 @dataclass(frozen=True)

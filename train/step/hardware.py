@@ -7,7 +7,7 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
@@ -67,25 +67,43 @@ def detect_hardware() -> JsonDict:
     }
 
 
+class NvLinks(NamedTuple):
+    """GPU `index`'s NVLinks as NVML or nvidia-smi see them."""
+
+    active: int  # links up
+    switched: bool  # any of them to an NVSwitch
+    peers: int | None  # the other GPUs they reach (None: not seen)
+    gpus: int | None  # the GPUs of the node (None: not seen)
+
+
 @functools.cache
 def detect_interconnect(index: int = 0) -> JsonDict:
     """{"interconnect": word or None, "nvlinks": active NVLinks or None} of GPU `index` (NVML's
     index: the same kind of GPU in a node has the same links): NVML (pynvml / nvidia-ml-py) where
-    importable, else `nvidia-smi nvlink -s`; no active link is PCIe, links to an NVSwitch are
-    nvswitch. Both None where neither answers. Several nodes are not seen from here: `bench run
-    --interconnect 2x8:nvlink+ib` says so (calibration.topology)."""
+    importable, else `nvidia-smi nvlink -s` and `nvidia-smi topo -m`; no active link is PCIe, links
+    to an NVSwitch are nvswitch. NVLink that reaches only some of the node's GPUs (PCIe cards
+    bridged in pairs) is pcie: a ring over every GPU crosses PCIe between the pairs, and PCIe is
+    what it runs at. Both None where neither answers. Several nodes are not seen from here: `bench
+    run --interconnect 2x8:nvlink+ib` says so (calibration.topology)."""
     found = _nvml_links(index)
     if found is None:
         found = _smi_links(index)
     if found is None:
         return {"interconnect": None, "nvlinks": None}
-    active, switched = found
-    word = "pcie" if active == 0 else "nvswitch" if switched else "nvlink"
-    return {"interconnect": word, "nvlinks": active}
+    partial = found.peers is not None and found.gpus is not None and found.peers < found.gpus - 1
+    word = "pcie" if found.active == 0 or (partial and not found.switched) else "nvswitch" if found.switched else "nvlink"
+    return {"interconnect": word, "nvlinks": found.active}
 
 
-def _nvml_links(index: int) -> tuple[int, bool] | None:
-    """(active NVLinks, any of them to an NVSwitch) from NVML; None without pynvml or a driver."""
+def _bus(pci_info: object) -> str:
+    """A PCI address as NVML gives it (bytes or str, 8- or 4-digit domain) without its domain: "18:00.0"."""
+    bus = getattr(pci_info, "busId", b"")
+    text = bus.decode() if isinstance(bus, bytes) else str(bus)
+    return ":".join(text.strip().lower().split(":")[-2:])
+
+
+def _nvml_links(index: int) -> NvLinks | None:
+    """GPU `index`'s NVLinks from NVML; None without pynvml or a driver."""
     try:
         import pynvml
     except ImportError:
@@ -98,29 +116,59 @@ def _nvml_links(index: int) -> tuple[int, bool] | None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         active, switched = 0, False
         remote_type = getattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        remote_pci = getattr(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", None)
         switch = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        remotes: set[str] = set()
         for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
                 if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
                     continue
                 active += 1
                 switched = switched or (remote_type is not None and remote_type(handle, link) == switch)
+                if remote_pci is not None:
+                    remotes.add(_bus(remote_pci(handle, link)))
             except pynvml.NVMLError:  # past the device's links, or a GPU without NVLink
                 continue
-        return active, switched
+        return NvLinks(active, switched, *_nvml_peers(pynvml, index, remotes if remote_pci is not None else None))
     except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()
 
 
-def _smi_links(index: int) -> tuple[int, bool] | None:
-    """(active NVLinks, False) from `nvidia-smi nvlink -s -i INDEX` ("Link 0: 26.562 GB/s"; an
-    inactive one says <inactive>); None without nvidia-smi. It cannot tell an NVSwitch."""
+def _nvml_peers(pynvml: Any, index: int, remotes: set[str] | None) -> tuple[int | None, int | None]:
+    """(the node's other GPUs whose PCI address an NVLink of GPU `index` reaches, the node's GPUs);
+    (None, None) where NVML does not say."""
+    count = getattr(pynvml, "nvmlDeviceGetCount", None)
+    pci = getattr(pynvml, "nvmlDeviceGetPciInfo", None)
+    if remotes is None or count is None or pci is None:
+        return None, None
+    gpus = int(count())
+    others = {_bus(pci(pynvml.nvmlDeviceGetHandleByIndex(other))) for other in range(gpus) if other != index}
+    return len(others & remotes), gpus
+
+
+def _smi_links(index: int) -> NvLinks | None:
+    """GPU `index`'s NVLinks from `nvidia-smi nvlink -s -i INDEX` ("Link 0: 26.562 GB/s"; an
+    inactive one says <inactive>) and the GPUs they reach from `nvidia-smi topo -m` (NV# in its
+    row); None without nvidia-smi. It cannot tell an NVSwitch."""
     output = _nvidia_smi("nvlink", "-s", "-i", str(index))
     if output is None:
         return None
-    return len(re.findall(r"Link \d+:\s*[\d.]+\s*GB/s", output)), False
+    active = len(re.findall(r"Link \d+:\s*[\d.]+\s*GB/s", output))
+    return NvLinks(active, False, *_smi_peers(_nvidia_smi("topo", "-m"), index))
+
+
+def _smi_peers(matrix: str | None, index: int) -> tuple[int | None, int | None]:
+    """(the other GPUs GPU `index`'s row of `nvidia-smi topo -m` reaches by NVLink, the GPUs in
+    the matrix); (None, None) where it has no such row."""
+    lines = (matrix or "").splitlines()
+    header = next((line.split() for line in lines if line.split()[:1] == ["GPU0"] and "X" not in line.split()), None)
+    row = next((line.split() for line in lines if line.split()[:1] == [f"GPU{index}"] and "X" in line.split()), None)
+    if header is None or row is None:
+        return None, None
+    gpus = sum(1 for cell in header if re.fullmatch(r"GPU\d+", cell))
+    return sum(1 for cell in row[1 : gpus + 1] if re.fullmatch(r"NV\d+", cell)), gpus
 
 
 def _cpu_name() -> str:

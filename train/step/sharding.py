@@ -18,7 +18,8 @@ The model is built on `meta` and sharded there, then each rank materialises its 
 (train.planning.memory_check, a 1/N share plus gathered blocks) assumes. A preset's weights are
 drawn one module at a time (train.workload.meta_init: the values the unsharded build has, bit for
 bit), each rank keeping its slice; a folder's weights are read by rank 0 alone, into its host
-memory, and broadcast, every rank keeping its shard (torch.distributed.checkpoint's
+memory in the checkpoint's dtype, while the others wait on the job's store (not in a collective
+the watchdog would end), then broadcast, every rank keeping its shard (torch.distributed.checkpoint's
 `set_model_state_dict(..., broadcast_from_rank0=True)`, what accelerate's FSDP2 loading does).
 
 Checkpoints and the exported model hold the full state: gathered to rank 0's host memory
@@ -28,6 +29,8 @@ checkpoint has the same files whatever the sharding, and only rank 0 writes.
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
@@ -114,19 +117,46 @@ def fill_slice(target: Any, full: Any) -> None:
     target.to_local().copy_(local)
 
 
+# Rank 0 reads a folder's weights while the others wait on the launcher's store (no collective:
+# NCCL's watchdog ends a rank left in one for 10 minutes, and a 70B checkpoint takes longer to read
+# from a slow disk). They give up after the weights' bytes at LOAD_READ_RATE, and LOAD_SLACK more:
+# an assumption, a network volume's slowest sustained read, not a measurement.
+LOAD_READ_RATE = 50e6  # bytes/s
+LOAD_SLACK_SECONDS = 600.0
+_LOAD_KEYS = (f"benchtrain/fsdp-load/{index}" for index in itertools.count())  # the same sequence on every rank
+
+
 def load_from_rank0(model: Any, spec: Any) -> None:
-    """A folder's weights into the sharded model: rank 0 reads them into its host memory, every
-    other rank reads nothing, and each keeps its shard of what rank 0 broadcasts."""
-    import torch
+    """A folder's weights into the sharded model: rank 0 reads them into its host memory in the
+    checkpoint's own dtype (a bf16 checkpoint as bf16: half of it in fp32), every other rank reads
+    nothing and waits for it on the job's store, then each keeps its shard of what rank 0
+    broadcasts (cast to the shard's dtype as it is copied in)."""
+    import time
+
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.distributed_c10d import _get_default_store
     from transformers import AutoModelForCausalLM
 
+    from train.step.runtime import wait_for_all
+
+    key, store, world_size = next(_LOAD_KEYS), _get_default_store(), dist.get_world_size()
     weights: dict[str, Any] = {}
     if dist.get_rank() == 0:
-        full = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, dtype=torch.float32, device_map="cpu")
-        weights = full.state_dict()
+        try:
+            full = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, dtype="auto", device_map="cpu")
+            weights = full.state_dict()
+        finally:  # counted in even when reading failed: the others then fail in the broadcast, not wait here
+            store.add(key, 1)
+    else:
+        give_up_at = time.monotonic() + weight_bytes(spec.directory) / LOAD_READ_RATE + LOAD_SLACK_SECONDS
+        wait_for_all(store, key, world_size, give_up_at)  # every rank counted in: rank 0 has read the weights
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def weight_bytes(folder: Path) -> int:
+    """The bytes of a folder's weight files (safetensors or PyTorch's)."""
+    return sum(path.stat().st_size for pattern in ("*.safetensors", "*.bin") for path in folder.glob(pattern))
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

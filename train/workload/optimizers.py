@@ -18,6 +18,12 @@ keep fp32 moments (bitsandbytes' `min_8bit_size`), and the two 256-entry fp32 qu
 shared by every tensor. The paged variant holds the same bytes in CUDA unified memory, which the
 driver pages out to the host under memory pressure instead of failing (on CPU it is the plain one).
 Which is faster, and by how much, is measured by bench like any other choice.
+
+Neither 8-bit AdamW steps FSDP2's sharded parameters: bitsandbytes keeps each tensor's `absmax` as a
+plain tensor sized from the whole parameter's values, so the first step over a DTensor fails
+("mixed torch.Tensor and DTensor"), and the paged one would hold the whole unsharded state on every
+rank. `shards_parameters` says so in the table, and `--sharding fsdp` with them is one line before
+anything is built (`check_optimizer_sharding`).
 """
 
 from __future__ import annotations
@@ -100,6 +106,7 @@ class Optimizer:
     hf_optim: str
     help: str
     needs_bitsandbytes: bool = False
+    shards_parameters: bool = True  # steps FSDP2's sharded (DTensor) parameters
 
 
 def fused_devices() -> list[str]:
@@ -181,6 +188,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
             hf_optim="adamw_bnb_8bit",
             help="bitsandbytes' 8-bit moments",
             needs_bitsandbytes=True,
+            shards_parameters=False,
         ),
         Optimizer(
             name="paged-adamw-8bit",
@@ -189,6 +197,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
             hf_optim="paged_adamw_8bit",
             help="the same in CUDA unified memory, paged to the host under pressure",
             needs_bitsandbytes=True,
+            shards_parameters=False,
         ),
         Optimizer(name="adamw-fused", build=torch_fused_adamw, state_bytes=ADAM_STATE, hf_optim="adamw_torch_fused", help="fused or refused"),
         Optimizer(name="sgd", build=torch_sgd, state_bytes=StateBytes(buffers=1), hf_optim="sgd", help="momentum 0.9: one fp32 buffer"),
@@ -209,6 +218,16 @@ def check_optimizer(name: str) -> None:
         from train.workload.quantize import require_bitsandbytes
 
         require_bitsandbytes(f"--optimizer {name}")
+
+
+def check_optimizer_sharding(name: str, sharding: str) -> None:
+    """One line where `name` cannot step the parameters `sharding` ("none", "ddp", "fsdp") gives it."""
+    if sharding == "fsdp" and not optimizer_named(name).shards_parameters:
+        usable = ", ".join(entry.name for entry in OPTIMIZERS.values() if entry.shards_parameters)
+        raise BenchtrainError(
+            f"--optimizer {name} cannot step FSDP's sharded parameters (bitsandbytes sizes its state from the whole tensor): "
+            f"use --sharding ddp, or one of {usable} with --sharding fsdp"
+        )
 
 
 def optimizer_state_bytes(name: str, trainable_sizes: list[int]) -> int:
