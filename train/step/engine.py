@@ -77,11 +77,12 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
 
 
 def check_sharding(options: StepOptions, method: MethodConfig) -> None:
-    """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
-    from common.errors import BenchtrainError
+    """FSDP shards full fine-tuning and LoRA (its frozen base sharded with its adapters); a
+    quantized base under FSDP is one line (train.step.sharding.check_quantized_sharding)."""
+    if options.sharding == "fsdp" and method.quantized:
+        from train.step.sharding import check_quantized_sharding
 
-    if options.sharding == "fsdp" and method.is_lora:
-        raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
+        check_quantized_sharding(method.quantize)
 
 
 @dataclass(frozen=True)

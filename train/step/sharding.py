@@ -72,6 +72,15 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     return len(blocks) + 1
 
 
+def check_quantized_sharding(kind: str) -> None:
+    """One line for a bitsandbytes base under FSDP, which is not sharded here."""
+    from common.errors import BenchtrainError
+
+    raise BenchtrainError(
+        f"--sharding fsdp with --quantize {kind}: a bitsandbytes base is not sharded; use --sharding ddp (each process holds the quantized base)"
+    )
+
+
 def is_on_meta(model: Any) -> bool:
     return any(parameter.is_meta for parameter in model.parameters())
 
@@ -89,12 +98,50 @@ def materialise_shards(model: Any, spec: Any, device: Any) -> None:
     lm = unwrap(model)
     lm.to_empty(device=device)
     lm.tie_weights()
+    placed = base_names(lm)
     with torch.no_grad():
         for name, value in seeded_tensors(meta_plain_model(lm.config), device):
-            fill_slice(lm.get_parameter_or_buffer(name), value)
+            fill_slice(lm.get_parameter_or_buffer(placed.get(name, name)), value)
             del value  # one full tensor at a time: not this one while the next is drawn
+        seed_adapters(lm)
     if spec.has_weights:
         load_from_rank0(lm, spec)
+
+
+def base_names(lm: Any) -> dict[str, str]:
+    """The plain model's name of each tensor peft moved under a LoRA layer's `base_layer`
+    (`…q_proj.weight` → `…q_proj.base_layer.weight`); empty for a model without adapters."""
+    names = (name for name, _ in (*lm.named_parameters(), *lm.named_buffers()))
+    return {name.replace(".base_layer.", "."): name for name in names if ".base_layer." in name}
+
+
+def seed_adapters(lm: Any) -> None:
+    """Give LoRA's adapters (sharded, on a model built on `meta`) the values peft gives them in an
+    unsharded build drawn right after the base (train.workload.model.build_model): layer by
+    layer, in the order peft inserted them, `lora_A` and `lora_B` made as `nn.Linear` (their
+    constructors draw), then `lora_A` drawn again with Kaiming uniform and `lora_B` zeroed
+    (peft's `reset_lora_parameters` with its default initialisation). Every rank draws the same
+    values from the same generator state and keeps its slice, so the ranks agree without a
+    collective; on CPU they are the unsharded build's, bit for bit (tests/test_fsdp_lora.py)."""
+    import math
+
+    import torch
+
+    for module in lm.modules():
+        adapters = getattr(module, "lora_A", None)
+        if not isinstance(adapters, torch.nn.ModuleDict):
+            continue
+        for key, down in adapters.items():
+            up = module.lora_B[key]
+            first = torch.nn.Linear(down.in_features, down.out_features, bias=down.bias is not None)
+            second = torch.nn.Linear(up.in_features, up.out_features, bias=up.bias is not None)
+            torch.nn.init.kaiming_uniform_(first.weight, a=math.sqrt(5))
+            torch.nn.init.zeros_(second.weight)
+            if second.bias is not None:
+                torch.nn.init.zeros_(second.bias)
+            for target, source in ((down, first), (up, second)):
+                for name, value in source.named_parameters():
+                    fill_slice(getattr(target, name), value.detach())
 
 
 def fill_slice(target: Any, full: Any) -> None:
@@ -145,13 +192,15 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     if dist.get_rank() == 0:
         try:
             full = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, dtype="auto", device_map="cpu")
-            weights = full.state_dict()
+            placed = base_names(model)  # LoRA: the base's tensors sit under `base_layer`
+            weights = {placed.get(name, name): tensor for name, tensor in full.state_dict().items()}
         finally:  # counted in even when reading failed: the others then fail in the broadcast, not wait here
             store.add(key, 1)
     else:
         give_up_at = time.monotonic() + weight_bytes(spec.directory) / LOAD_READ_RATE + LOAD_SLACK_SECONDS
         wait_for_all(store, key, world_size, give_up_at)  # every rank counted in: rank 0 has read the weights
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # LoRA's adapters are not in the folder: they keep their seeded values (strict off for them).
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not has_frozen_parameters(model)))
 
 
 def weight_bytes(folder: Path) -> int:
@@ -178,22 +227,33 @@ class FullState(NamedTuple):
 
 def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> FullState:
     """The full model (and optimizer) state on rank 0's host memory; empty dicts on the other ranks.
-    Every process must call it together (it all-gathers the shards)."""
+    Every process must call it together (it all-gathers the shards). A frozen base (LoRA) is left
+    out: it is never gathered, only the adapters are (what a checkpoint and final/ keep of it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     weights = get_model_state_dict(model, options=options)
+    if has_frozen_parameters(model):  # only the trainable tensors: the buffers are rebuilt, like the base
+        trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+        weights = {name: tensor for name, tensor in weights.items() if name in trainable}
     if optimizer is None:
         return FullState(weights, None)
     return FullState(weights, get_optimizer_state_dict(model, _plain_optimizer(optimizer), options=options))
 
 
+def has_frozen_parameters(model: torch.nn.Module) -> bool:
+    """Whether some parameters are frozen (LoRA's base) and others trained."""
+    flags = {parameter.requires_grad for parameter in model.parameters()}
+    return flags == {True, False}
+
+
 def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: DictValueType, optimizer_state: OptimizerStateType) -> None:
     """Load a full state held by rank 0 (the other ranks pass empty dicts) into the sharded model
-    and optimizer: rank 0 broadcasts, every rank keeps its shard. Every process calls it together."""
+    and optimizer: rank 0 broadcasts, every rank keeps its shard. Every process calls it together.
+    LoRA's state is its adapters alone: the frozen base keeps what it was built with."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not has_frozen_parameters(model))
     set_model_state_dict(model, weights, options=options)
     set_optimizer_state_dict(model, _plain_optimizer(optimizer), optimizer_state, options=options)
 
