@@ -58,7 +58,8 @@ def export_final(
     full_weights: dict[str, torch.Tensor] | None = None,
 ) -> JsonDict:
     """Write the run's model folders; returns what run.json records (paths, seconds).
-    `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its shards."""
+    `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its
+    shards: all of it, or LoRA's adapters (the base is then the preset's seeded build or its folder)."""
     started = time.perf_counter()
     trained: Any = getattr(model, "module", model)  # a transformers or peft model: their saving methods
     record: JsonDict = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
@@ -77,7 +78,8 @@ def export_final(
             else:
                 base_path = (run_dir / FINAL_BASE).resolve()
                 with atomic_directory(base_path) as folder:
-                    if method.quantized:
+                    # A quantized or sharded base is written as the preset's seeded build (what it was made from).
+                    if method.quantized or full_weights is not None:
                         save_seeded_base(spec, tokenizer, folder)
                     else:
                         save_base(trained, tokenizer, folder)
@@ -92,7 +94,7 @@ def export_final(
             # folder, and the adapter's file the reference that travels with the run.
             config.base_model_name_or_path = location
             config.revision = revision
-            trained.save_pretrained(folder, safe_serialization=True)
+            trained.save_pretrained(folder, safe_serialization=True, state_dict=full_weights)
             if base != location:
                 name_base(folder / ADAPTER_CONFIG, base)
             trained.get_base_model().config.save_pretrained(folder)
@@ -108,7 +110,9 @@ def export_final(
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
                 # Last: merging folds the adapters into the base weights of the in-memory model; a
                 # quantized base is merged into in its own precision, loaded from what final/ names.
-                merged = (load_final(run_dir / FINAL, quantized=False) if method.quantized else trained).merge_and_unload()
+                # A sharded model is merged from what final/ holds (its adapters are in shards here).
+                from_final = method.quantized or full_weights is not None
+                merged = (load_final(run_dir / FINAL, quantized=False) if from_final else trained).merge_and_unload()
                 record["merged_into"] = "the unquantized base" if method.quantized else "the trained base"
                 merged.save_pretrained(folder, safe_serialization=True)
                 tokenizer.save_pretrained(folder)

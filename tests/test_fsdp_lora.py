@@ -1,0 +1,121 @@
+"""LoRA under FSDP2 (train/step/sharding.py): the frozen base sharded with its adapters, two gloo
+ranks on CPU. This file is also the ranks' script (`python -m torch.distributed.run
+--nproc_per_node 2 tests/test_fsdp_lora.py ranks`); the tests fork the ranks from
+tests/forkserver.py with the variables torchrun sets.
+
+What one rank holds is measured, not assumed: the bytes of its local shards of the frozen base
+and of the adapters (`DTensor.to_local()`), against one process's whole model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SPEC: dict[str, Any] = {  # a small llama from a config: grouped-query attention, untied head
+    "model_type": "llama",
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+STEPS = 4
+LORA_RANK = 4
+
+
+def spec_of() -> Any:
+    from train.workload.model import ModelSpec
+
+    return ModelSpec(name="small-llama", config_dict=SPEC)
+
+
+def train_steps(sharding: str) -> dict[str, Any]:
+    """Build the LoRA engine (`sharding`), measure what this process holds of the base and the
+    adapters, gather the adapters whole, and train STEPS steps on the same batches every rank sees."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from train.step.engine import StepOptions, engine_from_options
+    from train.step.runtime import make_accelerator
+    from train.step.sharding import gather_full_state, is_sharded
+    from train.workload.batching import SyntheticBatches
+    from train.workload.method import MethodConfig, unwrap
+
+    def local_bytes(parameter: Any) -> int:
+        local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        return int(local.numel() * local.element_size())
+
+    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), make_accelerator(), StepOptions(compile="off", loss="plain", sharding=sharding))
+    lm = unwrap(engine.model)
+    base = sum(local_bytes(parameter) for parameter in lm.parameters() if not parameter.requires_grad)
+    adapters = sum(local_bytes(parameter) for parameter in lm.parameters() if parameter.requires_grad)
+    if is_sharded(engine.model):
+        weights = gather_full_state(engine.model, None).weights
+    else:
+        from train.running.checkpoint import model_state
+
+        weights = model_state(engine.model)
+    initial = {name: tensor.tolist() for name, tensor in weights.items()}  # before training changes them
+    batches = iter(SyntheticBatches(STEPS, 2, 16, SPEC["vocab_size"]))
+    losses = [engine.step.run(batches, 1).loss for _ in range(STEPS)]
+    states = engine.optimizer.state_dict()["state"]
+    moments = sum(local_bytes(value) for state in states.values() for key, value in state.items() if key in ("exp_avg", "exp_avg_sq"))
+    return {
+        "sharding": engine.sharding,
+        "base_bytes": base,
+        "adapter_bytes": adapters,
+        "optimizer_bytes": moments,
+        "losses": losses,
+        "adapters": initial,
+        "trainable_dtype": str(next(parameter.dtype for parameter in lm.parameters() if parameter.requires_grad)),
+        "finite": all(bool(torch.isfinite(torch.tensor(loss))) for loss in losses),
+    }
+
+
+def ranks_worker() -> None:
+    import torch.distributed as dist
+
+    from train.step.runtime import finish_together, leave
+
+    report = train_steps("fsdp")  # accelerate starts the process group
+    report["rank"] = dist.get_rank()
+    ranks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, report)
+    if dist.get_rank() == 0:
+        print(json.dumps(ranks), flush=True)
+    finish_together()
+    leave(0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base(fork_server: Any) -> None:
+    """Two ranks: each holds half of the frozen base (and of the adapters and their AdamW moments),
+    the adapters start as one process's do (bit for bit), and the losses are one process's."""
+    alone = train_steps("ddp")  # one process: no sharding
+    assert alone["sharding"] == "none" and alone["finite"]
+    ranks = fork_server.group_report(Path(__file__), ["ranks"], timeout=200)
+    assert sorted(rank["rank"] for rank in ranks) == [0, 1]
+    for rank in ranks:
+        assert rank["sharding"] == "fsdp"
+        # Half each, within a row of each tensor where a dimension does not split evenly.
+        assert rank["base_bytes"] == pytest.approx(alone["base_bytes"] / 2, rel=0.02)
+        assert rank["adapter_bytes"] == pytest.approx(alone["adapter_bytes"] / 2, rel=0.1)
+        assert rank["optimizer_bytes"] == pytest.approx(alone["optimizer_bytes"] / 2, rel=0.1)
+        assert rank["trainable_dtype"] == "torch.float32"
+        assert rank["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+    rank0 = next(rank for rank in ranks if rank["rank"] == 0)
+    assert set(rank0["adapters"]) == set(alone["adapters"]) and all("lora_" in name for name in rank0["adapters"])
+    assert rank0["adapters"] == alone["adapters"]  # gathered adapters: the one-process build's initial values
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ranks":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    ranks_worker()
