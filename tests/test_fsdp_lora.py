@@ -52,7 +52,8 @@ def train_steps(sharding: str) -> dict[str, Any]:
         local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
         return int(local.numel() * local.element_size())
 
-    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), make_accelerator(), StepOptions(compile="off", loss="plain", sharding=sharding))
+    options = StepOptions(compile="off", loss="plain", sharding=sharding)
+    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), make_accelerator(), options)
     lm = unwrap(engine.model)
     base = sum(local_bytes(parameter) for parameter in lm.parameters() if not parameter.requires_grad)
     adapters = sum(local_bytes(parameter) for parameter in lm.parameters() if parameter.requires_grad)
