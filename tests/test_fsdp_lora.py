@@ -120,3 +120,46 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ranks":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     ranks_worker()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
+    """`train --lora --sharding fsdp` under two processes: the losses of DDP's run; a checkpoint of
+    the adapters alone (gathered from the shards), a resume that continues from it, and a final/
+    that peft loads with the last checkpoint's adapters onto the preset's base."""
+    import torch
+    from helpers import pretend_interrupted, synthetic_calibration
+    from safetensors.torch import load_file
+
+    from calibration.store import save_calibration
+    from train.export import load_final
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    save_calibration(synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
+    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", "--lora", "--lora-rank", "4", "--force"]  # a full fine-tuning calibration plans the LoRA run
+
+    def launch(arguments: list[str]) -> Any:
+        result = fork_server.run_group("train", arguments, home / "ranks", env={"BENCHTRAIN_HOME": str(home)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    ddp, fsdp = home / "ddp", home / "fsdp"
+    for out, sharding in ((ddp, "ddp"), (fsdp, "fsdp")):
+        launch([*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3"])
+    sharded, replicated = (json.loads((out / "run.json").read_text()) for out in (fsdp, ddp))
+    assert sharded["plan"]["sharding"] == "fsdp" and sharded["plan"]["method"] == "lora"
+    assert [entry["loss"] for entry in sharded["losses"]] == pytest.approx([entry["loss"] for entry in replicated["losses"]], rel=1e-4)
+    saved = load_file(str(fsdp / "checkpoints" / "step-0000003" / "model.safetensors"))
+    assert saved and all("lora_" in name for name in saved)  # the adapters alone, whole
+
+    pretend_interrupted(fsdp, 5)
+    launch([*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--resume"])
+    resumed = json.loads((fsdp / "run.json").read_text())
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded["losses"]
+    last = load_file(str(fsdp / "checkpoints" / "step-0000005" / "model.safetensors"))
+    assert any(not torch.equal(last[name], saved[name]) for name in saved)  # trained on from step 3
+    final = load_final(fsdp / "final")
+    loaded = final.state_dict()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in last.items())
