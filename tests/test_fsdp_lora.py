@@ -112,6 +112,16 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
         assert rank["optimizer_bytes"] == pytest.approx(alone["optimizer_bytes"] / 2, rel=0.1)
         assert rank["trainable_dtype"] == "torch.float32"
         assert rank["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+    # The memory check's share of a process (train.planning.memory_check): what each rank holds.
+    from train.planning.memory_check import memory_need
+    from train.workload.method import MethodConfig
+
+    need = memory_need(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), "cpu")
+    assert alone["base_bytes"] + alone["adapter_bytes"] == need.weights_bytes and alone["optimizer_bytes"] == need.optimizer_bytes
+    for rank in ranks:
+        held = rank["base_bytes"] + rank["adapter_bytes"] + rank["optimizer_bytes"]
+        assert held == pytest.approx((need.weights_bytes + need.optimizer_bytes) / 2, rel=0.02)
+        assert held < need.per_process_bytes("fsdp", 2, "cpu") < need.total_bytes
     rank0 = next(rank for rank in ranks if rank["rank"] == 0)
     assert set(rank0["adapters"]) == set(alone["adapters"]) and all("lora_" in name for name in rank0["adapters"])
     assert rank0["adapters"] == alone["adapters"]  # gathered adapters: the one-process build's initial values
@@ -137,8 +147,10 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(home: 
     from train.step.hardware import detect_hardware
     from train.workload.model import resolve_model
 
-    save_calibration(synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
-    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", "--lora", "--lora-rank", "4", "--force"]  # a full fine-tuning calibration plans the LoRA run
+    tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
+    save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
+    # --force: a full fine-tuning calibration plans the LoRA run.
+    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", "--lora", "--lora-rank", "4", "--force"]
 
     def launch(arguments: list[str]) -> Any:
         result = fork_server.run_group("train", arguments, home / "ranks", env={"BENCHTRAIN_HOME": str(home)})

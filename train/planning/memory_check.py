@@ -12,7 +12,9 @@ device, which allocates nothing. Bytes per parameter follow from what is kept, n
   moments (train.workload.optimizers), exact per tensor.
 
 Under FSDP (`--sharding fsdp`, train/step/sharding.py) each of N processes keeps 1/N of all of it, plus
-the largest block's parameters gathered whole (and the next one, prefetched).
+the largest block's parameters gathered whole (and the next one, prefetched). For LoRA that is 1/N
+of the frozen base, of the adapters and of their gradients and optimizer state (measured on two
+gloo ranks: tests/test_fsdp_lora.py), and the gathered blocks at the compute dtype.
 
 Activations come on top: the calibration's memory model measures them; this check only says
 whether the fixed part alone is already too much.
@@ -178,9 +180,7 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
 
 def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
     """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None
-    when it fits one (or no count of them: full fine-tuning only shards)."""
-    if need.method != "full":
-        return None
+    when it fits one (or no count of them)."""
     count = gpus_needed(need, hardware)
     if count is None or count == 1:
         return None
@@ -200,17 +200,18 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
         if lora.total_bytes <= available:
             options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
+    options.extend(smaller_bases(spec, method, hardware["device_type"], available))
+    if not method.quantized:  # a bitsandbytes base is not sharded (train.step.sharding)
         count = gpus_needed(need, hardware)
         processes = str(count) if count else "N"
         if sharding != "fsdp":
             options.append(f"shard it over several GPUs (accelerate launch --num_processes {processes} -m train … --sharding fsdp)")
         else:
             options.append(f"shard it over more processes ({processes})")
-    options.extend(smaller_bases(spec, method, hardware["device_type"], available))
     options.append("a smaller model or a device with more memory")
     needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
-    many = describe_gpus_needed(need, hardware)
+    many = None if method.quantized else describe_gpus_needed(need, hardware)
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
         f"activations; this {hardware['name']} has {gib_text(available)} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
@@ -269,7 +270,7 @@ def describe_needs(
             label += f" on {base_phrase(method.quantize)}"
             detail = f" ({base.quantized / GIB:.2f} packed + {base.statistics / GIB:.2f} statistics + {base.unquantized / GIB:.2f} unquantized)"
         sharded = ""
-        if sharding == "fsdp" and method.method == "full":
+        if sharding == "fsdp" and not method.quantized:
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
     device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
