@@ -36,7 +36,7 @@ def spec_of() -> Any:
     return ModelSpec(name="small-llama", config_dict=SPEC)
 
 
-def train_steps(sharding: str) -> dict[str, Any]:
+def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
     """Build the LoRA engine (`sharding`), measure what this process holds of the base and the
     adapters, gather the adapters whole, and train STEPS steps on the same batches every rank sees."""
     import torch
@@ -53,7 +53,7 @@ def train_steps(sharding: str) -> dict[str, Any]:
         return int(local.numel() * local.element_size())
 
     options = StepOptions(compile="off", loss="plain", sharding=sharding)
-    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), make_accelerator(), options)
+    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK, quantize=quantize), make_accelerator(), options)
     lm = unwrap(engine.model)
     base = sum(local_bytes(parameter) for parameter in lm.parameters() if not parameter.requires_grad)
     adapters = sum(local_bytes(parameter) for parameter in lm.parameters() if parameter.requires_grad)
@@ -80,12 +80,16 @@ def train_steps(sharding: str) -> dict[str, Any]:
     }
 
 
-def ranks_worker() -> None:
+def ranks_worker(quantize: str) -> None:
     import torch.distributed as dist
 
+    from common.errors import BenchtrainError
     from train.step.runtime import finish_together, leave
 
-    report = train_steps("fsdp")  # accelerate starts the process group
+    try:
+        report = train_steps("fsdp", quantize)  # accelerate starts the process group
+    except BenchtrainError as error:
+        report = {"refused": str(error)}
     report["rank"] = dist.get_rank()
     ranks: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, report)
@@ -102,7 +106,7 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
     the adapters start as one process's do (bit for bit), and the losses are one process's."""
     alone = train_steps("ddp")  # one process: no sharding
     assert alone["sharding"] == "none" and alone["finite"]
-    ranks = fork_server.group_report(Path(__file__), ["ranks"], timeout=200)
+    ranks = fork_server.group_report(Path(__file__), ["ranks", "none"], timeout=200)
     assert sorted(rank["rank"] for rank in ranks) == [0, 1]
     for rank in ranks:
         assert rank["sharding"] == "fsdp"
@@ -129,7 +133,7 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ranks":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    ranks_worker()
+    ranks_worker(sys.argv[2] if len(sys.argv) > 2 else "none")
 
 
 @pytest.mark.slow
@@ -175,3 +179,36 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(home: 
     final = load_final(fsdp / "final")
     loaded = final.state_dict()
     assert all(torch.equal(loaded[name], tensor) for name, tensor in last.items())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_qlora_under_fsdp_is_checked_by_measurement_then_trains_as_one_process(fork_server: Any) -> None:
+    """A 4-bit base (NF4, stored in the compute dtype) under FSDP2 on two ranks: bitsandbytes
+    0.50 on CPU computes the same logits sharded as whole (train.step.sharding measures it before
+    training), each rank keeps half of the packed base, and the losses are one process's (whose base
+    is stored as uint8: the same bytes)."""
+    pytest.importorskip("bitsandbytes")
+    alone = train_steps("ddp", "4bit")
+    assert alone["sharding"] == "none" and alone["finite"]
+    ranks = fork_server.group_report(Path(__file__), ["ranks", "4bit"], timeout=200)
+    for rank in ranks:
+        assert rank["sharding"] == "fsdp"
+        assert rank["base_bytes"] == pytest.approx(alone["base_bytes"] / 2, rel=0.02)
+        assert rank["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_4bit_base_that_sharding_would_change_is_refused_in_one_line(fork_server: Any) -> None:
+    """Under bf16 mixed precision on CPU (BENCHTRAIN_CPU_BF16=1) the 4-bit base is stored as fp32,
+    its CPU compute dtype, and FSDP would cast the packed values to bf16 as it gathers them: the
+    sharded layers no longer compute (bitsandbytes reads the bf16 tensor as half the bytes), and
+    every rank refuses in one line naming the cause, before any step."""
+    pytest.importorskip("bitsandbytes")
+    ranks = fork_server.group_report(Path(__file__), ["ranks", "4bit"], timeout=200, env={"BENCHTRAIN_CPU_BF16": "1"})
+    assert len(ranks) == 2
+    for rank in ranks:
+        refusal = rank.get("refused", "")
+        assert "\n" not in refusal and refusal.startswith("--sharding fsdp with --quantize 4bit: it fails after sharding")
+        assert "casts the packed 4-bit values, stored as torch.float32, to torch.bfloat16" in refusal and "--sharding ddp" in refusal

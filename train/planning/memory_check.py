@@ -201,7 +201,7 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
         if lora.total_bytes <= available:
             options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
     options.extend(smaller_bases(spec, method, hardware["device_type"], available))
-    if not method.quantized:  # a bitsandbytes base is not sharded (train.step.sharding)
+    if method.quantize != "8bit":  # an 8-bit base is not sharded (train.step.sharding)
         count = gpus_needed(need, hardware)
         processes = str(count) if count else "N"
         if sharding != "fsdp":
@@ -211,7 +211,7 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
     options.append("a smaller model or a device with more memory")
     needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
-    many = None if method.quantized else describe_gpus_needed(need, hardware)
+    many = None if method.quantize == "8bit" else describe_gpus_needed(need, hardware)
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
         f"activations; this {hardware['name']} has {gib_text(available)} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
@@ -270,7 +270,7 @@ def describe_needs(
             label += f" on {base_phrase(method.quantize)}"
             detail = f" ({base.quantized / GIB:.2f} packed + {base.statistics / GIB:.2f} statistics + {base.unquantized / GIB:.2f} unquantized)"
         sharded = ""
-        if sharding == "fsdp" and not method.quantized:
+        if sharding == "fsdp" and method.quantize != "8bit":
             sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
     device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"

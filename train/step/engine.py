@@ -218,7 +218,10 @@ def build_engine(
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
     # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).
-    model = build_model(spec, "meta" if sharding == "fsdp" else accelerator.device, method)
+    # A 4-bit base is built whole on each rank (bitsandbytes quantizes real tensors), stored in
+    # its compute dtype so that FSDP shards it, then checked as sharded (train.step.sharding).
+    on_meta = sharding == "fsdp" and not method.quantized
+    model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp")
     if checkpointing:
         set_gradient_checkpointing(model, True)
     install_loss(model, loss_kind, compiled=compiled)

@@ -51,9 +51,11 @@ def sharding_in_use(requested: str, world_size: int) -> str:
 
 def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     """Shard `model` in place over every process of the job (FSDP2): each decoder block, then the
-    root. Under bf16 mixed precision, blocks compute in bf16 from fp32 shards and reduce gradients
-    in fp32 (accelerate's bf16 mixed precision under FSDP). A model built on `meta` is then
-    materialised from `spec` (`materialise_shards`). Returns the number of FSDP units."""
+    root (LoRA's adapters in the unit of the block they adapt). A 4-bit base, built whole on each
+    rank, is checked by measurement (`quantized_sharding_fault`) and refused in one line if wrong.
+    Under bf16 mixed precision, blocks compute in bf16 from fp32 shards and reduce gradients in fp32
+    (accelerate's bf16 mixed precision under FSDP). A model built on `meta` is then materialised
+    from `spec` (`materialise_shards`). Returns the number of FSDP units."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -64,21 +66,94 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     blocks = decoder_blocks(model)
+    before = quantized_check(model) if has_4bit_weights(model) else None
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     if spec is not None and is_on_meta(model):
         materialise_shards(model, spec, device)
+    if before is not None:
+        fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
+        if fault:
+            from common.errors import BenchtrainError
+
+            raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
     return len(blocks) + 1
 
 
+SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float dtype; LLM.int8's are int8
+
+
 def check_quantized_sharding(kind: str) -> None:
-    """One line for a bitsandbytes base under FSDP, which is not sharded here."""
+    """One line for a bitsandbytes base FSDP cannot shard (8-bit: int8 weights and row scales)."""
     from common.errors import BenchtrainError
 
-    raise BenchtrainError(
-        f"--sharding fsdp with --quantize {kind}: a bitsandbytes base is not sharded; use --sharding ddp (each process holds the quantized base)"
-    )
+    if kind not in SHARDABLE_QUANTIZE:
+        raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
+
+
+# A 4-bit base under FSDP is checked by measurement on the model being built, not assumed: the
+# same tokens through the model before and after sharding (its adapters start at zero, so the
+# output is the base's), and the bytes each rank keeps of the base. Known ways it goes wrong
+# silently: FSDP2 replaces bitsandbytes' Params4bit by a plain parameter without its quant_state;
+# a packed uint8 storage is left out of sharding (every rank keeps the whole base); a
+# mixed-precision cast of the packed values (storage unlike the compute dtype) scrambles them; and
+# bitsandbytes reports Linear4bit computing wrong values after fully_shard on some versions.
+QUANTIZED_OUTPUT_TOLERANCE = 1e-3  # of the largest logit: the gathered weights are the same bytes, so equal is expected
+QUANTIZED_SHARE_SLACK = 1.1  # a rank's share of the base against 1/N of it: uneven rows and unsharded statistics
+
+
+class QuantizedCheck(NamedTuple):
+    """A 4-bit base's logits on fixed tokens and the bytes of its frozen tensors, on one rank."""
+
+    logits: Any
+    base_bytes: int
+    storage: Any  # the dtype the packed 4-bit values are stored in (None once FSDP replaced them)
+
+
+def quantized_check(model: Any) -> QuantizedCheck:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from train.workload.method import unwrap
+
+    # The bytes first: after a forward FSDP leaves the root's parameters gathered until the backward.
+    frozen = (parameter.to_local() if isinstance(parameter, DTensor) else parameter for parameter in model.parameters() if not parameter.requires_grad)
+    base_bytes = sum(tensor.numel() * tensor.element_size() for tensor in frozen)
+    vocab = unwrap(model).config.vocab_size
+    tokens = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits.float().cpu()
+    if is_sharded(model):
+        model.reshard()  # the root's gathered parameters freed again
+    storage = next((parameter.dtype for parameter in model.parameters() if type(parameter).__name__ == "Params4bit"), None)
+    return QuantizedCheck(logits, base_bytes, storage)
+
+
+def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int, compute_dtype: Any = None) -> str | None:
+    """Why a 4-bit base sharded by FSDP must not train (None: it computes what it did whole, and
+    each rank holds its share of it). `compute_dtype`: what FSDP's mixed precision casts the
+    parameters to when it gathers them (None: their own). Every rank calls it together (the
+    forward gathers)."""
+    cast = None
+    if compute_dtype is not None and compute_dtype != before.storage:
+        cast = f"FSDP's mixed precision casts the packed 4-bit values, stored as {before.storage}, to {compute_dtype}"
+    try:
+        after = quantized_check(model)
+    except (RuntimeError, AttributeError, TypeError, ValueError) as error:
+        return f"it fails after sharding ({type(error).__name__}: {str(error).splitlines()[0][:120]}){f': {cast}' if cast else ''}"
+    scale = max(1.0, float(before.logits.abs().max()))
+    difference = float((after.logits - before.logits).abs().max())
+    if not difference <= QUANTIZED_OUTPUT_TOLERANCE * scale:
+        wrong = cast or "bitsandbytes' Linear4bit computes wrong values under FSDP2 here"
+        return f"its outputs change after sharding (largest difference {difference:.3g} of logits up to {scale:.3g}): {wrong}"
+    if after.base_bytes > QUANTIZED_SHARE_SLACK * before.base_bytes / world_size:
+        return f"it is not sharded (each rank keeps {after.base_bytes / 2**20:.1f} MiB of the {before.base_bytes / 2**20:.1f} MiB base, not 1/{world_size})"
+    return None
+
+
+def has_4bit_weights(model: Any) -> bool:
+    return any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters())
 
 
 def is_on_meta(model: Any) -> bool:

@@ -131,13 +131,13 @@ def make_config(spec: ModelSpec) -> PretrainedConfig:
         raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
 
 
-def build_model(spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None) -> torch.nn.Module:
+def build_model(spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False) -> torch.nn.Module:
     """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
     from a directory that has them.
 
     Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
     base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
-    adds fp32 adapters."""
+    adds fp32 adapters. `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -152,7 +152,7 @@ def build_model(spec: ModelSpec, device: torch.device | str, method: MethodConfi
         from train.workload.quantize import quantized_base
 
         source = spec.directory if spec.has_weights else make_config(spec)
-        return apply_method(quantized_base(source, device, method.quantize, dtype), method)
+        return apply_method(quantized_base(source, device, method.quantize, dtype, float_storage=shardable), method)
     if spec.has_weights:
         # Any: transformers types its `to` as the unbound torch Module.to (functools.wraps).
         loaded: Any = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)

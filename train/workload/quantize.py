@@ -94,12 +94,16 @@ def require_bitsandbytes(what: str = "--quantize") -> None:
         raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
 
 
-def bitsandbytes_config(kind: str, compute_dtype: torch.dtype) -> BitsAndBytesConfig:
-    """transformers' BitsAndBytesConfig for `kind` (4bit: NF4, double quantization, `compute_dtype`)."""
+def bitsandbytes_config(kind: str, compute_dtype: torch.dtype, float_storage: bool = False) -> BitsAndBytesConfig:
+    """transformers' BitsAndBytesConfig for `kind` (4bit: NF4, double quantization, `compute_dtype`).
+    `float_storage`: the packed 4-bit values stored in tensors of `compute_dtype` rather than
+    uint8 (the same bytes), which FSDP can shard as it shards the floating-point weights around
+    them (bitsandbytes' docs/source/fsdp_qlora.md: the storage must be the compute dtype)."""
     from transformers import BitsAndBytesConfig
 
     if kind == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype)
+        storage = {"bnb_4bit_quant_storage": compute_dtype} if float_storage else {}
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype, **storage)
     if kind == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"no bitsandbytes config for {kind!r}")
@@ -166,7 +170,7 @@ def loaded_bytes(model: Any) -> int:
     return total
 
 
-def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
+def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
     """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
     does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
     is a folder of weights (transformers quantizes while it loads them), or a model config: a
@@ -182,17 +186,17 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     try:
         if isinstance(source, (str, Path)):
             options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}}
-            quantization = bitsandbytes_config(kind, dtype)
+            quantization = bitsandbytes_config(kind, dtype, float_storage)
             model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, quantization_config=quantization, **options)
         else:
-            model = quantized_from_config(source, device, kind, dtype)
+            model = quantized_from_config(source, device, kind, dtype, float_storage)
     finally:
         if bars:
             transformers_logging.enable_progress_bar()
     return prepare_model_for_kbit_training(keep_one_weight_layout(model), use_gradient_checkpointing=False)
 
 
-def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any) -> Any:
+def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
     """A preset's quantized base without its full-precision model ever existing, in memory or on
     disk: the model is built on `meta`, transformers' own quantizer swaps its layers for
     bitsandbytes' there (as `from_pretrained` does before loading), and each layer's seeded
@@ -207,7 +211,7 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any) -> An
     from train.workload.meta_init import meta_plain_model, seeded_tensors
 
     device = torch.device(device)
-    quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype), pre_quantized=False)
+    quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype, float_storage), pre_quantized=False)
     model = meta_plain_model(config, dtype)
     quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": device}, checkpoint_files=None, use_kernels=False)
     for name, value in seeded_tensors(meta_plain_model(config, dtype), "cpu"):
