@@ -12,7 +12,7 @@ from common.errors import BenchtrainError
 
 
 def simulate_slices(
-    model: str, lora: bool, budget: float, depths: tuple[int, ...] | str = "auto", seed: int = 0
+    model: str, lora: bool, budget: float, depths: tuple[int, ...] | str = "auto", seed: int = 0, checkpointing: tuple[int, ...] = (0,)
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]], float]:
     """(the whole model's calibration, each depth's, the seconds all took on the virtual clock)
     from slices of `model` on the simulated H100.
@@ -30,7 +30,7 @@ def simulate_slices(
 
     def priced_ladder(ladder: tuple[int, ...]) -> Any:
         if ladder not in priced:  # planned once: auto's choice and the run share it
-            priced[ladder] = price_ladder(spec, lora, ladder, budget, seed)
+            priced[ladder] = price_ladder(spec, lora, ladder, budget, seed, checkpointing)
         return priced[ladder]
 
     if depths == "auto":
@@ -55,7 +55,9 @@ def simulate_slices(
     return whole_model_record(records, spec, method, f"simulated: {','.join(map(str, depths))}"), records, clock()
 
 
-def price_ladder(spec: Any, lora: bool, depths: tuple[int, ...], budget: float, seed: int = 0) -> tuple[dict[int, Any], dict[int, Any]]:
+def price_ladder(
+    spec: Any, lora: bool, depths: tuple[int, ...], budget: float, seed: int = 0, checkpointing: tuple[int, ...] = (0,)
+) -> tuple[dict[int, Any], dict[int, Any]]:
     """Each depth's simulated bench, planned (not run), and its prices (bench.slice_budget)."""
     from dataclasses import replace
 
@@ -66,7 +68,7 @@ def price_ladder(spec: Any, lora: bool, depths: tuple[int, ...], budget: float, 
 
     benches = {}
     for index, depth in enumerate(depths):
-        bench = simulated_setup(slice_spec(spec, depth), lora, budget, seed=seed)
+        bench = simulated_setup(slice_spec(spec, depth), lora, budget, checkpointing, seed=seed)
         bench.task = replace(bench.task, one_off_timings=index == len(depths) - 1)
         benches[depth] = bench
     before = {depth: 1.0 + bench.device.build_seconds for depth, bench in benches.items()}
