@@ -212,3 +212,95 @@ def test_a_4bit_base_that_sharding_would_change_is_refused_in_one_line(fork_serv
         refusal = rank.get("refused", "")
         assert "\n" not in refusal and refusal.startswith("--sharding fsdp with --quantize 4bit: it fails after sharding")
         assert "casts the packed 4-bit values, stored as torch.float32, to torch.bfloat16" in refusal and "--sharding ddp" in refusal
+
+
+def seventy_b_slices() -> dict[str, Any]:
+    """A LoRA calibration of llama-3.1-70b measured on slices (2, 4, 6 of its 80 layers) of the
+    simulated H100, gradient checkpointing on, one process (bench.simulated_slices)."""
+    from bench.simulated_slices import simulate_slices
+
+    record, _, _ = simulate_slices("llama-3.1-70b", True, 300.0, (2, 4, 6), checkpointing=(1,))
+    return record
+
+
+def as_4bit(record: dict[str, Any]) -> dict[str, Any]:
+    """Test data: the bf16-base calibration with its fixed bytes exchanged for the 4-bit base's
+    (the simulated H100 measures no 4-bit base; its speed is left as the bf16 base's)."""
+    import copy
+
+    from calibration.model import Calibration
+    from train.planning.memory_check import memory_need
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    spec = resolve_model("llama-3.1-70b")
+    saved = (
+        memory_need(spec, MethodConfig(method="lora"), "cuda").total_bytes - memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cuda").total_bytes
+    )
+    quantized = copy.deepcopy(record)
+    quantized["training"] = {**quantized["training"], "quantization": "4bit"}
+    quantized["fit"]["memory"]["parameters"]["static"] -= saved
+    for row in quantized["measurements"]:
+        if isinstance(row.get("peak_memory_bytes"), (int, float)):
+            row["peak_memory_bytes"] -= saved
+    assert Calibration(quantized).variant_key.quantize == "4bit"
+    return quantized
+
+
+def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
+    """`train --dry-run --model llama-3.1-70b --lora [--quantize 4bit] --sharding fsdp --consider
+    h100:2,h100:4,h100:8` from `record`: the rows by machine size."""
+    from test_planner import heavy_tailed, tokenized
+
+    from calibration.model import Calibration
+    from train.recipes.config import TrainConfig
+    from train.recipes.consider import consider, parse_machines
+    from train.recipes.plan_setup import PlanContext
+    from train.step.engine import StepOptions
+    from train.step.hardware import detect_hardware
+    from train.workload.data import length_profile
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    config = TrainConfig.of(data="test", dry_run=True, deadline="24h", quantize=quantize, step_options=StepOptions(sharding="fsdp"))
+    data = tokenized(heavy_tailed(400))
+    context = PlanContext(config, resolve_model("llama-3.1-70b"), data, None, 0.0)
+    method = MethodConfig(method="lora", quantize=quantize)
+    machines = parse_machines("h100:2,h100:4,h100:8")
+    comparison = consider(context, method, [Calibration(record)], detect_hardware(), length_profile(data.lengths), machines)
+    return sorted(comparison.rows, key=lambda row: row.consider.processes)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_per_rank() -> None:
+    """A 70B LoRA (141 GB of bf16 base) and QLoRA (≈38 GB of 4-bit base) planned under FSDP for 2, 4
+    and 8 H100s from a 1-process slice calibration: each process holds its 1/N of the base, the
+    adapters and their state (the plan's memory offset) plus activations; LoRA's 70 GiB of shards
+    leave no room for activations on two H100s; QLoRA fits on two."""
+    from calibration.nccl_memory import communicator_bytes
+    from train.planning.memory_check import memory_need
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    spec = resolve_model("llama-3.1-70b")
+    assert (spec.config_dict["hidden_size"], spec.config_dict["num_hidden_layers"], spec.config_dict["intermediate_size"]) == (8192, 80, 28672)
+    record = seventy_b_slices()
+    for quantize, planned in (("none", (4, 8)), ("4bit", (2, 4, 8))):
+        rows = consider_70b(record if quantize == "none" else as_4bit(record), quantize)
+        assert [row.consider.processes for row in rows] == [2, 4, 8]
+        need = memory_need(spec, MethodConfig(method="lora", quantize=quantize), "cuda")
+        peaks = {}
+        for row in rows:
+            processes = row.consider.processes
+            if processes not in planned:
+                assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
+                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]  # its shards alone nearly fill it
+                continue
+            assert row.plan is not None, row.problem
+            assert row.placement.sharding == "fsdp" and row.placement.world_size == processes
+            peak = row.plan.chosen.peak_memory_bytes
+            held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(row.placement.hardware, processes)
+            assert held < peak <= 0.95 * row.device["memory_bytes"]  # its share, the gathered blocks and NCCL's buffers, then activations
+            peaks[processes] = peak
+        assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each
