@@ -304,3 +304,29 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
             assert held < peak <= 0.95 * row.device["memory_bytes"]  # its share, the gathered blocks and NCCL's buffers, then activations
             peaks[processes] = peak
         assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("quantize", ["none", "4bit"])
+def test_bench_calibrates_lora_under_fsdp_and_train_plans_from_it(quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
+    """`bench run --gpu cpu --lora [--quantize 4bit] --sharding fsdp` under two processes stores a
+    2-process FSDP calibration (a 4-bit base checked as sharded before its probes), and
+    `train --dry-run` plans the same run from it, its collectives measured by that bench."""
+    if quantize != "none":
+        pytest.importorskip("bitsandbytes")
+    env = {"BENCHTRAIN_HOME": str(home)}
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    method = ["--lora", "--lora-rank", "4", "--quantize", quantize, "--sharding", "fsdp"]
+    result = fork_server.run_group("bench", ["run", *grid, *method, "--budget", "60s"], home / "ranks", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = (home / "calibrations").glob("*.json")
+    calibration = json.loads(path.read_text())
+    training = calibration["training"]
+    assert training["method"] == "lora" and training["sharding"] == "fsdp" and (training.get("quantization") or "none") == quantize
+    assert calibration["distributed"]["world_size"] == 2 and calibration["distributed"]["sharding"] == "fsdp"
+    assert sum(row["status"] == "ok" for row in calibration["measurements"]) >= 2
+    planned = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", *method, "--use-calibration", calibration["id"], "--dry-run"]
+    result = fork_server.run_group("train", planned, home / "ranks", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "measured in the calibration's 2-process fsdp step times" in result.stdout
