@@ -206,8 +206,9 @@ def seed_adapters(lm: Any) -> None:
         adapters = getattr(module, "lora_A", None)
         if not isinstance(adapters, torch.nn.ModuleDict):
             continue
-        for key, down in adapters.items():
-            up = module.lora_B[key]
+        for key in adapters:
+            down: Any = adapters[key]  # nn.Linear layers: their sizes are ints, not what Module's typing says
+            up: Any = module.lora_B[key]
             first = torch.nn.Linear(down.in_features, down.out_features, bias=down.bias is not None)
             second = torch.nn.Linear(up.in_features, up.out_features, bias=up.bias is not None)
             torch.nn.init.kaiming_uniform_(first.weight, a=math.sqrt(5))
