@@ -138,10 +138,14 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ranks":
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
-    """`train --lora --sharding fsdp` under two processes: the losses of DDP's run; a checkpoint of
-    the adapters alone (gathered from the shards), a resume that continues from it, and a final/
-    that peft loads with the last checkpoint's adapters onto the preset's base."""
+@pytest.mark.parametrize("quantize", ["none", "4bit"])
+def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
+    """`train --lora [--quantize 4bit] --sharding fsdp` under two processes: the losses of DDP's run;
+    a checkpoint of the adapters alone (gathered from the shards), a resume that continues from it,
+    and a final/ that peft loads with the last checkpoint's adapters onto the preset's base
+    (quantized again as it trained)."""
+    if quantize != "none":
+        pytest.importorskip("bitsandbytes")
     import torch
     from helpers import pretend_interrupted, synthetic_calibration
     from safetensors.torch import load_file
@@ -154,7 +158,21 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(home: 
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     # --force: a full fine-tuning calibration plans the LoRA run.
-    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", "--lora", "--lora-rank", "4", "--force"]
+    train = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--no-report",
+        "--lora",
+        "--lora-rank",
+        "4",
+        "--quantize",
+        quantize,
+        "--force",
+    ]
 
     def launch(arguments: list[str]) -> Any:
         result = fork_server.run_group("train", arguments, home / "ranks", env={"BENCHTRAIN_HOME": str(home)})
