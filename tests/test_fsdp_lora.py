@@ -158,21 +158,8 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quanti
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     # --force: a full fine-tuning calibration plans the LoRA run.
-    train = [
-        "--data",
-        str(heavy_tailed_jsonl),
-        "--deadline",
-        "30m",
-        "--effective-batch",
-        "4",
-        "--no-report",
-        "--lora",
-        "--lora-rank",
-        "4",
-        "--quantize",
-        quantize,
-        "--force",
-    ]
+    method = ["--lora", "--lora-rank", "4", "--quantize", quantize]
+    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", *method, "--force"]
 
     def launch(arguments: list[str]) -> Any:
         result = fork_server.run_group("train", arguments, home / "ranks", env={"BENCHTRAIN_HOME": str(home)})
