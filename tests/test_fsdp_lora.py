@@ -335,3 +335,28 @@ def test_bench_calibrates_lora_under_fsdp_and_train_plans_from_it(quantize: str,
     result = fork_server.run_group("train", planned, home / "ranks", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured in the calibration's 2-process fsdp step times" in result.stdout
+
+
+def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds_whole() -> None:
+    """llama-3.1-70b's fixed memory per GPU under FSDP: LoRA's bf16 base (134.5 GiB in all) in eighths
+    on 8 H100s; QLoRA's 4-bit base (≈44 GiB) in quarters on 4 GPUs of 24 GiB, which it does not fit
+    while each process first builds the whole 4-bit base: one line saying so."""
+    from common.errors import DoesNotFitError
+    from train.planning.memory_check import GIB, check_fits, gpus_needed, memory_need
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    spec = resolve_model("llama-3.1-70b")
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda", "memory_bytes": 79.2 * GIB}
+    lora = check_fits(spec, MethodConfig(method="lora"), h100, "fsdp", 8)
+    assert 134 * GIB < lora.total_bytes < 135 * GIB and lora.building_bytes("fsdp") == 0
+    assert lora.per_process_bytes("fsdp", 8, "cuda") == pytest.approx(lora.total_bytes / 8 + 2 * lora.largest_block_parameters * 2)
+    assert gpus_needed(lora, h100) == 2
+    qlora = memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cuda")
+    assert 40 * GIB < qlora.total_bytes < 48 * GIB and qlora.building_bytes("fsdp") == qlora.weights_bytes and qlora.building_bytes("ddp") == 0
+    small = {"name": "NVIDIA L4", "device_type": "cuda", "memory_bytes": 22 * GIB}
+    assert qlora.per_process_bytes("fsdp", 4, "cuda") < small["memory_bytes"]  # its shards would fit
+    with pytest.raises(DoesNotFitError, match="under FSDP builds the whole 4-bit base on each process before sharding it") as refused:
+        check_fits(spec, MethodConfig(method="lora", quantize="4bit"), small, "fsdp", 4)
+    assert "\n" not in str(refused.value) and gpus_needed(qlora, small) is None
+    assert check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp") < h100["memory_bytes"]

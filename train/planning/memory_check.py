@@ -60,10 +60,17 @@ class MemoryNeed:
     optimizer_bytes: int
     blocks: int = 0  # decoder blocks (FSDP units, with the root)
     largest_block_parameters: int = 0
+    built_whole: bool = False  # a 4-bit base: each FSDP process quantizes all of it before sharding it
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.gradient_bytes + self.optimizer_bytes
+
+    def building_bytes(self, sharding: str) -> float:
+        """What one process holds while the model is built, before sharding: the whole 4-bit base
+        under FSDP (bitsandbytes quantizes real tensors, train.step.engine), else nothing beyond
+        `per_process_bytes` (FSDP builds on `meta`, DDP holds it all anyway)."""
+        return float(self.weights_bytes) if sharding == "fsdp" and self.built_whole else 0.0
 
     def per_process_bytes(self, sharding: str, world_size: int, device_type: str) -> float:
         """What one process holds before activations: everything (DDP), or its FSDP shard plus the
@@ -141,6 +148,7 @@ def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> Memo
         optimizer_bytes=optimizer_state_bytes(method.optimizer, trainable_sizes(spec, method)),
         blocks=blocks,
         largest_block_parameters=largest_block,
+        built_whole=method.quantized,
     )
 
 
@@ -165,7 +173,7 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
     device_type = hardware["device_type"]
     if need.per_process_bytes("none", 1, device_type) <= available:
         return 1
-    if need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available:
+    if need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available or need.building_bytes("fsdp") > available:
         return None
     # Fewest processes whose shard plus gathered blocks fits; bytes per process fall with the count.
     low, high = 2, MAX_PROCESSES
@@ -192,9 +200,14 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
+    what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
+    if need.building_bytes(sharding) > available:
+        raise DoesNotFitError(
+            f"{what} of {spec.name} under FSDP builds the whole 4-bit base on each process before sharding it (≈{need.weights_bytes / GIB:.0f} GiB); "
+            f"this {hardware['name']} has {gib_text(available)} GiB: a device with more memory, or a smaller model"
+        )
     if need.per_process_bytes(sharding, world_size, hardware["device_type"]) <= available:
         return need
-    what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
     options = []
     if method.method == "full":
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
