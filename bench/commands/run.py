@@ -47,6 +47,7 @@ RUN_EXAMPLES = """examples:
   bench run --gpu cpu --model gpt2 --layers 2,4,6   # 2, 4 and 6 of gpt2's 12 layers; the 6-layer probes test the extrapolation
   accelerate launch --num_processes 4 -m bench run --gpu h200   # a 4-process calibration with its all-reduce model
   accelerate launch --num_processes 4 -m bench run --gpu h200 --model llama-3.1-8b --sharding fsdp   # full fine-tuning sharded
+  accelerate launch --num_processes 8 -m bench run --gpu h100 --model llama-3.1-70b --lora --sharding fsdp --layers auto   # LoRA's base sharded
 
 exit codes: 0 stored a calibration; 2 bad input; 4 too few probes succeeded to fit a model (nothing stored)
 """
