@@ -101,5 +101,6 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
         choices=SHARDING_CHOICES,
         default="ddp",
         help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
-        "fsdp = parameters, gradients and optimizer state sharded (a model too big for one device: full fine-tuning, or LoRA with its frozen base sharded, a 4-bit base too)",
+        "fsdp = parameters, gradients and optimizer state sharded (a model too big for one device: full fine-tuning, "
+        "or LoRA with its frozen base sharded, a 4-bit base too)",
     )
