@@ -360,3 +360,18 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
         check_fits(spec, MethodConfig(method="lora", quantize="4bit"), small, "fsdp", 4)
     assert "\n" not in str(refused.value) and gpus_needed(qlora, small) is None
     assert check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp") < h100["memory_bytes"]
+
+
+def test_a_lora_model_built_on_meta_for_a_gpu_has_its_bf16_base_and_fp32_adapters() -> None:
+    """FSDP builds on `meta` for the device the shards will live on: a LoRA base for CUDA is bf16
+    there (as the memory plan counts it), its adapters fp32 (FSDP2 takes both in one unit, the
+    adapters gathered in bf16 under mixed precision); for a CPU the base is fp32."""
+    import torch
+
+    from train.workload.method import MethodConfig
+    from train.workload.model import build_model
+
+    for target, base_dtype in (("cuda", torch.bfloat16), ("cpu", torch.float32)):
+        model = build_model(spec_of(), "meta", MethodConfig(method="lora", lora_rank=LORA_RANK), shardable=True, weights_on=target)
+        assert {parameter.dtype for parameter in model.parameters() if not parameter.requires_grad} == {base_dtype}
+        assert {parameter.dtype for parameter in model.parameters() if parameter.requires_grad} == {torch.float32}

@@ -221,7 +221,7 @@ def build_engine(
     # A 4-bit base is built whole on each rank (bitsandbytes quantizes real tensors), stored in
     # its compute dtype so that FSDP shards it, then checked as sharded (train.step.sharding).
     on_meta = sharding == "fsdp" and not method.quantized
-    model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp")
+    model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp", weights_on=accelerator.device)
     if checkpointing:
         set_gradient_checkpointing(model, True)
     install_loss(model, loss_kind, compiled=compiled)

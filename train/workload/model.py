@@ -131,19 +131,23 @@ def make_config(spec: ModelSpec) -> PretrainedConfig:
         raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
 
 
-def build_model(spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False) -> torch.nn.Module:
+def build_model(
+    spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False, weights_on: torch.device | str | None = None
+) -> torch.nn.Module:
     """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
     from a directory that has them.
 
     Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
     base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
-    adds fp32 adapters. `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard."""
+    adds fp32 adapters. `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard.
+    `weights_on`: the device the weights will be given (FSDP builds on `meta` for it), whose type
+    chooses the dtype (None: `device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     method = method or MethodConfig()
     device = torch.device(device)
-    dtype = torch.bfloat16 if method.is_lora and device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if method.is_lora and torch.device(weights_on or device).type == "cuda" else torch.float32
     if device.type == "meta":
         # A skeleton that allocates nothing: FSDP shards it, then each rank materialises its
         # shards and fills them with the weights below (train.step.sharding.materialise_shards).
