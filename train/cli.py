@@ -21,6 +21,8 @@ EXAMPLES = """examples:
   train --data fineweb/ --token-dtype uint16 --document-separator 50256 --model gpt2 --deadline 6h   # pre-tokenized shards
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
+  train --data train.jsonl --deadline 1h --resume auto --out runs/my-run   # continue if there is a checkpoint, else start
+  train --consider h100:8,h200:8 --model llama-3.1-8b --data /data/chats.jsonl --deadline 12h --dry-run --emit skypilot:task.yaml
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
   train --use-calibration all,hub:my-org/gpu-calibrations --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # and what others measured
@@ -160,8 +162,13 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--resume",
-        action="store_true",
-        help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed)",
+        nargs="?",
+        const=True,
+        default=False,
+        choices=("auto",),
+        help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed); "
+        "--resume auto: continue it if it has a complete checkpoint, else start it, the deadline counted from its first start (what a "
+        "rented machine runs, so a restart after a preemption continues)",
     )
     from train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
 
@@ -194,6 +201,12 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
         "per device (words of its name, or a calibration id), or a file of such pairs",
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
+    p.add_argument(
+        "--emit",
+        metavar="ENGINE:FILE",
+        help="with --dry-run: write the task that runs the plan on the recommended machine, the other rows that meet the deadline as "
+        "fallbacks, for skypilot (sky launch / sky jobs launch FILE) or dstack (dstack apply -f FILE); docs/launch.md",
+    )
     p.add_argument(
         "--learning-rate",
         type=float,

@@ -48,6 +48,11 @@ def run_training(args: argparse.Namespace, started: float, write_report: Callabl
     recipe.setup()
     recipe.plan()
     if not recipe.show_plan():
+        if recipe.config.output.emit and is_main_process():
+            from train.launch_engines import emit_plan
+
+            written = emit_plan(recipe.config.output.emit, recipe.run, getattr(args, "command_line", None) or [])
+            say(f"task: {written} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
         return EXIT_OK
     try:
         recipe.train()
