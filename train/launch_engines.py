@@ -111,7 +111,7 @@ def run_script(task: LaunchTask, engine: str) -> str:
     run_dir = '"$ROOT"' + shlex.quote(RUN_DIR[len(ROOT) :])
     lines += [
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
-        f'--master_addr "$MASTER_ADDR" --master_port {MASTER_PORT})',
+        f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
         f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {run_dir}/run.json ]; then",
         '  "${LAUNCH[@]}" -m bench "${BENCH[@]}"',
         "fi",
