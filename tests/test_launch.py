@@ -28,7 +28,7 @@ from test_consider import MACHINES, PRICES, run_consider
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
 from train.recipes.launch_task import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
-from train.running.checkpoint import MARKER_FILE
+from train.running.checkpoint import MARKER_FILE, list_checkpoints
 from train.running.resume import auto_resume, resume_command
 
 __all__ = ["chats"]  # a fixture of test_compare
@@ -235,12 +235,23 @@ def wait_nodes(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) 
 
 
 def kill_nodes(nodes: list[subprocess.Popen]) -> None:
-    """The machines go: every process of every node, at once, with no chance to save."""
+    """The machines go: every process of every node (torchrun starts its workers in sessions of
+    their own, so the whole tree, gathered first), at once, with no chance to save."""
+    import psutil
+
+    processes = []
     for node in nodes:
         try:
-            os.killpg(node.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            root = psutil.Process(node.pid)
+            processes += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
             pass
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=30)
     for node in nodes:
         node.wait()
 
@@ -275,9 +286,10 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     nodes and started again continues from its last complete checkpoint and ends with the steps
     and learning rates of the uninterrupted run."""
     two_node_calibration(home)
-    steps = ["--max-steps", "24", "--checkpoint-interval", "1s", "--keep-checkpoints", "2"]
+    steps = ["--max-steps", "12", "--checkpoint-interval", "1s", "--keep-checkpoints", "2"]
     script, planned = emitted_script(capsys, heavy_tailed_jsonl, tmp_path, *steps)
-    assert planned["plan"]["world_size"] == 2
+    chosen = planned["plan"]["chosen"]
+    assert planned["world_size"] == 2 and chosen["world_size"] == 2
 
     whole = tmp_path / "whole"
     mounted(home, whole)
@@ -285,8 +297,8 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     record = json.loads((whole / "run" / "run.json").read_text())
     plan = record["plan"]
     assert (plan["world_size"], plan["sharding"]) == (2, "ddp")
-    assert (plan["micro_batch_size"], plan["grad_accum"]) == (planned["plan"]["micro_batch_size"], planned["plan"]["grad_accum"])
-    assert [entry["step"] for entry in record["losses"]] == list(range(1, 25)) and record["status"] == "step_limit"
+    assert (plan["micro_batch_size"], plan["grad_accum"]) == (chosen["micro_batch_size"], chosen["grad_accum"])
+    assert [entry["step"] for entry in record["losses"]] == list(range(1, 13)) and record["status"] == "step_limit"
     logs = tmp_path / "logs-whole"
     outputs = [(logs / f"node{rank}.out").read_text() for rank in (0, 1)]
     assert "run folder:" in outputs[0] and outputs[1].strip() == ""  # rank 0 is on node 0; node 1 says nothing
@@ -298,19 +310,18 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     nodes = start_nodes(script, killed, 29641, tmp_path / "logs-killed")
     checkpoints = killed / "run" / "checkpoints"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not any(
-        (folder / MARKER_FILE).is_file() and int(folder.name.split("-")[1]) >= 2 for folder in (checkpoints.iterdir() if checkpoints.is_dir() else [])
-    ):
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not list_checkpoints(checkpoints):
+        time.sleep(0.02)
     kill_nodes(nodes)
     interrupted = json.loads((killed / "run" / "run.json").read_text())
-    assert interrupted["status"] != "step_limit" and len(interrupted["losses"]) < 24, "the run finished before it was killed"
+    last = int(list_checkpoints(checkpoints)[-1].name.split("-")[1])
+    assert interrupted["status"] != "step_limit" and last < 12, "the run finished before it was killed"
     wait_nodes(start_nodes(script, killed, 29651, tmp_path / "logs-again"), tmp_path / "logs-again")
     resumed = json.loads((killed / "run" / "run.json").read_text())
     assert resumed["resumed"] == 1 and resumed["status"] == "step_limit"
-    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 25))
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 13))
     assert [entry["learning_rate"] for entry in resumed["losses"]] == pytest.approx([entry["learning_rate"] for entry in record["losses"]])
-    assert resumed["plan"]["total_steps"] == record["plan"]["total_steps"] == 24
+    assert resumed["plan"]["total_steps"] == record["plan"]["total_steps"] == 12
     assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in record["losses"]], rel=1e-4)
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
