@@ -27,7 +27,7 @@ from test_consider import MACHINES, PRICES, run_consider
 
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
-from train.recipes.launch_task import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from train.planning.rental import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from train.running.checkpoint import MARKER_FILE, list_checkpoints
 from train.running.resume import auto_resume, resume_command
 
@@ -159,10 +159,10 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     assert not tight.use and tight.reason.startswith("on-demand: with one preemption priced in it would miss the deadline")
     # The lost work is at most one checkpoint interval: a shorter cadence makes room for spot.
     assert spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval / 2).use == (min(interval / 2, training) < min(interval, training))
-    seconds, basis = max_duration(chosen.total_seconds_promised, roomy, 12 * 3600)
-    assert seconds == pytest.approx((chosen.total_seconds_promised + restart) * 1.2 + SETUP_SECONDS)
-    assert "at most the deadline" in basis
-    capped, _ = max_duration(chosen.total_seconds_promised, tight, chosen.total_seconds_promised)
+    duration = max_duration(chosen.total_seconds_promised, roomy, 12 * 3600)
+    assert duration.seconds == pytest.approx((chosen.total_seconds_promised + restart) * 1.2 + SETUP_SECONDS)
+    assert "at most the deadline" in duration.basis
+    capped = max_duration(chosen.total_seconds_promised, tight, chosen.total_seconds_promised).seconds
     assert capped == pytest.approx(chosen.total_seconds_promised + SETUP_SECONDS)  # never past the deadline (+ setup)
 
 

@@ -6,9 +6,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.errors import OneLineParser, guard_cli
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
+
+if TYPE_CHECKING:
+    from train.recipes.launch_task import LaunchTask
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -299,7 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_comparison(args, started)
     from train.recipes.recipe import run_training
 
-    return run_training(args, started, write_run_report)
+    return run_training(args, started, write_run_report, emit_task)
+
+
+def emit_task(emit: str, task: LaunchTask) -> None:
+    from train.launch_command import emit_task
+
+    emit_task(emit, task)
 
 
 def write_run_report(out_dir: Path) -> Path:

@@ -60,10 +60,10 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     if comparison.recommended is None:
         raise DeadlineError(no_row_meets_the_deadline(comparison, config.plan.margin))
     if config.output.emit:
-        from train.launch_engines import emit_comparison
+        from train.launch_command import emit_task
+        from train.recipes.launch_task import comparison_task
 
-        written = emit_comparison(config.output.emit, comparison, config, spec, method, getattr(args, "command_line", None) or [])
-        say(f"task: {written} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
+        emit_task(config.output.emit, comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []))
     return EXIT_OK
 
 

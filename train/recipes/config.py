@@ -23,6 +23,7 @@ import argparse
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.durations import parse_duration
@@ -186,6 +187,25 @@ class PlanSection:
         return is_comparison(self.use_calibration) or bool(self.consider)
 
 
+ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
+
+
+@dataclass(frozen=True)
+class EmitRequest:
+    """`--emit ENGINE:FILE`, parsed."""
+
+    engine: str
+    path: Path
+
+
+def parse_emit(text: str) -> EmitRequest:
+    """`skypilot:task.yaml` or `dstack:.dstack.yml`; one line for anything else."""
+    engine, _, path = text.partition(":")
+    if engine.lower() not in ENGINES or not path:
+        raise BenchtrainError(f"--emit {text!r}: ENGINE:FILE with ENGINE one of {', '.join(ENGINES)}, e.g. --emit skypilot:task.yaml")
+    return EmitRequest(engine.lower(), Path(path).expanduser())
+
+
 @dataclass(frozen=True)
 class OutputSection:
     """Where the run goes and what leaves it: the run folder (and resuming it), a dry run or its JSON,
@@ -220,8 +240,6 @@ class OutputSection:
         if self.json and not self.dry_run:
             raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
         if self.emit is not None:
-            from train.recipes.launch_task import parse_emit
-
             parse_emit(self.emit)  # an unknown engine is one line before any work
             if not self.dry_run:
                 raise BenchtrainError(f"--emit {self.emit} writes the task that runs a plan on a machine not rented yet, which is a dry run: add --dry-run")

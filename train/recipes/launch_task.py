@@ -1,5 +1,5 @@
 """The task that rents the machine a dry run chose and runs the plan on it, engine-neutral:
-train.launch_engines renders it as a SkyPilot or a dstack task (`train --dry-run --emit ENGINE:FILE`).
+train.launch_command renders it as a SkyPilot or a dstack task (`train --dry-run --emit ENGINE:FILE`).
 
 What the task holds, and where each figure comes from:
 
@@ -8,18 +8,8 @@ What the task holds, and where each figure comes from:
   (SkyPilot `resources.ordered`, dstack's GPU list). Each keeps the configuration planned for it
   (micro-batch, accumulation, processes, sharding) and the calibration it rests on; a row nobody
   measured carries the `bench run` that measures it first (its figures are predicted or translated).
-- **disk**: the run's checkpoints (kept + the one written before pruning) and its export, counted
-  as `train` counts them before its first step (train.planning.disk), plus the model's weights
-  and the data where they are downloaded or uploaded, plus SOFTWARE_BYTES for the Python
-  environment (an allowance, not measured).
-- **spot**: only where the checkpoint cadence bounds the work a preemption loses and the plan still
-  meets the deadline with one restart priced in: the upper end + one checkpoint interval of work
-  redone (at most the whole training) + a fresh machine (PROVISION_SECONDS, an allowance) + the
-  startup the plan priced (building the model, warm-up, compile, data preparation) must fit in the
-  deadline's budget.
-- **max duration**: (the upper end, + the restart where spot) × (1 + MAX_DURATION_MARGIN) + SETUP_SECONDS
-  for installing benchtrain, and never past the deadline plus that setup: the deadline guard has
-  stopped the run with a checkpoint by then.
+- **disk, spot, maximum duration**: train.planning.rental (spot only where one preemption, priced,
+  still meets the deadline).
 
 Computation only: nothing here writes a file or imports an engine.
 """
@@ -27,26 +17,22 @@ Computation only: nothing here writes a file or imports an engine.
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
+from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from train.planning.types import Plan
     from train.recipes.compare import Comparison, Row
     from train.recipes.config import TrainConfig
+    from train.recipes.planned_run import PlannedRun
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
-GB = 10**9
-PROVISION_SECONDS = 600.0  # a fresh machine found, booted and set up after a preemption: an allowance, not measured
-SETUP_SECONDS = 900.0  # installing benchtrain (torch and its CUDA wheels) on a fresh machine: an allowance, not measured
-MAX_DURATION_MARGIN = 0.2  # past the upper end before the engine stops the task: the guard acts first
-SOFTWARE_BYTES = 30 * GB  # the Python environment, the CUDA wheels and caches: an allowance, not measured
 MASTER_PORT = 29500  # torchrun's rendezvous port on the first node
 
 # Where things are on every node.
@@ -64,7 +50,7 @@ PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-
 
 # The accelerator names the engines use for the datasheets' keys (calibration.datasheets). A
 # PCIe or NVL card has no name of its own there: it rents as its family, and the run checks the
-# device it got (train.launch_engines: the run script).
+# device it got (train.launch_command: the run script).
 ACCELERATORS = {
     "h100": "H100",
     "h100-pcie": "H100",
@@ -84,23 +70,6 @@ ACCELERATORS = {
     "4090": "RTX4090",
     "mi300x": "MI300X",
 }
-ENGINES = ("skypilot", "dstack")
-
-
-@dataclass(frozen=True)
-class EmitRequest:
-    """`--emit ENGINE:FILE`, parsed."""
-
-    engine: str
-    path: Path
-
-
-def parse_emit(text: str) -> EmitRequest:
-    """`skypilot:task.yaml` or `dstack:.dstack.yml`; one line for anything else."""
-    engine, _, path = text.partition(":")
-    if engine.lower() not in ENGINES or not path:
-        raise BenchtrainError(f"--emit {text!r}: ENGINE:FILE with ENGINE one of {', '.join(ENGINES)}, e.g. --emit skypilot:task.yaml")
-    return EmitRequest(engine.lower(), Path(path).expanduser())
 
 
 @dataclass(frozen=True)
@@ -132,13 +101,6 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Spot:
-    use: bool
-    reason: str  # how it was priced, in words
-    restart_seconds: float  # one preemption: the work redone, a fresh machine and the startup again
-
-
-@dataclass(frozen=True)
 class Upload:
     """A local file or folder every node sees at `remote` (SkyPilot file_mounts, dstack files)."""
 
@@ -154,11 +116,9 @@ class LaunchTask:
     left_out: list[str]  # rows not offered as fallbacks, and why
     train_arguments: list[str]  # the train command's own options, paths as the nodes see them
     uploads: list[Upload]
-    disk_bytes: int
-    disk_basis: str
+    disk: DiskSize
     spot: Spot
-    max_duration_seconds: float
-    max_duration_basis: str
+    duration: Duration
     deadline_seconds: float
     version: str
     model: str
@@ -170,10 +130,10 @@ class LaunchTask:
 
     @property
     def disk_gb(self) -> int:
-        return max(1, math.ceil(self.disk_bytes / GB))
+        return max(1, math.ceil(self.disk.total_bytes / GB))
 
     def train_command(self, target: Target) -> list[str]:
-        """`train` as the nodes run it for `target` (under torchrun: train.launch_engines)."""
+        """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
         calibration = target.calibration or "latest"
         sharding = ["--sharding", target.sharding] if target.sharding == "fsdp" else []
         return [*self.train_arguments, "--use-calibration", calibration, *sharding, "--resume", "auto", "--out", RUN_DIR]
@@ -385,65 +345,6 @@ def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
     return str(path), Upload(path, str(path), option)
 
 
-# -- the figures -----------------------------------------------------------------------------
-
-
-def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_seconds: float) -> Spot:
-    """Spot (or preemptible) only where one preemption still meets the deadline (the module's docstring)."""
-    chosen = plan.chosen
-    overheads = chosen.overheads
-    startup = 0.0
-    if overheads is not None:
-        startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
-    training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
-    lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
-    restart = lost + PROVISION_SECONDS + startup
-    with_restart = chosen.total_seconds_promised + restart
-    from common.durations import format_duration as fmt
-
-    priced = (
-        f"upper end {fmt(chosen.total_seconds_promised)} + one preemption {fmt(restart)} (work since the last checkpoint {fmt(lost)}, "
-        f"a fresh machine {fmt(PROVISION_SECONDS)} assumed, startup {fmt(startup)} as planned) = {fmt(with_restart)} "
-        f"vs {fmt(max(0.0, available_seconds))} usable"
-    )
-    if with_restart <= available_seconds:
-        return Spot(True, f"spot: {priced}", restart)
-    return Spot(False, f"on-demand: with one preemption priced in it would miss the deadline ({priced})", restart)
-
-
-def max_duration(upper_seconds: float, spot: Spot, deadline_seconds: float) -> tuple[float, str]:
-    from common.durations import format_duration as fmt
-
-    run = upper_seconds + (spot.restart_seconds if spot.use else 0.0)
-    seconds = min(run * (1 + MAX_DURATION_MARGIN), deadline_seconds) + SETUP_SECONDS
-    restart = " + one preemption" if spot.use else ""
-    basis = (
-        f"(upper end{restart} {fmt(run)}) × {1 + MAX_DURATION_MARGIN:g}, at most the deadline {fmt(deadline_seconds)} (the guard has "
-        f"stopped the run with a checkpoint by then), + {fmt(SETUP_SECONDS)} to install benchtrain (an allowance)"
-    )
-    return seconds, basis
-
-
-def disk_bytes(spec: ModelSpec, method: MethodConfig, config: TrainConfig, device_type: str, uploads: list[Upload]) -> tuple[int, str]:
-    """What one node writes and holds: the run's checkpoints and export as train counts them, the
-    model's weights (downloaded where it has them), the uploads, and the software allowance."""
-    from train.planning.disk import disk_need
-    from train.planning.memory_check import BF16_BYTES, memory_need
-
-    need = memory_need(spec, method, device_type)
-    merge = bool(config.output.merge_lora and method.is_lora)
-    run = disk_need(need, method.is_lora, not spec.has_weights, merge, device_type, config.guard.keep_checkpoints)
-    weights = need.total_parameters * BF16_BYTES if spec.has_weights else 0
-    uploaded = sum(size_of(upload.local) for upload in uploads)
-    total = run.total_bytes + weights + uploaded + SOFTWARE_BYTES
-    basis = (
-        f"{run.checkpoints_written} checkpoints × {run.checkpoint_bytes / GB:.2f} GB + export {run.export_bytes / GB:.2f} GB (train.planning.disk, "
-        f"counted on the meta device) + weights {weights / GB:.2f} GB + uploads {uploaded / GB:.2f} GB + {SOFTWARE_BYTES / GB:.0f} GB "
-        "for the Python environment (an allowance)"
-    )
-    return total, basis
-
-
 def size_of(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -481,10 +382,11 @@ def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method
             uploads.append(Upload(target.calibration_file, f"{CALIBRATIONS_DIR}/{target.calibration_file.name}", f"the calibration of {target.machine}"))
     first = targets[0]
     device_type = "cpu" if first.accelerator is None else "cuda"
-    disk, disk_basis = disk_bytes(spec, method, config, device_type, uploads)
+    uploaded = sum(size_of(upload.local) for upload in uploads)
+    disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
     spot = spot_choice(inputs.plan, inputs.available_seconds, config.guard.checkpoint_interval_seconds)
     settle = max((target.settle_seconds for target in targets), default=0.0)
-    seconds, basis = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
+    duration = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
     name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
     notes = []
     if any(target.settle for target in targets):
@@ -495,11 +397,9 @@ def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method
         left_out=inputs.left_out,
         train_arguments=arguments,
         uploads=uploads,
-        disk_bytes=disk,
-        disk_basis=disk_basis,
+        disk=disk,
         spot=spot,
-        max_duration_seconds=seconds,
-        max_duration_basis=basis,
+        duration=duration,
         deadline_seconds=config.run_deadline.deadline_seconds,
         version=benchtrain_version(),
         model=spec.name,
@@ -507,5 +407,18 @@ def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method
     )
 
 
-def quoted(arguments: list[str]) -> str:
-    return shlex.join(arguments)
+def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]) -> LaunchTask:
+    """The task of `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
+    targets, left_out = rows_to_targets(comparison)
+    best = comparison.recommended
+    assert best is not None and best.plan is not None  # rows_to_targets: one line otherwise
+    inputs = TaskInputs(targets, left_out, best.plan, comparison.available_seconds, command_line)
+    return launch_task(inputs, config, spec, method, Path.cwd())
+
+
+def plan_task(run: PlannedRun, command_line: list[str]) -> LaunchTask:
+    """The task of a single calibration's dry run: that plan on that calibration's machine."""
+    placement = run.placement
+    target = plan_target(run.plan, run.cal, placement.world_size, placement.sharding, placement.hardware, run.plan.price_per_hour)
+    inputs = TaskInputs([target], [], run.plan, run.plan.available_seconds, command_line)
+    return launch_task(inputs, run.config, run.spec, run.method, Path.cwd())

@@ -17,7 +17,8 @@ from typing import Any
 
 from common.durations import format_duration
 from common.errors import BenchtrainError
-from train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, EmitRequest, LaunchTask, Target
+from train.recipes.config import EmitRequest, parse_emit
+from train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
 
 NODE_VARIABLES = {
     "skypilot": (
@@ -118,7 +119,7 @@ def run_script(task: LaunchTask, engine: str) -> str:
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]
     if engine == "skypilot":  # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
-        lines.append(f'exec timeout --signal=TERM {int(task.max_duration_seconds)} "${{LAUNCH[@]}}" -m train "${{TRAIN[@]}}"')
+        lines.append(f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m train "${{TRAIN[@]}}"')
     else:
         lines.append('exec "${LAUNCH[@]}" -m train "${TRAIN[@]}"')
     return "\n".join(lines) + "\n"
@@ -158,9 +159,9 @@ def header(task: LaunchTask, engine: str) -> list[str]:
     lines += [f"  left out: {reason}" for reason in task.left_out]
     lines += [
         f"Nodes: {best.nodes} (the recommended target's layout).",
-        f"Disk: {task.disk_gb} GB = {task.disk_basis}.",
+        f"Disk: {task.disk_gb} GB = {task.disk.basis}.",
         f"Spot: {task.spot.reason}.",
-        f"Maximum duration: {format_duration(task.max_duration_seconds)} = {task.max_duration_basis}.",
+        f"Maximum duration: {format_duration(task.duration.seconds)} = {task.duration.basis}.",
         f"The run folder {RUN_DIR} is a bucket mounted on every node: checkpoints survive the machine, and `--resume auto` finds them.",
     ]
     for upload in task.uploads:
@@ -226,10 +227,10 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
         "commands": [setup_script(task).strip(), run_script(task, "dstack")],
         "resources": resources,
         "spot_policy": "auto" if task.spot.use else "on-demand",
-        "max_duration": f"{int(task.max_duration_seconds)}s",
+        "max_duration": f"{int(task.duration.seconds)}s",
     }
     if task.spot.use:  # a preempted task is started again, and continues (--resume auto)
-        configuration["retry"] = {"on_events": ["interruption", "no-capacity"], "duration": f"{int(task.max_duration_seconds)}s"}
+        configuration["retry"] = {"on_events": ["interruption", "no-capacity"], "duration": f"{int(task.duration.seconds)}s"}
     if not task.uploads:
         del configuration["files"]
     return configuration, task
@@ -277,6 +278,14 @@ def task_text(task: LaunchTask, engine: str) -> str:
     return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body
 
 
+def emit_task(emit: str, task: LaunchTask) -> None:
+    """`--emit ENGINE:FILE`: the file written, and said."""
+    from common.console import say
+
+    written = write_task(parse_emit(emit), task)
+    say(f"task: {written} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
+
+
 def write_task(request: EmitRequest, task: LaunchTask) -> Path:
     """The engine's file, written atomically (an unwritable FILE: one line)."""
     from common.atomic import write_text_atomic
@@ -288,28 +297,3 @@ def write_task(request: EmitRequest, task: LaunchTask) -> Path:
     except OSError as error:
         raise BenchtrainError(f"--emit: cannot write {request.path}: {error.strerror or error}") from None
     return request.path
-
-
-# -- from a dry run ---------------------------------------------------------------------------
-
-
-def emit_comparison(text: str, comparison: Any, config: Any, spec: Any, method: Any, command_line: list[str]) -> Path:
-    """`--emit` after `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
-    from train.recipes.launch_task import TaskInputs, launch_task, parse_emit, rows_to_targets
-
-    request = parse_emit(text)
-    targets, left_out = rows_to_targets(comparison)
-    plan = comparison.recommended.plan
-    inputs = TaskInputs(targets, left_out, plan, comparison.available_seconds, command_line)
-    return write_task(request, launch_task(inputs, config, spec, method, Path.cwd()))
-
-
-def emit_plan(text: str, run: Any, command_line: list[str]) -> Path:
-    """`--emit` after a single calibration's dry run: that plan on that calibration's machine."""
-    from train.recipes.launch_task import TaskInputs, launch_task, parse_emit, plan_target
-
-    request = parse_emit(text)
-    placement = run.placement
-    target = plan_target(run.plan, run.cal, placement.world_size, placement.sharding, placement.hardware, run.plan.price_per_hour)
-    inputs = TaskInputs([target], [], run.plan, run.plan.available_seconds, command_line)
-    return write_task(request, launch_task(inputs, run.config, run.spec, run.method, Path.cwd()))
