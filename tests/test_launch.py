@@ -27,7 +27,7 @@ from test_consider import MACHINES, PRICES, run_consider
 
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
-from train.planning.rental import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from train.running.checkpoint import MARKER_FILE, list_checkpoints
 from train.running.resume import auto_resume, resume_command
 
@@ -325,3 +325,69 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in record["losses"]], rel=1e-4)
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
+
+
+def dstack_nodes(script: Path, root: Path, port: int, logs: Path) -> list[subprocess.Popen]:
+    """The script on two nodes with dstack's variables as dstack sets them, both here."""
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "BENCHTRAIN_TASK_ROOT": str(root),
+        "BENCHTRAIN_MASTER_PORT": str(port),
+        "DSTACK_MASTER_NODE_IP": "127.0.0.1",
+        "DSTACK_NODES_NUM": "2",
+        "DSTACK_GPUS_PER_NODE": "0",
+    }
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for rank in (0, 1):
+        out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
+        node_environment = {**environment, "DSTACK_NODE_RANK": str(rank)}
+        nodes.append(subprocess.Popen(["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True))
+    return nodes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home: Path, heavy_tailed_jsonl: Path, tmp_path: Path) -> None:
+    """The run script of a target nobody measured, with dstack's node variables: `bench run`
+    across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
+    the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
+    from train.launch_command import run_script
+    from train.planning.rental import DiskSize, Duration, Spot
+    from train.recipes.launch_task import LaunchTask, Target
+
+    bench = "torchrun -m bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
+    target = Target(
+        machine="2×CPU over ethernet",
+        device_key="cpu",
+        accelerator=None,
+        nodes=2,
+        gpus_per_node=1,
+        sharding="ddp",
+        configuration="to be measured",
+        optimizer_steps=4,
+        kind="predicted",
+        rests_on="nothing measured on this machine",
+        calibration=None,
+        calibration_file=None,
+        settle=bench,
+        settle_seconds=60.0,
+        low_seconds=10.0,
+        upper_seconds=20.0,
+        price_per_hour=None,
+        cost_upper=None,
+    )
+    arguments = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "4", "--no-report"]
+    task = LaunchTask("benchtrain-tiny", [target], [], arguments, [], DiskSize(GB, ""), Spot(False, "", 0.0), Duration(600.0, ""), 1800.0, "0.1.0", "tiny")
+    script = tmp_path / "run.sh"
+    script.write_text(run_script(task, "dstack"))
+    root, logs = tmp_path / "root", tmp_path / "logs"
+    wait_nodes(dstack_nodes(script, root, 29661, logs), logs)
+    (calibration_path,) = (root / "run" / "home" / "calibrations").glob("*.json")
+    calibration = json.loads(calibration_path.read_text())
+    assert calibration["distributed"]["world_size"] == 2 and calibration["hardware"]["interconnect"] == "2x1:ethernet"
+    record = json.loads((root / "run" / "run.json").read_text())
+    assert record["calibration_id"] == calibration["id"] and record["plan"]["world_size"] == 2
+    assert [entry["step"] for entry in record["losses"]] == [1, 2, 3, 4]
