@@ -82,7 +82,7 @@ def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys
     code, _, err = emit(capsys, chats, f"dstack:{path}")
     assert code == 0, err
     task = yaml.safe_load(path.read_text())
-    assert task["type"] == "task" and task["nodes"] == 1
+    assert task["type"] == "task" and task["nodes"] == 1 and task["shell"] == "bash"
     assert task["resources"]["gpu"] == {"name": ["H100", "H200"], "count": 1}  # the 1-GPU targets; 2 and 4 GPUs left out
     assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
     assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS

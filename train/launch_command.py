@@ -222,6 +222,7 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
         "name": task.name,
         "nodes": task.nodes,
         "python": "3.11",
+        "shell": "bash",  # the run script uses bash arrays
         "files": [f"{upload.local}:{upload.remote}" for upload in task.uploads],
         "volumes": [{"name": f"{task.name}-run", "path": RUN_DIR}],
         "commands": [setup_script(task).strip(), run_script(task, "dstack")],
