@@ -71,7 +71,7 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(home: Path, 
     assert "BENCH=(run --gpu h200 --model llama-3.2-1b --budget" in run  # translated: measured on the node first
     assert "h100:2|h100-pcie:2|h100-nvl:2)" in run and "--dry-run" not in run and "--emit" not in run
     said = comments(path)
-    for words in ("shared (measured by someone else)", "translated from another GPU", "predicted from a 1-GPU calibration", "Spot: spot:", "no cloud"):
+    for words in ("shared (measured by someone else)", "translated from another GPU", "predicted from a 1-GPU calibration", "Capacity: spot:", "no cloud"):
         assert words in said, words
     assert "left out: 16×H100 SXM over 2x8:nvlink+infiniband: 2 node(s), the task has 1" in said
     assert "a fresh machine 10m00s assumed" in said and "for the Python environment (an allowance)" in said

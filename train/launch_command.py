@@ -160,7 +160,7 @@ def header(task: LaunchTask, engine: str) -> list[str]:
     lines += [
         f"Nodes: {best.nodes} (the recommended target's layout).",
         f"Disk: {task.disk_gb} GB = {task.disk.basis}.",
-        f"Spot: {task.spot.reason}.",
+        f"Capacity: {task.spot.reason}.",
         f"Maximum duration: {format_duration(task.duration.seconds)} = {task.duration.basis}.",
         f"The run folder {RUN_DIR} is a bucket mounted on every node: checkpoints survive the machine, and `--resume auto` finds them.",
     ]
