@@ -202,23 +202,38 @@ def two_node_calibration(home: Path) -> None:
     save_calibration(synthetic_calibration(hardware=hardware, model=model, distributed={"world_size": 2, "sharding": "ddp", "backend": "gloo"}, id="two-nodes"))
 
 
-def start_nodes(script: Path, root: Path, port: int, logs: Path) -> list[subprocess.Popen]:
-    """The script on two nodes, each with SkyPilot's variables as SkyPilot sets them, both here."""
+def free_port() -> int:
+    """A port nobody listens on now (the rendezvous store's, on node 0)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def node_variables(engine: str, rank: int) -> dict[str, str]:
+    """What the engine sets on node `rank` of two, both on this machine."""
+    if engine == "skypilot":
+        shared = {"SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+        return {**shared, "SKYPILOT_NODE_RANK": str(rank)}
+    shared = {"DSTACK_MASTER_NODE_IP": "127.0.0.1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_PER_NODE": "0"}
+    return {**shared, "DSTACK_NODE_RANK": str(rank)}
+
+
+def start_nodes(script: Path, root: Path, logs: Path, engine: str = "skypilot") -> list[subprocess.Popen]:
+    """The script on two nodes, each with the engine's variables as the engine sets them."""
     environment = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "OMP_NUM_THREADS": "1",
         "BENCHTRAIN_TASK_ROOT": str(root),  # the mounts' root (/benchtrain on a rented node)
-        "BENCHTRAIN_MASTER_PORT": str(port),
-        "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1",
-        "SKYPILOT_NUM_NODES": "2",
-        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "BENCHTRAIN_MASTER_PORT": str(free_port()),
     }
     logs.mkdir(parents=True, exist_ok=True)
     nodes = []
     for rank in (0, 1):
         out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
-        node_environment = {**environment, "SKYPILOT_NODE_RANK": str(rank)}
+        node_environment = {**environment, **node_variables(engine, rank)}
         nodes.append(subprocess.Popen(["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True))
     return nodes
 
@@ -293,7 +308,7 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
 
     whole = tmp_path / "whole"
     mounted(home, whole)
-    wait_nodes(start_nodes(script, whole, 29631, tmp_path / "logs-whole"), tmp_path / "logs-whole")
+    wait_nodes(start_nodes(script, whole, tmp_path / "logs-whole"), tmp_path / "logs-whole")
     record = json.loads((whole / "run" / "run.json").read_text())
     plan = record["plan"]
     assert (plan["world_size"], plan["sharding"]) == (2, "ddp")
@@ -307,7 +322,7 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
 
     killed = tmp_path / "killed"
     mounted(home, killed)
-    nodes = start_nodes(script, killed, 29641, tmp_path / "logs-killed")
+    nodes = start_nodes(script, killed, tmp_path / "logs-killed")
     checkpoints = killed / "run" / "checkpoints"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not list_checkpoints(checkpoints):
@@ -316,7 +331,7 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     interrupted = json.loads((killed / "run" / "run.json").read_text())
     last = int(list_checkpoints(checkpoints)[-1].name.split("-")[1])
     assert interrupted["status"] != "step_limit" and last < 12, "the run finished before it was killed"
-    wait_nodes(start_nodes(script, killed, 29651, tmp_path / "logs-again"), tmp_path / "logs-again")
+    wait_nodes(start_nodes(script, killed, tmp_path / "logs-again"), tmp_path / "logs-again")
     resumed = json.loads((killed / "run" / "run.json").read_text())
     assert resumed["resumed"] == 1 and resumed["status"] == "step_limit"
     assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 13))
@@ -325,27 +340,6 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in record["losses"]], rel=1e-4)
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
-
-
-def dstack_nodes(script: Path, root: Path, port: int, logs: Path) -> list[subprocess.Popen]:
-    """The script on two nodes with dstack's variables as dstack sets them, both here."""
-    environment = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "OMP_NUM_THREADS": "1",
-        "BENCHTRAIN_TASK_ROOT": str(root),
-        "BENCHTRAIN_MASTER_PORT": str(port),
-        "DSTACK_MASTER_NODE_IP": "127.0.0.1",
-        "DSTACK_NODES_NUM": "2",
-        "DSTACK_GPUS_PER_NODE": "0",
-    }
-    logs.mkdir(parents=True, exist_ok=True)
-    nodes = []
-    for rank in (0, 1):
-        out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
-        node_environment = {**environment, "DSTACK_NODE_RANK": str(rank)}
-        nodes.append(subprocess.Popen(["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True))
-    return nodes
 
 
 @pytest.mark.slow
@@ -384,7 +378,7 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home
     script = tmp_path / "run.sh"
     script.write_text(run_script(task, "dstack"))
     root, logs = tmp_path / "root", tmp_path / "logs"
-    wait_nodes(dstack_nodes(script, root, 29661, logs), logs)
+    wait_nodes(start_nodes(script, root, logs, "dstack"), logs)
     (calibration_path,) = (root / "run" / "home" / "calibrations").glob("*.json")
     calibration = json.loads(calibration_path.read_text())
     assert calibration["distributed"]["world_size"] == 2 and calibration["hardware"]["interconnect"] == "2x1:ethernet"
