@@ -166,7 +166,7 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     assert capped == pytest.approx(chosen.total_seconds_promised + SETUP_SECONDS)  # never past the deadline (+ setup)
 
 
-def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path) -> None:
+def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from train.recipes.config import resolve_auto_resume
 
     out = tmp_path / "run"
@@ -183,6 +183,10 @@ def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path) -> 
     own_start = time.monotonic()
     resume, moved = resolve_auto_resume(str(out), own_start)
     assert resume and own_start - moved == pytest.approx(3600.0, abs=60.0)
+    # The same command after the run ended (an engine restarting a finished task): nothing to do, exit 0.
+    (out / "run.json").write_text(json.dumps({"deadline_started_at": started, "status": "completed"}))
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "2h", "--resume", "auto", "--out", str(out)], capsys)
+    assert code == 0 and "already ended (completed)" in err and "nothing to resume" in err
     command = resume_command(["--data", "x", "--deadline", "2h", "--resume", "auto", "--out", str(out)], out, 2)
     assert command is not None and command.endswith(f"--resume auto --out {out}")
     assert command.count("--resume") == 1 and " auto " not in command.replace("--resume auto", "")

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import OneLineParser, guard_cli
+from common.console import say
+from common.errors import EXIT_OK, OneLineParser, guard_cli
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
 
 if TYPE_CHECKING:
@@ -293,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         return push_existing_run(push_parser().parse_args(argv))
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
+    if args.resume == "auto" and args.out and not args.dry_run:
+        from train.running.resume import auto_resume
+
+        finished = auto_resume(args.out).finished
+        if finished:  # the same command again after the run ended (an engine that restarts a task): nothing to do
+            say(f"--resume auto: the run in {args.out} already ended ({finished}): its model is in {args.out}/final; nothing to resume")
+            return EXIT_OK
     from train.recipes.config import is_comparison
 
     if getattr(args, "consider", None) and args.use_calibration is None:

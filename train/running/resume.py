@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calibration.run_file import ResumedRun, RunMethod
+from calibration.run_status import COMPLETED, STEP_LIMIT
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume
@@ -219,6 +220,7 @@ class AutoResume:
 
     resume: bool
     deadline_started_at: float | None  # time.time()
+    finished: str | None = None  # the run already ended at its planned end (completed, step_limit): its status
 
 
 def auto_resume(out: str | None) -> AutoResume:
@@ -234,6 +236,8 @@ def auto_resume(out: str | None) -> AutoResume:
     out_dir = Path(out).expanduser()
     if not (out_dir / "run.json").is_file():
         return AutoResume(False, None)
-    started = read_json_file(out_dir / "run.json").get("deadline_started_at")
+    record = read_json_file(out_dir / "run.json")
+    started, status = record.get("deadline_started_at"), record.get("status")
     anchor = float(started) if isinstance(started, (int, float)) else None
-    return AutoResume(bool(list_checkpoints(out_dir / "checkpoints")), anchor)
+    finished = str(status) if status in (COMPLETED, STEP_LIMIT) else None
+    return AutoResume(bool(list_checkpoints(out_dir / "checkpoints")), anchor, finished)
