@@ -30,6 +30,7 @@ LAYERS = {
     "train.__main__": "train commands",
     "train.cli": "train commands",
     "train.compare_command": "train commands",
+    "train.launch_command": "train commands",
     "bench": "bench",
     "bench.__main__": "bench commands",
     "bench.cli": "bench commands",

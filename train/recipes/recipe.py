@@ -37,17 +37,25 @@ from train.running.record import RunRecord, TrainedRun
 from train.running.resume import check_same_data, completed_steps, resume_command, resumed_hyperparameters, resumed_step_limit
 
 if TYPE_CHECKING:
+    from train.recipes.launch_task import LaunchTask
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
 
-def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
+def run_training(
+    args: argparse.Namespace, started: float, write_report: Callable[[Path], Path], emit_task: Callable[[str, LaunchTask], None] | None = None
+) -> int:
     """`started`: time.monotonic() when the command started (its deadline counts from there);
-    `write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
+    `write_report(run folder)` writes the run's report, `emit_task(--emit, task)` a dry run's launch
+    task (the command layer's: train/cli.py)."""
     recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
     recipe.setup()
     recipe.plan()
     if not recipe.show_plan():
+        if recipe.config.output.emit and emit_task is not None and is_main_process():
+            from train.recipes.launch_task import plan_task
+
+            emit_task(recipe.config.output.emit, plan_task(recipe.run, getattr(args, "command_line", None) or []))
         return EXIT_OK
     try:
         recipe.train()
