@@ -123,6 +123,26 @@ def test_the_engines_own_code_loads_the_task(engine: str, home: Path, chats: Pat
         assert configuration.max_duration > SETUP_SECONDS and configuration.volumes[0].path == "/benchtrain/run"
 
 
+SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
+
+
+def test_the_skypilot_task_holds_skypilots_published_schema(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Where SkyPilot cannot be imported (its click pin conflicts with huggingface-hub's, so CI has
+    it not), the task is checked against SkyPilot 0.14.1's own task schema
+    (sky.utils.schemas.get_task_schema(), dumped into the fixture), as sky.Task.from_yaml checks it first."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SKYPILOT_SCHEMA.read_text())["schema"]
+    path = tmp_path / "skypilot.yaml"
+    code, _, err = emit(capsys, chats, f"skypilot:{path}")
+    assert code == 0, err
+    task = yaml.safe_load(path.read_text())
+    jsonschema.validate(task, schema)
+    assert [entry["accelerators"] for entry in task["resources"]["ordered"]][:2] == ["H100:1", "H200:1"]
+    broken = {**task, "num_nodes": "two"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
 def test_bad_emits_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = emit(capsys, chats, "kubernetes:task.yaml")
     assert_one_line_error(code, err, "--emit 'kubernetes:task.yaml': ENGINE:FILE with ENGINE one of skypilot, dstack")
