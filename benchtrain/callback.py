@@ -371,7 +371,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             state.global_step,
             self.watch.elapsed(),
             state.max_steps,
-            calibrated_save_seconds(self.calibration),
+            self._reserve_seconds(),
             _save_count(args, state.max_steps, self.start_step),
         )
         for record in steps:
