@@ -219,10 +219,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         record = self.watch.end_step(state.global_step, replace(counted, tokens=tokens, padded_tokens=padded))
         if self.estimate is None:
             self._estimate(args, state)
-        move, limit = Move.CONTINUE, self.guard.limit
-        if self.estimate is not None:
-            record.predicted_seconds = self.estimate.step_seconds
-            move, limit = self._observe(state.global_step, record.seconds)
+        # Until the estimate is made, a step is its own prediction: the guard still keeps the deadline.
+        record.predicted_seconds = self.estimate.step_seconds if self.estimate is not None else record.seconds
+        move, limit = self._observe(state.global_step, record.seconds, record.predicted_seconds)
         if self.signalled is not None:
             move = Move.INTERRUPT
         move = Move.of_strength(agree(_state(), move.strength, "max"))
@@ -231,16 +230,21 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if not control.should_training_stop and control.should_evaluate and not self._evaluation_fits(state):
             control.should_evaluate = False
 
-    def _observe(self, step: int, seconds: float) -> tuple[Move, int]:
-        guard, estimate = self.guard, self.estimate
-        assert guard is not None and estimate is not None
+    def _observe(self, step: int, seconds: float, predicted: float) -> tuple[Move, int]:
+        guard, deadline = self.guard, self.deadline
+        assert guard is not None and deadline is not None
         guard.settings = replace(guard.settings, reserve_seconds=self._reserve_seconds(), periodic_share=self.watch.periodic_share)
-        remaining = max(0, guard.limit - step) * estimate.step_seconds
-        verdict = guard.observe(step, self.watch.elapsed(), seconds, estimate.step_seconds, remaining)
+        elapsed = self.watch.elapsed()
+        verdict = guard.observe(step, elapsed, seconds, predicted, max(0, guard.limit - step) * predicted)
         self.verdict = verdict
         if verdict.message:
             self._event(verdict.message)
-        return verdict.move, verdict.limit
+        move = verdict.move
+        # The guard's window starts after the warm-up; until then the steps seen so far (slower, if
+        # anything) say whether one more and a save still fit: a resumed run may start near its end.
+        if not guard.window and step < guard.limit and elapsed + self._next_step_seconds() + self._reserve_seconds() > deadline.budget_seconds:
+            move = Move.STOP
+        return move, verdict.limit
 
     def _act(self, move: Move, limit: int, state: Any, control: Any) -> None:
         """What every process agreed: save and stop (the deadline, a signal), or the run cut to `limit`."""
@@ -257,9 +261,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if limit < state.max_steps and self.guard is not None:
             self.guard.limit = limit
             self.shrunk_to = state.max_steps = limit
-            if state.global_step >= limit:
-                self.status = STEP_LIMIT
-                control.should_save = control.should_training_stop = True
+        if self.shrunk_to is not None and state.global_step >= self.shrunk_to:
+            self.status = STEP_LIMIT
+            control.should_save = control.should_training_stop = True
 
     def _evaluation_fits(self, state: Any) -> bool:
         """An evaluation now, then a step and a save, before the budget? (Measured; agreed by all.)"""
@@ -326,6 +330,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             f"deadline; {format_duration(deadline.deadline_seconds - self.watch.elapsed())} to spare. A signal needs {math.ceil(lead)}s "
             f"of lead time (its slowest step and save): SLURM --signal=USR1@{math.ceil(lead)}"
         )
+        if self.estimate is None:
+            self._estimate(args, state, at_end=True)
         if self._main and self.estimate is not None and self.folder is not None:
             document = self.folder.document(self.estimate, self.watch, deadline, outcome)
             report = self.folder.finish(document, self.report)
@@ -333,12 +339,15 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.guard = None
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _estimate(self, args: Any, state: Any) -> None:
+    def _estimate(self, args: Any, state: Any, at_end: bool = False) -> None:
         """The estimate, once: after the first step with a calibration (its batches give the
-        shape), else once `warmup_steps` steps have passed and one more was measured."""
+        shape), else once `warmup_steps` steps have passed and one more was measured (`at_end`:
+        the run ended before that; its record still needs one)."""
         steady = self.watch.steady(self.warmup_steps)
         if self.calibration is None and not steady:
-            return
+            if not at_end or not self.watch.steps:
+                return
+            steady = self.watch.steps  # a run that ended inside its warm-up: its steps are all there is
         deadline = self.deadline
         assert deadline is not None
         steps = self.watch.steps
@@ -376,7 +385,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         )
         for record in steps:
             record.predicted_seconds = step_seconds
-        self._announce(deadline)
+        if not at_end:
+            self._announce(deadline)
 
     def _announce(self, deadline: Deadline) -> None:
         estimate = self.estimate
