@@ -276,7 +276,9 @@ def test_two_ranks_stop_at_the_same_step_with_one_checkpoint(tmp_path: Path, hom
     each alone would stop at another step; together they stop at the same one and save once."""
     out = tmp_path / "ranks"
     out.mkdir()
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1"]
+    # --multi_gpu is accelerate's multi-process launcher (torchrun underneath; its --cpu starts one
+    # process unless mpirun is set up): the Trainer's use_cpu=True joins the processes over gloo.
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "trainer_checks.py"), str(out)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=280, cwd=tmp_path)
