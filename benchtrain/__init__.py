@@ -12,5 +12,7 @@ from __future__ import annotations
 
 from benchtrain.callback import DeadlineCallback
 from common.errors import BenchtrainError
+from train.planning.trainer_fields import TrainerFields
+from train.planning.trainer_fields import trainer_fields as trainer_arguments
 
-__all__ = ["BenchtrainError", "DeadlineCallback"]
+__all__ = ["BenchtrainError", "DeadlineCallback", "TrainerFields", "trainer_arguments"]

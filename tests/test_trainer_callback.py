@@ -289,3 +289,24 @@ def test_two_ranks_stop_at_the_same_step_with_one_checkpoint(tmp_path: Path, hom
     assert checkpoints(out) == [f"checkpoint-{ranks[0]['global_step']}"]
     # The slower rank decided: its own clock stayed inside the deadline.
     assert ranks[1]["elapsed"] < 400.0
+
+
+def test_a_dry_run_for_a_trainer_gives_its_arguments(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`train --dry-run --for-trainer --json`: the chosen configuration as TrainingArguments fields,
+    which build a real TrainingArguments."""
+    from transformers import TrainingArguments
+
+    from train.cli import main as train_main
+
+    data, calibration = ROOT / "train" / "sample_data" / "sample.jsonl", ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json"
+    code = train_main(["--use-calibration", str(calibration), "--data", str(data), "--deadline", "10m", "--dry-run", "--for-trainer", "--json"])
+    assert code == 0
+    fields = json.loads(capsys.readouterr().out)
+    arguments = fields["training_arguments"]
+    assert set(arguments) >= {"per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers", "bf16", "max_steps"}
+    assert fields["sft_config"]["max_length"] > 0 and fields["calibration_id"]
+    assert any(line.startswith("compile:") for line in fields["differences"])
+    built = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **arguments)
+    assert built.per_device_train_batch_size == arguments["per_device_train_batch_size"] and built.max_steps == arguments["max_steps"]
+    with pytest.raises(BenchtrainError, match="add --dry-run"):
+        train_main(["--data", str(data), "--deadline", "10m", "--for-trainer"])

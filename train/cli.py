@@ -195,6 +195,11 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
     p.add_argument(
+        "--for-trainer",
+        action="store_true",
+        help="with --dry-run: the plan as your own Trainer's TrainingArguments / TRL SFTConfig fields (JSON with --json) and a Python snippet",
+    )
+    p.add_argument(
         "--learning-rate",
         type=float,
         metavar="LR",
