@@ -21,8 +21,6 @@ The guard is train.running.guard's DeadlineGuard (the one `train` runs), fed the
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,11 +43,13 @@ from benchtrain.estimate import (
     first_save_seconds,
     measured_step,
     model_setup,
+    save_count,
 )
 from benchtrain.run_folder import RunFolder, RunOutcome, earlier_steps
+from benchtrain.signals import SignalFlag
 from benchtrain.step_watch import StepWatch, TokenCounter
 from calibration.model import Calibration
-from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT
 from calibration.step_config import StepConfig
 from common.console import say
 from common.durations import format_duration
@@ -60,7 +60,6 @@ from train.step.hardware import detect_hardware
 from train.step.runtime import agree
 
 ON_OVERRUN = {"stop": "stop", "fit": "shrink"}  # the callback's word → the guard's action
-SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
 class DeadlineCallback(TrainerCallback, ExportableState):
@@ -117,8 +116,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.exit_signal: int | None = None
         self.shrunk_to: int | None = None
         self.events: list[str] = []
-        self.signalled: int | None = None
-        self._previous_handlers: dict[int, Any] = {}
+        self.signals = SignalFlag()
         self._main = True
         self._spec_and_method: tuple[Any, str] | None = None
         self._first_save = 0.0
@@ -168,10 +166,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
                 f"{format_duration(deadline.budget_seconds)} budget were used before this resume; give a later deadline"
             )
         self.watch.start(self.used_seconds)
-        self.guard = DeadlineGuard(
-            GuardSettings(deadline, self._reserve_seconds(), ON_OVERRUN[self.on_overrun], self.warmup_steps), limit=state.max_steps
-        )
-        self._install_signals()
+        self.guard = DeadlineGuard(GuardSettings(deadline, self._reserve_seconds(), ON_OVERRUN[self.on_overrun], self.warmup_steps), limit=state.max_steps)
+        self.signals.install()
         basis = f"calibration {self.calibration.id}" if self.calibration else f"the steps after {self.warmup_steps} warm-up step(s)"
         resumed = f", resumed at step {self.start_step} with {format_duration(self.used_seconds)} used" if self.start_step else ""
         self._say(
@@ -222,7 +218,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         # Until the estimate is made, a step is its own prediction: the guard still keeps the deadline.
         record.predicted_seconds = self.estimate.step_seconds if self.estimate is not None else record.seconds
         move, limit = self._observe(state.global_step, record.seconds, record.predicted_seconds)
-        if self.signalled is not None:
+        if self.signals.received is not None:
             move = Move.INTERRUPT
         move = Move.of_strength(agree(_state(), move.strength, "max"))
         limit = agree(_state(), limit, "min")
@@ -251,7 +247,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if move in (Move.STOP, Move.INTERRUPT):
             self.status = move.status
             if move is Move.INTERRUPT:
-                self.exit_signal = self.signalled if self.signalled is not None else self.exit_signal
+                self.exit_signal = self.signals.received if self.signals.received is not None else self.exit_signal
                 self._event(f"step {state.global_step}: a signal asked to stop: saving and stopping")
             else:
                 self._event(f"step {state.global_step}: one more step and a save might not fit before the deadline: saving and stopping")
@@ -283,10 +279,10 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         agree here batch by batch."""
         if self.guard is None:
             return
-        if agree(_state(), int(self.signalled is not None), "max"):
+        if agree(_state(), int(self.signals.received is not None), "max"):
             if self.status != INTERRUPTED:
                 self._event(f"step {state.global_step}: a signal during the evaluation: saving and stopping as it ends")
-            self.status, self.exit_signal = INTERRUPTED, self.signalled if self.signalled is not None else self.exit_signal
+            self.status, self.exit_signal = INTERRUPTED, self.signals.received if self.signals.received is not None else self.exit_signal
             control.should_save = control.should_training_stop = True
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -318,7 +314,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self.guard is None:
             return
         self.counter.detach()
-        self._restore_signals()
+        self.signals.restore()
         self.used_seconds = self.watch.elapsed()
         status = self.status or (COMPLETED if state.global_step >= self.total_steps else STEP_LIMIT)
         outcome = RunOutcome(status, state.global_step, self.exit_signal, self.shrunk_to, getattr(self, "last_checkpoint", None), self.events)
@@ -381,7 +377,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self.watch.elapsed(),
             state.max_steps,
             self._reserve_seconds(),
-            _save_count(args, state.max_steps, self.start_step),
+            save_count(args, state.max_steps, self.start_step),
         )
         for record in steps:
             record.predicted_seconds = step_seconds
@@ -396,7 +392,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             fit = estimate.steps_that_fit(deadline, self._reserve_seconds())
             then = f"cutting the run to {fit:,} steps" if self.on_overrun == "fit" else "will save and stop at the last safe moment"
             self._event(f"will not fit: {estimate.total_steps:,} steps finish at {format_duration(estimate.finish_seconds)}, past the budget; {then}")
-        self._say(f"lead time a signal needs now: {math.ceil(self.lead_seconds())}s (slowest step and a save): SLURM --signal=USR1@{math.ceil(self.lead_seconds())}")
+        lead = math.ceil(self.lead_seconds())
+        self._say(f"lead time a signal needs now: {lead}s (slowest step and a save): SLURM --signal=USR1@{lead}")
         self._write(None)
 
     def _next_step_seconds(self) -> float:
@@ -425,34 +422,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self._main:
             say(f"benchtrain: {message}")
 
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # Python delivers signals to the main thread only: a Trainer on another thread is not signalled
-        for name in SIGNALS:
-            number = getattr(signal, name, None)
-            if number is not None:
-                self._previous_handlers[number] = signal.signal(number, self._on_signal)
-
-    def _restore_signals(self) -> None:
-        for number, handler in self._previous_handlers.items():
-            signal.signal(number, handler)
-        self._previous_handlers = {}
-
-    def _on_signal(self, number: int, frame: Any) -> None:
-        self.signalled = number  # acted on at the next step end or evaluation batch
-
 
 def _state() -> Any:
     """accelerate's process state (the Trainer's): the processes that agree."""
     from accelerate import PartialState
 
     return PartialState()
-
-
-def _save_count(args: Any, max_steps: int, start_step: int) -> int:
-    """The saves the Trainer's save_strategy makes in the steps left (the last step's included)."""
-    strategy = str(getattr(args.save_strategy, "value", args.save_strategy))
-    if strategy == "steps" and args.save_steps:
-        every = args.save_steps if args.save_steps >= 1 else max(1, math.ceil(args.save_steps * max_steps))
-        return max_steps // int(every) - start_step // int(every) + (1 if max_steps % int(every) else 0)
-    return 0

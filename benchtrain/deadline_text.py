@@ -48,7 +48,5 @@ def _absolute(text: str, moment: datetime, now_epoch: float) -> DeadlineText:
     at = moment.timestamp()  # a naive datetime is local time
     if at <= now_epoch:
         now = datetime.fromtimestamp(now_epoch).isoformat(timespec="seconds")
-        raise BenchtrainError(
-            f"deadline {text} is {format_duration(now_epoch - at)} in the past (it is {now}): give a later time or a duration such as 11h30m"
-        )
+        raise BenchtrainError(f"deadline {text} is {format_duration(now_epoch - at)} in the past (it is {now}): give a later time or a duration such as 11h30m")
     return DeadlineText(text, at_epoch=at)

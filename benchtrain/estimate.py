@@ -158,3 +158,12 @@ def first_save_seconds(model: Any, folder: Path) -> float:
     size = checkpoint_bytes(model, ADAM_MOMENTS * 4 * trainable)
     folder.mkdir(parents=True, exist_ok=True)
     return size / disk_bandwidth(folder)
+
+
+def save_count(args: Any, max_steps: int, start_step: int) -> int:
+    """The saves the Trainer's save_strategy makes in the steps left (the last step's included)."""
+    strategy = str(getattr(args.save_strategy, "value", args.save_strategy))
+    if strategy == "steps" and args.save_steps:
+        every = args.save_steps if args.save_steps >= 1 else max(1, math.ceil(args.save_steps * max_steps))
+        return max_steps // int(every) - start_step // int(every) + (1 if max_steps % int(every) else 0)
+    return 0

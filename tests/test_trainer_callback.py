@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_checks import START, FakeClock, Pace, dataset, tiny_model, trainer
+from trainer_checks import START, FakeClock, Pace, tiny_model, trainer
 from transformers import TrainerCallback
 
 from benchtrain import BenchtrainError, DeadlineCallback
@@ -160,9 +160,7 @@ def test_an_evaluation_that_would_not_fit_is_skipped(tmp_path: Path, home: Path)
     out = tmp_path / "out"
     clock = FakeClock()
     callback = DeadlineCallback(deadline="300s", clock=clock, report=False)
-    run = trainer(
-        out, [Pace(clock, step=10.0, save=2.0, evaluation=60.0), callback], eval_count=8, max_steps=50, eval_strategy="steps", eval_steps=4
-    )
+    run = trainer(out, [Pace(clock, step=10.0, save=2.0, evaluation=60.0), callback], eval_count=8, max_steps=50, eval_strategy="steps", eval_steps=4)
     run.train()
     # Evaluations at steps 4 and 8 fit; at step 12 (240 s) one would end at 300 s, past the 285 s budget.
     assert [event.split(":")[0] for event in callback.events if "skipped the evaluation" in event] == ["step 12"]
