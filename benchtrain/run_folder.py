@@ -13,7 +13,7 @@ from benchtrain.estimate import RunEstimate
 from benchtrain.step_watch import StepWatch
 from calibration.accuracy import check_estimate
 from calibration.model import Calibration
-from calibration.run_file import RUN_SCHEMA_VERSION, JsonObject, RunFile
+from calibration.run_file import RUN_SCHEMA_VERSION, JsonObject, JsonValue, RunFile
 from common.atomic import read_json_file
 from common.json_types import JsonDict
 from reports.run_report import write_run_report
@@ -56,6 +56,7 @@ class RunFolder:
 
     def document(self, estimate: RunEstimate, watch: StepWatch, deadline: Deadline, outcome: RunOutcome | None) -> RunFile:
         calibration = self.calibration
+        events: list[JsonValue] = list(outcome.events) if outcome else []
         sections: JsonObject = {
             "schema_version": RUN_SCHEMA_VERSION,
             "run_id": self.run_id,
@@ -84,7 +85,7 @@ class RunFolder:
             "met_deadline": watch.elapsed() <= deadline.deadline_seconds if outcome else None,
             "losses": [*self.earlier, *(record.to_json() for record in watch.steps)],
             "evals": [],
-            "events": outcome.events if outcome else [],
+            "events": events,
             "chosen": {"source": estimate.source},
         }
         return RunFile(self.run_id, estimate.config, estimate.world_size, sections)
