@@ -1,4 +1,5 @@
-"""SIGTERM and SIGUSR1 (SLURM's `--signal`, a spot instance's notice, `kill`) as a flag the
+"""SIGTERM and SIGUSR1 (SLURM's `--signal`, a spot instance's notice, `kill`) and a first Ctrl-C
+(SIGINT; a second one interrupts at once, as without the callback) as a flag the
 callback reads at the next point the Trainer allows a save: the end of a step, or a batch of an
 evaluation under way. The handler only sets the flag: a save started inside a signal handler
 would run in the middle of whatever the step was doing."""
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-SIGNALS = ("SIGTERM", "SIGUSR1")
+SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
 
 @dataclass
@@ -34,4 +35,6 @@ class SignalFlag:
         self._previous = {}
 
     def _on_signal(self, number: int, frame: FrameType | None) -> None:
+        if number == signal.SIGINT and self.received is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, as without the callback
         self.received = number

@@ -133,18 +133,17 @@ class StepWatch:
         return record
 
     def saved(self) -> float:
-        now = self.clock()
-        seconds = now - self.mark
-        self.save_seconds.append(seconds)
-        self.mark = now
-        return seconds
+        return self._timed(self.save_seconds)
 
     def evaluated(self) -> float:
+        return self._timed(self.eval_seconds)
+
+    def _timed(self, into: list[float]) -> float:
+        """Seconds since the last mark (a save's or an evaluation's), kept in `into`."""
         now = self.clock()
-        seconds = now - self.mark
-        self.eval_seconds.append(seconds)
+        into.append(now - self.mark)
         self.mark = now
-        return seconds
+        return into[-1]
 
     def logged(self, logs: dict[str, Any]) -> None:
         """The Trainer's log at a step: its loss and learning rate go onto the step's record; the time
