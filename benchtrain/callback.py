@@ -247,7 +247,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if move in (Move.STOP, Move.INTERRUPT):
             self.status = move.status
             if move is Move.INTERRUPT:
-                self.exit_signal = self.signals.received if self.signals.received is not None else self.exit_signal
+                self.exit_signal = self._agreed_signal()
                 self._event(f"step {state.global_step}: a signal asked to stop: saving and stopping")
             else:
                 self._event(f"step {state.global_step}: one more step and a save might not fit before the deadline: saving and stopping")
@@ -282,8 +282,12 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if agree(_state(), int(self.signals.received is not None), "max"):
             if self.status != INTERRUPTED:
                 self._event(f"step {state.global_step}: a signal during the evaluation: saving and stopping as it ends")
-            self.status, self.exit_signal = INTERRUPTED, self.signals.received if self.signals.received is not None else self.exit_signal
+            self.status, self.exit_signal = INTERRUPTED, self._agreed_signal()
             control.should_save = control.should_training_stop = True
+
+    def _agreed_signal(self) -> int | None:
+        """The signal that stopped the run, on every process (one may have received it alone)."""
+        return agree(_state(), self.signals.received or 0, "max") or None
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.guard is not None:

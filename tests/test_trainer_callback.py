@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -268,25 +269,57 @@ def test_trl_sft_trainer(tmp_path: Path, home: Path) -> None:
     assert (out / "benchtrain" / "report.html").is_file()
 
 
+def launch_two_ranks(out: Path, *arguments: str) -> subprocess.Popen[str]:
+    # --multi_gpu is accelerate's multi-process launcher (torchrun, in the launcher's own process;
+    # its --cpu starts one process unless mpirun is set up): the Trainer's use_cpu=True joins the
+    # two processes over gloo.
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "trainer_checks.py"), str(out), *arguments]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=out.parent)
+
+
+def rank_outcomes(process: subprocess.Popen[str], out: Path) -> list[dict[str, Any]]:
+    _, stderr = process.communicate(timeout=280)
+    assert process.returncode == 0, stderr[-4000:]
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+
+
 @pytest.mark.slow
 def test_two_ranks_stop_at_the_same_step_with_one_checkpoint(tmp_path: Path, home: Path) -> None:
     """Under accelerate launch (gloo, CPU), rank 1's steps take 13 s on its clock and rank 0's 10 s:
     each alone would stop at another step; together they stop at the same one and save once."""
     out = tmp_path / "ranks"
     out.mkdir()
-    # --multi_gpu is accelerate's multi-process launcher (torchrun underneath; its --cpu starts one
-    # process unless mpirun is set up): the Trainer's use_cpu=True joins the processes over gloo.
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "trainer_checks.py"), str(out)]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=280, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = rank_outcomes(launch_two_ranks(out), out)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] < 60
     assert {rank["status"] for rank in ranks} == {STOPPED_FOR_DEADLINE}
     assert checkpoints(out) == [f"checkpoint-{ranks[0]['global_step']}"]
     # The slower rank decided: its own clock stayed inside the deadline.
     assert ranks[1]["elapsed"] < 400.0
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_both_as_the_slurm_recipe_sends_it(tmp_path: Path, home: Path) -> None:
+    """docs/trainer.md's recipe forwards SIGUSR1 to the launcher's children, the training processes
+    (accelerate runs torchrun in its own process). Here it reaches rank 1 alone: both ranks stop at
+    the same step, with one checkpoint, and the launcher lives to exit cleanly."""
+    import psutil
+
+    out = tmp_path / "signalled"
+    out.mkdir()
+    process = launch_two_ranks(out, "signalled")
+    while not (out / "started-1").exists() and process.poll() is None:  # rank 1 has passed step 5
+        time.sleep(0.1)
+    workers = psutil.Process(process.pid).children()
+    assert len(workers) == 2  # the launcher's children are the two training processes
+    rank_one = next(worker for worker in workers if "RANK" in worker.environ() and worker.environ()["RANK"] == "1")
+    rank_one.send_signal(signal.SIGUSR1)
+    ranks = rank_outcomes(process, out)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] < 60
+    assert [rank["status"] for rank in ranks] == [INTERRUPTED, INTERRUPTED]
+    assert [rank["exit_signal"] for rank in ranks] == [signal.SIGUSR1, signal.SIGUSR1]  # rank 0's run.json names it too
+    assert checkpoints(out) == [f"checkpoint-{ranks[0]['global_step']}"]
 
 
 def test_a_dry_run_for_a_trainer_gives_its_arguments(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,17 +110,34 @@ def trainer(out: Path, callbacks: list[Any], eval_count: int = 0, **overrides: A
     )
 
 
-def main(out: Path) -> None:
-    """Under accelerate launch: rank r's steps take 10 + 3r seconds on its own clock."""
+class Started(TrainerCallback):
+    """Writes OUT/started-R once step 5 has ended, then slows each step a little (real time), so that
+    a test has time to signal the processes mid-run."""
+
+    def __init__(self, out: Path, rank: int) -> None:
+        self.out, self.rank = out, rank
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 5:
+            (self.out / f"started-{self.rank}").write_text("5")
+        if state.global_step >= 5:
+            time.sleep(0.2)
+
+
+def main(out: Path, signalled: bool) -> None:
+    """Under accelerate launch: rank r's steps take 10 + 3r seconds on its own clock (`signalled`:
+    a long deadline, and the test's signal stops the run)."""
     from benchtrain import DeadlineCallback
 
     rank = int(os.environ.get("RANK", "0"))
     clock = FakeClock()
-    callback = DeadlineCallback(deadline="400s", clock=clock, report=False)
-    run = trainer(out, [Pace(clock, step=10.0 + 3.0 * rank, save=5.0), callback], max_steps=60, per_device_train_batch_size=2, gradient_accumulation_steps=1)
+    callback = DeadlineCallback(deadline="10h" if signalled else "400s", clock=clock, report=False)
+    callbacks = [Pace(clock, step=10.0 + 3.0 * rank, save=5.0), callback, *([Started(out, rank)] if signalled else [])]
+    run = trainer(out, callbacks, max_steps=60, per_device_train_batch_size=2, gradient_accumulation_steps=1)
     run.train()
-    (out / f"rank-{rank}.json").write_text(json.dumps({"global_step": run.state.global_step, "status": callback.status, "elapsed": clock.now - START}))
+    outcome = {"global_step": run.state.global_step, "status": callback.status, "elapsed": clock.now - START, "exit_signal": callback.exit_signal}
+    (out / f"rank-{rank}.json").write_text(json.dumps(outcome))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), signalled=sys.argv[2:] == ["signalled"])
