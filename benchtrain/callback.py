@@ -55,7 +55,7 @@ from common.console import say
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
-from train.running.guard import NEXT_STEP_SAFETY, DeadlineGuard, GuardSettings, Move
+from train.running.guard import NEXT_STEP_SAFETY, DeadlineGuard, GuardSettings, Move, Verdict
 from train.step.hardware import detect_hardware
 from train.step.runtime import agree
 
@@ -115,6 +115,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.status: str | None = None
         self.exit_signal: int | None = None
         self.shrunk_to: int | None = None
+        self.verdict: Verdict | None = None  # the guard's, at the last step
+        self.last_checkpoint: str | None = None
         self.events: list[str] = []
         self.signals = SignalFlag()
         self._main = True
@@ -184,6 +186,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self._restore(stored)
         else:
             self.used_seconds = used_before
+        if state.global_step == 0:  # a new run (this callback may have trained one before): its own folder
+            self.run_id = self.run_dir = None
         self._main = bool(state.is_world_process_zero)
         self.world_size, self.start_step, self.total_steps = int(args.world_size), int(state.global_step), int(state.max_steps)
         now = self.clock()
@@ -203,7 +207,6 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         model_record = {"name": spec.name, "fingerprint": spec.fingerprint, "method": method} if spec else {"method": method}
         earlier = earlier_steps(Path(self.run_dir), self.start_step) if self.start_step else []
         self.folder = RunFolder(Path(self.run_dir), self.run_id, model_record, detect_hardware(), self.calibration, earlier)
-        self._args = args
 
     # -- while training -------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -307,7 +310,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self.guard is None or logs is None:
             return
         self.watch.logged(logs)
-        verdict = getattr(self, "verdict", None)
+        verdict = self.verdict
         if verdict is not None and "loss" in logs:
             elapsed = self.watch.elapsed()
             logs["eta_seconds"] = round(max(0.0, verdict.projected_finish - elapsed), 1)
@@ -321,7 +324,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.signals.restore()
         self.used_seconds = self.watch.elapsed()
         status = self.status or (COMPLETED if state.global_step >= self.total_steps else STEP_LIMIT)
-        outcome = RunOutcome(status, state.global_step, self.exit_signal, self.shrunk_to, getattr(self, "last_checkpoint", None), self.events)
+        outcome = RunOutcome(status, state.global_step, self.exit_signal, self.shrunk_to, self.last_checkpoint, self.events)
         deadline = self.deadline
         assert deadline is not None
         lead = self.lead_seconds()

@@ -86,6 +86,21 @@ def test_a_deadline_cuts_the_run_with_a_checkpoint_that_resumes_on_the_same_budg
     assert report_main([str(out / "benchtrain")]) == 0
 
 
+def test_the_trainer_may_rebuild_the_callback_on_resume(tmp_path: Path, home: Path) -> None:
+    """With restore_callback_states_from_checkpoint=True the Trainer replaces the callback by one it
+    builds from state()'s args and attributes: that one continues the same budget."""
+    out = tmp_path / "out"
+    clock = FakeClock()
+    first = DeadlineCallback(deadline="400s", clock=clock, report=False)
+    trainer(out, [Pace(clock, step=10.0, save=5.0), first], max_steps=50).train()
+    assert checkpoints(out) == ["checkpoint-37"]
+    resumed = trainer(out, [DeadlineCallback(deadline="400s", report=False)], max_steps=50, restore_callback_states_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-37"))
+    rebuilt = next(callback for callback in resumed.callback_handler.callbacks if isinstance(callback, DeadlineCallback))
+    assert rebuilt.start_step == 37 and rebuilt.used_seconds >= 370.0  # the 370 s used before the checkpoint, and this run's on top
+    assert read_run(out)["losses"][0]["step"] == 1  # the same run folder, its earlier steps kept
+
+
 def test_the_report_renders_the_run(tmp_path: Path, home: Path) -> None:
     """`report RUN_DIR`, the command line, draws the callback's run folder."""
     out = tmp_path / "out"
