@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from trainer_checks import trainer  # the tests' tiny llama Trainer with a real collator
+import torch
 from transformers import TrainerCallback
 
 from benchtrain import DeadlineCallback
@@ -54,7 +55,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--cut", type=float, default=0.6, help="run 2's deadline as a share of run 1's time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one: steadier steps on a machine others share)")
     options = parser.parse_args()
+    torch.set_num_threads(options.threads)
     folder = Path(tempfile.mkdtemp(prefix="trainer-eta-"))
     try:
         tenth = max(1, options.steps // 10)
@@ -69,7 +72,7 @@ def main() -> None:
         spread = statistics.pstdev(seconds) / statistics.fmean(seconds)
         rows = [
             ("load average (1 min) at the end, cores", f"{os.getloadavg()[0]:.1f}, {os.cpu_count()}"),
-            ("steps (full run)", f"{options.steps}"),
+            ("steps (full run), torch threads", f"{options.steps}, {torch.get_num_threads()}"),
             ("step time: mean, spread (std / mean)", f"{statistics.fmean(seconds):.3f} s, {spread:.0%}"),
             (f"ETA at step {tenth} (10%): projected finish", f"{projected:.1f} s"),
             ("actual finish", f"{actual:.1f} s"),

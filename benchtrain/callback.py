@@ -175,7 +175,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self._say(
             f"deadline {self.deadline_text.text}: {format_duration(left)} of budget left{resumed} "
             f"({format_duration(deadline.margin_seconds)} margin held back); world size {self.world_size}; "
-            f"{state.max_steps:,} optimizer steps; step time from {basis}; on_overrun={self.on_overrun}"
+            f"{state.max_steps:,} optimizer steps ({state.num_train_epochs:g} epoch(s)); step time from {basis}; on_overrun={self.on_overrun}"
         )
 
     def _reset_run(self, args: Any, state: Any, model: Any) -> None:
