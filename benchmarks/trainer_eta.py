@@ -5,7 +5,7 @@ Run 1 trains the whole run under a generous deadline and compares the finish the
 projected at 10% of the steps with the finish that happened. Run 2 gives the same run a deadline
 of `--cut` of run 1's time: the guard must save and stop before it; the table says how early.
 
-    PYTHONPATH=. python benchmarks/trainer_eta.py --steps 200
+    PYTHONPATH=. python benchmarks/trainer_eta.py --steps 1000
 
 On a machine others share, step times drift (the table prints the load and the steps' spread):
 the ETA can be no better than the speed it projects is steady.
@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from trainer_checks import trainer  # the tests' tiny llama Trainer with a real collator
 import torch
+from trainer_checks import trainer  # the tests' tiny llama Trainer with a real collator
 from transformers import TrainerCallback
 
 from benchtrain import DeadlineCallback
@@ -53,7 +53,7 @@ def run(out: Path, deadline: str, steps: int, eta_step: int) -> tuple[DeadlineCa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--cut", type=float, default=0.6, help="run 2's deadline as a share of run 1's time")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one: steadier steps on a machine others share)")
     options = parser.parse_args()
