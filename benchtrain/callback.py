@@ -396,8 +396,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         assert estimate is not None
         self._say(estimate.describe(deadline))
         if estimate.finish_seconds > deadline.budget_seconds:
-            fit = estimate.steps_that_fit(deadline, self._reserve_seconds())
-            then = f"cutting the run to {fit:,} steps" if self.on_overrun == "fit" else "will save and stop at the last safe moment"
+            then = "cutting the run to the steps that fit at the live speed" if self.on_overrun == "fit" else "will save and stop at the last safe moment"
             self._event(f"will not fit: {estimate.total_steps:,} steps finish at {format_duration(estimate.finish_seconds)}, past the budget; {then}")
         lead = math.ceil(self.lead_seconds())
         self._say(f"lead time a signal needs now: {lead}s (slowest step and a save): SLURM --signal=USR1@{lead}")

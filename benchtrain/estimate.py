@@ -56,11 +56,6 @@ class RunEstimate:
         rest = self.finish_seconds - train
         return rest + train / (1 + self.bound_fraction), rest + train * (1 + self.bound_fraction)
 
-    def steps_that_fit(self, deadline: Deadline, reserve_seconds: float) -> int:
-        """The last step that leaves the reserve (a save) before the budget, at this step time."""
-        room = deadline.budget_seconds - self.planned_at_seconds - reserve_seconds
-        return self.planned_at_step + max(0, math.floor(room / self.step_seconds)) if self.step_seconds > 0 else self.total_steps
-
     def describe(self, deadline: Deadline) -> str:
         low, high = self.finish_bounds()
         budget = deadline.budget_seconds
