@@ -44,6 +44,7 @@ from benchtrain.estimate import (
     measured_step,
     model_setup,
     save_count,
+    trainer_precision,
 )
 from benchtrain.run_folder import RunFolder, RunOutcome, earlier_steps
 from benchtrain.signals import SignalFlag
@@ -155,7 +156,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         spec, method = model_setup(model)
         self._spec_and_method = (spec, method)
         if self.calibration is not None:
-            check_calibration(self.calibration, spec, method, detect_hardware())
+            check_calibration(self.calibration, spec, method, detect_hardware(), trainer_precision(args))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._reset_run(args, state, model)
@@ -365,6 +366,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self.calibration is not None:
             step_seconds, bound = calibrated_step(self.calibration, config)
             source = f"calibration {self.calibration.id} (this device, model and method) at length {length}"
+            if self.calibration.world_size != self.world_size:
+                source += f" (measured on {self.calibration.world_size} process(es), this run has {self.world_size}: the measured steps correct it)"
             basis = CALIBRATED
         else:
             step_seconds, bound = measured_step([record.seconds for record in steady])

@@ -128,8 +128,13 @@ def model_setup(model: Any) -> tuple[ModelSpec, str]:
     return ModelSpec(name, config), "lora" if hasattr(model, "peft_config") else "full"
 
 
-def check_calibration(calibration: Calibration, spec: ModelSpec, method: str, hardware: JsonDict) -> None:
-    """A calibration of another model, method or device is refused in one line."""
+def trainer_precision(args: Any) -> str:
+    """The precision of the Trainer's step, as calibrations record it."""
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+def check_calibration(calibration: Calibration, spec: ModelSpec, method: str, hardware: JsonDict, precision: str) -> None:
+    """A calibration of another model, method, precision or device is refused in one line."""
     measured = calibration.model
     if measured.get("fingerprint") != spec.fingerprint:
         raise BenchtrainError(
@@ -139,6 +144,12 @@ def check_calibration(calibration: Calibration, spec: ModelSpec, method: str, ha
     measured_method = calibration.training.get("method", "full")
     if measured_method != method:
         raise BenchtrainError(f"calibration {calibration.id} measured {measured_method} fine-tuning, this Trainer trains {method}: pick one of {method}")
+    measured_precision = calibration.training.get("precision")  # calibrations before issue 39 did not record it
+    if measured_precision and measured_precision != precision:
+        raise BenchtrainError(
+            f"calibration {calibration.id} measured a {measured_precision} step, this Trainer trains in {precision}: "
+            f"set {'bf16=True' if measured_precision == 'bf16' else 'bf16=False'} in its arguments, or leave calibration= out"
+        )
     if calibration.hardware.get("name") != hardware.get("name"):
         raise BenchtrainError(
             f"calibration {calibration.id} was measured on {calibration.hardware.get('name')}, this is {hardware.get('name')}: "

@@ -235,6 +235,10 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, home: Path) -> None:
     with pytest.raises(BenchtrainError) as another_model:  # at Trainer(...), before any training
         trainer(tmp_path / "out", [DeadlineCallback(deadline="1h", calibration=str(other))])
     assert "measured for model gpt2" in one_line(another_model)
+    bf16 = matching_calibration(tmp_path, training={"method": "full", "lora": None, "precision": "bf16"})
+    with pytest.raises(BenchtrainError) as another_precision:
+        trainer(tmp_path / "out", [DeadlineCallback(deadline="1h", calibration=str(bf16))])
+    assert "measured a bf16 step" in one_line(another_precision)
 
 
 def test_an_absolute_deadline_is_kept_as_a_time(tmp_path: Path, home: Path) -> None:
