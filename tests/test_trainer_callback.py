@@ -360,3 +360,20 @@ def test_a_dry_run_for_a_trainer_gives_its_arguments(tmp_path: Path, home: Path,
     assert built.per_device_train_batch_size == arguments["per_device_train_batch_size"] and built.max_steps == arguments["max_steps"]
     with pytest.raises(BenchtrainError, match="add --dry-run"):
         train_main(["--data", str(data), "--deadline", "10m", "--for-trainer"])
+
+
+def test_a_peft_model_is_a_lora_run(tmp_path: Path, home: Path) -> None:
+    """A peft model trains LoRA: its run says so, and a calibration of full fine-tuning is refused."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora_trainer(callback: DeadlineCallback) -> Any:
+        run = trainer(tmp_path / "out", [callback], max_steps=4)
+        model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+        return type(run)(model=model, args=run.args, train_dataset=run.train_dataset, data_collator=run.data_collator, callbacks=[callback])
+
+    clock = FakeClock()
+    lora_trainer(DeadlineCallback(deadline="1h", clock=clock, report=False)).train()
+    record = read_run(tmp_path / "out")
+    assert record["plan"]["method"] == "lora" and record["model"]["fingerprint"] == model_setup(tiny_model())[0].fingerprint
+    with pytest.raises(BenchtrainError, match="measured full fine-tuning, this Trainer trains lora"):
+        lora_trainer(DeadlineCallback(deadline="1h", calibration=str(matching_calibration(tmp_path))))
