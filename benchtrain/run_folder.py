@@ -15,6 +15,7 @@ from calibration.accuracy import check_estimate
 from calibration.model import Calibration
 from calibration.run_file import RUN_SCHEMA_VERSION, JsonObject, JsonValue, RunFile
 from common.atomic import read_json_file
+from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from reports.run_report import write_run_report
 from train.planning.deadline import Deadline
@@ -40,9 +41,9 @@ def earlier_steps(run_dir: Path, before_step: int) -> list[JsonDict]:
         return []
     try:
         losses = read_json_file(path).get("losses") or []
-    except Exception:  # an unreadable earlier record costs the earlier curve, not the run
+        return [entry for entry in losses if isinstance(entry, dict) and int(entry.get("step", 0)) <= before_step]
+    except (BenchtrainError, TypeError, ValueError):  # an unreadable earlier record costs the earlier curve, not the run
         return []
-    return [entry for entry in losses if isinstance(entry, dict) and int(entry.get("step", 0)) <= before_step]
 
 
 @dataclass
@@ -53,6 +54,7 @@ class RunFolder:
     hardware: JsonDict
     calibration: Calibration | None
     earlier: list[JsonDict] = field(default_factory=list)  # a resumed run's steps before this command
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def document(self, estimate: RunEstimate, watch: StepWatch, deadline: Deadline, outcome: RunOutcome | None) -> RunFile:
         calibration = self.calibration
@@ -60,7 +62,7 @@ class RunFolder:
         sections: JsonObject = {
             "schema_version": RUN_SCHEMA_VERSION,
             "run_id": self.run_id,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": self.created_at,
             "status": outcome.status if outcome else "running",
             "source": "benchtrain.DeadlineCallback in a transformers Trainer",
             "calibration_id": calibration.id if calibration else None,
