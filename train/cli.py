@@ -213,6 +213,11 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
         "fallbacks, for skypilot (sky launch / sky jobs launch FILE) or dstack (dstack apply -f FILE); docs/launch.md",
     )
     p.add_argument(
+        "--for-trainer",
+        action="store_true",
+        help="with --dry-run: the plan as your own Trainer's TrainingArguments / TRL SFTConfig fields (JSON with --json) and a Python snippet",
+    )
+    p.add_argument(
         "--learning-rate",
         type=float,
         metavar="LR",

@@ -216,6 +216,7 @@ class OutputSection:
     dry_run: bool = False
     emit: str | None = None  # --emit ENGINE:FILE: the launch task of a dry run (train.recipes.launch_task)
     json: bool = False
+    for_trainer: bool = False  # the plan as a Trainer's TrainingArguments fields (train.planning.trainer_fields)
     no_report: bool = False
     report_to: str = "none"
     merge_lora: bool = False
@@ -243,6 +244,8 @@ class OutputSection:
             parse_emit(self.emit)  # an unknown engine is one line before any work
             if not self.dry_run:
                 raise BenchtrainError(f"--emit {self.emit} writes the task that runs a plan on a machine not rented yet, which is a dry run: add --dry-run")
+        if self.for_trainer and not self.dry_run:
+            raise BenchtrainError("--for-trainer prints a dry run's plan as your Trainer's arguments: add --dry-run")
 
     @property
     def push_target(self) -> PushTarget | None:
@@ -269,7 +272,7 @@ def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool
 # scripts, the report and the model card read it), the derived values after them.
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
-    "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json "
+    "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
     "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
     "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
     "merge_lora push_to_hub hub_private hub_revision push_only gradient_checkpointing method quantize optimizer step_options "

@@ -208,7 +208,14 @@ class TrainRecipe:
         ends the command (a dry run the same way the real run would, so a script can tell). Whether
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
-        if is_main_process() and config.output.json:
+        if is_main_process() and config.output.for_trainer:
+            from train.planning.trainer_fields import trainer_fields
+            from train.step.runtime import run_precision
+
+            precision = run.cal.training.get("precision") or run_precision(run.placement.hardware["device_type"])
+            fields = trainer_fields(run.plan, run.cal, precision)
+            print(json_text(fields.to_json()) if config.output.json else fields.describe())
+        elif is_main_process() and config.output.json:
             compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.hardware)
             print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
             for warning in run.plan.warnings:
