@@ -194,12 +194,15 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
                 "Real tokens/s over time against the calibration's prediction",
             )
         )
-    if losses:
+    # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps
+    # between carry none.
+    logged = [entry for entry in losses if entry.get("loss") is not None]
+    if logged:
         figure_paths.append(
             (
                 figures.loss_curve(
-                    [e["step"] for e in losses],
-                    [e["loss"] for e in losses],
+                    [e["step"] for e in logged],
+                    [e["loss"] for e in logged],
                     run_dir / "loss.png",
                     [e["step"] for e in record.get("evals", [])],
                     [e["eval_loss"] for e in record.get("evals", [])],
@@ -207,7 +210,7 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
                 "Training loss per optimizer step, and the held-out eval loss",
             )
         )
-        rated = [entry for entry in losses if "learning_rate" in entry]  # recorded since issue 24
+        rated = [entry for entry in logged if "learning_rate" in entry]  # recorded since issue 24
         if rated:
             figure_paths.append(
                 (

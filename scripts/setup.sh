@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to 2.13.0 in pyproject.toml: a CPU build where one is provided locally.
-.venv/bin/python -m pip install --quiet -e '.[test]'
+.venv/bin/python -m pip install --quiet -e '.[test,launch]'

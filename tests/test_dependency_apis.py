@@ -3,7 +3,7 @@
 The floors were `transformers>=4.46`, `peft>=0.13`, `accelerate>=1.0`, far below what the code calls
 (`transformers.masking_utils.find_packed_sequence_indices`, `from_pretrained(dtype=…)`: before
 transformers 4.56 that keyword was `torch_dtype`, and an unknown keyword is swallowed by **kwargs, so a
-LoRA base silently loaded in fp32). Here an AST walk over bench/ train/ calibration/ common/ reports/
+LoRA base silently loaded in fp32). Here an AST walk over bench/ train/ calibration/ common/ reports/ benchtrain/
 collects every `from LIB… import NAME`, every attribute read off a library module and every keyword
 passed to a library callable, and each must resolve in the installed versions; a keyword that only a
 `**kwargs` takes must have a behaviour check below (KWARGS_CHECKED), since a signature cannot show it.
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("bench", "train", "calibration", "common", "reports")
+PACKAGES = ("bench", "train", "calibration", "common", "reports", "benchtrain")
 LIBRARIES = ("transformers", "peft", "accelerate", "bitsandbytes", "huggingface_hub", "datasets")
 
 # The floors pyproject.toml may name: the major.minor this suite passed on (2026-11: transformers

@@ -6,9 +6,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from common.errors import OneLineParser, guard_cli
+from common.console import say
+from common.errors import EXIT_OK, OneLineParser, guard_cli
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
+
+if TYPE_CHECKING:
+    from train.recipes.launch_task import LaunchTask
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -21,6 +26,8 @@ EXAMPLES = """examples:
   train --data fineweb/ --token-dtype uint16 --document-separator 50256 --model gpt2 --deadline 6h   # pre-tokenized shards
   train --data train.jsonl --deadline 1h --fit-deadline                 # cut steps to fit the deadline
   train --data train.jsonl --deadline 1h --resume --out runs/my-run     # continue from the last checkpoint (same options)
+  train --data train.jsonl --deadline 1h --resume auto --out runs/my-run   # continue if there is a checkpoint, else start
+  train --consider h100:8,h200:8 --model llama-3.1-8b --data /data/chats.jsonl --deadline 12h --dry-run --emit skypilot:task.yaml
   train --use-calibration h100-llama-3.2-1b --model llama-3.2-1b --data chats.jsonl --deadline 2h --dry-run   # plan an H100 before renting one
   train --use-calibration all --price-per-hour h100=2.5,h200=3.8 --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # which GPU?
   train --use-calibration all,hub:my-org/gpu-calibrations --model llama-3.2-1b --data chats.jsonl --deadline 12h --dry-run   # and what others measured
@@ -160,8 +167,13 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--resume",
-        action="store_true",
-        help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed)",
+        nargs="?",
+        const=True,
+        default=False,
+        choices=("auto",),
+        help="continue the run in --out from its last checkpoint: its configuration, steps and learning-rate schedule (a finished run is not resumed); "
+        "--resume auto: continue it if it has a complete checkpoint, else start it, the deadline counted from its first start (what a "
+        "rented machine runs, so a restart after a preemption continues)",
     )
     from train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
 
@@ -194,6 +206,17 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
         "per device (words of its name, or a calibration id), or a file of such pairs",
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
+    p.add_argument(
+        "--emit",
+        metavar="ENGINE:FILE",
+        help="with --dry-run: write the task that runs the plan on the recommended machine, the other rows that meet the deadline as "
+        "fallbacks, for skypilot (sky launch / sky jobs launch FILE) or dstack (dstack apply -f FILE); docs/launch.md",
+    )
+    p.add_argument(
+        "--for-trainer",
+        action="store_true",
+        help="with --dry-run: the plan as your own Trainer's TrainingArguments / TRL SFTConfig fields (JSON with --json) and a Python snippet",
+    )
     p.add_argument(
         "--learning-rate",
         type=float,
@@ -276,6 +299,13 @@ def main(argv: list[str] | None = None) -> int:
         return push_existing_run(push_parser().parse_args(argv))
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
+    if args.resume == "auto" and args.out and not args.dry_run:
+        from train.running.resume import auto_resume
+
+        finished = auto_resume(args.out).finished
+        if finished:  # the same command again after the run ended (an engine that restarts a task): nothing to do
+            say(f"--resume auto: the run in {args.out} already ended ({finished}): its model is in {args.out}/final; nothing to resume")
+            return EXIT_OK
     from train.recipes.config import is_comparison
 
     if getattr(args, "consider", None) and args.use_calibration is None:
@@ -286,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_comparison(args, started)
     from train.recipes.recipe import run_training
 
-    return run_training(args, started, write_run_report)
+    return run_training(args, started, write_run_report, emit_task)
+
+
+def emit_task(emit: str, task: LaunchTask) -> None:
+    from train.launch_command import emit_task
+
+    emit_task(emit, task)
 
 
 def write_run_report(out_dir: Path) -> Path:

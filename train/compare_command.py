@@ -59,6 +59,11 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
         say(f"report: {report}")
     if comparison.recommended is None:
         raise DeadlineError(no_row_meets_the_deadline(comparison, config.plan.margin))
+    if config.output.emit:
+        from train.launch_command import emit_task
+        from train.recipes.launch_task import comparison_task
+
+        emit_task(config.output.emit, comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []))
     return EXIT_OK
 
 
@@ -164,10 +169,10 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
             continue
         if token in ("--dry-run", "--json"):
             continue
-        if token in ("--use-calibration", "--out", "--consider"):
+        if token in ("--use-calibration", "--out", "--consider", "--emit"):
             skip = True
             continue
-        if token.startswith(("--use-calibration=", "--out=", "--consider=")):
+        if token.startswith(("--use-calibration=", "--out=", "--consider=", "--emit=")):
             continue
         kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]

@@ -23,6 +23,7 @@ import argparse
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.durations import parse_duration
@@ -186,6 +187,25 @@ class PlanSection:
         return is_comparison(self.use_calibration) or bool(self.consider)
 
 
+ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
+
+
+@dataclass(frozen=True)
+class EmitRequest:
+    """`--emit ENGINE:FILE`, parsed."""
+
+    engine: str
+    path: Path
+
+
+def parse_emit(text: str) -> EmitRequest:
+    """`skypilot:task.yaml` or `dstack:.dstack.yml`; one line for anything else."""
+    engine, _, path = text.partition(":")
+    if engine.lower() not in ENGINES or not path:
+        raise BenchtrainError(f"--emit {text!r}: ENGINE:FILE with ENGINE one of {', '.join(ENGINES)}, e.g. --emit skypilot:task.yaml")
+    return EmitRequest(engine.lower(), Path(path).expanduser())
+
+
 @dataclass(frozen=True)
 class OutputSection:
     """Where the run goes and what leaves it: the run folder (and resuming it), a dry run or its JSON,
@@ -194,7 +214,9 @@ class OutputSection:
     out: str | None = None
     resume: bool = False
     dry_run: bool = False
+    emit: str | None = None  # --emit ENGINE:FILE: the launch task of a dry run (train.recipes.launch_task)
     json: bool = False
+    for_trainer: bool = False  # the plan as a Trainer's TrainingArguments fields (train.planning.trainer_fields)
     no_report: bool = False
     report_to: str = "none"
     merge_lora: bool = False
@@ -218,6 +240,12 @@ class OutputSection:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
         if self.json and not self.dry_run:
             raise BenchtrainError("--json prints a dry run's plan as JSON: add --dry-run")
+        if self.emit is not None:
+            parse_emit(self.emit)  # an unknown engine is one line before any work
+            if not self.dry_run:
+                raise BenchtrainError(f"--emit {self.emit} writes the task that runs a plan on a machine not rented yet, which is a dry run: add --dry-run")
+        if self.for_trainer and not self.dry_run:
+            raise BenchtrainError("--for-trainer prints a dry run's plan as your Trainer's arguments: add --dry-run")
 
     @property
     def push_target(self) -> PushTarget | None:
@@ -227,11 +255,24 @@ class OutputSection:
         return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
 
+def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool, float]:
+    """`--resume auto`: whether to resume (train.running.resume.auto_resume), and the command's start
+    moved back to the run's first start, so the deadline counts the time a preemption lost."""
+    from train.running.resume import auto_resume
+
+    own_start = time.monotonic() if started_at is None else started_at
+    found = auto_resume(out)
+    if found.deadline_started_at is None:
+        return found.resume, own_start
+    lost = time.time() - found.deadline_started_at - (time.monotonic() - own_start)
+    return found.resume, own_start - max(0.0, lost)
+
+
 # run.json's `config`: every option under its command-line name, flat, in this order (people's
 # scripts, the report and the model card read it), the derived values after them.
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
-    "device_memory resume on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json "
+    "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
     "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
     "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
     "merge_lora push_to_hub hub_private hub_revision push_only gradient_checkpointing method quantize optimizer step_options "
@@ -300,6 +341,8 @@ class TrainConfig:
             values["learning_rate_named"] = False
         if started_at is not None:
             values["started_at"] = started_at
+        if values.get("resume") == "auto":
+            values["resume"], values["started_at"] = resolve_auto_resume(values.get("out"), values.get("started_at"))
         return cls.of(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
 
     def to_json(self) -> JsonDict:

@@ -37,17 +37,25 @@ from train.running.record import RunRecord, TrainedRun
 from train.running.resume import check_same_data, completed_steps, resume_command, resumed_hyperparameters, resumed_step_limit
 
 if TYPE_CHECKING:
+    from train.recipes.launch_task import LaunchTask
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
 
-def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:
+def run_training(
+    args: argparse.Namespace, started: float, write_report: Callable[[Path], Path], emit_task: Callable[[str, LaunchTask], None] | None = None
+) -> int:
     """`started`: time.monotonic() when the command started (its deadline counts from there);
-    `write_report(run folder)` writes the run's report (the command layer's: train/cli.py)."""
+    `write_report(run folder)` writes the run's report, `emit_task(--emit, task)` a dry run's launch
+    task (the command layer's: train/cli.py)."""
     recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
     recipe.setup()
     recipe.plan()
     if not recipe.show_plan():
+        if recipe.config.output.emit and emit_task is not None and is_main_process():
+            from train.recipes.launch_task import plan_task
+
+            emit_task(recipe.config.output.emit, plan_task(recipe.run, getattr(args, "command_line", None) or []))
         return EXIT_OK
     try:
         recipe.train()
@@ -200,7 +208,14 @@ class TrainRecipe:
         ends the command (a dry run the same way the real run would, so a script can tell). Whether
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
-        if is_main_process() and config.output.json:
+        if is_main_process() and config.output.for_trainer:
+            from train.planning.trainer_fields import trainer_fields
+            from train.step.runtime import run_precision
+
+            precision = run.cal.training.get("precision") or run_precision(run.placement.hardware["device_type"])
+            fields = trainer_fields(run.plan, run.cal, precision)
+            print(json_text(fields.to_json()) if config.output.json else fields.describe())
+        elif is_main_process() and config.output.json:
             compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.hardware)
             print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
             for warning in run.plan.warnings:

@@ -30,6 +30,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from calibration.run_status import INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from common.durations import parse_duration
@@ -180,11 +181,18 @@ class Verdict:
         return f"{text}; {self.then}" if self.state == OVER_BUDGET and self.then else text
 
 
+class StepTime(NamedTuple):
+    """One steady step in the guard's window."""
+
+    actual: float  # seconds, measured
+    predicted: float  # seconds, as the calibration (or the estimate) predicted
+
+
 @dataclass
 class DeadlineGuard:
     settings: GuardSettings
     limit: int
-    window: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))  # (actual, predicted) seconds
+    window: deque[StepTime] = field(default_factory=lambda: deque(maxlen=WINDOW_STEPS))
     seen: int = 0
     over_budget: bool = False
 
@@ -205,7 +213,7 @@ class DeadlineGuard:
         s = self.settings
         self.seen += 1
         if self.seen > s.warmup_steps and not compiled:
-            self.window.append((actual_seconds, predicted_seconds))
+            self.window.append(StepTime(actual_seconds, predicted_seconds))
         # Until a steady step is seen, the prediction itself stands (not the warm-up step).
         ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
         projected = elapsed + remaining_predicted * ratio * (1 + s.periodic_share) + pending_compile_seconds + s.reserve_seconds

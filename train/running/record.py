@@ -5,6 +5,7 @@ its repeated values kept in one place there)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,6 +43,8 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
         "actual": None,
         "deadline_seconds": plan.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,
+        # When the deadline started counting (time.time()): `--resume auto` holds a restarted run to it.
+        "deadline_started_at": time.time() - elapsed_before_plan,
         "met_deadline": None,
         "timeline": [],
         "losses": [],
@@ -187,7 +190,7 @@ class RunRecord:
         earlier.update(resumed=(resumed if isinstance(resumed, int) else 0) + 1)
         earlier.update_plan(total_steps=earlier.total_steps)  # before this command's steps replace the plan's
         # What this command planned: the steps left, its own deadline, time and step limit.
-        for key in ("deadline_seconds", "elapsed_before_plan", "estimate", "chosen", "data"):
+        for key in ("deadline_seconds", "elapsed_before_plan", "deadline_started_at", "estimate", "chosen", "data"):
             earlier.update(**{key: fresh.get(key)})  # data: the same (check_same_data), or what --force continued on
         plan = fresh.plan
         earlier.update_plan(optimizer_steps=plan["optimizer_steps"], step_limit=plan["step_limit"])

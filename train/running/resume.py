@@ -5,11 +5,14 @@ options."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calibration.run_file import ResumedRun, RunMethod
+from calibration.run_status import COMPLETED, STEP_LIMIT
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume
@@ -191,11 +194,12 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     import shlex
 
     kept, skip = [], False
-    for token in command_line:
+    for index, token in enumerate(command_line):
         if skip:
             skip = False
             continue
         if token in ("--resume", "--dry-run"):
+            skip = token == "--resume" and index + 1 < len(command_line) and command_line[index + 1] == "auto"
             continue
         if token == "--out":
             skip = True
@@ -204,4 +208,36 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
             continue
         kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
-    return shlex.join([*launcher, *kept, "--resume", "--out", str(out_dir)])
+    auto = any(token == "--resume" and after == "auto" for token, after in itertools.pairwise(command_line))
+    resume = ["--resume", "auto"] if auto else ["--resume"]  # the same command continues the run as it did
+    return shlex.join([*launcher, *kept, *resume, "--out", str(out_dir)])
+
+
+@dataclass(frozen=True)
+class AutoResume:
+    """What `--resume auto` makes of the run folder: whether there is a run to continue, and when
+    the deadline started counting (the first start of the run; None: this command's start)."""
+
+    resume: bool
+    deadline_started_at: float | None  # time.time()
+    finished: str | None = None  # the run already ended at its planned end (completed, step_limit): its status
+
+
+def auto_resume(out: str | None) -> AutoResume:
+    """`--resume auto --out DIR`: continue the run in DIR from its last complete checkpoint if it has
+    one, else start it (a checkpoint being written when the machine went has no marker, so it is not
+    one: train.running.checkpoint.list_checkpoints). Either way the deadline counts from the run's
+    first start, as run.json recorded it: the time a preemption lost counts."""
+    from common.atomic import read_json_file
+    from train.running.checkpoint import list_checkpoints
+
+    if not out:
+        raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")
+    out_dir = Path(out).expanduser()
+    if not (out_dir / "run.json").is_file():
+        return AutoResume(False, None)
+    record = read_json_file(out_dir / "run.json")
+    started, status = record.get("deadline_started_at"), record.get("status")
+    anchor = float(started) if isinstance(started, (int, float)) else None
+    finished = str(status) if status in (COMPLETED, STEP_LIMIT) else None
+    return AutoResume(bool(list_checkpoints(out_dir / "checkpoints")), anchor, finished)

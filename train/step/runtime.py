@@ -17,7 +17,7 @@ from train.workload.optimizers import DEFAULT_OPTIMIZER
 
 if TYPE_CHECKING:
     import torch
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from torch.distributed import Store
 
     from train.step.hyperparameters import OptimizerSettings
@@ -120,15 +120,17 @@ def pin_memory(accelerator: Accelerator) -> bool:
     return accelerator.device.type == "cuda"
 
 
-def agree(accelerator: Accelerator, value: int, operation: str = "max") -> int:
-    """The same decision on every process (a stop on one rank alone would hang the all-reduce)."""
+def agree(accelerator: Accelerator | PartialState, value: int, operation: str = "max") -> int:
+    """The same decision on every process (a stop on one rank alone would hang the all-reduce):
+    the max, min or sum over the processes of `value`. `accelerator`: an accelerate Accelerator or
+    PartialState (what a Trainer callback can reach)."""
     if accelerator.num_processes == 1:
         return value
     import torch
     import torch.distributed as dist
 
     tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if operation == "min" else dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op={"min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}.get(operation, dist.ReduceOp.MAX))
     return int(tensor.item())
 
 

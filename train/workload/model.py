@@ -33,7 +33,18 @@ FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures",
 # Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale): taken
 # at the architecture's default before fingerprinting, so a hub config.json and the preset of its
 # shape share calibrations, and presets (which never set them) keep the fingerprints they had.
-FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range"}
+# `use_cache` (the generation cache) too: a Trainer turns it off when it trains a peft model or with
+# gradient checkpointing, and a training step never uses it.
+FINGERPRINT_DEFAULTED = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "layer_norm_epsilon",
+    "initializer_range",
+    "use_cache",
+}
 
 
 @dataclass(frozen=True)

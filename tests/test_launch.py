@@ -1,0 +1,411 @@
+"""Rent it and run it: `train --dry-run --emit skypilot:FILE|dstack:FILE` writes the task that runs
+the plan on the recommended machine, the other rows that meet the deadline as ordered fallbacks,
+each with its own plan; the engines' own parsers load it (where the `launch` extra is installed);
+its run script starts `train` under torchrun from the engine's node variables on two "nodes" of
+this machine; and `--resume auto` continues a run killed with -9 to the same steps and
+learning-rate schedule as an uninterrupted one.
+
+Nothing here rents a machine or reaches a cloud: the engines only parse the files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import synthetic_calibration
+from test_cli import assert_one_line_error, run_main
+from test_compare import FIXTURE, chats
+from test_consider import MACHINES, PRICES, run_consider
+
+from calibration.schema import read_calibration_file
+from calibration.store import save_calibration
+from train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from train.running.checkpoint import MARKER_FILE, list_checkpoints
+from train.running.resume import auto_resume, resume_command
+
+__all__ = ["chats"]  # a fixture of test_compare
+
+TWO_NODES = f"{MACHINES},h100:16:2x8:nvlink+ib"  # one row on two nodes: not a fallback of a one-node task
+
+
+def emit(capsys: pytest.CaptureFixture[str], chats: Path, target: str, *more: str) -> tuple[int, str, str]:
+    argv = ["--dry-run", "--deadline", "12h", "--model", "llama-3.2-1b", "--use-calibration", "h100-llama-3.2-1b", "--no-report"]
+    return run_main("train", [*argv, "--consider", TWO_NODES, "--price-per-hour", PRICES, "--data", str(chats), "--emit", target, *more], capsys)
+
+
+def comments(path: Path) -> str:
+    return "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+
+
+def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "task.yaml"
+    code, out, err = emit(capsys, chats, f"skypilot:{path}", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    one_node = [row for row in rows if row.get("meets_deadline") and "2x8" not in row["machine"]]
+    task = yaml.safe_load(path.read_text())
+    ordered = task["resources"]["ordered"]
+    # The comparison's order, the recommended first; each GPU count as planned for that row.
+    assert [row["machine"].split(" ")[0] for row in one_node] == ["1×H100", "1×H200", "2×H100", "4×A100"]
+    assert [entry["accelerators"] for entry in ordered] == ["H100:1", "H200:1", "H100:2", "A100:4"]
+    assert task["num_nodes"] == 1
+    assert all(entry["disk_size"] >= 30 for entry in ordered)
+    # Spot where one preemption still meets the deadline: a few minutes of work in 12 hours.
+    assert all(entry["use_spot"] for entry in ordered) and task["resources"]["job_recovery"]["strategy"] == "FAILOVER"
+    assert task["file_mounts"][str(chats)] == str(chats)  # the data, uploaded to the same path
+    assert task["file_mounts"]["/benchtrain/run"]["mode"] == "MOUNT_CACHED"  # the run folder on a bucket
+    assert task["setup"].startswith("pip install 'benchtrain==")
+    run = task["run"]
+    for variable in ("SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE"):
+        assert variable in run
+    assert run.count('--resume auto --out "$ROOT"/run') == 4  # every target's train continues a restarted task
+    assert "--use-calibration h100-llama-3.2-1b" in run  # measured: its calibration
+    assert "BENCH=(run --gpu h200 --model llama-3.2-1b --budget" in run  # translated: measured on the node first
+    assert "h100:2|h100-pcie:2|h100-nvl:2)" in run and "--dry-run" not in run and "--emit" not in run
+    said = comments(path)
+    for words in ("shared (measured by someone else)", "translated from another GPU", "predicted from a 1-GPU calibration", "Capacity: spot:", "no cloud"):
+        assert words in said, words
+    assert "left out: 16×H100 SXM over 2x8:nvlink+infiniband: 2 node(s), the task has 1" in said
+    assert "a fresh machine 10m00s assumed" in said and "for the Python environment (an allowance)" in said
+
+
+def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / ".dstack.yml"
+    code, _, err = emit(capsys, chats, f"dstack:{path}")
+    assert code == 0, err
+    task = yaml.safe_load(path.read_text())
+    assert task["type"] == "task" and task["nodes"] == 1 and task["shell"] == "bash"
+    assert task["resources"]["gpu"] == {"name": ["H100", "H200"], "count": 1}  # the 1-GPU targets; 2 and 4 GPUs left out
+    assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
+    assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS
+    assert task["files"] == [f"{chats}:{chats}"] and task["volumes"][0]["path"] == "/benchtrain/run"
+    script = task["commands"][1]
+    for variable in ("DSTACK_MASTER_NODE_IP", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM", "DSTACK_GPUS_PER_NODE"):
+        assert variable in script
+    assert "h100:2" not in script  # what dstack cannot hold is not planned for either
+    assert "2×H100 SXM over nvlink: 2 GPUs per node, dstack's GPU list has one count" in comments(path)
+
+
+@pytest.mark.parametrize("engine", ["skypilot", "dstack"])
+def test_the_engines_own_code_loads_the_task(engine: str, home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Offline, no account: SkyPilot's sky.Task.from_yaml (its JSON schema and resource checks),
+    dstack's configuration model (pydantic). Skipped where the `launch` extra is not installed."""
+    path = tmp_path / f"{engine}.yaml"
+    code, _, err = emit(capsys, chats, f"{engine}:{path}")
+    assert code == 0, err
+    if engine == "skypilot":
+        sky = pytest.importorskip("sky")
+        task = sky.Task.from_yaml(str(path))
+        assert task.num_nodes == 1
+        assert [(resources.accelerators, resources.use_spot) for resources in task.resources] == [
+            ({"H100": 1}, True),
+            ({"H200": 1}, True),
+            ({"H100": 2}, True),
+            ({"A100": 4}, True),
+        ]
+        assert isinstance(task.resources, list)  # ordered: tried in turn
+        assert "/benchtrain/run" in task.storage_mounts and task.file_mounts == {str(chats): str(chats)}
+    else:
+        pytest.importorskip("dstack")
+        from dstack._internal.core.models.configurations import TaskConfiguration, parse_run_configuration
+
+        configuration = parse_run_configuration(yaml.safe_load(path.read_text()))
+        assert isinstance(configuration, TaskConfiguration) and configuration.nodes == 1
+        assert configuration.resources.gpu.name == ["H100", "H200"] and configuration.spot_policy.value == "auto"
+        assert configuration.max_duration > SETUP_SECONDS and configuration.volumes[0].path == "/benchtrain/run"
+
+
+SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
+
+
+def test_the_skypilot_task_holds_skypilots_published_schema(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Where SkyPilot cannot be imported (its click pin conflicts with huggingface-hub's, so CI has
+    it not), the task is checked against SkyPilot 0.14.1's own task schema
+    (sky.utils.schemas.get_task_schema(), dumped into the fixture), as sky.Task.from_yaml checks it first."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(SKYPILOT_SCHEMA.read_text())["schema"]
+    path = tmp_path / "skypilot.yaml"
+    code, _, err = emit(capsys, chats, f"skypilot:{path}")
+    assert code == 0, err
+    task = yaml.safe_load(path.read_text())
+    jsonschema.validate(task, schema)
+    assert [entry["accelerators"] for entry in task["resources"]["ordered"]][:2] == ["H100:1", "H200:1"]
+    broken = {**task, "num_nodes": "two"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+
+
+def test_bad_emits_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = emit(capsys, chats, "kubernetes:task.yaml")
+    assert_one_line_error(code, err, "--emit 'kubernetes:task.yaml': ENGINE:FILE with ENGINE one of skypilot, dstack")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = emit(capsys, chats, f"skypilot:{blocker}/task.yaml")
+    assert_one_line_error(code, err, f"--emit: cannot write {blocker}/task.yaml")
+    assert not (tmp_path / "task.yaml").exists()
+    monkeypatch.chdir(chats.parent)
+    argv = ["--dry-run", "--deadline", "12h", "--model", "llama-3.2-1b", "--use-calibration", "h100-llama-3.2-1b", "--no-report", "--emit", "skypilot:t.yaml"]
+    code, _, err = run_main("train", [*argv, "--data", chats.name], capsys)
+    assert_one_line_error(code, err, f"--emit: --data {chats.name} is a relative local path no node can see: give it as an absolute path")
+    assert not (chats.parent / "t.yaml").exists()
+    # A row that cannot run: none meets the deadline at its upper end.
+    code, _, err = emit(capsys, chats, f"skypilot:{tmp_path / 'late.yaml'}", "--deadline", "20s")
+    assert code == 3 and len([line for line in err.splitlines() if line.startswith("error:")]) == 1 and "Traceback" not in err
+    assert not (tmp_path / "late.yaml").exists()
+    code, _, err = run_main("train", ["--deadline", "1h", "--data", str(chats), "--emit", f"skypilot:{tmp_path / 'x.yaml'}"], capsys)
+    assert_one_line_error(code, err, "which is a dry run: add --dry-run")
+
+
+def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
+    comparison = run_consider("h100:1", [read_calibration_file(FIXTURE)])
+    plan = comparison.recommended.plan
+    chosen = plan.chosen
+    overheads = chosen.overheads
+    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
+    training = chosen.total_seconds_promised - chosen.overhead_seconds
+    interval = 600.0
+    restart = min(interval, training) + PROVISION_SECONDS + startup
+    roomy = spot_choice(plan, chosen.total_seconds_promised + restart + 1, interval)
+    assert roomy.use and roomy.restart_seconds == pytest.approx(restart)
+    tight = spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval)
+    assert not tight.use and tight.reason.startswith("on-demand: with one preemption priced in it would miss the deadline")
+    # The lost work is at most one checkpoint interval: a shorter cadence makes room for spot.
+    assert spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval / 2).use == (min(interval / 2, training) < min(interval, training))
+    duration = max_duration(chosen.total_seconds_promised, roomy, 12 * 3600)
+    assert duration.seconds == pytest.approx((chosen.total_seconds_promised + restart) * 1.2 + SETUP_SECONDS)
+    assert "at most the deadline" in duration.basis
+    capped = max_duration(chosen.total_seconds_promised, tight, chosen.total_seconds_promised).seconds
+    assert capped == pytest.approx(chosen.total_seconds_promised + SETUP_SECONDS)  # never past the deadline (+ setup)
+
+
+def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from train.recipes.config import resolve_auto_resume
+
+    out = tmp_path / "run"
+    assert (auto_resume(str(out)).resume, auto_resume(str(out)).deadline_started_at) == (False, None)  # nothing there: start
+    out.mkdir()
+    started = time.time() - 3600.0
+    (out / "run.json").write_text(json.dumps({"deadline_started_at": started}))
+    partial = out / "checkpoints" / "step-0000004"
+    partial.mkdir(parents=True)  # being written when the machine went: no marker
+    assert auto_resume(str(out)).resume is False and auto_resume(str(out)).deadline_started_at == started
+    (partial / MARKER_FILE).write_text("")
+    assert auto_resume(str(out)).resume is True
+    # The deadline counts from the run's first start: an hour already went.
+    own_start = time.monotonic()
+    resume, moved = resolve_auto_resume(str(out), own_start)
+    assert resume and own_start - moved == pytest.approx(3600.0, abs=60.0)
+    # The same command after the run ended (an engine restarting a finished task): nothing to do, exit 0.
+    (out / "run.json").write_text(json.dumps({"deadline_started_at": started, "status": "completed"}))
+    code, _, err = run_main("train", ["--data", "sample", "--deadline", "2h", "--resume", "auto", "--out", str(out)], capsys)
+    assert code == 0 and "already ended (completed)" in err and "nothing to resume" in err
+    command = resume_command(["--data", "x", "--deadline", "2h", "--resume", "auto", "--out", str(out)], out, 2)
+    assert command is not None and command.endswith(f"--resume auto --out {out}")
+    assert command.count("--resume") == 1 and " auto " not in command.replace("--resume auto", "")
+
+
+# -- two nodes on this machine, and a kill -9 ----------------------------------------------
+
+
+def two_node_calibration(home: Path) -> None:
+    """A 2-process CPU calibration over ethernet (one process per node), as `bench run` under two
+    torchrun agents with `--interconnect ethernet` would store it."""
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    hardware = {**detect_hardware(), "interconnect": "ethernet"}
+    model = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
+    save_calibration(synthetic_calibration(hardware=hardware, model=model, distributed={"world_size": 2, "sharding": "ddp", "backend": "gloo"}, id="two-nodes"))
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the rendezvous store's, on node 0)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def node_variables(engine: str, rank: int) -> dict[str, str]:
+    """What the engine sets on node `rank` of two, both on this machine."""
+    if engine == "skypilot":
+        shared = {"SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+        return {**shared, "SKYPILOT_NODE_RANK": str(rank)}
+    shared = {"DSTACK_MASTER_NODE_IP": "127.0.0.1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_PER_NODE": "0"}
+    return {**shared, "DSTACK_NODE_RANK": str(rank)}
+
+
+def start_nodes(script: Path, root: Path, logs: Path, engine: str = "skypilot") -> list[subprocess.Popen]:
+    """The script on two nodes, each with the engine's variables as the engine sets them."""
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "BENCHTRAIN_TASK_ROOT": str(root),  # the mounts' root (/benchtrain on a rented node)
+        "BENCHTRAIN_MASTER_PORT": str(free_port()),
+    }
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for rank in (0, 1):
+        out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
+        node_environment = {**environment, **node_variables(engine, rank)}
+        nodes.append(subprocess.Popen(["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True))
+    return nodes
+
+
+def wait_nodes(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) -> None:
+    try:
+        for node in nodes:
+            node.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_nodes(nodes)
+        pytest.fail(f"the nodes did not finish: {(logs / 'node0.err').read_text()[-3000:]}")
+    for rank, node in enumerate(nodes):
+        assert node.returncode == 0, (logs / f"node{rank}.err").read_text()[-3000:]
+
+
+def kill_nodes(nodes: list[subprocess.Popen]) -> None:
+    """The machines go: every process of every node (torchrun starts its workers in sessions of
+    their own, so the whole tree, gathered first), at once, with no chance to save."""
+    import psutil
+
+    processes = []
+    for node in nodes:
+        try:
+            root = psutil.Process(node.pid)
+            processes += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=30)
+    for node in nodes:
+        node.wait()
+
+
+def emitted_script(capsys: pytest.CaptureFixture[str], data: Path, folder: Path, *options: str) -> tuple[Path, dict[str, Any]]:
+    """The run script of the SkyPilot task a dry run emits for the 2-node calibration, and its plan."""
+    task = folder / "task.yaml"
+    argv = ["--dry-run", "--json", "--use-calibration", "two-nodes", "--data", str(data), "--deadline", "30m", "--effective-batch", "4", *options]
+    code, out, err = run_main("train", [*argv, "--emit", f"skypilot:{task}"], capsys)
+    assert code == 0, err
+    loaded = yaml.safe_load(task.read_text())
+    assert loaded["num_nodes"] == 2 and loaded["resources"]["cpus"] == "4+"
+    script = folder / "run.sh"
+    script.write_text(loaded["run"])
+    return script, json.loads(out)
+
+
+def mounted(home: Path, root: Path) -> None:
+    """What the task's file_mounts put on every node: the calibration it names."""
+    (root / "calibrations").mkdir(parents=True, exist_ok=True)
+    (root / "calibrations" / "two-nodes.json").write_text((home / "calibrations" / "two-nodes.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
+    home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two torchrun agents (--nnodes 2, --node_rank 0|1, one gloo process each) run the emitted run
+    script with SkyPilot's variables: rank 0 on node 0 plans, checkpoints and reports, once; the
+    plan run is the 2-node plan the dry run made. Then the same task killed with -9 mid-way on both
+    nodes and started again continues from its last complete checkpoint and ends with the steps
+    and learning rates of the uninterrupted run."""
+    two_node_calibration(home)
+    steps = ["--max-steps", "12", "--checkpoint-interval", "1s", "--keep-checkpoints", "2"]
+    script, planned = emitted_script(capsys, heavy_tailed_jsonl, tmp_path, *steps)
+    chosen = planned["plan"]["chosen"]
+    assert planned["world_size"] == 2 and chosen["world_size"] == 2
+
+    whole = tmp_path / "whole"
+    mounted(home, whole)
+    wait_nodes(start_nodes(script, whole, tmp_path / "logs-whole"), tmp_path / "logs-whole")
+    record = json.loads((whole / "run" / "run.json").read_text())
+    plan = record["plan"]
+    assert (plan["world_size"], plan["sharding"]) == (2, "ddp")
+    assert (plan["micro_batch_size"], plan["grad_accum"]) == (chosen["micro_batch_size"], chosen["grad_accum"])
+    assert [entry["step"] for entry in record["losses"]] == list(range(1, 13)) and record["status"] == "step_limit"
+    logs = tmp_path / "logs-whole"
+    outputs = [(logs / f"node{rank}.out").read_text() for rank in (0, 1)]
+    assert "run folder:" in outputs[0] and outputs[1].strip() == ""  # rank 0 is on node 0; node 1 says nothing
+    assert outputs[0].count("report:") == 1 and (whole / "run" / "report.html").is_file()
+    assert len(list((whole / "run" / "checkpoints").iterdir())) == 2  # --keep-checkpoints 2: one writer
+
+    killed = tmp_path / "killed"
+    mounted(home, killed)
+    nodes = start_nodes(script, killed, tmp_path / "logs-killed")
+    checkpoints = killed / "run" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not list_checkpoints(checkpoints):
+        time.sleep(0.02)
+    kill_nodes(nodes)
+    interrupted = json.loads((killed / "run" / "run.json").read_text())
+    last = int(list_checkpoints(checkpoints)[-1].name.split("-")[1])
+    assert interrupted["status"] != "step_limit" and last < 12, "the run finished before it was killed"
+    wait_nodes(start_nodes(script, killed, tmp_path / "logs-again"), tmp_path / "logs-again")
+    resumed = json.loads((killed / "run" / "run.json").read_text())
+    assert resumed["resumed"] == 1 and resumed["status"] == "step_limit"
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 13))
+    assert [entry["learning_rate"] for entry in resumed["losses"]] == pytest.approx([entry["learning_rate"] for entry in record["losses"]])
+    assert resumed["plan"]["total_steps"] == record["plan"]["total_steps"] == 12
+    assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in record["losses"]], rel=1e-4)
+    # The deadline stayed the first start's: the restart counted the time the kill lost.
+    assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home: Path, heavy_tailed_jsonl: Path, tmp_path: Path) -> None:
+    """The run script of a target nobody measured, with dstack's node variables: `bench run`
+    across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
+    the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
+    from train.launch_command import run_script
+    from train.planning.rental import DiskSize, Duration, Spot
+    from train.recipes.launch_task import LaunchTask, Target
+
+    bench = "torchrun -m bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
+    target = Target(
+        machine="2×CPU over ethernet",
+        device_key="cpu",
+        accelerator=None,
+        nodes=2,
+        gpus_per_node=1,
+        sharding="ddp",
+        configuration="to be measured",
+        optimizer_steps=4,
+        kind="predicted",
+        rests_on="nothing measured on this machine",
+        calibration=None,
+        calibration_file=None,
+        settle=bench,
+        settle_seconds=60.0,
+        low_seconds=10.0,
+        upper_seconds=20.0,
+        price_per_hour=None,
+        cost_upper=None,
+    )
+    arguments = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "4", "--no-report"]
+    task = LaunchTask("benchtrain-tiny", [target], [], arguments, [], DiskSize(GB, ""), Spot(False, "", 0.0), Duration(600.0, ""), 1800.0, "0.1.0", "tiny")
+    script = tmp_path / "run.sh"
+    script.write_text(run_script(task, "dstack"))
+    root, logs = tmp_path / "root", tmp_path / "logs"
+    wait_nodes(start_nodes(script, root, logs, "dstack"), logs)
+    (calibration_path,) = (root / "run" / "home" / "calibrations").glob("*.json")
+    calibration = json.loads(calibration_path.read_text())
+    assert calibration["distributed"]["world_size"] == 2 and calibration["hardware"]["interconnect"] == "2x1:ethernet"
+    record = json.loads((root / "run" / "run.json").read_text())
+    assert record["calibration_id"] == calibration["id"] and record["plan"]["world_size"] == 2
+    assert [entry["step"] for entry in record["losses"]] == [1, 2, 3, 4]

@@ -1,0 +1,105 @@
+"""What renting a machine adds to a plan: whether spot (preemptible) capacity still keeps the
+deadline, how long the engine may let the task run, and how much disk a node needs.
+
+- **Spot** only where one preemption still meets the deadline. One preemption is priced as the
+  work since the last checkpoint (one checkpoint interval, at most the whole training), a fresh
+  machine (PROVISION_SECONDS, an allowance) and the startup the plan priced, again (building the
+  model, warm-up, compile, data preparation); spot when the plan's upper end plus that fits the
+  deadline's budget.
+- **Maximum duration**: (the upper end, + one preemption where spot) × (1 + MAX_DURATION_MARGIN),
+  at most the deadline (the deadline guard has stopped the run with a checkpoint by then), +
+  SETUP_SECONDS to install benchtrain.
+- **Disk**: the run's checkpoints (kept + the one written before pruning) and its export as
+  `train` counts them before its first step (train.planning.disk), the model's weights where it
+  downloads them, the files uploaded, and SOFTWARE_BYTES for the Python environment.
+
+The allowances are stated, not measured: no machine was rented to measure them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.durations import format_duration
+
+if TYPE_CHECKING:
+    from train.planning.types import Plan
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+
+GB = 10**9
+PROVISION_SECONDS = 600.0  # a fresh machine found, booted and set up after a preemption: an allowance, not measured
+SETUP_SECONDS = 900.0  # installing benchtrain (torch and its CUDA wheels) on a fresh machine: an allowance, not measured
+MAX_DURATION_MARGIN = 0.2  # past the upper end before the engine stops the task: the guard acts first
+SOFTWARE_BYTES = 30 * GB  # the Python environment, the CUDA wheels and caches: an allowance, not measured
+
+
+@dataclass(frozen=True)
+class Spot:
+    use: bool
+    reason: str  # how it was priced, in words
+    restart_seconds: float  # one preemption: the work redone, a fresh machine and the startup again
+
+
+def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_seconds: float) -> Spot:
+    """Spot only where one preemption still meets the deadline (the module's docstring)."""
+    chosen = plan.chosen
+    overheads = chosen.overheads
+    startup = 0.0
+    if overheads is not None:
+        startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
+    training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
+    lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
+    restart = lost + PROVISION_SECONDS + startup
+    with_restart = chosen.total_seconds_promised + restart
+    fmt = format_duration
+    priced = (
+        f"upper end {fmt(chosen.total_seconds_promised)} + one preemption {fmt(restart)} (work since the last checkpoint {fmt(lost)}, "
+        f"a fresh machine {fmt(PROVISION_SECONDS)} assumed, startup {fmt(startup)} as planned) = {fmt(with_restart)} "
+        f"vs {fmt(max(0.0, available_seconds))} usable"
+    )
+    if with_restart <= available_seconds:
+        return Spot(True, f"spot: {priced}", restart)
+    return Spot(False, f"on-demand: with one preemption priced in it would miss the deadline ({priced})", restart)
+
+
+@dataclass(frozen=True)
+class Duration:
+    seconds: float
+    basis: str  # how it was reckoned, in words
+
+
+def max_duration(upper_seconds: float, spot: Spot, deadline_seconds: float) -> Duration:
+    """The longest the engine lets the task run (the module's docstring)."""
+    run = upper_seconds + (spot.restart_seconds if spot.use else 0.0)
+    seconds = min(run * (1 + MAX_DURATION_MARGIN), deadline_seconds) + SETUP_SECONDS
+    restart = " + one preemption" if spot.use else ""
+    basis = (
+        f"(upper end{restart} {format_duration(run)}) × {1 + MAX_DURATION_MARGIN:g}, at most the deadline {format_duration(deadline_seconds)} "
+        f"(the guard has stopped the run with a checkpoint by then), + {format_duration(SETUP_SECONDS)} to install benchtrain (an allowance)"
+    )
+    return Duration(seconds, basis)
+
+
+@dataclass(frozen=True)
+class DiskSize:
+    total_bytes: int
+    basis: str  # what it is made of, in words
+
+
+def node_disk(spec: ModelSpec, method: MethodConfig, merge: bool, keep: int, device_type: str, uploaded_bytes: int) -> DiskSize:
+    """What one node writes and holds (the module's docstring)."""
+    from train.planning.disk import disk_need
+    from train.planning.memory_check import BF16_BYTES, memory_need
+
+    need = memory_need(spec, method, device_type)
+    run = disk_need(need, method.is_lora, not spec.has_weights, merge and method.is_lora, device_type, keep)
+    weights = need.total_parameters * BF16_BYTES if spec.has_weights else 0
+    total = run.total_bytes + weights + uploaded_bytes + SOFTWARE_BYTES
+    basis = (
+        f"{run.checkpoints_written} checkpoints × {run.checkpoint_bytes / GB:.2f} GB + export {run.export_bytes / GB:.2f} GB (train.planning.disk, "
+        f"counted on the meta device) + weights {weights / GB:.2f} GB + uploads {uploaded_bytes / GB:.2f} GB + {SOFTWARE_BYTES / GB:.0f} GB "
+        "for the Python environment (an allowance)"
+    )
+    return DiskSize(total, basis)

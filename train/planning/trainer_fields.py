@@ -1,0 +1,112 @@
+"""A plan for someone else's Trainer: the chosen configuration as the `TrainingArguments` fields it
+maps to (and TRL's `SFTConfig` ones), as JSON and as a Python snippet, and where their step is not
+the step the calibration measured (`train --dry-run --for-trainer`; `benchtrain.trainer_arguments`).
+
+The calibration timed benchtrain's own step. A Trainer's step differs where the two differ — the
+loss (ours never makes full-vocabulary logits), compilation, how batches are grouped by length —
+so the plan's step time is where their run starts from, and benchtrain.DeadlineCallback's first
+measured steps correct it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from calibration.model import Calibration
+from common.json_types import JsonDict
+from train.planning.types import Plan
+
+# Losses of ours that differ from the model's own cross-entropy over full logits (train.step.loss).
+FUSED_LOSSES = ("chunked", "liger")
+
+
+@dataclass(frozen=True)
+class TrainerFields:
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    dataloader_num_workers: int
+    activation_checkpointing: bool  # `gradient_checkpointing` before transformers 5.24 (an alias since)
+    bf16: bool
+    max_steps: int
+    max_length: int  # TRL's SFTConfig (max_seq_length in TRL before 0.20)
+    packing: bool  # TRL's SFTConfig
+    torch_compile: bool
+    calibration_id: str
+    differences: tuple[str, ...]  # where their step is not the one measured
+
+    def training_arguments(self) -> JsonDict:
+        return {
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "dataloader_num_workers": self.dataloader_num_workers,
+            "activation_checkpointing": self.activation_checkpointing,
+            "bf16": self.bf16,
+            "max_steps": self.max_steps,
+            "torch_compile": self.torch_compile,
+        }
+
+    def to_json(self) -> JsonDict:
+        return {
+            "training_arguments": self.training_arguments(),
+            "sft_config": {"max_length": self.max_length, "packing": self.packing},
+            "calibration_id": self.calibration_id,
+            "differences": list(self.differences),
+        }
+
+    def snippet(self) -> str:
+        """The Python a user pastes: TRL's SFTConfig (a TrainingArguments) and the callback."""
+        fields = {**self.training_arguments(), "max_length": self.max_length, "packing": self.packing}
+        lines = "\n".join(f"    {name}={value!r}," for name, value in fields.items())
+        return (
+            "from benchtrain import DeadlineCallback\n"
+            "from trl import SFTConfig  # transformers.TrainingArguments takes the same fields but max_length and packing\n\n"
+            f"args = SFTConfig(\n    output_dir=...,\n{lines}\n)\n"
+            f'callbacks = [DeadlineCallback(deadline=..., calibration="{self.calibration_id}")]\n'
+        )
+
+    def describe(self) -> str:
+        """The fields as JSON, the snippet, and the differences, for the console."""
+        differences = "\n".join(f"  - {line}" for line in self.differences)
+        return (
+            f"TrainingArguments / SFTConfig fields:\n{json.dumps(self.to_json()['training_arguments'] | self.to_json()['sft_config'], indent=2)}\n\n"
+            f"{self.snippet()}\nwhere your Trainer's step differs from the one calibration {self.calibration_id} measured:\n{differences}"
+        )
+
+
+def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> TrainerFields:
+    """`plan`'s chosen configuration as a Trainer's fields; `precision`: the step's (bf16 or fp32)."""
+    chosen, measured = plan.chosen, calibration.training
+    compiled = bool(measured.get("compile"))
+    differences = []
+    loss = measured.get("loss")
+    if loss in FUSED_LOSSES:
+        differences.append(
+            f"loss: the calibration measured benchtrain's {loss} loss, which never holds full-vocabulary logits; a Trainer's model computes its "
+            "cross-entropy over full logits (slower, more memory for a large vocabulary): the callback's first steps correct the step time"
+        )
+    differences.append(
+        f"compile: the calibration measured {'a compiled' if compiled else 'an eager'} step; torch_compile={compiled} keeps yours the same "
+        "(the first compiled steps are slow: the callback measures after its warm-up)"
+    )
+    if not plan.packing:
+        differences.append(
+            "batches: benchtrain groups samples of similar length into a batch (less padding); a Trainer pads random batches to their longest "
+            "sample unless group_by_length=True (or TRL's padding_free/packing): more padded tokens per real one"
+        )
+    differences.append(
+        "to hold your run to the plan: DeadlineCallback(calibration=...) predicts from the same calibration and corrects from your measured steps"
+    )
+    return TrainerFields(
+        per_device_train_batch_size=chosen.config.micro_batch_size,
+        gradient_accumulation_steps=chosen.config.grad_accum,
+        dataloader_num_workers=chosen.config.num_workers,
+        activation_checkpointing=chosen.config.gradient_checkpointing,
+        bf16=precision == "bf16",
+        max_steps=min(plan.step_limit, chosen.optimizer_steps) if plan.step_limit else chosen.optimizer_steps,
+        max_length=chosen.config.seq_len,
+        packing=plan.packing,
+        torch_compile=compiled,
+        calibration_id=calibration.id,
+        differences=tuple(differences),
+    )

@@ -1,0 +1,424 @@
+"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral:
+train.launch_command renders it as a SkyPilot or a dstack task (`train --dry-run --emit ENGINE:FILE`).
+
+What the task holds, and where each figure comes from:
+
+- **targets**: the recommended row first, then every other row that meets the deadline at its upper
+  end on the same number of nodes, in the comparison's order, as fallbacks the engine tries in turn
+  (SkyPilot `resources.ordered`, dstack's GPU list). Each keeps the configuration planned for it
+  (micro-batch, accumulation, processes, sharding) and the calibration it rests on; a row nobody
+  measured carries the `bench run` that measures it first (its figures are predicted or translated).
+- **disk, spot, maximum duration**: train.planning.rental (spot only where one preemption, priced,
+  still meets the deadline).
+
+Computation only: nothing here writes a file or imports an engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.errors import BenchtrainError
+from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
+
+if TYPE_CHECKING:
+    from calibration.model import Calibration
+    from train.planning.types import Plan
+    from train.recipes.compare import Comparison, Row
+    from train.recipes.config import TrainConfig
+    from train.recipes.planned_run import PlannedRun
+    from train.workload.method import MethodConfig
+    from train.workload.model import ModelSpec
+
+MASTER_PORT = 29500  # torchrun's rendezvous port on the first node
+
+# Where things are on every node.
+ROOT = "/benchtrain"
+RUN_DIR = f"{ROOT}/run"  # the run folder: a bucket mounted on every node, so a restarted task finds its checkpoints
+CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest on, uploaded
+HOME_DIR = f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
+
+# Options of the dry run that do not go into the command the task runs: the comparison's, the
+# emit's, and the run folder (the task's own).
+DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
+DROPPED_FLAGS = ("--dry-run", "--json")
+# Options naming local files or folders, which every node must see.
+PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
+
+# The accelerator names the engines use for the datasheets' keys (calibration.datasheets). A
+# PCIe or NVL card has no name of its own there: it rents as its family, and the run checks the
+# device it got (train.launch_command: the run script).
+ACCELERATORS = {
+    "h100": "H100",
+    "h100-pcie": "H100",
+    "h100-nvl": "H100",
+    "gh200": "GH200",
+    "h200": "H200",
+    "h200-nvl": "H200",
+    "b200": "B200",
+    "a100-40gb": "A100",
+    "a100-40gb-pcie": "A100",
+    "a100-80gb": "A100-80GB",
+    "a100-80gb-pcie": "A100-80GB",
+    "l40s": "L40S",
+    "l40": "L40",
+    "a10g": "A10G",
+    "l4": "L4",
+    "4090": "RTX4090",
+    "mi300x": "MI300X",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One machine the task may run on, with the plan made for it."""
+
+    machine: str  # 2×H100 SXM over nvlink
+    device_key: str  # a datasheet key (calibration.datasheets), or "cpu"
+    accelerator: str | None  # the engines' name for it; None: CPU only
+    nodes: int
+    gpus_per_node: int  # processes per node (CPU: 1)
+    sharding: str  # none | ddp | fsdp
+    configuration: str  # the planned step: micro-batch × accumulation, workers, length
+    optimizer_steps: int
+    kind: str  # measured here | measured by someone | predicted | translated
+    rests_on: str
+    calibration: str | None  # --use-calibration on the node; None: the one `settle` measures
+    calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
+    settle: str | None  # the bench run that measures this machine first (a row nobody measured)
+    settle_seconds: float
+    low_seconds: float
+    upper_seconds: float
+    price_per_hour: float | None  # per GPU
+    cost_upper: float | None
+
+    @property
+    def processes(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A local file or folder every node sees at `remote` (SkyPilot file_mounts, dstack files)."""
+
+    local: Path
+    remote: str
+    what: str  # --data, a calibration, …
+
+
+@dataclass(frozen=True)
+class LaunchTask:
+    name: str
+    targets: list[Target]  # the recommended one first
+    left_out: list[str]  # rows not offered as fallbacks, and why
+    train_arguments: list[str]  # the train command's own options, paths as the nodes see them
+    uploads: list[Upload]
+    disk: DiskSize
+    spot: Spot
+    duration: Duration
+    deadline_seconds: float
+    version: str
+    model: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> int:
+        return self.targets[0].nodes
+
+    @property
+    def disk_gb(self) -> int:
+        return max(1, math.ceil(self.disk.total_bytes / GB))
+
+    def train_command(self, target: Target) -> list[str]:
+        """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
+        calibration = target.calibration or "latest"
+        sharding = ["--sharding", target.sharding] if target.sharding == "fsdp" else []
+        return [*self.train_arguments, "--use-calibration", calibration, *sharding, "--resume", "auto", "--out", RUN_DIR]
+
+
+# -- the targets -----------------------------------------------------------------------------
+
+
+def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
+    """The recommended row and the rows that meet the deadline at their upper end on as many nodes
+    (the engines set the node count once per task); the others, and why they were left out."""
+    best = comparison.recommended
+    if best is None:
+        raise BenchtrainError("--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines")
+    first = row_target(best)
+    targets, left_out = [first], []
+    for row in comparison.rows[1:]:
+        name = row.consider.machine if row.consider is not None else row.reference
+        if row.plan is None:
+            left_out.append(f"{name}: no plan ({row.problem})")
+        elif not row.meets_deadline:
+            left_out.append(f"{name}: misses the deadline at its upper end")
+        else:
+            target = row_target(row)
+            if target.nodes != first.nodes:
+                left_out.append(f"{name}: {target.nodes} node(s), the task has {first.nodes}")
+            elif target.accelerator is None and first.accelerator is not None:
+                left_out.append(f"{name}: a CPU, the task rents GPUs")
+            else:
+                targets.append(target)
+    return targets, left_out
+
+
+def row_target(row: Row) -> Target:
+    """A planned row of a comparison (of calibrations or of machines) as a target."""
+    from train.recipes.consider import device_key
+
+    assert row.plan is not None and row.option is not None
+    cal, chosen = row.option.calibration, row.plan.chosen
+    key = device_key(cal) or "cpu"
+    interconnect = row.option.interconnect or row.device.get("interconnect")
+    nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
+    consider = row.consider
+    measured = consider is None or consider.kind in ("measured here", "measured by someone")
+    kind = consider.kind if consider is not None else ("predicted" if row.option.predicted else "measured by someone" if _shared(cal) else "measured here")
+    low, upper = chosen.total_seconds_low, chosen.total_seconds_promised
+    return Target(
+        machine=consider.machine if consider is not None else f"{row.processes}×{row.device['name']}",
+        device_key=key,
+        accelerator=accelerator_of(key, row.device),
+        nodes=nodes,
+        gpus_per_node=per_node,
+        sharding=row.option.sharding,
+        configuration=chosen.label(),
+        optimizer_steps=chosen.optimizer_steps,
+        kind=kind,
+        rests_on=consider.rests_on if consider is not None else f"{cal.provenance} ({cal.id})",
+        calibration=row.reference if measured else None,
+        calibration_file=calibration_file(cal) if measured else None,
+        settle=None if measured else consider.settle if consider is not None else None,
+        settle_seconds=0.0 if measured or consider is None else consider.settle_seconds,
+        low_seconds=low,
+        upper_seconds=upper,
+        price_per_hour=row.price_per_hour,
+        cost_upper=consider.cost_upper if consider is not None else row.cost,
+    )
+
+
+def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, device: dict[str, object], price_per_hour: float | None) -> Target:
+    """The one plan of a single-calibration dry run as a target."""
+    from calibration.topology import recorded_interconnect
+    from train.recipes.consider import device_key
+
+    chosen = plan.chosen
+    if not plan.meets_deadline:
+        raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
+    key = device_key(cal) or "cpu"
+    recorded = recorded_interconnect(cal.hardware, processes) if processes > 1 else None
+    nodes, per_node = layout(processes, recorded.word if recorded is not None else None)
+    return Target(
+        machine=f"{processes}×{device.get('name', key)}",
+        device_key=key,
+        accelerator=accelerator_of(key, device),
+        nodes=nodes,
+        gpus_per_node=per_node,
+        sharding=sharding,
+        configuration=chosen.label(),
+        optimizer_steps=chosen.optimizer_steps,
+        kind="measured by someone" if _shared(cal) else "measured here",
+        rests_on=f"{cal.provenance} ({cal.id})",
+        calibration=reference_of(cal),
+        calibration_file=calibration_file(cal),
+        settle=None,
+        settle_seconds=0.0,
+        low_seconds=chosen.total_seconds_low,
+        upper_seconds=chosen.total_seconds_promised,
+        price_per_hour=plan.price_per_hour,
+        cost_upper=plan.cost,
+    )
+
+
+def _shared(cal: Calibration) -> bool:
+    from train.recipes.consider import is_shared
+
+    return is_shared(cal)
+
+
+def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
+    """(nodes, processes per node): as the interconnect places them (2x8:nvlink+ib), else one node."""
+    from calibration.topology import parse_interconnect
+
+    if interconnect:
+        placed = parse_interconnect(interconnect).placed(processes)
+        if placed.nodes and placed.gpus_per_node:
+            return placed.nodes, placed.gpus_per_node
+    return 1, processes
+
+
+def accelerator_of(key: str, device: dict[str, object]) -> str | None:
+    """The engines' accelerator name; None for a CPU. A GPU they cannot name cannot be rented: one line."""
+    if key == "cpu" and device.get("device_type") != "cuda":
+        return None
+    name = ACCELERATORS.get(key)
+    if name is None:
+        raise BenchtrainError(f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine")
+    return name
+
+
+def reference_of(cal: Calibration) -> str:
+    """How the nodes name a calibration: bundled by its name, shared by hub:…, else its file as uploaded."""
+    from calibration.hub import hub_reference
+    from calibration.store import is_bundled
+
+    shared = hub_reference(cal.data)
+    if shared is not None:
+        return shared
+    if cal.path is not None and is_bundled(cal.path):
+        return Path(cal.path).stem
+    return f"{CALIBRATIONS_DIR}/{cal.id}.json"
+
+
+def calibration_file(cal: Calibration) -> Path | None:
+    """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
+    from calibration.hub import hub_reference
+    from calibration.store import is_bundled
+
+    if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None:
+        return None
+    return Path(cal.path).resolve()
+
+
+def with_uploaded_calibration(target: Target) -> Target:
+    """A target whose calibration is a local file: named as the nodes see it."""
+    from dataclasses import replace
+
+    if target.calibration_file is None:
+        return target
+    return replace(target, calibration=f"{CALIBRATIONS_DIR}/{target.calibration_file.name}")
+
+
+# -- the command the nodes run -----------------------------------------------------------------
+
+
+def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
+    """The dry run's options as the train command on the nodes takes them (the comparison's, the
+    emit's and the run folder's dropped: the task adds its own), and the local files they name,
+    uploaded to the same absolute path. A relative path no node can see is one line."""
+    kept: list[str] = []
+    uploads: list[Upload] = []
+    tokens = list(command_line)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        name, equals, inline = token.partition("=")
+        takes_value = name in DROPPED_WITH_VALUE or name in PATH_OPTIONS
+        value = inline if equals else (tokens[index + 1] if takes_value and index + 1 < len(tokens) else None)
+        index += 1 if equals or not takes_value else 2
+        if name in DROPPED_FLAGS or name == "--resume":
+            if name == "--resume" and index < len(tokens) and tokens[index] == "auto":
+                index += 1
+            continue
+        if name in DROPPED_WITH_VALUE:
+            continue
+        if name in PATH_OPTIONS and value is not None:
+            value, upload = node_path(name, value, cwd)
+            if upload is not None:
+                uploads.append(upload)
+            kept += [name, value]
+            continue
+        kept.append(token)
+    return kept, uploads
+
+
+def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
+    """A value of a path option as the nodes see it: a local file or folder uploaded to the same
+    absolute path; anything else (a preset, `sample`, a hub id, a price) as given. A relative local
+    path: one line, since the task uploads only what is named absolutely (it does not sync the
+    folder it was written in, which may be large)."""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        if (cwd / path).exists():
+            raise BenchtrainError(
+                f"--emit: {option} {value} is a relative local path no node can see: give it as an absolute path "
+                f"({(cwd / path).resolve()}), which the task uploads to every node, or put it on the hub"
+            )
+        return value, None
+    if not path.exists():
+        raise BenchtrainError(f"--emit: {option} {value} does not exist here, so no node can see it: name a file that exists, or a hub id")
+    return str(path), Upload(path, str(path), option)
+
+
+def size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+
+
+def benchtrain_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("benchtrain")
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+@dataclass(frozen=True)
+class TaskInputs:
+    """What a dry run hands to `launch_task`: the targets (the recommended first), the plan of the
+    recommended one, and the command it was run as."""
+
+    targets: list[Target]
+    left_out: list[str]
+    plan: Plan
+    available_seconds: float
+    command_line: list[str]
+
+
+def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method: MethodConfig, cwd: Path) -> LaunchTask:
+    """The task (the module's docstring): its targets, the train command with its uploads, disk,
+    spot and max duration."""
+    arguments, uploads = node_arguments(inputs.command_line, cwd)
+    targets = [with_uploaded_calibration(target) for target in inputs.targets]
+    for target in targets:
+        if target.calibration_file is not None:
+            uploads.append(Upload(target.calibration_file, f"{CALIBRATIONS_DIR}/{target.calibration_file.name}", f"the calibration of {target.machine}"))
+    first = targets[0]
+    device_type = "cpu" if first.accelerator is None else "cuda"
+    uploaded = sum(size_of(upload.local) for upload in uploads)
+    disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
+    spot = spot_choice(inputs.plan, inputs.available_seconds, config.guard.checkpoint_interval_seconds)
+    settle = max((target.settle_seconds for target in targets), default=0.0)
+    duration = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
+    name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
+    notes = []
+    if any(target.settle for target in targets):
+        notes.append("a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)")
+    return LaunchTask(
+        name=name[:60],
+        targets=targets,
+        left_out=inputs.left_out,
+        train_arguments=arguments,
+        uploads=uploads,
+        disk=disk,
+        spot=spot,
+        duration=duration,
+        deadline_seconds=config.run_deadline.deadline_seconds,
+        version=benchtrain_version(),
+        model=spec.name,
+        notes=notes,
+    )
+
+
+def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]) -> LaunchTask:
+    """The task of `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
+    targets, left_out = rows_to_targets(comparison)
+    best = comparison.recommended
+    assert best is not None and best.plan is not None  # rows_to_targets: one line otherwise
+    inputs = TaskInputs(targets, left_out, best.plan, comparison.available_seconds, command_line)
+    return launch_task(inputs, config, spec, method, Path.cwd())
+
+
+def plan_task(run: PlannedRun, command_line: list[str]) -> LaunchTask:
+    """The task of a single calibration's dry run: that plan on that calibration's machine."""
+    placement = run.placement
+    target = plan_target(run.plan, run.cal, placement.world_size, placement.sharding, placement.hardware, run.plan.price_per_hour)
+    inputs = TaskInputs([target], [], run.plan, run.plan.available_seconds, command_line)
+    return launch_task(inputs, run.config, run.spec, run.method, Path.cwd())
