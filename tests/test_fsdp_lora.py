@@ -375,3 +375,19 @@ def test_a_lora_model_built_on_meta_for_a_gpu_has_its_bf16_base_and_fp32_adapter
         model = build_model(spec_of(), "meta", MethodConfig(method="lora", lora_rank=LORA_RANK), shardable=True, weights_on=target)
         assert {parameter.dtype for parameter in model.parameters() if not parameter.requires_grad} == {base_dtype}
         assert {parameter.dtype for parameter in model.parameters() if parameter.requires_grad} == {torch.float32}
+
+
+def test_which_bases_fsdp_shards_is_settled_with_the_processes() -> None:
+    """Under FSDP a bf16 or 4-bit LoRA base is sharded; an 8-bit one (int8 weights) is one line; one
+    process shards nothing, so nothing is refused there."""
+    pytest.importorskip("bitsandbytes")
+    from common.errors import BenchtrainError
+    from train.step.engine import StepOptions, process_layout
+    from train.workload.method import MethodConfig
+
+    fsdp = StepOptions(sharding="fsdp")
+    for quantize in ("none", "4bit"):
+        assert process_layout(fsdp, MethodConfig(method="lora", quantize=quantize), processes=4).sharding == "fsdp"
+    with pytest.raises(BenchtrainError, match=r"--sharding fsdp with --quantize 8bit: an 8-bit base cannot be sharded .*--quantize 4bit, or --sharding ddp"):
+        process_layout(fsdp, MethodConfig(method="lora", quantize="8bit"), processes=4)
+    assert process_layout(fsdp, MethodConfig(method="lora", quantize="8bit"), processes=1).sharding == "none"

@@ -34,8 +34,7 @@ from train.planning.deadline import Deadline
 from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
-from train.step.engine import ProcessLayout
-from train.workload.optimizers import check_optimizer_sharding
+from train.step.engine import ProcessLayout, check_sharding
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -301,7 +300,7 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
 
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
     try:  # a row of N processes is sharded as asked even when this command runs one
-        check_optimizer_sharding(method.optimizer, layout.sharding)
+        check_sharding(method, layout.sharding)
     except BenchtrainError as error:
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = str(error)

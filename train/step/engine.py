@@ -76,13 +76,15 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
     return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
 
 
-def check_sharding(options: StepOptions, method: MethodConfig) -> None:
-    """FSDP shards full fine-tuning and LoRA (its frozen base sharded with its adapters); a
-    quantized base under FSDP is one line (train.step.sharding.check_quantized_sharding)."""
-    if options.sharding == "fsdp" and method.quantized:
-        from train.step.sharding import check_quantized_sharding
+def check_sharding(method: MethodConfig, sharding: str) -> None:
+    """What `sharding` ("none", "ddp", "fsdp") can train of `method`: FSDP shards full fine-tuning
+    and LoRA (its frozen base with its adapters, a 4-bit one too: train.step.sharding); an 8-bit
+    base or an optimizer whose state cannot be sharded is one line."""
+    from train.step.sharding import check_quantized_sharding
 
+    if sharding == "fsdp" and method.quantized:
         check_quantized_sharding(method.quantize)
+    check_optimizer_sharding(method.optimizer, sharding)
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,9 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
     comparison settle it; a method and sharding that do not go together are one line."""
     from train.step.runtime import job_world_size
 
-    check_sharding(options, method)
     world_size = job_world_size() if processes is None else processes
     layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
-    check_optimizer_sharding(method.optimizer, layout.sharding)
+    check_sharding(method, layout.sharding)
     return layout
 
 
