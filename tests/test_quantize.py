@@ -126,7 +126,7 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
     expected = logits(model)
     record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method)
-    assert record["base_quantization"] == kind and record["base_model_name_or_path"] == "../final-base"
+    assert record["base_quantization"] == kind and record["base_model_name_or_path"] == "."  # its unquantized base in final/
     moved = tmp_path / "elsewhere"
     shutil.copytree(run_dir, moved)
     shutil.rmtree(run_dir)
