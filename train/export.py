@@ -202,7 +202,9 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
     files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() else ["model.safetensors"]
     weights = {name: tensor for file in files for name, tensor in load_file(adapter / file).items()}
     config = AutoConfig.from_pretrained(adapter)
-    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(None, config=config, state_dict=weights, **kwargs)
+    model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the class AutoModelForCausalLM picks for it
+    # No folder to load from (`None`): the config and the weights are given, so no adapter is looked for.
+    return model_class.from_pretrained(None, config=config, state_dict=weights, **kwargs)
 
 
 def resolve_base(adapter: Path, base: str) -> str:
