@@ -142,7 +142,7 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
 def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "30s", "--quiet", "--no-report"]
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
     code, _, err = run_main("bench", ["run", "--lora", "--quantize", "4bit", *grid], capsys)
     assert code == 0, err
     calibration = json.loads(next((home / "calibrations").glob("*.json")).read_text())

@@ -180,7 +180,7 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
 @pytest.mark.slow
 def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`bench run --quantize none,4bit` on tiny: one file, two fits, each variant's history its own."""
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "40s", "--quiet", "--no-report"]
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
     code, printed, err = run_main("bench", ["run", "--lora", "--quantize", "none,4bit", *grid], capsys)
     assert code == 0, err
     (path,) = (home / "calibrations").glob("*.json")
@@ -212,7 +212,7 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
 
     from train.export import load_final
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "30s", "--quiet", "--no-report"]
+    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
     code, _, err = run_main("bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys)
     assert code == 0, err
     out = home / "run"
