@@ -1,7 +1,7 @@
 """Paths a run records about its own folder: stored relative to the run folder, so the folder can be
 moved, copied or shared and still be resumed, reported and loaded (issue 34).
 
-run.json keeps `final/`, `final-merged/`, `final-base/` and the last checkpoint as
+run.json keeps `final/`, `final-merged/` (`final-base/` in older runs) and the last checkpoint as
 `final`, `checkpoints/step-0000005`; paths outside the run folder (the data, the calibration, a
 `--model DIR`, the tokenized-data cache) are inputs and stay as given. Records written before
 this kept absolute paths: a reader resolves those too, and where the folder has moved since, finds

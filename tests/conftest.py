@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import FakeClock
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Test workers share the cores (scripts/test.sh runs one per core): one thread each, or
@@ -47,6 +48,28 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "home"
     monkeypatch.setenv("BENCHTRAIN_HOME", str(folder))
     return folder
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The training code's clock made a FakeClock (tests/helpers.py): every step of THE step takes
+    `clock.step_seconds` on it, and nothing else takes any time."""
+    import dataclasses
+
+    from train.step.step import TrainingStep
+
+    fake = FakeClock()
+    for module in ("train.cli", "train.planning.deadline", "train.running.loop"):
+        monkeypatch.setattr(f"{module}.time", fake)
+    real_step = TrainingStep.run
+
+    def step_of_known_length(self: TrainingStep, batches: object, grad_accum: int) -> object:
+        result = real_step(self, batches, grad_accum)
+        fake.step_done()
+        return dataclasses.replace(result, seconds=fake.step_seconds)
+
+    monkeypatch.setattr(TrainingStep, "run", step_of_known_length)
+    return fake
 
 
 @pytest.fixture()

@@ -6,6 +6,7 @@ import copy
 import functools
 import itertools
 import random
+from collections.abc import Callable
 from typing import Any
 
 from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
@@ -123,3 +124,31 @@ def pretend_interrupted(out: Any, total_steps: int) -> None:
     record["status"] = "interrupted"
     record["plan"]["total_steps"] = total_steps
     path.write_text(json.dumps(record))
+
+
+class FakeClock:
+    """`time` as the training code sees it in a test (train.cli, train.planning.deadline,
+    train.running.loop; the `clock` fixture in conftest.py puts it there): it stands still except
+    while a step runs, and each step takes exactly `step_seconds` on it. A deadline then holds or
+    passes by the code's arithmetic, never by how busy the machine is."""
+
+    def __init__(self, step_seconds: float = 0.5) -> None:
+        self.now = 1000.0
+        self.step_seconds = step_seconds
+        self.steps = 0
+        self.on_step: Callable[[int], None] | None = None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def step_done(self) -> None:
+        """A step ran: its seconds pass, then `on_step` hears its number (counted from 1)."""
+        self.now += self.step_seconds
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(self.steps)

@@ -312,7 +312,7 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     result = launch("train", [*train, "--out", str(lora), "--lora", "--max-steps", "2", "--force"])
     assert result.returncode == 0, result.stderr[-3000:]
     adapter = json.loads((lora / "final" / "adapter_config.json").read_text())
-    assert adapter["base_model_name_or_path"] == "../final-base"  # relative: the run folder can move
+    assert adapter["base_model_name_or_path"] == "." and (lora / "final" / "model.safetensors").is_file()  # the base in final/: it goes where final/ goes
     assert json.loads((lora / "run.json").read_text())["plan"]["sharding"] == "ddp"
 
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]

@@ -12,17 +12,16 @@ warm-up 0.2 s, a checkpoint 0.5 s, the export 0.5 s; the report, 2.0 s, is timed
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import json
 import math
 import os
 import re
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import FakeClock
 from test_cli import calibrated_home, run_main
 
 from calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
@@ -30,49 +29,11 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 from train.running.guard import NEXT_STEP_SAFETY
-from train.step.step import TrainingStep
 
 __all__ = ["calibrated_home"]
 
 # The synthetic calibration's overheads (tests/helpers.py): what happened in each command below.
 MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
-
-
-class FakeClock:
-    """`time` as train.cli, the deadline (train.planning.deadline) and train.running.loop see it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.step_seconds = 0.5
-        self.steps = 0
-        self.on_step: Callable[[int], None] | None = None
-
-    def monotonic(self) -> float:
-        return self.now
-
-    perf_counter = monotonic
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture()
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    fake = FakeClock()
-    for module in ("train.cli", "train.planning.deadline", "train.running.loop"):
-        monkeypatch.setattr(f"{module}.time", fake)
-    real_step = TrainingStep.run
-
-    def step_of_known_length(self: TrainingStep, batches: object, grad_accum: int) -> object:
-        result = real_step(self, batches, grad_accum)
-        fake.now += fake.step_seconds
-        fake.steps += 1
-        if fake.on_step is not None:
-            fake.on_step(fake.steps)
-        return dataclasses.replace(result, seconds=fake.step_seconds)
-
-    monkeypatch.setattr(TrainingStep, "run", step_of_known_length)
-    return fake
 
 
 def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:

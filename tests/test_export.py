@@ -1,4 +1,5 @@
-"""A finished run leaves a model people can use: final/ that transformers and peft load (issue 11)."""
+"""A finished run leaves a model people can use: final/ that transformers and peft load, from any
+directory, wherever the run folder was moved."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from test_cli import calibrated_home, run_main
 from test_train import make_run, tokenizer
 
 from common.errors import BenchtrainError
-from train.export import export_final, load_final, resolve_base
+from train.export import export_final, load_final, name_base, resolve_base
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 
@@ -24,6 +25,23 @@ def trained(tmp_path: Path, data: Path, tokenizer, method: MethodConfig) -> tupl
     run = make_run(tmp_path, data, tokenizer, deadline=1e6, steps=3, method=method)
     run.run()
     return run.accelerator.unwrap_model(run.model), tmp_path / "run"
+
+
+def with_a_visible_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """A few steps barely move LoRA's B matrices from zero: give them weights whose effect on the
+    logits no tolerance hides, so a loader that drops the adapter (or applies it twice) shows."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
+    return model
+
+
+def base_logits(model: torch.nn.Module) -> torch.Tensor:
+    """The logits of a peft model's base, its adapter off."""
+    with model.disable_adapter():
+        return logits(model)
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
@@ -47,31 +65,36 @@ def test_full_fine_tuning_final_loads_with_transformers(tmp_path: Path, heavy_ta
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_lora_final_is_an_adapter_that_peft_loads_onto_the_written_base(
+def test_lora_final_holds_the_adapter_and_the_base_it_was_trained_on(
     tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peft import PeftModel
+    """A preset has no weights anywhere but in the run: final/ holds them beside the adapter (the
+    adapter names its base as "."), the layout transformers loads as a model with an embedded adapter."""
+    from peft import AutoPeftModelForCausalLM, PeftModel
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     method = MethodConfig(method="lora", lora_rank=4)
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
-    expected = logits(model)
-    record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method, merge_lora=True)
-    final, base_dir = Path(record["path"]), Path(record["base_path"])
-    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in final.iterdir()}
+    expected, without_adapter = logits(with_a_visible_adapter(model)), base_logits(model)
+    assert not torch.allclose(without_adapter, expected, atol=1e-3)
+    record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method, merge_lora=True)  # merges `model` in place
+    final = Path(record["path"])
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in final.iterdir()}
     with safe_open(final / "adapter_model.safetensors", "pt") as handle:
         assert list(handle.keys()) and all("lora_" in key for key in handle.keys())
-    assert base_dir == (run_dir / "final-base").resolve() and record["base_model_name_or_path"] == "../final-base"
-    assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "../final-base"
-    base = AutoModelForCausalLM.from_pretrained(base_dir)
-    adapted = PeftModel.from_pretrained(base, final)
-    assert torch.allclose(logits(adapted), expected, atol=1e-5)
-    assert adapted.generate(input_ids=PROMPT, max_new_tokens=4, do_sample=False).shape == (1, 12)
-    from peft import AutoPeftModelForCausalLM
-
-    monkeypatch.chdir(final)  # peft resolves the relative base against the current directory
-    assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(final)), expected, atol=1e-5)
+    with safe_open(final / "model.safetensors", "pt") as handle:
+        assert list(handle.keys()) and not any("lora_" in key or "base_layer" in key for key in handle.keys())  # the plain base
+    assert record["base_model_name_or_path"] == "." and "base_path" not in record and not (run_dir / "final-base").exists()
+    assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "."
+    loaded = AutoModelForCausalLM.from_pretrained(final)  # transformers: the base in final/, then its adapter
+    assert torch.allclose(logits(loaded), expected, atol=1e-5)
+    assert loaded.generate(PROMPT, max_new_tokens=4, do_sample=False).shape == (1, 12)
+    adapted = load_final(final)
+    assert isinstance(adapted, PeftModel) and torch.allclose(logits(adapted), expected, atol=1e-5)
+    assert torch.allclose(base_logits(adapted), without_adapter, atol=1e-5)  # the base, without the adapter in it twice
+    monkeypatch.chdir(final)  # peft's loader opens the base by its name, from the current directory
+    assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(".")), expected, atol=1e-5)
     merged = AutoModelForCausalLM.from_pretrained(record["merged_path"])
     assert torch.allclose(logits(merged), expected, atol=1e-5)  # merged = base + adapter
 
@@ -98,27 +121,35 @@ def move(run_dir: Path, destination: Path) -> Path:
     return destination
 
 
-def test_a_moved_lora_run_still_loads_with_load_final_and_peft(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
-    from peft import AutoPeftModelForCausalLM
+def test_a_moved_lora_run_loads_from_any_directory(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run folder copied to another place and the original deleted; from an unrelated current
+    directory, transformers and load_final give the trained model's outputs, and no path of the
+    place it was written in is left in final/."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     method = MethodConfig(method="lora", lora_rank=4)
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
-    expected = logits(model)
+    expected = logits(with_a_visible_adapter(model))
     export_final(run_dir, model, tokenizer, resolve_model("tiny"), method)
-    adapter_config = (run_dir / "final" / "adapter_config.json").read_text()
-    assert json.loads(adapter_config)["base_model_name_or_path"] == "../final-base"
-    assert str(tmp_path) not in adapter_config and str(tmp_path.resolve()) not in adapter_config
+    for file in (run_dir / "final").glob("*.json"):
+        assert str(tmp_path) not in file.read_text() and str(tmp_path.resolve()) not in file.read_text(), file.name
 
     moved = move(run_dir, tmp_path / "elsewhere" / "shared-run")
     unrelated = tmp_path / "unrelated"
     unrelated.mkdir()
-    monkeypatch.chdir(unrelated)  # load_final resolves the base against final/, not the current directory
+    monkeypatch.chdir(unrelated)
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(moved / "final")), expected, atol=1e-5)
     assert torch.allclose(logits(load_final(moved / "final")), expected, atol=1e-5)
+    assert AutoTokenizer.from_pretrained(moved / "final").decode(tokenizer("héllo")["input_ids"]) == "héllo"
     monkeypatch.chdir(moved / "final")  # peft's own loader, from inside final/
+    from peft import AutoPeftModelForCausalLM
+
     assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(".")), expected, atol=1e-5)
 
 
-def test_a_model_folder_inside_the_run_folder_is_named_relative_to_final(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_folder_inside_the_run_folder_goes_into_final(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoModelForCausalLM
+
     from train.workload.model import build_model
 
     run_dir = tmp_path / "run"
@@ -126,27 +157,46 @@ def test_a_model_folder_inside_the_run_folder_is_named_relative_to_final(tmp_pat
     build_model(resolve_model("tiny"), "cpu").save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     spec, method = resolve_model(str(folder)), MethodConfig(method="lora", lora_rank=4)
-    model = build_model(spec, "cpu", method)
+    model = with_a_visible_adapter(build_model(spec, "cpu", method))
     expected = logits(model)
     record = export_final(run_dir, model, tokenizer, spec, method)
-    assert record["base_model_name_or_path"] == "../models/base" and record["base_path"] == str(folder.resolve())
+    assert record["base_model_name_or_path"] == "." and (run_dir / "final" / "model.safetensors").is_file()
     moved = move(run_dir, tmp_path / "moved")
     monkeypatch.chdir(tmp_path)
     assert torch.allclose(logits(load_final(moved / "final")), expected, atol=1e-5)
+    assert torch.allclose(logits(AutoModelForCausalLM.from_pretrained(moved / "final")), expected, atol=1e-5)
 
 
-def test_load_final_names_a_missing_relative_base(tmp_path: Path, tokenizer) -> None:
+def older_layout(run_dir: Path) -> None:
+    """final/ as runs wrote it before the base moved into it: the base in final-base/ beside it, the
+    adapter naming it `../final-base`."""
+    final, base = run_dir / "final", run_dir / "final-base"
+    base.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        if (final / name).exists():
+            shutil.move(final / name, base / name)
+    shutil.copy(base / "config.json", final / "config.json")
+    name_base(final / "adapter_config.json", "../final-base")
+
+
+def test_an_older_run_names_its_base_beside_final_and_still_loads(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     from train.workload.model import build_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", lora_rank=4)
     run_dir = tmp_path / "run"
-    export_final(run_dir, build_model(spec, "cpu", method), tokenizer, spec, method)
-    shutil.rmtree(run_dir / "final-base")  # only final/ was copied
+    model = with_a_visible_adapter(build_model(spec, "cpu", method))
+    expected = logits(model)
+    export_final(run_dir, model, tokenizer, spec, method)
+    older_layout(run_dir)
+    moved = move(run_dir, tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+    assert torch.allclose(logits(load_final(moved / "final")), expected, atol=1e-5)
+    shutil.rmtree(moved / "final-base")  # only final/ was copied
     with pytest.raises(BenchtrainError, match="final-base does not exist") as raised:
-        load_final(run_dir / "final")
-    assert str((run_dir / "final-base").resolve()) in str(raised.value) and "\n" not in str(raised.value)
+        load_final(moved / "final")
+    assert str((moved / "final-base").resolve()) in str(raised.value) and "\n" not in str(raised.value)
     # A hub id or an absolute folder is left for from_pretrained as it is.
-    assert resolve_base(run_dir / "final", "org/model") == "org/model" and resolve_base(run_dir / "final", "/models/base") == "/models/base"
+    assert resolve_base(moved / "final", "org/model") == "org/model" and resolve_base(moved / "final", "/models/base") == "/models/base"
 
 
 def test_every_run_writes_final_and_a_stopped_one_says_partial(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import pytest
-from helpers import synthetic_calibration, synthetic_rows
+from helpers import FakeClock, synthetic_calibration, synthetic_rows
 
 from calibration import run_status
 from calibration.model import Calibration
@@ -117,9 +116,10 @@ def test_the_guard_carries_out_a_registered_action(checkpoint_action: OverrunAct
     assert {verdict.move for verdict in observe_all(guard_for("warn"), slow_then_fast_then_slow)} == {Move.CONTINUE}
 
 
-def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> TrainingRun:
-    """The tiny model on this machine, each step slowed far below its prediction (0.3 s of sleep)
-    under a 1 s deadline: over budget from the first steady step on."""
+def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int, clock: FakeClock) -> TrainingRun:
+    """The tiny model on this machine, each step far slower than its prediction (0.3 s on the test's
+    clock) under a 1 s deadline: over budget from the first steady step on, whatever the load."""
+    clock.step_seconds = 0.3
     spec, tokenizer = resolve_model("tiny"), byte_tokenizer()
     model = {"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint}
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(32, 64)), hardware=detect_hardware(), model=model))
@@ -128,7 +128,7 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> Tr
     plan = make_plan(calibration, data, request)
     plan.chosen.config = dataclasses.replace(plan.chosen.config, gradient_checkpointing=False)
     settings = LoopSettings(
-        deadline=Deadline(1.0, 0.2, started_at=time.monotonic()), guard=GuardSection.every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
+        deadline=Deadline(1.0, 0.2, started_at=clock.now), guard=GuardSection.every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
     )
     return TrainingRun(
         calibration=calibration,
@@ -137,14 +137,14 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int) -> Tr
         data=TrainingData(data, tokenizer.pad_token_id),
         out_dir=tmp_path / on_overrun,
         settings=settings,
-        hooks=LoopHooks(step_hook=lambda step: time.sleep(0.3)),
+        hooks=LoopHooks(),
     )
 
 
-def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunAction, tmp_path: Path, heavy_tailed_jsonl: Path) -> None:
+def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunAction, tmp_path: Path, heavy_tailed_jsonl: Path, clock: FakeClock) -> None:
     """The new action reaches the loop through LoopSettings.guard.on_overrun (what the CLI's word
     becomes): a checkpoint where the projection passed the budget, and the run goes on to its end."""
-    run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5)
+    run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5, clock=clock)
     outcome = run.run()
     assert outcome.status == "step_limit" and outcome.steps == 5  # not stopped, though far past the deadline
     assert any("passes the deadline budget" in event and event.endswith("checkpointing and continuing") for event in outcome.events)

@@ -161,7 +161,7 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
     code, out, err = run_main("train", [*dry_run, "--merge-lora"], capsys)
     assert code == 0, err
     assert "gradient checkpointing" in out.split("plan (")[1].splitlines()[0]
-    # The export's bytes are planned: the adapters, final-base/ and final-merged/ (fp32 on CPU).
+    # The export's bytes are planned: the adapters, the base beside them in final/ and final-merged/ (fp32 on CPU).
     need = memory_need(resolve_model("tiny"), MethodConfig(method="lora", lora_rank=8), "cpu")
     exported = 4 * need.trainable_parameters + 2 * 4 * (need.total_parameters - need.trainable_parameters)
     assert "final/ export" in out and f"({exported / 1e6:,.1f} MB)" in out

@@ -164,7 +164,7 @@ def test_the_calibrated_overheads_are_added() -> None:
 
 
 def test_the_final_export_is_planned_by_its_bytes() -> None:
-    """final-base/ and --merge-lora write far more than one checkpoint: their bytes at the measured
+    """A preset's base in final/ and --merge-lora write far more than one checkpoint: their bytes at the measured
     write bandwidth go into the plan and the guard's reserve (older calibrations: the timed save
     scaled by bytes)."""
     from train.planning.disk import export_bytes
@@ -174,7 +174,7 @@ def test_the_final_export_is_planned_by_its_bytes() -> None:
     adapters_only = export_bytes(need, lora=True, preset_base=False, merge=False, device_type="cuda")
     with_base = export_bytes(need, lora=True, preset_base=True, merge=True, device_type="cuda")
     assert with_base - adapters_only == 2 * 2 * (need.total_parameters - need.trainable_parameters)  # two bf16 copies of the base
-    assert with_base > 30e9  # final-base/ and final-merged/ of an 8B model
+    assert with_base > 30e9  # the base in final/ and final-merged/ of an 8B model
 
     measured = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "checkpoint_bytes": 5e8, "disk_write_bytes_per_second": 1e9, "report_seconds": 2.0}
     data = tokenized(heavy_tailed())

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FakeClock
 from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_estimate_check import FakeClock, clock, train_arguments
+from test_estimate_check import train_arguments
 from test_planner import tokenized
 
 from calibration.model import Calibration
@@ -32,7 +33,7 @@ from train.planning.deadline import Deadline
 from train.planning.planner import evaluate, make_plan
 from train.planning.types import PlanRequest
 
-__all__ = ["calibrated_home", "clock"]
+__all__ = ["calibrated_home"]
 
 GPT2_CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-gpt2-bench2m.json"
 # The same 2-minute bench measured with the CPU heap as it is now (train.step.peak_memory: 8 MiB

@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import pretend_interrupted
+from helpers import FakeClock, pretend_interrupted
 from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_estimate_check import FakeClock, clock
 
-__all__ = ["calibrated_home", "clock"]
+__all__ = ["calibrated_home"]
 
 
 def long_prompt_chats(path: Path, count: int = 40) -> Path:

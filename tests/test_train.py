@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import synthetic_calibration, synthetic_rows
+from helpers import FakeClock, synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
@@ -54,6 +54,7 @@ def make_run(
     method=None,
     checkpointing: bool = False,
     max_length: int = 64,
+    clock: FakeClock | None = None,
 ) -> TrainingRun:
     calibration = local_calibration()
     data = load_tokenized(str(data_path), tokenizer)
@@ -63,7 +64,7 @@ def make_run(
         PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
     )
     settings = LoopSettings(
-        deadline=Deadline(deadline, 0.5, started_at=time.monotonic()),
+        deadline=Deadline(deadline, 0.5, started_at=clock.now if clock else time.monotonic()),
         guard=GuardSection.every(1e6, on_overrun=on_overrun),
         epochs=1,
         step_limit=steps,
@@ -82,30 +83,32 @@ def make_run(
     )
 
 
-# The step is slowed far below the calibration's prediction (0.3 s of sleep per step), so the run
-# cannot finish its ~100 steps; the deadline leaves room for a slow model build on a busy machine.
+# Each step takes 0.3 s on the test's clock (tests/helpers.py FakeClock), far slower than the
+# calibration predicts, so the run cannot finish its ~100 steps before the 12 s deadline: the guard
+# acts on its own arithmetic, whatever the load on this machine.
 SLOW_STEP_SECONDS = 0.3
 GUARD_DEADLINE_SECONDS = 12.0
 
 
-def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS))
+def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, clock: FakeClock) -> None:
+    clock.step_seconds = SLOW_STEP_SECONDS
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, clock=clock)
     outcome = run.run()
     elapsed = run.settings.deadline.elapsed()  # the deadline counts from the command's start
     assert outcome.status == "stopped_for_deadline"
     assert elapsed < GUARD_DEADLINE_SECONDS, elapsed
-    assert outcome.steps > 3
+    assert outcome.steps > 3 and outcome.steps == clock.steps
     assert outcome.last_checkpoint and Path(outcome.last_checkpoint).is_dir()
     assert any("passes the deadline" in event for event in outcome.events)
 
 
-def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    run = make_run(
-        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, hook=lambda step: time.sleep(SLOW_STEP_SECONDS), on_overrun="shrink"
-    )
+def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, clock: FakeClock) -> None:
+    clock.step_seconds = SLOW_STEP_SECONDS
+    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, on_overrun="shrink", clock=clock)
     outcome = run.run()
     assert run.settings.deadline.elapsed() < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
+    assert outcome.shrunk_to is not None and outcome.steps <= outcome.shrunk_to and outcome.steps == clock.steps
 
 
 def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:

@@ -3,29 +3,32 @@
 - full fine-tuning: `save_pretrained` with safetensors (config, generation config, weights) and the
   tokenizer, so `AutoModelForCausalLM.from_pretrained(final)` and `AutoTokenizer.from_pretrained(final)`
   work;
-- LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors),
-  the tokenizer and the base's `config.json`. The adapter's `base_model_name_or_path` points at the
-  base: the hub id (with its commit as `revision`), the `--model DIR` folder, or — for a preset
-  built from its config, which has no weights on disk — `final-base/`, written here, so
-  `PeftModel.from_pretrained(base, final)` is exactly the trained model. A base inside the run
-  folder (`final-base/`, a `--model DIR` under `--out`) is named relative to `final/`
-  (`../final-base`), so the run folder can be moved, copied or shared; a `--model DIR` outside the
-  run folder is not part of the run and stays an absolute path;
+- LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors)
+  and the tokenizer. The adapter's `base_model_name_or_path` names the base: the hub id (with its
+  commit as `revision`) or a `--model DIR` outside the run folder by its absolute path (neither
+  travels with the run). Any other base — a preset built from its config, which has no weights on
+  disk, or a `--model DIR` inside the run folder — is written into final/ itself (its
+  `config.json`, `generation_config.json` and `model.safetensors` beside the adapter), and the
+  adapter names it as `.`: final/ is then one self-contained folder, the layout transformers loads
+  as "a complete model with an embedded adapter". `AutoModelForCausalLM.from_pretrained(final)`
+  gives base + adapter from any directory, wherever the folder was moved; peft's own
+  `AutoPeftModelForCausalLM` passes the name to `from_pretrained` as it is (against the current
+  directory), so it needs `final/` as the current directory there;
 - `--merge-lora`: also the merged full model in `final-merged/`.
 - `--quantize 4bit|8bit` (a LoRA run on a bitsandbytes base): final/ also holds `benchtrain.json`
-  naming the quantization the adapters were trained on; a preset's `final-base/` holds its
+  naming the quantization the adapters were trained on; a preset's base in final/ is its
   unquantized (seeded) weights, which quantize to exactly the base that was trained. `load_final`
-  loads the base quantized that way (`quantized=False`: in its own precision), and `--merge-lora`
-  merges into the unquantized base (peft's way for QLoRA adapters), not the 4-bit one.
+  loads the base quantized that way (`quantized=False`: in its own precision, as transformers does),
+  and `--merge-lora` merges into the unquantized base (peft's way for QLoRA adapters), not the 4-bit one.
 
 Each folder is written to a temporary folder and renamed, so a crash never leaves half a model.
-`load_final(final)` loads the trained model back, wherever the run folder now is.
+`load_final(final)` loads the trained model back, wherever the run folder now is; runs written
+before the base moved into final/ name a `final-base/` beside it (`../final-base`), which it still resolves.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
     from train.workload.model import ModelSpec
 
 FINAL = "final"
-FINAL_BASE = "final-base"
+EMBEDDED_BASE = "."  # how an adapter names a base saved in its own folder
 FINAL_MERGED = "final-merged"
 ADAPTER_CONFIG = "adapter_config.json"
 RUN_NOTE = "benchtrain.json"  # in final/: what a loader needs beyond peft's files (the base's quantization)
@@ -69,38 +72,33 @@ def export_final(
             tokenizer.save_pretrained(folder)
     else:
         revision = None
+        base: str | None = None  # None: the base goes into final/ itself
         if spec.has_weights and spec.hub is not None:
             base, revision = spec.hub.repo_id, spec.hub.revision
-            location = base
-        else:
-            if spec.has_weights and spec.directory is not None:  # has_weights: it has a folder
-                base_path = Path(spec.directory).resolve()
-            else:
-                base_path = (run_dir / FINAL_BASE).resolve()
-                with atomic_directory(base_path) as folder:
-                    # A quantized or sharded base is written as the preset's seeded build (what it was made from).
-                    if method.quantized or full_weights is not None:
-                        save_seeded_base(spec, tokenizer, folder)
-                    else:
-                        save_base(trained, tokenizer, folder)
-            base, location = base_reference(run_dir, base_path), str(base_path)
-            if is_relative_reference(base):
-                # run.json also keeps the absolute folder, where it was when the run wrote it.
-                record["base_path"] = location
+        elif spec.has_weights and spec.directory is not None and not Path(spec.directory).resolve().is_relative_to(run_dir.resolve()):
+            base = str(Path(spec.directory).resolve())  # not part of the run: it stays where it is
         with atomic_directory(run_dir / FINAL) as folder:
+            if base is None:
+                # A quantized or sharded base is written as the preset's seeded build (what it was made from).
+                if method.quantized or full_weights is not None:
+                    save_seeded_base(spec, tokenizer, folder)
+                else:
+                    save_base(trained, tokenizer, folder)
             config = trained.peft_config["default"]
             # peft reads the base's config.json at this name while saving (has the vocabulary been
-            # resized?), from the current directory, else asks the hub: so it gets the absolute
-            # folder, and the adapter's file the reference that travels with the run.
-            config.base_model_name_or_path = location
+            # resized?), from the current directory, else asks the hub: so it gets an absolute
+            # folder, and the adapter's file the name that travels with final/.
+            config.base_model_name_or_path = base or str(folder)
             config.revision = revision
             trained.save_pretrained(folder, safe_serialization=True, state_dict=full_weights)
-            if base != location:
-                name_base(folder / ADAPTER_CONFIG, base)
-            trained.get_base_model().config.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
+            if base is None:
+                name_base(folder / ADAPTER_CONFIG, EMBEDDED_BASE)
+            else:
+                trained.get_base_model().config.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
             if method.quantized:
                 (folder / RUN_NOTE).write_text(json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8")
+        base = base or EMBEDDED_BASE
         record["base_model_name_or_path"] = base
         if method.quantized:
             record["base_quantization"] = method.quantize
@@ -147,19 +145,6 @@ def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder
     tokenizer.save_pretrained(folder)
 
 
-def base_reference(run_dir: Path, base: Path) -> str:
-    """How final/ names a base folder: relative to final/ (`../final-base`) when the base lies in the
-    run folder, so the reference survives moving or copying the run; else its absolute path, since a
-    folder outside the run does not travel with it."""
-    adapter = (run_dir / FINAL).resolve()
-    run_root = run_dir.resolve()
-    if not base.is_relative_to(run_root):
-        return str(base)
-    # Always with a leading "./" or "../": that is what tells a path from a hub id ("org/name").
-    relative = Path(os.path.relpath(base, adapter)).as_posix()
-    return relative if relative.startswith(".") else f"./{relative}"
-
-
 def name_base(adapter_config: Path, base: str) -> None:
     """Rewrite the base an adapter_config.json names, keeping peft's layout of the file."""
     config = json.loads(adapter_config.read_text(encoding="utf-8"))
@@ -179,7 +164,8 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
     the base in its own precision, e.g. to merge).
 
     peft's `AutoPeftModelForCausalLM.from_pretrained(final)` resolves a relative base against the
-    current directory; this resolves it against final/, so it works from anywhere the run folder is."""
+    current directory; this resolves it against final/ (a base in final/ itself, or an older run's
+    `../final-base`), so it works from anywhere the run folder is."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder).expanduser()
@@ -189,7 +175,6 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
     from peft import PeftModel
 
     config = json.loads(adapter_config.read_text(encoding="utf-8"))
-    base = resolve_base(folder, config["base_model_name_or_path"])
     if config.get("revision"):
         kwargs.setdefault("revision", config["revision"])
     note = folder / RUN_NOTE
@@ -202,8 +187,28 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
         # 4-bit computes in bf16 on CUDA, fp32 on a CPU: the dtype each trained in (train.workload.quantize).
         kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
         kwargs.setdefault("device_map", {"": 0} if torch.cuda.is_available() else "cpu")
-        return PeftModel.from_pretrained(keep_one_weight_layout(AutoModelForCausalLM.from_pretrained(base, **kwargs)), folder)
-    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, **kwargs), folder)
+        return PeftModel.from_pretrained(keep_one_weight_layout(load_base(folder, config["base_model_name_or_path"], **kwargs)), folder)
+    return PeftModel.from_pretrained(load_base(folder, config["base_model_name_or_path"], **kwargs), folder)
+
+
+def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
+    """The model an adapter in `adapter` was trained on, without the adapter. A base in the adapter's
+    own folder is built from its config and weights files: transformers' `from_pretrained(folder)`
+    would also load the adapter it finds there (as it should for users), and peft adds it again."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if base != EMBEDDED_BASE:
+        return AutoModelForCausalLM.from_pretrained(resolve_base(adapter, base), **kwargs)
+    from safetensors.torch import load_file
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    index = adapter / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    weights = {name: tensor for file in files for name, tensor in load_file(adapter / file).items()}
+    config = AutoConfig.from_pretrained(adapter)
+    model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the class AutoModelForCausalLM picks for it
+    # No folder to load from (`None`): the config and the weights are given, so no adapter is looked for.
+    return model_class.from_pretrained(None, config=config, state_dict=weights, **kwargs)
 
 
 def resolve_base(adapter: Path, base: str) -> str:

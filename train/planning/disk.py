@@ -2,8 +2,8 @@
 
 Space before work: a checkpoint holds the trained weights (fp32) and AdamW's two fp32 moments for
 every trainable parameter; the run keeps `--keep-checkpoints` of them and writes one more before
-pruning; `final/` holds the model (and, for LoRA on a preset, `final-base/`, and with
-`--merge-lora` the merged model). The counts are exact (train.planning.memory_check builds on `meta`).
+pruning; `final/` holds the model (for LoRA on a preset, the adapters and the frozen base beside them), and
+`final-merged/` with `--merge-lora` the merged model. The counts are exact (train.planning.memory_check builds on `meta`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class DiskNeed:
 
 def export_bytes(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str) -> int:
     """Bytes of the model folders written at the end: final/ (the fp32 model, or the adapters), and
-    for LoRA the frozen base for a preset (final-base/) and with `--merge-lora` the merged model."""
+    for LoRA the frozen base of a preset (in final/, beside the adapters) and with `--merge-lora` the merged model."""
     trainable = need.trainable_parameters
     if not lora:
         return need.total_parameters * FP32_BYTES

@@ -22,7 +22,7 @@ class Overheads:
     warmup_seconds: float
     checkpoint_seconds: float  # one checkpoint save
     checkpoint_count: int  # periodic ones + the final one
-    export_seconds: float  # final/ (and final-base/, final-merged/): their bytes at the write bandwidth
+    export_seconds: float  # final/ (and final-merged/): their bytes at the write bandwidth
     eval_pass_seconds: float  # one pass over the eval set
     eval_count: int
     report_seconds: float  # 0 with --no-report
@@ -109,7 +109,7 @@ class PlannedWork:
     eval_count: int = 0
     compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
     compile_shapes: int = 0
-    export_bytes: int = 0  # final/ (and final-base/, final-merged/); 0: not known (one checkpoint save is counted)
+    export_bytes: int = 0  # final/ (and final-merged/); 0: not known (one checkpoint save is counted)
     data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache)
     upload_seconds: float = 0.0  # --push-to-hub, predicted (train.recipes.hub_push.upload_rate)
 

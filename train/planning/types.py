@@ -53,7 +53,7 @@ class PlanRequest:
     memory_offset_bytes: float = 0.0
     # FSDP processes planned from a 1-process calibration: each accumulates its 1/N of the gradients.
     gradient_shards: int = 1
-    # Bytes of final/ (and final-base/, final-merged/): their write time is planned and kept in reserve.
+    # Bytes of final/ (and final-merged/): their write time is planned and kept in reserve.
     export_bytes: int = 0
     # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
     upload_seconds: float = 0.0

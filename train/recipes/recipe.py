@@ -418,7 +418,7 @@ class TrainRecipe:
 
 
 def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
-    """final/ (and final-base/, final-merged/) from the trained model, written by the main process
+    """final/ (and final-merged/) from the trained model, written by the main process
     (under FSDP every process first joins in gathering the full weights)."""
     if loop.model is None:
         return None
