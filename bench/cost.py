@@ -195,7 +195,7 @@ class CostModel:
     def _fit_steps(self) -> tuple[float, float, float] | None:
         # One point per step size (FLOPs, accumulation): the fastest measured. A busy moment only
         # ever slows a step, so a size measured again at the machine's quiet speed replaces the
-        # disturbed price instead of being averaged with it (issue 38: one probe beside two CPU
+        # disturbed price instead of being averaged with it (averaged, one probe beside two CPU
         # hogs priced every later probe 60× and ended the benchmark).
         fastest: dict[tuple[float, int], float] = {}
         for o in self.observations:

@@ -11,7 +11,7 @@ At accumulation A a step is A micro-steps: a burst of other work on the machine 
 step instead of in a step of its own, where the median would have left it out, and a long step
 gets few timed steps (two at 16 × 60 ms). Where the step times each micro-step (on CPU), a step's
 figure is therefore its optimizer part plus A × its median micro-step: as robust at accumulation 16
-as at 1 (issue #38: a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
+as at 1 (timed whole, a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
 at 1 and 2; the same process, interleaved, runs both at 0.058 s). The raw step seconds are kept
 for the mean (a run lasts the sum of its steps, slow ones included).
 

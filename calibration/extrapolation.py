@@ -1,6 +1,6 @@
 """How far a plan may miss where it extrapolates, measured per dimension at fit time.
 
-A blanket widening (× (1 + log2 of the largest stretch past the range), issue #38) made a plan at
+A blanket widening (× (1 + log2 of the largest stretch past the range)) made a plan at
 accumulation 16 from probes at 1–2 four times as uncertain as one inside the range, although
 accumulation repeats a measured micro-step, and it widened a length extrapolation by a rule, not
 by what extrapolating length was seen to miss. Instead, at fit time, for each dimension (micro

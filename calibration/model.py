@@ -216,8 +216,8 @@ class Calibration:
         dimension's largest probes was measured to miss (calibration.extrapolation: per doubling for
         sizes, once for accumulation, UNTESTED_EXTRAPOLATION per doubling where nothing measured it).
 
-        A fit stored without that record (before issue #38; `bench refit` adds it) keeps the old
-        rule: the larger of the relative bound and the held-out error of the probes that were
+        A fit stored without that record (the bundled H100 one; `bench refit` adds it) keeps the
+        blanket rule: the larger of the relative bound and the held-out error of the probes that were
         themselves extrapolations, × (1 + log2 of the largest ratio past the range)."""
         bound = self.relative_bound
         stretch = self.extrapolation_ratio(config)

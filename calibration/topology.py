@@ -137,9 +137,9 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
 
 def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> Interconnect | None:
     """The interconnect a hardware record names (placed for `processes` where given); None where
-    it names none (calibrations before issue 41), one this version cannot read, or a layout that
+    it names none (calibrations that did not record it), one this version cannot read, or a layout that
     does not hold `processes`. A CPU's record that names none is loopback (gloo on one host: what
-    every CPU calibration before issue 41 measured)."""
+    every CPU calibration that names none measured)."""
     word = hardware.get("interconnect") or ("loopback" if hardware.get("device_type") == "cpu" else None)
     if not word:
         return None

@@ -207,7 +207,7 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
                 "Training loss per optimizer step, and the held-out eval loss",
             )
         )
-        rated = [entry for entry in losses if "learning_rate" in entry]  # recorded since issue 24
+        rated = [entry for entry in losses if "learning_rate" in entry]  # older run.json files did not record it
         if rated:
             figure_paths.append(
                 (

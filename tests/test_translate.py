@@ -5,7 +5,6 @@ refusals across vendors and between CPU and GPU, and a plan judged at the bracke
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 
 from calibration.datasheets import SHEETS, sheet_for
 from calibration.model import Calibration
-from calibration.schema import migrate, validate
+from calibration.schema import read_calibration_file, validate
 from calibration.split import step_splits
 from calibration.step_config import StepConfig
 from calibration.store import bundled_calibrations
@@ -33,9 +32,8 @@ H100_TO_A100_40 = (3.35 / 1.555, 989 / 312)  # time factors: all by bandwidth, a
 
 
 def h100() -> dict[str, Any]:
-    """The real H100 calibration that ships (schema 1, migrated as on read)."""
-    path = bundled_calibrations()["h100-llama-3.2-1b"]
-    return validate(migrate(json.loads(path.read_text()), path), path)
+    """The real H100 calibration that ships, as read."""
+    return read_calibration_file(bundled_calibrations()["h100-llama-3.2-1b"])
 
 
 def compute_bound(data: dict[str, Any], compute: float = 0.9, memory: float = 0.1) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
 def beside_compute(device: torch.device) -> Iterator[None]:
     """On CPU, a thread computing beside the collectives while they are timed: gloo's threads share
     the host's cores with the step's compute threads, and timed on idle processes they took a half
-    to a third of what a DDP step pays for them (docs/benchmarks.md, "Multi-process"; issue 41,
+    to a third of what a DDP step pays for them (docs/benchmarks.md, "Multi-process";
     tests/test_topology.py). On CUDA, NCCL runs on the GPU: nothing is added."""
     if getattr(device, "type", None) != "cpu":
         yield
@@ -263,7 +263,7 @@ def price_traffic(
 
 def stored_collectives(distributed: JsonDict | None) -> Collectives:
     """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
-    calibrations from before FSDP kept only the all-reduce (`comm`, `all_reduce`)."""
+    a record with only the all-reduce's fit (`comm`, `all_reduce`: a DDP calibration) reads as that one."""
     distributed = distributed or {}
     if distributed.get("collectives"):
         return dict(distributed["collectives"])

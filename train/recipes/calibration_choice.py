@@ -112,7 +112,7 @@ def check_compatible(
             f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
             f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
         )
-    measured_precision = measured.get("precision")  # calibrations before issue 39 did not record it
+    measured_precision = measured.get("precision")  # absent: not recorded (the bundled H100 calibration): not checked
     if measured_precision and measured_precision != run_precision(hardware["device_type"]):
         problems.append(
             f"calibration {calibration.id} measured a {measured_precision} step, this run would train in {run_precision(hardware['device_type'])} "
