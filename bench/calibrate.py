@@ -4,7 +4,7 @@ The probes (bench.runner) leave room for what follows them, priced as they measu
 forward-only evaluation probes, the checkpoint write timing, and (compiled steps) a fresh process
 that times compiling from inductor's cache. Each runs only while the budget pays for it; what is
 skipped is said in the record. All device work goes through the coordinator's named tasks, so the
-same code runs on a real device, under several processes, and on a simulated one (bench.simulated).
+same code runs on a real device, under several processes, and on a simulated one (tests/simulated.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ for the mean (a run lasts the sum of its steps, slow ones included).
 Warm-up is measured too: one step always (allocation, kernel selection, a compilation); a first
 timed step that is still far slower than the rest is moved to the warm-up afterwards.
 
-The same loop times a real step (bench.probe) and a simulated one (bench.simulated), against the
+The same loop times a real step (bench.probe) and a simulated one (tests/simulated.py), against the
 clock it is given.
 """
 

@@ -100,7 +100,7 @@ def test_grid_probes_everything_and_prunes_after_oom() -> None:
 
 
 def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
-    from bench.simulated import VirtualClock
+    from simulated import VirtualClock
 
     clock = VirtualClock()  # each probe takes 0.05 s of it, however busy the machine is
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
+from step_profile import fixed_micro_step_seconds, profile_step
 
-from bench.step_profile import fixed_micro_step_seconds, profile_step
 from train.step.engine import StepOptions, engine_from_options
 from train.workload.batching import PackedBatches, PaddedBatches
 from train.workload.model import build_model, resolve_model
