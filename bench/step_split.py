@@ -29,8 +29,6 @@ from calibration.step_config import StepConfig
 # `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
 COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
 PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
-# The profiler's own start and stop (CUPTI), per probe, for the price below.
-PROFILER_SECONDS = 2.0
 
 
 def kernel_kind(name: str) -> str:
@@ -119,11 +117,6 @@ def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
     except Exception as error:  # the record is a refinement: a failure costs it, not the calibration
         recover_after_failure(workload)
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]}
-
-
-def split_price(rows: list[dict[str, Any]]) -> float:
-    """Seconds the profiled split costs after the probes (for a budget that reserves them)."""
-    return sum((PROFILED_STEPS + 1) * float(row["step_seconds"]) + PROFILER_SECONDS for row in split_rows(rows))
 
 
 def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:

@@ -38,7 +38,6 @@ from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
 DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
-SIZE_DIMENSIONS = ("micro_batch_size", "seq_len")
 
 
 def dimension_value(config: StepConfig, name: str) -> int:

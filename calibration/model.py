@@ -19,7 +19,6 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
 if TYPE_CHECKING:  # imported where used, below, as before: only their names are needed here
-    from calibration.comm import CommModel
     from calibration.setup import SetupKey
     from calibration.translate import BoundWidths
 
@@ -166,14 +165,6 @@ class Calibration:
     def sharding(self) -> str:
         """How the probes' model was spread over those processes: none, ddp or fsdp."""
         return str((self.data.get("distributed") or {}).get("sharding", "none"))
-
-    @property
-    def comm(self) -> CommModel | None:
-        """The all-reduce model measured among those processes (calibration.comm), or None."""
-        from calibration.comm import CommModel
-
-        fitted = (self.data.get("distributed") or {}).get("comm")
-        return CommModel.from_json(fitted) if fitted else None
 
     @property
     def training(self) -> JsonDict:

@@ -39,7 +39,6 @@ from calibration.comm import CommModel
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
-KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "ethernet", "loopback")
 NETWORKS = ("infiniband", "ethernet")
 ALIASES = {
     "nvlink": "nvlink",
@@ -241,12 +240,6 @@ def link_from_all_reduce(model: CommModel) -> Link:
 # -- collectives from links ---------------------------------------------------------------------
 
 
-def ring_seconds(kind: str, message_bytes: float, processes: int, link: Link) -> float:
-    """One ring collective of `message_bytes` (the whole message) among `processes` on `link`."""
-    model = ring_model(kind, processes, link)
-    return model.latency_seconds + message_bytes * model.seconds_per_byte
-
-
 def ring_model(kind: str, processes: int, link: Link, backend: str = "nccl") -> CommModel:
     """A ring collective as a line: (n−1)/n of the bytes per direction, 2× for an all-reduce."""
     n = processes
@@ -292,10 +285,6 @@ def analytic_collectives(
         kind: {"fit": collective_model(kind, placed, intra, inter).to_json(), "source": "analytic", "interconnect": placed.word, "links": links}
         for kind in kinds
     }
-
-
-def is_analytic(collectives: dict[str, JsonDict]) -> bool:
-    return any(entry.get("source") == "analytic" for entry in collectives.values())
 
 
 # -- overlap with backward ------------------------------------------------------------------------

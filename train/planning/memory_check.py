@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 FP32_BYTES = 4
 BF16_BYTES = 2
-# fp32 master weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
-TRAINED_BYTES_PER_PARAMETER = 4 * FP32_BYTES
 GIB = 2**30
 
 

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from train.recipes.plan_setup import PlanContext
     from train.workload.method import MethodConfig
 
-KINDS = ("measured here", "measured by someone", "predicted", "translated", "not plannable")
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
 
 
@@ -99,7 +98,7 @@ class Sourced:
     """A machine and the option that plans it (None: not plannable, `problem` says why)."""
 
     machine: Machine
-    kind: str  # one of KINDS
+    kind: str  # measured here, measured by someone, predicted, translated, not plannable
     option: Option | None = None
     rests_on: str = ""
     problem: str | None = None

@@ -9,13 +9,12 @@ Order matters: the model (with its method: full or LoRA) → gradient checkpoint
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
-from train.step.hyperparameters import DEFAULT_WARMUP_RATIO, OptimizerSettings
+from train.step.hyperparameters import OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
@@ -28,17 +27,6 @@ if TYPE_CHECKING:
     from train.step.step import TrainingStep
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
-
-# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero: the
-# default schedule (train.step.hyperparameters.OptimizerSettings chooses another).
-WARMUP_FRACTION = DEFAULT_WARMUP_RATIO
-
-
-def cosine_schedule(total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
-    """`make_scheduler` for the default schedule: the run's learning-rate schedule over its
-    `total_steps` optimizer steps (the same on every process)."""
-    return OptimizerSettings().scheduler(total_steps)
-
 
 @dataclass(frozen=True)
 class Optimization:

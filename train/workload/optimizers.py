@@ -194,8 +194,6 @@ OPTIMIZERS: dict[str, Optimizer] = {
         Optimizer(name="sgd", build=torch_sgd, state_bytes=StateBytes(buffers=1), hf_optim="sgd", help="momentum 0.9: one fp32 buffer"),
     )
 }
-# The built-in choices. What must see an entry added at run time (a test's) reads OPTIMIZERS itself.
-OPTIMIZER_CHOICES = tuple(OPTIMIZERS)
 
 
 def optimizer_named(name: str) -> Optimizer:

@@ -203,13 +203,3 @@ def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> Tokeniz
         raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
     return data
 
-
-def load_tokenized(
-    path: str, tokenizer: PreTrainedTokenizerBase, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train"
-) -> TokenizedData:
-    """Every record of `path` tokenized (through the cache): tests and small tools."""
-    from common.console import say
-
-    prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
-    assert isinstance(prepared.view, TokenizedData)
-    return prepared.view

@@ -147,25 +147,6 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
     return QuantizedBytes(quantized, statistics, (whole - converted_weights) * dtype_bytes, len(layers))
 
 
-def loaded_bytes(model: Any) -> int:
-    """The bytes a loaded model holds: its parameters and buffers at their storage dtype, and the
-    quantization state bitsandbytes keeps beside its 4-bit weights (absmax, codes, offsets) and
-    its 8-bit ones (row scales): what `quantized_bytes` predicts."""
-    import torch
-
-    def size(tensor: Any) -> int:
-        return tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
-
-    total = sum(size(tensor) for tensor in (*model.parameters(), *model.buffers()))
-    for parameter in model.parameters():
-        state = getattr(parameter, "quant_state", None)
-        while state is not None:
-            total += size(state.absmax) + size(state.code) + size(getattr(state, "offset", None))
-            state = getattr(state, "state2", None)
-        total += size(getattr(parameter, "SCB", None))
-    return total
-
-
 def quantized_base(source: Any, device: Any, kind: str, dtype: Any) -> Any:
     """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
     does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`

@@ -62,25 +62,6 @@ class TokenizedData:
     folder: Path | None = None  # where the arrays are mapped from (pickled as the path)
     extra: JsonDict = field(default_factory=dict)  # {"meta": the store's meta.json}
 
-    @classmethod
-    def from_samples(
-        cls,
-        samples: list[np.ndarray],
-        prompt_lengths: list[int] | None,
-        format: str,
-        source: str,
-        loss_masks: list[np.ndarray] | None = None,
-        loss_on: str = "all tokens",
-    ) -> TokenizedData:
-        """In memory, from one array per sample (tests, small data)."""
-        lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        tokens = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
-        mask = np.concatenate(loss_masks).astype(np.uint8) if loss_masks is not None and samples else None
-        prompts = np.asarray(prompt_lengths, dtype=np.int32) if prompt_lengths is not None else None
-        data = cls(tokens, offsets, format, source, loss_on, mask, prompts)
-        return replace(data, targets=data.document_targets())
-
     # -- what the view holds ------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.index) if self.index is not None else len(self.offsets) - 1
