@@ -45,6 +45,7 @@ from typing import TypeGuard
 
 import numpy as np
 
+from calibration.comm import gradient_bytes
 from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -107,8 +108,6 @@ def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: boo
 def held_gradient_bytes(record: JsonDict) -> float:
     """The fp32 gradients a calibration's step holds while accumulating: every trainable parameter's,
     or this rank's share of them under FSDP (train.step.sharding shards gradients)."""
-    from calibration.comm import gradient_bytes
-
     training = record.get("training") or {}
     trainable = training.get("trainable_parameters")
     if not isinstance(trainable, int) or trainable <= 0:

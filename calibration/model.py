@@ -11,10 +11,15 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from calibration.extrapolation import extrapolation_widening, stretch_by_dimension
-from calibration.fit import ThroughputModel, throughput_model_from_json
+from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
+from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from calibration.schema import variant_data
+from calibration.setup import variant_key
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
+from calibration.store import calibrations_dir, is_bundled
+from calibration.translate import widened_bounds
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
@@ -56,8 +61,6 @@ class Calibration:
     """The data of one calibration file plus the models fitted to it."""
 
     def __init__(self, data: JsonDict, path: Path | None = None, variant: int | None = None) -> None:
-        from calibration.schema import variant_data
-
         self.file_data = data
         self.data = variant_data(data, variant) if variant is not None else data
         self.path = path
@@ -81,9 +84,6 @@ class Calibration:
         """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
         (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), "from FILE", or
         "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
-        from calibration.hub import hub_provenance
-        from calibration.store import calibrations_dir, is_bundled
-
         if self.translation is not None:  # a measurement of another device, not of this one
             return f"translated from {self.translation['from_device']} by datasheet ratios"
         shared = hub_provenance(self.data)
@@ -112,8 +112,6 @@ class Calibration:
     @property
     def variant_key(self) -> SetupKey:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
-        from calibration.setup import variant_key
-
         return variant_key(self.data)
 
     @property
@@ -148,8 +146,6 @@ class Calibration:
 
     def eval_batch_seconds(self, micro_batch_size: int, seq_len: int) -> float | None:
         """Seconds of one forward-only eval batch, or None when bench did not measure evaluation."""
-        from calibration.fit import EVAL_TERMS, eval_features
-
         fit = (self.data.get("eval") or {}).get("fit")
         if not fit:
             return None
@@ -192,8 +188,6 @@ class Calibration:
         """(lower, upper) widths around the central step time at `config` (it may take central /
         (1 + lower) to central × (1 + upper)): the measured bound (default measured_bound_for), out to
         a translation's bracket ends (calibration.translate.widened_bounds)."""
-        from calibration.translate import widened_bounds
-
         measured = self.measured_bound_for(config) if measured is None else measured
         return widened_bounds(measured, self.translation, self.fit["parameters"], config)
 

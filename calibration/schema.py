@@ -11,6 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from calibration.extrapolation import check_record
+from calibration.fit import EVAL_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
+from calibration.memory_fit import BASES, MEMORY_TERMS
+from calibration.setup import variant_key
+from calibration.slices import check_slices
 from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
 
@@ -133,8 +138,6 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
                 raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
     evaluation = data.get("eval")
     if evaluation is not None:
-        from calibration.fit import EVAL_TERMS
-
         fit = evaluation.get("fit") if isinstance(evaluation, dict) else None
         if not isinstance(evaluation, dict) or (fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))):
             raise CalibrationFileError(f"calibration {path}: eval should be an object with measurements and a fit")
@@ -151,8 +154,6 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
     slices = data.get("slices")
     if slices is not None:
-        from calibration.slices import check_slices
-
         problem = check_slices(slices, f"calibration {path}: slices")
         if problem:
             raise CalibrationFileError(problem)
@@ -170,8 +171,6 @@ VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
 def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) -> None:
-    from calibration.setup import variant_key
-
     seen = {variant_key(data): "the first setup"}
     for index, entry in enumerate(variants):
         where = f"calibration {path}: variants[{index}]"
@@ -198,9 +197,6 @@ def variant_history(data: JsonDict, index: int | None) -> list[JsonDict]:
 
 
 def _check_fit(fit: Any, where: str) -> None:
-    from calibration.fit import SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
-    from calibration.memory_fit import BASES, MEMORY_TERMS
-
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")
     _check_fields(fit, {"kind": str, "parameters": dict, "held_out_error": dict}, where)
@@ -219,7 +215,6 @@ def _check_fit(fit: Any, where: str) -> None:
         if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
-        from calibration.extrapolation import check_record
 
         problem = check_record(fit["extrapolation_by_dimension"], f"{where}.extrapolation_by_dimension")
         if problem:
