@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
+from calibration.comm import describe_communication
 from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
@@ -298,8 +299,6 @@ def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
 def _plan_value(key: str, value: Any) -> Any:
     """A plan entry as the plan text says it: the communication record as its one line."""
     if key == "communication" and isinstance(value, dict):
-        from calibration.comm import describe_communication
-
         return describe_communication(value) or "one process: none"
     return value
 

@@ -10,21 +10,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calibration.run_file import ResumedRun, RunMethod
+from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.running.checkpoint import checkpoints_to_resume
+from train.running.checkpoint import checkpoints_to_resume, read_progress
+from train.step.hyperparameters import option_name, settings_from, settings_of_run
+from train.workload.method import MethodConfig
+from train.workload.model import resolve_model
 
 if TYPE_CHECKING:
     from train.workload.batching import DataView
-    from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
     from train.workload.prepare import PreparedData
 
 
 def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
     """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
-    from train.workload.model import resolve_model
-
     pinned = resumed.model_revision
     if spec.hub is None or not pinned or pinned == spec.hub.revision:
         return spec
@@ -33,8 +34,6 @@ def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
 
 def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
-    from train.workload.method import MethodConfig
-
     if recorded.method != "lora":
         return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(
@@ -78,9 +77,6 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
     command's (said in a warning). `named` holds the command's `learning_rate` when --learning-rate
     was given: it must be the run's (its plan's base rate); not given, the run's is kept."""
     from dataclasses import asdict
-
-    from common.console import say
-    from train.step.hyperparameters import option_name, settings_from, settings_of_run
 
     theirs = settings_of_run(resumed.hyperparameters)
     asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
@@ -179,8 +175,6 @@ def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: in
 
 def completed_steps(out_dir: Path) -> int:
     """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
-    from train.running.checkpoint import read_progress
-
     return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
 
 

@@ -12,19 +12,22 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.step.hyperparameters import OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
-from train.step.runtime import DEFAULT_LEARNING_RATE
+from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
+from train.step.step import TrainingStep
+from train.workload.method import set_gradient_checkpointing
+from train.workload.model import build_model
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
     from torch.optim.lr_scheduler import LambdaLR
 
-    from train.step.step import TrainingStep
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
@@ -48,8 +51,6 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
 
     def __post_init__(self) -> None:
-        from common.errors import BenchtrainError
-
         if self.sharding not in SHARDING_CHOICES:
             raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
 
@@ -65,8 +66,6 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
 
 def check_sharding(options: StepOptions, method: MethodConfig) -> None:
     """FSDP shards full fine-tuning; LoRA's frozen base is replicated with DDP (one line otherwise)."""
-    from common.errors import BenchtrainError
-
     if options.sharding == "fsdp" and method.is_lora:
         raise BenchtrainError("--sharding fsdp is for full fine-tuning; LoRA runs with --sharding ddp (each process holds the frozen base)")
 
@@ -83,8 +82,6 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
     """The processes and the sharding of this job — the launcher's processes (`processes` where already
     known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
     comparison settle it; a method and sharding that do not go together are one line."""
-    from train.step.runtime import job_world_size
-
     check_sharding(options, method)
     world_size = job_world_size() if processes is None else processes
     return ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
@@ -130,8 +127,6 @@ def resolve_step(
 
 
 def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | None, measured: MeasuredStep) -> tuple[str, bool]:
-    from common.errors import BenchtrainError
-
     if options.compile == "auto" and measured.compiled is not None:
         compiled = measured.compiled
     else:
@@ -194,11 +189,6 @@ def build_engine(
     learning rate, the hyper-parameters and the schedule's horizon (None: the defaults at a
     constant rate, as bench probes use)."""
     import torch
-
-    from train.step.runtime import make_optimizer
-    from train.step.step import TrainingStep
-    from train.workload.method import set_gradient_checkpointing
-    from train.workload.model import build_model
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
     # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).

@@ -30,6 +30,7 @@ import types
 from typing import Any
 
 from train.workload.batching import IGNORE_INDEX
+from train.workload.method import unwrap
 
 LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # Output heads that are a plain linear layer over the decoder's last hidden state (no logit
@@ -350,8 +351,6 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     (bench compares the losses on one model), before or after accelerate's `prepare`: the forward
     keeps accelerate's precision wrapper, and Liger's kernels are on the model only while the loss
     is `liger`."""
-    from train.workload.method import unwrap
-
     if kind not in LOSS_CHOICES or kind == "auto":
         raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)

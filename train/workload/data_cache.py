@@ -30,6 +30,7 @@ import numpy as np
 from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
 from common.json_types import JsonDict
+from common.progress import progress_bar
 from train.workload.fingerprint import data_root, process_local_rank
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
@@ -143,8 +144,6 @@ def build_store(folder: Path, job: BuildJob | Callable[[Path], None], say: Calla
 
 
 def tokenize_into(folder: Path, job: BuildJob, what: str) -> None:
-    from common.progress import progress_bar
-
     count = len(job.records)
     workers = worker_count(count)
     started = time.perf_counter()

@@ -19,7 +19,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.errors import BenchtrainError
+from common.disk_space import GB, free_bytes
+from common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
@@ -152,9 +153,6 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
 
 def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
     """Download the missing weight files into the hub cache, after checking there is room."""
-    from common.disk_space import GB, free_bytes
-    from common.errors import DiskSpaceError
-
     free = free_bytes(Path(fetch.cache_dir))
     if fetch.total_bytes > free:
         raise DiskSpaceError(

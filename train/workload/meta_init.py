@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from common.errors import BenchtrainError
+
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel
@@ -190,8 +192,6 @@ def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int
     last = {key: index for index, step in enumerate(steps) for key in step.writes}
     unwritten = [slots.name(key) for key in slots.tensors if key not in last]
     if unwritten:
-        from common.errors import BenchtrainError
-
         raise BenchtrainError(f"cannot initialise {type(model).__name__} one module at a time: nothing initialises {', '.join(unwritten[:3])}")
     torch.manual_seed(seed)
     live: dict[int, Any] = {}

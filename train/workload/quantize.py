@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BenchtrainError
+from train.workload.meta_init import meta_plain_model, seeded_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -184,8 +185,6 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any) -> An
     same, to the byte, as quantizing those weights written to a folder and loaded."""
     import torch
     from transformers.quantizers.auto import AutoHfQuantizer
-
-    from train.workload.meta_init import meta_plain_model, seeded_tensors
 
     device = torch.device(device)
     quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype), pre_quantized=False)

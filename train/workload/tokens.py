@@ -31,6 +31,7 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
+from train.workload.pretokenized import open_token_files
 
 if TYPE_CHECKING:
     from train.workload.pretokenized import TokenShards
@@ -288,7 +289,6 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     source = source or meta.get("source", str(folder))
     files = meta["files"]
     if "external" in meta:  # raw token files, mapped where they are (train.workload.pretokenized)
-        from train.workload.pretokenized import open_token_files
 
         tokens = open_token_files(meta)
     else:
