@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from bench.timing import ProbeSettings, min_timed_steps, steps_needed
+from calibration.fit_tools import fit_nonnegative
+from calibration.memory_fit import fit_memory
 from calibration.step_config import StepConfig
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
@@ -212,8 +214,6 @@ class CostModel:
             per_flop = float(np.median(seconds / flops))
             fixed = 0.0
         else:
-            from calibration.fit_tools import fit_nonnegative
-
             fixed, per_flop = fit_nonnegative(np.stack([accums, flops], axis=1), seconds)
         predicted = fixed * accums + per_flop * flops
         margin = float(np.max(np.abs(predicted - seconds) / seconds))
@@ -287,8 +287,6 @@ class MemoryPrior:
     def _fits(self, mode: int, unseen: bool) -> tuple[float, float, Any]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
-        from calibration.memory_fit import fit_memory
-
         key = (mode, unseen, len(self.observations))
         if key not in self._cache:
             same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == mode]

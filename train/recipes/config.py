@@ -23,7 +23,7 @@ import argparse
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
@@ -31,6 +31,7 @@ from common.json_types import JsonDict
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
+from train.recipes.hub_push import PushTarget, valid_repo_id
 from train.running.guard import GuardSection
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
@@ -39,9 +40,6 @@ from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, setting
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
-
-if TYPE_CHECKING:
-    from train.recipes.hub_push import PushTarget
 
 
 def parse_max_length(value: Any) -> int | str:
@@ -211,8 +209,6 @@ class OutputSection:
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
             raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
         if self.push_to_hub:
-            from train.recipes.hub_push import valid_repo_id
-
             valid_repo_id(self.push_to_hub)
         if self.push_only and not self.out:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
@@ -222,8 +218,6 @@ class OutputSection:
     @property
     def push_target(self) -> PushTarget | None:
         """Where --push-to-hub sends the model (not checked against the hub yet: hub_push.check_push)."""
-        from train.recipes.hub_push import PushTarget
-
         return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
 
