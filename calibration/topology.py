@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from calibration.comm import CommModel
+from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
@@ -203,8 +204,6 @@ PCIE_GEN4_BANDWIDTH = 32e9
 
 def link_figures(kind: str, device_name: str) -> Link:
     """The datasheet figures of a `kind` link on `device_name`; one line where there are none."""
-    from calibration.datasheets import sheet_for
-
     sheet = sheet_for(device_name)
     if kind in ("nvlink", "nvswitch"):
         bandwidth = sheet.nvlink_bandwidth if sheet is not None else None

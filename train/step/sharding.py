@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from train.workload.meta_init import meta_plain_model, seeded_tensors
+from train.workload.method import decoder_blocks, unwrap
+
 if TYPE_CHECKING:
     import torch
     from torch.distributed.checkpoint.state_dict import DictValueType, OptimizerStateType
@@ -56,8 +59,6 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from train.workload.method import decoder_blocks
-
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     blocks = decoder_blocks(model)
@@ -79,9 +80,6 @@ def materialise_shards(model: Any, spec: Any, device: Any) -> None:
     and keeps its slice; no communication), then, for a folder with weights, those read by rank 0
     and broadcast. Tied weights are tied again (`to_empty` gives each module its own tensor)."""
     import torch
-
-    from train.workload.meta_init import meta_plain_model, seeded_tensors
-    from train.workload.method import unwrap
 
     lm = unwrap(model)
     lm.to_empty(device=device)

@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
+from common.console import say
 from common.errors import BenchtrainError
+from train.workload.quantize import require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -128,8 +130,6 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
         device = next((p.device.type for group in groups for p in group["params"]), "?")
         raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
     if not fused:
-        from common.console import say
-
         say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
     return torch.optim.AdamW(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
 
@@ -204,8 +204,6 @@ def optimizer_named(name: str) -> Optimizer:
 
 def check_optimizer(name: str) -> None:
     if optimizer_named(name).needs_bitsandbytes:
-        from train.workload.quantize import require_bitsandbytes
-
         require_bitsandbytes(f"--optimizer {name}")
 
 
