@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,8 +64,6 @@ def device_speed(hardware: dict[str, Any], measure_matmul: Callable[[], float] |
 
 def matmul_flops(device_type: str, seconds: float = 0.3) -> float:
     """FLOP/s of square matmuls on the device, timed for about `seconds` (fp32 on a CPU, bf16 on a GPU)."""
-    import time
-
     import torch
 
     cuda = device_type == "cuda"

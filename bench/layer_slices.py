@@ -25,6 +25,7 @@ refused in one line and the whole model is measured.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -193,8 +194,6 @@ def measure_layers(
 ) -> JsonDict | None:
     """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
     and their combination (rank 0's record; None on the other processes)."""
-    import time
-
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:

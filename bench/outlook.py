@@ -88,8 +88,6 @@ def auto_budget(planner: ProbePlanner, spent_seconds: float, after_probes_second
 def expected_error(hardware_name: str, fingerprint: str, probes: int) -> float | None:
     """The held-out median error to expect with `probes` probes, from the newest stored
     calibration of this model on this device (scaled by √(its probes ÷ these)); None without one."""
-    import math
-
     for _, data, _ in list_calibrations():
         if not data or not data.get("fit") or data["hardware"].get("name") != hardware_name or data["model"].get("fingerprint") != fingerprint:
             continue

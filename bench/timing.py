@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -52,15 +52,11 @@ class ProbeSettings:
     def for_budget(self, budget_seconds: float | None) -> ProbeSettings:
         """A larger budget gives each probe a larger time share (BUDGET_SHARE of it): more timed
         steps where steps scatter (a busy CPU) or cost seconds each (a large model)."""
-        from dataclasses import replace
-
         if budget_seconds is None:
             return self
         return replace(self, max_seconds=max(self.max_seconds, BUDGET_SHARE * budget_seconds))
 
     def with_limit(self, seconds: float | None, expected_step_seconds: float | None = None) -> ProbeSettings:
-        from dataclasses import replace
-
         return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds), expected_step_seconds=expected_step_seconds)
 
 

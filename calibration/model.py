@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,8 +102,6 @@ class Calibration:
     def with_device_memory(self, memory_bytes: int) -> Calibration:
         """This calibration planned for a device of `memory_bytes` (`train --device-memory`): its
         memory model's predictions judged against that limit instead of the measured device's."""
-        import copy
-
         data = copy.deepcopy(self.file_data)
         for entry in (data, *(data.get("variants") or [])):
             if "hardware" in entry:

@@ -11,6 +11,7 @@ all-gathers parameters and reduce-scatters gradients (train/step/sharding.py).
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,7 +116,6 @@ def beside_compute(device: torch.device) -> Iterator[None]:
     if getattr(device, "type", None) != "cpu":
         yield
         return
-    import threading
 
     import torch
 

@@ -20,6 +20,7 @@ whether the fixed part alone is already too much.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -84,8 +85,6 @@ def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
     the optimizer, LoRA's alpha and dropout change no parameter's shape (bitsandbytes' bytes are
     arithmetic on the plain layers: quantized_base_bytes), and a plan asks for the same
     architecture under each of them (≈ 0.7 s a build on a 2-core CPU)."""
-    import json
-
     import torch
     from transformers import AutoModelForCausalLM
 

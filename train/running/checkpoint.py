@@ -21,12 +21,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import numpy as np
 
 from common.atomic import atomic_directory
 from common.errors import EXIT_DISK, BenchtrainError
@@ -64,7 +67,6 @@ class RngState(NamedTuple):
 
 def rng_state() -> RngState:
     """The random generators' state now."""
-    import numpy as np
     import torch
 
     version, internal, gauss = random.getstate()
@@ -77,7 +79,6 @@ def rng_state() -> RngState:
 
 
 def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
-    import numpy as np
     import torch
 
     version, internal, gauss = plain["python"]
@@ -271,8 +272,6 @@ class SavedState(NamedTuple):
 
 def _read_state(folder: Path) -> SavedState:
     """The weights and the optimizer/scheduler/RNG state of `folder`, read safely, or a one-line error."""
-    import pickle
-
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -5,9 +5,14 @@ options."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from calibration.run_file import ResumedRun, RunMethod
 from common.console import say
@@ -76,8 +81,6 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
     `named` differently is refused (one line) unless --force, which then trains with this
     command's (said in a warning). `named` holds the command's `learning_rate` when --learning-rate
     was given: it must be the run's (its plan's base rate); not given, the run's is kept."""
-    from dataclasses import asdict
-
     theirs = settings_of_run(resumed.hyperparameters)
     asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
     values = {**asdict(theirs), **asked}
@@ -121,10 +124,6 @@ def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
 def data_fingerprint(data: DataView) -> str:
     """The tokenized data's identity: its format and every sample's length, in order (runs
     recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
-    import hashlib
-
-    import numpy as np
-
     digest = hashlib.sha256(data.format.encode())
     digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]
@@ -182,7 +181,6 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
     if command_line is None:
         return None
-    import shlex
 
     kept, skip = [], False
     for token in command_line:

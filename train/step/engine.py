@@ -9,7 +9,7 @@ Order matters: the model (with its method: full or LoRA) → gradient checkpoint
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
@@ -169,8 +169,6 @@ class Engine:
     def with_loss(self, kind: str) -> Engine:
         """This engine computing the loss with `kind` (bench compares the losses on one model):
         the same `install_loss` that built it, so the step keeps accelerate's precision wrapper."""
-        from dataclasses import replace
-
         if kind == self.loss:
             return self
         install_loss(self.model, kind, compiled=self.compiled)

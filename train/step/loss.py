@@ -27,7 +27,10 @@ import functools
 import importlib
 import math
 import types
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+from packaging.version import Version
 
 from train.workload.batching import IGNORE_INDEX
 from train.workload.method import unwrap
@@ -57,10 +60,6 @@ def liger_functions() -> tuple[Any, Any]:
 def liger_problem() -> str | None:
     """Why Liger cannot run here (not installed, too old, does not import), or None. A Liger that
     fails to import must not be what `--loss auto` picks: every probe would fail."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     try:
         installed = version("liger-kernel")
     except PackageNotFoundError:

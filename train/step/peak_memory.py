@@ -35,10 +35,13 @@ can bet on, again".
 from __future__ import annotations
 
 import ctypes
+import gc
 import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import psutil
 
 from common.json_types import JsonDict
 
@@ -94,8 +97,6 @@ HOST_BASELINE_KEY = "process_rss_before_model_bytes"
 def process_resident_bytes() -> int | None:
     """This process's resident set now (None where psutil cannot read it)."""
     try:
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
     except Exception:
         return None
@@ -125,8 +126,6 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PeakMemory:
-        import gc
-
         gc.collect()
         if self.cuda:
             import torch
@@ -140,7 +139,6 @@ class PeakMemory:
         _trim_heap()
         if _reset_high_water_mark():
             return self
-        import psutil
 
         self._process = psutil.Process()
         self._stop = threading.Event()

@@ -8,6 +8,7 @@ bf16 autocast too with BENCHTRAIN_CPU_BF16=1 (`cpu_bf16`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -189,8 +190,6 @@ def wait_for_all(
 def leave(code: int) -> None:
     """Exit a command. A process of a multi-process job leaves with os._exit once everything is
     written: gloo's process-group destructors can deadlock on the GIL (see finish_together)."""
-    import sys
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,8 +80,6 @@ def load_records(path: str, split: str = "train") -> Any:
 def _datasets_quiet() -> Iterator[None]:
     """datasets logs its own error (with a traceback where its handler's stream is gone) before it
     raises; the failure is ours to say, in one line: its logger is silenced while it reads."""
-    import logging
-
     logger = logging.getLogger("datasets")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -107,8 +107,6 @@ def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) 
 
 
 def _interactive() -> bool:
-    import sys
-
     return sys.stderr.isatty()
 
 

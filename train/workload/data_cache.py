@@ -14,6 +14,7 @@ reused by `bench --data`, `train`, `--resume` and every process of a launch.
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import json
 import multiprocessing
@@ -102,8 +103,6 @@ def ensure_store(
 
 def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str, verify_contents: bool = False) -> TokenizedData:
     """A process other than the builder: wait for the store the main process writes."""
-    import fcntl
-
     lock = folder.with_name(f"{folder.name}.lock")
     said, quiet_since = False, time.monotonic()
     while True:

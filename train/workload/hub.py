@@ -13,6 +13,7 @@ will go before `fetch_weights` gets it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -86,8 +87,6 @@ def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
 
 def has_weight_files(folder: Path) -> bool:
     """A single weight file, or an index whose every shard is there (a half-finished download is not)."""
-    import json
-
     for name in WEIGHT_FILES:
         path = folder / name
         if not path.is_file():

@@ -24,6 +24,7 @@ between steps. The steps then run again on the device on real tensors, a few at 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,8 +57,6 @@ def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None)
     """The causal LM of `config` (a transformers config) on `meta`, with SDPA attention: nothing
     allocated, nothing drawn. A skeleton to shard or quantize, or the scratch copy
     train.workload.meta_init draws the initial weights from."""
-    import copy
-
     import torch
     from transformers import AutoModelForCausalLM
 

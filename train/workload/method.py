@@ -9,6 +9,8 @@ leaves the output head alone).
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -129,9 +131,6 @@ def quiet_library_warnings() -> None:
     """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
     on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
     rightly: warnings the user can do nothing about."""
-    import logging
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.

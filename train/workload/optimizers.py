@@ -23,6 +23,7 @@ Which is faster, and by how much, is measured by bench like any other choice.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
@@ -149,8 +150,6 @@ def bitsandbytes_adamw(paged: bool) -> Build:
     """bitsandbytes' 8-bit AdamW, paged or not, with the same betas and epsilon as torch's."""
 
     def build(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-        import warnings
-
         import bitsandbytes as bnb
 
         # "Paged optimizers are not supported on CPU": on CPU the paged one is the plain one, as said above.

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
 
 from common.errors import BenchtrainError
 from train.workload.meta_init import meta_plain_model, seeded_tensors
@@ -83,10 +86,6 @@ def check_quantize(kind: str, is_lora: bool) -> None:
 
 
 def require_bitsandbytes(what: str = "--quantize") -> None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     try:
         installed = version("bitsandbytes")
     except PackageNotFoundError:
