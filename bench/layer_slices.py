@@ -28,12 +28,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from bench.calibrate import after_probes_seconds, plan_probes
 from bench.outlook import AUTO_PROBES, outlook
-from bench.setup_measurement import describe_task, measure_setup
-from bench.slice_budget import Carry, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
+from bench.setup_measurement import BenchRequest, ProgressBar, describe_task, measure_setup
+from bench.slice_budget import Carry, DepthPrice, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
 from bench.slice_record import WholeModel, combine_slices
 from calibration.store import discard_unfinished, unfinished_paths
 from common.console import say
@@ -42,14 +41,8 @@ from common.json_types import JsonDict
 from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
 from train.step.engine import process_layout
 from train.step.hardware import detect_hardware
-from train.workload.method import method_record
-from train.workload.model import make_config, model_record, model_shape
-
-if TYPE_CHECKING:
-    from bench.setup_measurement import BenchRequest, ProgressBar
-    from bench.slice_budget import DepthPrice
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
+from train.workload.method import MethodConfig, method_record
+from train.workload.model import ModelSpec, make_config, model_record, model_shape
 
 # Layer counts to measure slices at: sorted, each once (`--layers 2,4,6`).
 Depths = tuple[int, ...]

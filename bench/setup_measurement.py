@@ -35,14 +35,13 @@ from train.step.hardware import detect_hardware, detect_software, device_label, 
 from train.step.loss import PLAIN_HEAD_MODEL_TYPES
 from train.step.peak_memory import HOST_BASELINE_KEY, process_resident_bytes
 from train.workload.data import length_profile
-from train.workload.model import model_record
+from train.workload.model import ModelSpec, model_record
 from train.workload.prepare import DataSpec, prepare_data
 from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from bench.slice_budget import Carry
     from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
 ProgressBar = Callable[[int, float | None], Bar | None]

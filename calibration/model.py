@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
@@ -16,17 +16,13 @@ from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughp
 from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.schema import variant_data
-from calibration.setup import variant_key
+from calibration.setup import SetupKey, variant_key
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
 from calibration.store import calibrations_dir, is_bundled
-from calibration.translate import widened_bounds
+from calibration.translate import BoundWidths, widened_bounds
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-
-if TYPE_CHECKING:  # imported where used, below, as before: only their names are needed here
-    from calibration.setup import SetupKey
-    from calibration.translate import BoundWidths
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02

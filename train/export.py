@@ -34,14 +34,13 @@ from common.atomic import atomic_directory
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.method import MethodConfig
-from train.workload.model import make_config
+from train.workload.model import ModelSpec, make_config
 from train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from train.workload.model import ModelSpec
 
 FINAL = "final"
 FINAL_BASE = "final-base"

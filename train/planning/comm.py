@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 from calibration.comm import CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.planning.memory_check import compute_bytes
+from train.planning.memory_check import MemoryNeed, compute_bytes
 
 if TYPE_CHECKING:
     import torch
 
     from calibration.model import Calibration
-    from train.planning.memory_check import MemoryNeed
 
 # Message sizes in bytes: latency-bound to bandwidth-bound. On CUDA also the sizes where NVLink
 # reaches its bandwidth (a 1B model's gradients are 4 GiB, sent in 25 MiB buckets; FSDP gathers a

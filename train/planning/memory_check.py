@@ -29,16 +29,14 @@ from common.json_types import JsonDict
 from train.step.hardware import allocator_conf
 from train.step.sharding import largest_block_parameters
 from train.workload.method import MethodConfig, apply_method, decoder_blocks
-from train.workload.model import make_config
+from train.workload.model import ModelSpec, make_config
 from train.workload.optimizers import OPTIMIZERS, optimizer_state_bytes, same_state_groups
-from train.workload.quantize import base_phrase, quantized_bytes, require_bitsandbytes
+from train.workload.quantize import QuantizedBytes, base_phrase, quantized_bytes, require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
 
     from calibration.model import Calibration
-    from train.workload.model import ModelSpec
-    from train.workload.quantize import QuantizedBytes
 
 FP32_BYTES = 4
 BF16_BYTES = 2

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import calibration as calibration_api
 from common.console import say
 from common.errors import BenchtrainError
-from train.planning.memory_check import check_fits
+from train.planning.memory_check import MemoryNeed, check_fits
 from train.recipes.calibration_choice import check_compatible, load_calibration
 from train.recipes.config import TrainConfig
 from train.recipes.variant_choice import Refused, asked_variant, setups_to_plan
@@ -26,7 +26,6 @@ from train.step.hardware import detect_hardware
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from calibration.run_file import ResumedRun
-    from train.planning.memory_check import MemoryNeed
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 

@@ -34,7 +34,7 @@ from calibration.store import bundled_calibrations, calibrations_dir, is_bundled
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
-from train.planning.comm import price_traffic
+from train.planning.comm import Traffic, price_traffic
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
 from train.recipes.chosen_setup import plan_hardware, setup_for
@@ -43,7 +43,6 @@ from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_j
 from train.step.engine import ProcessLayout
 
 if TYPE_CHECKING:
-    from train.planning.comm import Traffic
     from train.planning.types import Plan
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -215,9 +214,7 @@ def measured_identity(data: JsonDict) -> tuple[str | None, str]:
     return (data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")
 
 
-def select_calibrations(
-    reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None
-) -> list[Calibration]:
+def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
     """The calibrations a comparison names, separated by commas (each once): `all` (every stored
     calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
     (those of this model and method shared in that hub repository: calibration.hub), ids, paths
@@ -251,9 +248,7 @@ def select_calibrations(
     return list(unique.values())
 
 
-def of_this_run(
-    entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None
-) -> list[Calibration]:
+def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
     """The calibrations (path, data) of this model and method; one without a fitted model is said
     and left out."""
     found = []

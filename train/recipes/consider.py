@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from calibration.datasheets import known_keys, sheet_for
+from calibration.datasheets import DeviceSheet, known_keys, sheet_for
 from calibration.model import Calibration
 from calibration.store import is_bundled
 from calibration.topology import parse_interconnect, recorded_interconnect
@@ -40,7 +40,6 @@ from train.recipes.compare import Comparison, Consideration, Row, plan_row, rank
 from train.recipes.options import Option, collectives_sources, predicted_option
 
 if TYPE_CHECKING:
-    from calibration.datasheets import DeviceSheet
     from train.recipes.plan_setup import PlanContext
     from train.workload.method import MethodConfig
 
@@ -216,6 +215,7 @@ def cost_bracket(row: Row) -> tuple[float, float] | None:
 def rank_at_upper_end(rows: list[Row], by_cost: bool) -> list[Row]:
     """Rows that meet the deadline at their upper end, cheapest at that end first (fastest without
     prices); then the others, closest first; then those with no plan. The first is recommended."""
+
     def upper(row: Row) -> tuple[float, float]:
         costs, seconds = cost_bracket(row), bracket(row)
         assert seconds is not None

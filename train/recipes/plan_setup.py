@@ -13,11 +13,11 @@ from calibration.run_file import ResumedRun
 from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.planning.comm import plan_communication, traffic_of
+from train.planning.comm import Traffic, plan_communication, traffic_of
 from train.planning.disk import export_bytes, upload_bytes
-from train.planning.memory_check import meta_model
+from train.planning.memory_check import MemoryNeed, meta_model
 from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
+from train.planning.types import Candidate, Plan, PlanRequest
 from train.recipes.config import DataSection, TrainConfig
 from train.recipes.hub_push import upload_rate
 from train.step.evaluation import split_eval
@@ -25,8 +25,8 @@ from train.step.hardware import peak_flops
 from train.step.metrics import planned_figures
 from train.step.peak_memory import host_excess_bytes
 from train.workload.data import length_profile
-from train.workload.model import model_shape, with_hub_weights
-from train.workload.prepare import DataSpec, prepare_data
+from train.workload.model import ModelSpec, model_shape, with_hub_weights
+from train.workload.prepare import DataSpec, PreparedData, prepare_data
 from train.workload.samples import resolve_data_path
 from train.workload.tokenizer import load_tokenizer
 
@@ -34,14 +34,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from calibration.model import Calibration
-    from train.planning.comm import Traffic
-    from train.planning.memory_check import MemoryNeed
-    from train.planning.types import Candidate, Plan
     from train.recipes.chosen_setup import ChosenSetup
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
-    from train.workload.prepare import PreparedData
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.

@@ -10,7 +10,7 @@ from calibration.comm import describe_communication
 from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration
-from train.planning.memory_check import describe_needs
+from train.planning.memory_check import MemoryNeed, describe_needs
 from train.planning.plan_text import describe_compute, describe_plan
 from train.planning.planner import deadline_options
 from train.recipes.config import TrainConfig
@@ -20,7 +20,6 @@ from train.workload.tokenizer import is_byte_tokenizer
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
-    from train.planning.memory_check import MemoryNeed
     from train.planning.types import Plan, PlanRequest
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec

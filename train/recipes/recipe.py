@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from calibration.run_file import JsonObject, ResumedRun, RunFile
 from calibration.run_status import INTERRUPTED, STOPPED_EARLY
@@ -57,12 +57,8 @@ from train.running.resume import (
 from train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory
 from train.step.sharding import gather_full_state, is_sharded
 from train.workload.data import length_profile, truncation
-from train.workload.method import method_record
-from train.workload.model import model_identity, model_record, model_shape, resolve_model
-
-if TYPE_CHECKING:
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
+from train.workload.method import MethodConfig, method_record
+from train.workload.model import ModelSpec, model_identity, model_record, model_shape, resolve_model
 
 
 def run_training(args: argparse.Namespace, started: float, write_report: Callable[[Path], Path]) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 
 from calibration.model import Calibration
 from calibration.run_status import COMPLETED, STEP_LIMIT
-from common.progress import progress_bar
+from common.progress import Bar, progress_bar
 from train.planning.types import Candidate
 from train.running import trackers
 from train.running.cadence import Every
@@ -36,7 +36,6 @@ from train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatche
 from train.workload.model import model_shape
 
 if TYPE_CHECKING:
-    from common.progress import Bar
     from train.step.step import StepResult
 
 

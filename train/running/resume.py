@@ -21,11 +21,10 @@ from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume, read_progress
 from train.step.hyperparameters import option_name, settings_from, settings_of_run
 from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from train.workload.model import ModelSpec, resolve_model
 
 if TYPE_CHECKING:
     from train.workload.batching import DataView
-    from train.workload.model import ModelSpec
     from train.workload.prepare import PreparedData
 
 

@@ -20,16 +20,14 @@ from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
 from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
 from train.step.step import TrainingStep
-from train.workload.method import set_gradient_checkpointing
-from train.workload.model import build_model
+from train.workload.method import MethodConfig, set_gradient_checkpointing
+from train.workload.model import ModelSpec, build_model
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
     from torch.optim.lr_scheduler import LambdaLR
 
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
 
 @dataclass(frozen=True)
 class Optimization:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,10 +31,7 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
-from train.workload.pretokenized import open_token_files
-
-if TYPE_CHECKING:
-    from train.workload.pretokenized import TokenShards
+from train.workload.pretokenized import TokenShards, open_token_files
 
 # Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
 Lengths = Sequence[int] | np.ndarray
@@ -289,7 +286,6 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     source = source or meta.get("source", str(folder))
     files = meta["files"]
     if "external" in meta:  # raw token files, mapped where they are (train.workload.pretokenized)
-
         tokens = open_token_files(meta)
     else:
         tokens = _map(folder / "tokens.bin", np.dtype(meta["dtype"]))
