@@ -9,7 +9,7 @@ import platform
 import re
 import shutil
 import subprocess
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
@@ -145,8 +145,8 @@ def detect_software() -> JsonDict:
     import transformers
 
     try:
-        benchtrain_version = version("benchtrain")
-    except PackageNotFoundError:
+        benchtrain_version = metadata.version("benchtrain")
+    except metadata.PackageNotFoundError:
         benchtrain_version = "unknown"
 
     return {

@@ -27,7 +27,7 @@ import functools
 import importlib
 import math
 import types
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata
 from typing import Any
 
 from packaging.version import Version
@@ -61,8 +61,8 @@ def liger_problem() -> str | None:
     """Why Liger cannot run here (not installed, too old, does not import), or None. A Liger that
     fails to import must not be what `--loss auto` picks: every probe would fail."""
     try:
-        installed = version("liger-kernel")
-    except PackageNotFoundError:
+        installed = metadata.version("liger-kernel")
+    except metadata.PackageNotFoundError:
         return "liger-kernel is not installed (pip install 'benchtrain[gpu]')"
     if Version(installed) < Version(LIGER_MIN_VERSION):
         return f"liger-kernel {installed} predates transformers 5; install liger-kernel>={LIGER_MIN_VERSION} (pip install 'benchtrain[gpu]')"

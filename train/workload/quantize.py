@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +87,8 @@ def check_quantize(kind: str, is_lora: bool) -> None:
 
 def require_bitsandbytes(what: str = "--quantize") -> None:
     try:
-        installed = version("bitsandbytes")
-    except PackageNotFoundError:
+        installed = metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
         raise BenchtrainError(f"{what} needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
     if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
         raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
