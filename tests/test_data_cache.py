@@ -744,6 +744,8 @@ MEMORY_SCRIPT = textwrap.dedent(
 
     import numpy as np
 
+    sys.path.insert(0, str(Path.cwd() / "tests"))
+    from helpers import load_tokenized
     from train.workload.tokenizer import byte_tokenizer
 
     data = load_tokenized(str(path), byte_tokenizer())
