@@ -4,7 +4,7 @@ The probes (bench.runner) leave room for what follows them, priced as they measu
 forward-only evaluation probes, the checkpoint write timing, and (compiled steps) a fresh process
 that times compiling from inductor's cache. Each runs only while the budget pays for it; what is
 skipped is said in the record. All device work goes through the coordinator's named tasks, so the
-same code runs on a real device, under several processes, and on a simulated one (bench.simulated).
+same code runs on a real device, under several processes, and on a simulated one (tests/simulated.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
+from bench.cost import CostModel, MemoryPrior, device_speed
+from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import CalibrationSubject, build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.space import SearchSpace
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
 from calibration.step_config import StepConfig
+from calibration.store import save_failed
+from common.durations import format_duration
 from common.errors import MeasurementError
+from train.planning.comm import world
+from train.planning.memory_check import compute_bytes, meta_model
+from train.step.compile import compile_cache_record, compile_enabled
+from train.workload.model import model_shape
 
 EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
@@ -107,8 +116,6 @@ def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> fl
 
 
 def checkpoint_price(task: BenchTask) -> float:
-    from bench.disk_write import MAX_WRITE_BYTES
-
     prices = task.prices
     if not prices.disk_bytes_per_second or not task.one_off_timings:
         return 0.0
@@ -140,12 +147,6 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     parameter bytes) and the device's speed; and the prices of the work after the probes: a
     forward pass's FLOPs share, the checkpoint's bytes, and the disk's speed (a 32 MiB write)
     when given a folder. The caller puts the prices in the task (`replace(task, prices=…)`)."""
-    from bench.choose import ProbePlanner
-    from bench.cost import CostModel, MemoryPrior, device_speed
-    from train.planning.memory_check import compute_bytes, meta_model
-    from train.step.compile import compile_enabled
-    from train.workload.model import model_shape
-
     hardware = task.hardware
     shape = model_shape(meta_model(spec, method))
     lora = method.is_lora
@@ -160,8 +161,6 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     checkpoint_bytes = need.trainable_parameters * 12
     disk_bytes_per_second = None
     if scratch is not None:
-        from bench.disk_write import disk_bandwidth
-
         disk_bytes_per_second = disk_bandwidth(scratch)
     prices = AfterProbePrices(forward_share, checkpoint_bytes, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
@@ -229,7 +228,6 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     training = {**task.training, **({"loss": losses.record["chosen"]} if losses.record else {})}
     if task.compiled:
         overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
-        from train.step.compile import compile_cache_record
 
         training["compile_cache"] = compile_cache_record()
     search = {
@@ -247,7 +245,6 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     record = build_calibration(subject, result, search, overheads, warnings)
     if kept is not None:
         kept.name_in(record)  # storing the record (or keeping it as failed) removes the kept rows
-    from calibration.fit import fit_eval
 
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
     if losses.record is not None:
@@ -350,8 +347,6 @@ def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[dict[str, Any]
 
 def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any]:
     """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes (the bound keeps it inside the budget)."""
-    from bench.disk_write import MAX_WRITE_BYTES
-
     prices = run.task.prices
     if not run.task.one_off_timings:
         return {}
@@ -413,8 +408,6 @@ def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) ->
     """World size, backend, sharding and the measured collectives of a multi-process bench: every
     collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm); `comm` is the
     all-reduce's, which predicts DDP at other world sizes."""
-    from train.planning.comm import world
-
     world_size, backend = world()
     return {
         "world_size": world_size,
@@ -429,10 +422,6 @@ def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) ->
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
     `latest` does not pick it) and say what a fit needs."""
-    from calibration.fit import MIN_ROWS_FOR_FIT
-    from calibration.store import save_failed
-    from common.durations import format_duration
-
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
     kept = save_failed(record)

@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from train.workload.model import ModelSpec
 
+from train.step.engine import StepOptions, engine_from_options
+from train.step.runtime import make_accelerator
+from train.workload.batching import SyntheticBatches
+from train.workload.method import MethodConfig, unwrap
+from train.workload.model import resolve_model
+
 STEPS = 4
 
 # What a launcher tells each worker about the job it belongs to: torchrun's elastic agent
@@ -66,11 +72,6 @@ def single_process_environment(environ: dict[str, str] | None = None) -> dict[st
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig, unwrap
-    from train.workload.model import resolve_model
 
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     options = StepOptions(compile="on", loss=request["loss"])

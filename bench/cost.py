@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from bench.timing import ProbeSettings, min_timed_steps, steps_needed
+from calibration.fit_tools import fit_nonnegative
+from calibration.memory_fit import fit_memory
 from calibration.step_config import StepConfig
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
@@ -61,8 +64,6 @@ def device_speed(hardware: dict[str, Any], measure_matmul: Callable[[], float] |
 
 def matmul_flops(device_type: str, seconds: float = 0.3) -> float:
     """FLOP/s of square matmuls on the device, timed for about `seconds` (fp32 on a CPU, bf16 on a GPU)."""
-    import time
-
     import torch
 
     cuda = device_type == "cuda"
@@ -195,7 +196,7 @@ class CostModel:
     def _fit_steps(self) -> tuple[float, float, float] | None:
         # One point per step size (FLOPs, accumulation): the fastest measured. A busy moment only
         # ever slows a step, so a size measured again at the machine's quiet speed replaces the
-        # disturbed price instead of being averaged with it (issue 38: one probe beside two CPU
+        # disturbed price instead of being averaged with it (averaged, one probe beside two CPU
         # hogs priced every later probe 60× and ended the benchmark).
         fastest: dict[tuple[float, int], float] = {}
         for o in self.observations:
@@ -212,8 +213,6 @@ class CostModel:
             per_flop = float(np.median(seconds / flops))
             fixed = 0.0
         else:
-            from calibration.fit_tools import fit_nonnegative
-
             fixed, per_flop = fit_nonnegative(np.stack([accums, flops], axis=1), seconds)
         predicted = fixed * accums + per_flop * flops
         margin = float(np.max(np.abs(predicted - seconds) / seconds))
@@ -287,8 +286,6 @@ class MemoryPrior:
     def _fits(self, mode: int, unseen: bool) -> tuple[float, float, Any]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
-        from calibration.memory_fit import fit_memory
-
         key = (mode, unseen, len(self.observations))
         if key not in self._cache:
             same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == mode]

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from bench.record import best_rows, status_counts
+from bench.tables import format_table
+from calibration.accuracy import describe_estimate_error, estimate_error_pct
+from calibration.comm import describe_collectives
+from calibration.model import Calibration
+from calibration.setup import describe_setup
+from calibration.slices import describe_slices
 from common.json_types import JsonDict
 
 
@@ -18,18 +25,10 @@ def describe_step(training: JsonDict, overheads: JsonDict) -> str:
 
 def describe_processes(distributed: JsonDict) -> str:
     """The processes the probes ran with and the collectives measured among them."""
-    from calibration.comm import describe_collectives
-
     return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {describe_collectives(distributed)}"
 
 
 def describe_calibration(data: JsonDict, path: str) -> list[str]:
-    from bench.record import best_rows, status_counts
-    from bench.tables import format_table
-    from calibration.accuracy import describe_estimate_error, estimate_error_pct
-    from calibration.model import Calibration
-    from calibration.setup import describe_setup
-
     hardware, model = data["hardware"], data["model"]
     counts = status_counts(data["measurements"])
     lines = [
@@ -41,8 +40,6 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
     ]
     lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))
     if data.get("slices"):
-        from calibration.slices import describe_slices
-
         lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")
     if distributed:

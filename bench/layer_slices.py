@@ -25,19 +25,24 @@ refused in one line and the whole model is measured.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from bench.calibrate import after_probes_seconds, plan_probes
+from bench.outlook import AUTO_PROBES, outlook
+from bench.setup_measurement import BenchRequest, ProgressBar, describe_task, measure_setup
+from bench.slice_budget import Carry, DepthPrice, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
+from bench.slice_record import WholeModel, combine_slices
+from calibration.store import discard_unfinished, unfinished_paths
 from common.console import say
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
-
-if TYPE_CHECKING:
-    from bench.setup_measurement import BenchRequest, ProgressBar
-    from bench.slice_budget import DepthPrice
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
+from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
+from train.step.engine import process_layout
+from train.step.hardware import detect_hardware
+from train.workload.method import MethodConfig, method_record
+from train.workload.model import ModelSpec, make_config, model_record, model_shape
 
 # Layer counts to measure slices at: sorted, each once (`--layers 2,4,6`).
 Depths = tuple[int, ...]
@@ -75,15 +80,11 @@ def layer_key(config_dict: JsonDict) -> str:
 
 
 def full_layers(spec: ModelSpec) -> int:
-    from train.workload.model import make_config
-
     return int(make_config(spec).num_hidden_layers)
 
 
 def non_uniform_reason(spec: ModelSpec) -> str | None:
     """Why slices of this architecture would not measure its layers (None: its blocks are alike)."""
-    from train.workload.model import make_config
-
     config = make_config(spec).to_dict()
     layers = full_layers(spec)
     for key, value in sorted(config.items()):
@@ -108,8 +109,6 @@ def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
 
 def static_bytes(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str]) -> float:
     """What one process keeps before activations (exact, from the `meta` device)."""
-    from train.planning.memory_check import memory_need
-
     world_size, sharding = layout
     return memory_need(spec, method, hardware["device_type"]).per_process_bytes(sharding, world_size, hardware["device_type"])
 
@@ -129,10 +128,6 @@ def auto_depths(
 def whole_model_affordable(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None) -> bool:
     """The whole model fits the device and the budget buys AUTO_PROBES probes of it (or the whole
     grid), at the prices bench works out before building anything."""
-    from bench.calibrate import after_probes_seconds, plan_probes
-    from bench.outlook import AUTO_PROBES, outlook
-    from bench.setup_measurement import describe_task
-
     try:
         task, need, _ = describe_task(request, spec, method, budget)
     except DoesNotFitError:
@@ -148,9 +143,6 @@ def choose_depths(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, asked: str | tuple[int, ...], budget: float | str | None
 ) -> tuple[tuple[int, ...] | None, str]:
     """(the depths to measure, or None for the whole model; the rule that chose, in words)."""
-    from train.step.engine import process_layout
-    from train.step.hardware import detect_hardware
-
     layers = full_layers(spec)
     reason = non_uniform_reason(spec)
     if reason is not None:
@@ -165,8 +157,6 @@ def choose_depths(
         return None, "whole model: it fits the device and the budget buys a usable fit of it"
 
     def affordable(ladder: tuple[int, ...]) -> bool:
-        from bench.slice_budget import needed_seconds
-
         return not isinstance(budget, (int, float)) or needed_seconds(price_ladder(request, spec, method, ladder, budget)) <= budget
 
     layout = process_layout(request.options, method)
@@ -183,10 +173,6 @@ def choose_depths(
 def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, DepthPrice]:
     """Each depth's prices (bench.slice_budget.DepthPrice) from the planner bench would probe it
     with, before anything is built."""
-    from bench.calibrate import after_probes_seconds, plan_probes
-    from bench.setup_measurement import describe_task
-    from bench.slice_budget import price_depths
-
     planners = {}
     for index, depth in enumerate(depths):
         task, need, _ = describe_task(request, slice_spec(spec, depth), method, budget)
@@ -201,11 +187,6 @@ def measure_layers(
 ) -> JsonDict | None:
     """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
     and their combination (rank 0's record; None on the other processes)."""
-    import time
-
-    from bench.setup_measurement import measure_setup
-    from bench.slice_budget import Carry, depth_share, refuse_if_unaffordable
-
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:
@@ -237,12 +218,6 @@ def measure_layers(
 def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: MethodConfig, rule: str) -> JsonDict:
     """The depths' records combined into the whole model's calibration; shallower depths' kept rows
     are discarded (the combined record names the deepest's, removed when it is stored)."""
-    from bench.slice_record import WholeModel, combine_slices
-    from calibration.store import unfinished_paths
-    from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
-    from train.workload.method import method_record
-    from train.workload.model import model_record, model_shape
-
     deepest = records[max(records)]
     hardware = deepest["hardware"]
     distributed = deepest.get("distributed") or {}
@@ -266,8 +241,6 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     )
     record = combine_slices(records, whole)
     for depth in sorted(records)[:-1]:
-        from calibration.store import discard_unfinished
-
         discard_unfinished(unfinished_paths(records[depth]))
     many = describe_gpus_needed(need, hardware)
     if many:

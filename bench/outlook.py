@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from bench.choose import ProbePlanner
 from bench.cost import PRIOR_EFFICIENCY, DeviceSpeed
+from bench.runner import BUDGET_RESERVE
 from calibration.fit import MIN_ROWS_FOR_FIT
 from calibration.step_config import StepConfig
+from calibration.store import list_calibrations
 from common.durations import format_duration
 from common.errors import BenchtrainError
 
@@ -51,8 +53,6 @@ class Outlook:
 
 def total_seconds(probes_seconds: float, spent_seconds: float, after_probes_seconds: float) -> float:
     """A budget that pays for these probes and the rest: the runner keeps BUDGET_RESERVE of it."""
-    from bench.runner import BUDGET_RESERVE
-
     return (spent_seconds + probes_seconds + after_probes_seconds) / (1 - BUDGET_RESERVE)
 
 
@@ -88,10 +88,6 @@ def auto_budget(planner: ProbePlanner, spent_seconds: float, after_probes_second
 def expected_error(hardware_name: str, fingerprint: str, probes: int) -> float | None:
     """The held-out median error to expect with `probes` probes, from the newest stored
     calibration of this model on this device (scaled by √(its probes ÷ these)); None without one."""
-    import math
-
-    from calibration.store import list_calibrations
-
     for _, data, _ in list_calibrations():
         if not data or not data.get("fit") or data["hardware"].get("name") != hardware_name or data["model"].get("fingerprint") != fingerprint:
             continue

@@ -19,11 +19,13 @@ from typing import Any
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from calibration.step_config import StepConfig
 from common.heap import collect_everything
+from train.step.compile import eager_region
 from train.step.engine import StepOptions, engine_from_options
 from train.step.metrics import data_wait_share, step_figures
 from train.step.peak_memory import PeakMemory
 from train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
-from train.workload.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches
+from train.step.step import StepTimer, without_packed_sequence_check
+from train.workload.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches, to_device
 from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
 from train.workload.model import ModelShape, ModelSpec, model_shape
@@ -201,10 +203,6 @@ EVAL_STEPS = 4
 def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
     """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
     import torch
-
-    from train.step.compile import eager_region
-    from train.step.step import StepTimer, without_packed_sequence_check
-    from train.workload.batching import to_device
 
     row: dict[str, Any] = {"micro_batch_size": config.micro_batch_size, "seq_len": config.seq_len, "status": "ok"}
     loader = make_loader(workload.batches(config, steps + 1), 0, workload.pin_memory)

@@ -21,8 +21,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.compile_probe import measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
 from bench.distributed import Coordinator
+from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
@@ -106,7 +108,6 @@ class JobStore:
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     """The coordinator of this process, with a handler for every task rank 0 may ask of it."""
     # Looked up when the coordinator is made: tests replace the probes.
-    from bench.probe import run_eval_probe, run_probe
 
     compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())  # the same sequence on every rank
 
@@ -168,8 +169,6 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
 def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
     """Free this process's model and device memory, then time a fresh `train`-like process
     compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
-    from bench.compile_probe import measure_in_new_process
-
     loss = workload.engine.loss
     workload.release()
     return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}

@@ -11,6 +11,7 @@ from bench.drift import undo_correction
 from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
+from calibration.model import NOISY_MEDIAN_PCT
 from calibration.schema import SCHEMA_VERSION
 from calibration.store import new_id
 
@@ -98,8 +99,6 @@ def fragmentation_warning(rows: list[dict[str, Any]]) -> str | None:
 def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     """When the fit's held-out error says estimates will be rough: how rough, and the likely cause
     (a busy machine, drift, unsteady steps, too few probes), in one sentence."""
-    from calibration.model import NOISY_MEDIAN_PCT
-
     median = (record["fit"].get("held_out_error") or {}).get("median_abs_pct")
     if median is None or median <= NOISY_MEDIAN_PCT:
         return None

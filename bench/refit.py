@@ -9,17 +9,17 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timezone
 
+from bench.record import assess_noise, fit_with_drift_choice
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from calibration.schema import variant_data
+from calibration.store import new_id
 from common.errors import MeasurementError
 from common.json_types import JsonDict
+from train.step.hardware import device_label
 
 
 def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
     """A new calibration record from `source`'s measurements, fitted by this version."""
-    from bench.record import assess_noise, fit_with_drift_choice
-    from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
-    from calibration.store import new_id
-    from train.step.hardware import device_label
-
     created = created or datetime.now(timezone.utc)
     record = copy.deepcopy(source)
     rows = record["measurements"]
@@ -39,7 +39,6 @@ def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
     # Past runs measured the old fit's predictions: their correction does not carry over.
     record["history"] = []
     if record.get("variants"):  # each other setup measured (bench run --quantize none,4bit …), fitted again too
-        from calibration.schema import variant_data
 
         refitted = [refit_record(variant_data(source, index), created) for index in range(len(record["variants"]))]
         record["variants"] = [{key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted]

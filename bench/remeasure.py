@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_throughput
 from calibration.memory_fit import MEMORY_FIELDS
+from calibration.step_config import StepConfig
 
 MAX_REPEATS = 3
 # A probe is suspect when its spread is this many times the typical spread (and above the floor),
@@ -84,9 +86,6 @@ def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.ndarray | None:
     """Relative residuals of each ok row against one robust fit of all of them (no cross-validation)."""
-    from calibration.fit import MIN_ROWS_FOR_FIT, fit_throughput
-    from calibration.step_config import StepConfig
-
     if len(ok) < max(MIN_ROWS_FOR_FIT, 8):
         return None
     configs = [StepConfig.from_row(row) for row in ok]

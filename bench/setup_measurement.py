@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
+from bench.probe import Workload
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
 from bench.space import SearchSpace, default_space, within_positions
+from bench.step_split import record_step_split
 from bench.timing import ProbeSettings
 from common.console import say
 from common.durations import format_duration
@@ -26,13 +28,20 @@ from common.heap import frozen_heap
 from common.home import benchtrain_home, writable_subdir
 from common.json_types import JsonDict
 from common.progress import Bar
+from train.planning.lengths import lengths_to_measure
+from train.planning.memory_check import check_fits
 from train.step.engine import StepOptions, process_layout
-from train.workload.prepare import DataSpec
+from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
+from train.step.loss import PLAIN_HEAD_MODEL_TYPES
+from train.step.peak_memory import HOST_BASELINE_KEY, process_resident_bytes
+from train.workload.data import length_profile
+from train.workload.model import ModelSpec, model_record
+from train.workload.prepare import DataSpec, prepare_data
+from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from bench.slice_budget import Carry
     from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
 ProgressBar = Callable[[int, float | None], Bar | None]
@@ -105,9 +114,6 @@ def measure_setup(
 def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
     """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
     tokenized --data or None). A model too big for the device is one line here."""
-    from train.planning.memory_check import check_fits
-    from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
-
     hardware = detect_hardware()
     layout = process_layout(request.options, method)
     world_size, sharding = layout.world_size, layout.sharding
@@ -151,10 +157,6 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if request.data is None:
         return space, None, None
-    from train.planning.lengths import lengths_to_measure
-    from train.workload.data import length_profile
-    from train.workload.prepare import prepare_data
-    from train.workload.tokenizer import load_tokenizer
 
     # The cache's exact tokens when train (or an earlier bench) made them, else a sample: the
     # probes read a few batches of real tokens, and the lengths to measure are its quantiles.
@@ -172,11 +174,8 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
     completes it: the model's and training's records, whether the step is compiled, the losses to
     compare, the checkpoint timing's payload and (--search optuna) the study."""
     # Looked up now: tests replace the model.
-    from bench.probe import Workload
-    from train.workload.model import model_record
 
     say(f"building {spec.name} on {task.hardware['name']} …")
-    from train.step.peak_memory import HOST_BASELINE_KEY, process_resident_bytes
 
     task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: process_resident_bytes()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
@@ -202,8 +201,6 @@ def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
     """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
     and the other plain-torch ones (Liger's RMSNorm/SwiGLU kernels are on the model only while the
     liger loss is: train.step.loss.install_loss, as `train` builds each)."""
-    from train.step.loss import PLAIN_HEAD_MODEL_TYPES
-
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
     return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
@@ -227,7 +224,6 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
             bar.close()
     if record["fit"] is None:
         raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
-    from bench.step_split import record_step_split
 
     record["step_split"] = record_step_split(run, record, workload)  # what a translation to another GPU scales (calibration.translate)
     record["left_out_configs"] = result.left_out  # for the summary; not stored

@@ -27,7 +27,8 @@ one after the other, and what does not depend on depth is paid once:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.choose import ProbePlanner, shape_of
@@ -49,8 +50,6 @@ class Carry:
     def prepare(self, task: Any, planner: ProbePlanner) -> Any:
         """This depth's task (one-off timings only at the last depth); its planner learns the
         shapes already compiled."""
-        from dataclasses import replace
-
         planner.seen_shapes |= self.shapes
         if self.compile_seconds is not None:
             planner.cost.compile_prior_seconds = self.compile_seconds
@@ -103,8 +102,6 @@ def depth_share(left: float, prices: dict[int, DepthPrice], depths: tuple[int, .
 def refuse_if_unaffordable(prices: dict[int, DepthPrice], budget: float | str | None, name: str, spent: float = 0.0) -> None:
     """One line, before anything is built, when the budget cannot pay for a minimum viable fit at
     every depth after the `spent` seconds (pricing them)."""
-    import math
-
     needed = needed_seconds(prices) + spent
     if isinstance(budget, (int, float)) and budget < needed:
         depths = ", ".join(map(str, sorted(prices)))

@@ -26,7 +26,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from bench.record import assess_noise, fit_with_drift_choice
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from calibration.model import Calibration
 from calibration.slices import DepthLine, SliceFit, derive_full_rows, derive_step_split, slice_error
+from calibration.step_config import StepConfig
 from common.errors import MeasurementError
 
 # One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
@@ -52,9 +56,6 @@ class WholeModel:
 
 def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dict[str, Any]:
     """One calibration of the whole model from each depth's record (`records[K]`, K layers)."""
-    from bench.record import assess_noise, fit_with_drift_choice
-    from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
-
     depths = sorted(records)
     deepest = records[depths[-1]]
     fitted = derive_full_rows({depth: smoothed_rows(records[depth]) for depth in depths}, whole.layers, whole.static_bytes)
@@ -91,9 +92,6 @@ def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     steps, would otherwise bend a line through two or three points, while the fit, robust and
     cross-validated over every probe of the depth, has already weighed it. Memory stays measured
     (it is exact to a fraction of a percent)."""
-    from calibration.model import Calibration
-    from calibration.step_config import StepConfig
-
     model = Calibration(record).throughput
     rows = []
     for row in record["measurements"]:

@@ -23,8 +23,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from bench.probe import recover_after_failure
 from calibration.split import config_fields, flops_split, split_rows
 from calibration.step_config import StepConfig
+from train.workload.batching import make_loader
 
 # Parts of a kernel's name that make it compute-bound (lower case): cuBLAS's and CUTLASS's GEMMs
 # (`sm90_xmma_gemm_…`, `ampere_bf16_s16816gemm_…`, `cutlass::Kernel2<…>`, `nvjet_…`: cuBLAS's newer
@@ -33,8 +35,6 @@ from calibration.step_config import StepConfig
 # `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
 COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
 PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
-# The profiler's own start and stop (CUPTI), per probe, for the price below.
-PROFILER_SECONDS = 2.0
 
 
 # NCCL's kernels: `ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_…` (before NCCL 2.19).
@@ -99,8 +99,6 @@ def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS
     """Run THE step at `config` (0 workers: batches built in this process) once unprofiled, then
     `steps` times under the profiler (`profiler`: torch.profiler.profile, or a test's stand-in
     whose session's `events()` are FunctionEvents), and split what the device did."""
-    from train.workload.batching import make_loader
-
     config = replace(config, num_workers=0)
     workload.set_checkpointing(config.gradient_checkpointing)
     loader = make_loader(workload.batches(config, (steps + 1) * config.grad_accum), 0, workload.pin_memory)
@@ -127,18 +125,11 @@ def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
     """The coordinator's "step_split" task (bench.probe_tasks), on every process (the step's
     collectives need them all): the split, or the error that stopped it (rank 0 then falls back to
     the FLOP count)."""
-    from bench.probe import recover_after_failure
-
     try:
         return profile_split(workload, StepConfig.from_row(task["config"]))
     except Exception as error:  # the record is a refinement: a failure costs it, not the calibration
         recover_after_failure(workload)
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]}
-
-
-def split_price(rows: list[dict[str, Any]]) -> float:
-    """Seconds the profiled split costs after the probes (for a budget that reserves them)."""
-    return sum((PROFILED_STEPS + 1) * float(row["step_seconds"]) + PROFILER_SECONDS for row in split_rows(rows))
 
 
 def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:

@@ -11,14 +11,14 @@ At accumulation A a step is A micro-steps: a burst of other work on the machine 
 step instead of in a step of its own, where the median would have left it out, and a long step
 gets few timed steps (two at 16 × 60 ms). Where the step times each micro-step (on CPU), a step's
 figure is therefore its optimizer part plus A × its median micro-step: as robust at accumulation 16
-as at 1 (issue #38: a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
+as at 1 (timed whole, a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
 at 1 and 2; the same process, interleaved, runs both at 0.058 s). The raw step seconds are kept
 for the mean (a run lasts the sum of its steps, slow ones included).
 
 Warm-up is measured too: one step always (allocation, kernel selection, a compilation); a first
 timed step that is still far slower than the rest is moved to the warm-up afterwards.
 
-The same loop times a real step (bench.probe) and a simulated one (bench.simulated), against the
+The same loop times a real step (bench.probe) and a simulated one (tests/simulated.py), against the
 clock it is given.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -52,15 +52,11 @@ class ProbeSettings:
     def for_budget(self, budget_seconds: float | None) -> ProbeSettings:
         """A larger budget gives each probe a larger time share (BUDGET_SHARE of it): more timed
         steps where steps scatter (a busy CPU) or cost seconds each (a large model)."""
-        from dataclasses import replace
-
         if budget_seconds is None:
             return self
         return replace(self, max_seconds=max(self.max_seconds, BUDGET_SHARE * budget_seconds))
 
     def with_limit(self, seconds: float | None, expected_step_seconds: float | None = None) -> ProbeSettings:
-        from dataclasses import replace
-
         return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds), expected_step_seconds=expected_step_seconds)
 
 

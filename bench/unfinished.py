@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
+from calibration.store import UNFINISHED_KEY, keep_unfinished, list_unfinished, new_id
 from common.console import say
 from common.errors import EXIT_INTERNAL, BenchtrainError
 
@@ -34,8 +35,6 @@ class KeptRows:
     written_here: ClassVar[set[Path]] = set()
 
     def __init__(self, task: Any, started: datetime | None = None) -> None:
-        from calibration.store import new_id
-
         started = started or datetime.now(timezone.utc)
         self.path: Path | None = None
         self.rows: list[dict[str, Any]] = []
@@ -54,8 +53,6 @@ class KeptRows:
         }
 
     def add(self, row: dict[str, Any]) -> None:
-        from calibration.store import keep_unfinished, list_unfinished
-
         self.rows.append(row)
         first = self.path is None
         self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
@@ -67,8 +64,6 @@ class KeptRows:
 
     def name_in(self, record: dict[str, Any]) -> None:
         """Let `record` name the file, which storing it (or keeping it as failed) removes."""
-        from calibration.store import UNFINISHED_KEY
-
         if self.path is not None:
             record[UNFINISHED_KEY] = str(self.path)
 
@@ -87,8 +82,6 @@ class KeptRows:
 
 def describe_unfinished() -> list[str]:
     """`bench list`'s lines for the benches that kept measurements and never stored them."""
-    from calibration.store import list_unfinished
-
     lines = []
     for path, data in list_unfinished():
         if data is None:

@@ -2,7 +2,7 @@
 
 Two kinds of rows:
 
-- simulated: `bench run --gpu h100 --model MODEL --lora …` on the simulated H100 (bench.simulated:
+- simulated: `bench run --gpu h100 --model MODEL --lora …` on the simulated H100 (tests/simulated.py:
   the real H100 measurements scaled by FLOPs, on a virtual clock). Besides the calibration's own
   held-out error, the simulator knows the truth: the table also gives the calibration's error on
   every configuration of the grid that fits in memory and was *not* probed.
@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulated H100 (tests/simulated.py)
 
 from common.durations import format_duration, parse_duration
 
 
 def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:
-    from bench.simulated import simulate_bench
+    from simulated import simulate_bench
+
     from calibration.model import Calibration
     from calibration.step_config import StepConfig
 

@@ -1,15 +1,15 @@
 """What benchmarks/gpu_check.py costs on one H100, priced before renting one (issue 39).
 
 Every figure comes from the real H100 calibration that ships with the package
-(calibration/bundled/h100-llama-3.2-1b.json) or from the simulated H100 built on it (bench.simulated):
+(calibration/bundled/h100-llama-3.2-1b.json) or from the simulated H100 built on it (tests/simulated.py):
 
 - a step of the peers / loss / compile checks: the calibration's predicted step at that shape (it was
   measured eager: a compiled step is faster, so this is an upper price);
 - building the model on the device: the calibration's measured `model_build_seconds`;
-- compiling a new shape: bench.simulated.COMPILE_SECONDS, the simulated H100's own assumption;
+- compiling a new shape: tests/simulated.py's COMPILE_SECONDS, the simulated H100's own assumption;
 - the `bench run` of the lora-8b check: the simulated H100 running that very command (its virtual
   clock: planner, budget, model build, compilation, probes, fit); the eager bench before `train`: the
-  replayed real grid (bench.simulated.simulate_bench(replay=True));
+  replayed real grid (tests/simulated.py: simulate_bench(replay=True));
 - the `train` check: its deadline (`--fit-deadline` fills it; the deadline counts from the command's start);
 - each fresh Python process: PROCESS_SECONDS (not in the calibration; the real H100 `train` run of
   2026-11-22 spent 12.4 s from its start to its plan, imports and data included).
@@ -22,10 +22,13 @@ margin (`peak_memory_bytes_high`), against the device's memory less SPARE.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulated H100 (tests/simulated.py)
 
 BUNDLED = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
 PROCESS_SECONDS = 15.0  # a fresh interpreter's imports and CUDA context (12.4 s measured before a real H100 plan)
@@ -50,7 +53,7 @@ def bundled_calibration() -> Any:
 def step_parts(scale: Any, cal: Any, loops: list[str]) -> dict[str, float]:
     """Each loop of peers.py at the scale's shape: a model build, a compilation where compiled,
     warm-up and timed steps at the calibration's step."""
-    from bench.simulated import COMPILE_SECONDS
+    from simulated import COMPILE_SECONDS
 
     build = float(cal.data["overheads"]["model_build_seconds"])
     step = cal.predict(micro_batch_size=scale.micro_batch, seq_len=scale.seq_len).step_seconds
@@ -59,7 +62,7 @@ def step_parts(scale: Any, cal: Any, loops: list[str]) -> dict[str, float]:
 
 def simulated_bench_seconds(model: str, lora: bool, budget: float, replay: bool) -> float:
     """`bench run --gpu h100 --model MODEL [--lora] --budget …` on the simulated H100: its clock."""
-    from bench.simulated import simulate_bench
+    from simulated import simulate_bench
 
     _, device = simulate_bench(model, lora, budget, replay=replay)
     return float(device.clock())
@@ -73,8 +76,9 @@ def fixed_shape_peak(scale: Any, cal: Any) -> float:
 def price_checks(scale: Any, names: list[str]) -> list[PricedCheck]:
     """The priced duration of each named check of gpu_check.py at `scale` (its GPU scale), plus the
     script's own start ("start")."""
+    from simulated import COMPILE_SECONDS
+
     from bench.compile_probe import STEPS
-    from bench.simulated import COMPILE_SECONDS
 
     cal = bundled_calibration()
     if cal.data["model"]["name"] != scale.model:

@@ -21,17 +21,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=3)
     args = parser.parse_args()
 
-    from helpers import synthetic_calibration, synthetic_rows
+    from helpers import synthetic_calibration, synthetic_rows, tokenized_from_samples
 
     from calibration.model import Calibration
     from train.planning.deadline import Deadline
     from train.planning.planner import make_plan
     from train.planning.types import PlanRequest
-    from train.workload.data import TokenizedData
 
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.5, 0.8, args.samples).astype(int), 8, 4000)
-    data = TokenizedData.from_samples([np.zeros(n, np.int32) for n in lengths], [0] * len(lengths), "messages", "synthetic")
+    data = tokenized_from_samples([np.zeros(n, np.int32) for n in lengths], [0] * len(lengths), "messages", "synthetic")
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(512, 1024, 2048, 4096))))
     started = time.perf_counter()
     plan = make_plan(calibration, data, PlanRequest(epochs=args.epochs, deadline=Deadline.with_margin_share(1e9, 0.05)))

@@ -15,8 +15,11 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the loaded model's bytes (tests/helpers.py)
 
 GIB = 2**30
 
@@ -24,12 +27,12 @@ GIB = 2**30
 def built_bytes(model: str, quantize: str, optimizer: str) -> tuple[int, int, int, int]:
     """(predicted weights, built weights, predicted optimizer state, real optimizer state) bytes."""
     import torch
+    from helpers import loaded_bytes
 
     from train.planning.memory_check import memory_need
     from train.step.runtime import make_optimizer
     from train.workload.method import MethodConfig
     from train.workload.model import build_model, resolve_model
-    from train.workload.quantize import loaded_bytes
 
     spec, method = resolve_model(model), MethodConfig(method="lora", quantize=quantize, optimizer=optimizer)
     need = memory_need(spec, method, "cpu")

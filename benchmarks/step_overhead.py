@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the step profiler (tests/step_profile.py)
 
 
 def measure(model: str, compile_mode: str, micro_batch: int, seq_len: int, steps: int) -> dict:
     import torch
+    from step_profile import profile_step
 
-    from bench.step_profile import profile_step
     from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
@@ -47,7 +48,8 @@ def main() -> None:
     parser.add_argument("--compile", default="off", help="comma-separated: off,on")
     args = parser.parse_args()
 
-    from bench.step_profile import fixed_micro_step_seconds
+    from step_profile import fixed_micro_step_seconds
+
     from train.step.hardware import detect_hardware
 
     print(f"{detect_hardware()['name']}: {args.model}, seq {args.seq_len}, accumulation 1")

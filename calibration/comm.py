@@ -98,7 +98,7 @@ def gradient_bytes(trainable_parameters: int) -> int:
 
 def describe_collectives(record: JsonDict) -> str:
     """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives` (a calibration's
-    `distributed`, a plan's `communication`), or with only the all-reduce's `comm` (written before FSDP)."""
+    `distributed`, a plan's `communication`), or with only the all-reduce's `comm` (a run.json written before FSDP)."""
     collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
     return ", ".join(
         f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
@@ -108,7 +108,7 @@ def describe_collectives(record: JsonDict) -> str:
 
 def describe_communication(record: JsonDict) -> str | None:
     """One line for the plan (and the run report): which step times a multi-process plan rests on.
-    Records written before FSDP (DDP only: `comm` instead of `collectives`) read the same."""
+    A run.json written before FSDP (DDP only: `comm` instead of `collectives`) reads the same."""
     if record["world_size"] < 2:
         return None
     sharding = record.get("sharding", "ddp")

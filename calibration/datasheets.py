@@ -28,6 +28,7 @@ datasheets alone.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass
 
 TB = 1e12
@@ -295,7 +296,6 @@ class GenerationShift:
 def generation_shift(slower: str, faster: str) -> GenerationShift | None:
     """The published shift from generation `slower` to `faster` (ARCHITECTURE's words); None where
     no published comparison holds that pair of generations (the datasheet ratios then stand)."""
-    import statistics
 
     for comparison in PUBLISHED_COMPARISONS:
         if (ARCHITECTURE[comparison.slower], ARCHITECTURE[comparison.faster]) == (slower, faster):

@@ -1,6 +1,6 @@
 """How far a plan may miss where it extrapolates, measured per dimension at fit time.
 
-A blanket widening (× (1 + log2 of the largest stretch past the range), issue #38) made a plan at
+A blanket widening (× (1 + log2 of the largest stretch past the range)) made a plan at
 accumulation 16 from probes at 1–2 four times as uncertain as one inside the range, although
 accumulation repeats a measured micro-step, and it widened a length extrapolation by a rule, not
 by what extrapolating length was seen to miss. Instead, at fit time, for each dimension (micro
@@ -38,7 +38,6 @@ from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
 DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
-SIZE_DIMENSIONS = ("micro_batch_size", "seq_len")
 
 
 def dimension_value(config: StepConfig, name: str) -> int:

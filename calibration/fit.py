@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from calibration.extrapolation import held_out_by_dimension
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
@@ -176,8 +177,6 @@ DATA_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term in DATA_TERMS
 def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray) -> tuple[np.ndarray, float]:
     """The compute terms and the overlap power, by robust non-negative nonlinear least squares on
     relative error, started from the additive (power 1) solution."""
-    from scipy.optimize import least_squares
-
     columns = [THROUGHPUT_TERMS.index(term) for term in THROUGHPUT_TERMS if THROUGHPUT_TERMS.index(term) in COMPUTE_INDEX]
     device = [columns.index(THROUGHPUT_TERMS.index(term)) for term in DEVICE_TERMS]
     host = columns.index(THROUGHPUT_TERMS.index(HOST_TERM))

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 import numpy as np
+from scipy.optimize import least_squares
 
+from calibration.comm import gradient_bytes
 from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -107,8 +109,6 @@ def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: boo
 def held_gradient_bytes(record: JsonDict) -> float:
     """The fp32 gradients a calibration's step holds while accumulating: every trainable parameter's,
     or this rank's share of them under FSDP (train.step.sharding shards gradients)."""
-    from calibration.comm import gradient_bytes
-
     training = record.get("training") or {}
     trainable = training.get("trainable_parameters")
     if not isinstance(trainable, int) or trainable <= 0:
@@ -121,8 +121,6 @@ def held_gradient_bytes(record: JsonDict) -> float:
 def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) -> dict[str, float]:
     """max(floor, features·θ) by bounded nonlinear least squares on relative error, from the linear
     fit and the smallest measured peak."""
-    from scipy.optimize import least_squares
-
     scale = np.maximum(np.abs(features).max(axis=0), 1e-30)
     unit = float(np.median(peak_bytes))
     free = np.abs(features).max(axis=0) > 0  # unexercised terms stay zero

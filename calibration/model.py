@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from calibration.extrapolation import extrapolation_widening, stretch_by_dimension
-from calibration.fit import ThroughputModel, throughput_model_from_json
+from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
+from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from calibration.schema import variant_data
+from calibration.setup import SetupKey, variant_key
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
+from calibration.store import calibrations_dir, is_bundled
+from calibration.translate import BoundWidths, widened_bounds
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-
-if TYPE_CHECKING:  # imported where used, below, as before: only their names are needed here
-    from calibration.comm import CommModel
-    from calibration.setup import SetupKey
-    from calibration.translate import BoundWidths
 
 # The smallest relative bound we claim even when cross-validation saw less error.
 MIN_RELATIVE_BOUND = 0.02
@@ -57,8 +58,6 @@ class Calibration:
     """The data of one calibration file plus the models fitted to it."""
 
     def __init__(self, data: JsonDict, path: Path | None = None, variant: int | None = None) -> None:
-        from calibration.schema import variant_data
-
         self.file_data = data
         self.data = variant_data(data, variant) if variant is not None else data
         self.path = path
@@ -82,9 +81,6 @@ class Calibration:
         """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
         (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), "from FILE", or
         "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
-        from calibration.hub import hub_provenance
-        from calibration.store import calibrations_dir, is_bundled
-
         if self.translation is not None:  # a measurement of another device, not of this one
             return f"translated from {self.translation['from_device']} by datasheet ratios"
         shared = hub_provenance(self.data)
@@ -102,8 +98,6 @@ class Calibration:
     def with_device_memory(self, memory_bytes: int) -> Calibration:
         """This calibration planned for a device of `memory_bytes` (`train --device-memory`): its
         memory model's predictions judged against that limit instead of the measured device's."""
-        import copy
-
         data = copy.deepcopy(self.file_data)
         for entry in (data, *(data.get("variants") or [])):
             if "hardware" in entry:
@@ -113,8 +107,6 @@ class Calibration:
     @property
     def variant_key(self) -> SetupKey:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
-        from calibration.setup import variant_key
-
         return variant_key(self.data)
 
     @property
@@ -149,8 +141,6 @@ class Calibration:
 
     def eval_batch_seconds(self, micro_batch_size: int, seq_len: int) -> float | None:
         """Seconds of one forward-only eval batch, or None when bench did not measure evaluation."""
-        from calibration.fit import EVAL_TERMS, eval_features
-
         fit = (self.data.get("eval") or {}).get("fit")
         if not fit:
             return None
@@ -166,14 +156,6 @@ class Calibration:
     def sharding(self) -> str:
         """How the probes' model was spread over those processes: none, ddp or fsdp."""
         return str((self.data.get("distributed") or {}).get("sharding", "none"))
-
-    @property
-    def comm(self) -> CommModel | None:
-        """The all-reduce model measured among those processes (calibration.comm), or None."""
-        from calibration.comm import CommModel
-
-        fitted = (self.data.get("distributed") or {}).get("comm")
-        return CommModel.from_json(fitted) if fitted else None
 
     @property
     def training(self) -> JsonDict:
@@ -201,8 +183,6 @@ class Calibration:
         """(lower, upper) widths around the central step time at `config` (it may take central /
         (1 + lower) to central × (1 + upper)): the measured bound (default measured_bound_for), out to
         a translation's bracket ends (calibration.translate.widened_bounds)."""
-        from calibration.translate import widened_bounds
-
         measured = self.measured_bound_for(config) if measured is None else measured
         return widened_bounds(measured, self.translation, self.fit["parameters"], config)
 
@@ -216,8 +196,8 @@ class Calibration:
         dimension's largest probes was measured to miss (calibration.extrapolation: per doubling for
         sizes, once for accumulation, UNTESTED_EXTRAPOLATION per doubling where nothing measured it).
 
-        A fit stored without that record (before issue #38; `bench refit` adds it) keeps the old
-        rule: the larger of the relative bound and the held-out error of the probes that were
+        A fit stored without that record (the bundled H100 one; `bench refit` adds it) keeps the
+        blanket rule: the larger of the relative bound and the held-out error of the probes that were
         themselves extrapolations, × (1 + log2 of the largest ratio past the range)."""
         bound = self.relative_bound
         stretch = self.extrapolation_ratio(config)

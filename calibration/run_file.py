@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeAlias, cast
 
@@ -341,6 +341,5 @@ class ResumedRun:
         """--force with --max-length N: the run's configuration trained at length N (check_same_run)."""
         if not max_length:
             return self
-        from dataclasses import replace
 
         return replace(self, configuration=self.configuration.with_shape(self.configuration.micro_batch_size, max_length))

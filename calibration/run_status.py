@@ -15,7 +15,6 @@ STEP_LIMIT: Final = "step_limit"  # stopped at a step limit: --max-steps, --fit-
 STOPPED_FOR_DEADLINE: Final = "stopped_for_deadline"  # the deadline guard stopped it at the last safe moment
 INTERRUPTED: Final = "interrupted"  # SIGINT or SIGTERM
 
-RUN_END_STATUSES: Final = (COMPLETED, STEP_LIMIT, STOPPED_FOR_DEADLINE, INTERRUPTED)
 # Runs that stopped before their planned end, from a checkpoint they can resume: their final/ is
 # marked partial, and the end of the run says how to resume it.
 STOPPED_EARLY: Final = (STOPPED_FOR_DEADLINE, INTERRUPTED)

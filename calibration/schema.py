@@ -11,58 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from common.errors import CalibrationFileError
+from calibration.extrapolation import check_record
+from calibration.fit import EVAL_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
+from calibration.memory_fit import BASES, MEMORY_TERMS
+from calibration.setup import variant_key
+from calibration.slices import check_slices
+from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
 
 SCHEMA_VERSION = 4
-
-
-def _v1_to_v2(data: JsonDict) -> JsonDict:
-    """Version 2 knows what was trained (full or LoRA) and gradient checkpointing per probe.
-    Version 1 files measured full fine-tuning without checkpointing."""
-    data = dict(data)
-    model = data["model"] if isinstance(data.get("model"), dict) else {}
-    data.setdefault("training", {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")})
-    for row in data.get("measurements") or []:
-        if isinstance(row, dict):
-            row.setdefault("gradient_checkpointing", 0)
-            # Version 1 stored a probe's mean step as step_seconds; version 2 fits the median (the
-            # mean is kept beside it, and the fit's tail factor turns medians back into means).
-            median = row.get("step_seconds_median")
-            if row.get("status") == "ok" and isinstance(median, (int, float)) and median > 0 and "step_seconds_mean" not in row:
-                row["step_seconds_mean"] = row.get("step_seconds")
-                row["step_seconds"] = median
-                tokens = row.get("micro_batch_size", 0) * row.get("seq_len", 0) * row.get("grad_accum", 0)
-                if isinstance(tokens, int) and tokens > 0:
-                    row["tokens_per_second"] = tokens / median
-    fit = data.get("fit")
-    if isinstance(fit, dict):
-        if isinstance(fit.get("parameters"), dict):
-            fit["parameters"].setdefault("recompute_per_token", 0.0)
-            fit["parameters"].setdefault("recompute_attention", 0.0)
-        smoother = fit.get("smoother")
-        if isinstance(smoother, dict) and isinstance(smoother.get("points"), list):
-            smoother["points"] = [[*point, 0.0] if isinstance(point, list) and len(point) == 4 else point for point in smoother["points"]]
-        memory = fit.get("memory")
-        if isinstance(memory, dict) and isinstance(memory.get("parameters"), dict):
-            memory["parameters"].setdefault("per_token_checkpointed", 0.0)
-            memory["parameters"].setdefault("attention_checkpointed", 0.0)
-    data["schema_version"] = 2
-    return data
-
-
-def _v2_to_v3(data: JsonDict) -> JsonDict:
-    """Version 3's memory model knows the gradients held while accumulating and the optimizer
-    step's floor (calibration.memory_fit); a version 2 fit had neither (both zero), and `bench
-    refit` fits them from the stored measurements."""
-    data = dict(data)
-    fit = data.get("fit")
-    memory = fit.get("memory") if isinstance(fit, dict) else None
-    if isinstance(memory, dict) and isinstance(memory.get("parameters"), dict):
-        memory["parameters"].setdefault("accumulated_gradients", 0.0)
-        memory["parameters"].setdefault("optimizer_floor", 0.0)
-    data["schema_version"] = 3
-    return data
 
 
 def _v3_to_v4(data: JsonDict) -> JsonDict:
@@ -83,8 +40,10 @@ def _v3_to_v4(data: JsonDict) -> JsonDict:
     return data
 
 
-# Older versions upgrade one step at a time: MIGRATIONS[n] turns version n into n + 1.
-MIGRATIONS: dict[int, Callable[[JsonDict], JsonDict]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+# The version before the current one upgrades on read: MIGRATIONS[n] turns version n into n + 1.
+# Older files are refused (CalibrationTooOldError): measure again with `bench run`.
+MIGRATIONS: dict[int, Callable[[JsonDict], JsonDict]] = {3: _v3_to_v4}
+OLDEST_READABLE = min(MIGRATIONS)
 
 _NUMBER = (int, float)
 REQUIRED_TOP = {
@@ -134,9 +93,12 @@ def migrate(parsed: object, path: Path | str) -> JsonDict:
         raise CalibrationFileError(
             f"calibration {path} has schema_version {version}, newer than this benchtrain understands ({SCHEMA_VERSION}); upgrade benchtrain"
         )
+    if version < OLDEST_READABLE:
+        raise CalibrationTooOldError(
+            f"calibration {path} has schema_version {version}, older than this benchtrain reads ({OLDEST_READABLE} to {SCHEMA_VERSION}); "
+            "measure again with `bench run`"
+        )
     while version < SCHEMA_VERSION:
-        if version not in MIGRATIONS:
-            raise CalibrationFileError(f"calibration {path}: schema_version {version} is too old to migrate")
         data = MIGRATIONS[version](data)
         version = data["schema_version"]
     return data
@@ -176,8 +138,6 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
                 raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
     evaluation = data.get("eval")
     if evaluation is not None:
-        from calibration.fit import EVAL_TERMS
-
         fit = evaluation.get("fit") if isinstance(evaluation, dict) else None
         if not isinstance(evaluation, dict) or (fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))):
             raise CalibrationFileError(f"calibration {path}: eval should be an object with measurements and a fit")
@@ -194,8 +154,6 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
     slices = data.get("slices")
     if slices is not None:
-        from calibration.slices import check_slices
-
         problem = check_slices(slices, f"calibration {path}: slices")
         if problem:
             raise CalibrationFileError(problem)
@@ -213,8 +171,6 @@ VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
 def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) -> None:
-    from calibration.setup import variant_key
-
     seen = {variant_key(data): "the first setup"}
     for index, entry in enumerate(variants):
         where = f"calibration {path}: variants[{index}]"
@@ -241,9 +197,6 @@ def variant_history(data: JsonDict, index: int | None) -> list[JsonDict]:
 
 
 def _check_fit(fit: Any, where: str) -> None:
-    from calibration.fit import SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
-    from calibration.memory_fit import BASES, MEMORY_TERMS
-
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")
     _check_fields(fit, {"kind": str, "parameters": dict, "held_out_error": dict}, where)
@@ -262,7 +215,6 @@ def _check_fit(fit: Any, where: str) -> None:
         if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
-        from calibration.extrapolation import check_record
 
         problem = check_record(fit["extrapolation_by_dimension"], f"{where}.extrapolation_by_dimension")
         if problem:

@@ -35,8 +35,8 @@ class Setup:
 
 
 def measured_setup(data: JsonDict) -> Setup:
-    """The setup a calibration measured. Files before schema version 2 recorded no training
-    section: they measured full fine-tuning without checkpointing (calibration.schema)."""
+    """The setup a calibration measured; a record without a training section (a hand-made
+    one) measured full fine-tuning."""
     training = data.get("training") or {}
     distributed = data.get("distributed") or {}
     model = data.get("model") or {}

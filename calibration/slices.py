@@ -37,7 +37,7 @@ from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
 # The relative error assumed when no deeper probe was held out (two depths only): the worst the
-# 2→4-layer slope missed gpt2's 12 layers by on a CPU (issue 40: +16% to +33%), rounded up.
+# 2→4-layer slope missed gpt2's 12 layers by on a CPU (+16% to +33%), rounded up.
 UNTESTED_SLICE_ERROR = 0.35
 # Row fields measured in bytes that hold the model's own bytes (extrapolated above the exact static
 # bytes), and those that do not depend on depth (the CUDA context, cuBLAS, NCCL: outside PyTorch).

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from calibration.comm import CommModel
+from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
-KINDS = ("nvlink", "nvswitch", "pcie", "infiniband", "ethernet", "loopback")
 NETWORKS = ("infiniband", "ethernet")
 ALIASES = {
     "nvlink": "nvlink",
@@ -137,9 +137,9 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
 
 def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> Interconnect | None:
     """The interconnect a hardware record names (placed for `processes` where given); None where
-    it names none (calibrations before issue 41), one this version cannot read, or a layout that
+    it names none (calibrations that did not record it), one this version cannot read, or a layout that
     does not hold `processes`. A CPU's record that names none is loopback (gloo on one host: what
-    every CPU calibration before issue 41 measured)."""
+    every CPU calibration that names none measured)."""
     word = hardware.get("interconnect") or ("loopback" if hardware.get("device_type") == "cpu" else None)
     if not word:
         return None
@@ -217,8 +217,6 @@ ASSUMED_PCIE_GENERATION = 4
 
 def link_figures(kind: str, device_name: str) -> Link:
     """NCCL's figures for a `kind` link on `device_name` (above); one line where there are none."""
-    from calibration.datasheets import sheet_for
-
     sheet = sheet_for(device_name)
     if kind in ("nvlink", "nvswitch"):
         nvlink = sheet.nvlink_generation if sheet is not None else None
@@ -256,12 +254,6 @@ def link_from_all_reduce(model: CommModel) -> Link:
 
 
 # -- collectives from links ---------------------------------------------------------------------
-
-
-def ring_seconds(kind: str, message_bytes: float, processes: int, link: Link) -> float:
-    """One ring collective of `message_bytes` (the whole message) among `processes` on `link`."""
-    model = ring_model(kind, processes, link)
-    return model.latency_seconds + message_bytes * model.seconds_per_byte
 
 
 def ring_model(kind: str, processes: int, link: Link, backend: str = "nccl") -> CommModel:
@@ -309,10 +301,6 @@ def analytic_collectives(
         kind: {"fit": collective_model(kind, placed, intra, inter).to_json(), "source": "analytic", "interconnect": placed.word, "links": links}
         for kind in kinds
     }
-
-
-def is_analytic(collectives: dict[str, JsonDict]) -> bool:
-    return any(entry.get("source") == "analytic" for entry in collectives.values())
 
 
 # -- overlap with backward ------------------------------------------------------------------------

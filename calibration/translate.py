@@ -310,14 +310,6 @@ def target_hardware(hardware: JsonDict, target: DeviceSheet, world_size: int) ->
     return record
 
 
-def translation_for(text: str, data: JsonDict, world_size: int = 1) -> JsonDict:
-    """`translate` to the device a CLI key or device name names, or one line naming the keys."""
-    target = sheet_for(text)
-    if target is None:
-        raise BenchtrainError(f"no datasheet for {text!r}: one of {known_keys()}")
-    return translate(data, target, world_size)
-
-
 def describe_translation(record: JsonDict) -> str:
     """One line for a plan or a table row: what the figures rest on."""
     low, high = record["bracket"]

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from common.errors import BenchtrainError
 from common.json_types import JsonDict
 
 
@@ -48,8 +49,6 @@ def json_text(payload: object) -> str:
 def read_json_file(path: Path, missing: str | None = None) -> JsonDict:
     """A JSON file's object (every file benchtrain reads is one); a missing file says `missing`
     (when given), an unreadable one or one holding something else says why."""
-    from common.errors import BenchtrainError
-
     try:
         content = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -36,6 +36,10 @@ class CalibrationFileError(BenchtrainError):
     """A calibration file that cannot be read: corrupt, incomplete or from a future version."""
 
 
+class CalibrationTooOldError(CalibrationFileError):
+    """A calibration file of a schema version this benchtrain no longer reads (it names the version)."""
+
+
 class RunFileError(BenchtrainError):
     """A run.json that cannot be read: not JSON, or a key the code reads missing or of another type."""
 

@@ -1,5 +1,5 @@
 """Paths a run records about its own folder: stored relative to the run folder, so the folder can be
-moved, copied or shared and still be resumed, reported and loaded (issue 34).
+moved, copied or shared and still be resumed, reported and loaded.
 
 run.json keeps `final/`, `final-merged/` (`final-base/` in older runs) and the last checkpoint as
 `final`, `checkpoints/step-0000005`; paths outside the run folder (the data, the calibration, a
@@ -31,7 +31,7 @@ def stored_path(path: str | Path | None, run_dir: Path) -> str | None:
 
 def run_path(recorded: str | Path, run_dir: Path) -> Path:
     """A path run.json recorded, where it is now: a relative one inside `run_dir`; an absolute one
-    as written while it exists; an absolute one that no longer exists (a record from before issue 34
+    as written while it exists; an absolute one that no longer exists (an older record, kept absolute,
     whose run folder moved) as the same place in `run_dir` when that exists (`…/final`,
     `…/checkpoints/step-0000005`)."""
     path = Path(recorded).expanduser()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +168,6 @@ def throughput_over_time(elapsed: list[float], actual: list[float], predicted: l
 
 def wrap(lines: list[str], width: int = 90) -> list[str]:
     """Title lines that fit the figure's width."""
-    import textwrap
-
     return [part for line in lines for part in textwrap.wrap(line, width)]
 
 

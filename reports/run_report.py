@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
+from calibration.comm import describe_communication
 from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
@@ -210,7 +211,7 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
                 "Training loss per optimizer step, and the held-out eval loss",
             )
         )
-        rated = [entry for entry in logged if "learning_rate" in entry]  # recorded since issue 24
+        rated = [entry for entry in logged if "learning_rate" in entry]  # older run.json files did not record it
         if rated:
             figure_paths.append(
                 (
@@ -301,8 +302,6 @@ def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
 def _plan_value(key: str, value: Any) -> Any:
     """A plan entry as the plan text says it: the communication record as its one line."""
     if key == "communication" and isinstance(value, dict):
-        from calibration.comm import describe_communication
-
         return describe_communication(value) or "one process: none"
     return value
 

@@ -161,7 +161,7 @@ def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
         finally:
             handle.remove()
 
-    probe.run_probe = run_probe
+    probe_tasks.run_probe = run_probe  # where the probe task calls it
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1"]
     code = guard_cli(bench_main, ["run", *grid, "--sharding", sharding, "--loss", "plain", "--compile", "off", "--no-report", "--quiet"])
     return {"code": code, "rank": dist.get_rank(), "failing_probe_seconds": time.monotonic() - probes["failing_started"]}

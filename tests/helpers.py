@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import random
@@ -152,3 +153,52 @@ class FakeClock:
         self.steps += 1
         if self.on_step is not None:
             self.on_step(self.steps)
+
+
+def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: Any = None, split: str = "train") -> Any:
+    """Every record of `path` tokenized through the product's own path (prepare_data, the cache
+    included), exactly: the TokenizedData a run of that file trains on."""
+    from common.console import say
+    from train.workload.data import TokenizedData
+    from train.workload.formats import DataSchema
+    from train.workload.prepare import DataSpec, prepare_data
+
+    prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
+    assert isinstance(prepared.view, TokenizedData)
+    return prepared.view
+
+
+def tokenized_from_samples(
+    samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
+) -> Any:
+    """A TokenizedData in memory, from one array of token ids per sample."""
+    import numpy as np
+
+    from train.workload.data import TokenizedData
+
+    lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    tokens = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
+    mask = np.concatenate(loss_masks).astype(np.uint8) if loss_masks is not None and samples else None
+    prompts = np.asarray(prompt_lengths, dtype=np.int32) if prompt_lengths is not None else None
+    data = TokenizedData(tokens, offsets, format, source, loss_on, mask, prompts)
+    return dataclasses.replace(data, targets=data.document_targets())
+
+
+def loaded_bytes(model: Any) -> int:
+    """The bytes a loaded model holds, counted on the built model: its parameters and buffers at
+    their storage dtype, and the quantization state bitsandbytes keeps beside its 4-bit weights
+    (absmax, codes, offsets) and its 8-bit ones (row scales): the truth quantized_bytes predicts."""
+    import torch
+
+    def size(tensor: Any) -> int:
+        return tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
+
+    total = sum(size(tensor) for tensor in (*model.parameters(), *model.buffers()))
+    for parameter in model.parameters():
+        state = getattr(parameter, "quant_state", None)
+        while state is not None:
+            total += size(state.absmax) + size(state.code) + size(getattr(state, "offset", None))
+            state = getattr(state, "state2", None)
+        total += size(getattr(parameter, "SCB", None))
+    return int(total)

@@ -100,7 +100,7 @@ def test_grid_probes_everything_and_prunes_after_oom() -> None:
 
 
 def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
-    from bench.simulated import VirtualClock
+    from simulated import VirtualClock
 
     clock = VirtualClock()  # each probe takes 0.05 s of it, however busy the machine is
 
@@ -244,10 +244,10 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     GPU's default lengths (up to 2048) stop at 1024 instead of failing after the model is built."""
     from test_cli import assert_one_line_error, run_main
 
-    import bench.probe
+    import bench.setup_measurement
     from bench.space import default_space, within_positions
 
-    monkeypatch.setattr(bench.probe, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
+    monkeypatch.setattr(bench.setup_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
     assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
     big_gpu = default_space("cuda", 80 * 2**30)

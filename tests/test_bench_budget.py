@@ -1,6 +1,6 @@
 """`bench run` at our users' scale (issue 21): probes priced before they run, timed as long as the
 statistics need, chosen for what the fit learns per second, and never past the budget. The 8B and
-12B cases run on a simulated H100 (bench.simulated: the real H100 measurements scaled by FLOPs) on
+12B cases run on a simulated H100 (tests/simulated.py: the real H100 measurements scaled by FLOPs) on
 a virtual clock, through the same planner, runner, timing loop and fit as a real run."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from simulated import COMPILE_SECONDS, simulate_bench
 
 from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
-from bench.simulated import COMPILE_SECONDS, simulate_bench
 from bench.space import SearchSpace
 from bench.timing import ProbeSettings, StepTiming, time_steps
 from calibration.model import Calibration
@@ -213,8 +213,9 @@ def test_one_disturbed_price_does_not_end_the_benchmark(before_the_grid: int) ->
     of its budget left. A size measured again at the quiet speed replaces the disturbed price, and
     prices decide a give-up only once two probes of the grid measured them. `before_the_grid`:
     the loss comparison's probes (at one configuration, all in the busy moment) came first."""
+    from simulated import VirtualClock
+
     from bench.runner import Budget, run_grid
-    from bench.simulated import VirtualClock
 
     clock = VirtualClock()
     space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))

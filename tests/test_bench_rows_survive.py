@@ -38,13 +38,14 @@ def bench_list(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe: int | None = None) -> tuple[dict[str, Any], list[list[dict]], Any]:
-    """A simulated H100 bench (bench.simulated) that keeps its rows as `bench run` does; the file's
+    """A simulated H100 bench (tests/simulated.py) that keeps its rows as `bench run` does; the file's
     rows after every probe; `fail_at_probe`: that probe raises (a collective that gave up)."""
     from functools import partial
 
+    from simulated import SimulatedDevice, simulate_bench
+
     import bench.calibrate as calibrate
     import bench.unfinished as unfinished
-    from bench.simulated import SimulatedDevice, simulate_bench
 
     monkeypatch.setattr(calibrate, "BenchRun", partial(calibrate.BenchRun, keep_rows=True))
     on_disk: list[list[dict]] = []

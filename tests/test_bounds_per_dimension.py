@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import pytest
+from helpers import micro_seconds, synthetic_calibration, synthetic_rows
 
 from bench.probe import finish_row
 from bench.timing import ProbeSettings, steady_step_seconds, time_steps
@@ -17,7 +18,6 @@ from calibration.fit import fit_measurements
 from calibration.model import Calibration
 from calibration.schema import CalibrationFileError, validate
 from calibration.step_config import StepConfig
-from tests.helpers import micro_seconds, synthetic_calibration, synthetic_rows
 from train.step.step import StepResult
 
 

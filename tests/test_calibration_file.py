@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import calibration
+from bench.cli import main as bench_main
 from calibration import schema
 from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
-from common.errors import BenchtrainError, CalibrationFileError
+from common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
 
 
 def write(path: Path, text: str) -> Path:
@@ -48,10 +49,10 @@ def test_latest_is_the_newest_and_ids_never_collide(home: Path) -> None:
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        ('{"schema_version": 1}', "missing field"),
+        ('{"schema_version": 4}', "missing field"),
         ('{"schema_version": "1"}', "schema_version"),
         ('{"schema_version": 99}', "newer than this benchtrain"),
-        ('{"schema_version": 0}', "too old to migrate"),
+        ('{"schema_version": 2}', "has schema_version 2, older than this benchtrain reads"),
     ],
 )
 def test_corrupt_files_give_one_line_naming_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -82,20 +83,23 @@ def test_wrong_fields_and_types_are_named(tmp_path: Path, mutate, message: str) 
         schema.read_calibration_file(path)
 
 
-def test_migrations_run_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_too_old_calibration_is_refused_in_one_line_naming_its_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = synthetic_calibration()
-    old["schema_version"] = 0
-    old["hardware"]["memory"] = old["hardware"].pop("memory_bytes")  # pretend v0 named it differently
+    old["schema_version"] = schema.OLDEST_READABLE - 1
+    path = write(tmp_path / "old.json", json.dumps(old))
+    with pytest.raises(CalibrationTooOldError, match=f"schema_version {old['schema_version']}, older"):
+        schema.read_calibration_file(path)
+    assert guard_cli(bench_main, ["show", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and f"schema_version {old['schema_version']}" in err
 
-    def upgrade(data: dict) -> dict:
-        data["hardware"]["memory_bytes"] = data["hardware"].pop("memory")
-        data["schema_version"] = 1
-        return data
 
-    monkeypatch.setitem(schema.MIGRATIONS, 0, upgrade)
-    loaded = schema.read_calibration_file(write(tmp_path / "old.json", json.dumps(old)))
-    assert loaded["schema_version"] == schema.SCHEMA_VERSION and "memory_bytes" in loaded["hardware"]
-    assert loaded["training"]["method"] == "full"  # and on through version 2
+def test_the_version_before_the_current_one_is_read(tmp_path: Path) -> None:
+    previous = synthetic_calibration()
+    previous["schema_version"] = schema.SCHEMA_VERSION - 1
+    previous["fit"]["memory"].pop("basis", None)
+    loaded = schema.read_calibration_file(write(tmp_path / "previous.json", json.dumps(previous)))
+    assert loaded["schema_version"] == schema.SCHEMA_VERSION and loaded["fit"]["memory"]["basis"] == "allocated"
 
 
 JSON = st.recursive(

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import load_tokenized
 from test_cli import calibrated_home, run_main
 
 from train.workload.batching import IGNORE_INDEX, PaddedBatches
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 __all__ = ["calibrated_home"]

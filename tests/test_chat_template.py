@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import load_tokenized
 from test_chat import CONVERSATION, chat_file, trained_text
 from test_cli import calibrated_home, run_main
 
 from train.workload.fingerprint import tokenizer_fingerprint
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import CHATML_TEMPLATE, byte_tokenizer, ensure_chat_template, load_tokenizer
 
 __all__ = ["calibrated_home"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import load_tokenized
 
 import train.workload.data_cache as data_cache
 import train.workload.prepare as prepare
@@ -30,8 +31,8 @@ from train.workload.data import load_records
 from train.workload.data_cache import BuildJob
 from train.workload.encode import Encoder, assistant_character_spans
 from train.workload.fingerprint import data_root
-from train.workload.formats import LOSS_ON, DataSchema, Layout, detect_layout
-from train.workload.prepare import DataSpec, PreparedData, load_tokenized, prepare_data
+from train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
+from train.workload.prepare import DataSpec, PreparedData, prepare_data
 from train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import byte_tokenizer
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store
@@ -500,7 +501,7 @@ def old_encode(layout: Layout, tokenizer: Any, path: str, masked: bool, batch: d
         if layout.format == "text":
             ids.append(tokenizer(str(record[layout.text] or ""), add_special_tokens=False)["input_ids"] + eos)
             prompt_lengths.append(0)
-        elif layout.is_chat:
+        elif layout.data_format.chat:
             messages = layout.messages_of(record, path)
             prompt_lengths.append(0)
             if not masked:
@@ -525,12 +526,12 @@ def old_tokenized(path: Path, tokenizer: Any, train_on: str) -> tuple[list[np.nd
     """What the old tokenize_records kept: samples longer than one token, their masks and prompt lengths, and the loss_on."""
     dataset = load_records(str(path))
     layout = detect_layout(list(dataset.column_names), DataSchema(), str(path), dataset[0])
-    masked = layout.is_chat and train_on == "assistant"
+    masked = layout.data_format.chat and train_on == "assistant"
     columns = old_encode(layout, tokenizer, str(path), masked, dataset[:])
     keep = [i for i, ids in enumerate(columns["input_ids"]) if len(ids) > 1]
     samples = [np.asarray(columns["input_ids"][i], dtype=np.int64) for i in keep]
     masks = [np.asarray(columns["loss_mask"][i], dtype=bool) for i in keep] if masked else None
-    loss_on = LOSS_ON[layout.format] if masked or not layout.is_chat else "all tokens"
+    loss_on = FORMATS[layout.format].loss_on if masked or not layout.data_format.chat else "all tokens"
     return samples, masks, [int(columns["prompt_length"][i]) for i in keep], loss_on
 
 
@@ -743,7 +744,8 @@ MEMORY_SCRIPT = textwrap.dedent(
 
     import numpy as np
 
-    from train.workload.prepare import load_tokenized
+    sys.path.insert(0, str(Path.cwd() / "tests"))
+    from helpers import load_tokenized
     from train.workload.tokenizer import byte_tokenizer
 
     data = load_tokenized(str(path), byte_tokenizer())

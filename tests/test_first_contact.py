@@ -121,12 +121,12 @@ def test_a_budget_too_small_or_a_grid_too_small_is_refused_before_anything_is_bu
 
 
 def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import bench.probe
+    import bench.probe_tasks
 
     def failing(workload: Any, config: Any, settings: Any, peak_flops: Any = None) -> dict[str, Any]:
         return {**config.to_row(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
 
-    monkeypatch.setattr(bench.probe, "run_probe", failing)
+    monkeypatch.setattr(bench.probe_tasks, "run_probe", failing)  # where the probe task calls it
     code, _, err = run_main("bench", ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet", "--no-report"], capsys)
     assert_one_line_error(code, err, "a fit needs at least", expected_code=4)
     assert "Nothing was stored as a calibration" in err

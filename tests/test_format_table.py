@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import load_tokenized
 from test_chat import trained_text
 from test_cli import calibrated_home, run_main
 
@@ -16,7 +17,6 @@ from common.errors import BenchtrainError
 from train.workload import formats
 from train.workload.batching import PaddedBatches, epoch_batches
 from train.workload.formats import BY_COLUMNS, Columns, DataFormat, DataSchema, Encoded, Layout, Record, Tokenizing, detect_layout
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 __all__ = ["calibrated_home"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import load_tokenized, tokenized_from_samples
 from test_chat import trained_text
 from test_cli import assert_one_line_error, calibrated_home, run_main
 from test_hub import offline_hub
@@ -17,7 +18,6 @@ from common.errors import BenchtrainError
 from train.planning.lengths import lengths_to_measure
 from train.workload.data import TokenizedData, load_records
 from train.workload.formats import DataSchema
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 __all__ = ["calibrated_home", "offline_hub"]
@@ -165,7 +165,7 @@ def test_a_hub_dataset_is_read_from_the_cache_offline(offline_hub: Path) -> None
 
 
 def padded(lengths: list[int], fmt: str = "messages") -> TokenizedData:
-    return TokenizedData.from_samples([np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test")
+    return tokenized_from_samples([np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test")
 
 
 def test_bench_measures_the_lengths_train_will_plan_for_the_data() -> None:

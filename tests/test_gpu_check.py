@@ -76,7 +76,7 @@ def test_the_whole_script_is_priced_within_ten_minutes_on_the_simulated_h100() -
     """Every check at the H100 sizes, priced from the bundled calibration (step, model build) and the
     simulated H100 built on it (the two `bench run`s on its virtual clock, a compilation's 40 s), plus
     a process start for each command: at most 600 s. The old sizes priced 10m28s."""
-    from bench.simulated import COMPILE_SECONDS
+    from simulated import COMPILE_SECONDS
 
     module = load_script()
     from gpu_check_price import LIMIT_SECONDS, PROCESS_SECONDS, price_checks

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, synthetic_calibration, synthetic_rows
+from helpers import FakeClock, load_tokenized, synthetic_calibration, synthetic_rows
 
 from calibration import run_status
 from calibration.model import Calibration
@@ -24,7 +24,6 @@ from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
 from train.step.hardware import detect_hardware
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 # A new action, written as a newcomer would add it: one entry in the table, nothing else.
@@ -57,14 +56,10 @@ def guard_for(on_overrun: str) -> DeadlineGuard:
 
 def test_the_status_words_run_json_holds_are_unchanged() -> None:
     """People's scripts, the report and the model card read these: spelled out, not imported."""
-    assert run_status.RUN_END_STATUSES == ("completed", "step_limit", "stopped_for_deadline", "interrupted")
+    ends = (run_status.COMPLETED, run_status.STEP_LIMIT, run_status.STOPPED_FOR_DEADLINE, run_status.INTERRUPTED)
+    assert ends == ("completed", "step_limit", "stopped_for_deadline", "interrupted")
     assert run_status.STOPPED_EARLY == ("stopped_for_deadline", "interrupted")
     assert (Move.STOP.status, Move.INTERRUPT.status, Move.CHECKPOINT.status, Move.CONTINUE.status) == ("stopped_for_deadline", "interrupted", None, None)
-    ends = {word: action.ends_with for word, action in guard.OVERRUN_ACTIONS.items()}
-    assert ends == {"stop": ("stopped_for_deadline",), "shrink": ("step_limit", "stopped_for_deadline"), "warn": ()}
-    # A new action picks among the same words: one that goes on ends no run; one that stops at once, the old word.
-    abort = OverrunAction("abort", "stop at once", "stopping", when_over=Move.STOP, stops=False)
-    assert CHECKPOINT.ends_with == () and abort.ends_with == ("stopped_for_deadline",)
     # What run.json writes is the plain word.
     assert json.dumps({"status": Move.STOP.status}) == '{"status": "stopped_for_deadline"}'
 

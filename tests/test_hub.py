@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_tokenized
 from test_cli import assert_one_line_error, run_main
 
 from common.errors import BenchtrainError
@@ -194,7 +195,6 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
 def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
     from test_chat import trained_text
 
-    from train.workload.prepare import load_tokenized
     from train.workload.tokenizer import load_tokenizer
 
     cache_model(offline_hub, *hub_model, weights=False)

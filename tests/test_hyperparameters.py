@@ -62,8 +62,7 @@ def test_each_schedule_warms_up_then_follows_its_formula(kind: str) -> None:
 
 
 def test_the_default_is_the_schedule_runs_had_before() -> None:
-    """5% warm-up (at least one step), then cosine to zero: train.step.engine.cosine_schedule."""
-    from train.step.engine import cosine_schedule
+    """5% warm-up (at least one step), then cosine to zero."""
 
     total = 40
     assert OptimizerSettings().warmup_for(total) == 2
@@ -72,7 +71,7 @@ def test_the_default_is_the_schedule_runs_had_before() -> None:
     import torch
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
-    scheduler = cosine_schedule(total)(optimizer)
+    scheduler = OptimizerSettings().scheduler(total)(optimizer)
     before = []
     for _ in range(total):
         before.append(optimizer.param_groups[0]["lr"])

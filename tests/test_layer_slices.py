@@ -179,7 +179,7 @@ def test_bad_layers_are_one_line(text: str, fragment: str, capsys: pytest.Captur
 
 
 def h100() -> dict[str, Any]:
-    from bench.simulated import H100Measurements
+    from simulated import H100Measurements
 
     return H100Measurements.load().hardware
 
@@ -238,8 +238,9 @@ def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, dee
 def test_full_fine_tuning_too_big_for_one_simulated_h100_is_calibrated_on_slices_and_its_dry_run_counts_the_devices(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.simulated import simulated_h100
-    from bench.simulated_slices import simulate_slices
+    from simulated import simulated_h100
+    from simulated_slices import simulate_slices
+
     from calibration.model import Calibration
     from calibration.store import save_calibration
 
@@ -276,8 +277,9 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
     alike pay COMPILE_SECONDS per shape and measure 4 configurations of each shape (workers ×
     accumulation), so 54 probes would need every depth to run 5 compiled shapes' 20 configurations;
     the compilations alone take 200 of the 300 seconds."""
-    from bench.simulated import COMPILE_SECONDS, simulate_bench, simulated_h100
-    from bench.simulated_slices import simulate_slices
+    from simulated import COMPILE_SECONDS, simulate_bench, simulated_h100
+    from simulated_slices import simulate_slices
+
     from calibration.model import Calibration
     from calibration.store import save_calibration
 

@@ -14,7 +14,7 @@ from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
 from calibration.model import Calibration
-from calibration.schema import migrate, validate
+from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
 from common.errors import BenchtrainError
 from train.planning.memory_check import check_fits, memory_need, parameter_counts
@@ -193,11 +193,8 @@ def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsy
     assert_one_line_error(code, err, "did not measure it")
 
 
-def test_a_version_1_calibration_is_migrated() -> None:
-    data = json.loads((FIXTURES / "h100-llama-3.2-1b-fullgrid.json").read_text())
-    assert data["schema_version"] == 1
-    migrated = validate(migrate(data, "fixture"), "fixture")
-    calibration = Calibration(migrated)
+def test_the_h100_calibration_plans_full_fine_tuning_without_checkpointing() -> None:
+    calibration = Calibration(read_calibration_file(FIXTURES / "h100-llama-3.2-1b-fullgrid.json"))
     assert calibration.training["method"] == "full"
     assert calibration.measured_values("gradient_checkpointing") == [0]
     assert calibration.predict(micro_batch_size=8, seq_len=1024).tokens_per_second > 10_000

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import loaded_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 TIED: dict[str, Any] = {  # llama-shaped, the head tied to the embedding (as llama-3.2-1b's and gpt2's are)
@@ -114,7 +115,7 @@ def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp3
     from train.planning.memory_check import memory_need
     from train.workload.method import MethodConfig, apply_method
     from train.workload.model import make_config
-    from train.workload.quantize import loaded_bytes, quantized_base
+    from train.workload.quantize import quantized_base
 
     spec = spec_of("several-layers", SEVERAL_LAYERS)
     reference_folder = tmp_path / "seeded"

@@ -71,7 +71,7 @@ def test_which_calibration_a_multi_process_run_plans_from() -> None:
     assert plan_communication(single, 1, ddp, force=False) == (0.0, 0.0, alone)
     comm = {"world_size": 2, "backend": "gloo", "latency_seconds": 0.001, "seconds_per_byte": 1e-9}
     two = Calibration(synthetic_calibration(distributed={"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": comm}))
-    assert two.world_size == 2 and two.comm.backend == "gloo" and two.sharding == "ddp"
+    assert two.world_size == 2 and two.sharding == "ddp"
     per_step, per_micro_step, record = plan_communication(two, 2, ddp, force=False)
     assert per_step == per_micro_step == 0.0 and record["source"] == "calibration"  # its step times hold the all-reduce
     with pytest.raises(BenchtrainError, match="measured with 2 processes, this run has 4"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import GIB, synthetic_calibration, synthetic_rows
+from helpers import GIB, synthetic_calibration, synthetic_rows, tokenized_from_samples
 
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
@@ -21,7 +21,7 @@ from train.workload.model import resolve_model
 def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:
     rng = np.random.default_rng(0)
     samples = [rng.integers(3, 200, size=n).astype(np.int32) for n in lengths]
-    return TokenizedData.from_samples(samples, [prompt] * len(lengths), fmt, "test")
+    return tokenized_from_samples(samples, [prompt] * len(lengths), fmt, "test")
 
 
 def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import loaded_bytes
 
 pytest.importorskip("bitsandbytes")
 
@@ -15,7 +16,7 @@ from test_export import PROMPT, logits, trained
 from test_train import tokenizer
 
 from common.errors import BenchtrainError
-from train.workload.quantize import bitsandbytes_config, check_quantize, loaded_bytes, quantized_bytes
+from train.workload.quantize import bitsandbytes_config, check_quantize, quantized_bytes
 
 __all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
 

@@ -160,7 +160,8 @@ def test_a_plan_names_the_bases_it_did_not_measure(home: Path, capsys: pytest.Ca
 
 def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """mistral-nemo-12b LoRA measured on the simulated H100 (bf16 base only), planned for 24 GiB."""
-    from bench.simulated import simulate_bench
+    from simulated import simulate_bench
+
     from calibration.store import save_calibration
 
     record, _ = simulate_bench("mistral-nemo-12b", lora=True, budget=300)

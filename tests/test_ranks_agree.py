@@ -113,7 +113,7 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
     def plan(recipe: Any) -> None:
         recipe.run = SimpleNamespace(plan=SimpleNamespace(chosen=SimpleNamespace(overheads=overheads)))
 
-    monkeypatch.setattr(runtime, "finish_together", finish_together)
+    monkeypatch.setattr(module, "finish_together", finish_together)  # where the recipe calls it
     monkeypatch.setattr(module.TrainConfig, "from_args", staticmethod(lambda args, started_at: None))
     for name, stand_in in {
         "setup": lambda recipe: None,

@@ -12,7 +12,7 @@ from test_cli import calibrated_home, run_main
 
 from calibration.fit import ThroughputModel, overlapped
 from calibration.model import Calibration
-from calibration.schema import migrate, validate
+from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 
 __all__ = ["calibrated_home"]
@@ -31,7 +31,7 @@ def refit(home: Path, source: Path, capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def test_refitting_the_h100_probes_holds_out_within_3_percent(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    source = validate(migrate(json.loads(H100.read_text()), "h100"), "h100")
+    source = read_calibration_file(H100)
     refitted = refit(home, H100, capsys)
     assert refitted["refit_of"] == source["id"] and refitted["id"] != source["id"]
     assert refitted["measurements"] == source["measurements"]  # measurements unchanged

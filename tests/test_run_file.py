@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli import assert_one_line_error, run_main
 
 from calibration.run_file import STEP_COLUMNS, RunFile
 from calibration.step_config import StepConfig
 from common.errors import RunFileError
-from tests.test_cli import assert_one_line_error, run_main
 
 BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run, written before the change
 CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"

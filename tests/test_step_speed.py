@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 import torch
 from accelerate import Accelerator
+from helpers import tokenized_from_samples
+from step_profile import fixed_micro_step_seconds, profile_step
 
-from bench.step_profile import fixed_micro_step_seconds, profile_step
 from train.step.engine import StepOptions, engine_from_options
 from train.workload.batching import PackedBatches, PaddedBatches
 from train.workload.model import build_model, resolve_model
-from train.workload.tokens import TokenizedData
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _padded_batches() -> PaddedBatches:
     samples = [np.arange(3, 3 + n) % 300 for n in (50, 30, 70, 64)]
-    return PaddedBatches(TokenizedData.from_samples(samples, [5, 0, 0, 3], "prompt_completion", "test"), [[0, 1], [2, 3]], 128, pad_id=0)
+    return PaddedBatches(tokenized_from_samples(samples, [5, 0, 0, 3], "prompt_completion", "test"), [[0, 1], [2, 3]], 128, pad_id=0)
 
 
 @pytest.mark.parametrize("kind", ["packed", "padded"])
@@ -32,7 +32,7 @@ def test_no_host_sync_inside_the_micro_steps(kind: str) -> None:
     """The number of `.item()`-like reads per optimizer step does not grow with accumulation: the
     only ones are per optimizer step (the loss read after the timer's synchronise)."""
     engine = engine_from_options(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions())
-    stream = TokenizedData.from_samples([np.arange(4000) % 300], None, "text", "test")
+    stream = tokenized_from_samples([np.arange(4000) % 300], None, "text", "test")
     dataset = PackedBatches(stream, [[0, 1], [2, 3]], 64) if kind == "packed" else _padded_batches()
     batches = itertools.cycle([dataset[0], dataset[1]])
     engine.step.run(batches, 2)  # warm

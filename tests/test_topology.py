@@ -29,6 +29,7 @@ from calibration.topology import (
     BASE_LATENCY,
     HOP_LATENCY,
     Interconnect,
+    Link,
     analytic_collectives,
     bracket_estimate,
     collective_model,
@@ -37,7 +38,6 @@ from calibration.topology import (
     overlap_bracket,
     parse_interconnect,
     ring_model,
-    ring_seconds,
     same_interconnect,
 )
 from common.errors import BenchtrainError
@@ -52,6 +52,12 @@ H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
 
 # -- the formulas ---------------------------------------------------------------------------------
+
+
+def ring_seconds(kind: str, message_bytes: float, processes: int, link: Link) -> float:
+    """One ring collective of `message_bytes` among `processes` on `link`, by the plan's ring model."""
+    model = ring_model(kind, processes, link)
+    return model.latency_seconds + message_bytes * model.seconds_per_byte
 
 
 def test_ring_collectives_move_what_a_ring_moves() -> None:

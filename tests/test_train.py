@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, synthetic_calibration, synthetic_rows
+from helpers import FakeClock, load_tokenized, synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
@@ -22,7 +22,6 @@ from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
 from train.step.hardware import detect_hardware
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
-from train.workload.prepare import load_tokenized
 from train.workload.tokenizer import byte_tokenizer
 
 
@@ -138,10 +137,10 @@ def _schedule(steps: int, peak: float) -> list[float]:
     """The learning rate each of `steps` optimizer steps trains at, by the run's own schedule."""
     import torch
 
-    from train.step.engine import cosine_schedule
+    from train.step.hyperparameters import OptimizerSettings
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
-    scheduler = cosine_schedule(steps)(optimizer)
+    scheduler = OptimizerSettings().scheduler(steps)(optimizer)
     rates = []
     for _ in range(steps):
         rates.append(optimizer.param_groups[0]["lr"])

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_tokenized
 
 from common.errors import BenchtrainError
 from train.workload.data import length_profile
 from train.workload.model import build_model, model_shape, resolve_model
-from train.workload.prepare import load_tokenized
 from train.workload.presets import PRESETS
 from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 

@@ -197,7 +197,7 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
 
 def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     """Cost, output, learning rate, seed and the escape hatches."""
-    from train.step.runtime import DEFAULT_LEARNING_RATE
+    from train.step.runtime import DEFAULT_LEARNING_RATE, LR_SCALINGS
 
     p.add_argument(
         "--price-per-hour",
@@ -225,7 +225,7 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lr-scaling",
-        choices=("none", "linear", "sqrt"),
+        choices=LR_SCALINGS,
         default="none",
         help="scale the learning rate with effective batch / --base-batch (effective = micro-batch × processes × accumulation)",
     )

@@ -37,12 +37,13 @@ from common.atomic import atomic_directory
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.method import MethodConfig
+from train.workload.model import ModelSpec, make_config
+from train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from train.workload.model import ModelSpec
 
 FINAL = "final"
 EMBEDDED_BASE = "."  # how an adapter names a base saved in its own folder
@@ -138,8 +139,6 @@ def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config
-
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(make_config(spec)).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -181,8 +180,6 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
     quantization = json.loads(note.read_text(encoding="utf-8")).get("base_quantization") if note.is_file() else None
     if quantization and quantized and "quantization_config" not in kwargs:
         import torch
-
-        from train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
 
         # 4-bit computes in bf16 on CUDA, fp32 on a CPU: the dtype each trained in (train.workload.quantize).
         kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16 if torch.cuda.is_available() else torch.float32)

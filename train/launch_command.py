@@ -15,10 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from common.atomic import write_text_atomic
+from common.console import say
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.recipes.config import EmitRequest, parse_emit
-from train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
+from train.recipes.launch_task import ACCELERATORS, HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
 
 NODE_VARIABLES = {
     "skypilot": (
@@ -75,7 +79,6 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 def case_pattern(target: Target) -> str:
     """The devices a target accepts: every card the engines rent under its accelerator name (an
     "H100" may come as the SXM or the PCIe card), with its GPUs per node."""
-    from train.recipes.launch_task import ACCELERATORS
 
     keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
     keys = list(dict.fromkeys([target.device_key, *keys]))
@@ -245,7 +248,6 @@ class _LiteralDumper:
 
     @staticmethod
     def make() -> Any:
-        import yaml
 
         class Dumper(yaml.SafeDumper):
             pass
@@ -260,7 +262,6 @@ class _LiteralDumper:
 
 def task_text(task: LaunchTask, engine: str) -> str:
     """The whole file: the comments, then the task."""
-    import yaml
 
     if engine == "skypilot":
         data = skypilot_task(task)
@@ -281,7 +282,6 @@ def task_text(task: LaunchTask, engine: str) -> str:
 
 def emit_task(emit: str, task: LaunchTask) -> None:
     """`--emit ENGINE:FILE`: the file written, and said."""
-    from common.console import say
 
     written = write_task(parse_emit(emit), task)
     say(f"task: {written} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
@@ -289,7 +289,6 @@ def emit_task(emit: str, task: LaunchTask) -> None:
 
 def write_task(request: EmitRequest, task: LaunchTask) -> Path:
     """The engine's file, written atomically (an unwritable FILE: one line)."""
-    from common.atomic import write_text_atomic
 
     text = task_text(task, request.engine)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from common.errors import EXIT_OK
@@ -20,8 +21,6 @@ def add_parser(commands: Any) -> None:
 
 
 def refit_command(reference: str) -> int:
-    import sys
-
     from bench.describe import describe_calibration
     from bench.refit import refit_record
     from calibration.schema import read_calibration_file

@@ -7,7 +7,6 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
-from bench.describe import describe_calibration
 from bench.space import parse_int_list, parse_switch_list
 from calibration.setup import variant_key, variant_name
 from calibration.step_config import StepConfig
@@ -289,6 +288,8 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
     """The calibration in words; the closing lines (time taken, where it is) after the last setup's
     (`total_seconds`: of the whole command), not after the others'."""
+    from bench.describe import describe_calibration
+
     print("\n".join(describe_calibration(record, path)))
     if left_out:
         sample = ", ".join(StepConfig.from_row(c).label for c in left_out[:6])

@@ -11,19 +11,22 @@ all-gathers parameters and reduce-scatters gradients (train/step/sharding.py).
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
+from calibration.comm import CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
+from common.errors import BenchtrainError
 from common.json_types import JsonDict
+from train.planning.memory_check import MemoryNeed, compute_bytes
 
 if TYPE_CHECKING:
     import torch
 
     from calibration.model import Calibration
-    from train.planning.memory_check import MemoryNeed
 
 # Message sizes in bytes: latency-bound to bandwidth-bound. On CUDA also the sizes where NVLink
 # reaches its bandwidth (a 1B model's gradients are 4 GiB, sent in 25 MiB buckets; FSDP gathers a
@@ -97,9 +100,6 @@ class Traffic:
 def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
     """From train.planning.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
     gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
-    from calibration.comm import gradient_bytes
-    from train.planning.memory_check import compute_bytes
-
     gradients = gradient_bytes(need.trainable_parameters)
     if sharding != "fsdp":
         return Traffic(sharding, gradients)
@@ -115,7 +115,6 @@ def beside_compute(device: torch.device) -> Iterator[None]:
     if getattr(device, "type", None) != "cpu":
         yield
         return
-    import threading
 
     import torch
 
@@ -185,8 +184,6 @@ def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tu
 
 def measure_collectives(device: torch.device, kinds: tuple[str, ...]) -> Collectives:
     """{kind: {"measurements": rows, "fit": CommModel JSON}} for each collective."""
-    from calibration.comm import fit_comm
-
     size, backend = world()
     fitted: Collectives = {}
     for kind in kinds:
@@ -205,8 +202,6 @@ def plan_communication(calibration: Calibration, world_size: int, traffic: Traff
       processes, and its traffic priced with them (calibration.comm);
     - a calibration of another world size or sharding is refused unless --force (then used as if
       it matched)."""
-    from common.errors import BenchtrainError
-
     measured = calibration.world_size
     if world_size == 1 or measured == world_size:
         if world_size > 1 and calibration.sharding != traffic.sharding and not force:
@@ -236,8 +231,6 @@ def price_traffic(
     """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
     collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
     run's processes, or stored by the calibration `collectives_from` (train.recipes.compare)."""
-    from calibration.comm import CommModel, fsdp_micro_step_seconds
-
     models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
     per_step = per_micro_step = 0.0
     if traffic.sharding == "fsdp":
@@ -263,7 +256,7 @@ def price_traffic(
 
 def stored_collectives(distributed: JsonDict | None) -> Collectives:
     """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
-    calibrations from before FSDP kept only the all-reduce (`comm`, `all_reduce`)."""
+    a record with only the all-reduce's fit (`comm`, `all_reduce`: a DDP calibration) reads as that one."""
     distributed = distributed or {}
     if distributed.get("collectives"):
         return dict(distributed["collectives"])

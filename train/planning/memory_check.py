@@ -22,25 +22,26 @@ whether the fixed part alone is already too much.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from common.errors import DoesNotFitError
+from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
+from train.step.hardware import allocator_conf
 from train.step.sharding import largest_block_parameters
 from train.workload.method import MethodConfig, apply_method, decoder_blocks
+from train.workload.model import ModelSpec, make_config
+from train.workload.optimizers import OPTIMIZERS, optimizer_state_bytes, same_state_groups
+from train.workload.quantize import QuantizedBytes, base_phrase, quantized_bytes, require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
 
     from calibration.model import Calibration
-    from train.workload.model import ModelSpec
-    from train.workload.quantize import QuantizedBytes
 
 FP32_BYTES = 4
 BF16_BYTES = 2
-# fp32 master weight + fp32 gradient + AdamW exp_avg + exp_avg_sq
-TRAINED_BYTES_PER_PARAMETER = 4 * FP32_BYTES
 GIB = 2**30
 
 
@@ -91,12 +92,8 @@ def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
     the optimizer, LoRA's alpha and dropout change no parameter's shape (bitsandbytes' bytes are
     arithmetic on the plain layers: quantized_base_bytes), and a plan asks for the same
     architecture under each of them (≈ 0.7 s a build on a 2-core CPU)."""
-    import json
-
     import torch
     from transformers import AutoModelForCausalLM
-
-    from train.workload.model import make_config
 
     shaped = MethodConfig(method=method.method, lora_rank=method.lora_rank, lora_targets=method.lora_targets)
     key = json.dumps([spec.config_dict, repr(shaped)], sort_keys=True, default=str)
@@ -132,8 +129,6 @@ def trainable_sizes(spec: ModelSpec, method: MethodConfig) -> list[int]:
 
 
 def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> MemoryNeed:
-    from train.workload.optimizers import optimizer_state_bytes
-
     total, trainable, blocks, largest_block = parameter_counts(spec, method)
     frozen = total - trainable
     frozen_bytes = frozen * compute_bytes(device_type)
@@ -156,8 +151,6 @@ def quantized_base_bytes(spec: ModelSpec, kind: str) -> QuantizedBytes:
     """The frozen base's bytes quantized as `kind` (train.workload.quantize.QuantizedBytes): the
     layers bitsandbytes converts packed, the rest in fp32, where peft's preparation for k-bit
     training puts them (train.workload.quantize.quantized_base)."""
-    from train.workload.quantize import quantized_bytes
-
     return quantized_bytes(meta_model(spec, MethodConfig()), kind, FP32_BYTES)
 
 
@@ -253,12 +246,9 @@ def smaller_bases(spec: ModelSpec, method: MethodConfig, device_type: str, avail
 
 
 def quantization_available() -> bool:
-    from common.errors import BenchtrainError as Missing
-    from train.workload.quantize import require_bitsandbytes
-
     try:
         require_bitsandbytes()
-    except Missing:
+    except BenchtrainError:
         return False
     return True
 
@@ -277,8 +267,6 @@ def describe_needs(
         label = "full fine-tuning" if method.method == "full" else f"LoRA r{method.lora_rank}"
         detail = ""
         if method.quantized:
-            from train.workload.quantize import base_phrase
-
             base = quantized_base_bytes(spec, method.quantize)
             label += f" on {base_phrase(method.quantize)}"
             detail = f" ({base.quantized / GIB:.2f} packed + {base.statistics / GIB:.2f} statistics + {base.unquantized / GIB:.2f} unquantized)"
@@ -294,8 +282,6 @@ def describe_needs(
 def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
     """ "optimizer state: 18 MiB with adamw or adamw-fused, 4.57 MiB with adamw-8bit or paged-adamw-8bit, 9 MiB with sgd (this run: adamw)":
     each optimizer of train.workload.optimizers.OPTIMIZERS, those of the same state bytes together."""
-    from train.workload.optimizers import OPTIMIZERS, same_state_groups
-
     sizes = trainable_sizes(spec, chosen)  # the same tensors whichever optimizer keeps state for them
     groups = same_state_groups(OPTIMIZERS.values())
     texts = [f"{group[0].state_bytes(sizes) / 2**20:.3g} MiB with {' or '.join(entry.name for entry in group)}" for group in groups]
@@ -307,8 +293,6 @@ def memory_basis_note(calibration: Calibration) -> str | None:
     the allocator's reserved peak plus the bytes measured outside it (calibration.memory_fit), or,
     for one measured before those were recorded, the allocated peak alone, as before. None on CPU
     (the peak RSS is the whole process) or without a memory fit."""
-    from train.step.hardware import allocator_conf
-
     memory = (calibration.fit or {}).get("memory")
     if not memory or calibration.hardware.get("device_type") != "cuda":
         return None

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.durations import format_duration
+from train.planning.disk import disk_need
+from train.planning.memory_check import BF16_BYTES, memory_need
 
 if TYPE_CHECKING:
     from train.planning.types import Plan
@@ -90,8 +92,6 @@ class DiskSize:
 
 def node_disk(spec: ModelSpec, method: MethodConfig, merge: bool, keep: int, device_type: str, uploaded_bytes: int) -> DiskSize:
     """What one node writes and holds (the module's docstring)."""
-    from train.planning.disk import disk_need
-    from train.planning.memory_check import BF16_BYTES, memory_need
 
     need = memory_need(spec, method, device_type)
     run = disk_need(need, method.is_lora, not spec.has_weights, merge and method.is_lora, device_type, keep)

@@ -9,6 +9,7 @@ from collections import Counter
 
 from calibration.model import Calibration
 from train.planning.types import PlanRequest
+from train.step.evaluation import eval_batches
 from train.workload.batching import (
     BatchLayout,
     BatchShape,
@@ -58,8 +59,6 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
 
 def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
     """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
-    from train.step.evaluation import eval_batches
-
     total = 0.0
     for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
         seconds = calibration.eval_batch_seconds(shape.rows, shape.length)

@@ -13,6 +13,7 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.planning.deadline import Deadline
 from train.planning.overheads import Overheads
+from train.step.compile import SHAPE_BUCKET
 from train.step.evaluation import EvalSchedule
 
 # The priorities a plan may be made for (train.planning.priorities orders candidates by each).
@@ -71,8 +72,6 @@ class PlanRequest:
 
     @property
     def shape_bucket(self) -> int | None:
-        from train.step.compile import SHAPE_BUCKET
-
         return SHAPE_BUCKET if self.compiled else None
 
     def __post_init__(self) -> None:

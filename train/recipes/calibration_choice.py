@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from calibration.run_file import ResumedRun
+from calibration.schema import read_calibration_file
+from calibration.setup import Setup, describe_setup, quantization_name, setup_difference
+from calibration.topology import same_interconnect
 from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
@@ -54,9 +57,6 @@ def load_calibration(
 
 def why_chosen(chosen: Any, newer: Path, spec: Any, method: Any, processes: tuple[int, str]) -> str:
     """`latest` took `chosen` over the newer file: what it measured, and the difference that decided."""
-    from calibration.schema import read_calibration_file
-    from calibration.setup import Setup, describe_setup, quantization_name, setup_difference
-
     run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, quantization_name(method.quantize), *processes)
     return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
 
@@ -65,8 +65,6 @@ def calibration_preferences(spec: Any, method: Any, processes: tuple[int, str], 
     """Which stored calibrations `latest` prefers for this run, best first (calibration.store): a
     calibration of another interconnect than `interconnect` (this machine's) is a preference
     missed, not a refusal (one that recorded none matches any: calibration.topology)."""
-    from calibration.topology import same_interconnect
-
     def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
         training = data.get("training") or {}
@@ -112,7 +110,7 @@ def check_compatible(
             f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
             f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
         )
-    measured_precision = measured.get("precision")  # calibrations before issue 39 did not record it
+    measured_precision = measured.get("precision")  # absent: not recorded (the bundled H100 calibration): not checked
     if measured_precision and measured_precision != run_precision(hardware["device_type"]):
         problems.append(
             f"calibration {calibration.id} measured a {measured_precision} step, this run would train in {run_precision(hardware['device_type'])} "

@@ -13,16 +13,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import calibration as calibration_api
 from common.console import say
 from common.errors import BenchtrainError
+from train.planning.memory_check import MemoryNeed, check_fits
+from train.recipes.calibration_choice import check_compatible, load_calibration
 from train.recipes.config import TrainConfig
 from train.recipes.variant_choice import Refused, asked_variant, setups_to_plan
-from train.step.engine import MeasuredStep, ProcessLayout, StepOptions, StepSetup, resolve_step
+from train.step.engine import MeasuredStep, ProcessLayout, StepOptions, StepSetup, process_layout, resolve_step
+from train.step.hardware import detect_hardware
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from calibration.run_file import ResumedRun
-    from train.planning.memory_check import MemoryNeed
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
@@ -114,9 +117,6 @@ def setup_for(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Me
     (train.step.engine.resolve_step), its price, the calibration's fitness for the run (refused in
     one line unless --force), and the memory check (train.planning.memory_check.check_fits, one
     line when the model does not fit)."""
-    from train.planning.memory_check import check_fits
-    from train.recipes.calibration_choice import check_compatible
-
     foreign = plans_elsewhere(config, cal, here)
     hardware = cal.hardware if foreign else here
     step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
@@ -132,8 +132,6 @@ def said_setup(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: M
     """`setup_for` on this machine, said: the calibration's device when a dry run plans for
     another, and what --force let through. `quiet`: say nothing (a calibration's second setup:
     the first said it)."""
-    from train.step.hardware import detect_hardware
-
     here = detect_hardware()
     setup = setup_for(config, cal, spec, method, layout, here)
     if setup.foreign and not quiet:
@@ -149,11 +147,6 @@ def said_setup(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: M
 def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None) -> tuple[Calibration, ProcessLayout]:
     """The calibration to plan with (train.recipes.calibration_choice.load_calibration), and the
     processes and sharding the plan is for."""
-    import calibration as calibration_api
-    from train.recipes.calibration_choice import load_calibration
-    from train.step.engine import process_layout
-    from train.step.hardware import detect_hardware
-
     layout = process_layout(config.step, method)
     processes = (layout.world_size, layout.sharding)
     cal = load_calibration(config, resumed, calibration_api, spec, method, processes, detect_hardware().get("interconnect"))

@@ -26,19 +26,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import calibration as calibration_api
+from calibration.hub import hub_reference, is_hub_reference, parse_reference, shared_calibrations
+from calibration.model import Calibration
+from calibration.schema import read_calibration_file
+from calibration.store import bundled_calibrations, calibrations_dir, is_bundled, list_calibrations
 from calibration.topology import parse_interconnect
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
+from train.planning.comm import Traffic, price_traffic
 from train.planning.deadline import Deadline
+from train.planning.planner import deadline_options
 from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
 from train.step.engine import ProcessLayout, check_sharding
 
 if TYPE_CHECKING:
-    from calibration.model import Calibration
-    from train.planning.comm import Traffic
     from train.planning.types import Plan
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -70,9 +75,6 @@ class Row:
     @property
     def reference(self) -> str:
         """How --use-calibration names it: a bundled one by its name, a stored one by its id, else its path."""
-        from calibration.hub import hub_reference
-        from calibration.store import calibrations_dir, is_bundled
-
         if self.option is None:
             return "–"
         shared = hub_reference(self.option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
@@ -213,18 +215,11 @@ def measured_identity(data: JsonDict) -> tuple[str | None, str]:
     return (data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")
 
 
-def select_calibrations(
-    reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None
-) -> list[Calibration]:
+def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
     """The calibrations a comparison names, separated by commas (each once): `all` (every stored
     calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
     (those of this model and method shared in that hub repository: calibration.hub), ids, paths
     or `hub:ORG/NAME/ID`."""
-    import calibration as calibration_api
-    from calibration.hub import is_hub_reference, parse_reference, shared_calibrations
-    from calibration.schema import read_calibration_file
-    from calibration.store import bundled_calibrations, list_calibrations
-
     names = [part.strip() for part in reference.split(",") if part.strip()]
     if not names:
         raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
@@ -254,13 +249,9 @@ def select_calibrations(
     return list(unique.values())
 
 
-def of_this_run(
-    entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None
-) -> list[Calibration]:
+def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
     """The calibrations (path, data) of this model and method; one without a fitted model is said
     and left out."""
-    from calibration.model import Calibration
-
     found = []
     for path, data in entries:
         if measured_identity(data) != (spec.fingerprint, method.method):
@@ -296,8 +287,6 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
     """The plan of one option, made as a single-calibration dry run makes it (train.recipes.chosen_setup.setup_for,
     train.recipes.plan_setup.plan_fitted), or why it cannot be made (a model too big for the device, no
     configuration in memory)."""
-    from train.planning.comm import price_traffic
-
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
     try:  # a row of N processes is sharded as asked even when this command runs one
         check_sharding(method, layout.sharding)
@@ -405,8 +394,6 @@ def compare(
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
     """One line: the closest row, what it needs, and what would fit (a later deadline, fewer
     epochs or steps: train.planning.planner.deadline_options)."""
-    from train.planning.planner import deadline_options
-
     planned = [row for row in comparison.rows if row.plan is not None]
     if not planned:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)

@@ -24,7 +24,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
@@ -32,7 +32,9 @@ from common.json_types import JsonDict
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
+from train.recipes.hub_push import PushTarget, valid_repo_id
 from train.running.guard import GuardSection
+from train.running.resume import auto_resume
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
 from train.step.evaluation import EvalSchedule, parse_eval_every
@@ -40,9 +42,6 @@ from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, setting
 from train.step.runtime import DEFAULT_LEARNING_RATE
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
-
-if TYPE_CHECKING:
-    from train.recipes.hub_push import PushTarget
 
 
 def parse_max_length(value: Any) -> int | str:
@@ -233,8 +232,6 @@ class OutputSection:
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
             raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
         if self.push_to_hub:
-            from train.recipes.hub_push import valid_repo_id
-
             valid_repo_id(self.push_to_hub)
         if self.push_only and not self.out:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
@@ -250,15 +247,12 @@ class OutputSection:
     @property
     def push_target(self) -> PushTarget | None:
         """Where --push-to-hub sends the model (not checked against the hub yet: hub_push.check_push)."""
-        from train.recipes.hub_push import PushTarget
-
         return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
 
 def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool, float]:
     """`--resume auto`: whether to resume (train.running.resume.auto_resume), and the command's start
     moved back to the run's first start, so the deadline counts the time a preemption lost."""
-    from train.running.resume import auto_resume
 
     own_start = time.monotonic() if started_at is None else started_at
     found = auto_resume(out)

@@ -27,18 +27,22 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from calibration.datasheets import DeviceSheet, known_keys, sheet_for
+from calibration.model import Calibration
+from calibration.store import is_bundled
+from calibration.topology import parse_interconnect, recorded_interconnect
+from calibration.translate import describe_translation, translate
+from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
+from train.planning.prices import run_cost
+from train.recipes.compare import Comparison, Consideration, Row, plan_row, rank_by
+from train.recipes.options import Option, collectives_sources, predicted_option
 
 if TYPE_CHECKING:
-    from calibration.datasheets import DeviceSheet
-    from calibration.model import Calibration
-    from train.recipes.compare import Comparison, Row
-    from train.recipes.options import Option
     from train.recipes.plan_setup import PlanContext
     from train.workload.method import MethodConfig
 
-KINDS = ("measured here", "measured by someone", "predicted", "translated", "not plannable")
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
 
 
@@ -60,9 +64,6 @@ class Machine:
 
 def parse_machines(text: str) -> list[Machine]:
     """`h100:1,h100:2:nvlink,a100-40gb:4:pcie` (DEVICE[:GPUS[:INTERCONNECT]]); one line for anything else."""
-    from calibration.datasheets import known_keys, sheet_for
-    from calibration.topology import parse_interconnect
-
     machines = []
     for part in (item.strip() for item in text.split(",")):
         if not part:
@@ -99,7 +100,7 @@ class Sourced:
     """A machine and the option that plans it (None: not plannable, `problem` says why)."""
 
     machine: Machine
-    kind: str  # one of KINDS
+    kind: str  # measured here, measured by someone, predicted, translated, not plannable
     option: Option | None = None
     rests_on: str = ""
     problem: str | None = None
@@ -107,8 +108,6 @@ class Sourced:
 
 def device_key(cal: Calibration) -> str | None:
     """The datasheet key of the GPU a calibration measured (or was translated to); None for a CPU."""
-    from calibration.datasheets import sheet_for
-
     if cal.hardware.get("device_type") != "cuda":
         return None
     sheet = sheet_for(str(cal.hardware.get("name", "")))
@@ -117,15 +116,11 @@ def device_key(cal: Calibration) -> str | None:
 
 def is_shared(cal: Calibration) -> bool:
     """Measured by someone else: shared on the hub, or bundled with benchtrain (measured by its makers)."""
-    from calibration.store import is_bundled
-
     return ((cal.data.get("source") or {}).get("kind")) == "hub" or (cal.path is not None and is_bundled(cal.path))
 
 
 def source_machine(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Sourced:
     """The best source for one machine (the module's docstring), local calibrations before shared ones."""
-    from calibration.topology import recorded_interconnect
-
     here = [cal for cal in calibrations if device_key(cal) == machine.sheet.key]
     here.sort(key=is_shared)  # measured here first
     for cal in here:
@@ -143,21 +138,15 @@ def source_machine(machine: Machine, calibrations: list[Calibration], sharding: 
 
 
 def family(word: str) -> str:
-    from calibration.topology import parse_interconnect
-
     return parse_interconnect(word).family
 
 
 def measured_option(cal: Calibration, machine: Machine, sharding: str) -> Option:
-    from train.recipes.options import Option
-
     return Option(cal, cal.world_size, cal.sharding if cal.world_size > 1 else "none", interconnect=machine.interconnect)
 
 
 def predicted(machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str = "") -> Sourced:
     """N processes of `cal`'s device over the machine's interconnect (train.recipes.options)."""
-    from train.recipes.options import predicted_option
-
     try:
         option = predicted_option(cal, machine.processes, sharding, machine.interconnect or "pcie", sources)
     except BenchtrainError as error:
@@ -168,10 +157,6 @@ def predicted(machine: Machine, cal: Calibration, sharding: str, sources: list[J
 
 def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Sourced:
     """A calibration of the same vendor's GPU nearest in FLOP/s, translated (calibration.translate)."""
-    from calibration.datasheets import sheet_for
-    from calibration.model import Calibration
-    from calibration.translate import describe_translation, translate
-
     gpus = [cal for cal in calibrations if cal.world_size == 1 and device_key(cal) is not None]
     same_vendor = [cal for cal in gpus if sheet_for(cal.hardware["name"]).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
     if not same_vendor:
@@ -196,8 +181,6 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
 
 def settle_command(machine: Machine, model: str, method: MethodConfig, budget_seconds: float) -> str:
     """The `bench run` that would measure this machine instead."""
-    from common.durations import format_duration
-
     lora = " --lora" if method.is_lora else ""
     launch = f"accelerate launch --num_processes {machine.processes} -m " if machine.processes > 1 else ""
     link = f" --interconnect {machine.interconnect}" if machine.interconnect else ""
@@ -222,8 +205,6 @@ def bracket(row: Row) -> tuple[float, float] | None:
 
 
 def cost_bracket(row: Row) -> tuple[float, float] | None:
-    from train.planning.prices import run_cost
-
     seconds = bracket(row)
     if seconds is None or row.price_per_hour is None:
         return None
@@ -234,7 +215,6 @@ def cost_bracket(row: Row) -> tuple[float, float] | None:
 def rank_at_upper_end(rows: list[Row], by_cost: bool) -> list[Row]:
     """Rows that meet the deadline at their upper end, cheapest at that end first (fastest without
     prices); then the others, closest first; then those with no plan. The first is recommended."""
-    from train.recipes.compare import rank_by
 
     def upper(row: Row) -> tuple[float, float]:
         costs, seconds = cost_bracket(row), bracket(row)
@@ -267,9 +247,6 @@ def consider(
 ) -> Comparison:
     """One planned row per machine (`source_machine`), ranked at the upper ends of their brackets
     (`rank_at_upper_end`), with what would settle each row that was not measured."""
-    from train.recipes.compare import Comparison
-    from train.recipes.options import collectives_sources
-
     config, spec = context.config, context.spec
     if config.plan.fit_deadline:
         raise BenchtrainError("--fit-deadline cuts each plan's steps, so the rows would not train the same run: consider machines without it")
@@ -289,9 +266,6 @@ def consider(
 def machine_row(context: PlanContext, method: MethodConfig, sourced: Sourced, here: JsonDict) -> Row:
     """The row of one machine: planned as a comparison plans a calibration (train.recipes.compare),
     or without a plan and why; with the bench run that would settle it unless it was measured."""
-    from train.planning.prices import run_cost
-    from train.recipes.compare import Consideration, Row, plan_row
-
     machine = sourced.machine
     if sourced.option is None:
         row = Row(None, {"name": machine.sheet.name, "device_type": "cuda", "memory_bytes": machine.sheet.memory_bytes})

@@ -21,9 +21,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from calibration.run_file import RunFile
 from common.atomic import read_json_file, write_json_atomic, write_text_atomic
-from common.errors import BenchtrainError
+from common.console import say
+from common.errors import EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError
+from common.home import benchtrain_home
+from common.hub_access import valid_repo_id as valid_name
+from common.hub_access import writing_user
 from common.json_types import JsonDict
+from train.export import FINAL, FINAL_MERGED
+from train.planning.disk import upload_bytes
+from train.recipes.model_card import model_card
 
 # No push measured from this machine yet: a conservative sustained upload rate (a cloud GPU host
 # usually does better; the first push measures it and later plans use the measurement).
@@ -51,8 +59,6 @@ class PushTarget:
 
 def valid_repo_id(repo_id: str) -> str:
     """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error."""
-    from common.hub_access import valid_repo_id as valid_name
-
     return valid_name(repo_id, "--push-to-hub")
 
 
@@ -60,16 +66,12 @@ def check_push(target: PushTarget) -> PushTarget:
     """Refused now, in one line, rather than after training: the hub switched off, no token, a
     token the hub rejects, or no way to reach it (common.hub_access, which `bench push` shares).
     Returns the target with the token's user."""
-    from common.hub_access import writing_user
-
     user = writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub")
     return PushTarget(target.repo_id, target.private, target.revision, user)
 
 
 def upload_rate() -> tuple[float, str]:
     """Bytes per second an upload is planned at, and where that figure comes from."""
-    from common.home import benchtrain_home
-
     try:
         measured = read_json_file(benchtrain_home() / RATE_FILE)
         rate = float(measured["bytes_per_second"])
@@ -82,8 +84,6 @@ def upload_rate() -> tuple[float, str]:
 
 def remember_rate(size: int, seconds: float) -> None:
     """A push large enough to measure the bandwidth: kept for the next plans."""
-    from common.home import benchtrain_home
-
     if size < MIN_MEASURED_BYTES or seconds <= 0:
         return
     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -93,8 +93,6 @@ def remember_rate(size: int, seconds: float) -> None:
 
 def folder_to_push(run_dir: Path, record: JsonDict) -> Path:
     """final-merged/ when the run wrote one (--merge-lora), else final/."""
-    from train.export import FINAL, FINAL_MERGED
-
     final = record.get("final") or {}
     merged = run_dir / FINAL_MERGED
     return merged if final.get("merged_path") and merged.is_dir() else run_dir / FINAL
@@ -110,8 +108,6 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
     """Upload the run's model folder with its model card; what run.json records of it. A failure
     is recorded (and said by the caller) with the command that retries it; final/ stays intact."""
     from huggingface_hub import HfApi
-
-    from train.recipes.model_card import model_card
 
     folder = folder_to_push(run_dir, record)
     files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and path.name != "README.md")
@@ -140,8 +136,6 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
 def push_note(target: PushTarget, run: Any) -> str:
     """The plan's line on the push (`run`: train.recipes.planned_run.PlannedRun): what, where, how
     long and at what bandwidth."""
-    from train.planning.disk import upload_bytes
-
     method, merge = run.method, bool(run.config.output.merge_lora and run.method.is_lora)
     size = upload_bytes(run.need, method.is_lora, merge, run.placement.setup.device_type)
     rate, source = upload_rate()
@@ -161,10 +155,6 @@ def describe_push(section: JsonDict, run_dir: Path) -> str:
 
 def push_existing_run(args: argparse.Namespace) -> int:
     """`train --out RUN --push-to-hub ORG/NAME --push-only`: a finished run's model pushed (again)."""
-    from calibration.run_file import RunFile
-    from common.console import say
-    from common.errors import EXIT_OK, EXIT_PUSH_FAILED
-
     if not args.push_to_hub:
         raise BenchtrainError("--push-only pushes a run to the hub: add --push-to-hub ORG/NAME")
     run_dir = Path(args.out).expanduser()

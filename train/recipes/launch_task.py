@@ -17,12 +17,17 @@ Computation only: nothing here writes a file or imports an engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from calibration.hub import hub_reference
+from calibration.store import is_bundled
+from calibration.topology import parse_interconnect, recorded_interconnect
 from common.errors import BenchtrainError
 from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
+from train.recipes.consider import device_key, is_shared
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -169,7 +174,6 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
 
 def row_target(row: Row) -> Target:
     """A planned row of a comparison (of calibrations or of machines) as a target."""
-    from train.recipes.consider import device_key
 
     assert row.plan is not None and row.option is not None
     cal, chosen = row.option.calibration, row.plan.chosen
@@ -204,8 +208,6 @@ def row_target(row: Row) -> Target:
 
 def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, device: dict[str, object], price_per_hour: float | None) -> Target:
     """The one plan of a single-calibration dry run as a target."""
-    from calibration.topology import recorded_interconnect
-    from train.recipes.consider import device_key
 
     chosen = plan.chosen
     if not plan.meets_deadline:
@@ -236,14 +238,12 @@ def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, dev
 
 
 def _shared(cal: Calibration) -> bool:
-    from train.recipes.consider import is_shared
 
     return is_shared(cal)
 
 
 def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
     """(nodes, processes per node): as the interconnect places them (2x8:nvlink+ib), else one node."""
-    from calibration.topology import parse_interconnect
 
     if interconnect:
         placed = parse_interconnect(interconnect).placed(processes)
@@ -264,8 +264,6 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
 
 def reference_of(cal: Calibration) -> str:
     """How the nodes name a calibration: bundled by its name, shared by hub:…, else its file as uploaded."""
-    from calibration.hub import hub_reference
-    from calibration.store import is_bundled
 
     shared = hub_reference(cal.data)
     if shared is not None:
@@ -277,8 +275,6 @@ def reference_of(cal: Calibration) -> str:
 
 def calibration_file(cal: Calibration) -> Path | None:
     """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
-    from calibration.hub import hub_reference
-    from calibration.store import is_bundled
 
     if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None:
         return None
@@ -287,7 +283,6 @@ def calibration_file(cal: Calibration) -> Path | None:
 
 def with_uploaded_calibration(target: Target) -> Target:
     """A target whose calibration is a local file: named as the nodes see it."""
-    from dataclasses import replace
 
     if target.calibration_file is None:
         return target
@@ -352,7 +347,6 @@ def size_of(path: Path) -> int:
 
 
 def benchtrain_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("benchtrain")

@@ -8,8 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from calibration.store import list_calibrations
+from calibration.topology import analytic_collectives, parse_interconnect, recorded_interconnect, same_interconnect
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
+from train.planning.comm import COLLECTIVES, stored_collectives
 from train.recipes.chosen_setup import same_device
 
 if TYPE_CHECKING:
@@ -46,8 +49,6 @@ class Option:
 def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
     """Calibrations of several processes whose collectives can price predicted rows: those in the
     comparison and every stored one (of any model), newest first, as raw data."""
-    from calibration.store import list_calibrations
-
     seen, sources = set(), []
     candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
     for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
@@ -63,9 +64,6 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
     process count another calibration measured collectives for on the same device and
     interconnect (the newest; an interconnect not recorded matches any), unless a calibration in
     the comparison measured that device, count and sharding itself."""
-    from calibration.topology import same_interconnect
-    from train.planning.comm import COLLECTIVES, stored_collectives
-
     options = [Option(cal, cal.world_size, cal.sharding if cal.world_size > 1 else "none") for cal in calibrations]
     measured = {(cal.hardware["name"], cal.world_size, cal.sharding) for cal in calibrations}
     for cal in calibrations:
@@ -96,9 +94,6 @@ def predicted_option(cal: Calibration, processes: int, sharding: str, interconne
     figures. One line (BenchtrainError) for a word that is not an interconnect, a layout that does
     not hold `processes`, a link with no figure for this device (loopback: only measured), or a
     calibration of several processes (it plans its own)."""
-    from calibration.topology import analytic_collectives, parse_interconnect, recorded_interconnect
-    from train.planning.comm import COLLECTIVES, stored_collectives
-
     placed = parse_interconnect(interconnect).placed(processes)
     if processes == 1:
         return Option(cal, 1, "none", interconnect=placed.word)

@@ -11,25 +11,33 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.nccl_memory import communicator_bytes
 from calibration.run_file import ResumedRun
+from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.planning.disk import export_bytes
+from train.planning.comm import Traffic, plan_communication, traffic_of
+from train.planning.disk import export_bytes, upload_bytes
+from train.planning.memory_check import MemoryNeed, meta_model
+from train.planning.planner import make_plan
+from train.planning.types import Candidate, Plan, PlanRequest
 from train.recipes.config import DataSection, TrainConfig
+from train.recipes.hub_push import upload_rate
+from train.step.evaluation import split_eval
+from train.step.hardware import peak_flops
+from train.step.metrics import planned_figures
 from train.step.peak_memory import host_excess_bytes
+from train.workload.data import length_profile
+from train.workload.model import ModelSpec, model_shape, with_hub_weights
+from train.workload.prepare import DataSpec, PreparedData, prepare_data
 from train.workload.samples import resolve_data_path
+from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from calibration.model import Calibration
-    from train.planning.comm import Traffic
-    from train.planning.memory_check import MemoryNeed
-    from train.planning.types import Candidate, Plan, PlanRequest
     from train.recipes.chosen_setup import ChosenSetup
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
-    from train.workload.prepare import PreparedData
 
 # What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
 # micro-step, the communication record), train.recipes.compare.plan_row.
@@ -122,8 +130,6 @@ class LoadedData:
 
     def exact(self, section: DataSection, seed: int) -> tuple[Any, Any]:
         """(data, eval data) of every record, tokenized (the cache built where it is cold)."""
-        from common.console import say
-
         data = self.prepared.tokenized(say)
         eval_data = self.eval_prepared.tokenized(say) if self.eval_prepared is not None else None
         return split_data(data, eval_data, section, seed)
@@ -132,8 +138,6 @@ class LoadedData:
 def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tuple[Any, Any]:
     """--eval-split holds out a share of the data (deterministically, by `seed`); --eval-data is its own."""
     if section.eval_split is not None:
-        from train.step.evaluation import split_eval
-
         return split_eval(data, section.eval_split, seed)
     return data, eval_data
 
@@ -141,11 +145,6 @@ def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tu
 def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
     """The tokenizer and the data (the command's data section, whole): exact when the cache holds it
     (or --exact-profile), else from a sample; `seed` draws --eval-split's share."""
-    from common.console import say
-    from train.workload.data import length_profile
-    from train.workload.prepare import DataSpec, prepare_data
-    from train.workload.tokenizer import load_tokenizer
-
     data_path = resolve_data_path(section.data)
     tokenizer = load_tokenizer(spec.directory, section.tokenizer)
     prepared = prepare_data(DataSpec(data_path, section.train_on, section.schema, section.data_split), tokenizer, say, section.exact_profile)
@@ -161,9 +160,6 @@ def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
 def hub_weights(spec: ModelSpec, dry_run: bool) -> ModelSpec:
     """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
     with the size); a dry run only says what a run would fetch, and plans without them."""
-    from common.console import say
-    from train.workload.model import with_hub_weights
-
     if not dry_run:
         return with_hub_weights(spec, say)
     try:
@@ -177,8 +173,6 @@ def planned_upload_seconds(config: TrainConfig, need: MemoryNeed, method: Method
     """--push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default."""
     if not config.output.push_to_hub:
         return 0.0
-    from train.planning.disk import upload_bytes
-    from train.recipes.hub_push import upload_rate
 
     rate, _ = upload_rate()
     return upload_bytes(need, method.is_lora, bool(config.output.merge_lora and method.is_lora), device_type) / rate
@@ -186,8 +180,6 @@ def planned_upload_seconds(config: TrainConfig, need: MemoryNeed, method: Method
 
 def plan_request(context: PlanContext, method: MethodConfig, cal: Calibration, placement: Placement, need: MemoryNeed) -> PlanRequest:
     """What the planner is asked for this command, calibration and placement."""
-    from train.planning.types import PlanRequest
-
     config, spec, resumed = context.config, context.spec, context.resumed
 
     device_type = placement.setup.device_type
@@ -255,11 +247,6 @@ def plan_json(cal: Calibration, plan: Plan, placement: Placement, communication:
 def planned_compute(spec: ModelSpec, method: MethodConfig, chosen: Candidate, hardware: JsonDict) -> JsonDict:
     """The plan's predicted TFLOP/s and MFU on `hardware` (the calibration's device in a dry run
     for another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
-    from train.planning.memory_check import meta_model
-    from train.step.hardware import peak_flops
-    from train.step.metrics import planned_figures
-    from train.workload.model import model_shape
-
     peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
@@ -274,9 +261,6 @@ def plan_fitted(setup: ChosenSetup, context: PlanContext, communicate: Communica
     record) where a comparison predicts it: the collectives' seconds with none hidden, which the
     planner brackets between full overlap with backward and none,
     train.planning.planner.exposed_floor), the placement, the request and the planner's plan."""
-    from train.planning.comm import plan_communication, traffic_of
-    from train.planning.planner import make_plan
-
     traffic = traffic_of(setup.sharding, setup.need, setup.device_type)
     if communicate is None:
         per_step, per_micro_step, communication = plan_communication(setup.cal, setup.world_size, traffic, context.config.force)
@@ -290,6 +274,4 @@ def plan_fitted(setup: ChosenSetup, context: PlanContext, communicate: Communica
 def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
     """The planner on a request already made, for other data: the exact tokens once a plan made from
     a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
-    from train.planning.planner import make_plan
-
     return make_plan(cal, data, request, eval_data)

@@ -6,15 +6,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from calibration.comm import describe_communication
 from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration
+from train.planning.memory_check import MemoryNeed, describe_needs
+from train.planning.plan_text import describe_compute, describe_plan
+from train.planning.planner import deadline_options
 from train.recipes.config import TrainConfig
 from train.recipes.plan_setup import LoadedData, Placement, planned_compute
+from train.step.runtime import scaled_learning_rate
+from train.workload.tokenizer import is_byte_tokenizer
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
-    from train.planning.memory_check import MemoryNeed
     from train.planning.types import Plan, PlanRequest
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -22,8 +27,6 @@ if TYPE_CHECKING:
 
 def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
     """The learning rate this run uses, and how it was scaled from --learning-rate."""
-    from train.step.runtime import scaled_learning_rate
-
     effective = plan.chosen.config.micro_batch_size * plan.chosen.world_size * plan.chosen.config.grad_accum
     return {
         "learning_rate": scaled_learning_rate(config.tuning.learning_rate, config.tuning.lr_scaling, config.tuning.base_batch, effective),
@@ -34,8 +37,6 @@ def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
 
 
 def plan_deadline_message(plan: Plan, resumed: bool) -> str:
-    from train.planning.planner import deadline_options
-
     what = "the steps left need" if resumed else "the plan needs"
     return (
         f"{what} up to {format_duration(plan.chosen.total_seconds_promised)} but only "
@@ -80,11 +81,6 @@ class PlannedRun:
 
 def print_plan(run: PlannedRun) -> None:
     """The plan as the console shows it (rank 0)."""
-    from calibration.comm import describe_communication
-    from train.planning.memory_check import describe_needs
-    from train.planning.plan_text import describe_compute, describe_plan
-    from train.workload.tokenizer import is_byte_tokenizer
-
     plan, rate, placement = run.plan, run.rate, run.placement
     hardware = placement.hardware
     if run.resumed:

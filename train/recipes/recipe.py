@@ -18,28 +18,49 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from calibration.run_file import JsonObject, ResumedRun, RunFile
 from calibration.run_status import INTERRUPTED, STOPPED_EARLY
 from common.atomic import json_text
 from common.console import is_main_process, say
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
+from common.home import writable_subdir
+from common.run_paths import stored_path
+from train.export import export_final
+from train.planning.disk import RunLock, check_space, disk_need
+from train.planning.plan_text import describe_exact_profile, describe_outcome
+from train.planning.trainer_fields import trainer_fields
 from train.recipes.chosen_setup import ChosenSetup, choose_setups
 from train.recipes.config import TrainConfig
 from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
-from train.recipes.plan_setup import PlacedPlan, PlanContext, hub_weights, load_data, plan_fitted, plan_json, planned_compute
+from train.recipes.launch_task import LaunchTask, plan_task
+from train.recipes.plan_setup import PlacedPlan, PlanContext, hub_weights, load_data, plan_again, plan_fitted, plan_json, planned_compute
 from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.setup_choice import choose_setup, with_smaller_bases
-from train.recipes.variant_choice import Refused
-from train.running.record import RunRecord, TrainedRun
-from train.running.resume import check_same_data, completed_steps, resume_command, resumed_hyperparameters, resumed_step_limit
-
-if TYPE_CHECKING:
-    from train.recipes.launch_task import LaunchTask
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
+from train.recipes.variant_choice import Refused, asked_variant, unmeasured_bases, with_run_variant
+from train.running.checkpoint import list_checkpoints
+from train.running.loop import TrainingRun
+from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData
+from train.running.record import RunRecord, TrainedRun, new_run_file
+from train.running.resume import (
+    check_same_data,
+    check_same_run,
+    completed_steps,
+    data_fingerprint,
+    resume_command,
+    resumed_hyperparameters,
+    resumed_method,
+    resumed_spec,
+    resumed_step_limit,
+    same_method,
+)
+from train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, run_precision
+from train.step.sharding import gather_full_state, is_sharded
+from train.workload.data import length_profile, truncation
+from train.workload.method import MethodConfig, method_record
+from train.workload.model import ModelSpec, model_identity, model_record, model_shape, resolve_model
 
 
 def run_training(
@@ -53,7 +74,6 @@ def run_training(
     recipe.plan()
     if not recipe.show_plan():
         if recipe.config.output.emit and emit_task is not None and is_main_process():
-            from train.recipes.launch_task import plan_task
 
             emit_task(recipe.config.output.emit, plan_task(recipe.run, getattr(args, "command_line", None) or []))
         return EXIT_OK
@@ -62,7 +82,6 @@ def run_training(
         status = recipe.finish()
     finally:
         recipe.cleanup()
-    from train.step.runtime import finish_together, finish_wait_seconds
 
     # Every rank waits until rank 0 has written everything: none exits while another still works.
     # As long as rank 0's export, report and push are planned to take (and more): a fixed wait
@@ -110,10 +129,6 @@ class TrainRecipe:
         """The model spec, the method, the run folder and, with --resume, the run.json it continues
         (whose model and adapters it keeps; other options differing are warned of) and what the
         resume reads of it (a file that cannot be read: one line, calibration.run_file)."""
-        from train.recipes.variant_choice import asked_variant, with_run_variant
-        from train.running.resume import check_same_run, resumed_method, resumed_spec, same_method
-        from train.workload.model import resolve_model
-
         config = self.config
         spec = resolve_model(config.model)
         out_dir = Path(config.output.out).expanduser() if config.output.out else None
@@ -143,8 +158,6 @@ class TrainRecipe:
     def plan(self) -> PlannedRun:
         """Each fitted setup planned on the data as loaded; the fastest that fits kept, its notes
         saying what the others cost and what unmeasured bases would hold."""
-        from train.recipes.variant_choice import unmeasured_bases
-
         config, loaded = self.config, self.loaded
         elapsed = config.run_deadline.elapsed()
         context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
@@ -209,8 +222,6 @@ class TrainRecipe:
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
-            from train.planning.trainer_fields import trainer_fields
-            from train.step.runtime import run_precision
 
             precision = run.cal.training.get("precision") or run_precision(run.placement.hardware["device_type"])
             fields = trainer_fields(run.plan, run.cal, precision)
@@ -230,9 +241,6 @@ class TrainRecipe:
     def train(self) -> TrainedRun:
         """Train to the plan: the exact data, run.json written before training (a run killed at any
         moment can be resumed with its method), the run folder locked and checked for room first."""
-        from train.planning.disk import RunLock, check_space, disk_need
-        from train.running.checkpoint import list_checkpoints
-
         self._with_exact_data()
         run, config = self.run, self.config
         self.record = self._open_record()
@@ -255,9 +263,6 @@ class TrainRecipe:
         """Every record tokenized (the cache built where it is cold, by one process per machine) and,
         when the plan came from a sample, the chosen configuration planned again on the exact profile:
         the steps, their estimate and the deadline check are the exact data's."""
-        from train.recipes.plan_setup import plan_again
-        from train.workload.data import length_profile
-
         run = self.run
         loaded = run.loaded
         data, eval_data = loaded.exact(run.config.data, run.config.seed)
@@ -278,8 +283,6 @@ class TrainRecipe:
             lambda chosen: (replace(chosen[0], deadline=self.config.run_deadline), chosen[1]),
         )
         if is_main_process():
-            from train.planning.plan_text import describe_exact_profile
-
             print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
         self.run = replace(run, loaded=exact, request=request, plan=plan)
         if not plan.meets_deadline:
@@ -288,11 +291,6 @@ class TrainRecipe:
     def _open_record(self) -> RunRecord:
         """The run folder and its run.json: new, or the interrupted run's when resuming; with the
         whole validated configuration, the method and what the plan settled."""
-        from common.home import writable_subdir
-        from common.run_paths import stored_path
-        from train.running.record import new_run_file
-        from train.workload.model import model_identity
-
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
@@ -322,9 +320,6 @@ class TrainRecipe:
 
     def _data_section(self) -> dict[str, Any]:
         """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
-        from train.running.resume import data_fingerprint
-        from train.workload.data import truncation
-
         loaded = self.run.loaded
         data = loaded.data
         section = {
@@ -343,11 +338,6 @@ class TrainRecipe:
 
     def _train_loop(self) -> TrainedRun:
         """The training loop (train.running.loop.TrainingRun) on the plan, then final/."""
-        from train.running.loop import TrainingRun
-        from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData
-        from train.workload.method import method_record
-        from train.workload.model import model_record, model_shape
-
         run, config, record = self.run, self.config, self.record
         settings = LoopSettings(
             deadline=config.run_deadline,
@@ -375,8 +365,6 @@ class TrainRecipe:
             outcome = loop.run()
             final = export_final_model(loop, record.out_dir, run.tokenizer, config.output.merge_lora, outcome.status)
         except Exception as error:
-            from train.step.runtime import is_out_of_memory
-
             if not is_out_of_memory(error):
                 raise
             chosen = run.plan.chosen
@@ -392,8 +380,6 @@ class TrainRecipe:
         """run.json completed, the measured speed fed back, the report, and what to do next
         (rank 0); the exit status: interrupted or not."""
         if is_main_process():
-            from train.planning.plan_text import describe_outcome
-
             run, config, record = self.run, self.config, self.record
             write_report = None if config.output.no_report else self.write_report
             push = self._push if self.push is not None and self.trained.final else None
@@ -422,12 +408,10 @@ def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: boo
     (under FSDP every process first joins in gathering the full weights)."""
     if loop.model is None:
         return None
-    from train.step.sharding import gather_full_state, is_sharded
 
     full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None
     if not is_main_process():
         return None
-    from train.export import export_final
 
     model = loop.accelerator.unwrap_model(loop.model)
     final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from train.recipes.chosen_setup import ChosenSetup
 from train.recipes.planned_run import PlannedRun
-from train.recipes.variant_choice import Refused
+from train.recipes.variant_choice import GIB, Refused, best_first, compare_setups, fit_verdict, smallest_activations, unmeasured_bases
 
 if TYPE_CHECKING:
     from train.workload.model import ModelSpec
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 def with_smaller_bases(message: str, spec: ModelSpec, setup: ChosenSetup) -> str:
     """A plan that fits nowhere, and what the bases the calibration did not measure would hold,
     with the activations of the smallest step."""
-    from train.recipes.variant_choice import GIB, fit_verdict, smallest_activations, unmeasured_bases
-
     cal, method, need, hardware = setup.cal, setup.method, setup.need, setup.hardware
     activations = smallest_activations(cal, need.total_bytes)
     others = unmeasured_bases(spec, method, cal, hardware, activations)
@@ -32,8 +30,6 @@ def with_smaller_bases(message: str, spec: ModelSpec, setup: ChosenSetup) -> str
 def choose_setup(runs: list[PlannedRun], refused: list[Refused]) -> PlannedRun:
     """The best plan (train.recipes.variant_choice.best_first), its notes saying what the other
     setups would have cost."""
-    from train.recipes.variant_choice import best_first, compare_setups
-
     if len(runs) + len(refused) == 1:
         return runs[0]
     ranked = [runs[index] for index in best_first([run.plan for run in runs])]

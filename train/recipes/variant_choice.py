@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from calibration.setup import variant_name
 from calibration.step_config import StepConfig
+from common.durations import format_duration
+from train.planning.memory_check import gib_text, memory_need, quantization_available
 
 if TYPE_CHECKING:
     from train.workload.method import MethodConfig
@@ -122,15 +124,11 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
 
 
 def _duration(seconds: float) -> str:
-    from common.durations import format_duration
-
     return format_duration(seconds)
 
 
 def fit_verdict(peak: float, limit: float, margin: float) -> str:
     """ "fits the 24 GiB", "fits the 16 GiB only without the 10% margin plans keep", "does not fit the 16 GiB"."""
-    from train.planning.memory_check import gib_text
-
     device = f"the {gib_text(limit)} GiB"
     if peak * (1 + margin) <= limit:
         return f"fits {device}"
@@ -142,8 +140,6 @@ def unmeasured_bases(spec: Any, method: Any, calibration: Any, hardware: dict[st
     before activations (computed from the model's shapes, train.planning.memory_check) against
     this run's, and, given predicted activations (bytes, and at what: "this plan's configuration"),
     whether it would fit the device. Its speed is not known until bench measures it."""
-    from train.planning.memory_check import memory_need, quantization_available
-
     if not method.is_lora or not quantization_available():
         return []
     measured = {variant.variant_key[0] for variant in calibration.variants()}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import shutil
 import time
@@ -28,9 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+import numpy as np
+
 from common.atomic import atomic_directory
 from common.errors import EXIT_DISK, BenchtrainError
 from common.json_types import JsonDict
+from train.step.sharding import broadcast_from_rank0, gather_full_state, is_sharded, scatter_full_state
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +67,6 @@ class RngState(NamedTuple):
 
 def rng_state() -> RngState:
     """The random generators' state now."""
-    import numpy as np
     import torch
 
     version, internal, gauss = random.getstate()
@@ -76,7 +79,6 @@ def rng_state() -> RngState:
 
 
 def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
-    import numpy as np
     import torch
 
     version, internal, gauss = plain["python"]
@@ -95,8 +97,6 @@ def save_checkpoint(
     only once the new checkpoint is complete."""
     import torch
     from safetensors.torch import save_file
-
-    from train.step.sharding import gather_full_state, is_sharded
 
     started = time.perf_counter()
     plain_rng, tensor_rng = rng_state()
@@ -214,8 +214,6 @@ def list_checkpoints(parent: Path) -> list[Path]:
 
 def checkpoints_to_resume(run_dir: Path) -> list[Path]:
     """The run's complete checkpoints, oldest first; none is the one-line --resume error."""
-    from common.errors import BenchtrainError
-
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         raise BenchtrainError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
@@ -241,8 +239,6 @@ def read_progress(folder: Path) -> JsonDict:
 def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
     """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
     beyond plain tensors and containers (weights_only)."""
-    from train.step.sharding import is_sharded
-
     if is_sharded(model):
         return _load_sharded(folder, model, optimizer, scheduler)
     progress = read_progress(folder)
@@ -276,8 +272,6 @@ class SavedState(NamedTuple):
 
 def _read_state(folder: Path) -> SavedState:
     """The weights and the optimizer/scheduler/RNG state of `folder`, read safely, or a one-line error."""
-    import pickle
-
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -298,8 +292,6 @@ def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, sc
     """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
     rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
     import torch.distributed as dist
-
-    from train.step.sharding import broadcast_from_rank0, scatter_full_state
 
     progress = read_progress(folder)
     weights: dict[str, torch.Tensor] = {}

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-from calibration.run_status import INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from calibration.run_status import INTERRUPTED, STOPPED_FOR_DEADLINE
 from common.durations import parse_duration
 from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
@@ -80,12 +80,6 @@ class OverrunAction:
     # over it (the live speed moves), any other move once per change of state.
     when_over: Move = Move.CONTINUE
     stops: bool = True  # stop at the last safe moment (the run checkpointed, STOPPED_FOR_DEADLINE)
-
-    @property
-    def ends_with(self) -> tuple[str, ...]:
-        """The status words the guard may end a run with under this action (run.json's actual.status)."""
-        words = [STEP_LIMIT if self.when_over is Move.SHRINK else self.when_over.status, STOPPED_FOR_DEADLINE if self.stops else None]
-        return tuple(dict.fromkeys(word for word in words if word))
 
 
 DEFAULT_OVERRUN_ACTION = "stop"

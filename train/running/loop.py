@@ -18,6 +18,7 @@ import numpy as np
 
 from calibration.model import Calibration
 from calibration.run_status import COMPLETED, STEP_LIMIT
+from common.progress import Bar, progress_bar
 from train.planning.types import Candidate
 from train.running import trackers
 from train.running.cadence import Every
@@ -25,13 +26,16 @@ from train.running.checkpoint import CheckpointReadError, checkpoint_name, check
 from train.running.guard import DeadlineGuard, GuardSettings, Move, Verdict
 from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, ModelToTrain, Position, StopSignals, TrainingData
 from train.step import metrics
-from train.step.evaluation import EvalSchedule
-from train.step.runtime import agree
+from train.step.compile import SHAPE_BUCKET
+from train.step.engine import Optimization, StepOptions, build_engine, step_setup_for
+from train.step.evaluation import EvalSchedule, evaluate_loss
+from train.step.hardware import detect_hardware
+from train.step.peak_memory import PeakMemory
+from train.step.runtime import agree, make_accelerator, pin_memory
 from train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+from train.workload.model import model_shape
 
 if TYPE_CHECKING:
-    from common.progress import Bar
-    from train.step.peak_memory import PeakMemory
     from train.step.step import StepResult
 
 
@@ -63,9 +67,6 @@ class TrainingRun:
     def _build(self) -> None:
         import torch
 
-        from train.step.engine import Optimization, StepOptions, build_engine, step_setup_for
-        from train.step.runtime import make_accelerator, pin_memory
-
         s = self.settings
         self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(s.seed)
@@ -74,8 +75,6 @@ class TrainingRun:
         self.engine = build_engine(self.to_train.spec, self.to_train.method, self.accelerator, setup, self.chosen.config.gradient_checkpointing, optimization)
         self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
         self.pin_memory = pin_memory(self.accelerator)
-        from train.step.hardware import detect_hardware
-        from train.workload.model import model_shape
 
         shape, lora, recompute = model_shape(self.model), self.to_train.method.is_lora, self.chosen.config.gradient_checkpointing
         self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
@@ -105,8 +104,6 @@ class TrainingRun:
     @property
     def shape_bucket(self) -> int | None:
         """Compiled steps pad to a few widths (train.step.compile.SHAPE_BUCKET): one compile per width."""
-        from train.step.compile import SHAPE_BUCKET
-
         return SHAPE_BUCKET if self.engine.compiled else None
 
     def predicted_step_seconds(self, batches: list[MicroBatch]) -> np.ndarray:
@@ -126,7 +123,6 @@ class TrainingRun:
         self._build()
         position, resumed_from = self._restore()
         self._start(position, resumed_from)
-        from train.step.peak_memory import PeakMemory
 
         self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
@@ -327,8 +323,6 @@ class TrainingRun:
 
     def _evaluate(self, position: Position, progress: Bar | None) -> None:
         """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
-        from train.step.evaluation import evaluate_loss
-
         step = self.chosen.config
         if self.inputs.eval_data is None:
             return
@@ -396,7 +390,6 @@ class TrainingRun:
     def _progress(self, total: int, initial: int) -> Bar | None:
         if not self.accelerator.is_main_process:
             return None
-        from common.progress import progress_bar
 
         bar: Bar = progress_bar(total, "train", "step", initial)
         return bar

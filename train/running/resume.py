@@ -5,29 +5,34 @@ options."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
-from dataclasses import dataclass
+import shlex
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from calibration.run_file import ResumedRun, RunMethod
 from calibration.run_status import COMPLETED, STEP_LIMIT
+from common.atomic import read_json_file
+from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.running.checkpoint import checkpoints_to_resume
+from train.running.checkpoint import checkpoints_to_resume, list_checkpoints, read_progress
+from train.step.hyperparameters import option_name, settings_from, settings_of_run
+from train.workload.method import MethodConfig
+from train.workload.model import ModelSpec, resolve_model
 
 if TYPE_CHECKING:
     from train.workload.batching import DataView
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
     from train.workload.prepare import PreparedData
 
 
 def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
     """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
-    from train.workload.model import resolve_model
-
     pinned = resumed.model_revision
     if spec.hub is None or not pinned or pinned == spec.hub.revision:
         return spec
@@ -36,8 +41,6 @@ def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
 
 def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
-    from train.workload.method import MethodConfig
-
     if recorded.method != "lora":
         return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(
@@ -80,11 +83,6 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
     `named` differently is refused (one line) unless --force, which then trains with this
     command's (said in a warning). `named` holds the command's `learning_rate` when --learning-rate
     was given: it must be the run's (its plan's base rate); not given, the run's is kept."""
-    from dataclasses import asdict
-
-    from common.console import say
-    from train.step.hyperparameters import option_name, settings_from, settings_of_run
-
     theirs = settings_of_run(resumed.hyperparameters)
     asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
     values = {**asdict(theirs), **asked}
@@ -128,10 +126,6 @@ def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
 def data_fingerprint(data: DataView) -> str:
     """The tokenized data's identity: its format and every sample's length, in order (runs
     recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
-    import hashlib
-
-    import numpy as np
-
     digest = hashlib.sha256(data.format.encode())
     digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]
@@ -182,8 +176,6 @@ def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: in
 
 def completed_steps(out_dir: Path) -> int:
     """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
-    from train.running.checkpoint import read_progress
-
     return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
 
 
@@ -191,7 +183,6 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
     if command_line is None:
         return None
-    import shlex
 
     kept, skip = [], False
     for index, token in enumerate(command_line):
@@ -228,8 +219,6 @@ def auto_resume(out: str | None) -> AutoResume:
     one, else start it (a checkpoint being written when the machine went has no marker, so it is not
     one: train.running.checkpoint.list_checkpoints). Either way the deadline counts from the run's
     first start, as run.json recorded it: the time a preemption lost counts."""
-    from common.atomic import read_json_file
-    from train.running.checkpoint import list_checkpoints
 
     if not out:
         raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.json_types import JsonDict
+from train.workload.method import decoder_blocks, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +51,6 @@ def compile_blocks(model: torch.nn.Module) -> int:
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
-    from train.workload.method import decoder_blocks, unwrap
 
     blocks = decoder_blocks(model)
     if not blocks:

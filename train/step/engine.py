@@ -9,36 +9,25 @@ Order matters: the model (with its method: full or LoRA) → gradient checkpoint
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
-from train.step.hyperparameters import DEFAULT_WARMUP_RATIO, OptimizerSettings
+from train.step.hyperparameters import OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
-from train.step.runtime import DEFAULT_LEARNING_RATE
-from train.step.sharding import SHARDING_CHOICES, shard_model, sharding_in_use
+from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
+from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model, sharding_in_use
+from train.step.step import TrainingStep
+from train.workload.method import MethodConfig, set_gradient_checkpointing
+from train.workload.model import ModelSpec, build_model
 from train.workload.optimizers import check_optimizer_sharding
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
     from torch.optim.lr_scheduler import LambdaLR
-
-    from train.step.step import TrainingStep
-    from train.workload.method import MethodConfig
-    from train.workload.model import ModelSpec
-
-# Linear warm-up over this share of the run's optimizer steps, then a cosine decay to zero: the
-# default schedule (train.step.hyperparameters.OptimizerSettings chooses another).
-WARMUP_FRACTION = DEFAULT_WARMUP_RATIO
-
-
-def cosine_schedule(total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
-    """`make_scheduler` for the default schedule: the run's learning-rate schedule over its
-    `total_steps` optimizer steps (the same on every process)."""
-    return OptimizerSettings().scheduler(total_steps)
 
 
 @dataclass(frozen=True)
@@ -61,8 +50,6 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
 
     def __post_init__(self) -> None:
-        from common.errors import BenchtrainError
-
         if self.sharding not in SHARDING_CHOICES:
             raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
 
@@ -80,8 +67,6 @@ def check_sharding(method: MethodConfig, sharding: str) -> None:
     """What `sharding` ("none", "ddp", "fsdp") can train of `method`: FSDP shards full fine-tuning
     and LoRA (its frozen base with its adapters, a 4-bit one too: train.step.sharding); an 8-bit
     base or an optimizer whose state cannot be sharded is one line."""
-    from train.step.sharding import check_quantized_sharding
-
     if sharding == "fsdp" and method.quantized:
         check_quantized_sharding(method.quantize)
     check_optimizer_sharding(method.optimizer, sharding)
@@ -99,8 +84,6 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
     """The processes and the sharding of this job — the launcher's processes (`processes` where already
     known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
     comparison settle it; a method and sharding that do not go together are one line."""
-    from train.step.runtime import job_world_size
-
     world_size = job_world_size() if processes is None else processes
     layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
     check_sharding(method, layout.sharding)
@@ -147,8 +130,6 @@ def resolve_step(
 
 
 def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | None, measured: MeasuredStep) -> tuple[str, bool]:
-    from common.errors import BenchtrainError
-
     if options.compile == "auto" and measured.compiled is not None:
         compiled = measured.compiled
     else:
@@ -191,8 +172,6 @@ class Engine:
     def with_loss(self, kind: str) -> Engine:
         """This engine computing the loss with `kind` (bench compares the losses on one model):
         the same `install_loss` that built it, so the step keeps accelerate's precision wrapper."""
-        from dataclasses import replace
-
         if kind == self.loss:
             return self
         install_loss(self.model, kind, compiled=self.compiled)
@@ -211,11 +190,6 @@ def build_engine(
     learning rate, the hyper-parameters and the schedule's horizon (None: the defaults at a
     constant rate, as bench probes use)."""
     import torch
-
-    from train.step.runtime import make_optimizer
-    from train.step.step import TrainingStep
-    from train.workload.method import set_gradient_checkpointing
-    from train.workload.model import build_model
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
     # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).

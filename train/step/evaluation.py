@@ -19,6 +19,8 @@ import numpy as np
 
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from train.step.compile import eager_region
+from train.step.step import without_packed_sequence_check
 from train.workload.batching import (
     IGNORE_INDEX,
     BatchLayout,
@@ -112,9 +114,6 @@ def evaluate_loss(
     micro batch size, max length and seed), its perplexity, and the seconds it took.
     A compiled model evaluates eagerly (train.step.compile.eager_region), as bench measured it."""
     import torch
-
-    from train.step.compile import eager_region
-    from train.step.step import without_packed_sequence_check
 
     started = time.perf_counter()
     batches = shard(eval_batches(data, layout.micro_batch_size, layout.max_length, layout.seed), accelerator.process_index, accelerator.num_processes)

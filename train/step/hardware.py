@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
 import re
+import shutil
+import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import psutil
 
 from calibration.datasheets import sheet_for
 from common.errors import BenchtrainError
@@ -52,7 +58,6 @@ def detect_hardware() -> JsonDict:
             "cpu_cores": os.cpu_count(),
             **detect_interconnect(),
         }
-    import psutil
 
     return {
         "device_type": "cpu",
@@ -183,15 +188,13 @@ def _cpu_name() -> str:
 
 
 def detect_software() -> JsonDict:
-    from importlib.metadata import PackageNotFoundError, version
-
     import accelerate
     import torch
     import transformers
 
     try:
-        benchtrain_version = version("benchtrain")
-    except PackageNotFoundError:
+        benchtrain_version = metadata.version("benchtrain")
+    except metadata.PackageNotFoundError:
         benchtrain_version = "unknown"
 
     return {
@@ -297,8 +300,6 @@ def driver_version() -> str | None:
 
 def driver_cuda_version() -> str | None:
     """The newest CUDA the driver supports ("12.4"): libcuda's cuDriverGetVersion, else nvidia-smi's header."""
-    import ctypes
-
     try:
         version = ctypes.c_int()
         if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
@@ -310,9 +311,6 @@ def driver_cuda_version() -> str | None:
 
 
 def _nvidia_smi(*arguments: str) -> str | None:
-    import shutil
-    import subprocess
-
     if shutil.which("nvidia-smi") is None:
         return None
     try:

@@ -27,9 +27,13 @@ import functools
 import importlib
 import math
 import types
+from importlib import metadata
 from typing import Any
 
+from packaging.version import Version
+
 from train.workload.batching import IGNORE_INDEX
+from train.workload.method import unwrap
 
 LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # Output heads that are a plain linear layer over the decoder's last hidden state (no logit
@@ -56,13 +60,9 @@ def liger_functions() -> tuple[Any, Any]:
 def liger_problem() -> str | None:
     """Why Liger cannot run here (not installed, too old, does not import), or None. A Liger that
     fails to import must not be what `--loss auto` picks: every probe would fail."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     try:
-        installed = version("liger-kernel")
-    except PackageNotFoundError:
+        installed = metadata.version("liger-kernel")
+    except metadata.PackageNotFoundError:
         return "liger-kernel is not installed (pip install 'benchtrain[gpu]')"
     if Version(installed) < Version(LIGER_MIN_VERSION):
         return f"liger-kernel {installed} predates transformers 5; install liger-kernel>={LIGER_MIN_VERSION} (pip install 'benchtrain[gpu]')"
@@ -350,8 +350,6 @@ def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
     (bench compares the losses on one model), before or after accelerate's `prepare`: the forward
     keeps accelerate's precision wrapper, and Liger's kernels are on the model only while the loss
     is `liger`."""
-    from train.workload.method import unwrap
-
     if kind not in LOSS_CHOICES or kind == "auto":
         raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)

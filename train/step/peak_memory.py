@@ -7,7 +7,7 @@ and NCCL's buffers take memory too (cuBLAS/cuDNN workspaces come from the alloca
 So a CUDA measurement records, beside the allocated peak: the reserved peak, the device's used bytes
 (total − free, torch.cuda.mem_get_info: every process on the device) and the bytes used outside
 PyTorch's allocator (used − reserved, read at the same moment). The memory fit plans from reserved
-plus those bytes (calibration.memory_fit; issue 39).
+plus those bytes (calibration.memory_fit).
 
 On Linux the kernel keeps the peak RSS (VmHWM) and lets a process reset it (writing 5 to
 /proc/self/clear_refs), which costs nothing while the probe runs; freed heap is handed back to
@@ -18,14 +18,14 @@ On CPU the process's heap is the device memory, and glibc's heap fragments: with
 dynamic mmap threshold every tensor up to 32 MB comes from the heap, and accumulation (gradients
 allocated between two micro-batches' activations) left gpt2's peak RSS 1.8 GB above the physical
 +0.5 GB of its gradients; every later step grew it again, so a probe and a run of the same
-configuration peaked gigabytes apart depending on what ran before (issue #31: 9.0 GiB against a
+configuration peaked gigabytes apart depending on what ran before (a run measured 9.0 GiB against a
 5.6 GiB plan; LoRA at batch 1, whose activations are below 1 MiB, grew 0.1 GiB a step).
 `physical_cpu_memory` fixes the threshold at 8 MiB (a fixed threshold also stops glibc raising
 it): every tensor that matters for the peak (logits, activations of a micro-batch, gradients of the
 large matrices) is its own mapping, returned to the system when freed, and the heap holds only the
 small ones, so a probe and a run of the same configuration peak alike (gpt2 8 × 256: +5.4% run vs
 plan from a fresh bench; 8 × 2 × 64: the run's peak in the probe's within 1%). The threshold was
-glibc's starting 128 KiB until it was measured what that cost: every mid-sized tensor mapped and
+glibc's starting 128 KiB, which cost this: every mid-sized tensor mapped and
 zero-filled afresh on every step halved tiny's CPU throughput (8 × 320: 8.4k → 16.3k tokens/s with
 8 MiB) and made it jagged in shape (off-grid probes predicted with a median error of 6.5–21.9% and
 a worst of 32–43%, against 2.0–3.0% and 6.6–16.8% with 8 MiB): `python benchmarks/heap_threshold.py`,
@@ -35,10 +35,13 @@ and CHANGELOG.md, 2026-11-25.
 from __future__ import annotations
 
 import ctypes
+import gc
 import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import psutil
 
 from common.json_types import JsonDict
 
@@ -94,8 +97,6 @@ HOST_BASELINE_KEY = "process_rss_before_model_bytes"
 def process_resident_bytes() -> int | None:
     """This process's resident set now (None where psutil cannot read it)."""
     try:
-        import psutil
-
         return int(psutil.Process().memory_info().rss)
     except Exception:
         return None
@@ -125,8 +126,6 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> PeakMemory:
-        import gc
-
         gc.collect()
         if self.cuda:
             import torch
@@ -140,7 +139,6 @@ class PeakMemory:
         _trim_heap()
         if _reset_high_water_mark():
             return self
-        import psutil
 
         self._process = psutil.Process()
         self._stop = threading.Event()

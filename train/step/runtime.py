@@ -8,19 +8,24 @@ bf16 autocast too with BENCHTRAIN_CPU_BF16=1 (`cpu_bf16`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from train.workload.optimizers import DEFAULT_OPTIMIZER
+from common.errors import BenchtrainError
+from train.step.hyperparameters import OptimizerSettings
+from train.step.peak_memory import physical_cpu_memory
+from train.workload.method import quiet_library_warnings
+from train.workload.optimizers import DEFAULT_OPTIMIZER, parameter_groups
+from train.workload.optimizers import make_optimizer as optimizer_named
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator, PartialState
     from torch.distributed import Store
 
-    from train.step.hyperparameters import OptimizerSettings
 
 DEFAULT_LEARNING_RATE = 3e-4
 
@@ -42,7 +47,6 @@ def cpu_bf16() -> bool:
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-    from common.errors import BenchtrainError
 
     raise BenchtrainError(f"{CPU_BF16_VARIABLE}={value!r}: use 1 (bf16 autocast on CPU) or 0 (fp32)")
 
@@ -57,8 +61,6 @@ def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | Non
     import torch
     from accelerate import Accelerator
 
-    from train.workload.method import quiet_library_warnings
-
     quiet_library_warnings()
     cuda = torch.cuda.is_available()
     if cuda:
@@ -66,8 +68,6 @@ def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | Non
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
-        from train.step.peak_memory import physical_cpu_memory
-
         # Bench and train alike: a CPU step's peak RSS is what it holds, not how the heap fragmented.
         physical_cpu_memory()
     # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
@@ -108,11 +108,7 @@ def make_optimizer(
     """`name`'s optimizer (its entry in train.workload.optimizers.OPTIMIZERS) over the trainable
     parameters, weight decay on matrices only; betas, epsilon and weight decay from `settings`
     (train.step.hyperparameters.OptimizerSettings; None: the defaults)."""
-    from train.step.hyperparameters import OptimizerSettings as Defaults
-    from train.workload.optimizers import make_optimizer as optimizer_named
-    from train.workload.optimizers import parameter_groups
-
-    settings = settings or Defaults()
+    settings = settings or OptimizerSettings()
     return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
 
 
@@ -196,8 +192,6 @@ def wait_for_all(
 def leave(code: int) -> None:
     """Exit a command. A process of a multi-process job leaves with os._exit once everything is
     written: gloo's process-group destructors can deadlock on the GIL (see finish_together)."""
-    import sys
-
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -30,8 +30,15 @@ checkpoint has the same files whatever the sharding, and only rank 0 writes.
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from common.errors import BenchtrainError
+from train.step.runtime import wait_for_all
+from train.workload.meta_init import meta_plain_model, seeded_tensors
+from train.workload.method import decoder_blocks, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +68,6 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from train.workload.method import decoder_blocks
-
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     blocks = decoder_blocks(model)
@@ -75,7 +80,6 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     if before is not None:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
-            from common.errors import BenchtrainError
 
             raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
     return len(blocks) + 1
@@ -86,7 +90,6 @@ SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float 
 
 def check_quantized_sharding(kind: str) -> None:
     """One line for a bitsandbytes base FSDP cannot shard (8-bit: int8 weights and row scales)."""
-    from common.errors import BenchtrainError
 
     if kind not in SHARDABLE_QUANTIZE:
         raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
@@ -115,7 +118,6 @@ def quantized_check(model: Any) -> QuantizedCheck:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from train.workload.method import unwrap
 
     # The bytes first: after a forward FSDP leaves the root's parameters gathered until the backward.
     frozen = (parameter.to_local() if isinstance(parameter, DTensor) else parameter for parameter in model.parameters() if not parameter.requires_grad)
@@ -167,9 +169,6 @@ def materialise_shards(model: Any, spec: Any, device: Any) -> None:
     and broadcast. Tied weights are tied again (`to_empty` gives each module its own tensor)."""
     import torch
 
-    from train.workload.meta_init import meta_plain_model, seeded_tensors
-    from train.workload.method import unwrap
-
     lm = unwrap(model)
     lm.to_empty(device=device)
     lm.tie_weights()
@@ -198,7 +197,6 @@ def seed_adapters(lm: Any) -> None:
     (peft's `reset_lora_parameters` with its default initialisation). Every rank draws the same
     values from the same generator state and keeps its slice, so the ranks agree without a
     collective; on CPU they are the unsharded build's, bit for bit (tests/test_fsdp_lora.py)."""
-    import math
 
     import torch
 
@@ -254,14 +252,12 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     checkpoint's own dtype (a bf16 checkpoint as bf16: half of it in fp32), every other rank reads
     nothing and waits for it on the job's store, then each keeps its shard of what rank 0
     broadcasts (cast to the shard's dtype as it is copied in)."""
-    import time
 
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.distributed_c10d import _get_default_store
     from transformers import AutoModelForCausalLM
 
-    from train.step.runtime import wait_for_all
 
     key, store, world_size = next(_LOAD_KEYS), _get_default_store(), dist.get_world_size()
     weights: dict[str, Any] = {}

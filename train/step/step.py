@@ -74,7 +74,7 @@ class StepTimer:
 def without_packed_sequence_check() -> Iterator[None]:
     """Without an attention mask or a cache, transformers looks for several documents per row in
     the position ids, with `.all()` on a device tensor: a host sync at the start of every forward,
-    which lets the GPU run dry while the host waits (found with bench/step_profile.py). Our rows
+    which lets the GPU run dry while the host waits (found with tests/step_profile.py). Our rows
     never carry their own position ids, so that check can only answer "none": skip it around every
     forward of ours (the step, evaluation, bench's eval probe), whatever the loss."""
     import transformers.masking_utils as masking

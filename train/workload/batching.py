@@ -14,6 +14,7 @@ Each DataLoader item is one whole micro-batch, collated inside the worker proces
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, NotRequired, Protocol, TypedDict, cast, overload
@@ -316,8 +317,6 @@ def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     died of it would fail the step in flight, and the main process could not finish it and save
     the checkpoint it promises. The main process handles SIGINT/SIGTERM (train.running.loop.StopSignals);
     its workers exit when it shuts the loader down (or when it is gone: torch's watchdog)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

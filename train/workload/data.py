@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.encode import assistant_character_spans
+from train.workload.hub import first_line, parse_hub_id, snapshot
 from train.workload.tokens import Lengths, TokenizedData
 
 __all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "truncation"]
@@ -40,8 +43,6 @@ def load_records(path: str, split: str = "train") -> Any:
 
     source = Path(path).expanduser()
     if not source.exists():
-        from train.workload.hub import parse_hub_id
-
         hub_id = parse_hub_id(path)
         if hub_id is None:
             raise BenchtrainError(f"data file {path} does not exist")
@@ -79,8 +80,6 @@ def load_records(path: str, split: str = "train") -> Any:
 def _datasets_quiet() -> Iterator[None]:
     """datasets logs its own error (with a traceback where its handler's stream is gone) before it
     raises; the failure is ours to say, in one line: its logger is silenced while it reads."""
-    import logging
-
     logger = logging.getLogger("datasets")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -93,8 +92,6 @@ def _datasets_quiet() -> Iterator[None]:
 def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) -> Any:
     """A hub dataset's split: its files from the hub cache (fetched when online), read by datasets."""
     import datasets
-
-    from train.workload.hub import first_line, snapshot
 
     folder = str(snapshot(repo_id, revision, None, "dataset"))
     try:
@@ -110,8 +107,6 @@ def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) 
 
 
 def _interactive() -> bool:
-    import sys
-
     return sys.stderr.isatty()
 
 

@@ -14,6 +14,7 @@ reused by `bench --data`, `train`, `--resume` and every process of a launch.
 from __future__ import annotations
 
 import errno
+import fcntl
 import gc
 import json
 import multiprocessing
@@ -30,6 +31,7 @@ import numpy as np
 from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
 from common.json_types import JsonDict
+from common.progress import progress_bar
 from train.workload.fingerprint import data_root, process_local_rank
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
@@ -101,8 +103,6 @@ def ensure_store(
 
 def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str, verify_contents: bool = False) -> TokenizedData:
     """A process other than the builder: wait for the store the main process writes."""
-    import fcntl
-
     lock = folder.with_name(f"{folder.name}.lock")
     said, quiet_since = False, time.monotonic()
     while True:
@@ -143,8 +143,6 @@ def build_store(folder: Path, job: BuildJob | Callable[[Path], None], say: Calla
 
 
 def tokenize_into(folder: Path, job: BuildJob, what: str) -> None:
-    from common.progress import progress_bar
-
     count = len(job.records)
     workers = worker_count(count)
     started = time.perf_counter()

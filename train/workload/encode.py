@@ -111,7 +111,6 @@ class Encoder:
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.shape = TemplateShape.learn(tokenizer) if masked else None
         self.checked = 0  # conversations cross-checked against the reference so far
-        self.reference_turns = 0  # conversations whose spans came from the reference
         self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
     def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
@@ -154,5 +153,4 @@ class Encoder:
                 if reference != (rendered, spans):
                     self.shape = None  # this template's spans are not what the reference finds
                 return reference
-        self.reference_turns += 1
         return assistant_character_spans(self.tokenizer, messages)

@@ -99,10 +99,6 @@ class Layout:
     def data_format(self) -> DataFormat:
         return FORMATS[self.format]
 
-    @property
-    def is_chat(self) -> bool:
-        return self.data_format.chat
-
     def column(self, name: str | None) -> str:
         """A column this format needs (set whenever the format is: detect_layout)."""
         if name is None:
@@ -377,5 +373,3 @@ FORMATS: dict[str, DataFormat] = {
         DataFormat("tokens", "tokens (an input_ids column)", None, tokens_claim, tokens_layout, encode_tokens, "all tokens", packs=True),
     )
 }
-# What each format's loss is on, as run.json says it (a view of FORMATS, for the tests that read it).
-LOSS_ON = {name: entry.loss_on for name, entry in FORMATS.items()}

@@ -13,13 +13,15 @@ will go before `fetch_weights` gets it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.errors import BenchtrainError
+from common.disk_space import GB, free_bytes
+from common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
@@ -85,8 +87,6 @@ def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
 
 def has_weight_files(folder: Path) -> bool:
     """A single weight file, or an index whose every shard is there (a half-finished download is not)."""
-    import json
-
     for name in WEIGHT_FILES:
         path = folder / name
         if not path.is_file():
@@ -152,9 +152,6 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
 
 def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
     """Download the missing weight files into the hub cache, after checking there is room."""
-    from common.disk_space import GB, free_bytes
-    from common.errors import DiskSpaceError
-
     free = free_bytes(Path(fetch.cache_dir))
     if fetch.total_bytes > free:
         raise DiskSpaceError(

@@ -24,9 +24,12 @@ between steps. The steps then run again on the device on real tensors, a few at 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from common.errors import BenchtrainError
 
 if TYPE_CHECKING:
     import torch
@@ -54,8 +57,6 @@ def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None)
     """The causal LM of `config` (a transformers config) on `meta`, with SDPA attention: nothing
     allocated, nothing drawn. A skeleton to shard or quantize, or the scratch copy
     train.workload.meta_init draws the initial weights from."""
-    import copy
-
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -190,8 +191,6 @@ def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int
     last = {key: index for index, step in enumerate(steps) for key in step.writes}
     unwritten = [slots.name(key) for key in slots.tensors if key not in last]
     if unwritten:
-        from common.errors import BenchtrainError
-
         raise BenchtrainError(f"cannot initialise {type(model).__name__} one module at a time: nothing initialises {', '.join(unwritten[:3])}")
     torch.manual_seed(seed)
     live: dict[int, Any] = {}

@@ -9,12 +9,15 @@ leaves the output head alone).
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import DEFAULT_OPTIMIZER
+from train.workload.optimizers import DEFAULT_OPTIMIZER, check_optimizer
+from train.workload.quantize import base_phrase, check_quantize, logical_numel
 
 if TYPE_CHECKING:
     import argparse
@@ -54,8 +57,6 @@ class MethodConfig:
             raise BenchtrainError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.lora_targets is not None and not all(self.lora_targets):
             raise BenchtrainError("--lora-targets needs module names, e.g. q_proj,v_proj")
-        from train.workload.optimizers import check_optimizer
-        from train.workload.quantize import check_quantize
 
         check_quantize(self.quantize, self.is_lora)
         check_optimizer(self.optimizer)
@@ -93,7 +94,6 @@ class MethodConfig:
         optimizer = "" if self.optimizer == DEFAULT_OPTIMIZER else f", {self.optimizer}"
         if not self.is_lora:
             return f"full fine-tuning{optimizer}"
-        from train.workload.quantize import base_phrase
 
         base = f" of {base_phrase(self.quantize)}" if self.quantized else ""
         targets = ", ".join(self.lora_targets) if self.lora_targets else "every linear projection"
@@ -131,9 +131,6 @@ def quiet_library_warnings() -> None:
     """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
     on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
     rightly: warnings the user can do nothing about."""
-    import logging
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
@@ -218,8 +215,6 @@ def lora_targets_of(model: torch.nn.Module) -> list[str]:
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
-    from train.workload.quantize import logical_numel
-
     record: JsonDict = {
         "method": method.method,
         "trainable_parameters": trainable_parameter_count(model),

@@ -22,7 +22,7 @@ from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_
 from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method
 from train.workload.presets import PRESETS, canonical_preset, preset_names
-from train.workload.quantize import logical_numel
+from train.workload.quantize import logical_numel, quantized_base
 
 if TYPE_CHECKING:
     import torch
@@ -164,8 +164,6 @@ def build_model(
         # shards and fills them with the weights below (train.step.sharding.materialise_shards).
         return apply_method(meta_plain_model(make_config(spec), dtype), method)
     if method.quantized:
-        from train.workload.quantize import quantized_base
-
         source = spec.directory if spec.has_weights else make_config(spec)
         return apply_method(quantized_base(source, device, method.quantize, dtype, float_storage=shardable), method)
     if spec.has_weights:

@@ -29,11 +29,14 @@ anything is built (`check_optimizer_sharding`).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
+from common.console import say
 from common.errors import BenchtrainError
+from train.workload.quantize import require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -135,8 +138,6 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
         device = next((p.device.type for group in groups for p in group["params"]), "?")
         raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
     if not fused:
-        from common.console import say
-
         say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
     return torch.optim.AdamW(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
 
@@ -156,8 +157,6 @@ def bitsandbytes_adamw(paged: bool) -> Build:
     """bitsandbytes' 8-bit AdamW, paged or not, with the same betas and epsilon as torch's."""
 
     def build(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-        import warnings
-
         import bitsandbytes as bnb
 
         # "Paged optimizers are not supported on CPU": on CPU the paged one is the plain one, as said above.
@@ -203,8 +202,6 @@ OPTIMIZERS: dict[str, Optimizer] = {
         Optimizer(name="sgd", build=torch_sgd, state_bytes=StateBytes(buffers=1), hf_optim="sgd", help="momentum 0.9: one fp32 buffer"),
     )
 }
-# The built-in choices. What must see an entry added at run time (a test's) reads OPTIMIZERS itself.
-OPTIMIZER_CHOICES = tuple(OPTIMIZERS)
 
 
 def optimizer_named(name: str) -> Optimizer:
@@ -215,8 +212,6 @@ def optimizer_named(name: str) -> Optimizer:
 
 def check_optimizer(name: str) -> None:
     if optimizer_named(name).needs_bitsandbytes:
-        from train.workload.quantize import require_bitsandbytes
-
         require_bitsandbytes(f"--optimizer {name}")
 
 

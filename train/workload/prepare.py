@@ -19,10 +19,12 @@ import numpy as np
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
+from train.workload.data import load_records
 from train.workload.data_cache import BuildJob, ensure_store, store_state
 from train.workload.encode import Encoder
 from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
 from train.workload.formats import DataSchema, Layout, detect_layout
+from train.workload.pretokenized import TokenFileSettings, index_token_files, token_files
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
 from train.workload.tokens import TokenizedData, open_store, token_dtype
@@ -116,9 +118,6 @@ class PreparedData:
 
 def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callable[[str], None], exact: bool = False) -> PreparedData:
     """The data's view for planning: exact when cached (or asked for), else from a sample."""
-    from train.workload.data import load_records
-    from train.workload.pretokenized import token_files
-
     files = token_files(spec.path)
     if files is not None:
         return prepare_token_files(spec, files, len(tokenizer), say)
@@ -147,8 +146,6 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
 
 def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say: Callable[[str], None]) -> PreparedData:
     """Raw token files (train.workload.pretokenized): their documents indexed once, the ids mapped in place."""
-    from train.workload.pretokenized import TokenFileSettings, index_token_files
-
     settings = TokenFileSettings.resolve(files, spec.schema.token_dtype, spec.schema.document_separator)
     extra = {"dtype": settings.dtype, "separator": settings.separator, "vocab": vocab_size}
     key = cache_key(content_fingerprint(files), "raw token files", Layout("tokens"), False, extra)
@@ -203,13 +200,3 @@ def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> Tokeniz
         raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
     return data
 
-
-def load_tokenized(
-    path: str, tokenizer: PreTrainedTokenizerBase, train_on: str = "assistant", schema: DataSchema | None = None, split: str = "train"
-) -> TokenizedData:
-    """Every record of `path` tokenized (through the cache): tests and small tools."""
-    from common.console import say
-
-    prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
-    assert isinstance(prepared.view, TokenizedData)
-    return prepared.view

@@ -26,6 +26,7 @@ import numpy as np
 
 from common.atomic import write_json_atomic
 from common.errors import BenchtrainError
+from train.workload.fingerprint import STORE_VERSION, file_digest
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 METADATA_FILE = "benchtrain.json"
@@ -165,7 +166,6 @@ def index_token_files(files: list[Path], settings: TokenFileSettings, vocab_size
         offsets = np.concatenate(([0], np.cumsum(every))).astype(np.int64)
         np.save(folder / "offsets.npy", offsets, allow_pickle=False)
         np.save(folder / "targets.npy", every.astype(np.int32), allow_pickle=False)
-        from train.workload.fingerprint import STORE_VERSION, file_digest
 
         files_meta = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in ("offsets.npy", "targets.npy")}
         meta = {

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from packaging.version import Version
+
 from common.errors import BenchtrainError
+from train.workload.meta_init import meta_plain_model, seeded_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -82,13 +86,9 @@ def check_quantize(kind: str, is_lora: bool) -> None:
 
 
 def require_bitsandbytes(what: str = "--quantize") -> None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from packaging.version import Version
-
     try:
-        installed = version("bitsandbytes")
-    except PackageNotFoundError:
+        installed = metadata.version("bitsandbytes")
+    except metadata.PackageNotFoundError:
         raise BenchtrainError(f"{what} needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
     if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
         raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
@@ -151,25 +151,6 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
     return QuantizedBytes(quantized, statistics, (whole - converted_weights) * dtype_bytes, len(layers))
 
 
-def loaded_bytes(model: Any) -> int:
-    """The bytes a loaded model holds: its parameters and buffers at their storage dtype, and the
-    quantization state bitsandbytes keeps beside its 4-bit weights (absmax, codes, offsets) and
-    its 8-bit ones (row scales): what `quantized_bytes` predicts."""
-    import torch
-
-    def size(tensor: Any) -> int:
-        return tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
-
-    total = sum(size(tensor) for tensor in (*model.parameters(), *model.buffers()))
-    for parameter in model.parameters():
-        state = getattr(parameter, "quant_state", None)
-        while state is not None:
-            total += size(state.absmax) + size(state.code) + size(getattr(state, "offset", None))
-            state = getattr(state, "state2", None)
-        total += size(getattr(parameter, "SCB", None))
-    return total
-
-
 def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
     """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
     does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
@@ -207,8 +188,6 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float
     same, to the byte, as quantizing those weights written to a folder and loaded."""
     import torch
     from transformers.quantizers.auto import AutoHfQuantizer
-
-    from train.workload.meta_init import meta_plain_model, seeded_tensors
 
     device = torch.device(device)
     quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype, float_storage), pre_quantized=False)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+
 from common.errors import BenchtrainError
 
 if TYPE_CHECKING:
@@ -33,8 +36,6 @@ TEMPLATE_SOURCE = "benchtrain_chat_template_source"  # set on a tokenizer whose 
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
 
     vocabulary = {symbol: index for index, symbol in enumerate(sorted(ByteLevel.alphabet()))}

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +31,7 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
-
-if TYPE_CHECKING:
-    from train.workload.pretokenized import TokenShards
+from train.workload.pretokenized import TokenShards, open_token_files
 
 # Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
 Lengths = Sequence[int] | np.ndarray
@@ -61,25 +59,6 @@ class TokenizedData:
     index: np.ndarray | None = None
     folder: Path | None = None  # where the arrays are mapped from (pickled as the path)
     extra: JsonDict = field(default_factory=dict)  # {"meta": the store's meta.json}
-
-    @classmethod
-    def from_samples(
-        cls,
-        samples: list[np.ndarray],
-        prompt_lengths: list[int] | None,
-        format: str,
-        source: str,
-        loss_masks: list[np.ndarray] | None = None,
-        loss_on: str = "all tokens",
-    ) -> TokenizedData:
-        """In memory, from one array per sample (tests, small data)."""
-        lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        tokens = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
-        mask = np.concatenate(loss_masks).astype(np.uint8) if loss_masks is not None and samples else None
-        prompts = np.asarray(prompt_lengths, dtype=np.int32) if prompt_lengths is not None else None
-        data = cls(tokens, offsets, format, source, loss_on, mask, prompts)
-        return replace(data, targets=data.document_targets())
 
     # -- what the view holds ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -307,8 +286,6 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     source = source or meta.get("source", str(folder))
     files = meta["files"]
     if "external" in meta:  # raw token files, mapped where they are (train.workload.pretokenized)
-        from train.workload.pretokenized import open_token_files
-
         tokens = open_token_files(meta)
     else:
         tokens = _map(folder / "tokens.bin", np.dtype(meta["dtype"]))

@@ -336,7 +336,7 @@ def simulated_setup(
         space=space,
         settings=ProbeSettings.for_device("cuda").for_budget(budget if isinstance(budget, (int, float)) else None),
         hardware=hardware,
-        software={**detect_software(), "simulated": "bench.simulated (H100 measurements scaled by FLOPs)"},
+        software={**detect_software(), "simulated": "tests/simulated.py (H100 measurements scaled by FLOPs)"},
         model=model_record(spec, model_shape(meta)),
         training={**method_record(method, meta), "compile": compiled, "loss": "liger", "sharding": "ddp", "flops_terms": model_shape(meta).flops_terms(lora)},
         device_label="h100",

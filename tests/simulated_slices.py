@@ -1,4 +1,4 @@
-"""`bench run --gpu h100 --model MODEL --layers auto|K1,K2,…` on the simulated H100 (bench.simulated):
+"""`bench run --gpu h100 --model MODEL --layers auto|K1,K2,…` on the simulated H100 (tests/simulated.py):
 the depths benched one after the other on one virtual clock, as one process runs them: the budget
 split by the planner's prices, shapes compiled at one depth compiled for the next, the one-off
 timings made once (bench.slice_budget); the depths combined into the whole model's calibration, as
@@ -18,8 +18,9 @@ def simulate_slices(
     from slices of `model` on the simulated H100.
     `depths="auto"`: --layers auto's ladders (the whole model is not benched here: the caller
     compares with `simulate_bench`)."""
+    from simulated import H100Measurements, VirtualClock, run_simulated
+
     from bench.layer_slices import AUTO_LADDERS, auto_depths, whole_model_record
-    from bench.simulated import H100Measurements, VirtualClock, run_simulated
     from bench.slice_budget import Carry, depth_share, needed_seconds, refuse_if_unaffordable
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
@@ -61,9 +62,10 @@ def price_ladder(
     """Each depth's simulated bench, planned (not run), and its prices (bench.slice_budget)."""
     from dataclasses import replace
 
+    from simulated import simulated_setup
+
     from bench.calibrate import after_probes_seconds
     from bench.layer_slices import slice_spec
-    from bench.simulated import simulated_setup
     from bench.slice_budget import price_depths
 
     benches = {}
