@@ -218,8 +218,9 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
     code, _, err = run_main("bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys)
     assert code == 0, err
     out = home / "run"
-    # A deadline far past the run's minutes: on a busy machine it must not stop the run (the guard's own tests do that).
-    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "30m", "--max-steps", "24", "--out", str(out), "--no-report"], capsys)
+    # No deadline in reach: on a busy machine the calibration measures slow, wide steps, and a plan against a real
+    # deadline is refused or stopped (the guard's own tests do that on a fake clock).
+    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "1000h", "--max-steps", "24", "--out", str(out), "--no-report"], capsys)
     assert code == 0, err
     assert "of an 8-bit base, paged-adamw-8bit" in printed
     record = json.loads((out / "run.json").read_text())
