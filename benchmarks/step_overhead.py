@@ -27,10 +27,11 @@ def measure(model: str, compile_mode: str, micro_batch: int, seq_len: int, steps
     from train.step.engine import StepOptions, engine_from_options
     from train.step.runtime import make_accelerator
     from train.workload.batching import SyntheticBatches
+    from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
     torch._dynamo.reset()
-    engine = engine_from_options(resolve_model(model), None, make_accelerator(), StepOptions(compile=compile_mode))
+    engine = engine_from_options(resolve_model(model), MethodConfig(), make_accelerator(), StepOptions(compile=compile_mode))
     batch = SyntheticBatches(1, micro_batch, seq_len, engine.model.config.vocab_size)[0]
     batches = itertools.cycle([batch])
     for _ in range(3):  # warm-up, compilation included

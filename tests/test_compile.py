@@ -22,6 +22,7 @@ from train.planning.types import PlanRequest
 from train.running.guard import DeadlineGuard, GuardSettings
 from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
 from train.workload.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
+from train.workload.method import MethodConfig
 
 # Inductor compiles C++ for the CPU: without a compiler there is no compiled step to test.
 needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler")
@@ -112,7 +113,7 @@ def test_compiled_step_computes_what_the_eager_step_does() -> None:
     losses = {}
     for mode in ("off", "on"):
         torch.manual_seed(0)
-        engine = engine_from_options(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions(compile=mode))
+        engine = engine_from_options(resolve_model("tiny"), MethodConfig(), Accelerator(cpu=True), StepOptions(compile=mode))
         assert engine.compiled == (mode == "on") and engine.loss == "chunked"
         batch = SyntheticBatches(1, 2, 64, 320)[0]
         losses[mode] = [engine.step.run(iter([batch, batch]), 2).loss for _ in range(3)]

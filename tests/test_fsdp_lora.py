@@ -221,8 +221,8 @@ def test_a_4bit_base_that_sharding_would_change_is_refused_in_one_line(fork_serv
 
 def seventy_b_slices() -> dict[str, Any]:
     """A LoRA calibration of llama-3.1-70b measured on slices (2, 4, 6 of its 80 layers) of the
-    simulated H100, gradient checkpointing on, one process (bench.simulated_slices)."""
-    from bench.simulated_slices import simulate_slices
+    simulated H100, gradient checkpointing on, one process (tests/simulated_slices.py)."""
+    from simulated_slices import simulate_slices
 
     record, _, _ = simulate_slices("llama-3.1-70b", True, 300.0, (2, 4, 6), checkpointing=(1,))
     return record

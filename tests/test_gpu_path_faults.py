@@ -19,8 +19,6 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
     cached compile must build those 2 layers, not the 32 that the preset's name alone gives (32 GB of
     fp32 weights: out of memory exactly where slices were chosen)."""
     import bench.compile_probe as compile_probe
-    import train.step.engine as engine
-    import train.step.runtime as runtime
     from bench.layer_slices import slice_spec
     from bench.probe_tasks import measure_cached_compile
     from train.workload.method import MethodConfig
@@ -46,8 +44,8 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
         built.append(spec)
         raise Built
 
-    monkeypatch.setattr(engine, "engine_from_options", capture)
-    monkeypatch.setattr(runtime, "make_accelerator", lambda *arguments: None)
+    monkeypatch.setattr(compile_probe, "engine_from_options", capture)  # where the child looks them up
+    monkeypatch.setattr(compile_probe, "make_accelerator", lambda *arguments: None)
     with pytest.raises(Built):  # the child's own reading of the request, up to the model it builds
         compile_probe.main([started[0][-1]])
     assert make_config(built[0]).num_hidden_layers == 2
@@ -93,7 +91,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     8 DDP processes adds them per GPU (calibration.nccl_memory); over PCIe the buffers alone."""
     from test_consider import FIXTURE, run_consider
 
-    import train.planning.planner as planner
+    import train.recipes.plan_setup as planner
     from calibration.schema import read_calibration_file
 
     requests: list[Any] = []
@@ -239,8 +237,9 @@ def test_a_slice_calibrations_split_is_the_whole_models_not_the_deepest_slices()
 def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
     """The same split at each depth of a simulated 8B bench on 2, 4 and 6 layers: the calibration of
     the whole model holds its line at 32 layers, not the 6-layer split it used to copy."""
+    from simulated_slices import simulate_slices
+
     import bench.slice_record as slice_record
-    from bench.simulated_slices import simulate_slices
 
     layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9
     combine = slice_record.combine_slices

@@ -17,6 +17,7 @@ from step_profile import fixed_micro_step_seconds, profile_step
 
 from train.step.engine import StepOptions, engine_from_options
 from train.workload.batching import PackedBatches, PaddedBatches
+from train.workload.method import MethodConfig
 from train.workload.model import build_model, resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def _padded_batches() -> PaddedBatches:
 def test_no_host_sync_inside_the_micro_steps(kind: str) -> None:
     """The number of `.item()`-like reads per optimizer step does not grow with accumulation: the
     only ones are per optimizer step (the loss read after the timer's synchronise)."""
-    engine = engine_from_options(resolve_model("tiny"), None, Accelerator(cpu=True), StepOptions())
+    engine = engine_from_options(resolve_model("tiny"), MethodConfig(), Accelerator(cpu=True), StepOptions())
     stream = tokenized_from_samples([np.arange(4000) % 300], None, "text", "test")
     dataset = PackedBatches(stream, [[0, 1], [2, 3]], 64) if kind == "packed" else _padded_batches()
     batches = itertools.cycle([dataset[0], dataset[1]])
