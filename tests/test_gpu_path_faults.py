@@ -239,6 +239,7 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     the whole model holds its line at 32 layers, not the 6-layer split it used to copy."""
     from simulated_slices import simulate_slices
 
+    import bench.layer_slices as layer_slices
     import bench.slice_record as slice_record
 
     layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9
@@ -252,7 +253,7 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
             record["step_split"] = [{**config, **parts, "method": "profiler"}]
         return combine(records, whole)
 
-    monkeypatch.setattr(slice_record, "combine_slices", with_splits)
+    monkeypatch.setattr(layer_slices, "combine_slices", with_splits)  # where the bench looks it up
     record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
     (split,) = record["step_split"]
     assert split["compute_seconds"] == pytest.approx(head + 32 * layer) and split["memory_seconds"] == pytest.approx(3.2)
