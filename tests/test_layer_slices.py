@@ -25,17 +25,6 @@ from train.workload.presets import PRESETS
 
 GIB = 2**30
 CONFIGS = [StepConfig(b, 0, a, s) for b in (1, 4) for a in (1, 2) for s in (128, 512)]
-LLAMA_70B = {
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
-}
 
 
 def truth(config: StepConfig, layers: int) -> tuple[float, float]:
@@ -188,7 +177,7 @@ def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() ->
     hardware = h100()
     eight = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(), "cuda")
     assert gpus_needed(eight, hardware) == 2  # 8B × 16 bytes ≈ 120 GiB: two 80 GB shards
-    seventy_spec = ModelSpec("llama-70b", LLAMA_70B)
+    seventy_spec = resolve_model("llama-3.1-70b")
     seventy = memory_need(seventy_spec, MethodConfig(), "cuda")
     count = gpus_needed(seventy, hardware)
     assert count is not None and count > 10
