@@ -22,6 +22,7 @@ from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import CalibrationSubject, build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
+from bench.second_process import PROCESSES, check_configs, check_price
 from bench.space import SearchSpace
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
@@ -77,6 +78,10 @@ class BenchTask:
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
     one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.slice_budget)
+    # On a CPU, one process: the step measured again in fresh processes (bench.second_process), given
+    # the configurations and the seconds they may take; None where that does not apply.
+    fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
+    fresh_process_seconds: float = 0.0  # what one fresh process costs before its probes (measured: this one's start and build)
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,15 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
     shape without it)."""
     corners = evaluation_corners(planner)
     evaluation = sum(sorted(eval_price(task, planner, config) for config in corners)[:2])
-    return evaluation + checkpoint_price(task)
+    return evaluation + checkpoint_price(task) + fresh_processes_price(task, planner)
+
+
+def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
+    """The check in fresh processes at the configurations it would choose now, priced by the planner."""
+    if task.fresh_processes is None:
+        return 0.0
+    configs = check_configs(planner.ok_rows())
+    return PROCESSES * (task.fresh_process_seconds + sum(planner.price(config) for config in configs))
 
 
 def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> float:
@@ -230,6 +243,7 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
 
         training["compile_cache"] = compile_cache_record()
+    fresh_rows = check_in_fresh_processes(run, result.rows, skipped)
     search = {
         "method": task.search,
         "space": task.space.as_dict(),
@@ -242,7 +256,7 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         "skipped_after_probes": skipped,
     }
     subject = CalibrationSubject(task.hardware, task.software, task.model, task.device_label, task.requested_device, training, task.data)
-    record = build_calibration(subject, result, search, overheads, warnings)
+    record = build_calibration(subject, result, search, overheads, warnings, fresh_rows)
     if kept is not None:
         kept.name_in(record)  # storing the record (or keeping it as failed) removes the kept rows
 
@@ -376,6 +390,25 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
         return {}
     cached = max(0.0, measured["first_step_seconds"] - measured["step_seconds"] - warmup_extra)
     return {"compile_cached_seconds_per_shape": round(cached, 4)}
+
+
+def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped: list[str]) -> list[dict[str, Any]]:
+    """The check in fresh processes (bench.second_process), last: it releases this process's model."""
+    task = run.task
+    if task.fresh_processes is None:
+        return []
+    configs = check_configs(rows)
+    if not configs:
+        skipped.append("the check in fresh processes: no probe's steps were long enough to time well")
+        return []
+    if not run.budget.allows(check_price(rows, configs, task.fresh_process_seconds)):
+        skipped.append("the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)")
+        return []
+    return task.fresh_processes(configs, run.budget.left() or FRESH_PROCESS_TIMEOUT)
+
+
+# Without a budget, a fresh process that has not finished its check by then has failed.
+FRESH_PROCESS_TIMEOUT = 900.0
 
 
 def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:

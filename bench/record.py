@@ -12,8 +12,10 @@ from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
+from calibration.process_check import judge, median_error
 from calibration.schema import SCHEMA_VERSION
 from calibration.store import new_id
+from train.step.peak_memory import HOST_BASELINE_KEY
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,11 @@ def build_calibration(
     search: dict[str, Any],
     overheads: dict[str, float],
     warnings: list[str],
+    fresh_rows: list[dict[str, Any]] | None = None,
     created: datetime | None = None,
 ) -> dict[str, Any]:
+    """`fresh_rows`: configurations measured again in fresh processes (bench.second_process), by
+    which the drift correction is judged and the plan's bound between processes is measured."""
     created = created or datetime.now(timezone.utc)
     model = subject.model
     record: dict[str, Any] = {
@@ -66,7 +71,9 @@ def build_calibration(
     }
     ok_count = sum(1 for row in result.rows if row["status"] == "ok")
     if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record)
+        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record, fresh_rows or [])
+        if fresh_rows:
+            record["process_check"] = judge(record["fit"], fresh_rows, subject.hardware.get(HOST_BASELINE_KEY))
         record["noise"] = assess_noise(record)
         if record["noise"]:
             record["warnings"].append(record["noise"]["message"])
@@ -124,9 +131,10 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
-def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, Any]:
-    """Keep the drift correction only if it makes the fit better on held-out probes. `record`: the
-    calibration (its model's FLOPs per token and the gradients its step holds)."""
+def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Keep the drift correction only if it makes the fit better where a calibration is used: in
+    fresh processes (`fresh_rows`), or without them on the held-out probes of this one. `record`:
+    the calibration (its model's FLOPs per token and the gradients its step holds)."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
     corrected = fit_measurements(rows, flops, gradients)
     if not drift or not drift.get("applied"):
@@ -134,14 +142,16 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
     raw_rows = copy.deepcopy(rows)
     undo_correction(raw_rows)
     raw = fit_measurements(raw_rows, flops, gradients)
-    corrected_error = corrected["held_out_error"]["median_abs_pct"]
-    raw_error = raw["held_out_error"]["median_abs_pct"]
-    drift["held_out_median_pct"] = {"corrected": corrected_error, "raw": raw_error}
+    if fresh_rows:
+        judged_by, corrected_error, raw_error = "fresh processes", median_error(corrected, fresh_rows), median_error(raw, fresh_rows)
+    else:
+        judged_by, corrected_error, raw_error = "held-out probes", corrected["held_out_error"]["median_abs_pct"], raw["held_out_error"]["median_abs_pct"]
+    drift["median_error_pct"] = {"corrected": corrected_error, "raw": raw_error, "judged_by": judged_by}
     if corrected_error <= raw_error:
         return corrected
     undo_correction(rows)
     drift["applied"] = False
-    drift["reason"] = f"the correction did not help: held-out median error {corrected_error:.1f}% corrected vs {raw_error:.1f}% raw"
+    drift["reason"] = f"the correction did not help: median error in {judged_by} {corrected_error:.1f}% corrected vs {raw_error:.1f}% raw"
     return raw
 
 

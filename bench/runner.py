@@ -16,7 +16,7 @@ from bench.cost import CostModel, DeviceSpeed
 from bench.drift import REFERENCE_EVERY, correct_for_drift
 from bench.remeasure import remeasure
 from bench.space import SearchSpace
-from bench.timing import ProbeSettings
+from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.step_config import DIMENSIONS, StepConfig
 
 ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
@@ -108,9 +108,9 @@ def run_grid(
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
     """Probe what the fit learns most from per second (bench.choose) while the budget pays for
-    it, skipping what an OOM or the memory prediction rules out. The first successful probe is
-    the drift reference: measured again every `reference_every` probes while that is cheap, so
-    machine drift can be corrected afterwards. Budget left over goes to measuring disturbed
+    it, skipping what an OOM or the memory prediction rules out. The first successful probe whose
+    steps time well (WELL_TIMED_STEP_SECONDS) is the drift reference: measured again every
+    `reference_every` probes while that is cheap, so machine drift can be corrected afterwards. Budget left over goes to measuring disturbed
     probes again."""
     result = BenchResult()
     planner = planner or default_planner(space)
@@ -152,7 +152,7 @@ def run_grid(
         planner.record(row)
         result.rows.append(row)
         since_reference += 1
-        if reference is None and reference_every and row["status"] == "ok":
+        if reference is None and reference_every and row["status"] == "ok" and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS:
             reference, since_reference = config, 0
             references.append((row["position"], row["tokens_per_second"]))
         _advance(progress, row)

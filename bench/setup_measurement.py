@@ -14,11 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
 from bench.probe import Workload
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
+from bench.second_process import measure_in_fresh_processes
 from bench.space import SearchSpace, default_space, within_positions
 from bench.step_split import record_step_split
 from bench.timing import ProbeSettings
@@ -176,6 +179,7 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
     # Looked up now: tests replace the model.
 
     say(f"building {spec.name} on {task.hardware['name']} …")
+    started_seconds = process_age_seconds()  # imports and setup: what a fresh process pays before its build
 
     task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: process_resident_bytes()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
@@ -192,9 +196,34 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
         losses=losses_to_compare(request.options.loss, workload),
         checkpoint_payload=lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes),
         study=study,
+        fresh_processes=fresh_processes(workload, request, task),
+        fresh_process_seconds=started_seconds + workload.build_seconds,
     )
     say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
     return workload, task
+
+
+def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
+    """On a CPU and in one process: the check in fresh processes (bench.second_process), which
+    frees this process's model first (RAM for theirs). On a GPU the bench process holds the device
+    (and a 7B model's build is minutes): plans there take the spread between processes from the
+    runs that used the calibration (calibration.model). BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
+    if task.hardware.get("device_type") != "cpu" or task.world_size > 1 or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0":
+        return None
+
+    def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
+        settings = task.settings
+        options = replace(request.options, loss=workload.engine.loss)
+        spec, method = workload.spec, workload.method
+        workload.release()
+        return measure_in_fresh_processes(spec, method, options, configs, settings, timeout_seconds)
+
+    return check
+
+
+def process_age_seconds() -> float:
+    """Seconds since this process started (its imports, its setup)."""
+    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:

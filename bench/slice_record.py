@@ -66,7 +66,7 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
         )
     record = {key: value for key, value in deepest.items() if key not in ("noise", "left_out_configs")}
     record.update(model=whole.model, training={**deepest["training"], **whole.training}, measurements=fitted.rows, history=[])
-    record["fit"] = fit_with_drift_choice(fitted.rows, None, record)
+    record["fit"] = fit_with_drift_choice(fitted.rows, None, record, [])
     eval_rows = derive_eval_rows(records, whole.layers)
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
     record["overheads"] = derive_overheads(records, whole.layers, whole.checkpoint_bytes)

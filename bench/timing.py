@@ -62,6 +62,10 @@ class ProbeSettings:
 
 # A probe's timed phase may take this share of the whole budget (at least the device's default).
 BUDGET_SHARE = 0.01
+# Steps shorter than this time poorly on a CPU (interpreter overhead and scheduling move a 10-ms step
+# by half between probes): never a yardstick for the others (the drift reference, the check in a
+# fresh process).
+WELL_TIMED_STEP_SECONDS = 0.04
 # Fewest timed steps that still give a spread (and so a standard error).
 MIN_TIMED_STEPS = 2
 # A first timed step this much slower than the median of the rest is still warming up.

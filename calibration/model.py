@@ -15,6 +15,7 @@ from calibration.extrapolation import extrapolation_widening, stretch_by_dimensi
 from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
 from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
+from calibration.process_check import applied_speed_factor
 from calibration.schema import variant_data
 from calibration.setup import SetupKey, variant_key
 from calibration.slices import slice_widening
@@ -35,6 +36,16 @@ NOISY_BOUND = 0.50
 UNTESTED_EXTRAPOLATION = NOISY_BOUND
 # A held-out median error above this is said out loud (bench run, bench show, train --dry-run).
 NOISY_MEDIAN_PCT = 15.0
+
+
+@dataclass(frozen=True)
+class BoundParts:
+    """A plan's relative bound in its two parts: the fit's error and the machine's spread between
+    processes, with where the latter was measured ("fresh processes", "past runs", "not measured")."""
+
+    fit: float
+    machine: float
+    machine_source: str
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,7 @@ class Calibration:
         if not fit:
             return None
         coefficients = [float(fit["parameters"][term]) for term in EVAL_TERMS]
-        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
+        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor / self.speed_factor
 
     @property
     def world_size(self) -> int:
@@ -165,13 +176,34 @@ class Calibration:
     # -- error and history ----------------------------------------------------------------
     @property
     def relative_bound(self) -> float:
-        """How far a prediction may be off: the fit's held-out 90th-percentile error, widened by the
-        run-to-run spread that past runs showed around the history correction (a machine whose
-        speed drifts cannot be predicted better than it repeats itself)."""
-        p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
-        bound = max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0, self.run_to_run_spread)
+        """How far a prediction may be off: the fit's part and the machine's, added (bound_parts)."""
+        parts = self.bound_parts
         # Measured on layer slices: widened by how far their extrapolation in depth was measured to miss.
-        return slice_widening(self.data, bound, "time")
+        return slice_widening(self.data, parts.fit + parts.machine, "time")
+
+    @property
+    def bound_parts(self) -> BoundParts:
+        """The fit's part of the bound (its held-out 90th-percentile error, at least
+        MIN_RELATIVE_BOUND) and the machine's: how far processes other than the bench's ran from
+        the fit, the fresh processes bench measured (calibration.process_check) or the runs that
+        used this calibration around their correction, the larger (a machine whose speed drifts
+        cannot be predicted better than it repeats itself)."""
+        p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
+        fresh = float(self.process_check.get("time_spread") or 0.0)
+        runs = self.run_to_run_spread
+        source = "past runs" if runs > fresh else "fresh processes" if fresh else "not measured"
+        return BoundParts(max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0), max(fresh, runs), source)
+
+    @property
+    def process_check(self) -> JsonDict:
+        """The step measured again in fresh processes by bench (calibration.process_check); {} without."""
+        return cast(JsonDict, self.data.get("process_check") or {})
+
+    @property
+    def speed_factor(self) -> float:
+        """How much faster (> 1) a fresh process ran than the bench process's fit, where every
+        fresh measurement agreed on it (calibration.process_check); 1 otherwise."""
+        return applied_speed_factor(self.process_check)
 
     @property
     def translation(self) -> JsonDict | None:
@@ -285,8 +317,8 @@ class Calibration:
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: StepConfig) -> float:
         """Seconds of one micro-step: the fitted median step, scaled to a mean by the measured tail
-        factor and corrected by what past runs measured."""
-        return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
+        factor, to a fresh process's speed (speed_factor) and by what past runs measured."""
+        return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor / self.speed_factor
 
     def predict(
         self,
@@ -340,7 +372,9 @@ class Calibration:
     def memory_margin(self) -> float:
         memory = self.fit.get("memory") or {}
         p90 = (memory.get("held_out_error") or {}).get("p90_abs_pct")
-        return slice_widening(self.data, max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0), "memory")
+        # Fresh processes peaked this far from the fit (their own baseline counted): the machine's part.
+        between_processes = float(self.process_check.get("memory_spread") or 0.0)
+        return slice_widening(self.data, max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0) + between_processes, "memory")
 
     def fits_in_memory(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> bool:
         """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the

@@ -231,7 +231,7 @@ def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
     reference = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=256)
     drift = correct_for_drift(rows, [(0, 1000.0), (20, 1000.0), (40, 500.0), (60, 500.0)], reference)
     assert drift["applied"]
-    fit = fit_with_drift_choice(rows, drift, {})
+    fit = fit_with_drift_choice(rows, drift, {}, [])
     assert not drift["applied"] and "did not help" in drift["reason"]
     assert [row.get("tokens_per_second") for row in rows] == raw
     assert fit["held_out_error"]["median_abs_pct"] < 5

@@ -111,10 +111,13 @@ def describe_error(calibration: Calibration, chosen: Candidate) -> str:
     held_out = calibration.fit.get("held_out_error") or {}
     text = f"held-out error median {held_out.get('median_abs_pct', 0.0):.1f}%, p90 {held_out.get('p90_abs_pct', 0.0):.1f}%"
     stretch = calibration.extrapolation_ratio(chosen.config)
+    parts = calibration.bound_parts
+    machine = f" + {parts.machine:.0%} between processes (measured in {parts.machine_source})" if parts.machine else " (no spread between processes measured)"
+    text += f"; bounds ±{chosen.bound_fraction:.0%}: the fit's {parts.fit:.0%}{machine}"
     if stretch > 1.0:
-        text += f"; ±{chosen.bound_fraction:.0%} here, {stretch:.2g}× past the measured sizes"
-    elif chosen.bound_fraction * 100 > held_out.get("p90_abs_pct", 0.0) + 0.05:
-        text += f"; bounds ±{chosen.bound_fraction:.0%} (run-to-run spread)"
+        text += f", wider here: {stretch:.2g}× past the measured sizes"
+    if calibration.speed_factor != 1.0:
+        text += f"; a fresh process ran {calibration.speed_factor - 1:+.0%} against the bench's, and plans use its speed"
     translation = getattr(calibration, "translation", None)  # calibration.translate: a device nobody measured
     return f"{text}; {describe_translation(translation)}" if translation else text
 

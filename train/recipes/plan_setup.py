@@ -6,7 +6,7 @@ so that both plan alike."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from calibration.nccl_memory import communicator_bytes
@@ -239,6 +239,7 @@ def plan_json(cal: Calibration, plan: Plan, placement: Placement, communication:
         "world_size": placement.world_size,
         "sharding": placement.sharding,
         "plan": plan.to_json(),
+        "bound_parts": asdict(cal.bound_parts),  # the plan's bound: the fit's part and the machine's
         "communication": communication,
         "compute": compute,
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,7 +39,7 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
         "model": model,
         "data": data,
         "plan": plan_section(plan),
-        "estimate": {**estimate_section(plan), "held_out_error": held_out_errors(calibration)},
+        "estimate": {**estimate_section(plan), "held_out_error": held_out_errors(calibration), "bound_parts": asdict(calibration.bound_parts)},
         "actual": None,
         "deadline_seconds": plan.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,

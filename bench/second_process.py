@@ -1,0 +1,117 @@
+"""The step measured again in fresh processes: where a calibration is used.
+
+A calibration is read by another process: the run, or the next bench. A process that has run a
+benchmark for minutes is not the process `train` starts, and on a CPU two processes can run the
+same step at speeds further apart than the fit's own error. So, on a CPU, bench measures a few of
+its configurations again in PROCESSES fresh interpreters, each built as `train` builds its step
+(the same Workload), and `bench.record` judges the drift correction, the speed a fresh process
+runs at, and the bound between processes by them.
+
+    python -m bench.second_process '{"model": "tiny", "config": {...}, "method": {...}, "options": {...},
+                                     "settings": {...}, "configs": [{...}, ...]}'
+
+prints one JSON line: the probes' rows, the resident set before the model was built, and the
+seconds the process took.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+from bench.compile_probe import single_process_environment
+from bench.probe import Workload, run_probe
+from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
+from calibration.step_config import StepConfig
+from common.heap import frozen_heap
+from train.step.engine import StepOptions
+from train.step.peak_memory import process_resident_bytes
+from train.workload.method import MethodConfig
+from train.workload.model import ModelSpec, resolve_model
+
+# Two fresh processes: their difference is a sample of the spread between processes, which one
+# process alone cannot show.
+PROCESSES = 2
+# Configurations each process measures: the measured steps at three quantiles of their length.
+CONFIGS = 3
+
+
+def main(argv: list[str]) -> None:
+    started = time.perf_counter()
+    request = json.loads(argv[0])
+    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
+    spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
+    before_model = process_resident_bytes()
+    workload = Workload(spec, None, method, StepOptions(**request["options"]))
+    settings = ProbeSettings(**request["settings"])
+    with frozen_heap():  # as the bench's probes run (common.heap)
+        rows = [run_probe(workload, StepConfig.from_row(config), settings) for config in request["configs"]]
+    seconds = time.perf_counter() - started
+    print(json.dumps({"rows": rows, "rss_before_model_bytes": before_model, "build_seconds": workload.build_seconds, "process_seconds": seconds}))
+
+
+def check_configs(rows: list[dict[str, Any]]) -> list[StepConfig]:
+    """The configurations a fresh process measures again: measured ones (so the comparison is of
+    processes, not of the fit's interpolation) whose steps time well, at the quartiles and the
+    median of their step time."""
+    ok = sorted((row for row in rows if row["status"] == "ok" and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS), key=lambda row: row["step_seconds"])
+    if not ok:
+        return []
+    picked = dict.fromkeys(StepConfig.from_row(ok[round(q * (len(ok) - 1))]) for q in (0.25, 0.5, 0.75))
+    return list(picked)[:CONFIGS]
+
+
+def check_price(rows: list[dict[str, Any]], configs: list[StepConfig], process_seconds: float) -> float:
+    """Seconds the check costs: per process, its start and model build (`process_seconds`), and
+    each configuration's probe as it measured here."""
+    probe_seconds = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
+    return PROCESSES * (process_seconds + sum(probe_seconds.get(config, 0.0) for config in configs))
+
+
+def measure_in_fresh_processes(
+    spec: ModelSpec,
+    method: MethodConfig,
+    options: StepOptions,
+    configs: list[StepConfig],
+    settings: ProbeSettings,
+    timeout_seconds: float,
+    processes: int = PROCESSES,
+) -> list[dict[str, Any]]:
+    """Probe `configs` in `processes` new interpreters on this device, one after another: their
+    ok rows, each with the `process` it ran in and that process's resident set before its model
+    (`rss_before_model_bytes`). A process that fails or runs past its share of
+    `timeout_seconds` adds nothing. Synthetic tokens: the step's speed at a shape, not the data's."""
+    request = {
+        "model": spec.reference,
+        "config": spec.config_dict,
+        "load_weights": spec.load_weights,
+        "method": asdict(method),
+        "options": asdict(options),
+        "settings": asdict(settings),
+        "configs": [config.to_row() for config in configs],
+    }
+    rows = []
+    for index in range(processes):
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.second_process", json.dumps(request)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_seconds / processes,
+                env=single_process_environment(),  # never a second rank 0 of this job
+            )
+        except subprocess.TimeoutExpired:
+            continue
+        if done.returncode != 0 or not done.stdout.strip():
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,85 @@
+"""How a calibration holds in another process, from the step measured again in fresh ones.
+
+A calibration is used by another process than the one that measured it: the run, or the next
+bench. bench (bench.second_process) measures some of its configurations again in fresh processes;
+this module compares them with a fit:
+
+- `speed_ratios`: a fresh process's speed ÷ the fit's prediction, one per measurement (mean steps,
+  as a run pays them). Their median is the `speed_factor` a plan multiplies its speed by, kept
+  only when every measurement agrees on its direction: a bias, not noise.
+- `time_spread` and `memory_spread`: how far those processes fell from the fit (time: around the
+  factor), the part of a plan's bound that is the machine's, not the fit's (calibration.model).
+- `median_error`: what a fit leaves in fresh processes, by which bench keeps or drops its drift
+  correction (bench.record).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from calibration.fit import throughput_model_from_json
+from calibration.memory_fit import memory_model_from_json
+from calibration.step_config import StepConfig
+from common.json_types import JsonDict
+
+# The keys of a fresh-process measurement kept in the calibration (beside its configuration).
+KEPT = ("process", "step_seconds", "step_seconds_mean", "tokens_per_second", "peak_memory_bytes", "rss_before_model_bytes")
+
+
+def speed_ratios(fit: JsonDict, rows: Sequence[JsonDict]) -> list[float]:
+    """Fresh-process speed ÷ predicted speed for each measurement (> 1: the process ran faster)."""
+    model = throughput_model_from_json(fit)
+    tail = float(fit.get("step_tail_factor") or 1.0)
+    ratios = []
+    for row in rows:
+        config = StepConfig.from_row(row)
+        predicted = model.micro_step_seconds(config) * tail * config.grad_accum
+        measured = float(row.get("step_seconds_mean") or row["step_seconds"])
+        ratios.append(predicted / measured)
+    return ratios
+
+
+def median_error(fit: JsonDict, rows: Sequence[JsonDict]) -> float:
+    """Median |error| (%) of the fit's speed in the fresh processes."""
+    return statistics.median(abs(ratio - 1) * 100 for ratio in speed_ratios(fit, rows))
+
+
+def memory_ratios(fit: JsonDict, rows: Sequence[JsonDict], bench_rss_before_model: float | None) -> list[float]:
+    """Fresh-process peak ÷ predicted peak, the prediction raised by what the fresh process held
+    before its model beyond the bench process, as `train` adds it (train.step.peak_memory.
+    host_excess_bytes; a process that imports less before its build than bench did adds nothing)."""
+    if not fit.get("memory"):
+        return []
+    model = memory_model_from_json(fit["memory"])
+    ratios = []
+    for row in rows:
+        if not row.get("peak_memory_bytes"):
+            continue
+        offset = float(row["rss_before_model_bytes"]) - float(bench_rss_before_model) if row.get("rss_before_model_bytes") and bench_rss_before_model else 0.0
+        offset = max(0.0, offset)
+        ratios.append(float(row["peak_memory_bytes"]) / (model.peak_bytes(StepConfig.from_row(row)) + offset))
+    return ratios
+
+
+def judge(fit: JsonDict, rows: Sequence[JsonDict], bench_rss_before_model: float | None) -> JsonDict:
+    """The `process_check` record of a calibration from its fresh-process measurements `rows`."""
+    ratios = speed_ratios(fit, rows)
+    agreed = len(ratios) >= 2 and (all(r > 1 for r in ratios) or all(r < 1 for r in ratios))
+    factor = math.exp(statistics.median(math.log(r) for r in ratios)) if agreed else 1.0
+    memory = memory_ratios(fit, rows, bench_rss_before_model)
+    return {
+        "processes": len({row.get("process", 0) for row in rows}),
+        "measurements": [{**StepConfig.from_row(row).to_row(), **{key: row[key] for key in KEPT if key in row}} for row in rows],
+        "speed_ratios": [round(r, 4) for r in ratios],
+        "speed_factor": round(factor, 4),
+        "factor_applied": agreed,
+        "time_spread": round(max(abs(r / factor - 1) for r in ratios), 4),
+        "memory_spread": round(max((abs(m - 1) for m in memory), default=0.0), 4),
+    }
+
+
+def applied_speed_factor(record: JsonDict | None) -> float:
+    """What a plan multiplies its speed by (1 without a check, or when it found no bias)."""
+    return float((record or {}).get("speed_factor") or 1.0) if (record or {}).get("factor_applied") else 1.0
