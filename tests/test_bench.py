@@ -185,23 +185,27 @@ def test_drift_is_measured_with_a_reference_probe_and_corrected() -> None:
         # Every probe the machine gets 1% slower; the model's "true" speed does not change.
         clock["probes"] += 1
         row = fake_probe()(config, remaining)
-        slowdown = 1 + 0.01 * clock["probes"]
+        # Steps of 50–150 ms: long enough to time well, so the first probe is the reference.
+        slowdown = STEP_SCALE * (1 + 0.01 * clock["probes"])
         row["step_seconds"] *= slowdown
         row["tokens_per_second"] /= slowdown
         return row
 
     result = run_grid(SPACE, slowing_machine, Budget(None), reference_every=4)
-    # The reference is the first probe that succeeded: the cheapest, measured again as it goes.
+    # The reference is the first probe that succeeded with steps that time well, measured again as it goes.
     first = next(r for r in result.rows if r["status"] == "ok")
     assert result.drift["applied"] and result.drift["reference"] == {k: first[k] for k in result.drift["reference"]}
     assert len(result.drift["measurements"]) >= SPACE.size // 4
     assert result.drift["spread_pct"] > 20
-    truth = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]): r["tokens_per_second"] for r in fake_probe_rows()}
+    truth = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]): r["tokens_per_second"] / STEP_SCALE for r in fake_probe_rows()}
     corrected = [abs(r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
     raw = [abs(r["tokens_per_second_raw"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
     # Rescaled to the benchmark's median speed: the spread across the benchmark shrinks.
     assert np.ptp([r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] for r in result.rows]) < 0.05
     assert max(raw) > 0.2 and max(corrected) < max(raw)
+
+
+STEP_SCALE = 5.0
 
 
 def fake_probe_rows() -> list[dict[str, Any]]:

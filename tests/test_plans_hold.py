@@ -218,7 +218,7 @@ def test_the_plan_and_the_report_state_the_held_out_error() -> None:
     assert f"held-out error median {held_out['median_abs_pct']:.1f}%, p90 {held_out['p90_abs_pct']:.1f}%" in text
     stretch = calibration.extrapolation_ratio(plan.chosen.config)  # 4 × 960 tokens a micro-step against 512 measured
     assert stretch == pytest.approx(4 * 960 / 512) and plan.chosen.bound_fraction > 2 * calibration.relative_bound
-    assert f"±{plan.chosen.bound_fraction:.0%} here, {stretch:.2g}× past the measured sizes" in text
+    assert f"bounds ±{plan.chosen.bound_fraction:.0%}: the fit's " in text and f"wider here: {stretch:.2g}× past the measured sizes" in text
 
 
 def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> None:
