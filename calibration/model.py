@@ -440,6 +440,14 @@ class Calibration:
                 f"{_pct(memory_error.get('median_abs_pct'))}, 90th percentile {_pct(memory_error.get('p90_abs_pct'))}; "
                 f"limit {_bytes(self.memory_limit_bytes)} with a {self.memory_margin:.0%} margin."
             )
+        check = self.process_check
+        if check.get("speed_ratios"):
+            agreed = f"all agree: plans use {self.speed_factor:.3f}× its speed" if self.speed_factor != 1.0 else "they do not all agree: no correction"
+            lines.append(
+                f"Fresh processes: {check['processes']} measured {len(check['speed_ratios'])} of the probes again, at "
+                f"{min(check['speed_ratios']):.3f}–{max(check['speed_ratios']):.3f}× this fit's speed ({agreed}); "
+                f"bounds hold ±{check['time_spread']:.0%} between processes in time and +{check.get('memory_spread', 0.0):.0%} in peak memory."
+            )
         if self.history:
             lines.append(
                 f"Past runs: {len(self.history)} used this calibration; actual/predicted tokens/s of the last "
