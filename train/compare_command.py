@@ -169,7 +169,7 @@ MACHINE_COLUMNS: list[Column] = [
     ("#", mark, False),
     ("machine", lambda _, row: str(row.machine), False),
     ("source", lambda _, row: row.kind, False),
-    ("time (low – upper)", lambda _, row: seconds(*(row.bracket or (0.0, 0.0))), True),
+    ("time (low – upper)", lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_promised), True),
     ("cost (low – upper)", lambda _, row: cost_text(row) or "–", True),
     ("peak memory", lambda _, row: memory(row, headroom=False), True),
     ("deadline", deadline, False),
@@ -206,7 +206,7 @@ def machine_text(row: Row) -> str:
 def cost_text(row: Row) -> str:
     """The cost bracket of a machine's row (the same figures as its JSON and report)."""
     costs = row.cost_bracket
-    return f"${costs[0]:,.2f} – ${costs[1]:,.2f}" if costs is not None else ""
+    return f"${costs.low:,.2f} – ${costs.upper:,.2f}" if costs is not None else ""
 
 
 def train_command(command_line: list[str] | None, row: Row) -> str | None:

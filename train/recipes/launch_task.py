@@ -199,7 +199,7 @@ def row_target(row: Row) -> Target:
         low_seconds=chosen.total_seconds_low,
         upper_seconds=chosen.total_seconds_promised,
         price_per_hour=row.price_per_hour,
-        cost_upper=row.cost_bracket[1] if row.machine is not None and row.cost_bracket else row.cost,
+        cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
 

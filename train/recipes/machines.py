@@ -41,7 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import calibration as calibration_api
 from calibration.datasheets import DeviceSheet, known_keys, sheet_for
@@ -390,6 +390,13 @@ def check_one_model_and_method(calibrations: list[Calibration]) -> None:
 # -- one row ---------------------------------------------------------------------------------
 
 
+class Bracket(NamedTuple):
+    """A row's seconds (or dollars) from its plan's low bound to the upper end its deadline is judged at."""
+
+    low: float
+    upper: float
+
+
 @dataclass
 class Row:
     source: Source
@@ -451,17 +458,16 @@ class Row:
         return self.plan.cost if self.plan is not None else None
 
     @property
-    def bracket(self) -> tuple[float, float] | None:
-        """(low, upper) seconds: the plan's low bound and the upper end its deadline is judged at."""
-        return None if self.plan is None else (self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
+    def bracket(self) -> Bracket | None:
+        return None if self.plan is None else Bracket(self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
 
     @property
-    def cost_bracket(self) -> tuple[float, float] | None:
+    def cost_bracket(self) -> Bracket | None:
         seconds = self.bracket
         if seconds is None or self.price_per_hour is None:
             return None
         low, high = (run_cost(value, self.price_per_hour, self.processes) for value in seconds)
-        return (low or 0.0), (high or 0.0)
+        return Bracket(low or 0.0, high or 0.0)
 
     @property
     def meets_deadline(self) -> bool:
@@ -644,7 +650,7 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
     def judged(row: Row) -> tuple[float, float]:
         chosen = plan_of(row).chosen
         if at_upper_end:
-            return ((row.cost_bracket or (0.0, 0.0))[1] if by_cost else 0.0), chosen.total_seconds_promised
+            return ((row.cost_bracket or Bracket(0.0, 0.0)).upper if by_cost else 0.0), chosen.total_seconds_promised
         return ((row.cost or 0.0) if by_cost else 0.0), chosen.total_seconds
 
     planned = [row for row in rows if row.plan is not None]
@@ -668,9 +674,9 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
     found = []
     for row in rows:
         seconds, costs = row.bracket, row.cost_bracket
-        if row is best or seconds is None or seconds[0] > available_seconds:
+        if row is best or seconds is None or seconds.low > available_seconds:
             continue
-        if (costs[0] < best_cost[1]) if (by_cost and costs and best_cost) else seconds[0] < best_seconds[1]:
+        if (costs.low < best_cost.upper) if (by_cost and costs and best_cost) else seconds.low < best_seconds.upper:
             found.append(row)
     return found
 
