@@ -26,8 +26,8 @@ from common.atomic import json_text
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.planning.prices import parse_prices, run_cost
-from train.recipes.machines import compare, no_row_meets_the_deadline
 from train.recipes.config import TrainConfig
+from train.recipes.machines import compare, no_row_meets_the_deadline
 from train.recipes.plan_setup import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig

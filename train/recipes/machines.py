@@ -214,18 +214,23 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
         predicted: dict[int, Option] = {}
         for data in sources:
             processes = int(data["distributed"]["world_size"])
-            collectives = stored_collectives(data.get("distributed"))
             if processes in predicted or (cal.hardware["name"], processes, sharding) in measured:
                 continue
-            if not same_device(data["hardware"], cal.hardware) or not all(kind in collectives for kind in COLLECTIVES[sharding]):
-                continue
             link = data["hardware"].get("interconnect")
-            if not same_interconnect(link, cal.hardware.get("interconnect")):
-                continue
-            wanted = {kind: collectives[kind] for kind in COLLECTIVES[sharding]}
-            predicted[processes] = Option(cal, processes, sharding, wanted, data["id"], link)
+            wanted = measured_collectives(data, cal, processes, sharding)
+            if wanted is not None and same_interconnect(link, cal.hardware.get("interconnect")):
+                predicted[processes] = Option(cal, processes, sharding, wanted, data["id"], link)
         options += [predicted[count] for count in sorted(predicted)]
     return options
+
+
+def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
+    """The collectives `sharding` needs, as the calibration `data` measured them among `processes`
+    of `cal`'s device; None where it did not."""
+    collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
+    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(data["hardware"], cal.hardware):
+        return None
+    return {kind: collectives[kind] for kind in kinds} if all(kind in collectives for kind in kinds) else None
 
 
 def as_measured(cal: Calibration, interconnect: str | None = None) -> Option:
@@ -253,15 +258,12 @@ def predicted_option(cal: Calibration, processes: int, sharding: str, interconne
         return Option(cal, 1, "none", interconnect=placed.word)
     if cal.world_size != 1:
         raise BenchtrainError(f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}")
-    kinds = COLLECTIVES[sharding]
     for data in sources:
         recorded = recorded_interconnect(data["hardware"], processes)
-        collectives = stored_collectives(data.get("distributed"))
-        if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(data["hardware"], cal.hardware):
-            continue
-        if recorded is not None and recorded.family == placed.family and all(kind in collectives for kind in kinds):
-            return Option(cal, processes, sharding, {kind: collectives[kind] for kind in kinds}, data["id"], placed.word)
-    return Option(cal, processes, sharding, analytic_collectives(placed, processes, cal.hardware["name"], kinds), None, placed.word)
+        wanted = measured_collectives(data, cal, processes, sharding)
+        if wanted is not None and recorded is not None and recorded.family == placed.family:
+            return Option(cal, processes, sharding, wanted, data["id"], placed.word)
+    return Option(cal, processes, sharding, analytic_collectives(placed, processes, cal.hardware["name"], COLLECTIVES[sharding]), None, placed.word)
 
 
 def machine_source(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
