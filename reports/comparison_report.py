@@ -1,5 +1,6 @@
-"""The report of a comparison of calibrations (`train --dry-run --use-calibration A,B,C`): the
-table, and each option's time against its cost with the deadline, from comparison.json."""
+"""The report of which machine to rent (`train --dry-run --use-calibration A,B,C` or `--consider`,
+train.recipes.machines): the table, and each row's time against its cost with the deadline, read
+from the comparison.json the command wrote (reports read files, never train's objects)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def write_comparison_report(folder: Path) -> Path:
                 "label": option_label(index, row),
                 "hours": row["plan"]["chosen"]["total_seconds"] / HOUR,
                 "low": row["plan"]["chosen"]["total_seconds_low"] / HOUR,
-                "high": row["plan"]["chosen"]["total_seconds_promised" if row.get("machine") else "total_seconds_high"] / HOUR,
+                "high": row["plan"]["chosen"][upper_key(row)] / HOUR,
                 "cost": row["cost"],
                 "predicted": row.get("kind", row["source"]) in ("predicted", "translated"),
                 "recommended": row["recommended"],

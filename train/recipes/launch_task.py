@@ -221,7 +221,7 @@ def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, dev
         sharding=sharding,
         configuration=chosen.label(),
         optimizer_steps=chosen.optimizer_steps,
-        kind="measured by someone" if _shared(cal) else "measured here",
+        kind="measured by someone" if is_shared(cal) else "measured here",
         rests_on=f"{cal.provenance} ({cal.id})",
         calibration=reference_of(cal),
         calibration_file=calibration_file(cal),
@@ -232,11 +232,6 @@ def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, dev
         price_per_hour=plan.price_per_hour,
         cost_upper=plan.cost,
     )
-
-
-def _shared(cal: Calibration) -> bool:
-
-    return is_shared(cal)
 
 
 def layout(processes: int, interconnect: str | None) -> tuple[int, int]:

@@ -1,36 +1,29 @@
 """Which machine to rent: the same run planned once per row, ranked, the recommended row first.
 
-Where the rows come from (a `Source` each):
+Each row has a `Source`:
+- `--use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): each calibration as it measured (its
+  device, its processes), and for each 1-process one a *predicted* row per process count another
+  calibration measured collectives for on the same device and interconnect (`options_for`);
+- `--consider h100:1,h100:2:nvlink,…` (`consider`): each machine (a calibration.datasheets key,
+  GPUs, an interconnect word of calibration.topology) from its best source, in this order:
+  *measured here*; *measured by someone* (shared on the hub or bundled with benchtrain);
+  *predicted* (a 1-process calibration of the device plus the collectives of N processes);
+  *translated* (another GPU of the same vendor by the datasheets' ratios, calibration.translate,
+  then predicted for N); *not plannable* (said why). A row nobody measured carries the `bench run`
+  that would settle it and its price.
 
-- `train --dry-run --use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): a row per calibration as
-  it measured (its device, its processes), and for each 1-process one a *predicted* row per
-  process count another calibration measured collectives for on the same device and interconnect
-  (`options_for`).
-- `train --dry-run --consider h100:1,h100:2:nvlink,a100-40gb:4:pcie` (`consider`): a row per
-  machine (a device key of calibration.datasheets, GPUs, and for several an interconnect word of
-  calibration.topology) from the best source there is, in this order: **measured here** (a
-  calibration of this device and process count, and interconnect where recorded); **measured by
-  someone** (the same, shared on the hub or bundled with benchtrain); **predicted** (a 1-process
-  calibration of this device with the collectives of N processes); **translated** (a calibration
-  of another GPU of the same vendor, translated by the datasheets' ratios, calibration.translate,
-  then predicted for N processes); **not plannable** (said why). A row nobody measured carries the
-  `bench run` that would settle it and what that costs.
+Predicted collectives are those another calibration measured among N processes of the same device
+and interconnect (any model: collectives only move bytes), else priced from the links' figures
+(calibration.topology), as `train` prices them (train.planning.comm.price_traffic), bracketed
+between hidden behind backward as far as they can be and not at all
+(train.planning.planner.exposed_floor): the estimate at the midpoint, the upper bound none hidden.
 
-A predicted row is a 1-process calibration's step plus the collectives another calibration
-measured among N processes of the same device and interconnect (any model: collectives only move
-bytes), or, where none did, collectives priced from the interconnect's link figures
-(calibration.topology), priced as `train` prices them (train.planning.comm.price_traffic). Its
-time is bracketed between the collectives hidden behind backward as far as they can be and not at
-all (train.planning.planner.exposed_floor): the estimate takes the midpoint, the upper bound (and
-the deadline) none hidden.
-
-Every row is planned as a single-calibration dry run plans it (train.recipes.chosen_setup.setup_for,
-train.recipes.plan_setup.plan_fitted) and costs its time × the price of its device × its processes
-(train.planning.prices.run_cost). One ranking (`rank`): the rows that meet the deadline, cheapest
-first (fastest without prices), ties by time; then the others, closest first; then those with no
-plan. Calibrations are judged at their estimate, machines at the upper end of their bracket (a
-row nobody measured may be far off); at the upper end, the rows that could overtake the
-recommended one within their brackets are marked.
+Each row is planned as a single-calibration dry run plans it (train.recipes.chosen_setup.setup_for,
+train.recipes.plan_setup.plan_fitted) and costs its time × its device's price × its processes. One
+ranking (`rank`): the rows that meet the deadline, cheapest first (fastest without prices), ties
+by time; then the others, closest first; then those with no plan. Calibrations are judged at their
+estimate, machines at their bracket's upper end (a row nobody measured may be far off), where the
+rows that could overtake the recommended one within their brackets are marked.
 
 Computation only: train.compare_command prints the rows, reports.comparison_report draws them.
 """
