@@ -117,11 +117,7 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
         "device": row["device"],
         "processes": row["world_size"],
         "source": row.get("kind") or row["source"],
-        "plan": (
-            StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase
-            if plan
-            else row.get("problem")
-        ),
+        "plan": (StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase if plan else row.get("problem")),
         "time": format_duration(chosen["total_seconds"]) if plan else None,
         "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen[upper_key(row)])}" if plan else None,
         "cost ($)": cost_cell(row),
