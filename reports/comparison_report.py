@@ -1,5 +1,6 @@
-"""The report of a comparison of calibrations (`train --dry-run --use-calibration A,B,C`): the
-table, and each option's time against its cost with the deadline, from comparison.json."""
+"""The report of which machine to rent (`train --dry-run --use-calibration A,B,C` or `--consider`,
+train.recipes.machines): the table, and each row's time against its cost with the deadline, read
+from the comparison.json the command wrote (reports read files, never train's objects)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def write_comparison_report(folder: Path) -> Path:
                 "label": option_label(index, row),
                 "hours": row["plan"]["chosen"]["total_seconds"] / HOUR,
                 "low": row["plan"]["chosen"]["total_seconds_low"] / HOUR,
-                "high": row["plan"]["chosen"]["total_seconds_promised" if row.get("machine") else "total_seconds_high"] / HOUR,
+                "high": row["plan"]["chosen"][upper_key(row)] / HOUR,
                 "cost": row["cost"],
                 "predicted": row.get("kind", row["source"]) in ("predicted", "translated"),
                 "recommended": row["recommended"],
@@ -116,11 +117,7 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
         "device": row["device"],
         "processes": row["world_size"],
         "source": row.get("kind") or row["source"],
-        "plan": (
-            StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase
-            if plan
-            else row.get("problem")
-        ),
+        "plan": (StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase if plan else row.get("problem")),
         "time": format_duration(chosen["total_seconds"]) if plan else None,
         "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen[upper_key(row)])}" if plan else None,
         "cost ($)": cost_cell(row),

@@ -26,8 +26,8 @@ from common.atomic import json_text
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from train.planning.prices import parse_prices, run_cost
-from train.recipes.compare import compare, no_row_meets_the_deadline
 from train.recipes.config import TrainConfig
+from train.recipes.machines import compare, no_row_meets_the_deadline
 from train.recipes.plan_setup import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
@@ -179,6 +179,7 @@ def test_a_model_too_big_for_a_device_is_a_row_without_a_plan() -> None:
     comparison = run_compare([small, big], model="llama-3.1-8b", price_per_hour="h100=2.5,h200=3.8")
     assert comparison.rows[-1].plan is None and "use --lora" in comparison.rows[-1].problem
     assert comparison.rows[-1].calibration_id == small["id"] and not comparison.rows[-1].recommended
+    assert comparison.ranked_by == "cost"  # the row without a plan needs no price: the others are ranked by theirs
 
 
 # -- one and two processes, measured and predicted --------------------------------------------

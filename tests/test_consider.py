@@ -23,7 +23,7 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
-from train.recipes.consider import consider, parse_machines
+from train.recipes.machines import consider, parse_machines
 from train.recipes.plan_setup import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
@@ -77,26 +77,26 @@ def test_bad_machines_are_one_line(text: str, fragment: str) -> None:
 
 def test_each_kind_of_row_from_the_h100_calibration() -> None:
     comparison = run_consider(MACHINES, [read_calibration_file(FIXTURE)])
-    kinds = {row.consider.machine.split(" ")[0]: row.consider.kind for row in comparison.rows}
+    kinds = {row.machine.split(" ")[0]: row.kind for row in comparison.rows}
     assert kinds == {"1×H100": "measured here", "2×H100": "predicted", "1×H200": "translated", "4×A100": "translated", "1×MI300X": "not plannable"}
-    assert next(row for row in comparison.rows if row.consider.machine.startswith("4×A100")).consider.machine == "4×A100 40GB PCIe over pcie"
-    mi300x = next(row for row in comparison.rows if row.consider.kind == "not plannable")
+    assert next(row for row in comparison.rows if row.machine.startswith("4×A100")).machine == "4×A100 40GB PCIe over pcie"
+    mi300x = next(row for row in comparison.rows if row.kind == "not plannable")
     assert mi300x.plan is None and "no calibration of any AMD GPU" in mi300x.problem
-    measured = next(row for row in comparison.rows if row.consider.kind == "measured here")
-    assert measured.consider.settle is None  # nothing to settle: it was measured
+    measured = next(row for row in comparison.rows if row.kind == "measured here")
+    assert measured.settle is None  # nothing to settle: it was measured
     for row in comparison.rows:
-        if row.consider.kind in ("predicted", "translated"):
+        if row.kind in ("predicted", "translated"):
             low, high = row.plan.chosen.total_seconds_low, row.plan.chosen.total_seconds_promised
             assert low < row.plan.chosen.total_seconds < high
-            assert row.consider.settle.startswith(("bench run --gpu", "accelerate launch --num_processes"))
-    a100 = next(row for row in comparison.rows if row.consider.machine.startswith("4×A100"))
-    assert "translated from" in a100.consider.rests_on and "collectives: pcie link figures (not measured)" in a100.consider.rests_on
-    assert a100.consider.settle.startswith("accelerate launch --num_processes 4 -m bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie")
+            assert row.settle.startswith(("bench run --gpu", "accelerate launch --num_processes"))
+    a100 = next(row for row in comparison.rows if row.machine.startswith("4×A100"))
+    assert "translated from" in a100.rests_on and "collectives: pcie link figures (not measured)" in a100.rests_on
+    assert a100.settle.startswith("accelerate launch --num_processes 4 -m bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie")
 
 
 def test_the_translated_h200_is_bracketed_by_the_datasheet_ratios() -> None:
     comparison = run_consider("h100:1,h200:1", [read_calibration_file(FIXTURE)])
-    h100, h200 = (next(row for row in comparison.rows if row.consider.machine.startswith(prefix)) for prefix in ("1×H100", "1×H200"))
+    h100, h200 = (next(row for row in comparison.rows if row.machine.startswith(prefix)) for prefix in ("1×H100", "1×H200"))
     # Same FLOP/s, 4.8 / 3.35 TB/s: the H200's steps take between 1/1.43 and 1× the H100's.
     ratio = h200.plan.chosen.step_seconds / h100.plan.chosen.step_seconds if h200.plan.chosen.label() == h100.plan.chosen.label() else None
     if ratio is not None:
@@ -109,12 +109,10 @@ def test_the_cheapest_at_its_upper_end_is_recommended_and_rivals_are_named() -> 
     best = comparison.recommended
     assert best is not None and best.meets_deadline
     meeting = [row for row in comparison.rows if row.plan is not None and row.meets_deadline]
-    from train.recipes.consider import cost_bracket
-
-    assert all(cost_bracket(best)[1] <= cost_bracket(row)[1] for row in meeting)
+    assert all(best.cost_bracket[1] <= row.cost_bracket[1] for row in meeting)
     for row in comparison.rows:
-        if row.consider.could_overtake:
-            assert cost_bracket(row)[0] < cost_bracket(best)[1]
+        if row.could_overtake:
+            assert row.cost_bracket[0] < best.cost_bracket[1]
 
 
 def test_a_cpu_calibration_translates_to_no_gpu(home: Path) -> None:
@@ -122,7 +120,7 @@ def test_a_cpu_calibration_translates_to_no_gpu(home: Path) -> None:
 
     comparison = run_consider("h100:1", [cpu_calibration("cpu-one")])
     (row,) = comparison.rows
-    assert row.consider.kind == "not plannable" and "only CPU calibrations" in row.problem
+    assert row.kind == "not plannable" and "only CPU calibrations" in row.problem
 
 
 def test_the_table_in_words(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -151,10 +149,10 @@ def test_a_measurement_shared_on_the_hub_beats_a_translation_and_says_whose() ->
     shared["source"] = {"kind": "hub", "repo": "our-lab/gpu-calibrations", "file": "calibrations/h200-shared-double.json", "measured_by": "alice"}
     comparison = run_consider("h200:1", [h100, shared])
     (row,) = comparison.rows
-    assert row.consider.kind == "measured by someone" and row.consider.settle is None
-    assert row.consider.rests_on == "hub:our-lab/gpu-calibrations (by alice) (h200-shared-double)"
+    assert row.kind == "measured by someone" and row.settle is None
+    assert row.rests_on == "hub:our-lab/gpu-calibrations (by alice) (h200-shared-double)"
     without = run_consider("h200:1", [h100])
-    assert without.rows[0].consider.kind == "translated"
+    assert without.rows[0].kind == "translated"
 
 
 class _Plan:
@@ -165,23 +163,22 @@ class _Plan:
         self.meets_deadline = meets
 
 
-class _Row:
-    def __init__(self, low: float, upper: float, price: float, meets: bool = True) -> None:
-        self.plan, self.price_per_hour, self.processes, self.recommended = _Plan(low, upper, meets), price, 1, False
+def _row(low: float, upper: float, price: float, meets: bool = True) -> Any:
+    """A row of one GPU at `price` per hour whose plan runs from `low` to `upper` seconds."""
+    from train.recipes.machines import Row, Source
 
-    @property
-    def meets_deadline(self) -> bool:
-        return self.plan.meets_deadline
+    return Row(Source(None, "translated"), {}, price, plan=_Plan(low, upper, meets))  # type: ignore[arg-type]
 
 
 def test_the_rows_that_could_overtake_the_recommended_one_within_their_brackets() -> None:
-    from train.recipes.consider import could_overtake, rank_at_upper_end
+    from train.recipes.machines import could_overtake, rank
 
-    measured = _Row(3600, 3700, 2.5)  # $2.50 – $2.57
-    translated_wide = _Row(1800, 5400, 2.0)  # $1.00 – $3.00: dearer at its upper end, cheaper at its low end
-    translated_dear = _Row(3600, 4000, 3.8)  # $3.80 – $4.22: never cheaper
-    late = _Row(9000, 9500, 0.5, meets=False)  # cheap, but its low end misses the deadline
-    ranked = rank_at_upper_end([translated_wide, translated_dear, measured, late], by_cost=True)
+    measured = _row(3600, 3700, 2.5)  # $2.50 – $2.57
+    translated_wide = _row(1800, 5400, 2.0)  # $1.00 – $3.00: dearer at its upper end, cheaper at its low end
+    translated_dear = _row(3600, 4000, 3.8)  # $3.80 – $4.22: never cheaper
+    late = _row(9000, 9500, 0.5, meets=False)  # cheap, but its low end misses the deadline
+    assert translated_wide.cost_bracket == pytest.approx((1.0, 3.0))
+    ranked = rank([translated_wide, translated_dear, measured, late], by_cost=True, at_upper_end=True)
     assert ranked[0] is measured and measured.recommended
     assert could_overtake(ranked, available_seconds=7200, by_cost=True) == [translated_wide]
     assert ranked[-1] is late
@@ -202,7 +199,7 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     comparison = run_consider("h100:4:nvlink", [data], step_options=StepOptions(sharding="fsdp"), effective_batch=64)
     (row,) = comparison.rows
     chosen = row.plan.chosen
-    assert row.consider.kind == "predicted" and chosen.config.grad_accum > 1, row.problem
+    assert row.kind == "predicted" and chosen.config.grad_accum > 1, row.problem
     memory = Calibration(data).memory
     held = memory.coefficients["accumulated_gradients"]
     assert held >= 1_235_814_400 * 4  # Llama-3.2-1B's fp32 gradients

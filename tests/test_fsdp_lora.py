@@ -259,7 +259,7 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
 
     from calibration.model import Calibration
     from train.recipes.config import TrainConfig
-    from train.recipes.consider import consider, parse_machines
+    from train.recipes.machines import consider, parse_machines
     from train.recipes.plan_setup import PlanContext
     from train.step.engine import StepOptions
     from train.step.hardware import detect_hardware
@@ -273,7 +273,7 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     method = MethodConfig(method="lora", quantize=quantize)
     machines = parse_machines("h100:2,h100:4,h100:8")
     comparison = consider(context, method, [Calibration(record)], detect_hardware(), length_profile(data.lengths), machines)
-    return sorted(comparison.rows, key=lambda row: row.consider.processes)
+    return sorted(comparison.rows, key=lambda row: row.processes)
 
 
 @pytest.mark.slow
@@ -293,11 +293,11 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
     record = seventy_b_slices()
     for quantize, planned in (("none", (4, 8)), ("4bit", (2, 4, 8))):
         rows = consider_70b(record if quantize == "none" else as_4bit(record), quantize)
-        assert [row.consider.processes for row in rows] == [2, 4, 8]
+        assert [row.processes for row in rows] == [2, 4, 8]
         need = memory_need(spec, MethodConfig(method="lora", quantize=quantize), "cuda")
         peaks = {}
         for row in rows:
-            processes = row.consider.processes
+            processes = row.processes
             if processes not in planned:
                 assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
                 assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]  # its shards alone nearly fill it

@@ -293,7 +293,7 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     from calibration.model import Calibration
     from calibration.schema import read_calibration_file
     from train.recipes.config import TrainConfig
-    from train.recipes.consider import consider, parse_machines
+    from train.recipes.machines import consider, parse_machines
     from train.recipes.plan_setup import PlanContext
     from train.step.engine import StepOptions
     from train.step.hardware import detect_hardware

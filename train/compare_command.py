@@ -1,22 +1,21 @@
-"""`train --dry-run --use-calibration A,B,C|all`: the comparison (train.recipes.compare) as a table, as
-JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report); with
-`--consider MACHINES`, a row per machine (train.recipes.consider) in the same three forms."""
+"""`train --dry-run --use-calibration A,B,C|all` and `--consider MACHINES`: the ranked rows of
+train.recipes.machines as a table, as JSON (`--json`) and as an HTML report with a time-vs-cost
+plot (reports.comparison_report)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from common.atomic import json_text
 from common.console import say
 from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
-from train.recipes.compare import Comparison, Row, compare, no_row_meets_the_deadline, plan_of, select_calibrations
 from train.recipes.config import TrainConfig
-from train.recipes.consider import consider, parse_machines
+from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
 
 GIB = 2**30
 
@@ -83,23 +82,37 @@ def write_comparison(comparison: Comparison, out: str | None, model_name: str) -
 
 
 def describe_comparison(comparison: Comparison, command_line: list[str] | None = None) -> list[str]:
-    """The table, a line per row's plan, what was predicted, and the recommendation."""
-    rows = comparison.rows
-    if rows and rows[0].consider is not None:
-        return describe_machines(comparison, train_command(command_line, comparison.recommended) if comparison.recommended else None)
-    lines = [heading(comparison, "option(s)", ":"), *table([HEADER, *[cells(index, row) for index, row in enumerate(rows, 1)]])]
+    """The table, a line per row's plan (for a machine: what it rests on and what would settle it),
+    the notes, and the recommendation."""
+    rows, machines = comparison.rows, comparison.at_upper_end
+    columns = MACHINE_COLUMNS if machines else CALIBRATION_COLUMNS
+    cells = [[header for header, _, _ in columns]]
+    cells += [[cell(index, row) if row.plan is not None or not planned else "–" for _, cell, planned in columns] for index, row in enumerate(rows, 1)]
+    lines = [heading(comparison, "machine(s)" if machines else "option(s)", " at the upper end:" if machines else ":"), *table(cells)]
     for index, row in enumerate(rows, 1):
-        lines.append(f"  {index}: {row_plan(row)}")
-    for note in comparison.notes:
-        lines.append(f"  note: {note}")
+        lines.append(f"  {index}: {machine_text(row) if machines else row_plan(row)}")
+        if row.settle:
+            cost = f" (≈ ${row.settle_cost:,.2f})" if row.settle_cost is not None else ""
+            lines.append(f"     settle with: {row.settle}{cost}")
+    lines += [f"  note: {note}" for note in comparison.notes]
     best = comparison.recommended
     if best is None:
         return lines
-    chosen = plan_of(best).chosen
-    cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
-    why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
-    lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{format_duration(chosen.total_seconds)})")
     command = train_command(command_line, best)
+    if machines:
+        cost = cost_text(best)
+        lines.append(f"recommended: 1, {best.machine} ({best.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}")
+        rivals = [str(index) for index, row in enumerate(rows, 1) if row.could_overtake]
+        if rivals:
+            lines.append(f"  could overtake it within their brackets: {', '.join(rivals)} (measure them to know)")
+        if best.settle:
+            lines.append(f"  not measured: run `{best.settle}` on it first, then train with --use-calibration latest")
+            command = None
+    else:
+        cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
+        why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
+        estimate = format_duration(plan_of(best).chosen.total_seconds)
+        lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{estimate})")
     if command:
         lines.append(f"  train it there with: {command}")
     return lines
@@ -113,30 +126,55 @@ def heading(comparison: Comparison, noun: str, end: str) -> str:
     )
 
 
-HEADER = ["#", "calibration", "device", "×", "source", "time", "bounds", "cost", "peak memory (headroom)", "MFU", "deadline"]
-
-
-def cells(index: int, row: Row) -> list[str]:
-    mark = f"{index}*" if row.recommended else str(index)
-    assert row.option is not None  # a comparison of calibrations: every row has one
-    source = "predicted" if row.option.predicted else "measured"
-    fixed = [mark, row.reference, row.device["name"], str(row.processes), source]
-    if row.plan is None:
-        return [*fixed, "–", "–", "–", "–", "–", "no plan"]
-    chosen = row.plan.chosen
-    bounds = f"{format_duration(chosen.total_seconds_low)} – {format_duration(chosen.total_seconds_high)}"
-    cost = f"${row.cost:,.2f}" if row.cost is not None else "–"
-    memory = "–"
-    if chosen.peak_memory_bytes is not None:
-        memory = f"{chosen.peak_memory_bytes / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB ({row.memory_headroom:.0%})"
-    mfu = f"{row.compute['mfu']:.1%}" if row.compute.get("mfu") is not None else "–"
-    deadline = "meets" if row.meets_deadline else "MISSES"
-    return [*fixed, format_duration(chosen.total_seconds), bounds, cost, memory, mfu, deadline]
-
-
 def table(lines: list[list[str]]) -> list[str]:
     widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
     return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
+
+
+def mark(index: int, row: Row) -> str:
+    return f"{index}*" if row.recommended else str(index)
+
+
+def memory(row: Row, headroom: bool) -> str:
+    peak = plan_of(row).chosen.peak_memory_bytes
+    if peak is None:
+        return "–"
+    return f"{peak / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB" + (f" ({row.memory_headroom:.0%})" if headroom else "")
+
+
+def deadline(index: int, row: Row) -> str:
+    return "no plan" if row.plan is None else "meets" if row.meets_deadline else "MISSES"
+
+
+def seconds(low: float, high: float) -> str:
+    return f"{format_duration(low)} – {format_duration(high)}"
+
+
+# The columns of each table: (header, the cell of row `index`, "–" where the row has no plan).
+Column = tuple[str, Callable[[int, Row], str], bool]
+CALIBRATION_COLUMNS: list[Column] = [
+    ("#", mark, False),
+    ("calibration", lambda _, row: row.reference, False),
+    ("device", lambda _, row: str(row.device["name"]), False),
+    ("×", lambda _, row: str(row.processes), False),
+    ("source", lambda _, row: "predicted" if row.option is not None and row.option.predicted else "measured", False),
+    ("time", lambda _, row: format_duration(plan_of(row).chosen.total_seconds), True),
+    ("bounds", lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_high), True),
+    ("cost", lambda _, row: f"${row.cost:,.2f}" if row.cost is not None else "–", True),
+    ("peak memory (headroom)", lambda _, row: memory(row, headroom=True), True),
+    ("MFU", lambda _, row: f"{row.compute['mfu']:.1%}" if row.compute.get("mfu") is not None else "–", True),
+    ("deadline", deadline, False),
+]
+MACHINE_COLUMNS: list[Column] = [
+    ("#", mark, False),
+    ("machine", lambda _, row: str(row.machine), False),
+    ("source", lambda _, row: row.kind, False),
+    ("time (low – upper)", lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_promised), True),
+    ("cost (low – upper)", lambda _, row: cost_text(row) or "–", True),
+    ("peak memory", lambda _, row: memory(row, headroom=False), True),
+    ("deadline", deadline, False),
+    ("", lambda _, row: "could overtake" if row.could_overtake else "", False),
+]
 
 
 def row_plan(row: Row) -> str:
@@ -155,6 +193,20 @@ def row_plan(row: Row) -> str:
     if provenance.startswith("hub:"):  # whose measurement the row rests on (calibration.hub)
         text += f"; rests on a measurement shared as {provenance}"
     return text
+
+
+def machine_text(row: Row) -> str:
+    if row.plan is None:
+        return f"no plan: {row.problem}"
+    chosen = row.plan.chosen
+    price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
+    return f"{chosen.label()}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
+
+
+def cost_text(row: Row) -> str:
+    """The cost bracket of a machine's row (the same figures as its JSON and report)."""
+    costs = row.cost_bracket
+    return f"${costs.low:,.2f} – ${costs.upper:,.2f}" if costs is not None else ""
 
 
 def train_command(command_line: list[str] | None, row: Row) -> str | None:
@@ -177,61 +229,3 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
         kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
     return shlex.join([*launcher, "--use-calibration", row.reference, *kept])
-
-
-# -- `--consider`: a row per machine (train.recipes.consider) --------------------------------
-
-
-MACHINE_HEADER = ["#", "machine", "source", "time (low – upper)", "cost (low – upper)", "peak memory", "deadline", ""]
-
-
-def describe_machines(comparison: Any, train_command: str | None) -> list[str]:
-    """The table, what each row rests on and what would settle it, and the recommendation."""
-    rows = comparison.rows
-    cells_of = [machine_cells(index, row) for index, row in enumerate(rows, 1)]
-    lines = [heading(comparison, "machine(s)", " at the upper end:"), *table([MACHINE_HEADER, *cells_of])]
-    for index, row in enumerate(rows, 1):
-        lines.append(f"  {index}: {machine_text(row)}")
-        if row.consider.settle:
-            cost = f" (≈ ${row.consider.settle_cost:,.2f})" if row.consider.settle_cost is not None else ""
-            lines.append(f"     settle with: {row.consider.settle}{cost}")
-    lines += [f"  note: {note}" for note in comparison.notes]
-    best = comparison.recommended
-    if best is None:
-        return lines
-    rivals = [str(index) for index, row in enumerate(rows, 1) if row.consider.could_overtake]
-    cost = cost_text(best)
-    lines.append(f"recommended: 1, {best.consider.machine} ({best.consider.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}")
-    if rivals:
-        lines.append(f"  could overtake it within their brackets: {', '.join(rivals)} (measure them to know)")
-    if best.consider.settle:
-        lines.append(f"  not measured: run `{best.consider.settle}` on it first, then train with --use-calibration latest")
-    elif train_command:
-        lines.append(f"  train it there with: {train_command}")
-    return lines
-
-
-def machine_cells(index: int, row: Any) -> list[str]:
-    mark = f"{index}*" if row.recommended else str(index)
-    fixed = [mark, row.consider.machine, row.consider.kind]
-    if row.plan is None:
-        return [*fixed, "–", "–", "–", "no plan", ""]
-    chosen = row.plan.chosen
-    time = f"{format_duration(chosen.total_seconds_low)} – {format_duration(chosen.total_seconds_promised)}"
-    memory = "–" if chosen.peak_memory_bytes is None else f"{chosen.peak_memory_bytes / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB"
-    deadline = "meets" if row.meets_deadline else "MISSES"
-    return [*fixed, time, cost_text(row) or "–", memory, deadline, "could overtake" if row.consider.could_overtake else ""]
-
-
-def cost_text(row: Any) -> str:
-    """The cost bracket the row holds (train.recipes.consider.machine_row: the same figures as its JSON and report)."""
-    low, upper = row.consider.cost_low, row.consider.cost_upper
-    return f"${low:,.2f} – ${upper:,.2f}" if low is not None and upper is not None else ""
-
-
-def machine_text(row: Any) -> str:
-    if row.plan is None:
-        return f"no plan: {row.problem}"
-    chosen = row.plan.chosen
-    price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
-    return f"{chosen.label()}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.consider.rests_on}"

@@ -230,7 +230,7 @@ def price_traffic(
 ) -> CommPlan:
     """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
     collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
-    run's processes, or stored by the calibration `collectives_from` (train.recipes.compare)."""
+    run's processes, or stored by the calibration `collectives_from` (train.recipes.machines)."""
     models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
     per_step = per_micro_step = 0.0
     if traffic.sharding == "fsdp":

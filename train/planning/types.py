@@ -59,7 +59,7 @@ class PlanRequest:
     # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
     upload_seconds: float = 0.0
     # Whether the collectives above may run behind backward (a row predicted from a 1-process step,
-    # train.recipes.compare): the estimate counts the midpoint of the overlap bracket, the lower
+    # train.recipes.machines): the estimate counts the midpoint of the overlap bracket, the lower
     # bound full overlap, the upper bound (what the deadline is checked against) none: the
     # communication seconds above are that absolute upper bound (calibration.topology). False:
     # counted in full everywhere.

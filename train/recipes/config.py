@@ -58,7 +58,7 @@ def parse_max_length(value: Any) -> int | str:
 
 def is_comparison(use_calibration: str | None) -> bool:
     """--use-calibration names several calibrations (A,B,C), `all`, or every one a hub repository
-    shares (`hub:ORG/NAME`, not `hub:ORG/NAME/ID`: calibration.hub): a comparison (train.recipes.compare)."""
+    shares (`hub:ORG/NAME`, not `hub:ORG/NAME/ID`: calibration.hub): a comparison (train.recipes.machines)."""
     if use_calibration is None:
         return False
     text = use_calibration.strip()
@@ -143,7 +143,7 @@ class PlanSection:
 
     deadline: str
     use_calibration: str | None = None
-    consider: str | None = None  # --consider: machines to plan (train.recipes.consider); a dry run
+    consider: str | None = None  # --consider: machines to plan (train.recipes.machines); a dry run
     epochs: float = 1.0
     priority: str = "balanced"
     effective_batch: int | None = None
@@ -182,7 +182,7 @@ class PlanSection:
 
     @property
     def comparing(self) -> bool:
-        """Several calibrations or machines planned side by side (train.recipes.compare): a dry run."""
+        """Several calibrations or machines planned side by side (train.recipes.machines): a dry run."""
         return is_comparison(self.use_calibration) or bool(self.consider)
 
 

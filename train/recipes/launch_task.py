@@ -27,13 +27,13 @@ from calibration.store import is_bundled
 from calibration.topology import parse_interconnect, recorded_interconnect
 from common.errors import BenchtrainError
 from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
-from train.recipes.consider import device_key, is_shared
+from train.recipes.machines import device_key, is_shared
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from train.planning.types import Plan
-    from train.recipes.compare import Comparison, Row
     from train.recipes.config import TrainConfig
+    from train.recipes.machines import Comparison, Row
     from train.recipes.planned_run import PlannedRun
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -156,7 +156,7 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
     first = row_target(best)
     targets, left_out = [first], []
     for row in comparison.rows[1:]:
-        name = row.consider.machine if row.consider is not None else row.reference
+        name = row.machine or row.reference
         if row.plan is None:
             left_out.append(f"{name}: no plan ({row.problem})")
         elif not row.meets_deadline:
@@ -180,12 +180,9 @@ def row_target(row: Row) -> Target:
     key = device_key(cal) or "cpu"
     interconnect = row.option.interconnect or row.device.get("interconnect")
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
-    consider = row.consider
-    measured = consider is None or consider.kind in ("measured here", "measured by someone")
-    kind = consider.kind if consider is not None else ("predicted" if row.option.predicted else "measured by someone" if _shared(cal) else "measured here")
-    low, upper = chosen.total_seconds_low, chosen.total_seconds_promised
+    measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     return Target(
-        machine=consider.machine if consider is not None else f"{row.processes}×{row.device['name']}",
+        machine=row.machine or f"{row.processes}×{row.device['name']}",
         device_key=key,
         accelerator=accelerator_of(key, row.device),
         nodes=nodes,
@@ -193,16 +190,16 @@ def row_target(row: Row) -> Target:
         sharding=row.option.sharding,
         configuration=chosen.label(),
         optimizer_steps=chosen.optimizer_steps,
-        kind=kind,
-        rests_on=consider.rests_on if consider is not None else f"{cal.provenance} ({cal.id})",
+        kind=row.kind,
+        rests_on=row.rests_on,
         calibration=row.reference if measured else None,
         calibration_file=calibration_file(cal) if measured else None,
-        settle=None if measured else consider.settle if consider is not None else None,
-        settle_seconds=0.0 if measured or consider is None else consider.settle_seconds,
-        low_seconds=low,
-        upper_seconds=upper,
+        settle=row.settle,
+        settle_seconds=row.settle_seconds,
+        low_seconds=chosen.total_seconds_low,
+        upper_seconds=chosen.total_seconds_promised,
         price_per_hour=row.price_per_hour,
-        cost_upper=consider.cost_upper if consider is not None else row.cost,
+        cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
 
@@ -224,7 +221,7 @@ def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, dev
         sharding=sharding,
         configuration=chosen.label(),
         optimizer_steps=chosen.optimizer_steps,
-        kind="measured by someone" if _shared(cal) else "measured here",
+        kind="measured by someone" if is_shared(cal) else "measured here",
         rests_on=f"{cal.provenance} ({cal.id})",
         calibration=reference_of(cal),
         calibration_file=calibration_file(cal),
@@ -235,11 +232,6 @@ def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, dev
         price_per_hour=plan.price_per_hour,
         cost_upper=plan.cost,
     )
-
-
-def _shared(cal: Calibration) -> bool:
-
-    return is_shared(cal)
 
 
 def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
