@@ -48,6 +48,16 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     from train.workload.model import resolve_model
 
     cal = calibration.load("latest")
+    drift, check = cal.data["search"].get("drift") or {}, cal.process_check
+    speeds = [m["tokens_per_second"] for m in drift.get("measurements", [])]
+    print(
+        f"  calibration {cal.id}: held-out p90 {cal.fit['held_out_error']['p90_abs_pct']:.1f}%; drift reference "
+        f"{StepConfig.from_row(drift['reference']).label if drift.get('reference') else '-'} "
+        f"{' → '.join(f'{v:,.0f}' for v in speeds) or '-'} tok/s, correction {'kept' if drift.get('applied') else 'not applied'} "
+        f"({drift.get('median_error_pct') or drift.get('reason', '')}); fresh processes: ratios {check.get('speed_ratios')}, "
+        f"factor {cal.speed_factor:.3f}, spread time {check.get('time_spread', 0):.1%} memory {check.get('memory_spread', 0):.1%}; "
+        f"bound ±{cal.relative_bound:.1%}"
+    )
     results = []
     for b, w, a, s in random.Random(seed).sample(HELD_OUT, count):
         config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
@@ -68,6 +78,8 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
                 "high": predicted.tokens_per_second_high,
                 "measured": actual,
                 "error_pct": (actual / predicted.tokens_per_second - 1) * 100,
+                # What the fit alone predicts: without the speed the fresh processes measured.
+                "error_without_factor_pct": (actual / (predicted.tokens_per_second / cal.speed_factor) - 1) * 100,
             }
         )
     return results
@@ -130,6 +142,7 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="benchtrain-fresh-"))
     root.mkdir(parents=True, exist_ok=True)
     errors: list[float] = []
+    unfactored: list[float] = []
     inside: list[bool] = []
     runs: list[dict[str, Any]] = []
     print(f"{'round':>5} {'config B/W/A/S':>15} {'predicted':>10} {'measured':>10} {'error':>7}  in bound")
@@ -148,9 +161,11 @@ def main() -> None:
                 continue
             within = result["low"] <= result["measured"] <= result["high"]
             errors.append(result["error_pct"])
+            unfactored.append(result["error_without_factor_pct"])
             inside.append(within)
             print(
                 f"{index:>5} {name:>15} {result['predicted']:>10,.0f} {result['measured']:>10,.0f} {result['error_pct']:>+6.1f}%  {'yes' if within else 'NO'}"
+                f"  (fit alone {result['error_without_factor_pct']:+.1f}%)"
             )
         if not args.skip_train:
             runs.append(demo_run(home, env, args.deadline, home.with_suffix(".train.log")))
@@ -161,10 +176,12 @@ def main() -> None:
             f"{sum(e > 0 for e in errors)} faster / {sum(e < 0 for e in errors)} slower than predicted"
             f"{' (ALL THE SAME SIGN)' if len(signs) == 1 and len(errors) > 1 else ''}; {sum(inside)}/{len(inside)} inside their bounds"
         )
-    if runs:
         print(
-            f"{'run':>3} {'exit':>4} {'actual s':>9} {'estimate s':>10} {'bounds s':>15} {'time':>5} {'peak MiB':>9} {'bound MiB':>9} {'memory':>6}  bound"
+            f"the fit alone (no fresh-process speed): median |error| {statistics.median(abs(e) for e in unfactored):.1f}%, "
+            f"median error {statistics.median(unfactored):+.1f}%, {sum(e > 0 for e in unfactored)} faster / {sum(e < 0 for e in unfactored)} slower"
         )
+    if runs:
+        print(f"{'run':>3} {'exit':>4} {'actual s':>9} {'estimate s':>10} {'bounds s':>15} {'time':>5} {'peak MiB':>9} {'bound MiB':>9} {'memory':>6}  bound")
         for index, result in enumerate(runs):
             if "seconds" not in result:
                 print(f"{index:>3} {result['exit']:>4}")
