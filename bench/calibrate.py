@@ -117,10 +117,13 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
 
 
 def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
-    """The check in fresh processes at the configurations it would choose now, priced by the planner."""
-    if task.fresh_processes is None:
+    """The check in fresh processes at the configurations it would choose now, priced by the
+    planner; kept only once the probes have a minimum viable fit (which comes first)."""
+    if task.fresh_processes is None or not planner.viable():
         return 0.0
     configs = check_configs(planner.ok_rows())
+    if not configs:
+        return 0.0
     return PROCESSES * (task.fresh_process_seconds + sum(planner.price(config) for config in configs))
 
 
