@@ -201,8 +201,8 @@ class Calibration:
 
     @property
     def speed_factor(self) -> float:
-        """How much faster (> 1) a fresh process ran than the bench process's fit, where every
-        fresh measurement agreed on it (calibration.process_check); 1 otherwise."""
+        """How much faster (> 1) a fresh process ran than the bench process's fit, where the fresh
+        measurements agreed on it (calibration.process_check); 1 otherwise."""
         return applied_speed_factor(self.process_check)
 
     @property
@@ -442,7 +442,7 @@ class Calibration:
             )
         check = self.process_check
         if check.get("speed_ratios"):
-            agreed = f"all agree: plans use {self.speed_factor:.3f}× its speed" if self.speed_factor != 1.0 else "they do not all agree: no correction"
+            agreed = f"they agree: plans use {self.speed_factor:.3f}× its speed" if self.speed_factor != 1.0 else "they do not agree: no correction"
             lines.append(
                 f"Fresh processes: {check['processes']} measured {len(check['speed_ratios'])} of the probes again, at "
                 f"{min(check['speed_ratios']):.3f}–{max(check['speed_ratios']):.3f}× this fit's speed ({agreed}); "

@@ -100,6 +100,9 @@ def test_fresh_processes_that_disagree_leave_the_speed_and_widen_the_bound(data:
     check = judge(data["fit"], fresh_rows(data["measurements"], speedups), BENCH_RSS)
     assert not check["factor_applied"] and Calibration({**data, "process_check": check}).speed_factor == 1.0
     assert check["time_spread"] == pytest.approx(0.10, abs=0.03)
+    # Five of six on one side: a bias (one process's outlier does not hide it).
+    mostly = judge(data["fit"], fresh_rows(data["measurements"], [1.10, 1.14, 0.98, 1.12, 1.09, 1.13]), BENCH_RSS)
+    assert mostly["factor_applied"] and mostly["speed_factor"] == pytest.approx(1.105, abs=0.02)
 
 
 def test_the_memory_margin_holds_fresh_processes_peaks_their_own_baseline_counted(data: dict[str, Any]) -> None:
