@@ -29,7 +29,7 @@ from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.step_config import StepConfig
 from common.heap import frozen_heap
 from train.step.engine import StepOptions
-from train.step.peak_memory import process_resident_bytes
+from train.step.peak_memory import resident_bytes_before_model
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec, resolve_model
 
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     request = json.loads(argv[0])
     method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
     spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
-    before_model = process_resident_bytes()
+    before_model = resident_bytes_before_model()
     workload = Workload(spec, None, method, StepOptions(**request["options"]))
     settings = ProbeSettings(**request["settings"])
     with frozen_heap():  # as the bench's probes run (common.heap)

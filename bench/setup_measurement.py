@@ -36,7 +36,7 @@ from train.planning.memory_check import check_fits
 from train.step.engine import StepOptions, process_layout
 from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
 from train.step.loss import PLAIN_HEAD_MODEL_TYPES
-from train.step.peak_memory import HOST_BASELINE_KEY, process_resident_bytes
+from train.step.peak_memory import HOST_BASELINE_KEY, resident_bytes_before_model
 from train.workload.data import length_profile
 from train.workload.model import ModelSpec, model_record
 from train.workload.prepare import DataSpec, prepare_data
@@ -181,7 +181,7 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
     say(f"building {spec.name} on {task.hardware['name']} …")
     started_seconds = process_age_seconds()  # imports and setup: what a fresh process pays before its build
 
-    task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: process_resident_bytes()})  # train.step.peak_memory.host_excess_bytes
+    task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: resident_bytes_before_model()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
     model = model_record(spec, workload.shape)
     study = None

@@ -202,3 +202,20 @@ def test_a_plan_says_which_part_of_its_bound_is_the_fit_and_which_the_machine(
     code, out, err = run_main("train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run"], capsys)
     assert code == 0 and f"the fit's {cal.bound_parts.fit:.0%} + {cal.bound_parts.machine:.0%} between processes (measured in fresh processes)" in out
     assert f"a fresh process ran {cal.speed_factor - 1:+.0%}" in out
+
+
+def test_the_resident_set_before_a_model_is_measured_with_the_builds_libraries_loaded() -> None:
+    """bench and train measure it at different points: with the libraries a build imports loaded
+    first, their difference is what the processes hold, not the order they imported in."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from train.step.peak_memory import resident_bytes_before_model\n"
+        "assert 'peft' not in sys.modules and 'sympy' not in sys.modules\n"
+        "assert resident_bytes_before_model() > 0\n"
+        "assert 'peft' in sys.modules and 'sympy' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
