@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from calibration.schema import SCHEMA_VERSION
-from calibration.setup import measured_setup, quantization_name, variant_key
+from calibration.setup import measured_setup, quantization_name, variant_of
 from common.json_types import JsonDict
 
 COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "processes", "software", "created", "measured by")
@@ -69,7 +69,7 @@ def card_row(data: JsonDict) -> list[str]:
 
 def setups(data: JsonDict) -> list[tuple[str, str]]:
     """(quantize, optimizer) of each setup the file measured (calibration.schema.variant_data)."""
-    return [variant_key(entry) for entry in (data, *(data.get("variants") or []))]
+    return [variant_of(entry) for entry in (data, *(data.get("variants") or []))]
 
 
 def interconnect(value: Any) -> str:

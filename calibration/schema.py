@@ -14,7 +14,7 @@ from typing import Any, cast
 from calibration.extrapolation import check_record
 from calibration.fit import EVAL_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
 from calibration.memory_fit import BASES, MEMORY_TERMS
-from calibration.setup import variant_key
+from calibration.setup import variant_of
 from calibration.slices import check_slices
 from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
@@ -171,12 +171,12 @@ VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
 def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) -> None:
-    seen = {variant_key(data): "the first setup"}
+    seen = {variant_of(data): "the first setup"}
     for index, entry in enumerate(variants):
         where = f"calibration {path}: variants[{index}]"
         _check_fields(entry, VARIANT_OWN_FIELDS, where)
         validate(variant_data(data, index), f"{path} (variants[{index}])")
-        key = variant_key(entry)
+        key = variant_of(entry)
         if key in seen:
             raise CalibrationFileError(f"{where} measured the same setup as {seen[key]} (quantize {key[0]}, optimizer {key[1]})")
         seen[key] = f"variants[{index}]"

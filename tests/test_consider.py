@@ -24,7 +24,7 @@ from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
 from train.recipes.consider import consider, parse_machines
-from train.recipes.plan_setup import PlanContext
+from train.recipes.run_plan import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model

@@ -44,7 +44,7 @@ from common.errors import BenchtrainError
 from train.recipes.compare import compare
 from train.recipes.config import TrainConfig
 from train.recipes.options import Option, options_for, predicted_option
-from train.recipes.plan_setup import PlanContext
+from train.recipes.run_plan import PlanContext
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.space import parse_int_list, parse_switch_list
-from calibration.setup import variant_key, variant_name
+from calibration.setup import variant_name, variant_of
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration, update_calibration
 from common.console import say
@@ -265,7 +265,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     for index, (one, not_probed) in enumerate(zip(records, left_out, strict=True)):
         one["id"] = record["id"]  # the id it was saved under
         if len(records) > 1:
-            print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_key(one))}")
+            print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_of(one))}")
         last = index == len(records) - 1
         print_summary(one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None)
     return EXIT_OK

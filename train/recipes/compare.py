@@ -1,7 +1,7 @@
 """Which machine to rent: one plan per calibration, the cheapest that meets the deadline first.
 
 `train --dry-run --use-calibration A,B,C` (or `all`) plans the same run once per calibration,
-each for the device that calibration measured (train.recipes.chosen_setup.setup_for: its memory, peak
+each for the device that calibration measured (train.recipes.variant_choice.fit_variant: its memory, peak
 FLOP/s, compile and loss) and the processes it measured, with `--priority` choosing inside each
 row as it does for one calibration. Each row costs its estimate × the price of its device ×
 its processes (train.planning.prices.run_cost). The recommended row meets the deadline at the lowest cost,
@@ -38,9 +38,9 @@ from common.json_types import JsonDict
 from train.planning.comm import Traffic, price_traffic
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
-from train.recipes.chosen_setup import plan_hardware, setup_for
 from train.recipes.options import Option, collectives_sources, options_for
-from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
+from train.recipes.run_plan import PlanContext, RunPlan, plan_run, planned_compute
+from train.recipes.variant_choice import fit_variant, plan_hardware
 from train.step.engine import ProcessLayout, check_sharding
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class Row:
     option: Option | None  # None: a machine considered with no calibration to plan it from (`problem` says why)
     device: JsonDict
     price_per_hour: float | None = None
-    placement: Placement | None = None
+    placement: RunPlan | None = None  # the plan's device, processes and variant, with `plan`
     plan: Plan | None = None  # None when this calibration cannot plan the run
     communication: JsonDict = field(default_factory=dict)
     compute: JsonDict = field(default_factory=dict)
@@ -109,7 +109,7 @@ class Row:
             return {**bare, **self.considered()}
         cal = self.option.calibration
         if self.plan is not None and self.placement is not None:
-            data = plan_json(cal, self.plan, self.placement, self.communication, self.compute)
+            data = self.placement.to_json(self.compute)
         else:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
         data.update(
@@ -284,8 +284,8 @@ def check_one_model_and_method(calibrations: list[Calibration]) -> None:
 
 
 def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: JsonDict) -> Row:
-    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.chosen_setup.setup_for,
-    train.recipes.plan_setup.plan_fitted), or why it cannot be made (a model too big for the device, no
+    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.variant_choice.fit_variant,
+    train.recipes.run_plan.plan_run), or why it cannot be made (a model too big for the device, no
     configuration in memory)."""
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
     try:  # a row of N processes is sharded as asked even when this command runs one
@@ -299,7 +299,7 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
         row.problem = f"calibration {cal.id} has no successful probes"
         return row
     try:
-        setup = setup_for(context.config, cal, context.spec, method, layout, here)
+        setup = fit_variant(context.config, cal, context.spec, method, layout, here)
     except DoesNotFitError as error:
         row = Row(option, plan_hardware(context.config, cal, here))
         row.problem = str(error)
@@ -317,12 +317,12 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
             return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
     try:
-        placed = plan_fitted(setup, context, communicate)
+        placed = plan_run(setup, context, communicate)
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.placement, row.communication, row.plan = placed.placement, placed.communication, placed.plan
-    row.compute = planned_compute(context.spec, method, row.plan.chosen, setup.hardware)
+    row.placement, row.communication, row.plan = placed, placed.communication, placed.plan
+    row.compute = planned_compute(context.spec, placed, row.plan.chosen)
     row.warnings += row.plan.warnings
     return row
 

@@ -40,7 +40,7 @@ from train.recipes.compare import Comparison, Consideration, Row, plan_row, rank
 from train.recipes.options import Option, collectives_sources, predicted_option
 
 if TYPE_CHECKING:
-    from train.recipes.plan_setup import PlanContext
+    from train.recipes.run_plan import PlanContext
     from train.workload.method import MethodConfig
 
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}

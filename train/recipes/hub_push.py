@@ -133,11 +133,10 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
     return {**section, "status": "pushed", "seconds": seconds, "commit_url": str(getattr(commit, "commit_url", "") or "")}
 
 
-def push_note(target: PushTarget, run: Any) -> str:
-    """The plan's line on the push (`run`: train.recipes.planned_run.PlannedRun): what, where, how
-    long and at what bandwidth."""
-    method, merge = run.method, bool(run.config.output.merge_lora and run.method.is_lora)
-    size = upload_bytes(run.need, method.is_lora, merge, run.placement.setup.device_type)
+def push_note(target: PushTarget, run: Any, merge: bool) -> str:
+    """The plan's line on the push (`run`: train.recipes.run_plan.RunPlan; `merge`: final-merged/
+    pushed too): what, where, how long and at what bandwidth."""
+    size = upload_bytes(run.need, run.method.is_lora, merge, run.device_type)
     rate, source = upload_rate()
     details = [*([f"branch {target.revision}"] if target.revision else []), *(["private"] if target.private else [])]
     where = target.repo_id + (f" ({', '.join(details)})" if details else "")
