@@ -1,4 +1,4 @@
-"""`bench run`: validate the options, measure each setup (bench.setup_measurement), store the
+"""`bench run`: validate the options, measure each variant (bench.variant_measurement), store the
 calibration, write its report, summarise."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from train.workload.prepare import DataSpec
 from train.workload.variants import measured_methods
 
 if TYPE_CHECKING:
-    from bench.setup_measurement import BenchRequest
+    from bench.variant_measurement import BenchRequest
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
@@ -175,8 +175,8 @@ def interconnect_word(args: argparse.Namespace) -> str | None:
 
 
 def request_from_args(args: argparse.Namespace) -> BenchRequest:
-    """The options (validated) as what one setup's measurement needs (bench.setup_measurement)."""
-    from bench.setup_measurement import BenchRequest
+    """The options (validated) as what one variant's measurement needs (bench.variant_measurement)."""
+    from bench.variant_measurement import BenchRequest
 
     data = None
     if args.data:
@@ -194,14 +194,14 @@ def request_from_args(args: argparse.Namespace) -> BenchRequest:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Each setup asked for (--quantize × --optimizer) measured in turn, within its share of the
+    """Each variant asked for (--quantize × --optimizer) measured in turn, within its share of the
     budget, then stored as one calibration: the first at the top, the others as its variants."""
     started = time.monotonic()
     budget_asked = validate_args(args)
     # A GPU asked for that torch cannot use is refused, not measured on the CPU under its name.
     require_requested_device(args.gpu)
     # Imported once the options are valid: the planner's modules are not needed before (nor for --help).
-    from bench.setup_measurement import measure_setup
+    from bench.variant_measurement import measure_variant
 
     request = request_from_args(args)
     spec = resolve_model(args.model)
@@ -224,7 +224,7 @@ def run_command(args: argparse.Namespace) -> int:
             assert layers is not None
             record = measure_layers(request, spec, method, budget, layers, bar)
         else:
-            record = measure_setup(request, spec, method, budget, bar)
+            record = measure_variant(request, spec, method, budget, bar)
         if record is None:
             return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
         records.append(record)
