@@ -21,7 +21,7 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
 from common.sizes import parse_memory_size
-from train.recipes.variant_choice import variants_to_plan
+from train.recipes.choice import variants_to_plan
 from train.workload.method import MethodConfig
 
 GPT2_LORA = Path(__file__).parent / "fixtures" / "cpu-gpt2-lora-bench2m.json"
@@ -288,7 +288,7 @@ def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.
 
 def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto() -> None:
     from calibration.run_file import run_method
-    from train.recipes.variant_choice import asked_variant, with_run_variant
+    from train.recipes.choice import asked_variant, with_run_variant
     from train.running.resume import resumed_method, same_method
 
     previous = {"plan": {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}}

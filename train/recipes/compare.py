@@ -1,7 +1,7 @@
 """Which machine to rent: one plan per calibration, the cheapest that meets the deadline first.
 
 `train --dry-run --use-calibration A,B,C` (or `all`) plans the same run once per calibration,
-each for the device that calibration measured (train.recipes.variant_choice.fit_variant: its memory, peak
+each for the device that calibration measured (train.recipes.choice.fit_variant: its memory, peak
 FLOP/s, compile and loss) and the processes it measured, with `--priority` choosing inside each
 row as it does for one calibration. Each row costs its estimate × the price of its device ×
 its processes (train.planning.prices.run_cost). The recommended row meets the deadline at the lowest cost,
@@ -38,9 +38,9 @@ from common.json_types import JsonDict
 from train.planning.comm import Traffic, price_traffic
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
+from train.recipes.choice import fit_variant, plan_hardware
 from train.recipes.options import Option, collectives_sources, options_for
 from train.recipes.run_plan import PlanContext, RunPlan, plan_run, planned_compute
-from train.recipes.variant_choice import fit_variant, plan_hardware
 from train.step.engine import ProcessLayout, check_sharding
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ def check_one_model_and_method(calibrations: list[Calibration]) -> None:
 
 
 def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: JsonDict) -> Row:
-    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.variant_choice.fit_variant,
+    """The plan of one option, made as a single-calibration dry run makes it (train.recipes.choice.fit_variant,
     train.recipes.run_plan.plan_run), or why it cannot be made (a model too big for the device, no
     configuration in memory)."""
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)

@@ -99,7 +99,7 @@ class DataSection:
 @dataclass(frozen=True)
 class TuningSection:
     """The method, the base's quantization and the optimizer as asked (auto: the calibration's variants,
-    train.recipes.variant_choice), and the hyper-parameters of the optimizer and its schedule."""
+    train.recipes.choice), and the hyper-parameters of the optimizer and its schedule."""
 
     method: MethodConfig = field(default_factory=MethodConfig)
     quantize: str = "auto"

@@ -13,7 +13,7 @@ from calibration.topology import analytic_collectives, parse_interconnect, recor
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.planning.comm import COLLECTIVES, stored_collectives
-from train.recipes.variant_choice import same_device
+from train.recipes.choice import same_device
 
 if TYPE_CHECKING:
     from calibration.model import Calibration

@@ -1,7 +1,7 @@
 """One `train` command as a recipe (the shape of torchtune's recipes, state on the recipe):
 
 - `setup`: the run to resume, the calibration and the variants it measured fitted to the device
-  (train.recipes.variant_choice), the model's weights, the data (train.recipes.run_data);
+  (train.recipes.choice), the model's weights, the data (train.recipes.run_data);
 - `plan`: each variant planned, the best kept: one `RunPlan` (train.recipes.run_plan), `self.run`;
 - `train`: every record tokenized, run.json opened (train.running.record.RunRecord), the loop,
   final/;
@@ -31,13 +31,13 @@ from train.export import export_final
 from train.planning.disk import RunLock, check_space, disk_need
 from train.planning.plan_text import describe_exact_profile, describe_outcome
 from train.planning.trainer_fields import trainer_fields
+from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
 from train.recipes.config import TrainConfig
 from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
 from train.recipes.launch_task import LaunchTask, plan_task
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.run_data import hub_weights, load_data
 from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan
-from train.recipes.variant_choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import TrainingRun
 from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData

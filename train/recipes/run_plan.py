@@ -1,6 +1,6 @@
 """What a run will do: one `RunPlan` — the calibration and its variant, the device, THE step's setup,
 the memory need, the price, what --force let through (a `FittedVariant`,
-train.recipes.variant_choice), and what communication adds, what the planner was asked and its
+train.recipes.choice), and what communication adds, what the planner was asked and its
 plan (the configuration, the steps, the bounds, the cost, the warnings). Made here only
 (`plan_run`), for a `train` command (train.recipes.recipe), each row of a comparison
 (train.recipes.compare) and `--consider`, so that all plan alike; every reader (the console, the
@@ -68,7 +68,7 @@ class FittedVariant:
     """A calibration variant and the method it measured, on the device the plan is for — this
     machine's, or in a dry run the calibration's (its memory, peak FLOP/s, compile and loss), so that
     a user plans the GPU they will rent from a machine without one — checked before any data is
-    read: it suits the run (or --force) and the model fits (train.recipes.variant_choice.fit_variant).
+    read: it suits the run (or --force) and the model fits (train.recipes.choice.fit_variant).
     A `RunPlan` is one, planned."""
 
     cal: Calibration  # at the variant trained (cal.variant)

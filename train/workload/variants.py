@@ -1,7 +1,7 @@
 """The variants (calibration.setup.Variant) one calibration may measure side by side for a model and
 method: the base's quantization × the optimizer (`bench run --quantize none,4bit --optimizer
 adamw,adamw-8bit`), each probed, fitted and stored in one calibration (calibration.schema.variant_data),
-and chosen among by the planner (train.recipes.variant_choice)."""
+and chosen among by the planner (train.recipes.choice)."""
 
 from __future__ import annotations
 
