@@ -56,11 +56,9 @@ class Refused:
 
 @dataclass(frozen=True)
 class Weighed:
-    """What a `train` command may train with: the calibration, the processes and their sharding,
-    each variant that suits the run, fitted, and those refused."""
+    """What a `train` command may train with: each variant of its calibration that suits the run,
+    fitted to the device, and those refused."""
 
-    cal: Calibration
-    layout: ProcessLayout
     fitted: list[FittedVariant]
     refused: list[Refused]
 
@@ -271,7 +269,7 @@ def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Met
 
 
 def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None) -> tuple[Calibration, ProcessLayout]:
-    """The calibration to plan with (train.recipes.calibration_choice.load_calibration), and the
+    """The calibration to plan with (`load_calibration`), and the
     processes and sharding the plan is for."""
     layout = process_layout(config.step, method)
     processes = (layout.world_size, layout.sharding)
@@ -286,8 +284,9 @@ def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, 
 
 
 def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None) -> Weighed:
-    """The calibration, the processes and their sharding, and the variants to plan: each fitted
-    (`said_fit`); those refused are kept to say why. A resumed run keeps its sharding."""
+    """The variants to plan, of the calibration (`calibration_for`) for its processes and their
+    sharding: each fitted (`said_fit`); those refused are kept to say why. A resumed run keeps its
+    sharding."""
     cal, layout = calibration_for(config, spec, method, resumed)
     if config.plan.device_memory_bytes:
         cal = cal.with_device_memory(config.plan.device_memory_bytes)
@@ -306,7 +305,7 @@ def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, r
             refused.append(Refused(variant_method, str(error)))
     if not fitted:
         raise BenchtrainError(f"no setup the calibration measured fits: {refused[0].reason}")
-    return Weighed(cal, layout, fitted, refused)
+    return Weighed(fitted, refused)
 
 
 # -- the best, once planned ----------------------------------------------------------------------
