@@ -91,7 +91,7 @@ class Calibration:
         return f"bundled {Path(self.path).stem}" if is_bundled(self.path) else f"from {Path(self.path).name}"
 
     def variants(self) -> list[Calibration]:
-        """Every setup the file measured (its base's quantization, its optimizer), the first first."""
+        """Every variant the file measured (its base's quantization, its optimizer), the first first."""
         count = len(self.file_data.get("variants") or [])
         return [Calibration(self.file_data, self.path, index) for index in (None, *range(count))]
 

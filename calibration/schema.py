@@ -165,8 +165,8 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
     return data
 
 
-# What each variant measured for itself: without them a variant would inherit the first setup's
-# probes and fit through `variant_data` and plan as a setup nobody measured.
+# What each variant measured for itself: without them a variant would inherit the first one's
+# probes and fit through `variant_data` and plan as a variant nobody measured.
 VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
@@ -184,7 +184,7 @@ def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) 
 
 def variant_data(data: JsonDict, index: int | None) -> JsonDict:
     """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores
-    the first setup measured at the top and each other one under `variants` (its measurements, fit,
+    the first variant measured at the top and each other one under `variants` (its measurements, fit,
     training, overheads, history), over the shared rest (device, model, data). None: the first."""
     shared = {key: value for key, value in data.items() if key != "variants"}
     return shared if index is None else {**shared, **data["variants"][index], "id": data["id"]}

@@ -231,15 +231,15 @@ def run_command(args: argparse.Namespace) -> int:
     return store_calibration(args, records, started)
 
 
-def variant_budget(budget_asked: float | str | None, started: float, setups_left: int) -> float | str | None:
-    """This setup's share of --budget: what is left of it, split evenly among the setups left."""
+def variant_budget(budget_asked: float | str | None, started: float, variants_left: int) -> float | str | None:
+    """This variant's share of --budget: what is left of it, split evenly among the variants left."""
     if not isinstance(budget_asked, (int, float)):
         return budget_asked
-    return max(0.0, budget_asked - (time.monotonic() - started)) / setups_left
+    return max(0.0, budget_asked - (time.monotonic() - started)) / variants_left
 
 
 def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
-    """One calibration of every setup measured (the first at the top, the others as its variants),
+    """One calibration of every variant measured (the first at the top, the others as its variants),
     its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
     word = interconnect_word(args)
@@ -255,7 +255,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
         report_started = time.monotonic()
         report_path = _write_report(path)
         if report_path is not None:
-            # train's plan counts the report it writes at the end: measured here, for every setup.
+            # train's plan counts the report it writes at the end: measured here, for every variant.
             seconds = round(time.monotonic() - report_started, 3)
             def add_report_seconds(data: dict[str, Any]) -> None:
                 for entry in (data, *data.get("variants", [])):
@@ -286,7 +286,7 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
-    """The calibration in words; the closing lines (time taken, where it is) after the last setup's
+    """The calibration in words; the closing lines (time taken, where it is) after the last variant's
     (`total_seconds`: of the whole command), not after the others'."""
     from bench.describe import describe_calibration
 

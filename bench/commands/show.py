@@ -31,7 +31,7 @@ def show_command(reference: str, as_json: bool) -> int:
     from calibration.schema import variant_data
     from calibration.setup import variant_name, variant_of
 
-    # Each setup the calibration measured (bench run --quantize none,4bit …), the first first.
+    # Each variant the calibration measured (bench run --quantize none,4bit …), the first first.
     for index in (None, *range(len(data.get("variants") or []))):
         if index is not None:
             entry = variant_data(data, index)
