@@ -108,7 +108,7 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
     calibration = Calibration(read_calibration_file(two_setups), two_setups)
     first, four_bit = calibration.variants()
     assert (first.variant, four_bit.variant) == (("none", "adamw"), ("4bit", "adamw"))
-    assert four_bit.id == first.id and four_bit.variant == 0
+    assert four_bit.id == first.id and four_bit.variant_index == 0
     config = next(c for c in (first.ok_rows()[0],))
     from calibration.step_config import StepConfig
 
