@@ -59,7 +59,7 @@ class Row:
     option: Option | None  # None: a machine considered with no calibration to plan it from (`problem` says why)
     device: JsonDict
     price_per_hour: float | None = None
-    placement: RunPlan | None = None  # the plan's device, processes and variant, with `plan`
+    run_plan: RunPlan | None = None  # the plan whole: its device, processes and variant (`plan` is its planner answer)
     plan: Plan | None = None  # None when this calibration cannot plan the run
     communication: JsonDict = field(default_factory=dict)
     compute: JsonDict = field(default_factory=dict)
@@ -108,8 +108,8 @@ class Row:
             bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
             return {**bare, **self.considered()}
         cal = self.option.calibration
-        if self.plan is not None and self.placement is not None:
-            data = self.placement.to_json(self.compute)
+        if self.plan is not None and self.run_plan is not None:
+            data = self.run_plan.to_json(self.compute)
         else:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
         data.update(
@@ -321,7 +321,7 @@ def plan_row(context: PlanContext, method: MethodConfig, option: Option, here: J
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.placement, row.communication, row.plan = placed, placed.communication, placed.plan
+    row.run_plan, row.communication, row.plan = placed, placed.communication, placed.plan
     row.compute = planned_compute(context.spec, placed, row.plan.chosen)
     row.warnings += row.plan.warnings
     return row
