@@ -33,11 +33,11 @@ from train.planning.plan_text import describe_exact_profile, describe_outcome
 from train.planning.trainer_fields import trainer_fields
 from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
 from train.recipes.config import TrainConfig
-from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
+from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
 from train.recipes.launch_task import LaunchTask, plan_task
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.run_data import hub_weights, load_data
-from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan
+from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import TrainingRun
 from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData

@@ -25,7 +25,7 @@ from train.planning.plan_text import describe_compute, describe_plan
 from train.planning.planner import deadline_options, make_plan
 from train.planning.types import Candidate, Plan, PlanRequest
 from train.recipes.config import TrainConfig
-from train.recipes.hub_push import upload_rate
+from train.recipes.hub_push import PushTarget, upload_rate
 from train.recipes.run_data import LoadedData
 from train.step.hardware import peak_flops
 from train.step.metrics import planned_figures
@@ -249,3 +249,12 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
     print(f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}", flush=True)
     for warning in plan.warnings:
         say(f"warning: {warning}")
+
+
+def push_note(target: PushTarget, run: FittedVariant, merge: bool) -> str:
+    """The plan's line on the push (`merge`: final-merged/ pushed too): what, where, how long and at what bandwidth."""
+    size = upload_bytes(run.need, run.method.is_lora, merge, run.device_type)
+    rate, source = upload_rate()
+    details = [*([f"branch {target.revision}"] if target.revision else []), *(["private"] if target.private else [])]
+    where = target.repo_id + (f" ({', '.join(details)})" if details else "")
+    return f"--push-to-hub {where}: ≈{size / 1e6:,.0f} MB at {rate / 1e6:,.0f} MB/s, {source}"
