@@ -3,7 +3,7 @@
 A slice is the model's own config.json with its layer count (num_hidden_layers, n_layer) set to K
 and every per-layer list cut to K: the same hidden size, heads, vocabulary and head, LoRA targets,
 quantization, optimizer, compile, loss and checkpointing as the run. Each depth is benched in turn
-as a model of its own (bench.setup_measurement, its share of the budget), and the depths become
+as a model of its own (bench.variant_measurement, its share of the budget), and the depths become
 one calibration of the whole model (bench.slice_record, calibration.slices).
 
 `--layers auto` (AUTO_LADDERS):
@@ -31,9 +31,9 @@ from dataclasses import replace
 
 from bench.calibrate import after_probes_seconds, plan_probes
 from bench.outlook import AUTO_PROBES, outlook
-from bench.setup_measurement import BenchRequest, ProgressBar, describe_task, measure_setup
 from bench.slice_budget import Carry, DepthPrice, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
 from bench.slice_record import WholeModel, combine_slices
+from bench.variant_measurement import BenchRequest, ProgressBar, describe_task, measure_variant
 from calibration.store import discard_unfinished, unfinished_paths
 from common.console import say
 from common.errors import BenchtrainError, DoesNotFitError
@@ -190,7 +190,7 @@ def measure_layers(
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:
-        return measure_setup(request, spec, method, budget, progress)
+        return measure_variant(request, spec, method, budget, progress)
     layers = full_layers(spec)
     say(f"measuring {spec.name} on slices of {', '.join(map(str, depths))} of its {layers} layers ({rule})")
     prices = price_ladder(request, spec, method, depths, budget) if isinstance(budget, (int, float)) else None
@@ -204,7 +204,7 @@ def measure_layers(
             share = depth_share(max(0.0, budget - (time.monotonic() - started)), prices, depths[index:])
         say(f"slice {index + 1} of {len(depths)}: {depth} of {spec.name}'s {layers} layers")
         carry.one_off = index == len(depths) - 1
-        records[depth] = record = measure_setup(request, slice_spec(spec, depth), method, share, progress, carry)
+        records[depth] = record = measure_variant(request, slice_spec(spec, depth), method, share, progress, carry)
         # `--loss auto` compared the losses at the first depth: the others run the one it chose.
         chosen = ((record or {}).get("loss_choice") or {}).get("chosen")
         if chosen:

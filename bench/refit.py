@@ -43,7 +43,7 @@ def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
         record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
     # Past runs measured the old fit's predictions: their correction does not carry over.
     record["history"] = []
-    if record.get("variants"):  # each other setup measured (bench run --quantize none,4bit …), fitted again too
+    if record.get("variants"):  # each other variant measured (bench run --quantize none,4bit …), fitted again too
         refitted = [refit_record(variant_data(source, index), created) for index in range(len(record["variants"]))]
         record["variants"] = [{key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted]
     return record

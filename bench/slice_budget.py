@@ -1,6 +1,6 @@
 """How `bench run --layers` spends one budget on several slice depths (bench.layer_slices).
 
-Each depth is a bench of its own (bench.setup_measurement), but the depths run in one process,
+Each depth is a bench of its own (bench.variant_measurement), but the depths run in one process,
 one after the other, and what does not depend on depth is paid once:
 
 - **Compilation.** train.step.compile compiles the decoder block's class once per shape (regional

@@ -1,6 +1,6 @@
 """The calibration of a whole model from the calibrations of its layer slices (bench.layer_slices).
 
-Each slice depth was benched like a model of its own (bench.setup_measurement: probes, evaluation,
+Each slice depth was benched like a model of its own (bench.variant_measurement: probes, evaluation,
 checkpoint and compile timings, fit). Here they become one calibration of the whole model:
 
 - the model's record (name, fingerprint, parameter counts, FLOPs terms) is the whole model's,

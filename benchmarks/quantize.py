@@ -75,7 +75,7 @@ def main() -> None:
         print(header)
         print("-" * len(header))
         for variant in calibration.variants():
-            quantize, optimizer = variant.variant_key
+            quantize, optimizer = variant.variant
             weights_predicted, weights_built, state_predicted, state_real = built_bytes(args.model, quantize, optimizer)
             row = next((r for r in variant.ok_rows() if StepConfig.from_row(r) == config), None)
             fit = variant.predict_for(config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from calibration.schema import SCHEMA_VERSION
-from calibration.setup import measured_setup, quantization_name, variant_key
+from calibration.setup import Variant, measured_setup, quantization_name, variant_of
 from common.json_types import JsonDict
 
 COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "processes", "software", "created", "measured by")
@@ -59,7 +59,7 @@ def card_row(data: JsonDict) -> list[str]:
         interconnect(hardware.get("interconnect")),
         setup.model_name,
         f"LoRA r{setup.lora_rank}" if setup.method == "lora" and setup.lora_rank else setup.method,
-        ", ".join(dict.fromkeys(quantization_name(quantize) or "none" for quantize, _ in setups(data))),
+        ", ".join(dict.fromkeys(quantization_name(quantize) or "none" for quantize, _ in variants(data))),
         f"{setup.world_size}" + (f" ({setup.sharding})" if setup.sharding != "none" else ""),
         versions(software, hardware),
         str(data.get("created_at", "?")),
@@ -67,9 +67,9 @@ def card_row(data: JsonDict) -> list[str]:
     ]
 
 
-def setups(data: JsonDict) -> list[tuple[str, str]]:
-    """(quantize, optimizer) of each setup the file measured (calibration.schema.variant_data)."""
-    return [variant_key(entry) for entry in (data, *(data.get("variants") or []))]
+def variants(data: JsonDict) -> list[Variant]:
+    """Each variant the file measured (calibration.schema.variant_data)."""
+    return [variant_of(entry) for entry in (data, *(data.get("variants") or []))]
 
 
 def interconnect(value: Any) -> str:

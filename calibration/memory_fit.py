@@ -88,7 +88,7 @@ class MemoryModel:
     def with_gradient_shards(self, shards: int) -> MemoryModel:
         """This model for an FSDP process of `shards` planned from a 1-process calibration: what it
         holds while accumulating is its shard of the gradients (the rest of the sharding is the
-        plan's memory offset: train.recipes.plan_setup)."""
+        plan's memory offset: train.recipes.run_plan)."""
         held = self.coefficients["accumulated_gradients"] / max(1, shards)
         return MemoryModel({**self.coefficients, "accumulated_gradients": held}, self.basis, self.non_torch_bytes)
 

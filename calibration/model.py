@@ -17,7 +17,7 @@ from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.process_check import applied_speed_factor
 from calibration.schema import variant_data
-from calibration.setup import SetupKey, variant_key
+from calibration.setup import Variant, variant_of
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig
 from calibration.store import calibrations_dir, is_bundled
@@ -68,11 +68,11 @@ class Prediction:
 class Calibration:
     """The data of one calibration file plus the models fitted to it."""
 
-    def __init__(self, data: JsonDict, path: Path | None = None, variant: int | None = None) -> None:
+    def __init__(self, data: JsonDict, path: Path | None = None, variant_index: int | None = None) -> None:
         self.file_data = data
-        self.data = variant_data(data, variant) if variant is not None else data
+        self.data = variant_data(data, variant_index) if variant_index is not None else data
         self.path = path
-        self.variant = variant  # which of the file's setups (calibration.schema.variant_data); None: the first
+        self.variant_index = variant_index  # which of the file's variants (calibration.schema.variant_data); None: the first
         fit = self.data.get("fit")
         if not fit:
             raise BenchtrainError(f"calibration {data.get('id')} has no fitted model: re-run `bench run`")
@@ -102,7 +102,7 @@ class Calibration:
         return f"bundled {Path(self.path).stem}" if is_bundled(self.path) else f"from {Path(self.path).name}"
 
     def variants(self) -> list[Calibration]:
-        """Every setup the file measured (its base's quantization, its optimizer), the first first."""
+        """Every variant the file measured (its base's quantization, its optimizer), the first first."""
         count = len(self.file_data.get("variants") or [])
         return [Calibration(self.file_data, self.path, index) for index in (None, *range(count))]
 
@@ -113,12 +113,12 @@ class Calibration:
         for entry in (data, *(data.get("variants") or [])):
             if "hardware" in entry:
                 entry["hardware"] = {**entry["hardware"], "memory_bytes": memory_bytes}
-        return Calibration(data, self.path, self.variant)
+        return Calibration(data, self.path, self.variant_index)
 
     @property
-    def variant_key(self) -> SetupKey:
+    def variant(self) -> Variant:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
-        return variant_key(self.data)
+        return variant_of(self.data)
 
     @property
     def hardware(self) -> JsonDict:

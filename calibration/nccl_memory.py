@@ -3,7 +3,7 @@ calibration never measured (no communicator existed), outside torch's allocator.
 
 A calibration measured with N processes holds it in its measured peak (the bytes outside the
 allocator, calibration.memory_fit); one measured with one process does not, and an N-process plan
-from it adds `communicator_bytes` (train.recipes.plan_setup). Figures from NCCL's source
+from it adds `communicator_bytes` (train.recipes.run_plan). Figures from NCCL's source
 (NVIDIA/nccl at 5067397, v2.30; the same since 2.21.5), an estimate, not a measurement:
 
 - connection buffers (src/init.cc `computeBuffSizes`): per channel and peer, one buffer per

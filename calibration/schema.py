@@ -14,7 +14,7 @@ from typing import Any, cast
 from calibration.extrapolation import check_record
 from calibration.fit import EVAL_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
 from calibration.memory_fit import BASES, MEMORY_TERMS
-from calibration.setup import variant_key
+from calibration.setup import variant_of
 from calibration.slices import check_slices
 from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
@@ -165,18 +165,18 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
     return data
 
 
-# What each variant measured for itself: without them a variant would inherit the first setup's
-# probes and fit through `variant_data` and plan as a setup nobody measured.
+# What each variant measured for itself: without them a variant would inherit the first one's
+# probes and fit through `variant_data` and plan as a variant nobody measured.
 VARIANT_OWN_FIELDS = {"measurements": list, "training": dict}
 
 
 def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) -> None:
-    seen = {variant_key(data): "the first setup"}
+    seen = {variant_of(data): "the first setup"}
     for index, entry in enumerate(variants):
         where = f"calibration {path}: variants[{index}]"
         _check_fields(entry, VARIANT_OWN_FIELDS, where)
         validate(variant_data(data, index), f"{path} (variants[{index}])")
-        key = variant_key(entry)
+        key = variant_of(entry)
         if key in seen:
             raise CalibrationFileError(f"{where} measured the same setup as {seen[key]} (quantize {key[0]}, optimizer {key[1]})")
         seen[key] = f"variants[{index}]"
@@ -184,7 +184,7 @@ def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) 
 
 def variant_data(data: JsonDict, index: int | None) -> JsonDict:
     """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores
-    the first setup measured at the top and each other one under `variants` (its measurements, fit,
+    the first variant measured at the top and each other one under `variants` (its measurements, fit,
     training, overheads, history), over the shared rest (device, model, data). None: the first."""
     shared = {key: value for key, value in data.items() if key != "variants"}
     return shared if index is None else {**shared, **data["variants"][index], "id": data["id"]}

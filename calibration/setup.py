@@ -68,17 +68,19 @@ def quantization_name(value: object) -> str | None:
     return f"{digits.group()}-bit" if digits else str(value)
 
 
-class SetupKey(NamedTuple):
-    """Which setup a calibration or one of its variants measured, as --quantize/--optimizer name it."""
+class Variant(NamedTuple):
+    """What one calibration may measure several of for one model and method (`bench run --quantize
+    none,4bit --optimizer adamw,adamw-8bit`), as --quantize/--optimizer name it: the base's
+    quantization and the optimizer. Stored as each entry's `training` keys (calibration.schema)."""
 
     quantize: str
     optimizer: str
 
 
-def variant_key(data: JsonDict) -> SetupKey:
-    """(quantize, optimizer) of a calibration or one of its variants, as --quantize/--optimizer name them."""
+def variant_of(data: JsonDict) -> Variant:
+    """The variant a calibration (or one of its variants' entries) measured."""
     training = data.get("training") or {}
-    return SetupKey(str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
+    return Variant(str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
 
 
 def variant_name(quantize: str, optimizer: str) -> str:
@@ -94,7 +96,7 @@ def describe_setup(data: JsonDict) -> str:
     parts = [_training_phrase(setup)]
     if data.get("variants"):
         measured = [data, *data["variants"]]
-        parts.append("measured " + " and ".join(variant_name(*variant_key(entry)) for entry in measured))
+        parts.append("measured " + " and ".join(variant_name(*variant_of(entry)) for entry in measured))
     if setup.checkpointing:
         parts.append("checkpointing " + "+".join("on" if mode else "off" for mode in setup.checkpointing))
     parts.append(_processes_phrase(setup))

@@ -8,7 +8,7 @@ from typing import Any
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file, variant_data
-from calibration.setup import describe_setup, variant_key, variant_name
+from calibration.setup import describe_setup, variant_name, variant_of
 from calibration.step_config import StepConfig
 from calibration.store import CSV_COLUMNS
 from reports import figures
@@ -51,7 +51,7 @@ def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, o
     sections += [measurements_section(data["measurements"]), setup_section(data), history_section(data)]
     if not file_data.get("variants"):
         return sections
-    heading = f"{'First setup' if variant is None else f'Variant {variant + 1}'}: {variant_name(*variant_key(data))}"
+    heading = f"{'First setup' if variant is None else f'Variant {variant + 1}'}: {variant_name(*variant_of(data))}"
     return [section(heading, f"<p>{escape(describe_setup(data))}</p>"), *sections]
 
 

@@ -297,7 +297,7 @@ def simulate_bench(
 ) -> tuple[dict[str, Any], SimulatedDevice]:
     """`bench run --gpu h100 --model MODEL [--lora] --checkpointing … --budget …` on the simulated
     H100: the same planner, budget, runner, timing loop, evaluation/checkpoint/compile timings and
-    fit as a real run (bench.setup_measurement); the device and the clock are simulated."""
+    fit as a real run (bench.variant_measurement); the device and the clock are simulated."""
     bench = simulated_setup(model, lora, budget, checkpointing, seed, replay)
     return run_simulated(bench, budget, say), bench.device
 

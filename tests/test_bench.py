@@ -248,10 +248,10 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     GPU's default lengths (up to 2048) stop at 1024 instead of failing after the model is built."""
     from test_cli import assert_one_line_error, run_main
 
-    import bench.setup_measurement
+    import bench.variant_measurement
     from bench.space import default_space, within_positions
 
-    monkeypatch.setattr(bench.setup_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
+    monkeypatch.setattr(bench.variant_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
     assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
     big_gpu = default_space("cuda", 80 * 2**30)

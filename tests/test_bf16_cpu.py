@@ -126,7 +126,7 @@ def test_a_calibration_of_another_precision_is_refused_unless_forced(monkeypatch
     from types import SimpleNamespace
 
     from common.errors import BenchtrainError
-    from train.recipes.calibration_choice import check_compatible
+    from train.recipes.choice import check_compatible
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 

@@ -28,7 +28,7 @@ from common.errors import BenchtrainError
 from train.planning.prices import parse_prices, run_cost
 from train.recipes.config import TrainConfig
 from train.recipes.machines import compare, no_row_meets_the_deadline
-from train.recipes.plan_setup import PlanContext
+from train.recipes.run_plan import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model

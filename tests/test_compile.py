@@ -170,7 +170,7 @@ def test_a_calibration_of_another_step_is_refused_or_said() -> None:
     from types import SimpleNamespace
 
     from common.errors import BenchtrainError
-    from train.recipes.calibration_choice import check_compatible
+    from train.recipes.choice import check_compatible
     from train.workload.method import MethodConfig
 
     spec = SimpleNamespace(fingerprint="abc", name="tiny")

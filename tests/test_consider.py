@@ -24,7 +24,7 @@ from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
 from train.recipes.machines import consider, parse_machines
-from train.recipes.plan_setup import PlanContext
+from train.recipes.run_plan import PlanContext
 from train.workload.data import length_profile
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
@@ -204,6 +204,6 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     held = memory.coefficients["accumulated_gradients"]
     assert held >= 1_235_814_400 * 4  # Llama-3.2-1B's fp32 gradients
     need = memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda")
-    offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes + communicator_bytes(row.placement.hardware, 4)  # NCCL's buffers too
+    offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes + communicator_bytes(row.run_plan.hardware, 4)  # NCCL's buffers too
     config = chosen.config
     assert chosen.peak_memory_bytes == pytest.approx(memory.peak_bytes(config) + offset - 0.75 * held, rel=1e-6)

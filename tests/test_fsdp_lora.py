@@ -248,7 +248,7 @@ def as_4bit(record: dict[str, Any]) -> dict[str, Any]:
     for row in quantized["measurements"]:
         if isinstance(row.get("peak_memory_bytes"), (int, float)):
             row["peak_memory_bytes"] -= saved
-    assert Calibration(quantized).variant_key.quantize == "4bit"
+    assert Calibration(quantized).variant.quantize == "4bit"
     return quantized
 
 
@@ -260,7 +260,7 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     from calibration.model import Calibration
     from train.recipes.config import TrainConfig
     from train.recipes.machines import consider, parse_machines
-    from train.recipes.plan_setup import PlanContext
+    from train.recipes.run_plan import PlanContext
     from train.step.engine import StepOptions
     from train.step.hardware import detect_hardware
     from train.workload.data import length_profile
@@ -303,9 +303,9 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
                 assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]  # its shards alone nearly fill it
                 continue
             assert row.plan is not None, row.problem
-            assert row.placement.sharding == "fsdp" and row.placement.world_size == processes
+            assert row.run_plan.step.sharding == "fsdp" and row.run_plan.step.world_size == processes
             peak = row.plan.chosen.peak_memory_bytes
-            held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(row.placement.hardware, processes)
+            held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(row.run_plan.hardware, processes)
             assert held < peak <= 0.95 * row.device["memory_bytes"]  # its share, the gathered blocks and NCCL's buffers, then activations
             peaks[processes] = peak
         assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each

@@ -91,7 +91,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     8 DDP processes adds them per GPU (calibration.nccl_memory); over PCIe the buffers alone."""
     from test_consider import FIXTURE, run_consider
 
-    import train.recipes.plan_setup as planner
+    import train.recipes.run_plan as planner
     from calibration.schema import read_calibration_file
 
     requests: list[Any] = []
@@ -104,7 +104,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     monkeypatch.setattr(planner, "make_plan", capture)
     comparison = run_consider("h100:1,h100:8:nvswitch,h100:8:pcie", [read_calibration_file(FIXTURE)])
     alone, switched, pcie = requests
-    assert [row.placement.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
+    assert [row.run_plan.step.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
     assert alone.world_size == 1 and alone.memory_offset_bytes == 0.0
     buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)  # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
     assert pcie.world_size == 8 and pcie.memory_offset_bytes == buffers
@@ -294,7 +294,7 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     from calibration.schema import read_calibration_file
     from train.recipes.config import TrainConfig
     from train.recipes.machines import consider, parse_machines
-    from train.recipes.plan_setup import PlanContext
+    from train.recipes.run_plan import PlanContext
     from train.step.engine import StepOptions
     from train.step.hardware import detect_hardware
     from train.workload.data import length_profile

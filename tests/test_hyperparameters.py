@@ -309,7 +309,7 @@ def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, c
     (path,) = (home / "calibrations").glob("*.json")
     calibration = Calibration(read_calibration_file(path), path)
     sgd, fused = calibration.variants()
-    assert sgd.variant_key == ("none", "sgd") and fused.variant_key == ("none", "adamw-fused")
+    assert sgd.variant == ("none", "sgd") and fused.variant == ("none", "adamw-fused")
     assert len(sgd.ok_rows()) >= 3 and len(fused.ok_rows()) >= 3 and sgd.fit != fused.fit
     assert "variant 1: an unquantized base with adamw-fused" in printed
     out = home / "run"

@@ -260,9 +260,9 @@ def test_the_rule_catches_a_loop() -> None:
 
 
 # The planning pipeline has one home: a plan is made (and communication priced for it) only in
-# train/recipes/plan_setup.py, whoever asks for it (a train command, each setup, each compared row).
+# train/recipes/run_plan.py, whoever asks for it (a train command, each setup, each compared row).
 PLANNING_CALLS = {"make_plan", "plan_communication"}
-PLANNING_HOME = "train.recipes.plan_setup"
+PLANNING_HOME = "train.recipes.run_plan"
 
 
 def planning_calls_outside_home() -> list[str]:

@@ -143,7 +143,7 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
     and sharding, else the newest of one process, else the newest; an explicit id is kept."""
     import calibration as calibration_api
     from calibration.store import save_calibration
-    from train.recipes.calibration_choice import calibration_preferences
+    from train.recipes.choice import calibration_preferences
 
     ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
     stored = {

@@ -21,7 +21,7 @@ from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
 from common.sizes import parse_memory_size
-from train.recipes.variant_choice import setups_to_plan
+from train.recipes.choice import variants_to_plan
 from train.workload.method import MethodConfig
 
 GPT2_LORA = Path(__file__).parent / "fixtures" / "cpu-gpt2-lora-bench2m.json"
@@ -107,8 +107,8 @@ def two_setups(home: Path) -> Path:
 def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> None:
     calibration = Calibration(read_calibration_file(two_setups), two_setups)
     first, four_bit = calibration.variants()
-    assert (first.variant_key, four_bit.variant_key) == (("none", "adamw"), ("4bit", "adamw"))
-    assert four_bit.id == first.id and four_bit.variant == 0
+    assert (first.variant, four_bit.variant) == (("none", "adamw"), ("4bit", "adamw"))
+    assert four_bit.id == first.id and four_bit.variant_index == 0
     config = next(c for c in (first.ok_rows()[0],))
     from calibration.step_config import StepConfig
 
@@ -116,10 +116,10 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
     assert four_bit.predict_for(step).step_seconds / first.predict_for(step).step_seconds == pytest.approx(1.3, rel=0.1)
     assert first.predict_for(step).peak_memory_bytes - four_bit.predict_for(step).peak_memory_bytes == pytest.approx(0.5 * GIB, rel=0.05)
     lora = MethodConfig(method="lora")
-    assert [method.quantize for _, method in setups_to_plan(calibration, lora, (None, None))] == ["none", "4bit"]
-    assert [method.quantize for _, method in setups_to_plan(calibration, lora, ("4bit", None))] == ["4bit"]
+    assert [method.quantize for _, method in variants_to_plan(calibration, lora, (None, None))] == ["none", "4bit"]
+    assert [method.quantize for _, method in variants_to_plan(calibration, lora, ("4bit", None))] == ["4bit"]
     # Full fine-tuning never plans a quantized base.
-    assert [method.quantize for _, method in setups_to_plan(calibration, MethodConfig(), (None, None))] == ["none"]
+    assert [method.quantize for _, method in variants_to_plan(calibration, MethodConfig(), (None, None))] == ["none"]
 
 
 def dry_run(two_setups: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
@@ -187,7 +187,7 @@ def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pyte
     (path,) = (home / "calibrations").glob("*.json")
     calibration = Calibration(read_calibration_file(path), path)
     first, four_bit = calibration.variants()
-    assert first.variant_key == ("none", "adamw") and four_bit.variant_key == ("4bit", "adamw")
+    assert first.variant == ("none", "adamw") and four_bit.variant == ("4bit", "adamw")
     assert len(first.ok_rows()) >= 3 and len(four_bit.ok_rows()) >= 3 and first.fit != four_bit.fit
     assert "variant 1: a 4-bit base" in printed
     code, printed, _ = run_main("bench", ["list"], capsys)
@@ -288,7 +288,7 @@ def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.
 
 def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto() -> None:
     from calibration.run_file import run_method
-    from train.recipes.variant_choice import asked_variant, with_run_variant
+    from train.recipes.choice import asked_variant, with_run_variant
     from train.running.resume import resumed_method, same_method
 
     previous = {"plan": {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}}

@@ -43,7 +43,7 @@ from calibration.topology import (
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
 from train.recipes.machines import Option, compare, options_for, predicted_option
-from train.recipes.plan_setup import PlanContext
+from train.recipes.run_plan import PlanContext
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 
@@ -321,7 +321,7 @@ def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:
     NVLink machine `latest` takes the NVLink one; where the interconnect is not known, the newest."""
     import calibration as calibration_api
     from calibration.store import save_calibration
-    from train.recipes.calibration_choice import calibration_preferences
+    from train.recipes.choice import calibration_preferences
 
     ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
     for identifier, link, created in (("over-nvlink", "nvlink", "2026-01-01"), ("over-pcie", "pcie", "2026-01-02")):

@@ -21,7 +21,8 @@ GIB = 2**30
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:
-    from train.recipes.plan_setup import PlanContext, hub_weights, load_data
+    from train.recipes.run_data import hub_weights, load_data
+    from train.recipes.run_plan import PlanContext
     from train.step.engine import process_layout
     from train.step.hardware import detect_hardware
     from train.workload.model import resolve_model

@@ -1,4 +1,4 @@
-"""`bench run`: validate the options, measure each setup (bench.setup_measurement), store the
+"""`bench run`: validate the options, measure each variant (bench.variant_measurement), store the
 calibration, write its report, summarise."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.space import parse_int_list, parse_switch_list
-from calibration.setup import variant_key, variant_name
+from calibration.setup import variant_name, variant_of
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration, update_calibration
 from common.console import say
@@ -26,7 +26,7 @@ from train.workload.prepare import DataSpec
 from train.workload.variants import measured_methods
 
 if TYPE_CHECKING:
-    from bench.setup_measurement import BenchRequest
+    from bench.variant_measurement import BenchRequest
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
@@ -175,8 +175,8 @@ def interconnect_word(args: argparse.Namespace) -> str | None:
 
 
 def request_from_args(args: argparse.Namespace) -> BenchRequest:
-    """The options (validated) as what one setup's measurement needs (bench.setup_measurement)."""
-    from bench.setup_measurement import BenchRequest
+    """The options (validated) as what one variant's measurement needs (bench.variant_measurement)."""
+    from bench.variant_measurement import BenchRequest
 
     data = None
     if args.data:
@@ -194,14 +194,14 @@ def request_from_args(args: argparse.Namespace) -> BenchRequest:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Each setup asked for (--quantize × --optimizer) measured in turn, within its share of the
+    """Each variant asked for (--quantize × --optimizer) measured in turn, within its share of the
     budget, then stored as one calibration: the first at the top, the others as its variants."""
     started = time.monotonic()
     budget_asked = validate_args(args)
     # A GPU asked for that torch cannot use is refused, not measured on the CPU under its name.
     require_requested_device(args.gpu)
     # Imported once the options are valid: the planner's modules are not needed before (nor for --help).
-    from bench.setup_measurement import measure_setup
+    from bench.variant_measurement import measure_variant
 
     request = request_from_args(args)
     spec = resolve_model(args.model)
@@ -224,22 +224,22 @@ def run_command(args: argparse.Namespace) -> int:
             assert layers is not None
             record = measure_layers(request, spec, method, budget, layers, bar)
         else:
-            record = measure_setup(request, spec, method, budget, bar)
+            record = measure_variant(request, spec, method, budget, bar)
         if record is None:
             return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
         records.append(record)
     return store_calibration(args, records, started)
 
 
-def variant_budget(budget_asked: float | str | None, started: float, setups_left: int) -> float | str | None:
-    """This setup's share of --budget: what is left of it, split evenly among the setups left."""
+def variant_budget(budget_asked: float | str | None, started: float, variants_left: int) -> float | str | None:
+    """This variant's share of --budget: what is left of it, split evenly among the variants left."""
     if not isinstance(budget_asked, (int, float)):
         return budget_asked
-    return max(0.0, budget_asked - (time.monotonic() - started)) / setups_left
+    return max(0.0, budget_asked - (time.monotonic() - started)) / variants_left
 
 
 def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
-    """One calibration of every setup measured (the first at the top, the others as its variants),
+    """One calibration of every variant measured (the first at the top, the others as its variants),
     its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
     word = interconnect_word(args)
@@ -255,7 +255,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
         report_started = time.monotonic()
         report_path = _write_report(path)
         if report_path is not None:
-            # train's plan counts the report it writes at the end: measured here, for every setup.
+            # train's plan counts the report it writes at the end: measured here, for every variant.
             seconds = round(time.monotonic() - report_started, 3)
             def add_report_seconds(data: dict[str, Any]) -> None:
                 for entry in (data, *data.get("variants", [])):
@@ -265,7 +265,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     for index, (one, not_probed) in enumerate(zip(records, left_out, strict=True)):
         one["id"] = record["id"]  # the id it was saved under
         if len(records) > 1:
-            print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_key(one))}")
+            print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_of(one))}")
         last = index == len(records) - 1
         print_summary(one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None)
     return EXIT_OK
@@ -286,7 +286,7 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
-    """The calibration in words; the closing lines (time taken, where it is) after the last setup's
+    """The calibration in words; the closing lines (time taken, where it is) after the last variant's
     (`total_seconds`: of the whole command), not after the others'."""
     from bench.describe import describe_calibration
 

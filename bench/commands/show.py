@@ -29,12 +29,12 @@ def show_command(reference: str, as_json: bool) -> int:
         return EXIT_OK
     from bench.describe import describe_calibration
     from calibration.schema import variant_data
-    from calibration.setup import variant_key, variant_name
+    from calibration.setup import variant_name, variant_of
 
-    # Each setup the calibration measured (bench run --quantize none,4bit …), the first first.
+    # Each variant the calibration measured (bench run --quantize none,4bit …), the first first.
     for index in (None, *range(len(data.get("variants") or []))):
         if index is not None:
             entry = variant_data(data, index)
-            print(f"\nvariant {index + 1}: {variant_name(*variant_key(entry))}")
+            print(f"\nvariant {index + 1}: {variant_name(*variant_of(entry))}")
         print("\n".join(describe_calibration(variant_data(data, index), str(path))))
     return EXIT_OK

@@ -73,7 +73,7 @@ def _derive(section: object, **values: Any) -> None:
 
 @dataclass(frozen=True)
 class DataSection:
-    """What is trained on and how it is read, and the eval set (train.recipes.plan_setup.load_data)."""
+    """What is trained on and how it is read, and the eval set (train.recipes.run_data.load_data)."""
 
     data: str
     tokenizer: str | None = None
@@ -98,8 +98,8 @@ class DataSection:
 
 @dataclass(frozen=True)
 class TuningSection:
-    """The method, the base's quantization and the optimizer as asked (auto: the calibration's setups,
-    train.recipes.variant_choice), and the hyper-parameters of the optimizer and its schedule."""
+    """The method, the base's quantization and the optimizer as asked (auto: the calibration's variants,
+    train.recipes.choice), and the hyper-parameters of the optimizer and its schedule."""
 
     method: MethodConfig = field(default_factory=MethodConfig)
     quantize: str = "auto"

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from calibration.run_file import RunFile
 from common.atomic import read_json_file, write_json_atomic, write_text_atomic
@@ -30,7 +29,6 @@ from common.hub_access import valid_repo_id as valid_name
 from common.hub_access import writing_user
 from common.json_types import JsonDict
 from train.export import FINAL, FINAL_MERGED
-from train.planning.disk import upload_bytes
 from train.recipes.model_card import model_card
 
 # No push measured from this machine yet: a conservative sustained upload rate (a cloud GPU host
@@ -131,17 +129,6 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
     seconds = time.monotonic() - started
     remember_rate(size, seconds)
     return {**section, "status": "pushed", "seconds": seconds, "commit_url": str(getattr(commit, "commit_url", "") or "")}
-
-
-def push_note(target: PushTarget, run: Any) -> str:
-    """The plan's line on the push (`run`: train.recipes.planned_run.PlannedRun): what, where, how
-    long and at what bandwidth."""
-    method, merge = run.method, bool(run.config.output.merge_lora and run.method.is_lora)
-    size = upload_bytes(run.need, method.is_lora, merge, run.placement.setup.device_type)
-    rate, source = upload_rate()
-    details = [*([f"branch {target.revision}"] if target.revision else []), *(["private"] if target.private else [])]
-    where = target.repo_id + (f" ({', '.join(details)})" if details else "")
-    return f"--push-to-hub {where}: ≈{size / 1e6:,.0f} MB at {rate / 1e6:,.0f} MB/s, {source}"
 
 
 def describe_push(section: JsonDict, run_dir: Path) -> str:

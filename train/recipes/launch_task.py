@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from train.planning.types import Plan
     from train.recipes.config import TrainConfig
     from train.recipes.machines import Comparison, Row
-    from train.recipes.planned_run import PlannedRun
+    from train.recipes.run_plan import RunPlan
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
 
@@ -402,9 +402,8 @@ def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec
     return launch_task(inputs, config, spec, method, Path.cwd())
 
 
-def plan_task(run: PlannedRun, command_line: list[str]) -> LaunchTask:
+def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
     """The task of a single calibration's dry run: that plan on that calibration's machine."""
-    placement = run.placement
-    target = plan_target(run.plan, run.cal, placement.world_size, placement.sharding, placement.hardware, run.plan.price_per_hour)
+    target = plan_target(run.plan, run.cal, run.step.world_size, run.step.sharding, run.hardware, run.plan.price_per_hour)
     inputs = TaskInputs([target], [], run.plan, run.plan.available_seconds, command_line)
-    return launch_task(inputs, run.config, run.spec, run.method, Path.cwd())
+    return launch_task(inputs, config, spec, run.method, Path.cwd())

@@ -18,8 +18,8 @@ and interconnect (any model: collectives only move bytes), else priced from the 
 between hidden behind backward as far as they can be and not at all
 (train.planning.planner.exposed_floor): the estimate at the midpoint, the upper bound none hidden.
 
-Each row is planned as a single-calibration dry run plans it (train.recipes.chosen_setup.setup_for,
-train.recipes.plan_setup.plan_fitted) and costs its time × its device's price × its processes. One
+Each row is planned as a single-calibration dry run plans it (train.recipes.choice.fit_variant,
+train.recipes.run_plan.plan_run) and costs its time × its device's price × its processes. One
 ranking (`rank`): the rows that meet the deadline, cheapest first (fastest without prices), ties
 by time; then the others, closest first; then those with no plan. Calibrations are judged at their
 estimate, machines at their bracket's upper end (a row nobody measured may be far off), where the
@@ -51,8 +51,8 @@ from train.planning.comm import COLLECTIVES, Traffic, price_traffic, stored_coll
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
 from train.planning.prices import run_cost
-from train.recipes.chosen_setup import plan_hardware, same_device, setup_for
-from train.recipes.plan_setup import Placement, PlanContext, plan_fitted, plan_json, planned_compute
+from train.recipes.choice import fit_variant, plan_hardware, same_device
+from train.recipes.run_plan import PlanContext, RunPlan, plan_run, planned_compute
 from train.step.engine import ProcessLayout, check_sharding
 
 if TYPE_CHECKING:
@@ -397,7 +397,7 @@ class Row:
     source: Source
     device: JsonDict
     price_per_hour: float | None = None
-    placement: Placement | None = None
+    run_plan: RunPlan | None = None  # the plan whole: its device, processes and variant (`plan` is its planner answer)
     plan: Plan | None = None  # None when this source cannot plan the run
     communication: JsonDict = field(default_factory=dict)
     compute: JsonDict = field(default_factory=dict)
@@ -479,8 +479,8 @@ class Row:
             bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
             return {**bare, **self.machine_json()}
         cal = self.option.calibration
-        if self.plan is not None and self.placement is not None:
-            data = plan_json(cal, self.plan, self.placement, self.communication, self.compute)
+        if self.plan is not None and self.run_plan is not None:
+            data = self.run_plan.to_json(self.compute)
         else:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
         data.update(
@@ -527,8 +527,8 @@ class Row:
 
 
 def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: JsonDict) -> Row:
-    """The plan of one source, made as a single-calibration dry run makes it (train.recipes.chosen_setup.setup_for,
-    train.recipes.plan_setup.plan_fitted), or why it cannot be made (no source, a model too big for
+    """The plan of one source, made as a single-calibration dry run makes it (train.recipes.choice.fit_variant,
+    train.recipes.run_plan.plan_run), or why it cannot be made (no source, a model too big for
     the device, no configuration in memory)."""
     option = source.option
     if option is None:
@@ -544,7 +544,7 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
         problem = str(error)
     if problem is None:
         try:
-            setup = setup_for(context.config, cal, context.spec, method, layout, here)
+            setup = fit_variant(context.config, cal, context.spec, method, layout, here)
         except DoesNotFitError as error:  # any other error (a price missing, …) is the command's
             problem = str(error)
     if problem is not None:
@@ -561,12 +561,12 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
             return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
 
     try:
-        placed = plan_fitted(setup, context, communicate)
+        placed = plan_run(setup, context, communicate)
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.placement, row.communication, row.plan = placed.placement, placed.communication, placed.plan
-    row.compute = planned_compute(context.spec, method, row.plan.chosen, setup.hardware)
+    row.run_plan, row.communication, row.plan = placed, placed.communication, placed.plan
+    row.compute = planned_compute(context.spec, placed, row.plan.chosen)
     row.warnings += row.plan.warnings
     return row
 

@@ -1,8 +1,8 @@
 """One `train` command as a recipe (the shape of torchtune's recipes, state on the recipe):
 
-- `setup`: the run to resume, the calibration and the setups it measured fitted to the device,
-  the model's weights, the data;
-- `plan`: each setup planned (train.recipes.plan_setup), the best kept (train.recipes.setup_choice);
+- `setup`: the run to resume, the calibration and the variants it measured fitted to the device
+  (train.recipes.choice), the model's weights, the data (train.recipes.run_data);
+- `plan`: each variant planned, the best kept: one `RunPlan` (train.recipes.run_plan), `self.run`;
 - `train`: every record tokenized, run.json opened (train.running.record.RunRecord), the loop,
   final/;
 - `finish`: run.json completed, the calibration fed, the report; `cleanup` lets the run folder go.
@@ -24,22 +24,20 @@ from calibration.run_file import JsonObject, ResumedRun, RunFile
 from calibration.run_status import INTERRUPTED, STOPPED_EARLY
 from common.atomic import json_text
 from common.console import is_main_process, say
-from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError, DoesNotFitError
+from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
 from common.home import writable_subdir
 from common.run_paths import stored_path
 from train.export import export_final
 from train.planning.disk import RunLock, check_space, disk_need
 from train.planning.plan_text import describe_exact_profile, describe_outcome
 from train.planning.trainer_fields import trainer_fields
-from train.recipes.chosen_setup import ChosenSetup, choose_setups
+from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
 from train.recipes.config import TrainConfig
-from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_note, push_run
+from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
 from train.recipes.launch_task import LaunchTask, plan_task
-from train.recipes.plan_setup import PlacedPlan, PlanContext, hub_weights, load_data, plan_again, plan_fitted, plan_json, planned_compute
-from train.recipes.planned_run import PlannedRun, print_plan
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
-from train.recipes.setup_choice import choose_setup, with_smaller_bases
-from train.recipes.variant_choice import Refused, asked_variant, unmeasured_bases, with_run_variant
+from train.recipes.run_data import hub_weights, load_data
+from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import TrainingRun
 from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData
@@ -56,6 +54,7 @@ from train.running.resume import (
     resumed_step_limit,
     same_method,
 )
+from train.step.engine import StepOptions
 from train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, run_precision
 from train.step.sharding import gather_full_state, is_sharded
 from train.workload.data import length_profile, truncation
@@ -75,7 +74,7 @@ def run_training(
     if not recipe.show_plan():
         if recipe.config.output.emit and emit_task is not None and is_main_process():
 
-            emit_task(recipe.config.output.emit, plan_task(recipe.run, getattr(args, "command_line", None) or []))
+            emit_task(recipe.config.output.emit, plan_task(recipe.run, recipe.config, recipe.spec, getattr(args, "command_line", None) or []))
         return EXIT_OK
     try:
         recipe.train()
@@ -100,7 +99,7 @@ class TrainRecipe:
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:
-        """The model, the method and the run to resume; the calibration and each setup it measured
+        """The model, the method and the run to resume; the calibration and each variant it measured
         that the run may train with, fitted to the device (a calibration that does not suit or a
         model too big: one line, before any data or model work); the hub weights; the data."""
         # --push-to-hub: the name, the token and the hub, checked before any data or model work.
@@ -115,7 +114,9 @@ class TrainRecipe:
             self.config = replace(config, plan=replace(config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)))
             tuning = replace(self.config.tuning, **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force))
             self.config = replace(self.config, tuning=tuning)
-        self._fit_setups()
+        # The calibration, the processes and their sharding, and the variants to plan, each fitted
+        # to the device before any data is read; those refused are kept to say why.
+        self.weighed = weigh_variants(self.config, self.spec, self.method, self.resumed, self.out_dir)
         # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
@@ -149,72 +150,28 @@ class TrainRecipe:
                 method = run_method  # the run's adapters exactly (its targets as resolved)
         return spec, method, out_dir, earlier, resumed
 
-    def _fit_setups(self) -> None:
-        """The calibration, the processes and their sharding, and the setups to plan, each decided
-        (train.recipes.chosen_setup.choose_setups); those refused are kept to say why."""
-        self.choice = choose_setups(self.config, self.spec, self.method, self.resumed, self.out_dir)
-
     # -- plan -------------------------------------------------------------------------------
-    def plan(self) -> PlannedRun:
-        """Each fitted setup planned on the data as loaded; the fastest that fits kept, its notes
+    def plan(self) -> RunPlan:
+        """Each fitted variant planned on the data as loaded; the fastest that fits kept, its notes
         saying what the others cost and what unmeasured bases would hold."""
         config, loaded = self.config, self.loaded
         elapsed = config.run_deadline.elapsed()
         context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
+        self.context = context
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
         # rank 0's plan is what every rank trains (train.recipes.ranks).
-        index, placed = rank0_decides(lambda: self._choose(context), lambda chosen: (chosen[0], self._with_own_clock(chosen[1])))
-        run = self.run = self._as_run(self.choice.setups[index], placed)
+        run = self.run = rank0_decides(lambda: choose_plan(self.weighed, context), self._with_own_clock)
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
-        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.placement.hardware, activations))
+        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.hardware, activations))
         if self.push is not None:
-            run.plan.notes.append(push_note(self.push, run))
+            run.plan.notes.append(push_note(self.push, run, bool(config.output.merge_lora and run.method.is_lora)))
         return run
 
-    def _choose(self, context: PlanContext) -> tuple[int, PlacedPlan]:
-        """Each fitted setup planned (train.recipes.plan_setup.plan_fitted), the best kept: its
-        index among the setups and its plan."""
-        choice = self.choice
-        runs: list[PlannedRun] = []
-        refused, indexes = list(choice.refused), {}
-        for index, setup in enumerate(choice.setups):
-            try:
-                run = self._as_run(setup, plan_fitted(setup, context))
-            except DoesNotFitError as error:
-                if choice.weighed == 1:
-                    raise DoesNotFitError(with_smaller_bases(str(error), self.spec, setup)) from None
-                refused.append(Refused(setup.method, str(error)))
-                continue
-            indexes[id(run)] = index
-            runs.append(run)
-        if not runs:
-            raise DoesNotFitError(with_smaller_bases(f"no setup the calibration measured fits: {refused[0].reason}", self.spec, choice.setups[0]))
-        run = choose_setup(runs, refused)
-        return indexes[id(run)], PlacedPlan(run.placement, run.communication, run.request, run.plan)
-
-    def _with_own_clock(self, placed: PlacedPlan) -> PlacedPlan:
+    def _with_own_clock(self, run: RunPlan) -> RunPlan:
         """Rank 0's plan on another rank: its deadline counted from this process's start (a
         time.monotonic() reading of another process, on another machine, means nothing here)."""
-        return replace(placed, request=replace(placed.request, deadline=self.config.run_deadline))
-
-    def _as_run(self, setup: ChosenSetup, placed: PlacedPlan) -> PlannedRun:
-        """A planned setup as this command's run."""
-        return PlannedRun(
-            config=self.config,
-            spec=self.spec,
-            method=setup.method,
-            out_dir=self.out_dir,
-            resumed=self.resumed,
-            cal=setup.cal,
-            need=setup.need,
-            loaded=self.loaded,
-            completed=self.completed,
-            placement=placed.placement,
-            communication=placed.communication,
-            request=placed.request,
-            plan=placed.plan,
-        )
+        return replace(run, request=replace(run.request, deadline=self.config.run_deadline))
 
     def show_plan(self) -> bool:
         """The plan on the console (rank 0), or as JSON with --json; a plan that misses the deadline
@@ -223,18 +180,17 @@ class TrainRecipe:
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
 
-            precision = run.cal.training.get("precision") or run_precision(run.placement.hardware["device_type"])
+            precision = run.cal.training.get("precision") or run_precision(run.device_type)
             fields = trainer_fields(run.plan, run.cal, precision)
             print(json_text(fields.to_json()) if config.output.json else fields.describe())
         elif is_main_process() and config.output.json:
-            compute = planned_compute(run.spec, run.method, run.plan.chosen, run.placement.hardware)
-            print(json_text(plan_json(run.cal, run.plan, run.placement, run.communication, compute)))
+            print(json_text(run.to_json(planned_compute(self.spec, run, run.plan.chosen))))
             for warning in run.plan.warnings:
                 say(f"warning: {warning}")
         elif is_main_process():
-            print_plan(run)
+            print_plan(run, self.context, self.loaded)
         if not run.plan.meets_deadline:
-            raise DeadlineError(run.deadline_message)
+            raise DeadlineError(deadline_message(run.plan, self.resumed is not None))
         return not (config.output.json or config.output.dry_run)
 
     # -- train ------------------------------------------------------------------------------
@@ -252,8 +208,7 @@ class TrainRecipe:
             self._held.enter_context(RunLock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
             merge = bool(config.output.merge_lora and run.method.is_lora)
-            device_type = run.placement.setup.device_type
-            space = disk_need(run.need, run.method.is_lora, not run.spec.has_weights, merge, device_type, config.guard.keep_checkpoints, existing)
+            space = disk_need(run.need, run.method.is_lora, not self.spec.has_weights, merge, run.device_type, config.guard.keep_checkpoints, existing)
             check_space(out_dir, space, config.guard.keep_checkpoints)
             self.record.write()
         self.trained = self._train_loop()
@@ -263,16 +218,15 @@ class TrainRecipe:
         """Every record tokenized (the cache built where it is cold, by one process per machine) and,
         when the plan came from a sample, the chosen configuration planned again on the exact profile:
         the steps, their estimate and the deadline check are the exact data's."""
-        run = self.run
-        loaded = run.loaded
-        data, eval_data = loaded.exact(run.config.data, run.config.seed)
-        exact = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
+        run, loaded = self.run, self.loaded
+        data, eval_data = loaded.exact(self.config.data, self.config.seed)
+        self.loaded = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
         if not loaded.sampled:
             # The run's span starts here, after the plan was shown (its text imports peft and
             # bitsandbytes to size every method: ≈1.2 s, not a cost of the planned work): that time
             # is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
             request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
-            self.run = replace(run, loaded=exact, request=request)
+            self.run = replace(run, request=request)
             return
         configuration = run.request.configuration or run.plan.chosen.config
         elapsed = self.config.run_deadline.elapsed()
@@ -284,9 +238,9 @@ class TrainRecipe:
         )
         if is_main_process():
             print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
-        self.run = replace(run, loaded=exact, request=request, plan=plan)
+        self.run = replace(run, request=request, plan=plan)
         if not plan.meets_deadline:
-            say(f"warning: with the exact profile {self.run.deadline_message}; the deadline guard stops the run in time")
+            say(f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time")
 
     def _open_record(self) -> RunRecord:
         """The run folder and its run.json: new, or the interrupted run's when resuming; with the
@@ -294,24 +248,24 @@ class TrainRecipe:
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
-        run_id = run.resumed.run_id if run.resumed else from_rank0(f"{run.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-        out_dir = run.out_dir or writable_subdir("runs") / run_id
+        run_id = self.resumed.run_id if self.resumed else from_rank0(f"{self.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        out_dir = self.out_dir or writable_subdir("runs") / run_id
         if is_main_process():
             try:
                 out_dir.mkdir(parents=True, exist_ok=True)
             except OSError as error:
                 raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
         # The model section is completed with parameter counts once the model is built.
-        fresh = new_run_file(run_id, run.plan, run.cal, model_identity(run.spec), self._data_section(), run.request.elapsed_seconds)
+        fresh = new_run_file(run_id, run.plan, run.cal, model_identity(self.spec), self._data_section(), run.request.elapsed_seconds)
         record = RunRecord.open(out_dir, fresh, self.earlier)
         file = record.file
         # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
-        command = replace(self.config, step=run.placement.setup.recorded_options(self.config.step)).to_json()
+        command = replace(self.config, step=recorded_options(run, self.config.step)).to_json()
         command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
-        file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **run.rate)
+        file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan))
         # sharding: none | ddp | fsdp (train/step/sharding.py)
-        file.update_plan(communication=run.communication, sharding=run.placement.sharding, lora=run.method.settings())
+        file.update_plan(communication=run.communication, sharding=run.step.sharding, lora=run.method.settings())
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         file.update_plan(total_steps=file.total_steps)
         # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
@@ -320,7 +274,7 @@ class TrainRecipe:
 
     def _data_section(self) -> dict[str, Any]:
         """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
-        loaded = self.run.loaded
+        loaded = self.loaded
         data = loaded.data
         section = {
             "source": loaded.data_path,
@@ -342,7 +296,7 @@ class TrainRecipe:
         settings = LoopSettings(
             deadline=config.run_deadline,
             guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
-            learning_rate=record.file.learning_rate,  # scaled once, in the plan (PlannedRun.rate)
+            learning_rate=record.file.learning_rate,  # scaled once, in the plan (train.recipes.run_plan.learning_rate_record)
             seed=config.seed,
             epochs=run.plan.epochs,
             step_limit=run.plan.step_limit,
@@ -351,19 +305,20 @@ class TrainRecipe:
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
         )
-        pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+        tokenizer = self.loaded.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
             calibration=run.cal,
             chosen=run.plan.chosen,
-            model=ModelToTrain(run.spec, run.method, run.placement.setup.step),  # THE step as the setup decided it
-            data=TrainingData(run.loaded.data, pad_id, run.loaded.eval_data, config.data.eval_schedule),
+            model=ModelToTrain(self.spec, run.method, run.step),  # THE step as the variant's fit decided it
+            data=TrainingData(self.loaded.data, pad_id, self.loaded.eval_data, config.data.eval_schedule),
             out_dir=record.out_dir,
             settings=settings,
             hooks=LoopHooks(on_update=record.progress, tracker_record=record.data),
         )
         try:
             outcome = loop.run()
-            final = export_final_model(loop, record.out_dir, run.tokenizer, config.output.merge_lora, outcome.status)
+            final = export_final_model(loop, record.out_dir, tokenizer, config.output.merge_lora, outcome.status)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -373,7 +328,7 @@ class TrainRecipe:
                 f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
             ) from None
         training = {**method_record(run.method, loop.model), **loop.engine.record()}
-        return TrainedRun(outcome, final, model_record(run.spec, model_shape(loop.model)), training)
+        return TrainedRun(outcome, final, model_record(self.spec, model_shape(loop.model)), training)
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:
@@ -384,7 +339,7 @@ class TrainRecipe:
             write_report = None if config.output.no_report else self.write_report
             push = self._push if self.push is not None and self.trained.final else None
             report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
-            resume = resume_command(self.command_line, record.out_dir, run.placement.world_size)
+            resume = resume_command(self.command_line, record.out_dir, run.step.world_size)
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
         if self.trained.loop.status == INTERRUPTED:
             return EXIT_INTERRUPTED
@@ -401,6 +356,14 @@ class TrainRecipe:
     def cleanup(self) -> None:
         """The run folder's lock released (whether the run finished or failed)."""
         self._held.close()
+
+
+def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
+    """The command's step options as run.json's `config` records them: with --loss auto where bench
+    compared the losses on this device, the loss it measured best (what runs)."""
+    if options.loss == "auto" and not run.foreign and run.cal.data.get("loss_choice"):
+        return replace(options, loss=run.step.loss)
+    return options
 
 
 def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:

@@ -124,7 +124,7 @@ class StopSignals:
 @dataclass(frozen=True)
 class ModelToTrain:
     """What the loop trains: the model, the method, and how the step runs as the plan decided it
-    (train.recipes.chosen_setup; None: the default options resolved on the loop's accelerator,
+    (train.recipes.choice; None: the default options resolved on the loop's accelerator,
     train.step.engine.step_setup_for)."""
 
     spec: ModelSpec

@@ -157,7 +157,7 @@ def feed_back(calibration: Calibration, record: JsonDict, check: EstimateCheck |
         "steps": check.steps_run,
         "status": check.status,
     }
-    update_calibration(calibration.path, lambda data: variant_history(data, calibration.variant).append(entry))
+    update_calibration(calibration.path, lambda data: variant_history(data, calibration.variant_index).append(entry))
 
 
 @dataclass(frozen=True)

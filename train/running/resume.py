@@ -134,7 +134,7 @@ def data_fingerprint(data: DataView) -> str:
 def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
     """A resume trains on the run's data (the same samples, so the same batches in the same
     order): other data is refused unless --force. Returns the warning --force let through.
-    `prepared`, `data`, `data_path`, `profile`: this command's data (train.recipes.plan_setup.LoadedData)."""
+    `prepared`, `data`, `data_path`, `profile`: this command's data (train.recipes.run_data.LoadedData)."""
     before = resumed.data
     known_key, known = before.preparation_key, before.fingerprint
     if known_key is not None:

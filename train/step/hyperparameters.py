@@ -58,7 +58,7 @@ def option_name(field_name: str) -> str:
 @dataclass(frozen=True)
 class OptimizerSettings:
     """The schedule's and the optimizer's hyper-parameters (the learning rate and the optimizer
-    itself are the plan's and the method's: train.recipes.planned_run, train.workload.method)."""
+    itself are the plan's and the method's: train.recipes.run_plan, train.workload.method)."""
 
     lr_scheduler_type: str = "cosine"
     warmup_ratio: float = DEFAULT_WARMUP_RATIO

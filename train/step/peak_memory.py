@@ -91,7 +91,7 @@ def _reset_high_water_mark() -> bool:
 
 # On CPU a process's peak is its resident set, which also holds what the process loaded before
 # any model (libraries, records, tokenizer arrays): bench records its own before it builds the
-# model, and `train` adds what its process holds beyond that (train.recipes.plan_setup).
+# model, and `train` adds what its process holds beyond that (train.recipes.run_plan).
 HOST_BASELINE_KEY = "process_rss_before_model_bytes"
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+from calibration.setup import Variant
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.optimizers import DEFAULT_OPTIMIZER, check_optimizer
@@ -27,13 +28,6 @@ if TYPE_CHECKING:
 
 METHODS = ("full", "lora")
 ALL_LINEAR = "all-linear"
-
-
-class Variant(NamedTuple):
-    """What a calibration may measure several of for one model and method."""
-
-    quantize: str
-    optimizer: str
 
 
 @dataclass(frozen=True)
@@ -89,6 +83,10 @@ class MethodConfig:
     def variant(self) -> Variant:
         """What a calibration may measure several of for one model and method: (quantize, optimizer)."""
         return Variant(self.quantize, self.optimizer)
+
+    def with_variant(self, variant: Variant) -> MethodConfig:
+        """This method trained with another base's quantization and optimizer."""
+        return replace(self, quantize=variant.quantize, optimizer=variant.optimizer)
 
     def describe(self) -> str:
         optimizer = "" if self.optimizer == DEFAULT_OPTIMIZER else f", {self.optimizer}"

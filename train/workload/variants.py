@@ -1,12 +1,11 @@
-"""The setups one calibration may measure side by side for a model and method: the base's
-quantization × the optimizer (`bench run --quantize none,4bit --optimizer adamw,adamw-8bit`), each
-probed, fitted and stored as a variant of one calibration (calibration.schema.variant_data), and
-chosen among by the planner (train.recipes.variant_choice)."""
+"""The variants (calibration.setup.Variant) one calibration may measure side by side for a model and
+method: the base's quantization × the optimizer (`bench run --quantize none,4bit --optimizer
+adamw,adamw-8bit`), each probed, fitted and stored in one calibration (calibration.schema.variant_data),
+and chosen among by the planner (train.recipes.choice)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from calibration.setup import Variant
 from common.errors import BenchtrainError
 from train.workload.method import MethodConfig
 from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
@@ -23,7 +22,7 @@ def parse_choices(text: str | None, choices: tuple[str, ...], option: str, defau
 
 
 def measured_methods(quantize: str | None, optimizer: str | None, method: MethodConfig) -> list[MethodConfig]:
-    """Every (quantization, optimizer) pair bench is asked to measure, the first listed first."""
+    """`method` with every variant bench is asked to measure, the first listed first."""
     quantizations = parse_choices(quantize, QUANTIZE_CHOICES, "--quantize", "none")
     optimizers = parse_choices(optimizer, tuple(OPTIMIZERS), "--optimizer", DEFAULT_OPTIMIZER)
-    return [replace(method, quantize=q, optimizer=o) for q in quantizations for o in optimizers]
+    return [method.with_variant(Variant(q, o)) for q in quantizations for o in optimizers]

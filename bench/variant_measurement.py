@@ -1,9 +1,9 @@
-"""One setup (one --quantize × --optimizer value) measured: what to measure on what, described
-before anything is built; the probes planned and the budget settled; the model built; the probes,
+"""One variant (one --quantize × --optimizer value, calibration.setup.Variant) measured: what to
+measure on what, described before anything is built; the probes planned and the budget settled; the model built; the probes,
 the timings after them and the fit, run by every process as rank 0 decides (bench.probe_tasks).
 
 `bench run` (bench.commands.run) parses its options into a BenchRequest and calls
-`measure_setup` for each setup; it stores and describes what comes back.
+`measure_variant` for each variant; it stores and describes what comes back.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def no_progress_bar(total: int, budget_seconds: float | None) -> Bar | None:
     return None
 
 
-def measure_setup(
+def measure_variant(
     request: BenchRequest,
     spec: ModelSpec,
     method: MethodConfig,
@@ -78,7 +78,7 @@ def measure_setup(
     progress: ProgressBar = no_progress_bar,
     carry: Carry | None = None,
 ) -> JsonDict | None:
-    """One setup's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
+    """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
     started = time.monotonic()
     task, need, tokenized = describe_task(request, spec, method, budget_asked)
@@ -109,7 +109,7 @@ def measure_setup(
             return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True), workload, progress)
         finally:
             coordinator.finish()
-            workload.release()  # the next setup builds its own model
+            workload.release()  # the next variant builds its own model
             if carry is not None:
                 carry.done(planner)
 
