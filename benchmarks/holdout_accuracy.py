@@ -76,7 +76,7 @@ def main() -> None:
     errors, adjusted_errors = [], []
     for spec in args.configs.split(","):
         b, w, a, s = (int(x) for x in spec.split("x"))
-        predicted = cal.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        predicted = cal.predict(StepConfig(b, w, a, s))
         speed_now = None
         if reference is not None and reference_typical:
             reference_row = run_probe(workload, reference, settings)

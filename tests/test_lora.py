@@ -13,6 +13,7 @@ from helpers import synthetic_calibration, synthetic_rows
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
+from calibration.step_config import StepConfig
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
@@ -197,7 +198,7 @@ def test_the_h100_calibration_plans_full_fine_tuning_without_checkpointing() -> 
     calibration = Calibration(read_calibration_file(FIXTURES / "h100-llama-3.2-1b-fullgrid.json"))
     assert calibration.training["method"] == "full"
     assert calibration.measured_values("gradient_checkpointing") == [0]
-    assert calibration.predict(micro_batch_size=8, seq_len=1024).tokens_per_second > 10_000
+    assert calibration.predict(StepConfig(8, 0, 1, 1024)).tokens_per_second > 10_000
 
 
 def test_lora_on_a_model_folder_with_real_bf16_weights(tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def evaluate(
     candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
     candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds
-    prediction = calibration.predict_for(config, request.memory_offset_bytes)
+    prediction = calibration.predict(config, request.memory_offset_bytes)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
     candidate.fits_in_memory = prediction.fits_in_memory

@@ -70,7 +70,7 @@ def smallest_activations(calibration: Any, need_bytes: float) -> tuple[float, st
         return None
     length = min(calibration.measured_values("seq_len"))
     checkpointing = bool(max(calibration.measured_values("gradient_checkpointing")))
-    peak = calibration.predict_for(StepConfig(1, 0, 1, length, checkpointing)).peak_memory_bytes
+    peak = calibration.predict(StepConfig(1, 0, 1, length).switched(gradient_checkpointing=checkpointing)).peak_memory_bytes
     return (max(0.0, peak - need_bytes), f"micro-batch 1 × length {length}") if peak is not None else None
 
 
@@ -97,7 +97,7 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
     `chosen`/`others`: (calibration variant, plan); `refused`: (method, why it was not planned)."""
     chosen_cal, chosen_plan = chosen
     config: StepConfig = chosen_plan.chosen.config
-    mine = chosen_cal.predict_for(config)
+    mine = chosen_cal.predict(config)
     if not chosen_plan.meets_deadline:
         why = "the shortest plan that fits memory (none meets the deadline)"
     elif chosen_plan.step_limit:
@@ -106,7 +106,7 @@ def compare_setups(chosen: tuple[Any, Any], others: list[tuple[Any, Any]], refus
         why = "the fastest that fits memory and the deadline"
     lines = [f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen_cal.variant_key)}, {why}"]
     for cal, plan in others:
-        theirs = cal.predict_for(config)
+        theirs = cal.predict(config)
         parts = [f"step ×{theirs.step_seconds / mine.step_seconds:.2f}"]
         if theirs.peak_memory_bytes is not None and mine.peak_memory_bytes is not None:
             difference = (mine.peak_memory_bytes - theirs.peak_memory_bytes) / GIB
