@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.dimensions import Dimension, scaled, switches
 from calibration.extrapolation import held_out_by_dimension
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
 from calibration.memory_fit import fit_memory_rows
-from calibration.dimensions import Dimension, scaled, switches
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 

@@ -47,8 +47,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.comm import gradient_bytes
-from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.dimensions import scaled, switches
+from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 

@@ -11,6 +11,7 @@ from typing import cast
 
 import numpy as np
 
+from calibration.dimensions import switches
 from calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
 from calibration.hub import hub_provenance
@@ -18,7 +19,6 @@ from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.schema import variant_data
 from calibration.setup import SetupKey, variant_key
 from calibration.slices import slice_widening
-from calibration.dimensions import switches
 from calibration.step_config import StepConfig, holds_as_much
 from calibration.store import calibrations_dir, is_bundled
 from calibration.translate import BoundWidths, widened_bounds

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from calibration.extrapolation import check_record
 from calibration.dimensions import switches
+from calibration.extrapolation import check_record
 from calibration.fit import EVAL_TERMS, smoother_switches, throughput_terms
 from calibration.memory_fit import BASES, memory_terms
 from calibration.setup import variant_key

@@ -242,7 +242,7 @@ class ReplayedDevice(SimulatedDevice):
     measured_rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
 
     def _row(self, config: StepConfig) -> dict[str, Any] | None:
-        row = self.measured_rows.get(replace(config, gradient_checkpointing=False))
+        row = self.measured_rows.get(config.switched(gradient_checkpointing=False))
         return row if row is not None and row["status"] == "ok" else None
 
     def step_seconds(self, config: StepConfig) -> float:
@@ -317,7 +317,6 @@ def simulated_setup(
 ) -> SimulatedBench:
     """The device, the task and the planner of a simulated bench, as `bench run` has them before
     building the model."""
-    from dataclasses import replace
 
     from bench.calibrate import BenchTask, plan_probes
     from bench.space import default_space

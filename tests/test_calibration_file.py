@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import calibration
-from calibration.step_config import StepConfig
 from bench.cli import main as bench_main
 from calibration import schema
+from calibration.step_config import StepConfig
 from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
 from common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
 

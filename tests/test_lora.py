@@ -13,9 +13,9 @@ from helpers import synthetic_calibration, synthetic_rows
 from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
 from test_train import make_run, tokenizer
 
-from calibration.step_config import StepConfig
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
+from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 from common.errors import BenchtrainError
 from train.planning.memory_check import check_fits, memory_need, parameter_counts

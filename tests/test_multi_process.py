@@ -15,10 +15,10 @@ from forkserver import ForkServer
 from helpers import synthetic_calibration
 from test_planner import heavy_tailed
 
-from calibration.step_config import StepConfig
 from bench.distributed import combine_rows
 from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.comm import Traffic, plan_communication, traffic_of
 from train.planning.memory_check import check_fits, memory_need

@@ -41,7 +41,7 @@ def test_what_a_resume_reads_of_it_is_typed() -> None:
 
 def test_the_step_configuration_and_the_estimate_error_are_written_from_one_value() -> None:
     run_file = RunFile.read(BEFORE)
-    run_file.configuration = StepConfig(micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, gradient_checkpointing=True)
+    run_file.configuration = StepConfig(micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, switches=("gradient_checkpointing",))
     run_file.update(estimate_check={**(run_file.get("estimate_check") or {}), "error_pct": 7.5})  # type: ignore[dict-item]
     written = run_file.to_json()
     plan, chosen = written["plan"], written["chosen"]

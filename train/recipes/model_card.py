@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from calibration.dimensions import switches
+from calibration.run_file import run_configuration
 from common.durations import format_duration
 
 LOSS_POINTS = 12  # rows of the loss curve's table
@@ -42,13 +44,14 @@ def _data(record: dict[str, Any]) -> list[str]:
 
 def _method(record: dict[str, Any]) -> list[str]:
     plan = record.get("plan") or {}
+    step = run_configuration(plan)
     rows: list[tuple[str, Any]] = [
         ("method", plan.get("method", "full")),
         ("optimizer", plan.get("optimizer", "adamw")),
         ("learning rate", plan.get("learning_rate")),
-        ("micro-batch × accumulation × processes", f"{plan.get('micro_batch_size')} × {plan.get('grad_accum')} × {plan.get('world_size', 1)}"),
-        ("max length", plan.get("max_length")),
-        ("gradient checkpointing", bool(plan.get("gradient_checkpointing"))),
+        ("micro-batch × accumulation × processes", f"{step.micro_batch_size} × {step.grad_accum} × {plan.get('world_size', 1)}"),
+        ("max length", step.seq_len),
+        *((dimension.name.replace("_", " "), step.on(dimension.name)) for dimension in switches()),
         ("epochs", plan.get("epochs")),
         ("optimizer steps", plan.get("total_steps") or plan.get("optimizer_steps")),
     ]
