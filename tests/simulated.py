@@ -328,7 +328,7 @@ def simulated_setup(
 
     device, spec, method, need = simulated_h100(model, lora, seed, replay)
     hardware = device.hardware
-    space = replace(default_space("cuda", hardware["memory_bytes"]), checkpointing=checkpointing)
+    space = default_space("cuda", hardware["memory_bytes"]).with_axes(checkpointing=checkpointing)
     compiled = not replay  # the real grid was measured eager
     meta = meta_model(spec, method)
     task = BenchTask(
