@@ -264,9 +264,10 @@ def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMe
 
 def _method(plan: _Reader) -> RunMethod:
     lora = plan.section("lora")
-    is_lora = plan.text("method", "full") == "lora"
+    method = plan.text("method", "full") or "full"
+    is_lora = method != "full"  # adapters (LoRA or a method of its family): their settings under `lora`
     return RunMethod(
-        method="lora" if is_lora else "full",
+        method=method,
         optimizer=plan.text("optimizer", "adamw") or "adamw",
         lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
         lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,

@@ -14,6 +14,7 @@ from common.console import say
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
 from train.step.runtime import run_precision
+from train.workload.method import METHODS
 
 
 def load_calibration(
@@ -95,9 +96,10 @@ def check_compatible(
             f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
         )
     if measured["method"] != method.method:
-        names = {"full": "full fine-tuning", "lora": "LoRA"}
-        rerun = "bench run --lora" if method.is_lora else "bench run"
-        problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
+        names = {name: entry.phrase for name, entry in METHODS.items()}
+        rerun = {"full": "bench run", "lora": "bench run --lora"}.get(method.method, f"bench run --method {method.method}")
+        measured_name = names.get(measured["method"], measured["method"])
+        problems.append(f"calibration {calibration.id} measured {measured_name}, not {names[method.method]}: run `{rerun}` here, or pass --force")
     measured_quantize = measured.get("quantization") or "none"
     if measured_quantize != method.quantize:
         problems.append(

@@ -16,7 +16,7 @@ LOSS_POINTS = 12  # rows of the loss curve's table
 def model_card(record: dict[str, Any], repo_id: str) -> str:
     """README.md for `repo_id` from the run record."""
     model, plan = record.get("model") or {}, record.get("plan") or {}
-    lora = plan.get("method") == "lora"
+    lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
     base = model.get("hub_id") or model.get("name") or "unknown"
     front = ["---", f"base_model: {base}", f"library_name: {'peft' if lora else 'transformers'}", "tags:", "- benchtrain"]
     front += ["- lora" if lora else "- full-fine-tuning", "---", ""]
@@ -56,7 +56,7 @@ def _method(record: dict[str, Any]) -> list[str]:
         ("optimizer steps", plan.get("total_steps") or plan.get("optimizer_steps")),
     ]
     lora = plan.get("lora") or {}
-    if plan.get("method") == "lora":
+    if lora:
         rows += [("LoRA rank / alpha / dropout", f"{lora.get('rank')} / {lora.get('alpha')} / {lora.get('dropout', 0.0)}")]
         rows += [("LoRA targets", ", ".join(lora.get("targets") or []) or "default"), ("base quantization", lora.get("quantize", "none"))]
     rows += [(name, value) for name, value in (record.get("hyperparameters") or {}).items()]
