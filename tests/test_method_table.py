@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import TINY_GRID, run_main
+from test_cli import run_main
 
 from calibration.run_file import run_method
 from calibration.setup import measured_setup
@@ -17,6 +17,7 @@ from train.running.resume import resumed_method
 from train.workload.method import METHODS, Method, MethodConfig, apply_method
 from train.workload.model import build_model, resolve_model
 
+GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
 DORA = Method("dora", "DoRA", adapters=True, peft_options={"use_dora": True})
 
 
@@ -43,7 +44,7 @@ def test_the_argument_parser_offers_it_and_the_model_gets_dora_adapters(with_dor
 
 
 def test_bench_measures_it_and_train_plans_trains_and_records_it(with_dora: Method, home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--method", "dora", "--lora-rank", "4", *TINY_GRID, "--no-report"], capsys)
+    code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--method", "dora", "--lora-rank", "4", *GRID, "--no-report"], capsys)
     assert code == 0, err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     assert data["training"]["method"] == "dora" and data["training"]["lora"]["rank"] == 4
