@@ -78,7 +78,6 @@ DIMENSIONS: dict[str, Dimension] = {
         smoother_spread=2.0,
     ),
 }
-SIZES = ("micro_batch_size", "num_workers", "grad_accum", "seq_len")
 
 
 def switches() -> list[Dimension]:
