@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from bench.cost import CostModel, MemoryPrior
-from bench.space import Mode, SearchSpace, ruled_out_by
+from bench.space import SearchSpace, ruled_out_by
 from calibration.fit import MIN_ROWS_FOR_FIT, throughput_features
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 
 # A probe is not run when its predicted peak × (1 + this) passes the device's memory.
 MEMORY_HEADROOM = 0.05

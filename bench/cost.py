@@ -32,7 +32,7 @@ import numpy as np
 from bench.timing import ProbeSettings, min_timed_steps, steps_needed
 from calibration.fit_tools import fit_nonnegative
 from calibration.memory_fit import fit_memory
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
 # low on purpose (a probe priced too high is only ordered late; one priced too low overruns).
@@ -278,7 +278,7 @@ class MemoryPrior:
         fitted = model.peak_bytes(config) + (self.accumulating(config) if unseen else 0.0)
         return float(max(by_tokens, fitted))
 
-    def _fits(self, mode: tuple[str, ...], unseen: bool) -> tuple[float, float, Any]:
+    def _fits(self, mode: Mode, unseen: bool) -> tuple[float, float, Any]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
         key = (mode, unseen, len(self.observations))

@@ -15,10 +15,10 @@ from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
 from bench.drift import REFERENCE_EVERY, correct_for_drift
 from bench.remeasure import remeasure
-from bench.space import Mode, SearchSpace
+from bench.space import SearchSpace
 from bench.timing import ProbeSettings
 from calibration.dimensions import DIMENSIONS
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 
 ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
 # Keep a little of the budget for fitting and writing the calibration.

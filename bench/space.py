@@ -8,13 +8,11 @@ import math
 from dataclasses import dataclass
 
 from calibration.dimensions import DIMENSIONS, switches
-from calibration.step_config import StepConfig, holds_as_much
+from calibration.step_config import Mode, StepConfig, holds_as_much
 from common.errors import BenchtrainError
 
 # One dimension's values in a search (batch sizes, workers, …): sorted, each once.
 Choices = tuple[int, ...]
-# A combination of switches (the names of those on): what a step keeps apart in memory and time.
-Mode = tuple[str, ...]
 
 
 @dataclass(frozen=True, init=False)
@@ -28,8 +26,9 @@ class SearchSpace:
     def __init__(self, *values: Choices, **named: Choices) -> None:
         given = dict(zip((dimension.axis for dimension in DIMENSIONS.values()), values, strict=False)) | named
         unknown = set(given) - {dimension.axis for dimension in DIMENSIONS.values()}
-        if unknown:
-            raise TypeError(f"unknown search space axes {sorted(unknown)}")
+        missing = [dimension.axis for dimension in DIMENSIONS.values() if not dimension.switch and dimension.axis not in given]
+        if unknown or missing:
+            raise TypeError(f"search space axes unknown {sorted(unknown)} or missing {missing}")
         axes = tuple((dimension.axis, tuple(given.get(dimension.axis, (0,)))) for dimension in DIMENSIONS.values())
         object.__setattr__(self, "axes", axes)
 

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from calibration.dimensions import DIMENSIONS, switches
 
+# A combination of switches, the names of those on: what a step keeps apart in time and memory
+# (a probe planner's and a planner's "mode": checkpointing off, on).
+Mode = tuple[str, ...]
+
 
 @dataclass(frozen=True, order=True)
 class StepConfig:
@@ -18,7 +22,7 @@ class StepConfig:
     num_workers: int
     grad_accum: int
     seq_len: int
-    switches: tuple[str, ...] = ()  # the switch dimensions on, in the table's order
+    switches: Mode = ()  # the switch dimensions on, in the table's order
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "switches", tuple(name for name in DIMENSIONS if name in self.switches))

@@ -43,7 +43,9 @@ def test_the_argument_parser_offers_it_and_the_model_gets_dora_adapters(with_dor
     assert not any("lora_magnitude_vector" in name for name, _ in plain.named_parameters())
 
 
-def test_bench_measures_it_and_train_plans_trains_and_records_it(with_dora: Method, home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_measures_it_and_train_plans_trains_and_records_it(
+    with_dora: Method, home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--method", "dora", "--lora-rank", "4", *GRID, "--no-report"], capsys)
     assert code == 0, err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())

@@ -9,10 +9,8 @@ from collections.abc import Mapping
 
 from calibration.dimensions import switches
 from calibration.model import Calibration
+from calibration.step_config import Mode
 from common.errors import BenchtrainError
-
-# A combination of switches: the names of those on (calibration.step_config.StepConfig.switches).
-Mode = tuple[str, ...]
 
 
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
