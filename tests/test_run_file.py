@@ -113,3 +113,22 @@ def test_an_older_run_json_without_the_configuration_row_loads(tmp_path: Path) -
     (tmp_path / "run.json").write_text(json.dumps(document))
     resumed = RunFile.read(tmp_path / "run.json").resumed()
     assert resumed.configuration == StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)
+
+
+@pytest.mark.parametrize("rewritten", [False, True])
+def test_the_report_draws_a_run_of_either_form(tmp_path: Path, rewritten: bool) -> None:
+    """A run.json from before (the step as flat keys) and one written now (the configuration once)
+    both make a report whose plan names the step."""
+    from reports.run_report import write_run_report
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if rewritten:
+        RunFile.read(BEFORE).write(run_dir)
+    else:
+        (run_dir / "run.json").write_text(BEFORE.read_text())
+    html = write_run_report(run_dir).read_text()
+    if rewritten:
+        assert "batch 8 × accum 2, 0 workers, max length 256" in html
+    else:
+        assert "max_length" in html and ">256<" in html
