@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bench.cost import CostModel, MemoryPrior
-from bench.space import SearchSpace, ruled_out_by
+from bench.space import SearchSpace, Shape, ruled_out_by, shape_of
 from calibration.fit import MIN_ROWS_FOR_FIT, throughput_features
 from calibration.step_config import Mode, StepConfig
 
@@ -47,14 +47,6 @@ FEW_CORES = 2
 # needs at the cheapest price measured, times this: prices measured on a disturbed machine (or once)
 # are not trusted to rule everything out while a few cheap probes would settle it.
 GIVE_UP_MARGIN = 1.0
-
-
-# What a compiled step compiles once: rows, length, the switches on (checkpointing changes the graph).
-Shape = tuple[int, int, Mode]
-
-
-def shape_of(config: StepConfig) -> Shape:
-    return (config.micro_batch_size, config.seq_len, config.switches)
 
 
 @dataclass

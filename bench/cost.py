@@ -233,7 +233,7 @@ class MemoryPrior:
     hidden: int
     compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
     observations: list[tuple[StepConfig, float]] = field(default_factory=list)
-    _cache: dict[tuple[int, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
+    _cache: dict[tuple[Mode, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
 
     def prior_per_token(self, checkpointing: bool) -> float:
         scale = self.compute_bytes / 2

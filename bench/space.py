@@ -80,6 +80,14 @@ def configurations(values: tuple[tuple[int, ...], ...]) -> tuple[StepConfig, ...
     return tuple(StepConfig.from_row(dict(zip(DIMENSIONS, combo, strict=True))) for combo in itertools.product(*values))
 
 
+# What a compiled step compiles once: rows, length, the switches on (checkpointing changes the graph).
+Shape = tuple[int, int, Mode]
+
+
+def shape_of(config: StepConfig) -> Shape:
+    return (config.micro_batch_size, config.seq_len, config.switches)
+
+
 def mode_words(mode: Mode) -> str:
     """A combination of switches in words: "gradient checkpointing on"."""
     return ", ".join(f"{dimension.name.replace('_', ' ')} {'on' if dimension.name in mode else 'off'}" for dimension in switches())

@@ -127,7 +127,7 @@ class SimulatedDevice:
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
-        self.compiled_shapes: set[tuple[int, int, int]] = set()
+        self.compiled_shapes: set[Any] = set()
 
     @property
     def hardware(self) -> dict[str, Any]:
@@ -171,7 +171,7 @@ class SimulatedDevice:
         settings = ProbeSettings(**payload["settings"])
         started = self.clock()
         row: dict[str, Any] = {**config.to_row(), "status": "ok"}
-        shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
+        shape = (config.micro_batch_size, config.seq_len, config.switches)  # bench.space.shape_of
         row["new_shape"] = shape not in self.compiled_shapes
         peak = self.peak_bytes(config)
         self.clock.advance(self.measured.start_seconds)
