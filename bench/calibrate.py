@@ -23,9 +23,10 @@ from bench.probe_tasks import probe_timeout_seconds
 from bench.record import CalibrationSubject, build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.second_process import PROCESSES, check_configs, check_price
-from bench.space import SearchSpace
+from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
+from calibration.dimensions import DIMENSIONS
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
 from calibration.step_config import StepConfig
 from calibration.store import save_failed
@@ -151,7 +152,7 @@ def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
     """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
     and length, checkpointing off): what `train` needs to plan evaluation time. Before any probe:
     the corners of the grid."""
-    ok = [row for row in planner.ok_rows() if not row.get("gradient_checkpointing")] or [c.to_row() for c in planner.space.all_configs()]
+    ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [c.to_row() for c in planner.space.all_configs()]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
     corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
@@ -229,7 +230,7 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     budget.reserved = lambda: 0.0
     for mode in result.dropped_modes:
         warnings.append(
-            f"gradient checkpointing {'on' if mode else 'off'} was not measured: the budget could not pay for its first probe "
+            f"{mode_words(mode)} was not measured: the budget could not pay for its first probe "
             "(a compilation) after the others; this calibration plans the other mode only (a larger --budget measures both)"
         )
 
@@ -288,7 +289,7 @@ def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
     pool = [
         c
         for c in planner.candidates()
-        if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.gradient_checkpointing == space.checkpointing[0]
+        if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.switches == space.modes()[0]
     ]
     return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 
@@ -387,7 +388,7 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
     if not run.budget.allows(compile_cache_price(run.task, run.planner, build_seconds)):
         skipped.append("compile-cache timing: beyond the budget (train prices a compilation per shape instead)")
         return {}
-    shape = {key: ok[0][key] for key in ("micro_batch_size", "seq_len", "gradient_checkpointing")}
+    shape = {key: value for key, value in ok[0].items() if key in DIMENSIONS and key not in ("num_workers", "grad_accum")}
     measured = run.coordinator.run("compile_cache", {"row": shape, "timeout_seconds": run.budget.left()})
     if not measured:
         return {}

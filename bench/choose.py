@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from bench.cost import CostModel, MemoryPrior
-from bench.space import SearchSpace, ruled_out_by
+from bench.space import SearchSpace, Shape, ruled_out_by, shape_of
 from calibration.fit import MIN_ROWS_FOR_FIT, throughput_features
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 
 # A probe is not run when its predicted peak × (1 + this) passes the device's memory.
 MEMORY_HEADROOM = 0.05
@@ -49,11 +49,6 @@ FEW_CORES = 2
 GIVE_UP_MARGIN = 1.0
 
 
-def shape_of(config: StepConfig) -> tuple[int, int, int]:
-    """What a compiled step compiles once: rows, length, checkpointing."""
-    return (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
-
-
 @dataclass
 class ProbePlanner:
     space: SearchSpace
@@ -62,9 +57,9 @@ class ProbePlanner:
     memory_limit_bytes: float | None = None
     rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
     oom: list[StepConfig] = field(default_factory=list)
-    seen_shapes: set[tuple[int, int, int]] = field(default_factory=set)
-    # Checkpointing modes the minimum no longer waits for: the budget could not reach them.
-    dropped_modes: set[int] = field(default_factory=set)
+    seen_shapes: set[Shape] = field(default_factory=set)
+    # Modes (switches on: checkpointing) the minimum no longer waits for: the budget could not reach them.
+    dropped_modes: set[Mode] = field(default_factory=set)
     host_cores: int | None = None  # the host's CPU cores (None: not known, workers as any other dimension)
 
     # -- what happened ----------------------------------------------------------------------
@@ -118,11 +113,11 @@ class ProbePlanner:
 
     # -- the choice -------------------------------------------------------------------------
     def viable(self) -> bool:
-        """A minimum viable fit: enough successful probes, every checkpointing mode covered."""
+        """A minimum viable fit: enough successful probes, every mode (checkpointing off, on) covered."""
         return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
 
-    def _missing_modes(self) -> set[int]:
-        return set(self.space.checkpointing) - self.dropped_modes - {row.get("gradient_checkpointing", 0) for row in self.ok_rows()}
+    def _missing_modes(self) -> set[Mode]:
+        return set(self.space.modes()) - self.dropped_modes - {StepConfig.from_row(row).switches for row in self.ok_rows()}
 
     def still_needed(self) -> int:
         """Successful probes a minimum viable fit still needs."""
@@ -145,12 +140,12 @@ class ProbePlanner:
         fewest = min(c.num_workers for c in pool)
         return [c for c in pool if c.num_workers == fewest]
 
-    def settle_for_measured_modes(self, remaining: float | None) -> list[int]:
+    def settle_for_measured_modes(self, remaining: float | None) -> list[Mode]:
         """When the budget cannot reach a minimum fit with every checkpointing mode but can with
         the modes already measured, the minimum stops waiting for the others (a calibration of
         one mode plans that mode; better than none). Returns the modes dropped."""
         missing = self._missing_modes()
-        if self.viable() or not missing or missing == set(self.space.checkpointing) or self.viable_within(remaining):
+        if self.viable() or not missing or missing == set(self.space.modes()) or self.viable_within(remaining):
             return []
         self.dropped_modes |= missing
         if self.viable_within(remaining):
@@ -176,7 +171,7 @@ class ProbePlanner:
             missing = self._missing_modes()
             still_needed = self.still_needed()
             if missing and len(self.ok_rows()) + len(missing) >= MIN_ROWS_FOR_FIT:
-                affordable = [c for c in affordable if c.gradient_checkpointing in missing] or affordable
+                affordable = [c for c in affordable if c.switches in missing] or affordable
             # Leave room for the rest of the minimum: prefer probes a share of what is left pays.
             if remaining is not None:
                 affordable = [c for c in affordable if prices[c] <= remaining / still_needed] or affordable

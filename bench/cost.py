@@ -32,7 +32,7 @@ import numpy as np
 from bench.timing import ProbeSettings, min_timed_steps, steps_needed
 from calibration.fit_tools import fit_nonnegative
 from calibration.memory_fit import fit_memory
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
 # low on purpose (a probe priced too high is only ordered late; one priced too low overruns).
@@ -233,7 +233,7 @@ class MemoryPrior:
     hidden: int
     compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
     observations: list[tuple[StepConfig, float]] = field(default_factory=list)
-    _cache: dict[tuple[int, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
+    _cache: dict[tuple[Mode, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
 
     def prior_per_token(self, checkpointing: bool) -> float:
         scale = self.compute_bytes / 2
@@ -248,24 +248,19 @@ class MemoryPrior:
         if row.get("status") == "ok" and row.get("peak_memory_bytes"):
             self.observations.append((StepConfig.from_row(row), float(row["peak_memory_bytes"])))
 
-    def per_token_bytes(self, checkpointing: bool) -> float:
-        """Bytes per token in flight: from the probes of this mode ((peak − what the model keeps) ÷
-        tokens: the static part is exact, so anything else it holds only raises the figure), else
-        the prior scaled as the other mode's probes scaled theirs (never down)."""
-        measured = {
-            mode: [
-                (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)
-                for c, peak in self.observations
-                if c.gradient_checkpointing == mode
-            ]
-            for mode in (0, 1)
-        }
-        own = measured[int(checkpointing)]
+    def per_token_bytes(self, config: StepConfig) -> float:
+        """Bytes per token in flight: from the probes of this mode (switches on: (peak − what the
+        model keeps) ÷ tokens: the static part is exact, so anything else it holds only raises the
+        figure), else the prior scaled as the other modes' probes scaled theirs (never down)."""
+        per_token = [
+            (c, (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)) for c, peak in self.observations
+        ]
+        own = [value for c, value in per_token if c.switches == config.switches]
         if own:
             return max(max(own), 0.0)
-        other = measured[1 - int(checkpointing)]
-        ratio = max(other) / self.prior_per_token(not checkpointing) if other else 1.0
-        return self.prior_per_token(checkpointing) * max(1.0, ratio)
+        other = [value / self.prior_per_token(c.gradient_checkpointing) for c, value in per_token]
+        ratio = max(other) if other else 1.0
+        return self.prior_per_token(config.gradient_checkpointing) * max(1.0, ratio)
 
     def peak_bytes(self, config: StepConfig) -> float:
         """What the model keeps + tokens × bytes per token (+ the gradients of accumulation, from
@@ -273,22 +268,22 @@ class MemoryPrior:
         mode measured, the larger of that line fitted to them and the calibration's own linear
         memory model (whose attention term can take growth with length that tokens explain: a
         probe is not bet on the kinder reading)."""
-        same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == config.gradient_checkpointing]
+        same = [(c, peak) for c, peak in self.observations if c.switches == config.switches]
         tokens = config.micro_batch_size * config.seq_len
         unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)
         if len({c.micro_batch_size * c.seq_len for c, _ in same}) < 2:
-            return self.static_bytes + self.accumulating(config) + tokens * self.per_token_bytes(bool(config.gradient_checkpointing))
-        intercept, slope, model = self._fits(config.gradient_checkpointing, unseen)
+            return self.static_bytes + self.accumulating(config) + tokens * self.per_token_bytes(config)
+        intercept, slope, model = self._fits(config.switches, unseen)
         by_tokens = intercept + max(0.0, slope) * tokens + (self.accumulating(config) if config.grad_accum > 1 else 0.0)
         fitted = model.peak_bytes(config) + (self.accumulating(config) if unseen else 0.0)
         return float(max(by_tokens, fitted))
 
-    def _fits(self, mode: int, unseen: bool) -> tuple[float, float, Any]:
+    def _fits(self, mode: Mode, unseen: bool) -> tuple[float, float, Any]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
         key = (mode, unseen, len(self.observations))
         if key not in self._cache:
-            same = [(c, peak) for c, peak in self.observations if c.gradient_checkpointing == mode]
+            same = [(c, peak) for c, peak in self.observations if c.switches == mode]
             counts = np.array([float(c.micro_batch_size * c.seq_len) for c, _ in same])
             peaks = np.array([peak - (0.0 if unseen else self.accumulating(c)) for c, peak in same])
             slope, intercept = np.polyfit(counts, peaks, 1)

@@ -16,6 +16,7 @@ import time
 from functools import partial
 from typing import Any
 
+from bench.space import Shape, shape_of
 from bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from calibration.step_config import StepConfig
 from common.heap import collect_everything
@@ -49,7 +50,7 @@ class Workload:
         self.vocab_size = int(unwrap(self.model).config.vocab_size)
         self.pin_memory = pin_memory(self.accelerator)
         # (rows, length, checkpointing) already run: with a compiled step, a new one compiles.
-        self.seen_shapes: set[tuple[int, int, bool]] = set()
+        self.seen_shapes: set[Shape] = set()
         self.build_seconds = time.perf_counter() - started
 
     @property
@@ -95,7 +96,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
     row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
     workload.set_checkpointing(config.gradient_checkpointing)
-    shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
+    shape = shape_of(config)
     # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)

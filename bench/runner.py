@@ -17,7 +17,8 @@ from bench.drift import REFERENCE_EVERY, correct_for_drift
 from bench.remeasure import remeasure
 from bench.space import SearchSpace
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
-from calibration.step_config import DIMENSIONS, StepConfig
+from calibration.dimensions import DIMENSIONS
+from calibration.step_config import Mode, StepConfig
 
 ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
 # Keep a little of the budget for fitting and writing the calibration.
@@ -37,7 +38,7 @@ class BenchResult:
     reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
     drift: dict[str, Any] | None = None
     remeasured: int = 0  # further measurements of disturbed probes
-    dropped_modes: list[int] = field(default_factory=list)  # checkpointing modes the budget could not reach
+    dropped_modes: list[Mode] = field(default_factory=list)  # modes (switches on) the budget could not reach
 
 
 class Budget:

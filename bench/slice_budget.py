@@ -31,19 +31,18 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.choose import ProbePlanner, shape_of
+from bench.choose import ProbePlanner
 from bench.outlook import total_seconds
+from bench.space import Shape, shape_of
 from common.durations import format_duration
 from common.errors import BenchtrainError
-
-Shape = tuple[int, int, int]
 
 
 @dataclass
 class Carry:
     """What one depth leaves the next in the same process."""
 
-    shapes: set[Shape] = field(default_factory=set)  # (rows, length, checkpointing) compiled so far
+    shapes: set[Shape] = field(default_factory=set)  # (rows, length, switches on) compiled so far
     one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
     compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
 
@@ -56,12 +55,11 @@ class Carry:
         return replace(task, one_off_timings=self.one_off)
 
     def seed(self, seen: set[Any]) -> None:
-        """A workload's (or a simulated device's) shapes run: the compiled ones added (a flag of
-        True and 1 are the same key)."""
+        """A workload's (or a simulated device's) shapes run: the compiled ones added."""
         seen |= self.shapes
 
     def done(self, planner: ProbePlanner) -> None:
-        self.shapes |= {(int(b), int(s), int(c)) for b, s, c in planner.seen_shapes}
+        self.shapes |= planner.seen_shapes
         if planner.cost.compiled:
             self.compile_seconds = planner.cost.first_step_extra(new_shape=True)
 

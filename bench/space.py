@@ -5,22 +5,62 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from calibration.step_config import DIMENSIONS, StepConfig
+from calibration.dimensions import DIMENSIONS, switches
+from calibration.step_config import Mode, StepConfig, holds_as_much
 from common.errors import BenchtrainError
 
+# One dimension's values in a search (batch sizes, workers, …): sorted, each once.
+Choices = tuple[int, ...]
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class SearchSpace:
-    batch_sizes: tuple[int, ...]
-    workers: tuple[int, ...]
-    accums: tuple[int, ...]
-    seq_lens: tuple[int, ...]
-    checkpointing: tuple[int, ...] = (0,)
+    """The values bench measures of each dimension of calibration.dimensions.DIMENSIONS, by its
+    axis name (batch_sizes, workers, accums, seq_lens, checkpointing, …): given positionally in the
+    table's order or by name; a switch not given is measured off only."""
 
-    def values(self) -> tuple[tuple[int, ...], ...]:
-        return (self.batch_sizes, self.workers, self.accums, self.seq_lens, self.checkpointing)
+    axes: tuple[tuple[str, Choices], ...]
+
+    def __init__(self, *values: Choices, **named: Choices) -> None:
+        given = dict(zip((dimension.axis for dimension in DIMENSIONS.values()), values, strict=False)) | named
+        unknown = set(given) - {dimension.axis for dimension in DIMENSIONS.values()}
+        missing = [dimension.axis for dimension in DIMENSIONS.values() if not dimension.switch and dimension.axis not in given]
+        if unknown or missing:
+            raise TypeError(f"search space axes unknown {sorted(unknown)} or missing {missing}")
+        axes = tuple((dimension.axis, tuple(given.get(dimension.axis, (0,)))) for dimension in DIMENSIONS.values())
+        object.__setattr__(self, "axes", axes)
+
+    def axis(self, name: str) -> Choices:
+        return dict(self.axes)[name]
+
+    def with_axes(self, **named: Choices) -> SearchSpace:
+        return SearchSpace(**(dict(self.axes) | named))
+
+    @property
+    def batch_sizes(self) -> Choices:
+        return self.axis("batch_sizes")
+
+    @property
+    def workers(self) -> Choices:
+        return self.axis("workers")
+
+    @property
+    def accums(self) -> Choices:
+        return self.axis("accums")
+
+    @property
+    def seq_lens(self) -> Choices:
+        return self.axis("seq_lens")
+
+    def values(self) -> tuple[Choices, ...]:
+        return tuple(values for _, values in self.axes)
+
+    def modes(self) -> list[Mode]:
+        """Every combination of the switches measured (each a tuple of the switches on)."""
+        measured = [[(dimension.name,) if value else () for value in self.axis(dimension.axis)] for dimension in switches()]
+        return sorted({sum(combo, ()) for combo in itertools.product(*measured)})
 
     @property
     def size(self) -> int:
@@ -30,13 +70,7 @@ class SearchSpace:
         return list(configurations(self.values()))
 
     def as_dict(self) -> dict[str, list[int]]:
-        return {
-            "batch_sizes": list(self.batch_sizes),
-            "workers": list(self.workers),
-            "accums": list(self.accums),
-            "seq_lens": list(self.seq_lens),
-            "checkpointing": list(self.checkpointing),
-        }
+        return {axis: list(values) for axis, values in self.axes}
 
 
 @functools.lru_cache(maxsize=64)
@@ -44,6 +78,19 @@ def configurations(values: tuple[tuple[int, ...], ...]) -> tuple[StepConfig, ...
     """Every configuration of a space's axes, built once per space: the probe planner asks for them
     for every candidate it weighs (≈ 85,000 times in a simulated 5-minute bench, 60% of its time)."""
     return tuple(StepConfig.from_row(dict(zip(DIMENSIONS, combo, strict=True))) for combo in itertools.product(*values))
+
+
+# What a compiled step compiles once: rows, length, the switches on (checkpointing changes the graph).
+Shape = tuple[int, int, Mode]
+
+
+def shape_of(config: StepConfig) -> Shape:
+    return (config.micro_batch_size, config.seq_len, config.switches)
+
+
+def mode_words(mode: Mode) -> str:
+    """A combination of switches in words: "gradient checkpointing on"."""
+    return ", ".join(f"{dimension.name.replace('_', ' ')} {'on' if dimension.name in mode else 'off'}" for dimension in switches())
 
 
 def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
@@ -69,11 +116,8 @@ def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> Sea
         return space
     if asked:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
-    return replace(space, seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
+    return space.with_axes(seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
 
-
-# One dimension's values in a search (batch sizes, workers, …): sorted, each once.
-Choices = tuple[int, ...]
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:
@@ -95,13 +139,9 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:
 
 
 def ruled_out_by(config: StepConfig, oom_configs: list[StepConfig]) -> StepConfig | None:
-    """The OOM probe that makes `config` pointless: as large a batch at as long a sequence, keeping
-    at least as many activations (checkpointing off needs more memory than on)."""
-    for oom in oom_configs:
-        keeps_as_much = config.gradient_checkpointing <= oom.gradient_checkpointing
-        if config.micro_batch_size >= oom.micro_batch_size and config.seq_len >= oom.seq_len and keeps_as_much:
-            return oom
-    return None
+    """The OOM probe that makes `config` pointless: one it keeps at least as much memory as
+    (calibration.step_config.holds_as_much)."""
+    return next((oom for oom in oom_configs if holds_as_much(config, oom)), None)
 
 
 def parse_switch_list(text: str, option: str) -> Choices:

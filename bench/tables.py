@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-MEASUREMENT_COLUMNS = (
+from calibration.dimensions import switches
+
+Column = tuple[str, str, str | None]  # the row's key, the column's title, its format
+
+
+def measurement_columns() -> tuple[Column, ...]:
+    """The sizes, each switch (titled by its label: ckpt), then what was measured."""
+    switched = tuple((dimension.name, dimension.label.lstrip("/"), "{:d}") for dimension in switches())
+    return (*SIZE_COLUMNS, *switched, *MEASURED_COLUMNS)
+
+
+SIZE_COLUMNS: tuple[Column, ...] = (
     ("micro_batch_size", "batch", "{:d}"),
     ("num_workers", "workers", "{:d}"),
     ("grad_accum", "accum", "{:d}"),
     ("seq_len", "seq_len", "{:d}"),
-    ("gradient_checkpointing", "ckpt", "{:d}"),
+)
+MEASURED_COLUMNS: tuple[Column, ...] = (
     ("tokens_per_second", "tokens/s", "{:,.0f}"),
     ("step_seconds", "step s", "{:.4f}"),
     ("mfu", "MFU", "{:.1%}"),
@@ -19,7 +31,8 @@ MEASUREMENT_COLUMNS = (
 )
 
 
-def format_table(rows: list[dict[str, Any]], columns: tuple[tuple[str, str, str | None], ...] = MEASUREMENT_COLUMNS) -> str:
+def format_table(rows: list[dict[str, Any]], columns: tuple[Column, ...] | None = None) -> str:
+    columns = columns or measurement_columns()
     header = [title for _, title, _ in columns]
     body = [[_cell(row.get(key), key, style) for key, _, style in columns] for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]

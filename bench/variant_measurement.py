@@ -127,7 +127,7 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
     if mismatch:
         warnings.append(mismatch)
         say(f"warning: {mismatch}")
-    space = replace(default_space(hardware["device_type"], hardware["memory_bytes"]), **request.space_asked)
+    space = default_space(hardware["device_type"], hardware["memory_bytes"]).with_axes(**request.space_asked)
     space = within_positions(space, spec.max_positions, asked="seq_lens" in request.space_asked)
     space, tokenized, data_record = measured_data(request, spec, space)
     settings = ProbeSettings.for_device(hardware["device_type"])
@@ -168,7 +168,7 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
     tokenized = view if prepared.exact else view.sample
     data_record = {"source": request.data.path, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
     if "seq_lens" not in request.space_asked:  # the lengths train will plan for this data
-        space = replace(space, seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
+        space = space.with_axes(seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
     return space, tokenized, data_record
 
 

@@ -60,7 +60,7 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
         for s in space.seq_lens:
             for a in space.accums:
                 for c in checkpointing:
-                    config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s, gradient_checkpointing=bool(c))
+                    config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s).switched(gradient_checkpointing=bool(c))
                     if config in probed or not device.peak_bytes(config) <= device.hardware["memory_bytes"]:
                         continue
                     predicted = calibration.micro_step_seconds(config) * a

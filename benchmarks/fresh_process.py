@@ -61,7 +61,7 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     results = []
     for b, w, a, s in random.Random(seed).sample(HELD_OUT, count):
         config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
-        predicted = cal.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        predicted = cal.predict(config)
         measured = measure_in_fresh_process(resolve_model("tiny"), MethodConfig(), StepOptions(), [config], ProbeSettings(), 600)
         row = (measured or {}).get("rows", [{}])[0]
         if row.get("status") != "ok":

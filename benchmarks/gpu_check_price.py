@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibration.step_config import StepConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulated H100 (tests/simulated.py)
 
 BUNDLED = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
@@ -56,7 +58,7 @@ def step_parts(scale: Any, cal: Any, loops: list[str]) -> dict[str, float]:
     from simulated import COMPILE_SECONDS
 
     build = float(cal.data["overheads"]["model_build_seconds"])
-    step = cal.predict(micro_batch_size=scale.micro_batch, seq_len=scale.seq_len).step_seconds
+    step = cal.predict(StepConfig(scale.micro_batch, 0, 1, scale.seq_len)).step_seconds
     return {loop: build + (COMPILE_SECONDS if "compiled" in loop else 0.0) + (scale.warmup + scale.steps) * step for loop in loops}
 
 
@@ -69,7 +71,7 @@ def simulated_bench_seconds(model: str, lora: bool, budget: float, replay: bool)
 
 
 def fixed_shape_peak(scale: Any, cal: Any) -> float:
-    prediction = cal.predict(micro_batch_size=scale.micro_batch, seq_len=scale.seq_len)
+    prediction = cal.predict(StepConfig(scale.micro_batch, 0, 1, scale.seq_len))
     return float(prediction.peak_memory_bytes_high)
 
 
@@ -85,7 +87,7 @@ def price_checks(scale: Any, names: list[str]) -> list[PricedCheck]:
         raise ValueError(f"the bundled calibration measured {cal.data['model']['name']}, not {scale.model}: it cannot price this scale")
     peak = fixed_shape_peak(scale, cal)
     build = float(cal.data["overheads"]["model_build_seconds"])
-    step = cal.predict(micro_batch_size=scale.micro_batch, seq_len=scale.seq_len).step_seconds
+    step = cal.predict(StepConfig(scale.micro_batch, 0, 1, scale.seq_len)).step_seconds
     parts: dict[str, Callable[[], dict[str, float]]] = {  # each priced only when asked for: the benches take seconds
         "peers": lambda: step_parts(scale, cal, list(scale.peer_loops)),
         "loss": lambda: step_parts(scale, cal, ["ours-chunked-loss", "ours-plain-loss", "ours-liger-loss"]),

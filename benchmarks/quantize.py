@@ -78,7 +78,7 @@ def main() -> None:
             quantize, optimizer = variant.variant
             weights_predicted, weights_built, state_predicted, state_real = built_bytes(args.model, quantize, optimizer)
             row = next((r for r in variant.ok_rows() if StepConfig.from_row(r) == config), None)
-            fit = variant.predict_for(config)
+            fit = variant.predict(config)
             measured_step = f"{row['step_seconds']:.3f}" if row else "–"
             measured_peak = f"{row['peak_memory_bytes'] / GIB:.3f}" if row else "–"
             print(

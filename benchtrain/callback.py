@@ -361,8 +361,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             num_workers=int(args.dataloader_num_workers),
             grad_accum=int(args.gradient_accumulation_steps),
             seq_len=length,
-            gradient_checkpointing=bool(args.gradient_checkpointing),
-        )
+        ).switched(gradient_checkpointing=bool(args.gradient_checkpointing))
         if self.calibration is not None:
             step_seconds, bound = calibrated_step(self.calibration, config)
             source = f"calibration {self.calibration.id} (this device, model and method) at length {length}"

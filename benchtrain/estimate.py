@@ -110,7 +110,7 @@ def measured_step(seconds: list[float]) -> tuple[float, float]:
 
 def calibrated_step(calibration: Calibration, config: StepConfig) -> tuple[float, float]:
     """(step seconds, relative bound) the calibration predicts for the Trainer's step."""
-    prediction = calibration.predict_for(config)
+    prediction = calibration.predict(config)
     return prediction.step_seconds, calibration.relative_bound_for(config)
 
 

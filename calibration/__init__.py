@@ -4,7 +4,8 @@ Plain data and math: no torch here.
 
     >>> import calibration
     >>> cal = calibration.load("latest")
-    >>> cal.predict(micro_batch_size=4, seq_len=512, grad_accum=2, num_workers=2).tokens_per_second
+    >>> from calibration.step_config import StepConfig
+    >>> cal.predict(StepConfig(micro_batch_size=4, num_workers=2, grad_accum=2, seq_len=512)).tokens_per_second
 """
 
 from __future__ import annotations

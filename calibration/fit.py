@@ -44,29 +44,34 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration.dimensions import Dimension, scaled, switches
 from calibration.extrapolation import held_out_by_dimension
 from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
 from calibration.memory_fit import fit_memory_rows
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
-THROUGHPUT_TERMS = (
-    "fixed",
-    "per_token",
-    "attention",
-    "optimizer_step",
-    "serial_data",
-    "worker_supply",
-    "per_worker",
-    "recompute_per_token",
-    "recompute_attention",
-)
+# The physical model's own terms, over the four sizes; each switch of calibration.dimensions adds its own after them.
+SIZE_TERMS = ("fixed", "per_token", "attention", "optimizer_step", "serial_data", "worker_supply", "per_worker")
+SIZE_DEVICE_TERMS = ("per_token", "attention")
+
+
+def throughput_terms() -> tuple[str, ...]:
+    """Every term, in the features' order: the sizes', then each switch's (the table's order)."""
+    return (*SIZE_TERMS, *(term.name for dimension in switches() for term in dimension.throughput))
+
+
+def device_terms() -> tuple[str, ...]:
+    """The device part of a micro-step (overlapping with the host's fixed cost in the `overlap` form)."""
+    return (*SIZE_DEVICE_TERMS, *(term.name for dimension in switches() for term in dimension.throughput if term.device))
 
 
 def throughput_features(config: StepConfig) -> np.ndarray:
     tokens = config.micro_batch_size * config.seq_len
     workers = config.num_workers
-    recompute = 1.0 if config.gradient_checkpointing else 0.0
+    switched = [
+        scaled(term.scale, tokens, config.seq_len) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.throughput
+    ]
     return np.array(
         [
             1.0,
@@ -76,8 +81,7 @@ def throughput_features(config: StepConfig) -> np.ndarray:
             tokens if workers == 0 else 0.0,
             tokens / workers if workers > 0 else 0.0,
             float(workers),
-            recompute * tokens,
-            recompute * tokens * config.seq_len,
+            *switched,
         ]
     )
 
@@ -114,24 +118,16 @@ class ResidualSmoother:
         return float((weights * self.log_residuals).sum() / (weights.sum() + self.prior_weight))
 
 
-SMOOTHER_DIMENSIONS = 5
+def smoother_switches() -> list[Dimension]:
+    """The switches the residual smoother names as coordinates, after the four sizes'."""
+    return [dimension for dimension in switches() if dimension.smoother_spread is not None]
 
 
 def residual_coordinates(config: StepConfig) -> np.ndarray:
-    return np.array(
-        [
-            math.log2(config.micro_batch_size),
-            math.log2(config.seq_len),
-            math.log2(config.grad_accum),
-            math.log2(1 + config.num_workers),
-            # Far apart: residuals of one checkpointing mode say little about the other.
-            2.0 if config.gradient_checkpointing else 0.0,
-        ]
-    )
+    sizes = [math.log2(config.micro_batch_size), math.log2(config.seq_len), math.log2(config.grad_accum), math.log2(1 + config.num_workers)]
+    return np.array([*sizes, *((dimension.smoother_spread or 0.0) * config.value(dimension.name) for dimension in smoother_switches())])
 
 
-# The device part of a micro-step (overlapping with the host's fixed cost in the `overlap` form).
-DEVICE_TERMS = ("per_token", "attention", "recompute_per_token", "recompute_attention")
 HOST_TERM = "fixed"
 MAX_OVERLAP_POWER = 32.0
 
@@ -153,9 +149,10 @@ class ThroughputModel:
 
     def micro_step_seconds(self, config: StepConfig) -> float:
         features = throughput_features(config)
-        parts: dict[str, float] = {term: features[index] * self.coefficients[term] for index, term in enumerate(THROUGHPUT_TERMS)}
-        device = sum(parts[term] for term in DEVICE_TERMS)
-        rest = sum(value for term, value in parts.items() if term not in DEVICE_TERMS and term != HOST_TERM)
+        parts: dict[str, float] = {term: features[index] * self.coefficients.get(term, 0.0) for index, term in enumerate(throughput_terms())}
+        device_part = device_terms()
+        device = sum(parts[term] for term in device_part)
+        rest = sum(value for term, value in parts.items() if term not in device_part and term != HOST_TERM)
         base = float(overlapped(parts[HOST_TERM], device, self.overlap_power)) + rest
         if self.smoother is not None:
             base *= math.exp(self.smoother(config))
@@ -170,16 +167,23 @@ class ThroughputModel:
 
 # Which terms describe the training step itself and which the wait for the next batch.
 DATA_TERMS = ("serial_data", "worker_supply")
-COMPUTE_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term not in DATA_TERMS]
-DATA_INDEX = [i for i, term in enumerate(THROUGHPUT_TERMS) if term in DATA_TERMS]
+
+
+def compute_index() -> list[int]:
+    return [i for i, term in enumerate(throughput_terms()) if term not in DATA_TERMS]
+
+
+def data_index() -> list[int]:
+    return [i for i, term in enumerate(throughput_terms()) if term in DATA_TERMS]
 
 
 def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray) -> tuple[np.ndarray, float]:
     """The compute terms and the overlap power, by robust non-negative nonlinear least squares on
     relative error, started from the additive (power 1) solution."""
-    columns = [THROUGHPUT_TERMS.index(term) for term in THROUGHPUT_TERMS if THROUGHPUT_TERMS.index(term) in COMPUTE_INDEX]
-    device = [columns.index(THROUGHPUT_TERMS.index(term)) for term in DEVICE_TERMS]
-    host = columns.index(THROUGHPUT_TERMS.index(HOST_TERM))
+    terms = throughput_terms()
+    columns = compute_index()
+    device = [columns.index(terms.index(term)) for term in device_terms()]
+    host = columns.index(terms.index(HOST_TERM))
     additive = [position for position in range(len(columns)) if position not in device and position != host]
     weight = 1.0 / (scale * (uncertainty if uncertainty is not None else 1.0))
     magnitude = np.abs(features).max(axis=0)
@@ -210,7 +214,7 @@ def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, f
     """Non-negative coefficients of `terms`. With `flops` (FLOPs per token of each device term,
     from the model's shape: calibration.flops_terms), the device terms are tied to one cost per
     FLOP: one unknown instead of four, which few probes can pin down."""
-    device = [index for index, term in enumerate(terms) if term in DEVICE_TERMS]
+    device = [index for index, term in enumerate(terms) if term in device_terms()]
     if flops is None or not device:
         return fit_nonnegative(features, targets, **options)
     other = [index for index in range(len(terms)) if index not in device]
@@ -235,21 +239,20 @@ def fit_throughput(
     """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
     the others to the rest of the step, which keeps each term's meaning when probes are few."""
     features = np.stack([throughput_features(c) for c in configs])
+    terms, computed, data = throughput_terms(), compute_index(), data_index()
     if wait_seconds is None:
-        solution = fit_terms(features, THROUGHPUT_TERMS, micro_seconds, flops, uncertainty=uncertainty)
+        solution = fit_terms(features, terms, micro_seconds, flops, uncertainty=uncertainty)
     else:
         wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
-        solution = np.zeros(len(THROUGHPUT_TERMS))
-        compute_terms = [THROUGHPUT_TERMS[index] for index in COMPUTE_INDEX]
-        solution[COMPUTE_INDEX] = fit_terms(
-            features[:, COMPUTE_INDEX], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty
-        )
-        solution[DATA_INDEX] = fit_nonnegative(features[:, DATA_INDEX], wait, scale=micro_seconds, uncertainty=uncertainty)
+        solution = np.zeros(len(terms))
+        compute_terms = tuple(terms[index] for index in computed)
+        solution[computed] = fit_terms(features[:, computed], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty)
+        solution[data] = fit_nonnegative(features[:, data], wait, scale=micro_seconds, uncertainty=uncertainty)
     power = 1.0
     if overlap and wait_seconds is not None:  # the data terms must be fitted apart (to the wait)
         wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
-        solution[COMPUTE_INDEX], power = fit_overlap(features[:, COMPUTE_INDEX], micro_seconds - wait, micro_seconds, uncertainty, solution[COMPUTE_INDEX])
-    model = ThroughputModel(dict(zip(THROUGHPUT_TERMS, map(float, solution), strict=True)), overlap_power=power)
+        solution[computed], power = fit_overlap(features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed])
+    model = ThroughputModel(dict(zip(terms, map(float, solution), strict=True)), overlap_power=power)
     if smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
         points = np.stack([residual_coordinates(c) for c in configs])
@@ -371,7 +374,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     return {
         "kind": kind,
         "reason": reason,
-        "terms": list(THROUGHPUT_TERMS),
+        "terms": list(throughput_terms()),
         "parameters": {**model.coefficients, "overlap_power": model.overlap_power},
         "smoother": _smoother_json(model.smoother),
         "held_out_error": error.to_json(),
@@ -437,10 +440,18 @@ def throughput_model_from_json(fit: JsonDict) -> ThroughputModel:
     if fit.get("smoother"):
         data = fit["smoother"]
         smoother = ResidualSmoother(
-            np.array(data["points"], dtype=float).reshape(-1, SMOOTHER_DIMENSIONS),
+            smoother_points(data["points"]),
             np.array(data["log_residuals"], dtype=float),
             float(data["bandwidth"]),
             float(data.get("prior_weight", 0.5)),
         )
     power = float(fit["parameters"].get("overlap_power", 1.0))
-    return ThroughputModel({term: float(fit["parameters"][term]) for term in THROUGHPUT_TERMS}, smoother, power)
+    # A term of a switch the file predates is zero: the step it measured had the switch off.
+    return ThroughputModel({term: float(fit["parameters"].get(term, 0.0)) for term in throughput_terms()}, smoother, power)
+
+
+def smoother_points(points: list[list[float]]) -> np.ndarray:
+    """Stored smoother points, each padded with 0 (off) for a switch coordinate the file predates."""
+    width = 4 + len(smoother_switches())
+    array = np.array(points, dtype=float).reshape(len(points), -1)
+    return np.pad(array, ((0, 0), (0, max(0, width - array.shape[1]))))

@@ -47,6 +47,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.comm import gradient_bytes
+from calibration.dimensions import scaled, switches
 from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -56,18 +57,33 @@ from common.json_types import JsonDict
 CUDA_MEMORY_FIELDS = ("peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
 MEMORY_FIELDS = ("peak_memory_bytes", *CUDA_MEMORY_FIELDS)
 BASES = ("allocated", "reserved")
-LINEAR_TERMS = ("static", "per_token", "attention", "per_token_checkpointed", "attention_checkpointed", "accumulated_gradients")
-MEMORY_TERMS = (*LINEAR_TERMS, "optimizer_floor")
+
+
+def linear_terms() -> tuple[str, ...]:
+    """The linear form's terms: what is always held, activations (plain, then each switch's that
+    replaces them: calibration.dimensions), each switch's own, the gradients held while accumulating."""
+    replacing = [name for dimension in switches() if dimension.activations for name in dimension.activations]
+    own = [term.name for dimension in switches() for term in dimension.memory]
+    return ("static", "per_token", "attention", *replacing, *own, "accumulated_gradients")
+
+
+def memory_terms() -> tuple[str, ...]:
+    return (*linear_terms(), "optimizer_floor")
+
 # The floor form has one more parameter and a kink: it needs a few probes on each side of it.
 MIN_ROWS_FOR_FLOOR = 6
 
 
 def memory_features(config: StepConfig) -> np.ndarray:
-    """The linear form's features, in LINEAR_TERMS order."""
-    tokens = config.micro_batch_size * config.seq_len
-    kept = 0.0 if config.gradient_checkpointing else 1.0
+    """The linear form's features, in linear_terms() order: activations per token (and per token ×
+    length) as plainly kept, or as the switch on that replaces them keeps them."""
+    tokens, length = config.micro_batch_size * config.seq_len, config.seq_len
+    activations = [(dimension.name, config.on(dimension.name)) for dimension in switches() if dimension.activations]
+    kept = 0.0 if any(on for _, on in activations) else 1.0
+    replaced = [value * float(on) for _, on in activations for value in (tokens, tokens * length)]
+    own = [scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.memory]
     accumulating = 1.0 if config.grad_accum > 1 else 0.0
-    return np.array([1.0, kept * tokens, kept * tokens * config.seq_len, (1 - kept) * tokens, (1 - kept) * tokens * config.seq_len, accumulating])
+    return np.array([1.0, kept * tokens, kept * tokens * length, *replaced, *own, accumulating])
 
 
 @dataclass
@@ -78,7 +94,7 @@ class MemoryModel:
 
     def peak_bytes(self, config: StepConfig) -> float:
         """The device bytes a step needs: the fitted peak plus what lies outside the allocator."""
-        linear = float(np.dot(memory_features(config), [self.coefficients[t] for t in LINEAR_TERMS]))
+        linear = float(np.dot(memory_features(config), [self.coefficients.get(t, 0.0) for t in linear_terms()]))
         return max(self.coefficients.get("optimizer_floor", 0.0), linear) + self.non_torch_bytes
 
     @property
@@ -98,7 +114,7 @@ def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: boo
     at least `gradient_bytes` (once some probe accumulated: a term no probe exercises stays zero)."""
     features = np.stack([memory_features(c) for c in configs])
     linear = fit_nonnegative(features, peak_bytes)
-    coefficients = {**dict(zip(LINEAR_TERMS, map(float, linear), strict=True)), "optimizer_floor": 0.0}
+    coefficients = {**dict(zip(linear_terms(), map(float, linear), strict=True)), "optimizer_floor": 0.0}
     if floor:
         coefficients = _fit_floor(features, peak_bytes, linear)
     if any(config.grad_accum > 1 for config in configs):
@@ -133,7 +149,7 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
     x0 = np.concatenate([start * scale / unit, [peak_bytes.min() / unit]])
     solution = least_squares(lambda x: (predict(x) - peak_bytes) / peak_bytes, np.clip(x0, 0, None), bounds=(0, np.inf), loss="soft_l1", f_scale=0.05)
     theta = np.where(free, solution.x[:-1], 0.0) * unit / scale
-    return {**dict(zip(LINEAR_TERMS, map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
+    return {**dict(zip(linear_terms(), map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
 
 
 def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> dict[str, object]:
@@ -190,6 +206,6 @@ def _number(value: object) -> TypeGuard[float]:
 def memory_model_from_json(memory: dict[str, object]) -> MemoryModel:
     parameters = memory["parameters"]
     assert isinstance(parameters, dict)
-    coefficients = {term: float(parameters.get(term, 0.0)) for term in MEMORY_TERMS}
+    coefficients = {term: float(parameters.get(term, 0.0)) for term in memory_terms()}
     outside = memory.get("non_torch_bytes")
     return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if _number(outside) else 0.0)

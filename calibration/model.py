@@ -11,6 +11,7 @@ from typing import cast
 
 import numpy as np
 
+from calibration.dimensions import switches
 from calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
 from calibration.hub import hub_provenance
@@ -19,7 +20,7 @@ from calibration.process_check import applied_speed_factor
 from calibration.schema import variant_data
 from calibration.setup import Variant, variant_of
 from calibration.slices import slice_widening
-from calibration.step_config import StepConfig
+from calibration.step_config import StepConfig, holds_as_much
 from calibration.store import calibrations_dir, is_bundled
 from calibration.translate import BoundWidths, widened_bounds
 from common.errors import BenchtrainError
@@ -320,27 +321,9 @@ class Calibration:
         factor, to a fresh process's speed (speed_factor) and by what past runs measured."""
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor / self.speed_factor
 
-    def predict(
-        self,
-        micro_batch_size: int,
-        seq_len: int,
-        grad_accum: int = 1,
-        num_workers: int = 0,
-        gradient_checkpointing: bool = False,
-        memory_offset_bytes: float = 0.0,
-    ) -> Prediction:
-        """The prediction for one configuration, named field by field (see predict_for)."""
-        config = StepConfig(
-            micro_batch_size=int(micro_batch_size),
-            num_workers=int(num_workers),
-            grad_accum=int(grad_accum),
-            seq_len=int(seq_len),
-            gradient_checkpointing=bool(gradient_checkpointing),
-        )
-        return self.predict_for(config, memory_offset_bytes)
-
-    def predict_for(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
-        """`memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
+    def predict(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
+        """Tokens/second, step seconds and peak memory of one configuration, with their bounds.
+        `memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
         e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config.label}: sizes must be positive")
@@ -381,8 +364,7 @@ class Calibration:
         predicted peak plus margin fits. A run that holds less than the probes did (FSDP shards
         from a 1-process calibration) is judged on the prediction alone."""
         for row in self.oom_rows() if memory_offset_bytes >= 0 else ():
-            leaner_or_same = bool(row.get("gradient_checkpointing", 0)) >= config.gradient_checkpointing
-            if config.micro_batch_size >= row["micro_batch_size"] and config.seq_len >= row["seq_len"] and leaner_or_same:
+            if holds_as_much(config, StepConfig.from_row(row)):
                 return False
         if self.memory is None:
             return True
@@ -391,7 +373,7 @@ class Calibration:
     def within_measured_range(self, config: StepConfig) -> bool:
         ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
         inside = all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
-        return inside and int(config.gradient_checkpointing) in self.measured_values("gradient_checkpointing")
+        return inside and all(config.value(dimension.name) in self.measured_values(dimension.name) for dimension in switches())
 
     # -- words ----------------------------------------------------------------------------
     def explain(self) -> list[str]:

@@ -1,9 +1,11 @@
 """run.json, read and written here only: `RunFile` is the document (its keys exactly as people's
 scripts, reports/ and the model card read them), `ResumedRun` what a resume reads of it, typed.
 
-A value run.json repeats is held once and written wherever it appears: the step configuration
-(the plan's `configuration` row, the flat keys beside it and `chosen`'s) from one StepConfig, the
-estimate error (`estimate_check.error_pct` and `estimate_error_pct`) from the check. Reading
+The step configuration is written once, as the plan's `configuration` (a measurement row:
+StepConfig.to_row, every dimension of calibration.dimensions), with `world_size` beside it; a
+run.json written before that held it also as flat keys in the plan and in `chosen` (its length as
+`max_length`), which reading still accepts. The estimate error (`estimate_check.error_pct` and
+`estimate_error_pct`) is written from the check. Reading
 validates what the code reads; a file that fails is one line naming the file and the key
 (common.errors.RunFileError), as calibration.schema does for calibrations.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeAlias, cast
 
+from calibration.dimensions import switches
 from calibration.step_config import StepConfig
 from common.atomic import write_json_atomic
 from common.errors import RunFileError
@@ -28,20 +31,17 @@ JsonIn: TypeAlias = "bool | int | float | str | Sequence[JsonIn] | Mapping[str, 
 
 RUN_SCHEMA_VERSION = 1
 
-# The flat keys the plan section and `chosen` write beside the configuration (seq_len as max_length).
-STEP_COLUMNS = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "world_size", "gradient_checkpointing")
-
-
 def step_columns(config: StepConfig, world_size: int) -> JsonObject:
-    """The step configuration as run.json's flat keys name it, in their order."""
-    return {
-        "micro_batch_size": config.micro_batch_size,
-        "grad_accum": config.grad_accum,
-        "num_workers": config.num_workers,
-        "max_length": config.seq_len,
-        "world_size": world_size,
-        "gradient_checkpointing": config.gradient_checkpointing,
-    }
+    """The step configuration as a plan's candidate is written, flat (a dry run's JSON, run.json's
+    alternatives; the plan and `chosen` of a run.json from before `configuration`), its length as max_length."""
+    columns: JsonObject = {"micro_batch_size": config.micro_batch_size, "grad_accum": config.grad_accum, "num_workers": config.num_workers}
+    columns.update(max_length=config.seq_len, world_size=world_size)
+    return columns | {dimension.name: config.on(dimension.name) for dimension in switches()}
+
+
+def flat_keys() -> tuple[str, ...]:
+    """step_columns' keys."""
+    return tuple(step_columns(StepConfig(1, 0, 1, 1), 1))
 
 
 class _Reader:
@@ -111,15 +111,20 @@ def _configuration(plan: _Reader) -> StepConfig:
         num_workers=row.integer("num_workers", required=True) or 0,
         grad_accum=row.integer("grad_accum", required=True) or 0,
         seq_len=(row.integer("seq_len", required=True) if row is not plan else row.integer("max_length", 0)) or 0,
-        gradient_checkpointing=row.flag("gradient_checkpointing"),
+        switches=tuple(dimension.name for dimension in switches() if row.flag(dimension.name)),
     )
+
+
+def run_configuration(plan: Mapping[str, JsonValue], source: str = "run.json") -> StepConfig:
+    """The step configuration a run.json's plan section records (either form)."""
+    return _configuration(_Reader(source, "plan", plan))
 
 
 @dataclass
 class RunFile:
-    """run.json as a document: `configuration` and `world_size` (written into the plan's row and
-    flat keys and into `chosen`), `estimate_check` (its error written twice), and every other
-    section as written, in the file's order. `run_id` and the plan are checked on read."""
+    """run.json as a document: `configuration` and `world_size` (written first in the plan),
+    `estimate_check` (its error written twice), and every other section as written, in the file's
+    order. `run_id` and the plan are checked on read."""
 
     run_id: str
     configuration: StepConfig
@@ -142,8 +147,9 @@ class RunFile:
 
     @classmethod
     def from_json(cls, document: JsonObject, source: str = "run.json") -> RunFile:
-        """The document as read (or as `new_run_file` builds it): the plan's and `chosen`'s step
-        columns and `estimate_error_pct` are taken out, to be written from the one value again."""
+        """The document as read (or as `new_run_file` builds it): the plan's configuration, and the
+        flat step columns an older file also wrote in the plan and `chosen`, and `estimate_error_pct`
+        are taken out, to be written from the one value again."""
         top = _Reader(source, "", document)
         run_id = top.text("run_id", required=True) or ""
         plan = top.section("plan", required=True)
@@ -152,7 +158,7 @@ class RunFile:
         sections: JsonObject = {}
         for key, value in document.items():
             if key in ("plan", "chosen") and isinstance(value, dict):
-                sections[key] = {name: item for name, item in value.items() if name not in ("configuration", *STEP_COLUMNS)}
+                sections[key] = {name: item for name, item in value.items() if name not in ("configuration", *flat_keys())}
             elif not (key == "estimate_error_pct" and "estimate_check" in document):
                 sections[key] = value
         return cls(run_id, configuration, world_size, sections, source)
@@ -164,15 +170,12 @@ class RunFile:
     # -- write ------------------------------------------------------------------------------
     def to_json(self) -> JsonObject:
         """The document as run.json holds it, every repeated value written from its one source."""
-        columns = step_columns(self.configuration, self.world_size)
         document: JsonObject = {}
         for key, value in self.sections.items():
             if key == "run_id":
                 document[key] = self.run_id
             elif key == "plan" and isinstance(value, dict):
-                document[key] = {"configuration": dict(self.configuration.to_row()), **columns, **value}
-            elif key == "chosen" and isinstance(value, dict):
-                document[key] = {**columns, **value}
+                document[key] = {"configuration": dict(self.configuration.to_row()), "world_size": self.world_size, **value}
             else:
                 document[key] = value
             if key == "estimate_check":
@@ -201,10 +204,10 @@ class RunFile:
         return plan if isinstance(plan, dict) else {}
 
     def update_plan(self, **values: JsonIn) -> None:
-        """Plan keys set; its step columns are the configuration's (set `configuration`)."""
+        """Plan keys set; its step configuration is `configuration` (set that)."""
         held = self.sections.get("plan")
         assert isinstance(held, dict)
-        held.update(cast(JsonObject, {key: value for key, value in values.items() if key not in STEP_COLUMNS}))
+        held.update(cast(JsonObject, {key: value for key, value in values.items() if key not in ("configuration", *flat_keys())}))
 
     @property
     def status(self) -> str | None:
@@ -261,9 +264,10 @@ def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMe
 
 def _method(plan: _Reader) -> RunMethod:
     lora = plan.section("lora")
-    is_lora = plan.text("method", "full") == "lora"
+    method = plan.text("method", "full") or "full"
+    is_lora = method != "full"  # adapters (LoRA or a method of its family): their settings under `lora`
     return RunMethod(
-        method="lora" if is_lora else "full",
+        method=method,
         optimizer=plan.text("optimizer", "adamw") or "adamw",
         lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
         lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from calibration.dimensions import switches
 from calibration.extrapolation import check_record
-from calibration.fit import EVAL_TERMS, SMOOTHER_DIMENSIONS, THROUGHPUT_TERMS
-from calibration.memory_fit import BASES, MEMORY_TERMS
+from calibration.fit import EVAL_TERMS, smoother_switches, throughput_terms
+from calibration.memory_fit import BASES, memory_terms
 from calibration.setup import variant_of
 from calibration.slices import check_slices
 from common.errors import CalibrationFileError, CalibrationTooOldError
@@ -144,8 +145,8 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
         if fit is not None and not all(_is_number(fit["parameters"].get(term)) for term in EVAL_TERMS):
             raise CalibrationFileError(f"calibration {path}: eval.fit.parameters should hold numbers for {', '.join(EVAL_TERMS)}")
     training = data.get("training")
-    if training is not None and (not isinstance(training, dict) or training.get("method") not in ("full", "lora")):
-        raise CalibrationFileError(f"calibration {path}: training.method should be 'full' or 'lora'")
+    if training is not None and (not isinstance(training, dict) or not isinstance(training.get("method"), str)):
+        raise CalibrationFileError(f"calibration {path}: training.method should be a method's name, e.g. 'full' or 'lora'")
     flops_terms = (training or {}).get("flops_terms")
     if flops_terms is not None and not (isinstance(flops_terms, dict) and all(_is_number(value) and value >= 0 for value in flops_terms.values())):
         raise CalibrationFileError(f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token")
@@ -196,12 +197,17 @@ def variant_history(data: JsonDict, index: int | None) -> list[JsonDict]:
     return cast(list[JsonDict], (data if index is None else data["variants"][index]).setdefault("history", []))
 
 
+def _switch_own(term: str) -> bool:
+    """A term a switch adds (a file from before the switch lacks it: zero)."""
+    return any(term in (*(own.name for own in (*dimension.memory, *dimension.throughput)), *(dimension.activations or ())) for dimension in switches())
+
+
 def _check_fit(fit: Any, where: str) -> None:
     if not isinstance(fit, dict):
         raise CalibrationFileError(f"{where} should be an object")
     _check_fields(fit, {"kind": str, "parameters": dict, "held_out_error": dict}, where)
-    for term in THROUGHPUT_TERMS:
-        if not _is_number(fit["parameters"].get(term)):
+    for term in throughput_terms():  # a switch's term a file predates is absent (zero)
+        if not _is_number(fit["parameters"].get(term)) and (term in fit["parameters"] or not _switch_own(term)):
             raise CalibrationFileError(f"{where}.parameters.{term} is missing or not a number")
     smoother = fit.get("smoother")
     if smoother is not None:
@@ -210,8 +216,9 @@ def _check_fit(fit: Any, where: str) -> None:
         points, residuals = smoother.get("points"), smoother.get("log_residuals")
         if not (isinstance(points, list) and isinstance(residuals, list) and len(points) == len(residuals)):
             raise CalibrationFileError(f"{where}.smoother needs points and log_residuals of equal length")
-        if not all(isinstance(p, list) and len(p) == SMOOTHER_DIMENSIONS and all(_is_number(v) for v in p) for p in points):
-            raise CalibrationFileError(f"{where}.smoother.points should be lists of {SMOOTHER_DIMENSIONS} numbers")
+        widest = 4 + len(smoother_switches())  # the sizes' coordinates, then the switches' (a file may predate some)
+        if not all(isinstance(p, list) and 4 <= len(p) <= widest and all(_is_number(v) for v in p) for p in points):
+            raise CalibrationFileError(f"{where}.smoother.points should be lists of 4 to {widest} numbers")
         if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
@@ -223,8 +230,8 @@ def _check_fit(fit: Any, where: str) -> None:
     if memory is not None:
         if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):
             raise CalibrationFileError(f"{where}.memory should be an object with parameters")
-        for term in MEMORY_TERMS:
-            if not _is_number(memory["parameters"].get(term)):
+        for term in memory_terms():  # a switch's own term a file predates is absent (zero)
+            if not _is_number(memory["parameters"].get(term)) and (term in memory["parameters"] or not _switch_own(term)):
                 raise CalibrationFileError(f"{where}.memory.parameters.{term} is missing or not a number")
         if memory.get("basis", "allocated") not in BASES:
             raise CalibrationFileError(f"{where}.memory.basis is {memory['basis']!r}, expected one of {list(BASES)}")

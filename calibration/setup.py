@@ -47,7 +47,7 @@ def measured_setup(data: JsonDict) -> Setup:
         model_name=str(model.get("name", "?")),
         model_fingerprint=model.get("fingerprint"),
         method=str(training.get("method", "full")),
-        lora_rank=lora.get("rank") if training.get("method") == "lora" else None,
+        lora_rank=lora.get("rank") if training.get("method", "full") != "full" else None,
         quantization=quantization_name(training.get("quantization")),
         world_size=int(distributed.get("world_size", 1)),
         sharding=str(distributed.get("sharding", "none")),
@@ -132,9 +132,10 @@ def _same_method(one: Setup, other: Setup) -> bool:
 
 
 def _method_phrase(setup: Setup) -> str:
-    if setup.method != "lora":
+    if setup.method == "full":
         return "full fine-tuning"
-    return f"LoRA r{setup.lora_rank}" if setup.lora_rank is not None else "LoRA"
+    name = "LoRA" if setup.method == "lora" else setup.method  # another adapter method by its name (DoRA: "dora")
+    return f"{name} r{setup.lora_rank}" if setup.lora_rank is not None else name
 
 
 def _training_phrase(setup: Setup) -> str:

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from calibration.fit import DATA_TERMS, DEVICE_TERMS, HOST_TERM, THROUGHPUT_TERMS, overlapped, throughput_features
+from calibration.dimensions import DIMENSIONS, switches
+from calibration.fit import DATA_TERMS, HOST_TERM, device_terms, overlapped, throughput_features, throughput_terms
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
 SPLIT_FIELDS = ("compute_seconds", "memory_seconds", "host_seconds")
 METHODS = ("profiler", "flops")
-CONFIG_FIELDS = ("micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing")
 # Assumption (not measured here): the share of the dense bf16 peak a training step's matmul and
 # attention kernels reach on average. cuBLAS reaches 70-80% on large bf16 GEMMs on an H100; a
 # step's smaller GEMMs and its attention kernels less. Only the central estimate of the "flops"
@@ -47,8 +47,8 @@ def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, 
     smooth maximum), the data terms always; the optimizer step is shared by the accumulated
     micro-steps."""
     features = throughput_features(config)
-    parts = {term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(THROUGHPUT_TERMS)}
-    device = sum(parts[term] for term in DEVICE_TERMS)
+    parts = {term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(throughput_terms())}
+    device = sum(parts[term] for term in device_terms())
     power = float(parameters.get("overlap_power", 1.0))
     exposed = max(0.0, float(overlapped(parts[HOST_TERM], device, power)) - device)
     host = exposed + sum(parts[term] for term in (*DATA_TERMS, "per_worker"))
@@ -56,7 +56,7 @@ def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, 
 
 
 def config_fields(row: JsonDict) -> dict[str, int]:
-    return {name: int(row.get(name, 0)) for name in CONFIG_FIELDS}
+    return {name: int(row.get(name, 0)) for name in DIMENSIONS}
 
 
 def split_rows(rows: list[JsonDict]) -> list[JsonDict]:
@@ -68,8 +68,9 @@ def split_rows(rows: list[JsonDict]) -> list[JsonDict]:
     def size(row: JsonDict) -> int:
         return int(row["micro_batch_size"]) * int(row["seq_len"])
 
-    def key(row: JsonDict) -> tuple[int, int, int, int]:
-        return size(row), -int(row.get("grad_accum", 1)), -int(row.get("num_workers", 0)), -int(row.get("gradient_checkpointing", 0))
+    def key(row: JsonDict) -> tuple[int, ...]:
+        plainest = (-int(row.get(dimension.name, 0)) for dimension in switches())
+        return size(row), -int(row.get("grad_accum", 1)), -int(row.get("num_workers", 0)), *plainest
 
     chosen: list[JsonDict] = []
     while ok and len(chosen) < SPLIT_PROBES:

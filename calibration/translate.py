@@ -17,7 +17,7 @@ What changes between two GPUs of one vendor at one precision, and how it is carr
   kernels' workspaces within one vendor): the memory model is kept whole and judged against the
   target's memory; a model whose fixed part alone does not fit is refused.
 
-How the planner sees it. The fit's device terms (calibration.fit.DEVICE_TERMS and the optimizer
+How the planner sees it. The fit's device terms (calibration.fit.device_terms and the optimizer
 step) are multiplied by the central device factor and the host terms kept, so every prediction is
 the central estimate at its own configuration; the measurements are scaled alike (a refit gives the
 same fit). `translation` records the ratios, and calibration.model.Calibration widens a plan's
@@ -32,7 +32,7 @@ import copy
 from typing import NamedTuple
 
 from calibration.datasheets import ARCHITECTURE, DeviceSheet, generation_shift, known_keys, sheet_for
-from calibration.fit import DEVICE_TERMS, EVAL_TERMS, throughput_model_from_json
+from calibration.fit import EVAL_TERMS, device_terms, throughput_model_from_json
 from calibration.split import step_parts, step_splits
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError, DoesNotFitError
@@ -45,7 +45,6 @@ from common.json_types import JsonDict
 HOST_WIDENING = 0.25
 # The optimizer step is elementwise (AdamW reads and writes every parameter's state): memory-bound,
 # scaled with the other device terms by the central device factor.
-SCALED_TERMS = (*DEVICE_TERMS, "optimizer_step")
 STEP_FIELDS = ("step_seconds", "step_seconds_mean", "step_seconds_median", "step_seconds_min", "step_seconds_max")
 GIB = 2**30
 
@@ -250,7 +249,7 @@ def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> Non
     if not fit:
         return
     before = throughput_model_from_json(fit)
-    fit["parameters"] = {term: value * device_factor if term in SCALED_TERMS else value for term, value in fit["parameters"].items()}
+    fit["parameters"] = {term: value * device_factor if term in (*device_terms(), "optimizer_step") else value for term, value in fit["parameters"].items()}
     after = throughput_model_from_json(fit)
     evaluation = (entry.get("eval") or {}).get("fit")
     if evaluation and isinstance(evaluation.get("parameters"), dict):

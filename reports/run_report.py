@@ -7,6 +7,7 @@ from typing import Any
 
 from calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
 from calibration.comm import describe_communication
+from calibration.step_config import StepConfig
 from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
@@ -303,6 +304,8 @@ def _plan_value(key: str, value: Any) -> Any:
     """A plan entry as the plan text says it: the communication record as its one line."""
     if key == "communication" and isinstance(value, dict):
         return describe_communication(value) or "one process: none"
+    if key == "configuration" and isinstance(value, dict):
+        return StepConfig.from_row(value).phrase
     return value
 
 

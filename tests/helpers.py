@@ -10,8 +10,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
-from calibration.memory_fit import LINEAR_TERMS, memory_features
+from calibration.fit import fit_measurements, throughput_features, throughput_terms
+from calibration.memory_fit import linear_terms, memory_features
 from calibration.schema import SCHEMA_VERSION
 from calibration.step_config import StepConfig
 
@@ -32,11 +32,11 @@ GIB = 2**30
 
 
 def micro_seconds(config: StepConfig, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), THROUGHPUT_TERMS, strict=True)))
+    return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), throughput_terms(), strict=True)))
 
 
 def peak_bytes(config: StepConfig, parameters: dict[str, float] = TRUE_MEMORY) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), LINEAR_TERMS, strict=True)))
+    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), linear_terms(), strict=True)))
 
 
 def synthetic_rows(
@@ -52,7 +52,7 @@ def synthetic_rows(
     rng = random.Random(seed)
     rows = []
     for b, w, a, s, c in itertools.product(batch_sizes, workers, accums, seq_lens, checkpointing):
-        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s, gradient_checkpointing=bool(c))
+        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s).switched(gradient_checkpointing=bool(c))
         peak = peak_bytes(config) * (1 + rng.gauss(0, noise / 2))
         row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s, "gradient_checkpointing": c}
         if memory_limit is not None and peak > memory_limit:

@@ -127,7 +127,7 @@ class SimulatedDevice:
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.seed)
-        self.compiled_shapes: set[tuple[int, int, int]] = set()
+        self.compiled_shapes: set[Any] = set()
 
     @property
     def hardware(self) -> dict[str, Any]:
@@ -171,7 +171,7 @@ class SimulatedDevice:
         settings = ProbeSettings(**payload["settings"])
         started = self.clock()
         row: dict[str, Any] = {**config.to_row(), "status": "ok"}
-        shape = (config.micro_batch_size, config.seq_len, config.gradient_checkpointing)
+        shape = (config.micro_batch_size, config.seq_len, config.switches)  # bench.space.shape_of
         row["new_shape"] = shape not in self.compiled_shapes
         peak = self.peak_bytes(config)
         self.clock.advance(self.measured.start_seconds)
@@ -242,7 +242,7 @@ class ReplayedDevice(SimulatedDevice):
     measured_rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
 
     def _row(self, config: StepConfig) -> dict[str, Any] | None:
-        row = self.measured_rows.get(replace(config, gradient_checkpointing=False))
+        row = self.measured_rows.get(config.switched(gradient_checkpointing=False))
         return row if row is not None and row["status"] == "ok" else None
 
     def step_seconds(self, config: StepConfig) -> float:
@@ -317,7 +317,6 @@ def simulated_setup(
 ) -> SimulatedBench:
     """The device, the task and the planner of a simulated bench, as `bench run` has them before
     building the model."""
-    from dataclasses import replace
 
     from bench.calibrate import BenchTask, plan_probes
     from bench.space import default_space
@@ -329,7 +328,7 @@ def simulated_setup(
 
     device, spec, method, need = simulated_h100(model, lora, seed, replay)
     hardware = device.hardware
-    space = replace(default_space("cuda", hardware["memory_bytes"]), checkpointing=checkpointing)
+    space = default_space("cuda", hardware["memory_bytes"]).with_axes(checkpointing=checkpointing)
     compiled = not replay  # the real grid was measured eager
     meta = meta_model(spec, method)
     task = BenchTask(

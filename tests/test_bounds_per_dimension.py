@@ -33,7 +33,7 @@ def test_a_plan_at_eight_times_the_measured_accumulation_is_bounded_within_one_a
     rows = synthetic_rows(batch_sizes=(1, 2, 4), seq_lens=(128, 256), accums=(1, 2), workers=(0,), noise=0.03, seed=1)
     calibration = Calibration(synthetic_calibration(rows))
     plan = config(4, 256, 16)
-    prediction = calibration.predict_for(plan)
+    prediction = calibration.predict(plan)
     truth = micro_seconds(plan) * plan.grad_accum  # the step a run at accumulation 16 takes
     assert abs(prediction.step_seconds / truth - 1) < 0.15
     assert prediction.step_seconds_high <= 1.5 * prediction.step_seconds
@@ -144,7 +144,7 @@ def test_a_length_extrapolation_widens_by_what_extrapolating_length_was_measured
     # Micro batch's bound is true: the truth one doubling past the largest probe lies inside it.
     # (Length's is measured, not guaranteed: this truth's unmodelled share grows with length, so a
     # doubling past 512 misses about twice what the doubling past 256 did: CHANGELOG.md, 2026-11-25.)
-    prediction = calibration.predict_for(config(16, 256, 2))
+    prediction = calibration.predict(config(16, 256, 2))
     assert prediction.step_seconds_low <= length_truth(config(16, 256, 2)) * 2 <= prediction.step_seconds_high
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import calibration
 from bench.cli import main as bench_main
 from calibration import schema
+from calibration.step_config import StepConfig
 from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
 from common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
 
@@ -30,7 +31,7 @@ def test_round_trip_through_the_store(home: Path) -> None:
     loaded = calibration.load("latest")
     assert loaded.path == path
     assert loaded.data == json.loads(path.read_text())
-    assert loaded.predict(micro_batch_size=2, seq_len=256, grad_accum=2, num_workers=2).tokens_per_second > 0
+    assert loaded.predict(StepConfig(2, 2, 2, 256)).tokens_per_second > 0
     assert calibration.load(data["id"]).id == data["id"]
     assert calibration.load(str(path)).id == data["id"]
     assert path.with_suffix(".csv").read_text().startswith("micro_batch_size,num_workers,grad_accum,seq_len,status")
@@ -129,7 +130,7 @@ def test_replacing_a_section_with_arbitrary_json_fails_cleanly(tmp_path: Path, f
         loaded = schema.read_calibration_file(path)
     except CalibrationFileError:
         return
-    calibration.Calibration(loaded).predict(micro_batch_size=1, seq_len=128) if loaded.get("fit") else None
+    calibration.Calibration(loaded).predict(StepConfig(1, 0, 1, 128)) if loaded.get("fit") else None
 
 
 def test_a_failed_write_leaves_the_old_file_intact(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,7 @@ import pytest
 from test_cli import assert_one_line_error, run_main
 from test_compare import chats, cpu_calibration
 
+from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 from common.errors import BenchtrainError, CalibrationFileError
 
@@ -201,7 +202,7 @@ def test_pushed_calibrations_come_back_through_the_cache_with_their_source(
         assert path.is_relative_to(hub_cache)
     one = calibration.load(f"hub:{REPO}/cpu-a")
     assert one.id == "cpu-a" and one.provenance == f"hub:{REPO} (by tester)" and one.path is not None
-    assert one.predict(micro_batch_size=2, seq_len=64, grad_accum=1, num_workers=0).tokens_per_second > 0
+    assert one.predict(StepConfig(2, 0, 1, 64)).tokens_per_second > 0
     # Named by its path in the cache (a resumed run's calibration_path), it still says where it came from.
     assert calibration.load(str(one.path)).provenance == f"hub:{REPO} (by tester)"
     # `hub:ORG/NAME` alone, outside a comparison, is the newest there, as `latest` chooses.

@@ -104,9 +104,9 @@ def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl:
     run_dir = next((home / "runs").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed" and record["met_deadline"] is True
-    for key in ("micro_batch_size", "grad_accum", "num_workers", "max_length", "world_size"):
-        assert key in record["plan"]
-    assert record["plan"]["micro_batch_size"] * record["plan"]["grad_accum"] == 4
+    step = record["plan"]["configuration"]  # the step configuration, written once
+    assert set(step) == {"micro_batch_size", "grad_accum", "num_workers", "seq_len", "gradient_checkpointing"} and "world_size" in record["plan"]
+    assert step["micro_batch_size"] * step["grad_accum"] == 4
     assert record["estimate"]["tokens_per_second_low"] < record["estimate"]["tokens_per_second"] < record["estimate"]["tokens_per_second_high"]
     assert record["actual"]["steps"] == record["plan"]["optimizer_steps"]
     assert record["calibration_id"] == data["id"]
@@ -298,7 +298,7 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     assert [entry["step"] for entry in record["losses"]] == list(range(1, 7))  # resumed under 2 processes
     plan = record["plan"]
     assert plan["world_size"] == 2 and plan["sharding"] == "ddp"
-    assert plan["micro_batch_size"] * plan["grad_accum"] * 2 == 4
+    assert plan["configuration"]["micro_batch_size"] * plan["configuration"]["grad_accum"] * 2 == 4
     assert plan["learning_rate"] == pytest.approx(3e-4 * (4 / 2) ** 0.5) and plan["lr_scaling"] == "sqrt"
     communication = plan["communication"]
     assert communication["source"] == "predicted" and communication["seconds_per_step"] > 0

@@ -48,14 +48,8 @@ def stored_calibration(home: Path) -> Calibration:
 
 def predicted_step_seconds(calibration: Calibration, plan: dict) -> float:
     """The calibration's prediction of one optimizer step of full packed rows."""
-    config = StepConfig(
-        micro_batch_size=plan["micro_batch_size"],
-        num_workers=plan["num_workers"],
-        grad_accum=plan["grad_accum"],
-        seq_len=plan["max_length"],
-        gradient_checkpointing=bool(plan["gradient_checkpointing"]),
-    )
-    return plan["grad_accum"] * calibration.micro_step_seconds(config)
+    config = StepConfig.from_row(plan["configuration"])
+    return config.grad_accum * calibration.micro_step_seconds(config)
 
 
 def expected_error(steps: int, step_seconds: float, predicted_step: float, checkpoints: int) -> float:

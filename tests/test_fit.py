@@ -27,7 +27,7 @@ def test_noisy_fit_predicts_unmeasured_configurations_within_the_noise() -> None
     errors = []
     for b, s, a, w in [(3, 192, 1, 0), (6, 384, 3, 1), (16, 512, 2, 2), (2, 1024, 8, 4), (5, 300, 4, 0)]:
         config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
-        predicted = calibration.predict(micro_batch_size=b, seq_len=s, grad_accum=a, num_workers=w)
+        predicted = calibration.predict(StepConfig(b, w, a, s))
         truth = b * s * a / (micro_seconds(config) * a)
         errors.append(abs(predicted.tokens_per_second - truth) / truth)
         assert predicted.tokens_per_second_low < predicted.tokens_per_second < predicted.tokens_per_second_high
@@ -44,14 +44,14 @@ def test_memory_boundary_separates_fitting_from_oom_configurations() -> None:
     assert any(row["status"] == "oom" for row in rows)
     calibration = Calibration(synthetic_calibration(rows, memory_bytes=limit))
     for row in rows:
-        fits = calibration.predict(micro_batch_size=row["micro_batch_size"], seq_len=row["seq_len"]).fits_in_memory
+        fits = calibration.predict(StepConfig(row["micro_batch_size"], 0, 1, row["seq_len"])).fits_in_memory
         if row["status"] == "oom":
             assert not fits, row
     # A configuration well under the limit fits; one far above does not.
-    assert calibration.predict(micro_batch_size=1, seq_len=256).fits_in_memory
-    assert not calibration.predict(micro_batch_size=64, seq_len=2048).fits_in_memory
+    assert calibration.predict(StepConfig(1, 0, 1, 256)).fits_in_memory
+    assert not calibration.predict(StepConfig(64, 0, 1, 2048)).fits_in_memory
     truth_small = peak_bytes(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=256))
-    assert calibration.predict(micro_batch_size=1, seq_len=256).peak_memory_bytes == pytest.approx(truth_small, rel=0.05)
+    assert calibration.predict(StepConfig(1, 0, 1, 256)).peak_memory_bytes == pytest.approx(truth_small, rel=0.05)
 
 
 def test_another_form_is_chosen_when_the_physical_model_misses_a_shape() -> None:
@@ -70,15 +70,15 @@ def test_another_form_is_chosen_when_the_physical_model_misses_a_shape() -> None
 
 def test_history_factor_corrects_later_predictions() -> None:
     data = synthetic_calibration()
-    before = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    before = Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second
     data["history"] = [{"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 900.0}]
-    after_one = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    after_one = Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second
     assert after_one == pytest.approx(before * 0.9**0.5)  # one run: half-way (shrunk towards 1)
     data["history"] *= 4
-    after_four = Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second
+    after_four = Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second
     assert after_four == pytest.approx(before * 0.9**0.8)
     data["history"].append({"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 300.0})
-    assert Calibration(data).predict(micro_batch_size=4, seq_len=256).tokens_per_second == pytest.approx(before * 0.9 ** (5 / 6))
+    assert Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second == pytest.approx(before * 0.9 ** (5 / 6))
 
 
 def test_explain_names_every_term_in_words() -> None:
@@ -114,7 +114,7 @@ def test_run_to_run_spread_widens_the_bounds() -> None:
     ]
     wide = Calibration(data)
     assert wide.relative_bound > max(narrow, 0.15)
-    prediction = wide.predict(micro_batch_size=4, seq_len=256)
+    prediction = wide.predict(StepConfig(4, 0, 1, 256))
     assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + wide.relative_bound))
 
 
@@ -162,7 +162,7 @@ def test_the_bound_widens_where_a_plan_extrapolates() -> None:
     assert calibration.relative_bound_for(inside) == calibration.relative_bound
     assert calibration.extrapolation_ratio(far) == 16
     assert calibration.relative_bound_for(inside) <= calibration.relative_bound_for(double) < calibration.relative_bound_for(far)
-    prediction = calibration.predict(micro_batch_size=64, seq_len=256, grad_accum=2)
+    prediction = calibration.predict(StepConfig(64, 0, 2, 256))
     assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + calibration.relative_bound_for(far)))
 
 

@@ -86,7 +86,7 @@ def test_a_bias_every_fresh_process_agrees_on_is_removed_and_its_spread_is_the_m
     assert check["speed_factor"] == pytest.approx(np.median(speedups), rel=0.03)
     after = Calibration({**data, "process_check": check})
     config = StepConfig(micro_batch_size=4, num_workers=0, grad_accum=2, seq_len=256)
-    assert after.predict_for(config).tokens_per_second == pytest.approx(before.predict_for(config).tokens_per_second * check["speed_factor"])
+    assert after.predict(config).tokens_per_second == pytest.approx(before.predict(config).tokens_per_second * check["speed_factor"])
     # The bound: the fit's part (its held-out p90) plus the spread of the processes around the factor.
     parts = after.bound_parts
     assert parts.fit == before.bound_parts.fit and parts.machine == pytest.approx(check["time_spread"])

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from calibration.step_config import StepConfig
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
@@ -65,7 +67,7 @@ def test_each_fixed_shape_check_fits_the_bundled_h100_with_ten_percent_to_spare(
     h100 = calibration.load(Path(__file__).resolve().parents[1] / "calibration" / "bundled" / "h100-llama-3.2-1b.json")
     assert h100.data["model"]["name"] == gpu.model
     device = h100.data["hardware"]["memory_bytes"]
-    prediction = h100.predict(micro_batch_size=gpu.micro_batch, seq_len=gpu.seq_len)
+    prediction = h100.predict(StepConfig(gpu.micro_batch, 0, 1, gpu.seq_len))
     assert prediction.peak_memory_bytes is not None and prediction.peak_memory_bytes_high is not None
     assert prediction.peak_memory_bytes <= prediction.peak_memory_bytes_high <= 0.9 * device
     assert prediction.fits_in_memory

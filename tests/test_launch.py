@@ -336,7 +336,7 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     record = json.loads((whole / "run" / "run.json").read_text())
     plan = record["plan"]
     assert (plan["world_size"], plan["sharding"]) == (2, "ddp")
-    assert (plan["micro_batch_size"], plan["grad_accum"]) == (chosen["micro_batch_size"], chosen["grad_accum"])
+    assert (plan["configuration"]["micro_batch_size"], plan["configuration"]["grad_accum"]) == (chosen["micro_batch_size"], chosen["grad_accum"])
     assert [entry["step"] for entry in record["losses"]] == list(range(1, 13)) and record["status"] == "step_limit"
     logs = tmp_path / "logs-whole"
     outputs = [(logs / f"node{rank}.out").read_text() for rank in (0, 1)]

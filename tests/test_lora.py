@@ -15,6 +15,7 @@ from test_train import make_run, tokenizer
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
+from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 from common.errors import BenchtrainError
 from train.planning.memory_check import check_fits, memory_need, parameter_counts
@@ -155,7 +156,7 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
     record = json.loads(next((home / "runs").glob("*/run.json")).read_text())
     assert record["plan"]["method"] == "lora" and record["plan"]["lora"]["rank"] == 8
     assert record["plan"]["lora"]["trainable_parameters"] == data["training"]["trainable_parameters"]
-    assert isinstance(record["plan"]["gradient_checkpointing"], bool)
+    assert record["plan"]["configuration"]["gradient_checkpointing"] in (0, 1)
 
     dry_run = ["--data", "sample", "--deadline", "30m", "--lora", "--lora-rank", "8", "--gradient-checkpointing", "on", "--dry-run", "--max-steps", "3"]
     code, out, err = run_main("train", [*dry_run, "--merge-lora"], capsys)
@@ -197,7 +198,7 @@ def test_the_h100_calibration_plans_full_fine_tuning_without_checkpointing() -> 
     calibration = Calibration(read_calibration_file(FIXTURES / "h100-llama-3.2-1b-fullgrid.json"))
     assert calibration.training["method"] == "full"
     assert calibration.measured_values("gradient_checkpointing") == [0]
-    assert calibration.predict(micro_batch_size=8, seq_len=1024).tokens_per_second > 10_000
+    assert calibration.predict(StepConfig(8, 0, 1, 1024)).tokens_per_second > 10_000
 
 
 def test_lora_on_a_model_folder_with_real_bf16_weights(tmp_path: Path) -> None:

@@ -90,9 +90,9 @@ def test_the_fit_plans_from_reserved_plus_the_bytes_outside_the_allocator() -> N
     memory = gpu.fit["memory"]
     assert memory["basis"] == "reserved" and memory["non_torch_bytes"] == pytest.approx(OUTSIDE_BYTES)  # the most any probe saw
     for config in (StepConfig(8, 0, 2, 512), StepConfig(1, 0, 1, 128)):
-        allocated = Calibration(synthetic_calibration(rows)).predict_for(config).peak_memory_bytes
+        allocated = Calibration(synthetic_calibration(rows)).predict(config).peak_memory_bytes
         expected = allocated * (1 + FRAGMENTATION) + FRAGMENTATION_BYTES + OUTSIDE_BYTES
-        assert gpu.predict_for(config).peak_memory_bytes == pytest.approx(expected, rel=0.02)
+        assert gpu.predict(config).peak_memory_bytes == pytest.approx(expected, rel=0.02)
     # The same rows without the new fields (a version-3 GPU calibration, or a CPU one): the allocated
     # peak with nothing added, exactly the fit before.
     old = fit_measurements(rows)["memory"]
@@ -116,7 +116,7 @@ def test_a_plan_near_the_limit_leaves_room_for_fragmentation_and_the_context() -
     assert old_plan.chosen.config == roomy.config  # planned as before
     chosen = new_plan.chosen
     assert chosen.config != roomy.config and chosen.peak_memory_bytes_high <= limit
-    assert not new.predict_for(roomy.config).fits_in_memory
+    assert not new.predict(roomy.config).fits_in_memory
     assert any("allocated peak only" in note and "re-run `bench run`" in note for note in old_plan.notes)
     assert any("reserved peak" in note and "0.60 GiB measured outside it" in note for note in new_plan.notes)
     assert memory_basis_note(Calibration(synthetic_calibration(rows))) is None  # CPU: the peak RSS is the process

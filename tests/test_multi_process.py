@@ -18,6 +18,7 @@ from test_planner import heavy_tailed
 from bench.distributed import combine_rows
 from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
 from calibration.model import Calibration
+from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.comm import Traffic, plan_communication, traffic_of
 from train.planning.memory_check import check_fits, memory_need
@@ -115,8 +116,8 @@ def test_fsdp_holds_a_shard_of_what_one_device_cannot() -> None:
 
 def test_a_sharded_plan_predicts_less_memory_than_the_probes_held() -> None:
     calibration = Calibration(synthetic_calibration())
-    whole = calibration.predict(2, 64)
-    sharded = calibration.predict(2, 64, memory_offset_bytes=-(whole.peak_memory_bytes / 2))
+    whole = calibration.predict(StepConfig(2, 0, 1, 64))
+    sharded = calibration.predict(StepConfig(2, 0, 1, 64), memory_offset_bytes=-(whole.peak_memory_bytes / 2))
     assert sharded.peak_memory_bytes == pytest.approx(whole.peak_memory_bytes / 2)
     assert sharded.peak_memory_bytes_high < whole.peak_memory_bytes_high
 

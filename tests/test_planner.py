@@ -123,7 +123,7 @@ def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
     data = tokenized(heavy_tailed())
     plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast"))
     assert plan.chosen.fits_in_memory
-    assert calibration.predict(micro_batch_size=plan.chosen.config.micro_batch_size, seq_len=plan.chosen.config.seq_len).fits_in_memory
+    assert calibration.predict(StepConfig(plan.chosen.config.micro_batch_size, 0, 1, plan.chosen.config.seq_len)).fits_in_memory
 
 
 def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_steps() -> None:

@@ -113,8 +113,8 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
     from calibration.step_config import StepConfig
 
     step = StepConfig.from_row(config)
-    assert four_bit.predict_for(step).step_seconds / first.predict_for(step).step_seconds == pytest.approx(1.3, rel=0.1)
-    assert first.predict_for(step).peak_memory_bytes - four_bit.predict_for(step).peak_memory_bytes == pytest.approx(0.5 * GIB, rel=0.05)
+    assert four_bit.predict(step).step_seconds / first.predict(step).step_seconds == pytest.approx(1.3, rel=0.1)
+    assert first.predict(step).peak_memory_bytes - four_bit.predict(step).peak_memory_bytes == pytest.approx(0.5 * GIB, rel=0.05)
     lora = MethodConfig(method="lora")
     assert [method.quantize for _, method in variants_to_plan(calibration, lora, (None, None))] == ["none", "4bit"]
     assert [method.quantize for _, method in variants_to_plan(calibration, lora, ("4bit", None))] == ["4bit"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_cli import assert_one_line_error, run_main
 
-from calibration.run_file import STEP_COLUMNS, RunFile
+from calibration.run_file import RunFile
 from calibration.step_config import StepConfig
 from common.errors import RunFileError
 
@@ -18,12 +18,24 @@ BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an in
 CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"
 
 
-def test_a_run_json_from_before_loads_and_writes_back_the_same(tmp_path: Path) -> None:
-    run_file = RunFile.read(BEFORE)
-    assert run_file.to_json() == json.loads(BEFORE.read_text())
-    path = run_file.write(tmp_path)
-    assert json.loads(path.read_text()) == json.loads(BEFORE.read_text())
-    assert list(json.loads(path.read_text())) == list(json.loads(BEFORE.read_text()))  # the keys in the same order
+OLD_FLAT_KEYS = ("micro_batch_size", "grad_accum", "num_workers", "max_length", "world_size", "gradient_checkpointing")
+
+
+def test_a_run_json_from_before_loads_and_writes_its_step_configuration_once(tmp_path: Path) -> None:
+    """The old file held the step three times (the plan's row, the plan's flat keys, `chosen`'s,
+    its length as max_length); written back it holds it once, the rest as it was."""
+    before = json.loads(BEFORE.read_text())
+    assert all(key in before["plan"] and key in before["chosen"] for key in OLD_FLAT_KEYS)
+    written = json.loads(RunFile.read(BEFORE).write(tmp_path).read_text())
+    assert written["plan"]["configuration"] == {"micro_batch_size": 8, "num_workers": 0, "grad_accum": 2, "seq_len": 256, "gradient_checkpointing": 0}
+    assert written["plan"]["world_size"] == 1
+    assert not any(key in written["chosen"] for key in OLD_FLAT_KEYS)
+    assert not any(key in written["plan"] for key in OLD_FLAT_KEYS if key != "world_size")
+    unchanged = {key: value for key, value in before.items() if key not in ("plan", "chosen")}
+    assert {key: value for key, value in written.items() if key not in ("plan", "chosen")} == unchanged
+    assert list(written) == list(before)  # the sections in the same order
+    again = RunFile.read(tmp_path / "run.json")
+    assert again.resumed() == RunFile.read(BEFORE).resumed()  # what a resume reads is the same, either form
 
 
 def test_what_a_resume_reads_of_it_is_typed() -> None:
@@ -41,14 +53,13 @@ def test_what_a_resume_reads_of_it_is_typed() -> None:
 
 def test_the_step_configuration_and_the_estimate_error_are_written_from_one_value() -> None:
     run_file = RunFile.read(BEFORE)
-    run_file.configuration = StepConfig(micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, gradient_checkpointing=True)
+    run_file.configuration = StepConfig(micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, switches=("gradient_checkpointing",))
     run_file.update(estimate_check={**(run_file.get("estimate_check") or {}), "error_pct": 7.5})  # type: ignore[dict-item]
     written = run_file.to_json()
     plan, chosen = written["plan"], written["chosen"]
     assert isinstance(plan, dict) and isinstance(chosen, dict)
     assert plan["configuration"] == {"micro_batch_size": 4, "num_workers": 1, "grad_accum": 3, "seq_len": 128, "gradient_checkpointing": 1}
-    columns = {"micro_batch_size": 4, "grad_accum": 3, "num_workers": 1, "max_length": 128, "world_size": 1, "gradient_checkpointing": True}
-    assert {key: plan[key] for key in STEP_COLUMNS} == columns == {key: chosen[key] for key in STEP_COLUMNS}
+    assert "max_length" not in plan and "micro_batch_size" not in chosen
     assert written["estimate_error_pct"] == 7.5
 
 
@@ -102,3 +113,22 @@ def test_an_older_run_json_without_the_configuration_row_loads(tmp_path: Path) -
     (tmp_path / "run.json").write_text(json.dumps(document))
     resumed = RunFile.read(tmp_path / "run.json").resumed()
     assert resumed.configuration == StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)
+
+
+@pytest.mark.parametrize("rewritten", [False, True])
+def test_the_report_draws_a_run_of_either_form(tmp_path: Path, rewritten: bool) -> None:
+    """A run.json from before (the step as flat keys) and one written now (the configuration once)
+    both make a report whose plan names the step."""
+    from reports.run_report import write_run_report
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if rewritten:
+        RunFile.read(BEFORE).write(run_dir)
+    else:
+        (run_dir / "run.json").write_text(BEFORE.read_text())
+    html = write_run_report(run_dir).read_text()
+    if rewritten:
+        assert "batch 8 × accum 2, 0 workers, max length 256" in html
+    else:
+        assert "max_length" in html and ">256<" in html

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
@@ -70,7 +69,7 @@ def make_run(
         resume=resume,
         log_interval_seconds=0.5,
     )
-    plan.chosen.config = dataclasses.replace(plan.chosen.config, gradient_checkpointing=checkpointing)
+    plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=checkpointing)
     return TrainingRun(
         calibration=calibration,
         chosen=plan.chosen,

@@ -110,7 +110,7 @@ def test_the_same_device_is_the_identity() -> None:
     original, identity = Calibration(data), Calibration(same)
     assert identity.translation is None
     config = StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=1024)
-    assert identity.predict_for(config) == original.predict_for(config)
+    assert identity.predict(config) == original.predict(config)
 
 
 def test_h200_on_a_compute_bound_step_lies_within_the_datasheet_ratios() -> None:
@@ -124,7 +124,7 @@ def test_h200_on_a_compute_bound_step_lies_within_the_datasheet_ratios() -> None
     assert record["central_factor"] == pytest.approx(0.9 + 0.1 * H100_TO_H200_BANDWIDTH)
     assert h200["id"] == f"{data['id']}~h200" and h200["hardware"]["translated"] and h200["hardware"]["name"] == "NVIDIA H200"
     config = StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=1024)
-    assert Calibration(h200).predict_for(config).step_seconds == pytest.approx(Calibration(data).predict_for(config).step_seconds * record["central_factor"])
+    assert Calibration(h200).predict(config).step_seconds == pytest.approx(Calibration(data).predict(config).step_seconds * record["central_factor"])
 
 
 def test_a100_40gb_from_the_h100_is_slower_within_its_ratios() -> None:
@@ -141,7 +141,7 @@ def test_a100_40gb_from_the_h100_is_slower_within_its_ratios() -> None:
     share = record["host_share"]
     assert record["bracket"][0] == pytest.approx((1 - share) * fast + share * 0.75)
     config = StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=1024)
-    before, after = Calibration(data).predict_for(config), Calibration(a100).predict_for(config)
+    before, after = Calibration(data).predict(config), Calibration(a100).predict(config)
     assert 1.0 < after.step_seconds / before.step_seconds < slow
     # The measurements are the central estimate's too: each row's step × the fit's factor at its configuration.
     index = next(i for i, row in enumerate(data["measurements"]) if row["status"] == "ok" and row["micro_batch_size"] == 8)
@@ -218,7 +218,7 @@ def test_a_translated_plan_is_judged_at_the_brackets_upper_end_and_says_translat
     # …and at least as high as the record's bracket says at the split's probes (the sizes plans choose).
     record = a100["translation"]
     assert (chosen.total_seconds_high - chosen.overhead_seconds) / steps >= record["bracket"][1] / record["central_factor"] - 0.02
-    prediction = calibration.predict_for(chosen.config)
+    prediction = calibration.predict(chosen.config)
     assert prediction.step_seconds_low == pytest.approx(prediction.step_seconds * low / (1 + measured))  # the bracket's lower end
     # Measured here, the same plan's bound is the fit's alone.
     assert Calibration(data).relative_bound_for(chosen.config) == pytest.approx(measured)

@@ -47,7 +47,8 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
     """What is trained: the whole model or LoRA adapters, the adapters' settings, the base's
     quantization and the optimizer (MethodConfig). `measured` (bench): --quantize and --optimizer
     take lists, each value measured into the one calibration; train takes one value or `auto`."""
-    parser.add_argument("--method", choices=METHODS, default="full", help="full fine-tuning (default) or lora")
+    phrases = ", ".join(f"{name} ({entry.phrase})" for name, entry in METHODS.items())
+    parser.add_argument("--method", choices=METHODS, default="full", help=f"what is trained: {phrases}; default full")
     parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
     parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
     parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")

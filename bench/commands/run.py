@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.space import parse_int_list, parse_switch_list
+from calibration.dimensions import DIMENSIONS
 from calibration.setup import variant_name, variant_of
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration, update_calibration
@@ -84,11 +85,8 @@ def add_parser(commands: Any) -> None:
         "measured are the ones train will plan for it (unless --seq-lens)",
     )
     add_data_arguments(run)
-    run.add_argument("--batch-sizes", metavar="LIST", help="micro batch sizes, e.g. 1,2,4 (default: sized to the device)")
-    run.add_argument("--workers", metavar="LIST", help="DataLoader worker counts, e.g. 0,2")
-    run.add_argument("--accum", metavar="LIST", help="gradient accumulation values, e.g. 1,2")
-    run.add_argument("--seq-lens", metavar="LIST", help="sequence lengths, e.g. 256,512")
-    run.add_argument("--checkpointing", metavar="off,on", help="gradient checkpointing modes to measure, e.g. off,on (default: off)")
+    for dimension in DIMENSIONS.values():  # the grid: one option per dimension
+        run.add_argument(dimension.flag, metavar="off,on" if dimension.switch else "LIST", help=dimension.help)
     add_method_arguments(run, measured=True)
     add_step_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
@@ -129,19 +127,14 @@ def add_parser(commands: Any) -> None:
 
 
 def asked_space(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
-    """The grid's lists given (--batch-sizes, --workers, --accum, --seq-lens, --checkpointing), by
-    SearchSpace field; the others are the device's defaults."""
+    """The grid's lists given (--batch-sizes, --workers, --accum, --seq-lens, --checkpointing, …),
+    by search space axis; the others are the device's defaults."""
     asked: dict[str, tuple[int, ...]] = {}
-    if args.batch_sizes is not None:
-        asked["batch_sizes"] = parse_int_list(args.batch_sizes, "--batch-sizes")
-    if args.workers is not None:
-        asked["workers"] = parse_int_list(args.workers, "--workers", minimum=0)
-    if args.accum is not None:
-        asked["accums"] = parse_int_list(args.accum, "--accum")
-    if args.seq_lens is not None:
-        asked["seq_lens"] = parse_int_list(args.seq_lens, "--seq-lens")
-    if args.checkpointing is not None:
-        asked["checkpointing"] = parse_switch_list(args.checkpointing, "--checkpointing")
+    for dimension in DIMENSIONS.values():
+        text = getattr(args, dimension.flag.removeprefix("--").replace("-", "_"), None)
+        if text is not None:
+            parse = parse_switch_list(text, dimension.flag) if dimension.switch else parse_int_list(text, dimension.flag, minimum=dimension.minimum)
+            asked[dimension.axis] = parse
     return asked
 
 

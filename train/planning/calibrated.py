@@ -1,10 +1,15 @@
 """What the calibration lets a plan weigh: the micro batch sizes and accumulations that make the
-effective batch, the gradient checkpointing modes it measured; and what its own noise says about
+effective batch, the switches (gradient checkpointing) it measured; and what its own noise says about
 any plan made from it, out loud."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
+
+from calibration.dimensions import switches
 from calibration.model import Calibration
+from calibration.step_config import Mode
 from common.errors import BenchtrainError
 
 
@@ -19,17 +24,21 @@ def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: 
     return pairs
 
 
-def checkpointing_modes(calibration: Calibration, requested: str) -> list[bool]:
-    """Gradient checkpointing modes to plan with: those the calibration measured, as asked."""
-    measured = [bool(value) for value in calibration.measured_values("gradient_checkpointing")]
-    wanted = {"auto": measured, "on": [True], "off": [False]}[requested]
-    modes = [mode for mode in wanted if mode in measured]
-    if not modes:
-        raise BenchtrainError(
-            f"--gradient-checkpointing {requested}: calibration {calibration.id} did not measure it; "
-            f"run `bench run --checkpointing off,on`, or use --gradient-checkpointing auto"
-        )
-    return modes
+def switch_modes(calibration: Calibration, requested: Mapping[str, str]) -> list[Mode]:
+    """The combinations of switches (calibration.dimensions) to plan with: each switch's values the
+    calibration measured, as asked (auto, on or off; absent: auto)."""
+    choices = []
+    for dimension in switches():
+        measured = [bool(value) for value in calibration.measured_values(dimension.name)] or [False]
+        asked = requested.get(dimension.name, "auto")
+        values = [value for value in {"auto": measured, "on": [True], "off": [False]}[asked] if value in measured]
+        if not values:
+            raise BenchtrainError(
+                f"{dimension.plan_flag} {asked}: calibration {calibration.id} did not measure it; "
+                f"run `bench run {dimension.flag} off,on`, or use {dimension.plan_flag} auto"
+            )
+        choices.append([(dimension.name,) if value else () for value in values])
+    return [sum(combo, ()) for combo in itertools.product(*choices)]
 
 
 def noise_warnings(calibration: Calibration) -> list[str]:

@@ -30,7 +30,7 @@ from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
 from train.step.hardware import allocator_conf
 from train.step.sharding import largest_block_parameters
-from train.workload.method import MethodConfig, apply_method, decoder_blocks
+from train.workload.method import METHODS, MethodConfig, apply_method, decoder_blocks
 from train.workload.model import ModelSpec, make_config
 from train.workload.optimizers import OPTIMIZERS, optimizer_state_bytes, same_state_groups
 from train.workload.quantize import QuantizedBytes, base_phrase, quantized_bytes, require_bitsandbytes
@@ -193,7 +193,7 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
-    what = "full fine-tuning" if method.method == "full" else f"LoRA rank {method.lora_rank}"
+    what = METHODS[method.method].phrase + ("" if method.method == "full" else f" rank {method.lora_rank}")
     if need.building_bytes(sharding) > available:
         raise DoesNotFitError(
             f"{what} of {spec.name} under FSDP builds the whole 4-bit base on each process before sharding it (≈{need.weights_bytes / GIB:.0f} GiB); "
@@ -264,7 +264,7 @@ def describe_needs(
     bases = [replace(lora, quantize=kind) for kind in ("none", "8bit", "4bit") if kind == lora.quantize or quantization_available()]
     for method in (MethodConfig(method="full"), *bases):
         need = memory_need(spec, method, hardware["device_type"])
-        label = "full fine-tuning" if method.method == "full" else f"LoRA r{method.lora_rank}"
+        label = METHODS[method.method].phrase + ("" if method.method == "full" else f" r{method.lora_rank}")
         detail = ""
         if method.quantized:
             base = quantized_base_bytes(spec, method.quantize)

@@ -18,7 +18,7 @@ from calibration.step_config import StepConfig
 from calibration.topology import bracket_estimate, overlap_bracket
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.calibrated import batch_sizes_for, checkpointing_modes, noise_warnings
+from train.planning.calibrated import batch_sizes_for, noise_warnings, switch_modes
 from train.planning.fit_deadline import error_decides_deadline, shortened_alternatives, shrink_to_deadline
 from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.memory_check import memory_basis_note
@@ -96,7 +96,7 @@ def evaluate(
     candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
     candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds
-    prediction = calibration.predict_for(config, request.memory_offset_bytes)
+    prediction = calibration.predict(config, request.memory_offset_bytes)
     candidate.peak_memory_bytes = prediction.peak_memory_bytes
     candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
     candidate.fits_in_memory = prediction.fits_in_memory
@@ -121,14 +121,14 @@ def candidate_overheads(
 ) -> tuple[Overheads, float]:
     """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
     the export, the report), and one evaluation pass's seconds."""
-    micro, length, checkpointing = candidate.config.micro_batch_size, candidate.config.seq_len, candidate.config.gradient_checkpointing
+    micro, length = candidate.config.micro_batch_size, candidate.config.seq_len
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
         eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
         eval_count = request.eval_schedule.count(candidate.remaining_steps, candidate.step_seconds)
     compile_cost, compile_shapes = 0.0, 0
     if request.compiled:
-        rows = [row for row in calibration.ok_rows() if bool(row.get("gradient_checkpointing")) == checkpointing]
+        rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == candidate.config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
     work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds, request.upload_seconds)
@@ -167,7 +167,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         fixed = request.configuration
         lengths, notes = [fixed.seq_len], list[str]()
-        options = [(fixed.micro_batch_size, fixed.grad_accum, fixed.num_workers, fixed.gradient_checkpointing)]
+        options = [fixed]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
         warnings += length_warnings
@@ -178,16 +178,12 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
                 f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
             )
         workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
-        modes = checkpointing_modes(calibration, request.gradient_checkpointing)
-        options = [(micro, accum, worker_count, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
+        modes = switch_modes(calibration, request.switches)
+        options = [StepConfig(micro, worker_count, accum, 0, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
     for length in lengths:
         check_trainable_tokens(data, length, request)
     cache: ShapeCache = {}
-    configs = [
-        StepConfig(micro_batch_size=micro, num_workers=workers, grad_accum=accum, seq_len=length, gradient_checkpointing=mode)
-        for length in lengths
-        for micro, accum, workers, mode in options
-    ]
+    configs = [option.with_shape(option.micro_batch_size, length) for length in lengths for option in options]
     candidates = [evaluate(calibration, data, request, config, cache, eval_data) for config in configs]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:

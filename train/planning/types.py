@@ -6,8 +6,11 @@ module imports none of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from calibration.dimensions import DIMENSIONS
+from calibration.run_file import step_columns
 from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
@@ -38,9 +41,9 @@ class PlanRequest:
     seed: int = 0
     max_positions: int | None = None  # the model's position table: no length beyond it
     completed_steps: int = 0  # --resume: optimizer steps the interrupted run already did
-    # --resume: the interrupted run's micro_batch_size, grad_accum, num_workers, max_length, gradient_checkpointing.
-    configuration: StepConfig | None = None
-    gradient_checkpointing: str = "auto"  # auto | on | off
+    configuration: StepConfig | None = None  # --resume: the interrupted run's step
+    # Each switch of calibration.dimensions asked for (--gradient-checkpointing): auto | on | off; absent: auto.
+    switches: Mapping[str, str] = field(default_factory=dict)
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
     compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
@@ -83,8 +86,9 @@ class PlanRequest:
             raise BenchtrainError(f"--effective-batch must be a positive integer, got {self.effective_batch}")
         if self.max_steps is not None and self.max_steps < 1:
             raise BenchtrainError(f"--max-steps must be a positive integer, got {self.max_steps}")
-        if self.gradient_checkpointing not in ("auto", "on", "off"):
-            raise BenchtrainError(f"--gradient-checkpointing must be auto, on or off, got {self.gradient_checkpointing!r}")
+        for name, asked in self.switches.items():
+            if asked not in ("auto", "on", "off"):
+                raise BenchtrainError(f"{DIMENSIONS[name].plan_flag} must be auto, on or off, got {asked!r}")
         if self.completed_steps < 0:
             raise BenchtrainError(f"completed steps must be non-negative, got {self.completed_steps}")
 
@@ -132,12 +136,10 @@ class Candidate:
         return self.config.phrase
 
     def to_json(self) -> JsonDict:
-        """run.json's and the plan's flat form: the step's columns (seq_len as max_length), then the predictions."""
+        """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
         data = asdict(self)
-        step = data.pop("config")
-        columns = {"micro_batch_size": step["micro_batch_size"], "grad_accum": step["grad_accum"], "num_workers": step["num_workers"]}
-        columns.update(max_length=step["seq_len"], world_size=data.pop("world_size"), gradient_checkpointing=step["gradient_checkpointing"])
-        return {**columns, **data, "tokens_per_second": self.tokens_per_second}
+        del data["config"], data["world_size"]
+        return {**step_columns(self.config, self.world_size), **data, "tokens_per_second": self.tokens_per_second}
 
 
 @dataclass

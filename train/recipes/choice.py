@@ -35,6 +35,7 @@ from train.recipes.run_plan import FittedVariant, PlanContext, RunPlan, plan_run
 from train.step.engine import MeasuredStep, ProcessLayout, process_layout, resolve_step
 from train.step.hardware import detect_hardware
 from train.step.runtime import run_precision
+from train.workload.method import METHODS
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -139,9 +140,10 @@ def check_compatible(
             f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
         )
     if measured["method"] != method.method:
-        names = {"full": "full fine-tuning", "lora": "LoRA"}
-        rerun = "bench run --lora" if method.is_lora else "bench run"
-        problems.append(f"calibration {calibration.id} measured {names[measured['method']]}, not {names[method.method]}: run `{rerun}` here, or pass --force")
+        names = {name: entry.phrase for name, entry in METHODS.items()}
+        rerun = {"full": "bench run", "lora": "bench run --lora"}.get(method.method, f"bench run --method {method.method}")
+        measured_name = names.get(measured["method"], measured["method"])
+        problems.append(f"calibration {calibration.id} measured {measured_name}, not {names[method.method]}: run `{rerun}` here, or pass --force")
     measured_quantize = measured.get("quantization") or "none"
     if measured_quantize != method.quantize:
         problems.append(
@@ -356,7 +358,7 @@ def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refus
     """Plan notes: what each other variant would cost at the chosen configuration, and its own best
     plan; those refused, why they were not planned."""
     config: StepConfig = chosen.plan.chosen.config
-    mine = chosen.cal.predict_for(config)
+    mine = chosen.cal.predict(config)
     if not chosen.plan.meets_deadline:
         why = "the shortest plan that fits memory (none meets the deadline)"
     elif chosen.plan.step_limit:
@@ -365,7 +367,7 @@ def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refus
         why = "the fastest that fits memory and the deadline"
     lines = [f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen.cal.variant)}, {why}"]
     for other in others:
-        theirs = other.cal.predict_for(config)
+        theirs = other.cal.predict(config)
         parts = [f"step ×{theirs.step_seconds / mine.step_seconds:.2f}"]
         if theirs.peak_memory_bytes is not None and mine.peak_memory_bytes is not None:
             difference = (mine.peak_memory_bytes - theirs.peak_memory_bytes) / GIB
@@ -392,7 +394,7 @@ def smallest_activations(calibration: Calibration, need_bytes: float) -> tuple[f
         return None
     length = min(calibration.measured_values("seq_len"))
     checkpointing = bool(max(calibration.measured_values("gradient_checkpointing")))
-    peak = calibration.predict_for(StepConfig(1, 0, 1, length, checkpointing)).peak_memory_bytes
+    peak = calibration.predict(StepConfig(1, 0, 1, length).switched(gradient_checkpointing=checkpointing)).peak_memory_bytes
     return (max(0.0, peak - need_bytes), f"micro-batch 1 × length {length}") if peak is not None else None
 
 

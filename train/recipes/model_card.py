@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from calibration.dimensions import switches
+from calibration.run_file import run_configuration
 from common.durations import format_duration
 
 LOSS_POINTS = 12  # rows of the loss curve's table
@@ -14,7 +16,7 @@ LOSS_POINTS = 12  # rows of the loss curve's table
 def model_card(record: dict[str, Any], repo_id: str) -> str:
     """README.md for `repo_id` from the run record."""
     model, plan = record.get("model") or {}, record.get("plan") or {}
-    lora = plan.get("method") == "lora"
+    lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
     base = model.get("hub_id") or model.get("name") or "unknown"
     front = ["---", f"base_model: {base}", f"library_name: {'peft' if lora else 'transformers'}", "tags:", "- benchtrain"]
     front += ["- lora" if lora else "- full-fine-tuning", "---", ""]
@@ -42,18 +44,19 @@ def _data(record: dict[str, Any]) -> list[str]:
 
 def _method(record: dict[str, Any]) -> list[str]:
     plan = record.get("plan") or {}
+    step = run_configuration(plan)
     rows: list[tuple[str, Any]] = [
         ("method", plan.get("method", "full")),
         ("optimizer", plan.get("optimizer", "adamw")),
         ("learning rate", plan.get("learning_rate")),
-        ("micro-batch × accumulation × processes", f"{plan.get('micro_batch_size')} × {plan.get('grad_accum')} × {plan.get('world_size', 1)}"),
-        ("max length", plan.get("max_length")),
-        ("gradient checkpointing", bool(plan.get("gradient_checkpointing"))),
+        ("micro-batch × accumulation × processes", f"{step.micro_batch_size} × {step.grad_accum} × {plan.get('world_size', 1)}"),
+        ("max length", step.seq_len),
+        *((dimension.name.replace("_", " "), step.on(dimension.name)) for dimension in switches()),
         ("epochs", plan.get("epochs")),
         ("optimizer steps", plan.get("total_steps") or plan.get("optimizer_steps")),
     ]
     lora = plan.get("lora") or {}
-    if plan.get("method") == "lora":
+    if lora:
         rows += [("LoRA rank / alpha / dropout", f"{lora.get('rank')} / {lora.get('alpha')} / {lora.get('dropout', 0.0)}")]
         rows += [("LoRA targets", ", ".join(lora.get("targets") or []) or "default"), ("base quantization", lora.get("quantize", "none"))]
     rows += [(name, value) for name, value in (record.get("hyperparameters") or {}).items()]

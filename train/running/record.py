@@ -13,7 +13,7 @@ from pathlib import Path
 
 from calibration.accuracy import EstimateCheck, check_estimate
 from calibration.model import Calibration
-from calibration.run_file import RUN_SCHEMA_VERSION, STEP_COLUMNS, JsonObject, RunFile
+from calibration.run_file import RUN_SCHEMA_VERSION, JsonObject, RunFile, flat_keys
 from calibration.schema import variant_history
 from calibration.store import is_read_only, update_calibration
 from common.json_types import JsonDict
@@ -50,16 +50,15 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
         "losses": [],
         "events": [],
         "alternatives": [candidate.to_json() for candidate in plan.alternatives],
-        # The step's columns are the configuration's (RunFile writes them from it).
-        "chosen": {key: value for key, value in chosen.to_json().items() if key not in STEP_COLUMNS},
+        # The step configuration is the plan's (RunFile writes it there, once).
+        "chosen": {key: value for key, value in chosen.to_json().items() if key not in flat_keys()},
     }
     return RunFile(run_id, chosen.config, chosen.world_size, sections)
 
 
 def plan_section(plan: Plan) -> JsonDict:
-    """The plan but its step configuration, which RunFile writes before these keys: as a
-    calibration row (what a resume reads back, calibration.run_file.ResumedRun) and as the flat
-    keys readers know."""
+    """The plan but its step configuration, which RunFile writes before these keys, as a
+    measurement row (what a resume reads back, calibration.run_file.ResumedRun)."""
     chosen = plan.chosen
     return {
         "effective_batch": plan.effective_batch,

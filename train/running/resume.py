@@ -41,10 +41,10 @@ def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
 
 def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
-    if recorded.method != "lora":
+    if recorded.method == "full":
         return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(
-        method="lora",
+        method=recorded.method,
         lora_rank=recorded.lora_rank,
         lora_alpha=recorded.lora_alpha,
         lora_dropout=recorded.lora_dropout,

@@ -55,7 +55,9 @@ def flat_config(record: JsonDict) -> dict[str, bool | int | float | str]:
     """The plan and estimate as scalars (TensorBoard's hparams take nothing nested)."""
     config: dict[str, bool | int | float | str] = {}
     for section in ("plan", "estimate"):
-        for key, value in (record.get(section) or {}).items():
+        values = dict(record.get(section) or {})
+        values.update(values.pop("configuration", None) or {})  # the step configuration's columns, each a scalar
+        for key, value in values.items():
             if isinstance(value, (bool, int, float, str)):
                 config[f"{section}/{key}"] = value
             elif value is not None:

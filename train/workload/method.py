@@ -1,5 +1,10 @@
-"""What is trained: the whole model (`full`) or LoRA adapters on a frozen base (peft), and
+"""What is trained: the whole model (`full`) or adapters on a frozen base (peft's LoRA), and
 whether activations are recomputed (gradient checkpointing). Shared by bench probes and train.
+
+Each method is one entry of `METHODS` (a `Method`): its phrase, whether it trains adapters, and the
+arguments it adds to peft's LoraConfig (DoRA is `{"use_dora": True}`). The argument parsers, the
+adapter build, the descriptions and run.json's method read the table; run.json and calibrations
+record the method's name and, for adapters, their `lora` settings.
 
 LoRA: the base stays frozen — in bf16 on CUDA (no fp32 copy, no gradients, no optimizer state for
 it) — and only the adapters are trained, in fp32 (peft upcasts them), with fused AdamW on CUDA.
@@ -11,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from calibration.setup import Variant
@@ -26,8 +32,21 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-METHODS = ("full", "lora")
 ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # --method's value, run.json's and the calibration's `method`
+    phrase: str  # how plans and lines name it: "full fine-tuning", "LoRA"
+    adapters: bool = False  # trains adapters on a frozen base (peft): --lora-* apply, --quantize may quantize the base
+    peft_options: Mapping[str, Any] = field(default_factory=dict)  # LoraConfig's arguments beyond rank, alpha, dropout, targets
+
+
+METHODS: dict[str, Method] = {
+    "full": Method("full", "full fine-tuning"),
+    "lora": Method("lora", "LoRA", adapters=True),
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +60,7 @@ class MethodConfig:
     optimizer: str = DEFAULT_OPTIMIZER  # a name in train.workload.optimizers.OPTIMIZERS
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
+        if self.method not in METHODS:  # the table's names
             raise BenchtrainError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.lora_rank < 1:
             raise BenchtrainError(f"--lora-rank must be a positive integer, got {self.lora_rank}")
@@ -61,7 +80,8 @@ class MethodConfig:
 
     @property
     def is_lora(self) -> bool:
-        return self.method == "lora"
+        """Trains adapters on a frozen base (LoRA or a method of its family: METHODS)."""
+        return METHODS[self.method].adapters
 
     @property
     def alpha(self) -> float:
@@ -95,7 +115,7 @@ class MethodConfig:
 
         base = f" of {base_phrase(self.quantize)}" if self.quantized else ""
         targets = ", ".join(self.lora_targets) if self.lora_targets else "every linear projection"
-        return f"LoRA rank {self.lora_rank} (alpha {self.alpha:g}) on {targets}{base}{optimizer}"
+        return f"{METHODS[self.method].phrase} rank {self.lora_rank} (alpha {self.alpha:g}) on {targets}{base}{optimizer}"
 
 
 def parse_targets(text: str | None) -> tuple[str, ...] | None:
@@ -141,7 +161,7 @@ def quiet_library_warnings() -> None:
 
 
 def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Module:
-    """The model to train: itself (full), or wrapped with LoRA adapters and its base frozen."""
+    """The model to train: itself (full), or wrapped with adapters (the method's LoraConfig) and its base frozen."""
     if not method.is_lora:
         return model
     quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
@@ -154,6 +174,7 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
         target_modules=list(method.lora_targets) if method.lora_targets else ALL_LINEAR,
         bias="none",
         task_type="CAUSAL_LM",
+        **METHODS[method.method].peft_options,
     )
     try:
         return get_peft_model(model, config)
