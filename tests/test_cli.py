@@ -208,7 +208,7 @@ def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pyt
     save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m"], capsys)
     assert_one_line_error(code, err, "was measured on NVIDIA H100")
-    # A dry run plans for the calibration's device (tests/test_plan_for_device.py).
+    # A dry run plans for the calibration's device (tests/test_bundled_calibration.py).
     code, out, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run"], capsys)
     assert code == 0 and "plan (balanced)" in out and "planning for NVIDIA H100 80GB HBM3" in err
 
