@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, run_main
 
 from calibration.store import BUNDLED_DIR, bundled_calibrations, resolve_calibration
 

@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import assert_one_line_error, run_main
-from test_compare import chats, cpu_calibration
+from helpers import assert_one_line_error, cpu_calibration, run_main
 
 from calibration.store import save_calibration
 from common.errors import BenchtrainError, CalibrationFileError
-
-__all__ = ["chats"]
 
 REPO = "my-org/cals"
 

@@ -12,14 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import load_tokenized
-from test_chat import CONVERSATION, chat_file, trained_text
-from test_cli import calibrated_home, run_main
+from helpers import CONVERSATION, chat_file, load_tokenized, run_main, trained_text
 
 from train.workload.fingerprint import tokenizer_fingerprint
 from train.workload.tokenizer import CHATML_TEMPLATE, byte_tokenizer, ensure_chat_template, load_tokenizer
-
-__all__ = ["calibrated_home"]
 
 
 def base_tokenizer_folder(tmp_path: Path) -> Path:

@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import TRUE_THROUGHPUT, micro_seconds, synthetic_calibration, synthetic_rows
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_planner import heavy_tailed, tokenized
+from helpers import TRUE_THROUGHPUT, assert_one_line_error, heavy_tailed, micro_seconds, run_main, synthetic_calibration, synthetic_rows, tokenized
 
 from bench.runner import Budget, run_grid
 from bench.space import SearchSpace
@@ -25,8 +23,6 @@ from calibration.fit import fit_measurements
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration
-
-__all__ = ["calibrated_home"]  # a fixture shared with test_cli
 from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest

@@ -10,9 +10,7 @@ import socket
 import numpy as np
 import pytest
 import torch
-from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main
-from test_planner import heavy_tailed, tokenized
+from helpers import assert_one_line_error, heavy_tailed, run_main, synthetic_calibration, tokenized
 
 from bench.calibrate import warmup_costs
 from calibration.model import Calibration

@@ -21,8 +21,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock
-from test_cli import calibrated_home, run_main
+from helpers import FakeClock, run_main, train_arguments
 
 from calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
 from calibration.model import Calibration
@@ -30,14 +29,8 @@ from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 from train.running.guard import NEXT_STEP_SAFETY
 
-__all__ = ["calibrated_home"]
-
 # The synthetic calibration's overheads (tests/helpers.py): what happened in each command below.
 MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
-
-
-def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data", str(data), "--effective-batch", "4", "--max-length", "64", "--workers", "0", "--out", str(out), *extra]
 
 
 def stored_calibration(home: Path) -> Calibration:

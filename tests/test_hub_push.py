@@ -11,12 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_cli import assert_one_line_error, calibrated_home, run_main
+from helpers import assert_one_line_error, run_main
 
 from common.errors import EXIT_PUSH_FAILED
 from train.step.step import TrainingStep
-
-__all__ = ["calibrated_home"]
 
 
 class FakeHub:

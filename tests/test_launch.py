@@ -20,18 +20,13 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main
-from test_compare import FIXTURE, chats
-from test_consider import MACHINES, PRICES, run_consider
+from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, run_consider, run_main, synthetic_calibration
 
 from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
 from train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from train.running.checkpoint import MARKER_FILE, list_checkpoints
 from train.running.resume import auto_resume, resume_command
-
-__all__ = ["chats"]  # a fixture of test_compare
 
 TWO_NODES = f"{MACHINES},h100:16:2x8:nvlink+ib"  # one row on two nodes: not a fallback of a one-node task
 

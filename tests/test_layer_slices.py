@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, run_main
 
 from bench.layer_slices import auto_depths, choose_depths, non_uniform_reason, parse_layers, slice_spec
 from calibration.slices import UNTESTED_SLICE_ERROR, DepthLine, derive_full_rows, slice_widening

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import synthetic_calibration, synthetic_rows
-from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
-from test_train import make_run, tokenizer
+from helpers import TINY_GRID, assert_one_line_error, make_run, run_main, synthetic_calibration, synthetic_rows
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
@@ -22,7 +20,6 @@ from train.running.checkpoint import WEIGHTS_FILE, list_checkpoints
 from train.workload.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
 from train.workload.model import build_model, model_shape, resolve_model
 
-__all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
 LORA = MethodConfig(method="lora", lora_rank=4)
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import GIB, synthetic_calibration, synthetic_rows
-from test_planner import heavy_tailed, tokenized
+from helpers import GIB, heavy_tailed, synthetic_calibration, synthetic_rows, tokenized
 
 from calibration.fit import fit_measurements
 from calibration.memory_fit import device_peak_bytes, fit_memory_section, memory_model_from_json
@@ -212,8 +211,7 @@ def test_a_cpu_plan_counts_what_the_train_process_holds_beyond_the_bench_process
     process holds beyond it, measured at plan time. Not on a GPU, nor for older calibrations."""
     import json
 
-    from helpers import synthetic_calibration
-    from test_cli import run_main
+    from helpers import run_main, synthetic_calibration
 
     from calibration.store import save_calibration
     from train.step import peak_memory

@@ -20,10 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FakeClock
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_estimate_check import train_arguments
-from test_planner import tokenized
+from helpers import FakeClock, assert_one_line_error, run_main, tokenized, train_arguments
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
@@ -32,8 +29,6 @@ from common.errors import DeadlineError
 from train.planning.deadline import Deadline
 from train.planning.planner import evaluate, make_plan
 from train.planning.types import PlanRequest
-
-__all__ = ["calibrated_home"]
 
 GPT2_CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-gpt2-bench2m.json"
 # The same 2-minute bench measured with the CPU heap as it is now (train.step.peak_memory: 8 MiB

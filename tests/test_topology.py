@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main
-from test_compare import cpu_calibration, h100_data
-from test_planner import heavy_tailed, tokenized
+from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, run_main, synthetic_calibration, tokenized
 
 from calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
 from calibration.model import Calibration

@@ -13,8 +13,7 @@ import pytest
 
 pytest.importorskip("bitsandbytes")
 
-from test_cli import assert_one_line_error, run_main
-from test_quantize import configs, hide_bitsandbytes
+from helpers import assert_one_line_error, configs, hide_bitsandbytes, run_main
 
 from bench.refit import refit_record
 from calibration.model import Calibration
