@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
-from calibration.memory_fit import LINEAR_TERMS, memory_features
+from calibration.fit import fit_measurements
 from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.step_config import StepConfig
 from common.errors import guard_cli
@@ -40,11 +39,35 @@ GIB = 2**30
 
 
 def micro_seconds(config: StepConfig, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), THROUGHPUT_TERMS, strict=True)))
+    """The true seconds of one micro-step, written out here rather than taken from the fit's own
+    features (calibration.fit.throughput_features), so a fit that recovers `parameters` from rows
+    made with it shows that its features are right: a fixed cost; a cost per token and per token
+    per token of context (attention); the optimizer step shared by the micro-steps of a step; the
+    batches built in the training process (no workers) or supplied by the workers, each worker
+    costing a little; and, with gradient checkpointing, the forward computed again."""
+    tokens = config.micro_batch_size * config.seq_len
+    workers = config.num_workers
+    seconds = parameters["fixed"] + parameters["per_token"] * tokens + parameters["attention"] * tokens * config.seq_len
+    seconds += parameters["optimizer_step"] / config.grad_accum
+    seconds += parameters["serial_data"] * tokens if workers == 0 else parameters["worker_supply"] * tokens / workers
+    seconds += parameters["per_worker"] * workers
+    if config.gradient_checkpointing:
+        seconds += parameters["recompute_per_token"] * tokens + parameters["recompute_attention"] * tokens * config.seq_len
+    return float(seconds)
 
 
 def peak_bytes(config: StepConfig, parameters: dict[str, float] = TRUE_MEMORY) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), LINEAR_TERMS, strict=True)))
+    """The true peak bytes of a step, written out here (not calibration.memory_fit.memory_features):
+    the static bytes; the activations per token and per token of context, kept for backward or,
+    with gradient checkpointing, only the checkpointed ones; and the gradients held between the
+    micro-steps of an accumulating step."""
+    tokens = config.micro_batch_size * config.seq_len
+    if config.gradient_checkpointing:
+        activations = parameters["per_token_checkpointed"] * tokens + parameters["attention_checkpointed"] * tokens * config.seq_len
+    else:
+        activations = parameters["per_token"] * tokens + parameters["attention"] * tokens * config.seq_len
+    held = parameters["accumulated_gradients"] if config.grad_accum > 1 else 0.0
+    return float(parameters["static"] + activations + held)
 
 
 def synthetic_rows(
