@@ -278,9 +278,9 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     said: list[str] = []
     dry = with_hub_weights(spec, said.append, fetch=False)
-    assert not dry.has_weights and said == [f"a run will fetch 1.2 GB of {REPO} weights (1 files) into {offline_hub}"]
+    assert not dry.has_weights and len(said) == 1 and all(fact in said[0] for fact in ("will fetch", "1.2 GB", REPO, str(offline_hub)))
     loaded = with_hub_weights(spec, said.append)
-    assert said[-1] == f"fetching 1.2 GB of {REPO} weights (1 files) into {offline_hub}"
+    assert all(fact in said[-1] for fact in ("fetching", "1.2 GB", REPO, str(offline_hub)))
     assert loaded.has_weights and not calls[-1].get("dry_run") and calls[-1]["allow_patterns"] == ["*.safetensors", "*.safetensors.index.json"]
 
     # More than the disk holds: refused before the download, with where and how much.

@@ -286,7 +286,7 @@ def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, c
     sgd, fused = calibration.variants()
     assert sgd.variant_key == ("none", "sgd") and fused.variant_key == ("none", "adamw-fused")
     assert len(sgd.ok_rows()) >= 3 and len(fused.ok_rows()) >= 3 and sgd.fit != fused.fit
-    assert "variant 1: an unquantized base with adamw-fused" in printed
+    assert "variant 1:" in printed and "adamw-fused" in printed
     out = home / "run"
     code, printed, err = run_main(
         "train", ["--optimizer", "sgd", "--data", "sample", "--deadline", "5m", "--max-steps", "2", "--out", str(out), "--no-report"], capsys

@@ -68,8 +68,8 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(home: Path, 
     said = comments(path)
     for words in ("shared (measured by someone else)", "translated from another GPU", "predicted from a 1-GPU calibration", "Capacity: spot:", "no cloud"):
         assert words in said, words
-    assert "left out: 16×H100 SXM over 2x8:nvlink+infiniband: 2 node(s), the task has 1" in said
-    assert "a fresh machine 10m00s assumed" in said and "for the Python environment (an allowance)" in said
+    assert "left out: 16×H100 SXM" in said and "2 node(s), the task has 1" in said
+    assert "10m00s assumed" in said and "Python environment" in said
 
 
 def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys
     for variable in ("DSTACK_MASTER_NODE_IP", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM", "DSTACK_GPUS_PER_NODE"):
         assert variable in script
     assert "h100:2" not in script  # what dstack cannot hold is not planned for either
-    assert "2×H100 SXM over nvlink: 2 GPUs per node, dstack's GPU list has one count" in comments(path)
+    assert "2×H100 SXM over nvlink: 2 GPUs per node" in comments(path)
 
 
 @pytest.mark.parametrize("engine", ["skypilot", "dstack"])

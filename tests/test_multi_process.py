@@ -181,7 +181,8 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
         "(all-reduce 1.00 GB/s, 1.00 ms latency): 4 MiB of gradients, +5.0 ms per optimizer step"
     )
     new = {**old, "sharding": "fsdp", "parameter_bytes": 2**21, "seconds_per_micro_step": 0.002, "collectives": {"all_gather": {"fit": fit}}}
-    assert describe_communication(new).endswith("2 MiB of parameters gathered twice and 4 MiB of gradients reduce-scattered, +2.0 ms per micro-step")
+    text = describe_communication(new)
+    assert "2 MiB of parameters" in text and "4 MiB of gradients" in text and text.endswith("+2.0 ms per micro-step")
     assert _plan_value("communication", {"source": "single process", "world_size": 1}) == "one process: none"
     assert _plan_value("world_size", 2) == 2
 
