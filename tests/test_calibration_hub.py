@@ -130,7 +130,7 @@ def hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 
 
 def shared(identifier: str, created_at: str, **overrides: Any) -> dict[str, Any]:
-    """A synthetic calibration of this machine and the tiny model (tests/test_compare.py)."""
+    """A synthetic calibration of this machine and the tiny model (tests/helpers.py cpu_calibration)."""
     return cpu_calibration(identifier, created_at=created_at, **overrides)
 
 
