@@ -65,6 +65,8 @@ def masked(text: str, folder: Path) -> list[str]:
     for pattern, mask in ((r"\d{8}-\d{6}", "STAMP"), (r"[0-9a-f]{24}", "HASH"), (r"\d[\d,.]*", "N"), (r"[+-]N", "±N"), (r"\b(higher|lower)\b", "H/L")):
         text = re.sub(pattern, mask, text)
     text = re.sub(r"took (longer|less time) than", "took L/S than", text)
+    # A duration's units follow its size (58.9s, 1m02s, 2h00m): masked whole.
+    text = re.sub(r"\bN[hms](?:N[hms])*\b", "DURATION", text)
     return [line.rstrip() for line in text.split("\n") if line.strip() and not PROGRESS.match(line.strip())]
 
 
