@@ -1,7 +1,8 @@
 """Two captures of benchmarks/same_behaviour.sh compared: the exit codes exactly; every run.json's
 and saved JSON's key tree (a key's value type aside from null vs a number), and the key tree of a
-command's JSON output; every command's output with numbers, run folders, time stamps and the words
-that follow the clock (higher/lower, took longer/less) masked; the files each command left, by
+command's JSON output; every command's output with numbers, durations, run folders, time stamps and
+the words that follow the clock (higher/lower, took longer/less) masked and the live progress lines
+left out; the files each command left, by
 name. A bench's measured figures differ at every run: its calibration is compared by its keys
 (what is null in either capture aside) and its output by the labels of its lines, not its numbers.
 
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS = re.compile(r"^(train|tokenizing|Writing|Loading|probe)\S*[: ]")
+# Said every few seconds of a run, and by the guard as the live speed changes: how many, and whether
+# on track, follow the machine's load.
+LIVE = re.compile(r"^(step N: N tok/s actual|deadline: step N: )")
 BENCH_OUTPUT = "bench.out"
 BENCH_CALIBRATION = Path("bench") / "calibration.json"
 # What a bench says only when the machine was busy or a probe unsteady.
@@ -67,7 +71,7 @@ def masked(text: str, folder: Path) -> list[str]:
     text = re.sub(r"took (longer|less time) than", "took L/S than", text)
     # A duration's units follow its size (58.9s, 1m02s, 2h00m): masked whole.
     text = re.sub(r"\bN[hms](?:N[hms])*\b", "DURATION", text)
-    return [line.rstrip() for line in text.split("\n") if line.strip() and not PROGRESS.match(line.strip())]
+    return [line.rstrip() for line in text.split("\n") if line.strip() and not PROGRESS.match(line.strip()) and not LIVE.match(line.strip())]
 
 
 def labels(lines: list[str]) -> list[str]:

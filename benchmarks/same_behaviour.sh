@@ -5,12 +5,13 @@
 # by SIGINT and resumed; LoRA), dry runs as JSON and as text, `--consider` over four machines, a bad
 # --resume, and `report` on a run, on the bench's calibration and on the --consider comparison.
 # Runs plan from a copy of the CPU fixture calibration (train feeds its runs back into the
-# calibration it used).
+# calibration it used), with deadlines no load makes the guard act on (an hour for seconds of work).
 #
 #   bash benchmarks/same_behaviour.sh DIR              # with this checkout's code (≈2-3 min)
 #   python benchmarks/same_behaviour.py BEFORE AFTER   # key trees, exit codes and masked outputs, diffed
 #
-# Capture BEFORE at the old commit (e.g. in a `git worktree`) and AFTER at the new one. The
+# Capture BEFORE at the old commit (e.g. in a `git worktree`, with this script copied into it: it
+# runs the code of the checkout it stands in) and AFTER at the new one. The
 # comparison masks what the clock decides (numbers, time stamps, a bench's measured figures), so a
 # loaded machine and a quiet one compare equal.
 set -u
@@ -27,14 +28,14 @@ c() { name=$1; shift; "$PY" -m "$@" > "$D/$name.out" 2>&1; echo "$name rc=$?" >>
 # calibration is the only one in BENCHTRAIN_HOME (`latest`).
 c bench bench run --gpu cpu --model tiny --batch-sizes 1,2 --workers 0 --accum 1,2 --seq-lens 32,64 --max-probe-seconds 0.2 --no-report
 cp "$D"/home/calibrations/*.json "$D/bench/calibration.json"
-c r1 train --use-calibration "$CAL" --data sample --deadline 10m --max-steps 4 --out "$D/r1" --eval-split 0.1 --eval-every 2 --report-to none
+c r1 train --use-calibration "$CAL" --data sample --deadline 1h --max-steps 4 --out "$D/r1" --eval-split 0.1 --eval-every 2 --report-to none
 # Interrupted once its first checkpoint exists, then resumed.
-"$PY" -m train --use-calibration "$CAL" --data sample --deadline 10m --max-steps 40 --checkpoint-interval 1s --out "$D/r2" > "$D/r2.out" 2>&1 &
+"$PY" -m train --use-calibration "$CAL" --data sample --deadline 1h --max-steps 40 --checkpoint-interval 1s --out "$D/r2" > "$D/r2.out" 2>&1 &
 run=$!
 for _ in $(seq 1 120); do ls "$D"/r2/checkpoints/*/ >/dev/null 2>&1 && break; sleep 0.5; done; sleep 2
 kill -INT "$run"; wait "$run"; echo "r2 rc=$?" >> "$D/rc.txt"; cp "$D/r2/run.json" "$D/r2-interrupted.json"
-c r2resume train --use-calibration "$CAL" --data sample --deadline 10m --out "$D/r2" --resume --max-steps 40
-c lora train --use-calibration "$CAL" --data sample --deadline 10m --max-steps 3 --out "$D/lora" --method lora --no-report --force
+c r2resume train --use-calibration "$CAL" --data sample --deadline 1h --out "$D/r2" --resume --max-steps 40
+c lora train --use-calibration "$CAL" --data sample --deadline 1h --max-steps 3 --out "$D/lora" --method lora --no-report --force
 c dry train --use-calibration "$CAL" --data sample --deadline 10m --dry-run --json
 c drytext train --use-calibration "$CAL" --data sample-chat --deadline 1h --dry-run --epochs 2
 c consider train --dry-run --use-calibration h100-llama-3.2-1b --consider h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie \
