@@ -24,8 +24,8 @@ PROGRESS = re.compile(r"^(train|tokenizing|Writing|Loading|probe)\S*[: ]")
 LIVE = re.compile(r"^(step N: N tok/s actual|deadline: step N: )")
 BENCH_OUTPUT = "bench.out"
 BENCH_CALIBRATION = Path("bench") / "calibration.json"
-# What a bench says only when the machine was busy or a probe unsteady.
-MEASURED_ONLY = re.compile(r"^(warning|note|re-measured)\b")
+# What a bench says only when the machine was busy, a probe unsteady, or the fit chose the overlap form.
+MEASURED_ONLY = re.compile(r"^(warning|note|re-measured|Host and device overlap)\b")
 
 
 def key_tree(value: Any, prefix: str = "") -> set[str]:

@@ -20,6 +20,8 @@ D=$(realpath -m "$1"); rm -rf "$D"; mkdir -p "$D/cal" "$D/bench"
 export BENCHTRAIN_HOME=$D/home PYTHONPATH=$PWD
 PY=${PYTHON:-$PWD/.venv/bin/python}
 cp tests/fixtures/cpu-tiny-fullgrid.json "$D/cal/"; CAL=$D/cal/cpu-tiny-fullgrid.json
+# The dry runs plan from a copy no run fed: what they plan must not follow how fast the runs went.
+mkdir -p "$D/cal/dry"; cp tests/fixtures/cpu-tiny-fullgrid.json "$D/cal/dry/"; DRY=$D/cal/dry/cpu-tiny-fullgrid.json
 started=$(date +%s)
 # name, then the module and its arguments: the output goes to NAME.out, the exit code to rc.txt.
 c() { name=$1; shift; "$PY" -m "$@" > "$D/$name.out" 2>&1; echo "$name rc=$?" >> "$D/rc.txt"; }
@@ -36,8 +38,8 @@ for _ in $(seq 1 120); do ls "$D"/r2/checkpoints/*/ >/dev/null 2>&1 && break; sl
 kill -INT "$run"; wait "$run"; echo "r2 rc=$?" >> "$D/rc.txt"; cp "$D/r2/run.json" "$D/r2-interrupted.json"
 c r2resume train --use-calibration "$CAL" --data sample --deadline 1h --out "$D/r2" --resume --max-steps 40
 c lora train --use-calibration "$CAL" --data sample --deadline 1h --max-steps 3 --out "$D/lora" --method lora --no-report --force
-c dry train --use-calibration "$CAL" --data sample --deadline 10m --dry-run --json
-c drytext train --use-calibration "$CAL" --data sample-chat --deadline 1h --dry-run --epochs 2
+c dry train --use-calibration "$DRY" --data sample --deadline 10m --dry-run --json
+c drytext train --use-calibration "$DRY" --data sample-chat --deadline 1h --dry-run --epochs 2
 c consider train --dry-run --use-calibration h100-llama-3.2-1b --consider h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie \
   --price-per-hour h100=2.5,h200=3.8,a100=1.2 --model llama-3.2-1b --data sample-chat --deadline 24h
 cp "$D"/home/plans/*/comparison.json "$D/consider-comparison.json"
