@@ -21,7 +21,7 @@ from typing import Any
 PROGRESS = re.compile(r"^(train|tokenizing|Writing|Loading|probe)\S*[: ]")
 # Said every few seconds of a run, and by the guard as the live speed changes: how many, and whether
 # on track, follow the machine's load.
-LIVE = re.compile(r"^(step N: N tok/s actual|deadline: step N: )")
+LIVE = re.compile(r"^(step N: N tok/s actual|deadline: step N: |warning: the calibration's Nth-percentile error)")
 BENCH_OUTPUT = "bench.out"
 BENCH_CALIBRATION = Path("bench") / "calibration.json"
 # What a bench says only when the machine was busy, a probe unsteady, or the fit chose the overlap form.
@@ -58,10 +58,14 @@ def dict_keys(value: Any, prefix: str = "") -> tuple[set[str], set[str]]:
     return keys, nulls
 
 
+# Which of the fit's forms could be fitted (and so compared) follows the measurements.
+MEASURED_KEYS = ("/fit/alternatives/",)
+
+
 def bench_key_differences(old: Any, new: Any) -> list[str]:
     (old_keys, old_nulls), (new_keys, new_nulls) = dict_keys(old), dict_keys(new)
-    nulls = old_nulls | new_nulls
-    return sorted(path for path in old_keys ^ new_keys if not any(path.startswith(null + "/") for null in nulls))
+    left_out = tuple(null + "/" for null in old_nulls | new_nulls) + MEASURED_KEYS
+    return sorted(path for path in old_keys ^ new_keys if not path.startswith(left_out))
 
 
 def masked(text: str, folder: Path) -> list[str]:
@@ -69,6 +73,9 @@ def masked(text: str, folder: Path) -> list[str]:
     for pattern, mask in ((r"\d{8}-\d{6}", "STAMP"), (r"[0-9a-f]{24}", "HASH"), (r"\d[\d,.]*", "N"), (r"[+-]N", "±N"), (r"\b(higher|lower)\b", "H/L")):
         text = re.sub(pattern, mask, text)
     text = re.sub(r"took (longer|less time) than", "took L/S than", text)
+    # A resume plans from the history its interrupted run left: how fast that went decides which
+    # bound the deadline is checked against, and whether the spread is too wide to promise one.
+    text = re.sub(r"(upper bound|central estimate) fits", "BOUND fits", text)
     # A duration's units follow its size (58.9s, 1m02s, 2h00m): masked whole.
     text = re.sub(r"\bN[hms](?:N[hms])*\b", "DURATION", text)
     return [line.rstrip() for line in text.split("\n") if line.strip() and not PROGRESS.match(line.strip()) and not LIVE.match(line.strip())]
