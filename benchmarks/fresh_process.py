@@ -40,7 +40,7 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     each in a fresh process."""
     os.environ["BENCHTRAIN_HOME"] = str(home)
     import calibration
-    from bench.second_process import measure_in_fresh_process
+    from bench.second_process import measure_in_fresh_processes
     from bench.timing import ProbeSettings
     from calibration.step_config import StepConfig
     from train.step.engine import StepOptions
@@ -62,8 +62,8 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     for b, w, a, s in random.Random(seed).sample(HELD_OUT, count):
         config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
         predicted = cal.predict(config)
-        measured = measure_in_fresh_process(resolve_model("tiny"), MethodConfig(), StepOptions(), [config], ProbeSettings(), 600)
-        row = (measured or {}).get("rows", [{}])[0]
+        measured = measure_in_fresh_processes(resolve_model("tiny"), MethodConfig(), StepOptions(), [config], ProbeSettings(), 600, processes=1)
+        row = measured[0] if measured else {}
         if row.get("status") != "ok":
             results.append({"config": config, "status": row.get("status", "failed")})
             continue

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock
+from helpers import FakeClock, synthetic_calibration
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Test workers share the cores (scripts/test.sh runs one per core): one thread each, or
@@ -85,6 +85,57 @@ def heavy_tailed_jsonl(tmp_path: Path) -> Path:
             length = min(900, max(10, int(rng.lognormvariate(4.2, 0.8))))
             handle.write(json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(length))}) + "\n")
     return path
+
+
+@pytest.fixture()
+def calibrated_home(home: Path) -> Path:
+    """`home` holding a synthetic calibration of the tiny model on this machine (tests/helpers.py)."""
+    from calibration.store import save_calibration
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    save_calibration(
+        synthetic_calibration(
+            hardware=detect_hardware(),
+            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        )
+    )
+    return home
+
+
+@pytest.fixture()
+def chats(tmp_path: Path) -> Path:
+    """150 short chats (messages format)."""
+    path = tmp_path / "chats.jsonl"
+    with path.open("w") as handle:
+        for index in range(150):
+            question = "How do I plan a run? " * (1 + index % 7)
+            answer = "Measure first. " * (3 + index % 11)
+            handle.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The byte tokenizer (no download)."""
+    from train.workload.tokenizer import byte_tokenizer
+
+    return byte_tokenizer()
+
+
+@pytest.fixture()
+def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HF_HOME in tmp_path and HF_HUB_OFFLINE=1, as a user sets them (huggingface_hub read both at
+    import, so its constants follow too). Returns the hub cache folder."""
+    from huggingface_hub import constants
+
+    hub = tmp_path / "hf" / "hub"
+    hub.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return hub
 
 
 @pytest.hookimpl(hookwrapper=True)

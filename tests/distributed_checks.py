@@ -168,7 +168,7 @@ def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
 
 
 def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[str, Any]:
-    """`train`'s plan on every rank (tests/test_ranks_agree.py), rank 1 made to have spent
+    """`train`'s plan on every rank (tests/test_multi_process_ranks.py), rank 1 made to have spent
     `rank1_elapsed` seconds more than rank 0 (its clock feeds --fit-deadline and the deadline check);
     then the guard before the first step, given a step count that differs on rank 1."""
     import time

@@ -167,7 +167,7 @@ class ForkServer:
         """The JSON line rank 0 of `script` printed last, its ranks forked (the stack imported: ≈8 s
         less a rank than a new interpreter under torchrun) with the variables torchrun sets. For
         scripts whose ranks all end by themselves: a rank that fails does not end the others, as
-        torchrun's agent would (tests that need that, tests/test_bench_rows_survive.py, use torchrun)."""
+        torchrun's agent would (tests that need that, tests/test_bench_probe_rows.py, use torchrun)."""
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="ranks-") as folder:

@@ -1,4 +1,6 @@
-"""Synthetic measurements and calibrations from known parameters (no torch needed)."""
+"""What the test files share (a test file never imports another): synthetic measurements and
+calibrations from known parameters, and the helpers several files call. Importing it loads no torch
+(what needs torch imports it inside the function): conftest.py sets the threads before torch loads."""
 
 from __future__ import annotations
 
@@ -6,14 +8,19 @@ import copy
 import dataclasses
 import functools
 import itertools
+import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from calibration.fit import fit_measurements, throughput_features, throughput_terms
-from calibration.memory_fit import linear_terms, memory_features
-from calibration.schema import SCHEMA_VERSION
+import numpy as np
+import pytest
+
+from calibration.fit import fit_measurements
+from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.step_config import StepConfig
+from common.errors import guard_cli
 
 TRUE_THROUGHPUT = {
     "fixed": 4e-3,
@@ -32,11 +39,35 @@ GIB = 2**30
 
 
 def micro_seconds(config: StepConfig, parameters: dict[str, float] = TRUE_THROUGHPUT) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(throughput_features(config), throughput_terms(), strict=True)))
+    """The true seconds of one micro-step, written out here rather than taken from the fit's own
+    features (calibration.fit.throughput_features), so a fit that recovers `parameters` from rows
+    made with it shows that its features are right: a fixed cost; a cost per token and per token
+    per token of context (attention); the optimizer step shared by the micro-steps of a step; the
+    batches built in the training process (no workers) or supplied by the workers, each worker
+    costing a little; and, with gradient checkpointing, the forward computed again."""
+    tokens = config.micro_batch_size * config.seq_len
+    workers = config.num_workers
+    seconds = parameters["fixed"] + parameters["per_token"] * tokens + parameters["attention"] * tokens * config.seq_len
+    seconds += parameters["optimizer_step"] / config.grad_accum
+    seconds += parameters["serial_data"] * tokens if workers == 0 else parameters["worker_supply"] * tokens / workers
+    seconds += parameters["per_worker"] * workers
+    if config.gradient_checkpointing:
+        seconds += parameters["recompute_per_token"] * tokens + parameters["recompute_attention"] * tokens * config.seq_len
+    return float(seconds)
 
 
 def peak_bytes(config: StepConfig, parameters: dict[str, float] = TRUE_MEMORY) -> float:
-    return float(sum(f * parameters[t] for f, t in zip(memory_features(config), linear_terms(), strict=True)))
+    """The true peak bytes of a step, written out here (not calibration.memory_fit.memory_features):
+    the static bytes; the activations per token and per token of context, kept for backward or,
+    with gradient checkpointing, only the checkpointed ones; and the gradients held between the
+    micro-steps of an accumulating step."""
+    tokens = config.micro_batch_size * config.seq_len
+    if config.gradient_checkpointing:
+        activations = parameters["per_token_checkpointed"] * tokens + parameters["attention_checkpointed"] * tokens * config.seq_len
+    else:
+        activations = parameters["per_token"] * tokens + parameters["attention"] * tokens * config.seq_len
+    held = parameters["accumulated_gradients"] if config.grad_accum > 1 else 0.0
+    return float(parameters["static"] + activations + held)
 
 
 def synthetic_rows(
@@ -172,8 +203,6 @@ def tokenized_from_samples(
     samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
 ) -> Any:
     """A TokenizedData in memory, from one array of token ids per sample."""
-    import numpy as np
-
     from train.workload.data import TokenizedData
 
     lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
@@ -202,3 +231,260 @@ def loaded_bytes(model: Any) -> int:
             state = getattr(state, "state2", None)
         total += size(getattr(parameter, "SCB", None))
     return int(total)
+
+
+# -- shared by several test files (a test file never imports another) ----------------------------
+
+# Enough probes for a fit (8), for tests that check what bench records rather than how well it fits.
+TINY_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
+FIXTURE = Path(__file__).parent / "fixtures" / "h100-llama-3.2-1b-fullgrid.json"
+DISTRIBUTED_CHECKS = Path(__file__).with_name("distributed_checks.py")
+MACHINES = "h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie,mi300x:1"
+PRICES = "h100=2.5,h200=3.8,a100=1.2,mi300x=3"
+CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "hello"},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+PROMPT_IDS = [[5, 17, 99, 42, 7, 250, 3, 64]]
+PEAK = 1e-3
+
+
+def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    package = {"report": "reports"}.get(module, module)
+    main = __import__(f"{package}.cli", fromlist=["main"]).main
+    code = guard_cli(main, argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, fragment: str, expected_code: int = 2) -> None:
+    assert code == expected_code, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and fragment in lines[0], err
+    assert "Traceback" not in err
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    return run_main("train", ["--dry-run", "--deadline", "12h", *argv], capsys)
+
+
+def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["--data", str(data), "--effective-batch", "4", "--max-length", "64", "--workers", "0", "--out", str(out), *extra]
+
+
+def h100_data() -> dict[str, Any]:
+    return read_calibration_file(FIXTURE)
+
+
+def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """A synthetic calibration of this machine (fitted once per test session: fitting takes a second)."""
+    return copy.deepcopy(_cpu_calibration(identifier, processes, fingerprint, json.dumps(overrides, sort_keys=True)))
+
+
+@functools.cache
+def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, overrides_json: str) -> dict[str, Any]:
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    overrides = json.loads(overrides_json)
+    distributed = None
+    if processes > 1:
+        comm = {"world_size": processes, "backend": "gloo", "latency_seconds": 0.002, "seconds_per_byte": 1e-9}
+        distributed = {"world_size": processes, "backend": "gloo", "sharding": "ddp", "comm": comm}
+    model = {"name": "tiny", "parameter_count": 1, "fingerprint": fingerprint or resolve_model("tiny").fingerprint}
+    data = synthetic_calibration(id=identifier, hardware=detect_hardware(), model=model, **overrides)
+    if distributed:
+        data["distributed"] = distributed
+    return data
+
+
+def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> Any:
+    rng = np.random.default_rng(0)
+    samples = [rng.integers(3, 200, size=n).astype(np.int32) for n in lengths]
+    return tokenized_from_samples(samples, [prompt] * len(lengths), fmt, "test")
+
+
+def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(min(2000, max(8, x))) for x in rng.lognormal(4.5, 0.8, size=count)]
+
+
+def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: Any) -> Any:
+    from calibration.model import Calibration
+    from train.recipes.config import TrainConfig
+    from train.recipes.machines import consider, parse_machines
+    from train.recipes.run_plan import PlanContext
+    from train.step.hardware import detect_hardware
+    from train.workload.data import length_profile
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
+    data = tokenized(heavy_tailed(400))
+    loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
+    context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)
+    return consider(context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), parse_machines(machines))
+
+
+def chat_file(tmp_path: Path, count: int = 1) -> Path:
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(count)) + "\n")
+    return path
+
+
+def trained_text(tokenizer: Any, data: Any) -> str:
+    """The text of the tokens that carry loss, as the DataLoader labels them."""
+    from train.workload.batching import IGNORE_INDEX, PaddedBatches
+
+    item = PaddedBatches(data, [[0]], 512, 0)[0]
+    labels = item["labels"][0]
+    return tokenizer.decode(item["input_ids"][0][labels != IGNORE_INDEX].tolist())
+
+
+def local_calibration() -> Any:
+    """A calibration for the tiny model on this machine, from synthetic (fast) measurements."""
+    from calibration.model import Calibration
+    from train.step.hardware import detect_hardware
+    from train.workload.model import resolve_model
+
+    spec = resolve_model("tiny")
+    hardware = detect_hardware()
+    rows = synthetic_rows(seq_lens=(32, 64, 128))
+    data = synthetic_calibration(rows, hardware=hardware, model={"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint})
+    return Calibration(data)
+
+
+def make_run(
+    tmp_path: Path,
+    data_path: Path,
+    tokenizer: Any,
+    *,
+    deadline: float,
+    steps: int | None = None,
+    resume: bool = False,
+    hook: Any = None,
+    on_overrun: str = "stop",
+    out: str = "run",
+    method: Any = None,
+    checkpointing: bool = False,
+    max_length: int = 64,
+    clock: FakeClock | None = None,
+) -> Any:
+    """A TrainingRun of the tiny model on `data_path`, planned from local_calibration()."""
+    import time
+
+    from train.planning.deadline import Deadline
+    from train.planning.planner import make_plan
+    from train.planning.types import PlanRequest
+    from train.running.guard import GuardSection
+    from train.running.loop import LoopSettings, TrainingRun
+    from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    calibration = local_calibration()
+    data = load_tokenized(str(data_path), tokenizer)
+    plan = make_plan(
+        calibration,
+        data,
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
+    )
+    settings = LoopSettings(
+        deadline=Deadline(deadline, 0.5, started_at=clock.now if clock else time.monotonic()),
+        guard=GuardSection.every(1e6, on_overrun=on_overrun),
+        epochs=1,
+        step_limit=steps,
+        resume=resume,
+        log_interval_seconds=0.5,
+    )
+    plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=checkpointing)
+    return TrainingRun(
+        calibration=calibration,
+        chosen=plan.chosen,
+        model=ModelToTrain(resolve_model("tiny"), method or MethodConfig()),
+        data=TrainingData(data, tokenizer.pad_token_id),
+        out_dir=tmp_path / out,
+        settings=settings,
+        hooks=LoopHooks(step_hook=hook),
+    )
+
+
+def trained(tmp_path: Path, data: Path, tokenizer: Any, method: Any) -> tuple[Any, Path]:
+    """The tiny model after 3 steps on `data`, and its run folder."""
+    run = make_run(tmp_path, data, tokenizer, deadline=1e6, steps=3, method=method)
+    run.run()
+    return run.accelerator.unwrap_model(run.model), tmp_path / "run"
+
+
+def logits(model: Any) -> Any:
+    """The model's logits for PROMPT_IDS, in eval mode."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(PROMPT_IDS)).logits
+
+
+def configs() -> dict[str, object]:
+    from transformers import GPT2Config, LlamaConfig
+
+    return {
+        # gpt2's layers (Conv1D, a tied head), two blocks of them.
+        "gpt2": GPT2Config(n_layer=2, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
+        # Llama's (nn.Linear, an untied head, no biases), odd sizes: blocks that do not divide.
+        "llama": LlamaConfig(
+            hidden_size=200,
+            intermediate_size=530,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1003,
+            tie_word_embeddings=False,
+        ),
+    }
+
+
+def hide_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if bitsandbytes were not installed (its version unknown to importlib.metadata)."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+
+    def without_bitsandbytes(name: str) -> str:
+        if name == "bitsandbytes":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
+
+
+def tiny_engine(settings: Any, optimizer: str = "adamw", total_steps: int | None = 4) -> Any:
+    import torch
+    from accelerate import Accelerator
+
+    from train.step.engine import Optimization, StepOptions, engine_from_options
+    from train.workload.method import MethodConfig
+    from train.workload.model import resolve_model
+
+    torch.manual_seed(0)
+    options = StepOptions(compile="off", loss="plain")
+    method = MethodConfig(optimizer=optimizer)
+    return engine_from_options(resolve_model("tiny"), method, Accelerator(cpu=True), options, optimization=Optimization(PEAK, settings, total_steps))
+
+
+def batches(steps: int = 4) -> Any:
+    from train.workload.batching import SyntheticBatches
+    from train.workload.model import resolve_model
+
+    return iter(SyntheticBatches(steps, 2, 16, resolve_model("tiny").config_dict["vocab_size"]))
+
+
+def kernel(name: str, start_us: float, end_us: float) -> Any:
+    """A device kernel as torch.profiler reports it (torch.autograd.profiler._parse_kineto_results)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=0, name=name, thread=7, start_us=start_us, end_us=end_us, device_type=DeviceType.CUDA, use_device="cuda")

@@ -246,7 +246,7 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
 ) -> None:
     """gpt2 has 1024 positions: --seq-lens past them is one line before anything is built, and a big
     GPU's default lengths (up to 2048) stop at 1024 instead of failing after the model is built."""
-    from test_cli import assert_one_line_error, run_main
+    from helpers import assert_one_line_error, run_main
 
     import bench.variant_measurement
     from bench.space import default_space, within_positions

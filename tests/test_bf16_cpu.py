@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_cli import TINY_GRID, assert_one_line_error, run_main
+from helpers import TINY_GRID, assert_one_line_error, run_main
 
 BF16_STEP = {(True, torch.bfloat16)}  # every nn.Linear call: autocast on, a bf16 output
 SMALL_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]

@@ -19,14 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import assert_one_line_error, run_main
-from test_compare import chats, cpu_calibration
+from helpers import assert_one_line_error, cpu_calibration, run_main
 
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration
 from common.errors import BenchtrainError, CalibrationFileError
-
-__all__ = ["chats"]
 
 REPO = "my-org/cals"
 
@@ -134,7 +131,7 @@ def hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 
 
 def shared(identifier: str, created_at: str, **overrides: Any) -> dict[str, Any]:
-    """A synthetic calibration of this machine and the tiny model (tests/test_compare.py)."""
+    """A synthetic calibration of this machine and the tiny model (tests/helpers.py cpu_calibration)."""
     return cpu_calibration(identifier, created_at=created_at, **overrides)
 
 
@@ -165,7 +162,7 @@ def test_push_sends_each_calibration_and_a_card_then_a_second_push_merges(home: 
     row_a = next(line for line in card.splitlines() if line.startswith("| cpu-a |"))
     assert "| tiny | full | none | 1 |" in row_a and "2026-11-01T10:00:00+00:00 | tester |" in row_a
     assert card.index("| cpu-b |") < card.index("| cpu-a |")  # newest first
-    assert f"hub:{REPO}" in card and f"pushed 2 calibration(s) to https://huggingface.co/datasets/{REPO} (2 there now)" in out
+    assert f"hub:{REPO}" in card and "pushed 2 calibration(s)" in out and f"https://huggingface.co/datasets/{REPO}" in out
 
     # Another machine pushes one more: those already there are read (through the cache) and listed too.
     save_calibration(shared("cpu-c", "2026-11-03T10:00:00+00:00"))
@@ -270,9 +267,9 @@ def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, h
     assert [data["id"] for _, data in entries] == ["cpu-good"]
     assert entries[0][1]["source"]["measured_by"] == "alice" and entries[0][1]["source"]["revision"] == "a" * 40
     assert len(skipped) == 3 and all("\n" not in line and line.startswith("hub:org/mixed: calibrations/") for line in skipped)
-    assert any("cpu-cut.json refused (the file is not valid JSON" in line for line in skipped)
-    assert any("cpu-typed.json refused (the file: field 'measurements' should be list, got str)" in line for line in skipped)
-    assert any("cpu-renamed.json refused: it calls itself 'cpu-good'" in line for line in skipped)
+    assert any("cpu-cut.json" in line and "not valid JSON" in line for line in skipped)
+    assert any("cpu-typed.json" in line and "'measurements'" in line for line in skipped)
+    assert any("cpu-renamed.json" in line and "'cpu-good'" in line for line in skipped)
     # Named on its own, a damaged file is an error, in one line, through the CLI too.
     with pytest.raises(CalibrationFileError, match=r"^hub:org/mixed: calibrations/cpu-cut.json refused"):
         calibration.load("hub:org/mixed/cpu-cut")
@@ -385,7 +382,7 @@ def test_a_comparison_row_says_whose_measurement_it_rests_on(
 
     code, out, err = run_main("train", ["--dry-run", "--use-calibration", "hub:org/shared", *common], capsys)
     assert code == 0, err
-    assert "hub:org/shared/cpu-theirs" in out and "rests on a measurement shared as hub:org/shared (by alice)" in out
+    assert "hub:org/shared/cpu-theirs" in out and "(by alice)" in out
     assert "train it there with: train --use-calibration hub:org/shared/cpu-theirs" in out
     # The row's plan is the one a single dry run of that reference makes.
     code, single, err = run_main("train", ["--dry-run", "--use-calibration", "hub:org/shared/cpu-theirs", *common, "--json"], capsys)

@@ -7,33 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import load_tokenized
-from test_cli import calibrated_home, run_main
+from helpers import chat_file, load_tokenized, run_main, trained_text
 
-from train.workload.batching import IGNORE_INDEX, PaddedBatches
 from train.workload.tokenizer import byte_tokenizer, load_tokenizer
-
-__all__ = ["calibrated_home"]
-CONVERSATION = [
-    {"role": "system", "content": "be brief"},
-    {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": "hello"},
-    {"role": "user", "content": "2+2?"},
-    {"role": "assistant", "content": "4"},
-]
-
-
-def chat_file(tmp_path: Path, count: int = 1) -> Path:
-    path = tmp_path / "chat.jsonl"
-    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(count)) + "\n")
-    return path
-
-
-def trained_text(tokenizer, data) -> str:
-    """The text of the tokens that carry loss, as the DataLoader labels them."""
-    item = PaddedBatches(data, [[0]], 512, 0)[0]
-    labels = item["labels"][0]
-    return tokenizer.decode(item["input_ids"][0][labels != IGNORE_INDEX].tolist())
 
 
 def test_the_loss_is_on_the_assistant_turns_only(tmp_path: Path) -> None:

@@ -14,12 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import pretend_interrupted, synthetic_calibration
-from test_cli import assert_one_line_error, calibrated_home, run_main
+from helpers import assert_one_line_error, pretend_interrupted, run_main, synthetic_calibration
 
 from train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
 
-__all__ = ["calibrated_home"]
 RUN = ["--deadline", "30m", "--effective-batch", "4", "--no-report"]
 
 

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import pretend_interrupted, synthetic_calibration
+from helpers import assert_one_line_error, pretend_interrupted, run_main, synthetic_calibration
 
 from calibration.store import save_calibration
-from common.errors import guard_cli
 
 SMALL_GRID = [
     "--batch-sizes",
@@ -27,25 +26,6 @@ SMALL_GRID = [
     "0.3",
     "--quiet",
 ]
-
-
-# Enough probes for a fit (8), for tests that check what bench records rather than how well it fits.
-TINY_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
-
-
-def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    package = {"report": "reports"}.get(module, module)
-    main = __import__(f"{package}.cli", fromlist=["main"]).main
-    code = guard_cli(main, argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, fragment: str, expected_code: int = 2) -> None:
-    assert code == expected_code, err
-    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and fragment in lines[0], err
-    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -124,20 +104,6 @@ def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl:
     assert len(list((home / "runs").iterdir())) == 1  # nothing new written, nothing damaged
 
 
-@pytest.fixture()
-def calibrated_home(home: Path) -> Path:
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
-
-    save_calibration(
-        synthetic_calibration(
-            hardware=detect_hardware(),
-            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
-        )
-    )
-    return home
-
-
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -208,7 +174,7 @@ def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pyt
     save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m"], capsys)
     assert_one_line_error(code, err, "was measured on NVIDIA H100")
-    # A dry run plans for the calibration's device (tests/test_plan_for_device.py).
+    # A dry run plans for the calibration's device (tests/test_bundled_calibration.py).
     code, out, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run"], capsys)
     assert code == 0 and "plan (balanced)" in out and "planning for NVIDIA H100 80GB HBM3" in err
 

@@ -9,18 +9,14 @@ processes of this machine (tests/helpers.py)."""
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main
-from test_planner import heavy_tailed, tokenized
+from helpers import assert_one_line_error, cpu_calibration, dry_run, h100_data, heavy_tailed, run_main, tokenized
 
 from calibration.model import Calibration
-from calibration.schema import read_calibration_file
 from calibration.store import save_calibration
 from common.atomic import json_text
 from common.durations import format_duration
@@ -34,13 +30,8 @@ from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 
 H100 = "h100-llama-3.2-1b"
-FIXTURE = Path(__file__).parent / "fixtures" / "h100-llama-3.2-1b-fullgrid.json"
 H100_HARDWARE = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "peak_flops_entry": "H100 SXM", "memory_bytes": 85e9}
 H200_HARDWARE = {"device_type": "cuda", "name": "NVIDIA H200", "peak_flops_entry": "H200", "memory_bytes": 150e9}
-
-
-def h100_data() -> dict[str, Any]:
-    return read_calibration_file(FIXTURE)
 
 
 def h200_double() -> dict[str, Any]:
@@ -50,27 +41,6 @@ def h200_double() -> dict[str, Any]:
     data["id"] = "h200-test-double-llama-3-2-1b"
     data["hardware"].update(name="NVIDIA H200 (test double)", memory_bytes=150_000_000_000, peak_flops_entry="H200", peak_bf16_flops=989e12)
     data["history"] = [{"run_id": f"double-{i}", "predicted_tokens_per_second": 1.0, "actual_tokens_per_second": 2.0} for i in range(5)]
-    return data
-
-
-def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None = None, **overrides: Any) -> dict[str, Any]:
-    """A synthetic calibration of this machine (fitted once per test session: fitting takes a second)."""
-    return copy.deepcopy(_cpu_calibration(identifier, processes, fingerprint, json.dumps(overrides, sort_keys=True)))
-
-
-@functools.cache
-def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, overrides_json: str) -> dict[str, Any]:
-    from train.step.hardware import detect_hardware
-
-    overrides = json.loads(overrides_json)
-    distributed = None
-    if processes > 1:
-        comm = {"world_size": processes, "backend": "gloo", "latency_seconds": 0.002, "seconds_per_byte": 1e-9}
-        distributed = {"world_size": processes, "backend": "gloo", "sharding": "ddp", "comm": comm}
-    model = {"name": "tiny", "parameter_count": 1, "fingerprint": fingerprint or resolve_model("tiny").fingerprint}
-    data = synthetic_calibration(id=identifier, hardware=detect_hardware(), model=model, **overrides)
-    if distributed:
-        data["distributed"] = distributed
     return data
 
 
@@ -235,22 +205,6 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
 
 
 # -- the command --------------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def chats(tmp_path: Path) -> Path:
-    """150 short chats (messages format)."""
-    path = tmp_path / "chats.jsonl"
-    with path.open("w") as handle:
-        for index in range(150):
-            question = "How do I plan a run? " * (1 + index % 7)
-            answer = "Measure first. " * (3 + index % 11)
-            handle.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n")
-    return path
-
-
-def dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    return run_main("train", ["--dry-run", "--deadline", "12h", *argv], capsys)
 
 
 def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: Path, capsys: pytest.CaptureFixture[str]) -> None:

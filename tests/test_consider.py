@@ -15,34 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import assert_one_line_error, run_main
-from test_compare import FIXTURE, chats, dry_run
-from test_planner import heavy_tailed, tokenized
+from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, dry_run, run_consider, run_main
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
-from train.recipes.config import TrainConfig
-from train.recipes.machines import consider, parse_machines
-from train.recipes.run_plan import PlanContext
-from train.workload.data import length_profile
+from train.recipes.machines import parse_machines
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
-
-__all__ = ["chats"]  # a fixture of test_compare
-
-MACHINES = "h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie,mi300x:1"
-PRICES = "h100=2.5,h200=3.8,a100=1.2,mi300x=3"
-
-
-def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: Any) -> Any:
-    from train.step.hardware import detect_hardware
-
-    config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
-    data = tokenized(heavy_tailed(400))
-    loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
-    context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)
-    return consider(context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), parse_machines(machines))
 
 
 def test_machines_are_parsed_with_their_links() -> None:
@@ -116,7 +96,7 @@ def test_the_cheapest_at_its_upper_end_is_recommended_and_rivals_are_named() -> 
 
 
 def test_a_cpu_calibration_translates_to_no_gpu(home: Path) -> None:
-    from test_compare import cpu_calibration
+    from helpers import cpu_calibration
 
     comparison = run_consider("h100:1", [cpu_calibration("cpu-one")])
     (row,) = comparison.rows

@@ -7,9 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import TRUE_EVAL, synthetic_calibration
-from test_cli import TINY_GRID, assert_one_line_error, calibrated_home, run_main
-from test_planner import heavy_tailed, tokenized
+from helpers import TINY_GRID, TRUE_EVAL, assert_one_line_error, heavy_tailed, run_main, synthetic_calibration, tokenized
 
 from calibration.model import Calibration
 from common.errors import BenchtrainError
@@ -17,8 +15,6 @@ from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
-
-__all__ = ["calibrated_home"]
 
 
 def test_the_eval_split_is_deterministic_and_disjoint() -> None:

@@ -6,10 +6,23 @@ import numpy as np
 import pytest
 from helpers import TRUE_MEMORY, TRUE_THROUGHPUT, micro_seconds, peak_bytes, synthetic_calibration, synthetic_rows
 
-from calibration.fit import fit_measurements
+from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
+from calibration.memory_fit import LINEAR_TERMS, memory_features
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 
+
+@pytest.mark.parametrize("workers", [0, 3])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_fits_features_price_a_step_as_the_written_truth_does(workers: int, checkpointing: bool) -> None:
+    """The truth (tests/helpers.py micro_seconds, peak_bytes) is written out apart from the fit's
+    features; at the true parameters both price every step alike."""
+    for b, s, a in [(1, 128, 1), (3, 200, 4), (8, 1024, 2)]:
+        config = StepConfig(micro_batch_size=b, num_workers=workers, grad_accum=a, seq_len=s, gradient_checkpointing=checkpointing)
+        priced = float(np.dot(throughput_features(config), [TRUE_THROUGHPUT[t] for t in THROUGHPUT_TERMS]))
+        assert priced == pytest.approx(micro_seconds(config), rel=1e-12)
+        held = float(np.dot(memory_features(config), [{**TRUE_MEMORY, "accumulated_gradients": 3e8}[t] for t in LINEAR_TERMS]))
+        assert held == pytest.approx(peak_bytes(config, {**TRUE_MEMORY, "accumulated_gradients": 3e8}), rel=1e-12)
 
 def test_noise_free_fit_recovers_parameters() -> None:
     fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 1, 4), checkpointing=(0, 1)))

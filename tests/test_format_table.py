@@ -9,17 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import load_tokenized
-from test_chat import trained_text
-from test_cli import calibrated_home, run_main
+from helpers import load_tokenized, run_main, trained_text
 
 from common.errors import BenchtrainError
 from train.workload import formats
 from train.workload.batching import PaddedBatches, epoch_batches
 from train.workload.formats import BY_COLUMNS, Columns, DataFormat, DataSchema, Encoded, Layout, Record, Tokenizing, detect_layout
 from train.workload.tokenizer import byte_tokenizer
-
-__all__ = ["calibrated_home"]
 
 QA = [{"question": f"what is {n}+{n}?", "answer": str(2 * n)} for n in range(1, 41)]
 ANSWER_TOKENS = sum(len(record["answer"]) + 1 for record in QA)  # a byte tokenizer: each answer's bytes and its EOS

@@ -9,18 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import load_tokenized, tokenized_from_samples
-from test_chat import trained_text
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_hub import offline_hub
+from helpers import assert_one_line_error, load_tokenized, run_main, tokenized_from_samples, trained_text
 
 from common.errors import BenchtrainError
 from train.planning.lengths import lengths_to_measure
 from train.workload.data import TokenizedData, load_records
 from train.workload.formats import DataSchema
 from train.workload.tokenizer import byte_tokenizer
-
-__all__ = ["calibrated_home", "offline_hub"]
 
 SHAREGPT = {
     "conversations": [

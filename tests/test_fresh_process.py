@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import micro_seconds, synthetic_calibration, synthetic_rows
-from test_cli import run_main
+from helpers import micro_seconds, run_main, synthetic_calibration, synthetic_rows
 
 from bench.drift import correct_for_drift
 from bench.record import fit_with_drift_choice

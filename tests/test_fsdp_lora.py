@@ -255,7 +255,7 @@ def as_4bit(record: dict[str, Any]) -> dict[str, Any]:
 def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     """`train --dry-run --model llama-3.1-70b --lora [--quantize 4bit] --sharding fsdp --consider
     h100:2,h100:4,h100:8` from `record`: the rows by machine size."""
-    from test_planner import heavy_tailed, tokenized
+    from helpers import heavy_tailed, tokenized
 
     from calibration.model import Calibration
     from train.recipes.config import TrainConfig

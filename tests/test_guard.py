@@ -43,7 +43,7 @@ def test_a_slow_warm_up_step_is_not_a_warning() -> None:
 def test_a_slowdown_is_said_once_and_the_run_stops_at_the_last_safe_moment() -> None:
     verdicts = run(DeadlineGuard(settings(), 100), [1.0] * 10 + [2.0] * 100)
     messages = [v.message for v in verdicts if v.message]
-    assert len(messages) == 1 and "passes the deadline budget 115s; will checkpoint and stop" in messages[0]
+    assert len(messages) == 1 and "115s" in messages[0] and "will checkpoint and stop" in messages[0]
     assert verdicts[-1].action == "stop"
     # Stopped with one step (×1.5) and the reserve still inside the budget.
     stopped_at = 5.0 + 10 * 1.0 + (len(verdicts) - 10) * 2.0
@@ -107,4 +107,5 @@ def test_the_live_line_says_the_guards_state() -> None:
     step = SimpleNamespace(loss=1.0, target_tokens=100, seconds=10.0)
     line = TrainingRun._postfix(step, verdicts[-1])
     assert "over budget: projected finish" in line and "will checkpoint and stop" in line and "on track" not in line
-    assert TrainingRun._postfix(step, verdicts[0]).endswith("warming up: projected finish 110s of 115s budget")
+    warming = TrainingRun._postfix(step, verdicts[0])
+    assert "warming up" in warming and warming.endswith("110s of 115s budget")

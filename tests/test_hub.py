@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import load_tokenized
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, load_tokenized, run_main
 
 from common.errors import BenchtrainError
 from train.workload.hub import parse_hub_id
@@ -73,21 +72,6 @@ def hub_model() -> tuple[Any, Any]:
     torch.manual_seed(123)
     model = AutoModelForCausalLM.from_config(make_config(ModelSpec(REPO, HUB_CONFIG)))
     return tokenizer, model
-
-
-@pytest.fixture()
-def offline_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """HF_HOME in tmp_path and HF_HUB_OFFLINE=1, as a user sets them (huggingface_hub read both at
-    import, so its constants follow too). Returns the hub cache folder."""
-    from huggingface_hub import constants
-
-    hub = tmp_path / "hf" / "hub"
-    hub.mkdir(parents=True)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return hub
 
 
 def cache_model(hub: Path, tokenizer: Any, model: Any, weights: bool, repo: str = REPO) -> Path:
@@ -193,7 +177,7 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
 
 
 def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
-    from test_chat import trained_text
+    from helpers import trained_text
 
     from train.workload.tokenizer import load_tokenizer
 
@@ -294,9 +278,9 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     said: list[str] = []
     dry = with_hub_weights(spec, said.append, fetch=False)
-    assert not dry.has_weights and said == [f"a run will fetch 1.2 GB of {REPO} weights (1 files) into {offline_hub}"]
+    assert not dry.has_weights and len(said) == 1 and all(fact in said[0] for fact in ("will fetch", "1.2 GB", REPO, str(offline_hub)))
     loaded = with_hub_weights(spec, said.append)
-    assert said[-1] == f"fetching 1.2 GB of {REPO} weights (1 files) into {offline_hub}"
+    assert all(fact in said[-1] for fact in ("fetching", "1.2 GB", REPO, str(offline_hub)))
     assert loaded.has_weights and not calls[-1].get("dry_run") and calls[-1]["allow_patterns"] == ["*.safetensors", "*.safetensors.index.json"]
 
     # More than the disk holds: refused before the download, with where and how much.

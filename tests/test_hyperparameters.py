@@ -10,16 +10,11 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import pretend_interrupted
-from test_cli import assert_one_line_error, calibrated_home, run_main
+from helpers import PEAK, assert_one_line_error, batches, pretend_interrupted, run_main, tiny_engine
 
 from common.errors import BenchtrainError
 from train.step.hyperparameters import HF_KEYS, SCHEDULER_CHOICES, OptimizerSettings
 from train.workload.method import MethodConfig
-
-__all__ = ["calibrated_home"]
-
-PEAK = 1e-3
 
 
 def rates(settings: OptimizerSettings, total: int) -> list[float]:
@@ -88,26 +83,6 @@ def test_warmup_steps_override_the_ratio() -> None:
     assert OptimizerSettings(lr_scheduler_type="constant", warmup_steps=7).warmup_for(100) == 0
     got = rates(OptimizerSettings(lr_scheduler_type="linear", warmup_ratio=0.5, warmup_steps=2), 10)
     assert got == pytest.approx([expected("linear", step, 2, 10) for step in range(10)], abs=1e-12)
-
-
-def tiny_engine(settings: OptimizerSettings, optimizer: str = "adamw", total_steps: int | None = 4):
-    import torch
-    from accelerate import Accelerator
-
-    from train.step.engine import Optimization, StepOptions, engine_from_options
-    from train.workload.model import resolve_model
-
-    torch.manual_seed(0)
-    options = StepOptions(compile="off", loss="plain")
-    method = MethodConfig(optimizer=optimizer)
-    return engine_from_options(resolve_model("tiny"), method, Accelerator(cpu=True), options, optimization=Optimization(PEAK, settings, total_steps))
-
-
-def batches(steps: int = 4):
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import resolve_model
-
-    return iter(SyntheticBatches(steps, 2, 16, resolve_model("tiny").config_dict["vocab_size"]))
 
 
 def norms_before_each_update(engine, steps: int) -> list[float]:
@@ -311,7 +286,7 @@ def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, c
     sgd, fused = calibration.variants()
     assert sgd.variant == ("none", "sgd") and fused.variant == ("none", "adamw-fused")
     assert len(sgd.ok_rows()) >= 3 and len(fused.ok_rows()) >= 3 and sgd.fit != fused.fit
-    assert "variant 1: an unquantized base with adamw-fused" in printed
+    assert "variant 1:" in printed and "adamw-fused" in printed
     out = home / "run"
     code, printed, err = run_main(
         "train", ["--optimizer", "sgd", "--data", "sample", "--deadline", "5m", "--max-steps", "2", "--out", str(out), "--no-report"], capsys

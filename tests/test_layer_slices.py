@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, run_main
 
 from bench.layer_slices import auto_depths, choose_depths, non_uniform_reason, parse_layers, slice_spec
 from calibration.slices import UNTESTED_SLICE_ERROR, DepthLine, derive_full_rows, slice_widening
@@ -202,7 +202,7 @@ def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, dee
     grid = ["--batch-sizes", "1,2", "--seq-lens", "32,64", "--accum", "1", "--workers", "0", "--max-probe-seconds", "0.2", "--no-report", "--quiet"]
     code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--model", deep_tiny, "--layers", "2,4", *grid], capsys)
     assert code == 0, err
-    assert "measured on layer slices of 2, 4 of its 8 layers" in out
+    assert "layer slices of 2, 4" in out
     path = next((home / "calibrations").glob("*.json"))
     data = json.loads(path.read_text())
     whole = resolve_model(deep_tiny)
@@ -214,7 +214,7 @@ def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, dee
     assert not list((home / "calibrations" / "unfinished").glob("*.json"))  # every depth's kept rows are gone
     code, out, err = run_main("train", ["--use-calibration", "latest", "--model", deep_tiny, "--data", "sample", "--deadline", "24h", "--dry-run"], capsys)
     assert code == 0, err
-    assert f"calibration {data['id']} was measured on layer slices of 2, 4 of its 8 layers" in out
+    assert data["id"] in out and "layer slices of 2, 4 of its 8" in out
     from calibration.model import Calibration
 
     cal = Calibration(data)

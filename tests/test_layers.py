@@ -231,6 +231,35 @@ def test_every_package_is_installed() -> None:
     assert packages - listed == set()
 
 
+
+def imports_of_test_files(source: str) -> list[str]:
+    """The imports of a test file that name another test file (`test_…`) or the `tests` package
+    (which a dependency's top-level `tests` package shadows): what two test files share lives in
+    tests/helpers.py or tests/conftest.py, imported as `helpers`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [f"{node.lineno} imports {name}" for name in names if name.split(".")[0] == "tests" or name.split(".")[0].startswith("test_")]
+    return found
+
+
+def test_no_test_file_imports_another() -> None:
+    found = [f"{path.name}:{line}" for path in sorted((ROOT / "tests").glob("*.py")) for line in imports_of_test_files(path.read_text())]
+    assert found == []
+
+
+def test_the_test_file_rule_catches_an_import_of_a_test_file() -> None:
+    source = (
+        "import json\nfrom helpers import run_main\n\n"
+        "def test_x():\n    from test_cli import run_main\n    import test_planner\n    from tests.helpers import FIXTURE\n"
+    )
+    assert imports_of_test_files(source) == ["5 imports test_cli", "6 imports test_planner", "7 imports tests.helpers"]
+
 def test_the_rule_catches_an_import_inside_a_function() -> None:
     source = "import json\n\ndef plan():\n    from train.planning.planner import make_plan\n    from reports import figures\n    return make_plan\n"
     known = {"train.planning.planner", "reports.figures", "reports"}

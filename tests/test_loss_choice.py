@@ -70,7 +70,7 @@ def test_losses_swap_on_one_model_and_compute_the_same_loss() -> None:
 
 @pytest.mark.slow
 def test_bench_compares_the_losses_and_train_runs_the_one_it_chose(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_cli import run_main
+    from helpers import run_main
 
     grid = ["--batch-sizes", "1,4", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64"]
     code, _, err = run_main("bench", ["run", *grid, "--quiet", "--no-report"], capsys)

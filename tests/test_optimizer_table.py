@@ -54,7 +54,7 @@ def test_the_argument_parsers_offer_it(with_adagrad: Optimizer) -> None:
 
 def test_the_memory_check_counts_its_state_and_the_engine_builds_it(with_adagrad: Optimizer) -> None:
     import torch
-    from test_hyperparameters import PEAK, batches, tiny_engine
+    from helpers import PEAK, batches, tiny_engine
 
     from train.planning.memory_check import describe_needs, memory_need
     from train.step.hyperparameters import OptimizerSettings
@@ -105,7 +105,7 @@ def test_no_module_but_the_table_names_an_optimizer() -> None:
 def test_the_dry_run_s_state_line_needs_no_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 8-bit optimizers' state is arithmetic: said without bitsandbytes installed (it was an
     error: "--optimizer adamw-8bit needs bitsandbytes", for a run that asked for adamw)."""
-    from test_quantize import hide_bitsandbytes
+    from helpers import hide_bitsandbytes
 
     from train.planning.memory_check import describe_needs
     from train.workload.model import resolve_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import GIB, synthetic_calibration, synthetic_rows, tokenized_from_samples
+from helpers import GIB, heavy_tailed, synthetic_calibration, synthetic_rows, tokenized
 
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
@@ -13,20 +13,8 @@ from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options, make_plan
 from train.planning.types import PlanRequest
 from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
-from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
-
-
-def tokenized(lengths: list[int], fmt: str = "messages", prompt: int = 0) -> TokenizedData:
-    rng = np.random.default_rng(0)
-    samples = [rng.integers(3, 200, size=n).astype(np.int32) for n in lengths]
-    return tokenized_from_samples(samples, [prompt] * len(lengths), fmt, "test")
-
-
-def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(min(2000, max(8, x))) for x in rng.lognormal(4.5, 0.8, size=count)]
 
 
 def test_padding_token_counts_are_exact() -> None:

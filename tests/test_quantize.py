@@ -6,38 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import loaded_bytes
+from helpers import PROMPT_IDS, assert_one_line_error, configs, hide_bitsandbytes, loaded_bytes, logits, run_main, trained
 
 pytest.importorskip("bitsandbytes")
 
 import torch
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_export import PROMPT, logits, trained
-from test_train import tokenizer
 
 from common.errors import BenchtrainError
 from train.workload.quantize import bitsandbytes_config, check_quantize, quantized_bytes
 
-__all__ = ["calibrated_home", "tokenizer"]  # fixtures shared with other test modules
-
-
-def configs() -> dict[str, object]:
-    from transformers import GPT2Config, LlamaConfig
-
-    return {
-        # gpt2's layers (Conv1D, a tied head), two blocks of them.
-        "gpt2": GPT2Config(n_layer=2, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024),
-        # Llama's (nn.Linear, an untied head, no biases), odd sizes: blocks that do not divide.
-        "llama": LlamaConfig(
-            hidden_size=200,
-            intermediate_size=530,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=1003,
-            tie_word_embeddings=False,
-        ),
-    }
+PROMPT = torch.tensor(PROMPT_IDS)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +30,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         folders[name] = folder
     return folders
-
-
-def hide_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As if bitsandbytes were not installed (its version unknown to importlib.metadata)."""
-    import importlib.metadata
-
-    real_version = importlib.metadata.version
-
-    def without_bitsandbytes(name: str) -> str:
-        if name == "bitsandbytes":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real_version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without_bitsandbytes)
 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
@@ -159,7 +123,7 @@ def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixtu
     assert_one_line_error(code, err, "measured a 4bit base, this run asks for --quantize none")
     code, printed, err = run_main("train", arguments, capsys)  # --quantize auto: what the calibration measured
     assert code == 0, err
-    assert "on every linear projection of a 4-bit base" in printed
+    assert "a 4-bit base" in printed
     record = json.loads((out / "run.json").read_text())
     losses = [entry["loss"] for entry in record["losses"]]
     assert sum(losses[-4:]) < sum(losses[:4])  # it learns

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, run_main
 
 from calibration.run_file import RunFile
 from calibration.step_config import StepConfig

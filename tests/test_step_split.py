@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import kernel
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
@@ -31,11 +32,6 @@ KERNELS = {
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)": "communication",
     "void ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)": "communication",
 }
-
-
-def kernel(name: str, start_us: float, end_us: float) -> FunctionEvent:
-    """A device kernel as torch.profiler reports it (torch.autograd.profiler._parse_kineto_results)."""
-    return FunctionEvent(id=0, name=name, thread=7, start_us=start_us, end_us=end_us, device_type=DeviceType.CUDA, use_device="cuda")
 
 
 def host_op(name: str, start_us: float, end_us: float) -> FunctionEvent:
@@ -148,7 +144,7 @@ def test_a_gpu_bench_profiles_through_the_coordinator_and_falls_back_on_failure(
 
 @pytest.mark.slow
 def test_a_cpu_bench_records_the_split_in_the_calibration(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_cli import TINY_GRID, run_main
+    from helpers import TINY_GRID, run_main
 
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", *TINY_GRID, "--no-report"], capsys)
     assert code == 0, err

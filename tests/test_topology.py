@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import synthetic_calibration
-from test_cli import assert_one_line_error, run_main
-from test_compare import cpu_calibration, h100_data
-from test_planner import heavy_tailed, tokenized
+from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, run_main, synthetic_calibration, tokenized
 
 from calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
 from calibration.model import Calibration
@@ -238,7 +235,7 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         assert chosen.total_seconds_high == pytest.approx(compute * (1 + bound) + high + chosen.overhead_seconds)
         assert chosen.total_seconds_low == pytest.approx(compute / (1 + bound) + low + chosen.overhead_seconds)
         assert row.to_json()["collectives_source"] == f"{word} link figures (not measured)" and row.to_json()["comm_overlap"] is True
-        assert "pcie" not in word or "priced from pcie's link figures, not measured" in (describe_communication(row.communication) or "")
+        assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.communication) or "")
     nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen
     assert pcie.comm_seconds_per_step_high > 4 * nvlink.comm_seconds_per_step_high  # 64 GB/s against 450 GB/s each way
     assert pcie.total_seconds > nvlink.total_seconds and pcie.total_seconds_high > nvlink.total_seconds_high
@@ -347,7 +344,7 @@ def test_the_table_of_a_comparison_says_what_a_predicted_row_rests_on() -> None:
     assert any("link figures" in note for note in comparison.notes)
     from train.compare_command import row_plan
 
-    assert "predicted with pcie link figures (not measured)" in row_plan(comparison.rows[0])
+    assert "pcie link figures" in row_plan(comparison.rows[0])
 
 
 # -- the interconnect in the hardware record -------------------------------------------------------

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import assert_one_line_error, calibrated_home, run_main
+from helpers import assert_one_line_error, run_main
 
-__all__ = ["calibrated_home"]
 TRAIN = ["--deadline", "30m", "--effective-batch", "4", "--max-steps", "4", "--no-report"]
 
 

@@ -4,82 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, load_tokenized, synthetic_calibration, synthetic_rows
+from helpers import FakeClock, make_run
 
-from calibration.model import Calibration
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
 from train.running.checkpoint import list_checkpoints
 from train.running.guard import GuardSection
-from train.running.loop import LoopSettings, TrainingRun
-from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
-from train.step.hardware import detect_hardware
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
-from train.workload.tokenizer import byte_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return byte_tokenizer()
-
-
-def local_calibration() -> Calibration:
-    """A calibration for the tiny model on this machine, from synthetic (fast) measurements."""
-    spec = resolve_model("tiny")
-    hardware = detect_hardware()
-    rows = synthetic_rows(seq_lens=(32, 64, 128))
-    data = synthetic_calibration(rows, hardware=hardware, model={"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint})
-    return Calibration(data)
-
-
-def make_run(
-    tmp_path: Path,
-    data_path: Path,
-    tokenizer,
-    *,
-    deadline: float,
-    steps: int | None = None,
-    resume: bool = False,
-    hook=None,
-    on_overrun: str = "stop",
-    out: str = "run",
-    method=None,
-    checkpointing: bool = False,
-    max_length: int = 64,
-    clock: FakeClock | None = None,
-) -> TrainingRun:
-    calibration = local_calibration()
-    data = load_tokenized(str(data_path), tokenizer)
-    plan = make_plan(
-        calibration,
-        data,
-        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
-    )
-    settings = LoopSettings(
-        deadline=Deadline(deadline, 0.5, started_at=clock.now if clock else time.monotonic()),
-        guard=GuardSection.every(1e6, on_overrun=on_overrun),
-        epochs=1,
-        step_limit=steps,
-        resume=resume,
-        log_interval_seconds=0.5,
-    )
-    plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=checkpointing)
-    return TrainingRun(
-        calibration=calibration,
-        chosen=plan.chosen,
-        model=ModelToTrain(resolve_model("tiny"), method or MethodConfig()),
-        data=TrainingData(data, tokenizer.pad_token_id),
-        out_dir=tmp_path / out,
-        settings=settings,
-        hooks=LoopHooks(step_hook=hook),
-    )
-
 
 # Each step takes 0.3 s on the test's clock (tests/helpers.py FakeClock), far slower than the
 # calibration predicts, so the run cannot finish its ~100 steps before the 12 s deadline: the guard

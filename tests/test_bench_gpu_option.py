@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import assert_one_line_error, run_main
+from helpers import assert_one_line_error, run_main
 
 import train.step.hardware as hardware
 

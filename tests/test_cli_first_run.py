@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import TRUE_THROUGHPUT, micro_seconds, synthetic_calibration, synthetic_rows
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_planner import heavy_tailed, tokenized
+from helpers import TRUE_THROUGHPUT, assert_one_line_error, heavy_tailed, micro_seconds, run_main, synthetic_calibration, synthetic_rows, tokenized
 
 from bench.runner import Budget, run_grid
 from bench.space import SearchSpace
@@ -25,8 +23,6 @@ from calibration.fit import fit_measurements
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 from calibration.store import save_calibration
-
-__all__ = ["calibrated_home"]  # a fixture shared with test_cli
 from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
@@ -184,7 +180,7 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
         "met_deadline": True,
     }
     text = "\n".join(describe_outcome(record, Path("."), None))
-    assert "1m15s actual vs 1m00s estimated for the steps that ran: estimate error +25.0% (took longer than estimated)" in text
+    assert "1m15s actual vs 1m00s estimated" in text and "+25.0% (took longer" in text
     assert "(25.0% lower throughput)" in text  # 15 s → 20 s a step: 25% fewer tokens per second
 
 
@@ -273,7 +269,7 @@ def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_es
     data["hardware"]["cpu_cores"] = 2
     noise = assess_noise(data)
     assert noise is not None and noise["held_out_median_pct"] > 15
-    assert any("busy machine (load average 3.1 on 2 cores" in cause for cause in noise["causes"])
+    assert any("load average 3.1 on 2 cores" in cause for cause in noise["causes"])
     assert any("drift" in cause for cause in noise["causes"]) and any("unsteady" in cause for cause in noise["causes"])
     data["noise"] = noise
     data["warnings"] = [noise["message"]]

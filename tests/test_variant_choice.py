@@ -13,8 +13,7 @@ import pytest
 
 pytest.importorskip("bitsandbytes")
 
-from test_cli import assert_one_line_error, run_main
-from test_quantize import configs, hide_bitsandbytes
+from helpers import assert_one_line_error, configs, hide_bitsandbytes, run_main
 
 from bench.refit import refit_record
 from calibration.model import Calibration
@@ -234,7 +233,7 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
 
 
 # gpt2's architecture (Conv1D layers, a tied 50,257-token head, 768 wide) at two blocks
-# (test_quantize.configs): what the test below holds is the layer types and the head, which depth
+# (helpers.configs): what the test below holds is the layer types and the head, which depth
 # does not change. Its cost was once sized by a timed layer (issue 38), and full gpt2's 4-bit step
 # took 231 s on an AVX2 EPYC: 4-bit computed in bf16 on CPUs, ≈40× slower there than fp32 (now the
 # base's dtype: train.workload.quantize).
@@ -242,7 +241,7 @@ STEPS = 5
 
 
 def two_gpt2_blocks(home: Path) -> str:
-    """test_quantize's two-block gpt2 with seeded weights, saved as a folder with a tokenizer."""
+    """helpers.configs's two-block gpt2 with seeded weights, saved as a folder with a tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
 

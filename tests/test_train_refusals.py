@@ -8,10 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, pretend_interrupted
-from test_cli import assert_one_line_error, calibrated_home, run_main
-
-__all__ = ["calibrated_home"]
+from helpers import FakeClock, assert_one_line_error, pretend_interrupted, run_main
 
 
 def long_prompt_chats(path: Path, count: int = 40) -> Path:

@@ -21,8 +21,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock
-from test_cli import calibrated_home, run_main
+from helpers import FakeClock, run_main, train_arguments
 
 from calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
 from calibration.model import Calibration
@@ -30,14 +29,8 @@ from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 from train.running.guard import NEXT_STEP_SAFETY
 
-__all__ = ["calibrated_home"]
-
 # The synthetic calibration's overheads (tests/helpers.py): what happened in each command below.
 MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
-
-
-def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data", str(data), "--effective-batch", "4", "--max-length", "64", "--workers", "0", "--out", str(out), *extra]
 
 
 def stored_calibration(home: Path) -> Calibration:
@@ -80,7 +73,7 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
     assert check.error_pct == pytest.approx(expected, rel=1e-9)
     assert record["estimate_error_pct"] == pytest.approx(expected, rel=1e-9)
     assert check.actual_seconds == pytest.approx(5 * clock.step_seconds)
-    assert "5 of 20 planned steps ran; interrupted (SIGINT, Ctrl-C)" in stdout
+    assert "5 of 20 planned steps ran" in stdout and "SIGINT" in stdout
     assert f"estimate error {describe_estimate_error(expected)}" in stdout
     # --help promises it: a checkpoint, and the command that continues from it.
     assert (out / "checkpoints" / "step-0000005").is_dir()
@@ -97,7 +90,7 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
     assert (check.start_step, check.steps_run, check.planned_steps) == (5, 15, 15)
     expected = expected_error(15, clock.step_seconds, predicted_step_seconds(after_first, record["plan"]), checkpoints=1)
     assert check.error_pct == pytest.approx(expected, rel=1e-9)
-    assert "15 of 15 planned steps ran (steps 6–20 of the run's 20, after a resume)" in stdout
+    assert "15 of 15 planned steps ran" in stdout and "steps 6–20" in stdout
     assert f"estimate error {describe_estimate_error(expected)}" in stdout
     # Tokens/s compare the same 15 steps: their tokens, not the whole run's.
     assert check.tokens == sum(entry["tokens"] for entry in record["losses"][5:])

@@ -20,10 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FakeClock
-from test_cli import assert_one_line_error, calibrated_home, run_main
-from test_estimate_check import train_arguments
-from test_planner import tokenized
+from helpers import FakeClock, assert_one_line_error, run_main, tokenized, train_arguments
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
@@ -32,8 +29,6 @@ from common.errors import DeadlineError
 from train.planning.deadline import Deadline
 from train.planning.planner import evaluate, make_plan
 from train.planning.types import PlanRequest
-
-__all__ = ["calibrated_home"]
 
 GPT2_CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-gpt2-bench2m.json"
 # The same 2-minute bench measured with the CPU heap as it is now (train.step.peak_memory: 8 MiB
@@ -130,7 +125,7 @@ def test_a_resume_continues_the_run_it_resumes_whatever_this_command_says(
     assert_one_line_error(code, err, "has 6 optimizer steps; --max-steps 10 would extend it")
     code, printed, err = run_main("train", [*train_arguments(heavy_tailed_jsonl, out, "--deadline", "45m", "--no-report"), "--resume"], capsys)
     assert code == 0, err
-    assert "resuming from step 3 of 6 with the run's configuration and learning-rate schedule" in printed
+    assert "resuming from step 3 of 6" in printed
     resumed = json.loads((out / "run.json").read_text())
     assert resumed["actual"]["steps"] == 6 and resumed["plan"]["total_steps"] == 6
     assert resumed["plan"]["configuration"] == first["plan"]["configuration"]
@@ -140,7 +135,7 @@ def test_a_resume_continues_the_run_it_resumes_whatever_this_command_says(
     from reports.run_report import write_run_report
 
     page = write_run_report(out).read_text()
-    assert "the calibration&#x27;s held-out error on step time: median" in page or "the calibration's held-out error on step time: median" in page
+    assert "held-out error on step time" in page
 
     before = (out / "run.json").read_text()
     code, _, err = run_main("train", [*train_arguments(heavy_tailed_jsonl, out, "--deadline", "30m", "--no-report"), "--resume"], capsys)
@@ -215,10 +210,10 @@ def test_the_plan_and_the_report_state_the_held_out_error() -> None:
     plan = make_plan(calibration, tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), max_length=960, effective_batch=4))
     text = "\n".join(describe_plan(plan, {"count": 1, "total_tokens": 1, "mean": 1, "p50": 1, "p99": 1, "p99.5": 1, "max": 1}, calibration))
     held_out = calibration.fit["held_out_error"]
-    assert f"held-out error median {held_out['median_abs_pct']:.1f}%, p90 {held_out['p90_abs_pct']:.1f}%" in text
+    assert f"median {held_out['median_abs_pct']:.1f}%" in text and f"p90 {held_out['p90_abs_pct']:.1f}%" in text
     stretch = calibration.extrapolation_ratio(plan.chosen.config)  # 4 × 960 tokens a micro-step against 512 measured
     assert stretch == pytest.approx(4 * 960 / 512) and plan.chosen.bound_fraction > 2 * calibration.relative_bound
-    assert f"bounds ±{plan.chosen.bound_fraction:.0%}: the fit's " in text and f"wider here: {stretch:.2g}× past the measured sizes" in text
+    assert f"bounds ±{plan.chosen.bound_fraction:.0%}: the fit's " in text and f"wider here: {stretch:.2g}× past" in text
 
 
 def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> None:
@@ -229,4 +224,4 @@ def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> N
     between = (roomy.chosen.total_seconds + roomy.chosen.total_seconds_high) / 2
     tight = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "deadline": Deadline.with_margin_share(between, 0.0)}))
     assert tight.chosen.label() == roomy.chosen.label() and not tight.meets_deadline
-    assert any(warning.startswith("the calibration's error decides this deadline: the estimate") for warning in tight.warnings)
+    assert sum("decides this deadline" in warning for warning in tight.warnings) == 1

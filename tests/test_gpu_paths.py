@@ -89,7 +89,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     """The H100 calibration was measured by one process: no communicator existed, so its peak holds
     none of NCCL's buffers, nor the NVLS memory NCCL binds on each GPU of an NVSwitch. The plan for
     8 DDP processes adds them per GPU (calibration.nccl_memory); over PCIe the buffers alone."""
-    from test_consider import FIXTURE, run_consider
+    from helpers import FIXTURE, run_consider
 
     import train.recipes.run_plan as planner
     from calibration.schema import read_calibration_file
@@ -195,7 +195,7 @@ def test_a_concurrent_nccl_kernel_is_communication_not_memory_bound_time() -> No
     NCCL all-gather on its own stream from 500 to 1000 µs, the last 200 µs of it alone. The GEMM's
     share of the step's kernels stays 600/800; the all-gather is neither compute nor memory: 200 µs
     of exposed communication, and the host's exposed time is what ran nothing (1000-2000 µs)."""
-    from test_step_split import kernel
+    from helpers import kernel
 
     from bench.step_split import kernel_kind, split_from_events
 
@@ -287,8 +287,7 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     the 4-process row is sharded even though this command is not, and says why it has no plan."""
     import copy
 
-    from test_consider import FIXTURE
-    from test_planner import heavy_tailed, tokenized
+    from helpers import FIXTURE, heavy_tailed, tokenized
 
     from calibration.model import Calibration
     from calibration.schema import read_calibration_file

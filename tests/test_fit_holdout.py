@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import calibrated_home, run_main
+from helpers import run_main
 
 from calibration.fit import ThroughputModel, overlapped
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from calibration.step_config import StepConfig
 
-__all__ = ["calibrated_home"]
 FIXTURES = Path(__file__).parent / "fixtures"
 H100 = FIXTURES / "h100-llama-3.2-1b-fullgrid.json"
 CPU = FIXTURES / "cpu-tiny-fullgrid.json"

@@ -155,7 +155,7 @@ def test_an_out_of_memory_on_one_rank_in_a_later_step_ends_the_probe_on_every_ra
     rank 1 gathered its row, and the bench hung until the watchdog killed it with every row
     measured so far. Every step's outcome is now agreed: the probe is an OOM on every rank, and the
     next probe runs (DDP and FSDP, two gloo processes)."""
-    from test_multi_process import CHECKS
+    from helpers import DISTRIBUTED_CHECKS as CHECKS
 
     found = fork_server.group_report(CHECKS, ["late-oom", sharding], timeout=90)
     assert found["sharding"] == sharding
@@ -173,8 +173,8 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fo
     steps, and the two ranks would have trained different runs (or hung in the first collective
     that differed). Rank 0's plan is every rank's; and a rank that still differs is refused, in one
     line, on every rank, before any step."""
+    from helpers import DISTRIBUTED_CHECKS as CHECKS
     from helpers import synthetic_calibration
-    from test_multi_process import CHECKS
 
     from calibration.store import save_calibration
     from train.step.hardware import detect_hardware

@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FakeClock, synthetic_calibration, synthetic_rows
-from test_cli import calibrated_home, run_main
-from test_estimate_check import train_arguments
+from helpers import FakeClock, run_main, synthetic_calibration, synthetic_rows, train_arguments
 
 from calibration.store import save_calibration
 from common.run_paths import run_path, stored_path
 from train.export import load_final
-
-__all__ = ["calibrated_home"]
 
 PROMPT = torch.tensor([[5, 17, 99, 42, 7, 250, 3, 64]])
 LORA = ["--lora", "--lora-rank", "4"]

@@ -2,7 +2,7 @@
 module at a time (train.workload.meta_init), a 4-bit base quantized from them without a temporary
 checkpoint, and FSDP built on `meta`, each rank materialising its shards only, in bf16 mixed
 precision as two ranks (this file is also the rank's script: `python -m torch.distributed.run
---nproc_per_node 2 tests/test_meta_build.py fsdp FOLDER`; the test forks the ranks from
+--nproc_per_node 2 tests/test_meta_init.py fsdp FOLDER`; the test forks the ranks from
 tests/forkserver.py with the variables torchrun sets).
 
 Memory is measured by a spy, not by RSS: `LiveFloat32` follows every fp32 CPU storage made while
