@@ -55,7 +55,7 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
         f"{StepConfig.from_row(drift['reference']).label if drift.get('reference') else '-'} "
         f"{' → '.join(f'{v:,.0f}' for v in speeds) or '-'} tok/s, correction {'kept' if drift.get('applied') else 'not applied'} "
         f"({drift.get('median_error_pct') or drift.get('reason', '')}); fresh processes: ratios {check.get('speed_ratios')}, "
-        f"factor {cal.speed_factor:.3f}, spread time {check.get('time_spread', 0):.1%} memory {check.get('memory_spread', 0):.1%}; "
+        f"median {check.get('median_ratio', 1):.3f}, spread time {check.get('time_spread', 0):.1%} memory {check.get('memory_spread', 0):.1%}; "
         f"bound ±{cal.relative_bound:.1%}"
     )
     results = []
@@ -78,8 +78,6 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
                 "high": predicted.tokens_per_second_high,
                 "measured": actual,
                 "error_pct": (actual / predicted.tokens_per_second - 1) * 100,
-                # What the fit alone predicts: without the speed the fresh processes measured.
-                "error_without_factor_pct": (actual / (predicted.tokens_per_second / cal.speed_factor) - 1) * 100,
             }
         )
     return results
@@ -142,7 +140,6 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="benchtrain-fresh-"))
     root.mkdir(parents=True, exist_ok=True)
     errors: list[float] = []
-    unfactored: list[float] = []
     inside: list[bool] = []
     runs: list[dict[str, Any]] = []
     print(f"{'round':>5} {'config B/W/A/S':>15} {'predicted':>10} {'measured':>10} {'error':>7}  in bound")
@@ -161,11 +158,9 @@ def main() -> None:
                 continue
             within = result["low"] <= result["measured"] <= result["high"]
             errors.append(result["error_pct"])
-            unfactored.append(result["error_without_factor_pct"])
             inside.append(within)
             print(
                 f"{index:>5} {name:>15} {result['predicted']:>10,.0f} {result['measured']:>10,.0f} {result['error_pct']:>+6.1f}%  {'yes' if within else 'NO'}"
-                f"  (fit alone {result['error_without_factor_pct']:+.1f}%)"
             )
         if not args.skip_train:
             runs.append(demo_run(home, env, args.deadline, home.with_suffix(".train.log")))
@@ -175,10 +170,6 @@ def main() -> None:
             f"held-out in fresh processes: median |error| {statistics.median(abs(e) for e in errors):.1f}%, median error {statistics.median(errors):+.1f}%, "
             f"{sum(e > 0 for e in errors)} faster / {sum(e < 0 for e in errors)} slower than predicted"
             f"{' (ALL THE SAME SIGN)' if len(signs) == 1 and len(errors) > 1 else ''}; {sum(inside)}/{len(inside)} inside their bounds"
-        )
-        print(
-            f"the fit alone (no fresh-process speed): median |error| {statistics.median(abs(e) for e in unfactored):.1f}%, "
-            f"median error {statistics.median(unfactored):+.1f}%, {sum(e > 0 for e in unfactored)} faster / {sum(e < 0 for e in unfactored)} slower"
         )
     if runs:
         print(f"{'run':>3} {'exit':>4} {'actual s':>9} {'estimate s':>10} {'bounds s':>15} {'time':>5} {'peak MiB':>9} {'bound MiB':>9} {'memory':>6}  bound")

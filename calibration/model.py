@@ -16,7 +16,6 @@ from calibration.extrapolation import extrapolation_widening, stretch_by_dimensi
 from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
 from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
-from calibration.process_check import applied_speed_factor
 from calibration.schema import variant_data
 from calibration.setup import Variant, variant_of
 from calibration.slices import slice_widening
@@ -157,7 +156,7 @@ class Calibration:
         if not fit:
             return None
         coefficients = [float(fit["parameters"][term]) for term in EVAL_TERMS]
-        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor / self.speed_factor
+        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
 
     @property
     def world_size(self) -> int:
@@ -200,11 +199,6 @@ class Calibration:
         """The step measured again in fresh processes by bench (calibration.process_check); {} without."""
         return cast(JsonDict, self.data.get("process_check") or {})
 
-    @property
-    def speed_factor(self) -> float:
-        """How much faster (> 1) a fresh process ran than the bench process's fit, where the fresh
-        measurements agreed on it (calibration.process_check); 1 otherwise."""
-        return applied_speed_factor(self.process_check)
 
     @property
     def translation(self) -> JsonDict | None:
@@ -318,8 +312,8 @@ class Calibration:
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: StepConfig) -> float:
         """Seconds of one micro-step: the fitted median step, scaled to a mean by the measured tail
-        factor, to a fresh process's speed (speed_factor) and by what past runs measured."""
-        return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor / self.speed_factor
+        factor and corrected by what past runs measured."""
+        return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
     def predict(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
         """Tokens/second, step seconds and peak memory of one configuration, with their bounds.
@@ -424,10 +418,9 @@ class Calibration:
             )
         check = self.process_check
         if check.get("speed_ratios"):
-            agreed = f"they agree: plans use {self.speed_factor:.3f}× its speed" if self.speed_factor != 1.0 else "they do not agree: no correction"
             lines.append(
                 f"Fresh processes: {check['processes']} measured {len(check['speed_ratios'])} of the probes again, at "
-                f"{min(check['speed_ratios']):.3f}–{max(check['speed_ratios']):.3f}× this fit's speed ({agreed}); "
+                f"{min(check['speed_ratios']):.3f}–{max(check['speed_ratios']):.3f}× this fit's speed; "
                 f"bounds hold ±{check['time_spread']:.0%} between processes in time and +{check.get('memory_spread', 0.0):.0%} in peak memory."
             )
         if self.history:

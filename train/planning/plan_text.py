@@ -116,8 +116,6 @@ def describe_error(calibration: Calibration, chosen: Candidate) -> str:
     text += f"; bounds ±{chosen.bound_fraction:.0%}: the fit's {parts.fit:.0%}{machine}"
     if stretch > 1.0:
         text += f", wider here: {stretch:.2g}× past the measured sizes"
-    if calibration.speed_factor != 1.0:
-        text += f"; a fresh process ran {calibration.speed_factor - 1:+.0%} against the bench's, and plans use its speed"
     translation = getattr(calibration, "translation", None)  # calibration.translate: a device nobody measured
     return f"{text}; {describe_translation(translation)}" if translation else text
 
