@@ -23,14 +23,21 @@ from calibration.step_config import StepConfig
 REFERENCE_EVERY = 8
 
 
-def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig) -> dict[str, Any]:
-    """Rescale the ok rows in place; `references` are (position, reference tokens/s)."""
+# The speeds a correction may bring every probe to: the reference's median over the benchmark, or
+# its first (smoothed) measurement, the speed of the process before the benchmark ran long in it
+# (which a fresh process, the run, starts at). bench.record chooses by fresh processes.
+LEVELS = ("median", "first")
+
+
+def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig, level: str = "median") -> dict[str, Any]:
+    """Rescale the ok rows in place to the reference's speed at `level`; `references` are
+    (position, reference tokens/s)."""
     summary: dict[str, Any] = {"reference": config.to_row(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
     positions = np.array([position for position, _ in references], dtype=float)
     speeds = median_of_three(np.array([speed for _, speed in references], dtype=float))
-    typical = statistics.median(speeds)
+    typical = float(speeds[0]) if level == "first" else statistics.median(speeds)
     for index, row in enumerate(rows):
         if row["status"] != "ok":
             continue
@@ -45,7 +52,7 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
                 measurement["step_seconds_mean"] = measurement["step_seconds_mean"] * factor
         row["tokens_per_second_raw"] = row["tokens_per_second"]
         recombine(row)
-    return {**summary, "applied": True, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
+    return {**summary, "applied": True, "level": level, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
 
 
 def median_of_three(values: np.ndarray) -> np.ndarray:

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from bench.drift import undo_correction
+from bench.drift import LEVELS, correct_for_drift, undo_correction
 from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
 from calibration.process_check import judge, median_error
 from calibration.schema import SCHEMA_VERSION
+from calibration.step_config import StepConfig
 from calibration.store import new_id
 from train.step.peak_memory import HOST_BASELINE_KEY
 
@@ -133,26 +134,41 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Keep the drift correction only if it makes the fit better where a calibration is used: in
-    fresh processes (`fresh_rows`), or without them on the held-out probes of this one. `record`:
-    the calibration (its model's FLOPs per token and the gradients its step holds)."""
+    fresh processes (`fresh_rows`; there also the level it corrects to, bench.drift.LEVELS), or
+    without them on the held-out probes of this one. `record`: the calibration (its model's FLOPs
+    per token and the gradients its step holds)."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
     corrected = fit_measurements(rows, flops, gradients)
     if not drift or not drift.get("applied"):
         return corrected
     raw_rows = copy.deepcopy(rows)
     undo_correction(raw_rows)
-    raw = fit_measurements(raw_rows, flops, gradients)
+    fits = {drift.get("level", "median"): (rows, corrected), "raw": (raw_rows, fit_measurements(raw_rows, flops, gradients))}
     if fresh_rows:
-        judged_by, corrected_error, raw_error = "fresh processes", median_error(corrected, fresh_rows), median_error(raw, fresh_rows)
+        judged_by = "fresh processes"
+        references = [(m["position"], m["tokens_per_second"]) for m in drift["measurements"]]
+        for level in LEVELS:
+            if level not in fits:
+                level_rows = copy.deepcopy(raw_rows)
+                correct_for_drift(level_rows, references, StepConfig.from_row(drift["reference"]), level)
+                fits[level] = (level_rows, fit_measurements(level_rows, flops, gradients))
+        errors = {name: median_error(fit, fresh_rows) for name, (_, fit) in fits.items()}
     else:
-        judged_by, corrected_error, raw_error = "held-out probes", corrected["held_out_error"]["median_abs_pct"], raw["held_out_error"]["median_abs_pct"]
-    drift["median_error_pct"] = {"corrected": corrected_error, "raw": raw_error, "judged_by": judged_by}
-    if corrected_error <= raw_error:
-        return corrected
-    undo_correction(rows)
-    drift["applied"] = False
-    drift["reason"] = f"the correction did not help: median error in {judged_by} {corrected_error:.1f}% corrected vs {raw_error:.1f}% raw"
-    return raw
+        judged_by = "held-out probes"
+        errors = {name: fit["held_out_error"]["median_abs_pct"] for name, (_, fit) in fits.items()}
+    best = min(errors, key=lambda name: (errors[name], name == "raw"))  # a tie keeps the correction
+    drift["median_error_pct"] = {**errors, "judged_by": judged_by}
+    chosen_rows, chosen_fit = fits[best]
+    if chosen_rows is not rows:
+        rows[:] = chosen_rows  # the record's measurements are this list
+    if best == "raw":
+        drift["applied"] = False
+        drift.pop("level", None)
+        corrected_error = min(error for name, error in errors.items() if name != "raw")
+        drift["reason"] = f"the correction did not help: median error in {judged_by} {corrected_error:.1f}% corrected vs {errors['raw']:.1f}% raw"
+    else:
+        drift["level"] = best
+    return chosen_fit
 
 
 def best_rows(rows: list[dict[str, Any]], count: int = 5) -> list[dict[str, Any]]:

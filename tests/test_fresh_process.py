@@ -122,9 +122,32 @@ def test_the_drift_correction_is_judged_in_fresh_processes() -> None:
     fresh = fresh_rows(truth, [1.0] * 6)
     fit = fit_with_drift_choice(rows, drift, {}, fresh)
     assert not drift["applied"] and drift["median_error_pct"]["judged_by"] == "fresh processes"
-    assert drift["median_error_pct"]["raw"] < drift["median_error_pct"]["corrected"]
+    errors = drift["median_error_pct"]
+    assert errors["raw"] < min(errors["median"], errors["first"])
     assert [row["tokens_per_second"] for row in rows] == [row["tokens_per_second"] for row in truth]
     assert median_error(fit, fresh) < 5
+
+
+def test_a_bench_process_that_slows_is_corrected_to_the_speed_it_started_at() -> None:
+    """The bench process ran 20% slower from its 24th probe on (seen on a 2-core VM: its reference
+    21.8k → 17.8k tokens/s, while fresh processes afterwards ran at the early speed). Corrected to
+    the median reference, half the probes stay slow; to the first, the fit is what a fresh process runs."""
+    rows = synthetic_rows(noise=0.005, seq_lens=SEQ_LENS)
+    truth = copy.deepcopy(rows)
+    for row in rows[24:]:
+        row["step_seconds"] *= 1.25
+        row["tokens_per_second"] /= 1.25
+    references = [(position, 1000.0 if position < 24 else 800.0) for position in range(0, 48, 8)]
+    reference = StepConfig(micro_batch_size=2, num_workers=0, grad_accum=1, seq_len=2048)
+    drift = correct_for_drift(rows, references, reference)
+    fresh = fresh_rows(truth, [1.0] * 6)
+    fit = fit_with_drift_choice(rows, drift, {}, fresh)
+    assert drift["applied"] and drift["level"] == "first"
+    errors = drift["median_error_pct"]
+    assert errors["first"] < 2 < min(errors["median"], errors["raw"])
+    assert median_error(fit, fresh) < 2
+    corrected = {StepConfig.from_row(row): row["tokens_per_second"] for row in rows}
+    assert all(corrected[StepConfig.from_row(row)] == pytest.approx(row["tokens_per_second"], rel=0.01) for row in truth)
 
 
 def test_the_drift_reference_is_the_first_probe_whose_steps_time_well() -> None:
