@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import logging
 import re
 import threading
 from pathlib import Path
@@ -109,6 +110,10 @@ def resident_bytes_before_model() -> int | None:
     different points (before the build; at planning), so without them their difference held import
     order, not what the process holds. A train process planned before it imported peft and
     sympy ran 58 MiB above its plan, 14% of tiny's peak."""
+    # bitsandbytes (peft imports it) warns on import, on a CPU with AVX-512 bf16, that an optional
+    # package of faster 4-bit kernels (`kernels`) is missing: a line on every bench and train,
+    # about a kernel a measurement times anyway.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import peft  # noqa: F401
     import torch._dynamo  # noqa: F401
 
