@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from helpers import TRUE_MEMORY, TRUE_THROUGHPUT, micro_seconds, peak_bytes, synthetic_calibration, synthetic_rows
 
-from calibration.fit import THROUGHPUT_TERMS, fit_measurements, throughput_features
-from calibration.memory_fit import LINEAR_TERMS, memory_features
+from calibration.fit import fit_measurements, throughput_features, throughput_terms
+from calibration.memory_fit import linear_terms, memory_features
 from calibration.model import Calibration
 from calibration.step_config import StepConfig
 
@@ -18,10 +18,10 @@ def test_the_fits_features_price_a_step_as_the_written_truth_does(workers: int, 
     """The truth (tests/helpers.py micro_seconds, peak_bytes) is written out apart from the fit's
     features; at the true parameters both price every step alike."""
     for b, s, a in [(1, 128, 1), (3, 200, 4), (8, 1024, 2)]:
-        config = StepConfig(micro_batch_size=b, num_workers=workers, grad_accum=a, seq_len=s, gradient_checkpointing=checkpointing)
-        priced = float(np.dot(throughput_features(config), [TRUE_THROUGHPUT[t] for t in THROUGHPUT_TERMS]))
+        config = StepConfig(micro_batch_size=b, num_workers=workers, grad_accum=a, seq_len=s).switched(gradient_checkpointing=checkpointing)
+        priced = float(np.dot(throughput_features(config), [TRUE_THROUGHPUT[t] for t in throughput_terms()]))
         assert priced == pytest.approx(micro_seconds(config), rel=1e-12)
-        held = float(np.dot(memory_features(config), [{**TRUE_MEMORY, "accumulated_gradients": 3e8}[t] for t in LINEAR_TERMS]))
+        held = float(np.dot(memory_features(config), [{**TRUE_MEMORY, "accumulated_gradients": 3e8}[t] for t in linear_terms()]))
         assert held == pytest.approx(peak_bytes(config, {**TRUE_MEMORY, "accumulated_gradients": 3e8}), rel=1e-12)
 
 def test_noise_free_fit_recovers_parameters() -> None:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cli import run_main
+from helpers import run_main
 
 from calibration.run_file import run_method
 from calibration.setup import measured_setup
