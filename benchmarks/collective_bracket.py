@@ -4,7 +4,7 @@ Each run starts tests/topology_checks.py under torchrun (2 processes, OMP_NUM_TH
 times all-reduces as `bench` times them (beside a computing thread), then alternates THE step of
 `tiny` without communication and under DDP, step by step (both under the same load). From its
 report this script fits the loopback link from the all-reduces (calibration.comm.fit_comm,
-calibration.topology.link_from_all_reduce), prices the ring all-reduce of the model's gradients over
+tests/helpers.link_from_all_reduce), prices the ring all-reduce of the model's gradients over
 that link, and puts the planner's overlap bracket around it (full overlap with backward … none,
 calibration.topology.overlap_bracket); the row says whether what DDP added to the step (the median
 of the paired differences, ± three standard errors of it) falls inside.
@@ -29,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from helpers import link_from_all_reduce  # the tests' helper
 
 from calibration.comm import fit_comm
-from calibration.topology import link_from_all_reduce, overlap_bracket, ring_model
+from calibration.topology import overlap_bracket, ring_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "topology_checks.py"

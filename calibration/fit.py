@@ -46,7 +46,7 @@ from scipy.optimize import least_squares
 
 from calibration.dimensions import Dimension, scaled, switches
 from calibration.extrapolation import held_out_by_dimension
-from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds
+from calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds, held_out_predictions
 from calibration.memory_fit import fit_memory_rows
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -158,9 +158,6 @@ class ThroughputModel:
             base *= math.exp(self.smoother(config))
         return max(base, 1e-9)
 
-    def step_seconds(self, config: StepConfig) -> float:
-        return self.micro_step_seconds(config) * config.grad_accum
-
     def tokens_per_second(self, config: StepConfig) -> float:
         return config.micro_batch_size * config.seq_len / self.micro_step_seconds(config)
 
@@ -171,10 +168,6 @@ DATA_TERMS = ("serial_data", "worker_supply")
 
 def compute_index() -> list[int]:
     return [i for i, term in enumerate(throughput_terms()) if term not in DATA_TERMS]
-
-
-def data_index() -> list[int]:
-    return [i for i, term in enumerate(throughput_terms()) if term in DATA_TERMS]
 
 
 def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray) -> tuple[np.ndarray, float]:
@@ -239,48 +232,25 @@ def fit_throughput(
     """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
     the others to the rest of the step, which keeps each term's meaning when probes are few."""
     features = np.stack([throughput_features(c) for c in configs])
-    terms, computed, data = throughput_terms(), compute_index(), data_index()
+    terms, computed = throughput_terms(), compute_index()
+    power = 1.0
     if wait_seconds is None:
         solution = fit_terms(features, terms, micro_seconds, flops, uncertainty=uncertainty)
     else:
         wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
+        data = [i for i, term in enumerate(terms) if term in DATA_TERMS]
         solution = np.zeros(len(terms))
         compute_terms = tuple(terms[index] for index in computed)
         solution[computed] = fit_terms(features[:, computed], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty)
         solution[data] = fit_nonnegative(features[:, data], wait, scale=micro_seconds, uncertainty=uncertainty)
-    power = 1.0
-    if overlap and wait_seconds is not None:  # the data terms must be fitted apart (to the wait)
-        wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
-        solution[computed], power = fit_overlap(features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed])
+        if overlap:  # only with the data terms fitted apart (to the wait)
+            solution[computed], power = fit_overlap(features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed])
     model = ThroughputModel(dict(zip(terms, map(float, solution), strict=True)), overlap_power=power)
     if smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
         points = np.stack([residual_coordinates(c) for c in configs])
         model.smoother = ResidualSmoother(points, residuals, bandwidth=1.0)
     return model
-
-
-def cross_validate_throughput(
-    configs: list[StepConfig],
-    micro_seconds: np.ndarray,
-    smooth: bool,
-    wait_seconds: np.ndarray | None = None,
-    uncertainty: np.ndarray | None = None,
-    overlap: bool = False,
-    flops: dict[str, float] | None = None,
-) -> tuple[ErrorSummary, np.ndarray]:
-    """Held-out tokens/s error, and the held-out prediction for each row."""
-    held_out = np.empty(len(configs))
-    for test in folds(len(configs)):
-        train = np.setdiff1d(np.arange(len(configs)), test)
-        waits = None if wait_seconds is None else wait_seconds[train]
-        weights = None if uncertainty is None else uncertainty[train]
-        model = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, waits, weights, overlap, flops)
-        for index in test:
-            held_out[index] = model.micro_step_seconds(configs[index])
-    # tokens/s error: actual/predicted on the same token count.
-    summary = ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds)
-    return summary, held_out
 
 
 def extrapolated_rows(configs: Sequence[StepConfig]) -> np.ndarray:
@@ -338,7 +308,18 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
     uncertainty = probe_uncertainty(ok_rows)
 
-    candidates = {}
+    def fitter(smooth: bool, overlap: bool, tied: dict[str, float] | None) -> Callable[[np.ndarray], Callable[[StepConfig], float]]:
+        """A fit of one form on the rows `train`, as a prediction of micro-step seconds."""
+
+        def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
+            def pick(values: np.ndarray | None) -> np.ndarray | None:
+                return None if values is None else values[train]
+
+            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, pick(wait_seconds), pick(uncertainty), overlap, tied)
+            return chosen.micro_step_seconds
+
+        return fit_on
+
     # The overlap form competes only where host and device really overlap (a fitted power above 1):
     # at power 1 it is the physical model again.
     overlapping = (
@@ -346,15 +327,14 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
         and fit_throughput(configs, micro_seconds, False, wait_seconds, uncertainty, overlap=True).overlap_power > MIN_OVERLAP_POWER
     )
-    forms = (("physical", False, False, None), ("physical+residual", True, False, None), ("overlap", False, True, None), ("flops", False, False, flops))
-    for kind, smooth, overlap, tied in forms:
-        if (overlap and not overlapping) or (kind == "flops" and flops is None):
-            continue
-        error, held_out = cross_validate_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap, tied)
-        candidates[kind] = (error, held_out, smooth, overlap, tied)
-    kind, reason = choose_model({name: value[0] for name, value in candidates.items()}, len(configs))
-    error, held_out, smooth, overlap, tied = candidates[kind]
-    model = fit_throughput(configs, micro_seconds, smooth, wait_seconds, uncertainty, overlap, tied)
+    forms = {"physical": (False, False, None), "physical+residual": (True, False, None), "overlap": (False, True, None), "flops": (False, False, flops)}
+    usable = [kind for kind, form in forms.items() if (overlapping or not form[1]) and (kind != "flops" or flops is not None)]
+    held_out_by_form = {kind: held_out_predictions(configs, fitter(*forms[kind])) for kind in usable}
+    # tokens/s error: actual/predicted on the same token count.
+    errors = {kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds) for kind, held_out in held_out_by_form.items()}
+    kind, reason = choose_model(errors, len(configs))
+    error, held_out, form = errors[kind], held_out_by_form[kind], forms[kind]
+    model = fit_throughput(configs, micro_seconds, form[0], wait_seconds, uncertainty, form[1], form[2])
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: JsonDict | None = None
@@ -363,14 +343,6 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
 
     outside = extrapolated_rows(configs)
     extrapolated = ErrorSummary.from_pairs(1.0 / held_out[outside], 1.0 / micro_seconds[outside])
-
-    def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
-        def pick(values: np.ndarray | None) -> np.ndarray | None:
-            return None if values is None else values[train]
-
-        chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, pick(wait_seconds), pick(uncertainty), overlap, tied)
-        return chosen.micro_step_seconds
-
     return {
         "kind": kind,
         "reason": reason,
@@ -381,10 +353,10 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
         # Per dimension, the probes at its largest value predicted from the rest (calibration.extrapolation).
-        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fit_on, held_out, MIN_ROWS_FOR_FIT),
+        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fitter(*form), held_out, MIN_ROWS_FOR_FIT),
         "held_out_relative_errors": error.signed_relative,
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
-        "alternatives": {name: value[0].to_json() for name, value in candidates.items()},
+        "alternatives": {name: summary.to_json() for name, summary in errors.items()},
         "rows_used": len(ok_rows),
         "step_tail_factor": step_tail_factor(ok_rows),
         "memory": memory_section,

@@ -99,12 +99,11 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def cross_validate(count: int, actual: np.ndarray, fit_on: Callable[[np.ndarray], Callable[[Any], float]], configs: Sequence[Any]) -> ErrorSummary:
-    """Held-out error of (predicted − actual) / actual: each fold predicted by `fit_on(train
-    indices)`, a model that never saw it."""
-    held_out = np.empty(count)
-    for test in folds(count):
-        predict = fit_on(np.setdiff1d(np.arange(count), test))
+def held_out_predictions(configs: Sequence[Any], fit_on: Callable[[np.ndarray], Callable[[Any], float]]) -> np.ndarray:
+    """Each config predicted by `fit_on(train indices)`, a model fitted on folds that never saw it."""
+    held_out = np.empty(len(configs))
+    for test in folds(len(configs)):
+        predict = fit_on(np.setdiff1d(np.arange(len(configs)), test))
         for index in test:
             held_out[index] = predict(configs[index])
-    return ErrorSummary.from_pairs(held_out, actual)
+    return held_out

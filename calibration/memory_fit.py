@@ -3,38 +3,29 @@
 Two moments can set the peak of a step, and the model has one form for each:
 
 - **forward/backward** (the larger micro-batches): what is always held (weights, optimizer state,
-  workspace) + the gradients a run holds *while accumulating* (from the first micro-step's
-  backward until the optimizer step; with accumulation 1 they only exist once the activations are
-  gone) + activations per token (all of them, or only each layer's input with gradient
-  checkpointing), + an attention term per token × length (zero with flash/SDPA kernels; the
-  eager path keeps the scores), + the loss's logits per token (part of the per-token term);
+  workspace) + the gradients held *while accumulating* (from the first micro-step's backward to
+  the optimizer step) + activations per token (only each layer's input with gradient
+  checkpointing) + an attention term per token × length (zero with flash/SDPA kernels);
 
       linear = static + accumulated_gradients·[A>1] + per_token·B·S + attention·B·S²      (checkpointing off)
              = static + accumulated_gradients·[A>1] + per_token_checkpointed·B·S + attention_checkpointed·B·S²  (on)
 
 - **the optimizer step** (small micro-batches): weights + gradients + both AdamW moments + the
-  optimizer's temporaries, whatever the batch: a floor under every step,
+  optimizer's temporaries, whatever the batch: peak = max(optimizer_floor, linear).
 
-      peak = max(optimizer_floor, linear).
+On the real H100 grid (llama-3.2-1b) accumulation adds 4.9 GB of fp32 gradients at every size, and
+below ≈2k tokens a micro-step the optimizer step is the peak: one straight line through both
+under-predicts the large configurations plans use. Both forms are fitted (non-negative, on relative
+error); the floor form is kept when it predicts held-out probes better.
 
-On the real H100 grid (llama-3.2-1b, full fine-tuning) accumulation adds the 4.9 GB of fp32
-gradients at every size, and below ≈2k tokens a micro-step the optimizer step is the peak: a
-straight line through both under-predicts the large configurations a plan uses. Both forms are
-fitted (non-negative, on relative error); the floor form is kept when it predicts held-out probes
-better. Terms no probe exercises stay zero.
+What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`):
+a short bench measures accumulation only at small micro-batches, where the optimizer's floor hides
+most of it (a gpt2 bench fitted 216 MiB for 475 MiB of gradients, and a run peaked 18% above plan).
 
-What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`:
-the trainable parameters' fp32 gradients, this rank's shard under FSDP): that is arithmetic on the
-model, not a prior. A 2-minute gpt2 bench measures accumulation only at micro-batch 1, where the
-optimizer step's floor hides most of it, and fitted 216 MiB for gradients of 475 MiB: a run at
-8 × 2 peaked 18% above its plan (CHANGELOG.md, 2026-11-25, "A plan you can bet on, again").
-
-What is fitted (`basis`): on a GPU, the caching allocator's *reserved* peak when every probe recorded
-it (allocated + the fragmentation the allocator keeps), plus, as a constant, the most any probe saw
-used outside PyTorch's allocator (`non_torch_bytes`: CUDA context, loaded kernels, NCCL buffers;
-bench.probe via train.step.peak_memory). A calibration measured before these were recorded (or on a
-CPU, where the peak RSS is the whole process) fits the allocated peak with no constant, as before:
-`basis` "allocated" (train.planning.memory_check.memory_basis_note says so in the plan).
+What is fitted (`basis`): on a GPU, the allocator's *reserved* peak when every probe recorded it,
+plus, as a constant, the most any probe used outside PyTorch's allocator (`non_torch_bytes`: CUDA
+context, kernels, NCCL buffers); otherwise (a CPU's peak RSS, an older GPU record) the allocated
+peak with no constant, `basis` "allocated" (train.planning.memory_check says so in the plan).
 """
 
 from __future__ import annotations
@@ -48,7 +39,7 @@ from scipy.optimize import least_squares
 
 from calibration.comm import gradient_bytes
 from calibration.dimensions import scaled, switches
-from calibration.fit_tools import ErrorSummary, cross_validate, fit_nonnegative
+from calibration.fit_tools import ErrorSummary, fit_nonnegative, held_out_predictions
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -164,7 +155,7 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradie
         def fit_on(train: np.ndarray, floor: bool = floor) -> Callable[[StepConfig], float]:
             return fit_memory([configs[i] for i in train], peak_bytes[train], floor, gradient_bytes).peak_bytes
 
-        errors[kind] = cross_validate(len(configs), peak_bytes, fit_on, configs)
+        errors[kind] = ErrorSummary.from_pairs(held_out_predictions(configs, fit_on), peak_bytes)
     kind = min(errors, key=lambda name: (round(errors[name].median_abs_pct, 3), name != "physical"))
     model = fit_memory(configs, peak_bytes, forms[kind], gradient_bytes)
     return {

@@ -144,9 +144,6 @@ class Calibration:
     def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "ok"]
 
-    def oom_rows(self) -> list[JsonDict]:
-        return [row for row in self.measurements if row["status"] == "oom"]
-
     def measured_values(self, name: str) -> list[int]:
         return sorted({int(row.get(name, 0)) for row in self.ok_rows()})
 
@@ -199,7 +196,6 @@ class Calibration:
         """The step measured again in fresh processes by bench (calibration.process_check); {} without."""
         return cast(JsonDict, self.data.get("process_check") or {})
 
-
     @property
     def translation(self) -> JsonDict | None:
         """How this calibration was translated from the device it measured (calibration.translate); None: measured here."""
@@ -244,7 +240,8 @@ class Calibration:
         return base * (1 + math.log2(stretch))
 
     def promised_bound_for(self, config: StepConfig) -> float:
-        """What a plan of this configuration promises the deadline (see promised_bound), at a translation's upper end."""
+        """The bound a plan of this configuration promises the deadline: its measured bound, or none (the
+        central estimate) when the calibration is too noisy to bound anything; at a translation's upper end."""
         return self.bounds_for(config, 0.0 if self.too_noisy_to_bound else None)[1]
 
     def extrapolation_ratio(self, config: StepConfig) -> float:
@@ -268,12 +265,6 @@ class Calibration:
     def too_noisy_to_bound(self) -> bool:
         """The measurements scatter so much that the upper bound means nothing."""
         return self.relative_bound > NOISY_BOUND
-
-    @property
-    def promised_bound(self) -> float:
-        """The bound a plan promises to the deadline: the relative bound, or 0 (central estimate)
-        when the calibration is too noisy to bound anything."""
-        return 0.0 if self.too_noisy_to_bound else self.relative_bound
 
     @property
     def step_tail_factor(self) -> float:
@@ -357,8 +348,8 @@ class Calibration:
         """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the
         predicted peak plus margin fits. A run that holds less than the probes did (FSDP shards
         from a 1-process calibration) is judged on the prediction alone."""
-        for row in self.oom_rows() if memory_offset_bytes >= 0 else ():
-            if holds_as_much(config, StepConfig.from_row(row)):
+        for row in self.measurements if memory_offset_bytes >= 0 else ():
+            if row["status"] == "oom" and holds_as_much(config, StepConfig.from_row(row)):
                 return False
         if self.memory is None:
             return True
@@ -374,6 +365,7 @@ class Calibration:
         """The fit in words, one sentence a line."""
         p = self.fit["parameters"]
         error = self.fit.get("held_out_error", {})
+        checkpointed = 1 in self.measured_values("gradient_checkpointing")
         lines = [
             f"{_seconds(p['fixed'])} fixed per micro-step, {_seconds(p['per_token'])} per token, "
             f"{_seconds(p['attention'] * 1000)} per 1000 tokens of attention context per token, "
@@ -381,28 +373,23 @@ class Calibration:
             f"Data: {_seconds(p['serial_data'])} per token when the training process builds batches itself "
             f"(0 workers), {_seconds(p['worker_supply'])} per token divided by the workers otherwise, "
             f"{_seconds(p['per_worker'])} per micro-step per worker process (data terms fitted to the measured DataLoader wait).",
-            *(
-                [
-                    f"Gradient checkpointing recomputes for {_seconds(p['recompute_per_token'])} per token and "
-                    f"{_seconds(p['recompute_attention'] * 1000)} per 1000 tokens of attention context per token."
-                ]
-                if 1 in self.measured_values("gradient_checkpointing")
-                else []
-            ),
-            *(
-                [
-                    f"Host and device overlap: a micro-step takes about the longer of the fixed {_seconds(p['fixed'])} and the compute "
-                    f"terms (a smooth maximum of power {p['overlap_power']:.1f}), not their sum."
-                ]
-                if p.get("overlap_power", 1.0) > 1.0
-                else []
-            ),
+        ]
+        if checkpointed:
+            lines.append(
+                f"Gradient checkpointing recomputes for {_seconds(p['recompute_per_token'])} per token and "
+                f"{_seconds(p['recompute_attention'] * 1000)} per 1000 tokens of attention context per token."
+            )
+        if p.get("overlap_power", 1.0) > 1.0:
+            lines.append(
+                f"Host and device overlap: a micro-step takes about the longer of the fixed {_seconds(p['fixed'])} and the compute "
+                f"terms (a smooth maximum of power {p['overlap_power']:.1f}), not their sum."
+            )
+        lines += [
             f"Model used: {self.fit['kind']} ({self.fit.get('reason', 'no reason recorded')}).",
             f"Held-out tokens/s error over {error.get('count', 0)} probes: median "
             f"{_pct(error.get('median_abs_pct'))}, 90th percentile {_pct(error.get('p90_abs_pct'))}.",
         ]
         memory = self.fit.get("memory")
-        checkpointed = 1 in self.measured_values("gradient_checkpointing")
         if memory:
             m = memory["parameters"]
             memory_error = memory.get("held_out_error", {})

@@ -7,7 +7,6 @@ the file and the field.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,15 +20,17 @@ from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
 
 SCHEMA_VERSION = 4
+# The version before the current one upgrades on read (_v3_to_v4); older files are refused
+# (CalibrationTooOldError): measure again with `bench run`.
+OLDEST_READABLE = SCHEMA_VERSION - 1
 
 
 def _v3_to_v4(data: JsonDict) -> JsonDict:
     """Version 4 measures, on a GPU, the allocator's reserved peak and the bytes used outside it
-    beside the allocated peak (optional row fields: calibration.memory_fit.CUDA_MEMORY_FIELDS), and
-    its memory fit says what it was fitted to (`basis`) and what it adds outside the allocator
-    (`non_torch_bytes`). A version 3 fit was of the allocated peak with nothing added: it plans as
-    before (the plan says so); `bench run` measures the rest. An older benchtrain refuses version 4:
-    it would plan a reserved-basis fit without the bytes outside the allocator."""
+    (calibration.memory_fit.CUDA_MEMORY_FIELDS), and its memory fit records its `basis` and
+    `non_torch_bytes`. A version 3 fit was of the allocated peak with nothing added, and plans so
+    (the plan says so). An older benchtrain refuses version 4: it would plan a reserved-basis fit
+    without the bytes outside the allocator."""
     data = dict(data)
     for entry in (data, *(data.get("variants") or [])):
         fit = entry.get("fit") if isinstance(entry, dict) else None
@@ -41,30 +42,11 @@ def _v3_to_v4(data: JsonDict) -> JsonDict:
     return data
 
 
-# The version before the current one upgrades on read: MIGRATIONS[n] turns version n into n + 1.
-# Older files are refused (CalibrationTooOldError): measure again with `bench run`.
-MIGRATIONS: dict[int, Callable[[JsonDict], JsonDict]] = {3: _v3_to_v4}
-OLDEST_READABLE = min(MIGRATIONS)
-
 _NUMBER = (int, float)
-REQUIRED_TOP = {
-    "schema_version": int,
-    "id": str,
-    "created_at": str,
-    "hardware": dict,
-    "software": dict,
-    "model": dict,
-    "measurements": list,
-}
+REQUIRED_TOP = {"schema_version": int, "id": str, "created_at": str, "hardware": dict, "software": dict, "model": dict, "measurements": list}
 REQUIRED_HARDWARE = {"device_type": str, "name": str, "count": int, "memory_bytes": _NUMBER}
 REQUIRED_MODEL = {"name": str, "parameter_count": int, "fingerprint": str}
-REQUIRED_MEASUREMENT = {
-    "micro_batch_size": int,
-    "num_workers": int,
-    "grad_accum": int,
-    "seq_len": int,
-    "status": str,
-}
+REQUIRED_MEASUREMENT = {"micro_batch_size": int, "num_workers": int, "grad_accum": int, "seq_len": int, "status": str}
 # peak_memory_bytes and the optional CUDA memory fields (calibration.memory_fit.MEMORY_FIELDS).
 MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes", "peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
 STATUSES = {"ok", "oom", "error", "skipped"}
@@ -99,10 +81,7 @@ def migrate(parsed: object, path: Path | str) -> JsonDict:
             f"calibration {path} has schema_version {version}, older than this benchtrain reads ({OLDEST_READABLE} to {SCHEMA_VERSION}); "
             "measure again with `bench run`"
         )
-    while version < SCHEMA_VERSION:
-        data = MIGRATIONS[version](data)
-        version = data["schema_version"]
-    return data
+    return _v3_to_v4(data) if version == 3 else data
 
 
 def validate(data: JsonDict, path: Path | str) -> JsonDict:

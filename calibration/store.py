@@ -26,21 +26,9 @@ from common.home import benchtrain_home, writable_subdir
 from common.json_types import JsonDict
 
 CSV_COLUMNS = (
-    "micro_batch_size",
-    "num_workers",
-    "grad_accum",
-    "seq_len",
-    "status",
-    "tokens_per_second",
-    "step_seconds",
-    "step_seconds_spread",
-    "data_wait_share",
-    "peak_memory_bytes",
-    "mfu",
-    "timed_steps",
-    "probe_seconds",
-    "error",
-)
+    "micro_batch_size", "num_workers", "grad_accum", "seq_len", "status", "tokens_per_second", "step_seconds", "step_seconds_spread",
+    "data_wait_share", "peak_memory_bytes", "mfu", "timed_steps", "probe_seconds", "error",
+)  # fmt: skip
 
 
 # Files that hold data, not a calibration: `--use-calibration data.jsonl` is a mix-up, said so.
@@ -79,16 +67,21 @@ def new_id(device: str, model_name: str, when: datetime) -> str:
     return f"{slug(device)}-{slug(model_name)}-{when.strftime('%Y%m%d-%H%M%S')}"
 
 
+def free_name(folder: Path, base: str) -> str:
+    """`base`, or `base-2`, `base-3`, … when a JSON file of that name is in `folder`."""
+    candidate, suffix = base, 2
+    while (folder / f"{candidate}.json").exists():
+        candidate, suffix = f"{base}-{suffix}", suffix + 1
+    return candidate
+
+
 def save_calibration(data: JsonDict) -> Path:
     """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix. The measurements
     its bench kept aside while it ran (`keep_unfinished`) are removed once it is written."""
     kept = unfinished_paths(data)
     folder = writable_subdir("calibrations")
     with file_lock(folder / ".lock"):
-        base, candidate, suffix = data["id"], data["id"], 2
-        while (folder / f"{candidate}.json").exists():
-            candidate, suffix = f"{base}-{suffix}", suffix + 1
-        data["id"] = candidate
+        data["id"] = candidate = free_name(folder, data["id"])
         write_text_atomic(folder / f"{candidate}.csv", measurements_csv(data["measurements"]))
         path = folder / f"{candidate}.json"
         write_json_atomic(path, data)
@@ -123,10 +116,7 @@ def keep_unfinished(data: JsonDict, path: Path | None = None) -> Path:
     `data`'s id (a taken name gets a numeric suffix); returns where."""
     if path is None:
         folder = writable_subdir("calibrations") / "unfinished"
-        base, candidate, suffix = data["id"], data["id"], 2
-        while (folder / f"{candidate}.json").exists():
-            candidate, suffix = f"{base}-{suffix}", suffix + 1
-        path = folder / f"{candidate}.json"
+        path = folder / f"{free_name(folder, data['id'])}.json"
     write_json_atomic(path, data)
     return path
 

@@ -9,8 +9,8 @@ An interconnect is written as one word, as `bench run --interconnect` and a comp
                                             between nodes, e.g. 2x8:nvlink+ib
     NxG:KIND                                N = 1 only (several nodes need their network)
 
-`loopback` is gloo between processes of one host (a CPU job): it has no datasheet figure, only a
-measured one (`link_from_all_reduce`).
+`loopback` is gloo between processes of one host (a CPU job): it has no datasheet figure, only the
+collectives measured on that host.
 
 Collectives are priced as NCCL's ring algorithm moves bytes (a message of B bytes among n
 processes, each link of bandwidth bw per direction and latency lat per ring step):
@@ -32,7 +32,7 @@ full overlap and none.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from calibration.comm import CommModel
@@ -42,18 +42,9 @@ from common.json_types import JsonDict
 
 NETWORKS = ("infiniband", "ethernet")
 ALIASES = {
-    "nvlink": "nvlink",
-    "nvl": "nvlink",
-    "nvswitch": "nvswitch",
-    "pcie": "pcie",
-    "pci": "pcie",
-    "ib": "infiniband",
-    "infiniband": "infiniband",
-    "ethernet": "ethernet",
-    "eth": "ethernet",
-    "loopback": "loopback",
-    "gloo": "loopback",
-}
+    "nvlink": "nvlink", "nvl": "nvlink", "nvswitch": "nvswitch", "pcie": "pcie", "pci": "pcie", "ib": "infiniband", "infiniband": "infiniband",
+    "ethernet": "ethernet", "eth": "ethernet", "loopback": "loopback", "gloo": "loopback",
+}  # fmt: skip
 # NVSwitch is NVLink through switches: the same per-GPU links and figures, so a calibration of one
 # serves the other.
 FAMILY = {"nvswitch": "nvlink"}
@@ -172,13 +163,7 @@ class Link:
     source: str
 
     def to_json(self) -> JsonDict:
-        return {
-            "kind": self.kind,
-            "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
-            "hop_latency_seconds": self.hop_latency_seconds,
-            "base_latency_seconds": self.base_latency_seconds,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 # NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at 5067397, ncclTunerConstantsDefaults,
@@ -240,17 +225,6 @@ def link_figures(kind: str, device_name: str) -> Link:
     raise BenchtrainError(
         f"{kind} has no datasheet figure: measure it (`torchrun --nproc_per_node 2 -m bench run --gpu cpu` stores the collectives of this host)"
     )
-
-
-def link_from_all_reduce(model: CommModel) -> Link:
-    """The link a measured all-reduce among `model.world_size` processes implies, by the ring
-    formula backwards: latency per step = latency / 2(n−1), bandwidth = 2(n−1)/n / seconds per byte."""
-    n = model.world_size
-    if n < 2:
-        raise BenchtrainError("an all-reduce of one process measures no link")
-    steps = 2 * (n - 1)
-    bandwidth = steps / n / model.seconds_per_byte if model.seconds_per_byte > 0 else float("inf")
-    return Link("loopback", bandwidth, model.latency_seconds / steps, 0.0, f"measured: {model.backend} all-reduce among {n} processes")
 
 
 # -- collectives from links ---------------------------------------------------------------------

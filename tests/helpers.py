@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from calibration.comm import CommModel
 from calibration.fit import fit_measurements
 from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.step_config import StepConfig
-from common.errors import guard_cli
+from calibration.topology import Link
+from common.errors import BenchtrainError, guard_cli
 
 TRUE_THROUGHPUT = {
     "fixed": 4e-3,
@@ -488,3 +490,14 @@ def kernel(name: str, start_us: float, end_us: float) -> Any:
     from torch.autograd.profiler_util import FunctionEvent
 
     return FunctionEvent(id=0, name=name, thread=7, start_us=start_us, end_us=end_us, device_type=DeviceType.CUDA, use_device="cuda")
+
+
+def link_from_all_reduce(model: CommModel) -> Link:
+    """The link a measured all-reduce among `model.world_size` processes implies, by the ring
+    formula backwards: latency per step = latency / 2(n−1), bandwidth = 2(n−1)/n / seconds per byte."""
+    n = model.world_size
+    if n < 2:
+        raise BenchtrainError("an all-reduce of one process measures no link")
+    steps = 2 * (n - 1)
+    bandwidth = steps / n / model.seconds_per_byte if model.seconds_per_byte > 0 else float("inf")
+    return Link("loopback", bandwidth, model.latency_seconds / steps, 0.0, f"measured: {model.backend} all-reduce among {n} processes")

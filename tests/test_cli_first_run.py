@@ -71,7 +71,7 @@ def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
     per_step = whole.chosen.step_seconds / whole.chosen.optimizer_steps
     overhead = whole.chosen.overhead_seconds
     # A deadline with room for about 20 steps (and no margin to keep the arithmetic plain).
-    deadline = overhead + 20 * per_step * (1 + calibration.promised_bound)
+    deadline = overhead + 20 * per_step * (1 + calibration.promised_bound_for(whole.chosen.config))
     request = PlanRequest(epochs=3, deadline=Deadline.with_margin_share(deadline, 0.0), effective_batch=4, max_length=64, fit_deadline=True)
     fresh = make_plan(calibration, data, request)
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 8}))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, run_main, synthetic_calibration, tokenized
+from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, link_from_all_reduce, run_main, synthetic_calibration, tokenized
 
 from calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
 from calibration.model import Calibration
@@ -31,7 +31,6 @@ from calibration.topology import (
     bracket_estimate,
     collective_model,
     link_figures,
-    link_from_all_reduce,
     overlap_bracket,
     parse_interconnect,
     ring_model,

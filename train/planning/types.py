@@ -110,7 +110,7 @@ class Candidate:
     total_seconds: float = 0.0
     total_seconds_low: float = 0.0
     total_seconds_high: float = 0.0
-    total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound)
+    total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound_for)
     bound_fraction: float = 0.0  # the calibration's relative bound here (wider when extrapolating)
     eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
     eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
