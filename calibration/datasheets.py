@@ -1,28 +1,21 @@
-"""Datasheet figures of the GPUs people rent, each with where it comes from.
-
-One table, read by the peak-FLOP/s lookup (train.step.hardware.peak_flops: MFU) and by the
-translation of a calibration to a device nobody measured (calibration.translate). These are the
-vendors' numbers, not measurements: a translated plan says so and carries a bracket.
+"""Datasheet figures of the GPUs people rent, each with where it comes from: the vendors' numbers,
+not measurements, read by the peak-FLOP/s lookup (train.step.hardware: MFU) and by the translation
+of a calibration to a device nobody measured (calibration.translate, which says so and brackets it).
 
 Conventions, the same for every row:
-- `bf16_dense_flops`: the bf16 tensor-core peak WITHOUT 2:4 sparsity. NVIDIA's datasheets print
-  the sparse figure with an asterisk ("1,979*" for the H100 SXM); the dense one is half of it.
-- `memory_bytes`: the datasheet's GB in decimal bytes (80 GB = 80e9). The memory torch reports is
-  a few percent more (an H100 80GB HBM3: 85.0e9 bytes), so a plan checked against this figure is
-  on the safe side.
-- `memory_bandwidth`, `peer_link_bandwidth`, `pcie_bandwidth`: bytes/s as the vendor quotes them;
-  link figures are the bidirectional totals per GPU that NVIDIA and AMD print (NVLink 4: 900 GB/s
-  = 450 GB/s each way; PCIe Gen5 x16: 128 GB/s = 64 GB/s each way).
-- `words`: whole words of a device name (or a CLI key) that pick the row, as torch names devices
-  ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); the first row whose words all appear wins,
-  so the more specific rows come first ("h100 pcie" before "h100"; "l4" is not "l40").
+- `bf16_dense_flops`: the bf16 tensor-core peak WITHOUT 2:4 sparsity (NVIDIA prints the sparse
+  figure with an asterisk, "1,979*" for the H100 SXM; the dense one is half of it).
+- `memory_bytes`: the datasheet's GB in decimal bytes (80 GB = 80e9), a few percent under what torch
+  reports (an H100 80GB HBM3: 85.0e9), so a plan checked against it is on the safe side.
+- bandwidths in bytes/s as the vendor quotes them; link figures are the bidirectional totals per GPU
+  (NVLink 4: 900 GB/s = 450 GB/s each way; PCIe Gen5 x16: 128 GB/s).
+- `words`: whole words of a device name (or a CLI key) that pick the row; the first row whose words
+  all appear wins, so the more specific rows come first ("h100 pcie" before "h100"; "l4" is not "l40").
 
-Beside the figures, PUBLISHED_COMPARISONS: the same training step measured by others on two GPUs,
-which the translation's bracket must hold (tests/test_translate.py) and from which its central
-estimate takes the FLOP/s ratio a newer generation attained over an older one (`generation_shift`).
-One source so far (llm-foundry's MPT tables, A100-80GB against H100-80GB); no published pair of the
-same step holds Hopper against Blackwell or any Ada card, so those translations rest on the
-datasheets alone.
+PUBLISHED_COMPARISONS: the same training step measured by others on two GPUs, which the translation's
+bracket must hold (tests/test_translate.py) and from which its central estimate takes the FLOP/s ratio
+a newer generation attained (`generation_shift`). One source so far (llm-foundry's MPT tables, A100 to
+H100); translations between other generations rest on the datasheets alone.
 """
 
 from __future__ import annotations
@@ -98,27 +91,10 @@ def _sheet(
     vendor: str = "nvidia",
 ) -> DeviceSheet:
     """A row from (key, name, device name, peak entry), (bf16 FLOP/s, memory, its kind, bandwidth), (peer link, its bandwidth, PCIe generation)."""
-    key, name, device_name, peak_entry = identity
     flops, memory, kind, bandwidth = figures
     link, link_bandwidth, pcie = links
-    return DeviceSheet(
-        key=key,
-        name=name,
-        device_name=device_name,
-        peak_entry=peak_entry,
-        vendor=vendor,
-        bf16_dense_flops=flops,
-        memory_bytes=int(memory),
-        memory_kind=kind,
-        memory_bandwidth=bandwidth,
-        peer_link=link,
-        peer_link_bandwidth=link_bandwidth,
-        pcie_generation=pcie,
-        pcie_bandwidth={4: 64 * GB, 5: 128 * GB}[pcie],
-        multiprocessors=multiprocessors,
-        words=words,
-        sources=sources,
-    )
+    pcie_bandwidth = {4: 64 * GB, 5: 128 * GB}[pcie]
+    return DeviceSheet(*identity, vendor, flops, int(memory), kind, bandwidth, link, link_bandwidth, pcie, pcie_bandwidth, multiprocessors, words, sources)
 
 
 L40S_SOURCE = "NVIDIA L40S product page, https://www.nvidia.com/en-us/data-center/l40s/"
@@ -249,24 +225,17 @@ PUBLISHED_COMPARISONS: tuple[PublishedComparison, ...] = (
     PublishedComparison(LLM_FOUNDRY_SOURCE, "a100-80gb", "h100", 8, "FSDP full shard, amp_bf16, MPT (flash attention)", tuple(
         PublishedPair(model, seq_len, micro, accum, checkpointing, a100, h100)
         for model, seq_len, micro, accum, checkpointing, a100, h100 in (
-            ("mpt-30b", 8192, 1, 21, True, 574, 1384), ("mpt-30b", 4096, 1, 21, True, 814, 1802),
-            ("mpt-30b", 2048, 3, 21, True, 916, 2002), ("mpt-30b", 1024, 6, 21, True, 946, 2084),
-            ("mpt-13b", 32768, 1, 3, True, 1016, 1976), ("mpt-13b", 16384, 3, 3, True, 1431, 2985),
-            ("mpt-13b", 4096, 10, 3, True, 2060, 4717), ("mpt-13b", 1024, 40, 3, True, 2330, 5502),
-            ("mpt-7b", 65536, 1, 2, True, 1013, 1956), ("mpt-7b", 32768, 2, 2, True, 1672, 3318),
-            ("mpt-7b", 8192, 8, 2, True, 3206, 6935), ("mpt-7b", 4096, 16, 2, True, 3684, 8611),
-            ("mpt-7b", 1024, 64, 2, True, 4357, 10203),
-            ("mpt-3b", 65536, 1, 2, True, 1767, 3262), ("mpt-3b", 32768, 3, 6, True, 3029, 5873),
-            ("mpt-3b", 16384, 1, 6, False, 5529, 11152), ("mpt-3b", 8192, 3, 6, False, 7695, 16578),
-            ("mpt-3b", 4096, 5, 6, False, 9457, 20964), ("mpt-3b", 1024, 20, 6, False, 11580, 27046),
-            ("mpt-3b", 512, 40, 6, False, 12127, 27965),
-            ("mpt-1b", 65536, 1, 2, True, 3044, 5506), ("mpt-1b", 32768, 1, 4, False, 6275, 12025),
-            ("mpt-1b", 16384, 2, 4, False, 9956, 19649), ("mpt-1b", 8192, 3, 4, False, 13814, 29157),
-            ("mpt-1b", 4096, 7, 4, False, 17807, 38535), ("mpt-1b", 1024, 18, 4, False, 22112, 48910),
-            ("mpt-1b", 512, 56, 4, False, 23148, 52275),
-            ("mpt-760m", 32768, 1, 2, False, 8802, 16291), ("mpt-760m", 16384, 3, 2, False, 14274, 27815),
-            ("mpt-760m", 8192, 6, 2, False, 20933, 41825), ("mpt-760m", 4096, 12, 2, False, 27351, 55459),
-            ("mpt-760m", 2048, 24, 2, False, 32434, 63147), ("mpt-760m", 1024, 48, 2, False, 29765, 78581),
+            ("mpt-30b", 8192, 1, 21, True, 574, 1384), ("mpt-30b", 4096, 1, 21, True, 814, 1802), ("mpt-30b", 2048, 3, 21, True, 916, 2002),
+            ("mpt-30b", 1024, 6, 21, True, 946, 2084), ("mpt-13b", 32768, 1, 3, True, 1016, 1976), ("mpt-13b", 16384, 3, 3, True, 1431, 2985),
+            ("mpt-13b", 4096, 10, 3, True, 2060, 4717), ("mpt-13b", 1024, 40, 3, True, 2330, 5502), ("mpt-7b", 65536, 1, 2, True, 1013, 1956),
+            ("mpt-7b", 32768, 2, 2, True, 1672, 3318), ("mpt-7b", 8192, 8, 2, True, 3206, 6935), ("mpt-7b", 4096, 16, 2, True, 3684, 8611),
+            ("mpt-7b", 1024, 64, 2, True, 4357, 10203), ("mpt-3b", 65536, 1, 2, True, 1767, 3262), ("mpt-3b", 32768, 3, 6, True, 3029, 5873),
+            ("mpt-3b", 16384, 1, 6, False, 5529, 11152), ("mpt-3b", 8192, 3, 6, False, 7695, 16578), ("mpt-3b", 4096, 5, 6, False, 9457, 20964),
+            ("mpt-3b", 1024, 20, 6, False, 11580, 27046), ("mpt-3b", 512, 40, 6, False, 12127, 27965), ("mpt-1b", 65536, 1, 2, True, 3044, 5506),
+            ("mpt-1b", 32768, 1, 4, False, 6275, 12025), ("mpt-1b", 16384, 2, 4, False, 9956, 19649), ("mpt-1b", 8192, 3, 4, False, 13814, 29157),
+            ("mpt-1b", 4096, 7, 4, False, 17807, 38535), ("mpt-1b", 1024, 18, 4, False, 22112, 48910), ("mpt-1b", 512, 56, 4, False, 23148, 52275),
+            ("mpt-760m", 32768, 1, 2, False, 8802, 16291), ("mpt-760m", 16384, 3, 2, False, 14274, 27815), ("mpt-760m", 8192, 6, 2, False, 20933, 41825),
+            ("mpt-760m", 4096, 12, 2, False, 27351, 55459), ("mpt-760m", 2048, 24, 2, False, 32434, 63147), ("mpt-760m", 1024, 48, 2, False, 29765, 78581),
             ("mpt-760m", 512, 96, 2, False, 29446, 83749),
         )
     )),

@@ -1,29 +1,21 @@
 """A calibration measured on one GPU, translated to another from datasheet figures: a plan before
 anyone rents the other GPU, said to be translated and bracketed, never passed off as measured.
 
-What changes between two GPUs of one vendor at one precision, and how it is carried over:
-- The step's device time. Compute-bound kernels (matmuls, attention) scale with the dense bf16
-  FLOP/s, memory-bound ones with the memory bandwidth; the step's split says which share is which
-  (calibration.split: bench's profiler, or the FLOP count and the fit's terms). The central
-  estimate scales each share by its own ratio, the compute share by the FLOP/s ratio published
-  runs between the two generations attained where there are some (calibration.datasheets
-  PUBLISHED_COMPARISONS: an H100 trains 2.16x an A100's tokens, not the datasheets' 3.17x); the
-  bracket runs from scaling ALL of the device time by the fastest of the FLOP/s ratios and the
-  bandwidth ratio to ALL of it by the slowest, and holds every published pair (tests/test_translate.py).
-- The host's exposed time (Python, kernel launches, the data loader) belongs to the CPU, not the
-  GPU: it is not scaled, but the CPU beside a rented GPU is another one, so it is widened by
-  HOST_WIDENING either way.
-- Memory: the same bytes (weights, gradients, optimizer state, activations at one precision, the
-  kernels' workspaces within one vendor): the memory model is kept whole and judged against the
-  target's memory; a model whose fixed part alone does not fit is refused.
+- The step's device time: compute-bound kernels scale with the dense bf16 FLOP/s, memory-bound ones
+  with the memory bandwidth, each share by its own ratio (the split: calibration.split); the compute
+  share by the FLOP/s ratio published runs between the two generations attained where there are
+  some (an H100 trains 2.16x an A100's tokens, not the datasheets' 3.17x: calibration.datasheets).
+  The bracket runs from ALL device time at the fastest of those ratios to ALL of it at the slowest,
+  and holds every published pair (tests/test_translate.py).
+- The host's exposed time (Python, launches, the data loader) is the CPU's: not scaled, but widened
+  by HOST_WIDENING either way (the CPU beside a rented GPU is another one).
+- Memory: the same bytes on one vendor at one precision; the memory model is judged against the
+  target's memory, and a model whose fixed part alone does not fit is refused.
 
-How the planner sees it. The fit's device terms (calibration.fit.device_terms and the optimizer
-step) are multiplied by the central device factor and the host terms kept, so every prediction is
-the central estimate at its own configuration; the measurements are scaled alike (a refit gives the
-same fit). `translation` records the ratios, and calibration.model.Calibration widens a plan's
-bounds by the bracket at the planned configuration (`bracket_for`): the upper bound, which the
-deadline and the price are judged against, lies at the bracket's upper end (times the fit's own
-error). Nothing here is validated on a GPU until someone runs `bench run` on the target.
+The fit's device terms and the optimizer step are multiplied by the central device factor (the
+measurements alike, so a refit gives the same fit); `translation` records the ratios, and
+calibration.model.Calibration widens a plan's bounds by the bracket at its configuration
+(`bracket_for`). Nothing here is validated on a GPU until someone runs `bench run` on the target.
 """
 
 from __future__ import annotations
@@ -43,8 +35,6 @@ from common.json_types import JsonDict
 # machines (Xeon Sapphire Rapids / Ice Lake, EPYC Milan / Genoa, Grace) differ by up to about a
 # quarter in single-thread speed, so ±25% of the host time brackets a machine nobody measured.
 HOST_WIDENING = 0.25
-# The optimizer step is elementwise (AdamW reads and writes every parameter's state): memory-bound,
-# scaled with the other device terms by the central device factor.
 STEP_FIELDS = ("step_seconds", "step_seconds_mean", "step_seconds_median", "step_seconds_min", "step_seconds_max")
 GIB = 2**30
 
@@ -249,6 +239,7 @@ def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> Non
     if not fit:
         return
     before = throughput_model_from_json(fit)
+    # The optimizer step is elementwise (AdamW reads and writes every parameter's state): memory-bound, a device term.
     fit["parameters"] = {term: value * device_factor if term in (*device_terms(), "optimizer_step") else value for term, value in fit["parameters"].items()}
     after = throughput_model_from_json(fit)
     evaluation = (entry.get("eval") or {}).get("fit")
