@@ -1,27 +1,17 @@
-"""Gradient communication between processes: a measured all-reduce model (no torch here).
+"""Communication between processes: measured collectives as lines (no torch here).
 
-bench (or train, before planning) times all-reduces of a few message sizes among the processes
-of the job; a least-squares line gives a latency per collective and seconds per byte. DDP
-all-reduces the trainable gradients once per optimizer step, in buckets of BUCKET_BYTES, so one
-optimizer step pays
-
-    buckets × latency + gradient bytes × seconds per byte,
-
-which is what a 1-process calibration lacks to predict an N-process step. FSDP (train/step/sharding.py)
-instead all-gathers every unit's parameters twice (forward, and again for backward) and
-reduce-scatters its gradients, on every micro-step:
-
-    2 × (units × latency + parameter bytes × seconds per byte)   all-gather
-    + units × latency + gradient bytes × seconds per byte        reduce-scatter
-
-each collective with its own measured line. A calibration measured with N processes already holds
-all of it in its step times.
+bench (or train, before planning) times collectives of a few message sizes among the processes of
+the job; a least-squares line gives a latency per collective and seconds per byte. DDP all-reduces
+the trainable gradients once per optimizer step in buckets of BUCKET_BYTES; FSDP
+(train/step/sharding.py) all-gathers every unit's parameters twice (forward, backward) and
+reduce-scatters its gradients on every micro-step. That is what a 1-process calibration lacks to
+predict an N-process step; one measured with N processes holds it in its step times.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from common.json_types import JsonDict
 
@@ -41,11 +31,8 @@ class CommModel:
         return 1 / self.seconds_per_byte if self.seconds_per_byte > 0 else math.inf
 
     def all_reduce_seconds(self, gradient_bytes: float) -> float:
-        """One optimizer step's gradient all-reduce."""
-        if self.world_size < 2 or gradient_bytes <= 0:
-            return 0.0
-        buckets = max(1, math.ceil(gradient_bytes / BUCKET_BYTES))
-        return buckets * self.latency_seconds + gradient_bytes * self.seconds_per_byte
+        """One optimizer step's gradient all-reduce, in DDP's buckets."""
+        return self.collective_seconds(gradient_bytes, max(1, math.ceil(gradient_bytes / BUCKET_BYTES)))
 
     def collective_seconds(self, message_bytes: float, messages: int) -> float:
         """`messages` collectives carrying `message_bytes` in all."""
@@ -54,13 +41,7 @@ class CommModel:
         return messages * self.latency_seconds + message_bytes * self.seconds_per_byte
 
     def to_json(self) -> JsonDict:
-        return {
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "latency_seconds": self.latency_seconds,
-            "seconds_per_byte": self.seconds_per_byte,
-            "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second,
-        }
+        return {**asdict(self), "bandwidth_bytes_per_second": self.bandwidth_bytes_per_second}
 
     @classmethod
     def from_json(cls, data: JsonDict) -> CommModel:
@@ -98,7 +79,7 @@ def gradient_bytes(trainable_parameters: int) -> int:
 
 def describe_collectives(record: JsonDict) -> str:
     """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives` (a calibration's
-    `distributed`, a plan's `communication`), or with only the all-reduce's `comm` (a run.json written before FSDP)."""
+    `distributed`, a plan's `communication`) or only the all-reduce's `comm` (DDP)."""
     collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
     return ", ".join(
         f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"

@@ -1,24 +1,15 @@
 """The dimensions of a training step, one entry each in `DIMENSIONS`: what bench's search space
-enumerates, what a measurement row holds, what the fits see and what a plan chooses. The step
-configuration (calibration.step_config.StepConfig), the search space and `bench run`'s options
-(bench.space), the throughput fit's features and the residual smoother's coordinates
-(calibration.fit), the memory fit's features (calibration.memory_fit), the planner's choices
-(train.planning.planner) and run.json's configuration (calibration.run_file) read the table; none
-names a dimension but where its meaning is its own code (the step that recomputes activations,
-the FLOPs it costs).
+enumerates, what a measurement row holds, what the fits see and what a plan chooses. StepConfig,
+bench's search space and options, the fits' features, the planner and run.json read the table;
+none names a dimension but where its meaning is its own code (the step that recomputes activations).
 
-Two kinds of entry:
-
-- **sizes** (micro batch, workers, accumulation, length): the physical model's own axes. Its terms
-  combine them (tokens = B·S, attention = B·S², 1/A, the workers' supply), so fit.py and
-  memory_fit.py write those terms out; the table gives their search values and options.
-- **switches** (gradient checkpointing): off or on, each a column of its own. A switch says what
-  it adds to a micro-step's time and memory, term by term (`Term`: per micro-step, per token or
-  per token × length, when on), whether it replaces the activations a step keeps (checkpointing
-  keeps only each layer's input), whether it holds less memory on (an out-of-memory probe with it
-  off says nothing of it on), and how far apart its two values sit in the residual smoother.
-  A row or a file from before a switch existed reads it as off, a fitted term it lacks as zero,
-  a smoother point one coordinate short as off, so adding one is adding an entry here.
+- **sizes** (micro batch, workers, accumulation, length): the physical model's own axes, whose
+  terms combine them (B·S, B·S², 1/A, the workers' supply), written out in fit.py and memory_fit.py.
+- **switches** (gradient checkpointing): off or on, each a column of its own, saying what it adds to
+  a micro-step's time and memory term by term, whether it replaces the activations a step keeps,
+  whether it holds less memory on, and where it sits in the residual smoother. A row or a file
+  without a switch reads it as off, a fitted term it lacks as zero, a smoother point one coordinate
+  short as off, so adding a switch is adding an entry here.
 """
 
 from __future__ import annotations

@@ -1,28 +1,19 @@
 """How far a plan may miss where it extrapolates, measured per dimension at fit time.
 
-A blanket widening (× (1 + log2 of the largest stretch past the range)) made a plan at
-accumulation 16 from probes at 1–2 four times as uncertain as one inside the range, although
-accumulation repeats a measured micro-step, and it widened a length extrapolation by a rule, not
-by what extrapolating length was seen to miss. Instead, at fit time, for each dimension (micro
-batch, length, accumulation, tokens per micro-step) the probes at its largest measured value are
-held out, predicted by a fit of the rest, and that error is kept with how far the held-out step
-reached (`fit["extrapolation_by_dimension"]`). A plan then widens only along the dimensions it
-extrapolates, each by its own measured error:
+For each dimension (micro batch, length, accumulation, tokens per micro-step) the probes at its
+largest measured value are held out and predicted by a fit of the rest; that error is kept with how
+far the held-out step reached (`fit["extrapolation_by_dimension"]`). A plan widens only along the
+dimensions it extrapolates, each by its own measured error:
 
-- micro batch, length, tokens per micro-step: the measured error per doubling, times the doublings
-  past the range (the model's terms grow with size; an error in one grows with the stretch);
-- accumulation past the largest measured: what its probes missed beyond the relative bound (which
-  already holds the probes' noise), once, not per doubling. A micro-step costs its measured work
-  plus the optimizer step's share, optimizer/A, which only shrinks past the range: what
-  extrapolating accumulation can miss is bounded by what the held-out probes missed. When they
-  missed no more than any probe, the plan is as certain as one inside the range. Below the
-  smallest measured accumulation that share grows: per doubling, as the sizes.
+- micro batch, length, tokens per micro-step: the error per doubling, times the doublings past the
+  range (the model's terms grow with size, and an error in one with them);
+- accumulation past the largest measured: what its probes missed beyond the relative bound, once:
+  a micro-step costs its measured work plus optimizer/A, which only shrinks past the range. Below
+  the smallest measured accumulation that share grows: per doubling, as the sizes.
 
-A dimension nothing could hold out (one value measured, or too few probes left to fit) is
-`None`: a plan past it widens by UNTESTED_EXTRAPOLATION per doubling.
-
-Micro batch and length both set the tokens of a micro-step, so their widenings and the tokens'
-overlap: the sizes widen by the larger of (micro batch + length) and tokens, not by all three.
+A dimension nothing could hold out (one value measured, too few probes left) is `None`: a plan past
+it widens by UNTESTED_EXTRAPOLATION per doubling. Micro batch and length both set the tokens of a
+micro-step: the sizes widen by the larger of (micro batch + length) and tokens, not by all three.
 """
 
 from __future__ import annotations

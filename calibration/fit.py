@@ -1,7 +1,7 @@
-"""Fit a throughput model and a memory model to benchmark measurements, and say how wrong they are.
+"""Fit a throughput model to benchmark measurements, and say how wrong it is.
 
-Throughput. The time of one micro-step (one forward + backward of `micro_batch_size` sequences of
-`seq_len` tokens) is modelled as a sum of terms that each mean something:
+The time of one micro-step (forward + backward of `micro_batch_size` sequences of `seq_len` tokens)
+is a sum of terms that each mean something:
 
     t = fixed                      per micro-step: kernel launches, Python, loss
       + per_token      * B*S       matrix multiplies: cost proportional to tokens
@@ -13,25 +13,19 @@ Throughput. The time of one micro-step (one forward + backward of `micro_batch_s
       + recompute_per_token * B*S*[C]     gradient checkpointing: the forward pass again, per token
       + recompute_attention * B*S*S*[C]   ... and its attention part ([C] = 1 with checkpointing)
 
-fitted by non-negative least squares on relative error, so every term stays physical and the
-model extrapolates sensibly from few probes.
+fitted by non-negative least squares on relative error, so every term stays physical and the model
+extrapolates sensibly from few probes. The two data terms are fitted to the DataLoader wait each
+probe measured and the others to the rest of the step, which tells compute from data supply.
 
-On a GPU the host and the device work at the same time: the host launches kernels (the fixed
-cost) while the device computes (the per-token, attention and recompute terms), so a micro-step
-takes about the longer of the two, not their sum: small micro-batches are bound by the host,
-large ones by compute. The `overlap` form replaces the sum of those two parts by a smooth maximum,
-(fixed^p + device^p)^(1/p), with p fitted (p = 1 is the sum again; the larger p, the sharper the
-maximum). The optimizer step and the data terms stay additive. Each probe also measures how long the step waited for
-the DataLoader: the two data terms are fitted to that wait and the others to the rest of the step,
-so compute and data supply are told apart even with two worker counts. A residual smoother (a kernel-weighted average of
-the physical model's log-residuals, shrunk to zero away from the data) is fitted too; whichever
-has the lower cross-validated error is used, and the calibration says which and why.
+Competing forms, the one with the lowest cross-validated error kept (`choose_model` says why):
+- `overlap`: on a GPU the host launches kernels (the fixed cost) while the device computes, so a
+  micro-step takes about the longer of the two: (fixed^p + device^p)^(1/p), p fitted (1: the sum);
+- `physical+residual`: a kernel-weighted average of the physical model's log-residuals, shrunk to
+  zero away from the data;
+- `flops`: the device terms tied to one cost per FLOP of the model's shape (fewer unknowns).
 
-Memory: calibration/memory_fit.py (the optimizer step's floor, gradients held while
-accumulating, activations per token with and without checkpointing).
-
-Honest error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s
-and of peak memory, median and 90th percentile.
+Held-out error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s,
+median and 90th percentile. Memory: calibration/memory_fit.py.
 """
 
 from __future__ import annotations
@@ -67,23 +61,11 @@ def device_terms() -> tuple[str, ...]:
 
 
 def throughput_features(config: StepConfig) -> np.ndarray:
-    tokens = config.micro_batch_size * config.seq_len
-    workers = config.num_workers
-    switched = [
-        scaled(term.scale, tokens, config.seq_len) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.throughput
-    ]
-    return np.array(
-        [
-            1.0,
-            tokens,
-            tokens * config.seq_len,
-            1.0 / config.grad_accum,
-            tokens if workers == 0 else 0.0,
-            tokens / workers if workers > 0 else 0.0,
-            float(workers),
-            *switched,
-        ]
-    )
+    tokens, length, workers = config.micro_batch_size * config.seq_len, config.seq_len, config.num_workers
+    # In SIZE_TERMS' order, then each switch's terms (zero when it is off).
+    sizes = [1.0, tokens, tokens * length, 1.0 / config.grad_accum, tokens if workers == 0 else 0.0, tokens / workers if workers > 0 else 0.0, float(workers)]
+    switched = [scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.throughput]
+    return np.array([*sizes, *switched])
 
 
 def probe_uncertainty(rows: Sequence[JsonDict]) -> np.ndarray:

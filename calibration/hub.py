@@ -1,6 +1,6 @@
 """Calibrations people share: a dataset repository on the Hugging Face hub.
 
-    bench push ORG/NAME [IDS...]         calibrations/<id>.json each, and a README.md card listing all
+    bench push ORG/NAME [IDS...]         calibrations/<id>.json each, and a README.md card listing all (`card_text`)
     --use-calibration hub:ORG/NAME       every calibration there (a comparison: those of the run's model and method)
     --use-calibration hub:ORG/NAME/ID    that one
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from calibration.hub_card import card_text
-from calibration.schema import read_calibration_file
+from calibration.schema import SCHEMA_VERSION, read_calibration_file
+from calibration.setup import Variant, measured_setup, quantization_name, variant_of
 from common.errors import BenchtrainError, CalibrationFileError
 from common.hub_access import COMMIT_HASH, download_command, first_line, hub_cache_dir, refusal, snapshot, valid_repo_id
 from common.json_types import JsonDict
@@ -187,6 +187,87 @@ def nothing_there(ref: HubReference) -> str:
     if ref.calibration_id:
         return f"{ref.text}: the repository has no {ref.pattern}: `{PREFIX}{ref.repo_id}` names every calibration it has"
     return f"{ref.text}: the repository holds no calibrations/*.json: is it one `bench push` wrote?"
+
+
+# -- the card: what each calibration measured, on what, with what, and who measured it ------------
+# Every cell is escaped: a value is data from someone else's file, never markdown of ours.
+
+COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "processes", "software", "created", "measured by")
+
+
+def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
+    """The card for `calibrations` (file in the repository → its data; None: a file that cannot be
+    read), newest first."""
+    readable = sorted((data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True)
+    damaged = sorted(name for name, data in calibrations.items() if not data)
+    lines = [
+        "---",
+        "tags:",
+        "- benchtrain",
+        "- benchtrain-calibration",
+        "---",
+        "",
+        f"# Training-step calibrations: {repo_id}",
+        "",
+        "Each file in `calibrations/` is one benchtrain calibration "
+        f"(JSON, schema version {SCHEMA_VERSION}): a training step measured across micro batch, accumulation, workers and "
+        "sequence length on one machine, the throughput and memory model fitted to it, and its held-out error. "
+        "Plan a run with them before renting the machine:",
+        "",
+        "```bash",
+        f"train --dry-run --use-calibration hub:{repo_id} --model MODEL --data DATA --deadline 12h       # every calibration here of that model",
+        f"train --dry-run --use-calibration all,hub:{repo_id} --model MODEL --data DATA --deadline 12h   # beside your own",
+        f"train --use-calibration hub:{repo_id}/ID --model MODEL --data DATA --deadline 12h              # one of them",
+        "```",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *("| " + " | ".join(cell(value) for value in card_row(data)) + " |" for data in readable),
+    ]
+    if damaged:
+        lines += ["", "Files that cannot be read as calibrations (left out of every plan): " + ", ".join(f"`{cell(name)}`" for name in damaged)]
+    return "\n".join(lines) + "\n"
+
+
+def card_row(data: JsonDict) -> list[str]:
+    hardware, software = data.get("hardware") or {}, data.get("software") or {}
+    setup = measured_setup(data)
+    return [
+        str(data.get("id", "?")),
+        str(hardware.get("name", "?")),
+        interconnect(hardware.get("interconnect")),
+        setup.model_name,
+        f"LoRA r{setup.lora_rank}" if setup.method == "lora" and setup.lora_rank else setup.method,
+        ", ".join(dict.fromkeys(quantization_name(quantize) or "none" for quantize, _ in variants(data))),
+        f"{setup.world_size}" + (f" ({setup.sharding})" if setup.sharding != "none" else ""),
+        versions(software, hardware),
+        str(data.get("created_at", "?")),
+        str(data.get("measured_by") or "unknown"),
+    ]
+
+
+def variants(data: JsonDict) -> list[Variant]:
+    """Each variant the file measured (calibration.schema.variant_data)."""
+    return [variant_of(entry) for entry in (data, *(data.get("variants") or []))]
+
+
+def interconnect(value: Any) -> str:
+    """What joined the devices, as the hardware record says it (absent from older calibrations)."""
+    if isinstance(value, dict):
+        value = value.get("kind") or value.get("name") or ", ".join(f"{key} {item}" for key, item in value.items())
+    return str(value) if value else "–"
+
+
+def versions(software: JsonDict, hardware: JsonDict) -> str:
+    cuda = software.get("cuda") or hardware.get("cuda_version")
+    named = [("torch", software.get("torch")), ("transformers", software.get("transformers")), ("CUDA", cuda)]
+    return ", ".join(f"{name} {version}" for name, version in named if version) or "–"
+
+
+def cell(value: Any) -> str:
+    """A table cell: on one line, its pipes escaped, HTML's angle brackets as entities."""
+    text = " ".join(str(value).split())
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # -- pushing --------------------------------------------------------------------------------------

@@ -1,20 +1,15 @@
-"""How a calibration holds in another process, from the step measured again in fresh ones.
+"""How a calibration holds in another process, from the step measured again in fresh ones
+(bench.second_process): a run, or the next bench, is another process than the one that measured.
 
-A calibration is used by another process than the one that measured it: the run, or the next
-bench. bench (bench.second_process) measures some of its configurations again in fresh processes;
-this module compares them with a fit:
+- `speed_ratios`: a fresh process's speed ÷ the fit's prediction, one per measurement (mean steps).
+- `time_spread`, `memory_spread`: how far those processes fell from the fit, the machine's part of a
+  plan's bound (calibration.model).
+- `median_error`: what a fit leaves in fresh processes (bench.record keeps or drops its drift
+  correction by it).
 
-- `speed_ratios`: a fresh process's speed ÷ the fit's prediction, one per measurement (mean steps,
-  as a run pays them).
-- `time_spread` and `memory_spread`: how far those processes fell from the fit, the part of a
-  plan's bound that is the machine's, not the fit's (calibration.model).
-- `median_error`: what a fit leaves in fresh processes, by which bench keeps or drops its drift
-  correction (bench.record).
-
-Their median is kept (`median_ratio`) but never moves a plan: on a 2-core VM both fresh processes
-of one bench ran 5–14% slower than its fit while four more, one configuration each, ran from 21%
-slower to 10% faster (`benchmarks/fresh_process.py`, docs/results.md). A process's speed is a
-draw, not a bias two processes estimate: the bound holds it.
+Their median (`median_ratio`) never moves a plan: on a 2-core VM two fresh processes of one bench
+ran 5–14% slower than its fit while four more ran from 21% slower to 10% faster
+(benchmarks/fresh_process.py): a process's speed is a draw, not a bias; the bound holds it.
 """
 
 from __future__ import annotations

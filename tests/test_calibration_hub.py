@@ -397,7 +397,7 @@ def test_a_comparison_row_says_whose_measurement_it_rests_on(
 
 
 def test_the_card_says_what_each_measured_and_escapes_what_it_holds() -> None:
-    from calibration.hub_card import card_text
+    from calibration.hub import card_text
 
     lora = shared(
         "cpu-lora", "2026-11-01T10:00:00+00:00", measured_by="eve | <script>", training={"method": "lora", "lora": {"rank": 16}, "quantization": "4bit"}
