@@ -36,16 +36,12 @@ ERROR_LABEL = "estimate error % (+ = took longer than estimated)"
 
 
 # -- one run command's estimate against what happened, like for like ----------------------------
-#
-# A run can end before its plan does (the deadline guard, Ctrl-C/SIGTERM, a step limit), and a
-# resumed run continues one that did. Comparing the time of the steps that ran with the estimate
-# of the whole plan makes a stopped run look wrong by the share it did not run. So the estimate
-# compared is the one for the same steps — the calibration's prediction of each step that ran,
-# recorded as it ran — plus the overheads that actually happened (model build, warm-up, the
-# compilations, checkpoints, evaluations and export that took place), over the same span: from
-# the plan to the end of the export. The report that follows is timed on its own (it is written
-# from these figures, so it cannot contain its own duration). The whole plan, projected from the
-# live speed, is shown beside it.
+# A run can end before its plan does (the deadline guard, a signal, a step limit), and a resumed run
+# continues one that did: comparing the steps that ran with the whole plan's estimate would make it
+# look wrong by the share it did not run. So the estimate compared is the calibration's prediction
+# of each step that ran (recorded as it ran) plus the overheads that happened, from the plan to the
+# end of the export (the report after it is timed on its own); the whole plan at the live speed is
+# shown beside it.
 
 STOP_REASONS = {
     COMPLETED: "completed: every planned step ran",

@@ -65,7 +65,6 @@ class DeviceSheet:
     peer_link: str | None  # "NVLink 4", "NVLink 4 bridge", "Infinity Fabric"; None: PCIe only
     peer_link_bandwidth: float | None  # bytes/s per GPU, bidirectional
     pcie_generation: int
-    pcie_bandwidth: float  # bytes/s, x16, bidirectional
     multiprocessors: int | None  # the whole GPU's SMs (a MIG slice has a share); None: no MIG
     words: tuple[str, ...]
     sources: tuple[str, ...]
@@ -93,8 +92,7 @@ def _sheet(
     """A row from (key, name, device name, peak entry), (bf16 FLOP/s, memory, its kind, bandwidth), (peer link, its bandwidth, PCIe generation)."""
     flops, memory, kind, bandwidth = figures
     link, link_bandwidth, pcie = links
-    pcie_bandwidth = {4: 64 * GB, 5: 128 * GB}[pcie]
-    return DeviceSheet(*identity, vendor, flops, int(memory), kind, bandwidth, link, link_bandwidth, pcie, pcie_bandwidth, multiprocessors, words, sources)
+    return DeviceSheet(*identity, vendor, flops, int(memory), kind, bandwidth, link, link_bandwidth, pcie, multiprocessors, words, sources)
 
 
 L40S_SOURCE = "NVIDIA L40S product page, https://www.nvidia.com/en-us/data-center/l40s/"
@@ -158,11 +156,6 @@ SHEETS_BY_KEY = {sheet.key: sheet for sheet in SHEETS}
 ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-40gb", "rtx-4090": "4090", "rtx4090": "4090"}
 
 
-def words_of(text: str) -> set[str]:
-    """The whole words of a device name or key, lower case: "NVIDIA A100-SXM4-40GB" → {nvidia, a100, sxm4, 40gb}."""
-    return set(re.split(r"[^a-z0-9]+", text.lower())) - {""}
-
-
 def sheet_for(text: str) -> DeviceSheet | None:
     """The datasheet row of a CLI key (`h100`, `h100-pcie`, `a100-40gb`, `4090`) or a device name
     as torch reports it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a device the
@@ -171,7 +164,7 @@ def sheet_for(text: str) -> DeviceSheet | None:
     key = ALIASES.get(key, key)
     if key in SHEETS_BY_KEY:
         return SHEETS_BY_KEY[key]
-    words = words_of(text)
+    words = set(re.split(r"[^a-z0-9]+", text.lower())) - {""}  # "NVIDIA A100-SXM4-40GB" → {nvidia, a100, sxm4, 40gb}
     return next((sheet for sheet in SHEETS if all(word in words for word in sheet.words)), None)
 
 
@@ -257,18 +250,15 @@ class GenerationShift:
     reaches a smaller share of its peak with the same software), and where it comes from."""
 
     attained_share: float
-    median_speedup: float
-    pairs: int
     source: str
 
 
 def generation_shift(slower: str, faster: str) -> GenerationShift | None:
     """The published shift from generation `slower` to `faster` (ARCHITECTURE's words); None where
     no published comparison holds that pair of generations (the datasheet ratios then stand)."""
-
     for comparison in PUBLISHED_COMPARISONS:
         if (ARCHITECTURE[comparison.slower], ARCHITECTURE[comparison.faster]) == (slower, faster):
             speedup = statistics.median(pair.speedup for pair in comparison.pairs)
             flops = SHEETS_BY_KEY[comparison.faster].bf16_dense_flops / SHEETS_BY_KEY[comparison.slower].bf16_dense_flops
-            return GenerationShift(speedup / flops, speedup, len(comparison.pairs), comparison.source)
+            return GenerationShift(speedup / flops, comparison.source)
     return None

@@ -80,9 +80,7 @@ class Calibration:
         self.memory: MemoryModel | None = memory_model_from_json(fit["memory"]) if fit.get("memory") else None
 
     # -- identity -------------------------------------------------------------------------
-    # The sections below are JSON read from the file: calibration/schema.py's validate() checked
-    # their shapes on load (id a string, hardware and model objects, measurements a list of
-    # objects, overheads numbers, history a list), so each is cast to that shape, not converted.
+    # The sections below are JSON that calibration.schema.validate checked on load: cast, not converted.
     @property
     def id(self) -> str:
         return cast(str, self.data["id"])
@@ -180,11 +178,9 @@ class Calibration:
 
     @property
     def bound_parts(self) -> BoundParts:
-        """The fit's part of the bound (its held-out 90th-percentile error, at least
-        MIN_RELATIVE_BOUND) and the machine's: how far processes other than the bench's ran from
-        the fit, the fresh processes bench measured (calibration.process_check) or the runs that
-        used this calibration around their correction, the larger (a machine whose speed drifts
-        cannot be predicted better than it repeats itself)."""
+        """The fit's part of the bound (its held-out 90th-percentile error, at least MIN_RELATIVE_BOUND)
+        and the machine's: the larger of how far fresh processes (calibration.process_check) and past
+        runs ran from the fit (a machine whose speed drifts cannot be predicted better than it repeats)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         fresh = float(self.process_check.get("time_spread") or 0.0)
         runs = self.run_to_run_spread
@@ -203,9 +199,8 @@ class Calibration:
         return record if isinstance(record, dict) and not record.get("identity") else None
 
     def bounds_for(self, config: StepConfig, measured: float | None = None) -> BoundWidths:
-        """(lower, upper) widths around the central step time at `config` (it may take central /
-        (1 + lower) to central × (1 + upper)): the measured bound (default measured_bound_for), out to
-        a translation's bracket ends (calibration.translate.widened_bounds)."""
+        """(lower, upper) widths around the central step time at `config`: the measured bound (default
+        measured_bound_for), out to a translation's bracket ends (calibration.translate.widened_bounds)."""
         measured = self.measured_bound_for(config) if measured is None else measured
         return widened_bounds(measured, self.translation, self.fit["parameters"], config)
 
@@ -215,13 +210,10 @@ class Calibration:
 
     def measured_bound_for(self, config: StepConfig) -> float:
         """The bound for one configuration: the relative bound inside the measured range; beyond it,
-        that plus, for each dimension the configuration extrapolates along, what holding out that
-        dimension's largest probes was measured to miss (calibration.extrapolation: per doubling for
-        sizes, once for accumulation, UNTESTED_EXTRAPOLATION per doubling where nothing measured it).
-
-        A fit stored without that record (the bundled H100 one; `bench refit` adds it) keeps the
-        blanket rule: the larger of the relative bound and the held-out error of the probes that were
-        themselves extrapolations, × (1 + log2 of the largest ratio past the range)."""
+        that plus what holding out each dimension it extrapolates along was measured to miss
+        (calibration.extrapolation). A fit without that record (the bundled H100 one; `bench refit`
+        adds it): the larger of the relative bound and the held-out error of the extrapolated probes,
+        × (1 + log2 of the largest ratio past the range)."""
         bound = self.relative_bound
         stretch = self.extrapolation_ratio(config)
         if stretch <= 1.0:

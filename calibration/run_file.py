@@ -1,13 +1,10 @@
 """run.json, read and written here only: `RunFile` is the document (its keys exactly as people's
 scripts, reports/ and the model card read them), `ResumedRun` what a resume reads of it, typed.
 
-The step configuration is written once, as the plan's `configuration` (a measurement row:
-StepConfig.to_row, every dimension of calibration.dimensions), with `world_size` beside it; a
-run.json written before that held it also as flat keys in the plan and in `chosen` (its length as
-`max_length`), which reading still accepts. The estimate error (`estimate_check.error_pct` and
-`estimate_error_pct`) is written from the check. Reading
-validates what the code reads; a file that fails is one line naming the file and the key
-(common.errors.RunFileError), as calibration.schema does for calibrations.
+The step configuration is written once, as the plan's `configuration` (StepConfig.to_row), with
+`world_size` beside it; an older run.json held it also as flat keys in the plan and in `chosen`
+(its length as `max_length`), which reading still accepts. Reading validates what the code reads:
+a file that fails is one line naming the file and the key (common.errors.RunFileError).
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ JsonObject: TypeAlias = dict[str, JsonValue]
 JsonIn: TypeAlias = "bool | int | float | str | Sequence[JsonIn] | Mapping[str, JsonIn] | None"
 
 RUN_SCHEMA_VERSION = 1
+
 
 def step_columns(config: StepConfig, world_size: int) -> JsonObject:
     """The step configuration as a plan's candidate is written, flat (a dry run's JSON, run.json's

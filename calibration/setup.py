@@ -85,15 +85,14 @@ def variant_of(data: JsonDict) -> Variant:
 
 def variant_name(quantize: str, optimizer: str) -> str:
     """ "a 4-bit base", "an unquantized base with adamw-8bit": one of a calibration's variants."""
-    bits = quantization_name(quantize) or ""
-    base = "an unquantized base" if quantize == "none" else f"{'an' if bits.startswith('8') else 'a'} {bits} base"
+    base = _base_phrase(quantization_name(quantize))
     return base if optimizer == "adamw" else f"{base} with {optimizer}"
 
 
 def describe_setup(data: JsonDict) -> str:
     """One phrase: "LoRA r16 on a 4-bit base, checkpointing off+on, 2 processes (ddp)"."""
     setup = measured_setup(data)
-    parts = [_training_phrase(setup)]
+    parts = [_method_phrase(setup) + (f" on {_base_phrase(setup.quantization)}" if setup.quantization else "")]
     if data.get("variants"):
         measured = [data, *data["variants"]]
         parts.append("measured " + " and ".join(variant_name(*variant_of(entry)) for entry in measured))
@@ -116,7 +115,7 @@ def setup_difference(chosen: JsonDict, passed_over: JsonDict, run: Setup) -> str
     if not _same_method(newer, run) and not _same_method(newer, mine):
         reasons.append(f"{_method_phrase(newer)} (this run: {_method_phrase(run)})")
     if newer.quantization != run.quantization and newer.quantization != mine.quantization:
-        reasons.append(f"{_base_phrase(newer)} (this run: {_base_phrase(run)})")
+        reasons.append(f"{_base_phrase(newer.quantization)} (this run: {_base_phrase(run.quantization)})")
     if (newer.world_size, newer.sharding) != (run.world_size, run.sharding) and (newer.world_size, newer.sharding) != (mine.world_size, mine.sharding):
         reasons.append(f"{_processes_phrase(newer)} (this run: {_processes_phrase(run)})")
     name = passed_over.get("id", "calibration")
@@ -138,15 +137,11 @@ def _method_phrase(setup: Setup) -> str:
     return f"{name} r{setup.lora_rank}" if setup.lora_rank is not None else name
 
 
-def _training_phrase(setup: Setup) -> str:
-    return _method_phrase(setup) + (f" on {_base_phrase(setup)}" if setup.quantization else "")
-
-
-def _base_phrase(setup: Setup) -> str:
-    if not setup.quantization:
+def _base_phrase(quantization: str | None) -> str:
+    if not quantization:
         return "an unquantized base"
-    article = "an" if setup.quantization.startswith(("8", "11", "18")) else "a"  # "an 8-bit base"
-    return f"{article} {setup.quantization} base"
+    article = "an" if quantization.startswith(("8", "11", "18")) else "a"  # "an 8-bit base"
+    return f"{article} {quantization} base"
 
 
 def _processes_phrase(setup: Setup) -> str:

@@ -18,8 +18,6 @@ The extrapolation's own error is measured as bench's fits measure theirs, held o
 depths or more, each configuration's deepest measured probe is predicted from the shallower ones.
 A plan's bounds widen by that error (`slice_widening`), stretched for every doubling from the
 deepest held-out depth to the full depth, as calibration.model widens a fit beyond its sizes.
-
-Plain data and math: numpy only, as the rest of calibration/.
 """
 
 from __future__ import annotations
@@ -79,15 +77,12 @@ class SliceFit:
     held_out_memory: ErrorSummary
 
 
-def ok_by_config(rows: Sequence[JsonDict]) -> dict[StepConfig, JsonDict]:
-    return {StepConfig.from_row(row): row for row in rows if row.get("status") == "ok" and row.get("step_seconds")}
-
-
 def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
     """From each depth's measurement rows: the rows of the whole model (`full_layers` deep) for every
     configuration measured ok at two depths or more. `static_bytes[K]`: what a K-layer model keeps
     before activations (exact, from the `meta` device), for every slice depth and `full_layers`."""
-    measured = {depth: ok_by_config(rows) for depth, rows in by_depth.items()}
+    ok = {depth: [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")] for depth, rows in by_depth.items()}
+    measured = {depth: {StepConfig.from_row(row): row for row in rows} for depth, rows in ok.items()}
     configs = sorted({config for rows in measured.values() for config in rows})
     derived, per_config = [], []
     time_pairs: list[tuple[float, float]] = []
@@ -133,9 +128,8 @@ def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: i
 
 
 def summary(pairs: list[tuple[float, float]]) -> ErrorSummary:
-    predicted = np.array([pair[0] for pair in pairs], dtype=float)
-    actual = np.array([pair[1] for pair in pairs], dtype=float)
-    return ErrorSummary.from_pairs(predicted, actual)
+    array = np.array(pairs, dtype=float).reshape(-1, 2)  # (predicted, actual) rows
+    return ErrorSummary.from_pairs(array[:, 0], array[:, 1])
 
 
 def activation_values(found: dict[int, JsonDict], field: str, static_bytes: dict[int, float]) -> list[float] | None:

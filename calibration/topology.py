@@ -1,5 +1,4 @@
-"""How the processes of a job are linked, and what their collectives cost from the links' figures
-(no torch here: plain data and arithmetic).
+"""How the processes of a job are linked, and what their collectives cost from the links' figures.
 
 An interconnect is written as one word, as `bench run --interconnect` and a comparison take it:
 
@@ -22,11 +21,8 @@ plus NCCL's base latency once per collective. Across nodes (m nodes of g GPUs) h
 reduce-scatter inside each node, all-reduce between nodes of the 1/g of the bytes each GPU holds
 (each GPU over its own network port, as rail-optimised HGX nodes are cabled), all-gather inside
 each node. Every collective stays a line in the message size, so it is a calibration.comm.CommModel
-like a measured one, and train.planning.comm.price_traffic prices it unchanged.
-
-Exposed time: DDP's all-reduce (per optimizer step) and FSDP's gathers and reduce-scatters (per
-micro-step) run while backward computes. `overlap_bracket` brackets what the step pays between
-full overlap and none.
+like a measured one, and train.planning.comm.price_traffic prices it unchanged. The collectives
+run while backward computes: `overlap_bracket` brackets what the step pays between full overlap and none.
 """
 
 from __future__ import annotations

@@ -61,12 +61,10 @@ def source_sheet(data: JsonDict) -> DeviceSheet:
 
 
 def translate(data: JsonDict, target: DeviceSheet, world_size: int = 1) -> JsonDict:
-    """A new calibration data dict for `target` (see the module's docstring): hardware replaced by
-    the target's (`translated: True`), id `<id>~<target key>`, the fit and the measurements at the
-    central estimate, and a `translation` record. The same device: the data unchanged but for an
-    identity record (factor 1, bracket [1, 1]). `world_size` processes of the target: its count in
-    the hardware record; with one, a model whose fixed memory exceeds the target is refused here
-    (with several, sharding may fit it: the planner's memory check decides)."""
+    """The calibration as measured on `target`: hardware the target's (`translated: True`), id
+    `<id>~<target key>`, the fit and the measurements at the central estimate, and a `translation`
+    record (the same device: an identity record, the data unchanged). With one process of the target
+    a model whose fixed memory exceeds it is refused here (with several, sharding may fit it)."""
     if world_size < 1:
         raise BenchtrainError(f"a translation needs at least one process, got {world_size}")
     source = source_sheet(data)
@@ -179,10 +177,9 @@ def device_time_factors(record: JsonDict) -> tuple[float, ...]:
 
 
 def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[float, str | None]:
-    """The FLOP/s ratio (target ÷ source) the central estimate scales compute-bound time by: the
-    datasheets', times the share published runs between the two generations attained of it
-    (calibration.datasheets.generation_shift: Ampere to Hopper, 0.68: a median speed-up of 2.16,
-    not 3.17), and that comparison's source; the datasheets' alone, and None, where none was published."""
+    """The FLOP/s ratio (target ÷ source) the central estimate scales compute-bound time by, and its
+    source: the datasheets', times the share published runs between the two generations attained of
+    it (calibration.datasheets.generation_shift); the datasheets' alone, and None, where none was published."""
     datasheet = target.bf16_dense_flops / source.bf16_dense_flops
     generations = ARCHITECTURE[source.key], ARCHITECTURE[target.key]
     forward, backward = generation_shift(*generations), generation_shift(*reversed(generations))
@@ -217,8 +214,7 @@ def widened_bounds(measured: float, record: JsonDict | None, parameters: JsonDic
 
 def check_fixed_memory(data: JsonDict, target: DeviceSheet) -> None:
     """Refuse a target that cannot hold what the probes held before any activation: the memory
-    fit's static part (weights, gradients, optimizer state, the allocator's and the CUDA
-    context's measured bytes)."""
+    fit's static part and the bytes outside the allocator."""
     statics = []
     for entry in (data, *(data.get("variants") or [])):  # each setup measured (a 4-bit base holds less)
         memory = (entry.get("fit") or {}).get("memory") or {}
