@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.fit_tools import ErrorSummary
+from calibration.fit_tools import ErrorSummary, is_number
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -131,6 +131,6 @@ def check_record(record: Any, where: str) -> str | None:
             return f"{where}.{name} should be an object or null"
         for field in ("p90_abs_pct", "stretch"):
             value = entry.get(field)
-            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+            if value is not None and not (is_number(value) and value >= 0):
                 return f"{where}.{name}.{field} should be a non-negative number"
     return None

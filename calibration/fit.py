@@ -99,6 +99,16 @@ class ResidualSmoother:
         weights = np.exp(-0.5 * distance2 / self.bandwidth**2)
         return float((weights * self.log_residuals).sum() / (weights.sum() + self.prior_weight))
 
+    def to_json(self) -> JsonDict:
+        return {"points": self.points.tolist(), "log_residuals": self.log_residuals.tolist(), "bandwidth": self.bandwidth, "prior_weight": self.prior_weight}
+
+    @classmethod
+    def from_json(cls, data: JsonDict) -> ResidualSmoother:
+        """Stored points each padded with 0 (off) for a switch coordinate the file predates."""
+        points = np.array(data["points"], dtype=float).reshape(len(data["points"]), -1)
+        padded = np.pad(points, ((0, 0), (0, max(0, 4 + len(smoother_switches()) - points.shape[1]))))
+        return cls(padded, np.array(data["log_residuals"], dtype=float), float(data["bandwidth"]), float(data.get("prior_weight", 0.5)))
+
 
 def smoother_switches() -> list[Dimension]:
     """The switches the residual smoother names as coordinates, after the four sizes'."""
@@ -330,7 +340,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         "reason": reason,
         "terms": list(throughput_terms()),
         "parameters": {**model.coefficients, "overlap_power": model.overlap_power},
-        "smoother": _smoother_json(model.smoother),
+        "smoother": model.smoother.to_json() if model.smoother else None,
         "held_out_error": error.to_json(),
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
@@ -378,34 +388,9 @@ def step_tail_factor(rows: Sequence[JsonDict]) -> float:
     return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
 
-def _smoother_json(smoother: ResidualSmoother | None) -> JsonDict | None:
-    if smoother is None:
-        return None
-    return {
-        "points": smoother.points.tolist(),
-        "log_residuals": smoother.log_residuals.tolist(),
-        "bandwidth": smoother.bandwidth,
-        "prior_weight": smoother.prior_weight,
-    }
-
-
 def throughput_model_from_json(fit: JsonDict) -> ThroughputModel:
-    smoother = None
-    if fit.get("smoother"):
-        data = fit["smoother"]
-        smoother = ResidualSmoother(
-            smoother_points(data["points"]),
-            np.array(data["log_residuals"], dtype=float),
-            float(data["bandwidth"]),
-            float(data.get("prior_weight", 0.5)),
-        )
+    smoother = ResidualSmoother.from_json(fit["smoother"]) if fit.get("smoother") else None
     power = float(fit["parameters"].get("overlap_power", 1.0))
     # A term of a switch the file predates is zero: the step it measured had the switch off.
     return ThroughputModel({term: float(fit["parameters"].get(term, 0.0)) for term in throughput_terms()}, smoother, power)
 
-
-def smoother_points(points: list[list[float]]) -> np.ndarray:
-    """Stored smoother points, each padded with 0 (off) for a switch coordinate the file predates."""
-    width = 4 + len(smoother_switches())
-    array = np.array(points, dtype=float).reshape(len(points), -1)
-    return np.pad(array, ((0, 0), (0, max(0, width - array.shape[1]))))

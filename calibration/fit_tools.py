@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from scipy.optimize import nnls
@@ -26,6 +26,11 @@ MIN_RESIDUAL_SCALE = 0.01
 # How well we can know a probe's median step: its spread over the steps it timed, plus a floor
 # for what the model cannot express. Rows are weighted by 1 / that uncertainty.
 UNCERTAINTY_FLOOR = 0.02
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """A JSON number: not a bool, not NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def fit_nonnegative(

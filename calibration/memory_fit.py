@@ -32,14 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.comm import gradient_bytes
 from calibration.dimensions import scaled, switches
-from calibration.fit_tools import ErrorSummary, fit_nonnegative, held_out_predictions
+from calibration.fit_tools import ErrorSummary, fit_nonnegative, held_out_predictions, is_number
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -172,10 +171,10 @@ def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> di
     row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
     outside the allocator (the most any row saw) and the basis recorded beside the fit."""
     configs = [StepConfig.from_row(row) for row in rows]
-    reserved = all(_number(row.get("peak_reserved_bytes")) for row in rows)
+    reserved = all(is_number(row.get("peak_reserved_bytes")) for row in rows)
     field = "peak_reserved_bytes" if reserved else "peak_memory_bytes"
     section = fit_memory_section(configs, np.array([float(row[field]) for row in rows]), gradient_bytes)
-    outside = [float(row["non_torch_bytes"]) for row in rows if _number(row.get("non_torch_bytes"))] if reserved else []
+    outside = [float(row["non_torch_bytes"]) for row in rows if is_number(row.get("non_torch_bytes"))] if reserved else []
     return {**section, "basis": "reserved" if reserved else "allocated", "non_torch_bytes": max(outside, default=0.0)}
 
 
@@ -184,14 +183,10 @@ def device_peak_bytes(figures: JsonDict) -> float | None:
     outside the allocator where they were recorded (CUDA), else the peak as recorded (the allocated
     peak of an older GPU record, the peak RSS on CPU). Compare with a plan's predicted peak."""
     reserved, outside = figures.get("peak_reserved_bytes"), figures.get("non_torch_bytes")
-    if _number(reserved) and _number(outside):
+    if is_number(reserved) and is_number(outside):
         return float(reserved) + float(outside)
     peak = figures.get("peak_memory_bytes")
-    return float(peak) if _number(peak) else None
-
-
-def _number(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    return float(peak) if is_number(peak) else None
 
 
 def memory_model_from_json(memory: dict[str, object]) -> MemoryModel:
@@ -199,4 +194,4 @@ def memory_model_from_json(memory: dict[str, object]) -> MemoryModel:
     assert isinstance(parameters, dict)
     coefficients = {term: float(parameters.get(term, 0.0)) for term in memory_terms()}
     outside = memory.get("non_torch_bytes")
-    return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if _number(outside) else 0.0)
+    return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if is_number(outside) else 0.0)

@@ -215,12 +215,12 @@ class Calibration:
         adds it): the larger of the relative bound and the held-out error of the extrapolated probes,
         × (1 + log2 of the largest ratio past the range)."""
         bound = self.relative_bound
-        stretch = self.extrapolation_ratio(config)
+        stretches = stretch_by_dimension(config, self.ok_rows())
+        stretch = max(stretches.values())
         if stretch <= 1.0:
             return bound
         by_dimension = self.fit.get("extrapolation_by_dimension")
         if by_dimension is not None:
-            stretches = stretch_by_dimension(config, self.ok_rows())
             return bound + extrapolation_widening(by_dimension, stretches, UNTESTED_EXTRAPOLATION, bound)
         record = self.fit.get("extrapolated_error")
         if record is not None and not record.get("count"):
@@ -239,19 +239,7 @@ class Calibration:
     def extrapolation_ratio(self, config: StepConfig) -> float:
         """How far `config` lies beyond the measured micro-batches, lengths, accumulations and tokens
         per micro-step: the largest ratio past the range (1 inside it)."""
-        ratio = 1.0
-        for name in ("micro_batch_size", "seq_len", "grad_accum"):
-            values = self.measured_values(name)
-            value = getattr(config, name)
-            if values and value > values[-1]:
-                ratio = max(ratio, value / values[-1])
-            elif values and 0 < value < values[0]:
-                ratio = max(ratio, values[0] / value)
-        # Tokens per micro-step past the most any probe ran (8 × 256 when 8 × 64 and 4 × 256 were measured).
-        measured_tokens = max((row["micro_batch_size"] * row["seq_len"] for row in self.ok_rows()), default=0)
-        if measured_tokens:
-            ratio = max(ratio, config.micro_batch_size * config.seq_len / measured_tokens)
-        return ratio
+        return max(stretch_by_dimension(config, self.ok_rows()).values())
 
     @property
     def too_noisy_to_bound(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, cast
 from calibration.dimensions import switches
 from calibration.extrapolation import check_record
 from calibration.fit import EVAL_TERMS, smoother_switches, throughput_terms
+from calibration.fit_tools import is_number
 from calibration.memory_fit import BASES, memory_terms
 from calibration.setup import variant_of
 from calibration.slices import check_slices
@@ -97,9 +98,9 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
             raise CalibrationFileError(f"{where}.status is {row['status']!r}, expected one of {sorted(STATUSES)}")
         for name in MEASUREMENT_NUMBERS:
             value = row.get(name)
-            if value is not None and not _is_number(value):
+            if value is not None and not is_number(value):
                 raise CalibrationFileError(f"{where}.{name} should be a number, got {type(value).__name__}")
-        if row["status"] == "ok" and not (_is_number(row.get("step_seconds")) and row["step_seconds"] > 0):
+        if row["status"] == "ok" and not (is_number(row.get("step_seconds")) and row["step_seconds"] > 0):
             raise CalibrationFileError(f"{where}: an ok row needs a positive step_seconds")
         for name in REQUIRED_MEASUREMENT:
             if name != "status" and row[name] < (0 if name == "num_workers" else 1):
@@ -114,23 +115,23 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
         if not isinstance(entry, dict):
             raise CalibrationFileError(f"calibration {path}: history[{index}] is not an object")
         for name in ("predicted_tokens_per_second", "actual_tokens_per_second"):
-            if entry.get(name) is not None and not _is_number(entry[name]):
+            if entry.get(name) is not None and not is_number(entry[name]):
                 raise CalibrationFileError(f"calibration {path}: history[{index}].{name} should be a number")
     evaluation = data.get("eval")
     if evaluation is not None:
         fit = evaluation.get("fit") if isinstance(evaluation, dict) else None
         if not isinstance(evaluation, dict) or (fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))):
             raise CalibrationFileError(f"calibration {path}: eval should be an object with measurements and a fit")
-        if fit is not None and not all(_is_number(fit["parameters"].get(term)) for term in EVAL_TERMS):
+        if fit is not None and not all(is_number(fit["parameters"].get(term)) for term in EVAL_TERMS):
             raise CalibrationFileError(f"calibration {path}: eval.fit.parameters should hold numbers for {', '.join(EVAL_TERMS)}")
     training = data.get("training")
     if training is not None and (not isinstance(training, dict) or not isinstance(training.get("method"), str)):
         raise CalibrationFileError(f"calibration {path}: training.method should be a method's name, e.g. 'full' or 'lora'")
     flops_terms = (training or {}).get("flops_terms")
-    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(_is_number(value) and value >= 0 for value in flops_terms.values())):
+    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(is_number(value) and value >= 0 for value in flops_terms.values())):
         raise CalibrationFileError(f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token")
     overheads = data.get("overheads", {})
-    if not isinstance(overheads, dict) or not all(_is_number(v) for v in overheads.values()):
+    if not isinstance(overheads, dict) or not all(is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
     slices = data.get("slices")
     if slices is not None:
@@ -186,7 +187,7 @@ def _check_fit(fit: Any, where: str) -> None:
         raise CalibrationFileError(f"{where} should be an object")
     _check_fields(fit, {"kind": str, "parameters": dict, "held_out_error": dict}, where)
     for term in throughput_terms():  # a switch's term a file predates is absent (zero)
-        if not _is_number(fit["parameters"].get(term)) and (term in fit["parameters"] or not _switch_own(term)):
+        if not is_number(fit["parameters"].get(term)) and (term in fit["parameters"] or not _switch_own(term)):
             raise CalibrationFileError(f"{where}.parameters.{term} is missing or not a number")
     smoother = fit.get("smoother")
     if smoother is not None:
@@ -196,9 +197,9 @@ def _check_fit(fit: Any, where: str) -> None:
         if not (isinstance(points, list) and isinstance(residuals, list) and len(points) == len(residuals)):
             raise CalibrationFileError(f"{where}.smoother needs points and log_residuals of equal length")
         widest = 4 + len(smoother_switches())  # the sizes' coordinates, then the switches' (a file may predate some)
-        if not all(isinstance(p, list) and 4 <= len(p) <= widest and all(_is_number(v) for v in p) for p in points):
+        if not all(isinstance(p, list) and 4 <= len(p) <= widest and all(is_number(v) for v in p) for p in points):
             raise CalibrationFileError(f"{where}.smoother.points should be lists of 4 to {widest} numbers")
-        if not all(_is_number(v) for v in residuals) or not _is_number(smoother.get("bandwidth")):
+        if not all(is_number(v) for v in residuals) or not is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
 
@@ -210,17 +211,13 @@ def _check_fit(fit: Any, where: str) -> None:
         if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):
             raise CalibrationFileError(f"{where}.memory should be an object with parameters")
         for term in memory_terms():  # a switch's own term a file predates is absent (zero)
-            if not _is_number(memory["parameters"].get(term)) and (term in memory["parameters"] or not _switch_own(term)):
+            if not is_number(memory["parameters"].get(term)) and (term in memory["parameters"] or not _switch_own(term)):
                 raise CalibrationFileError(f"{where}.memory.parameters.{term} is missing or not a number")
         if memory.get("basis", "allocated") not in BASES:
             raise CalibrationFileError(f"{where}.memory.basis is {memory['basis']!r}, expected one of {list(BASES)}")
         outside = memory.get("non_torch_bytes", 0.0)
-        if not (_is_number(outside) and outside >= 0):
+        if not (is_number(outside) and outside >= 0):
             raise CalibrationFileError(f"{where}.memory.non_torch_bytes should be a non-negative number")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, _NUMBER) and not isinstance(value, bool) and value == value
 
 
 def _check_fields(obj: Any, required: JsonDict, where: str) -> None:
@@ -230,7 +227,7 @@ def _check_fields(obj: Any, required: JsonDict, where: str) -> None:
         if name not in obj:
             raise CalibrationFileError(f"{where}: missing field {name!r}")
         value = obj[name]
-        ok = _is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        ok = is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if not ok:
             expected = "number" if kind is _NUMBER else kind.__name__
             raise CalibrationFileError(f"{where}: field {name!r} should be {expected}, got {type(value).__name__}")

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.fit_tools import ErrorSummary
+from calibration.fit_tools import ErrorSummary, is_number
 from calibration.split import SPLIT_FIELDS, config_fields, usable_record
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -279,6 +279,6 @@ def check_slices(slices: Any, where: str) -> str | None:
         return f"{where}.held_out should hold time and memory error summaries"
     for kind in ("time", "memory"):
         p90 = (held.get(kind) or {}).get("p90_abs_pct")
-        if p90 is not None and not (isinstance(p90, (int, float)) and not isinstance(p90, bool) and p90 >= 0):
+        if p90 is not None and not (is_number(p90) and p90 >= 0):
             return f"{where}.held_out.{kind}.p90_abs_pct should be a non-negative number"
     return None

@@ -20,6 +20,7 @@ from typing import Any
 
 from calibration.dimensions import DIMENSIONS, switches
 from calibration.fit import DATA_TERMS, HOST_TERM, device_terms, overlapped, throughput_features, throughput_terms
+from calibration.fit_tools import is_number
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -82,7 +83,7 @@ def flops_split(fit: JsonDict, row: JsonDict) -> JsonDict:
     compute = device * config.grad_accum * scale if modelled > 0 else step
     memory = optimizer * config.grad_accum * scale
     mfu = row.get("mfu")
-    if isinstance(mfu, (int, float)) and not isinstance(mfu, bool) and mfu > 0:
+    if is_number(mfu) and mfu > 0:
         matmul = min(compute, mfu * step / MATMUL_EFFICIENCY)
         compute, memory = matmul, memory + compute - matmul
     return {
@@ -99,7 +100,7 @@ def usable_record(entry: Any) -> bool:
     if not isinstance(entry, dict) or entry.get("method") not in METHODS:
         return False
     values = [entry.get(name) for name in SPLIT_FIELDS]
-    numbers = [float(value) for value in values if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0]
+    numbers = [float(value) for value in values if is_number(value) and value >= 0]
     return len(numbers) == len(SPLIT_FIELDS) and sum(numbers) > 0
 
 
