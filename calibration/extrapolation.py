@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
-from calibration.fit_tools import ErrorSummary, is_number
+from calibration.fit_tools import ErrorSummary
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -116,21 +115,3 @@ def extrapolation_widening(record: JsonDict, stretches: dict[str, float], untest
     else:
         accumulation = widening("grad_accum", per_doubling=False)
     return sizes + accumulation
-
-
-def check_record(record: Any, where: str) -> str | None:
-    """A problem with a stored `extrapolation_by_dimension` record, in one line, or None."""
-    if not isinstance(record, dict):
-        return f"{where} should be an object"
-    for name, entry in record.items():
-        if name not in DIMENSIONS:
-            return f"{where}: unknown dimension {name!r} (known: {', '.join(DIMENSIONS)})"
-        if entry is None:
-            continue
-        if not isinstance(entry, dict):
-            return f"{where}.{name} should be an object or null"
-        for field in ("p90_abs_pct", "stretch"):
-            value = entry.get(field)
-            if value is not None and not (is_number(value) and value >= 0):
-                return f"{where}.{name}.{field} should be a non-negative number"
-    return None

@@ -92,16 +92,8 @@ class ErrorSummary:
         )
 
     def to_json(self) -> JsonDict:
-        return {
-            "median_abs_pct": _finite_or_none(self.median_abs_pct),
-            "p90_abs_pct": _finite_or_none(self.p90_abs_pct),
-            "max_abs_pct": _finite_or_none(self.max_abs_pct),
-            "count": self.count,
-        }
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+        errors = {"median_abs_pct": self.median_abs_pct, "p90_abs_pct": self.p90_abs_pct, "max_abs_pct": self.max_abs_pct}
+        return {**{name: value if math.isfinite(value) else None for name, value in errors.items()}, "count": self.count}
 
 
 def held_out_predictions(configs: Sequence[Any], fit_on: Callable[[np.ndarray], Callable[[Any], float]]) -> np.ndarray:

@@ -306,25 +306,31 @@ def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> 
     calibrations/<id>.json and README.md listing them with those already there. Any failure is one
     line; the commit is all or nothing."""
     from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import errors as hub_errors
 
     unnamed = [str(data.get("id")) for data in calibrations if not CALIBRATION_ID.fullmatch(str(data.get("id")))]
     if unnamed:
         raise BenchtrainError(f"bench push: {unnamed[0]!r} cannot name a file on the hub (letters, digits, '.', '_', '-'): push calibrations `bench run` wrote")
     api = HfApi()
     sending = {f"{FOLDER}/{data['id']}.json": shareable(data, user) for data in calibrations}
-
-    def push() -> tuple[Any, int]:
+    try:
         api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
         present = [name for name in api.list_repo_files(repo_id, repo_type="dataset") if is_calibration_file(name)]
         # Those already there stay, and the card lists them too (an id sent again replaces its file).
         listed = {**{name: fetch_earlier(api, repo_id, name) for name in present if name not in sending}, **sending}
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=json_bytes(data)) for name, data in sending.items()]
+        files = {name: (json.dumps(data, indent=2) + "\n").encode("utf-8") for name, data in sending.items()}
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in files.items()]
         operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_text(repo_id, listed).encode("utf-8")))
         message = f"benchtrain: {len(sending)} calibration(s) measured by {user or 'unknown'}"
-        return api.create_commit(repo_id, operations, commit_message=message, repo_type="dataset"), len(listed)
-
-    commit, listed = pushing(repo_id, push)
-    return Pushed(repo_id, list(sending), listed, str(getattr(commit, "commit_url", "") or ""))
+        commit = api.create_commit(repo_id, operations, commit_message=message, repo_type="dataset")
+        return Pushed(repo_id, list(sending), len(listed), str(getattr(commit, "commit_url", "") or ""))
+    except hub_errors.HfHubHTTPError as error:  # the hub answered: not found, forbidden, …
+        reason = refusal(error, repo_id, None, "dataset") or first_line(error)
+    except hub_errors.HTTPError as error:  # no answer: no connection, a timeout
+        reason = f"cannot reach the hub ({type(error).__name__}: {first_line(error)}): check the network and push again"
+    except (OSError, ValueError) as error:  # a file of the push that cannot be read, an argument the hub's client refuses
+        reason = f"{type(error).__name__}: {first_line(error)}"
+    raise BenchtrainError(f"bench push {repo_id}: {reason}; nothing was committed")
 
 
 def is_calibration_file(name: str) -> bool:
@@ -341,21 +347,3 @@ def fetch_earlier(api: Any, repo_id: str, name: str) -> JsonDict | None:
     except CalibrationFileError:
         return None
 
-
-def json_bytes(data: JsonDict) -> bytes:
-    return (json.dumps(data, indent=2) + "\n").encode("utf-8")
-
-
-def pushing(repo_id: str, call: Callable[[], Any]) -> Any:
-    """`call()`, any failure (the hub's answer, the network) in one line."""
-    from huggingface_hub import errors as hub_errors
-
-    try:
-        return call()
-    except hub_errors.HfHubHTTPError as error:  # the hub answered: not found, forbidden, …
-        reason = refusal(error, repo_id, None, "dataset") or first_line(error)
-    except hub_errors.HTTPError as error:  # no answer: no connection, a timeout
-        reason = f"cannot reach the hub ({type(error).__name__}: {first_line(error)}): check the network and push again"
-    except (OSError, ValueError) as error:  # a file of the push that cannot be read, an argument the hub's client refuses
-        reason = f"{type(error).__name__}: {first_line(error)}"
-    raise BenchtrainError(f"bench push {repo_id}: {reason}; nothing was committed")

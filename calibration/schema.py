@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
+from calibration import extrapolation
 from calibration.dimensions import switches
-from calibration.extrapolation import check_record
 from calibration.fit import EVAL_TERMS, smoother_switches, throughput_terms
 from calibration.fit_tools import is_number
 from calibration.memory_fit import BASES, memory_terms
 from calibration.setup import variant_of
-from calibration.slices import check_slices
 from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
 
@@ -128,16 +127,13 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
     if training is not None and (not isinstance(training, dict) or not isinstance(training.get("method"), str)):
         raise CalibrationFileError(f"calibration {path}: training.method should be a method's name, e.g. 'full' or 'lora'")
     flops_terms = (training or {}).get("flops_terms")
-    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(is_number(value) and value >= 0 for value in flops_terms.values())):
+    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(_non_negative(value) for value in flops_terms.values())):
         raise CalibrationFileError(f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token")
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
-    slices = data.get("slices")
-    if slices is not None:
-        problem = check_slices(slices, f"calibration {path}: slices")
-        if problem:
-            raise CalibrationFileError(problem)
+    if data.get("slices") is not None:
+        _check_slices(data["slices"], f"calibration {path}: slices")
     variants = data.get("variants")
     if variants is not None:
         if not isinstance(variants, list) or not all(isinstance(entry, dict) for entry in variants):
@@ -202,10 +198,7 @@ def _check_fit(fit: Any, where: str) -> None:
         if not all(is_number(v) for v in residuals) or not is_number(smoother.get("bandwidth")):
             raise CalibrationFileError(f"{where}.smoother has a non-number value")
     if fit.get("extrapolation_by_dimension") is not None:  # optional: older fits plan by the old rule
-
-        problem = check_record(fit["extrapolation_by_dimension"], f"{where}.extrapolation_by_dimension")
-        if problem:
-            raise CalibrationFileError(problem)
+        _check_extrapolation(fit["extrapolation_by_dimension"], f"{where}.extrapolation_by_dimension")
     memory = fit.get("memory")
     if memory is not None:
         if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):
@@ -216,8 +209,45 @@ def _check_fit(fit: Any, where: str) -> None:
         if memory.get("basis", "allocated") not in BASES:
             raise CalibrationFileError(f"{where}.memory.basis is {memory['basis']!r}, expected one of {list(BASES)}")
         outside = memory.get("non_torch_bytes", 0.0)
-        if not (is_number(outside) and outside >= 0):
+        if not _non_negative(outside):
             raise CalibrationFileError(f"{where}.memory.non_torch_bytes should be a non-negative number")
+
+
+def _non_negative(value: Any) -> bool:
+    return is_number(value) and value >= 0
+
+
+def _check_extrapolation(record: Any, where: str) -> None:
+    """A stored `extrapolation_by_dimension` record (calibration.extrapolation)."""
+    if not isinstance(record, dict):
+        raise CalibrationFileError(f"{where} should be an object")
+    for name, entry in record.items():
+        if name not in extrapolation.DIMENSIONS:
+            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.DIMENSIONS)})")
+        if entry is not None and not isinstance(entry, dict):
+            raise CalibrationFileError(f"{where}.{name} should be an object or null")
+        for field in ("p90_abs_pct", "stretch"):
+            value = (entry or {}).get(field)
+            if value is not None and not _non_negative(value):
+                raise CalibrationFileError(f"{where}.{name}.{field} should be a non-negative number")
+
+
+def _check_slices(slices: Any, where: str) -> None:
+    """The `slices` section of a calibration measured on layer slices (calibration.slices)."""
+    if not isinstance(slices, dict):
+        raise CalibrationFileError(f"{where} should be an object")
+    depths, full = slices.get("depths"), slices.get("full_layers")
+    if not (isinstance(depths, list) and len(depths) >= 2 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)):
+        raise CalibrationFileError(f"{where}.depths should list two or more positive layer counts")
+    if not (isinstance(full, int) and not isinstance(full, bool) and full >= max(depths)):
+        raise CalibrationFileError(f"{where}.full_layers should be an integer at least the deepest slice")
+    held = slices.get("held_out", {})
+    if not isinstance(held, dict) or not all(isinstance(held.get(kind, {}), dict) for kind in ("time", "memory")):
+        raise CalibrationFileError(f"{where}.held_out should hold time and memory error summaries")
+    for kind in ("time", "memory"):
+        p90 = (held.get(kind) or {}).get("p90_abs_pct")
+        if p90 is not None and not _non_negative(p90):
+            raise CalibrationFileError(f"{where}.held_out.{kind}.p90_abs_pct should be a non-negative number")
 
 
 def _check_fields(obj: Any, required: JsonDict, where: str) -> None:

@@ -25,11 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from calibration.fit_tools import ErrorSummary, is_number
+from calibration.fit_tools import ErrorSummary
 from calibration.split import SPLIT_FIELDS, config_fields, usable_record
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
@@ -211,7 +210,7 @@ def slices_record(data: JsonDict) -> JsonDict | None:
 def stretch(slices: JsonDict) -> float:
     """How far the full depth lies past the deepest depth the held-out error was measured at."""
     deepest = max(slices["depths"])
-    ratio: float = slices["full_layers"] / deepest  # JSON numbers (check_slices checked them)
+    ratio: float = slices["full_layers"] / deepest  # JSON numbers (calibration.schema checked them)
     return max(1.0, ratio)
 
 
@@ -263,22 +262,3 @@ def slices_plan_note(data: JsonDict) -> str | None:
     if slices is None:
         return None
     return f"calibration {data.get('id')} was {describe_slices(slices)}"
-
-
-def check_slices(slices: Any, where: str) -> str | None:
-    """What is wrong with a calibration's `slices` section (None: nothing); schema.validate raises it."""
-    if not isinstance(slices, dict):
-        return f"{where} should be an object"
-    depths, full = slices.get("depths"), slices.get("full_layers")
-    if not (isinstance(depths, list) and len(depths) >= 2 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)):
-        return f"{where}.depths should list two or more positive layer counts"
-    if not (isinstance(full, int) and not isinstance(full, bool) and full >= max(depths)):
-        return f"{where}.full_layers should be an integer at least the deepest slice"
-    held = slices.get("held_out", {})
-    if not isinstance(held, dict) or not all(isinstance(held.get(kind, {}), dict) for kind in ("time", "memory")):
-        return f"{where}.held_out should hold time and memory error summaries"
-    for kind in ("time", "memory"):
-        p90 = (held.get(kind) or {}).get("p90_abs_pct")
-        if p90 is not None and not (is_number(p90) and p90 >= 0):
-            return f"{where}.held_out.{kind}.p90_abs_pct should be a non-negative number"
-    return None
