@@ -192,7 +192,7 @@ class RunFile:
     def update(self, **values: JsonIn) -> None:
         """Top-level sections set (a new one goes last, as the file has always added them): the
         code's records of what happened (lists of dicts it built), JSON by construction."""
-        # Held as given, not copied (as before): the cast only says JsonIn's containers are JSON's.
+        # Held as given, not copied: the cast only says JsonIn's containers are JSON's.
         self.sections.update(cast(JsonObject, values))
 
     @property

@@ -107,10 +107,6 @@ def save_failed(data: JsonDict) -> Path:
 UNFINISHED_KEY = "unfinished_measurements"
 
 
-def unfinished_dir() -> Path:
-    return calibrations_dir() / "unfinished"
-
-
 def keep_unfinished(data: JsonDict, path: Path | None = None) -> Path:
     """Write a bench's measurements so far (atomically) to `path`, or to a new file named after
     `data`'s id (a taken name gets a numeric suffix); returns where."""
@@ -150,7 +146,7 @@ class ListedCalibration(NamedTuple):
 def list_unfinished() -> list[KeptFile]:
     """(path, content or None when unreadable) for every bench that kept measurements and never
     stored them, newest first."""
-    folder = unfinished_dir()
+    folder = calibrations_dir() / "unfinished"
     if not folder.is_dir():
         return []
     entries: list[KeptFile] = []
@@ -191,13 +187,10 @@ def resolve_calibration(
     preferences: Sequence[Callable[[JsonDict], bool]] = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Path:
-    """`latest`, an id, or a path to a calibration JSON. For `latest`, every newer file that could
-    not be read is reported through `on_skip` (one sentence naming it and why), never in silence;
-    with `preferences`, the newest file the first of them accepts wins, then the next, then the
-    newest, and `on_passed_over` hears of the newest readable file when it is not the one chosen.
-    `hub:ORG/NAME/ID`, or `hub:ORG/NAME` (its calibrations chosen among as `latest` chooses), is the
-    file in huggingface_hub's cache, checked."""
-    if is_hub_reference(reference):  # hub:ORG/NAME[/ID]: from huggingface_hub's cache, validated (calibration.hub)
+    """`latest`, an id, a bundled name, a path to a calibration JSON, or `hub:ORG/NAME[/ID]` (its file
+    in huggingface_hub's cache). For `latest`, every newer file that could not be read is reported
+    through `on_skip`, never in silence (a hub repository's damaged ones too); `choose` picks among several."""
+    if is_hub_reference(reference):
         chosen = choose(shared_calibrations(reference, on_skip), preferences, on_passed_over)
         if chosen is None:  # shared_calibrations returns one at least, or says why not
             raise BenchtrainError(f"{reference}: no calibration to use")
