@@ -19,7 +19,8 @@ probe measured and the others to the rest of the step, which tells compute from 
 
 Competing forms, the one with the lowest cross-validated error kept (`choose_model` says why):
 - `overlap`: on a GPU the host launches kernels (the fixed cost) while the device computes, so a
-  micro-step takes about the longer of the two: (fixed^p + device^p)^(1/p), p fitted (1: the sum);
+  micro-step takes about the longer of the two: (fixed^p + device^p)^(1/p), p fitted (1: the sum),
+  the optimizer and data terms added (small micro-batches are bound by the host, large by compute);
 - `physical+residual`: a kernel-weighted average of the physical model's log-residuals, shrunk to
   zero away from the data;
 - `flops`: the device terms tied to one cost per FLOP of the model's shape (fewer unknowns).

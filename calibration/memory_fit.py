@@ -3,9 +3,9 @@
 Two moments can set the peak of a step, and the model has one form for each:
 
 - **forward/backward** (the larger micro-batches): what is always held (weights, optimizer state,
-  workspace) + the gradients held *while accumulating* (from the first micro-step's backward to
-  the optimizer step) + activations per token (only each layer's input with gradient
-  checkpointing) + an attention term per token × length (zero with flash/SDPA kernels);
+  workspace) + the gradients held *while accumulating* (with accumulation 1 they exist only once
+  the activations are gone) + activations per token (only each layer's input with gradient
+  checkpointing) + an attention term per token × length (the eager path's scores; zero with SDPA);
 
       linear = static + accumulated_gradients·[A>1] + per_token·B·S + attention·B·S²      (checkpointing off)
              = static + accumulated_gradients·[A>1] + per_token_checkpointed·B·S + attention_checkpointed·B·S²  (on)
@@ -18,8 +18,8 @@ below ≈2k tokens a micro-step the optimizer step is the peak: one straight lin
 under-predicts the large configurations plans use. Both forms are fitted (non-negative, on relative
 error); the floor form is kept when it predicts held-out probes better.
 
-What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`):
-a short bench measures accumulation only at small micro-batches, where the optimizer's floor hides
+What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`,
+arithmetic on the model, not a prior): a short bench measures accumulation only at small micro-batches, where the optimizer's floor hides
 most of it (a gpt2 bench fitted 216 MiB for 475 MiB of gradients, and a run peaked 18% above plan).
 
 What is fitted (`basis`): on a GPU, the allocator's *reserved* peak when every probe recorded it,
