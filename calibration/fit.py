@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -265,6 +265,15 @@ MIN_ROWS_FOR_OVERLAP = 8  # a nonlinear form needs more probes than terms
 MIN_OVERLAP_POWER = 1.1
 
 
+class Form(NamedTuple):
+    """One competing form of the throughput fit (choose_model): the residual smoother on, the host
+    and device overlapping, the device terms tied to the model's FLOPs."""
+
+    smooth: bool = False
+    overlap: bool = False
+    flops: dict[str, float] | None = None
+
+
 def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
     """The physical (additive) model, or its FLOPs-tied form when that predicts held-out rows at
     least as well (fewer free terms: what few probes can pin down), unless another form is clearly
@@ -301,14 +310,12 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
     uncertainty = probe_uncertainty(ok_rows)
 
-    def fitter(smooth: bool, overlap: bool, tied: dict[str, float] | None) -> Callable[[np.ndarray], Callable[[StepConfig], float]]:
-        """A fit of one form on the rows `train`, as a prediction of micro-step seconds."""
+    def fitter(form: Form) -> Callable[[np.ndarray], Callable[[StepConfig], float]]:
+        """Fits of `form` on the rows `train`, as predictions of micro-step seconds."""
 
         def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
-            def pick(values: np.ndarray | None) -> np.ndarray | None:
-                return None if values is None else values[train]
-
-            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], smooth, pick(wait_seconds), pick(uncertainty), overlap, tied)
+            waits = None if wait_seconds is None else wait_seconds[train]
+            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], form.smooth, waits, uncertainty[train], form.overlap, form.flops)
             return chosen.micro_step_seconds
 
         return fit_on
@@ -320,14 +327,14 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
         and fit_throughput(configs, micro_seconds, False, wait_seconds, uncertainty, overlap=True).overlap_power > MIN_OVERLAP_POWER
     )
-    forms = {"physical": (False, False, None), "physical+residual": (True, False, None), "overlap": (False, True, None), "flops": (False, False, flops)}
-    usable = [kind for kind, form in forms.items() if (overlapping or not form[1]) and (kind != "flops" or flops is not None)]
-    held_out_by_form = {kind: held_out_predictions(configs, fitter(*forms[kind])) for kind in usable}
+    forms = {"physical": Form(), "physical+residual": Form(smooth=True), "overlap": Form(overlap=True), "flops": Form(flops=flops)}
+    usable = [kind for kind, form in forms.items() if (overlapping or not form.overlap) and (kind != "flops" or flops is not None)]
+    held_out_by_form = {kind: held_out_predictions(configs, fitter(forms[kind])) for kind in usable}
     # tokens/s error: actual/predicted on the same token count.
     errors = {kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds) for kind, held_out in held_out_by_form.items()}
     kind, reason = choose_model(errors, len(configs))
     error, held_out, form = errors[kind], held_out_by_form[kind], forms[kind]
-    model = fit_throughput(configs, micro_seconds, form[0], wait_seconds, uncertainty, form[1], form[2])
+    model = fit_throughput(configs, micro_seconds, form.smooth, wait_seconds, uncertainty, form.overlap, form.flops)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: JsonDict | None = None
@@ -346,7 +353,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
         # Per dimension, the probes at its largest value predicted from the rest (calibration.extrapolation).
-        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fitter(*form), held_out, MIN_ROWS_FOR_FIT),
+        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fitter(form), held_out, MIN_ROWS_FOR_FIT),
         "held_out_relative_errors": error.signed_relative,
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: summary.to_json() for name, summary in errors.items()},
