@@ -87,10 +87,6 @@ class MemoryModel:
         linear = float(np.dot(memory_features(config), [self.coefficients.get(t, 0.0) for t in linear_terms()]))
         return max(self.coefficients.get("optimizer_floor", 0.0), linear) + self.non_torch_bytes
 
-    @property
-    def kind(self) -> str:
-        return "physical+floor" if self.coefficients.get("optimizer_floor", 0.0) > 0 else "physical"
-
     def with_gradient_shards(self, shards: int) -> MemoryModel:
         """This model for an FSDP process of `shards` planned from a 1-process calibration: what it
         holds while accumulating is its shard of the gradients (the rest of the sharding is the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 from typing import cast
@@ -60,9 +60,6 @@ class Prediction:
     peak_memory_bytes_high: float | None
     fits_in_memory: bool
     within_measured_range: bool
-
-    def to_json(self) -> JsonDict:
-        return asdict(self)
 
 
 class Calibration:
