@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from common.durations import format_duration
 from common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from train.planning.types import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -100,39 +104,25 @@ def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float
     return timed
 
 
-@dataclass(frozen=True)
-class PlannedWork:
-    """What a run does besides its steps, as planned before bench's measurements price it: its
-    evaluations, the batch shapes it compiles, the bytes it exports, its tokenizing."""
-
-    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
-    eval_count: int = 0
-    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
-    compile_shapes: int = 0
-    export_bytes: int = 0  # final/ (and final-merged/); 0: not known (one checkpoint save is counted)
-    data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache)
-    upload_seconds: float = 0.0  # --push-to-hub, predicted (train.recipes.hub_push.upload_rate)
-
-
 def plan_overheads(
-    measured: dict[str, float], train_seconds: float, checkpoint_interval: float, with_report: bool = True, work: PlannedWork = PlannedWork()
+    measured: dict[str, float], request: PlanRequest, train_seconds: float, eval_pass: float, eval_count: int, compile_seconds: float, compile_shapes: int
 ) -> Overheads:
-    """The overheads of a run with `train_seconds` of predicted training steps; `work.export_bytes`:
-    what the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
+    """The overheads of a run of `request` with `train_seconds` of predicted training steps, priced
+    by bench's measurements; its export writes `request.export_bytes` (0: one checkpoint save)."""
     save = checkpoint_save_seconds(measured)
-    periodic = math.floor(train_seconds / checkpoint_interval) if checkpoint_interval > 0 else 0
+    interval = request.checkpoint_interval_seconds
     return Overheads(
         model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
         warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
         checkpoint_seconds=save,
-        checkpoint_count=periodic + 1,
-        export_seconds=write_seconds(measured, work.export_bytes) if work.export_bytes else save,
-        eval_pass_seconds=work.eval_pass_seconds,
-        eval_count=work.eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
-        compile_seconds=work.compile_seconds,
-        compile_shapes=work.compile_shapes,
-        export_bytes=work.export_bytes,
-        data_prep_seconds=work.data_prep_seconds,
-        upload_seconds=work.upload_seconds,
+        checkpoint_count=(math.floor(train_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
+        eval_pass_seconds=eval_pass,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
+        compile_seconds=compile_seconds,
+        compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes,
+        data_prep_seconds=request.data_prep_seconds,
+        upload_seconds=request.upload_seconds,
     )

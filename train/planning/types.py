@@ -1,8 +1,5 @@
 """What the planner is asked, what it weighs and what it answers: the request (PlanRequest), each
-configuration it predicts (Candidate) and the plan it makes (Plan). One home that every planning
-module imports (train.planning.planner, .priorities, .fit_deadline, .shapes, .lengths), so this
-module imports none of them.
-"""
+configuration it predicts (Candidate) and the plan it makes (Plan)."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from train.planning.overheads import Overheads
 from train.step.compile import SHAPE_BUCKET
 from train.step.evaluation import EvalSchedule
 
-# The priorities a plan may be made for (train.planning.priorities orders candidates by each).
-# Here, beside the request that checks them, because priorities.py imports Candidate from here.
+# The priorities a plan may be made for (train.planning.planner.rank orders candidates by each).
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 
 
@@ -122,11 +118,6 @@ class Candidate:
     fits_in_memory: bool = True
     extrapolated: bool = False
     truncation: JsonDict = field(default_factory=dict)
-
-    @classmethod
-    def planned(cls, config: StepConfig, world_size: int) -> Candidate:
-        """A candidate for `config` (its length the max length), its predictions still to fill in."""
-        return cls(config=config, world_size=world_size)
 
     @property
     def tokens_per_second(self) -> float:
