@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -201,58 +202,30 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
             "ran_end": check.estimated_seconds,
         }
         since_plan = [entry["elapsed"] - before for entry in ran]
-        figure_paths.append(
-            (
-                figures.progress_over_time(
-                    since_plan,
-                    _cumulative(entry.get("tokens", 0) for entry in ran),
-                    predicted,
-                    deadline - before,
-                    run_dir / "progress.png",
-                    (check.actual_seconds, check.tokens),
-                    [describe_steps(check), describe_time(check)],
-                ),
-                "Tokens trained since the plan against the estimate, its bounds and the deadline",
-            )
+        tokens = list(itertools.accumulate(entry.get("tokens", 0) for entry in ran))
+        words = [describe_steps(check), describe_time(check)]
+        progress = figures.progress_over_time(
+            since_plan, tokens, predicted, deadline - before, run_dir / "progress.png", (check.actual_seconds, check.tokens), words
         )
+        figure_paths.append((progress, "Tokens trained since the plan against the estimate, its bounds and the deadline"))
         rolling_actual, rolling_predicted = _rolling_rates(ran)
-        figure_paths.append(
-            (
-                figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check)),
-                "Real tokens/s over time against the calibration's prediction",
-            )
-        )
+        throughput = figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check))
+        figure_paths.append((throughput, "Real tokens/s over time against the calibration's prediction"))
     # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps
     # between carry none.
     logged = [entry for entry in losses if entry.get("loss") is not None]
     if logged:
-        figure_paths.append(
-            (
-                figures.loss_curve(
-                    [e["step"] for e in logged],
-                    [e["loss"] for e in logged],
-                    run_dir / "loss.png",
-                    [e["step"] for e in record.get("evals", [])],
-                    [e["eval_loss"] for e in record.get("evals", [])],
-                ),
-                "Training loss per optimizer step, and the held-out eval loss",
-            )
-        )
+        evals = record.get("evals", [])
+        steps, eval_steps = [e["step"] for e in logged], [e["step"] for e in evals]
+        loss = figures.loss_curve(steps, [e["loss"] for e in logged], run_dir / "loss.png", eval_steps, [e["eval_loss"] for e in evals])
+        figure_paths.append((loss, "Training loss per optimizer step, and the held-out eval loss"))
         rated = [entry for entry in logged if "learning_rate" in entry]  # older run.json files did not record it
         if rated:
-            figure_paths.append(
-                (
-                    figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png"),
-                    "Learning rate of each optimizer step (warm-up, then the schedule's decay)",
-                )
-            )
-    if len(history) >= 1:
-        figure_paths.append(
-            (
-                figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png"),
-                "Estimate error of every run in this folder, oldest first",
-            )
-        )
+            rate = figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png")
+            figure_paths.append((rate, "Learning rate of each optimizer step (warm-up, then the schedule's decay)"))
+    if history:
+        errors = figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png")
+        figure_paths.append((errors, "Estimate error of every run in this folder, oldest first"))
     return figure_paths
 
 
@@ -311,14 +284,6 @@ def _plan_value(key: str, value: Any) -> Any:
     if key == "configuration" and isinstance(value, dict):
         return StepConfig.from_row(value).phrase
     return value
-
-
-def _cumulative(values: Any) -> list[float]:
-    total, out = 0.0, []
-    for value in values:
-        total += value
-        out.append(total)
-    return out
 
 
 def _rolling_rates(losses: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
