@@ -1,10 +1,6 @@
-"""Everything a run spends besides its training steps, in one place.
-
-The planner adds it to the estimate, the deadline guard keeps the part that comes after the last
-step in reserve, run.json records it, and `train --dry-run` shows it line by line. Every figure is
-measured by `bench` (model build, first-step warm-up, compilation per distinct batch shape,
-checkpoint save and the final export — bytes ÷ the measured disk write bandwidth —, report) or
-predicted from its measurements (evaluation).
+"""Everything a run spends besides its training steps, in one place: the planner adds it to the
+estimate, the deadline guard keeps what comes after the last step in reserve, run.json records it,
+`train --dry-run` shows it. Every figure is measured by `bench` or predicted from its measurements.
 """
 
 from __future__ import annotations
@@ -70,7 +66,6 @@ class Overheads:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 
     def lines(self) -> list[str]:
-        """For `train --dry-run`: each part, and where it came from."""
         parts = [
             *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
             f"model build {format_duration(self.model_build_seconds)}",

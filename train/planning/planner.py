@@ -127,24 +127,15 @@ def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int,
 
 
 def evaluate(
-    calibration: Calibration,
-    data: DataView,
-    request: PlanRequest,
-    config: StepConfig,
-    cache: ShapeCache | None = None,
-    eval_data: DataView | None = None,
+    calibration: Calibration, data: DataView, request: PlanRequest, config: StepConfig, cache: ShapeCache | None = None, eval_data: DataView | None = None
 ) -> Candidate:
+    """`config` planned for `request`: its steps priced shape by shape, the overheads, the bounds, the peak memory."""
     candidate = Candidate(config, request.world_size)
-    cache = {} if cache is None else cache
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
-    epochs_whole = math.ceil(request.epochs)
-    step_seconds = 0.0
-    micro_batches = 0
-    padded = 0
-    steps = 0
+    step_seconds, micro_batches, padded, steps = 0.0, 0, 0, 0
     shapes: set[BatchShape] = set()
-    for epoch in range(epochs_whole):
-        counts = shape_counts(data, request, micro, length, epoch, cache)
+    for epoch in range(math.ceil(request.epochs)):
+        counts = shape_counts(data, request, micro, length, epoch, {} if cache is None else cache)
         shapes.update(counts)
         for (rows, batch_length), count in counts.items():
             step_seconds += count * calibration.micro_step_seconds(config.with_shape(rows, batch_length))
@@ -166,8 +157,7 @@ def evaluate(
     if remaining < 1:
         raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
     fraction_run = remaining / steps
-    candidate.optimizer_steps = target
-    candidate.remaining_steps = remaining
+    candidate.optimizer_steps, candidate.remaining_steps = target, remaining
     candidate.micro_batches = round(micro_batches * fraction_run)
     candidate.step_seconds = step_seconds * fraction_run
     compute_seconds *= fraction_run

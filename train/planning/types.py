@@ -43,31 +43,22 @@ class PlanRequest:
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
     compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
-    # Gradient all-reduce per optimizer step that the calibration's step times do not hold (a
-    # 1-process calibration planning an N-process run: calibration.comm).
+    # Collectives the calibration's step times do not hold (a 1-process calibration planning an
+    # N-process run, train/planning/comm.py): DDP's all-reduce per optimizer step, FSDP's per micro-step.
     comm_seconds_per_step: float = 0.0
-    # FSDP's all-gathers and reduce-scatter per micro-step, likewise (train/planning/comm.py).
     comm_seconds_per_micro_step: float = 0.0
-    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
-    # a 1-process calibration, train.planning.memory_check.MemoryNeed.per_process_bytes).
-    memory_offset_bytes: float = 0.0
-    # FSDP processes planned from a 1-process calibration: each accumulates its 1/N of the gradients.
-    gradient_shards: int = 1
-    # Bytes of final/ (and final-merged/): their write time is planned and kept in reserve.
-    export_bytes: int = 0
-    # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
-    upload_seconds: float = 0.0
-    # Whether the collectives above may run behind backward (a row predicted from a 1-process step,
-    # train.recipes.machines): the estimate counts the midpoint of the overlap bracket, the lower
-    # bound full overlap, the upper bound (what the deadline is checked against) none: the
-    # communication seconds above are that absolute upper bound (calibration.topology). False:
-    # counted in full everywhere.
+    # Whether they may run behind backward (a row predicted from a 1-process step, train.recipes.machines):
+    # the estimate counts the midpoint of the overlap bracket, the lower bound full overlap, the upper
+    # bound none (calibration.topology). False: counted in full everywhere.
     comm_overlap: bool = False
-    # Tokenizing the data before training (a cold cache), predicted at the rate measured on the
-    # sample (train.workload.prepare): an overhead of the run.
-    data_prep_seconds: float = 0.0
-    # The relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it.
-    data_uncertainty: float = 0.0
+    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from a
+    # 1-process calibration), and the FSDP processes each accumulating its 1/N of the gradients.
+    memory_offset_bytes: float = 0.0
+    gradient_shards: int = 1
+    export_bytes: int = 0  # final/ (and final-merged/): their write time is planned and kept in reserve
+    upload_seconds: float = 0.0  # --push-to-hub's upload after the export, predicted (kept in reserve like the report)
+    data_prep_seconds: float = 0.0  # tokenizing before training (a cold cache), at the rate measured on the sample
+    data_uncertainty: float = 0.0  # relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it
 
     @property
     def shape_bucket(self) -> int | None:
