@@ -218,8 +218,7 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
     """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
     mean_tokens: float = sum(data.lengths) / len(data.lengths)  # lengths may be a numpy array: its sum is untyped
-    rows = [row for row in calibration.ok_rows()]
-    best = max(row["tokens_per_second"] for row in rows) if rows else candidate.tokens_per_second
+    best = max((row["tokens_per_second"] for row in calibration.ok_rows()), default=candidate.tokens_per_second)
     return len(data.lengths) * mean_tokens * epochs / best
 
 
@@ -299,20 +298,16 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
             f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
         )
         alternatives = shortened_alternatives(ranked[1:], available, limited)
-    notes.extend(filter(None, [memory_basis_note(calibration)]))  # what the peak memory stands on (GPU)
-    notes.extend(filter(None, [slices_plan_note(calibration.data)]))  # measured on layer slices: what it rests on
-    meets = chosen.total_seconds_promised <= available
-    warning = error_decides_deadline(chosen, available)
-    if warning:
-        warnings.append(warning)
-    cost = run_cost(chosen.total_seconds, request.price_per_hour, request.world_size)
+    # What the peak memory stands on (GPU), and what a calibration measured on layer slices rests on.
+    notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
+    warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
         chosen=chosen,
         alternatives=alternatives,
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
         deadline=request.deadline,
         available_seconds=available,
-        meets_deadline=meets,
+        meets_deadline=chosen.total_seconds_promised <= available,
         effective_batch=effective_batch,
         packing=data.packing,
         epochs=request.epochs,
@@ -320,7 +315,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         step_limit=step_limit,
         bound_fraction=chosen.bound_fraction,
         notes=notes,
-        cost=cost,
+        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
         warnings=warnings,
         price_per_hour=request.price_per_hour,
     )

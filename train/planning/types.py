@@ -4,7 +4,7 @@ configuration it predicts (Candidate) and the plan it makes (Plan)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from calibration.dimensions import DIMENSIONS
 from calibration.run_file import step_columns
@@ -139,8 +139,8 @@ class Plan:
     step_limit: int | None
     bound_fraction: float
     notes: list[str]
-    cost: float | None
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
+    cost: float | None = None
     price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
 
     @property
@@ -148,21 +148,6 @@ class Plan:
         return self.deadline.deadline_seconds
 
     def to_json(self) -> JsonDict:
-        return {
-            "chosen": self.chosen.to_json(),
-            "alternatives": [candidate.to_json() for candidate in self.alternatives],
-            "naive_seconds": self.naive_seconds,
-            "deadline_seconds": self.deadline_seconds,
-            "available_seconds": self.available_seconds,
-            "meets_deadline": self.meets_deadline,
-            "effective_batch": self.effective_batch,
-            "packing": self.packing,
-            "epochs": self.epochs,
-            "priority": self.priority,
-            "step_limit": self.step_limit,
-            "bound_fraction": self.bound_fraction,
-            "notes": self.notes,
-            "warnings": self.warnings,
-            "cost": self.cost,
-            "price_per_hour": self.price_per_hour,
-        }
+        """Every field in order: the candidates as their JSON, the deadline as its seconds."""
+        shown = {"chosen": self.chosen.to_json(), "alternatives": [candidate.to_json() for candidate in self.alternatives], "deadline": self.deadline_seconds}
+        return {("deadline_seconds" if each.name == "deadline" else each.name): shown.get(each.name, getattr(self, each.name)) for each in fields(self)}
