@@ -117,11 +117,7 @@ def setup_section(data: dict[str, Any]) -> str:
     hardware, software = data["hardware"], data["software"]
     return section(
         "Hardware, software and what was trained",
-        key_values(
-            [(key, value) for key, value in hardware.items()]
-            + [(key, value) for key, value in software.items()]
-            + [(f"training {key}", value) for key, value in (data.get("training") or {}).items()]
-        ),
+        key_values([*hardware.items(), *software.items(), *((f"training {key}", value) for key, value in (data.get("training") or {}).items())]),
         bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
     )
 

@@ -227,9 +227,8 @@ def sharded_view(calibration: Calibration, gradient_shards: int) -> Calibration:
     a view whose memory model accumulates that process's shard of the gradients."""
     if gradient_shards <= 1 or calibration.memory is None:
         return calibration
-    memory = calibration.memory.with_gradient_shards(gradient_shards)
     view = copy.copy(calibration)
-    view.memory = memory
+    view.memory = calibration.memory.with_gradient_shards(gradient_shards)
     return view
 
 
