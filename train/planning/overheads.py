@@ -38,17 +38,9 @@ class Overheads:
 
     @property
     def total_seconds(self) -> float:
-        return (
-            self.data_prep_seconds
-            + self.model_build_seconds
-            + self.warmup_seconds
-            + self.compile_seconds
-            + self.checkpoint_seconds * self.checkpoint_count
-            + self.export_seconds
-            + self.evaluation_seconds
-            + self.report_seconds
-            + self.upload_seconds
-        )
+        startup = (self.data_prep_seconds, self.model_build_seconds, self.warmup_seconds, self.compile_seconds)
+        rest = (self.export_seconds, self.evaluation_seconds, self.report_seconds, self.upload_seconds)
+        return sum((*startup, self.checkpoint_seconds * self.checkpoint_count, *rest))
 
     @property
     def after_training_seconds(self) -> float:
