@@ -258,9 +258,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         warnings.append(f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it")
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
-        fixed = request.configuration
-        lengths, notes = [fixed.seq_len], list[str]()
-        options = [fixed]
+        lengths, notes, options = [request.configuration.seq_len], list[str](), [request.configuration]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
         warnings += length_warnings
