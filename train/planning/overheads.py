@@ -5,15 +5,10 @@ estimate, the deadline guard keeps what comes after the last step in reserve, ru
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from common.durations import format_duration
 from common.json_types import JsonDict
-
-if TYPE_CHECKING:
-    from train.planning.types import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -89,27 +84,3 @@ def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float
     if size_bytes and checkpoint:
         return timed * float(size_bytes) / float(checkpoint)
     return timed
-
-
-def plan_overheads(
-    measured: dict[str, float], request: PlanRequest, train_seconds: float, eval_pass: float, eval_count: int, compile_seconds: float, compile_shapes: int
-) -> Overheads:
-    """The overheads of a run of `request` with `train_seconds` of predicted training steps, priced
-    by bench's measurements; its export writes `request.export_bytes` (0: one checkpoint save)."""
-    save = checkpoint_save_seconds(measured)
-    interval = request.checkpoint_interval_seconds
-    return Overheads(
-        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
-        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
-        checkpoint_seconds=save,
-        checkpoint_count=(math.floor(train_seconds / interval) if interval > 0 else 0) + 1,
-        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
-        eval_pass_seconds=eval_pass,
-        eval_count=eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
-        compile_seconds=compile_seconds,
-        compile_shapes=compile_shapes,
-        export_bytes=request.export_bytes,
-        data_prep_seconds=request.data_prep_seconds,
-        upload_seconds=request.upload_seconds,
-    )

@@ -27,7 +27,7 @@ from common.durations import format_duration
 from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.memory_check import memory_basis_note
-from train.planning.overheads import Overheads, plan_overheads
+from train.planning.overheads import Overheads, checkpoint_save_seconds, write_seconds
 from train.planning.prices import run_cost
 from train.planning.types import Candidate, Plan, PlanRequest
 from train.step.compile import compile_seconds
@@ -200,8 +200,9 @@ def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, fl
 
 
 def candidate_overheads(calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None) -> Overheads:
-    """What the run spends besides its steps: evaluations, compiling its batch shapes, checkpoints,
-    the export, the report."""
+    """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
+    the export, the report), priced by bench's measurements; an export of unknown bytes (0) as one
+    checkpoint save."""
     micro, length = candidate.config.micro_batch_size, candidate.config.seq_len
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
@@ -212,7 +213,23 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
         rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == candidate.config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
-    return plan_overheads(calibration.overheads, request, candidate.step_seconds, eval_pass, eval_count, compile_cost, compile_shapes)
+    measured, interval = calibration.overheads, request.checkpoint_interval_seconds
+    save = checkpoint_save_seconds(measured)
+    return Overheads(
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
+        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save,
+        checkpoint_count=(math.floor(candidate.step_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
+        eval_pass_seconds=eval_pass,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
+        compile_seconds=compile_cost,
+        compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes,
+        data_prep_seconds=request.data_prep_seconds,
+        upload_seconds=request.upload_seconds,
+    )
 
 
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
