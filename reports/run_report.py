@@ -43,7 +43,6 @@ def write_run_report(run_dir: Path) -> Path:
         sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
     if record.get("events"):
         sections.append(section("Events", bullet_list(record["events"][-30:])))
-
     html_path = run_dir / "report.html"
     title, subtitle = f"Run {record.get('run_id', run_dir.name)}", f"calibration {record.get('calibration_id')} — created {record.get('created_at')}"
     html_path.write_text(page(title, subtitle, sections), encoding="utf-8")

@@ -133,9 +133,7 @@ def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tu
     import torch
     import torch.distributed as dist
 
-    if sizes is None:
-        sizes = comm_sizes(device)
-
+    sizes = comm_sizes(device) if sizes is None else sizes
     world_size = dist.get_world_size()
     # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
