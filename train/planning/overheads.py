@@ -1,6 +1,7 @@
-"""Everything a run spends besides its training steps, in one place: the planner adds it to the
-estimate, the deadline guard keeps what comes after the last step in reserve, run.json records it,
-`train --dry-run` shows it. Every figure is measured by `bench` or predicted from its measurements.
+"""Everything a run spends besides its training steps, in one record: the planner prices it from
+bench's measurements (train.planning.planner.candidate_overheads) and adds it to the estimate, the
+deadline guard keeps what comes after the last step in reserve, run.json records it, `train
+--dry-run` shows it; and what a write into the run folder costs at bench's measured bandwidth.
 """
 
 from __future__ import annotations
