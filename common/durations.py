@@ -37,16 +37,11 @@ def join_negative_values(argv: list[str]) -> list[str]:
     """`--deadline -5m` as `--deadline=-5m`: argparse takes a value that starts with '-' for an
     option and answers "expected one argument"; joined, the option's own check names the problem."""
     joined: list[str] = []
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        following = argv[index + 1] if index + 1 < len(argv) else None
-        if token.startswith("--") and "=" not in token and following is not None and _NEGATIVE_VALUE.match(following):
-            joined.append(f"{token}={following}")
-            index += 2
-            continue
-        joined.append(token)
-        index += 1
+    for token in argv:
+        if joined and joined[-1].startswith("--") and "=" not in joined[-1] and _NEGATIVE_VALUE.match(token):
+            joined[-1] = f"{joined[-1]}={token}"
+        else:
+            joined.append(token)
     return joined
 
 

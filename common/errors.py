@@ -79,10 +79,7 @@ def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = 
     except Exception as error:
         if debug:
             raise
-        print(
-            f"internal error: {type(error).__name__}: {first_line(str(error))} (run again with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        print(f"internal error: {type(error).__name__}: {first_line(str(error))} (run again with --debug for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -1,12 +1,9 @@
 """Garbage collection that does not walk the libraries' objects at every probe.
 
-A full `gc.collect()` walks every object alive: after torch, transformers, accelerate and peft are
-imported that is ≈ 470,000 objects, ≈0.27 s on a 2-core AVX2 EPYC, paid twice a probe (before its
-peak is measured and after a failure): seconds of a bench's budget, and of its probes' overheads,
-spent on the garbage collector. Inside `frozen_heap()` what was alive when it began (modules,
-classes, the built model) sits in the collector's permanent generation (`gc.freeze`), so a
-collection walks only what the probes made since. `collect_everything()` reaches the frozen objects
-too: before a model is dropped and its memory must come back (another process builds it next).
+A full `gc.collect()` after torch, transformers, accelerate and peft are imported walks ≈470,000
+objects (≈0.27 s on a 2-core EPYC), twice a probe. Inside `frozen_heap()` what was alive when it
+began sits in the permanent generation (`gc.freeze`), so a collection walks only what the probes
+made since; `collect_everything()` reaches the frozen objects too, before a model is dropped.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The Hugging Face hub, as every part of benchtrain reaches it: through huggingface_hub's cache.
-
-Shared by the model and data downloads (train.workload.hub), the push of a trained model
-(train.recipes.hub_push) and the calibrations people share (calibration.hub), which stands below
-train and so cannot import it: the cache folder of a snapshot (`snapshot`, honouring
-HF_HUB_OFFLINE), huggingface_hub's errors as one line that says what to do (`refusal`), and the
-checks before anything is written to the hub (`valid_repo_id`, `writing_user`).
-
-huggingface_hub is imported inside the functions: importing this module costs nothing.
+"""The Hugging Face hub, as every part of benchtrain reaches it (downloads, the push of a trained
+model, shared calibrations: calibration.hub stands below train, so this lives on the ground floor):
+a snapshot's cache folder, huggingface_hub's errors as one line that says what to do, and the checks
+before anything is written. huggingface_hub is imported inside the functions: importing this is free.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ T = TypeVar("T")
 
 COMMIT_HASH = re.compile(r"^[0-9a-f]{40}$")
 NETWORK_ADVICE = "check the network, or download it where there is one with"
-TRUE_VALUES = {"1", "on", "yes", "true"}
 
 
 def download_command(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
@@ -126,11 +120,6 @@ def valid_repo_id(repo_id: str, option: str) -> str:
     return repo_id
 
 
-def hub_switched_off() -> bool:
-    """HF_HUB_OFFLINE as the user set it in this process's environment."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in TRUE_VALUES
-
-
 def writing_user(option: str, again: str, otherwise: str = "") -> str:
     """Whom the token belongs to, checked before anything is written to the hub; refused in one
     line that names `option`: the hub switched off, no token, a token the hub rejects, or no way to
@@ -138,7 +127,7 @@ def writing_user(option: str, again: str, otherwise: str = "") -> str:
     (", or drop --push-to-hub")."""
     from huggingface_hub import HfApi, get_token
 
-    if hub_switched_off():
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true"):  # as the user set it in this process
         raise BenchtrainError(f"{option}: HF_HUB_OFFLINE is set, so nothing can be pushed: unset it{otherwise}")
     token = get_token()
     if not token:

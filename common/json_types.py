@@ -1,8 +1,6 @@
-"""The one name for a JSON object as read from, or bound for, a file (a calibration, run.json, a
-plan row). Its values are whatever JSON holds, so they stay `Any`: a reader checks them where it
-reads them (calibration/schema.py validates a calibration on load). Naming the shape keeps `Any`
-out of signatures between rooms (tests/test_layers.py): anywhere else, a bare `Any` or a
-`dict[str, Any]` says a type is missing."""
+"""The one name for a JSON object as read from, or bound for, a file: its values stay `Any` (a
+reader checks them where it reads them), and the name keeps `Any` out of signatures between rooms
+(tests/test_layers.py): anywhere else, a bare `Any` or a `dict[str, Any]` says a type is missing."""
 
 from __future__ import annotations
 

@@ -25,15 +25,7 @@ class Bar(Protocol):
 def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> tqdm:
     from tqdm.auto import tqdm
 
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=description,
-        unit=unit,
-        dynamic_ncols=True,
-        mininterval=_refresh_seconds(file),
-        file=file,
-    )
+    return tqdm(total=total, initial=initial, desc=description, unit=unit, dynamic_ncols=True, mininterval=_refresh_seconds(file), file=file)
 
 
 def _refresh_seconds(file: TextIO | None) -> float:

@@ -1,11 +1,6 @@
-"""Paths a run records about its own folder: stored relative to the run folder, so the folder can be
-moved, copied or shared and still be resumed, reported and loaded.
-
-run.json keeps `final/`, `final-merged/` (`final-base/` in older runs) and the last checkpoint as
-`final`, `checkpoints/step-0000005`; paths outside the run folder (the data, the calibration, a
-`--model DIR`, the tokenized-data cache) are inputs and stay as given. Records written before
-this kept absolute paths: a reader resolves those too, and where the folder has moved since, finds
-the same place in the folder where the run is now."""
+"""Paths a run records about its own folder (`final`, `checkpoints/step-0000005`), stored relative to
+it so the folder can be moved, copied or shared and still be resumed, reported and loaded; paths
+outside it (the data, the calibration, a `--model DIR`) are inputs and stay as given."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ def stored_path(path: str | Path | None, run_dir: Path) -> str | None:
 
 def run_path(recorded: str | Path, run_dir: Path) -> Path:
     """A path run.json recorded, where it is now: a relative one inside `run_dir`; an absolute one
-    as written while it exists; an absolute one that no longer exists (an older record, kept absolute,
-    whose run folder moved) as the same place in `run_dir` when that exists (`…/final`,
-    `…/checkpoints/step-0000005`)."""
+    (older records kept them so) as written while it exists, else the same place in `run_dir`
+    when the folder has moved (`…/final`, `…/checkpoints/step-0000005`)."""
     path = Path(recorded).expanduser()
     if not path.is_absolute():
         return Path(run_dir) / path

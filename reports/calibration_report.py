@@ -15,28 +15,18 @@ from reports import figures
 from reports.html import bullet_list, escape, figure_grid, key_values, page, section, table, verdict
 
 
-def report_dir_for(calibration_path: Path) -> Path:
-    return calibration_path.with_name(f"{calibration_path.stem}-report")
-
-
 def write_calibration_report(calibration_path: Path, out_dir: Path | None = None) -> Path:
     calibration_path = Path(calibration_path)
     data = read_calibration_file(calibration_path)
-    out = Path(out_dir) if out_dir else report_dir_for(calibration_path)
+    out = Path(out_dir) if out_dir else calibration_path.with_name(f"{calibration_path.stem}-report")
     out.mkdir(parents=True, exist_ok=True)
     sections = setup_sections(data, calibration_path, None, out)
     # Each other setup the calibration measured (bench run --quantize none,4bit …), its figures apart.
     for index in range(len(data.get("variants") or [])):
         sections += setup_sections(data, calibration_path, index, out / f"variant-{index + 1}")
     html_path = out / "report.html"
-    html_path.write_text(
-        page(
-            f"Calibration {data['id']}",
-            f"{data['model']['name']} on {data['hardware']['name']} — created {data['created_at']}",
-            sections,
-        ),
-        encoding="utf-8",
-    )
+    subtitle = f"{data['model']['name']} on {data['hardware']['name']} — created {data['created_at']}"
+    html_path.write_text(page(f"Calibration {data['id']}", subtitle, sections), encoding="utf-8")
     return html_path
 
 
@@ -62,7 +52,6 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
     ok = [row for row in rows if row["status"] == "ok"]
     oom = [row for row in rows if row["status"] == "oom"]
     sections = []
-
     if cal is not None:
         error = cal.fit["held_out_error"]
         median = error.get("median_abs_pct")
@@ -76,33 +65,19 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
         sections.append(section("The fit in words", bullet_list(cal.explain())))
         fitted = [cal.throughput.tokens_per_second(StepConfig.from_row(row)) for row in ok]
         held_out = cal.fit.get("held_out_predicted_tokens_per_second") or fitted
-        figure_paths = [
-            (
-                figures.measured_vs_predicted([row["tokens_per_second"] for row in ok], list(held_out), fitted, median, out / "measured_vs_predicted.png"),
-                "Each probe's measured tokens/s against the model's prediction when that probe was left out of the fit",
-            )
-        ]
+        scatter = figures.measured_vs_predicted([row["tokens_per_second"] for row in ok], list(held_out), fitted, median, out / "measured_vs_predicted.png")
+        figure_paths = [(scatter, "Each probe's measured tokens/s against the model's prediction when that probe was left out of the fit")]
     else:
         sections.append(verdict("No model was fitted: too few probes succeeded.", False))
         figure_paths = []
     if ok:
-        figure_paths.append(
-            (
-                figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"),
-                "Measured tokens/s by micro batch and sequence length",
-            )
-        )
+        figure_paths.append((figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"), "Measured tokens/s by micro batch and sequence length"))
         memory = cal.memory if cal else None
         predict = (lambda b, s: memory.peak_bytes(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s))) if memory else None  # type: ignore[union-attr]
-        figure_paths.append(
-            (
-                figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"),
-                "Peak memory against the device limit",
-            )
-        )
+        memory_figure = figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png")
+        figure_paths.append((memory_figure, "Peak memory against the device limit"))
         figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
     sections.append(section("Figures", figure_grid(figure_paths)))
-
     return sections
 
 
@@ -110,25 +85,20 @@ def drift_sections(data: dict[str, Any]) -> list[str]:
     """How the machine's speed drifted during the benchmark (a reference probed again and again)."""
     import pandas as pd
 
-    sections = []
     drift = (data.get("search") or {}).get("drift") or {}
-    if drift.get("measurements"):
-        reference = drift["reference"]
-        words = (
-            f"The reference configuration (batch {reference['micro_batch_size']}, {reference['num_workers']} workers, accumulation "
-            f"{reference['grad_accum']}, length {reference['seq_len']}) was probed {len(drift['measurements'])} times during the benchmark; "
-            f"its speed varied by {drift.get('spread_pct', 0):.1f}%. "
-            + (
-                "Every measurement was rescaled to its median speed (raw figures are kept in the JSON)."
-                if drift.get("applied")
-                else "No correction was applied."
-            )
-        )
-        names = {"position": "probe number", "after_rows": "after probe", "tokens_per_second": "reference tokens/s"}
-        frame_drift = pd.DataFrame(drift["measurements"]).rename(columns=names)
-        sections.append(section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame_drift.round(0))))
-
-    return sections
+    if not drift.get("measurements"):
+        return []
+    reference = drift["reference"]
+    rescaled = "Every measurement was rescaled to its median speed (raw figures are kept in the JSON)."
+    applied = rescaled if drift.get("applied") else "No correction was applied."
+    words = (
+        f"The reference configuration (batch {reference['micro_batch_size']}, {reference['num_workers']} workers, accumulation "
+        f"{reference['grad_accum']}, length {reference['seq_len']}) was probed {len(drift['measurements'])} times during the benchmark; "
+        f"its speed varied by {drift.get('spread_pct', 0):.1f}%. {applied}"
+    )
+    names = {"position": "probe number", "after_rows": "after probe", "tokens_per_second": "reference tokens/s"}
+    frame = pd.DataFrame(drift["measurements"]).rename(columns=names)
+    return [section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame.round(0)))]
 
 
 def measurements_section(rows: list[dict[str, Any]]) -> str:
@@ -147,11 +117,7 @@ def setup_section(data: dict[str, Any]) -> str:
     hardware, software = data["hardware"], data["software"]
     return section(
         "Hardware, software and what was trained",
-        key_values(
-            [(key, value) for key, value in hardware.items()]
-            + [(key, value) for key, value in software.items()]
-            + [(f"training {key}", value) for key, value in (data.get("training") or {}).items()]
-        ),
+        key_values([*hardware.items(), *software.items(), *((f"training {key}", value) for key, value in (data.get("training") or {}).items())]),
         bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
     )
 
@@ -166,15 +132,7 @@ def history_section(data: dict[str, Any]) -> str:
         history = [
             {**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history
         ]
-        history_frame = pd.DataFrame(history).reindex(
-            columns=[
-                "run_id",
-                "finished_at",
-                "predicted_tokens_per_second",
-                "actual_tokens_per_second",
-                "time_error_pct",  # + = took longer than estimated
-                "status",
-            ]
-        )
-        return section("How past estimates with this calibration fared", table(history_frame.round(2)))
+        # time_error_pct: + = took longer than estimated
+        columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
+        return section("How past estimates with this calibration fared", table(pd.DataFrame(history).reindex(columns=columns).round(2)))
     return section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>")

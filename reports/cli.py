@@ -23,11 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
-    parser.add_argument(
-        "target",
-        metavar="RUN_DIR|CALIBRATION",
-        help="a run folder (with run.json), or latest / a calibration id / a calibration JSON path",
-    )
+    parser.add_argument("target", metavar="RUN_DIR|CALIBRATION", help="a run folder (with run.json), or latest / a calibration id / a calibration JSON path")
     parser.add_argument("--out", metavar="DIR", help="folder for a calibration report (default: beside the calibration)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser

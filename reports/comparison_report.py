@@ -47,13 +47,8 @@ def write_comparison_report(folder: Path) -> Path:
     if best is not None:
         chosen = best["plan"]["chosen"]
         cost = f" for ${best['cost']:,.2f}" if best["cost"] is not None else ""
-        sections.append(
-            verdict(
-                f"Recommended: {name_of(best)} on {best['device']} × {best['world_size']} — "
-                f"≈{format_duration(chosen['total_seconds'])}{cost}, meets the {format_duration(deadline)} deadline",
-                True,
-            )
-        )
+        recommended = f"Recommended: {name_of(best)} on {best['device']} × {best['world_size']} — ≈{format_duration(chosen['total_seconds'])}{cost}"
+        sections.append(verdict(f"{recommended}, meets the {format_duration(deadline)} deadline", True))
     else:
         sections.append(verdict(f"No option meets the {format_duration(deadline)} deadline.", False))
     frame = pd.DataFrame([table_row(index, row) for index, row in enumerate(rows, 1)])
@@ -84,14 +79,8 @@ def write_comparison_report(folder: Path) -> Path:
     notes.append(f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)")
     sections.append(section("Notes", bullet_list(notes)))
     html_path = folder / "report.html"
-    html_path.write_text(
-        page(
-            f"Which machine: {record['model']}",
-            f"{len(rows)} option(s), deadline {format_duration(deadline)}, {format_duration(max(0.0, record['available_seconds']))} usable",
-            sections,
-        ),
-        encoding="utf-8",
-    )
+    subtitle = f"{len(rows)} option(s), deadline {format_duration(deadline)}, {format_duration(max(0.0, record['available_seconds']))} usable"
+    html_path.write_text(page(f"Which machine: {record['model']}", subtitle, sections), encoding="utf-8")
     return html_path
 
 

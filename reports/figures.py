@@ -30,8 +30,7 @@ def measured_vs_predicted(measured: list[float], held_out: list[float], fitted: 
     low, high = min(measured + held_out) * 0.9, max(measured + held_out) * 1.1
     axis.plot([low, high], [low, high], color="black", linewidth=1, label="perfect prediction")
     axis.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="#2e86c1", alpha=0.08, label="±15%")
-    axis.set_xlabel("measured tokens/s")
-    axis.set_ylabel("predicted tokens/s")
+    axis.set(xlabel="measured tokens/s", ylabel="predicted tokens/s")
     title = "Predicted vs measured throughput"
     if median_error is not None:
         title += f"\nheld-out predictions are off by {median_error:.1f}% at the median"
@@ -60,8 +59,7 @@ def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
                     axis.text(j, i, f"{grid[i, j]:,.0f}", ha="center", va="center", fontsize=8, color="white")
         axis.set_xticks(range(len(batches)), [str(b) for b in batches])
         axis.set_yticks(range(len(lengths)), [str(s) for s in lengths])
-        axis.set_xlabel("micro batch size (sequences)")
-        axis.set_ylabel("sequence length (tokens)")
+        axis.set(xlabel="micro batch size (sequences)", ylabel="sequence length (tokens)")
         axis.set_title(f"gradient accumulation {accum}")
         axis.grid(False)
         figure.colorbar(image, ax=axis, label="tokens/s (best worker count)")
@@ -85,17 +83,10 @@ def memory_vs_batch(rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], 
         if predict is not None and len(span):
             axis.plot(span, [predict(int(max(1, round(b))), length) / GIB for b in span], color=color, linewidth=1, alpha=0.8)
     if oom_rows:
-        axis.scatter(
-            [row["micro_batch_size"] for row in oom_rows],
-            [limit_bytes / GIB] * len(oom_rows),
-            marker="x",
-            s=60,
-            color="#c0392b",
-            label="out of memory",
-        )
+        batch_sizes = [row["micro_batch_size"] for row in oom_rows]
+        axis.scatter(batch_sizes, [limit_bytes / GIB] * len(oom_rows), marker="x", s=60, color="#c0392b", label="out of memory")
     axis.axhline(limit_bytes / GIB, color="#c0392b", linestyle="--", linewidth=1, label=f"device memory {limit_bytes / GIB:.1f} GiB")
-    axis.set_xlabel("micro batch size (sequences)")
-    axis.set_ylabel("peak memory (GiB)")
+    axis.set(xlabel="micro batch size (sequences)", ylabel="peak memory (GiB)")
     peak = max((row.get("peak_memory_bytes") or 0 for row in rows), default=0)
     if 0 < peak < 0.2 * limit_bytes:
         axis.set_yscale("log")  # far below the limit: a log scale keeps both readable
@@ -109,8 +100,7 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
     shares = [[100 * (row.get("data_wait_share") or 0) for row in rows if row["num_workers"] == w] for w in workers]
     figure, axis = plt.subplots(figsize=(6.0, 4.0))
     axis.boxplot(shares, tick_labels=[str(w) for w in workers])
-    axis.set_xlabel("DataLoader workers")
-    axis.set_ylabel("time waiting for data (% of step)")
+    axis.set(xlabel="DataLoader workers", ylabel="time waiting for data (% of step)")
     medians = [float(np.median(s)) if s else 0.0 for s in shares]
     best = workers[int(np.argmin(medians))]
     axis.set_title(f"Data wait by worker count\nleast waiting with {best} workers (median {min(medians):.1f}% of the step)")
@@ -118,24 +108,17 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def progress_over_time(
-    actual_elapsed: list[float],
-    actual_tokens: list[float],
-    predicted: dict[str, float],
-    deadline: float,
-    path: Path,
-    ended: tuple[float, float],
-    title: list[str],
+    elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path, ended: tuple[float, float], title: list[str]
 ) -> Path:
     """Tokens done over time since the plan: the actual run against the estimate and its bounds.
     `ended`: (seconds, tokens) where the run ended; `predicted["ran_end"]`: the estimate for the
     steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
-    total = predicted["tokens"]
-    start = predicted["start"]
+    total, start = predicted["tokens"], predicted["start"]
     for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate, whole plan"), ("end_high", ":", None)):
         axis.plot([start, predicted[key]], [0, total / 1e6], linestyle=style, color="#2e86c1", label=label)
     axis.fill_betweenx([0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08)
-    axis.plot(actual_elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
+    axis.plot(elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
     end_seconds, end_tokens = ended
     axis.scatter([predicted["ran_end"]], [end_tokens / 1e6], marker="o", s=50, color="#2e86c1", zorder=3, label="estimate for the steps that ran")
     axis.scatter([end_seconds], [end_tokens / 1e6], marker="X", s=60, color="#27ae60", zorder=3, label="the run ended")
@@ -146,8 +129,7 @@ def progress_over_time(
         # A far-away deadline would squash the lines: keep the view on the run and point at it.
         axis.set_xlim(0, view)
         axis.annotate(f"deadline at {deadline:.0f}s →", xy=(0.98, 0.04), xycoords="axes fraction", ha="right", color="#c0392b")
-    axis.set_xlabel("time since the plan (s)")
-    axis.set_ylabel("tokens trained (millions)")
+    axis.set(xlabel="time since the plan (s)", ylabel="tokens trained (millions)")
     axis.set_title("\n".join(wrap(title)), fontsize=9)
     axis.legend(fontsize=8, loc="upper left")
     return save(figure, path)
@@ -158,8 +140,7 @@ def throughput_over_time(elapsed: list[float], actual: list[float], predicted: l
     figure, axis = plt.subplots(figsize=(7.2, 4.2))
     axis.plot(elapsed, actual, color="#27ae60", label="actual (rolling 20 steps)")
     axis.plot(elapsed, predicted, color="#2e86c1", linestyle="--", label="predicted from the calibration")
-    axis.set_xlabel("time since the plan (s)")
-    axis.set_ylabel("real tokens/s")
+    axis.set(xlabel="time since the plan (s)", ylabel="real tokens/s")
     axis.set_title("\n".join(["Throughput over time", *wrap([finding] if finding else [])]), fontsize=9)
     axis.legend(fontsize=8)
     axis.set_ylim(bottom=0)
@@ -177,8 +158,7 @@ def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: li
     if eval_steps and eval_losses:
         axis.plot(eval_steps, eval_losses, color="#e67e22", marker="o", linewidth=1.5, label="eval loss")
         axis.legend()
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("loss")
+    axis.set(xlabel="optimizer step", ylabel="loss")
     if losses:
         title = f"Loss\ntraining from {losses[0]:.3f} to {losses[-1]:.3f} over {steps[-1]} steps"
         if eval_losses:
@@ -190,8 +170,7 @@ def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: li
 def learning_rate_curve(steps: list[int], rates: list[float], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(7.2, 4.0))
     axis.plot(steps, rates, color="#16a085", linewidth=1.2)
-    axis.set_xlabel("optimizer step")
-    axis.set_ylabel("learning rate")
+    axis.set(xlabel="optimizer step", ylabel="learning rate")
     axis.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     if rates:
         peak = max(rates)
@@ -220,26 +199,16 @@ def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Pat
     for index, option in enumerate(options):
         x = option["cost"] if priced else index
         color = "#27ae60" if option["recommended"] else ("#8e44ad" if option["predicted"] else "#2e86c1")
-        axis.errorbar(
-            [x],
-            [option["hours"]],
-            yerr=[[option["hours"] - option["low"]], [option["high"] - option["hours"]]],
-            fmt="o" if not option["predicted"] else "s",
-            markerfacecolor=color if not option["predicted"] else "white",
-            color=color,
-            markersize=8,
-            capsize=4,
-        )
+        hours, face = option["hours"], "white" if option["predicted"] else color
+        spread = [[hours - option["low"]], [option["high"] - hours]]
+        axis.errorbar([x], [hours], yerr=spread, fmt="s" if option["predicted"] else "o", markerfacecolor=face, color=color, markersize=8, capsize=4)
         axis.annotate(option["label"], (x, option["hours"]), textcoords="offset points", xytext=(8, 4), fontsize=7)
     axis.axhline(deadline_hours, color="#c0392b", linestyle="--", linewidth=1, label=f"deadline ({deadline_hours:g} h)")
+    predicted_handle = plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)")
     handles = [
         plt.Line2D([], [], marker="o", color="#27ae60", linestyle="", label="recommended"),
         plt.Line2D([], [], marker="o", color="#2e86c1", linestyle="", label="measured calibration"),
-        *(
-            [plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)")]
-            if any(option["predicted"] for option in options)
-            else []
-        ),
+        *([predicted_handle] if any(option["predicted"] for option in options) else []),
         plt.Line2D([], [], color="#c0392b", linestyle="--", label=f"deadline ({deadline_hours:g} h)"),
     ]
     axis.legend(handles=handles, fontsize=8, loc="best")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,6 @@ from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from reports import figures
-from reports.history import error_rows, run_records
 from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
 
 ROLLING_STEPS = 20
@@ -30,7 +31,7 @@ def write_run_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     record = read_run(run_dir)
     check = check_estimate(record)  # the same comparison the console printed and run.json holds
-    history = error_rows(run_records(run_dir.parent))
+    history = history_rows(run_dir.parent)
     sections = [verdict_of(record, check), estimate_against_actual(record, check)]
     figure_paths = run_figures(record, check, run_dir, history)
     if figure_paths:
@@ -42,17 +43,42 @@ def write_run_report(run_dir: Path) -> Path:
         sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
     if record.get("events"):
         sections.append(section("Events", bullet_list(record["events"][-30:])))
-
     html_path = run_dir / "report.html"
-    html_path.write_text(
-        page(
-            f"Run {record.get('run_id', run_dir.name)}",
-            f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
-            sections,
-        ),
-        encoding="utf-8",
-    )
+    title, subtitle = f"Run {record.get('run_id', run_dir.name)}", f"calibration {record.get('calibration_id')} — created {record.get('created_at')}"
+    html_path.write_text(page(title, subtitle, sections), encoding="utf-8")
     return html_path
+
+
+def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
+    """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its
+    estimate check (calibration.accuracy.check_estimate), the figures its own report, run.json and
+    the console give."""
+    records = []
+    for path in sorted(runs_dir.glob("*/run.json")) if runs_dir.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(record, dict) and record.get("actual") and record.get("estimate"):
+            records.append(record)
+    rows = []
+    for record in sorted(records, key=lambda record: record.get("created_at", "")):
+        check = check_estimate(record)
+        if check is None or not check.actual_seconds or check.error_pct is None:
+            continue
+        rows.append(
+            {
+                "run": record.get("run_id", "?"),
+                "created": record.get("created_at", ""),
+                "calibration": record.get("calibration_id", ""),
+                "steps run": f"{check.steps_run} of {check.planned_steps}",
+                "estimate (s)": round(check.estimated_seconds, 1),
+                "actual (s)": round(check.actual_seconds, 1),
+                ERROR_LABEL: round(check.error_pct, 1),
+                "deadline met": "yes" if record.get("met_deadline") else "no",
+            }
+        )
+    return rows
 
 
 def verdict_of(record: dict[str, Any], check: Any) -> str:
@@ -82,11 +108,11 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
     import pandas as pd
 
     estimate, actual = record["estimate"], record.get("actual") or {}
-    ran_check = check.to_json() if check is not None else {}
+    ran = check.to_json() if check is not None else {}
     bound = estimate.get("bound_fraction")
-    train = ran_check.get("predicted_train_seconds")
-    overheads = ran_check["estimated_seconds"] - train if train is not None and ran_check.get("estimated_seconds") is not None else None
-    speed = ran_check.get("predicted_tokens_per_second")
+    train = ran.get("predicted_train_seconds")
+    overheads = ran["estimated_seconds"] - train if train is not None and ran.get("estimated_seconds") is not None else None
+    speed = ran.get("predicted_tokens_per_second")
 
     def bounded(value: float | None, extra: float = 0.0) -> tuple[float | None, float | None]:
         """(low, high) of a predicted time: the configuration's bound on it, the overheads added as measured."""
@@ -98,12 +124,12 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
     rows = [
         (
             "time of the steps that ran, with the overheads that happened (s)",
-            ran_check.get("estimated_seconds"),
+            ran.get("estimated_seconds"),
             *bounded(train, overheads or 0.0),
-            ran_check.get("actual_seconds"),
+            ran.get("actual_seconds"),
         ),
-        ("training time of the steps that ran (s)", train, *bounded(train), ran_check.get("actual_train_seconds")),
-        ("real tokens/s of the steps that ran", speed, *speed_bounds, ran_check.get("actual_tokens_per_second")),
+        ("training time of the steps that ran (s)", train, *bounded(train), ran.get("actual_train_seconds")),
+        ("real tokens/s of the steps that ran", speed, *speed_bounds, ran.get("actual_tokens_per_second")),
         (
             "whole plan (s; actual: projected at the live speed)",
             estimate["total_seconds"],
@@ -175,58 +201,30 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
             "ran_end": check.estimated_seconds,
         }
         since_plan = [entry["elapsed"] - before for entry in ran]
-        figure_paths.append(
-            (
-                figures.progress_over_time(
-                    since_plan,
-                    _cumulative(entry.get("tokens", 0) for entry in ran),
-                    predicted,
-                    deadline - before,
-                    run_dir / "progress.png",
-                    (check.actual_seconds, check.tokens),
-                    [describe_steps(check), describe_time(check)],
-                ),
-                "Tokens trained since the plan against the estimate, its bounds and the deadline",
-            )
+        tokens = list(itertools.accumulate(entry.get("tokens", 0) for entry in ran))
+        words = [describe_steps(check), describe_time(check)]
+        progress = figures.progress_over_time(
+            since_plan, tokens, predicted, deadline - before, run_dir / "progress.png", (check.actual_seconds, check.tokens), words
         )
+        figure_paths.append((progress, "Tokens trained since the plan against the estimate, its bounds and the deadline"))
         rolling_actual, rolling_predicted = _rolling_rates(ran)
-        figure_paths.append(
-            (
-                figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check)),
-                "Real tokens/s over time against the calibration's prediction",
-            )
-        )
+        throughput = figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check))
+        figure_paths.append((throughput, "Real tokens/s over time against the calibration's prediction"))
     # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps
     # between carry none.
     logged = [entry for entry in losses if entry.get("loss") is not None]
     if logged:
-        figure_paths.append(
-            (
-                figures.loss_curve(
-                    [e["step"] for e in logged],
-                    [e["loss"] for e in logged],
-                    run_dir / "loss.png",
-                    [e["step"] for e in record.get("evals", [])],
-                    [e["eval_loss"] for e in record.get("evals", [])],
-                ),
-                "Training loss per optimizer step, and the held-out eval loss",
-            )
-        )
+        evals = record.get("evals", [])
+        steps, eval_steps = [e["step"] for e in logged], [e["step"] for e in evals]
+        loss = figures.loss_curve(steps, [e["loss"] for e in logged], run_dir / "loss.png", eval_steps, [e["eval_loss"] for e in evals])
+        figure_paths.append((loss, "Training loss per optimizer step, and the held-out eval loss"))
         rated = [entry for entry in logged if "learning_rate" in entry]  # older run.json files did not record it
         if rated:
-            figure_paths.append(
-                (
-                    figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png"),
-                    "Learning rate of each optimizer step (warm-up, then the schedule's decay)",
-                )
-            )
-    if len(history) >= 1:
-        figure_paths.append(
-            (
-                figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png"),
-                "Estimate error of every run in this folder, oldest first",
-            )
-        )
+            rate = figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png")
+            figure_paths.append((rate, "Learning rate of each optimizer step (warm-up, then the schedule's decay)"))
+    if history:
+        errors = figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png")
+        figure_paths.append((errors, "Estimate error of every run in this folder, oldest first"))
     return figure_paths
 
 
@@ -240,37 +238,15 @@ def plan_sections(record: dict[str, Any]) -> list[str]:
     sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))
     alternatives = record.get("alternatives", [])
     if alternatives:
-        frame = pd.DataFrame(alternatives).reindex(
-            columns=[
-                "micro_batch_size",
-                "grad_accum",
-                "num_workers",
-                "max_length",
-                "total_seconds",
-                "total_seconds_high",
-                "tokens_per_second",
-                "peak_memory_bytes",
-            ]
-        )
+        columns = "micro_batch_size grad_accum num_workers max_length total_seconds total_seconds_high tokens_per_second peak_memory_bytes".split()
+        frame = pd.DataFrame(alternatives).reindex(columns=columns)
         frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
         sections.append(section("Alternatives the planner considered", table(frame.rename(columns={"peak_memory_bytes": "peak MiB"}).round(2))))
     data = record.get("data", {})
     profile = data.get("profile", {})
     if profile:
-        sections.append(
-            section(
-                "Data",
-                key_values(
-                    [
-                        ("source", data.get("source")),
-                        ("format", data.get("format")),
-                        ("packing", data.get("packing")),
-                        *profile.items(),
-                        *(data.get("truncation") or {}).items(),
-                    ]
-                ),
-            )
-        )
+        pairs = [("source", data.get("source")), ("format", data.get("format")), ("packing", data.get("packing")), *profile.items()]
+        sections.append(section("Data", key_values([*pairs, *(data.get("truncation") or {}).items()])))
     preparation = data.get("preparation")
     if preparation:
         sections.append(section("Data preparation", key_values(preparation_rows(preparation))))
@@ -307,14 +283,6 @@ def _plan_value(key: str, value: Any) -> Any:
     if key == "configuration" and isinstance(value, dict):
         return StepConfig.from_row(value).phrase
     return value
-
-
-def _cumulative(values: Any) -> list[float]:
-    total, out = 0.0, []
-    for value in values:
-        total += value
-        out.append(total)
-    return out
 
 
 def _rolling_rates(losses: list[dict[str, Any]]) -> tuple[list[float], list[float]]:

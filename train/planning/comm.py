@@ -1,11 +1,6 @@
 """Timing collectives among the processes of a job (torch.distributed, any backend), and what a
-multi-process plan adds for them.
-
-Every process calls `measure_collective` together; each size is timed a few times after a warm-up
-(on CPU beside a computing thread, as a step's collectives run: `beside_compute`) and the slowest
-process's median is kept (a collective ends when its last member does), so every process returns
-the same figures. calibration.comm fits them. DDP all-reduces gradients; FSDP
-all-gathers parameters and reduce-scatters gradients (train/step/sharding.py).
+multi-process plan adds for them: DDP all-reduces gradients; FSDP all-gathers parameters and
+reduce-scatters gradients (train/step/sharding.py). calibration.comm fits the timings.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ REPEATS = 5
 
 
 def comm_sizes(device: torch.device) -> tuple[int, ...]:
-    """The message sizes to time on `device`: COMM_SIZES, and on CUDA the large ones whose two
-    buffers (the whole message and a part) fit in half the free memory of the fullest process
-    (every process must time the same sizes, or the collectives would not pair up)."""
+    """COMM_SIZES, and on CUDA the large ones whose two buffers fit in half the free memory of the
+    fullest process (every process must time the same sizes, or the collectives would not pair up)."""
     if getattr(device, "type", None) != "cuda":
         return COMM_SIZES
     import torch
@@ -59,7 +53,6 @@ class World(NamedTuple):
 
 
 def world() -> World:
-    """(processes, backend) of the initialised process group; (1, None) without one."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -73,8 +66,8 @@ Collectives: TypeAlias = dict[str, JsonDict]
 
 
 class CommPlan(NamedTuple):
-    """What communication adds, per optimizer step (DDP) and per micro-step (FSDP), and the record
-    of where the figure comes from (run.json's `communication`)."""
+    """What communication adds per optimizer step (DDP) and per micro-step (FSDP), and where the
+    figure comes from (run.json's `communication`)."""
 
     per_step: float
     per_micro_step: float
@@ -98,8 +91,7 @@ class Traffic:
 
 
 def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
-    """From train.planning.memory_check's MemoryNeed: fp32 gradients of the trainable parameters; FSDP
-    gathers parameters in its compute dtype (bf16 on CUDA, fp32 on CPU)."""
+    """fp32 gradients of the trainable parameters; FSDP gathers parameters in its compute dtype."""
     gradients = gradient_bytes(need.trainable_parameters)
     if sharding != "fsdp":
         return Traffic(sharding, gradients)
@@ -135,14 +127,13 @@ def beside_compute(device: torch.device) -> Iterator[None]:
 
 
 def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tuple[int, ...] | None = None, repeats: int = REPEATS) -> list[dict[str, float]]:
-    """(bytes, seconds) rows for one collective; `bytes` is the whole message (what is reduced, or
-    gathered, in all). `sizes`: comm_sizes(device) unless given."""
+    """(bytes, seconds) rows for one collective, `bytes` the whole message. Every process calls it
+    together; each size is timed after a warm-up and the slowest process's median kept (a collective
+    ends when its last member does), so every process returns the same figures."""
     import torch
     import torch.distributed as dist
 
-    if sizes is None:
-        sizes = comm_sizes(device)
-
+    sizes = comm_sizes(device) if sizes is None else sizes
     world_size = dist.get_world_size()
     # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -183,7 +174,6 @@ def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tu
 
 
 def measure_collectives(device: torch.device, kinds: tuple[str, ...]) -> Collectives:
-    """{kind: {"measurements": rows, "fit": CommModel JSON}} for each collective."""
     size, backend = world()
     fitted: Collectives = {}
     for kind in kinds:
@@ -193,15 +183,10 @@ def measure_collectives(device: torch.device, kinds: tuple[str, ...]) -> Collect
 
 
 def plan_communication(calibration: Calibration, world_size: int, traffic: Traffic, force: bool) -> CommPlan:
-    """What a run of `world_size` processes adds for communication, per optimizer step (DDP) and per
-    micro-step (FSDP), and where that figure comes from (for run.json and the plan text):
-
-    - a calibration measured with as many processes (and the same sharding) holds it in its step
-      times: nothing to add;
-    - a 1-process calibration: this sharding's collectives are timed now, among this run's
-      processes, and its traffic priced with them (calibration.comm);
-    - a calibration of another world size or sharding is refused unless --force (then used as if
-      it matched)."""
+    """What a run of `world_size` processes adds for communication: nothing where the calibration
+    measured as many processes (and the same sharding) in its step times; from a 1-process one,
+    this sharding's collectives timed now among this run's processes price its traffic; another
+    world size or sharding is refused unless --force (then used as if it matched)."""
     measured = calibration.world_size
     if world_size == 1 or measured == world_size:
         if world_size > 1 and calibration.sharding != traffic.sharding and not force:
@@ -228,9 +213,8 @@ def plan_communication(calibration: Calibration, world_size: int, traffic: Traff
 def price_traffic(
     collectives: Collectives, traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
 ) -> CommPlan:
-    """What `traffic` costs per optimizer step (DDP) and per micro-step (FSDP) with these measured
-    collectives ({kind: {"fit": CommModel JSON, …}}), and the record of it: timed now among this
-    run's processes, or stored by the calibration `collectives_from` (train.recipes.machines)."""
+    """What `traffic` costs with these measured collectives: timed now among this run's processes,
+    or stored by the calibration `collectives_from` (train.recipes.machines)."""
     models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
     per_step = per_micro_step = 0.0
     if traffic.sharding == "fsdp":

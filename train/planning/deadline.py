@@ -1,10 +1,6 @@
-"""The deadline of one `train` command: when the command started, the deadline counted from
-then, and the margin held back from it.
-
-Built once, when the command's options are validated (train.recipes.config.TrainConfig.deadline),
-and handed whole to the planner (what a plan may promise), the loop (how long the command has
-run) and the deadline guard (what the live speed is held against). The budget — deadline minus
-margin — and the time elapsed are computed here and nowhere else.
+"""The deadline of one `train` command: when the command started, the deadline counted from then,
+and the margin held back from it. Built once from the options and handed whole to the planner, the
+loop and the deadline guard: the budget and the time elapsed are computed here and nowhere else.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ class Deadline:
         return self.deadline_seconds - self.margin_seconds
 
     def seconds_left(self, elapsed_seconds: float) -> float:
-        """What is left of the budget after `elapsed_seconds` of the command."""
         return self.budget_seconds - elapsed_seconds
 
     def elapsed(self, now: float | None = None) -> float:

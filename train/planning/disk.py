@@ -1,9 +1,8 @@
 """The run folder's disk: room for what the run will write, and one `train` at a time in it.
 
-Space before work: a checkpoint holds the trained weights (fp32) and AdamW's two fp32 moments for
-every trainable parameter; the run keeps `--keep-checkpoints` of them and writes one more before
-pruning; `final/` holds the model (for LoRA on a preset, the adapters and the frozen base beside them), and
-`final-merged/` with `--merge-lora` the merged model. The counts are exact (train.planning.memory_check builds on `meta`).
+A checkpoint holds the trained weights (fp32) and the optimizer's state; the run keeps
+`--keep-checkpoints` of them and writes one more before pruning; `final/` holds the model (for LoRA
+on a preset, the adapters and the frozen base), `final-merged/` with `--merge-lora` the merged model.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import TextIO
 
 from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
-from train.planning.memory_check import BF16_BYTES, FP32_BYTES, MemoryNeed
+from train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
 
 LOCK_FILE = ".train.lock"
 
@@ -35,11 +34,10 @@ class DiskNeed:
 def export_bytes(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str) -> int:
     """Bytes of the model folders written at the end: final/ (the fp32 model, or the adapters), and
     for LoRA the frozen base of a preset (in final/, beside the adapters) and with `--merge-lora` the merged model."""
-    trainable = need.trainable_parameters
     if not lora:
         return need.total_parameters * FP32_BYTES
-    frozen = (need.total_parameters - trainable) * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
-    return trainable * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
+    frozen = (need.total_parameters - need.trainable_parameters) * compute_bytes(device_type)
+    return need.trainable_parameters * FP32_BYTES + (frozen if preset_base else 0) + (frozen if merge else 0)
 
 
 def upload_bytes(need: MemoryNeed, lora: bool, merge: bool, device_type: str) -> int:
@@ -48,7 +46,7 @@ def upload_bytes(need: MemoryNeed, lora: bool, merge: bool, device_type: str) ->
     if not lora:
         return need.total_parameters * FP32_BYTES
     if merge:
-        return need.total_parameters * (BF16_BYTES if device_type == "cuda" else FP32_BYTES)
+        return need.total_parameters * compute_bytes(device_type)
     return need.trainable_parameters * FP32_BYTES
 
 
@@ -69,10 +67,8 @@ def check_space(folder: Path, need: DiskNeed, keep: int) -> None:
 
 
 class RunLock:
-    """An exclusive lock on a run folder, held while `train` works in it.
-
-    flock: the kernel releases it when the process ends, however it ends, so a lock left by a
-    crashed run is stale by construction and the next `train` simply takes it. The file holds the
+    """An exclusive lock on a run folder while `train` works in it: flock, which the kernel releases
+    when the process ends however it ends (a crashed run's lock is free). The file holds the
     holder's pid, to name it when the folder is busy."""
 
     def __init__(self, folder: Path) -> None:

@@ -1,9 +1,6 @@
-"""The max lengths a plan weighs, from the data's real token profile and the calibrated lengths.
-
-Padded data is cut to the length that keeps the priority's share of samples whole (the smallest
-calibrated one that does, else a longer one, extrapolated and said so); packed data truncates
-nothing and may take any calibrated length. `bench run --data` measures the lengths chosen here
-(lengths_to_measure), and a length that would leave (nearly) nothing to train on is refused.
+"""The max lengths a plan weighs, from the data's real token profile and the calibrated lengths;
+the lengths `bench run --data` measures for it; and the refusal of a length that leaves (nearly)
+nothing to train on.
 """
 
 from __future__ import annotations

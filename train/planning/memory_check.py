@@ -1,30 +1,20 @@
 """Will the model even fit? Checked in seconds, before anything is built on the device.
 
-The parameter counts are exact: the model (and its LoRA adapters) is built on PyTorch's `meta`
-device, which allocates nothing. Bytes per parameter follow from what is kept, not from a guess:
-
-- full fine-tuning: fp32 weights (autocast computes in bf16 from fp32 masters) + fp32 gradients
-  + AdamW's two fp32 moments = 16 bytes per parameter;
-- LoRA: the frozen base in bf16 on CUDA (fp32 on CPU), no gradients or optimizer state for it; the
-  adapters at 16 bytes per parameter like full fine-tuning; a base quantized by bitsandbytes at its
-  packed bytes (train.workload.quantize);
-- `--optimizer adamw-8bit`: one byte per moment and an fp32 absmax per 256 values instead of two fp32
-  moments (train.workload.optimizers), exact per tensor.
-
-Under FSDP (`--sharding fsdp`, train/step/sharding.py) each of N processes keeps 1/N of all of it, plus
-the largest block's parameters gathered whole (and the next one, prefetched). For LoRA that is 1/N
-of the frozen base, of the adapters and of their gradients and optimizer state (measured on two
-gloo ranks: tests/test_fsdp_lora.py), and the gathered blocks at the compute dtype.
-
-Activations come on top: the calibration's memory model measures them; this check only says
-whether the fixed part alone is already too much.
+Parameter counts are exact (the model and its adapters built on `meta`); bytes per parameter follow
+from what is kept: full fine-tuning 16 (fp32 weights, gradients and AdamW's two moments); LoRA the
+frozen base in bf16 on CUDA (fp32 on CPU) or bitsandbytes' packed bytes, the adapters at 16; an
+8-bit optimizer one byte per moment plus an fp32 absmax per 256 values. Under FSDP each of N
+processes keeps 1/N of it all plus the largest block gathered whole and the next, prefetched
+(tests/test_fsdp_lora.py measures it for LoRA). Activations come on top: the calibration measures
+them; this check says whether the fixed part alone is already too much.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
@@ -104,45 +94,28 @@ def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
     return _META_MODELS[key]
 
 
-class ParameterCounts(NamedTuple):
-    """Parameters of the model as it will be trained: all, trainable, decoder blocks, the largest block's."""
-
-    total: int
-    trainable: int
-    blocks: int
-    largest_block: int
-
-
-def parameter_counts(spec: ModelSpec, method: MethodConfig) -> ParameterCounts:
-    """(total, trainable, decoder blocks, largest block's) parameters of the model as it will be
-    trained, built on `meta`."""
-    model = meta_model(spec, method)
-    total = sum(parameter.numel() for parameter in model.parameters())
-    trainable = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
-    blocks = decoder_blocks(model)
-    return ParameterCounts(total, trainable, len(blocks), largest_block_parameters(blocks))
-
-
 def trainable_sizes(spec: ModelSpec, method: MethodConfig) -> list[int]:
     """The values of each trainable tensor (what an optimizer keeps state for)."""
     return [parameter.numel() for parameter in meta_model(spec, method).parameters() if parameter.requires_grad]
 
 
 def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> MemoryNeed:
-    total, trainable, blocks, largest_block = parameter_counts(spec, method)
-    frozen = total - trainable
-    frozen_bytes = frozen * compute_bytes(device_type)
-    if method.quantized:
-        frozen_bytes = quantized_base_bytes(spec, method.quantize).total
+    """The fixed memory of the model as it will be trained, counted on `meta`."""
+    model = meta_model(spec, method)
+    total = sum(parameter.numel() for parameter in model.parameters())
+    sizes = trainable_sizes(spec, method)
+    trainable = sum(sizes)
+    frozen_bytes = quantized_base_bytes(spec, method.quantize).total if method.quantized else (total - trainable) * compute_bytes(device_type)
+    blocks = decoder_blocks(model)
     return MemoryNeed(
         method=method.method,
         total_parameters=total,
         trainable_parameters=trainable,
         weights_bytes=frozen_bytes + trainable * FP32_BYTES,
         gradient_bytes=trainable * FP32_BYTES,
-        optimizer_bytes=optimizer_state_bytes(method.optimizer, trainable_sizes(spec, method)),
-        blocks=blocks,
-        largest_block_parameters=largest_block,
+        optimizer_bytes=optimizer_state_bytes(method.optimizer, sizes),
+        blocks=len(blocks),
+        largest_block_parameters=largest_block_parameters(blocks),
         built_whole=method.quantized,
     )
 
@@ -169,14 +142,8 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
     if need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available or need.building_bytes("fsdp") > available:
         return None
     # Fewest processes whose shard plus gathered blocks fits; bytes per process fall with the count.
-    low, high = 2, MAX_PROCESSES
-    while low < high:
-        middle = (low + high) // 2
-        if need.per_process_bytes("fsdp", middle, device_type) <= available:
-            high = middle
-        else:
-            low = middle + 1
-    return low
+    counts = range(2, MAX_PROCESSES + 1)
+    return counts[bisect.bisect_left(counts, True, key=lambda count: need.per_process_bytes("fsdp", count, device_type) <= available)]
 
 
 def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:

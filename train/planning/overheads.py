@@ -1,15 +1,11 @@
-"""Everything a run spends besides its training steps, in one place.
-
-The planner adds it to the estimate, the deadline guard keeps the part that comes after the last
-step in reserve, run.json records it, and `train --dry-run` shows it line by line. Every figure is
-measured by `bench` (model build, first-step warm-up, compilation per distinct batch shape,
-checkpoint save and the final export — bytes ÷ the measured disk write bandwidth —, report) or
-predicted from its measurements (evaluation).
+"""Everything a run spends besides its training steps, in one record: the planner prices it from
+bench's measurements (train.planning.planner.candidate_overheads) and adds it to the estimate, the
+deadline guard keeps what comes after the last step in reserve, run.json records it, `train
+--dry-run` shows it; and what a write into the run folder costs at bench's measured bandwidth.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from common.durations import format_duration
@@ -38,17 +34,9 @@ class Overheads:
 
     @property
     def total_seconds(self) -> float:
-        return (
-            self.data_prep_seconds
-            + self.model_build_seconds
-            + self.warmup_seconds
-            + self.compile_seconds
-            + self.checkpoint_seconds * self.checkpoint_count
-            + self.export_seconds
-            + self.evaluation_seconds
-            + self.report_seconds
-            + self.upload_seconds
-        )
+        startup = (self.data_prep_seconds, self.model_build_seconds, self.warmup_seconds, self.compile_seconds)
+        rest = (self.export_seconds, self.evaluation_seconds, self.report_seconds, self.upload_seconds)
+        return sum((*startup, self.checkpoint_seconds * self.checkpoint_count, *rest))
 
     @property
     def after_training_seconds(self) -> float:
@@ -66,7 +54,6 @@ class Overheads:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 
     def lines(self) -> list[str]:
-        """For `train --dry-run`: each part, and where it came from."""
         parts = [
             *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
             f"model build {format_duration(self.model_build_seconds)}",
@@ -98,41 +85,3 @@ def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float
     if size_bytes and checkpoint:
         return timed * float(size_bytes) / float(checkpoint)
     return timed
-
-
-@dataclass(frozen=True)
-class PlannedWork:
-    """What a run does besides its steps, as planned before bench's measurements price it: its
-    evaluations, the batch shapes it compiles, the bytes it exports, its tokenizing."""
-
-    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
-    eval_count: int = 0
-    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
-    compile_shapes: int = 0
-    export_bytes: int = 0  # final/ (and final-merged/); 0: not known (one checkpoint save is counted)
-    data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache)
-    upload_seconds: float = 0.0  # --push-to-hub, predicted (train.recipes.hub_push.upload_rate)
-
-
-def plan_overheads(
-    measured: dict[str, float], train_seconds: float, checkpoint_interval: float, with_report: bool = True, work: PlannedWork = PlannedWork()
-) -> Overheads:
-    """The overheads of a run with `train_seconds` of predicted training steps; `work.export_bytes`:
-    what the final export writes (train.planning.disk.export_bytes; 0: one checkpoint save)."""
-    save = checkpoint_save_seconds(measured)
-    periodic = math.floor(train_seconds / checkpoint_interval) if checkpoint_interval > 0 else 0
-    return Overheads(
-        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
-        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
-        checkpoint_seconds=save,
-        checkpoint_count=periodic + 1,
-        export_seconds=write_seconds(measured, work.export_bytes) if work.export_bytes else save,
-        eval_pass_seconds=work.eval_pass_seconds,
-        eval_count=work.eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if with_report else 0.0,
-        compile_seconds=work.compile_seconds,
-        compile_shapes=work.compile_shapes,
-        export_bytes=work.export_bytes,
-        data_prep_seconds=work.data_prep_seconds,
-        upload_seconds=work.upload_seconds,
-    )

@@ -67,20 +67,17 @@ def describe_exact_profile(prepared: PreparedData, sampled_plan: Plan, plan: Pla
 def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()) -> list[str]:
     """The plan as the console shows it; `data_notes`: where the lengths came from and what
     preparing the tokens costs (train.workload.prepare.PreparedData.describe)."""
-    c = plan.chosen
-    device = calibration.hardware
+    c, device = plan.chosen, calibration.hardware
+    history = f", history factor {calibration.history_factor:.3f}" if calibration.history else ""
     lines = [
         *describe_data(profile, byte_tokens),
         *[f"  {note}" for note in data_notes],
-        f"calibration: {calibration.id} ({describe_error(calibration, c)}"
-        + (f", history factor {calibration.history_factor:.3f}" if calibration.history else "")
-        + ")",
+        f"calibration: {calibration.id} ({describe_error(calibration, c)}{history})",
         f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
         f"{'packed rows' if plan.packing else 'samples'}; {_steps(c.optimizer_steps, 'optimizer ')}"
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
-        f"(bounds {format_duration(c.total_seconds_low)} – "
-        f"{format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
+        f"(bounds {format_duration(c.total_seconds_low)} – {format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
         + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
         + " and report",
@@ -100,9 +97,7 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
     for alternative in plan.alternatives:
         steps = f"{_steps(alternative.optimizer_steps)} in " if plan.step_limit is not None else ""
         lines.append(f"  alternative: {alternative.label()}: {steps}{format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
-    for note in plan.notes:
-        lines.append(f"  note: {note}")
-    return lines
+    return lines + [f"  note: {note}" for note in plan.notes]
 
 
 def describe_error(calibration: Calibration, chosen: Candidate) -> str:

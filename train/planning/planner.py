@@ -3,55 +3,139 @@
 Every number here comes from the calibration (step-time model, its held-out error, measured
 model-build / warm-up / checkpoint / report seconds) or from the data (real tokens per batch:
 padding to each batch's longest sample, or packing). The naive `samples × mean tokens /
-throughput` estimate is computed for comparison only.
+throughput` estimate is computed for comparison only. The candidates are the micro batch sizes and
+accumulations that make the effective batch, at each switch (gradient checkpointing) the
+calibration measured; each priority orders them (`rank`); `--fit-deadline` cuts the chosen one to
+the optimizer steps that fit.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from calibration.dimensions import switches
 from calibration.model import Calibration
 from calibration.slices import slices_plan_note
-from calibration.step_config import StepConfig
+from calibration.step_config import Mode, StepConfig
 from calibration.topology import bracket_estimate, overlap_bracket
 from common.durations import format_duration
-from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.calibrated import batch_sizes_for, noise_warnings, switch_modes
-from train.planning.fit_deadline import error_decides_deadline, shortened_alternatives, shrink_to_deadline
+from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.memory_check import memory_basis_note
-from train.planning.overheads import Overheads, PlannedWork, plan_overheads
+from train.planning.overheads import Overheads, checkpoint_save_seconds, write_seconds
 from train.planning.prices import run_cost
-from train.planning.priorities import rank
-from train.planning.shapes import ShapeCache, eval_pass_seconds, shape_counts
 from train.planning.types import Candidate, Plan, PlanRequest
 from train.step.compile import compile_seconds
-from train.workload.batching import BatchShape, DataView, real_tokens
+from train.step.evaluation import eval_batches
+from train.workload.batching import (
+    BatchLayout,
+    BatchShape,
+    DataView,
+    batch_shapes,
+    epoch_share,
+    packed_epoch_shape_counts,
+    packed_row_count,
+    packed_shapes,
+    padded_batch_count,
+    padded_epoch_shape_counts,
+    padded_shape_counts,
+    real_tokens,
+    run_batches,
+)
 from train.workload.data import truncation
 
 DEFAULT_EFFECTIVE_BATCH = 16
+BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
+MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
+EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
+
+ShapeCache = dict[tuple[int, int, int], Counter[BatchShape]]
+
+
+def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
+    """(micro batch, accumulation) pairs that keep samples per optimizer step = effective_batch."""
+    calibrated = calibration.measured_values("micro_batch_size")
+    micros = [micro for micro in range(calibrated[0], calibrated[-1] + 1) if effective_batch % (micro * world_size) == 0]
+    return [(micro, effective_batch // (micro * world_size)) for micro in micros]
+
+
+def switch_modes(calibration: Calibration, requested: Mapping[str, str]) -> list[Mode]:
+    """The combinations of switches (calibration.dimensions) to plan with: each switch's values the
+    calibration measured, as asked (auto, on or off; absent: auto)."""
+    choices = []
+    for dimension in switches():
+        measured = [bool(value) for value in calibration.measured_values(dimension.name)] or [False]
+        asked = requested.get(dimension.name, "auto")
+        values = [value for value in {"auto": measured, "on": [True], "off": [False]}[asked] if value in measured]
+        if not values:
+            raise BenchtrainError(
+                f"{dimension.plan_flag} {asked}: calibration {calibration.id} did not measure it; "
+                f"run `bench run {dimension.flag} off,on`, or use {dimension.plan_flag} auto"
+            )
+        choices.append([(dimension.name,) if value else () for value in values])
+    return [sum(combo, ()) for combo in itertools.product(*choices)]
+
+
+def noise_warnings(calibration: Calibration) -> list[str]:
+    """What the calibration's own error says about this plan, out loud."""
+    noise = calibration.data.get("noise") or {}
+    warnings = [f"calibration {calibration.id}: {noise['message']}"] if noise.get("message") else []
+    if calibration.too_noisy_to_bound:
+        warnings.append(
+            f"the calibration's 90th-percentile error ({calibration.relative_bound:.0%}) is too large to promise a finish time: the deadline "
+            "is checked against the central estimate, not an upper bound; the deadline guard still stops the run in time if it is slower"
+        )
+    return warnings
+
+
+def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache) -> Counter[BatchShape]:
+    """How many micro-batches of each (rows, length) one process runs in `epoch`: the calibration
+    prices each shape. Cached: the batches do not depend on accumulation or workers."""
+    key = (micro, length, epoch)
+    if key in cache:
+        return cache[key]
+    if request.world_size == 1:
+        # One process: the shapes straight from the batch layout, without building the batches.
+        if data.packing:
+            rows = packed_row_count(data.stream_length, length)
+            counts = Counter(packed_epoch_shape_counts(rows, micro, length, epoch_share(-(-rows // micro), epoch, request.epochs)))
+        else:
+            taken = epoch_share(padded_batch_count(len(data.lengths), micro), epoch, request.epochs)
+            counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
+    else:
+        # Each process runs every world_size-th batch (rank 0 stands for all of them).
+        batches = run_batches(data, BatchLayout(micro, length, request.seed), epoch, request.epochs, request.world_size)
+        counts = Counter(packed_shapes(batches, length) if data.packing else padded_shape_counts(data.lengths, batches, length, request.shape_bucket))
+    cache[key] = counts
+    return counts
+
+
+def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
+    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
+    total = 0.0
+    for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
+        seconds = calibration.eval_batch_seconds(shape.rows, shape.length)
+        if seconds is None:
+            return 0.0
+        total += seconds
+    return total
 
 
 def evaluate(
-    calibration: Calibration,
-    data: DataView,
-    request: PlanRequest,
-    config: StepConfig,
-    cache: ShapeCache | None = None,
-    eval_data: DataView | None = None,
+    calibration: Calibration, data: DataView, request: PlanRequest, config: StepConfig, cache: ShapeCache | None = None, eval_data: DataView | None = None
 ) -> Candidate:
-    candidate = Candidate.planned(config, request.world_size)
+    """`config` planned for `request`: its steps priced shape by shape, the overheads, the bounds, the peak memory."""
+    candidate = Candidate(config, request.world_size)
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
-    epochs_whole = math.ceil(request.epochs)
-    step_seconds = 0.0
-    micro_batches = 0
-    padded = 0
-    steps = 0
+    step_seconds, micro_batches, padded, steps = 0.0, 0, 0, 0
     shapes: set[BatchShape] = set()
-    for epoch in range(epochs_whole):
-        counts = shape_counts(data, request, micro, length, epoch, cache)
+    for epoch in range(math.ceil(request.epochs)):
+        counts = shape_counts(data, request, micro, length, epoch, {} if cache is None else cache)
         shapes.update(counts)
         for (rows, batch_length), count in counts.items():
             step_seconds += count * calibration.micro_step_seconds(config.with_shape(rows, batch_length))
@@ -73,17 +157,16 @@ def evaluate(
     if remaining < 1:
         raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
     fraction_run = remaining / steps
-    candidate.optimizer_steps = target
-    candidate.remaining_steps = remaining
+    candidate.optimizer_steps, candidate.remaining_steps = target, remaining
     candidate.micro_batches = round(micro_batches * fraction_run)
     candidate.step_seconds = step_seconds * fraction_run
     compute_seconds *= fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
     candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
-    candidate.overheads, eval_pass = candidate_overheads(calibration, request, candidate, shapes, eval_data)
-    candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
-    candidate.overhead_seconds = candidate.overheads.total_seconds
+    overheads = candidate.overheads = candidate_overheads(calibration, request, candidate, shapes, eval_data)
+    candidate.eval_pass_seconds, candidate.eval_seconds = overheads.eval_pass_seconds, overheads.evaluation_seconds
+    candidate.overhead_seconds = overheads.total_seconds
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
     bound = candidate.bound_fraction = calibration.relative_bound_for(config)
     candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
@@ -116,11 +199,10 @@ def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, fl
     return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
 
 
-def candidate_overheads(
-    calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None
-) -> tuple[Overheads, float]:
+def candidate_overheads(calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None) -> Overheads:
     """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
-    the export, the report), and one evaluation pass's seconds."""
+    the export, the report), priced by bench's measurements; an export of unknown bytes (0) as one
+    checkpoint save."""
     micro, length = candidate.config.micro_batch_size, candidate.config.seq_len
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
@@ -131,16 +213,29 @@ def candidate_overheads(
         rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == candidate.config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
-    work = PlannedWork(eval_pass, eval_count, compile_cost, compile_shapes, request.export_bytes, request.data_prep_seconds, request.upload_seconds)
-    overheads = plan_overheads(calibration.overheads, candidate.step_seconds, request.checkpoint_interval_seconds, request.with_report, work)
-    return overheads, eval_pass
+    measured, interval = calibration.overheads, request.checkpoint_interval_seconds
+    save = checkpoint_save_seconds(measured)
+    return Overheads(
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
+        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save,
+        checkpoint_count=(math.floor(candidate.step_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
+        eval_pass_seconds=eval_pass,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
+        compile_seconds=compile_cost,
+        compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes,
+        data_prep_seconds=request.data_prep_seconds,
+        upload_seconds=request.upload_seconds,
+    )
 
 
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
     """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
     mean_tokens: float = sum(data.lengths) / len(data.lengths)  # lengths may be a numpy array: its sum is untyped
-    rows = [row for row in calibration.ok_rows()]
-    best = max(row["tokens_per_second"] for row in rows) if rows else candidate.tokens_per_second
+    best = max((row["tokens_per_second"] for row in calibration.ok_rows()), default=candidate.tokens_per_second)
     return len(data.lengths) * mean_tokens * epochs / best
 
 
@@ -149,10 +244,25 @@ def sharded_view(calibration: Calibration, gradient_shards: int) -> Calibration:
     a view whose memory model accumulates that process's shard of the gradients."""
     if gradient_shards <= 1 or calibration.memory is None:
         return calibration
-    memory = calibration.memory.with_gradient_shards(gradient_shards)
     view = copy.copy(calibration)
-    view.memory = memory
+    view.memory = calibration.memory.with_gradient_shards(gradient_shards)
     return view
+
+
+def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
+    """The candidates in the order `priority` puts them: fast and quality by time alone, balanced
+    keeping the predicted peak memory clear of the limit first, memory_efficient taking the
+    smallest peak among those nearly as fast as the fastest."""
+    by_time = sorted(candidates, key=lambda c: (c.total_seconds, c.extrapolated, c.config.micro_batch_size))
+    if priority in ("fast", "quality"):
+        return by_time
+    if priority == "balanced":
+        roomy = [c for c in by_time if (c.peak_memory_bytes_high or 0) <= BALANCED_MEMORY_HEADROOM * memory_limit]
+        return roomy + [c for c in by_time if c not in roomy]
+    fastest = by_time[0].total_seconds
+    near = [c for c in by_time if c.total_seconds <= fastest * (1 + MEMORY_EFFICIENT_SLACK)]
+    near.sort(key=lambda c: (c.peak_memory_bytes or 0, c.total_seconds))
+    return near + [c for c in by_time if c not in near]
 
 
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
@@ -165,9 +275,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         warnings.append(f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it")
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
-        fixed = request.configuration
-        lengths, notes = [fixed.seq_len], list[str]()
-        options = [fixed]
+        lengths, notes, options = [request.configuration.seq_len], list[str](), [request.configuration]
     else:
         lengths, notes, length_warnings = choose_lengths(calibration, data, request)
         warnings += length_warnings
@@ -204,20 +312,16 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
             f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
         )
         alternatives = shortened_alternatives(ranked[1:], available, limited)
-    notes.extend(filter(None, [memory_basis_note(calibration)]))  # what the peak memory stands on (GPU)
-    notes.extend(filter(None, [slices_plan_note(calibration.data)]))  # measured on layer slices: what it rests on
-    meets = chosen.total_seconds_promised <= available
-    warning = error_decides_deadline(chosen, available)
-    if warning:
-        warnings.append(warning)
-    cost = run_cost(chosen.total_seconds, request.price_per_hour, request.world_size)
+    # What the peak memory stands on (GPU), and what a calibration measured on layer slices rests on.
+    notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
+    warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
         chosen=chosen,
         alternatives=alternatives,
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
         deadline=request.deadline,
         available_seconds=available,
-        meets_deadline=meets,
+        meets_deadline=chosen.total_seconds_promised <= available,
         effective_batch=effective_batch,
         packing=data.packing,
         epochs=request.epochs,
@@ -225,10 +329,64 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         step_limit=step_limit,
         bound_fraction=chosen.bound_fraction,
         notes=notes,
-        cost=cost,
+        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
         warnings=warnings,
         price_per_hour=request.price_per_hour,
     )
+
+
+def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
+    """Said when the calibration's error is what decides the deadline: the central estimate fits
+    and its upper bound does not (refused, or promised on the central estimate when too noisy)."""
+    if not chosen.total_seconds <= available < chosen.total_seconds_high:
+        return None
+    return (
+        f"the calibration's error decides this deadline: the estimate {format_duration(chosen.total_seconds)} fits the "
+        f"{format_duration(available)} usable, its upper bound {format_duration(chosen.total_seconds_high)} (±{chosen.bound_fraction:.0%}) "
+        + (f"does not; {EXTRAPOLATION_ADVICE}" if chosen.extrapolated else "does not; a longer `bench run --budget` narrows it")
+    )
+
+
+def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate], shown: int = 3) -> list[Candidate]:
+    """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
+    (those of which not one step fits are left out)."""
+    alternatives: list[Candidate] = []
+    for candidate in ranked:
+        if len(alternatives) == shown:
+            break
+        if candidate.total_seconds_promised > available:
+            try:
+                candidate = shrink_to_deadline(candidate, available, limited)[0]
+            except DeadlineError:
+                continue
+        alternatives.append(candidate)
+    return alternatives
+
+
+def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]) -> tuple[Candidate, int]:
+    """The same configuration with as many steps as fit: each count planned as the run it would be
+    (its own checkpoints, evaluations and export) by `limited(chosen, max_steps)`, the largest whose
+    promised total fits found by bisection (the total grows with the steps). Counted after the
+    steps a resumed run already did, so the limit is the run's total."""
+    done = chosen.optimizer_steps - chosen.remaining_steps  # what a resumed run already did
+    fits, low, high = None, 0, chosen.remaining_steps - 1  # all the steps do not fit
+    while low < high:
+        middle = (low + high + 1) // 2
+        candidate = limited(chosen, done + middle)
+        if candidate.total_seconds_promised <= available:
+            fits, low = candidate, middle
+        else:
+            high = middle - 1
+    if fits is None:
+        one = limited(chosen, done + 1)
+        if one.total_seconds_promised > available:
+            wide = f" (its bound ±{one.bound_fraction:.0%}: {EXTRAPOLATION_ADVICE})" if one.extrapolated else ""
+            raise DeadlineError(
+                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
+                f"needs up to {format_duration(one.total_seconds_promised)} with its overheads{wide}, {format_duration(max(0.0, available))} are left"
+            )
+        fits, low = one, 1
+    return fits, done + low
 
 
 def deadline_options(plan: Plan, resuming: bool = False) -> str:

@@ -1,19 +1,6 @@
 """What renting a machine adds to a plan: whether spot (preemptible) capacity still keeps the
-deadline, how long the engine may let the task run, and how much disk a node needs.
-
-- **Spot** only where one preemption still meets the deadline. One preemption is priced as the
-  work since the last checkpoint (one checkpoint interval, at most the whole training), a fresh
-  machine (PROVISION_SECONDS, an allowance) and the startup the plan priced, again (building the
-  model, warm-up, compile, data preparation); spot when the plan's upper end plus that fits the
-  deadline's budget.
-- **Maximum duration**: (the upper end, + one preemption where spot) × (1 + MAX_DURATION_MARGIN),
-  at most the deadline (the deadline guard has stopped the run with a checkpoint by then), +
-  SETUP_SECONDS to install benchtrain.
-- **Disk**: the run's checkpoints (kept + the one written before pruning) and its export as
-  `train` counts them before its first step (train.planning.disk), the model's weights where it
-  downloads them, the files uploaded, and SOFTWARE_BYTES for the Python environment.
-
-The allowances are stated, not measured: no machine was rented to measure them.
+deadline, how long the engine may let the task run, and how much disk a node needs. The allowances
+(the constants below) are stated, not measured: no machine was rented to measure them.
 """
 
 from __future__ import annotations
@@ -45,12 +32,11 @@ class Spot:
 
 
 def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_seconds: float) -> Spot:
-    """Spot only where one preemption still meets the deadline (the module's docstring)."""
-    chosen = plan.chosen
-    overheads = chosen.overheads
-    startup = 0.0
-    if overheads is not None:
-        startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
+    """Spot only where one preemption still meets the deadline: the plan's upper end plus the work
+    since the last checkpoint (at most all of it), a fresh machine and the startup the plan priced,
+    again, within the deadline's budget."""
+    chosen, overheads = plan.chosen, plan.chosen.overheads
+    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds if overheads else 0.0
     training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
     lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
     restart = lost + PROVISION_SECONDS + startup
@@ -73,7 +59,9 @@ class Duration:
 
 
 def max_duration(upper_seconds: float, spot: Spot, deadline_seconds: float) -> Duration:
-    """The longest the engine lets the task run (the module's docstring)."""
+    """The longest the engine lets the task run: the upper end (and one preemption where spot) with a
+    margin, at most the deadline (the guard has stopped the run with a checkpoint by then), plus
+    the setup."""
     run = upper_seconds + (spot.restart_seconds if spot.use else 0.0)
     seconds = min(run * (1 + MAX_DURATION_MARGIN), deadline_seconds) + SETUP_SECONDS
     restart = " + one preemption" if spot.use else ""
@@ -91,8 +79,8 @@ class DiskSize:
 
 
 def node_disk(spec: ModelSpec, method: MethodConfig, merge: bool, keep: int, device_type: str, uploaded_bytes: int) -> DiskSize:
-    """What one node writes and holds (the module's docstring)."""
-
+    """What one node writes and holds: the run's checkpoints and export as `train` counts them
+    before its first step, the model's weights where it downloads them, the uploads, the software."""
     need = memory_need(spec, method, device_type)
     run = disk_need(need, method.is_lora, not spec.has_weights, merge and method.is_lora, device_type, keep)
     weights = need.total_parameters * BF16_BYTES if spec.has_weights else 0

@@ -11,7 +11,7 @@ measured steps correct it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from calibration.model import Calibration
 from common.json_types import JsonDict
@@ -19,6 +19,7 @@ from train.planning.types import Plan
 
 # Losses of ours that differ from the model's own cross-entropy over full logits (train.step.loss).
 FUSED_LOSSES = ("chunked", "liger")
+SFT_ONLY = ("max_length", "packing")  # TRL's SFTConfig takes these beside TrainingArguments' fields
 
 
 @dataclass(frozen=True)
@@ -29,35 +30,28 @@ class TrainerFields:
     activation_checkpointing: bool  # `gradient_checkpointing` before transformers 5.24 (an alias since)
     bf16: bool
     max_steps: int
-    max_length: int  # TRL's SFTConfig (max_seq_length in TRL before 0.20)
-    packing: bool  # TRL's SFTConfig
     torch_compile: bool
+    max_length: int  # max_seq_length in TRL before 0.20
+    packing: bool
     calibration_id: str
     differences: tuple[str, ...]  # where their step is not the one measured
 
-    def training_arguments(self) -> JsonDict:
-        return {
-            "per_device_train_batch_size": self.per_device_train_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "dataloader_num_workers": self.dataloader_num_workers,
-            "activation_checkpointing": self.activation_checkpointing,
-            "bf16": self.bf16,
-            "max_steps": self.max_steps,
-            "torch_compile": self.torch_compile,
-        }
+    def sft_config(self) -> JsonDict:
+        """Every field TRL's SFTConfig takes: TrainingArguments' and SFT_ONLY."""
+        return {name: value for name, value in asdict(self).items() if name not in ("calibration_id", "differences")}
 
     def to_json(self) -> JsonDict:
+        fields = self.sft_config()
         return {
-            "training_arguments": self.training_arguments(),
-            "sft_config": {"max_length": self.max_length, "packing": self.packing},
+            "training_arguments": {name: value for name, value in fields.items() if name not in SFT_ONLY},
+            "sft_config": {name: fields[name] for name in SFT_ONLY},
             "calibration_id": self.calibration_id,
             "differences": list(self.differences),
         }
 
     def snippet(self) -> str:
         """The Python a user pastes: TRL's SFTConfig (a TrainingArguments) and the callback."""
-        fields = {**self.training_arguments(), "max_length": self.max_length, "packing": self.packing}
-        lines = "\n".join(f"    {name}={value!r}," for name, value in fields.items())
+        lines = "\n".join(f"    {name}={value!r}," for name, value in self.sft_config().items())
         return (
             "from benchtrain import DeadlineCallback\n"
             "from trl import SFTConfig  # transformers.TrainingArguments takes the same fields but max_length and packing\n\n"
@@ -69,7 +63,7 @@ class TrainerFields:
         """The fields as JSON, the snippet, and the differences, for the console."""
         differences = "\n".join(f"  - {line}" for line in self.differences)
         return (
-            f"TrainingArguments / SFTConfig fields:\n{json.dumps(self.to_json()['training_arguments'] | self.to_json()['sft_config'], indent=2)}\n\n"
+            f"TrainingArguments / SFTConfig fields:\n{json.dumps(self.sft_config(), indent=2)}\n\n"
             f"{self.snippet()}\nwhere your Trainer's step differs from the one calibration {self.calibration_id} measured:\n{differences}"
         )
 

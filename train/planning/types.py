@@ -1,13 +1,10 @@
 """What the planner is asked, what it weighs and what it answers: the request (PlanRequest), each
-configuration it predicts (Candidate) and the plan it makes (Plan). One home that every planning
-module imports (train.planning.planner, .priorities, .fit_deadline, .shapes, .lengths), so this
-module imports none of them.
-"""
+configuration it predicts (Candidate) and the plan it makes (Plan)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from calibration.dimensions import DIMENSIONS
 from calibration.run_file import step_columns
@@ -19,8 +16,7 @@ from train.planning.overheads import Overheads
 from train.step.compile import SHAPE_BUCKET
 from train.step.evaluation import EvalSchedule
 
-# The priorities a plan may be made for (train.planning.priorities orders candidates by each).
-# Here, beside the request that checks them, because priorities.py imports Candidate from here.
+# The priorities a plan may be made for (train.planning.planner.rank orders candidates by each).
 PRIORITIES = ("fast", "balanced", "quality", "memory_efficient")
 
 
@@ -47,31 +43,22 @@ class PlanRequest:
     eval_schedule: EvalSchedule | None = None  # None: no evaluation
     with_report: bool = True  # --no-report: no report time in the plan
     compiled: bool = False  # a compiled step: padded batches are bucketed and each shape compiles once
-    # Gradient all-reduce per optimizer step that the calibration's step times do not hold (a
-    # 1-process calibration planning an N-process run: calibration.comm).
+    # Collectives the calibration's step times do not hold (a 1-process calibration planning an
+    # N-process run, train/planning/comm.py): DDP's all-reduce per optimizer step, FSDP's per micro-step.
     comm_seconds_per_step: float = 0.0
-    # FSDP's all-gathers and reduce-scatter per micro-step, likewise (train/planning/comm.py).
     comm_seconds_per_micro_step: float = 0.0
-    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from
-    # a 1-process calibration, train.planning.memory_check.MemoryNeed.per_process_bytes).
-    memory_offset_bytes: float = 0.0
-    # FSDP processes planned from a 1-process calibration: each accumulates its 1/N of the gradients.
-    gradient_shards: int = 1
-    # Bytes of final/ (and final-merged/): their write time is planned and kept in reserve.
-    export_bytes: int = 0
-    # --push-to-hub: the upload of final/ after the export, predicted (kept in reserve like the report).
-    upload_seconds: float = 0.0
-    # Whether the collectives above may run behind backward (a row predicted from a 1-process step,
-    # train.recipes.machines): the estimate counts the midpoint of the overlap bracket, the lower
-    # bound full overlap, the upper bound (what the deadline is checked against) none: the
-    # communication seconds above are that absolute upper bound (calibration.topology). False:
-    # counted in full everywhere.
+    # Whether they may run behind backward (a row predicted from a 1-process step, train.recipes.machines):
+    # the estimate counts the midpoint of the overlap bracket, the lower bound full overlap, the upper
+    # bound none (calibration.topology). False: counted in full everywhere.
     comm_overlap: bool = False
-    # Tokenizing the data before training (a cold cache), predicted at the rate measured on the
-    # sample (train.workload.prepare): an overhead of the run.
-    data_prep_seconds: float = 0.0
-    # The relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it.
-    data_uncertainty: float = 0.0
+    # Bytes each process holds beyond the calibration's probes (negative: FSDP shards planned from a
+    # 1-process calibration), and the FSDP processes each accumulating its 1/N of the gradients.
+    memory_offset_bytes: float = 0.0
+    gradient_shards: int = 1
+    export_bytes: int = 0  # final/ (and final-merged/): their write time is planned and kept in reserve
+    upload_seconds: float = 0.0  # --push-to-hub's upload after the export, predicted (kept in reserve like the report)
+    data_prep_seconds: float = 0.0  # tokenizing before training (a cold cache), at the rate measured on the sample
+    data_uncertainty: float = 0.0  # relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it
 
     @property
     def shape_bucket(self) -> int | None:
@@ -123,11 +110,6 @@ class Candidate:
     extrapolated: bool = False
     truncation: JsonDict = field(default_factory=dict)
 
-    @classmethod
-    def planned(cls, config: StepConfig, world_size: int) -> Candidate:
-        """A candidate for `config` (its length the max length), its predictions still to fill in."""
-        return cls(config=config, world_size=world_size)
-
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
@@ -157,8 +139,8 @@ class Plan:
     step_limit: int | None
     bound_fraction: float
     notes: list[str]
-    cost: float | None
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
+    cost: float | None = None
     price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
 
     @property
@@ -166,21 +148,6 @@ class Plan:
         return self.deadline.deadline_seconds
 
     def to_json(self) -> JsonDict:
-        return {
-            "chosen": self.chosen.to_json(),
-            "alternatives": [candidate.to_json() for candidate in self.alternatives],
-            "naive_seconds": self.naive_seconds,
-            "deadline_seconds": self.deadline_seconds,
-            "available_seconds": self.available_seconds,
-            "meets_deadline": self.meets_deadline,
-            "effective_batch": self.effective_batch,
-            "packing": self.packing,
-            "epochs": self.epochs,
-            "priority": self.priority,
-            "step_limit": self.step_limit,
-            "bound_fraction": self.bound_fraction,
-            "notes": self.notes,
-            "warnings": self.warnings,
-            "cost": self.cost,
-            "price_per_hour": self.price_per_hour,
-        }
+        """Every field in order: the candidates as their JSON, the deadline as its seconds."""
+        shown = {"chosen": self.chosen.to_json(), "alternatives": [candidate.to_json() for candidate in self.alternatives], "deadline": self.deadline_seconds}
+        return {("deadline_seconds" if each.name == "deadline" else each.name): shown.get(each.name, getattr(self, each.name)) for each in fields(self)}
