@@ -190,9 +190,9 @@ def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schem
     """Every record of `path` tokenized through the product's own path (prepare_data, the cache
     included), exactly: the TokenizedData a run of that file trains on."""
     from common.console import say
-    from train.workload.data import TokenizedData
     from train.workload.formats import DataSchema
     from train.workload.prepare import DataSpec, prepare_data
+    from train.workload.tokens import TokenizedData
 
     prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
     assert isinstance(prepared.view, TokenizedData)
@@ -203,7 +203,7 @@ def tokenized_from_samples(
     samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
 ) -> Any:
     """A TokenizedData in memory, from one array of token ids per sample."""
-    from train.workload.data import TokenizedData
+    from train.workload.tokens import TokenizedData
 
     lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)

@@ -24,14 +24,19 @@ from typing import Any
 import numpy as np
 
 from common.errors import BenchtrainError
+from common.hub_access import first_line, snapshot
 from common.json_types import JsonDict
-from train.workload.encode import assistant_character_spans
-from train.workload.hub import first_line, parse_hub_id, snapshot
-from train.workload.tokens import Lengths, TokenizedData
-
-__all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "truncation"]
+from train.workload.hub import parse_hub_id
+from train.workload.tokens import Lengths
 
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# The bundled sample data: `--data sample` (text) and `--data sample-chat` (messages).
+SAMPLES = {"sample": "sample.jsonl", "sample-chat": "sample_chat.jsonl"}
+SAMPLE_FOLDER = Path(__file__).resolve().parents[1] / "sample_data"
+
+
+def resolve_data_path(value: str) -> str:
+    return str(SAMPLE_FOLDER / SAMPLES[value]) if value in SAMPLES else value
 
 
 def load_records(path: str, split: str = "train") -> Any:

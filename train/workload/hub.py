@@ -25,7 +25,6 @@ from common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
-from common.hub_access import first_line as first_line  # re-exported: train.workload.data reads it here
 
 if TYPE_CHECKING:
     from huggingface_hub.file_download import DryRunFileInfo

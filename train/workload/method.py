@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from calibration.setup import Variant
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import DEFAULT_OPTIMIZER, check_optimizer
-from train.workload.quantize import base_phrase, check_quantize, logical_numel
+from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer
+from train.workload.quantize import QUANTIZE_CHOICES, base_phrase, check_quantize, logical_numel
 
 if TYPE_CHECKING:
     import argparse
@@ -140,9 +140,26 @@ def method_from_args(args: argparse.Namespace) -> MethodConfig:
 
 def single_choice(value: str | None, default: str) -> str:
     """One value of an option bench takes as a list and train as one value or `auto`: the first
-    listed (bench measures each, train.workload.variants), `default` for none or `auto`."""
+    listed (bench measures each: measured_methods), `default` for none or `auto`."""
     first = (value or "").split(",")[0].strip()
     return default if first in ("", "auto") else first
+
+
+def parse_choices(text: str | None, choices: tuple[str, ...], option: str, default: str) -> list[str]:
+    """`none,4bit` → ["none", "4bit"], each one of `choices`, in the order given, once."""
+    values = [part.strip() for part in (text or default).split(",") if part.strip()] or [default]
+    unknown = [value for value in values if value not in choices]
+    if unknown:
+        raise BenchtrainError(f"{option}: {', '.join(unknown)} is not one of {', '.join(choices)}")
+    return list(dict.fromkeys(values))
+
+
+def measured_methods(quantize: str | None, optimizer: str | None, method: MethodConfig) -> list[MethodConfig]:
+    """`method` with every variant (the base's quantization × the optimizer) bench is asked to
+    measure side by side in one calibration, the first listed first."""
+    quantizations = parse_choices(quantize, QUANTIZE_CHOICES, "--quantize", "none")
+    optimizers = parse_choices(optimizer, tuple(OPTIMIZERS), "--optimizer", DEFAULT_OPTIMIZER)
+    return [method.with_variant(Variant(q, o)) for q in quantizations for o in optimizers]
 
 
 def quiet_library_warnings() -> None:
