@@ -28,7 +28,7 @@ from train.planning.priorities import rank
 from train.planning.shapes import ShapeCache, eval_pass_seconds, shape_counts
 from train.planning.types import Candidate, Plan, PlanRequest
 from train.step.compile import compile_seconds
-from train.workload.batching import BatchShape, DataView, real_tokens
+from train.workload.batching import BatchShape, DataView
 from train.workload.data import truncation
 
 DEFAULT_EFFECTIVE_BATCH = 16
@@ -80,7 +80,7 @@ def evaluate(
     compute_seconds *= fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
-    candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
+    candidate.tokens = round(data.real_tokens(length) * request.epochs * fraction_run)
     candidate.overheads, eval_pass = candidate_overheads(calibration, request, candidate, shapes, eval_data)
     candidate.eval_pass_seconds, candidate.eval_seconds = eval_pass, candidate.overheads.evaluation_seconds
     candidate.overhead_seconds = candidate.overheads.total_seconds
