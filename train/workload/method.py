@@ -127,15 +127,8 @@ def parse_targets(text: str | None) -> tuple[str, ...] | None:
 def method_from_args(args: argparse.Namespace) -> MethodConfig:
     """The method named on a command line (`--lora` is `--method lora`)."""
     method = "lora" if getattr(args, "lora", False) else getattr(args, "method", "full")
-    return MethodConfig(
-        method=method,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        lora_targets=parse_targets(args.lora_targets),
-        quantize=single_choice(getattr(args, "quantize", None), "none"),
-        optimizer=single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER),
-    )
+    quantize, optimizer = single_choice(getattr(args, "quantize", None), "none"), single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER)
+    return MethodConfig(method, args.lora_rank, args.lora_alpha, args.lora_dropout, parse_targets(args.lora_targets), quantize, optimizer)
 
 
 def single_choice(value: str | None, default: str) -> str:
@@ -205,20 +198,14 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
 
     transformers registers that hook (the embeddings' output made to require gradients) whenever
     checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
-    (`_hf_peft_config_loaded`, which peft's wrapper never sets): off after on left it in place, so
-    later probes computed gradients nobody uses, and each "on" added one more. It is removed here
-    either way; bench's probes switch checkpointing on and off on one model."""
-    base: Any = unwrap(model)  # its checkpointing methods differ by transformers version
-    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
-    if hasattr(base, "activation_checkpointing_enable"):
-        if enabled:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            base.activation_checkpointing_disable()
-    elif enabled:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    (`_hf_peft_config_loaded`, which peft's wrapper never sets): left in place, later probes would
+    compute gradients nobody uses, one more hook per "on". It is removed here either way; bench's
+    probes switch checkpointing on and off on one model."""
+    base = unwrap(model)
+    if enabled:
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        base.gradient_checkpointing_disable()
+        base.activation_checkpointing_disable()
     base.disable_input_require_grads()
     if enabled:
         base.config.use_cache = False
@@ -243,11 +230,6 @@ def trainable_parameter_count(model: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
 
 
-def lora_targets_of(model: torch.nn.Module) -> list[str]:
-    """The module names that carry adapters (after peft resolved "all-linear")."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
-
-
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
@@ -260,5 +242,7 @@ def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
         "optimizer": method.optimizer,
     }
     if method.is_lora:
-        record["lora"] = {**(method.settings() or {}), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}
+        # The modules that carry adapters, after peft resolved "all-linear".
+        targets = sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
+        record["lora"] = {**(method.settings() or {}), "targets": targets, "trainable_parameters": record["trainable_parameters"]}
     return record

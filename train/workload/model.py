@@ -35,16 +35,8 @@ FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures",
 # shape share calibrations, and presets (which never set them) keep the fingerprints they had.
 # `use_cache` (the generation cache) too: a Trainer turns it off when it trains a peft model or with
 # gradient checkpointing, and a training step never uses it.
-FINGERPRINT_DEFAULTED = {
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "rms_norm_eps",
-    "layer_norm_eps",
-    "layer_norm_epsilon",
-    "initializer_range",
-    "use_cache",
-}
+FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache"}
+FINGERPRINT_DEFAULTED |= {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 
 
 @dataclass(frozen=True)
@@ -191,8 +183,17 @@ class ModelShape:
 
     def flops_terms(self, lora: bool) -> dict[str, float]:
         """FLOPs per token of each compute term of the throughput model (calibration.fit): per
-        token, per token × length (attention), and what checkpointing recomputes of each. The
-        same formula as flops_per_token, split by what multiplies it."""
+        token, per token × length (attention), and what checkpointing recomputes of each (PaLM
+        appendix B, as in nanoGPT's estimate_mfu).
+
+        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
+        forward (scores and weighted sum, T = sequence length):
+
+        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
+        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
+        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
+        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
+        """
         adapters = self.adapter_parameter_count if lora else 0
         base = self.matmul_parameter_count
         attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward
@@ -204,28 +205,15 @@ class ModelShape:
         }
 
     def forward_flops_per_token(self, seq_len: int, lora: bool = False) -> float:
-        """One forward pass (evaluation): 2N (+ 2A) + Att."""
-        adapters = self.adapter_parameter_count if lora else 0
-        return float(2 * self.matmul_parameter_count + 2 * adapters + 4 * self.layers * self.heads * self.head_dim * seq_len)
+        """One forward pass (evaluation): what checkpointing recomputes."""
+        terms = self.flops_terms(lora)
+        return terms["recompute_per_token"] + terms["recompute_attention"] * seq_len
 
     def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
-        """FLOPs the device executes per trained token (PaLM appendix B, as in nanoGPT's estimate_mfu).
-
-        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
-        forward (scores and weighted sum, T = sequence length):
-
-        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
-        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
-        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
-        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
-        """
-        attention = 4 * self.layers * self.heads * self.head_dim * seq_len
-        base = self.matmul_parameter_count
-        adapters = self.adapter_parameter_count if lora else 0
-        flops = (4 * base + 6 * adapters if lora else 6 * base) + 3 * attention
-        if recompute:
-            flops += 2 * base + 2 * adapters + attention
-        return float(flops)
+        """FLOPs the device executes per trained token."""
+        terms = self.flops_terms(lora)
+        flops = terms["per_token"] + terms["attention"] * seq_len
+        return flops + self.forward_flops_per_token(seq_len, lora) if recompute else flops
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
