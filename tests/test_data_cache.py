@@ -191,7 +191,7 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
         nonlocal lengths
         lengths = values
         prepared = PreparedData(None, "synthetic", Path("/nonexistent/synthetic"), len(values), "synthetic", "synthetic", job_for)  # type: ignore[arg-type]
-        done = prepare.sampled(prepared, DataSpec("synthetic"), Layout("text", text="text"), lambda _line: None)
+        done = prepare.sampled(prepared, DataSpec("synthetic"), lambda _line: None)
         assert len(done.view) == len(values)
         assert done.exact == (done.estimate is None)
         return done.estimate

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,9 @@ def data_root() -> Path:
     return benchtrain_home() / "data"
 
 
-def _stat_key(path: Path) -> str:
-    status = path.stat()
-    return f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
-
-
 def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
-    key = _stat_key(path)
+    status = path.stat()
+    key = f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
     if memo is not None and key in memo:
         return memo[key]
     digest = hashlib.sha256()
@@ -100,7 +95,3 @@ def source_paths(path: str, dataset: Any) -> list[Path]:
     if given.exists():
         return [given]
     return [Path(entry["filename"]) for entry in getattr(dataset, "cache_files", [])]
-
-
-def process_local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))

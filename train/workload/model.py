@@ -21,7 +21,7 @@ from common.json_types import JsonDict
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method
-from train.workload.presets import PRESETS, canonical_preset, preset_names
+from train.workload.presets import PRESETS, canonical_preset
 from train.workload.quantize import logical_numel, quantized_base
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def resolve_model(reference: str | None) -> ModelSpec:
         hub = resolve_hub_model(*hub_id)
         return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
     raise BenchtrainError(
-        f"unknown model {reference!r}: use a preset ({', '.join(preset_names())}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
+        f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
     )
 
 

@@ -53,10 +53,6 @@ ALIASES = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def canonical_preset(name: str) -> str | None:
     key = name.lower()
     key = ALIASES.get(key, key)
