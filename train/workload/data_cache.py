@@ -234,11 +234,10 @@ def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, 
     writer = TokenWriter(folder, job.dtype, job.masked, job.prompts)
     for part in parts:
         meta = read_json_file(part / "meta.json")
-        files = ["tokens.bin", "mask.bin"] if job.masked else ["tokens.bin"]
-        for name, handle in zip(files, writer.handles(), strict=False):
+        for name in writer.files:
             with (part / name).open("rb") as source:
                 while chunk := source.read(COPY_CHUNK):
-                    writer.write_raw(name, handle, chunk)
+                    writer.write(name, chunk)
         lengths = np.diff(np.load(part / "offsets.npy"))
         prompts = np.load(part / "prompts.npy") if job.prompts else None
         writer.add_documents(lengths, np.load(part / "targets.npy"), prompts)
