@@ -29,18 +29,17 @@ def data_root() -> Path:
 
 
 def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
+    """The file's sha256 (from `memo` when it holds the file's stat key)."""
+    memo = {} if memo is None else memo
     status = path.stat()
     key = f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
-    if memo is not None and key in memo:
-        return memo[key]
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    value = digest.hexdigest()
-    if memo is not None:
-        memo[key] = value
-    return value
+    if key not in memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        memo[key] = digest.hexdigest()
+    return memo[key]
 
 
 def content_fingerprint(paths: list[Path]) -> str:
