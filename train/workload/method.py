@@ -6,10 +6,8 @@ arguments it adds to peft's LoraConfig (DoRA is `{"use_dora": True}`). The argum
 adapter build, the descriptions and run.json's method read the table; run.json and calibrations
 record the method's name and, for adapters, their `lora` settings.
 
-LoRA: the base stays frozen — in bf16 on CUDA (no fp32 copy, no gradients, no optimizer state for
-it) — and only the adapters are trained, in fp32 (peft upcasts them), with fused AdamW on CUDA.
-Targets default to every linear projection of attention and MLP (peft's "all-linear", which
-leaves the output head alone).
+LoRA's targets default to every linear projection of attention and MLP (peft's "all-linear",
+which leaves the output head alone).
 """
 
 from __future__ import annotations
@@ -91,12 +89,8 @@ class MethodConfig:
         """The adapter settings as asked (targets None: every linear projection); None for full."""
         if not self.is_lora:
             return None
-        settings = {
-            "rank": self.lora_rank,
-            "alpha": self.alpha,
-            "dropout": self.lora_dropout,
-            "targets": list(self.lora_targets) if self.lora_targets else None,
-        }
+        targets = list(self.lora_targets) if self.lora_targets else None
+        settings = {"rank": self.lora_rank, "alpha": self.alpha, "dropout": self.lora_dropout, "targets": targets}
         return {**settings, "quantize": self.quantize} if self.quantized else settings
 
     @property
@@ -233,14 +227,9 @@ def trainable_parameter_count(model: torch.nn.Module) -> int:
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
-    record: JsonDict = {
-        "method": method.method,
-        "trainable_parameters": trainable_parameter_count(model),
-        "total_parameters": sum(logical_numel(parameter) for parameter in model.parameters()),
-        "lora": None,
-        "quantization": method.quantize if method.quantized else None,
-        "optimizer": method.optimizer,
-    }
+    total = sum(logical_numel(parameter) for parameter in model.parameters())
+    record: JsonDict = {"method": method.method, "trainable_parameters": trainable_parameter_count(model), "total_parameters": total, "lora": None}
+    record |= {"quantization": method.quantize if method.quantized else None, "optimizer": method.optimizer}
     if method.is_lora:
         # The modules that carry adapters, after peft resolved "all-linear".
         targets = sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})

@@ -20,7 +20,7 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.meta_init import meta_plain_model
-from train.workload.method import MethodConfig, apply_method
+from train.workload.method import MethodConfig, apply_method, unwrap
 from train.workload.presets import PRESETS, canonical_preset
 from train.workload.quantize import logical_numel, quantized_base
 
@@ -217,10 +217,8 @@ class ModelShape:
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
-    lm: Any = getattr(model, "module", model)  # unwrap DistributedDataParallel (transformers attributes follow)
+    lm: Any = unwrap(model)  # peft's adapters sit inside the base model's layers
     adapters = sum(parameter.numel() for name, parameter in lm.named_parameters() if "lora_" in name)
-    get_base = getattr(lm, "get_base_model", None)
-    lm = get_base() if get_base is not None else lm
     config = lm.config
     total = sum(logical_numel(parameter) for parameter in lm.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
@@ -233,24 +231,16 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     if position is not None:
         lookup += position.weight.numel()
     heads = config.num_attention_heads
-    hidden = config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return ModelShape(total - adapters, total - lookup - adapters, config.num_hidden_layers, heads, head_dim, adapters)
 
 
 def model_record(spec: ModelSpec, shape: ModelShape) -> JsonDict:
     """The `model` section of a calibration or run."""
-    return {
-        **model_identity(spec),
-        "source": "hub" if spec.hub else str(spec.directory) if spec.directory else "preset",
-        "architecture": spec.config_dict.get("model_type"),
-        "parameter_count": shape.parameter_count,
-        "matmul_parameter_count": shape.matmul_parameter_count,
-        "layers": shape.layers,
-        "heads": shape.heads,
-        "head_dim": shape.head_dim,
-        "vocab_size": spec.config_dict.get("vocab_size"),
-    }
+    source = "hub" if spec.hub else str(spec.directory) if spec.directory else "preset"
+    record = {**model_identity(spec), "source": source, "architecture": spec.config_dict.get("model_type"), "parameter_count": shape.parameter_count}
+    shaped = {"matmul_parameter_count": shape.matmul_parameter_count, "layers": shape.layers, "heads": shape.heads, "head_dim": shape.head_dim}
+    return {**record, **shaped, "vocab_size": spec.config_dict.get("vocab_size")}
 
 
 def model_identity(spec: ModelSpec) -> JsonDict:
