@@ -27,9 +27,9 @@ from train.step.peak_memory import PeakMemory
 from train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
 from train.step.step import StepTimer, without_packed_sequence_check
 from train.workload.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches, to_device
-from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
 from train.workload.model import ModelShape, ModelSpec, model_shape
+from train.workload.tokens import TokenizedData
 
 
 class Workload:

@@ -5,7 +5,6 @@ calibrations from known parameters, and the helpers several files call. Importin
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import itertools
 import json
@@ -192,9 +191,9 @@ def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schem
     """Every record of `path` tokenized through the product's own path (prepare_data, the cache
     included), exactly: the TokenizedData a run of that file trains on."""
     from common.console import say
-    from train.workload.data import TokenizedData
     from train.workload.formats import DataSchema
     from train.workload.prepare import DataSpec, prepare_data
+    from train.workload.tokens import TokenizedData
 
     prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
     assert isinstance(prepared.view, TokenizedData)
@@ -205,15 +204,14 @@ def tokenized_from_samples(
     samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
 ) -> Any:
     """A TokenizedData in memory, from one array of token ids per sample."""
-    from train.workload.data import TokenizedData
+    from train.workload.tokens import TokenizedData, document_targets
 
     lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     tokens = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
     mask = np.concatenate(loss_masks).astype(np.uint8) if loss_masks is not None and samples else None
     prompts = np.asarray(prompt_lengths, dtype=np.int32) if prompt_lengths is not None else None
-    data = TokenizedData(tokens, offsets, format, source, loss_on, mask, prompts)
-    return dataclasses.replace(data, targets=data.document_targets())
+    return TokenizedData(tokens, offsets, format, source, loss_on, mask, prompts, document_targets(lengths, mask, prompts))
 
 
 def loaded_bytes(model: Any) -> int:

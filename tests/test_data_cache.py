@@ -191,7 +191,7 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
         nonlocal lengths
         lengths = values
         prepared = PreparedData(None, "synthetic", Path("/nonexistent/synthetic"), len(values), "synthetic", "synthetic", job_for)  # type: ignore[arg-type]
-        done = prepare.sampled(prepared, DataSpec("synthetic"), Layout("text", text="text"), lambda _line: None)
+        done = prepare.sampled(prepared, DataSpec("synthetic"), lambda _line: None)
         assert len(done.view) == len(values)
         assert done.exact == (done.estimate is None)
         return done.estimate
@@ -446,7 +446,7 @@ def no_space(*_args: Any, **_kwargs: Any) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.parametrize(("method", "workers"), [("write_raw", 1), ("write_raw", 2), ("finish", 1), ("finish", 2)])
+@pytest.mark.parametrize(("method", "workers"), [("write", 1), ("write", 2), ("finish", 1), ("finish", 2)])
 def test_a_full_disk_is_one_line_and_leaves_no_half_store(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, workers: int) -> None:
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(120))
     with monkeypatch.context() as patch:
@@ -468,7 +468,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_store(home: Path, tmp_path: 
 def test_a_full_disk_while_tokenizing_the_sample_is_one_line(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prepare, "SAMPLE_START", 50)
     path, _total = uniform_text_file(tmp_path / "text.jsonl", 400)
-    monkeypatch.setattr(TokenWriter, "write_raw", no_space)
+    monkeypatch.setattr(TokenWriter, "write", no_space)
     with pytest.raises(DiskSpaceError, match="no room left") as raised:
         prepare_data(DataSpec(str(path)), fresh_byte_tokenizer(), lambda _line: None)
     assert "\n" not in str(raised.value)
@@ -481,7 +481,7 @@ def test_another_write_error_is_one_line_too(home: Path, tmp_path: Path, monkeyp
     def denied(*_args: Any, **_kwargs: Any) -> None:
         raise OSError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(TokenWriter, "write_raw", denied)
+    monkeypatch.setattr(TokenWriter, "write", denied)
     with pytest.raises(BenchtrainError) as raised:
         prepare_data(DataSpec(str(path)), fresh_byte_tokenizer(), lambda _line: None, exact=True)
     assert not isinstance(raised.value, DiskSpaceError)

@@ -13,9 +13,10 @@ from helpers import assert_one_line_error, load_tokenized, run_main, tokenized_f
 
 from common.errors import BenchtrainError
 from train.planning.lengths import lengths_to_measure
-from train.workload.data import TokenizedData, load_records
+from train.workload.data import load_records
 from train.workload.formats import DataSchema
 from train.workload.tokenizer import byte_tokenizer
+from train.workload.tokens import TokenizedData
 
 SHAREGPT = {
     "conversations": [

@@ -40,8 +40,7 @@ def with_adagrad(monkeypatch: pytest.MonkeyPatch) -> Optimizer:
 
 def test_the_argument_parsers_offer_it(with_adagrad: Optimizer) -> None:
     from train.cli import build_parser
-    from train.workload.method import method_from_args
-    from train.workload.variants import measured_methods
+    from train.workload.method import measured_methods, method_from_args
 
     parser = build_parser()
     assert "adagrad (one fp32 sum of squares)" in " ".join(parser.format_help().split())  # `train --help`

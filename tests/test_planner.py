@@ -12,7 +12,7 @@ from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options, make_plan
 from train.planning.types import PlanRequest
-from train.workload.batching import PackedBatches, PaddedBatches, epoch_batches, packed_row_count, padded_shapes, plan_padded_batches, real_tokens
+from train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, epoch_batches, packed_row_count, plan_padded_batches
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
 
@@ -22,14 +22,14 @@ def test_padding_token_counts_are_exact() -> None:
     data = tokenized(lengths)
     batches = plan_padded_batches(lengths, micro_batch_size=2, max_length=6, seed=1, epoch=0)
     assert sorted(i for batch in batches for i in batch) == list(range(6))
-    shapes = padded_shapes(lengths, batches, max_length=6)
+    shapes = batch_shapes(data, batches, max_length=6)
     dataset = PaddedBatches(data, batches, max_length=6, pad_id=0)
     for index, shape in enumerate(shapes):
         item = dataset[index]
         assert tuple(item["input_ids"].shape) == (shape.rows, shape.length)
         expected_real = sum(min(lengths[i], 6) for i in batches[index])
         assert int((item["labels"] != -100).sum()) == expected_real
-    assert real_tokens(data, 6) == sum(min(n, 6) for n in lengths)
+    assert data.real_tokens(6) == sum(min(n, 6) for n in lengths)
 
 
 def test_prompt_tokens_carry_no_loss() -> None:
@@ -37,7 +37,7 @@ def test_prompt_tokens_carry_no_loss() -> None:
     dataset = PaddedBatches(data, [[0, 1]], max_length=16, pad_id=0)
     labels = dataset[0]["labels"]
     assert int((labels != -100).sum()) == (10 - 4) + (6 - 4)
-    assert real_tokens(data, 16) == 8
+    assert data.real_tokens(16) == 8
 
 
 def test_packing_token_counts_are_exact() -> None:
@@ -48,8 +48,8 @@ def test_packing_token_counts_are_exact() -> None:
     assert sorted(row for batch in batches for row in batch) == list(range(6))
     dataset = PackedBatches(data, batches, max_length=4)
     seen = np.concatenate([dataset[i]["input_ids"].numpy().ravel() for i in range(len(dataset))])
-    assert sorted(seen.tolist()) == sorted(data.stream().tolist())  # every token exactly once
-    assert real_tokens(data, 4) == 24
+    assert sorted(seen.tolist()) == sorted(data.stream_take(np.arange(data.stream_length)).tolist())  # every token exactly once
+    assert data.real_tokens(4) == 24
 
 
 def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effective_batch() -> None:
@@ -65,7 +65,7 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
     best = min(
         sum(
             calibration.micro_step_seconds(StepConfig(micro_batch_size=s.rows, num_workers=w, grad_accum=16 // b, seq_len=s.length))
-            for s in padded_shapes(data.lengths, epoch_batches(data, b, c.config.seq_len, 0, 0), c.config.seq_len)
+            for s in batch_shapes(data, epoch_batches(data, b, c.config.seq_len, 0, 0), c.config.seq_len)
         )
         for b in (1, 2, 4, 8)
         for w in (0, 2)
@@ -81,7 +81,7 @@ def test_padding_costs_are_counted_from_real_batches() -> None:
     plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), effective_batch=8))
     c = plan.chosen
     assert c.padded_tokens > c.tokens  # padding exists and is counted
-    assert c.tokens == real_tokens(data, c.config.seq_len)
+    assert c.tokens == data.real_tokens(c.config.seq_len)
 
 
 def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:

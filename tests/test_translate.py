@@ -25,7 +25,7 @@ from train.planning.plan_text import describe_error, describe_plan
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.step.hardware import peak_flops
-from train.workload.data import TokenizedData
+from train.workload.tokens import TokenizedData
 
 GIB = 2**30
 # Published independently of the table, by NVIDIA's announcements: the H200 has "1.4X more memory

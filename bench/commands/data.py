@@ -82,10 +82,10 @@ def clear_command(args: argparse.Namespace) -> int:
 
 def prepare_command(args: argparse.Namespace) -> int:
     from common.console import say
+    from train.workload.data import resolve_data_path
     from train.workload.formats import schema_from_args
     from train.workload.model import resolve_model
     from train.workload.prepare import DataSpec, prepare_data
-    from train.workload.samples import resolve_data_path
     from train.workload.tokenizer import load_tokenizer
 
     started = time.perf_counter()

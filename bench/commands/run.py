@@ -21,10 +21,9 @@ from train.step.engine import step_options_from_args
 from train.step.hardware import require_requested_device
 from train.step.runtime import job_world_size
 from train.workload.formats import schema_from_args
-from train.workload.method import method_from_args
+from train.workload.method import measured_methods, method_from_args
 from train.workload.model import resolve_model
 from train.workload.prepare import DataSpec
-from train.workload.variants import measured_methods
 
 if TYPE_CHECKING:
     from bench.variant_measurement import BenchRequest

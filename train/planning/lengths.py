@@ -10,7 +10,7 @@ import math
 from calibration.model import Calibration
 from common.errors import BenchtrainError
 from train.planning.types import PlanRequest
-from train.workload.batching import DataView, real_tokens
+from train.workload.batching import DataView
 from train.workload.data import covering_length, truncation
 
 # Share of samples each priority keeps whole (1 - the share it may truncate).
@@ -90,14 +90,14 @@ def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest
     loss on nothing would train nothing and still exit 0."""
     if data.packing:
         return  # packing truncates nothing
-    whole = real_tokens(data, max(data.lengths))
-    kept = real_tokens(data, max_length)
+    whole = data.real_tokens(max(data.lengths))
+    kept = data.real_tokens(max_length)
     if whole and kept >= MIN_TRAINABLE_SHARE * whole:
         return
     what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
     cut = truncation(data.lengths, max_length)
     needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
-    keeps = real_tokens(data, int(needed)) / whole if whole else 0.0
+    keeps = data.real_tokens(int(needed)) / whole if whole else 0.0
     raise BenchtrainError(
         f"{what} leaves {kept:,} of {whole:,} trainable tokens ({kept / whole if whole else 0:.1%}; the loss is on {data.loss_on}): "
         f"{cut['share_truncated']:.1%} of samples are truncated; --max-length {int(needed)} keeps {keeps:.1%} of them"

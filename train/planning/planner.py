@@ -44,7 +44,6 @@ from train.workload.batching import (
     padded_batch_count,
     padded_epoch_shape_counts,
     padded_shape_counts,
-    real_tokens,
     run_batches,
 )
 from train.workload.data import truncation
@@ -163,7 +162,7 @@ def evaluate(
     compute_seconds *= fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
     candidate.padded_tokens = round(padded * fraction_run)
-    candidate.tokens = round(real_tokens(data, length) * request.epochs * fraction_run)
+    candidate.tokens = round(data.real_tokens(length) * request.epochs * fraction_run)
     overheads = candidate.overheads = candidate_overheads(calibration, request, candidate, shapes, eval_data)
     candidate.eval_pass_seconds, candidate.eval_seconds = overheads.eval_pass_seconds, overheads.evaluation_seconds
     candidate.overhead_seconds = overheads.total_seconds

@@ -12,10 +12,9 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.recipes.config import DataSection
 from train.step.evaluation import split_eval
-from train.workload.data import length_profile
+from train.workload.data import length_profile, resolve_data_path
 from train.workload.model import ModelSpec, with_hub_weights
 from train.workload.prepare import DataSpec, PreparedData, prepare_data
-from train.workload.samples import resolve_data_path
 from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:

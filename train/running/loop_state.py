@@ -17,9 +17,9 @@ from train.step.engine import StepSetup
 from train.step.evaluation import EvalSchedule
 from train.step.hyperparameters import OptimizerSettings
 from train.step.runtime import DEFAULT_LEARNING_RATE
-from train.workload.data import TokenizedData
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec
+from train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
     from train.step.step import StepResult

@@ -34,7 +34,7 @@ from train.workload.batching import (
     shard,
     to_device,
 )
-from train.workload.data import TokenizedData
+from train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
     import torch

@@ -62,6 +62,14 @@ def to_device(batch: Mapping[str, object], device: torch.device | str) -> Batch:
     return cast(Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")})
 
 
+class BatchSizes(NamedTuple):
+    """Each batch's rows and the length its rows are padded to, one array each (no object per
+    batch: a packed epoch of a billion tokens has millions of batches)."""
+
+    rows: np.ndarray
+    lengths: np.ndarray
+
+
 class BatchShape(NamedTuple):
     """A micro-batch's rows and the length they are padded to: a key of the planner's shape counts
     (a NamedTuple, so it equals and hashes as the plain (rows, length) pair)."""
@@ -112,14 +120,17 @@ def padded_epoch_shape_counts(
     sizes = np.diff(np.append(starts, len(order)))
     longest = np.maximum.reduceat(clipped, starts)
     chosen = batch_order[:batch_count] if batch_count is not None else batch_order
-    return _shape_counts(sizes[chosen], longest[chosen], max_length, bucket)
+    return _shape_counts(BatchSizes(sizes[chosen], _padded_widths(longest[chosen], max_length, bucket)), max_length)
 
 
-def _shape_counts(sizes: np.ndarray, longest: np.ndarray, max_length: int, bucket: int | None) -> dict[BatchShape, int]:
-    if bucket:
-        longest = np.minimum(max_length, -(-longest // bucket) * bucket)
+def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
+    """How many batches have each (rows, padded length), without a Python object per batch."""
+    return _shape_counts(_padded_rows_and_lengths(lengths, batches, max_length, bucket), max_length) if len(batches) else {}
+
+
+def _shape_counts(sizes: BatchSizes, max_length: int) -> dict[BatchShape, int]:
     # One integer per (rows, length): np.unique on a 1-D key, not on pairs.
-    keys, counts = np.unique(sizes.astype(np.int64) * (max_length + 1) + longest, return_counts=True)
+    keys, counts = np.unique(sizes.rows.astype(np.int64) * (max_length + 1) + sizes.lengths, return_counts=True)
     return {BatchShape(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count) for key, count in zip(keys, counts, strict=True)}
 
 
@@ -130,33 +141,17 @@ def padded_width(longest: int, max_length: int, bucket: int | None = None) -> in
     return min(max_length, -(-longest // bucket) * bucket) if bucket else longest
 
 
-def _padded_rows_and_lengths(
-    lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def _padded_widths(longest: np.ndarray, max_length: int, bucket: int | None) -> np.ndarray:
+    """padded_width of each batch's longest sample (at most max_length already)."""
+    return np.minimum(max_length, -(-longest // bucket) * bucket) if bucket else longest
+
+
+def _padded_rows_and_lengths(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None) -> BatchSizes:
     clipped = np.minimum(np.asarray(lengths), max_length)
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     longest = np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
-    if bucket:
-        longest = np.minimum(max_length, -(-longest // bucket) * bucket)
-    return sizes, longest
-
-
-def padded_shapes(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
-    """Each batch's (rows, length it is padded to)."""
-    if not len(batches):
-        return []
-    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
-    return [BatchShape(int(rows), int(length)) for rows, length in zip(sizes, longest, strict=True)]
-
-
-def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
-    """How many batches have each (rows, padded length): what the planner needs, without a
-    Python object per batch."""
-    if not len(batches):
-        return {}
-    sizes, longest = _padded_rows_and_lengths(lengths, batches, max_length, bucket)
-    return _shape_counts(sizes, longest, max_length, None)
+    return BatchSizes(sizes, _padded_widths(longest, max_length, bucket))
 
 
 def packed_row_count(total_tokens: int, max_length: int) -> int:
@@ -302,13 +297,8 @@ def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start
     if start:
         items = Subset(items, range(start, len(dataset)))
     return DataLoader(
-        items,
-        batch_size=None,
-        shuffle=False,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        prefetch_factor=4 if num_workers else None,
-        worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
+        items, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
+        prefetch_factor=4 if num_workers else None, worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
     )
 
 
@@ -381,20 +371,11 @@ def padded_batch_count(count: int, micro_batch_size: int) -> int:
     return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
 
 
-class BatchSizes(NamedTuple):
-    """Each batch's rows and the length its rows are padded to, one array each."""
-
-    rows: np.ndarray
-    lengths: np.ndarray
-
-
 def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> BatchSizes:
-    """Each batch's rows and padded length as two arrays (no object per batch: a packed epoch of a
-    billion tokens has millions of batches)."""
     if not len(batches):
         return BatchSizes(np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not data.packing:
-        return BatchSizes(*_padded_rows_and_lengths(data.lengths, batches, max_length, bucket))
+        return _padded_rows_and_lengths(data.lengths, batches, max_length, bucket)
     if isinstance(batches, PackedPlan):
         rows = np.full(len(batches), batches.micro_batch_size, dtype=np.int64)
         rows[-1] = len(batches[len(batches) - 1])
@@ -404,11 +385,4 @@ def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_le
 
 
 def batch_shapes(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
-    if data.packing:
-        return packed_shapes(batches, max_length)
-    return padded_shapes(data.lengths, batches, max_length, bucket)
-
-
-def real_tokens(data: DataView, max_length: int) -> int:
-    """Tokens that carry loss in one epoch (nothing is dropped by packing)."""
-    return data.real_tokens(max_length)
+    return [BatchShape(int(rows), int(length)) for rows, length in zip(*batch_rows_and_lengths(data, batches, max_length, bucket), strict=True)]

@@ -1,12 +1,6 @@
-"""The user's data: load (datasets), recognise the format, profile lengths. Tokenizing is
-train.workload.encode (batched), train.workload.data_cache (once per dataset, in parallel) and
-train.workload.prepare (exact or sampled profile); the tokens stay on disk (train.workload.tokens).
-
-Formats (train.workload.formats): `text`; chat as OpenAI `messages`, ShareGPT `conversations` or Alpaca
-`instruction`/`input`/`output`, rendered with the tokenizer's chat template (loss on the assistant's
-turns); `prompt` + `completion` (loss on the completion). Sources: JSONL, JSON, CSV, Parquet, a
-folder saved with `datasets.save_to_disk`, or a hub dataset `ORG/NAME[@REVISION]` (fetched into the
-hub cache as models are, train.workload.hub, then read with `datasets.load_dataset`).
+"""The user's data: its records loaded (JSONL, JSON, CSV, Parquet, a folder saved with
+`datasets.save_to_disk`, or a hub dataset `ORG/NAME[@REVISION]` fetched into the hub cache as models
+are) and its lengths profiled. Formats: train.workload.formats; tokenizing: train.workload.prepare.
 """
 
 from __future__ import annotations
@@ -24,14 +18,19 @@ from typing import Any
 import numpy as np
 
 from common.errors import BenchtrainError
+from common.hub_access import first_line, snapshot
 from common.json_types import JsonDict
-from train.workload.encode import assistant_character_spans
-from train.workload.hub import first_line, parse_hub_id, snapshot
-from train.workload.tokens import Lengths, TokenizedData
-
-__all__ = ["TokenizedData", "assistant_character_spans", "covering_length", "length_profile", "load_records", "truncation"]
+from train.workload.hub import parse_hub_id
+from train.workload.tokens import Lengths
 
 LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# The bundled sample data: `--data sample` (text) and `--data sample-chat` (messages).
+SAMPLES = {"sample": "sample.jsonl", "sample-chat": "sample_chat.jsonl"}
+SAMPLE_FOLDER = Path(__file__).resolve().parents[1] / "sample_data"
+
+
+def resolve_data_path(value: str) -> str:
+    return str(SAMPLE_FOLDER / SAMPLES[value]) if value in SAMPLES else value
 
 
 def load_records(path: str, split: str = "train") -> Any:
@@ -62,7 +61,7 @@ def load_records(path: str, split: str = "train") -> Any:
         raise BenchtrainError(f"{path}: unsupported file type {source.suffix or '(none)'}; use .jsonl, .json, .csv or .parquet")
     if source.suffix.lower() == ".jsonl":
         _check_jsonl(source, lines=1)  # datasets reads a file of one JSON list as rows of text
-    datasets.disable_progress_bars() if not _interactive() else None
+    datasets.disable_progress_bars() if not sys.stderr.isatty() else None
     try:
         with _datasets_quiet():
             loaded = datasets.load_dataset(loader, data_files=str(source), split="train")
@@ -98,16 +97,12 @@ def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) 
         splits = datasets.get_dataset_split_names(folder)
         if split not in splits:
             raise BenchtrainError(f"hub dataset {path} has splits {splits} but no {split!r}: pass --data-split")
-        datasets.disable_progress_bars() if not _interactive() else None
+        datasets.disable_progress_bars() if not sys.stderr.isatty() else None
         return datasets.load_dataset(folder, split=split)
     except BenchtrainError:
         raise
     except Exception as error:
         raise BenchtrainError(f"cannot read hub dataset {path} ({first_line(error)})") from None
-
-
-def _interactive() -> bool:
-    return sys.stderr.isatty()
 
 
 def _check_jsonl(source: Path, lines: int | None = None) -> None:
@@ -141,16 +136,8 @@ PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
 
 def length_profile(lengths: Lengths) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
-    profile = {
-        "count": len(values),
-        "total_tokens": int(values.sum()),
-        "mean": float(values.mean()),
-        "min": int(values.min()),
-        "max": int(values.max()),
-    }
-    for q in PROFILE_PERCENTILES:
-        profile[f"p{q:g}"] = float(np.percentile(values, q))
-    return profile
+    profile = {"count": len(values), "total_tokens": int(values.sum()), "mean": float(values.mean()), "min": int(values.min()), "max": int(values.max())}
+    return profile | {f"p{q:g}": float(np.percentile(values, q)) for q in PROFILE_PERCENTILES}
 
 
 def covering_length(lengths: Lengths, coverage: float) -> int:
@@ -163,9 +150,5 @@ def covering_length(lengths: Lengths, coverage: float) -> int:
 def truncation(lengths: Lengths, max_length: int) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
     cut = values > max_length
-    return {
-        "max_length": max_length,
-        "samples_truncated": int(cut.sum()),
-        "share_truncated": float(cut.mean()),
-        "tokens_dropped": int((values[cut] - max_length).sum()),
-    }
+    dropped = int((values[cut] - max_length).sum())
+    return {"max_length": max_length, "samples_truncated": int(cut.sum()), "share_truncated": float(cut.mean()), "tokens_dropped": dropped}

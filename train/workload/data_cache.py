@@ -32,7 +32,7 @@ from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
 from common.json_types import JsonDict
 from common.progress import progress_bar
-from train.workload.fingerprint import data_root, process_local_rank
+from train.workload.fingerprint import data_root
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
 # Records a worker encodes per call of the tokenizer.
@@ -75,12 +75,7 @@ def store_state(folder: Path, key: str, verify_contents: bool = False) -> str:
 
 
 def ensure_store(
-    folder: Path,
-    key: str,
-    job_for: Callable[[], BuildJob | Callable[[Path], None]],
-    say: Callable[[str], None],
-    what: str,
-    verify_contents: bool = False,
+    folder: Path, key: str, job_for: Callable[[], BuildJob | Callable[[Path], None]], say: Callable[[str], None], what: str, verify_contents: bool = False
 ) -> tuple[TokenizedData, float | None]:
     """The store in `folder`, built if missing or damaged (by the main process of this machine;
     the others wait for it); `verify_contents`: every file against its checksum (before training).
@@ -88,7 +83,7 @@ def ensure_store(
     state = store_state(folder, key, verify_contents)
     if state == "ready":
         return open_store(folder), None
-    if process_local_rank() != 0:
+    if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) != 0:  # not this machine's main process
         return wait_for_store(folder, key, say, what, verify_contents), None
     with file_lock(folder.with_name(f"{folder.name}.lock")):
         state = store_state(folder, key, verify_contents)  # another command may have built it meanwhile
@@ -239,11 +234,10 @@ def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, 
     writer = TokenWriter(folder, job.dtype, job.masked, job.prompts)
     for part in parts:
         meta = read_json_file(part / "meta.json")
-        files = ["tokens.bin", "mask.bin"] if job.masked else ["tokens.bin"]
-        for name, handle in zip(files, writer.handles(), strict=False):
+        for name in writer.files:
             with (part / name).open("rb") as source:
                 while chunk := source.read(COPY_CHUNK):
-                    writer.write_raw(name, handle, chunk)
+                    writer.write(name, chunk)
         lengths = np.diff(np.load(part / "offsets.npy"))
         prompts = np.load(part / "prompts.npy") if job.prompts else None
         writer.add_documents(lengths, np.load(part / "targets.npy"), prompts)
@@ -265,19 +259,9 @@ def list_stores() -> list[JsonDict]:
         except (OSError, ValueError):
             meta = {}
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
-        rows.append(
-            {
-                "key": folder.name,
-                "source": meta.get("source", "?"),
-                "kind": "sample" if ".sample" in folder.name else "full",
-                "documents": meta.get("documents"),
-                "tokens": meta.get("tokens"),
-                "bytes": size,
-                "used": folder.stat().st_atime,
-                "path": str(folder),
-                "complete": bool(meta),
-            }
-        )
+        kind = "sample" if ".sample" in folder.name else "full"
+        row = {"key": folder.name, "source": meta.get("source", "?"), "kind": kind, "documents": meta.get("documents"), "tokens": meta.get("tokens")}
+        rows.append({**row, "bytes": size, "used": folder.stat().st_atime, "path": str(folder), "complete": bool(meta)})
     return rows
 
 

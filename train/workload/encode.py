@@ -107,7 +107,7 @@ class Encoder:
     texts, and chat rendered with the template (with the loss on the assistant, a per-token mask)."""
 
     def __init__(self, layout: Layout, tokenizer: Any, path: str, masked: bool) -> None:
-        self.layout, self.tokenizer, self.path, self.masked = layout, tokenizer, path, masked
+        self.layout, self.tokenizer, self.masked = layout, tokenizer, masked
         self.eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.shape = TemplateShape.learn(tokenizer) if masked else None
         self.checked = 0  # conversations cross-checked against the reference so far
@@ -125,14 +125,10 @@ class Encoder:
         render = self.tokenizer.apply_chat_template
         if not self.masked:
             return self._ids([render(messages, tokenize=False) for messages in conversations]), None
-        rendered, spans = [], []
-        for messages in conversations:
-            text, found = self._spans(messages)
-            rendered.append(text)
-            spans.append(found)
-        encoded = self.tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+        found = [self._spans(messages) for messages in conversations]  # (rendered, assistant spans) each
+        encoded = self.tokenizer([rendered for rendered, _ in found], add_special_tokens=False, return_offsets_mapping=True)
         masks = []
-        for offsets, turn_spans in zip(encoded["offset_mapping"], spans, strict=True):
+        for offsets, (_, turn_spans) in zip(encoded["offset_mapping"], found, strict=True):
             # A token is trained when it starts inside an assistant turn's span.
             starts = np.fromiter((first for first, _ in offsets), dtype=np.int64, count=len(offsets))
             mask = np.zeros(len(offsets), dtype=np.uint8)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,23 +28,18 @@ def data_root() -> Path:
     return benchtrain_home() / "data"
 
 
-def _stat_key(path: Path) -> str:
-    status = path.stat()
-    return f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
-
-
 def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
-    key = _stat_key(path)
-    if memo is not None and key in memo:
-        return memo[key]
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    value = digest.hexdigest()
-    if memo is not None:
-        memo[key] = value
-    return value
+    """The file's sha256 (from `memo` when it holds the file's stat key)."""
+    memo = {} if memo is None else memo
+    status = path.stat()
+    key = f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
+    if key not in memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        memo[key] = digest.hexdigest()
+    return memo[key]
 
 
 def content_fingerprint(paths: list[Path]) -> str:
@@ -100,7 +94,3 @@ def source_paths(path: str, dataset: Any) -> list[Path]:
     if given.exists():
         return [given]
     return [Path(entry["filename"]) for entry in getattr(dataset, "cache_files", [])]
-
-
-def process_local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))

@@ -4,26 +4,17 @@ from the columns, which columns it reads, how a batch of records becomes token i
 loss is on, whether it packs. The readers (detection here, train.workload.encode, .prepare, .tokens,
 the `--data-format` option) go through the table: adding a format is adding an entry.
 
-- `text`: a `text` (or `content`, `body`) column; packed, the loss on every token;
-- `messages`: OpenAI-style `messages`, a list of {role, content} with system, user and assistant turns;
-- `sharegpt`: `conversations`, a list of {from, value} with human, gpt and system (and the aliases in
-  ROLE_ALIASES); a `system` column, when there is one, opens the conversation;
-- `alpaca`: `instruction`, an optional `input`, `output` (Dolly's `context` and `response` too) and an
-  optional `system`: one user turn and the answer;
-- `prompt_completion`: `prompt` + `completion`, the loss on the completion;
-- `tokens`: an `input_ids` column of token ids (pre-tokenized); packed, the loss on every token
-  (raw .bin/.npy token files: train.workload.pretokenized).
-
-The three chat formats are rendered with the tokenizer's own chat template and the loss is on the
-assistant's turns (for Alpaca, the output). Detection is automatic; `--data-format` and the column
-options name what it cannot guess.
+The chat formats (OpenAI `messages`, ShareGPT `conversations` of {from, value}, Alpaca
+`instruction`/`input`/`output`) are rendered with the tokenizer's own chat template, the loss on
+the assistant's turns; a `system` column, when there is one, opens the conversation. Detection is
+automatic; `--data-format` and the column options name what it cannot guess.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -39,16 +30,9 @@ OUTPUT_FIELDS = ("output", "response")
 # the chat-template role each one is.
 ROLE_ALIASES = {
     "system": "system",
-    "human": "user",
-    "user": "user",
-    "prompter": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "bot": "assistant",
-    "chatgpt": "assistant",
-    "model": "assistant",
-    "tool": "tool",
-    "observation": "tool",
+    "human": "user", "user": "user", "prompter": "user",
+    "gpt": "assistant", "assistant": "assistant", "bot": "assistant", "chatgpt": "assistant", "model": "assistant",
+    "tool": "tool", "observation": "tool",
 }
 TOKEN_FIELD = "input_ids"
 # A format's claim on a dataset (DataFormat.claim): the lowest wins. A column option (--text-field,
@@ -224,17 +208,9 @@ def format_help() -> str:
 
 
 def schema_from_args(args: argparse.Namespace) -> DataSchema:
-    return DataSchema(
-        format=getattr(args, "data_format", "auto") or "auto",
-        text_field=getattr(args, "text_field", None),
-        messages_field=getattr(args, "messages_field", None),
-        prompt_field=getattr(args, "prompt_field", None),
-        completion_field=getattr(args, "completion_field", None),
-        input_field=getattr(args, "input_field", None),
-        system_field=getattr(args, "system_field", None),
-        token_dtype=getattr(args, "token_dtype", None),
-        document_separator=getattr(args, "document_separator", None),
-    )
+    """The schema the options say (each field's option has its name; the format's is --data-format)."""
+    columns = {option.name: getattr(args, option.name, None) for option in fields(DataSchema) if option.name != "format"}
+    return DataSchema(format=getattr(args, "data_format", "auto") or "auto", **columns)
 
 
 # -- text ----------------------------------------------------------------------------------------

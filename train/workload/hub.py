@@ -25,25 +25,14 @@ from common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
-from common.hub_access import first_line as first_line  # re-exported: train.workload.data reads it here
 
 if TYPE_CHECKING:
     from huggingface_hub.file_download import DryRunFileInfo
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 # What bench and the data need: the config, the tokenizer and its chat template (a few MB at most).
-SMALL_FILES = [
-    "config.json",
-    "generation_config.json",
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-]
+SMALL_FILES = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt"]
+SMALL_FILES += ["chat_template.jinja", "chat_template.json"]
 # Safetensors when the repository has them (transformers prefers them too); else PyTorch files.
 WEIGHT_PATTERNS = (["*.safetensors", "*.safetensors.index.json"], ["pytorch_model*.bin", "pytorch_model.bin.index.json"])
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -141,9 +130,7 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
         )
     for patterns in WEIGHT_PATTERNS:
         # A dry run lists the files with their sizes and whether each is cached already.
-        listed = guarded(
-            hub.repo_id, hub.revision, "model", partial(_dry_run, hub, patterns)
-        )
+        listed = guarded(hub.repo_id, hub.revision, "model", partial(_dry_run, hub, patterns))
         if listed:
             missing = [info for info in listed if info.will_download]
             return WeightFetch(patterns, [info.filename for info in missing], sum(info.file_size or 0 for info in missing), cache)

@@ -6,10 +6,8 @@ arguments it adds to peft's LoraConfig (DoRA is `{"use_dora": True}`). The argum
 adapter build, the descriptions and run.json's method read the table; run.json and calibrations
 record the method's name and, for adapters, their `lora` settings.
 
-LoRA: the base stays frozen — in bf16 on CUDA (no fp32 copy, no gradients, no optimizer state for
-it) — and only the adapters are trained, in fp32 (peft upcasts them), with fused AdamW on CUDA.
-Targets default to every linear projection of attention and MLP (peft's "all-linear", which
-leaves the output head alone).
+LoRA's targets default to every linear projection of attention and MLP (peft's "all-linear",
+which leaves the output head alone).
 """
 
 from __future__ import annotations
@@ -23,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from calibration.setup import Variant
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import DEFAULT_OPTIMIZER, check_optimizer
-from train.workload.quantize import base_phrase, check_quantize, logical_numel
+from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer
+from train.workload.quantize import QUANTIZE_CHOICES, base_phrase, check_quantize, logical_numel
 
 if TYPE_CHECKING:
     import argparse
@@ -91,12 +89,8 @@ class MethodConfig:
         """The adapter settings as asked (targets None: every linear projection); None for full."""
         if not self.is_lora:
             return None
-        settings = {
-            "rank": self.lora_rank,
-            "alpha": self.alpha,
-            "dropout": self.lora_dropout,
-            "targets": list(self.lora_targets) if self.lora_targets else None,
-        }
+        targets = list(self.lora_targets) if self.lora_targets else None
+        settings = {"rank": self.lora_rank, "alpha": self.alpha, "dropout": self.lora_dropout, "targets": targets}
         return {**settings, "quantize": self.quantize} if self.quantized else settings
 
     @property
@@ -127,22 +121,32 @@ def parse_targets(text: str | None) -> tuple[str, ...] | None:
 def method_from_args(args: argparse.Namespace) -> MethodConfig:
     """The method named on a command line (`--lora` is `--method lora`)."""
     method = "lora" if getattr(args, "lora", False) else getattr(args, "method", "full")
-    return MethodConfig(
-        method=method,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        lora_targets=parse_targets(args.lora_targets),
-        quantize=single_choice(getattr(args, "quantize", None), "none"),
-        optimizer=single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER),
-    )
+    quantize, optimizer = single_choice(getattr(args, "quantize", None), "none"), single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER)
+    return MethodConfig(method, args.lora_rank, args.lora_alpha, args.lora_dropout, parse_targets(args.lora_targets), quantize, optimizer)
 
 
 def single_choice(value: str | None, default: str) -> str:
     """One value of an option bench takes as a list and train as one value or `auto`: the first
-    listed (bench measures each, train.workload.variants), `default` for none or `auto`."""
+    listed (bench measures each: measured_methods), `default` for none or `auto`."""
     first = (value or "").split(",")[0].strip()
     return default if first in ("", "auto") else first
+
+
+def parse_choices(text: str | None, choices: tuple[str, ...], option: str, default: str) -> list[str]:
+    """`none,4bit` → ["none", "4bit"], each one of `choices`, in the order given, once."""
+    values = [part.strip() for part in (text or default).split(",") if part.strip()] or [default]
+    unknown = [value for value in values if value not in choices]
+    if unknown:
+        raise BenchtrainError(f"{option}: {', '.join(unknown)} is not one of {', '.join(choices)}")
+    return list(dict.fromkeys(values))
+
+
+def measured_methods(quantize: str | None, optimizer: str | None, method: MethodConfig) -> list[MethodConfig]:
+    """`method` with every variant (the base's quantization × the optimizer) bench is asked to
+    measure side by side in one calibration, the first listed first."""
+    quantizations = parse_choices(quantize, QUANTIZE_CHOICES, "--quantize", "none")
+    optimizers = parse_choices(optimizer, tuple(OPTIMIZERS), "--optimizer", DEFAULT_OPTIMIZER)
+    return [method.with_variant(Variant(q, o)) for q in quantizations for o in optimizers]
 
 
 def quiet_library_warnings() -> None:
@@ -188,20 +192,14 @@ def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
 
     transformers registers that hook (the embeddings' output made to require gradients) whenever
     checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
-    (`_hf_peft_config_loaded`, which peft's wrapper never sets): off after on left it in place, so
-    later probes computed gradients nobody uses, and each "on" added one more. It is removed here
-    either way; bench's probes switch checkpointing on and off on one model."""
-    base: Any = unwrap(model)  # its checkpointing methods differ by transformers version
-    # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
-    if hasattr(base, "activation_checkpointing_enable"):
-        if enabled:
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            base.activation_checkpointing_disable()
-    elif enabled:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    (`_hf_peft_config_loaded`, which peft's wrapper never sets): left in place, later probes would
+    compute gradients nobody uses, one more hook per "on". It is removed here either way; bench's
+    probes switch checkpointing on and off on one model."""
+    base = unwrap(model)
+    if enabled:
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        base.gradient_checkpointing_disable()
+        base.activation_checkpointing_disable()
     base.disable_input_require_grads()
     if enabled:
         base.config.use_cache = False
@@ -226,22 +224,14 @@ def trainable_parameter_count(model: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
 
 
-def lora_targets_of(model: torch.nn.Module) -> list[str]:
-    """The module names that carry adapters (after peft resolved "all-linear")."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
-
-
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a
     4-bit weight counted as the weights it stands for)."""
-    record: JsonDict = {
-        "method": method.method,
-        "trainable_parameters": trainable_parameter_count(model),
-        "total_parameters": sum(logical_numel(parameter) for parameter in model.parameters()),
-        "lora": None,
-        "quantization": method.quantize if method.quantized else None,
-        "optimizer": method.optimizer,
-    }
+    total = sum(logical_numel(parameter) for parameter in model.parameters())
+    record: JsonDict = {"method": method.method, "trainable_parameters": trainable_parameter_count(model), "total_parameters": total, "lora": None}
+    record |= {"quantization": method.quantize if method.quantized else None, "optimizer": method.optimizer}
     if method.is_lora:
-        record["lora"] = {**(method.settings() or {}), "targets": lora_targets_of(model), "trainable_parameters": record["trainable_parameters"]}
+        # The modules that carry adapters, after peft resolved "all-linear".
+        targets = sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
+        record["lora"] = {**(method.settings() or {}), "targets": targets, "trainable_parameters": record["trainable_parameters"]}
     return record

@@ -20,8 +20,8 @@ from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.meta_init import meta_plain_model
-from train.workload.method import MethodConfig, apply_method
-from train.workload.presets import PRESETS, canonical_preset, preset_names
+from train.workload.method import MethodConfig, apply_method, unwrap
+from train.workload.presets import PRESETS, canonical_preset
 from train.workload.quantize import logical_numel, quantized_base
 
 if TYPE_CHECKING:
@@ -35,16 +35,8 @@ FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures",
 # shape share calibrations, and presets (which never set them) keep the fingerprints they had.
 # `use_cache` (the generation cache) too: a Trainer turns it off when it trains a peft model or with
 # gradient checkpointing, and a training step never uses it.
-FINGERPRINT_DEFAULTED = {
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "rms_norm_eps",
-    "layer_norm_eps",
-    "layer_norm_epsilon",
-    "initializer_range",
-    "use_cache",
-}
+FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache"}
+FINGERPRINT_DEFAULTED |= {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +94,7 @@ def resolve_model(reference: str | None) -> ModelSpec:
         hub = resolve_hub_model(*hub_id)
         return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
     raise BenchtrainError(
-        f"unknown model {reference!r}: use a preset ({', '.join(preset_names())}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
+        f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
     )
 
 
@@ -191,8 +183,17 @@ class ModelShape:
 
     def flops_terms(self, lora: bool) -> dict[str, float]:
         """FLOPs per token of each compute term of the throughput model (calibration.fit): per
-        token, per token × length (attention), and what checkpointing recomputes of each. The
-        same formula as flops_per_token, split by what multiplies it."""
+        token, per token × length (attention), and what checkpointing recomputes of each (PaLM
+        appendix B, as in nanoGPT's estimate_mfu).
+
+        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
+        forward (scores and weighted sum, T = sequence length):
+
+        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
+        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
+        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
+        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
+        """
         adapters = self.adapter_parameter_count if lora else 0
         base = self.matmul_parameter_count
         attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward
@@ -204,35 +205,20 @@ class ModelShape:
         }
 
     def forward_flops_per_token(self, seq_len: int, lora: bool = False) -> float:
-        """One forward pass (evaluation): 2N (+ 2A) + Att."""
-        adapters = self.adapter_parameter_count if lora else 0
-        return float(2 * self.matmul_parameter_count + 2 * adapters + 4 * self.layers * self.heads * self.head_dim * seq_len)
+        """One forward pass (evaluation): what checkpointing recomputes."""
+        terms = self.flops_terms(lora)
+        return terms["recompute_per_token"] + terms["recompute_attention"] * seq_len
 
     def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
-        """FLOPs the device executes per trained token (PaLM appendix B, as in nanoGPT's estimate_mfu).
-
-        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
-        forward (scores and weighted sum, T = sequence length):
-
-        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
-        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
-        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
-        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
-        """
-        attention = 4 * self.layers * self.heads * self.head_dim * seq_len
-        base = self.matmul_parameter_count
-        adapters = self.adapter_parameter_count if lora else 0
-        flops = (4 * base + 6 * adapters if lora else 6 * base) + 3 * attention
-        if recompute:
-            flops += 2 * base + 2 * adapters + attention
-        return float(flops)
+        """FLOPs the device executes per trained token."""
+        terms = self.flops_terms(lora)
+        flops = terms["per_token"] + terms["attention"] * seq_len
+        return flops + self.forward_flops_per_token(seq_len, lora) if recompute else flops
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
-    lm: Any = getattr(model, "module", model)  # unwrap DistributedDataParallel (transformers attributes follow)
+    lm: Any = unwrap(model)  # peft's adapters sit inside the base model's layers
     adapters = sum(parameter.numel() for name, parameter in lm.named_parameters() if "lora_" in name)
-    get_base = getattr(lm, "get_base_model", None)
-    lm = get_base() if get_base is not None else lm
     config = lm.config
     total = sum(logical_numel(parameter) for parameter in lm.parameters())
     # A token embedding is a lookup, not a matmul; it counts once when tied to the output head.
@@ -245,24 +231,16 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     if position is not None:
         lookup += position.weight.numel()
     heads = config.num_attention_heads
-    hidden = config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return ModelShape(total - adapters, total - lookup - adapters, config.num_hidden_layers, heads, head_dim, adapters)
 
 
 def model_record(spec: ModelSpec, shape: ModelShape) -> JsonDict:
     """The `model` section of a calibration or run."""
-    return {
-        **model_identity(spec),
-        "source": "hub" if spec.hub else str(spec.directory) if spec.directory else "preset",
-        "architecture": spec.config_dict.get("model_type"),
-        "parameter_count": shape.parameter_count,
-        "matmul_parameter_count": shape.matmul_parameter_count,
-        "layers": shape.layers,
-        "heads": shape.heads,
-        "head_dim": shape.head_dim,
-        "vocab_size": spec.config_dict.get("vocab_size"),
-    }
+    source = "hub" if spec.hub else str(spec.directory) if spec.directory else "preset"
+    record = {**model_identity(spec), "source": source, "architecture": spec.config_dict.get("model_type"), "parameter_count": shape.parameter_count}
+    shaped = {"matmul_parameter_count": shape.matmul_parameter_count, "layers": shape.layers, "heads": shape.heads, "head_dim": shape.head_dim}
+    return {**record, **shaped, "vocab_size": spec.config_dict.get("vocab_size")}
 
 
 def model_identity(spec: ModelSpec) -> JsonDict:

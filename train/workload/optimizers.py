@@ -1,16 +1,7 @@
-"""The optimizer that trains the weights, and everything the rest of the code knows of it, in one
-table: `OPTIMIZERS`, an entry per `--optimizer` value with how it is built, the bytes of its state,
-HF Trainer's name for it, its phrase in `--help` and whether it needs bitsandbytes. The argument
-parsers, the memory check, run.json's `hyperparameters` and the engine read the table; none names
-an optimizer, so adding one is adding an entry here.
-
-- `adamw` (the default, as before): torch's AdamW with its fused kernel where the device has one
-  (CUDA and CPU among them), else its foreach kernel, said in a warning.
-- `adamw-8bit`, `paged-adamw-8bit`: bitsandbytes' 8-bit AdamW, plain or paged (below).
-- `adamw-fused`: the same fused AdamW, HF's `adamw_torch_fused`, refused (one line) on a device
-  without the kernel instead of falling back; its own setup in a calibration like any other.
-- `sgd`: torch's SGD with momentum 0.9 (SGD_MOMENTUM, not Nesterov), weight decay as AdamW's
-  groups have it: one fp32 momentum buffer per trainable value, half AdamW's state.
+"""The optimizers, in one table: `OPTIMIZERS`, an entry per `--optimizer` value (how it is built,
+its state's bytes, HF Trainer's name for it, its --help phrase, whether it needs bitsandbytes). The
+parsers, the memory check, run.json and the engine read the table and name no optimizer: adding one
+is adding an entry.
 
 8-bit AdamW (Dettmers et al., "8-bit Optimizers via Block-wise Quantization") keeps both moments of
 a tensor as one byte each, with an fp32 absmax per block of 256 values; tensors under 4,096 values
@@ -32,6 +23,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
 from common.console import say
@@ -87,15 +79,10 @@ class StateBytes:
     def __call__(self, trainable_sizes: list[int]) -> int:
         if not self.eight_bit:
             return sum(trainable_sizes) * self.buffers * FP32_BYTES
-        total = 0
-        quantized_any = False
-        for size in trainable_sizes:
-            if size < MIN_8BIT_SIZE:
-                total += size * self.buffers * FP32_BYTES
-            else:
-                quantized_any = True
-                total += self.buffers * (size + math.ceil(size / BLOCKSIZE_8BIT) * FP32_BYTES)
-        return total + (2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized_any else 0)
+        small = sum(size for size in trainable_sizes if size < MIN_8BIT_SIZE)
+        quantized = [size for size in trainable_sizes if size >= MIN_8BIT_SIZE]
+        blocks = sum(size + math.ceil(size / BLOCKSIZE_8BIT) * FP32_BYTES for size in quantized)
+        return self.buffers * (small * FP32_BYTES + blocks) + (2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized else 0)
 
 
 @dataclass(frozen=True)
@@ -114,26 +101,19 @@ class Optimizer:
 
 def fused_devices() -> list[str]:
     """The device types torch has a fused AdamW kernel for."""
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-        return list(_get_fused_kernels_supported_devices())
-    except ImportError:  # a torch without the helper: the devices torch 2.4+ fuses on
-        return ["cuda", "cpu"]
-
-
-def has_fused_adamw(groups: list[ParameterGroup]) -> bool:
-    """Whether every parameter sits on a device torch fuses AdamW on, in a floating-point type."""
-    devices = fused_devices()
-    return all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
+    return list(_get_fused_kernels_supported_devices())
 
 
 def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
-    """Fused AdamW (one kernel per step, no host sync of the step count); where the device has no
-    kernel, the foreach one with a warning, or (`refuse_unfused`, adamw-fused) a one-line error."""
+    """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a
+    floating-point one on a device with the kernel; else the foreach one with a warning (adamw),
+    or (`refuse_unfused`: adamw-fused, HF's `adamw_torch_fused`) a one-line error."""
     import torch
 
-    fused = has_fused_adamw(groups)
+    devices = fused_devices()
+    fused = all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
     if not fused and refuse_unfused:
         device = next((p.device.type for group in groups for p in group["params"]), "?")
         raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
@@ -142,12 +122,9 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
     return torch.optim.AdamW(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
 
 
-def torch_fused_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-    return torch_adamw(groups, learning_rate, betas, eps, refuse_unfused=True)
-
-
 def torch_sgd(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-    """SGD with momentum (betas and epsilon are Adam's: unused)."""
+    """SGD with momentum SGD_MOMENTUM (not Nesterov; betas and epsilon are Adam's: unused): one
+    fp32 momentum buffer per trainable value, half AdamW's state."""
     import torch
 
     return torch.optim.SGD(torch_groups(groups), lr=learning_rate, momentum=SGD_MOMENTUM)
@@ -170,36 +147,18 @@ def bitsandbytes_adamw(paged: bool) -> Build:
 ADAM_STATE = StateBytes(buffers=2)  # exp_avg and exp_avg_sq
 ADAM_8BIT_STATE = StateBytes(buffers=2, eight_bit=True)
 # The order is the choices' order (`--optimizer must be one of ...`, --help), the default first.
+# Each entry: name, build, state bytes, HF Trainer's `optim`, --help phrase, needs bitsandbytes, steps FSDP's shards.
 OPTIMIZERS: dict[str, Optimizer] = {
     entry.name: entry
     for entry in (
+        Optimizer("adamw", torch_adamw, ADAM_STATE, "adamw_torch_fused", "fp32 moments, fused where the device has the kernel"),
+        Optimizer("adamw-8bit", bitsandbytes_adamw(paged=False), ADAM_8BIT_STATE, "adamw_bnb_8bit", "bitsandbytes' 8-bit moments", True, False),
         Optimizer(
-            name="adamw",
-            build=torch_adamw,
-            state_bytes=ADAM_STATE,
-            hf_optim="adamw_torch_fused",
-            help="fp32 moments, fused where the device has the kernel",
+            "paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
+            "the same in CUDA unified memory, paged to the host under pressure", needs_bitsandbytes=True, shards_parameters=False,
         ),
-        Optimizer(
-            name="adamw-8bit",
-            build=bitsandbytes_adamw(paged=False),
-            state_bytes=ADAM_8BIT_STATE,
-            hf_optim="adamw_bnb_8bit",
-            help="bitsandbytes' 8-bit moments",
-            needs_bitsandbytes=True,
-            shards_parameters=False,
-        ),
-        Optimizer(
-            name="paged-adamw-8bit",
-            build=bitsandbytes_adamw(paged=True),
-            state_bytes=ADAM_8BIT_STATE,
-            hf_optim="paged_adamw_8bit",
-            help="the same in CUDA unified memory, paged to the host under pressure",
-            needs_bitsandbytes=True,
-            shards_parameters=False,
-        ),
-        Optimizer(name="adamw-fused", build=torch_fused_adamw, state_bytes=ADAM_STATE, hf_optim="adamw_torch_fused", help="fused or refused"),
-        Optimizer(name="sgd", build=torch_sgd, state_bytes=StateBytes(buffers=1), hf_optim="sgd", help="momentum 0.9: one fp32 buffer"),
+        Optimizer("adamw-fused", partial(torch_adamw, refuse_unfused=True), ADAM_STATE, "adamw_torch_fused", "fused or refused"),
+        Optimizer("sgd", torch_sgd, StateBytes(buffers=1), "sgd", "momentum 0.9: one fp32 buffer"),
     )
 }
 
@@ -243,14 +202,10 @@ def optimizer_help() -> str:
 def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
     """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size
     said once)."""
-    groups: list[list[Optimizer]] = []
+    groups: dict[Callable[[list[int]], int], list[Optimizer]] = {}
     for entry in entries:
-        group = next((group for group in groups if group[0].state_bytes == entry.state_bytes), None)
-        if group is None:
-            groups.append([entry])
-        else:
-            group.append(entry)
-    return groups
+        groups.setdefault(entry.state_bytes, []).append(entry)
+    return list(groups.values())
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[ParameterGroup]:

@@ -86,15 +86,15 @@ class PreparedData:
 
     def describe(self) -> list[str]:
         """For the plan: where the tokens come from and what preparing them costs."""
-        return [*filter(None, [chat_template_note(self.chat_template)]), *self._describe_tokens()]
-
-    def _describe_tokens(self) -> list[str]:
+        lines = [*filter(None, [chat_template_note(self.chat_template)])]
         if self.exact and self.built_seconds is None and not self.predicted_seconds:
-            return [f"tokenized data: cached in {self.folder} (exact profile of {self.records:,} records)"]
+            return [*lines, f"tokenized data: cached in {self.folder} (exact profile of {self.records:,} records)"]
         if self.exact:
-            return [f"tokenized data: {self.folder} (exact profile of {self.records:,} records, tokenized in {format_duration(self.built_seconds or 0.0)})"]
+            tokenized = format_duration(self.built_seconds or 0.0)
+            return [*lines, f"tokenized data: {self.folder} (exact profile of {self.records:,} records, tokenized in {tokenized})"]
         assert self.estimate is not None
         return [
+            *lines,
             self.estimate.describe(),
             f"tokenizing all {self.records:,} records: ≈{format_duration(self.predicted_seconds)} (at the rate measured on the sample), "
             f"counted in the plan; cached in {self.folder} for later runs (`train --exact-profile` tokenizes them first for the exact profile)",
@@ -139,9 +139,9 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
 
     prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
-        prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec, layout)
+        prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec)
         return prepared
-    return sampled(prepared, spec, layout, say)
+    return sampled(prepared, spec, say)
 
 
 def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say: Callable[[str], None]) -> PreparedData:
@@ -152,12 +152,12 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
     what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
     builder = index_token_files(files, settings, vocab_size, spec.path, key)
     prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: builder)  # type: ignore[arg-type]
-    prepared.view = checked_view(prepared.tokenized(say), spec, Layout("tokens"))
+    prepared.view = checked_view(prepared.tokenized(say), spec)
     prepared.records = len(prepared.view)
     return prepared
 
 
-def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callable[[str], None]) -> PreparedData:
+def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) -> PreparedData:
     """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the
     size the sample's spread asks for, and again if a heavy tail shows in the larger sample).
     Each size is its own store (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
@@ -173,10 +173,10 @@ def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callabl
         size = min(prepared.records, int(needed * 1.1))
     if needed > SAMPLE_SHARE_LIMIT * prepared.records:
         say(f"a ±1% token total needs {needed:,} of {prepared.records:,} records: tokenizing them all")
-        prepared.view = checked_view(prepared.tokenized(say), spec, layout)
+        prepared.view = checked_view(prepared.tokenized(say), spec)
         return prepared
     meta = sample.extra["meta"]
-    sample = checked_view(sample, spec, layout)
+    sample = checked_view(sample, spec)
     prepared.estimate = estimate_total(sample.lengths, prepared.records)
     prepared.predicted_seconds = float(meta["seconds"]) * prepared.records / max(1, int(meta["documents_sampled"]))
     prepared.view = SampledData.expand(sample, prepared.records, prepared.estimate)
@@ -186,12 +186,11 @@ def sampled(prepared: PreparedData, spec: DataSpec, layout: Layout, say: Callabl
 def with_sample_meta(job: BuildJob | Callable[[Path], None], size: int, key: str) -> BuildJob:
     """A sample's build job, its meta naming the sample (only records are sampled: pre-tokenized
     files are read whole, never through here)."""
-    if not isinstance(job, BuildJob):
-        raise TypeError("a sample is drawn from records, not from pre-tokenized files")
+    assert isinstance(job, BuildJob)
     return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
 
 
-def checked_view(data: TokenizedData, spec: DataSpec, layout: Layout) -> TokenizedData:
+def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
     """One-line errors for data with nothing to train on."""
     data = replace(data, source=spec.path)
     if not len(data) or not int(data.lengths.max(initial=0)) > 1:

@@ -8,106 +8,32 @@ from __future__ import annotations
 
 from typing import Any
 
-PRESETS: dict[str, dict[str, Any]] = {
+from common.json_types import JsonDict
+
+
+def decoder(model_type: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, positions: int, **extra: Any) -> JsonDict:
+    """A decoder's config.json values, in the order transformers' Llama-style configs name them."""
+    shape = {"model_type": model_type, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers}
+    return {**shape, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": positions, **extra}
+
+
+LLAMA_3_1_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+# decoder(model type, vocabulary, hidden, intermediate, layers, attention heads, key/value heads, positions, other keys)
+PRESETS: dict[str, JsonDict] = {
     # ~0.9M parameters: fast on a laptop CPU, the default everywhere.
-    "tiny": {
-        "model_type": "llama",
-        "vocab_size": 320,
-        "hidden_size": 128,
-        "intermediate_size": 344,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-    },
-    "gpt2": {
-        "model_type": "gpt2",
-        "vocab_size": 50257,
-        "n_embd": 768,
-        "n_layer": 12,
-        "n_head": 12,
-        "n_positions": 1024,
-    },
-    "llama-3.2-1b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "tie_word_embeddings": True,
-    },
-    "llama-3.1-8b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "tie_word_embeddings": False,
-    },
+    "tiny": decoder("llama", 320, 128, 344, 4, 4, 4, 4096, tie_word_embeddings=False),
+    "gpt2": {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024},
+    "llama-3.2-1b": decoder("llama", 128256, 2048, 8192, 16, 32, 8, 131072, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": decoder("llama", 128256, 4096, 14336, 32, 32, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
     # Llama-3.1-70B's published config: 80 layers of the 8B's design, 8192 wide; 141 GB of bf16.
-    "llama-3.1-70b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 8192,
-        "intermediate_size": 28672,
-        "num_hidden_layers": 80,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "rope_theta": 500000.0,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "tie_word_embeddings": False,
-    },
-    "qwen2.5-7b": {
-        "model_type": "qwen2",
-        "vocab_size": 152064,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": False,
-    },
-    "mistral-7b": {
-        "model_type": "mistral",
-        "vocab_size": 32768,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 32768,
-        "rope_theta": 1000000.0,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-    },
+    "llama-3.1-70b": decoder("llama", 128256, 8192, 28672, 80, 64, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
+    "qwen2.5-7b": decoder("qwen2", 152064, 3584, 18944, 28, 28, 4, 32768, rope_theta=1000000.0, tie_word_embeddings=False),
+    "mistral-7b": decoder("mistral", 32768, 4096, 14336, 32, 32, 8, 32768, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False),
     # Mistral-Nemo-12B: head_dim 128 is not hidden / heads (160), so it is given explicitly.
-    "mistral-nemo-12b": {
-        "model_type": "mistral",
-        "vocab_size": 131072,
-        "hidden_size": 5120,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 40,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": 128000,
-        "rope_theta": 1000000.0,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-    },
+    "mistral-nemo-12b": decoder(
+        "mistral", 131072, 5120, 14336, 40, 32, 8, 128000, head_dim=128, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False
+    ),
 }
 
 ALIASES = {
@@ -125,10 +51,6 @@ ALIASES = {
     "qwen2.5-7b-instruct": "qwen2.5-7b",
     "mistral": "mistral-7b",
 }
-
-
-def preset_names() -> list[str]:
-    return list(PRESETS)
 
 
 def canonical_preset(name: str) -> str | None:

@@ -167,20 +167,9 @@ def index_token_files(files: list[Path], settings: TokenFileSettings, vocab_size
         np.save(folder / "offsets.npy", offsets, allow_pickle=False)
         np.save(folder / "targets.npy", every.astype(np.int32), allow_pickle=False)
 
-        files_meta = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in ("offsets.npy", "targets.npy")}
-        meta = {
-            "key": key,
-            "source": source,
-            "format": "tokens",
-            "loss_on": "all tokens",
-            "store_version": STORE_VERSION,
-            "dtype": external[0]["dtype"] if external else "uint32",
-            "documents": len(every),
-            "tokens": int(every.sum()),
-            "records": len(every),
-            "external": external,
-            "files": files_meta,
-        }
-        write_json_atomic(folder / "meta.json", meta)
+        indexed = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in ("offsets.npy", "targets.npy")}
+        meta = {"key": key, "source": source, "format": "tokens", "loss_on": "all tokens", "store_version": STORE_VERSION}
+        meta |= {"dtype": external[0]["dtype"] if external else "uint32", "documents": len(every), "tokens": int(every.sum()), "records": len(every)}
+        write_json_atomic(folder / "meta.json", {**meta, "external": external, "files": indexed})
 
     return build

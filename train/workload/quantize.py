@@ -178,14 +178,11 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storag
 
 
 def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
-    """A preset's quantized base without its full-precision model ever existing, in memory or on
-    disk: the model is built on `meta`, transformers' own quantizer swaps its layers for
-    bitsandbytes' there (as `from_pretrained` does before loading), and each layer's seeded
-    initial weights (train.workload.meta_init: those `from_config` draws on the CPU after
-    `torch.manual_seed(0)`, the unquantized builds' weights) are quantized as they come, the way
-    transformers quantizes a loaded tensor (integrations/bitsandbytes.py). So host memory holds
-    one full-precision layer at a time besides what stays unquantized, and the result is the
-    same, to the byte, as quantizing those weights written to a folder and loaded."""
+    """A preset's quantized base without its full-precision model ever existing: built on `meta`,
+    its layers swapped for bitsandbytes' by transformers' own quantizer (as `from_pretrained` does),
+    then each seeded initial weight (train.workload.meta_init) quantized as it comes, as transformers
+    quantizes a loaded tensor. Host memory holds one full-precision layer at a time, and the result
+    is, to the byte, those weights written to a folder and loaded quantized."""
     import torch
     from transformers.quantizers.auto import AutoHfQuantizer
 

@@ -54,16 +54,12 @@ def is_byte_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
     return getattr(tokenizer, "name_or_path", None) == BYTE_TOKENIZER_NAME
 
 
-def has_tokenizer_files(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in TOKENIZER_FILES)
-
-
 def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> PreTrainedTokenizerBase:
     """`--tokenizer DIR`, else the model directory's own, else (presets) the byte tokenizer."""
     folder = Path(tokenizer_dir).expanduser() if tokenizer_dir else model_dir
     if folder is None:
         return byte_tokenizer()
-    if not folder.is_dir() or not has_tokenizer_files(folder):
+    if not folder.is_dir() or not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise BenchtrainError(f"no tokenizer in {folder} (looked for {', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
     from transformers import AutoTokenizer
 

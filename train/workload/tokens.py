@@ -118,26 +118,11 @@ class TokenizedData:
         within = positions - (self._ends[document] - self.lengths[document])
         return np.asarray(self.tokens[self.offsets[self.index[document]] + within])
 
-    def stream(self) -> np.ndarray:
-        """The whole stream in memory (small data only: tests)."""
-        return self.stream_take(np.arange(self.stream_length))
-
     # -- what the loss is on --------------------------------------------------------------------
-    def document_targets(self) -> np.ndarray:
-        """Tokens that carry loss in each document, untruncated (all documents)."""
-        lengths = np.diff(self.offsets)
-        if self.loss_mask is not None:
-            if not len(lengths):
-                return np.zeros(0, np.int64)
-            sums = np.add.reduceat(np.asarray(self.loss_mask, dtype=np.int64), self.offsets[:-1]) if len(self.loss_mask) else np.zeros(len(lengths))
-            return np.where(lengths > 0, sums, 0).astype(np.int64)
-        if self.prompt_lengths is not None:
-            return (lengths - np.minimum(self.prompt_lengths, lengths)).astype(np.int64)
-        return lengths.astype(np.int64)
-
     def real_tokens_per_document(self, max_length: int) -> np.ndarray:
         """Tokens that carry loss in each of the view's documents when cut at `max_length`."""
-        targets = (self.targets if self.targets is not None else self.document_targets()).astype(np.int64)
+        assert self.targets is not None  # every store has them (targets.npy)
+        targets = self.targets.astype(np.int64)
         documents = self.index if self.index is not None else np.arange(len(self.offsets) - 1)
         lengths = self.lengths
         result = targets[documents].copy()
@@ -177,11 +162,10 @@ class TokenWriter:
     (the files' sizes and sha256, computed as they are written)."""
 
     def __init__(self, folder: Path, dtype: np.dtype, masked: bool, prompts: bool) -> None:
-        self.folder, self.dtype, self.masked, self.prompts = Path(folder), np.dtype(dtype), masked, prompts
+        self.folder, self.dtype, self.prompts = Path(folder), np.dtype(dtype), prompts
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._tokens = (self.folder / "tokens.bin").open("wb")
-        self._mask = (self.folder / "mask.bin").open("wb") if masked else None
-        self._hashes = {"tokens.bin": hashlib.sha256(), "mask.bin": hashlib.sha256()}
+        # The flat files (tokens.bin, and mask.bin for a masked store): each one's handle and running hash.
+        self.files = {name: ((self.folder / name).open("wb"), hashlib.sha256()) for name in ("tokens.bin", "mask.bin")[: 2 if masked else 1]}
         self._lengths: list[np.ndarray] = []
         self._prompts: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
@@ -189,65 +173,53 @@ class TokenWriter:
     def append(self, ids: list[np.ndarray], masks: list[np.ndarray] | None = None, prompt_lengths: list[int] | None = None) -> None:
         """Encoded documents: ids, per-token loss masks (masked stores), prompt lengths (prompt stores)."""
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
-        flat = np.concatenate(ids).astype(self.dtype) if ids else np.zeros(0, self.dtype)
-        self.write_raw("tokens.bin", self._tokens, flat.tobytes())
-        targets = lengths
-        if self._mask is not None:
+        self.write("tokens.bin", (np.concatenate(ids).astype(self.dtype) if ids else np.zeros(0, self.dtype)).tobytes())
+        mask = None
+        if "mask.bin" in self.files:
             assert masks is not None
             mask = np.concatenate(masks).astype(np.uint8) if masks else np.zeros(0, np.uint8)
-            self.write_raw("mask.bin", self._mask, mask.tobytes())
-            starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(lengths) else np.zeros(0, np.int64)
-            sums = np.add.reduceat(mask.astype(np.int64), starts) if len(mask) else np.zeros(len(lengths), np.int64)
-            targets = np.where(lengths > 0, sums, 0)
+            self.write("mask.bin", mask.tobytes())
         prompts = np.asarray(prompt_lengths, dtype=np.int64) if self.prompts else None
-        if prompts is not None:
-            targets = lengths - np.minimum(prompts, lengths)
-        self.add_documents(lengths, targets, prompts)
+        self.add_documents(lengths, document_targets(lengths, mask, prompts), prompts)
 
     def add_documents(self, lengths: np.ndarray, targets: np.ndarray, prompts: np.ndarray | None) -> None:
-        """Documents whose tokens (and mask) were written with write_raw."""
+        """Documents whose tokens (and mask) were written with `write`."""
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
         self._targets.append(np.asarray(targets, dtype=np.int64))
         if self.prompts:
             assert prompts is not None
             self._prompts.append(np.asarray(prompts, dtype=np.int64))
 
-    def handles(self) -> list[Any]:
-        return [self._tokens, self._mask] if self._mask is not None else [self._tokens]
-
-    def write_raw(self, name: str, handle: Any, payload: bytes) -> None:
+    def write(self, name: str, payload: bytes) -> None:
+        handle, digest = self.files[name]
         handle.write(payload)
-        self._hashes[name].update(payload)
+        digest.update(payload)
 
     def finish(self, meta: dict[str, Any]) -> dict[str, Any]:
-        self._tokens.close()
-        if self._mask is not None:
-            self._mask.close()
+        for handle, _ in self.files.values():
+            handle.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
         arrays = {"offsets.npy": np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)}
         arrays["targets.npy"] = (np.concatenate(self._targets) if self._targets else np.zeros(0)).astype(np.int32)
         if self.prompts:
             arrays["prompts.npy"] = (np.concatenate(self._prompts) if self._prompts else np.zeros(0)).astype(np.int32)
-        files = {}
         for name, array in arrays.items():
             np.save(self.folder / name, array, allow_pickle=False)
-            files[name] = {"bytes": (self.folder / name).stat().st_size, "sha256": file_sha256(self.folder / name)}
-        for name in ("tokens.bin", "mask.bin") if self.masked else ("tokens.bin",):
-            files[name] = {"bytes": (self.folder / name).stat().st_size, "sha256": self._hashes[name].hexdigest()}
-        full = {
-            **meta,
-            "store_version": STORE_VERSION,
-            "dtype": self.dtype.name,
-            "documents": len(lengths),
-            "tokens": int(lengths.sum()),
-            "files": files,
-        }
+        digests = {**{name: file_digest(self.folder / name) for name in arrays}, **{name: digest.hexdigest() for name, (_, digest) in self.files.items()}}
+        files = {name: {"bytes": (self.folder / name).stat().st_size, "sha256": digest} for name, digest in digests.items()}
+        full = {**meta, "store_version": STORE_VERSION, "dtype": self.dtype.name, "documents": len(lengths), "tokens": int(lengths.sum()), "files": files}
         write_json_atomic(self.folder / "meta.json", full)
         return full
 
 
-def file_sha256(path: Path) -> str:
-    return file_digest(Path(path))
+def document_targets(lengths: np.ndarray, mask: np.ndarray | None, prompts: np.ndarray | None) -> np.ndarray:
+    """Tokens that carry loss in each document, untruncated: its tokens the mask marks (chat data),
+    or those after its prompt (prompt + completion data), or all."""
+    if mask is not None:
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(lengths) else np.zeros(0, np.int64)
+        sums = np.add.reduceat(mask.astype(np.int64), starts) if len(mask) else np.zeros(len(lengths), np.int64)
+        return np.where(lengths > 0, sums, 0)
+    return lengths - np.minimum(prompts, lengths) if prompts is not None else lengths
 
 
 class DamagedStore(Exception):
@@ -273,7 +245,7 @@ def check_store(folder: Path, key: str | None = None, verify_contents: bool = Fa
         if not path.is_file() or path.stat().st_size != expected["bytes"]:
             raise DamagedStore(f"{name} is missing or truncated")
         small = name.endswith(".npy")
-        if (small or verify_contents) and file_sha256(path) != expected["sha256"]:
+        if (small or verify_contents) and file_digest(path) != expected["sha256"]:
             raise DamagedStore(f"{name} does not match its checksum")
     return meta
 
