@@ -180,7 +180,8 @@ class Calibration:
         runs ran from the fit (a machine whose speed drifts cannot be predicted better than it repeats)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         fresh = float(self.process_check.get("time_spread") or 0.0)
-        runs = self.run_to_run_spread
+        ratios = self._history_ratios()
+        runs = max(abs(ratio / self.history_factor - 1) for ratio in ratios) if len(ratios) >= 2 else 0.0
         source = "past runs" if runs > fresh else "fresh processes" if fresh else "not measured"
         return BoundParts(max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0), max(fresh, runs), source)
 
@@ -247,14 +248,6 @@ class Calibration:
     def step_tail_factor(self) -> float:
         """Mean step / median step over the probes (probes are fitted to their median)."""
         return float(self.fit.get("step_tail_factor") or 1.0)
-
-    @property
-    def run_to_run_spread(self) -> float:
-        ratios = self._history_ratios()
-        if len(ratios) < 2:
-            return 0.0
-        factor = self.history_factor
-        return max(abs(ratio / factor - 1) for ratio in ratios)
 
     def _history_ratios(self) -> list[float]:
         return [
