@@ -235,13 +235,15 @@ def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
 def card_row(data: JsonDict) -> list[str]:
     hardware, software = data.get("hardware") or {}, data.get("software") or {}
     setup = measured_setup(data)
+    # Each variant the file measured (calibration.schema.variant_data).
+    quantizations = [quantization_name(variant_of(entry).quantize) or "none" for entry in (data, *(data.get("variants") or []))]
     return [
         str(data.get("id", "?")),
         str(hardware.get("name", "?")),
         interconnect(hardware.get("interconnect")),
         setup.model_name,
         f"LoRA r{setup.lora_rank}" if setup.method == "lora" and setup.lora_rank else setup.method,
-        ", ".join(dict.fromkeys(quantization_name(quantize) or "none" for quantize, _ in map(variant_of, (data, *(data.get("variants") or []))))),
+        ", ".join(dict.fromkeys(quantizations)),
         f"{setup.world_size}" + (f" ({setup.sharding})" if setup.sharding != "none" else ""),
         versions(software, hardware),
         str(data.get("created_at", "?")),
