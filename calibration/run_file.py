@@ -254,11 +254,6 @@ class RunMethod:
     quantize: str = "none"
 
 
-def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMethod:
-    """The method a run.json's plan section records."""
-    return _method(_Reader(source, "plan", plan))
-
-
 def _method(plan: _Reader) -> RunMethod:
     lora = plan.section("lora")
     method = plan.text("method", "full") or "full"
