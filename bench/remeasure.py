@@ -90,7 +90,7 @@ def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.
         return None
     configs = [StepConfig.from_row(row) for row in ok]
     micro = np.array([row["step_seconds"] / row["grad_accum"] for row in ok])
-    model = fit_throughput(configs, micro, smooth=False)
+    model = fit_throughput(configs, micro)
     predicted = np.array([model.micro_step_seconds(config) for config in configs])
     return (micro - predicted) / predicted
 

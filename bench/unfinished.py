@@ -58,7 +58,7 @@ class KeptRows:
         self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
         if first:
             KeptRows.written_here.add(self.path)
-            others = [path for path, _ in list_unfinished() if path not in KeptRows.written_here]
+            others = [path for path, _, _ in list_unfinished() if path not in KeptRows.written_here]
             earlier = f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
             say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
 
@@ -83,7 +83,7 @@ class KeptRows:
 def describe_unfinished() -> list[str]:
     """`bench list`'s lines for the benches that kept measurements and never stored them."""
     lines = []
-    for path, data in list_unfinished():
+    for path, data, _ in list_unfinished():
         if data is None:
             lines.append(f"unfinished bench {path}: unreadable")
             continue

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from common.json_types import JsonDict
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -50,19 +52,14 @@ class CommModel:
 
 def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str) -> CommModel:
     """Latency and seconds per byte from (bytes, seconds) all-reduce timings; both kept ≥ 0."""
-    points = [(float(m["bytes"]), float(m["seconds"])) for m in measurements]
-    if not points:
+    sizes = np.array([float(m["bytes"]) for m in measurements])
+    seconds = np.array([float(m["seconds"]) for m in measurements])
+    if len(sizes) == 0:
         raise ValueError("no all-reduce measurements")
-    if len(points) == 1:
-        size, seconds = points[0]
-        return CommModel(world_size, backend, 0.0, seconds / size)
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var = sum((x - mean_x) ** 2 for x, _ in points)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
-    slope = max(slope, 0.0)
-    latency = max(0.0, mean_y - slope * mean_x)
+    if len(sizes) == 1:
+        return CommModel(world_size, backend, 0.0, float(seconds[0] / sizes[0]))
+    slope = max(float(np.polyfit(sizes, seconds, 1)[0]), 0.0) if np.ptp(sizes) > 0 else 0.0
+    latency = max(0.0, float(seconds.mean() - slope * sizes.mean()))
     return CommModel(world_size, backend, latency, slope)
 
 

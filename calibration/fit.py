@@ -213,17 +213,28 @@ def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, f
     return coefficients
 
 
+class Form(NamedTuple):
+    """One competing form of the throughput fit (choose_model): the residual smoother on, the host
+    and device overlapping, the device terms tied to the model's FLOPs."""
+
+    smooth: bool = False
+    overlap: bool = False
+    flops: dict[str, float] | None = None
+
+
+PHYSICAL = Form()
+
+
 def fit_throughput(
     configs: Sequence[StepConfig],
     micro_seconds: np.ndarray,
-    smooth: bool,
+    form: Form = PHYSICAL,
     wait_seconds: np.ndarray | None = None,
     uncertainty: np.ndarray | None = None,
-    overlap: bool = False,
-    flops: dict[str, float] | None = None,
 ) -> ThroughputModel:
-    """Fit the terms; with the measured DataLoader wait, the data terms are fitted to the wait and
-    the others to the rest of the step, which keeps each term's meaning when probes are few."""
+    """Fit the terms of `form`; with the measured DataLoader wait, the data terms are fitted to the wait
+    and the others to the rest of the step, which keeps each term's meaning when probes are few."""
+    flops = form.flops
     features = np.stack([throughput_features(c) for c in configs])
     terms, computed = throughput_terms(), compute_index()
     power = 1.0
@@ -236,10 +247,10 @@ def fit_throughput(
         compute_terms = tuple(terms[index] for index in computed)
         solution[computed] = fit_terms(features[:, computed], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty)
         solution[data] = fit_nonnegative(features[:, data], wait, scale=micro_seconds, uncertainty=uncertainty)
-        if overlap:  # only with the data terms fitted apart (to the wait)
+        if form.overlap:  # only with the data terms fitted apart (to the wait)
             solution[computed], power = fit_overlap(features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed])
     model = ThroughputModel(dict(zip(terms, map(float, solution), strict=True)), overlap_power=power)
-    if smooth:
+    if form.smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
         points = np.stack([residual_coordinates(c) for c in configs])
         model.smoother = ResidualSmoother(points, residuals, bandwidth=1.0)
@@ -249,29 +260,18 @@ def fit_throughput(
 def extrapolated_rows(configs: Sequence[StepConfig]) -> np.ndarray:
     """Which held-out rows the rest of their fold did not surround: a micro-batch, length or
     accumulation beyond the others' smallest or largest (the fit extrapolated to predict them)."""
+    sizes = np.array([[config.micro_batch_size, config.seq_len, config.grad_accum] for config in configs]).reshape(len(configs), 3)
     outside = np.zeros(len(configs), dtype=bool)
     for test in folds(len(configs)):
-        train = [configs[i] for i in range(len(configs)) if i not in set(test.tolist())]
-        for index in test:
-            for name in ("micro_batch_size", "seq_len", "grad_accum"):
-                values = [getattr(c, name) for c in train]
-                if values and not min(values) <= getattr(configs[index], name) <= max(values):
-                    outside[index] = True
+        train = np.delete(sizes, test, axis=0)
+        if len(train):
+            outside[test] = ((sizes[test] < train.min(axis=0)) | (sizes[test] > train.max(axis=0))).any(axis=1)
     return outside
 
 
 MIN_ROWS_FOR_FIT = 3
 MIN_ROWS_FOR_OVERLAP = 8  # a nonlinear form needs more probes than terms
 MIN_OVERLAP_POWER = 1.1
-
-
-class Form(NamedTuple):
-    """One competing form of the throughput fit (choose_model): the residual smoother on, the host
-    and device overlapping, the device terms tied to the model's FLOPs."""
-
-    smooth: bool = False
-    overlap: bool = False
-    flops: dict[str, float] | None = None
 
 
 def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
@@ -315,7 +315,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
 
         def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
             waits = None if wait_seconds is None else wait_seconds[train]
-            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], form.smooth, waits, uncertainty[train], form.overlap, form.flops)
+            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], form, waits, uncertainty[train])
             return chosen.micro_step_seconds
 
         return fit_on
@@ -325,16 +325,16 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     overlapping = (
         wait_seconds is not None
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
-        and fit_throughput(configs, micro_seconds, False, wait_seconds, uncertainty, overlap=True).overlap_power > MIN_OVERLAP_POWER
+        and fit_throughput(configs, micro_seconds, Form(overlap=True), wait_seconds, uncertainty).overlap_power > MIN_OVERLAP_POWER
     )
-    forms = {"physical": Form(), "physical+residual": Form(smooth=True), "overlap": Form(overlap=True), "flops": Form(flops=flops)}
+    forms = {"physical": PHYSICAL, "physical+residual": Form(smooth=True), "overlap": Form(overlap=True), "flops": Form(flops=flops)}
     usable = [kind for kind, form in forms.items() if (overlapping or not form.overlap) and (kind != "flops" or flops is not None)]
     held_out_by_form = {kind: held_out_predictions(configs, fitter(forms[kind])) for kind in usable}
     # tokens/s error: actual/predicted on the same token count.
     errors = {kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds) for kind, held_out in held_out_by_form.items()}
     kind, reason = choose_model(errors, len(configs))
     error, held_out, form = errors[kind], held_out_by_form[kind], forms[kind]
-    model = fit_throughput(configs, micro_seconds, form.smooth, wait_seconds, uncertainty, form.overlap, form.flops)
+    model = fit_throughput(configs, micro_seconds, form, wait_seconds, uncertainty)
 
     memory_rows = [row for row in ok_rows if row.get("peak_memory_bytes")]
     memory_section: JsonDict | None = None

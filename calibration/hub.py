@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from calibration.schema import SCHEMA_VERSION, read_calibration_file
-from calibration.setup import Variant, measured_setup, quantization_name, variant_of
+from calibration.setup import measured_setup, quantization_name, variant_of
 from common.errors import BenchtrainError, CalibrationFileError
 from common.hub_access import COMMIT_HASH, download_command, first_line, hub_cache_dir, refusal, snapshot, valid_repo_id
 from common.json_types import JsonDict
@@ -125,10 +125,15 @@ def read_calibration(path: Path) -> JsonDict:
     return read_shared(Path(path), found[0]) if found else read_calibration_file(Path(path))
 
 
+def _hub_source(data: JsonDict) -> JsonDict | None:
+    source = data.get("source")
+    return source if isinstance(source, dict) and source.get("kind") == "hub" else None
+
+
 def hub_provenance(data: JsonDict) -> str | None:
     """ "hub:ORG/NAME (by USER)" for a calibration read from the hub; None for any other."""
-    source = data.get("source")
-    if not isinstance(source, dict) or source.get("kind") != "hub":
+    source = _hub_source(data)
+    if source is None:
         return None
     who = source.get("measured_by")
     return f"{PREFIX}{source.get('repo')}" + (f" (by {who})" if who else "")
@@ -136,10 +141,8 @@ def hub_provenance(data: JsonDict) -> str | None:
 
 def hub_reference(data: JsonDict) -> str | None:
     """How --use-calibration names a calibration read from the hub: hub:ORG/NAME/ID."""
-    source = data.get("source")
-    if not isinstance(source, dict) or source.get("kind") != "hub":
-        return None
-    return f"{PREFIX}{source.get('repo')}/{data.get('id')}"
+    source = _hub_source(data)
+    return None if source is None else f"{PREFIX}{source.get('repo')}/{data.get('id')}"
 
 
 # -- pulling --------------------------------------------------------------------------------------
@@ -232,23 +235,20 @@ def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
 def card_row(data: JsonDict) -> list[str]:
     hardware, software = data.get("hardware") or {}, data.get("software") or {}
     setup = measured_setup(data)
+    # Each variant the file measured (calibration.schema.variant_data).
+    quantizations = [quantization_name(variant_of(entry).quantize) or "none" for entry in (data, *(data.get("variants") or []))]
     return [
         str(data.get("id", "?")),
         str(hardware.get("name", "?")),
         interconnect(hardware.get("interconnect")),
         setup.model_name,
         f"LoRA r{setup.lora_rank}" if setup.method == "lora" and setup.lora_rank else setup.method,
-        ", ".join(dict.fromkeys(quantization_name(quantize) or "none" for quantize, _ in variants(data))),
+        ", ".join(dict.fromkeys(quantizations)),
         f"{setup.world_size}" + (f" ({setup.sharding})" if setup.sharding != "none" else ""),
         versions(software, hardware),
         str(data.get("created_at", "?")),
         str(data.get("measured_by") or "unknown"),
     ]
-
-
-def variants(data: JsonDict) -> list[Variant]:
-    """Each variant the file measured (calibration.schema.variant_data)."""
-    return [variant_of(entry) for entry in (data, *(data.get("variants") or []))]
 
 
 def interconnect(value: Any) -> str:

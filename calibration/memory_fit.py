@@ -138,7 +138,7 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
     return {**dict(zip(linear_terms(), map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
 
 
-def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> dict[str, object]:
+def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> JsonDict:
     """The calibration's `fit.memory`: the form with the lower held-out median error (the linear
     one on a tie), its parameters and its held-out error."""
     forms = {"physical": False}
@@ -162,7 +162,7 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradie
     }
 
 
-def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> dict[str, object]:
+def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> JsonDict:
     """`fit.memory` from ok measurement rows with a peak: fitted to the reserved peak when every
     row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
     outside the allocator (the most any row saw) and the basis recorded beside the fit."""
@@ -185,9 +185,7 @@ def device_peak_bytes(figures: JsonDict) -> float | None:
     return float(peak) if is_number(peak) else None
 
 
-def memory_model_from_json(memory: dict[str, object]) -> MemoryModel:
-    parameters = memory["parameters"]
-    assert isinstance(parameters, dict)
-    coefficients = {term: float(parameters.get(term, 0.0)) for term in memory_terms()}
+def memory_model_from_json(memory: JsonDict) -> MemoryModel:
+    coefficients = {term: float(memory["parameters"].get(term, 0.0)) for term in memory_terms()}
     outside = memory.get("non_torch_bytes")
     return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if is_number(outside) else 0.0)

@@ -75,13 +75,24 @@ class Calibration:
             raise BenchtrainError(f"calibration {data.get('id')} has no fitted model: re-run `bench run`")
         self.throughput: ThroughputModel = throughput_model_from_json(fit)
         self.memory: MemoryModel | None = memory_model_from_json(fit["memory"]) if fit.get("memory") else None
+        # Sections calibration.schema.validate checked on load, as read.
+        self.id: str = self.data["id"]
+        self.fit: JsonDict = fit
+        self.hardware: JsonDict = self.data["hardware"]
+        self.model: JsonDict = self.data["model"]
+        self.measurements: list[JsonDict] = self.data["measurements"]
+        self.overheads: dict[str, float] = self.data.get("overheads", {})  # measured one-off costs (model build, warm-up, checkpoint save), seconds
+        # The step measured again in fresh processes by bench (calibration.process_check); {} without.
+        self.process_check: JsonDict = self.data.get("process_check") or {}
+        # What the probes trained: method (full or lora), adapter settings, trainable parameters.
+        self.training: JsonDict = self.data.get("training") or {"method": "full", "lora": None}
+        # Processes the probes ran with (bench under `accelerate launch --num_processes N`), and how
+        # the model was spread over them: none, ddp or fsdp.
+        distributed = self.data.get("distributed") or {}
+        self.world_size = int(distributed.get("world_size", 1))
+        self.sharding = str(distributed.get("sharding", "none"))
 
     # -- identity -------------------------------------------------------------------------
-    # The sections below are JSON that calibration.schema.validate checked on load: cast, not converted.
-    @property
-    def id(self) -> str:
-        return cast(str, self.data["id"])
-
     @property
     def provenance(self) -> str:
         """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
@@ -115,27 +126,6 @@ class Calibration:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
         return variant_of(self.data)
 
-    @property
-    def hardware(self) -> JsonDict:
-        return cast(JsonDict, self.data["hardware"])
-
-    @property
-    def model(self) -> JsonDict:
-        return cast(JsonDict, self.data["model"])
-
-    @property
-    def measurements(self) -> list[JsonDict]:
-        return cast(list[JsonDict], self.data["measurements"])
-
-    @property
-    def fit(self) -> JsonDict:
-        return cast(JsonDict, self.data["fit"])
-
-    @property
-    def overheads(self) -> dict[str, float]:
-        """Measured one-off costs (model build, warm-up, checkpoint save), seconds."""
-        return cast(dict[str, float], self.data.get("overheads", {}))
-
     def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "ok"]
 
@@ -149,21 +139,6 @@ class Calibration:
             return None
         coefficients = [float(fit["parameters"][term]) for term in EVAL_TERMS]
         return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
-
-    @property
-    def world_size(self) -> int:
-        """Processes the probes ran with (bench under `accelerate launch --num_processes N`)."""
-        return int((self.data.get("distributed") or {}).get("world_size", 1))
-
-    @property
-    def sharding(self) -> str:
-        """How the probes' model was spread over those processes: none, ddp or fsdp."""
-        return str((self.data.get("distributed") or {}).get("sharding", "none"))
-
-    @property
-    def training(self) -> JsonDict:
-        """What the probes trained: method (full or lora), adapter settings, trainable parameters."""
-        return self.data.get("training") or {"method": "full", "lora": None}
 
     # -- error and history ----------------------------------------------------------------
     @property
@@ -180,14 +155,10 @@ class Calibration:
         runs ran from the fit (a machine whose speed drifts cannot be predicted better than it repeats)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         fresh = float(self.process_check.get("time_spread") or 0.0)
-        runs = self.run_to_run_spread
+        ratios = self._history_ratios()
+        runs = max(abs(ratio / self.history_factor - 1) for ratio in ratios) if len(ratios) >= 2 else 0.0
         source = "past runs" if runs > fresh else "fresh processes" if fresh else "not measured"
         return BoundParts(max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0), max(fresh, runs), source)
-
-    @property
-    def process_check(self) -> JsonDict:
-        """The step measured again in fresh processes by bench (calibration.process_check); {} without."""
-        return cast(JsonDict, self.data.get("process_check") or {})
 
     @property
     def translation(self) -> JsonDict | None:
@@ -247,14 +218,6 @@ class Calibration:
     def step_tail_factor(self) -> float:
         """Mean step / median step over the probes (probes are fitted to their median)."""
         return float(self.fit.get("step_tail_factor") or 1.0)
-
-    @property
-    def run_to_run_spread(self) -> float:
-        ratios = self._history_ratios()
-        if len(ratios) < 2:
-            return 0.0
-        factor = self.history_factor
-        return max(abs(ratio / factor - 1) for ratio in ratios)
 
     def _history_ratios(self) -> list[float]:
         return [

@@ -55,8 +55,8 @@ def memory_ratios(fit: JsonDict, rows: Sequence[JsonDict], bench_rss_before_mode
     for row in rows:
         if not row.get("peak_memory_bytes"):
             continue
-        offset = float(row["rss_before_model_bytes"]) - float(bench_rss_before_model) if row.get("rss_before_model_bytes") and bench_rss_before_model else 0.0
-        offset = max(0.0, offset)
+        before = row.get("rss_before_model_bytes")
+        offset = max(0.0, float(before) - float(bench_rss_before_model)) if before and bench_rss_before_model else 0.0
         ratios.append(float(row["peak_memory_bytes"]) / (model.peak_bytes(StepConfig.from_row(row)) + offset))
     return ratios
 

@@ -79,17 +79,16 @@ class _Reader:
         value = self._typed(key, (int, float), "a number", required)
         return float(value) if isinstance(value, (int, float)) else default
 
-    def flag(self, key: str, default: bool = False) -> bool:
-        value = self._typed(key, (bool, int), "true or false", False)
-        return bool(value)
+    def flag(self, key: str) -> bool:
+        return bool(self._typed(key, (bool, int), "true or false", False))
 
     def texts(self, key: str) -> tuple[str, ...] | None:
         value = self._typed(key, (list,), "a list of strings", False)
-        if isinstance(value, list) and all(isinstance(item, str) for item in value):
-            return tuple(str(item) for item in value)
         if value is None:
             return None
-        raise self._fail(key, "a list of strings")
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self._fail(key, "a list of strings")
+        return tuple(str(item) for item in value)
 
     def section(self, key: str, required: bool = False) -> _Reader:
         value = self._typed(key, (dict,), "an object", required)
@@ -253,11 +252,6 @@ class RunMethod:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | None = None
     quantize: str = "none"
-
-
-def run_method(plan: Mapping[str, JsonValue], source: str = "run.json") -> RunMethod:
-    """The method a run.json's plan section records."""
-    return _method(_Reader(source, "plan", plan))
 
 
 def _method(plan: _Reader) -> RunMethod:

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from calibration import extrapolation
-from calibration.dimensions import switches
+from calibration.dimensions import DIMENSIONS, switches
 from calibration.fit import EVAL_TERMS, smoother_switches, throughput_terms
 from calibration.fit_tools import is_number
-from calibration.memory_fit import BASES, memory_terms
+from calibration.memory_fit import BASES, MEMORY_FIELDS, memory_terms
 from calibration.setup import variant_of
 from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
@@ -47,8 +47,7 @@ REQUIRED_TOP = {"schema_version": int, "id": str, "created_at": str, "hardware":
 REQUIRED_HARDWARE = {"device_type": str, "name": str, "count": int, "memory_bytes": _NUMBER}
 REQUIRED_MODEL = {"name": str, "parameter_count": int, "fingerprint": str}
 REQUIRED_MEASUREMENT = {"micro_batch_size": int, "num_workers": int, "grad_accum": int, "seq_len": int, "status": str}
-# peak_memory_bytes and the optional CUDA memory fields (calibration.memory_fit.MEMORY_FIELDS).
-MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", "peak_memory_bytes", "peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
+MEASUREMENT_NUMBERS = ("tokens_per_second", "step_seconds", *MEMORY_FIELDS)
 STATUSES = {"ok", "oom", "error", "skipped"}
 
 
@@ -102,7 +101,7 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
         if row["status"] == "ok" and not (is_number(row.get("step_seconds")) and row["step_seconds"] > 0):
             raise CalibrationFileError(f"{where}: an ok row needs a positive step_seconds")
         for name in REQUIRED_MEASUREMENT:
-            if name != "status" and row[name] < (0 if name == "num_workers" else 1):
+            if name != "status" and row[name] < DIMENSIONS[name].minimum:
                 raise CalibrationFileError(f"{where}.{name} is out of range: {row[name]}")
     fit = data.get("fit")
     if fit is not None:

@@ -207,13 +207,6 @@ def slices_record(data: JsonDict) -> JsonDict | None:
     return slices if isinstance(slices, dict) else None
 
 
-def stretch(slices: JsonDict) -> float:
-    """How far the full depth lies past the deepest depth the held-out error was measured at."""
-    deepest = max(slices["depths"])
-    ratio: float = slices["full_layers"] / deepest  # JSON numbers (calibration.schema checked them)
-    return max(1.0, ratio)
-
-
 def slice_error(slices: JsonDict, kind: str) -> float:
     """The relative error a plan adds for extrapolating in depth (`kind`: time or memory): the
     held-out 90th percentile (UNTESTED_SLICE_ERROR when no deeper probe was held out), × (1 +
@@ -221,7 +214,9 @@ def slice_error(slices: JsonDict, kind: str) -> float:
     held_out = (slices.get("held_out") or {}).get(kind) or {}
     p90 = held_out.get("p90_abs_pct")
     base = UNTESTED_SLICE_ERROR if p90 is None or not held_out.get("count") else float(p90) / 100.0
-    return base * (1 + math.log2(stretch(slices)))
+    # How far the full depth lies past the deepest depth the held-out error was measured at.
+    stretch = max(1.0, float(slices["full_layers"]) / max(slices["depths"]))
+    return base * (1 + math.log2(stretch))
 
 
 def slice_widening(data: JsonDict, bound: float, kind: str = "time") -> float:

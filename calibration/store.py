@@ -128,33 +128,25 @@ def discard_unfinished(paths: Sequence[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
-class KeptFile(NamedTuple):
-    """A kept file: what it holds, or None when it cannot be read."""
-
-    path: Path
-    data: JsonDict | None
-
-
 class ListedCalibration(NamedTuple):
-    """A calibration file: what it holds, or None and why it cannot be read."""
+    """A calibration file (or a bench's kept measurements): what it holds, or None and why it cannot be read."""
 
     path: Path
     data: JsonDict | None
     error: str | None
 
 
-def list_unfinished() -> list[KeptFile]:
-    """(path, content or None when unreadable) for every bench that kept measurements and never
-    stored them, newest first."""
+def list_unfinished() -> list[ListedCalibration]:
+    """(path, content, error) for every bench that kept measurements and never stored them, newest first."""
     folder = calibrations_dir() / "unfinished"
     if not folder.is_dir():
         return []
-    entries: list[KeptFile] = []
+    entries: list[ListedCalibration] = []
     for path in sorted(folder.glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True):
         try:
-            entries.append(KeptFile(path, read_json_file(path)))
-        except BenchtrainError:
-            entries.append(KeptFile(path, None))
+            entries.append(ListedCalibration(path, read_json_file(path), None))
+        except BenchtrainError as error:
+            entries.append(ListedCalibration(path, None, str(error)))
     return entries
 
 

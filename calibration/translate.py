@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 from typing import NamedTuple
 
-from calibration.datasheets import ARCHITECTURE, DeviceSheet, generation_shift, known_keys, sheet_for
+from calibration.datasheets import DeviceSheet, generation_shift, known_keys, sheet_for
 from calibration.fit import EVAL_TERMS, device_terms, throughput_model_from_json
 from calibration.split import step_parts, step_splits
 from calibration.step_config import StepConfig
@@ -181,7 +181,7 @@ def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[floa
     source: the datasheets', times the share published runs between the two generations attained of
     it (calibration.datasheets.generation_shift); the datasheets' alone, and None, where none was published."""
     datasheet = target.bf16_dense_flops / source.bf16_dense_flops
-    generations = ARCHITECTURE[source.key], ARCHITECTURE[target.key]
+    generations = source.architecture, target.architecture
     forward, backward = generation_shift(*generations), generation_shift(*reversed(generations))
     if forward is not None:
         return datasheet * forward.attained_share, forward.source

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import run_main
 
-from calibration.run_file import run_method
+from calibration.run_file import RunFile
 from calibration.setup import measured_setup
 from train.running.resume import resumed_method
 from train.workload.method import METHODS, Method, MethodConfig, apply_method
@@ -59,7 +59,7 @@ def test_bench_measures_it_and_train_plans_trains_and_records_it(
     assert "training DoRA rank 4" in out
     record = json.loads(next((home / "runs").glob("*/run.json")).read_text())
     assert record["plan"]["method"] == "dora" and record["plan"]["lora"]["rank"] == 4
-    resumed = resumed_method(run_method(record["plan"]))
+    resumed = resumed_method(RunFile.from_json(record).resumed().method)
     assert (resumed.method, resumed.lora_rank, resumed.is_lora) == ("dora", 4, True)  # a resume trains DoRA again
 
     code, _, err = run_main("train", [*train[:-2], "--method", "lora", "--dry-run"], capsys)

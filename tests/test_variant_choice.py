@@ -286,12 +286,14 @@ def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.
 
 
 def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto() -> None:
-    from calibration.run_file import run_method
+    from calibration.run_file import RunFile
     from train.recipes.choice import asked_variant, with_run_variant
     from train.running.resume import resumed_method, same_method
 
-    previous = {"plan": {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}}
-    run = resumed_method(run_method(previous["plan"]))
+    method = {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}
+    configuration = {"micro_batch_size": 1, "num_workers": 0, "grad_accum": 1, "seq_len": 8}
+    previous = RunFile.from_json({"run_id": "r", "plan": {"configuration": configuration, "epochs": 1.0, "total_steps": 1, **method}})
+    run = resumed_method(previous.resumed().method)
     assert run.variant == ("4bit", "paged-adamw-8bit")
     command = MethodConfig(method="lora")  # --quantize auto --optimizer auto
     kept = with_run_variant(command, run, asked_variant("auto", "auto"))
