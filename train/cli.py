@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from calibration.dimensions import switches
 from common.console import say
 from common.errors import EXIT_OK, OneLineParser, guard_cli
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
@@ -151,12 +152,8 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
     add_hub_push(p)
-    p.add_argument(
-        "--gradient-checkpointing",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="recompute activations: auto (default) picks whichever measured mode finishes sooner and fits in memory",
-    )
+    for dimension in switches():  # the step's switches (calibration.dimensions): auto, on or off each
+        p.add_argument(dimension.plan_flag, dest=dimension.name, default="auto", choices=("auto", "on", "off"), help=dimension.plan_help)
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument(

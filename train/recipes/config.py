@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from calibration.dimensions import switches
 from common.durations import parse_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
@@ -149,7 +150,8 @@ class PlanSection:
     effective_batch: int | None = None
     max_length: int | str = "auto"
     workers: int | None = None
-    gradient_checkpointing: str = "auto"
+    # Each switch of the step (calibration.dimensions: gradient checkpointing) as asked: auto, on or off.
+    switches: dict[str, str] = field(default_factory=dict)
     device_memory: str | None = None  # as written; device_memory_bytes once parsed
     fit_deadline: bool = False
     max_steps: int | None = None
@@ -167,6 +169,7 @@ class PlanSection:
         deadline_seconds = parse_duration(self.deadline, "--deadline")
         _derive(
             self,
+            switches={dimension.name: self.switches.get(dimension.name, "auto") for dimension in switches()},
             deadline_seconds=deadline_seconds,
             max_length=parse_max_length(self.max_length),
             prices=parse_prices(self.price_per_hour),
@@ -263,13 +266,14 @@ def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool
 
 
 # run.json's `config`: every option under its command-line name, flat, in this order (people's
-# scripts, the report and the model card read it), the derived values after them.
+# scripts, the report and the model card read it), the derived values after them; `switches`: each
+# switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
     "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
     "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
     "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
-    "merge_lora push_to_hub hub_private hub_revision push_only gradient_checkpointing method quantize optimizer step_options "
+    "merge_lora push_to_hub hub_private hub_revision push_only switches method quantize optimizer step_options "
     "data_schema deadline_seconds checkpoint_interval_seconds eval_schedule trackers device_memory_bytes hyperparameters"
 ).split()
 # A section's field under another name in run.json (and on the command line).
@@ -328,8 +332,9 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:
         """`started_at`: when the command started (time.monotonic(); default: now)."""
         flat = {f.name for section in SECTIONS.values() for f in fields(section) if f.init} | {"model", "seed", "force"}
-        flat -= {"method", "schema", "learning_rate_named", "started_at"}
+        flat -= {"method", "schema", "learning_rate_named", "started_at", "switches"}
         values = {name: value for name, value in vars(args).items() if name in flat}
+        values["switches"] = {dimension.name: getattr(args, dimension.name, "auto") for dimension in switches()}
         if values.get("learning_rate", 0) is None:  # not given: the default, or with --resume the run's
             values.pop("learning_rate")
             values["learning_rate_named"] = False
@@ -348,7 +353,8 @@ class TrainConfig:
                 value = getattr(section, f.name)
                 flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         flat["trackers"] = list(self.output.trackers)
+        flat.update(self.plan.switches)
         # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold
         # it; started_at: a reading of this machine's monotonic clock; learning_rate_named: learning_rate
         # holds the rate trained with.
-        return {name: flat[name] for name in FLAT_ORDER}
+        return {key: flat[key] for name in FLAT_ORDER for key in (self.plan.switches if name == "switches" else [name])}
