@@ -151,11 +151,6 @@ def name_base(adapter_config: Path, base: str) -> None:
     adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
-def is_relative_reference(base: str) -> bool:
-    """A base named relative to the adapter folder. Hub ids cannot start with ".", so no hub id reads as one."""
-    return base == "." or base == ".." or base.startswith(("./", "../"))
-
-
 def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any:
     """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
     `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
@@ -211,7 +206,7 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
 def resolve_base(adapter: Path, base: str) -> str:
     """An adapter's base as `from_pretrained` takes it: a relative one as the folder it names from the
     adapter's folder; an absolute path or hub id unchanged."""
-    if not is_relative_reference(base):
+    if not (base in (".", "..") or base.startswith(("./", "../"))):  # no hub id starts with "."
         return base
     path = (adapter / base).resolve()
     if not path.is_dir():

@@ -216,15 +216,9 @@ def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
     return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
 
 
-def plans_elsewhere(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> bool:
-    """Whether the plan is for another device than this machine: a dry run plans for the device
-    the calibration measured."""
-    return config.output.dry_run and not same_device(cal.hardware, here)
-
-
 def plan_hardware(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> dict[str, Any]:
-    """The device a plan is for: this machine, or in a dry run the calibration's (`plans_elsewhere`)."""
-    return cal.hardware if plans_elsewhere(config, cal, here) else here
+    """The device a plan is for: this machine, or in a dry run for another the device the calibration measured."""
+    return cal.hardware if config.output.dry_run and not same_device(cal.hardware, here) else here
 
 
 def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
@@ -243,8 +237,8 @@ def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: 
     step there (train.step.engine.resolve_step), its price, the calibration's fitness for the run
     (refused in one line unless --force), and the memory check
     (train.planning.memory_check.check_fits, one line when the model does not fit)."""
-    foreign = plans_elsewhere(config, cal, here)
-    hardware = cal.hardware if foreign else here
+    hardware = plan_hardware(config, cal, here)
+    foreign = hardware is not here
     step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
     if config.plan.device_memory_bytes:
         hardware = {**hardware, "memory_bytes": config.plan.device_memory_bytes, "memory_from": "--device-memory"}

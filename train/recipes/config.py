@@ -29,11 +29,12 @@ from typing import Any
 from calibration.dimensions import switches
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from common.hub_access import valid_repo_id
 from common.json_types import JsonDict
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
-from train.recipes.hub_push import PushTarget, valid_repo_id
+from train.recipes.hub_push import PushTarget
 from train.running.guard import GuardSection
 from train.running.resume import auto_resume
 from train.running.trackers import parse_report_to
@@ -235,7 +236,7 @@ class OutputSection:
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
             raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
         if self.push_to_hub:
-            valid_repo_id(self.push_to_hub)
+            valid_repo_id(self.push_to_hub, "--push-to-hub")
         if self.push_only and not self.out:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
         if self.json and not self.dry_run:
