@@ -29,7 +29,7 @@ from calibration.topology import same_interconnect
 from common.console import say
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.memory_check import check_fits, gib_text, memory_need, quantization_available
+from train.planning.memory_check import GIB, check_fits, gib_text, memory_need, quantization_available
 from train.recipes.config import TrainConfig
 from train.recipes.run_plan import FittedVariant, PlanContext, RunPlan, plan_run
 from train.step.engine import MeasuredStep, ProcessLayout, process_layout, resolve_step
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from train.workload.model import ModelSpec
 
 AUTO = "auto"
-GIB = 2**30
 LARGEST_MICRO_BATCH = 1024
 
 
@@ -110,6 +109,7 @@ def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tu
     """Which stored calibrations `latest` prefers for this run, best first (calibration.store): a
     calibration of another interconnect than `interconnect` (this machine's) is a preference
     missed, not a refusal (one that recorded none matches any: calibration.topology)."""
+
     def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
         training = data.get("training") or {}
@@ -198,6 +198,7 @@ def variants_to_plan(calibration: Calibration, method: MethodConfig, asked: tupl
     only). None matching: the one asked for, planned with the calibration's first variant, which
     `check_compatible` then refuses (or lets through with --force)."""
     quantize, optimizer = asked
+
     def wanted(measured: Variant) -> bool:
         return quantize in (None, measured.quantize) and optimizer in (None, measured.optimizer) and (method.is_lora or measured.quantize == "none")
 

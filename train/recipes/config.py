@@ -184,11 +184,6 @@ class PlanSection:
         if self.workers is not None and self.workers < 0:
             raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
 
-    @property
-    def comparing(self) -> bool:
-        """Several calibrations or machines planned side by side (train.recipes.machines): a dry run."""
-        return is_comparison(self.use_calibration) or bool(self.consider)
-
 
 ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
 
@@ -303,12 +298,8 @@ class TrainConfig:
             raise BenchtrainError(
                 f"--use-calibration {plan.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
             )
-        if plan.comparing and output.resume:
+        if (plan.consider or is_comparison(plan.use_calibration)) and output.resume:
             raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
-
-    @property
-    def comparing(self) -> bool:
-        return self.plan.comparing
 
     @property
     def run_deadline(self) -> Deadline:
