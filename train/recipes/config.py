@@ -1,20 +1,14 @@
-"""One validated configuration for a `train` command, in the sections its consumers take whole.
+"""One validated configuration for a `train` command, in the sections its consumers take whole (as
+torchtitan's job config hands each component its own section): `data` (what is read, the eval set),
+`tuning` (the method, quantization, optimizer and hyper-parameters), `step` (StepOptions: compile,
+loss, sharding, the options bench takes too), `plan` (the deadline, built here once, the calibration
+and every ask of the planner), `guard` (train.running.guard's own) and `output` (the run folder,
+report, trackers, export and hub).
 
-Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`),
-each section checked in its own `__post_init__` (every bad value is a one-line
-`BenchtrainError`), written whole into run.json (flat, under the option names people's scripts
-read), and read by the recipe (train.recipes.recipe) in place of the raw argparse namespace. As
-torchtitan's job config hands each component its own section:
-
-- `data` (DataSection): what is read and how; the eval set and its schedule (load_data);
-- `tuning` (TuningSection): the method, the base's quantization and the optimizer as asked, and the
-  optimizer's and schedule's hyper-parameters (the engine, the learning-rate scaling);
-- `step` (StepOptions): how THE step runs — compile, loss, sharding — the same options bench takes;
-- `plan` (PlanSection): the deadline (built here once: `run_deadline`), the calibration, and every
-  ask of the planner (epochs, priority, batch, length, workers, checkpointing, steps, prices);
-- `guard` (train.running.guard.GuardSection, the guard's own): what the deadline guard does and how
-  often the loop checkpoints (taken whole by the loop's LoopSettings);
-- `output` (OutputSection): the run folder, resume, report, trackers, export and the hub.
+Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`), each
+section checked in its own `__post_init__` (every bad value is a one-line `BenchtrainError`), read by
+the recipe (train.recipes.recipe) in place of the argparse namespace, and written whole into run.json
+(flat, under the option names people's scripts read).
 """
 
 from __future__ import annotations
