@@ -128,6 +128,12 @@ def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communica
     return RunPlan(**chosen, communication=communication, request=request, plan=plan)
 
 
+def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
+    """The planner on a request already made, for other data: the exact tokens once a plan made from
+    a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
+    return make_plan(cal, data, request, eval_data)
+
+
 def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tuple[float, float], comm_overlap: bool) -> PlanRequest:
     """What the planner is asked for this command and fitted variant; `comm_seconds`: what
     communication adds that the calibration's step times lack (per optimizer step, per micro-step,
