@@ -659,9 +659,13 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
     return found
 
 
-def compare(context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict) -> Comparison:
-    """A row per calibration (and per process count predicted from it: options_for), ranked at their estimates."""
-    options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations))
+def compare(
+    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, sources: list[JsonDict] | None = None
+) -> Comparison:
+    """A row per calibration (and per process count predicted from it: options_for), ranked at their
+    estimates. `sources`: calibrations whose collectives may price predicted rows (default: those of
+    the comparison and the store)."""
+    options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
     return comparison(context, method, [option_source(option) for option in options], here, profile, at_upper_end=False)
 
 
