@@ -40,6 +40,7 @@ class Dimension:
     label: str = ""  # bench's lines name a step with it on: B8/W0/A1/S512/ckpt
     phrase: str = ""  # plans name it: "batch 8 × accum 1, 0 workers, max length 512, gradient checkpointing"
     plan_flag: str = ""  # `train`'s option: auto (what the calibration measured), on or off
+    plan_help: str = ""  # that option's help
     throughput: tuple[Term, ...] = ()  # the throughput fit's terms it adds
     memory: tuple[Term, ...] = ()  # the memory fit's terms it adds
     activations: tuple[str, str] | None = None  # memory: the per-token and attention terms that replace the plain ones when on
@@ -61,6 +62,7 @@ DIMENSIONS: dict[str, Dimension] = {
         label="/ckpt",
         phrase=", gradient checkpointing",
         plan_flag="--gradient-checkpointing",
+        plan_help="recompute activations: auto (default) picks whichever measured mode finishes sooner and fits in memory",
         # The forward pass again, per token and its attention part.
         throughput=(Term("recompute_per_token", "tokens"), Term("recompute_attention", "attention")),
         activations=("per_token_checkpointed", "attention_checkpointed"),

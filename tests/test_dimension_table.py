@@ -2,7 +2,8 @@
 an entry registered there alone (activation offloading, here: a switch that costs time per token
 and keeps fewer activations) is an option of `bench run`, an axis of the search space the probes
 cover, a column of the measurement rows, terms of the throughput and memory fits, a coordinate of
-the residual smoother, a choice of the planner and a key of run.json's step configuration; and
+the residual smoother, an option of `train` and a choice of the planner, a key of run.json's step
+configuration and of its command's configuration; and
 a calibration or run.json written before it reads it as off."""
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ OFFLOADING = Dimension(
     label="/offload",
     phrase=", activation offloading",
     plan_flag="--activation-offloading",
+    plan_help="keep activations on the host: auto (default) picks whichever measured mode finishes sooner and fits in memory",
     throughput=(Term("offload_per_token", "tokens", device=False),),  # the copies to the host, beside the compute
     activations=("per_token_offloaded", "attention_offloaded"),
     leaner=True,
@@ -91,6 +93,21 @@ def test_bench_run_offers_it_and_the_search_covers_both_modes(with_offloading: D
     rows = run_grid(space, device, Budget(None)).rows
     assert sorted(row["activation_offloading"] for row in rows) == [0, 0, 1, 1]
     assert StepConfig(8, 0, 1, 64, ("activation_offloading",)).label == "B8/W0/A1/S64/offload"
+
+
+def test_train_offers_it_and_hands_it_to_the_planner(with_offloading: Dimension) -> None:
+    from train.cli import build_parser
+    from train.recipes.config import TrainConfig
+
+    parser = build_parser()
+    assert "keep activations on the host" in parser.format_help()
+    config = TrainConfig.from_args(parser.parse_args(["--data", "sample", "--deadline", "1h", "--activation-offloading", "on"]))
+    assert config.plan.switches == {"gradient_checkpointing": "auto", "activation_offloading": "on"}
+    written = config.to_json()
+    assert written["activation_offloading"] == "on" and written["gradient_checkpointing"] == "auto"
+    assert list(written).index("activation_offloading") == list(written).index("gradient_checkpointing") + 1
+    with pytest.raises(BenchtrainError, match="--activation-offloading: invalid choice"):
+        parser.parse_args(["--data", "sample", "--deadline", "1h", "--activation-offloading", "sometimes"])
 
 
 def test_the_fits_learn_its_terms_from_the_probes(with_offloading: Dimension) -> None:

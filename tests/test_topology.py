@@ -38,7 +38,7 @@ from calibration.topology import (
 )
 from common.errors import BenchtrainError
 from train.recipes.config import TrainConfig
-from train.recipes.machines import Option, compare, options_for, predicted_option
+from train.recipes.machines import Option, comparison, option_source, options_for, predicted_option
 from train.recipes.run_plan import PlanContext
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
@@ -196,12 +196,12 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
 # -- the rows of a comparison ----------------------------------------------------------------------
 
 
-def compare_options(options: list[Option], calibrations: list[Any], model: str = "llama-3.2-1b", **config: Any) -> Any:
+def compare_options(options: list[Option], model: str = "llama-3.2-1b", **config: Any) -> Any:
     from train.step.hardware import detect_hardware
 
     command = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **config})
     context = PlanContext(command, resolve_model(model), tokenized(heavy_tailed(400)), None, 0.0)
-    return compare(context, MethodConfig(), calibrations, detect_hardware(), {}, [], options)
+    return comparison(context, MethodConfig(), [option_source(option) for option in options], detect_hardware(), {}, at_upper_end=False)
 
 
 def comm_parts(chosen: Any) -> tuple[float, float, float]:
@@ -221,7 +221,7 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         option = predicted_option(cal, 2, "ddp", word, [])
         assert option.predicted and option.collectives_from is None and option.interconnect == word
         assert option.collectives is not None and set(option.collectives) == {"all_reduce"}
-        comparison = compare_options([option], [cal], price_per_hour="h100=2.5")
+        comparison = compare_options([option], price_per_hour="h100=2.5")
         (row,) = comparison.rows
         assert row.plan is not None, row.problem
         rows[word] = row
@@ -252,7 +252,7 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
     for word in ("nvlink", "pcie"):
         option = predicted_option(cal, 4, "fsdp", word, [])
         assert option.collectives is not None and set(option.collectives) == {"all_gather", "reduce_scatter"}
-        (row,) = compare_options([option], [cal], step_options=StepOptions(sharding="fsdp")).rows
+        (row,) = compare_options([option], step_options=StepOptions(sharding="fsdp")).rows
         assert row.plan is not None, row.problem
         chosen[word] = row.plan.chosen
         assert row.communication["seconds_per_micro_step"] > 0 and row.communication["seconds_per_step"] == 0
@@ -337,7 +337,7 @@ def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:
 
 def test_the_table_of_a_comparison_says_what_a_predicted_row_rests_on() -> None:
     cal = Calibration(h100_data())
-    comparison = compare_options([predicted_option(cal, 2, "ddp", "pcie", [])], [cal])
+    comparison = compare_options([predicted_option(cal, 2, "ddp", "pcie", [])])
     data = comparison.to_json()
     assert "midpoint" in data["communication_bracket"] and "prediction_error" not in data["rows"][0]
     assert any("link figures" in note for note in comparison.notes)

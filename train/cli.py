@@ -6,14 +6,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from calibration.dimensions import switches
 from common.console import say
 from common.errors import EXIT_OK, OneLineParser, guard_cli
 from train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
-
-if TYPE_CHECKING:
-    from train.recipes.launch_task import LaunchTask
 
 EXAMPLES = """examples:
   train --use-calibration latest --data sample --deadline 5m            # bundled sample data, tiny preset
@@ -151,12 +148,8 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
     add_hub_push(p)
-    p.add_argument(
-        "--gradient-checkpointing",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="recompute activations: auto (default) picks whichever measured mode finishes sooner and fits in memory",
-    )
+    for dimension in switches():  # the step's switches (calibration.dimensions): auto, on or off each
+        p.add_argument(dimension.plan_flag, dest=dimension.name, default="auto", choices=("auto", "on", "off"), help=dimension.plan_help)
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument(
@@ -308,21 +301,16 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
     from train.recipes.config import is_comparison
 
-    if getattr(args, "consider", None) and args.use_calibration is None:
+    if args.consider and args.use_calibration is None:
         args.use_calibration = "all"  # the machines are planned from every calibration there is
-    if is_comparison(args.use_calibration) or getattr(args, "consider", None):
+    if is_comparison(args.use_calibration) or args.consider:
         from train.compare_command import run_comparison
 
         return run_comparison(args, started)
+    from train.launch_command import emit_task
     from train.recipes.recipe import run_training
 
     return run_training(args, started, write_run_report, emit_task)
-
-
-def emit_task(emit: str, task: LaunchTask) -> None:
-    from train.launch_command import emit_task
-
-    emit_task(emit, task)
 
 
 def write_run_report(out_dir: Path) -> Path:

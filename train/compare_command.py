@@ -14,10 +14,9 @@ from common.atomic import json_text
 from common.console import say
 from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
+from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
-
-GIB = 2**30
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:

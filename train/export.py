@@ -1,4 +1,5 @@
-"""The model people use: `final/` in the Hugging Face layout, written atomically.
+"""The model people use: `final/` in the Hugging Face layout, each folder written to a temporary
+folder and renamed, so a crash never leaves half a model.
 
 - full fine-tuning: `save_pretrained` with safetensors (config, generation config, weights) and the
   tokenizer, so `AutoModelForCausalLM.from_pretrained(final)` and `AutoTokenizer.from_pretrained(final)`
@@ -6,24 +7,18 @@
 - LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors)
   and the tokenizer. The adapter's `base_model_name_or_path` names the base: the hub id (with its
   commit as `revision`) or a `--model DIR` outside the run folder by its absolute path (neither
-  travels with the run). Any other base — a preset built from its config, which has no weights on
-  disk, or a `--model DIR` inside the run folder — is written into final/ itself (its
-  `config.json`, `generation_config.json` and `model.safetensors` beside the adapter), and the
-  adapter names it as `.`: final/ is then one self-contained folder, the layout transformers loads
-  as "a complete model with an embedded adapter". `AutoModelForCausalLM.from_pretrained(final)`
-  gives base + adapter from any directory, wherever the folder was moved; peft's own
-  `AutoPeftModelForCausalLM` passes the name to `from_pretrained` as it is (against the current
-  directory), so it needs `final/` as the current directory there;
-- `--merge-lora`: also the merged full model in `final-merged/`.
+  travels with the run). Any other base — a preset, which has no weights on disk, or a `--model DIR`
+  inside the run folder — is written into final/ itself and the adapter names it as `.`: one
+  self-contained folder, which `AutoModelForCausalLM.from_pretrained(final)` loads as base + adapter
+  wherever it was moved;
+- `--merge-lora`: also the merged full model in `final-merged/`;
 - `--quantize 4bit|8bit` (a LoRA run on a bitsandbytes base): final/ also holds `benchtrain.json`
-  naming the quantization the adapters were trained on; a preset's base in final/ is its
-  unquantized (seeded) weights, which quantize to exactly the base that was trained. `load_final`
-  loads the base quantized that way (`quantized=False`: in its own precision, as transformers does),
-  and `--merge-lora` merges into the unquantized base (peft's way for QLoRA adapters), not the 4-bit one.
+  naming the base's quantization; a preset's base in final/ is its unquantized (seeded) weights,
+  which quantize to exactly the base that was trained, and `--merge-lora` merges into that
+  unquantized base (peft's way for QLoRA adapters).
 
-Each folder is written to a temporary folder and renamed, so a crash never leaves half a model.
-`load_final(final)` loads the trained model back, wherever the run folder now is; runs written
-before the base moved into final/ name a `final-base/` beside it (`../final-base`), which it still resolves.
+`load_final(final)` loads the trained model back from anywhere (peft's `AutoPeftModelForCausalLM`
+resolves a relative base against the current directory), also an older run's `../final-base`.
 """
 
 from __future__ import annotations
@@ -151,20 +146,11 @@ def name_base(adapter_config: Path, base: str) -> None:
     adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
-def is_relative_reference(base: str) -> bool:
-    """A base named relative to the adapter folder. Hub ids cannot start with ".", so no hub id reads as one."""
-    return base == "." or base == ".." or base.startswith(("./", "../"))
-
-
 def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any:
     """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
     `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
     An adapter trained on a quantized base gets its base quantized the same way (`quantized=False`:
-    the base in its own precision, e.g. to merge).
-
-    peft's `AutoPeftModelForCausalLM.from_pretrained(final)` resolves a relative base against the
-    current directory; this resolves it against final/ (a base in final/ itself, or an older run's
-    `../final-base`), so it works from anywhere the run folder is."""
+    the base in its own precision, e.g. to merge). A relative base is resolved against final/."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder).expanduser()
@@ -211,7 +197,7 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
 def resolve_base(adapter: Path, base: str) -> str:
     """An adapter's base as `from_pretrained` takes it: a relative one as the folder it names from the
     adapter's folder; an absolute path or hub id unchanged."""
-    if not is_relative_reference(base):
+    if not (base in (".", "..") or base.startswith(("./", "../"))):  # no hub id starts with "."
         return base
     path = (adapter / base).resolve()
     if not path.is_dir():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,7 +20,7 @@ from common.atomic import write_text_atomic
 from common.console import say
 from common.durations import format_duration
 from common.errors import BenchtrainError
-from train.recipes.config import EmitRequest, parse_emit
+from train.recipes.config import parse_emit
 from train.recipes.launch_task import ACCELERATORS, HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
 
 NODE_VARIABLES = {
@@ -79,7 +78,6 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 def case_pattern(target: Target) -> str:
     """The devices a target accepts: every card the engines rent under its accelerator name (an
     "H100" may come as the SXM or the PCIe card), with its GPUs per node."""
-
     keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
     keys = list(dict.fromkeys([target.device_key, *keys]))
     return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
@@ -243,26 +241,19 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
 # -- the file ---------------------------------------------------------------------------------
 
 
-class _LiteralDumper:
+class LiteralDumper(yaml.SafeDumper):
     """PyYAML's safe dumper writing multi-line strings (the scripts) as literal blocks."""
 
-    @staticmethod
-    def make() -> Any:
 
-        class Dumper(yaml.SafeDumper):
-            pass
+def literal(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
 
-        def literal(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-            style = "|" if "\n" in value else None
-            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
-        Dumper.add_representer(str, literal)
-        return Dumper
+LiteralDumper.add_representer(str, literal)
 
 
 def task_text(task: LaunchTask, engine: str) -> str:
     """The whole file: the comments, then the task."""
-
     if engine == "skypilot":
         data = skypilot_task(task)
         launch = [
@@ -276,24 +267,17 @@ def task_text(task: LaunchTask, engine: str) -> str:
             f"The volume {task.name}-run must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
         ]
     comments = [*header(task, engine), *launch]
-    body = yaml.dump(data, Dumper=_LiteralDumper.make(), sort_keys=False, allow_unicode=True, width=4096)
+    body = yaml.dump(data, Dumper=LiteralDumper, sort_keys=False, allow_unicode=True, width=4096)
     return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body
 
 
 def emit_task(emit: str, task: LaunchTask) -> None:
-    """`--emit ENGINE:FILE`: the file written, and said."""
-
-    written = write_task(parse_emit(emit), task)
-    say(f"task: {written} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
-
-
-def write_task(request: EmitRequest, task: LaunchTask) -> Path:
-    """The engine's file, written atomically (an unwritable FILE: one line)."""
-
+    """`--emit ENGINE:FILE`: the engine's file, written atomically (an unwritable FILE: one line), and said."""
+    request = parse_emit(emit)
     text = task_text(task, request.engine)
     try:
         request.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(request.path, text)
     except OSError as error:
         raise BenchtrainError(f"--emit: cannot write {request.path}: {error.strerror or error}") from None
-    return request.path
+    say(f"task: {request.path} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")

@@ -29,7 +29,7 @@ from calibration.topology import same_interconnect
 from common.console import say
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.memory_check import check_fits, gib_text, memory_need, quantization_available
+from train.planning.memory_check import GIB, check_fits, gib_text, memory_need, quantization_available
 from train.recipes.config import TrainConfig
 from train.recipes.run_plan import FittedVariant, PlanContext, RunPlan, plan_run
 from train.step.engine import MeasuredStep, ProcessLayout, process_layout, resolve_step
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from train.workload.model import ModelSpec
 
 AUTO = "auto"
-GIB = 2**30
 LARGEST_MICRO_BATCH = 1024
 
 
@@ -110,6 +109,7 @@ def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tu
     """Which stored calibrations `latest` prefers for this run, best first (calibration.store): a
     calibration of another interconnect than `interconnect` (this machine's) is a preference
     missed, not a refusal (one that recorded none matches any: calibration.topology)."""
+
     def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
         training = data.get("training") or {}
@@ -198,6 +198,7 @@ def variants_to_plan(calibration: Calibration, method: MethodConfig, asked: tupl
     only). None matching: the one asked for, planned with the calibration's first variant, which
     `check_compatible` then refuses (or lets through with --force)."""
     quantize, optimizer = asked
+
     def wanted(measured: Variant) -> bool:
         return quantize in (None, measured.quantize) and optimizer in (None, measured.optimizer) and (method.is_lora or measured.quantize == "none")
 
@@ -216,15 +217,9 @@ def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
     return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
 
 
-def plans_elsewhere(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> bool:
-    """Whether the plan is for another device than this machine: a dry run plans for the device
-    the calibration measured."""
-    return config.output.dry_run and not same_device(cal.hardware, here)
-
-
 def plan_hardware(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> dict[str, Any]:
-    """The device a plan is for: this machine, or in a dry run the calibration's (`plans_elsewhere`)."""
-    return cal.hardware if plans_elsewhere(config, cal, here) else here
+    """The device a plan is for: this machine, or in a dry run for another the device the calibration measured."""
+    return cal.hardware if config.output.dry_run and not same_device(cal.hardware, here) else here
 
 
 def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
@@ -243,8 +238,8 @@ def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: 
     step there (train.step.engine.resolve_step), its price, the calibration's fitness for the run
     (refused in one line unless --force), and the memory check
     (train.planning.memory_check.check_fits, one line when the model does not fit)."""
-    foreign = plans_elsewhere(config, cal, here)
-    hardware = cal.hardware if foreign else here
+    hardware = plan_hardware(config, cal, here)
+    foreign = hardware is not here
     step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
     if config.plan.device_memory_bytes:
         hardware = {**hardware, "memory_bytes": config.plan.device_memory_bytes, "memory_from": "--device-memory"}

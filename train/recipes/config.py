@@ -1,20 +1,14 @@
-"""One validated configuration for a `train` command, in the sections its consumers take whole.
+"""One validated configuration for a `train` command, in the sections its consumers take whole (as
+torchtitan's job config hands each component its own section): `data` (what is read, the eval set),
+`tuning` (the method, quantization, optimizer and hyper-parameters), `step` (StepOptions: compile,
+loss, sharding, the options bench takes too), `plan` (the deadline, built here once, the calibration
+and every ask of the planner), `guard` (train.running.guard's own) and `output` (the run folder,
+report, trackers, export and hub).
 
-Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`),
-each section checked in its own `__post_init__` (every bad value is a one-line
-`BenchtrainError`), written whole into run.json (flat, under the option names people's scripts
-read), and read by the recipe (train.recipes.recipe) in place of the raw argparse namespace. As
-torchtitan's job config hands each component its own section:
-
-- `data` (DataSection): what is read and how; the eval set and its schedule (load_data);
-- `tuning` (TuningSection): the method, the base's quantization and the optimizer as asked, and the
-  optimizer's and schedule's hyper-parameters (the engine, the learning-rate scaling);
-- `step` (StepOptions): how THE step runs — compile, loss, sharding — the same options bench takes;
-- `plan` (PlanSection): the deadline (built here once: `run_deadline`), the calibration, and every
-  ask of the planner (epochs, priority, batch, length, workers, checkpointing, steps, prices);
-- `guard` (train.running.guard.GuardSection, the guard's own): what the deadline guard does and how
-  often the loop checkpoints (taken whole by the loop's LoopSettings);
-- `output` (OutputSection): the run folder, resume, report, trackers, export and the hub.
+Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`), each
+section checked in its own `__post_init__` (every bad value is a one-line `BenchtrainError`), read by
+the recipe (train.recipes.recipe) in place of the argparse namespace, and written whole into run.json
+(flat, under the option names people's scripts read).
 """
 
 from __future__ import annotations
@@ -26,13 +20,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from calibration.dimensions import switches
 from common.durations import parse_duration
 from common.errors import BenchtrainError
+from common.hub_access import valid_repo_id
 from common.json_types import JsonDict
 from common.sizes import parse_memory_size
 from train.planning.deadline import Deadline
 from train.planning.prices import Prices, parse_prices
-from train.recipes.hub_push import PushTarget, valid_repo_id
+from train.recipes.hub_push import PushTarget
 from train.running.guard import GuardSection
 from train.running.resume import auto_resume
 from train.running.trackers import parse_report_to
@@ -149,7 +145,8 @@ class PlanSection:
     effective_batch: int | None = None
     max_length: int | str = "auto"
     workers: int | None = None
-    gradient_checkpointing: str = "auto"
+    # Each switch of the step (calibration.dimensions: gradient checkpointing) as asked: auto, on or off.
+    switches: dict[str, str] = field(default_factory=dict)
     device_memory: str | None = None  # as written; device_memory_bytes once parsed
     fit_deadline: bool = False
     max_steps: int | None = None
@@ -167,6 +164,7 @@ class PlanSection:
         deadline_seconds = parse_duration(self.deadline, "--deadline")
         _derive(
             self,
+            switches={dimension.name: self.switches.get(dimension.name, "auto") for dimension in switches()},
             deadline_seconds=deadline_seconds,
             max_length=parse_max_length(self.max_length),
             prices=parse_prices(self.price_per_hour),
@@ -179,11 +177,6 @@ class PlanSection:
             raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
         if self.workers is not None and self.workers < 0:
             raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
-
-    @property
-    def comparing(self) -> bool:
-        """Several calibrations or machines planned side by side (train.recipes.machines): a dry run."""
-        return is_comparison(self.use_calibration) or bool(self.consider)
 
 
 ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
@@ -232,7 +225,7 @@ class OutputSection:
         if (self.hub_private or self.hub_revision or self.push_only) and not self.push_to_hub:
             raise BenchtrainError("--hub-private, --hub-revision and --push-only go with --push-to-hub ORG/NAME")
         if self.push_to_hub:
-            valid_repo_id(self.push_to_hub)
+            valid_repo_id(self.push_to_hub, "--push-to-hub")
         if self.push_only and not self.out:
             raise BenchtrainError("--push-only pushes an existing run: name its folder with --out DIR")
         if self.json and not self.dry_run:
@@ -263,13 +256,14 @@ def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool
 
 
 # run.json's `config`: every option under its command-line name, flat, in this order (people's
-# scripts, the report and the model card read it), the derived values after them.
+# scripts, the report and the model card read it), the derived values after them; `switches`: each
+# switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
     "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
     "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
     "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
-    "merge_lora push_to_hub hub_private hub_revision push_only gradient_checkpointing method quantize optimizer step_options "
+    "merge_lora push_to_hub hub_private hub_revision push_only switches method quantize optimizer step_options "
     "data_schema deadline_seconds checkpoint_interval_seconds eval_schedule trackers device_memory_bytes hyperparameters"
 ).split()
 # A section's field under another name in run.json (and on the command line).
@@ -298,12 +292,8 @@ class TrainConfig:
             raise BenchtrainError(
                 f"--use-calibration {plan.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
             )
-        if plan.comparing and output.resume:
+        if (plan.consider or is_comparison(plan.use_calibration)) and output.resume:
             raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
-
-    @property
-    def comparing(self) -> bool:
-        return self.plan.comparing
 
     @property
     def run_deadline(self) -> Deadline:
@@ -328,8 +318,9 @@ class TrainConfig:
     def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:
         """`started_at`: when the command started (time.monotonic(); default: now)."""
         flat = {f.name for section in SECTIONS.values() for f in fields(section) if f.init} | {"model", "seed", "force"}
-        flat -= {"method", "schema", "learning_rate_named", "started_at"}
+        flat -= {"method", "schema", "learning_rate_named", "started_at", "switches"}
         values = {name: value for name, value in vars(args).items() if name in flat}
+        values["switches"] = {dimension.name: getattr(args, dimension.name, "auto") for dimension in switches()}
         if values.get("learning_rate", 0) is None:  # not given: the default, or with --resume the run's
             values.pop("learning_rate")
             values["learning_rate_named"] = False
@@ -348,7 +339,8 @@ class TrainConfig:
                 value = getattr(section, f.name)
                 flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         flat["trackers"] = list(self.output.trackers)
+        flat.update(self.plan.switches)
         # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold
         # it; started_at: a reading of this machine's monotonic clock; learning_rate_named: learning_rate
         # holds the rate trained with.
-        return {name: flat[name] for name in FLAT_ORDER}
+        return {key: flat[key] for name in FLAT_ORDER for key in (self.plan.switches if name == "switches" else [name])}

@@ -25,8 +25,7 @@ from common.atomic import read_json_file, write_json_atomic, write_text_atomic
 from common.console import say
 from common.errors import EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError
 from common.home import benchtrain_home
-from common.hub_access import valid_repo_id as valid_name
-from common.hub_access import writing_user
+from common.hub_access import valid_repo_id, writing_user
 from common.json_types import JsonDict
 from train.export import FINAL, FINAL_MERGED
 from train.recipes.model_card import model_card
@@ -53,11 +52,6 @@ class PushTarget:
         from huggingface_hub import constants
 
         return f"{constants.ENDPOINT}/{self.repo_id}" + (f"/tree/{self.revision}" if self.revision else "")
-
-
-def valid_repo_id(repo_id: str) -> str:
-    """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error."""
-    return valid_name(repo_id, "--push-to-hub")
 
 
 def check_push(target: PushTarget) -> PushTarget:
@@ -146,7 +140,7 @@ def push_existing_run(args: argparse.Namespace) -> int:
         raise BenchtrainError("--push-only pushes a run to the hub: add --push-to-hub ORG/NAME")
     run_dir = Path(args.out).expanduser()
     record = read_json_file(run_dir / "run.json", missing=f"--push-only: {run_dir} has no run.json: name a run folder with --out")
-    target = PushTarget(valid_repo_id(args.push_to_hub), bool(args.hub_private), args.hub_revision)
+    target = PushTarget(valid_repo_id(args.push_to_hub, "--push-to-hub"), bool(args.hub_private), args.hub_revision)
     run_file = RunFile.from_json(record, str(run_dir / "run.json"))  # checked before the push
     if not folder_to_push(run_dir, record).is_dir():
         raise BenchtrainError(f"--push-only: {run_dir} has no final/ to push: the run has not finished its export")

@@ -17,7 +17,7 @@ Computation only: nothing here writes a file or imports an engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,13 +27,13 @@ from calibration.store import is_bundled
 from calibration.topology import parse_interconnect, recorded_interconnect
 from common.errors import BenchtrainError
 from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
-from train.recipes.machines import device_key, is_shared
+from train.recipes.machines import Option, Row, device_key, option_source
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
     from train.planning.types import Plan
     from train.recipes.config import TrainConfig
-    from train.recipes.machines import Comparison, Row
+    from train.recipes.machines import Comparison
     from train.recipes.run_plan import RunPlan
     from train.workload.method import MethodConfig
     from train.workload.model import ModelSpec
@@ -173,14 +173,14 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
 
 
 def row_target(row: Row) -> Target:
-    """A planned row of a comparison (of calibrations or of machines) as a target."""
-
+    """A planned row (of a comparison, or a single calibration's plan) as a target."""
     assert row.plan is not None and row.option is not None
     cal, chosen = row.option.calibration, row.plan.chosen
     key = device_key(cal) or "cpu"
     interconnect = row.option.interconnect or row.device.get("interconnect")
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
+    file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
     return Target(
         machine=row.machine or f"{row.processes}×{row.device['name']}",
         device_key=key,
@@ -192,8 +192,8 @@ def row_target(row: Row) -> Target:
         optimizer_steps=chosen.optimizer_steps,
         kind=row.kind,
         rests_on=row.rests_on,
-        calibration=row.reference if measured else None,
-        calibration_file=calibration_file(cal) if measured else None,
+        calibration=(f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None,
+        calibration_file=file,
         settle=row.settle,
         settle_seconds=row.settle_seconds,
         low_seconds=chosen.total_seconds_low,
@@ -203,40 +203,8 @@ def row_target(row: Row) -> Target:
     )
 
 
-def plan_target(plan: Plan, cal: Calibration, processes: int, sharding: str, device: dict[str, object], price_per_hour: float | None) -> Target:
-    """The one plan of a single-calibration dry run as a target."""
-
-    chosen = plan.chosen
-    if not plan.meets_deadline:
-        raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
-    key = device_key(cal) or "cpu"
-    recorded = recorded_interconnect(cal.hardware, processes) if processes > 1 else None
-    nodes, per_node = layout(processes, recorded.word if recorded is not None else None)
-    return Target(
-        machine=f"{processes}×{device.get('name', key)}",
-        device_key=key,
-        accelerator=accelerator_of(key, device),
-        nodes=nodes,
-        gpus_per_node=per_node,
-        sharding=sharding,
-        configuration=chosen.label(),
-        optimizer_steps=chosen.optimizer_steps,
-        kind="measured by someone" if is_shared(cal) else "measured here",
-        rests_on=f"{cal.provenance} ({cal.id})",
-        calibration=reference_of(cal),
-        calibration_file=calibration_file(cal),
-        settle=None,
-        settle_seconds=0.0,
-        low_seconds=chosen.total_seconds_low,
-        upper_seconds=chosen.total_seconds_promised,
-        price_per_hour=plan.price_per_hour,
-        cost_upper=plan.cost,
-    )
-
-
 def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
     """(nodes, processes per node): as the interconnect places them (2x8:nvlink+ib), else one node."""
-
     if interconnect:
         placed = parse_interconnect(interconnect).placed(processes)
         if placed.nodes and placed.gpus_per_node:
@@ -254,31 +222,11 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
     return name
 
 
-def reference_of(cal: Calibration) -> str:
-    """How the nodes name a calibration: bundled by its name, shared by hub:…, else its file as uploaded."""
-
-    shared = hub_reference(cal.data)
-    if shared is not None:
-        return shared
-    if cal.path is not None and is_bundled(cal.path):
-        return Path(cal.path).stem
-    return f"{CALIBRATIONS_DIR}/{cal.id}.json"
-
-
 def calibration_file(cal: Calibration) -> Path | None:
     """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
-
     if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None:
         return None
     return Path(cal.path).resolve()
-
-
-def with_uploaded_calibration(target: Target) -> Target:
-    """A target whose calibration is a local file: named as the nodes see it."""
-
-    if target.calibration_file is None:
-        return target
-    return replace(target, calibration=f"{CALIBRATIONS_DIR}/{target.calibration_file.name}")
 
 
 # -- the command the nodes run -----------------------------------------------------------------
@@ -339,30 +287,25 @@ def size_of(path: Path) -> int:
 
 
 def benchtrain_version() -> str:
-
     try:
         return version("benchtrain")
     except PackageNotFoundError:
         return "0.1.0"
 
 
-@dataclass(frozen=True)
-class TaskInputs:
-    """What a dry run hands to `launch_task`: the targets (the recommended first), the plan of the
-    recommended one, and the command it was run as."""
-
-    targets: list[Target]
-    left_out: list[str]
-    plan: Plan
-    available_seconds: float
-    command_line: list[str]
-
-
-def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method: MethodConfig, cwd: Path) -> LaunchTask:
-    """The task (the module's docstring): its targets, the train command with its uploads, disk,
-    spot and max duration."""
-    arguments, uploads = node_arguments(inputs.command_line, cwd)
-    targets = [with_uploaded_calibration(target) for target in inputs.targets]
+def launch_task(
+    targets: list[Target],
+    left_out: list[str],
+    plan: Plan,
+    available_seconds: float,
+    config: TrainConfig,
+    spec: ModelSpec,
+    method: MethodConfig,
+    command_line: list[str],
+) -> LaunchTask:
+    """The task (the module's docstring): its targets (the recommended first), the train command with
+    its uploads, disk, spot (judged on `plan`, the recommended one's) and max duration."""
+    arguments, uploads = node_arguments(command_line, Path.cwd())
     for target in targets:
         if target.calibration_file is not None:
             uploads.append(Upload(target.calibration_file, f"{CALIBRATIONS_DIR}/{target.calibration_file.name}", f"the calibration of {target.machine}"))
@@ -370,7 +313,7 @@ def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method
     device_type = "cpu" if first.accelerator is None else "cuda"
     uploaded = sum(size_of(upload.local) for upload in uploads)
     disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
-    spot = spot_choice(inputs.plan, inputs.available_seconds, config.guard.checkpoint_interval_seconds)
+    spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
     settle = max((target.settle_seconds for target in targets), default=0.0)
     duration = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
     name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
@@ -380,7 +323,7 @@ def launch_task(inputs: TaskInputs, config: TrainConfig, spec: ModelSpec, method
     return LaunchTask(
         name=name[:60],
         targets=targets,
-        left_out=inputs.left_out,
+        left_out=left_out,
         train_arguments=arguments,
         uploads=uploads,
         disk=disk,
@@ -398,12 +341,16 @@ def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec
     targets, left_out = rows_to_targets(comparison)
     best = comparison.recommended
     assert best is not None and best.plan is not None  # rows_to_targets: one line otherwise
-    inputs = TaskInputs(targets, left_out, best.plan, comparison.available_seconds, command_line)
-    return launch_task(inputs, config, spec, method, Path.cwd())
+    return launch_task(targets, left_out, best.plan, comparison.available_seconds, config, spec, method, command_line)
 
 
 def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
-    """The task of a single calibration's dry run: that plan on that calibration's machine."""
-    target = plan_target(run.plan, run.cal, run.step.world_size, run.step.sharding, run.hardware, run.plan.price_per_hour)
-    inputs = TaskInputs([target], [], run.plan, run.plan.available_seconds, command_line)
-    return launch_task(inputs, config, spec, run.method, Path.cwd())
+    """The task of a single calibration's dry run: that plan on that calibration's machine, its row
+    planned with the processes and the interconnect the calibration recorded."""
+    if not run.plan.meets_deadline:
+        raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
+    processes = run.step.world_size
+    recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
+    option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
+    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run, plan=run.plan)
+    return launch_task([row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line)

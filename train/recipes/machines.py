@@ -1,31 +1,20 @@
 """Which machine to rent: the same run planned once per row, ranked, the recommended row first.
 
 Each row has a `Source`:
-- `--use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): each calibration as it measured (its
-  device, its processes), and for each 1-process one a *predicted* row per process count another
-  calibration measured collectives for on the same device and interconnect (`options_for`);
-- `--consider h100:1,h100:2:nvlink,…` (`consider`): each machine (a calibration.datasheets key,
-  GPUs, an interconnect word of calibration.topology) from its best source, in this order:
-  *measured here*; *measured by someone* (shared on the hub or bundled with benchtrain);
-  *predicted* (a 1-process calibration of the device plus the collectives of N processes);
+- `--use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): each calibration as it measured, and for
+  each 1-process one a *predicted* row per process count whose collectives another calibration
+  measured on the same device and interconnect (`options_for`);
+- `--consider h100:1,h100:2:nvlink,…` (`consider`): each machine from its best source, in this
+  order: *measured here*; *measured by someone* (shared on the hub or bundled with benchtrain);
+  *predicted* (a 1-process calibration plus the collectives of N processes, `predicted_option`);
   *translated* (another GPU of the same vendor by the datasheets' ratios, calibration.translate,
   then predicted for N); *not plannable* (said why). A row nobody measured carries the `bench run`
   that would settle it and its price.
 
-Predicted collectives are those another calibration measured among N processes of the same device
-and interconnect (any model: collectives only move bytes), else priced from the links' figures
-(calibration.topology), as `train` prices them (train.planning.comm.price_traffic), bracketed
-between hidden behind backward as far as they can be and not at all
-(train.planning.planner.exposed_floor): the estimate at the midpoint, the upper bound none hidden.
-
 Each row is planned as a single-calibration dry run plans it (train.recipes.choice.fit_variant,
-train.recipes.run_plan.plan_run) and costs its time × its device's price × its processes. One
-ranking (`rank`): the rows that meet the deadline, cheapest first (fastest without prices), ties
-by time; then the others, closest first; then those with no plan. Calibrations are judged at their
-estimate, machines at their bracket's upper end (a row nobody measured may be far off), where the
-rows that could overtake the recommended one within their brackets are marked.
-
-Computation only: train.compare_command prints the rows, reports.comparison_report draws them.
+train.recipes.run_plan.plan_run), costs its time × its device's price × its processes, and is
+ranked once (`rank`). Computation only: train.compare_command prints the rows,
+reports.comparison_report draws them.
 """
 
 from __future__ import annotations
@@ -311,12 +300,6 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
 # -- which calibrations ----------------------------------------------------------------------
 
 
-def measured_identity(data: JsonDict) -> tuple[str | None, str]:
-    """(model fingerprint, method) of a calibration: what must agree within a comparison (a preset
-    and a hub model of the same architecture share a fingerprint, train.workload.model)."""
-    return (data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")
-
-
 def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
     """The calibrations a comparison names, separated by commas (each once): `all` (every stored
     calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
@@ -352,11 +335,11 @@ def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, o
 
 
 def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
-    """The calibrations (path, data) of this model and method; one without a fitted model is said
-    and left out."""
+    """The calibrations (path, data) of this model (a preset and a hub model of the same architecture
+    share a fingerprint, train.workload.model) and method; one without a fitted model is said and left out."""
     found = []
     for path, data in entries:
-        if measured_identity(data) != (spec.fingerprint, method.method):
+        if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (spec.fingerprint, method.method):
             continue
         try:
             found.append(Calibration(data, path))
@@ -677,20 +660,12 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
 
 
 def compare(
-    context: PlanContext,
-    method: MethodConfig,
-    calibrations: list[Calibration],
-    here: JsonDict,
-    profile: JsonDict,
-    sources: list[JsonDict] | None = None,
-    options: list[Option] | None = None,
+    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, sources: list[JsonDict] | None = None
 ) -> Comparison:
-    """A row per calibration (and per process count predicted from it), ranked at their estimates.
-    `sources`: calibrations whose collectives may price predicted rows (default: those of the
-    comparison and the store). `options`: the rows to plan (e.g. from predicted_option), instead
-    of options_for's."""
-    if options is None:
-        options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
+    """A row per calibration (and per process count predicted from it: options_for), ranked at their
+    estimates. `sources`: calibrations whose collectives may price predicted rows (default: those of
+    the comparison and the store)."""
+    options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
     return comparison(context, method, [option_source(option) for option in options], here, profile, at_upper_end=False)
 
 

@@ -73,7 +73,6 @@ def run_training(
     recipe.plan()
     if not recipe.show_plan():
         if recipe.config.output.emit and emit_task is not None and is_main_process():
-
             emit_task(recipe.config.output.emit, plan_task(recipe.run, recipe.config, recipe.spec, getattr(args, "command_line", None) or []))
         return EXIT_OK
     try:
@@ -101,8 +100,8 @@ class TrainRecipe:
     def setup(self) -> None:
         """The model, the method and the run to resume; the calibration and each variant it measured
         that the run may train with, fitted to the device (a calibration that does not suit or a
-        model too big: one line, before any data or model work); the hub weights; the data."""
-        # --push-to-hub: the name, the token and the hub, checked before any data or model work.
+        model too big: one line, before any data or model work); the hub weights (how many GB come
+        into which cache, then fetched); the data. --push-to-hub's name, token and hub are checked first."""
         target = self.config.output.push_target
         self.push = check_push(target) if target is not None else None
         # self.resumed: what this command continues of the run (None: a new run), read once.
@@ -114,10 +113,7 @@ class TrainRecipe:
             self.config = replace(config, plan=replace(config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)))
             tuning = replace(self.config.tuning, **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force))
             self.config = replace(self.config, tuning=tuning)
-        # The calibration, the processes and their sharding, and the variants to plan, each fitted
-        # to the device before any data is read; those refused are kept to say why.
         self.weighed = weigh_variants(self.config, self.spec, self.method, self.resumed, self.out_dir)
-        # A hub model's weights: how many GB will come into which cache, then fetched, before the data.
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
         if self.resumed:
@@ -179,7 +175,6 @@ class TrainRecipe:
         to train: not after --json or --dry-run."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
-
             precision = run.cal.training.get("precision") or run_precision(run.device_type)
             fields = trainer_fields(run.plan, run.cal, precision)
             print(json_text(fields.to_json()) if config.output.json else fields.describe())
@@ -264,7 +259,6 @@ class TrainRecipe:
         command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
         file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan))
-        # sharding: none | ddp | fsdp (train/step/sharding.py)
         file.update_plan(communication=run.communication, sharding=run.step.sharding, lora=run.method.settings())
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         file.update_plan(total_steps=file.total_steps)
@@ -371,11 +365,9 @@ def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: boo
     (under FSDP every process first joins in gathering the full weights)."""
     if loop.model is None:
         return None
-
     full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None
     if not is_main_process():
         return None
-
     model = loop.accelerator.unwrap_model(loop.model)
     final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)
     final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state

@@ -174,7 +174,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tupl
         max_positions=spec.max_positions,
         completed_steps=context.completed,
         configuration=resumed.configuration if resumed else None,
-        switches={"gradient_checkpointing": config.plan.gradient_checkpointing},
+        switches=config.plan.switches,
         eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
         with_report=not config.output.no_report,
         compiled=step.compiled,
