@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
+from bench.compile_probe import STEPS as COMPILE_PROBE_STEPS
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
+from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import CalibrationSubject, build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
@@ -36,9 +38,6 @@ from train.planning.comm import world
 from train.planning.memory_check import compute_bytes, meta_model
 from train.step.compile import compile_cache_record, compile_enabled
 from train.workload.model import model_shape
-
-EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
-COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,8 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     def flops_per_token(config: StepConfig) -> float:
         return shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing)
 
-    middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
+    lengths = task.space.axis("seq_lens")
+    middle = lengths[len(lengths) // 2]
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
@@ -289,7 +289,7 @@ def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
     pool = [
         c
         for c in planner.candidates()
-        if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.switches == space.modes()[0]
+        if c.grad_accum == space.axis("accums")[0] and c.num_workers == space.axis("workers")[0] and c.switches == space.modes()[0]
     ]
     return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 

@@ -20,16 +20,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from train.workload.model import ModelSpec
+from typing import Any
 
 from train.step.engine import StepOptions, engine_from_options
 from train.step.runtime import make_accelerator
 from train.workload.batching import SyntheticBatches
 from train.workload.method import MethodConfig, unwrap
-from train.workload.model import resolve_model
+from train.workload.model import ModelSpec, resolve_model
 
 STEPS = 4
 
@@ -69,45 +66,46 @@ def single_process_environment(environ: dict[str, str] | None = None) -> dict[st
     return {name: value for name, value in source.items() if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
 
 
+def child_request(spec: ModelSpec, method: Any) -> dict[str, Any]:
+    """The model and method as a child process's request: the config whole (a slice stays a slice)."""
+    return {"model": spec.reference, "config": spec.config_dict, "load_weights": spec.load_weights, "method": asdict(method)}
+
+
+def child_workload(request: dict[str, Any]) -> tuple[ModelSpec, MethodConfig]:
+    """The model and method a child process builds, from its request (`child_request`)."""
+    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
+    return replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"]), method
+
+
+def run_child(module: str, request: dict[str, Any], timeout_seconds: float) -> dict[str, Any] | None:
+    """`python -m module REQUEST` in a fresh interpreter, never a second rank 0 of this job: the JSON
+    line it printed last, or None when it failed or ran past `timeout_seconds`."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", module, json.dumps(request)], capture_output=True, text=True, timeout=timeout_seconds, env=single_process_environment()
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-
-    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
-    options = StepOptions(compile="on", loss=request["loss"])
-    spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
-    engine = engine_from_options(spec, method, make_accelerator(), options, request["checkpointing"])
+    spec, method = child_workload(request)
+    engine = engine_from_options(spec, method, make_accelerator(), StepOptions(compile="on", loss=request["loss"]), request["checkpointing"])
     batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size)[0]
     seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(STEPS)]
     print(json.dumps({"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:]), "process_seconds": time.perf_counter() - started}))
 
 
 def measure_in_new_process(spec: ModelSpec, method: Any, loss: str, row: dict[str, Any], timeout_seconds: float = 900.0) -> dict[str, float] | None:
-    """Run this module in a fresh interpreter for `spec` (a slice stays a slice) at `row`'s shape;
-    None when it fails."""
-    request = {
-        "model": spec.reference,
-        "config": spec.config_dict,
-        "load_weights": spec.load_weights,
-        "method": asdict(method),
-        "loss": loss,
-        "micro_batch_size": int(row["micro_batch_size"]),
-        "seq_len": int(row["seq_len"]),
-        "checkpointing": bool(row.get("gradient_checkpointing")),
-    }
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.compile_probe", json.dumps(request)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_seconds,
-            env=single_process_environment(),  # never a second rank 0 of this job
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    if done.returncode != 0 or not done.stdout.strip():
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run this module in a fresh interpreter for `spec` at `row`'s shape; None when it fails."""
+    shape = {"micro_batch_size": int(row["micro_batch_size"]), "seq_len": int(row["seq_len"]), "checkpointing": bool(row.get("gradient_checkpointing"))}
+    return run_child("bench.compile_probe", {**child_request(spec, method), "loss": loss, **shape}, timeout_seconds)
 
 
 if __name__ == "__main__":

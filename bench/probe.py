@@ -116,8 +116,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
                 first_step=partial(first_step_agreed, workload, iterator, config.grad_accum),
             )
     except Exception as error:  # a failed probe is data, not a crash
-        row["status"] = "oom" if is_out_of_memory(error) else "error"
-        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        mark_failed(row, error)
     finally:
         del iterator, loader
     row["probe_seconds"] = round(time.perf_counter() - started, 4)
@@ -182,11 +181,8 @@ def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None
 
 def agreed_step(workload: Workload, run_step: Any) -> Any:
     """`run_step()`, then every process's outcome agreed (one small all-reduce, outside the step's
-    timer): a failure on one process after its step's last collective — the optimizer's step
-    (AdamW's foreach temporaries, a paged 8-bit optimizer), the scheduler, the step's end — raises
-    on every process, and the probe ends everywhere as that failure; before, the others went on into
-    the next step's collectives while the failed one gathered its row, and the bench hung until
-    the watchdog killed it with every row measured so far. One process: `run_step()` as it is."""
+    timer): a failure on one process after its step's last collective (the optimizer's step, the
+    scheduler) raises on every process, so none goes on into the next step's collectives alone."""
     failure: Exception | None = None
     result = None
     try:
@@ -198,7 +194,7 @@ def agreed_step(workload: Workload, run_step: Any) -> Any:
     return result
 
 
-EVAL_STEPS = 4
+EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 
 
 def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
@@ -221,8 +217,7 @@ def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STE
                 if index:  # the first is warm-up
                     seconds.append(elapsed)
     except Exception as error:
-        row["status"] = "oom" if is_out_of_memory(error) else "error"
-        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        mark_failed(row, error)
     finally:
         model.train()
         del loader
@@ -240,6 +235,16 @@ def machine_load() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def error_text(error: BaseException) -> str:
+    """An error in one line of a row: its type and its message's first line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+
+
+def mark_failed(row: dict[str, Any], error: BaseException) -> None:
+    row["status"] = "oom" if is_out_of_memory(error) else "error"
+    row["error"] = error_text(error)
 
 
 def recover_after_failure(workload: Workload) -> None:

@@ -166,9 +166,9 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
     return {}
 
 
-def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
+def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
     """Free this process's model and device memory, then time a fresh `train`-like process
     compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
     loss = workload.engine.loss
     workload.release()
-    return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}
+    return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds) or {}

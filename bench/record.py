@@ -170,14 +170,3 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
         drift["level"] = best
     return chosen_fit
 
-
-def best_rows(rows: list[dict[str, Any]], count: int = 5) -> list[dict[str, Any]]:
-    ok = [row for row in rows if row["status"] == "ok"]
-    return sorted(ok, key=lambda row: -row["tokens_per_second"])[:count]
-
-
-def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    return counts

@@ -17,13 +17,12 @@ seconds the process took.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
-from bench.compile_probe import single_process_environment
+from bench.compile_probe import child_request, child_workload, run_child
 from bench.probe import Workload, run_probe
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.step_config import StepConfig
@@ -31,7 +30,7 @@ from common.heap import frozen_heap
 from train.step.engine import StepOptions
 from train.step.peak_memory import resident_bytes_before_model
 from train.workload.method import MethodConfig
-from train.workload.model import ModelSpec, resolve_model
+from train.workload.model import ModelSpec
 
 # Two fresh processes: their difference is a sample of the spread between processes, which one
 # process alone cannot show.
@@ -43,8 +42,7 @@ CONFIGS = 3
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
-    spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
+    spec, method = child_workload(request)
     before_model = resident_bytes_before_model()
     workload = Workload(spec, None, method, StepOptions(**request["options"]))
     settings = ProbeSettings(**request["settings"])
@@ -85,33 +83,13 @@ def measure_in_fresh_processes(
     ok rows, each with the `process` it ran in and that process's resident set before its model
     (`rss_before_model_bytes`). A process that fails or runs past its share of
     `timeout_seconds` adds nothing. Synthetic tokens: the step's speed at a shape, not the data's."""
-    request = {
-        "model": spec.reference,
-        "config": spec.config_dict,
-        "load_weights": spec.load_weights,
-        "method": asdict(method),
-        "options": asdict(options),
-        "settings": asdict(settings),
-        "configs": [config.to_row() for config in configs],
-    }
+    request = {**child_request(spec, method), "options": asdict(options), "settings": asdict(settings), "configs": [config.to_row() for config in configs]}
     rows = []
     for index in range(processes):
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "bench.second_process", json.dumps(request)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_seconds / processes,
-                env=single_process_environment(),  # never a second rank 0 of this job
-            )
-        except subprocess.TimeoutExpired:
-            continue
-        if done.returncode != 0 or not done.stdout.strip():
-            continue
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
+        result = run_child("bench.second_process", request, timeout_seconds / processes)
+        if result is not None:
+            rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
     return rows
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

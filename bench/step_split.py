@@ -23,7 +23,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from bench.probe import recover_after_failure
+from bench.probe import error_text, recover_after_failure
 from calibration.split import config_fields, flops_split, split_rows
 from calibration.step_config import StepConfig
 from train.workload.batching import make_loader
@@ -129,7 +129,7 @@ def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
         return profile_split(workload, StepConfig.from_row(task["config"]))
     except Exception as error:  # the record is a refinement: a failure costs it, not the calibration
         recover_after_failure(workload)
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]}
+        return {"error": error_text(error)}
 
 
 def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import psutil
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
-from bench.probe import Workload
+from bench.probe import Workload, machine_load
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
 from bench.second_process import measure_in_fresh_processes
@@ -150,7 +150,7 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
         trials=request.trials or max(4, space.size // 3),
         sharding=sharding,
         world_size=world_size,
-        load_before=load_average(),
+        load_before=machine_load(),
         budget_auto=budget_asked == "auto",
     )
     return task, need, tokenized
@@ -168,7 +168,7 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
     tokenized = view if prepared.exact else view.sample
     data_record = {"source": request.data.path, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
     if "seq_lens" not in request.space_asked:  # the lengths train will plan for this data
-        space = space.with_axes(seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
+        space = space.with_axes(seq_lens=lengths_to_measure(view, space.axis("seq_lens"), spec.max_positions))
     return space, tokenized, data_record
 
 
@@ -257,10 +257,3 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
     record["step_split"] = record_step_split(run, record, workload)  # what a translation to another GPU scales (calibration.translate)
     record["left_out_configs"] = result.left_out  # for the summary; not stored
     return record
-
-
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
