@@ -77,7 +77,7 @@ class BenchTask:
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
-    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.slice_budget)
+    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.layer_slices)
     # On a CPU, one process: the step measured again in fresh processes (bench.second_process), given
     # the configurations and the seconds they may take; None where that does not apply.
     fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None

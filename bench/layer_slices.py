@@ -1,41 +1,43 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
 
-A slice is the model's own config.json with its layer count (num_hidden_layers, n_layer) set to K
-and every per-layer list cut to K: the same hidden size, heads, vocabulary and head, LoRA targets,
-quantization, optimizer, compile, loss and checkpointing as the run. Each depth is benched in turn
-as a model of its own (bench.variant_measurement, its share of the budget), and the depths become
-one calibration of the whole model (bench.slice_record, calibration.slices).
+A slice is the model's own config.json with its layer count set to K and every per-layer list cut
+to K: the same hidden size, heads, vocabulary, LoRA targets, quantization, optimizer, compile, loss
+and checkpointing as the run. Each depth is benched in turn, in one process, as a model of its own
+(bench.variant_measurement), and the depths become one calibration of the whole model
+(bench.slice_record). Where the blocks differ (alternating attention, mixed MoE layers, dense
+layers first) slices would not measure the model's layers: they are refused in one line.
 
-`--layers auto` (AUTO_LADDERS):
-- the whole model when it fits the device and the budget buys AUTO_PROBES probes of it (what
-  `--budget auto` calls a usable fit; a budget of a bare minimum fit buys more probes on slices,
-  at a measured extrapolation error), or when no budget is given;
-- else the first ladder of depths, shallowest first, whose deepest slice fits and at whose every
-  depth the budget pays for a minimum viable fit: 2, 4, 6 layers (three depths, so that the
-  deepest is held out: the extrapolation's error is measured), then 1, 2, 3, then 1, 2. A slice
-  fits when what it keeps before activations is at most SLICE_MEMORY_SHARE of the device.
+`--layers auto` measures the whole model when it fits and the budget buys AUTO_PROBES probes of it,
+else the first of AUTO_LADDERS whose deepest slice fits (SLICE_MEMORY_SHARE of the device before
+activations) and whose every depth the budget pays a minimum viable fit for; three depths hold the
+deepest out, so the extrapolation's error is measured.
 
-The depths run in one process; the budget is split by the planner's own prices, a shape compiled
-at one depth is compiled for the next, and the one-off timings are made once (bench.slice_budget).
-
-Where the blocks differ (alternating attention types, mixture-of-experts layers of different
-kinds, dense layers first), a slice would not measure the whole model's layers: slices are
-refused in one line and the whole model is measured.
+What does not depend on depth is paid once: train.step.compile compiles the decoder block once per
+shape and a deeper slice runs more of the same block, so a shape compiled at one depth is compiled
+for the next (`Carry`); the checkpoint write and the compile-cache process are timed at the last
+depth only, and `--loss auto` compares at the first. The budget is split by the planners' own
+prices (`price_depths`), the first depth paying the compilations; a budget short of the depths'
+minimums is refused before anything is built.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from bench.calibrate import after_probes_seconds, plan_probes
-from bench.outlook import AUTO_PROBES, outlook
-from bench.slice_budget import Carry, DepthPrice, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
+from bench.choose import ProbePlanner
+from bench.outlook import AUTO_PROBES, outlook, total_seconds
 from bench.slice_record import WholeModel, combine_slices
+from bench.space import Shape, shape_of
 from bench.variant_measurement import BenchRequest, ProgressBar, describe_task, measure_variant
 from calibration.store import discard_unfinished, unfinished_paths
 from common.console import say
+from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
 from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
@@ -117,7 +119,7 @@ def auto_depths(
     spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
 ) -> tuple[int, ...] | None:
     """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the
-    budget pays a minimum viable fit at (`affordable`, bench.slice_budget); where the budget pays
+    budget pays a minimum viable fit at (`affordable`); where the budget pays
     for none, the first that fits (its refusal names the budget). None: no slice fits."""
     layers = full_layers(spec)
     limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
@@ -157,7 +159,7 @@ def choose_depths(
         return None, "whole model: it fits the device and the budget buys a usable fit of it"
 
     def affordable(ladder: tuple[int, ...]) -> bool:
-        return not isinstance(budget, (int, float)) or needed_seconds(price_ladder(request, spec, method, ladder, budget)) <= budget
+        return not isinstance(budget, (int, float)) or sum(price_ladder(request, spec, method, ladder, budget).values()) <= budget
 
     layout = process_layout(request.options, method)
     depths = auto_depths(spec, method, detect_hardware(), (layout.world_size, layout.sharding), affordable)
@@ -170,9 +172,8 @@ def choose_depths(
     return depths, f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays"
 
 
-def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, DepthPrice]:
-    """Each depth's prices (bench.slice_budget.DepthPrice) from the planner bench would probe it
-    with, before anything is built."""
+def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, float]:
+    """Each depth's minimum (`price_depths`) from the planner bench would probe it with, before anything is built."""
     planners = {}
     for index, depth in enumerate(depths):
         task, need, _ = describe_task(request, slice_spec(spec, depth), method, budget)
@@ -185,7 +186,7 @@ def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, d
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
 ) -> JsonDict | None:
-    """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
+    """`bench run --layers`: the whole model, or each depth in turn (in this process)
     and their combination (rank 0's record; None on the other processes)."""
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
@@ -246,3 +247,66 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     if many:
         say(f"the whole model does not fit one {hardware['name']}: {many}")
     return record
+
+
+@dataclass
+class Carry:
+    """What one depth leaves the next in the same process."""
+
+    shapes: set[Shape] = field(default_factory=set)  # (rows, length, switches on) compiled so far
+    one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
+    compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
+
+    def prepare(self, task: Any, planner: ProbePlanner) -> Any:
+        """This depth's task (one-off timings only at the last depth); its planner learns the
+        shapes already compiled."""
+        planner.seen_shapes |= self.shapes
+        if self.compile_seconds is not None:
+            planner.cost.compile_prior_seconds = self.compile_seconds
+        return replace(task, one_off_timings=self.one_off)
+
+    def seed(self, seen: set[Any]) -> None:
+        """A workload's (or a simulated device's) shapes run: the compiled ones added."""
+        seen |= self.shapes
+
+    def done(self, planner: ProbePlanner) -> None:
+        self.shapes |= planner.seen_shapes
+        if planner.cost.compiled:
+            self.compile_seconds = planner.cost.first_step_extra(new_shape=True)
+
+
+def price_depths(planners: dict[int, tuple[ProbePlanner, float, float]]) -> dict[int, float]:
+    """Each depth's seconds for its minimum viable fit, all included, the shapes compiled at the
+    depths before it carried; `planners[K] = (planner, seconds before its probes (imports, build),
+    seconds after them (evaluation, timings))`."""
+    compiled: set[Shape] = set()
+    prices = {}
+    for depth in sorted(planners):
+        planner, before, after = planners[depth]
+        trial = copy.deepcopy(planner)
+        trial.seen_shapes |= compiled
+        chosen = trial.preview(None, stop_when_viable=True)
+        compiled |= {shape_of(config) for config, _ in chosen}
+        prices[depth] = total_seconds(sum(price for _, price in chosen), before, after)
+    return prices
+
+
+def depth_share(left: float, prices: dict[int, float], depths: tuple[int, ...]) -> float:
+    """The next depth's (`depths[0]`) seconds of the `left` the remaining `depths` share: its
+    minimum and its part of the rest (the last depth takes all that is left)."""
+    if len(depths) == 1:
+        return left
+    needed = sum(prices[depth] for depth in depths)
+    return min(left, prices[depths[0]] * max(1.0, left / needed) if needed > 0 else left / len(depths))
+
+
+def refuse_if_unaffordable(prices: dict[int, float], budget: float | str | None, name: str, spent: float = 0.0) -> None:
+    """One line, before anything is built, when the budget cannot pay for a minimum viable fit at
+    every depth after the `spent` seconds (pricing them)."""
+    needed = sum(prices.values()) + spent
+    if isinstance(budget, (int, float)) and budget < needed:
+        depths = ", ".join(map(str, sorted(prices)))
+        raise BenchtrainError(
+            f"--budget {format_duration(budget)} cannot pay for a minimum calibration at each of the slice depths {depths} of {name}: "
+            f"they need ≈ {format_duration(needed)}; use --budget {format_duration(math.ceil(needed))} or more, or fewer depths (--layers)"
+        )

@@ -11,7 +11,7 @@ checkpoint and compile timings, fit). Here they become one calibration of the wh
   planner needs nothing new;
 - evaluation batches and the one-off costs that grow with depth (model build, warm-up) are lines
   in depth too; those that do not (a compilation per shape of the one block class, the disk's
-  speed, the compile cache) are taken from the depths that measured them, once (bench.slice_budget);
+  speed, the compile cache) are taken from the depths that measured them, once (bench.layer_slices);
   the checkpoint's bytes are the whole model's, exact, written at the measured disk speed;
 - the step's split (what a translation to another GPU weighs) is a line in depth too, part by
   part, never the deepest slice's (calibration.slices.derive_step_split);
@@ -34,7 +34,7 @@ from calibration.step_config import StepConfig
 from common.errors import MeasurementError
 
 # One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
-# the depths that timed them (bench.slice_budget); per shape, weighted by the shapes each compiled.
+# the depths that timed them (bench.layer_slices); per shape, weighted by the shapes each compiled.
 KEPT_OVERHEADS = {"warmup_steps", "disk_write_bytes_per_second", "checkpoint_extrapolated", "compile_cached_seconds_per_shape"}
 PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
 

@@ -43,7 +43,7 @@ from train.workload.prepare import DataSpec, prepare_data
 from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from bench.slice_budget import Carry
+    from bench.layer_slices import Carry
     from train.workload.method import MethodConfig
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
@@ -79,7 +79,7 @@ def measure_variant(
     carry: Carry | None = None,
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
-    slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
+    slice after others in this process (bench.layer_slices.Carry: shapes compiled, timings made)."""
     started = time.monotonic()
     task, need, tokenized = describe_task(request, spec, method, budget_asked)
     planner, prices = plan_probes(task, spec, method, need, request.options, scratch=writable_subdir("scratch"))
