@@ -1,10 +1,9 @@
 """From a built workload to a calibration record, every second inside the budget.
 
-The probes (bench.runner) leave room for what follows them, priced as they measure: the
-forward-only evaluation probes, the checkpoint write timing, and (compiled steps) a fresh process
-that times compiling from inductor's cache. Each runs only while the budget pays for it; what is
-skipped is said in the record. All device work goes through the coordinator's named tasks, so the
-same code runs on a real device, under several processes, and on a simulated one (tests/simulated.py).
+The probes (bench.runner) leave room for the work after them, priced as they measure: evaluation
+probes, the checkpoint write and (compiled steps) the compile-cache process; what the budget cannot
+pay for is skipped and said. All device work goes through the coordinator's named tasks, so the
+same code runs on a device, under several processes, and simulated (tests/simulated.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
 from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
-from bench.record import CalibrationSubject, build_calibration
+from bench.record import build_calibration
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.second_process import PROCESSES, check_configs, check_price
 from bench.space import SearchSpace, mode_words
@@ -259,8 +258,7 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         "prices": planner.cost.speed.source,
         "skipped_after_probes": skipped,
     }
-    subject = CalibrationSubject(task.hardware, task.software, task.model, task.device_label, task.requested_device, training, task.data)
-    record = build_calibration(subject, result, search, overheads, warnings, fresh_rows)
+    record = build_calibration(task, training, result, search, overheads, warnings, fresh_rows)
     if kept is not None:
         kept.name_in(record)  # storing the record (or keeping it as failed) removes the kept rows
 

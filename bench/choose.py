@@ -1,24 +1,11 @@
-"""Which probe next: the one the fit learns most from per second of budget, never one the budget
-cannot pay for or the device's memory cannot hold.
-
-- **What the fit learns** from a configuration: how much it shrinks the uncertainty of the
-  throughput model's terms (fixed cost, per token, attention, optimizer step, data supply,
-  recompute), i.e. the D-optimal gain log(1 + zᵀ M⁻¹ z), where z is the configuration's feature
-  row on relative error (calibration.fit.throughput_features ÷ its predicted micro-step) and M
-  the information of the probes already measured.
-- **Per second**: divided by the probe's price (bench.cost), a compilation included for a new shape.
-- **What a plan will use** counts double: large micro-batches that fit in memory are weighted up
-  to 2× (a plan runs there; the fixed cost of tiny batches matters less to it).
-- **A minimum viable fit first**: until MIN_ROWS_FOR_FIT probes succeeded and every checkpointing
-  mode asked for has one, each probe must leave enough budget for the rest of that minimum.
-- **Few cores, no workers first**: on a host with at most FEW_CORES cores, the probes before a
-  minimum viable fit start no DataLoader workers: a worker process competes with the step for a
-  core, and a price measured that way on a busy host would decide every probe after it.
-- **Step by step**: a probe holds at most GROWTH× the tokens per micro-step of the largest that
-  ran, so an OOM is met at the smallest size that causes it and rules out the rest.
-- **Memory**: a configuration whose predicted peak (bench.cost.MemoryPrior, refitted as probes
-  measure it) with a margin passes the device's memory is not run; nor one at least as large as
-  a probe that ran out of memory.
+"""Which probe next: the one the fit learns most from per second of budget (the D-optimal gain
+log(1 + zᵀ M⁻¹ z) of its throughput features on relative error, over its price from bench.cost),
+large micro-batches weighted up to 2× (a plan runs there). Never one the budget cannot pay for, one
+predicted past the device's memory or as large as a probe that ran out of it, nor one more than
+GROWTH× the tokens of the largest that ran (an OOM is met at the smallest size that causes it).
+Until a minimum viable fit (MIN_ROWS_FOR_FIT probes, every checkpointing mode asked for), each probe
+leaves budget for the rest of that minimum, and a host of FEW_CORES runs them without DataLoader
+workers (a worker competes with the step for a core, and that price would decide every probe after).
 """
 
 from __future__ import annotations
@@ -62,7 +49,6 @@ class ProbePlanner:
     dropped_modes: set[Mode] = field(default_factory=set)
     host_cores: int | None = None  # the host's CPU cores (None: not known, workers as any other dimension)
 
-    # -- what happened ----------------------------------------------------------------------
     def record(self, row: dict[str, Any], repeat: bool = False) -> None:
         """A probe's row (first measurement or a repeat): prices and memory learn from it."""
         config = StepConfig.from_row(row)
@@ -79,7 +65,6 @@ class ProbePlanner:
     def ok_rows(self) -> list[dict[str, Any]]:
         return [row for row in self.rows.values() if row.get("status") == "ok"]
 
-    # -- prices and limits ------------------------------------------------------------------
     def price(self, config: StepConfig) -> float:
         return self.cost.probe_seconds(config, shape_of(config) not in self.seen_shapes)
 
@@ -111,7 +96,6 @@ class ProbePlanner:
             rows.append({**config.to_row(), "status": "skipped", "error": error})
         return rows
 
-    # -- the choice -------------------------------------------------------------------------
     def viable(self) -> bool:
         """A minimum viable fit: enough successful probes, every mode (checkpointing off, on) covered."""
         return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
@@ -213,7 +197,6 @@ class ProbePlanner:
         largest = max(tokens.values())
         return {c: 1.0 + tokens[c] / largest for c in configs}
 
-    # -- what a budget buys -----------------------------------------------------------------
     def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[StepConfig, float]]:
         """The probes this planner would run in `seconds` at today's prices, with each price: a
         dry run of the choice that assumes every probe succeeds as predicted."""

@@ -1,14 +1,9 @@
 """What a new `train` process pays to compile a shape bench already compiled on this machine.
 
-Run by `bench run --compile on` in a fresh Python process, as `train` will be: build the step
-(train.step.engine), run a few steps of one probed shape, print JSON with the first step's seconds
-and the steady step's. The difference holds loading inductor and the compiled kernels from its
-on-disk cache, which an in-process measurement (with imports done) would miss.
-
-    python -m bench.compile_probe '{"model": "tiny", "config": {...}, "method": {...}, "micro_batch_size": 2, "seq_len": 64}'
-
-The request carries the model's config whole: under `bench run --layers` the workload is a slice
-(bench.layer_slices), whose depth its reference (a hub id, a folder, a preset) does not hold.
+Run by `bench run --compile on` in a fresh interpreter, as `train` will be: build the step, run a
+few steps of one probed shape, print JSON with the first step's seconds and the steady step's. The
+difference holds loading inductor and the compiled kernels from its on-disk cache, which an
+in-process measurement (imports done) would miss. Also the helpers of every child process of bench.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""How long a checkpoint takes to write, measured with a bounded write.
-
-A checkpoint small enough (at most MAX_WRITE_BYTES and half the free space) is saved for real and
-timed. A bigger one — a 12B model's weights and optimizer state are ~150 GB — is never written by
-`bench`: it times writing MAX_WRITE_BYTES (or half the free space, if less) with fsync, and
-extrapolates by bytes. Bench must not fill the disk it measures.
+"""How long a checkpoint takes to write. One small enough (MAX_WRITE_BYTES and half the free space)
+is saved for real; a bigger one (a 12B model's state is ~150 GB) is extrapolated by bytes from a
+bounded write with fsync: bench must not fill the disk it measures.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""`bench run` under several processes (`accelerate launch --num_processes N`, torchrun).
-
-Rank 0 runs the search (grid or Optuna, budget, re-measurements) and decides every probe; each
-decision is broadcast, all ranks run that probe together (the DDP step all-reduces), and the rows
-are combined into one: an OOM or error on any rank is the probe's result, the step time is the
-slowest rank's, the peak memory the largest. Followers only execute; only rank 0 writes.
+"""`bench run` under several processes: rank 0 decides every probe and broadcasts it, all ranks run
+it together, and the rows combine into one (the worst status, the slowest step, the largest peak).
 """
 
 from __future__ import annotations

@@ -229,7 +229,6 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     counts = {key: value for key, value in method_record(method, meta).items() if key in ("trainable_parameters", "total_parameters", "lora")}
     need = memory_need(spec, method, hardware["device_type"])
     whole = WholeModel(
-        spec=spec,
         layers=layers,
         layer_key=layer_key(spec.config_dict),
         model=model_record(spec, shape),

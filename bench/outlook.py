@@ -1,11 +1,7 @@
-"""What a budget buys, said before the budget is spent.
-
-Within seconds of `bench run` starting (the model's FLOPs and memory come from the `meta` device,
-the device's speed from its datasheet or a timed matmul): how long the whole grid would take,
-which probes the budget pays for, and what the probes leave for the work after them (evaluation,
-checkpoint and compile timings, the fit and the report). A budget that cannot pay for even a
-minimum viable fit is refused there and then, naming the budget it needs; `--budget auto` is the
-budget for AUTO_PROBES probes (or the whole grid, if smaller).
+"""What a budget buys, said before it is spent: within seconds of `bench run` starting (FLOPs and
+memory from the `meta` device), the whole grid's time, the probes the budget pays for and what they
+leave for the work after them. A budget short of a minimum viable fit is refused there and then,
+naming the budget it needs; `--budget auto` is the budget for AUTO_PROBES probes.
 """
 
 from __future__ import annotations

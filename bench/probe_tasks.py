@@ -1,13 +1,8 @@
 """What each process of a bench runs on its workload when rank 0 says so: the coordinator's named
-tasks (bench.distributed), the same code under one process or several.
-
-Under several processes nothing here waits on another rank longer than it should:
-- a probe's collectives give up after a multiple of the probe's price (`probe_timeout_seconds`),
-  not NCCL's 10 minutes: a rank that fails between a step's collectives (an out-of-memory in
-  FSDP's backward) leaves the others in one that nothing can match, and the job then ends within
-  minutes (NCCL's watchdog; gloo raises), with the rows measured so far on disk (bench.unfinished);
-- while rank 0's compile-cache child runs (up to its own timeout, 900 s at most), the others wait
-  on the launcher's store, not in a collective the watchdog would end after 10 minutes.
+tasks (bench.distributed). No rank waits on another longer than it should: a probe's collectives
+give up after a multiple of its price, not NCCL's 10 minutes (a rank that fails between a step's
+collectives leaves the others in one nothing can match), and while rank 0's compile-cache child
+runs, the others wait on the launcher's store, not in a collective the watchdog would end.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.drift import LEVELS, correct_for_drift, undo_correction
 from bench.runner import BenchResult
@@ -18,44 +17,33 @@ from calibration.step_config import StepConfig
 from calibration.store import new_id
 from train.step.peak_memory import HOST_BASELINE_KEY
 
-
-@dataclass(frozen=True)
-class CalibrationSubject:
-    """What a calibration is of: the device (its hardware and software, its label, and the one
-    asked for with --gpu), the model, how it is trained, and the data it read (None: synthetic)."""
-
-    hardware: dict[str, Any]
-    software: dict[str, Any]
-    model: dict[str, Any]
-    device_label: str
-    requested_device: str | None = None
-    training: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
+if TYPE_CHECKING:
+    from bench.calibrate import BenchTask
 
 
 def build_calibration(
-    subject: CalibrationSubject,
+    task: BenchTask,
+    training: dict[str, Any],
     result: BenchResult,
     search: dict[str, Any],
     overheads: dict[str, float],
     warnings: list[str],
-    fresh_rows: list[dict[str, Any]] | None = None,
-    created: datetime | None = None,
+    fresh_rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """`fresh_rows`: configurations measured again in fresh processes (bench.second_process), by
-    which the drift correction is judged and the plan's bound between processes is measured."""
-    created = created or datetime.now(timezone.utc)
-    model = subject.model
+    """The record of what `task` measured (`training`: how the model was trained, the loss chosen
+    included), fitted when enough probes succeeded."""
+    created = datetime.now(timezone.utc)
+    model = task.model
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "id": new_id(subject.device_label, model["name"], created),
+        "id": new_id(task.device_label, model["name"], created),
         "created_at": created.isoformat(timespec="seconds"),
-        "hardware": subject.hardware,
-        "software": subject.software,
+        "hardware": task.hardware,
+        "software": task.software,
         "model": model,
-        "training": subject.training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
-        "requested_device": subject.requested_device,
-        "data": subject.data,
+        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
+        "requested_device": task.requested_device,
+        "data": task.data,
         "search": {
             **search,
             "stopped_by_budget": result.stopped_by_budget,
@@ -70,14 +58,8 @@ def build_calibration(
         "fit": None,
         "history": [],
     }
-    ok_count = sum(1 for row in result.rows if row["status"] == "ok")
-    if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record, fresh_rows or [])
-        if fresh_rows:
-            record["process_check"] = judge(record["fit"], fresh_rows, subject.hardware.get(HOST_BASELINE_KEY))
-        record["noise"] = assess_noise(record)
-        if record["noise"]:
-            record["warnings"].append(record["noise"]["message"])
+    if sum(1 for row in result.rows if row["status"] == "ok") >= MIN_ROWS_FOR_FIT:
+        fit_record(record, fresh_rows)
     fragmented = fragmentation_warning(result.rows)
     if fragmented:
         record["warnings"].append(fragmented)
@@ -130,6 +112,17 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
         f"likely cause: {'; '.join(causes)}. Re-run `bench run` on a quieter machine or with a larger --budget"
     )
     return {"held_out_median_pct": median, "causes": causes, "message": message}
+
+
+def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
+    """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
+    processes' rows (bench.second_process) when there are any, and say when it is noisy."""
+    record["fit"] = fit_with_drift_choice(record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows)
+    if fresh_rows:
+        record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))
+    record["noise"] = assess_noise(record)
+    if record["noise"]:
+        record["warnings"].append(record["noise"]["message"])
 
 
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:

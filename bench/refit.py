@@ -9,15 +9,13 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timezone
 
-from bench.record import assess_noise, fit_with_drift_choice
+from bench.record import fit_record
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
-from calibration.process_check import judge
 from calibration.schema import variant_data
 from calibration.store import new_id
 from common.errors import MeasurementError
 from common.json_types import JsonDict
 from train.step.hardware import device_label
-from train.step.peak_memory import HOST_BASELINE_KEY
 
 
 def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
@@ -32,13 +30,7 @@ def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
     record["created_at"] = created.isoformat(timespec="seconds")
     record["refit_of"] = source["id"]
     record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
-    fresh_rows = (record.get("process_check") or {}).get("measurements") or []
-    record["fit"] = fit_with_drift_choice(rows, (record.get("search") or {}).get("drift"), record, fresh_rows)
-    if fresh_rows:  # judged again against the new fit
-        record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))
-    record["noise"] = assess_noise(record)
-    if record["noise"]:
-        record["warnings"].append(record["noise"]["message"])
+    fit_record(record, (record.get("process_check") or {}).get("measurements") or [])  # the fresh processes judge the new fit
     if record.get("eval"):
         record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
     # Past runs measured the old fit's predictions: their correction does not carry over.

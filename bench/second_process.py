@@ -1,17 +1,10 @@
-"""The step measured again in fresh processes: where a calibration is used.
+"""The step measured again in fresh processes, where a calibration is used.
 
-A calibration is read by another process: the run, or the next bench. A process that has run a
-benchmark for minutes is not the process `train` starts, and on a CPU two processes can run the
-same step at speeds further apart than the fit's own error. So, on a CPU, bench measures a few of
-its configurations again in PROCESSES fresh interpreters, each built as `train` builds its step
-(the same Workload), and `bench.record` judges the drift correction, the speed a fresh process
-runs at, and the bound between processes by them.
-
-    python -m bench.second_process '{"model": "tiny", "config": {...}, "method": {...}, "options": {...},
-                                     "settings": {...}, "configs": [{...}, ...]}'
-
-prints one JSON line: the probes' rows, the resident set before the model was built, and the
-seconds the process took.
+On a CPU two processes can run the same step at speeds further apart than the fit's own error, and
+a process that has benchmarked for minutes is not the one `train` starts. So bench measures a few
+configurations again in PROCESSES fresh interpreters, each building the same Workload, and
+bench.record judges the drift correction and the bound between processes by them. Run as
+`python -m bench.second_process REQUEST_JSON`; prints one JSON line (rows, resident set, seconds).
 """
 
 from __future__ import annotations

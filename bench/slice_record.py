@@ -1,23 +1,11 @@
 """The calibration of a whole model from the calibrations of its layer slices (bench.layer_slices).
 
-Each slice depth was benched like a model of its own (bench.variant_measurement: probes, evaluation,
-checkpoint and compile timings, fit). Here they become one calibration of the whole model:
-
-- the model's record (name, fingerprint, parameter counts, FLOPs terms) is the whole model's,
-  from the `meta` device, so `train` plans the model it trains with it;
-- each configuration measured at two depths or more gets a row at full depth (status ok, marked
-  `from_slices`), from its time and activation lines in depth (calibration.slices); the
-  throughput and memory models are fitted to those rows exactly as to measured ones, so train's
-  planner needs nothing new;
-- evaluation batches and the one-off costs that grow with depth (model build, warm-up) are lines
-  in depth too; those that do not (a compilation per shape of the one block class, the disk's
-  speed, the compile cache) are taken from the depths that measured them, once (bench.layer_slices);
-  the checkpoint's bytes are the whole model's, exact, written at the measured disk speed;
-- the step's split (what a translation to another GPU weighs) is a line in depth too, part by
-  part, never the deepest slice's (calibration.slices.derive_step_split);
-- `slices` records the depths, the per-layer terms, the extrapolation's held-out error (the plan
-  widens its bounds by it: calibration.model) and how many devices like this one the whole model
-  needs (train.planning.memory_check.gpus_needed).
+The model's record is the whole model's (from the `meta` device), so `train` plans the model it
+trains. Each configuration measured at two depths or more gets a row at full depth (`from_slices`)
+from its time and activation lines in depth (calibration.slices), fitted like measured rows. The
+evaluation batches, the one-off costs that grow with depth and the step's split are lines in depth
+too; those that do not grow are taken from the depths that measured them. `slices` records the
+depths, the per-layer terms and the extrapolation's held-out error (plans widen their bounds by it).
 """
 
 from __future__ import annotations
@@ -41,9 +29,8 @@ PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
 
 @dataclass(frozen=True)
 class WholeModel:
-    """What the slices stand for: the whole model's spec and record, and its exact fixed bytes."""
+    """What the slices stand for: the whole model's record and its exact fixed bytes."""
 
-    spec: Any  # train.workload.model.ModelSpec
     layers: int
     layer_key: str
     model: dict[str, Any]  # the calibration's `model` section

@@ -1,18 +1,9 @@
-"""The step's split into compute-bound kernels, memory-bound kernels and exposed host time, at two
-probes: what a translation of this calibration to another GPU scales (calibration.translate; the
-record's shape: calibration.split).
-
-On a GPU, THE step runs a few more times under torch.profiler (kernels only, so the host is not
-slowed by tracing it) at each of the two probes calibration.split.split_rows picks; each kernel is
-compute-bound or memory-bound by its name (cuBLAS/CUTLASS GEMMs, flash and memory-efficient
-attention: compute; everything else — elementwise, norms, softmax, reductions, copies, the
-optimizer — memory), the time those kernels kept the device busy is split in their proportion, and
-the host's exposed time is the wall time the device ran nothing. NCCL's kernels (DDP's all-reduce,
-FSDP's gathers and reduce-scatters) are communication: they run on NCCL's own stream beside the
-step's kernels and move bytes over the links, not through HBM, so they are counted apart
-(`comm_seconds`: the time they alone ran), never as memory-bound time a translation would scale by
-the memory bandwidth. Elsewhere (CPU, a simulated device, a profiler
-that failed) the record comes from the FLOP count and the fit's terms (calibration.split.flops_split).
+"""The step's split into compute-bound kernels, memory-bound kernels, communication and exposed host
+time, at two probes (calibration.split.split_rows): what a translation of this calibration to another
+GPU scales (calibration.translate). On a GPU the step runs under torch.profiler (kernels only, so the
+host is not slowed by tracing it) and each kernel is classed by its name; NCCL's kernels run on their
+own stream and move bytes over the links, not through HBM, so they are counted apart. Elsewhere (CPU,
+a simulated device, a profiler that failed) the split comes from the FLOP count and the fit's terms.
 """
 
 from __future__ import annotations
@@ -35,8 +26,6 @@ from train.workload.batching import make_loader
 # `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
 COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
 PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
-
-
 # NCCL's kernels: `ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_…` (before NCCL 2.19).
 COMMUNICATION_KERNEL_PREFIX = "nccl"
 
@@ -133,11 +122,10 @@ def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:
-    """Rank 0, after the fit: the `step_split` records of the calibration (calibration.split). On a
-    GPU through the coordinator's "step_split" task (every process profiles its step), while this
-    process still holds its model (the compile-cache timing, last, releases it: decided here, so
-    no process starts a step the others do not); else, or when profiling failed, from the FLOP
-    count and the fit's terms."""
+    """Rank 0, after the fit: the calibration's `step_split` entries. On a GPU every process profiles
+    its step (the coordinator's "step_split" task) while this one still holds its model, decided
+    here so no process starts a step the others do not; else, or when profiling failed, from the
+    FLOP count and the fit's terms."""
     coordinator = run.coordinator
     holds_model = getattr(workload, "step", None) is not None
     profiled = record["hardware"].get("device_type") == "cuda" and holds_model and "step_split" in (getattr(coordinator, "handlers", None) or {})

@@ -1,12 +1,7 @@
-"""The measurements of a bench under way, on disk after every probe.
-
-A multi-process bench can die with nothing said: an out-of-memory on one rank between a step's
-collectives (FSDP's all-gathers and reduce-scatters, DDP's bucketed all-reduce) leaves the other
-ranks in a collective that nothing can match, until the collective's timeout (bench.probe_tasks)
-ends the job, or gloo aborts on the mismatch. Rank 0 therefore writes the rows measured so far
-after every probe (calibration.store.keep_unfinished: beside the calibrations, never among them,
-so `latest` never plans from them); `bench list` names what a dead bench left, and a stored or
-failed calibration replaces its own file.
+"""The measurements of a bench under way, on disk after every probe (calibration.store.keep_unfinished:
+beside the calibrations, never among them, so `latest` never plans from them). A multi-process bench
+can die with nothing said (an OOM on one rank between a step's collectives); `bench list` then names
+what it left, and a stored or failed calibration replaces its own file.
 """
 
 from __future__ import annotations

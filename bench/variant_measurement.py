@@ -1,9 +1,6 @@
-"""One variant (one --quantize × --optimizer value, calibration.setup.Variant) measured: what to
-measure on what, described before anything is built; the probes planned and the budget settled; the model built; the probes,
+"""One variant (one --quantize × --optimizer value, calibration.setup.Variant) measured: described
+before anything is built, its probes planned and budget settled, the model built, then the probes,
 the timings after them and the fit, run by every process as rank 0 decides (bench.probe_tasks).
-
-`bench run` (bench.commands.run) parses its options into a BenchRequest and calls
-`measure_variant` for each variant; it stores and describes what comes back.
 """
 
 from __future__ import annotations
