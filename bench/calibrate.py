@@ -86,7 +86,7 @@ class BenchTask:
 @dataclass(frozen=True)
 class BenchRun:
     """A benchmark under way: what it measures, the processes that run each measurement (the
-    coordinator: bench.distributed, or a simulated device), how probes are chosen and priced, and
+    coordinator: bench.probe_tasks, or a simulated device), how probes are chosen and priced, and
     the time left."""
 
     task: BenchTask

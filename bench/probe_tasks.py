@@ -1,8 +1,11 @@
-"""What each process of a bench runs on its workload when rank 0 says so: the coordinator's named
-tasks (bench.distributed). No rank waits on another longer than it should: a probe's collectives
-give up after a multiple of its price, not NCCL's 10 minutes (a rank that fails between a step's
-collectives leaves the others in one nothing can match), and while rank 0's compile-cache child
-runs, the others wait on the launcher's store, not in a collective the watchdog would end.
+"""`bench run` under one process or several (`accelerate launch`, torchrun): rank 0 decides every
+probe and broadcasts it, every rank runs it on its workload (the coordinator's named tasks), and the
+rows combine into one (the worst status, the slowest step, the largest peak). Only rank 0 writes.
+
+No rank waits on another longer than it should: a probe's collectives give up after a multiple of
+its price, not NCCL's 10 minutes (a rank that fails between a step's collectives leaves the others
+in one nothing can match), and while rank 0's compile-cache child runs, the others wait on the
+launcher's store, not in a collective the watchdog would end.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 
 from bench.compile_probe import measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
-from bench.distributed import Coordinator
 from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings
@@ -26,6 +28,82 @@ from calibration.step_config import StepConfig
 from common.console import is_main_process
 from train.planning.comm import measure_collectives
 from train.step.runtime import wait_for_all
+
+DONE = "done"
+STATUS_RANK = {"ok": 0, "skipped": 1, "error": 2, "oom": 3}
+
+
+def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One probe as seen by all ranks: the worst status; the slowest step; the largest peak."""
+    worst = max(rows, key=lambda row: STATUS_RANK.get(row.get("status", "ok"), 2))
+    if worst.get("status") != "ok":
+        return dict(worst)
+    slowest = max(rows, key=lambda row: row.get("step_seconds", row.get("batch_seconds", 0.0)))
+    combined = dict(slowest)
+    peaks = [row.get("peak_memory_bytes") or 0 for row in rows]
+    combined["peak_memory_bytes"] = max(peaks)
+    combined["ranks"] = len(rows)
+    return combined
+
+
+class Coordinator:
+    """Runs named tasks on every rank at once, as rank 0 decides."""
+
+    def __init__(self, handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+        import torch.distributed as dist
+
+        self.handlers = handlers
+        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.failed = False  # a task failed on rank 0: the ranks may no longer be in step
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def run(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0: run `task` on every rank and return the combined row."""
+        if not self.distributed:
+            return self.handlers[task](payload)
+        try:
+            self._broadcast((task, payload))
+            return self._execute(task, payload)
+        except BaseException:
+            self.failed = True
+            raise
+
+    def follow(self) -> None:
+        """Ranks > 0: run what rank 0 broadcasts until it says done."""
+        while True:
+            task, payload = self._broadcast(None)
+            if task == DONE:
+                return
+            self._execute(task, payload)
+
+    def finish(self) -> None:
+        # After a failed task no collective is sent: the process group may be what failed (a
+        # timed-out collective), or the others are still in the task's; its error is the one to
+        # tell, and the launcher ends the others once rank 0 leaves.
+        if self.distributed and self.leads and not self.failed:
+            self._broadcast((DONE, {}))
+
+    def _execute(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        row = self.handlers[task](payload)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, row)
+        return combine_rows(gathered) if "status" in row else row
+
+    @staticmethod
+    def _broadcast(message: Any) -> Any:
+        import torch.distributed as dist
+
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 # A probe's collectives wait for the slowest rank this many times the probe's price (all its steps
 # priced high, a compilation for a new shape included: bench.cost), and never less than the floor
@@ -102,8 +180,6 @@ class JobStore:
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     """The coordinator of this process, with a handler for every task rank 0 may ask of it."""
-    # Looked up when the coordinator is made: tests replace the probes.
-
     compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())  # the same sequence on every rank
 
     def probe(task: dict[str, Any]) -> dict[str, Any]:
@@ -142,7 +218,7 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
 def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobStore | None) -> dict[str, Any]:
     """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for
     it on the job's store, for as long as the child may run and COMPILE_WAIT_SLACK more, then all
-    go on to exchange the result (bench.distributed.Coordinator: a collective that is now quick).
+    go on to exchange the result (`Coordinator`: a collective that is now quick).
     Waiting in that collective instead, a child slower than NCCL's 10-minute timeout had the
     watchdog end the other ranks, and the job. `job`: None for a single process."""
     timeout_seconds = float(task.get("timeout_seconds") or COMPILE_CHILD_TIMEOUT)

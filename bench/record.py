@@ -1,4 +1,4 @@
-"""Assemble a calibration record from a benchmark's results and fit its models."""
+"""Assemble a calibration record from a benchmark's results and fit its models (again, for `bench refit`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from bench.drift import LEVELS, correct_for_drift, undo_correction
 from bench.runner import BenchResult
-from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
 from calibration.process_check import judge, median_error
-from calibration.schema import SCHEMA_VERSION
+from calibration.schema import SCHEMA_VERSION, variant_data
 from calibration.step_config import StepConfig
 from calibration.store import new_id
+from common.errors import MeasurementError
+from common.json_types import JsonDict
+from train.step.hardware import device_label
 from train.step.peak_memory import HOST_BASELINE_KEY
 
 if TYPE_CHECKING:
@@ -163,3 +166,26 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
         drift["level"] = best
     return chosen_fit
 
+
+def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
+    """`bench refit`: a new calibration record from `source`'s measurements (untouched), fitted by
+    this version; a new id with `refit_of` naming the source, so plans made with it stay reproducible."""
+    created = created or datetime.now(timezone.utc)
+    record = copy.deepcopy(source)
+    rows = record["measurements"]
+    ok = sum(1 for row in rows if row["status"] == "ok")
+    if ok < MIN_ROWS_FOR_FIT:
+        raise MeasurementError(f"calibration {source['id']} has {ok} successful probes; a fit needs at least {MIN_ROWS_FOR_FIT}")
+    record["id"] = new_id(device_label(record["hardware"]), record["model"]["name"], created)
+    record["created_at"] = created.isoformat(timespec="seconds")
+    record["refit_of"] = source["id"]
+    record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
+    fit_record(record, (record.get("process_check") or {}).get("measurements") or [])  # the fresh processes judge the new fit
+    if record.get("eval"):
+        record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
+    # Past runs measured the old fit's predictions: their correction does not carry over.
+    record["history"] = []
+    if record.get("variants"):  # each other variant measured (bench run --quantize none,4bit …), fitted again too
+        refitted = [refit_record(variant_data(source, index), created) for index in range(len(record["variants"]))]
+        record["variants"] = [{key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted]
+    return record

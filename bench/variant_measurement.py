@@ -63,16 +63,12 @@ class BenchRequest:
     max_probe_seconds: float | None = None  # seconds each probe may time steps (None: from the budget)
 
 
-def no_progress_bar(total: int, budget_seconds: float | None) -> Bar | None:
-    return None
-
-
 def measure_variant(
     request: BenchRequest,
     spec: ModelSpec,
     method: MethodConfig,
     budget_asked: float | str | None,
-    progress: ProgressBar = no_progress_bar,
+    progress: ProgressBar,
     carry: Carry | None = None,
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
@@ -117,7 +113,6 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
     hardware = detect_hardware()
     layout = process_layout(request.options, method)
     world_size, sharding = layout.world_size, layout.sharding
-    # Seconds, before anything is built: a too-big model is one line.
     need = check_fits(spec, method, hardware, sharding, world_size)
     warnings: list[str] = []
     mismatch = requested_mismatch(request.requested_device, hardware)
@@ -173,10 +168,8 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
     """The model, step and DataLoader the probes run (train's own), and the task as building them
     completes it: the model's and training's records, whether the step is compiled, the losses to
     compare, the checkpoint timing's payload and (--search optuna) the study."""
-    # Looked up now: tests replace the model.
-
     say(f"building {spec.name} on {task.hardware['name']} …")
-    started_seconds = process_age_seconds()  # imports and setup: what a fresh process pays before its build
+    started_seconds = max(0.0, time.time() - psutil.Process().create_time())  # imports and setup: what a fresh process pays before its build
 
     task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: resident_bytes_before_model()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
@@ -216,11 +209,6 @@ def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Ca
         return measure_in_fresh_processes(spec, method, options, configs, settings, timeout_seconds)
 
     return check
-
-
-def process_age_seconds() -> float:
-    """Seconds since this process started (its imports, its setup)."""
-    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
