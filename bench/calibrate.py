@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
+from bench.compile_probe import CHILD_TIMEOUT
 from bench.compile_probe import STEPS as COMPILE_PROBE_STEPS
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
@@ -107,9 +108,8 @@ class LossComparison:
 
 def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
     """What the probes keep for the work after them: the two cheapest evaluation corners (a fit
-    needs two) and the checkpoint timing. The compile-cache process of a compiled step costs a
-    model build: it runs only with what the probes leave (train prices a fresh compilation per
-    shape without it)."""
+    needs two), the checkpoint timing and the check in fresh processes. The compile-cache process
+    runs only with what the probes leave (without it train prices a fresh compilation per shape)."""
     corners = evaluation_corners(planner)
     evaluation = sum(sorted(eval_price(task, planner, config) for config in corners)[:2])
     return evaluation + checkpoint_price(task) + fresh_processes_price(task, planner)
@@ -158,10 +158,9 @@ def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
 
 
 def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> tuple[ProbePlanner, AfterProbePrices]:
-    """The probe planner for this model on this device, from the `meta` device (FLOPs, exact
-    parameter bytes) and the device's speed; and the prices of the work after the probes: a
-    forward pass's FLOPs share, the checkpoint's bytes, and the disk's speed (a 32 MiB write)
-    when given a folder. The caller puts the prices in the task (`replace(task, prices=…)`)."""
+    """The probe planner for this model on this device (FLOPs and exact parameter bytes from the
+    `meta` device, the device's speed), and the prices of the work after the probes (the disk's
+    speed timed when given a folder), which the caller puts in the task."""
     hardware = task.hardware
     shape = model_shape(meta_model(spec, method))
     lora = method.is_lora
@@ -173,12 +172,8 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     middle = lengths[len(lengths) // 2]
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
-    # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
-    checkpoint_bytes = need.trainable_parameters * 12
-    disk_bytes_per_second = None
-    if scratch is not None:
-        disk_bytes_per_second = disk_bandwidth(scratch)
-    prices = AfterProbePrices(forward_share, checkpoint_bytes, disk_bytes_per_second)
+    disk_bytes_per_second = disk_bandwidth(scratch) if scratch is not None else None
+    prices = AfterProbePrices(forward_share, need.trainable_parameters * 12, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
@@ -244,7 +239,6 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     training = {**task.training, **({"loss": losses.record["chosen"]} if losses.record else {})}
     if task.compiled:
         overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
-
         training["compile_cache"] = compile_cache_record()
     fresh_rows = check_in_fresh_processes(run, result.rows, skipped)
     search = {
@@ -266,7 +260,18 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     if losses.record is not None:
         record["loss_choice"] = losses.record
     if task.world_size > 1:
-        record["distributed"] = distributed_record(collectives, task.sharding)
+        # Every collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm);
+        # `comm` is the all-reduce's, which predicts DDP at other world sizes.
+        world_size, backend = world()
+        all_reduce = collectives["all_reduce"]
+        record["distributed"] = {
+            "world_size": world_size,
+            "backend": backend,
+            "sharding": task.sharding,
+            "all_reduce": all_reduce["measurements"],
+            "comm": all_reduce["fit"],
+            "collectives": collectives,
+        }
     record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
     return record, result
 
@@ -406,11 +411,7 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
     if not run.budget.allows(check_price(rows, configs, task.fresh_process_seconds)):
         skipped.append("the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)")
         return []
-    return task.fresh_processes(configs, run.budget.left() or FRESH_PROCESS_TIMEOUT)
-
-
-# Without a budget, a fresh process that has not finished its check by then has failed.
-FRESH_PROCESS_TIMEOUT = 900.0
+    return task.fresh_processes(configs, run.budget.left() or CHILD_TIMEOUT)
 
 
 def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
@@ -437,21 +438,6 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
     new = extras([row for row in ok if row.get("new_shape")])
     compile_seconds = max(0.0, statistics.median(new) - warmup) if new else 0.0
     return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
-
-
-def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
-    """World size, backend, sharding and the measured collectives of a multi-process bench: every
-    collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm); `comm` is the
-    all-reduce's, which predicts DDP at other world sizes."""
-    world_size, backend = world()
-    return {
-        "world_size": world_size,
-        "backend": backend,
-        "sharding": sharding,
-        "all_reduce": collectives["all_reduce"]["measurements"],
-        "comm": collectives["all_reduce"]["fit"],
-        "collectives": collectives,
-    }
 
 
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:

@@ -24,6 +24,8 @@ from train.workload.method import MethodConfig, unwrap
 from train.workload.model import ModelSpec, resolve_model
 
 STEPS = 4
+# A child process (compile cache, fresh-process check) that has not finished by then has failed, when no budget sets less.
+CHILD_TIMEOUT = 900.0
 
 # What a launcher tells each worker about the job it belongs to: torchrun's elastic agent
 # (torch/distributed/elastic/agent/server/local_elastic_agent.py, `_start_workers`) and
@@ -97,7 +99,7 @@ def main(argv: list[str]) -> None:
     print(json.dumps({"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:]), "process_seconds": time.perf_counter() - started}))
 
 
-def measure_in_new_process(spec: ModelSpec, method: Any, loss: str, row: dict[str, Any], timeout_seconds: float = 900.0) -> dict[str, float] | None:
+def measure_in_new_process(spec: ModelSpec, method: Any, loss: str, row: dict[str, Any], timeout_seconds: float = CHILD_TIMEOUT) -> dict[str, float] | None:
     """Run this module in a fresh interpreter for `spec` at `row`'s shape; None when it fails."""
     shape = {"micro_batch_size": int(row["micro_batch_size"]), "seq_len": int(row["seq_len"]), "checkpointing": bool(row.get("gradient_checkpointing"))}
     return run_child("bench.compile_probe", {**child_request(spec, method), "loss": loss, **shape}, timeout_seconds)

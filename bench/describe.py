@@ -64,11 +64,6 @@ def describe_step(training: JsonDict, overheads: JsonDict) -> str:
     return f"torch.compile, {loss} loss; compiling a batch shape took {cold:.1f}s ({overheads.get('compile_shapes_measured', 0)} measured){from_cache}"
 
 
-def describe_processes(distributed: JsonDict) -> str:
-    """The processes the probes ran with and the collectives measured among them."""
-    return f"processes: {distributed['world_size']} ({distributed['backend']}, {distributed['sharding']}); {describe_collectives(distributed)}"
-
-
 def describe_calibration(data: JsonDict, path: str) -> list[str]:
     hardware, model = data["hardware"], data["model"]
     counts = Counter(row["status"] for row in data["measurements"])
@@ -84,7 +79,8 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
         lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")
     if distributed:
-        lines.append("  " + describe_processes(distributed))
+        processes = f"{distributed['world_size']} ({distributed['backend']}, {distributed['sharding']})"
+        lines.append(f"  processes: {processes}; {describe_collectives(distributed)}")
     search = data.get("search") or {}
     if search.get("stopped_by_budget"):
         lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")

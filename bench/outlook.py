@@ -29,7 +29,6 @@ AUTO_PROBES = 12
 @dataclass(frozen=True)
 class Outlook:
     budget_seconds: float | None
-    spent_seconds: float  # already, and the model build (measured, or 0 before it)
     grid_seconds: float  # every probe that fits in memory, at today's prices
     grid_probes: int
     planned: tuple[tuple[StepConfig, float], ...]  # what the budget buys, with each price
@@ -62,7 +61,6 @@ def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: 
     planned = planner.preview(max(0.0, probes_budget)) if probes_budget is not None else everything
     return Outlook(
         budget_seconds=budget_seconds,
-        spent_seconds=spent_seconds,
         grid_seconds=total_seconds(sum(price for _, price in everything), spent_seconds, after_probes_seconds),
         grid_probes=len(everything),
         planned=tuple(planned),

@@ -19,14 +19,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.compile_probe import measure_in_new_process
+from bench.compile_probe import CHILD_TIMEOUT, measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
 from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
 from common.console import is_main_process
-from train.planning.comm import measure_collectives
+from train.planning.comm import measure_collectives, world
 from train.step.runtime import wait_for_all
 
 DONE = "done"
@@ -53,7 +53,7 @@ class Coordinator:
         import torch.distributed as dist
 
         self.handlers = handlers
-        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.distributed = world().processes > 1
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.failed = False  # a task failed on rank 0: the ranks may no longer be in step
@@ -110,8 +110,6 @@ class Coordinator:
 # (DataLoader workers starting, an allocator's retry, a busy host: what no price holds).
 COLLECTIVE_TIMEOUT_FACTOR = 4.0
 COLLECTIVE_TIMEOUT_FLOOR = 120.0
-# The compile-cache child's timeout when the budget sets none (bench.compile_probe).
-COMPILE_CHILD_TIMEOUT = 900.0
 # What rank 0 does around the child (freeing the device, starting the interpreter) on top of it.
 COMPILE_WAIT_SLACK = 60.0
 COMPILE_CACHE_KEY = "benchtrain/compile-cache"
@@ -128,11 +126,10 @@ def collectives_give_up_after(seconds: float | None) -> Iterator[None]:
     then ends the process, as torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING asks; gloo raises), then
     the process group's timeout is what it was. torch sets it per process group at creation only
     (accelerate's InitProcessGroupKwargs), when no probe is priced yet: `_set_pg_timeout` changes it."""
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
     set_timeout = getattr(distributed_c10d, "_set_pg_timeout", None)
-    if seconds is None or set_timeout is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if seconds is None or set_timeout is None or world().processes == 1:
         yield
         return
     before = process_group_timeout()
@@ -171,7 +168,7 @@ class JobStore:
         """This job's store; None for a single process."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if world().processes == 1:
             return None
         from torch.distributed.distributed_c10d import _get_default_store
 
@@ -221,7 +218,7 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
     go on to exchange the result (`Coordinator`: a collective that is now quick).
     Waiting in that collective instead, a child slower than NCCL's 10-minute timeout had the
     watchdog end the other ranks, and the job. `job`: None for a single process."""
-    timeout_seconds = float(task.get("timeout_seconds") or COMPILE_CHILD_TIMEOUT)
+    timeout_seconds = float(task.get("timeout_seconds") or CHILD_TIMEOUT)
     if job is None:
         return measure_cached_compile(workload, task["row"], timeout_seconds)
     if job.rank == 0:

@@ -38,14 +38,6 @@ def kernel_kind(name: str) -> str:
     return "compute" if any(word in lowered for word in COMPUTE_KERNEL_WORDS) else "memory"
 
 
-def is_device_event(event: Any) -> bool:
-    """A kernel, copy or memset the profiler saw on the device (torch's FunctionEvent of a device
-    type other than CPU), not a host-side op."""
-    from torch.autograd import DeviceType
-
-    return getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU
-
-
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     """Seconds covered by the union of (start, end) intervals in µs: kernels on several streams
     overlap, and the device was busy once, not twice."""
@@ -61,11 +53,13 @@ def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) ->
     """Compute, memory, exposed communication and exposed host seconds per optimizer step, from the
     profiler's events (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in
     µs) over `steps` steps that took `wall_seconds`."""
+    from torch.autograd import DeviceType
+
     totals = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
     step_kernels, every_kernel = [], []
     for event in events:
-        if not is_device_event(event):
-            continue
+        if getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU:
+            continue  # a host-side op, not a kernel, copy or memset on the device
         start, end = float(event.time_range.start), float(event.time_range.end)
         kind = kernel_kind(event.name)
         totals[kind] += end - start

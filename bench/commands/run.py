@@ -246,7 +246,9 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     report_path = None
     if not args.no_report:
         report_started = time.monotonic()
-        report_path = _write_report(path)
+        from reports.calibration_report import write_calibration_report
+
+        report_path = write_calibration_report(path)
         if report_path is not None:
             # train's plan counts the report it writes at the end: measured here, for every variant.
             seconds = round(time.monotonic() - report_started, 3)
@@ -262,12 +264,6 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
         last = index == len(records) - 1
         print_summary(one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None)
     return EXIT_OK
-
-
-def _write_report(path: Any) -> Any:
-    from reports.calibration_report import write_calibration_report
-
-    return write_calibration_report(path)
 
 
 def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
