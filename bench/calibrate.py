@@ -42,8 +42,7 @@ from train.workload.model import model_shape
 
 @dataclass(frozen=True)
 class AfterProbePrices:
-    """What prices the work after the probes, learned while planning them (`plan_probes`): the
-    evaluation probes' share of a training step's FLOPs, and the checkpoint write."""
+    """What prices the work after the probes (evaluation, the checkpoint write), from `plan_probes`."""
 
     forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
     checkpoint_bytes: int = 0  # what a checkpoint holds: the trained weights (fp32) and AdamW's two moments
@@ -52,8 +51,7 @@ class AfterProbePrices:
 
 @dataclass(frozen=True)
 class BenchTask:
-    """What this benchmark is, known before the first probe: built once it is all known (the
-    model's records, the prices after the probes) with `dataclasses.replace`, never written into."""
+    """What this benchmark is, known before the first probe (completed with `dataclasses.replace`)."""
 
     space: SearchSpace
     settings: ProbeSettings
@@ -86,9 +84,8 @@ class BenchTask:
 
 @dataclass(frozen=True)
 class BenchRun:
-    """A benchmark under way: what it measures, the processes that run each measurement (the
-    coordinator: bench.probe_tasks, or a simulated device), how probes are chosen and priced, and
-    the time left."""
+    """A benchmark under way: what it measures, the coordinator that runs each measurement
+    (bench.probe_tasks, or a simulated device), the probe planner and the time left."""
 
     task: BenchTask
     coordinator: Any
@@ -99,8 +96,7 @@ class BenchRun:
 
 @dataclass(frozen=True)
 class LossComparison:
-    """`--loss auto`'s comparison: what the record keeps of it (None: not compared) and, when the
-    budget could not pay for it, the warning that says so."""
+    """`--loss auto`'s comparison as the record keeps it (None: not compared), or the warning why not."""
 
     record: dict[str, Any] | None = None
     warning: str | None = None
@@ -116,8 +112,8 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
 
 
 def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
-    """The check in fresh processes at the configurations it would choose now, priced by the
-    planner; kept only once the probes have a minimum viable fit (which comes first)."""
+    """The check in fresh processes at the configurations it would choose now; reserved only once
+    the probes have a minimum viable fit (which comes first)."""
     if task.fresh_processes is None or not planner.viable():
         return 0.0
     configs = check_configs(planner.ok_rows())
@@ -138,8 +134,7 @@ def checkpoint_price(task: BenchTask) -> float:
 
 
 def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: float) -> float:
-    """A fresh process: imports and model build, one compilation from the cache (priced as a
-    fresh one until measured), and its steps at the smallest probed shape."""
+    """A fresh process: its build, one compilation (priced as uncached) and its steps at the smallest shape."""
     if not task.compiled:
         return 0.0
     smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
@@ -147,9 +142,8 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
-    """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
-    and length, checkpointing off): what `train` needs to plan evaluation time. Before any probe:
-    the corners of the grid."""
+    """Where evaluation (forward only) is timed: the corners (batch, length) of what trained fine with
+    checkpointing off, or of the grid before any probe."""
     ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [c.to_row() for c in planner.space.all_configs()]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
@@ -189,8 +183,8 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
 
 
 def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:
-    """Probe, time what follows, and assemble the calibration record (fitted when it can be).
-    With `run.keep_rows` the rows so far are on disk after every probe (a failure says where)."""
+    """Probe, time what follows, and assemble the calibration record (fitted when it can be). With
+    `run.keep_rows` the rows so far are on disk after every probe, and a failure says where."""
     kept = KeptRows(run.task) if run.keep_rows else None
     try:
         return measure_and_record(run, build_seconds, progress, kept)
@@ -200,6 +194,12 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
         raise kept.stopped(error) from error
 
 
+def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) -> dict[str, Any]:
+    """A probe task for the coordinator: the probe may spend `remaining` seconds (None: unbounded)."""
+    settings = run.task.settings.with_limit(remaining, run.planner.cost.step_seconds_high(config))
+    return {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(run.planner.price(config))}
+
+
 def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None) -> tuple[dict[str, Any], BenchResult]:
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
@@ -207,9 +207,8 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     warnings = [*task.warnings, *([losses.warning] if losses.warning else [])]
 
     def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
-        settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
         price, peak = planner.price(config), planner.predicted_peak(config)
-        row = coordinator.run("probe", {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(price)})
+        row = coordinator.run("probe", probe_payload(run, config, remaining))
         # What was predicted when the probe was chosen, beside what it measured.
         row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
         if kept is not None:
@@ -284,10 +283,8 @@ LOSS_TIE = 0.02
 
 
 def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
-    """Where the losses are compared: the cheapest configuration (one optimizer step per
-    micro-step, no workers, the leanest checkpointing mode measured first). The loss's share of a
-    step is per token, like the rest of it, so a small micro-batch tells the speeds apart; its
-    memory per token is scaled to the largest micro-batch."""
+    """Where the losses are compared: the cheapest configuration of the first accumulation, worker
+    count and checkpointing mode (a loss's cost is per token: a small micro-batch tells them apart)."""
     space = planner.space
     pool = [
         c
@@ -298,11 +295,8 @@ def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
 
 
 def compare_losses(run: BenchRun) -> LossComparison:
-    """`--loss auto`: each loss that applies, twice in alternation at one configuration; the fastest
-    whose extra logits memory at the grid's largest micro-batch stays under LOSS_MEMORY_AT_STAKE of
-    the device, ties to the leaner. Every probe after it runs the chosen loss (and so does
-    `train --loss auto` with this calibration). Only while the budget still pays for a minimum
-    viable fit afterwards."""
+    """`--loss auto`: each loss that applies, twice in alternation at one configuration, while the
+    budget still pays for a minimum viable fit afterwards; every probe after it runs the one chosen."""
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     if len(task.losses) < 2:
         return LossComparison()
@@ -318,9 +312,7 @@ def compare_losses(run: BenchRun) -> LossComparison:
     rows = []
     for _ in range(2):
         for loss in task.losses:
-            settings = task.settings.with_limit(budget.remaining(), planner.cost.step_seconds_high(config))
-            payload = {"loss": loss, "config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(planner.price(config))}
-            row = coordinator.run("loss_probe", payload)
+            row = coordinator.run("loss_probe", {"loss": loss, **probe_payload(run, config, budget.remaining())})
             planner.cost.observe(row)
             rows.append({**row, "loss": loss})
     chosen, reason = choose_measured_loss(rows, task, planner)
@@ -329,7 +321,8 @@ def compare_losses(run: BenchRun) -> LossComparison:
 
 
 def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
-    """The loss bench keeps, and why, in words."""
+    """The loss bench keeps, and why, in words: the fastest (ties to the leaner) whose extra logits
+    memory, scaled to the grid's largest micro-batch, stays under LOSS_MEMORY_AT_STAKE of the device."""
     ok = {loss: [row for row in rows if row["loss"] == loss and row["status"] == "ok"] for loss in task.losses}
     measured = {loss: found for loss, found in ok.items() if found}
     if not measured:
@@ -381,10 +374,9 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
 
 
 def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
-    """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
-    a fresh process (bench.compile_probe) on the first probed shape times its first step against
-    its steady one, less the warm-up every run pays anyway. The device is freed first, so that
-    process never builds a second copy of the model beside this one's."""
+    """What a later `train` process pays to compile from inductor's cache: a fresh process
+    (bench.compile_probe) at the first probed shape, its first step less its steady one and the
+    warm-up every run pays anyway (this process's model is freed first)."""
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok or not run.task.one_off_timings:
         return {}
@@ -415,12 +407,9 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
 
 
 def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
-    """How much longer the first steps take than steady state, from the probes' warm-up.
-
-    - `warmup_extra_seconds`: DataLoader start, allocator, kernel selection; from the probes that
-      compiled nothing (a shape seen before), or from all of them when the step is not compiled.
-    - `compile_seconds_per_shape` (compiled steps): what the first probe of each new shape paid
-      beyond that, i.e. one compilation."""
+    """How much longer the first steps take than steady ones: `warmup_extra_seconds` (DataLoader
+    start, allocator, kernel selection) from the probes that compiled nothing, and for a compiled
+    step `compile_seconds_per_shape`, what the first probe of each new shape paid beyond that."""
 
     def extras(selected: list[dict[str, Any]]) -> list[float]:
         return [
@@ -441,8 +430,8 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
 
 
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
-    """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
-    `latest` does not pick it) and say what a fit needs."""
+    """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and
+    say what a fit needs."""
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
     kept = save_failed(record)

@@ -1,10 +1,5 @@
-"""One probe: the trainer's own step, at one (micro batch, workers, accumulation, length).
-
-Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps for as
-long as the statistics need and the budget allows (bench.timing). Out of memory is a result.
-
-The probe's figure is its *median* step: one step slowed by other work on a busy machine does not
-move it. The mean is kept too; the fit turns medians back into means with a measured tail factor.
+"""One probe: the trainer's own step at one configuration, warmed up, then timed for as long as the
+statistics need and the budget allows (bench.timing). Out of memory is a result, not a crash.
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ class Workload:
         return self.accelerator.device
 
     def release(self) -> None:
-        """Drop the model, optimizer and step, and give their device memory back: before another
-        process builds the same model on this device (bench.compile_probe). No probe runs after."""
+        """Drop the model, optimizer and step and give their device memory back, before another
+        process builds the same model on this device. No probe runs after."""
         self.engine = self.model = self.optimizer = self.scheduler = self.step = None  # type: ignore[assignment]
         self.accelerator.free_memory()  # accelerate keeps references to what it prepared
         collect_everything()  # the model may sit in the collector's frozen generation (common.heap)
@@ -69,8 +64,7 @@ class Workload:
             torch.cuda.empty_cache()
 
     def set_loss(self, kind: str) -> None:
-        """Compute the loss with `kind` from now on (bench compares the losses that apply), through
-        the engine's `with_loss`: the probe's step keeps the precision `train`'s step runs in."""
+        """Compute the loss with `kind` from now on, through the engine (the step keeps train's precision)."""
         self.engine = self.engine.with_loss(kind)
         self.training["loss"] = kind
 
@@ -133,10 +127,9 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
 def finish_row(
     row: dict[str, Any], config: StepConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
 ) -> dict[str, Any]:
-    """The row's figures from the timed steps (a real probe's and a simulated one's alike).
-
-    The median: robust to a step that other work on the machine slowed down. The fit scales
-    medians back to means (a run lasts the sum of its steps) with a factor measured over probes."""
+    """The row's figures from the timed steps (a real probe's and a simulated one's alike): the
+    median step, which a step slowed by other work does not move, and the mean (a run lasts the sum
+    of its steps), which the fit relates to the median with a factor measured over probes."""
     row["first_step_seconds"] = timing.first_step_seconds
     row["warmup_seconds"] = timing.warmup_seconds
     row.update(timing.record())
@@ -248,8 +241,7 @@ def mark_failed(row: dict[str, Any], error: BaseException) -> None:
 
 
 def recover_after_failure(workload: Workload) -> None:
-    """Drop half-built gradients and cached blocks so the next probe starts clean (under DDP the
-    gradients are zeroed in place, in their buckets: train.step.step.TrainingStep.clear_gradients)."""
+    """Drop half-built gradients and cached blocks so the next probe starts clean."""
     workload.step.clear_gradients()
     gc.collect()
     if workload.device.type == "cuda":

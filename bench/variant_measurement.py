@@ -49,12 +49,10 @@ ProgressBar = Callable[[int, float | None], Bar | None]
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """What `bench run` was asked to measure, its options parsed: the step's options, the grid's
-    lists given (by SearchSpace field; the device's defaults for the others), the device asked for,
-    the data, the search and the probes' time limit."""
+    """What `bench run` was asked to measure, its options parsed."""
 
     options: StepOptions
-    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the grid's lists given, by axis (the device's defaults for the others)
     requested_device: str | None = None  # --gpu
     data: DataSpec | None = None  # --data and its format options (None: synthetic tokens)
     tokenizer: str | None = None  # for --data (None: the model folder's, or the byte tokenizer)
@@ -166,8 +164,7 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
 
 def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them
-    completes it: the model's and training's records, whether the step is compiled, the losses to
-    compare, the checkpoint timing's payload and (--search optuna) the study."""
+    completes it."""
     say(f"building {spec.name} on {task.hardware['name']} …")
     started_seconds = max(0.0, time.time() - psutil.Process().create_time())  # imports and setup: what a fresh process pays before its build
 
@@ -194,27 +191,23 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
 
 
 def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
-    """On a CPU and in one process: the check in fresh processes (bench.second_process), which
-    frees this process's model first (RAM for theirs). On a GPU the bench process holds the device
-    (and a 7B model's build is minutes): plans there take the spread between processes from the
-    runs that used the calibration (calibration.model). BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
+    """On a CPU and in one process: the check in fresh processes (bench.second_process), freeing this
+    process's model first. On a GPU the bench holds the device (and a 7B model builds for minutes):
+    plans there take the spread between processes from runs. BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
     if task.hardware.get("device_type") != "cpu" or task.world_size > 1 or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0":
         return None
 
     def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
-        settings = task.settings
         options = replace(request.options, loss=workload.engine.loss)
-        spec, method = workload.spec, workload.method
         workload.release()
-        return measure_in_fresh_processes(spec, method, options, configs, settings, timeout_seconds)
+        return measure_in_fresh_processes(workload.spec, workload.method, options, configs, task.settings, timeout_seconds)
 
     return check
 
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
-    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
-    and the other plain-torch ones (Liger's RMSNorm/SwiGLU kernels are on the model only while the
-    liger loss is: train.step.loss.install_loss, as `train` builds each)."""
+    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and
+    the plain-torch ones."""
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
     return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
