@@ -184,10 +184,9 @@ class ProbePlanner:
         return gains
 
     def _feature(self, config: StepConfig, curvature: float) -> np.ndarray:
-        """The throughput model's features on relative error, plus √tokens × `curvature` (seconds
-        per √token): a curvature the additive terms cannot express (where the host's launch time
-        and the device's compute overlap, between host-bound and compute-bound sizes), so that the
-        design also spreads its probes over token counts in between."""
+        """The throughput model's features on relative error, plus √tokens × `curvature`: a bend the
+        additive terms cannot express (where host launch time and device compute overlap), so the
+        design also spreads probes over the token counts between host-bound and compute-bound."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
         return np.append(throughput_features(config), math.sqrt(tokens) * curvature) / micro

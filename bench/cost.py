@@ -42,13 +42,13 @@ class DeviceSpeed:
     source: str
 
 
-def device_speed(hardware: dict[str, Any], measure_matmul: Callable[[], float] | None = None) -> DeviceSpeed:
+def device_speed(hardware: dict[str, Any]) -> DeviceSpeed:
     """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device,
     times PRIOR_EFFICIENCY."""
     peak = hardware.get("peak_bf16_flops")
     if peak:
         return DeviceSpeed(peak * PRIOR_EFFICIENCY, f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}")
-    measured = (measure_matmul or (lambda: matmul_flops(hardware["device_type"])))()
+    measured = matmul_flops(hardware["device_type"])
     return DeviceSpeed(measured * PRIOR_EFFICIENCY, f"a timed matmul ({measured / 1e9:,.0f} GFLOP/s) × {PRIOR_EFFICIENCY:.0%}")
 
 

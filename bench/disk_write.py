@@ -27,9 +27,9 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return total
 
 
-def disk_bandwidth(folder: Path, size: int = 32 * 2**20) -> float:
-    """A quick first figure (bytes/s, fsync included) that prices the checkpoint timing."""
-    return write_bandwidth(folder, min(size, max(1, free_bytes(folder) // 4)))
+def disk_bandwidth(folder: Path) -> float:
+    """A quick first figure (bytes/s, fsync included: a 32 MiB write) that prices the checkpoint timing."""
+    return write_bandwidth(folder, min(32 * 2**20, max(1, free_bytes(folder) // 4)))
 
 
 def write_bandwidth(folder: Path, size: int) -> float:
@@ -71,13 +71,13 @@ def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = Non
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})
-        bandwidth = size / max(seconds, 1e-9)
-        timed = {"checkpoint_save_seconds": round(seconds, 4), "checkpoint_bytes": size}
-        return {**timed, "disk_write_bytes_per_second": round(bandwidth), "checkpoint_extrapolated": 0}
-    bandwidth = write_bandwidth(folder, limit)
+        bandwidth, extrapolated = size / max(seconds, 1e-9), 0
+    else:
+        bandwidth = write_bandwidth(folder, limit)
+        seconds, extrapolated = size / bandwidth, 1
     return {
-        "checkpoint_save_seconds": round(size / bandwidth, 4),
+        "checkpoint_save_seconds": round(seconds, 4),
         "checkpoint_bytes": size,
         "disk_write_bytes_per_second": round(bandwidth),
-        "checkpoint_extrapolated": 1,
+        "checkpoint_extrapolated": extrapolated,
     }

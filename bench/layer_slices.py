@@ -1,11 +1,9 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
 
-A slice is the model's own config.json with its layer count set to K and every per-layer list cut
-to K: the same hidden size, heads, vocabulary, LoRA targets, quantization, optimizer, compile, loss
-and checkpointing as the run. Each depth is benched in turn, in one process, as a model of its own
-(bench.variant_measurement), and the depths become one calibration of the whole model
-(bench.slice_record). Where the blocks differ (alternating attention, mixed MoE layers, dense
-layers first) slices would not measure the model's layers: they are refused in one line.
+A slice is the model's own config with K layers, trained as the run trains it. Each depth is benched
+in turn, in one process, as a model of its own (bench.variant_measurement), and the depths become
+one calibration of the whole model (bench.slice_record). Where the blocks differ (alternating
+attention, mixed MoE layers) slices would not measure the model's layers: they are refused.
 
 `--layers auto` measures the whole model when it fits and the budget buys AUTO_PROBES probes of it,
 else the first of AUTO_LADDERS whose deepest slice fits (SLICE_MEMORY_SHARE of the device before
@@ -100,9 +98,8 @@ def non_uniform_reason(spec: ModelSpec) -> str | None:
 
 
 def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
-    """The model cut to `layers` decoder layers: its config with the layer count (and every per-layer
-    list) at `layers`, random weights (a slice of a checkpoint is not loaded: speed and memory do not
-    depend on the values)."""
+    """The model cut to `layers` decoder layers (every per-layer list too), with random weights: speed
+    and memory do not depend on their values."""
     total = full_layers(spec)
     config = {key: value[:layers] if isinstance(value, list) and len(value) == total else value for key, value in spec.config_dict.items()}
     config[layer_key(spec.config_dict)] = layers
@@ -118,9 +115,8 @@ def static_bytes(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layo
 def auto_depths(
     spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
 ) -> tuple[int, ...] | None:
-    """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the
-    budget pays a minimum viable fit at (`affordable`); where the budget pays
-    for none, the first that fits (its refusal names the budget). None: no slice fits."""
+    """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the budget
+    pays a minimum viable fit at (`affordable`), else the first that fits; None: no slice fits."""
     layers = full_layers(spec)
     limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
     fitting = [ladder for ladder in AUTO_LADDERS if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit]
@@ -186,8 +182,8 @@ def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, d
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
 ) -> JsonDict | None:
-    """`bench run --layers`: the whole model, or each depth in turn (in this process)
-    and their combination (rank 0's record; None on the other processes)."""
+    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's
+    record; None on the other processes)."""
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:

@@ -129,10 +129,8 @@ def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None
 
 
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Keep the drift correction only if it makes the fit better where a calibration is used: in
-    fresh processes (`fresh_rows`; there also the level it corrects to, bench.drift.LEVELS), or
-    without them on the held-out probes of this one. `record`: the calibration (its model's FLOPs
-    per token and the gradients its step holds)."""
+    """Keep the drift correction (and its level, bench.drift.LEVELS) only if it makes the fit better
+    where a calibration is used: in fresh processes (`fresh_rows`), else on the held-out probes."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
     corrected = fit_measurements(rows, flops, gradients)
     if not drift or not drift.get("applied"):

@@ -74,11 +74,9 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
 
 
 def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """A depth's ok rows with their step time as that depth's fit predicts it (its measured median
-    kept as `step_seconds_measured`): one probe slowed by other work, or paying the process's first
-    steps, would otherwise bend a line through two or three points, while the fit, robust and
-    cross-validated over every probe of the depth, has already weighed it. Memory stays measured
-    (it is exact to a fraction of a percent)."""
+    """A depth's ok rows with their step time as that depth's (robust) fit predicts it, the measured
+    median kept as `step_seconds_measured`: one disturbed probe would otherwise bend a line through
+    two or three depths. Memory stays measured (it is exact to a fraction of a percent)."""
     model = Calibration(record).throughput
     rows = []
     for row in record["measurements"]:

@@ -83,12 +83,7 @@ def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
         # 48 configurations: a 150 s budget covers them on a busy 2-core machine.
         return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
     big = memory_bytes >= 60 * 2**30
-    return SearchSpace(
-        (1, 2, 4, 8, 16) if big else (1, 2, 4, 8),
-        (0, 4),
-        (1, 4),
-        (512, 1024, 2048) if big else (256, 512, 1024),
-    )
+    return SearchSpace((1, 2, 4, 8, 16) if big else (1, 2, 4, 8), (0, 4), (1, 4), (512, 1024, 2048) if big else (256, 512, 1024))
 
 
 def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:

@@ -120,10 +120,9 @@ def time_steps(
     agree: Callable[[int], int] = lambda flag: flag,
     first_step: Callable[[], Any] | None = None,
 ) -> StepTiming:
-    """Run warm-up then timed steps of `run_step` (which returns an object with `seconds` and
-    `data_wait_seconds`). `agree` makes every rank take the same stop decision (each step
-    all-reduces); `first_step` runs the first warm-up step instead (bench.probe: one whose outcome
-    every rank agrees on first). Exceptions (an OOM) propagate to the caller."""
+    """Warm-up then timed steps of `run_step` (its result has `seconds` and `data_wait_seconds`);
+    `agree` gives every rank the same stop decision, `first_step` runs the first warm-up step
+    instead. Exceptions (an OOM) propagate."""
     timing = StepTiming()
     started = clock()
 

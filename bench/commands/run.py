@@ -73,11 +73,7 @@ def add_parser(commands: Any) -> None:
         help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
         "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
     )
-    run.add_argument(
-        "--tokenizer",
-        metavar="DIR",
-        help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
-    )
+    run.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)")
     run.add_argument(
         "--data",
         metavar="PATH|ORG/NAME",
