@@ -116,14 +116,6 @@ class ProbePlanner:
             return remaining is None and bool(pool)
         return remaining >= GIVE_UP_MARGIN * self.still_needed() * min(self.price(c) for c in pool)
 
-    def _before_viable(self, pool: list[StepConfig]) -> list[StepConfig]:
-        """The candidates for a probe before a minimum viable fit: on a host of few cores, those
-        with the fewest DataLoader workers."""
-        if self.host_cores is None or self.host_cores > FEW_CORES:
-            return pool
-        fewest = min(c.num_workers for c in pool)
-        return [c for c in pool if c.num_workers == fewest]
-
     def settle_for_measured_modes(self, remaining: float | None) -> list[Mode]:
         """When the budget cannot reach a minimum fit with every checkpointing mode but can with
         the modes already measured, the minimum stops waiting for the others (a calibration of
@@ -142,8 +134,9 @@ class ProbePlanner:
         pool = self.candidates()
         if not pool:
             return None
-        if not self.viable():
-            pool = self._before_viable(pool)
+        if not self.viable() and self.host_cores is not None and self.host_cores <= FEW_CORES:
+            fewest = min(c.num_workers for c in pool)  # a worker would compete with the step for a core
+            pool = [c for c in pool if c.num_workers == fewest]
         largest = max((c.micro_batch_size * c.seq_len for c in map(StepConfig.from_row, self.ok_rows())), default=None)
         if largest is not None:
             pool = [c for c in pool if c.micro_batch_size * c.seq_len <= GROWTH * largest] or pool
@@ -163,14 +156,11 @@ class ProbePlanner:
         relevance = self._relevance(affordable) if self.viable() else dict.fromkeys(affordable, 1.0)
         return max(affordable, key=lambda c: (gains[c] * relevance[c] / max(prices[c], 1e-9), -prices[c], c))
 
-    def _curvature_scale(self) -> float:
-        """Seconds per √token at the scale of the measured steps (the prior's before any)."""
-        largest = max(self.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
-        return self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
-
     def _gains(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
-        curvature = self._curvature_scale()  # once: the same for every feature of this choice
         everything = self.space.all_configs()
+        # Seconds per √token at the scale of the measured steps (the prior's before any): once, the same for every feature.
+        largest = max(everything, key=lambda c: c.micro_batch_size * c.seq_len)
+        curvature = self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
         scale = np.maximum(np.abs(np.stack([self._feature(c, curvature) for c in everything])).max(axis=0), 1e-30)
         information = RIDGE * np.eye(len(scale))
         for row in self.ok_rows():

@@ -159,7 +159,7 @@ def run_grid(
     if reference is not None and len(references) > 1 and reference_affordable():
         measure_reference()  # closes the last stretch
     if reference_every:
-        no_reference = {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
+        no_reference: dict[str, Any] = {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
         result.drift = correct_for_drift(result.rows, references, reference) if reference is not None else no_reference
     return result
 
