@@ -27,11 +27,9 @@ STEPS = 4
 # A child process (compile cache, fresh-process check) that has not finished by then has failed, when no budget sets less.
 CHILD_TIMEOUT = 900.0
 
-# What a launcher tells each worker about the job it belongs to: torchrun's elastic agent
-# (torch/distributed/elastic/agent/server/local_elastic_agent.py, `_start_workers`) and
-# `accelerate launch` (accelerate/utils/launch.py). A child that inherits them is one more rank 0
-# of the job: accelerate joins the job's rendezvous (MASTER_ADDR/PORT, RANK 0 of WORLD_SIZE N) and
-# the child and every other rank wait on each other until the watchdog kills the bench.
+# What torchrun's elastic agent and `accelerate launch` tell each worker about its job. A child that
+# inherits them is one more rank 0 of the job: it joins the job's rendezvous, and the child and every
+# other rank wait on each other until the watchdog kills the bench.
 LAUNCHER_VARIABLES = frozenset(
     {
         "RANK",
@@ -56,9 +54,8 @@ LAUNCHER_PREFIXES = ("TORCHELASTIC_", "ACCELERATE_", "FSDP_", "PET_")
 
 
 def single_process_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """`environ` (this process's environment) without the launcher's variables: a child started
-    from it is a process of its own, not a rank of this job. The device stays the same
-    (CUDA_VISIBLE_DEVICES is kept): the child runs where rank 0 ran."""
+    """`environ` (this process's) without the launcher's variables: a child started from it is a
+    process of its own, on the same device (CUDA_VISIBLE_DEVICES is kept), not a rank of this job."""
     source = dict(os.environ if environ is None else environ)
     return {name: value for name, value in source.items() if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
 

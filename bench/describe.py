@@ -73,8 +73,8 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
         f"({hardware['memory_bytes'] / 2**30:.1f} GiB), model {model['name']} ({model['parameter_count']:,} parameters)",
         "  setup: " + describe_setup(data),
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
+        "  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}),
     ]
-    lines.append("  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}))
     if data.get("slices"):
         lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")
@@ -94,17 +94,12 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
     for warning in data.get("warnings", []):
         lines.append(f"  warning: {warning}")
     if data.get("fit"):
-        lines.append("")
-        lines.append("fit:")
-        lines.extend(f"  {line}" for line in Calibration(data).explain())
-    lines.append("")
-    lines.append("best configurations measured:")
+        lines += ["", "fit:", *(f"  {line}" for line in Calibration(data).explain())]
     best = sorted((row for row in data["measurements"] if row["status"] == "ok"), key=lambda row: -row["tokens_per_second"])[:5]
-    lines.append(format_table(best))
+    lines += ["", "best configurations measured:", format_table(best)]
     history = data.get("history", [])
     if history:
-        lines.append("")
-        lines.append("how past estimates fared:")
+        lines += ["", "how past estimates fared:"]
         for entry in history[-10:]:
             lines.append(
                 f"  run {entry.get('run_id', '?')}: predicted {entry.get('predicted_tokens_per_second', 0):,.0f} tok/s, "

@@ -64,9 +64,8 @@ def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES
 
 
 def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES) -> dict[str, float]:
-    """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the
-    seconds were extrapolated (1) or timed on a real save (0). `real_save`: decided by rank 0 for
-    every rank of an FSDP bench (all of them take part in a real save)."""
+    """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the seconds
+    were extrapolated (1) or timed on a real save (0: under FSDP every rank takes part, as rank 0 decides)."""
     size, limit = _sizes(workload, folder, max_bytes)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:

@@ -28,8 +28,7 @@ from train.workload.model import ModelShape, ModelSpec, model_shape
 
 
 class Workload:
-    """Model, optimizer and step built once per benchmark, exactly as `train` builds them
-    (train.step.engine.build_engine)."""
+    """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
 
     def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None, options: StepOptions | None = None) -> None:
         started = time.perf_counter()
@@ -91,7 +90,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
     started = time.perf_counter()
     workload.set_checkpointing(config.gradient_checkpointing)
     shape = shape_of(config)
-    # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
+    # The first probe of a shape pays its compilation in the warm-up (bench.calibrate.warmup_costs).
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)
     steps_needed = settings.warmup_steps + settings.max_steps
@@ -164,11 +163,9 @@ class FailedOnAnotherProcess(RuntimeError):
 
 
 def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
-    """The probe's first step, with no collective in it (DDP's gradient all-reduce left out), then
-    every process's outcome agreed before any collective: a configuration that runs out of memory
-    does so in its first step, and an OOM on one process alone would otherwise leave the others in
-    DDP's all-reduce (with NCCL, until the watchdog kills the job). Under FSDP the forward itself
-    all-gathers, so there the first step is an ordinary one."""
+    """The probe's first step without DDP's gradient all-reduce, then every process's outcome agreed:
+    a configuration runs out of memory in its first step, and an OOM on one process alone would leave
+    the others in the all-reduce until the watchdog kills the job. (Under FSDP the forward gathers.)"""
     agreed_step(workload, partial(workload.step.run, batches, grad_accum, synchronize=False))
 
 

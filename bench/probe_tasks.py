@@ -82,9 +82,8 @@ class Coordinator:
             self._execute(task, payload)
 
     def finish(self) -> None:
-        # After a failed task no collective is sent: the process group may be what failed (a
-        # timed-out collective), or the others are still in the task's; its error is the one to
-        # tell, and the launcher ends the others once rank 0 leaves.
+        # After a failed task no collective is sent (the process group may be what failed): its
+        # error is the one to tell, and the launcher ends the others once rank 0 leaves.
         if self.distributed and self.leads and not self.failed:
             self._broadcast((DONE, {}))
 
@@ -123,9 +122,8 @@ def probe_timeout_seconds(price_seconds: float) -> float:
 @contextmanager
 def collectives_give_up_after(seconds: float | None) -> Iterator[None]:
     """Under several processes: collectives started inside give up after `seconds` (NCCL's watchdog
-    then ends the process, as torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING asks; gloo raises), then
-    the process group's timeout is what it was. torch sets it per process group at creation only
-    (accelerate's InitProcessGroupKwargs), when no probe is priced yet: `_set_pg_timeout` changes it."""
+    then ends the process; gloo raises). torch sets the timeout when the process group is created,
+    before any probe is priced: `_set_pg_timeout` changes it, and it is put back after."""
     from torch.distributed import distributed_c10d
 
     set_timeout = getattr(distributed_c10d, "_set_pg_timeout", None)
@@ -213,11 +211,9 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
 
 
 def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobStore | None) -> dict[str, Any]:
-    """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for
-    it on the job's store, for as long as the child may run and COMPILE_WAIT_SLACK more, then all
-    go on to exchange the result (`Coordinator`: a collective that is now quick).
-    Waiting in that collective instead, a child slower than NCCL's 10-minute timeout had the
-    watchdog end the other ranks, and the job. `job`: None for a single process."""
+    """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for it
+    on the job's store (`job`: None for one process), not in a collective that NCCL's 10-minute
+    watchdog would end, then all exchange the result in a collective that is now quick."""
     timeout_seconds = float(task.get("timeout_seconds") or CHILD_TIMEOUT)
     if job is None:
         return measure_cached_compile(workload, task["row"], timeout_seconds)
@@ -235,8 +231,7 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
 
 
 def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
-    """Free this process's model and device memory, then time a fresh `train`-like process
-    compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
+    """Free this process's model, then time a fresh process compiling `row`'s shape from the cache."""
     loss = workload.engine.loss
     workload.release()
     return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds) or {}

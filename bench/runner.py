@@ -136,10 +136,9 @@ def run_grid(
     while (config := planner.next(budget.remaining())) is not None:
         if not planner.viable() and planner.cost.measured:
             result.dropped_modes += planner.settle_for_measured_modes(budget.remaining())
-            # Measured prices say no fit can be reached: stop spending (bench.calibrate says what it
-            # needs), but only on prices the grid's own probes measured twice (one busy moment, or
-            # the loss comparison's probes at one configuration, decide nothing) and once even the
-            # cheapest probes no longer fit.
+            # Measured prices say no fit can be reached: stop spending, but only on prices the grid's
+            # own probes measured twice (one busy moment decides nothing) and once even the cheapest
+            # probes no longer fit.
             confirmed = len(result.rows) >= PRICE_CONFIRMATIONS
             if confirmed and not planner.viable_within(budget.remaining()) and not planner.cheap_probes_remain(budget.remaining()):
                 break

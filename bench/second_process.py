@@ -72,10 +72,9 @@ def measure_in_fresh_processes(
     timeout_seconds: float,
     processes: int = PROCESSES,
 ) -> list[dict[str, Any]]:
-    """Probe `configs` in `processes` new interpreters on this device, one after another: their
-    ok rows, each with the `process` it ran in and that process's resident set before its model
-    (`rss_before_model_bytes`). A process that fails or runs past its share of
-    `timeout_seconds` adds nothing. Synthetic tokens: the step's speed at a shape, not the data's."""
+    """Probe `configs` (synthetic tokens) in `processes` new interpreters, one after another: their ok
+    rows, each with its `process` and that process's `rss_before_model_bytes`. A process that fails
+    or runs past its share of `timeout_seconds` adds nothing."""
     request = {**child_request(spec, method), "options": asdict(options), "settings": asdict(settings), "configs": [config.to_row() for config in configs]}
     rows = []
     for index in range(processes):

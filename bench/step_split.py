@@ -51,8 +51,7 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) -> dict[str, float]:
     """Compute, memory, exposed communication and exposed host seconds per optimizer step, from the
-    profiler's events (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in
-    µs) over `steps` steps that took `wall_seconds`."""
+    profiler's FunctionEvents over `steps` steps that took `wall_seconds`."""
     from torch.autograd import DeviceType
 
     totals = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
@@ -79,9 +78,8 @@ def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) ->
 
 
 def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Run THE step at `config` (0 workers: batches built in this process) once unprofiled, then
-    `steps` times under the profiler (`profiler`: torch.profiler.profile, or a test's stand-in
-    whose session's `events()` are FunctionEvents), and split what the device did."""
+    """Run THE step at `config` (no workers) once unprofiled, then `steps` times under the profiler
+    (torch.profiler.profile, or a test's stand-in), and split what the device did."""
     config = replace(config, num_workers=0)
     workload.set_checkpointing(config.gradient_checkpointing)
     loader = make_loader(workload.batches(config, (steps + 1) * config.grad_accum), 0, workload.pin_memory)
@@ -105,9 +103,8 @@ def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS
 
 
 def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
-    """The coordinator's "step_split" task (bench.probe_tasks), on every process (the step's
-    collectives need them all): the split, or the error that stopped it (rank 0 then falls back to
-    the FLOP count)."""
+    """The coordinator's "step_split" task, on every process (the step's collectives need them all):
+    the split, or the error that stopped it (rank 0 then falls back to the FLOP count)."""
     try:
         return profile_split(workload, StepConfig.from_row(task["config"]))
     except Exception as error:  # the record is a refinement: a failure costs it, not the calibration

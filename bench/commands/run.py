@@ -228,8 +228,7 @@ def variant_budget(budget_asked: float | str | None, started: float, variants_le
 
 
 def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
-    """One calibration of every variant measured (the first at the top, the others as its variants),
-    its report, the summary."""
+    """One calibration of every variant measured, its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
     word = interconnect_word(args)
     if word is not None:  # what the user says overrides what was detected
@@ -271,8 +270,7 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
-    """The calibration in words; the closing lines (time taken, where it is) after the last variant's
-    (`total_seconds`: of the whole command), not after the others'."""
+    """The calibration in words; the closing lines only after the last variant's (`total_seconds`)."""
     from bench.describe import describe_calibration
 
     print("\n".join(describe_calibration(record, path)))
