@@ -12,6 +12,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
 from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
-from bench.record import build_calibration
+from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.second_process import PROCESSES, check_configs, check_price
 from bench.space import SearchSpace, mode_words
@@ -30,8 +31,9 @@ from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
 from calibration.dimensions import DIMENSIONS
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from calibration.schema import SCHEMA_VERSION
 from calibration.step_config import StepConfig
-from calibration.store import save_failed
+from calibration.store import new_id, save_failed
 from common.durations import format_duration
 from common.errors import MeasurementError
 from train.planning.comm import world
@@ -273,6 +275,51 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         }
     record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
     return record, result
+
+
+def build_calibration(
+    task: BenchTask,
+    training: dict[str, Any],
+    result: BenchResult,
+    search: dict[str, Any],
+    overheads: dict[str, float],
+    warnings: list[str],
+    fresh_rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The record of what `task` measured (`training`: how the model was trained, the loss chosen
+    included), fitted when enough probes succeeded."""
+    created = datetime.now(timezone.utc)
+    model = task.model
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "id": new_id(task.device_label, model["name"], created),
+        "created_at": created.isoformat(timespec="seconds"),
+        "hardware": task.hardware,
+        "software": task.software,
+        "model": model,
+        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
+        "requested_device": task.requested_device,
+        "data": task.data,
+        "search": {
+            **search,
+            "stopped_by_budget": result.stopped_by_budget,
+            "left_out": result.left_out,
+            "reused_rows": result.reused,
+            "remeasured": result.remeasured,
+            "drift": result.drift,
+        },
+        "overheads": overheads,
+        "warnings": list(warnings),
+        "measurements": result.rows,
+        "fit": None,
+        "history": [],
+    }
+    if sum(1 for row in result.rows if row["status"] == "ok") >= MIN_ROWS_FOR_FIT:
+        fit_record(record, fresh_rows)
+    fragmented = fragmentation_warning(result.rows)
+    if fragmented:
+        record["warnings"].append(fragmented)
+    return record
 
 
 # The loss whose logits would cost more than this share of the device's memory at the grid's

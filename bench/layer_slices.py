@@ -31,7 +31,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.calibrate import after_probes_seconds, plan_probes
@@ -39,7 +39,7 @@ from bench.choose import ProbePlanner
 from bench.outlook import AUTO_PROBES, outlook, total_seconds
 from bench.record import assess_noise, fit_with_drift_choice
 from bench.space import Shape, shape_of
-from bench.variant_measurement import BenchRequest, ProgressBar, describe_task, measure_variant
+from bench.variant_measurement import BenchRequest, Carry, ProgressBar, describe_task, measure_variant
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
 from calibration.model import Calibration
 from calibration.slices import DepthLine, SliceFit, derive_full_rows, derive_step_split, slice_error
@@ -408,32 +408,6 @@ def derive_overheads(records: dict[int, dict[str, Any]], layers: int, checkpoint
         overheads["checkpoint_bytes"] = round(overheads["checkpoint_bytes"])
     overheads["benchmark_seconds"] = round(sum(float(found[d].get("benchmark_seconds") or 0.0) for d in depths), 2)
     return overheads
-
-
-@dataclass
-class Carry:
-    """What one depth leaves the next in the same process."""
-
-    shapes: set[Shape] = field(default_factory=set)  # (rows, length, switches on) compiled so far
-    one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
-    compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
-
-    def prepare(self, task: Any, planner: ProbePlanner) -> Any:
-        """This depth's task (one-off timings only at the last depth); its planner learns the
-        shapes already compiled."""
-        planner.seen_shapes |= self.shapes
-        if self.compile_seconds is not None:
-            planner.cost.compile_prior_seconds = self.compile_seconds
-        return replace(task, one_off_timings=self.one_off)
-
-    def seed(self, seen: set[Any]) -> None:
-        """A workload's (or a simulated device's) shapes run: the compiled ones added."""
-        seen |= self.shapes
-
-    def done(self, planner: ProbePlanner) -> None:
-        self.shapes |= planner.seen_shapes
-        if planner.cost.compiled:
-            self.compile_seconds = planner.cost.first_step_extra(new_shape=True)
 
 
 def price_depths(planners: dict[int, tuple[ProbePlanner, float, float]]) -> dict[int, float]:

@@ -1,73 +1,23 @@
-"""Assemble a calibration record from a benchmark's results and fit its models (again, for `bench refit`)."""
+"""Fit a calibration record's models (the drift correction kept only where it helps), say when it is noisy, and fit again for `bench refit`."""
 
 from __future__ import annotations
 
 import copy
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.drift import LEVELS, correct_for_drift, undo_correction
-from bench.runner import BenchResult
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
 from calibration.process_check import judge, median_error
-from calibration.schema import SCHEMA_VERSION, variant_data
+from calibration.schema import variant_data
 from calibration.step_config import StepConfig
 from calibration.store import new_id
 from common.errors import MeasurementError
 from common.json_types import JsonDict
 from train.step.hardware import device_label
 from train.step.peak_memory import HOST_BASELINE_KEY
-
-if TYPE_CHECKING:
-    from bench.calibrate import BenchTask
-
-
-def build_calibration(
-    task: BenchTask,
-    training: dict[str, Any],
-    result: BenchResult,
-    search: dict[str, Any],
-    overheads: dict[str, float],
-    warnings: list[str],
-    fresh_rows: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The record of what `task` measured (`training`: how the model was trained, the loss chosen
-    included), fitted when enough probes succeeded."""
-    created = datetime.now(timezone.utc)
-    model = task.model
-    record: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "id": new_id(task.device_label, model["name"], created),
-        "created_at": created.isoformat(timespec="seconds"),
-        "hardware": task.hardware,
-        "software": task.software,
-        "model": model,
-        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
-        "requested_device": task.requested_device,
-        "data": task.data,
-        "search": {
-            **search,
-            "stopped_by_budget": result.stopped_by_budget,
-            "left_out": result.left_out,
-            "reused_rows": result.reused,
-            "remeasured": result.remeasured,
-            "drift": result.drift,
-        },
-        "overheads": overheads,
-        "warnings": list(warnings),
-        "measurements": result.rows,
-        "fit": None,
-        "history": [],
-    }
-    if sum(1 for row in result.rows if row["status"] == "ok") >= MIN_ROWS_FOR_FIT:
-        fit_record(record, fresh_rows)
-    fragmented = fragmentation_warning(result.rows)
-    if fragmented:
-        record["warnings"].append(fragmented)
-    return record
-
 
 # Reserved this far above allocated (the caching allocator's fragmentation) is worth saying.
 FRAGMENTATION_SHARE = 0.10

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
+from bench.choose import ProbePlanner
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
 from bench.probe import Workload, machine_load
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
 from bench.second_process import measure_in_fresh_processes
-from bench.space import SearchSpace, default_space, within_positions
+from bench.space import SearchSpace, Shape, default_space, within_positions
 from bench.step_split import record_step_split
 from bench.timing import ProbeSettings
 from common.console import say
@@ -40,7 +41,6 @@ from train.workload.prepare import DataSpec, prepare_data
 from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from bench.layer_slices import Carry
     from train.workload.method import MethodConfig
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
@@ -61,6 +61,32 @@ class BenchRequest:
     max_probe_seconds: float | None = None  # seconds each probe may time steps (None: from the budget)
 
 
+@dataclass
+class Carry:
+    """What one layer slice's bench leaves the next in the same process (bench.layer_slices)."""
+
+    shapes: set[Shape] = field(default_factory=set)  # (rows, length, switches on) compiled so far
+    one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
+    compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
+
+    def prepare(self, task: Any, planner: ProbePlanner) -> Any:
+        """This depth's task (one-off timings only at the last depth); its planner learns the
+        shapes already compiled."""
+        planner.seen_shapes |= self.shapes
+        if self.compile_seconds is not None:
+            planner.cost.compile_prior_seconds = self.compile_seconds
+        return replace(task, one_off_timings=self.one_off)
+
+    def seed(self, seen: set[Any]) -> None:
+        """A workload's (or a simulated device's) shapes run: the compiled ones added."""
+        seen |= self.shapes
+
+    def done(self, planner: ProbePlanner) -> None:
+        self.shapes |= planner.seen_shapes
+        if planner.cost.compiled:
+            self.compile_seconds = planner.cost.first_step_extra(new_shape=True)
+
+
 def measure_variant(
     request: BenchRequest,
     spec: ModelSpec,
@@ -70,7 +96,7 @@ def measure_variant(
     carry: Carry | None = None,
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
-    slice after others in this process (bench.layer_slices.Carry: shapes compiled, timings made)."""
+    slice after others in this process (`Carry`: shapes compiled, timings made)."""
     started = time.monotonic()
     task, need, tokenized = describe_task(request, spec, method, budget_asked)
     planner, prices = plan_probes(task, spec, method, need, request.options, scratch=writable_subdir("scratch"))

@@ -20,7 +20,8 @@ def simulate_slices(
     compares with `simulate_bench`)."""
     from simulated import H100Measurements, VirtualClock, run_simulated
 
-    from bench.layer_slices import AUTO_LADDERS, Carry, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
+    from bench.layer_slices import AUTO_LADDERS, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
+    from bench.variant_measurement import Carry
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 

@@ -302,9 +302,10 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
     proportion to the minimums; a budget short of them all is one line naming what they need."""
     from bench.choose import ProbePlanner, shape_of
     from bench.cost import COMPILE_PRIOR_SECONDS, CostModel, DeviceSpeed
-    from bench.layer_slices import Carry, depth_share, price_depths, refuse_if_unaffordable
+    from bench.layer_slices import depth_share, price_depths, refuse_if_unaffordable
     from bench.space import SearchSpace
     from bench.timing import ProbeSettings
+    from bench.variant_measurement import Carry
 
     def planner(layers: int) -> ProbePlanner:
         cost = CostModel(lambda config: 1e9 * (2 + layers), DeviceSpeed(1e13, "test"), ProbeSettings(), compiled=True)
