@@ -25,7 +25,7 @@ from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
-from bench.second_process import PROCESSES, check_configs, check_price
+from bench.second_process import check_configs, check_price
 from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
@@ -121,7 +121,7 @@ def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
     configs = check_configs(planner.ok_rows())
     if not configs:
         return 0.0
-    return PROCESSES * (task.fresh_process_seconds + sum(planner.price(config) for config in configs))
+    return check_price(configs, task.fresh_process_seconds, planner.price)
 
 
 def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> float:
@@ -447,7 +447,8 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
     if not configs:
         skipped.append("the check in fresh processes: no probe's steps were long enough to time well")
         return []
-    if not run.budget.allows(check_price(rows, configs, task.fresh_process_seconds)):
+    measured = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
+    if not run.budget.allows(check_price(configs, task.fresh_process_seconds, lambda config: measured.get(config, 0.0))):
         skipped.append("the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)")
         return []
     return task.fresh_processes(configs, run.budget.left() or CHILD_TIMEOUT)

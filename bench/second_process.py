@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -56,11 +57,9 @@ def check_configs(rows: list[dict[str, Any]]) -> list[StepConfig]:
     return list(picked)[:CONFIGS]
 
 
-def check_price(rows: list[dict[str, Any]], configs: list[StepConfig], process_seconds: float) -> float:
-    """Seconds the check costs: per process, its start and model build (`process_seconds`), and
-    each configuration's probe as it measured here."""
-    probe_seconds = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
-    return PROCESSES * (process_seconds + sum(probe_seconds.get(config, 0.0) for config in configs))
+def check_price(configs: list[StepConfig], process_seconds: float, probe_seconds: Callable[[StepConfig], float]) -> float:
+    """Seconds the check costs: per process, its start and model build, and each configuration's probe."""
+    return PROCESSES * (process_seconds + sum(probe_seconds(config) for config in configs))
 
 
 def measure_in_fresh_processes(

@@ -167,9 +167,7 @@ def request_from_args(args: argparse.Namespace) -> BenchRequest:
     """The options (validated) as what one variant's measurement needs (bench.variant_measurement)."""
     from bench.variant_measurement import BenchRequest
 
-    data = None
-    if args.data:
-        data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split)
+    data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split) if args.data else None
     return BenchRequest(
         options=step_options_from_args(args),
         space_asked=asked_space(args),
