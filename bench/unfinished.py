@@ -73,17 +73,3 @@ class KeptRows:
         )
         stopped.exit_code = getattr(error, "exit_code", EXIT_INTERNAL)  # a problem the user can fix keeps its code
         return stopped
-
-
-def describe_unfinished() -> list[str]:
-    """`bench list`'s lines for the benches that kept measurements and never stored them."""
-    lines = []
-    for path, data in list_unfinished():
-        if data is None:
-            lines.append(f"unfinished bench {path}: unreadable")
-            continue
-        rows = data.get("measurements") or []
-        ok = sum(1 for row in rows if row.get("status") == "ok")
-        started = data.get("created_at", "?")
-        lines.append(f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)")
-    return lines
