@@ -1,27 +1,21 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
 
-A slice is the model's own config with K layers, trained as the run trains it. Each depth is benched
-in turn, in one process, as a model of its own (bench.variant_measurement). Where the blocks differ
-(alternating attention, mixed MoE layers) slices would not measure the model's layers: they are refused.
+A slice is the model's own config with K layers, trained as the run trains it, benched as a model of
+its own (bench.variant_measurement); slices of an architecture whose blocks differ (alternating
+attention, mixed MoE layers) are refused. `--layers auto` measures the whole model when it fits and
+the budget buys AUTO_PROBES probes of it, else the first of AUTO_LADDERS whose deepest slice fits and
+whose every depth the budget pays a minimum viable fit for (three depths hold the deepest out).
 
-`--layers auto` measures the whole model when it fits and the budget buys AUTO_PROBES probes of it,
-else the first of AUTO_LADDERS whose deepest slice fits (SLICE_MEMORY_SHARE of the device before
-activations) and whose every depth the budget pays a minimum viable fit for; three depths hold the
-deepest out, so the extrapolation's error is measured.
+The depths run in one process, and what does not depend on depth is paid once: a shape compiled at
+one depth is compiled for the next (the decoder block is compiled once per shape: `Carry`), the
+one-off timings are made at the last depth, `--loss auto` compares at the first. The budget is split
+by the planners' own prices (`price_depths`); a budget short of the depths' minimums is refused
+before anything is built.
 
-What does not depend on depth is paid once: train.step.compile compiles the decoder block once per
-shape and a deeper slice runs more of the same block, so a shape compiled at one depth is compiled
-for the next (`Carry`); the checkpoint write and the compile-cache process are timed at the last
-depth only, and `--loss auto` compares at the first. The budget is split by the planners' own
-prices (`price_depths`), the first depth paying the compilations; a budget short of the depths'
-minimums is refused before anything is built.
-
-The depths' calibrations become one of the whole model (`combine_slices`): the whole model's record
-(from the `meta` device), and a row at full depth (`from_slices`) for each configuration measured at
-two depths or more, from its time and activation lines in depth (calibration.slices), fitted like
-measured rows. Evaluation, the one-off costs that grow with depth and the step's split are lines in
-depth too; `slices` keeps the per-layer terms and the extrapolation's held-out error (plans widen
-their bounds by it).
+The depths' calibrations become one of the whole model (`combine_slices`): its own record, and for
+each configuration measured at two depths or more a row at full depth from its time and activation
+lines in depth (calibration.slices), fitted like measured rows; `slices` keeps the per-layer terms
+and the extrapolation's held-out error, by which plans widen their bounds.
 """
 
 from __future__ import annotations
