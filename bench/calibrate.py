@@ -1,10 +1,9 @@
 """From a built workload to a calibration record, every second inside the budget.
 
-The probes (bench.runner) leave room for what follows them, priced as they measure: the
-forward-only evaluation probes, the checkpoint write timing, and (compiled steps) a fresh process
-that times compiling from inductor's cache. Each runs only while the budget pays for it; what is
-skipped is said in the record. All device work goes through the coordinator's named tasks, so the
-same code runs on a real device, under several processes, and on a simulated one (tests/simulated.py).
+The probes (bench.runner) leave room for the work after them, priced as they measure: evaluation
+probes, the checkpoint write and (compiled steps) the compile-cache process; what the budget cannot
+pay for is skipped and said. All device work goes through the coordinator's named tasks, so the
+same code runs on a device, under several processes, and simulated (tests/simulated.py).
 """
 
 from __future__ import annotations
@@ -13,23 +12,28 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
+from bench.compile_probe import CHILD_TIMEOUT
+from bench.compile_probe import STEPS as COMPILE_PROBE_STEPS
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
+from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
-from bench.record import CalibrationSubject, build_calibration
+from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
-from bench.second_process import PROCESSES, check_configs, check_price
+from bench.second_process import check_configs, check_price
 from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
 from calibration.dimensions import DIMENSIONS
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from calibration.schema import SCHEMA_VERSION
 from calibration.step_config import StepConfig
-from calibration.store import save_failed
+from calibration.store import new_id, save_failed
 from common.durations import format_duration
 from common.errors import MeasurementError
 from train.planning.comm import world
@@ -37,14 +41,10 @@ from train.planning.memory_check import compute_bytes, meta_model
 from train.step.compile import compile_cache_record, compile_enabled
 from train.workload.model import model_shape
 
-EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
-COMPILE_PROBE_STEPS = 4  # steps the compile-cache process runs (bench.compile_probe.STEPS)
-
 
 @dataclass(frozen=True)
 class AfterProbePrices:
-    """What prices the work after the probes, learned while planning them (`plan_probes`): the
-    evaluation probes' share of a training step's FLOPs, and the checkpoint write."""
+    """What prices the work after the probes (evaluation, the checkpoint write), from `plan_probes`."""
 
     forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
     checkpoint_bytes: int = 0  # what a checkpoint holds: the trained weights (fp32) and AdamW's two moments
@@ -53,8 +53,7 @@ class AfterProbePrices:
 
 @dataclass(frozen=True)
 class BenchTask:
-    """What this benchmark is, known before the first probe: built once it is all known (the
-    model's records, the prices after the probes) with `dataclasses.replace`, never written into."""
+    """What this benchmark is, known before the first probe (completed with `dataclasses.replace`)."""
 
     space: SearchSpace
     settings: ProbeSettings
@@ -78,7 +77,7 @@ class BenchTask:
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
-    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.slice_budget)
+    one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.layer_slices)
     # On a CPU, one process: the step measured again in fresh processes (bench.second_process), given
     # the configurations and the seconds they may take; None where that does not apply.
     fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
@@ -87,9 +86,8 @@ class BenchTask:
 
 @dataclass(frozen=True)
 class BenchRun:
-    """A benchmark under way: what it measures, the processes that run each measurement (the
-    coordinator: bench.distributed, or a simulated device), how probes are chosen and priced, and
-    the time left."""
+    """A benchmark under way: what it measures, the coordinator that runs each measurement
+    (bench.probe_tasks, or a simulated device), the probe planner and the time left."""
 
     task: BenchTask
     coordinator: Any
@@ -100,8 +98,7 @@ class BenchRun:
 
 @dataclass(frozen=True)
 class LossComparison:
-    """`--loss auto`'s comparison: what the record keeps of it (None: not compared) and, when the
-    budget could not pay for it, the warning that says so."""
+    """`--loss auto`'s comparison as the record keeps it (None: not compared), or the warning why not."""
 
     record: dict[str, Any] | None = None
     warning: str | None = None
@@ -109,23 +106,22 @@ class LossComparison:
 
 def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
     """What the probes keep for the work after them: the two cheapest evaluation corners (a fit
-    needs two) and the checkpoint timing. The compile-cache process of a compiled step costs a
-    model build: it runs only with what the probes leave (train prices a fresh compilation per
-    shape without it)."""
+    needs two), the checkpoint timing and the check in fresh processes. The compile-cache process
+    runs only with what the probes leave (without it train prices a fresh compilation per shape)."""
     corners = evaluation_corners(planner)
     evaluation = sum(sorted(eval_price(task, planner, config) for config in corners)[:2])
     return evaluation + checkpoint_price(task) + fresh_processes_price(task, planner)
 
 
 def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
-    """The check in fresh processes at the configurations it would choose now, priced by the
-    planner; kept only once the probes have a minimum viable fit (which comes first)."""
+    """The check in fresh processes at the configurations it would choose now; reserved only once
+    the probes have a minimum viable fit (which comes first)."""
     if task.fresh_processes is None or not planner.viable():
         return 0.0
     configs = check_configs(planner.ok_rows())
     if not configs:
         return 0.0
-    return PROCESSES * (task.fresh_process_seconds + sum(planner.price(config) for config in configs))
+    return check_price(configs, task.fresh_process_seconds, planner.price)
 
 
 def eval_price(task: BenchTask, planner: ProbePlanner, config: StepConfig) -> float:
@@ -140,8 +136,7 @@ def checkpoint_price(task: BenchTask) -> float:
 
 
 def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: float) -> float:
-    """A fresh process: imports and model build, one compilation from the cache (priced as a
-    fresh one until measured), and its steps at the smallest probed shape."""
+    """A fresh process: its build, one compilation (priced as uncached) and its steps at the smallest shape."""
     if not task.compiled:
         return 0.0
     smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
@@ -149,9 +144,8 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
-    """Forward-only eval batches at the corners of what trained fine (smallest and largest batch
-    and length, checkpointing off): what `train` needs to plan evaluation time. Before any probe:
-    the corners of the grid."""
+    """Where evaluation (forward only) is timed: the corners (batch, length) of what trained fine with
+    checkpointing off, or of the grid before any probe."""
     ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [c.to_row() for c in planner.space.all_configs()]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
@@ -160,10 +154,9 @@ def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
 
 
 def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> tuple[ProbePlanner, AfterProbePrices]:
-    """The probe planner for this model on this device, from the `meta` device (FLOPs, exact
-    parameter bytes) and the device's speed; and the prices of the work after the probes: a
-    forward pass's FLOPs share, the checkpoint's bytes, and the disk's speed (a 32 MiB write)
-    when given a folder. The caller puts the prices in the task (`replace(task, prices=…)`)."""
+    """The probe planner for this model on this device (FLOPs and exact parameter bytes from the
+    `meta` device, the device's speed), and the prices of the work after the probes (the disk's
+    speed timed when given a folder), which the caller puts in the task."""
     hardware = task.hardware
     shape = model_shape(meta_model(spec, method))
     lora = method.is_lora
@@ -171,15 +164,12 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     def flops_per_token(config: StepConfig) -> float:
         return shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing)
 
-    middle = task.space.seq_lens[len(task.space.seq_lens) // 2]
+    lengths = task.space.axis("seq_lens")
+    middle = lengths[len(lengths) // 2]
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
-    # What a checkpoint holds: the trained weights (fp32) and AdamW's two moments.
-    checkpoint_bytes = need.trainable_parameters * 12
-    disk_bytes_per_second = None
-    if scratch is not None:
-        disk_bytes_per_second = disk_bandwidth(scratch)
-    prices = AfterProbePrices(forward_share, checkpoint_bytes, disk_bytes_per_second)
+    disk_bytes_per_second = disk_bandwidth(scratch) if scratch is not None else None
+    prices = AfterProbePrices(forward_share, need.trainable_parameters * 12, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
@@ -195,8 +185,8 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
 
 
 def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:
-    """Probe, time what follows, and assemble the calibration record (fitted when it can be).
-    With `run.keep_rows` the rows so far are on disk after every probe (a failure says where)."""
+    """Probe, time what follows, and assemble the calibration record (fitted when it can be). With
+    `run.keep_rows` the rows so far are on disk after every probe, and a failure says where."""
     kept = KeptRows(run.task) if run.keep_rows else None
     try:
         return measure_and_record(run, build_seconds, progress, kept)
@@ -206,6 +196,12 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
         raise kept.stopped(error) from error
 
 
+def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) -> dict[str, Any]:
+    """A probe task for the coordinator: the probe may spend `remaining` seconds (None: unbounded)."""
+    settings = run.task.settings.with_limit(remaining, run.planner.cost.step_seconds_high(config))
+    return {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(run.planner.price(config))}
+
+
 def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None) -> tuple[dict[str, Any], BenchResult]:
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
@@ -213,9 +209,8 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     warnings = [*task.warnings, *([losses.warning] if losses.warning else [])]
 
     def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
-        settings = task.settings.with_limit(remaining, planner.cost.step_seconds_high(config))
         price, peak = planner.price(config), planner.predicted_peak(config)
-        row = coordinator.run("probe", {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(price)})
+        row = coordinator.run("probe", probe_payload(run, config, remaining))
         # What was predicted when the probe was chosen, beside what it measured.
         row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
         if kept is not None:
@@ -245,7 +240,6 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     training = {**task.training, **({"loss": losses.record["chosen"]} if losses.record else {})}
     if task.compiled:
         overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
-
         training["compile_cache"] = compile_cache_record()
     fresh_rows = check_in_fresh_processes(run, result.rows, skipped)
     search = {
@@ -259,8 +253,7 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         "prices": planner.cost.speed.source,
         "skipped_after_probes": skipped,
     }
-    subject = CalibrationSubject(task.hardware, task.software, task.model, task.device_label, task.requested_device, training, task.data)
-    record = build_calibration(subject, result, search, overheads, warnings, fresh_rows)
+    record = build_calibration(task, training, result, search, overheads, warnings, fresh_rows)
     if kept is not None:
         kept.name_in(record)  # storing the record (or keeping it as failed) removes the kept rows
 
@@ -268,9 +261,65 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     if losses.record is not None:
         record["loss_choice"] = losses.record
     if task.world_size > 1:
-        record["distributed"] = distributed_record(collectives, task.sharding)
+        # Every collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm);
+        # `comm` is the all-reduce's, which predicts DDP at other world sizes.
+        world_size, backend = world()
+        all_reduce = collectives["all_reduce"]
+        record["distributed"] = {
+            "world_size": world_size,
+            "backend": backend,
+            "sharding": task.sharding,
+            "all_reduce": all_reduce["measurements"],
+            "comm": all_reduce["fit"],
+            "collectives": collectives,
+        }
     record["overheads"]["benchmark_seconds"] = round(budget.elapsed(), 2)
     return record, result
+
+
+def build_calibration(
+    task: BenchTask,
+    training: dict[str, Any],
+    result: BenchResult,
+    search: dict[str, Any],
+    overheads: dict[str, float],
+    warnings: list[str],
+    fresh_rows: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The record of what `task` measured (`training`: how the model was trained, the loss chosen
+    included), fitted when enough probes succeeded."""
+    created = datetime.now(timezone.utc)
+    model = task.model
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "id": new_id(task.device_label, model["name"], created),
+        "created_at": created.isoformat(timespec="seconds"),
+        "hardware": task.hardware,
+        "software": task.software,
+        "model": model,
+        "training": training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
+        "requested_device": task.requested_device,
+        "data": task.data,
+        "search": {
+            **search,
+            "stopped_by_budget": result.stopped_by_budget,
+            "left_out": result.left_out,
+            "reused_rows": result.reused,
+            "remeasured": result.remeasured,
+            "drift": result.drift,
+        },
+        "overheads": overheads,
+        "warnings": list(warnings),
+        "measurements": result.rows,
+        "fit": None,
+        "history": [],
+    }
+    if sum(1 for row in result.rows if row["status"] == "ok") >= MIN_ROWS_FOR_FIT:
+        fit_record(record, fresh_rows)
+    fragmented = fragmentation_warning(result.rows)
+    if fragmented:
+        record["warnings"].append(fragmented)
+    return record
 
 
 # The loss whose logits would cost more than this share of the device's memory at the grid's
@@ -281,25 +330,20 @@ LOSS_TIE = 0.02
 
 
 def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
-    """Where the losses are compared: the cheapest configuration (one optimizer step per
-    micro-step, no workers, the leanest checkpointing mode measured first). The loss's share of a
-    step is per token, like the rest of it, so a small micro-batch tells the speeds apart; its
-    memory per token is scaled to the largest micro-batch."""
+    """Where the losses are compared: the cheapest configuration of the first accumulation, worker
+    count and checkpointing mode (a loss's cost is per token: a small micro-batch tells them apart)."""
     space = planner.space
     pool = [
         c
         for c in planner.candidates()
-        if c.grad_accum == space.accums[0] and c.num_workers == space.workers[0] and c.switches == space.modes()[0]
+        if c.grad_accum == space.axis("accums")[0] and c.num_workers == space.axis("workers")[0] and c.switches == space.modes()[0]
     ]
     return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 
 
 def compare_losses(run: BenchRun) -> LossComparison:
-    """`--loss auto`: each loss that applies, twice in alternation at one configuration; the fastest
-    whose extra logits memory at the grid's largest micro-batch stays under LOSS_MEMORY_AT_STAKE of
-    the device, ties to the leaner. Every probe after it runs the chosen loss (and so does
-    `train --loss auto` with this calibration). Only while the budget still pays for a minimum
-    viable fit afterwards."""
+    """`--loss auto`: each loss that applies, twice in alternation at one configuration, while the
+    budget still pays for a minimum viable fit afterwards; every probe after it runs the one chosen."""
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     if len(task.losses) < 2:
         return LossComparison()
@@ -315,9 +359,7 @@ def compare_losses(run: BenchRun) -> LossComparison:
     rows = []
     for _ in range(2):
         for loss in task.losses:
-            settings = task.settings.with_limit(budget.remaining(), planner.cost.step_seconds_high(config))
-            payload = {"loss": loss, "config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(planner.price(config))}
-            row = coordinator.run("loss_probe", payload)
+            row = coordinator.run("loss_probe", {"loss": loss, **probe_payload(run, config, budget.remaining())})
             planner.cost.observe(row)
             rows.append({**row, "loss": loss})
     chosen, reason = choose_measured_loss(rows, task, planner)
@@ -326,7 +368,8 @@ def compare_losses(run: BenchRun) -> LossComparison:
 
 
 def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
-    """The loss bench keeps, and why, in words."""
+    """The loss bench keeps, and why, in words: the fastest (ties to the leaner) whose extra logits
+    memory, scaled to the grid's largest micro-batch, stays under LOSS_MEMORY_AT_STAKE of the device."""
     ok = {loss: [row for row in rows if row["loss"] == loss and row["status"] == "ok"] for loss in task.losses}
     measured = {loss: found for loss, found in ok.items() if found}
     if not measured:
@@ -378,10 +421,9 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
 
 
 def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
-    """A later `train` process on this machine finds bench's compiled kernels in inductor's cache:
-    a fresh process (bench.compile_probe) on the first probed shape times its first step against
-    its steady one, less the warm-up every run pays anyway. The device is freed first, so that
-    process never builds a second copy of the model beside this one's."""
+    """What a later `train` process pays to compile from inductor's cache: a fresh process
+    (bench.compile_probe) at the first probed shape, its first step less its steady one and the
+    warm-up every run pays anyway (this process's model is freed first)."""
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok or not run.task.one_off_timings:
         return {}
@@ -405,23 +447,17 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
     if not configs:
         skipped.append("the check in fresh processes: no probe's steps were long enough to time well")
         return []
-    if not run.budget.allows(check_price(rows, configs, task.fresh_process_seconds)):
+    measured = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
+    if not run.budget.allows(check_price(configs, task.fresh_process_seconds, lambda config: measured.get(config, 0.0))):
         skipped.append("the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)")
         return []
-    return task.fresh_processes(configs, run.budget.left() or FRESH_PROCESS_TIMEOUT)
-
-
-# Without a budget, a fresh process that has not finished its check by then has failed.
-FRESH_PROCESS_TIMEOUT = 900.0
+    return task.fresh_processes(configs, run.budget.left() or CHILD_TIMEOUT)
 
 
 def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
-    """How much longer the first steps take than steady state, from the probes' warm-up.
-
-    - `warmup_extra_seconds`: DataLoader start, allocator, kernel selection; from the probes that
-      compiled nothing (a shape seen before), or from all of them when the step is not compiled.
-    - `compile_seconds_per_shape` (compiled steps): what the first probe of each new shape paid
-      beyond that, i.e. one compilation."""
+    """How much longer the first steps take than steady ones: `warmup_extra_seconds` (DataLoader
+    start, allocator, kernel selection) from the probes that compiled nothing, and for a compiled
+    step `compile_seconds_per_shape`, what the first probe of each new shape paid beyond that."""
 
     def extras(selected: list[dict[str, Any]]) -> list[float]:
         return [
@@ -441,24 +477,9 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
     return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
 
 
-def distributed_record(collectives: dict[str, dict[str, Any]], sharding: str) -> dict[str, Any]:
-    """World size, backend, sharding and the measured collectives of a multi-process bench: every
-    collective's (bytes, seconds) rows and latency + bandwidth fit (train.planning.comm); `comm` is the
-    all-reduce's, which predicts DDP at other world sizes."""
-    world_size, backend = world()
-    return {
-        "world_size": world_size,
-        "backend": backend,
-        "sharding": sharding,
-        "all_reduce": collectives["all_reduce"]["measurements"],
-        "comm": collectives["all_reduce"]["fit"],
-        "collectives": collectives,
-    }
-
-
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
-    """Too few probes to fit: keep the measurements aside (never as a usable calibration, so that
-    `latest` does not pick it) and say what a fit needs."""
+    """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and
+    say what a fit needs."""
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
     kept = save_failed(record)

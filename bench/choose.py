@@ -1,24 +1,11 @@
-"""Which probe next: the one the fit learns most from per second of budget, never one the budget
-cannot pay for or the device's memory cannot hold.
-
-- **What the fit learns** from a configuration: how much it shrinks the uncertainty of the
-  throughput model's terms (fixed cost, per token, attention, optimizer step, data supply,
-  recompute), i.e. the D-optimal gain log(1 + zᵀ M⁻¹ z), where z is the configuration's feature
-  row on relative error (calibration.fit.throughput_features ÷ its predicted micro-step) and M
-  the information of the probes already measured.
-- **Per second**: divided by the probe's price (bench.cost), a compilation included for a new shape.
-- **What a plan will use** counts double: large micro-batches that fit in memory are weighted up
-  to 2× (a plan runs there; the fixed cost of tiny batches matters less to it).
-- **A minimum viable fit first**: until MIN_ROWS_FOR_FIT probes succeeded and every checkpointing
-  mode asked for has one, each probe must leave enough budget for the rest of that minimum.
-- **Few cores, no workers first**: on a host with at most FEW_CORES cores, the probes before a
-  minimum viable fit start no DataLoader workers: a worker process competes with the step for a
-  core, and a price measured that way on a busy host would decide every probe after it.
-- **Step by step**: a probe holds at most GROWTH× the tokens per micro-step of the largest that
-  ran, so an OOM is met at the smallest size that causes it and rules out the rest.
-- **Memory**: a configuration whose predicted peak (bench.cost.MemoryPrior, refitted as probes
-  measure it) with a margin passes the device's memory is not run; nor one at least as large as
-  a probe that ran out of memory.
+"""Which probe next: the one the fit learns most from per second of budget (the D-optimal gain
+log(1 + zᵀ M⁻¹ z) of its throughput features on relative error, over its price from bench.cost),
+large micro-batches weighted up to 2× (a plan runs there). Never one the budget cannot pay for, one
+predicted past the device's memory or as large as a probe that ran out of it, nor one more than
+GROWTH× the tokens of the largest that ran (an OOM is met at the smallest size that causes it).
+Until a minimum viable fit (MIN_ROWS_FOR_FIT probes, every checkpointing mode asked for), each probe
+leaves budget for the rest of that minimum, and a host of FEW_CORES runs them without DataLoader
+workers (a worker competes with the step for a core, and that price would decide every probe after).
 """
 
 from __future__ import annotations
@@ -62,7 +49,6 @@ class ProbePlanner:
     dropped_modes: set[Mode] = field(default_factory=set)
     host_cores: int | None = None  # the host's CPU cores (None: not known, workers as any other dimension)
 
-    # -- what happened ----------------------------------------------------------------------
     def record(self, row: dict[str, Any], repeat: bool = False) -> None:
         """A probe's row (first measurement or a repeat): prices and memory learn from it."""
         config = StepConfig.from_row(row)
@@ -79,7 +65,6 @@ class ProbePlanner:
     def ok_rows(self) -> list[dict[str, Any]]:
         return [row for row in self.rows.values() if row.get("status") == "ok"]
 
-    # -- prices and limits ------------------------------------------------------------------
     def price(self, config: StepConfig) -> float:
         return self.cost.probe_seconds(config, shape_of(config) not in self.seen_shapes)
 
@@ -111,7 +96,6 @@ class ProbePlanner:
             rows.append({**config.to_row(), "status": "skipped", "error": error})
         return rows
 
-    # -- the choice -------------------------------------------------------------------------
     def viable(self) -> bool:
         """A minimum viable fit: enough successful probes, every mode (checkpointing off, on) covered."""
         return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
@@ -132,14 +116,6 @@ class ProbePlanner:
             return remaining is None and bool(pool)
         return remaining >= GIVE_UP_MARGIN * self.still_needed() * min(self.price(c) for c in pool)
 
-    def _before_viable(self, pool: list[StepConfig]) -> list[StepConfig]:
-        """The candidates for a probe before a minimum viable fit: on a host of few cores, those
-        with the fewest DataLoader workers."""
-        if self.host_cores is None or self.host_cores > FEW_CORES:
-            return pool
-        fewest = min(c.num_workers for c in pool)
-        return [c for c in pool if c.num_workers == fewest]
-
     def settle_for_measured_modes(self, remaining: float | None) -> list[Mode]:
         """When the budget cannot reach a minimum fit with every checkpointing mode but can with
         the modes already measured, the minimum stops waiting for the others (a calibration of
@@ -158,8 +134,9 @@ class ProbePlanner:
         pool = self.candidates()
         if not pool:
             return None
-        if not self.viable():
-            pool = self._before_viable(pool)
+        if not self.viable() and self.host_cores is not None and self.host_cores <= FEW_CORES:
+            fewest = min(c.num_workers for c in pool)  # a worker would compete with the step for a core
+            pool = [c for c in pool if c.num_workers == fewest]
         largest = max((c.micro_batch_size * c.seq_len for c in map(StepConfig.from_row, self.ok_rows())), default=None)
         if largest is not None:
             pool = [c for c in pool if c.micro_batch_size * c.seq_len <= GROWTH * largest] or pool
@@ -179,14 +156,11 @@ class ProbePlanner:
         relevance = self._relevance(affordable) if self.viable() else dict.fromkeys(affordable, 1.0)
         return max(affordable, key=lambda c: (gains[c] * relevance[c] / max(prices[c], 1e-9), -prices[c], c))
 
-    def _curvature_scale(self) -> float:
-        """Seconds per √token at the scale of the measured steps (the prior's before any)."""
-        largest = max(self.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
-        return self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
-
     def _gains(self, configs: list[StepConfig]) -> dict[StepConfig, float]:
-        curvature = self._curvature_scale()  # once: the same for every feature of this choice
         everything = self.space.all_configs()
+        # Seconds per √token at the scale of the measured steps (the prior's before any): once, the same for every feature.
+        largest = max(everything, key=lambda c: c.micro_batch_size * c.seq_len)
+        curvature = self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
         scale = np.maximum(np.abs(np.stack([self._feature(c, curvature) for c in everything])).max(axis=0), 1e-30)
         information = RIDGE * np.eye(len(scale))
         for row in self.ok_rows():
@@ -200,10 +174,9 @@ class ProbePlanner:
         return gains
 
     def _feature(self, config: StepConfig, curvature: float) -> np.ndarray:
-        """The throughput model's features on relative error, plus √tokens × `curvature` (seconds
-        per √token): a curvature the additive terms cannot express (where the host's launch time
-        and the device's compute overlap, between host-bound and compute-bound sizes), so that the
-        design also spreads its probes over token counts in between."""
+        """The throughput model's features on relative error, plus √tokens × `curvature`: a bend the
+        additive terms cannot express (where host launch time and device compute overlap), so the
+        design also spreads probes over the token counts between host-bound and compute-bound."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
         return np.append(throughput_features(config), math.sqrt(tokens) * curvature) / micro
@@ -213,7 +186,6 @@ class ProbePlanner:
         largest = max(tokens.values())
         return {c: 1.0 + tokens[c] / largest for c in configs}
 
-    # -- what a budget buys -----------------------------------------------------------------
     def preview(self, seconds: float | None, stop_when_viable: bool = False) -> list[tuple[StepConfig, float]]:
         """The probes this planner would run in `seconds` at today's prices, with each price: a
         dry run of the choice that assumes every probe succeeds as predicted."""

@@ -1,21 +1,11 @@
-"""What a probe will cost before it runs: a FLOPs prior at first, the probes' own measurements after.
+"""What a probe will cost before it runs, so that bench never starts one the budget cannot pay for:
 
-At our users' scale one probe of an 8B model costs a real share of a 5-minute budget, so `bench`
-must know a probe's price before starting it:
+    probe seconds = start-up + warm-up steps × step + compile (a new shape) + timed steps × step
 
-    probe seconds = start-up (DataLoader, workers) + warm-up steps × step + compile (a new shape)
-                  + timed steps × step
-
-- **Step seconds.** Before any probe: the step's FLOPs (the model's own FLOPs per token × tokens,
-  recompute included) over the device's speed (the datasheet peak on a GPU, a timed matmul on a
-  CPU) times a conservative efficiency: a *prior*, which only orders and prices the first probes.
-  After one probe the prior is rescaled to it; after two at different sizes, a fixed cost per
-  micro-step plus a cost per FLOP is fitted (non-negative) to what was measured.
-- **Compile and warm-up.** The first step of each probe minus its steady step: measured per new
-  shape (a compilation) and per repeated shape; a prior for a compiled step until measured.
-- **Timed steps.** As many as the measured spread needs (bench.timing), within the time share.
-
-Every figure says whether it was measured or is still the prior (`source`).
+Step seconds start as a prior (the step's FLOPs over the device's datasheet peak, or a timed matmul
+on a CPU, times a low efficiency), then are rescaled to the first probe and, from two sizes, fitted
+as a fixed cost per micro-step plus a cost per FLOP. Every figure says whether it was measured or is
+still the prior (`source`).
 """
 
 from __future__ import annotations
@@ -52,13 +42,13 @@ class DeviceSpeed:
     source: str
 
 
-def device_speed(hardware: dict[str, Any], measure_matmul: Callable[[], float] | None = None) -> DeviceSpeed:
+def device_speed(hardware: dict[str, Any]) -> DeviceSpeed:
     """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device,
     times PRIOR_EFFICIENCY."""
     peak = hardware.get("peak_bf16_flops")
     if peak:
         return DeviceSpeed(peak * PRIOR_EFFICIENCY, f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}")
-    measured = (measure_matmul or (lambda: matmul_flops(hardware["device_type"])))()
+    measured = matmul_flops(hardware["device_type"])
     return DeviceSpeed(measured * PRIOR_EFFICIENCY, f"a timed matmul ({measured / 1e9:,.0f} GFLOP/s) × {PRIOR_EFFICIENCY:.0%}")
 
 
@@ -102,10 +92,9 @@ class CostModel:
     settings: ProbeSettings
     compiled: bool = False
     observations: list[Observation] = field(default_factory=list)
-    compile_prior_seconds: float = COMPILE_PRIOR_SECONDS  # a new shape's compilation until measured (or as an earlier bench measured it)
+    compile_prior_seconds: float = COMPILE_PRIOR_SECONDS  # a new shape's compilation until measured (or as an earlier depth measured it)
     _fit: tuple[float, float, float] | None = None  # fixed seconds, seconds per FLOP, relative margin
 
-    # -- what was measured --------------------------------------------------------------
     def observe(self, row: dict[str, Any]) -> None:
         """Learn from a probe's row (any status: an OOM's seconds are a cost too)."""
         if not row.get("probe_seconds"):
@@ -134,12 +123,10 @@ class CostModel:
     def source(self) -> str:
         return "measured" if self.measured else f"prior: FLOPs ÷ {self.speed.source}"
 
-    # -- predictions ----------------------------------------------------------------------
     def step_flops(self, config: StepConfig) -> float:
         return self.flops_per_token(config) * config.micro_batch_size * config.seq_len * config.grad_accum
 
     def step_seconds(self, config: StepConfig) -> float:
-        """One optimizer step, central estimate."""
         if self._fit is None:
             return self.step_flops(config) / self.speed.flops_per_second
         fixed, per_flop, _ = self._fit
@@ -154,18 +141,18 @@ class CostModel:
         """What a probe's first step costs beyond a steady one: a compilation for a new shape of a
         compiled step, else allocation and DataLoader start."""
         extras = [
-            max(0.0, o.first_step_seconds - o.step_seconds)
+            (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds))
             for o in self.observations
-            if o.step_seconds and o.first_step_seconds is not None and o.new_shape == new_shape
+            if o.step_seconds and o.first_step_seconds is not None
         ]
-        if extras:
-            return max(extras) if new_shape and self.compiled else statistics.median(extras)
+        same = [extra for shape, extra in extras if shape == new_shape]
+        if same:
+            return max(same) if new_shape and self.compiled else statistics.median(same)
         if self.compiled:
             # Unmeasured: a new shape compiles (the prior); a repeated one pays what the step's
             # own warm-up costs, which the probes of new shapes cannot tell apart from compiling.
             return self.compile_prior_seconds if new_shape else 0.0
-        others = [max(0.0, o.first_step_seconds - o.step_seconds) for o in self.observations if o.step_seconds and o.first_step_seconds is not None]
-        return statistics.median(others) if others else 0.0
+        return statistics.median(extra for _, extra in extras) if extras else 0.0
 
     def start_seconds(self, config: StepConfig) -> float:
         """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from
@@ -192,12 +179,9 @@ class CostModel:
         steps = self.settings.warmup_steps + self.timed_steps(config)
         return self.start_seconds(config) + self.first_step_extra(new_shape) + steps * step
 
-    # -- fitting --------------------------------------------------------------------------
     def _fit_steps(self) -> tuple[float, float, float] | None:
         # One point per step size (FLOPs, accumulation): the fastest measured. A busy moment only
-        # ever slows a step, so a size measured again at the machine's quiet speed replaces the
-        # disturbed price instead of being averaged with it (averaged, one probe beside two CPU
-        # hogs priced every later probe 60× and ended the benchmark).
+        # ever slows a step, so a size measured again at the quiet speed replaces the disturbed price.
         fastest: dict[tuple[float, int], float] = {}
         for o in self.observations:
             if o.step_seconds:
@@ -221,11 +205,10 @@ class CostModel:
 
 @dataclass
 class MemoryPrior:
-    """What a probe's peak memory will be, before the memory fit exists: the bytes the model keeps
-    (exact, from the `meta` device: train.planning.memory_check) plus activations per token (Korthikanti et
-    al. 2022: ≈34 bytes per hidden unit per layer per token in 16-bit with flash attention; with
-    checkpointing only each layer's input is kept, plus one layer recomputed), rescaled to the
-    probes once they measure it."""
+    """A probe's peak memory before the memory fit exists: the bytes the model keeps (exact, from the
+    `meta` device) plus activations per token (Korthikanti et al. 2022: ≈34 bytes per hidden unit per
+    layer per token in 16-bit; with checkpointing each layer's input plus one layer recomputed),
+    rescaled to the probes once they measure it."""
 
     static_bytes: float
     accumulated_gradient_bytes: float
@@ -263,11 +246,9 @@ class MemoryPrior:
         return self.prior_per_token(config.gradient_checkpointing) * max(1.0, ratio)
 
     def peak_bytes(self, config: StepConfig) -> float:
-        """What the model keeps + tokens × bytes per token (+ the gradients of accumulation, from
-        the model's size until a probe accumulated). With two or more sizes of this checkpointing
-        mode measured, the larger of that line fitted to them and the calibration's own linear
-        memory model (whose attention term can take growth with length that tokens explain: a
-        probe is not bet on the kinder reading)."""
+        """What the model keeps + tokens × bytes per token (+ accumulation's gradients). With two
+        sizes of this mode measured, the larger of that line fitted to them and the calibration's
+        linear memory model (whose attention term may read the same growth kinder)."""
         same = [(c, peak) for c, peak in self.observations if c.switches == config.switches]
         tokens = config.micro_batch_size * config.seq_len
         unseen = config.grad_accum > 1 and not any(c.grad_accum > 1 for c, _ in same)

@@ -1,9 +1,6 @@
-"""How long a checkpoint takes to write, measured with a bounded write.
-
-A checkpoint small enough (at most MAX_WRITE_BYTES and half the free space) is saved for real and
-timed. A bigger one — a 12B model's weights and optimizer state are ~150 GB — is never written by
-`bench`: it times writing MAX_WRITE_BYTES (or half the free space, if less) with fsync, and
-extrapolates by bytes. Bench must not fill the disk it measures.
+"""How long a checkpoint takes to write. One small enough (MAX_WRITE_BYTES and half the free space)
+is saved for real; a bigger one (a 12B model's state is ~150 GB) is extrapolated by bytes from a
+bounded write with fsync: bench must not fill the disk it measures.
 """
 
 from __future__ import annotations
@@ -30,9 +27,9 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return total
 
 
-def disk_bandwidth(folder: Path, size: int = 32 * 2**20) -> float:
-    """A quick first figure (bytes/s, fsync included) that prices the checkpoint timing."""
-    return write_bandwidth(folder, min(size, max(1, free_bytes(folder) // 4)))
+def disk_bandwidth(folder: Path) -> float:
+    """A quick first figure (bytes/s, fsync included: a 32 MiB write) that prices the checkpoint timing."""
+    return write_bandwidth(folder, min(32 * 2**20, max(1, free_bytes(folder) // 4)))
 
 
 def write_bandwidth(folder: Path, size: int) -> float:
@@ -67,20 +64,19 @@ def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES
 
 
 def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES) -> dict[str, float]:
-    """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the
-    seconds were extrapolated (1) or timed on a real save (0). `real_save`: decided by rank 0 for
-    every rank of an FSDP bench (all of them take part in a real save)."""
+    """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the seconds
+    were extrapolated (1) or timed on a real save (0: under FSDP every rank takes part, as rank 0 decides)."""
     size, limit = _sizes(workload, folder, max_bytes)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})
-        bandwidth = size / max(seconds, 1e-9)
-        timed = {"checkpoint_save_seconds": round(seconds, 4), "checkpoint_bytes": size}
-        return {**timed, "disk_write_bytes_per_second": round(bandwidth), "checkpoint_extrapolated": 0}
-    bandwidth = write_bandwidth(folder, limit)
+        bandwidth, extrapolated = size / max(seconds, 1e-9), 0
+    else:
+        bandwidth = write_bandwidth(folder, limit)
+        seconds, extrapolated = size / bandwidth, 1
     return {
-        "checkpoint_save_seconds": round(size / bandwidth, 4),
+        "checkpoint_save_seconds": round(seconds, 4),
         "checkpoint_bytes": size,
         "disk_write_bytes_per_second": round(bandwidth),
-        "checkpoint_extrapolated": 1,
+        "checkpoint_extrapolated": extrapolated,
     }

@@ -1,13 +1,9 @@
 """Machine drift during a benchmark, measured and corrected.
 
-A shared machine (a cloud VM, a GPU that warms up and lowers its clocks) can change speed while
-the benchmark runs: then probes measured early and late disagree for no reason the model can
-explain. One reference configuration is probed again every few probes; each measurement is
-rescaled by the reference's speed at that moment (interpolated) relative to its median over the
+A shared machine (a cloud VM, a GPU that lowers its clocks as it warms) can change speed while the
+benchmark runs. One reference configuration is probed again every few probes; each measurement is
+rescaled by the reference's speed at its `position` (interpolated) relative to a level over the
 benchmark. Raw figures are kept beside the corrected ones.
-
-Every measurement carries its `position` in the sequence of probes the benchmark ran, so a probe
-that was measured again later (see bench/remeasure.py) is corrected for the drift at each time.
 """
 
 from __future__ import annotations

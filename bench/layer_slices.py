@@ -1,42 +1,47 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
 
-A slice is the model's own config.json with its layer count (num_hidden_layers, n_layer) set to K
-and every per-layer list cut to K: the same hidden size, heads, vocabulary and head, LoRA targets,
-quantization, optimizer, compile, loss and checkpointing as the run. Each depth is benched in turn
-as a model of its own (bench.variant_measurement, its share of the budget), and the depths become
-one calibration of the whole model (bench.slice_record, calibration.slices).
+A slice is the model's own config with K layers, trained as the run trains it, benched as a model of
+its own (bench.variant_measurement); slices of an architecture whose blocks differ (alternating
+attention, mixed MoE layers) are refused. `--layers auto` measures the whole model when it fits and
+the budget buys AUTO_PROBES probes of it, else the first of AUTO_LADDERS whose deepest slice fits and
+whose every depth the budget pays a minimum viable fit for (three depths hold the deepest out).
 
-`--layers auto` (AUTO_LADDERS):
-- the whole model when it fits the device and the budget buys AUTO_PROBES probes of it (what
-  `--budget auto` calls a usable fit; a budget of a bare minimum fit buys more probes on slices,
-  at a measured extrapolation error), or when no budget is given;
-- else the first ladder of depths, shallowest first, whose deepest slice fits and at whose every
-  depth the budget pays for a minimum viable fit: 2, 4, 6 layers (three depths, so that the
-  deepest is held out: the extrapolation's error is measured), then 1, 2, 3, then 1, 2. A slice
-  fits when what it keeps before activations is at most SLICE_MEMORY_SHARE of the device.
+The depths run in one process, and what does not depend on depth is paid once: a shape compiled at
+one depth is compiled for the next (the decoder block is compiled once per shape: `Carry`), the
+one-off timings are made at the last depth, `--loss auto` compares at the first. The budget is split
+by the planners' own prices (`price_depths`); a budget short of the depths' minimums is refused
+before anything is built.
 
-The depths run in one process; the budget is split by the planner's own prices, a shape compiled
-at one depth is compiled for the next, and the one-off timings are made once (bench.slice_budget).
-
-Where the blocks differ (alternating attention types, mixture-of-experts layers of different
-kinds, dense layers first), a slice would not measure the whole model's layers: slices are
-refused in one line and the whole model is measured.
+The depths' calibrations become one of the whole model (`combine_slices`): its own record, and for
+each configuration measured at two depths or more a row at full depth from its time and activation
+lines in depth (calibration.slices), fitted like measured rows; `slices` keeps the per-layer terms
+and the extrapolation's held-out error, by which plans widen their bounds.
 """
 
 from __future__ import annotations
 
+import copy
+import math
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from bench.calibrate import after_probes_seconds, plan_probes
-from bench.outlook import AUTO_PROBES, outlook
-from bench.slice_budget import Carry, DepthPrice, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
-from bench.slice_record import WholeModel, combine_slices
-from bench.variant_measurement import BenchRequest, ProgressBar, describe_task, measure_variant
+from bench.choose import ProbePlanner
+from bench.outlook import AUTO_PROBES, outlook, total_seconds
+from bench.record import assess_noise, fit_with_drift_choice
+from bench.space import Shape, shape_of
+from bench.variant_measurement import BenchRequest, Carry, ProgressBar, describe_task, measure_variant
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from calibration.model import Calibration
+from calibration.slices import DepthLine, SliceFit, derive_full_rows, derive_step_split, slice_error
+from calibration.step_config import StepConfig
 from calibration.store import discard_unfinished, unfinished_paths
 from common.console import say
-from common.errors import BenchtrainError, DoesNotFitError
+from common.durations import format_duration
+from common.errors import BenchtrainError, DoesNotFitError, MeasurementError
 from common.json_types import JsonDict
 from train.planning.memory_check import describe_gpus_needed, gpus_needed, memory_need, meta_model
 from train.step.engine import process_layout
@@ -98,9 +103,8 @@ def non_uniform_reason(spec: ModelSpec) -> str | None:
 
 
 def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
-    """The model cut to `layers` decoder layers: its config with the layer count (and every per-layer
-    list) at `layers`, random weights (a slice of a checkpoint is not loaded: speed and memory do not
-    depend on the values)."""
+    """The model cut to `layers` decoder layers (every per-layer list too), with random weights: speed
+    and memory do not depend on their values."""
     total = full_layers(spec)
     config = {key: value[:layers] if isinstance(value, list) and len(value) == total else value for key, value in spec.config_dict.items()}
     config[layer_key(spec.config_dict)] = layers
@@ -116,9 +120,8 @@ def static_bytes(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layo
 def auto_depths(
     spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
 ) -> tuple[int, ...] | None:
-    """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the
-    budget pays a minimum viable fit at (`affordable`, bench.slice_budget); where the budget pays
-    for none, the first that fits (its refusal names the budget). None: no slice fits."""
+    """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the budget
+    pays a minimum viable fit at (`affordable`), else the first that fits; None: no slice fits."""
     layers = full_layers(spec)
     limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
     fitting = [ladder for ladder in AUTO_LADDERS if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit]
@@ -157,7 +160,7 @@ def choose_depths(
         return None, "whole model: it fits the device and the budget buys a usable fit of it"
 
     def affordable(ladder: tuple[int, ...]) -> bool:
-        return not isinstance(budget, (int, float)) or needed_seconds(price_ladder(request, spec, method, ladder, budget)) <= budget
+        return not isinstance(budget, (int, float)) or sum(price_ladder(request, spec, method, ladder, budget).values()) <= budget
 
     layout = process_layout(request.options, method)
     depths = auto_depths(spec, method, detect_hardware(), (layout.world_size, layout.sharding), affordable)
@@ -170,9 +173,8 @@ def choose_depths(
     return depths, f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays"
 
 
-def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, DepthPrice]:
-    """Each depth's prices (bench.slice_budget.DepthPrice) from the planner bench would probe it
-    with, before anything is built."""
+def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, float]:
+    """Each depth's minimum (`price_depths`) from the planner bench would probe it with, before anything is built."""
     planners = {}
     for index, depth in enumerate(depths):
         task, need, _ = describe_task(request, slice_spec(spec, depth), method, budget)
@@ -185,8 +187,8 @@ def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, d
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
 ) -> JsonDict | None:
-    """`bench run --layers`: the whole model, or each depth in turn (one process: bench.slice_budget)
-    and their combination (rank 0's record; None on the other processes)."""
+    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's
+    record; None on the other processes)."""
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:
@@ -228,7 +230,6 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     counts = {key: value for key, value in method_record(method, meta).items() if key in ("trainable_parameters", "total_parameters", "lora")}
     need = memory_need(spec, method, hardware["device_type"])
     whole = WholeModel(
-        spec=spec,
         layers=layers,
         layer_key=layer_key(spec.config_dict),
         model=model_record(spec, shape),
@@ -246,3 +247,195 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     if many:
         say(f"the whole model does not fit one {hardware['name']}: {many}")
     return record
+
+
+# One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
+# the depths that timed them; per shape, weighted by the shapes each compiled.
+KEPT_OVERHEADS = {"warmup_steps", "disk_write_bytes_per_second", "checkpoint_extrapolated", "compile_cached_seconds_per_shape"}
+PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    """What the slices stand for: the whole model's record and its exact fixed bytes."""
+
+    layers: int
+    layer_key: str
+    model: dict[str, Any]  # the calibration's `model` section
+    training: dict[str, Any]  # trainable/total parameters and FLOPs terms of the whole model
+    static_bytes: dict[int, float]  # before activations, per process, at each slice depth and at `layers`
+    gpus_needed: int | None  # devices like the bench's the whole model needs (FSDP); None: no count holds it
+    rule: str  # how the depths were chosen
+    checkpoint_bytes: int = 0  # what the whole model's checkpoint holds (bench.calibrate.AfterProbePrices)
+
+
+def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dict[str, Any]:
+    """One calibration of the whole model from each depth's record (`records[K]`, K layers)."""
+    depths = sorted(records)
+    deepest = records[depths[-1]]
+    fitted = derive_full_rows({depth: smoothed_rows(records[depth]) for depth in depths}, whole.layers, whole.static_bytes)
+    if len(fitted.rows) < MIN_ROWS_FOR_FIT:
+        raise MeasurementError(
+            f"only {len(fitted.rows)} configurations were measured at two slice depths or more; a fit of the whole model needs "
+            f"{MIN_ROWS_FOR_FIT}: raise --budget or narrow the grid (--batch-sizes, --seq-lens)"
+        )
+    record = {key: value for key, value in deepest.items() if key not in ("noise", "left_out_configs")}
+    record.update(model=whole.model, training={**deepest["training"], **whole.training}, measurements=fitted.rows, history=[])
+    record["fit"] = fit_with_drift_choice(fitted.rows, None, record, [])
+    eval_rows = derive_eval_rows(records, whole.layers)
+    record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
+    record["overheads"] = derive_overheads(records, whole.layers, whole.checkpoint_bytes)
+    record["search"] = {**deepest["search"], "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths}}
+    record["slices"] = slices_section(fitted, depths, whole)
+    # The deepest slice's split is not the whole model's (its head weighs more): lines in depth, or
+    # none (the whole model's FLOP-count split then stands).
+    record["step_split"] = derive_step_split({depth: records[depth].get("step_split") or [] for depth in depths}, whole.layers)
+    if not record["step_split"]:
+        del record["step_split"]
+    record["warnings"] = list(dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", [])))
+    noise = assess_noise(record)
+    if noise:
+        record["noise"] = noise
+        record["warnings"].append(noise["message"])
+    record["left_out_configs"] = deepest.get("left_out_configs", [])
+    return record
+
+
+def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A depth's ok rows with their step time as that depth's (robust) fit predicts it, the measured
+    median kept as `step_seconds_measured`: one disturbed probe would otherwise bend a line through
+    two or three depths. Memory stays measured (it is exact to a fraction of a percent)."""
+    model = Calibration(record).throughput
+    rows = []
+    for row in record["measurements"]:
+        if row.get("status") == "ok" and row.get("step_seconds"):
+            fitted = model.micro_step_seconds(StepConfig.from_row(row)) * row["grad_accum"]
+            row = {**row, "step_seconds": fitted, "step_seconds_measured": row["step_seconds"]}
+        rows.append(row)
+    return rows
+
+
+def depth_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """What one depth's bench measured and how well its own fit held out."""
+    rows = record["measurements"]
+    fit = record.get("fit") or {}
+    return {
+        "probes": len(rows),
+        "ok": sum(1 for row in rows if row["status"] == "ok"),
+        "held_out_median_pct": (fit.get("held_out_error") or {}).get("median_abs_pct"),
+        "benchmark_seconds": (record.get("overheads") or {}).get("benchmark_seconds"),
+        "budget_seconds": (record.get("search") or {}).get("budget_seconds"),
+    }
+
+
+def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> dict[str, Any]:
+    per_layer = [entry["per_layer_seconds"] for entry in fitted.per_config]
+    activations = [entry["per_layer_activation_bytes"] for entry in fitted.per_config if "per_layer_activation_bytes" in entry]
+    fixed = [entry["fixed_seconds"] for entry in fitted.per_config]
+    section: dict[str, Any] = {
+        "depths": depths,
+        "full_layers": whole.layers,
+        "layer_key": whole.layer_key,
+        "rule": whole.rule,
+        "per_layer": {
+            "seconds": statistics.median(per_layer),
+            "activation_bytes": statistics.median(activations) if activations else None,
+            "fixed_seconds": statistics.median(fixed),
+        },
+        "per_config": fitted.per_config,
+        "held_out": {
+            "time": {**fitted.held_out_time.to_json(), "signed_relative": fitted.held_out_time.signed_relative},
+            "memory": {**fitted.held_out_memory.to_json(), "signed_relative": fitted.held_out_memory.signed_relative},
+        },
+        "static_bytes": {str(depth): whole.static_bytes[depth] for depth in sorted(whole.static_bytes)},
+        "gpus_needed": whole.gpus_needed,
+    }
+    time = section["held_out"]["time"]
+    section["held_out_error_pct"] = time["median_abs_pct"]
+    section["bound_widening"] = {"time": slice_error(section, "time"), "memory": slice_error(section, "memory")}
+    return section
+
+
+def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """Forward-only batches at full depth, one per (batch, length) evaluated at two depths or more."""
+    found: dict[tuple[int, int], dict[int, float]] = {}
+    for depth, record in records.items():
+        for row in (record.get("eval") or {}).get("measurements") or []:
+            if row.get("status") == "ok" and row.get("batch_seconds"):
+                found.setdefault((row["micro_batch_size"], row["seq_len"]), {})[depth] = float(row["batch_seconds"])
+    rows = []
+    for (batch, length), seconds in sorted(found.items()):
+        if len(seconds) < 2:
+            continue
+        line = DepthLine.fit(list(seconds), list(seconds.values()))
+        value = max(line.at(layers), max(seconds.values()))
+        rows.append({"micro_batch_size": batch, "seq_len": length, "status": "ok", "batch_seconds": value, "tokens_per_second": batch * length / value})
+    return rows
+
+
+def derive_overheads(records: dict[int, dict[str, Any]], layers: int, checkpoint_bytes: int = 0) -> dict[str, float]:
+    """The one-off costs at full depth: lines in depth where every depth measured them (model
+    build, warm-up), the depth-free ones as measured (KEPT_OVERHEADS, PER_SHAPE_OVERHEADS), the
+    whole model's checkpoint written at the measured disk speed, and the whole bench's seconds."""
+    depths = sorted(records)
+    found = {depth: records[depth].get("overheads") or {} for depth in depths}
+    overheads: dict[str, Any] = {}
+    for name in dict.fromkeys(key for depth in depths for key in found[depth]):
+        values = {depth: found[depth][name] for depth in depths if isinstance(found[depth].get(name), (int, float))}
+        if name in PER_SHAPE_OVERHEADS or name in PER_SHAPE_OVERHEADS.values():
+            continue
+        if name in KEPT_OVERHEADS or len(values) < len(depths):
+            overheads[name] = next((found[depth][name] for depth in depths if name in found[depth]), None)
+        else:
+            overheads[name] = max(0.0, DepthLine.fit(depths, list(values.values())).at(layers))
+    for name, count in PER_SHAPE_OVERHEADS.items():
+        weights = {depth: float(found[depth].get(count) or 0) for depth in depths if isinstance(found[depth].get(name), (int, float))}
+        if weights:
+            total = sum(weights.values())
+            mean = sum(weights[d] * found[d][name] for d in weights) / total if total else max(found[d][name] for d in weights)
+            overheads.update({name: mean, count: int(total)})
+    rate = overheads.get("disk_write_bytes_per_second")
+    if checkpoint_bytes:
+        overheads["checkpoint_bytes"] = checkpoint_bytes
+    if rate and overheads.get("checkpoint_bytes"):
+        overheads["checkpoint_save_seconds"] = round(overheads["checkpoint_bytes"] / rate, 4)
+        overheads["checkpoint_bytes"] = round(overheads["checkpoint_bytes"])
+    overheads["benchmark_seconds"] = round(sum(float(found[d].get("benchmark_seconds") or 0.0) for d in depths), 2)
+    return overheads
+
+
+def price_depths(planners: dict[int, tuple[ProbePlanner, float, float]]) -> dict[int, float]:
+    """Each depth's seconds for its minimum viable fit, all included, the shapes compiled at the
+    depths before it carried; `planners[K] = (planner, seconds before its probes (imports, build),
+    seconds after them (evaluation, timings))`."""
+    compiled: set[Shape] = set()
+    prices = {}
+    for depth in sorted(planners):
+        planner, before, after = planners[depth]
+        trial = copy.deepcopy(planner)
+        trial.seen_shapes |= compiled
+        chosen = trial.preview(None, stop_when_viable=True)
+        compiled |= {shape_of(config) for config, _ in chosen}
+        prices[depth] = total_seconds(sum(price for _, price in chosen), before, after)
+    return prices
+
+
+def depth_share(left: float, prices: dict[int, float], depths: tuple[int, ...]) -> float:
+    """The next depth's (`depths[0]`) seconds of the `left` the remaining `depths` share: its
+    minimum and its part of the rest (the last depth takes all that is left)."""
+    if len(depths) == 1:
+        return left
+    needed = sum(prices[depth] for depth in depths)
+    return min(left, prices[depths[0]] * max(1.0, left / needed) if needed > 0 else left / len(depths))
+
+
+def refuse_if_unaffordable(prices: dict[int, float], budget: float | str | None, name: str, spent: float = 0.0) -> None:
+    """One line, before anything is built, when the budget cannot pay for a minimum viable fit at
+    every depth after the `spent` seconds (pricing them)."""
+    needed = sum(prices.values()) + spent
+    if isinstance(budget, (int, float)) and budget < needed:
+        depths = ", ".join(map(str, sorted(prices)))
+        raise BenchtrainError(
+            f"--budget {format_duration(budget)} cannot pay for a minimum calibration at each of the slice depths {depths} of {name}: "
+            f"they need ≈ {format_duration(needed)}; use --budget {format_duration(math.ceil(needed))} or more, or fewer depths (--layers)"
+        )

@@ -1,11 +1,7 @@
-"""What a budget buys, said before the budget is spent.
-
-Within seconds of `bench run` starting (the model's FLOPs and memory come from the `meta` device,
-the device's speed from its datasheet or a timed matmul): how long the whole grid would take,
-which probes the budget pays for, and what the probes leave for the work after them (evaluation,
-checkpoint and compile timings, the fit and the report). A budget that cannot pay for even a
-minimum viable fit is refused there and then, naming the budget it needs; `--budget auto` is the
-budget for AUTO_PROBES probes (or the whole grid, if smaller).
+"""What a budget buys, said before it is spent: within seconds of `bench run` starting (FLOPs and
+memory from the `meta` device), the whole grid's time, the probes the budget pays for and what they
+leave for the work after them. A budget short of a minimum viable fit is refused there and then,
+naming the budget it needs; `--budget auto` is the budget for AUTO_PROBES probes.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ AUTO_PROBES = 12
 @dataclass(frozen=True)
 class Outlook:
     budget_seconds: float | None
-    spent_seconds: float  # already, and the model build (measured, or 0 before it)
     grid_seconds: float  # every probe that fits in memory, at today's prices
     grid_probes: int
     planned: tuple[tuple[StepConfig, float], ...]  # what the budget buys, with each price
@@ -66,7 +61,6 @@ def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: 
     planned = planner.preview(max(0.0, probes_budget)) if probes_budget is not None else everything
     return Outlook(
         budget_seconds=budget_seconds,
-        spent_seconds=spent_seconds,
         grid_seconds=total_seconds(sum(price for _, price in everything), spent_seconds, after_probes_seconds),
         grid_probes=len(everything),
         planned=tuple(planned),

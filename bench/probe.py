@@ -1,10 +1,5 @@
-"""One probe: the trainer's own step, at one (micro batch, workers, accumulation, length).
-
-Warm-up steps first (allocator, kernels, worker start-up), then timed optimizer steps for as
-long as the statistics need and the budget allows (bench.timing). Out of memory is a result.
-
-The probe's figure is its *median* step: one step slowed by other work on a busy machine does not
-move it. The mean is kept too; the fit turns medians back into means with a measured tail factor.
+"""One probe: the trainer's own step at one configuration, warmed up, then timed for as long as the
+statistics need and the budget allows (bench.timing). Out of memory is a result, not a crash.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ from train.workload.tokens import TokenizedData
 
 
 class Workload:
-    """Model, optimizer and step built once per benchmark, exactly as `train` builds them
-    (train.step.engine.build_engine)."""
+    """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
 
     def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None, options: StepOptions | None = None) -> None:
         started = time.perf_counter()
@@ -58,8 +52,8 @@ class Workload:
         return self.accelerator.device
 
     def release(self) -> None:
-        """Drop the model, optimizer and step, and give their device memory back: before another
-        process builds the same model on this device (bench.compile_probe). No probe runs after."""
+        """Drop the model, optimizer and step and give their device memory back, before another
+        process builds the same model on this device. No probe runs after."""
         self.engine = self.model = self.optimizer = self.scheduler = self.step = None  # type: ignore[assignment]
         self.accelerator.free_memory()  # accelerate keeps references to what it prepared
         collect_everything()  # the model may sit in the collector's frozen generation (common.heap)
@@ -69,8 +63,7 @@ class Workload:
             torch.cuda.empty_cache()
 
     def set_loss(self, kind: str) -> None:
-        """Compute the loss with `kind` from now on (bench compares the losses that apply), through
-        the engine's `with_loss`: the probe's step keeps the precision `train`'s step runs in."""
+        """Compute the loss with `kind` from now on, through the engine (the step keeps train's precision)."""
         self.engine = self.engine.with_loss(kind)
         self.training["loss"] = kind
 
@@ -97,7 +90,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
     started = time.perf_counter()
     workload.set_checkpointing(config.gradient_checkpointing)
     shape = shape_of(config)
-    # The first probe of a shape pays its compilation in the warm-up (bench.record.compile_costs).
+    # The first probe of a shape pays its compilation in the warm-up (bench.calibrate.warmup_costs).
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)
     steps_needed = settings.warmup_steps + settings.max_steps
@@ -116,8 +109,7 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
                 first_step=partial(first_step_agreed, workload, iterator, config.grad_accum),
             )
     except Exception as error:  # a failed probe is data, not a crash
-        row["status"] = "oom" if is_out_of_memory(error) else "error"
-        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        mark_failed(row, error)
     finally:
         del iterator, loader
     row["probe_seconds"] = round(time.perf_counter() - started, 4)
@@ -134,10 +126,9 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
 def finish_row(
     row: dict[str, Any], config: StepConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
 ) -> dict[str, Any]:
-    """The row's figures from the timed steps (a real probe's and a simulated one's alike).
-
-    The median: robust to a step that other work on the machine slowed down. The fit scales
-    medians back to means (a run lasts the sum of its steps) with a factor measured over probes."""
+    """The row's figures from the timed steps (a real probe's and a simulated one's alike): the
+    median step, which a step slowed by other work does not move, and the mean (a run lasts the sum
+    of its steps), which the fit relates to the median with a factor measured over probes."""
     row["first_step_seconds"] = timing.first_step_seconds
     row["warmup_seconds"] = timing.warmup_seconds
     row.update(timing.record())
@@ -172,21 +163,16 @@ class FailedOnAnotherProcess(RuntimeError):
 
 
 def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
-    """The probe's first step, with no collective in it (DDP's gradient all-reduce left out), then
-    every process's outcome agreed before any collective: a configuration that runs out of memory
-    does so in its first step, and an OOM on one process alone would otherwise leave the others in
-    DDP's all-reduce (with NCCL, until the watchdog kills the job). Under FSDP the forward itself
-    all-gathers, so there the first step is an ordinary one."""
+    """The probe's first step without DDP's gradient all-reduce, then every process's outcome agreed:
+    a configuration runs out of memory in its first step, and an OOM on one process alone would leave
+    the others in the all-reduce until the watchdog kills the job. (Under FSDP the forward gathers.)"""
     agreed_step(workload, partial(workload.step.run, batches, grad_accum, synchronize=False))
 
 
 def agreed_step(workload: Workload, run_step: Any) -> Any:
     """`run_step()`, then every process's outcome agreed (one small all-reduce, outside the step's
-    timer): a failure on one process after its step's last collective — the optimizer's step
-    (AdamW's foreach temporaries, a paged 8-bit optimizer), the scheduler, the step's end — raises
-    on every process, and the probe ends everywhere as that failure; before, the others went on into
-    the next step's collectives while the failed one gathered its row, and the bench hung until
-    the watchdog killed it with every row measured so far. One process: `run_step()` as it is."""
+    timer): a failure on one process after its step's last collective (the optimizer's step, the
+    scheduler) raises on every process, so none goes on into the next step's collectives alone."""
     failure: Exception | None = None
     result = None
     try:
@@ -198,7 +184,7 @@ def agreed_step(workload: Workload, run_step: Any) -> Any:
     return result
 
 
-EVAL_STEPS = 4
+EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 
 
 def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
@@ -221,8 +207,7 @@ def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STE
                 if index:  # the first is warm-up
                     seconds.append(elapsed)
     except Exception as error:
-        row["status"] = "oom" if is_out_of_memory(error) else "error"
-        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        mark_failed(row, error)
     finally:
         model.train()
         del loader
@@ -242,9 +227,18 @@ def machine_load() -> float | None:
         return None
 
 
+def error_text(error: BaseException) -> str:
+    """An error in one line of a row: its type and its message's first line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+
+
+def mark_failed(row: dict[str, Any], error: BaseException) -> None:
+    row["status"] = "oom" if is_out_of_memory(error) else "error"
+    row["error"] = error_text(error)
+
+
 def recover_after_failure(workload: Workload) -> None:
-    """Drop half-built gradients and cached blocks so the next probe starts clean (under DDP the
-    gradients are zeroed in place, in their buckets: train.step.step.TrainingStep.clear_gradients)."""
+    """Drop half-built gradients and cached blocks so the next probe starts clean."""
     workload.step.clear_gradients()
     gc.collect()
     if workload.device.type == "cuda":

@@ -1,13 +1,11 @@
-"""What each process of a bench runs on its workload when rank 0 says so: the coordinator's named
-tasks (bench.distributed), the same code under one process or several.
+"""`bench run` under one process or several (`accelerate launch`, torchrun): rank 0 decides every
+probe and broadcasts it, every rank runs it on its workload (the coordinator's named tasks), and the
+rows combine into one (the worst status, the slowest step, the largest peak). Only rank 0 writes.
 
-Under several processes nothing here waits on another rank longer than it should:
-- a probe's collectives give up after a multiple of the probe's price (`probe_timeout_seconds`),
-  not NCCL's 10 minutes: a rank that fails between a step's collectives (an out-of-memory in
-  FSDP's backward) leaves the others in one that nothing can match, and the job then ends within
-  minutes (NCCL's watchdog; gloo raises), with the rows measured so far on disk (bench.unfinished);
-- while rank 0's compile-cache child runs (up to its own timeout, 900 s at most), the others wait
-  on the launcher's store, not in a collective the watchdog would end after 10 minutes.
+No rank waits on another longer than it should: a probe's collectives give up after a multiple of
+its price, not NCCL's 10 minutes (a rank that fails between a step's collectives leaves the others
+in one nothing can match), and while rank 0's compile-cache child runs, the others wait on the
+launcher's store, not in a collective the watchdog would end.
 """
 
 from __future__ import annotations
@@ -21,24 +19,96 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.compile_probe import measure_in_new_process
+from bench.compile_probe import CHILD_TIMEOUT, measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
-from bench.distributed import Coordinator
 from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings
 from calibration.step_config import StepConfig
 from common.console import is_main_process
-from train.planning.comm import measure_collectives
+from train.planning.comm import measure_collectives, world
 from train.step.runtime import wait_for_all
+
+DONE = "done"
+STATUS_RANK = {"ok": 0, "skipped": 1, "error": 2, "oom": 3}
+
+
+def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One probe as seen by all ranks: the worst status; the slowest step; the largest peak."""
+    worst = max(rows, key=lambda row: STATUS_RANK.get(row.get("status", "ok"), 2))
+    if worst.get("status") != "ok":
+        return dict(worst)
+    slowest = max(rows, key=lambda row: row.get("step_seconds", row.get("batch_seconds", 0.0)))
+    combined = dict(slowest)
+    peaks = [row.get("peak_memory_bytes") or 0 for row in rows]
+    combined["peak_memory_bytes"] = max(peaks)
+    combined["ranks"] = len(rows)
+    return combined
+
+
+class Coordinator:
+    """Runs named tasks on every rank at once, as rank 0 decides."""
+
+    def __init__(self, handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+        import torch.distributed as dist
+
+        self.handlers = handlers
+        self.distributed = world().processes > 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.failed = False  # a task failed on rank 0: the ranks may no longer be in step
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def run(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0: run `task` on every rank and return the combined row."""
+        if not self.distributed:
+            return self.handlers[task](payload)
+        try:
+            self._broadcast((task, payload))
+            return self._execute(task, payload)
+        except BaseException:
+            self.failed = True
+            raise
+
+    def follow(self) -> None:
+        """Ranks > 0: run what rank 0 broadcasts until it says done."""
+        while True:
+            task, payload = self._broadcast(None)
+            if task == DONE:
+                return
+            self._execute(task, payload)
+
+    def finish(self) -> None:
+        # After a failed task no collective is sent (the process group may be what failed): its
+        # error is the one to tell, and the launcher ends the others once rank 0 leaves.
+        if self.distributed and self.leads and not self.failed:
+            self._broadcast((DONE, {}))
+
+    def _execute(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        row = self.handlers[task](payload)
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, row)
+        return combine_rows(gathered) if "status" in row else row
+
+    @staticmethod
+    def _broadcast(message: Any) -> Any:
+        import torch.distributed as dist
+
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 # A probe's collectives wait for the slowest rank this many times the probe's price (all its steps
 # priced high, a compilation for a new shape included: bench.cost), and never less than the floor
 # (DataLoader workers starting, an allocator's retry, a busy host: what no price holds).
 COLLECTIVE_TIMEOUT_FACTOR = 4.0
 COLLECTIVE_TIMEOUT_FLOOR = 120.0
-# The compile-cache child's timeout when the budget sets none (bench.compile_probe).
-COMPILE_CHILD_TIMEOUT = 900.0
 # What rank 0 does around the child (freeing the device, starting the interpreter) on top of it.
 COMPILE_WAIT_SLACK = 60.0
 COMPILE_CACHE_KEY = "benchtrain/compile-cache"
@@ -52,14 +122,12 @@ def probe_timeout_seconds(price_seconds: float) -> float:
 @contextmanager
 def collectives_give_up_after(seconds: float | None) -> Iterator[None]:
     """Under several processes: collectives started inside give up after `seconds` (NCCL's watchdog
-    then ends the process, as torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING asks; gloo raises), then
-    the process group's timeout is what it was. torch sets it per process group at creation only
-    (accelerate's InitProcessGroupKwargs), when no probe is priced yet: `_set_pg_timeout` changes it."""
-    import torch.distributed as dist
+    then ends the process; gloo raises). torch sets the timeout when the process group is created,
+    before any probe is priced: `_set_pg_timeout` changes it, and it is put back after."""
     from torch.distributed import distributed_c10d
 
     set_timeout = getattr(distributed_c10d, "_set_pg_timeout", None)
-    if seconds is None or set_timeout is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if seconds is None or set_timeout is None or world().processes == 1:
         yield
         return
     before = process_group_timeout()
@@ -98,7 +166,7 @@ class JobStore:
         """This job's store; None for a single process."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if world().processes == 1:
             return None
         from torch.distributed.distributed_c10d import _get_default_store
 
@@ -107,8 +175,6 @@ class JobStore:
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     """The coordinator of this process, with a handler for every task rank 0 may ask of it."""
-    # Looked up when the coordinator is made: tests replace the probes.
-
     compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())  # the same sequence on every rank
 
     def probe(task: dict[str, Any]) -> dict[str, Any]:
@@ -145,12 +211,10 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
 
 
 def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobStore | None) -> dict[str, Any]:
-    """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for
-    it on the job's store, for as long as the child may run and COMPILE_WAIT_SLACK more, then all
-    go on to exchange the result (bench.distributed.Coordinator: a collective that is now quick).
-    Waiting in that collective instead, a child slower than NCCL's 10-minute timeout had the
-    watchdog end the other ranks, and the job. `job`: None for a single process."""
-    timeout_seconds = float(task.get("timeout_seconds") or COMPILE_CHILD_TIMEOUT)
+    """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for it
+    on the job's store (`job`: None for one process), not in a collective that NCCL's 10-minute
+    watchdog would end, then all exchange the result in a collective that is now quick."""
+    timeout_seconds = float(task.get("timeout_seconds") or CHILD_TIMEOUT)
     if job is None:
         return measure_cached_compile(workload, task["row"], timeout_seconds)
     if job.rank == 0:
@@ -166,9 +230,8 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
     return {}
 
 
-def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float | None) -> dict[str, Any]:
-    """Free this process's model and device memory, then time a fresh `train`-like process
-    compiling `row`'s shape from inductor's cache (bench.compile_probe)."""
+def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
+    """Free this process's model, then time a fresh process compiling `row`'s shape from the cache."""
     loss = workload.engine.loss
     workload.release()
-    return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds or COMPILE_CHILD_TIMEOUT) or {}
+    return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds) or {}

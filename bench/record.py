@@ -1,88 +1,23 @@
-"""Assemble a calibration record from a benchmark's results and fit its models."""
+"""Fit a calibration record's models (the drift correction kept only where it helps), say when it is noisy, and fit again for `bench refit`."""
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from bench.drift import LEVELS, correct_for_drift, undo_correction
-from bench.runner import BenchResult
-from calibration.fit import MIN_ROWS_FOR_FIT, fit_measurements
+from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
 from calibration.process_check import judge, median_error
-from calibration.schema import SCHEMA_VERSION
+from calibration.schema import variant_data
 from calibration.step_config import StepConfig
 from calibration.store import new_id
+from common.errors import MeasurementError
+from common.json_types import JsonDict
+from train.step.hardware import device_label
 from train.step.peak_memory import HOST_BASELINE_KEY
-
-
-@dataclass(frozen=True)
-class CalibrationSubject:
-    """What a calibration is of: the device (its hardware and software, its label, and the one
-    asked for with --gpu), the model, how it is trained, and the data it read (None: synthetic)."""
-
-    hardware: dict[str, Any]
-    software: dict[str, Any]
-    model: dict[str, Any]
-    device_label: str
-    requested_device: str | None = None
-    training: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
-
-
-def build_calibration(
-    subject: CalibrationSubject,
-    result: BenchResult,
-    search: dict[str, Any],
-    overheads: dict[str, float],
-    warnings: list[str],
-    fresh_rows: list[dict[str, Any]] | None = None,
-    created: datetime | None = None,
-) -> dict[str, Any]:
-    """`fresh_rows`: configurations measured again in fresh processes (bench.second_process), by
-    which the drift correction is judged and the plan's bound between processes is measured."""
-    created = created or datetime.now(timezone.utc)
-    model = subject.model
-    record: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "id": new_id(subject.device_label, model["name"], created),
-        "created_at": created.isoformat(timespec="seconds"),
-        "hardware": subject.hardware,
-        "software": subject.software,
-        "model": model,
-        "training": subject.training or {"method": "full", "lora": None, "trainable_parameters": model.get("parameter_count")},
-        "requested_device": subject.requested_device,
-        "data": subject.data,
-        "search": {
-            **search,
-            "stopped_by_budget": result.stopped_by_budget,
-            "left_out": result.left_out,
-            "reused_rows": result.reused,
-            "remeasured": result.remeasured,
-            "drift": result.drift,
-        },
-        "overheads": overheads,
-        "warnings": list(warnings),
-        "measurements": result.rows,
-        "fit": None,
-        "history": [],
-    }
-    ok_count = sum(1 for row in result.rows if row["status"] == "ok")
-    if ok_count >= MIN_ROWS_FOR_FIT:
-        record["fit"] = fit_with_drift_choice(result.rows, record["search"]["drift"], record, fresh_rows or [])
-        if fresh_rows:
-            record["process_check"] = judge(record["fit"], fresh_rows, subject.hardware.get(HOST_BASELINE_KEY))
-        record["noise"] = assess_noise(record)
-        if record["noise"]:
-            record["warnings"].append(record["noise"]["message"])
-    fragmented = fragmentation_warning(result.rows)
-    if fragmented:
-        record["warnings"].append(fragmented)
-    return record
-
 
 # Reserved this far above allocated (the caching allocator's fragmentation) is worth saying.
 FRAGMENTATION_SHARE = 0.10
@@ -132,11 +67,20 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
+def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
+    """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
+    processes' rows (bench.second_process) when there are any, and say when it is noisy."""
+    record["fit"] = fit_with_drift_choice(record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows)
+    if fresh_rows:
+        record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))
+    record["noise"] = assess_noise(record)
+    if record["noise"]:
+        record["warnings"].append(record["noise"]["message"])
+
+
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Keep the drift correction only if it makes the fit better where a calibration is used: in
-    fresh processes (`fresh_rows`; there also the level it corrects to, bench.drift.LEVELS), or
-    without them on the held-out probes of this one. `record`: the calibration (its model's FLOPs
-    per token and the gradients its step holds)."""
+    """Keep the drift correction (and its level, bench.drift.LEVELS) only if it makes the fit better
+    where a calibration is used: in fresh processes (`fresh_rows`), else on the held-out probes."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
     corrected = fit_measurements(rows, flops, gradients)
     if not drift or not drift.get("applied"):
@@ -171,13 +115,25 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
     return chosen_fit
 
 
-def best_rows(rows: list[dict[str, Any]], count: int = 5) -> list[dict[str, Any]]:
-    ok = [row for row in rows if row["status"] == "ok"]
-    return sorted(ok, key=lambda row: -row["tokens_per_second"])[:count]
-
-
-def status_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    return counts
+def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
+    """`bench refit`: a new calibration record from `source`'s measurements (untouched), fitted by
+    this version; a new id with `refit_of` naming the source, so plans made with it stay reproducible."""
+    created = created or datetime.now(timezone.utc)
+    record = copy.deepcopy(source)
+    rows = record["measurements"]
+    ok = sum(1 for row in rows if row["status"] == "ok")
+    if ok < MIN_ROWS_FOR_FIT:
+        raise MeasurementError(f"calibration {source['id']} has {ok} successful probes; a fit needs at least {MIN_ROWS_FOR_FIT}")
+    record["id"] = new_id(device_label(record["hardware"]), record["model"]["name"], created)
+    record["created_at"] = created.isoformat(timespec="seconds")
+    record["refit_of"] = source["id"]
+    record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
+    fit_record(record, (record.get("process_check") or {}).get("measurements") or [])  # the fresh processes judge the new fit
+    if record.get("eval"):
+        record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
+    # Past runs measured the old fit's predictions: their correction does not carry over.
+    record["history"] = []
+    if record.get("variants"):  # each other variant measured (bench run --quantize none,4bit …), fitted again too
+        refitted = [refit_record(variant_data(source, index), created) for index in range(len(record["variants"]))]
+        record["variants"] = [{key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted]
+    return record

@@ -1,9 +1,5 @@
-"""Measure again what looks disturbed, while the budget allows; combine repeats by their median.
-
-On a busy machine a probe can land on a burst of other work: its steps scatter (a large spread)
-or its speed disagrees with every probe around it (a large residual against a quick fit). Such
-probes are measured again, up to MAX_REPEATS times in all, and a probe's figure becomes the
-median of its measurements, so one disturbed measurement of three cannot move it.
+"""Measure again what looks disturbed (a large spread, or a large residual against a quick fit)
+while the budget allows, up to MAX_REPEATS times; a probe's figure is the median of its measurements.
 """
 
 from __future__ import annotations

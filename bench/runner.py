@@ -108,11 +108,9 @@ def run_grid(
     reference_every: int | None = REFERENCE_EVERY,
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
-    """Probe what the fit learns most from per second (bench.choose) while the budget pays for
-    it, skipping what an OOM or the memory prediction rules out. The first successful probe whose
-    steps time well (WELL_TIMED_STEP_SECONDS) is the drift reference: measured again every
-    `reference_every` probes while that is cheap, so machine drift can be corrected afterwards. Budget left over goes to measuring disturbed
-    probes again."""
+    """Probe what the fit learns most from per second (bench.choose) while the budget pays for it.
+    The first successful probe whose steps time well is the drift reference, measured again every
+    `reference_every` probes while that is cheap; budget left over measures disturbed probes again."""
     result = BenchResult()
     planner = planner or default_planner(space)
     prober = Prober(probe, budget)
@@ -138,10 +136,9 @@ def run_grid(
     while (config := planner.next(budget.remaining())) is not None:
         if not planner.viable() and planner.cost.measured:
             result.dropped_modes += planner.settle_for_measured_modes(budget.remaining())
-            # Measured prices say no fit can be reached: stop spending (bench.calibrate says what it
-            # needs), but only on prices the grid's own probes measured twice (one busy moment, or
-            # the loss comparison's probes at one configuration, decide nothing) and once even the
-            # cheapest probes no longer fit.
+            # Measured prices say no fit can be reached: stop spending, but only on prices the grid's
+            # own probes measured twice (one busy moment decides nothing) and once even the cheapest
+            # probes no longer fit.
             confirmed = len(result.rows) >= PRICE_CONFIRMATIONS
             if confirmed and not planner.viable_within(budget.remaining()) and not planner.cheap_probes_remain(budget.remaining()):
                 break
@@ -157,20 +154,22 @@ def run_grid(
             reference, since_reference = config, 0
             references.append((row["position"], row["tokens_per_second"]))
         _advance(progress, row)
+    finish(result, planner, prober, progress)
+    if reference is not None and len(references) > 1 and reference_affordable():
+        measure_reference()  # closes the last stretch
+    if reference_every:
+        no_reference: dict[str, Any] = {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
+        result.drift = correct_for_drift(result.rows, references, reference) if reference is not None else no_reference
+    return result
+
+
+def finish(result: BenchResult, planner: ProbePlanner, prober: Prober, progress: Any) -> None:
+    """What the budget left out, the rows memory ruled out, and the disturbed probes measured again."""
     left = planner.candidates()
     result.stopped_by_budget = bool(left)
     result.left_out = [c.to_row() for c in left]
     result.rows.extend(planner.unprobed_rows())
-    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(StepConfig.from_row(row))), progress)
-    if reference is not None and len(references) > 1 and reference_affordable():
-        measure_reference()  # closes the last stretch
-    if reference_every:
-        result.drift = correct_for_drift(result.rows, references, reference) if reference is not None else _no_reference()
-    return result
-
-
-def _no_reference() -> dict[str, Any]:
-    return {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
+    result.remeasured = remeasure(result.rows, prober.again, lambda row: prober.budget.allows(planner.price(StepConfig.from_row(row))), progress)
 
 
 def _advance(progress: Any, row: dict[str, Any]) -> None:
@@ -210,12 +209,9 @@ def run_optuna(
     progress: Any = None,
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
-    """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial.
-
-    The study lives in SQLite, and each finished trial keeps its measurement row, so a
-    benchmark that was interrupted resumes without repeating finished probes. A trial the budget
-    cannot pay for, or already known, is replaced by the planner's choice (bench.choose).
-    """
+    """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial. Each
+    finished trial keeps its row in the SQLite study, so an interrupted benchmark resumes without
+    repeating them; a trial known, ruled out or too dear is replaced by the planner's choice."""
     import optuna
     from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.trial import TrialState
@@ -271,9 +267,6 @@ def run_optuna(
         planner.record(row)
         result.rows.append(row)
         _advance(progress, row)
-    left = planner.candidates()
-    result.stopped_by_budget = bool(left) and len(planner.rows) < target
-    result.left_out = [c.to_row() for c in left]
-    result.rows.extend(planner.unprobed_rows())
-    result.remeasured = remeasure(result.rows, prober.again, lambda row: budget.allows(planner.price(StepConfig.from_row(row))), progress)
+    finish(result, planner, prober, progress)
+    result.stopped_by_budget = result.stopped_by_budget and len(planner.rows) < target
     return result

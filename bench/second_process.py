@@ -1,29 +1,22 @@
-"""The step measured again in fresh processes: where a calibration is used.
+"""The step measured again in fresh processes, where a calibration is used.
 
-A calibration is read by another process: the run, or the next bench. A process that has run a
-benchmark for minutes is not the process `train` starts, and on a CPU two processes can run the
-same step at speeds further apart than the fit's own error. So, on a CPU, bench measures a few of
-its configurations again in PROCESSES fresh interpreters, each built as `train` builds its step
-(the same Workload), and `bench.record` judges the drift correction, the speed a fresh process
-runs at, and the bound between processes by them.
-
-    python -m bench.second_process '{"model": "tiny", "config": {...}, "method": {...}, "options": {...},
-                                     "settings": {...}, "configs": [{...}, ...]}'
-
-prints one JSON line: the probes' rows, the resident set before the model was built, and the
-seconds the process took.
+On a CPU two processes can run the same step at speeds further apart than the fit's own error, and
+a process that has benchmarked for minutes is not the one `train` starts. So bench measures a few
+configurations again in PROCESSES fresh interpreters, each building the same Workload, and
+bench.record judges the drift correction and the bound between processes by them. Run as
+`python -m bench.second_process REQUEST_JSON`; prints one JSON line (rows, resident set, seconds).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
-from bench.compile_probe import single_process_environment
+from bench.compile_probe import child_request, child_workload, run_child
 from bench.probe import Workload, run_probe
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.step_config import StepConfig
@@ -31,7 +24,7 @@ from common.heap import frozen_heap
 from train.step.engine import StepOptions
 from train.step.peak_memory import resident_bytes_before_model
 from train.workload.method import MethodConfig
-from train.workload.model import ModelSpec, resolve_model
+from train.workload.model import ModelSpec
 
 # Two fresh processes: their difference is a sample of the spread between processes, which one
 # process alone cannot show.
@@ -43,8 +36,7 @@ CONFIGS = 3
 def main(argv: list[str]) -> None:
     started = time.perf_counter()
     request = json.loads(argv[0])
-    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
-    spec = replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"])
+    spec, method = child_workload(request)
     before_model = resident_bytes_before_model()
     workload = Workload(spec, None, method, StepOptions(**request["options"]))
     settings = ProbeSettings(**request["settings"])
@@ -65,11 +57,9 @@ def check_configs(rows: list[dict[str, Any]]) -> list[StepConfig]:
     return list(picked)[:CONFIGS]
 
 
-def check_price(rows: list[dict[str, Any]], configs: list[StepConfig], process_seconds: float) -> float:
-    """Seconds the check costs: per process, its start and model build (`process_seconds`), and
-    each configuration's probe as it measured here."""
-    probe_seconds = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
-    return PROCESSES * (process_seconds + sum(probe_seconds.get(config, 0.0) for config in configs))
+def check_price(configs: list[StepConfig], process_seconds: float, probe_seconds: Callable[[StepConfig], float]) -> float:
+    """Seconds the check costs: per process, its start and model build, and each configuration's probe."""
+    return PROCESSES * (process_seconds + sum(probe_seconds(config) for config in configs))
 
 
 def measure_in_fresh_processes(
@@ -81,37 +71,16 @@ def measure_in_fresh_processes(
     timeout_seconds: float,
     processes: int = PROCESSES,
 ) -> list[dict[str, Any]]:
-    """Probe `configs` in `processes` new interpreters on this device, one after another: their
-    ok rows, each with the `process` it ran in and that process's resident set before its model
-    (`rss_before_model_bytes`). A process that fails or runs past its share of
-    `timeout_seconds` adds nothing. Synthetic tokens: the step's speed at a shape, not the data's."""
-    request = {
-        "model": spec.reference,
-        "config": spec.config_dict,
-        "load_weights": spec.load_weights,
-        "method": asdict(method),
-        "options": asdict(options),
-        "settings": asdict(settings),
-        "configs": [config.to_row() for config in configs],
-    }
+    """Probe `configs` (synthetic tokens) in `processes` new interpreters, one after another: their ok
+    rows, each with its `process` and that process's `rss_before_model_bytes`. A process that fails
+    or runs past its share of `timeout_seconds` adds nothing."""
+    request = {**child_request(spec, method), "options": asdict(options), "settings": asdict(settings), "configs": [config.to_row() for config in configs]}
     rows = []
     for index in range(processes):
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "bench.second_process", json.dumps(request)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_seconds / processes,
-                env=single_process_environment(),  # never a second rank 0 of this job
-            )
-        except subprocess.TimeoutExpired:
-            continue
-        if done.returncode != 0 or not done.stdout.strip():
-            continue
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
+        result = run_child("bench.second_process", request, timeout_seconds / processes)
+        if result is not None:
+            rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
     return rows
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -38,22 +38,6 @@ class SearchSpace:
     def with_axes(self, **named: Choices) -> SearchSpace:
         return SearchSpace(**(dict(self.axes) | named))
 
-    @property
-    def batch_sizes(self) -> Choices:
-        return self.axis("batch_sizes")
-
-    @property
-    def workers(self) -> Choices:
-        return self.axis("workers")
-
-    @property
-    def accums(self) -> Choices:
-        return self.axis("accums")
-
-    @property
-    def seq_lens(self) -> Choices:
-        return self.axis("seq_lens")
-
     def values(self) -> tuple[Choices, ...]:
         return tuple(values for _, values in self.axes)
 
@@ -99,25 +83,19 @@ def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
         # 48 configurations: a 150 s budget covers them on a busy 2-core machine.
         return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
     big = memory_bytes >= 60 * 2**30
-    return SearchSpace(
-        (1, 2, 4, 8, 16) if big else (1, 2, 4, 8),
-        (0, 4),
-        (1, 4),
-        (512, 1024, 2048) if big else (256, 512, 1024),
-    )
+    return SearchSpace((1, 2, 4, 8, 16) if big else (1, 2, 4, 8), (0, 4), (1, 4), (512, 1024, 2048) if big else (256, 512, 1024))
 
 
 def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
     """The sequence lengths the model's position table holds, known before the model is built:
     lengths asked for (`asked`) beyond it are a one-line error; default ones beyond it (a big
     GPU's 2048 for gpt2's 1024 positions) are left out, the table's own size probed instead."""
-    too_long = [length for length in space.seq_lens if length > max_positions]
+    too_long = [length for length in space.axis("seq_lens") if length > max_positions]
     if not too_long:
         return space
     if asked:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
-    return space.with_axes(seq_lens=tuple(sorted({length for length in space.seq_lens if length < max_positions} | {max_positions})))
-
+    return space.with_axes(seq_lens=tuple(sorted({length for length in space.axis("seq_lens") if length < max_positions} | {max_positions})))
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:

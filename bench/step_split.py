@@ -1,18 +1,9 @@
-"""The step's split into compute-bound kernels, memory-bound kernels and exposed host time, at two
-probes: what a translation of this calibration to another GPU scales (calibration.translate; the
-record's shape: calibration.split).
-
-On a GPU, THE step runs a few more times under torch.profiler (kernels only, so the host is not
-slowed by tracing it) at each of the two probes calibration.split.split_rows picks; each kernel is
-compute-bound or memory-bound by its name (cuBLAS/CUTLASS GEMMs, flash and memory-efficient
-attention: compute; everything else — elementwise, norms, softmax, reductions, copies, the
-optimizer — memory), the time those kernels kept the device busy is split in their proportion, and
-the host's exposed time is the wall time the device ran nothing. NCCL's kernels (DDP's all-reduce,
-FSDP's gathers and reduce-scatters) are communication: they run on NCCL's own stream beside the
-step's kernels and move bytes over the links, not through HBM, so they are counted apart
-(`comm_seconds`: the time they alone ran), never as memory-bound time a translation would scale by
-the memory bandwidth. Elsewhere (CPU, a simulated device, a profiler
-that failed) the record comes from the FLOP count and the fit's terms (calibration.split.flops_split).
+"""The step's split into compute-bound kernels, memory-bound kernels, communication and exposed host
+time, at two probes (calibration.split.split_rows): what a translation of this calibration to another
+GPU scales (calibration.translate). On a GPU the step runs under torch.profiler (kernels only, so the
+host is not slowed by tracing it) and each kernel is classed by its name; NCCL's kernels run on their
+own stream and move bytes over the links, not through HBM, so they are counted apart. Elsewhere (CPU,
+a simulated device, a profiler that failed) the split comes from the FLOP count and the fit's terms.
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from bench.probe import recover_after_failure
+from bench.probe import error_text, recover_after_failure
 from calibration.split import config_fields, flops_split, split_rows
 from calibration.step_config import StepConfig
 from train.workload.batching import make_loader
@@ -35,8 +26,6 @@ from train.workload.batching import make_loader
 # `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
 COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
 PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
-
-
 # NCCL's kernels: `ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_…` (before NCCL 2.19).
 COMMUNICATION_KERNEL_PREFIX = "nccl"
 
@@ -47,14 +36,6 @@ def kernel_kind(name: str) -> str:
     if lowered.removeprefix("void ").startswith(COMMUNICATION_KERNEL_PREFIX):
         return "communication"
     return "compute" if any(word in lowered for word in COMPUTE_KERNEL_WORDS) else "memory"
-
-
-def is_device_event(event: Any) -> bool:
-    """A kernel, copy or memset the profiler saw on the device (torch's FunctionEvent of a device
-    type other than CPU), not a host-side op."""
-    from torch.autograd import DeviceType
-
-    return getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -70,13 +51,14 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
 
 def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) -> dict[str, float]:
     """Compute, memory, exposed communication and exposed host seconds per optimizer step, from the
-    profiler's events (torch.autograd.profiler_util.FunctionEvent: name, device_type, time_range in
-    µs) over `steps` steps that took `wall_seconds`."""
+    profiler's FunctionEvents over `steps` steps that took `wall_seconds`."""
+    from torch.autograd import DeviceType
+
     totals = {"compute": 0.0, "memory": 0.0, "communication": 0.0}
     step_kernels, every_kernel = [], []
     for event in events:
-        if not is_device_event(event):
-            continue
+        if getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU:
+            continue  # a host-side op, not a kernel, copy or memset on the device
         start, end = float(event.time_range.start), float(event.time_range.end)
         kind = kernel_kind(event.name)
         totals[kind] += end - start
@@ -96,9 +78,8 @@ def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) ->
 
 
 def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Run THE step at `config` (0 workers: batches built in this process) once unprofiled, then
-    `steps` times under the profiler (`profiler`: torch.profiler.profile, or a test's stand-in
-    whose session's `events()` are FunctionEvents), and split what the device did."""
+    """Run THE step at `config` (no workers) once unprofiled, then `steps` times under the profiler
+    (torch.profiler.profile, or a test's stand-in), and split what the device did."""
     config = replace(config, num_workers=0)
     workload.set_checkpointing(config.gradient_checkpointing)
     loader = make_loader(workload.batches(config, (steps + 1) * config.grad_accum), 0, workload.pin_memory)
@@ -122,22 +103,20 @@ def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS
 
 
 def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
-    """The coordinator's "step_split" task (bench.probe_tasks), on every process (the step's
-    collectives need them all): the split, or the error that stopped it (rank 0 then falls back to
-    the FLOP count)."""
+    """The coordinator's "step_split" task, on every process (the step's collectives need them all):
+    the split, or the error that stopped it (rank 0 then falls back to the FLOP count)."""
     try:
         return profile_split(workload, StepConfig.from_row(task["config"]))
     except Exception as error:  # the record is a refinement: a failure costs it, not the calibration
         recover_after_failure(workload)
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]}
+        return {"error": error_text(error)}
 
 
 def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:
-    """Rank 0, after the fit: the `step_split` records of the calibration (calibration.split). On a
-    GPU through the coordinator's "step_split" task (every process profiles its step), while this
-    process still holds its model (the compile-cache timing, last, releases it: decided here, so
-    no process starts a step the others do not); else, or when profiling failed, from the FLOP
-    count and the fit's terms."""
+    """Rank 0, after the fit: the calibration's `step_split` entries. On a GPU every process profiles
+    its step (the coordinator's "step_split" task) while this one still holds its model, decided
+    here so no process starts a step the others do not; else, or when profiling failed, from the
+    FLOP count and the fit's terms."""
     coordinator = run.coordinator
     holds_model = getattr(workload, "step", None) is not None
     profiled = record["hardware"].get("device_type") == "cuda" and holds_model and "step_split" in (getattr(coordinator, "handlers", None) or {})

@@ -1,25 +1,11 @@
-"""How a probe times the step: as many steps as the statistics need, never past its time limit.
+"""How a probe times the step (a real one, bench.probe, or a simulated one, tests/simulated.py):
+warm-up first (a first timed step still far slower than the rest joins it afterwards), then steps
+until the median's relative standard error reaches its target, the probe's time share is spent, or
+the next step would pass its time limit (a step cannot be interrupted, so it is not started).
 
-A 15-second step of an 8B model on a GPU is steady to a fraction of a percent; a 20 ms step on a
-busy 2-core CPU scatters by 10%. So the number of timed steps is not fixed: the probe times steps
-until the median's relative standard error is below a target (from the steps' own spread), the
-time it was given for timing is spent, or the next step would pass the probe's time limit (what the
-benchmark's budget has left). A step cannot be interrupted, so the limit is kept by not starting
-a step that the steps so far say would cross it.
-
-At accumulation A a step is A micro-steps: a burst of other work on the machine lands inside a
-step instead of in a step of its own, where the median would have left it out, and a long step
-gets few timed steps (two at 16 × 60 ms). Where the step times each micro-step (on CPU), a step's
-figure is therefore its optimizer part plus A × its median micro-step: as robust at accumulation 16
-as at 1 (timed whole, a 60-s tiny bench measured 0.2 s a micro-step at accumulation 16 against 0.06 s
-at 1 and 2; the same process, interleaved, runs both at 0.058 s). The raw step seconds are kept
-for the mean (a run lasts the sum of its steps, slow ones included).
-
-Warm-up is measured too: one step always (allocation, kernel selection, a compilation); a first
-timed step that is still far slower than the rest is moved to the warm-up afterwards.
-
-The same loop times a real step (bench.probe) and a simulated one (tests/simulated.py), against the
-clock it is given.
+Where the step times its micro-steps (on CPU), a step counts as its optimizer part plus A × its
+median micro-step: a burst of other work inside an accumulated step is left out as the median
+leaves out a disturbed step. The raw step seconds are kept for the mean (a run lasts their sum).
 """
 
 from __future__ import annotations
@@ -118,16 +104,13 @@ class StepTiming:
 
     def record(self) -> dict[str, Any]:
         """How the probe was timed, for its calibration row."""
+        error = median_standard_error(self.step_seconds)
         return {
             "warmup_steps": self.warmup_steps,
             "timed_steps": len(self.step_seconds),
             "timing_stop": self.stop_reason,
-            "median_standard_error": _finite(median_standard_error(self.step_seconds)),
+            "median_standard_error": round(error, 5) if math.isfinite(error) else None,
         }
-
-
-def _finite(value: float) -> float | None:
-    return round(value, 5) if math.isfinite(value) else None
 
 
 def time_steps(
@@ -137,10 +120,9 @@ def time_steps(
     agree: Callable[[int], int] = lambda flag: flag,
     first_step: Callable[[], Any] | None = None,
 ) -> StepTiming:
-    """Run warm-up then timed steps of `run_step` (which returns an object with `seconds` and
-    `data_wait_seconds`). `agree` makes every rank take the same stop decision (each step
-    all-reduces); `first_step` runs the first warm-up step instead (bench.probe: one whose outcome
-    every rank agrees on first). Exceptions (an OOM) propagate to the caller."""
+    """Warm-up then timed steps of `run_step` (its result has `seconds` and `data_wait_seconds`);
+    `agree` gives every rank the same stop decision, `first_step` runs the first warm-up step
+    instead. Exceptions (an OOM) propagate."""
     timing = StepTiming()
     started = clock()
 
@@ -149,7 +131,7 @@ def time_steps(
 
     warm_from = clock()
     for index in range(settings.warmup_steps):
-        if index and _would_cross(left(), timing.first_step_seconds):
+        if index and timing.first_step_seconds > left():
             break
         (first_step if index == 0 and first_step is not None else run_step)()
         timing.warmup_steps += 1
@@ -161,7 +143,7 @@ def time_steps(
         # Before a timed step: would it cross the limit? The first is priced by the planner (the
         # warm-up step held a compilation), else by the warm-up.
         expected = statistics.median(timing.step_seconds) if timing.step_seconds else settings.expected_step_seconds or timing.first_step_seconds
-        if agree(int(_would_cross(left(), expected))):
+        if agree(int(expected > left())):
             timing.stop_reason = "time limit"
             break
         result = run_step()
@@ -188,10 +170,6 @@ def steady_step_seconds(result: Any) -> float:
     if len(micro) < MIN_MICRO_STEPS_FOR_MEDIAN:
         return float(result.seconds)
     return float(result.seconds) - sum(micro) + len(micro) * statistics.median(micro)
-
-
-def _would_cross(left: float, expected_step: float) -> bool:
-    return expected_step > left
 
 
 def _stop_reason(steps: list[float], timed_seconds: float, settings: ProbeSettings) -> str | None:

@@ -1,12 +1,7 @@
-"""The measurements of a bench under way, on disk after every probe.
-
-A multi-process bench can die with nothing said: an out-of-memory on one rank between a step's
-collectives (FSDP's all-gathers and reduce-scatters, DDP's bucketed all-reduce) leaves the other
-ranks in a collective that nothing can match, until the collective's timeout (bench.probe_tasks)
-ends the job, or gloo aborts on the mismatch. Rank 0 therefore writes the rows measured so far
-after every probe (calibration.store.keep_unfinished: beside the calibrations, never among them,
-so `latest` never plans from them); `bench list` names what a dead bench left, and a stored or
-failed calibration replaces its own file.
+"""The measurements of a bench under way, on disk after every probe (calibration.store.keep_unfinished:
+beside the calibrations, never among them, so `latest` never plans from them). A multi-process bench
+can die with nothing said (an OOM on one rank between a step's collectives); `bench list` then names
+what it left, and a stored or failed calibration replaces its own file.
 """
 
 from __future__ import annotations
@@ -78,17 +73,3 @@ class KeptRows:
         )
         stopped.exit_code = getattr(error, "exit_code", EXIT_INTERNAL)  # a problem the user can fix keeps its code
         return stopped
-
-
-def describe_unfinished() -> list[str]:
-    """`bench list`'s lines for the benches that kept measurements and never stored them."""
-    lines = []
-    for path, data, _ in list_unfinished():
-        if data is None:
-            lines.append(f"unfinished bench {path}: unreadable")
-            continue
-        rows = data.get("measurements") or []
-        ok = sum(1 for row in rows if row.get("status") == "ok")
-        started = data.get("created_at", "?")
-        lines.append(f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)")
-    return lines

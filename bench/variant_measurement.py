@@ -1,9 +1,6 @@
-"""One variant (one --quantize × --optimizer value, calibration.setup.Variant) measured: what to
-measure on what, described before anything is built; the probes planned and the budget settled; the model built; the probes,
+"""One variant (one --quantize × --optimizer value, calibration.setup.Variant) measured: described
+before anything is built, its probes planned and budget settled, the model built, then the probes,
 the timings after them and the fit, run by every process as rank 0 decides (bench.probe_tasks).
-
-`bench run` (bench.commands.run) parses its options into a BenchRequest and calls
-`measure_variant` for each variant; it stores and describes what comes back.
 """
 
 from __future__ import annotations
@@ -17,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
+from bench.choose import ProbePlanner
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
-from bench.probe import Workload
+from bench.probe import Workload, machine_load
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
 from bench.second_process import measure_in_fresh_processes
-from bench.space import SearchSpace, default_space, within_positions
+from bench.space import SearchSpace, Shape, default_space, within_positions
 from bench.step_split import record_step_split
 from bench.timing import ProbeSettings
 from common.console import say
@@ -43,7 +41,6 @@ from train.workload.prepare import DataSpec, prepare_data
 from train.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
-    from bench.slice_budget import Carry
     from train.workload.method import MethodConfig
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
@@ -52,12 +49,10 @@ ProgressBar = Callable[[int, float | None], Bar | None]
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """What `bench run` was asked to measure, its options parsed: the step's options, the grid's
-    lists given (by SearchSpace field; the device's defaults for the others), the device asked for,
-    the data, the search and the probes' time limit."""
+    """What `bench run` was asked to measure, its options parsed."""
 
     options: StepOptions
-    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the grid's lists given, by axis (the device's defaults for the others)
     requested_device: str | None = None  # --gpu
     data: DataSpec | None = None  # --data and its format options (None: synthetic tokens)
     tokenizer: str | None = None  # for --data (None: the model folder's, or the byte tokenizer)
@@ -66,8 +61,30 @@ class BenchRequest:
     max_probe_seconds: float | None = None  # seconds each probe may time steps (None: from the budget)
 
 
-def no_progress_bar(total: int, budget_seconds: float | None) -> Bar | None:
-    return None
+@dataclass
+class Carry:
+    """What one layer slice's bench leaves the next in the same process (bench.layer_slices)."""
+
+    shapes: set[Shape] = field(default_factory=set)  # (rows, length, switches on) compiled so far
+    one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
+    compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
+
+    def prepare(self, task: Any, planner: ProbePlanner) -> Any:
+        """This depth's task (one-off timings only at the last depth); its planner learns the
+        shapes already compiled."""
+        planner.seen_shapes |= self.shapes
+        if self.compile_seconds is not None:
+            planner.cost.compile_prior_seconds = self.compile_seconds
+        return replace(task, one_off_timings=self.one_off)
+
+    def seed(self, seen: set[Any]) -> None:
+        """A workload's (or a simulated device's) shapes run: the compiled ones added."""
+        seen |= self.shapes
+
+    def done(self, planner: ProbePlanner) -> None:
+        self.shapes |= planner.seen_shapes
+        if planner.cost.compiled:
+            self.compile_seconds = planner.cost.first_step_extra(new_shape=True)
 
 
 def measure_variant(
@@ -75,11 +92,11 @@ def measure_variant(
     spec: ModelSpec,
     method: MethodConfig,
     budget_asked: float | str | None,
-    progress: ProgressBar = no_progress_bar,
+    progress: ProgressBar,
     carry: Carry | None = None,
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
-    slice after others in this process (bench.slice_budget.Carry: shapes compiled, timings made)."""
+    slice after others in this process (`Carry`: shapes compiled, timings made)."""
     started = time.monotonic()
     task, need, tokenized = describe_task(request, spec, method, budget_asked)
     planner, prices = plan_probes(task, spec, method, need, request.options, scratch=writable_subdir("scratch"))
@@ -120,7 +137,6 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
     hardware = detect_hardware()
     layout = process_layout(request.options, method)
     world_size, sharding = layout.world_size, layout.sharding
-    # Seconds, before anything is built: a too-big model is one line.
     need = check_fits(spec, method, hardware, sharding, world_size)
     warnings: list[str] = []
     mismatch = requested_mismatch(request.requested_device, hardware)
@@ -150,7 +166,7 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
         trials=request.trials or max(4, space.size // 3),
         sharding=sharding,
         world_size=world_size,
-        load_before=load_average(),
+        load_before=machine_load(),
         budget_auto=budget_asked == "auto",
     )
     return task, need, tokenized
@@ -168,18 +184,15 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
     tokenized = view if prepared.exact else view.sample
     data_record = {"source": request.data.path, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
     if "seq_lens" not in request.space_asked:  # the lengths train will plan for this data
-        space = space.with_axes(seq_lens=lengths_to_measure(view, space.seq_lens, spec.max_positions))
+        space = space.with_axes(seq_lens=lengths_to_measure(view, space.axis("seq_lens"), spec.max_positions))
     return space, tokenized, data_record
 
 
 def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them
-    completes it: the model's and training's records, whether the step is compiled, the losses to
-    compare, the checkpoint timing's payload and (--search optuna) the study."""
-    # Looked up now: tests replace the model.
-
+    completes it."""
     say(f"building {spec.name} on {task.hardware['name']} …")
-    started_seconds = process_age_seconds()  # imports and setup: what a fresh process pays before its build
+    started_seconds = max(0.0, time.time() - psutil.Process().create_time())  # imports and setup: what a fresh process pays before its build
 
     task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: resident_bytes_before_model()})  # train.step.peak_memory.host_excess_bytes
     workload = Workload(spec, tokenized, method, request.options)
@@ -204,32 +217,23 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
 
 
 def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
-    """On a CPU and in one process: the check in fresh processes (bench.second_process), which
-    frees this process's model first (RAM for theirs). On a GPU the bench process holds the device
-    (and a 7B model's build is minutes): plans there take the spread between processes from the
-    runs that used the calibration (calibration.model). BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
+    """On a CPU and in one process: the check in fresh processes (bench.second_process), freeing this
+    process's model first. On a GPU the bench holds the device (and a 7B model builds for minutes):
+    plans there take the spread between processes from runs. BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
     if task.hardware.get("device_type") != "cpu" or task.world_size > 1 or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0":
         return None
 
     def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
-        settings = task.settings
         options = replace(request.options, loss=workload.engine.loss)
-        spec, method = workload.spec, workload.method
         workload.release()
-        return measure_in_fresh_processes(spec, method, options, configs, settings, timeout_seconds)
+        return measure_in_fresh_processes(workload.spec, workload.method, options, configs, task.settings, timeout_seconds)
 
     return check
 
 
-def process_age_seconds() -> float:
-    """Seconds since this process started (its imports, its setup)."""
-    return max(0.0, time.time() - psutil.Process().create_time())
-
-
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
-    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked
-    and the other plain-torch ones (Liger's RMSNorm/SwiGLU kernels are on the model only while the
-    liger loss is: train.step.loss.install_loss, as `train` builds each)."""
+    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and
+    the plain-torch ones."""
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
     return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
@@ -257,10 +261,3 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
     record["step_split"] = record_step_split(run, record, workload)  # what a translation to another GPU scales (calibration.translate)
     record["left_out_configs"] = result.left_out  # for the summary; not stored
     return record
-
-
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None

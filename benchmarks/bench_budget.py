@@ -56,9 +56,9 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
     from bench.space import default_space
 
     space = default_space("cuda", device.hardware["memory_bytes"])
-    for b in space.batch_sizes:
-        for s in space.seq_lens:
-            for a in space.accums:
+    for b in space.axis("batch_sizes"):
+        for s in space.axis("seq_lens"):
+            for a in space.axis("accums"):
                 for c in checkpointing:
                     config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s).switched(gradient_checkpointing=bool(c))
                     if config in probed or not device.peak_bytes(config) <= device.hardware["memory_bytes"]:

@@ -68,8 +68,8 @@ def two_probes_on_every_rank(workload: Any, after_first: Any = None) -> list[dic
     (`after_first` runs between the two)."""
     import torch.distributed as dist
 
-    from bench.distributed import combine_rows
     from bench.probe import ProbeSettings, run_probe
+    from bench.probe_tasks import combine_rows
     from calibration.step_config import StepConfig
 
     settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)

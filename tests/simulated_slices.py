@@ -1,7 +1,7 @@
 """`bench run --gpu h100 --model MODEL --layers auto|K1,K2,…` on the simulated H100 (tests/simulated.py):
 the depths benched one after the other on one virtual clock, as one process runs them: the budget
 split by the planner's prices, shapes compiled at one depth compiled for the next, the one-off
-timings made once (bench.slice_budget); the depths combined into the whole model's calibration, as
+timings made once (bench.layer_slices); the depths combined into the whole model's calibration, as
 a real run combines them (bench.layer_slices)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ def simulate_slices(
     compares with `simulate_bench`)."""
     from simulated import H100Measurements, VirtualClock, run_simulated
 
-    from bench.layer_slices import AUTO_LADDERS, auto_depths, whole_model_record
-    from bench.slice_budget import Carry, depth_share, needed_seconds, refuse_if_unaffordable
+    from bench.layer_slices import AUTO_LADDERS, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
+    from bench.variant_measurement import Carry
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
@@ -36,7 +36,7 @@ def simulate_slices(
 
     if depths == "auto":
         hardware = H100Measurements.load().hardware
-        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: needed_seconds(priced_ladder(ladder)[1]) <= budget)
+        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: sum(priced_ladder(ladder)[1].values()) <= budget)
         if fitting is None:
             raise BenchtrainError(f"--layers auto: no ladder of {AUTO_LADDERS} fits")
         depths = fitting
@@ -59,14 +59,13 @@ def simulate_slices(
 def price_ladder(
     spec: Any, lora: bool, depths: tuple[int, ...], budget: float, seed: int = 0, checkpointing: tuple[int, ...] = (0,)
 ) -> tuple[dict[int, Any], dict[int, Any]]:
-    """Each depth's simulated bench, planned (not run), and its prices (bench.slice_budget)."""
+    """Each depth's simulated bench, planned (not run), and its prices (bench.layer_slices)."""
     from dataclasses import replace
 
     from simulated import simulated_setup
 
     from bench.calibrate import after_probes_seconds
-    from bench.layer_slices import slice_spec
-    from bench.slice_budget import price_depths
+    from bench.layer_slices import price_depths, slice_spec
 
     benches = {}
     for index, depth in enumerate(depths):

@@ -255,6 +255,6 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
     assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
     big_gpu = default_space("cuda", 80 * 2**30)
-    assert max(big_gpu.seq_lens) > 1024
-    assert within_positions(big_gpu, 1024, asked=False).seq_lens == (512, 1024)
+    assert max(big_gpu.axis("seq_lens")) > 1024
+    assert within_positions(big_gpu, 1024, asked=False).axis("seq_lens") == (512, 1024)
     assert within_positions(big_gpu, 4096, asked=False) == big_gpu

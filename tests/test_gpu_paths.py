@@ -240,10 +240,9 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     from simulated_slices import simulate_slices
 
     import bench.layer_slices as layer_slices
-    import bench.slice_record as slice_record
 
     layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9
-    combine = slice_record.combine_slices
+    combine = layer_slices.combine_slices
 
     def with_splits(records: dict[int, dict[str, Any]], whole: Any) -> dict[str, Any]:
         for depth, record in records.items():

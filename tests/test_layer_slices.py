@@ -297,14 +297,15 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
 
 
 def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once() -> None:
-    """bench.slice_budget: the first depth's minimum pays the compilations, the later depths probe
+    """bench.layer_slices: the first depth's minimum pays the compilations, the later depths probe
     the same shapes at a repeated shape's price; each depth's share covers its minimum, in
     proportion to the minimums; a budget short of them all is one line naming what they need."""
     from bench.choose import ProbePlanner, shape_of
     from bench.cost import COMPILE_PRIOR_SECONDS, CostModel, DeviceSpeed
-    from bench.slice_budget import Carry, depth_share, needed_seconds, price_depths, refuse_if_unaffordable
+    from bench.layer_slices import depth_share, price_depths, refuse_if_unaffordable
     from bench.space import SearchSpace
     from bench.timing import ProbeSettings
+    from bench.variant_measurement import Carry
 
     def planner(layers: int) -> ProbePlanner:
         cost = CostModel(lambda config: 1e9 * (2 + layers), DeviceSpeed(1e13, "test"), ProbeSettings(), compiled=True)
@@ -312,13 +313,13 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
 
     planners = {depth: planner(depth) for depth in (2, 4, 6)}
     prices = price_depths({depth: (p, 1.0, 0.5) for depth, p in planners.items()})
-    first, *later = (prices[depth].minimum for depth in (2, 4, 6))
+    first, *later = (prices[depth] for depth in (2, 4, 6))
     assert first > COMPILE_PRIOR_SECONDS > max(later)  # one compilation, at the first depth
-    budget = 2 * needed_seconds(prices)
-    shares = [depth_share(budget - sum(prices[d].minimum * 2 for d in (2, 4, 6)[:i]), prices, (2, 4, 6)[i:]) for i in range(3)]
-    assert shares == pytest.approx([2 * prices[d].minimum for d in (2, 4, 6)])
+    budget = 2 * sum(prices.values())
+    shares = [depth_share(budget - sum(prices[d] * 2 for d in (2, 4, 6)[:i]), prices, (2, 4, 6)[i:]) for i in range(3)]
+    assert shares == pytest.approx([2 * prices[d] for d in (2, 4, 6)])
     with pytest.raises(BenchtrainError, match=r"--budget .* cannot pay for a minimum calibration at each of the slice depths 2, 4, 6 of m: they need"):
-        refuse_if_unaffordable(prices, needed_seconds(prices) * 0.9, "m")
+        refuse_if_unaffordable(prices, sum(prices.values()) * 0.9, "m")
     # What a depth leaves the next: the shapes it ran (priced as compiled) and the compilation it measured.
     from bench.calibrate import BenchTask
 

@@ -13,7 +13,7 @@ from forkserver import ForkServer
 from helpers import DISTRIBUTED_CHECKS as CHECKS
 from helpers import heavy_tailed, synthetic_calibration
 
-from bench.distributed import combine_rows
+from bench.probe_tasks import combine_rows
 from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
 from calibration.model import Calibration
 from calibration.step_config import StepConfig

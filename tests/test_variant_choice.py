@@ -15,7 +15,7 @@ pytest.importorskip("bitsandbytes")
 
 from helpers import assert_one_line_error, configs, hide_bitsandbytes, run_main
 
-from bench.refit import refit_record
+from bench.record import refit_record
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError

@@ -94,12 +94,9 @@ def prepare_command(args: argparse.Namespace) -> int:
     path = resolve_data_path(args.data)
     prepared = prepare_data(DataSpec(path, args.train_on, schema_from_args(args), args.data_split), tokenizer, say, exact=True)
     data = prepared.view
+    size = sum(path.stat().st_size for path in prepared.folder.rglob("*") if path.is_file())
     print(
         f"{prepared.records:,} records of {args.data}: {len(data):,} samples, {int(data.lengths.sum()):,} tokens "
-        f"in {prepared.folder} ({_size(prepared.folder) / 1e6:,.1f} MB; {time.perf_counter() - started:.1f}s)"
+        f"in {prepared.folder} ({size / 1e6:,.1f} MB; {time.perf_counter() - started:.1f}s)"
     )
     return EXIT_OK
-
-
-def _size(folder: Any) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

@@ -14,13 +14,18 @@ def add_parser(commands: Any) -> None:
 
 
 def list_command() -> int:
-    from bench.unfinished import describe_unfinished
     from calibration.setup import describe_setup
-    from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations
+    from calibration.store import bundled_calibrations, calibrations_dir, home_hint, list_calibrations, list_unfinished
 
     # What benches that died kept of their measurements (never a calibration): named first.
-    for line in describe_unfinished():
-        print(line)
+    for path, unfinished, _ in list_unfinished():
+        if unfinished is None:
+            print(f"unfinished bench {path}: unreadable")
+            continue
+        rows = unfinished.get("measurements") or []
+        ok = sum(1 for row in rows if row.get("status") == "ok")
+        started = unfinished.get("created_at", "?")
+        print(f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)")
     entries = list_calibrations()
     # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
     bundled = ", ".join(bundled_calibrations())

@@ -1,4 +1,4 @@
-"""`bench refit`: fit a stored calibration's measurements again with this version's model (bench.refit)."""
+"""`bench refit`: fit a stored calibration's measurements again with this version's model (bench.record)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def add_parser(commands: Any) -> None:
 
 def refit_command(reference: str) -> int:
     from bench.describe import describe_calibration
-    from bench.refit import refit_record
+    from bench.record import refit_record
     from calibration.schema import read_calibration_file
     from calibration.store import resolve_calibration, save_calibration
 

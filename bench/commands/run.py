@@ -72,11 +72,7 @@ def add_parser(commands: Any) -> None:
         help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
         "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
     )
-    run.add_argument(
-        "--tokenizer",
-        metavar="DIR",
-        help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
-    )
+    run.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)")
     run.add_argument(
         "--data",
         metavar="PATH|ORG/NAME",
@@ -170,9 +166,7 @@ def request_from_args(args: argparse.Namespace) -> BenchRequest:
     """The options (validated) as what one variant's measurement needs (bench.variant_measurement)."""
     from bench.variant_measurement import BenchRequest
 
-    data = None
-    if args.data:
-        data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split)
+    data = DataSpec(args.data, schema=schema_from_args(args), split=args.data_split) if args.data else None
     return BenchRequest(
         options=step_options_from_args(args),
         space_asked=asked_space(args),
@@ -231,8 +225,7 @@ def variant_budget(budget_asked: float | str | None, started: float, variants_le
 
 
 def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
-    """One calibration of every variant measured (the first at the top, the others as its variants),
-    its report, the summary."""
+    """One calibration of every variant measured, its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
     word = interconnect_word(args)
     if word is not None:  # what the user says overrides what was detected
@@ -245,7 +238,9 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     report_path = None
     if not args.no_report:
         report_started = time.monotonic()
-        report_path = _write_report(path)
+        from reports.calibration_report import write_calibration_report
+
+        report_path = write_calibration_report(path)
         if report_path is not None:
             # train's plan counts the report it writes at the end: measured here, for every variant.
             seconds = round(time.monotonic() - report_started, 3)
@@ -263,12 +258,6 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     return EXIT_OK
 
 
-def _write_report(path: Any) -> Any:
-    from reports.calibration_report import write_calibration_report
-
-    return write_calibration_report(path)
-
-
 def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
     if quiet:
         return None
@@ -278,8 +267,7 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 
 
 def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
-    """The calibration in words; the closing lines (time taken, where it is) after the last variant's
-    (`total_seconds`: of the whole command), not after the others'."""
+    """The calibration in words; the closing lines only after the last variant's (`total_seconds`)."""
     from bench.describe import describe_calibration
 
     print("\n".join(describe_calibration(record, path)))
