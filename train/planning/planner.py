@@ -27,9 +27,8 @@ from common.durations import format_duration
 from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
 from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.memory_check import memory_basis_note
-from train.planning.overheads import Overheads, checkpoint_save_seconds, write_seconds
 from train.planning.prices import run_cost
-from train.planning.types import Candidate, Plan, PlanRequest
+from train.planning.types import Candidate, Overheads, Plan, PlanRequest
 from train.step.compile import compile_seconds
 from train.step.evaluation import eval_batches
 from train.workload.batching import (
@@ -230,6 +229,23 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
         data_prep_seconds=request.data_prep_seconds,
         upload_seconds=request.upload_seconds,
     )
+
+
+def checkpoint_save_seconds(measured: dict[str, float]) -> float:
+    """One save: the checkpoint's bytes at the measured write bandwidth, or the timed save."""
+    return write_seconds(measured, measured.get("checkpoint_bytes"))
+
+
+def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float:
+    """Seconds to write `size_bytes` into the run folder: at bench's measured write bandwidth, or
+    (older calibrations) the timed checkpoint save scaled by bytes, or that save itself."""
+    bandwidth, timed = measured.get("disk_write_bytes_per_second"), float(measured.get("checkpoint_save_seconds", 0.0))
+    if size_bytes and bandwidth:
+        return float(size_bytes) / float(bandwidth)
+    checkpoint = measured.get("checkpoint_bytes")
+    if size_bytes and checkpoint:
+        return timed * float(size_bytes) / float(checkpoint)
+    return timed
 
 
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
