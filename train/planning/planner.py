@@ -51,6 +51,7 @@ from train.workload.data import truncation
 DEFAULT_EFFECTIVE_BATCH = 16
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
+ALTERNATIVES_SHOWN = 3
 EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
 
 ShapeCache = dict[tuple[int, int, int], Counter[BatchShape]]
@@ -255,16 +256,6 @@ def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candi
     return len(data.lengths) * mean_tokens * epochs / best
 
 
-def sharded_view(calibration: Calibration, gradient_shards: int) -> Calibration:
-    """The calibration as an FSDP process of `gradient_shards` planned from one process sees it:
-    a view whose memory model accumulates that process's shard of the gradients."""
-    if gradient_shards <= 1 or calibration.memory is None:
-        return calibration
-    view = copy.copy(calibration)
-    view.memory = calibration.memory.with_gradient_shards(gradient_shards)
-    return view
-
-
 def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
     """The candidates in the order `priority` puts them: fast and quality by time alone, balanced
     keeping the predicted peak memory clear of the limit first, memory_efficient taking the
@@ -282,7 +273,10 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 
 
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
-    calibration = sharded_view(calibration, request.gradient_shards)
+    if request.gradient_shards > 1 and calibration.memory is not None:
+        # An FSDP process of N planned from one process: its memory model accumulates its shard of the gradients.
+        calibration = copy.copy(calibration)
+        calibration.memory = calibration.memory.with_gradient_shards(request.gradient_shards)
     # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
     units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))
@@ -316,7 +310,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     chosen = ranked[0]
     available = request.deadline.seconds_left(request.elapsed_seconds)
     step_limit = request.max_steps
-    alternatives = ranked[1:4]
+    alternatives = ranked[1 : 1 + ALTERNATIVES_SHOWN]
     if chosen.total_seconds_promised > available and request.fit_deadline:
 
         def limited(candidate: Candidate, max_steps: int) -> Candidate:
@@ -363,12 +357,12 @@ def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     )
 
 
-def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate], shown: int = 3) -> list[Candidate]:
+def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate]) -> list[Candidate]:
     """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
     (those of which not one step fits are left out)."""
     alternatives: list[Candidate] = []
     for candidate in ranked:
-        if len(alternatives) == shown:
+        if len(alternatives) == ALTERNATIVES_SHOWN:
             break
         if candidate.total_seconds_promised > available:
             try:
