@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file, variant_data
@@ -83,8 +85,6 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
 
 def drift_sections(data: dict[str, Any]) -> list[str]:
     """How the machine's speed drifted during the benchmark (a reference probed again and again)."""
-    import pandas as pd
-
     drift = (data.get("search") or {}).get("drift") or {}
     if not drift.get("measurements"):
         return []
@@ -102,8 +102,6 @@ def drift_sections(data: dict[str, Any]) -> list[str]:
 
 
 def measurements_section(rows: list[dict[str, Any]]) -> str:
-    import pandas as pd
-
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
     columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
@@ -124,8 +122,6 @@ def setup_section(data: dict[str, Any]) -> str:
 
 def history_section(data: dict[str, Any]) -> str:
     """How past estimates with this calibration fared."""
-    import pandas as pd
-
     history = data.get("history", [])
     if history:
         # Recomputed with the one convention (older files stored the opposite sign).
