@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from calibration.comm import CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
@@ -216,18 +216,8 @@ def price_traffic(
         per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
-    record: JsonDict = {
-        "source": "predicted",
-        "world_size": world_size,
-        "sharding": traffic.sharding,
-        "calibration_world_size": calibration_world_size,
-        "gradient_bytes": traffic.gradient_bytes,
-        "parameter_bytes": traffic.parameter_bytes,
-        "units": traffic.units,
-        "seconds_per_step": per_step,
-        "seconds_per_micro_step": per_micro_step,
-        "collectives": collectives,
-    }
+    record: JsonDict = {"source": "predicted", "world_size": world_size, **asdict(traffic), "calibration_world_size": calibration_world_size}
+    record.update(seconds_per_step=per_step, seconds_per_micro_step=per_micro_step, collectives=collectives)
     if collectives_from is not None:
         record["collectives_from"] = collectives_from
     return CommPlan(per_step, per_micro_step, record)

@@ -126,7 +126,7 @@ class Overheads:
     def to_json(self) -> JsonDict:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 
-    def lines(self) -> list[str]:
+    def describe(self) -> str:
         parts = [
             *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
             f"model build {format_duration(self.model_build_seconds)}",
@@ -140,7 +140,7 @@ class Overheads:
         if self.upload_seconds:
             parts.append(f"hub push {format_duration(self.upload_seconds)}")
         parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
-        return [f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)]
+        return f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)
 
 
 @dataclass
