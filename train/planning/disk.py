@@ -7,13 +7,13 @@ on a preset, the adapters and the frozen base), `final-merged/` with `--merge-lo
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.atomic import file_lock
 from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
 from train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
@@ -73,19 +73,14 @@ def run_lock(folder: Path) -> Iterator[None]:
     when the process ends however it ends (a crashed run's lock is free). The file holds the
     holder's pid, to name it when the folder is busy."""
     path = Path(folder) / LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    with ExitStack() as held:
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            handle = held.enter_context(file_lock(path, wait=False))
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = path.read_text().strip() or "another process"
             raise BenchtrainError(f"{path.parent} is in use by another train (pid {holder}): wait for it, or use another --out") from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        yield

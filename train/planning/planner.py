@@ -116,14 +116,10 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
 
 
 def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
-    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
-    total = 0.0
-    for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
-        seconds = calibration.eval_batch_seconds(shape.rows, shape.length)
-        if seconds is None:
-            return 0.0
-        total += seconds
-    return total
+    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements (none: 0)."""
+    shapes = batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length)
+    seconds = [calibration.eval_batch_seconds(shape.rows, shape.length) for shape in shapes]
+    return 0.0 if None in seconds else sum(filter(None, seconds))
 
 
 def evaluate(
