@@ -121,14 +121,10 @@ def setup_section(data: dict[str, Any]) -> str:
 
 
 def history_section(data: dict[str, Any]) -> str:
-    """How past estimates with this calibration fared."""
+    """How past estimates with this calibration fared; time_error_pct (+: took longer than estimated)
+    recomputed with the one convention (older files stored the opposite sign)."""
     history = data.get("history", [])
-    if history:
-        # Recomputed with the one convention (older files stored the opposite sign).
-        history = [
-            {**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history
-        ]
-        # time_error_pct: + = took longer than estimated
-        columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
-        return section("How past estimates with this calibration fared", table(pd.DataFrame(history).reindex(columns=columns).round(2)))
-    return section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>")
+    history = [{**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history]
+    columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
+    shown = table(pd.DataFrame(history).reindex(columns=columns).round(2)) if history else "<p>No run has used this calibration yet.</p>"
+    return section("How past estimates with this calibration fared", shown)

@@ -271,8 +271,9 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
     if request.gradient_shards > 1 and calibration.memory is not None:
         # An FSDP process of N planned from one process: its memory model accumulates its shard of the gradients.
+        memory = calibration.memory.with_gradient_shards(request.gradient_shards)
         calibration = copy.copy(calibration)
-        calibration.memory = calibration.memory.with_gradient_shards(request.gradient_shards)
+        calibration.memory = memory
     # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
     units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))
