@@ -29,8 +29,8 @@ from common.heap import frozen_heap
 from common.home import benchtrain_home, writable_subdir
 from common.json_types import JsonDict
 from common.progress import Bar
-from train.planning.lengths import lengths_to_measure
 from train.planning.memory_check import check_fits
+from train.planning.planner import lengths_to_measure
 from train.step.engine import StepOptions, process_layout
 from train.step.hardware import detect_hardware, detect_software, device_label, requested_mismatch
 from train.step.loss import PLAIN_HEAD_MODEL_TYPES

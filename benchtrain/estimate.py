@@ -17,7 +17,7 @@ from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.planning.deadline import Deadline
-from train.planning.overheads import checkpoint_save_seconds
+from train.planning.planner import checkpoint_save_seconds
 from train.running.checkpoint import checkpoint_bytes
 from train.workload.model import ModelSpec
 

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
@@ -88,13 +89,14 @@ def atomic_directory(final: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock held on `path` (created if missing) for the block."""
+def file_lock(path: Path, wait: bool = True) -> Iterator[TextIO]:
+    """An exclusive advisory lock held on `path` (created if missing) for the block; the file's handle
+    is the block's. Without `wait`, BlockingIOError at once when another process holds it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
-            yield
+            yield handle
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -21,12 +21,8 @@ NETWORK_ADVICE = "check the network, or download it where there is one with"
 
 
 def download_command(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
-    parts = ["hf download", repo_id]
-    if repo_type != "model":
-        parts.append(f"--repo-type {repo_type}")
-    if revision:
-        parts.append(f"--revision {revision}")
-    return " ".join(parts)
+    kind = "" if repo_type == "model" else f" --repo-type {repo_type}"
+    return f"hf download {repo_id}{kind}" + (f" --revision {revision}" if revision else "")
 
 
 def hub_cache_dir() -> str:
@@ -116,7 +112,7 @@ def valid_repo_id(repo_id: str, option: str) -> str:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
-        raise BenchtrainError(f"{option} {repo_id!r} is not a hub repository name (ORG/NAME): {str(error).splitlines()[0]}") from None
+        raise BenchtrainError(f"{option} {repo_id!r} is not a hub repository name (ORG/NAME): {first_line(error)}") from None
     return repo_id
 
 
@@ -138,6 +134,6 @@ def writing_user(option: str, again: str, otherwise: str = "") -> str:
         status = getattr(getattr(error, "response", None), "status_code", None)
         if status == 401:
             raise BenchtrainError(f"{option}: the hub rejects this token: run `hf auth login` with a token that can write") from None
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error) else type(error).__name__
+        reason = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
         raise BenchtrainError(f"{option}: cannot reach the hub ({reason}): check the network{otherwise}") from None
     return str(user.get("name") or "")

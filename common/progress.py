@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Protocol, TextIO
+from typing import Protocol, TextIO
 
-if TYPE_CHECKING:
-    from tqdm import tqdm
+from tqdm.auto import tqdm
 
 
 class Bar(Protocol):
@@ -23,8 +22,6 @@ class Bar(Protocol):
 
 
 def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> tqdm:
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, initial=initial, desc=description, unit=unit, dynamic_ncols=True, mininterval=_refresh_seconds(file), file=file)
 
 
@@ -39,8 +36,6 @@ class BudgetBar:
     The description counts the probes. Same interface as a tqdm bar for what the runner uses."""
 
     def __init__(self, budget_seconds: float, probes: int, file: TextIO | None = None) -> None:
-        from tqdm.auto import tqdm
-
         self.budget_seconds, self.probes, self.done = budget_seconds, probes, 0
         self.started = time.monotonic()
         self.bar = tqdm(

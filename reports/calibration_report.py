@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from calibration.accuracy import estimate_error_pct
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file, variant_data
@@ -83,8 +85,6 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
 
 def drift_sections(data: dict[str, Any]) -> list[str]:
     """How the machine's speed drifted during the benchmark (a reference probed again and again)."""
-    import pandas as pd
-
     drift = (data.get("search") or {}).get("drift") or {}
     if not drift.get("measurements"):
         return []
@@ -102,8 +102,6 @@ def drift_sections(data: dict[str, Any]) -> list[str]:
 
 
 def measurements_section(rows: list[dict[str, Any]]) -> str:
-    import pandas as pd
-
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
     columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
@@ -123,16 +121,10 @@ def setup_section(data: dict[str, Any]) -> str:
 
 
 def history_section(data: dict[str, Any]) -> str:
-    """How past estimates with this calibration fared."""
-    import pandas as pd
-
+    """How past estimates with this calibration fared; time_error_pct (+: took longer than estimated)
+    recomputed with the one convention (older files stored the opposite sign)."""
     history = data.get("history", [])
-    if history:
-        # Recomputed with the one convention (older files stored the opposite sign).
-        history = [
-            {**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history
-        ]
-        # time_error_pct: + = took longer than estimated
-        columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
-        return section("How past estimates with this calibration fared", table(pd.DataFrame(history).reindex(columns=columns).round(2)))
-    return section("How past estimates with this calibration fared", "<p>No run has used this calibration yet.</p>")
+    history = [{**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history]
+    columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
+    shown = table(pd.DataFrame(history).reindex(columns=columns).round(2)) if history else "<p>No run has used this calibration yet.</p>"
+    return section("How past estimates with this calibration fared", shown)

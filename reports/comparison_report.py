@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from calibration.step_config import StepConfig
 from common.atomic import read_json_file
 from common.durations import format_duration
@@ -36,8 +38,6 @@ def name_of(row: dict[str, Any]) -> str:
 
 
 def write_comparison_report(folder: Path) -> Path:
-    import pandas as pd
-
     folder = Path(folder)
     record = read_comparison(folder)
     rows = record["rows"]

@@ -41,22 +41,22 @@ def measured_vs_predicted(measured: list[float], held_out: list[float], fitted: 
 
 def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
     """tokens/s over micro batch × sequence length, one panel per accumulation (best worker count)."""
+    import pandas as pd  # as the report modules do: importing benchtrain does not load it
+
     accums = sorted({row["grad_accum"] for row in rows})
     batches = sorted({row["micro_batch_size"] for row in rows})
     lengths = sorted({row["seq_len"] for row in rows})
     figure, axes = plt.subplots(1, len(accums), figsize=(4.8 * len(accums), 4.2), squeeze=False)
     best = max(rows, key=lambda row: row["tokens_per_second"])
+    frame = pd.DataFrame(rows)
     for axis, accum in zip(axes[0], accums, strict=True):
-        grid = np.full((len(lengths), len(batches)), np.nan)
-        for row in rows:
-            if row["grad_accum"] == accum:
-                i, j = lengths.index(row["seq_len"]), batches.index(row["micro_batch_size"])
-                grid[i, j] = np.nanmax([grid[i, j], row["tokens_per_second"]])
+        measured = frame[frame["grad_accum"] == accum]
+        best_of = measured.pivot_table(index="seq_len", columns="micro_batch_size", values="tokens_per_second", aggfunc="max")
+        grid = best_of.reindex(index=lengths, columns=batches).to_numpy(dtype=float)
         image = axis.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
-        for i in range(len(lengths)):
-            for j in range(len(batches)):
-                if not np.isnan(grid[i, j]):
-                    axis.text(j, i, f"{grid[i, j]:,.0f}", ha="center", va="center", fontsize=8, color="white")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                axis.text(j, i, f"{value:,.0f}", ha="center", va="center", fontsize=8, color="white")
         axis.set_xticks(range(len(batches)), [str(b) for b in batches])
         axis.set_yticks(range(len(lengths)), [str(s) for s in lengths])
         axis.set(xlabel="micro batch size (sequences)", ylabel="sequence length (tokens)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +52,13 @@ def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
     """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its
     estimate check (calibration.accuracy.check_estimate), the figures its own report, run.json and
     the console give."""
-    records = []
-    for path in sorted(runs_dir.glob("*/run.json")) if runs_dir.is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(record, dict) and record.get("actual") and record.get("estimate"):
-            records.append(record)
     rows = []
-    for record in sorted(records, key=lambda record: record.get("created_at", "")):
-        check = check_estimate(record)
+    for path in sorted(runs_dir.glob("*/run.json")):
+        try:
+            record = read_json_file(path)
+        except BenchtrainError:
+            continue
+        check = check_estimate(record) if record.get("actual") and record.get("estimate") else None
         if check is None or not check.actual_seconds or check.error_pct is None:
             continue
         rows.append(
@@ -78,7 +73,7 @@ def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
                 "deadline met": "yes" if record.get("met_deadline") else "no",
             }
         )
-    return rows
+    return sorted(rows, key=lambda row: row["created"])  # a stable sort: runs created together stay in folder order
 
 
 def verdict_of(record: dict[str, Any], check: Any) -> str:

@@ -116,10 +116,10 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Pa
 
 
 def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
-    from train.planning.disk import LOCK_FILE, RunLock
+    from train.planning.disk import LOCK_FILE, run_lock
 
     out = calibrated_home / "run"
-    with RunLock(out):
+    with run_lock(out):
         code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
         assert_one_line_error(code, err, f"is in use by another train (pid {os.getpid()})")
     (out / LOCK_FILE).write_text("999999")  # left by a crashed run: no process holds it

@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_one_line_error, load_tokenized, run_main, tokenized_from_samples, trained_text
 
 from common.errors import BenchtrainError
-from train.planning.lengths import lengths_to_measure
+from train.planning.planner import lengths_to_measure
 from train.workload.data import load_records
 from train.workload.formats import DataSchema
 from train.workload.tokenizer import byte_tokenizer

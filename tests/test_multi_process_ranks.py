@@ -90,7 +90,7 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
     from torch.distributed import HashStore
 
     import train.step.runtime as runtime
-    from train.planning.overheads import Overheads
+    from train.planning.types import Overheads
     from train.recipes import recipe as module
 
     push_seconds = 16e9 / 20e6

@@ -8,9 +8,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
 from calibration.comm import CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
@@ -126,18 +126,22 @@ def beside_compute(device: torch.device) -> Iterator[None]:
         thread.join()
 
 
-def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tuple[int, ...] | None = None, repeats: int = REPEATS) -> list[dict[str, float]]:
+def measure_collective(device: torch.device, kind: str) -> list[dict[str, float]]:
     """(bytes, seconds) rows for one collective, `bytes` the whole message. Every process calls it
     together; each size is timed after a warm-up and the slowest process's median kept (a collective
     ends when its last member does), so every process returns the same figures."""
     import torch
     import torch.distributed as dist
 
-    sizes = comm_sizes(device) if sizes is None else sizes
     world_size = dist.get_world_size()
     # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old ones.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    collective: Callable[[torch.Tensor, torch.Tensor], object] = {
+        "all_reduce": lambda whole, part: dist.all_reduce(whole),
+        "all_gather": lambda whole, part: all_gather(whole, part),
+        "reduce_scatter": lambda whole, part: reduce_scatter(part, whole),
+    }[kind]
 
     def synchronize() -> None:
         if device.type == "cuda":
@@ -145,26 +149,17 @@ def measure_collective(device: torch.device, kind: str = "all_reduce", sizes: tu
 
     rows = []
     with beside_compute(device):
-        for size in sizes:
+        for size in comm_sizes(device):
             elements = max(world_size, size // 4 // world_size * world_size)
             whole = torch.ones(elements, dtype=torch.float32, device=device)
             part = torch.ones(elements // world_size, dtype=torch.float32, device=device)
-
-            def once(whole: torch.Tensor = whole, part: torch.Tensor = part) -> None:
-                if kind == "all_reduce":
-                    dist.all_reduce(whole)
-                elif kind == "all_gather":
-                    all_gather(whole, part)
-                else:
-                    reduce_scatter(part, whole)
-
-            once()  # warm-up: connections, buffers
+            collective(whole, part)  # warm-up: connections, buffers
             synchronize()
             seconds = []
-            for _ in range(repeats):
+            for _ in range(REPEATS):
                 dist.barrier()
                 started = time.perf_counter()
-                once()
+                collective(whole, part)
                 synchronize()
                 seconds.append(time.perf_counter() - started)
             slowest = torch.tensor([statistics.median(seconds)], dtype=torch.float64, device=device)
@@ -221,18 +216,8 @@ def price_traffic(
         per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
-    record: JsonDict = {
-        "source": "predicted",
-        "world_size": world_size,
-        "sharding": traffic.sharding,
-        "calibration_world_size": calibration_world_size,
-        "gradient_bytes": traffic.gradient_bytes,
-        "parameter_bytes": traffic.parameter_bytes,
-        "units": traffic.units,
-        "seconds_per_step": per_step,
-        "seconds_per_micro_step": per_micro_step,
-        "collectives": collectives,
-    }
+    record: JsonDict = {"source": "predicted", "world_size": world_size, **asdict(traffic), "calibration_world_size": calibration_world_size}
+    record.update(seconds_per_step=per_step, seconds_per_micro_step=per_micro_step, collectives=collectives)
     if collectives_from is not None:
         record["collectives_from"] = collectives_from
     return CommPlan(per_step, per_micro_step, record)

@@ -7,12 +7,13 @@ on a preset, the adapters and the frozen base), `final-merged/` with `--merge-lo
 
 from __future__ import annotations
 
-import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
+from common.atomic import file_lock
 from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
 from train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
@@ -66,34 +67,20 @@ def check_space(folder: Path, need: DiskNeed, keep: int) -> None:
     )
 
 
-class RunLock:
+@contextmanager
+def run_lock(folder: Path) -> Iterator[None]:
     """An exclusive lock on a run folder while `train` works in it: flock, which the kernel releases
     when the process ends however it ends (a crashed run's lock is free). The file holds the
     holder's pid, to name it when the folder is busy."""
-
-    def __init__(self, folder: Path) -> None:
-        self.path = Path(folder) / LOCK_FILE
-        self.handle: TextIO | None = None
-
-    def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+    path = Path(folder) / LOCK_FILE
+    with ExitStack() as held:
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            handle = held.enter_context(file_lock(path, wait=False))
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise BenchtrainError(f"{self.path.parent} is in use by another train (pid {holder}): wait for it, or use another --out") from None
+            holder = path.read_text().strip() or "another process"
+            raise BenchtrainError(f"{path.parent} is in use by another train (pid {holder}): wait for it, or use another --out") from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
-        self.handle = handle
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.handle is not None:
-            fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
-            self.handle.close()
-            self.handle = None
+        yield

@@ -43,7 +43,6 @@ def compute_bytes(device_type: str) -> int:
 
 @dataclass(frozen=True)
 class MemoryNeed:
-    method: str
     total_parameters: int
     trainable_parameters: int
     weights_bytes: int
@@ -108,7 +107,6 @@ def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> Memo
     frozen_bytes = quantized_base_bytes(spec, method.quantize).total if method.quantized else (total - trainable) * compute_bytes(device_type)
     blocks = decoder_blocks(model)
     return MemoryNeed(
-        method=method.method,
         total_parameters=total,
         trainable_parameters=trainable,
         weights_bytes=frozen_bytes + trainable * FP32_BYTES,
@@ -166,7 +164,8 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
             f"{what} of {spec.name} under FSDP builds the whole 4-bit base on each process before sharding it (≈{need.weights_bytes / GIB:.0f} GiB); "
             f"this {hardware['name']} has {gib_text(available)} GiB: a device with more memory, or a smaller model"
         )
-    if need.per_process_bytes(sharding, world_size, hardware["device_type"]) <= available:
+    needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
+    if needed <= available:
         return need
     options = []
     if method.method == "full":
@@ -182,7 +181,6 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
         else:
             options.append(f"shard it over more processes ({processes})")
     options.append("a smaller model or a device with more memory")
-    needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
     where = f" per process ({world_size} FSDP processes)" if sharding == "fsdp" else ""
     many = None if method.quantize == "8bit" else describe_gpus_needed(need, hardware)
     raise DoesNotFitError(

@@ -6,7 +6,9 @@ padding to each batch's longest sample, or packing). The naive `samples × mean 
 throughput` estimate is computed for comparison only. The candidates are the micro batch sizes and
 accumulations that make the effective batch, at each switch (gradient checkpointing) the
 calibration measured; each priority orders them (`rank`); `--fit-deadline` cuts the chosen one to
-the optimizer steps that fit.
+the optimizer steps that fit. The max lengths come from the data's real token profile and the
+calibrated lengths (`choose_lengths`; `bench run --data` measures the ones it will need:
+`lengths_to_measure`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ from calibration.step_config import Mode, StepConfig
 from calibration.topology import bracket_estimate, overlap_bracket
 from common.durations import format_duration
 from common.errors import BenchtrainError, DeadlineError, DoesNotFitError
-from train.planning.lengths import check_trainable_tokens, choose_lengths
 from train.planning.memory_check import memory_basis_note
-from train.planning.overheads import Overheads, checkpoint_save_seconds, write_seconds
 from train.planning.prices import run_cost
-from train.planning.types import Candidate, Plan, PlanRequest
+from train.planning.types import Candidate, Overheads, Plan, PlanRequest
 from train.step.compile import compile_seconds
 from train.step.evaluation import eval_batches
 from train.workload.batching import (
@@ -46,12 +46,22 @@ from train.workload.batching import (
     padded_shape_counts,
     run_batches,
 )
-from train.workload.data import truncation
+from train.workload.data import covering_length, truncation
 
 DEFAULT_EFFECTIVE_BATCH = 16
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
+ALTERNATIVES_SHOWN = 3
 EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
+
+# Share of samples each priority keeps whole (1 - the share it may truncate).
+COVERAGE = {"quality": 1.0}
+DEFAULT_COVERAGE = 0.995
+# A length chosen beyond the calibrated ones is rounded up to a multiple of this.
+LENGTH_GRANULE = 64
+MIN_MEASURED_LENGTH = 16  # bench's shortest length when halving towards short data
+# A max length that leaves less than this share of the trainable tokens is refused, not planned.
+MIN_TRAINABLE_SHARE = 0.01
 
 ShapeCache = dict[tuple[int, int, int], Counter[BatchShape]]
 
@@ -78,6 +88,87 @@ def switch_modes(calibration: Calibration, requested: Mapping[str, str]) -> list
             )
         choices.append([(dimension.name,) if value else () for value in values])
     return [sum(combo, ()) for combo in itertools.product(*choices)]
+
+
+def choose_lengths(calibration: Calibration, data: DataView, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
+    """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
+    limit on the real token profile: the smallest calibrated length that covers it, else a longer
+    one (extrapolated, and said so); only the model's position table can stop that, loudly."""
+    calibrated = calibration.measured_values("seq_len")
+    notes: list[str] = []
+    warnings: list[str] = []
+    coverage = COVERAGE.get(request.priority, DEFAULT_COVERAGE)
+    if isinstance(request.max_length, int):
+        if request.max_length < 1:
+            raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
+        if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
+            measure = f"`bench run --seq-lens {calibrated[-1]},{request.max_length}` measures it" if calibrated else "`bench run` measures it"
+            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates; {measure}")
+        if not data.packing:
+            cut = truncation(data.lengths, request.max_length)
+            if cut["share_truncated"] > 1 - coverage + 1e-12:
+                warnings.append(
+                    f"--max-length {request.max_length} truncates {cut['share_truncated']:.1%} of samples, more than {request.priority} allows "
+                    f"({1 - coverage:.1%}); --max-length auto keeps them"
+                )
+        return [request.max_length], notes, warnings
+    if data.packing:
+        # Packing truncates nothing: every calibrated length is a candidate; quality takes the longest.
+        return ([calibrated[-1]] if request.priority == "quality" else calibrated), notes, warnings
+    needed = covering_length(data.lengths, coverage)
+    covering = [length for length in calibrated if length >= needed]
+    if covering:
+        return [covering[0]], notes, warnings
+    limit = request.max_positions or math.inf
+    length = min(-(-needed // LENGTH_GRANULE) * LENGTH_GRANULE, limit)
+    if length >= needed:
+        notes.append(
+            f"max length {length} covers {coverage:.1%} of samples ({needed} tokens) but is longer than any calibrated length "
+            f"({calibrated[-1]}): the estimate extrapolates; `bench run --seq-lens {calibrated[-1]},{length}` measures it"
+        )
+        return [int(length)], notes, warnings
+    cut = truncation(data.lengths, int(length))
+    warnings.append(
+        f"the model accepts at most {int(limit)} tokens, so {cut['share_truncated']:.1%} of samples are truncated "
+        f"({request.priority} allows {1 - coverage:.1%}; {coverage:.1%} of samples need {needed})"
+    )
+    return [int(length)], notes, warnings
+
+
+def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
+    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
+    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
+    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
+    of the shortest for short data), as many lengths in all as the default grid has, so that the
+    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
+    if data.packing:
+        return defaults
+    coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
+    needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
+    room = max(0, len(defaults) - len(needed))
+    shorter = [length for length in defaults if length < needed[0]][-room:] if room else []
+    while len(shorter) < room and (shorter or needed)[0] // 2 >= MIN_MEASURED_LENGTH:
+        shorter.insert(0, (shorter or needed)[0] // 2)
+    return tuple(sorted({*shorter, *needed}))
+
+
+def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest) -> None:
+    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
+    loss on nothing would train nothing and still exit 0."""
+    if data.packing:
+        return  # packing truncates nothing
+    whole = data.real_tokens(max(data.lengths))
+    kept = data.real_tokens(max_length)
+    if whole and kept >= MIN_TRAINABLE_SHARE * whole:
+        return
+    what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
+    cut = truncation(data.lengths, max_length)
+    needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
+    keeps = data.real_tokens(int(needed)) / whole if whole else 0.0
+    raise BenchtrainError(
+        f"{what} leaves {kept:,} of {whole:,} trainable tokens ({kept / whole if whole else 0:.1%}; the loss is on {data.loss_on}): "
+        f"{cut['share_truncated']:.1%} of samples are truncated; --max-length {int(needed)} keeps {keeps:.1%} of them"
+    )
 
 
 def noise_warnings(calibration: Calibration) -> list[str]:
@@ -115,14 +206,10 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
 
 
 def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int, length: int, seed: int) -> float:
-    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements."""
-    total = 0.0
-    for shape in batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length):
-        seconds = calibration.eval_batch_seconds(shape.rows, shape.length)
-        if seconds is None:
-            return 0.0
-        total += seconds
-    return total
+    """One pass over the eval set's fixed batches, from bench's forward-only eval measurements (none: 0)."""
+    shapes = batch_shapes(eval_data, eval_batches(eval_data, micro, length, seed), length)
+    seconds = [calibration.eval_batch_seconds(shape.rows, shape.length) for shape in shapes]
+    return 0.0 if None in seconds else sum(filter(None, seconds))
 
 
 def evaluate(
@@ -231,21 +318,28 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
     )
 
 
+def checkpoint_save_seconds(measured: dict[str, float]) -> float:
+    """One save: the checkpoint's bytes at the measured write bandwidth, or the timed save."""
+    return write_seconds(measured, measured.get("checkpoint_bytes"))
+
+
+def write_seconds(measured: dict[str, float], size_bytes: float | None) -> float:
+    """Seconds to write `size_bytes` into the run folder: at bench's measured write bandwidth, or
+    (older calibrations) the timed checkpoint save scaled by bytes, or that save itself."""
+    bandwidth, timed = measured.get("disk_write_bytes_per_second"), float(measured.get("checkpoint_save_seconds", 0.0))
+    if size_bytes and bandwidth:
+        return float(size_bytes) / float(bandwidth)
+    checkpoint = measured.get("checkpoint_bytes")
+    if size_bytes and checkpoint:
+        return timed * float(size_bytes) / float(checkpoint)
+    return timed
+
+
 def naive_seconds(calibration: Calibration, data: DataView, epochs: float, candidate: Candidate) -> float:
     """What people do today: samples × mean tokens / one throughput figure. Shown, never used."""
     mean_tokens: float = sum(data.lengths) / len(data.lengths)  # lengths may be a numpy array: its sum is untyped
     best = max((row["tokens_per_second"] for row in calibration.ok_rows()), default=candidate.tokens_per_second)
     return len(data.lengths) * mean_tokens * epochs / best
-
-
-def sharded_view(calibration: Calibration, gradient_shards: int) -> Calibration:
-    """The calibration as an FSDP process of `gradient_shards` planned from one process sees it:
-    a view whose memory model accumulates that process's shard of the gradients."""
-    if gradient_shards <= 1 or calibration.memory is None:
-        return calibration
-    view = copy.copy(calibration)
-    view.memory = calibration.memory.with_gradient_shards(gradient_shards)
-    return view
 
 
 def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> list[Candidate]:
@@ -265,7 +359,11 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
 
 
 def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
-    calibration = sharded_view(calibration, request.gradient_shards)
+    if request.gradient_shards > 1 and calibration.memory is not None:
+        # An FSDP process of N planned from one process: its memory model accumulates its shard of the gradients.
+        memory = calibration.memory.with_gradient_shards(request.gradient_shards)
+        calibration = copy.copy(calibration)
+        calibration.memory = memory
     # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
     units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))
@@ -299,7 +397,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     chosen = ranked[0]
     available = request.deadline.seconds_left(request.elapsed_seconds)
     step_limit = request.max_steps
-    alternatives = ranked[1:4]
+    alternatives = ranked[1 : 1 + ALTERNATIVES_SHOWN]
     if chosen.total_seconds_promised > available and request.fit_deadline:
 
         def limited(candidate: Candidate, max_steps: int) -> Candidate:
@@ -346,12 +444,12 @@ def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     )
 
 
-def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate], shown: int = 3) -> list[Candidate]:
+def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate]) -> list[Candidate]:
     """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
     (those of which not one step fits are left out)."""
     alternatives: list[Candidate] = []
     for candidate in ranked:
-        if len(alternatives) == shown:
+        if len(alternatives) == ALTERNATIVES_SHOWN:
             break
         if candidate.total_seconds_promised > available:
             try:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
@@ -28,36 +28,25 @@ def words(text: str) -> set[str]:
     return {word for word in re.split(r"[^a-z0-9]+", text.lower()) if word}
 
 
-class KeyPrice(NamedTuple):
-    """One KEY=USD pair as given: words of a device's name (or a calibration id), its price per hour."""
-
-    key: str
-    price: float
-
-
 @dataclass(frozen=True)
 class Prices:
-    """Prices per device-hour as given; `default` applies to any device no key names."""
+    """Prices per device-hour as given: by key (words of a device's name, or a calibration id), in
+    the order given; `default` applies to any device no key names."""
 
     default: float | None = None
-    by_key: tuple[KeyPrice, ...] = ()
-
-    @property
-    def given(self) -> bool:
-        return self.default is not None or bool(self.by_key)
+    by_key: Mapping[str, float] = field(default_factory=dict)
 
     def for_device(self, calibration_id: str, hardware: JsonDict) -> float | None:
         """The price of the device a calibration measured: a key equal to its id, else the most
         specific key whose words all name the device (its name, table entry, or `cpu`/`cuda`),
         else the default; None when no price was given; an error when prices were given but none
         is for this device."""
-        if not self.given:
+        if self.default is None and not self.by_key:
             return None
-        for key, price in self.by_key:
-            if key == calibration_id:
-                return price
+        if calibration_id in self.by_key:
+            return self.by_key[calibration_id]
         device = words(f"{hardware.get('name', '')} {hardware.get('peak_flops_entry') or ''} {hardware.get('device_type', '')}")
-        matching = [(len(words(key)), key, price) for key, price in self.by_key if words(key) and words(key) <= device]
+        matching = [(len(words(key)), key, price) for key, price in self.by_key.items() if words(key) and words(key) <= device]
         if matching:
             best = max(size for size, _, _ in matching)
             named = {price for size, _, price in matching if size == best}
@@ -67,7 +56,7 @@ class Prices:
             return named.pop()
         if self.default is not None:
             return self.default
-        given = ", ".join(key for key, _ in self.by_key)
+        given = ", ".join(self.by_key)
         raise BenchtrainError(
             f"--price-per-hour has no price for {hardware.get('name')} (calibration {calibration_id}; prices given for {given}): "
             f"add {suggested_key(hardware)}=USD"
@@ -114,7 +103,7 @@ def _parse_pairs(parts: list[str], source: str) -> Prices:
     if not parts:
         raise BenchtrainError(f"--price-per-hour {source!r} holds no price: {USAGE}")
     default: float | None = None
-    by_key: list[KeyPrice] = []
+    by_key: dict[str, float] = {}
     for part in parts:
         if "=" not in part:
             if default is not None:
@@ -123,10 +112,10 @@ def _parse_pairs(parts: list[str], source: str) -> Prices:
             continue
         key, _, amount = part.partition("=")
         key = key.strip()
-        if not key or any(key.lower() == known.lower() for known, _ in by_key):
+        if not key or key.lower() in {known.lower() for known in by_key}:
             raise BenchtrainError(f"--price-per-hour {source!r}: {'an empty' if not key else 'a repeated'} device name in {part.strip()!r}")
-        by_key.append(KeyPrice(key, _price(amount, source)))
-    return Prices(default, tuple(by_key))
+        by_key[key] = _price(amount, source)
+    return Prices(default, by_key)
 
 
 def _price(text: str, source: str) -> float:

@@ -1,5 +1,6 @@
 """What the planner is asked, what it weighs and what it answers: the request (PlanRequest), each
-configuration it predicts (Candidate) and the plan it makes (Plan)."""
+configuration it predicts (Candidate) with what it spends besides its steps (Overheads), and the
+plan it makes (Plan)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from dataclasses import asdict, dataclass, field, fields
 from calibration.dimensions import DIMENSIONS
 from calibration.run_file import step_columns
 from calibration.step_config import StepConfig
+from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.planning.deadline import Deadline
-from train.planning.overheads import Overheads
 from train.step.compile import SHAPE_BUCKET
 from train.step.evaluation import EvalSchedule
 
@@ -80,6 +81,68 @@ class PlanRequest:
             raise BenchtrainError(f"completed steps must be non-negative, got {self.completed_steps}")
 
 
+@dataclass(frozen=True)
+class Overheads:
+    """Everything a run spends besides its training steps: priced from bench's measurements
+    (train.planning.planner.candidate_overheads) and added to the estimate; the deadline guard keeps
+    what comes after the last step in reserve; run.json records it; `train --dry-run` shows it."""
+
+    model_build_seconds: float
+    warmup_seconds: float
+    checkpoint_seconds: float  # one checkpoint save
+    checkpoint_count: int  # periodic ones + the final one
+    export_seconds: float  # final/ (and final-merged/): their bytes at the write bandwidth
+    eval_pass_seconds: float  # one pass over the eval set
+    eval_count: int
+    report_seconds: float  # 0 with --no-report
+    compile_seconds: float = 0.0  # torch.compile: every distinct batch shape once
+    compile_shapes: int = 0
+    export_bytes: int = 0  # 0: not known (one checkpoint save is counted)
+    data_prep_seconds: float = 0.0  # tokenizing the data before training (cold cache), at the sample's measured rate
+    upload_seconds: float = 0.0  # --push-to-hub: the upload's bytes at the measured (or stated default) bandwidth
+
+    @property
+    def evaluation_seconds(self) -> float:
+        return self.eval_pass_seconds * self.eval_count
+
+    @property
+    def total_seconds(self) -> float:
+        startup = (self.data_prep_seconds, self.model_build_seconds, self.warmup_seconds, self.compile_seconds)
+        rest = (self.export_seconds, self.evaluation_seconds, self.report_seconds, self.upload_seconds)
+        return sum((*startup, self.checkpoint_seconds * self.checkpoint_count, *rest))
+
+    @property
+    def after_training_seconds(self) -> float:
+        """What must still fit after the last step: the final checkpoint, the export, the final
+        evaluation and the report. The deadline guard keeps it in reserve."""
+        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds + self.upload_seconds
+
+    @property
+    def during_training_seconds(self) -> float:
+        """What the run spends between its steps: the periodic checkpoints and evaluations (the
+        final ones come after the last step: after_training_seconds)."""
+        return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(0, self.eval_count - 1)
+
+    def to_json(self) -> JsonDict:
+        return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
+
+    def describe(self) -> str:
+        parts = [
+            *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
+            f"model build {format_duration(self.model_build_seconds)}",
+            f"warm-up {format_duration(self.warmup_seconds)}",
+            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"] if self.compile_shapes else []),
+            f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
+            f"final/ export {format_duration(self.export_seconds)}" + (f" ({self.export_bytes / 1e6:,.1f} MB)" if self.export_bytes else ""),
+        ]
+        if self.eval_count:
+            parts.append(f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}")
+        if self.upload_seconds:
+            parts.append(f"hub push {format_duration(self.upload_seconds)}")
+        parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
+        return f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)
+
+
 @dataclass
 class Candidate:
     """One configuration the planner weighs, and what it predicts for it."""
@@ -101,7 +164,7 @@ class Candidate:
     bound_fraction: float = 0.0  # the calibration's relative bound here (wider when extrapolating)
     eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
     eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
-    overheads: Overheads | None = None  # the parts of overhead_seconds (train.planning.overheads)
+    overheads: Overheads | None = None  # the parts of overhead_seconds
     tokens: int = 0  # real tokens trained on
     padded_tokens: int = 0  # positions computed, padding included
     peak_memory_bytes: float | None = None

@@ -28,7 +28,7 @@ from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, Benchtrai
 from common.home import writable_subdir
 from common.run_paths import stored_path
 from train.export import export_final
-from train.planning.disk import RunLock, check_space, disk_need
+from train.planning.disk import check_space, disk_need, run_lock
 from train.planning.plan_text import describe_exact_profile, describe_outcome
 from train.planning.trainer_fields import trainer_fields
 from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
@@ -200,7 +200,7 @@ class TrainRecipe:
         if is_main_process():
             # One train per run folder; then room for what it will write, before any work.
             out_dir = self.record.out_dir
-            self._held.enter_context(RunLock(out_dir))
+            self._held.enter_context(run_lock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
             merge = bool(config.output.merge_lora and run.method.is_lora)
             space = disk_need(run.need, run.method.is_lora, not self.spec.has_weights, merge, run.device_type, config.guard.keep_checkpoints, existing)

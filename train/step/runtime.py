@@ -144,7 +144,7 @@ FINISH_SLACK_FACTOR = 2.0
 def finish_wait_seconds(rank0_work_seconds: float) -> float:
     """How long a process waits at the end for the others: rank 0's work after the last step as
     planned (its final checkpoint, export, evaluation, report and hub push:
-    train.planning.overheads.Overheads.after_training_seconds), with slack, plus FINISH_TIMEOUT_SECONDS."""
+    train.planning.types.Overheads.after_training_seconds), with slack, plus FINISH_TIMEOUT_SECONDS."""
     return FINISH_TIMEOUT_SECONDS + FINISH_SLACK_FACTOR * max(0.0, rank0_work_seconds)
 
 
