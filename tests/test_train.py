@@ -7,10 +7,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, make_run
+from helpers import FakeClock, guard_checkpointing_every, make_run
 
 from train.running.checkpoint import list_checkpoints
-from train.running.guard import GuardSection
 
 # Each step takes 0.3 s on the test's clock (tests/helpers.py FakeClock), far slower than the
 # calibration predicts, so the run cannot finish its ~100 steps before the 12 s deadline: the guard
@@ -101,7 +100,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
 
 def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=6)
-    run.settings.guard = GuardSection.every(0.0, on_overrun=run.settings.guard.on_overrun, keep=2)
+    run.settings.guard = guard_checkpointing_every(0.0, on_overrun=run.settings.guard.on_overrun, keep=2)
     run.run()
     names = [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")]
     assert names == ["step-0000005", "step-0000006"]

@@ -1,27 +1,15 @@
 """The deadline guard: from live step times, will the run finish in time, and what to do if not.
 
-The loop tells it, after every optimizer step, how long the step took and how long the
-calibration predicted it would take, and how many predicted seconds of training are left. The
-guard keeps the ratio actual/predicted over a window of recent steps — leaving out the first
-`warmup_steps` (allocator warm-up, worker start-up, compilation), which say nothing about the
-steady speed — and projects the finish: elapsed + remaining × ratio + the reserve (final
-checkpoint, export, evaluation, report). Then:
+After every optimizer step the loop says how long it took, what the calibration predicted, and
+the predicted seconds left. The guard keeps actual/predicted over a window of recent steps (not
+the first `warmup_steps`: warm-up and compilation say nothing of the steady speed) and projects
+the finish: elapsed + remaining × ratio + the reserve (final checkpoint, export, evaluation,
+report). Inside the budget (deadline − margin) it continues; past it, it does what `--on-overrun`
+says, one entry of OVERRUN_ACTIONS (the CLI, the guard and the loop all read that table). Any
+stopping action stops at the last moment that leaves time for one more step and the reserve.
 
-- continue, while the projection is inside the budget (deadline − margin);
-- otherwise what `--on-overrun` says, one entry of OVERRUN_ACTIONS: shrink (cut the step limit to
-  what fits at the live speed), stop (default: at the last moment that still leaves time for one
-  more step and the reserve, stop), warn (only warn).
-
-Each action carries all that its readers need — its CLI word and help phrase, what the guard says
-and asks of the loop (a Move), the status words a run ends with — so adding one is one entry in
-OVERRUN_ACTIONS: the CLI's choices and help, the guard and the loop read them from there. The
-status words themselves are run.json's, in calibration.run_status.
-
-A warning is said once per change of state (on track → over budget → back on track), not on
-every step, and the state has hysteresis: once over budget, the run is back on track only when the
-projection is inside the budget by a share of the time still to go (HYSTERESIS_FRACTION), so a run
-near its limit does not flip back and forth with the noise of its step times. The live progress
-line and the periodic log print the same state (`Verdict.state`, `Verdict.summary`): one story.
+A change of state is said once, with hysteresis (HYSTERESIS_FRACTION), so a run near its limit
+does not flip with the noise of its step times.
 """
 
 from __future__ import annotations
@@ -117,15 +105,6 @@ class GuardSection:
         if self.keep_checkpoints < 1:
             raise BenchtrainError("--keep-checkpoints must be at least 1")
 
-    @classmethod
-    def every(cls, seconds: float, on_overrun: str = DEFAULT_OVERRUN_ACTION, keep: int = 2) -> GuardSection:
-        """A section that checkpoints every `seconds` (0: after every step, which no
-        --checkpoint-interval can ask): for callers that hold seconds, not the option's text."""
-        section = cls(on_overrun=on_overrun, keep_checkpoints=keep)
-        object.__setattr__(section, "checkpoint_interval", f"{seconds}s")
-        object.__setattr__(section, "checkpoint_interval_seconds", float(seconds))
-        return section
-
 
 @dataclass(frozen=True)
 class GuardSettings:
@@ -162,11 +141,6 @@ class Verdict:
     state: str = ON_TRACK  # WARMING_UP (no live speed yet) | ON_TRACK | OVER_BUDGET, with hysteresis
     budget_seconds: float = 0.0  # deadline − margin, from the command's start
     then: str = ""  # what the guard does about being over budget
-
-    @property
-    def action(self) -> str:
-        """The move's word: continue | shrink | checkpoint | stop."""
-        return self.move.value
 
     @property
     def summary(self) -> str:

@@ -21,7 +21,7 @@ from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
 from train.planning.prices import run_cost
 from train.planning.types import Plan
-from train.running.loop_state import LoopOutcome, Position
+from train.running.loop import LoopOutcome, Position
 
 
 def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float) -> RunFile:
@@ -211,7 +211,7 @@ class RunRecord:
         return self.file.write(self.out_dir)
 
     def progress(self, position: Position, events: list[str]) -> None:
-        """The loop's report (train.running.loop_state.LoopHooks.on_update): where it is, written."""
+        """The loop's report (train.running.loop.LoopHooks.on_update): where it is, written."""
         self.file.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
         self.file.update(events=self.earlier_events + events)
         self.write()
