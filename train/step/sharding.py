@@ -1,30 +1,16 @@
 """How the model is spread over the processes of a job: DDP or FSDP (`--sharding`).
 
-- ddp (default): every process holds the whole model; gradients are all-reduced once per optimizer
-  step (accelerate's DDP wrapper).
-- fsdp: parameters, gradients and optimizer state are sharded over the processes, for full
-  fine-tuning of a model that does not fit one device. Each decoder block is a unit, then the
-  whole model (embeddings, final norm, head): a block's parameters are all-gathered for its forward
-  and again for its backward, and its gradients reduce-scattered, on every micro-step.
+- ddp (default): every process holds the whole model; gradients are all-reduced once per step.
+- fsdp: parameters, gradients and optimizer state sharded over the processes (PyTorch's FSDP2
+  `fully_shard`, per decoder block then the root, as accelerate's FSDP2 plugin does). Called
+  directly because accelerate enables FSDP only for GPU-like devices, and the code the CPU tests
+  run on gloo must be the code the GPUs run.
 
-FSDP here is PyTorch's FSDP2 `fully_shard`, applied per block and then to the root, which is what
-accelerate's FSDP2 plugin does (accelerate/utils/fsdp_utils.py, `fsdp2_prepare_model`). It is
-called directly because accelerate turns its FSDP plugin on only for GPU-like distributed types,
-not for CPU processes on gloo (accelerate/state.py), and the code the CPU tests run must be the
-code the GPUs run. Launch and the process group stay accelerate's (`accelerate launch`, torchrun).
-
-The model is built on `meta` and sharded there, then each rank materialises its shards only
-(`materialise_shards`): no rank ever holds the whole fp32 model, which is what the memory check
-(train.planning.memory_check, a 1/N share plus gathered blocks) assumes. A preset's weights are
-drawn one module at a time (train.workload.meta_init: the values the unsharded build has, bit for
-bit), each rank keeping its slice; a folder's weights are read by rank 0 alone, into its host
-memory in the checkpoint's dtype, while the others wait on the job's store (not in a collective
-the watchdog would end), then broadcast, every rank keeping its shard (torch.distributed.checkpoint's
-`set_model_state_dict(..., broadcast_from_rank0=True)`, what accelerate's FSDP2 loading does).
-
-Checkpoints and the exported model hold the full state: gathered to rank 0's host memory
-(torch.distributed.checkpoint.state_dict) and loaded back by broadcast from rank 0, so a
-checkpoint has the same files whatever the sharding, and only rank 0 writes.
+The model is built on `meta`, sharded there, then each rank materialises only its shards
+(`materialise_shards`): no rank holds the whole fp32 model, as the memory check assumes. A
+folder's weights are read by rank 0 alone while the others wait on the job's store (not in a
+collective the watchdog would end), then broadcast. Checkpoints and the export hold the full state,
+gathered to rank 0 and loaded back by broadcast, so a checkpoint is the same whatever the sharding.
 """
 
 from __future__ import annotations
@@ -71,16 +57,15 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     blocks = decoder_blocks(model)
-    before = quantized_check(model) if has_4bit_weights(model) else None
+    before = quantized_check(model) if any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters()) else None
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    if spec is not None and is_on_meta(model):
+    if spec is not None and any(parameter.is_meta for parameter in model.parameters()):
         materialise_shards(model, spec, device)
     if before is not None:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
-
             raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
     return len(blocks) + 1
 
@@ -90,7 +75,6 @@ SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float 
 
 def check_quantized_sharding(kind: str) -> None:
     """One line for a bitsandbytes base FSDP cannot shard (8-bit: int8 weights and row scales)."""
-
     if kind not in SHARDABLE_QUANTIZE:
         raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
 
@@ -117,7 +101,6 @@ class QuantizedCheck(NamedTuple):
 def quantized_check(model: Any) -> QuantizedCheck:
     import torch
     from torch.distributed.tensor import DTensor
-
 
     # The bytes first: after a forward FSDP leaves the root's parameters gathered until the backward.
     frozen = (parameter.to_local() if isinstance(parameter, DTensor) else parameter for parameter in model.parameters() if not parameter.requires_grad)
@@ -152,14 +135,6 @@ def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int
     if after.base_bytes > QUANTIZED_SHARE_SLACK * before.base_bytes / world_size:
         return f"it is not sharded (each rank keeps {after.base_bytes / 2**20:.1f} MiB of the {before.base_bytes / 2**20:.1f} MiB base, not 1/{world_size})"
     return None
-
-
-def has_4bit_weights(model: Any) -> bool:
-    return any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters())
-
-
-def is_on_meta(model: Any) -> bool:
-    return any(parameter.is_meta for parameter in model.parameters())
 
 
 def materialise_shards(model: Any, spec: Any, device: Any) -> None:
@@ -197,7 +172,6 @@ def seed_adapters(lm: Any) -> None:
     (peft's `reset_lora_parameters` with its default initialisation). Every rank draws the same
     values from the same generator state and keeps its slice, so the ranks agree without a
     collective; on CPU they are the unsharded build's, bit for bit (tests/test_fsdp_lora.py)."""
-
     import torch
 
     for module in lm.modules():
@@ -252,12 +226,10 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     checkpoint's own dtype (a bf16 checkpoint as bf16: half of it in fp32), every other rank reads
     nothing and waits for it on the job's store, then each keeps its shard of what rank 0
     broadcasts (cast to the shard's dtype as it is copied in)."""
-
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.distributed_c10d import _get_default_store
     from transformers import AutoModelForCausalLM
-
 
     key, store, world_size = next(_LOAD_KEYS), _get_default_store(), dist.get_world_size()
     weights: dict[str, Any] = {}
