@@ -8,12 +8,11 @@ A checkpoint is a folder `step-0000123` under `<run>/checkpoints/`:
     progress.json       step, data position, loss history, Python and NumPy RNG, plan, calibration
     COMPLETE            written and fsync'd last: a folder without it is not a checkpoint
 
-It is written into a temporary folder that is renamed into place, and older checkpoints are
-pruned only after the new one is complete, so a crash (kill -9, power, a full disk) at any
-moment leaves the previous checkpoint loadable. Under FSDP (train/step/sharding.py) every process joins
-in gathering the full state to rank 0, which alone writes the same files; loading reads them on
-rank 0 and broadcasts each process its shard. A save that fails (ENOSPC, an I/O error) removes
-its partial folder and raises `CheckpointWriteError`, which names the problem and how to resume.
+It is written into a temporary folder renamed into place, and older ones are pruned only after,
+so a crash at any moment leaves the previous checkpoint loadable; a failed save (ENOSPC, I/O)
+removes its partial folder and raises `CheckpointWriteError`, naming the problem and the resume.
+Under FSDP every process gathers the full state to rank 0, which alone writes the same files;
+loading reads them on rank 0 and broadcasts each process its shard.
 """
 
 from __future__ import annotations
@@ -59,14 +58,11 @@ class CheckpointReadError(BenchtrainError):
 
 
 class RngState(NamedTuple):
-    """The random generators' state as a checkpoint keeps it."""
-
     plain: JsonDict  # Python's and NumPy's, JSON-able (progress.json)
     tensors: dict[str, Any]  # torch's (and CUDA's) generator tensors (optimizer.pt)
 
 
 def rng_state() -> RngState:
-    """The random generators' state now."""
     import torch
 
     version, internal, gauss = random.getstate()
@@ -93,8 +89,7 @@ def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
 def save_checkpoint(
     folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None, meta: JsonDict, keep: int | None = None
 ) -> float:
-    """Write `folder` atomically; returns the seconds it took. Prunes older siblings to `keep`
-    only once the new checkpoint is complete."""
+    """Write `folder` atomically, then prune older siblings to `keep`; returns the seconds it took."""
     import torch
     from safetensors.torch import save_file
 
@@ -137,7 +132,7 @@ def write_error(folder: Path, error: BaseException) -> CheckpointWriteError:
 
 
 def _untied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors that share memory (tied embeddings): store each once more as a copy."""
+    """safetensors refuses tensors that share memory (tied embeddings): store the later ones as copies."""
     seen: set[int] = set()
     out = {}
     for name, tensor in weights.items():
@@ -171,8 +166,7 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint must keep of the model: everything for full fine-tuning; for LoRA only the
-    trainable adapters (the frozen base is rebuilt from the preset or the model folder)."""
+    """Everything for full fine-tuning; for LoRA only the trainable adapters (the base is rebuilt)."""
     module = _unwrapped(model)
     trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     if len(trainable) == sum(1 for _ in module.parameters()):
@@ -182,7 +176,7 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
     """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
-    False); a one-line error when it is neither."""
+    False); a one-line error when neither."""
     module = _unwrapped(model)
     trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     partial = len(trainable) < sum(1 for _ in module.parameters())
@@ -237,8 +231,7 @@ def read_progress(folder: Path) -> JsonDict:
 
 
 def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
-    """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
-    beyond plain tensors and containers (weights_only)."""
+    """Restore everything saved in `folder` (nothing unpickled beyond tensors: weights_only); returns its progress."""
     if is_sharded(model):
         return _load_sharded(folder, model, optimizer, scheduler)
     progress = read_progress(folder)
@@ -251,8 +244,8 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, 
 def _restore_rest(
     folder: Path, progress: JsonDict, load_optimizer: Callable[[], object], scheduler: LRScheduler | None, state: dict[str, Any], mismatch: str
 ) -> JsonDict:
-    """Optimizer (`load_optimizer()`), scheduler and RNG state back in place; `progress` without its
-    RNG. A state that does not fit is a one-line error saying `mismatch`."""
+    """Optimizer (`load_optimizer()`), scheduler and RNG state back; `progress` without its RNG.
+    A state that does not fit is a one-line error saying `mismatch`."""
     try:
         load_optimizer()
         if scheduler is not None and state.get("scheduler") is not None:
@@ -264,14 +257,12 @@ def _restore_rest(
 
 
 class SavedState(NamedTuple):
-    """What a checkpoint holds besides its progress."""
-
     weights: dict[str, torch.Tensor]  # model.safetensors
     state: dict[str, Any]  # optimizer.pt: the optimizer's, the scheduler's and torch's RNG state
 
 
 def _read_state(folder: Path) -> SavedState:
-    """The weights and the optimizer/scheduler/RNG state of `folder`, read safely, or a one-line error."""
+    """The weights and the optimizer, scheduler and RNG state of `folder`, read safely, or a one-line error."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -289,8 +280,8 @@ def _read_state(folder: Path) -> SavedState:
 
 
 def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
-    """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
-    rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
+    """FSDP: rank 0 reads and checks the files and broadcasts the verdict, the scheduler and RNG
+    state, then each rank receives its shard of the weights and optimizer state."""
     import torch.distributed as dist
 
     progress = read_progress(folder)
@@ -306,7 +297,6 @@ def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, sc
     problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
     if problem:
         raise CheckpointReadError(problem)
-    # torch's DictValueType is a union dict is invariant in: the tensors are one of its members.
     scatter = lambda: scatter_full_state(model, optimizer, dict(weights), state["optimizer"])  # noqa: E731
     return _restore_rest(folder, progress, scatter, scheduler, small, "the state does not match this sharded model")
 
