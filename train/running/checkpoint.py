@@ -110,12 +110,12 @@ def save_checkpoint(
             state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
             torch.save(state, temporary / OPTIMIZER_FILE)
             (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
-            _fsync_folder(temporary)
-            _write_marker(temporary / MARKER_FILE)
+            _seal(temporary)
     except (OSError, RuntimeError) as error:
         raise write_error(folder, error) from None
-    if keep:
-        prune_checkpoints(folder.parent, keep)
+    if keep:  # older ones go only once the new one is complete
+        for old in list_checkpoints(folder.parent)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return time.perf_counter() - started
 
 
@@ -142,18 +142,16 @@ def _untied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _fsync_folder(folder: Path) -> None:
+def _seal(folder: Path) -> None:
+    """Every file on disk, then the marker, then the folder's entries: only a whole checkpoint has a marker."""
     for path in folder.iterdir():
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _write_marker(path: Path) -> None:
-    with open(path, "w") as handle:
+    with open(folder / MARKER_FILE, "w") as handle:
         handle.write("complete\n")
         handle.flush()
         os.fsync(handle.fileno())
-    descriptor = os.open(path.parent, os.O_RDONLY)
+    descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:
@@ -189,16 +187,6 @@ def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], so
     return not partial
 
 
-def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
-    module = _unwrapped(model)
-    partial = not check_model_state(model, state, source)
-    try:
-        module.load_state_dict(state, strict=not partial)
-    except RuntimeError as error:
-        raise CheckpointReadError(f"checkpoint {source} does not match this model ({str(error).splitlines()[0]})") from None
-
-
 def list_checkpoints(parent: Path) -> list[Path]:
     """Complete checkpoints, oldest first (a folder without its marker is not one)."""
     if not parent.is_dir():
@@ -212,11 +200,6 @@ def checkpoints_to_resume(run_dir: Path) -> list[Path]:
     if not found:
         raise BenchtrainError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
     return found
-
-
-def prune_checkpoints(parent: Path, keep: int) -> None:
-    for old in list_checkpoints(parent)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_progress(folder: Path) -> JsonDict:
@@ -236,7 +219,11 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, 
         return _load_sharded(folder, model, optimizer, scheduler)
     progress = read_progress(folder)
     weights, state = _read_state(folder)
-    load_model_state(model, weights, folder)
+    whole = check_model_state(model, weights, folder)  # LoRA: exactly the trainable tensors
+    try:
+        _unwrapped(model).load_state_dict(weights, strict=whole)
+    except RuntimeError as error:
+        raise CheckpointReadError(f"checkpoint {folder} does not match this model ({str(error).splitlines()[0]})") from None
     load_optimizer = lambda: optimizer.load_state_dict(state["optimizer"])  # noqa: E731
     return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
 

@@ -126,10 +126,6 @@ class GuardSettings:
     def action(self) -> OverrunAction:
         return OVERRUN_ACTIONS[self.on_overrun]
 
-    @property
-    def budget_seconds(self) -> float:
-        return self.deadline.budget_seconds
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -178,7 +174,7 @@ class DeadlineGuard:
         prediction for the steps left up to the current limit. `compiled`: the step compiled a new
         batch shape (its time is not its speed); `pending_compile_seconds`: the planned compilation
         of shapes not met yet."""
-        s = self.settings
+        s, budget = self.settings, self.settings.deadline.budget_seconds
         self.seen += 1
         if self.seen > s.warmup_steps and not compiled:
             self.window.append(StepTime(actual_seconds, predicted_seconds))
@@ -191,27 +187,27 @@ class DeadlineGuard:
         then = action.then
         if over and action.when_over is Move.SHRINK:
             per_step = sum(a for a, _ in self.window) / len(self.window) * (1 + s.periodic_share)
-            room = s.budget_seconds - elapsed - s.reserve_seconds
+            room = budget - elapsed - s.reserve_seconds
             new_limit = step + max(0, math.floor(room / per_step))
             if new_limit < self.limit:
                 self.limit = new_limit
                 move = Move.SHRINK
-                message = f"step {step}: projected finish {projected:.0f}s > {s.budget_seconds:.0f}s budget at the live speed; shrinking to {new_limit} steps"
+                message = f"step {step}: projected finish {projected:.0f}s > {budget:.0f}s budget at the live speed; shrinking to {new_limit} steps"
             then = f"shrunk to {self.limit} steps"
         elif over and not self.over_budget:
-            message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {s.budget_seconds:.0f}s; {then}"
+            message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {budget:.0f}s; {then}"
             move = action.when_over
         elif not over and self.over_budget and action.when_over is not Move.SHRINK:
-            message = f"step {step}: back on track, projected finish {projected:.0f}s of {s.budget_seconds:.0f}s"
+            message = f"step {step}: back on track, projected finish {projected:.0f}s of {budget:.0f}s"
         self.over_budget = over
         if action.stops and step < self.limit and elapsed > self.last_safe_moment():
             move = Move.STOP
         state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
-        return Verdict(move, self.limit, projected, ratio, message, state, s.budget_seconds, then)
+        return Verdict(move, self.limit, projected, ratio, message, state, budget, then)
 
     def _over_budget(self, projected: float, elapsed: float) -> bool:
         """Over budget past the budget; back on track only with a margin to spare (hysteresis)."""
-        budget = self.settings.budget_seconds
+        budget = self.settings.deadline.budget_seconds
         if not self.over_budget:
             return projected > budget
         return projected > budget - HYSTERESIS_FRACTION * max(0.0, budget - elapsed)
@@ -219,4 +215,4 @@ class DeadlineGuard:
     def last_safe_moment(self) -> float:
         """Past this, one more step and the reserve might not fit before the deadline."""
         slowest = max((a for a, _ in self.window), default=0.0)
-        return self.settings.budget_seconds - self.settings.reserve_seconds - NEXT_STEP_SAFETY * slowest
+        return self.settings.deadline.budget_seconds - self.settings.reserve_seconds - NEXT_STEP_SAFETY * slowest

@@ -356,7 +356,8 @@ class TrainingRun:
             self.log_every.done(now)
             position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
             self._log(position, now, verdict)
-            self._update(position)
+            if self.hooks.on_update is not None and self.accelerator.is_main_process:
+                self.hooks.on_update(position, self.events)
         self._evaluate_if_due(position, now)
         self._checkpoint_if_due(position, now)
 
@@ -553,7 +554,3 @@ class TrainingRun:
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])
-
-    def _update(self, position: Position) -> None:
-        if self.hooks.on_update is not None and self.accelerator.is_main_process:
-            self.hooks.on_update(position, self.events)

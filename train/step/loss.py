@@ -133,6 +133,7 @@ def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: i
     return loss / count, grad_hidden, grad_weight
 
 
+@functools.cache
 def _chunked_function() -> Any:
     import torch
 
@@ -155,9 +156,6 @@ def _chunked_function() -> Any:
     return ChunkedLinearCrossEntropy
 
 
-_FUNCTION: Any = None
-
-
 def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
     """Hidden states as (tokens, hidden) rows and the label each predicts (position t: labels[t + 1]),
     cast to the autocast dtype inside autocast (both losses run outside it)."""
@@ -175,15 +173,12 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
     """Causal-LM loss from the last hidden states (batch, length, hidden) and the head's weight (vocab, hidden)."""
     import torch
 
-    global _FUNCTION
-    if _FUNCTION is None:
-        _FUNCTION = _chunked_function()
     flat, targets = _rows_and_targets(hidden, labels)
     size = chunk or chunk_tokens(flat.shape[0], weight.shape[0])
     with torch.autocast(flat.device.type, enabled=False):
         if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
             return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
-        return _FUNCTION.apply(flat, weight, targets, size)
+        return _chunked_function().apply(flat, weight, targets, size)
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
