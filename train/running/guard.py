@@ -33,9 +33,8 @@ ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 class Move(Enum):
-    """What the loop does after a step (the guard's Verdict.move), weakest first: the processes
-    agree on the strongest any of them asks (`strength`, agreed with "max"), so that all of them
-    checkpoint or stop together."""
+    """What the loop does after a step, weakest first: the processes agree on the strongest any of
+    them asks, so that all of them checkpoint or stop together."""
 
     CONTINUE = "continue"
     SHRINK = "shrink"  # the step limit was cut (Verdict.limit); the run ends there, STEP_LIMIT
@@ -91,9 +90,7 @@ def overrun_help() -> str:
 
 @dataclass(frozen=True)
 class GuardSection:
-    """The command's section for the guard (train.recipes.config.TrainConfig.guard, taken whole by
-    the loop's LoopSettings): what the guard does when the run would overrun, and how often the
-    loop checkpoints and how many checkpoints it keeps."""
+    """The command's guard options: what to do on an overrun, how often to checkpoint, how many to keep."""
 
     on_overrun: str = DEFAULT_OVERRUN_ACTION  # --on-overrun: a word of OVERRUN_ACTIONS (GuardSettings checks it)
     checkpoint_interval: str = "10m"  # --checkpoint-interval as written
@@ -146,8 +143,6 @@ class Verdict:
 
 
 class StepTime(NamedTuple):
-    """One steady step in the guard's window."""
-
     actual: float  # seconds, measured
     predicted: float  # seconds, as the calibration (or the estimate) predicted
 
@@ -170,10 +165,9 @@ class DeadlineGuard:
         compiled: bool = False,
         pending_compile_seconds: float = 0.0,
     ) -> Verdict:
-        """Step `step` just finished at `elapsed` seconds; `remaining_predicted` is the calibration's
-        prediction for the steps left up to the current limit. `compiled`: the step compiled a new
-        batch shape (its time is not its speed); `pending_compile_seconds`: the planned compilation
-        of shapes not met yet."""
+        """Step `step` just finished at `elapsed` seconds, `remaining_predicted` seconds predicted for
+        the steps left. `compiled`: the step compiled a new shape (its time is not its speed);
+        `pending_compile_seconds`: the planned compilation of shapes not met yet."""
         s, budget = self.settings, self.settings.deadline.budget_seconds
         self.seen += 1
         if self.seen > s.warmup_steps and not compiled:

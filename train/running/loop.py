@@ -51,7 +51,6 @@ SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handler
 @dataclass
 class LoopSettings:
     deadline: Deadline  # the command's, as it built it: the start, the deadline and the margin
-    # The command's guard section whole: --on-overrun, the checkpoint interval, the checkpoints kept.
     guard: GuardSection = field(default_factory=GuardSection)
     log_interval_seconds: float = 10.0
     learning_rate: float = DEFAULT_LEARNING_RATE
@@ -64,7 +63,6 @@ class LoopSettings:
     resume: bool = False
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
-    # The schedule's and the optimizer's hyper-parameters (--lr-scheduler-type, --weight-decay, …).
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
 
 
@@ -143,9 +141,7 @@ class StopSignals:
 
 @dataclass(frozen=True)
 class ModelToTrain:
-    """What the loop trains: the model, the method, and how the step runs as the plan decided it
-    (train.recipes.choice; None: the default options resolved on the loop's accelerator,
-    train.step.engine.step_setup_for)."""
+    """What the loop trains, and how the step runs as the plan decided (None: the default options)."""
 
     spec: ModelSpec
     method: MethodConfig = field(default_factory=MethodConfig)
@@ -164,7 +160,7 @@ class TrainingData:
 
 @dataclass(frozen=True)
 class LoopHooks:
-    """What the loop calls: after each logged step (run.json), before each step (tests slow it
+    """What the loop calls after each logged step (run.json) and before each step (tests slow it
     down), and the run record its trackers are told of."""
 
     on_update: Callable[[Position, list[str]], None] | None = None
@@ -226,15 +222,8 @@ class TrainingRun:
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.hooks.tracker_record or {})
 
     def epoch_batches(self, epoch: int) -> list[MicroBatch]:
-        step = self.chosen.config
-        return run_batches(
-            self.inputs.data,
-            BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed),
-            epoch,
-            self.settings.epochs,
-            self.accelerator.num_processes,
-            self.accelerator.process_index,
-        )
+        layout = BatchLayout(self.chosen.config.micro_batch_size, self.chosen.config.seq_len, self.settings.seed)
+        return run_batches(self.inputs.data, layout, epoch, self.settings.epochs, self.accelerator.num_processes, self.accelerator.process_index)
 
     def total_steps(self) -> int:
         steps = self.chosen.optimizer_steps
@@ -268,14 +257,12 @@ class TrainingRun:
         position, resumed_from = self._restore()
         self._start(position, resumed_from)
 
-        self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
-            with StopSignals() as self.signals:
+            with PeakMemory(self.accelerator.device) as self.peak_memory, StopSignals() as self.signals:
                 while position.epoch < math.ceil(self.settings.epochs) and self.status == COMPLETED:
                     self._run_epoch(position)
                 self._finish(position)
         finally:
-            self.peak_memory.__exit__(None, None, None)
             if self.progress is not None:
                 self.progress.close()
             trackers.finish(self.accelerator)

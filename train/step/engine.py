@@ -165,12 +165,7 @@ class Engine:
 
 
 def build_engine(
-    spec: ModelSpec,
-    method: MethodConfig,
-    accelerator: Accelerator,
-    setup: StepSetup,
-    checkpointing: bool = False,
-    optimization: Optimization | None = None,
+    spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, setup: StepSetup, checkpointing: bool = False, optimization: Optimization | None = None
 ) -> Engine:
     """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a
     constant rate, as bench probes use)."""

@@ -21,18 +21,7 @@ from common.durations import parse_duration
 from common.errors import BenchtrainError
 from train.step.compile import eager_region
 from train.step.step import without_packed_sequence_check
-from train.workload.batching import (
-    IGNORE_INDEX,
-    BatchLayout,
-    DataView,
-    MicroBatch,
-    PackedBatches,
-    PaddedBatches,
-    epoch_batches,
-    make_loader,
-    shard,
-    to_device,
-)
+from train.workload.batching import IGNORE_INDEX, BatchLayout, DataView, MicroBatch, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
 from train.workload.data import TokenizedData
 
 if TYPE_CHECKING:
