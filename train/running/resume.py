@@ -20,7 +20,7 @@ from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume, list_checkpoints, read_progress
-from train.step.hyperparameters import option_name, settings_from
+from train.step.hyperparameters import SETTING_NAMES, option_name, settings_from
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec, resolve_model
 
@@ -70,7 +70,7 @@ def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, 
 
 # What a resume compares of the hyper-parameters: the schedule the run's steps follow and what the
 # optimizer is given (the warm-up as the steps it has, however it was asked for).
-COMPARED_HYPERPARAMETERS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
+COMPARED_HYPERPARAMETERS = tuple(name for name in SETTING_NAMES if name != "warmup_ratio")
 
 
 def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -> JsonDict:
