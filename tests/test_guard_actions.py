@@ -139,7 +139,7 @@ def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunActi
     becomes): a checkpoint where the projection passed the budget, and the run goes on to its end."""
     run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5, clock=clock)
     outcome = run.run()
-    assert outcome.status == "step_limit" and outcome.steps == 5  # not stopped, though far past the deadline
+    assert outcome.status == "step_limit" and outcome.position.step == 5  # not stopped, though far past the deadline
     assert any("passes the deadline budget" in event and event.endswith("checkpointing and continuing") for event in outcome.events)
     saved = [event for event in outcome.events if event.startswith("checkpoint ")]
     # The guard's checkpoint at the first steady step (step 2: step 1 is the warm-up), the final one at step 5.

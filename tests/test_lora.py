@@ -34,7 +34,7 @@ def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(tmp_path
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=4, method=LORA)
     base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
     outcome = run.run()
-    assert outcome.steps == 4
+    assert outcome.position.step == 4
     model = run.model
     trained = dict(model.named_parameters())
     adapters = {name: p for name, p in trained.items() if p.requires_grad}

@@ -25,7 +25,7 @@ def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path
     elapsed = run.settings.deadline.elapsed()  # the deadline counts from the command's start
     assert outcome.status == "stopped_for_deadline"
     assert elapsed < GUARD_DEADLINE_SECONDS, elapsed
-    assert outcome.steps > 3 and outcome.steps == clock.steps
+    assert outcome.position.step > 3 and outcome.position.step == clock.steps
     assert outcome.last_checkpoint and Path(outcome.last_checkpoint).is_dir()
     assert any("passes the deadline" in event for event in outcome.events)
 
@@ -36,7 +36,7 @@ def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Pat
     outcome = run.run()
     assert run.settings.deadline.elapsed() < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
-    assert outcome.shrunk_to is not None and outcome.steps <= outcome.shrunk_to and outcome.steps == clock.steps
+    assert outcome.shrunk_to is not None and outcome.position.step <= outcome.shrunk_to and outcome.position.step == clock.steps
 
 
 def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
@@ -92,10 +92,10 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
     outcome = run.run()
     c = run.chosen
-    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.micro_batches]
+    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.position.micro_batches]
     flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
     assert max(shape.length for shape in shapes) < c.config.seq_len  # padded batches shorter than max_length
-    assert outcome.figures["tflops"] * 1e12 * outcome.step_seconds == pytest.approx(flops, rel=1e-9)
+    assert outcome.figures["tflops"] * 1e12 * outcome.position.step_seconds == pytest.approx(flops, rel=1e-9)
 
 
 def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:

@@ -69,19 +69,12 @@ class LoopSettings:
 @dataclass
 class LoopOutcome:
     status: str  # a word of calibration.run_status: completed | step_limit | stopped_for_deadline | interrupted
-    steps: int
-    micro_batches: int
-    tokens: int
-    padded_tokens: int
-    step_seconds: float  # sum of measured optimizer-step times
+    position: Position  # where the run ended: its steps, tokens, step seconds, losses, evaluations, timeline
     checkpoint_seconds: list[float]
-    losses: list[dict[str, float]]
-    timeline: list[dict[str, float]]
     events: list[str]
     last_checkpoint: str | None
     resumed_from: str | None = None
     exit_signal: int | None = None
-    evals: list[dict[str, float]] = field(default_factory=list)
     batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
     figures: dict[str, float | None] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
     start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
@@ -394,15 +387,8 @@ class TrainingRun:
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
             status=self.status,
-            steps=position.step,
-            micro_batches=position.micro_batches,
-            tokens=position.tokens,
-            padded_tokens=position.padded_tokens,
-            step_seconds=position.step_seconds,
+            position=position,
             checkpoint_seconds=self.checkpoint_times,
-            losses=position.losses,
-            evals=position.evals,
-            timeline=position.timeline,
             events=self.events,
             last_checkpoint=self.last_checkpoint,
             resumed_from=resumed_from,

@@ -107,21 +107,22 @@ def estimate_section(plan: Plan) -> JsonDict:
 def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> JsonDict:
     """What happened. `total_seconds`: from the plan to the end of the export (the span the
     estimate check compares); steps, tokens and train seconds count a resumed run's earlier ones too."""
+    ended = outcome.position
     return {
         "total_seconds": total_seconds,
-        "train_seconds": outcome.step_seconds,
-        "tokens": outcome.tokens,
-        "padded_tokens": outcome.padded_tokens,
-        "tokens_per_second": outcome.tokens / outcome.step_seconds if outcome.step_seconds else 0.0,
-        "steps": outcome.steps,
-        "micro_batches": outcome.micro_batches,
+        "train_seconds": ended.step_seconds,
+        "tokens": ended.tokens,
+        "padded_tokens": ended.padded_tokens,
+        "tokens_per_second": ended.tokens / ended.step_seconds if ended.step_seconds else 0.0,
+        "steps": ended.step,
+        "micro_batches": ended.micro_batches,
         "batch_shapes": outcome.batch_shapes,
         **outcome.figures,  # computed tokens/s, TFLOP/s, MFU, data-wait share, peak memory (train.step.metrics)
         "checkpoint_seconds": outcome.checkpoint_seconds,
-        "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
-        "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,
-        "final_perplexity": outcome.evals[-1]["perplexity"] if outcome.evals else None,
-        "eval_seconds": sum(entry["seconds"] for entry in outcome.evals),
+        "final_loss": ended.losses[-1]["loss"] if ended.losses else None,
+        "final_eval_loss": ended.evals[-1]["eval_loss"] if ended.evals else None,
+        "final_perplexity": ended.evals[-1]["perplexity"] if ended.evals else None,
+        "eval_seconds": sum(entry["seconds"] for entry in ended.evals),
         "status": outcome.status,
         "start_step": outcome.start_step,
         "exit_signal": outcome.exit_signal,
@@ -227,7 +228,8 @@ class RunRecord:
         final = stored_paths(trained.final, self.out_dir, FINAL_PATH_KEYS)
         record.update(final=final, model=trained.model, training=trained.training, status=loop.status)
         record.update_plan(lora=trained.training["lora"])
-        record.update(losses=loop.losses, timeline=loop.timeline, evals=loop.evals, events=self.earlier_events + loop.events)
+        ended = loop.position
+        record.update(losses=ended.losses, timeline=ended.timeline, evals=ended.evals, events=self.earlier_events + loop.events)
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.
