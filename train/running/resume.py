@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import operator
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -107,14 +108,9 @@ def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
         return False
     if not method.is_lora:
         return True
-    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout, earlier.quantize) == (
-        method.lora_rank,
-        method.alpha,
-        method.lora_dropout,
-        method.quantize,
-    )
+    settings = operator.attrgetter("lora_rank", "alpha", "lora_dropout", "quantize")
     named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
-    return same_settings and named
+    return settings(earlier) == settings(method) and named
 
 
 def data_fingerprint(data: DataView) -> str:
