@@ -147,14 +147,10 @@ class Engine:
     loss: str  # the loss implementation in use
     sharding: str = "none"  # none (one process) | ddp | fsdp
 
-    @property
-    def precision(self) -> str:
-        """bf16 (autocast: CUDA, or CPU with BENCHTRAIN_CPU_BF16=1) or fp32."""
-        return "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
-
     def record(self) -> JsonDict:
         """How the step ran, for the calibration's and run.json's `training` section."""
-        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": self.precision}
+        precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"  # autocast: CUDA, or BENCHTRAIN_CPU_BF16=1
+        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": precision}
 
     def with_loss(self, kind: str) -> Engine:
         """This engine computing the loss with `kind` (bench compares the losses on one model)."""

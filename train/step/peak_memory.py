@@ -161,14 +161,6 @@ class PeakMemory:
         # Read together with the used bytes: what the allocator holds now, not at its peak.
         self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
 
-    @property
-    def device_peak_bytes(self) -> int:
-        """What the device held at the highest point: reserved + outside the allocator on CUDA, the
-        peak RSS on CPU."""
-        if self.peak_reserved_bytes is None or self.non_torch_bytes is None:
-            return self.peak_bytes
-        return self.peak_reserved_bytes + self.non_torch_bytes
-
     def record(self) -> dict[str, int]:
         """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes:
         on CUDA only (calibration.memory_fit.CUDA_MEMORY_FIELDS)."""
