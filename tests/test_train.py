@@ -69,7 +69,7 @@ def _schedule(steps: int, peak: float) -> list[float]:
     from train.step.hyperparameters import OptimizerSettings
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
-    scheduler = OptimizerSettings().scheduler(steps)(optimizer)
+    scheduler = OptimizerSettings().scheduler(optimizer, steps)
     rates = []
     for _ in range(steps):
         rates.append(optimizer.param_groups[0]["lr"])

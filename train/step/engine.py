@@ -185,7 +185,7 @@ def build_engine(
     if optimization.total_steps is None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     else:
-        scheduler = settings.scheduler(optimization.total_steps)(optimizer)
+        scheduler = settings.scheduler(optimizer, optimization.total_steps)
     # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps once per
     # process at every optimizer step, so under N processes ours would decay N times too fast.
     if sharding == "fsdp":

@@ -10,7 +10,6 @@ linear warm-up, constant_with_warmup, and constant (no warm-up).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -79,21 +78,12 @@ class OptimizerSettings:
             return self.warmup_steps
         return max(1, int(self.warmup_ratio * total_steps)) if self.warmup_ratio > 0 else 0
 
-    def scheduler(self, total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
-        """`make_scheduler(optimizer)`: this schedule over the run's `total_steps` optimizer steps
-        (the same on every process; a resume keeps the run's first horizon)."""
-        kind, warmup, total = self.lr_scheduler_type, self.warmup_for(total_steps), max(1, total_steps)
+    def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+        """This schedule over the run's `total_steps` optimizer steps (the same on every process; a
+        resume keeps the run's first horizon). transformers' get_scheduler takes what each kind needs."""
+        from transformers import get_scheduler
 
-        def make(optimizer: torch.optim.Optimizer) -> LambdaLR:  # each of SCHEDULER_CHOICES is one in transformers
-            from transformers import get_scheduler
-
-            if kind == "constant":
-                return get_scheduler(kind, optimizer)
-            if kind == "constant_with_warmup":
-                return get_scheduler(kind, optimizer, num_warmup_steps=warmup)
-            return get_scheduler(kind, optimizer, num_warmup_steps=warmup, num_training_steps=total)
-
-        return make
+        return get_scheduler(self.lr_scheduler_type, optimizer, num_warmup_steps=self.warmup_for(total_steps), num_training_steps=max(1, total_steps))
 
     def record(self, learning_rate: float, optimizer: str, total_steps: int) -> JsonDict:
         """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
