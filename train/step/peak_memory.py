@@ -118,9 +118,7 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            # Each probe starts from an empty cache so that its reserved peak is its own shape's,
-            # not what an earlier, larger probe left cached (a run's growth over many shapes is its
-            # own figure: train records the same fields).
+            # From an empty cache, so the reserved peak is this probe's, not what a larger one left cached.
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)  # this process's device, named
             return self

@@ -121,12 +121,9 @@ def agree(accelerator: Accelerator | PartialState, value: int, operation: str = 
 
 FINISH_KEY = "benchtrain/finished"
 LEFT_KEY = "benchtrain/left"
-# The least the processes wait for each other at the end (what is not planned: a slow interpreter
-# exit, a tracker's flush). Rank 0's planned work after the last step comes on top
-# (finish_wait_seconds): a fixed 600 s ended rank 0 in the middle of a 16 GB push at 20 MB/s.
+# The least the processes wait for each other at the end (a slow exit, a tracker's flush); rank 0's
+# planned work after the last step comes on top, at up to FINISH_SLACK_FACTOR times its plan.
 FINISH_TIMEOUT_SECONDS = 600.0
-# Rank 0's export and push may take this many times their planned seconds (a slower uplink than
-# the stated default, a busy disk) before the others give up on it.
 FINISH_SLACK_FACTOR = 2.0
 
 

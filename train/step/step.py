@@ -135,9 +135,8 @@ class TrainingStep:
             # Gradients are all-reduced once, on the last micro-step.
             sync = contextlib.nullcontext() if last and synchronize else accelerator.no_sync(model)
             with sync, without_packed_sequence_check():
-                # No attention mask: rows are right-padded and attention is causal, so no real
-                # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
-                # path and transformers does not inspect the mask on the host (a sync per micro-step).
+                # No attention mask: right-padded rows under causal attention never see padding, and
+                # without one SDPA takes its causal fast path with no host sync on the mask.
                 outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
                 loss = outputs.loss / grad_accum
                 accelerator.backward(loss)
