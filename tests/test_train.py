@@ -42,7 +42,7 @@ def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Pat
 def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     full_run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full")
     full = full_run.run()
-    assert full.status == "step_limit" and full.steps == 10
+    assert full.status == "step_limit" and full.position.step == 10
 
     def sigterm_at_step_4(step: int) -> None:
         if step == 4:
@@ -50,16 +50,16 @@ def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path
 
     interrupted = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", hook=sigterm_at_step_4).run()
     assert interrupted.status == "interrupted" and interrupted.exit_signal == signal.SIGTERM
-    assert interrupted.steps == 5  # the step in flight finished, then a checkpoint
+    assert interrupted.position.step == 5  # the step in flight finished, then a checkpoint
     saved = list_checkpoints(tmp_path / "split" / "checkpoints")
     assert saved and saved[-1].name == "step-0000005"
 
     resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", resume=True).run()
-    assert resumed.resumed_from and resumed.steps == 10
-    assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+    assert resumed.resumed_from and resumed.position.step == 10
+    assert [entry["loss"] for entry in resumed.position.losses] == [entry["loss"] for entry in full.position.losses]
     # The learning rate of every step is recorded, and the resumed run continues the schedule.
-    assert [entry["learning_rate"] for entry in resumed.losses] == [entry["learning_rate"] for entry in full.losses]
-    assert [entry["learning_rate"] for entry in full.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
+    assert [entry["learning_rate"] for entry in resumed.position.losses] == [entry["learning_rate"] for entry in full.position.losses]
+    assert [entry["learning_rate"] for entry in full.position.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
 
 
 def _schedule(steps: int, peak: float) -> list[float]:
