@@ -295,7 +295,7 @@ class ResumedRun:
     epochs: float
     total_steps: int  # its learning-rate schedule's horizon, fixed at its first plan
     base_learning_rate: float | None
-    hyperparameters: JsonObject | None  # under HF's names (train.step.hyperparameters.settings_of_run)
+    hyperparameters: JsonObject | None  # under HF's names (train.step.hyperparameters.settings_from)
     calibration_id: str | None
     calibration_path: str | None
     sharding: str

@@ -357,6 +357,17 @@ def local_calibration() -> Any:
     return Calibration(data)
 
 
+def guard_checkpointing_every(seconds: float, on_overrun: str = "stop", keep: int = 2) -> Any:
+    """A guard section that checkpoints every `seconds` (0: after every step, which no
+    --checkpoint-interval can ask)."""
+    from train.running.guard import GuardSection
+
+    section = GuardSection(on_overrun=on_overrun, keep_checkpoints=keep)
+    object.__setattr__(section, "checkpoint_interval", f"{seconds}s")
+    object.__setattr__(section, "checkpoint_interval_seconds", float(seconds))
+    return section
+
+
 def make_run(
     tmp_path: Path,
     data_path: Path,
@@ -379,9 +390,7 @@ def make_run(
     from train.planning.deadline import Deadline
     from train.planning.planner import make_plan
     from train.planning.types import PlanRequest
-    from train.running.guard import GuardSection
-    from train.running.loop import LoopSettings, TrainingRun
-    from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
+    from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
@@ -394,7 +403,7 @@ def make_run(
     )
     settings = LoopSettings(
         deadline=Deadline(deadline, 0.5, started_at=clock.now if clock else time.monotonic()),
-        guard=GuardSection.every(1e6, on_overrun=on_overrun),
+        guard=guard_checkpointing_every(1e6, on_overrun=on_overrun),
         epochs=1,
         step_limit=steps,
         resume=resume,

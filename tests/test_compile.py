@@ -79,7 +79,7 @@ def test_guard_leaves_compiling_steps_out_and_counts_compilation_still_to_come()
     assert verdict.ratio == 1.0 and verdict.message is None  # 31 s of compiling is not a 31× slower step
     verdict = guard.observe(2, elapsed=32, actual_seconds=1, predicted_seconds=1, remaining_predicted=48, pending_compile_seconds=30)
     assert verdict.projected_finish == pytest.approx(32 + 48 + 30)
-    assert verdict.action == "stop" or verdict.message  # 110 s > 100 s: said
+    assert verdict.move.value == "stop" or verdict.message  # 110 s > 100 s: said
 
 
 def test_planner_charges_one_compilation_per_distinct_shape() -> None:

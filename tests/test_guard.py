@@ -17,7 +17,7 @@ def run(guard: DeadlineGuard, actual: list[float], start: float = 5.0, total: in
         elapsed += seconds
         verdict = guard.observe(step, elapsed, seconds, STEP, max(0, min(guard.limit, total) - step) * STEP)
         verdicts.append(verdict)
-        if verdict.action == "stop":
+        if verdict.move.value == "stop":
             break
     return verdicts
 
@@ -29,7 +29,7 @@ def settings(deadline_seconds: float = 120.0, margin_seconds: float = 5.0, **ove
 
 def test_on_track_says_nothing_and_never_stops() -> None:
     verdicts = run(DeadlineGuard(settings(), 100), [1.0] * 100)
-    assert all(v.action == "continue" and v.message is None for v in verdicts)
+    assert all(v.move.value == "continue" and v.message is None for v in verdicts)
 
 
 def test_a_slow_warm_up_step_is_not_a_warning() -> None:
@@ -44,7 +44,7 @@ def test_a_slowdown_is_said_once_and_the_run_stops_at_the_last_safe_moment() -> 
     verdicts = run(DeadlineGuard(settings(), 100), [1.0] * 10 + [2.0] * 100)
     messages = [v.message for v in verdicts if v.message]
     assert len(messages) == 1 and "115s" in messages[0] and "will checkpoint and stop" in messages[0]
-    assert verdicts[-1].action == "stop"
+    assert verdicts[-1].move.value == "stop"
     # Stopped with one step (×1.5) and the reserve still inside the budget.
     stopped_at = 5.0 + 10 * 1.0 + (len(verdicts) - 10) * 2.0
     assert 115 - 5 - 3.0 <= stopped_at <= 115 - 5
@@ -55,18 +55,18 @@ def test_back_on_track_is_said_once_too() -> None:
     messages = [v.message for v in verdicts if v.message]
     assert len(messages) == 2
     assert "continuing (--on-overrun warn)" in messages[0] and "back on track" in messages[1]
-    assert all(v.action == "continue" for v in verdicts)
+    assert all(v.move.value == "continue" for v in verdicts)
 
 
 def test_warn_never_stops() -> None:
     verdicts = run(DeadlineGuard(settings(on_overrun="warn"), 100), [3.0] * 100)
-    assert all(v.action == "continue" for v in verdicts) and len(verdicts) == 100
+    assert all(v.move.value == "continue" for v in verdicts) and len(verdicts) == 100
 
 
 def test_shrink_cuts_the_limit_to_what_fits_at_the_live_speed() -> None:
     guard = DeadlineGuard(settings(on_overrun="shrink"), 100)
     verdicts = run(guard, [2.0] * 100)
-    shrinks = [v for v in verdicts if v.action == "shrink"]
+    shrinks = [v for v in verdicts if v.move.value == "shrink"]
     assert shrinks and "shrinking to" in shrinks[0].message
     finish = 5.0 + 2.0 * guard.limit + 5.0
     assert finish <= 115 and guard.limit < 100

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, load_tokenized, synthetic_calibration, synthetic_rows
+from helpers import FakeClock, guard_checkpointing_every, load_tokenized, synthetic_calibration, synthetic_rows
 
 from calibration import run_status
 from calibration.model import Calibration
@@ -17,9 +17,8 @@ from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.running import guard
 from train.running.checkpoint import list_checkpoints
-from train.running.guard import DeadlineGuard, GuardSection, GuardSettings, Move, OverrunAction
-from train.running.loop import LoopSettings, TrainingRun
-from train.running.loop_state import LoopHooks, ModelToTrain, TrainingData
+from train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction
+from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
 from train.step.hardware import detect_hardware
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model
@@ -104,7 +103,7 @@ def test_the_guard_carries_out_a_registered_action(checkpoint_action: OverrunAct
     assert len(checkpoints) == 2 and 10 < checkpoints[0] <= 25 and 55 < checkpoints[1]
     said = [verdict.message for verdict in verdicts if verdict.message and "passes the deadline budget" in verdict.message]
     assert len(said) == 2 and all(message.endswith("; checkpointing and continuing") for message in said)
-    assert verdicts[checkpoints[0] - 1].action == "checkpoint" and "checkpointing and continuing" in verdicts[checkpoints[0]].summary
+    assert verdicts[checkpoints[0] - 1].move.value == "checkpoint" and "checkpointing and continuing" in verdicts[checkpoints[0]].summary
     # The same steps under the built-in actions: stop stops, warn neither stops nor checkpoints.
     assert observe_all(guard_for("stop"), slow_then_fast_then_slow)[-1].move is Move.STOP
     assert {verdict.move for verdict in observe_all(guard_for("warn"), slow_then_fast_then_slow)} == {Move.CONTINUE}
@@ -122,7 +121,7 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int, clock
     plan = make_plan(calibration, data, request)
     plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=False)
     settings = LoopSettings(
-        deadline=Deadline(1.0, 0.2, started_at=clock.now), guard=GuardSection.every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
+        deadline=Deadline(1.0, 0.2, started_at=clock.now), guard=guard_checkpointing_every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
     )
     return TrainingRun(
         calibration=calibration,
@@ -140,7 +139,7 @@ def test_the_loop_carries_out_a_registered_action(checkpoint_action: OverrunActi
     becomes): a checkpoint where the projection passed the budget, and the run goes on to its end."""
     run = tiny_run(tmp_path, heavy_tailed_jsonl, "checkpoint", steps=5, clock=clock)
     outcome = run.run()
-    assert outcome.status == "step_limit" and outcome.steps == 5  # not stopped, though far past the deadline
+    assert outcome.status == "step_limit" and outcome.position.step == 5  # not stopped, though far past the deadline
     assert any("passes the deadline budget" in event and event.endswith("checkpointing and continuing") for event in outcome.events)
     saved = [event for event in outcome.events if event.startswith("checkpoint ")]
     # The guard's checkpoint at the first steady step (step 2: step 1 is the warm-up), the final one at step 5.

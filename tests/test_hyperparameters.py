@@ -22,7 +22,7 @@ def rates(settings: OptimizerSettings, total: int) -> list[float]:
     import torch
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
-    scheduler = settings.scheduler(total)(optimizer)
+    scheduler = settings.scheduler(optimizer, total)
     seen = []
     for _ in range(total):
         seen.append(optimizer.param_groups[0]["lr"])
@@ -66,7 +66,7 @@ def test_the_default_is_the_schedule_runs_had_before() -> None:
     import torch
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
-    scheduler = OptimizerSettings().scheduler(total)(optimizer)
+    scheduler = OptimizerSettings().scheduler(optimizer, total)
     before = []
     for _ in range(total):
         before.append(optimizer.param_groups[0]["lr"])

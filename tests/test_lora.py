@@ -34,7 +34,7 @@ def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(tmp_path
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=4, method=LORA)
     base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
     outcome = run.run()
-    assert outcome.steps == 4
+    assert outcome.position.step == 4
     model = run.model
     trained = dict(model.named_parameters())
     adapters = {name: p for name, p in trained.items() if p.requires_grad}
@@ -95,10 +95,10 @@ def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(tmp_path: Path, heav
             os.kill(os.getpid(), signal.SIGTERM)
 
     stopped = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, hook=sigterm_at_step_3).run()
-    assert stopped.status == "interrupted" and stopped.steps == 4
+    assert stopped.status == "interrupted" and stopped.position.step == 4
     resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, resume=True).run()
-    assert resumed.steps == 8
-    assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+    assert resumed.position.step == 8
+    assert [entry["loss"] for entry in resumed.position.losses] == [entry["loss"] for entry in full.position.losses]
 
 
 def test_flops_count_a_frozen_base_and_recompute() -> None:

@@ -7,10 +7,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers import FakeClock, make_run
+from helpers import FakeClock, guard_checkpointing_every, make_run
 
 from train.running.checkpoint import list_checkpoints
-from train.running.guard import GuardSection
 
 # Each step takes 0.3 s on the test's clock (tests/helpers.py FakeClock), far slower than the
 # calibration predicts, so the run cannot finish its ~100 steps before the 12 s deadline: the guard
@@ -26,7 +25,7 @@ def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path
     elapsed = run.settings.deadline.elapsed()  # the deadline counts from the command's start
     assert outcome.status == "stopped_for_deadline"
     assert elapsed < GUARD_DEADLINE_SECONDS, elapsed
-    assert outcome.steps > 3 and outcome.steps == clock.steps
+    assert outcome.position.step > 3 and outcome.position.step == clock.steps
     assert outcome.last_checkpoint and Path(outcome.last_checkpoint).is_dir()
     assert any("passes the deadline" in event for event in outcome.events)
 
@@ -37,13 +36,13 @@ def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Pat
     outcome = run.run()
     assert run.settings.deadline.elapsed() < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
-    assert outcome.shrunk_to is not None and outcome.steps <= outcome.shrunk_to and outcome.steps == clock.steps
+    assert outcome.shrunk_to is not None and outcome.position.step <= outcome.shrunk_to and outcome.position.step == clock.steps
 
 
 def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     full_run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full")
     full = full_run.run()
-    assert full.status == "step_limit" and full.steps == 10
+    assert full.status == "step_limit" and full.position.step == 10
 
     def sigterm_at_step_4(step: int) -> None:
         if step == 4:
@@ -51,16 +50,16 @@ def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path
 
     interrupted = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", hook=sigterm_at_step_4).run()
     assert interrupted.status == "interrupted" and interrupted.exit_signal == signal.SIGTERM
-    assert interrupted.steps == 5  # the step in flight finished, then a checkpoint
+    assert interrupted.position.step == 5  # the step in flight finished, then a checkpoint
     saved = list_checkpoints(tmp_path / "split" / "checkpoints")
     assert saved and saved[-1].name == "step-0000005"
 
     resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", resume=True).run()
-    assert resumed.resumed_from and resumed.steps == 10
-    assert [entry["loss"] for entry in resumed.losses] == [entry["loss"] for entry in full.losses]
+    assert resumed.resumed_from and resumed.position.step == 10
+    assert [entry["loss"] for entry in resumed.position.losses] == [entry["loss"] for entry in full.position.losses]
     # The learning rate of every step is recorded, and the resumed run continues the schedule.
-    assert [entry["learning_rate"] for entry in resumed.losses] == [entry["learning_rate"] for entry in full.losses]
-    assert [entry["learning_rate"] for entry in full.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
+    assert [entry["learning_rate"] for entry in resumed.position.losses] == [entry["learning_rate"] for entry in full.position.losses]
+    assert [entry["learning_rate"] for entry in full.position.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
 
 
 def _schedule(steps: int, peak: float) -> list[float]:
@@ -70,7 +69,7 @@ def _schedule(steps: int, peak: float) -> list[float]:
     from train.step.hyperparameters import OptimizerSettings
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
-    scheduler = OptimizerSettings().scheduler(steps)(optimizer)
+    scheduler = OptimizerSettings().scheduler(optimizer, steps)
     rates = []
     for _ in range(steps):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -93,15 +92,15 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
     outcome = run.run()
     c = run.chosen
-    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.micro_batches]
+    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.position.micro_batches]
     flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
     assert max(shape.length for shape in shapes) < c.config.seq_len  # padded batches shorter than max_length
-    assert outcome.figures["tflops"] * 1e12 * outcome.step_seconds == pytest.approx(flops, rel=1e-9)
+    assert outcome.figures["tflops"] * 1e12 * outcome.position.step_seconds == pytest.approx(flops, rel=1e-9)
 
 
 def test_checkpoints_are_kept_to_the_last_n(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=6)
-    run.settings.guard = GuardSection.every(0.0, on_overrun=run.settings.guard.on_overrun, keep=2)
+    run.settings.guard = guard_checkpointing_every(0.0, on_overrun=run.settings.guard.on_overrun, keep=2)
     run.run()
     names = [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")]
     assert names == ["step-0000005", "step-0000006"]

@@ -39,8 +39,7 @@ from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, 
 from train.recipes.run_data import hub_weights, load_data
 from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
 from train.running.checkpoint import list_checkpoints
-from train.running.loop import TrainingRun
-from train.running.loop_state import LoopHooks, LoopSettings, ModelToTrain, TrainingData
+from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
 from train.running.record import RunRecord, TrainedRun, new_run_file
 from train.running.resume import (
     check_same_data,

@@ -8,12 +8,11 @@ A checkpoint is a folder `step-0000123` under `<run>/checkpoints/`:
     progress.json       step, data position, loss history, Python and NumPy RNG, plan, calibration
     COMPLETE            written and fsync'd last: a folder without it is not a checkpoint
 
-It is written into a temporary folder that is renamed into place, and older checkpoints are
-pruned only after the new one is complete, so a crash (kill -9, power, a full disk) at any
-moment leaves the previous checkpoint loadable. Under FSDP (train/step/sharding.py) every process joins
-in gathering the full state to rank 0, which alone writes the same files; loading reads them on
-rank 0 and broadcasts each process its shard. A save that fails (ENOSPC, an I/O error) removes
-its partial folder and raises `CheckpointWriteError`, which names the problem and how to resume.
+It is written into a temporary folder renamed into place, and older ones are pruned only after,
+so a crash at any moment leaves the previous checkpoint loadable; a failed save (ENOSPC, I/O)
+removes its partial folder and raises `CheckpointWriteError`, naming the problem and the resume.
+Under FSDP every process gathers the full state to rank 0, which alone writes the same files;
+loading reads them on rank 0 and broadcasts each process its shard.
 """
 
 from __future__ import annotations
@@ -59,14 +58,11 @@ class CheckpointReadError(BenchtrainError):
 
 
 class RngState(NamedTuple):
-    """The random generators' state as a checkpoint keeps it."""
-
     plain: JsonDict  # Python's and NumPy's, JSON-able (progress.json)
     tensors: dict[str, Any]  # torch's (and CUDA's) generator tensors (optimizer.pt)
 
 
 def rng_state() -> RngState:
-    """The random generators' state now."""
     import torch
 
     version, internal, gauss = random.getstate()
@@ -93,8 +89,7 @@ def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
 def save_checkpoint(
     folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None, meta: JsonDict, keep: int | None = None
 ) -> float:
-    """Write `folder` atomically; returns the seconds it took. Prunes older siblings to `keep`
-    only once the new checkpoint is complete."""
+    """Write `folder` atomically, then prune older siblings to `keep`; returns the seconds it took."""
     import torch
     from safetensors.torch import save_file
 
@@ -115,12 +110,12 @@ def save_checkpoint(
             state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
             torch.save(state, temporary / OPTIMIZER_FILE)
             (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
-            _fsync_folder(temporary)
-            _write_marker(temporary / MARKER_FILE)
+            _seal(temporary)
     except (OSError, RuntimeError) as error:
         raise write_error(folder, error) from None
-    if keep:
-        prune_checkpoints(folder.parent, keep)
+    if keep:  # older ones go only once the new one is complete
+        for old in list_checkpoints(folder.parent)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return time.perf_counter() - started
 
 
@@ -137,7 +132,7 @@ def write_error(folder: Path, error: BaseException) -> CheckpointWriteError:
 
 
 def _untied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors that share memory (tied embeddings): store each once more as a copy."""
+    """safetensors refuses tensors that share memory (tied embeddings): store the later ones as copies."""
     seen: set[int] = set()
     out = {}
     for name, tensor in weights.items():
@@ -147,18 +142,16 @@ def _untied(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _fsync_folder(folder: Path) -> None:
+def _seal(folder: Path) -> None:
+    """Every file on disk, then the marker, then the folder's entries: only a whole checkpoint has a marker."""
     for path in folder.iterdir():
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _write_marker(path: Path) -> None:
-    with open(path, "w") as handle:
+    with open(folder / MARKER_FILE, "w") as handle:
         handle.write("complete\n")
         handle.flush()
         os.fsync(handle.fileno())
-    descriptor = os.open(path.parent, os.O_RDONLY)
+    descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:
@@ -171,8 +164,7 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a checkpoint must keep of the model: everything for full fine-tuning; for LoRA only the
-    trainable adapters (the frozen base is rebuilt from the preset or the model folder)."""
+    """Everything for full fine-tuning; for LoRA only the trainable adapters (the base is rebuilt)."""
     module = _unwrapped(model)
     trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     if len(trainable) == sum(1 for _ in module.parameters()):
@@ -182,7 +174,7 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
     """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
-    False); a one-line error when it is neither."""
+    False); a one-line error when neither."""
     module = _unwrapped(model)
     trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
     partial = len(trainable) < sum(1 for _ in module.parameters())
@@ -193,16 +185,6 @@ def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], so
         counts = f"{len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. {example}"
         raise CheckpointReadError(f"checkpoint {source} does not match this model ({counts})")
     return not partial
-
-
-def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
-    """Restore `model_state`: all of it, or (LoRA) exactly the trainable tensors."""
-    module = _unwrapped(model)
-    partial = not check_model_state(model, state, source)
-    try:
-        module.load_state_dict(state, strict=not partial)
-    except RuntimeError as error:
-        raise CheckpointReadError(f"checkpoint {source} does not match this model ({str(error).splitlines()[0]})") from None
 
 
 def list_checkpoints(parent: Path) -> list[Path]:
@@ -220,11 +202,6 @@ def checkpoints_to_resume(run_dir: Path) -> list[Path]:
     return found
 
 
-def prune_checkpoints(parent: Path, keep: int) -> None:
-    for old in list_checkpoints(parent)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def read_progress(folder: Path) -> JsonDict:
     """The checkpoint's progress.json, or a one-line error naming it."""
     try:
@@ -237,13 +214,16 @@ def read_progress(folder: Path) -> JsonDict:
 
 
 def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
-    """Restore everything saved in `folder`; returns its progress. Nothing in it is unpickled
-    beyond plain tensors and containers (weights_only)."""
+    """Restore everything saved in `folder` (nothing unpickled beyond tensors: weights_only); returns its progress."""
     if is_sharded(model):
         return _load_sharded(folder, model, optimizer, scheduler)
     progress = read_progress(folder)
     weights, state = _read_state(folder)
-    load_model_state(model, weights, folder)
+    whole = check_model_state(model, weights, folder)  # LoRA: exactly the trainable tensors
+    try:
+        _unwrapped(model).load_state_dict(weights, strict=whole)
+    except RuntimeError as error:
+        raise CheckpointReadError(f"checkpoint {folder} does not match this model ({str(error).splitlines()[0]})") from None
     load_optimizer = lambda: optimizer.load_state_dict(state["optimizer"])  # noqa: E731
     return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
 
@@ -251,8 +231,8 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, 
 def _restore_rest(
     folder: Path, progress: JsonDict, load_optimizer: Callable[[], object], scheduler: LRScheduler | None, state: dict[str, Any], mismatch: str
 ) -> JsonDict:
-    """Optimizer (`load_optimizer()`), scheduler and RNG state back in place; `progress` without its
-    RNG. A state that does not fit is a one-line error saying `mismatch`."""
+    """Optimizer (`load_optimizer()`), scheduler and RNG state back; `progress` without its RNG.
+    A state that does not fit is a one-line error saying `mismatch`."""
     try:
         load_optimizer()
         if scheduler is not None and state.get("scheduler") is not None:
@@ -264,14 +244,12 @@ def _restore_rest(
 
 
 class SavedState(NamedTuple):
-    """What a checkpoint holds besides its progress."""
-
     weights: dict[str, torch.Tensor]  # model.safetensors
     state: dict[str, Any]  # optimizer.pt: the optimizer's, the scheduler's and torch's RNG state
 
 
 def _read_state(folder: Path) -> SavedState:
-    """The weights and the optimizer/scheduler/RNG state of `folder`, read safely, or a one-line error."""
+    """The weights and the optimizer, scheduler and RNG state of `folder`, read safely, or a one-line error."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -289,8 +267,8 @@ def _read_state(folder: Path) -> SavedState:
 
 
 def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
-    """FSDP: rank 0 reads and checks the files; the verdict, scheduler and RNG state go to every
-    rank, then each rank receives its shard of the weights and optimizer state by broadcast."""
+    """FSDP: rank 0 reads and checks the files and broadcasts the verdict, the scheduler and RNG
+    state, then each rank receives its shard of the weights and optimizer state."""
     import torch.distributed as dist
 
     progress = read_progress(folder)
@@ -306,7 +284,6 @@ def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, sc
     problem, small = broadcast_from_rank0((problem, {key: state.get(key) for key in ("scheduler", "rng")}))
     if problem:
         raise CheckpointReadError(problem)
-    # torch's DictValueType is a union dict is invariant in: the tensors are one of its members.
     scatter = lambda: scatter_full_state(model, optimizer, dict(weights), state["optimizer"])  # noqa: E731
     return _restore_rest(folder, progress, scatter, scheduler, small, "the state does not match this sharded model")
 

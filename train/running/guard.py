@@ -1,27 +1,15 @@
 """The deadline guard: from live step times, will the run finish in time, and what to do if not.
 
-The loop tells it, after every optimizer step, how long the step took and how long the
-calibration predicted it would take, and how many predicted seconds of training are left. The
-guard keeps the ratio actual/predicted over a window of recent steps — leaving out the first
-`warmup_steps` (allocator warm-up, worker start-up, compilation), which say nothing about the
-steady speed — and projects the finish: elapsed + remaining × ratio + the reserve (final
-checkpoint, export, evaluation, report). Then:
+After every optimizer step the loop says how long it took, what the calibration predicted, and
+the predicted seconds left. The guard keeps actual/predicted over a window of recent steps (not
+the first `warmup_steps`: warm-up and compilation say nothing of the steady speed) and projects
+the finish: elapsed + remaining × ratio + the reserve (final checkpoint, export, evaluation,
+report). Inside the budget (deadline − margin) it continues; past it, it does what `--on-overrun`
+says, one entry of OVERRUN_ACTIONS (the CLI, the guard and the loop all read that table). Any
+stopping action stops at the last moment that leaves time for one more step and the reserve.
 
-- continue, while the projection is inside the budget (deadline − margin);
-- otherwise what `--on-overrun` says, one entry of OVERRUN_ACTIONS: shrink (cut the step limit to
-  what fits at the live speed), stop (default: at the last moment that still leaves time for one
-  more step and the reserve, stop), warn (only warn).
-
-Each action carries all that its readers need — its CLI word and help phrase, what the guard says
-and asks of the loop (a Move), the status words a run ends with — so adding one is one entry in
-OVERRUN_ACTIONS: the CLI's choices and help, the guard and the loop read them from there. The
-status words themselves are run.json's, in calibration.run_status.
-
-A warning is said once per change of state (on track → over budget → back on track), not on
-every step, and the state has hysteresis: once over budget, the run is back on track only when the
-projection is inside the budget by a share of the time still to go (HYSTERESIS_FRACTION), so a run
-near its limit does not flip back and forth with the noise of its step times. The live progress
-line and the periodic log print the same state (`Verdict.state`, `Verdict.summary`): one story.
+A change of state is said once, with hysteresis (HYSTERESIS_FRACTION), so a run near its limit
+does not flip with the noise of its step times.
 """
 
 from __future__ import annotations
@@ -45,9 +33,8 @@ ON_TRACK, OVER_BUDGET, WARMING_UP = "on track", "over budget", "warming up"
 
 
 class Move(Enum):
-    """What the loop does after a step (the guard's Verdict.move), weakest first: the processes
-    agree on the strongest any of them asks (`strength`, agreed with "max"), so that all of them
-    checkpoint or stop together."""
+    """What the loop does after a step, weakest first: the processes agree on the strongest any of
+    them asks, so that all of them checkpoint or stop together."""
 
     CONTINUE = "continue"
     SHRINK = "shrink"  # the step limit was cut (Verdict.limit); the run ends there, STEP_LIMIT
@@ -103,9 +90,7 @@ def overrun_help() -> str:
 
 @dataclass(frozen=True)
 class GuardSection:
-    """The command's section for the guard (train.recipes.config.TrainConfig.guard, taken whole by
-    the loop's LoopSettings): what the guard does when the run would overrun, and how often the
-    loop checkpoints and how many checkpoints it keeps."""
+    """The command's guard options: what to do on an overrun, how often to checkpoint, how many to keep."""
 
     on_overrun: str = DEFAULT_OVERRUN_ACTION  # --on-overrun: a word of OVERRUN_ACTIONS (GuardSettings checks it)
     checkpoint_interval: str = "10m"  # --checkpoint-interval as written
@@ -116,15 +101,6 @@ class GuardSection:
         object.__setattr__(self, "checkpoint_interval_seconds", parse_duration(self.checkpoint_interval, "--checkpoint-interval"))
         if self.keep_checkpoints < 1:
             raise BenchtrainError("--keep-checkpoints must be at least 1")
-
-    @classmethod
-    def every(cls, seconds: float, on_overrun: str = DEFAULT_OVERRUN_ACTION, keep: int = 2) -> GuardSection:
-        """A section that checkpoints every `seconds` (0: after every step, which no
-        --checkpoint-interval can ask): for callers that hold seconds, not the option's text."""
-        section = cls(on_overrun=on_overrun, keep_checkpoints=keep)
-        object.__setattr__(section, "checkpoint_interval", f"{seconds}s")
-        object.__setattr__(section, "checkpoint_interval_seconds", float(seconds))
-        return section
 
 
 @dataclass(frozen=True)
@@ -147,10 +123,6 @@ class GuardSettings:
     def action(self) -> OverrunAction:
         return OVERRUN_ACTIONS[self.on_overrun]
 
-    @property
-    def budget_seconds(self) -> float:
-        return self.deadline.budget_seconds
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -164,11 +136,6 @@ class Verdict:
     then: str = ""  # what the guard does about being over budget
 
     @property
-    def action(self) -> str:
-        """The move's word: continue | shrink | checkpoint | stop."""
-        return self.move.value
-
-    @property
     def summary(self) -> str:
         """The state as the live line and the log print it."""
         text = f"{self.state}: projected finish {self.projected_finish:.0f}s of {self.budget_seconds:.0f}s budget"
@@ -176,8 +143,6 @@ class Verdict:
 
 
 class StepTime(NamedTuple):
-    """One steady step in the guard's window."""
-
     actual: float  # seconds, measured
     predicted: float  # seconds, as the calibration (or the estimate) predicted
 
@@ -200,11 +165,10 @@ class DeadlineGuard:
         compiled: bool = False,
         pending_compile_seconds: float = 0.0,
     ) -> Verdict:
-        """Step `step` just finished at `elapsed` seconds; `remaining_predicted` is the calibration's
-        prediction for the steps left up to the current limit. `compiled`: the step compiled a new
-        batch shape (its time is not its speed); `pending_compile_seconds`: the planned compilation
-        of shapes not met yet."""
-        s = self.settings
+        """Step `step` just finished at `elapsed` seconds, `remaining_predicted` seconds predicted for
+        the steps left. `compiled`: the step compiled a new shape (its time is not its speed);
+        `pending_compile_seconds`: the planned compilation of shapes not met yet."""
+        s, budget = self.settings, self.settings.deadline.budget_seconds
         self.seen += 1
         if self.seen > s.warmup_steps and not compiled:
             self.window.append(StepTime(actual_seconds, predicted_seconds))
@@ -217,27 +181,27 @@ class DeadlineGuard:
         then = action.then
         if over and action.when_over is Move.SHRINK:
             per_step = sum(a for a, _ in self.window) / len(self.window) * (1 + s.periodic_share)
-            room = s.budget_seconds - elapsed - s.reserve_seconds
+            room = budget - elapsed - s.reserve_seconds
             new_limit = step + max(0, math.floor(room / per_step))
             if new_limit < self.limit:
                 self.limit = new_limit
                 move = Move.SHRINK
-                message = f"step {step}: projected finish {projected:.0f}s > {s.budget_seconds:.0f}s budget at the live speed; shrinking to {new_limit} steps"
+                message = f"step {step}: projected finish {projected:.0f}s > {budget:.0f}s budget at the live speed; shrinking to {new_limit} steps"
             then = f"shrunk to {self.limit} steps"
         elif over and not self.over_budget:
-            message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {s.budget_seconds:.0f}s; {then}"
+            message = f"step {step}: projected finish {projected:.0f}s passes the deadline budget {budget:.0f}s; {then}"
             move = action.when_over
         elif not over and self.over_budget and action.when_over is not Move.SHRINK:
-            message = f"step {step}: back on track, projected finish {projected:.0f}s of {s.budget_seconds:.0f}s"
+            message = f"step {step}: back on track, projected finish {projected:.0f}s of {budget:.0f}s"
         self.over_budget = over
         if action.stops and step < self.limit and elapsed > self.last_safe_moment():
             move = Move.STOP
         state = OVER_BUDGET if over else (ON_TRACK if self.seen > s.warmup_steps else WARMING_UP)
-        return Verdict(move, self.limit, projected, ratio, message, state, s.budget_seconds, then)
+        return Verdict(move, self.limit, projected, ratio, message, state, budget, then)
 
     def _over_budget(self, projected: float, elapsed: float) -> bool:
         """Over budget past the budget; back on track only with a margin to spare (hysteresis)."""
-        budget = self.settings.budget_seconds
+        budget = self.settings.deadline.budget_seconds
         if not self.over_budget:
             return projected > budget
         return projected > budget - HYSTERESIS_FRACTION * max(0.0, budget - elapsed)
@@ -245,4 +209,4 @@ class DeadlineGuard:
     def last_safe_moment(self) -> float:
         """Past this, one more step and the reserve might not fit before the deadline."""
         slowest = max((a for a, _ in self.window), default=0.0)
-        return self.settings.budget_seconds - self.settings.reserve_seconds - NEXT_STEP_SAFETY * slowest
+        return self.settings.deadline.budget_seconds - self.settings.reserve_seconds - NEXT_STEP_SAFETY * slowest

@@ -1,42 +1,181 @@
 """The training loop: the measured step, live speed against the estimate, the deadline guard,
-checkpoints, resume and clean stops on SIGINT/SIGTERM.
+checkpoints, resume and clean stops on SIGINT/SIGTERM; what it is given, where it is (resumable
+from a checkpoint) and what it returns.
 
 Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
 prediction, decide (continue / checkpoint / stop), record → final checkpoint.
-The settings, the position and the outcome are in train.running.loop_state.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from calibration.model import Calibration
 from calibration.run_status import COMPLETED, STEP_LIMIT
+from common.json_types import JsonDict
 from common.progress import Bar, progress_bar
+from train.planning.deadline import Deadline
 from train.planning.types import Candidate
 from train.running import trackers
-from train.running.cadence import Every
 from train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
-from train.running.guard import DeadlineGuard, GuardSettings, Move, Verdict
-from train.running.loop_state import LoopHooks, LoopOutcome, LoopSettings, ModelToTrain, Position, StopSignals, TrainingData
+from train.running.guard import DeadlineGuard, GuardSection, GuardSettings, Move, Verdict
 from train.step import metrics
 from train.step.compile import SHAPE_BUCKET
-from train.step.engine import Optimization, StepOptions, build_engine, step_setup_for
+from train.step.engine import Optimization, StepOptions, StepSetup, build_engine, step_setup_for
 from train.step.evaluation import EvalSchedule, evaluate_loss
 from train.step.hardware import detect_hardware
+from train.step.hyperparameters import OptimizerSettings
 from train.step.peak_memory import PeakMemory
-from train.step.runtime import agree, make_accelerator, pin_memory
+from train.step.runtime import DEFAULT_LEARNING_RATE, agree, make_accelerator, pin_memory
 from train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
-from train.workload.model import model_shape
+from train.workload.method import MethodConfig
+from train.workload.model import ModelSpec, model_shape
+from train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
     from train.step.step import StepResult
+
+# What signal.signal returns and takes: a handler, or SIG_DFL / SIG_IGN / None.
+SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+@dataclass
+class LoopSettings:
+    deadline: Deadline  # the command's, as it built it: the start, the deadline and the margin
+    guard: GuardSection = field(default_factory=GuardSection)
+    log_interval_seconds: float = 10.0
+    learning_rate: float = DEFAULT_LEARNING_RATE
+    seed: int = 0
+    epochs: float = 1.0
+    step_limit: int | None = None
+    # The run's optimizer steps as first planned: the learning-rate schedule's horizon (warm-up and
+    # decay), kept by every resume whatever this command's step limit (None: this plan's steps).
+    schedule_steps: int | None = None
+    resume: bool = False
+    report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
+    warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
+    hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
+
+
+@dataclass
+class LoopOutcome:
+    status: str  # a word of calibration.run_status: completed | step_limit | stopped_for_deadline | interrupted
+    position: Position  # where the run ended: its steps, tokens, step seconds, losses, evaluations, timeline
+    checkpoint_seconds: list[float]
+    events: list[str]
+    last_checkpoint: str | None
+    resumed_from: str | None = None
+    exit_signal: int | None = None
+    batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
+    figures: dict[str, float | None] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
+    start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
+    shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
+
+
+@dataclass
+class Position:
+    """Where the loop is: resumable from a checkpoint's meta."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    micro_batches: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    step_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    data_wait_seconds: float = 0.0
+    losses: list[dict[str, float]] = field(default_factory=list)
+    timeline: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
+
+    def count(self, result: StepResult, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
+        """One optimizer step of `micro_count` micro-batches done."""
+        self.step += 1
+        self.batch_in_epoch += micro_count
+        self.micro_batches += micro_count
+        self.tokens += result.target_tokens * processes
+        self.padded_tokens += result.tokens * processes
+        self.step_seconds += result.seconds
+        self.data_wait_seconds += result.data_wait_seconds
+        self.predicted_seconds += predicted_seconds
+        self.flops += flops
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to checkpoint and stop after the current step."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, SignalHandler] = {}
+
+    def __enter__(self) -> StopSignals:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _handle(self, number: int, _frame: FrameType | None) -> None:
+        self.received = number
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+@dataclass(frozen=True)
+class ModelToTrain:
+    """What the loop trains, and how the step runs as the plan decided (None: the default options)."""
+
+    spec: ModelSpec
+    method: MethodConfig = field(default_factory=MethodConfig)
+    step: StepSetup | None = None
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What the loop trains on, and what it evaluates on when."""
+
+    data: TokenizedData
+    pad_id: int
+    eval_data: TokenizedData | None = None
+    eval_schedule: EvalSchedule | None = None
+
+
+@dataclass(frozen=True)
+class LoopHooks:
+    """What the loop calls after each logged step (run.json) and before each step (tests slow it
+    down), and the run record its trackers are told of."""
+
+    on_update: Callable[[Position, list[str]], None] | None = None
+    step_hook: Callable[[int], None] | None = None
+    tracker_record: JsonDict | None = None
+
+
+@dataclass
+class Every:
+    """A cadence in seconds that knows when it is due (log lines, periodic checkpoints, evaluations by time)."""
+
+    seconds: float | None  # None: never due by time
+    last: float  # time.monotonic() when it was last done (or when the count started)
+
+    def due(self, now: float) -> bool:
+        return self.seconds is not None and now - self.last >= self.seconds
+
+    def since(self, now: float) -> float:
+        return now - self.last
+
+    def done(self, at: float) -> None:
+        self.last = at
 
 
 class TrainingRun:
@@ -51,17 +190,11 @@ class TrainingRun:
         settings: LoopSettings,
         hooks: LoopHooks | None = None,
     ) -> None:
-        # Each kept whole, as given: what is trained, on what, and the hooks (tests slow the step
-        # down through hooks.step_hook).
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
         self.to_train, self.inputs, self.hooks = model, data, hooks or LoopHooks()
         self.events: list[str] = []
         self.shapes_seen: set[tuple[int, ...]] = set()
         self.peak_memory: PeakMemory | None = None
-
-    @property
-    def eval_schedule(self) -> EvalSchedule:
-        return self.inputs.eval_schedule or EvalSchedule()
 
     # -- setup ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -82,15 +215,8 @@ class TrainingRun:
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.hooks.tracker_record or {})
 
     def epoch_batches(self, epoch: int) -> list[MicroBatch]:
-        step = self.chosen.config
-        return run_batches(
-            self.inputs.data,
-            BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed),
-            epoch,
-            self.settings.epochs,
-            self.accelerator.num_processes,
-            self.accelerator.process_index,
-        )
+        layout = BatchLayout(self.chosen.config.micro_batch_size, self.chosen.config.seq_len, self.settings.seed)
+        return run_batches(self.inputs.data, layout, epoch, self.settings.epochs, self.accelerator.num_processes, self.accelerator.process_index)
 
     def total_steps(self) -> int:
         steps = self.chosen.optimizer_steps
@@ -124,14 +250,12 @@ class TrainingRun:
         position, resumed_from = self._restore()
         self._start(position, resumed_from)
 
-        self.peak_memory = PeakMemory(self.accelerator.device).__enter__()
         try:
-            with StopSignals() as self.signals:
+            with PeakMemory(self.accelerator.device) as self.peak_memory, StopSignals() as self.signals:
                 while position.epoch < math.ceil(self.settings.epochs) and self.status == COMPLETED:
                     self._run_epoch(position)
                 self._finish(position)
         finally:
-            self.peak_memory.__exit__(None, None, None)
             if self.progress is not None:
                 self.progress.close()
             trackers.finish(self.accelerator)
@@ -151,7 +275,7 @@ class TrainingRun:
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
         settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.guard.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
-        self.progress = self._progress(self.limit, position.step)
+        self.progress: Bar | None = progress_bar(self.limit, "train", "step", position.step) if self.accelerator.is_main_process else None
 
     def _run_epoch(self, position: Position) -> None:
         """The optimizer steps of this epoch (from where the position is), until the status changes."""
@@ -211,8 +335,9 @@ class TrainingRun:
         if self.log_every.due(now) or self.status != COMPLETED:
             self.log_every.done(now)
             position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
-            self._log(self.progress, position, now, verdict)
-            self._update(position)
+            self._log(position, now, verdict)
+            if self.hooks.on_update is not None and self.accelerator.is_main_process:
+                self.hooks.on_update(position, self.events)
         self._evaluate_if_due(position, now)
         self._checkpoint_if_due(position, now)
 
@@ -231,9 +356,10 @@ class TrainingRun:
 
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
-        due = self.inputs.eval_data is not None and self.status == COMPLETED and self.eval_schedule.due(position.step, self.eval_clock.since(now))
+        schedule = self.inputs.eval_schedule or EvalSchedule()
+        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, self.eval_clock.since(now))
         if agree(self.accelerator, int(due), "max"):
-            self._evaluate(position, self.progress)
+            self._evaluate(position)
             self.eval_clock.done(time.monotonic())
 
     def _checkpoint_if_due(self, position: Position, now: float) -> None:
@@ -251,7 +377,7 @@ class TrainingRun:
             self.status = STEP_LIMIT
         evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
         if self.inputs.eval_data is not None and position.step > 0 and not evaluated_here:
-            self._evaluate(position, self.progress)  # every run ends with an evaluation
+            self._evaluate(position)  # every run ends with an evaluation
         already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(checkpoint_name(position.step))
         if self._saves_here and not already_saved and position.step > 0:
             self._save(position)
@@ -261,15 +387,8 @@ class TrainingRun:
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
             status=self.status,
-            steps=position.step,
-            micro_batches=position.micro_batches,
-            tokens=position.tokens,
-            padded_tokens=position.padded_tokens,
-            step_seconds=position.step_seconds,
+            position=position,
             checkpoint_seconds=self.checkpoint_times,
-            losses=position.losses,
-            evals=position.evals,
-            timeline=position.timeline,
             events=self.events,
             last_checkpoint=self.last_checkpoint,
             resumed_from=resumed_from,
@@ -321,7 +440,7 @@ class TrainingRun:
             remaining += steps_left * elapsed_predicted[-1] / epoch_steps
         return float(remaining)
 
-    def _evaluate(self, position: Position, progress: Bar | None) -> None:
+    def _evaluate(self, position: Position) -> None:
         """Held-out loss now; recorded with the step, logged, and sent to the trackers."""
         step = self.chosen.config
         if self.inputs.eval_data is None:
@@ -330,8 +449,8 @@ class TrainingRun:
         result = evaluate_loss(self.accelerator, self.model, self.inputs.eval_data, layout, self.inputs.pad_id, self.engine.compiled)
         entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
-        if progress is not None:
-            progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
+        if self.progress is not None:
+            self.progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
         self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
 
     def _track(self, values: dict[str, float | None], step: int) -> None:
@@ -375,7 +494,7 @@ class TrainingRun:
         log and the guard's messages say)."""
         return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
 
-    def _log(self, progress: Bar | None, position: Position, now: float, verdict: Verdict) -> None:
+    def _log(self, position: Position, now: float, verdict: Verdict) -> None:
         predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
         actual_rate = position.tokens / max(position.step_seconds, 1e-9)
         elapsed = self.settings.deadline.elapsed(now)
@@ -384,20 +503,12 @@ class TrainingRun:
             f"elapsed {elapsed:.0f}s, remaining {max(0.0, verdict.projected_finish - elapsed):.0f}s; {verdict.summary} "
             f"(deadline {self.settings.deadline.deadline_seconds:.0f}s)"
         )
-        if progress is not None:
-            progress.write(line)
-
-    def _progress(self, total: int, initial: int) -> Bar | None:
-        if not self.accelerator.is_main_process:
-            return None
-
-        bar: Bar = progress_bar(total, "train", "step", initial)
-        return bar
+        if self.progress is not None:
+            self.progress.write(line)
 
     def _save(self, position: Position) -> None:
         folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
-        meta = {key: value for key, value in position.__dict__.items()}
-        meta["chosen"] = self.chosen.to_json()
+        meta = {**vars(position), "chosen": self.chosen.to_json()}
         seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.guard.keep_checkpoints)
         self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
         self.last_checkpoint = str(folder)
@@ -416,7 +527,3 @@ class TrainingRun:
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])
-
-    def _update(self, position: Position) -> None:
-        if self.hooks.on_update is not None and self.accelerator.is_main_process:
-            self.hooks.on_update(position, self.events)

@@ -1,7 +1,6 @@
-"""`run.json`: the plan, the estimate with bounds, what actually happened, and the feedback
-of the measured throughput into the calibration's history. `RunRecord` owns the file of one
-command from its plan to its end, held as a calibration.run_file.RunFile (read, written and
-its repeated values kept in one place there)."""
+"""`run.json`: the plan, the estimate with bounds, what actually happened, and the measured
+throughput fed back into the calibration's history. `RunRecord` owns one command's file (a
+calibration.run_file.RunFile) from its plan to its end."""
 
 from __future__ import annotations
 
@@ -21,12 +20,11 @@ from common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
 from train.planning.deadline import Deadline
 from train.planning.prices import run_cost
 from train.planning.types import Plan
-from train.running.loop_state import LoopOutcome, Position
+from train.running.loop import LoopOutcome, Position
 
 
 def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float) -> RunFile:
-    """A new run's run.json: its step configuration held once, as the chosen StepConfig (written
-    into the plan's row, the flat keys and `chosen` by RunFile)."""
+    """A new run's run.json (its step configuration held once, written out by RunFile)."""
     chosen = plan.chosen
     sections: JsonObject = {
         "schema_version": RUN_SCHEMA_VERSION,
@@ -57,8 +55,7 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
 
 
 def plan_section(plan: Plan) -> JsonDict:
-    """The plan but its step configuration, which RunFile writes before these keys, as a
-    measurement row (what a resume reads back, calibration.run_file.ResumedRun)."""
+    """The plan but its step configuration, which RunFile writes before these keys."""
     chosen = plan.chosen
     return {
         "effective_batch": plan.effective_batch,
@@ -109,23 +106,23 @@ def estimate_section(plan: Plan) -> JsonDict:
 
 def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> JsonDict:
     """What happened. `total_seconds`: from the plan to the end of the export (the span the
-    estimate check compares, calibration.accuracy.check_estimate); steps, tokens and train seconds
-    count the whole run, a resumed one's earlier steps included (`start_step` of them)."""
+    estimate check compares); steps, tokens and train seconds count a resumed run's earlier ones too."""
+    ended = outcome.position
     return {
         "total_seconds": total_seconds,
-        "train_seconds": outcome.step_seconds,
-        "tokens": outcome.tokens,
-        "padded_tokens": outcome.padded_tokens,
-        "tokens_per_second": outcome.tokens / outcome.step_seconds if outcome.step_seconds else 0.0,
-        "steps": outcome.steps,
-        "micro_batches": outcome.micro_batches,
+        "train_seconds": ended.step_seconds,
+        "tokens": ended.tokens,
+        "padded_tokens": ended.padded_tokens,
+        "tokens_per_second": ended.tokens / ended.step_seconds if ended.step_seconds else 0.0,
+        "steps": ended.step,
+        "micro_batches": ended.micro_batches,
         "batch_shapes": outcome.batch_shapes,
         **outcome.figures,  # computed tokens/s, TFLOP/s, MFU, data-wait share, peak memory (train.step.metrics)
         "checkpoint_seconds": outcome.checkpoint_seconds,
-        "final_loss": outcome.losses[-1]["loss"] if outcome.losses else None,
-        "final_eval_loss": outcome.evals[-1]["eval_loss"] if outcome.evals else None,
-        "final_perplexity": outcome.evals[-1]["perplexity"] if outcome.evals else None,
-        "eval_seconds": sum(entry["seconds"] for entry in outcome.evals),
+        "final_loss": ended.losses[-1]["loss"] if ended.losses else None,
+        "final_eval_loss": ended.evals[-1]["eval_loss"] if ended.evals else None,
+        "final_perplexity": ended.evals[-1]["perplexity"] if ended.evals else None,
+        "eval_seconds": sum(entry["seconds"] for entry in ended.evals),
         "status": outcome.status,
         "start_step": outcome.start_step,
         "exit_signal": outcome.exit_signal,
@@ -137,9 +134,8 @@ def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: f
 
 def feed_back(calibration: Calibration, record: JsonDict, check: EstimateCheck | None = None) -> None:
     """Append the measured speed to the calibration's history so the next plan uses it: the steps
-    this command ran against their own prediction (`check`: calibration.accuracy.check_estimate of
-    the record, computed once by the caller that has it), so a run that stopped early or was
-    resumed counts like a completed one."""
+    this command ran against their own prediction (`check`: check_estimate of the record, where
+    the caller has it), so a run that stopped early or was resumed counts like a completed one."""
     check = check if check is not None else check_estimate(record)
     if check is None or not check.steps_run or calibration.path is None or is_read_only(calibration.path) or not check.predicted_tokens_per_second:
         return  # a bundled or hub-shared calibration is the measurement as shared: runs elsewhere do not change it
@@ -171,9 +167,8 @@ class TrainedRun:
 
 @dataclass
 class RunRecord:
-    """run.json of one command, from its plan to its end: opened (a new run's, or the resumed run's
-    brought up to this command's plan), written whenever the loop reports, finished with what
-    happened; the measured speed fed back into the calibration."""
+    """run.json of one command: opened (a new run's, or the resumed run's brought up to this
+    command's plan), written whenever the loop reports, finished with what happened."""
 
     out_dir: Path
     file: RunFile
@@ -211,7 +206,7 @@ class RunRecord:
         return self.file.write(self.out_dir)
 
     def progress(self, position: Position, events: list[str]) -> None:
-        """The loop's report (train.running.loop_state.LoopHooks.on_update): where it is, written."""
+        """The loop's report (LoopHooks.on_update): where it is, written."""
         self.file.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
         self.file.update(events=self.earlier_events + events)
         self.write()
@@ -226,15 +221,15 @@ class RunRecord:
         before_report: Callable[[JsonDict], JsonDict] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
-        (`write_report(run folder)`, None: --no-report), whose time the deadline also covers.
-        `before_report(record)`: work after the export that the report shows (the hub push),
-        returning run.json's section of it (`push`)."""
+        (`write_report`, None: --no-report), whose time the deadline also covers.
+        `before_report(record)`: work the report shows (the hub push), returning its `push` section."""
         record, loop = self.file, trained.loop
         # Paths inside the run folder are kept relative to it, so the folder can move (common.run_paths).
         final = stored_paths(trained.final, self.out_dir, FINAL_PATH_KEYS)
         record.update(final=final, model=trained.model, training=trained.training, status=loop.status)
         record.update_plan(lora=trained.training["lora"])
-        record.update(losses=loop.losses, timeline=loop.timeline, evals=loop.evals, events=self.earlier_events + loop.events)
+        ended = loop.position
+        record.update(losses=ended.losses, timeline=ended.timeline, evals=ended.evals, events=self.earlier_events + loop.events)
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.

@@ -1,13 +1,12 @@
-"""A resumed run: the run it continues (its run.json, model, method, configuration, steps), what this
-command may and may not change of it, and the command that resumes a stopped one. Every resume
-check is here; the recipe (train.recipes.recipe.TrainRecipe.setup) calls them with the command's
-options."""
+"""A resumed run: what it continues (its model, method, data, hyper-parameters, steps), what this
+command may change of it (every resume check), and the command that resumes a stopped one."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import math
+import operator
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from common.console import say
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.running.checkpoint import checkpoints_to_resume, list_checkpoints, read_progress
-from train.step.hyperparameters import option_name, settings_from, settings_of_run
+from train.step.hyperparameters import SETTING_NAMES, option_name, settings_from
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec, resolve_model
 
@@ -40,7 +39,7 @@ def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
 
 
 def resumed_method(recorded: RunMethod) -> MethodConfig:
-    """The interrupted run's method (ResumedRun.method) as a MethodConfig: a resumed run trains what it trained."""
+    """The interrupted run's method as a MethodConfig: a resumed run trains what it trained."""
     if recorded.method == "full":
         return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(
@@ -55,10 +54,8 @@ def resumed_method(recorded: RunMethod) -> MethodConfig:
 
 
 def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
-    """A resume continues the run it names (`earlier`: its method, resumed_method): another model,
-    method or max length than the run's is refused (one line) unless --force, which then trains
-    with this command's. Returns what --force let through, to warn about. (Other data is checked
-    once it is tokenized: check_same_data.)"""
+    """Another model, method (`earlier`: the run's) or max length than the run's is refused in one
+    line unless --force; returns what --force let through, to warn about (data: check_same_data)."""
     run = f"--resume: run {resumed.run_id}"
     problems = []
     if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
@@ -74,16 +71,14 @@ def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, 
 
 # What a resume compares of the hyper-parameters: the schedule the run's steps follow and what the
 # optimizer is given (the warm-up as the steps it has, however it was asked for).
-COMPARED_HYPERPARAMETERS = ("lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
+COMPARED_HYPERPARAMETERS = tuple(name for name in SETTING_NAMES if name != "warmup_ratio")
 
 
 def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -> JsonDict:
-    """The hyper-parameters a resume trains with, by their TrainConfig names: the run's (run.json's
-    `hyperparameters`; a run from before that section trained with the defaults). One this command
-    `named` differently is refused (one line) unless --force, which then trains with this
-    command's (said in a warning). `named` holds the command's `learning_rate` when --learning-rate
-    was given: it must be the run's (its plan's base rate); not given, the run's is kept."""
-    theirs = settings_of_run(resumed.hyperparameters)
+    """The hyper-parameters a resume trains with, by their TrainConfig names: the run's. One this
+    command `named` differently (its --learning-rate included) is refused in one line unless
+    --force, which then trains with this command's, with a warning."""
+    theirs = settings_from(resumed.hyperparameters or {})  # a run from before the section: the defaults
     asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
     values = {**asdict(theirs), **asked}
     total = resumed.total_steps
@@ -107,34 +102,28 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
 
 
 def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
-    """The run's method (run.json keeps LoRA's targets as resolved module names) and this
-    command's: the same method and adapter settings; targets only when this command names them."""
+    """The same method and adapter settings; LoRA's targets (run.json keeps them resolved) only
+    when this command names them."""
     if earlier.method != method.method or earlier.optimizer != method.optimizer:
         return False
     if not method.is_lora:
         return True
-    same_settings = (earlier.lora_rank, earlier.alpha, earlier.lora_dropout, earlier.quantize) == (
-        method.lora_rank,
-        method.alpha,
-        method.lora_dropout,
-        method.quantize,
-    )
+    settings = operator.attrgetter("lora_rank", "alpha", "lora_dropout", "quantize")
     named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
-    return same_settings and named
+    return settings(earlier) == settings(method) and named
 
 
 def data_fingerprint(data: DataView) -> str:
     """The tokenized data's identity: its format and every sample's length, in order (runs
-    recorded before the data cache; newer ones keep the cache key: train.workload.fingerprint)."""
+    recorded before the data cache; newer ones keep the cache key)."""
     digest = hashlib.sha256(data.format.encode())
     digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]
 
 
 def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
-    """A resume trains on the run's data (the same samples, so the same batches in the same
-    order): other data is refused unless --force. Returns the warning --force let through.
-    `prepared`, `data`, `data_path`, `profile`: this command's data (train.recipes.run_data.LoadedData)."""
+    """A resume trains on the run's data (the same batches in the same order): other data is
+    refused unless --force. Returns the warning --force let through."""
     before = resumed.data
     known_key, known = before.preparation_key, before.fingerprint
     if known_key is not None:
@@ -183,7 +172,6 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
     if command_line is None:
         return None
-
     kept, skip = [], False
     for index, token in enumerate(command_line):
         if skip:
@@ -216,10 +204,8 @@ class AutoResume:
 
 def auto_resume(out: str | None) -> AutoResume:
     """`--resume auto --out DIR`: continue the run in DIR from its last complete checkpoint if it has
-    one, else start it (a checkpoint being written when the machine went has no marker, so it is not
-    one: train.running.checkpoint.list_checkpoints). Either way the deadline counts from the run's
-    first start, as run.json recorded it: the time a preemption lost counts."""
-
+    one, else start it. Either way the deadline counts from the run's first start (run.json's): the
+    time a preemption lost counts."""
     if not out:
         raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")
     out_dir = Path(out).expanduser()

@@ -19,14 +19,8 @@ from common.json_types import JsonDict
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-# --report-to name → (module that must be importable, pip extra that installs it)
-TRACKERS = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow"),
-    "trackio": ("trackio", "trackio"),
-}
-PROJECT = "benchtrain"
+# --report-to names: each is also the module that must import and the pip extra that installs it.
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 
 def parse_report_to(text: str | None) -> tuple[str, ...]:
@@ -37,18 +31,9 @@ def parse_report_to(text: str | None) -> tuple[str, ...]:
     for name in names:
         if name not in TRACKERS:
             raise BenchtrainError(f"--report-to {name}: unknown tracker; use none or a comma list of {', '.join(TRACKERS)}")
-        module, extra = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
-            raise BenchtrainError(f"--report-to {name}: the {module} package is not installed: pip install 'benchtrain[{extra}]'")
+        if importlib.util.find_spec(name) is None:
+            raise BenchtrainError(f"--report-to {name}: the {name} package is not installed: pip install 'benchtrain[{name}]'")
     return names
-
-
-def init_kwargs(names: tuple[str, ...], run_dir: Path) -> dict[str, JsonDict]:
-    """Where each tracker writes: inside the run folder."""
-    kwargs: dict[str, JsonDict] = {}
-    if "wandb" in names:
-        kwargs["wandb"] = {"dir": str(run_dir)}
-    return kwargs
 
 
 def flat_config(record: JsonDict) -> dict[str, bool | int | float | str]:
@@ -70,7 +55,9 @@ def flat_config(record: JsonDict) -> dict[str, bool | int | float | str]:
 def start(accelerator: Accelerator, names: tuple[str, ...], run_dir: Path, record: JsonDict) -> None:
     if not names:
         return
-    accelerator.init_trackers(PROJECT, config=flat_config(record), init_kwargs=init_kwargs(names, run_dir))
+    # W&B writes where it is told: inside the run folder (TensorBoard: the accelerator's project_dir).
+    where = {"wandb": {"dir": str(run_dir)}} if "wandb" in names else {}
+    accelerator.init_trackers("benchtrain", config=flat_config(record), init_kwargs=where)
     estimate = record.get("estimate") or {}
     log(accelerator, {f"estimate/{key}": value for key, value in estimate.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}, 0)
 

@@ -1,16 +1,12 @@
 """`torch.compile` in THE step: which blocks are compiled, how shapes are kept few, what it costs.
 
-The repeated decoder blocks (transformers names their class in `_no_split_modules`) are compiled
-in place, one block class compiled once and reused by every layer: regional compilation, as
-accelerate's `compile_regions` and torchtitan do. In place (`module.compile()`) keeps module
-types and state-dict keys, so DDP, peft, checkpoints and `save_pretrained` see the same model.
-The loss (train/step/loss.py) stays outside: chunked or Liger, it never makes full logits anyway.
+The repeated decoder blocks are compiled in place, one block class once for every layer (regional
+compilation, as accelerate's `compile_regions` and torchtitan do); in place keeps module types and
+state-dict keys for DDP, peft, checkpoints and `save_pretrained`. The loss stays outside.
 
-Shapes are static (`dynamic=False`): every distinct (rows, length) compiles once, and that is
-the cost bench measures (the first step of each probe) and the planner charges per distinct
-shape. Packed rows have one shape; padded batches are bucketed to multiples of SHAPE_BUCKET
-(train.workload.batching.padded_width), so a run meets at most max_length / SHAPE_BUCKET lengths. Evaluation runs
-eager (`eager_region`): it is a small share of a run and would otherwise compile more graphs.
+Shapes are static: every distinct (rows, length) compiles once, the cost bench measures and the
+planner charges per shape. Padded batches are bucketed to multiples of SHAPE_BUCKET so a run meets
+few lengths. Evaluation runs eager (`eager_region`): a small share of a run, more graphs otherwise.
 """
 
 from __future__ import annotations
@@ -78,18 +74,13 @@ def compile_cache_record() -> dict[str, str]:
     return {"dir": str(cache_dir()), "host": socket.gethostname()}
 
 
-def compile_cache_usable(cache: dict[str, str] | None) -> bool:
-    """Whether a run here finds bench's compiled kernels: same machine, cache still there."""
-    if not cache:
-        return False
-    return cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
-
-
 def compile_seconds(measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None) -> float:
     """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from
     inductor's cache (measured by bench) for the shapes bench probed on this machine, from scratch
     for the others."""
     cold = float(measured.get("compile_seconds_per_shape", 0.0))
     cached = float(measured.get("compile_cached_seconds_per_shape", cold))
-    reusable: Set[BatchShape] = probed if compile_cache_usable(cache) else set()
+    # Bench's kernels are found only on its machine, while its cache is still there.
+    cache_here = cache is not None and cache.get("host") == socket.gethostname() and Path(cache.get("dir", "")).is_dir()
+    reusable: Set[BatchShape] = probed if cache_here else set()
     return sum(cached if shape in reusable else cold for shape in shapes)

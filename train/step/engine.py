@@ -52,7 +52,6 @@ class StepOptions:
     def __post_init__(self) -> None:
         if self.sharding not in SHARDING_CHOICES:
             raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
-
         if self.compile not in COMPILE_CHOICES:
             raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
         if self.loss not in LOSS_CHOICES:
@@ -64,9 +63,8 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
 
 
 def check_sharding(method: MethodConfig, sharding: str) -> None:
-    """What `sharding` ("none", "ddp", "fsdp") can train of `method`: FSDP shards full fine-tuning
-    and LoRA (its frozen base with its adapters, a 4-bit one too: train.step.sharding); an 8-bit
-    base or an optimizer whose state cannot be sharded is one line."""
+    """One line where `sharding` ("none", "ddp", "fsdp") cannot train `method`: FSDP over an 8-bit
+    base, or an optimizer whose state cannot be sharded."""
     if sharding == "fsdp" and method.quantized:
         check_quantized_sharding(method.quantize)
     check_optimizer_sharding(method.optimizer, sharding)
@@ -81,9 +79,8 @@ class ProcessLayout:
 
 
 def process_layout(options: StepOptions, method: MethodConfig, processes: int | None = None) -> ProcessLayout:
-    """The processes and the sharding of this job — the launcher's processes (`processes` where already
-    known), and none, DDP or FSDP as asked and possible — the one place bench, train and a
-    comparison settle it; a method and sharding that do not go together are one line."""
+    """This job's processes (the launcher's, or `processes` where known) and their sharding, as
+    asked and possible: the one place bench, train and a comparison settle it."""
     world_size = job_world_size() if processes is None else processes
     layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
     check_sharding(method, layout.sharding)
@@ -92,8 +89,7 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
 
 @dataclass(frozen=True)
 class StepSetup:
-    """How THE step runs, decided (no `auto` left): the loss implementation, compiled or eager, the
-    processes and their sharding. Decided once (`resolve_step`) and built as decided (`build_engine`)."""
+    """How THE step runs, decided once (`resolve_step`, no `auto` left) and built so (`build_engine`)."""
 
     loss: str  # chunked | liger | plain
     compiled: bool
@@ -103,9 +99,7 @@ class StepSetup:
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """What a calibration's step used, where it decides an `auto` choice: its compile setting when
-    the plan is for its device (a dry run for another), its loss when bench compared the losses or
-    the plan is for its device. None: the rule decides."""
+    """What a calibration's step used, where it decides an `auto` choice (None: the rule decides)."""
 
     compiled: bool | None = None
     loss: str | None = None
@@ -119,17 +113,11 @@ def resolve_step(
     layout: ProcessLayout | None = None,
     measured: MeasuredStep | None = None,
 ) -> StepSetup:
-    """The one place `--loss`, `--compile` and `--sharding` become what the step runs (bench's
-    probes, a plan, the training loop): `auto` is the calibration's measurement where it decides
-    (`measured`), else the rule (train.step.loss.choose_loss, train.step.compile.compile_enabled).
-    `layout`: the processes and their sharding already settled (a dry run planning the calibration's
-    processes, a comparison's row); None: this job's (`process_layout`)."""
-    loss, compiled = _loss_and_compile(options, device_type, model_type, measured or MeasuredStep())
-    layout = process_layout(options, method) if layout is None else layout
-    return StepSetup(loss, compiled, layout.sharding, layout.world_size)
-
-
-def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | None, measured: MeasuredStep) -> tuple[str, bool]:
+    """The one place `--loss`, `--compile` and `--sharding` become what the step runs: `auto` is
+    the calibration's measurement where it decides (`measured`), else the rule (choose_loss,
+    compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row);
+    None: this job's."""
+    measured = measured or MeasuredStep()
     if options.compile == "auto" and measured.compiled is not None:
         compiled = measured.compiled
     else:
@@ -138,15 +126,14 @@ def _loss_and_compile(options: StepOptions, device_type: str, model_type: str | 
         loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
     except ValueError as error:
         raise BenchtrainError(str(error)) from None
-    return loss, compiled
+    layout = process_layout(options, method) if layout is None else layout
+    return StepSetup(loss, compiled, layout.sharding, layout.world_size)
 
 
 def step_setup_for(options: StepOptions, spec: ModelSpec, method: MethodConfig, accelerator: Accelerator) -> StepSetup:
-    """`resolve_step` for a step built on `accelerator` from the options alone (bench's probes,
-    tests): its device and its processes."""
-    loss, compiled = _loss_and_compile(options, accelerator.device.type, spec.config_dict.get("model_type"), MeasuredStep())
+    """`resolve_step` from the options alone for a step built on `accelerator` (bench's probes, tests)."""
     layout = process_layout(options, method, accelerator.num_processes)
-    return StepSetup(loss, compiled, layout.sharding, layout.world_size)
+    return resolve_step(options, accelerator.device.type, spec.config_dict.get("model_type"), method, layout)
 
 
 @dataclass
@@ -160,18 +147,13 @@ class Engine:
     loss: str  # the loss implementation in use
     sharding: str = "none"  # none (one process) | ddp | fsdp
 
-    @property
-    def precision(self) -> str:
-        """bf16 (autocast: CUDA, or CPU with BENCHTRAIN_CPU_BF16=1) or fp32."""
-        return "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
-
     def record(self) -> JsonDict:
         """How the step ran, for the calibration's and run.json's `training` section."""
-        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": self.precision}
+        precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"  # autocast: CUDA, or BENCHTRAIN_CPU_BF16=1
+        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": precision}
 
     def with_loss(self, kind: str) -> Engine:
-        """This engine computing the loss with `kind` (bench compares the losses on one model):
-        the same `install_loss` that built it, so the step keeps accelerate's precision wrapper."""
+        """This engine computing the loss with `kind` (bench compares the losses on one model)."""
         if kind == self.loss:
             return self
         install_loss(self.model, kind, compiled=self.compiled)
@@ -179,22 +161,15 @@ class Engine:
 
 
 def build_engine(
-    spec: ModelSpec,
-    method: MethodConfig,
-    accelerator: Accelerator,
-    setup: StepSetup,
-    checkpointing: bool = False,
-    optimization: Optimization | None = None,
+    spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, setup: StepSetup, checkpointing: bool = False, optimization: Optimization | None = None
 ) -> Engine:
-    """Everything THE step needs, built as `setup` decided (`resolve_step`). `optimization`: the
-    learning rate, the hyper-parameters and the schedule's horizon (None: the defaults at a
+    """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a
     constant rate, as bench probes use)."""
     import torch
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
-    # FSDP: built on `meta`, sharded, then each rank materialises its shards (train/step/sharding.py).
-    # A 4-bit base is built whole on each rank (bitsandbytes quantizes real tensors), stored in
-    # its compute dtype so that FSDP shards it, then checked as sharded (train.step.sharding).
+    # FSDP: built on `meta`, sharded, then each rank materialises its shards; a 4-bit base is built
+    # whole on each rank (bitsandbytes quantizes real tensors) and checked once sharded.
     on_meta = sharding == "fsdp" and not method.quantized
     model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp", weights_on=accelerator.device)
     if checkpointing:
@@ -206,15 +181,13 @@ def build_engine(
         shard_model(model, accelerator.device, bf16=accelerator.mixed_precision == "bf16", spec=spec)
     optimization = optimization or Optimization()
     settings = optimization.settings
-    optimizer = make_optimizer(model, optimization.learning_rate, method.optimizer if method is not None else "adamw", settings)
+    optimizer = make_optimizer(model, optimization.learning_rate, method.optimizer, settings)
     if optimization.total_steps is None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     else:
-        scheduler = settings.scheduler(optimization.total_steps)(optimizer)
-    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps the schedule
-    # once per process at every optimizer step (split_batches=False: a schedule counted in
-    # per-process batches), while ours counts the run's optimizer steps, so under N processes it
-    # would decay N times too fast and climb back. TrainingStep steps it once per optimizer step.
+        scheduler = settings.scheduler(optimizer, optimization.total_steps)
+    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps once per
+    # process at every optimizer step, so under N processes ours would decay N times too fast.
     if sharding == "fsdp":
         # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
         # mixed-precision policy casts the shards).
@@ -228,6 +201,5 @@ def build_engine(
 def engine_from_options(
     spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, options: StepOptions, checkpointing: bool = False, optimization: Optimization | None = None
 ) -> Engine:
-    """`build_engine` for a step set up from the options alone (`step_setup_for`: bench's probes,
-    benchmarks, tests), not from a plan."""
+    """`build_engine` for a step set up from the options alone (bench's probes, benchmarks, tests)."""
     return build_engine(spec, method, accelerator, step_setup_for(options, spec, method, accelerator), checkpointing, optimization)

@@ -21,19 +21,7 @@ from common.durations import parse_duration
 from common.errors import BenchtrainError
 from train.step.compile import eager_region
 from train.step.step import without_packed_sequence_check
-from train.workload.batching import (
-    IGNORE_INDEX,
-    BatchLayout,
-    DataView,
-    MicroBatch,
-    MicroBatches,
-    PackedBatches,
-    PaddedBatches,
-    epoch_batches,
-    make_loader,
-    shard,
-    to_device,
-)
+from train.workload.batching import IGNORE_INDEX, BatchLayout, DataView, MicroBatch, PackedBatches, PaddedBatches, epoch_batches, make_loader, shard, to_device
 from train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
@@ -101,23 +89,17 @@ def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: i
     return epoch_batches(data, micro_batch_size, max_length, seed, 0)
 
 
-def eval_dataset(data: TokenizedData, batches: list[MicroBatch], max_length: int, pad_id: int) -> MicroBatches:
-    if data.packing:
-        return PackedBatches(data, batches, max_length)
-    return PaddedBatches(data, batches, max_length, pad_id)
-
-
 def evaluate_loss(
     accelerator: Accelerator, model: torch.nn.Module, data: TokenizedData, layout: BatchLayout, pad_id: int, compiled: bool = False
 ) -> dict[str, float]:
-    """Mean loss per target token over the eval set (cut into batches as `layout` says: the run's
-    micro batch size, max length and seed), its perplexity, and the seconds it took.
-    A compiled model evaluates eagerly (train.step.compile.eager_region), as bench measured it."""
+    """Mean loss per target token over the eval set (batched as `layout` says), its perplexity, and
+    the seconds it took; a compiled model evaluates eagerly, as bench measured it."""
     import torch
 
     started = time.perf_counter()
     batches = shard(eval_batches(data, layout.micro_batch_size, layout.max_length, layout.seed), accelerator.process_index, accelerator.num_processes)
-    loader = make_loader(eval_dataset(data, batches, layout.max_length, pad_id), 0, accelerator.device.type == "cuda")
+    dataset = PackedBatches(data, batches, layout.max_length) if data.packing else PaddedBatches(data, batches, layout.max_length, pad_id)
+    loader = make_loader(dataset, 0, accelerator.device.type == "cuda")
     device = accelerator.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     tokens = torch.zeros((), device=device, dtype=torch.float64)

@@ -26,9 +26,8 @@ class PeakFlops(NamedTuple):
 
 
 def peak_flops(device_name: str, multiprocessors: int | None = None) -> PeakFlops | None:
-    """(table entry, dense bf16 FLOP/s) for a device name, or None (CPUs, unknown GPUs), from the
-    datasheet table (calibration.datasheets: whole words of the name, the source of each figure). A
-    device with fewer multiprocessors than its whole GPU (a MIG slice) gets their share of the peak."""
+    """A device's dense bf16 peak from the datasheet table (calibration.datasheets), or None (CPUs,
+    unknown GPUs); a MIG slice gets its multiprocessors' share."""
     sheet = sheet_for(device_name)
     if sheet is None:
         return None
@@ -83,16 +82,10 @@ class NvLinks(NamedTuple):
 
 @functools.cache
 def detect_interconnect(index: int = 0) -> JsonDict:
-    """{"interconnect": word or None, "nvlinks": active NVLinks or None} of GPU `index` (NVML's
-    index: the same kind of GPU in a node has the same links): NVML (pynvml / nvidia-ml-py) where
-    importable, else `nvidia-smi nvlink -s` and `nvidia-smi topo -m`; no active link is PCIe, links
-    to an NVSwitch are nvswitch. NVLink that reaches only some of the node's GPUs (PCIe cards
-    bridged in pairs) is pcie: a ring over every GPU crosses PCIe between the pairs, and PCIe is
-    what it runs at. Both None where neither answers. Several nodes are not seen from here: `bench
-    run --interconnect 2x8:nvlink+ib` says so (calibration.topology)."""
-    found = _nvml_links(index)
-    if found is None:
-        found = _smi_links(index)
+    """{"interconnect": pcie | nvlink | nvswitch | None, "nvlinks": active links or None} of GPU
+    `index`, from NVML where importable, else nvidia-smi. NVLink reaching only some of the node's
+    GPUs (cards bridged in pairs) is pcie: a ring over every GPU crosses PCIe between the pairs."""
+    found = _nvml_links(index) or _smi_links(index)
     if found is None:
         return {"interconnect": None, "nvlinks": None}
     partial = found.peers is not None and found.gpus is not None and found.peers < found.gpus - 1
@@ -101,14 +94,13 @@ def detect_interconnect(index: int = 0) -> JsonDict:
 
 
 def _bus(pci_info: object) -> str:
-    """A PCI address as NVML gives it (bytes or str, 8- or 4-digit domain) without its domain: "18:00.0"."""
+    """A PCI address as NVML gives it (bytes or str) without its domain: "18:00.0"."""
     bus = getattr(pci_info, "busId", b"")
     text = bus.decode() if isinstance(bus, bytes) else str(bus)
     return ":".join(text.strip().lower().split(":")[-2:])
 
 
 def _nvml_links(index: int) -> NvLinks | None:
-    """GPU `index`'s NVLinks from NVML; None without pynvml or a driver."""
     try:
         import pynvml
     except ImportError:
@@ -142,8 +134,7 @@ def _nvml_links(index: int) -> NvLinks | None:
 
 
 def _nvml_peers(pynvml: Any, index: int, remotes: set[str] | None) -> tuple[int | None, int | None]:
-    """(the node's other GPUs whose PCI address an NVLink of GPU `index` reaches, the node's GPUs);
-    (None, None) where NVML does not say."""
+    """(the node's other GPUs an NVLink of GPU `index` reaches, the node's GPUs), or Nones."""
     count = getattr(pynvml, "nvmlDeviceGetCount", None)
     pci = getattr(pynvml, "nvmlDeviceGetPciInfo", None)
     if remotes is None or count is None or pci is None:
@@ -154,9 +145,8 @@ def _nvml_peers(pynvml: Any, index: int, remotes: set[str] | None) -> tuple[int 
 
 
 def _smi_links(index: int) -> NvLinks | None:
-    """GPU `index`'s NVLinks from `nvidia-smi nvlink -s -i INDEX` ("Link 0: 26.562 GB/s"; an
-    inactive one says <inactive>) and the GPUs they reach from `nvidia-smi topo -m` (NV# in its
-    row); None without nvidia-smi. It cannot tell an NVSwitch."""
+    """GPU `index`'s active links from `nvidia-smi nvlink -s` and their peers from `nvidia-smi topo -m`
+    (NV# in its row); None without nvidia-smi, which cannot tell an NVSwitch."""
     output = _nvidia_smi("nvlink", "-s", "-i", str(index))
     if output is None:
         return None
@@ -165,8 +155,7 @@ def _smi_links(index: int) -> NvLinks | None:
 
 
 def _smi_peers(matrix: str | None, index: int) -> tuple[int | None, int | None]:
-    """(the other GPUs GPU `index`'s row of `nvidia-smi topo -m` reaches by NVLink, the GPUs in
-    the matrix); (None, None) where it has no such row."""
+    """(the GPUs row `index` of `nvidia-smi topo -m` reaches by NVLink, the GPUs in it), or Nones."""
     lines = (matrix or "").splitlines()
     header = next((line.split() for line in lines if line.split()[:1] == ["GPU0"] and "X" not in line.split()), None)
     row = next((line.split() for line in lines if line.split()[:1] == [f"GPU{index}"] and "X" in line.split()), None)
@@ -196,7 +185,6 @@ def detect_software() -> JsonDict:
         benchtrain_version = metadata.version("benchtrain")
     except metadata.PackageNotFoundError:
         benchtrain_version = "unknown"
-
     return {
         "benchtrain": benchtrain_version,
         "python": platform.python_version(),
@@ -204,8 +192,7 @@ def detect_software() -> JsonDict:
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
         "platform": platform.platform(),
-        # The caching allocator's settings (expandable_segments changes fragmentation, so the
-        # reserved peak): a plan says when the run's differ (train.planning.memory_check).
+        # expandable_segments changes fragmentation: a plan says when the run's differ.
         "allocator_conf": allocator_conf(),
     }
 
@@ -214,8 +201,7 @@ ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
 def allocator_conf() -> str | None:
-    """PyTorch's allocator settings from the environment (PYTORCH_ALLOC_CONF, or its older name
-    PYTORCH_CUDA_ALLOC_CONF), e.g. "expandable_segments:True"; None: the defaults."""
+    """PyTorch's allocator settings from the environment, e.g. "expandable_segments:True"; None: the defaults."""
     return next((os.environ[name] for name in ALLOCATOR_VARIABLES if os.environ.get(name)), None)
 
 
@@ -247,8 +233,7 @@ def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
 
 def require_requested_device(requested: str | None) -> None:
     """`--gpu NAME` (other than cpu) where torch sees no usable CUDA: one line saying what torch
-    sees and the install that fixes it, instead of benchmarking the CPU under a GPU's name (a torch
-    build for another CUDA than the driver's, on a rented machine, looks exactly like that)."""
+    sees and the install that fixes it, instead of benchmarking the CPU under a GPU's name."""
     if not requested or requested.strip().lower() == "cpu":
         return
     import torch

@@ -1,23 +1,16 @@
 """The hyper-parameters people set, under the names HF Trainer and TRL users know: the learning-rate
 schedule and its warm-up, weight decay, gradient clipping and Adam's betas and epsilon.
 
-One frozen `OptimizerSettings`, validated where it is built (each bad value one line), carried
-whole from the command's configuration (train.recipes.config.TrainConfig) to the engine's build
-(train.step.engine.Optimization), recorded in run.json's `hyperparameters` section under the HF
-keys (`record`), and kept by a resume (train.running.resume.resumed_hyperparameters).
-
-The schedules are transformers' own (`get_scheduler`'s): after a linear warm-up from 0,
-- cosine: half a cosine from the peak rate to 0 at the last step (the default, as before);
-- linear: a straight line from the peak rate to 0 at the last step;
-- constant_with_warmup: the peak rate to the end;
-- constant: the peak rate from the first step (no warm-up, as in transformers).
+One frozen `OptimizerSettings`, validated where it is built, carried whole from the command to the
+engine, recorded in run.json's `hyperparameters` under the HF keys, and kept by a resume. The
+schedules are transformers' own (`get_scheduler`): cosine (default) and linear decay to 0 after a
+linear warm-up, constant_with_warmup, and constant (no warm-up).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
@@ -29,26 +22,11 @@ if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LambdaLR
 
 SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
-DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps (before: WARMUP_FRACTION, fixed)
+DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps
 DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.workload.optimizers.parameter_groups)
 DEFAULT_MAX_GRAD_NORM = 1.0  # 0: no clipping
 DEFAULT_BETAS = BETAS
 DEFAULT_EPSILON = EPSILON  # torch's AdamW default
-# The keys of run.json's `hyperparameters`, as HF TrainingArguments names them.
-HF_KEYS = (
-    "learning_rate",
-    "lr_scheduler_type",
-    "warmup_ratio",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "optim",
-)
-# The fields of OptimizerSettings, which are also their options' names (--warmup-ratio: warmup_ratio).
-SETTING_NAMES = ("lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon")
 
 
 def option_name(field_name: str) -> str:
@@ -93,52 +71,32 @@ class OptimizerSettings:
 
     def warmup_for(self, total_steps: int) -> int:
         """The warm-up's optimizer steps in a run of `total_steps`: --warmup-steps where given, else
-        the ratio's share (at least one step for a ratio above 0, as before); none for `constant`."""
+        the ratio's share (at least one step for a ratio above 0); none for `constant`."""
         if self.lr_scheduler_type == "constant":
             return 0
         if self.warmup_steps is not None:
             return self.warmup_steps
         return max(1, int(self.warmup_ratio * total_steps)) if self.warmup_ratio > 0 else 0
 
-    def scheduler(self, total_steps: int) -> Callable[[torch.optim.Optimizer], LambdaLR]:
-        """`make_scheduler(optimizer)`: this schedule over the run's `total_steps` optimizer steps
-        (the same on every process; a resume keeps the run's first horizon)."""
-        kind, warmup, total = self.lr_scheduler_type, self.warmup_for(total_steps), max(1, total_steps)
+    def scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+        """This schedule over the run's `total_steps` optimizer steps (the same on every process; a
+        resume keeps the run's first horizon). transformers' get_scheduler takes what each kind needs."""
+        from transformers import get_scheduler
 
-        def make(optimizer: torch.optim.Optimizer) -> LambdaLR:  # each of SCHEDULER_CHOICES is one in transformers
-            from transformers import get_scheduler
-
-            if kind == "constant":
-                return get_scheduler(kind, optimizer)
-            if kind == "constant_with_warmup":
-                return get_scheduler(kind, optimizer, num_warmup_steps=warmup)
-            return get_scheduler(kind, optimizer, num_warmup_steps=warmup, num_training_steps=total)
-
-        return make
+        return get_scheduler(self.lr_scheduler_type, optimizer, num_warmup_steps=self.warmup_for(total_steps), num_training_steps=max(1, total_steps))
 
     def record(self, learning_rate: float, optimizer: str, total_steps: int) -> JsonDict:
         """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
         schedule has over its `total_steps`, `optim` HF's name of the optimizer (its OPTIMIZERS entry's)."""
-        return {
-            "learning_rate": learning_rate,
-            "lr_scheduler_type": self.lr_scheduler_type,
-            "warmup_ratio": self.warmup_ratio,
-            "warmup_steps": self.warmup_for(total_steps),
-            "weight_decay": self.weight_decay,
-            "max_grad_norm": self.max_grad_norm,
-            "adam_beta1": self.adam_beta1,
-            "adam_beta2": self.adam_beta2,
-            "adam_epsilon": self.adam_epsilon,
-            "optim": hf_optim(optimizer),
-        }
+        return {"learning_rate": learning_rate, **asdict(self), "warmup_steps": self.warmup_for(total_steps), "optim": hf_optim(optimizer)}
+
+
+# The fields of OptimizerSettings, which are also their options' names (--warmup-ratio: warmup_ratio).
+SETTING_NAMES = tuple(setting.name for setting in fields(OptimizerSettings))
+# The keys of run.json's `hyperparameters`, as HF TrainingArguments names them.
+HF_KEYS = ("learning_rate", *SETTING_NAMES, "optim")
 
 
 def settings_from(values: JsonDict) -> OptimizerSettings:
     """OptimizerSettings from named values (None or absent: the default)."""
     return OptimizerSettings(**{name: values[name] for name in SETTING_NAMES if values.get(name) is not None})
-
-
-def settings_of_run(hyperparameters: JsonDict | None) -> OptimizerSettings:
-    """The settings a run.json's `hyperparameters` section records (its warm-up as the steps it
-    had); a run from before the section trained with the defaults."""
-    return settings_from(hyperparameters or {})

@@ -1,24 +1,18 @@
 """The training loss without full-vocabulary logits.
 
-A causal LM's plain loss materialises logits of (tokens × vocabulary) and then an fp32 copy for
-the softmax: for Llama-3 (128k vocabulary) at micro-batch 8 × 2048 that is 8.4 GB of bf16 logits
-plus 8.4 GB of fp32, more than the whole 1B model with its optimizer. Two replacements, chosen by
-`install_loss`, both computing the same mean cross-entropy over tokens that carry a label:
+A causal LM's plain loss materialises (tokens × vocabulary) logits and an fp32 copy for the
+softmax: for Llama-3 at micro-batch 8 × 2048, 8.4 GB of bf16 logits plus 8.4 GB of fp32. Two
+replacements compute the same mean cross-entropy over labelled tokens (`install_loss`):
 
-- `chunked`: plain torch, any device. The hidden states are cut into chunks whose fp32 logits fit
-  LOGITS_CHUNK_BYTES; each chunk's logits are made, turned into the loss and its gradients (for
-  the hidden states and the output head) at once, and freed. Gradients are computed in the
-  forward pass, as Liger's fused linear cross-entropy does, so nothing is recomputed and no logits
-  are kept for backward. No host sync.
-- `liger`: on CUDA with `liger-kernel` >= 0.7 installed (`pip install 'benchtrain[gpu]'`), Liger's
-  fused linear cross-entropy (Triton; two host syncs per micro-step, see `liger_cross_entropy`),
-  and with `torch.compile` off also its RMSNorm and SwiGLU kernels on the model's own modules
-  (with compile on, inductor fuses those itself).
+- `chunked`: plain torch, any device, no host sync. Hidden states are cut into chunks whose fp32
+  logits fit LOGITS_CHUNK_BYTES; each chunk's loss and gradients are computed in the forward and
+  its logits freed, as Liger's fused linear cross-entropy does.
+- `liger`: on CUDA with liger-kernel >= 0.7, Liger's fused linear cross-entropy, and with compile
+  off also its RMSNorm and SwiGLU kernels on the model's own modules.
 
-The loss lives in the causal LM's own `forward` (patched on the instance, never on the class), so
-DDP, peft and accelerate see an ordinary model and `save_pretrained` is unaffected. That forward is
-put in place once (`_loss_forward`) and reads the loss in use at each call: bench switches losses on
-one model after accelerate's `prepare` wrapped the forward in bf16 autocast, and the wrapper stays.
+The loss lives in the model instance's own `forward` (never the class), so DDP, peft, accelerate
+and `save_pretrained` see an ordinary model. That forward is put in place once and reads the loss
+in use at each call, so switching losses (bench) keeps accelerate's bf16 autocast wrapper.
 """
 
 from __future__ import annotations
@@ -40,16 +34,12 @@ LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # soft-capping or scaling), so the loss can be computed from hidden states and the head's weight.
 PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
 
-
-# The first liger-kernel with transformers 5 (0.6.x imports transformers 4's `HybridCache`, which
-# transformers 5 removed): pyproject's `gpu` extra pins the same range.
+# The first liger-kernel with transformers 5 (pyproject's `gpu` extra pins the same range).
 LIGER_MIN_VERSION = "0.7.0"
 
 
 def liger_functions() -> tuple[Any, Any]:
-    """What we call from Liger: its fused linear cross-entropy module, and its package (whose
-    `apply_liger_kernel_to_<model_type>` patch RMSNorm and SwiGLU). ImportError where they do not
-    import with this transformers."""
+    """Liger's fused linear cross-entropy module and its package (`apply_liger_kernel_to_<type>`)."""
     import liger_kernel.transformers as liger
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
 
@@ -73,10 +63,6 @@ def liger_problem() -> str | None:
     return None
 
 
-def liger_available() -> bool:
-    return liger_problem() is None
-
-
 def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
     """The loss implementation for `--loss choice` on this device and architecture."""
     if choice not in LOSS_CHOICES:
@@ -85,28 +71,24 @@ def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
     if choice == "auto":
         if not fusable:
             return "plain"
-        return "liger" if device_type == "cuda" and liger_available() else "chunked"
+        return "liger" if device_type == "cuda" and liger_problem() is None else "chunked"
     if choice != "plain" and not fusable:
         raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
     if choice == "liger" and device_type != "cuda":
         raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
-    if choice == "liger" and not liger_available():
+    if choice == "liger" and liger_problem() is not None:
         raise ValueError(f"--loss liger: {liger_problem()}")
     return choice
 
 
-# A chunk's fp32 logits stay under this many bytes. Big chunks keep the head's matmuls efficient:
-# every chunk reads the whole (vocabulary × hidden) head weight again, so tiny chunks turn the loss
-# into a memory-bound loop (gpt2's 512 tokens in Liger's 64 chunks of 8 rows: 8× slower on CPU).
-# At 256 MiB a chunk holds 512 rows of Llama-3's 128k vocabulary (enough to keep an H100's
-# tensor cores busy) and all of a small batch; Llama-3 at 8 × 2048 tokens needs 32 chunks.
+# A chunk's fp32 logits stay under this many bytes. Every chunk reads the whole head weight again,
+# so tiny chunks make the loss memory-bound; 256 MiB holds 512 rows of Llama-3's 128k vocabulary.
 LOGITS_CHUNK_BYTES = 256 * 2**20
 FP32_LOGIT_BYTES = 4
 
 
 def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) -> int:
-    """Tokens per chunk: as few chunks as keep each chunk's fp32 logits within `budget_bytes`
-    (LOGITS_CHUNK_BYTES), the tokens shared evenly between them."""
+    """Tokens per chunk: as few chunks as keep each one's fp32 logits within `budget_bytes`, evenly."""
     budget = LOGITS_CHUNK_BYTES if budget_bytes is None else budget_bytes
     rows_within_budget = max(1, budget // (vocab_size * FP32_LOGIT_BYTES))
     chunks = max(1, math.ceil(tokens / rows_within_budget))
@@ -114,8 +96,8 @@ def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) 
 
 
 def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True) -> tuple[Any, Any, Any]:
-    """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its
-    gradients, one chunk of rows at a time. Matmuls run in `hidden`'s dtype; softmax and sums in fp32."""
+    """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its gradients,
+    a chunk of rows at a time: matmuls in `hidden`'s dtype, softmax and sums in fp32."""
     import torch
 
     count = (targets != IGNORE_INDEX).sum().clamp(min=1)
@@ -151,6 +133,7 @@ def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: i
     return loss / count, grad_hidden, grad_weight
 
 
+@functools.cache
 def _chunked_function() -> Any:
     import torch
 
@@ -173,13 +156,9 @@ def _chunked_function() -> Any:
     return ChunkedLinearCrossEntropy
 
 
-_FUNCTION: Any = None
-
-
 def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
-    """Hidden states as (tokens, hidden) rows and the label each row predicts (position t predicts
-    labels[t + 1], like transformers' own loss). Inside autocast the head's matmul would run in the
-    autocast dtype: the rows are cast to it, since both losses run outside autocast."""
+    """Hidden states as (tokens, hidden) rows and the label each predicts (position t: labels[t + 1]),
+    cast to the autocast dtype inside autocast (both losses run outside it)."""
     import torch
     import torch.nn.functional as F
 
@@ -191,27 +170,21 @@ def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
 
 
 def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | None = None) -> Any:
-    """Causal-LM loss from the last hidden states (batch, length, hidden) and the output head's
-    weight (vocab, hidden): position t predicts labels[t + 1], like transformers' own loss."""
+    """Causal-LM loss from the last hidden states (batch, length, hidden) and the head's weight (vocab, hidden)."""
     import torch
 
-    global _FUNCTION
-    if _FUNCTION is None:
-        _FUNCTION = _chunked_function()
     flat, targets = _rows_and_targets(hidden, labels)
     size = chunk or chunk_tokens(flat.shape[0], weight.shape[0])
     with torch.autocast(flat.device.type, enabled=False):
         if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
             return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
-        return _FUNCTION.apply(flat, weight, targets, size)
+        return _chunked_function().apply(flat, weight, targets, size)
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
-    """Liger's fused linear cross-entropy. The head's gradient is summed over Liger's chunks in
-    fp32 (`accum_dtype`), as the chunked loss does; Liger's default sums it in the weight's dtype,
-    bf16 here. Liger reads the count of labelled tokens back to the host (`.item()`) in its forward
-    and compares the incoming gradient with 1.0 (`torch.equal`) in its backward: two host syncs per
-    micro-step that the chunked loss does not have."""
+    """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its
+    default is the weight's dtype). It syncs with the host twice per micro-step (`.item()` forward,
+    `torch.equal` backward), which the chunked loss does not."""
     import torch
 
     loss_class, _ = liger_functions()
@@ -222,12 +195,9 @@ def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
 def apply_liger_kernels(lm: Any) -> bool:
     """Liger's RMSNorm and SwiGLU on this model's own modules; False where Liger has none for it.
 
-    Liger's `apply_liger_kernel_to_<type>(model=…)` patches the instance's modules, but also
-    replaces the RMSNorm and MLP classes (and, with `rope`, the RoPE function) in transformers'
-    modeling module, where every model built later in the process would pick them up (bench builds
-    several; the export loads one). Those module-level names are put back. Liger's RoPE exists only
-    as that module-level function, so it is left out. What it did to the instance is recorded, so
-    that switching to another loss (bench compares them on one model) undoes it: `remove_liger_kernels`."""
+    Liger also replaces classes in transformers' modeling module, where every model built later
+    would pick them up: those names are put back (so its RoPE, a module-level function only, is
+    left out). What it changed on the instance is recorded for `remove_liger_kernels`."""
     _, liger = liger_functions()
     apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
     if apply is None:
@@ -259,8 +229,7 @@ def _module_states(lm: Any) -> list[tuple[Any, type, dict[str, Any], dict[str, A
 
 
 def _changes_since(states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]]) -> list[tuple[Any, str, str, Any, Any]]:
-    """(module, what, name, before, after) for every class, attribute (a bound `forward`, say) and
-    child module that changed on the modules in `states` since they were taken."""
+    """(module, what, name, before, after) for every class, attribute and child that changed since `states`."""
     changes: list[tuple[Any, str, str, Any, Any]] = []
     for module, cls, attributes, children in states:
         if type(module) is not cls:
@@ -276,9 +245,8 @@ def _changes_since(states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]
 
 
 def remove_liger_kernels(lm: Any) -> None:
-    """Put back every class, attribute and child module that `apply_liger_kernels` changed on `lm`,
-    where it still holds what Liger put there (a later change, such as gradient checkpointing's
-    flags, stays)."""
+    """Put back what `apply_liger_kernels` changed on `lm`, where it still holds what Liger put
+    there (a later change, such as gradient checkpointing's flags, stays)."""
     for module, what, name, before, after in reversed(vars(lm).pop(LIGER_CHANGES, [])):
         if what == "class":
             if type(module) is after:
@@ -294,10 +262,8 @@ def remove_liger_kernels(lm: Any) -> None:
 
 
 def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
-    """The causal LM's forward once a loss is installed: the loss in use (`_benchtrain_loss`) is
-    read at every call, so switching the loss never replaces this function. Accelerate's `prepare`
-    wraps the instance's forward in bf16 autocast (and fp32 outputs); a switch that replaced the
-    forward would drop that wrapper, and every later step would run in fp32."""
+    """The causal LM's forward once a loss is installed: it reads the loss in use
+    (`_benchtrain_loss`) at every call, so a switch keeps accelerate's autocast wrapper around it."""
     original = self._benchtrain_original_forward
     kind = self._benchtrain_loss
     if kind == "plain" or labels is None or kwargs.get("return_dict") is False:
@@ -313,8 +279,7 @@ def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, 
 
 
 def _forward_chain(forward: Any) -> list[Any]:
-    """The functions inside `forward`: accelerate's fp32-output and autocast wrappers each keep the
-    function they wrap as `__wrapped__` (as functools.wraps does)."""
+    """The functions inside `forward`: accelerate's wrappers keep theirs as `__wrapped__`."""
     chain: list[Any] = []
     function = getattr(forward, "__func__", forward)
     while function is not None and len(chain) < 32:
@@ -324,13 +289,9 @@ def _forward_chain(forward: Any) -> list[Any]:
 
 
 def _put_loss_forward(lm: Any) -> None:
-    """Make `_loss_forward` the function the instance's forward ends in, once, keeping the
-    precision wrapper accelerate's `prepare` put around the instance's forward.
-
-    Before `prepare` (build_engine), the forward becomes `_loss_forward` and `prepare` wraps it.
-    Where `prepare` came first (it kept the forward it wrapped as `_original_forward`), the same
-    wrapper is built again around `_loss_forward`, with accelerate's own functions and its state's
-    precision, as `prepare_model` builds it."""
+    """Make `_loss_forward` the function the instance's forward ends in, once. Where accelerate's
+    `prepare` came first (it kept the forward it wrapped as `_original_forward`), its precision
+    wrapper is built again around `_loss_forward` with accelerate's own functions."""
     if any(function is _loss_forward for function in _forward_chain(lm.forward)):
         return  # installed before: a loss switch changes `_benchtrain_loss` alone
     prepared = vars(lm).get("_original_forward")
@@ -345,11 +306,9 @@ def _put_loss_forward(lm: Any) -> None:
 
 
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
-    """Make `model`'s forward compute the loss with `kind` when it is given labels; returns `kind`.
-    Without labels (generation, the export) the model's own forward runs unchanged. Called again
-    (bench compares the losses on one model), before or after accelerate's `prepare`: the forward
-    keeps accelerate's precision wrapper, and Liger's kernels are on the model only while the loss
-    is `liger`."""
+    """Make `model`'s forward compute the loss with `kind` when given labels (without, its own
+    forward runs); returns `kind`. May be called again, before or after accelerate's `prepare`:
+    Liger's kernels are on the model only while the loss is `liger`."""
     if kind not in LOSS_CHOICES or kind == "auto":
         raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)

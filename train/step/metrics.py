@@ -1,11 +1,9 @@
-"""Training metrics computed in one place: tokens/s, TFLOP/s, MFU, data-wait share (peak memory:
-train.step.peak_memory). Bench probes, the live log and trackers, run.json and the reports read them
-from here (`step_figures`).
+"""Training metrics computed in one place for bench, the live log, trackers and run.json:
+tokens/s, TFLOP/s, MFU, data-wait share.
 
-MFU = achieved FLOP/s ÷ the device's dense bf16 peak (train.step.hardware's table). The FLOPs per
-token are the model's (train.workload.model.ModelShape.flops_per_token: full or LoRA, with or without
-recompute) over the positions actually computed, padding included; their attention term grows with
-the sequence length, so a run takes each micro-batch at its own length (`batch_flops`).
+MFU = achieved FLOP/s ÷ the device's dense bf16 peak. The FLOPs per token are the model's
+(ModelShape.flops_per_token) over the positions computed, padding included; their attention term
+grows with the length, so a run takes each micro-batch at its own length (`batch_flops`).
 """
 
 from __future__ import annotations
@@ -15,10 +13,6 @@ from collections.abc import Callable, Iterable
 
 def tokens_per_second(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
-
-
-def tflops(tokens_per_second_computed: float, flops_per_token: float) -> float:
-    return tokens_per_second_computed * flops_per_token / 1e12
 
 
 def mfu(tokens_per_second_computed: float, flops_per_token: float, peak_flops: float | None) -> float | None:
@@ -44,7 +38,7 @@ def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, fl
     rate = tokens_per_second(tokens_computed, seconds)
     return {
         "computed_tokens_per_second": rate,
-        "tflops": tflops(rate, flops_per_token),
+        "tflops": rate * flops_per_token / 1e12,
         "mfu": mfu(rate, flops_per_token, peak_flops),
         "data_wait_share": data_wait_share(wait_seconds, seconds),
     }

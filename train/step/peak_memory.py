@@ -1,35 +1,16 @@
-"""Peak memory of a probe: the CUDA allocator's peak on GPU, the process's peak RSS on CPU.
+"""Peak memory of a probe or a run: the CUDA allocator's peak on GPU, the process's peak RSS on CPU.
 
-On a GPU the allocator's allocated peak (`max_memory_allocated`) is not what the device must hold:
-the caching allocator keeps whole segments (`max_memory_reserved`: allocated + fragmentation, which
-grows with the many shapes of padded batches), and outside PyTorch the CUDA context, loaded kernels
-and NCCL's buffers take memory too (cuBLAS/cuDNN workspaces come from the allocator: in reserved).
-So a CUDA measurement records, beside the allocated peak: the reserved peak, the device's used bytes
-(total − free, torch.cuda.mem_get_info: every process on the device) and the bytes used outside
-PyTorch's allocator (used − reserved, read at the same moment). The memory fit plans from reserved
-plus those bytes (calibration.memory_fit).
+On CUDA the allocated peak is not what the device must hold: the caching allocator keeps whole
+segments (the reserved peak) and the CUDA context, kernels and NCCL's buffers live outside it. So a
+CUDA measurement also records the reserved peak, the device's used bytes (mem_get_info) and the
+bytes outside the allocator (used − reserved); the memory fit plans from those (calibration.memory_fit).
 
-On Linux the kernel keeps the peak RSS (VmHWM) and lets a process reset it (writing 5 to
-/proc/self/clear_refs), which costs nothing while the probe runs; freed heap is handed back to
-the OS first (glibc `malloc_trim`) so one probe's peak does not inflate the next one's.
-Elsewhere a background thread samples RSS (it competes with the probe for the CPU a little).
-
-On CPU the process's heap is the device memory, and glibc's heap fragments: with its default,
-dynamic mmap threshold every tensor up to 32 MB comes from the heap, and accumulation (gradients
-allocated between two micro-batches' activations) left gpt2's peak RSS 1.8 GB above the physical
-+0.5 GB of its gradients; every later step grew it again, so a probe and a run of the same
-configuration peaked gigabytes apart depending on what ran before (a run measured 9.0 GiB against a
-5.6 GiB plan; LoRA at batch 1, whose activations are below 1 MiB, grew 0.1 GiB a step).
-`physical_cpu_memory` fixes the threshold at 8 MiB (a fixed threshold also stops glibc raising
-it): every tensor that matters for the peak (logits, activations of a micro-batch, gradients of the
-large matrices) is its own mapping, returned to the system when freed, and the heap holds only the
-small ones, so a probe and a run of the same configuration peak alike (gpt2 8 × 256: +5.4% run vs
-plan from a fresh bench; 8 × 2 × 64: the run's peak in the probe's within 1%). The threshold was
-glibc's starting 128 KiB, which cost this: every mid-sized tensor mapped and
-zero-filled afresh on every step halved tiny's CPU throughput (8 × 320: 8.4k → 16.3k tokens/s with
-8 MiB) and made it jagged in shape (off-grid probes predicted with a median error of 6.5–21.9% and
-a worst of 32–43%, against 2.0–3.0% and 6.6–16.8% with 8 MiB): `python benchmarks/heap_threshold.py`,
-and CHANGELOG.md, 2026-11-25.
+On Linux the peak RSS is the kernel's VmHWM, reset through /proc/self/clear_refs (free while the
+probe runs), after handing freed heap back (malloc_trim); elsewhere a thread samples RSS.
+On CPU glibc's dynamic mmap threshold let the heap fragment, so a probe and a run of the same
+configuration peaked gigabytes apart: `physical_cpu_memory` fixes it at 8 MiB, so every tensor that
+matters for the peak is its own mapping (a lower threshold halved small steps' speed:
+benchmarks/heap_threshold.py).
 """
 
 from __future__ import annotations
@@ -57,17 +38,9 @@ STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _trim_heap() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def physical_cpu_memory() -> bool:
     """Every allocation of CPU_MMAP_THRESHOLD_BYTES or more mapped on its own and unmapped when
-    freed (glibc; a fixed threshold also stops glibc raising it). Returns whether it applied
-    (False off glibc, where RSS is measured as the allocator leaves it)."""
+    freed (glibc); False off glibc."""
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, CPU_MMAP_THRESHOLD_BYTES))
     except (OSError, AttributeError):
@@ -106,13 +79,9 @@ def process_resident_bytes() -> int | None:
 
 def resident_bytes_before_model() -> int | None:
     """This process's resident set with the libraries a model build loads imported first (peft,
-    torch's compiler stack, bitsandbytes where installed): bench and `train` measure it at
-    different points (before the build; at planning), so without them their difference held import
-    order, not what the process holds. A train process planned before it imported peft and
-    sympy ran 58 MiB above its plan, 14% of tiny's peak."""
-    # bitsandbytes (peft imports it) warns on import, on a CPU with AVX-512 bf16, that an optional
-    # package of faster 4-bit kernels (`kernels`) is missing: a line on every bench and train,
-    # about a kernel a measurement times anyway.
+    torch's compiler stack, bitsandbytes): bench and `train` measure it at different points, and
+    their difference must be what the process holds, not import order."""
+    # bitsandbytes warns on import, on some CPUs, that an optional package of faster kernels is missing.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import peft  # noqa: F401
     import torch._dynamo  # noqa: F401
@@ -124,8 +93,7 @@ def resident_bytes_before_model() -> int | None:
 
 def host_excess_bytes(hardware: JsonDict, device_type: str) -> float:
     """What this process (on CPU, before its model is built) holds beyond the bench process that
-    measured `hardware` held at the same point: a plan's peak memory on CPU adds it. 0 on a GPU,
-    for calibrations that did not record it, or where it holds less."""
+    measured `hardware` at the same point, which a plan's CPU peak adds; 0 on a GPU or unrecorded."""
     recorded = hardware.get(HOST_BASELINE_KEY)
     now = resident_bytes_before_model() if device_type == "cpu" and recorded else None
     return max(0.0, float(now - recorded)) if now is not None and recorded else 0.0
@@ -150,13 +118,12 @@ class PeakMemory:
         if self.cuda:
             import torch
 
-            # Each probe starts from an empty cache so that its reserved peak is its own shape's,
-            # not what an earlier, larger probe left cached (a run's growth over many shapes is its
-            # own figure: train records the same fields).
+            # From an empty cache, so the reserved peak is this probe's, not what a larger one left cached.
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)  # this process's device, named
             return self
-        _trim_heap()
+        with contextlib.suppress(OSError, AttributeError):  # freed heap back to the OS: not this probe's peak
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
         if _reset_high_water_mark():
             return self
 
@@ -191,14 +158,6 @@ class PeakMemory:
         self.device_used_bytes = int(total - free)
         # Read together with the used bytes: what the allocator holds now, not at its peak.
         self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
-
-    @property
-    def device_peak_bytes(self) -> int:
-        """What the device held at the highest point: reserved + outside the allocator on CUDA, the
-        peak RSS on CPU."""
-        if self.peak_reserved_bytes is None or self.non_torch_bytes is None:
-            return self.peak_bytes
-        return self.peak_reserved_bytes + self.non_torch_bytes
 
     def record(self) -> dict[str, int]:
         """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes:

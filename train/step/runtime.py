@@ -1,8 +1,7 @@
-"""Device, precision and optimizer setup shared by `bench` probes and `train` runs.
+"""Device, precision, optimizer and process agreement shared by `bench` probes and `train` runs.
 
-CUDA: bf16 autocast through accelerate, TF32 matmuls, SDPA attention (chosen at model build),
-fused AdamW, pinned DataLoader memory. CPU: fp32, fused AdamW (every optimizer: train.workload.optimizers.OPTIMIZERS);
-bf16 autocast too with BENCHTRAIN_CPU_BF16=1 (`cpu_bf16`).
+CUDA: bf16 autocast through accelerate, TF32 matmuls, pinned DataLoader memory. CPU: fp32, or bf16
+autocast with BENCHTRAIN_CPU_BF16=1.
 """
 
 from __future__ import annotations
@@ -47,19 +46,18 @@ def cpu_bf16() -> bool:
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-
     raise BenchtrainError(f"{CPU_BF16_VARIABLE}={value!r}: use 1 (bf16 autocast on CPU) or 0 (fp32)")
 
 
 def run_precision(device_type: str) -> str:
-    """The precision a step on `device_type` runs in, as calibrations and run.json record it (the
-    Accelerator built from it says the same: `Engine.precision`)."""
+    """The precision a step on `device_type` runs in, as calibrations and run.json record it."""
     return "bf16" if device_type == "cuda" or cpu_bf16() else "fp32"
 
 
 def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | None = None) -> Accelerator:
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
     quiet_library_warnings()
     cuda = torch.cuda.is_available()
@@ -70,20 +68,14 @@ def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | Non
     else:
         # Bench and train alike: a CPU step's peak RSS is what it holds, not how the heap fragmented.
         physical_cpu_memory()
-    # Accumulation is done by hand in TrainingStep (no_sync + one optimizer step), so one
-    # Accelerator serves every grad_accum value a benchmark probes.
-    # On CPU, accelerate joins a torchrun / `accelerate launch` process group only when told cpu=True.
-    several = job_world_size() > 1
-    from accelerate.utils import DistributedDataParallelKwargs
-
     # DDP: no buffer broadcast before every forward (a collective per micro-step; a causal LM's
     # buffers, such as rotary frequencies, never change), and gradients bucketed in place.
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     return Accelerator(
         kwargs_handlers=[ddp],
         mixed_precision="bf16" if run_precision("cuda" if cuda else "cpu") == "bf16" else "no",  # one place decides
-        gradient_accumulation_steps=1,
-        cpu=not cuda and several,
+        gradient_accumulation_steps=1,  # accumulated by hand in TrainingStep: one Accelerator for every grad_accum
+        cpu=not cuda and job_world_size() > 1,  # on CPU accelerate joins a launcher's process group only when told
         log_with=list(log_with) or None,
         project_dir=str(project_dir) if project_dir is not None else None,
     )
@@ -105,9 +97,7 @@ def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | N
 def make_optimizer(
     model: torch.nn.Module, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None
 ) -> torch.optim.Optimizer:
-    """`name`'s optimizer (its entry in train.workload.optimizers.OPTIMIZERS) over the trainable
-    parameters, weight decay on matrices only; betas, epsilon and weight decay from `settings`
-    (train.step.hyperparameters.OptimizerSettings; None: the defaults)."""
+    """`name`'s optimizer over the trainable parameters, weight decay on matrices only (`settings`: None, the defaults)."""
     settings = settings or OptimizerSettings()
     return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
 
@@ -117,9 +107,8 @@ def pin_memory(accelerator: Accelerator) -> bool:
 
 
 def agree(accelerator: Accelerator | PartialState, value: int, operation: str = "max") -> int:
-    """The same decision on every process (a stop on one rank alone would hang the all-reduce):
-    the max, min or sum over the processes of `value`. `accelerator`: an accelerate Accelerator or
-    PartialState (what a Trainer callback can reach)."""
+    """The max, min or sum of `value` over the processes: the same decision on every one (a stop on
+    one rank alone would hang the next all-reduce). A PartialState is what a Trainer callback has."""
     if accelerator.num_processes == 1:
         return value
     import torch
@@ -132,32 +121,25 @@ def agree(accelerator: Accelerator | PartialState, value: int, operation: str = 
 
 FINISH_KEY = "benchtrain/finished"
 LEFT_KEY = "benchtrain/left"
-# The least the processes wait for each other at the end (what is not planned: a slow interpreter
-# exit, a tracker's flush). Rank 0's planned work after the last step comes on top
-# (finish_wait_seconds): a fixed 600 s ended rank 0 in the middle of a 16 GB push at 20 MB/s.
+# The least the processes wait for each other at the end (a slow exit, a tracker's flush); rank 0's
+# planned work after the last step comes on top, at up to FINISH_SLACK_FACTOR times its plan.
 FINISH_TIMEOUT_SECONDS = 600.0
-# Rank 0's export and push may take this many times their planned seconds (a slower uplink than
-# the stated default, a busy disk) before the others give up on it.
 FINISH_SLACK_FACTOR = 2.0
 
 
 def finish_wait_seconds(rank0_work_seconds: float) -> float:
-    """How long a process waits at the end for the others: rank 0's work after the last step as
-    planned (its final checkpoint, export, evaluation, report and hub push:
-    train.planning.types.Overheads.after_training_seconds), with slack, plus FINISH_TIMEOUT_SECONDS."""
+    """How long a process waits at the end for the others: rank 0's planned work after the last
+    step (train.planning.types.Overheads.after_training_seconds) with slack, plus FINISH_TIMEOUT_SECONDS."""
     return FINISH_TIMEOUT_SECONDS + FINISH_SLACK_FACTOR * max(0.0, rank0_work_seconds)
 
 
 def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
-    """Wait until every process of a multi-process run gets here, through the launcher's
-    rendezvous store rather than a collective; `timeout_seconds`: finish_wait_seconds of the
-    plan (a process that gives up fails, and the launcher then ends every rank, rank 0 too).
+    """Wait until every process of a multi-process run gets here, through the launcher's store (a
+    process that gives up fails, and the launcher ends every rank).
 
-    Why not a gloo/NCCL barrier: a barrier right before the process group is torn down leaves a
-    collective's work object being destroyed in gloo's worker thread, which needs the GIL, while
-    the main thread (holding the GIL) joins that thread in ~ProcessGroupGloo: a deadlock seen as a
-    rank that never exits. The store involves no worker thread. Multi-process commands then leave
-    with os._exit (train.cli.entry_point), so the process group is never destroyed under the GIL."""
+    Not a barrier: one right before the process group is torn down leaves a work object destroyed
+    in gloo's worker thread, which needs the GIL the main thread holds while joining it: a rank
+    that never exits. The store has no worker thread, and multi-process commands `leave`."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -168,9 +150,8 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
     world_size = dist.get_world_size()
     give_up_at = time.monotonic() + timeout_seconds
     wait_for_all(store, FINISH_KEY, world_size, give_up_at)
-    # Where rank 0 hosts the store (a launcher without torchrun's agent store: srun, mpirun, a
-    # script setting MASTER_ADDR itself), rank 0 leaving ends the store under a rank still asking
-    # it: every other rank says it has seen everyone finish, and rank 0 leaves last.
+    # Where rank 0 hosts the store (srun, mpirun), its leaving would end the store under a rank
+    # still asking it: the others say they have seen everyone finish, and rank 0 leaves last.
     if dist.get_rank() == 0:
         wait_for_all(store, LEFT_KEY, world_size, give_up_at)
     else:
@@ -180,8 +161,7 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
 def wait_for_all(
     store: Store, key: str, world_size: int, give_up_at: float, clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep
 ) -> None:
-    """Count this process in at `key` of the store, then wait until all `world_size` have, or
-    fail once `clock()` passes `give_up_at`."""
+    """Count this process in at `key` of the store, then wait until all `world_size` have (or fail past `give_up_at`)."""
     store.add(key, 1)
     while store.add(key, 0) < world_size:
         if clock() > give_up_at:
@@ -192,7 +172,7 @@ def wait_for_all(
 def leave(code: int) -> None:
     """Exit a command. A process of a multi-process job leaves with os._exit once everything is
     written: gloo's process-group destructors can deadlock on the GIL (see finish_together)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if job_world_size() > 1:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -1,30 +1,16 @@
 """How the model is spread over the processes of a job: DDP or FSDP (`--sharding`).
 
-- ddp (default): every process holds the whole model; gradients are all-reduced once per optimizer
-  step (accelerate's DDP wrapper).
-- fsdp: parameters, gradients and optimizer state are sharded over the processes, for full
-  fine-tuning of a model that does not fit one device. Each decoder block is a unit, then the
-  whole model (embeddings, final norm, head): a block's parameters are all-gathered for its forward
-  and again for its backward, and its gradients reduce-scattered, on every micro-step.
+- ddp (default): every process holds the whole model; gradients are all-reduced once per step.
+- fsdp: parameters, gradients and optimizer state sharded over the processes (PyTorch's FSDP2
+  `fully_shard`, per decoder block then the root, as accelerate's FSDP2 plugin does). Called
+  directly because accelerate enables FSDP only for GPU-like devices, and the code the CPU tests
+  run on gloo must be the code the GPUs run.
 
-FSDP here is PyTorch's FSDP2 `fully_shard`, applied per block and then to the root, which is what
-accelerate's FSDP2 plugin does (accelerate/utils/fsdp_utils.py, `fsdp2_prepare_model`). It is
-called directly because accelerate turns its FSDP plugin on only for GPU-like distributed types,
-not for CPU processes on gloo (accelerate/state.py), and the code the CPU tests run must be the
-code the GPUs run. Launch and the process group stay accelerate's (`accelerate launch`, torchrun).
-
-The model is built on `meta` and sharded there, then each rank materialises its shards only
-(`materialise_shards`): no rank ever holds the whole fp32 model, which is what the memory check
-(train.planning.memory_check, a 1/N share plus gathered blocks) assumes. A preset's weights are
-drawn one module at a time (train.workload.meta_init: the values the unsharded build has, bit for
-bit), each rank keeping its slice; a folder's weights are read by rank 0 alone, into its host
-memory in the checkpoint's dtype, while the others wait on the job's store (not in a collective
-the watchdog would end), then broadcast, every rank keeping its shard (torch.distributed.checkpoint's
-`set_model_state_dict(..., broadcast_from_rank0=True)`, what accelerate's FSDP2 loading does).
-
-Checkpoints and the exported model hold the full state: gathered to rank 0's host memory
-(torch.distributed.checkpoint.state_dict) and loaded back by broadcast from rank 0, so a
-checkpoint has the same files whatever the sharding, and only rank 0 writes.
+The model is built on `meta`, sharded there, then each rank materialises only its shards
+(`materialise_shards`): no rank holds the whole fp32 model, as the memory check assumes. A
+folder's weights are read by rank 0 alone while the others wait on the job's store (not in a
+collective the watchdog would end), then broadcast. Checkpoints and the export hold the full state,
+gathered to rank 0 and loaded back by broadcast, so a checkpoint is the same whatever the sharding.
 """
 
 from __future__ import annotations
@@ -57,12 +43,10 @@ def sharding_in_use(requested: str, world_size: int) -> str:
 
 
 def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
-    """Shard `model` in place over every process of the job (FSDP2): each decoder block, then the
-    root (LoRA's adapters in the unit of the block they adapt). A 4-bit base, built whole on each
-    rank, is checked by measurement (`quantized_sharding_fault`) and refused in one line if wrong.
-    Under bf16 mixed precision, blocks compute in bf16 from fp32 shards and reduce gradients in fp32
-    (accelerate's bf16 mixed precision under FSDP). A model built on `meta` is then materialised
-    from `spec` (`materialise_shards`). Returns the number of FSDP units."""
+    """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root.
+    Under bf16, blocks compute in bf16 from fp32 shards and reduce gradients in fp32. A model on
+    `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in
+    one line if wrong. Returns the number of FSDP units."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -71,16 +55,15 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     blocks = decoder_blocks(model)
-    before = quantized_check(model) if has_4bit_weights(model) else None
+    before = quantized_check(model) if any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters()) else None
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    if spec is not None and is_on_meta(model):
+    if spec is not None and any(parameter.is_meta for parameter in model.parameters()):
         materialise_shards(model, spec, device)
     if before is not None:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
-
             raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
     return len(blocks) + 1
 
@@ -90,18 +73,14 @@ SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float 
 
 def check_quantized_sharding(kind: str) -> None:
     """One line for a bitsandbytes base FSDP cannot shard (8-bit: int8 weights and row scales)."""
-
     if kind not in SHARDABLE_QUANTIZE:
         raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
 
 
-# A 4-bit base under FSDP is checked by measurement on the model being built, not assumed: the
-# same tokens through the model before and after sharding (its adapters start at zero, so the
-# output is the base's), and the bytes each rank keeps of the base. Known ways it goes wrong
-# silently: FSDP2 replaces bitsandbytes' Params4bit by a plain parameter without its quant_state;
-# a packed uint8 storage is left out of sharding (every rank keeps the whole base); a
-# mixed-precision cast of the packed values (storage unlike the compute dtype) scrambles them; and
-# bitsandbytes reports Linear4bit computing wrong values after fully_shard on some versions.
+# A 4-bit base under FSDP is checked by measurement, not assumed: the same tokens through the
+# model before and after sharding (adapters start at zero) and the bytes each rank keeps. It goes
+# wrong silently several ways: Params4bit replaced without its quant_state, packed uint8 storage
+# left unsharded, a mixed-precision cast scrambling the packed values, or bitsandbytes' own bugs.
 QUANTIZED_OUTPUT_TOLERANCE = 1e-3  # of the largest logit: the gathered weights are the same bytes, so equal is expected
 QUANTIZED_SHARE_SLACK = 1.1  # a rank's share of the base against 1/N of it: uneven rows and unsharded statistics
 
@@ -118,7 +97,6 @@ def quantized_check(model: Any) -> QuantizedCheck:
     import torch
     from torch.distributed.tensor import DTensor
 
-
     # The bytes first: after a forward FSDP leaves the root's parameters gathered until the backward.
     frozen = (parameter.to_local() if isinstance(parameter, DTensor) else parameter for parameter in model.parameters() if not parameter.requires_grad)
     base_bytes = sum(tensor.numel() * tensor.element_size() for tensor in frozen)
@@ -134,9 +112,7 @@ def quantized_check(model: Any) -> QuantizedCheck:
 
 def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int, compute_dtype: Any = None) -> str | None:
     """Why a 4-bit base sharded by FSDP must not train (None: it computes what it did whole, and
-    each rank holds its share of it). `compute_dtype`: what FSDP's mixed precision casts the
-    parameters to when it gathers them (None: their own). Every rank calls it together (the
-    forward gathers)."""
+    each rank holds its share). `compute_dtype`: FSDP's gathered dtype. Every rank calls it together."""
     cast = None
     if compute_dtype is not None and compute_dtype != before.storage:
         cast = f"FSDP's mixed precision casts the packed 4-bit values, stored as {before.storage}, to {compute_dtype}"
@@ -154,19 +130,10 @@ def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int
     return None
 
 
-def has_4bit_weights(model: Any) -> bool:
-    return any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters())
-
-
-def is_on_meta(model: Any) -> bool:
-    return any(parameter.is_meta for parameter in model.parameters())
-
-
 def materialise_shards(model: Any, spec: Any, device: Any) -> None:
-    """Give a model sharded on `meta` its weights on `device`, each rank allocating and filling its
-    shards only: the seeded initial values, one module at a time (every rank draws the same ones
-    and keeps its slice; no communication), then, for a folder with weights, those read by rank 0
-    and broadcast. Tied weights are tied again (`to_empty` gives each module its own tensor)."""
+    """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards:
+    the seeded initial values one module at a time (every rank draws the same, no communication),
+    then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
     import torch
 
     lm = unwrap(model)
@@ -190,14 +157,10 @@ def base_names(lm: Any) -> dict[str, str]:
 
 
 def seed_adapters(lm: Any) -> None:
-    """Give LoRA's adapters (sharded, on a model built on `meta`) the values peft gives them in an
-    unsharded build drawn right after the base (train.workload.model.build_model): layer by
-    layer, in the order peft inserted them, `lora_A` and `lora_B` made as `nn.Linear` (their
-    constructors draw), then `lora_A` drawn again with Kaiming uniform and `lora_B` zeroed
-    (peft's `reset_lora_parameters` with its default initialisation). Every rank draws the same
-    values from the same generator state and keeps its slice, so the ranks agree without a
-    collective; on CPU they are the unsharded build's, bit for bit (tests/test_fsdp_lora.py)."""
-
+    """Give LoRA's sharded adapters the values an unsharded build draws right after the base: in
+    peft's order, `lora_A` and `lora_B` constructed as `nn.Linear`, then `lora_A` redrawn Kaiming
+    uniform and `lora_B` zeroed (peft's default init). Every rank draws the same and keeps its
+    slice, with no collective; on CPU bit for bit the unsharded build's."""
     import torch
 
     for module in lm.modules():
@@ -219,9 +182,8 @@ def seed_adapters(lm: Any) -> None:
 
 
 def fill_slice(target: Any, full: Any) -> None:
-    """Copy this rank's slice of the full tensor `full` into `target` (a sharded DTensor, or a
-    replicated buffer), cut where FSDP cuts (`torch.chunk` along the sharded dimension), without a
-    collective and without a copy of the slice."""
+    """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer),
+    cut where FSDP cuts, without a collective."""
     import torch
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -238,26 +200,21 @@ def fill_slice(target: Any, full: Any) -> None:
     target.to_local().copy_(local)
 
 
-# Rank 0 reads a folder's weights while the others wait on the launcher's store (no collective:
-# NCCL's watchdog ends a rank left in one for 10 minutes, and a 70B checkpoint takes longer to read
-# from a slow disk). They give up after the weights' bytes at LOAD_READ_RATE, and LOAD_SLACK more:
-# an assumption, a network volume's slowest sustained read, not a measurement.
+# Rank 0 reads a folder's weights while the others wait on the store, not in a collective (NCCL's
+# watchdog ends a rank left in one for 10 minutes). They give up after the weights' bytes at
+# LOAD_READ_RATE (an assumed slow network volume, not a measurement) plus LOAD_SLACK_SECONDS.
 LOAD_READ_RATE = 50e6  # bytes/s
 LOAD_SLACK_SECONDS = 600.0
 _LOAD_KEYS = (f"benchtrain/fsdp-load/{index}" for index in itertools.count())  # the same sequence on every rank
 
 
 def load_from_rank0(model: Any, spec: Any) -> None:
-    """A folder's weights into the sharded model: rank 0 reads them into its host memory in the
-    checkpoint's own dtype (a bf16 checkpoint as bf16: half of it in fp32), every other rank reads
-    nothing and waits for it on the job's store, then each keeps its shard of what rank 0
-    broadcasts (cast to the shard's dtype as it is copied in)."""
-
+    """A folder's weights into the sharded model: rank 0 reads them to host memory in their own
+    dtype while the others wait on the job's store, then each keeps its shard of rank 0's broadcast."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.distributed_c10d import _get_default_store
     from transformers import AutoModelForCausalLM
-
 
     key, store, world_size = next(_LOAD_KEYS), _get_default_store(), dist.get_world_size()
     weights: dict[str, Any] = {}
@@ -298,9 +255,8 @@ class FullState(NamedTuple):
 
 
 def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> FullState:
-    """The full model (and optimizer) state on rank 0's host memory; empty dicts on the other ranks.
-    Every process must call it together (it all-gathers the shards). A frozen base (LoRA) is left
-    out: it is never gathered, only the adapters are (what a checkpoint and final/ keep of it)."""
+    """The full model (and optimizer) state in rank 0's host memory; empty on the others. Every
+    process calls it together. A frozen base (LoRA) is left out: only the adapters are gathered."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
@@ -320,9 +276,8 @@ def has_frozen_parameters(model: torch.nn.Module) -> bool:
 
 
 def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: DictValueType, optimizer_state: OptimizerStateType) -> None:
-    """Load a full state held by rank 0 (the other ranks pass empty dicts) into the sharded model
-    and optimizer: rank 0 broadcasts, every rank keeps its shard. Every process calls it together.
-    LoRA's state is its adapters alone: the frozen base keeps what it was built with."""
+    """Load a full state held by rank 0 (the others pass empty dicts) into the sharded model and
+    optimizer, every process together; LoRA's frozen base keeps what it was built with."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not has_frozen_parameters(model))
@@ -331,8 +286,7 @@ def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def broadcast_from_rank0(value: T) -> T:
-    """A small Python value (an error message, scheduler state, RNG state) from rank 0 to every
-    rank. It travels between this job's own processes, never through a file."""
+    """A small Python value (an error message, scheduler or RNG state) from rank 0 to every rank."""
     import torch.distributed as dist
 
     box = [value]

@@ -72,11 +72,9 @@ class StepTimer:
 
 @contextlib.contextmanager
 def without_packed_sequence_check() -> Iterator[None]:
-    """Without an attention mask or a cache, transformers looks for several documents per row in
-    the position ids, with `.all()` on a device tensor: a host sync at the start of every forward,
-    which lets the GPU run dry while the host waits (found with tests/step_profile.py). Our rows
-    never carry their own position ids, so that check can only answer "none": skip it around every
-    forward of ours (the step, evaluation, bench's eval probe), whatever the loss."""
+    """Skip transformers' search for several documents per row in the position ids (without a mask
+    it runs `.all()` on a device tensor: a host sync every forward). Our rows never carry position
+    ids, so it can only answer "none"."""
     import transformers.masking_utils as masking
 
     original = masking.find_packed_sequence_indices
@@ -95,22 +93,16 @@ class TrainingStep:
         self.scheduler = scheduler
         self.max_grad_norm = max_grad_norm
         self.timer = StepTimer(accelerator.device)
-        # On CPU the host runs the work as it is issued: its clock times each micro-step for free
-        # (bench.timing.steady_step_seconds).
+        # On CPU the host runs the work as it is issued: its clock times each micro-step for free.
         self.host_timed = accelerator.device.type == "cpu"
-        # Under DDP with gradient_as_bucket_view the gradients are views into DDP's all-reduce
-        # buckets (one fp32 copy, allocated when DDP wraps the model) and must stay so: see
-        # settle_gradient_buckets.
+        # Under DDP with gradient_as_bucket_view the gradients are views into its buckets and must stay so.
         self.bucket_views = bool(getattr(model, "gradient_as_bucket_view", False))
         if self.bucket_views:
             settle_gradient_buckets(accelerator, model, optimizer)
 
     def clear_gradients(self) -> None:
-        """Gradients zeroed for the next step. Under DDP with bucket views, zeroed in place: set to
-        None, the next step's micro-steps under no_sync (accumulation, the probe's first step) would
-        get fresh tensors from autograd beside the buckets, an extra fp32 copy of every gradient
-        until the synchronised micro-step copies them in (torch's DDP docs, batched_grad_copy: "the
-        bucket view alias is destroyed every iteration"). Elsewhere, set to None: freed."""
+        """Gradients zeroed for the next step: in place under DDP's bucket views (set to None, the
+        next micro-steps under no_sync would get an extra fp32 copy beside the buckets), else freed."""
         self.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
     def run(self, batches: Iterator[Batch], grad_accum: int, synchronize: bool = True) -> StepResult:
@@ -143,9 +135,8 @@ class TrainingStep:
             # Gradients are all-reduced once, on the last micro-step.
             sync = contextlib.nullcontext() if last and synchronize else accelerator.no_sync(model)
             with sync, without_packed_sequence_check():
-                # No attention mask: rows are right-padded and attention is causal, so no real
-                # token sees padding; pads carry no loss. Without a mask SDPA takes its causal fast
-                # path and transformers does not inspect the mask on the host (a sync per micro-step).
+                # No attention mask: right-padded rows under causal attention never see padding, and
+                # without one SDPA takes its causal fast path with no host sync on the mask.
                 outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])
                 loss = outputs.loss / grad_accum
                 accelerator.backward(loss)
@@ -166,18 +157,11 @@ class TrainingStep:
 
 
 def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:
-    """Make a DDP model's gradients views into its buckets before the first real step, and let DDP
-    rebuild its buckets (in the order gradients become ready) now rather than during a step.
-
-    DDP (torch/nn/parallel/distributed.py, reducer.cpp) makes a gradient a bucket view only in a
-    synchronised backward, and at a bucket rebuild (once, at the forward after the first
-    synchronised backward) only gradients that exist are moved into the new buckets, the old ones
-    freed after the new ones are allocated. Until then a micro-step under no_sync (accumulation, and
-    bench's first step, which runs without any collective: bench.probe.first_step_agreed) gets its
-    gradients from autograd beside the buckets: two fp32 copies. Two synchronised passes over one
-    tiny row here (no optimizer step, gradients zeroed in place, RNG untouched, compiled blocks run
-    eagerly) leave every gradient in the rebuilt buckets, before any optimizer state exists, so every
-    step after holds one copy (tests/test_memory_reserved.py, two processes under torchrun)."""
+    """Make a DDP model's gradients views into its buckets, and let DDP rebuild its buckets, before
+    the first real step. DDP makes a gradient a bucket view only in a synchronised backward (and
+    rebuilds once, at the forward after the first): until then a micro-step under no_sync gets its
+    gradients beside the buckets, two fp32 copies. Two synchronised passes over one tiny row (no
+    optimizer step, RNG untouched, eager) leave one copy for every step after."""
     import torch
 
     device = accelerator.device
