@@ -34,11 +34,11 @@ c bench bench run --gpu cpu --model tiny --batch-sizes 1,2 --workers 0 --accum 1
 cp "$D"/home/calibrations/*.json "$D/bench/calibration.json"
 c r1 train --use-calibration "$(cal r1)" --data sample --deadline 1h --max-steps 4 --out "$D/r1" --eval-split 0.1 --eval-every 2 --report-to none
 # Interrupted once its first checkpoint exists, then resumed.
-"$PY" -m train --use-calibration "$(cal r2)" --data sample --deadline 1h --max-steps 40 --checkpoint-interval 1s --out "$D/r2" > "$D/r2.out" 2>&1 &
+"$PY" -m train --use-calibration "$(cal r2)" --data sample --deadline 1h --max-steps 300 --checkpoint-interval 1s --out "$D/r2" > "$D/r2.out" 2>&1 &
 run=$!
 for _ in $(seq 1 120); do ls "$D"/r2/checkpoints/*/ >/dev/null 2>&1 && break; sleep 0.5; done; sleep 2
 kill -INT "$run"; wait "$run"; echo "r2 rc=$?" >> "$D/rc.txt"; cp "$D/r2/run.json" "$D/r2-interrupted.json"
-c r2resume train --use-calibration "$(cal r2)" --data sample --deadline 1h --out "$D/r2" --resume --max-steps 40
+c r2resume train --use-calibration "$(cal r2)" --data sample --deadline 1h --out "$D/r2" --resume --max-steps 300
 c lora train --use-calibration "$(cal lora)" --data sample --deadline 1h --max-steps 3 --out "$D/lora" --method lora --no-report --force
 c dry train --use-calibration "$(cal dry)" --data sample --deadline 10m --dry-run --json
 c drytext train --use-calibration "$(cal dry)" --data sample-chat --deadline 1h --dry-run --epochs 2
