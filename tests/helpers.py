@@ -22,6 +22,8 @@ from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.step_config import StepConfig
 from calibration.topology import Link
 from common.errors import BenchtrainError, guard_cli
+from train.step.hardware import detect_hardware
+from train.workload.model import resolve_model
 
 TRUE_THROUGHPUT = {
     "fixed": 4e-3,
@@ -143,6 +145,18 @@ def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes
     }
     data.update(overrides)
     return data
+
+
+def lora_calibration(rank: int, **overrides: Any) -> dict[str, Any]:
+    """A calibration of the tiny model measured here as a LoRA run of `rank` (train plans a LoRA run from it)."""
+    return synthetic_calibration(
+        synthetic_rows(),
+        hardware=detect_hardware(),
+        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        training={"method": "lora", "lora": {"rank": rank}, "trainable_parameters": 10},
+        id="test-lora",
+        **overrides,
+    )
 
 
 def pretend_interrupted(out: Any, total_steps: int) -> None:

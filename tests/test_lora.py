@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_GRID, assert_one_line_error, make_run, run_main, synthetic_calibration, synthetic_rows
+from helpers import TINY_GRID, assert_one_line_error, lora_calibration, make_run, run_main
 
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
@@ -170,16 +170,7 @@ def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsy
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run", "--force"], capsys)
     assert code == 0 and "warning: calibration" in err
 
-    from train.step.hardware import detect_hardware
-
-    lora = synthetic_calibration(
-        synthetic_rows(),
-        hardware=detect_hardware(),
-        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
-        training={"method": "lora", "lora": {"rank": 16}, "trainable_parameters": 10},
-        id="test-lora",
-        created_at="2027-01-01T00:00:00+00:00",
-    )
+    lora = lora_calibration(rank=16, created_at="2027-01-01T00:00:00+00:00")
     save_calibration(lora)
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--dry-run"], capsys)
     # latest: the full one, and the difference that decided it said in words.

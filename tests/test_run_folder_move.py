@@ -1,4 +1,4 @@
-"""A run folder that moves (issue 34): a stopped run copied or moved elsewhere resumes there with
+"""A run folder that moves: a stopped run copied or moved elsewhere resumes there with
 `--resume --out NEW`, on the loss curve of the run that was never stopped, and its report and
 final/ work from the new place. run.json keeps the paths inside the run folder relative to it."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FakeClock, run_main, synthetic_calibration, synthetic_rows, train_arguments
+from helpers import FakeClock, lora_calibration, run_main, train_arguments
 
 from calibration.store import save_calibration
 from common.run_paths import run_path, stored_path
@@ -23,17 +23,7 @@ LORA = ["--lora", "--lora-rank", "4"]
 
 
 def save_lora_calibration() -> None:
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
-
-    calibration = synthetic_calibration(
-        synthetic_rows(),
-        hardware=detect_hardware(),
-        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
-        training={"method": "lora", "lora": {"rank": 4}, "trainable_parameters": 10},
-        id="test-lora",
-    )
-    save_calibration(calibration)
+    save_calibration(lora_calibration(rank=4))
 
 
 def absolute_paths_of(folder: Path, record: dict) -> list[str]:
