@@ -50,7 +50,7 @@ from benchtrain.run_folder import RunFolder, RunOutcome, earlier_steps
 from benchtrain.signals import SignalFlag
 from benchtrain.step_watch import StepWatch, TokenCounter
 from calibration.model import Calibration
-from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT
+from calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT
 from calibration.step_config import StepConfig
 from common.console import say
 from common.durations import format_duration

@@ -26,7 +26,7 @@ from train.running.record import feed_back
 class RunOutcome:
     """How the run ended, as the callback saw it."""
 
-    status: str  # a word of calibration.run_status
+    status: str  # a word of calibration.run_file
     steps: int  # the Trainer's global step at the end
     exit_signal: int | None = None
     shrunk_to: int | None = None  # on_overrun="fit": the steps the run was cut to

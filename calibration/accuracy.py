@@ -1,17 +1,12 @@
-"""How wrong an estimate was: one convention, computed here and nowhere else.
-
-    estimate error = (actual − estimated) / estimated
-
-Positive: the run took longer than estimated (the estimate was optimistic). Negative: it finished
-sooner. Relative to the estimate, because the estimate is what the user planned with.
-"""
+"""How wrong an estimate was: (actual − estimated) / estimated, positive when the run took longer;
+one convention, computed here and nowhere else. Why: docs/design.md#estimate-error"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from common.durations import format_duration
 from common.json_types import JsonDict
 

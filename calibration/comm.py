@@ -1,12 +1,5 @@
-"""Communication between processes: measured collectives as lines (no torch here).
-
-bench (or train, before planning) times collectives of a few message sizes among the processes of
-the job; a least-squares line gives a latency per collective and seconds per byte. DDP all-reduces
-the trainable gradients once per optimizer step in buckets of BUCKET_BYTES; FSDP
-(train/step/sharding.py) all-gathers every unit's parameters twice (forward, backward) and
-reduce-scatters its gradients on every micro-step. That is what a 1-process calibration lacks to
-predict an N-process step; one measured with N processes holds it in its step times.
-"""
+"""Communication between processes: measured collectives as lines, and NCCL's own device memory.
+The model and why: docs/design.md#interconnects-and-collectives, docs/design.md#nccls-memory"""
 
 from __future__ import annotations
 
@@ -112,3 +105,36 @@ def describe_communication(record: JsonDict) -> str | None:
         f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives {timed} "
         f"among {record['world_size']} processes ({measured}): {added}{hidden}"
     )
+
+
+# NCCL's own device memory per GPU (docs/design.md#nccls-memory), from NCCL's source: an estimate.
+SIMPLE_BUFFER_BYTES = 4 * 2**20  # DEFAULT_BUFFSIZE
+LL128_BUFFER_BYTES = 120 * 640 * 8 * 8  # NCCL_LL128_ELEMS_PER_THREAD × NCCL_LL128_MAX_NTHREADS × NCCL_STEPS × 8 B
+LL_BUFFER_BYTES = 8 * 512 * 8 * 16  # NCCL_LL_LINES_PER_THREAD × NCCL_LL_MAX_NTHREADS × NCCL_STEPS × 16 B
+CONNECTION_BYTES = SIMPLE_BUFFER_BYTES + LL128_BUFFER_BYTES + LL_BUFFER_BYTES
+CHANNELS = 16
+RING_PEERS = 2
+NVLS_CHANNELS = 16  # NVLS_NCHANNELS_SM90
+NVLS_BYTES_PER_GPU_OF_NODE = NVLS_CHANNELS * 2 * 128 * 1024 * 8  # × 2 × NCCL_NVLS_CHUNKSIZE × NCCL_STEPS
+NVLS_MIN_COMPUTE_CAPABILITY = 9.0
+
+
+def nvls_binds(hardware: JsonDict) -> bool:
+    """Whether NCCL binds NVLS memory on this device: an NVSwitch (or links not recorded: the larger
+    figure) under a GPU of compute capability 9.0 or later."""
+    if hardware.get("interconnect") not in ("nvswitch", None):
+        return False
+    try:
+        return float(hardware.get("compute_capability") or 0.0) >= NVLS_MIN_COMPUTE_CAPABILITY
+    except ValueError:
+        return False
+
+
+def communicator_bytes(hardware: JsonDict, processes: int) -> float:
+    """NCCL's device memory on each GPU of a `processes`-GPU job on `hardware` (a CUDA device; its
+    recorded interconnect and compute capability); 0 for one process or another device type."""
+    if processes < 2 or hardware.get("device_type") != "cuda":
+        return 0.0
+    buffers = CHANNELS * RING_PEERS * CONNECTION_BYTES
+    nvls = NVLS_BYTES_PER_GPU_OF_NODE * processes if nvls_binds(hardware) else 0
+    return float(buffers + nvls)

@@ -1,22 +1,6 @@
-"""Datasheet figures of the GPUs people rent, each with where it comes from: the vendors' numbers,
-not measurements, read by the peak-FLOP/s lookup (train.step.hardware: MFU) and by the translation
-of a calibration to a device nobody measured (calibration.translate, which says so and brackets it).
-
-Conventions, the same for every row:
-- `bf16_dense_flops`: the bf16 tensor-core peak WITHOUT 2:4 sparsity (NVIDIA prints the sparse
-  figure with an asterisk, "1,979*" for the H100 SXM; the dense one is half of it).
-- `memory_bytes`: the datasheet's GB in decimal bytes (80 GB = 80e9), a few percent under what torch
-  reports (an H100 80GB HBM3: 85.0e9), so a plan checked against it is on the safe side.
-- bandwidths in bytes/s as the vendor quotes them; link figures are the bidirectional totals per GPU
-  (NVLink 4: 900 GB/s = 450 GB/s each way; PCIe Gen5 x16: 128 GB/s).
-- `words`: whole words of a device name (or a CLI key) that pick the row; the first row whose words
-  all appear wins, so the more specific rows come first ("h100 pcie" before "h100"; "l4" is not "l40").
-
-PUBLISHED_COMPARISONS: the same training step measured by others on two GPUs, which the translation's
-bracket must hold (tests/test_translate.py) and from which its central estimate takes the FLOP/s ratio
-a newer generation attained (`generation_shift`). One source so far (llm-foundry's MPT tables, A100 to
-H100); translations between other generations rest on the datasheets alone.
-"""
+"""Datasheet figures of the GPUs people rent, each with where it comes from (the vendors' numbers,
+not measurements), and published cross-GPU measurements the translation is checked against.
+Conventions of the table: docs/design.md#datasheets"""
 
 from __future__ import annotations
 

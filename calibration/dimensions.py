@@ -1,16 +1,5 @@
-"""The dimensions of a training step, one entry each in `DIMENSIONS`: what bench's search space
-enumerates, what a measurement row holds, what the fits see and what a plan chooses. StepConfig,
-bench's search space and options, the fits' features, the planner and run.json read the table;
-none names a dimension but where its meaning is its own code (the step that recomputes activations).
-
-- **sizes** (micro batch, workers, accumulation, length): the physical model's own axes, whose
-  terms combine them (B·S, B·S², 1/A, the workers' supply), written out in fit.py and memory_fit.py.
-- **switches** (gradient checkpointing): off or on, each a column of its own, saying what it adds to
-  a micro-step's time and memory term by term, whether it replaces the activations a step keeps,
-  whether it holds less memory on, and where it sits in the residual smoother. A row or a file
-  without a switch reads it as off, a fitted term it lacks as zero, a smoother point one coordinate
-  short as off, so adding a switch is adding an entry here.
-"""
+"""The dimensions of a training step, one entry each in `DIMENSIONS` (sizes and switches): what bench
+enumerates, a measurement row holds, the fits see and a plan chooses. Why: docs/design.md#dimensions-of-a-step"""
 
 from __future__ import annotations
 

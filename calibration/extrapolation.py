@@ -1,20 +1,5 @@
 """How far a plan may miss where it extrapolates, measured per dimension at fit time.
-
-For each dimension (micro batch, length, accumulation, tokens per micro-step) the probes at its
-largest measured value are held out and predicted by a fit of the rest; that error is kept with how
-far the held-out step reached (`fit["extrapolation_by_dimension"]`). A plan widens only along the
-dimensions it extrapolates, each by its own measured error:
-
-- micro batch, length, tokens per micro-step: the error per doubling, times the doublings past the
-  range (the model's terms grow with size, and an error in one with them);
-- accumulation past the largest measured: what its probes missed beyond the relative bound, once:
-  a micro-step costs its measured work plus optimizer/A, which only shrinks past the range. Below
-  the smallest measured accumulation that share grows: per doubling, as the sizes.
-
-A dimension nothing could hold out (one value measured, too few probes left) is `None`: a plan past
-it widens by UNTESTED_EXTRAPOLATION per doubling. Micro batch and length both set the tokens of a
-micro-step: the sizes widen by the larger of (micro batch + length) and tokens, not by all three.
-"""
+The rule and why: docs/design.md#extrapolation-bounds"""
 
 from __future__ import annotations
 

@@ -1,33 +1,6 @@
-"""Fit a throughput model to benchmark measurements, and say how wrong it is.
-
-The time of one micro-step (forward + backward of `micro_batch_size` sequences of `seq_len` tokens)
-is a sum of terms that each mean something:
-
-    t = fixed                      per micro-step: kernel launches, Python, loss
-      + per_token      * B*S       matrix multiplies: cost proportional to tokens
-      + attention      * B*S*S     attention scores: tokens x sequence length
-      + optimizer_step / A         clip + AdamW, once per optimizer step, shared by A micro-steps
-      + serial_data    * B*S*[W=0] batches built in the training process itself
-      + worker_supply  * B*S/W     batches built by W worker processes (supply rate per worker)
-      + per_worker     * W         each worker process competes for CPU and memory bandwidth
-      + recompute_per_token * B*S*[C]     gradient checkpointing: the forward pass again, per token
-      + recompute_attention * B*S*S*[C]   ... and its attention part ([C] = 1 with checkpointing)
-
-fitted by non-negative least squares on relative error, so every term stays physical and the model
-extrapolates sensibly from few probes. The two data terms are fitted to the DataLoader wait each
-probe measured and the others to the rest of the step, which tells compute from data supply.
-
-Competing forms, the one with the lowest cross-validated error kept (`choose_model` says why):
-- `overlap`: on a GPU the host launches kernels (the fixed cost) while the device computes, so a
-  micro-step takes about the longer of the two: (fixed^p + device^p)^(1/p), p fitted (1: the sum),
-  the optimizer and data terms added (small micro-batches are bound by the host, large by compute);
-- `physical+residual`: a kernel-weighted average of the physical model's log-residuals, shrunk to
-  zero away from the data;
-- `flops`: the device terms tied to one cost per FLOP of the model's shape (fewer unknowns).
-
-Held-out error: leave-one-out (or 10-fold for many rows) absolute percentage error of tokens/s,
-median and 90th percentile. Memory: calibration/memory_fit.py.
-"""
+"""Fit the throughput model (a sum of physical terms per micro-step, and its competing forms) to
+benchmark measurements, and say how wrong it is on held-out probes. Memory: calibration/memory_fit.py.
+The model and why: docs/design.md#throughput-fit"""
 
 from __future__ import annotations
 

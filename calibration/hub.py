@@ -1,18 +1,6 @@
-"""Calibrations people share: a dataset repository on the Hugging Face hub.
-
-    bench push ORG/NAME [IDS...]         calibrations/<id>.json each, and a README.md card listing all (`card_text`)
-    --use-calibration hub:ORG/NAME       every calibration there (a comparison: those of the run's model and method)
-    --use-calibration hub:ORG/NAME/ID    that one
-
-Downloads go through huggingface_hub's cache (common.hub_access.snapshot), so HF_HUB_OFFLINE=1
-reads only the cache. Nothing from a repository is executed or unpickled: only
-`calibrations/*.json` is fetched and read, as JSON, by calibration.schema's reader, and a damaged
-file is refused in one line naming the repository and the file. A calibration read from the hub
-says where it came from (`source`: the repository, the file, the commit, who measured it), so a
-plan or a comparison row can say whose measurement it rests on (Calibration.provenance).
-
-No torch, nothing of train or bench: plain data, huggingface_hub imported inside the functions.
-"""
+"""Calibrations people share: a dataset repository on the Hugging Face hub (`bench push`,
+`--use-calibration hub:ORG/NAME[/ID]`). Plain data; huggingface_hub imported inside the functions.
+What is trusted and why: docs/design.md#calibrations-on-the-hub"""
 
 from __future__ import annotations
 

@@ -1,32 +1,6 @@
-"""The peak-memory model: what a training step holds at its highest point, fitted to the probes.
-
-Two moments can set the peak of a step, and the model has one form for each:
-
-- **forward/backward** (the larger micro-batches): what is always held (weights, optimizer state,
-  workspace) + the gradients held *while accumulating* (with accumulation 1 they exist only once
-  the activations are gone) + activations per token (only each layer's input with gradient
-  checkpointing) + an attention term per token × length (the eager path's scores; zero with SDPA);
-
-      linear = static + accumulated_gradients·[A>1] + per_token·B·S + attention·B·S²      (checkpointing off)
-             = static + accumulated_gradients·[A>1] + per_token_checkpointed·B·S + attention_checkpointed·B·S²  (on)
-
-- **the optimizer step** (small micro-batches): weights + gradients + both AdamW moments + the
-  optimizer's temporaries, whatever the batch: peak = max(optimizer_floor, linear).
-
-On the real H100 grid (llama-3.2-1b) accumulation adds 4.9 GB of fp32 gradients at every size, and
-below ≈2k tokens a micro-step the optimizer step is the peak: one straight line through both
-under-predicts the large configurations plans use. Both forms are fitted (non-negative, on relative
-error); the floor form is kept when it predicts held-out probes better.
-
-What accumulation holds is never fitted below the gradients themselves (`held_gradient_bytes`,
-arithmetic on the model, not a prior): a short bench measures accumulation only at small micro-batches, where the optimizer's floor hides
-most of it (a gpt2 bench fitted 216 MiB for 475 MiB of gradients, and a run peaked 18% above plan).
-
-What is fitted (`basis`): on a GPU, the allocator's *reserved* peak when every probe recorded it,
-plus, as a constant, the most any probe used outside PyTorch's allocator (`non_torch_bytes`: CUDA
-context, kernels, NCCL buffers); otherwise (a CPU's peak RSS, an older GPU record) the allocated
-peak with no constant, `basis` "allocated" (train.planning.memory_check says so in the plan).
-"""
+"""The peak-memory model: what a training step holds at its highest point (a linear form, and
+max(optimizer floor, linear)), fitted to the probes' reserved or allocated peak.
+The model and why: docs/design.md#peak-memory-fit"""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """How a calibration holds in another process, from the step measured again in fresh ones
-(bench.second_process): a run, or the next bench, is another process than the one that measured.
-
-- `speed_ratios`: a fresh process's speed ÷ the fit's prediction, one per measurement (mean steps).
-- `time_spread`, `memory_spread`: how far those processes fell from the fit, the machine's part of a
-  plan's bound (calibration.model).
-- `median_error`: what a fit leaves in fresh processes (bench.record keeps or drops its drift
-  correction by it).
-
-Their median (`median_ratio`) never moves a plan: on a 2-core VM two fresh processes of one bench
-ran 5–14% slower than its fit while four more ran from 21% slower to 10% faster
-(benchmarks/fresh_process.py): a process's speed is a draw, not a bias; the bound holds it.
-"""
+(bench.second_process). Why: docs/design.md#fresh-processes"""
 
 from __future__ import annotations
 

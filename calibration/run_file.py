@@ -1,11 +1,5 @@
-"""run.json, read and written here only: `RunFile` is the document (its keys exactly as people's
-scripts, reports/ and the model card read them), `ResumedRun` what a resume reads of it, typed.
-
-The step configuration is written once, as the plan's `configuration` (StepConfig.to_row), with
-`world_size` beside it; an older run.json held it also as flat keys in the plan and in `chosen`
-(its length as `max_length`), which reading still accepts. Reading validates what the code reads:
-a file that fails is one line naming the file and the key (common.errors.RunFileError).
-"""
+"""run.json, read and written here only: `RunFile` is the document, `ResumedRun` what a resume reads of
+it, typed, and the words a run's status holds. Docs: docs/design.md#runjson"""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeAlias, cast
+from typing import Final, TypeAlias, cast
 
 from calibration.dimensions import switches
 from calibration.step_config import StepConfig
@@ -27,6 +21,16 @@ JsonObject: TypeAlias = dict[str, JsonValue]
 JsonIn: TypeAlias = "bool | int | float | str | Sequence[JsonIn] | Mapping[str, JsonIn] | None"
 
 RUN_SCHEMA_VERSION = 1
+
+# How a run ended: the words run.json's `actual.status` (and its top-level `status`) hold, which
+# people's scripts read; the guard and the loop use these, never spell one. A new way to end is a new word.
+COMPLETED: Final = "completed"  # every planned step ran
+STEP_LIMIT: Final = "step_limit"  # stopped at a step limit: --max-steps, --fit-deadline, or the guard's shrink
+STOPPED_FOR_DEADLINE: Final = "stopped_for_deadline"  # the deadline guard stopped it at the last safe moment
+INTERRUPTED: Final = "interrupted"  # SIGINT or SIGTERM
+# Runs that stopped before their planned end, from a checkpoint they can resume: their final/ is
+# marked partial, and the end of the run says how to resume it.
+STOPPED_EARLY: Final = (STOPPED_FOR_DEADLINE, INTERRUPTED)
 
 
 def step_columns(config: StepConfig, world_size: int) -> JsonObject:

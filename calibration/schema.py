@@ -1,8 +1,5 @@
-"""The calibration file's schema: version, required fields and their types, migrations.
-
-Validation is hand-written (no jsonschema dependency) and every failure is one line that names
-the file and the field.
-"""
+"""The calibration file's schema: version, required fields and their types, migrations; every
+failure is one line that names the file and the field."""
 
 from __future__ import annotations
 

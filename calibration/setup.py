@@ -1,12 +1,5 @@
-"""What a calibration measured, in words: training method, LoRA rank, the base's quantization,
-gradient checkpointing and processes (`bench list`, `bench show`), and why `latest` preferred one
-calibration over a newer one (`train`).
-
-Pure functions over the calibration's JSON dict (calibration.schema), no torch.
-
-    >>> describe_setup(data)
-    'LoRA r16, checkpointing off+on, 1 process'
-"""
+"""What a calibration measured, in words (method, LoRA rank, quantization, checkpointing, processes),
+and why `latest` preferred one calibration over a newer one. Pure functions over the JSON dict."""
 
 from __future__ import annotations
 

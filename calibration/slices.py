@@ -1,24 +1,6 @@
-"""A calibration of a whole model measured on layer slices of it (`bench run --layers`).
-
-A decoder-only model is one block repeated L times between an embedding and a head, so for each
-step configuration its step time and its activations are a fixed part plus L identical per-layer
-parts:
-
-    step_seconds(L)      = fixed_seconds + per_layer_seconds · L
-    activation_bytes(L)  = fixed_bytes   + per_layer_bytes   · L
-
-Bench measures the real architecture cut to K layers at two or more depths; per configuration
-both lines are fitted by least squares (the slope kept non-negative: a deeper model is never
-faster), and the full depth's row is derived from them. The bytes every process keeps (weights,
-gradients, optimizer state, a quantized base) are not extrapolated: they are exact, from the
-`meta` device, at each slice depth and at full depth; only what the step adds on top
-(activations, the allocator's workspace) is measured per layer.
-
-The extrapolation's own error is measured as bench's fits measure theirs, held out: with three
-depths or more, each configuration's deepest measured probe is predicted from the shallower ones.
-A plan's bounds widen by that error (`slice_widening`), stretched for every doubling from the
-deepest held-out depth to the full depth, as calibration.model widens a fit beyond its sizes.
-"""
+"""A calibration of a whole model measured on layer slices of it (`bench run --layers`): lines in depth
+per configuration, the full depth's rows derived, and how far plans widen for it.
+The model and why: docs/design.md#layer-slices"""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """How a training step's time splits: compute-bound kernels, memory-bound kernels, exposed host time.
-
-A translation to another GPU (calibration.translate) scales compute-bound kernels (matmuls,
-attention) with the dense FLOP/s, memory-bound ones (norms, activations, softmax, the loss, the
-optimizer's elementwise updates, copies) with the memory bandwidth, and the host's exposed time
-(Python, kernel launches, the data loader) not at all. A calibration's `step_split` holds it at
-two probes, seconds per optimizer step each (a profiled record of several processes also has
-`comm_seconds`, NCCL's kernels, neither compute- nor memory-bound), by one of two methods:
-- "profiler": bench runs the step under torch.profiler on a GPU and sorts the kernels by name
-  (bench.step_split); the host's exposed time is the wall time the device was idle.
-- "flops": from the fit's terms, what every calibration has: host (the fixed cost where the device
-  does not hide it, and the data wait) and device (the size terms and the optimizer step); with a
-  known peak, the probe's MFU gives the matmuls mfu × step / MATMUL_EFFICIENCY of the step, and the
-  rest of the device time, and the optimizer step, are memory-bound.
-"""
+The methods and why: docs/design.md#step-split"""
 
 from __future__ import annotations
 

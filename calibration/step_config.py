@@ -1,7 +1,5 @@
-"""The configuration of one training step: what bench probes, what the fit's features describe,
-what the planner chooses and what run.json records, one object throughout. Its dimensions are the
-entries of calibration.dimensions.DIMENSIONS: the four sizes as fields, the switches on as names.
-Calibration files and run.json hold it as a measurement row (`to_row`, `from_row`)."""
+"""The configuration of one training step, one object throughout: the four sizes as fields and the
+switches on as names (calibration.dimensions.DIMENSIONS); stored as a measurement row."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The calibration store: `BENCHTRAIN_HOME/calibrations/<id>.json` with `<id>.csv` beside it.
-
-Ids are human-readable (`cpu-tiny-20261121-140501`); `latest` is the newest by `created_at`.
-Every write is atomic; read-modify-write (history) holds a lock, so concurrent runs are safe.
-
-Real calibrations ship with the package (`calibration/bundled/<name>.json`, read-only): a user
-with no GPU yet plans the one they will rent with `train --use-calibration h100-llama-3.2-1b
---dry-run`. They are addressed by name, never chosen by `latest`, and runs never write to them.
-"""
+"""The calibration store: `BENCHTRAIN_HOME/calibrations/<id>.json` with `<id>.csv` beside it, and the
+calibrations bundled with the package (read-only). Docs: docs/design.md#the-store"""
 
 from __future__ import annotations
 

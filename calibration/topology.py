@@ -1,29 +1,6 @@
-"""How the processes of a job are linked, and what their collectives cost from the links' figures.
-
-An interconnect is written as one word, as `bench run --interconnect` and a comparison take it:
-
-    nvlink | nvswitch | pcie | loopback     every process on one node, linked by that
-    ib | infiniband | ethernet              one process per node, linked by the network
-    NxG:KIND+NET                            N nodes of G GPUs each: KIND inside a node, NET
-                                            between nodes, e.g. 2x8:nvlink+ib
-    NxG:KIND                                N = 1 only (several nodes need their network)
-
-`loopback` is gloo between processes of one host (a CPU job): it has no datasheet figure, only the
-collectives measured on that host.
-
-Collectives are priced as NCCL's ring algorithm moves bytes (a message of B bytes among n
-processes, each link of bandwidth bw per direction and latency lat per ring step):
-
-    all-reduce                   2(n−1)/n × B/bw + 2(n−1) × lat
-    all-gather, reduce-scatter    (n−1)/n × B/bw +  (n−1) × lat
-
-plus NCCL's base latency once per collective. Across nodes (m nodes of g GPUs) hierarchically:
-reduce-scatter inside each node, all-reduce between nodes of the 1/g of the bytes each GPU holds
-(each GPU over its own network port, as rail-optimised HGX nodes are cabled), all-gather inside
-each node. Every collective stays a line in the message size, so it is a calibration.comm.CommModel
-like a measured one, and train.planning.comm.price_traffic prices it unchanged. The collectives
-run while backward computes: `overlap_bracket` brackets what the step pays between full overlap and none.
-"""
+"""How the processes of a job are linked (`--interconnect` words: nvlink, pcie, ib, 2x8:nvlink+ib, …),
+and what their collectives cost from the links' figures, as NCCL's ring algorithm moves bytes.
+The model and why: docs/design.md#interconnects-and-collectives"""
 
 from __future__ import annotations
 

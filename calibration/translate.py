@@ -1,22 +1,6 @@
-"""A calibration measured on one GPU, translated to another from datasheet figures: a plan before
-anyone rents the other GPU, said to be translated and bracketed, never passed off as measured.
-
-- The step's device time: compute-bound kernels scale with the dense bf16 FLOP/s, memory-bound ones
-  with the memory bandwidth, each share by its own ratio (the split: calibration.split); the compute
-  share by the FLOP/s ratio published runs between the two generations attained where there are
-  some (an H100 trains 2.16x an A100's tokens, not the datasheets' 3.17x: calibration.datasheets).
-  The bracket runs from ALL device time at the fastest of those ratios to ALL of it at the slowest,
-  and holds every published pair (tests/test_translate.py).
-- The host's exposed time (Python, launches, the data loader) is the CPU's: not scaled, but widened
-  by HOST_WIDENING either way (the CPU beside a rented GPU is another one).
-- Memory: the same bytes on one vendor at one precision; the memory model is judged against the
-  target's memory, and a model whose fixed part alone does not fit is refused.
-
-The fit's device terms and the optimizer step are multiplied by the central device factor (the
-measurements alike, so a refit gives the same fit); `translation` records the ratios, and
-calibration.model.Calibration widens a plan's bounds by the bracket at its configuration
-(`bracket_for`). Nothing here is validated on a GPU until someone runs `bench run` on the target.
-"""
+"""A calibration measured on one GPU, translated to another from datasheet figures: said to be
+translated and bracketed, never passed off as measured.
+The model and why: docs/design.md#translation-to-another-gpu"""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     at accumulation > 1: each process's peak is the 1-process prediction, less the sharded state
     (the plan's memory offset, with NCCL's own buffers), less 3/4 of what accumulation holds."""
     from bench.record import refit_record
-    from calibration.nccl_memory import communicator_bytes
+    from calibration.comm import communicator_bytes
     from train.planning.memory_check import memory_need
     from train.step.engine import StepOptions
 

@@ -283,7 +283,7 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
     and 8 H100s from a 1-process slice calibration: each process holds its 1/N of the base, the
     adapters and their state (the plan's memory offset) plus activations; LoRA's 70 GiB of shards
     leave no room for activations on two H100s; QLoRA fits on two."""
-    from calibration.nccl_memory import communicator_bytes
+    from calibration.comm import communicator_bytes
     from train.planning.memory_check import memory_need
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model

@@ -88,7 +88,7 @@ def test_the_optimizer_table_says_which_rows_step_sharded_parameters() -> None:
 def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """The H100 calibration was measured by one process: no communicator existed, so its peak holds
     none of NCCL's buffers, nor the NVLS memory NCCL binds on each GPU of an NVSwitch. The plan for
-    8 DDP processes adds them per GPU (calibration.nccl_memory); over PCIe the buffers alone."""
+    8 DDP processes adds them per GPU (calibration.comm); over PCIe the buffers alone."""
     from helpers import FIXTURE, run_consider
 
     import train.recipes.run_plan as planner
@@ -109,7 +109,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)  # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
     assert pcie.world_size == 8 and pcie.memory_offset_bytes == buffers
     assert switched.memory_offset_bytes == buffers + 8 * 32 * 2**20  # NVLS: 32 MiB per GPU of the node on each
-    from calibration.nccl_memory import communicator_bytes
+    from calibration.comm import communicator_bytes
 
     h100 = read_calibration_file(FIXTURE)["hardware"]
     assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import FakeClock, guard_checkpointing_every, load_tokenized, synthetic_calibration, synthetic_rows
 
-from calibration import run_status
+from calibration import run_file
 from calibration.model import Calibration
 from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
@@ -54,9 +54,9 @@ def guard_for(on_overrun: str) -> DeadlineGuard:
 
 def test_the_status_words_run_json_holds_are_unchanged() -> None:
     """People's scripts, the report and the model card read these: spelled out, not imported."""
-    ends = (run_status.COMPLETED, run_status.STEP_LIMIT, run_status.STOPPED_FOR_DEADLINE, run_status.INTERRUPTED)
+    ends = (run_file.COMPLETED, run_file.STEP_LIMIT, run_file.STOPPED_FOR_DEADLINE, run_file.INTERRUPTED)
     assert ends == ("completed", "step_limit", "stopped_for_deadline", "interrupted")
-    assert run_status.STOPPED_EARLY == ("stopped_for_deadline", "interrupted")
+    assert run_file.STOPPED_EARLY == ("stopped_for_deadline", "interrupted")
     assert (Move.STOP.status, Move.INTERRUPT.status, Move.CHECKPOINT.status, Move.CONTINUE.status) == ("stopped_for_deadline", "interrupted", None, None)
     # What run.json writes is the plain word.
     assert json.dumps({"status": Move.STOP.status}) == '{"status": "stopped_for_deadline"}'

@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 
 from benchtrain import BenchtrainError, DeadlineCallback
 from benchtrain.estimate import model_setup
-from calibration.run_status import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from train.step.hardware import detect_hardware
 
 ROOT = Path(__file__).resolve().parents[1]

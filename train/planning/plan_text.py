@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from calibration.accuracy import check_estimate, describe_check
 from calibration.memory_fit import device_peak_bytes
-from calibration.run_status import STOPPED_EARLY
+from calibration.run_file import STOPPED_EARLY
 from calibration.translate import describe_translation
 from common.durations import format_duration
 from common.json_types import JsonDict

@@ -20,8 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from calibration.run_file import JsonObject, ResumedRun, RunFile
-from calibration.run_status import INTERRUPTED, STOPPED_EARLY
+from calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject, ResumedRun, RunFile
 from common.atomic import json_text
 from common.console import is_main_process, say
 from common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError

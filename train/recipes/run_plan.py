@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from calibration.comm import describe_communication
-from calibration.nccl_memory import communicator_bytes
+from calibration.comm import communicator_bytes, describe_communication
 from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
-from calibration.run_status import INTERRUPTED, STOPPED_FOR_DEADLINE
+from calibration.run_file import INTERRUPTED, STOPPED_FOR_DEADLINE
 from common.durations import parse_duration
 from common.errors import BenchtrainError
 from train.planning.deadline import Deadline

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from calibration.model import Calibration
-from calibration.run_status import COMPLETED, STEP_LIMIT
+from calibration.run_file import COMPLETED, STEP_LIMIT
 from common.json_types import JsonDict
 from common.progress import Bar, progress_bar
 from train.planning.deadline import Deadline
@@ -68,7 +68,7 @@ class LoopSettings:
 
 @dataclass
 class LoopOutcome:
-    status: str  # a word of calibration.run_status: completed | step_limit | stopped_for_deadline | interrupted
+    status: str  # a word of calibration.run_file: completed | step_limit | stopped_for_deadline | interrupted
     position: Position  # where the run ended: its steps, tokens, step seconds, losses, evaluations, timeline
     checkpoint_seconds: list[float]
     events: list[str]
@@ -351,7 +351,7 @@ class TrainingRun:
         asked = Move.INTERRUPT if self.signals.received is not None else verdict.move
         move = Move.of_strength(agree(self.accelerator, asked.strength, "max"))
         self.limit = self.guard.limit = agree(self.accelerator, verdict.limit, "min")
-        self.status = move.status or self.status  # a stop's status word (calibration.run_status)
+        self.status = move.status or self.status  # a stop's status word (calibration.run_file)
         self.checkpoint_asked = move is Move.CHECKPOINT
 
     def _evaluate_if_due(self, position: Position, now: float) -> None:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from calibration.run_file import ResumedRun, RunMethod
-from calibration.run_status import COMPLETED, STEP_LIMIT
+from calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunMethod
 from common.atomic import read_json_file
 from common.console import say
 from common.errors import BenchtrainError
