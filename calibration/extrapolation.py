@@ -13,6 +13,7 @@ from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
 DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
+FitOn = Callable[[np.ndarray], Callable[[StepConfig], float]]  # a fit on these rows, predicting micro-step seconds
 
 
 def dimension_value(config: StepConfig, name: str) -> int:
@@ -23,23 +24,11 @@ def dimension_value(config: StepConfig, name: str) -> int:
 
 
 def held_out_by_dimension(
-    configs: Sequence[StepConfig],
-    micro_seconds: np.ndarray,
-    fit_on: Callable[[np.ndarray], Callable[[StepConfig], float]],
-    leave_one_out: np.ndarray,
-    min_rows: int,
+    configs: Sequence[StepConfig], micro_seconds: np.ndarray, fit_on: FitOn, leave_one_out: np.ndarray, min_rows: int
 ) -> dict[str, JsonDict | None]:
-    """For each dimension: the probes at its largest value predicted by `fit_on(the other rows)`
-    (a function of a config giving micro-step seconds): their tokens/s error (median, p90, max,
-    count), `stretch` (the held-out value over the largest one left) and `basis`. None where a
-    dimension has one value or fewer than `min_rows` probes would be left to fit.
-
-    Accumulation measured at two values is the exception: without its largest, one accumulation is
-    left, and no fit of one accumulation can tell the optimizer step's share from the micro-step's
-    (it would "miss" by that share, which the fit of both values measures). There the probes at the
-    largest accumulation are judged by their leave-one-out predictions (`leave_one_out`, micro-step
-    seconds of each probe from a fit of all the others: the other sizes at that accumulation pin
-    the optimizer's share): basis "leave-one-out"."""
+    """For each dimension: the probes at its largest value predicted by `fit_on(the other rows)` (micro-step seconds
+    of a config): their tokens/s error, `stretch` and `basis`; None where one value or fewer than `min_rows` probes
+    would be left. Accumulation at two values is judged by `leave_one_out` instead (docs/design.md#extrapolation-bounds)."""
     record: dict[str, JsonDict | None] = {}
     for name in DIMENSIONS:
         values = np.array([dimension_value(config, name) for config in configs])
@@ -61,8 +50,8 @@ def held_out_by_dimension(
 
 
 def stretch_by_dimension(config: StepConfig, rows: Sequence[JsonDict]) -> dict[str, float]:
-    """How far `config` lies past the measured `rows` along each dimension: value / largest, or
-    smallest / value below the range (1 inside). Also `grad_accum_below`: 1, or the ratio below."""
+    """How far `config` lies past `rows` along each dimension: value / largest, or smallest / value below (1 inside);
+    also `grad_accum_below`: 1, or the ratio below."""
     stretches: dict[str, float] = {}
     for name in DIMENSIONS:
         measured = [dimension_value(StepConfig.from_row(row), name) for row in rows]
@@ -76,9 +65,7 @@ def stretch_by_dimension(config: StepConfig, rows: Sequence[JsonDict]) -> dict[s
 
 
 def extrapolation_widening(record: JsonDict, stretches: dict[str, float], untested: float, inside: float) -> float:
-    """What to add to the relative bound (`inside`) for a plan `stretches` past the range
-    (stretch_by_dimension), from the measured per-dimension errors (`record`, as
-    held_out_by_dimension gives it)."""
+    """What to add to the relative bound `inside` for a plan `stretches` past the range, from `record`'s measured errors."""
 
     def widening(name: str, per_doubling: bool = True) -> float:
         stretch = stretches.get(name, 1.0)
@@ -90,8 +77,7 @@ def extrapolation_widening(record: JsonDict, stretches: dict[str, float], untest
         error = float(measured.get("p90_abs_pct") or 0.0) / 100.0
         if not per_doubling:
             return max(0.0, error - inside)
-        # Per doubling; a held-out step shorter than a doubling counts as one (its error is then
-        # mostly the probes' own noise, which does not grow with the stretch).
+        # Per doubling; a held-out step shorter than a doubling counts as one (its error is mostly the probes' noise).
         return error * math.log2(stretch) / max(1.0, math.log2(float(measured.get("stretch") or 2.0)))
 
     sizes = max(widening("micro_batch_size") + widening("seq_len"), widening("tokens"))

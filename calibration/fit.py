@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,8 +44,7 @@ def throughput_features(config: StepConfig) -> np.ndarray:
 
 
 def probe_uncertainty(rows: Sequence[JsonDict]) -> np.ndarray:
-    """Relative standard error of each probe's median step time (from its interquartile spread and
-    the number of steps it timed), combined with UNCERTAINTY_FLOOR."""
+    """Relative standard error of each probe's median step (its spread over the steps it timed), with UNCERTAINTY_FLOOR."""
     values = []
     for row in rows:
         spread, steps = row.get("step_seconds_spread"), row.get("timed_steps")
@@ -187,8 +187,7 @@ def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, f
 
 
 class Form(NamedTuple):
-    """One competing form of the throughput fit (choose_model): the residual smoother on, the host
-    and device overlapping, the device terms tied to the model's FLOPs."""
+    """One competing form of the throughput fit: residual smoother, host/device overlap, device terms tied to FLOPs."""
 
     smooth: bool = False
     overlap: bool = False
@@ -199,22 +198,17 @@ PHYSICAL = Form()
 
 
 def fit_throughput(
-    configs: Sequence[StepConfig],
-    micro_seconds: np.ndarray,
-    form: Form = PHYSICAL,
-    wait_seconds: np.ndarray | None = None,
-    uncertainty: np.ndarray | None = None,
+    configs: Sequence[StepConfig], micro_seconds: np.ndarray, form: Form = PHYSICAL, waits: np.ndarray | None = None, uncertainty: np.ndarray | None = None
 ) -> ThroughputModel:
-    """Fit the terms of `form`; with the measured DataLoader wait, the data terms are fitted to the wait
-    and the others to the rest of the step, which keeps each term's meaning when probes are few."""
+    """Fit the terms of `form`; with the measured DataLoader wait, the data terms to the wait and the others to the rest."""
     flops = form.flops
     features = np.stack([throughput_features(c) for c in configs])
     terms, computed = throughput_terms(), compute_index()
     power = 1.0
-    if wait_seconds is None:
+    if waits is None:
         solution = fit_terms(features, terms, micro_seconds, flops, uncertainty=uncertainty)
     else:
-        wait = np.clip(wait_seconds, 0.0, 0.95 * micro_seconds)
+        wait = np.clip(waits, 0.0, 0.95 * micro_seconds)
         data = [i for i, term in enumerate(terms) if term in DATA_TERMS]
         solution = np.zeros(len(terms))
         compute_terms = tuple(terms[index] for index in computed)
@@ -231,8 +225,7 @@ def fit_throughput(
 
 
 def extrapolated_rows(configs: Sequence[StepConfig]) -> np.ndarray:
-    """Which held-out rows the rest of their fold did not surround: a micro-batch, length or
-    accumulation beyond the others' smallest or largest (the fit extrapolated to predict them)."""
+    """Which held-out rows lay beyond the rest of their fold's smallest or largest micro-batch, length or accumulation."""
     sizes = np.array([[config.micro_batch_size, config.seq_len, config.grad_accum] for config in configs]).reshape(len(configs), 3)
     outside = np.zeros(len(configs), dtype=bool)
     for test in folds(len(configs)):
@@ -248,9 +241,7 @@ MIN_OVERLAP_POWER = 1.1
 
 
 def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
-    """The physical (additive) model, or its FLOPs-tied form when that predicts held-out rows at
-    least as well (fewer free terms: what few probes can pin down), unless another form is clearly
-    better (by more than half a point and a tenth of the error); the reason, in words."""
+    """The form kept (docs/design.md#throughput-fit: physical or FLOPs-tied unless another is clearly better), and why in words."""
     physical = errors["physical"].median_abs_pct
     baseline = "flops" if "flops" in errors and errors["flops"].median_abs_pct <= physical else "physical"
     base_error = errors[baseline].median_abs_pct
@@ -270,9 +261,8 @@ def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
 
 
 def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0) -> JsonDict:
-    """The `fit` section of a calibration, from its measurement rows (status `ok` used). With the
-    model's FLOPs per token of each compute term (`flops`), a FLOPs-tied form competes too; the
-    memory fit holds at least `gradient_bytes` while accumulating (memory_fit.held_gradient_bytes)."""
+    """The `fit` section of a calibration from its `ok` rows. With `flops` (FLOPs per token of each compute term) a
+    FLOPs-tied form competes too; the memory fit holds at least `gradient_bytes` while accumulating."""
     ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
     if len(ok_rows) < MIN_ROWS_FOR_FIT:
         raise ValueError(f"need at least {MIN_ROWS_FOR_FIT} successful probes to fit, got {len(ok_rows)}")
@@ -283,18 +273,12 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
     uncertainty = probe_uncertainty(ok_rows)
 
-    def fitter(form: Form) -> Callable[[np.ndarray], Callable[[StepConfig], float]]:
-        """Fits of `form` on the rows `train`, as predictions of micro-step seconds."""
+    def fit_on(form: Form, train: np.ndarray) -> Callable[[StepConfig], float]:
+        """`form` fitted on the rows `train`, as a prediction of micro-step seconds."""
+        waits = None if wait_seconds is None else wait_seconds[train]
+        return fit_throughput([configs[i] for i in train], micro_seconds[train], form, waits, uncertainty[train]).micro_step_seconds
 
-        def fit_on(train: np.ndarray) -> Callable[[StepConfig], float]:
-            waits = None if wait_seconds is None else wait_seconds[train]
-            chosen = fit_throughput([configs[i] for i in train], micro_seconds[train], form, waits, uncertainty[train])
-            return chosen.micro_step_seconds
-
-        return fit_on
-
-    # The overlap form competes only where host and device really overlap (a fitted power above 1):
-    # at power 1 it is the physical model again.
+    # The overlap form competes only where host and device really overlap: at power 1 it is the physical model again.
     overlapping = (
         wait_seconds is not None
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
@@ -302,7 +286,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     )
     forms = {"physical": PHYSICAL, "physical+residual": Form(smooth=True), "overlap": Form(overlap=True), "flops": Form(flops=flops)}
     usable = [kind for kind, form in forms.items() if (overlapping or not form.overlap) and (kind != "flops" or flops is not None)]
-    held_out_by_form = {kind: held_out_predictions(configs, fitter(forms[kind])) for kind in usable}
+    held_out_by_form = {kind: held_out_predictions(configs, partial(fit_on, forms[kind])) for kind in usable}
     # tokens/s error: actual/predicted on the same token count.
     errors = {kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds) for kind, held_out in held_out_by_form.items()}
     kind, reason = choose_model(errors, len(configs))
@@ -326,7 +310,7 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
         # Per dimension, the probes at its largest value predicted from the rest (calibration.extrapolation).
-        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, fitter(form), held_out, MIN_ROWS_FOR_FIT),
+        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, partial(fit_on, form), held_out, MIN_ROWS_FOR_FIT),
         "held_out_relative_errors": error.signed_relative,
         "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
         "alternatives": {name: summary.to_json() for name, summary in errors.items()},
@@ -345,8 +329,7 @@ def eval_features(micro_batch_size: int, seq_len: int) -> np.ndarray:
 
 
 def fit_eval(rows: Sequence[JsonDict]) -> JsonDict | None:
-    """Seconds of one forward-only eval batch = fixed + per_token·B·S + attention·B·S², from the
-    eval probes; None with fewer than two."""
+    """Seconds of one forward-only eval batch = fixed + per_token·B·S + attention·B·S²; None with fewer than two probes."""
     ok = [row for row in rows if row.get("status") == "ok" and row.get("batch_seconds")]
     if len(ok) < 2:
         return None
@@ -356,11 +339,8 @@ def fit_eval(rows: Sequence[JsonDict]) -> JsonDict | None:
 
 
 def step_tail_factor(rows: Sequence[JsonDict]) -> float:
-    """How much longer the mean step is than the median step, typically over the probes.
-
-    Probes are fitted to their median step (robust to a burst of other work on the machine), but a
-    run lasts the sum of its steps, slow ones included: predictions are scaled by this measured
-    factor (the median over probes of mean / median, at least 1)."""
+    """The median over probes of mean / median step, at least 1: probes are fitted to their median step, but a run
+    lasts the sum of its steps, slow ones included, so predictions are scaled by it."""
     ratios = [
         row["step_seconds_mean"] / row["step_seconds"]
         for row in rows
@@ -374,4 +354,3 @@ def throughput_model_from_json(fit: JsonDict) -> ThroughputModel:
     power = float(fit["parameters"].get("overlap_power", 1.0))
     # A term of a switch the file predates is zero: the step it measured had the switch off.
     return ThroughputModel({term: float(fit["parameters"].get(term, 0.0)) for term in throughput_terms()}, smoother, power)
-

@@ -17,14 +17,11 @@ MAX_FOLDS = 10
 LEAVE_ONE_OUT_UP_TO = 60  # rows; past that, MAX_FOLDS interleaved folds
 
 
-# Robust fitting: a probe disturbed by other work on the machine must not drag the whole fit.
-# Iteratively reweighted least squares with Huber weights on the relative residuals; the scale is
-# the residuals' median absolute deviation, floored so a near-perfect fit is not over-trimmed.
+# Robust fitting (docs/design.md#throughput-fit): Huber reweighting on the relative residuals, their MAD floored.
 ROBUST_ITERATIONS = 6
 HUBER_K = 2.0
 MIN_RESIDUAL_SCALE = 0.01
-# How well we can know a probe's median step: its spread over the steps it timed, plus a floor
-# for what the model cannot express. Rows are weighted by 1 / that uncertainty.
+# What the model cannot express, beside a probe's own spread: rows are weighted by 1 / their uncertainty.
 UNCERTAINTY_FLOOR = 0.02
 
 
@@ -33,13 +30,7 @@ def is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def fit_nonnegative(
-    features: np.ndarray,
-    targets: np.ndarray,
-    scale: np.ndarray | None = None,
-    uncertainty: np.ndarray | None = None,
-    robust: bool = True,
-) -> np.ndarray:
+def fit_nonnegative(features: np.ndarray, targets: np.ndarray, scale: np.ndarray | None = None, uncertainty: np.ndarray | None = None) -> np.ndarray:
     """NNLS on relative error (each row divided by its `scale`, default its target), each row also
     divided by its relative `uncertainty`, with Huber reweighting against outliers."""
     relative = 1.0 / (targets if scale is None else scale)
@@ -49,7 +40,7 @@ def fit_nonnegative(
     column_scale = np.maximum(np.abs(base).max(axis=0), 1e-30)
     huber = np.ones_like(targets)
     solution = np.zeros(features.shape[1])
-    for _ in range(ROBUST_ITERATIONS if robust else 1):
+    for _ in range(ROBUST_ITERATIONS):
         row_weight = prior * np.sqrt(huber)
         solution, _ = nnls(base / column_scale * row_weight[:, None], targets * relative * row_weight, maxiter=2000)
         residuals = (base / column_scale) @ solution - targets * relative
@@ -60,8 +51,7 @@ def fit_nonnegative(
 
 
 def folds(count: int) -> list[np.ndarray]:
-    """Leave-one-out up to LEAVE_ONE_OUT_UP_TO rows (each probe predicted by a fit that never saw
-    it), then MAX_FOLDS interleaved folds."""
+    """Leave-one-out up to LEAVE_ONE_OUT_UP_TO rows, then MAX_FOLDS interleaved folds."""
     if count <= LEAVE_ONE_OUT_UP_TO:
         return [np.array([index]) for index in range(count)]
     return [np.arange(start, count, MAX_FOLDS) for start in range(MAX_FOLDS)]
@@ -83,13 +73,7 @@ class ErrorSummary:
         absolute = np.abs(relative) * 100
         if len(absolute) == 0:
             return cls(math.nan, math.nan, math.nan, 0, [])
-        return cls(
-            float(np.median(absolute)),
-            float(np.percentile(absolute, 90)),
-            float(absolute.max()),
-            len(absolute),
-            [float(value) for value in relative],
-        )
+        return cls(float(np.median(absolute)), float(np.percentile(absolute, 90)), float(absolute.max()), len(absolute), [float(value) for value in relative])
 
     def to_json(self) -> JsonDict:
         errors = {"median_abs_pct": self.median_abs_pct, "p90_abs_pct": self.p90_abs_pct, "max_abs_pct": self.max_abs_pct}

@@ -16,16 +16,14 @@ from calibration.fit_tools import ErrorSummary, fit_nonnegative, held_out_predic
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
-# A measurement row's memory fields: the allocated peak (CUDA) or peak RSS (CPU), and on CUDA the
-# reserved peak, the device's used bytes and the bytes used outside the allocator.
+# A row's memory fields: the allocated peak (CUDA) or peak RSS (CPU); on CUDA also reserved, device-used and outside the allocator.
 CUDA_MEMORY_FIELDS = ("peak_reserved_bytes", "device_used_bytes", "non_torch_bytes")
 MEMORY_FIELDS = ("peak_memory_bytes", *CUDA_MEMORY_FIELDS)
 BASES = ("allocated", "reserved")
 
 
 def linear_terms() -> tuple[str, ...]:
-    """The linear form's terms: what is always held, activations (plain, then each switch's that
-    replaces them: calibration.dimensions), each switch's own, the gradients held while accumulating."""
+    """The linear form's terms: static, activations (plain, then each switch's that replace them), each switch's own, accumulated gradients."""
     replacing = [name for dimension in switches() if dimension.activations for name in dimension.activations]
     own = [term.name for dimension in switches() for term in dimension.memory]
     return ("static", "per_token", "attention", *replacing, *own, "accumulated_gradients")
@@ -34,13 +32,12 @@ def linear_terms() -> tuple[str, ...]:
 def memory_terms() -> tuple[str, ...]:
     return (*linear_terms(), "optimizer_floor")
 
-# The floor form has one more parameter and a kink: it needs a few probes on each side of it.
-MIN_ROWS_FOR_FLOOR = 6
+
+MIN_ROWS_FOR_FLOOR = 6  # the floor form's kink needs a few probes on each side of it
 
 
 def memory_features(config: StepConfig) -> np.ndarray:
-    """The linear form's features, in linear_terms() order: activations per token (and per token ×
-    length) as plainly kept, or as the switch on that replaces them keeps them."""
+    """The linear form's features, in linear_terms() order (activations as plainly kept, or as the switch on keeps them)."""
     tokens, length = config.micro_batch_size * config.seq_len, config.seq_len
     activations = [(dimension.name, config.on(dimension.name)) for dimension in switches() if dimension.activations]
     kept = 0.0 if any(on for _, on in activations) else 1.0
@@ -62,16 +59,15 @@ class MemoryModel:
         return max(self.coefficients.get("optimizer_floor", 0.0), linear) + self.non_torch_bytes
 
     def with_gradient_shards(self, shards: int) -> MemoryModel:
-        """This model for an FSDP process of `shards` planned from a 1-process calibration: what it
-        holds while accumulating is its shard of the gradients (the rest of the sharding is the
-        plan's memory offset: train.recipes.run_plan)."""
+        """This model for an FSDP process of `shards` planned from a 1-process calibration: it accumulates its shard
+        of the gradients (the rest of the sharding is the plan's memory offset: train.recipes.run_plan)."""
         held = self.coefficients["accumulated_gradients"] / max(1, shards)
         return MemoryModel({**self.coefficients, "accumulated_gradients": held}, self.basis, self.non_torch_bytes)
 
 
 def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False, gradient_bytes: float = 0.0) -> MemoryModel:
-    """The linear form by robust NNLS; with `floor`, the max form refined from it. Accumulation holds
-    at least `gradient_bytes` (once some probe accumulated: a term no probe exercises stays zero)."""
+    """The linear form by robust NNLS; with `floor`, the max form refined from it. Accumulation holds at least
+    `gradient_bytes` once some probe accumulated (a term no probe exercises stays zero)."""
     features = np.stack([memory_features(c) for c in configs])
     linear = fit_nonnegative(features, peak_bytes)
     coefficients = {**dict(zip(linear_terms(), map(float, linear), strict=True)), "optimizer_floor": 0.0}
@@ -95,8 +91,7 @@ def held_gradient_bytes(record: JsonDict) -> float:
 
 
 def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) -> dict[str, float]:
-    """max(floor, features·θ) by bounded nonlinear least squares on relative error, from the linear
-    fit and the smallest measured peak."""
+    """max(floor, features·θ) by bounded nonlinear least squares on relative error, from the linear fit and the least peak."""
     scale = np.maximum(np.abs(features).max(axis=0), 1e-30)
     unit = float(np.median(peak_bytes))
     free = np.abs(features).max(axis=0) > 0  # unexercised terms stay zero
@@ -113,8 +108,7 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
 
 
 def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> JsonDict:
-    """The calibration's `fit.memory`: the form with the lower held-out median error (the linear
-    one on a tie), its parameters and its held-out error."""
+    """The calibration's `fit.memory`: the form with the lower held-out median error (linear on a tie), and that error."""
     forms = {"physical": False}
     if len(configs) >= MIN_ROWS_FOR_FLOOR:
         forms["physical+floor"] = True
@@ -137,9 +131,8 @@ def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradie
 
 
 def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> JsonDict:
-    """`fit.memory` from ok measurement rows with a peak: fitted to the reserved peak when every
-    row recorded one, else to the allocated peak (older GPU calibrations, CPU), with the bytes used
-    outside the allocator (the most any row saw) and the basis recorded beside the fit."""
+    """`fit.memory` from ok rows with a peak: fitted to the reserved peak when every row recorded one (then plus the most
+    any row used outside the allocator), else to the allocated peak; `basis` says which."""
     configs = [StepConfig.from_row(row) for row in rows]
     reserved = all(is_number(row.get("peak_reserved_bytes")) for row in rows)
     field = "peak_reserved_bytes" if reserved else "peak_memory_bytes"
@@ -149,9 +142,8 @@ def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> Js
 
 
 def device_peak_bytes(figures: JsonDict) -> float | None:
-    """What the device held at a measurement's highest point: the reserved peak plus the bytes used
-    outside the allocator where they were recorded (CUDA), else the peak as recorded (the allocated
-    peak of an older GPU record, the peak RSS on CPU). Compare with a plan's predicted peak."""
+    """What the device held at a measurement's highest point, to compare with a plan's predicted peak: reserved +
+    outside the allocator where recorded (CUDA), else the peak as recorded (allocated, or the peak RSS on CPU)."""
     reserved, outside = figures.get("peak_reserved_bytes"), figures.get("non_torch_bytes")
     if is_number(reserved) and is_number(outside):
         return float(reserved) + float(outside)
