@@ -57,8 +57,7 @@ def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str
 
 
 def fsdp_micro_step_seconds(all_gather: CommModel, reduce_scatter: CommModel, parameter_bytes: float, gradient_bytes: float, units: int) -> float:
-    """FSDP's traffic on one micro-step: every unit gathered for forward and for backward, and its
-    gradients reduce-scattered (train/step/sharding.py)."""
+    """FSDP's traffic on one micro-step: every unit gathered for forward and for backward, its gradients reduce-scattered."""
     gathers = 2 * all_gather.collective_seconds(parameter_bytes, units)
     return gathers + reduce_scatter.collective_seconds(gradient_bytes, units)
 
@@ -68,8 +67,7 @@ def gradient_bytes(trainable_parameters: int) -> int:
 
 
 def describe_collectives(record: JsonDict) -> str:
-    """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives` (a calibration's
-    `distributed`, a plan's `communication`) or only the all-reduce's `comm` (DDP)."""
+    """ "all-reduce 1.20 GB/s, 0.10 ms latency, …" for a record with `collectives`, or only the all-reduce's `comm` (DDP)."""
     collectives = record.get("collectives") or {"all_reduce": {"fit": record["comm"]}}
     return ", ".join(
         f"{kind.replace('_', '-')} {entry['fit']['bandwidth_bytes_per_second'] / 1e9:.2f} GB/s, {entry['fit']['latency_seconds'] * 1e3:.2f} ms latency"
@@ -78,8 +76,7 @@ def describe_collectives(record: JsonDict) -> str:
 
 
 def describe_communication(record: JsonDict) -> str | None:
-    """One line for the plan (and the run report): which step times a multi-process plan rests on.
-    A run.json written before FSDP (DDP only: `comm` instead of `collectives`) reads the same."""
+    """One line for the plan (and the run report): which step times a multi-process plan rests on."""
     if record["world_size"] < 2:
         return None
     sharding = record.get("sharding", "ddp")
@@ -120,8 +117,7 @@ NVLS_MIN_COMPUTE_CAPABILITY = 9.0
 
 
 def nvls_binds(hardware: JsonDict) -> bool:
-    """Whether NCCL binds NVLS memory on this device: an NVSwitch (or links not recorded: the larger
-    figure) under a GPU of compute capability 9.0 or later."""
+    """Whether NCCL binds NVLS memory: an NVSwitch (or links not recorded: the larger figure) on compute capability 9.0+."""
     if hardware.get("interconnect") not in ("nvswitch", None):
         return False
     try:
@@ -131,8 +127,7 @@ def nvls_binds(hardware: JsonDict) -> bool:
 
 
 def communicator_bytes(hardware: JsonDict, processes: int) -> float:
-    """NCCL's device memory on each GPU of a `processes`-GPU job on `hardware` (a CUDA device; its
-    recorded interconnect and compute capability); 0 for one process or another device type."""
+    """NCCL's device memory on each GPU of a `processes`-GPU job on `hardware`; 0 for one process or a device not CUDA."""
     if processes < 2 or hardware.get("device_type") != "cuda":
         return 0.0
     buffers = CHANNELS * RING_PEERS * CONNECTION_BYTES

@@ -15,11 +15,9 @@ from calibration.split import SPLIT_FIELDS, config_fields, usable_record
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
-# The relative error assumed when no deeper probe was held out (two depths only): the worst the
-# 2→4-layer slope missed gpt2's 12 layers by on a CPU (+16% to +33%), rounded up.
+# The relative error assumed when no deeper probe was held out (two depths only): docs/design.md#layer-slices.
 UNTESTED_SLICE_ERROR = 0.35
-# Row fields measured in bytes that hold the model's own bytes (extrapolated above the exact static
-# bytes), and those that do not depend on depth (the CUDA context, cuBLAS, NCCL: outside PyTorch).
+# Row fields in bytes that grow with depth (extrapolated above the exact static bytes), and those that do not (outside PyTorch).
 DEPTH_BYTES_FIELDS = ("peak_memory_bytes", "peak_reserved_bytes", "device_used_bytes")
 CONSTANT_BYTES_FIELDS = ("non_torch_bytes",)
 
@@ -36,8 +34,7 @@ class DepthLine:
 
     @classmethod
     def fit(cls, depths: Sequence[float], values: Sequence[float]) -> DepthLine:
-        """Least squares over two or more distinct depths; a negative slope (noise between two
-        close depths) is taken as flat: a deeper model never costs less."""
+        """Least squares over two or more distinct depths; a negative slope (noise) is taken as flat: deeper never costs less."""
         x, y = np.asarray(depths, dtype=float), np.asarray(values, dtype=float)
         if len(set(x.tolist())) < 2:
             raise ValueError(f"a line in depth needs two distinct depths, got {sorted(set(x.tolist()))}")
@@ -49,8 +46,7 @@ class DepthLine:
 
 @dataclass(frozen=True)
 class SliceFit:
-    """The full depth's rows derived from the slices, each configuration's lines, and the
-    extrapolation's held-out error (time and memory)."""
+    """The full depth's rows derived from the slices, each configuration's lines, and the held-out error in depth."""
 
     rows: list[JsonDict]
     per_config: list[JsonDict]
@@ -59,9 +55,8 @@ class SliceFit:
 
 
 def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
-    """From each depth's measurement rows: the rows of the whole model (`full_layers` deep) for every
-    configuration measured ok at two depths or more. `static_bytes[K]`: what a K-layer model keeps
-    before activations (exact, from the `meta` device), for every slice depth and `full_layers`."""
+    """The whole model's rows (`full_layers` deep) for every configuration measured ok at two depths or more.
+    `static_bytes[K]`: what a K-layer model keeps before activations (exact, from `meta`), for every depth and `full_layers`."""
     ok = {depth: [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")] for depth, rows in by_depth.items()}
     measured = {depth: {StepConfig.from_row(row): row for row in rows} for depth, rows in ok.items()}
     configs = sorted({config for rows in measured.values() for config in rows})
@@ -84,13 +79,9 @@ def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: in
 
 
 def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int) -> list[JsonDict]:
-    """The whole model's step split (calibration.split) from each depth's: every part a line in
-    depth at `full_layers`, for each configuration split at two depths or more. The line's fixed
-    part is the embedding, the head and the loss, its slope a layer's: the head is a large share of
-    a shallow slice's matmuls (an 8B's 4096 × 128256 head against 6 layers: ≈29% of the FLOPs) and a
-    small one of the whole model's (≈7% at 32), so the deepest slice's split is not the whole
-    model's. [] where no configuration was split at two depths: the FLOP-count split of the whole
-    model's fit then stands (calibration.split.step_splits)."""
+    """The whole model's step split from each depth's: every part a line in depth at `full_layers`, for each configuration
+    split at two depths or more (docs/design.md#layer-slices: the deepest slice's split is not the whole model's).
+    []: none was, and the FLOP-count split of the whole model's fit stands (calibration.split.step_splits)."""
     found: dict[tuple[tuple[str, int], ...], dict[int, JsonDict]] = {}
     for depth, records in sorted(by_depth.items()):
         for entry in records:
@@ -190,9 +181,8 @@ def slices_record(data: JsonDict) -> JsonDict | None:
 
 
 def slice_error(slices: JsonDict, kind: str) -> float:
-    """The relative error a plan adds for extrapolating in depth (`kind`: time or memory): the
-    held-out 90th percentile (UNTESTED_SLICE_ERROR when no deeper probe was held out), × (1 +
-    log2 of the stretch to full depth)."""
+    """The relative error a plan adds for extrapolating in depth (`kind`: time or memory): the held-out 90th percentile
+    (UNTESTED_SLICE_ERROR when none was held out), × (1 + log2 of the stretch to full depth)."""
     held_out = (slices.get("held_out") or {}).get(kind) or {}
     p90 = held_out.get("p90_abs_pct")
     base = UNTESTED_SLICE_ERROR if p90 is None or not held_out.get("count") else float(p90) / 100.0
@@ -202,8 +192,7 @@ def slice_error(slices: JsonDict, kind: str) -> float:
 
 
 def slice_widening(data: JsonDict, bound: float, kind: str = "time") -> float:
-    """`bound` (relative) widened by the slices' extrapolation error: (1 + bound)(1 + error) − 1;
-    `bound` itself for a calibration of the whole model."""
+    """`bound` widened by the slices' extrapolation error, (1 + bound)(1 + error) − 1; itself for a whole-model calibration."""
     slices = slices_record(data)
     if slices is None:
         return bound

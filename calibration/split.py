@@ -13,19 +13,14 @@ from common.json_types import JsonDict
 
 SPLIT_FIELDS = ("compute_seconds", "memory_seconds", "host_seconds")
 METHODS = ("profiler", "flops")
-# Assumption (not measured here): the share of the dense bf16 peak a training step's matmul and
-# attention kernels reach on average. cuBLAS reaches 70-80% on large bf16 GEMMs on an H100; a
-# step's smaller GEMMs and its attention kernels less. Only the central estimate of the "flops"
-# split depends on it: a translation's bracket spans all-compute to all-memory whatever it is.
+# Assumption, not measured: the share of the dense bf16 peak a step's matmuls reach (docs/design.md#step-split).
 MATMUL_EFFICIENCY = 0.6
 SPLIT_PROBES = 2
 
 
 def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, float]:
-    """(device kernels, optimizer step, exposed host) seconds of one micro-step by the fit's terms:
-    the host's fixed cost counts only where the device does not hide it (the `overlap` form's
-    smooth maximum), the data terms always; the optimizer step is shared by the accumulated
-    micro-steps."""
+    """(device kernels, optimizer step, exposed host) seconds of one micro-step by the fit's terms: the host's fixed
+    cost only where the device does not hide it (the `overlap` form), the data terms always."""
     features = throughput_features(config)
     parts = {term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(throughput_terms())}
     device = sum(parts[term] for term in device_terms())
@@ -40,9 +35,8 @@ def config_fields(row: JsonDict) -> dict[str, int]:
 
 
 def split_rows(rows: list[JsonDict]) -> list[JsonDict]:
-    """The probes whose split is recorded: the ok probe with the most tokens per micro-step and the
-    largest one of a smaller size (the sizes plans choose; two, to keep it cheap). Among equals,
-    the fewest accumulated micro-steps, workers and no checkpointing: the plainest step."""
+    """The probes whose split is recorded: the ok probe with the most tokens per micro-step and the largest of a smaller
+    size (the sizes plans choose). Among equals, the plainest step: fewest accumulation, workers, switches."""
     ok = [row for row in rows if row.get("status") == "ok" and (row.get("step_seconds") or 0) > 0]
 
     def size(row: JsonDict) -> int:
@@ -92,8 +86,7 @@ def usable_record(entry: Any) -> bool:
 
 
 def step_splits(data: JsonDict) -> list[JsonDict]:
-    """The calibration's recorded split (bench.step_split), or, where it has none, the "flops" split
-    of the probes bench would have recorded."""
+    """The calibration's recorded split (bench.step_split), else the "flops" split of the probes bench would record."""
     recorded = [entry for entry in data.get("step_split") or [] if usable_record(entry)]
     if recorded:
         return recorded

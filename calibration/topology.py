@@ -18,12 +18,10 @@ ALIASES = {
     "nvlink": "nvlink", "nvl": "nvlink", "nvswitch": "nvswitch", "pcie": "pcie", "pci": "pcie", "ib": "infiniband", "infiniband": "infiniband",
     "ethernet": "ethernet", "eth": "ethernet", "loopback": "loopback", "gloo": "loopback",
 }  # fmt: skip
-# NVSwitch is NVLink through switches: the same per-GPU links and figures, so a calibration of one
-# serves the other.
+# NVSwitch is NVLink through switches: the same per-GPU links and figures, so a calibration of one serves the other.
 FAMILY = {"nvswitch": "nvlink"}
 
-# Assumption, not a measurement: backward costs about twice forward (two matmuls per forward one),
-# so it is 2/3 of a step's compute; the collectives can hide behind at most that.
+# Assumption, not a measurement: backward (twice forward) is 2/3 of a step's compute; collectives hide behind at most that.
 BACKWARD_SHARE = 2 / 3
 
 _LAYOUT = re.compile(r"^(\d+)x(\d+):(.+)$")
@@ -31,8 +29,7 @@ _LAYOUT = re.compile(r"^(\d+)x(\d+):(.+)$")
 
 @dataclass(frozen=True)
 class Interconnect:
-    """`kind` links the GPUs of one node, `network` the nodes (None: one node). `nodes` and
-    `gpus_per_node` None: from the process count (`placed`)."""
+    """`kind` links the GPUs of one node, `network` the nodes (None: one node); `nodes`, `gpus_per_node` None: see `placed`."""
 
     kind: str
     network: str | None = None
@@ -53,8 +50,7 @@ class Interconnect:
         return Interconnect(FAMILY.get(self.kind, self.kind), self.network, self.nodes, self.gpus_per_node).word
 
     def placed(self, processes: int) -> Interconnect:
-        """The layout for `processes`: one node, or one per process for a bare network; a layout
-        written out must hold exactly that many."""
+        """The layout for `processes`: one node, or one per process for a bare network; a written layout must hold that many."""
         if self.nodes is not None and self.gpus_per_node is not None:
             if self.nodes * self.gpus_per_node != processes:
                 raise BenchtrainError(f"interconnect {self.word} holds {self.nodes * self.gpus_per_node} processes, not {processes}")
@@ -100,10 +96,8 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
 
 
 def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> Interconnect | None:
-    """The interconnect a hardware record names (placed for `processes` where given); None where
-    it names none (calibrations that did not record it), one this version cannot read, or a layout that
-    does not hold `processes`. A CPU's record that names none is loopback (gloo on one host: what
-    every CPU calibration that names none measured)."""
+    """The interconnect a hardware record names (placed for `processes` where given); None where it names none, one this
+    version cannot read, or a layout that does not hold `processes`. A CPU's record that names none is loopback (gloo)."""
     word = hardware.get("interconnect") or ("loopback" if hardware.get("device_type") == "cpu" else None)
     if not word:
         return None
@@ -115,8 +109,7 @@ def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> I
 
 
 def same_interconnect(measured: str | None, wanted: str | None) -> bool:
-    """Whether collectives measured over `measured` price a run over `wanted` (words, or None).
-    Either side unknown (not recorded, unreadable): taken as the same."""
+    """Whether collectives measured over `measured` price a run over `wanted` (words; either unknown: the same)."""
     one, other = recorded_interconnect({"interconnect": measured}), recorded_interconnect({"interconnect": wanted})
     return one is None or other is None or one.family == other.family
 
@@ -126,8 +119,7 @@ def same_interconnect(measured: str | None, wanted: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Link:
-    """One GPU's link of a kind: bandwidth per direction, latency per ring step, NCCL's base
-    latency once per collective, and where each figure comes from."""
+    """One GPU's link: bandwidth per direction, latency per ring step, NCCL's base latency per collective, and sources."""
 
     kind: str
     bandwidth_bytes_per_second: float
@@ -139,27 +131,12 @@ class Link:
         return asdict(self)
 
 
-# NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc at 5067397, ncclTunerConstantsDefaults,
-# Ring algorithm, Simple protocol: the one large messages use): baseLatencies 14.0 µs per
-# collective; hwLatencies per ring step NVLINK 3.4 µs, PCI 5.7 µs, NET 14.0 µs; nsteps 2(n−1) for
-# all-reduce, n−1 for all-gather and reduce-scatter (tuning.cc line 289).
+# NCCL's own tuning model (ring, Simple protocol): baseLatencies and hwLatencies per ring step (docs/design.md#link-figures).
 NCCL = "NVIDIA/nccl src/graph/tuning.cc (5067397) ring/simple"
 BASE_LATENCY = 14.0e-6
 HOP_LATENCY = {"nvlink": 3.4e-6, "nvswitch": 3.4e-6, "pcie": 5.7e-6, "infiniband": 14.0e-6, "ethernet": 14.0e-6}
 
-# Per-GPU link bandwidth as NCCL's own topology model prices it (NVIDIA/nccl src/graph/topo.h and
-# topo.cc at 5067397), GB/s each way, what its ring search and tuning assume a link delivers, not
-# the datasheet's signalling rate:
-# - NVLink: a figure per link by GPU generation (SM80_NVLINK_BW 20.0, SM90_NVLINK_BW 20.6,
-#   SM100_NVLINK_BW 40.1) times the links; the datasheet's total over its per-link rate gives the
-#   links (NVLink 3 and 4: 50 GB/s bidirectional a link, NVLink 5: 100): an H100 SXM's 18 links are
-#   371 GB/s, against 450 from its 900 GB/s halved; an A100's 12 are 240 GB/s;
-# - PCIe: link width × per-lane rate / 80 (topo.cc, kvDictPciGen: 16 GT/s → 120, 32 GT/s → 240):
-#   Gen4 x16 24 GB/s, Gen5 x16 48 GB/s, against 32 and 64 halved from the datasheet. Across CPU
-#   sockets NCCL prices the path at the socket link (SKL_QPI_BW 10, SRP_QPI_BW 22, ERP_QPI_BW 40,
-#   AMD_BW 16), which a card's word does not say: a PCIe ring spanning sockets is slower still.
-# Between nodes, per GPU (one port each): InfiniBand NDR 400 Gb/s = 50 GB/s (NVIDIA ConnectX-7
-# datasheet); Ethernet 100 GbE = 12.5 GB/s (IEEE 802.3ba), what a plain cloud network gives.
+# Per-GPU bandwidth each way as NCCL's topology model prices a link, not the datasheet's rate (docs/design.md#link-figures).
 NCCL_TOPOLOGY = "NVIDIA/nccl src/graph/topo.h, topo.cc (5067397)"
 NCCL_NVLINK_BANDWIDTH = {"NVLink 3": 20.0e9, "NVLink 4": 20.6e9, "NVLink 5": 40.1e9}
 NVLINK_LINK_RATE = {"NVLink 3": 50e9, "NVLink 4": 50e9, "NVLink 5": 100e9}  # bidirectional per link (datasheets: 600/12, 900/18, 1800/18)
@@ -168,8 +145,7 @@ NETWORK_BANDWIDTH = {
     "infiniband": (50e9, "InfiniBand NDR 400 Gb/s per GPU port (NVIDIA ConnectX-7 datasheet)"),
     "ethernet": (12.5e9, "100 Gb Ethernet per GPU (IEEE 802.3ba)"),
 }
-# A device the table does not hold, over PCIe: Gen4 x16, the slower of the two generations GPUs
-# use: an assumption, said in the link's source.
+# A device the table does not hold, over PCIe: Gen4 x16, the slower of the two generations GPUs use (said in the source).
 ASSUMED_PCIE_GENERATION = 4
 
 
@@ -212,9 +188,7 @@ def ring_model(kind: str, processes: int, link: Link, backend: str = "nccl") -> 
 
 
 def hierarchical_model(kind: str, nodes: int, gpus_per_node: int, intra: Link, inter: Link, backend: str = "nccl") -> CommModel:
-    """Across nodes: reduce-scatter in each node, the collective between nodes on the 1/g of the
-    bytes each GPU holds, all-gather in each node (for an all-reduce); an all-gather gathers
-    between nodes then inside, a reduce-scatter the reverse. Latency: NCCL's base once."""
+    """Across nodes, hierarchically (docs/design.md#interconnects-and-collectives); NCCL's base latency once."""
     g, m = gpus_per_node, nodes
     passes = 2 if kind == "all_reduce" else 1  # an all-reduce's two phases, inside the node and between nodes alike
     latency = intra.base_latency_seconds + passes * ((g - 1) * intra.hop_latency_seconds + (m - 1) * inter.hop_latency_seconds)
@@ -237,9 +211,8 @@ def collective_model(kind: str, interconnect: Interconnect, intra: Link, inter: 
 def analytic_collectives(
     interconnect: Interconnect | str, processes: int, device_name: str, kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 ) -> dict[str, JsonDict]:
-    """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}
-    for `processes` of `device_name` over `interconnect`, in the shape stored collectives have
-    (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
+    """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}: the shape stored
+    collectives have (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
     placed = (parse_interconnect(interconnect) if isinstance(interconnect, str) else interconnect).placed(processes)
     intra = link_figures(placed.kind, device_name)
     inter = link_figures(placed.network, device_name) if placed.network else None
@@ -261,15 +234,12 @@ class OverlapBracket(NamedTuple):
 
 
 def overlap_bracket(comm_seconds: float, compute_seconds: float) -> OverlapBracket:
-    """(exposed with full overlap, exposed with none) of `comm_seconds` of collectives running
-    beside a step of `compute_seconds`: full overlap hides them behind backward (BACKWARD_SHARE of
-    the compute) and shows only what is left; none shows all of it."""
+    """(exposed with full overlap, with none) of `comm_seconds` of collectives beside `compute_seconds` of a step: full
+    overlap hides them behind backward (BACKWARD_SHARE of the compute)."""
     return OverlapBracket(max(0.0, comm_seconds - BACKWARD_SHARE * compute_seconds), comm_seconds)
 
 
 def bracket_estimate(low: float, high: float) -> float:
-    """The estimate inside an overlap bracket: its midpoint. Full overlap is out of reach (DDP's
-    last bucket, the first layers' gradients, is reduced after backward ends; FSDP's first gather
-    comes before any compute), none is the worst case, and nothing measured on a GPU yet says
-    where between; the upper bound, and the deadline, take none."""
+    """The estimate inside an overlap bracket: its midpoint (why: docs/design.md#interconnects-and-collectives); the upper
+    bound, and the deadline, take none."""
     return (low + high) / 2

@@ -14,19 +14,14 @@ from calibration.step_config import StepConfig
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
 
-# Assumption, not measured: how much slower or faster the host part of a step may run beside the
-# target GPU. That part is single-threaded Python and kernel launches; the CPUs of rented GPU
-# machines (Xeon Sapphire Rapids / Ice Lake, EPYC Milan / Genoa, Grace) differ by up to about a
-# quarter in single-thread speed, so ±25% of the host time brackets a machine nobody measured.
+# Assumption, not measured: how much the host part may run slower or faster beside the target (docs/design.md#translation-to-another-gpu).
 HOST_WIDENING = 0.25
 STEP_FIELDS = ("step_seconds", "step_seconds_mean", "step_seconds_median", "step_seconds_min", "step_seconds_max")
 GIB = 2**30
 
 
 def source_sheet(data: JsonDict) -> DeviceSheet:
-    """The datasheet row of the device a calibration measured, or a one-line refusal: a translated
-    calibration, a CPU (its host and device are one, and no datasheet holds it), a device the table
-    lacks, a MIG slice."""
+    """The datasheet row of the device a calibration measured, or a one-line refusal (translated, a CPU, a MIG slice, unknown)."""
     hardware = data.get("hardware") or {}
     name = str(hardware.get("name", "?"))
     if hardware.get("translated"):  # its bracket would be lost, not compounded
@@ -73,9 +68,8 @@ def translate(data: JsonDict, target: DeviceSheet, world_size: int = 1) -> JsonD
 
 
 def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet) -> JsonDict:
-    """Ratios (target ÷ source, > 1 where the target is faster), the split they were weighed by, the
-    central device factor, and at the split's probes the step's central factor, host share and
-    bracket [low, high] (time on the target ÷ time measured)."""
+    """Ratios (target ÷ source), the split they were weighed by, the central device factor, and at the split's probes
+    the step's central factor, host share and bracket [low, high] (time on the target ÷ time measured)."""
     identity = source.key == target.key
     flops_ratio = target.bf16_dense_flops / source.bf16_dense_flops
     bandwidth_ratio = target.memory_bandwidth / source.memory_bandwidth
@@ -105,8 +99,7 @@ def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet)
 
 
 def summary_at(data: JsonDict, splits: list[JsonDict], record: JsonDict) -> JsonDict:
-    """The step's central factor, host share and bracket at the split's probes (the sizes plans
-    choose), by the fit's terms there: what a table row shows of the translation."""
+    """The step's central factor, host share and bracket at the split's probes, by the fit's terms there."""
     if record["identity"]:
         return {"central_factor": 1.0, "host_share": None, "bracket": [1.0, 1.0]}
     if not splits or not data.get("fit"):  # nothing says where the time goes: all of it is the device's
@@ -140,8 +133,7 @@ class BoundWidths(NamedTuple):
 
 
 def bracket_around(device_share: float, host_share: float, record: JsonDict) -> Bracket:
-    """(low, high) factors around a central estimate whose device part (already at the central
-    device factor) and host part are these shares of it."""
+    """(low, high) factors around a central estimate of these device (at the central factor) and host shares."""
     factor = float(record["device_factor"])
     ratios = device_time_factors(record)
     slow, fast = max(ratios), min(ratios)
@@ -153,17 +145,14 @@ def bracket_around(device_share: float, host_share: float, record: JsonDict) -> 
 
 
 def device_time_factors(record: JsonDict) -> tuple[float, ...]:
-    """What the device's time may be multiplied by: all of it at the datasheets' FLOP/s ratio, at
-    their bandwidth ratio, or at the FLOP/s ratio published runs attained (a record from before it:
-    the datasheets')."""
+    """What the device's time may be multiplied by: the datasheets' FLOP/s ratio, their bandwidth ratio, or the attained one."""
     attained = float(record.get("attained_flops_ratio") or record["flops_ratio"])
     return 1 / record["flops_ratio"], 1 / record["bandwidth_ratio"], 1 / attained
 
 
 def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[float, str | None]:
-    """The FLOP/s ratio (target ÷ source) the central estimate scales compute-bound time by, and its
-    source: the datasheets', times the share published runs between the two generations attained of
-    it (calibration.datasheets.generation_shift); the datasheets' alone, and None, where none was published."""
+    """The FLOP/s ratio (target ÷ source) the central estimate scales compute by, and its source: the datasheets', times
+    the share published runs attained (generation_shift); the datasheets' alone, and None, where none was published."""
     datasheet = target.bf16_dense_flops / source.bf16_dense_flops
     generations = source.architecture, target.architecture
     forward, backward = generation_shift(*generations), generation_shift(*reversed(generations))
@@ -175,9 +164,8 @@ def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[floa
 
 
 def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> Bracket:
-    """(low, high) factors around a translated calibration's central estimate at `config`, by its
-    fit's device and host terms there (a host-bound small micro-batch gets the host's bracket, a
-    compute-bound one the datasheet ratios'); (1, 1) for the identity."""
+    """(low, high) factors around a translated calibration's central estimate at `config`, by its fit's device and host
+    terms there; (1, 1) for the identity."""
     if record.get("identity"):
         return Bracket(1.0, 1.0)
     try:
@@ -188,8 +176,7 @@ def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> B
 
 
 def widened_bounds(measured: float, record: JsonDict | None, parameters: JsonDict, config: StepConfig) -> BoundWidths:
-    """(lower, upper) widths of a calibration's bounds at `config` (calibration.model.Calibration.bounds_for):
-    the measured bound, times a translation's bracket ends (None: measured here, left as it is)."""
+    """(lower, upper) widths at `config`: the measured bound, times a translation's bracket ends (None: as measured)."""
     if record is None:
         return BoundWidths(measured, measured)
     low, high = bracket_for(parameters, config, record)
@@ -197,8 +184,7 @@ def widened_bounds(measured: float, record: JsonDict | None, parameters: JsonDic
 
 
 def check_fixed_memory(data: JsonDict, target: DeviceSheet) -> None:
-    """Refuse a target that cannot hold what the probes held before any activation: the memory
-    fit's static part and the bytes outside the allocator."""
+    """Refuse a target that cannot hold the memory fit's static part and the bytes outside the allocator."""
     statics = []
     for entry in (data, *(data.get("variants") or [])):  # each setup measured (a 4-bit base holds less)
         memory = (entry.get("fit") or {}).get("memory") or {}
@@ -213,8 +199,7 @@ def check_fixed_memory(data: JsonDict, target: DeviceSheet) -> None:
 
 
 def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> None:
-    """The fit's device terms and the eval fit's token terms × the central device factor; each
-    measured step × what that does to the fit's prediction at its configuration."""
+    """The fit's device terms and the eval fit's token terms × the central factor; each measured step as the fit moved."""
     fit = entry.get("fit")
     if not fit:
         return
@@ -238,8 +223,7 @@ def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> Non
 
 
 def scale_row(row: JsonDict, factor: float, peak_ratio: float) -> None:
-    """A measured row as the target would show it at the central estimate: its step times × factor,
-    its rate ÷ factor, its MFU against the target's peak (`peak_ratio`: source peak ÷ target peak)."""
+    """A measured row as the target would show it: step times × factor, rate ÷ factor, MFU against the target's peak."""
     for name in STEP_FIELDS:
         if isinstance(row.get(name), (int, float)):
             row[name] *= factor
@@ -252,8 +236,7 @@ def scale_row(row: JsonDict, factor: float, peak_ratio: float) -> None:
 
 
 def keep_oom_rows_that_hold(entry: JsonDict, source_memory: float, target: DeviceSheet) -> None:
-    """An out-of-memory probe still bounds what fits on a target with no more memory; on a larger
-    one it says nothing (the memory model judges instead): kept as skipped, with why."""
+    """Out-of-memory probes, on a target with more memory, kept as skipped with why (the memory model judges there)."""
     if target.memory_bytes <= source_memory:
         return
     for row in entry.get("measurements") or []:
