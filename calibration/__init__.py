@@ -8,13 +8,12 @@ and math: no torch here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from calibration.hub import read_calibration
 from calibration.model import Calibration, Prediction
-from calibration.store import resolve_calibration
-from common.json_types import JsonDict
+from calibration.store import Preferences, resolve_calibration
 
 __all__ = ["Calibration", "Prediction", "load"]
 
@@ -22,11 +21,10 @@ __all__ = ["Calibration", "Prediction", "load"]
 def load(
     reference: str | Path = "latest",
     on_skip: Callable[[str], None] | None = None,
-    preferences: Sequence[Callable[[JsonDict], bool]] = (),
+    preferences: Preferences = (),
     on_passed_over: Callable[[Path], None] | None = None,
 ) -> Calibration:
-    """Load `latest`, a calibration id, a path to a calibration JSON, or one shared on the hub
-    (`hub:ORG/NAME/ID`); `on_skip`, `preferences` and `on_passed_over` as
-    calibration.store.resolve_calibration takes them."""
+    """Load `latest`, a calibration id, a path to a calibration JSON, or one shared on the hub (`hub:ORG/NAME/ID`);
+    the callbacks as calibration.store.resolve_calibration takes them."""
     path = resolve_calibration(str(reference), on_skip, preferences, on_passed_over)
     return Calibration(read_calibration(path), path)

@@ -31,12 +31,7 @@ ERROR_LABEL = "estimate error % (+ = took longer than estimated)"
 
 
 # -- one run command's estimate against what happened, like for like ----------------------------
-# A run can end before its plan does (the deadline guard, a signal, a step limit), and a resumed run
-# continues one that did: comparing the steps that ran with the whole plan's estimate would make it
-# look wrong by the share it did not run. So the estimate compared is the calibration's prediction
-# of each step that ran (recorded as it ran) plus the overheads that happened, from the plan to the
-# end of the export (the report after it is timed on its own); the whole plan at the live speed is
-# shown beside it.
+# The steps that ran as predicted, plus the overheads that happened (why: docs/design.md#estimate-error).
 
 STOP_REASONS = {
     COMPLETED: "completed: every planned step ran",
@@ -95,8 +90,7 @@ class EstimateCheck:
 
 
 def check_estimate(record: JsonDict) -> EstimateCheck | None:
-    """The like-for-like comparison of a run record (run.json); None before the run has finished.
-    run.json, the console summary, the run report's banner and its charts all read this."""
+    """The like-for-like comparison of a run record (run.json; what the summary, banner and charts read); None before it ends."""
     actual, estimate = record.get("actual"), record.get("estimate") or {}
     if not actual or actual.get("total_seconds") is None:
         return None
@@ -141,8 +135,7 @@ def check_estimate(record: JsonDict) -> EstimateCheck | None:
 
 
 def overheads_that_happened(overheads: JsonDict, record: JsonDict, start: int, steps_run: int) -> float:
-    """The planned seconds of each overhead, counted as often as it took place in this command
-    (the report aside: it comes after, and is timed on its own)."""
+    """The planned seconds of each overhead, counted as often as it took place in this command (the report aside)."""
     actual = record["actual"]
     seconds = float(overheads.get("model_build_seconds", 0.0))
     if steps_run:
@@ -198,8 +191,7 @@ def describe_time(check: EstimateCheck) -> str:
 
 
 def describe_check(check: EstimateCheck) -> list[str]:
-    """The comparison in words: the console summary and the report's banner print these lines,
-    the report's charts their parts (describe_steps, describe_time, describe_throughput)."""
+    """The comparison in words: the console summary and the report's banner print these lines, the charts their parts."""
     lines = [
         f"{describe_steps(check)}; {check.reason}",
         f"time: {describe_time(check)}; the estimate for them is {format_duration(check.predicted_train_seconds)} of training "

@@ -1,4 +1,5 @@
-"""A loaded calibration: predictions with bounds, memory feasibility, the fit in words."""
+"""A loaded calibration: predictions with bounds, memory feasibility, the fit in words.
+The bounds and why: docs/design.md#the-bound-a-plan-promises"""
 
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ from common.json_types import JsonDict
 MIN_RELATIVE_BOUND = 0.02
 MIN_MEMORY_MARGIN = 0.10
 HISTORY_WINDOW = 5
-# Past this bound (90th-percentile held-out error) the calibration cannot promise a finish time:
-# plans use the central estimate and say so, instead of refusing every deadline.
+# Past this bound the calibration cannot promise a finish time: plans use the central estimate and say so.
 NOISY_BOUND = 0.50
 # The bound per doubling beyond the measured sizes when no held-out probe tested extrapolation.
 UNTESTED_EXTRAPOLATION = NOISY_BOUND
@@ -150,9 +150,7 @@ class Calibration:
 
     @property
     def bound_parts(self) -> BoundParts:
-        """The fit's part of the bound (its held-out 90th-percentile error, at least MIN_RELATIVE_BOUND)
-        and the machine's: the larger of how far fresh processes (calibration.process_check) and past
-        runs ran from the fit (a machine whose speed drifts cannot be predicted better than it repeats)."""
+        """The fit's part of the bound (held-out p90, at least MIN_RELATIVE_BOUND) and the machine's (fresh processes or past runs)."""
         p90 = (self.fit.get("held_out_error") or {}).get("p90_abs_pct")
         fresh = float(self.process_check.get("time_spread") or 0.0)
         ratios = self._history_ratios()
@@ -167,8 +165,7 @@ class Calibration:
         return record if isinstance(record, dict) and not record.get("identity") else None
 
     def bounds_for(self, config: StepConfig, measured: float | None = None) -> BoundWidths:
-        """(lower, upper) widths around the central step time at `config`: the measured bound (default
-        measured_bound_for), out to a translation's bracket ends (calibration.translate.widened_bounds)."""
+        """(lower, upper) widths around the central step time at `config`: the measured bound, out to a translation's bracket."""
         measured = self.measured_bound_for(config) if measured is None else measured
         return widened_bounds(measured, self.translation, self.fit["parameters"], config)
 
@@ -177,11 +174,8 @@ class Calibration:
         return self.bounds_for(config)[1]
 
     def measured_bound_for(self, config: StepConfig) -> float:
-        """The bound for one configuration: the relative bound inside the measured range; beyond it,
-        that plus what holding out each dimension it extrapolates along was measured to miss
-        (calibration.extrapolation). A fit without that record (the bundled H100 one; `bench refit`
-        adds it): the larger of the relative bound and the held-out error of the extrapolated probes,
-        × (1 + log2 of the largest ratio past the range)."""
+        """The bound for one configuration: the relative bound, widened past the measured range by what each dimension was
+        measured to miss there (docs/design.md#extrapolation-bounds; a fit without that record by the older rule)."""
         bound = self.relative_bound
         stretches = stretch_by_dimension(config, self.ok_rows())
         stretch = max(stretches.values())
@@ -192,21 +186,18 @@ class Calibration:
             return bound + extrapolation_widening(by_dimension, stretches, UNTESTED_EXTRAPOLATION, bound)
         record = self.fit.get("extrapolated_error")
         if record is not None and not record.get("count"):
-            # No held-out probe lay beyond the others (e.g. every probe at one size): nothing
-            # measured how this fit extrapolates, so a plan beyond the sizes is not bet on.
+            # No held-out probe lay beyond the others: nothing measured how this fit extrapolates.
             base = max(bound, UNTESTED_EXTRAPOLATION)
         else:
             base = max(bound, ((record or {}).get("p90_abs_pct") or 0.0) / 100.0)
         return base * (1 + math.log2(stretch))
 
     def promised_bound_for(self, config: StepConfig) -> float:
-        """The bound a plan of this configuration promises the deadline: its measured bound, or none (the
-        central estimate) when the calibration is too noisy to bound anything; at a translation's upper end."""
+        """The bound a plan promises the deadline: the measured one, or none when too noisy to bound; at a translation's upper end."""
         return self.bounds_for(config, 0.0 if self.too_noisy_to_bound else None)[1]
 
     def extrapolation_ratio(self, config: StepConfig) -> float:
-        """How far `config` lies beyond the measured micro-batches, lengths, accumulations and tokens
-        per micro-step: the largest ratio past the range (1 inside it)."""
+        """How far `config` lies beyond the measured sizes and tokens per micro-step: the largest ratio past them (1 inside)."""
         return max(stretch_by_dimension(config, self.ok_rows()).values())
 
     @property
@@ -232,8 +223,7 @@ class Calibration:
 
     @property
     def history_factor(self) -> float:
-        """Actual/predicted tokens/s of the last runs that used this calibration: the median of the
-        last few, shrunk towards 1 by n/(n+1) so that a single odd run cannot swing the next plan."""
+        """Actual/predicted tokens/s of the last runs that used this calibration: their median, shrunk towards 1 by n/(n+1)."""
         ratios = self._history_ratios()
         if not ratios:
             return 1.0
@@ -242,8 +232,7 @@ class Calibration:
 
     # -- predictions ----------------------------------------------------------------------
     def micro_step_seconds(self, config: StepConfig) -> float:
-        """Seconds of one micro-step: the fitted median step, scaled to a mean by the measured tail
-        factor and corrected by what past runs measured."""
+        """Seconds of one micro-step: the fitted median step, scaled to a mean by the tail factor, corrected by past runs."""
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
     def predict(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
@@ -285,9 +274,8 @@ class Calibration:
         return slice_widening(self.data, max(MIN_MEMORY_MARGIN, (p90 or 0.0) / 100.0) + between_processes, "memory")
 
     def fits_in_memory(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> bool:
-        """No OOM at or below this size (in this or a leaner checkpointing mode) was seen, and the
-        predicted peak plus margin fits. A run that holds less than the probes did (FSDP shards
-        from a 1-process calibration) is judged on the prediction alone."""
+        """No OOM at or below this size (in this or a leaner mode) was seen, and the predicted peak plus margin fits; a run
+        that holds less than the probes did (FSDP shards from a 1-process calibration) is judged on the prediction alone."""
         for row in self.measurements if memory_offset_bytes >= 0 else ():
             if row["status"] == "oom" and holds_as_much(config, StepConfig.from_row(row)):
                 return False

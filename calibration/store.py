@@ -29,6 +29,7 @@ DATA_SUFFIXES = (".jsonl", ".csv", ".parquet", ".txt", ".arrow")
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 # Where scripts/demo.sh keeps what it measured (BENCHTRAIN_HOME=./.benchtrain).
 DEMO_HOME = Path(".benchtrain")
+Preferences = Sequence[Callable[[JsonDict], bool]]  # which calibrations `latest` prefers, first first
 
 
 def calibrations_dir() -> Path:
@@ -69,8 +70,7 @@ def free_name(folder: Path, base: str) -> str:
 
 
 def save_calibration(data: JsonDict) -> Path:
-    """Write a new calibration (JSON + CSV); a taken id gets a numeric suffix. The measurements
-    its bench kept aside while it ran (`keep_unfinished`) are removed once it is written."""
+    """Write a new calibration (JSON + CSV; a taken id gets a numeric suffix), then remove what its bench kept aside."""
     kept = unfinished_paths(data)
     folder = writable_subdir("calibrations")
     with file_lock(folder / ".lock"):
@@ -83,8 +83,7 @@ def save_calibration(data: JsonDict) -> Path:
 
 
 def save_failed(data: JsonDict) -> Path:
-    """Keep a benchmark that fitted nothing out of the store (`latest` never sees it); it replaces
-    the measurements its bench kept aside while it ran."""
+    """Keep a benchmark that fitted nothing out of the store (`latest` never sees it), replacing what its bench kept aside."""
     kept = unfinished_paths(data)
     folder = writable_subdir("calibrations") / "failed"
     path = folder / f"{data['id']}.json"
@@ -93,16 +92,13 @@ def save_failed(data: JsonDict) -> Path:
     return path
 
 
-# A bench under way keeps the measurements it has so far beside the calibrations, never among them
-# (`latest` reads calibrations/*.json only): a bench that dies (an out-of-memory between one rank's
-# collectives, a watchdog, a lost machine) leaves them readable. The record it is building names
-# the file under this key, which saving it removes (`unfinished_paths`).
+# A bench under way keeps its measurements so far beside the calibrations, never among them, so a bench that dies
+# (an out-of-memory between one rank's collectives, a lost machine) leaves them readable; its record names the file here.
 UNFINISHED_KEY = "unfinished_measurements"
 
 
 def keep_unfinished(data: JsonDict, path: Path | None = None) -> Path:
-    """Write a bench's measurements so far (atomically) to `path`, or to a new file named after
-    `data`'s id (a taken name gets a numeric suffix); returns where."""
+    """Write a bench's measurements so far (atomically) to `path`, or to a new file named after `data`'s id; returns where."""
     if path is None:
         folder = writable_subdir("calibrations") / "unfinished"
         path = folder / f"{free_name(folder, data['id'])}.json"
@@ -167,14 +163,10 @@ def list_calibrations() -> list[ListedCalibration]:
 
 
 def resolve_calibration(
-    reference: str,
-    on_skip: Callable[[str], None] | None = None,
-    preferences: Sequence[Callable[[JsonDict], bool]] = (),
-    on_passed_over: Callable[[Path], None] | None = None,
+    reference: str, on_skip: Callable[[str], None] | None = None, preferences: Preferences = (), on_passed_over: Callable[[Path], None] | None = None
 ) -> Path:
-    """`latest`, an id, a bundled name, a path to a calibration JSON, or `hub:ORG/NAME[/ID]` (its file
-    in huggingface_hub's cache). For `latest`, every newer file that could not be read is reported
-    through `on_skip`, never in silence (a hub repository's damaged ones too); `choose` picks among several."""
+    """`latest`, an id, a bundled name, a path to a calibration JSON, or `hub:ORG/NAME[/ID]` (its file in huggingface_hub's
+    cache). Every newer file that could not be read is reported through `on_skip`; `choose` picks among several."""
     if is_hub_reference(reference):
         chosen = choose(shared_calibrations(reference, on_skip), preferences, on_passed_over)
         if chosen is None:  # shared_calibrations returns one at least, or says why not
@@ -215,11 +207,7 @@ def resolve_calibration(
     raise BenchtrainError(f"unknown calibration {reference!r}: {accepted}{home_hint()}")
 
 
-def choose(
-    readable: Sequence[tuple[Path, JsonDict]],
-    preferences: Sequence[Callable[[JsonDict], bool]] = (),
-    on_passed_over: Callable[[Path], None] | None = None,
-) -> Path | None:
+def choose(readable: Sequence[tuple[Path, JsonDict]], preferences: Preferences = (), on_passed_over: Callable[[Path], None] | None = None) -> Path | None:
     """Of calibrations newest first: the newest the first preference accepts, then the next's, else
     the newest; `on_passed_over` hears of the newest when it is not the one chosen."""
     newest = readable[0][0] if readable else None
@@ -231,8 +219,7 @@ def choose(
 
 
 def is_read_only(path: Path | str | None) -> bool:
-    """Bundled with benchtrain, or downloaded from the hub into huggingface_hub's cache: the
-    measurement as it was shared, which runs never write to."""
+    """Bundled with benchtrain, or downloaded from the hub: the measurement as it was shared, which runs never write to."""
     return is_bundled(path) or (path is not None and cached_file(path) is not None)
 
 
