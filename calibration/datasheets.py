@@ -147,9 +147,8 @@ ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-40gb", "rtx-409
 
 
 def sheet_for(text: str) -> DeviceSheet | None:
-    """The datasheet row of a CLI key (`h100`, `h100-pcie`, `a100-40gb`, `4090`) or a device name
-    as torch reports it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"); None for a device the
-    table does not hold (CPUs, an RTX A6000)."""
+    """The datasheet row of a CLI key (`h100`, `a100-40gb`) or a device name as torch reports it ("NVIDIA A100-SXM4-40GB");
+    None for a device the table does not hold (CPUs, an RTX A6000)."""
     key = text.strip().lower()
     key = ALIASES.get(key, key)
     if key in SHEETS_BY_KEY:
@@ -227,17 +226,14 @@ PUBLISHED_COMPARISONS: tuple[PublishedComparison, ...] = (
 
 @dataclass(frozen=True)
 class GenerationShift:
-    """What published runs show of the dense FLOP/s ratio between two generations: the median
-    speed-up measured, over the datasheets' FLOP/s ratio of the GPUs measured (< 1: the newer GPU
-    reaches a smaller share of its peak with the same software), and where it comes from."""
+    """The median published speed-up over the datasheets' FLOP/s ratio between two generations, and its source."""
 
     attained_share: float
     source: str
 
 
 def generation_shift(slower: str, faster: str) -> GenerationShift | None:
-    """The published shift from generation `slower` to `faster` (DeviceSheet.architecture); None where
-    no published comparison holds that pair of generations (the datasheet ratios then stand)."""
+    """The published shift from generation `slower` to `faster` (DeviceSheet.architecture); None where none was published."""
     for comparison in PUBLISHED_COMPARISONS:
         if (SHEETS_BY_KEY[comparison.slower].architecture, SHEETS_BY_KEY[comparison.faster].architecture) == (slower, faster):
             speedup = statistics.median(pair.speedup for pair in comparison.pairs)

@@ -66,9 +66,8 @@ def parse_reference(reference: str) -> HubReference:
 
 
 def cached_file(path: Path | str) -> tuple[str, str, str] | None:
-    """(repository, file in it, commit) of a calibration in huggingface_hub's cache, whose layout is
-    <cache>/datasets--ORG--NAME/snapshots/<commit>/calibrations/<id>.json; None for any other path.
-    (A repository id never holds `--`, so the folder's name splits back into ORG/NAME.)"""
+    """(repository, file in it, commit) of a calibration in huggingface_hub's cache, laid out as
+    <cache>/datasets--ORG--NAME/snapshots/<commit>/calibrations/<id>.json (a repository id never holds `--`); else None."""
     parts = Path(path).parts
     if len(parts) < 5 or parts[-2] != FOLDER or parts[-4] != "snapshots" or not COMMIT_HASH.fullmatch(parts[-3]):
         return None
@@ -79,9 +78,8 @@ def cached_file(path: Path | str) -> tuple[str, str, str] | None:
 
 
 def read_shared(path: Path, repo_id: str) -> JsonDict:
-    """A downloaded calibration: JSON checked by calibration.schema, its id its file's name, and a
-    `source` saying where it came from. A damaged one: CalibrationFileError naming the repository
-    and the file."""
+    """A downloaded calibration, checked by calibration.schema, its id its file's name, with a `source` saying where it
+    came from; a damaged one: CalibrationFileError naming the repository and the file."""
     repo, file, revision = cached_file(path) or (repo_id, f"{FOLDER}/{path.name}", None)
     where = f"hub:{repo}: {file} refused"
     size = path.stat().st_size
@@ -276,9 +274,8 @@ class Pushed:
 
 
 def shareable(data: JsonDict, user: str) -> JsonDict:
-    """The copy of a calibration that goes up: who measured it (kept when it already says), the
-    local paths of the data and a model folder cut to their names (they say nothing to others and
-    may say too much), no `source` (a download writes its own)."""
+    """The copy of a calibration that goes up: who measured it (kept when it says), local paths cut to their names, no
+    `source` (a download writes its own)."""
     shared = copy.deepcopy(data)
     shared.pop("source", None)
     shared["measured_by"] = measured_by(data) or user or "unknown"
@@ -290,9 +287,8 @@ def shareable(data: JsonDict, user: str) -> JsonDict:
 
 
 def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> Pushed:
-    """One commit to the dataset repository `repo_id` (made when missing): each calibration as
-    calibrations/<id>.json and README.md listing them with those already there. Any failure is one
-    line; the commit is all or nothing."""
+    """One commit to the dataset repository `repo_id` (made when missing): each calibration as calibrations/<id>.json and
+    README.md listing them with those already there. Any failure is one line; the commit is all or nothing."""
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub import errors as hub_errors
 

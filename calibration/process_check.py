@@ -34,9 +34,8 @@ def median_error(fit: JsonDict, rows: Sequence[JsonDict]) -> float:
 
 
 def memory_ratios(fit: JsonDict, rows: Sequence[JsonDict], bench_rss_before_model: float | None) -> list[float]:
-    """Fresh-process peak ÷ predicted peak, the prediction raised by what the fresh process held
-    before its model beyond the bench process, as `train` adds it (train.step.peak_memory.
-    host_excess_bytes; a process that imports less before its build than bench did adds nothing)."""
+    """Fresh-process peak ÷ predicted peak, raised by what the process held before its model beyond the bench process,
+    as `train` adds it (train.step.peak_memory.host_excess_bytes)."""
     if not fit.get("memory"):
         return []
     model = memory_model_from_json(fit["memory"])

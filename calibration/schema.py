@@ -23,11 +23,8 @@ OLDEST_READABLE = SCHEMA_VERSION - 1
 
 
 def _v3_to_v4(data: JsonDict) -> JsonDict:
-    """Version 4 measures, on a GPU, the allocator's reserved peak and the bytes used outside it
-    (calibration.memory_fit.CUDA_MEMORY_FIELDS), and its memory fit records its `basis` and
-    `non_torch_bytes`. A version 3 fit was of the allocated peak with nothing added, and plans so
-    (the plan says so). An older benchtrain refuses version 4: it would plan a reserved-basis fit
-    without the bytes outside the allocator."""
+    """Version 4's memory fit records its `basis` and `non_torch_bytes` (on a GPU, the reserved peak and the bytes outside
+    the allocator); a version 3 fit was of the allocated peak with nothing added, and plans so (the plan says so)."""
     data = dict(data)
     for entry in (data, *(data.get("variants") or [])):
         fit = entry.get("fit") if isinstance(entry, dict) else None

@@ -12,8 +12,7 @@ from common.json_types import JsonDict
 
 @dataclass(frozen=True)
 class Setup:
-    """What was measured (`measured_setup`) or what a run trains (built by `train` from its model,
-    method and processes); `setup_difference` compares the two."""
+    """What was measured (`measured_setup`) or what a run trains (built by `train`); `setup_difference` compares the two."""
 
     model_name: str
     model_fingerprint: str | None
@@ -28,8 +27,7 @@ class Setup:
 
 
 def measured_setup(data: JsonDict) -> Setup:
-    """The setup a calibration measured; a record without a training section (a hand-made
-    one) measured full fine-tuning."""
+    """The setup a calibration measured; a record without a training section (a hand-made one) measured full fine-tuning."""
     training = data.get("training") or {}
     distributed = data.get("distributed") or {}
     model = data.get("model") or {}
@@ -62,9 +60,8 @@ def quantization_name(value: object) -> str | None:
 
 
 class Variant(NamedTuple):
-    """What one calibration may measure several of for one model and method (`bench run --quantize
-    none,4bit --optimizer adamw,adamw-8bit`), as --quantize/--optimizer name it: the base's
-    quantization and the optimizer. Stored as each entry's `training` keys (calibration.schema)."""
+    """What one calibration may measure several of (`bench run --quantize none,4bit --optimizer adamw,adamw-8bit`), as
+    --quantize/--optimizer name them; stored as each entry's `training` keys."""
 
     quantize: str
     optimizer: str
@@ -96,11 +93,8 @@ def describe_setup(data: JsonDict) -> str:
 
 
 def setup_difference(chosen: JsonDict, passed_over: JsonDict, run: Setup) -> str:
-    """Why `chosen` suits `run` better than the newer `passed_over`, in words: what the newer one
-    measured that this run does not train (model, method and rank, quantization, processes), e.g.
-    "the newer cpu-gpt2-… measured full fine-tuning (this run: LoRA r16)". An aspect is named only
-    where the newer one differs from the run and from `chosen` too: what both share with each
-    other is not what set them apart."""
+    """Why `chosen` suits `run` better than the newer `passed_over`: "the newer cpu-gpt2-… measured full fine-tuning
+    (this run: LoRA r16)". An aspect is named only where the newer one differs from the run and from `chosen` too."""
     mine, newer = measured_setup(chosen), measured_setup(passed_over)
     reasons = []
     if newer.model_fingerprint != run.model_fingerprint and newer.model_fingerprint != mine.model_fingerprint:
