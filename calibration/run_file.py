@@ -123,9 +123,8 @@ def run_configuration(plan: Mapping[str, JsonValue], source: str = "run.json") -
 
 @dataclass
 class RunFile:
-    """run.json as a document: `configuration` and `world_size` (written first in the plan),
-    `estimate_check` (its error written twice), and every other section as written, in the file's
-    order. `run_id` and the plan are checked on read."""
+    """run.json as a document: `configuration` and `world_size` (first in the plan), `estimate_check` (its error written
+    twice), and every other section as written, in the file's order; `run_id` and the plan checked on read."""
 
     run_id: str
     configuration: StepConfig
@@ -148,9 +147,8 @@ class RunFile:
 
     @classmethod
     def from_json(cls, document: JsonObject, source: str = "run.json") -> RunFile:
-        """The document as read (or as `new_run_file` builds it): the plan's configuration, and the
-        flat step columns an older file also wrote in the plan and `chosen`, and `estimate_error_pct`
-        are taken out, to be written from the one value again."""
+        """The document as read (or built): the configuration, an older file's flat step columns in the plan and `chosen`,
+        and `estimate_error_pct` are taken out, to be written from the one value again."""
         top = _Reader(source, "", document)
         run_id = top.text("run_id", required=True) or ""
         plan = top.section("plan", required=True)
@@ -193,8 +191,7 @@ class RunFile:
         return self.sections.get(key)
 
     def update(self, **values: JsonIn) -> None:
-        """Top-level sections set (a new one goes last, as the file has always added them): the
-        code's records of what happened (lists of dicts it built), JSON by construction."""
+        """Top-level sections set (a new one goes last): the code's records of what happened, JSON by construction."""
         # Held as given, not copied: the cast only says JsonIn's containers are JSON's.
         self.sections.update(cast(JsonObject, values))
 

@@ -67,13 +67,7 @@ def flops_split(fit: JsonDict, row: JsonDict) -> JsonDict:
     if is_number(mfu) and mfu > 0:
         matmul = min(compute, mfu * step / MATMUL_EFFICIENCY)
         compute, memory = matmul, memory + compute - matmul
-    return {
-        **config_fields(row),
-        "compute_seconds": compute,
-        "memory_seconds": memory,
-        "host_seconds": host * config.grad_accum * scale,
-        "method": "flops",
-    }
+    return {**config_fields(row), "compute_seconds": compute, "memory_seconds": memory, "host_seconds": host * config.grad_accum * scale, "method": "flops"}
 
 
 def usable_record(entry: Any) -> bool:
