@@ -1,13 +1,5 @@
-"""`torch.compile` in THE step: which blocks are compiled, how shapes are kept few, what it costs.
-
-The repeated decoder blocks are compiled in place, one block class once for every layer (regional
-compilation, as accelerate's `compile_regions` and torchtitan do); in place keeps module types and
-state-dict keys for DDP, peft, checkpoints and `save_pretrained`. The loss stays outside.
-
-Shapes are static: every distinct (rows, length) compiles once, the cost bench measures and the
-planner charges per shape. Padded batches are bucketed to multiples of SHAPE_BUCKET so a run meets
-few lengths. Evaluation runs eager (`eager_region`): a small share of a run, more graphs otherwise.
-"""
+"""`torch.compile` in THE step: decoder blocks compiled in place, shapes kept few, what it costs.
+Design: docs/design.md#torchcompile"""
 
 from __future__ import annotations
 

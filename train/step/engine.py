@@ -1,10 +1,5 @@
-"""Model, loss, compilation, optimizer and step, built in one place for `bench` probes and `train`.
-
-Order matters: the model (with its method: full or LoRA) → gradient checkpointing → the loss
-(train/step/loss.py) → compiled blocks (train/step/compile.py) → FSDP shards (train/step/sharding.py, with
-`--sharding fsdp` under several processes) → optimizer and scheduler → accelerate's `prepare`
-(devices, precision, DDP; the optimizer only when sharded) → THE step.
-"""
+"""Model, loss, compilation, optimizer and step, built in one place, in one order, for `bench` probes
+and `train`. Design: docs/design.md#engine"""
 
 from __future__ import annotations
 
@@ -186,11 +181,9 @@ def build_engine(
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     else:
         scheduler = settings.scheduler(optimizer, optimization.total_steps)
-    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps once per
-    # process at every optimizer step, so under N processes ours would decay N times too fast.
+    # The scheduler stays out of `prepare` (it would step once per process); under FSDP so does the
+    # model, FSDP's already (docs/design.md#engine).
     if sharding == "fsdp":
-        # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
-        # mixed-precision policy casts the shards).
         optimizer = accelerator.prepare(optimizer)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)

@@ -1,19 +1,5 @@
-"""The training loss without full-vocabulary logits.
-
-A causal LM's plain loss materialises (tokens × vocabulary) logits and an fp32 copy for the
-softmax: for Llama-3 at micro-batch 8 × 2048, 8.4 GB of bf16 logits plus 8.4 GB of fp32. Two
-replacements compute the same mean cross-entropy over labelled tokens (`install_loss`):
-
-- `chunked`: plain torch, any device, no host sync. Hidden states are cut into chunks whose fp32
-  logits fit LOGITS_CHUNK_BYTES; each chunk's loss and gradients are computed in the forward and
-  its logits freed, as Liger's fused linear cross-entropy does.
-- `liger`: on CUDA with liger-kernel >= 0.7, Liger's fused linear cross-entropy, and with compile
-  off also its RMSNorm and SwiGLU kernels on the model's own modules.
-
-The loss lives in the model instance's own `forward` (never the class), so DDP, peft, accelerate
-and `save_pretrained` see an ordinary model. That forward is put in place once and reads the loss
-in use at each call, so switching losses (bench) keeps accelerate's bf16 autocast wrapper.
-"""
+"""The training loss without full-vocabulary logits: `chunked` (plain torch) or `liger`, installed in
+the model instance's own forward. Design: docs/design.md#training-loss"""
 
 from __future__ import annotations
 
@@ -34,7 +20,6 @@ LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # soft-capping or scaling), so the loss can be computed from hidden states and the head's weight.
 PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
 
-# The first liger-kernel with transformers 5 (pyproject's `gpu` extra pins the same range).
 LIGER_MIN_VERSION = "0.7.0"
 
 
@@ -81,8 +66,7 @@ def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
     return choice
 
 
-# A chunk's fp32 logits stay under this many bytes. Every chunk reads the whole head weight again,
-# so tiny chunks make the loss memory-bound; 256 MiB holds 512 rows of Llama-3's 128k vocabulary.
+# A chunk's fp32 logits stay under this many bytes (why this size: docs/design.md#training-loss).
 LOGITS_CHUNK_BYTES = 256 * 2**20
 FP32_LOGIT_BYTES = 4
 
@@ -183,8 +167,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
     """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its
-    default is the weight's dtype). It syncs with the host twice per micro-step (`.item()` forward,
-    `torch.equal` backward), which the chunked loss does not."""
+    default is the weight's dtype)."""
     import torch
 
     loss_class, _ = liger_functions()
@@ -193,11 +176,8 @@ def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
 
 
 def apply_liger_kernels(lm: Any) -> bool:
-    """Liger's RMSNorm and SwiGLU on this model's own modules; False where Liger has none for it.
-
-    Liger also replaces classes in transformers' modeling module, where every model built later
-    would pick them up: those names are put back (so its RoPE, a module-level function only, is
-    left out). What it changed on the instance is recorded for `remove_liger_kernels`."""
+    """Liger's RMSNorm and SwiGLU on this model's own modules only (transformers' modeling module is
+    put back), recorded for `remove_liger_kernels`; False where Liger has none for it."""
     _, liger = liger_functions()
     apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
     if apply is None:
