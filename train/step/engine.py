@@ -27,9 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Optimization:
-    """What the optimizer and its schedule are given: the peak learning rate, the hyper-parameters
-    (schedule, warm-up, weight decay, clipping, betas, epsilon), and the schedule's horizon in
-    optimizer steps (None: a constant rate, as bench probes use)."""
+    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps
+    (None: a constant rate, as bench probes use)."""
 
     learning_rate: float = DEFAULT_LEARNING_RATE
     settings: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -45,12 +44,10 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
 
     def __post_init__(self) -> None:
-        if self.sharding not in SHARDING_CHOICES:
-            raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
-        if self.compile not in COMPILE_CHOICES:
-            raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
-        if self.loss not in LOSS_CHOICES:
-            raise BenchtrainError(f"--loss must be one of {', '.join(LOSS_CHOICES)}, got {self.loss!r}")
+        checks = (("--sharding", self.sharding, SHARDING_CHOICES), ("--compile", self.compile, COMPILE_CHOICES), ("--loss", self.loss, LOSS_CHOICES))
+        for option, value, choices in checks:
+            if value not in choices:
+                raise BenchtrainError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def step_options_from_args(args: argparse.Namespace) -> StepOptions:
@@ -113,10 +110,7 @@ def resolve_step(
     compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row);
     None: this job's."""
     measured = measured or MeasuredStep()
-    if options.compile == "auto" and measured.compiled is not None:
-        compiled = measured.compiled
-    else:
-        compiled = compile_enabled(options.compile, device_type)
+    compiled = measured.compiled if options.compile == "auto" and measured.compiled is not None else compile_enabled(options.compile, device_type)
     try:
         loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
     except ValueError as error:
