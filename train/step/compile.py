@@ -32,21 +32,14 @@ def compile_enabled(choice: str, device_type: str) -> bool:
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
-def compile_blocks(model: torch.nn.Module) -> int:
-    """Compile `model`'s repeated blocks in place; the whole model when it names none. Returns how
-    many modules were compiled."""
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Compile `model`'s repeated blocks in place; the whole model when it names none."""
     import torch
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
-
-    blocks = decoder_blocks(model)
-    if not blocks:
-        unwrap(model).compile(dynamic=False)
-        return 1
-    for block in blocks:
+    for block in decoder_blocks(model) or [unwrap(model)]:
         block.compile(dynamic=False)
-    return len(blocks)
 
 
 def eager_region(compiled: bool) -> AbstractContextManager:

@@ -223,12 +223,8 @@ def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
     else:
         name = hardware["name"].lower()
         matches = hardware["device_type"] == "cuda" and all(part in name for part in wanted.split())
-    if matches:
-        return None
-    return (
-        f"--gpu {requested} was asked for but the detected device is {hardware['name']} "
-        f"({hardware['device_type']}); this calibration describes the detected device"
-    )
+    detected = f"{hardware['name']} ({hardware['device_type']})"
+    return None if matches else f"--gpu {requested} was asked for but the detected device is {detected}; this calibration describes the detected device"
 
 
 def require_requested_device(requested: str | None) -> None:

@@ -30,11 +30,11 @@ def sharding_in_use(requested: str, world_size: int) -> str:
     return "none" if world_size < 2 else requested
 
 
-def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
+def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
     """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root.
     Under bf16, blocks compute in bf16 from fp32 shards and reduce gradients in fp32. A model on
     `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in
-    one line if wrong. Returns the number of FSDP units."""
+    one line if wrong."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -53,7 +53,6 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
             raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
-    return len(blocks) + 1
 
 
 SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float dtype; LLM.int8's are int8

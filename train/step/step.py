@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from train.step.hyperparameters import DEFAULT_MAX_GRAD_NORM
 from train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ def without_packed_sequence_check() -> Iterator[None]:
 
 
 class TrainingStep:
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, max_grad_norm: float = DEFAULT_MAX_GRAD_NORM) -> None:
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> None:
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -137,8 +136,7 @@ class TrainingStep:
             accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
         learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()  # once per optimizer step, whatever the number of processes
+        self.scheduler.step()  # once per optimizer step, whatever the number of processes
         self.clear_gradients()
         seconds = self.timer.stop()
         return StepResult(
