@@ -157,8 +157,7 @@ def build_engine(
     import torch
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
-    # FSDP: built on `meta`, sharded, then each rank materialises its shards; a 4-bit base is built
-    # whole on each rank (bitsandbytes quantizes real tensors) and checked once sharded.
+    # FSDP: built on `meta`, then each rank materialises its shards; not a 4-bit base (docs/design.md#sharding-ddp-and-fsdp).
     on_meta = sharding == "fsdp" and not method.quantized
     model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp", weights_on=accelerator.device)
     if checkpointing:

@@ -242,8 +242,7 @@ def remove_liger_kernels(lm: Any) -> None:
 
 
 def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
-    """The causal LM's forward once a loss is installed: it reads the loss in use
-    (`_benchtrain_loss`) at every call, so a switch keeps accelerate's autocast wrapper around it."""
+    """The causal LM's forward once a loss is installed; it reads the loss in use (`_benchtrain_loss`) at every call."""
     original = self._benchtrain_original_forward
     kind = self._benchtrain_loss
     if kind == "plain" or labels is None or kwargs.get("return_dict") is False:
@@ -286,9 +285,8 @@ def _put_loss_forward(lm: Any) -> None:
 
 
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
-    """Make `model`'s forward compute the loss with `kind` when given labels (without, its own
-    forward runs); returns `kind`. May be called again, before or after accelerate's `prepare`:
-    Liger's kernels are on the model only while the loss is `liger`."""
+    """Make `model`'s forward compute the loss with `kind` when given labels; returns `kind`. May be called
+    again, before or after accelerate's `prepare`: Liger's kernels are on the model only while the loss is `liger`."""
     if kind not in LOSS_CHOICES or kind == "auto":
         raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)

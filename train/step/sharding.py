@@ -115,9 +115,8 @@ def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int
 
 
 def materialise_shards(model: Any, spec: Any, device: Any) -> None:
-    """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards:
-    the seeded initial values one module at a time (every rank draws the same, no communication),
-    then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
+    """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards: the
+    seeded initial values, then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
     import torch
 
     lm = unwrap(model)
