@@ -47,9 +47,8 @@ def write_run_report(run_dir: Path) -> Path:
 
 
 def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
-    """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its
-    estimate check (calibration.accuracy.check_estimate), the figures its own report, run.json and
-    the console give."""
+    """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its estimate
+    check (calibration.accuracy.check_estimate), as its own report, run.json and the console give it."""
     rows = []
     for path in sorted(runs_dir.glob("*/run.json")):
         try:

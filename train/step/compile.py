@@ -60,9 +60,8 @@ def compile_cache_record() -> dict[str, str]:
 
 
 def compile_seconds(measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None) -> float:
-    """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from
-    inductor's cache (measured by bench) for the shapes bench probed on this machine, from scratch
-    for the others."""
+    """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from inductor's
+    cache (measured by bench) for the shapes bench probed on this machine, from scratch for the others."""
     cold = float(measured.get("compile_seconds_per_shape", 0.0))
     cached = float(measured.get("compile_cached_seconds_per_shape", cold))
     # Bench's kernels are found only on its machine, while its cache is still there.

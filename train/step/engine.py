@@ -13,7 +13,7 @@ from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.step.hyperparameters import OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
-from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model, sharding_in_use
+from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model
 from train.step.step import TrainingStep
 from train.workload.method import MethodConfig, set_gradient_checkpointing
 from train.workload.model import ModelSpec, build_model
@@ -74,7 +74,7 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
     """This job's processes (the launcher's, or `processes` where known) and their sharding, as
     asked and possible: the one place bench, train and a comparison settle it."""
     world_size = job_world_size() if processes is None else processes
-    layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
+    layout = ProcessLayout(world_size, "none" if world_size < 2 else options.sharding)
     check_sharding(method, layout.sharding)
     return layout
 

@@ -83,8 +83,7 @@ class NvLinks(NamedTuple):
 @functools.cache
 def detect_interconnect(index: int = 0) -> JsonDict:
     """{"interconnect": pcie | nvlink | nvswitch | None, "nvlinks": active links or None} of GPU
-    `index`, from NVML where importable, else nvidia-smi. NVLink reaching only some of the node's
-    GPUs (cards bridged in pairs) is pcie: a ring over every GPU crosses PCIe between the pairs."""
+    `index`, from NVML where importable, else nvidia-smi (the rule: docs/design.md#hardware)."""
     found = _nvml_links(index) or _smi_links(index)
     if found is None:
         return {"interconnect": None, "nvlinks": None}

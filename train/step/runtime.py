@@ -81,9 +81,8 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 
 
 def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
-    """`--learning-rate` is right for `--base-batch` samples per optimizer step; at another
-    effective batch (micro-batch × processes × accumulation) scale it linearly (Goyal et al.) or
-    by the square root (Adam-style, Malladi et al.), or not at all."""
+    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root,
+    or not at all (docs/design.md#hardware)."""
     if scaling == "none" or not base_batch:
         return learning_rate
     ratio = effective_batch / base_batch

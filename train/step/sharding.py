@@ -23,13 +23,6 @@ T = TypeVar("T")
 SHARDING_CHOICES = ("ddp", "fsdp")
 
 
-def sharding_in_use(requested: str, world_size: int) -> str:
-    """What a job of `world_size` processes runs: "none" for one process."""
-    if requested not in SHARDING_CHOICES:
-        raise ValueError(f"sharding must be one of {SHARDING_CHOICES}, got {requested!r}")
-    return "none" if world_size < 2 else requested
-
-
 def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
     """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root.
     Under bf16, blocks compute in bf16 from fp32 shards and reduce gradients in fp32. A model on

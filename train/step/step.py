@@ -62,9 +62,8 @@ class StepTimer:
 
 @contextlib.contextmanager
 def without_packed_sequence_check() -> Iterator[None]:
-    """Skip transformers' search for several documents per row in the position ids (without a mask
-    it runs `.all()` on a device tensor: a host sync every forward). Our rows never carry position
-    ids, so it can only answer "none"."""
+    """Skip transformers' search for several documents per row in the position ids (a host sync every
+    forward without a mask): our rows never carry position ids, so it can only answer "none"."""
     import transformers.masking_utils as masking
 
     original = masking.find_packed_sequence_indices
