@@ -111,10 +111,7 @@ def resolve_step(
     None: this job's."""
     measured = measured or MeasuredStep()
     compiled = measured.compiled if options.compile == "auto" and measured.compiled is not None else compile_enabled(options.compile, device_type)
-    try:
-        loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
+    loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
     layout = process_layout(options, method) if layout is None else layout
     return StepSetup(loss, compiled, layout.sharding, layout.world_size)
 

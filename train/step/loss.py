@@ -12,6 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from common.errors import BenchtrainError
 from train.workload.batching import IGNORE_INDEX
 from train.workload.method import unwrap
 
@@ -56,11 +57,11 @@ def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
             return "plain"
         return "liger" if device_type == "cuda" and liger_problem() is None else "chunked"
     if choice != "plain" and not fusable:
-        raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
+        raise BenchtrainError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
     if choice == "liger" and device_type != "cuda":
-        raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
+        raise BenchtrainError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
     if choice == "liger" and liger_problem() is not None:
-        raise ValueError(f"--loss liger: {liger_problem()}")
+        raise BenchtrainError(f"--loss liger: {liger_problem()}")
     return choice
 
 
