@@ -67,7 +67,6 @@ def bullet_list(lines: list[str]) -> str:
 
 
 def write_page(path: Path, title: str, subtitle: str, sections: list[str]) -> Path:
-    """The page of `sections` under `title`, written to `path`."""
     path.write_text(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
