@@ -14,7 +14,7 @@ from calibration.setup import describe_setup, variant_name, variant_of
 from calibration.step_config import StepConfig
 from calibration.store import CSV_COLUMNS
 from reports import figures
-from reports.html import bullet_list, escape, figure_grid, key_values, page, section, table, verdict
+from reports.html import bullet_list, escape, figure_grid, key_values, section, table, verdict, write_page
 
 
 def write_calibration_report(calibration_path: Path, out_dir: Path | None = None) -> Path:
@@ -26,10 +26,8 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     # Each other setup the calibration measured (bench run --quantize none,4bit …), its figures apart.
     for index in range(len(data.get("variants") or [])):
         sections += setup_sections(data, calibration_path, index, out / f"variant-{index + 1}")
-    html_path = out / "report.html"
     subtitle = f"{data['model']['name']} on {data['hardware']['name']} — created {data['created_at']}"
-    html_path.write_text(page(f"Calibration {data['id']}", subtitle, sections), encoding="utf-8")
-    return html_path
+    return write_page(out / "report.html", f"Calibration {data['id']}", subtitle, sections)
 
 
 def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, out: Path) -> list[str]:

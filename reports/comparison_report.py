@@ -14,7 +14,7 @@ from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from reports import figures
-from reports.html import bullet_list, figure_grid, page, section, table, verdict
+from reports.html import bullet_list, figure_grid, section, table, verdict, write_page
 
 HOUR = 3600.0
 
@@ -78,10 +78,8 @@ def write_comparison_report(folder: Path) -> Path:
     notes += [f"{name_of(row)}: settle with `{row['settle']}`" for row in rows if row.get("settle")]
     notes.append(f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)")
     sections.append(section("Notes", bullet_list(notes)))
-    html_path = folder / "report.html"
     subtitle = f"{len(rows)} option(s), deadline {format_duration(deadline)}, {format_duration(max(0.0, record['available_seconds']))} usable"
-    html_path.write_text(page(f"Which machine: {record['model']}", subtitle, sections), encoding="utf-8")
-    return html_path
+    return write_page(folder / "report.html", f"Which machine: {record['model']}", subtitle, sections)
 
 
 def upper_key(row: dict[str, Any]) -> str:

@@ -66,13 +66,15 @@ def bullet_list(lines: list[str]) -> str:
     return '<ul class="words">' + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
 
 
-def page(title: str, subtitle: str, sections: list[str]) -> str:
-    return (
+def write_page(path: Path, title: str, subtitle: str, sections: list[str]) -> Path:
+    path.write_text(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-        f'<h1>{escape(title)}</h1><p class="subtitle">{escape(subtitle)}</p>' + "\n".join(sections) + "</body></html>\n"
+        f'<h1>{escape(title)}</h1><p class="subtitle">{escape(subtitle)}</p>' + "\n".join(sections) + "</body></html>\n",
+        encoding="utf-8",
     )
+    return path
 
 
 def section(heading: str, *parts: str) -> str:

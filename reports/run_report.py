@@ -13,7 +13,7 @@ from common.atomic import read_json_file
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from reports import figures
-from reports.html import bullet_list, figure_grid, key_values, page, section, table, verdict
+from reports.html import bullet_list, figure_grid, key_values, section, table, verdict, write_page
 
 ROLLING_STEPS = 20
 
@@ -42,16 +42,13 @@ def write_run_report(run_dir: Path) -> Path:
         sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
     if record.get("events"):
         sections.append(section("Events", bullet_list(record["events"][-30:])))
-    html_path = run_dir / "report.html"
     title, subtitle = f"Run {record.get('run_id', run_dir.name)}", f"calibration {record.get('calibration_id')} — created {record.get('created_at')}"
-    html_path.write_text(page(title, subtitle, sections), encoding="utf-8")
-    return html_path
+    return write_page(run_dir / "report.html", title, subtitle, sections)
 
 
 def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
-    """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its
-    estimate check (calibration.accuracy.check_estimate), the figures its own report, run.json and
-    the console give."""
+    """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its estimate
+    check (calibration.accuracy.check_estimate), as its own report, run.json and the console give it."""
     rows = []
     for path in sorted(runs_dir.glob("*/run.json")):
         try:

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from common.errors import BenchtrainError
 from train.step.loss import choose_loss, chunk_tokens, chunked_cross_entropy, install_loss
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec, build_model, resolve_model
@@ -119,9 +120,9 @@ def test_loss_choice_by_device_and_architecture() -> None:
     assert choose_loss("auto", "cpu", "llama") == "chunked"
     assert choose_loss("auto", "cpu", "gpt_neox") == "plain"  # its head is not known to be plain
     assert choose_loss("plain", "cpu", "llama") == "plain"
-    with pytest.raises(ValueError, match="needs CUDA"):
+    with pytest.raises(BenchtrainError, match="needs CUDA"):
         choose_loss("liger", "cpu", "llama")
-    with pytest.raises(ValueError, match="--loss plain"):
+    with pytest.raises(BenchtrainError, match="--loss plain"):
         choose_loss("chunked", "cpu", "gpt_neox")
 
 
@@ -213,7 +214,7 @@ def test_auto_picks_liger_only_where_it_imports_with_transformers_5(
         return
     assert fragment in problem
     assert choose_loss("auto", "cuda", "llama") == "chunked"  # not a Liger that fails in every probe
-    with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
+    with pytest.raises(BenchtrainError, match=fragment.replace(".", r"\.")):
         choose_loss("liger", "cuda", "llama")
 
 

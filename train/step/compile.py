@@ -1,13 +1,5 @@
-"""`torch.compile` in THE step: which blocks are compiled, how shapes are kept few, what it costs.
-
-The repeated decoder blocks are compiled in place, one block class once for every layer (regional
-compilation, as accelerate's `compile_regions` and torchtitan do); in place keeps module types and
-state-dict keys for DDP, peft, checkpoints and `save_pretrained`. The loss stays outside.
-
-Shapes are static: every distinct (rows, length) compiles once, the cost bench measures and the
-planner charges per shape. Padded batches are bucketed to multiples of SHAPE_BUCKET so a run meets
-few lengths. Evaluation runs eager (`eager_region`): a small share of a run, more graphs otherwise.
-"""
+"""`torch.compile` in THE step: decoder blocks compiled in place, shapes kept few, what it costs.
+Design: docs/design.md#torchcompile"""
 
 from __future__ import annotations
 
@@ -40,21 +32,14 @@ def compile_enabled(choice: str, device_type: str) -> bool:
     return choice == "on" or (choice == "auto" and device_type == "cuda")
 
 
-def compile_blocks(model: torch.nn.Module) -> int:
-    """Compile `model`'s repeated blocks in place; the whole model when it names none. Returns how
-    many modules were compiled."""
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Compile `model`'s repeated blocks in place; the whole model when it names none."""
     import torch
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     torch._dynamo.config.accumulated_recompile_limit = RECOMPILE_LIMIT * 8
-
-    blocks = decoder_blocks(model)
-    if not blocks:
-        unwrap(model).compile(dynamic=False)
-        return 1
-    for block in blocks:
+    for block in decoder_blocks(model) or [unwrap(model)]:
         block.compile(dynamic=False)
-    return len(blocks)
 
 
 def eager_region(compiled: bool) -> AbstractContextManager:
@@ -75,9 +60,8 @@ def compile_cache_record() -> dict[str, str]:
 
 
 def compile_seconds(measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None) -> float:
-    """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from
-    inductor's cache (measured by bench) for the shapes bench probed on this machine, from scratch
-    for the others."""
+    """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from inductor's
+    cache (measured by bench) for the shapes bench probed on this machine, from scratch for the others."""
     cold = float(measured.get("compile_seconds_per_shape", 0.0))
     cached = float(measured.get("compile_cached_seconds_per_shape", cold))
     # Bench's kernels are found only on its machine, while its cache is still there.

@@ -1,10 +1,5 @@
-"""Model, loss, compilation, optimizer and step, built in one place for `bench` probes and `train`.
-
-Order matters: the model (with its method: full or LoRA) → gradient checkpointing → the loss
-(train/step/loss.py) → compiled blocks (train/step/compile.py) → FSDP shards (train/step/sharding.py, with
-`--sharding fsdp` under several processes) → optimizer and scheduler → accelerate's `prepare`
-(devices, precision, DDP; the optimizer only when sharded) → THE step.
-"""
+"""Model, loss, compilation, optimizer and step, built in one place, in one order, for `bench` probes
+and `train`. Design: docs/design.md#engine"""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
 from train.step.hyperparameters import OptimizerSettings
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
-from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model, sharding_in_use
+from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model
 from train.step.step import TrainingStep
 from train.workload.method import MethodConfig, set_gradient_checkpointing
 from train.workload.model import ModelSpec, build_model
@@ -32,9 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Optimization:
-    """What the optimizer and its schedule are given: the peak learning rate, the hyper-parameters
-    (schedule, warm-up, weight decay, clipping, betas, epsilon), and the schedule's horizon in
-    optimizer steps (None: a constant rate, as bench probes use)."""
+    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps
+    (None: a constant rate, as bench probes use)."""
 
     learning_rate: float = DEFAULT_LEARNING_RATE
     settings: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -50,12 +44,10 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
 
     def __post_init__(self) -> None:
-        if self.sharding not in SHARDING_CHOICES:
-            raise BenchtrainError(f"--sharding must be one of {', '.join(SHARDING_CHOICES)}, got {self.sharding!r}")
-        if self.compile not in COMPILE_CHOICES:
-            raise BenchtrainError(f"--compile must be one of {', '.join(COMPILE_CHOICES)}, got {self.compile!r}")
-        if self.loss not in LOSS_CHOICES:
-            raise BenchtrainError(f"--loss must be one of {', '.join(LOSS_CHOICES)}, got {self.loss!r}")
+        checks = (("--sharding", self.sharding, SHARDING_CHOICES), ("--compile", self.compile, COMPILE_CHOICES), ("--loss", self.loss, LOSS_CHOICES))
+        for option, value, choices in checks:
+            if value not in choices:
+                raise BenchtrainError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def step_options_from_args(args: argparse.Namespace) -> StepOptions:
@@ -82,7 +74,7 @@ def process_layout(options: StepOptions, method: MethodConfig, processes: int | 
     """This job's processes (the launcher's, or `processes` where known) and their sharding, as
     asked and possible: the one place bench, train and a comparison settle it."""
     world_size = job_world_size() if processes is None else processes
-    layout = ProcessLayout(world_size, sharding_in_use(options.sharding, world_size))
+    layout = ProcessLayout(world_size, "none" if world_size < 2 else options.sharding)
     check_sharding(method, layout.sharding)
     return layout
 
@@ -118,14 +110,8 @@ def resolve_step(
     compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row);
     None: this job's."""
     measured = measured or MeasuredStep()
-    if options.compile == "auto" and measured.compiled is not None:
-        compiled = measured.compiled
-    else:
-        compiled = compile_enabled(options.compile, device_type)
-    try:
-        loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
-    except ValueError as error:
-        raise BenchtrainError(str(error)) from None
+    compiled = measured.compiled if options.compile == "auto" and measured.compiled is not None else compile_enabled(options.compile, device_type)
+    loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
     layout = process_layout(options, method) if layout is None else layout
     return StepSetup(loss, compiled, layout.sharding, layout.world_size)
 
@@ -168,8 +154,7 @@ def build_engine(
     import torch
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
-    # FSDP: built on `meta`, sharded, then each rank materialises its shards; a 4-bit base is built
-    # whole on each rank (bitsandbytes quantizes real tensors) and checked once sharded.
+    # FSDP: built on `meta`, then each rank materialises its shards; not a 4-bit base (docs/design.md#sharding-ddp-and-fsdp).
     on_meta = sharding == "fsdp" and not method.quantized
     model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp", weights_on=accelerator.device)
     if checkpointing:
@@ -186,11 +171,9 @@ def build_engine(
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     else:
         scheduler = settings.scheduler(optimizer, optimization.total_steps)
-    # The scheduler stays out of accelerate's `prepare`: its AcceleratedScheduler steps once per
-    # process at every optimizer step, so under N processes ours would decay N times too fast.
+    # The scheduler stays out of `prepare` (it would step once per process); under FSDP so does the
+    # model, FSDP's already (docs/design.md#engine).
     if sharding == "fsdp":
-        # The model is FSDP's already: accelerate must not wrap it in DDP (or autocast it: FSDP's
-        # mixed-precision policy casts the shards).
         optimizer = accelerator.prepare(optimizer)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)

@@ -1,10 +1,4 @@
-"""Evaluation: held-out loss and perplexity, forward passes only, on a fixed set of batches.
-
-The eval set is `--eval-data PATH` or `--eval-split FRACTION` of `--data` (the same samples for
-the same seed). Its batches use the run's micro batch size and max length, and are the same at
-every evaluation, so eval losses over a run compare like with like. Under several processes each
-rank evaluates its share and the token-weighted loss is summed across ranks.
-"""
+"""Evaluation: held-out loss and perplexity on a fixed set of batches. Design: docs/design.md#evaluation"""
 
 from __future__ import annotations
 

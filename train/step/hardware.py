@@ -83,8 +83,7 @@ class NvLinks(NamedTuple):
 @functools.cache
 def detect_interconnect(index: int = 0) -> JsonDict:
     """{"interconnect": pcie | nvlink | nvswitch | None, "nvlinks": active links or None} of GPU
-    `index`, from NVML where importable, else nvidia-smi. NVLink reaching only some of the node's
-    GPUs (cards bridged in pairs) is pcie: a ring over every GPU crosses PCIe between the pairs."""
+    `index`, from NVML where importable, else nvidia-smi (the rule: docs/design.md#hardware)."""
     found = _nvml_links(index) or _smi_links(index)
     if found is None:
         return {"interconnect": None, "nvlinks": None}
@@ -223,12 +222,8 @@ def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
     else:
         name = hardware["name"].lower()
         matches = hardware["device_type"] == "cuda" and all(part in name for part in wanted.split())
-    if matches:
-        return None
-    return (
-        f"--gpu {requested} was asked for but the detected device is {hardware['name']} "
-        f"({hardware['device_type']}); this calibration describes the detected device"
-    )
+    detected = f"{hardware['name']} ({hardware['device_type']})"
+    return None if matches else f"--gpu {requested} was asked for but the detected device is {detected}; this calibration describes the detected device"
 
 
 def require_requested_device(requested: str | None) -> None:

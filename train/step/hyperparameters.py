@@ -1,11 +1,5 @@
-"""The hyper-parameters people set, under the names HF Trainer and TRL users know: the learning-rate
-schedule and its warm-up, weight decay, gradient clipping and Adam's betas and epsilon.
-
-One frozen `OptimizerSettings`, validated where it is built, carried whole from the command to the
-engine, recorded in run.json's `hyperparameters` under the HF keys, and kept by a resume. The
-schedules are transformers' own (`get_scheduler`): cosine (default) and linear decay to 0 after a
-linear warm-up, constant_with_warmup, and constant (no warm-up).
-"""
+"""The hyper-parameters people set, under HF Trainer's names: schedule, warm-up, weight decay,
+clipping, Adam's betas and epsilon. Design: docs/design.md#hyper-parameters"""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""The training loss without full-vocabulary logits.
-
-A causal LM's plain loss materialises (tokens × vocabulary) logits and an fp32 copy for the
-softmax: for Llama-3 at micro-batch 8 × 2048, 8.4 GB of bf16 logits plus 8.4 GB of fp32. Two
-replacements compute the same mean cross-entropy over labelled tokens (`install_loss`):
-
-- `chunked`: plain torch, any device, no host sync. Hidden states are cut into chunks whose fp32
-  logits fit LOGITS_CHUNK_BYTES; each chunk's loss and gradients are computed in the forward and
-  its logits freed, as Liger's fused linear cross-entropy does.
-- `liger`: on CUDA with liger-kernel >= 0.7, Liger's fused linear cross-entropy, and with compile
-  off also its RMSNorm and SwiGLU kernels on the model's own modules.
-
-The loss lives in the model instance's own `forward` (never the class), so DDP, peft, accelerate
-and `save_pretrained` see an ordinary model. That forward is put in place once and reads the loss
-in use at each call, so switching losses (bench) keeps accelerate's bf16 autocast wrapper.
-"""
+"""The training loss without full-vocabulary logits: `chunked` (plain torch) or `liger`, installed in
+the model instance's own forward. Design: docs/design.md#training-loss"""
 
 from __future__ import annotations
 
@@ -26,6 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from common.errors import BenchtrainError
 from train.workload.batching import IGNORE_INDEX
 from train.workload.method import unwrap
 
@@ -34,7 +21,6 @@ LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # soft-capping or scaling), so the loss can be computed from hidden states and the head's weight.
 PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
 
-# The first liger-kernel with transformers 5 (pyproject's `gpu` extra pins the same range).
 LIGER_MIN_VERSION = "0.7.0"
 
 
@@ -64,25 +50,22 @@ def liger_problem() -> str | None:
 
 
 def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
-    """The loss implementation for `--loss choice` on this device and architecture."""
-    if choice not in LOSS_CHOICES:
-        raise ValueError(f"loss must be one of {LOSS_CHOICES}, got {choice!r}")
+    """The loss implementation for `--loss choice` (checked by StepOptions) on this device and architecture."""
     fusable = model_type in PLAIN_HEAD_MODEL_TYPES
     if choice == "auto":
         if not fusable:
             return "plain"
         return "liger" if device_type == "cuda" and liger_problem() is None else "chunked"
     if choice != "plain" and not fusable:
-        raise ValueError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
+        raise BenchtrainError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
     if choice == "liger" and device_type != "cuda":
-        raise ValueError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
+        raise BenchtrainError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
     if choice == "liger" and liger_problem() is not None:
-        raise ValueError(f"--loss liger: {liger_problem()}")
+        raise BenchtrainError(f"--loss liger: {liger_problem()}")
     return choice
 
 
-# A chunk's fp32 logits stay under this many bytes. Every chunk reads the whole head weight again,
-# so tiny chunks make the loss memory-bound; 256 MiB holds 512 rows of Llama-3's 128k vocabulary.
+# A chunk's fp32 logits stay under this many bytes (why this size: docs/design.md#training-loss).
 LOGITS_CHUNK_BYTES = 256 * 2**20
 FP32_LOGIT_BYTES = 4
 
@@ -183,8 +166,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
     """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its
-    default is the weight's dtype). It syncs with the host twice per micro-step (`.item()` forward,
-    `torch.equal` backward), which the chunked loss does not."""
+    default is the weight's dtype)."""
     import torch
 
     loss_class, _ = liger_functions()
@@ -193,11 +175,8 @@ def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
 
 
 def apply_liger_kernels(lm: Any) -> bool:
-    """Liger's RMSNorm and SwiGLU on this model's own modules; False where Liger has none for it.
-
-    Liger also replaces classes in transformers' modeling module, where every model built later
-    would pick them up: those names are put back (so its RoPE, a module-level function only, is
-    left out). What it changed on the instance is recorded for `remove_liger_kernels`."""
+    """Liger's RMSNorm and SwiGLU on this model's own modules only (transformers' modeling module is
+    put back), recorded for `remove_liger_kernels`; False where Liger has none for it."""
     _, liger = liger_functions()
     apply = getattr(liger, f"apply_liger_kernel_to_{lm.config.model_type}", None)
     if apply is None:
@@ -262,8 +241,7 @@ def remove_liger_kernels(lm: Any) -> None:
 
 
 def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
-    """The causal LM's forward once a loss is installed: it reads the loss in use
-    (`_benchtrain_loss`) at every call, so a switch keeps accelerate's autocast wrapper around it."""
+    """The causal LM's forward once a loss is installed; it reads the loss in use (`_benchtrain_loss`) at every call."""
     original = self._benchtrain_original_forward
     kind = self._benchtrain_loss
     if kind == "plain" or labels is None or kwargs.get("return_dict") is False:
@@ -306,9 +284,8 @@ def _put_loss_forward(lm: Any) -> None:
 
 
 def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
-    """Make `model`'s forward compute the loss with `kind` when given labels (without, its own
-    forward runs); returns `kind`. May be called again, before or after accelerate's `prepare`:
-    Liger's kernels are on the model only while the loss is `liger`."""
+    """Make `model`'s forward compute the loss with `kind` when given labels; returns `kind`. May be called
+    again, before or after accelerate's `prepare`: Liger's kernels are on the model only while the loss is `liger`."""
     if kind not in LOSS_CHOICES or kind == "auto":
         raise ValueError(f"install_loss takes a chosen loss (chunked, liger, plain), got {kind!r}")
     lm = unwrap(model)

@@ -1,10 +1,5 @@
-"""Training metrics computed in one place for bench, the live log, trackers and run.json:
-tokens/s, TFLOP/s, MFU, data-wait share.
-
-MFU = achieved FLOP/s ÷ the device's dense bf16 peak. The FLOPs per token are the model's
-(ModelShape.flops_per_token) over the positions computed, padding included; their attention term
-grows with the length, so a run takes each micro-batch at its own length (`batch_flops`).
-"""
+"""Training metrics for bench, the live log, trackers and run.json: tokens/s, TFLOP/s, MFU, data-wait
+share. Design: docs/design.md#metrics"""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """Peak memory of a probe or a run: the CUDA allocator's peak on GPU, the process's peak RSS on CPU.
-
-On CUDA the allocated peak is not what the device must hold: the caching allocator keeps whole
-segments (the reserved peak) and the CUDA context, kernels and NCCL's buffers live outside it. So a
-CUDA measurement also records the reserved peak, the device's used bytes (mem_get_info) and the
-bytes outside the allocator (used − reserved); the memory fit plans from those (calibration.memory_fit).
-
-On Linux the peak RSS is the kernel's VmHWM, reset through /proc/self/clear_refs (free while the
-probe runs), after handing freed heap back (malloc_trim); elsewhere a thread samples RSS.
-On CPU glibc's dynamic mmap threshold let the heap fragment, so a probe and a run of the same
-configuration peaked gigabytes apart: `physical_cpu_memory` fixes it at 8 MiB, so every tensor that
-matters for the peak is its own mapping (a lower threshold halved small steps' speed:
-benchmarks/heap_threshold.py).
-"""
+Design: docs/design.md#peak-memory"""
 
 from __future__ import annotations
 
@@ -33,7 +21,7 @@ if TYPE_CHECKING:
 
 SAMPLE_SECONDS = 0.01
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-CPU_MMAP_THRESHOLD_BYTES = 8 * 2**20  # module docstring: 128 KiB halved small steps' speed
+CPU_MMAP_THRESHOLD_BYTES = 8 * 2**20  # docs/design.md#peak-memory: 128 KiB halved small steps' speed
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 

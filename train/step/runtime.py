@@ -1,8 +1,5 @@
 """Device, precision, optimizer and process agreement shared by `bench` probes and `train` runs.
-
-CUDA: bf16 autocast through accelerate, TF32 matmuls, pinned DataLoader memory. CPU: fp32, or bf16
-autocast with BENCHTRAIN_CPU_BF16=1.
-"""
+Design: docs/design.md#runtime-devices-precision-and-process-agreement"""
 
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ def job_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-# BENCHTRAIN_CPU_BF16=1: bench and train on CPU with bf16 autocast, as on a GPU. For CPUs with bf16
-# matrix units (AMX, SVE-bf16), where it is faster, and for testing the GPU's precision path on CPU.
+# BENCHTRAIN_CPU_BF16=1: bench and train on CPU with bf16 autocast, as on a GPU.
 CPU_BF16_VARIABLE = "BENCHTRAIN_CPU_BF16"
 
 
@@ -85,9 +81,8 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 
 
 def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
-    """`--learning-rate` is right for `--base-batch` samples per optimizer step; at another
-    effective batch (micro-batch × processes × accumulation) scale it linearly (Goyal et al.) or
-    by the square root (Adam-style, Malladi et al.), or not at all."""
+    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root,
+    or not at all (docs/design.md#hardware)."""
     if scaling == "none" or not base_batch:
         return learning_rate
     ratio = effective_batch / base_batch
@@ -134,12 +129,8 @@ def finish_wait_seconds(rank0_work_seconds: float) -> float:
 
 
 def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
-    """Wait until every process of a multi-process run gets here, through the launcher's store (a
-    process that gives up fails, and the launcher ends every rank).
-
-    Not a barrier: one right before the process group is torn down leaves a work object destroyed
-    in gloo's worker thread, which needs the GIL the main thread holds while joining it: a rank
-    that never exits. The store has no worker thread, and multi-process commands `leave`."""
+    """Wait until every process of a multi-process run gets here, through the launcher's store, not a
+    barrier (docs/design.md#runtime-devices-precision-and-process-agreement); one that gives up fails."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -150,8 +141,7 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
     world_size = dist.get_world_size()
     give_up_at = time.monotonic() + timeout_seconds
     wait_for_all(store, FINISH_KEY, world_size, give_up_at)
-    # Where rank 0 hosts the store (srun, mpirun), its leaving would end the store under a rank
-    # still asking it: the others say they have seen everyone finish, and rank 0 leaves last.
+    # Where rank 0 hosts the store (srun, mpirun) it must leave last.
     if dist.get_rank() == 0:
         wait_for_all(store, LEFT_KEY, world_size, give_up_at)
     else:

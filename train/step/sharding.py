@@ -1,17 +1,5 @@
-"""How the model is spread over the processes of a job: DDP or FSDP (`--sharding`).
-
-- ddp (default): every process holds the whole model; gradients are all-reduced once per step.
-- fsdp: parameters, gradients and optimizer state sharded over the processes (PyTorch's FSDP2
-  `fully_shard`, per decoder block then the root, as accelerate's FSDP2 plugin does). Called
-  directly because accelerate enables FSDP only for GPU-like devices, and the code the CPU tests
-  run on gloo must be the code the GPUs run.
-
-The model is built on `meta`, sharded there, then each rank materialises only its shards
-(`materialise_shards`): no rank holds the whole fp32 model, as the memory check assumes. A
-folder's weights are read by rank 0 alone while the others wait on the job's store (not in a
-collective the watchdog would end), then broadcast. Checkpoints and the export hold the full state,
-gathered to rank 0 and loaded back by broadcast, so a checkpoint is the same whatever the sharding.
-"""
+"""How the model is spread over the processes of a job: DDP or FSDP2 (`--sharding`), materialised
+shard by shard, and the full state gathered for checkpoints. Design: docs/design.md#sharding-ddp-and-fsdp"""
 
 from __future__ import annotations
 
@@ -35,18 +23,11 @@ T = TypeVar("T")
 SHARDING_CHOICES = ("ddp", "fsdp")
 
 
-def sharding_in_use(requested: str, world_size: int) -> str:
-    """What a job of `world_size` processes runs: "none" for one process."""
-    if requested not in SHARDING_CHOICES:
-        raise ValueError(f"sharding must be one of {SHARDING_CHOICES}, got {requested!r}")
-    return "none" if world_size < 2 else requested
-
-
-def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
+def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
     """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root.
     Under bf16, blocks compute in bf16 from fp32 shards and reduce gradients in fp32. A model on
     `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in
-    one line if wrong. Returns the number of FSDP units."""
+    one line if wrong."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -65,7 +46,6 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> int:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
             raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
-    return len(blocks) + 1
 
 
 SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float dtype; LLM.int8's are int8
@@ -77,10 +57,7 @@ def check_quantized_sharding(kind: str) -> None:
         raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
 
 
-# A 4-bit base under FSDP is checked by measurement, not assumed: the same tokens through the
-# model before and after sharding (adapters start at zero) and the bytes each rank keeps. It goes
-# wrong silently several ways: Params4bit replaced without its quant_state, packed uint8 storage
-# left unsharded, a mixed-precision cast scrambling the packed values, or bitsandbytes' own bugs.
+# A 4-bit base under FSDP is checked by measurement, not assumed (docs/design.md#sharding-ddp-and-fsdp).
 QUANTIZED_OUTPUT_TOLERANCE = 1e-3  # of the largest logit: the gathered weights are the same bytes, so equal is expected
 QUANTIZED_SHARE_SLACK = 1.1  # a rank's share of the base against 1/N of it: uneven rows and unsharded statistics
 
@@ -131,9 +108,8 @@ def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int
 
 
 def materialise_shards(model: Any, spec: Any, device: Any) -> None:
-    """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards:
-    the seeded initial values one module at a time (every rank draws the same, no communication),
-    then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
+    """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards: the
+    seeded initial values, then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
     import torch
 
     lm = unwrap(model)
@@ -157,10 +133,8 @@ def base_names(lm: Any) -> dict[str, str]:
 
 
 def seed_adapters(lm: Any) -> None:
-    """Give LoRA's sharded adapters the values an unsharded build draws right after the base: in
-    peft's order, `lora_A` and `lora_B` constructed as `nn.Linear`, then `lora_A` redrawn Kaiming
-    uniform and `lora_B` zeroed (peft's default init). Every rank draws the same and keeps its
-    slice, with no collective; on CPU bit for bit the unsharded build's."""
+    """Give LoRA's sharded adapters the values an unsharded build draws right after the base, in
+    peft's order; every rank draws the same and keeps its slice, with no collective."""
     import torch
 
     for module in lm.modules():
@@ -200,10 +174,9 @@ def fill_slice(target: Any, full: Any) -> None:
     target.to_local().copy_(local)
 
 
-# Rank 0 reads a folder's weights while the others wait on the store, not in a collective (NCCL's
-# watchdog ends a rank left in one for 10 minutes). They give up after the weights' bytes at
-# LOAD_READ_RATE (an assumed slow network volume, not a measurement) plus LOAD_SLACK_SECONDS.
-LOAD_READ_RATE = 50e6  # bytes/s
+# While rank 0 reads a folder's weights the others wait on the store, and give up after the weights'
+# bytes at LOAD_READ_RATE plus LOAD_SLACK_SECONDS (docs/design.md#sharding-ddp-and-fsdp).
+LOAD_READ_RATE = 50e6  # bytes/s: an assumed slow network volume, not a measurement
 LOAD_SLACK_SECONDS = 600.0
 _LOAD_KEYS = (f"benchtrain/fsdp-load/{index}" for index in itertools.count())  # the same sequence on every rank
 

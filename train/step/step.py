@@ -1,14 +1,5 @@
-"""THE training step: what `bench` measures and what `train` runs, one function for both.
-
-One optimizer step = `grad_accum` micro-steps (forward, loss, backward; gradients synchronised
-across processes only on the last one) + clipping + optimizer (+ scheduler) step. Time spent
-waiting on the DataLoader is measured separately, so data supply and compute can be told apart.
-
-Nothing inside the micro-steps waits for the GPU: batches arrive pinned and are copied without
-blocking, token counts come from the DataLoader workers (`target_tokens`), the loss is summed on
-the device, and clipping returns a device tensor. The one synchronisation per optimizer step is
-the timer's, after the optimizer step; the loss is read after it, at no further cost.
-"""
+"""THE training step: what `bench` measures and what `train` runs, one function for both, with one
+host synchronisation per optimizer step. Design: docs/design.md#the-training-step"""
 
 from __future__ import annotations
 
@@ -18,7 +9,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from train.step.hyperparameters import DEFAULT_MAX_GRAD_NORM
 from train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
@@ -72,9 +62,8 @@ class StepTimer:
 
 @contextlib.contextmanager
 def without_packed_sequence_check() -> Iterator[None]:
-    """Skip transformers' search for several documents per row in the position ids (without a mask
-    it runs `.all()` on a device tensor: a host sync every forward). Our rows never carry position
-    ids, so it can only answer "none"."""
+    """Skip transformers' search for several documents per row in the position ids (a host sync every
+    forward without a mask): our rows never carry position ids, so it can only answer "none"."""
     import transformers.masking_utils as masking
 
     original = masking.find_packed_sequence_indices
@@ -86,7 +75,7 @@ def without_packed_sequence_check() -> Iterator[None]:
 
 
 class TrainingStep:
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any = None, max_grad_norm: float = DEFAULT_MAX_GRAD_NORM) -> None:
+    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> None:
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -101,8 +90,7 @@ class TrainingStep:
             settle_gradient_buckets(accelerator, model, optimizer)
 
     def clear_gradients(self) -> None:
-        """Gradients zeroed for the next step: in place under DDP's bucket views (set to None, the
-        next micro-steps under no_sync would get an extra fp32 copy beside the buckets), else freed."""
+        """Gradients zeroed for the next step: in place under DDP's bucket views (docs/design.md#the-training-step), else freed."""
         self.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
     def run(self, batches: Iterator[Batch], grad_accum: int, synchronize: bool = True) -> StepResult:
@@ -147,8 +135,7 @@ class TrainingStep:
             accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
         learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
         self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()  # once per optimizer step, whatever the number of processes
+        self.scheduler.step()  # once per optimizer step, whatever the number of processes
         self.clear_gradients()
         seconds = self.timer.stop()
         return StepResult(
@@ -157,11 +144,8 @@ class TrainingStep:
 
 
 def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:
-    """Make a DDP model's gradients views into its buckets, and let DDP rebuild its buckets, before
-    the first real step. DDP makes a gradient a bucket view only in a synchronised backward (and
-    rebuilds once, at the forward after the first): until then a micro-step under no_sync gets its
-    gradients beside the buckets, two fp32 copies. Two synchronised passes over one tiny row (no
-    optimizer step, RNG untouched, eager) leave one copy for every step after."""
+    """Make a DDP model's gradients views into its buckets, and let DDP rebuild them, before the first
+    real step: one fp32 copy of the gradients, not two (docs/design.md#the-training-step)."""
     import torch
 
     device = accelerator.device
