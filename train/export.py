@@ -1,25 +1,5 @@
-"""The model people use: `final/` in the Hugging Face layout, each folder written to a temporary
-folder and renamed, so a crash never leaves half a model.
-
-- full fine-tuning: `save_pretrained` with safetensors (config, generation config, weights) and the
-  tokenizer, so `AutoModelForCausalLM.from_pretrained(final)` and `AutoTokenizer.from_pretrained(final)`
-  work;
-- LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors)
-  and the tokenizer. The adapter's `base_model_name_or_path` names the base: the hub id (with its
-  commit as `revision`) or a `--model DIR` outside the run folder by its absolute path (neither
-  travels with the run). Any other base — a preset, which has no weights on disk, or a `--model DIR`
-  inside the run folder — is written into final/ itself and the adapter names it as `.`: one
-  self-contained folder, which `AutoModelForCausalLM.from_pretrained(final)` loads as base + adapter
-  wherever it was moved;
-- `--merge-lora`: also the merged full model in `final-merged/`;
-- `--quantize 4bit|8bit` (a LoRA run on a bitsandbytes base): final/ also holds `benchtrain.json`
-  naming the base's quantization; a preset's base in final/ is its unquantized (seeded) weights,
-  which quantize to exactly the base that was trained, and `--merge-lora` merges into that
-  unquantized base (peft's way for QLoRA adapters).
-
-`load_final(final)` loads the trained model back from anywhere (peft's `AutoPeftModelForCausalLM`
-resolves a relative base against the current directory), also an older run's `../final-base`.
-"""
+"""The model people use: `final/` (and `final-merged/`) in the Hugging Face layout, each folder written
+atomically, and `load_final` to load it back. The layouts: docs/design.md#the-exported-model."""
 
 from __future__ import annotations
 

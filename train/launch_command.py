@@ -1,12 +1,5 @@
-"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as
-the engine's YAML, with comments saying where each figure came from, written atomically.
-
-The run script is the same on both engines but for the four lines that read the engine's node
-variables (SkyPilot: SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK,
-SKYPILOT_NUM_GPUS_PER_NODE; dstack: DSTACK_MASTER_NODE_IP, DSTACK_NODES_NUM, DSTACK_NODE_RANK,
-DSTACK_GPUS_PER_NODE); it starts `train` under torchrun on every node with `--resume auto`, so a
-task the engine restarts after a preemption continues from the run's last complete checkpoint.
-"""
+"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as the engine's
+YAML, with comments saying where each figure came from, written atomically. The run script: docs/design.md#the-engines-files."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Which calibration a run plans with, and which of its variants on which device.
-
-The calibration: `--use-calibration`, or `latest` and what it prefers, or a resumed run's own;
-whether it suits the run (model, device, method, base, optimizer, compile) is checked here.
-
-Its variants: a calibration may hold several for one model and method (`bench run --quantize
-none,4bit --optimizer adamw,adamw-8bit`: calibration.schema.variant_data). `--quantize`/`--optimizer
-auto` (the default) plans each and keeps the fastest that fits memory and the deadline; a value
-named picks the variants that measured it.
-
-Before any data is read, each variant is fitted to the device the plan is for (a `FittedVariant`:
-its device, THE step there, the memory need, the price, what --force let through); the plan
-(train.recipes.run_plan.plan_run) takes it, and the training loop builds THE step as its `step`
-says: nothing decides the loss, compilation or the process layout again. Once planned, the best is
-kept and its notes say what the others would cost at the chosen configuration."""
+"""Which calibration a run plans with, and which of its variants on which device (each fitted before any data is
+read, the best kept once planned). docs/design.md#which-calibration-and-which-variant."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""One validated configuration for a `train` command, in the sections its consumers take whole (as
-torchtitan's job config hands each component its own section): `data` (what is read, the eval set),
-`tuning` (the method, quantization, optimizer and hyper-parameters), `step` (StepOptions: compile,
-loss, sharding, the options bench takes too), `plan` (the deadline, built here once, the calibration
-and every ask of the planner), `guard` (train.running.guard's own) and `output` (the run folder,
-report, trackers, export and hub).
-
-Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`), each
-section checked in its own `__post_init__` (every bad value is a one-line `BenchtrainError`), read by
-the recipe (train.recipes.recipe) in place of the argparse namespace, and written whole into run.json
-(flat, under the option names people's scripts read).
-"""
+"""One validated configuration for a `train` command, in the sections its consumers take whole (data, tuning,
+step, plan, guard, output), each checked in its `__post_init__`, written flat into run.json.
+The sections: docs/design.md#the-train-configuration."""
 
 from __future__ import annotations
 

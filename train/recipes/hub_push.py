@@ -1,15 +1,5 @@
-"""`--push-to-hub ORG/NAME`: the run's model on the Hugging Face hub, with a model card.
-
-Checked up front (`check_push`, before any data or model work): the name is valid, the hub is not
-switched off (HF_HUB_OFFLINE), a token is present and the hub accepts it — a push refused after a
-12-hour run would be the worst moment to learn it. After training, `push_run` uploads final/ (or
-final-merged/ with --merge-lora), the tokenizer in it and a model card from run.json
-(train.recipes.model_card) through huggingface_hub, timed; a failure leaves final/ as it was and
-says the one command that retries it (`train --out RUN --push-to-hub ORG/NAME --push-only`).
-
-The plan prices the upload: its bytes (train.planning.disk.upload_bytes) at the bandwidth the last
-push from this machine measured ($BENCHTRAIN_HOME/hub_upload.json), else at a stated default.
-"""
+"""`--push-to-hub ORG/NAME`: the run's model on the Hugging Face hub, with a model card; checked before any work,
+pushed after training, the upload priced in the plan. docs/design.md#pushing-to-the-hub."""
 
 from __future__ import annotations
 

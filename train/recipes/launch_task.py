@@ -1,18 +1,6 @@
-"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral:
-train.launch_command renders it as a SkyPilot or a dstack task (`train --dry-run --emit ENGINE:FILE`).
-
-What the task holds, and where each figure comes from:
-
-- **targets**: the recommended row first, then every other row that meets the deadline at its upper
-  end on the same number of nodes, in the comparison's order, as fallbacks the engine tries in turn
-  (SkyPilot `resources.ordered`, dstack's GPU list). Each keeps the configuration planned for it
-  (micro-batch, accumulation, processes, sharding) and the calibration it rests on; a row nobody
-  measured carries the `bench run` that measures it first (its figures are predicted or translated).
-- **disk, spot, maximum duration**: train.planning.rental (spot only where one preemption, priced,
-  still meets the deadline).
-
-Computation only: nothing here writes a file or imports an engine.
-"""
+"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral (its targets and
+fallbacks, uploads, disk, spot, maximum duration); train.launch_command renders it. Computation only.
+What it holds and why: docs/design.md#the-launch-task."""
 
 from __future__ import annotations
 

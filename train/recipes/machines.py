@@ -1,21 +1,6 @@
-"""Which machine to rent: the same run planned once per row, ranked, the recommended row first.
-
-Each row has a `Source`:
-- `--use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): each calibration as it measured, and for
-  each 1-process one a *predicted* row per process count whose collectives another calibration
-  measured on the same device and interconnect (`options_for`);
-- `--consider h100:1,h100:2:nvlink,…` (`consider`): each machine from its best source, in this
-  order: *measured here*; *measured by someone* (shared on the hub or bundled with benchtrain);
-  *predicted* (a 1-process calibration plus the collectives of N processes, `predicted_option`);
-  *translated* (another GPU of the same vendor by the datasheets' ratios, calibration.translate,
-  then predicted for N); *not plannable* (said why). A row nobody measured carries the `bench run`
-  that would settle it and its price.
-
-Each row is planned as a single-calibration dry run plans it (train.recipes.choice.fit_variant,
-train.recipes.run_plan.plan_run), costs its time × its device's price × its processes, and is
-ranked once (`rank`). Computation only: train.compare_command prints the rows,
-reports.comparison_report draws them.
-"""
+"""Which machine to rent: the same run planned once per row (a calibration of `--use-calibration A,B,C|all`, or a
+machine of `--consider`), ranked, the recommended row first. Computation only: train.compare_command prints the
+rows. The sources and the ranking: docs/design.md#which-machine-to-rent."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""What the processes of a multi-process `train` decide once, on rank 0, for all of them.
-
-Each process plans (it must: a 1-process calibration's collectives are timed among all of them,
-train.planning.comm), but each plans from its own clock and its own timings: its elapsed time and
-tokenizing rate feed `--fit-deadline`, the deadline check and the learning-rate horizon, and its
-collective timings the communication it adds. Near a boundary two ranks then chose different step
-counts or configurations, and the job hung in its first mismatched collective or trained two
-different runs. Rank 0's outcome is what every rank trains (`rank0_decides`, broadcast: it is
-our own data, never a user's file), and before the first step every rank checks that it trains
-what rank 0 trains (`check_same_training`).
-"""
+"""What the processes of a multi-process `train` decide once, on rank 0, for all of them, and the check that
+every rank trains what rank 0 trains. Why: docs/design.md#decided-on-rank-0."""
 
 from __future__ import annotations
 

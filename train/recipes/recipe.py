@@ -1,14 +1,5 @@
-"""One `train` command as a recipe (the shape of torchtune's recipes, state on the recipe):
-
-- `setup`: the run to resume, the calibration and the variants it measured fitted to the device
-  (train.recipes.choice), the model's weights, the data (train.recipes.run_data);
-- `plan`: each variant planned, the best kept: one `RunPlan` (train.recipes.run_plan), `self.run`;
-- `train`: every record tokenized, run.json opened (train.running.record.RunRecord), the loop,
-  final/;
-- `finish`: run.json completed, the calibration fed, the report; `cleanup` lets the run folder go.
-
-train/cli.py calls `run_training`.
-"""
+"""One `train` command as a recipe: `setup`, `plan`, `train`, `finish` (state on the recipe); train/cli.py calls
+`run_training`. The stages: docs/design.md#the-train-recipe."""
 
 from __future__ import annotations
 

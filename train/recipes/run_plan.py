@@ -1,10 +1,5 @@
-"""What a run will do: one `RunPlan` — the calibration and its variant, the device, THE step's setup,
-the memory need, the price, what --force let through (a `FittedVariant`,
-train.recipes.choice), and what communication adds, what the planner was asked and its
-plan (the configuration, the steps, the bounds, the cost, the warnings). Made here only
-(`plan_run`), for a `train` command (train.recipes.recipe), each row of a comparison
-(train.recipes.machines) and `--consider`, so that all plan alike; every reader (the console, the
-dry run's JSON, a Trainer's fields, a launch task, run.json) reads it by name."""
+"""What a run will do: one `RunPlan` (a `FittedVariant` planned), made only by `plan_run`, for a `train` command,
+each row of a comparison and `--consider`, so that all plan alike. Why: docs/design.md#what-a-run-will-do-runplan."""
 
 from __future__ import annotations
 
