@@ -16,6 +16,7 @@ from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
+from train.recipes.launch_task import DROPPED_FLAGS, comparison_task, without_options
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
 
 
@@ -60,7 +61,6 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
         raise DeadlineError(no_row_meets_the_deadline(comparison, config.plan.margin))
     if config.output.emit:
         from train.launch_command import emit_task
-        from train.recipes.launch_task import comparison_task
 
         emit_task(config.output.emit, comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []))
     return EXIT_OK
@@ -213,19 +213,6 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
     """This command for the recommended row, without --dry-run: the command to run on that machine."""
     if command_line is None:
         return None
-    kept: list[str] = []
-    skip = False
-    for token in command_line:
-        if skip:
-            skip = False
-            continue
-        if token in ("--dry-run", "--json"):
-            continue
-        if token in ("--use-calibration", "--out", "--consider", "--emit"):
-            skip = True
-            continue
-        if token.startswith(("--use-calibration=", "--out=", "--consider=", "--emit=")):
-            continue
-        kept.append(token)
+    kept = without_options(command_line, DROPPED_FLAGS, ("--use-calibration", "--out", "--consider", "--emit"))
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
     return shlex.join([*launcher, "--use-calibration", row.reference, *kept])

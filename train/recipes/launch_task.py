@@ -220,33 +220,39 @@ def calibration_file(cal: Calibration) -> Path | None:
 # -- the command the nodes run -----------------------------------------------------------------
 
 
+def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
+    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
+    kept: list[str] = []
+    skip = False
+    for index, token in enumerate(command_line):
+        name, equals, _ = token.partition("=")
+        if skip:
+            skip = False
+        elif name in with_value:
+            skip = not equals
+        elif name in flags:
+            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
+        else:
+            kept.append(token)
+    return kept
+
+
 def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
     """The dry run's options as the train command on the nodes takes them (the comparison's, the
     emit's and the run folder's dropped: the task adds its own), and the local files they name,
     uploaded to the same absolute path. A relative path no node can see is one line."""
     kept: list[str] = []
     uploads: list[Upload] = []
-    tokens = list(command_line)
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
+    tokens = iter(without_options(command_line, (*DROPPED_FLAGS, "--resume"), DROPPED_WITH_VALUE))
+    for token in tokens:
         name, equals, inline = token.partition("=")
-        takes_value = name in DROPPED_WITH_VALUE or name in PATH_OPTIONS
-        value = inline if equals else (tokens[index + 1] if takes_value and index + 1 < len(tokens) else None)
-        index += 1 if equals or not takes_value else 2
-        if name in DROPPED_FLAGS or name == "--resume":
-            if name == "--resume" and index < len(tokens) and tokens[index] == "auto":
-                index += 1
+        value = (inline if equals else next(tokens, None)) if name in PATH_OPTIONS else None
+        if value is None:
+            kept.append(token)
             continue
-        if name in DROPPED_WITH_VALUE:
-            continue
-        if name in PATH_OPTIONS and value is not None:
-            value, upload = node_path(name, value, cwd)
-            if upload is not None:
-                uploads.append(upload)
-            kept += [name, value]
-            continue
-        kept.append(token)
+        value, upload = node_path(name, value, cwd)
+        uploads += [upload] if upload is not None else []
+        kept += [name, value]
     return kept, uploads
 
 

@@ -21,7 +21,7 @@ from calibration.translate import describe_translation, translate
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
-from train.planning.comm import COLLECTIVES, Traffic, price_traffic, stored_collectives
+from train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic, stored_collectives
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
 from train.planning.prices import run_cost
@@ -524,9 +524,9 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
     if option.predicted and option.collectives is not None:
         collectives = option.collectives
 
-        def communicate(traffic: Traffic) -> tuple[float, float, JsonDict]:
-            per_step, per_micro_step, record = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
-            return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
+        def communicate(traffic: Traffic) -> CommPlan:
+            priced = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
+            return priced._replace(record={**priced.record, "overlap": "bracketed", "interconnect": option.interconnect})
 
     try:
         placed = plan_run(setup, context, communicate)

@@ -13,7 +13,7 @@ from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration
 from common.json_types import JsonDict
-from train.planning.comm import Traffic, plan_communication, traffic_of
+from train.planning.comm import CommPlan, Traffic, plan_communication, traffic_of
 from train.planning.disk import export_bytes, upload_bytes
 from train.planning.memory_check import describe_needs, meta_model
 from train.planning.plan_text import describe_compute, describe_plan
@@ -36,9 +36,8 @@ if TYPE_CHECKING:
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
 
-# What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
-# micro-step, the communication record), train.recipes.machines.plan_row.
-Communicate = Callable[["Traffic"], tuple[float, float, JsonDict]]
+# What a comparison's predicted row prices the traffic with (train.recipes.machines.plan_row).
+Communicate = Callable[[Traffic], CommPlan]
 
 
 @dataclass(frozen=True)
@@ -107,33 +106,19 @@ class RunPlan(FittedVariant):
 
 
 def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communicate | None = None) -> RunPlan:
-    """A fitted variant planned: what communication adds (measured among the calibration's
-    processes, or `communicate(traffic)` → (per step, per micro-step, record) where a comparison
-    predicts it: the collectives' seconds with none hidden, which the planner brackets between full
-    overlap with backward and none, train.planning.planner.exposed_floor), the request, and the
-    planner's plan."""
+    """A fitted variant planned: what communication adds (measured among the calibration's processes, or
+    `communicate(traffic)` where a comparison predicts it, none of it hidden), the request, and the planner's plan."""
     traffic = traffic_of(fitted.step.sharding, fitted.need, fitted.device_type)
-    if communicate is None:
-        per_step, per_micro_step, communication = plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force)
-    else:
-        per_step, per_micro_step, communication = communicate(traffic)
-    request = plan_request(context, fitted, (per_step, per_micro_step), communicate is not None)
+    comm = plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force) if communicate is None else communicate(traffic)
+    request = plan_request(context, fitted, comm, communicate is not None)
     plan = make_plan(fitted.cal, context.data, request, context.eval_data)
     chosen = {field.name: getattr(fitted, field.name) for field in fields(FittedVariant)}
-    return RunPlan(**chosen, communication=communication, request=request, plan=plan)
+    return RunPlan(**chosen, communication=comm.record, request=request, plan=plan)
 
 
-def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
-    """The planner on a request already made, for other data: the exact tokens once a plan made from
-    a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
-    return make_plan(cal, data, request, eval_data)
-
-
-def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tuple[float, float], comm_overlap: bool) -> PlanRequest:
-    """What the planner is asked for this command and fitted variant; `comm_seconds`: what
-    communication adds that the calibration's step times lack (per optimizer step, per micro-step,
-    none of it hidden); `comm_overlap`: whether it may hide behind backward (a row predicted from a
-    1-process step, train.recipes.machines: the planner brackets it)."""
+def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
+    """What the planner is asked for this command and fitted variant; `comm`: what communication adds that the
+    calibration's step times lack; `comm_overlap`: whether it may hide behind backward (the planner brackets it)."""
     config, spec, resumed = context.config, context.spec, context.resumed
     cal, method, need, step = fitted.cal, fitted.method, fitted.need, fitted.step
     device_type = fitted.device_type
@@ -173,8 +158,8 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tupl
         eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
         with_report=not config.output.no_report,
         compiled=step.compiled,
-        comm_seconds_per_step=comm_seconds[0],
-        comm_seconds_per_micro_step=comm_seconds[1],
+        comm_seconds_per_step=comm.per_step,
+        comm_seconds_per_micro_step=comm.per_micro_step,
         memory_offset_bytes=memory_offset,
         gradient_shards=gradient_shards,
         export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type),
