@@ -101,9 +101,8 @@ def default_link(sheet: DeviceSheet) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """What plans a row: a calibration, with its own processes (measured) or N processes predicted
-    from collectives that calibration `collectives_from` measured, or (`collectives_from` None)
-    priced from the links of `interconnect` (calibration.topology.analytic_collectives)."""
+    """What plans a row: a calibration with its own processes (measured), or N processes predicted from the collectives
+    the calibration `collectives_from` measured or (None) priced from the links of `interconnect`."""
 
     calibration: Calibration
     world_size: int
@@ -128,8 +127,8 @@ class Option:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a row's figures come from: the option that plans it (None: not plannable, `problem`
-    says why), of which kind, resting on whose measurement; for `--consider`, the machine."""
+    """Where a row's figures come from: the option that plans it (None: not plannable, `problem` says why), its kind,
+    whose measurement it rests on; for `--consider`, the machine."""
 
     option: Option | None
     kind: str  # measured here | measured by someone | predicted | translated | not plannable
@@ -156,8 +155,7 @@ def measured_by(cal: Calibration) -> str:
 
 
 def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
-    """Calibrations of several processes whose collectives can price predicted rows: those in the
-    comparison and every stored one (of any model), newest first, as raw data."""
+    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one), newest first."""
     seen, sources = set(), []
     candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
     for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
@@ -169,10 +167,8 @@ def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
 
 
 def options_for(calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> list[Option]:
-    """A row for each calibration as measured; and for each 1-process one, a predicted row per
-    process count another calibration measured collectives for on the same device and
-    interconnect (the newest; an interconnect not recorded matches any), unless a calibration in
-    the comparison measured that device, count and sharding itself."""
+    """A row for each calibration as measured; for each 1-process one, a predicted row per process count whose collectives
+    another calibration measured on its device and interconnect, unless the comparison measured that count itself."""
     options = [as_measured(cal) for cal in calibrations]
     measured = {(cal.hardware["name"], cal.world_size, cal.sharding) for cal in calibrations}
     for cal in calibrations:
@@ -192,8 +188,7 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
 
 
 def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
-    """The collectives `sharding` needs, as the calibration `data` measured them among `processes`
-    of `cal`'s device; None where it did not."""
+    """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
     collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
     if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(data["hardware"], cal.hardware):
         return None
@@ -213,13 +208,9 @@ def option_source(option: Option) -> Source:
 
 
 def predicted_option(cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]) -> Option:
-    """A row for `processes` of `cal`'s device linked by `interconnect` (a calibration.topology
-    word: nvlink, pcie, 2x8:nvlink+ib, …), from the 1-process calibration `cal`: the collectives
-    the first of `sources` (collectives_sources: newest first) measured among as many processes of
-    this device over this interconnect (recorded, not assumed), else priced from the links'
-    figures. One line (BenchtrainError) for a word that is not an interconnect, a layout that does
-    not hold `processes`, a link with no figure for this device (loopback: only measured), or a
-    calibration of several processes (it plans its own)."""
+    """A row for `processes` of the 1-process `cal`'s device linked by `interconnect` (nvlink, pcie, 2x8:nvlink+ib, …), its
+    collectives from the first of `sources` that measured them there, else from the links' figures. One line for a bad
+    interconnect or layout, a link with no figures for this device, or a calibration of several processes."""
     placed = parse_interconnect(interconnect).placed(processes)
     if processes == 1:
         return Option(cal, 1, "none", interconnect=placed.word)
@@ -286,10 +277,8 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
 
 
 def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
-    """The calibrations a comparison names, separated by commas (each once): `all` (every stored
-    calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
-    (those of this model and method shared in that hub repository: calibration.hub), ids, paths
-    or `hub:ORG/NAME/ID`."""
+    """The calibrations a comparison names (each once): `all` (the stored ones of this model and method, newest first, then
+    the bundled ones), `hub:ORG/NAME` (those that hub repository shares), ids, paths or `hub:ORG/NAME/ID`."""
     names = [part.strip() for part in reference.split(",") if part.strip()]
     if not names:
         raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
@@ -320,8 +309,7 @@ def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, o
 
 
 def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
-    """The calibrations (path, data) of this model (a preset and a hub model of the same architecture
-    share a fingerprint, train.workload.model) and method; one without a fitted model is said and left out."""
+    """The calibrations (path, data) of this model's fingerprint and method; one without a fitted model is said and left out."""
     found = []
     for path, data in entries:
         if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (spec.fingerprint, method.method):
@@ -495,9 +483,7 @@ class Row:
 
 
 def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: JsonDict) -> Row:
-    """The plan of one source, made as a single-calibration dry run makes it (train.recipes.choice.fit_variant,
-    train.recipes.run_plan.plan_run), or why it cannot be made (no source, a model too big for
-    the device, no configuration in memory)."""
+    """The plan of one source, made as a single-calibration dry run makes it, or why it cannot be made."""
     option = source.option
     if option is None:
         machine = source.machine
@@ -600,15 +586,12 @@ class Comparison:
 
 
 def plan_of(row: Row) -> Plan:
-    """The plan of a row that has one (the ranking's keys see only those)."""
     assert row.plan is not None
     return row.plan
 
 
 def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
-    """Rows that meet the deadline, cheapest first (fastest without prices), ties by time; then
-    those that do not, closest first; then those with no plan. The first that meets it is
-    recommended. A row is judged at its estimate, or `at_upper_end` at its bracket's upper end."""
+    """The rows in the order docs/design.md#which-machine-to-rent gives, judged at their estimates or `at_upper_end`."""
 
     def judged(row: Row) -> tuple[float, float]:
         chosen = plan_of(row).chosen
@@ -621,15 +604,12 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
     missing = sorted((row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised)
     ranked = meeting + missing + [row for row in rows if row.plan is None]
     for row in ranked:
-        row.recommended = False
-    if meeting:
-        meeting[0].recommended = True
+        row.recommended = bool(meeting) and row is meeting[0]
     return ranked
 
 
 def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> list[Row]:
-    """Rows that might beat the recommended one within their brackets: at their low end they meet
-    the deadline and cost less (or, without prices, finish sooner) than it does at its upper end."""
+    """Rows that at their low end meet the deadline and cost less (without prices: finish sooner) than the recommended at its upper end."""
     best = next((row for row in rows if row.recommended), None)
     if best is None or best.bracket is None:
         return []
@@ -647,9 +627,8 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
 def compare(
     context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, sources: list[JsonDict] | None = None
 ) -> Comparison:
-    """A row per calibration (and per process count predicted from it: options_for), ranked at their
-    estimates. `sources`: calibrations whose collectives may price predicted rows (default: those of
-    the comparison and the store)."""
+    """A row per calibration and per process count predicted from it, ranked at their estimates. `sources`: calibrations
+    whose collectives may price predicted rows (default: collectives_sources)."""
     options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
     return comparison(context, method, [option_source(option) for option in options], here, profile, at_upper_end=False)
 
@@ -657,16 +636,13 @@ def compare(
 def consider(
     context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, machines: list[Machine]
 ) -> Comparison:
-    """A row per machine from its best source (`machine_source`), ranked at the upper ends of their
-    brackets, with what would settle each row that was not measured."""
-    sources = collectives_sources(calibrations)
-    sharding = context.config.step.sharding
+    """A row per machine from its best source, ranked at the upper ends of their brackets, with what would settle each."""
+    sources, sharding = collectives_sources(calibrations), context.config.step.sharding
     return comparison(context, method, [machine_source(machine, calibrations, sharding, sources) for machine in machines], here, profile, at_upper_end=True)
 
 
 def comparison(context: PlanContext, method: MethodConfig, sources: list[Source], here: JsonDict, profile: JsonDict, at_upper_end: bool) -> Comparison:
-    """Every source planned on the same `context` (the command, the model, the data as profiled,
-    the time spent) and ranked (`rank`)."""
+    """Every source planned on the same `context` and ranked."""
     config = context.config
     if config.plan.fit_deadline:
         again = "consider machines" if at_upper_end else "compare"
@@ -695,8 +671,7 @@ def comparison(context: PlanContext, method: MethodConfig, sources: list[Source]
 
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
-    """One line: the closest row, what it needs, and what would fit (a later deadline, fewer
-    epochs or steps: train.planning.planner.deadline_options)."""
+    """One line: the closest row, what it needs, and what would fit (a later deadline, fewer epochs or steps)."""
     planned = [row for row in comparison.rows if row.plan is not None]
     if not planned:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)
