@@ -36,9 +36,8 @@ def export_final(
     merge_lora: bool = False,
     full_weights: dict[str, torch.Tensor] | None = None,
 ) -> JsonDict:
-    """Write the run's model folders; returns what run.json records (paths, seconds).
-    `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its
-    shards: all of it, or LoRA's adapters (the base is then the preset's seeded build or its folder)."""
+    """Write the run's model folders; returns what run.json records. `full_weights`: an FSDP model's state gathered whole,
+    saved in place of its shards (for LoRA, the adapters: the base is the preset's seeded build or its folder)."""
     started = time.perf_counter()
     trained: Any = getattr(model, "module", model)  # a transformers or peft model: their saving methods
     record: JsonDict = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
@@ -96,8 +95,7 @@ def export_final(
 
 
 def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """The frozen base as a plain transformers model: the wrapped model's weights without the
-    adapter tensors, under their original names."""
+    """The frozen base as a plain transformers model: the weights without the adapter tensors, under their original names."""
     base = peft_model.get_base_model()
     state = {}
     for name, tensor in base.state_dict().items():
@@ -109,8 +107,7 @@ def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path)
 
 
 def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """A preset's base before quantization: built from its config with the seed every build uses
-    (train.workload.model.build_model), so that quantizing it again gives the trained base."""
+    """A preset's base before quantization, built with the seed every build uses: quantized again, it is the trained base."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -127,10 +124,8 @@ def name_base(adapter_config: Path, base: str) -> None:
 
 
 def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any:
-    """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
-    `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
-    An adapter trained on a quantized base gets its base quantized the same way (`quantized=False`:
-    the base in its own precision, e.g. to merge). A relative base is resolved against final/."""
+    """The trained model from a run's final/ (LoRA: base + adapter, a quantized base quantized again unless `quantized=False`).
+    `kwargs` go to the (base) model's `from_pretrained`. A relative base is resolved against final/."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder).expanduser()
@@ -155,9 +150,8 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
 
 
 def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
-    """The model an adapter in `adapter` was trained on, without the adapter. A base in the adapter's
-    own folder is built from its config and weights files: transformers' `from_pretrained(folder)`
-    would also load the adapter it finds there (as it should for users), and peft adds it again."""
+    """The model an adapter was trained on, without the adapter. A base in the adapter's own folder is built from its config
+    and weights: `from_pretrained(folder)` would load the adapter it finds there, and peft would add it again."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if base != EMBEDDED_BASE:
@@ -175,8 +169,7 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
 
 
 def resolve_base(adapter: Path, base: str) -> str:
-    """An adapter's base as `from_pretrained` takes it: a relative one as the folder it names from the
-    adapter's folder; an absolute path or hub id unchanged."""
+    """An adapter's base as `from_pretrained` takes it: a relative one resolved from the adapter's folder, others unchanged."""
     if not (base in (".", "..") or base.startswith(("./", "../"))):  # no hub id starts with "."
         return base
     path = (adapter / base).resolve()

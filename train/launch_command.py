@@ -69,15 +69,14 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 
 
 def case_pattern(target: Target) -> str:
-    """The devices a target accepts: every card the engines rent under its accelerator name (an
-    "H100" may come as the SXM or the PCIe card), with its GPUs per node."""
+    """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
     keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
     keys = list(dict.fromkeys([target.device_key, *keys]))
     return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
 
 
 def run_script(task: LaunchTask, engine: str) -> str:
-    """The script every node runs (the module's docstring)."""
+    """The script every node runs: the engine's node variables, the target's settings, torchrun with --resume auto."""
     lines = [
         "set -eu",
         *NODE_VARIABLES[engine],
@@ -198,9 +197,8 @@ def skypilot_task(task: LaunchTask) -> dict[str, Any]:
 
 
 def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
-    """A dstack task (its configuration model): the targets' GPU names as one list (dstack takes
-    the offers of any of them, cheapest first, not in our order), so only targets of the
-    recommended one's GPU count per node; the others are left out (the task returned says why)."""
+    """A dstack task, and the task it holds: dstack takes one list of GPU names (any offer, cheapest first), so only the
+    targets of the recommended one's GPU count per node; the others left out, saying why."""
     best = task.targets[0]
     kept = [target for target in task.targets if target.gpus_per_node == best.gpus_per_node]
     dropped = [f"{target.machine}: {target.gpus_per_node} GPUs per node, dstack's GPU list has one count" for target in task.targets if target not in kept]

@@ -34,16 +34,14 @@ RUN_DIR = f"{ROOT}/run"  # the run folder: a bucket mounted on every node, so a 
 CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest on, uploaded
 HOME_DIR = f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
 
-# Options of the dry run that do not go into the command the task runs: the comparison's, the
-# emit's, and the run folder (the task's own).
+# Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
 DROPPED_FLAGS = ("--dry-run", "--json")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
 
-# The accelerator names the engines use for the datasheets' keys (calibration.datasheets). A
-# PCIe or NVL card has no name of its own there: it rents as its family, and the run checks the
-# device it got (train.launch_command: the run script).
+# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks
+# the device it got.
 ACCELERATORS = {
     "h100": "H100",
     "h100-pcie": "H100",
@@ -136,8 +134,8 @@ class LaunchTask:
 
 
 def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
-    """The recommended row and the rows that meet the deadline at their upper end on as many nodes
-    (the engines set the node count once per task); the others, and why they were left out."""
+    """The recommended row and those meeting the deadline at their upper end on as many nodes (an engine sets the node count
+    once per task); the others, and why they were left out."""
     best = comparison.recommended
     if best is None:
         raise BenchtrainError("--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines")
@@ -238,9 +236,8 @@ def without_options(command_line: list[str], flags: tuple[str, ...], with_value:
 
 
 def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
-    """The dry run's options as the train command on the nodes takes them (the comparison's, the
-    emit's and the run folder's dropped: the task adds its own), and the local files they name,
-    uploaded to the same absolute path. A relative path no node can see is one line."""
+    """The dry run's options as the nodes' train command takes them (the task adds its own calibration, resume and run
+    folder), and the local files they name, uploaded to the same absolute path."""
     kept: list[str] = []
     uploads: list[Upload] = []
     tokens = iter(without_options(command_line, (*DROPPED_FLAGS, "--resume"), DROPPED_WITH_VALUE))
@@ -257,10 +254,8 @@ def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[
 
 
 def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
-    """A value of a path option as the nodes see it: a local file or folder uploaded to the same
-    absolute path; anything else (a preset, `sample`, a hub id, a price) as given. A relative local
-    path: one line, since the task uploads only what is named absolutely (it does not sync the
-    folder it was written in, which may be large)."""
+    """A path option's value as the nodes see it: a local file or folder uploaded to the same absolute path; anything else (a
+    preset, a hub id, a price) as given. A relative local path: one line (the task does not sync the working folder)."""
     path = Path(value).expanduser()
     if not path.is_absolute():
         if (cwd / path).exists():
@@ -297,8 +292,8 @@ def launch_task(
     method: MethodConfig,
     command_line: list[str],
 ) -> LaunchTask:
-    """The task (the module's docstring): its targets (the recommended first), the train command with
-    its uploads, disk, spot (judged on `plan`, the recommended one's) and max duration."""
+    """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the
+    recommended `plan`) and maximum duration."""
     arguments, uploads = node_arguments(command_line, Path.cwd())
     for target in targets:
         if target.calibration_file is not None:
@@ -339,8 +334,7 @@ def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec
 
 
 def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
-    """The task of a single calibration's dry run: that plan on that calibration's machine, its row
-    planned with the processes and the interconnect the calibration recorded."""
+    """The task of a single calibration's dry run: that plan on the machine (processes, interconnect) the calibration recorded."""
     if not run.plan.meets_deadline:
         raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
     processes = run.step.world_size

@@ -39,7 +39,7 @@ COMMUNICATION_BRACKET = (
     "upper bound and deadline at none (calibration.topology)"
 )
 NO_PRICES = "no --price-per-hour: rows are ranked by time; pass h100=2.5,… to rank by cost"
-MEASURED = ("measured here", "measured by someone")
+MEASURED = ("measured here", "measured by someone")  # indexed by is_shared
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
 SETTLE_SECONDS = 240.0  # a bench run's budget where the calibration a row rests on does not say its own
 
@@ -79,7 +79,8 @@ def parse_machines(text: str) -> list[Machine]:
             raise BenchtrainError(f"--consider {part!r}: the number of GPUs must be a whole number (h100:2:nvlink)") from None
         if processes < 1:
             raise BenchtrainError(f"--consider {part!r}: at least one GPU")
-        word, assumed = (fields[2], False) if len(fields) > 2 else (default_link(sheet), True)
+        # Not written: the card's own link, NVLink where its datasheet lists it, else PCIe.
+        word, assumed = (fields[2], False) if len(fields) > 2 else ("nvlink" if sheet.nvlink_bandwidth else "pcie", True)
         if processes > 1:
             placed = parse_interconnect(word, "--consider").placed(processes)
             word = placed.word
@@ -89,11 +90,6 @@ def parse_machines(text: str) -> list[Machine]:
     if not machines:
         raise BenchtrainError("--consider names no machine: DEVICE[:GPUS[:INTERCONNECT]],… e.g. h100:1,h100:2:nvlink,a100-40gb:4:pcie")
     return machines
-
-
-def default_link(sheet: DeviceSheet) -> str:
-    """The link a card has of its own: NVLink where its datasheet lists it, else PCIe."""
-    return "nvlink" if sheet.nvlink_bandwidth else "pcie"
 
 
 # -- sources: what a row is planned from --------------------------------------------------------
@@ -203,7 +199,7 @@ def as_measured(cal: Calibration, interconnect: str | None = None) -> Option:
 def option_source(option: Option) -> Source:
     """A row of a comparison of calibrations: measured (here or by someone) or predicted."""
     cal = option.calibration
-    kind = "predicted" if option.predicted else MEASURED[1] if is_shared(cal) else MEASURED[0]
+    kind = "predicted" if option.predicted else MEASURED[is_shared(cal)]
     return Source(option, kind, measured_by(cal))
 
 
@@ -233,7 +229,7 @@ def machine_source(machine: Machine, calibrations: list[Calibration], sharding: 
         recorded = recorded_interconnect(cal.hardware, machine.processes) if machine.processes > 1 else None
         if machine.processes > 1 and recorded is not None and machine.interconnect and recorded.family != parse_interconnect(machine.interconnect).family:
             continue
-        return Source(as_measured(cal, machine.interconnect), MEASURED[1] if is_shared(cal) else MEASURED[0], measured_by(cal), machine=machine)
+        return Source(as_measured(cal, machine.interconnect), MEASURED[is_shared(cal)], measured_by(cal), machine=machine)
     singles = [cal for cal in here if cal.world_size == 1]
     if singles and machine.processes > 1:
         return predicted(machine, singles[0], sharding, sources, "predicted", measured_by(singles[0]))

@@ -42,9 +42,7 @@ Communicate = Callable[[Traffic], CommPlan]
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What every plan of one command shares, whichever calibration or variant it is for: the
-    command's configuration and model, the data as the planner sees it, the time already spent,
-    and for a resumed run the interrupted run's epochs and configuration (train.running.resume)."""
+    """What every plan of one command shares, whichever calibration or variant it is for."""
 
     config: TrainConfig
     spec: ModelSpec
@@ -59,11 +57,8 @@ class PlanContext:
 
 @dataclass(frozen=True)
 class FittedVariant:
-    """A calibration variant and the method it measured, on the device the plan is for — this
-    machine's, or in a dry run the calibration's (its memory, peak FLOP/s, compile and loss), so that
-    a user plans the GPU they will rent from a machine without one — checked before any data is
-    read: it suits the run (or --force) and the model fits (train.recipes.choice.fit_variant).
-    A `RunPlan` is one, planned."""
+    """A calibration variant and its method on the device the plan is for (this machine's, or in a dry run the
+    calibration's, so that a user plans the GPU they will rent), checked before any data is read (choice.fit_variant)."""
 
     cal: Calibration  # at the variant trained (cal.variant)
     method: MethodConfig
@@ -81,8 +76,7 @@ class FittedVariant:
 
 @dataclass(frozen=True)
 class RunPlan(FittedVariant):
-    """A fitted variant planned: what the processes' communication adds (seconds per step in
-    `request`, the record in `communication`), what the planner was asked and its plan."""
+    """A fitted variant planned: what communication adds (`communication`), what the planner was asked and its plan."""
 
     communication: JsonDict
     request: PlanRequest
@@ -170,8 +164,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
 
 
 def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> JsonDict:
-    """The plan's predicted TFLOP/s and MFU on the plan's device (the calibration's in a dry run for
-    another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
+    """The plan's predicted TFLOP/s and MFU on the plan's device, at its recorded peak FLOP/s, else its datasheet's."""
     hardware = run.hardware
     peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
     if not peak or not chosen.step_seconds:
