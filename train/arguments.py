@@ -39,9 +39,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False) -> None:
-    """What is trained: the whole model or LoRA adapters, the adapters' settings, the base's
-    quantization and the optimizer (MethodConfig). `measured` (bench): --quantize and --optimizer
-    take lists, each value measured into the one calibration; train takes one value or `auto`."""
+    """What is trained (MethodConfig): the method, LoRA's settings, the base's quantization and the optimizer. `measured`
+    (bench): --quantize and --optimizer take lists, each measured into the one calibration; train takes one or `auto`."""
     phrases = ", ".join(f"{name} ({entry.phrase})" for name, entry in METHODS.items())
     parser.add_argument("--method", choices=METHODS, default="full", help=f"what is trained: {phrases}; default full")
     parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")

@@ -232,8 +232,7 @@ def add_hub_push(p: argparse.ArgumentParser) -> None:
 
 
 def add_hyperparameters(p: argparse.ArgumentParser) -> None:
-    """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them
-    (train.step.hyperparameters). Not named: the default, or with --resume the run's own."""
+    """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them (not named: the default)."""
     from train.step.hyperparameters import DEFAULT_BETAS, DEFAULT_EPSILON, DEFAULT_MAX_GRAD_NORM, DEFAULT_WARMUP_RATIO, DEFAULT_WEIGHT_DECAY, SCHEDULER_CHOICES
 
     p.add_argument(

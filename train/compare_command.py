@@ -82,8 +82,7 @@ def write_comparison(comparison: Comparison, out: str | None, model_name: str) -
 
 
 def describe_comparison(comparison: Comparison, command_line: list[str] | None = None) -> list[str]:
-    """The table, a line per row's plan (for a machine: what it rests on and what would settle it),
-    the notes, and the recommendation."""
+    """The table, a line per row's plan (a machine's: what it rests on, what would settle it), the notes, the recommendation."""
     rows, machines = comparison.rows, comparison.at_upper_end
     columns = MACHINE_COLUMNS if machines else CALIBRATION_COLUMNS
     cells = [[header for header, _, _ in columns]]

@@ -43,8 +43,7 @@ class Refused:
 
 @dataclass(frozen=True)
 class Weighed:
-    """What a `train` command may train with: each variant of its calibration that suits the run,
-    fitted to the device, and those refused."""
+    """What a `train` command may train with: its calibration's suitable variants, fitted to the device; those refused."""
 
     fitted: list[FittedVariant]
     refused: list[Refused]

@@ -47,9 +47,7 @@ class PushTarget:
 
 
 def check_push(target: PushTarget) -> PushTarget:
-    """Refused now, in one line, rather than after training: the hub switched off, no token, a
-    token the hub rejects, or no way to reach it (common.hub_access, which `bench push` shares).
-    Returns the target with the token's user."""
+    """The target with the token's user; one line now rather than after training when the hub is off, unreachable or refuses."""
     user = writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub")
     return PushTarget(target.repo_id, target.private, target.revision, user)
 
@@ -89,8 +87,7 @@ def retry_command(run_dir: Path, target: PushTarget) -> str:
 
 
 def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
-    """Upload the run's model folder with its model card; what run.json records of it. A failure
-    is recorded (and said by the caller) with the command that retries it; final/ stays intact."""
+    """Upload the run's model folder with its model card; returns run.json's record (a failure: with the retry command)."""
     from huggingface_hub import HfApi
 
     folder = folder_to_push(run_dir, record)
@@ -118,8 +115,7 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
 
 
 def describe_push(section: JsonDict, run_dir: Path) -> str:
-    """One line: pushed (where, how much, how long), or failed with the command that retries it
-    (for the run folder where it is now)."""
+    """One line: pushed (where, how much, how long), or failed with the retry for the run folder where it is now."""
     if section.get("status") == "pushed":
         return f"pushed {section['bytes'] / 1e6:,.1f} MB to {section['url']} in {section['seconds']:.1f}s"
     retry = section["retry"].replace("--out .", f"--out {shlex.quote(str(run_dir))}", 1)
