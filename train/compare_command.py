@@ -39,10 +39,8 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     loaded = load_data(config.data, spec, config.seed)
     tokenizer, profile = loaded.tokenizer, loaded.profile
     context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
-    if machines:
-        comparison = consider(context, method, calibrations, detect_hardware(), profile, machines)
-    else:
-        comparison = compare(context, method, calibrations, detect_hardware(), profile)
+    here = detect_hardware()
+    comparison = consider(context, method, calibrations, here, profile, machines) if machines else compare(context, method, calibrations, here, profile)
     report = None if config.output.no_report else write_comparison(comparison, config.output.out, spec.name)
     if config.output.json:
         print(json_text(comparison.to_json()), flush=True)

@@ -82,7 +82,7 @@ def run_script(task: LaunchTask, engine: str) -> str:
         *NODE_VARIABLES[engine],
         "ROOT=${BENCHTRAIN_TASK_ROOT:-" + ROOT + "}  # the mounts' root: the run folder, the calibrations",
         "# BENCHTRAIN_HOME beside the run folder, on the bucket: a calibration measured first is there after a restart.",
-        'export BENCHTRAIN_HOME="$ROOT"' + shlex.quote(HOME_DIR[len(ROOT) :]),
+        f"export BENCHTRAIN_HOME={shell_word(HOME_DIR)}",
         'mkdir -p "$BENCHTRAIN_HOME"',
     ]
     if len(task.targets) == 1:
@@ -102,11 +102,10 @@ def run_script(task: LaunchTask, engine: str) -> str:
             "    ;;",
             "esac",
         ]
-    run_dir = '"$ROOT"' + shlex.quote(RUN_DIR[len(ROOT) :])
     lines += [
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
         f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
-        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {run_dir}/run.json ]; then",
+        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {shell_word(RUN_DIR)}/run.json ]; then",
         '  "${LAUNCH[@]}" -m bench "${BENCH[@]}"',
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",

@@ -210,9 +210,7 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
 
 def calibration_file(cal: Calibration) -> Path | None:
     """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
-    if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None:
-        return None
-    return Path(cal.path).resolve()
+    return None if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None else Path(cal.path).resolve()
 
 
 # -- the command the nodes run -----------------------------------------------------------------
@@ -270,9 +268,7 @@ def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
 
 
 def size_of(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+    return path.stat().st_size if path.is_file() else sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
 
 
 def benchtrain_version() -> str:

@@ -58,9 +58,7 @@ class LoadedData:
 
 def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tuple[Any, Any]:
     """--eval-split holds out a share of the data (deterministically, by `seed`); --eval-data is its own."""
-    if section.eval_split is not None:
-        return split_eval(data, section.eval_split, seed)
-    return data, eval_data
+    return split_eval(data, section.eval_split, seed) if section.eval_split is not None else (data, eval_data)
 
 
 def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
