@@ -1,6 +1,5 @@
-"""`train --dry-run --use-calibration A,B,C|all` and `--consider MACHINES`: the ranked rows of
-train.recipes.machines as a table, as JSON (`--json`) and as an HTML report with a time-vs-cost
-plot (reports.comparison_report)."""
+"""`train --dry-run --use-calibration A,B,C|all` and `--consider MACHINES`: the ranked rows of train.recipes.machines as a
+table, as JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report)."""
 
 from __future__ import annotations
 

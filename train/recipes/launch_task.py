@@ -336,5 +336,5 @@ def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: 
     processes = run.step.world_size
     recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
     option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
-    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run, plan=run.plan)
+    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run)
     return launch_task([row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line)

@@ -349,9 +349,7 @@ class Row:
     source: Source
     device: JsonDict
     price_per_hour: float | None = None
-    run_plan: RunPlan | None = None  # the plan whole: its device, processes and variant (`plan` is its planner answer)
-    plan: Plan | None = None  # None when this source cannot plan the run
-    communication: JsonDict = field(default_factory=dict)
+    run_plan: RunPlan | None = None  # None when this source cannot plan the run
     compute: JsonDict = field(default_factory=dict)
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)
     warnings: list[str] = field(default_factory=list)
@@ -364,6 +362,11 @@ class Row:
     @property
     def option(self) -> Option | None:
         return self.source.option
+
+    @property
+    def plan(self) -> Plan | None:
+        """The planner's answer of `run_plan`."""
+        return self.run_plan.plan if self.run_plan is not None else None
 
     @property
     def machine(self) -> str | None:
@@ -431,7 +434,7 @@ class Row:
             bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
             return {**bare, **self.machine_json()}
         cal = self.option.calibration
-        if self.plan is not None and self.run_plan is not None:
+        if self.run_plan is not None:
             data = self.run_plan.to_json(self.compute)
         else:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
@@ -515,9 +518,9 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.run_plan, row.communication, row.plan = placed, placed.communication, placed.plan
-    row.compute = planned_compute(context.spec, placed, row.plan.chosen)
-    row.warnings += row.plan.warnings
+    row.run_plan = placed
+    row.compute = planned_compute(context.spec, placed, placed.plan.chosen)
+    row.warnings += placed.plan.warnings
     return row
 
 
