@@ -60,9 +60,8 @@ def export_final(
                 else:
                     save_base(trained, tokenizer, folder)
             config = trained.peft_config["default"]
-            # peft reads the base's config.json at this name while saving (has the vocabulary been
-            # resized?), from the current directory, else asks the hub: so it gets an absolute
-            # folder, and the adapter's file the name that travels with final/.
+            # peft reads the base's config.json at this name while saving (has the vocabulary been resized?), from the current directory, else asks the hub:
+            # so it gets an absolute folder, and the adapter's file the name that travels with final/.
             config.base_model_name_or_path = base or str(folder)
             config.revision = revision
             trained.save_pretrained(folder, safe_serialization=True, state_dict=full_weights)
@@ -81,9 +80,8 @@ def export_final(
             record["base_revision"] = revision
         if merge_lora:
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
-                # Last: merging folds the adapters into the base weights of the in-memory model; a
-                # quantized base is merged into in its own precision, loaded from what final/ names.
-                # A sharded model is merged from what final/ holds (its adapters are in shards here).
+                # Last: merging folds the adapters into the base weights of the in-memory model; a quantized base is merged into in its own precision,
+                # loaded from what final/ names. A sharded model is merged from what final/ holds (its adapters are in shards here).
                 from_final = method.quantized or full_weights is not None
                 merged = (load_final(run_dir / FINAL, quantized=False) if from_final else trained).merge_and_unload()
                 record["merged_into"] = "the unquantized base" if method.quantized else "the trained base"

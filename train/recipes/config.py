@@ -239,9 +239,8 @@ def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool
     return found.resume, own_start - max(0.0, lost)
 
 
-# run.json's `config`: every option under its command-line name, flat, in this order (people's
-# scripts, the report and the model card read it), the derived values after them; `switches`: each
-# switch of the step under its own name (gradient_checkpointing).
+# run.json's `config`: every option under its command-line name, flat, in this order (people's scripts, the report and the model card read it), the derived
+# values after them; `switches`: each switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
     "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
@@ -286,8 +285,7 @@ class TrainConfig:
     @classmethod
     def of(cls, **given: object) -> TrainConfig:
         """A configuration from options under their command-line names (`data_schema`, `step_options`, `method`: built)."""
-        # Each value goes to the dataclass field of its name, whose type it must have: the fields
-        # hold the types, this mapping only routes them.
+        # Each value goes to the dataclass field of its name, whose type it must have: the fields hold the types, this mapping only routes them.
         options: dict[str, Any] = dict(given)
         sections: dict[str, Any] = {}
         for name, section in SECTIONS.items():
@@ -323,7 +321,6 @@ class TrainConfig:
                 flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         flat["trackers"] = list(self.output.trackers)
         flat.update(self.plan.switches)
-        # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold
-        # it; started_at: a reading of this machine's monotonic clock; learning_rate_named: learning_rate
-        # holds the rate trained with.
+        # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold it; started_at: a reading of this machine's monotonic
+        # clock; learning_rate_named: learning_rate holds the rate trained with.
         return {key: flat[key] for name in FLAT_ORDER for key in (self.plan.switches if name == "switches" else [name])}

@@ -40,8 +40,7 @@ DROPPED_FLAGS = ("--dry-run", "--json")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
 
-# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks
-# the device it got.
+# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks the device it got.
 ACCELERATORS = {
     "h100": "H100",
     "h100-pcie": "H100",

@@ -70,9 +70,8 @@ def run_training(
     finally:
         recipe.cleanup()
 
-    # Every rank waits until rank 0 has written everything: none exits while another still works.
-    # As long as rank 0's export, report and push are planned to take (and more): a fixed wait
-    # ended rank 0 in the middle of a long push.
+    # Every rank waits until rank 0 has written everything: none exits while another still works. As long as rank 0's export, report and push are planned to
+    # take (and more): a fixed wait ended rank 0 in the middle of a long push.
     overheads = recipe.run.plan.chosen.overheads
     finish_together(finish_wait_seconds(overheads.after_training_seconds if overheads is not None else 0.0))
     return status
@@ -199,9 +198,8 @@ class TrainRecipe:
         data, eval_data = loaded.exact(self.config.data, self.config.seed)
         self.loaded = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
         if not loaded.sampled:
-            # The run's span starts here, after the plan was shown (its text imports peft and
-            # bitsandbytes to size every method: ≈1.2 s, not a cost of the planned work): that time
-            # is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
+            # The run's span starts here, after the plan was shown (its text imports peft and bitsandbytes to size every method: ≈1.2 s, not a cost of the
+            # planned work): that time is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
             request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
             self.run = replace(run, request=request)
             return

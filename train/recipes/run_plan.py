@@ -130,8 +130,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
     # NVLS memory on an NVSwitch) besides; an N-process calibration measured them in its peak.
     if cal.world_size == 1:
         memory_offset += communicator_bytes(fitted.hardware, step.world_size)
-    # On CPU this process's own libraries and data beyond the bench process's, measured now (its
-    # data loaded, its model not yet built).
+    # On CPU this process's own libraries and data beyond the bench process's, measured now (its data loaded, its model not yet built).
     memory_offset += host_excess_bytes(cal.hardware, device_type)
     merge = bool(config.output.merge_lora and method.is_lora)
     return PlanRequest(
