@@ -186,8 +186,8 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     assert predicted.option.collectives_from == "gpt2-two" and predicted.to_json()["source"] == "predicted"
     gradients = traffic_of("ddp", memory_need(resolve_model("tiny"), MethodConfig(), "cpu"), "cpu").gradient_bytes
     expected = CommModel.from_json(other_model["distributed"]["comm"]).all_reduce_seconds(gradients)
-    assert expected > 0 and predicted.communication["seconds_per_step"] == pytest.approx(expected)
-    assert predicted.communication["collectives_from"] == "gpt2-two"
+    assert expected > 0 and predicted.run_plan.communication["seconds_per_step"] == pytest.approx(expected)
+    assert predicted.run_plan.communication["collectives_from"] == "gpt2-two"
     chosen, bound = predicted.plan.chosen, predicted.plan.chosen.bound_fraction
     assert chosen.comm_seconds_per_step_high == pytest.approx(expected)  # none hidden: the measured all-reduce
     assert chosen.comm_seconds_per_step_low < chosen.comm_seconds_per_step < chosen.comm_seconds_per_step_high

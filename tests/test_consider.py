@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -137,8 +138,6 @@ def test_a_measurement_shared_on_the_hub_beats_a_translation_and_says_whose() ->
 
 class _Plan:
     def __init__(self, low: float, upper: float, meets: bool) -> None:
-        from types import SimpleNamespace
-
         self.chosen = SimpleNamespace(total_seconds_low=low, total_seconds_promised=upper)
         self.meets_deadline = meets
 
@@ -147,7 +146,7 @@ def _row(low: float, upper: float, price: float, meets: bool = True) -> Any:
     """A row of one GPU at `price` per hour whose plan runs from `low` to `upper` seconds."""
     from train.recipes.machines import Row, Source
 
-    return Row(Source(None, "translated"), {}, price, plan=_Plan(low, upper, meets))  # type: ignore[arg-type]
+    return Row(Source(None, "translated"), {}, price, run_plan=SimpleNamespace(plan=_Plan(low, upper, meets)))  # type: ignore[arg-type]
 
 
 def test_the_rows_that_could_overtake_the_recommended_one_within_their_brackets() -> None:

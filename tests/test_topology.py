@@ -229,12 +229,12 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         compute, low, high = comm_parts(chosen)
         assert chosen.comm_seconds_per_step_low <= chosen.comm_seconds_per_step <= chosen.comm_seconds_per_step_high
         assert chosen.comm_seconds_per_step == pytest.approx(bracket_estimate(chosen.comm_seconds_per_step_low, chosen.comm_seconds_per_step_high))
-        assert chosen.comm_seconds_per_step_high == pytest.approx(row.communication["seconds_per_step"])  # price_traffic's, none hidden
+        assert chosen.comm_seconds_per_step_high == pytest.approx(row.run_plan.communication["seconds_per_step"])  # price_traffic's, none hidden
         bound = chosen.bound_fraction
         assert chosen.total_seconds_high == pytest.approx(compute * (1 + bound) + high + chosen.overhead_seconds)
         assert chosen.total_seconds_low == pytest.approx(compute / (1 + bound) + low + chosen.overhead_seconds)
         assert row.to_json()["collectives_source"] == f"{word} link figures (not measured)" and row.to_json()["comm_overlap"] is True
-        assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.communication) or "")
+        assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.run_plan.communication) or "")
     nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen
     assert pcie.comm_seconds_per_step_high > 4 * nvlink.comm_seconds_per_step_high  # 64 GB/s against 450 GB/s each way
     assert pcie.total_seconds > nvlink.total_seconds and pcie.total_seconds_high > nvlink.total_seconds_high
@@ -255,7 +255,7 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
         (row,) = compare_options([option], step_options=StepOptions(sharding="fsdp")).rows
         assert row.plan is not None, row.problem
         chosen[word] = row.plan.chosen
-        assert row.communication["seconds_per_micro_step"] > 0 and row.communication["seconds_per_step"] == 0
+        assert row.run_plan.communication["seconds_per_micro_step"] > 0 and row.run_plan.communication["seconds_per_step"] == 0
     for word, candidate in chosen.items():
         per_micro = candidate.comm_seconds_per_step_high / candidate.config.grad_accum
         compute = (candidate.step_seconds - candidate.remaining_steps * candidate.comm_seconds_per_step) / candidate.micro_batches

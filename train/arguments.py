@@ -17,12 +17,7 @@ from train.workload.quantize import QUANTIZE_CHOICES
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that name a dataset's format and columns (train and bench --data)."""
-    parser.add_argument(
-        "--data-format",
-        default="auto",
-        choices=("auto", *FORMATS),
-        help=format_help(),
-    )
+    parser.add_argument("--data-format", default="auto", choices=("auto", *FORMATS), help=format_help())
     parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
     parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
     parser.add_argument("--messages-field", metavar="COLUMN", help="the column of conversation turns (messages, sharegpt)")
@@ -44,9 +39,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False) -> None:
-    """What is trained: the whole model or LoRA adapters, the adapters' settings, the base's
-    quantization and the optimizer (MethodConfig). `measured` (bench): --quantize and --optimizer
-    take lists, each value measured into the one calibration; train takes one value or `auto`."""
+    """What is trained (MethodConfig): the method, LoRA's settings, the base's quantization and the optimizer. `measured`
+    (bench): --quantize and --optimizer take lists, each measured into the one calibration; train takes one or `auto`."""
     phrases = ", ".join(f"{name} ({entry.phrase})" for name, entry in METHODS.items())
     parser.add_argument("--method", choices=METHODS, default="full", help=f"what is trained: {phrases}; default full")
     parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
@@ -54,13 +48,10 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
     parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
     parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
     parser.add_argument(
-        "--lora-targets",
-        metavar="NAMES",
-        help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
+        "--lora-targets", metavar="NAMES", help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)"
     )
     quantize = (
-        "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute on CUDA, fp32 on a CPU) "
-        "or 8bit (LLM.int8)"
+        "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute on CUDA, fp32 on a CPU) or 8bit (LLM.int8)"
     )
     optimizer = optimizer_help()  # each of OPTIMIZERS with its phrase
     if measured:

@@ -101,19 +101,9 @@ def add_what_to_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model folder's, or the byte tokenizer for presets)")
     p.add_argument("--deadline", required=True, metavar="DURATION", help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: 1; fractions allowed)")
-    p.add_argument(
-        "--priority",
-        default="balanced",
-        choices=("fast", "balanced", "quality", "memory_efficient"),
-        help="what to optimise (default: balanced)",
-    )
+    p.add_argument("--priority", default="balanced", choices=("fast", "balanced", "quality", "memory_efficient"), help="what to optimise (default: balanced)")
     p.add_argument("--effective-batch", type=int, metavar="N", help="samples (or packed rows) per optimizer step, held fixed (default: 16)")
-    p.add_argument(
-        "--max-length",
-        default="auto",
-        metavar="N|auto",
-        help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
-    )
+    p.add_argument("--max-length", default="auto", metavar="N|auto", help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)")
     p.add_argument(
         "--train-on",
         default="assistant",
@@ -179,13 +169,7 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)")
     p.add_argument("--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
-    p.add_argument(
-        "--margin",
-        type=float,
-        default=0.05,
-        metavar="FRACTION",
-        help="share of the deadline held back as safety margin (default: 0.05)",
-    )
+    p.add_argument("--margin", type=float, default=0.05, metavar="FRACTION", help="share of the deadline held back as safety margin (default: 0.05)")
 
 
 def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
@@ -248,8 +232,7 @@ def add_hub_push(p: argparse.ArgumentParser) -> None:
 
 
 def add_hyperparameters(p: argparse.ArgumentParser) -> None:
-    """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them
-    (train.step.hyperparameters). Not named: the default, or with --resume the run's own."""
+    """The schedule's and the optimizer's hyper-parameters, as HF TrainingArguments names them (not named: the default)."""
     from train.step.hyperparameters import DEFAULT_BETAS, DEFAULT_EPSILON, DEFAULT_MAX_GRAD_NORM, DEFAULT_WARMUP_RATIO, DEFAULT_WEIGHT_DECAY, SCHEDULER_CHOICES
 
     p.add_argument(

@@ -1,6 +1,5 @@
-"""`train --dry-run --use-calibration A,B,C|all` and `--consider MACHINES`: the ranked rows of
-train.recipes.machines as a table, as JSON (`--json`) and as an HTML report with a time-vs-cost
-plot (reports.comparison_report)."""
+"""`train --dry-run --use-calibration A,B,C|all` and `--consider MACHINES`: the ranked rows of train.recipes.machines as a
+table, as JSON (`--json`) and as an HTML report with a time-vs-cost plot (reports.comparison_report)."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
+from train.recipes.launch_task import DROPPED_FLAGS, comparison_task, without_options
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
 
 
@@ -38,10 +38,8 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     loaded = load_data(config.data, spec, config.seed)
     tokenizer, profile = loaded.tokenizer, loaded.profile
     context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
-    if machines:
-        comparison = consider(context, method, calibrations, detect_hardware(), profile, machines)
-    else:
-        comparison = compare(context, method, calibrations, detect_hardware(), profile)
+    here = detect_hardware()
+    comparison = consider(context, method, calibrations, here, profile, machines) if machines else compare(context, method, calibrations, here, profile)
     report = None if config.output.no_report else write_comparison(comparison, config.output.out, spec.name)
     if config.output.json:
         print(json_text(comparison.to_json()), flush=True)
@@ -60,7 +58,6 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
         raise DeadlineError(no_row_meets_the_deadline(comparison, config.plan.margin))
     if config.output.emit:
         from train.launch_command import emit_task
-        from train.recipes.launch_task import comparison_task
 
         emit_task(config.output.emit, comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []))
     return EXIT_OK
@@ -82,8 +79,7 @@ def write_comparison(comparison: Comparison, out: str | None, model_name: str) -
 
 
 def describe_comparison(comparison: Comparison, command_line: list[str] | None = None) -> list[str]:
-    """The table, a line per row's plan (for a machine: what it rests on and what would settle it),
-    the notes, and the recommendation."""
+    """The table, a line per row's plan (a machine's: what it rests on, what would settle it), the notes, the recommendation."""
     rows, machines = comparison.rows, comparison.at_upper_end
     columns = MACHINE_COLUMNS if machines else CALIBRATION_COLUMNS
     cells = [[header for header, _, _ in columns]]
@@ -213,19 +209,6 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
     """This command for the recommended row, without --dry-run: the command to run on that machine."""
     if command_line is None:
         return None
-    kept: list[str] = []
-    skip = False
-    for token in command_line:
-        if skip:
-            skip = False
-            continue
-        if token in ("--dry-run", "--json"):
-            continue
-        if token in ("--use-calibration", "--out", "--consider", "--emit"):
-            skip = True
-            continue
-        if token.startswith(("--use-calibration=", "--out=", "--consider=", "--emit=")):
-            continue
-        kept.append(token)
+    kept = without_options(command_line, DROPPED_FLAGS, ("--use-calibration", "--out", "--consider", "--emit"))
     launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
     return shlex.join([*launcher, "--use-calibration", row.reference, *kept])

@@ -1,25 +1,5 @@
-"""The model people use: `final/` in the Hugging Face layout, each folder written to a temporary
-folder and renamed, so a crash never leaves half a model.
-
-- full fine-tuning: `save_pretrained` with safetensors (config, generation config, weights) and the
-  tokenizer, so `AutoModelForCausalLM.from_pretrained(final)` and `AutoTokenizer.from_pretrained(final)`
-  work;
-- LoRA: the PEFT adapter (`adapter_config.json`, `adapter_model.safetensors` with only LoRA tensors)
-  and the tokenizer. The adapter's `base_model_name_or_path` names the base: the hub id (with its
-  commit as `revision`) or a `--model DIR` outside the run folder by its absolute path (neither
-  travels with the run). Any other base — a preset, which has no weights on disk, or a `--model DIR`
-  inside the run folder — is written into final/ itself and the adapter names it as `.`: one
-  self-contained folder, which `AutoModelForCausalLM.from_pretrained(final)` loads as base + adapter
-  wherever it was moved;
-- `--merge-lora`: also the merged full model in `final-merged/`;
-- `--quantize 4bit|8bit` (a LoRA run on a bitsandbytes base): final/ also holds `benchtrain.json`
-  naming the base's quantization; a preset's base in final/ is its unquantized (seeded) weights,
-  which quantize to exactly the base that was trained, and `--merge-lora` merges into that
-  unquantized base (peft's way for QLoRA adapters).
-
-`load_final(final)` loads the trained model back from anywhere (peft's `AutoPeftModelForCausalLM`
-resolves a relative base against the current directory), also an older run's `../final-base`.
-"""
+"""The model people use: `final/` (and `final-merged/`) in the Hugging Face layout, each folder written
+atomically, and `load_final` to load it back. The layouts: docs/design.md#the-exported-model."""
 
 from __future__ import annotations
 
@@ -56,9 +36,8 @@ def export_final(
     merge_lora: bool = False,
     full_weights: dict[str, torch.Tensor] | None = None,
 ) -> JsonDict:
-    """Write the run's model folders; returns what run.json records (paths, seconds).
-    `full_weights`: an FSDP model's state, gathered whole (train.step.sharding), saved in place of its
-    shards: all of it, or LoRA's adapters (the base is then the preset's seeded build or its folder)."""
+    """Write the run's model folders; returns what run.json records. `full_weights`: an FSDP model's state gathered whole,
+    saved in place of its shards (for LoRA, the adapters: the base is the preset's seeded build or its folder)."""
     started = time.perf_counter()
     trained: Any = getattr(model, "module", model)  # a transformers or peft model: their saving methods
     record: JsonDict = {"path": str(run_dir / FINAL), "format": "peft-adapter" if method.is_lora else "transformers"}
@@ -81,9 +60,8 @@ def export_final(
                 else:
                     save_base(trained, tokenizer, folder)
             config = trained.peft_config["default"]
-            # peft reads the base's config.json at this name while saving (has the vocabulary been
-            # resized?), from the current directory, else asks the hub: so it gets an absolute
-            # folder, and the adapter's file the name that travels with final/.
+            # peft reads the base's config.json at this name while saving (has the vocabulary been resized?), from the current directory, else asks the hub:
+            # so it gets an absolute folder, and the adapter's file the name that travels with final/.
             config.base_model_name_or_path = base or str(folder)
             config.revision = revision
             trained.save_pretrained(folder, safe_serialization=True, state_dict=full_weights)
@@ -102,9 +80,8 @@ def export_final(
             record["base_revision"] = revision
         if merge_lora:
             with atomic_directory(run_dir / FINAL_MERGED) as folder:
-                # Last: merging folds the adapters into the base weights of the in-memory model; a
-                # quantized base is merged into in its own precision, loaded from what final/ names.
-                # A sharded model is merged from what final/ holds (its adapters are in shards here).
+                # Last: merging folds the adapters into the base weights of the in-memory model; a quantized base is merged into in its own precision,
+                # loaded from what final/ names. A sharded model is merged from what final/ holds (its adapters are in shards here).
                 from_final = method.quantized or full_weights is not None
                 merged = (load_final(run_dir / FINAL, quantized=False) if from_final else trained).merge_and_unload()
                 record["merged_into"] = "the unquantized base" if method.quantized else "the trained base"
@@ -116,8 +93,7 @@ def export_final(
 
 
 def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """The frozen base as a plain transformers model: the wrapped model's weights without the
-    adapter tensors, under their original names."""
+    """The frozen base as a plain transformers model: the weights without the adapter tensors, under their original names."""
     base = peft_model.get_base_model()
     state = {}
     for name, tensor in base.state_dict().items():
@@ -129,8 +105,7 @@ def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path)
 
 
 def save_seeded_base(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """A preset's base before quantization: built from its config with the seed every build uses
-    (train.workload.model.build_model), so that quantizing it again gives the trained base."""
+    """A preset's base before quantization, built with the seed every build uses: quantized again, it is the trained base."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -147,10 +122,8 @@ def name_base(adapter_config: Path, base: str) -> None:
 
 
 def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any:
-    """The trained model from a run's final/: a full fine-tune's model, or base + adapter for LoRA.
-    `kwargs` go to the `from_pretrained` that loads the (base) model (`dtype`, `device_map`, ...).
-    An adapter trained on a quantized base gets its base quantized the same way (`quantized=False`:
-    the base in its own precision, e.g. to merge). A relative base is resolved against final/."""
+    """The trained model from a run's final/ (LoRA: base + adapter, a quantized base quantized again unless `quantized=False`).
+    `kwargs` go to the (base) model's `from_pretrained`. A relative base is resolved against final/."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder).expanduser()
@@ -175,9 +148,8 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
 
 
 def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
-    """The model an adapter in `adapter` was trained on, without the adapter. A base in the adapter's
-    own folder is built from its config and weights files: transformers' `from_pretrained(folder)`
-    would also load the adapter it finds there (as it should for users), and peft adds it again."""
+    """The model an adapter was trained on, without the adapter. A base in the adapter's own folder is built from its config
+    and weights: `from_pretrained(folder)` would load the adapter it finds there, and peft would add it again."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if base != EMBEDDED_BASE:
@@ -195,8 +167,7 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
 
 
 def resolve_base(adapter: Path, base: str) -> str:
-    """An adapter's base as `from_pretrained` takes it: a relative one as the folder it names from the
-    adapter's folder; an absolute path or hub id unchanged."""
+    """An adapter's base as `from_pretrained` takes it: a relative one resolved from the adapter's folder, others unchanged."""
     if not (base in (".", "..") or base.startswith(("./", "../"))):  # no hub id starts with "."
         return base
     path = (adapter / base).resolve()

@@ -1,12 +1,5 @@
-"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as
-the engine's YAML, with comments saying where each figure came from, written atomically.
-
-The run script is the same on both engines but for the four lines that read the engine's node
-variables (SkyPilot: SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK,
-SKYPILOT_NUM_GPUS_PER_NODE; dstack: DSTACK_MASTER_NODE_IP, DSTACK_NODES_NUM, DSTACK_NODE_RANK,
-DSTACK_GPUS_PER_NODE); it starts `train` under torchrun on every node with `--resume auto`, so a
-task the engine restarts after a preemption continues from the run's last complete checkpoint.
-"""
+"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as the engine's
+YAML, with comments saying where each figure came from, written atomically. The run script: docs/design.md#the-engines-files."""
 
 from __future__ import annotations
 
@@ -76,21 +69,20 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 
 
 def case_pattern(target: Target) -> str:
-    """The devices a target accepts: every card the engines rent under its accelerator name (an
-    "H100" may come as the SXM or the PCIe card), with its GPUs per node."""
+    """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
     keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
     keys = list(dict.fromkeys([target.device_key, *keys]))
     return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
 
 
 def run_script(task: LaunchTask, engine: str) -> str:
-    """The script every node runs (the module's docstring)."""
+    """The script every node runs: the engine's node variables, the target's settings, torchrun with --resume auto."""
     lines = [
         "set -eu",
         *NODE_VARIABLES[engine],
         "ROOT=${BENCHTRAIN_TASK_ROOT:-" + ROOT + "}  # the mounts' root: the run folder, the calibrations",
         "# BENCHTRAIN_HOME beside the run folder, on the bucket: a calibration measured first is there after a restart.",
-        'export BENCHTRAIN_HOME="$ROOT"' + shlex.quote(HOME_DIR[len(ROOT) :]),
+        f"export BENCHTRAIN_HOME={shell_word(HOME_DIR)}",
         'mkdir -p "$BENCHTRAIN_HOME"',
     ]
     if len(task.targets) == 1:
@@ -110,11 +102,10 @@ def run_script(task: LaunchTask, engine: str) -> str:
             "    ;;",
             "esac",
         ]
-    run_dir = '"$ROOT"' + shlex.quote(RUN_DIR[len(ROOT) :])
     lines += [
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
         f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
-        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {run_dir}/run.json ]; then",
+        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {shell_word(RUN_DIR)}/run.json ]; then",
         '  "${LAUNCH[@]}" -m bench "${BENCH[@]}"',
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
@@ -205,9 +196,8 @@ def skypilot_task(task: LaunchTask) -> dict[str, Any]:
 
 
 def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
-    """A dstack task (its configuration model): the targets' GPU names as one list (dstack takes
-    the offers of any of them, cheapest first, not in our order), so only targets of the
-    recommended one's GPU count per node; the others are left out (the task returned says why)."""
+    """A dstack task, and the task it holds: dstack takes one list of GPU names (any offer, cheapest first), so only the
+    targets of the recommended one's GPU count per node; the others left out, saying why."""
     best = task.targets[0]
     kept = [target for target in task.targets if target.gpus_per_node == best.gpus_per_node]
     dropped = [f"{target.machine}: {target.gpus_per_node} GPUs per node, dstack's GPU list has one count" for target in task.targets if target not in kept]

@@ -1,18 +1,5 @@
-"""Which calibration a run plans with, and which of its variants on which device.
-
-The calibration: `--use-calibration`, or `latest` and what it prefers, or a resumed run's own;
-whether it suits the run (model, device, method, base, optimizer, compile) is checked here.
-
-Its variants: a calibration may hold several for one model and method (`bench run --quantize
-none,4bit --optimizer adamw,adamw-8bit`: calibration.schema.variant_data). `--quantize`/`--optimizer
-auto` (the default) plans each and keeps the fastest that fits memory and the deadline; a value
-named picks the variants that measured it.
-
-Before any data is read, each variant is fitted to the device the plan is for (a `FittedVariant`:
-its device, THE step there, the memory need, the price, what --force let through); the plan
-(train.recipes.run_plan.plan_run) takes it, and the training loop builds THE step as its `step`
-says: nothing decides the loss, compilation or the process layout again. Once planned, the best is
-kept and its notes say what the others would cost at the chosen configuration."""
+"""Which calibration a run plans with, and which of its variants on which device (each fitted before any data is
+read, the best kept once planned). docs/design.md#which-calibration-and-which-variant."""
 
 from __future__ import annotations
 
@@ -56,8 +43,7 @@ class Refused:
 
 @dataclass(frozen=True)
 class Weighed:
-    """What a `train` command may train with: each variant of its calibration that suits the run,
-    fitted to the device, and those refused."""
+    """What a `train` command may train with: its calibration's suitable variants, fitted to the device; those refused."""
 
     fitted: list[FittedVariant]
     refused: list[Refused]
@@ -69,11 +55,8 @@ class Weighed:
 def load_calibration(
     config: TrainConfig, resumed: ResumedRun | None, spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None
 ) -> Calibration:
-    """The calibration to plan with: --use-calibration (default latest); a resumed run plans with
-    the calibration it started with, and another one is refused unless --force. `latest` is the
-    newest of this model and method measured with this run's (processes, sharding) over this
-    machine's `interconnect`, else over another, else the newest of one process (communication is
-    then predicted), else the newest; when that is not the newest, it says why."""
+    """The calibration to plan with: --use-calibration (default latest); a resumed run's own (another refused unless
+    --force). `latest` prefers `calibration_preferences`' order, and says why when it passes over a newer one."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if resumed is None:
         reference = config.plan.use_calibration or "latest"
@@ -106,9 +89,9 @@ def why_chosen(chosen: Calibration, newer: Path, spec: ModelSpec, method: Method
 
 
 def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None) -> tuple[Any, ...]:
-    """Which stored calibrations `latest` prefers for this run, best first (calibration.store): a
-    calibration of another interconnect than `interconnect` (this machine's) is a preference
-    missed, not a refusal (one that recorded none matches any: calibration.topology)."""
+    """What `latest` prefers for this run, best first (calibration.store): this model and method measured with this run's
+    (processes, sharding) over this machine's `interconnect`, then over another, then of one process (communication
+    predicted); else the newest."""
 
     def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
         distributed = data.get("distributed") or {}
@@ -128,9 +111,8 @@ def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tu
 def check_compatible(
     calibration: Calibration, spec: ModelSpec, hardware: dict[str, Any], force: bool, method: MethodConfig, compiled: bool = False, loss: str | None = None
 ) -> list[str]:
-    """A calibration for another model, device, training method or compile setting is refused
-    unless --force (then warned); other LoRA settings than measured are only warned about (they
-    barely move the speed)."""
+    """Another model, device, method, base, optimizer, precision or compile setting than measured: refused unless --force
+    (then returned, to warn); other LoRA settings or loss: only warned about."""
     problems = []
     measured = calibration.training
     if bool(measured.get("compile")) != compiled:
@@ -193,10 +175,8 @@ def with_run_variant(method: MethodConfig, run_method: MethodConfig, asked: tupl
 
 
 def variants_to_plan(calibration: Calibration, method: MethodConfig, asked: tuple[str | None, str | None]) -> list[tuple[Calibration, MethodConfig]]:
-    """(the calibration's variant, the method trained with it) for every variant the run may choose:
-    those the calibration measured that match what was asked (full fine-tuning: unquantized bases
-    only). None matching: the one asked for, planned with the calibration's first variant, which
-    `check_compatible` then refuses (or lets through with --force)."""
+    """(variant, method trained with it) for each measured variant matching what was asked (full fine-tuning: unquantized
+    bases only); none matching: the one asked for on the first variant, for `check_compatible` to refuse."""
     quantize, optimizer = asked
 
     def wanted(measured: Variant) -> bool:
@@ -223,8 +203,7 @@ def plan_hardware(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -
 
 
 def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
-    """Where the calibration decides `auto`: on its own device its compile setting; its loss where
-    bench compared the losses (the one it kept) or the plan is for its device."""
+    """Where the calibration decides `auto`: on its own device its compile setting; its loss there or where bench compared losses."""
     measured = cal.training
     return MeasuredStep(
         compiled=bool(measured.get("compile")) if foreign else None,
@@ -233,11 +212,8 @@ def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
 
 
 def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: MethodConfig, layout: ProcessLayout, here: dict[str, Any]) -> FittedVariant:
-    """One variant (a `train` command's, each of its calibration's variants, each row of a
-    comparison) on the device (`here`, or in a dry run the calibration's; `--device-memory`): THE
-    step there (train.step.engine.resolve_step), its price, the calibration's fitness for the run
-    (refused in one line unless --force), and the memory check
-    (train.planning.memory_check.check_fits, one line when the model does not fit)."""
+    """One variant on the device (`here`, or in a dry run the calibration's; `--device-memory`): THE step there, its price,
+    the calibration's fitness (one line unless --force) and the memory check (one line when the model does not fit)."""
     hardware = plan_hardware(config, cal, here)
     foreign = hardware is not here
     step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
@@ -250,9 +226,8 @@ def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: 
 
 
 def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: MethodConfig, layout: ProcessLayout, quiet: bool = False) -> FittedVariant:
-    """`fit_variant` on this machine, said: the calibration's device when a dry run plans for
-    another, and what --force let through. `quiet`: say nothing (a calibration's second variant:
-    the first said it)."""
+    """`fit_variant` on this machine, said: the calibration's device when a dry run plans for it, and what --force let through
+    (`quiet`: nothing, the first variant said it)."""
     here = detect_hardware()
     fitted = fit_variant(config, cal, spec, method, layout, here)
     if fitted.foreign and not quiet:
@@ -266,8 +241,7 @@ def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Met
 
 
 def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None) -> tuple[Calibration, ProcessLayout]:
-    """The calibration to plan with (`load_calibration`), and the
-    processes and sharding the plan is for."""
+    """The calibration to plan with, and the processes and sharding the plan is for."""
     layout = process_layout(config.step, method)
     processes = (layout.world_size, layout.sharding)
     cal = load_calibration(config, resumed, spec, method, processes, detect_hardware().get("interconnect"))
@@ -281,9 +255,8 @@ def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, 
 
 
 def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None) -> Weighed:
-    """The variants to plan, of the calibration (`calibration_for`) for its processes and their
-    sharding: each fitted (`said_fit`); those refused are kept to say why. A resumed run keeps its
-    sharding."""
+    """The calibration's variants, each fitted for its processes and sharding (a resumed run keeps its sharding); those
+    refused are kept to say why."""
     cal, layout = calibration_for(config, spec, method, resumed)
     if config.plan.device_memory_bytes:
         cal = cal.with_device_memory(config.plan.device_memory_bytes)
@@ -309,8 +282,7 @@ def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, r
 
 
 def choose_plan(weighed: Weighed, context: PlanContext) -> RunPlan:
-    """Each fitted variant planned (train.recipes.run_plan.plan_run), the best kept
-    (`best_first`), its notes saying what the other variants would have cost."""
+    """Each fitted variant planned, the best kept, its notes saying what the others would have cost."""
     plans: list[RunPlan] = []
     refused = list(weighed.refused)
     for fitted in weighed.fitted:
@@ -332,17 +304,15 @@ def choose_plan(weighed: Weighed, context: PlanContext) -> RunPlan:
 
 
 def best_first(plans: list[RunPlan]) -> list[int]:
-    """The plans' indices, best first: those that meet the deadline, then the shortest run. Where
-    --fit-deadline cut a plan's steps, a shorter run may train less: then the most tokens trained
-    before the deadline come first."""
+    """The plans' indices, best first: meeting the deadline, then the shortest run (where --fit-deadline cut steps, a shorter
+    run may train less: the most tokens first)."""
     cut = any(run.plan.step_limit for run in plans)
     order = lambda index: (not plans[index].plan.meets_deadline, -plans[index].plan.chosen.tokens if cut else 0, plans[index].plan.chosen.total_seconds)  # noqa: E731
     return sorted(range(len(plans)), key=order)
 
 
 def largest_fitting_micro_batch(calibration: Calibration, config: StepConfig) -> int:
-    """The largest power-of-two micro-batch the calibration's memory model fits at `config`'s
-    length and checkpointing (0: not even one)."""
+    """The largest power-of-two micro-batch the memory model fits at `config`'s length and checkpointing (0: none)."""
     largest, size = 0, 1
     while size <= LARGEST_MICRO_BATCH and calibration.fits_in_memory(config.with_shape(size, config.seq_len)):
         largest, size = size, size * 2
@@ -350,8 +320,7 @@ def largest_fitting_micro_batch(calibration: Calibration, config: StepConfig) ->
 
 
 def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refused]) -> list[str]:
-    """Plan notes: what each other variant would cost at the chosen configuration, and its own best
-    plan; those refused, why they were not planned."""
+    """Plan notes: each other variant's cost at the chosen configuration and its best plan; why those refused were not."""
     config: StepConfig = chosen.plan.chosen.config
     mine = chosen.cal.predict(config)
     if not chosen.plan.meets_deadline:
@@ -382,9 +351,8 @@ def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refus
 
 
 def smallest_activations(calibration: Calibration, need_bytes: float) -> tuple[float, str] | None:
-    """The activations (and what else the measured peak holds beyond the fixed bytes) the memory
-    model predicts at the smallest step: micro-batch 1 at the shortest measured length, with
-    checkpointing where it was measured."""
+    """What the predicted peak holds beyond `need_bytes` at the smallest step (micro-batch 1, the shortest measured
+    length, checkpointing where measured), and at what."""
     if calibration.memory is None:
         return None
     length = min(calibration.measured_values("seq_len"))
@@ -404,10 +372,8 @@ def fit_verdict(peak: float, limit: float, margin: float) -> str:
 def unmeasured_bases(
     spec: ModelSpec, method: MethodConfig, calibration: Calibration, hardware: dict[str, Any], activations: tuple[float, str] | None
 ) -> list[str]:
-    """For LoRA: each base (none/8bit/4bit) the calibration did not measure, what it would hold
-    before activations (computed from the model's shapes, train.planning.memory_check) against
-    this run's, and, given predicted activations (bytes, and at what: "this plan's configuration"),
-    whether it would fit the device. Its speed is not known until bench measures it."""
+    """For LoRA: each base (none/8bit/4bit) the calibration did not measure, what it holds before activations (computed)
+    against this run's, and given `activations` (bytes, at what), whether it would fit the device."""
     if not method.is_lora or not quantization_available():
         return []
     measured = {variant.variant.quantize for variant in calibration.variants()}
@@ -431,8 +397,7 @@ def unmeasured_bases(
 
 
 def with_smaller_bases(message: str, spec: ModelSpec, fitted: FittedVariant) -> str:
-    """A plan that fits nowhere, and what the bases the calibration did not measure would hold,
-    with the activations of the smallest step."""
+    """A plan that fits nowhere, and what the bases the calibration did not measure would hold at the smallest step."""
     cal, hardware = fitted.cal, fitted.hardware
     activations = smallest_activations(cal, fitted.need.total_bytes)
     others = unmeasured_bases(spec, fitted.method, cal, hardware, activations)

@@ -1,15 +1,6 @@
-"""One validated configuration for a `train` command, in the sections its consumers take whole (as
-torchtitan's job config hands each component its own section): `data` (what is read, the eval set),
-`tuning` (the method, quantization, optimizer and hyper-parameters), `step` (StepOptions: compile,
-loss, sharding, the options bench takes too), `plan` (the deadline, built here once, the calibration
-and every ask of the planner), `guard` (train.running.guard's own) and `output` (the run folder,
-report, trackers, export and hub).
-
-Built once from the command line (`TrainConfig.from_args`, or `TrainConfig.of(**flat options)`), each
-section checked in its own `__post_init__` (every bad value is a one-line `BenchtrainError`), read by
-the recipe (train.recipes.recipe) in place of the argparse namespace, and written whole into run.json
-(flat, under the option names people's scripts read).
-"""
+"""One validated configuration for a `train` command, in the sections its consumers take whole (data, tuning,
+step, plan, guard, output), each checked in its `__post_init__`, written flat into run.json.
+The sections: docs/design.md#the-train-configuration."""
 
 from __future__ import annotations
 
@@ -53,8 +44,7 @@ def parse_max_length(value: Any) -> int | str:
 
 
 def is_comparison(use_calibration: str | None) -> bool:
-    """--use-calibration names several calibrations (A,B,C), `all`, or every one a hub repository
-    shares (`hub:ORG/NAME`, not `hub:ORG/NAME/ID`: calibration.hub): a comparison (train.recipes.machines)."""
+    """--use-calibration names a comparison: several calibrations (A,B,C), `all`, or a hub repository's (`hub:ORG/NAME`)."""
     if use_calibration is None:
         return False
     text = use_calibration.strip()
@@ -94,8 +84,7 @@ class DataSection:
 
 @dataclass(frozen=True)
 class TuningSection:
-    """The method, the base's quantization and the optimizer as asked (auto: the calibration's variants,
-    train.recipes.choice), and the hyper-parameters of the optimizer and its schedule."""
+    """The method, the base's quantization and the optimizer as asked, and the optimizer's and schedule's hyper-parameters."""
 
     method: MethodConfig = field(default_factory=MethodConfig)
     quantize: str = "auto"
@@ -126,16 +115,14 @@ class TuningSection:
             raise BenchtrainError(f"--base-batch must be a positive integer, got {self.base_batch}")
 
     def named_hyperparameters(self) -> dict[str, Any]:
-        """The hyper-parameters this command names (a resume keeps the run's others), its learning
-        rate among them when --learning-rate was given."""
+        """The hyper-parameters this command names (a resume keeps the run's others), --learning-rate among them if given."""
         named = {name: getattr(self, name) for name in SETTING_NAMES if getattr(self, name) is not None}
         return {**named, "learning_rate": self.learning_rate} if self.learning_rate_named else named
 
 
 @dataclass(frozen=True)
 class PlanSection:
-    """What the planner is asked: the deadline (built here once), the calibration (or the machines of
-    --consider), and the run's shape where the command fixes it (else the planner chooses)."""
+    """What the planner is asked: the deadline, the calibration (or --consider's machines), the run's shape where fixed."""
 
     deadline: str
     use_calibration: str | None = None
@@ -200,8 +187,7 @@ def parse_emit(text: str) -> EmitRequest:
 
 @dataclass(frozen=True)
 class OutputSection:
-    """Where the run goes and what leaves it: the run folder (and resuming it), a dry run or its JSON,
-    the report, the trackers, final/'s merge, and the hub."""
+    """Where the run goes and what leaves it: the run folder, a dry run's output, the report, trackers, the merge, the hub."""
 
     out: str | None = None
     resume: bool = False
@@ -244,9 +230,7 @@ class OutputSection:
 
 
 def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool, float]:
-    """`--resume auto`: whether to resume (train.running.resume.auto_resume), and the command's start
-    moved back to the run's first start, so the deadline counts the time a preemption lost."""
-
+    """`--resume auto`: whether to resume, and the command's start moved back to the run's first start (a preemption's loss counts)."""
     own_start = time.monotonic() if started_at is None else started_at
     found = auto_resume(out)
     if found.deadline_started_at is None:
@@ -255,9 +239,8 @@ def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool
     return found.resume, own_start - max(0.0, lost)
 
 
-# run.json's `config`: every option under its command-line name, flat, in this order (people's
-# scripts, the report and the model card read it), the derived values after them; `switches`: each
-# switch of the step under its own name (gradient_checkpointing).
+# run.json's `config`: every option under its command-line name, flat, in this order (people's scripts, the report and the model card read it), the derived
+# values after them; `switches`: each switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
     "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
@@ -301,10 +284,8 @@ class TrainConfig:
 
     @classmethod
     def of(cls, **given: object) -> TrainConfig:
-        """A configuration from options under their command-line names (`data_schema`, `step_options`
-        and `method` as built objects), each handed to its section."""
-        # Each value goes to the dataclass field of its name, whose type it must have: the fields
-        # hold the types, this mapping only routes them.
+        """A configuration from options under their command-line names (`data_schema`, `step_options`, `method`: built)."""
+        # Each value goes to the dataclass field of its name, whose type it must have: the fields hold the types, this mapping only routes them.
         options: dict[str, Any] = dict(given)
         sections: dict[str, Any] = {}
         for name, section in SECTIONS.items():
@@ -340,7 +321,6 @@ class TrainConfig:
                 flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
         flat["trackers"] = list(self.output.trackers)
         flat.update(self.plan.switches)
-        # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold
-        # it; started_at: a reading of this machine's monotonic clock; learning_rate_named: learning_rate
-        # holds the rate trained with.
+        # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold it; started_at: a reading of this machine's monotonic
+        # clock; learning_rate_named: learning_rate holds the rate trained with.
         return {key: flat[key] for name in FLAT_ORDER for key in (self.plan.switches if name == "switches" else [name])}

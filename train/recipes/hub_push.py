@@ -1,15 +1,5 @@
-"""`--push-to-hub ORG/NAME`: the run's model on the Hugging Face hub, with a model card.
-
-Checked up front (`check_push`, before any data or model work): the name is valid, the hub is not
-switched off (HF_HUB_OFFLINE), a token is present and the hub accepts it — a push refused after a
-12-hour run would be the worst moment to learn it. After training, `push_run` uploads final/ (or
-final-merged/ with --merge-lora), the tokenizer in it and a model card from run.json
-(train.recipes.model_card) through huggingface_hub, timed; a failure leaves final/ as it was and
-says the one command that retries it (`train --out RUN --push-to-hub ORG/NAME --push-only`).
-
-The plan prices the upload: its bytes (train.planning.disk.upload_bytes) at the bandwidth the last
-push from this machine measured ($BENCHTRAIN_HOME/hub_upload.json), else at a stated default.
-"""
+"""`--push-to-hub ORG/NAME`: the run's model on the Hugging Face hub, with a model card; checked before any work,
+pushed after training, the upload priced in the plan. docs/design.md#pushing-to-the-hub."""
 
 from __future__ import annotations
 
@@ -19,16 +9,18 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from calibration.run_file import RunFile
+from calibration.dimensions import switches
+from calibration.run_file import RunFile, run_configuration
 from common.atomic import read_json_file, write_json_atomic, write_text_atomic
 from common.console import say
+from common.durations import format_duration
 from common.errors import EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError
 from common.home import benchtrain_home
 from common.hub_access import valid_repo_id, writing_user
 from common.json_types import JsonDict
 from train.export import FINAL, FINAL_MERGED
-from train.recipes.model_card import model_card
 
 # No push measured from this machine yet: a conservative sustained upload rate (a cloud GPU host
 # usually does better; the first push measures it and later plans use the measurement).
@@ -55,9 +47,7 @@ class PushTarget:
 
 
 def check_push(target: PushTarget) -> PushTarget:
-    """Refused now, in one line, rather than after training: the hub switched off, no token, a
-    token the hub rejects, or no way to reach it (common.hub_access, which `bench push` shares).
-    Returns the target with the token's user."""
+    """The target with the token's user; one line now rather than after training when the hub is off, unreachable or refuses."""
     user = writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub")
     return PushTarget(target.repo_id, target.private, target.revision, user)
 
@@ -97,8 +87,7 @@ def retry_command(run_dir: Path, target: PushTarget) -> str:
 
 
 def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
-    """Upload the run's model folder with its model card; what run.json records of it. A failure
-    is recorded (and said by the caller) with the command that retries it; final/ stays intact."""
+    """Upload the run's model folder with its model card; returns run.json's record (a failure: with the retry command)."""
     from huggingface_hub import HfApi
 
     folder = folder_to_push(run_dir, record)
@@ -126,8 +115,7 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
 
 
 def describe_push(section: JsonDict, run_dir: Path) -> str:
-    """One line: pushed (where, how much, how long), or failed with the command that retries it
-    (for the run folder where it is now)."""
+    """One line: pushed (where, how much, how long), or failed with the retry for the run folder where it is now."""
     if section.get("status") == "pushed":
         return f"pushed {section['bytes'] / 1e6:,.1f} MB to {section['url']} in {section['seconds']:.1f}s"
     retry = section["retry"].replace("--out .", f"--out {shlex.quote(str(run_dir))}", 1)
@@ -149,3 +137,105 @@ def push_existing_run(args: argparse.Namespace) -> int:
     run_file.write(run_dir)
     say(describe_push(section, run_dir))
     return EXIT_OK if section["status"] == "pushed" else EXIT_PUSH_FAILED
+
+
+# -- the model card: README.md on the hub, from run.json alone (pure: run.json in, markdown out) ------------------
+
+LOSS_POINTS = 12  # rows of the loss curve's table
+
+
+def model_card(record: dict[str, Any], repo_id: str) -> str:
+    """README.md for `repo_id` from the run record."""
+    model, plan = record.get("model") or {}, record.get("plan") or {}
+    lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
+    base = model.get("hub_id") or model.get("name") or "unknown"
+    front = ["---", f"base_model: {base}", f"library_name: {'peft' if lora else 'transformers'}", "tags:", "- benchtrain"]
+    front += ["- lora" if lora else "- full-fine-tuning", "---", ""]
+    return "\n".join([*front, *_title(record, repo_id, base), *_data(record), *_method(record), *_outcome(record), *_losses(record)]) + "\n"
+
+
+def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
+    model = record.get("model") or {}
+    revision = model.get("revision")
+    partial = (record.get("final") or {}).get("partial")
+    lines = [f"# {repo_id}", "", f"Fine-tuned from `{base}`" + (f" at revision `{revision}`" if revision else "") + " with benchtrain."]
+    if partial:
+        lines.append(f"This is the state of a run that stopped early ({record.get('status')}): see the plan against what happened.")
+    return [*lines, ""]
+
+
+def _data(record: dict[str, Any]) -> list[str]:
+    data = record.get("data") or {}
+    profile = data.get("profile") or {}
+    samples, tokens = profile.get("count"), profile.get("total_tokens")
+    size = f"{samples:,} samples, {tokens:,} tokens" if isinstance(samples, int) and isinstance(tokens, int) else "size not recorded"
+    packing = "packed" if data.get("packing") else "padded"
+    return ["## Training data", "", f"- `{data.get('source')}`: {data.get('format')}, {size}, {packing}; loss on {data.get('loss_on')}", ""]
+
+
+def _method(record: dict[str, Any]) -> list[str]:
+    plan = record.get("plan") or {}
+    step = run_configuration(plan)
+    rows: list[tuple[str, Any]] = [
+        ("method", plan.get("method", "full")),
+        ("optimizer", plan.get("optimizer", "adamw")),
+        ("learning rate", plan.get("learning_rate")),
+        ("micro-batch × accumulation × processes", f"{step.micro_batch_size} × {step.grad_accum} × {plan.get('world_size', 1)}"),
+        ("max length", step.seq_len),
+        *((dimension.name.replace("_", " "), step.on(dimension.name)) for dimension in switches()),
+        ("epochs", plan.get("epochs")),
+        ("optimizer steps", plan.get("total_steps") or plan.get("optimizer_steps")),
+    ]
+    lora = plan.get("lora") or {}
+    if lora:
+        rows += [("LoRA rank / alpha / dropout", f"{lora.get('rank')} / {lora.get('alpha')} / {lora.get('dropout', 0.0)}")]
+        rows += [("LoRA targets", ", ".join(lora.get("targets") or []) or "default"), ("base quantization", lora.get("quantize", "none"))]
+    rows += [(name, value) for name, value in (record.get("hyperparameters") or {}).items()]
+    return ["## Method and hyper-parameters", "", "| | |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows], ""]
+
+
+def _outcome(record: dict[str, Any]) -> list[str]:
+    estimate, actual = record.get("estimate") or {}, record.get("actual") or {}
+    hardware = record.get("hardware") or {}
+    rows = [
+        ("time", _duration(estimate.get("total_seconds")), _duration(actual.get("command_seconds") or actual.get("total_seconds"))),
+        ("tokens/s", _number(estimate.get("tokens_per_second")), _number(actual.get("tokens_per_second"))),
+        ("peak memory (GiB)", _gib(estimate.get("peak_memory_bytes")), _gib(actual.get("peak_memory_bytes"))),
+        ("optimizer steps", estimate.get("steps"), actual.get("steps")),
+    ]
+    error = record.get("estimate_error_pct")
+    deadline = record.get("deadline_seconds")
+    lines = ["## The plan against what happened", "", "| | planned | actual |", "|---|---|---|", *[f"| {a} | {b} | {c} |" for a, b, c in rows], ""]
+    if error is not None:
+        lines.append(f"- estimate error of the steps run: {error:+.1f}%")
+    if deadline:
+        met = record.get("met_deadline")
+        verdict = "met" if met else "missed" if met is False else "not known"
+        lines.append(f"- deadline {format_duration(float(deadline))}: {verdict}; status {record.get('status')}")
+    lines += [f"- device: {hardware.get('name')}; calibration `{record.get('calibration_id')}`; run `{record.get('run_id')}`", ""]
+    return lines
+
+
+def _losses(record: dict[str, Any]) -> list[str]:
+    losses = record.get("losses") or []
+    if not losses:
+        return []
+    stride = max(1, len(losses) // LOSS_POINTS)
+    points = losses[::stride]
+    if points[-1] is not losses[-1]:
+        points.append(losses[-1])
+    evals = {entry["step"]: entry.get("eval_loss") for entry in record.get("evals") or []}
+    table = [f"| {p['step']} | {p['loss']:.4f} | {_number(evals.get(p['step']), 4)} |" for p in points]
+    return ["## Loss curve", "", "| step | training loss | eval loss |", "|---|---|---|", *table, ""]
+
+
+def _duration(seconds: Any) -> str:
+    return format_duration(float(seconds)) if isinstance(seconds, (int, float)) else "—"
+
+
+def _number(value: Any, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else "—"
+
+
+def _gib(value: Any) -> str:
+    return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) else "—"

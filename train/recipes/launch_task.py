@@ -1,18 +1,6 @@
-"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral:
-train.launch_command renders it as a SkyPilot or a dstack task (`train --dry-run --emit ENGINE:FILE`).
-
-What the task holds, and where each figure comes from:
-
-- **targets**: the recommended row first, then every other row that meets the deadline at its upper
-  end on the same number of nodes, in the comparison's order, as fallbacks the engine tries in turn
-  (SkyPilot `resources.ordered`, dstack's GPU list). Each keeps the configuration planned for it
-  (micro-batch, accumulation, processes, sharding) and the calibration it rests on; a row nobody
-  measured carries the `bench run` that measures it first (its figures are predicted or translated).
-- **disk, spot, maximum duration**: train.planning.rental (spot only where one preemption, priced,
-  still meets the deadline).
-
-Computation only: nothing here writes a file or imports an engine.
-"""
+"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral (its targets and
+fallbacks, uploads, disk, spot, maximum duration); train.launch_command renders it. Computation only.
+What it holds and why: docs/design.md#the-launch-task."""
 
 from __future__ import annotations
 
@@ -46,16 +34,13 @@ RUN_DIR = f"{ROOT}/run"  # the run folder: a bucket mounted on every node, so a 
 CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest on, uploaded
 HOME_DIR = f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
 
-# Options of the dry run that do not go into the command the task runs: the comparison's, the
-# emit's, and the run folder (the task's own).
+# Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
 DROPPED_FLAGS = ("--dry-run", "--json")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
 
-# The accelerator names the engines use for the datasheets' keys (calibration.datasheets). A
-# PCIe or NVL card has no name of its own there: it rents as its family, and the run checks the
-# device it got (train.launch_command: the run script).
+# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks the device it got.
 ACCELERATORS = {
     "h100": "H100",
     "h100-pcie": "H100",
@@ -148,8 +133,8 @@ class LaunchTask:
 
 
 def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
-    """The recommended row and the rows that meet the deadline at their upper end on as many nodes
-    (the engines set the node count once per task); the others, and why they were left out."""
+    """The recommended row and those meeting the deadline at their upper end on as many nodes (an engine sets the node count
+    once per task); the others, and why they were left out."""
     best = comparison.recommended
     if best is None:
         raise BenchtrainError("--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines")
@@ -224,49 +209,50 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
 
 def calibration_file(cal: Calibration) -> Path | None:
     """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
-    if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None:
-        return None
-    return Path(cal.path).resolve()
+    return None if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None else Path(cal.path).resolve()
 
 
 # -- the command the nodes run -----------------------------------------------------------------
 
 
+def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
+    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
+    kept: list[str] = []
+    skip = False
+    for index, token in enumerate(command_line):
+        name, equals, _ = token.partition("=")
+        if skip:
+            skip = False
+        elif name in with_value:
+            skip = not equals
+        elif name in flags:
+            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
+        else:
+            kept.append(token)
+    return kept
+
+
 def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
-    """The dry run's options as the train command on the nodes takes them (the comparison's, the
-    emit's and the run folder's dropped: the task adds its own), and the local files they name,
-    uploaded to the same absolute path. A relative path no node can see is one line."""
+    """The dry run's options as the nodes' train command takes them (the task adds its own calibration, resume and run
+    folder), and the local files they name, uploaded to the same absolute path."""
     kept: list[str] = []
     uploads: list[Upload] = []
-    tokens = list(command_line)
-    index = 0
-    while index < len(tokens):
-        token = tokens[index]
+    tokens = iter(without_options(command_line, (*DROPPED_FLAGS, "--resume"), DROPPED_WITH_VALUE))
+    for token in tokens:
         name, equals, inline = token.partition("=")
-        takes_value = name in DROPPED_WITH_VALUE or name in PATH_OPTIONS
-        value = inline if equals else (tokens[index + 1] if takes_value and index + 1 < len(tokens) else None)
-        index += 1 if equals or not takes_value else 2
-        if name in DROPPED_FLAGS or name == "--resume":
-            if name == "--resume" and index < len(tokens) and tokens[index] == "auto":
-                index += 1
+        value = (inline if equals else next(tokens, None)) if name in PATH_OPTIONS else None
+        if value is None:
+            kept.append(token)
             continue
-        if name in DROPPED_WITH_VALUE:
-            continue
-        if name in PATH_OPTIONS and value is not None:
-            value, upload = node_path(name, value, cwd)
-            if upload is not None:
-                uploads.append(upload)
-            kept += [name, value]
-            continue
-        kept.append(token)
+        value, upload = node_path(name, value, cwd)
+        uploads += [upload] if upload is not None else []
+        kept += [name, value]
     return kept, uploads
 
 
 def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
-    """A value of a path option as the nodes see it: a local file or folder uploaded to the same
-    absolute path; anything else (a preset, `sample`, a hub id, a price) as given. A relative local
-    path: one line, since the task uploads only what is named absolutely (it does not sync the
-    folder it was written in, which may be large)."""
+    """A path option's value as the nodes see it: a local file or folder uploaded to the same absolute path; anything else (a
+    preset, a hub id, a price) as given. A relative local path: one line (the task does not sync the working folder)."""
     path = Path(value).expanduser()
     if not path.is_absolute():
         if (cwd / path).exists():
@@ -281,9 +267,7 @@ def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
 
 
 def size_of(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+    return path.stat().st_size if path.is_file() else sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
 
 
 def benchtrain_version() -> str:
@@ -303,8 +287,8 @@ def launch_task(
     method: MethodConfig,
     command_line: list[str],
 ) -> LaunchTask:
-    """The task (the module's docstring): its targets (the recommended first), the train command with
-    its uploads, disk, spot (judged on `plan`, the recommended one's) and max duration."""
+    """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the
+    recommended `plan`) and maximum duration."""
     arguments, uploads = node_arguments(command_line, Path.cwd())
     for target in targets:
         if target.calibration_file is not None:
@@ -345,12 +329,11 @@ def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec
 
 
 def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
-    """The task of a single calibration's dry run: that plan on that calibration's machine, its row
-    planned with the processes and the interconnect the calibration recorded."""
+    """The task of a single calibration's dry run: that plan on the machine (processes, interconnect) the calibration recorded."""
     if not run.plan.meets_deadline:
         raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
     processes = run.step.world_size
     recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
     option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
-    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run, plan=run.plan)
+    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run)
     return launch_task([row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line)

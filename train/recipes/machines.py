@@ -1,21 +1,6 @@
-"""Which machine to rent: the same run planned once per row, ranked, the recommended row first.
-
-Each row has a `Source`:
-- `--use-calibration A,B,C|all|hub:ORG/NAME` (`compare`): each calibration as it measured, and for
-  each 1-process one a *predicted* row per process count whose collectives another calibration
-  measured on the same device and interconnect (`options_for`);
-- `--consider h100:1,h100:2:nvlink,…` (`consider`): each machine from its best source, in this
-  order: *measured here*; *measured by someone* (shared on the hub or bundled with benchtrain);
-  *predicted* (a 1-process calibration plus the collectives of N processes, `predicted_option`);
-  *translated* (another GPU of the same vendor by the datasheets' ratios, calibration.translate,
-  then predicted for N); *not plannable* (said why). A row nobody measured carries the `bench run`
-  that would settle it and its price.
-
-Each row is planned as a single-calibration dry run plans it (train.recipes.choice.fit_variant,
-train.recipes.run_plan.plan_run), costs its time × its device's price × its processes, and is
-ranked once (`rank`). Computation only: train.compare_command prints the rows,
-reports.comparison_report draws them.
-"""
+"""Which machine to rent: the same run planned once per row (a calibration of `--use-calibration A,B,C|all`, or a
+machine of `--consider`), ranked, the recommended row first. Computation only: train.compare_command prints the
+rows. The sources and the ranking: docs/design.md#which-machine-to-rent."""
 
 from __future__ import annotations
 
@@ -36,7 +21,7 @@ from calibration.translate import describe_translation, translate
 from common.durations import format_duration
 from common.errors import BenchtrainError, DoesNotFitError
 from common.json_types import JsonDict
-from train.planning.comm import COLLECTIVES, Traffic, price_traffic, stored_collectives
+from train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic, stored_collectives
 from train.planning.deadline import Deadline
 from train.planning.planner import deadline_options
 from train.planning.prices import run_cost
@@ -54,7 +39,7 @@ COMMUNICATION_BRACKET = (
     "upper bound and deadline at none (calibration.topology)"
 )
 NO_PRICES = "no --price-per-hour: rows are ranked by time; pass h100=2.5,… to rank by cost"
-MEASURED = ("measured here", "measured by someone")
+MEASURED = ("measured here", "measured by someone")  # indexed by is_shared
 VENDORS = {"nvidia": "NVIDIA", "amd": "AMD"}
 SETTLE_SECONDS = 240.0  # a bench run's budget where the calibration a row rests on does not say its own
 
@@ -94,7 +79,8 @@ def parse_machines(text: str) -> list[Machine]:
             raise BenchtrainError(f"--consider {part!r}: the number of GPUs must be a whole number (h100:2:nvlink)") from None
         if processes < 1:
             raise BenchtrainError(f"--consider {part!r}: at least one GPU")
-        word, assumed = (fields[2], False) if len(fields) > 2 else (default_link(sheet), True)
+        # Not written: the card's own link, NVLink where its datasheet lists it, else PCIe.
+        word, assumed = (fields[2], False) if len(fields) > 2 else ("nvlink" if sheet.nvlink_bandwidth else "pcie", True)
         if processes > 1:
             placed = parse_interconnect(word, "--consider").placed(processes)
             word = placed.word
@@ -106,19 +92,13 @@ def parse_machines(text: str) -> list[Machine]:
     return machines
 
 
-def default_link(sheet: DeviceSheet) -> str:
-    """The link a card has of its own: NVLink where its datasheet lists it, else PCIe."""
-    return "nvlink" if sheet.nvlink_bandwidth else "pcie"
-
-
 # -- sources: what a row is planned from --------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Option:
-    """What plans a row: a calibration, with its own processes (measured) or N processes predicted
-    from collectives that calibration `collectives_from` measured, or (`collectives_from` None)
-    priced from the links of `interconnect` (calibration.topology.analytic_collectives)."""
+    """What plans a row: a calibration with its own processes (measured), or N processes predicted from the collectives
+    the calibration `collectives_from` measured or (None) priced from the links of `interconnect`."""
 
     calibration: Calibration
     world_size: int
@@ -143,8 +123,8 @@ class Option:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a row's figures come from: the option that plans it (None: not plannable, `problem`
-    says why), of which kind, resting on whose measurement; for `--consider`, the machine."""
+    """Where a row's figures come from: the option that plans it (None: not plannable, `problem` says why), its kind,
+    whose measurement it rests on; for `--consider`, the machine."""
 
     option: Option | None
     kind: str  # measured here | measured by someone | predicted | translated | not plannable
@@ -171,8 +151,7 @@ def measured_by(cal: Calibration) -> str:
 
 
 def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
-    """Calibrations of several processes whose collectives can price predicted rows: those in the
-    comparison and every stored one (of any model), newest first, as raw data."""
+    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one), newest first."""
     seen, sources = set(), []
     candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
     for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
@@ -184,10 +163,8 @@ def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
 
 
 def options_for(calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> list[Option]:
-    """A row for each calibration as measured; and for each 1-process one, a predicted row per
-    process count another calibration measured collectives for on the same device and
-    interconnect (the newest; an interconnect not recorded matches any), unless a calibration in
-    the comparison measured that device, count and sharding itself."""
+    """A row for each calibration as measured; for each 1-process one, a predicted row per process count whose collectives
+    another calibration measured on its device and interconnect, unless the comparison measured that count itself."""
     options = [as_measured(cal) for cal in calibrations]
     measured = {(cal.hardware["name"], cal.world_size, cal.sharding) for cal in calibrations}
     for cal in calibrations:
@@ -207,8 +184,7 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
 
 
 def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
-    """The collectives `sharding` needs, as the calibration `data` measured them among `processes`
-    of `cal`'s device; None where it did not."""
+    """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
     collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
     if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(data["hardware"], cal.hardware):
         return None
@@ -223,18 +199,14 @@ def as_measured(cal: Calibration, interconnect: str | None = None) -> Option:
 def option_source(option: Option) -> Source:
     """A row of a comparison of calibrations: measured (here or by someone) or predicted."""
     cal = option.calibration
-    kind = "predicted" if option.predicted else MEASURED[1] if is_shared(cal) else MEASURED[0]
+    kind = "predicted" if option.predicted else MEASURED[is_shared(cal)]
     return Source(option, kind, measured_by(cal))
 
 
 def predicted_option(cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]) -> Option:
-    """A row for `processes` of `cal`'s device linked by `interconnect` (a calibration.topology
-    word: nvlink, pcie, 2x8:nvlink+ib, …), from the 1-process calibration `cal`: the collectives
-    the first of `sources` (collectives_sources: newest first) measured among as many processes of
-    this device over this interconnect (recorded, not assumed), else priced from the links'
-    figures. One line (BenchtrainError) for a word that is not an interconnect, a layout that does
-    not hold `processes`, a link with no figure for this device (loopback: only measured), or a
-    calibration of several processes (it plans its own)."""
+    """A row for `processes` of the 1-process `cal`'s device linked by `interconnect` (nvlink, pcie, 2x8:nvlink+ib, …), its
+    collectives from the first of `sources` that measured them there, else from the links' figures. One line for a bad
+    interconnect or layout, a link with no figures for this device, or a calibration of several processes."""
     placed = parse_interconnect(interconnect).placed(processes)
     if processes == 1:
         return Option(cal, 1, "none", interconnect=placed.word)
@@ -257,7 +229,7 @@ def machine_source(machine: Machine, calibrations: list[Calibration], sharding: 
         recorded = recorded_interconnect(cal.hardware, machine.processes) if machine.processes > 1 else None
         if machine.processes > 1 and recorded is not None and machine.interconnect and recorded.family != parse_interconnect(machine.interconnect).family:
             continue
-        return Source(as_measured(cal, machine.interconnect), MEASURED[1] if is_shared(cal) else MEASURED[0], measured_by(cal), machine=machine)
+        return Source(as_measured(cal, machine.interconnect), MEASURED[is_shared(cal)], measured_by(cal), machine=machine)
     singles = [cal for cal in here if cal.world_size == 1]
     if singles and machine.processes > 1:
         return predicted(machine, singles[0], sharding, sources, "predicted", measured_by(singles[0]))
@@ -301,10 +273,8 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
 
 
 def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
-    """The calibrations a comparison names, separated by commas (each once): `all` (every stored
-    calibration of this model and method, newest first, then the bundled ones), `hub:ORG/NAME`
-    (those of this model and method shared in that hub repository: calibration.hub), ids, paths
-    or `hub:ORG/NAME/ID`."""
+    """The calibrations a comparison names (each once): `all` (the stored ones of this model and method, newest first, then
+    the bundled ones), `hub:ORG/NAME` (those that hub repository shares), ids, paths or `hub:ORG/NAME/ID`."""
     names = [part.strip() for part in reference.split(",") if part.strip()]
     if not names:
         raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
@@ -335,8 +305,7 @@ def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, o
 
 
 def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
-    """The calibrations (path, data) of this model (a preset and a hub model of the same architecture
-    share a fingerprint, train.workload.model) and method; one without a fitted model is said and left out."""
+    """The calibrations (path, data) of this model's fingerprint and method; one without a fitted model is said and left out."""
     found = []
     for path, data in entries:
         if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (spec.fingerprint, method.method):
@@ -380,9 +349,7 @@ class Row:
     source: Source
     device: JsonDict
     price_per_hour: float | None = None
-    run_plan: RunPlan | None = None  # the plan whole: its device, processes and variant (`plan` is its planner answer)
-    plan: Plan | None = None  # None when this source cannot plan the run
-    communication: JsonDict = field(default_factory=dict)
+    run_plan: RunPlan | None = None  # None when this source cannot plan the run
     compute: JsonDict = field(default_factory=dict)
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)
     warnings: list[str] = field(default_factory=list)
@@ -395,6 +362,11 @@ class Row:
     @property
     def option(self) -> Option | None:
         return self.source.option
+
+    @property
+    def plan(self) -> Plan | None:
+        """The planner's answer of `run_plan`."""
+        return self.run_plan.plan if self.run_plan is not None else None
 
     @property
     def machine(self) -> str | None:
@@ -462,7 +434,7 @@ class Row:
             bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
             return {**bare, **self.machine_json()}
         cal = self.option.calibration
-        if self.plan is not None and self.run_plan is not None:
+        if self.run_plan is not None:
             data = self.run_plan.to_json(self.compute)
         else:
             data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
@@ -510,9 +482,7 @@ class Row:
 
 
 def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: JsonDict) -> Row:
-    """The plan of one source, made as a single-calibration dry run makes it (train.recipes.choice.fit_variant,
-    train.recipes.run_plan.plan_run), or why it cannot be made (no source, a model too big for
-    the device, no configuration in memory)."""
+    """The plan of one source, made as a single-calibration dry run makes it, or why it cannot be made."""
     option = source.option
     if option is None:
         machine = source.machine
@@ -539,18 +509,18 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
     if option.predicted and option.collectives is not None:
         collectives = option.collectives
 
-        def communicate(traffic: Traffic) -> tuple[float, float, JsonDict]:
-            per_step, per_micro_step, record = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
-            return per_step, per_micro_step, {**record, "overlap": "bracketed", "interconnect": option.interconnect}
+        def communicate(traffic: Traffic) -> CommPlan:
+            priced = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
+            return priced._replace(record={**priced.record, "overlap": "bracketed", "interconnect": option.interconnect})
 
     try:
         placed = plan_run(setup, context, communicate)
     except BenchtrainError as error:
         row.problem = str(error)
         return row
-    row.run_plan, row.communication, row.plan = placed, placed.communication, placed.plan
-    row.compute = planned_compute(context.spec, placed, row.plan.chosen)
-    row.warnings += row.plan.warnings
+    row.run_plan = placed
+    row.compute = planned_compute(context.spec, placed, placed.plan.chosen)
+    row.warnings += placed.plan.warnings
     return row
 
 
@@ -615,15 +585,12 @@ class Comparison:
 
 
 def plan_of(row: Row) -> Plan:
-    """The plan of a row that has one (the ranking's keys see only those)."""
     assert row.plan is not None
     return row.plan
 
 
 def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
-    """Rows that meet the deadline, cheapest first (fastest without prices), ties by time; then
-    those that do not, closest first; then those with no plan. The first that meets it is
-    recommended. A row is judged at its estimate, or `at_upper_end` at its bracket's upper end."""
+    """The rows in the order docs/design.md#which-machine-to-rent gives, judged at their estimates or `at_upper_end`."""
 
     def judged(row: Row) -> tuple[float, float]:
         chosen = plan_of(row).chosen
@@ -636,15 +603,12 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
     missing = sorted((row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised)
     ranked = meeting + missing + [row for row in rows if row.plan is None]
     for row in ranked:
-        row.recommended = False
-    if meeting:
-        meeting[0].recommended = True
+        row.recommended = bool(meeting) and row is meeting[0]
     return ranked
 
 
 def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> list[Row]:
-    """Rows that might beat the recommended one within their brackets: at their low end they meet
-    the deadline and cost less (or, without prices, finish sooner) than it does at its upper end."""
+    """Rows that at their low end meet the deadline and cost less (without prices: finish sooner) than the recommended at its upper end."""
     best = next((row for row in rows if row.recommended), None)
     if best is None or best.bracket is None:
         return []
@@ -662,9 +626,8 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
 def compare(
     context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, sources: list[JsonDict] | None = None
 ) -> Comparison:
-    """A row per calibration (and per process count predicted from it: options_for), ranked at their
-    estimates. `sources`: calibrations whose collectives may price predicted rows (default: those of
-    the comparison and the store)."""
+    """A row per calibration and per process count predicted from it, ranked at their estimates. `sources`: calibrations
+    whose collectives may price predicted rows (default: collectives_sources)."""
     options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
     return comparison(context, method, [option_source(option) for option in options], here, profile, at_upper_end=False)
 
@@ -672,16 +635,13 @@ def compare(
 def consider(
     context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, machines: list[Machine]
 ) -> Comparison:
-    """A row per machine from its best source (`machine_source`), ranked at the upper ends of their
-    brackets, with what would settle each row that was not measured."""
-    sources = collectives_sources(calibrations)
-    sharding = context.config.step.sharding
+    """A row per machine from its best source, ranked at the upper ends of their brackets, with what would settle each."""
+    sources, sharding = collectives_sources(calibrations), context.config.step.sharding
     return comparison(context, method, [machine_source(machine, calibrations, sharding, sources) for machine in machines], here, profile, at_upper_end=True)
 
 
 def comparison(context: PlanContext, method: MethodConfig, sources: list[Source], here: JsonDict, profile: JsonDict, at_upper_end: bool) -> Comparison:
-    """Every source planned on the same `context` (the command, the model, the data as profiled,
-    the time spent) and ranked (`rank`)."""
+    """Every source planned on the same `context` and ranked."""
     config = context.config
     if config.plan.fit_deadline:
         again = "consider machines" if at_upper_end else "compare"
@@ -710,8 +670,7 @@ def comparison(context: PlanContext, method: MethodConfig, sources: list[Source]
 
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
-    """One line: the closest row, what it needs, and what would fit (a later deadline, fewer
-    epochs or steps: train.planning.planner.deadline_options)."""
+    """One line: the closest row, what it needs, and what would fit (a later deadline, fewer epochs or steps)."""
     planned = [row for row in comparison.rows if row.plan is not None]
     if not planned:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)

@@ -1,14 +1,5 @@
-"""What the processes of a multi-process `train` decide once, on rank 0, for all of them.
-
-Each process plans (it must: a 1-process calibration's collectives are timed among all of them,
-train.planning.comm), but each plans from its own clock and its own timings: its elapsed time and
-tokenizing rate feed `--fit-deadline`, the deadline check and the learning-rate horizon, and its
-collective timings the communication it adds. Near a boundary two ranks then chose different step
-counts or configurations, and the job hung in its first mismatched collective or trained two
-different runs. Rank 0's outcome is what every rank trains (`rank0_decides`, broadcast: it is
-our own data, never a user's file), and before the first step every rank checks that it trains
-what rank 0 trains (`check_same_training`).
-"""
+"""What the processes of a multi-process `train` decide once, on rank 0, for all of them, and the check that
+every rank trains what rank 0 trains. Why: docs/design.md#decided-on-rank-0."""
 
 from __future__ import annotations
 
@@ -22,8 +13,7 @@ T = TypeVar("T")
 
 
 def _join_process_group() -> Any:
-    """torch.distributed, joined to the launcher's process group: the one train.step.runtime.make_accelerator
-    joins later (accelerate's PartialState, created once per process)."""
+    """torch.distributed, joined to the launcher's process group (accelerate's PartialState, once per process)."""
     import torch
     import torch.distributed as dist
     from accelerate import PartialState
@@ -43,10 +33,8 @@ def from_rank0(value: T) -> T:
 
 
 def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda value: value) -> T:
-    """`decide()` on every rank (so that every rank joins the collectives it holds), then rank 0's
-    outcome on all: its value (through `adopt` on the other ranks, which put their own clocks
-    back in), or the BenchtrainError it raised, raised on every rank: a plan refused on rank 0 is
-    refused everywhere, and one refused on another rank alone does not leave rank 0 waiting."""
+    """`decide()` on every rank (each joins its collectives), then rank 0's outcome on all: its value (through `adopt` on the
+    others, to put their own clocks back in), or its BenchtrainError raised on every rank, so no rank is left waiting."""
     if job_world_size() == 1:
         return decide()
     try:
@@ -61,9 +49,7 @@ def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda valu
 
 
 def check_same_training(training: dict[str, Any]) -> None:
-    """Every rank trains what rank 0 trains (`training`: the configuration, the epochs, the step
-    limit, the learning rate and its schedule's horizon, the run): else one line on every rank,
-    before any step, rather than a hang in the first collective that differs."""
+    """Every rank trains what rank 0 trains (`training_summary`): else one line on every rank before any step, not a hang."""
     if job_world_size() == 1:
         return
     dist = _join_process_group()
@@ -85,6 +71,5 @@ COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps"
 
 
 def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """What `check_same_training` compares: the configuration, its steps and learning-rate horizon,
-    read from run.json's plan section, and the run."""
+    """What `check_same_training` compares: run.json's plan section's COMPARED_PLAN_KEYS, and the run."""
     return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}

@@ -1,14 +1,5 @@
-"""One `train` command as a recipe (the shape of torchtune's recipes, state on the recipe):
-
-- `setup`: the run to resume, the calibration and the variants it measured fitted to the device
-  (train.recipes.choice), the model's weights, the data (train.recipes.run_data);
-- `plan`: each variant planned, the best kept: one `RunPlan` (train.recipes.run_plan), `self.run`;
-- `train`: every record tokenized, run.json opened (train.running.record.RunRecord), the loop,
-  final/;
-- `finish`: run.json completed, the calibration fed, the report; `cleanup` lets the run folder go.
-
-train/cli.py calls `run_training`.
-"""
+"""One `train` command as a recipe: `setup`, `plan`, `train`, `finish` (state on the recipe); train/cli.py calls
+`run_training`. The stages: docs/design.md#the-train-recipe."""
 
 from __future__ import annotations
 
@@ -63,9 +54,8 @@ from train.workload.model import ModelSpec, model_identity, model_record, model_
 def run_training(
     args: argparse.Namespace, started: float, write_report: Callable[[Path], Path], emit_task: Callable[[str, LaunchTask], None] | None = None
 ) -> int:
-    """`started`: time.monotonic() when the command started (its deadline counts from there);
-    `write_report(run folder)` writes the run's report, `emit_task(--emit, task)` a dry run's launch
-    task (the command layer's: train/cli.py)."""
+    """`started`: time.monotonic() at the command's start (the deadline counts from there); `write_report` and `emit_task`:
+    the command layer's writers of the run's report and a dry run's launch task."""
     recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
     recipe.setup()
     recipe.plan()
@@ -79,9 +69,8 @@ def run_training(
     finally:
         recipe.cleanup()
 
-    # Every rank waits until rank 0 has written everything: none exits while another still works.
-    # As long as rank 0's export, report and push are planned to take (and more): a fixed wait
-    # ended rank 0 in the middle of a long push.
+    # Every rank waits until rank 0 has written everything: none exits while another still works. As long as rank 0's export, report and push are planned to
+    # take (and more): a fixed wait ended rank 0 in the middle of a long push.
     overheads = recipe.run.plan.chosen.overheads
     finish_together(finish_wait_seconds(overheads.after_training_seconds if overheads is not None else 0.0))
     return status
@@ -96,10 +85,8 @@ class TrainRecipe:
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self) -> None:
-        """The model, the method and the run to resume; the calibration and each variant it measured
-        that the run may train with, fitted to the device (a calibration that does not suit or a
-        model too big: one line, before any data or model work); the hub weights (how many GB come
-        into which cache, then fetched); the data. --push-to-hub's name, token and hub are checked first."""
+        """--push-to-hub checked; the model, the method and the run to resume; the calibration's variants fitted to the device
+        (one line before any data or model work when none suits); the hub weights; the data."""
         target = self.config.output.push_target
         self.push = check_push(target) if target is not None else None
         # self.resumed: what this command continues of the run (None: a new run), read once.
@@ -121,9 +108,8 @@ class TrainRecipe:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
     def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, RunFile | None, ResumedRun | None]:
-        """The model spec, the method, the run folder and, with --resume, the run.json it continues
-        (whose model and adapters it keeps; other options differing are warned of) and what the
-        resume reads of it (a file that cannot be read: one line, calibration.run_file)."""
+        """The model spec, the method, the run folder and, with --resume, the run.json it continues (its model and adapters
+        kept, other differing options warned of) and what the resume reads of it."""
         config = self.config
         spec = resolve_model(config.model)
         out_dir = Path(config.output.out).expanduser() if config.output.out else None
@@ -146,8 +132,7 @@ class TrainRecipe:
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self) -> RunPlan:
-        """Each fitted variant planned on the data as loaded; the fastest that fits kept, its notes
-        saying what the others cost and what unmeasured bases would hold."""
+        """Each fitted variant planned; the fastest that fits kept, its notes saying what the others and unmeasured bases would hold."""
         config, loaded = self.config, self.loaded
         elapsed = config.run_deadline.elapsed()
         context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
@@ -163,14 +148,12 @@ class TrainRecipe:
         return run
 
     def _with_own_clock(self, run: RunPlan) -> RunPlan:
-        """Rank 0's plan on another rank: its deadline counted from this process's start (a
-        time.monotonic() reading of another process, on another machine, means nothing here)."""
+        """Rank 0's plan on another rank, its deadline counted from this process's start (another's monotonic clock means nothing here)."""
         return replace(run, request=replace(run.request, deadline=self.config.run_deadline))
 
     def show_plan(self) -> bool:
-        """The plan on the console (rank 0), or as JSON with --json; a plan that misses the deadline
-        ends the command (a dry run the same way the real run would, so a script can tell). Whether
-        to train: not after --json or --dry-run."""
+        """The plan on the console or as JSON (rank 0); a plan that misses the deadline ends the command, a dry run too, so
+        a script can tell. Returns whether to train (not after --json or --dry-run)."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
             precision = run.cal.training.get("precision") or run_precision(run.device_type)
@@ -188,8 +171,8 @@ class TrainRecipe:
 
     # -- train ------------------------------------------------------------------------------
     def train(self) -> TrainedRun:
-        """Train to the plan: the exact data, run.json written before training (a run killed at any
-        moment can be resumed with its method), the run folder locked and checked for room first."""
+        """Train to the plan: the exact data; the run folder locked and checked for room, run.json written (a run killed at
+        any moment resumes with its method); the loop."""
         self._with_exact_data()
         run, config = self.run, self.config
         self.record = self._open_record()
@@ -208,16 +191,14 @@ class TrainRecipe:
         return self.trained
 
     def _with_exact_data(self) -> None:
-        """Every record tokenized (the cache built where it is cold, by one process per machine) and,
-        when the plan came from a sample, the chosen configuration planned again on the exact profile:
-        the steps, their estimate and the deadline check are the exact data's."""
+        """Every record tokenized (a cold cache built by one process per machine) and, for a plan made from a sample, the
+        chosen configuration planned again on the exact profile."""
         run, loaded = self.run, self.loaded
         data, eval_data = loaded.exact(self.config.data, self.config.seed)
         self.loaded = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
         if not loaded.sampled:
-            # The run's span starts here, after the plan was shown (its text imports peft and
-            # bitsandbytes to size every method: ≈1.2 s, not a cost of the planned work): that time
-            # is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
+            # The run's span starts here, after the plan was shown (its text imports peft and bitsandbytes to size every method: ≈1.2 s, not a cost of the
+            # planned work): that time is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
             request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
             self.run = replace(run, request=request)
             return
@@ -236,8 +217,7 @@ class TrainRecipe:
             say(f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time")
 
     def _open_record(self) -> RunRecord:
-        """The run folder and its run.json: new, or the interrupted run's when resuming; with the
-        whole validated configuration, the method and what the plan settled."""
+        """The run folder and its run.json (new, or the resumed run's) with the configuration, the method and the plan."""
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
@@ -324,8 +304,7 @@ class TrainRecipe:
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:
-        """run.json completed, the measured speed fed back, the report, and what to do next
-        (rank 0); the exit status: interrupted or not."""
+        """run.json completed, the measured speed fed back, the report, what to do next (rank 0); returns the exit status."""
         if is_main_process():
             run, config, record = self.run, self.config, self.record
             write_report = None if config.output.no_report else self.write_report
@@ -351,16 +330,14 @@ class TrainRecipe:
 
 
 def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
-    """The command's step options as run.json's `config` records them: with --loss auto where bench
-    compared the losses on this device, the loss it measured best (what runs)."""
+    """The step options as run.json records them: --loss auto as the loss bench measured best on this device, where it did."""
     if options.loss == "auto" and not run.foreign and run.cal.data.get("loss_choice"):
         return replace(options, loss=run.step.loss)
     return options
 
 
 def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
-    """final/ (and final-merged/) from the trained model, written by the main process
-    (under FSDP every process first joins in gathering the full weights)."""
+    """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
     if loop.model is None:
         return None
     full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None

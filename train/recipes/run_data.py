@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class LoadedData:
-    """The data of a command: as the planner sees it (`data`, `eval_data`: exact, or from a sample)
-    and how to get every record tokenized for training (`exact`)."""
+    """The data as the planner sees it (`data`, `eval_data`: exact, or from a sample), and every record tokenized (`exact`)."""
 
     data_path: str
     tokenizer: PreTrainedTokenizerBase
@@ -59,14 +58,11 @@ class LoadedData:
 
 def split_data(data: Any, eval_data: Any, section: DataSection, seed: int) -> tuple[Any, Any]:
     """--eval-split holds out a share of the data (deterministically, by `seed`); --eval-data is its own."""
-    if section.eval_split is not None:
-        return split_eval(data, section.eval_split, seed)
-    return data, eval_data
+    return split_eval(data, section.eval_split, seed) if section.eval_split is not None else (data, eval_data)
 
 
 def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
-    """The tokenizer and the data (the command's data section, whole): exact when the cache holds it
-    (or --exact-profile), else from a sample; `seed` draws --eval-split's share."""
+    """The tokenizer and the data: exact where cached (or --exact-profile), else from a sample; `seed` draws --eval-split's."""
     data_path = resolve_data_path(section.data)
     tokenizer = load_tokenizer(spec.directory, section.tokenizer)
     prepared = prepare_data(DataSpec(data_path, section.train_on, section.schema, section.data_split), tokenizer, say, section.exact_profile)
@@ -80,8 +76,7 @@ def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
 
 
 def hub_weights(spec: ModelSpec, dry_run: bool) -> ModelSpec:
-    """The spec that loads a hub model's weights, fetched into the hub cache if missing (said first,
-    with the size); a dry run only says what a run would fetch, and plans without them."""
+    """The spec that loads a hub model's weights, fetched if missing (size said first); a dry run only says what it would fetch."""
     if not dry_run:
         return with_hub_weights(spec, say)
     try:

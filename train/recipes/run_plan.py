@@ -1,10 +1,5 @@
-"""What a run will do: one `RunPlan` — the calibration and its variant, the device, THE step's setup,
-the memory need, the price, what --force let through (a `FittedVariant`,
-train.recipes.choice), and what communication adds, what the planner was asked and its
-plan (the configuration, the steps, the bounds, the cost, the warnings). Made here only
-(`plan_run`), for a `train` command (train.recipes.recipe), each row of a comparison
-(train.recipes.machines) and `--consider`, so that all plan alike; every reader (the console, the
-dry run's JSON, a Trainer's fields, a launch task, run.json) reads it by name."""
+"""What a run will do: one `RunPlan` (a `FittedVariant` planned), made only by `plan_run`, for a `train` command,
+each row of a comparison and `--consider`, so that all plan alike. Why: docs/design.md#what-a-run-will-do-runplan."""
 
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from calibration.run_file import ResumedRun
 from common.console import say
 from common.durations import format_duration
 from common.json_types import JsonDict
-from train.planning.comm import Traffic, plan_communication, traffic_of
+from train.planning.comm import CommPlan, Traffic, plan_communication, traffic_of
 from train.planning.disk import export_bytes, upload_bytes
 from train.planning.memory_check import describe_needs, meta_model
 from train.planning.plan_text import describe_compute, describe_plan
@@ -40,16 +35,13 @@ if TYPE_CHECKING:
     from train.workload.batching import DataView
     from train.workload.method import MethodConfig
 
-# What a comparison's predicted row prices the traffic with: (seconds per optimizer step, per
-# micro-step, the communication record), train.recipes.machines.plan_row.
-Communicate = Callable[["Traffic"], tuple[float, float, JsonDict]]
+# What a comparison's predicted row prices the traffic with (train.recipes.machines.plan_row).
+Communicate = Callable[[Traffic], CommPlan]
 
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What every plan of one command shares, whichever calibration or variant it is for: the
-    command's configuration and model, the data as the planner sees it, the time already spent,
-    and for a resumed run the interrupted run's epochs and configuration (train.running.resume)."""
+    """What every plan of one command shares, whichever calibration or variant it is for."""
 
     config: TrainConfig
     spec: ModelSpec
@@ -64,11 +56,8 @@ class PlanContext:
 
 @dataclass(frozen=True)
 class FittedVariant:
-    """A calibration variant and the method it measured, on the device the plan is for — this
-    machine's, or in a dry run the calibration's (its memory, peak FLOP/s, compile and loss), so that
-    a user plans the GPU they will rent from a machine without one — checked before any data is
-    read: it suits the run (or --force) and the model fits (train.recipes.choice.fit_variant).
-    A `RunPlan` is one, planned."""
+    """A calibration variant and its method on the device the plan is for (this machine's, or in a dry run the
+    calibration's, so that a user plans the GPU they will rent), checked before any data is read (choice.fit_variant)."""
 
     cal: Calibration  # at the variant trained (cal.variant)
     method: MethodConfig
@@ -86,8 +75,7 @@ class FittedVariant:
 
 @dataclass(frozen=True)
 class RunPlan(FittedVariant):
-    """A fitted variant planned: what the processes' communication adds (seconds per step in
-    `request`, the record in `communication`), what the planner was asked and its plan."""
+    """A fitted variant planned: what communication adds (`communication`), what the planner was asked and its plan."""
 
     communication: JsonDict
     request: PlanRequest
@@ -111,33 +99,24 @@ class RunPlan(FittedVariant):
 
 
 def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communicate | None = None) -> RunPlan:
-    """A fitted variant planned: what communication adds (measured among the calibration's
-    processes, or `communicate(traffic)` → (per step, per micro-step, record) where a comparison
-    predicts it: the collectives' seconds with none hidden, which the planner brackets between full
-    overlap with backward and none, train.planning.planner.exposed_floor), the request, and the
-    planner's plan."""
+    """A fitted variant planned: what communication adds (measured among the calibration's processes, or
+    `communicate(traffic)` where a comparison predicts it, none of it hidden), the request, and the planner's plan."""
     traffic = traffic_of(fitted.step.sharding, fitted.need, fitted.device_type)
-    if communicate is None:
-        per_step, per_micro_step, communication = plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force)
-    else:
-        per_step, per_micro_step, communication = communicate(traffic)
-    request = plan_request(context, fitted, (per_step, per_micro_step), communicate is not None)
+    comm = plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force) if communicate is None else communicate(traffic)
+    request = plan_request(context, fitted, comm, communicate is not None)
     plan = make_plan(fitted.cal, context.data, request, context.eval_data)
     chosen = {field.name: getattr(fitted, field.name) for field in fields(FittedVariant)}
-    return RunPlan(**chosen, communication=communication, request=request, plan=plan)
+    return RunPlan(**chosen, communication=comm.record, request=request, plan=plan)
 
 
 def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
-    """The planner on a request already made, for other data: the exact tokens once a plan made from
-    a sample is kept (train.recipes.recipe.TrainRecipe._with_exact_data)."""
+    """The planner on a request already made, for other data (the exact tokens once a plan made from a sample is kept)."""
     return make_plan(cal, data, request, eval_data)
 
 
-def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tuple[float, float], comm_overlap: bool) -> PlanRequest:
-    """What the planner is asked for this command and fitted variant; `comm_seconds`: what
-    communication adds that the calibration's step times lack (per optimizer step, per micro-step,
-    none of it hidden); `comm_overlap`: whether it may hide behind backward (a row predicted from a
-    1-process step, train.recipes.machines: the planner brackets it)."""
+def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
+    """What the planner is asked for this command and fitted variant; `comm`: what communication adds that the
+    calibration's step times lack; `comm_overlap`: whether it may hide behind backward (the planner brackets it)."""
     config, spec, resumed = context.config, context.spec, context.resumed
     cal, method, need, step = fitted.cal, fitted.method, fitted.need, fitted.step
     device_type = fitted.device_type
@@ -150,8 +129,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tupl
     # NVLS memory on an NVSwitch) besides; an N-process calibration measured them in its peak.
     if cal.world_size == 1:
         memory_offset += communicator_bytes(fitted.hardware, step.world_size)
-    # On CPU this process's own libraries and data beyond the bench process's, measured now (its
-    # data loaded, its model not yet built).
+    # On CPU this process's own libraries and data beyond the bench process's, measured now (its data loaded, its model not yet built).
     memory_offset += host_excess_bytes(cal.hardware, device_type)
     merge = bool(config.output.merge_lora and method.is_lora)
     return PlanRequest(
@@ -177,8 +155,8 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tupl
         eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
         with_report=not config.output.no_report,
         compiled=step.compiled,
-        comm_seconds_per_step=comm_seconds[0],
-        comm_seconds_per_micro_step=comm_seconds[1],
+        comm_seconds_per_step=comm.per_step,
+        comm_seconds_per_micro_step=comm.per_micro_step,
         memory_offset_bytes=memory_offset,
         gradient_shards=gradient_shards,
         export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type),
@@ -189,8 +167,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm_seconds: tupl
 
 
 def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> JsonDict:
-    """The plan's predicted TFLOP/s and MFU on the plan's device (the calibration's in a dry run for
-    another): its peak FLOP/s as recorded, else train.step.hardware's table for its name."""
+    """The plan's predicted TFLOP/s and MFU on the plan's device, at its recorded peak FLOP/s, else its datasheet's."""
     hardware = run.hardware
     peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
     if not peak or not chosen.step_seconds:
