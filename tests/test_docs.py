@@ -110,3 +110,27 @@ def test_every_command_line_in_the_readme_and_the_usage_page_parses() -> None:
         except (SystemExit, BenchtrainError):
             refused.append(" ".join(words))
     assert not refused, f"command lines the parsers refuse: {refused}"
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as
+    hyphens, a repeated heading numbered."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, repeat = slug, 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{slug}-{repeat}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_every_pointer_from_the_code_into_the_docs_lands_on_a_heading() -> None:
+    pointers = set()
+    for folder in ("bench", "train", "calibration", "reports", "common", "benchtrain"):
+        for module in (ROOT / folder).rglob("*.py"):
+            pointers.update(re.findall(r"docs/([\w-]+\.md)#([\w-]+)", module.read_text()))
+    assert len(pointers) > 20
+    missing = sorted(f"docs/{page}#{anchor}" for page, anchor in pointers if anchor not in heading_anchors(ROOT / "docs" / page))
+    assert not missing, f"code points at headings the docs do not have: {missing}"
