@@ -1,15 +1,5 @@
-"""Micro-batches and the DataLoader that delivers them, for probes and training alike.
-
-A *batch plan* is decided up front and is deterministic (seed, epoch): the planner counts the
-real tokens of exactly the batches training will run, and `--resume` continues from an index.
-
-- Packing (`text` data): all samples joined by EOS, cut into rows of `max_length`; no padding.
-- Padding (other formats): length-grouped batches, right-padded to the longest sample of each
-  batch (with a compiled step: to the next multiple of 64); no attention mask is needed.
-- Synthetic (bench without `--data`): random ids at the probe's sequence length.
-
-Each DataLoader item is one whole micro-batch, collated inside the worker processes.
-"""
+"""Micro-batches (packed, padded or synthetic) planned deterministically from (seed, epoch), and the
+DataLoader that delivers them whole, for probes and training alike. docs/design.md#micro-batches"""
 
 from __future__ import annotations
 
@@ -303,21 +293,14 @@ def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start
 
 
 def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal's group, DataLoader workers too: a worker that
-    died of it would fail the step in flight, and the main process could not finish it and save
-    the checkpoint it promises. The main process handles SIGINT/SIGTERM (train.running.loop.StopSignals);
-    its workers exit when it shuts the loader down (or when it is gone: torch's watchdog)."""
+    """A worker ignores Ctrl-C: the main process finishes the step and saves its checkpoint (docs/design.md#micro-batches)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def shard(batches: Sequence[MicroBatch], rank: int, world_size: int) -> list[MicroBatch]:
-    """This process's share of an epoch's batches: every world_size-th one. All processes must run
-    the same number of steps (a missing step would hang the all-reduce) and every sample should be
-    seen once, so the samples of the batches left over after the last full round are dealt out as
-    one smaller batch per process; when they are fewer than the processes, they are dealt out
-    with the last full round's as two rounds of smaller batches. Only a micro-batch of 1 with
-    fewer leftover samples than processes drops those few."""
+    """This process's share of an epoch's batches: every world_size-th one, the leftover samples dealt out
+    so that every process runs as many steps (how: docs/design.md#micro-batches)."""
     if world_size <= 1:
         return batches  # type: ignore[return-value]  # a list, or a PackedPlan (lazy)
     whole = len(batches) - len(batches) % world_size

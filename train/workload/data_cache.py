@@ -1,15 +1,5 @@
-"""Tokenize once per dataset: in parallel, into a store folder under $BENCHTRAIN_HOME/data/<key>,
-reused by `bench --data`, `train`, `--resume` and every process of a launch.
-
-- The records are cut into one contiguous range per worker (forked: they share the memory-mapped
-  Arrow records and the tokenizer); each worker writes its own part, and the parts are joined in
-  order into one store. The main process shows the progress.
-- The store appears in one rename once meta.json is written, under a file lock: a store folder
-  without meta.json, with a file of the wrong size, or (before training) with a file that does
-  not match its checksum is rebuilt, never read. A full disk is one line, and no half store stays.
-- Under a launcher the main process of each machine (LOCAL_RANK 0) builds; the others wait for
-  the store and then map it.
-"""
+"""Tokenize once per dataset, in parallel, into a store folder under $BENCHTRAIN_HOME/data/<key>,
+built atomically under a lock by one process per machine. The design: docs/design.md#the-data-cache"""
 
 from __future__ import annotations
 

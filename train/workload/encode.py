@@ -1,17 +1,5 @@
-"""Records to token ids, a batch at a time: the tokenizer called once per batch, and for chat data
-the loss mask from one rendering per conversation.
-
-Where the loss is on the assistant's turns, a turn's span runs from the end of everything before
-it rendered with the generation prompt (so the assistant header is not trained) to the end of the
-conversation through that turn (its end-of-turn marker included): `assistant_character_spans`
-renders the conversation three times per assistant turn to find them, which holds for any
-template that renders turn by turn. `TemplateShape` finds the same spans in the one rendering:
-it learns once what the template writes around an assistant message, then locates each message's
-content in order and checks that header and end marker stand around it. A turn it cannot place
-exactly (content the template rewrites, a template that renders the last turn differently) is
-done the reference way, and a template whose spans differ from the reference's on the first
-conversations is done the reference way throughout.
-"""
+"""Records to token ids a batch at a time, and chat data's loss mask on the assistant's turns from
+one rendering per conversation. How the spans are found: docs/design.md#loss-masks-for-chat-data"""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What makes tokenized data what it is, as one key: the data's content, the tokenizer, its chat
-template, the format and columns, and what the loss is on.
-
-A file's content is its sha256, read once and remembered beside the cache by (path, size, mtime,
-ctime, inode): any write changes ctime, so a file changed since is hashed again, and an unchanged
-one costs a `stat`.
-"""
+"""The key tokenized data is cached under: the data's content (sha256, remembered by stat), the
+tokenizer and its chat template, the format and columns, what the loss is on. docs/design.md#the-cache-key"""
 
 from __future__ import annotations
 

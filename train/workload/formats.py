@@ -1,14 +1,6 @@
-"""Data formats: which one a dataset is in, and each record as text, a conversation, or a prompt
-and its completion. Each format is one entry of `FORMATS` (a `DataFormat`): how it is recognised
-from the columns, which columns it reads, how a batch of records becomes token ids and what the
-loss is on, whether it packs. The readers (detection here, train.workload.encode, .prepare, .tokens,
-the `--data-format` option) go through the table: adding a format is adding an entry.
-
-The chat formats (OpenAI `messages`, ShareGPT `conversations` of {from, value}, Alpaca
-`instruction`/`input`/`output`) are rendered with the tokenizer's own chat template, the loss on
-the assistant's turns; a `system` column, when there is one, opens the conversation. Detection is
-automatic; `--data-format` and the column options name what it cannot guess.
-"""
+"""Data formats, one `DataFormat` entry each in `FORMATS`: how a format is recognised from the
+columns, which columns it reads, how records become token ids and what the loss is on.
+The design: docs/design.md#data-formats"""
 
 from __future__ import annotations
 

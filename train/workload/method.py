@@ -1,14 +1,5 @@
-"""What is trained: the whole model (`full`) or adapters on a frozen base (peft's LoRA), and
-whether activations are recomputed (gradient checkpointing). Shared by bench probes and train.
-
-Each method is one entry of `METHODS` (a `Method`): its phrase, whether it trains adapters, and the
-arguments it adds to peft's LoraConfig (DoRA is `{"use_dora": True}`). The argument parsers, the
-adapter build, the descriptions and run.json's method read the table; run.json and calibrations
-record the method's name and, for adapters, their `lora` settings.
-
-LoRA's targets default to every linear projection of attention and MLP (peft's "all-linear",
-which leaves the output head alone).
-"""
+"""What is trained: the whole model or adapters on a frozen base (`METHODS`, peft's LoRA), and
+gradient checkpointing; shared by bench probes and train. The design: docs/design.md#methods"""
 
 from __future__ import annotations
 
@@ -187,14 +178,8 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
 
 
 def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
-    """Recompute activations in the backward pass (less memory, about one more forward pass).
-    Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`.
-
-    transformers registers that hook (the embeddings' output made to require gradients) whenever
-    checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
-    (`_hf_peft_config_loaded`, which peft's wrapper never sets): left in place, later probes would
-    compute gradients nobody uses, one more hook per "on". It is removed here either way; bench's
-    probes switch checkpointing on and off on one model."""
+    """Recompute activations in the backward pass (less memory, about one more forward pass), non-reentrant.
+    The input-gradients hook transformers adds is removed either way: docs/design.md#methods"""
     base = unwrap(model)
     if enabled:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

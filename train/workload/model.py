@@ -1,10 +1,5 @@
-"""Which model to train: a preset name, a local directory with `config.json`, or a hub id
-`ORG/NAME[@REVISION]` (train.workload.hub).
-
-`resolve_model` checks the reference without importing torch weights (for a hub id it fetches only
-the config and tokenizer); `build_model` makes the module on the target device (weights loaded when
-the directory has them and the spec asks for them: a hub model's after `with_hub_weights`).
-"""
+"""Which model to train (a preset, a local directory with `config.json`, or a hub id), its build on
+a device, and its shape for FLOPs per token. The design: docs/design.md#models-and-their-flops"""
 
 from __future__ import annotations
 
@@ -138,11 +133,8 @@ def build_model(
     spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False, weights_on: torch.device | str | None = None
 ) -> torch.nn.Module:
     """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
-    from a directory that has them.
-
-    Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
-    base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
-    adds fp32 adapters. `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard.
+    from a directory that has them. Full fine-tuning keeps fp32 weights; LoRA a bf16 base on CUDA.
+    `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard.
     `weights_on`: the device the weights will be given (FSDP builds on `meta` for it), whose type
     chooses the dtype (None: `device`)."""
     import torch
@@ -182,18 +174,9 @@ class ModelShape:
     adapter_parameter_count: int = 0
 
     def flops_terms(self, lora: bool) -> dict[str, float]:
-        """FLOPs per token of each compute term of the throughput model (calibration.fit): per
-        token, per token × length (attention), and what checkpointing recomputes of each (PaLM
-        appendix B, as in nanoGPT's estimate_mfu).
-
-        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
-        forward (scores and weighted sum, T = sequence length):
-
-        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
-        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
-        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
-        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
-        """
+        """FLOPs per token of each compute term of the throughput model (calibration.fit): per token,
+        per token × length (attention), and what checkpointing recomputes of each. The derivation:
+        docs/design.md#models-and-their-flops"""
         adapters = self.adapter_parameter_count if lora else 0
         base = self.matmul_parameter_count
         attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward

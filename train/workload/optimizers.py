@@ -1,21 +1,5 @@
-"""The optimizers, in one table: `OPTIMIZERS`, an entry per `--optimizer` value (how it is built,
-its state's bytes, HF Trainer's name for it, its --help phrase, whether it needs bitsandbytes). The
-parsers, the memory check, run.json and the engine read the table and name no optimizer: adding one
-is adding an entry.
-
-8-bit AdamW (Dettmers et al., "8-bit Optimizers via Block-wise Quantization") keeps both moments of
-a tensor as one byte each, with an fp32 absmax per block of 256 values; tensors under 4,096 values
-keep fp32 moments (bitsandbytes' `min_8bit_size`), and the two 256-entry fp32 quantization maps are
-shared by every tensor. The paged variant holds the same bytes in CUDA unified memory, which the
-driver pages out to the host under memory pressure instead of failing (on CPU it is the plain one).
-Which is faster, and by how much, is measured by bench like any other choice.
-
-Neither 8-bit AdamW steps FSDP2's sharded parameters: bitsandbytes keeps each tensor's `absmax` as a
-plain tensor sized from the whole parameter's values, so the first step over a DTensor fails
-("mixed torch.Tensor and DTensor"), and the paged one would hold the whole unsharded state on every
-rank. `shards_parameters` says so in the table, and `--sharding fsdp` with them is one line before
-anything is built (`check_optimizer_sharding`).
-"""
+"""The optimizers, in one table: `OPTIMIZERS`, an entry per `--optimizer` value (its build, state
+bytes, HF Trainer's name, help phrase, needs). Adding one is adding an entry. docs/design.md#optimizers"""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""From the user's data to what the planner and the trainer read.
-
-`prepare_data` looks the data up in the cache by its key (train.workload.fingerprint): when the
-whole set is tokenized there, the plan uses its exact profile (a warm start costs a hash check of
-small files); otherwise the plan uses a sample (train.workload.sampling), itself cached, and says
-how long tokenizing everything will take at the rate measured on the sample. `tokenized()` makes
-the whole store when training needs it, and checks every file against its checksum first.
-"""
+"""From the user's data to what the planner and the trainer read: the exact profile when the cache
+holds the data, else a sample's. The design: docs/design.md#from-the-data-to-the-plan"""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Model presets: architecture shapes with random initialisation, no weights needed.
-
-Throughput and memory depend on shapes, not weight values, so a preset measures exactly what
-the real model costs. Numbers are the published configs of each architecture.
-"""
+"""Model presets: published architecture shapes with random initialisation, no weights needed."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""Corpora that are already token ids: planned and trained without tokenizing and without loading
-them into memory.
-
-- Raw arrays, as nanoGPT-style pipelines write them: a `.bin` file of uint16/uint32 ids, a `.npy`
-  array, or a folder of such shards (read in name order, back to back). The ids stay in the user's
-  files, memory-mapped; the documents are found by a chunked scan for the separator token
-  (`--document-separator ID`, e.g. GPT-2's <|endoftext|> 50256; without one each file is one
-  document), and their offsets are cached like tokenized data. A `.bin` needs its dtype:
-  `--token-dtype`, or a `benchtrain.json` beside the shards ({"dtype": "uint16", "separator": 50256}).
-- A `datasets` folder (or any data) with an `input_ids` column: format `tokens`, copied into the
-  cache's store chunk by chunk (train.workload.encode.Encoder passes the ids through).
-
-Both are packed, with the loss on every token. An id outside the tokenizer's vocabulary is one
-line: the shards were written with another tokenizer.
-"""
+"""Corpora that are already token ids (raw .bin/.npy shards): mapped in place, their documents found
+by a scan for the separator. The design: docs/design.md#pre-tokenized-corpora"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""A plan in seconds from a random sample of the records.
-
-The sample's lengths estimate the whole set's token total (a mean times the record count), with
-a 95% interval from the sample's spread (finite-population corrected). The sample starts at
-SAMPLE_START records and grows once to the size whose interval is within ±TARGET_HALF_WIDTH.
-The planner then plans as if every record had a length drawn from the sample: `SampledData`
-stands for the whole set with each sampled record repeated N/n times (the remainder drawn at
-random), so the batches, padding and truncation it counts have the sample's distribution.
-"""
+"""A plan in seconds from a random sample of the records: the token total's estimate and interval,
+and `SampledData`, the sample standing for the whole set. docs/design.md#a-plan-from-a-sample"""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Tokenized data that stays on disk: every document's token ids back to back in one flat array
-(memory-mapped), where each one starts (`offsets`), and per document what the loss is on.
-
-Nothing holds a Python object per sample: a DataLoader worker slices the documents of its batch
-out of the mapped file, the planner reads one array of lengths, and packing reads rows of a
-virtual stream (the documents of this view back to back) by position. A view of some documents
-(`subset`, e.g. the eval split) is an index array over the same files.
-
-A folder written by `TokenWriter` (train.workload.data_cache builds them) holds:
-  tokens.bin    ids (uint16 when the vocabulary fits, else uint32)
-  offsets.npy   int64, documents + 1
-  targets.npy   int32 per document: tokens that carry loss when it is not truncated
-  mask.bin      uint8 per token, 1 where the loss applies (chat data with the loss on the assistant)
-  prompts.npy   int32 per document: the prompt's length (prompt + completion data)
-  meta.json     format, counts, each file's size and sha256, written last
-"""
+"""Tokenized data that stays on disk: every document's ids back to back in one memory-mapped array,
+the offsets where each starts, and per document what the loss is on; the store folder's writer and reader.
+The store's files: docs/design.md#tokenized-data-on-disk"""
 
 from __future__ import annotations
 
