@@ -28,9 +28,8 @@ import train.workload.sampling as sampling
 from common.errors import BenchtrainError, DiskSpaceError
 from train.workload.batching import IGNORE_INDEX, PaddedBatches
 from train.workload.data import load_records
-from train.workload.data_cache import BuildJob
+from train.workload.data_cache import BuildJob, data_root
 from train.workload.encode import Encoder, assistant_character_spans
-from train.workload.fingerprint import data_root
 from train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
 from train.workload.prepare import DataSpec, PreparedData, prepare_data
 from train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for

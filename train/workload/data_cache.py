@@ -20,9 +20,9 @@ import numpy as np
 
 from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
+from common.home import benchtrain_home
 from common.json_types import JsonDict
 from common.progress import progress_bar
-from train.workload.fingerprint import data_root
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
 # Records a worker encodes per call of the tokenizer.
@@ -45,6 +45,11 @@ class BuildJob:
     masked: bool
     prompts: bool
     meta: dict[str, Any]
+
+
+def data_root() -> Path:
+    """Where tokenized data is cached: $BENCHTRAIN_HOME/data."""
+    return benchtrain_home() / "data"
 
 
 def worker_count(records: int) -> int:

@@ -61,7 +61,7 @@ class DataSchema:
 @dataclass(frozen=True)
 class Layout:
     """The format found and the columns it reads. Its fields are part of the data cache's key
-    (train.workload.fingerprint): a new format reuses them rather than adding its own."""
+    (train.workload.prepare.cache_key): a new format reuses them rather than adding its own."""
 
     format: str
     text: str | None = None

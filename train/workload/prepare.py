@@ -3,25 +3,27 @@ holds the data, else a sample's. The design: docs/design.md#from-the-data-to-the
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.atomic import write_json_atomic
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.data import load_records
-from train.workload.data_cache import BuildJob, ensure_store, store_state
+from train.workload.data_cache import BuildJob, data_root, ensure_store, store_state
 from train.workload.encode import Encoder
-from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
 from train.workload.formats import DataSchema, Layout, detect_layout
-from train.workload.pretokenized import TokenFileSettings, index_token_files, token_files
+from train.workload.pretokenized import TokenFileSettings, map_token_file, scan_documents, token_files
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
-from train.workload.tokens import TokenizedData, open_store, token_dtype
+from train.workload.tokens import TokenizedData, TokenWriter, file_digest, open_store, token_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 # store folder itself (pre-tokenized files).
 JobFor = Callable[[np.ndarray | None], BuildJob | Callable[[Path], None]]
 
+KEY_VERSION = 1
 TRAIN_ON = ("assistant", "all")
 # A sample that would need more than this share of the records is not worth it: tokenize them all.
 SAMPLE_SHARE_LIMIT = 0.25
@@ -144,8 +147,23 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
     extra = {"dtype": settings.dtype, "separator": settings.separator, "vocab": vocab_size}
     key = cache_key(content_fingerprint(files), "raw token files", Layout("tokens"), False, extra)
     what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
-    builder = index_token_files(files, settings, vocab_size, spec.path, key)
-    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: builder)  # type: ignore[arg-type]
+
+    def index(folder: Path) -> None:
+        """The store of the files' documents (offsets from the separator scan), the ids left where they are."""
+        lengths, external = [], []
+        for file in files:
+            array = map_token_file(file, settings.dtype)
+            found, largest = scan_documents(array, settings.separator)
+            if largest >= vocab_size:
+                raise BenchtrainError(f"{file}: token id {largest:,} is outside the tokenizer's {vocab_size:,} ids: written with another tokenizer?")
+            lengths.append(found)
+            external.append({"path": str(file.resolve()), "dtype": array.dtype.name, "ids": len(array)})
+        every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        writer = TokenWriter(folder, np.dtype(external[0]["dtype"] if external else "uint32"), masked=False, prompts=False, flat=False)
+        writer.add_documents(every, every, None)
+        writer.finish({"key": key, "source": spec.path, "format": "tokens", "loss_on": "all tokens", "records": len(every), "external": external})
+
+    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: index)  # type: ignore[arg-type]
     prepared.view = checked_view(prepared.tokenized(say), spec)
     prepared.records = len(prepared.view)
     return prepared
@@ -193,3 +211,56 @@ def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
         raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
     return data
 
+
+def content_fingerprint(paths: list[Path]) -> str:
+    """sha256 over the files' contents (a folder: every file in it, by relative name)."""
+    memo_path = data_root() / "fingerprints.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+        memo = memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        memo = {}
+    before = len(memo)
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+            digest.update(file_digest(file, memo).encode())
+    if len(memo) != before:
+        try:
+            # Only the entries of files that still exist: the memo does not grow without end.
+            kept = {key: value for key, value in memo.items() if Path(key.split("|")[0]).exists()}
+            write_json_atomic(memo_path, kept)
+        except OSError:
+            pass  # a read-only home: hash again next time
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer's vocabulary, merges, normalisation and special tokens, and its chat template."""
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    specials = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad")}
+    digest.update(json.dumps(specials, sort_keys=True).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()
+
+
+def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
+    """The key tokenized data is cached under (a hex string)."""
+    parts = {"version": KEY_VERSION, "content": content, "tokenizer": tokenizer, "layout": asdict(layout), "masked": masked, **(extra or {})}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def source_paths(path: str, dataset: Any) -> list[Path]:
+    """The files whose bytes are the data: the file or folder given, else (a hub dataset) the
+    Arrow files datasets reads."""
+    given = Path(path).expanduser()
+    if given.exists():
+        return [given]
+    return [Path(entry["filename"]) for entry in getattr(dataset, "cache_files", [])]

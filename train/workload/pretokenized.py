@@ -4,16 +4,13 @@ by a scan for the separator. The design: docs/design.md#pre-tokenized-corpora"""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from common.atomic import write_json_atomic
 from common.errors import BenchtrainError
-from train.workload.fingerprint import STORE_VERSION, file_digest
 
 TOKEN_SUFFIXES = (".bin", ".npy")
 METADATA_FILE = "benchtrain.json"
@@ -135,28 +132,3 @@ def _read(array: np.ndarray, start: int, stop: int) -> np.ndarray:
     if isinstance(array, np.memmap) and array.filename:
         return np.fromfile(array.filename, dtype=array.dtype, count=stop - start, offset=array.offset + start * array.dtype.itemsize)
     return np.asarray(array[start:stop])
-
-
-def index_token_files(files: list[Path], settings: TokenFileSettings, vocab_size: int, source: str, key: str) -> Callable[[Path], None]:
-    """A builder of the store folder for raw token files: offsets from the separator scan, the ids left where they are."""
-
-    def build(folder: Path) -> None:
-        lengths, external = [], []
-        for file in files:
-            array = map_token_file(file, settings.dtype)
-            found, largest = scan_documents(array, settings.separator)
-            if largest >= vocab_size:
-                raise BenchtrainError(f"{file}: token id {largest:,} is outside the tokenizer's {vocab_size:,} ids: written with another tokenizer?")
-            lengths.append(found)
-            external.append({"path": str(file.resolve()), "dtype": array.dtype.name, "ids": len(array)})
-        every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        offsets = np.concatenate(([0], np.cumsum(every))).astype(np.int64)
-        np.save(folder / "offsets.npy", offsets, allow_pickle=False)
-        np.save(folder / "targets.npy", every.astype(np.int32), allow_pickle=False)
-
-        indexed = {name: {"bytes": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in ("offsets.npy", "targets.npy")}
-        meta = {"key": key, "source": source, "format": "tokens", "loss_on": "all tokens", "store_version": STORE_VERSION}
-        meta |= {"dtype": external[0]["dtype"] if external else "uint32", "documents": len(every), "tokens": int(every.sum()), "records": len(every)}
-        write_json_atomic(folder / "meta.json", {**meta, "external": external, "files": indexed})
-
-    return build

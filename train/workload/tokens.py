@@ -16,15 +16,30 @@ import numpy as np
 from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
 from train.workload.pretokenized import TokenShards, open_token_files
 
 # Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
 Lengths = Sequence[int] | np.ndarray
 
+STORE_VERSION = 1  # the layout of a store folder
+HASH_CHUNK = 16 << 20
 # Truncated documents whose masks are summed at once (bounded memory for real_tokens).
 MASK_CHUNK_DOCUMENTS = 4096
+
+
+def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
+    """The file's sha256 (from `memo` when it holds the file's stat key)."""
+    memo = {} if memo is None else memo
+    status = path.stat()
+    key = f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
+    if key not in memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        memo[key] = digest.hexdigest()
+    return memo[key]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -148,11 +163,13 @@ class TokenWriter:
     """Appends encoded documents to a store folder; `finish` writes the offsets and meta.json
     (the files' sizes and sha256, computed as they are written)."""
 
-    def __init__(self, folder: Path, dtype: np.dtype, masked: bool, prompts: bool) -> None:
+    def __init__(self, folder: Path, dtype: np.dtype, masked: bool, prompts: bool, flat: bool = True) -> None:
         self.folder, self.dtype, self.prompts = Path(folder), np.dtype(dtype), prompts
         self.folder.mkdir(parents=True, exist_ok=True)
-        # The flat files (tokens.bin, and mask.bin for a masked store): each one's handle and running hash.
-        self.files = {name: ((self.folder / name).open("wb"), hashlib.sha256()) for name in ("tokens.bin", "mask.bin")[: 2 if masked else 1]}
+        # The flat files (tokens.bin, and mask.bin for a masked store; none when the ids stay in the
+        # user's token files): each one's handle and running hash.
+        names = ("tokens.bin", "mask.bin")[: 2 if masked else 1] if flat else ()
+        self.files = {name: ((self.folder / name).open("wb"), hashlib.sha256()) for name in names}
         self._lengths: list[np.ndarray] = []
         self._prompts: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
