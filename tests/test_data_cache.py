@@ -180,8 +180,9 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
         offsets = np.concatenate(([0], np.cumsum(lengths[chosen]))).astype(np.int64)
         return TokenizedData(np.zeros(0, np.uint16), offsets, "text", "synthetic", extra={"meta": {**job.meta, "seconds": 1.0}}), 1.0
 
-    def job_for(indices: np.ndarray | None) -> BuildJob:
-        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": "synthetic", "source": "synthetic", "format": "text"})
+    def job_for(indices: np.ndarray | None, key: str) -> BuildJob:
+        sample = {} if indices is None else {"documents_sampled": len(indices)}
+        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": key, "source": "synthetic", "format": "text", **sample})
 
     monkeypatch.setattr(prepare, "ensure_store", fake_store)
     lengths = np.zeros(0, np.int64)

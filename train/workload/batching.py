@@ -26,9 +26,8 @@ DataView = TokenizedData | SampledData
 
 
 class Batch(TypedDict):
-    """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss),
-    rows by length; `target_tokens`, the labels that carry loss, counted on the host by the
-    DataLoader worker (not on the device: to_device leaves it behind)."""
+    """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss), rows by length;
+    `target_tokens`, the labels that carry loss, counted on the host by the DataLoader worker (to_device drops it)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -46,8 +45,7 @@ def count_targets(labels: torch.Tensor) -> int:
 
 
 def to_device(batch: Mapping[str, object], device: torch.device | str) -> Batch:
-    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
-    host-side counts (`target_tokens`) are dropped."""
+    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA); host-side counts (`target_tokens`) are dropped."""
     # Every tensor the batch holds moves (a test's batch may hold more than Batch names).
     return cast(Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")})
 
@@ -67,15 +65,10 @@ class BatchShape(NamedTuple):
     rows: int
     length: int
 
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.length
-
 
 def _padded_layout(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sample order, where each batch starts in it, the order batches run in): a shuffled order,
-    sorted (longest first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and
-    the batches shuffled."""
+    """(sample order, where each batch starts in it, the order batches run in): a shuffled order, sorted (longest
+    first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
     count = len(lengths)
     rng = np.random.default_rng(seed * 1_000_003 + epoch)
     order = rng.permutation(count)
@@ -100,9 +93,9 @@ def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int
 def padded_epoch_shape_counts(
     lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
 ) -> dict[BatchShape, int]:
-    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches
-    (one process plans 600,000 samples in seconds): each batch's rows and longest sample from the
-    sorted order, taken in the order the batches run."""
+    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
+    600,000 samples in seconds): each batch's rows and longest sample from the sorted order, taken in the order the
+    batches run."""
     if len(lengths) == 0:
         return {}
     order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch)
@@ -326,8 +319,7 @@ def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: 
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """What cuts data into micro-batches besides the epoch: the same three give the same batches
-    (epoch_batches), in training and in evaluation alike."""
+    """What cuts data into micro-batches besides the epoch: the same three give the same batches (epoch_batches), in training and in evaluation alike."""
 
     micro_batch_size: int
     max_length: int

@@ -77,11 +77,8 @@ class TemplateShape:
             if message.get("role") == "assistant":
                 start = at - len(self.before_content)
                 close = end + len(self.after_content)
-                if (
-                    rendered[start:at] != self.before_content
-                    or rendered[end:close] != self.after_content
-                    or rendered[max(0, start - len(self.header)) : start] != self.header
-                ):
+                around = (rendered[max(0, start - len(self.header)) : start], rendered[start:at], rendered[end:close])
+                if around != (self.header, self.before_content, self.after_content):
                     return None
                 spans.append((start, close))
                 end = close
@@ -90,9 +87,8 @@ class TemplateShape:
 
 
 class Encoder:
-    """Tokenizes records of `layout` a batch at a time, through its format's `encode`
-    (train.workload.formats.FORMATS), handing it the tokenizer's ways from text to ids: plain
-    texts, and chat rendered with the template (with the loss on the assistant, a per-token mask)."""
+    """Tokenizes records of `layout` a batch at a time through its format's `encode`, handing it the tokenizer's
+    ways from text to ids: plain texts, and chat rendered with the template (masked: a per-token loss mask)."""
 
     def __init__(self, layout: Layout, tokenizer: Any, path: str, masked: bool) -> None:
         self.layout, self.tokenizer, self.masked = layout, tokenizer, masked

@@ -53,10 +53,6 @@ class WeightFetch:
     total_bytes: int
     cache_dir: str
 
-    @property
-    def needed(self) -> bool:
-        return bool(self.files)
-
 
 def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
     """(ORG/NAME, revision or None) when `reference` is written like a hub id, else None."""
@@ -106,8 +102,7 @@ def _dry_run(hub: HubModel, patterns: list[str]) -> list[DryRunFileInfo]:
 
 
 def weights_to_fetch(hub: HubModel) -> WeightFetch:
-    """What `fetch_weights` will download (nothing when the cache has the weights); offline and
-    missing: one line with the download command."""
+    """What `fetch_weights` will download (nothing when the cache has the weights); offline and missing: one line with the download command."""
     from huggingface_hub import is_offline_mode
 
     cache = hub_cache_dir()

@@ -33,9 +33,8 @@ class Step:
 
 
 def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """The causal LM of `config` (a transformers config) on `meta`, with SDPA attention: nothing
-    allocated, nothing drawn. A skeleton to shard or quantize, or the scratch copy
-    train.workload.meta_init draws the initial weights from."""
+    """The causal LM of `config` on `meta`, with SDPA attention: nothing allocated, nothing drawn. A
+    skeleton to shard or quantize, or the scratch copy `seeded_tensors` draws the initial weights from."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -155,11 +154,11 @@ class NamedTensor(NamedTuple):
 
 
 def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int = 0) -> Iterator[NamedTensor]:
-    """(name, value on `device`) of every parameter and buffer of `model`, a causal LM built by
-    `from_config` on `meta`, as `from_config` on `device` after `torch.manual_seed(seed)` makes
-    them; tied weights are left out (they are their source's). `model` is scratch: it is untied
-    and its tensors stay on `meta`. Each value is yielded once final; only the tensors a step is
-    writing (and those a later step reads before overwriting) are alive at a time."""
+    """(name, value on `device`) of every parameter and buffer of `model`, a causal LM built by `from_config` on
+    `meta`, as `from_config` on `device` after `torch.manual_seed(seed)` makes them; tied weights are left out (they
+    are their source's). `model` is scratch: it is untied and its tensors stay on `meta`. Each value is yielded once
+    final; only the tensors a step is writing (and those a later step reads before overwriting) are alive at a
+    time."""
     import torch
 
     untie(model)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
 from common.console import say
 from common.errors import BenchtrainError
-from train.workload.quantize import require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -52,10 +51,9 @@ Build = Callable[[list[ParameterGroup], float, Betas, float], "torch.optim.Optim
 
 @dataclass(frozen=True)
 class StateBytes:
-    """The bytes of an optimizer's state for trainable tensors of these sizes (values each):
-    `buffers` tensors the size of each parameter (AdamW's two moments, SGD's momentum; the step
-    counts are scalars), in fp32, or with `eight_bit` as bitsandbytes keeps them (above). Equal
-    ones share a line of the dry run's "optimizer state"."""
+    """The bytes of an optimizer's state for trainable tensors of these sizes (values each): `buffers` tensors the
+    size of each parameter (AdamW's two moments, SGD's momentum), in fp32, or with `eight_bit` as bitsandbytes keeps
+    them. Equal ones share a line of the dry run's "optimizer state"."""
 
     buffers: int
     eight_bit: bool = False
@@ -91,9 +89,9 @@ def fused_devices() -> list[str]:
 
 
 def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
-    """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a
-    floating-point one on a device with the kernel; else the foreach one with a warning (adamw),
-    or (`refuse_unfused`: adamw-fused, HF's `adamw_torch_fused`) a one-line error."""
+    """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a floating-point one
+    on a device with the kernel; else the foreach one with a warning (adamw), or (`refuse_unfused`: adamw-fused, HF's
+    `adamw_torch_fused`) a one-line error."""
     import torch
 
     devices = fused_devices()
@@ -107,8 +105,7 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
 
 
 def torch_sgd(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-    """SGD with momentum SGD_MOMENTUM (not Nesterov; betas and epsilon are Adam's: unused): one
-    fp32 momentum buffer per trainable value, half AdamW's state."""
+    """SGD with momentum SGD_MOMENTUM (not Nesterov; betas and epsilon are Adam's: unused): one fp32 momentum buffer per trainable value, half AdamW's state."""
     import torch
 
     return torch.optim.SGD(torch_groups(groups), lr=learning_rate, momentum=SGD_MOMENTUM)
@@ -137,10 +134,8 @@ OPTIMIZERS: dict[str, Optimizer] = {
     for entry in (
         Optimizer("adamw", torch_adamw, ADAM_STATE, "adamw_torch_fused", "fp32 moments, fused where the device has the kernel"),
         Optimizer("adamw-8bit", bitsandbytes_adamw(paged=False), ADAM_8BIT_STATE, "adamw_bnb_8bit", "bitsandbytes' 8-bit moments", True, False),
-        Optimizer(
-            "paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
-            "the same in CUDA unified memory, paged to the host under pressure", needs_bitsandbytes=True, shards_parameters=False,
-        ),
+        Optimizer("paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
+                  "the same in CUDA unified memory, paged to the host under pressure", True, False),
         Optimizer("adamw-fused", partial(torch_adamw, refuse_unfused=True), ADAM_STATE, "adamw_torch_fused", "fused or refused"),
         Optimizer("sgd", torch_sgd, StateBytes(buffers=1), "sgd", "momentum 0.9: one fp32 buffer"),
     )
@@ -151,11 +146,6 @@ def optimizer_named(name: str) -> Optimizer:
     if name not in OPTIMIZERS:
         raise BenchtrainError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     return OPTIMIZERS[name]
-
-
-def check_optimizer(name: str) -> None:
-    if optimizer_named(name).needs_bitsandbytes:
-        require_bitsandbytes(f"--optimizer {name}")
 
 
 def check_optimizer_sharding(name: str, sharding: str) -> None:
@@ -184,8 +174,7 @@ def optimizer_help() -> str:
 
 
 def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
-    """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size
-    said once)."""
+    """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size said once)."""
     groups: dict[Callable[[list[int]], int], list[Optimizer]] = {}
     for entry in entries:
         groups.setdefault(entry.state_bytes, []).append(entry)
@@ -193,8 +182,7 @@ def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[ParameterGroup]:
-    """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases,
-    norms) without, as HF Trainer and nanoGPT do."""
+    """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases, norms) without, as HF Trainer and nanoGPT do."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,20 +18,28 @@ from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.data import load_records
-from train.workload.data_cache import BuildJob, data_root, ensure_store, store_state
+from train.workload.data_cache import Builder, BuildJob, data_root, ensure_store, store_state
 from train.workload.encode import Encoder
 from train.workload.formats import DataSchema, Layout, detect_layout
-from train.workload.pretokenized import TokenFileSettings, map_token_file, scan_documents, token_files
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
-from train.workload.tokens import TokenizedData, TokenWriter, file_digest, open_store, token_dtype
+from train.workload.tokens import (
+    TokenFileSettings,
+    TokenizedData,
+    TokenWriter,
+    file_digest,
+    map_token_file,
+    open_store,
+    scan_documents,
+    token_dtype,
+    token_files,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# What builds a store: the records at these indices (None: all) as a BuildJob, or a builder of the
-# store folder itself (pre-tokenized files).
-JobFor = Callable[[np.ndarray | None], BuildJob | Callable[[Path], None]]
+# What builds the store of this key: the records at these indices (None: all), or the index of pre-tokenized files.
+JobFor = Callable[[np.ndarray | None, str], Builder]
 
 KEY_VERSION = 1
 TRAIN_ON = ("assistant", "all")
@@ -62,7 +71,7 @@ class PreparedData:
     records: int
     what: str
     source: str
-    job_for: JobFor  # indices (None: all) -> a BuildJob, or a builder of the store folder
+    job_for: JobFor
     predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
@@ -75,7 +84,7 @@ class PreparedData:
 
     def tokenized(self, say: Callable[[str], None]) -> TokenizedData:
         """Every record, tokenized (built now if the cache lacks it or any file fails its checksum)."""
-        data, seconds = ensure_store(self.folder, self.key, lambda: self.job_for(None), say, self.what, verify_contents=True)
+        data, seconds = ensure_store(self.folder, self.key, partial(self.job_for, None, self.key), say, self.what, verify_contents=True)
         if seconds is not None:
             self.built_seconds = (self.built_seconds or 0.0) + seconds
         self.exact_tokens = int(data.lengths.sum())
@@ -104,7 +113,7 @@ class PreparedData:
             "cache": str(self.folder),
             "records": self.records,
             "profiled_from": "all records" if self.exact else "sample",
-            "sampled_estimate": self.estimate.to_json() if self.estimate else None,
+            "sampled_estimate": asdict(self.estimate) if self.estimate else None,
             "predicted_seconds": self.predicted_seconds,
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
@@ -128,11 +137,12 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
     count = len(records)
     what = f"{count:,} records of {spec.path}"
 
-    def job_for(indices: np.ndarray | None) -> BuildJob:
+    def job_for(indices: np.ndarray | None, store_key: str) -> BuildJob:
         chosen = records if indices is None else records.select(indices)
         loss_on = fmt.loss_on if masked or not fmt.chat else "all tokens"
-        meta = {"key": key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
-        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta)
+        meta = {"key": store_key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
+        sample = {} if indices is None else {"documents_sampled": len(indices)}
+        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta | sample)
 
     prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
@@ -142,14 +152,15 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
 
 
 def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say: Callable[[str], None]) -> PreparedData:
-    """Raw token files (train.workload.pretokenized): their documents indexed once, the ids mapped in place."""
+    """Raw token files (train.workload.tokens): their documents indexed once, the ids mapped in place."""
     settings = TokenFileSettings.resolve(files, spec.schema.token_dtype, spec.schema.document_separator)
     extra = {"dtype": settings.dtype, "separator": settings.separator, "vocab": vocab_size}
     key = cache_key(content_fingerprint(files), "raw token files", Layout("tokens"), False, extra)
     what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
 
-    def index(folder: Path) -> None:
+    def index(folder: Path, what: str) -> None:
         """The store of the files' documents (offsets from the separator scan), the ids left where they are."""
+        say(f"indexing the documents of {what}")
         lengths, external = [], []
         for file in files:
             array = map_token_file(file, settings.dtype)
@@ -159,25 +170,25 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
             lengths.append(found)
             external.append({"path": str(file.resolve()), "dtype": array.dtype.name, "ids": len(array)})
         every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        writer = TokenWriter(folder, np.dtype(external[0]["dtype"] if external else "uint32"), masked=False, prompts=False, flat=False)
+        writer = TokenWriter(folder, np.dtype(str(external[0]["dtype"]) if external else "uint32"), masked=False, prompts=False, flat=False)
         writer.add_documents(every, every, None)
         writer.finish({"key": key, "source": spec.path, "format": "tokens", "loss_on": "all tokens", "records": len(every), "external": external})
 
-    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: index)  # type: ignore[arg-type]
+    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices, _key: index)  # type: ignore[arg-type]
     prepared.view = checked_view(prepared.tokenized(say), spec)
     prepared.records = len(prepared.view)
     return prepared
 
 
 def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) -> PreparedData:
-    """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the
-    size the sample's spread asks for, and again if a heavy tail shows in the larger sample).
-    Each size is its own store (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
+    """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the size the sample's
+    spread asks for, and again if a heavy tail shows in the larger sample). Each size is its own store
+    (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
     size = SAMPLE_START
     for _round in range(3):
         indices = sample_indices(prepared.records, size)
         sample_key = f"{prepared.key}.sample-{size}"
-        job = lambda chosen=indices, name=sample_key: with_sample_meta(prepared.job_for(chosen), len(chosen), name)  # noqa: E731
+        job = partial(prepared.job_for, indices, sample_key)
         sample, _seconds = ensure_store(prepared.folder.with_name(sample_key), sample_key, job, say, f"a sample of {size:,} records")
         needed = sample_size_for(sample.lengths, prepared.records)
         if needed <= size or needed > SAMPLE_SHARE_LIMIT * prepared.records:
@@ -193,13 +204,6 @@ def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) 
     prepared.predicted_seconds = float(meta["seconds"]) * prepared.records / max(1, int(meta["documents_sampled"]))
     prepared.view = SampledData.expand(sample, prepared.records, prepared.estimate)
     return prepared
-
-
-def with_sample_meta(job: BuildJob | Callable[[Path], None], size: int, key: str) -> BuildJob:
-    """A sample's build job, its meta naming the sample (only records are sampled: pre-tokenized
-    files are read whole, never through here)."""
-    assert isinstance(job, BuildJob)
-    return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
 
 
 def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
@@ -258,8 +262,7 @@ def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra:
 
 
 def source_paths(path: str, dataset: Any) -> list[Path]:
-    """The files whose bytes are the data: the file or folder given, else (a hub dataset) the
-    Arrow files datasets reads."""
+    """The files whose bytes are the data: the file or folder given, else (a hub dataset) the Arrow files datasets reads."""
     given = Path(path).expanduser()
     if given.exists():
         return [given]

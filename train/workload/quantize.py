@@ -111,8 +111,7 @@ def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
 
 
 def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> QuantizedBytes:
-    """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as
-    `kind`, its other tensors at `dtype_bytes` each."""
+    """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as `kind`, its other tensors at `dtype_bytes` each."""
     layers = converted_layers(model) if kind != "none" else []
     whole = sum(parameter.numel() for parameter in model.parameters()) + sum(buffer.numel() for buffer in model.buffers())
     converted_weights = sum(inputs * outputs for _, inputs, outputs, _ in layers)
@@ -131,10 +130,8 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
 
 
 def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
-    """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
-    does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
-    is a folder of weights (transformers quantizes while it loads them), or a model config: a
-    preset, whose seeded weights are drawn and quantized one layer at a time (`quantized_from_config`)."""
+    """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft does it.
+    `source`: a folder of weights (quantized while loaded), or a preset's config (`quantized_from_config`)."""
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging

@@ -35,9 +35,6 @@ class TotalEstimate:
         """(exact − estimated) / estimated: positive when the data held more tokens than the sample said."""
         return (exact_tokens - self.total_tokens) / self.total_tokens if self.total_tokens else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"records": self.records, "sampled": self.sampled, "total_tokens": self.total_tokens, "half_width": self.half_width}
-
     def describe(self) -> str:
         if self.total_tokens >= 1e6:
             total, half = f"{self.total_tokens / 1e6:,.1f}M", f"{self.half_width / 1e6:,.1f}M"
@@ -72,8 +69,7 @@ def sample_indices(records: int, count: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class SampledData:
-    """The planner's view of `records` records from a tokenized sample: record i has the length
-    and loss of sample document `stand_in[i]`."""
+    """The planner's view of `records` records from a tokenized sample: record i has the length and loss of sample document `stand_in[i]`."""
 
     sample: TokenizedData
     stand_in: np.ndarray

@@ -67,9 +67,9 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> PreTrai
 
 
 def ensure_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's
-    source: "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken:
-    the key digests the template (train.workload.prepare.tokenizer_fingerprint)."""
+    """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's source:
+    "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken: the key digests the template
+    (train.workload.prepare.tokenizer_fingerprint)."""
     if getattr(tokenizer, "chat_template", None):
         return str(getattr(tokenizer, TEMPLATE_SOURCE, "tokenizer"))
     tokenizer.chat_template = CHATML_TEMPLATE
