@@ -98,7 +98,6 @@ class Encoder:
         self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
     def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
-        """(ids per record, masks per record or None, prompt length per record), as the format encodes them."""
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         return self.layout.data_format.encode(self.tools, records)
 

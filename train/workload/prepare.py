@@ -159,7 +159,6 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
     what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
 
     def index(folder: Path, what: str) -> None:
-        """The store of the files' documents (offsets from the separator scan), the ids left where they are."""
         say(f"indexing the documents of {what}")
         lengths, external = [], []
         for file in files:
