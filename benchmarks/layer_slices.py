@@ -53,7 +53,7 @@ TINY = {
 
 
 def model_config(name: str, tiny: bool) -> dict[str, Any]:
-    from train.workload.presets import PRESETS
+    from train.workload.model import PRESETS
 
     if tiny:
         return dict(TINY[name])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import CONVERSATION, chat_file, load_tokenized, run_main, trained_text
 
-from train.workload.fingerprint import tokenizer_fingerprint
+from train.workload.prepare import tokenizer_fingerprint
 from train.workload.tokenizer import CHATML_TEMPLATE, byte_tokenizer, ensure_chat_template, load_tokenizer
 
 

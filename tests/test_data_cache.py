@@ -28,9 +28,8 @@ import train.workload.sampling as sampling
 from common.errors import BenchtrainError, DiskSpaceError
 from train.workload.batching import IGNORE_INDEX, PaddedBatches
 from train.workload.data import load_records
-from train.workload.data_cache import BuildJob
+from train.workload.data_cache import BuildJob, data_root
 from train.workload.encode import Encoder, assistant_character_spans
-from train.workload.fingerprint import data_root
 from train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
 from train.workload.prepare import DataSpec, PreparedData, prepare_data
 from train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
@@ -181,8 +180,9 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
         offsets = np.concatenate(([0], np.cumsum(lengths[chosen]))).astype(np.int64)
         return TokenizedData(np.zeros(0, np.uint16), offsets, "text", "synthetic", extra={"meta": {**job.meta, "seconds": 1.0}}), 1.0
 
-    def job_for(indices: np.ndarray | None) -> BuildJob:
-        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": "synthetic", "source": "synthetic", "format": "text"})
+    def job_for(indices: np.ndarray | None, key: str) -> BuildJob:
+        sample = {} if indices is None else {"documents_sampled": len(indices)}
+        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": key, "source": "synthetic", "format": "text", **sample})
 
     monkeypatch.setattr(prepare, "ensure_store", fake_store)
     lengths = np.zeros(0, np.int64)

@@ -19,8 +19,7 @@ from helpers import assert_one_line_error, load_tokenized, run_main
 
 from common.errors import BenchtrainError
 from train.workload.hub import parse_hub_id
-from train.workload.model import ModelSpec, resolve_model, with_hub_weights
-from train.workload.presets import PRESETS
+from train.workload.model import PRESETS, ModelSpec, resolve_model, with_hub_weights
 
 REPO = "org/tiny-chat"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -20,8 +20,7 @@ from calibration.step_config import StepConfig
 from common.errors import BenchtrainError, DoesNotFitError
 from train.planning.memory_check import check_fits, gpus_needed, memory_need, meta_model
 from train.workload.method import MethodConfig
-from train.workload.model import ModelSpec, model_shape, resolve_model
-from train.workload.presets import PRESETS
+from train.workload.model import PRESETS, ModelSpec, model_shape, resolve_model
 
 GIB = 2**30
 CONFIGS = [StepConfig(b, 0, a, s) for b in (1, 4) for a in (1, 2) for s in (128, 512)]

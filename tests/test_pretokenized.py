@@ -1,4 +1,4 @@
-"""Pre-tokenized corpora (train.workload.pretokenized): raw .bin/.npy token files and a datasets
+"""Pre-tokenized corpora (train.workload.tokens): raw .bin/.npy token files and a datasets
 folder with input_ids are planned and trained without tokenizing and without loading them into
 memory; a token file larger than the memory limit the test sets trains."""
 
@@ -17,8 +17,8 @@ from calibration.store import save_calibration
 from common.errors import BenchtrainError
 from train.workload.formats import DataSchema
 from train.workload.prepare import DataSpec, prepare_data
-from train.workload.pretokenized import TokenShards, scan_documents, token_files
 from train.workload.tokenizer import byte_tokenizer
+from train.workload.tokens import TokenShards, scan_documents, token_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SEPARATOR = 2  # the byte tokenizer's <|eos|>
@@ -73,9 +73,9 @@ def test_token_shards_take_positions_across_their_borders() -> None:
 
 
 def test_the_scan_finds_documents_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import train.workload.pretokenized as pretokenized
+    import train.workload.tokens as tokens
 
-    monkeypatch.setattr(pretokenized, "SCAN_CHUNK", 7)  # separators on both sides of chunk borders
+    monkeypatch.setattr(tokens, "SCAN_CHUNK", 7)  # separators on both sides of chunk borders
     ids = np.array([1, 2, 3, 9, 9, 2, 2, 4, 5, 6, 7, 8, 9, 10, 2, 11], dtype=np.uint16)
     lengths, largest = scan_documents(ids, 2)
     assert lengths.tolist() == [2, 4, 1, 8, 1] and largest == 11

@@ -11,8 +11,7 @@ from helpers import load_tokenized
 
 from common.errors import BenchtrainError
 from train.workload.data import length_profile
-from train.workload.model import build_model, model_shape, resolve_model
-from train.workload.presets import PRESETS
+from train.workload.model import PRESETS, build_model, model_shape, resolve_model
 from train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 

@@ -49,8 +49,7 @@ def add_parser(commands: Any) -> None:
 
 
 def list_command() -> int:
-    from train.workload.data_cache import list_stores
-    from train.workload.fingerprint import data_root
+    from train.workload.data_cache import data_root, list_stores
 
     rows = list_stores()
     if not rows:

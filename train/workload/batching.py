@@ -1,15 +1,5 @@
-"""Micro-batches and the DataLoader that delivers them, for probes and training alike.
-
-A *batch plan* is decided up front and is deterministic (seed, epoch): the planner counts the
-real tokens of exactly the batches training will run, and `--resume` continues from an index.
-
-- Packing (`text` data): all samples joined by EOS, cut into rows of `max_length`; no padding.
-- Padding (other formats): length-grouped batches, right-padded to the longest sample of each
-  batch (with a compiled step: to the next multiple of 64); no attention mask is needed.
-- Synthetic (bench without `--data`): random ids at the probe's sequence length.
-
-Each DataLoader item is one whole micro-batch, collated inside the worker processes.
-"""
+"""Micro-batches (packed, padded or synthetic) planned deterministically from (seed, epoch), and the
+DataLoader that delivers them whole, for probes and training alike. docs/design.md#micro-batches"""
 
 from __future__ import annotations
 
@@ -36,9 +26,8 @@ DataView = TokenizedData | SampledData
 
 
 class Batch(TypedDict):
-    """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss),
-    rows by length; `target_tokens`, the labels that carry loss, counted on the host by the
-    DataLoader worker (not on the device: to_device leaves it behind)."""
+    """One micro-batch as the step takes it: token ids and labels (IGNORE_INDEX where no loss), rows by length;
+    `target_tokens`, the labels that carry loss, counted on the host by the DataLoader worker (to_device drops it)."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -56,8 +45,7 @@ def count_targets(labels: torch.Tensor) -> int:
 
 
 def to_device(batch: Mapping[str, object], device: torch.device | str) -> Batch:
-    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA);
-    host-side counts (`target_tokens`) are dropped."""
+    """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA); host-side counts (`target_tokens`) are dropped."""
     # Every tensor the batch holds moves (a test's batch may hold more than Batch names).
     return cast(Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")})
 
@@ -77,15 +65,10 @@ class BatchShape(NamedTuple):
     rows: int
     length: int
 
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.length
-
 
 def _padded_layout(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sample order, where each batch starts in it, the order batches run in): a shuffled order,
-    sorted (longest first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and
-    the batches shuffled."""
+    """(sample order, where each batch starts in it, the order batches run in): a shuffled order, sorted (longest
+    first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
     count = len(lengths)
     rng = np.random.default_rng(seed * 1_000_003 + epoch)
     order = rng.permutation(count)
@@ -110,9 +93,9 @@ def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int
 def padded_epoch_shape_counts(
     lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
 ) -> dict[BatchShape, int]:
-    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches
-    (one process plans 600,000 samples in seconds): each batch's rows and longest sample from the
-    sorted order, taken in the order the batches run."""
+    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
+    600,000 samples in seconds): each batch's rows and longest sample from the sorted order, taken in the order the
+    batches run."""
     if len(lengths) == 0:
         return {}
     order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch)
@@ -303,21 +286,14 @@ def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start
 
 
 def leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
-    """Ctrl-C reaches every process of the terminal's group, DataLoader workers too: a worker that
-    died of it would fail the step in flight, and the main process could not finish it and save
-    the checkpoint it promises. The main process handles SIGINT/SIGTERM (train.running.loop.StopSignals);
-    its workers exit when it shuts the loader down (or when it is gone: torch's watchdog)."""
+    """A worker ignores Ctrl-C: the main process finishes the step and saves its checkpoint (docs/design.md#micro-batches)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def shard(batches: Sequence[MicroBatch], rank: int, world_size: int) -> list[MicroBatch]:
-    """This process's share of an epoch's batches: every world_size-th one. All processes must run
-    the same number of steps (a missing step would hang the all-reduce) and every sample should be
-    seen once, so the samples of the batches left over after the last full round are dealt out as
-    one smaller batch per process; when they are fewer than the processes, they are dealt out
-    with the last full round's as two rounds of smaller batches. Only a micro-batch of 1 with
-    fewer leftover samples than processes drops those few."""
+    """This process's share of an epoch's batches: every world_size-th one, the leftover samples dealt out
+    so that every process runs as many steps (how: docs/design.md#micro-batches)."""
     if world_size <= 1:
         return batches  # type: ignore[return-value]  # a list, or a PackedPlan (lazy)
     whole = len(batches) - len(batches) % world_size
@@ -343,8 +319,7 @@ def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: 
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """What cuts data into micro-batches besides the epoch: the same three give the same batches
-    (epoch_batches), in training and in evaluation alike."""
+    """What cuts data into micro-batches besides the epoch: the same three give the same batches (epoch_batches), in training and in evaluation alike."""
 
     micro_batch_size: int
     max_length: int

@@ -1,7 +1,5 @@
-"""The user's data: its records loaded (JSONL, JSON, CSV, Parquet, a folder saved with
-`datasets.save_to_disk`, or a hub dataset `ORG/NAME[@REVISION]` fetched into the hub cache as models
-are) and its lengths profiled. Formats: train.workload.formats; tokenizing: train.workload.prepare.
-"""
+"""The user's data: its records loaded (JSONL, JSON, CSV, Parquet, a `datasets.save_to_disk` folder, or a hub
+dataset `ORG/NAME[@REVISION]` fetched into the hub cache as models are) and its lengths profiled."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ def resolve_data_path(value: str) -> str:
 
 
 def load_records(path: str, split: str = "train") -> Any:
-    """A `datasets.Dataset` of the file's (or hub dataset's `split`) records, or a one-line error
-    naming the problem."""
+    """A `datasets.Dataset` of the file's (or hub dataset's `split`) records, or a one-line error naming the problem."""
     # datasets itself never goes online: a hub dataset is fetched by train.workload.hub, honouring HF_HUB_OFFLINE.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import datasets

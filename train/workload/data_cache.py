@@ -1,20 +1,9 @@
-"""Tokenize once per dataset: in parallel, into a store folder under $BENCHTRAIN_HOME/data/<key>,
-reused by `bench --data`, `train`, `--resume` and every process of a launch.
-
-- The records are cut into one contiguous range per worker (forked: they share the memory-mapped
-  Arrow records and the tokenizer); each worker writes its own part, and the parts are joined in
-  order into one store. The main process shows the progress.
-- The store appears in one rename once meta.json is written, under a file lock: a store folder
-  without meta.json, with a file of the wrong size, or (before training) with a file that does
-  not match its checksum is rebuilt, never read. A full disk is one line, and no half store stays.
-- Under a launcher the main process of each machine (LOCAL_RANK 0) builds; the others wait for
-  the store and then map it.
-"""
+"""Tokenize once per dataset, in parallel, into a store folder under $BENCHTRAIN_HOME/data/<key>,
+built atomically under a lock by one process per machine. The design: docs/design.md#the-data-cache"""
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import gc
 import json
 import multiprocessing
@@ -30,9 +19,9 @@ import numpy as np
 
 from common.atomic import atomic_directory, file_lock, read_json_file
 from common.errors import BenchtrainError, DiskSpaceError
+from common.home import benchtrain_home
 from common.json_types import JsonDict
 from common.progress import progress_bar
-from train.workload.fingerprint import data_root
 from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store, open_store
 
 # Records a worker encodes per call of the tokenizer.
@@ -47,7 +36,7 @@ COPY_CHUNK = 16 << 20
 @dataclass(frozen=True)
 class BuildJob:
     """What to tokenize into a store: `records` (a datasets.Dataset), the encoder, the store's dtype
-    and what its meta.json says besides the counts."""
+    and what its meta.json says besides the counts. A Builder: called, it tokenizes into a folder."""
 
     records: Any
     encode: Any  # train.workload.encode.Encoder
@@ -55,6 +44,29 @@ class BuildJob:
     masked: bool
     prompts: bool
     meta: dict[str, Any]
+
+    def __call__(self, folder: Path, what: str) -> None:
+        count = len(self.records)
+        workers = worker_count(count)
+        started = time.perf_counter()
+        bar = progress_bar(count, f"tokenizing {what}", "records")
+        try:
+            if workers == 1:
+                encode_range(self, 0, count, folder / "part-0", bar.update)
+            else:
+                run_workers(self, count, workers, folder, bar.update)
+        finally:
+            bar.close()
+        join_parts(self, [folder / f"part-{k}" for k in range(workers)], folder, {"workers": workers, "started": started})
+
+
+# What writes a store into a folder (a BuildJob, or the index of raw token files), told what it holds for its progress.
+Builder = Callable[[Path, str], None]
+
+
+def data_root() -> Path:
+    """Where tokenized data is cached: $BENCHTRAIN_HOME/data."""
+    return benchtrain_home() / "data"
 
 
 def worker_count(records: int) -> int:
@@ -75,11 +87,11 @@ def store_state(folder: Path, key: str, verify_contents: bool = False) -> str:
 
 
 def ensure_store(
-    folder: Path, key: str, job_for: Callable[[], BuildJob | Callable[[Path], None]], say: Callable[[str], None], what: str, verify_contents: bool = False
+    folder: Path, key: str, builder_for: Callable[[], Builder], say: Callable[[str], None], what: str, verify_contents: bool = False
 ) -> tuple[TokenizedData, float | None]:
-    """The store in `folder`, built if missing or damaged (by the main process of this machine;
-    the others wait for it); `verify_contents`: every file against its checksum (before training).
-    Returns it mapped, and the seconds its build took (None: it was there)."""
+    """The store in `folder`, built if missing or damaged (by the main process of this machine; the others wait for
+    it); `verify_contents`: every file against its checksum (before training). Returns it mapped, and the seconds its
+    build took (None: it was there)."""
     state = store_state(folder, key, verify_contents)
     if state == "ready":
         return open_store(folder), None
@@ -92,7 +104,7 @@ def ensure_store(
         if state != "missing":
             say(f"tokenized data in {folder} cannot be used ({state}): building it again")
         started = time.perf_counter()
-        build_store(folder, job_for(), say, what)
+        build_store(folder, builder_for(), what)
         return open_store(folder), time.perf_counter() - started
 
 
@@ -108,12 +120,11 @@ def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str
             said = True
         held = False
         if lock.exists():
-            with lock.open("a+") as handle:
-                try:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-                except BlockingIOError:
-                    held = True
+            try:
+                with file_lock(lock, wait=False):
+                    pass
+            except BlockingIOError:
+                held = True
         if held:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since > WAIT_WITHOUT_BUILDER_SECONDS:
@@ -121,35 +132,15 @@ def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str
         time.sleep(0.5)
 
 
-def build_store(folder: Path, job: BuildJob | Callable[[Path], None], say: Callable[[str], None], what: str) -> None:
-    """Tokenize every record of the job into `folder` (atomically), with a progress bar; or run a
-    builder that writes the folder itself (raw token files: train.workload.pretokenized)."""
+def build_store(folder: Path, build: Builder, what: str) -> None:
+    """The store `build` writes, in `folder` atomically (a full disk: one line, no half store)."""
     try:
         with atomic_directory(folder) as temporary:
-            if isinstance(job, BuildJob):
-                tokenize_into(temporary, job, what)
-            else:
-                say(f"indexing the documents of {what}")
-                job(temporary)
+            build(temporary, what)
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskSpaceError(f"no room left in {folder.parent} for the tokenized data ({error.strerror}): free space or set BENCHTRAIN_HOME") from None
         raise BenchtrainError(f"cannot write the tokenized data into {folder}: {error.strerror or error}") from None
-
-
-def tokenize_into(folder: Path, job: BuildJob, what: str) -> None:
-    count = len(job.records)
-    workers = worker_count(count)
-    started = time.perf_counter()
-    bar = progress_bar(count, f"tokenizing {what}", "records")
-    try:
-        if workers == 1:
-            encode_range(job, 0, count, folder / "part-0", bar.update)
-        else:
-            run_workers(job, count, workers, folder, bar.update)
-    finally:
-        bar.close()
-    join_parts(job, [folder / f"part-{k}" for k in range(workers)], folder, {"workers": workers, "started": started})
 
 
 def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Callable[[int], Any]) -> None:
@@ -197,9 +188,8 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
     # The workers are forks: without this, the collector's first pass in each would touch (and so
     # copy) every object the parent holds (torch, transformers, the planner's arrays).
     gc.freeze()
-    processes = [
-        context.Process(target=_worker, args=(k, int(bounds[k]), int(bounds[k + 1]), str(folder / f"part-{k}"), queue), daemon=True) for k in range(workers)
-    ]
+    parts = [(k, int(bounds[k]), int(bounds[k + 1]), str(folder / f"part-{k}"), queue) for k in range(workers)]
+    processes = [context.Process(target=_worker, args=part, daemon=True) for part in parts]
     try:
         for process in processes:
             process.start()
@@ -229,8 +219,7 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
 
 
 def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, Any]) -> None:
-    """The parts, in order, as one store in `folder` (each part removed once copied); meta.json
-    records the workers and the seconds the build took."""
+    """The parts, in order, as one store in `folder` (each part removed once copied); meta.json records the workers and the seconds the build took."""
     writer = TokenWriter(folder, job.dtype, job.masked, job.prompts)
     for part in parts:
         meta = read_json_file(part / "meta.json")

@@ -1,17 +1,5 @@
-"""Records to token ids, a batch at a time: the tokenizer called once per batch, and for chat data
-the loss mask from one rendering per conversation.
-
-Where the loss is on the assistant's turns, a turn's span runs from the end of everything before
-it rendered with the generation prompt (so the assistant header is not trained) to the end of the
-conversation through that turn (its end-of-turn marker included): `assistant_character_spans`
-renders the conversation three times per assistant turn to find them, which holds for any
-template that renders turn by turn. `TemplateShape` finds the same spans in the one rendering:
-it learns once what the template writes around an assistant message, then locates each message's
-content in order and checks that header and end marker stand around it. A turn it cannot place
-exactly (content the template rewrites, a template that renders the last turn differently) is
-done the reference way, and a template whose spans differ from the reference's on the first
-conversations is done the reference way throughout.
-"""
+"""Records to token ids a batch at a time, and chat data's loss mask on the assistant's turns from
+one rendering per conversation. How the spans are found: docs/design.md#loss-masks-for-chat-data"""
 
 from __future__ import annotations
 
@@ -89,11 +77,8 @@ class TemplateShape:
             if message.get("role") == "assistant":
                 start = at - len(self.before_content)
                 close = end + len(self.after_content)
-                if (
-                    rendered[start:at] != self.before_content
-                    or rendered[end:close] != self.after_content
-                    or rendered[max(0, start - len(self.header)) : start] != self.header
-                ):
+                around = (rendered[max(0, start - len(self.header)) : start], rendered[start:at], rendered[end:close])
+                if around != (self.header, self.before_content, self.after_content):
                     return None
                 spans.append((start, close))
                 end = close
@@ -102,9 +87,8 @@ class TemplateShape:
 
 
 class Encoder:
-    """Tokenizes records of `layout` a batch at a time, through its format's `encode`
-    (train.workload.formats.FORMATS), handing it the tokenizer's ways from text to ids: plain
-    texts, and chat rendered with the template (with the loss on the assistant, a per-token mask)."""
+    """Tokenizes records of `layout` a batch at a time through its format's `encode`, handing it the tokenizer's
+    ways from text to ids: plain texts, and chat rendered with the template (masked: a per-token loss mask)."""
 
     def __init__(self, layout: Layout, tokenizer: Any, path: str, masked: bool) -> None:
         self.layout, self.tokenizer, self.masked = layout, tokenizer, masked
@@ -114,7 +98,6 @@ class Encoder:
         self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
     def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
-        """(ids per record, masks per record or None, prompt length per record), as the format encodes them."""
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         return self.layout.data_format.encode(self.tools, records)
 

@@ -1,14 +1,5 @@
-"""Data formats: which one a dataset is in, and each record as text, a conversation, or a prompt
-and its completion. Each format is one entry of `FORMATS` (a `DataFormat`): how it is recognised
-from the columns, which columns it reads, how a batch of records becomes token ids and what the
-loss is on, whether it packs. The readers (detection here, train.workload.encode, .prepare, .tokens,
-the `--data-format` option) go through the table: adding a format is adding an entry.
-
-The chat formats (OpenAI `messages`, ShareGPT `conversations` of {from, value}, Alpaca
-`instruction`/`input`/`output`) are rendered with the tokenizer's own chat template, the loss on
-the assistant's turns; a `system` column, when there is one, opens the conversation. Detection is
-automatic; `--data-format` and the column options name what it cannot guess.
-"""
+"""Data formats, one `DataFormat` entry each in `FORMATS`: how a format is recognised from the columns, which
+columns it reads, how records become token ids and what the loss is on. The design: docs/design.md#data-formats"""
 
 from __future__ import annotations
 
@@ -57,7 +48,7 @@ class DataSchema:
     completion_field: str | None = None
     input_field: str | None = None
     system_field: str | None = None
-    # Raw token files (train.workload.pretokenized): the ids' dtype and the separator ending each document.
+    # Raw token files (train.workload.tokens): the ids' dtype and the separator ending each document.
     token_dtype: str | None = None
     document_separator: int | None = None
 
@@ -69,7 +60,7 @@ class DataSchema:
 @dataclass(frozen=True)
 class Layout:
     """The format found and the columns it reads. Its fields are part of the data cache's key
-    (train.workload.fingerprint): a new format reuses them rather than adding its own."""
+    (train.workload.prepare.cache_key): a new format reuses them rather than adding its own."""
 
     format: str
     text: str | None = None
@@ -194,8 +185,7 @@ def guess_format(present: set[str], schema: DataSchema) -> str | None:
 
 
 def turn_style(first: Record | None, column: str | None) -> str:
-    """`sharegpt` when the turns are {from, value} (or, with no record to look at, the column is
-    ShareGPT's `conversations`), else `messages`."""
+    """`sharegpt` when the turns are {from, value} (or, with no record to look at, the column is ShareGPT's `conversations`), else `messages`."""
     turns = (first or {}).get(column) if column else None
     if isinstance(turns, list) and turns and isinstance(turns[0], dict):
         return "sharegpt" if "from" in turns[0] and "role" not in turns[0] else "messages"
@@ -235,8 +225,7 @@ def messages_claim(present: set[str], schema: DataSchema) -> int | None:
     return BY_COLUMNS + 10 if present & set(CONVERSATION_FIELDS) else None
 
 
-def no_claim(present: set[str], schema: DataSchema) -> int | None:
-    """Never guessed from the columns (sharegpt: found by messages' turn style)."""
+def no_claim(present: set[str], schema: DataSchema) -> int | None:  # sharegpt: found by messages' turn style
     return None
 
 
@@ -330,22 +319,14 @@ FORMATS: dict[str, DataFormat] = {
     entry.name: entry
     for entry in (
         DataFormat("text", "text", "text (text)", text_claim, text_layout, encode_text, "all tokens", packs=True),
-        DataFormat(
-            "messages", "messages (OpenAI)", "messages (role/content turns)", messages_claim, conversation_layout, encode_chat,
-            "assistant turns", chat=True, turns=conversation_turns,
-        ),
-        DataFormat(
-            "sharegpt", "sharegpt", "sharegpt (conversations of from/value)", no_claim, conversation_layout, encode_chat,
-            "assistant turns", chat=True, turns=conversation_turns,
-        ),
-        DataFormat(
-            "alpaca", "alpaca", "alpaca (instruction, input, output)", alpaca_claim, alpaca_layout, encode_chat,
-            "outputs", chat=True, turns=alpaca_turns,
-        ),
-        DataFormat(
-            "prompt_completion", "prompt_completion", "prompt + completion", prompt_completion_claim, prompt_completion_layout,
-            encode_prompt_completion, "completions", prompts=True,
-        ),
+        DataFormat("messages", "messages (OpenAI)", "messages (role/content turns)", messages_claim, conversation_layout, encode_chat,
+                   "assistant turns", chat=True, turns=conversation_turns),
+        DataFormat("sharegpt", "sharegpt", "sharegpt (conversations of from/value)", no_claim, conversation_layout, encode_chat,
+                   "assistant turns", chat=True, turns=conversation_turns),
+        DataFormat("alpaca", "alpaca", "alpaca (instruction, input, output)", alpaca_claim, alpaca_layout, encode_chat,
+                   "outputs", chat=True, turns=alpaca_turns),
+        DataFormat("prompt_completion", "prompt_completion", "prompt + completion", prompt_completion_claim, prompt_completion_layout,
+                   encode_prompt_completion, "completions", prompts=True),
         DataFormat("tokens", "tokens (an input_ids column)", None, tokens_claim, tokens_layout, encode_tokens, "all tokens", packs=True),
     )
 }

@@ -1,15 +1,5 @@
-"""Models and datasets named as on the Hugging Face hub: `ORG/NAME[@REVISION]`.
-
-Resolved the way transformers resolves them, with huggingface_hub's own functions: the hub cache
-(`HF_HOME`/hub, or `HF_HUB_CACHE`) holds what was fetched before and is never fetched again; with
-`HF_HUB_OFFLINE=1` only the cache is read; online, the hub says which commit a branch or tag is now
-(the token comes from `HF_TOKEN` or `hf auth login`, for gated and private repositories). A commit
-never changes, so a cached one is used without asking the hub.
-
-`bench` needs only the small files (config, tokenizer) because it builds random weights of the
-model's shape; `train` needs the weights: `weights_to_fetch` says how much is missing and where it
-will go before `fetch_weights` gets it.
-"""
+"""Models named as on the Hugging Face hub, `ORG/NAME[@REVISION]`: resolved to a commit in the hub
+cache, config and tokenizer first, the weights when training needs them. docs/design.md#models-from-the-hub"""
 
 from __future__ import annotations
 
@@ -63,10 +53,6 @@ class WeightFetch:
     total_bytes: int
     cache_dir: str
 
-    @property
-    def needed(self) -> bool:
-        return bool(self.files)
-
 
 def parse_hub_id(reference: str) -> tuple[str, str | None] | None:
     """(ORG/NAME, revision or None) when `reference` is written like a hub id, else None."""
@@ -116,8 +102,7 @@ def _dry_run(hub: HubModel, patterns: list[str]) -> list[DryRunFileInfo]:
 
 
 def weights_to_fetch(hub: HubModel) -> WeightFetch:
-    """What `fetch_weights` will download (nothing when the cache has the weights); offline and
-    missing: one line with the download command."""
+    """What `fetch_weights` will download (nothing when the cache has the weights); offline and missing: one line with the download command."""
     from huggingface_hub import is_offline_mode
 
     cache = hub_cache_dir()

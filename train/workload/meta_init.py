@@ -1,26 +1,5 @@
-"""A model's initial weights made one module at a time, for models built on the `meta` device.
-
-`AutoModelForCausalLM.from_config` after `torch.manual_seed(seed)` gives every preset its weights,
-but holds the whole model while it does: 32 GB of fp32 for an 8B model, on every FSDP rank, and in
-host memory before a 4-bit base is quantized. `seeded_tensors` gives the same values, bit for bit,
-while holding only the module being initialised (and any tensor a later step still reads), so a
-sharded model keeps just its shards and a quantized base just its packed layers.
-
-Same values, because it consumes the random generator exactly as `from_config` does, in the same
-order, on the same device and dtype. transformers builds a model so (modeling_utils.py, `post_init`):
-
-1. each module's constructor initialises its own parameters (`nn.Linear.reset_parameters`'s Kaiming
-   uniform, `Conv1D`'s normal), depth first, in the order the modules are created (registered);
-2. at the end of each `PreTrainedModel`'s own constructor, its `initialize_weights` visits its
-   modules children first (`smart_apply`), calling `_init_weights` on each not yet initialised;
-   an outer model's pass skips what an inner one did;
-3. then tied weights (`lm_head.weight` ← the token embedding) take their source's tensor.
-
-Each of those steps is first run on `meta` (which allocates and draws nothing) under a mode that
-records which tensors it writes, and whether it overwrites one whole (`normal_`) or reads it first
-(`mul_`, a slice's `zero_`): that says when a tensor holds its final value and what must stay alive
-between steps. The steps then run again on the device on real tensors, a few at a time.
-"""
+"""A model's initial weights made one module at a time, for models built on the `meta` device: the
+values `from_config` gives, bit for bit, holding one module at a time. How: docs/design.md#initial-weights-one-module-at-a-time"""
 
 from __future__ import annotations
 
@@ -54,9 +33,8 @@ class Step:
 
 
 def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """The causal LM of `config` (a transformers config) on `meta`, with SDPA attention: nothing
-    allocated, nothing drawn. A skeleton to shard or quantize, or the scratch copy
-    train.workload.meta_init draws the initial weights from."""
+    """The causal LM of `config` on `meta`, with SDPA attention: nothing allocated, nothing drawn. A
+    skeleton to shard or quantize, or the scratch copy `seeded_tensors` draws the initial weights from."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -176,11 +154,11 @@ class NamedTensor(NamedTuple):
 
 
 def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int = 0) -> Iterator[NamedTensor]:
-    """(name, value on `device`) of every parameter and buffer of `model`, a causal LM built by
-    `from_config` on `meta`, as `from_config` on `device` after `torch.manual_seed(seed)` makes
-    them; tied weights are left out (they are their source's). `model` is scratch: it is untied
-    and its tensors stay on `meta`. Each value is yielded once final; only the tensors a step is
-    writing (and those a later step reads before overwriting) are alive at a time."""
+    """(name, value on `device`) of every parameter and buffer of `model`, a causal LM built by `from_config` on
+    `meta`, as `from_config` on `device` after `torch.manual_seed(seed)` makes them; tied weights are left out (they
+    are their source's). `model` is scratch: it is untied and its tensors stay on `meta`. Each value is yielded once
+    final; only the tensors a step is writing (and those a later step reads before overwriting) are alive at a
+    time."""
     import torch
 
     untie(model)

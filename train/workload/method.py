@@ -1,14 +1,5 @@
-"""What is trained: the whole model (`full`) or adapters on a frozen base (peft's LoRA), and
-whether activations are recomputed (gradient checkpointing). Shared by bench probes and train.
-
-Each method is one entry of `METHODS` (a `Method`): its phrase, whether it trains adapters, and the
-arguments it adds to peft's LoraConfig (DoRA is `{"use_dora": True}`). The argument parsers, the
-adapter build, the descriptions and run.json's method read the table; run.json and calibrations
-record the method's name and, for adapters, their `lora` settings.
-
-LoRA's targets default to every linear projection of attention and MLP (peft's "all-linear",
-which leaves the output head alone).
-"""
+"""What is trained: the whole model or adapters on a frozen base (`METHODS`, peft's LoRA), and
+gradient checkpointing; shared by bench probes and train. The design: docs/design.md#methods"""
 
 from __future__ import annotations
 
@@ -21,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from calibration.setup import Variant
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer
-from train.workload.quantize import QUANTIZE_CHOICES, base_phrase, check_quantize, logical_numel
+from train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_named
+from train.workload.quantize import QUANTIZE_CHOICES, base_phrase, check_quantize, logical_numel, require_bitsandbytes
 
 if TYPE_CHECKING:
     import argparse
@@ -70,7 +61,8 @@ class MethodConfig:
             raise BenchtrainError("--lora-targets needs module names, e.g. q_proj,v_proj")
 
         check_quantize(self.quantize, self.is_lora)
-        check_optimizer(self.optimizer)
+        if optimizer_named(self.optimizer).needs_bitsandbytes:
+            require_bitsandbytes(f"--optimizer {self.optimizer}")
 
     @property
     def quantized(self) -> bool:
@@ -150,9 +142,9 @@ def measured_methods(quantize: str | None, optimizer: str | None, method: Method
 
 
 def quiet_library_warnings() -> None:
-    """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read
-    on every model; peft says it transposes GPT-2's Conv1D weights for LoRA, which it does
-    rightly: warnings the user can do nothing about."""
+    """transformers 5 deprecates `is_gradient_checkpointing`, which peft and accelerate still read on every model;
+    peft says it transposes GPT-2's Conv1D weights for LoRA, which it does rightly: warnings the user can do nothing
+    about."""
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
@@ -171,15 +163,10 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
     quiet_library_warnings()  # peft reads a deprecated transformers attribute on every model
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(
-        r=method.lora_rank,
-        lora_alpha=method.alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha scales as written
-        lora_dropout=method.lora_dropout,
-        target_modules=list(method.lora_targets) if method.lora_targets else ALL_LINEAR,
-        bias="none",
-        task_type="CAUSAL_LM",
-        **METHODS[method.method].peft_options,
-    )
+    targets = list(method.lora_targets) if method.lora_targets else ALL_LINEAR
+    # peft annotates lora_alpha int; a float alpha scales as written.
+    settings: dict[str, Any] = {"r": method.lora_rank, "lora_alpha": method.alpha, "lora_dropout": method.lora_dropout, "target_modules": targets}
+    config = LoraConfig(**settings, bias="none", task_type="CAUSAL_LM", **METHODS[method.method].peft_options)
     try:
         return get_peft_model(model, config)
     except ValueError as error:
@@ -187,14 +174,8 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
 
 
 def set_gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> None:
-    """Recompute activations in the backward pass (less memory, about one more forward pass).
-    Non-reentrant checkpointing: frozen inputs (LoRA) need no `enable_input_require_grads`.
-
-    transformers registers that hook (the embeddings' output made to require gradients) whenever
-    checkpointing is turned on, and removes it when turned off only for adapters it loaded itself
-    (`_hf_peft_config_loaded`, which peft's wrapper never sets): left in place, later probes would
-    compute gradients nobody uses, one more hook per "on". It is removed here either way; bench's
-    probes switch checkpointing on and off on one model."""
+    """Recompute activations in the backward pass (less memory, about one more forward pass), non-reentrant.
+    The input-gradients hook transformers adds is removed either way: docs/design.md#methods"""
     base = unwrap(model)
     if enabled:
         base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -225,8 +206,7 @@ def trainable_parameter_count(model: torch.nn.Module) -> int:
 
 
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
-    """What was trained, for the calibration and run.json: method, adapter settings, counts (a
-    4-bit weight counted as the weights it stands for)."""
+    """What was trained, for the calibration and run.json: method, adapter settings, counts (a 4-bit weight counted as the weights it stands for)."""
     total = sum(logical_numel(parameter) for parameter in model.parameters())
     record: JsonDict = {"method": method.method, "trainable_parameters": trainable_parameter_count(model), "total_parameters": total, "lora": None}
     record |= {"quantization": method.quantize if method.quantized else None, "optimizer": method.optimizer}

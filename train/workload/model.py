@@ -1,10 +1,5 @@
-"""Which model to train: a preset name, a local directory with `config.json`, or a hub id
-`ORG/NAME[@REVISION]` (train.workload.hub).
-
-`resolve_model` checks the reference without importing torch weights (for a hub id it fetches only
-the config and tokenizer); `build_model` makes the module on the target device (weights loaded when
-the directory has them and the spec asks for them: a hub model's after `with_hub_weights`).
-"""
+"""Which model to train (a preset of `PRESETS`, a local directory with `config.json`, or a hub id), its build
+on a device, and its shape for FLOPs per token. The design: docs/design.md#models-and-their-flops"""
 
 from __future__ import annotations
 
@@ -21,20 +16,59 @@ from common.json_types import JsonDict
 from train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
 from train.workload.meta_init import meta_plain_model
 from train.workload.method import MethodConfig, apply_method, unwrap
-from train.workload.presets import PRESETS, canonical_preset
 from train.workload.quantize import logical_numel, quantized_base
 
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
+
+# -- presets: published architecture shapes with random initialisation, no weights needed ----------------------
+def decoder(model_type: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, positions: int, **extra: Any) -> JsonDict:
+    """A decoder's config.json values, in the order transformers' Llama-style configs name them."""
+    shape = {"model_type": model_type, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers}
+    return {**shape, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": positions, **extra}
+
+
+LLAMA_3_1_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+# decoder(model type, vocabulary, hidden, intermediate, layers, attention heads, key/value heads, positions, other keys)
+PRESETS: dict[str, JsonDict] = {
+    # ~0.9M parameters: fast on a laptop CPU, the default everywhere.
+    "tiny": decoder("llama", 320, 128, 344, 4, 4, 4, 4096, tie_word_embeddings=False),
+    "gpt2": {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024},
+    "llama-3.2-1b": decoder("llama", 128256, 2048, 8192, 16, 32, 8, 131072, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-3.1-8b": decoder("llama", 128256, 4096, 14336, 32, 32, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
+    # Llama-3.1-70B's published config: 80 layers of the 8B's design, 8192 wide; 141 GB of bf16.
+    "llama-3.1-70b": decoder("llama", 128256, 8192, 28672, 80, 64, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
+    "qwen2.5-7b": decoder("qwen2", 152064, 3584, 18944, 28, 28, 4, 32768, rope_theta=1000000.0, tie_word_embeddings=False),
+    "mistral-7b": decoder("mistral", 32768, 4096, 14336, 32, 32, 8, 32768, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False),
+    # Mistral-Nemo-12B: head_dim 128 is not hidden / heads (160), so it is given explicitly.
+    "mistral-nemo-12b": decoder(
+        "mistral", 131072, 5120, 14336, 40, 32, 8, 128000, head_dim=128, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False
+    ),
+}
+
+PRESET_ALIASES = {
+    "gpt2-124m": "gpt2", "llama3.2-1b": "llama-3.2-1b", "llama-1b": "llama-3.2-1b",
+    "llama3-8b": "llama-3.1-8b", "llama-3-8b": "llama-3.1-8b", "llama3.1-8b": "llama-3.1-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "llama3.1-70b": "llama-3.1-70b", "llama-3.1-70b-instruct": "llama-3.1-70b",
+    "mistral-nemo": "mistral-nemo-12b", "mistral-nemo-12b-instruct": "mistral-nemo-12b",
+    "qwen2.5-7b-instruct": "qwen2.5-7b", "mistral": "mistral-7b",
+}
+
+
+def canonical_preset(name: str) -> str | None:
+    key = name.lower()
+    key = PRESET_ALIASES.get(key, key)
+    return key if key in PRESETS else None
+
+
 # Keys that do not change the computation and must not change the fingerprint.
 FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
-# Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale): taken
-# at the architecture's default before fingerprinting, so a hub config.json and the preset of its
-# shape share calibrations, and presets (which never set them) keep the fingerprints they had.
-# `use_cache` (the generation cache) too: a Trainer turns it off when it trains a peft model or with
-# gradient checkpointing, and a training step never uses it.
+# Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale, `use_cache`, which a
+# Trainer turns off and a training step never uses): taken at the architecture's default before fingerprinting,
+# so a hub config.json and the preset of its shape share calibrations.
 FINGERPRINT_DEFAULTED = {"bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache"}
 FINGERPRINT_DEFAULTED |= {"rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"}
 
@@ -93,9 +127,7 @@ def resolve_model(reference: str | None) -> ModelSpec:
     if hub_id is not None:
         hub = resolve_hub_model(*hub_id)
         return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
-    raise BenchtrainError(
-        f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
-    )
+    raise BenchtrainError(f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]")
 
 
 def read_config(config_path: Path) -> JsonDict:
@@ -106,13 +138,12 @@ def read_config(config_path: Path) -> JsonDict:
 
 
 def with_hub_weights(spec: ModelSpec, announce: Callable[[str], None] | None = None, fetch: bool = True) -> ModelSpec:
-    """A hub model's spec that loads its weights: says (through `announce`) how many GB will be
-    fetched into which cache, then fetches them (unless `fetch` is False: a dry run). Other specs
-    are returned as they are."""
+    """A hub model's spec that loads its weights: says (through `announce`) how many GB will be fetched
+    into which cache, then fetches them (unless `fetch` is False: a dry run). Other specs as they are."""
     if spec.hub is None or spec.load_weights:
         return spec
     missing = weights_to_fetch(spec.hub)
-    if not missing.needed:
+    if not missing.files:
         return replace(spec, load_weights=True)
     if announce is not None:
         verb = "fetching" if fetch else "a run will fetch"
@@ -137,14 +168,10 @@ def make_config(spec: ModelSpec) -> PretrainedConfig:
 def build_model(
     spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False, weights_on: torch.device | str | None = None
 ) -> torch.nn.Module:
-    """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only
-    from a directory that has them.
-
-    Full fine-tuning keeps fp32 weights (bf16 autocast computes from them). LoRA keeps the frozen
-    base in bf16 on CUDA — half the memory, and no fp32 copy of what is never updated — and peft
-    adds fp32 adapters. `shardable`: a 4-bit base stored in the compute dtype, for FSDP to shard.
-    `weights_on`: the device the weights will be given (FSDP builds on `meta` for it), whose type
-    chooses the dtype (None: `device`)."""
+    """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only from a directory
+    that has them. Full fine-tuning keeps fp32 weights; LoRA a bf16 base on CUDA. `shardable`: a 4-bit base stored in
+    the compute dtype, for FSDP to shard. `weights_on`: the device the weights will be given (FSDP builds on `meta`
+    for it), whose type chooses the dtype (None: `device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -182,18 +209,9 @@ class ModelShape:
     adapter_parameter_count: int = 0
 
     def flops_terms(self, lora: bool) -> dict[str, float]:
-        """FLOPs per token of each compute term of the throughput model (calibration.fit): per
-        token, per token × length (attention), and what checkpointing recomputes of each (PaLM
-        appendix B, as in nanoGPT's estimate_mfu).
-
-        With N base matmul parameters, A adapter parameters, attention cost Att = 4·L·H·Q·T per
-        forward (scores and weighted sum, T = sequence length):
-
-        - forward 2N + Att; backward: input gradients 2N + 2·Att, weight gradients 2N;
-        - full fine-tuning: 6N + 3·Att = 6N + 12·L·H·Q·T;
-        - LoRA: the frozen base needs no weight gradients: 4N + 6A + 3·Att;
-        - gradient checkpointing runs the forward once more: + 2N (+ 2A) + Att.
-        """
+        """FLOPs per token of each compute term of the throughput model (calibration.fit): per token, per token ×
+        length (attention), and what checkpointing recomputes of each. The derivation:
+        docs/design.md#models-and-their-flops"""
         adapters = self.adapter_parameter_count if lora else 0
         base = self.matmul_parameter_count
         attention = 4 * self.layers * self.heads * self.head_dim  # per token per unit of length, one forward

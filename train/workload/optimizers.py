@@ -1,21 +1,5 @@
-"""The optimizers, in one table: `OPTIMIZERS`, an entry per `--optimizer` value (how it is built,
-its state's bytes, HF Trainer's name for it, its --help phrase, whether it needs bitsandbytes). The
-parsers, the memory check, run.json and the engine read the table and name no optimizer: adding one
-is adding an entry.
-
-8-bit AdamW (Dettmers et al., "8-bit Optimizers via Block-wise Quantization") keeps both moments of
-a tensor as one byte each, with an fp32 absmax per block of 256 values; tensors under 4,096 values
-keep fp32 moments (bitsandbytes' `min_8bit_size`), and the two 256-entry fp32 quantization maps are
-shared by every tensor. The paged variant holds the same bytes in CUDA unified memory, which the
-driver pages out to the host under memory pressure instead of failing (on CPU it is the plain one).
-Which is faster, and by how much, is measured by bench like any other choice.
-
-Neither 8-bit AdamW steps FSDP2's sharded parameters: bitsandbytes keeps each tensor's `absmax` as a
-plain tensor sized from the whole parameter's values, so the first step over a DTensor fails
-("mixed torch.Tensor and DTensor"), and the paged one would hold the whole unsharded state on every
-rank. `shards_parameters` says so in the table, and `--sharding fsdp` with them is one line before
-anything is built (`check_optimizer_sharding`).
-"""
+"""The optimizers, in one table: `OPTIMIZERS`, an entry per `--optimizer` value (its build, state
+bytes, HF Trainer's name, help phrase, needs). Adding one is adding an entry. docs/design.md#optimizers"""
 
 from __future__ import annotations
 
@@ -28,7 +12,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, cast
 
 from common.console import say
 from common.errors import BenchtrainError
-from train.workload.quantize import require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -68,10 +51,9 @@ Build = Callable[[list[ParameterGroup], float, Betas, float], "torch.optim.Optim
 
 @dataclass(frozen=True)
 class StateBytes:
-    """The bytes of an optimizer's state for trainable tensors of these sizes (values each):
-    `buffers` tensors the size of each parameter (AdamW's two moments, SGD's momentum; the step
-    counts are scalars), in fp32, or with `eight_bit` as bitsandbytes keeps them (above). Equal
-    ones share a line of the dry run's "optimizer state"."""
+    """The bytes of an optimizer's state for trainable tensors of these sizes (values each): `buffers` tensors the
+    size of each parameter (AdamW's two moments, SGD's momentum), in fp32, or with `eight_bit` as bitsandbytes keeps
+    them. Equal ones share a line of the dry run's "optimizer state"."""
 
     buffers: int
     eight_bit: bool = False
@@ -107,9 +89,9 @@ def fused_devices() -> list[str]:
 
 
 def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
-    """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a
-    floating-point one on a device with the kernel; else the foreach one with a warning (adamw),
-    or (`refuse_unfused`: adamw-fused, HF's `adamw_torch_fused`) a one-line error."""
+    """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a floating-point one
+    on a device with the kernel; else the foreach one with a warning (adamw), or (`refuse_unfused`: adamw-fused, HF's
+    `adamw_torch_fused`) a one-line error."""
     import torch
 
     devices = fused_devices()
@@ -123,8 +105,7 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
 
 
 def torch_sgd(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float) -> torch.optim.Optimizer:
-    """SGD with momentum SGD_MOMENTUM (not Nesterov; betas and epsilon are Adam's: unused): one
-    fp32 momentum buffer per trainable value, half AdamW's state."""
+    """SGD with momentum SGD_MOMENTUM (not Nesterov; betas and epsilon are Adam's: unused): one fp32 momentum buffer per trainable value, half AdamW's state."""
     import torch
 
     return torch.optim.SGD(torch_groups(groups), lr=learning_rate, momentum=SGD_MOMENTUM)
@@ -153,10 +134,8 @@ OPTIMIZERS: dict[str, Optimizer] = {
     for entry in (
         Optimizer("adamw", torch_adamw, ADAM_STATE, "adamw_torch_fused", "fp32 moments, fused where the device has the kernel"),
         Optimizer("adamw-8bit", bitsandbytes_adamw(paged=False), ADAM_8BIT_STATE, "adamw_bnb_8bit", "bitsandbytes' 8-bit moments", True, False),
-        Optimizer(
-            "paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
-            "the same in CUDA unified memory, paged to the host under pressure", needs_bitsandbytes=True, shards_parameters=False,
-        ),
+        Optimizer("paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
+                  "the same in CUDA unified memory, paged to the host under pressure", True, False),
         Optimizer("adamw-fused", partial(torch_adamw, refuse_unfused=True), ADAM_STATE, "adamw_torch_fused", "fused or refused"),
         Optimizer("sgd", torch_sgd, StateBytes(buffers=1), "sgd", "momentum 0.9: one fp32 buffer"),
     )
@@ -167,11 +146,6 @@ def optimizer_named(name: str) -> Optimizer:
     if name not in OPTIMIZERS:
         raise BenchtrainError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     return OPTIMIZERS[name]
-
-
-def check_optimizer(name: str) -> None:
-    if optimizer_named(name).needs_bitsandbytes:
-        require_bitsandbytes(f"--optimizer {name}")
 
 
 def check_optimizer_sharding(name: str, sharding: str) -> None:
@@ -200,8 +174,7 @@ def optimizer_help() -> str:
 
 
 def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
-    """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size
-    said once)."""
+    """`entries` grouped by equal state bytes, in their order ("adamw or adamw-fused": one size said once)."""
     groups: dict[Callable[[list[int]], int], list[Optimizer]] = {}
     for entry in entries:
         groups.setdefault(entry.state_bytes, []).append(entry)
@@ -209,8 +182,7 @@ def same_state_groups(entries: Iterable[Optimizer]) -> list[list[Optimizer]]:
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[ParameterGroup]:
-    """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases,
-    norms) without, as HF Trainer and nanoGPT do."""
+    """The trainable parameters in two groups: matrices with `weight_decay`, the rest (biases, norms) without, as HF Trainer and nanoGPT do."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,41 +1,47 @@
-"""From the user's data to what the planner and the trainer read.
-
-`prepare_data` looks the data up in the cache by its key (train.workload.fingerprint): when the
-whole set is tokenized there, the plan uses its exact profile (a warm start costs a hash check of
-small files); otherwise the plan uses a sample (train.workload.sampling), itself cached, and says
-how long tokenizing everything will take at the rate measured on the sample. `tokenized()` makes
-the whole store when training needs it, and checks every file against its checksum first.
-"""
+"""From the user's data to what the planner and the trainer read: the exact profile when the cache
+holds the data, else a sample's. The design: docs/design.md#from-the-data-to-the-plan"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.atomic import write_json_atomic
 from common.durations import format_duration
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.workload.data import load_records
-from train.workload.data_cache import BuildJob, ensure_store, store_state
+from train.workload.data_cache import Builder, BuildJob, data_root, ensure_store, store_state
 from train.workload.encode import Encoder
-from train.workload.fingerprint import cache_key, content_fingerprint, data_root, source_paths, tokenizer_fingerprint
 from train.workload.formats import DataSchema, Layout, detect_layout
-from train.workload.pretokenized import TokenFileSettings, index_token_files, token_files
 from train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
 from train.workload.tokenizer import chat_template_note, ensure_chat_template
-from train.workload.tokens import TokenizedData, open_store, token_dtype
+from train.workload.tokens import (
+    TokenFileSettings,
+    TokenizedData,
+    TokenWriter,
+    file_digest,
+    map_token_file,
+    open_store,
+    scan_documents,
+    token_dtype,
+    token_files,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# What builds a store: the records at these indices (None: all) as a BuildJob, or a builder of the
-# store folder itself (pre-tokenized files).
-JobFor = Callable[[np.ndarray | None], BuildJob | Callable[[Path], None]]
+# What builds the store of this key: the records at these indices (None: all), or the index of pre-tokenized files.
+JobFor = Callable[[np.ndarray | None, str], Builder]
 
+KEY_VERSION = 1
 TRAIN_ON = ("assistant", "all")
 # A sample that would need more than this share of the records is not worth it: tokenize them all.
 SAMPLE_SHARE_LIMIT = 0.25
@@ -65,7 +71,7 @@ class PreparedData:
     records: int
     what: str
     source: str
-    job_for: JobFor  # indices (None: all) -> a BuildJob, or a builder of the store folder
+    job_for: JobFor
     predicted_seconds: float = 0.0  # tokenizing what is not cached yet, at the sample's rate
     built_seconds: float | None = None  # tokenizing done by this command, measured
     estimate: TotalEstimate | None = None
@@ -78,7 +84,7 @@ class PreparedData:
 
     def tokenized(self, say: Callable[[str], None]) -> TokenizedData:
         """Every record, tokenized (built now if the cache lacks it or any file fails its checksum)."""
-        data, seconds = ensure_store(self.folder, self.key, lambda: self.job_for(None), say, self.what, verify_contents=True)
+        data, seconds = ensure_store(self.folder, self.key, partial(self.job_for, None, self.key), say, self.what, verify_contents=True)
         if seconds is not None:
             self.built_seconds = (self.built_seconds or 0.0) + seconds
         self.exact_tokens = int(data.lengths.sum())
@@ -107,7 +113,7 @@ class PreparedData:
             "cache": str(self.folder),
             "records": self.records,
             "profiled_from": "all records" if self.exact else "sample",
-            "sampled_estimate": self.estimate.to_json() if self.estimate else None,
+            "sampled_estimate": asdict(self.estimate) if self.estimate else None,
             "predicted_seconds": self.predicted_seconds,
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
@@ -131,11 +137,12 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
     count = len(records)
     what = f"{count:,} records of {spec.path}"
 
-    def job_for(indices: np.ndarray | None) -> BuildJob:
+    def job_for(indices: np.ndarray | None, store_key: str) -> BuildJob:
         chosen = records if indices is None else records.select(indices)
         loss_on = fmt.loss_on if masked or not fmt.chat else "all tokens"
-        meta = {"key": key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
-        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta)
+        meta = {"key": store_key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
+        sample = {} if indices is None else {"documents_sampled": len(indices)}
+        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta | sample)
 
     prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
@@ -145,27 +152,42 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
 
 
 def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say: Callable[[str], None]) -> PreparedData:
-    """Raw token files (train.workload.pretokenized): their documents indexed once, the ids mapped in place."""
+    """Raw token files (train.workload.tokens): their documents indexed once, the ids mapped in place."""
     settings = TokenFileSettings.resolve(files, spec.schema.token_dtype, spec.schema.document_separator)
     extra = {"dtype": settings.dtype, "separator": settings.separator, "vocab": vocab_size}
     key = cache_key(content_fingerprint(files), "raw token files", Layout("tokens"), False, extra)
     what = f"{len(files)} token file{'s' if len(files) != 1 else ''} of {spec.path}"
-    builder = index_token_files(files, settings, vocab_size, spec.path, key)
-    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices: builder)  # type: ignore[arg-type]
+
+    def index(folder: Path, what: str) -> None:
+        say(f"indexing the documents of {what}")
+        lengths, external = [], []
+        for file in files:
+            array = map_token_file(file, settings.dtype)
+            found, largest = scan_documents(array, settings.separator)
+            if largest >= vocab_size:
+                raise BenchtrainError(f"{file}: token id {largest:,} is outside the tokenizer's {vocab_size:,} ids: written with another tokenizer?")
+            lengths.append(found)
+            external.append({"path": str(file.resolve()), "dtype": array.dtype.name, "ids": len(array)})
+        every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        writer = TokenWriter(folder, np.dtype(str(external[0]["dtype"]) if external else "uint32"), masked=False, prompts=False, flat=False)
+        writer.add_documents(every, every, None)
+        writer.finish({"key": key, "source": spec.path, "format": "tokens", "loss_on": "all tokens", "records": len(every), "external": external})
+
+    prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices, _key: index)  # type: ignore[arg-type]
     prepared.view = checked_view(prepared.tokenized(say), spec)
     prepared.records = len(prepared.view)
     return prepared
 
 
 def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) -> PreparedData:
-    """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the
-    size the sample's spread asks for, and again if a heavy tail shows in the larger sample).
-    Each size is its own store (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
+    """The plan's view from a sample sized for a ±1% token total (grown from SAMPLE_START to the size the sample's
+    spread asks for, and again if a heavy tail shows in the larger sample). Each size is its own store
+    (`<key>.sample-<size>`): nothing is replaced while another process reads it."""
     size = SAMPLE_START
     for _round in range(3):
         indices = sample_indices(prepared.records, size)
         sample_key = f"{prepared.key}.sample-{size}"
-        job = lambda chosen=indices, name=sample_key: with_sample_meta(prepared.job_for(chosen), len(chosen), name)  # noqa: E731
+        job = partial(prepared.job_for, indices, sample_key)
         sample, _seconds = ensure_store(prepared.folder.with_name(sample_key), sample_key, job, say, f"a sample of {size:,} records")
         needed = sample_size_for(sample.lengths, prepared.records)
         if needed <= size or needed > SAMPLE_SHARE_LIMIT * prepared.records:
@@ -183,13 +205,6 @@ def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) 
     return prepared
 
 
-def with_sample_meta(job: BuildJob | Callable[[Path], None], size: int, key: str) -> BuildJob:
-    """A sample's build job, its meta naming the sample (only records are sampled: pre-tokenized
-    files are read whole, never through here)."""
-    assert isinstance(job, BuildJob)
-    return replace(job, meta={**job.meta, "key": key, "documents_sampled": size})
-
-
 def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
     """One-line errors for data with nothing to train on."""
     data = replace(data, source=spec.path)
@@ -199,3 +214,55 @@ def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
         raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
     return data
 
+
+def content_fingerprint(paths: list[Path]) -> str:
+    """sha256 over the files' contents (a folder: every file in it, by relative name)."""
+    memo_path = data_root() / "fingerprints.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+        memo = memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        memo = {}
+    before = len(memo)
+    digest = hashlib.sha256()
+    for path in sorted(paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) if path.is_dir() else [path]
+        for file in files:
+            digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+            digest.update(file_digest(file, memo).encode())
+    if len(memo) != before:
+        try:
+            # Only the entries of files that still exist: the memo does not grow without end.
+            kept = {key: value for key, value in memo.items() if Path(key.split("|")[0]).exists()}
+            write_json_atomic(memo_path, kept)
+        except OSError:
+            pass  # a read-only home: hash again next time
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The tokenizer's vocabulary, merges, normalisation and special tokens, and its chat template."""
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    specials = {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad")}
+    digest.update(json.dumps(specials, sort_keys=True).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()
+
+
+def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
+    """The key tokenized data is cached under (a hex string)."""
+    parts = {"version": KEY_VERSION, "content": content, "tokenizer": tokenizer, "layout": asdict(layout), "masked": masked, **(extra or {})}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def source_paths(path: str, dataset: Any) -> list[Path]:
+    """The files whose bytes are the data: the file or folder given, else (a hub dataset) the Arrow files datasets reads."""
+    given = Path(path).expanduser()
+    if given.exists():
+        return [given]
+    return [Path(entry["filename"]) for entry in getattr(dataset, "cache_files", [])]

@@ -1,24 +1,5 @@
-"""A quantized, frozen base for LoRA (QLoRA's 4-bit NF4, LLM.int8's 8-bit), and its bytes.
-
-`--quantize 4bit` is NF4 with double quantization, computing in the base's dtype: bf16 on CUDA, as
-QLoRA and peft's docs use it, fp32 on a CPU (whose LoRA base is fp32: train.workload.model; on a
-CPU without AVX512-BF16, a bf16 4-bit matmul runs ≈40× slower than an fp32 one, measured on an
-AVX2 EPYC; bf16 autocast, BENCHTRAIN_CPU_BF16=1, still computes in bf16 there). `--quantize 8bit`
-is LLM.int8 (bitsandbytes >= 0.48, which runs on CPU as well as CUDA).
-
-The bytes of a quantized base are arithmetic, computed here without building the model (on the
-`meta` device) and checked against the real bitsandbytes modules on CPU (tests/test_quantize.py):
-transformers converts every `nn.Linear`/`Conv1D` except the output head, tied weights and the
-model's fp32-kept modules (`get_keys_to_not_convert`, the rule `replace_with_bnb_linear` applies),
-and each converted layer of n = in × out weights holds
-
-- 4-bit: the packed values (2 a byte: ⌈n/2⌉), one absmax per block of 64 — with double
-  quantization an 8-bit code each (⌈n/64⌉ bytes) plus the second level's fp32 absmax per 256 of
-  those, its 256-entry fp32 code and an fp32 offset —, and the 16-entry fp32 NF4 code;
-- 8-bit: one int8 per weight (n bytes) and an fp32 scale per output row (SCB);
-
-its bias, and every layer left unconverted (embeddings, head, norms), stays at the model's dtype.
-"""
+"""A quantized, frozen base for LoRA (QLoRA's 4-bit NF4, LLM.int8's 8-bit), and its bytes computed
+without building it. The arithmetic and why: docs/design.md#quantized-bases"""
 
 from __future__ import annotations
 
@@ -96,9 +77,7 @@ def require_bitsandbytes(what: str = "--quantize") -> None:
 
 def bitsandbytes_config(kind: str, compute_dtype: torch.dtype, float_storage: bool = False) -> BitsAndBytesConfig:
     """transformers' BitsAndBytesConfig for `kind` (4bit: NF4, double quantization, `compute_dtype`).
-    `float_storage`: the packed 4-bit values stored in tensors of `compute_dtype` rather than
-    uint8 (the same bytes), which FSDP can shard as it shards the floating-point weights around
-    them (bitsandbytes' docs/source/fsdp_qlora.md: the storage must be the compute dtype)."""
+    `float_storage`: the packed 4-bit values stored in `compute_dtype` tensors, for FSDP to shard."""
     from transformers import BitsAndBytesConfig
 
     if kind == "4bit":
@@ -132,8 +111,7 @@ def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
 
 
 def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> QuantizedBytes:
-    """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as
-    `kind`, its other tensors at `dtype_bytes` each."""
+    """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as `kind`, its other tensors at `dtype_bytes` each."""
     layers = converted_layers(model) if kind != "none" else []
     whole = sum(parameter.numel() for parameter in model.parameters()) + sum(buffer.numel() for buffer in model.buffers())
     converted_weights = sum(inputs * outputs for _, inputs, outputs, _ in layers)
@@ -152,10 +130,8 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
 
 
 def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
-    """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft
-    does it (norms and embeddings upcast to fp32, input gradients on for checkpointing). `source`
-    is a folder of weights (transformers quantizes while it loads them), or a model config: a
-    preset, whose seeded weights are drawn and quantized one layer at a time (`quantized_from_config`)."""
+    """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft does it.
+    `source`: a folder of weights (quantized while loaded), or a preset's config (`quantized_from_config`)."""
     from peft import prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
@@ -178,11 +154,8 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storag
 
 
 def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
-    """A preset's quantized base without its full-precision model ever existing: built on `meta`,
-    its layers swapped for bitsandbytes' by transformers' own quantizer (as `from_pretrained` does),
-    then each seeded initial weight (train.workload.meta_init) quantized as it comes, as transformers
-    quantizes a loaded tensor. Host memory holds one full-precision layer at a time, and the result
-    is, to the byte, those weights written to a folder and loaded quantized."""
+    """A preset's quantized base without its full-precision model ever existing: built on `meta`, then
+    each seeded initial weight quantized as it comes (docs/design.md#quantized-bases)."""
     import torch
     from transformers.quantizers.auto import AutoHfQuantizer
 
@@ -232,12 +205,8 @@ def put_quantized(model: Any, name: str, value: Any, device: Any) -> None:
 
 
 def keep_one_weight_layout(model: torch.nn.Module) -> torch.nn.Module:
-    """Turn off bitsandbytes' (>= 0.49) CPU repacking of 4-bit weights. On CPUs with AVX512-BF16
-    a `Linear4bit` repacks its weights in place the first time it runs in eval mode without
-    gradients (an inference speed-up): that fails outright for a layer whose out features are not a
-    multiple of 32 ("N must be divisible by block_n"), and an evaluation pass in the middle of
-    training would leave the training step a changed layout. One layout, everywhere, is what
-    `quantized_bytes` counts and what trains."""
+    """Turn off bitsandbytes' (>= 0.49) in-place CPU repacking of 4-bit weights in eval mode: one layout,
+    everywhere, is what `quantized_bytes` counts and what trains (why: docs/design.md#quantized-bases)."""
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010  # bitsandbytes' attribute, unknown to torch's types

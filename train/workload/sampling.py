@@ -1,12 +1,5 @@
-"""A plan in seconds from a random sample of the records.
-
-The sample's lengths estimate the whole set's token total (a mean times the record count), with
-a 95% interval from the sample's spread (finite-population corrected). The sample starts at
-SAMPLE_START records and grows once to the size whose interval is within ±TARGET_HALF_WIDTH.
-The planner then plans as if every record had a length drawn from the sample: `SampledData`
-stands for the whole set with each sampled record repeated N/n times (the remainder drawn at
-random), so the batches, padding and truncation it counts have the sample's distribution.
-"""
+"""A plan in seconds from a random sample of the records: the token total's estimate and interval,
+and `SampledData`, the sample standing for the whole set. docs/design.md#a-plan-from-a-sample"""
 
 from __future__ import annotations
 
@@ -42,9 +35,6 @@ class TotalEstimate:
         """(exact − estimated) / estimated: positive when the data held more tokens than the sample said."""
         return (exact_tokens - self.total_tokens) / self.total_tokens if self.total_tokens else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"records": self.records, "sampled": self.sampled, "total_tokens": self.total_tokens, "half_width": self.half_width}
-
     def describe(self) -> str:
         if self.total_tokens >= 1e6:
             total, half = f"{self.total_tokens / 1e6:,.1f}M", f"{self.half_width / 1e6:,.1f}M"
@@ -79,8 +69,7 @@ def sample_indices(records: int, count: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class SampledData:
-    """The planner's view of `records` records from a tokenized sample: record i has the length
-    and loss of sample document `stand_in[i]`."""
+    """The planner's view of `records` records from a tokenized sample: record i has the length and loss of sample document `stand_in[i]`."""
 
     sample: TokenizedData
     stand_in: np.ndarray

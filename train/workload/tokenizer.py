@@ -1,8 +1,5 @@
-"""Tokenizers: a local model directory's own, or a byte-level tokenizer built offline.
-
-The byte-level tokenizer maps each UTF-8 byte to one id (256 ids) plus a few special tokens, and
-carries a chat template, so presets need nothing downloaded.
-"""
+"""Tokenizers: a local model directory's own, or a byte-level tokenizer built offline (256 byte ids
+and a chat template). docs/design.md#tokenizers"""
 
 from __future__ import annotations
 
@@ -23,11 +20,8 @@ CHAT_TEMPLATE = (
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 BYTE_TOKENIZER_NAME = "benchtrain-bytes"
-# For a base model whose tokenizer has no chat template (Llama-3.1-8B, Mistral-7B base): ChatML, as
-# TRL gives one (its SFTTrainer clones a ChatML template, trl.clone_chat_template). Unlike TRL, the
-# markers stay plain text: no <|im_start|>/<|im_end|> tokens are added, so the embeddings keep their
-# size (a frozen LoRA base would never train new rows; the memory model and final/ stay the base's),
-# and the template saved with final/ renders at inference exactly what training saw.
+# For a base model whose tokenizer has no chat template, ChatML as TRL gives it, its markers plain text
+# (no tokens added: the embeddings keep their size). Why: docs/design.md#tokenizers
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -73,9 +67,9 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> PreTrai
 
 
 def ensure_chat_template(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's
-    source: "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken:
-    the key digests the template (train.workload.fingerprint.tokenizer_fingerprint)."""
+    """Give a tokenizer without a chat template ChatML (plain text, no tokens added); the template's source:
+    "tokenizer" (its own) or "chatml" (added here). Before the data's cache key is taken: the key digests the template
+    (train.workload.prepare.tokenizer_fingerprint)."""
     if getattr(tokenizer, "chat_template", None):
         return str(getattr(tokenizer, TEMPLATE_SOURCE, "tokenizer"))
     tokenizer.chat_template = CHATML_TEMPLATE

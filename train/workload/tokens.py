@@ -1,23 +1,10 @@
-"""Tokenized data that stays on disk: every document's token ids back to back in one flat array
-(memory-mapped), where each one starts (`offsets`), and per document what the loss is on.
-
-Nothing holds a Python object per sample: a DataLoader worker slices the documents of its batch
-out of the mapped file, the planner reads one array of lengths, and packing reads rows of a
-virtual stream (the documents of this view back to back) by position. A view of some documents
-(`subset`, e.g. the eval split) is an index array over the same files.
-
-A folder written by `TokenWriter` (train.workload.data_cache builds them) holds:
-  tokens.bin    ids (uint16 when the vocabulary fits, else uint32)
-  offsets.npy   int64, documents + 1
-  targets.npy   int32 per document: tokens that carry loss when it is not truncated
-  mask.bin      uint8 per token, 1 where the loss applies (chat data with the loss on the assistant)
-  prompts.npy   int32 per document: the prompt's length (prompt + completion data)
-  meta.json     format, counts, each file's size and sha256, written last
-"""
+"""Token ids on disk, memory-mapped: the store (ids back to back, each document's offset and loss), its writer and
+reader; and corpora already token ids (raw .bin/.npy shards). docs/design.md#tokenized-data-on-disk, #pre-tokenized-corpora"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -29,15 +16,34 @@ import numpy as np
 from common.atomic import read_json_file, write_json_atomic
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.fingerprint import STORE_VERSION, file_digest
 from train.workload.formats import FORMATS
-from train.workload.pretokenized import TokenShards, open_token_files
 
+TOKEN_SUFFIXES = (".bin", ".npy")
+METADATA_FILE = "benchtrain.json"
+TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64")
+SCAN_CHUNK = 64 << 20  # ids read at once while scanning for separators
+DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 # Sample lengths: a list, or the memory-mapped int array a big corpus keeps.
 Lengths = Sequence[int] | np.ndarray
 
+STORE_VERSION = 1  # the layout of a store folder
+HASH_CHUNK = 16 << 20
 # Truncated documents whose masks are summed at once (bounded memory for real_tokens).
 MASK_CHUNK_DOCUMENTS = 4096
+
+
+def file_digest(path: Path, memo: dict[str, str] | None = None) -> str:
+    """The file's sha256 (from `memo` when it holds the file's stat key)."""
+    memo = {} if memo is None else memo
+    status = path.stat()
+    key = f"{path.resolve()}|{status.st_size}|{status.st_mtime_ns}|{status.st_ctime_ns}|{status.st_ino}"
+    if key not in memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+        memo[key] = digest.hexdigest()
+    return memo[key]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -158,14 +164,15 @@ def reopen(folder: Path, source: str, index: np.ndarray | None, extra: JsonDict)
 
 
 class TokenWriter:
-    """Appends encoded documents to a store folder; `finish` writes the offsets and meta.json
-    (the files' sizes and sha256, computed as they are written)."""
+    """Appends encoded documents to a store folder; `finish` writes the offsets and meta.json (the files' sizes and sha256, computed as they are written)."""
 
-    def __init__(self, folder: Path, dtype: np.dtype, masked: bool, prompts: bool) -> None:
+    def __init__(self, folder: Path, dtype: np.dtype, masked: bool, prompts: bool, flat: bool = True) -> None:
         self.folder, self.dtype, self.prompts = Path(folder), np.dtype(dtype), prompts
         self.folder.mkdir(parents=True, exist_ok=True)
-        # The flat files (tokens.bin, and mask.bin for a masked store): each one's handle and running hash.
-        self.files = {name: ((self.folder / name).open("wb"), hashlib.sha256()) for name in ("tokens.bin", "mask.bin")[: 2 if masked else 1]}
+        # The flat files (tokens.bin, and mask.bin for a masked store; none when the ids stay in the
+        # user's token files): each one's handle and running hash.
+        names = ("tokens.bin", "mask.bin")[: 2 if masked else 1] if flat else ()
+        self.files = {name: ((self.folder / name).open("wb"), hashlib.sha256()) for name in names}
         self._lengths: list[np.ndarray] = []
         self._prompts: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
@@ -257,7 +264,7 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     meta = meta or read_json_file(folder / "meta.json")
     source = source or meta.get("source", str(folder))
     files = meta["files"]
-    if "external" in meta:  # raw token files, mapped where they are (train.workload.pretokenized)
+    if "external" in meta:  # raw token files, mapped where they are
         tokens = open_token_files(meta)
     else:
         tokens = _map(folder / "tokens.bin", np.dtype(meta["dtype"]))
@@ -271,3 +278,117 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
 def _map(path: Path, dtype: np.dtype) -> np.ndarray:
     # An empty file cannot be mapped.
     return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+
+# -- corpora already token ids: raw arrays, as nanoGPT-style pipelines write them ------------------
+def token_files(path: str) -> list[Path] | None:
+    """The token files `path` names (a .bin/.npy file, or a folder of them), or None."""
+    given = Path(path).expanduser()
+    if given.is_file() and given.suffix.lower() in TOKEN_SUFFIXES:
+        return [given]
+    if given.is_dir() and not any((given / marker).exists() for marker in DATASETS_MARKERS):
+        files = sorted(file for file in given.iterdir() if file.is_file() and file.suffix.lower() in TOKEN_SUFFIXES)
+        return files or None
+    return None
+
+
+@dataclass(frozen=True)
+class TokenFileSettings:
+    """How to read raw token files: the ids' dtype (a .npy says its own) and the document separator."""
+
+    dtype: str | None = None
+    separator: int | None = None
+
+    @classmethod
+    def resolve(cls, files: list[Path], dtype: str | None, separator: int | None) -> TokenFileSettings:
+        """The options given, else the benchtrain.json beside the files."""
+        metadata_path = files[0].parent / METADATA_FILE
+        metadata: dict[str, Any] = {}
+        if metadata_path.is_file():
+            try:
+                metadata = json.loads(metadata_path.read_text())
+            except (OSError, ValueError) as error:
+                raise BenchtrainError(f"{metadata_path} is not valid JSON ({error})") from None
+            if not isinstance(metadata, dict):
+                raise BenchtrainError(f'{metadata_path} must be an object like {{"dtype": "uint16", "separator": 50256}}')
+        chosen = cls(dtype or metadata.get("dtype"), separator if separator is not None else metadata.get("separator"))
+        if chosen.dtype is not None and chosen.dtype not in TOKEN_DTYPES:
+            raise BenchtrainError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {chosen.dtype!r}")
+        if any(file.suffix.lower() == ".bin" for file in files) and chosen.dtype is None:
+            raise BenchtrainError(
+                f"{files[0]}: a .bin file of token ids needs its dtype: pass --token-dtype uint16 (nanoGPT's) or uint32, or write {METADATA_FILE} beside it"
+            )
+        return chosen
+
+
+def map_token_file(path: Path, dtype: str | None) -> np.ndarray:
+    """The file's ids, memory-mapped (a .npy through its header, never unpickled)."""
+    if path.suffix.lower() == ".npy":
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as error:
+            raise BenchtrainError(f"{path}: not an array of token ids ({error})") from None
+        if array.ndim != 1 or array.dtype.kind not in "ui":
+            raise BenchtrainError(f"{path}: token ids must be a 1-D integer array, this one is {array.dtype} of shape {array.shape}")
+        return array
+    size = path.stat().st_size
+    if size % np.dtype(dtype).itemsize:
+        raise BenchtrainError(f"{path}: {size:,} bytes is not a whole number of {dtype} ids: is --token-dtype right?")
+    return _map(path, np.dtype(dtype))
+
+
+class TokenShards:
+    """Several 1-D arrays read as one: slices and position arrays across their borders."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+        self.ends = np.cumsum([len(array) for array in arrays]).astype(np.int64)
+        self.dtype = np.result_type(*[array.dtype for array in arrays]) if arrays else np.dtype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(len(self))
+            return self.take(np.arange(start, stop, dtype=np.int64))
+        return self.take(np.asarray(key, dtype=np.int64))
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        shard = np.searchsorted(self.ends, positions, side="right")
+        result = np.empty(positions.shape, dtype=self.dtype)
+        for index in np.unique(shard):
+            picked = shard == index
+            begin = self.ends[index - 1] if index else 0
+            result[picked] = self.arrays[index][positions[picked] - begin]
+        return result
+
+
+def open_token_files(meta: dict[str, Any]) -> np.ndarray | TokenShards:
+    """The ids of a store whose tokens stay in the user's files (meta's `external`)."""
+    arrays = [map_token_file(Path(entry["path"]), entry.get("dtype")) for entry in meta["external"]]
+    return arrays[0] if len(arrays) == 1 else TokenShards(arrays)
+
+
+def scan_documents(array: np.ndarray, separator: int | None) -> tuple[np.ndarray, int]:
+    """The lengths of the documents in one file (each ends after a separator; the rest is the
+    last), and its largest id: read in chunks, so a file larger than memory is fine."""
+    ends: list[np.ndarray] = []
+    largest = -1
+    for start in range(0, len(array), SCAN_CHUNK):
+        chunk = _read(array, start, min(len(array), start + SCAN_CHUNK))
+        largest = max(largest, int(chunk.max(initial=0)))
+        if separator is not None:
+            ends.append(np.flatnonzero(chunk == separator) + start + 1)
+    boundaries = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    if not len(boundaries) or boundaries[-1] != len(array):
+        boundaries = np.append(boundaries, len(array))
+    lengths = np.diff(np.concatenate(([0], boundaries))).astype(np.int64)
+    return lengths[lengths > 0], largest
+
+
+def _read(array: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """ids[start:stop], read from the file when it is mapped: the scan then leaves no mapped pages behind in the process's resident memory."""
+    if isinstance(array, np.memmap) and array.filename:
+        return np.fromfile(array.filename, dtype=array.dtype, count=stop - start, offset=array.offset + start * array.dtype.itemsize)
+    return np.asarray(array[start:stop])
