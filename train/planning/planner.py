@@ -216,7 +216,6 @@ def evaluate(
     calibration: Calibration, data: DataView, request: PlanRequest, config: StepConfig, cache: ShapeCache | None = None, eval_data: DataView | None = None
 ) -> Candidate:
     """`config` planned for `request`: its steps priced shape by shape, the overheads, the bounds, the peak memory."""
-    candidate = Candidate(config, request.world_size)
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
     step_seconds, micro_batches, padded, steps = 0.0, 0, 0, 0
     shapes: set[BatchShape] = set()
@@ -235,7 +234,6 @@ def evaluate(
     comm_high = steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
     step_seconds += bracket_estimate(comm_low, comm_high)
     low, high = floor_step + accum * floor_micro, request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
-    candidate.comm_seconds_per_step_low, candidate.comm_seconds_per_step, candidate.comm_seconds_per_step_high = low, bracket_estimate(low, high), high
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
@@ -243,36 +241,43 @@ def evaluate(
     if remaining < 1:
         raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
     fraction_run = remaining / steps
-    candidate.optimizer_steps, candidate.remaining_steps = target, remaining
-    candidate.micro_batches = round(micro_batches * fraction_run)
-    candidate.step_seconds = step_seconds * fraction_run
-    compute_seconds *= fraction_run
+    step_seconds, compute_seconds = step_seconds * fraction_run, compute_seconds * fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
-    candidate.padded_tokens = round(padded * fraction_run)
-    candidate.tokens = round(data.real_tokens(length) * request.epochs * fraction_run)
-    overheads = candidate.overheads = candidate_overheads(calibration, request, candidate, shapes, eval_data)
-    candidate.eval_pass_seconds, candidate.eval_seconds = overheads.eval_pass_seconds, overheads.evaluation_seconds
-    candidate.overhead_seconds = overheads.total_seconds
+    overheads = candidate_overheads(calibration, request, config, remaining, step_seconds, shapes, eval_data)
+    spent = overheads.total_seconds
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
-    bound = candidate.bound_fraction = calibration.relative_bound_for(config)
-    candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
+    bound = calibration.relative_bound_for(config)
     # Lengths from a sample: the steps' tokens are known within the sample's interval.
     sampled = 1 + request.data_uncertainty
     # The collectives are absolute seconds beside the calibration's compute: its bound does not widen them.
     # A translated calibration's bracket reaches further one way than the other (Calibration.bounds_for).
     lower = calibration.bounds_for(config)[0]
-    candidate.total_seconds_low = compute_seconds / (1 + lower) / sampled + comm_low + candidate.overhead_seconds
-    candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
-    candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds
     prediction = calibration.predict(config, request.memory_offset_bytes)
-    candidate.peak_memory_bytes = prediction.peak_memory_bytes
-    candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
-    candidate.fits_in_memory = prediction.fits_in_memory
-    candidate.extrapolated = not prediction.within_measured_range
-    if not data.packing:
-        candidate.truncation = truncation(data.lengths, length)
-    return candidate
+    return Candidate(
+        config,
+        request.world_size,
+        overheads,
+        optimizer_steps=target,
+        remaining_steps=remaining,
+        micro_batches=round(micro_batches * fraction_run),
+        step_seconds=step_seconds,
+        comm_seconds_per_step=bracket_estimate(low, high),
+        comm_seconds_per_step_low=low,
+        comm_seconds_per_step_high=high,
+        total_seconds=step_seconds + spent,
+        total_seconds_low=compute_seconds / (1 + lower) / sampled + comm_low + spent,
+        total_seconds_high=compute_seconds * (1 + bound) * sampled + comm_high + spent,
+        total_seconds_promised=promised + comm_high + spent,
+        bound_fraction=bound,
+        tokens=round(data.real_tokens(length) * request.epochs * fraction_run),
+        padded_tokens=round(padded * fraction_run),
+        peak_memory_bytes=prediction.peak_memory_bytes,
+        peak_memory_bytes_high=prediction.peak_memory_bytes_high,
+        fits_in_memory=prediction.fits_in_memory,
+        extrapolated=not prediction.within_measured_range,
+        truncation={} if data.packing else truncation(data.lengths, length),
+    )
 
 
 def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, float]:
@@ -285,18 +290,19 @@ def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, fl
     return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
 
 
-def candidate_overheads(calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None) -> Overheads:
-    """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
-    the export, the report), priced by bench's measurements; an export of unknown bytes (0) as one
-    checkpoint save."""
-    micro, length = candidate.config.micro_batch_size, candidate.config.seq_len
+def candidate_overheads(
+    calibration: Calibration, request: PlanRequest, config: StepConfig, steps: int, step_seconds: float, shapes: set[BatchShape], eval_data: DataView | None
+) -> Overheads:
+    """What a run of `steps` optimizer steps taking `step_seconds` spends besides them (evaluations,
+    compiling its batch shapes, checkpoints, the export, the report), priced by bench's
+    measurements; an export of unknown bytes (0) as one checkpoint save."""
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
-        eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
-        eval_count = request.eval_schedule.count(candidate.remaining_steps, candidate.step_seconds)
+        eval_pass = eval_pass_seconds(calibration, eval_data, config.micro_batch_size, config.seq_len, request.seed)
+        eval_count = request.eval_schedule.count(steps, step_seconds)
     compile_cost, compile_shapes = 0.0, 0
     if request.compiled:
-        rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == candidate.config.switches]
+        rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds
@@ -305,7 +311,7 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
         model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
         warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
         checkpoint_seconds=save,
-        checkpoint_count=(math.floor(candidate.step_seconds / interval) if interval > 0 else 0) + 1,
+        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
         export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
         eval_pass_seconds=eval_pass,
         eval_count=eval_count,

@@ -36,7 +36,7 @@ def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_second
     since the last checkpoint (at most all of it), a fresh machine and the startup the plan priced,
     again, within the deadline's budget."""
     chosen, overheads = plan.chosen, plan.chosen.overheads
-    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds if overheads else 0.0
+    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
     training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
     lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
     restart = lost + PROVISION_SECONDS + startup

@@ -271,8 +271,8 @@ class TrainingRun:
         self.log_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(None, now)
         self.checkpoint_every = Every(s.guard.checkpoint_interval_seconds, now)
         self.limit = self.planned_limit = self.total_steps()
-        reserve = c.overheads.after_training_seconds if c.overheads else 0.0
-        periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
+        periodic = c.overheads.during_training_seconds / c.step_seconds if c.step_seconds else 0.0
+        reserve = c.overheads.after_training_seconds
         settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.guard.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress: Bar | None = progress_bar(self.limit, "train", "step", position.step) if self.accelerator.is_main_process else None
@@ -422,7 +422,7 @@ class TrainingRun:
     def _pending_compile_seconds(self) -> float:
         """Planned compilation of the shapes not met yet (the plan's per-shape average)."""
         overheads = self.chosen.overheads
-        if not self.engine.compiled or overheads is None or not overheads.compile_shapes:
+        if not self.engine.compiled or not overheads.compile_shapes:
             return 0.0
         left = max(0, overheads.compile_shapes - len(self.shapes_seen))
         return left * overheads.compile_seconds / overheads.compile_shapes

@@ -97,7 +97,7 @@ def estimate_section(plan: Plan) -> JsonDict:
         "bound_fraction": chosen.bound_fraction,  # the time bound of this configuration (wider when extrapolating)
         "extrapolated": chosen.extrapolated,
         "eval_seconds": chosen.eval_seconds,
-        "overheads": chosen.overheads.to_json() if chosen.overheads else None,
+        "overheads": chosen.overheads.to_json(),
         "naive_seconds": plan.naive_seconds,
         "projected_finish_seconds": chosen.total_seconds,
         "cost": plan.cost,
@@ -236,7 +236,7 @@ class RunRecord:
         actual = actual_section(loop, elapsed - record.elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
         actual.update(last_checkpoint=stored_path(loop.last_checkpoint, self.out_dir), command_seconds=elapsed)
         overheads = plan.chosen.overheads
-        planned_report = overheads.report_seconds + overheads.upload_seconds if overheads else 0.0
+        planned_report = overheads.report_seconds + overheads.upload_seconds
         record.update(actual=actual, met_deadline=elapsed + planned_report <= plan.deadline_seconds)
         check = check_estimate(record.to_json())
         # Its error is written a second time, as estimate_error_pct, by RunFile (from this one value).
