@@ -1,15 +1,6 @@
-"""Choose the configuration that finishes before the deadline, from measured throughput.
-
-Every number here comes from the calibration (step-time model, its held-out error, measured
-model-build / warm-up / checkpoint / report seconds) or from the data (real tokens per batch:
-padding to each batch's longest sample, or packing). The naive `samples × mean tokens /
-throughput` estimate is computed for comparison only. The candidates are the micro batch sizes and
-accumulations that make the effective batch, at each switch (gradient checkpointing) the
-calibration measured; each priority orders them (`rank`); `--fit-deadline` cuts the chosen one to
-the optimizer steps that fit. The max lengths come from the data's real token profile and the
-calibrated lengths (`choose_lengths`; `bench run --data` measures the ones it will need:
-`lengths_to_measure`).
-"""
+"""Choose the configuration that finishes before the deadline, from measured throughput: the
+candidates, their lengths, each priced shape by shape, ranked by priority, cut to the deadline.
+The model and why: docs/design.md#planner."""
 
 from __future__ import annotations
 
@@ -136,11 +127,8 @@ def choose_lengths(calibration: Calibration, data: DataView, request: PlanReques
 
 
 def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
-    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
-    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
-    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
-    of the shortest for short data), as many lengths in all as the default grid has, so that the
-    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
+    """The sequence lengths `bench run --data` measures: those the planner will choose for this
+    data, and shorter ones for a spread (docs/design.md#planner)."""
     if data.packing:
         return defaults
     coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}

@@ -1,12 +1,6 @@
-"""A plan for someone else's Trainer: the chosen configuration as the `TrainingArguments` fields it
-maps to (and TRL's `SFTConfig` ones), as JSON and as a Python snippet, and where their step is not
-the step the calibration measured (`train --dry-run --for-trainer`; `benchtrain.trainer_arguments`).
-
-The calibration timed benchtrain's own step. A Trainer's step differs where the two differ — the
-loss (ours never makes full-vocabulary logits), compilation, how batches are grouped by length —
-so the plan's step time is where their run starts from, and benchtrain.DeadlineCallback's first
-measured steps correct it.
-"""
+"""A plan for someone else's Trainer: the chosen configuration as `TrainingArguments` / TRL
+`SFTConfig` fields, as JSON and as a snippet, and where their step is not the one the calibration
+measured. Why: docs/design.md#trainer-fields."""
 
 from __future__ import annotations
 

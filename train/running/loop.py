@@ -1,10 +1,5 @@
 """The training loop: the measured step, live speed against the estimate, the deadline guard,
-checkpoints, resume and clean stops on SIGINT/SIGTERM; what it is given, where it is (resumable
-from a checkpoint) and what it returns.
-
-Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
-prediction, decide (continue / checkpoint / stop), record → final checkpoint.
-"""
+checkpoints, resume and clean stops on SIGINT/SIGTERM. Its order: docs/design.md#loop."""
 
 from __future__ import annotations
 
