@@ -243,27 +243,16 @@ def evaluate(
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
     prediction = calibration.predict(config, request.memory_offset_bytes)
     return Candidate(
-        config,
-        request.world_size,
-        overheads,
-        optimizer_steps=target,
-        remaining_steps=remaining,
-        micro_batches=round(micro_batches * fraction_run),
-        step_seconds=step_seconds,
-        comm_seconds_per_step=bracket_estimate(low, high),
-        comm_seconds_per_step_low=low,
-        comm_seconds_per_step_high=high,
+        config, request.world_size, overheads, optimizer_steps=target, remaining_steps=remaining, micro_batches=round(micro_batches * fraction_run),
+        step_seconds=step_seconds, comm_seconds_per_step=bracket_estimate(low, high), comm_seconds_per_step_low=low, comm_seconds_per_step_high=high,
         total_seconds=step_seconds + spent,
         total_seconds_low=compute_seconds / (1 + lower) / sampled + comm_low + spent,
         total_seconds_high=compute_seconds * (1 + bound) * sampled + comm_high + spent,
         total_seconds_promised=promised + comm_high + spent,
         bound_fraction=bound,
-        tokens=round(data.real_tokens(length) * request.epochs * fraction_run),
-        padded_tokens=round(padded * fraction_run),
-        peak_memory_bytes=prediction.peak_memory_bytes,
-        peak_memory_bytes_high=prediction.peak_memory_bytes_high,
-        fits_in_memory=prediction.fits_in_memory,
-        extrapolated=not prediction.within_measured_range,
+        tokens=round(data.real_tokens(length) * request.epochs * fraction_run), padded_tokens=round(padded * fraction_run),
+        peak_memory_bytes=prediction.peak_memory_bytes, peak_memory_bytes_high=prediction.peak_memory_bytes_high,
+        fits_in_memory=prediction.fits_in_memory, extrapolated=not prediction.within_measured_range,
         truncation={} if data.packing else truncation(data.lengths, length),
     )
 
@@ -407,22 +396,10 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
     warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
-        chosen=chosen,
-        alternatives=alternatives,
-        naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
-        deadline=request.deadline,
-        available_seconds=available,
-        meets_deadline=chosen.total_seconds_promised <= available,
-        effective_batch=effective_batch,
-        packing=data.packing,
-        epochs=request.epochs,
-        priority=request.priority,
-        step_limit=step_limit,
-        bound_fraction=chosen.bound_fraction,
-        notes=notes,
-        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
-        warnings=warnings,
-        price_per_hour=request.price_per_hour,
+        chosen=chosen, alternatives=alternatives, naive_seconds=naive_seconds(calibration, data, request.epochs, chosen), deadline=request.deadline,
+        available_seconds=available, meets_deadline=chosen.total_seconds_promised <= available, effective_batch=effective_batch, packing=data.packing,
+        epochs=request.epochs, priority=request.priority, step_limit=step_limit, bound_fraction=chosen.bound_fraction, notes=notes,
+        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size), warnings=warnings, price_per_hour=request.price_per_hour,
     )
 
 

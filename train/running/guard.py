@@ -145,13 +145,7 @@ class DeadlineGuard:
     over_budget: bool = False
 
     def observe(
-        self,
-        step: int,
-        elapsed: float,
-        actual_seconds: float,
-        predicted_seconds: float,
-        remaining_predicted: float,
-        compiled: bool = False,
+        self, step: int, elapsed: float, actual_seconds: float, predicted_seconds: float, remaining_predicted: float, compiled: bool = False,
         pending_compile_seconds: float = 0.0,
     ) -> Verdict:
         """Step `step` just finished at `elapsed` seconds, `remaining_predicted` seconds predicted for

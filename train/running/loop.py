@@ -175,14 +175,7 @@ class Every:
 
 class TrainingRun:
     def __init__(
-        self,
-        *,
-        calibration: Calibration,
-        chosen: Candidate,
-        model: ModelToTrain,
-        data: TrainingData,
-        out_dir: Path,
-        settings: LoopSettings,
+        self, *, calibration: Calibration, chosen: Candidate, model: ModelToTrain, data: TrainingData, out_dir: Path, settings: LoopSettings,
         hooks: LoopHooks | None = None,
     ) -> None:
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
@@ -302,17 +295,9 @@ class TrainingRun:
         processes = self.accelerator.num_processes
         position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
         now = time.monotonic()
-        position.losses.append(
-            {
-                "step": position.step,
-                "loss": result.loss,
-                "elapsed": self.settings.deadline.elapsed(now),
-                "seconds": result.seconds,
-                "predicted_seconds": predicted_seconds,
-                "tokens": result.target_tokens * processes,
-                "learning_rate": result.learning_rate,
-            }
-        )
+        elapsed, tokens = self.settings.deadline.elapsed(now), result.target_tokens * processes
+        entry = {"step": position.step, "loss": result.loss, "elapsed": elapsed, "seconds": result.seconds, "predicted_seconds": predicted_seconds}
+        position.losses.append({**entry, "tokens": tokens, "learning_rate": result.learning_rate})
         return result, now
 
     def _after_step(self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
@@ -381,17 +366,9 @@ class TrainingRun:
 
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
-            status=self.status,
-            position=position,
-            checkpoint_seconds=self.checkpoint_times,
-            events=self.events,
-            last_checkpoint=self.last_checkpoint,
-            resumed_from=resumed_from,
-            exit_signal=self.signals.received,
-            batch_shapes=len(self.shapes_seen),
-            figures=self._run_figures(position),
-            start_step=self.start_step,
-            shrunk_to=self.limit if self.limit < self.planned_limit else None,
+            status=self.status, position=position, checkpoint_seconds=self.checkpoint_times, events=self.events, last_checkpoint=self.last_checkpoint,
+            resumed_from=resumed_from, exit_signal=self.signals.received, batch_shapes=len(self.shapes_seen), figures=self._run_figures(position),
+            start_step=self.start_step, shrunk_to=self.limit if self.limit < self.planned_limit else None,
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -457,31 +434,15 @@ class TrainingRun:
             return
         flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
         figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
-        self._track(
-            {
-                "train/loss": result.loss,
-                "train/learning_rate": result.learning_rate,
-                "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
-                "train/mfu": figures["mfu"],
-                "train/tflops": figures["tflops"],
-                "train/data_wait_share": figures["data_wait_share"],
-                "train/eta_seconds": max(0.0, eta_seconds),
-            },
-            position.step,
-        )
+        rate = metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds)
+        values = {"train/loss": result.loss, "train/learning_rate": result.learning_rate, "train/tokens_per_second": rate}
+        values.update({f"train/{name}": figures[name] for name in ("mfu", "tflops", "data_wait_share")})
+        self._track({**values, "train/eta_seconds": max(0.0, eta_seconds)}, position.step)
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
-        s = self.settings
-        return {
-            "elapsed": s.deadline.elapsed(now),
-            "steps": position.step,
-            "tokens": position.tokens,
-            "train_seconds": position.step_seconds,
-            "predicted_train_seconds": position.predicted_seconds,
-            "live_ratio": ratio,
-            "projected_finish": projected,
-            "loss": position.losses[-1]["loss"] if position.losses else math.nan,
-        }
+        loss = position.losses[-1]["loss"] if position.losses else math.nan
+        point = {"elapsed": self.settings.deadline.elapsed(now), "steps": position.step, "tokens": position.tokens, "train_seconds": position.step_seconds}
+        return {**point, "predicted_train_seconds": position.predicted_seconds, "live_ratio": ratio, "projected_finish": projected, "loss": loss}
 
     @staticmethod
     def _postfix(result: StepResult, verdict: Verdict) -> str:

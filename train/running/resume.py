@@ -42,15 +42,7 @@ def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method as a MethodConfig: a resumed run trains what it trained."""
     if recorded.method == "full":
         return MethodConfig(optimizer=recorded.optimizer)
-    return MethodConfig(
-        method=recorded.method,
-        lora_rank=recorded.lora_rank,
-        lora_alpha=recorded.lora_alpha,
-        lora_dropout=recorded.lora_dropout,
-        lora_targets=recorded.lora_targets,
-        quantize=recorded.quantize,
-        optimizer=recorded.optimizer,
-    )
+    return MethodConfig(**asdict(recorded))  # the same fields, by the same names
 
 
 def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
