@@ -85,16 +85,10 @@ def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> Trai
     differences.append(
         "to hold your run to the plan: DeadlineCallback(calibration=...) predicts from the same calibration and corrects from your measured steps"
     )
+    step = chosen.config
     return TrainerFields(
-        per_device_train_batch_size=chosen.config.micro_batch_size,
-        gradient_accumulation_steps=chosen.config.grad_accum,
-        dataloader_num_workers=chosen.config.num_workers,
-        activation_checkpointing=chosen.config.gradient_checkpointing,
-        bf16=precision == "bf16",
+        per_device_train_batch_size=step.micro_batch_size, gradient_accumulation_steps=step.grad_accum, dataloader_num_workers=step.num_workers,
+        activation_checkpointing=step.gradient_checkpointing, bf16=precision == "bf16", max_length=step.seq_len, packing=plan.packing, torch_compile=compiled,
         max_steps=min(plan.step_limit, chosen.optimizer_steps) if plan.step_limit else chosen.optimizer_steps,
-        max_length=chosen.config.seq_len,
-        packing=plan.packing,
-        torch_compile=compiled,
-        calibration_id=calibration.id,
-        differences=tuple(differences),
+        calibration_id=calibration.id, differences=tuple(differences),
     )

@@ -158,19 +158,13 @@ class LoopHooks:
 
 @dataclass
 class Every:
-    """A cadence in seconds that knows when it is due (log lines, periodic checkpoints, evaluations by time)."""
+    """A cadence in seconds that knows when it is due (log lines, periodic checkpoints)."""
 
-    seconds: float | None  # None: never due by time
+    seconds: float
     last: float  # time.monotonic() when it was last done (or when the count started)
 
     def due(self, now: float) -> bool:
-        return self.seconds is not None and now - self.last >= self.seconds
-
-    def since(self, now: float) -> float:
-        return now - self.last
-
-    def done(self, at: float) -> None:
-        self.last = at
+        return now - self.last >= self.seconds
 
 
 class TrainingRun:
@@ -256,7 +250,7 @@ class TrainingRun:
         self.checkpoint_asked = False  # the guard's Move.CHECKPOINT, agreed by every rank
         self.checkpoint_times: list[float] = []
         now = time.monotonic()
-        self.log_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(None, now)
+        self.log_every, self.last_eval = Every(s.log_interval_seconds, now), now  # evaluations by time: EvalSchedule
         self.checkpoint_every = Every(s.guard.checkpoint_interval_seconds, now)
         self.limit = self.planned_limit = self.total_steps()
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.step_seconds else 0.0
@@ -313,7 +307,7 @@ class TrainingRun:
             self.progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
         self._track_step(position, result, verdict.projected_finish - elapsed)
         if self.log_every.due(now) or self.status != COMPLETED:
-            self.log_every.done(now)
+            self.log_every.last = now
             position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
             self._log(position, now, verdict)
             if self.hooks.on_update is not None and self.accelerator.is_main_process:
@@ -337,10 +331,10 @@ class TrainingRun:
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
         schedule = self.inputs.eval_schedule or EvalSchedule()
-        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, self.eval_clock.since(now))
+        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, now - self.last_eval)
         if agree(self.accelerator, int(due), "max"):
             self._evaluate(position)
-            self.eval_clock.done(time.monotonic())
+            self.last_eval = time.monotonic()
 
     def _checkpoint_if_due(self, position: Position, now: float) -> None:
         """Periodically, when the guard asks, and when the run stops early (its last step is kept)."""
@@ -349,7 +343,7 @@ class TrainingRun:
             periodic = bool(agree(self.accelerator, int(periodic), "max"))
         if (periodic or self.checkpoint_asked or self.status != COMPLETED) and self._saves_here:
             self._save(position)
-            self.checkpoint_every.done(time.monotonic())
+            self.checkpoint_every.last = time.monotonic()
 
     def _finish(self, position: Position) -> None:
         """After the last step: the final evaluation and checkpoint, unless this step has them."""

@@ -195,12 +195,7 @@ class RunRecord:
         self.write()
 
     def finish(
-        self,
-        trained: TrainedRun,
-        calibration: Calibration,
-        plan: Plan,
-        deadline: Deadline,
-        write_report: Callable[[Path], Path] | None,
+        self, trained: TrainedRun, calibration: Calibration, plan: Plan, deadline: Deadline, write_report: Callable[[Path], Path] | None,
         before_report: Callable[[JsonDict], JsonDict] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
