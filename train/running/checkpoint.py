@@ -161,16 +161,13 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
     """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
     False); a one-line error when neither."""
-    module = _unwrapped(model)
-    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
-    partial = len(trainable) < sum(1 for _ in module.parameters())
-    expected = trainable if partial else set(module.state_dict())
-    unexpected, missing = sorted(set(state) - set(module.state_dict())), sorted(expected - set(state))
+    whole, expected = set(_unwrapped(model).state_dict()), set(model_state(model))
+    unexpected, missing = sorted(set(state) - whole), sorted(expected - set(state))
     if unexpected or missing:
         example = (unexpected or missing)[0]
         counts = f"{len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. {example}"
         raise CheckpointReadError(f"checkpoint {source} does not match this model ({counts})")
-    return not partial
+    return expected == whole
 
 
 def list_checkpoints(parent: Path) -> list[Path]:
