@@ -243,10 +243,8 @@ def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
 
 
 def memory_basis_note(calibration: Calibration) -> str | None:
-    """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes):
-    the allocator's reserved peak plus the bytes measured outside it (calibration.memory_fit), or,
-    for one measured before those were recorded, the allocated peak alone, as before. None on CPU
-    (the peak RSS is the whole process) or without a memory fit."""
+    """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes);
+    None on CPU (the peak RSS is the whole process) or without a memory fit (docs/design.md#peak-memory-basis)."""
     memory = (calibration.fit or {}).get("memory")
     if not memory or calibration.hardware.get("device_type") != "cuda":
         return None

@@ -259,9 +259,7 @@ def evaluate(
 
 def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, float]:
     """The least the collectives of an optimizer step and of a micro-step can add: all of them, or
-    (request.comm_overlap) what backward cannot hide (calibration.topology.overlap_bracket) —
-    DDP's all-reduce behind its step's last micro-step, FSDP's collectives behind their own, at
-    the run's mean micro-step."""
+    (request.comm_overlap) what backward cannot hide (docs/design.md#communication)."""
     if not request.comm_overlap:
         return request.comm_seconds_per_step, request.comm_seconds_per_micro_step
     return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
@@ -432,10 +430,8 @@ def shortened_alternatives(ranked: list[Candidate], available: float, limited: C
 
 
 def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]) -> tuple[Candidate, int]:
-    """The same configuration with as many steps as fit: each count planned as the run it would be
-    (its own checkpoints, evaluations and export) by `limited(chosen, max_steps)`, the largest whose
-    promised total fits found by bisection (the total grows with the steps). Counted after the
-    steps a resumed run already did, so the limit is the run's total."""
+    """The same configuration with as many optimizer steps as fit (each count planned by
+    `limited(chosen, max_steps)`), and that step limit, a resumed run's steps included (docs/design.md#fit-deadline)."""
     done = chosen.optimizer_steps - chosen.remaining_steps  # what a resumed run already did
     fits, low, high = None, 0, chosen.remaining_steps - 1  # all the steps do not fit
     while low < high:
