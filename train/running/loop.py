@@ -429,7 +429,7 @@ class TrainingRun:
         flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
         figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
         rate = metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds)
-        values = {"train/loss": result.loss, "train/learning_rate": result.learning_rate, "train/tokens_per_second": rate}
+        values: dict[str, float | None] = {"train/loss": result.loss, "train/learning_rate": result.learning_rate, "train/tokens_per_second": rate}
         values.update({f"train/{name}": figures[name] for name in ("mfu", "tflops", "data_wait_share")})
         self._track({**values, "train/eta_seconds": max(0.0, eta_seconds)}, position.step)
 

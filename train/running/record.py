@@ -27,7 +27,7 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
     """A new run's run.json (its step configuration held once, written out by RunFile)."""
     chosen = plan.chosen
     # The plan but its step configuration, which RunFile writes before these keys.
-    plan_keys = {"effective_batch": plan.effective_batch, "optimizer_steps": chosen.optimizer_steps, "micro_batches": chosen.micro_batches}
+    plan_keys: JsonDict = {"effective_batch": plan.effective_batch, "optimizer_steps": chosen.optimizer_steps, "micro_batches": chosen.micro_batches}
     plan_keys.update(packing=plan.packing, epochs=plan.epochs, priority=plan.priority, step_limit=plan.step_limit, notes=plan.notes)
     # The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report.
     held_out = {"time": calibration.fit.get("held_out_error"), "memory": (calibration.fit.get("memory") or {}).get("held_out_error")}
