@@ -38,13 +38,9 @@ class BudgetBar:
     def __init__(self, budget_seconds: float, probes: int, file: TextIO | None = None) -> None:
         self.budget_seconds, self.probes, self.done = budget_seconds, probes, 0
         self.started = time.monotonic()
+        shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}s of the budget, {remaining} left{postfix}"
         self.bar = tqdm(
-            total=round(budget_seconds),
-            desc=self._description(),
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}s of the budget, {remaining} left{postfix}",
-            dynamic_ncols=True,
-            mininterval=_refresh_seconds(file),
-            file=file,
+            total=round(budget_seconds), desc=self._description(), bar_format=shape, dynamic_ncols=True, mininterval=_refresh_seconds(file), file=file
         )
 
     def _description(self) -> str:

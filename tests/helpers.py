@@ -400,6 +400,7 @@ def make_run(
 ) -> Any:
     """A TrainingRun of the tiny model on `data_path`, planned from local_calibration()."""
     import time
+    from dataclasses import replace
 
     from train.planning.deadline import Deadline
     from train.planning.planner import make_plan
@@ -423,7 +424,7 @@ def make_run(
         resume=resume,
         log_interval_seconds=0.5,
     )
-    plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=checkpointing)
+    plan.chosen = replace(plan.chosen, config=plan.chosen.config.switched(gradient_checkpointing=checkpointing))
     return TrainingRun(
         calibration=calibration,
         chosen=plan.chosen,

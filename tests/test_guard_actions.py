@@ -5,6 +5,7 @@ carry it out — and the status words run.json holds do not change."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,7 @@ def tiny_run(tmp_path: Path, data_path: Path, on_overrun: str, steps: int, clock
     data = load_tokenized(str(data_path), tokenizer)
     request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=32, num_workers=0, max_steps=steps)
     plan = make_plan(calibration, data, request)
-    plan.chosen.config = plan.chosen.config.switched(gradient_checkpointing=False)
+    plan.chosen = replace(plan.chosen, config=plan.chosen.config.switched(gradient_checkpointing=False))
     settings = LoopSettings(
         deadline=Deadline(1.0, 0.2, started_at=clock.now), guard=guard_checkpointing_every(1e6, on_overrun=on_overrun), epochs=1, step_limit=steps
     )

@@ -1,7 +1,5 @@
-"""Timing collectives among the processes of a job (torch.distributed, any backend), and what a
-multi-process plan adds for them: DDP all-reduces gradients; FSDP all-gathers parameters and
-reduce-scatters gradients (train/step/sharding.py). calibration.comm fits the timings.
-"""
+"""Timing collectives among the processes of a job (torch.distributed, any backend), and what they
+add to a multi-process plan (DDP, FSDP: train/step/sharding.py). docs/design.md#communication."""
 
 from __future__ import annotations
 
@@ -100,10 +98,8 @@ def traffic_of(sharding: str, need: MemoryNeed, device_type: str) -> Traffic:
 
 @contextmanager
 def beside_compute(device: torch.device) -> Iterator[None]:
-    """On CPU, a thread computing beside the collectives while they are timed: gloo's threads share
-    the host's cores with the step's compute threads, and timed on idle processes they took a half
-    to a third of what a DDP step pays for them (docs/results.md, "Several processes on CPU";
-    tests/test_topology.py). On CUDA, NCCL runs on the GPU: nothing is added."""
+    """On CPU, a thread computing beside the collectives while they are timed, as the step's compute
+    does (docs/design.md#communication); on CUDA nothing is added."""
     if getattr(device, "type", None) != "cpu":
         yield
         return

@@ -1,9 +1,5 @@
-"""The run folder's disk: room for what the run will write, and one `train` at a time in it.
-
-A checkpoint holds the trained weights (fp32) and the optimizer's state; the run keeps
-`--keep-checkpoints` of them and writes one more before pruning; `final/` holds the model (for LoRA
-on a preset, the adapters and the frozen base), `final-merged/` with `--merge-lora` the merged model.
-"""
+"""The run folder's disk: room for what the run will write (checkpoints, final/, final-merged/),
+and one `train` at a time in it. What it holds: docs/design.md#disk."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Will the model even fit? Checked in seconds, before anything is built on the device.
-
-Parameter counts are exact (the model and its adapters built on `meta`); bytes per parameter follow
-from what is kept: full fine-tuning 16 (fp32 weights, gradients and AdamW's two moments); LoRA the
-frozen base in bf16 on CUDA (fp32 on CPU) or bitsandbytes' packed bytes, the adapters at 16; an
-8-bit optimizer one byte per moment plus an fp32 absmax per 256 values. Under FSDP each of N
-processes keeps 1/N of it all plus the largest block gathered whole and the next, prefetched
-(tests/test_fsdp_lora.py measures it for LoRA). Activations come on top: the calibration measures
-them; this check says whether the fixed part alone is already too much.
-"""
+"""Will the model even fit? Its fixed memory (weights, gradients, optimizer state) counted on
+`meta`, checked in seconds before anything is built on the device. The bytes and why:
+docs/design.md#memory-check."""
 
 from __future__ import annotations
 
@@ -75,12 +68,8 @@ _META_MODELS: dict[str, torch.nn.Module] = {}
 
 
 def meta_model(spec: ModelSpec, method: MethodConfig) -> torch.nn.Module:
-    """The model as it will be trained, built on `meta` (no memory, no weights): exact shapes.
-    Adapters are made on `meta` too (peft would initialise them for real: seconds for an 8B
-    model); one build per architecture and adapter shape in a process: the base's quantization,
-    the optimizer, LoRA's alpha and dropout change no parameter's shape (bitsandbytes' bytes are
-    arithmetic on the plain layers: quantized_base_bytes), and a plan asks for the same
-    architecture under each of them (≈ 0.7 s a build on a 2-core CPU)."""
+    """The model as it will be trained, adapters included, built on `meta` (no memory, no weights):
+    exact shapes; one build per architecture and adapter shape (docs/design.md#memory-check)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -254,10 +243,8 @@ def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
 
 
 def memory_basis_note(calibration: Calibration) -> str | None:
-    """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes):
-    the allocator's reserved peak plus the bytes measured outside it (calibration.memory_fit), or,
-    for one measured before those were recorded, the allocated peak alone, as before. None on CPU
-    (the peak RSS is the whole process) or without a memory fit."""
+    """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes);
+    None on CPU (the peak RSS is the whole process) or without a memory fit (docs/design.md#peak-memory-basis)."""
     memory = (calibration.fit or {}).get("memory")
     if not memory or calibration.hardware.get("device_type") != "cuda":
         return None

@@ -81,7 +81,7 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
         + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
         + " and report",
-        *([f"  {c.overheads.describe()}"] if c.overheads else []),
+        f"  {c.overheads.describe()}",
         f"  tokens: {c.tokens:,} real (those the loss is on, within the max length) of {c.padded_tokens:,} computed "
         f"(padding and prompts included; {_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),

@@ -1,15 +1,6 @@
-"""Choose the configuration that finishes before the deadline, from measured throughput.
-
-Every number here comes from the calibration (step-time model, its held-out error, measured
-model-build / warm-up / checkpoint / report seconds) or from the data (real tokens per batch:
-padding to each batch's longest sample, or packing). The naive `samples × mean tokens /
-throughput` estimate is computed for comparison only. The candidates are the micro batch sizes and
-accumulations that make the effective batch, at each switch (gradient checkpointing) the
-calibration measured; each priority orders them (`rank`); `--fit-deadline` cuts the chosen one to
-the optimizer steps that fit. The max lengths come from the data's real token profile and the
-calibrated lengths (`choose_lengths`; `bench run --data` measures the ones it will need:
-`lengths_to_measure`).
-"""
+"""Choose the configuration that finishes before the deadline, from measured throughput: the
+candidates, their lengths, each priced shape by shape, ranked by priority, cut to the deadline.
+The model and why: docs/design.md#planner."""
 
 from __future__ import annotations
 
@@ -136,11 +127,8 @@ def choose_lengths(calibration: Calibration, data: DataView, request: PlanReques
 
 
 def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
-    """The sequence lengths `bench run --data` measures. Padded data: the lengths the planner will
-    choose for it (what covers each priority's share of samples, rounded up to LENGTH_GRANULE: a
-    longest sample of 1481 tokens gives 1536) and, below them, the longest default lengths (halves
-    of the shortest for short data), as many lengths in all as the default grid has, so that the
-    fit still sees a spread. Packed data fills any length, so it keeps the defaults."""
+    """The sequence lengths `bench run --data` measures: those the planner will choose for this
+    data, and shorter ones for a spread (docs/design.md#planner)."""
     if data.packing:
         return defaults
     coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
@@ -216,7 +204,6 @@ def evaluate(
     calibration: Calibration, data: DataView, request: PlanRequest, config: StepConfig, cache: ShapeCache | None = None, eval_data: DataView | None = None
 ) -> Candidate:
     """`config` planned for `request`: its steps priced shape by shape, the overheads, the bounds, the peak memory."""
-    candidate = Candidate(config, request.world_size)
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
     step_seconds, micro_batches, padded, steps = 0.0, 0, 0, 0
     shapes: set[BatchShape] = set()
@@ -235,7 +222,6 @@ def evaluate(
     comm_high = steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
     step_seconds += bracket_estimate(comm_low, comm_high)
     low, high = floor_step + accum * floor_micro, request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
-    candidate.comm_seconds_per_step_low, candidate.comm_seconds_per_step, candidate.comm_seconds_per_step_high = low, bracket_estimate(low, high), high
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
@@ -243,60 +229,55 @@ def evaluate(
     if remaining < 1:
         raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
     fraction_run = remaining / steps
-    candidate.optimizer_steps, candidate.remaining_steps = target, remaining
-    candidate.micro_batches = round(micro_batches * fraction_run)
-    candidate.step_seconds = step_seconds * fraction_run
-    compute_seconds *= fraction_run
+    step_seconds, compute_seconds = step_seconds * fraction_run, compute_seconds * fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
-    candidate.padded_tokens = round(padded * fraction_run)
-    candidate.tokens = round(data.real_tokens(length) * request.epochs * fraction_run)
-    overheads = candidate.overheads = candidate_overheads(calibration, request, candidate, shapes, eval_data)
-    candidate.eval_pass_seconds, candidate.eval_seconds = overheads.eval_pass_seconds, overheads.evaluation_seconds
-    candidate.overhead_seconds = overheads.total_seconds
+    overheads = candidate_overheads(calibration, request, config, remaining, step_seconds, shapes, eval_data)
+    spent = overheads.total_seconds
     # Wider where the plan extrapolates past what bench measured (Calibration.relative_bound_for).
-    bound = candidate.bound_fraction = calibration.relative_bound_for(config)
-    candidate.total_seconds = candidate.step_seconds + candidate.overhead_seconds
+    bound = calibration.relative_bound_for(config)
     # Lengths from a sample: the steps' tokens are known within the sample's interval.
     sampled = 1 + request.data_uncertainty
     # The collectives are absolute seconds beside the calibration's compute: its bound does not widen them.
     # A translated calibration's bracket reaches further one way than the other (Calibration.bounds_for).
     lower = calibration.bounds_for(config)[0]
-    candidate.total_seconds_low = compute_seconds / (1 + lower) / sampled + comm_low + candidate.overhead_seconds
-    candidate.total_seconds_high = compute_seconds * (1 + bound) * sampled + comm_high + candidate.overhead_seconds
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
-    candidate.total_seconds_promised = promised + comm_high + candidate.overhead_seconds
     prediction = calibration.predict(config, request.memory_offset_bytes)
-    candidate.peak_memory_bytes = prediction.peak_memory_bytes
-    candidate.peak_memory_bytes_high = prediction.peak_memory_bytes_high
-    candidate.fits_in_memory = prediction.fits_in_memory
-    candidate.extrapolated = not prediction.within_measured_range
-    if not data.packing:
-        candidate.truncation = truncation(data.lengths, length)
-    return candidate
+    return Candidate(
+        config, request.world_size, overheads, optimizer_steps=target, remaining_steps=remaining, micro_batches=round(micro_batches * fraction_run),
+        step_seconds=step_seconds, comm_seconds_per_step=bracket_estimate(low, high), comm_seconds_per_step_low=low, comm_seconds_per_step_high=high,
+        total_seconds=step_seconds + spent,
+        total_seconds_low=compute_seconds / (1 + lower) / sampled + comm_low + spent,
+        total_seconds_high=compute_seconds * (1 + bound) * sampled + comm_high + spent,
+        total_seconds_promised=promised + comm_high + spent,
+        bound_fraction=bound,
+        tokens=round(data.real_tokens(length) * request.epochs * fraction_run), padded_tokens=round(padded * fraction_run),
+        peak_memory_bytes=prediction.peak_memory_bytes, peak_memory_bytes_high=prediction.peak_memory_bytes_high,
+        fits_in_memory=prediction.fits_in_memory, extrapolated=not prediction.within_measured_range,
+        truncation={} if data.packing else truncation(data.lengths, length),
+    )
 
 
 def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, float]:
     """The least the collectives of an optimizer step and of a micro-step can add: all of them, or
-    (request.comm_overlap) what backward cannot hide (calibration.topology.overlap_bracket) —
-    DDP's all-reduce behind its step's last micro-step, FSDP's collectives behind their own, at
-    the run's mean micro-step."""
+    (request.comm_overlap) what backward cannot hide (docs/design.md#communication)."""
     if not request.comm_overlap:
         return request.comm_seconds_per_step, request.comm_seconds_per_micro_step
     return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
 
 
-def candidate_overheads(calibration: Calibration, request: PlanRequest, candidate: Candidate, shapes: set[BatchShape], eval_data: DataView | None) -> Overheads:
-    """What the run spends besides its steps (evaluations, compiling its batch shapes, checkpoints,
-    the export, the report), priced by bench's measurements; an export of unknown bytes (0) as one
-    checkpoint save."""
-    micro, length = candidate.config.micro_batch_size, candidate.config.seq_len
+def candidate_overheads(
+    calibration: Calibration, request: PlanRequest, config: StepConfig, steps: int, step_seconds: float, shapes: set[BatchShape], eval_data: DataView | None
+) -> Overheads:
+    """What a run of `steps` optimizer steps taking `step_seconds` spends besides them (evaluations,
+    compiling its batch shapes, checkpoints, the export, the report), priced by bench's
+    measurements; an export of unknown bytes (0) as one checkpoint save."""
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
-        eval_pass = eval_pass_seconds(calibration, eval_data, micro, length, request.seed)
-        eval_count = request.eval_schedule.count(candidate.remaining_steps, candidate.step_seconds)
+        eval_pass = eval_pass_seconds(calibration, eval_data, config.micro_batch_size, config.seq_len, request.seed)
+        eval_count = request.eval_schedule.count(steps, step_seconds)
     compile_cost, compile_shapes = 0.0, 0
     if request.compiled:
-        rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == candidate.config.switches]
+        rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds
@@ -305,7 +286,7 @@ def candidate_overheads(calibration: Calibration, request: PlanRequest, candidat
         model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
         warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
         checkpoint_seconds=save,
-        checkpoint_count=(math.floor(candidate.step_seconds / interval) if interval > 0 else 0) + 1,
+        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
         export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
         eval_pass_seconds=eval_pass,
         eval_count=eval_count,
@@ -413,22 +394,10 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
     warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
-        chosen=chosen,
-        alternatives=alternatives,
-        naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
-        deadline=request.deadline,
-        available_seconds=available,
-        meets_deadline=chosen.total_seconds_promised <= available,
-        effective_batch=effective_batch,
-        packing=data.packing,
-        epochs=request.epochs,
-        priority=request.priority,
-        step_limit=step_limit,
-        bound_fraction=chosen.bound_fraction,
-        notes=notes,
-        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
-        warnings=warnings,
-        price_per_hour=request.price_per_hour,
+        chosen=chosen, alternatives=alternatives, naive_seconds=naive_seconds(calibration, data, request.epochs, chosen), deadline=request.deadline,
+        available_seconds=available, meets_deadline=chosen.total_seconds_promised <= available, effective_batch=effective_batch, packing=data.packing,
+        epochs=request.epochs, priority=request.priority, step_limit=step_limit, bound_fraction=chosen.bound_fraction, notes=notes,
+        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size), warnings=warnings, price_per_hour=request.price_per_hour,
     )
 
 
@@ -461,10 +430,8 @@ def shortened_alternatives(ranked: list[Candidate], available: float, limited: C
 
 
 def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]) -> tuple[Candidate, int]:
-    """The same configuration with as many steps as fit: each count planned as the run it would be
-    (its own checkpoints, evaluations and export) by `limited(chosen, max_steps)`, the largest whose
-    promised total fits found by bisection (the total grows with the steps). Counted after the
-    steps a resumed run already did, so the limit is the run's total."""
+    """The same configuration with as many optimizer steps as fit (each count planned by
+    `limited(chosen, max_steps)`), and that step limit, a resumed run's steps included (docs/design.md#fit-deadline)."""
     done = chosen.optimizer_steps - chosen.remaining_steps  # what a resumed run already did
     fits, low, high = None, 0, chosen.remaining_steps - 1  # all the steps do not fit
     while low < high:

@@ -1,13 +1,5 @@
-"""What a device costs: `--price-per-hour` per GPU-hour (a CPU process counts as one device).
-
-    --price-per-hour 2.5                 every device
-    --price-per-hour h100=2.5,h200=3.8   per device: the key's words are words of the device's name
-                                         (`h100` names "NVIDIA H100 80GB HBM3"), or a calibration id
-    --price-per-hour prices.txt          a file of such pairs, one a line (# comments), or a JSON object
-
-A run costs its hours × the price × its processes (one device each): one function, `run_cost`,
-for the plan, the comparison of calibrations and the run's actual cost.
-"""
+"""What a device costs: `--price-per-hour` (a number, KEY=USD pairs or a file of them) per
+device-hour, and `run_cost`. The forms: docs/design.md#prices."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What renting a machine adds to a plan: whether spot (preemptible) capacity still keeps the
-deadline, how long the engine may let the task run, and how much disk a node needs. The allowances
-(the constants below) are stated, not measured: no machine was rented to measure them.
-"""
+"""What renting a machine adds to a plan: spot or on-demand, the task's longest run, a node's disk;
+the allowances below are stated, not measured (docs/design.md#rental)."""
 
 from __future__ import annotations
 
@@ -32,11 +30,9 @@ class Spot:
 
 
 def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_seconds: float) -> Spot:
-    """Spot only where one preemption still meets the deadline: the plan's upper end plus the work
-    since the last checkpoint (at most all of it), a fresh machine and the startup the plan priced,
-    again, within the deadline's budget."""
+    """Spot only where one preemption still meets the deadline (docs/design.md#rental)."""
     chosen, overheads = plan.chosen, plan.chosen.overheads
-    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds if overheads else 0.0
+    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
     training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
     lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
     restart = lost + PROVISION_SECONDS + startup
@@ -59,9 +55,7 @@ class Duration:
 
 
 def max_duration(upper_seconds: float, spot: Spot, deadline_seconds: float) -> Duration:
-    """The longest the engine lets the task run: the upper end (and one preemption where spot) with a
-    margin, at most the deadline (the guard has stopped the run with a checkpoint by then), plus
-    the setup."""
+    """The longest the engine lets the task run (docs/design.md#rental)."""
     run = upper_seconds + (spot.restart_seconds if spot.use else 0.0)
     seconds = min(run * (1 + MAX_DURATION_MARGIN), deadline_seconds) + SETUP_SECONDS
     restart = " + one preemption" if spot.use else ""

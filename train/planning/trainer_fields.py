@@ -1,12 +1,6 @@
-"""A plan for someone else's Trainer: the chosen configuration as the `TrainingArguments` fields it
-maps to (and TRL's `SFTConfig` ones), as JSON and as a Python snippet, and where their step is not
-the step the calibration measured (`train --dry-run --for-trainer`; `benchtrain.trainer_arguments`).
-
-The calibration timed benchtrain's own step. A Trainer's step differs where the two differ — the
-loss (ours never makes full-vocabulary logits), compilation, how batches are grouped by length —
-so the plan's step time is where their run starts from, and benchtrain.DeadlineCallback's first
-measured steps correct it.
-"""
+"""A plan for someone else's Trainer: the chosen configuration as `TrainingArguments` / TRL
+`SFTConfig` fields, as JSON and as a snippet, and where their step is not the one the calibration
+measured. Why: docs/design.md#trainer-fields."""
 
 from __future__ import annotations
 
@@ -72,35 +66,26 @@ def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> Trai
     """`plan`'s chosen configuration as a Trainer's fields; `precision`: the step's (bf16 or fp32)."""
     chosen, measured = plan.chosen, calibration.training
     compiled = bool(measured.get("compile"))
-    differences = []
     loss = measured.get("loss")
-    if loss in FUSED_LOSSES:
-        differences.append(
-            f"loss: the calibration measured benchtrain's {loss} loss, which never holds full-vocabulary logits; a Trainer's model computes its "
-            "cross-entropy over full logits (slower, more memory for a large vocabulary): the callback's first steps correct the step time"
-        )
-    differences.append(
+    fused = (
+        f"loss: the calibration measured benchtrain's {loss} loss, which never holds full-vocabulary logits; a Trainer's model computes its "
+        "cross-entropy over full logits (slower, more memory for a large vocabulary): the callback's first steps correct the step time"
+    )
+    padded = (
+        "batches: benchtrain groups samples of similar length into a batch (less padding); a Trainer pads random batches to their longest "
+        "sample unless group_by_length=True (or TRL's padding_free/packing): more padded tokens per real one"
+    )
+    differences = [
+        *([fused] if loss in FUSED_LOSSES else []),
         f"compile: the calibration measured {'a compiled' if compiled else 'an eager'} step; torch_compile={compiled} keeps yours the same "
-        "(the first compiled steps are slow: the callback measures after its warm-up)"
-    )
-    if not plan.packing:
-        differences.append(
-            "batches: benchtrain groups samples of similar length into a batch (less padding); a Trainer pads random batches to their longest "
-            "sample unless group_by_length=True (or TRL's padding_free/packing): more padded tokens per real one"
-        )
-    differences.append(
-        "to hold your run to the plan: DeadlineCallback(calibration=...) predicts from the same calibration and corrects from your measured steps"
-    )
+        "(the first compiled steps are slow: the callback measures after its warm-up)",
+        *([] if plan.packing else [padded]),
+        "to hold your run to the plan: DeadlineCallback(calibration=...) predicts from the same calibration and corrects from your measured steps",
+    ]
+    step = chosen.config
     return TrainerFields(
-        per_device_train_batch_size=chosen.config.micro_batch_size,
-        gradient_accumulation_steps=chosen.config.grad_accum,
-        dataloader_num_workers=chosen.config.num_workers,
-        activation_checkpointing=chosen.config.gradient_checkpointing,
-        bf16=precision == "bf16",
+        per_device_train_batch_size=step.micro_batch_size, gradient_accumulation_steps=step.grad_accum, dataloader_num_workers=step.num_workers,
+        activation_checkpointing=step.gradient_checkpointing, bf16=precision == "bf16", max_length=step.seq_len, packing=plan.packing, torch_compile=compiled,
         max_steps=min(plan.step_limit, chosen.optimizer_steps) if plan.step_limit else chosen.optimizer_steps,
-        max_length=chosen.config.seq_len,
-        packing=plan.packing,
-        torch_compile=compiled,
-        calibration_id=calibration.id,
-        differences=tuple(differences),
+        calibration_id=calibration.id, differences=tuple(differences),
     )

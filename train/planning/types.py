@@ -143,35 +143,53 @@ class Overheads:
         return f"overheads {format_duration(self.total_seconds)} (measured by bench): " + ", ".join(parts)
 
 
-@dataclass
+# A candidate's figures in the order the dry run's JSON and run.json show them (after the step's columns).
+CANDIDATE_FIGURES = (
+    "optimizer_steps", "remaining_steps", "micro_batches", "step_seconds", "comm_seconds_per_step", "comm_seconds_per_step_low",
+    "comm_seconds_per_step_high", "overhead_seconds", "total_seconds", "total_seconds_low", "total_seconds_high", "total_seconds_promised",
+    "bound_fraction", "eval_pass_seconds", "eval_seconds", "overheads", "tokens", "padded_tokens", "peak_memory_bytes", "peak_memory_bytes_high",
+    "fits_in_memory", "extrapolated", "truncation", "tokens_per_second",
+)
+
+
+@dataclass(frozen=True)
 class Candidate:
     """One configuration the planner weighs, and what it predicts for it."""
 
     config: StepConfig  # the step it runs, at its max length (what the calibration predicts for)
     world_size: int
-    optimizer_steps: int = 0  # the run's target (all of it, resumed or not)
-    remaining_steps: int = 0  # what this command still runs: the estimate covers these
-    micro_batches: int = 0
-    step_seconds: float = 0.0  # training steps only, predicted
-    comm_seconds_per_step: float = 0.0  # predicted collectives added to each optimizer step (the estimate)
-    comm_seconds_per_step_low: float = 0.0  # …hidden behind backward as far as they can be
-    comm_seconds_per_step_high: float = 0.0  # …none hidden
-    overhead_seconds: float = 0.0  # build + warm-up + checkpoints + report, measured in bench
-    total_seconds: float = 0.0
-    total_seconds_low: float = 0.0
-    total_seconds_high: float = 0.0
-    total_seconds_promised: float = 0.0  # what the deadline is checked against (see Calibration.promised_bound_for)
-    bound_fraction: float = 0.0  # the calibration's relative bound here (wider when extrapolating)
-    eval_pass_seconds: float = 0.0  # one pass over the eval set, predicted
-    eval_seconds: float = 0.0  # every evaluation of the run (part of overhead_seconds)
-    overheads: Overheads | None = None  # the parts of overhead_seconds
-    tokens: int = 0  # real tokens trained on
-    padded_tokens: int = 0  # positions computed, padding included
-    peak_memory_bytes: float | None = None
-    peak_memory_bytes_high: float | None = None
-    fits_in_memory: bool = True
-    extrapolated: bool = False
-    truncation: JsonDict = field(default_factory=dict)
+    overheads: Overheads  # what it spends besides its steps, measured in bench
+    optimizer_steps: int  # the run's target (all of it, resumed or not)
+    remaining_steps: int  # what this command still runs: the estimate covers these
+    micro_batches: int
+    step_seconds: float  # training steps only, predicted
+    comm_seconds_per_step: float  # predicted collectives added to each optimizer step (the estimate)
+    comm_seconds_per_step_low: float  # …hidden behind backward as far as they can be
+    comm_seconds_per_step_high: float  # …none hidden
+    total_seconds: float
+    total_seconds_low: float
+    total_seconds_high: float
+    total_seconds_promised: float  # what the deadline is checked against (see Calibration.promised_bound_for)
+    bound_fraction: float  # the calibration's relative bound here (wider when extrapolating)
+    tokens: int  # real tokens trained on
+    padded_tokens: int  # positions computed, padding included
+    peak_memory_bytes: float | None
+    peak_memory_bytes_high: float | None
+    fits_in_memory: bool
+    extrapolated: bool
+    truncation: JsonDict  # empty for packed data
+
+    @property
+    def overhead_seconds(self) -> float:
+        return self.overheads.total_seconds
+
+    @property
+    def eval_pass_seconds(self) -> float:
+        return self.overheads.eval_pass_seconds
+
+    @property
+    def eval_seconds(self) -> float:
+        return self.overheads.evaluation_seconds
 
     @property
     def tokens_per_second(self) -> float:
@@ -182,9 +200,8 @@ class Candidate:
 
     def to_json(self) -> JsonDict:
         """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
-        data = asdict(self)
-        del data["config"], data["world_size"]
-        return {**step_columns(self.config, self.world_size), **data, "tokens_per_second": self.tokens_per_second}
+        shown = {"overheads": asdict(self.overheads), "truncation": dict(self.truncation)}
+        return {**step_columns(self.config, self.world_size), **{name: shown.get(name, getattr(self, name)) for name in CANDIDATE_FIGURES}}
 
 
 @dataclass

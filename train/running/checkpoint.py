@@ -1,19 +1,5 @@
-"""Checkpoints: safe to load, atomic to write, and never the reason a run is lost.
-
-A checkpoint is a folder `step-0000123` under `<run>/checkpoints/`:
-
-    model.safetensors   the weights that training changes (all of them, or the LoRA adapters)
-    optimizer.pt        optimizer and scheduler state and the torch RNG, loaded with
-                        torch.load(weights_only=True): a tampered file cannot run code
-    progress.json       step, data position, loss history, Python and NumPy RNG, plan, calibration
-    COMPLETE            written and fsync'd last: a folder without it is not a checkpoint
-
-It is written into a temporary folder renamed into place, and older ones are pruned only after,
-so a crash at any moment leaves the previous checkpoint loadable; a failed save (ENOSPC, I/O)
-removes its partial folder and raises `CheckpointWriteError`, naming the problem and the resume.
-Under FSDP every process gathers the full state to rank 0, which alone writes the same files;
-loading reads them on rank 0 and broadcasts each process its shard.
-"""
+"""Checkpoints: safe to load (safetensors, weights_only), atomic to write, sealed by a COMPLETE
+marker, gathered to rank 0 under FSDP. The layout and why: docs/design.md#checkpoints."""
 
 from __future__ import annotations
 
@@ -175,16 +161,13 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
     """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
     False); a one-line error when neither."""
-    module = _unwrapped(model)
-    trainable = {name for name, parameter in module.named_parameters() if parameter.requires_grad}
-    partial = len(trainable) < sum(1 for _ in module.parameters())
-    expected = trainable if partial else set(module.state_dict())
-    unexpected, missing = sorted(set(state) - set(module.state_dict())), sorted(expected - set(state))
+    whole, expected = set(_unwrapped(model).state_dict()), set(model_state(model))
+    unexpected, missing = sorted(set(state) - whole), sorted(expected - set(state))
     if unexpected or missing:
         example = (unexpected or missing)[0]
         counts = f"{len(unexpected)} unexpected, {len(missing)} missing tensors, e.g. {example}"
         raise CheckpointReadError(f"checkpoint {source} does not match this model ({counts})")
-    return not partial
+    return expected == whole
 
 
 def list_checkpoints(parent: Path) -> list[Path]:

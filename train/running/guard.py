@@ -1,16 +1,5 @@
-"""The deadline guard: from live step times, will the run finish in time, and what to do if not.
-
-After every optimizer step the loop says how long it took, what the calibration predicted, and
-the predicted seconds left. The guard keeps actual/predicted over a window of recent steps (not
-the first `warmup_steps`: warm-up and compilation say nothing of the steady speed) and projects
-the finish: elapsed + remaining × ratio + the reserve (final checkpoint, export, evaluation,
-report). Inside the budget (deadline − margin) it continues; past it, it does what `--on-overrun`
-says, one entry of OVERRUN_ACTIONS (the CLI, the guard and the loop all read that table). Any
-stopping action stops at the last moment that leaves time for one more step and the reserve.
-
-A change of state is said once, with hysteresis (HYSTERESIS_FRACTION), so a run near its limit
-does not flip with the noise of its step times.
-"""
+"""The deadline guard: from live step times, will the run finish in time, and what to do if not
+(`--on-overrun`: OVERRUN_ACTIONS). The projection and why: docs/design.md#guard."""
 
 from __future__ import annotations
 
@@ -156,13 +145,7 @@ class DeadlineGuard:
     over_budget: bool = False
 
     def observe(
-        self,
-        step: int,
-        elapsed: float,
-        actual_seconds: float,
-        predicted_seconds: float,
-        remaining_predicted: float,
-        compiled: bool = False,
+        self, step: int, elapsed: float, actual_seconds: float, predicted_seconds: float, remaining_predicted: float, compiled: bool = False,
         pending_compile_seconds: float = 0.0,
     ) -> Verdict:
         """Step `step` just finished at `elapsed` seconds, `remaining_predicted` seconds predicted for

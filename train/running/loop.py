@@ -1,10 +1,5 @@
 """The training loop: the measured step, live speed against the estimate, the deadline guard,
-checkpoints, resume and clean stops on SIGINT/SIGTERM; what it is given, where it is (resumable
-from a checkpoint) and what it returns.
-
-Reads top to bottom: set up → restore → for each optimizer step: run it, compare with the
-prediction, decide (continue / checkpoint / stop), record → final checkpoint.
-"""
+checkpoints, resume and clean stops on SIGINT/SIGTERM. Its order: docs/design.md#loop."""
 
 from __future__ import annotations
 
@@ -163,31 +158,18 @@ class LoopHooks:
 
 @dataclass
 class Every:
-    """A cadence in seconds that knows when it is due (log lines, periodic checkpoints, evaluations by time)."""
+    """A cadence in seconds that knows when it is due (log lines, periodic checkpoints)."""
 
-    seconds: float | None  # None: never due by time
+    seconds: float
     last: float  # time.monotonic() when it was last done (or when the count started)
 
     def due(self, now: float) -> bool:
-        return self.seconds is not None and now - self.last >= self.seconds
-
-    def since(self, now: float) -> float:
-        return now - self.last
-
-    def done(self, at: float) -> None:
-        self.last = at
+        return now - self.last >= self.seconds
 
 
 class TrainingRun:
     def __init__(
-        self,
-        *,
-        calibration: Calibration,
-        chosen: Candidate,
-        model: ModelToTrain,
-        data: TrainingData,
-        out_dir: Path,
-        settings: LoopSettings,
+        self, *, calibration: Calibration, chosen: Candidate, model: ModelToTrain, data: TrainingData, out_dir: Path, settings: LoopSettings,
         hooks: LoopHooks | None = None,
     ) -> None:
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
@@ -268,11 +250,11 @@ class TrainingRun:
         self.checkpoint_asked = False  # the guard's Move.CHECKPOINT, agreed by every rank
         self.checkpoint_times: list[float] = []
         now = time.monotonic()
-        self.log_every, self.eval_clock = Every(s.log_interval_seconds, now), Every(None, now)
+        self.log_every, self.last_eval = Every(s.log_interval_seconds, now), now  # evaluations by time: EvalSchedule
         self.checkpoint_every = Every(s.guard.checkpoint_interval_seconds, now)
         self.limit = self.planned_limit = self.total_steps()
-        reserve = c.overheads.after_training_seconds if c.overheads else 0.0
-        periodic = c.overheads.during_training_seconds / c.step_seconds if c.overheads and c.step_seconds else 0.0
+        periodic = c.overheads.during_training_seconds / c.step_seconds if c.step_seconds else 0.0
+        reserve = c.overheads.after_training_seconds
         settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.guard.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
         self.guard = DeadlineGuard(settings, self.limit)
         self.progress: Bar | None = progress_bar(self.limit, "train", "step", position.step) if self.accelerator.is_main_process else None
@@ -307,17 +289,9 @@ class TrainingRun:
         processes = self.accelerator.num_processes
         position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
         now = time.monotonic()
-        position.losses.append(
-            {
-                "step": position.step,
-                "loss": result.loss,
-                "elapsed": self.settings.deadline.elapsed(now),
-                "seconds": result.seconds,
-                "predicted_seconds": predicted_seconds,
-                "tokens": result.target_tokens * processes,
-                "learning_rate": result.learning_rate,
-            }
-        )
+        elapsed, tokens = self.settings.deadline.elapsed(now), result.target_tokens * processes
+        entry = {"step": position.step, "loss": result.loss, "elapsed": elapsed, "seconds": result.seconds, "predicted_seconds": predicted_seconds}
+        position.losses.append({**entry, "tokens": tokens, "learning_rate": result.learning_rate})
         return result, now
 
     def _after_step(self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
@@ -333,7 +307,7 @@ class TrainingRun:
             self.progress.set_postfix_str(self._postfix(result, verdict), refresh=False)
         self._track_step(position, result, verdict.projected_finish - elapsed)
         if self.log_every.due(now) or self.status != COMPLETED:
-            self.log_every.done(now)
+            self.log_every.last = now
             position.timeline.append(self._timeline_point(position, now, verdict.ratio, verdict.projected_finish))
             self._log(position, now, verdict)
             if self.hooks.on_update is not None and self.accelerator.is_main_process:
@@ -357,10 +331,10 @@ class TrainingRun:
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
         schedule = self.inputs.eval_schedule or EvalSchedule()
-        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, self.eval_clock.since(now))
+        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, now - self.last_eval)
         if agree(self.accelerator, int(due), "max"):
             self._evaluate(position)
-            self.eval_clock.done(time.monotonic())
+            self.last_eval = time.monotonic()
 
     def _checkpoint_if_due(self, position: Position, now: float) -> None:
         """Periodically, when the guard asks, and when the run stops early (its last step is kept)."""
@@ -369,7 +343,7 @@ class TrainingRun:
             periodic = bool(agree(self.accelerator, int(periodic), "max"))
         if (periodic or self.checkpoint_asked or self.status != COMPLETED) and self._saves_here:
             self._save(position)
-            self.checkpoint_every.done(time.monotonic())
+            self.checkpoint_every.last = time.monotonic()
 
     def _finish(self, position: Position) -> None:
         """After the last step: the final evaluation and checkpoint, unless this step has them."""
@@ -386,17 +360,9 @@ class TrainingRun:
 
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
-            status=self.status,
-            position=position,
-            checkpoint_seconds=self.checkpoint_times,
-            events=self.events,
-            last_checkpoint=self.last_checkpoint,
-            resumed_from=resumed_from,
-            exit_signal=self.signals.received,
-            batch_shapes=len(self.shapes_seen),
-            figures=self._run_figures(position),
-            start_step=self.start_step,
-            shrunk_to=self.limit if self.limit < self.planned_limit else None,
+            status=self.status, position=position, checkpoint_seconds=self.checkpoint_times, events=self.events, last_checkpoint=self.last_checkpoint,
+            resumed_from=resumed_from, exit_signal=self.signals.received, batch_shapes=len(self.shapes_seen), figures=self._run_figures(position),
+            start_step=self.start_step, shrunk_to=self.limit if self.limit < self.planned_limit else None,
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -422,7 +388,7 @@ class TrainingRun:
     def _pending_compile_seconds(self) -> float:
         """Planned compilation of the shapes not met yet (the plan's per-shape average)."""
         overheads = self.chosen.overheads
-        if not self.engine.compiled or overheads is None or not overheads.compile_shapes:
+        if not self.engine.compiled or not overheads.compile_shapes:
             return 0.0
         left = max(0, overheads.compile_shapes - len(self.shapes_seen))
         return left * overheads.compile_seconds / overheads.compile_shapes
@@ -462,31 +428,15 @@ class TrainingRun:
             return
         flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
         figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
-        self._track(
-            {
-                "train/loss": result.loss,
-                "train/learning_rate": result.learning_rate,
-                "train/tokens_per_second": metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds),
-                "train/mfu": figures["mfu"],
-                "train/tflops": figures["tflops"],
-                "train/data_wait_share": figures["data_wait_share"],
-                "train/eta_seconds": max(0.0, eta_seconds),
-            },
-            position.step,
-        )
+        rate = metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds)
+        values: dict[str, float | None] = {"train/loss": result.loss, "train/learning_rate": result.learning_rate, "train/tokens_per_second": rate}
+        values.update({f"train/{name}": figures[name] for name in ("mfu", "tflops", "data_wait_share")})
+        self._track({**values, "train/eta_seconds": max(0.0, eta_seconds)}, position.step)
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
-        s = self.settings
-        return {
-            "elapsed": s.deadline.elapsed(now),
-            "steps": position.step,
-            "tokens": position.tokens,
-            "train_seconds": position.step_seconds,
-            "predicted_train_seconds": position.predicted_seconds,
-            "live_ratio": ratio,
-            "projected_finish": projected,
-            "loss": position.losses[-1]["loss"] if position.losses else math.nan,
-        }
+        loss = position.losses[-1]["loss"] if position.losses else math.nan
+        point = {"elapsed": self.settings.deadline.elapsed(now), "steps": position.step, "tokens": position.tokens, "train_seconds": position.step_seconds}
+        return {**point, "predicted_train_seconds": position.predicted_seconds, "live_ratio": ratio, "projected_finish": projected, "loss": loss}
 
     @staticmethod
     def _postfix(result: StepResult, verdict: Verdict) -> str:

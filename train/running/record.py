@@ -26,6 +26,11 @@ from train.running.loop import LoopOutcome, Position
 def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float) -> RunFile:
     """A new run's run.json (its step configuration held once, written out by RunFile)."""
     chosen = plan.chosen
+    # The plan but its step configuration, which RunFile writes before these keys.
+    plan_keys: JsonDict = {"effective_batch": plan.effective_batch, "optimizer_steps": chosen.optimizer_steps, "micro_batches": chosen.micro_batches}
+    plan_keys.update(packing=plan.packing, epochs=plan.epochs, priority=plan.priority, step_limit=plan.step_limit, notes=plan.notes)
+    # The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report.
+    held_out = {"time": calibration.fit.get("held_out_error"), "memory": (calibration.fit.get("memory") or {}).get("held_out_error")}
     sections: JsonObject = {
         "schema_version": RUN_SCHEMA_VERSION,
         "run_id": run_id,
@@ -36,8 +41,8 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
         "hardware": calibration.hardware,
         "model": model,
         "data": data,
-        "plan": plan_section(plan),
-        "estimate": {**estimate_section(plan), "held_out_error": held_out_errors(calibration), "bound_parts": asdict(calibration.bound_parts)},
+        "plan": plan_keys,
+        "estimate": {**estimate_section(plan), "held_out_error": held_out, "bound_parts": asdict(calibration.bound_parts)},
         "actual": None,
         "deadline_seconds": plan.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,
@@ -54,30 +59,8 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
     return RunFile(run_id, chosen.config, chosen.world_size, sections)
 
 
-def plan_section(plan: Plan) -> JsonDict:
-    """The plan but its step configuration, which RunFile writes before these keys."""
-    chosen = plan.chosen
-    return {
-        "effective_batch": plan.effective_batch,
-        "optimizer_steps": chosen.optimizer_steps,
-        "micro_batches": chosen.micro_batches,
-        "packing": plan.packing,
-        "epochs": plan.epochs,
-        "priority": plan.priority,
-        "step_limit": plan.step_limit,
-        "notes": plan.notes,
-    }
-
-
-def held_out_errors(calibration: Calibration) -> JsonDict:
-    """The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report."""
-    fit = calibration.fit
-    return {"time": fit.get("held_out_error"), "memory": (fit.get("memory") or {}).get("held_out_error")}
-
-
 def estimate_section(plan: Plan) -> JsonDict:
-    chosen = plan.chosen
-    bound = plan.bound_fraction
+    chosen, bound = plan.chosen, plan.bound_fraction
     return {
         "total_seconds": chosen.total_seconds,
         "total_seconds_low": chosen.total_seconds_low,
@@ -97,7 +80,7 @@ def estimate_section(plan: Plan) -> JsonDict:
         "bound_fraction": chosen.bound_fraction,  # the time bound of this configuration (wider when extrapolating)
         "extrapolated": chosen.extrapolated,
         "eval_seconds": chosen.eval_seconds,
-        "overheads": chosen.overheads.to_json() if chosen.overheads else None,
+        "overheads": chosen.overheads.to_json(),
         "naive_seconds": plan.naive_seconds,
         "projected_finish_seconds": chosen.total_seconds,
         "cost": plan.cost,
@@ -212,12 +195,7 @@ class RunRecord:
         self.write()
 
     def finish(
-        self,
-        trained: TrainedRun,
-        calibration: Calibration,
-        plan: Plan,
-        deadline: Deadline,
-        write_report: Callable[[Path], Path] | None,
+        self, trained: TrainedRun, calibration: Calibration, plan: Plan, deadline: Deadline, write_report: Callable[[Path], Path] | None,
         before_report: Callable[[JsonDict], JsonDict] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
@@ -236,7 +214,7 @@ class RunRecord:
         actual = actual_section(loop, elapsed - record.elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
         actual.update(last_checkpoint=stored_path(loop.last_checkpoint, self.out_dir), command_seconds=elapsed)
         overheads = plan.chosen.overheads
-        planned_report = overheads.report_seconds + overheads.upload_seconds if overheads else 0.0
+        planned_report = overheads.report_seconds + overheads.upload_seconds
         record.update(actual=actual, met_deadline=elapsed + planned_report <= plan.deadline_seconds)
         check = check_estimate(record.to_json())
         # Its error is written a second time, as estimate_error_pct, by RunFile (from this one value).

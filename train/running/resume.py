@@ -41,15 +41,7 @@ def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method as a MethodConfig: a resumed run trains what it trained."""
     if recorded.method == "full":
         return MethodConfig(optimizer=recorded.optimizer)
-    return MethodConfig(
-        method=recorded.method,
-        lora_rank=recorded.lora_rank,
-        lora_alpha=recorded.lora_alpha,
-        lora_dropout=recorded.lora_dropout,
-        lora_targets=recorded.lora_targets,
-        quantize=recorded.quantize,
-        optimizer=recorded.optimizer,
-    )
+    return MethodConfig(**asdict(recorded))  # the same fields, by the same names
 
 
 def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
@@ -171,20 +163,13 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
     if command_line is None:
         return None
-    kept, skip = [], False
-    for index, token in enumerate(command_line):
-        if skip:
-            skip = False
-            continue
-        if token in ("--resume", "--dry-run"):
-            skip = token == "--resume" and index + 1 < len(command_line) and command_line[index + 1] == "auto"
-            continue
-        if token == "--out":
-            skip = True
-            continue
-        if token.startswith("--out="):
-            continue
-        kept.append(token)
+    kept: list[str] = []
+    pairs = itertools.pairwise([*command_line, ""])  # each token and the one after it
+    for token, after in pairs:
+        if token == "--out" or (token == "--resume" and after == "auto"):
+            next(pairs, None)  # and its value
+        elif token not in ("--resume", "--dry-run") and not token.startswith("--out="):
+            kept.append(token)
     launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
     auto = any(token == "--resume" and after == "auto" for token, after in itertools.pairwise(command_line))
     resume = ["--resume", "auto"] if auto else ["--resume"]  # the same command continues the run as it did

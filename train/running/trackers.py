@@ -1,11 +1,5 @@
 """Experiment trackers through accelerate's tracking API: `--report-to tensorboard,wandb,...`.
-
-What is logged: the plan as the run's config; the estimate at step 0; per optimizer step the loss,
-learning rate, tokens/s, MFU (on GPUs with a peak-FLOPs entry), data-wait share and the ETA; eval
-loss and perplexity at each evaluation. Each tracker writes under the run folder where it can
-(TensorBoard events in `<run>/tensorboard/benchtrain/`, W&B runs in `<run>/wandb/` — `WANDB_MODE=offline`
-keeps them local).
-"""
+What is logged, where: docs/design.md#trackers."""
 
 from __future__ import annotations
 
