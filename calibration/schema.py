@@ -215,8 +215,8 @@ def _check_extrapolation(record: Any, where: str) -> None:
     if not isinstance(record, dict):
         raise CalibrationFileError(f"{where} should be an object")
     for name, entry in record.items():
-        if name not in extrapolation.DIMENSIONS:
-            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.DIMENSIONS)})")
+        if name not in extrapolation.STRETCHED:
+            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.STRETCHED)})")
         if entry is not None and not isinstance(entry, dict):
             raise CalibrationFileError(f"{where}.{name} should be an object or null")
         for field in ("p90_abs_pct", "stretch"):

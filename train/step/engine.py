@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
-from train.step.hyperparameters import OptimizerSettings
+from train.step.hyperparameters import DEFAULT_LEARNING_RATE, OptimizerSettings, make_optimizer
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
-from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
+from train.step.runtime import job_world_size
 from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model
 from train.step.step import TrainingStep
 from train.workload.method import MethodConfig, set_gradient_checkpointing
