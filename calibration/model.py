@@ -18,7 +18,7 @@ from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughp
 from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.schema import variant_data
-from calibration.setup import Variant, variant_of
+from calibration.setup import Variant, measured_setup, variant_of
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig, holds_as_much
 from calibration.store import calibrations_dir, is_bundled
@@ -86,11 +86,9 @@ class Calibration:
         self.process_check: JsonDict = self.data.get("process_check") or {}
         # What the probes trained: method (full or lora), adapter settings, trainable parameters.
         self.training: JsonDict = self.data.get("training") or {"method": "full", "lora": None}
-        # Processes the probes ran with (bench under `accelerate launch --num_processes N`), and how
-        # the model was spread over them: none, ddp or fsdp.
-        distributed = self.data.get("distributed") or {}
-        self.world_size = int(distributed.get("world_size", 1))
-        self.sharding = str(distributed.get("sharding", "none"))
+        # Processes the probes ran with (`accelerate launch --num_processes N`), the model spread over them: none, ddp or fsdp.
+        setup = measured_setup(self.data)
+        self.world_size, self.sharding = setup.world_size, setup.sharding
 
     # -- identity -------------------------------------------------------------------------
     @property

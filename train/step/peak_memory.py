@@ -128,7 +128,14 @@ class PeakMemory:
 
     def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            self._read_cuda()
+            import torch
+
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.device_used_bytes = int(total - free)
+            # Read together with the used bytes: what the allocator holds now, not at its peak.
+            self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
             return
         if self._thread is None:
             self.peak_bytes = _high_water_mark() or 0
@@ -136,16 +143,6 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
         self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)
-
-    def _read_cuda(self) -> None:
-        import torch
-
-        self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-        self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
-        free, total = torch.cuda.mem_get_info(self.device)
-        self.device_used_bytes = int(total - free)
-        # Read together with the used bytes: what the allocator holds now, not at its peak.
-        self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
 
     def record(self) -> dict[str, int]:
         """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes:
