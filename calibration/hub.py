@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from calibration.schema import SCHEMA_VERSION, read_calibration_file
 from calibration.setup import measured_setup, quantization_name, variant_of
@@ -134,7 +134,14 @@ def hub_reference(data: JsonDict) -> str | None:
 # -- pulling --------------------------------------------------------------------------------------
 
 
-def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[tuple[Path, JsonDict]]:
+class SharedCalibration(NamedTuple):
+    """A calibration pulled from the hub: its file in the cache and its data (with its source)."""
+
+    path: Path
+    data: JsonDict
+
+
+def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[SharedCalibration]:
     """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names,
     newest first. A damaged file is refused: an error when it was named (`/ID`) or no `on_skip`
     hears of it, else one line through `on_skip` and the others are used."""
@@ -146,17 +153,17 @@ def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = 
     files = sorted((folder / FOLDER).glob(f"{ref.calibration_id or '*'}.json"))
     if not files:
         raise BenchtrainError(nothing_there(ref))
-    entries: list[tuple[Path, JsonDict]] = []
+    entries: list[SharedCalibration] = []
     for path in files:
         try:
-            entries.append((path, read_shared(path, ref.repo_id)))
+            entries.append(SharedCalibration(path, read_shared(path, ref.repo_id)))
         except CalibrationFileError as error:
             if ref.calibration_id is not None or on_skip is None:
                 raise
             on_skip(str(error))
     if not entries:
         raise BenchtrainError(f"{ref.text}: none of its {len(files)} calibration files can be used")
-    return sorted(entries, key=lambda entry: str(entry[1].get("created_at", "")), reverse=True)
+    return sorted(entries, key=lambda entry: str(entry.data.get("created_at", "")), reverse=True)
 
 
 def nothing_there(ref: HubReference) -> str:
