@@ -142,9 +142,8 @@ class SharedCalibration(NamedTuple):
 
 
 def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[SharedCalibration]:
-    """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names,
-    newest first. A damaged file is refused: an error when it was named (`/ID`) or no `on_skip`
-    hears of it, else one line through `on_skip` and the others are used."""
+    """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names, newest first. A damaged file is refused: an error when it was
+    named (`/ID`) or no `on_skip` hears of it, else one line through `on_skip` and the others are used."""
     ref = parse_reference(reference)
     try:
         folder = snapshot(ref.repo_id, None, [ref.pattern], repo_type="dataset")
@@ -185,8 +184,7 @@ COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "p
 
 
 def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
-    """The card for `calibrations` (file in the repository → its data; None: a file that cannot be
-    read), newest first."""
+    """The card for `calibrations` (file in the repository → its data; None: a file that cannot be read), newest first."""
     readable = sorted((data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True)
     damaged = sorted(name for name, data in calibrations.items() if not data)
     lines = [

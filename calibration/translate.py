@@ -164,8 +164,7 @@ def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[floa
 
 
 def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> Bracket:
-    """(low, high) factors around a translated calibration's central estimate at `config`, by its fit's device and host
-    terms there; (1, 1) for the identity."""
+    """(low, high) factors around a translated calibration's central estimate at `config`, by its fit's device and host terms there; (1, 1) for the identity."""
     if record.get("identity"):
         return Bracket(1.0, 1.0)
     try:

@@ -191,9 +191,8 @@ def estimate_error_history(labels: list[str], errors: list[float], path: Path) -
 
 
 def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Path, title: str) -> Path:
-    """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a
-    line. `options`: label, hours, low, high, cost (None without a price), predicted, recommended.
-    Without prices the options stand side by side on the x axis."""
+    """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a line. `options`: label, hours, low, high, cost (None without a
+    price), predicted, recommended. Without prices the options stand side by side on the x axis."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
     priced = all(option["cost"] is not None for option in options)
     for index, option in enumerate(options):

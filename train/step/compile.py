@@ -50,8 +50,7 @@ def eager_region(compiled: bool) -> AbstractContextManager:
 
 
 def compile_cache_record() -> dict[str, str]:
-    """Where inductor keeps compiled kernels on this machine (bench records it with the training
-    settings of its calibration)."""
+    """Where inductor keeps compiled kernels on this machine (bench records it with the training settings of its calibration)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return {"dir": str(cache_dir()), "host": socket.gethostname()}

@@ -100,8 +100,7 @@ def settings_from(values: JsonDict) -> OptimizerSettings:
 
 
 def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
-    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root,
-    or not at all (docs/design.md#hardware)."""
+    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root, or not at all (docs/design.md#hardware)."""
     if scaling == "none" or not base_batch:
         return learning_rate
     ratio = effective_batch / base_batch

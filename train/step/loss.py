@@ -165,8 +165,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
-    """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its
-    default is the weight's dtype)."""
+    """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its default is the weight's dtype)."""
     import torch
 
     loss_class, _ = liger_functions()

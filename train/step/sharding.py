@@ -156,8 +156,7 @@ def seed_adapters(lm: Any) -> None:
 
 
 def fill_slice(target: Any, full: Any) -> None:
-    """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer),
-    cut where FSDP cuts, without a collective."""
+    """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer), cut where FSDP cuts, without a collective."""
     import torch
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
