@@ -272,8 +272,7 @@ class Pushed:
 
 
 def shareable(data: JsonDict, user: str) -> JsonDict:
-    """The copy of a calibration that goes up: who measured it (kept when it says), local paths cut to their names, no
-    `source` (a download writes its own)."""
+    """The copy of a calibration that goes up: who measured it (kept when it says), local paths cut to their names, no `source` (a download writes its own)."""
     shared = copy.deepcopy(data)
     shared.pop("source", None)
     shared["measured_by"] = measured_by(data) or user or "unknown"

@@ -93,9 +93,8 @@ class Calibration:
     # -- identity -------------------------------------------------------------------------
     @property
     def provenance(self) -> str:
-        """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
-        (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), "from FILE", or
-        "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
+        """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)" (shared on the hub: calibration.hub), "bundled NAME" (ships
+        with benchtrain), "from FILE", or "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
         if self.translation is not None:  # a measurement of another device, not of this one
             return f"translated from {self.translation['from_device']} by datasheet ratios"
         shared = hub_provenance(self.data)
@@ -234,9 +233,8 @@ class Calibration:
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
     def predict(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
-        """Tokens/second, step seconds and peak memory of one configuration, with their bounds.
-        `memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
-        e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
+        """Tokens/second, step seconds and peak memory of one configuration, with their bounds. `memory_offset_bytes`: what the planned run holds beyond
+        (negative: short of) the probes, e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config.label}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum

@@ -40,10 +40,9 @@ def source_sheet(data: JsonDict) -> DeviceSheet:
 
 
 def translate(data: JsonDict, target: DeviceSheet, world_size: int = 1) -> JsonDict:
-    """The calibration as measured on `target`: hardware the target's (`translated: True`), id
-    `<id>~<target key>`, the fit and the measurements at the central estimate, and a `translation`
-    record (the same device: an identity record, the data unchanged). With one process of the target
-    a model whose fixed memory exceeds it is refused here (with several, sharding may fit it)."""
+    """The calibration as measured on `target`: hardware the target's (`translated: True`), id `<id>~<target key>`, the fit and the measurements at the central
+    estimate, and a `translation` record (the same device: an identity record, the data unchanged). With one process of the target a model whose fixed memory
+    exceeds it is refused here (with several, sharding may fit it)."""
     if world_size < 1:
         raise BenchtrainError(f"a translation needs at least one process, got {world_size}")
     source = source_sheet(data)

@@ -110,9 +110,8 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
 def progress_over_time(
     elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path, ended: tuple[float, float], title: list[str]
 ) -> Path:
-    """Tokens done over time since the plan: the actual run against the estimate and its bounds.
-    `ended`: (seconds, tokens) where the run ended; `predicted["ran_end"]`: the estimate for the
-    steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
+    """Tokens done over time since the plan: the actual run against the estimate and its bounds. `ended`: (seconds, tokens) where the run ended;
+    `predicted["ran_end"]`: the estimate for the steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
     total, start = predicted["tokens"], predicted["start"]
     for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate, whole plan"), ("end_high", ":", None)):

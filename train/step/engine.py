@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Optimization:
-    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps
-    (None: a constant rate, as bench probes use)."""
+    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps (None: a constant rate, as bench probes use)."""
 
     learning_rate: float = DEFAULT_LEARNING_RATE
     settings: OptimizerSettings = field(default_factory=OptimizerSettings)

@@ -266,9 +266,8 @@ def _forward_chain(forward: Any) -> list[Any]:
 
 
 def _put_loss_forward(lm: Any) -> None:
-    """Make `_loss_forward` the function the instance's forward ends in, once. Where accelerate's
-    `prepare` came first (it kept the forward it wrapped as `_original_forward`), its precision
-    wrapper is built again around `_loss_forward` with accelerate's own functions."""
+    """Make `_loss_forward` the function the instance's forward ends in, once. Where accelerate's `prepare` came first (it kept the forward it wrapped as
+    `_original_forward`), its precision wrapper is built again around `_loss_forward` with accelerate's own functions."""
     if any(function is _loss_forward for function in _forward_chain(lm.forward)):
         return  # installed before: a loss switch changes `_benchtrain_loss` alone
     prepared = vars(lm).get("_original_forward")
