@@ -327,4 +327,3 @@ def fetch_earlier(api: Any, repo_id: str, name: str) -> JsonDict | None:
         return read_shared(path, repo_id)
     except CalibrationFileError:
         return None
-
