@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from bench.probe import error_text, recover_after_failure
-from calibration.split import config_fields, flops_split, split_rows
+from calibration.split import flops_split, split_rows
 from calibration.step_config import StepConfig
 from train.workload.batching import make_loader
 
@@ -99,7 +99,7 @@ def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS
         synchronize(workload.device)
         wall = time.perf_counter() - started
     split = split_from_events(session.events(), wall, steps)
-    return {**config_fields(config.to_row()), **split, "method": "profiler", "profiled_steps": steps, "profiled_seconds": round(wall, 4)}
+    return {**config.to_row(), **split, "method": "profiler", "profiled_steps": steps, "profiled_seconds": round(wall, 4)}
 
 
 def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:

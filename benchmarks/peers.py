@@ -106,7 +106,7 @@ def timed(setup: Setup, run_step: Callable[[dict[str, Any]], None], data: list[d
 def plain_loop(setup: Setup, compiled: bool) -> list[float]:
     import torch
 
-    from train.step.runtime import make_optimizer
+    from train.step.hyperparameters import make_optimizer
 
     model = fresh_model(setup)
     optimizer = make_optimizer(model)
@@ -189,7 +189,7 @@ def unsloth(setup: Setup) -> list[float]:
     import torch
     from unsloth import FastLanguageModel  # ImportError: not installed here
 
-    from train.step.runtime import make_optimizer
+    from train.step.hyperparameters import make_optimizer
 
     if not setup.lora:
         raise RuntimeError("Unsloth is compared on LoRA runs (--lora)")

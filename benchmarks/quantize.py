@@ -30,7 +30,7 @@ def built_bytes(model: str, quantize: str, optimizer: str) -> tuple[int, int, in
     from helpers import loaded_bytes
 
     from train.planning.memory_check import memory_need
-    from train.step.runtime import make_optimizer
+    from train.step.hyperparameters import make_optimizer
     from train.workload.method import MethodConfig
     from train.workload.model import build_model, resolve_model
 

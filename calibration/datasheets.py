@@ -18,8 +18,7 @@ A100_80_SOURCE = (
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 )
 A100_40_SOURCE = (
-    "NVIDIA A100 Tensor Core GPU datasheet (40GB, 2020), "
-    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet.pdf"
+    "NVIDIA A100 Tensor Core GPU datasheet (40GB, 2020), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet.pdf"
 )
 
 Links = tuple[str | None, float | None, int]  # (peer link, its bytes/s per GPU, PCIe generation)
@@ -223,6 +222,7 @@ PUBLISHED_COMPARISONS: tuple[PublishedComparison, ...] = (
     )),
 )
 # fmt: on
+
 
 @dataclass(frozen=True)
 class GenerationShift:

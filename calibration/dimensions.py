@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# What a term is proportional to, when its switch is on: once per micro-step, per token (B·S), or
-# per token × length (B·S², attention).
+# What a term is proportional to, when its switch is on: once per micro-step, per token (B·S), or per token × length (B·S², attention).
 SCALES = ("step", "tokens", "attention")
 
 

@@ -12,7 +12,8 @@ from calibration.fit_tools import ErrorSummary
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
-DIMENSIONS = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
+# What a plan may stretch past the measured range along (tokens: micro batch × length).
+STRETCHED = ("micro_batch_size", "seq_len", "grad_accum", "tokens")
 FitOn = Callable[[np.ndarray], Callable[[StepConfig], float]]  # a fit on these rows, predicting micro-step seconds
 
 
@@ -30,7 +31,7 @@ def held_out_by_dimension(
     of a config): their tokens/s error, `stretch` and `basis`; None where one value or fewer than `min_rows` probes
     would be left. Accumulation at two values is judged by `leave_one_out` instead (docs/design.md#extrapolation-bounds)."""
     record: dict[str, JsonDict | None] = {}
-    for name in DIMENSIONS:
+    for name in STRETCHED:
         values = np.array([dimension_value(config, name) for config in configs])
         distinct = np.unique(values)
         train = np.flatnonzero(values < distinct[-1])
@@ -53,7 +54,7 @@ def stretch_by_dimension(config: StepConfig, rows: Sequence[JsonDict]) -> dict[s
     """How far `config` lies past `rows` along each dimension: value / largest, or smallest / value below (1 inside);
     also `grad_accum_below`: 1, or the ratio below."""
     stretches: dict[str, float] = {}
-    for name in DIMENSIONS:
+    for name in STRETCHED:
         measured = [dimension_value(StepConfig.from_row(row), name) for row in rows]
         value = dimension_value(config, name)
         above = value / max(measured) if measured and value > max(measured) else 1.0

@@ -170,9 +170,8 @@ def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, un
 
 
 def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, flops: dict[str, float] | None, **options: Any) -> np.ndarray:
-    """Non-negative coefficients of `terms`. With `flops` (FLOPs per token of each device term,
-    from the model's shape: calibration.flops_terms), the device terms are tied to one cost per
-    FLOP: one unknown instead of four, which few probes can pin down."""
+    """Non-negative coefficients of `terms`. With `flops` (FLOPs per token of each device term, from the model's shape: calibration.flops_terms), the device
+    terms are tied to one cost per FLOP: one unknown instead of four, which few probes can pin down."""
     device = [index for index, term in enumerate(terms) if term in device_terms()]
     if flops is None or not device:
         return fit_nonnegative(features, targets, **options)

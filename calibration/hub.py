@@ -142,9 +142,8 @@ class SharedCalibration(NamedTuple):
 
 
 def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[SharedCalibration]:
-    """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names,
-    newest first. A damaged file is refused: an error when it was named (`/ID`) or no `on_skip`
-    hears of it, else one line through `on_skip` and the others are used."""
+    """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names, newest first. A damaged file is refused: an error when it was
+    named (`/ID`) or no `on_skip` hears of it, else one line through `on_skip` and the others are used."""
     ref = parse_reference(reference)
     try:
         folder = snapshot(ref.repo_id, None, [ref.pattern], repo_type="dataset")
@@ -185,8 +184,7 @@ COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "p
 
 
 def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
-    """The card for `calibrations` (file in the repository → its data; None: a file that cannot be
-    read), newest first."""
+    """The card for `calibrations` (file in the repository → its data; None: a file that cannot be read), newest first."""
     readable = sorted((data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True)
     damaged = sorted(name for name, data in calibrations.items() if not data)
     lines = [
@@ -274,8 +272,7 @@ class Pushed:
 
 
 def shareable(data: JsonDict, user: str) -> JsonDict:
-    """The copy of a calibration that goes up: who measured it (kept when it says), local paths cut to their names, no
-    `source` (a download writes its own)."""
+    """The copy of a calibration that goes up: who measured it (kept when it says), local paths cut to their names, no `source` (a download writes its own)."""
     shared = copy.deepcopy(data)
     shared.pop("source", None)
     shared["measured_by"] = measured_by(data) or user or "unknown"
@@ -330,4 +327,3 @@ def fetch_earlier(api: Any, repo_id: str, name: str) -> JsonDict | None:
         return read_shared(path, repo_id)
     except CalibrationFileError:
         return None
-

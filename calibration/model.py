@@ -18,7 +18,7 @@ from calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughp
 from calibration.hub import hub_provenance
 from calibration.memory_fit import MemoryModel, memory_model_from_json
 from calibration.schema import variant_data
-from calibration.setup import Variant, variant_of
+from calibration.setup import Variant, measured_setup, variant_of
 from calibration.slices import slice_widening
 from calibration.step_config import StepConfig, holds_as_much
 from calibration.store import calibrations_dir, is_bundled
@@ -86,18 +86,15 @@ class Calibration:
         self.process_check: JsonDict = self.data.get("process_check") or {}
         # What the probes trained: method (full or lora), adapter settings, trainable parameters.
         self.training: JsonDict = self.data.get("training") or {"method": "full", "lora": None}
-        # Processes the probes ran with (bench under `accelerate launch --num_processes N`), and how
-        # the model was spread over them: none, ddp or fsdp.
-        distributed = self.data.get("distributed") or {}
-        self.world_size = int(distributed.get("world_size", 1))
-        self.sharding = str(distributed.get("sharding", "none"))
+        # Processes the probes ran with (`accelerate launch --num_processes N`), the model spread over them: none, ddp or fsdp.
+        setup = measured_setup(self.data)
+        self.world_size, self.sharding = setup.world_size, setup.sharding
 
     # -- identity -------------------------------------------------------------------------
     @property
     def provenance(self) -> str:
-        """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)"
-        (shared on the hub: calibration.hub), "bundled NAME" (ships with benchtrain), "from FILE", or
-        "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
+        """Whose measurement a plan rests on: "measured here" (this store), "hub:ORG/NAME (by USER)" (shared on the hub: calibration.hub), "bundled NAME" (ships
+        with benchtrain), "from FILE", or "translated from DEVICE …" (calibration.translate: nobody measured this device)."""
         if self.translation is not None:  # a measurement of another device, not of this one
             return f"translated from {self.translation['from_device']} by datasheet ratios"
         shared = hub_provenance(self.data)
@@ -236,9 +233,8 @@ class Calibration:
         return self.throughput.micro_step_seconds(config) * self.step_tail_factor / self.history_factor
 
     def predict(self, config: StepConfig, memory_offset_bytes: float = 0.0) -> Prediction:
-        """Tokens/second, step seconds and peak memory of one configuration, with their bounds.
-        `memory_offset_bytes`: what the planned run holds beyond (negative: short of) the probes,
-        e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
+        """Tokens/second, step seconds and peak memory of one configuration, with their bounds. `memory_offset_bytes`: what the planned run holds beyond
+        (negative: short of) the probes, e.g. FSDP shards planned from a 1-process calibration (train.planning.memory_check)."""
         if min(config.micro_batch_size, config.seq_len, config.grad_accum) < 1 or config.num_workers < 0:
             raise BenchtrainError(f"cannot predict for {config.label}: sizes must be positive")
         step = self.micro_step_seconds(config) * config.grad_accum

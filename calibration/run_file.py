@@ -28,8 +28,7 @@ COMPLETED: Final = "completed"  # every planned step ran
 STEP_LIMIT: Final = "step_limit"  # stopped at a step limit: --max-steps, --fit-deadline, or the guard's shrink
 STOPPED_FOR_DEADLINE: Final = "stopped_for_deadline"  # the deadline guard stopped it at the last safe moment
 INTERRUPTED: Final = "interrupted"  # SIGINT or SIGTERM
-# Runs that stopped before their planned end, from a checkpoint they can resume: their final/ is
-# marked partial, and the end of the run says how to resume it.
+# Runs that stopped before their planned end, from a checkpoint they can resume: their final/ is marked partial, and the end of the run says how to resume it.
 STOPPED_EARLY: Final = (STOPPED_FOR_DEADLINE, INTERRUPTED)
 
 
@@ -233,8 +232,7 @@ class RunFile:
 
 
 def _total_steps(plan: _Reader) -> int:
-    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`:
-    its plan's step limit, else its steps)."""
+    """The run's optimizer steps as its first plan set them (a run.json from before `total_steps`: its plan's step limit, else its steps)."""
     total = plan.integer("total_steps")
     if total:
         return total

@@ -17,8 +17,7 @@ from common.errors import CalibrationFileError, CalibrationTooOldError
 from common.json_types import JsonDict
 
 SCHEMA_VERSION = 4
-# The version before the current one upgrades on read (_v3_to_v4); older files are refused
-# (CalibrationTooOldError): measure again with `bench run`.
+# The version before the current one upgrades on read (_v3_to_v4); older files are refused (CalibrationTooOldError): measure again with `bench run`.
 OLDEST_READABLE = SCHEMA_VERSION - 1
 
 
@@ -153,9 +152,8 @@ def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) 
 
 
 def variant_data(data: JsonDict, index: int | None) -> JsonDict:
-    """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores
-    the first variant measured at the top and each other one under `variants` (its measurements, fit,
-    training, overheads, history), over the shared rest (device, model, data). None: the first."""
+    """The whole calibration as one of its variants sees it: `bench run --quantize none,4bit` stores the first variant measured at the top and each other one
+    under `variants` (its measurements, fit, training, overheads, history), over the shared rest (device, model, data). None: the first."""
     shared = {key: value for key, value in data.items() if key != "variants"}
     return shared if index is None else {**shared, **data["variants"][index], "id": data["id"]}
 
@@ -215,8 +213,8 @@ def _check_extrapolation(record: Any, where: str) -> None:
     if not isinstance(record, dict):
         raise CalibrationFileError(f"{where} should be an object")
     for name, entry in record.items():
-        if name not in extrapolation.DIMENSIONS:
-            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.DIMENSIONS)})")
+        if name not in extrapolation.STRETCHED:
+            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.STRETCHED)})")
         if entry is not None and not isinstance(entry, dict):
             raise CalibrationFileError(f"{where}.{name} should be an object or null")
         for field in ("p90_abs_pct", "stretch"):

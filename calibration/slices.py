@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibration.fit_tools import ErrorSummary
-from calibration.split import SPLIT_FIELDS, config_fields, usable_record
+from calibration.split import SPLIT_FIELDS, usable_record
 from calibration.step_config import StepConfig
 from common.json_types import JsonDict
 
@@ -82,11 +82,11 @@ def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: i
     """The whole model's step split from each depth's: every part a line in depth at `full_layers`, for each configuration
     split at two depths or more (docs/design.md#layer-slices: the deepest slice's split is not the whole model's).
     []: none was, and the FLOP-count split of the whole model's fit stands (calibration.split.step_splits)."""
-    found: dict[tuple[tuple[str, int], ...], dict[int, JsonDict]] = {}
+    found: dict[StepConfig, dict[int, JsonDict]] = {}
     for depth, records in sorted(by_depth.items()):
         for entry in records:
             if usable_record(entry):
-                found.setdefault(tuple(config_fields(entry).items()), {})[depth] = entry
+                found.setdefault(StepConfig.from_row(entry), {})[depth] = entry
     derived = []
     for config, at_depth in found.items():
         if len(at_depth) < 2:
@@ -95,7 +95,7 @@ def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: i
         fields = [*SPLIT_FIELDS, *(["comm_seconds"] if all("comm_seconds" in at_depth[depth] for depth in depths) else [])]
         parts = {field: max(0.0, DepthLine.fit(depths, [float(at_depth[depth][field]) for depth in depths]).at(full_layers)) for field in fields}
         methods = {at_depth[depth]["method"] for depth in depths}
-        derived.append({**dict(config), **parts, "method": methods.pop() if len(methods) == 1 else "flops", "slice_depths": depths})
+        derived.append({**config.to_row(), **parts, "method": methods.pop() if len(methods) == 1 else "flops", "slice_depths": depths})
     return derived
 
 

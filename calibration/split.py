@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calibration.dimensions import DIMENSIONS, switches
+from calibration.dimensions import switches
 from calibration.fit import DATA_TERMS, HOST_TERM, device_terms, overlapped, throughput_features, throughput_terms
 from calibration.fit_tools import is_number
 from calibration.step_config import StepConfig
@@ -28,10 +28,6 @@ def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, 
     exposed = max(0.0, float(overlapped(parts[HOST_TERM], device, power)) - device)
     host = exposed + sum(parts[term] for term in (*DATA_TERMS, "per_worker"))
     return device, parts["optimizer_step"], host
-
-
-def config_fields(row: JsonDict) -> dict[str, int]:
-    return {name: int(row.get(name, 0)) for name in DIMENSIONS}
 
 
 def split_rows(rows: list[JsonDict]) -> list[JsonDict]:
@@ -67,7 +63,7 @@ def flops_split(fit: JsonDict, row: JsonDict) -> JsonDict:
     if is_number(mfu) and mfu > 0:
         matmul = min(compute, mfu * step / MATMUL_EFFICIENCY)
         compute, memory = matmul, memory + compute - matmul
-    return {**config_fields(row), "compute_seconds": compute, "memory_seconds": memory, "host_seconds": host * config.grad_accum * scale, "method": "flops"}
+    return {**config.to_row(), "compute_seconds": compute, "memory_seconds": memory, "host_seconds": host * config.grad_accum * scale, "method": "flops"}
 
 
 def usable_record(entry: Any) -> bool:

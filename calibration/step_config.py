@@ -49,8 +49,7 @@ class StepConfig:
 
     @classmethod
     def from_row(cls, row: Mapping[str, float | str]) -> StepConfig:
-        """From a measurement row (or anything with its columns: numbers, or their text); a switch
-        absent (a row from before it) is off."""
+        """From a measurement row (or anything with its columns: numbers, or their text); a switch absent (a row from before it) is off."""
         return cls(
             micro_batch_size=int(row["micro_batch_size"]),
             num_workers=int(row["num_workers"]),
@@ -77,9 +76,8 @@ class StepConfig:
 
 
 def holds_as_much(config: StepConfig, other: StepConfig) -> bool:
-    """`config` keeps at least the memory `other` kept: as large a batch at as long a sequence, a
-    leaner switch (checkpointing) on only where `other`'s is, every other switch the same. An
-    out-of-memory `other` rules `config` out."""
+    """`config` keeps at least the memory `other` kept: as large a batch at as long a sequence, a leaner switch (checkpointing) on only where `other`'s is,
+    every other switch the same. An out-of-memory `other` rules `config` out."""
     if config.micro_batch_size < other.micro_batch_size or config.seq_len < other.seq_len:
         return False
     for dimension in switches():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -127,14 +127,17 @@ class ListedCalibration(NamedTuple):
 
 def list_unfinished() -> list[ListedCalibration]:
     """(path, content, error) for every bench that kept measurements and never stored them, newest first."""
-    folder = calibrations_dir() / "unfinished"
-    if not folder.is_dir():
-        return []
+    paths = sorted((calibrations_dir() / "unfinished").glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True)
+    return read_each(paths, read_json_file, BenchtrainError)
+
+
+def read_each(paths: Iterable[Path], read: Callable[[Path], JsonDict], unreadable: type[BenchtrainError]) -> list[ListedCalibration]:
+    """Each file read, or the `unreadable` error that says why not."""
     entries: list[ListedCalibration] = []
-    for path in sorted(folder.glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True):
+    for path in paths:
         try:
-            entries.append(ListedCalibration(path, read_json_file(path), None))
-        except BenchtrainError as error:
+            entries.append(ListedCalibration(path, read(path), None))
+        except unreadable as error:
             entries.append(ListedCalibration(path, None, str(error)))
     return entries
 
@@ -149,16 +152,8 @@ def measurements_csv(rows: list[JsonDict]) -> str:
 
 def list_calibrations() -> list[ListedCalibration]:
     """(path, data, error) for every calibration file, newest first; unreadable ones keep their error."""
-    entries: list[ListedCalibration] = []
-    folder = calibrations_dir()
-    if not folder.is_dir():
-        return entries
-    for path in folder.glob("*.json"):
-        try:
-            entries.append(ListedCalibration(path, read_calibration_file(path), None))
-        except CalibrationFileError as error:
-            entries.append(ListedCalibration(path, None, str(error)))
-    entries.sort(key=lambda entry: (entry[1] or {}).get("created_at", ""), reverse=True)
+    entries = read_each(calibrations_dir().glob("*.json"), read_calibration_file, CalibrationFileError)
+    entries.sort(key=lambda entry: (entry.data or {}).get("created_at", ""), reverse=True)
     return entries
 
 

@@ -40,10 +40,9 @@ def source_sheet(data: JsonDict) -> DeviceSheet:
 
 
 def translate(data: JsonDict, target: DeviceSheet, world_size: int = 1) -> JsonDict:
-    """The calibration as measured on `target`: hardware the target's (`translated: True`), id
-    `<id>~<target key>`, the fit and the measurements at the central estimate, and a `translation`
-    record (the same device: an identity record, the data unchanged). With one process of the target
-    a model whose fixed memory exceeds it is refused here (with several, sharding may fit it)."""
+    """The calibration as measured on `target`: hardware the target's (`translated: True`), id `<id>~<target key>`, the fit and the measurements at the central
+    estimate, and a `translation` record (the same device: an identity record, the data unchanged). With one process of the target a model whose fixed memory
+    exceeds it is refused here (with several, sharding may fit it)."""
     if world_size < 1:
         raise BenchtrainError(f"a translation needs at least one process, got {world_size}")
     source = source_sheet(data)
@@ -164,8 +163,7 @@ def attained_flops_ratio(source: DeviceSheet, target: DeviceSheet) -> tuple[floa
 
 
 def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> Bracket:
-    """(low, high) factors around a translated calibration's central estimate at `config`, by its fit's device and host
-    terms there; (1, 1) for the identity."""
+    """(low, high) factors around a translated calibration's central estimate at `config`, by its fit's device and host terms there; (1, 1) for the identity."""
     if record.get("identity"):
         return Bracket(1.0, 1.0)
     try:

@@ -31,8 +31,7 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
 
 
 def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, out: Path) -> list[str]:
-    """The sections of one setup the file measured (the first: variant None), under a heading
-    naming it when the file holds several."""
+    """The sections of one setup the file measured (the first: variant None), under a heading naming it when the file holds several."""
     data = variant_data(file_data, variant)
     out.mkdir(parents=True, exist_ok=True)
     cal = Calibration(file_data, path, variant) if data.get("fit") else None
@@ -46,8 +45,7 @@ def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, o
 
 
 def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> list[str]:
-    """Is the fitted model trustworthy (held-out error, the fit in words), and the figures of what
-    was measured, drawn into `out`."""
+    """Is the fitted model trustworthy (held-out error, the fit in words), and the figures of what was measured, drawn into `out`."""
     rows = data["measurements"]
     ok = [row for row in rows if row["status"] == "ok"]
     oom = [row for row in rows if row["status"] == "oom"]

@@ -110,9 +110,8 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
 def progress_over_time(
     elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path, ended: tuple[float, float], title: list[str]
 ) -> Path:
-    """Tokens done over time since the plan: the actual run against the estimate and its bounds.
-    `ended`: (seconds, tokens) where the run ended; `predicted["ran_end"]`: the estimate for the
-    steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
+    """Tokens done over time since the plan: the actual run against the estimate and its bounds. `ended`: (seconds, tokens) where the run ended;
+    `predicted["ran_end"]`: the estimate for the steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
     total, start = predicted["tokens"], predicted["start"]
     for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate, whole plan"), ("end_high", ":", None)):
@@ -191,9 +190,8 @@ def estimate_error_history(labels: list[str], errors: list[float], path: Path) -
 
 
 def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Path, title: str) -> Path:
-    """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a
-    line. `options`: label, hours, low, high, cost (None without a price), predicted, recommended.
-    Without prices the options stand side by side on the x axis."""
+    """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a line. `options`: label, hours, low, high, cost (None without a
+    price), predicted, recommended. Without prices the options stand side by side on the x axis."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
     priced = all(option["cost"] is not None for option in options)
     for index, option in enumerate(options):

@@ -95,8 +95,7 @@ def push_lines(record: dict[str, Any]) -> list[str]:
 
 
 def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
-    """The table of estimate (with its bounds) against actual, for the steps that ran and the whole
-    plan, and the held-out error the bounds stand on."""
+    """The table of estimate (with its bounds) against actual, for the steps that ran and the whole plan, and the held-out error the bounds stand on."""
     import pandas as pd
 
     estimate, actual = record["estimate"], record.get("actual") or {}
@@ -179,8 +178,7 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
     figure_paths = []
     losses = record.get("losses", [])
     before = record.get("elapsed_before_plan", 0.0)
-    # This command's steps (a resumed run's losses hold the earlier ones too), on the time axis of
-    # the estimate: seconds since the plan.
+    # This command's steps (a resumed run's losses hold the earlier ones too), on the time axis of the estimate: seconds since the plan.
     ran = [entry for entry in losses if entry.get("step", 0) > (check.start_step if check else 0)]
     if ran and check is not None:
         overheads = estimate["total_seconds"] - estimate["train_seconds"]
@@ -202,8 +200,7 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
         rolling_actual, rolling_predicted = _rolling_rates(ran)
         throughput = figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check))
         figure_paths.append((throughput, "Real tokens/s over time against the calibration's prediction"))
-    # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps
-    # between carry none.
+    # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps between carry none.
     logged = [entry for entry in losses if entry.get("loss") is not None]
     if logged:
         evals = record.get("evals", [])

@@ -14,11 +14,13 @@ from helpers import assert_one_line_error, heavy_tailed, run_main, synthetic_cal
 
 from bench.calibrate import warmup_costs
 from calibration.model import Calibration
+from common.errors import BenchtrainError
 from train.planning.deadline import Deadline
 from train.planning.planner import make_plan
 from train.planning.types import PlanRequest
 from train.running.guard import DeadlineGuard, GuardSettings
 from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
+from train.step.engine import StepOptions
 from train.workload.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
 from train.workload.method import MethodConfig
 
@@ -29,8 +31,8 @@ needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c+
 def test_compile_auto_means_cuda_only() -> None:
     assert compile_enabled("auto", "cuda") and not compile_enabled("auto", "cpu")
     assert compile_enabled("on", "cpu") and not compile_enabled("off", "cuda")
-    with pytest.raises(ValueError):
-        compile_enabled("yes", "cpu")
+    with pytest.raises(BenchtrainError, match="--compile must be one of auto, on, off, got 'yes'"):
+        StepOptions(compile="yes")
 
 
 def test_padded_batches_are_bucketed_to_few_widths() -> None:

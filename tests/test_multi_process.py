@@ -20,7 +20,7 @@ from calibration.step_config import StepConfig
 from common.errors import BenchtrainError
 from train.planning.comm import Traffic, plan_communication, traffic_of
 from train.planning.memory_check import check_fits, memory_need
-from train.step.runtime import scaled_learning_rate
+from train.step.hyperparameters import scaled_learning_rate
 from train.workload.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
 from train.workload.method import MethodConfig
 from train.workload.model import resolve_model

@@ -34,7 +34,7 @@ def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
     import torch
 
     from train.planning.memory_check import memory_need
-    from train.step.runtime import make_optimizer
+    from train.step.hyperparameters import make_optimizer
     from train.workload.model import build_model, resolve_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", optimizer=name)

@@ -174,7 +174,7 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
 
 def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     """Cost, output, learning rate, seed and the escape hatches."""
-    from train.step.runtime import DEFAULT_LEARNING_RATE, LR_SCALINGS
+    from train.step.hyperparameters import DEFAULT_LEARNING_RATE, LR_SCALINGS
 
     p.add_argument(
         "--price-per-hour",

@@ -25,8 +25,7 @@ from train.running.resume import auto_resume
 from train.running.trackers import parse_report_to
 from train.step.engine import StepOptions, step_options_from_args
 from train.step.evaluation import EvalSchedule, parse_eval_every
-from train.step.hyperparameters import SETTING_NAMES, OptimizerSettings, settings_from
-from train.step.runtime import DEFAULT_LEARNING_RATE
+from train.step.hyperparameters import DEFAULT_LEARNING_RATE, SETTING_NAMES, OptimizerSettings, settings_from
 from train.workload.formats import DataSchema, schema_from_args
 from train.workload.method import MethodConfig, method_from_args
 

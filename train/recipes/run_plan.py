@@ -22,9 +22,9 @@ from train.recipes.config import TrainConfig
 from train.recipes.hub_push import PushTarget, upload_rate
 from train.recipes.run_data import LoadedData
 from train.step.hardware import peak_flops
+from train.step.hyperparameters import scaled_learning_rate
 from train.step.metrics import planned_figures
 from train.step.peak_memory import host_excess_bytes
-from train.step.runtime import scaled_learning_rate
 from train.workload.model import ModelSpec, model_shape
 from train.workload.tokenizer import is_byte_tokenizer
 

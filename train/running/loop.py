@@ -28,9 +28,9 @@ from train.step.compile import SHAPE_BUCKET
 from train.step.engine import Optimization, StepOptions, StepSetup, build_engine, step_setup_for
 from train.step.evaluation import EvalSchedule, evaluate_loss
 from train.step.hardware import detect_hardware
-from train.step.hyperparameters import OptimizerSettings
+from train.step.hyperparameters import DEFAULT_LEARNING_RATE, OptimizerSettings
 from train.step.peak_memory import PeakMemory
-from train.step.runtime import DEFAULT_LEARNING_RATE, agree, make_accelerator, pin_memory
+from train.step.runtime import agree, make_accelerator, pin_memory
 from train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
 from train.workload.method import MethodConfig
 from train.workload.model import ModelSpec, model_shape

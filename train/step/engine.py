@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
 from train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
-from train.step.hyperparameters import OptimizerSettings
+from train.step.hyperparameters import DEFAULT_LEARNING_RATE, OptimizerSettings, make_optimizer
 from train.step.loss import LOSS_CHOICES, choose_loss, install_loss
-from train.step.runtime import DEFAULT_LEARNING_RATE, job_world_size, make_optimizer
+from train.step.runtime import job_world_size
 from train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model
 from train.step.step import TrainingStep
 from train.workload.method import MethodConfig, set_gradient_checkpointing
@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Optimization:
-    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps
-    (None: a constant rate, as bench probes use)."""
+    """The peak learning rate, the hyper-parameters, and the schedule's horizon in optimizer steps (None: a constant rate, as bench probes use)."""
 
     learning_rate: float = DEFAULT_LEARNING_RATE
     settings: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -55,8 +54,7 @@ def step_options_from_args(args: argparse.Namespace) -> StepOptions:
 
 
 def check_sharding(method: MethodConfig, sharding: str) -> None:
-    """One line where `sharding` ("none", "ddp", "fsdp") cannot train `method`: FSDP over an 8-bit
-    base, or an optimizer whose state cannot be sharded."""
+    """One line where `sharding` ("none", "ddp", "fsdp") cannot train `method`: FSDP over an 8-bit base, or an optimizer whose state cannot be sharded."""
     if sharding == "fsdp" and method.quantized:
         check_quantized_sharding(method.quantize)
     check_optimizer_sharding(method.optimizer, sharding)
@@ -105,10 +103,8 @@ def resolve_step(
     layout: ProcessLayout | None = None,
     measured: MeasuredStep | None = None,
 ) -> StepSetup:
-    """The one place `--loss`, `--compile` and `--sharding` become what the step runs: `auto` is
-    the calibration's measurement where it decides (`measured`), else the rule (choose_loss,
-    compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row);
-    None: this job's."""
+    """The one place `--loss`, `--compile` and `--sharding` become what the step runs: `auto` is the calibration's measurement where it decides (`measured`),
+    else the rule (choose_loss, compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row); None: this job's."""
     measured = measured or MeasuredStep()
     compiled = measured.compiled if options.compile == "auto" and measured.compiled is not None else compile_enabled(options.compile, device_type)
     loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
@@ -149,8 +145,7 @@ class Engine:
 def build_engine(
     spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, setup: StepSetup, checkpointing: bool = False, optimization: Optimization | None = None
 ) -> Engine:
-    """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a
-    constant rate, as bench probes use)."""
+    """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a constant rate, as bench probes use)."""
     import torch
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
@@ -171,8 +166,7 @@ def build_engine(
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     else:
         scheduler = settings.scheduler(optimizer, optimization.total_steps)
-    # The scheduler stays out of `prepare` (it would step once per process); under FSDP so does the
-    # model, FSDP's already (docs/design.md#engine).
+    # The scheduler stays out of `prepare` (it would step once per process); under FSDP so does the model, FSDP's already (docs/design.md#engine).
     if sharding == "fsdp":
         optimizer = accelerator.prepare(optimizer)
     else:

@@ -1,5 +1,5 @@
-"""The hyper-parameters people set, under HF Trainer's names: schedule, warm-up, weight decay,
-clipping, Adam's betas and epsilon. Design: docs/design.md#hyper-parameters"""
+"""The hyper-parameters people set, under HF Trainer's names: learning rate and its scaling, schedule, warm-up,
+weight decay, clipping, Adam's betas and epsilon; the optimizer built from them. Design: docs/design.md#hyper-parameters"""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import BETAS, EPSILON, Betas, hf_optim
+from train.workload.optimizers import BETAS, DEFAULT_OPTIMIZER, EPSILON, Betas, hf_optim, parameter_groups
+from train.workload.optimizers import make_optimizer as optimizer_named
 
 if TYPE_CHECKING:
     import torch
     from torch.optim.lr_scheduler import LambdaLR
 
+DEFAULT_LEARNING_RATE = 3e-4
+LR_SCALINGS = ("none", "linear", "sqrt")
 SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
 DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps
 DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.workload.optimizers.parameter_groups)
@@ -94,3 +97,19 @@ HF_KEYS = ("learning_rate", *SETTING_NAMES, "optim")
 def settings_from(values: JsonDict) -> OptimizerSettings:
     """OptimizerSettings from named values (None or absent: the default)."""
     return OptimizerSettings(**{name: values[name] for name in SETTING_NAMES if values.get(name) is not None})
+
+
+def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
+    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root, or not at all (docs/design.md#hardware)."""
+    if scaling == "none" or not base_batch:
+        return learning_rate
+    ratio = effective_batch / base_batch
+    return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
+
+
+def make_optimizer(
+    model: torch.nn.Module, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None
+) -> torch.optim.Optimizer:
+    """`name`'s optimizer over the trainable parameters, weight decay on matrices only (`settings`: None, the defaults)."""
+    settings = settings or OptimizerSettings()
+    return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)

@@ -165,8 +165,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
 
 
 def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
-    """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its
-    default is the weight's dtype)."""
+    """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its default is the weight's dtype)."""
     import torch
 
     loss_class, _ = liger_functions()
@@ -267,9 +266,8 @@ def _forward_chain(forward: Any) -> list[Any]:
 
 
 def _put_loss_forward(lm: Any) -> None:
-    """Make `_loss_forward` the function the instance's forward ends in, once. Where accelerate's
-    `prepare` came first (it kept the forward it wrapped as `_original_forward`), its precision
-    wrapper is built again around `_loss_forward` with accelerate's own functions."""
+    """Make `_loss_forward` the function the instance's forward ends in, once. Where accelerate's `prepare` came first (it kept the forward it wrapped as
+    `_original_forward`), its precision wrapper is built again around `_loss_forward` with accelerate's own functions."""
     if any(function is _loss_forward for function in _forward_chain(lm.forward)):
         return  # installed before: a loss switch changes `_benchtrain_loss` alone
     prepared = vars(lm).get("_original_forward")

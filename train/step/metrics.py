@@ -28,8 +28,7 @@ def data_wait_share(wait_seconds: float, step_seconds: float) -> float:
 
 
 def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
-    """The figures of `seconds` of training that computed `tokens_computed` positions (padding
-    included, on one process) and waited `wait_seconds` for data."""
+    """The figures of `seconds` of training that computed `tokens_computed` positions (padding included, on one process) and waited `wait_seconds` for data."""
     rate = tokens_per_second(tokens_computed, seconds)
     return {
         "computed_tokens_per_second": rate,

@@ -27,8 +27,7 @@ CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def physical_cpu_memory() -> bool:
-    """Every allocation of CPU_MMAP_THRESHOLD_BYTES or more mapped on its own and unmapped when
-    freed (glibc); False off glibc."""
+    """Every allocation of CPU_MMAP_THRESHOLD_BYTES or more mapped on its own and unmapped when freed (glibc); False off glibc."""
     try:
         return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, CPU_MMAP_THRESHOLD_BYTES))
     except (OSError, AttributeError):
@@ -51,9 +50,8 @@ def _reset_high_water_mark() -> bool:
     return _high_water_mark() is not None
 
 
-# On CPU a process's peak is its resident set, which also holds what the process loaded before
-# any model (libraries, records, tokenizer arrays): bench records its own before it builds the
-# model, and `train` adds what its process holds beyond that (train.recipes.run_plan).
+# On CPU a process's peak is its resident set, which also holds what the process loaded before any model (libraries, records, tokenizer arrays): bench records
+# its own before it builds the model, and `train` adds what its process holds beyond that (train.recipes.run_plan).
 HOST_BASELINE_KEY = "process_rss_before_model_bytes"
 
 
@@ -66,9 +64,8 @@ def process_resident_bytes() -> int | None:
 
 
 def resident_bytes_before_model() -> int | None:
-    """This process's resident set with the libraries a model build loads imported first (peft,
-    torch's compiler stack, bitsandbytes): bench and `train` measure it at different points, and
-    their difference must be what the process holds, not import order."""
+    """This process's resident set with the libraries a model build loads imported first (peft, torch's compiler stack, bitsandbytes): bench and `train` measure
+    it at different points, and their difference must be what the process holds, not import order."""
     # bitsandbytes warns on import, on some CPUs, that an optional package of faster kernels is missing.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import peft  # noqa: F401
@@ -94,8 +91,7 @@ class PeakMemory:
         self.cuda = device.type == "cuda"
         self.device = device
         self.peak_bytes = 0
-        # CUDA only (None elsewhere): the allocator's reserved peak, the device's used bytes and the
-        # bytes used outside the allocator, at exit.
+        # CUDA only (None elsewhere): the allocator's reserved peak, the device's used bytes and the bytes used outside the allocator, at exit.
         self.peak_reserved_bytes: int | None = None
         self.device_used_bytes: int | None = None
         self.non_torch_bytes: int | None = None
@@ -128,7 +124,14 @@ class PeakMemory:
 
     def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            self._read_cuda()
+            import torch
+
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.device_used_bytes = int(total - free)
+            # Read together with the used bytes: what the allocator holds now, not at its peak.
+            self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
             return
         if self._thread is None:
             self.peak_bytes = _high_water_mark() or 0
@@ -137,18 +140,7 @@ class PeakMemory:
         self._thread.join()
         self.peak_bytes = max(self.peak_bytes, self._process.memory_info().rss)
 
-    def _read_cuda(self) -> None:
-        import torch
-
-        self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-        self.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
-        free, total = torch.cuda.mem_get_info(self.device)
-        self.device_used_bytes = int(total - free)
-        # Read together with the used bytes: what the allocator holds now, not at its peak.
-        self.non_torch_bytes = max(0, self.device_used_bytes - int(torch.cuda.memory_reserved(self.device)))
-
     def record(self) -> dict[str, int]:
-        """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes:
-        on CUDA only (calibration.memory_fit.CUDA_MEMORY_FIELDS)."""
+        """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes: on CUDA only (calibration.memory_fit.CUDA_MEMORY_FIELDS)."""
         fields = {"peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes, "non_torch_bytes": self.non_torch_bytes}
         return {name: value for name, value in fields.items() if value is not None}

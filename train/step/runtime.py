@@ -1,4 +1,4 @@
-"""Device, precision, optimizer and process agreement shared by `bench` probes and `train` runs.
+"""Device, precision and process agreement shared by `bench` probes and `train` runs.
 Design: docs/design.md#runtime-devices-precision-and-process-agreement"""
 
 from __future__ import annotations
@@ -11,19 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
-from train.step.hyperparameters import OptimizerSettings
 from train.step.peak_memory import physical_cpu_memory
 from train.workload.method import quiet_library_warnings
-from train.workload.optimizers import DEFAULT_OPTIMIZER, parameter_groups
-from train.workload.optimizers import make_optimizer as optimizer_named
 
 if TYPE_CHECKING:
-    import torch
     from accelerate import Accelerator, PartialState
     from torch.distributed import Store
-
-
-DEFAULT_LEARNING_RATE = 3e-4
 
 
 def job_world_size() -> int:
@@ -75,26 +68,6 @@ def make_accelerator(log_with: Sequence[str] = (), project_dir: Path | str | Non
         log_with=list(log_with) or None,
         project_dir=str(project_dir) if project_dir is not None else None,
     )
-
-
-LR_SCALINGS = ("none", "linear", "sqrt")
-
-
-def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | None, effective_batch: int) -> float:
-    """`learning_rate`, right at `base_batch`, scaled to `effective_batch` linearly, by the square root,
-    or not at all (docs/design.md#hardware)."""
-    if scaling == "none" or not base_batch:
-        return learning_rate
-    ratio = effective_batch / base_batch
-    return learning_rate * (ratio if scaling == "linear" else ratio**0.5)
-
-
-def make_optimizer(
-    model: torch.nn.Module, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None
-) -> torch.optim.Optimizer:
-    """`name`'s optimizer over the trainable parameters, weight decay on matrices only (`settings`: None, the defaults)."""
-    settings = settings or OptimizerSettings()
-    return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
 
 
 def pin_memory(accelerator: Accelerator) -> bool:

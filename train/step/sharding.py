@@ -24,10 +24,8 @@ SHARDING_CHOICES = ("ddp", "fsdp")
 
 
 def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
-    """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root.
-    Under bf16, blocks compute in bf16 from fp32 shards and reduce gradients in fp32. A model on
-    `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in
-    one line if wrong."""
+    """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root. Under bf16, blocks compute in bf16 from fp32 shards and
+    reduce gradients in fp32. A model on `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in one line if wrong."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -156,8 +154,7 @@ def seed_adapters(lm: Any) -> None:
 
 
 def fill_slice(target: Any, full: Any) -> None:
-    """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer),
-    cut where FSDP cuts, without a collective."""
+    """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer), cut where FSDP cuts, without a collective."""
     import torch
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 

@@ -94,9 +94,8 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
     def run(self, batches: Iterator[Batch], grad_accum: int, synchronize: bool = True) -> StepResult:
-        """One optimizer step over the next `grad_accum` micro-batches of `batches`. With
-        `synchronize` False no micro-step all-reduces gradients (DDP): a step with no collective in
-        it, whose failure on one process cannot leave the others waiting (bench.probe)."""
+        """One optimizer step over the next `grad_accum` micro-batches of `batches`. With `synchronize` False no micro-step all-reduces gradients (DDP): a step
+        with no collective in it, whose failure on one process cannot leave the others waiting (bench.probe)."""
         import torch
 
         accelerator, model = self.accelerator, self.model
