@@ -20,6 +20,7 @@ from common.run_paths import stored_path
 from train.export import export_final
 from train.planning.disk import check_space, disk_need, run_lock
 from train.planning.plan_text import describe_exact_profile, describe_outcome
+from train.planning.planner import make_plan
 from train.planning.trainer_fields import trainer_fields
 from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
 from train.recipes.config import TrainConfig
@@ -27,7 +28,7 @@ from train.recipes.hub_push import check_push, describe_push, folder_to_push, pu
 from train.recipes.launch_task import LaunchTask, plan_task
 from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.run_data import hub_weights, load_data
-from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
+from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, planned_compute, print_plan, push_note
 from train.running.checkpoint import list_checkpoints
 from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
 from train.running.record import RunRecord, TrainedRun, new_run_file
@@ -207,7 +208,7 @@ class TrainRecipe:
         request = replace(run.request, configuration=configuration, elapsed_seconds=elapsed, data_prep_seconds=0.0, data_uncertainty=0.0)
         # Rank 0's plan again (its elapsed time): every rank trains the same steps.
         request, plan = rank0_decides(
-            lambda: (request, plan_again(run.cal, request, data, eval_data)),
+            lambda: (request, make_plan(run.cal, data, request, eval_data)),
             lambda chosen: (replace(chosen[0], deadline=self.config.run_deadline), chosen[1]),
         )
         if is_main_process():
