@@ -109,6 +109,11 @@ def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communica
     return RunPlan(**chosen, communication=comm.record, request=request, plan=plan)
 
 
+def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
+    """The planner on a request already made, for other data (the exact tokens once a plan made from a sample is kept)."""
+    return make_plan(cal, data, request, eval_data)
+
+
 def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
     """What the planner is asked for this command and fitted variant; `comm`: what communication adds that the
     calibration's step times lack; `comm_overlap`: whether it may hide behind backward (the planner brackets it)."""
