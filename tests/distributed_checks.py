@@ -178,8 +178,7 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
     from common.errors import BenchtrainError
     from train.cli import build_parser
     from train.recipes.config import TrainConfig
-    from train.recipes.ranks import check_same_training
-    from train.recipes.recipe import TrainRecipe
+    from train.recipes.recipe import TrainRecipe, check_same_training
 
     rank = int(os.environ["RANK"])
     args = build_parser().parse_args(["--use-calibration", "latest", "--data", data, *arguments])

@@ -55,20 +55,16 @@ exit codes:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
+    from train.step.hyperparameters import DEFAULT_LEARNING_RATE, LR_SCALINGS
+
     p = OneLineParser(
         prog="train",
         description="Plan batch size, accumulation, workers and max length from a measured calibration, then train before the deadline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
-    add_what_to_train(p)
-    add_the_run(p)
-    add_plan_and_learning_rate(p)
-    return p
-
-
-def add_what_to_train(p: argparse.ArgumentParser) -> None:
-    """The calibration, the data, the model, the deadline and the shape of the work."""
+    # What to train: the calibration, the data, the model, the deadline and the shape of the work.
     p.add_argument(
         "--use-calibration",
         metavar="latest|ID|PATH|hub:ORG/NAME[/ID]|A,B,C|all",
@@ -119,10 +115,7 @@ def add_what_to_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, metavar="N", help="force the DataLoader worker count (default: planned)")
     add_method_arguments(p)
     add_step_arguments(p)
-
-
-def add_the_run(p: argparse.ArgumentParser) -> None:
-    """Evaluation, trackers, the run folder, the deadline guard, checkpoints."""
+    # The run: evaluation, trackers, the run folder, the deadline guard, checkpoints.
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
     p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
     p.add_argument(
@@ -158,8 +151,6 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
         "--resume auto: continue it if it has a complete checkpoint, else start it, the deadline counted from its first start (what a "
         "rented machine runs, so a restart after a preemption continues)",
     )
-    from train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
-
     p.add_argument("--on-overrun", default=DEFAULT_OVERRUN_ACTION, choices=tuple(OVERRUN_ACTIONS), help=overrun_help())
     p.add_argument(
         "--fit-deadline",
@@ -170,11 +161,7 @@ def add_the_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)")
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
     p.add_argument("--margin", type=float, default=0.05, metavar="FRACTION", help="share of the deadline held back as safety margin (default: 0.05)")
-
-
-def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
-    """Cost, output, learning rate, seed and the escape hatches."""
-    from train.step.hyperparameters import DEFAULT_LEARNING_RATE, LR_SCALINGS
+    # The plan and the learning rate: cost, output, learning rate, seed and the escape hatches.
 
     p.add_argument(
         "--price-per-hour",
@@ -216,6 +203,7 @@ def add_plan_and_learning_rate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML/PNG report")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
 
 
 def add_hub_push(p: argparse.ArgumentParser) -> None:

@@ -95,11 +95,7 @@ def export_final(
 def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The frozen base as a plain transformers model: the weights without the adapter tensors, under their original names."""
     base = peft_model.get_base_model()
-    state = {}
-    for name, tensor in base.state_dict().items():
-        if "lora_" in name:
-            continue
-        state[name.replace(".base_layer.", ".")] = tensor
+    state = {name.replace(".base_layer.", "."): tensor for name, tensor in base.state_dict().items() if "lora_" not in name}
     base.save_pretrained(folder, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 

@@ -240,24 +240,17 @@ def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Met
     return fitted
 
 
-def calibration_for(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None) -> tuple[Calibration, ProcessLayout]:
-    """The calibration to plan with, and the processes and sharding the plan is for."""
+def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None) -> Weighed:
+    """The calibration to plan with and its variants, each fitted for the processes and sharding the plan is for (a resumed run
+    keeps its sharding); those refused are kept to say why."""
     layout = process_layout(config.step, method)
-    processes = (layout.world_size, layout.sharding)
-    cal = load_calibration(config, resumed, spec, method, processes, detect_hardware().get("interconnect"))
+    cal = load_calibration(config, resumed, spec, method, (layout.world_size, layout.sharding), detect_hardware().get("interconnect"))
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     if config.output.dry_run and layout.world_size == 1 and cal.world_size > 1:
         # Like its device, a dry run plans the processes the calibration measured (train.recipes.machines too).
         layout = ProcessLayout(cal.world_size, cal.sharding)
         say(f"planning for the {layout.world_size} processes ({layout.sharding}) calibration {cal.id} measured")
-    return cal, layout
-
-
-def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None) -> Weighed:
-    """The calibration's variants, each fitted for its processes and sharding (a resumed run keeps its sharding); those
-    refused are kept to say why."""
-    cal, layout = calibration_for(config, spec, method, resumed)
     if config.plan.device_memory_bytes:
         cal = cal.with_device_memory(config.plan.device_memory_bytes)
     before = resumed.sharding if resumed else layout.sharding

@@ -36,7 +36,7 @@ def parse_max_length(value: Any) -> int | str:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}") from None
+        number = 0
     if number < 1:
         raise BenchtrainError(f"--max-length must be a positive integer or auto, got {value!r}")
     return number

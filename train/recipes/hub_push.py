@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,7 @@ class PushTarget:
 
 def check_push(target: PushTarget) -> PushTarget:
     """The target with the token's user; one line now rather than after training when the hub is off, unreachable or refuses."""
-    user = writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub")
-    return PushTarget(target.repo_id, target.private, target.revision, user)
+    return replace(target, user=writing_user("--push-to-hub", again="train again", otherwise=", or drop --push-to-hub"))
 
 
 def upload_rate() -> tuple[float, str]:

@@ -85,10 +85,6 @@ class Target:
     price_per_hour: float | None  # per GPU
     cost_upper: float | None
 
-    @property
-    def processes(self) -> int:
-        return self.nodes * self.gpus_per_node
-
 
 @dataclass(frozen=True)
 class Upload:
@@ -304,20 +300,8 @@ def launch_task(
     notes = []
     if any(target.settle for target in targets):
         notes.append("a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)")
-    return LaunchTask(
-        name=name[:60],
-        targets=targets,
-        left_out=left_out,
-        train_arguments=arguments,
-        uploads=uploads,
-        disk=disk,
-        spot=spot,
-        duration=duration,
-        deadline_seconds=config.run_deadline.deadline_seconds,
-        version=benchtrain_version(),
-        model=spec.name,
-        notes=notes,
-    )
+    deadline = config.run_deadline.deadline_seconds
+    return LaunchTask(name[:60], targets, left_out, arguments, uploads, disk, spot, duration, deadline, benchtrain_version(), spec.name, notes)
 
 
 def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]) -> LaunchTask:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject, ResumedRun, RunFile
 from common.atomic import json_text
@@ -25,7 +25,6 @@ from train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, w
 from train.recipes.config import TrainConfig
 from train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
 from train.recipes.launch_task import LaunchTask, plan_task
-from train.recipes.ranks import check_same_training, from_rank0, rank0_decides, training_summary
 from train.recipes.run_data import hub_weights, load_data
 from train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
 from train.running.checkpoint import list_checkpoints
@@ -44,7 +43,7 @@ from train.running.resume import (
     same_method,
 )
 from train.step.engine import StepOptions
-from train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, run_precision
+from train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, job_world_size, run_precision
 from train.step.sharding import gather_full_state, is_sharded
 from train.workload.data import length_profile, truncation
 from train.workload.method import MethodConfig, method_record
@@ -138,7 +137,7 @@ class TrainRecipe:
         context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
         self.context = context
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
-        # rank 0's plan is what every rank trains (train.recipes.ranks).
+        # rank 0's plan is what every rank trains (rank0_decides).
         run = self.run = rank0_decides(lambda: choose_plan(self.weighed, context), self._with_own_clock)
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
@@ -347,3 +346,71 @@ def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: boo
     final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)
     final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state
     return final
+
+
+# -- what the processes of a multi-process `train` decide once, on rank 0, for all (docs/design.md#decided-on-rank-0) --
+
+T = TypeVar("T")
+
+
+def _join_process_group() -> Any:
+    """torch.distributed, joined to the launcher's process group (accelerate's PartialState, once per process)."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState(cpu=not torch.cuda.is_available())
+    return dist
+
+
+def from_rank0(value: T) -> T:
+    """`value` as rank 0 has it, on every rank (one process: `value`)."""
+    if job_world_size() == 1:
+        return value
+    dist = _join_process_group()
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda value: value) -> T:
+    """`decide()` on every rank (each joins its collectives), then rank 0's outcome on all: its value (through `adopt` on the
+    others, to put their own clocks back in), or its BenchtrainError raised on every rank, so no rank is left waiting."""
+    if job_world_size() == 1:
+        return decide()
+    try:
+        outcome: tuple[Any, BenchtrainError | None] = (decide(), None)
+    except BenchtrainError as refusal:
+        outcome = (None, refusal)
+    value, refused = from_rank0(outcome)
+    if refused is not None:
+        raise refused
+    dist = _join_process_group()
+    return value if dist.get_rank() == 0 else adopt(value)
+
+
+def check_same_training(training: dict[str, Any]) -> None:
+    """Every rank trains what rank 0 trains (`training_summary`): else one line on every rank before any step, not a hang."""
+    if job_world_size() == 1:
+        return
+    dist = _join_process_group()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, training)
+    lead = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        differing = [key for key in sorted(set(lead) | set(theirs)) if lead.get(key) != theirs.get(key)]
+        if differing:
+            key = differing[0]
+            raise BenchtrainError(
+                f"the processes disagree on what to train: rank {rank}'s {key} is {theirs.get(key)!r}, rank 0's {lead.get(key)!r} "
+                f"({', '.join(differing)} differ); every rank must plan from rank 0's plan (report this as a bug)"
+            )
+
+
+# What every rank must train alike, as run.json's plan section holds it (calibration.run_file.RunFile writes it).
+COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps", "step_limit", "total_steps", "learning_rate")
+
+
+def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """What `check_same_training` compares: run.json's plan section's COMPARED_PLAN_KEYS, and the run."""
+    return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}
