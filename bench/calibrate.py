@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.choose import ProbePlanner
-from bench.compile_probe import CHILD_TIMEOUT
-from bench.compile_probe import STEPS as COMPILE_PROBE_STEPS
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
+from bench.fresh_process import CHILD_TIMEOUT, COMPILE_STEPS, check_configs, check_price
 from bench.probe import EVAL_STEPS
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
-from bench.second_process import check_configs, check_price
 from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
 from bench.unfinished import KeptRows
@@ -78,7 +76,7 @@ class BenchTask:
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
     one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.layer_slices)
-    # On a CPU, one process: the step measured again in fresh processes (bench.second_process), given
+    # On a CPU, one process: the step measured again in fresh processes (bench.fresh_process), given
     # the configurations and the seconds they may take; None where that does not apply.
     fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
     fresh_process_seconds: float = 0.0  # what one fresh process costs before its probes (measured: this one's start and build)
@@ -140,7 +138,7 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
     if not task.compiled:
         return 0.0
     smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
-    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_PROBE_STEPS * planner.cost.step_seconds_high(smallest)
+    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_STEPS * planner.cost.step_seconds_high(smallest)
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
@@ -422,7 +420,7 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
 
 def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
     """What a later `train` process pays to compile from inductor's cache: a fresh process
-    (bench.compile_probe) at the first probed shape, its first step less its steady one and the
+    (bench.fresh_process) at the first probed shape, its first step less its steady one and the
     warm-up every run pays anyway (this process's model is freed first)."""
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok or not run.task.one_off_timings:
@@ -439,7 +437,7 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
 
 
 def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped: list[str]) -> list[dict[str, Any]]:
-    """The check in fresh processes (bench.second_process), last: it releases this process's model."""
+    """The check in fresh processes (bench.fresh_process), last: it releases this process's model."""
     task = run.task
     if task.fresh_processes is None:
         return []

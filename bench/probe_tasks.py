@@ -19,8 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.compile_probe import CHILD_TIMEOUT, measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
+from bench.fresh_process import CHILD_TIMEOUT, measure_in_new_process
 from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings

@@ -69,7 +69,7 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
     """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
-    processes' rows (bench.second_process) when there are any, and say when it is noisy."""
+    processes' rows (bench.fresh_process) when there are any, and say when it is noisy."""
     record["fit"] = fit_with_drift_choice(record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows)
     if fresh_rows:
         record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))

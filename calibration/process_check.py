@@ -1,5 +1,5 @@
 """How a calibration holds in another process, from the step measured again in fresh ones
-(bench.second_process): a run, or the next bench, is another process than the one that measured.
+(bench.fresh_process): a run, or the next bench, is another process than the one that measured.
 
 - `speed_ratios`: a fresh process's speed ÷ the fit's prediction, one per measurement (mean steps).
 - `time_spread`, `memory_spread`: how far those processes fell from the fit, the machine's part of a
