@@ -1,9 +1,5 @@
 """From a built workload to a calibration record, every second inside the budget.
-
-The probes (bench.runner) leave room for the work after them, priced as they measure: evaluation
-probes, the checkpoint write and (compiled steps) the compile-cache process; what the budget cannot
-pay for is skipped and said. All device work goes through the coordinator's named tasks, so the
-same code runs on a device, under several processes, and simulated (tests/simulated.py).
+Why: docs/design.md#bench-calibrate
 """
 
 from __future__ import annotations

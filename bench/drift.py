@@ -1,9 +1,5 @@
-"""Machine drift during a benchmark, measured and corrected.
-
-A shared machine (a cloud VM, a GPU that lowers its clocks as it warms) can change speed while the
-benchmark runs. One reference configuration is probed again every few probes; each measurement is
-rescaled by the reference's speed at its `position` (interpolated) relative to a level over the
-benchmark. Raw figures are kept beside the corrected ones.
+"""Machine drift during a benchmark, measured on a reference probe and corrected.
+Why: docs/design.md#bench-drift
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
-
-A slice is the model's own config with K layers, trained as the run trains it, benched as a model of
-its own (bench.variant_measurement); slices of an architecture whose blocks differ (alternating
-attention, mixed MoE layers) are refused. `--layers auto` measures the whole model when it fits and
-the budget buys AUTO_PROBES probes of it, else the first of AUTO_LADDERS whose deepest slice fits and
-whose every depth the budget pays a minimum viable fit for (three depths hold the deepest out).
-
-The depths run in one process, and what does not depend on depth is paid once: a shape compiled at
-one depth is compiled for the next (the decoder block is compiled once per shape: `Carry`), the
-one-off timings are made at the last depth, `--loss auto` compares at the first. The budget is split
-by the planners' own prices (`price_depths`); a budget short of the depths' minimums is refused
-before anything is built.
-
-The depths' calibrations become one of the whole model (`combine_slices`): its own record, and for
-each configuration measured at two depths or more a row at full depth from its time and activation
-lines in depth (calibration.slices), fitted like measured rows; `slices` keeps the per-layer terms
-and the extrapolation's held-out error, by which plans widen their bounds.
+The method and why: docs/design.md#bench-layer-slices
 """
 
 from __future__ import annotations

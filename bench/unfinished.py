@@ -1,7 +1,5 @@
-"""The measurements of a bench under way, on disk after every probe (calibration.store.keep_unfinished:
-beside the calibrations, never among them, so `latest` never plans from them). A multi-process bench
-can die with nothing said (an OOM on one rank between a step's collectives); `bench list` then names
-what it left, and a stored or failed calibration replaces its own file.
+"""The measurements of a bench under way, on disk after every probe (never a calibration).
+Why: docs/design.md#bench-unfinished
 """
 
 from __future__ import annotations
