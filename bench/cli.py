@@ -116,10 +116,7 @@ def entry_point() -> None:
 
 def add_run_parser(commands: Any) -> None:
     run = commands.add_parser(
-        "run",
-        help="run the micro-benchmark and store a calibration",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=RUN_EXAMPLES,
+        "run", help="run the micro-benchmark and store a calibration", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES
     )
     run.add_argument(
         "--gpu",

@@ -92,10 +92,7 @@ def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.
 
 
 def remeasure(
-    rows: list[dict[str, Any]],
-    probe_again: Callable[[dict[str, Any]], dict[str, Any]],
-    allows: Callable[[dict[str, Any]], bool],
-    progress: Any = None,
+    rows: list[dict[str, Any]], probe_again: Callable[[dict[str, Any]], dict[str, Any]], allows: Callable[[dict[str, Any]], bool], progress: Any = None
 ) -> int:
     """Measure suspects again while the budget `allows(row)` it (and at most a quarter of the
     probes, so an unbounded benchmark stays bounded); returns how many measurements were added."""

@@ -88,12 +88,7 @@ class Carry:
 
 
 def measure_variant(
-    request: BenchRequest,
-    spec: ModelSpec,
-    method: MethodConfig,
-    budget_asked: float | str | None,
-    progress: ProgressBar,
-    carry: Carry | None = None,
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None, progress: ProgressBar, carry: Carry | None = None
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (`Carry`: shapes compiled, timings made)."""
