@@ -1,5 +1,5 @@
-"""From a built workload to a calibration record, every second inside the budget.
-Why: docs/design.md#bench-calibrate
+"""From a built workload to a calibration record, every second inside the budget; the rows so far kept
+on disk after every probe (`KeptRows`). Why: docs/design.md#bench-calibrate
 """
 
 from __future__ import annotations
@@ -10,26 +10,26 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.choose import ProbePlanner
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
 from bench.fresh_process import CHILD_TIMEOUT, COMPILE_STEPS, check_configs, check_price
-from bench.probe import EVAL_STEPS
+from bench.probe import EVAL_STEPS, error_text
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
 from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
-from bench.unfinished import KeptRows
 from calibration.dimensions import DIMENSIONS
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
 from calibration.schema import SCHEMA_VERSION
 from calibration.step_config import StepConfig
-from calibration.store import new_id, save_failed
+from calibration.store import UNFINISHED_KEY, keep_unfinished, list_unfinished, new_id, save_failed
+from common.console import say
 from common.durations import format_duration
-from common.errors import MeasurementError
+from common.errors import EXIT_INTERNAL, BenchtrainError, MeasurementError
 from train.planning.comm import world
 from train.planning.memory_check import compute_bytes, meta_model
 from train.step.compile import compile_cache_record, compile_enabled
@@ -87,7 +87,7 @@ class BenchRun:
     coordinator: Any
     planner: ProbePlanner
     budget: Budget
-    keep_rows: bool = False  # write the rows so far after every probe (bench.unfinished); not for simulations
+    keep_rows: bool = False  # write the rows so far after every probe (KeptRows); not for simulations
 
 
 @dataclass(frozen=True)
@@ -489,3 +489,63 @@ def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_
         f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
         f"Nothing was stored as a calibration; the measurements are in {kept}"
     )
+
+
+WHAT_IT_IS = "the measurements of a bench that had not finished: not a calibration (no fit); `bench run` measures again"
+
+
+class BenchStopped(BenchtrainError):
+    """A bench that failed after some probes: what failed, and where the rows measured are."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class KeptRows:
+    """Rank 0's measurements so far, rewritten whole (atomically) after every probe."""
+
+    # This process's files (one per setup of `bench run --quantize/--optimizer …`): not earlier benches'.
+    written_here: ClassVar[set[Path]] = set()
+
+    def __init__(self, task: BenchTask, started: datetime | None = None) -> None:
+        started = started or datetime.now(timezone.utc)
+        self.path: Path | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.head = {
+            "id": new_id(task.device_label, task.model.get("name", "model"), started),
+            "created_at": started.isoformat(timespec="seconds"),
+            "unfinished": WHAT_IT_IS,
+            "hardware": task.hardware,
+            "software": task.software,
+            "model": task.model,
+            "training": task.training,
+            "requested_device": task.requested_device,
+            "data": task.data,
+            "processes": {"world_size": task.world_size, "sharding": task.sharding},
+            "search": {"method": task.search, "space": task.space.as_dict()},
+        }
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        first = self.path is None
+        self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
+        if first:
+            KeptRows.written_here.add(self.path)
+            others = [path for path, _, _ in list_unfinished() if path not in KeptRows.written_here]
+            earlier = f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
+            say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
+
+    def name_in(self, record: dict[str, Any]) -> None:
+        """Let `record` name the file, which storing it (or keeping it as failed) removes."""
+        if self.path is not None:
+            record[UNFINISHED_KEY] = str(self.path)
+
+    def stopped(self, error: BaseException) -> BenchStopped:
+        """What to raise (from `error`, which --debug shows) for a bench that failed with `error`
+        after some rows were kept: one line that says where they are."""
+        ok = sum(1 for row in self.rows if row.get("status") == "ok")
+        stopped = BenchStopped(
+            f"the bench stopped after {len(self.rows)} probes ({ok} ok), on {error_text(error)}; "
+            f"the measurements so far are kept in {self.path} (not a calibration; `bench list` names it)"
+        )
+        stopped.exit_code = getattr(error, "exit_code", EXIT_INTERNAL)  # a problem the user can fix keeps its code
+        return stopped

@@ -101,7 +101,7 @@ def main(argv: list[str]) -> None:
         engine = engine_from_options(spec, method, make_accelerator(), StepOptions(compile="on", loss=request["loss"]), request["checkpointing"])
         batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size)[0]
         seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(COMPILE_STEPS)]
-        result = {"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:])}
+        result: dict[str, Any] = {"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:])}
     else:
         before_model = resident_bytes_before_model()
         workload = Workload(spec, None, method, StepOptions(**request["options"]))

@@ -13,8 +13,7 @@ from typing import Any
 
 from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
-from bench.drift import REFERENCE_EVERY, correct_for_drift
-from bench.remeasure import remeasure
+from bench.disturbed import REFERENCE_EVERY, correct_for_drift, remeasure
 from bench.space import SearchSpace
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.dimensions import DIMENSIONS
