@@ -35,13 +35,16 @@ from train.planning.memory_check import compute_bytes, meta_model
 from train.step.compile import compile_cache_record, compile_enabled
 from train.workload.model import model_shape
 
+# What a checkpoint holds per trainable parameter: its fp32 weight and AdamW's two moments.
+CHECKPOINT_BYTES_PER_TRAINABLE = 12
+
 
 @dataclass(frozen=True)
 class AfterProbePrices:
     """What prices the work after the probes (evaluation, the checkpoint write), from `plan_probes`."""
 
     forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
-    checkpoint_bytes: int = 0  # what a checkpoint holds: the trained weights (fp32) and AdamW's two moments
+    checkpoint_bytes: int = 0  # what a checkpoint holds (CHECKPOINT_BYTES_PER_TRAINABLE)
     disk_bytes_per_second: float | None = None  # the scratch folder's write speed (None: not timed)
 
 
@@ -163,7 +166,7 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     disk_bytes_per_second = disk_bandwidth(scratch) if scratch is not None else None
-    prices = AfterProbePrices(forward_share, need.trainable_parameters * 12, disk_bytes_per_second)
+    prices = AfterProbePrices(forward_share, need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)

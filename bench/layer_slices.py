@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bench.calibrate import after_probes_seconds, plan_probes
+from bench.calibrate import CHECKPOINT_BYTES_PER_TRAINABLE, after_probes_seconds, plan_probes
 from bench.choose import ProbePlanner
 from bench.outlook import AUTO_PROBES, outlook, total_seconds
 from bench.record import assess_noise, fit_with_drift_choice
@@ -222,7 +222,7 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
         | {layers: static_bytes(spec, method, hardware, layout)},
         gpus_needed=gpus_needed(need, hardware),
         rule=rule,
-        checkpoint_bytes=need.trainable_parameters * 12,  # the weights trained (fp32) and AdamW's two moments, as bench.calibrate prices it
+        checkpoint_bytes=need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE,
     )
     record = combine_slices(records, whole)
     for depth in sorted(records)[:-1]:
