@@ -168,9 +168,7 @@ class ProbePlanner:
         return gains
 
     def _feature(self, config: StepConfig, curvature: float) -> np.ndarray:
-        """The throughput model's features on relative error, plus √tokens × `curvature`: a bend the
-        additive terms cannot express (where host launch time and device compute overlap), so the
-        design also spreads probes over the token counts between host-bound and compute-bound."""
+        """The throughput model's features on relative error, plus √tokens × `curvature` (why: docs/design.md#bench-choose)."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
         return np.append(throughput_features(config), math.sqrt(tokens) * curvature) / micro
