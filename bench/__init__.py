@@ -1,3 +1,1 @@
-"""Measuring: hardware detection, search space, probes, runner and the `bench` command."""
-
-__version__ = "0.1.0"
+"""Measuring: search space, probes, runner, calibration record and the `bench` command."""

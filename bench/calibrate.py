@@ -1,9 +1,5 @@
-"""From a built workload to a calibration record, every second inside the budget.
-
-The probes (bench.runner) leave room for the work after them, priced as they measure: evaluation
-probes, the checkpoint write and (compiled steps) the compile-cache process; what the budget cannot
-pay for is skipped and said. All device work goes through the coordinator's named tasks, so the
-same code runs on a device, under several processes, and simulated (tests/simulated.py).
+"""From a built workload to a calibration record, every second inside the budget; the rows so far kept
+on disk after every probe (`KeptRows`). Why: docs/design.md#bench-calibrate
 """
 
 from __future__ import annotations
@@ -14,32 +10,33 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.choose import ProbePlanner
-from bench.compile_probe import CHILD_TIMEOUT
-from bench.compile_probe import STEPS as COMPILE_PROBE_STEPS
 from bench.cost import CostModel, MemoryPrior, device_speed
 from bench.disk_write import MAX_WRITE_BYTES, disk_bandwidth
-from bench.probe import EVAL_STEPS
+from bench.fresh_process import CHILD_TIMEOUT, COMPILE_STEPS, check_configs, check_price
+from bench.probe import EVAL_STEPS, error_text
 from bench.probe_tasks import probe_timeout_seconds
 from bench.record import fit_record, fragmentation_warning
 from bench.runner import BenchResult, Budget, OptunaStudy, run_grid, run_optuna
-from bench.second_process import check_configs, check_price
 from bench.space import SearchSpace, mode_words
 from bench.timing import ProbeSettings
-from bench.unfinished import KeptRows
 from calibration.dimensions import DIMENSIONS
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
 from calibration.schema import SCHEMA_VERSION
 from calibration.step_config import StepConfig
-from calibration.store import new_id, save_failed
+from calibration.store import UNFINISHED_KEY, keep_unfinished, list_unfinished, new_id, save_failed
+from common.console import say
 from common.durations import format_duration
-from common.errors import MeasurementError
+from common.errors import EXIT_INTERNAL, BenchtrainError, MeasurementError
 from train.planning.comm import world
 from train.planning.memory_check import compute_bytes, meta_model
 from train.step.compile import compile_cache_record, compile_enabled
 from train.workload.model import model_shape
+
+# What a checkpoint holds per trainable parameter: its fp32 weight and AdamW's two moments.
+CHECKPOINT_BYTES_PER_TRAINABLE = 12
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class AfterProbePrices:
     """What prices the work after the probes (evaluation, the checkpoint write), from `plan_probes`."""
 
     forward_share: float = 1 / 3  # forward FLOPs ÷ training FLOPs per token (prices evaluation)
-    checkpoint_bytes: int = 0  # what a checkpoint holds: the trained weights (fp32) and AdamW's two moments
+    checkpoint_bytes: int = 0  # what a checkpoint holds (CHECKPOINT_BYTES_PER_TRAINABLE)
     disk_bytes_per_second: float | None = None  # the scratch folder's write speed (None: not timed)
 
 
@@ -78,7 +75,7 @@ class BenchTask:
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
     checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
     one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.layer_slices)
-    # On a CPU, one process: the step measured again in fresh processes (bench.second_process), given
+    # On a CPU, one process: the step measured again in fresh processes (bench.fresh_process), given
     # the configurations and the seconds they may take; None where that does not apply.
     fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
     fresh_process_seconds: float = 0.0  # what one fresh process costs before its probes (measured: this one's start and build)
@@ -93,7 +90,7 @@ class BenchRun:
     coordinator: Any
     planner: ProbePlanner
     budget: Budget
-    keep_rows: bool = False  # write the rows so far after every probe (bench.unfinished); not for simulations
+    keep_rows: bool = False  # write the rows so far after every probe (KeptRows); not for simulations
 
 
 @dataclass(frozen=True)
@@ -140,7 +137,7 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
     if not task.compiled:
         return 0.0
     smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
-    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_PROBE_STEPS * planner.cost.step_seconds_high(smallest)
+    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_STEPS * planner.cost.step_seconds_high(smallest)
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
@@ -169,7 +166,7 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     disk_bytes_per_second = disk_bandwidth(scratch) if scratch is not None else None
-    prices = AfterProbePrices(forward_share, need.trainable_parameters * 12, disk_bytes_per_second)
+    prices = AfterProbePrices(forward_share, need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE, disk_bytes_per_second)
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
@@ -422,7 +419,7 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
 
 def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
     """What a later `train` process pays to compile from inductor's cache: a fresh process
-    (bench.compile_probe) at the first probed shape, its first step less its steady one and the
+    (bench.fresh_process) at the first probed shape, its first step less its steady one and the
     warm-up every run pays anyway (this process's model is freed first)."""
     ok = [row for row in rows if row["status"] == "ok"]
     if not ok or not run.task.one_off_timings:
@@ -439,7 +436,7 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
 
 
 def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped: list[str]) -> list[dict[str, Any]]:
-    """The check in fresh processes (bench.second_process), last: it releases this process's model."""
+    """The check in fresh processes (bench.fresh_process), last: it releases this process's model."""
     task = run.task
     if task.fresh_processes is None:
         return []
@@ -495,3 +492,63 @@ def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_
         f"only {ok} of {len(rows)} probes succeeded in {took}; a fit needs at least {MIN_ROWS_FOR_FIT}: {advice}. "
         f"Nothing was stored as a calibration; the measurements are in {kept}"
     )
+
+
+WHAT_IT_IS = "the measurements of a bench that had not finished: not a calibration (no fit); `bench run` measures again"
+
+
+class BenchStopped(BenchtrainError):
+    """A bench that failed after some probes: what failed, and where the rows measured are."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class KeptRows:
+    """Rank 0's measurements so far, rewritten whole (atomically) after every probe."""
+
+    # This process's files (one per setup of `bench run --quantize/--optimizer …`): not earlier benches'.
+    written_here: ClassVar[set[Path]] = set()
+
+    def __init__(self, task: BenchTask, started: datetime | None = None) -> None:
+        started = started or datetime.now(timezone.utc)
+        self.path: Path | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.head = {
+            "id": new_id(task.device_label, task.model.get("name", "model"), started),
+            "created_at": started.isoformat(timespec="seconds"),
+            "unfinished": WHAT_IT_IS,
+            "hardware": task.hardware,
+            "software": task.software,
+            "model": task.model,
+            "training": task.training,
+            "requested_device": task.requested_device,
+            "data": task.data,
+            "processes": {"world_size": task.world_size, "sharding": task.sharding},
+            "search": {"method": task.search, "space": task.space.as_dict()},
+        }
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        first = self.path is None
+        self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
+        if first:
+            KeptRows.written_here.add(self.path)
+            others = [path for path, _, _ in list_unfinished() if path not in KeptRows.written_here]
+            earlier = f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
+            say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
+
+    def name_in(self, record: dict[str, Any]) -> None:
+        """Let `record` name the file, which storing it (or keeping it as failed) removes."""
+        if self.path is not None:
+            record[UNFINISHED_KEY] = str(self.path)
+
+    def stopped(self, error: BaseException) -> BenchStopped:
+        """What to raise (from `error`, which --debug shows) for a bench that failed with `error`
+        after some rows were kept: one line that says where they are."""
+        ok = sum(1 for row in self.rows if row.get("status") == "ok")
+        stopped = BenchStopped(
+            f"the bench stopped after {len(self.rows)} probes ({ok} ok), on {error_text(error)}; "
+            f"the measurements so far are kept in {self.path} (not a calibration; `bench list` names it)"
+        )
+        stopped.exit_code = getattr(error, "exit_code", EXIT_INTERNAL)  # a problem the user can fix keeps its code
+        return stopped

@@ -1,11 +1,5 @@
-"""Which probe next: the one the fit learns most from per second of budget (the D-optimal gain
-log(1 + zᵀ M⁻¹ z) of its throughput features on relative error, over its price from bench.cost),
-large micro-batches weighted up to 2× (a plan runs there). Never one the budget cannot pay for, one
-predicted past the device's memory or as large as a probe that ran out of it, nor one more than
-GROWTH× the tokens of the largest that ran (an OOM is met at the smallest size that causes it).
-Until a minimum viable fit (MIN_ROWS_FOR_FIT probes, every checkpointing mode asked for), each probe
-leaves budget for the rest of that minimum, and a host of FEW_CORES runs them without DataLoader
-workers (a worker competes with the step for a core, and that price would decide every probe after).
+"""Which probe next: the one the fit learns most from per second of budget, within memory and budget.
+The rule and why: docs/design.md#bench-choose
 """
 
 from __future__ import annotations
@@ -174,9 +168,7 @@ class ProbePlanner:
         return gains
 
     def _feature(self, config: StepConfig, curvature: float) -> np.ndarray:
-        """The throughput model's features on relative error, plus √tokens × `curvature`: a bend the
-        additive terms cannot express (where host launch time and device compute overlap), so the
-        design also spreads probes over the token counts between host-bound and compute-bound."""
+        """The throughput model's features on relative error, plus √tokens × `curvature` (why: docs/design.md#bench-choose)."""
         micro = max(self.cost.step_seconds(config) / config.grad_accum, 1e-12)
         tokens = config.micro_batch_size * config.seq_len
         return np.append(throughput_features(config), math.sqrt(tokens) * curvature) / micro

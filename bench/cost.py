@@ -1,11 +1,5 @@
-"""What a probe will cost before it runs, so that bench never starts one the budget cannot pay for:
-
-    probe seconds = start-up + warm-up steps × step + compile (a new shape) + timed steps × step
-
-Step seconds start as a prior (the step's FLOPs over the device's datasheet peak, or a timed matmul
-on a CPU, times a low efficiency), then are rescaled to the first probe and, from two sizes, fitted
-as a fixed cost per micro-step plus a cost per FLOP. Every figure says whether it was measured or is
-still the prior (`source`).
+"""A probe's price (seconds, peak memory) before it runs, prior first, then measured.
+The model and why: docs/design.md#bench-cost
 """
 
 from __future__ import annotations
@@ -141,9 +135,7 @@ class CostModel:
         """What a probe's first step costs beyond a steady one: a compilation for a new shape of a
         compiled step, else allocation and DataLoader start."""
         extras = [
-            (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds))
-            for o in self.observations
-            if o.step_seconds and o.first_step_seconds is not None
+            (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds)) for o in self.observations if o.step_seconds and o.first_step_seconds is not None
         ]
         same = [extra for shape, extra in extras if shape == new_shape]
         if same:
@@ -206,9 +198,7 @@ class CostModel:
 @dataclass
 class MemoryPrior:
     """A probe's peak memory before the memory fit exists: the bytes the model keeps (exact, from the
-    `meta` device) plus activations per token (Korthikanti et al. 2022: ≈34 bytes per hidden unit per
-    layer per token in 16-bit; with checkpointing each layer's input plus one layer recomputed),
-    rescaled to the probes once they measure it."""
+    `meta` device) plus activations per token (Korthikanti et al. 2022), rescaled to the probes once they measure it."""
 
     static_bytes: float
     accumulated_gradient_bytes: float
@@ -235,9 +225,7 @@ class MemoryPrior:
         """Bytes per token in flight: from the probes of this mode (switches on: (peak − what the
         model keeps) ÷ tokens: the static part is exact, so anything else it holds only raises the
         figure), else the prior scaled as the other modes' probes scaled theirs (never down)."""
-        per_token = [
-            (c, (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)) for c, peak in self.observations
-        ]
+        per_token = [(c, (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)) for c, peak in self.observations]
         own = [value for c, value in per_token if c.switches == config.switches]
         if own:
             return max(max(own), 0.0)

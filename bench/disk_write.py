@@ -18,15 +18,6 @@ MAX_WRITE_BYTES = 2 * 2**30
 CHUNK_BYTES = 64 * 2**20
 
 
-def optimizer_state_bytes(optimizer: Any) -> int:
-    total = 0
-    for state in optimizer.state_dict()["state"].values():
-        for value in state.values():
-            if hasattr(value, "numel"):
-                total += value.numel() * value.element_size()
-    return total
-
-
 def disk_bandwidth(folder: Path) -> float:
     """A quick first figure (bytes/s, fsync included: a 32 MiB write) that prices the checkpoint timing."""
     return write_bandwidth(folder, min(32 * 2**20, max(1, free_bytes(folder) // 4)))
@@ -54,7 +45,9 @@ def write_bandwidth(folder: Path, size: int) -> float:
 def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tuple[int, int]:
     """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`:
     MAX_WRITE_BYTES, half the free space and `max_bytes` (what the budget has time for) at most)."""
-    return checkpoint_bytes(workload.model, optimizer_state_bytes(workload.optimizer)), min(MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes)
+    states = workload.optimizer.state_dict()["state"].values()
+    optimizer_bytes = sum(value.numel() * value.element_size() for state in states for value in state.values() if hasattr(value, "numel"))
+    return checkpoint_bytes(workload.model, optimizer_bytes), min(MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes)
 
 
 def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> bool:

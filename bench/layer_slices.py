@@ -1,21 +1,5 @@
 """`bench run --layers auto|K1,K2[,…]`: calibrate a model on slices of its real architecture.
-
-A slice is the model's own config with K layers, trained as the run trains it, benched as a model of
-its own (bench.variant_measurement); slices of an architecture whose blocks differ (alternating
-attention, mixed MoE layers) are refused. `--layers auto` measures the whole model when it fits and
-the budget buys AUTO_PROBES probes of it, else the first of AUTO_LADDERS whose deepest slice fits and
-whose every depth the budget pays a minimum viable fit for (three depths hold the deepest out).
-
-The depths run in one process, and what does not depend on depth is paid once: a shape compiled at
-one depth is compiled for the next (the decoder block is compiled once per shape: `Carry`), the
-one-off timings are made at the last depth, `--loss auto` compares at the first. The budget is split
-by the planners' own prices (`price_depths`); a budget short of the depths' minimums is refused
-before anything is built.
-
-The depths' calibrations become one of the whole model (`combine_slices`): its own record, and for
-each configuration measured at two depths or more a row at full depth from its time and activation
-lines in depth (calibration.slices), fitted like measured rows; `slices` keeps the per-layer terms
-and the extrapolation's held-out error, by which plans widen their bounds.
+The method and why: docs/design.md#bench-layer-slices
 """
 
 from __future__ import annotations
@@ -28,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bench.calibrate import after_probes_seconds, plan_probes
+from bench.calibrate import CHECKPOINT_BYTES_PER_TRAINABLE, after_probes_seconds, plan_probes
 from bench.choose import ProbePlanner
 from bench.outlook import AUTO_PROBES, outlook, total_seconds
 from bench.record import assess_noise, fit_with_drift_choice
@@ -238,7 +222,7 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
         | {layers: static_bytes(spec, method, hardware, layout)},
         gpus_needed=gpus_needed(need, hardware),
         rule=rule,
-        checkpoint_bytes=need.trainable_parameters * 12,  # the weights trained (fp32) and AdamW's two moments, as bench.calibrate prices it
+        checkpoint_bytes=need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE,
     )
     record = combine_slices(records, whole)
     for depth in sorted(records)[:-1]:

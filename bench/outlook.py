@@ -1,7 +1,5 @@
-"""What a budget buys, said before it is spent: within seconds of `bench run` starting (FLOPs and
-memory from the `meta` device), the whole grid's time, the probes the budget pays for and what they
-leave for the work after them. A budget short of a minimum viable fit is refused there and then,
-naming the budget it needs; `--budget auto` is the budget for AUTO_PROBES probes.
+"""What a budget buys, said before it is spent; a budget too small for a minimum viable fit is refused.
+Why: docs/design.md#bench-outlook
 """
 
 from __future__ import annotations

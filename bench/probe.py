@@ -229,7 +229,8 @@ def machine_load() -> float | None:
 
 def error_text(error: BaseException) -> str:
     """An error in one line of a row: its type and its message's first line."""
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 def mark_failed(row: dict[str, Any], error: BaseException) -> None:

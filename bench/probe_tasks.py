@@ -1,11 +1,5 @@
-"""`bench run` under one process or several (`accelerate launch`, torchrun): rank 0 decides every
-probe and broadcasts it, every rank runs it on its workload (the coordinator's named tasks), and the
-rows combine into one (the worst status, the slowest step, the largest peak). Only rank 0 writes.
-
-No rank waits on another longer than it should: a probe's collectives give up after a multiple of
-its price, not NCCL's 10 minutes (a rank that fails between a step's collectives leaves the others
-in one nothing can match), and while rank 0's compile-cache child runs, the others wait on the
-launcher's store, not in a collective the watchdog would end.
+"""`bench run` under one process or several: rank 0 decides every probe, every rank runs it (named tasks).
+Why: docs/design.md#bench-probe-tasks
 """
 
 from __future__ import annotations
@@ -19,8 +13,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.compile_probe import CHILD_TIMEOUT, measure_in_new_process
 from bench.disk_write import measure_checkpoint, real_save_fits
+from bench.fresh_process import CHILD_TIMEOUT, measure_in_new_process
 from bench.probe import run_eval_probe, run_probe
 from bench.step_split import profile_task
 from bench.timing import ProbeSettings

@@ -6,7 +6,7 @@ import copy
 from datetime import datetime, timezone
 from typing import Any
 
-from bench.drift import LEVELS, correct_for_drift, undo_correction
+from bench.disturbed import LEVELS, correct_for_drift, undo_correction
 from calibration.fit import MIN_ROWS_FOR_FIT, fit_eval, fit_measurements
 from calibration.memory_fit import held_gradient_bytes
 from calibration.model import NOISY_MEDIAN_PCT
@@ -69,7 +69,7 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
     """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
-    processes' rows (bench.second_process) when there are any, and say when it is noisy."""
+    processes' rows (bench.fresh_process) when there are any, and say when it is noisy."""
     record["fit"] = fit_with_drift_choice(record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows)
     if fresh_rows:
         record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))
@@ -79,7 +79,7 @@ def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None
 
 
 def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Keep the drift correction (and its level, bench.drift.LEVELS) only if it makes the fit better
+    """Keep the drift correction (and its level, bench.disturbed.LEVELS) only if it makes the fit better
     where a calibration is used: in fresh processes (`fresh_rows`), else on the held-out probes."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
     corrected = fit_measurements(rows, flops, gradients)

@@ -13,8 +13,7 @@ from typing import Any
 
 from bench.choose import ProbePlanner
 from bench.cost import CostModel, DeviceSpeed
-from bench.drift import REFERENCE_EVERY, correct_for_drift
-from bench.remeasure import remeasure
+from bench.disturbed import REFERENCE_EVERY, correct_for_drift, remeasure
 from bench.space import SearchSpace
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.dimensions import DIMENSIONS
@@ -47,11 +46,7 @@ class Budget:
     checkpoint and compile timings, fit and report), re-priced as the probes measure."""
 
     def __init__(
-        self,
-        seconds: float | None,
-        started: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        reserved: Callable[[], float] = lambda: 0.0,
+        self, seconds: float | None, started: float | None = None, clock: Callable[[], float] = time.monotonic, reserved: Callable[[], float] = lambda: 0.0
     ) -> None:
         self.seconds = seconds
         self.clock = clock
@@ -177,8 +172,7 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
         return
     if row.get("tokens_per_second"):
         progress.set_postfix_str(
-            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s",
-            refresh=False,
+            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s", refresh=False
         )
     progress.update(1)
 
@@ -201,13 +195,7 @@ class OptunaStudy:
 
 
 def run_optuna(
-    space: SearchSpace,
-    probe: ProbeFunction,
-    budget: Budget,
-    trials: int,
-    study: OptunaStudy,
-    progress: Any = None,
-    planner: ProbePlanner | None = None,
+    space: SearchSpace, probe: ProbeFunction, budget: Budget, trials: int, study: OptunaStudy, progress: Any = None, planner: ProbePlanner | None = None
 ) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial. Each
     finished trial keeps its row in the SQLite study, so an interrupted benchmark resumes without

@@ -1,9 +1,5 @@
-"""The step's split into compute-bound kernels, memory-bound kernels, communication and exposed host
-time, at two probes (calibration.split.split_rows): what a translation of this calibration to another
-GPU scales (calibration.translate). On a GPU the step runs under torch.profiler (kernels only, so the
-host is not slowed by tracing it) and each kernel is classed by its name; NCCL's kernels run on their
-own stream and move bytes over the links, not through HBM, so they are counted apart. Elsewhere (CPU,
-a simulated device, a profiler that failed) the split comes from the FLOP count and the fit's terms.
+"""The step's split into compute, memory, communication and host time, at two probes.
+How and why: docs/design.md#bench-step-split
 """
 
 from __future__ import annotations

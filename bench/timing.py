@@ -1,11 +1,5 @@
-"""How a probe times the step (a real one, bench.probe, or a simulated one, tests/simulated.py):
-warm-up first (a first timed step still far slower than the rest joins it afterwards), then steps
-until the median's relative standard error reaches its target, the probe's time share is spent, or
-the next step would pass its time limit (a step cannot be interrupted, so it is not started).
-
-Where the step times its micro-steps (on CPU), a step counts as its optimizer part plus A × its
-median micro-step: a burst of other work inside an accumulated step is left out as the median
-leaves out a disturbed step. The raw step seconds are kept for the mean (a run lasts their sum).
+"""How a probe times the step: warm-up, then timed steps until the median is steady or time is up.
+The rules and why: docs/design.md#bench-timing
 """
 
 from __future__ import annotations

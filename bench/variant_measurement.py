@@ -15,11 +15,11 @@ import psutil
 
 from bench.calibrate import BenchRun, BenchTask, after_probes_seconds, calibrate, nothing_fitted, plan_probes
 from bench.choose import ProbePlanner
+from bench.fresh_process import measure_in_fresh_processes
 from bench.outlook import expected_error, minimum_from_scratch, outlook, refuse_if_too_small, settle_budget
 from bench.probe import Workload, machine_load
 from bench.probe_tasks import checkpoint_task, probe_coordinator
 from bench.runner import Budget, OptunaStudy, study_name
-from bench.second_process import measure_in_fresh_processes
 from bench.space import SearchSpace, Shape, default_space, within_positions
 from bench.step_split import record_step_split
 from bench.timing import ProbeSettings
@@ -88,12 +88,7 @@ class Carry:
 
 
 def measure_variant(
-    request: BenchRequest,
-    spec: ModelSpec,
-    method: MethodConfig,
-    budget_asked: float | str | None,
-    progress: ProgressBar,
-    carry: Carry | None = None,
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None, progress: ProgressBar, carry: Carry | None = None
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (`Carry`: shapes compiled, timings made)."""
@@ -217,7 +212,7 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
 
 
 def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
-    """On a CPU and in one process: the check in fresh processes (bench.second_process), freeing this
+    """On a CPU and in one process: the check in fresh processes (bench.fresh_process), freeing this
     process's model first. On a GPU the bench holds the device (and a 7B model builds for minutes):
     plans there take the spread between processes from runs. BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
     if task.hardware.get("device_type") != "cpu" or task.world_size > 1 or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0":

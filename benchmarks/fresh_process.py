@@ -2,7 +2,7 @@
 
 Each round runs the demo's bench (`bench run --budget 150s` in a fresh BENCHTRAIN_HOME), then
 predicts configurations that bench did not measure (off its grid) and measures each one in a
-fresh process of its own (bench.second_process: the Workload train builds); then runs the demo's
+fresh process of its own (bench.fresh_process: the Workload train builds); then runs the demo's
 `train` on that calibration and checks its time and peak memory against the plan's bounds.
 
     PYTHONPATH=. python benchmarks/fresh_process.py --rounds 5
@@ -40,7 +40,7 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     each in a fresh process."""
     os.environ["BENCHTRAIN_HOME"] = str(home)
     import calibration
-    from bench.second_process import measure_in_fresh_processes
+    from bench.fresh_process import measure_in_fresh_processes
     from bench.timing import ProbeSettings
     from calibration.step_config import StepConfig
     from train.step.engine import StepOptions

@@ -20,7 +20,7 @@ benchmarks/ scripts run (peers.py's loops, bench_budget.py's `bench run` process
 - train: `bench run --model llama-3.2-1b --compile off --budget 45s`, then `train --deadline 2m30s
   --fit-deadline` on the bundled sample from that calibration: the estimate error (like for like,
   calibration.accuracy.check_estimate) and the deadline;
-- compile: a fresh process (bench.compile_probe, as `train` starts) compiling THE step at the peers'
+- compile: a fresh process (bench.fresh_process, as `train` starts) compiling THE step at the peers'
   shape with an empty inductor cache: the seconds a new shape costs, beside what the lora-8b bench
   measured per shape of the 8B step (and from inductor's cache), against the 40 s the simulated
   H100 assumes;
@@ -406,9 +406,9 @@ def check_train(ctx: Context) -> Check:
 
 # -- what those commands measured on the way -----------------------------------------------------------
 def compile_in_new_process(ctx: Context) -> dict[str, float] | None:
-    """bench.compile_probe in a fresh process with an empty inductor cache: THE step compiled at
+    """bench.fresh_process in a fresh process with an empty inductor cache: THE step compiled at
     this scale's shape (full fine-tuning), as a `train` process meets a shape nothing compiled yet."""
-    from bench.compile_probe import measure_in_new_process
+    from bench.fresh_process import measure_in_new_process
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
@@ -440,8 +440,8 @@ def check_compile(ctx: Context) -> Check:
             "lora_bench_compile_seconds_per_shape": overheads.get("compile_seconds_per_shape"),
             "lora_bench_compile_cached_seconds_per_shape": overheads.get("compile_cached_seconds_per_shape"),
         },
-        command=f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -m bench.compile_probe "
-        f'\'{{"model": "{s.model}", "micro_batch_size": {s.micro_batch}, "seq_len": {s.seq_len}, …}}\'',
+        command=f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -m bench.fresh_process "
+        f'\'{{"task": "compile", "model": "{s.model}", "micro_batch_size": {s.micro_batch}, "seq_len": {s.seq_len}, …}}\'',
     )
     if measured is None:
         check.note = "the compile probe process failed"

@@ -80,7 +80,7 @@ def price_checks(scale: Any, names: list[str]) -> list[PricedCheck]:
     script's own start ("start")."""
     from simulated import COMPILE_SECONDS
 
-    from bench.compile_probe import STEPS
+    from bench.fresh_process import COMPILE_STEPS as STEPS
 
     cal = bundled_calibration()
     if cal.data["model"]["name"] != scale.model:

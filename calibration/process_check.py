@@ -1,5 +1,5 @@
 """How a calibration holds in another process, from the step measured again in fresh ones
-(bench.second_process). Why: docs/design.md#fresh-processes"""
+(bench.fresh_process). Why: docs/design.md#fresh-processes"""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # a test writes without its own `home`) out of ~/.benchtrain.
 os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="benchtrain-tests-hf-"))
 os.environ.setdefault("BENCHTRAIN_HOME", tempfile.mkdtemp(prefix="benchtrain-tests-home-"))
-# A bench on a CPU measures its step again in two fresh interpreters (bench.second_process): seconds
+# A bench on a CPU measures its step again in two fresh interpreters (bench.fresh_process): seconds
 # each, in every bench the suite runs. tests/test_fresh_process.py turns it on where it is the subject.
 os.environ.setdefault("BENCHTRAIN_FRESH_PROCESSES", "0")
 

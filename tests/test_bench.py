@@ -225,7 +225,7 @@ def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import synthetic_rows
 
-    from bench.drift import correct_for_drift, median_of_three
+    from bench.disturbed import correct_for_drift, median_of_three
     from bench.record import fit_with_drift_choice
 
     assert median_of_three(np.array([10.0, 2.0, 11.0, 10.0])).tolist() == [10.0, 10.0, 10.0, 10.0]

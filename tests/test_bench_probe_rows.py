@@ -3,7 +3,7 @@ rank waits on another longer than the work it waits for (the compile-cache child
 
 - An out-of-memory on one rank between a step's collectives (FSDP's forward/backward at any step,
   DDP's backward) cannot be agreed: the others wait in a collective until the job is ended. Rank 0
-  now writes the rows measured so far after every probe (bench.unfinished), `bench list` and the
+  now writes the rows measured so far after every probe (bench.calibrate.KeptRows), `bench list` and the
   bench's last words name them, and the probe's collectives give up after a multiple of its price
   instead of NCCL's 10 minutes (bench.probe_tasks).
 - Rank 0's compile-cache child runs up to 900 s while the others waited in a collective that NCCL's
@@ -45,12 +45,11 @@ def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe:
     from simulated import SimulatedDevice, simulate_bench
 
     import bench.calibrate as calibrate
-    import bench.unfinished as unfinished
 
     monkeypatch.setattr(calibrate, "BenchRun", partial(calibrate.BenchRun, keep_rows=True))
     on_disk: list[list[dict]] = []
     payloads: list[dict] = []
-    add, probe = unfinished.KeptRows.add, SimulatedDevice._probe
+    add, probe = calibrate.KeptRows.add, SimulatedDevice._probe
 
     def add_and_read(kept: Any, row: dict[str, Any]) -> None:
         add(kept, row)
@@ -62,7 +61,7 @@ def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe:
             raise RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete")
         return probe(device, payload)
 
-    monkeypatch.setattr(unfinished.KeptRows, "add", add_and_read)
+    monkeypatch.setattr(calibrate.KeptRows, "add", add_and_read)
     monkeypatch.setattr(SimulatedDevice, "_probe", probe_or_fail)
     record, _ = simulate_bench("llama-3.2-1b", lora=False, budget=120)
     return record, on_disk, payloads
@@ -106,7 +105,7 @@ def test_a_bench_that_fails_after_some_probes_says_where_their_rows_are(
     two probes before it (before, an internal error, and nothing on disk); so does the next bench."""
     from types import SimpleNamespace
 
-    from bench.unfinished import BenchStopped, KeptRows
+    from bench.calibrate import BenchStopped, KeptRows
 
     with pytest.raises(BenchStopped) as stopped:
         simulated_bench_keeping_rows(monkeypatch, fail_at_probe=3)

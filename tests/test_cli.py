@@ -349,7 +349,7 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     assert calibration["distributed"]["sharding"] == "fsdp" and calibration["training"]["sharding"] == "fsdp"
     assert set(calibration["distributed"]["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert calibration["overheads"]["checkpoint_extrapolated"] == 0 and calibration["overheads"]["checkpoint_save_seconds"] > 0
-    from bench.describe import describe_calibration
+    from bench.cli import describe_calibration
 
     assert any(line.strip().startswith("processes: 2 (gloo, fsdp); all-reduce") for line in describe_calibration(calibration, str(newest)))
     planned = [*train, "--use-calibration", calibration["id"], "--dry-run"]

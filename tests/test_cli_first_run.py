@@ -186,7 +186,7 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
 
 # 7. --------------------------------------------------------------------------------------------
 def test_the_probe_bar_under_a_budget_shows_the_budget() -> None:
-    from bench.commands.run import _progress_bar
+    from bench.cli import _progress_bar
     from common.progress import BudgetBar
 
     bar = _progress_bar(72, quiet=False, budget_seconds=150.0)

@@ -81,8 +81,7 @@ def packed_data() -> Any:
 
 
 def test_bench_run_offers_it_and_the_search_covers_both_modes(with_offloading: Dimension) -> None:
-    from bench.cli import build_parser
-    from bench.commands.run import asked_space
+    from bench.cli import asked_space, build_parser
 
     parser = build_parser()
     args = parser.parse_args(["run", "--offloading", "off,on"])

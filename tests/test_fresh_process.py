@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from helpers import micro_seconds, run_main, synthetic_calibration, synthetic_rows
 
-from bench.drift import correct_for_drift
+from bench.disturbed import correct_for_drift
+from bench.fresh_process import PROCESSES, check_configs, measure_in_fresh_processes
 from bench.record import fit_with_drift_choice
 from bench.runner import Budget, run_grid
-from bench.second_process import PROCESSES, check_configs, measure_in_fresh_processes
 from bench.space import SearchSpace
 from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from calibration.model import MIN_MEMORY_MARGIN, Calibration

@@ -18,7 +18,7 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
     """Under `--layers` the workload is a 2-layer slice of an 8B: the child process that times the
     cached compile must build those 2 layers, not the 32 that the preset's name alone gives (32 GB of
     fp32 weights: out of memory exactly where slices were chosen)."""
-    import bench.compile_probe as compile_probe
+    import bench.fresh_process as fresh_process
     from bench.layer_slices import slice_spec
     from bench.probe_tasks import measure_cached_compile
     from train.workload.method import MethodConfig
@@ -30,7 +30,7 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
         started.append(command)
         return subprocess.CompletedProcess(command, 0, stdout=json.dumps({"first_step_seconds": 3.0, "step_seconds": 1.0}), stderr="")
 
-    monkeypatch.setattr(compile_probe.subprocess, "run", child)
+    monkeypatch.setattr(fresh_process.subprocess, "run", child)
     sliced = slice_spec(resolve_model("llama-3.1-8b"), 2)
     workload = SimpleNamespace(spec=sliced, method=MethodConfig(), engine=SimpleNamespace(loss="plain"), release=lambda: None)
     assert measure_cached_compile(workload, {"micro_batch_size": 1, "seq_len": 64}, 60.0)["first_step_seconds"] == 3.0
@@ -44,10 +44,10 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
         built.append(spec)
         raise Built
 
-    monkeypatch.setattr(compile_probe, "engine_from_options", capture)  # where the child looks them up
-    monkeypatch.setattr(compile_probe, "make_accelerator", lambda *arguments: None)
+    monkeypatch.setattr(fresh_process, "engine_from_options", capture)  # where the child looks them up
+    monkeypatch.setattr(fresh_process, "make_accelerator", lambda *arguments: None)
     with pytest.raises(Built):  # the child's own reading of the request, up to the model it builds
-        compile_probe.main([started[0][-1]])
+        fresh_process.main([started[0][-1]])
     assert make_config(built[0]).num_hidden_layers == 2
     assert not built[0].load_weights
 

@@ -44,7 +44,7 @@ TORCHRUN_SETS = {
 
 
 def test_the_childs_environment_has_none_of_the_launchers_variables() -> None:
-    from bench.compile_probe import single_process_environment
+    from bench.fresh_process import single_process_environment
 
     parent = {**TORCHRUN_SETS, "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "3", "HF_HOME": "/hf", "OMP_NUM_THREADS": "1"}
     child = single_process_environment(parent)
@@ -52,12 +52,12 @@ def test_the_childs_environment_has_none_of_the_launchers_variables() -> None:
 
 
 def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench.compile_probe.measure_in_new_process starts a real process (a stand-in for
-    `python -m bench.compile_probe`, which would compile a model) from a rank of a torchrun job:
+    """bench.fresh_process.measure_in_new_process starts a real process (a stand-in for
+    `python -m bench.fresh_process`, which would compile a model) from a rank of a torchrun job:
     it sees none of the variables that would make it join the job."""
     import subprocess
 
-    import bench.compile_probe as compile_probe
+    import bench.fresh_process as fresh_process
     from train.workload.method import MethodConfig
     from train.workload.model import resolve_model
 
@@ -71,10 +71,10 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
         report = "import json, os; print(json.dumps({'step_seconds': 1.0, 'seen': sorted(set(os.environ) & set(json.loads(os.sys.argv[1])))}))"
         return real_run([sys.executable, "-c", report, json.dumps(sorted(TORCHRUN_SETS))], **options)
 
-    monkeypatch.setattr(compile_probe.subprocess, "run", child)
+    monkeypatch.setattr(fresh_process.subprocess, "run", child)
     row = {"micro_batch_size": 2, "seq_len": 16}
-    measured = compile_probe.measure_in_new_process(resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60)
-    assert started and started[0][1:3] == ["-m", "bench.compile_probe"]
+    measured = fresh_process.measure_in_new_process(resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60)
+    assert started and started[0][1:3] == ["-m", "bench.fresh_process"]
     assert measured is not None and measured["seen"] == []
 
 

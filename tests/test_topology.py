@@ -428,7 +428,7 @@ def test_the_hardware_record_names_the_interconnect(monkeypatch: pytest.MonkeyPa
 def test_bench_records_the_interconnect_it_is_told(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from bench.commands.run import store_calibration
+    from bench.cli import store_calibration
     from calibration.schema import read_calibration_file
 
     record = synthetic_calibration(id="told", hardware={"device_type": "cuda", "name": H100, "count": 8, "memory_bytes": 80 * GIB, "interconnect": "pcie"})

@@ -1,1 +1,0 @@
-"""One module per `bench` command, each a parser function (`add_parser`) and its handler."""
