@@ -343,20 +343,18 @@ class Calibration:
         return lines
 
 
+def _scaled(value: float, units: tuple[tuple[str, float], ...]) -> str:
+    """`value` in the largest of `units` it reaches (the last, below them all)."""
+    unit, scale = next(((unit, scale) for unit, scale in units if abs(value) >= scale), units[-1])
+    return f"{value / scale:.3g} {unit}"
+
+
 def _seconds(value: float) -> str:
-    if value == 0:
-        return "0 s"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value / 1e-12:.3g} ps"
+    return "0 s" if value == 0 else _scaled(value, (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9), ("ps", 1e-12)))
 
 
 def _bytes(value: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.3g} B"
+    return _scaled(value, (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)))
 
 
 def _pct(value: float | None) -> str:

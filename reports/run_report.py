@@ -113,28 +113,14 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
 
     speed_bounds = (speed / (1 + bound), speed * (1 + bound)) if speed and bound is not None else (None, None)
     rows = [
-        (
-            "time of the steps that ran, with the overheads that happened (s)",
-            ran.get("estimated_seconds"),
-            *bounded(train, overheads or 0.0),
-            ran.get("actual_seconds"),
-        ),
+        ("time of the steps that ran, with the overheads that happened (s)", ran.get("estimated_seconds"), *bounded(train, overheads or 0.0),
+         ran.get("actual_seconds")),
         ("training time of the steps that ran (s)", train, *bounded(train), ran.get("actual_train_seconds")),
         ("real tokens/s of the steps that ran", speed, *speed_bounds, ran.get("actual_tokens_per_second")),
-        (
-            "whole plan (s; actual: projected at the live speed)",
-            estimate["total_seconds"],
-            estimate["total_seconds_low"],
-            estimate["total_seconds_high"],
-            check.projected_seconds if check is not None and check.partial else None,
-        ),
-        (
-            "peak memory (GiB)",
-            _gib(estimate.get("peak_memory_bytes")),
-            None,
-            _gib(estimate.get("peak_memory_bytes_high")),
-            _gib(actual.get("peak_memory_bytes")),
-        ),
+        ("whole plan (s; actual: projected at the live speed)", estimate["total_seconds"], estimate["total_seconds_low"], estimate["total_seconds_high"],
+         check.projected_seconds if check is not None and check.partial else None),
+        ("peak memory (GiB)", _gib(estimate.get("peak_memory_bytes")), None, _gib(estimate.get("peak_memory_bytes_high")),
+         _gib(actual.get("peak_memory_bytes"))),
         ("TFLOP/s per process", None, None, None, actual.get("tflops")),
         ("MFU", None, None, None, actual.get("mfu")),
         ("data-wait share", None, None, None, actual.get("data_wait_share")),

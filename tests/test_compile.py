@@ -21,7 +21,7 @@ from train.planning.types import PlanRequest
 from train.running.guard import DeadlineGuard, GuardSettings
 from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
 from train.step.engine import StepOptions
-from train.workload.batching import PaddedBatches, padded_shape_counts, padded_width, plan_padded_batches
+from train.workload.batching import PaddedBatches, batch_shape_counts, padded_width, plan_padded_batches
 from train.workload.method import MethodConfig
 
 # Inductor compiles C++ for the CPU: without a compiler there is no compiled step to test.
@@ -40,12 +40,12 @@ def test_padded_batches_are_bucketed_to_few_widths() -> None:
     assert padded_width(65, 300) == 65  # eager: the longest sample
     lengths = heavy_tailed(600)
     batches = plan_padded_batches(lengths, 4, 1024, seed=0, epoch=0)
-    exact = padded_shape_counts(lengths, batches, 1024)
-    bucketed = padded_shape_counts(lengths, batches, 1024, SHAPE_BUCKET)
+    data = tokenized(lengths)
+    exact = batch_shape_counts(data, batches, 1024)
+    bucketed = batch_shape_counts(data, batches, 1024, SHAPE_BUCKET)
     assert sum(exact.values()) == sum(bucketed.values()) == len(batches)
     assert len(bucketed) <= 2 * 1024 // SHAPE_BUCKET < len(exact)  # rows: 4, and the last batch's
     assert all(length % SHAPE_BUCKET == 0 or length == 1024 for _, length in bucketed)
-    data = tokenized(lengths)
     dataset = PaddedBatches(data, batches, 1024, pad_id=0, bucket=SHAPE_BUCKET)
     for index in range(5):  # what the DataLoader delivers is what the planner counted
         rows, width = dataset[index]["input_ids"].shape
@@ -92,7 +92,7 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     plan = make_plan(calibration, data, request)
     chosen = plan.chosen
     batches = plan_padded_batches(data.lengths, chosen.config.micro_batch_size, chosen.config.seq_len, seed=0, epoch=0)
-    shapes = padded_shape_counts(data.lengths, batches, chosen.config.seq_len, SHAPE_BUCKET)
+    shapes = batch_shape_counts(data, batches, chosen.config.seq_len, SHAPE_BUCKET)
     assert chosen.overheads.compile_shapes == len(shapes)
     assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
     assert chosen.overhead_seconds >= chosen.overheads.compile_seconds

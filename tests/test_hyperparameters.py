@@ -13,7 +13,7 @@ import pytest
 from helpers import PEAK, assert_one_line_error, batches, pretend_interrupted, run_main, tiny_engine
 
 from common.errors import BenchtrainError
-from train.step.hyperparameters import HF_KEYS, SCHEDULER_CHOICES, OptimizerSettings
+from train.step.hyperparameters import HF_KEYS, SCHEDULER_CHOICES, OptimizerSettings, make_optimizer
 from train.workload.method import MethodConfig
 
 
@@ -162,10 +162,10 @@ def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(monkeyp
     assert all(math.isfinite(engine.step.run(source, 1).loss) for _ in range(2))
 
     monkeypatch.setattr(optimizers, "fused_devices", lambda: ["cuda"])
-    groups = [{"params": [torch.nn.Parameter(torch.zeros(2, 2))], "weight_decay": 0.0}]
+    model = torch.nn.Linear(2, 2)
     with pytest.raises(BenchtrainError, match=r"^--optimizer adamw-fused: torch .* has no fused AdamW for cpu; use --optimizer adamw$"):
-        optimizers.make_optimizer("adamw-fused", groups, PEAK)
-    fallback = optimizers.make_optimizer("adamw", groups, PEAK)  # adamw falls back, and says so
+        make_optimizer(model, PEAK, "adamw-fused")
+    fallback = make_optimizer(model, PEAK, "adamw")  # adamw falls back, and says so
     assert not fallback.param_groups[0]["fused"]
     assert "warning: torch has no fused AdamW for this device" in capsys.readouterr().err
 

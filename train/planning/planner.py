@@ -27,14 +27,13 @@ from train.workload.batching import (
     BatchLayout,
     BatchShape,
     DataView,
+    batch_shape_counts,
     batch_shapes,
     epoch_share,
     packed_epoch_shape_counts,
     packed_row_count,
-    packed_shapes,
     padded_batch_count,
     padded_epoch_shape_counts,
-    padded_shape_counts,
     run_batches,
 )
 from train.workload.data import covering_length, truncation
@@ -188,7 +187,7 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
     else:
         # Each process runs every world_size-th batch (rank 0 stands for all of them).
         batches = run_batches(data, BatchLayout(micro, length, request.seed), epoch, request.epochs, request.world_size)
-        counts = Counter(packed_shapes(batches, length) if data.packing else padded_shape_counts(data.lengths, batches, length, request.shape_bucket))
+        counts = Counter(batch_shape_counts(data, batches, length, request.shape_bucket))
     cache[key] = counts
     return counts
 

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from common.errors import BenchtrainError
 from common.json_types import JsonDict
-from train.workload.optimizers import BETAS, DEFAULT_OPTIMIZER, EPSILON, Betas, hf_optim, parameter_groups
-from train.workload.optimizers import make_optimizer as optimizer_named
+from train.workload.optimizers import DEFAULT_OPTIMIZER, Betas, hf_optim, optimizer_named, parameter_groups
 
 if TYPE_CHECKING:
     import torch
@@ -22,8 +21,8 @@ SCHEDULER_CHOICES = ("cosine", "linear", "constant", "constant_with_warmup")
 DEFAULT_WARMUP_RATIO = 0.05  # of the run's optimizer steps
 DEFAULT_WEIGHT_DECAY = 0.1  # on matrices only (train.workload.optimizers.parameter_groups)
 DEFAULT_MAX_GRAD_NORM = 1.0  # 0: no clipping
-DEFAULT_BETAS = BETAS
-DEFAULT_EPSILON = EPSILON  # torch's AdamW default
+DEFAULT_BETAS = Betas(0.9, 0.95)
+DEFAULT_EPSILON = 1e-8  # torch's AdamW default
 
 
 def option_name(field_name: str) -> str:
@@ -112,4 +111,4 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """`name`'s optimizer over the trainable parameters, weight decay on matrices only (`settings`: None, the defaults)."""
     settings = settings or OptimizerSettings()
-    return optimizer_named(name, parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
+    return optimizer_named(name).build(parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)

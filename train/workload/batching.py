@@ -93,7 +93,7 @@ def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int
 def padded_epoch_shape_counts(
     lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
 ) -> dict[BatchShape, int]:
-    """padded_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
+    """batch_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
     600,000 samples in seconds): each batch's rows and longest sample from the sorted order, taken in the order the
     batches run."""
     if len(lengths) == 0:
@@ -104,11 +104,6 @@ def padded_epoch_shape_counts(
     longest = np.maximum.reduceat(clipped, starts)
     chosen = batch_order[:batch_count] if batch_count is not None else batch_order
     return _shape_counts(BatchSizes(sizes[chosen], _padded_widths(longest[chosen], max_length, bucket)), max_length)
-
-
-def padded_shape_counts(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
-    """How many batches have each (rows, padded length), without a Python object per batch."""
-    return _shape_counts(_padded_rows_and_lengths(lengths, batches, max_length, bucket), max_length) if len(batches) else {}
 
 
 def _shape_counts(sizes: BatchSizes, max_length: int) -> dict[BatchShape, int]:
@@ -127,14 +122,6 @@ def padded_width(longest: int, max_length: int, bucket: int | None = None) -> in
 def _padded_widths(longest: np.ndarray, max_length: int, bucket: int | None) -> np.ndarray:
     """padded_width of each batch's longest sample (at most max_length already)."""
     return np.minimum(max_length, -(-longest // bucket) * bucket) if bucket else longest
-
-
-def _padded_rows_and_lengths(lengths: Lengths, batches: Sequence[MicroBatch], max_length: int, bucket: int | None) -> BatchSizes:
-    clipped = np.minimum(np.asarray(lengths), max_length)
-    sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    longest = np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
-    return BatchSizes(sizes, _padded_widths(longest, max_length, bucket))
 
 
 def packed_row_count(total_tokens: int, max_length: int) -> int:
@@ -177,7 +164,7 @@ def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch:
 
 
 def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int, batch_count: int) -> dict[BatchShape, int]:
-    """packed_shapes' counts of one process's first `batch_count` batches, without the batches:
+    """batch_shape_counts of one process's first `batch_count` batches, without the batches:
     every batch is full but the epoch's last (which the shuffle leaves last)."""
     total = -(-row_count // micro_batch_size)
     last = row_count - (total - 1) * micro_batch_size
@@ -185,10 +172,6 @@ def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int
     if batch_count >= total:
         counts[BatchShape(last, length)] = counts.get(BatchShape(last, length), 0) + 1
     return {shape: count for shape, count in counts.items() if count}
-
-
-def packed_shapes(batches: Sequence[MicroBatch], max_length: int) -> list[BatchShape]:
-    return [BatchShape(len(batch), max_length) for batch in batches]
 
 
 class MicroBatches(Protocol):
@@ -350,7 +333,11 @@ def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_le
     if not len(batches):
         return BatchSizes(np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not data.packing:
-        return _padded_rows_and_lengths(data.lengths, batches, max_length, bucket)
+        clipped = np.minimum(np.asarray(data.lengths), max_length)
+        sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        longest = np.maximum.reduceat(clipped[np.concatenate(batches)], starts)
+        return BatchSizes(sizes, _padded_widths(longest, max_length, bucket))
     if isinstance(batches, PackedPlan):
         rows = np.full(len(batches), batches.micro_batch_size, dtype=np.int64)
         rows[-1] = len(batches[len(batches) - 1])
@@ -361,3 +348,8 @@ def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_le
 
 def batch_shapes(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
     return [BatchShape(int(rows), int(length)) for rows, length in zip(*batch_rows_and_lengths(data, batches, max_length, bucket), strict=True)]
+
+
+def batch_shape_counts(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
+    """How many batches have each (rows, padded length), without a Python object per batch."""
+    return _shape_counts(batch_rows_and_lengths(data, batches, max_length, bucket), max_length)

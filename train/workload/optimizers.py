@@ -40,8 +40,6 @@ FP32_BYTES = 4
 BLOCKSIZE_8BIT = 256  # values per absmax in bitsandbytes' 8-bit optimizer states
 MIN_8BIT_SIZE = 4096  # tensors smaller than this keep fp32 moments
 QUANTIZATION_MAP_VALUES = 256
-BETAS = Betas(0.9, 0.95)
-EPSILON = 1e-8
 SGD_MOMENTUM = 0.9
 DEFAULT_OPTIMIZER = "adamw"
 
@@ -186,8 +184,3 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[Parame
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(name: str, groups: list[ParameterGroup], learning_rate: float, betas: Betas = BETAS, eps: float = EPSILON) -> torch.optim.Optimizer:
-    """`name`'s optimizer (its OPTIMIZERS entry) over parameter `groups` (each with its weight decay)."""
-    return optimizer_named(name).build(groups, learning_rate, betas, eps)
