@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.sizes import free_bytes
+from common.disk_space import free_bytes
 from train.running.checkpoint import checkpoint_bytes, save_checkpoint
 
 MAX_WRITE_BYTES = 2 * 2**30

@@ -1,16 +1,12 @@
-"""Sizes in bytes: memory sizes as people write them (`24GiB`, `24G`, `80GB`, `512MiB`, or plain GiB:
-`24`), and the free space on a disk before anything is written to it."""
+"""Memory sizes as people write them: `24GiB`, `24G`, `80GB`, `512MiB`, or plain GiB (`24`)."""
 
 from __future__ import annotations
 
 import math
 import re
-import shutil
-from pathlib import Path
 
 from common.errors import BenchtrainError
 
-GB = 1e9
 _UNITS = {
     **{"": 2**30, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12},
     **{"k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30, "t": 2**40, "tib": 2**40},
@@ -28,11 +24,3 @@ def parse_memory_size(text: str, what: str = "size") -> int:
     if not math.isfinite(size) or size <= 0:
         raise BenchtrainError(f"{what} must be positive, got {text!r}")
     return int(size)
-
-
-def free_bytes(folder: Path) -> int:
-    """Free space where `folder` is (or would be created)."""
-    probe = Path(folder).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomic import file_lock
+from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
-from common.sizes import GB, free_bytes
 from train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
 
 LOCK_FILE = ".train.lock"

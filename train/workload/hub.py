@@ -10,11 +10,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.disk_space import GB, free_bytes
 from common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from common.hub_access import download_command, guarded, hub_cache_dir, snapshot
-from common.sizes import GB, free_bytes
 
 if TYPE_CHECKING:
     from huggingface_hub.file_download import DryRunFileInfo
