@@ -15,8 +15,9 @@ from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
-from train.recipes.launch_task import DROPPED_FLAGS, comparison_task, without_options
+from train.recipes.launch_task import DROPPED_FLAGS, comparison_task
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
+from train.running.resume import without_options
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:

@@ -16,6 +16,7 @@ from calibration.topology import parse_interconnect, recorded_interconnect
 from common.errors import BenchtrainError
 from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
 from train.recipes.machines import Option, Row, device_key, option_source
+from train.running.resume import without_options
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -209,23 +210,6 @@ def calibration_file(cal: Calibration) -> Path | None:
 
 
 # -- the command the nodes run -----------------------------------------------------------------
-
-
-def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
-    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
-    kept: list[str] = []
-    skip = False
-    for index, token in enumerate(command_line):
-        name, equals, _ = token.partition("=")
-        if skip:
-            skip = False
-        elif name in with_value:
-            skip = not equals
-        elif name in flags:
-            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
-        else:
-            kept.append(token)
-    return kept
 
 
 def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
