@@ -181,7 +181,7 @@ def row_plan(row: Row) -> str:
     price = f"; ${row.price_per_hour:,.2f} per device-hour × {row.processes}" if row.price_per_hour is not None else ""
     upper = "central estimate" if row.option.calibration.too_noisy_to_bound else "upper bound"
     text = (
-        f"{chosen.label()}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
+        f"{chosen.config.phrase}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
         f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, row.plan.available_seconds))} usable{price}"
     )
     if row.option.predicted:
@@ -197,7 +197,7 @@ def machine_text(row: Row) -> str:
         return f"no plan: {row.problem}"
     chosen = row.plan.chosen
     price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
-    return f"{chosen.label()}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
+    return f"{chosen.config.phrase}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
 
 
 def cost_text(row: Row) -> str:

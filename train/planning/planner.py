@@ -446,7 +446,7 @@ def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[C
         if one.total_seconds_promised > available:
             wide = f" (its bound ±{one.bound_fraction:.0%}: {EXTRAPOLATION_ADVICE})" if one.extrapolated else ""
             raise DeadlineError(
-                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
+                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.config.phrase}) "
                 f"needs up to {format_duration(one.total_seconds_promised)} with its overheads{wide}, {format_duration(max(0.0, available))} are left"
             )
         fits, low = one, 1

@@ -195,9 +195,6 @@ class Candidate:
     def tokens_per_second(self) -> float:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
 
-    def label(self) -> str:
-        return self.config.phrase
-
     def to_json(self) -> JsonDict:
         """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
         shown = {"overheads": asdict(self.overheads), "truncation": dict(self.truncation)}

@@ -170,7 +170,7 @@ def row_target(row: Row) -> Target:
         nodes=nodes,
         gpus_per_node=per_node,
         sharding=row.option.sharding,
-        configuration=chosen.label(),
+        configuration=chosen.config.phrase,
         optimizer_steps=chosen.optimizer_steps,
         kind=row.kind,
         rests_on=row.rests_on,
