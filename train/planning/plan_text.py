@@ -96,7 +96,8 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         lines.append(f"  cost: ${plan.cost:,.2f}")
     for alternative in plan.alternatives:
         steps = f"{_steps(alternative.optimizer_steps)} in " if plan.step_limit is not None else ""
-        lines.append(f"  alternative: {alternative.config.phrase}: {steps}{format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
+        peak = _gib(alternative.peak_memory_bytes)
+        lines.append(f"  alternative: {alternative.config.phrase}: {steps}{format_duration(alternative.total_seconds)}, peak {peak}")
     return lines + [f"  note: {note}" for note in plan.notes]
 
 

@@ -396,7 +396,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     return Plan(
         chosen=chosen, alternatives=alternatives, naive_seconds=naive_seconds(calibration, data, request.epochs, chosen), deadline=request.deadline,
         available_seconds=available, meets_deadline=chosen.total_seconds_promised <= available, effective_batch=effective_batch, packing=data.packing,
-        epochs=request.epochs, priority=request.priority, step_limit=step_limit, bound_fraction=chosen.bound_fraction, notes=notes,
+        epochs=request.epochs, priority=request.priority, step_limit=step_limit, notes=notes,
         cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size), warnings=warnings, price_per_hour=request.price_per_hour,
     )
 
