@@ -70,8 +70,7 @@ def run_training(
 
     # Every rank waits until rank 0 has written everything: none exits while another still works. As long as rank 0's export, report and push are planned to
     # take (and more): a fixed wait ended rank 0 in the middle of a long push.
-    overheads = recipe.run.plan.chosen.overheads
-    finish_together(finish_wait_seconds(overheads.after_training_seconds if overheads is not None else 0.0))
+    finish_together(finish_wait_seconds(recipe.run.plan.chosen.overheads.after_training_seconds))
     return status
 
 
