@@ -4,7 +4,6 @@ table, as JSON (`--json`) and as an HTML report with a time-vs-cost plot (report
 from __future__ import annotations
 
 import argparse
-import shlex
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,7 @@ from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
 from train.recipes.launch_task import DROPPED_FLAGS, comparison_task
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
-from train.running.resume import without_options
+from train.running.resume import train_command_line, without_options
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:
@@ -211,5 +210,4 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
     if command_line is None:
         return None
     kept = without_options(command_line, DROPPED_FLAGS, ("--use-calibration", "--out", "--consider", "--emit"))
-    launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
-    return shlex.join([*launcher, "--use-calibration", row.reference, *kept])
+    return train_command_line(row.processes, ["--use-calibration", row.reference, *kept])

@@ -181,10 +181,15 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
     if command_line is None:
         return None
     kept = without_options(command_line, ("--resume", "--dry-run"), ("--out",))
-    launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
     auto = any(token == "--resume" and after == "auto" for token, after in itertools.pairwise(command_line))
     resume = ["--resume", "auto"] if auto else ["--resume"]  # the same command continues the run as it did
-    return shlex.join([*launcher, *kept, *resume, "--out", str(out_dir)])
+    return train_command_line(world_size, [*kept, *resume, "--out", str(out_dir)])
+
+
+def train_command_line(processes: int, arguments: list[str]) -> str:
+    """`train` with `arguments`, under accelerate launch for several processes."""
+    launcher = ["accelerate", "launch", "--num_processes", str(processes), "-m", "train"] if processes > 1 else ["train"]
+    return shlex.join([*launcher, *arguments])
 
 
 @dataclass(frozen=True)
