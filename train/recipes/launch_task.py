@@ -163,24 +163,12 @@ def row_target(row: Row) -> Target:
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
+    calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
     return Target(
-        machine=row.machine or f"{row.processes}×{row.device['name']}",
-        device_key=key,
-        accelerator=accelerator_of(key, row.device),
-        nodes=nodes,
-        gpus_per_node=per_node,
-        sharding=row.option.sharding,
-        configuration=chosen.config.phrase,
-        optimizer_steps=chosen.optimizer_steps,
-        kind=row.kind,
-        rests_on=row.rests_on,
-        calibration=(f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None,
-        calibration_file=file,
-        settle=row.settle,
-        settle_seconds=row.settle_seconds,
-        low_seconds=chosen.total_seconds_low,
-        upper_seconds=chosen.total_seconds_promised,
-        price_per_hour=row.price_per_hour,
+        machine=row.machine or f"{row.processes}×{row.device['name']}", device_key=key, accelerator=accelerator_of(key, row.device),
+        nodes=nodes, gpus_per_node=per_node, sharding=row.option.sharding, configuration=chosen.config.phrase, optimizer_steps=chosen.optimizer_steps,
+        kind=row.kind, rests_on=row.rests_on, calibration=calibration, calibration_file=file, settle=row.settle, settle_seconds=row.settle_seconds,
+        low_seconds=chosen.total_seconds_low, upper_seconds=chosen.total_seconds_promised, price_per_hour=row.price_per_hour,
         cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
