@@ -283,19 +283,11 @@ def candidate_overheads(
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds
     save = checkpoint_save_seconds(measured)
     return Overheads(
-        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
-        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
-        checkpoint_seconds=save,
-        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
-        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
-        eval_pass_seconds=eval_pass,
-        eval_count=eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
-        compile_seconds=compile_cost,
-        compile_shapes=compile_shapes,
-        export_bytes=request.export_bytes,
-        data_prep_seconds=request.data_prep_seconds,
-        upload_seconds=request.upload_seconds,
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)), warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save, checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save, eval_pass_seconds=eval_pass, eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0, compile_seconds=compile_cost, compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes, data_prep_seconds=request.data_prep_seconds, upload_seconds=request.upload_seconds,
     )
 
 
