@@ -127,7 +127,7 @@ def test_the_planner_chooses_it_where_only_it_fits_and_run_json_records_it(with_
     request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, priority="fast")
     plan = make_plan(calibration, packed_data(), request)
     assert plan.chosen.config.on("activation_offloading")
-    assert plan.chosen.label().endswith(", activation offloading")
+    assert plan.chosen.config.phrase.endswith(", activation offloading")
     with pytest.raises(DoesNotFitError):
         make_plan(calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "off"}}))
     run_file = RunFile.read(FIXTURES / "run-json-before-42.json")

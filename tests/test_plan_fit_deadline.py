@@ -223,5 +223,5 @@ def test_the_plan_warns_when_the_calibration_s_error_decides_the_deadline() -> N
     assert not any("decides this deadline" in warning for warning in roomy.warnings)
     between = (roomy.chosen.total_seconds + roomy.chosen.total_seconds_high) / 2
     tight = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "deadline": Deadline.with_margin_share(between, 0.0)}))
-    assert tight.chosen.label() == roomy.chosen.label() and not tight.meets_deadline
+    assert tight.chosen.config.phrase == roomy.chosen.config.phrase and not tight.meets_deadline
     assert sum("decides this deadline" in warning for warning in tight.warnings) == 1

@@ -19,8 +19,8 @@ from bench.record import refit_record
 from calibration.model import Calibration
 from calibration.schema import read_calibration_file
 from common.errors import BenchtrainError
-from common.sizes import parse_memory_size
 from train.recipes.choice import variants_to_plan
+from train.recipes.config import parse_memory_size
 from train.workload.method import MethodConfig
 
 GPT2_LORA = Path(__file__).parent / "fixtures" / "cpu-gpt2-lora-bench2m.json"

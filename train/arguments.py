@@ -60,18 +60,9 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
         )
         parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, metavar="LIST", help=f"{optimizer}; a list measures each (default: {DEFAULT_OPTIMIZER})")
         return
-    parser.add_argument(
-        "--quantize",
-        choices=("auto", *QUANTIZE_CHOICES),
-        default="auto",
-        help=f"{quantize}; auto (default): what the calibration measured, the fastest that fits where it measured several",
-    )
-    parser.add_argument(
-        "--optimizer",
-        choices=("auto", *OPTIMIZERS),
-        default="auto",
-        help=f"{optimizer}; auto (default): what the calibration measured, the fastest that fits where it measured several",
-    )
+    auto = "auto (default): what the calibration measured, the fastest that fits where it measured several"
+    parser.add_argument("--quantize", choices=("auto", *QUANTIZE_CHOICES), default="auto", help=f"{quantize}; {auto}")
+    parser.add_argument("--optimizer", choices=("auto", *OPTIMIZERS), default="auto", help=f"{optimizer}; {auto}")
 
 
 def add_step_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,6 @@ table, as JSON (`--json`) and as an HTML report with a time-vs-cost plot (report
 from __future__ import annotations
 
 import argparse
-import shlex
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -15,8 +14,9 @@ from common.durations import format_duration
 from common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from train.planning.memory_check import GIB
 from train.recipes.config import TrainConfig
-from train.recipes.launch_task import DROPPED_FLAGS, comparison_task, without_options
+from train.recipes.launch_task import DROPPED_FLAGS, comparison_task
 from train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
+from train.running.resume import train_command_line, without_options
 
 
 def run_comparison(args: argparse.Namespace, started: float) -> int:
@@ -180,7 +180,7 @@ def row_plan(row: Row) -> str:
     price = f"; ${row.price_per_hour:,.2f} per device-hour × {row.processes}" if row.price_per_hour is not None else ""
     upper = "central estimate" if row.option.calibration.too_noisy_to_bound else "upper bound"
     text = (
-        f"{chosen.label()}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
+        f"{chosen.config.phrase}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
         f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, row.plan.available_seconds))} usable{price}"
     )
     if row.option.predicted:
@@ -196,7 +196,7 @@ def machine_text(row: Row) -> str:
         return f"no plan: {row.problem}"
     chosen = row.plan.chosen
     price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
-    return f"{chosen.label()}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
+    return f"{chosen.config.phrase}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
 
 
 def cost_text(row: Row) -> str:
@@ -210,5 +210,4 @@ def train_command(command_line: list[str] | None, row: Row) -> str | None:
     if command_line is None:
         return None
     kept = without_options(command_line, DROPPED_FLAGS, ("--use-calibration", "--out", "--consider", "--emit"))
-    launcher = ["accelerate", "launch", "--num_processes", str(row.processes), "-m", "train"] if row.processes > 1 else ["train"]
-    return shlex.join([*launcher, "--use-calibration", row.reference, *kept])
+    return train_command_line(row.processes, ["--use-calibration", row.reference, *kept])

@@ -96,13 +96,8 @@ def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> Memo
     frozen_bytes = quantized_base_bytes(spec, method.quantize).total if method.quantized else (total - trainable) * compute_bytes(device_type)
     blocks = decoder_blocks(model)
     return MemoryNeed(
-        total_parameters=total,
-        trainable_parameters=trainable,
-        weights_bytes=frozen_bytes + trainable * FP32_BYTES,
-        gradient_bytes=trainable * FP32_BYTES,
-        optimizer_bytes=optimizer_state_bytes(method.optimizer, sizes),
-        blocks=len(blocks),
-        largest_block_parameters=largest_block_parameters(blocks),
+        total_parameters=total, trainable_parameters=trainable, weights_bytes=frozen_bytes + trainable * FP32_BYTES, gradient_bytes=trainable * FP32_BYTES,
+        optimizer_bytes=optimizer_state_bytes(method.optimizer, sizes), blocks=len(blocks), largest_block_parameters=largest_block_parameters(blocks),
         built_whole=method.quantized,
     )
 

@@ -73,7 +73,7 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         *describe_data(profile, byte_tokens),
         *[f"  {note}" for note in data_notes],
         f"calibration: {calibration.id} ({describe_error(calibration, c)}{history})",
-        f"plan ({plan.priority}): {c.label()}, {c.world_size} process(es); effective batch {plan.effective_batch} "
+        f"plan ({plan.priority}): {c.config.phrase}, {c.world_size} process(es); effective batch {plan.effective_batch} "
         f"{'packed rows' if plan.packing else 'samples'}; {_steps(c.optimizer_steps, 'optimizer ')}"
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
@@ -96,7 +96,8 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         lines.append(f"  cost: ${plan.cost:,.2f}")
     for alternative in plan.alternatives:
         steps = f"{_steps(alternative.optimizer_steps)} in " if plan.step_limit is not None else ""
-        lines.append(f"  alternative: {alternative.label()}: {steps}{format_duration(alternative.total_seconds)}, peak {_gib(alternative.peak_memory_bytes)}")
+        peak = _gib(alternative.peak_memory_bytes)
+        lines.append(f"  alternative: {alternative.config.phrase}: {steps}{format_duration(alternative.total_seconds)}, peak {peak}")
     return lines + [f"  note: {note}" for note in plan.notes]
 
 

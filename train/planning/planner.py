@@ -282,19 +282,11 @@ def candidate_overheads(
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds
     save = checkpoint_save_seconds(measured)
     return Overheads(
-        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
-        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
-        checkpoint_seconds=save,
-        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
-        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
-        eval_pass_seconds=eval_pass,
-        eval_count=eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
-        compile_seconds=compile_cost,
-        compile_shapes=compile_shapes,
-        export_bytes=request.export_bytes,
-        data_prep_seconds=request.data_prep_seconds,
-        upload_seconds=request.upload_seconds,
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)), warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save, checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save, eval_pass_seconds=eval_pass, eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0, compile_seconds=compile_cost, compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes, data_prep_seconds=request.data_prep_seconds, upload_seconds=request.upload_seconds,
     )
 
 
@@ -395,7 +387,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     return Plan(
         chosen=chosen, alternatives=alternatives, naive_seconds=naive_seconds(calibration, data, request.epochs, chosen), deadline=request.deadline,
         available_seconds=available, meets_deadline=chosen.total_seconds_promised <= available, effective_batch=effective_batch, packing=data.packing,
-        epochs=request.epochs, priority=request.priority, step_limit=step_limit, bound_fraction=chosen.bound_fraction, notes=notes,
+        epochs=request.epochs, priority=request.priority, step_limit=step_limit, notes=notes,
         cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size), warnings=warnings, price_per_hour=request.price_per_hour,
     )
 
@@ -445,7 +437,7 @@ def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[C
         if one.total_seconds_promised > available:
             wide = f" (its bound ±{one.bound_fraction:.0%}: {EXTRAPOLATION_ADVICE})" if one.extrapolated else ""
             raise DeadlineError(
-                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.label()}) "
+                f"--fit-deadline: not even one optimizer step fits before the deadline: one step ({chosen.config.phrase}) "
                 f"needs up to {format_duration(one.total_seconds_promised)} with its overheads{wide}, {format_duration(max(0.0, available))} are left"
             )
         fits, low = one, 1

@@ -195,9 +195,6 @@ class Candidate:
     def tokens_per_second(self) -> float:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
 
-    def label(self) -> str:
-        return self.config.phrase
-
     def to_json(self) -> JsonDict:
         """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
         shown = {"overheads": asdict(self.overheads), "truncation": dict(self.truncation)}
@@ -217,7 +214,6 @@ class Plan:
     epochs: float
     priority: str
     step_limit: int | None
-    bound_fraction: float
     notes: list[str]
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
     cost: float | None = None
@@ -227,7 +223,13 @@ class Plan:
     def deadline_seconds(self) -> float:
         return self.deadline.deadline_seconds
 
+    @property
+    def bound_fraction(self) -> float:
+        return self.chosen.bound_fraction
+
     def to_json(self) -> JsonDict:
         """Every field in order: the candidates as their JSON, the deadline as its seconds."""
         shown = {"chosen": self.chosen.to_json(), "alternatives": [candidate.to_json() for candidate in self.alternatives], "deadline": self.deadline_seconds}
-        return {("deadline_seconds" if each.name == "deadline" else each.name): shown.get(each.name, getattr(self, each.name)) for each in fields(self)}
+        names = [each.name for each in fields(self)]
+        names.insert(names.index("notes"), "bound_fraction")  # after step_limit, in the order the dry run and run.json show
+        return {("deadline_seconds" if name == "deadline" else name): shown.get(name, getattr(self, name)) for name in names}

@@ -334,7 +334,8 @@ def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refus
         parts.append(f"fits micro-batch {largest}{more}" if largest else "does not fit even micro-batch 1")
         own = other.plan.chosen
         verdict = "meets the deadline" if other.plan.meets_deadline else "misses the deadline"
-        parts.append(f"its best plan {own.optimizer_steps:,} steps of {own.label()}, {own.tokens:,} tokens: {format_duration(own.total_seconds)} ({verdict})")
+        best = f"its best plan {own.optimizer_steps:,} steps of {own.config.phrase}, {own.tokens:,} tokens"
+        parts.append(f"{best}: {format_duration(own.total_seconds)} ({verdict})")
         lines.append(f"{variant_name(*other.cal.variant)}: " + ", ".join(parts))
     lines.extend(f"{variant_name(one.method.quantize, one.method.optimizer)}: not planned ({one.reason})" for one in refused)
     return lines

@@ -16,6 +16,7 @@ from calibration.topology import parse_interconnect, recorded_interconnect
 from common.errors import BenchtrainError
 from train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
 from train.recipes.machines import Option, Row, device_key, option_source
+from train.running.resume import without_options
 
 if TYPE_CHECKING:
     from calibration.model import Calibration
@@ -162,24 +163,12 @@ def row_target(row: Row) -> Target:
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
+    calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
     return Target(
-        machine=row.machine or f"{row.processes}×{row.device['name']}",
-        device_key=key,
-        accelerator=accelerator_of(key, row.device),
-        nodes=nodes,
-        gpus_per_node=per_node,
-        sharding=row.option.sharding,
-        configuration=chosen.label(),
-        optimizer_steps=chosen.optimizer_steps,
-        kind=row.kind,
-        rests_on=row.rests_on,
-        calibration=(f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None,
-        calibration_file=file,
-        settle=row.settle,
-        settle_seconds=row.settle_seconds,
-        low_seconds=chosen.total_seconds_low,
-        upper_seconds=chosen.total_seconds_promised,
-        price_per_hour=row.price_per_hour,
+        machine=row.machine or f"{row.processes}×{row.device['name']}", device_key=key, accelerator=accelerator_of(key, row.device),
+        nodes=nodes, gpus_per_node=per_node, sharding=row.option.sharding, configuration=chosen.config.phrase, optimizer_steps=chosen.optimizer_steps,
+        kind=row.kind, rests_on=row.rests_on, calibration=calibration, calibration_file=file, settle=row.settle, settle_seconds=row.settle_seconds,
+        low_seconds=chosen.total_seconds_low, upper_seconds=chosen.total_seconds_promised, price_per_hour=row.price_per_hour,
         cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
@@ -209,23 +198,6 @@ def calibration_file(cal: Calibration) -> Path | None:
 
 
 # -- the command the nodes run -----------------------------------------------------------------
-
-
-def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
-    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
-    kept: list[str] = []
-    skip = False
-    for index, token in enumerate(command_line):
-        name, equals, _ = token.partition("=")
-        if skip:
-            skip = False
-        elif name in with_value:
-            skip = not equals
-        elif name in flags:
-            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
-        else:
-            kept.append(token)
-    return kept
 
 
 def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:

@@ -70,8 +70,7 @@ def run_training(
 
     # Every rank waits until rank 0 has written everything: none exits while another still works. As long as rank 0's export, report and push are planned to
     # take (and more): a fixed wait ended rank 0 in the middle of a long push.
-    overheads = recipe.run.plan.chosen.overheads
-    finish_together(finish_wait_seconds(overheads.after_training_seconds if overheads is not None else 0.0))
+    finish_together(finish_wait_seconds(recipe.run.plan.chosen.overheads.after_training_seconds))
     return status
 
 
@@ -268,19 +267,13 @@ class TrainRecipe:
             deadline=config.run_deadline,
             guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
             learning_rate=record.file.learning_rate,  # scaled once, in the plan (train.recipes.run_plan.learning_rate_record)
-            seed=config.seed,
-            epochs=run.plan.epochs,
-            step_limit=run.plan.step_limit,
-            schedule_steps=record.file.total_steps,
-            resume=config.output.resume,
-            report_to=config.output.trackers,
-            hyperparameters=config.tuning.hyperparameters,
+            seed=config.seed, epochs=run.plan.epochs, step_limit=run.plan.step_limit, schedule_steps=record.file.total_steps,
+            resume=config.output.resume, report_to=config.output.trackers, hyperparameters=config.tuning.hyperparameters,
         )
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
-            calibration=run.cal,
-            chosen=run.plan.chosen,
+            calibration=run.cal, chosen=run.plan.chosen,
             model=ModelToTrain(self.spec, run.method, run.step),  # THE step as the variant's fit decided it
             data=TrainingData(self.loaded.data, pad_id, self.loaded.eval_data, config.data.eval_schedule),
             out_dir=record.out_dir,

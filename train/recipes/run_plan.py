@@ -132,37 +132,19 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
     # On CPU this process's own libraries and data beyond the bench process's, measured now (its data loaded, its model not yet built).
     memory_offset += host_excess_bytes(cal.hardware, device_type)
     merge = bool(config.output.merge_lora and method.is_lora)
+    # --push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default.
+    upload_seconds = upload_bytes(need, method.is_lora, merge, device_type) / upload_rate()[0] if config.output.push_to_hub else 0.0
     return PlanRequest(
-        data_prep_seconds=context.data_prep_seconds,
-        data_uncertainty=context.data_uncertainty,
-        epochs=resumed.epochs if resumed else config.plan.epochs,
-        deadline=config.run_deadline,
-        elapsed_seconds=context.elapsed_seconds,
-        priority=config.plan.priority,
-        effective_batch=config.plan.effective_batch,
-        max_length=resumed.configuration.seq_len if resumed else config.plan.max_length,
-        world_size=step.world_size,
-        num_workers=config.plan.workers,
-        checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds,
-        price_per_hour=fitted.price_per_hour,
-        max_steps=config.plan.max_steps,
-        fit_deadline=config.plan.fit_deadline,
-        seed=config.seed,
-        max_positions=spec.max_positions,
-        completed_steps=context.completed,
-        configuration=resumed.configuration if resumed else None,
-        switches=config.plan.switches,
-        eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
-        with_report=not config.output.no_report,
-        compiled=step.compiled,
-        comm_seconds_per_step=comm.per_step,
-        comm_seconds_per_micro_step=comm.per_micro_step,
-        memory_offset_bytes=memory_offset,
-        gradient_shards=gradient_shards,
-        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type),
-        # --push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default.
-        upload_seconds=upload_bytes(need, method.is_lora, merge, device_type) / upload_rate()[0] if config.output.push_to_hub else 0.0,
-        comm_overlap=comm_overlap,
+        data_prep_seconds=context.data_prep_seconds, data_uncertainty=context.data_uncertainty, epochs=resumed.epochs if resumed else config.plan.epochs,
+        deadline=config.run_deadline, elapsed_seconds=context.elapsed_seconds, priority=config.plan.priority, effective_batch=config.plan.effective_batch,
+        max_length=resumed.configuration.seq_len if resumed else config.plan.max_length, world_size=step.world_size, num_workers=config.plan.workers,
+        checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds, price_per_hour=fitted.price_per_hour, max_steps=config.plan.max_steps,
+        fit_deadline=config.plan.fit_deadline, seed=config.seed, max_positions=spec.max_positions, completed_steps=context.completed,
+        configuration=resumed.configuration if resumed else None, switches=config.plan.switches,
+        eval_schedule=config.data.eval_schedule if context.eval_data is not None else None, with_report=not config.output.no_report, compiled=step.compiled,
+        comm_seconds_per_step=comm.per_step, comm_seconds_per_micro_step=comm.per_micro_step, comm_overlap=comm_overlap,
+        memory_offset_bytes=memory_offset, gradient_shards=gradient_shards,
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type), upload_seconds=upload_seconds,
     )
 
 

@@ -159,21 +159,37 @@ def completed_steps(out_dir: Path) -> int:
     return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
 
 
+def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
+    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
+    kept: list[str] = []
+    skip = False
+    for index, token in enumerate(command_line):
+        name, equals, _ = token.partition("=")
+        if skip:
+            skip = False
+        elif name in with_value:
+            skip = not equals
+        elif name in flags:
+            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
+        else:
+            kept.append(token)
+    return kept
+
+
 def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
     """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
     if command_line is None:
         return None
-    kept: list[str] = []
-    pairs = itertools.pairwise([*command_line, ""])  # each token and the one after it
-    for token, after in pairs:
-        if token == "--out" or (token == "--resume" and after == "auto"):
-            next(pairs, None)  # and its value
-        elif token not in ("--resume", "--dry-run") and not token.startswith("--out="):
-            kept.append(token)
-    launcher = ["accelerate", "launch", "--num_processes", str(world_size), "-m", "train"] if world_size > 1 else ["train"]
+    kept = without_options(command_line, ("--resume", "--dry-run"), ("--out",))
     auto = any(token == "--resume" and after == "auto" for token, after in itertools.pairwise(command_line))
     resume = ["--resume", "auto"] if auto else ["--resume"]  # the same command continues the run as it did
-    return shlex.join([*launcher, *kept, *resume, "--out", str(out_dir)])
+    return train_command_line(world_size, [*kept, *resume, "--out", str(out_dir)])
+
+
+def train_command_line(processes: int, arguments: list[str]) -> str:
+    """`train` with `arguments`, under accelerate launch for several processes."""
+    launcher = ["accelerate", "launch", "--num_processes", str(processes), "-m", "train"] if processes > 1 else ["train"]
+    return shlex.join([*launcher, *arguments])
 
 
 @dataclass(frozen=True)
