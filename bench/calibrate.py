@@ -111,8 +111,7 @@ def after_probes_seconds(task: BenchTask, planner: ProbePlanner) -> float:
 
 
 def fresh_processes_price(task: BenchTask, planner: ProbePlanner) -> float:
-    """The check in fresh processes at the configurations it would choose now; reserved only once
-    the probes have a minimum viable fit (which comes first)."""
+    """The check in fresh processes at the configurations it would choose now; reserved only once the probes have a minimum viable fit (which comes first)."""
     if task.fresh_processes is None or not planner.viable():
         return 0.0
     configs = check_configs(planner.ok_rows())
@@ -141,8 +140,7 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
-    """Where evaluation (forward only) is timed: the corners (batch, length) of what trained fine with
-    checkpointing off, or of the grid before any probe."""
+    """Where evaluation (forward only) is timed: the corners (batch, length) of what trained fine with checkpointing off, or of the grid before any probe."""
     ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [c.to_row() for c in planner.space.all_configs()]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
@@ -283,8 +281,7 @@ def build_calibration(
     warnings: list[str],
     fresh_rows: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The record of what `task` measured (`training`: how the model was trained, the loss chosen
-    included), fitted when enough probes succeeded."""
+    """The record of what `task` measured (`training`: how the model was trained, the loss chosen included), fitted when enough probes succeeded."""
     created = datetime.now(timezone.utc)
     model = task.model
     record: dict[str, Any] = {
@@ -475,8 +472,7 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
 
 
 def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
-    """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and
-    say what a fit needs."""
+    """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and say what a fit needs."""
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
     kept = save_failed(record)

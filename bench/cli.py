@@ -198,8 +198,7 @@ def asked_space(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
 
 
 def validate_args(args: argparse.Namespace) -> float | str | None:
-    """Check everything that needs no torch first, so bad input fails fast. Returns the budget
-    (seconds, "auto" or None)."""
+    """Check everything that needs no torch first, so bad input fails fast. Returns the budget (seconds, "auto" or None)."""
     # Parse list options now to fail before any heavy import.
     asked_space(args)
     method_from_args(args)
@@ -543,8 +542,7 @@ def push_command(repo: str, references: list[str]) -> int:
 
 
 def calibrations_to_push(references: list[str]) -> list[dict[str, Any]]:
-    """The calibrations named (each once), or every readable one in the store; an unreadable one in
-    the store is said and left out."""
+    """The calibrations named (each once), or every readable one in the store; an unreadable one in the store is said and left out."""
 
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)

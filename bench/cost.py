@@ -37,8 +37,7 @@ class DeviceSpeed:
 
 
 def device_speed(hardware: dict[str, Any]) -> DeviceSpeed:
-    """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device,
-    times PRIOR_EFFICIENCY."""
+    """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device, times PRIOR_EFFICIENCY."""
     peak = hardware.get("peak_bf16_flops")
     if peak:
         return DeviceSpeed(peak * PRIOR_EFFICIENCY, f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}")
@@ -132,8 +131,7 @@ class CostModel:
         return self.step_seconds(config) * (1 + max(MIN_COST_MARGIN, margin))
 
     def first_step_extra(self, new_shape: bool) -> float:
-        """What a probe's first step costs beyond a steady one: a compilation for a new shape of a
-        compiled step, else allocation and DataLoader start."""
+        """What a probe's first step costs beyond a steady one: a compilation for a new shape of a compiled step, else allocation and DataLoader start."""
         extras = [
             (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds)) for o in self.observations if o.step_seconds and o.first_step_seconds is not None
         ]
@@ -147,8 +145,7 @@ class CostModel:
         return statistics.median(extra for _, extra in extras) if extras else 0.0
 
     def start_seconds(self, config: StepConfig) -> float:
-        """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from
-        probes with as many workers (or any, else none)."""
+        """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from probes with as many workers (or any, else none)."""
 
         def outside(o: Observation) -> float:
             steps = (o.first_step_seconds or 0.0) + max(0, o.warmup_steps - 1) * (o.step_seconds or 0.0) + o.timed_seconds

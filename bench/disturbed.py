@@ -125,8 +125,7 @@ LEVELS = ("median", "first")
 
 
 def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig, level: str = "median") -> dict[str, Any]:
-    """Rescale the ok rows in place to the reference's speed at `level`; `references` are
-    (position, reference tokens/s)."""
+    """Rescale the ok rows in place to the reference's speed at `level`; `references` are (position, reference tokens/s)."""
     summary: dict[str, Any] = {"reference": config.to_row(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
@@ -151,8 +150,7 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
 
 
 def median_of_three(values: np.ndarray) -> np.ndarray:
-    """A running median over neighbours: one disturbed reference probe (a burst of load from
-    something else) must not rescale the probes around it."""
+    """A running median over neighbours: one disturbed reference probe (a burst of load from something else) must not rescale the probes around it."""
     if len(values) < 3:
         return values
     padded = np.concatenate(([values[0]], values, [values[-1]]))

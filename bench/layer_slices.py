@@ -87,8 +87,7 @@ def non_uniform_reason(spec: ModelSpec) -> str | None:
 
 
 def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
-    """The model cut to `layers` decoder layers (every per-layer list too), with random weights: speed
-    and memory do not depend on their values."""
+    """The model cut to `layers` decoder layers (every per-layer list too), with random weights: speed and memory do not depend on their values."""
     total = full_layers(spec)
     config = {key: value[:layers] if isinstance(value, list) and len(value) == total else value for key, value in spec.config_dict.items()}
     config[layer_key(spec.config_dict)] = layers
@@ -171,8 +170,7 @@ def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, d
 def measure_layers(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
 ) -> JsonDict | None:
-    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's
-    record; None on the other processes)."""
+    """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's record; None on the other processes)."""
     started = time.monotonic()
     depths, rule = choose_depths(request, spec, method, asked, budget)
     if depths is None:
@@ -414,8 +412,7 @@ def depth_share(left: float, prices: dict[int, float], depths: tuple[int, ...]) 
 
 
 def refuse_if_unaffordable(prices: dict[int, float], budget: float | str | None, name: str, spent: float = 0.0) -> None:
-    """One line, before anything is built, when the budget cannot pay for a minimum viable fit at
-    every depth after the `spent` seconds (pricing them)."""
+    """One line, before anything is built, when the budget cannot pay for a minimum viable fit at every depth after the `spent` seconds (pricing them)."""
     needed = sum(prices.values()) + spent
     if isinstance(budget, (int, float)) and budget < needed:
         depths = ", ".join(map(str, sorted(prices)))

@@ -38,8 +38,7 @@ class Outlook:
 
     @property
     def affordable(self) -> bool:
-        """A prior's prices are conservative: only a budget short of what even the device's peak
-        would need is refused. Measured prices are bet on."""
+        """A prior's prices are conservative: only a budget short of what even the device's peak would need is refused. Measured prices are bet on."""
         needed = self.minimum_seconds if self.prices == "measured" else self.least_seconds
         return self.budget_seconds is None or self.budget_seconds >= needed
 
@@ -106,8 +105,7 @@ def describe(view: Outlook) -> list[str]:
 
 
 def refuse_if_too_small(view: Outlook, planner: ProbePlanner | None = None) -> None:
-    """One line naming the budget a minimum viable fit needs (or the grid it needs), before any
-    of the budget is spent."""
+    """One line naming the budget a minimum viable fit needs (or the grid it needs), before any of the budget is spent."""
     if planner is not None and len(view.planned if view.budget_seconds is None else planner.preview(None)) < MIN_ROWS_FOR_FIT:
         raise BenchtrainError(
             f"the grid has {planner.space.size} configurations ({len(planner.candidates())} that fit in memory); a fit needs at least "
@@ -150,8 +148,7 @@ def settle_budget(
 
 
 def minimum_from_scratch(planner: ProbePlanner, spent_before_probes: float, after_probes_seconds: float) -> float:
-    """The budget a minimum viable fit needs from the start, at the prices measured so far (what
-    a failed benchmark tells the user to ask for next time)."""
+    """The budget a minimum viable fit needs from the start, at the prices measured so far (what a failed benchmark tells the user to ask for next time)."""
     fresh = copy.deepcopy(planner)
     fresh.rows, fresh.oom, fresh.seen_shapes = {}, [], set()
     return total_seconds(sum(price for _, price in fresh.preview(None, stop_when_viable=True)), spent_before_probes, after_probes_seconds)

@@ -178,8 +178,7 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
 
 
 def study_name(hardware: dict[str, Any], model: dict[str, Any], space: SearchSpace, data: str | None, setup: str = "") -> str:
-    """The optuna study an interrupted bench resumes: same device, model, space, data and setup
-    (what is trained, on which base, with which optimizer)."""
+    """The optuna study an interrupted bench resumes: same device, model, space, data and setup (what is trained, on which base, with which optimizer)."""
     key = json.dumps([hardware["name"], hardware["count"], model["fingerprint"], space.as_dict(), data, setup], sort_keys=True)
     return "bench-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -117,8 +117,7 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:
 
 
 def ruled_out_by(config: StepConfig, oom_configs: list[StepConfig]) -> StepConfig | None:
-    """The OOM probe that makes `config` pointless: one it keeps at least as much memory as
-    (calibration.step_config.holds_as_much)."""
+    """The OOM probe that makes `config` pointless: one it keeps at least as much memory as (calibration.step_config.holds_as_much)."""
     return next((oom for oom in oom_configs if holds_as_much(config, oom)), None)
 
 

@@ -35,8 +35,7 @@ def kernel_kind(name: str) -> str:
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by the union of (start, end) intervals in µs: kernels on several streams
-    overlap, and the device was busy once, not twice."""
+    """Seconds covered by the union of (start, end) intervals in µs: kernels on several streams overlap, and the device was busy once, not twice."""
     busy, reach = 0.0, float("-inf")
     for start, end in sorted(intervals):
         if end > reach:

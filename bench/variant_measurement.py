@@ -70,8 +70,7 @@ class Carry:
     compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
 
     def prepare(self, task: Any, planner: ProbePlanner) -> Any:
-        """This depth's task (one-off timings only at the last depth); its planner learns the
-        shapes already compiled."""
+        """This depth's task (one-off timings only at the last depth); its planner learns the shapes already compiled."""
         planner.seen_shapes |= self.shapes
         if self.compile_seconds is not None:
             planner.cost.compile_prior_seconds = self.compile_seconds
@@ -184,8 +183,7 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
 
 
 def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
-    """The model, step and DataLoader the probes run (train's own), and the task as building them
-    completes it."""
+    """The model, step and DataLoader the probes run (train's own), and the task as building them completes it."""
     say(f"building {spec.name} on {task.hardware['name']} …")
     started_seconds = max(0.0, time.time() - psutil.Process().create_time())  # imports and setup: what a fresh process pays before its build
 
@@ -227,8 +225,7 @@ def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Ca
 
 
 def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
-    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and
-    the plain-torch ones."""
+    """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and the plain-torch ones."""
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
     return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))

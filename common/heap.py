@@ -27,8 +27,7 @@ def frozen_heap() -> Iterator[None]:
 
 
 def collect_everything() -> None:
-    """A full collection that frozen objects take part in; inside `frozen_heap()` what is still
-    alive afterwards is frozen again."""
+    """A full collection that frozen objects take part in; inside `frozen_heap()` what is still alive afterwards is frozen again."""
     gc.unfreeze()
     gc.collect()
     if _frozen_depth:

@@ -32,8 +32,7 @@ def hub_cache_dir() -> str:
 
 
 def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, repo_type: str = "model") -> Path:
-    """The cache folder of `repo_id@revision` holding the files that match `patterns`, fetched
-    when online and missing."""
+    """The cache folder of `repo_id@revision` holding the files that match `patterns`, fetched when online and missing."""
     from huggingface_hub import is_offline_mode, snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
@@ -104,8 +103,7 @@ def first_line(error: BaseException) -> str:
 
 
 def valid_repo_id(repo_id: str, option: str) -> str:
-    """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error
-    naming `option` (`--push-to-hub`, `bench push`)."""
+    """ORG/NAME (or NAME, the token's own namespace) as the hub accepts it, or a one-line error naming `option` (`--push-to-hub`, `bench push`)."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 

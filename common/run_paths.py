@@ -14,8 +14,7 @@ FINAL_PATH_KEYS = ("path", "merged_path", "base_path")
 
 
 def stored_path(path: str | Path | None, run_dir: Path) -> str | None:
-    """`path` as run.json keeps it: relative to `run_dir` (POSIX separators) when it lies inside the
-    run folder, else unchanged."""
+    """`path` as run.json keeps it: relative to `run_dir` (POSIX separators) when it lies inside the run folder, else unchanged."""
     if path is None:
         return None
     try:

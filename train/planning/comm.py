@@ -64,8 +64,7 @@ Collectives: TypeAlias = dict[str, JsonDict]
 
 
 class CommPlan(NamedTuple):
-    """What communication adds per optimizer step (DDP) and per micro-step (FSDP), and where the
-    figure comes from (run.json's `communication`)."""
+    """What communication adds per optimizer step (DDP) and per micro-step (FSDP), and where the figure comes from (run.json's `communication`)."""
 
     per_step: float
     per_micro_step: float

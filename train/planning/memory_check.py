@@ -29,8 +29,7 @@ GIB = 2**30
 
 
 def compute_bytes(device_type: str) -> int:
-    """Bytes of a parameter as the forward uses it: bf16 on CUDA, fp32 on CPU (a frozen LoRA base
-    is kept so; FSDP gathers shards so)."""
+    """Bytes of a parameter as the forward uses it: bf16 on CUDA, fp32 on CPU (a frozen LoRA base is kept so; FSDP gathers shards so)."""
     return BF16_BYTES if device_type == "cuda" else FP32_BYTES
 
 
@@ -129,8 +128,7 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
 
 
 def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
-    """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None
-    when it fits one (or no count of them)."""
+    """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None when it fits one (or no count of them)."""
     count = gpus_needed(need, hardware)
     if count is None or count == 1:
         return None

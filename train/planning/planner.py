@@ -126,8 +126,7 @@ def choose_lengths(calibration: Calibration, data: DataView, request: PlanReques
 
 
 def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions: int) -> tuple[int, ...]:
-    """The sequence lengths `bench run --data` measures: those the planner will choose for this
-    data, and shorter ones for a spread (docs/design.md#planner)."""
+    """The sequence lengths `bench run --data` measures: those the planner will choose for this data, and shorter ones for a spread (docs/design.md#planner)."""
     if data.packing:
         return defaults
     coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
@@ -140,8 +139,7 @@ def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions:
 
 
 def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest) -> None:
-    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes
-    loss on nothing would train nothing and still exit 0."""
+    """Refuse a max length that truncates (nearly) every trainable token away: a run that computes loss on nothing would train nothing and still exit 0."""
     if data.packing:
         return  # packing truncates nothing
     whole = data.real_tokens(max(data.lengths))
@@ -405,8 +403,7 @@ def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
 
 
 def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate]) -> list[Candidate]:
-    """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit
-    (those of which not one step fits are left out)."""
+    """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit (those of which not one step fits are left out)."""
     alternatives: list[Candidate] = []
     for candidate in ranked:
         if len(alternatives) == ALTERNATIVES_SHOWN:

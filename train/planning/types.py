@@ -119,8 +119,7 @@ class Overheads:
 
     @property
     def during_training_seconds(self) -> float:
-        """What the run spends between its steps: the periodic checkpoints and evaluations (the
-        final ones come after the last step: after_training_seconds)."""
+        """What the run spends between its steps: the periodic checkpoints and evaluations (the final ones come after the last step: after_training_seconds)."""
         return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(0, self.eval_count - 1)
 
     def to_json(self) -> JsonDict:

@@ -255,8 +255,7 @@ def launch_task(
     method: MethodConfig,
     command_line: list[str],
 ) -> LaunchTask:
-    """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the
-    recommended `plan`) and maximum duration."""
+    """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the recommended `plan`) and maximum duration."""
     arguments, uploads = node_arguments(command_line, Path.cwd())
     for target in targets:
         if target.calibration_file is not None:

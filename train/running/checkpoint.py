@@ -159,8 +159,7 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: Path) -> bool:
-    """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA,
-    False); a one-line error when neither."""
+    """Whether `state` is all of the model's state (True) or exactly its trainable tensors (LoRA, False); a one-line error when neither."""
     whole, expected = set(_unwrapped(model).state_dict()), set(model_state(model))
     unexpected, missing = sorted(set(state) - whole), sorted(expected - set(state))
     if unexpected or missing:

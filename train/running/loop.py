@@ -148,8 +148,7 @@ class TrainingData:
 
 @dataclass(frozen=True)
 class LoopHooks:
-    """What the loop calls after each logged step (run.json) and before each step (tests slow it
-    down), and the run record its trackers are told of."""
+    """What the loop calls after each logged step (run.json) and before each step (tests slow it down), and the run record its trackers are told of."""
 
     on_update: Callable[[Position, list[str]], None] | None = None
     step_hook: Callable[[int], None] | None = None
@@ -295,8 +294,7 @@ class TrainingRun:
         return result, now
 
     def _after_step(self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
-        """The deadline guard's verdict on this step, then what is due: live line, trackers, log,
-        evaluation, checkpoint."""
+        """The deadline guard's verdict on this step, then what is due: live line, trackers, log, evaluation, checkpoint."""
         elapsed = self.settings.deadline.elapsed(now)
         compiled_here = self._met_new_shapes(result.shapes)
         pending_compile = self._pending_compile_seconds()
@@ -316,8 +314,7 @@ class TrainingRun:
         self._checkpoint_if_due(position, now)
 
     def _heed(self, verdict: Verdict) -> None:
-        """Say a change of state once; every rank agrees on the strongest move any asks (a signal
-        outranks the guard) and on the step limit."""
+        """Say a change of state once; every rank agrees on the strongest move any asks (a signal outranks the guard) and on the step limit."""
         if verdict.message:
             self.events.append(verdict.message)
             if self.progress is not None:
@@ -440,8 +437,7 @@ class TrainingRun:
 
     @staticmethod
     def _postfix(result: StepResult, verdict: Verdict) -> str:
-        """The live line: this step's loss and speed, and the deadline guard's state (the same the
-        log and the guard's messages say)."""
+        """The live line: this step's loss and speed, and the deadline guard's state (the same the log and the guard's messages say)."""
         return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
 
     def _log(self, position: Position, now: float, verdict: Verdict) -> None:

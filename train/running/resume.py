@@ -93,8 +93,7 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
 
 
 def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
-    """The same method and adapter settings; LoRA's targets (run.json keeps them resolved) only
-    when this command names them."""
+    """The same method and adapter settings; LoRA's targets (run.json keeps them resolved) only when this command names them."""
     if earlier.method != method.method or earlier.optimizer != method.optimizer:
         return False
     if not method.is_lora:
@@ -105,16 +104,14 @@ def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
 
 
 def data_fingerprint(data: DataView) -> str:
-    """The tokenized data's identity: its format and every sample's length, in order (runs
-    recorded before the data cache; newer ones keep the cache key)."""
+    """The tokenized data's identity: its format and every sample's length, in order (runs recorded before the data cache; newer ones keep the cache key)."""
     digest = hashlib.sha256(data.format.encode())
     digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]
 
 
 def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
-    """A resume trains on the run's data (the same batches in the same order): other data is
-    refused unless --force. Returns the warning --force let through."""
+    """A resume trains on the run's data (the same batches in the same order): other data is refused unless --force. Returns the warning --force let through."""
     before = resumed.data
     known_key, known = before.preparation_key, before.fingerprint
     if known_key is not None:

@@ -63,7 +63,6 @@ def log(accelerator: Accelerator, values: dict[str, float | None], step: int) ->
 
 
 def finish(accelerator: Accelerator) -> None:
-    """Close every tracker (not `accelerator.end_training`, which also tears the process group
-    down: see train.step.runtime.finish_together)."""
+    """Close every tracker (not `accelerator.end_training`, which also tears the process group down: see train.step.runtime.finish_together)."""
     for tracker in getattr(accelerator, "trackers", None) or []:
         tracker.finish()
