@@ -164,9 +164,11 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
     from peft import LoraConfig, get_peft_model
 
     targets = list(method.lora_targets) if method.lora_targets else ALL_LINEAR
-    # peft annotates lora_alpha int; a float alpha scales as written.
-    settings: dict[str, Any] = {"r": method.lora_rank, "lora_alpha": method.alpha, "lora_dropout": method.lora_dropout, "target_modules": targets}
-    config = LoraConfig(**settings, bias="none", task_type="CAUSAL_LM", **METHODS[method.method].peft_options)
+    config = LoraConfig(
+        # peft annotates lora_alpha int; a float alpha scales as written.
+        r=method.lora_rank, lora_alpha=method.alpha, lora_dropout=method.lora_dropout, target_modules=targets,  # type: ignore[arg-type]
+        bias="none", task_type="CAUSAL_LM", **METHODS[method.method].peft_options,
+    )
     try:
         return get_peft_model(model, config)
     except ValueError as error:
