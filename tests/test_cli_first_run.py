@@ -69,7 +69,7 @@ def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
     calibration, data = short_calibration(), tokenized(heavy_tailed(), fmt="text")
     whole = make_plan(calibration, data, PlanRequest(epochs=3, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64))
     per_step = whole.chosen.step_seconds / whole.chosen.optimizer_steps
-    overhead = whole.chosen.overhead_seconds
+    overhead = whole.chosen.overheads.total_seconds
     # A deadline with room for about 20 steps (and no margin to keep the arithmetic plain).
     deadline = overhead + 20 * per_step * (1 + calibration.promised_bound_for(whole.chosen.config))
     request = PlanRequest(epochs=3, deadline=Deadline.with_margin_share(deadline, 0.0), effective_batch=4, max_length=64, fit_deadline=True)
@@ -281,7 +281,7 @@ def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_es
         PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64),
     )
     assert plan.chosen.total_seconds_promised == pytest.approx(plan.chosen.total_seconds)
-    assert plan.chosen.total_seconds_high - plan.chosen.overhead_seconds > 1.5 * plan.chosen.step_seconds
+    assert plan.chosen.total_seconds_high - plan.chosen.overheads.total_seconds > 1.5 * plan.chosen.step_seconds
     assert any("too large to promise" in warning for warning in plan.warnings)
 
     save_calibration(data)

@@ -121,7 +121,7 @@ def test_a_row_that_misses_the_deadline_is_not_recommended_however_cheap() -> No
     assert [row.calibration_id for row in tight.rows] == [h200["id"], h100["id"]]
     assert tight.rows[0].recommended and not tight.rows[1].meets_deadline and not tight.rows[1].recommended
     double = next(row for row in loose.rows if row.calibration_id == h200["id"]).plan.chosen
-    short = round((double.overhead_seconds + (double.total_seconds_promised - double.overhead_seconds) / 2) / 0.95)  # half its training fits
+    short = round((double.overheads.total_seconds + (double.total_seconds_promised - double.overheads.total_seconds) / 2) / 0.95)  # half its training fits
     none = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0", deadline=f"{short}s")
     assert none.recommended is None and none.rows[0].calibration_id == h200["id"]
     message = no_row_meets_the_deadline(none, 0.05)
@@ -136,7 +136,7 @@ def test_priority_keeps_its_meaning_inside_each_row() -> None:
     frugal = run_compare([h100_data()], price_per_hour="2.5", priority="memory_efficient").rows[0].plan
     assert fast.priority == "fast" and frugal.priority == "memory_efficient"
     assert frugal.chosen.peak_memory_bytes <= fast.chosen.peak_memory_bytes
-    assert frugal.chosen.total_seconds <= fast.chosen.total_seconds * 1.1 + frugal.chosen.overhead_seconds
+    assert frugal.chosen.total_seconds <= fast.chosen.total_seconds * 1.1 + frugal.chosen.overheads.total_seconds
 
 
 def test_a_model_too_big_for_a_device_is_a_row_without_a_plan() -> None:
@@ -192,7 +192,7 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     assert chosen.comm_seconds_per_step_high == pytest.approx(expected)  # none hidden: the measured all-reduce
     assert chosen.comm_seconds_per_step_low < chosen.comm_seconds_per_step < chosen.comm_seconds_per_step_high
     compute = chosen.step_seconds - chosen.remaining_steps * chosen.comm_seconds_per_step
-    bracketed = compute * (1 + bound) + chosen.remaining_steps * expected + chosen.overhead_seconds
+    bracketed = compute * (1 + bound) + chosen.remaining_steps * expected + chosen.overheads.total_seconds
     assert chosen.total_seconds_high == pytest.approx(bracketed) and chosen.total_seconds_promised == pytest.approx(bracketed)
     assert predicted.to_json()["comm_overlap"] and not measured.to_json()["comm_overlap"]
     assert predicted.cost == pytest.approx(chosen.total_seconds / 3600 * 2)

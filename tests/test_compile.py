@@ -95,7 +95,7 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     shapes = batch_shape_counts(data, batches, chosen.config.seq_len, SHAPE_BUCKET)
     assert chosen.overheads.compile_shapes == len(shapes)
     assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
-    assert chosen.overhead_seconds >= chosen.overheads.compile_seconds
+    assert chosen.overheads.total_seconds >= chosen.overheads.compile_seconds
     eager = make_plan(
         Calibration(synthetic_calibration(overheads=overheads)), data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8)
     ).chosen

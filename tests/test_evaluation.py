@@ -48,13 +48,13 @@ def test_the_plan_adds_evaluation_time() -> None:
     without = make_plan(calibration, train, request).chosen
     every_10 = make_plan(calibration, train, PlanRequest(**{**request.__dict__, "eval_schedule": EvalSchedule(every_steps=10)}), held).chosen
     at_end = make_plan(calibration, train, PlanRequest(**{**request.__dict__, "eval_schedule": EvalSchedule()}), held).chosen
-    assert without.eval_seconds == 0
-    assert at_end.eval_pass_seconds > 0 and at_end.eval_seconds == pytest.approx(at_end.eval_pass_seconds)
-    assert every_10.eval_seconds == pytest.approx(every_10.eval_pass_seconds * (every_10.optimizer_steps // 10 + 1))
-    assert every_10.total_seconds == pytest.approx(without.total_seconds + every_10.eval_seconds)
+    assert without.overheads.evaluation_seconds == 0
+    assert at_end.overheads.eval_pass_seconds > 0 and at_end.overheads.evaluation_seconds == pytest.approx(at_end.overheads.eval_pass_seconds)
+    assert every_10.overheads.evaluation_seconds == pytest.approx(every_10.overheads.eval_pass_seconds * (every_10.optimizer_steps // 10 + 1))
+    assert every_10.total_seconds == pytest.approx(without.total_seconds + every_10.overheads.evaluation_seconds)
     # One pass is the eval batches' predicted forward-only seconds (packed rows of 128 tokens).
     rows = -(-sum(held.lengths) // 128)
-    assert at_end.eval_pass_seconds >= (rows // 4) * (TRUE_EVAL["fixed"] + TRUE_EVAL["per_token"] * 4 * 128)
+    assert at_end.overheads.eval_pass_seconds >= (rows // 4) * (TRUE_EVAL["fixed"] + TRUE_EVAL["per_token"] * 4 * 128)
 
 
 def test_bench_measures_evaluation_and_train_evaluates_on_schedule(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -165,7 +165,7 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     chosen = plan.chosen
     overheads = chosen.overheads
     startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
-    training = chosen.total_seconds_promised - chosen.overhead_seconds
+    training = chosen.total_seconds_promised - chosen.overheads.total_seconds
     interval = 600.0
     restart = min(interval, training) + PROVISION_SECONDS + startup
     roomy = spot_choice(plan, chosen.total_seconds_promised + restart + 1, interval)

@@ -231,8 +231,8 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         assert chosen.comm_seconds_per_step == pytest.approx(bracket_estimate(chosen.comm_seconds_per_step_low, chosen.comm_seconds_per_step_high))
         assert chosen.comm_seconds_per_step_high == pytest.approx(row.run_plan.communication["seconds_per_step"])  # price_traffic's, none hidden
         bound = chosen.bound_fraction
-        assert chosen.total_seconds_high == pytest.approx(compute * (1 + bound) + high + chosen.overhead_seconds)
-        assert chosen.total_seconds_low == pytest.approx(compute / (1 + bound) + low + chosen.overhead_seconds)
+        assert chosen.total_seconds_high == pytest.approx(compute * (1 + bound) + high + chosen.overheads.total_seconds)
+        assert chosen.total_seconds_low == pytest.approx(compute / (1 + bound) + low + chosen.overheads.total_seconds)
         assert row.to_json()["collectives_source"] == f"{word} link figures (not measured)" and row.to_json()["comm_overlap"] is True
         assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.run_plan.communication) or "")
     nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen

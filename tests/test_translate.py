@@ -231,11 +231,11 @@ def test_a_translated_plan_is_judged_at_the_brackets_upper_end_and_says_translat
     measured = calibration.measured_bound_for(chosen.config)
     steps = chosen.step_seconds
     # The upper bound and what the deadline is checked against: at the bracket's upper end (× the fit's error).
-    assert chosen.total_seconds_high - chosen.overhead_seconds >= steps * high * (1 + measured) * (1 - 1e-9)
-    assert chosen.total_seconds_promised - chosen.overhead_seconds >= steps * high * (1 - 1e-9)
+    assert chosen.total_seconds_high - chosen.overheads.total_seconds >= steps * high * (1 + measured) * (1 - 1e-9)
+    assert chosen.total_seconds_promised - chosen.overheads.total_seconds >= steps * high * (1 - 1e-9)
     # …and at least as high as the record's bracket says at the split's probes (the sizes plans choose).
     record = a100["translation"]
-    assert (chosen.total_seconds_high - chosen.overhead_seconds) / steps >= record["bracket"][1] / record["central_factor"] - 0.02
+    assert (chosen.total_seconds_high - chosen.overheads.total_seconds) / steps >= record["bracket"][1] / record["central_factor"] - 0.02
     prediction = calibration.predict(chosen.config)
     assert prediction.step_seconds_low == pytest.approx(prediction.step_seconds * low / (1 + measured))  # the bracket's lower end
     # Measured here, the same plan's bound is the fit's alone.

@@ -78,8 +78,8 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
         f"(bounds {format_duration(c.total_seconds_low)} – {format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
-        f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overhead_seconds)} start-up, checkpoints"
-        + (f", evaluation ({format_duration(c.eval_seconds)})" if c.eval_seconds else "")
+        f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overheads.total_seconds)} start-up, checkpoints"
+        + (f", evaluation ({format_duration(c.overheads.evaluation_seconds)})" if c.overheads.evaluation_seconds else "")
         + " and report",
         f"  {c.overheads.describe()}",
         f"  tokens: {c.tokens:,} real (those the loss is on, within the max length) of {c.padded_tokens:,} computed "

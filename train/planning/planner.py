@@ -376,7 +376,7 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
         chosen, step_limit = shrink_to_deadline(chosen, available, limited)
         notes.append(
             f"--fit-deadline: limited to {step_limit:,} of {ranked[0].optimizer_steps:,} optimizer steps so the run ends in time "
-            f"(their own overheads: {format_duration(chosen.overhead_seconds)})"
+            f"(their own overheads: {format_duration(chosen.overheads.total_seconds)})"
         )
         alternatives = shortened_alternatives(ranked[1:], available, limited)
     # What the peak memory stands on (GPU), and what a calibration measured on layer slices rests on.
@@ -445,9 +445,9 @@ def deadline_options(plan: Plan, resuming: bool = False) -> str:
     """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length (a
     resumed run keeps its epochs and max length: only the steps can change)."""
     chosen = plan.chosen
-    promised_steps = chosen.total_seconds_promised - chosen.overhead_seconds
+    promised_steps = chosen.total_seconds_promised - chosen.overheads.total_seconds
     per_epoch = promised_steps / plan.epochs
-    room = plan.available_seconds - chosen.overhead_seconds
+    room = plan.available_seconds - chosen.overheads.total_seconds
     options = []
     if per_epoch > 0 and room > 0:
         if not resuming:

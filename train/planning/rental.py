@@ -33,7 +33,7 @@ def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_second
     """Spot only where one preemption still meets the deadline (docs/design.md#rental)."""
     chosen, overheads = plan.chosen, plan.chosen.overheads
     startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
-    training = max(0.0, chosen.total_seconds_promised - chosen.overhead_seconds)
+    training = max(0.0, chosen.total_seconds_promised - chosen.overheads.total_seconds)
     lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
     restart = lost + PROVISION_SECONDS + startup
     with_restart = chosen.total_seconds_promised + restart

@@ -179,25 +179,15 @@ class Candidate:
     truncation: JsonDict  # empty for packed data
 
     @property
-    def overhead_seconds(self) -> float:
-        return self.overheads.total_seconds
-
-    @property
-    def eval_pass_seconds(self) -> float:
-        return self.overheads.eval_pass_seconds
-
-    @property
-    def eval_seconds(self) -> float:
-        return self.overheads.evaluation_seconds
-
-    @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.step_seconds if self.step_seconds else 0.0
 
     def to_json(self) -> JsonDict:
         """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
-        shown = {"overheads": asdict(self.overheads), "truncation": dict(self.truncation)}
-        return {**step_columns(self.config, self.world_size), **{name: shown.get(name, getattr(self, name)) for name in CANDIDATE_FIGURES}}
+        spent = self.overheads
+        shown = {"overheads": asdict(spent), "truncation": dict(self.truncation), "overhead_seconds": spent.total_seconds}
+        shown.update(eval_pass_seconds=spent.eval_pass_seconds, eval_seconds=spent.evaluation_seconds)
+        return {**step_columns(self.config, self.world_size), **{name: shown[name] if name in shown else getattr(self, name) for name in CANDIDATE_FIGURES}}
 
 
 @dataclass
@@ -222,13 +212,10 @@ class Plan:
     def deadline_seconds(self) -> float:
         return self.deadline.deadline_seconds
 
-    @property
-    def bound_fraction(self) -> float:
-        return self.chosen.bound_fraction
-
     def to_json(self) -> JsonDict:
         """Every field in order: the candidates as their JSON, the deadline as its seconds."""
         shown = {"chosen": self.chosen.to_json(), "alternatives": [candidate.to_json() for candidate in self.alternatives], "deadline": self.deadline_seconds}
+        shown["bound_fraction"] = self.chosen.bound_fraction
         names = [each.name for each in fields(self)]
         names.insert(names.index("notes"), "bound_fraction")  # after step_limit, in the order the dry run and run.json show
-        return {("deadline_seconds" if name == "deadline" else name): shown.get(name, getattr(self, name)) for name in names}
+        return {("deadline_seconds" if name == "deadline" else name): shown[name] if name in shown else getattr(self, name) for name in names}

@@ -60,13 +60,13 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
 
 
 def estimate_section(plan: Plan) -> JsonDict:
-    chosen, bound = plan.chosen, plan.bound_fraction
+    chosen, bound = plan.chosen, plan.chosen.bound_fraction
     return {
         "total_seconds": chosen.total_seconds,
         "total_seconds_low": chosen.total_seconds_low,
         "total_seconds_high": chosen.total_seconds_high,
         "train_seconds": chosen.step_seconds,
-        "overhead_seconds": chosen.overhead_seconds,
+        "overhead_seconds": chosen.overheads.total_seconds,
         # The steps this estimate covers: a resumed run's are those left after start_step.
         "steps": chosen.remaining_steps,
         "start_step": chosen.optimizer_steps - chosen.remaining_steps,
@@ -79,7 +79,7 @@ def estimate_section(plan: Plan) -> JsonDict:
         "peak_memory_bytes_high": chosen.peak_memory_bytes_high,
         "bound_fraction": chosen.bound_fraction,  # the time bound of this configuration (wider when extrapolating)
         "extrapolated": chosen.extrapolated,
-        "eval_seconds": chosen.eval_seconds,
+        "eval_seconds": chosen.overheads.evaluation_seconds,
         "overheads": chosen.overheads.to_json(),
         "naive_seconds": plan.naive_seconds,
         "projected_finish_seconds": chosen.total_seconds,
