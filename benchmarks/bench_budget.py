@@ -34,14 +34,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulated H100 (tests/simulated.py)
 
-from common.durations import format_duration, parse_duration
+from benchtrain.common.durations import format_duration, parse_duration
 
 
 def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:
     from simulated import simulate_bench
 
-    from calibration.model import Calibration
-    from calibration.step_config import StepConfig
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.step_config import StepConfig
 
     try:
         record, device = simulate_bench(model, lora, budget, checkpointing, replay=replay)
@@ -53,7 +53,7 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
     calibration = Calibration(record)
     probed = {StepConfig.from_row(row) for row in ok}
     truths = []
-    from bench.space import default_space
+    from benchtrain.bench.space import default_space
 
     space = default_space("cuda", device.hardware["memory_bytes"])
     for b in space.axis("batch_sizes"):
@@ -95,7 +95,7 @@ def real_bench(
     """One `bench run` in its own process and BENCHTRAIN_HOME (`home`, else a new temporary one):
     its row, and the calibration it stored (None: none). `extra`: more bench run options."""
     home = home or Path(tempfile.mkdtemp(prefix="bench-budget-"))
-    command = [sys.executable, "-m", "bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet", *extra]
+    command = [sys.executable, "-m", "benchtrain.bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet", *extra]
     if lora:
         command.append("--lora")
     if checkpointing:

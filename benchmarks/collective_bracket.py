@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from helpers import link_from_all_reduce  # the tests' helper
 
-from calibration.comm import fit_comm
-from calibration.topology import overlap_bracket, ring_model
+from benchtrain.calibration.comm import fit_comm
+from benchtrain.calibration.topology import overlap_bracket, ring_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "topology_checks.py"

@@ -68,9 +68,9 @@ def collection_rows(repeat: int) -> list[tuple[str, float]]:
     import peft  # noqa: F401
     import transformers  # noqa: F401
 
-    import bench.probe  # noqa: F401
-    import train.recipes.recipe  # noqa: F401
-    from common.heap import frozen_heap
+    import benchtrain.bench.probe
+    import benchtrain.train.recipes.recipe  # noqa: F401
+    from benchtrain.common.heap import frozen_heap
 
     objects = len(gc.get_objects())
     rows = [(f"gc.collect() after the imports ({objects:,} objects)", median_seconds(gc.collect, repeat))]
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     torch.set_num_threads(1)
     shape = (args.rows, args.inputs, args.outputs, args.repeat)

@@ -168,13 +168,13 @@ def main() -> int:
     home, hf_cache = workdir / "home", workdir / "hf-cache"
     environment = {**os.environ, "BENCHTRAIN_HOME": str(home), "HF_DATASETS_CACHE": str(hf_cache), "TOKENIZERS_PARALLELISM": "false"}
     cores = os.cpu_count() or 1
-    dry_run = [sys.executable, "-m", "train", "--dry-run", "--use-calibration", args.use_calibration, "--model", args.model]
+    dry_run = [sys.executable, "-m", "benchtrain.train", "--dry-run", "--use-calibration", args.use_calibration, "--model", args.model]
     dry_run += ["--tokenizer", str(tokenizer), "--data", str(chats), "--epochs", "3", "--deadline", "12h"]
     commands = {
         "plain": [sys.executable, "-c", PLAIN, str(chats), str(tokenizer), str(cores)],
         "cold": dry_run,
         "warm": dry_run,
-        "full": [sys.executable, "-m", "bench", "data", "prepare", "--model", args.model, "--tokenizer", str(tokenizer), "--data", str(chats)],
+        "full": [sys.executable, "-m", "benchtrain.bench", "data", "prepare", "--model", args.model, "--tokenizer", str(tokenizer), "--data", str(chats)],
         "exact": dry_run,
     }
     print(f"{args.records:,} chats, {cores} cores, workdir {workdir}\n", flush=True)

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from calibration.accuracy import check_estimate
+from benchtrain.calibration.accuracy import check_estimate
 
 
 def train(args: list[str], env: dict[str, str]) -> tuple[int, float]:

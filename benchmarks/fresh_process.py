@@ -39,13 +39,13 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     """Predict `count` off-grid configurations from the newest calibration in `home`, and measure
     each in a fresh process."""
     os.environ["BENCHTRAIN_HOME"] = str(home)
-    import calibration
-    from bench.fresh_process import measure_in_fresh_processes
-    from bench.timing import ProbeSettings
-    from calibration.step_config import StepConfig
-    from train.step.engine import StepOptions
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain import calibration
+    from benchtrain.bench.fresh_process import measure_in_fresh_processes
+    from benchtrain.bench.timing import ProbeSettings
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     cal = calibration.load("latest")
     drift, check = cal.data["search"].get("drift") or {}, cal.process_check
@@ -146,7 +146,7 @@ def main() -> None:
     for index in range(args.rounds):
         home = root / f"round-{index}"
         env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
-        code = run([sys.executable, "-m", "bench", "run", "--budget", args.budget, "--no-report", "--quiet"], env, home.with_suffix(".bench.log"))
+        code = run([sys.executable, "-m", "benchtrain.bench", "run", "--budget", args.budget, "--no-report", "--quiet"], env, home.with_suffix(".bench.log"))
         if code != 0:
             print(f"{index:>5} bench exited {code} (see {home.with_suffix('.bench.log')})")
             continue

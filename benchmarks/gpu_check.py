@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_budget  # benchmarks/: bench run in its own process
 import peers  # benchmarks/: HF Trainer, plain and our loops, measured alike
 
-from common.durations import format_duration, parse_duration
+from benchtrain.common.durations import format_duration, parse_duration
 
 GIB = 2**30
 
@@ -174,8 +174,8 @@ class Context:
 # -- peers and the loss (in this process, peers.py's loops) -----------------------------------------
 def peak_flops() -> tuple[float, str]:
     """The device's dense bf16 peak from the table (train.step.hardware), else (CPU) a timed matmul."""
-    from bench.cost import matmul_flops
-    from train.step.hardware import detect_hardware
+    from benchtrain.bench.cost import matmul_flops
+    from benchtrain.train.step.hardware import detect_hardware
 
     hardware = detect_hardware()
     if hardware.get("peak_bf16_flops"):
@@ -195,9 +195,9 @@ def loop_figures(result: Any) -> dict[str, Any]:
 def flops_per_token(model: str, seq_len: int) -> float:
     """The step's FLOPs per token (full fine-tuning) from the model built on `meta`: peers.flops_per_token
     builds it for real on the device, a dozen seconds of an H100 the ten minutes cannot spare."""
-    from train.planning.memory_check import meta_model
-    from train.workload.method import MethodConfig
-    from train.workload.model import model_shape, resolve_model
+    from benchtrain.train.planning.memory_check import meta_model
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import model_shape, resolve_model
 
     return model_shape(meta_model(resolve_model(model), MethodConfig())).flops_per_token(seq_len)
 
@@ -240,7 +240,7 @@ def check_peers(ctx: Context) -> Check:
 
 
 def check_loss(ctx: Context) -> Check:
-    from train.step.loss import liger_problem
+    from benchtrain.train.step.loss import liger_problem
 
     s = ctx.scale
     problem = liger_problem()
@@ -333,7 +333,7 @@ DRY_RUN_SHARE = 0.4  # --smoke: a dry run (imports, data, plan) may take this sh
 
 def train_command(ctx: Context, calibration: Path, home: Path, deadline: float) -> list[str]:
     s = ctx.scale
-    command = [sys.executable, "-m", "train", "--use-calibration", str(calibration), "--model", s.model, "--data", "sample"]
+    command = [sys.executable, "-m", "benchtrain.train", "--use-calibration", str(calibration), "--model", s.model, "--data", "sample"]
     return [*command, "--deadline", f"{deadline:.0f}s", "--fit-deadline", "--epochs", "50", "--no-report", "--out", str(home / "run"), *s.train_extra]
 
 
@@ -364,7 +364,7 @@ def run_train(ctx: Context, calibration: Path, home: Path, deadline: float) -> t
 
 
 def check_train(ctx: Context) -> Check:
-    from calibration.accuracy import check_estimate
+    from benchtrain.calibration.accuracy import check_estimate
 
     s = ctx.scale
     home = ctx.work / "train"
@@ -408,9 +408,9 @@ def check_train(ctx: Context) -> Check:
 def compile_in_new_process(ctx: Context) -> dict[str, float] | None:
     """bench.fresh_process in a fresh process with an empty inductor cache: THE step compiled at
     this scale's shape (full fine-tuning), as a `train` process meets a shape nothing compiled yet."""
-    from bench.fresh_process import measure_in_new_process
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.bench.fresh_process import measure_in_new_process
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     s = ctx.scale
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -440,7 +440,7 @@ def check_compile(ctx: Context) -> Check:
             "lora_bench_compile_seconds_per_shape": overheads.get("compile_seconds_per_shape"),
             "lora_bench_compile_cached_seconds_per_shape": overheads.get("compile_cached_seconds_per_shape"),
         },
-        command=f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -m bench.fresh_process "
+        command=f"TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python -m benchtrain.bench.fresh_process "
         f'\'{{"task": "compile", "model": "{s.model}", "micro_batch_size": {s.micro_batch}, "seq_len": {s.seq_len}, …}}\'',
     )
     if measured is None:
@@ -539,7 +539,7 @@ def markdown(checks: list[Check], device: str, smoke: bool, seconds: float) -> s
 
 
 def write_results(out: Path, checks: list[Check], scale: Scale, smoke: bool, seconds: float) -> None:
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     device = detect_hardware()["name"]
     out.mkdir(parents=True, exist_ok=True)
@@ -583,7 +583,7 @@ def cuda_problem(smoke: bool) -> str | None:
     missing = missing_install(REQUIRES_ON_GPU)
     if missing:
         return missing
-    from train.step.loss import liger_problem
+    from benchtrain.train.step.loss import liger_problem
 
     liger = liger_problem()
     return f"gpu_check needs a working liger-kernel for the loss check: {liger}" if liger else None

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibration.step_config import StepConfig
+from benchtrain.calibration.step_config import StepConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the simulated H100 (tests/simulated.py)
 
-BUNDLED = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
+BUNDLED = Path(__file__).resolve().parent.parent / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
 PROCESS_SECONDS = 15.0  # a fresh interpreter's imports and CUDA context (12.4 s measured before a real H100 plan)
 LIMIT_SECONDS = 600.0  # the ten minutes the script promises on one H100
 SPARE = 0.10  # each fixed-shape check must fit with this share of the device's memory left over
@@ -47,7 +47,7 @@ class PricedCheck:
 
 
 def bundled_calibration() -> Any:
-    import calibration
+    from benchtrain import calibration
 
     return calibration.load(BUNDLED)
 
@@ -80,7 +80,7 @@ def price_checks(scale: Any, names: list[str]) -> list[PricedCheck]:
     script's own start ("start")."""
     from simulated import COMPILE_SECONDS
 
-    from bench.fresh_process import COMPILE_STEPS as STEPS
+    from benchtrain.bench.fresh_process import COMPILE_STEPS as STEPS
 
     cal = bundled_calibration()
     if cal.data["model"]["name"] != scale.model:
@@ -115,7 +115,7 @@ def memory_bytes() -> float:
 
 def price_table(priced: list[PricedCheck]) -> list[str]:
     """Lines to print: each check's priced seconds and parts, the total against the ten minutes."""
-    from common.durations import format_duration
+    from benchtrain.common.durations import format_duration
 
     device = memory_bytes()
     lines = ["priced on the simulated H100 (calibration/bundled/h100-llama-3.2-1b.json):"]

@@ -23,12 +23,12 @@ from pathlib import Path
 
 CHILD = """
 import sys
-import train.step.peak_memory as heap
+import benchtrain.train.step.peak_memory as heap
 if sys.argv[1] == "glibc":
     heap.physical_cpu_memory = lambda: False
 else:
     heap.CPU_MMAP_THRESHOLD_BYTES = int(sys.argv[1])
-from bench.cli import main
+from benchtrain.bench.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

@@ -53,7 +53,7 @@ TINY = {
 
 
 def model_config(name: str, tiny: bool) -> dict[str, Any]:
-    from train.workload.model import PRESETS
+    from benchtrain.train.workload.model import PRESETS
 
     if tiny:
         return dict(TINY[name])
@@ -68,7 +68,7 @@ def write_model(folder: Path, config: dict[str, Any]) -> Path:
 
 def bench_in_fresh_process(folder: Path, home: Path, lora: bool, grid: argparse.Namespace) -> dict[str, Any]:
     """`bench run` of the model in `folder`, alone in its own process; its calibration."""
-    command = [sys.executable, "-m", "bench", "run", "--gpu", "cpu", "--model", str(folder), "--workers", "0", "--no-report", "--quiet"]
+    command = [sys.executable, "-m", "benchtrain.bench", "run", "--gpu", "cpu", "--model", str(folder), "--workers", "0", "--no-report", "--quiet"]
     command += ["--batch-sizes", grid.batch_sizes, "--seq-lens", grid.seq_lens, "--accum", grid.accum, "--max-probe-seconds", str(grid.max_probe_seconds)]
     command += ["--lora"] if lora else []
     started = time.monotonic()
@@ -82,10 +82,10 @@ def bench_in_fresh_process(folder: Path, home: Path, lora: bool, grid: argparse.
 
 def compare(records: dict[int, dict[str, Any]], whole: dict[str, Any], spec: Any, lora: bool) -> dict[str, Any]:
     """The depths' combination against the whole model's measurements, per configuration."""
-    from bench.layer_slices import whole_model_record
-    from calibration.model import Calibration
-    from calibration.step_config import StepConfig
-    from train.workload.method import MethodConfig
+    from benchtrain.bench.layer_slices import whole_model_record
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.workload.method import MethodConfig
 
     method = MethodConfig(method="lora") if lora else MethodConfig()
     combined = whole_model_record(records, spec, method, f"benchmark: {','.join(map(str, sorted(records)))}")
@@ -113,7 +113,7 @@ def compare(records: dict[int, dict[str, Any]], whole: dict[str, Any], spec: Any
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from train.workload.model import resolve_model
+    from benchtrain.train.workload.model import resolve_model
 
     depth_sets = [tuple(sorted(int(d) for d in text.split(","))) for text in args.depth_sets.split(";")]
     depths_needed = sorted({depth for depths in depth_sets for depth in depths})

@@ -34,7 +34,7 @@ def bench(home: Path, args: argparse.Namespace, processes: int) -> dict:
     env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
     command = ["bench", "run", "--gpu", args.gpu, "--model", args.model, "--no-report", "--quiet", *args.grid.split()]
     if processes > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "bench", *command[1:], "--sharding", args.sharding]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "benchtrain.bench", *command[1:], "--sharding", args.sharding]
     elif args.gpu == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # one device per process, as under torchrun
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -53,13 +53,13 @@ def main() -> None:
     parser.add_argument("--sharding", choices=("ddp", "fsdp"), default="ddp")
     args = parser.parse_args()
 
-    from calibration.comm import CommModel, fsdp_micro_step_seconds
-    from calibration.model import Calibration
-    from calibration.step_config import StepConfig
-    from train.planning.comm import traffic_of
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.comm import CommModel, fsdp_micro_step_seconds
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.planning.comm import traffic_of
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     root = Path(tempfile.mkdtemp(prefix="benchtrain-multi-"))
     single = Calibration(bench(root / "one", args, 1))

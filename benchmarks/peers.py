@@ -65,15 +65,15 @@ def device() -> Any:
 
 
 def batches(setup: Setup, vocab: int) -> list[dict[str, Any]]:
-    from train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.batching import SyntheticBatches
 
     data = SyntheticBatches(setup.warmup + setup.steps, setup.micro_batch, setup.seq_len, vocab)
     return [{key: value for key, value in data[i].items() if key != "target_tokens"} for i in range(len(data))]
 
 
 def fresh_model(setup: Setup) -> Any:
-    from train.workload.method import MethodConfig, set_gradient_checkpointing
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.train.workload.method import MethodConfig, set_gradient_checkpointing
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     model = build_model(resolve_model(setup.model), device(), method)
@@ -106,7 +106,7 @@ def timed(setup: Setup, run_step: Callable[[dict[str, Any]], None], data: list[d
 def plain_loop(setup: Setup, compiled: bool) -> list[float]:
     import torch
 
-    from train.step.hyperparameters import make_optimizer
+    from benchtrain.train.step.hyperparameters import make_optimizer
 
     model = fresh_model(setup)
     optimizer = make_optimizer(model)
@@ -128,10 +128,10 @@ def plain_loop(setup: Setup, compiled: bool) -> list[float]:
 def ours(setup: Setup, compiled: bool, loss: str = "auto") -> list[float]:
     from accelerate import Accelerator  # noqa: F401  (make_accelerator imports it)
 
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     options = StepOptions(compile="on" if compiled else "off", loss=loss)
@@ -189,7 +189,7 @@ def unsloth(setup: Setup) -> list[float]:
     import torch
     from unsloth import FastLanguageModel  # ImportError: not installed here
 
-    from train.step.hyperparameters import make_optimizer
+    from benchtrain.train.step.hyperparameters import make_optimizer
 
     if not setup.lora:
         raise RuntimeError("Unsloth is compared on LoRA runs (--lora)")
@@ -230,7 +230,7 @@ RUNNERS: dict[str, Callable[[Setup], list[float]]] = {
 
 
 def flops_per_token(setup: Setup) -> float:
-    from train.workload.model import model_shape
+    from benchtrain.train.workload.model import model_shape
 
     model = fresh_model(Setup(**{**setup.__dict__, "checkpointing": False}))
     shape = model_shape(model)
@@ -241,8 +241,8 @@ def flops_per_token(setup: Setup) -> float:
 def measure(loop: str, setup: Setup, flops: float, peak_flops: float | None) -> Result:
     import torch
 
-    from train.step.metrics import mfu, tokens_per_second
-    from train.step.peak_memory import PeakMemory
+    from benchtrain.train.step.metrics import mfu, tokens_per_second
+    from benchtrain.train.step.peak_memory import PeakMemory
 
     gc.collect()
     torch._dynamo.reset()
@@ -291,7 +291,7 @@ def main() -> None:
         parser.error(f"unknown loops {unknown}; choose from {', '.join(RUNNERS)}")
     setup = Setup(args.model, args.lora, args.lora_rank, args.checkpointing, args.micro_batch, args.seq_len, args.steps, args.warmup)
 
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     hardware = detect_hardware()
     flops = flops_per_token(setup)

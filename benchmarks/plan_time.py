@@ -23,10 +23,10 @@ def main() -> None:
 
     from helpers import synthetic_calibration, synthetic_rows, tokenized_from_samples
 
-    from calibration.model import Calibration
-    from train.planning.deadline import Deadline
-    from train.planning.planner import make_plan
-    from train.planning.types import PlanRequest
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.planning.deadline import Deadline
+    from benchtrain.train.planning.planner import make_plan
+    from benchtrain.train.planning.types import PlanRequest
 
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(5.5, 0.8, args.samples).astype(int), 8, 4000)

@@ -29,10 +29,10 @@ def built_bytes(model: str, quantize: str, optimizer: str) -> tuple[int, int, in
     import torch
     from helpers import loaded_bytes
 
-    from train.planning.memory_check import memory_need
-    from train.step.hyperparameters import make_optimizer
-    from train.workload.method import MethodConfig
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.step.hyperparameters import make_optimizer
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     spec, method = resolve_model(model), MethodConfig(method="lora", quantize=quantize, optimizer=optimizer)
     need = memory_need(spec, method, "cpu")
@@ -63,9 +63,9 @@ def main() -> None:
         subprocess.run([*command, "--budget", args.budget, "--quiet", "--no-report"], check=True, stdout=subprocess.DEVNULL, env=env)
         (path,) = Path(home, "calibrations").glob("*.json")
         os.environ["BENCHTRAIN_HOME"] = home
-        from calibration.model import Calibration
-        from calibration.schema import read_calibration_file
-        from calibration.step_config import StepConfig
+        from benchtrain.calibration.model import Calibration
+        from benchtrain.calibration.schema import read_calibration_file
+        from benchtrain.calibration.step_config import StepConfig
 
         calibration = Calibration(read_calibration_file(path), path)
         config = StepConfig(args.batch, 0, 1, args.length)

@@ -21,10 +21,10 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=10.0, help="seconds idle between rounds")
     args = parser.parse_args()
 
-    from bench.probe import Workload
-    from calibration.step_config import StepConfig
-    from train.workload.batching import make_loader
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.workload.batching import make_loader
+    from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model(args.model))
     b, w, a, s = (int(x) for x in args.config.split("x"))

@@ -24,11 +24,11 @@ def measure(model: str, compile_mode: str, micro_batch: int, seq_len: int, steps
     import torch
     from step_profile import profile_step
 
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     torch._dynamo.reset()
     engine = engine_from_options(resolve_model(model), MethodConfig(), make_accelerator(), StepOptions(compile=compile_mode))
@@ -51,7 +51,7 @@ def main() -> None:
 
     from step_profile import fixed_micro_step_seconds
 
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     print(f"{detect_hardware()['name']}: {args.model}, seq {args.seq_len}, accumulation 1")
     print(f"{'compile':<8} {'batch':>5} {'step ms':>8} {'host ms/µstep':>13} {'kernel ms':>9} {'scalar reads/step':>10}  busiest host ops")

@@ -65,7 +65,7 @@ def main() -> int:
             command += ["--consider", args.consider]
         print("$ " + " ".join(command).replace(str(data), "chats.jsonl"), flush=True)
         environment = {**os.environ, "BENCHTRAIN_HOME": str(Path(folder) / "home")}
-        result = subprocess.run([sys.executable, "-m", "train", *command[1:]], env=environment, check=False, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-m", "benchtrain.train", *command[1:]], env=environment, check=False, capture_output=True, text=True)
         # The data and the report are in a temporary folder, gone when this ends.
         print((result.stdout + result.stderr).replace(str(data), "chats.jsonl").replace(folder, "$TMP"), end="")
         return result.returncode

@@ -1,4 +1,7 @@
-"""benchtrain inside your own Trainer: `from benchtrain import DeadlineCallback`.
+"""benchtrain: measure your training step, plan it to a deadline, train, report.
+
+The commands are `bench`, `train` and `report` (also `python -m benchtrain.bench|train|reports`).
+Inside your own Trainer:
 
     from benchtrain import DeadlineCallback
     trainer = Trainer(model, args, train_dataset=data, callbacks=[DeadlineCallback(deadline="11h30m")])
@@ -6,13 +9,43 @@
 
 `trainer_arguments` turns a benchtrain plan (`train --dry-run --for-trainer`) into the
 TrainingArguments fields it maps to. Bad arguments raise `BenchtrainError`, one line.
+
+Everything benchtrain installs lives under this one name (benchtrain.bench, benchtrain.train,
+benchtrain.calibration, benchtrain.reports, benchtrain.common, benchtrain.trainer), so a user's own
+train.py or common.py never stands in for ours.
 """
 
 from __future__ import annotations
 
-from benchtrain.callback import DeadlineCallback
-from common.errors import BenchtrainError
-from train.planning.trainer_fields import TrainerFields
-from train.planning.trainer_fields import trainer_fields as trainer_arguments
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.planning.trainer_fields import TrainerFields
+    from benchtrain.train.planning.trainer_fields import trainer_fields as trainer_arguments
+    from benchtrain.trainer.callback import DeadlineCallback
 
 __all__ = ["BenchtrainError", "DeadlineCallback", "TrainerFields", "trainer_arguments"]
+
+# Each public name and where it lives, imported on first use: `python -m benchtrain.train --help`
+# imports this package first, and must not pay for transformers (the callback's) to print its help.
+_PUBLIC = {
+    "BenchtrainError": ("benchtrain.common.errors", "BenchtrainError"),
+    "DeadlineCallback": ("benchtrain.trainer.callback", "DeadlineCallback"),
+    "TrainerFields": ("benchtrain.train.planning.trainer_fields", "TrainerFields"),
+    "trainer_arguments": ("benchtrain.train.planning.trainer_fields", "trainer_fields"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'benchtrain' has no attribute {name!r}")
+    module, attribute = _PUBLIC[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -15,7 +15,7 @@ WORDS = (
     "estimate actual budget checkpoint resume epoch warmup schedule loss data loader padding packing "
     "attention layer head hidden vocabulary tokenizer prompt completion answer question because when"
 ).split()
-OUT = Path(__file__).resolve().parent.parent / "train" / "sample_data"
+OUT = Path(__file__).resolve().parent.parent / "benchtrain" / "train" / "sample_data"
 
 
 def sentence(rng: random.Random, words: int) -> str:

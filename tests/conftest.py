@@ -59,10 +59,10 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     `clock.step_seconds` on it, and nothing else takes any time."""
     import dataclasses
 
-    from train.step.step import TrainingStep
+    from benchtrain.train.step.step import TrainingStep
 
     fake = FakeClock()
-    for module in ("train.cli", "train.planning.deadline", "train.running.loop"):
+    for module in ("benchtrain.train.cli", "benchtrain.train.planning.deadline", "benchtrain.train.running.loop"):
         monkeypatch.setattr(f"{module}.time", fake)
     real_step = TrainingStep.run
 
@@ -90,9 +90,9 @@ def heavy_tailed_jsonl(tmp_path: Path) -> Path:
 @pytest.fixture()
 def calibrated_home(home: Path) -> Path:
     """`home` holding a synthetic calibration of the tiny model on this machine (tests/helpers.py)."""
-    from calibration.store import save_calibration
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     save_calibration(
         synthetic_calibration(
@@ -118,7 +118,7 @@ def chats(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def tokenizer():
     """The byte tokenizer (no download)."""
-    from train.workload.tokenizer import byte_tokenizer
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
 
     return byte_tokenizer()
 

@@ -36,10 +36,10 @@ def gradient_copies(model: Any, parameters: list[Any]) -> dict[str, float]:
 def ddp_gradient_storage() -> dict[str, Any]:
     import torch
 
-    from bench.probe import Workload, first_step_agreed, recover_after_failure
-    from train.step.engine import StepOptions
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload, first_step_agreed, recover_after_failure
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.model import resolve_model
 
     torch.manual_seed(0)
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))

@@ -24,11 +24,11 @@ def learning_rate_curve(steps: int) -> dict[str, Any]:
     (the default cosine, train.step.hyperparameters) and THE step, and the scheduler's rate after the last one."""
     import torch
 
-    from train.step.engine import Optimization, StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import Optimization, StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     torch.manual_seed(0)
     spec = resolve_model("tiny")
@@ -44,9 +44,9 @@ def one_rank_oom() -> dict[str, Any]:
     (no rank left in DDP's all-reduce), and the combined rows say oom, then ok."""
     import torch.distributed as dist
 
-    from bench.probe import Workload
-    from train.workload.method import unwrap
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload
+    from benchtrain.train.workload.method import unwrap
+    from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"))
     lm = unwrap(workload.model)
@@ -68,9 +68,9 @@ def two_probes_on_every_rank(workload: Any, after_first: Any = None) -> list[dic
     (`after_first` runs between the two)."""
     import torch.distributed as dist
 
-    from bench.probe import ProbeSettings, run_probe
-    from bench.probe_tasks import combine_rows
-    from calibration.step_config import StepConfig
+    from benchtrain.bench.probe import ProbeSettings, run_probe
+    from benchtrain.bench.probe_tasks import combine_rows
+    from benchtrain.calibration.step_config import StepConfig
 
     settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=5.0)
     rows = []
@@ -90,9 +90,9 @@ def late_oom(sharding: str) -> dict[str, Any]:
     every rank, and the combined rows say oom, then ok."""
     import torch.distributed as dist
 
-    from bench.probe import Workload
-    from train.step.engine import StepOptions
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain", sharding=sharding))
     optimizer = workload.step.optimizer
@@ -127,11 +127,11 @@ def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
 
     import torch.distributed as dist
 
-    import bench.probe as probe
-    import bench.probe_tasks as probe_tasks
-    from bench.cli import main as bench_main
-    from common.errors import guard_cli
-    from train.workload.method import unwrap
+    import benchtrain.bench.probe as probe
+    import benchtrain.bench.probe_tasks as probe_tasks
+    from benchtrain.bench.cli import main as bench_main
+    from benchtrain.common.errors import guard_cli
+    from benchtrain.train.workload.method import unwrap
 
     probe_tasks.COLLECTIVE_TIMEOUT_FLOOR = 5.0  # seconds: the test's processes are not GPUs
     original, probes = probe.run_probe, {"count": 0, "failing_started": 0.0}
@@ -175,10 +175,10 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
 
     import torch.distributed as dist
 
-    from common.errors import BenchtrainError
-    from train.cli import build_parser
-    from train.recipes.config import TrainConfig
-    from train.recipes.recipe import TrainRecipe, check_same_training
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.cli import build_parser
+    from benchtrain.train.recipes.config import TrainConfig
+    from benchtrain.train.recipes.recipe import TrainRecipe, check_same_training
 
     rank = int(os.environ["RANK"])
     args = build_parser().parse_args(["--use-calibration", "latest", "--data", data, *arguments])
@@ -214,8 +214,8 @@ def slow_load(folder: str, timeout_seconds: float, sleep_seconds: float) -> dict
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from train.step.sharding import gather_full_state, shard_model
-    from train.workload.model import make_config, resolve_model
+    from benchtrain.train.step.sharding import gather_full_state, shard_model
+    from benchtrain.train.workload.model import make_config, resolve_model
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_seconds))
     spec = resolve_model(folder)
@@ -263,7 +263,7 @@ def report_and_leave(result: Any) -> None:
 
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)
-    from train.step.runtime import finish_together, leave
+    from benchtrain.train.step.runtime import finish_together, leave
 
     finish_together()
     leave(0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-COMMANDS = {"train": "train.cli", "bench": "bench.cli"}
+COMMANDS = {"train": "benchtrain.train.cli", "bench": "benchtrain.bench.cli"}
 
 
 def exit_code(status: int) -> int:
@@ -48,7 +48,7 @@ def run_child(command: str, argv: list[str], stderr_path: str, stdout_path: str 
             runpy.run_path(command, run_name="__main__")
             code = 0
         else:
-            from common.errors import guard_cli
+            from benchtrain.common.errors import guard_cli
 
             module = __import__(COMMANDS[command], fromlist=["main"])
             code = guard_cli(module.main, argv)
@@ -71,9 +71,9 @@ def serve() -> None:
     import peft  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
 
-    import bench.cli  # noqa: F401
-    import train.cli
-    import train.recipes.recipe  # noqa: F401
+    import benchtrain.bench.cli
+    import benchtrain.train.cli
+    import benchtrain.train.recipes.recipe  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

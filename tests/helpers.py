@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calibration.comm import CommModel
-from calibration.fit import fit_measurements
-from calibration.schema import SCHEMA_VERSION, read_calibration_file
-from calibration.step_config import StepConfig
-from calibration.topology import Link
-from common.errors import BenchtrainError, guard_cli
-from train.step.hardware import detect_hardware
-from train.workload.model import resolve_model
+from benchtrain.calibration.comm import CommModel
+from benchtrain.calibration.fit import fit_measurements
+from benchtrain.calibration.schema import SCHEMA_VERSION, read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.topology import Link
+from benchtrain.common.errors import BenchtrainError, guard_cli
+from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.train.workload.model import resolve_model
 
 TRUE_THROUGHPUT = {
     "fixed": 4e-3,
@@ -204,10 +204,10 @@ class FakeClock:
 def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: Any = None, split: str = "train") -> Any:
     """Every record of `path` tokenized through the product's own path (prepare_data, the cache
     included), exactly: the TokenizedData a run of that file trains on."""
-    from common.console import say
-    from train.workload.formats import DataSchema
-    from train.workload.prepare import DataSpec, prepare_data
-    from train.workload.tokens import TokenizedData
+    from benchtrain.common.console import say
+    from benchtrain.train.workload.formats import DataSchema
+    from benchtrain.train.workload.prepare import DataSpec, prepare_data
+    from benchtrain.train.workload.tokens import TokenizedData
 
     prepared = prepare_data(DataSpec(path, train_on, schema or DataSchema(), split), tokenizer, say, exact=True)
     assert isinstance(prepared.view, TokenizedData)
@@ -218,7 +218,7 @@ def tokenized_from_samples(
     samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
 ) -> Any:
     """A TokenizedData in memory, from one array of token ids per sample."""
-    from train.workload.tokens import TokenizedData, document_targets
+    from benchtrain.train.workload.tokens import TokenizedData, document_targets
 
     lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
@@ -268,7 +268,7 @@ PEAK = 1e-3
 
 def run_main(module: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     package = {"report": "reports"}.get(module, module)
-    main = __import__(f"{package}.cli", fromlist=["main"]).main
+    main = __import__(f"benchtrain.{package}.cli", fromlist=["main"]).main
     code = guard_cli(main, argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
@@ -300,8 +300,8 @@ def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None
 
 @functools.cache
 def _cpu_calibration(identifier: str, processes: int, fingerprint: str | None, overrides_json: str) -> dict[str, Any]:
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     overrides = json.loads(overrides_json)
     distributed = None
@@ -327,14 +327,14 @@ def heavy_tailed(count: int = 400, seed: int = 0) -> list[int]:
 
 
 def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: Any) -> Any:
-    from calibration.model import Calibration
-    from train.recipes.config import TrainConfig
-    from train.recipes.machines import consider, parse_machines
-    from train.recipes.run_plan import PlanContext
-    from train.step.hardware import detect_hardware
-    from train.workload.data import length_profile
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.recipes.config import TrainConfig
+    from benchtrain.train.recipes.machines import consider, parse_machines
+    from benchtrain.train.recipes.run_plan import PlanContext
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.data import length_profile
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
     data = tokenized(heavy_tailed(400))
@@ -351,7 +351,7 @@ def chat_file(tmp_path: Path, count: int = 1) -> Path:
 
 def trained_text(tokenizer: Any, data: Any) -> str:
     """The text of the tokens that carry loss, as the DataLoader labels them."""
-    from train.workload.batching import IGNORE_INDEX, PaddedBatches
+    from benchtrain.train.workload.batching import IGNORE_INDEX, PaddedBatches
 
     item = PaddedBatches(data, [[0]], 512, 0)[0]
     labels = item["labels"][0]
@@ -360,9 +360,9 @@ def trained_text(tokenizer: Any, data: Any) -> str:
 
 def local_calibration() -> Any:
     """A calibration for the tiny model on this machine, from synthetic (fast) measurements."""
-    from calibration.model import Calibration
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("tiny")
     hardware = detect_hardware()
@@ -374,7 +374,7 @@ def local_calibration() -> Any:
 def guard_checkpointing_every(seconds: float, on_overrun: str = "stop", keep: int = 2) -> Any:
     """A guard section that checkpoints every `seconds` (0: after every step, which no
     --checkpoint-interval can ask)."""
-    from train.running.guard import GuardSection
+    from benchtrain.train.running.guard import GuardSection
 
     section = GuardSection(on_overrun=on_overrun, keep_checkpoints=keep)
     object.__setattr__(section, "checkpoint_interval", f"{seconds}s")
@@ -402,12 +402,12 @@ def make_run(
     import time
     from dataclasses import replace
 
-    from train.planning.deadline import Deadline
-    from train.planning.planner import make_plan
-    from train.planning.types import PlanRequest
-    from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.planning.deadline import Deadline
+    from benchtrain.train.planning.planner import make_plan
+    from benchtrain.train.planning.types import PlanRequest
+    from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     calibration = local_calibration()
     data = load_tokenized(str(data_path), tokenizer)
@@ -489,9 +489,9 @@ def tiny_engine(settings: Any, optimizer: str = "adamw", total_steps: int | None
     import torch
     from accelerate import Accelerator
 
-    from train.step.engine import Optimization, StepOptions, engine_from_options
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import Optimization, StepOptions, engine_from_options
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     torch.manual_seed(0)
     options = StepOptions(compile="off", loss="plain")
@@ -500,8 +500,8 @@ def tiny_engine(settings: Any, optimizer: str = "adamw", total_steps: int | None
 
 
 def batches(steps: int = 4) -> Any:
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import resolve_model
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.model import resolve_model
 
     return iter(SyntheticBatches(steps, 2, 16, resolve_model("tiny").config_dict["vocab_size"]))
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.timing import ProbeSettings, time_steps
-from calibration.step_config import StepConfig
-from train.step.step import StepResult
+from benchtrain.bench.timing import ProbeSettings, time_steps
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.train.step.step import StepResult
 
 # The real H100 calibration that ships with the package (also tests/fixtures).
-FIXTURE = Path(__file__).resolve().parent.parent / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
+FIXTURE = Path(__file__).resolve().parent.parent / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
 COMPILE_SECONDS = 40.0  # torch.compile of one decoder block of a 7-12B model, per new shape
 NOISE = 0.004  # relative step-to-step spread of a steady GPU step
 
@@ -165,7 +165,7 @@ class SimulatedDevice:
         return None
 
     def _probe(self, payload: dict[str, Any]) -> dict[str, Any]:
-        from bench.probe import finish_row
+        from benchtrain.bench.probe import finish_row
 
         config = StepConfig.from_row(payload["config"])
         settings = ProbeSettings(**payload["settings"])
@@ -256,9 +256,9 @@ class ReplayedDevice(SimulatedDevice):
 
 def simulated_h100(model: Any, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
     """(device, spec, method, memory need) for a preset on a simulated H100 80 GB."""
-    from train.planning.memory_check import compute_bytes, memory_need, meta_model
-    from train.workload.method import MethodConfig
-    from train.workload.model import model_shape, resolve_model
+    from benchtrain.train.planning.memory_check import compute_bytes, memory_need, meta_model
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import model_shape, resolve_model
 
     measured = H100Measurements.load()
     spec = resolve_model(model) if isinstance(model, str) else model  # a preset name, or a spec (a layer slice: bench.layer_slices)
@@ -318,13 +318,13 @@ def simulated_setup(
     """The device, the task and the planner of a simulated bench, as `bench run` has them before
     building the model."""
 
-    from bench.calibrate import BenchTask, plan_probes
-    from bench.space import default_space
-    from train.planning.memory_check import meta_model
-    from train.step.engine import StepOptions
-    from train.step.hardware import detect_software
-    from train.workload.method import method_record
-    from train.workload.model import model_record, model_shape
+    from benchtrain.bench.calibrate import BenchTask, plan_probes
+    from benchtrain.bench.space import default_space
+    from benchtrain.train.planning.memory_check import meta_model
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.step.hardware import detect_software
+    from benchtrain.train.workload.method import method_record
+    from benchtrain.train.workload.model import model_record, model_shape
 
     device, spec, method, need = simulated_h100(model, lora, seed, replay)
     hardware = device.hardware
@@ -351,9 +351,9 @@ def simulated_setup(
 
 def run_simulated(bench: SimulatedBench, budget: float | str | None, say: Any = lambda line: None) -> dict[str, Any]:
     """The planned bench run on its device's clock, from the clock's time now."""
-    from bench.calibrate import BenchRun, after_probes_seconds, calibrate
-    from bench.outlook import outlook, refuse_if_too_small, settle_budget
-    from bench.runner import Budget
+    from benchtrain.bench.calibrate import BenchRun, after_probes_seconds, calibrate
+    from benchtrain.bench.outlook import outlook, refuse_if_too_small, settle_budget
+    from benchtrain.bench.runner import Budget
 
     device, task, planner = bench.device, bench.task, bench.planner
     started = device.clock()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.errors import BenchtrainError
+from benchtrain.common.errors import BenchtrainError
 
 
 def simulate_slices(
@@ -20,10 +20,10 @@ def simulate_slices(
     compares with `simulate_bench`)."""
     from simulated import H100Measurements, VirtualClock, run_simulated
 
-    from bench.layer_slices import AUTO_LADDERS, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
-    from bench.variant_measurement import Carry
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.bench.layer_slices import AUTO_LADDERS, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
+    from benchtrain.bench.variant_measurement import Carry
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model(model)
     method = MethodConfig(method="lora") if lora else MethodConfig()
@@ -64,8 +64,8 @@ def price_ladder(
 
     from simulated import simulated_setup
 
-    from bench.calibrate import after_probes_seconds
-    from bench.layer_slices import price_depths, slice_spec
+    from benchtrain.bench.calibrate import after_probes_seconds
+    from benchtrain.bench.layer_slices import price_depths, slice_spec
 
     benches = {}
     for index, depth in enumerate(depths):

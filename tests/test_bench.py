@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench.probe import ProbeSettings, Workload, run_probe
-from bench.runner import Budget, OptunaStudy, run_grid, run_optuna
-from bench.space import SearchSpace
-from calibration.step_config import StepConfig
-from train.workload.model import resolve_model
+from benchtrain.bench.probe import ProbeSettings, Workload, run_probe
+from benchtrain.bench.runner import Budget, OptunaStudy, run_grid, run_optuna
+from benchtrain.bench.space import SearchSpace
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.train.workload.model import resolve_model
 
 FAST = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=1.0)
 
@@ -225,8 +225,8 @@ def test_a_correction_that_does_not_help_the_fit_is_undone() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from helpers import synthetic_rows
 
-    from bench.disturbed import correct_for_drift, median_of_three
-    from bench.record import fit_with_drift_choice
+    from benchtrain.bench.disturbed import correct_for_drift, median_of_three
+    from benchtrain.bench.record import fit_with_drift_choice
 
     assert median_of_three(np.array([10.0, 2.0, 11.0, 10.0])).tolist() == [10.0, 10.0, 10.0, 10.0]
     rows = synthetic_rows(noise=0.01)  # a steady machine...
@@ -248,10 +248,10 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     GPU's default lengths (up to 2048) stop at 1024 instead of failing after the model is built."""
     from helpers import assert_one_line_error, run_main
 
-    import bench.variant_measurement
-    from bench.space import default_space, within_positions
+    import benchtrain.bench.variant_measurement
+    from benchtrain.bench.space import default_space, within_positions
 
-    monkeypatch.setattr(bench.variant_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
+    monkeypatch.setattr(benchtrain.bench.variant_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
     assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
     big_gpu = default_space("cuda", 80 * 2**30)

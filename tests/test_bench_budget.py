@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from simulated import COMPILE_SECONDS, simulate_bench
 
-from bench.choose import ProbePlanner
-from bench.cost import CostModel, DeviceSpeed
-from bench.space import SearchSpace
-from bench.timing import ProbeSettings, StepTiming, time_steps
-from calibration.model import Calibration
-from calibration.step_config import StepConfig
-from common.errors import BenchtrainError
-from train.step.step import StepResult
+from benchtrain.bench.choose import ProbePlanner
+from benchtrain.bench.cost import CostModel, DeviceSpeed
+from benchtrain.bench.space import SearchSpace
+from benchtrain.bench.timing import ProbeSettings, StepTiming, time_steps
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.step.step import StepResult
 
 GIB = 2**30
 
@@ -123,7 +123,7 @@ def check_simulated_calibration(record: dict[str, Any], device: Any, budget_seco
     assert not [row for row in record["measurements"] if row["status"] == "oom"]
     # Every probe says how it was timed.
     assert all(row["timing_stop"] and row["warmup_steps"] >= 1 for row in probes if row["status"] == "ok")
-    from calibration.store import save_calibration
+    from benchtrain.calibration.store import save_calibration
 
     path = save_calibration(record)
     calibration = Calibration(json.loads(path.read_text()))
@@ -215,7 +215,7 @@ def test_one_disturbed_price_does_not_end_the_benchmark(before_the_grid: int) ->
     the loss comparison's probes (at one configuration, all in the busy moment) came first."""
     from simulated import VirtualClock
 
-    from bench.runner import Budget, run_grid
+    from benchtrain.bench.runner import Budget, run_grid
 
     clock = VirtualClock()
     space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))

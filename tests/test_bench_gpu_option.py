@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import assert_one_line_error, run_main
 
-import train.step.hardware as hardware
+import benchtrain.train.step.hardware as hardware
 
 # Exits before any model is built; the old code measured this grid on the CPU and exited 0.
 GRID = ["--batch-sizes", "1,2,4", "--seq-lens", "16", "--workers", "0", "--accum", "1", "--no-report", "--quiet", "--budget", "30s"]

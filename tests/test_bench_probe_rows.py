@@ -30,7 +30,7 @@ def unfinished_files(home: Path) -> list[Path]:
 
 
 def bench_list(capsys: pytest.CaptureFixture[str]) -> str:
-    from bench.cli import main
+    from benchtrain.bench.cli import main
 
     capsys.readouterr()
     assert main(["list"]) == 0
@@ -44,7 +44,7 @@ def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe:
 
     from simulated import SimulatedDevice, simulate_bench
 
-    import bench.calibrate as calibrate
+    import benchtrain.bench.calibrate as calibrate
 
     monkeypatch.setattr(calibrate, "BenchRun", partial(calibrate.BenchRun, keep_rows=True))
     on_disk: list[list[dict]] = []
@@ -70,9 +70,9 @@ def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe:
 def test_the_rows_are_on_disk_after_every_probe_and_storing_the_calibration_removes_them(
     home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.probe_tasks import COLLECTIVE_TIMEOUT_FLOOR
-    from calibration.store import UNFINISHED_KEY, resolve_calibration, save_calibration, save_failed
-    from common.errors import BenchtrainError
+    from benchtrain.bench.probe_tasks import COLLECTIVE_TIMEOUT_FLOOR
+    from benchtrain.calibration.store import UNFINISHED_KEY, resolve_calibration, save_calibration, save_failed
+    from benchtrain.common.errors import BenchtrainError
 
     record, on_disk, payloads = simulated_bench_keeping_rows(monkeypatch)
     probes = [row for row in record["measurements"] if "predicted" in row]  # not those left out
@@ -91,7 +91,7 @@ def test_the_rows_are_on_disk_after_every_probe_and_storing_the_calibration_remo
     assert UNFINISHED_KEY not in json.loads(saved.read_text())
     assert "unfinished bench" not in bench_list(capsys)
     # A bench that fitted nothing keeps its record as failed, which replaces its rows.
-    from calibration.store import keep_unfinished
+    from benchtrain.calibration.store import keep_unfinished
 
     rows = keep_unfinished({"id": "cpu-tiny-20260101-000000", "measurements": []})
     failed = save_failed({"id": "cpu-tiny-20260101-000000", "measurements": [], UNFINISHED_KEY: str(rows)})
@@ -105,7 +105,7 @@ def test_a_bench_that_fails_after_some_probes_says_where_their_rows_are(
     two probes before it (before, an internal error, and nothing on disk); so does the next bench."""
     from types import SimpleNamespace
 
-    from bench.calibrate import BenchStopped, KeptRows
+    from benchtrain.bench.calibrate import BenchStopped, KeptRows
 
     with pytest.raises(BenchStopped) as stopped:
         simulated_bench_keeping_rows(monkeypatch, fail_at_probe=3)
@@ -125,7 +125,7 @@ def test_a_bench_that_fails_after_some_probes_says_where_their_rows_are(
 
 
 def test_the_probes_collectives_give_up_after_a_multiple_of_its_price() -> None:
-    from bench.probe_tasks import COLLECTIVE_TIMEOUT_FACTOR, COLLECTIVE_TIMEOUT_FLOOR, collectives_give_up_after, probe_timeout_seconds
+    from benchtrain.bench.probe_tasks import COLLECTIVE_TIMEOUT_FACTOR, COLLECTIVE_TIMEOUT_FLOOR, collectives_give_up_after, probe_timeout_seconds
 
     assert probe_timeout_seconds(1.0) == COLLECTIVE_TIMEOUT_FLOOR  # a cheap probe: the floor
     assert probe_timeout_seconds(300.0) == 300.0 * COLLECTIVE_TIMEOUT_FACTOR  # a long compiled one: beyond NCCL's 10 minutes
@@ -142,7 +142,7 @@ def test_the_other_ranks_wait_for_rank_0s_compile_child_on_the_store(monkeypatch
     result; a rank 0 that never comes ends the wait once the child's own timeout has passed."""
     from torch.distributed import HashStore
 
-    import bench.probe_tasks as probe_tasks
+    import benchtrain.bench.probe_tasks as probe_tasks
 
     store, clock = HashStore(), {"now": 0.0}
     child_seconds = 700.0

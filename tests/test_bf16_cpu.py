@@ -52,8 +52,8 @@ class StepPrecision:
 
 @pytest.fixture()
 def step_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[StepPrecision]:
-    from train.step.step import TrainingStep
-    from train.workload.method import unwrap
+    from benchtrain.train.step.step import TrainingStep
+    from benchtrain.train.workload.method import unwrap
 
     precision = StepPrecision()
     run = TrainingStep.run
@@ -104,10 +104,10 @@ def test_bench_and_train_run_every_step_in_bf16_before_and_after_a_loss_switch(
 
 @pytest.mark.usefixtures("cpu_bf16")
 def test_the_engine_records_bf16_on_cpu_when_asked() -> None:
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions())
     assert engine.accelerator.device.type == "cpu" and engine.record()["precision"] == "bf16"
@@ -125,10 +125,10 @@ def test_a_calibration_of_another_precision_is_refused_unless_forced(monkeypatch
     that predate the record are planned as before."""
     from types import SimpleNamespace
 
-    from common.errors import BenchtrainError
-    from train.recipes.choice import check_compatible
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.recipes.choice import check_compatible
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("tiny")
     hardware = {"name": "Test CPU", "device_type": "cpu"}

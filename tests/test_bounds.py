@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from helpers import micro_seconds, synthetic_calibration, synthetic_rows
 
-from bench.probe import finish_row
-from bench.timing import ProbeSettings, steady_step_seconds, time_steps
-from calibration.fit import fit_measurements
-from calibration.model import Calibration
-from calibration.schema import CalibrationFileError, validate
-from calibration.step_config import StepConfig
-from train.step.step import StepResult
+from benchtrain.bench.probe import finish_row
+from benchtrain.bench.timing import ProbeSettings, steady_step_seconds, time_steps
+from benchtrain.calibration.fit import fit_measurements
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import CalibrationFileError, validate
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.train.step.step import StepResult
 
 
 def config(micro: int, length: int, accum: int) -> StepConfig:
@@ -79,11 +79,11 @@ def test_a_step_of_many_micro_steps_is_measured_as_robustly_as_a_short_one() -> 
 
 
 def test_the_cpu_step_times_each_micro_step() -> None:
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile="off", loss="plain"))
     batches = iter(SyntheticBatches(4, 2, 32, 320)[index] for index in range(4))
@@ -151,7 +151,7 @@ def test_a_length_extrapolation_widens_by_what_extrapolating_length_was_measured
 def test_a_dimension_nothing_measured_is_not_bet_on() -> None:
     """Every probe at one length: nothing held length out, so a plan past it widens by
     UNTESTED_EXTRAPOLATION per doubling, while accumulation (measured at three values) does not."""
-    from calibration.model import UNTESTED_EXTRAPOLATION
+    from benchtrain.calibration.model import UNTESTED_EXTRAPOLATION
 
     rows = synthetic_rows(batch_sizes=(2, 4), seq_lens=(256,), accums=(1, 2, 4), workers=(0,), noise=0.01)
     calibration = Calibration(synthetic_calibration(rows))
@@ -187,7 +187,7 @@ def test_refitting_the_issue_s_gpt2_calibration_bounds_its_long_plan_by_what_was
     accum 8 at length 1024 with a ±94% bound; the stored fixture (the old rule) gives ±150%."""
     from pathlib import Path
 
-    from calibration.store import read_calibration_file
+    from benchtrain.calibration.store import read_calibration_file
 
     data = read_calibration_file(Path(__file__).parent / "fixtures" / "cpu-gpt2-bench2m.json")
     old = Calibration(copy.deepcopy(data))

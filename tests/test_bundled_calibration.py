@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_main
 
-from calibration.store import BUNDLED_DIR, bundled_calibrations, resolve_calibration
+from benchtrain.calibration.store import BUNDLED_DIR, bundled_calibrations, resolve_calibration
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100 = "h100-llama-3.2-1b"
@@ -22,7 +22,7 @@ def test_the_real_h100_calibration_ships_with_the_package() -> None:
     assert bundled[H100].read_bytes() == (FIXTURES / "h100-llama-3.2-1b-fullgrid.json").read_bytes()
     # Package data, not only a test file.
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
-    assert '    "calibration.bundled",\n' in pyproject and '"calibration.bundled" = ["*.json"]' in pyproject
+    assert '"benchtrain.calibration.bundled" = ["*.json"]' in pyproject
     assert resolve_calibration(H100) == bundled[H100]
 
 
@@ -46,11 +46,11 @@ def test_training_with_a_calibration_of_another_device_still_needs_force(home: P
 
 
 def test_runs_never_write_into_the_bundled_calibration() -> None:
-    from calibration.model import Calibration
-    from calibration.schema import read_calibration_file
-    from calibration.store import update_calibration
-    from common.errors import BenchtrainError
-    from train.running.record import feed_back
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.schema import read_calibration_file
+    from benchtrain.calibration.store import update_calibration
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.running.record import feed_back
 
     path = bundled_calibrations()[H100]
     before = path.read_bytes()

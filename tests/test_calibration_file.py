@@ -12,12 +12,12 @@ from helpers import synthetic_calibration
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import calibration
-from bench.cli import main as bench_main
-from calibration import schema
-from calibration.step_config import StepConfig
-from calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
-from common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
+from benchtrain import calibration
+from benchtrain.bench.cli import main as bench_main
+from benchtrain.calibration import schema
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
+from benchtrain.common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
 
 
 def write(path: Path, text: str) -> Path:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, cpu_calibration, run_main
 
-from calibration.step_config import StepConfig
-from calibration.store import save_calibration
-from common.errors import BenchtrainError, CalibrationFileError
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.errors import BenchtrainError, CalibrationFileError
 
 REPO = "my-org/cals"
 
@@ -179,8 +179,8 @@ def test_push_sends_each_calibration_and_a_card_then_a_second_push_merges(home: 
 def test_pushed_calibrations_come_back_through_the_cache_with_their_source(
     home: Path, hub: FakeHub, hub_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import calibration
-    from calibration.hub import shared_calibrations
+    from benchtrain import calibration
+    from benchtrain.calibration.hub import shared_calibrations
 
     save_calibration(shared("cpu-a", "2026-11-01T10:00:00+00:00"))
     save_calibration(shared("cpu-b", "2026-11-02T10:00:00+00:00"))
@@ -247,8 +247,8 @@ def test_a_push_that_cannot_happen_is_one_line(
 
 
 def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, hub_cache: Path, offline: None, capsys: pytest.CaptureFixture[str]) -> None:
-    import calibration
-    from calibration.hub import shared_calibrations
+    from benchtrain import calibration
+    from benchtrain.calibration.hub import shared_calibrations
 
     good = shared("cpu-good", "2026-11-01T10:00:00+00:00", measured_by="alice")
     wrong_type = {**shared("cpu-typed", "2026-11-02T10:00:00+00:00"), "measurements": "many"}
@@ -292,7 +292,7 @@ def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, h
     ],
 )
 def test_hub_references_that_name_nothing_usable_are_one_line(hub_cache: Path, offline: None, reference: str, fragment: str) -> None:
-    import calibration
+    from benchtrain import calibration
 
     write_cache(hub_cache, "org/cals", {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))}, "b" * 40)
     with pytest.raises(BenchtrainError) as raised:
@@ -301,7 +301,7 @@ def test_hub_references_that_name_nothing_usable_are_one_line(hub_cache: Path, o
 
 
 def test_bench_push_help_has_examples() -> None:
-    done = subprocess.run([sys.executable, "-m", "bench", "push", "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "push", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "examples:" in done.stdout and "--use-calibration hub:my-org/gpu-calibrations" in done.stdout
 
 
@@ -310,7 +310,7 @@ def test_offline_and_not_cached_is_one_line_in_a_fresh_process(tmp_path: Path) -
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "BENCHTRAIN_HOME": str(tmp_path / "home")}
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "bench", "show", "hub:org/absent"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "show", "hub:org/absent"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert "hub:org/absent: dataset org/absent is not in the hub cache" in done.stderr and str(tmp_path / "hf" / "hub") in done.stderr
@@ -347,8 +347,8 @@ def test_train_with_a_hub_calibration_it_cannot_get_is_one_line(
 
 
 def test_a_hub_calibration_is_never_written_by_a_run(hub_cache: Path, offline: None) -> None:
-    from calibration.hub import shared_calibrations
-    from calibration.store import is_read_only, update_calibration
+    from benchtrain.calibration.hub import shared_calibrations
+    from benchtrain.calibration.store import is_read_only, update_calibration
 
     write_cache(hub_cache, "org/cals", {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))}, "c" * 40)
     ((path, _),) = shared_calibrations("hub:org/cals")
@@ -397,7 +397,7 @@ def test_a_comparison_row_says_whose_measurement_it_rests_on(
 
 
 def test_the_card_says_what_each_measured_and_escapes_what_it_holds() -> None:
-    from calibration.hub import card_text
+    from benchtrain.calibration.hub import card_text
 
     lora = shared(
         "cpu-lora", "2026-11-01T10:00:00+00:00", measured_by="eve | <script>", training={"method": "lora", "lora": {"rank": 16}, "quantization": "4bit"}

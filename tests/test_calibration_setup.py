@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from calibration.schema import read_calibration_file
-from calibration.setup import Setup, describe_setup, quantization_name, setup_difference
-from calibration.store import save_calibration
-from common.errors import guard_cli
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.setup import Setup, describe_setup, quantization_name, setup_difference
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.errors import guard_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"
 TINY = Setup(model_name="tiny", model_fingerprint="e93a0dc2f32d106d", method="lora", lora_rank=16)
@@ -117,7 +117,7 @@ def test_difference_of_several_aspects(full: dict[str, Any]) -> None:
 
 
 def run_bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    from bench.cli import main
+    from benchtrain.bench.cli import main
 
     code = guard_cli(main, argv)
     out, err = capsys.readouterr()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import chat_file, load_tokenized, run_main, trained_text
 
-from train.workload.tokenizer import byte_tokenizer, load_tokenizer
+from benchtrain.train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 
 def test_the_loss_is_on_the_assistant_turns_only(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import CONVERSATION, chat_file, load_tokenized, run_main, trained_text
 
-from train.workload.prepare import tokenizer_fingerprint
-from train.workload.tokenizer import CHATML_TEMPLATE, byte_tokenizer, ensure_chat_template, load_tokenizer
+from benchtrain.train.workload.prepare import tokenizer_fingerprint
+from benchtrain.train.workload.tokenizer import CHATML_TEMPLATE, byte_tokenizer, ensure_chat_template, load_tokenizer
 
 
 def base_tokenizer_folder(tmp_path: Path) -> Path:

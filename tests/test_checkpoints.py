@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, pretend_interrupted, run_main, synthetic_calibration
 
-from train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
+from benchtrain.train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
 
 RUN = ["--deadline", "30m", "--effective-batch", "4", "--no-report"]
 
@@ -26,9 +26,9 @@ def run_train(data: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[
 
 
 def test_too_little_space_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys) -> None:
-    import train.planning.disk
+    import benchtrain.train.planning.disk
 
-    monkeypatch.setattr(train.planning.disk, "free_bytes", lambda folder: 1_000_000)
+    monkeypatch.setattr(benchtrain.train.planning.disk, "free_bytes", lambda folder: 1_000_000)
     out = calibrated_home / "small"
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
     assert_one_line_error(code, err, "for 2 checkpoints and the final model, 0.00 GB free; free space, lower --keep-checkpoints", expected_code=5)
@@ -116,7 +116,7 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Pa
 
 
 def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
-    from train.planning.disk import LOCK_FILE, run_lock
+    from benchtrain.train.planning.disk import LOCK_FILE, run_lock
 
     out = calibrated_home / "run"
     with run_lock(out):
@@ -128,9 +128,9 @@ def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Pat
 
 
 def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
-    from calibration.store import save_calibration
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     out = calibrated_home / "run"
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
@@ -155,9 +155,9 @@ def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heav
 
 
 def test_bench_times_a_big_checkpoint_with_a_bounded_write(tmp_path: Path, monkeypatch) -> None:
-    import bench.disk_write as disk_write
-    from bench.probe import Workload
-    from train.workload.model import resolve_model
+    import benchtrain.bench.disk_write as disk_write
+    from benchtrain.bench.probe import Workload
+    from benchtrain.train.workload.model import resolve_model
 
     written: list[int] = []
     real = disk_write.write_bandwidth
@@ -171,7 +171,7 @@ def test_bench_times_a_big_checkpoint_with_a_bounded_write(tmp_path: Path, monke
 
 def _save_many(home: str, worker: int, count: int) -> None:
     os.environ["BENCHTRAIN_HOME"] = home
-    from calibration.store import save_calibration, update_calibration
+    from benchtrain.calibration.store import save_calibration, update_calibration
 
     for index in range(count):
         path = save_calibration(synthetic_calibration(id="same-second-id"))
@@ -179,7 +179,7 @@ def _save_many(home: str, worker: int, count: int) -> None:
 
 
 def test_concurrent_benches_keep_every_calibration(home: Path) -> None:
-    from calibration.schema import read_calibration_file
+    from benchtrain.calibration.schema import read_calibration_file
 
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_save_many, args=(str(home), worker, 12)) for worker in range(3)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, pretend_interrupted, run_main, synthetic_calibration
 
-from calibration.store import save_calibration
+from benchtrain.calibration.store import save_calibration
 
 SMALL_GRID = [
     "--batch-sizes",
@@ -168,7 +168,7 @@ def test_train_bad_options(calibrated_home: Path, capsys: pytest.CaptureFixture[
 
 
 def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.workload.model import resolve_model
+    from benchtrain.train.workload.model import resolve_model
 
     other = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1, "memory_bytes": 80 * 2**30}
     save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
@@ -197,10 +197,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(calibrated_home: Path, capsy
 
 def test_help_is_instant_and_has_examples() -> None:
     for command in ("bench", "train", "reports"):
-        result = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([sys.executable, "-m", f"benchtrain.{command}", "--help"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "examples:" in result.stdout
         check = subprocess.run(
-            [sys.executable, "-c", f"import sys, {command}.cli; sys.exit('torch' in sys.modules)"],
+            [sys.executable, "-c", f"import sys, benchtrain.{command}.cli; sys.exit('torch' in sys.modules)"],
             capture_output=True,
             timeout=60,
         )
@@ -224,7 +224,7 @@ def run_process_group(command: list[str], env: dict[str, str], timeout: float) -
 
 
 def torchrun(module: str, arguments: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", module, *arguments]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", f"benchtrain.{module}", *arguments]
 
 
 @pytest.mark.slow
@@ -349,7 +349,7 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     assert calibration["distributed"]["sharding"] == "fsdp" and calibration["training"]["sharding"] == "fsdp"
     assert set(calibration["distributed"]["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert calibration["overheads"]["checkpoint_extrapolated"] == 0 and calibration["overheads"]["checkpoint_save_seconds"] > 0
-    from bench.cli import describe_calibration
+    from benchtrain.bench.cli import describe_calibration
 
     assert any(line.strip().startswith("processes: 2 (gloo, fsdp); all-reduce") for line in describe_calibration(calibration, str(newest)))
     planned = [*train, "--use-calibration", calibration["id"], "--dry-run"]
@@ -366,7 +366,7 @@ def test_resume_through_the_command_line(
     import os
     import signal
 
-    from train.step.step import TrainingStep
+    from benchtrain.train.step.step import TrainingStep
 
     out = tmp_path / "run"
     common = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--out", str(out), "--no-report", "--max-steps", "6"]
@@ -406,7 +406,7 @@ def test_an_out_of_memory_error_while_training_is_one_line(
 ) -> None:
     import torch
 
-    from train.step.step import TrainingStep
+    from benchtrain.train.step.step import TrainingStep
 
     def out_of_memory(*_args: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 from helpers import TRUE_THROUGHPUT, assert_one_line_error, heavy_tailed, micro_seconds, run_main, synthetic_calibration, synthetic_rows, tokenized
 
-from bench.runner import Budget, run_grid
-from bench.space import SearchSpace
-from calibration.accuracy import describe_estimate_error, estimate_error_pct
-from calibration.fit import fit_measurements
-from calibration.model import Calibration
-from calibration.step_config import StepConfig
-from calibration.store import save_calibration
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
+from benchtrain.bench.runner import Budget, run_grid
+from benchtrain.bench.space import SearchSpace
+from benchtrain.calibration.accuracy import describe_estimate_error, estimate_error_pct
+from benchtrain.calibration.fit import fit_measurements
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.store import save_calibration
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
 
 
 def short_calibration(**overrides: Any) -> Calibration:
@@ -96,16 +96,16 @@ def test_resume_estimates_only_the_steps_left() -> None:
 def test_a_budget_too_small_or_a_grid_too_small_is_refused_before_anything_is_built(
     home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import train.workload.model
+    import benchtrain.train.workload.model
 
     built: list[str] = []
-    real_build = train.workload.model.build_model
+    real_build = benchtrain.train.workload.model.build_model
 
     def recorded_build(spec: Any, *args: Any, **kwargs: Any) -> Any:
         built.append(spec.name)
         return real_build(spec, *args, **kwargs)
 
-    monkeypatch.setattr(train.workload.model, "build_model", recorded_build)
+    monkeypatch.setattr(benchtrain.train.workload.model, "build_model", recorded_build)
     # gpt2's FLOPs: even at this CPU's matmul peak, 3 probes cannot fit in 2 seconds.
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--budget", "2s", "--quiet", "--no-report"], capsys)
     assert_one_line_error(code, err, "cannot pay for even a minimum calibration")
@@ -117,12 +117,12 @@ def test_a_budget_too_small_or_a_grid_too_small_is_refused_before_anything_is_bu
 
 
 def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import bench.probe_tasks
+    import benchtrain.bench.probe_tasks
 
     def failing(workload: Any, config: Any, settings: Any, peak_flops: Any = None) -> dict[str, Any]:
         return {**config.to_row(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
 
-    monkeypatch.setattr(bench.probe_tasks, "run_probe", failing)  # where the probe task calls it
+    monkeypatch.setattr(benchtrain.bench.probe_tasks, "run_probe", failing)  # where the probe task calls it
     code, _, err = run_main("bench", ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet", "--no-report"], capsys)
     assert_one_line_error(code, err, "a fit needs at least", expected_code=4)
     assert "Nothing was stored as a calibration" in err
@@ -134,8 +134,8 @@ def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsy
 
 # 4. --------------------------------------------------------------------------------------------
 def test_latest_names_the_newer_calibration_it_skipped(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     good = save_calibration(
         synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
@@ -161,7 +161,7 @@ def test_dry_run_exits_like_the_real_run_when_the_plan_does_not_fit(calibrated_h
 
 # 6. --------------------------------------------------------------------------------------------
 def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
-    from train.planning.plan_text import describe_outcome
+    from benchtrain.train.planning.plan_text import describe_outcome
 
     assert estimate_error_pct(60.0, 75.0) == pytest.approx(25.0)
     assert estimate_error_pct(66.9, 53.2) < 0
@@ -186,8 +186,8 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
 
 # 7. --------------------------------------------------------------------------------------------
 def test_the_probe_bar_under_a_budget_shows_the_budget() -> None:
-    from bench.cli import _progress_bar
-    from common.progress import BudgetBar
+    from benchtrain.bench.cli import _progress_bar
+    from benchtrain.common.progress import BudgetBar
 
     bar = _progress_bar(72, quiet=False, budget_seconds=150.0)
     assert isinstance(bar, BudgetBar)
@@ -252,9 +252,9 @@ def test_a_disturbed_probe_is_measured_again_and_combined_by_median() -> None:
 
 
 def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_estimate(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.record import assess_noise
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.bench.record import assess_noise
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     rows = synthetic_rows(noise=0.0)
     rng = np.random.default_rng(4)
@@ -353,7 +353,7 @@ def test_after_the_demo_the_commands_say_where_its_calibrations_are(
 
 def test_the_calibration_report_shows_no_python_none(home: Path) -> None:
     """CPU probes have no MFU (no peak FLOP/s): the table showed `None`."""
-    from reports.calibration_report import write_calibration_report
+    from benchtrain.reports.calibration_report import write_calibration_report
 
     rows = synthetic_rows()
     for row in rows:
@@ -367,7 +367,7 @@ def test_ctrl_c_reaches_dataloader_workers_and_they_keep_serving(tmp_path: Path)
     step in flight, and the checkpoint --help promises was never written."""
     import signal
 
-    from train.workload.batching import make_loader
+    from benchtrain.train.workload.batching import make_loader
 
     loader = make_loader(list(range(12)), num_workers=1, pin_memory=False)
     batches = iter(loader)

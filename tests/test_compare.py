@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, cpu_calibration, dry_run, h100_data, heavy_tailed, run_main, tokenized
 
-from calibration.model import Calibration
-from calibration.store import save_calibration
-from common.atomic import json_text
-from common.durations import format_duration
-from common.errors import BenchtrainError
-from train.planning.prices import parse_prices, run_cost
-from train.recipes.config import TrainConfig
-from train.recipes.machines import compare, no_row_meets_the_deadline
-from train.recipes.run_plan import PlanContext
-from train.workload.data import length_profile
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.atomic import json_text
+from benchtrain.common.durations import format_duration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.prices import parse_prices, run_cost
+from benchtrain.train.recipes.config import TrainConfig
+from benchtrain.train.recipes.machines import compare, no_row_meets_the_deadline
+from benchtrain.train.recipes.run_plan import PlanContext
+from benchtrain.train.workload.data import length_profile
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 H100 = "h100-llama-3.2-1b"
 H100_HARDWARE = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "peak_flops_entry": "H100 SXM", "memory_bytes": 85e9}
@@ -45,7 +45,7 @@ def h200_double() -> dict[str, Any]:
 
 
 def run_compare(calibrations: list[dict[str, Any]], model: str = "llama-3.2-1b", sources: list[dict[str, Any]] | None = None, **options: Any) -> Any:
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **options})
     data = tokenized(heavy_tailed(400))
@@ -174,9 +174,9 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     on this device: a predicted 2-process row, its all-reduce bracketed between hidden behind
     backward and not at all (the upper bound adds it in full, calibration.topology). A measured
     2-process calibration in the comparison replaces it."""
-    from calibration.comm import CommModel
-    from train.planning.comm import traffic_of
-    from train.planning.memory_check import memory_need
+    from benchtrain.calibration.comm import CommModel
+    from benchtrain.train.planning.comm import traffic_of
+    from benchtrain.train.planning.memory_check import memory_need
 
     one = cpu_calibration("cpu-one")
     other_model = cpu_calibration("gpt2-two", processes=2, fingerprint="another-model")
@@ -287,7 +287,7 @@ def test_a_comparison_is_a_dry_run(home: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_the_report_escapes_and_embeds_its_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from reports.comparison_report import write_comparison_report
+    from benchtrain.reports.comparison_report import write_comparison_report
 
     hostile = '<script>alert("x")</script>'
     record = run_compare([h100_data(), h200_double()], price_per_hour="h100=2.5,h200=3.8", deadline="1m").to_json()

@@ -12,17 +12,17 @@ import pytest
 import torch
 from helpers import assert_one_line_error, heavy_tailed, run_main, synthetic_calibration, tokenized
 
-from bench.calibrate import warmup_costs
-from calibration.model import Calibration
-from common.errors import BenchtrainError
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
-from train.running.guard import DeadlineGuard, GuardSettings
-from train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
-from train.step.engine import StepOptions
-from train.workload.batching import PaddedBatches, batch_shape_counts, padded_width, plan_padded_batches
-from train.workload.method import MethodConfig
+from benchtrain.bench.calibrate import warmup_costs
+from benchtrain.calibration.model import Calibration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.running.guard import DeadlineGuard, GuardSettings
+from benchtrain.train.step.compile import SHAPE_BUCKET, compile_enabled, compile_seconds
+from benchtrain.train.step.engine import StepOptions
+from benchtrain.train.workload.batching import PaddedBatches, batch_shape_counts, padded_width, plan_padded_batches
+from benchtrain.train.workload.method import MethodConfig
 
 # Inductor compiles C++ for the CPU: without a compiler there is no compiled step to test.
 needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler")
@@ -106,9 +106,9 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
 def test_compiled_step_computes_what_the_eager_step_does() -> None:
     from accelerate import Accelerator
 
-    from train.step.engine import StepOptions, engine_from_options
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.model import resolve_model
 
     losses = {}
     for mode in ("off", "on"):
@@ -169,9 +169,9 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
 def test_a_calibration_of_another_step_is_refused_or_said() -> None:
     from types import SimpleNamespace
 
-    from common.errors import BenchtrainError
-    from train.recipes.choice import check_compatible
-    from train.workload.method import MethodConfig
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.recipes.choice import check_compatible
+    from benchtrain.train.workload.method import MethodConfig
 
     spec = SimpleNamespace(fingerprint="abc", name="tiny")
     hardware = {"name": "Test CPU", "device_type": "cpu"}

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, dry_run, run_consider, run_main
 
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from common.errors import BenchtrainError
-from train.recipes.machines import parse_machines
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.recipes.machines import parse_machines
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 
 def test_machines_are_parsed_with_their_links() -> None:
@@ -72,7 +72,7 @@ def test_each_kind_of_row_from_the_h100_calibration() -> None:
             assert row.settle.startswith(("bench run --gpu", "accelerate launch --num_processes"))
     a100 = next(row for row in comparison.rows if row.machine.startswith("4×A100"))
     assert "translated from" in a100.rests_on and "collectives: pcie link figures (not measured)" in a100.rests_on
-    assert a100.settle.startswith("accelerate launch --num_processes 4 -m bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie")
+    assert a100.settle.startswith("accelerate launch --num_processes 4 -m benchtrain.bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie")
 
 
 def test_the_translated_h200_is_bracketed_by_the_datasheet_ratios() -> None:
@@ -144,13 +144,13 @@ class _Plan:
 
 def _row(low: float, upper: float, price: float, meets: bool = True) -> Any:
     """A row of one GPU at `price` per hour whose plan runs from `low` to `upper` seconds."""
-    from train.recipes.machines import Row, Source
+    from benchtrain.train.recipes.machines import Row, Source
 
     return Row(Source(None, "translated"), {}, price, run_plan=SimpleNamespace(plan=_Plan(low, upper, meets)))  # type: ignore[arg-type]
 
 
 def test_the_rows_that_could_overtake_the_recommended_one_within_their_brackets() -> None:
-    from train.recipes.machines import could_overtake, rank
+    from benchtrain.train.recipes.machines import could_overtake, rank
 
     measured = _row(3600, 3700, 2.5)  # $2.50 – $2.57
     translated_wide = _row(1800, 5400, 2.0)  # $1.00 – $3.00: dearer at its upper end, cheaper at its low end
@@ -169,10 +169,10 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     accumulation then holds at least the 4.9 GB of fp32 gradients), planned for 4 H100s over NVLink
     at accumulation > 1: each process's peak is the 1-process prediction, less the sharded state
     (the plan's memory offset, with NCCL's own buffers), less 3/4 of what accumulation holds."""
-    from bench.record import refit_record
-    from calibration.comm import communicator_bytes
-    from train.planning.memory_check import memory_need
-    from train.step.engine import StepOptions
+    from benchtrain.bench.record import refit_record
+    from benchtrain.calibration.comm import communicator_bytes
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.step.engine import StepOptions
 
     data = refit_record(read_calibration_file(FIXTURE))
     comparison = run_consider("h100:4:nvlink", [data], step_options=StepOptions(sharding="fsdp"), effective_batch=64)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.step.hardware import detect_hardware, device_label, peak_flops
+from benchtrain.train.step.hardware import detect_hardware, device_label, peak_flops
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ class _FakeEvent:
 
 
 def test_the_step_timer_times_the_gpu_with_events_on_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.step.step import StepTimer
+    from benchtrain.train.step.step import StepTimer
 
     device = torch.device("cuda", 1)
     _FakeEvent.log = []
@@ -85,7 +85,7 @@ def test_the_step_timer_times_the_gpu_with_events_on_its_own_device(monkeypatch:
 
 
 def test_peak_memory_on_cuda_is_the_allocators_peak_on_this_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.step.peak_memory import PeakMemory
+    from benchtrain.train.step.peak_memory import PeakMemory
 
     device = torch.device("cuda", 1)
     calls: list[str] = []

@@ -22,19 +22,19 @@ import numpy as np
 import pytest
 from helpers import load_tokenized
 
-import train.workload.data_cache as data_cache
-import train.workload.prepare as prepare
-import train.workload.sampling as sampling
-from common.errors import BenchtrainError, DiskSpaceError
-from train.workload.batching import IGNORE_INDEX, PaddedBatches
-from train.workload.data import load_records
-from train.workload.data_cache import BuildJob, data_root
-from train.workload.encode import Encoder, assistant_character_spans
-from train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
-from train.workload.prepare import DataSpec, PreparedData, prepare_data
-from train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
-from train.workload.tokenizer import byte_tokenizer
-from train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store
+import benchtrain.train.workload.data_cache as data_cache
+import benchtrain.train.workload.prepare as prepare
+import benchtrain.train.workload.sampling as sampling
+from benchtrain.common.errors import BenchtrainError, DiskSpaceError
+from benchtrain.train.workload.batching import IGNORE_INDEX, PaddedBatches
+from benchtrain.train.workload.data import load_records
+from benchtrain.train.workload.data_cache import BuildJob, data_root
+from benchtrain.train.workload.encode import Encoder, assistant_character_spans
+from benchtrain.train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
+from benchtrain.train.workload.prepare import DataSpec, PreparedData, prepare_data
+from benchtrain.train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
+from benchtrain.train.workload.tokenizer import byte_tokenizer
+from benchtrain.train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -737,7 +737,7 @@ MEMORY_SCRIPT = textwrap.dedent(
             for i in range(count):
                 turns = [{"from": "human", "value": f"question {i:07d} about x"}, {"from": "gpt", "value": f"answer {i:07d} is y."}]
                 handle.write(json.dumps({"conversations": turns}) + "\\n")
-        from train.workload.data import load_records
+        from benchtrain.train.workload.data import load_records
 
         load_records(str(path))  # datasets parses the JSON into its Arrow cache here, not in the measured process
         sys.exit(0)
@@ -746,7 +746,7 @@ MEMORY_SCRIPT = textwrap.dedent(
 
     sys.path.insert(0, str(Path.cwd() / "tests"))
     from helpers import load_tokenized
-    from train.workload.tokenizer import byte_tokenizer
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
 
     data = load_tokenized(str(path), byte_tokenizer())
     lengths, real = data.lengths, data.real_tokens(64)

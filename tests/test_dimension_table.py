@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 from helpers import GIB, synthetic_calibration, tokenized_from_samples
 
-from bench.runner import Budget, run_grid
-from bench.space import SearchSpace
-from calibration.dimensions import DIMENSIONS, Dimension, Term
-from calibration.fit import residual_coordinates, throughput_model_from_json
-from calibration.model import Calibration
-from calibration.run_file import RunFile
-from calibration.schema import read_calibration_file
-from calibration.step_config import StepConfig
-from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
+from benchtrain.bench.runner import Budget, run_grid
+from benchtrain.bench.space import SearchSpace
+from benchtrain.calibration.dimensions import DIMENSIONS, Dimension, Term
+from benchtrain.calibration.fit import residual_coordinates, throughput_model_from_json
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.run_file import RunFile
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import BenchtrainError, DoesNotFitError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OFFLOADING = Dimension(
@@ -81,7 +81,7 @@ def packed_data() -> Any:
 
 
 def test_bench_run_offers_it_and_the_search_covers_both_modes(with_offloading: Dimension) -> None:
-    from bench.cli import asked_space, build_parser
+    from benchtrain.bench.cli import asked_space, build_parser
 
     parser = build_parser()
     args = parser.parse_args(["run", "--offloading", "off,on"])
@@ -95,8 +95,8 @@ def test_bench_run_offers_it_and_the_search_covers_both_modes(with_offloading: D
 
 
 def test_train_offers_it_and_hands_it_to_the_planner(with_offloading: Dimension) -> None:
-    from train.cli import build_parser
-    from train.recipes.config import TrainConfig
+    from benchtrain.train.cli import build_parser
+    from benchtrain.train.recipes.config import TrainConfig
 
     parser = build_parser()
     assert "keep activations on the host" in parser.format_help()

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from helpers import FakeClock, run_main, train_arguments
 
-from calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from calibration.step_config import StepConfig
-from train.running.guard import NEXT_STEP_SAFETY
+from benchtrain.calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.train.running.guard import NEXT_STEP_SAFETY
 
 # The synthetic calibration's overheads (tests/helpers.py): what happened in each command below.
 MODEL_BUILD, WARMUP, CHECKPOINT, EXPORT, REPORT = 1.0, 0.2, 0.5, 0.5, 2.0
@@ -100,7 +100,7 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
 def test_a_deadline_stopped_run_and_its_banner_console_and_charts_tell_the_same_story(
     calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from reports import figures
+    from benchtrain.reports import figures
 
     titles: dict[str, str] = {}
     real_save = figures.save

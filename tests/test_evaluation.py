@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from helpers import TINY_GRID, TRUE_EVAL, assert_one_line_error, heavy_tailed, run_main, synthetic_calibration, tokenized
 
-from calibration.model import Calibration
-from common.errors import BenchtrainError
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
-from train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
+from benchtrain.calibration.model import Calibration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.step.evaluation import EvalSchedule, parse_eval_every, split_eval
 
 
 def test_the_eval_split_is_deterministic_and_disjoint() -> None:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import PROMPT_IDS, logits, run_main, trained
 
-from common.errors import BenchtrainError
-from train.export import export_final, load_final, name_base, resolve_base
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.export import export_final, load_final, name_base, resolve_base
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 PROMPT = torch.tensor(PROMPT_IDS)
 
@@ -86,7 +86,7 @@ def test_lora_final_holds_the_adapter_and_the_base_it_was_trained_on(
 
 
 def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
-    from train.workload.model import build_model
+    from benchtrain.train.workload.model import build_model
 
     folder = tmp_path / "base-model"
     build_model(resolve_model("tiny"), "cpu").save_pretrained(folder)
@@ -136,7 +136,7 @@ def test_a_moved_lora_run_loads_from_any_directory(tmp_path: Path, heavy_tailed_
 def test_a_model_folder_inside_the_run_folder_goes_into_final(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import build_model
+    from benchtrain.train.workload.model import build_model
 
     run_dir = tmp_path / "run"
     folder = run_dir / "models" / "base"
@@ -166,7 +166,7 @@ def older_layout(run_dir: Path) -> None:
 
 
 def test_an_older_run_names_its_base_beside_final_and_still_loads(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.workload.model import build_model
+    from benchtrain.train.workload.model import build_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", lora_rank=4)
     run_dir = tmp_path / "run"
@@ -204,7 +204,7 @@ def test_an_interrupted_run_still_writes_final_marked_partial(
     import os
     import signal
 
-    from train.step.step import TrainingStep
+    from benchtrain.train.step.step import TrainingStep
 
     real_run = TrainingStep.run
     calls = {"steps": 0}

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from helpers import TRUE_MEMORY, TRUE_THROUGHPUT, micro_seconds, peak_bytes, synthetic_calibration, synthetic_rows
 
-from calibration.fit import fit_measurements, throughput_features, throughput_terms
-from calibration.memory_fit import linear_terms, memory_features
-from calibration.model import Calibration
-from calibration.step_config import StepConfig
+from benchtrain.calibration.fit import fit_measurements, throughput_features, throughput_terms
+from benchtrain.calibration.memory_fit import linear_terms, memory_features
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.step_config import StepConfig
 
 
 @pytest.mark.parametrize("workers", [0, 3])

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import run_main
 
-from calibration.fit import ThroughputModel, overlapped
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from calibration.step_config import StepConfig
+from benchtrain.calibration.fit import ThroughputModel, overlapped
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H100 = FIXTURES / "h100-llama-3.2-1b-fullgrid.json"
@@ -48,7 +48,7 @@ def test_refitting_the_h100_probes_holds_out_within_3_percent(home: Path, capsys
 def test_the_memory_model_holds_out_the_h100_peaks_within_3_percent_without_under_predicting() -> None:
     """Issue 21: peaks a plan can bet on. Leave-one-out over the 48 real H100 probes: median ≤ 3%,
     and no probe's peak under-predicted by more than 2% (an under-prediction is an OOM)."""
-    from calibration.memory_fit import fit_memory_section
+    from benchtrain.calibration.memory_fit import fit_memory_section
 
     rows = [row for row in json.loads(H100.read_text())["measurements"] if row["status"] == "ok"]
     section = fit_memory_section([StepConfig.from_row(row) for row in rows], np.array([float(row["peak_memory_bytes"]) for row in rows]))

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from helpers import load_tokenized, run_main, trained_text
 
-from common.errors import BenchtrainError
-from train.workload import formats
-from train.workload.batching import PaddedBatches, epoch_batches
-from train.workload.formats import BY_COLUMNS, Columns, DataFormat, DataSchema, Encoded, Layout, Record, Tokenizing, detect_layout
-from train.workload.tokenizer import byte_tokenizer
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload import formats
+from benchtrain.train.workload.batching import PaddedBatches, epoch_batches
+from benchtrain.train.workload.formats import BY_COLUMNS, Columns, DataFormat, DataSchema, Encoded, Layout, Record, Tokenizing, detect_layout
+from benchtrain.train.workload.tokenizer import byte_tokenizer
 
 QA = [{"question": f"what is {n}+{n}?", "answer": str(2 * n)} for n in range(1, 41)]
 ANSWER_TOKENS = sum(len(record["answer"]) + 1 for record in QA)  # a byte tokenizer: each answer's bytes and its EOS
@@ -73,7 +73,7 @@ def test_a_format_added_to_the_table_is_detected_encoded_and_batched(with_qa: No
 
 
 def test_data_format_offers_the_new_format_and_train_plans_it(with_qa: None, calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.cli import build_parser
+    from benchtrain.train.cli import build_parser
 
     assert "qa (question, answer)" in " ".join(build_parser().format_help().split())
     argv = ["--data", str(qa_file(tmp_path)), "--data-format", "qa", "--deadline", "5m", "--dry-run", "--json"]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from helpers import assert_one_line_error, load_tokenized, run_main, tokenized_from_samples, trained_text
 
-from common.errors import BenchtrainError
-from train.planning.planner import lengths_to_measure
-from train.workload.data import load_records
-from train.workload.formats import DataSchema
-from train.workload.tokenizer import byte_tokenizer
-from train.workload.tokens import TokenizedData
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.planner import lengths_to_measure
+from benchtrain.train.workload.data import load_records
+from benchtrain.train.workload.formats import DataSchema
+from benchtrain.train.workload.tokenizer import byte_tokenizer
+from benchtrain.train.workload.tokens import TokenizedData
 
 SHAREGPT = {
     "conversations": [

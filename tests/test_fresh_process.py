@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 from helpers import micro_seconds, run_main, synthetic_calibration, synthetic_rows
 
-from bench.disturbed import correct_for_drift
-from bench.fresh_process import PROCESSES, check_configs, measure_in_fresh_processes
-from bench.record import fit_with_drift_choice
-from bench.runner import Budget, run_grid
-from bench.space import SearchSpace
-from bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
-from calibration.model import MIN_MEMORY_MARGIN, Calibration
-from calibration.process_check import judge, median_error
-from calibration.step_config import StepConfig
-from train.step.engine import StepOptions
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.bench.disturbed import correct_for_drift
+from benchtrain.bench.fresh_process import PROCESSES, check_configs, measure_in_fresh_processes
+from benchtrain.bench.record import fit_with_drift_choice
+from benchtrain.bench.runner import Budget, run_grid
+from benchtrain.bench.space import SearchSpace
+from benchtrain.bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
+from benchtrain.calibration.model import MIN_MEMORY_MARGIN, Calibration
+from benchtrain.calibration.process_check import judge, median_error
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.train.step.engine import StepOptions
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 BENCH_RSS = 400e6
 # Longer sequences than the helpers' default: most steps time well (≥ 40 ms), as a CPU's do.
@@ -204,7 +204,7 @@ def test_bench_run_on_a_cpu_records_the_check_and_plans_with_it(tmp_path: Any, m
 def test_a_plan_says_which_part_of_its_bound_is_the_fit_and_which_the_machine(
     data: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     home = tmp_path / "home"
     monkeypatch.setenv("BENCHTRAIN_HOME", str(home))
@@ -228,7 +228,7 @@ def test_the_resident_set_before_a_model_is_measured_with_the_builds_libraries_l
 
     script = (
         "import sys\n"
-        "from train.step.peak_memory import resident_bytes_before_model\n"
+        "from benchtrain.train.step.peak_memory import resident_bytes_before_model\n"
         "assert 'peft' not in sys.modules and 'sympy' not in sys.modules\n"
         "assert resident_bytes_before_model() > 0\n"
         "assert 'peft' in sys.modules and 'sympy' in sys.modules\n"

@@ -31,7 +31,7 @@ LORA_RANK = 4
 
 
 def spec_of() -> Any:
-    from train.workload.model import ModelSpec
+    from benchtrain.train.workload.model import ModelSpec
 
     return ModelSpec(name="small-llama", config_dict=SPEC)
 
@@ -42,11 +42,11 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.step.sharding import gather_full_state, is_sharded
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig, unwrap
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.step.sharding import gather_full_state, is_sharded
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig, unwrap
 
     def local_bytes(parameter: Any) -> int:
         local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
@@ -60,7 +60,7 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
     if is_sharded(engine.model):
         weights = gather_full_state(engine.model, None).weights
     else:
-        from train.running.checkpoint import model_state
+        from benchtrain.train.running.checkpoint import model_state
 
         weights = model_state(engine.model)
     initial = {name: tensor.tolist() for name, tensor in weights.items()}  # before training changes them
@@ -83,8 +83,8 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
 def ranks_worker(quantize: str) -> None:
     import torch.distributed as dist
 
-    from common.errors import BenchtrainError
-    from train.step.runtime import finish_together, leave
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.step.runtime import finish_together, leave
 
     try:
         report = train_steps("fsdp", quantize)  # accelerate starts the process group
@@ -117,8 +117,8 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
         assert rank["trainable_dtype"] == "torch.float32"
         assert rank["losses"] == pytest.approx(alone["losses"], rel=1e-5)
     # The memory check's share of a process (train.planning.memory_check): what each rank holds.
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig
 
     need = memory_need(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), "cpu")
     assert alone["base_bytes"] + alone["adapter_bytes"] == need.weights_bytes and alone["optimizer_bytes"] == need.optimizer_bytes
@@ -150,10 +150,10 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quanti
     from helpers import pretend_interrupted, synthetic_calibration
     from safetensors.torch import load_file
 
-    from calibration.store import save_calibration
-    from train.export import load_final
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.export import load_final
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
@@ -233,10 +233,10 @@ def as_4bit(record: dict[str, Any]) -> dict[str, Any]:
     (the simulated H100 measures no 4-bit base; its speed is left as the bf16 base's)."""
     import copy
 
-    from calibration.model import Calibration
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("llama-3.1-70b")
     saved = (
@@ -257,15 +257,15 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     h100:2,h100:4,h100:8` from `record`: the rows by machine size."""
     from helpers import heavy_tailed, tokenized
 
-    from calibration.model import Calibration
-    from train.recipes.config import TrainConfig
-    from train.recipes.machines import consider, parse_machines
-    from train.recipes.run_plan import PlanContext
-    from train.step.engine import StepOptions
-    from train.step.hardware import detect_hardware
-    from train.workload.data import length_profile
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.recipes.config import TrainConfig
+    from benchtrain.train.recipes.machines import consider, parse_machines
+    from benchtrain.train.recipes.run_plan import PlanContext
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.data import length_profile
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     config = TrainConfig.of(data="test", dry_run=True, deadline="24h", quantize=quantize, step_options=StepOptions(sharding="fsdp"))
     data = tokenized(heavy_tailed(400))
@@ -283,10 +283,10 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
     and 8 H100s from a 1-process slice calibration: each process holds its 1/N of the base, the
     adapters and their state (the plan's memory offset) plus activations; LoRA's 70 GiB of shards
     leave no room for activations on two H100s; QLoRA fits on two."""
-    from calibration.comm import communicator_bytes
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.comm import communicator_bytes
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("llama-3.1-70b")
     assert (spec.config_dict["hidden_size"], spec.config_dict["num_hidden_layers"], spec.config_dict["intermediate_size"]) == (8192, 80, 28672)
@@ -341,10 +341,10 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
     """llama-3.1-70b's fixed memory per GPU under FSDP: LoRA's bf16 base (134.5 GiB in all) in eighths
     on 8 H100s; QLoRA's 4-bit base (≈44 GiB) in quarters on 4 GPUs of 24 GiB, which it does not fit
     while each process first builds the whole 4-bit base: one line saying so."""
-    from common.errors import DoesNotFitError
-    from train.planning.memory_check import GIB, check_fits, gpus_needed, memory_need
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.common.errors import DoesNotFitError
+    from benchtrain.train.planning.memory_check import GIB, check_fits, gpus_needed, memory_need
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("llama-3.1-70b")
     h100 = {"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda", "memory_bytes": 79.2 * GIB}
@@ -368,8 +368,8 @@ def test_a_lora_model_built_on_meta_for_a_gpu_has_its_bf16_base_and_fp32_adapter
     adapters gathered in bf16 under mixed precision); for a CPU the base is fp32."""
     import torch
 
-    from train.workload.method import MethodConfig
-    from train.workload.model import build_model
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import build_model
 
     for target, base_dtype in (("cuda", torch.bfloat16), ("cpu", torch.float32)):
         model = build_model(spec_of(), "meta", MethodConfig(method="lora", lora_rank=LORA_RANK), shardable=True, weights_on=target)
@@ -381,9 +381,9 @@ def test_which_bases_fsdp_shards_is_settled_with_the_processes() -> None:
     """Under FSDP a bf16 or 4-bit LoRA base is sharded; an 8-bit one (int8 weights) is one line; one
     process shards nothing, so nothing is refused there."""
     pytest.importorskip("bitsandbytes")
-    from common.errors import BenchtrainError
-    from train.step.engine import StepOptions, process_layout
-    from train.workload.method import MethodConfig
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.step.engine import StepOptions, process_layout
+    from benchtrain.train.workload.method import MethodConfig
 
     fsdp = StepOptions(sharding="fsdp")
     for quantize in ("none", "4bit"):

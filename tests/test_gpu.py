@@ -8,10 +8,10 @@ pytestmark = pytest.mark.gpu
 
 
 def test_probe_on_cuda_reports_mfu_and_allocator_peak() -> None:
-    from bench.probe import ProbeSettings, Workload, run_probe
-    from calibration.step_config import StepConfig
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import ProbeSettings, Workload, run_probe
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     hardware = detect_hardware()
     workload = Workload(resolve_model("gpt2"))
@@ -25,7 +25,7 @@ def test_probe_on_cuda_reports_mfu_and_allocator_peak() -> None:
 
 
 def _wide_vocab_llama() -> object:
-    from train.workload.model import ModelSpec
+    from benchtrain.train.workload.model import ModelSpec
 
     config = {
         "model_type": "llama",
@@ -48,8 +48,8 @@ def test_fused_losses_match_the_plain_loss_with_less_memory_on_cuda(kind: str) -
 
     import torch
 
-    from train.step.loss import install_loss, liger_problem
-    from train.workload.model import build_model
+    from benchtrain.train.step.loss import install_loss, liger_problem
+    from benchtrain.train.workload.model import build_model
 
     if kind == "liger" and liger_problem() is not None:
         pytest.skip("liger-kernel is not installed (pip install 'benchtrain[gpu]')")
@@ -76,11 +76,11 @@ def test_fused_losses_match_the_plain_loss_with_less_memory_on_cuda(kind: str) -
 def test_compiled_step_on_cuda_matches_eager() -> None:
     import torch
 
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.runtime import make_accelerator
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.runtime import make_accelerator
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     losses = {}
     for mode in ("off", "on"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from calibration.step_config import StepConfig
+from benchtrain.calibration.step_config import StepConfig
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
@@ -61,10 +61,10 @@ def test_each_fixed_shape_check_fits_the_bundled_h100_with_ten_percent_to_spare(
     """peers, loss and compile run full fine-tuning of llama-3.2-1b at one shape: the bundled H100
     calibration's peak for it, with its memory fit's margin, leaves 10% of the card (8 × 2048 needed
     ≈ 82 GiB of 79 GiB: HF Trainer and the plain loss ran out of memory and the script exited 1)."""
-    import calibration
+    from benchtrain import calibration
 
     gpu = load_script().GPU
-    h100 = calibration.load(Path(__file__).resolve().parents[1] / "calibration" / "bundled" / "h100-llama-3.2-1b.json")
+    h100 = calibration.load(Path(__file__).resolve().parents[1] / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json")
     assert h100.data["model"]["name"] == gpu.model
     device = h100.data["hardware"]["memory_bytes"]
     prediction = h100.predict(StepConfig(gpu.micro_batch, 0, 1, gpu.seq_len))

@@ -18,11 +18,11 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
     """Under `--layers` the workload is a 2-layer slice of an 8B: the child process that times the
     cached compile must build those 2 layers, not the 32 that the preset's name alone gives (32 GB of
     fp32 weights: out of memory exactly where slices were chosen)."""
-    import bench.fresh_process as fresh_process
-    from bench.layer_slices import slice_spec
-    from bench.probe_tasks import measure_cached_compile
-    from train.workload.method import MethodConfig
-    from train.workload.model import make_config, resolve_model
+    import benchtrain.bench.fresh_process as fresh_process
+    from benchtrain.bench.layer_slices import slice_spec
+    from benchtrain.bench.probe_tasks import measure_cached_compile
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import make_config, resolve_model
 
     started: list[list[str]] = []
 
@@ -70,9 +70,9 @@ def test_fsdp_with_8bit_adamw_is_one_line_before_any_probe(fork_server: Any, tmp
 
 
 def test_the_optimizer_table_says_which_rows_step_sharded_parameters() -> None:
-    from common.errors import BenchtrainError
-    from train.step.engine import StepOptions, process_layout
-    from train.workload.method import MethodConfig
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.step.engine import StepOptions, process_layout
+    from benchtrain.train.workload.method import MethodConfig
 
     for name in ("adamw-8bit", "paged-adamw-8bit"):
         with pytest.raises(BenchtrainError, match=f"--optimizer {name} cannot step FSDP"):
@@ -91,8 +91,8 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     8 DDP processes adds them per GPU (calibration.comm); over PCIe the buffers alone."""
     from helpers import FIXTURE, run_consider
 
-    import train.recipes.run_plan as planner
-    from calibration.schema import read_calibration_file
+    import benchtrain.train.recipes.run_plan as planner
+    from benchtrain.calibration.schema import read_calibration_file
 
     requests: list[Any] = []
     make_plan = planner.make_plan
@@ -109,7 +109,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)  # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
     assert pcie.world_size == 8 and pcie.memory_offset_bytes == buffers
     assert switched.memory_offset_bytes == buffers + 8 * 32 * 2**20  # NVLS: 32 MiB per GPU of the node on each
-    from calibration.comm import communicator_bytes
+    from benchtrain.calibration.comm import communicator_bytes
 
     h100 = read_calibration_file(FIXTURE)["hardware"]
     assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes
@@ -159,8 +159,8 @@ def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_p
     crosses PCIe between pairs: the node is pcie, not an NVLink fabric."""
     import sys
 
-    from calibration.topology import link_figures
-    from train.step import hardware
+    from benchtrain.calibration.topology import link_figures
+    from benchtrain.train.step import hardware
 
     def detected(module: Any) -> Any:
         monkeypatch.setitem(sys.modules, "pynvml", module)
@@ -197,7 +197,7 @@ def test_a_concurrent_nccl_kernel_is_communication_not_memory_bound_time() -> No
     of exposed communication, and the host's exposed time is what ran nothing (1000-2000 µs)."""
     from helpers import kernel
 
-    from bench.step_split import kernel_kind, split_from_events
+    from benchtrain.bench.step_split import kernel_kind, split_from_events
 
     gemm, add = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "void at::native::vectorized_elementwise_kernel<4, add>"
     gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -215,7 +215,7 @@ def test_a_slice_calibrations_split_is_the_whole_models_not_the_deepest_slices()
     weights, its head 4096 × 128256 = 525.3M: at 6 of 32 layers the head is ≈29% of the matmul
     FLOPs, at 32 ≈7%. Splits measured at 2, 4 and 6 layers (compute-bound seconds in proportion to
     those FLOPs) give the whole model's split as lines in depth, not the 6-layer one."""
-    from calibration.slices import derive_step_split
+    from benchtrain.calibration.slices import derive_step_split
 
     layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9  # seconds at 1 s per 1e9 weights: any scale
     config = {"micro_batch_size": 4, "seq_len": 2048, "grad_accum": 1, "num_workers": 0, "gradient_checkpointing": 0}
@@ -239,7 +239,7 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     the whole model holds its line at 32 layers, not the 6-layer split it used to copy."""
     from simulated_slices import simulate_slices
 
-    import bench.layer_slices as layer_slices
+    import benchtrain.bench.layer_slices as layer_slices
 
     layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9
     combine = layer_slices.combine_slices
@@ -270,7 +270,7 @@ def test_a_slow_rank_0_load_does_not_outlast_the_process_groups_timeout(fork_ser
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config, resolve_model
+    from benchtrain.train.workload.model import make_config, resolve_model
 
     folder = tmp_path / "bf16"
     torch.manual_seed(3)
@@ -288,16 +288,16 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
 
     from helpers import FIXTURE, heavy_tailed, tokenized
 
-    from calibration.model import Calibration
-    from calibration.schema import read_calibration_file
-    from train.recipes.config import TrainConfig
-    from train.recipes.machines import consider, parse_machines
-    from train.recipes.run_plan import PlanContext
-    from train.step.engine import StepOptions
-    from train.step.hardware import detect_hardware
-    from train.workload.data import length_profile
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.schema import read_calibration_file
+    from benchtrain.train.recipes.config import TrainConfig
+    from benchtrain.train.recipes.machines import consider, parse_machines
+    from benchtrain.train.recipes.run_plan import PlanContext
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.data import length_profile
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     config = TrainConfig.of(data="test", dry_run=True, deadline="12h", step_options=StepOptions(sharding="fsdp"))
     data = tokenized(heavy_tailed(400))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from train.planning.deadline import Deadline
-from train.running.guard import DeadlineGuard, GuardSettings
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.running.guard import DeadlineGuard, GuardSettings
 
 STEP = 1.0  # predicted seconds per step
 
@@ -100,7 +100,7 @@ def test_the_live_line_says_the_guards_state() -> None:
     """The live line said "on track" while the guard printed "projected finish 1409s of 300s"."""
     from types import SimpleNamespace
 
-    from train.running.loop import TrainingRun
+    from benchtrain.train.running.loop import TrainingRun
 
     guard = DeadlineGuard(settings(), 100)
     verdicts = run(guard, [1.0] * 3 + [10.0] * 3)

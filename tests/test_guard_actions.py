@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from helpers import FakeClock, guard_checkpointing_every, load_tokenized, synthetic_calibration, synthetic_rows
 
-from calibration import run_file
-from calibration.model import Calibration
-from train.planning.deadline import Deadline
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
-from train.running import guard
-from train.running.checkpoint import list_checkpoints
-from train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction
-from train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
-from train.step.hardware import detect_hardware
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
-from train.workload.tokenizer import byte_tokenizer
+from benchtrain.calibration import run_file
+from benchtrain.calibration.model import Calibration
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.running import guard
+from benchtrain.train.running.checkpoint import list_checkpoints
+from benchtrain.train.running.guard import DeadlineGuard, GuardSettings, Move, OverrunAction
+from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
+from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
+from benchtrain.train.workload.tokenizer import byte_tokenizer
 
 # A new action, written as a newcomer would add it: one entry in the table, nothing else.
 CHECKPOINT = OverrunAction("checkpoint", "checkpoint and go on", "checkpointing and continuing", when_over=Move.CHECKPOINT, stops=False)
@@ -64,7 +64,7 @@ def test_the_status_words_run_json_holds_are_unchanged() -> None:
 
 
 def test_the_built_in_actions_keep_their_cli_words_and_help() -> None:
-    from train.cli import build_parser
+    from benchtrain.train.cli import build_parser
 
     (option,) = [action for action in build_parser()._actions if "--on-overrun" in action.option_strings]
     assert option.choices == ("stop", "shrink", "warn") and option.default == "stop"
@@ -75,8 +75,8 @@ def test_the_built_in_actions_keep_their_cli_words_and_help() -> None:
 
 
 def test_the_cli_accepts_a_registered_action(checkpoint_action: OverrunAction) -> None:
-    from train.cli import build_parser
-    from train.recipes.config import TrainConfig
+    from benchtrain.train.cli import build_parser
+    from benchtrain.train.recipes.config import TrainConfig
 
     args = build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])
     assert TrainConfig.from_args(args).guard.on_overrun == "checkpoint"
@@ -86,8 +86,8 @@ def test_the_cli_accepts_a_registered_action(checkpoint_action: OverrunAction) -
 
 def test_an_unregistered_action_is_refused() -> None:
     """Without its entry the word is bad input: one line (common.errors), and the guard refuses it."""
-    from common.errors import BenchtrainError
-    from train.cli import build_parser
+    from benchtrain.common.errors import BenchtrainError
+    from benchtrain.train.cli import build_parser
 
     with pytest.raises(BenchtrainError, match="invalid choice: 'checkpoint' \\(choose from 'stop', 'shrink', 'warn'\\)"):
         build_parser().parse_args(["--data", "sample", "--deadline", "5m", "--on-overrun", "checkpoint"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from common.heap import collect_everything, frozen_heap
+from benchtrain.common.heap import collect_everything, frozen_heap
 
 
 class Node:

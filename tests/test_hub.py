@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, load_tokenized, run_main
 
-from common.errors import BenchtrainError
-from train.workload.hub import parse_hub_id
-from train.workload.model import PRESETS, ModelSpec, resolve_model, with_hub_weights
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload.hub import parse_hub_id
+from benchtrain.train.workload.model import PRESETS, ModelSpec, resolve_model, with_hub_weights
 
 REPO = "org/tiny-chat"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -64,7 +64,7 @@ def hub_model() -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config
+    from benchtrain.train.workload.model import make_config
 
     tokenizer = trained_tokenizer()
     assert len(tokenizer) <= HUB_CONFIG["vocab_size"]
@@ -178,7 +178,7 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
 def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
     from helpers import trained_text
 
-    from train.workload.tokenizer import load_tokenizer
+    from benchtrain.train.workload.tokenizer import load_tokenizer
 
     cache_model(offline_hub, *hub_model, weights=False)
     spec = resolve_model(REPO)
@@ -191,7 +191,7 @@ def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, 
 def test_offline_without_the_model_is_one_line_with_the_download_command(tmp_path: Path) -> None:
     """A fresh process, as a user runs it: HF_HOME and HF_HUB_OFFLINE from the environment."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "BENCHTRAIN_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "bench", "run", "--model", "org/absent"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "run", "--model", "org/absent"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert "org/absent is not in the hub cache" in done.stderr and str(tmp_path / "hf" / "hub") in done.stderr
@@ -294,9 +294,9 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from train.export import export_final
-    from train.workload.method import MethodConfig
-    from train.workload.model import build_model
+    from benchtrain.train.export import export_final
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import build_model
 
     tokenizer, model = hub_model
     snapshot = cache_model(offline_hub, tokenizer, model, weights=True)
@@ -315,8 +315,8 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
 
 
 def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_model: tuple[Any, Any]) -> None:
-    from calibration.run_file import ResumedRun
-    from train.running.resume import resumed_spec
+    from benchtrain.calibration.run_file import ResumedRun
+    from benchtrain.train.running.resume import resumed_spec
 
     newer = "f" * 40
     cache_model(offline_hub, *hub_model, weights=False).rename(offline_hub / "models--org--tiny-chat" / "snapshots" / newer)

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from helpers import assert_one_line_error, run_main
 
-from common.errors import EXIT_PUSH_FAILED
-from train.step.step import TrainingStep
+from benchtrain.common.errors import EXIT_PUSH_FAILED
+from benchtrain.train.step.step import TrainingStep
 
 
 class FakeHub:
@@ -187,7 +187,7 @@ def test_a_failed_push_keeps_final_and_the_printed_command_retries_it(
 
 
 def test_the_upload_is_planned_at_the_last_measured_bandwidth_else_a_stated_default(home: Path) -> None:
-    from train.recipes.hub_push import DEFAULT_UPLOAD_BYTES_PER_SECOND, remember_rate, upload_rate
+    from benchtrain.train.recipes.hub_push import DEFAULT_UPLOAD_BYTES_PER_SECOND, remember_rate, upload_rate
 
     rate, source = upload_rate()
     assert rate == DEFAULT_UPLOAD_BYTES_PER_SECOND and "a default" in source

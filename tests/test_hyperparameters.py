@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import PEAK, assert_one_line_error, batches, pretend_interrupted, run_main, tiny_engine
 
-from common.errors import BenchtrainError
-from train.step.hyperparameters import HF_KEYS, SCHEDULER_CHOICES, OptimizerSettings, make_optimizer
-from train.workload.method import MethodConfig
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.step.hyperparameters import HF_KEYS, SCHEDULER_CHOICES, OptimizerSettings, make_optimizer
+from benchtrain.train.workload.method import MethodConfig
 
 
 def rates(settings: OptimizerSettings, total: int) -> list[float]:
@@ -128,9 +128,9 @@ def test_the_engine_follows_the_schedule_asked_for() -> None:
 def test_sgd_builds_with_momentum_and_its_state_is_the_bytes_the_plan_counts() -> None:
     import torch
 
-    from train.planning.memory_check import memory_need
-    from train.workload.model import resolve_model
-    from train.workload.optimizers import SGD_MOMENTUM, optimizer_state_bytes
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.model import resolve_model
+    from benchtrain.train.workload.optimizers import SGD_MOMENTUM, optimizer_state_bytes
 
     engine = tiny_engine(OptimizerSettings(weight_decay=0.05), optimizer="sgd")
     inner = engine.optimizer.optimizer  # accelerate's wrapper around torch's
@@ -152,7 +152,7 @@ def test_sgd_builds_with_momentum_and_its_state_is_the_bytes_the_plan_counts() -
 def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
-    from train.workload import optimizers
+    from benchtrain.train.workload import optimizers
 
     if "cpu" not in optimizers.fused_devices():
         pytest.skip(f"torch {torch.__version__} has no fused AdamW on CPU")
@@ -241,9 +241,9 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
 
 
 def test_a_run_from_before_the_section_resumes_with_the_defaults() -> None:
-    from calibration.run_file import ResumedRun
-    from calibration.step_config import StepConfig
-    from train.running.resume import resumed_hyperparameters
+    from benchtrain.calibration.run_file import ResumedRun
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.running.resume import resumed_hyperparameters
 
     # What a resume reads of it (the epochs and configuration the read requires, as such a run had).
     row = StepConfig(1, 0, 1, 64).to_row()
@@ -258,8 +258,8 @@ def test_a_run_from_before_the_section_resumes_with_the_defaults() -> None:
 
 @pytest.mark.slow
 def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from calibration.model import Calibration
-    from calibration.schema import read_calibration_file
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.schema import read_calibration_file
 
     grid = [
         "--gpu",

@@ -22,11 +22,11 @@ import pytest
 import yaml
 from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, run_consider, run_main, synthetic_calibration
 
-from calibration.schema import read_calibration_file
-from calibration.store import save_calibration
-from train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
-from train.running.checkpoint import MARKER_FILE, list_checkpoints
-from train.running.resume import auto_resume, resume_command
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.store import save_calibration
+from benchtrain.train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from benchtrain.train.running.checkpoint import MARKER_FILE, list_checkpoints
+from benchtrain.train.running.resume import auto_resume, resume_command
 
 TWO_NODES = f"{MACHINES},h100:16:2x8:nvlink+ib"  # one row on two nodes: not a fallback of a one-node task
 
@@ -182,7 +182,7 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
 
 
 def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from train.recipes.config import resolve_auto_resume
+    from benchtrain.train.recipes.config import resolve_auto_resume
 
     out = tmp_path / "run"
     assert (auto_resume(str(out)).resume, auto_resume(str(out)).deadline_started_at) == (False, None)  # nothing there: start
@@ -213,8 +213,8 @@ def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, cap
 def two_node_calibration(home: Path) -> None:
     """A 2-process CPU calibration over ethernet (one process per node), as `bench run` under two
     torchrun agents with `--interconnect ethernet` would store it."""
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     hardware = {**detect_hardware(), "interconnect": "ethernet"}
     model = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
@@ -370,11 +370,11 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home
     """The run script of a target nobody measured, with dstack's node variables: `bench run`
     across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
     the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
-    from train.launch_command import run_script
-    from train.planning.rental import DiskSize, Duration, Spot
-    from train.recipes.launch_task import LaunchTask, Target
+    from benchtrain.train.launch_command import run_script
+    from benchtrain.train.planning.rental import DiskSize, Duration, Spot
+    from benchtrain.train.recipes.launch_task import LaunchTask, Target
 
-    bench = "torchrun -m bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
+    bench = "torchrun -m benchtrain.bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
     target = Target(
         machine="2×CPU over ethernet",
         device_key="cpu",

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, run_main
 
-from bench.layer_slices import auto_depths, choose_depths, non_uniform_reason, parse_layers, slice_spec
-from calibration.slices import UNTESTED_SLICE_ERROR, DepthLine, derive_full_rows, slice_widening
-from calibration.step_config import StepConfig
-from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.memory_check import check_fits, gpus_needed, memory_need, meta_model
-from train.workload.method import MethodConfig
-from train.workload.model import PRESETS, ModelSpec, model_shape, resolve_model
+from benchtrain.bench.layer_slices import auto_depths, choose_depths, non_uniform_reason, parse_layers, slice_spec
+from benchtrain.calibration.slices import UNTESTED_SLICE_ERROR, DepthLine, derive_full_rows, slice_widening
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import BenchtrainError, DoesNotFitError
+from benchtrain.train.planning.memory_check import check_fits, gpus_needed, memory_need, meta_model
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import PRESETS, ModelSpec, model_shape, resolve_model
 
 GIB = 2**30
 CONFIGS = [StepConfig(b, 0, a, s) for b in (1, 4) for a in (1, 2) for s in (128, 512)]
@@ -214,7 +214,7 @@ def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, dee
     code, out, err = run_main("train", ["--use-calibration", "latest", "--model", deep_tiny, "--data", "sample", "--deadline", "24h", "--dry-run"], capsys)
     assert code == 0, err
     assert data["id"] in out and "layer slices of 2, 4 of its 8" in out
-    from calibration.model import Calibration
+    from benchtrain.calibration.model import Calibration
 
     cal = Calibration(data)
     # Two depths: nothing held out, so the bound widens by the assumed error, stretched to 8 layers.
@@ -229,8 +229,8 @@ def test_full_fine_tuning_too_big_for_one_simulated_h100_is_calibrated_on_slices
     from simulated import simulated_h100
     from simulated_slices import simulate_slices
 
-    from calibration.model import Calibration
-    from calibration.store import save_calibration
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.store import save_calibration
 
     record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
     assert record["slices"]["gpus_needed"] == 2 and record["model"]["layers"] == 32
@@ -268,8 +268,8 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
     from simulated import COMPILE_SECONDS, simulate_bench, simulated_h100
     from simulated_slices import simulate_slices
 
-    from calibration.model import Calibration
-    from calibration.store import save_calibration
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.store import save_calibration
 
     whole, _ = simulate_bench("llama-3.1-8b", lora=True, budget=budget)
     record, depths, seconds = simulate_slices("llama-3.1-8b", True, float(budget), "auto")
@@ -299,12 +299,12 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
     """bench.layer_slices: the first depth's minimum pays the compilations, the later depths probe
     the same shapes at a repeated shape's price; each depth's share covers its minimum, in
     proportion to the minimums; a budget short of them all is one line naming what they need."""
-    from bench.choose import ProbePlanner, shape_of
-    from bench.cost import COMPILE_PRIOR_SECONDS, CostModel, DeviceSpeed
-    from bench.layer_slices import depth_share, price_depths, refuse_if_unaffordable
-    from bench.space import SearchSpace
-    from bench.timing import ProbeSettings
-    from bench.variant_measurement import Carry
+    from benchtrain.bench.choose import ProbePlanner, shape_of
+    from benchtrain.bench.cost import COMPILE_PRIOR_SECONDS, CostModel, DeviceSpeed
+    from benchtrain.bench.layer_slices import depth_share, price_depths, refuse_if_unaffordable
+    from benchtrain.bench.space import SearchSpace
+    from benchtrain.bench.timing import ProbeSettings
+    from benchtrain.bench.variant_measurement import Carry
 
     def planner(layers: int) -> ProbePlanner:
         cost = CostModel(lambda config: 1e9 * (2 + layers), DeviceSpeed(1e13, "test"), ProbeSettings(), compiled=True)
@@ -320,7 +320,7 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
     with pytest.raises(BenchtrainError, match=r"--budget .* cannot pay for a minimum calibration at each of the slice depths 2, 4, 6 of m: they need"):
         refuse_if_unaffordable(prices, sum(prices.values()) * 0.9, "m")
     # What a depth leaves the next: the shapes it ran (priced as compiled) and the compilation it measured.
-    from bench.calibrate import BenchTask
+    from benchtrain.bench.calibrate import BenchTask
 
     small, large = StepConfig(1, 0, 1, 64), StepConfig(2, 0, 1, 128)
     assert planners[4].price(small) > COMPILE_PRIOR_SECONDS

@@ -11,15 +11,15 @@ import pytest
 import torch
 from helpers import TINY_GRID, assert_one_line_error, lora_calibration, make_run, run_main
 
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from calibration.step_config import StepConfig
-from calibration.store import save_calibration
-from common.errors import BenchtrainError
-from train.planning.memory_check import check_fits, memory_need
-from train.running.checkpoint import WEIGHTS_FILE, list_checkpoints
-from train.workload.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
-from train.workload.model import build_model, model_shape, resolve_model
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.memory_check import check_fits, memory_need
+from benchtrain.train.running.checkpoint import WEIGHTS_FILE, list_checkpoints
+from benchtrain.train.workload.method import MethodConfig, set_gradient_checkpointing, trainable_parameter_count
+from benchtrain.train.workload.model import build_model, model_shape, resolve_model
 
 LORA = MethodConfig(method="lora", lora_rank=4)
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -189,7 +189,7 @@ def test_the_h100_calibration_plans_full_fine_tuning_without_checkpointing() -> 
 
 
 def test_lora_on_a_model_folder_with_real_bf16_weights(tmp_path: Path) -> None:
-    from train.workload.tokenizer import byte_tokenizer
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
 
     folder = tmp_path / "my-model"
     saved = build_model(resolve_model("tiny"), "cpu").to(torch.bfloat16)

@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from common.errors import BenchtrainError
-from train.step.loss import choose_loss, chunk_tokens, chunked_cross_entropy, install_loss
-from train.workload.method import MethodConfig
-from train.workload.model import ModelSpec, build_model, resolve_model
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.step.loss import choose_loss, chunk_tokens, chunked_cross_entropy, install_loss
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import ModelSpec, build_model, resolve_model
 
 
 def _batch(vocab: int, rows: int = 3, length: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +82,7 @@ def test_chunks_bound_the_logits_bytes_not_the_token_count() -> None:
 
 
 def _peak_rss(model: torch.nn.Module, ids: torch.Tensor) -> int:
-    from train.step.peak_memory import PeakMemory
+    from benchtrain.train.step.peak_memory import PeakMemory
 
     with PeakMemory(torch.device("cpu")) as memory:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -94,7 +94,7 @@ def test_chunked_loss_needs_less_memory_than_full_logits(monkeypatch: pytest.Mon
     """A 32k vocabulary at 4 × 512 tokens: the plain loss holds 260 MB of fp32 logits (and their
     softmax for backward); the chunked loss only one chunk at a time (a 32 MiB budget here, so that
     a small test shows what the 256 MiB default does at Llama-3's scale)."""
-    monkeypatch.setattr("train.step.loss.LOGITS_CHUNK_BYTES", 32 * 2**20)
+    monkeypatch.setattr("benchtrain.train.step.loss.LOGITS_CHUNK_BYTES", 32 * 2**20)
     config = {
         "model_type": "llama",
         "vocab_size": 32000,
@@ -158,7 +158,7 @@ def _fake_liger(monkeypatch: pytest.MonkeyPatch, version: str = "0.8.5", importa
 
     from transformers.models.llama import modeling_llama
 
-    from train.step.loss import liger_problem
+    from benchtrain.train.step.loss import liger_problem
 
     calls: list[dict] = []
 
@@ -191,7 +191,7 @@ def _fake_liger(monkeypatch: pytest.MonkeyPatch, version: str = "0.8.5", importa
 
 @pytest.fixture()
 def clear_liger_cache():
-    from train.step.loss import liger_problem
+    from benchtrain.train.step.loss import liger_problem
 
     yield
     liger_problem.cache_clear()
@@ -205,7 +205,7 @@ def clear_liger_cache():
 def test_auto_picks_liger_only_where_it_imports_with_transformers_5(
     monkeypatch: pytest.MonkeyPatch, version: str, importable: bool, fragment: str | None
 ) -> None:
-    from train.step.loss import liger_problem
+    from benchtrain.train.step.loss import liger_problem
 
     _fake_liger(monkeypatch, version, importable)
     problem = liger_problem()
@@ -239,7 +239,7 @@ def test_liger_patches_stay_on_their_model_and_sum_the_head_gradient_in_fp32(mon
 def test_the_liger_functions_we_call_import_with_this_transformers() -> None:
     """Where liger-kernel is installed (the `gpu` extra): it imports with our transformers, has a
     patch for each architecture it covers, and its patches stay on the model."""
-    from train.step.loss import apply_liger_kernels, liger_functions, liger_problem
+    from benchtrain.train.step.loss import apply_liger_kernels, liger_functions, liger_problem
 
     pytest.importorskip("liger_kernel")
     assert liger_problem() is None

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from train.step.loss import install_loss
-from train.workload.method import set_gradient_checkpointing
-from train.workload.model import build_model, resolve_model
+from benchtrain.train.step.loss import install_loss
+from benchtrain.train.workload.method import set_gradient_checkpointing
+from benchtrain.train.workload.model import build_model, resolve_model
 
 
 class _FakeLigerLoss(torch.nn.Module):
@@ -74,7 +74,7 @@ def apply_liger_kernel_to_llama(rope=True, cross_entropy=False, fused_linear_cro
 @pytest.fixture()
 def fake_liger(monkeypatch: pytest.MonkeyPatch) -> None:
     liger = types.SimpleNamespace(apply_liger_kernel_to_llama=apply_liger_kernel_to_llama)
-    monkeypatch.setattr("train.step.loss.liger_functions", lambda: (_FakeLigerLoss, liger))
+    monkeypatch.setattr("benchtrain.train.step.loss.liger_functions", lambda: (_FakeLigerLoss, liger))
 
 
 def _instance_state(model: torch.nn.Module) -> dict[str, tuple[type, dict[str, Any], dict[str, Any]]]:
@@ -162,7 +162,7 @@ def _linear_calls(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tenso
 @pytest.mark.parametrize("method", ["full", "lora"])
 @pytest.mark.parametrize("installed", ["before prepare", "after prepare"])
 def test_every_loss_runs_under_accelerates_autocast_after_any_switch(bf16_accelerator: Any, installed: str, method: str) -> None:
-    from train.workload.method import MethodConfig
+    from benchtrain.train.workload.method import MethodConfig
 
     model = build_model(resolve_model("tiny"), "cpu", MethodConfig(method=method))
     if installed == "before prepare":

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from bench.calibrate import BenchTask, choose_measured_loss
-from bench.choose import ProbePlanner
-from bench.cost import CostModel, DeviceSpeed
-from bench.space import SearchSpace
-from bench.timing import ProbeSettings
+from benchtrain.bench.calibrate import BenchTask, choose_measured_loss
+from benchtrain.bench.choose import ProbePlanner
+from benchtrain.bench.cost import CostModel, DeviceSpeed
+from benchtrain.bench.space import SearchSpace
+from benchtrain.bench.timing import ProbeSettings
 
 GIB = 2**30
 
@@ -52,9 +52,9 @@ def test_a_tie_goes_to_the_leaner_loss() -> None:
 
 
 def test_losses_swap_on_one_model_and_compute_the_same_loss() -> None:
-    from train.step.loss import install_loss
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.train.step.loss import install_loss
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     model = build_model(resolve_model("tiny"), "cpu")
     batch = SyntheticBatches(1, 2, 32, model.config.vocab_size)[0]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibration.memory_fit import fit_memory_section, held_gradient_bytes, memory_model_from_json
-from calibration.step_config import StepConfig
+from benchtrain.calibration.memory_fit import fit_memory_section, held_gradient_bytes, memory_model_from_json
+from benchtrain.calibration.step_config import StepConfig
 
 STATIC, GRADIENTS, FLOOR, PER_TOKEN = 2.0e9, 0.475e9, 2.6e9, 1.0e6
 

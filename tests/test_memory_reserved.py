@@ -24,16 +24,16 @@ import pytest
 import torch
 from helpers import GIB, heavy_tailed, synthetic_calibration, synthetic_rows, tokenized
 
-from calibration.fit import fit_measurements
-from calibration.memory_fit import device_peak_bytes, fit_memory_section, memory_model_from_json
-from calibration.model import Calibration
-from calibration.schema import SCHEMA_VERSION, migrate, read_calibration_file, validate
-from calibration.step_config import StepConfig
-from common.errors import CalibrationFileError
-from train.planning.deadline import Deadline
-from train.planning.memory_check import memory_basis_note
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
+from benchtrain.calibration.fit import fit_measurements
+from benchtrain.calibration.memory_fit import device_peak_bytes, fit_memory_section, memory_model_from_json
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import SCHEMA_VERSION, migrate, read_calibration_file, validate
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import CalibrationFileError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.memory_check import memory_basis_note
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
 
 # What a long GPU run holds beyond the allocated peak: fragmentation kept by the caching allocator
 # (8% + 0.25 GiB here) and 0.6 GiB outside it (CUDA context, kernels, NCCL).
@@ -59,10 +59,10 @@ def gpu_calibration(rows: list[dict[str, Any]], memory_bytes: float) -> dict[str
 def test_a_probe_records_reserved_and_the_devices_used_bytes_beside_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real probe of the tiny model, its memory bookkeeping faked as a GPU's: 10 GiB allocated at
     the peak, 12 GiB reserved, 13 GiB used on the device while the allocator holds 11.5 GiB."""
-    from bench.probe import Workload, run_probe
-    from bench.timing import ProbeSettings
-    from train.step.engine import StepOptions
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload, run_probe
+    from benchtrain.bench.timing import ProbeSettings
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
     gpu = torch.device("cuda", 0)
@@ -154,7 +154,7 @@ def test_old_calibrations_load_and_new_fields_are_checked(tmp_path: Path) -> Non
 def test_a_runs_peak_is_compared_as_the_plan_predicted_it() -> None:
     """A GPU run's actual figures carry the same fields: the device's peak (reserved + outside the
     allocator) is what the plan's predicted peak is compared with; older records keep their peak."""
-    from train.planning.plan_text import describe_peak_memory
+    from benchtrain.train.planning.plan_text import describe_peak_memory
 
     actual = {"peak_memory_bytes": 10 * GIB, "peak_reserved_bytes": 12 * GIB, "device_used_bytes": 13 * GIB, "non_torch_bytes": GIB}
     assert device_peak_bytes(actual) == 13 * GIB
@@ -166,8 +166,8 @@ def test_fragmentation_is_said_with_the_option_to_measure(monkeypatch: pytest.Mo
     """bench says when reserved lay well above allocated, and names expandable segments as something
     to measure, not to assume; the allocator settings a calibration was measured with are recorded,
     and a plan from it says when the run's differ."""
-    from bench.record import fragmentation_warning
-    from train.step.hardware import allocator_conf, detect_software
+    from benchtrain.bench.record import fragmentation_warning
+    from benchtrain.train.step.hardware import allocator_conf, detect_software
 
     rows = with_cuda_fields(synthetic_rows())
     warning = fragmentation_warning(rows)
@@ -214,10 +214,10 @@ def test_a_cpu_plan_counts_what_the_train_process_holds_beyond_the_bench_process
 
     from helpers import run_main, synthetic_calibration
 
-    from calibration.store import save_calibration
-    from train.step import peak_memory
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.step import peak_memory
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     monkeypatch.setattr(peak_memory, "process_resident_bytes", lambda: 900 * 2**20)
     hardware = detect_hardware()

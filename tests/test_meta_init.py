@@ -62,7 +62,7 @@ class LiveFloat32(TorchDispatchMode):
 
 
 def spec_of(name: str, config: dict[str, Any]) -> Any:
-    from train.workload.model import ModelSpec
+    from benchtrain.train.workload.model import ModelSpec
 
     return ModelSpec(name, dict(config))
 
@@ -71,7 +71,7 @@ def seeded_reference(config: dict[str, Any], dtype: Any = torch.float32) -> Any:
     """What every unsharded, unquantized build of a preset is: from_config after manual_seed(0)."""
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config
+    from benchtrain.train.workload.model import make_config
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(make_config(spec_of("reference", config)), attn_implementation="sdpa", dtype=dtype)
@@ -93,8 +93,8 @@ GPT2: dict[str, Any] = {
 def test_weights_drawn_module_by_module_are_from_config_s(config: dict[str, Any]) -> None:
     """Bit for bit, buffers included: constructors' inits, each sub-model's pass, gpt2's blocks
     re-drawing their projections, and a tied head (its own draw dropped)."""
-    from train.workload.meta_init import meta_plain_model, seeded_tensors
-    from train.workload.model import make_config
+    from benchtrain.train.workload.meta_init import meta_plain_model, seeded_tensors
+    from benchtrain.train.workload.model import make_config
 
     reference = seeded_reference(config, torch.bfloat16)
     expected = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
@@ -112,10 +112,10 @@ def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp3
 
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig, apply_method
-    from train.workload.model import make_config
-    from train.workload.quantize import quantized_base
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig, apply_method
+    from benchtrain.train.workload.model import make_config
+    from benchtrain.train.workload.quantize import quantized_base
 
     spec = spec_of("several-layers", SEVERAL_LAYERS)
     reference_folder = tmp_path / "seeded"
@@ -157,8 +157,8 @@ def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp3
 
 
 def _adapter_bytes(spec: Any) -> int:
-    from train.planning.memory_check import trainable_sizes
-    from train.workload.method import MethodConfig
+    from benchtrain.train.planning.memory_check import trainable_sizes
+    from benchtrain.train.workload.method import MethodConfig
 
     return 4 * sum(trainable_sizes(spec, MethodConfig(method="lora", quantize="4bit")))
 
@@ -176,7 +176,7 @@ def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precis
     torch.manual_seed(1)
     from transformers import AutoModelForCausalLM
 
-    from train.workload.model import make_config
+    from benchtrain.train.workload.model import make_config
 
     AutoModelForCausalLM.from_config(make_config(spec_of("folder", SEVERAL_LAYERS))).save_pretrained(folder)
     ranks = fork_server.group_report(Path(__file__), ["fsdp", str(folder)], timeout=200)
@@ -206,11 +206,11 @@ def build_and_train(spec: Any, expected: Any) -> dict[str, Any]:
     import torch.distributed as dist
     from accelerate import Accelerator
 
-    from train.planning.memory_check import memory_need
-    from train.step.engine import StepOptions, engine_from_options
-    from train.step.sharding import gather_full_state
-    from train.workload.batching import SyntheticBatches
-    from train.workload.method import MethodConfig, unwrap
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.step.engine import StepOptions, engine_from_options
+    from benchtrain.train.step.sharding import gather_full_state
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.method import MethodConfig, unwrap
 
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     with LiveFloat32() as spy:
@@ -244,8 +244,8 @@ def build_and_train(spec: Any, expected: Any) -> dict[str, Any]:
 def fsdp_worker(folder: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from train.step.runtime import finish_together, leave
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.runtime import finish_together, leave
+    from benchtrain.train.workload.model import resolve_model
 
     preset = build_and_train(spec_of("tied", TIED), seeded_reference(TIED))
     saved = resolve_model(folder)

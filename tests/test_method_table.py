@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from helpers import run_main
 
-from calibration.run_file import RunFile
-from calibration.setup import measured_setup
-from train.running.resume import resumed_method
-from train.workload.method import METHODS, Method, MethodConfig, apply_method
-from train.workload.model import build_model, resolve_model
+from benchtrain.calibration.run_file import RunFile
+from benchtrain.calibration.setup import measured_setup
+from benchtrain.train.running.resume import resumed_method
+from benchtrain.train.workload.method import METHODS, Method, MethodConfig, apply_method
+from benchtrain.train.workload.model import build_model, resolve_model
 
 GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
 DORA = Method("dora", "DoRA", adapters=True, peft_options={"use_dora": True})
@@ -29,8 +29,8 @@ def with_dora(monkeypatch: pytest.MonkeyPatch) -> Method:
 
 
 def test_the_argument_parser_offers_it_and_the_model_gets_dora_adapters(with_dora: Method) -> None:
-    from train.cli import build_parser
-    from train.workload.method import method_from_args
+    from benchtrain.train.cli import build_parser
+    from benchtrain.train.workload.method import method_from_args
 
     parser = build_parser()
     assert "dora (DoRA)" in " ".join(parser.format_help().split())

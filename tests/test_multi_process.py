@@ -13,17 +13,17 @@ from forkserver import ForkServer
 from helpers import DISTRIBUTED_CHECKS as CHECKS
 from helpers import heavy_tailed, synthetic_calibration
 
-from bench.probe_tasks import combine_rows
-from calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
-from calibration.model import Calibration
-from calibration.step_config import StepConfig
-from common.errors import BenchtrainError
-from train.planning.comm import Traffic, plan_communication, traffic_of
-from train.planning.memory_check import check_fits, memory_need
-from train.step.hyperparameters import scaled_learning_rate
-from train.workload.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.bench.probe_tasks import combine_rows
+from benchtrain.calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.comm import Traffic, plan_communication, traffic_of
+from benchtrain.train.planning.memory_check import check_fits, memory_need
+from benchtrain.train.step.hyperparameters import scaled_learning_rate
+from benchtrain.train.workload.batching import packed_row_count, plan_packed_batches, plan_padded_batches, shard
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
@@ -140,9 +140,9 @@ def test_bench_combines_the_ranks_probes() -> None:
 def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> None:
     """`train` picks the newest calibration of its model and method measured with its processes
     and sharding, else the newest of one process, else the newest; an explicit id is kept."""
-    import calibration as calibration_api
-    from calibration.store import save_calibration
-    from train.recipes.choice import calibration_preferences
+    import benchtrain.calibration as calibration_api
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.recipes.choice import calibration_preferences
 
     ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
     stored = {
@@ -172,8 +172,8 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
 def test_the_communication_line_reads_old_and_new_records() -> None:
     """run.json records from before FSDP (DDP only, `comm`) and after (`collectives`) give the
     same kind of line in the plan and the run report."""
-    from calibration.comm import describe_communication
-    from reports.run_report import _plan_value
+    from benchtrain.calibration.comm import describe_communication
+    from benchtrain.reports.run_report import _plan_value
 
     fit = CommModel(2, "gloo", 0.001, 1e-9).to_json()
     old = {"source": "predicted", "world_size": 2, "calibration_world_size": 1, "gradient_bytes": 2**22, "seconds_per_step": 0.005, "comm": fit}

@@ -44,7 +44,7 @@ TORCHRUN_SETS = {
 
 
 def test_the_childs_environment_has_none_of_the_launchers_variables() -> None:
-    from bench.fresh_process import single_process_environment
+    from benchtrain.bench.fresh_process import single_process_environment
 
     parent = {**TORCHRUN_SETS, "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "3", "HF_HOME": "/hf", "OMP_NUM_THREADS": "1"}
     child = single_process_environment(parent)
@@ -53,13 +53,13 @@ def test_the_childs_environment_has_none_of_the_launchers_variables() -> None:
 
 def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench.fresh_process.measure_in_new_process starts a real process (a stand-in for
-    `python -m bench.fresh_process`, which would compile a model) from a rank of a torchrun job:
+    `python -m benchtrain.bench.fresh_process`, which would compile a model) from a rank of a torchrun job:
     it sees none of the variables that would make it join the job."""
     import subprocess
 
-    import bench.fresh_process as fresh_process
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    import benchtrain.bench.fresh_process as fresh_process
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     for name, value in TORCHRUN_SETS.items():
         monkeypatch.setenv(name, value)
@@ -74,7 +74,7 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
     monkeypatch.setattr(fresh_process.subprocess, "run", child)
     row = {"micro_batch_size": 2, "seq_len": 16}
     measured = fresh_process.measure_in_new_process(resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60)
-    assert started and started[0][1:3] == ["-m", "bench.fresh_process"]
+    assert started and started[0][1:3] == ["-m", "benchtrain.bench.fresh_process"]
     assert measured is not None and measured["seen"] == []
 
 
@@ -89,9 +89,9 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
 
     from torch.distributed import HashStore
 
-    import train.step.runtime as runtime
-    from train.planning.types import Overheads
-    from train.recipes import recipe as module
+    import benchtrain.train.step.runtime as runtime
+    from benchtrain.train.planning.types import Overheads
+    from benchtrain.train.recipes import recipe as module
 
     push_seconds = 16e9 / 20e6
     overheads = Overheads(
@@ -176,9 +176,9 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fo
     from helpers import DISTRIBUTED_CHECKS as CHECKS
     from helpers import synthetic_calibration
 
-    from calibration.store import save_calibration
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))

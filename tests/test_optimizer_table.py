@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from common.errors import BenchtrainError
-from train.workload.method import MethodConfig
-from train.workload.optimizers import OPTIMIZERS, Optimizer
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.optimizers import OPTIMIZERS, Optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FP32_BYTES = 4
@@ -39,8 +39,8 @@ def with_adagrad(monkeypatch: pytest.MonkeyPatch) -> Optimizer:
 
 
 def test_the_argument_parsers_offer_it(with_adagrad: Optimizer) -> None:
-    from train.cli import build_parser
-    from train.workload.method import measured_methods, method_from_args
+    from benchtrain.train.cli import build_parser
+    from benchtrain.train.workload.method import measured_methods, method_from_args
 
     parser = build_parser()
     assert "adagrad (one fp32 sum of squares)" in " ".join(parser.format_help().split())  # `train --help`
@@ -55,9 +55,9 @@ def test_the_memory_check_counts_its_state_and_the_engine_builds_it(with_adagrad
     import torch
     from helpers import PEAK, batches, tiny_engine
 
-    from train.planning.memory_check import describe_needs, memory_need
-    from train.step.hyperparameters import OptimizerSettings
-    from train.workload.model import resolve_model
+    from benchtrain.train.planning.memory_check import describe_needs, memory_need
+    from benchtrain.train.step.hyperparameters import OptimizerSettings
+    from benchtrain.train.workload.model import resolve_model
 
     engine = tiny_engine(OptimizerSettings(weight_decay=0.05), optimizer="adagrad")
     inner = engine.optimizer.optimizer  # accelerate's wrapper around torch's
@@ -77,7 +77,7 @@ def test_the_memory_check_counts_its_state_and_the_engine_builds_it(with_adagrad
 
 
 def test_run_json_names_it_as_hf_trainer_does(with_adagrad: Optimizer) -> None:
-    from train.step.hyperparameters import OptimizerSettings
+    from benchtrain.train.step.hyperparameters import OptimizerSettings
 
     assert OptimizerSettings().record(1e-3, "adagrad", 10)["optim"] == "adagrad"
     assert OptimizerSettings().record(1e-3, "paged-adamw-8bit", 10)["optim"] == "paged_adamw_8bit"
@@ -95,8 +95,8 @@ def named_optimizers(path: Path) -> list[str]:
 
 
 def test_no_module_but_the_table_names_an_optimizer() -> None:
-    modules = [path for package in ("bench", "train", "calibration", "reports", "common") for path in sorted((ROOT / package).rglob("*.py"))]
-    table = ROOT / "train" / "workload" / "optimizers.py"
+    modules = [path for package in ("bench", "train", "calibration", "reports", "common") for path in sorted((ROOT / "benchtrain" / package).rglob("*.py"))]
+    table = ROOT / "benchtrain" / "train" / "workload" / "optimizers.py"
     assert [name for path in modules if path != table for name in named_optimizers(path)] == []
     assert named_optimizers(table)  # the check sees names where they are
 
@@ -106,8 +106,8 @@ def test_the_dry_run_s_state_line_needs_no_bitsandbytes(monkeypatch: pytest.Monk
     error: "--optimizer adamw-8bit needs bitsandbytes", for a run that asked for adamw)."""
     from helpers import hide_bitsandbytes
 
-    from train.planning.memory_check import describe_needs
-    from train.workload.model import resolve_model
+    from benchtrain.train.planning.memory_check import describe_needs
+    from benchtrain.train.workload.model import resolve_model
 
     hide_bitsandbytes(monkeypatch)
     line = describe_needs(resolve_model("tiny"), MethodConfig(), {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.space import parse_int_list, ruled_out_by
-from calibration.step_config import StepConfig
-from common.durations import format_duration, parse_duration
-from common.errors import BenchtrainError
+from benchtrain.bench.space import parse_int_list, ruled_out_by
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.durations import format_duration, parse_duration
+from benchtrain.common.errors import BenchtrainError
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200), ("1h30m", 5400), ("45", 45), ("2.5", 2.5), ("1d", 86400)])
@@ -46,7 +46,7 @@ def test_an_oom_rules_out_larger_batches_at_that_and_longer_lengths() -> None:
 def test_reading_a_json_file_fails_in_one_line(tmp_path) -> None:
     import re
 
-    from common.atomic import read_json_file
+    from benchtrain.common.atomic import read_json_file
 
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from helpers import FakeClock, assert_one_line_error, run_main, tokenized, train_arguments
 
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from calibration.step_config import StepConfig
-from common.errors import DeadlineError
-from train.planning.deadline import Deadline
-from train.planning.planner import evaluate, make_plan
-from train.planning.types import PlanRequest
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import DeadlineError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import evaluate, make_plan
+from benchtrain.train.planning.types import PlanRequest
 
 GPT2_CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-gpt2-bench2m.json"
 # The same 2-minute bench measured with the CPU heap as it is now (train.step.peak_memory: 8 MiB
@@ -85,7 +85,7 @@ def test_fit_deadline_refuses_only_when_one_step_with_its_own_overheads_does_not
 
 
 def test_the_guard_s_projection_counts_the_periodic_checkpoints_of_the_steps_left() -> None:
-    from train.running.guard import DeadlineGuard, GuardSettings
+    from benchtrain.train.running.guard import DeadlineGuard, GuardSettings
 
     plain = DeadlineGuard(GuardSettings(Deadline(1000.0, 0.0), reserve_seconds=10.0, on_overrun="shrink"), limit=100)
     periodic = DeadlineGuard(GuardSettings(Deadline(1000.0, 0.0), reserve_seconds=10.0, on_overrun="shrink", periodic_share=0.25), limit=100)
@@ -132,7 +132,7 @@ def test_a_resume_continues_the_run_it_resumes_whatever_this_command_says(
     assert set(first["plan"]["configuration"]) >= {"micro_batch_size", "grad_accum", "num_workers", "seq_len", "gradient_checkpointing"}
     assert learning_rates(resumed) == pytest.approx(learning_rates(uninterrupted), rel=1e-12)
     # The report states the calibration's held-out error, which its bounds stand on.
-    from reports.run_report import write_run_report
+    from benchtrain.reports.run_report import write_run_report
 
     page = write_run_report(out).read_text()
     assert "held-out error on step time" in page
@@ -174,7 +174,7 @@ def test_train_peaks_where_the_gpt2_plan_says(tmp_path: Path) -> None:
     data.write_text("".join(json.dumps({"text": " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(150))}) + "\n" for _ in range(64)))
     out, calibration = tmp_path / "run", tmp_path / GPT2_CALIBRATION_HEAP8M.name
     calibration.write_bytes(GPT2_CALIBRATION_HEAP8M.read_bytes())  # a run appends its speed to its calibration's history
-    command = [sys.executable, "-m", "train", "--use-calibration", str(calibration), "--force", "--model", "gpt2", "--data", str(data)]
+    command = [sys.executable, "-m", "benchtrain.train", "--use-calibration", str(calibration), "--force", "--model", "gpt2", "--data", str(data)]
     command += ["--deadline", "30m", "--effective-batch", "8", "--max-length", "256", "--max-steps", "2", "--out", str(out), "--no-report"]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "BENCHTRAIN_HOME": str(tmp_path / "home")}, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -203,7 +203,7 @@ def test_bounds_widen_past_what_bench_measured() -> None:
 
 
 def test_the_plan_and_the_report_state_the_held_out_error() -> None:
-    from train.planning.plan_text import describe_plan
+    from benchtrain.train.planning.plan_text import describe_plan
 
     calibration = gpt2_calibration()
     lengths = chat_lengths(2000, 600)

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from helpers import GIB, heavy_tailed, synthetic_calibration, synthetic_rows, tokenized
 
-from calibration.model import Calibration
-from calibration.step_config import StepConfig
-from common.errors import BenchtrainError
-from train.planning.deadline import Deadline
-from train.planning.planner import deadline_options, make_plan
-from train.planning.types import PlanRequest
-from train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, epoch_batches, packed_row_count, plan_padded_batches
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.planner import deadline_options, make_plan
+from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, epoch_batches, packed_row_count, plan_padded_batches
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 
 def test_padding_token_counts_are_exact() -> None:
@@ -155,8 +155,8 @@ def test_the_final_export_is_planned_by_its_bytes() -> None:
     """A preset's base in final/ and --merge-lora write far more than one checkpoint: their bytes at the measured
     write bandwidth go into the plan and the guard's reserve (older calibrations: the timed save
     scaled by bytes)."""
-    from train.planning.disk import export_bytes
-    from train.planning.memory_check import memory_need
+    from benchtrain.train.planning.disk import export_bytes
+    from benchtrain.train.planning.memory_check import memory_need
 
     need = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(method="lora"), "cuda")
     adapters_only = export_bytes(need, lora=True, preset_base=False, merge=False, device_type="cuda")

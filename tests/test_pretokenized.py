@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from helpers import synthetic_calibration
 
-from calibration.store import save_calibration
-from common.errors import BenchtrainError
-from train.workload.formats import DataSchema
-from train.workload.prepare import DataSpec, prepare_data
-from train.workload.tokenizer import byte_tokenizer
-from train.workload.tokens import TokenShards, scan_documents, token_files
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload.formats import DataSchema
+from benchtrain.train.workload.prepare import DataSpec, prepare_data
+from benchtrain.train.workload.tokenizer import byte_tokenizer
+from benchtrain.train.workload.tokens import TokenShards, scan_documents, token_files
 
 ROOT = Path(__file__).resolve().parent.parent
 SEPARATOR = 2  # the byte tokenizer's <|eos|>
@@ -73,7 +73,7 @@ def test_token_shards_take_positions_across_their_borders() -> None:
 
 
 def test_the_scan_finds_documents_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import train.workload.tokens as tokens
+    import benchtrain.train.workload.tokens as tokens
 
     monkeypatch.setattr(tokens, "SCAN_CHUNK", 7)  # separators on both sides of chunk borders
     ids = np.array([1, 2, 3, 9, 9, 2, 2, 4, 5, 6, 7, 8, 9, 10, 2, 11], dtype=np.uint16)
@@ -98,7 +98,7 @@ limit = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 # Its own peak (RUSAGE_CHILDREN in the test would count every child the test worker ever ran).
 atexit.register(lambda: print(f"maxrss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr))
-from train.cli import main
+from benchtrain.train.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -109,8 +109,8 @@ def test_a_token_file_larger_than_the_memory_limit_trains(home: Path, tmp_path: 
     1.5 GiB limit on the process's private memory (RLIMIT_DATA: heap and anonymous maps; a
     read-only file map does not count, so loading the file into memory would fail where mapping
     it does not). Planned and trained for two steps."""
-    from train.step.hardware import detect_hardware
-    from train.workload.model import resolve_model
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.workload.model import resolve_model
 
     save_calibration(
         synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
@@ -123,7 +123,7 @@ def test_a_token_file_larger_than_the_memory_limit_trains(home: Path, tmp_path: 
         handle.seek(size - tail.nbytes)
         handle.write(tail.tobytes())
     limit = 3 << 29  # 1.5 GiB < the file's 2 GiB
-    whole = f"{BIG.split('from train')[0]}\nimport numpy; numpy.fromfile({str(path)!r}, numpy.uint16)"
+    whole = f"{BIG.split('from benchtrain.train')[0]}\nimport numpy; numpy.fromfile({str(path)!r}, numpy.uint16)"
     loading = subprocess.run([sys.executable, "-c", whole, str(limit)], capture_output=True, text=True)
     assert loading.returncode != 0 and "MemoryError" in loading.stderr  # what loading it whole does under the same limit
     command = [sys.executable, "-c", BIG, str(limit), "--data", str(path), "--token-dtype", "uint16", "--document-separator", str(SEPARATOR)]

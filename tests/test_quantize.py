@@ -12,8 +12,8 @@ pytest.importorskip("bitsandbytes")
 
 import torch
 
-from common.errors import BenchtrainError
-from train.workload.quantize import bitsandbytes_config, check_quantize, quantized_bytes
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload.quantize import bitsandbytes_config, check_quantize, quantized_bytes
 
 PROMPT = torch.tensor(PROMPT_IDS)
 
@@ -56,7 +56,7 @@ def test_the_bytes_of_a_quantized_base_are_known_before_it_is_built(saved: dict[
 
 
 def _shapes(model: object) -> list[tuple[int, int]]:
-    from train.workload.quantize import converted_layers
+    from benchtrain.train.workload.quantize import converted_layers
 
     return [(inputs, outputs) for _, inputs, outputs, _ in converted_layers(model)]
 
@@ -83,9 +83,9 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
 ) -> None:
     import shutil
 
-    from train.export import export_final, load_final
-    from train.workload.method import MethodConfig
-    from train.workload.model import resolve_model
+    from benchtrain.train.export import export_final, load_final
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
 
     method = MethodConfig(method="lora", quantize=kind)
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
@@ -133,9 +133,9 @@ def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("kind", ["4bit", "8bit"])
 def test_the_plan_s_memory_need_is_what_the_quantized_lora_model_holds(kind: str) -> None:
     """train.planning.memory_check on `meta` against the model train builds (tiny, CPU)."""
-    from train.planning.memory_check import memory_need
-    from train.workload.method import MethodConfig
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", quantize=kind)
     need = memory_need(spec, method, "cpu")
@@ -147,7 +147,7 @@ def test_the_12b_dry_run_names_the_4bit_base_s_bytes(home: Path, capsys: pytest.
     """mistral-nemo-12b LoRA, planned for the bundled H100 calibration's device: the 4-bit base by
     hand from the config (weights packed two a byte; one 8-bit absmax per 64, its own absmax per
     256 of those; embeddings, head and norms in fp32 after peft's preparation), within 1%."""
-    from train.workload.model import resolve_model
+    from benchtrain.train.workload.model import resolve_model
 
     c = resolve_model("mistral-nemo-12b").config_dict
     hidden, inner, heads, kv, head_dim = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -169,8 +169,8 @@ def test_the_12b_dry_run_names_the_4bit_base_s_bytes(home: Path, capsys: pytest.
 def test_a_4bit_model_counts_the_weights_it_stands_for() -> None:
     """FLOPs, MFU and the calibration's parameter count come from the model's shape: a 4-bit base
     stores two weights a byte, but computes with all of them."""
-    from train.workload.method import MethodConfig
-    from train.workload.model import build_model, model_shape, resolve_model
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import build_model, model_shape, resolve_model
 
     spec = resolve_model("tiny")
     plain, four_bit = (model_shape(build_model(spec, "cpu", MethodConfig(method="lora", quantize=kind))) for kind in ("none", "4bit"))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import synthetic_calibration, synthetic_rows
 
-from calibration.store import save_calibration
-from reports.calibration_report import write_calibration_report
-from reports.run_report import write_run_report
+from benchtrain.calibration.store import save_calibration
+from benchtrain.reports.calibration_report import write_calibration_report
+from benchtrain.reports.run_report import write_run_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = '<script>alert("x")</script>'
@@ -129,8 +129,8 @@ def test_calibration_report(home: Path) -> None:
 
 
 def test_report_cli_rejects_a_folder_without_run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from common.errors import guard_cli
-    from reports.cli import main
+    from benchtrain.common.errors import guard_cli
+    from benchtrain.reports.cli import main
 
     assert guard_cli(main, [str(tmp_path)]) == 2
     assert "has no run.json" in capsys.readouterr().err

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from helpers import assert_one_line_error, run_main
 
-from calibration.run_file import RunFile
-from calibration.step_config import StepConfig
-from common.errors import RunFileError
+from benchtrain.calibration.run_file import RunFile
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.errors import RunFileError
 
 BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run, written before the change
 CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"
@@ -119,7 +119,7 @@ def test_an_older_run_json_without_the_configuration_row_loads(tmp_path: Path) -
 def test_the_report_draws_a_run_of_either_form(tmp_path: Path, rewritten: bool) -> None:
     """A run.json from before (the step as flat keys) and one written now (the configuration once)
     both make a report whose plan names the step."""
-    from reports.run_report import write_run_report
+    from benchtrain.reports.run_report import write_run_report
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

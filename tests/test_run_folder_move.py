@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers import FakeClock, lora_calibration, run_main, train_arguments
 
-from calibration.store import save_calibration
-from common.run_paths import run_path, stored_path
-from train.export import load_final
+from benchtrain.calibration.store import save_calibration
+from benchtrain.common.run_paths import run_path, stored_path
+from benchtrain.train.export import load_final
 
 PROMPT = torch.tensor([[5, 17, 99, 42, 7, 250, 3, 64]])
 LORA = ["--lora", "--lora-rank", "4"]

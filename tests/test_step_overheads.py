@@ -15,10 +15,10 @@ from accelerate import Accelerator
 from helpers import tokenized_from_samples
 from step_profile import fixed_micro_step_seconds, profile_step
 
-from train.step.engine import StepOptions, engine_from_options
-from train.workload.batching import PackedBatches, PaddedBatches
-from train.workload.method import MethodConfig
-from train.workload.model import build_model, resolve_model
+from benchtrain.train.step.engine import StepOptions, engine_from_options
+from benchtrain.train.workload.batching import PackedBatches, PaddedBatches
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import build_model, resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,9 @@ from helpers import kernel
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from bench.step_split import busy_seconds, kernel_kind, profile_split, record_step_split, split_from_events
-from calibration.split import MATMUL_EFFICIENCY, flops_split, split_rows
-from calibration.step_config import StepConfig
+from benchtrain.bench.step_split import busy_seconds, kernel_kind, profile_split, record_step_split, split_from_events
+from benchtrain.calibration.split import MATMUL_EFFICIENCY, flops_split, split_rows
+from benchtrain.calibration.step_config import StepConfig
 
 KERNELS = {
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": "compute",
@@ -58,9 +58,9 @@ def test_the_device_time_splits_in_proportion_and_the_idle_rest_is_the_host() ->
 
 def test_the_profiled_path_runs_the_real_step_on_cpu() -> None:
     """THE step of the tiny model, profiled by a stand-in whose events are a GPU's kernels."""
-    from bench.probe import Workload
-    from train.step.engine import StepOptions
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
     calls: list[str] = []

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, link_from_all_reduce, run_main, synthetic_calibration, tokenized
 
-from calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
-from calibration.model import Calibration
-from calibration.topology import (
+from benchtrain.calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.topology import (
     BACKWARD_SHARE,
     BASE_LATENCY,
     HOP_LATENCY,
@@ -36,12 +36,12 @@ from calibration.topology import (
     ring_model,
     same_interconnect,
 )
-from common.errors import BenchtrainError
-from train.recipes.config import TrainConfig
-from train.recipes.machines import Option, comparison, option_source, options_for, predicted_option
-from train.recipes.run_plan import PlanContext
-from train.workload.method import MethodConfig
-from train.workload.model import resolve_model
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.recipes.config import TrainConfig
+from benchtrain.train.recipes.machines import Option, comparison, option_source, options_for, predicted_option
+from benchtrain.train.recipes.run_plan import PlanContext
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import resolve_model
 
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
@@ -170,9 +170,9 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
     """The same plan with collectives counted in full (measured now, as `train` does) and bracketed
     (a predicted row): the upper bound is the same, the estimate and the lower bound are not; a
     collective longer than backward keeps the rest exposed even at full overlap (FSDP, per micro-step)."""
-    from train.planning.deadline import Deadline
-    from train.planning.planner import make_plan
-    from train.planning.types import PlanRequest
+    from benchtrain.train.planning.deadline import Deadline
+    from benchtrain.train.planning.planner import make_plan
+    from benchtrain.train.planning.types import PlanRequest
 
     calibration, data = Calibration(synthetic_calibration()), tokenized(heavy_tailed(300))
     base = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, num_workers=0, world_size=2)
@@ -197,7 +197,7 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
 
 
 def compare_options(options: list[Option], model: str = "llama-3.2-1b", **config: Any) -> Any:
-    from train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import detect_hardware
 
     command = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **config})
     context = PlanContext(command, resolve_model(model), tokenized(heavy_tailed(400)), None, 0.0)
@@ -245,7 +245,7 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
     """Four H100s under FSDP, a 1B model: over NVLink its gathers and reduce-scatter per micro-step
     (≈18 ms) hide behind backward, so the lower bound adds nothing; over PCIe (≈117 ms) backward
     cannot hide them all, and the lower bound keeps the rest."""
-    from train.step.engine import StepOptions
+    from benchtrain.train.step.engine import StepOptions
 
     cal = Calibration(h100_data())
     chosen = {}
@@ -315,9 +315,9 @@ def test_measured_collectives_replace_the_analytic_ones() -> None:
 def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:
     """Two 2-process calibrations of the same run: the newer over PCIe, the older over NVLink. On an
     NVLink machine `latest` takes the NVLink one; where the interconnect is not known, the newest."""
-    import calibration as calibration_api
-    from calibration.store import save_calibration
-    from train.recipes.choice import calibration_preferences
+    import benchtrain.calibration as calibration_api
+    from benchtrain.calibration.store import save_calibration
+    from benchtrain.train.recipes.choice import calibration_preferences
 
     ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
     for identifier, link, created in (("over-nvlink", "nvlink", "2026-01-01"), ("over-pcie", "pcie", "2026-01-02")):
@@ -341,7 +341,7 @@ def test_the_table_of_a_comparison_says_what_a_predicted_row_rests_on() -> None:
     data = comparison.to_json()
     assert "midpoint" in data["communication_bracket"] and "prediction_error" not in data["rows"][0]
     assert any("link figures" in note for note in comparison.notes)
-    from train.compare_command import row_plan
+    from benchtrain.train.compare_command import row_plan
 
     assert "pcie link figures" in row_plan(comparison.rows[0])
 
@@ -385,7 +385,7 @@ def fake_pynvml(states: dict[int, int], remote: int | None = None, fails: bool =
 
 
 def test_the_interconnect_from_nvml_and_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.step import hardware
+    from benchtrain.train.step import hardware
 
     def detected(module: types.ModuleType | None, smi: str | None = None) -> dict[str, Any]:
         monkeypatch.setitem(sys.modules, "pynvml", module)  # None: `import pynvml` raises ImportError
@@ -410,7 +410,7 @@ def test_the_hardware_record_names_the_interconnect(monkeypatch: pytest.MonkeyPa
 
     import torch
 
-    from train.step import hardware
+    from benchtrain.train.step import hardware
 
     assert hardware.detect_hardware()["interconnect"] == "loopback"  # this CPU: gloo between its processes
     properties = SimpleNamespace(total_memory=80 * GIB, major=9, minor=0, multi_processor_count=132)
@@ -428,8 +428,8 @@ def test_the_hardware_record_names_the_interconnect(monkeypatch: pytest.MonkeyPa
 def test_bench_records_the_interconnect_it_is_told(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from bench.cli import store_calibration
-    from calibration.schema import read_calibration_file
+    from benchtrain.bench.cli import store_calibration
+    from benchtrain.calibration.schema import read_calibration_file
 
     record = synthetic_calibration(id="told", hardware={"device_type": "cuda", "name": H100, "count": 8, "memory_bytes": 80 * GIB, "interconnect": "pcie"})
     record["left_out_configs"] = []
@@ -486,8 +486,8 @@ def test_a_gloo_ddp_step_reports_what_the_bracket_needs(fork_server) -> None:
     (benchmarks/collective_bracket.py), not a test's on a shared machine."""
     import math
 
-    from calibration.comm import gradient_bytes
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.calibration.comm import gradient_bytes
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     found = fork_server.group_report(CHECKS, ["6"], timeout=240)
     assert set(found) == set(json.loads(RECORDED_GLOO_RUN.read_text()))

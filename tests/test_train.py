@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import FakeClock, guard_checkpointing_every, make_run
 
-from train.running.checkpoint import list_checkpoints
+from benchtrain.train.running.checkpoint import list_checkpoints
 
 # Each step takes 0.3 s on the test's clock (tests/helpers.py FakeClock), far slower than the
 # calibration predicts, so the run cannot finish its ~100 steps before the 12 s deadline: the guard
@@ -66,7 +66,7 @@ def _schedule(steps: int, peak: float) -> list[float]:
     """The learning rate each of `steps` optimizer steps trains at, by the run's own schedule."""
     import torch
 
-    from train.step.hyperparameters import OptimizerSettings
+    from benchtrain.train.step.hyperparameters import OptimizerSettings
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
     scheduler = OptimizerSettings().scheduler(optimizer, steps)
@@ -83,7 +83,7 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     import json
     import random
 
-    from train.workload.batching import batch_shapes
+    from benchtrain.train.workload.batching import batch_shapes
 
     rng = random.Random(3)
     data_path = tmp_path / "pairs.jsonl"

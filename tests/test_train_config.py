@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import BenchtrainError
-from train.cli import build_parser
-from train.recipes.config import TrainConfig
-from train.step.evaluation import EvalSchedule
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.cli import build_parser
+from benchtrain.train.recipes.config import TrainConfig
+from benchtrain.train.step.evaluation import EvalSchedule
 
 
 def test_the_command_line_becomes_one_validated_config() -> None:

@@ -79,8 +79,8 @@ def test_a_resume_of_another_run_is_refused_unless_forced(
 
 def test_a_lora_resume_matches_the_runs_resolved_targets_unless_others_are_named() -> None:
     """run.json keeps LoRA's targets as the module names they resolved to; `--lora` alone means the same."""
-    from train.running.resume import same_method
-    from train.workload.method import MethodConfig
+    from benchtrain.train.running.resume import same_method
+    from benchtrain.train.workload.method import MethodConfig
 
     run = MethodConfig(method="lora", lora_rank=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
     assert same_method(run, MethodConfig(method="lora", lora_rank=8))

@@ -19,9 +19,9 @@ from trainer_checks import START, FakeClock, Pace, tiny_model, trainer
 from transformers import TrainerCallback
 
 from benchtrain import BenchtrainError, DeadlineCallback
-from benchtrain.estimate import model_setup
-from calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
-from train.step.hardware import detect_hardware
+from benchtrain.calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
+from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.trainer.estimate import model_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_a_deadline_cuts_the_run_with_a_checkpoint_that_resumes_on_the_same_budg
     record = read_run(out)
     assert record["actual"]["start_step"] == 37 and [entry["step"] for entry in record["losses"]][:2] == [1, 2]  # the earlier steps kept
 
-    from reports.cli import main as report_main
+    from benchtrain.reports.cli import main as report_main
 
     assert report_main([str(out / "benchtrain")]) == 0
 
@@ -107,7 +107,7 @@ def test_the_report_renders_the_run(tmp_path: Path, home: Path) -> None:
     clock = FakeClock()
     trainer(out, [Pace(clock, step=10.0, save=2.0), DeadlineCallback(deadline="2m", clock=clock, report=False)], max_steps=30).train()
     result = subprocess.run(
-        [sys.executable, "-m", "reports", str(out / "benchtrain")], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=240
+        [sys.executable, "-m", "benchtrain.reports", str(out / "benchtrain")], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=240
     )
     assert result.returncode == 0, result.stderr[-2000:]
     html = (out / "benchtrain" / "report.html").read_text()
@@ -257,7 +257,7 @@ def test_trl_sft_trainer(tmp_path: Path, home: Path) -> None:
     from datasets import Dataset
     from trainer_checks import texts
 
-    from train.workload.tokenizer import byte_tokenizer
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
 
     out = tmp_path / "sft"
     clock = FakeClock()
@@ -346,9 +346,9 @@ def test_a_dry_run_for_a_trainer_gives_its_arguments(tmp_path: Path, home: Path,
     which build a real TrainingArguments."""
     from transformers import TrainingArguments
 
-    from train.cli import main as train_main
+    from benchtrain.train.cli import main as train_main
 
-    data, calibration = ROOT / "train" / "sample_data" / "sample.jsonl", ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json"
+    data, calibration = ROOT / "benchtrain" / "train" / "sample_data" / "sample.jsonl", ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json"
     code = train_main(["--use-calibration", str(calibration), "--data", str(data), "--deadline", "10m", "--dry-run", "--for-trainer", "--json"])
     assert code == 0
     fields = json.loads(capsys.readouterr().out)

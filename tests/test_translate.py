@@ -12,20 +12,20 @@ import numpy as np
 import pytest
 from helpers import tokenized_from_samples
 
-from calibration.datasheets import SHEETS, sheet_for
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file, validate
-from calibration.split import step_splits
-from calibration.step_config import StepConfig
-from calibration.store import bundled_calibrations
-from calibration.translate import bracket_for, translate
-from common.errors import BenchtrainError, DoesNotFitError
-from train.planning.deadline import Deadline
-from train.planning.plan_text import describe_error, describe_plan
-from train.planning.planner import make_plan
-from train.planning.types import PlanRequest
-from train.step.hardware import peak_flops
-from train.workload.tokens import TokenizedData
+from benchtrain.calibration.datasheets import SHEETS, sheet_for
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file, validate
+from benchtrain.calibration.split import step_splits
+from benchtrain.calibration.step_config import StepConfig
+from benchtrain.calibration.store import bundled_calibrations
+from benchtrain.calibration.translate import bracket_for, translate
+from benchtrain.common.errors import BenchtrainError, DoesNotFitError
+from benchtrain.train.planning.deadline import Deadline
+from benchtrain.train.planning.plan_text import describe_error, describe_plan
+from benchtrain.train.planning.planner import make_plan
+from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.step.hardware import peak_flops
+from benchtrain.train.workload.tokens import TokenizedData
 
 GIB = 2**30
 # Published independently of the table, by NVIDIA's announcements: the H200 has "1.4X more memory
@@ -104,7 +104,7 @@ def test_every_row_has_its_sources_and_round_trips_by_its_device_name() -> None:
 
 def test_the_peak_flops_lookup_reads_the_datasheet_table() -> None:
     """One fact in one place: MFU's peak is the table's figure, for every row."""
-    import train.step.hardware as hardware
+    import benchtrain.train.step.hardware as hardware
 
     assert not hasattr(hardware, "PEAK_BF16_DENSE_FLOPS")
     for sheet in SHEETS:
@@ -270,7 +270,7 @@ def test_the_bracket_holds_every_published_a100_h100_pair_both_ways(compute: flo
     """llm-foundry's 34 pairs of the same MPT step on 8 A100-80GB and 8 H100-80GB (speed-ups 1.81x
     to 2.84x) all lie within the translated bracket, from the A100 to the H100 and back, whatever
     the step's split: its ends are the datasheets' FLOP/s (3.17x) and bandwidth (1.64x) ratios."""
-    from calibration.datasheets import PUBLISHED_COMPARISONS
+    from benchtrain.calibration.datasheets import PUBLISHED_COMPARISONS
 
     (comparison,) = PUBLISHED_COMPARISONS
     speedups = [pair.speedup for pair in comparison.pairs]
@@ -287,7 +287,7 @@ def test_the_central_estimate_is_shifted_to_what_hopper_attained_over_ampere() -
     alone would run 2.90x faster: more than any of the 34 published pairs (at most 2.84x; median
     2.16x). The central estimate scales compute by the FLOP/s ratio they attained (3.17 × 0.68 =
     2.16: 2.09x for this step) and lands among them; the bracket's ends stay the datasheets'."""
-    from calibration.datasheets import PUBLISHED_COMPARISONS, generation_shift
+    from benchtrain.calibration.datasheets import PUBLISHED_COMPARISONS, generation_shift
 
     speedups = sorted(pair.speedup for pair in PUBLISHED_COMPARISONS[0].pairs)
     record = translate(as_a100_80gb(compute_bound(h100())), sheet_for("h100"))["translation"]  # type: ignore[arg-type]

@@ -15,13 +15,13 @@ pytest.importorskip("bitsandbytes")
 
 from helpers import assert_one_line_error, configs, hide_bitsandbytes, run_main
 
-from bench.record import refit_record
-from calibration.model import Calibration
-from calibration.schema import read_calibration_file
-from common.errors import BenchtrainError
-from train.recipes.choice import variants_to_plan
-from train.recipes.config import parse_memory_size
-from train.workload.method import MethodConfig
+from benchtrain.bench.record import refit_record
+from benchtrain.calibration.model import Calibration
+from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.recipes.choice import variants_to_plan
+from benchtrain.train.recipes.config import parse_memory_size
+from benchtrain.train.workload.method import MethodConfig
 
 GPT2_LORA = Path(__file__).parent / "fixtures" / "cpu-gpt2-lora-bench2m.json"
 GIB = 2**30
@@ -33,9 +33,9 @@ def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
     step of the LoRA model train builds; the shared 8-bit quantization maps counted once."""
     import torch
 
-    from train.planning.memory_check import memory_need
-    from train.step.hyperparameters import make_optimizer
-    from train.workload.model import build_model, resolve_model
+    from benchtrain.train.planning.memory_check import memory_need
+    from benchtrain.train.step.hyperparameters import make_optimizer
+    from benchtrain.train.workload.model import build_model, resolve_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", optimizer=name)
     model = build_model(spec, "cpu", method)
@@ -109,7 +109,7 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
     assert (first.variant, four_bit.variant) == (("none", "adamw"), ("4bit", "adamw"))
     assert four_bit.id == first.id and four_bit.variant_index == 0
     config = next(c for c in (first.ok_rows()[0],))
-    from calibration.step_config import StepConfig
+    from benchtrain.calibration.step_config import StepConfig
 
     step = StepConfig.from_row(config)
     assert four_bit.predict(step).step_seconds / first.predict(step).step_seconds == pytest.approx(1.3, rel=0.1)
@@ -161,7 +161,7 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
     """mistral-nemo-12b LoRA measured on the simulated H100 (bf16 base only), planned for 24 GiB."""
     from simulated import simulate_bench
 
-    from calibration.store import save_calibration
+    from benchtrain.calibration.store import save_calibration
 
     record, _ = simulate_bench("mistral-nemo-12b", lora=True, budget=300)
     path = save_calibration(record)
@@ -211,7 +211,7 @@ def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Pa
     final/ loads with peft on the 8-bit base again."""
     import torch
 
-    from train.export import load_final
+    from benchtrain.train.export import load_final
 
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
     code, _, err = run_main("bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys)
@@ -245,7 +245,7 @@ def two_gpt2_blocks(home: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from train.workload.tokenizer import byte_tokenizer
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
 
     folder = home / "gpt2-2-blocks"
     torch.manual_seed(0)
@@ -261,7 +261,7 @@ def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys:
     the bf16-base calibration of 2 minutes on this CPU; two of gpt2's blocks."""
     import shutil
 
-    from train.export import load_final
+    from benchtrain.train.export import load_final
 
     out = home / "run"
     home.mkdir(parents=True, exist_ok=True)
@@ -286,9 +286,9 @@ def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.
 
 
 def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto() -> None:
-    from calibration.run_file import RunFile
-    from train.recipes.choice import asked_variant, with_run_variant
-    from train.running.resume import resumed_method, same_method
+    from benchtrain.calibration.run_file import RunFile
+    from benchtrain.train.recipes.choice import asked_variant, with_run_variant
+    from benchtrain.train.running.resume import resumed_method, same_method
 
     method = {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}
     configuration = {"micro_batch_size": 1, "num_workers": 0, "grad_accum": 1, "seq_len": 8}
@@ -312,7 +312,7 @@ def test_a_refit_fits_every_setup_again(two_setups: Path) -> None:
 
 
 def test_the_calibration_report_shows_every_setup(two_setups: Path, tmp_path: Path) -> None:
-    from reports.calibration_report import write_calibration_report
+    from benchtrain.reports.calibration_report import write_calibration_report
 
     text = write_calibration_report(two_setups, tmp_path / "report").read_text()
     assert "First setup: an unquantized base" in text and "Variant 1: a 4-bit base" in text

@@ -9,14 +9,14 @@ import pytest
 import torch
 from helpers import load_tokenized
 
-from common.errors import BenchtrainError
-from train.workload.data import length_profile
-from train.workload.model import PRESETS, build_model, model_shape, resolve_model
-from train.workload.tokenizer import byte_tokenizer, load_tokenizer
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.workload.data import length_profile
+from benchtrain.train.workload.model import PRESETS, build_model, model_shape, resolve_model
+from benchtrain.train.workload.tokenizer import byte_tokenizer, load_tokenizer
 
 
 def test_every_preset_builds_a_config_with_the_published_shape() -> None:
-    from train.workload.model import make_config
+    from benchtrain.train.workload.model import make_config
 
     for name in PRESETS:
         config = make_config(resolve_model(name))
@@ -89,8 +89,8 @@ def test_csv_parquet_and_saved_datasets(tmp_path: Path) -> None:
 
 
 def test_bench_with_real_data(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.cli import main
-    from common.errors import guard_cli
+    from benchtrain.bench.cli import main
+    from benchtrain.common.errors import guard_cli
 
     code = guard_cli(
         main,

@@ -71,13 +71,13 @@ def ddp_step_against_collectives(steps: int, micro: int, seq: int) -> dict[str, 
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from bench.probe import Workload
-    from calibration.comm import gradient_bytes
-    from train.planning import comm
-    from train.planning.comm import measure_collective
-    from train.step.engine import StepOptions
-    from train.workload.batching import SyntheticBatches
-    from train.workload.model import resolve_model
+    from benchtrain.bench.probe import Workload
+    from benchtrain.calibration.comm import gradient_bytes
+    from benchtrain.train.planning import comm
+    from benchtrain.train.planning.comm import measure_collective
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.batching import SyntheticBatches
+    from benchtrain.train.workload.model import resolve_model
 
     torch.manual_seed(0)
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from train.workload.tokenizer import byte_tokenizer
+from benchtrain.train.workload.tokenizer import byte_tokenizer
 
 START = 1_800_000_000.0  # the fake clock's start (epoch seconds: 2027-01-15)
 

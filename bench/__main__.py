@@ -1,3 +1,0 @@
-from bench.cli import entry_point
-
-entry_point()

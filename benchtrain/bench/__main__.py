@@ -1,0 +1,3 @@
+from benchtrain.bench.cli import entry_point
+
+entry_point()

@@ -1,0 +1,3 @@
+from benchtrain.reports.cli import entry_point
+
+entry_point()

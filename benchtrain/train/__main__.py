@@ -1,0 +1,3 @@
+from benchtrain.train.cli import entry_point
+
+entry_point()

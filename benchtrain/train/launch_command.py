@@ -1,0 +1,274 @@
+"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as the engine's
+YAML, with comments saying where each figure came from, written atomically. The run script: docs/design.md#the-engines-files."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+from typing import Any
+
+import yaml
+
+from benchtrain.common.atomic import write_text_atomic
+from benchtrain.common.console import say
+from benchtrain.common.durations import format_duration
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.recipes.config import parse_emit
+from benchtrain.train.recipes.launch_task import ACCELERATORS, HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
+
+NODE_VARIABLES = {
+    "skypilot": (
+        "# SkyPilot's node variables (set on every node of the task).",
+        'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+        'NODES="$SKYPILOT_NUM_NODES"',
+        'NODE_RANK="$SKYPILOT_NODE_RANK"',
+        'GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"',
+    ),
+    "dstack": (
+        "# dstack's node variables (set on every node of the task).",
+        'MASTER_ADDR="$DSTACK_MASTER_NODE_IP"',
+        'NODES="$DSTACK_NODES_NUM"',
+        'NODE_RANK="$DSTACK_NODE_RANK"',
+        'GPUS_PER_NODE="$DSTACK_GPUS_PER_NODE"',
+    ),
+}
+# The datasheet key of the device a node got (calibration.datasheets), or cpu.
+DETECT_DEVICE = (
+    "python -c 'import torch; from benchtrain.calibration.datasheets import sheet_for; "
+    'sheet = sheet_for(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None; print(sheet.key if sheet else "cpu")\''
+)
+
+
+def shell_word(word: str) -> str:
+    """A word of the run script: a path under the task's root through $ROOT (the mounts' root)."""
+    if word == ROOT or word.startswith(ROOT + "/"):
+        return '"$ROOT"' + (shlex.quote(word[len(ROOT) :]) if word != ROOT else "")
+    return shlex.quote(word)
+
+
+def shell_array(name: str, words: list[str]) -> str:
+    return f"{name}=({' '.join(shell_word(word) for word in words)})"
+
+
+def target_lines(task: LaunchTask, target: Target) -> list[str]:
+    """A target's settings in the run script: its processes per node, train's options and the bench run it needs first."""
+    lines = [
+        f"# {target.machine}: {target.configuration}, {target.sharding} sharding, {target.optimizer_steps:,} optimizer steps "
+        f"({figure_source(target)}; rests on {target.rests_on})",
+        f"PER_NODE={target.gpus_per_node}",
+        shell_array("TRAIN", task.train_command(target)),
+    ]
+    if target.settle:
+        # The row was not measured: measure it here first (once: a restarted task has its run.json).
+        words = shlex.split(target.settle)
+        command = next((index for index, word in enumerate(words) if word in ("bench", "benchtrain.bench")), None)
+        bench = words[command + 1 :] if command is not None else words
+        lines.append(shell_array("BENCH", bench))
+    else:
+        lines.append("BENCH=()")
+    return lines
+
+
+def case_pattern(target: Target) -> str:
+    """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
+    keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
+    keys = list(dict.fromkeys([target.device_key, *keys]))
+    return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
+
+
+def run_script(task: LaunchTask, engine: str) -> str:
+    """The script every node runs: the engine's node variables, the target's settings, torchrun with --resume auto."""
+    lines = [
+        "set -eu",
+        *NODE_VARIABLES[engine],
+        "ROOT=${BENCHTRAIN_TASK_ROOT:-" + ROOT + "}  # the mounts' root: the run folder, the calibrations",
+        "# BENCHTRAIN_HOME beside the run folder, on the bucket: a calibration measured first is there after a restart.",
+        f"export BENCHTRAIN_HOME={shell_word(HOME_DIR)}",
+        'mkdir -p "$BENCHTRAIN_HOME"',
+    ]
+    if len(task.targets) == 1:
+        lines += target_lines(task, task.targets[0])
+    else:
+        lines += [f"DEVICE=$({DETECT_DEVICE})", "# The machine the engine found among the fallbacks, and the plan made for it."]
+        lines.append('case "$DEVICE:$GPUS_PER_NODE" in')
+        for target in task.targets:
+            lines.append(f"  {case_pattern(target)})")
+            lines += [f"    {line}" for line in target_lines(task, target)]
+            lines.append("    ;;")
+        planned = ", ".join(f"{target.device_key}:{target.gpus_per_node}" for target in task.targets)
+        lines += [
+            "  *)",
+            f'    echo "benchtrain: this task was planned for {planned} (device:GPUs per node), not $DEVICE:$GPUS_PER_NODE" >&2',
+            "    exit 2",
+            "    ;;",
+            "esac",
+        ]
+    lines += [
+        'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
+        f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
+        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {shell_word(RUN_DIR)}/run.json ]; then",
+        '  "${LAUNCH[@]}" -m benchtrain.bench "${BENCH[@]}"',
+        "fi",
+        "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
+    ]
+    if engine == "skypilot":  # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
+        lines.append(f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"')
+    else:
+        lines.append('exec "${LAUNCH[@]}" -m benchtrain.train "${TRAIN[@]}"')
+    return "\n".join(lines) + "\n"
+
+
+def setup_script(task: LaunchTask) -> str:
+    return f"pip install 'benchtrain=={task.version}'  # this version of benchtrain, which made the plan\n"
+
+
+def figure_source(target: Target) -> str:
+    """Where a target's figures come from, in the words of the module's docstring."""
+    return {
+        "measured here": "measured here",
+        "measured by someone": "shared (measured by someone else)",
+        "predicted": "predicted from a 1-GPU calibration and collectives",
+        "translated": "translated from another GPU by datasheet ratios",
+    }.get(target.kind, target.kind)
+
+
+def header(task: LaunchTask, engine: str) -> list[str]:
+    """The comments at the top of the file: what each figure rests on."""
+    best = task.targets[0]
+    lines = [
+        f"{engine} task written by `train --dry-run --emit` (benchtrain {task.version}) for {task.model}; no cloud was asked anything.",
+        f"Deadline {format_duration(task.deadline_seconds)}, counted from the first start of train (a restart's lost time counts).",
+        "Targets, in order (the first recommended):",
+    ]
+    for index, target in enumerate(task.targets, 1):
+        cost = f", ≤ ${target.cost_upper:,.2f}" if target.cost_upper is not None else ""
+        price = f" at ${target.price_per_hour:,.2f}/GPU-hour (given)" if target.price_per_hour is not None else ""
+        lines.append(
+            f"  {index}. {target.machine} on {target.nodes} node(s) × {target.gpus_per_node}: {target.configuration}, {target.sharding}; "
+            f"{format_duration(target.low_seconds)} – {format_duration(target.upper_seconds)}{cost}{price} — {figure_source(target)}"
+        )
+        if target.settle:
+            lines.append(f"     measured first on the node: {target.settle}")
+    lines += [f"  left out: {reason}" for reason in task.left_out]
+    lines += [
+        f"Nodes: {best.nodes} (the recommended target's layout).",
+        f"Disk: {task.disk_gb} GB = {task.disk.basis}.",
+        f"Capacity: {task.spot.reason}.",
+        f"Maximum duration: {format_duration(task.duration.seconds)} = {task.duration.basis}.",
+        f"The run folder {RUN_DIR} is a bucket mounted on every node: checkpoints survive the machine, and `--resume auto` finds them.",
+    ]
+    for upload in task.uploads:
+        lines.append(f"Uploaded to every node: {upload.what} {upload.local} → {upload.remote}.")
+    lines += [f"Note: {note}." for note in task.notes]
+    return lines
+
+
+# -- SkyPilot ---------------------------------------------------------------------------------
+
+
+def skypilot_task(task: LaunchTask) -> dict[str, Any]:
+    """A SkyPilot task (sky.Task.from_yaml's schema): resources.ordered holds the targets in turn."""
+    candidates = []
+    for target in task.targets:
+        resources: dict[str, Any] = {"disk_size": task.disk_gb}
+        if target.accelerator is not None:
+            resources["accelerators"] = f"{target.accelerator}:{target.gpus_per_node}"
+        else:
+            resources["cpus"] = "4+"
+        if task.spot.use:
+            resources["use_spot"] = True
+        candidates.append(resources)
+    file_mounts: dict[str, Any] = {RUN_DIR: {"name": f"{task.name}-run", "mode": "MOUNT_CACHED"}}
+    file_mounts.update({upload.remote: str(upload.local) for upload in task.uploads})
+    resources_section: dict[str, Any] = {"ordered": candidates} if len(candidates) > 1 else candidates[0]
+    if task.spot.use:  # managed jobs (`sky jobs launch`) recover a preempted task on the next target
+        resources_section["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 0}
+    return {
+        "name": task.name,
+        "num_nodes": task.nodes,
+        "resources": resources_section,
+        "file_mounts": file_mounts,
+        "setup": setup_script(task),
+        "run": run_script(task, "skypilot"),
+    }
+
+
+# -- dstack -----------------------------------------------------------------------------------
+
+
+def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
+    """A dstack task, and the task it holds: dstack takes one list of GPU names (any offer, cheapest first), so only the
+    targets of the recommended one's GPU count per node; the others left out, saying why."""
+    best = task.targets[0]
+    kept = [target for target in task.targets if target.gpus_per_node == best.gpus_per_node]
+    dropped = [f"{target.machine}: {target.gpus_per_node} GPUs per node, dstack's GPU list has one count" for target in task.targets if target not in kept]
+    task = replace(task, targets=kept, left_out=[*task.left_out, *dropped])
+    resources: dict[str, Any] = {"disk": f"{task.disk_gb}GB.."}
+    if best.accelerator is not None:
+        names = list(dict.fromkeys(target.accelerator for target in kept if target.accelerator is not None))
+        resources["gpu"] = {"name": names, "count": best.gpus_per_node}
+    else:
+        resources["cpu"] = "4.."
+    configuration: dict[str, Any] = {
+        "type": "task",
+        "name": task.name,
+        "nodes": task.nodes,
+        "python": "3.11",
+        "shell": "bash",  # the run script uses bash arrays
+        "files": [f"{upload.local}:{upload.remote}" for upload in task.uploads],
+        "volumes": [{"name": f"{task.name}-run", "path": RUN_DIR}],
+        "commands": [setup_script(task).strip(), run_script(task, "dstack")],
+        "resources": resources,
+        "spot_policy": "auto" if task.spot.use else "on-demand",
+        "max_duration": f"{int(task.duration.seconds)}s",
+    }
+    if task.spot.use:  # a preempted task is started again, and continues (--resume auto)
+        configuration["retry"] = {"on_events": ["interruption", "no-capacity"], "duration": f"{int(task.duration.seconds)}s"}
+    if not task.uploads:
+        del configuration["files"]
+    return configuration, task
+
+
+# -- the file ---------------------------------------------------------------------------------
+
+
+class LiteralDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper writing multi-line strings (the scripts) as literal blocks."""
+
+
+def literal(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+LiteralDumper.add_representer(str, literal)
+
+
+def task_text(task: LaunchTask, engine: str) -> str:
+    """The whole file: the comments, then the task."""
+    if engine == "skypilot":
+        data = skypilot_task(task)
+        launch = [
+            f"Launch: sky launch -c {task.name} FILE (a cluster), or sky jobs launch FILE (a managed job: restarted after a preemption).",
+            f"file_mounts {RUN_DIR}: a bucket SkyPilot creates if it has none of that name (MOUNT_CACHED: files are written locally, then uploaded).",
+        ]
+    else:
+        data, task = dstack_task(task)
+        launch = [
+            "Launch: dstack apply -f FILE.",
+            f"The volume {task.name}-run must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
+        ]
+    comments = [*header(task, engine), *launch]
+    body = yaml.dump(data, Dumper=LiteralDumper, sort_keys=False, allow_unicode=True, width=4096)
+    return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body
+
+
+def emit_task(emit: str, task: LaunchTask) -> None:
+    """`--emit ENGINE:FILE`: the engine's file, written atomically (an unwritable FILE: one line), and said."""
+    request = parse_emit(emit)
+    text = task_text(task, request.engine)
+    try:
+        request.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(request.path, text)
+    except OSError as error:
+        raise BenchtrainError(f"--emit: cannot write {request.path}: {error.strerror or error}") from None
+    say(f"task: {request.path} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")

@@ -1,0 +1,294 @@
+"""The task that rents the machine a dry run chose and runs the plan on it, engine-neutral (its targets and
+fallbacks, uploads, disk, spot, maximum duration); train.launch_command renders it. Computation only.
+What it holds and why: docs/design.md#the-launch-task."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from benchtrain.calibration.hub import hub_reference
+from benchtrain.calibration.store import is_bundled
+from benchtrain.calibration.topology import parse_interconnect, recorded_interconnect
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
+from benchtrain.train.recipes.machines import Option, Row, device_key, option_source
+from benchtrain.train.running.resume import without_options
+
+if TYPE_CHECKING:
+    from benchtrain.calibration.model import Calibration
+    from benchtrain.train.planning.types import Plan
+    from benchtrain.train.recipes.config import TrainConfig
+    from benchtrain.train.recipes.machines import Comparison
+    from benchtrain.train.recipes.run_plan import RunPlan
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import ModelSpec
+
+MASTER_PORT = 29500  # torchrun's rendezvous port on the first node
+
+# Where things are on every node.
+ROOT = "/benchtrain"
+RUN_DIR = f"{ROOT}/run"  # the run folder: a bucket mounted on every node, so a restarted task finds its checkpoints
+CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest on, uploaded
+HOME_DIR = f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
+
+# Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
+DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
+DROPPED_FLAGS = ("--dry-run", "--json")
+# Options naming local files or folders, which every node must see.
+PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
+
+# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks the device it got.
+ACCELERATORS = {
+    "h100": "H100",
+    "h100-pcie": "H100",
+    "h100-nvl": "H100",
+    "gh200": "GH200",
+    "h200": "H200",
+    "h200-nvl": "H200",
+    "b200": "B200",
+    "a100-40gb": "A100",
+    "a100-40gb-pcie": "A100",
+    "a100-80gb": "A100-80GB",
+    "a100-80gb-pcie": "A100-80GB",
+    "l40s": "L40S",
+    "l40": "L40",
+    "a10g": "A10G",
+    "l4": "L4",
+    "4090": "RTX4090",
+    "mi300x": "MI300X",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One machine the task may run on, with the plan made for it."""
+
+    machine: str  # 2×H100 SXM over nvlink
+    device_key: str  # a datasheet key (calibration.datasheets), or "cpu"
+    accelerator: str | None  # the engines' name for it; None: CPU only
+    nodes: int
+    gpus_per_node: int  # processes per node (CPU: 1)
+    sharding: str  # none | ddp | fsdp
+    configuration: str  # the planned step: micro-batch × accumulation, workers, length
+    optimizer_steps: int
+    kind: str  # measured here | measured by someone | predicted | translated
+    rests_on: str
+    calibration: str | None  # --use-calibration on the node; None: the one `settle` measures
+    calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
+    settle: str | None  # the bench run that measures this machine first (a row nobody measured)
+    settle_seconds: float
+    low_seconds: float
+    upper_seconds: float
+    price_per_hour: float | None  # per GPU
+    cost_upper: float | None
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A local file or folder every node sees at `remote` (SkyPilot file_mounts, dstack files)."""
+
+    local: Path
+    remote: str
+    what: str  # --data, a calibration, …
+
+
+@dataclass(frozen=True)
+class LaunchTask:
+    name: str
+    targets: list[Target]  # the recommended one first
+    left_out: list[str]  # rows not offered as fallbacks, and why
+    train_arguments: list[str]  # the train command's own options, paths as the nodes see them
+    uploads: list[Upload]
+    disk: DiskSize
+    spot: Spot
+    duration: Duration
+    deadline_seconds: float
+    version: str
+    model: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> int:
+        return self.targets[0].nodes
+
+    @property
+    def disk_gb(self) -> int:
+        return max(1, math.ceil(self.disk.total_bytes / GB))
+
+    def train_command(self, target: Target) -> list[str]:
+        """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
+        calibration = target.calibration or "latest"
+        sharding = ["--sharding", target.sharding] if target.sharding == "fsdp" else []
+        return [*self.train_arguments, "--use-calibration", calibration, *sharding, "--resume", "auto", "--out", RUN_DIR]
+
+
+# -- the targets -----------------------------------------------------------------------------
+
+
+def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
+    """The recommended row and those meeting the deadline at their upper end on as many nodes (an engine sets the node count
+    once per task); the others, and why they were left out."""
+    best = comparison.recommended
+    if best is None:
+        raise BenchtrainError("--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines")
+    first = row_target(best)
+    targets, left_out = [first], []
+    for row in comparison.rows[1:]:
+        name = row.machine or row.reference
+        if row.plan is None:
+            left_out.append(f"{name}: no plan ({row.problem})")
+        elif not row.meets_deadline:
+            left_out.append(f"{name}: misses the deadline at its upper end")
+        else:
+            target = row_target(row)
+            if target.nodes != first.nodes:
+                left_out.append(f"{name}: {target.nodes} node(s), the task has {first.nodes}")
+            elif target.accelerator is None and first.accelerator is not None:
+                left_out.append(f"{name}: a CPU, the task rents GPUs")
+            else:
+                targets.append(target)
+    return targets, left_out
+
+
+def row_target(row: Row) -> Target:
+    """A planned row (of a comparison, or a single calibration's plan) as a target."""
+    assert row.plan is not None and row.option is not None
+    cal, chosen = row.option.calibration, row.plan.chosen
+    key = device_key(cal) or "cpu"
+    interconnect = row.option.interconnect or row.device.get("interconnect")
+    nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
+    measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
+    file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
+    calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
+    return Target(
+        machine=row.machine or f"{row.processes}×{row.device['name']}", device_key=key, accelerator=accelerator_of(key, row.device),
+        nodes=nodes, gpus_per_node=per_node, sharding=row.option.sharding, configuration=chosen.config.phrase, optimizer_steps=chosen.optimizer_steps,
+        kind=row.kind, rests_on=row.rests_on, calibration=calibration, calibration_file=file, settle=row.settle, settle_seconds=row.settle_seconds,
+        low_seconds=chosen.total_seconds_low, upper_seconds=chosen.total_seconds_promised, price_per_hour=row.price_per_hour,
+        cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
+    )
+
+
+def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
+    """(nodes, processes per node): as the interconnect places them (2x8:nvlink+ib), else one node."""
+    if interconnect:
+        placed = parse_interconnect(interconnect).placed(processes)
+        if placed.nodes and placed.gpus_per_node:
+            return placed.nodes, placed.gpus_per_node
+    return 1, processes
+
+
+def accelerator_of(key: str, device: dict[str, object]) -> str | None:
+    """The engines' accelerator name; None for a CPU. A GPU they cannot name cannot be rented: one line."""
+    if key == "cpu" and device.get("device_type") != "cuda":
+        return None
+    name = ACCELERATORS.get(key)
+    if name is None:
+        raise BenchtrainError(f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine")
+    return name
+
+
+def calibration_file(cal: Calibration) -> Path | None:
+    """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
+    return None if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None else Path(cal.path).resolve()
+
+
+# -- the command the nodes run -----------------------------------------------------------------
+
+
+def node_arguments(command_line: list[str], cwd: Path) -> tuple[list[str], list[Upload]]:
+    """The dry run's options as the nodes' train command takes them (the task adds its own calibration, resume and run
+    folder), and the local files they name, uploaded to the same absolute path."""
+    kept: list[str] = []
+    uploads: list[Upload] = []
+    tokens = iter(without_options(command_line, (*DROPPED_FLAGS, "--resume"), DROPPED_WITH_VALUE))
+    for token in tokens:
+        name, equals, inline = token.partition("=")
+        value = (inline if equals else next(tokens, None)) if name in PATH_OPTIONS else None
+        if value is None:
+            kept.append(token)
+            continue
+        value, upload = node_path(name, value, cwd)
+        uploads += [upload] if upload is not None else []
+        kept += [name, value]
+    return kept, uploads
+
+
+def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
+    """A path option's value as the nodes see it: a local file or folder uploaded to the same absolute path; anything else (a
+    preset, a hub id, a price) as given. A relative local path: one line (the task does not sync the working folder)."""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        if (cwd / path).exists():
+            raise BenchtrainError(
+                f"--emit: {option} {value} is a relative local path no node can see: give it as an absolute path "
+                f"({(cwd / path).resolve()}), which the task uploads to every node, or put it on the hub"
+            )
+        return value, None
+    if not path.exists():
+        raise BenchtrainError(f"--emit: {option} {value} does not exist here, so no node can see it: name a file that exists, or a hub id")
+    return str(path), Upload(path, str(path), option)
+
+
+def size_of(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+
+
+def benchtrain_version() -> str:
+    try:
+        return version("benchtrain")
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+def launch_task(
+    targets: list[Target],
+    left_out: list[str],
+    plan: Plan,
+    available_seconds: float,
+    config: TrainConfig,
+    spec: ModelSpec,
+    method: MethodConfig,
+    command_line: list[str],
+) -> LaunchTask:
+    """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the recommended `plan`) and maximum duration."""
+    arguments, uploads = node_arguments(command_line, Path.cwd())
+    for target in targets:
+        if target.calibration_file is not None:
+            uploads.append(Upload(target.calibration_file, f"{CALIBRATIONS_DIR}/{target.calibration_file.name}", f"the calibration of {target.machine}"))
+    first = targets[0]
+    device_type = "cpu" if first.accelerator is None else "cuda"
+    uploaded = sum(size_of(upload.local) for upload in uploads)
+    disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
+    spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
+    settle = max((target.settle_seconds for target in targets), default=0.0)
+    duration = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
+    name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
+    notes = []
+    if any(target.settle for target in targets):
+        notes.append("a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)")
+    deadline = config.run_deadline.deadline_seconds
+    return LaunchTask(name[:60], targets, left_out, arguments, uploads, disk, spot, duration, deadline, benchtrain_version(), spec.name, notes)
+
+
+def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]) -> LaunchTask:
+    """The task of `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
+    targets, left_out = rows_to_targets(comparison)
+    best = comparison.recommended
+    assert best is not None and best.plan is not None  # rows_to_targets: one line otherwise
+    return launch_task(targets, left_out, best.plan, comparison.available_seconds, config, spec, method, command_line)
+
+
+def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
+    """The task of a single calibration's dry run: that plan on the machine (processes, interconnect) the calibration recorded."""
+    if not run.plan.meets_deadline:
+        raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
+    processes = run.step.world_size
+    recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
+    option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
+    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run)
+    return launch_task([row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line)

@@ -1,0 +1,409 @@
+"""One `train` command as a recipe: `setup`, `plan`, `train`, `finish` (state on the recipe); train/cli.py calls
+`run_training`. The stages: docs/design.md#the-train-recipe."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from benchtrain.calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject, ResumedRun, RunFile
+from benchtrain.common.atomic import json_text
+from benchtrain.common.console import is_main_process, say
+from benchtrain.common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
+from benchtrain.common.home import writable_subdir
+from benchtrain.common.run_paths import stored_path
+from benchtrain.train.export import export_final
+from benchtrain.train.planning.disk import check_space, disk_need, run_lock
+from benchtrain.train.planning.plan_text import describe_exact_profile, describe_outcome
+from benchtrain.train.planning.trainer_fields import trainer_fields
+from benchtrain.train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
+from benchtrain.train.recipes.config import TrainConfig
+from benchtrain.train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
+from benchtrain.train.recipes.launch_task import LaunchTask, plan_task
+from benchtrain.train.recipes.run_data import hub_weights, load_data
+from benchtrain.train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
+from benchtrain.train.running.checkpoint import list_checkpoints
+from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
+from benchtrain.train.running.record import RunRecord, TrainedRun, new_run_file
+from benchtrain.train.running.resume import (
+    check_same_data,
+    check_same_run,
+    completed_steps,
+    data_fingerprint,
+    resume_command,
+    resumed_hyperparameters,
+    resumed_method,
+    resumed_spec,
+    resumed_step_limit,
+    same_method,
+)
+from benchtrain.train.step.engine import StepOptions
+from benchtrain.train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, job_world_size, run_precision
+from benchtrain.train.step.sharding import gather_full_state, is_sharded
+from benchtrain.train.workload.data import length_profile, truncation
+from benchtrain.train.workload.method import MethodConfig, method_record
+from benchtrain.train.workload.model import ModelSpec, model_identity, model_record, model_shape, resolve_model
+
+
+def run_training(
+    args: argparse.Namespace, started: float, write_report: Callable[[Path], Path], emit_task: Callable[[str, LaunchTask], None] | None = None
+) -> int:
+    """`started`: time.monotonic() at the command's start (the deadline counts from there); `write_report` and `emit_task`:
+    the command layer's writers of the run's report and a dry run's launch task."""
+    recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
+    recipe.setup()
+    recipe.plan()
+    if not recipe.show_plan():
+        if recipe.config.output.emit and emit_task is not None and is_main_process():
+            emit_task(recipe.config.output.emit, plan_task(recipe.run, recipe.config, recipe.spec, getattr(args, "command_line", None) or []))
+        return EXIT_OK
+    try:
+        recipe.train()
+        status = recipe.finish()
+    finally:
+        recipe.cleanup()
+
+    # Every rank waits until rank 0 has written everything: none exits while another still works. As long as rank 0's export, report and push are planned to
+    # take (and more): a fixed wait ended rank 0 in the middle of a long push.
+    finish_together(finish_wait_seconds(recipe.run.plan.chosen.overheads.after_training_seconds))
+    return status
+
+
+class TrainRecipe:
+    def __init__(self, config: TrainConfig, write_report: Callable[[Path], Path], command_line: list[str] | None = None) -> None:
+        self.config = config
+        self.write_report = write_report
+        self.command_line = command_line  # for the resume command a stopped run prints
+        self._held = contextlib.ExitStack()  # the run folder's lock, from opening run.json to the end
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """--push-to-hub checked; the model, the method and the run to resume; the calibration's variants fitted to the device
+        (one line before any data or model work when none suits); the hub weights; the data."""
+        target = self.config.output.push_target
+        self.push = check_push(target) if target is not None else None
+        # self.resumed: what this command continues of the run (None: a new run), read once.
+        self.spec, self.method, self.out_dir, self.earlier, self.resumed = self._resume_target()
+        self.completed = completed_steps(self.out_dir) if self.resumed and self.out_dir else 0
+        if self.resumed:
+            # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
+            config = self.config
+            self.config = replace(config, plan=replace(config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)))
+            tuning = replace(self.config.tuning, **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force))
+            self.config = replace(self.config, tuning=tuning)
+        self.weighed = weigh_variants(self.config, self.spec, self.method, self.resumed, self.out_dir)
+        self.spec = hub_weights(self.spec, self.config.output.dry_run)
+        self.loaded = load_data(self.config.data, self.spec, self.config.seed)
+        if self.resumed:
+            loaded, force = self.loaded, self.config.force
+            problem = check_same_data(self.resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force)
+            if problem:
+                say(f"warning: {problem} (--force: continuing on this data)")
+
+    def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, RunFile | None, ResumedRun | None]:
+        """The model spec, the method, the run folder and, with --resume, the run.json it continues (its model and adapters
+        kept, other differing options warned of) and what the resume reads of it."""
+        config = self.config
+        spec = resolve_model(config.model)
+        out_dir = Path(config.output.out).expanduser() if config.output.out else None
+        if config.output.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
+            raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
+        earlier = RunFile.read(out_dir / "run.json") if config.output.resume and out_dir else None
+        # --force with --max-length N trains the run's configuration at length N (check_same_run).
+        forced_length = config.plan.max_length if config.force and isinstance(config.plan.max_length, int) else None
+        resumed = earlier.resumed().with_length(forced_length) if earlier else None
+        method = config.tuning.method
+        if resumed:
+            run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
+            method = with_run_variant(method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer))
+            spec = resumed_spec(spec, resumed)
+            for problem in check_same_run(resumed, run_method, spec, method, config.plan.max_length, config.force):
+                say(f"warning: {problem} (--force: continuing with this command's)")
+            if same_method(run_method, method):
+                method = run_method  # the run's adapters exactly (its targets as resolved)
+        return spec, method, out_dir, earlier, resumed
+
+    # -- plan -------------------------------------------------------------------------------
+    def plan(self) -> RunPlan:
+        """Each fitted variant planned; the fastest that fits kept, its notes saying what the others and unmeasured bases would hold."""
+        config, loaded = self.config, self.loaded
+        elapsed = config.run_deadline.elapsed()
+        context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
+        self.context = context
+        # Every rank plans (a 1-process calibration's collectives are timed among all of them);
+        # rank 0's plan is what every rank trains (rank0_decides).
+        run = self.run = rank0_decides(lambda: choose_plan(self.weighed, context), self._with_own_clock)
+        peak = run.plan.chosen.peak_memory_bytes
+        activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
+        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.hardware, activations))
+        if self.push is not None:
+            run.plan.notes.append(push_note(self.push, run, bool(config.output.merge_lora and run.method.is_lora)))
+        return run
+
+    def _with_own_clock(self, run: RunPlan) -> RunPlan:
+        """Rank 0's plan on another rank, its deadline counted from this process's start (another's monotonic clock means nothing here)."""
+        return replace(run, request=replace(run.request, deadline=self.config.run_deadline))
+
+    def show_plan(self) -> bool:
+        """The plan on the console or as JSON (rank 0); a plan that misses the deadline ends the command, a dry run too, so
+        a script can tell. Returns whether to train (not after --json or --dry-run)."""
+        run, config = self.run, self.config
+        if is_main_process() and config.output.for_trainer:
+            precision = run.cal.training.get("precision") or run_precision(run.device_type)
+            fields = trainer_fields(run.plan, run.cal, precision)
+            print(json_text(fields.to_json()) if config.output.json else fields.describe())
+        elif is_main_process() and config.output.json:
+            print(json_text(run.to_json(planned_compute(self.spec, run, run.plan.chosen))))
+            for warning in run.plan.warnings:
+                say(f"warning: {warning}")
+        elif is_main_process():
+            print_plan(run, self.context, self.loaded)
+        if not run.plan.meets_deadline:
+            raise DeadlineError(deadline_message(run.plan, self.resumed is not None))
+        return not (config.output.json or config.output.dry_run)
+
+    # -- train ------------------------------------------------------------------------------
+    def train(self) -> TrainedRun:
+        """Train to the plan: the exact data; the run folder locked and checked for room, run.json written (a run killed at
+        any moment resumes with its method); the loop."""
+        self._with_exact_data()
+        run, config = self.run, self.config
+        self.record = self._open_record()
+        # Before any step: every rank trains rank 0's configuration, steps and learning-rate horizon.
+        check_same_training(training_summary(self.record.plan, self.record.file.run_id))
+        if is_main_process():
+            # One train per run folder; then room for what it will write, before any work.
+            out_dir = self.record.out_dir
+            self._held.enter_context(run_lock(out_dir))
+            existing = len(list_checkpoints(out_dir / "checkpoints"))
+            merge = bool(config.output.merge_lora and run.method.is_lora)
+            space = disk_need(run.need, run.method.is_lora, not self.spec.has_weights, merge, run.device_type, config.guard.keep_checkpoints, existing)
+            check_space(out_dir, space, config.guard.keep_checkpoints)
+            self.record.write()
+        self.trained = self._train_loop()
+        return self.trained
+
+    def _with_exact_data(self) -> None:
+        """Every record tokenized (a cold cache built by one process per machine) and, for a plan made from a sample, the
+        chosen configuration planned again on the exact profile."""
+        run, loaded = self.run, self.loaded
+        data, eval_data = loaded.exact(self.config.data, self.config.seed)
+        self.loaded = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
+        if not loaded.sampled:
+            # The run's span starts here, after the plan was shown (its text imports peft and bitsandbytes to size every method: ≈1.2 s, not a cost of the
+            # planned work): that time is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
+            request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
+            self.run = replace(run, request=request)
+            return
+        configuration = run.request.configuration or run.plan.chosen.config
+        elapsed = self.config.run_deadline.elapsed()
+        request = replace(run.request, configuration=configuration, elapsed_seconds=elapsed, data_prep_seconds=0.0, data_uncertainty=0.0)
+        # Rank 0's plan again (its elapsed time): every rank trains the same steps.
+        request, plan = rank0_decides(
+            lambda: (request, plan_again(run.cal, request, data, eval_data)),
+            lambda chosen: (replace(chosen[0], deadline=self.config.run_deadline), chosen[1]),
+        )
+        if is_main_process():
+            print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
+        self.run = replace(run, request=request, plan=plan)
+        if not plan.meets_deadline:
+            say(f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time")
+
+    def _open_record(self) -> RunRecord:
+        """The run folder and its run.json (new, or the resumed run's) with the configuration, the method and the plan."""
+        run = self.run
+        # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
+        # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
+        run_id = self.resumed.run_id if self.resumed else from_rank0(f"{self.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        out_dir = self.out_dir or writable_subdir("runs") / run_id
+        if is_main_process():
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
+        # The model section is completed with parameter counts once the model is built.
+        fresh = new_run_file(run_id, run.plan, run.cal, model_identity(self.spec), self._data_section(), run.request.elapsed_seconds)
+        record = RunRecord.open(out_dir, fresh, self.earlier)
+        file = record.file
+        # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
+        command = replace(self.config, step=recorded_options(run, self.config.step)).to_json()
+        command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
+        file.update(config=command)
+        file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan))
+        file.update_plan(communication=run.communication, sharding=run.step.sharding, lora=run.method.settings())
+        # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
+        file.update_plan(total_steps=file.total_steps)
+        # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
+        file.update(hyperparameters=self.config.tuning.hyperparameters.record(file.learning_rate, run.method.optimizer, file.total_steps))
+        return record
+
+    def _data_section(self) -> dict[str, Any]:
+        """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
+        loaded = self.loaded
+        data = loaded.data
+        section = {
+            "source": loaded.data_path,
+            "format": data.format,
+            "packing": data.packing,
+            "loss_on": data.loss_on,
+            "profile": loaded.profile,
+            "fingerprint": data_fingerprint(data),
+            # The cache key, where the tokens are, and the sampled estimate against the exact total.
+            "preparation": loaded.prepared.record(),
+        }
+        if not data.packing:
+            section["truncation"] = truncation(data.lengths, self.run.plan.chosen.config.seq_len)
+        return section
+
+    def _train_loop(self) -> TrainedRun:
+        """The training loop (train.running.loop.TrainingRun) on the plan, then final/."""
+        run, config, record = self.run, self.config, self.record
+        settings = LoopSettings(
+            deadline=config.run_deadline,
+            guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
+            learning_rate=record.file.learning_rate,  # scaled once, in the plan (train.recipes.run_plan.learning_rate_record)
+            seed=config.seed, epochs=run.plan.epochs, step_limit=run.plan.step_limit, schedule_steps=record.file.total_steps,
+            resume=config.output.resume, report_to=config.output.trackers, hyperparameters=config.tuning.hyperparameters,
+        )
+        tokenizer = self.loaded.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        loop = TrainingRun(
+            calibration=run.cal, chosen=run.plan.chosen,
+            model=ModelToTrain(self.spec, run.method, run.step),  # THE step as the variant's fit decided it
+            data=TrainingData(self.loaded.data, pad_id, self.loaded.eval_data, config.data.eval_schedule),
+            out_dir=record.out_dir,
+            settings=settings,
+            hooks=LoopHooks(on_update=record.progress, tracker_record=record.data),
+        )
+        try:
+            outcome = loop.run()
+            final = export_final_model(loop, record.out_dir, tokenizer, config.output.merge_lora, outcome.status)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            chosen = run.plan.chosen
+            raise BenchtrainError(
+                f"out of memory training batch {chosen.config.micro_batch_size} at length {chosen.config.seq_len}, which the calibration "
+                f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
+            ) from None
+        training = {**method_record(run.method, loop.model), **loop.engine.record()}
+        return TrainedRun(outcome, final, model_record(self.spec, model_shape(loop.model)), training)
+
+    # -- finish -----------------------------------------------------------------------------
+    def finish(self) -> int:
+        """run.json completed, the measured speed fed back, the report, what to do next (rank 0); returns the exit status."""
+        if is_main_process():
+            run, config, record = self.run, self.config, self.record
+            write_report = None if config.output.no_report else self.write_report
+            push = self._push if self.push is not None and self.trained.final else None
+            report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
+            resume = resume_command(self.command_line, record.out_dir, run.step.world_size)
+            print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
+        if self.trained.loop.status == INTERRUPTED:
+            return EXIT_INTERRUPTED
+        return EXIT_PUSH_FAILED if self.record.file.push_status == "failed" else EXIT_OK
+
+    def _push(self, record: JsonObject) -> JsonObject:
+        """final/ and its model card to the hub (train.recipes.hub_push): run.json's `push` section."""
+        assert self.push is not None
+        say(f"pushing {folder_to_push(self.record.out_dir, record).name}/ to {self.push.repo_id} …")
+        section: JsonObject = push_run(self.record.out_dir, record, self.push)
+        say(describe_push(section, self.record.out_dir))
+        return section
+
+    def cleanup(self) -> None:
+        """The run folder's lock released (whether the run finished or failed)."""
+        self._held.close()
+
+
+def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
+    """The step options as run.json records them: --loss auto as the loss bench measured best on this device, where it did."""
+    if options.loss == "auto" and not run.foreign and run.cal.data.get("loss_choice"):
+        return replace(options, loss=run.step.loss)
+    return options
+
+
+def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
+    """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
+    if loop.model is None:
+        return None
+    full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None
+    if not is_main_process():
+        return None
+    model = loop.accelerator.unwrap_model(loop.model)
+    final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)
+    final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state
+    return final
+
+
+# -- what the processes of a multi-process `train` decide once, on rank 0, for all (docs/design.md#decided-on-rank-0) --
+
+T = TypeVar("T")
+
+
+def _join_process_group() -> Any:
+    """torch.distributed, joined to the launcher's process group (accelerate's PartialState, once per process)."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    PartialState(cpu=not torch.cuda.is_available())
+    return dist
+
+
+def from_rank0(value: T) -> T:
+    """`value` as rank 0 has it, on every rank (one process: `value`)."""
+    if job_world_size() == 1:
+        return value
+    dist = _join_process_group()
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda value: value) -> T:
+    """`decide()` on every rank (each joins its collectives), then rank 0's outcome on all: its value (through `adopt` on the
+    others, to put their own clocks back in), or its BenchtrainError raised on every rank, so no rank is left waiting."""
+    if job_world_size() == 1:
+        return decide()
+    try:
+        outcome: tuple[Any, BenchtrainError | None] = (decide(), None)
+    except BenchtrainError as refusal:
+        outcome = (None, refusal)
+    value, refused = from_rank0(outcome)
+    if refused is not None:
+        raise refused
+    dist = _join_process_group()
+    return value if dist.get_rank() == 0 else adopt(value)
+
+
+def check_same_training(training: dict[str, Any]) -> None:
+    """Every rank trains what rank 0 trains (`training_summary`): else one line on every rank before any step, not a hang."""
+    if job_world_size() == 1:
+        return
+    dist = _join_process_group()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, training)
+    lead = everyone[0]
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        differing = [key for key in sorted(set(lead) | set(theirs)) if lead.get(key) != theirs.get(key)]
+        if differing:
+            key = differing[0]
+            raise BenchtrainError(
+                f"the processes disagree on what to train: rank {rank}'s {key} is {theirs.get(key)!r}, rank 0's {lead.get(key)!r} "
+                f"({', '.join(differing)} differ); every rank must plan from rank 0's plan (report this as a bug)"
+            )
+
+
+# What every rank must train alike, as run.json's plan section holds it (calibration.run_file.RunFile writes it).
+COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps", "step_limit", "total_steps", "learning_rate")
+
+
+def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """What `check_same_training` compares: run.json's plan section's COMPARED_PLAN_KEYS, and the run."""
+    return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}

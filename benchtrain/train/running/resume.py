@@ -1,0 +1,215 @@
+"""A resumed run: what it continues (its model, method, data, hyper-parameters, steps), what this
+command may change of it (every resume check), and the command that resumes a stopped one."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import operator
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunMethod
+from benchtrain.common.atomic import read_json_file
+from benchtrain.common.console import say
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict
+from benchtrain.train.running.checkpoint import checkpoints_to_resume, list_checkpoints, read_progress
+from benchtrain.train.step.hyperparameters import SETTING_NAMES, option_name, settings_from
+from benchtrain.train.workload.method import MethodConfig
+from benchtrain.train.workload.model import ModelSpec, resolve_model
+
+if TYPE_CHECKING:
+    from benchtrain.train.workload.batching import DataView
+    from benchtrain.train.workload.prepare import PreparedData
+
+
+def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
+    """A resumed run trains the hub commit it started from, wherever the branch has moved since."""
+    pinned = resumed.model_revision
+    if spec.hub is None or not pinned or pinned == spec.hub.revision:
+        return spec
+    return resolve_model(f"{spec.hub.repo_id}@{pinned}")
+
+
+def resumed_method(recorded: RunMethod) -> MethodConfig:
+    """The interrupted run's method as a MethodConfig: a resumed run trains what it trained."""
+    if recorded.method == "full":
+        return MethodConfig(optimizer=recorded.optimizer)
+    return MethodConfig(**asdict(recorded))  # the same fields, by the same names
+
+
+def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
+    """Another model, method (`earlier`: the run's) or max length than the run's is refused in one
+    line unless --force; returns what --force let through, to warn about (data: check_same_data)."""
+    run = f"--resume: run {resumed.run_id}"
+    problems = []
+    if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
+        problems.append(f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did")
+    if not same_method(earlier, method):
+        problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
+    if isinstance(max_length, int) and max_length != resumed.max_length:
+        problems.append(f"{run} trained with max length {resumed.max_length}, this command asks for --max-length {max_length}: drop it")
+    if problems and not force:
+        raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
+    return problems
+
+
+# What a resume compares of the hyper-parameters: the schedule the run's steps follow and what the
+# optimizer is given (the warm-up as the steps it has, however it was asked for).
+COMPARED_HYPERPARAMETERS = tuple(name for name in SETTING_NAMES if name != "warmup_ratio")
+
+
+def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -> JsonDict:
+    """The hyper-parameters a resume trains with, by their TrainConfig names: the run's. One this
+    command `named` differently (its --learning-rate included) is refused in one line unless
+    --force, which then trains with this command's, with a warning."""
+    theirs = settings_from(resumed.hyperparameters or {})  # a run from before the section: the defaults
+    asked = {**named, "warmup_steps": named.get("warmup_steps")} if "warmup_ratio" in named else named
+    values = {**asdict(theirs), **asked}
+    total = resumed.total_steps
+    before, now = theirs.record(0.0, "", total), settings_from(values).record(0.0, "", total)
+    run = f"--resume: run {resumed.run_id}"
+    problems = [
+        (f"{run} trained with {option_name(key)} {before[key]}, this command asks for {now[key]}", "drop it (a resume keeps the run's)")
+        for key in COMPARED_HYPERPARAMETERS
+        if before[key] != now[key]
+    ]
+    rate, earlier_rate = named.get("learning_rate"), resumed.base_learning_rate
+    if rate is not None and earlier_rate is not None and not math.isclose(rate, earlier_rate, rel_tol=1e-9):
+        problems.insert(0, (f"{run} trained with --learning-rate {earlier_rate:g}, this command asks for {rate:g}", "repeat the run's --learning-rate"))
+    if problems and not force:
+        raise BenchtrainError(f"{problems[0][0]}: {problems[0][1]}, or pass --force to continue with this command's")
+    for problem, _ in problems:
+        say(f"warning: {problem} (--force: continuing with this command's)")
+    kept = values if problems else asdict(theirs)
+    # --learning-rate not given: the run's own rate (its plan's base rate), not the default.
+    return {**kept, "learning_rate": float(earlier_rate)} if rate is None and earlier_rate is not None else kept
+
+
+def same_method(earlier: MethodConfig, method: MethodConfig) -> bool:
+    """The same method and adapter settings; LoRA's targets (run.json keeps them resolved) only when this command names them."""
+    if earlier.method != method.method or earlier.optimizer != method.optimizer:
+        return False
+    if not method.is_lora:
+        return True
+    settings = operator.attrgetter("lora_rank", "alpha", "lora_dropout", "quantize")
+    named = method.lora_targets is None or set(method.lora_targets) == set(earlier.lora_targets or ())
+    return settings(earlier) == settings(method) and named
+
+
+def data_fingerprint(data: DataView) -> str:
+    """The tokenized data's identity: its format and every sample's length, in order (runs recorded before the data cache; newer ones keep the cache key)."""
+    digest = hashlib.sha256(data.format.encode())
+    digest.update(np.asarray(data.lengths, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
+    """A resume trains on the run's data (the same batches in the same order): other data is refused unless --force. Returns the warning --force let through."""
+    before = resumed.data
+    known_key, known = before.preparation_key, before.fingerprint
+    if known_key is not None:
+        same = known_key == prepared.key
+    elif known is not None and prepared.exact:
+        same = known == data_fingerprint(data)
+    elif not prepared.exact:
+        same = True  # an older run, and data profiled from a sample: checked once tokenized (train.recipes.recipe: TrainRecipe._with_exact_data)
+    else:  # a run recorded before the fingerprint: its length profile
+        same = (before.count, before.total_tokens) == (profile["count"], profile["total_tokens"])
+    if same:
+        return None
+    problem = (
+        f"--resume: run {resumed.run_id} trained on {before.source} ({_count(before.count)} samples, "
+        f"{_count(before.total_tokens)} tokens), not {data_path} ({profile['count']:,} samples, {profile['total_tokens']:,} tokens)"
+    )
+    if not force:
+        raise BenchtrainError(f"{problem}: pass the run's --data, or --force to continue on this data")
+    return problem
+
+
+def _count(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else "?"
+
+
+def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: int) -> int:
+    """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
+    later). A run that did all its steps is not resumed, and a resume never extends a run."""
+    total, run = resumed.total_steps, f"--resume: run {resumed.run_id}"
+    if completed >= total or resumed.status == "completed":
+        raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
+    if max_steps is not None and max_steps > total:
+        raise BenchtrainError(
+            f"{run} has {total:,} optimizer steps; --max-steps {max_steps} would extend it, which a resume never does: "
+            "drop --max-steps, or train more in a new run"
+        )
+    return min(total, max_steps or total)
+
+
+def completed_steps(out_dir: Path) -> int:
+    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
+    return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
+
+
+def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
+    """`command_line` without `flags` (--resume with its optional `auto`) and the options `with_value` with their value (also as --name=value)."""
+    kept: list[str] = []
+    skip = False
+    for index, token in enumerate(command_line):
+        name, equals, _ = token.partition("=")
+        if skip:
+            skip = False
+        elif name in with_value:
+            skip = not equals
+        elif name in flags:
+            skip = name == "--resume" and command_line[index + 1 : index + 2] == ["auto"]
+        else:
+            kept.append(token)
+    return kept
+
+
+def resume_command(command_line: list[str] | None, out_dir: Path, world_size: int) -> str | None:
+    """This command again, continuing the run in `out_dir` (--help promises it after Ctrl-C)."""
+    if command_line is None:
+        return None
+    kept = without_options(command_line, ("--resume", "--dry-run"), ("--out",))
+    auto = any(token == "--resume" and after == "auto" for token, after in itertools.pairwise(command_line))
+    resume = ["--resume", "auto"] if auto else ["--resume"]  # the same command continues the run as it did
+    return train_command_line(world_size, [*kept, *resume, "--out", str(out_dir)])
+
+
+def train_command_line(processes: int, arguments: list[str]) -> str:
+    """`train` with `arguments`, under accelerate launch for several processes."""
+    launcher = ["accelerate", "launch", "--num_processes", str(processes), "-m", "benchtrain.train"] if processes > 1 else ["train"]
+    return shlex.join([*launcher, *arguments])
+
+
+@dataclass(frozen=True)
+class AutoResume:
+    """What `--resume auto` makes of the run folder: whether there is a run to continue, and when
+    the deadline started counting (the first start of the run; None: this command's start)."""
+
+    resume: bool
+    deadline_started_at: float | None  # time.time()
+    finished: str | None = None  # the run already ended at its planned end (completed, step_limit): its status
+
+
+def auto_resume(out: str | None) -> AutoResume:
+    """`--resume auto --out DIR`: continue the run in DIR from its last complete checkpoint if it has
+    one, else start it. Either way the deadline counts from the run's first start (run.json's): the
+    time a preemption lost counts."""
+    if not out:
+        raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")
+    out_dir = Path(out).expanduser()
+    if not (out_dir / "run.json").is_file():
+        return AutoResume(False, None)
+    record = read_json_file(out_dir / "run.json")
+    started, status = record.get("deadline_started_at"), record.get("status")
+    anchor = float(started) if isinstance(started, (int, float)) else None
+    finished = str(status) if status in (COMPLETED, STEP_LIMIT) else None
+    return AutoResume(bool(list_checkpoints(out_dir / "checkpoints")), anchor, finished)

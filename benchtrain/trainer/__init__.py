@@ -1,0 +1,1 @@
+"""benchtrain inside your own Trainer: the callback, its guard and its run folder."""

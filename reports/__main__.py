@@ -1,3 +1,0 @@
-from reports.cli import entry_point
-
-entry_point()

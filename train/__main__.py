@@ -1,3 +1,0 @@
-from train.cli import entry_point
-
-entry_point()
