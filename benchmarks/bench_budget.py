@@ -37,7 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 from benchtrain.common.durations import format_duration, parse_duration
 
 
-def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False) -> dict[str, Any]:
+def simulated_row(
+    model: str, lora: bool, checkpointing: tuple[int, ...], budget: float, replay: bool = False
+) -> dict[str, Any]:
     from simulated import simulate_bench
 
     from benchtrain.calibration.model import Calibration
@@ -60,7 +62,9 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
         for s in space.axis("seq_lens"):
             for a in space.axis("accums"):
                 for c in checkpointing:
-                    config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s).switched(gradient_checkpointing=bool(c))
+                    config = StepConfig(micro_batch_size=b, num_workers=0, grad_accum=a, seq_len=s).switched(
+                        gradient_checkpointing=bool(c)
+                    )
                     if config in probed or not device.peak_bytes(config) <= device.hardware["memory_bytes"]:
                         continue
                     predicted = calibration.micro_step_seconds(config) * a
@@ -68,7 +72,11 @@ def simulated_row(model: str, lora: bool, checkpointing: tuple[int, ...], budget
     error = record["fit"]["held_out_error"]
     memory = (record["fit"].get("memory") or {}).get("held_out_error") or {}
     over_budget = sum(1 for entry in device.log if entry["ended"] > budget)
-    over_memory = sum(1 for row in record["measurements"] if (row.get("predicted") or {}).get("peak_memory_bytes", 0) > device.hardware["memory_bytes"])
+    over_memory = sum(
+        1
+        for row in record["measurements"]
+        if (row.get("predicted") or {}).get("peak_memory_bytes", 0) > device.hardware["memory_bytes"]
+    )
     return {
         "budget": format_duration(budget),
         "probes ok": len(ok),
@@ -90,12 +98,31 @@ def real_row(model: str, lora: bool, checkpointing: str | None, budget: float, d
 
 
 def real_bench(
-    model: str, lora: bool, checkpointing: str | None, budget: float, device: str, extra: tuple[str, ...] = (), home: Path | None = None
+    model: str,
+    lora: bool,
+    checkpointing: str | None,
+    budget: float,
+    device: str,
+    extra: tuple[str, ...] = (),
+    home: Path | None = None,
 ) -> tuple[dict[str, Any], Path | None]:
     """One `bench run` in its own process and BENCHTRAIN_HOME (`home`, else a new temporary one):
     its row, and the calibration it stored (None: none). `extra`: more bench run options."""
     home = home or Path(tempfile.mkdtemp(prefix="bench-budget-"))
-    command = [sys.executable, "-m", "benchtrain.bench", "run", "--gpu", device, "--model", model, "--budget", f"{budget:.0f}s", "--quiet", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "benchtrain.bench",
+        "run",
+        "--gpu",
+        device,
+        "--model",
+        model,
+        "--budget",
+        f"{budget:.0f}s",
+        "--quiet",
+        *extra,
+    ]
     if lora:
         command.append("--lora")
     if checkpointing:
@@ -117,7 +144,9 @@ def real_bench(
             "fit": record["fit"]["kind"],
             "held-out median %": round(error["median_abs_pct"], 1),
             "held-out p90 %": round(error["p90_abs_pct"], 1),
-            "memory held-out %": round(((record["fit"].get("memory") or {}).get("held_out_error") or {}).get("median_abs_pct") or 0.0, 2),
+            "memory held-out %": round(
+                ((record["fit"].get("memory") or {}).get("held_out_error") or {}).get("median_abs_pct") or 0.0, 2
+            ),
             "load before": record["search"].get("load_average_before"),
         }
     )
@@ -137,7 +166,11 @@ def main() -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--simulated", metavar="MODEL", help="a preset on the simulated H100")
     where.add_argument("--real", metavar="MODEL", help="a preset, measured for real on this machine's device (--gpu)")
-    where.add_argument("--replay", action="store_true", help="the real H100 grid (llama-3.2-1b, full): each probe answers what it measured there")
+    where.add_argument(
+        "--replay",
+        action="store_true",
+        help="the real H100 grid (llama-3.2-1b, full): each probe answers what it measured there",
+    )
     parser.add_argument("--gpu", default="cpu", help="with --real: the device name bench run is told (default cpu)")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--checkpointing", default=None, help="off,on")

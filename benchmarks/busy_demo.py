@@ -41,7 +41,11 @@ def run_demo(hogs: int, budget: str, deadline: str) -> dict[str, object]:
                 process.terminate()
         seconds = time.monotonic() - started
         calibrations = sorted(Path(home, "calibrations").glob("*.json"))
-        probes = sum(row["status"] == "ok" for row in json.loads(calibrations[-1].read_text())["measurements"]) if calibrations else 0
+        probes = (
+            sum(row["status"] == "ok" for row in json.loads(calibrations[-1].read_text())["measurements"])
+            if calibrations
+            else 0
+        )
         runs = sorted(Path(home, "runs").glob("*/run.json"))
         run = json.loads(runs[-1].read_text()) if runs else {}
         reports = list(Path(home, "runs").glob("*/report.html"))

@@ -44,7 +44,18 @@ def measure(steps: int, micro: int, seq: int) -> dict[str, Any]:
     """One torchrun job of tests/topology_checks.py: rank 0's JSON report."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), str(CHECKS.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(CHECKS), str(steps), str(micro), str(seq)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(CHECKS),
+        str(steps),
+        str(micro),
+        str(seq),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise SystemExit(f"error: {CHECKS.name} exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
@@ -55,7 +66,9 @@ def bracket_row(found: dict[str, Any]) -> dict[str, float | bool]:
     """The link, the priced all-reduce, its bracket and the measured extra of one report."""
     measured = fit_comm(found["all_reduce"], found["processes"], found["backend"])
     link = link_from_all_reduce(measured)
-    comm = ring_model("all_reduce", found["processes"], link, found["backend"]).all_reduce_seconds(found["gradient_bytes"])
+    comm = ring_model("all_reduce", found["processes"], link, found["backend"]).all_reduce_seconds(
+        found["gradient_bytes"]
+    )
     low, high = overlap_bracket(comm, found["step_alone"])
     noise = 3 * found["extra_error"]
     return {

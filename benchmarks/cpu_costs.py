@@ -40,7 +40,12 @@ def matmul_rows(rows: int, inputs: int, outputs: int, repeat: int) -> list[tuple
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         a, b = torch.randn(rows, inputs, dtype=dtype), torch.randn(inputs, outputs, dtype=dtype)
-        results.append((f"matmul {rows}×{inputs} @ {inputs}×{outputs}, {str(dtype).removeprefix('torch.')}", median_seconds(lambda a=a, b=b: a @ b, repeat)))
+        results.append(
+            (
+                f"matmul {rows}×{inputs} @ {inputs}×{outputs}, {str(dtype).removeprefix('torch.')}",
+                median_seconds(lambda a=a, b=b: a @ b, repeat),
+            )
+        )
     return results
 
 
@@ -54,12 +59,27 @@ def layer_rows(rows: int, inputs: int, outputs: int, repeat: int) -> list[tuple[
 
         for dtype in (torch.float32, torch.bfloat16):
             name = f"bitsandbytes 4-bit NF4, {str(dtype).removeprefix('torch.')} compute"
-            layers.append((name, bnb.nn.Linear4bit(inputs, outputs, compute_dtype=dtype, quant_type="nf4", compress_statistics=True).to("cpu")))
-        layers.append(("bitsandbytes 8-bit (LLM.int8)", bnb.nn.Linear8bitLt(inputs, outputs, has_fp16_weights=False).to("cpu")))
+            layers.append(
+                (
+                    name,
+                    bnb.nn.Linear4bit(
+                        inputs, outputs, compute_dtype=dtype, quant_type="nf4", compress_statistics=True
+                    ).to("cpu"),
+                )
+            )
+        layers.append(
+            ("bitsandbytes 8-bit (LLM.int8)", bnb.nn.Linear8bitLt(inputs, outputs, has_fp16_weights=False).to("cpu"))
+        )
     except ImportError:
         pass
     x = torch.randn(rows, inputs, requires_grad=True)
-    return [(f"{name}: forward + backward, {rows} rows", median_seconds(lambda layer=layer: layer(x).sum().backward(), repeat)) for name, layer in layers]
+    return [
+        (
+            f"{name}: forward + backward, {rows} rows",
+            median_seconds(lambda layer=layer: layer(x).sum().backward(), repeat),
+        )
+        for name, layer in layers
+    ]
 
 
 def collection_rows(repeat: int) -> list[tuple[str, float]]:
@@ -80,8 +100,12 @@ def collection_rows(repeat: int) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=512, help="rows of the input (tokens of a micro-batch; default 512 = 8 × 64)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rows", type=int, default=512, help="rows of the input (tokens of a micro-batch; default 512 = 8 × 64)"
+    )
     parser.add_argument("--inputs", type=int, default=768)
     parser.add_argument("--outputs", type=int, default=2304)
     parser.add_argument("--repeat", type=int, default=5, help="timed calls of each (the median is shown)")
@@ -93,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     shape = (args.rows, args.inputs, args.outputs, args.repeat)
     rows = [*matmul_rows(*shape), *layer_rows(*shape), *collection_rows(args.repeat)]
-    print(f"{detect_hardware()['name']}, torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, 1 thread")
+    print(
+        f"{detect_hardware()['name']}, torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, 1 thread"
+    )
     width = max(len(name) for name, _ in rows)
     print(f"{'operation':<{width}}  {'seconds':>10}")
     for name, seconds in rows:

@@ -90,7 +90,9 @@ def train_tokenizer(chats: Path, folder: Path, vocab_size: int = 16_000, sample_
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     core.train_from_iterator(texts(), trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHATML
@@ -124,7 +126,9 @@ def timed(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
     output: list[str] = []
     import threading
 
-    reader = threading.Thread(target=lambda: output.append(process.stdout.read() if process.stdout else ""), daemon=True)
+    reader = threading.Thread(
+        target=lambda: output.append(process.stdout.read() if process.stdout else ""), daemon=True
+    )
     reader.start()
     while process.poll() is None:
         try:
@@ -134,7 +138,12 @@ def timed(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
             pass
         time.sleep(0.05)
     reader.join()
-    return {"seconds": time.perf_counter() - started, "code": process.returncode, "output": "".join(output), "peak_rss": peak}
+    return {
+        "seconds": time.perf_counter() - started,
+        "code": process.returncode,
+        "output": "".join(output),
+        "peak_rss": peak,
+    }
 
 
 def prepare(workdir: Path, records: int, fresh: bool) -> tuple[Path, Path]:
@@ -147,7 +156,10 @@ def prepare(workdir: Path, records: int, fresh: bool) -> tuple[Path, Path]:
         started = time.perf_counter()
         write_chats(chats, records)
         marker.write_text(str(records))
-        print(f"wrote {records:,} chats ({chats.stat().st_size / 1e6:,.0f} MB) in {time.perf_counter() - started:.0f}s", flush=True)
+        print(
+            f"wrote {records:,} chats ({chats.stat().st_size / 1e6:,.0f} MB) in {time.perf_counter() - started:.0f}s",
+            flush=True,
+        )
         shutil.rmtree(tokenizer, ignore_errors=True)
     if not (tokenizer / "tokenizer.json").exists():
         train_tokenizer(chats, tokenizer)
@@ -157,7 +169,12 @@ def prepare(workdir: Path, records: int, fresh: bool) -> tuple[Path, Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=600_000)
-    parser.add_argument("--workdir", type=Path, default=None, help="where the chats, tokenizer and home stay (default: a folder under the temp dir)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the chats, tokenizer and home stay (default: a folder under the temp dir)",
+    )
     parser.add_argument("--steps", default="plain,cold,warm,full,exact")
     parser.add_argument("--fresh", action="store_true", help="write the chats and the tokenizer again")
     parser.add_argument("--model", default="llama-3.2-1b")
@@ -166,15 +183,41 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.gettempdir()) / f"benchtrain-data-scale-{args.records}"
     chats, tokenizer = prepare(workdir, args.records, args.fresh)
     home, hf_cache = workdir / "home", workdir / "hf-cache"
-    environment = {**os.environ, "BENCHTRAIN_HOME": str(home), "HF_DATASETS_CACHE": str(hf_cache), "TOKENIZERS_PARALLELISM": "false"}
+    environment = {
+        **os.environ,
+        "BENCHTRAIN_HOME": str(home),
+        "HF_DATASETS_CACHE": str(hf_cache),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     cores = os.cpu_count() or 1
-    dry_run = [sys.executable, "-m", "benchtrain.train", "--dry-run", "--use-calibration", args.use_calibration, "--model", args.model]
+    dry_run = [
+        sys.executable,
+        "-m",
+        "benchtrain.train",
+        "--dry-run",
+        "--use-calibration",
+        args.use_calibration,
+        "--model",
+        args.model,
+    ]
     dry_run += ["--tokenizer", str(tokenizer), "--data", str(chats), "--epochs", "3", "--deadline", "12h"]
     commands = {
         "plain": [sys.executable, "-c", PLAIN, str(chats), str(tokenizer), str(cores)],
         "cold": dry_run,
         "warm": dry_run,
-        "full": [sys.executable, "-m", "benchtrain.bench", "data", "prepare", "--model", args.model, "--tokenizer", str(tokenizer), "--data", str(chats)],
+        "full": [
+            sys.executable,
+            "-m",
+            "benchtrain.bench",
+            "data",
+            "prepare",
+            "--model",
+            args.model,
+            "--tokenizer",
+            str(tokenizer),
+            "--data",
+            str(chats),
+        ],
         "exact": dry_run,
     }
     print(f"{args.records:,} chats, {cores} cores, workdir {workdir}\n", flush=True)
@@ -187,7 +230,10 @@ def main() -> int:
         if step == "cold":
             shutil.rmtree(home, ignore_errors=True)
         result = results[step] = timed(commands[step], environment)
-        print(f"| {step:<6} | {result['seconds']:>7.1f}s | {result['peak_rss'] / 1e9:>6.2f} GB | {result['code']:>4} |", flush=True)
+        print(
+            f"| {step:<6} | {result['seconds']:>7.1f}s | {result['peak_rss'] / 1e9:>6.2f} GB | {result['code']:>4} |",
+            flush=True,
+        )
         if result["code"] != 0 or os.environ.get("DATA_SCALE_VERBOSE"):
             print(result["output"][-3000:])
     print()

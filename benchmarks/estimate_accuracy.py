@@ -25,7 +25,9 @@ from benchtrain.calibration.accuracy import check_estimate
 
 def train(args: list[str], env: dict[str, str]) -> tuple[int, float]:
     started = time.monotonic()
-    result = subprocess.run(["train", "--no-report", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(
+        ["train", "--no-report", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     if result.returncode not in (0, 3):
         print(result.stderr[-2000:])
     return result.returncode, time.monotonic() - started
@@ -44,11 +46,15 @@ def main() -> None:
     extra = args.train_args.split()
     env = dict(os.environ)
     home = Path(env.get("BENCHTRAIN_HOME", "~/.benchtrain")).expanduser()
-    print(f"{'run':<28} {'steps':>9} {'estimate':>9} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline")
+    print(
+        f"{'run':<28} {'steps':>9} {'estimate':>9} {'actual':>8} {'error':>7} {'tok/s est':>10} {'tok/s act':>10} deadline"
+    )
     errors = []
     for epochs in [value for value in args.epochs.split(",") for _ in range(args.runs)]:
         before = set((home / "runs").glob("*")) if (home / "runs").exists() else set()
-        code, _ = train(["--data", args.data, "--model", args.model, "--deadline", args.deadline, "--epochs", epochs, *extra], env)
+        code, _ = train(
+            ["--data", args.data, "--model", args.model, "--deadline", args.deadline, "--epochs", epochs, *extra], env
+        )
         new = sorted(set((home / "runs").glob("*")) - before)
         if code != 0 or not new:
             print(f"train exited {code}")
@@ -63,13 +69,19 @@ def main() -> None:
             f"{'met' if record['met_deadline'] else 'MISSED'}"
         )
     if errors:
-        print(f"|estimate error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} runs")
+        print(
+            f"|estimate error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} runs"
+        )
     if args.skip_limits:
         return
     code, seconds = train(["--data", args.data, "--model", args.model, "--deadline", "2m", "--epochs", "30"], env)
-    print(f"30 epochs in a 2m deadline: exit {code} after {seconds:.1f}s ({'refused up front' if code == 3 else 'ran'})")
+    print(
+        f"30 epochs in a 2m deadline: exit {code} after {seconds:.1f}s ({'refused up front' if code == 3 else 'ran'})"
+    )
     before = set((home / "runs").glob("*"))
-    code, seconds = train(["--data", args.data, "--model", args.model, "--deadline", "2m", "--epochs", "30", "--fit-deadline"], env)
+    code, seconds = train(
+        ["--data", args.data, "--model", args.model, "--deadline", "2m", "--epochs", "30", "--fit-deadline"], env
+    )
     new = sorted(set((home / "runs").glob("*")) - before)
     if new:
         record = json.loads((new[-1] / "run.json").read_text())

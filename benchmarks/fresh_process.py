@@ -62,7 +62,9 @@ def held_out_errors(home: Path, count: int, seed: int) -> list[dict[str, Any]]:
     for b, w, a, s in random.Random(seed).sample(HELD_OUT, count):
         config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s)
         predicted = cal.predict(config)
-        measured = measure_in_fresh_processes(resolve_model("tiny"), MethodConfig(), StepOptions(), [config], ProbeSettings(), 600, processes=1)
+        measured = measure_in_fresh_processes(
+            resolve_model("tiny"), MethodConfig(), StepOptions(), [config], ProbeSettings(), 600, processes=1
+        )
         row = measured[0] if measured else {}
         if row.get("status") != "ok":
             results.append({"config": config, "status": row.get("status", "failed")})
@@ -132,7 +134,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", default="150s", help="bench run --budget (the demo's)")
     parser.add_argument("--deadline", default="5m", help="train --deadline (the demo's)")
-    parser.add_argument("--held-out", type=int, default=4, help="off-grid configurations per round, each in a fresh process")
+    parser.add_argument(
+        "--held-out", type=int, default=4, help="off-grid configurations per round, each in a fresh process"
+    )
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -146,7 +150,11 @@ def main() -> None:
     for index in range(args.rounds):
         home = root / f"round-{index}"
         env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
-        code = run([sys.executable, "-m", "benchtrain.bench", "run", "--budget", args.budget, "--no-report", "--quiet"], env, home.with_suffix(".bench.log"))
+        code = run(
+            [sys.executable, "-m", "benchtrain.bench", "run", "--budget", args.budget, "--no-report", "--quiet"],
+            env,
+            home.with_suffix(".bench.log"),
+        )
         if code != 0:
             print(f"{index:>5} bench exited {code} (see {home.with_suffix('.bench.log')})")
             continue
@@ -172,7 +180,9 @@ def main() -> None:
             f"{' (ALL THE SAME SIGN)' if len(signs) == 1 and len(errors) > 1 else ''}; {sum(inside)}/{len(inside)} inside their bounds"
         )
     if runs:
-        print(f"{'run':>3} {'exit':>4} {'actual s':>9} {'estimate s':>10} {'bounds s':>15} {'time':>5} {'peak MiB':>9} {'bound MiB':>9} {'memory':>6}  bound")
+        print(
+            f"{'run':>3} {'exit':>4} {'actual s':>9} {'estimate s':>10} {'bounds s':>15} {'time':>5} {'peak MiB':>9} {'bound MiB':>9} {'memory':>6}  bound"
+        )
         for index, result in enumerate(runs):
             if "seconds" not in result:
                 print(f"{index:>3} {result['exit']:>4}")

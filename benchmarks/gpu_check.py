@@ -179,7 +179,9 @@ def peak_flops() -> tuple[float, str]:
 
     hardware = detect_hardware()
     if hardware.get("peak_bf16_flops"):
-        return float(hardware["peak_bf16_flops"]), f"{hardware['name']}: datasheet bf16 peak ({hardware.get('peak_flops_entry')})"
+        return float(
+            hardware["peak_bf16_flops"]
+        ), f"{hardware['name']}: datasheet bf16 peak ({hardware.get('peak_flops_entry')})"
     return matmul_flops(hardware["device_type"]), f"{hardware['name']}: a timed fp32 matmul (no datasheet peak)"
 
 
@@ -246,7 +248,9 @@ def check_loss(ctx: Context) -> Check:
     problem = liger_problem()
     loops = ["ours-chunked-loss", "ours-plain-loss", *([] if problem else ["ours-liger-loss"])]
     results, _ = measure_loops(ctx, loops)
-    figures = {loop.removeprefix("ours-").removesuffix("-loss"): loop_figures(result) for loop, result in results.items()}
+    figures = {
+        loop.removeprefix("ours-").removesuffix("-loss"): loop_figures(result) for loop, result in results.items()
+    }
     if problem:
         figures["liger"] = {"note": f"not run: {problem}"}
     chunked, plain = results["ours-chunked-loss"], results["ours-plain-loss"]
@@ -259,7 +263,9 @@ def check_loss(ctx: Context) -> Check:
         measured={
             "losses": figures,
             "peak_memory_ratio_chunked_to_plain": ratio(chunked.peak_memory_bytes, plain.peak_memory_bytes),
-            "liger_to_plain": ratio(results["ours-liger-loss"].tokens_per_second, plain.tokens_per_second) if not problem else None,
+            "liger_to_plain": ratio(results["ours-liger-loss"].tokens_per_second, plain.tokens_per_second)
+            if not problem
+            else None,
         },
         command=f"python benchmarks/peers.py --model {s.model} --micro-batch {s.micro_batch} --seq-len {s.seq_len} --loops {','.join(loops)}",
     )
@@ -285,7 +291,9 @@ def budget_asked(row: dict[str, Any]) -> float | None:
         return None
 
 
-def sized_bench(ctx: Context, model: str, lora: bool, budget: float, extra: tuple[str, ...], home: Path) -> tuple[dict[str, Any], Path | None, float, float]:
+def sized_bench(
+    ctx: Context, model: str, lora: bool, budget: float, extra: tuple[str, ...], home: Path
+) -> tuple[dict[str, Any], Path | None, float, float]:
     """bench_budget.real_bench; at a scale sized by the machine, a bench that stored no calibration (a
     slow or busy CPU: "0 of 0 probes", "cannot pay for even a minimum calibration") runs once more, at
     the larger of what it asked for (×1.5), twice its budget, and its budget plus twice what the failed
@@ -297,7 +305,11 @@ def sized_bench(ctx: Context, model: str, lora: bool, budget: float, extra: tupl
     if path is None and ctx.scale.sized_by_machine:  # its line is cut at 120 characters: any refusal counts
         asked = budget_asked(row)
         budget = max(1.5 * asked if asked else 0.0, 2 * budget, budget + 2 * took)
-        print(f"   bench found its budget too small here ({took:.0f}s to refuse): again at {format_duration(budget)}", file=sys.stderr, flush=True)
+        print(
+            f"   bench found its budget too small here ({took:.0f}s to refuse): again at {format_duration(budget)}",
+            file=sys.stderr,
+            flush=True,
+        )
         started = time.monotonic()
         row, path = bench_budget.real_bench(model, lora, None, budget, ctx.scale.device, extra, home)
         took = time.monotonic() - started
@@ -333,8 +345,29 @@ DRY_RUN_SHARE = 0.4  # --smoke: a dry run (imports, data, plan) may take this sh
 
 def train_command(ctx: Context, calibration: Path, home: Path, deadline: float) -> list[str]:
     s = ctx.scale
-    command = [sys.executable, "-m", "benchtrain.train", "--use-calibration", str(calibration), "--model", s.model, "--data", "sample"]
-    return [*command, "--deadline", f"{deadline:.0f}s", "--fit-deadline", "--epochs", "50", "--no-report", "--out", str(home / "run"), *s.train_extra]
+    command = [
+        sys.executable,
+        "-m",
+        "benchtrain.train",
+        "--use-calibration",
+        str(calibration),
+        "--model",
+        s.model,
+        "--data",
+        "sample",
+    ]
+    return [
+        *command,
+        "--deadline",
+        f"{deadline:.0f}s",
+        "--fit-deadline",
+        "--epochs",
+        "50",
+        "--no-report",
+        "--out",
+        str(home / "run"),
+        *s.train_extra,
+    ]
 
 
 def sized_deadline(ctx: Context, calibration: Path, home: Path) -> float:
@@ -350,7 +383,11 @@ def sized_deadline(ctx: Context, calibration: Path, home: Path) -> float:
 
 def dry_run_seconds(ctx: Context, calibration: Path, home: Path, deadline: float) -> float:
     started = time.monotonic()
-    subprocess.run([*train_command(ctx, calibration, home, deadline), "--dry-run"], env={**os.environ, "BENCHTRAIN_HOME": str(home)}, capture_output=True)
+    subprocess.run(
+        [*train_command(ctx, calibration, home, deadline), "--dry-run"],
+        env={**os.environ, "BENCHTRAIN_HOME": str(home)},
+        capture_output=True,
+    )
     return time.monotonic() - started
 
 
@@ -416,7 +453,13 @@ def compile_in_new_process(ctx: Context) -> dict[str, float] | None:
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-", dir=ctx.work)
     try:
-        return measure_in_new_process(resolve_model(s.model), MethodConfig(), "auto", {"micro_batch_size": s.micro_batch, "seq_len": s.seq_len}, 600.0)
+        return measure_in_new_process(
+            resolve_model(s.model),
+            MethodConfig(),
+            "auto",
+            {"micro_batch_size": s.micro_batch, "seq_len": s.seq_len},
+            600.0,
+        )
     finally:
         if before is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
@@ -464,7 +507,9 @@ def check_memory(ctx: Context) -> Check:
             "predicted_gib": predicted / GIB if predicted else None,
             "actual_gib": actual / GIB if actual else None,
             "calibration_memory_held_out_median_pct": held_out(calibration, "memory").get("median_abs_pct"),
-            "lora_calibration_memory_held_out_median_pct": held_out(ctx.found.get("lora_calibration") or {}, "memory").get("median_abs_pct"),
+            "lora_calibration_memory_held_out_median_pct": held_out(
+                ctx.found.get("lora_calibration") or {}, "memory"
+            ).get("median_abs_pct"),
         },
         command="the train check's run.json: estimate.peak_memory_bytes against actual.peak_memory_bytes",
     )
@@ -489,9 +534,17 @@ def run_check(name: str, ctx: Context) -> Check:
     try:
         check = CHECKS[name](ctx)
     except Exception as error:  # one check failing (OOM, a missing kernel) still writes the others
-        check = Check(name=name, claim="", note=f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}")
+        check = Check(
+            name=name,
+            claim="",
+            note=f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}",
+        )
     check.seconds = time.monotonic() - started
-    print(f"   {name}: {check.value if check.value is not None else '-'} {check.unit} in {check.seconds:.0f}s {check.note}", file=sys.stderr, flush=True)
+    print(
+        f"   {name}: {check.value if check.value is not None else '-'} {check.unit} in {check.seconds:.0f}s {check.note}",
+        file=sys.stderr,
+        flush=True,
+    )
     return check
 
 
@@ -517,7 +570,11 @@ def details(check: Check) -> str:
                 for name, figures in value.items()
                 if isinstance(figures, dict) and figures.get("tokens_per_second") and figures.get("peak_memory_gib")
             ]
-            shown += [f"{name}: {figures['note']}" for name, figures in value.items() if isinstance(figures, dict) and figures.get("note")]
+            shown += [
+                f"{name}: {figures['note']}"
+                for name, figures in value.items()
+                if isinstance(figures, dict) and figures.get("note")
+            ]
         elif isinstance(value, float):
             shown.append(f"{key.replace('_', ' ')} {value:.3g}")
         elif isinstance(value, (int, str, bool)) and value is not None and key not in ("budget", "took"):
@@ -534,7 +591,9 @@ def markdown(checks: list[Check], device: str, smoke: bool, seconds: float) -> s
         "|---|---|---|---|---|",
     ]
     for check in checks:
-        lines.append(f"| {check.name} | {check.claim} | {headline(check)} | {details(check)} | {format_duration(check.seconds)} |")
+        lines.append(
+            f"| {check.name} | {check.claim} | {headline(check)} | {details(check)} | {format_duration(check.seconds)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -543,21 +602,37 @@ def write_results(out: Path, checks: list[Check], scale: Scale, smoke: bool, sec
 
     device = detect_hardware()["name"]
     out.mkdir(parents=True, exist_ok=True)
-    document = {"device": device, "smoke": smoke, "seconds": seconds, "scale": asdict(scale), "checks": [asdict(check) for check in checks]}
+    document = {
+        "device": device,
+        "smoke": smoke,
+        "seconds": seconds,
+        "scale": asdict(scale),
+        "checks": [asdict(check) for check in checks],
+    }
     (out / "gpu_check.json").write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "gpu_check.md").write_text(markdown(checks, device, smoke, seconds), encoding="utf-8")
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="gpu-check", help="folder for gpu_check.json and gpu_check.md (default: ./gpu-check)")
-    parser.add_argument("--smoke", action="store_true", help="the same code paths on CPU: tiny model, small grids, budgets of seconds")
-    parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, in order (default: {','.join(CHECKS)})")
+    parser.add_argument(
+        "--out", default="gpu-check", help="folder for gpu_check.json and gpu_check.md (default: ./gpu-check)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the same code paths on CPU: tiny model, small grids, budgets of seconds"
+    )
+    parser.add_argument(
+        "--checks", default=",".join(CHECKS), help=f"comma-separated, in order (default: {','.join(CHECKS)})"
+    )
     parser.add_argument("--lora-budget", help="bench budget of the lora-8b check (default: 2m; 15s with --smoke)")
     parser.add_argument("--bench-budget", help="bench budget before the train check (default: 45s; 15s with --smoke)")
     parser.add_argument("--train-deadline", help="the train check's deadline (default: 2m30s; 20s with --smoke)")
     parser.add_argument("--steps", type=int, help="timed steps per loop of peers and loss (default: 6; 2 with --smoke)")
-    parser.add_argument("--price", action="store_true", help="print what the checks cost on one H100 (the simulated H100 of the bundled calibration) and stop")
+    parser.add_argument(
+        "--price",
+        action="store_true",
+        help="print what the checks cost on one H100 (the simulated H100 of the bundled calibration) and stop",
+    )
     return parser.parse_args(argv)
 
 

@@ -59,7 +59,10 @@ def step_parts(scale: Any, cal: Any, loops: list[str]) -> dict[str, float]:
 
     build = float(cal.data["overheads"]["model_build_seconds"])
     step = cal.predict(StepConfig(scale.micro_batch, 0, 1, scale.seq_len)).step_seconds
-    return {loop: build + (COMPILE_SECONDS if "compiled" in loop else 0.0) + (scale.warmup + scale.steps) * step for loop in loops}
+    return {
+        loop: build + (COMPILE_SECONDS if "compiled" in loop else 0.0) + (scale.warmup + scale.steps) * step
+        for loop in loops
+    }
 
 
 def simulated_bench_seconds(model: str, lora: bool, budget: float, replay: bool) -> float:
@@ -84,21 +87,31 @@ def price_checks(scale: Any, names: list[str]) -> list[PricedCheck]:
 
     cal = bundled_calibration()
     if cal.data["model"]["name"] != scale.model:
-        raise ValueError(f"the bundled calibration measured {cal.data['model']['name']}, not {scale.model}: it cannot price this scale")
+        raise ValueError(
+            f"the bundled calibration measured {cal.data['model']['name']}, not {scale.model}: it cannot price this scale"
+        )
     peak = fixed_shape_peak(scale, cal)
     build = float(cal.data["overheads"]["model_build_seconds"])
     step = cal.predict(StepConfig(scale.micro_batch, 0, 1, scale.seq_len)).step_seconds
     parts: dict[str, Callable[[], dict[str, float]]] = {  # each priced only when asked for: the benches take seconds
         "peers": lambda: step_parts(scale, cal, list(scale.peer_loops)),
         "loss": lambda: step_parts(scale, cal, ["ours-chunked-loss", "ours-plain-loss", "ours-liger-loss"]),
-        "lora-8b": lambda: {"process": PROCESS_SECONDS, "bench (simulated H100)": simulated_bench_seconds(scale.lora_model, True, scale.lora_budget, False)},
+        "lora-8b": lambda: {
+            "process": PROCESS_SECONDS,
+            "bench (simulated H100)": simulated_bench_seconds(scale.lora_model, True, scale.lora_budget, False),
+        },
         "train": lambda: {
             "bench process": PROCESS_SECONDS,
             "bench (replayed H100 grid)": simulated_bench_seconds(scale.model, False, scale.bench_budget, True),
             "train process": PROCESS_SECONDS,
             "train deadline": scale.train_deadline,
         },
-        "compile": lambda: {"process": PROCESS_SECONDS, "model build": build, "compilation": COMPILE_SECONDS, "steps": STEPS * step},
+        "compile": lambda: {
+            "process": PROCESS_SECONDS,
+            "model build": build,
+            "compilation": COMPILE_SECONDS,
+            "steps": STEPS * step,
+        },
         "memory": lambda: {},
     }
     fixed = {"peers", "loss", "compile"}
@@ -121,7 +134,11 @@ def price_table(priced: list[PricedCheck]) -> list[str]:
     lines = ["priced on the simulated H100 (calibration/bundled/h100-llama-3.2-1b.json):"]
     for check in priced:
         shown = ", ".join(f"{part} {format_duration(seconds)}" for part, seconds in check.parts.items())
-        memory = f"; peak ≤ {check.peak_memory_bytes / 2**30:.1f} of {device / 2**30:.1f} GiB" if check.peak_memory_bytes else ""
+        memory = (
+            f"; peak ≤ {check.peak_memory_bytes / 2**30:.1f} of {device / 2**30:.1f} GiB"
+            if check.peak_memory_bytes
+            else ""
+        )
         lines.append(f"  {check.name:<8} {format_duration(check.seconds):>8}  {shown}{memory}")
     total = sum(check.seconds for check in priced)
     lines.append(f"  total    {format_duration(total):>8}  (limit {format_duration(LIMIT_SECONDS)})")

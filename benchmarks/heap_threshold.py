@@ -36,7 +36,9 @@ sys.exit(main(sys.argv[2:]))
 def measure(threshold: str, home: Path, bench_args: list[str]) -> dict[tuple[int, int], tuple[float, float]]:
     """{(micro-batch, length): (tokens/s, peak GiB)} of one bench run at this threshold."""
     env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
-    subprocess.run([sys.executable, "-c", CHILD, threshold, "run", *bench_args], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", CHILD, threshold, "run", *bench_args], env=env, check=True, capture_output=True
+    )
     data = json.loads(sorted((home / "calibrations").glob("*.json"))[-1].read_text())
     return {
         (row["micro_batch_size"], row["seq_len"]): (row["tokens_per_second"], row["peak_memory_bytes"] / 2**30)
@@ -49,7 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--thresholds", default="131072,1048576,8388608,33554432,glibc")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--bench-args", default="--gpu cpu --budget 40s --batch-sizes 1,3,8 --seq-lens 96,128,320 --accum 1 --workers 0")
+    parser.add_argument(
+        "--bench-args", default="--gpu cpu --budget 40s --batch-sizes 1,3,8 --seq-lens 96,128,320 --accum 1 --workers 0"
+    )
     args = parser.parse_args()
     thresholds = args.thresholds.split(",")
     results: dict[str, list[dict[tuple[int, int], tuple[float, float]]]] = {t: [] for t in thresholds}
@@ -65,7 +69,9 @@ def main() -> None:
         speeds = [[run[shape][0] for run in runs if shape in run] for shape in shapes]  # a shape the budget missed: —
         peak = max(figures[1] for run in runs for figures in run.values())
         label = threshold if threshold == "glibc" else f"{int(threshold) // 1024} KiB"
-        print(f"{label} | " + " | ".join(f"{statistics.median(s):,.0f}" if s else "—" for s in speeds) + f" | {peak:.2f}")
+        print(
+            f"{label} | " + " | ".join(f"{statistics.median(s):,.0f}" if s else "—" for s in speeds) + f" | {peak:.2f}"
+        )
 
 
 if __name__ == "__main__":

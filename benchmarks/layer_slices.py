@@ -48,7 +48,14 @@ LLAMA_12 = {
 }
 TINY = {
     "gpt2": {"model_type": "gpt2", "vocab_size": 512, "n_embd": 64, "n_layer": 12, "n_head": 4, "n_positions": 256},
-    "llama-12l": {**LLAMA_12, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 172, "num_attention_heads": 4, "num_key_value_heads": 4},
+    "llama-12l": {
+        **LLAMA_12,
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+    },
 }
 
 
@@ -68,15 +75,43 @@ def write_model(folder: Path, config: dict[str, Any]) -> Path:
 
 def bench_in_fresh_process(folder: Path, home: Path, lora: bool, grid: argparse.Namespace) -> dict[str, Any]:
     """`bench run` of the model in `folder`, alone in its own process; its calibration."""
-    command = [sys.executable, "-m", "benchtrain.bench", "run", "--gpu", "cpu", "--model", str(folder), "--workers", "0", "--no-report", "--quiet"]
-    command += ["--batch-sizes", grid.batch_sizes, "--seq-lens", grid.seq_lens, "--accum", grid.accum, "--max-probe-seconds", str(grid.max_probe_seconds)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchtrain.bench",
+        "run",
+        "--gpu",
+        "cpu",
+        "--model",
+        str(folder),
+        "--workers",
+        "0",
+        "--no-report",
+        "--quiet",
+    ]
+    command += [
+        "--batch-sizes",
+        grid.batch_sizes,
+        "--seq-lens",
+        grid.seq_lens,
+        "--accum",
+        grid.accum,
+        "--max-probe-seconds",
+        str(grid.max_probe_seconds),
+    ]
     command += ["--lora"] if lora else []
     started = time.monotonic()
-    done = subprocess.run(command, env={**os.environ, "BENCHTRAIN_HOME": str(home)}, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, env={**os.environ, "BENCHTRAIN_HOME": str(home)}, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"bench run of {folder.name} failed:\n{done.stderr[-2000:]}")
     path = next((home / "calibrations").glob("*.json"))
-    print(f"  measured {folder.name}{' (LoRA)' if lora else ''} in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    print(
+        f"  measured {folder.name}{' (LoRA)' if lora else ''} in {time.monotonic() - started:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
     return json.loads(path.read_text())
 
 
@@ -135,7 +170,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     records[depth] = bench_in_fresh_process(folder, home / f"layers-{depth}", lora, args)
                 for depths in depth_sets:
                     result = compare({depth: records[depth] for depth in depths}, whole, spec, lora)
-                    rows.append({"model": name, "method": method, "depths": ",".join(map(str, depths)), "layers": config[key], **result})
+                    rows.append(
+                        {
+                            "model": name,
+                            "method": method,
+                            "depths": ",".join(map(str, depths)),
+                            "layers": config[key],
+                            **result,
+                        }
+                    )
     return rows
 
 
@@ -163,12 +206,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt2,llama-12l", help="gpt2, llama-12l (comma-separated)")
     parser.add_argument("--methods", default="full,lora")
-    parser.add_argument("--depth-sets", default="2,4,6;2,4", help="sets of slice depths, ';'-separated (default: 2,4,6;2,4)")
+    parser.add_argument(
+        "--depth-sets", default="2,4,6;2,4", help="sets of slice depths, ';'-separated (default: 2,4,6;2,4)"
+    )
     parser.add_argument("--batch-sizes", default="2,4")
     parser.add_argument("--seq-lens", default="128,256")
     parser.add_argument("--accum", default="1,2")
     parser.add_argument("--max-probe-seconds", type=float, default=8.0)
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes and a short grid: proves the pipeline (its millisecond steps are noise, not a result)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny shapes and a short grid: proves the pipeline (its millisecond steps are noise, not a result)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     if args.tiny:

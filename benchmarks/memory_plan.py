@@ -23,10 +23,16 @@ GIB = 2**30
 
 def run_train(arguments: list[str], out: Path) -> dict | None:
     result = subprocess.run(
-        ["train", "--no-report", "--out", str(out), *arguments], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+        ["train", "--no-report", "--out", str(out), *arguments],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
     )
     if result.returncode != 0:
-        print(f"train exited {result.returncode}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}")
+        print(
+            f"train exited {result.returncode}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}"
+        )
         return None
     return json.loads((out / "run.json").read_text())
 
@@ -41,22 +47,50 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--train-args", default="", help="more train options for every run")
     args = parser.parse_args()
-    methods = [(name, calibration) for name, calibration in (("full", args.full_calibration), ("lora", args.lora_calibration)) if calibration]
+    methods = [
+        (name, calibration)
+        for name, calibration in (("full", args.full_calibration), ("lora", args.lora_calibration))
+        if calibration
+    ]
     print(f"{'method':<6} {'configuration':<36} {'predicted':>10} {'actual':>10} {'error':>7}")
     with tempfile.TemporaryDirectory() as scratch:
         for method, calibration in methods:
             for index, config in enumerate(args.configs.split(",")):
                 effective, length = config.split("x")
-                arguments = ["--model", args.model, "--data", args.data, "--use-calibration", calibration, "--deadline", "2h"]
-                arguments += ["--effective-batch", effective, "--max-length", length, "--max-steps", str(args.steps), *args.train_args.split()]
+                arguments = [
+                    "--model",
+                    args.model,
+                    "--data",
+                    args.data,
+                    "--use-calibration",
+                    calibration,
+                    "--deadline",
+                    "2h",
+                ]
+                arguments += [
+                    "--effective-batch",
+                    effective,
+                    "--max-length",
+                    length,
+                    "--max-steps",
+                    str(args.steps),
+                    *args.train_args.split(),
+                ]
                 if method == "lora":
                     arguments.append("--lora")
                 record = run_train(arguments, Path(scratch) / f"{method}-{index}")
                 if record is None:
                     continue
-                plan, predicted, actual = record["plan"], record["estimate"]["peak_memory_bytes"], record["actual"]["peak_memory_bytes"]
+                plan, predicted, actual = (
+                    record["plan"],
+                    record["estimate"]["peak_memory_bytes"],
+                    record["actual"]["peak_memory_bytes"],
+                )
                 label = f"batch {plan['micro_batch_size']} × accum {plan['grad_accum']}, length {plan['max_length']}"
-                print(f"{method:<6} {label:<36} {predicted / GIB:>8.2f} G {actual / GIB:>8.2f} G {(actual - predicted) / predicted:>+7.1%}", flush=True)
+                print(
+                    f"{method:<6} {label:<36} {predicted / GIB:>8.2f} G {actual / GIB:>8.2f} G {(actual - predicted) / predicted:>+7.1%}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

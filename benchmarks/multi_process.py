@@ -34,7 +34,18 @@ def bench(home: Path, args: argparse.Namespace, processes: int) -> dict:
     env = {**os.environ, "BENCHTRAIN_HOME": str(home)}
     command = ["bench", "run", "--gpu", args.gpu, "--model", args.model, "--no-report", "--quiet", *args.grid.split()]
     if processes > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "benchtrain.bench", *command[1:], "--sharding", args.sharding]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "-m",
+            "benchtrain.bench",
+            *command[1:],
+            "--sharding",
+            args.sharding,
+        ]
     elif args.gpu == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # one device per process, as under torchrun
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -64,28 +75,45 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="benchtrain-multi-"))
     single = Calibration(bench(root / "one", args, 1))
     several_data = bench(root / "several", args, args.processes)
-    models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in several_data["distributed"]["collectives"].items()}
+    models = {
+        kind: CommModel.from_json(entry["fit"]) for kind, entry in several_data["distributed"]["collectives"].items()
+    }
     need = memory_need(resolve_model(args.model), MethodConfig(), single.hardware["device_type"])
     traffic = traffic_of(args.sharding, need, single.hardware["device_type"])
     per_step = per_micro_step = 0.0
     if args.sharding == "fsdp":
-        per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
+        per_micro_step = fsdp_micro_step_seconds(
+            models["all_gather"],
+            models["reduce_scatter"],
+            traffic.parameter_bytes,
+            traffic.gradient_bytes,
+            traffic.units,
+        )
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
     for kind, model in models.items():
-        print(f"{kind}: {model.bandwidth_bytes_per_second / 1e9:.2f} GB/s, {model.latency_seconds * 1e3:.2f} ms latency")
+        print(
+            f"{kind}: {model.bandwidth_bytes_per_second / 1e9:.2f} GB/s, {model.latency_seconds * 1e3:.2f} ms latency"
+        )
     print(
         f"{args.model}, {args.processes} processes, {args.sharding}: {traffic.gradient_bytes / 2**20:.1f} MiB of gradients"
-        + (f", {traffic.parameter_bytes / 2**20:.1f} MiB of parameters, {traffic.units} units" if args.sharding == "fsdp" else "")
+        + (
+            f", {traffic.parameter_bytes / 2**20:.1f} MiB of parameters, {traffic.units} units"
+            if args.sharding == "fsdp"
+            else ""
+        )
         + f" → +{per_step * 1e3:.1f} ms per optimizer step, +{per_micro_step * 1e3:.1f} ms per micro-step"
     )
-    print(f"{'batch':>5} {'accum':>5} {'seq':>5} {'1-proc fit ms':>13} {'predicted ms':>12} {'measured ms':>11} {'error':>7}")
+    print(
+        f"{'batch':>5} {'accum':>5} {'seq':>5} {'1-proc fit ms':>13} {'predicted ms':>12} {'measured ms':>11} {'error':>7}"
+    )
     errors = []
     for row in several_data["measurements"]:
         if row["status"] != "ok":
             continue
         config = StepConfig.from_row(row)
-        alone = single.throughput.micro_step_seconds(config) * config.grad_accum  # a median step, like the probe's figure
+        # a median step, like the probe's figure
+        alone = single.throughput.micro_step_seconds(config) * config.grad_accum
         predicted = alone + per_step + config.grad_accum * per_micro_step
         error = (row["step_seconds"] - predicted) / predicted * 100  # + = slower than predicted
         errors.append(abs(error))
@@ -94,7 +122,9 @@ def main() -> None:
             f"{row['step_seconds'] * 1e3:>11.1f} {error:>+6.1f}%"
         )
     if errors:
-        print(f"|error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} configurations")
+        print(
+            f"|error|: median {statistics.median(errors):.1f}%, max {max(errors):.1f}% over {len(errors)} configurations"
+        )
 
 
 if __name__ == "__main__":

@@ -147,7 +147,11 @@ def hf_trainer(setup: Setup) -> list[float]:
     cuda = device().type == "cuda"
     model = fresh_model(setup)
     data = batches(setup, model.config.vocab_size)
-    rows = [{"input_ids": batch["input_ids"][r], "labels": batch["labels"][r]} for batch in data for r in range(setup.micro_batch)]
+    rows = [
+        {"input_ids": batch["input_ids"][r], "labels": batch["labels"][r]}
+        for batch in data
+        for r in range(setup.micro_batch)
+    ]
     times: list[float] = []
 
     class StepClock(TrainerCallback):
@@ -176,7 +180,13 @@ def hf_trainer(setup: Setup) -> list[float]:
             max_grad_norm=1.0,
             disable_tqdm=True,
         )
-        trainer = Trainer(model=model, args=arguments, train_dataset=rows, data_collator=default_data_collator, callbacks=[StepClock()])
+        trainer = Trainer(
+            model=model,
+            args=arguments,
+            train_dataset=rows,
+            data_collator=default_data_collator,
+            callbacks=[StepClock()],
+        )
         trainer.train()
     del trainer
     torch.cuda.empty_cache() if cuda else None
@@ -197,10 +207,16 @@ def unsloth(setup: Setup) -> list[float]:
         base = fresh_model(Setup(**{**setup.__dict__, "lora": False, "checkpointing": False}))
         base.to(torch.bfloat16).save_pretrained(folder)
         del base
-        model, _ = FastLanguageModel.from_pretrained(folder, max_seq_length=setup.seq_len, dtype=torch.bfloat16, load_in_4bit=False)
+        model, _ = FastLanguageModel.from_pretrained(
+            folder, max_seq_length=setup.seq_len, dtype=torch.bfloat16, load_in_4bit=False
+        )
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = FastLanguageModel.get_peft_model(
-        model, r=setup.rank, lora_alpha=2 * setup.rank, target_modules=targets, use_gradient_checkpointing="unsloth" if setup.checkpointing else False
+        model,
+        r=setup.rank,
+        lora_alpha=2 * setup.rank,
+        target_modules=targets,
+        use_gradient_checkpointing="unsloth" if setup.checkpointing else False,
     )
     optimizer = make_optimizer(model)
 
@@ -283,13 +299,24 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per loop")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, in order (default: {','.join(LOOPS)})")
+    parser.add_argument(
+        "--loops", default=",".join(LOOPS), help=f"comma-separated, in order (default: {','.join(LOOPS)})"
+    )
     args = parser.parse_args()
     loops = [name.strip() for name in args.loops.split(",") if name.strip()]
     unknown = [name for name in loops if name not in RUNNERS]
     if unknown:
         parser.error(f"unknown loops {unknown}; choose from {', '.join(RUNNERS)}")
-    setup = Setup(args.model, args.lora, args.lora_rank, args.checkpointing, args.micro_batch, args.seq_len, args.steps, args.warmup)
+    setup = Setup(
+        args.model,
+        args.lora,
+        args.lora_rank,
+        args.checkpointing,
+        args.micro_batch,
+        args.seq_len,
+        args.steps,
+        args.warmup,
+    )
 
     from benchtrain.train.step.hardware import detect_hardware
 

@@ -34,7 +34,9 @@ def main() -> None:
     calibration = Calibration(synthetic_calibration(synthetic_rows(seq_lens=(512, 1024, 2048, 4096))))
     started = time.perf_counter()
     plan = make_plan(calibration, data, PlanRequest(epochs=args.epochs, deadline=Deadline.with_margin_share(1e9, 0.05)))
-    print(f"{args.samples:,} samples × {args.epochs:g} epochs: planned in {time.perf_counter() - started:.1f}s → {plan.chosen.config.phrase}")
+    print(
+        f"{args.samples:,} samples × {args.epochs:g} epochs: planned in {time.perf_counter() - started:.1f}s → {plan.chosen.config.phrase}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ def built_bytes(model: str, quantize: str, optimizer: str) -> tuple[int, int, in
         if parameter.requires_grad:
             parameter.grad = torch.zeros_like(parameter)
     optimizer_object.step()
-    tensors = [value for state in optimizer_object.state.values() for value in state.values() if torch.is_tensor(value) and value.dim()]
+    tensors = [
+        value
+        for state in optimizer_object.state.values()
+        for value in state.values()
+        if torch.is_tensor(value) and value.dim()
+    ]
     state = {tensor.data_ptr(): tensor.numel() * tensor.element_size() for tensor in tensors}  # shared maps once
     return need.weights_bytes, loaded_bytes(built), need.optimizer_bytes, sum(state.values())
 
@@ -58,9 +63,36 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "BENCHTRAIN_HOME": home}
-        grid = ["--batch-sizes", f"1,{args.batch}", "--seq-lens", f"64,{args.length}", "--workers", "0", "--accum", "1,2"]
-        command = ["bench", "run", "--gpu", "cpu", "--model", args.model, "--lora", "--quantize", args.quantize, "--optimizer", args.optimizer, *grid]
-        subprocess.run([*command, "--budget", args.budget, "--quiet", "--no-report"], check=True, stdout=subprocess.DEVNULL, env=env)
+        grid = [
+            "--batch-sizes",
+            f"1,{args.batch}",
+            "--seq-lens",
+            f"64,{args.length}",
+            "--workers",
+            "0",
+            "--accum",
+            "1,2",
+        ]
+        command = [
+            "bench",
+            "run",
+            "--gpu",
+            "cpu",
+            "--model",
+            args.model,
+            "--lora",
+            "--quantize",
+            args.quantize,
+            "--optimizer",
+            args.optimizer,
+            *grid,
+        ]
+        subprocess.run(
+            [*command, "--budget", args.budget, "--quiet", "--no-report"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
         (path,) = Path(home, "calibrations").glob("*.json")
         os.environ["BENCHTRAIN_HOME"] = home
         from benchtrain.calibration.model import Calibration
@@ -69,9 +101,22 @@ def main() -> None:
 
         calibration = Calibration(read_calibration_file(path), path)
         config = StepConfig(args.batch, 0, 1, args.length)
-        print(f"{args.model} LoRA r16 on this CPU, probe B{args.batch}/S{args.length} ({' '.join(command)} --budget {args.budget})\n")
-        columns = (("setup", 22), ("weights pred", 12), ("weights built", 13), ("optim pred", 10), ("optim real", 10), ("step s", 8), ("fit s", 8))
-        header = " ".join(f"{name:<{width}}" if name == "setup" else f"{name:>{width}}" for name, width in columns) + f" {'peak GiB':>9} {'fit GiB':>8}"
+        print(
+            f"{args.model} LoRA r16 on this CPU, probe B{args.batch}/S{args.length} ({' '.join(command)} --budget {args.budget})\n"
+        )
+        columns = (
+            ("setup", 22),
+            ("weights pred", 12),
+            ("weights built", 13),
+            ("optim pred", 10),
+            ("optim real", 10),
+            ("step s", 8),
+            ("fit s", 8),
+        )
+        header = (
+            " ".join(f"{name:<{width}}" if name == "setup" else f"{name:>{width}}" for name, width in columns)
+            + f" {'peak GiB':>9} {'fit GiB':>8}"
+        )
         print(header)
         print("-" * len(header))
         for variant in calibration.variants():

@@ -70,7 +70,13 @@ def bench_key_differences(old: Any, new: Any) -> list[str]:
 
 def masked(text: str, folder: Path) -> list[str]:
     text = text.replace("\r", "\n").replace(str(folder), "DIR")
-    for pattern, mask in ((r"\d{8}-\d{6}", "STAMP"), (r"[0-9a-f]{24}", "HASH"), (r"\d[\d,.]*", "N"), (r"[+-]N", "±N"), (r"\b(higher|lower)\b", "H/L")):
+    for pattern, mask in (
+        (r"\d{8}-\d{6}", "STAMP"),
+        (r"[0-9a-f]{24}", "HASH"),
+        (r"\d[\d,.]*", "N"),
+        (r"[+-]N", "±N"),
+        (r"\b(higher|lower)\b", "H/L"),
+    ):
         text = re.sub(pattern, mask, text)
     text = re.sub(r"took (longer|less time) than", "took L/S than", text)
     # A resume plans from the history its interrupted run left: how fast that went decides which
@@ -78,7 +84,11 @@ def masked(text: str, folder: Path) -> list[str]:
     text = re.sub(r"(upper bound|central estimate) fits", "BOUND fits", text)
     # A duration's units follow its size (58.9s, 1m02s, 2h00m): masked whole.
     text = re.sub(r"\bN[hms](?:N[hms])*\b", "DURATION", text)
-    return [line.rstrip() for line in text.split("\n") if line.strip() and not PROGRESS.match(line.strip()) and not LIVE.match(line.strip())]
+    return [
+        line.rstrip()
+        for line in text.split("\n")
+        if line.strip() and not PROGRESS.match(line.strip()) and not LIVE.match(line.strip())
+    ]
 
 
 def labels(lines: list[str]) -> list[str]:
@@ -111,7 +121,10 @@ def compare_lines(name: str, old: list[str], new: list[str]) -> list[str]:
 
 def differences(before: Path, after: Path) -> list[str]:
     found = []
-    old_codes, new_codes = sorted((before / "rc.txt").read_text().split("\n")), sorted((after / "rc.txt").read_text().split("\n"))
+    old_codes, new_codes = (
+        sorted((before / "rc.txt").read_text().split("\n")),
+        sorted((after / "rc.txt").read_text().split("\n")),
+    )
     found += compare_lines("rc.txt", [line for line in old_codes if line], [line for line in new_codes if line])
     for path in sorted(before.rglob("run.json")) + sorted(before.glob("*.json")):
         other = after / path.relative_to(before)
@@ -126,7 +139,9 @@ def differences(before: Path, after: Path) -> list[str]:
         if not other.exists():
             found.append(f"{other} is missing")
         else:
-            keys = bench_key_differences(json.loads((before / BENCH_CALIBRATION).read_text()), json.loads(other.read_text()))
+            keys = bench_key_differences(
+                json.loads((before / BENCH_CALIBRATION).read_text()), json.loads(other.read_text())
+            )
             found += [f"{BENCH_CALIBRATION}: keys in one capture only {keys}"] if keys else []
     for path in sorted(before.glob("*.out")):
         other = after / path.name

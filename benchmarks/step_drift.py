@@ -40,7 +40,9 @@ def main() -> None:
         seconds = [workload.step.run(iterator, a).seconds for _ in range(args.steps)]
         mean = statistics.fmean(seconds)
         means.append(mean)
-        print(f"{index + 1:>5} {mean:>12.4f} {statistics.median(seconds):>8.4f} {min(seconds):>8.4f} {max(seconds):>8.4f} {b * s * a / mean:>10,.0f}")
+        print(
+            f"{index + 1:>5} {mean:>12.4f} {statistics.median(seconds):>8.4f} {min(seconds):>8.4f} {max(seconds):>8.4f} {b * s * a / mean:>10,.0f}"
+        )
     spread = (max(means) - min(means)) / min(means) * 100
     print(f"slowest round is {spread:.1f}% slower than the fastest (same step, same process)")
 

@@ -31,7 +31,9 @@ def measure(model: str, compile_mode: str, micro_batch: int, seq_len: int, steps
     from benchtrain.train.workload.model import resolve_model
 
     torch._dynamo.reset()
-    engine = engine_from_options(resolve_model(model), MethodConfig(), make_accelerator(), StepOptions(compile=compile_mode))
+    engine = engine_from_options(
+        resolve_model(model), MethodConfig(), make_accelerator(), StepOptions(compile=compile_mode)
+    )
     batch = SyntheticBatches(1, micro_batch, seq_len, engine.model.config.vocab_size)[0]
     batches = itertools.cycle([batch])
     for _ in range(3):  # warm-up, compilation included
@@ -54,7 +56,9 @@ def main() -> None:
     from benchtrain.train.step.hardware import detect_hardware
 
     print(f"{detect_hardware()['name']}: {args.model}, seq {args.seq_len}, accumulation 1")
-    print(f"{'compile':<8} {'batch':>5} {'step ms':>8} {'host ms/µstep':>13} {'kernel ms':>9} {'scalar reads/step':>10}  busiest host ops")
+    print(
+        f"{'compile':<8} {'batch':>5} {'step ms':>8} {'host ms/µstep':>13} {'kernel ms':>9} {'scalar reads/step':>10}  busiest host ops"
+    )
     for mode in args.compile.split(","):
         times = {}
         for micro_batch in (1, 2):
@@ -66,7 +70,9 @@ def main() -> None:
                 f"{mode:<8} {micro_batch:>5} {result['seconds'] * 1e3:>8.1f} {p.host_seconds_per_micro_step * 1e3:>13.1f} "
                 f"{p.device_seconds / p.micro_steps * 1e3:>9.1f} {p.syncs_per_optimizer_step:>10.1f}  {top}"
             )
-        print(f"{mode:<8} fixed cost per micro-step 2·t(1) − t(2): {fixed_micro_step_seconds(times[1], times[2]) * 1e3:.1f} ms")
+        print(
+            f"{mode:<8} fixed cost per micro-step 2·t(1) − t(2): {fixed_micro_step_seconds(times[1], times[2]) * 1e3:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

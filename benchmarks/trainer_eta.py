@@ -47,7 +47,14 @@ def run(out: Path, deadline: str, steps: int, eta_step: int) -> tuple[DeadlineCa
     callback = DeadlineCallback(deadline=deadline, report=False)
     eta = EtaAt(callback, eta_step)
     started = time.time()
-    trainer(out, [callback, eta], max_steps=steps, per_device_train_batch_size=8, gradient_accumulation_steps=1, logging_steps=10).train()
+    trainer(
+        out,
+        [callback, eta],
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        logging_steps=10,
+    ).train()
     return callback, eta, time.time() - started
 
 
@@ -55,7 +62,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--cut", type=float, default=0.6, help="run 2's deadline as a share of run 1's time")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (one: steadier steps on a machine others share)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (one: steadier steps on a machine others share)"
+    )
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     folder = Path(tempfile.mkdtemp(prefix="trainer-eta-"))
@@ -80,7 +89,10 @@ def main() -> None:
             (f"cut run: deadline ({options.cut:.0%} of the full run)", f"{deadline:.1f} s"),
             ("cut run: stopped at step", f"{cut.watch.steps[-1].step if cut.watch.steps else 0} ({cut.status})"),
             ("cut run: ended (after its save)", f"{ended:.1f} s"),
-            ("cut run: before the deadline by", f"{deadline - ended:.1f} s ({(deadline - ended) / deadline:.1%} of it)"),
+            (
+                "cut run: before the deadline by",
+                f"{deadline - ended:.1f} s ({(deadline - ended) / deadline:.1%} of it)",
+            ),
             ("cut run: checkpoint", ", ".join(saved) or "none"),
             ("cut run: lead time a signal needs", f"{cut.lead_seconds():.2f} s"),
         ]

@@ -22,7 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-WORDS = "the a plan run measure step batch token deadline model data train answer question why how when it we you".split()
+WORDS = (
+    "the a plan run measure step batch token deadline model data train answer question why how when it we you".split()
+)
 
 
 def sentence(rng: random.Random, characters: int) -> str:
@@ -39,7 +41,10 @@ def write_chats(path: Path, count: int, seed: int = 0) -> None:
         for _ in range(count):
             total = max(120, int(rng.gauss(495, 60)))
             question = max(20, int(total * rng.uniform(0.2, 0.4)))
-            messages = [{"role": "user", "content": sentence(rng, question)}, {"role": "assistant", "content": sentence(rng, total - question)}]
+            messages = [
+                {"role": "user", "content": sentence(rng, question)},
+                {"role": "assistant", "content": sentence(rng, total - question)},
+            ]
             handle.write(json.dumps({"messages": messages}) + "\n")
 
 
@@ -65,7 +70,13 @@ def main() -> int:
             command += ["--consider", args.consider]
         print("$ " + " ".join(command).replace(str(data), "chats.jsonl"), flush=True)
         environment = {**os.environ, "BENCHTRAIN_HOME": str(Path(folder) / "home")}
-        result = subprocess.run([sys.executable, "-m", "benchtrain.train", *command[1:]], env=environment, check=False, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "benchtrain.train", *command[1:]],
+            env=environment,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         # The data and the report are in a temporary folder, gone when this ends.
         print((result.stdout + result.stderr).replace(str(data), "chats.jsonl").replace(folder, "$TMP"), end="")
         return result.returncode

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .  # code at the line length in pyproject.toml
 .venv/bin/mypy  # the packages named in pyproject.toml's [tool.mypy]
 # One test worker per core (each test one thread: tests/conftest.py); --durations shows the
 # slowest tests, to keep CI inside its budget.

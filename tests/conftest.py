@@ -111,7 +111,12 @@ def chats(tmp_path: Path) -> Path:
         for index in range(150):
             question = "How do I plan a run? " * (1 + index % 7)
             answer = "Measure first. " * (3 + index % 11)
-            handle.write(json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n")
+            handle.write(
+                json.dumps(
+                    {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+                )
+                + "\n"
+            )
     return path
 
 
@@ -149,7 +154,10 @@ def pytest_runtest_call(item: pytest.Item):
     import resource
 
     def cpu_seconds() -> float:
-        return sum(usage.ru_utime + usage.ru_stime for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+        return sum(
+            usage.ru_utime + usage.ru_stime
+            for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
 
     before = cpu_seconds()
     yield

@@ -30,7 +30,11 @@ def gradient_copies(model: Any, parameters: list[Any]) -> dict[str, float]:
         for p in parameters
         if p.grad is not None and p.grad._base is None and storages[p.grad.untyped_storage().data_ptr()] == 1
     )
-    return {"buckets": buckets / one_copy, "outside_buckets": outside / one_copy, "held": (buckets + outside) / one_copy}
+    return {
+        "buckets": buckets / one_copy,
+        "outside_buckets": outside / one_copy,
+        "held": (buckets + outside) / one_copy,
+    }
 
 
 def ddp_gradient_storage() -> dict[str, Any]:

@@ -33,7 +33,9 @@ def learning_rate_curve(steps: int) -> dict[str, Any]:
     torch.manual_seed(0)
     spec = resolve_model("tiny")
     options = StepOptions(compile="off", loss="plain")
-    engine = engine_from_options(spec, MethodConfig(), make_accelerator(), options, optimization=Optimization(1e-3, total_steps=steps))
+    engine = engine_from_options(
+        spec, MethodConfig(), make_accelerator(), options, optimization=Optimization(1e-3, total_steps=steps)
+    )
     batches = iter(SyntheticBatches(steps, 1, 8, spec.config_dict["vocab_size"]))
     rates = [engine.step.run(batches, 1).learning_rate for _ in range(steps)]
     return {"rates": rates, "final": engine.scheduler.get_last_lr()[0], "processes": engine.accelerator.num_processes}
@@ -106,7 +108,11 @@ def late_oom(sharding: str) -> dict[str, Any]:
 
     optimizer.step = step
     rows = two_probes_on_every_rank(workload)
-    return {"statuses": [row["status"] for row in rows], "errors": [row.get("error", "") for row in rows], "sharding": workload.engine.sharding}
+    return {
+        "statuses": [row["status"] for row in rows],
+        "errors": [row.get("error", "") for row in rows],
+        "sharding": workload.engine.sharding,
+    }
 
 
 # The probe (counted from 1) in whose second step's backward rank 1 fails (rows_survive).
@@ -163,8 +169,15 @@ def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
 
     probe_tasks.run_probe = run_probe  # where the probe task calls it
     grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1"]
-    code = guard_cli(bench_main, ["run", *grid, "--sharding", sharding, "--loss", "plain", "--compile", "off", "--no-report", "--quiet"])
-    return {"code": code, "rank": dist.get_rank(), "failing_probe_seconds": time.monotonic() - probes["failing_started"]}
+    code = guard_cli(
+        bench_main,
+        ["run", *grid, "--sharding", sharding, "--loss", "plain", "--compile", "off", "--no-report", "--quiet"],
+    )
+    return {
+        "code": code,
+        "rank": dist.get_rank(),
+        "failing_probe_seconds": time.monotonic() - probes["failing_started"],
+    }
 
 
 def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[str, Any]:
@@ -187,7 +200,11 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
     recipe.setup()
     try:
         plan = recipe.plan().plan
-        mine: dict[str, Any] = {"configuration": plan.chosen.config.to_row(), "optimizer_steps": plan.chosen.optimizer_steps, "step_limit": plan.step_limit}
+        mine: dict[str, Any] = {
+            "configuration": plan.chosen.config.to_row(),
+            "optimizer_steps": plan.chosen.optimizer_steps,
+            "step_limit": plan.step_limit,
+        }
     except BenchtrainError as error:
         mine = {"refused": str(error)}
     plans: list[Any] = [None] * dist.get_world_size()

@@ -81,7 +81,13 @@ def serve() -> None:
         if request["op"] == "run":
             pid = os.fork()
             if pid == 0:
-                run_child(request["command"], request["argv"], request["stderr"], request.get("stdout"), request.get("env", {}))
+                run_child(
+                    request["command"],
+                    request["argv"],
+                    request["stderr"],
+                    request.get("stdout"),
+                    request.get("env", {}),
+                )
             answer: dict[str, Any] = {"pid": pid}
         elif request["op"] == "poll":
             done, status = os.waitpid(request["pid"], os.WNOHANG)
@@ -116,8 +122,17 @@ class ForkServer:
         assert line, "the fork server died"
         return json.loads(line)
 
-    def start(self, command: str, argv: list[str], stderr: Path, stdout: Path | None = None, env: dict[str, str] | None = None) -> int:
-        request = {"op": "run", "command": command, "argv": argv, "stderr": str(stderr), "stdout": stdout and str(stdout), "env": env or {}}
+    def start(
+        self, command: str, argv: list[str], stderr: Path, stdout: Path | None = None, env: dict[str, str] | None = None
+    ) -> int:
+        request = {
+            "op": "run",
+            "command": command,
+            "argv": argv,
+            "stderr": str(stderr),
+            "stdout": stdout and str(stdout),
+            "env": env or {},
+        }
         return int(self.ask(request)["pid"])
 
     def poll(self, pid: int) -> int | None:
@@ -127,7 +142,13 @@ class ForkServer:
         return int(self.ask({"op": "wait", "pid": pid})["code"])
 
     def run_group(
-        self, command: str, argv: list[str], folder: Path, env: dict[str, str] | None = None, processes: int = 2, timeout: float = 240
+        self,
+        command: str,
+        argv: list[str],
+        folder: Path,
+        env: dict[str, str] | None = None,
+        processes: int = 2,
+        timeout: float = 240,
     ) -> subprocess.CompletedProcess:
         """Run `command` as the ranks of one process group, with the variables torchrun sets for
         its workers; stdout and stderr are the ranks' outputs joined, in rank order. A rank still
@@ -140,10 +161,18 @@ class ForkServer:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         folder.mkdir(parents=True, exist_ok=True)
-        common = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes)}
+        common = {
+            **(env or {}),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(processes),
+            "LOCAL_WORLD_SIZE": str(processes),
+        }
         outputs = [(folder / f"rank{rank}.out", folder / f"rank{rank}.err") for rank in range(processes)]
         pids = [
-            self.start(command, argv, err, out, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0"})
+            self.start(
+                command, argv, err, out, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0"}
+            )
             for rank, (out, err) in enumerate(outputs)
         ]
         codes: dict[int, int] = {}
@@ -158,12 +187,21 @@ class ForkServer:
                 if pid not in codes:
                     os.kill(pid, signal.SIGKILL)
                     self.wait(pid)
-            raise AssertionError(f"{command} under {processes} processes did not finish within {timeout:.0f}s (a rank hung); stderr:\n{stderr[-3000:]}")
+            raise AssertionError(
+                f"{command} under {processes} processes did not finish within {timeout:.0f}s (a rank hung); stderr:\n{stderr[-3000:]}"
+            )
         # Like torchrun: the group fails when any rank fails.
         code = next((codes[pid] for pid in pids if codes[pid] != 0), 0)
         return subprocess.CompletedProcess([command, *argv], code, stdout, stderr)
 
-    def group_report(self, script: Path, arguments: list[str], processes: int = 2, timeout: float = 150, env: dict[str, str] | None = None) -> Any:
+    def group_report(
+        self,
+        script: Path,
+        arguments: list[str],
+        processes: int = 2,
+        timeout: float = 150,
+        env: dict[str, str] | None = None,
+    ) -> Any:
         """The JSON line rank 0 of `script` printed last, its ranks forked (the stack imported: ≈8 s
         less a rank than a new interpreter under torchrun) with the variables torchrun sets. For
         scripts whose ranks all end by themselves: a rank that fails does not end the others, as
@@ -172,14 +210,18 @@ class ForkServer:
 
         with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
             variables = {"OMP_NUM_THREADS": "1", **(env or {})}
-            result = self.run_group(str(script), arguments, Path(folder), env=variables, processes=processes, timeout=timeout)
+            result = self.run_group(
+                str(script), arguments, Path(folder), env=variables, processes=processes, timeout=timeout
+            )
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(result.stdout.strip().splitlines()[-1])
 
     def __enter__(self) -> ForkServer:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.process.kill()
         self.process.wait()
 

@@ -37,7 +37,14 @@ TRUE_THROUGHPUT = {
     "recompute_attention": 4e-10,
 }
 TRUE_EVAL = {"fixed": 1e-3, "per_token": 6e-7, "attention": 4e-10}
-TRUE_MEMORY = {"static": 2e9, "per_token": 4e5, "attention": 200.0, "per_token_checkpointed": 5e4, "attention_checkpointed": 20.0, "accumulated_gradients": 0.0}
+TRUE_MEMORY = {
+    "static": 2e9,
+    "per_token": 4e5,
+    "attention": 200.0,
+    "per_token_checkpointed": 5e4,
+    "attention_checkpointed": 20.0,
+    "accumulated_gradients": 0.0,
+}
 GIB = 2**30
 
 
@@ -55,7 +62,9 @@ def micro_seconds(config: StepConfig, parameters: dict[str, float] = TRUE_THROUG
     seconds += parameters["serial_data"] * tokens if workers == 0 else parameters["worker_supply"] * tokens / workers
     seconds += parameters["per_worker"] * workers
     if config.gradient_checkpointing:
-        seconds += parameters["recompute_per_token"] * tokens + parameters["recompute_attention"] * tokens * config.seq_len
+        seconds += (
+            parameters["recompute_per_token"] * tokens + parameters["recompute_attention"] * tokens * config.seq_len
+        )
     return float(seconds)
 
 
@@ -66,7 +75,10 @@ def peak_bytes(config: StepConfig, parameters: dict[str, float] = TRUE_MEMORY) -
     micro-steps of an accumulating step."""
     tokens = config.micro_batch_size * config.seq_len
     if config.gradient_checkpointing:
-        activations = parameters["per_token_checkpointed"] * tokens + parameters["attention_checkpointed"] * tokens * config.seq_len
+        activations = (
+            parameters["per_token_checkpointed"] * tokens
+            + parameters["attention_checkpointed"] * tokens * config.seq_len
+        )
     else:
         activations = parameters["per_token"] * tokens + parameters["attention"] * tokens * config.seq_len
     held = parameters["accumulated_gradients"] if config.grad_accum > 1 else 0.0
@@ -86,9 +98,17 @@ def synthetic_rows(
     rng = random.Random(seed)
     rows = []
     for b, w, a, s, c in itertools.product(batch_sizes, workers, accums, seq_lens, checkpointing):
-        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s).switched(gradient_checkpointing=bool(c))
+        config = StepConfig(micro_batch_size=b, num_workers=w, grad_accum=a, seq_len=s).switched(
+            gradient_checkpointing=bool(c)
+        )
         peak = peak_bytes(config) * (1 + rng.gauss(0, noise / 2))
-        row: dict[str, Any] = {"micro_batch_size": b, "num_workers": w, "grad_accum": a, "seq_len": s, "gradient_checkpointing": c}
+        row: dict[str, Any] = {
+            "micro_batch_size": b,
+            "num_workers": w,
+            "grad_accum": a,
+            "seq_len": s,
+            "gradient_checkpointing": c,
+        }
         if memory_limit is not None and peak > memory_limit:
             rows.append({**row, "status": "oom", "error": "OutOfMemoryError: fake"})
             continue
@@ -119,7 +139,9 @@ def _default_rows_and_fit() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, fit_measurements(rows)
 
 
-def synthetic_calibration(rows: list[dict[str, Any]] | None = None, memory_bytes: float = 80 * GIB, **overrides: Any) -> dict[str, Any]:
+def synthetic_calibration(
+    rows: list[dict[str, Any]] | None = None, memory_bytes: float = 80 * GIB, **overrides: Any
+) -> dict[str, Any]:
     if rows is None:
         rows, fit = copy.deepcopy(_default_rows_and_fit())
     else:
@@ -201,7 +223,9 @@ class FakeClock:
             self.on_step(self.steps)
 
 
-def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schema: Any = None, split: str = "train") -> Any:
+def load_tokenized(
+    path: str, tokenizer: Any, train_on: str = "assistant", schema: Any = None, split: str = "train"
+) -> Any:
     """Every record of `path` tokenized through the product's own path (prepare_data, the cache
     included), exactly: the TokenizedData a run of that file trains on."""
     from benchtrain.common.console import say
@@ -215,7 +239,12 @@ def load_tokenized(path: str, tokenizer: Any, train_on: str = "assistant", schem
 
 
 def tokenized_from_samples(
-    samples: list[Any], prompt_lengths: list[int] | None, format: str, source: str, loss_masks: list[Any] | None = None, loss_on: str = "all tokens"
+    samples: list[Any],
+    prompt_lengths: list[int] | None,
+    format: str,
+    source: str,
+    loss_masks: list[Any] | None = None,
+    loss_on: str = "all tokens",
 ) -> Any:
     """A TokenizedData in memory, from one array of token ids per sample."""
     from benchtrain.train.workload.tokens import TokenizedData, document_targets
@@ -225,7 +254,9 @@ def tokenized_from_samples(
     tokens = np.concatenate(samples).astype(np.int32) if samples else np.zeros(0, np.int32)
     mask = np.concatenate(loss_masks).astype(np.uint8) if loss_masks is not None and samples else None
     prompts = np.asarray(prompt_lengths, dtype=np.int32) if prompt_lengths is not None else None
-    return TokenizedData(tokens, offsets, format, source, loss_on, mask, prompts, document_targets(lengths, mask, prompts))
+    return TokenizedData(
+        tokens, offsets, format, source, loss_on, mask, prompts, document_targets(lengths, mask, prompts)
+    )
 
 
 def loaded_bytes(model: Any) -> int:
@@ -250,7 +281,19 @@ def loaded_bytes(model: Any) -> int:
 # -- shared by several test files (a test file never imports another) ----------------------------
 
 # Enough probes for a fit (8), for tests that check what bench records rather than how well it fits.
-TINY_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
+TINY_GRID = [
+    "--batch-sizes",
+    "1,2",
+    "--workers",
+    "0",
+    "--accum",
+    "1,2",
+    "--seq-lens",
+    "32,64",
+    "--max-probe-seconds",
+    "0.2",
+    "--quiet",
+]
 FIXTURE = Path(__file__).parent / "fixtures" / "h100-llama-3.2-1b-fullgrid.json"
 DISTRIBUTED_CHECKS = Path(__file__).with_name("distributed_checks.py")
 MACHINES = "h100:1,h100:2:nvlink,h200:1,a100-40gb:4:pcie,mi300x:1"
@@ -286,14 +329,28 @@ def dry_run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 def train_arguments(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data", str(data), "--effective-batch", "4", "--max-length", "64", "--workers", "0", "--out", str(out), *extra]
+    return [
+        "--data",
+        str(data),
+        "--effective-batch",
+        "4",
+        "--max-length",
+        "64",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def h100_data() -> dict[str, Any]:
     return read_calibration_file(FIXTURE)
 
 
-def cpu_calibration(identifier: str, processes: int = 1, fingerprint: str | None = None, **overrides: Any) -> dict[str, Any]:
+def cpu_calibration(
+    identifier: str, processes: int = 1, fingerprint: str | None = None, **overrides: Any
+) -> dict[str, Any]:
     """A synthetic calibration of this machine (fitted once per test session: fitting takes a second)."""
     return copy.deepcopy(_cpu_calibration(identifier, processes, fingerprint, json.dumps(overrides, sort_keys=True)))
 
@@ -340,7 +397,9 @@ def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: A
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)
-    return consider(context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), parse_machines(machines))
+    return consider(
+        context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), parse_machines(machines)
+    )
 
 
 def chat_file(tmp_path: Path, count: int = 1) -> Path:
@@ -367,7 +426,9 @@ def local_calibration() -> Any:
     spec = resolve_model("tiny")
     hardware = detect_hardware()
     rows = synthetic_rows(seq_lens=(32, 64, 128))
-    data = synthetic_calibration(rows, hardware=hardware, model={"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint})
+    data = synthetic_calibration(
+        rows, hardware=hardware, model={"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint}
+    )
     return Calibration(data)
 
 
@@ -414,7 +475,14 @@ def make_run(
     plan = make_plan(
         calibration,
         data,
-        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=max_length, num_workers=0, max_steps=steps),
+        PlanRequest(
+            epochs=1,
+            deadline=Deadline.with_margin_share(1e6, 0.05),
+            effective_batch=4,
+            max_length=max_length,
+            num_workers=0,
+            max_steps=steps,
+        ),
     )
     settings = LoopSettings(
         deadline=Deadline(deadline, 0.5, started_at=clock.now if clock else time.monotonic()),
@@ -496,7 +564,13 @@ def tiny_engine(settings: Any, optimizer: str = "adamw", total_steps: int | None
     torch.manual_seed(0)
     options = StepOptions(compile="off", loss="plain")
     method = MethodConfig(optimizer=optimizer)
-    return engine_from_options(resolve_model("tiny"), method, Accelerator(cpu=True), options, optimization=Optimization(PEAK, settings, total_steps))
+    return engine_from_options(
+        resolve_model("tiny"),
+        method,
+        Accelerator(cpu=True),
+        options,
+        optimization=Optimization(PEAK, settings, total_steps),
+    )
 
 
 def batches(steps: int = 4) -> Any:
@@ -511,7 +585,9 @@ def kernel(name: str, start_us: float, end_us: float) -> Any:
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import FunctionEvent
 
-    return FunctionEvent(id=0, name=name, thread=7, start_us=start_us, end_us=end_us, device_type=DeviceType.CUDA, use_device="cuda")
+    return FunctionEvent(
+        id=0, name=name, thread=7, start_us=start_us, end_us=end_us, device_type=DeviceType.CUDA, use_device="cuda"
+    )
 
 
 def link_from_all_reduce(model: CommModel) -> Link:
@@ -522,4 +598,10 @@ def link_from_all_reduce(model: CommModel) -> Link:
         raise BenchtrainError("an all-reduce of one process measures no link")
     steps = 2 * (n - 1)
     bandwidth = steps / n / model.seconds_per_byte if model.seconds_per_byte > 0 else float("inf")
-    return Link("loopback", bandwidth, model.latency_seconds / steps, 0.0, f"measured: {model.backend} all-reduce among {n} processes")
+    return Link(
+        "loopback",
+        bandwidth,
+        model.latency_seconds / steps,
+        0.0,
+        f"measured: {model.backend} all-reduce among {n} processes",
+    )

@@ -92,10 +92,14 @@ class H100Measurements:
         per_token = (high["peak_memory_bytes"] - low["peak_memory_bytes"]) / (
             high["micro_batch_size"] * high["seq_len"] - low["micro_batch_size"] * low["seq_len"]
         )
-        start = statistics.median(row["probe_seconds"] - row["warmup_seconds"] - row["step_seconds"] * row["timed_steps"] for row in rows)
+        start = statistics.median(
+            row["probe_seconds"] - row["warmup_seconds"] - row["step_seconds"] * row["timed_steps"] for row in rows
+        )
         return cls(
             host_seconds_per_layer=statistics.median(micro(row) for row in small) / layers,
-            flops_per_second=statistics.median(compute(row) / (micro(row) - optimizer / row["grad_accum"]) for row in large),
+            flops_per_second=statistics.median(
+                compute(row) / (micro(row) - optimizer / row["grad_accum"]) for row in large
+            ),
             optimizer_seconds_per_parameter=optimizer / parameters,
             activation_bytes_per_layer_unit=per_token / (layers * hidden),
             build_seconds_per_byte=overheads["model_build_seconds"] / (parameters * 4),
@@ -178,7 +182,11 @@ class SimulatedDevice:
         if peak > self.hardware["memory_bytes"]:
             # Out of memory in the first step, after compiling it.
             self.clock.advance(self.compile_seconds if row["new_shape"] else 0.0)
-            row.update(status="oom", error="OutOfMemoryError: CUDA out of memory (simulated)", probe_seconds=self.clock() - started)
+            row.update(
+                status="oom",
+                error="OutOfMemoryError: CUDA out of memory (simulated)",
+                probe_seconds=self.clock() - started,
+            )
             self._log(row, started, peak)
             return row
         first = [True]
@@ -199,12 +207,23 @@ class SimulatedDevice:
         return row
 
     def _log(self, row: dict[str, Any], started: float, peak: float) -> None:
-        self.log.append({"config": StepConfig.from_row(row), "status": row["status"], "started": started, "ended": self.clock(), "peak_bytes": peak})
+        self.log.append(
+            {
+                "config": StepConfig.from_row(row),
+                "status": row["status"],
+                "started": started,
+                "ended": self.clock(),
+                "peak_bytes": peak,
+            }
+        )
 
     def _eval(self, payload: dict[str, Any]) -> dict[str, Any]:
         config = StepConfig.from_row(payload)
         tokens = config.micro_batch_size * config.seq_len
-        batch = max(self.layers * self.measured.host_seconds_per_layer / 3, tokens * self.forward_flops_per_token / self.measured.flops_per_second)
+        batch = max(
+            self.layers * self.measured.host_seconds_per_layer / 3,
+            tokens * self.forward_flops_per_token / self.measured.flops_per_second,
+        )
         self.clock.advance(5 * batch)
         return {
             "micro_batch_size": config.micro_batch_size,
@@ -254,21 +273,26 @@ class ReplayedDevice(SimulatedDevice):
         return float(row["peak_memory_bytes"]) if row else math.inf
 
 
-def simulated_h100(model: Any, lora: bool, seed: int = 0, replay: bool = False) -> tuple[SimulatedDevice, Any, Any, Any]:
+def simulated_h100(
+    model: Any, lora: bool, seed: int = 0, replay: bool = False
+) -> tuple[SimulatedDevice, Any, Any, Any]:
     """(device, spec, method, memory need) for a preset on a simulated H100 80 GB."""
     from benchtrain.train.planning.memory_check import compute_bytes, memory_need, meta_model
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import model_shape, resolve_model
 
     measured = H100Measurements.load()
-    spec = resolve_model(model) if isinstance(model, str) else model  # a preset name, or a spec (a layer slice: bench.layer_slices)
+    # a preset name, or a spec (a layer slice: bench.layer_slices)
+    spec = resolve_model(model) if isinstance(model, str) else model
     method = MethodConfig(method="lora") if lora else MethodConfig()
     need = memory_need(spec, method, "cuda")
     shape = model_shape(meta_model(spec, method))
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict["n_embd"])
     device = SimulatedDevice(
         measured=measured,
-        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing),
+        flops_per_token=lambda config: shape.flops_per_token(
+            config.seq_len, lora=lora, recompute=config.gradient_checkpointing
+        ),
         forward_flops_per_token=shape.forward_flops_per_token(1024, lora),
         layers=shape.layers,
         hidden=hidden,
@@ -280,8 +304,12 @@ def simulated_h100(model: Any, lora: bool, seed: int = 0, replay: bool = False) 
     )
     if replay:
         rows = json.loads(FIXTURE.read_text())["measurements"]
-        fields = {name: value for name, value in device.__dict__.items() if name in SimulatedDevice.__dataclass_fields__}
-        device = ReplayedDevice(**{**fields, "compile_seconds": 0.0, "measured_rows": {StepConfig.from_row(row): row for row in rows}})
+        fields = {
+            name: value for name, value in device.__dict__.items() if name in SimulatedDevice.__dataclass_fields__
+        }
+        device = ReplayedDevice(
+            **{**fields, "compile_seconds": 0.0, "measured_rows": {StepConfig.from_row(row): row for row in rows}}
+        )
     assert compute_bytes("cuda") == 2
     return device, spec, method, need
 
@@ -313,7 +341,12 @@ class SimulatedBench:
 
 
 def simulated_setup(
-    model: Any, lora: bool, budget: float | str | None, checkpointing: tuple[int, ...] = (0,), seed: int = 0, replay: bool = False
+    model: Any,
+    lora: bool,
+    budget: float | str | None,
+    checkpointing: tuple[int, ...] = (0,),
+    seed: int = 0,
+    replay: bool = False,
 ) -> SimulatedBench:
     """The device, the task and the planner of a simulated bench, as `bench run` has them before
     building the model."""
@@ -337,7 +370,13 @@ def simulated_setup(
         hardware=hardware,
         software={**detect_software(), "simulated": "tests/simulated.py (H100 measurements scaled by FLOPs)"},
         model=model_record(spec, model_shape(meta)),
-        training={**method_record(method, meta), "compile": compiled, "loss": "liger", "sharding": "ddp", "flops_terms": model_shape(meta).flops_terms(lora)},
+        training={
+            **method_record(method, meta),
+            "compile": compiled,
+            "loss": "liger",
+            "sharding": "ddp",
+            "flops_terms": model_shape(meta).flops_terms(lora),
+        },
         device_label="h100",
         requested_device="h100",
         compiled=compiled,

@@ -12,7 +12,12 @@ from benchtrain.common.errors import BenchtrainError
 
 
 def simulate_slices(
-    model: str, lora: bool, budget: float, depths: tuple[int, ...] | str = "auto", seed: int = 0, checkpointing: tuple[int, ...] = (0,)
+    model: str,
+    lora: bool,
+    budget: float,
+    depths: tuple[int, ...] | str = "auto",
+    seed: int = 0,
+    checkpointing: tuple[int, ...] = (0,),
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]], float]:
     """(the whole model's calibration, each depth's, the seconds all took on the virtual clock)
     from slices of `model` on the simulated H100.
@@ -20,7 +25,13 @@ def simulate_slices(
     compares with `simulate_bench`)."""
     from simulated import H100Measurements, VirtualClock, run_simulated
 
-    from benchtrain.bench.layer_slices import AUTO_LADDERS, auto_depths, depth_share, refuse_if_unaffordable, whole_model_record
+    from benchtrain.bench.layer_slices import (
+        AUTO_LADDERS,
+        auto_depths,
+        depth_share,
+        refuse_if_unaffordable,
+        whole_model_record,
+    )
     from benchtrain.bench.variant_measurement import Carry
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
@@ -36,7 +47,9 @@ def simulate_slices(
 
     if depths == "auto":
         hardware = H100Measurements.load().hardware
-        fitting = auto_depths(spec, method, hardware, (1, "none"), lambda ladder: sum(priced_ladder(ladder)[1].values()) <= budget)
+        fitting = auto_depths(
+            spec, method, hardware, (1, "none"), lambda ladder: sum(priced_ladder(ladder)[1].values()) <= budget
+        )
         if fitting is None:
             raise BenchtrainError(f"--layers auto: no ladder of {AUTO_LADDERS} fits")
         depths = fitting
@@ -73,4 +86,6 @@ def price_ladder(
         bench.task = replace(bench.task, one_off_timings=index == len(depths) - 1)
         benches[depth] = bench
     before = {depth: 1.0 + bench.device.build_seconds for depth, bench in benches.items()}
-    return benches, price_depths({depth: (b.planner, before[depth], after_probes_seconds(b.task, b.planner)) for depth, b in benches.items()})
+    return benches, price_depths(
+        {depth: (b.planner, before[depth], after_probes_seconds(b.task, b.planner)) for depth, b in benches.items()}
+    )

@@ -37,7 +37,9 @@ class StepProfile:
         return self.host_seconds / max(1, self.micro_steps)
 
 
-def profile_step(step: Any, batches: Iterator[dict[str, Any]], grad_accum: int, optimizer_steps: int = 3) -> StepProfile:
+def profile_step(
+    step: Any, batches: Iterator[dict[str, Any]], grad_accum: int, optimizer_steps: int = 3
+) -> StepProfile:
     """Profile `optimizer_steps` runs of `step` (a warmed-up train.step.step.TrainingStep)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -52,7 +54,10 @@ def profile_step(step: Any, batches: Iterator[dict[str, Any]], grad_accum: int, 
     total = next((event for event in events if event.key == "benchtrain_steps"), None)
     host = total.cpu_time_total / 1e6 if total is not None else 0.0
     device = sum(getattr(event, "self_device_time_total", 0.0) for event in events) / 1e6
-    top = sorted(((event.key, event.self_cpu_time_total / 1e6) for event in events if event.key != "benchtrain_steps"), key=lambda item: -item[1])[:8]
+    top = sorted(
+        ((event.key, event.self_cpu_time_total / 1e6) for event in events if event.key != "benchtrain_steps"),
+        key=lambda item: -item[1],
+    )[:8]
     return StepProfile(optimizer_steps, optimizer_steps * grad_accum, syncs, host, device, top)
 
 

@@ -45,7 +45,9 @@ def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
     assert row["status"] == "ok" and row["num_workers"] == 2
 
 
-def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_faked_out_of_memory_error_is_recorded_not_raised(
+    workload: Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_run = workload.step.run
 
     def run(batches: Any, grad_accum: int, synchronize: bool = True) -> Any:
@@ -56,7 +58,11 @@ def test_a_faked_out_of_memory_error_is_recorded_not_raised(workload: Workload, 
     assert row["status"] == "oom"
     assert "out of memory" in row["error"]
     monkeypatch.setattr(workload.step, "run", real_run)
-    assert run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)["status"] == "ok"  # the workload recovered
+    # the workload recovered
+    assert (
+        run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)["status"]
+        == "ok"
+    )
 
 
 def test_other_failures_are_errors(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +82,13 @@ def fake_probe(oom_at: tuple[int, int] | None = None, calls: list | None = None)
             return {**row, "status": "oom", "error": "OutOfMemoryError"}
         step = 0.01 + 1e-5 * config.micro_batch_size * config.seq_len * config.grad_accum
         tokens = config.micro_batch_size * config.seq_len * config.grad_accum
-        return {**row, "status": "ok", "step_seconds": step, "tokens_per_second": tokens / step, "peak_memory_bytes": 1e6}
+        return {
+            **row,
+            "status": "ok",
+            "step_seconds": step,
+            "tokens_per_second": tokens / step,
+            "peak_memory_bytes": 1e6,
+        }
 
     return probe
 
@@ -87,14 +99,17 @@ SPACE = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128))
 def test_grid_probes_everything_and_prunes_after_oom() -> None:
     calls: list[StepConfig] = []
     result = run_grid(SPACE, fake_probe(oom_at=(4, 128), calls=calls), Budget(None))
-    statuses = {(r["micro_batch_size"], r["seq_len"], r["num_workers"], r["grad_accum"]): r["status"] for r in result.rows}
+    statuses = {
+        (r["micro_batch_size"], r["seq_len"], r["num_workers"], r["grad_accum"]): r["status"] for r in result.rows
+    }
     assert len(result.rows) == SPACE.size
     assert statuses[(8, 128, 0, 1)] in ("oom", "skipped")
     skipped = [r for r in result.rows if r["status"] == "skipped"]
     assert skipped, "larger batches at the OOM length must be skipped, not probed"
     assert all(r["micro_batch_size"] >= 4 and r["seq_len"] >= 128 for r in skipped)
     assert not any(
-        c.micro_batch_size >= 8 and c.seq_len >= 128 for c in calls[calls.index(next(c for c in calls if c.micro_batch_size >= 4 and c.seq_len >= 128)) + 1 :]
+        c.micro_batch_size >= 8 and c.seq_len >= 128
+        for c in calls[calls.index(next(c for c in calls if c.micro_batch_size >= 4 and c.seq_len >= 128)) + 1 :]
     )
     assert all(r["status"] == "ok" for r in result.rows if r["seq_len"] < 128)
 
@@ -122,7 +137,9 @@ def test_the_budget_stops_the_grid_and_says_what_was_left_out() -> None:
 
 
 def test_optuna_samples_the_same_space(home: Path) -> None:
-    result = run_optuna(SPACE, fake_probe(), Budget(None), trials=8, study=OptunaStudy(home / "studies" / "bench.db", "t1"))
+    result = run_optuna(
+        SPACE, fake_probe(), Budget(None), trials=8, study=OptunaStudy(home / "studies" / "bench.db", "t1")
+    )
     configs = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]) for r in result.rows}
     assert len(result.rows) == 8 == len(configs)
     assert all(r["status"] == "ok" for r in result.rows)
@@ -149,7 +166,9 @@ def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> 
     assert len(set(first) | set(second)) == len(first) + len(second)
     measured = [r for r in result.rows if r["status"] != "skipped"]
     assert len(measured) == 10
-    assert any(r["status"] == "oom" for r in result.rows) or all(c.micro_batch_size < 8 or c.seq_len < 128 for c in first + second)
+    assert any(r["status"] == "oom" for r in result.rows) or all(
+        c.micro_batch_size < 8 or c.seq_len < 128 for c in first + second
+    )
 
 
 def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,11 +216,33 @@ def test_drift_is_measured_with_a_reference_probe_and_corrected() -> None:
     assert result.drift["applied"] and result.drift["reference"] == {k: first[k] for k in result.drift["reference"]}
     assert len(result.drift["measurements"]) >= SPACE.size // 4
     assert result.drift["spread_pct"] > 20
-    truth = {(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]): r["tokens_per_second"] / STEP_SCALE for r in fake_probe_rows()}
-    corrected = [abs(r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
-    raw = [abs(r["tokens_per_second_raw"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1) for r in result.rows]
+    truth = {
+        (r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"]): r["tokens_per_second"] / STEP_SCALE
+        for r in fake_probe_rows()
+    }
+    corrected = [
+        abs(
+            r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] - 1
+        )
+        for r in result.rows
+    ]
+    raw = [
+        abs(
+            r["tokens_per_second_raw"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])]
+            - 1
+        )
+        for r in result.rows
+    ]
     # Rescaled to the benchmark's median speed: the spread across the benchmark shrinks.
-    assert np.ptp([r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])] for r in result.rows]) < 0.05
+    assert (
+        np.ptp(
+            [
+                r["tokens_per_second"] / truth[(r["micro_batch_size"], r["num_workers"], r["grad_accum"], r["seq_len"])]
+                for r in result.rows
+            ]
+        )
+        < 0.05
+    )
     assert max(raw) > 0.2 and max(corrected) < max(raw)
 
 
@@ -251,7 +292,11 @@ def test_lengths_beyond_the_models_positions_are_known_before_it_is_built(
     import benchtrain.bench.variant_measurement
     from benchtrain.bench.space import default_space, within_positions
 
-    monkeypatch.setattr(benchtrain.bench.variant_measurement, "Workload", lambda *args, **kwargs: pytest.fail("the model was built first"))
+    monkeypatch.setattr(
+        benchtrain.bench.variant_measurement,
+        "Workload",
+        lambda *args, **kwargs: pytest.fail("the model was built first"),
+    )
     code, _, err = run_main("bench", ["run", "--model", "gpt2", "--seq-lens", "512,2048", "--quiet"], capsys)
     assert_one_line_error(code, err, "--seq-lens [2048] exceed the model's 1024 positions")
     big_gpu = default_space("cuda", 80 * 2**30)

@@ -60,7 +60,14 @@ def test_a_steady_expensive_step_is_timed_twice_and_a_noisy_cheap_one_until_its_
 
 def test_no_step_starts_that_the_time_limit_cannot_pay_for() -> None:
     clock = FakeClock()
-    settings = ProbeSettings(warmup_steps=1, min_steps=3, max_steps=30, max_seconds=100.0, time_limit_seconds=40.0, expected_step_seconds=10.0)
+    settings = ProbeSettings(
+        warmup_steps=1,
+        min_steps=3,
+        max_steps=30,
+        max_seconds=100.0,
+        time_limit_seconds=40.0,
+        expected_step_seconds=10.0,
+    )
     timing = time_steps(steps_of(clock, [12.0, 10.0, 10.0, 10.0, 10.0]), settings, clock)
     assert clock.now <= 40.0
     assert timing.stop_reason == "time limit" and len(timing.step_seconds) == 2
@@ -80,7 +87,9 @@ def test_a_first_timed_step_still_warming_up_is_moved_to_the_warm_up() -> None:
 
 
 def flops_planner(space: SearchSpace, compiled: bool = False) -> ProbePlanner:
-    return ProbePlanner(space, CostModel(lambda config: 1e9, DeviceSpeed(1e12, "test"), ProbeSettings(), compiled=compiled))
+    return ProbePlanner(
+        space, CostModel(lambda config: 1e9, DeviceSpeed(1e12, "test"), ProbeSettings(), compiled=compiled)
+    )
 
 
 def test_prices_start_from_flops_and_follow_the_measurements() -> None:
@@ -92,13 +101,24 @@ def test_prices_start_from_flops_and_follow_the_measurements() -> None:
     # The device turns out 10x slower than the prior, plus a fixed 50 ms: prices follow.
     for config in (small, large):
         step = 0.05 + 10 * planner.cost.step_flops(config) / 1e12
-        row = {**config.to_row(), "status": "ok", "step_seconds": step, "first_step_seconds": step + 20.0, "timed_steps": 4, "warmup_steps": 1}
+        row = {
+            **config.to_row(),
+            "status": "ok",
+            "step_seconds": step,
+            "first_step_seconds": step + 20.0,
+            "timed_steps": 4,
+            "warmup_steps": 1,
+        }
         planner.record({**row, "probe_seconds": 20.0 + 5 * step, "new_shape": True})
     assert planner.cost.measured
     wide_short = StepConfig(micro_batch_size=4, num_workers=0, grad_accum=1, seq_len=64)
     assert planner.cost.step_seconds(wide_short) == pytest.approx(0.05 + 10 * 4 * 64 * 1e9 / 1e12, rel=1e-3)
     # A compiled step's new shape costs the compilation measured; a repeated one does not.
-    assert planner.price(wide_short) > 20.0 > planner.price(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=2, seq_len=64))
+    assert (
+        planner.price(wide_short)
+        > 20.0
+        > planner.price(StepConfig(micro_batch_size=1, num_workers=0, grad_accum=2, seq_len=64))
+    )
 
 
 def test_the_first_probes_are_cheap_and_cover_both_checkpointing_modes() -> None:
@@ -141,7 +161,9 @@ def test_llama_8b_lora_with_and_without_checkpointing_in_5_minutes_on_a_simulate
     assert record["overheads"]["compile_seconds_per_shape"] == pytest.approx(COMPILE_SECONDS, rel=0.02)
     # Plan-relevant sizes: a micro-batch of several thousand tokens was measured in each mode.
     for mode in (0, 1):
-        largest = max(r["micro_batch_size"] * r["seq_len"] for r in calibration.ok_rows() if r["gradient_checkpointing"] == mode)
+        largest = max(
+            r["micro_batch_size"] * r["seq_len"] for r in calibration.ok_rows() if r["gradient_checkpointing"] == mode
+        )
         assert largest >= 2048
 
 
@@ -220,13 +242,16 @@ def test_one_disturbed_price_does_not_end_the_benchmark(before_the_grid: int) ->
     clock = VirtualClock()
     space = SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
     planner = flops_planner(space)
-    probe = busy_then_quiet_probe(clock, disturbed=max(1, before_the_grid), slower=300.0 if before_the_grid == 0 else 1000.0)
+    probe = busy_then_quiet_probe(
+        clock, disturbed=max(1, before_the_grid), slower=300.0 if before_the_grid == 0 else 1000.0
+    )
     cheapest = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=64)
     for _ in range(before_the_grid):
         planner.cost.observe(probe(cheapest, None))
     budget = Budget(150.0, clock=clock)  # from the grid's start
     result = run_grid(space, probe, budget, planner=planner, reference_every=None)
-    assert probe.calls[0].micro_batch_size * probe.calls[0].seq_len == 64  # the cheapest first, priced by its busy moment
+    # the cheapest first, priced by its busy moment
+    assert probe.calls[0].micro_batch_size * probe.calls[0].seq_len == 64
     assert len([row for row in result.rows if row["status"] == "ok"]) >= 3
     assert budget.elapsed() <= 150.0
 

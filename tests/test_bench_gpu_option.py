@@ -14,10 +14,25 @@ from helpers import assert_one_line_error, run_main
 import benchtrain.train.step.hardware as hardware
 
 # Exits before any model is built; the old code measured this grid on the CPU and exited 0.
-GRID = ["--batch-sizes", "1,2,4", "--seq-lens", "16", "--workers", "0", "--accum", "1", "--no-report", "--quiet", "--budget", "30s"]
+GRID = [
+    "--batch-sizes",
+    "1,2,4",
+    "--seq-lens",
+    "16",
+    "--workers",
+    "0",
+    "--accum",
+    "1",
+    "--no-report",
+    "--quiet",
+    "--budget",
+    "30s",
+]
 
 
-def _no_usable_cuda(monkeypatch: pytest.MonkeyPatch, build: str | None, driver: str | None, driver_cuda: str | None) -> None:
+def _no_usable_cuda(
+    monkeypatch: pytest.MonkeyPatch, build: str | None, driver: str | None, driver_cuda: str | None
+) -> None:
     """This machine as torch sees it on a rented GPU whose torch build does not match the driver."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", build)
@@ -33,14 +48,20 @@ def test_a_torch_for_a_newer_cuda_than_the_driver_is_refused_with_the_install_th
     code, _, err = run_main("bench", ["run", "--gpu", "h100", *GRID], capsys)
     assert_one_line_error(code, err, "--gpu h100: torch ")
     line = err.strip().splitlines()[-1]
-    for fact in ("built for CUDA 12.8", "NVIDIA driver 535.104.05 supporting CUDA 12.2", "torch.cuda.is_available() is False"):
+    for fact in (
+        "built for CUDA 12.8",
+        "NVIDIA driver 535.104.05 supporting CUDA 12.2",
+        "torch.cuda.is_available() is False",
+    ):
         assert fact in line, line
     release = torch.__version__.split("+")[0]
     assert f"pip install --force-reinstall torch=={release} --index-url https://download.pytorch.org/whl/cu122" in line
     assert not list((home / "calibrations").glob("*.json"))  # nothing measured, nothing stored
 
 
-def test_a_cpu_only_torch_or_no_driver_each_say_so(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cpu_only_torch_or_no_driver_each_say_so(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     _no_usable_cuda(monkeypatch, None, "550.54.15", "12.4")
     code, _, err = run_main("bench", ["run", "--gpu", "a100", *GRID], capsys)
     assert_one_line_error(code, err, "is a CPU-only build, NVIDIA driver 550.54.15 supporting CUDA 12.4")

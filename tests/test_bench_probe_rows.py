@@ -37,7 +37,9 @@ def bench_list(capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-def simulated_bench_keeping_rows(monkeypatch: pytest.MonkeyPatch, fail_at_probe: int | None = None) -> tuple[dict[str, Any], list[list[dict]], Any]:
+def simulated_bench_keeping_rows(
+    monkeypatch: pytest.MonkeyPatch, fail_at_probe: int | None = None
+) -> tuple[dict[str, Any], list[list[dict]], Any]:
     """A simulated H100 bench (tests/simulated.py) that keeps its rows as `bench run` does; the file's
     rows after every probe; `fail_at_probe`: that probe raises (a collective that gave up)."""
     from functools import partial
@@ -76,7 +78,8 @@ def test_the_rows_are_on_disk_after_every_probe_and_storing_the_calibration_remo
 
     record, on_disk, payloads = simulated_bench_keeping_rows(monkeypatch)
     probes = [row for row in record["measurements"] if "predicted" in row]  # not those left out
-    assert len(on_disk) >= len(probes) >= 4 and [len(rows) for rows in on_disk] == list(range(1, len(on_disk) + 1))  # after every probe
+    # after every probe
+    assert len(on_disk) >= len(probes) >= 4 and [len(rows) for rows in on_disk] == list(range(1, len(on_disk) + 1))
     (kept,) = unfinished_files(home)
     assert record[UNFINISHED_KEY] == str(kept)
     with pytest.raises(BenchtrainError, match="no calibration"):
@@ -95,7 +98,11 @@ def test_the_rows_are_on_disk_after_every_probe_and_storing_the_calibration_remo
 
     rows = keep_unfinished({"id": "cpu-tiny-20260101-000000", "measurements": []})
     failed = save_failed({"id": "cpu-tiny-20260101-000000", "measurements": [], UNFINISHED_KEY: str(rows)})
-    assert unfinished_files(home) == [] and failed.parent.name == "failed" and UNFINISHED_KEY not in json.loads(failed.read_text())
+    assert (
+        unfinished_files(home) == []
+        and failed.parent.name == "failed"
+        and UNFINISHED_KEY not in json.loads(failed.read_text())
+    )
 
 
 def test_a_bench_that_fails_after_some_probes_says_where_their_rows_are(
@@ -113,22 +120,41 @@ def test_a_bench_that_fails_after_some_probes_says_where_their_rows_are(
     rows = json.loads(kept.read_text())["measurements"]
     assert len(rows) == 2 and all(row["status"] == "ok" for row in rows)
     message = str(stopped.value)
-    assert message.startswith("the bench stopped after 2 probes (2 ok), on RuntimeError: [gloo] Timed out") and str(kept) in message
+    assert (
+        message.startswith("the bench stopped after 2 probes (2 ok), on RuntimeError: [gloo] Timed out")
+        and str(kept) in message
+    )
     assert stopped.value.exit_code == 1
 
     monkeypatch.setattr(KeptRows, "written_here", set())  # the next bench is another process
     space = SimpleNamespace(as_dict=dict)
-    task = SimpleNamespace(device_label="h100", model={"name": "tiny"}, hardware={}, software={}, training={}, requested_device=None, data=None)
+    task = SimpleNamespace(
+        device_label="h100",
+        model={"name": "tiny"},
+        hardware={},
+        software={},
+        training={},
+        requested_device=None,
+        data=None,
+    )
     capsys.readouterr()
-    KeptRows(SimpleNamespace(**vars(task), world_size=2, sharding="fsdp", search="grid", space=space)).add({"status": "ok"})
+    KeptRows(SimpleNamespace(**vars(task), world_size=2, sharding="fsdp", search="grid", space=space)).add(
+        {"status": "ok"}
+    )
     assert f"earlier benches that did not finish left theirs in {kept}" in capsys.readouterr().err
 
 
 def test_the_probes_collectives_give_up_after_a_multiple_of_its_price() -> None:
-    from benchtrain.bench.probe_tasks import COLLECTIVE_TIMEOUT_FACTOR, COLLECTIVE_TIMEOUT_FLOOR, collectives_give_up_after, probe_timeout_seconds
+    from benchtrain.bench.probe_tasks import (
+        COLLECTIVE_TIMEOUT_FACTOR,
+        COLLECTIVE_TIMEOUT_FLOOR,
+        collectives_give_up_after,
+        probe_timeout_seconds,
+    )
 
     assert probe_timeout_seconds(1.0) == COLLECTIVE_TIMEOUT_FLOOR  # a cheap probe: the floor
-    assert probe_timeout_seconds(300.0) == 300.0 * COLLECTIVE_TIMEOUT_FACTOR  # a long compiled one: beyond NCCL's 10 minutes
+    # a long compiled one: beyond NCCL's 10 minutes
+    assert probe_timeout_seconds(300.0) == 300.0 * COLLECTIVE_TIMEOUT_FACTOR
     with collectives_give_up_after(5.0):  # one process: nothing to set
         pass
 
@@ -173,7 +199,11 @@ def test_the_other_ranks_wait_for_rank_0s_compile_child_on_the_store(monkeypatch
 
     # Rank 0 counts itself in once its child is done, even when timing it failed.
     leader = probe_tasks.JobStore(store, world_size=2, rank=0)
-    monkeypatch.setattr(probe_tasks, "measure_cached_compile", lambda workload, row, timeout: {"first_step_seconds": 9.0, "timeout": timeout})
+    monkeypatch.setattr(
+        probe_tasks,
+        "measure_cached_compile",
+        lambda workload, row, timeout: {"first_step_seconds": 9.0, "timeout": timeout},
+    )
     assert probe_tasks.compile_cache_task(None, task, "leader", leader) == {"first_step_seconds": 9.0, "timeout": 900.0}
     assert store.add("leader", 0) == 1
 
@@ -183,7 +213,9 @@ def test_the_other_ranks_wait_for_rank_0s_compile_child_on_the_store(monkeypatch
 
 def run_until_killed(command: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str, str]:
     """(exit code or None when killed at `timeout`, stdout, stderr) of a launcher and its workers."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
         return process.returncode, stdout, stderr
@@ -209,7 +241,18 @@ def test_the_rows_before_a_one_rank_failure_between_collectives_survive_the_benc
     root = str(Path(__file__).resolve().parent.parent)
     pythonpath = os.pathsep.join(filter(None, [root, str(CHECKS.parent), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "BENCHTRAIN_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(CHECKS), "rows-survive", sharding, failure]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(CHECKS),
+        "rows-survive",
+        sharding,
+        failure,
+    ]
     code, stdout, stderr = run_until_killed(command, env, timeout=120)
     (kept,) = unfinished_files(home)
     rows = json.loads(kept.read_text())["measurements"]
@@ -217,9 +260,14 @@ def test_the_rows_before_a_one_rank_failure_between_collectives_survive_the_benc
     assert f"measurements so far are kept in {kept}" in stderr  # said before the first probe ended
     if failure == "stall":
         found = json.loads(stdout.strip().splitlines()[-1])
-        assert found["code"] != 0 and found["failing_probe_seconds"] < STALL_SECONDS, stderr[-3000:]  # not waiting for rank 1
-        assert "error: the bench stopped after 2 probes (2 ok), on RuntimeError:" in stderr and f"kept in {kept}" in stderr
+        # not waiting for rank 1
+        assert found["code"] != 0 and found["failing_probe_seconds"] < STALL_SECONDS, stderr[-3000:]
+        assert (
+            "error: the bench stopped after 2 probes (2 ok), on RuntimeError:" in stderr and f"kept in {kept}" in stderr
+        )
     else:
         assert code is None or code != 0
     monkeypatch.setenv("BENCHTRAIN_HOME", str(home))
-    assert f"unfinished bench {kept}: started" in bench_list(capsys) and "2 probes measured (2 ok)" in bench_list(capsys)
+    assert f"unfinished bench {kept}: started" in bench_list(capsys) and "2 probes measured (2 ok)" in bench_list(
+        capsys
+    )

@@ -17,7 +17,19 @@ import torch
 from helpers import TINY_GRID, assert_one_line_error, run_main
 
 BF16_STEP = {(True, torch.bfloat16)}  # every nn.Linear call: autocast on, a bf16 output
-SMALL_GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
+SMALL_GRID = [
+    "--batch-sizes",
+    "1,2",
+    "--workers",
+    "0",
+    "--accum",
+    "1",
+    "--seq-lens",
+    "32,64",
+    "--max-probe-seconds",
+    "0.2",
+    "--quiet",
+]
 
 
 @pytest.fixture()
@@ -86,7 +98,18 @@ def test_bench_and_train_run_every_step_in_bf16_before_and_after_a_loss_switch(
     assert calibration["loss_choice"]["chosen"] == calibration["training"]["loss"]  # the losses were compared
 
     step_precision.command = "train"
-    train_args = ["--data", "sample", "--deadline", "30m", "--effective-batch", "4", *method, "--max-steps", "3", "--no-report"]
+    train_args = [
+        "--data",
+        "sample",
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        *method,
+        "--max-steps",
+        "3",
+        "--no-report",
+    ]
     code, _, err = run_main("train", train_args, capsys)
     assert code == 0, err
     run_dir = next((home / "runs").glob("*/run.json")).parent
@@ -98,7 +121,11 @@ def test_bench_and_train_run_every_step_in_bf16_before_and_after_a_loss_switch(
     switches = sum(before != after for before, after in itertools.pairwise(bench_losses))
     assert set(bench_losses) == {"chunked", "plain"} and switches >= 2, bench_losses  # chunked, plain, chunked, …
     assert len(step_precision.losses("train")) >= 3
-    off = [(index, command, loss, seen) for index, (command, loss, seen) in enumerate(step_precision.steps) if seen != BF16_STEP]
+    off = [
+        (index, command, loss, seen)
+        for index, (command, loss, seen) in enumerate(step_precision.steps)
+        if seen != BF16_STEP
+    ]
     assert not off, f"{len(off)} of {len(step_precision.steps)} steps ran outside bf16 autocast, the first: {off[:3]}"
 
 
@@ -113,7 +140,9 @@ def test_the_engine_records_bf16_on_cpu_when_asked() -> None:
     assert engine.accelerator.device.type == "cpu" and engine.record()["precision"] == "bf16"
 
 
-def test_a_bad_cpu_bf16_value_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_cpu_bf16_value_is_one_line(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("BENCHTRAIN_CPU_BF16", "maybe")
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", *TINY_GRID, "--no-report"], capsys)
     assert_one_line_error(code, err, "BENCHTRAIN_CPU_BF16='maybe'")
@@ -134,12 +163,22 @@ def test_a_calibration_of_another_precision_is_refused_unless_forced(monkeypatch
     hardware = {"name": "Test CPU", "device_type": "cpu"}
 
     def calibration(**training: Any) -> Any:
-        return SimpleNamespace(id="cal", training={"method": "full", **training}, model={"name": "tiny", "fingerprint": spec.fingerprint}, hardware=hardware)
+        return SimpleNamespace(
+            id="cal",
+            training={"method": "full", **training},
+            model={"name": "tiny", "fingerprint": spec.fingerprint},
+            hardware=hardware,
+        )
 
     monkeypatch.delenv("BENCHTRAIN_CPU_BF16", raising=False)
-    with pytest.raises(BenchtrainError, match=r"^calibration cal measured a bf16 step, this run would train in fp32 .*or pass --force$"):
+    with pytest.raises(
+        BenchtrainError, match=r"^calibration cal measured a bf16 step, this run would train in fp32 .*or pass --force$"
+    ):
         check_compatible(calibration(precision="bf16"), spec, hardware, False, MethodConfig())
-    assert "measured a bf16 step" in check_compatible(calibration(precision="bf16"), spec, hardware, True, MethodConfig())[0]
+    assert (
+        "measured a bf16 step"
+        in check_compatible(calibration(precision="bf16"), spec, hardware, True, MethodConfig())[0]
+    )
     assert check_compatible(calibration(precision="fp32"), spec, hardware, False, MethodConfig()) == []
     assert check_compatible(calibration(), spec, hardware, False, MethodConfig()) == []
     monkeypatch.setenv("BENCHTRAIN_CPU_BF16", "1")

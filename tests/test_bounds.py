@@ -72,7 +72,9 @@ def test_a_step_of_many_micro_steps_is_measured_as_robustly_as_a_short_one() -> 
         clock[0] += result.seconds
         return result
 
-    timing = time_steps(run, ProbeSettings(warmup_steps=1, min_steps=3, max_steps=3, max_seconds=100.0), lambda: clock[0])
+    timing = time_steps(
+        run, ProbeSettings(warmup_steps=1, min_steps=3, max_steps=3, max_seconds=100.0), lambda: clock[0]
+    )
     assert timing.step_seconds == [pytest.approx(0.97)] * 3 and timing.raw_step_seconds == [result.seconds] * 3
     row = finish_row({}, config(4, 128, 16), timing, 1, 1.0, None)
     assert row["step_seconds"] == pytest.approx(0.97) and row["step_seconds_mean"] == pytest.approx(result.seconds)
@@ -85,7 +87,9 @@ def test_the_cpu_step_times_each_micro_step() -> None:
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
 
-    engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile="off", loss="plain"))
+    engine = engine_from_options(
+        resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile="off", loss="plain")
+    )
     batches = iter(SyntheticBatches(4, 2, 32, 320)[index] for index in range(4))
     result = engine.step.run(batches, 4)
     assert len(result.micro_step_seconds) == 4 and all(seconds > 0 for seconds in result.micro_step_seconds)
@@ -106,10 +110,18 @@ def length_truth(step: StepConfig) -> float:
 def rows_from(truth: Any, noise: float = 0.01, seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     rows = []
-    for row in synthetic_rows(batch_sizes=(1, 2, 4, 8), seq_lens=(128, 256, 512), accums=(1, 2), workers=(0,), noise=0.0):
+    for row in synthetic_rows(
+        batch_sizes=(1, 2, 4, 8), seq_lens=(128, 256, 512), accums=(1, 2), workers=(0,), noise=0.0
+    ):
         step = truth(StepConfig.from_row(row)) * row["grad_accum"] * (1 + rng.gauss(0, noise))
         row = {key: value for key, value in row.items() if key != "data_wait_share"}
-        rows.append({**row, "step_seconds": step, "tokens_per_second": row["micro_batch_size"] * row["seq_len"] * row["grad_accum"] / step})
+        rows.append(
+            {
+                **row,
+                "step_seconds": step,
+                "tokens_per_second": row["micro_batch_size"] * row["seq_len"] * row["grad_accum"] / step,
+            }
+        )
     return rows
 
 
@@ -121,7 +133,10 @@ def test_a_length_extrapolation_widens_by_what_extrapolating_length_was_measured
     shorter = Calibration(synthetic_calibration([row for row in rows if row["seq_len"] < 512]))
     misses = [
         # tokens/s error, as every held-out error is: actual seconds / predicted − 1
-        abs(row["step_seconds"] / row["grad_accum"] / shorter.throughput.micro_step_seconds(StepConfig.from_row(row)) - 1)
+        abs(
+            row["step_seconds"] / row["grad_accum"] / shorter.throughput.micro_step_seconds(StepConfig.from_row(row))
+            - 1
+        )
         for row in rows
         if row["seq_len"] == 512
     ]

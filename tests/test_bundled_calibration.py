@@ -28,20 +28,39 @@ def test_the_real_h100_calibration_ships_with_the_package() -> None:
 
 def test_a_dry_run_with_the_h100_calibration_plans_for_the_h100(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It checked memory against this CPU ("this device has 24 GiB") and refused without --force."""
-    code, out, err = run_main("train", ["--use-calibration", H100, "--model", "llama-3.2-1b", "--data", "sample", "--deadline", "1h", "--dry-run"], capsys)
+    code, out, err = run_main(
+        "train",
+        ["--use-calibration", H100, "--model", "llama-3.2-1b", "--data", "sample", "--deadline", "1h", "--dry-run"],
+        capsys,
+    )
     assert code == 0, err
     assert "NVIDIA H100 80GB HBM3" in err and json.loads(bundled_calibrations()[H100].read_text())["id"] in err
     assert "of the 79.18 GiB" in out and "has 79 GiB" in out  # the H100's memory, not this CPU's
     assert "MFU" in out and "of the H100 SXM's 989 TFLOP/s" in out  # the H100's peak, not this CPU's (none)
     assert "tokens are bytes" in out  # presets count bytes, and the plan says so
     # A model that does not fit an H100 is refused on the H100's memory, not this machine's.
-    nemo = ["--use-calibration", H100, "--model", "mistral-nemo-12b", "--data", "sample", "--deadline", "1h", "--dry-run", "--force"]
+    nemo = [
+        "--use-calibration",
+        H100,
+        "--model",
+        "mistral-nemo-12b",
+        "--data",
+        "sample",
+        "--deadline",
+        "1h",
+        "--dry-run",
+        "--force",
+    ]
     code, _, err = run_main("train", nemo, capsys)
     assert_one_line_error(code, err, "this NVIDIA H100 80GB HBM3 has 79 GiB: use --lora")
 
 
-def test_training_with_a_calibration_of_another_device_still_needs_force(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_main("train", ["--use-calibration", H100, "--model", "llama-3.2-1b", "--data", "sample", "--deadline", "1h"], capsys)
+def test_training_with_a_calibration_of_another_device_still_needs_force(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(
+        "train", ["--use-calibration", H100, "--model", "llama-3.2-1b", "--data", "sample", "--deadline", "1h"], capsys
+    )
     assert_one_line_error(code, err, "was measured on NVIDIA H100 80GB HBM3")
 
 

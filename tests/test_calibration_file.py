@@ -17,7 +17,13 @@ from benchtrain.bench.cli import main as bench_main
 from benchtrain.calibration import schema
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.store import list_calibrations, resolve_calibration, save_calibration, update_calibration
-from benchtrain.common.errors import EXIT_USAGE, BenchtrainError, CalibrationFileError, CalibrationTooOldError, guard_cli
+from benchtrain.common.errors import (
+    EXIT_USAGE,
+    BenchtrainError,
+    CalibrationFileError,
+    CalibrationTooOldError,
+    guard_cli,
+)
 
 
 def write(path: Path, text: str) -> Path:
@@ -84,7 +90,9 @@ def test_wrong_fields_and_types_are_named(tmp_path: Path, mutate, message: str) 
         schema.read_calibration_file(path)
 
 
-def test_a_too_old_calibration_is_refused_in_one_line_naming_its_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_too_old_calibration_is_refused_in_one_line_naming_its_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     old = synthetic_calibration()
     old["schema_version"] = schema.OLDEST_READABLE - 1
     path = write(tmp_path / "old.json", json.dumps(old))
@@ -165,7 +173,9 @@ def test_concurrent_history_updates_lose_nothing(home: Path) -> None:
 
 def test_concurrent_saves_get_distinct_files(home: Path) -> None:
     paths: list[Path] = []
-    threads = [threading.Thread(target=lambda: paths.append(save_calibration(synthetic_calibration()))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: paths.append(save_calibration(synthetic_calibration()))) for _ in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

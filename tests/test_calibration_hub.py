@@ -85,9 +85,18 @@ class FakeHub:
             for operation in operations:
                 hub.files[operation.path_in_repo] = operation.path_or_fileobj
             hub.head = hashlib.sha1(hub.head.encode() + b"next").hexdigest()
-            return type("CommitInfo", (), {"commit_url": f"https://huggingface.co/datasets/{repo_id}/commit/{hub.head}", "oid": hub.head})()
+            return type(
+                "CommitInfo",
+                (),
+                {"commit_url": f"https://huggingface.co/datasets/{repo_id}/commit/{hub.head}", "oid": hub.head},
+            )()
 
-        methods = {"whoami": whoami, "create_repo": create_repo, "list_repo_files": list_repo_files, "hf_hub_download": hf_hub_download}
+        methods = {
+            "whoami": whoami,
+            "create_repo": create_repo,
+            "list_repo_files": list_repo_files,
+            "hf_hub_download": hf_hub_download,
+        }
         for name, method in {**methods, "create_commit": create_commit}.items():
             monkeypatch.setattr(HfApi, name, method)
 
@@ -95,7 +104,10 @@ class FakeHub:
         return [kwargs for call, kwargs in self.calls if call == name]
 
     def sent(self, commit: int = -1) -> dict[str, bytes]:
-        return {operation.path_in_repo: operation.path_or_fileobj for operation in self.called("create_commit")[commit]["operations"]}
+        return {
+            operation.path_in_repo: operation.path_or_fileobj
+            for operation in self.called("create_commit")[commit]["operations"]
+        }
 
 
 @pytest.fixture()
@@ -142,8 +154,14 @@ def as_bytes(data: dict[str, Any]) -> bytes:
 # -- push -----------------------------------------------------------------------------------------
 
 
-def test_push_sends_each_calibration_and_a_card_then_a_second_push_merges(home: Path, hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
-    save_calibration(shared("cpu-a", "2026-11-01T10:00:00+00:00", data={"source": "/home/alice/secret/chats.jsonl", "format": "chat"}))
+def test_push_sends_each_calibration_and_a_card_then_a_second_push_merges(
+    home: Path, hub: FakeHub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save_calibration(
+        shared(
+            "cpu-a", "2026-11-01T10:00:00+00:00", data={"source": "/home/alice/secret/chats.jsonl", "format": "chat"}
+        )
+    )
     save_calibration(shared("cpu-b", "2026-11-02T10:00:00+00:00", measured_by="bob"))
     code, out, err = run_main("bench", ["push", REPO], capsys)
     assert code == 0, err
@@ -158,17 +176,25 @@ def test_push_sends_each_calibration_and_a_card_then_a_second_push_merges(home: 
     assert first["data"]["source"] == "chats.jsonl"  # a local path goes up as its name only
     assert first["measurements"] == cpu_calibration("cpu-a")["measurements"]
     card = sent["README.md"].decode()
-    assert "| id | device | interconnect | model | method | quantization | processes | software | created | measured by |" in card
+    assert (
+        "| id | device | interconnect | model | method | quantization | processes | software | created | measured by |"
+        in card
+    )
     row_a = next(line for line in card.splitlines() if line.startswith("| cpu-a |"))
     assert "| tiny | full | none | 1 |" in row_a and "2026-11-01T10:00:00+00:00 | tester |" in row_a
     assert card.index("| cpu-b |") < card.index("| cpu-a |")  # newest first
-    assert f"hub:{REPO}" in card and "pushed 2 calibration(s)" in out and f"https://huggingface.co/datasets/{REPO}" in out
+    assert (
+        f"hub:{REPO}" in card and "pushed 2 calibration(s)" in out and f"https://huggingface.co/datasets/{REPO}" in out
+    )
 
     # Another machine pushes one more: those already there are read (through the cache) and listed too.
     save_calibration(shared("cpu-c", "2026-11-03T10:00:00+00:00"))
     code, out, err = run_main("bench", ["push", REPO, "cpu-c"], capsys)
     assert code == 0, err
-    assert sorted(call["filename"] for call in hub.called("hf_hub_download")) == ["calibrations/cpu-a.json", "calibrations/cpu-b.json"]
+    assert sorted(call["filename"] for call in hub.called("hf_hub_download")) == [
+        "calibrations/cpu-a.json",
+        "calibrations/cpu-b.json",
+    ]
     sent = hub.sent()
     assert set(sent) == {"calibrations/cpu-c.json", "README.md"}
     card = sent["README.md"].decode()
@@ -195,7 +221,13 @@ def test_pushed_calibrations_come_back_through_the_cache_with_their_source(
     entries = shared_calibrations(f"hub:{REPO}")
     assert [data["id"] for _, data in entries] == ["cpu-b", "cpu-a"]  # newest first
     for path, data in entries:
-        assert data["source"] == {"kind": "hub", "repo": REPO, "file": f"calibrations/{data['id']}.json", "revision": hub.head, "measured_by": "tester"}
+        assert data["source"] == {
+            "kind": "hub",
+            "repo": REPO,
+            "file": f"calibrations/{data['id']}.json",
+            "revision": hub.head,
+            "measured_by": "tester",
+        }
         assert path.is_relative_to(hub_cache)
     one = calibration.load(f"hub:{REPO}/cpu-a")
     assert one.id == "cpu-a" and one.provenance == f"hub:{REPO} (by tester)" and one.path is not None
@@ -214,11 +246,20 @@ def test_pushed_calibrations_come_back_through_the_cache_with_their_source(
         ("bad name", "bench push 'my org/cals..x' is not a hub repository name (ORG/NAME)"),
         ("nothing stored", "bench push: no calibration in"),
         ("refused", f"bench push {REPO}: the hub refused dataset {REPO}: 403 Forbidden"),
-        ("unreachable", f"bench push {REPO}: cannot reach the hub (ConnectError: Name or service not known): check the network"),
+        (
+            "unreachable",
+            f"bench push {REPO}: cannot reach the hub (ConnectError: Name or service not known): check the network",
+        ),
     ],
 )
 def test_a_push_that_cannot_happen_is_one_line(
-    home: Path, hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], setting: str, fragment: str
+    home: Path,
+    hub: FakeHub,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    setting: str,
+    fragment: str,
 ) -> None:
     import httpx2
     from huggingface_hub import constants, errors
@@ -235,7 +276,9 @@ def test_a_push_that_cannot_happen_is_one_line(
     elif setting == "bad name":
         name = "my org/cals..x"
     elif setting == "refused":
-        hub.commit_error = errors.HfHubHTTPError("403 Forbidden: you cannot write to my-org", response=httpx2.Response(403, request=request))
+        hub.commit_error = errors.HfHubHTTPError(
+            "403 Forbidden: you cannot write to my-org", response=httpx2.Response(403, request=request)
+        )
     elif setting == "unreachable":
         hub.commit_error = httpx2.ConnectError("Name or service not known", request=request)
     code, _, err = run_main("bench", ["push", name], capsys)
@@ -246,7 +289,9 @@ def test_a_push_that_cannot_happen_is_one_line(
 # -- pull -----------------------------------------------------------------------------------------
 
 
-def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, hub_cache: Path, offline: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(
+    home: Path, hub_cache: Path, offline: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchtrain import calibration
     from benchtrain.calibration.hub import shared_calibrations
 
@@ -266,7 +311,9 @@ def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, h
     entries = shared_calibrations("hub:org/mixed", on_skip=skipped.append)
     assert [data["id"] for _, data in entries] == ["cpu-good"]
     assert entries[0][1]["source"]["measured_by"] == "alice" and entries[0][1]["source"]["revision"] == "a" * 40
-    assert len(skipped) == 3 and all("\n" not in line and line.startswith("hub:org/mixed: calibrations/") for line in skipped)
+    assert len(skipped) == 3 and all(
+        "\n" not in line and line.startswith("hub:org/mixed: calibrations/") for line in skipped
+    )
     assert any("cpu-cut.json" in line and "not valid JSON" in line for line in skipped)
     assert any("cpu-typed.json" in line and "'measurements'" in line for line in skipped)
     assert any("cpu-renamed.json" in line and "'cpu-good'" in line for line in skipped)
@@ -291,35 +338,67 @@ def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(home: Path, h
         ("hub:org/cals/cpu-none", "calibrations/cpu-none.json is not in the hub cache"),
     ],
 )
-def test_hub_references_that_name_nothing_usable_are_one_line(hub_cache: Path, offline: None, reference: str, fragment: str) -> None:
+def test_hub_references_that_name_nothing_usable_are_one_line(
+    hub_cache: Path, offline: None, reference: str, fragment: str
+) -> None:
     from benchtrain import calibration
 
-    write_cache(hub_cache, "org/cals", {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))}, "b" * 40)
+    write_cache(
+        hub_cache,
+        "org/cals",
+        {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))},
+        "b" * 40,
+    )
     with pytest.raises(BenchtrainError) as raised:
         calibration.load(reference)
     assert fragment in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_bench_push_help_has_examples() -> None:
-    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "push", "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "examples:" in done.stdout and "--use-calibration hub:my-org/gpu-calibrations" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "benchtrain.bench", "push", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        done.returncode == 0
+        and "examples:" in done.stdout
+        and "--use-calibration hub:my-org/gpu-calibrations" in done.stdout
+    )
 
 
 def test_offline_and_not_cached_is_one_line_in_a_fresh_process(tmp_path: Path) -> None:
     """As a user runs it: HF_HOME and HF_HUB_OFFLINE from the environment."""
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "BENCHTRAIN_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "BENCHTRAIN_HOME": str(tmp_path / "home"),
+    }
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "show", "hub:org/absent"], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchtrain.bench", "show", "hub:org/absent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
-    assert "hub:org/absent: dataset org/absent is not in the hub cache" in done.stderr and str(tmp_path / "hf" / "hub") in done.stderr
+    assert (
+        "hub:org/absent: dataset org/absent is not in the hub cache" in done.stderr
+        and str(tmp_path / "hf" / "hub") in done.stderr
+    )
     assert "HF_HUB_OFFLINE is set" in done.stderr and "`hf download org/absent --repo-type dataset`" in done.stderr
 
 
 @pytest.mark.parametrize("kind", ["offline", "unreachable", "not found"])
 def test_train_with_a_hub_calibration_it_cannot_get_is_one_line(
-    home: Path, hub_cache: Path, chats: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+    home: Path,
+    hub_cache: Path,
+    chats: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
 ) -> None:
     import httpx2
     from huggingface_hub import HfApi, constants, errors
@@ -350,7 +429,12 @@ def test_a_hub_calibration_is_never_written_by_a_run(hub_cache: Path, offline: N
     from benchtrain.calibration.hub import shared_calibrations
     from benchtrain.calibration.store import is_read_only, update_calibration
 
-    write_cache(hub_cache, "org/cals", {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))}, "c" * 40)
+    write_cache(
+        hub_cache,
+        "org/cals",
+        {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))},
+        "c" * 40,
+    )
     ((path, _),) = shared_calibrations("hub:org/cals")
     before = path.read_bytes()
     assert is_read_only(path)
@@ -367,12 +451,17 @@ def test_a_comparison_row_says_whose_measurement_it_rests_on(
 ) -> None:
     save_calibration(cpu_calibration("cpu-mine"))
     theirs = shared("cpu-theirs", "2026-11-02T10:00:00+00:00", measured_by="alice")
-    other_model = {**shared("cpu-gpt2", "2026-11-03T10:00:00+00:00"), "model": {"name": "gpt2", "parameter_count": 1, "fingerprint": "another"}}
+    other_model = {
+        **shared("cpu-gpt2", "2026-11-03T10:00:00+00:00"),
+        "model": {"name": "gpt2", "parameter_count": 1, "fingerprint": "another"},
+    }
     files = {"calibrations/cpu-theirs.json": as_bytes(theirs), "calibrations/cpu-gpt2.json": as_bytes(other_model)}
     write_cache(hub_cache, "org/shared", files, "d" * 40)
     common = ["--data", str(chats), "--deadline", "12h", "--no-report"]
 
-    code, out, err = run_main("train", ["--dry-run", "--use-calibration", "all,hub:org/shared", *common, "--json"], capsys)
+    code, out, err = run_main(
+        "train", ["--dry-run", "--use-calibration", "all,hub:org/shared", *common, "--json"], capsys
+    )
     assert code == 0, err
     rows = {row["reference"]: row for row in json.loads(out)["rows"]}
     assert set(rows) == {"cpu-mine", "hub:org/shared/cpu-theirs"}  # the other model's is left out, as `all` leaves it
@@ -385,11 +474,15 @@ def test_a_comparison_row_says_whose_measurement_it_rests_on(
     assert "hub:org/shared/cpu-theirs" in out and "(by alice)" in out
     assert "train it there with: train --use-calibration hub:org/shared/cpu-theirs" in out
     # The row's plan is the one a single dry run of that reference makes.
-    code, single, err = run_main("train", ["--dry-run", "--use-calibration", "hub:org/shared/cpu-theirs", *common, "--json"], capsys)
+    code, single, err = run_main(
+        "train", ["--dry-run", "--use-calibration", "hub:org/shared/cpu-theirs", *common, "--json"], capsys
+    )
     assert code == 0, err
     assert json.loads(single)["plan"]["chosen"] == rows["hub:org/shared/cpu-theirs"]["plan"]["chosen"]
     # Every calibration of a repository is a comparison, hence a dry run.
-    code, _, err = run_main("train", ["--use-calibration", "hub:org/shared", "--data", str(chats), "--deadline", "12h"], capsys)
+    code, _, err = run_main(
+        "train", ["--use-calibration", "hub:org/shared", "--data", str(chats), "--deadline", "12h"], capsys
+    )
     assert_one_line_error(code, err, "compares calibrations, which is a dry run: add --dry-run")
 
 
@@ -400,9 +493,17 @@ def test_the_card_says_what_each_measured_and_escapes_what_it_holds() -> None:
     from benchtrain.calibration.hub import card_text
 
     lora = shared(
-        "cpu-lora", "2026-11-01T10:00:00+00:00", measured_by="eve | <script>", training={"method": "lora", "lora": {"rank": 16}, "quantization": "4bit"}
+        "cpu-lora",
+        "2026-11-01T10:00:00+00:00",
+        measured_by="eve | <script>",
+        training={"method": "lora", "lora": {"rank": 16}, "quantization": "4bit"},
     )
-    lora["hardware"] = {**lora["hardware"], "name": "GPU | with\na newline", "interconnect": {"kind": "nvlink", "links": 18}, "cuda_version": "13.0"}
+    lora["hardware"] = {
+        **lora["hardware"],
+        "name": "GPU | with\na newline",
+        "interconnect": {"kind": "nvlink", "links": 18},
+        "cuda_version": "13.0",
+    }
     lora["software"] = {"torch": "2.13.0", "transformers": "5.24.0"}
     lora["distributed"] = {"world_size": 2, "sharding": "fsdp"}
     card = card_text("org/cals", {"calibrations/cpu-lora.json": lora, "calibrations/broken.json": None})
@@ -422,5 +523,7 @@ def test_the_card_says_what_each_measured_and_escapes_what_it_holds() -> None:
     ]
     assert "`calibrations/broken.json`" in card and "cannot be read" in card
     bare = {"device_type": "cpu", "name": "Test CPU", "count": 1, "memory_bytes": 2**30}  # no interconnect recorded
-    plain = card_text("org/cals", {"calibrations/a.json": {**shared("a", "2026-11-01T10:00:00+00:00"), "hardware": bare}})
+    plain = card_text(
+        "org/cals", {"calibrations/a.json": {**shared("a", "2026-11-01T10:00:00+00:00"), "hardware": bare}}
+    )
     assert "| a | " in plain and "| – |" in plain and "| unknown |" in plain  # no interconnect recorded, nobody named

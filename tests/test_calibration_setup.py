@@ -26,7 +26,12 @@ def full() -> dict[str, Any]:
 
 def lora(data: dict[str, Any], rank: int = 16, **training: Any) -> dict[str, Any]:
     changed = copy.deepcopy(data)
-    changed["training"] = {**changed["training"], "method": "lora", "lora": {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0}, **training}
+    changed["training"] = {
+        **changed["training"],
+        "method": "lora",
+        "lora": {"rank": rank, "alpha": 2.0 * rank, "dropout": 0.0},
+        **training,
+    }
     return changed
 
 
@@ -73,13 +78,25 @@ def test_skipped_probes_did_not_measure_checkpointing(full: dict[str, Any]) -> N
 
 def test_quantized_base(full: dict[str, Any]) -> None:
     assert describe_setup(lora(full, quantization="nf4")) == "LoRA r16 on a 4-bit base, checkpointing off, 1 process"
-    assert describe_setup(lora(full, quantization={"bits": 8})) == "LoRA r16 on an 8-bit base, checkpointing off, 1 process"
-    assert [quantization_name(value) for value in (None, "none", 4, "int8", "4bit")] == [None, None, "4-bit", "8-bit", "4-bit"]
+    assert (
+        describe_setup(lora(full, quantization={"bits": 8}))
+        == "LoRA r16 on an 8-bit base, checkpointing off, 1 process"
+    )
+    assert [quantization_name(value) for value in (None, "none", 4, "int8", "4bit")] == [
+        None,
+        None,
+        "4-bit",
+        "8-bit",
+        "4-bit",
+    ]
 
 
 def test_difference_names_the_method(full: dict[str, Any]) -> None:
     chosen, newer = lora(full), renamed(full, "cpu-tiny-20261124-000000")
-    assert setup_difference(chosen, newer, TINY) == "the newer cpu-tiny-20261124-000000 measured full fine-tuning (this run: LoRA r16)"
+    assert (
+        setup_difference(chosen, newer, TINY)
+        == "the newer cpu-tiny-20261124-000000 measured full fine-tuning (this run: LoRA r16)"
+    )
 
 
 def test_difference_names_the_rank_only_where_the_run_gives_one(full: dict[str, Any]) -> None:
@@ -91,22 +108,40 @@ def test_difference_names_the_rank_only_where_the_run_gives_one(full: dict[str, 
 
 def test_difference_names_the_model(full: dict[str, Any]) -> None:
     newer = renamed(lora(full), "cpu-gpt2-20261124-000000", name="gpt2", fingerprint="ad47884758f0cece")
-    assert setup_difference(lora(full), newer, TINY) == "the newer cpu-gpt2-20261124-000000 measured model gpt2 (this run: tiny)"
+    assert (
+        setup_difference(lora(full), newer, TINY)
+        == "the newer cpu-gpt2-20261124-000000 measured model gpt2 (this run: tiny)"
+    )
 
 
 def test_difference_names_the_processes(full: dict[str, Any]) -> None:
     newer = processes(renamed(lora(full), "cpu-tiny-2"), 2, "ddp")
-    assert setup_difference(lora(full), newer, TINY) == "the newer cpu-tiny-2 measured 2 processes (ddp) (this run: 1 process)"
+    assert (
+        setup_difference(lora(full), newer, TINY)
+        == "the newer cpu-tiny-2 measured 2 processes (ddp) (this run: 1 process)"
+    )
     # A 4-process run: the 1-process calibration (communication predicted) beat a newer 2-process one.
-    run = Setup(model_name="tiny", model_fingerprint=TINY.model_fingerprint, method="lora", lora_rank=16, world_size=4, sharding="ddp")
-    assert setup_difference(lora(full), newer, run) == "the newer cpu-tiny-2 measured 2 processes (ddp) (this run: 4 processes (ddp))"
+    run = Setup(
+        model_name="tiny",
+        model_fingerprint=TINY.model_fingerprint,
+        method="lora",
+        lora_rank=16,
+        world_size=4,
+        sharding="ddp",
+    )
+    assert (
+        setup_difference(lora(full), newer, run)
+        == "the newer cpu-tiny-2 measured 2 processes (ddp) (this run: 4 processes (ddp))"
+    )
 
 
 def test_difference_leaves_out_what_the_chosen_one_shares(full: dict[str, Any]) -> None:
     """Both measured 2 processes on a 1-process run: the processes did not decide, the method did."""
     chosen = processes(lora(full), 2, "ddp")
     newer = processes(renamed(full, "cpu-tiny-3"), 2, "ddp")
-    assert setup_difference(chosen, newer, TINY) == "the newer cpu-tiny-3 measured full fine-tuning (this run: LoRA r16)"
+    assert (
+        setup_difference(chosen, newer, TINY) == "the newer cpu-tiny-3 measured full fine-tuning (this run: LoRA r16)"
+    )
 
 
 def test_difference_of_several_aspects(full: dict[str, Any]) -> None:
@@ -125,7 +160,9 @@ def run_bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return out
 
 
-def test_bench_list_and_show_name_method_and_rank(home: Path, full: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_list_and_show_name_method_and_rank(
+    home: Path, full: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     data = lora(full, rank=32)
     for index, row in enumerate(data["measurements"]):
         row["gradient_checkpointing"] = index % 2

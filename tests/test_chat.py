@@ -39,9 +39,15 @@ def test_a_model_folder_s_own_chat_template_is_used(tmp_path: Path) -> None:
     assert trained_text(tokenizer, data) == "hello\n4\n"
 
 
-def test_a_chat_run_records_where_the_loss_is(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_chat_run_records_where_the_loss_is(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = chat_file(tmp_path, count=40)
-    code, _, err = run_main("train", ["--data", str(path), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"], capsys)
+    code, _, err = run_main(
+        "train",
+        ["--data", str(path), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"],
+        capsys,
+    )
     assert code == 0, err
     record = json.loads(next((calibrated_home / "runs").glob("*/run.json")).read_text())
     assert record["data"]["loss_on"] == "assistant turns"

@@ -34,7 +34,9 @@ def test_chat_data_on_a_tokenizer_without_a_template_is_rendered_as_chatml(tmp_p
     data = load_tokenized(str(chat_file(tmp_path)), tokenizer)
     assert tokenizer.chat_template == CHATML_TEMPLATE and len(tokenizer) == size  # no tokens added
     text = tokenizer.decode(data.sample(0).tolist())
-    assert text.startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello")
+    assert text.startswith(
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello"
+    )
     # The loss stays on the assistant's turns: their content and ChatML's end of turn.
     assert trained_text(tokenizer, data) == "hello<|im_end|>\n4<|im_end|>\n"
 
@@ -62,10 +64,24 @@ def test_text_data_leaves_the_tokenizer_alone(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_base_tokenizer_trains_on_chat_data_and_run_json_says_chatml(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_base_tokenizer_trains_on_chat_data_and_run_json_says_chatml(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = base_tokenizer_folder(tmp_path)
     path = chat_file(tmp_path, count=40)
-    common = ["--data", str(path), "--tokenizer", str(folder), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"]
+    common = [
+        "--data",
+        str(path),
+        "--tokenizer",
+        str(folder),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "2",
+        "--no-report",
+    ]
     code, out, err = run_main("train", [*common, "--dry-run"], capsys)
     assert code == 0, err
     assert "chat template: ChatML" in out
@@ -77,4 +93,6 @@ def test_a_base_tokenizer_trains_on_chat_data_and_run_json_says_chatml(calibrate
     # final/'s tokenizer renders chats as training saw them.
     saved = load_tokenizer(None, str(run / "final"))
     assert saved.chat_template == CHATML_TEMPLATE
-    assert saved.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
+    assert saved.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True).endswith(
+        "<|im_start|>assistant\n"
+    )

@@ -25,24 +25,38 @@ def run_train(data: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[
     return run_main("train", ["--data", str(data), *RUN, "--out", str(out), *extra], capsys)
 
 
-def test_too_little_space_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys) -> None:
+def test_too_little_space_is_refused_up_front(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, monkeypatch, capsys
+) -> None:
     import benchtrain.train.planning.disk
 
     monkeypatch.setattr(benchtrain.train.planning.disk, "free_bytes", lambda folder: 1_000_000)
     out = calibrated_home / "small"
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "2", capsys=capsys)
-    assert_one_line_error(code, err, "for 2 checkpoints and the final model, 0.00 GB free; free space, lower --keep-checkpoints", expected_code=5)
+    assert_one_line_error(
+        code,
+        err,
+        "for 2 checkpoints and the final model, 0.00 GB free; free space, lower --keep-checkpoints",
+        expected_code=5,
+    )
     assert not list_checkpoints(out / "checkpoints")
 
 
-def test_a_real_tiny_filesystem_is_refused_up_front(calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys) -> None:
+def test_a_real_tiny_filesystem_is_refused_up_front(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys
+) -> None:
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (not root)")
     try:
         code, _, err = run_train(heavy_tailed_jsonl, mount / "run", "--max-steps", "2", capsys=capsys)
-        assert_one_line_error(code, err, "GB free; free space, lower --keep-checkpoints, or use --out elsewhere", expected_code=5)
+        assert_one_line_error(
+            code, err, "GB free; free space, lower --keep-checkpoints, or use --out elsewhere", expected_code=5
+        )
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 
@@ -65,7 +79,9 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_the_run_res
 
     monkeypatch.setattr(safetensors.torch, "save_file", full_on_the_third_save)
     out = calibrated_home / "run"
-    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "6", "--checkpoint-interval", "0.001s", capsys=capsys)
+    code, _, err = run_train(
+        heavy_tailed_jsonl, out, "--max-steps", "6", "--checkpoint-interval", "0.001s", capsys=capsys
+    )
     assert_one_line_error(code, err, "the disk is full; the last checkpoint, step-0000002, is intact", expected_code=5)
     assert f"train --resume --out {out}" in err
     assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step-0000001", "step-0000002"]
@@ -104,9 +120,13 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_without_running_it(
     assert not marker.exists()
 
 
-def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
+def test_a_corrupt_latest_checkpoint_offers_the_previous_one(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, capsys
+) -> None:
     out = calibrated_home / "run"
-    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "3", "--checkpoint-interval", "0.001s", capsys=capsys)
+    code, _, err = run_train(
+        heavy_tailed_jsonl, out, "--max-steps", "3", "--checkpoint-interval", "0.001s", capsys=capsys
+    )
     assert code == 0, err
     found = list_checkpoints(out / "checkpoints")
     (found[-1] / "model.safetensors").write_bytes(b"\x00" * 64)
@@ -115,7 +135,9 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(calibrated_home: Pa
     assert_one_line_error(code, err, f"the previous checkpoint, {found[-2].name}, is intact")
 
 
-def test_one_train_per_run_folder_and_a_stale_lock_is_taken(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys) -> None:
+def test_one_train_per_run_folder_and_a_stale_lock_is_taken(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, capsys
+) -> None:
     from benchtrain.train.planning.disk import LOCK_FILE, run_lock
 
     out = calibrated_home / "run"
@@ -148,9 +170,21 @@ def test_resume_plans_with_the_run_s_own_calibration(calibrated_home: Path, heav
     assert code == 0, err
     pretend_interrupted(out, 4)
     assert json.loads((out / "run.json").read_text())["calibration_id"] == own  # not the newer latest
-    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", capsys=capsys)
+    code, _, err = run_train(
+        heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", capsys=capsys
+    )
     assert_one_line_error(code, err, f"this run was planned with calibration {own}, not newer-calibration")
-    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "--use-calibration", "newer-calibration", "--force", capsys=capsys)
+    code, _, err = run_train(
+        heavy_tailed_jsonl,
+        out,
+        "--max-steps",
+        "4",
+        "--resume",
+        "--use-calibration",
+        "newer-calibration",
+        "--force",
+        capsys=capsys,
+    )
     assert code == 0, err
 
 
@@ -197,7 +231,9 @@ def test_concurrent_benches_keep_every_calibration(home: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_kill_9_at_any_moment_leaves_a_resumable_run_on_the_same_loss_curve(calibrated_home: Path, heavy_tailed_jsonl: Path, fork_server) -> None:
+def test_kill_9_at_any_moment_leaves_a_resumable_run_on_the_same_loss_curve(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, fork_server
+) -> None:
     # Each command is a real process, forked from one that has imported torch and transformers
     # already (tests/forkserver.py), so a dozen kills cost seconds rather than minutes of imports.
     env = {"BENCHTRAIN_HOME": str(calibrated_home)}
@@ -206,7 +242,9 @@ def test_kill_9_at_any_moment_leaves_a_resumable_run_on_the_same_loss_curve(cali
     stderr = calibrated_home / "stderr.txt"
 
     def run_to_the_end(*arguments: str) -> None:
-        assert fork_server.wait(fork_server.start("train", [*common, *arguments], stderr, env=env)) == 0, stderr.read_text()[-2000:]
+        assert fork_server.wait(fork_server.start("train", [*common, *arguments], stderr, env=env)) == 0, (
+            stderr.read_text()[-2000:]
+        )
 
     reference = calibrated_home / "reference"
     run_to_the_end("--out", str(reference))
@@ -223,7 +261,11 @@ def test_kill_9_at_any_moment_leaves_a_resumable_run_on_the_same_loss_curve(cali
         before = {p.name for p in list_checkpoints(out / "checkpoints")}
         pid = fork_server.start("train", command, stderr, env=env)
         deadline = time.monotonic() + 120
-        while fork_server.poll(pid) is None and {p.name for p in list_checkpoints(out / "checkpoints")} <= before and time.monotonic() < deadline:
+        while (
+            fork_server.poll(pid) is None
+            and {p.name for p in list_checkpoints(out / "checkpoints")} <= before
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 0.25))
         code = fork_server.poll(pid)

@@ -53,7 +53,9 @@ def test_bench_model_directory_without_config(home: Path, tmp_path: Path, capsys
     assert_one_line_error(code, err, "has no config.json")
 
 
-def test_bench_unwritable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_unwritable_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("BENCHTRAIN_HOME", str(blocker / "home"))
@@ -62,7 +64,9 @@ def test_bench_unwritable_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
 
 
 @pytest.mark.slow
-def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_then_train_then_report_end_to_end(
+    home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run_main("bench", ["run", "--gpu", "cpu", *SMALL_GRID], capsys)
     assert code == 0, err
     assert "best configurations measured" in out and "Held-out tokens/s error" in out
@@ -79,15 +83,24 @@ def test_bench_then_train_then_report_end_to_end(home: Path, heavy_tailed_jsonl:
     code, out, _ = run_main("bench", ["show", "--json"], capsys)
     assert json.loads(out)["id"] == data["id"]
 
-    code, out, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4"], capsys)
+    code, out, err = run_main(
+        "train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4"], capsys
+    )
     assert code == 0, err
     run_dir = next((home / "runs").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed" and record["met_deadline"] is True
     step = record["plan"]["configuration"]  # the step configuration, written once
-    assert set(step) == {"micro_batch_size", "grad_accum", "num_workers", "seq_len", "gradient_checkpointing"} and "world_size" in record["plan"]
+    assert (
+        set(step) == {"micro_batch_size", "grad_accum", "num_workers", "seq_len", "gradient_checkpointing"}
+        and "world_size" in record["plan"]
+    )
     assert step["micro_batch_size"] * step["grad_accum"] == 4
-    assert record["estimate"]["tokens_per_second_low"] < record["estimate"]["tokens_per_second"] < record["estimate"]["tokens_per_second_high"]
+    assert (
+        record["estimate"]["tokens_per_second_low"]
+        < record["estimate"]["tokens_per_second"]
+        < record["estimate"]["tokens_per_second_high"]
+    )
     assert record["actual"]["steps"] == record["plan"]["optimizer_steps"]
     assert record["calibration_id"] == data["id"]
     assert (run_dir / "report.html").is_file() and (run_dir / "progress.png").is_file()
@@ -119,7 +132,9 @@ def write_lines(path: Path, lines: list[str]) -> Path:
         (['{"title": "no text here"}'], "no usable text field"),
     ],
 )
-def test_train_bad_data(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: list[str] | None, fragment: str) -> None:
+def test_train_bad_data(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: list[str] | None, fragment: str
+) -> None:
     path = tmp_path / "data.jsonl"
     if content is not None:
         write_lines(path, content)
@@ -161,7 +176,9 @@ def test_datasets_own_error_log_stays_out_of_a_bad_file_s_one_line(
         (["--resume"], "--resume needs --out"),
     ],
 )
-def test_train_bad_options(calibrated_home: Path, capsys: pytest.CaptureFixture[str], extra: list[str], fragment: str) -> None:
+def test_train_bad_options(
+    calibrated_home: Path, capsys: pytest.CaptureFixture[str], extra: list[str], fragment: str
+) -> None:
     argv = ["--data", "sample", "--deadline", "5m", *extra]
     code, _, err = run_main("train", argv, capsys)
     assert_one_line_error(code, err, fragment)
@@ -171,7 +188,12 @@ def test_train_refuses_a_calibration_from_another_device(home: Path, capsys: pyt
     from benchtrain.train.workload.model import resolve_model
 
     other = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1, "memory_bytes": 80 * 2**30}
-    save_calibration(synthetic_calibration(hardware=other, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}))
+    save_calibration(
+        synthetic_calibration(
+            hardware=other,
+            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        )
+    )
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m"], capsys)
     assert_one_line_error(code, err, "was measured on NVIDIA H100")
     # A dry run plans for the calibration's device (tests/test_bundled_calibration.py).
@@ -188,7 +210,9 @@ def test_a_corrupt_calibration_names_the_file(home: Path, capsys: pytest.Capture
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main("train", ["--data", "sample", "--deadline", "1h", "--dry-run", "--price-per-hour", "2.5"], capsys)
+    code, out, _ = run_main(
+        "train", ["--data", "sample", "--deadline", "1h", "--dry-run", "--price-per-hour", "2.5"], capsys
+    )
     assert code == 0
     for phrase in ("estimate", "naive estimate", "alternative", "cost: $", "deadline"):
         assert phrase in out
@@ -197,7 +221,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(calibrated_home: Path, capsy
 
 def test_help_is_instant_and_has_examples() -> None:
     for command in ("bench", "train", "reports"):
-        result = subprocess.run([sys.executable, "-m", f"benchtrain.{command}", "--help"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", f"benchtrain.{command}", "--help"], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0 and "examples:" in result.stdout
         check = subprocess.run(
             [sys.executable, "-c", f"import sys, benchtrain.{command}.cli; sys.exit('torch' in sys.modules)"],
@@ -213,18 +239,32 @@ def run_process_group(command: list[str], env: dict[str, str], timeout: float) -
     import os
     import signal
 
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"{' '.join(command[:6])} … did not finish within {timeout:.0f}s (a rank hung); stderr:\n{stderr[-3000:]}")
+        pytest.fail(
+            f"{' '.join(command[:6])} … did not finish within {timeout:.0f}s (a rank hung); stderr:\n{stderr[-3000:]}"
+        )
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def torchrun(module: str, arguments: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", f"benchtrain.{module}", *arguments]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        f"benchtrain.{module}",
+        *arguments,
+    ]
 
 
 @pytest.mark.slow
@@ -248,7 +288,11 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     out = calibrated_home / "two"
     first = [*train, "--out", str(out), "--lr-scaling", "sqrt", "--base-batch", "2"]
     tokenized_by = calibrated_home / "tokenized-by.log"  # train.workload.data_cache.encode_range's trace
-    result = run_process_group(torchrun("train", [*first, "--max-steps", "4"]), {**env, "BENCHTRAIN_TOKENIZE_LOG": str(tokenized_by)}, timeout=240)
+    result = run_process_group(
+        torchrun("train", [*first, "--max-steps", "4"]),
+        {**env, "BENCHTRAIN_TOKENIZE_LOG": str(tokenized_by)},
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("communication: predicted") == 1, result.stdout  # said once, by rank 0
     # The data was tokenized once, by rank 0 (rank 1 waited for the cache and mapped it).
@@ -278,10 +322,24 @@ def test_two_processes_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl:
     result = launch("train", [*train, "--out", str(lora), "--lora", "--max-steps", "2", "--force"])
     assert result.returncode == 0, result.stderr[-3000:]
     adapter = json.loads((lora / "final" / "adapter_config.json").read_text())
-    assert adapter["base_model_name_or_path"] == "." and (lora / "final" / "model.safetensors").is_file()  # the base in final/: it goes where final/ goes
+    # the base in final/: it goes where final/ goes
+    assert adapter["base_model_name_or_path"] == "." and (lora / "final" / "model.safetensors").is_file()
     assert json.loads((lora / "run.json").read_text())["plan"]["sharding"] == "ddp"
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--no-report",
+        "--quiet",
+    ]
     result = launch("bench", ["run", *grid])
     assert result.returncode == 0, result.stderr[-3000:]
     newest = max((calibrated_home / "calibrations").glob("*.json"), key=lambda path: path.stat().st_mtime)
@@ -319,7 +377,11 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     ddp, fsdp = calibrated_home / "ddp", calibrated_home / "fsdp"
     for out, sharding in ((ddp, "ddp"), (fsdp, "fsdp")):
         arguments = [*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3", "--eval-split", "0.05"]
-        result = run_process_group(torchrun("train", arguments), env, timeout=240) if sharding == "ddp" else launch("train", arguments)
+        result = (
+            run_process_group(torchrun("train", arguments), env, timeout=240)
+            if sharding == "ddp"
+            else launch("train", arguments)
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     assert "fsdp collectives measured now among 2 processes" in result.stdout
     sharded = json.loads((fsdp / "run.json").read_text())
@@ -327,7 +389,8 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     assert set(sharded["plan"]["communication"]["collectives"]) == {"all_gather", "reduce_scatter"}
     replicated = json.loads((ddp / "run.json").read_text())
     assert [e["loss"] for e in sharded["losses"]] == pytest.approx([e["loss"] for e in replicated["losses"]], rel=1e-4)
-    assert sharded["evals"][-1]["eval_loss"] == pytest.approx(replicated["evals"][-1]["eval_loss"], rel=1e-4)  # evaluation sharded too
+    # evaluation sharded too
+    assert sharded["evals"][-1]["eval_loss"] == pytest.approx(replicated["evals"][-1]["eval_loss"], rel=1e-4)
 
     # The resume repeats the run's data options (its eval split too: a resume trains on the run's samples).
     resume = [*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--eval-split", "0.05", "--resume"]
@@ -335,23 +398,44 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
     result = launch("train", resume)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = json.loads((fsdp / "run.json").read_text())
-    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded["losses"]
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded[
+        "losses"
+    ]
     final = AutoModelForCausalLM.from_pretrained(fsdp / "final")
     saved = load_file(str(fsdp / "checkpoints" / "step-0000005" / "model.safetensors"))
     assert all(torch.equal(saved[name], tensor) for name, tensor in final.state_dict().items() if name in saved)
     assert sum(parameter.numel() for parameter in final.parameters()) == resumed["model"]["parameter_count"]
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--no-report",
+        "--quiet",
+    ]
     result = launch("bench", ["run", *grid, "--sharding", "fsdp"])
     assert result.returncode == 0, result.stderr[-3000:]
     newest = max((calibrated_home / "calibrations").glob("*.json"), key=lambda path: path.stat().st_mtime)
     calibration = json.loads(newest.read_text())
     assert calibration["distributed"]["sharding"] == "fsdp" and calibration["training"]["sharding"] == "fsdp"
     assert set(calibration["distributed"]["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter"}
-    assert calibration["overheads"]["checkpoint_extrapolated"] == 0 and calibration["overheads"]["checkpoint_save_seconds"] > 0
+    assert (
+        calibration["overheads"]["checkpoint_extrapolated"] == 0
+        and calibration["overheads"]["checkpoint_save_seconds"] > 0
+    )
     from benchtrain.bench.cli import describe_calibration
 
-    assert any(line.strip().startswith("processes: 2 (gloo, fsdp); all-reduce") for line in describe_calibration(calibration, str(newest)))
+    assert any(
+        line.strip().startswith("processes: 2 (gloo, fsdp); all-reduce")
+        for line in describe_calibration(calibration, str(newest))
+    )
     planned = [*train, "--use-calibration", calibration["id"], "--dry-run"]
     result = launch("train", [*planned, "--sharding", "fsdp"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -361,7 +445,11 @@ def test_fsdp_under_torchrun(calibrated_home: Path, heavy_tailed_jsonl: Path, fo
 
 
 def test_resume_through_the_command_line(
-    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    calibrated_home: Path,
+    heavy_tailed_jsonl: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import os
     import signal
@@ -369,7 +457,19 @@ def test_resume_through_the_command_line(
     from benchtrain.train.step.step import TrainingStep
 
     out = tmp_path / "run"
-    common = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--out", str(out), "--no-report", "--max-steps", "6"]
+    common = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--out",
+        str(out),
+        "--no-report",
+        "--max-steps",
+        "6",
+    ]
     real_step, steps = TrainingStep.run, []
 
     def ctrl_c_after_the_third(self: TrainingStep, *args: object, **kwargs: object) -> object:
@@ -412,11 +512,15 @@ def test_an_out_of_memory_error_while_training_is_one_line(
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
 
     monkeypatch.setattr(TrainingStep, "run", out_of_memory)
-    code, _, err = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4"], capsys)
+    code, _, err = run_main(
+        "train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4"], capsys
+    )
     assert_one_line_error(code, err, "out of memory training batch")
 
 
-def test_a_cold_run_plans_from_a_sample_then_trains_on_every_record(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_cold_run_plans_from_a_sample_then_trains_on_every_record(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """More records than the first sample: the plan comes from a sample (its interval said, the
     tokenizing predicted and counted), the run tokenizes every record once, plans the chosen
     configuration again on the exact profile, and records the sampled estimate against the exact
@@ -425,21 +529,36 @@ def test_a_cold_run_plans_from_a_sample_then_trains_on_every_record(calibrated_h
     lines = []
     for _ in range(5000):
         answer = "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(60, 120)))
-        lines.append(json.dumps({"conversations": [{"from": "human", "value": "question?"}, {"from": "gpt", "value": answer}]}))
+        lines.append(
+            json.dumps({"conversations": [{"from": "human", "value": "question?"}, {"from": "gpt", "value": answer}]})
+        )
     data = write_lines(tmp_path / "chats.jsonl", lines)
     out = tmp_path / "run"
-    arguments = ["--data", str(data), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--out", str(out)]
+    arguments = [
+        "--data",
+        str(data),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "2",
+        "--out",
+        str(out),
+    ]
     code, printed, err = run_main("train", [*arguments, "--dry-run"], capsys)
     assert code == 0, err
     assert "lengths from 4,096 of 5,000 records:" in printed and "tokens (95% interval)" in printed
-    assert "tokenizing all 5,000 records: ≈" in printed and "tokenizing " in printed.split("overheads")[1]  # an overhead of the plan
+    # an overhead of the plan
+    assert "tokenizing all 5,000 records: ≈" in printed and "tokenizing " in printed.split("overheads")[1]
     assert "data: 5,000 samples, ≈" in printed
     code, printed, err = run_main("train", arguments, capsys)
     assert code == 0, err
     assert "tokenized all 5,000 records" in printed and "on the exact profile:" in printed
     record = json.loads((out / "run.json").read_text())
     preparation = record["data"]["preparation"]
-    exact = sum(len(json.loads(line)["conversations"][1]["value"]) for line in lines)  # assistant bytes: fewer than every token
+    # assistant bytes: fewer than every token
+    exact = sum(len(json.loads(line)["conversations"][1]["value"]) for line in lines)
     assert preparation["profiled_from"] == "sample" and preparation["sampled_estimate"]["sampled"] == 4096
     assert preparation["exact_total_tokens"] == record["data"]["profile"]["total_tokens"] > exact
     estimate = preparation["sampled_estimate"]

@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import TRUE_THROUGHPUT, assert_one_line_error, heavy_tailed, micro_seconds, run_main, synthetic_calibration, synthetic_rows, tokenized
+from helpers import (
+    TRUE_THROUGHPUT,
+    assert_one_line_error,
+    heavy_tailed,
+    micro_seconds,
+    run_main,
+    synthetic_calibration,
+    synthetic_rows,
+    tokenized,
+)
 
 from benchtrain.bench.runner import Budget, run_grid
 from benchtrain.bench.space import SearchSpace
@@ -38,7 +47,9 @@ def test_balanced_keeps_the_truncation_limit_on_long_chat_data() -> None:
     """89% of chat samples were cut to the longest calibrated length (256) with only a note."""
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
     plan = make_plan(
-        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=4096)
+        short_calibration(),
+        tokenized(lengths),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=4096),
     )
     assert plan.chosen.truncation["share_truncated"] <= 0.005
     assert plan.chosen.config.seq_len >= sorted(lengths)[int(0.995 * len(lengths)) - 1]
@@ -49,7 +60,9 @@ def test_balanced_keeps_the_truncation_limit_on_long_chat_data() -> None:
 def test_when_the_model_cannot_take_the_length_the_plan_says_so_loudly() -> None:
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
     plan = make_plan(
-        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=256)
+        short_calibration(),
+        tokenized(lengths),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_positions=256),
     )
     assert plan.chosen.config.seq_len == 256
     assert any("at most 256 tokens" in warning and "truncated" in warning for warning in plan.warnings)
@@ -58,7 +71,9 @@ def test_when_the_model_cannot_take_the_length_the_plan_says_so_loudly() -> None
 def test_an_explicit_max_length_that_truncates_too_much_is_a_warning() -> None:
     lengths = [int(x) for x in np.random.default_rng(3).integers(300, 700, size=400)]
     plan = make_plan(
-        short_calibration(), tokenized(lengths), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=128)
+        short_calibration(),
+        tokenized(lengths),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=128),
     )
     assert any("--max-length 128 truncates 100.0%" in warning for warning in plan.warnings)
 
@@ -67,12 +82,22 @@ def test_an_explicit_max_length_that_truncates_too_much_is_a_warning() -> None:
 def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
     """A resumed run was capped at 4 steps when 8 were done: it trained nothing."""
     calibration, data = short_calibration(), tokenized(heavy_tailed(), fmt="text")
-    whole = make_plan(calibration, data, PlanRequest(epochs=3, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64))
+    whole = make_plan(
+        calibration,
+        data,
+        PlanRequest(epochs=3, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64),
+    )
     per_step = whole.chosen.step_seconds / whole.chosen.optimizer_steps
     overhead = whole.chosen.overheads.total_seconds
     # A deadline with room for about 20 steps (and no margin to keep the arithmetic plain).
     deadline = overhead + 20 * per_step * (1 + calibration.promised_bound_for(whole.chosen.config))
-    request = PlanRequest(epochs=3, deadline=Deadline.with_margin_share(deadline, 0.0), effective_batch=4, max_length=64, fit_deadline=True)
+    request = PlanRequest(
+        epochs=3,
+        deadline=Deadline.with_margin_share(deadline, 0.0),
+        effective_batch=4,
+        max_length=64,
+        fit_deadline=True,
+    )
     fresh = make_plan(calibration, data, request)
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 8}))
     assert 15 <= fresh.step_limit <= 20
@@ -83,7 +108,9 @@ def test_fit_deadline_on_resume_counts_the_steps_already_done() -> None:
 
 def test_resume_estimates_only_the_steps_left() -> None:
     calibration, data = short_calibration(), tokenized(heavy_tailed(), fmt="text")
-    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64, max_steps=40)
+    request = PlanRequest(
+        epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=64, max_steps=40
+    )
     whole = make_plan(calibration, data, request)
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 30}))
     assert resumed.chosen.optimizer_steps == 40 and resumed.chosen.remaining_steps == 10
@@ -111,19 +138,41 @@ def test_a_budget_too_small_or_a_grid_too_small_is_refused_before_anything_is_bu
     assert_one_line_error(code, err, "cannot pay for even a minimum calibration")
     assert "use --budget" in err and "building" not in err
     assert built == []  # refused from the planner's prices, before a model was built
-    code, _, err = run_main("bench", ["run", "--batch-sizes", "1", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet"], capsys)
+    code, _, err = run_main(
+        "bench",
+        ["run", "--batch-sizes", "1", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet"],
+        capsys,
+    )
     assert_one_line_error(code, err, "a fit needs at least 3")
     assert not list((home / "calibrations").glob("*.json"))
 
 
-def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_benchmark_that_fits_nothing_fails_and_is_not_latest(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import benchtrain.bench.probe_tasks
 
     def failing(workload: Any, config: Any, settings: Any, peak_flops: Any = None) -> dict[str, Any]:
         return {**config.to_row(), "status": "error", "error": "RuntimeError: faked", "probe_seconds": 0.01}
 
     monkeypatch.setattr(benchtrain.bench.probe_tasks, "run_probe", failing)  # where the probe task calls it
-    code, _, err = run_main("bench", ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--quiet", "--no-report"], capsys)
+    code, _, err = run_main(
+        "bench",
+        [
+            "run",
+            "--batch-sizes",
+            "1,2",
+            "--workers",
+            "0",
+            "--accum",
+            "1",
+            "--seq-lens",
+            "32,64",
+            "--quiet",
+            "--no-report",
+        ],
+        capsys,
+    )
     assert_one_line_error(code, err, "a fit needs at least", expected_code=4)
     assert "Nothing was stored as a calibration" in err
     assert not list((home / "calibrations").glob("*.json"))
@@ -138,7 +187,10 @@ def test_latest_names_the_newer_calibration_it_skipped(home: Path, capsys: pytes
     from benchtrain.train.workload.model import resolve_model
 
     good = save_calibration(
-        synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
+        synthetic_calibration(
+            hardware=detect_hardware(),
+            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        )
     )
     broken = good.parent / "cpu-tiny-29991231-235959.json"
     broken.write_text('{"schema_version": 1, "id": "half-writ')
@@ -152,7 +204,9 @@ def test_latest_names_the_newer_calibration_it_skipped(home: Path, capsys: pytes
 
 
 # 5. --------------------------------------------------------------------------------------------
-def test_dry_run_exits_like_the_real_run_when_the_plan_does_not_fit(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_exits_like_the_real_run_when_the_plan_does_not_fit(
+    calibrated_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run_main("train", ["--data", "sample", "--deadline", "20s", "--epochs", "50", "--dry-run"], capsys)
     assert "plan (balanced)" in out and "DOES NOT fit" in out
     assert_one_line_error(code, err, "options: --epochs", expected_code=3)
@@ -168,11 +222,23 @@ def test_one_estimate_error_convention_positive_means_it_took_longer() -> None:
     assert describe_estimate_error(25.0) == "+25.0% (took longer than estimated)"
     assert describe_estimate_error(-20.0) == "-20.0% (took less time than estimated)"
     # Three steps predicted at 15 s each, run at 20 s each; overheads planned at 15 s, all of which happened.
-    overheads = {"model_build_seconds": 10.0, "warmup_seconds": 0.0, "checkpoint_seconds": 2.5, "checkpoint_count": 1, "export_seconds": 2.5}
+    overheads = {
+        "model_build_seconds": 10.0,
+        "warmup_seconds": 0.0,
+        "checkpoint_seconds": 2.5,
+        "checkpoint_count": 1,
+        "export_seconds": 2.5,
+    }
     record = {
         "run_id": "r",
         "plan": {"optimizer_steps": 3},
-        "actual": {"status": "completed", "steps": 3, "final_loss": 1.0, "total_seconds": 75.0, "checkpoint_seconds": [2.0]},
+        "actual": {
+            "status": "completed",
+            "steps": 3,
+            "final_loss": 1.0,
+            "total_seconds": 75.0,
+            "checkpoint_seconds": [2.0],
+        },
         "estimate": {"total_seconds": 60.0, "train_seconds": 45.0, "steps": 3, "overheads": overheads},
         "losses": [{"step": step, "seconds": 20.0, "predicted_seconds": 15.0, "tokens": 100} for step in (1, 2, 3)],
         "final": {"path": "final"},
@@ -206,11 +272,17 @@ def test_the_probe_bar_under_a_budget_shows_the_budget() -> None:
     ("module", "argv", "fragment"),
     [
         ("train", ["--data", "sample", "--deadline", "-5m"], "--deadline must be positive, got '-5m'"),
-        ("train", ["--data", "sample", "--deadline", "5m", "--checkpoint-interval", "-1m"], "--checkpoint-interval must be positive"),
+        (
+            "train",
+            ["--data", "sample", "--deadline", "5m", "--checkpoint-interval", "-1m"],
+            "--checkpoint-interval must be positive",
+        ),
         ("bench", ["run", "--budget", "-90s"], "--budget must be positive, got '-90s'"),
     ],
 )
-def test_a_negative_duration_gets_the_duration_error(home: Path, capsys: pytest.CaptureFixture[str], module: str, argv: list[str], fragment: str) -> None:
+def test_a_negative_duration_gets_the_duration_error(
+    home: Path, capsys: pytest.CaptureFixture[str], module: str, argv: list[str], fragment: str
+) -> None:
     code, _, err = run_main(module, argv, capsys)
     assert_one_line_error(code, err, fragment)
 
@@ -251,7 +323,9 @@ def test_a_disturbed_probe_is_measured_again_and_combined_by_median() -> None:
     assert sum(calls.values()) <= space.size + max(2, space.size // 4)
 
 
-def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_estimate(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_estimate(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchtrain.bench.record import assess_noise
     from benchtrain.train.step.hardware import detect_hardware
     from benchtrain.train.workload.model import resolve_model
@@ -263,7 +337,9 @@ def test_a_noisy_benchmark_says_so_with_a_cause_and_the_plan_uses_the_central_es
         row["tokens_per_second"] = row["micro_batch_size"] * row["seq_len"] * row["grad_accum"] / row["step_seconds"]
         row["step_seconds_spread"] = 0.4
     data = synthetic_calibration(
-        rows, hardware={**detect_hardware()}, model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
+        rows,
+        hardware={**detect_hardware()},
+        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
     )
     data["search"] = {"load_average_before": 3.1, "drift": {"spread_pct": 53.0}}
     data["hardware"]["cpu_cores"] = 2
@@ -307,14 +383,32 @@ def test_the_tail_factor_turns_median_probes_into_mean_run_time() -> None:
 def test_a_fitted_benchmark_on_this_machine_is_stored(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main(
         "bench",
-        ["run", "--batch-sizes", "1,2", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet", "--no-report"],
+        [
+            "run",
+            "--batch-sizes",
+            "1,2",
+            "--workers",
+            "0",
+            "--accum",
+            "1,2",
+            "--seq-lens",
+            "32,64",
+            "--max-probe-seconds",
+            "0.2",
+            "--quiet",
+            "--no-report",
+        ],
         capsys,
     )
     assert code == 0, err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     ok = [row for row in data["measurements"] if row["status"] == "ok"]
     # The probe's figure is its median step (before any drift rescaling), the mean kept beside it.
-    assert all(row.get("step_seconds_raw", row["step_seconds"]) == row["step_seconds_median"] for row in ok if not row.get("repeats"))
+    assert all(
+        row.get("step_seconds_raw", row["step_seconds"]) == row["step_seconds_median"]
+        for row in ok
+        if not row.get("repeats")
+    )
     assert all("step_seconds_mean" in row and "position" in row for row in ok)
     assert data["fit"]["step_tail_factor"] >= 1.0
     assert "load_average_before" in data["search"]
@@ -324,14 +418,24 @@ def test_a_fitted_benchmark_on_this_machine_is_stored(home: Path, capsys: pytest
 @pytest.mark.parametrize(
     ("module", "argv", "fragment"),
     [
-        ("train", ["--data", "sample", "--deadline", "5m", "--use-calibration", "data.jsonl"], "data.jsonl is a data file, not a calibration"),
+        (
+            "train",
+            ["--data", "sample", "--deadline", "5m", "--use-calibration", "data.jsonl"],
+            "data.jsonl is a data file, not a calibration",
+        ),
         ("report", ["missing-run-dir"], "missing-run-dir is neither a run folder nor a calibration"),
         ("report", ["runs/missing-run-dir"], "runs/missing-run-dir is neither a run folder nor a calibration"),
-        ("train", ["--data", "sample", "--dealine", "5m"], "required: --deadline (--dealine: did you mean --deadline?)"),
+        (
+            "train",
+            ["--data", "sample", "--dealine", "5m"],
+            "required: --deadline (--dealine: did you mean --deadline?)",
+        ),
         ("bench", ["run", "--budgett", "5m"], "--budgett: did you mean --budget?"),
     ],
 )
-def test_mix_ups_get_one_line_that_names_them(home: Path, capsys: pytest.CaptureFixture[str], module: str, argv: list[str], fragment: str) -> None:
+def test_mix_ups_get_one_line_that_names_them(
+    home: Path, capsys: pytest.CaptureFixture[str], module: str, argv: list[str], fragment: str
+) -> None:
     """They said "calibration is not valid JSON", "calibration file does not exist", or printed 20 lines of usage."""
     code, out, err = run_main(module, argv, capsys)
     assert_one_line_error(code, err, fragment)
@@ -344,7 +448,9 @@ def test_after_the_demo_the_commands_say_where_its_calibrations_are(
     """The demo keeps ./.benchtrain; `report latest` and `train` then found nothing, without a word why."""
     demo = tmp_path / "checkout"
     (demo / ".benchtrain" / "calibrations").mkdir(parents=True)
-    (demo / ".benchtrain" / "calibrations" / "cpu-tiny-20260101-000000.json").write_text(json.dumps(synthetic_calibration()))
+    (demo / ".benchtrain" / "calibrations" / "cpu-tiny-20260101-000000.json").write_text(
+        json.dumps(synthetic_calibration())
+    )
     monkeypatch.chdir(demo)
     for module, argv in (("report", ["latest"]), ("train", ["--data", "sample", "--deadline", "5m"])):
         code, _, err = run_main(module, argv, capsys)

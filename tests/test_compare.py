@@ -30,7 +30,12 @@ from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import resolve_model
 
 H100 = "h100-llama-3.2-1b"
-H100_HARDWARE = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "peak_flops_entry": "H100 SXM", "memory_bytes": 85e9}
+H100_HARDWARE = {
+    "device_type": "cuda",
+    "name": "NVIDIA H100 80GB HBM3",
+    "peak_flops_entry": "H100 SXM",
+    "memory_bytes": 85e9,
+}
 H200_HARDWARE = {"device_type": "cuda", "name": "NVIDIA H200", "peak_flops_entry": "H200", "memory_bytes": 150e9}
 
 
@@ -39,12 +44,21 @@ def h200_double() -> dict[str, Any]:
     that each went 2× faster than predicted (history factor 2^(5/6) ≈ 1.78). Not a measurement."""
     data = copy.deepcopy(h100_data())
     data["id"] = "h200-test-double-llama-3-2-1b"
-    data["hardware"].update(name="NVIDIA H200 (test double)", memory_bytes=150_000_000_000, peak_flops_entry="H200", peak_bf16_flops=989e12)
-    data["history"] = [{"run_id": f"double-{i}", "predicted_tokens_per_second": 1.0, "actual_tokens_per_second": 2.0} for i in range(5)]
+    data["hardware"].update(
+        name="NVIDIA H200 (test double)", memory_bytes=150_000_000_000, peak_flops_entry="H200", peak_bf16_flops=989e12
+    )
+    data["history"] = [
+        {"run_id": f"double-{i}", "predicted_tokens_per_second": 1.0, "actual_tokens_per_second": 2.0} for i in range(5)
+    ]
     return data
 
 
-def run_compare(calibrations: list[dict[str, Any]], model: str = "llama-3.2-1b", sources: list[dict[str, Any]] | None = None, **options: Any) -> Any:
+def run_compare(
+    calibrations: list[dict[str, Any]],
+    model: str = "llama-3.2-1b",
+    sources: list[dict[str, Any]] | None = None,
+    **options: Any,
+) -> Any:
     from benchtrain.train.step.hardware import detect_hardware
 
     config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **options})
@@ -65,8 +79,11 @@ def test_prices_per_device_by_the_words_of_its_name(tmp_path: Path) -> None:
     assert parse_prices(None).for_device("x", H100_HARDWARE) is None
     assert parse_prices("h100=2.5,h100-sxm=2.9").for_device("x", H100_HARDWARE) == 2.9  # the more specific key
     assert parse_prices("h100=2.5,my-cal=9").for_device("my-cal", H100_HARDWARE) == 9  # a calibration id
-    assert parse_prices("h100=2.5,1.0").for_device("x", {"device_type": "cpu", "name": "AMD EPYC"}) == 1.0  # the default
-    with pytest.raises(BenchtrainError, match=r"no price for NVIDIA H200 \(calibration c; prices given for h100\): add h200=USD"):
+    # the default
+    assert parse_prices("h100=2.5,1.0").for_device("x", {"device_type": "cpu", "name": "AMD EPYC"}) == 1.0
+    with pytest.raises(
+        BenchtrainError, match=r"no price for NVIDIA H200 \(calibration c; prices given for h100\): add h200=USD"
+    ):
         parse_prices("h100=2.5").for_device("c", H200_HARDWARE)
     lines = tmp_path / "prices.txt"
     lines.write_text("# rented by the hour\nh100 = 2.5\nh200=$3.80  # on demand\n")
@@ -74,7 +91,12 @@ def test_prices_per_device_by_the_words_of_its_name(tmp_path: Path) -> None:
     table.write_text(json.dumps({"h100": 2.5, "h200": 3.8}))
     for path in (lines, table):
         assert parse_prices(str(path)).for_device("x", H200_HARDWARE) == 3.8
-    for bad, fragment in (("h100=abc", "'abc' is not a price"), ("h100=-1", "non-negative"), ("h100=1,H100=2", "repeated"), ("1,2", "two prices")):
+    for bad, fragment in (
+        ("h100=abc", "'abc' is not a price"),
+        ("h100=-1", "non-negative"),
+        ("h100=1,H100=2", "repeated"),
+        ("1,2", "two prices"),
+    ):
         with pytest.raises(BenchtrainError, match=fragment):
             parse_prices(bad)
     assert run_cost(7200, 2.5, 4) == 20.0 and run_cost(7200, None, 4) is None
@@ -116,12 +138,16 @@ def test_a_row_that_misses_the_deadline_is_not_recommended_however_cheap() -> No
     loose = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0")
     assert loose.rows[0].calibration_id == h100["id"]  # the cheaper one
     times = {row.calibration_id: row.plan.chosen.total_seconds_promised for row in loose.rows}
-    between = (times[h100["id"]] + times[h200["id"]]) / 2 / 0.95  # after the 5% margin the double fits, the H100 does not
+    # after the 5% margin the double fits, the H100 does not
+    between = (times[h100["id"]] + times[h200["id"]]) / 2 / 0.95
     tight = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0", deadline=f"{between:.2f}")
     assert [row.calibration_id for row in tight.rows] == [h200["id"], h100["id"]]
     assert tight.rows[0].recommended and not tight.rows[1].meets_deadline and not tight.rows[1].recommended
     double = next(row for row in loose.rows if row.calibration_id == h200["id"]).plan.chosen
-    short = round((double.overheads.total_seconds + (double.total_seconds_promised - double.overheads.total_seconds) / 2) / 0.95)  # half its training fits
+    # half its training fits
+    short = round(
+        (double.overheads.total_seconds + (double.total_seconds_promised - double.overheads.total_seconds) / 2) / 0.95
+    )
     none = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0", deadline=f"{short}s")
     assert none.recommended is None and none.rows[0].calibration_id == h200["id"]
     message = no_row_meets_the_deadline(none, 0.05)
@@ -142,7 +168,11 @@ def test_priority_keeps_its_meaning_inside_each_row() -> None:
 def test_a_model_too_big_for_a_device_is_a_row_without_a_plan() -> None:
     """Full fine-tuning of an 8B model needs ≈120 GiB before activations: no plan on the H100 (80 GB)."""
     small = copy.deepcopy(h100_data())
-    small["model"] = {**small["model"], "fingerprint": resolve_model("llama-3.1-8b").fingerprint, "name": "llama-3.1-8b"}
+    small["model"] = {
+        **small["model"],
+        "fingerprint": resolve_model("llama-3.1-8b").fingerprint,
+        "name": "llama-3.1-8b",
+    }
     big = copy.deepcopy(small)
     big["id"] = "big-double"
     big["hardware"].update(name="NVIDIA H200 (test double)", memory_bytes=500e9, peak_flops_entry="H200")
@@ -159,7 +189,8 @@ def test_one_and_two_cpu_processes_cost_time_times_price_times_processes() -> No
     one, two = cpu_calibration("cpu-one"), cpu_calibration("cpu-two", processes=2)
     comparison = run_compare([one, two], model="tiny", price_per_hour="cpu=1.0")
     by_processes = {row.processes: row for row in comparison.rows}
-    assert set(by_processes) == {1, 2} and not any(row.option.predicted for row in comparison.rows)  # measured: nothing predicted
+    # measured: nothing predicted
+    assert set(by_processes) == {1, 2} and not any(row.option.predicted for row in comparison.rows)
     for processes, row in by_processes.items():
         assert row.plan.chosen.world_size == processes
         assert row.cost == pytest.approx(row.plan.chosen.total_seconds / 3600 * 1.0 * processes)
@@ -193,7 +224,9 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     assert chosen.comm_seconds_per_step_low < chosen.comm_seconds_per_step < chosen.comm_seconds_per_step_high
     compute = chosen.step_seconds - chosen.remaining_steps * chosen.comm_seconds_per_step
     bracketed = compute * (1 + bound) + chosen.remaining_steps * expected + chosen.overheads.total_seconds
-    assert chosen.total_seconds_high == pytest.approx(bracketed) and chosen.total_seconds_promised == pytest.approx(bracketed)
+    assert chosen.total_seconds_high == pytest.approx(bracketed) and chosen.total_seconds_promised == pytest.approx(
+        bracketed
+    )
     assert predicted.to_json()["comm_overlap"] and not measured.to_json()["comm_overlap"]
     assert predicted.cost == pytest.approx(chosen.total_seconds / 3600 * 2)
     assert any("predicted rows" in note for note in comparison.notes)
@@ -201,16 +234,29 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     both = run_compare([one, two], model="tiny", sources=[other_model, two])
     assert [row.option.predicted for row in both.rows] == [False, False]
     elsewhere = {**other_model, "hardware": {**other_model["hardware"], "name": "another CPU"}}
-    assert len(run_compare([one], model="tiny", sources=[elsewhere]).rows) == 1  # collectives of another device: no prediction
+    # collectives of another device: no prediction
+    assert len(run_compare([one], model="tiny", sources=[elsewhere]).rows) == 1
 
 
 # -- the command --------------------------------------------------------------------------------
 
 
-def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_recommended_row_is_the_single_calibration_plan(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     double = home.parent / "h200-double.json"
     double.write_text(json.dumps(h200_double()))
-    common = ["--model", "llama-3.2-1b", "--data", str(chats), "--epochs", "3", "--price-per-hour", "h100=2.5,h200=3.8", "--json"]
+    common = [
+        "--model",
+        "llama-3.2-1b",
+        "--data",
+        str(chats),
+        "--epochs",
+        "3",
+        "--price-per-hour",
+        "h100=2.5,h200=3.8",
+        "--json",
+    ]
     code, out, err = dry_run(capsys, "--use-calibration", f"{H100},{double}", *common)
     assert code == 0, err
     table = json.loads(out)
@@ -221,7 +267,11 @@ def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: P
         assert code == 0, err
         single = json.loads(out)
         assert row["plan"]["chosen"] == single["plan"]["chosen"]
-        assert row["plan"]["cost"] == single["plan"]["cost"] == pytest.approx(single["plan"]["chosen"]["total_seconds"] / 3600 * row["price_per_hour"])
+        assert (
+            row["plan"]["cost"]
+            == single["plan"]["cost"]
+            == pytest.approx(single["plan"]["chosen"]["total_seconds"] / 3600 * row["price_per_hour"])
+        )
         assert row["compute"] == single["compute"] and row["device"] == single["device"]
     report = home / "plans"
     (folder,) = report.iterdir()
@@ -235,19 +285,28 @@ def test_the_recommended_row_is_the_single_calibration_plan(home: Path, chats: P
     assert sorted(row["reference"] for row in json.loads(out)["rows"]) == sorted([H100, h200_double()["id"]])
 
 
-def test_the_table_in_words_and_in_the_report(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_table_in_words_and_in_the_report(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """CPU calibrations of 1 and 2 processes stored; `all` finds them (not the bundled H100's other
     model); the 2-process row plans as a single dry run of it does."""
     for data in (cpu_calibration("cpu-one"), cpu_calibration("cpu-two", processes=2)):
         save_calibration(data)
     out_dir = tmp_path / "which"
-    code, out, err = dry_run(capsys, "--use-calibration", "all", "--data", str(chats), "--price-per-hour", "cpu=1", "--out", str(out_dir))
+    code, out, err = dry_run(
+        capsys, "--use-calibration", "all", "--data", str(chats), "--price-per-hour", "cpu=1", "--out", str(out_dir)
+    )
     assert code == 0, err
-    assert "2 option(s) for tiny (full fine-tuning), priority balanced, deadline 12h00m" in out and "ranked by cost" in out
+    assert (
+        "2 option(s) for tiny (full fine-tuning), priority balanced, deadline 12h00m" in out and "ranked by cost" in out
+    )
     header = next(line for line in out.splitlines() if "calibration" in line and "deadline" in line)
     assert all(column in header for column in ("time", "bounds", "cost", "peak memory (headroom)", "MFU"))
     assert "recommended: 1, cpu-one on" in out
-    assert f"train it there with: train --use-calibration cpu-one --deadline 12h --data {chats} --price-per-hour cpu=1\n" in out
+    assert (
+        f"train it there with: train --use-calibration cpu-one --deadline 12h --data {chats} --price-per-hour cpu=1\n"
+        in out
+    )
     assert f"report: {out_dir / 'report.html'}" in err
     html = (out_dir / "report.html").read_text()
     assert "Time vs cost" in html and "cpu-two" in html and "data:image/png;base64" in html
@@ -255,7 +314,9 @@ def test_the_table_in_words_and_in_the_report(home: Path, chats: Path, capsys: p
     assert code == 0 and out.strip() == str(out_dir / "report.html")
     table = json.loads((out_dir / "comparison.json").read_text())
     two = next(row for row in table["rows"] if row["world_size"] == 2)
-    code, out, err = dry_run(capsys, "--use-calibration", "cpu-two", "--data", str(chats), "--price-per-hour", "cpu=1", "--json")
+    code, out, err = dry_run(
+        capsys, "--use-calibration", "cpu-two", "--data", str(chats), "--price-per-hour", "cpu=1", "--json"
+    )
     assert code == 0 and "planning for the 2 processes (ddp) calibration cpu-two measured" in err
     assert json.loads(out)["plan"]["chosen"] == two["plan"]["chosen"]
 
@@ -263,19 +324,43 @@ def test_the_table_in_words_and_in_the_report(home: Path, chats: Path, capsys: p
 @pytest.mark.parametrize(
     ("argv", "fragment", "code"),
     [
-        (["--use-calibration", "cpu-one,cpu-lora"], "calibrations of different methods in one comparison: cpu-one measured full, cpu-lora measured lora", 2),
-        (["--use-calibration", f"cpu-one,{H100}"], "calibrations of different models in one comparison: cpu-one measured tiny, h100-llama-3-2-1b-", 2),
-        (["--use-calibration", "cpu-one,cpu-two", "--price-per-hour", "h100=2.5"], "--price-per-hour has no price for", 2),
-        (["--use-calibration", "cpu-one,cpu-two", "--deadline", "2s"], "no calibration's plan meets the 2.0s deadline: the closest, cpu-", 3),
+        (
+            ["--use-calibration", "cpu-one,cpu-lora"],
+            "calibrations of different methods in one comparison: cpu-one measured full, cpu-lora measured lora",
+            2,
+        ),
+        (
+            ["--use-calibration", f"cpu-one,{H100}"],
+            "calibrations of different models in one comparison: cpu-one measured tiny, h100-llama-3-2-1b-",
+            2,
+        ),
+        (
+            ["--use-calibration", "cpu-one,cpu-two", "--price-per-hour", "h100=2.5"],
+            "--price-per-hour has no price for",
+            2,
+        ),
+        (
+            ["--use-calibration", "cpu-one,cpu-two", "--deadline", "2s"],
+            "no calibration's plan meets the 2.0s deadline: the closest, cpu-",
+            3,
+        ),
         (["--use-calibration", "cpu-one,cpu-two", "--fit-deadline"], "--fit-deadline cuts each plan's steps", 2),
-        (["--use-calibration", "all", "--model", "gpt2"], "no stored or bundled calibration of gpt2 (full fine-tuning)", 2),
+        (
+            ["--use-calibration", "all", "--model", "gpt2"],
+            "no stored or bundled calibration of gpt2 (full fine-tuning)",
+            2,
+        ),
     ],
 )
-def test_comparison_errors_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str, code: int) -> None:
+def test_comparison_errors_are_one_line(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str, code: int
+) -> None:
     save_calibration(cpu_calibration("cpu-one"))
     save_calibration(cpu_calibration("cpu-two", processes=2))
     save_calibration(cpu_calibration("cpu-lora", training={"method": "lora"}))
-    got, _, err = run_main("train", ["--dry-run", "--data", str(chats), "--deadline", "12h", "--no-report", *argv], capsys)
+    got, _, err = run_main(
+        "train", ["--dry-run", "--data", str(chats), "--deadline", "12h", "--no-report", *argv], capsys
+    )
     assert_one_line_error(got, err, fragment, code)
 
 
@@ -295,7 +380,9 @@ def test_the_report_escapes_and_embeds_its_plot(tmp_path: Path, capsys: pytest.C
     (tmp_path / "comparison.json").write_text(json_text(record))
     html = write_comparison_report(tmp_path).read_text()
     assert hostile not in html and "&lt;script&gt;" in html
-    assert (tmp_path / "time_vs_cost.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and "data:image/png;base64" in html
+    assert (tmp_path / "time_vs_cost.png").read_bytes().startswith(
+        b"\x89PNG\r\n\x1a\n"
+    ) and "data:image/png;base64" in html
     assert ("No option meets" in html) == (record["recommended"] is None)
     (tmp_path / "comparison.json").write_text("{}")
     code, _, err = run_main("report", [str(tmp_path)], capsys)

@@ -25,7 +25,9 @@ from benchtrain.train.workload.batching import PaddedBatches, batch_shape_counts
 from benchtrain.train.workload.method import MethodConfig
 
 # Inductor compiles C++ for the CPU: without a compiler there is no compiled step to test.
-needs_compiler = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler")
+needs_compiler = pytest.mark.skipif(
+    not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile on CPU needs a C++ compiler"
+)
 
 
 def test_compile_auto_means_cuda_only() -> None:
@@ -77,16 +79,27 @@ def test_bench_separates_compilation_from_warm_up() -> None:
 
 def test_guard_leaves_compiling_steps_out_and_counts_compilation_still_to_come() -> None:
     guard = DeadlineGuard(GuardSettings(Deadline(100, 0), reserve_seconds=0, warmup_steps=0), limit=50)
-    verdict = guard.observe(1, elapsed=31, actual_seconds=31, predicted_seconds=1, remaining_predicted=49, compiled=True)
+    verdict = guard.observe(
+        1, elapsed=31, actual_seconds=31, predicted_seconds=1, remaining_predicted=49, compiled=True
+    )
     assert verdict.ratio == 1.0 and verdict.message is None  # 31 s of compiling is not a 31× slower step
-    verdict = guard.observe(2, elapsed=32, actual_seconds=1, predicted_seconds=1, remaining_predicted=48, pending_compile_seconds=30)
+    verdict = guard.observe(
+        2, elapsed=32, actual_seconds=1, predicted_seconds=1, remaining_predicted=48, pending_compile_seconds=30
+    )
     assert verdict.projected_finish == pytest.approx(32 + 48 + 30)
     assert verdict.move.value == "stop" or verdict.message  # 110 s > 100 s: said
 
 
 def test_planner_charges_one_compilation_per_distinct_shape() -> None:
-    overheads = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "warmup_extra_seconds": 0.2, "compile_seconds_per_shape": 7.0}
-    calibration = Calibration(synthetic_calibration(overheads=overheads, training={"method": "full", "lora": None, "compile": True}))
+    overheads = {
+        "model_build_seconds": 1.0,
+        "checkpoint_save_seconds": 0.5,
+        "warmup_extra_seconds": 0.2,
+        "compile_seconds_per_shape": 7.0,
+    }
+    calibration = Calibration(
+        synthetic_calibration(overheads=overheads, training={"method": "full", "lora": None, "compile": True})
+    )
     data = tokenized(heavy_tailed())
     request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, compiled=True)
     plan = make_plan(calibration, data, request)
@@ -97,7 +110,9 @@ def test_planner_charges_one_compilation_per_distinct_shape() -> None:
     assert chosen.overheads.compile_seconds == pytest.approx(7.0 * len(shapes))
     assert chosen.overheads.total_seconds >= chosen.overheads.compile_seconds
     eager = make_plan(
-        Calibration(synthetic_calibration(overheads=overheads)), data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8)
+        Calibration(synthetic_calibration(overheads=overheads)),
+        data,
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8),
     ).chosen
     assert eager.overheads.compile_seconds == 0.0 and eager.overheads.compile_shapes == 0
 
@@ -113,7 +128,9 @@ def test_compiled_step_computes_what_the_eager_step_does() -> None:
     losses = {}
     for mode in ("off", "on"):
         torch.manual_seed(0)
-        engine = engine_from_options(resolve_model("tiny"), MethodConfig(), Accelerator(cpu=True), StepOptions(compile=mode))
+        engine = engine_from_options(
+            resolve_model("tiny"), MethodConfig(), Accelerator(cpu=True), StepOptions(compile=mode)
+        )
         assert engine.compiled == (mode == "on") and engine.loss == "chunked"
         batch = SyntheticBatches(1, 2, 64, 320)[0]
         losses[mode] = [engine.step.run(iter([batch, batch]), 2).loss for _ in range(3)]
@@ -133,24 +150,56 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
     """bench measures compilation per shape and records it; train plans it, runs compiled, and a
     run that would be eager is refused against a compiled calibration."""
     # Two shapes, each probed at two accumulations: the second probe of a shape compiles nothing.
-    argv = ["run", "--gpu", "cpu", "--compile", "on", "--batch-sizes", "1,2", "--seq-lens", "64", "--workers", "0", "--accum", "1,2", "--no-report", "--quiet"]
+    argv = [
+        "run",
+        "--gpu",
+        "cpu",
+        "--compile",
+        "on",
+        "--batch-sizes",
+        "1,2",
+        "--seq-lens",
+        "64",
+        "--workers",
+        "0",
+        "--accum",
+        "1,2",
+        "--no-report",
+        "--quiet",
+    ]
     code, _, err = run_main("bench", argv, capsys)
     assert code == 0, err
     (path,) = (compile_home / "home" / "calibrations").glob("*.json")
     calibration = json.loads(path.read_text())
     # --loss auto: the loss is the one the comparison measured fastest (which one is the machine's call).
-    assert calibration["training"]["compile"] is True and calibration["training"]["loss"] == calibration["loss_choice"]["chosen"]
+    assert (
+        calibration["training"]["compile"] is True
+        and calibration["training"]["loss"] == calibration["loss_choice"]["chosen"]
+    )
     assert calibration["training"]["compile_cache"]["host"] == socket.gethostname()
     overheads = calibration["overheads"]
     rows = calibration["measurements"]
     # The drift reference probe compiles the first shape; the rows hold the others' first probes.
     assert overheads["compile_shapes_measured"] == sum(1 for row in rows if row.get("new_shape")) >= 1
     assert any(not row.get("new_shape") for row in rows)  # warm-up measured where nothing compiled
-    assert overheads["compile_seconds_per_shape"] >= 0 and overheads["warmup_extra_seconds"] >= 0  # both depend on what inductor has cached
+    # both depend on what inductor has cached
+    assert overheads["compile_seconds_per_shape"] >= 0 and overheads["warmup_extra_seconds"] >= 0
     assert "compile_cached_seconds_per_shape" in overheads
 
     out = compile_home / "run"
-    base = ["--use-calibration", "latest", "--data", "sample", "--deadline", "30m", "--max-length", "64", "--effective-batch", "2", "--no-report"]
+    base = [
+        "--use-calibration",
+        "latest",
+        "--data",
+        "sample",
+        "--deadline",
+        "30m",
+        "--max-length",
+        "64",
+        "--effective-batch",
+        "2",
+        "--no-report",
+    ]
     code, printed, err = run_main("train", [*base, "--compile", "on", "--max-steps", "3", "--out", str(out)], capsys)
     assert code == 0, err
     assert "compile" in printed  # the overheads line names it
@@ -175,7 +224,9 @@ def test_a_calibration_of_another_step_is_refused_or_said() -> None:
 
     spec = SimpleNamespace(fingerprint="abc", name="tiny")
     hardware = {"name": "Test CPU", "device_type": "cpu"}
-    eager_plain = Calibration(synthetic_calibration(training={"method": "full", "lora": None, "compile": False, "loss": "plain"}))
+    eager_plain = Calibration(
+        synthetic_calibration(training={"method": "full", "lora": None, "compile": False, "loss": "plain"})
+    )
     notes = check_compatible(eager_plain, spec, hardware, False, MethodConfig(), compiled=False, loss="chunked")
     assert any("plain loss" in note and "uses chunked" in note for note in notes)
     with pytest.raises(BenchtrainError, match="--compile off"):

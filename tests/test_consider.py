@@ -59,8 +59,16 @@ def test_bad_machines_are_one_line(text: str, fragment: str) -> None:
 def test_each_kind_of_row_from_the_h100_calibration() -> None:
     comparison = run_consider(MACHINES, [read_calibration_file(FIXTURE)])
     kinds = {row.machine.split(" ")[0]: row.kind for row in comparison.rows}
-    assert kinds == {"1×H100": "measured here", "2×H100": "predicted", "1×H200": "translated", "4×A100": "translated", "1×MI300X": "not plannable"}
-    assert next(row for row in comparison.rows if row.machine.startswith("4×A100")).machine == "4×A100 40GB PCIe over pcie"
+    assert kinds == {
+        "1×H100": "measured here",
+        "2×H100": "predicted",
+        "1×H200": "translated",
+        "4×A100": "translated",
+        "1×MI300X": "not plannable",
+    }
+    assert (
+        next(row for row in comparison.rows if row.machine.startswith("4×A100")).machine == "4×A100 40GB PCIe over pcie"
+    )
     mi300x = next(row for row in comparison.rows if row.kind == "not plannable")
     assert mi300x.plan is None and "no calibration of any AMD GPU" in mi300x.problem
     measured = next(row for row in comparison.rows if row.kind == "measured here")
@@ -72,14 +80,22 @@ def test_each_kind_of_row_from_the_h100_calibration() -> None:
             assert row.settle.startswith(("bench run --gpu", "accelerate launch --num_processes"))
     a100 = next(row for row in comparison.rows if row.machine.startswith("4×A100"))
     assert "translated from" in a100.rests_on and "collectives: pcie link figures (not measured)" in a100.rests_on
-    assert a100.settle.startswith("accelerate launch --num_processes 4 -m benchtrain.bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie")
+    assert a100.settle.startswith(
+        "accelerate launch --num_processes 4 -m benchtrain.bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie"
+    )
 
 
 def test_the_translated_h200_is_bracketed_by_the_datasheet_ratios() -> None:
     comparison = run_consider("h100:1,h200:1", [read_calibration_file(FIXTURE)])
-    h100, h200 = (next(row for row in comparison.rows if row.machine.startswith(prefix)) for prefix in ("1×H100", "1×H200"))
+    h100, h200 = (
+        next(row for row in comparison.rows if row.machine.startswith(prefix)) for prefix in ("1×H100", "1×H200")
+    )
     # Same FLOP/s, 4.8 / 3.35 TB/s: the H200's steps take between 1/1.43 and 1× the H100's.
-    ratio = h200.plan.chosen.step_seconds / h100.plan.chosen.step_seconds if h200.plan.chosen.config.phrase == h100.plan.chosen.config.phrase else None
+    ratio = (
+        h200.plan.chosen.step_seconds / h100.plan.chosen.step_seconds
+        if h200.plan.chosen.config.phrase == h100.plan.chosen.config.phrase
+        else None
+    )
     if ratio is not None:
         assert 3.35 / 4.8 - 0.01 <= ratio <= 1.01
     assert h200.plan.chosen.total_seconds_promised >= h100.plan.chosen.total_seconds_low * 3.35 / 4.8
@@ -106,10 +122,26 @@ def test_a_cpu_calibration_translates_to_no_gpu(home: Path) -> None:
 
 def test_the_table_in_words(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_dir = tmp_path / "which"
-    argv = ["--model", "llama-3.2-1b", "--use-calibration", "h100-llama-3.2-1b", "--consider", MACHINES, "--price-per-hour", PRICES]
+    argv = [
+        "--model",
+        "llama-3.2-1b",
+        "--use-calibration",
+        "h100-llama-3.2-1b",
+        "--consider",
+        MACHINES,
+        "--price-per-hour",
+        PRICES,
+    ]
     code, out, err = dry_run(capsys, *argv, "--data", str(chats), "--out", str(out_dir))
     assert code == 0, err
-    for word in ("measured by someone", "predicted", "translated", "not plannable", "settle with:", "bundled h100-llama-3.2-1b"):
+    for word in (
+        "measured by someone",
+        "predicted",
+        "translated",
+        "not plannable",
+        "settle with:",
+        "bundled h100-llama-3.2-1b",
+    ):
         assert word in out, (word, out)
     assert "recommended: " in out
     html = (out_dir / "report.html").read_text()
@@ -127,7 +159,12 @@ def test_a_measurement_shared_on_the_hub_beats_a_translation_and_says_whose() ->
     shared = copy.deepcopy(h100)
     shared["id"] = "h200-shared-double"
     shared["hardware"].update(name="NVIDIA H200", memory_bytes=150_000_000_000, peak_flops_entry="H200")
-    shared["source"] = {"kind": "hub", "repo": "our-lab/gpu-calibrations", "file": "calibrations/h200-shared-double.json", "measured_by": "alice"}
+    shared["source"] = {
+        "kind": "hub",
+        "repo": "our-lab/gpu-calibrations",
+        "file": "calibrations/h200-shared-double.json",
+        "measured_by": "alice",
+    }
     comparison = run_consider("h200:1", [h100, shared])
     (row,) = comparison.rows
     assert row.kind == "measured by someone" and row.settle is None
@@ -183,6 +220,7 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     held = memory.coefficients["accumulated_gradients"]
     assert held >= 1_235_814_400 * 4  # Llama-3.2-1B's fp32 gradients
     need = memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda")
-    offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes + communicator_bytes(row.run_plan.hardware, 4)  # NCCL's buffers too
+    # NCCL's buffers too
+    offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes + communicator_bytes(row.run_plan.hardware, 4)
     config = chosen.config
     assert chosen.peak_memory_bytes == pytest.approx(memory.peak_bytes(config) + offset - 0.75 * held, rel=1e-6)

@@ -11,7 +11,9 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_costs.py"
 
 
-def test_the_table_has_every_operation_timed(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_table_has_every_operation_timed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the checkout on it
     spec = importlib.util.spec_from_file_location("cpu_costs", SCRIPT)
     assert spec and spec.loader

@@ -76,7 +76,11 @@ def test_the_step_timer_times_the_gpu_with_events_on_its_own_device(monkeypatch:
     _FakeEvent.log = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda where: f"stream of {where}")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda where=None: _FakeEvent.log.append("synchronize") if where == device else pytest.fail(where))
+    monkeypatch.setattr(
+        torch.cuda,
+        "synchronize",
+        lambda where=None: _FakeEvent.log.append("synchronize") if where == device else pytest.fail(where),
+    )
     timer = StepTimer(device)
     timer.start()
     assert timer.stop() == 0.25  # seconds, from the events' milliseconds
@@ -95,8 +99,14 @@ def test_peak_memory_on_cuda_is_the_allocators_peak_on_this_device(monkeypatch: 
     # Reserved, device totals: tests/test_memory_reserved.py holds what is made of them.
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda where=None: 4 * 2**30 if where == device else 0)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda where=None: 4 * 2**30 if where == device else 0)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda where=None: (75 * 2**30, 80 * 2**30) if where == device else (0, 0))
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda where=None: (75 * 2**30, 80 * 2**30) if where == device else (0, 0)
+    )
     with PeakMemory(device) as memory:
         assert calls == ["empty_cache", "reset cuda:1"]  # the previous probe's peak does not count
     assert memory.peak_bytes == 3 * 2**30
-    assert memory.record() == {"peak_reserved_bytes": 4 * 2**30, "device_used_bytes": 5 * 2**30, "non_torch_bytes": 2**30}
+    assert memory.record() == {
+        "peak_reserved_bytes": 4 * 2**30,
+        "device_used_bytes": 5 * 2**30,
+        "non_torch_bytes": 2**30,
+    }

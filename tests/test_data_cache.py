@@ -32,7 +32,13 @@ from benchtrain.train.workload.data_cache import BuildJob, data_root
 from benchtrain.train.workload.encode import Encoder, assistant_character_spans
 from benchtrain.train.workload.formats import FORMATS, DataSchema, Layout, detect_layout
 from benchtrain.train.workload.prepare import DataSpec, PreparedData, prepare_data
-from benchtrain.train.workload.sampling import SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
+from benchtrain.train.workload.sampling import (
+    SampledData,
+    TotalEstimate,
+    estimate_total,
+    sample_indices,
+    sample_size_for,
+)
 from benchtrain.train.workload.tokenizer import byte_tokenizer
 from benchtrain.train.workload.tokens import DamagedStore, TokenizedData, TokenWriter, check_store
 
@@ -77,7 +83,11 @@ def trimming_tokenizer() -> Any:
     return tokenizer
 
 
-TOKENIZERS: dict[str, Callable[[], Any]] = {"bytes": fresh_byte_tokenizer, "chatml": chatml_tokenizer, "trimming": trimming_tokenizer}
+TOKENIZERS: dict[str, Callable[[], Any]] = {
+    "bytes": fresh_byte_tokenizer,
+    "chatml": chatml_tokenizer,
+    "trimming": trimming_tokenizer,
+}
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
@@ -93,7 +103,9 @@ def chat_records(count: int, seed: int = 0) -> list[dict[str, Any]]:
         turns = [{"role": "system", "content": "be brief"}] if i % 3 == 0 else []
         for _ in range(1 + i % 2):
             turns.append({"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))})
-            turns.append({"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))})
+            turns.append(
+                {"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))}
+            )
         records.append({"messages": turns})
     return records
 
@@ -173,16 +185,30 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
     the chosen records' lengths); the estimate, or None where it tokenized every record (exact)."""
 
     def fake_store(
-        folder: Path, key: str, job_for: Callable[[], BuildJob], say: Callable[[str], None], what: str, verify_contents: bool = False
+        folder: Path,
+        key: str,
+        job_for: Callable[[], BuildJob],
+        say: Callable[[str], None],
+        what: str,
+        verify_contents: bool = False,
     ) -> tuple[TokenizedData, float]:
         job = job_for()
         chosen = np.arange(len(lengths)) if job.records is None else np.asarray(job.records)
         offsets = np.concatenate(([0], np.cumsum(lengths[chosen]))).astype(np.int64)
-        return TokenizedData(np.zeros(0, np.uint16), offsets, "text", "synthetic", extra={"meta": {**job.meta, "seconds": 1.0}}), 1.0
+        return TokenizedData(
+            np.zeros(0, np.uint16), offsets, "text", "synthetic", extra={"meta": {**job.meta, "seconds": 1.0}}
+        ), 1.0
 
     def job_for(indices: np.ndarray | None, key: str) -> BuildJob:
         sample = {} if indices is None else {"documents_sampled": len(indices)}
-        return BuildJob(indices, None, np.dtype(np.uint16), False, False, {"key": key, "source": "synthetic", "format": "text", **sample})
+        return BuildJob(
+            indices,
+            None,
+            np.dtype(np.uint16),
+            False,
+            False,
+            {"key": key, "source": "synthetic", "format": "text", **sample},
+        )
 
     monkeypatch.setattr(prepare, "ensure_store", fake_store)
     lengths = np.zeros(0, np.int64)
@@ -190,7 +216,9 @@ def plan_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], Tota
     def plan(values: np.ndarray) -> TotalEstimate | None:
         nonlocal lengths
         lengths = values
-        prepared = PreparedData(None, "synthetic", Path("/nonexistent/synthetic"), len(values), "synthetic", "synthetic", job_for)  # type: ignore[arg-type]
+        prepared = PreparedData(
+            None, "synthetic", Path("/nonexistent/synthetic"), len(values), "synthetic", "synthetic", job_for
+        )  # type: ignore[arg-type]
         done = prepare.sampled(prepared, DataSpec("synthetic"), lambda _line: None)
         assert len(done.view) == len(values)
         assert done.exact == (done.estimate is None)
@@ -239,7 +267,9 @@ def test_the_stated_interval_covers_the_total_across_seeds() -> None:
     assert covered_in_all >= 0.9 * len(seeds) * len(SHAPES)
 
 
-def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails(plan_lengths: Callable[[np.ndarray], TotalEstimate | None]) -> None:
+def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails(
+    plan_lengths: Callable[[np.ndarray], TotalEstimate | None],
+) -> None:
     sampled = 0
     for shape in ("log-normal", "uniform", "bimodal"):
         for seed in range(1, 11):
@@ -253,8 +283,14 @@ def test_prepare_s_sample_sizes_meet_the_target_on_moderate_tails(plan_lengths: 
     assert sampled >= 10  # (the uniform lengths at least: the wide mixtures need over 50,000 of the 200,000)
 
 
-def test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail(plan_lengths: Callable[[np.ndarray], TotalEstimate | None]) -> None:
-    widths = [estimate.relative_half_width for seed in range(1, 41) if (estimate := plan_lengths(lengths_of("pareto", seed))) is not None]
+def test_prepare_s_sample_sizes_meet_the_target_on_a_heavy_tail(
+    plan_lengths: Callable[[np.ndarray], TotalEstimate | None],
+) -> None:
+    widths = [
+        estimate.relative_half_width
+        for seed in range(1, 41)
+        if (estimate := plan_lengths(lengths_of("pareto", seed))) is not None
+    ]
     assert len(widths) >= 30
     assert max(widths) <= sampling.TARGET_HALF_WIDTH * 1.05
 
@@ -362,7 +398,9 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_the_cache_is_reused_and_rebuilt_when_the_data_s_making_changes(home: Path, tmp_path: Path, encoder_calls: list[int], change: str) -> None:
+def test_the_cache_is_reused_and_rebuilt_when_the_data_s_making_changes(
+    home: Path, tmp_path: Path, encoder_calls: list[int], change: str
+) -> None:
     if change == "column":
         path = two_column_text(tmp_path / "two.jsonl")
     else:
@@ -387,7 +425,9 @@ def test_the_cache_is_reused_and_rebuilt_when_the_data_s_making_changes(home: Pa
     assert changed.key != first.key and changed.folder != first.folder
     if change == "train_on":  # the same ids, the loss on every token
         assert changed.view.loss_mask is None and first.view.loss_mask is not None
-    elif change != "tokenizer":  # (an extra special token that the data does not use: the same ids, in a store of its own)
+    elif (
+        change != "tokenizer"
+    ):  # (an extra special token that the data does not use: the same ids, in a store of its own)
         assert not np.array_equal(arrays(changed.view)["tokens"], built["tokens"])
     # The first store is still there for the first settings.
     path.write_text(original_text)
@@ -414,9 +454,18 @@ def damage(folder: Path, name: str, how: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "how"),
-    [("tokens.bin", "truncate"), ("tokens.bin", "flip"), ("mask.bin", "flip"), ("offsets.npy", "flip"), ("targets.npy", "truncate"), ("meta.json", "delete")],
+    [
+        ("tokens.bin", "truncate"),
+        ("tokens.bin", "flip"),
+        ("mask.bin", "flip"),
+        ("offsets.npy", "flip"),
+        ("targets.npy", "truncate"),
+        ("meta.json", "delete"),
+    ],
 )
-def test_a_damaged_store_is_rebuilt_never_used(home: Path, tmp_path: Path, encoder_calls: list[int], name: str, how: str) -> None:
+def test_a_damaged_store_is_rebuilt_never_used(
+    home: Path, tmp_path: Path, encoder_calls: list[int], name: str, how: str
+) -> None:
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(30))
     spec = DataSpec(str(path))
     first = prepare_data(spec, fresh_byte_tokenizer(), lambda _line: None, exact=True)
@@ -447,7 +496,9 @@ def no_space(*_args: Any, **_kwargs: Any) -> None:
 
 
 @pytest.mark.parametrize(("method", "workers"), [("write", 1), ("write", 2), ("finish", 1), ("finish", 2)])
-def test_a_full_disk_is_one_line_and_leaves_no_half_store(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, workers: int) -> None:
+def test_a_full_disk_is_one_line_and_leaves_no_half_store(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, workers: int
+) -> None:
     path = write_jsonl(tmp_path / "chat.jsonl", chat_records(120))
     with monkeypatch.context() as patch:
         patch.setattr(data_cache, "worker_count", lambda _records: workers)
@@ -465,7 +516,9 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_store(home: Path, tmp_path: 
     assert len(prepared.view) == 120
 
 
-def test_a_full_disk_while_tokenizing_the_sample_is_one_line(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_while_tokenizing_the_sample_is_one_line(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(prepare, "SAMPLE_START", 50)
     path, _total = uniform_text_file(tmp_path / "text.jsonl", 400)
     monkeypatch.setattr(TokenWriter, "write", no_space)
@@ -492,7 +545,9 @@ def test_another_write_error_is_one_line_too(home: Path, tmp_path: Path, monkeyp
 # -- 5. every format against the old per-record encoder ------------------------------------------
 
 
-def old_encode(layout: Layout, tokenizer: Any, path: str, masked: bool, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+def old_encode(
+    layout: Layout, tokenizer: Any, path: str, masked: bool, batch: dict[str, list[Any]]
+) -> dict[str, list[Any]]:
     """The per-record encoder that tokenized data before the store (git show HEAD~2:train/workload/data.py, `_encoder`)."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids, prompt_lengths, masks = [], [], []
@@ -505,15 +560,23 @@ def old_encode(layout: Layout, tokenizer: Any, path: str, masked: bool, batch: d
             messages = layout.messages_of(record, path)
             prompt_lengths.append(0)
             if not masked:
-                ids.append(tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
+                ids.append(
+                    tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)[
+                        "input_ids"
+                    ]
+                )
                 continue
             rendered, spans = assistant_character_spans(tokenizer, messages)
             encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
             ids.append(encoded["input_ids"])
-            masks.append([int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]])
+            masks.append(
+                [int(any(start <= first < end for start, end in spans)) for first, _ in encoded["offset_mapping"]]
+            )
         else:
             prompt_ids = tokenizer(str(record[layout.prompt] or ""), add_special_tokens=False)["input_ids"]
-            completion_ids = tokenizer(str(record[layout.completion] or ""), add_special_tokens=False)["input_ids"] + eos
+            completion_ids = (
+                tokenizer(str(record[layout.completion] or ""), add_special_tokens=False)["input_ids"] + eos
+            )
             ids.append(prompt_ids + completion_ids)
             prompt_lengths.append(len(prompt_ids))
     columns: dict[str, list[Any]] = {"input_ids": ids, "prompt_length": prompt_lengths}
@@ -522,7 +585,9 @@ def old_encode(layout: Layout, tokenizer: Any, path: str, masked: bool, batch: d
     return columns
 
 
-def old_tokenized(path: Path, tokenizer: Any, train_on: str) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[int], str]:
+def old_tokenized(
+    path: Path, tokenizer: Any, train_on: str
+) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[int], str]:
     """What the old tokenize_records kept: samples longer than one token, their masks and prompt lengths, and the loss_on."""
     dataset = load_records(str(path))
     layout = detect_layout(list(dataset.column_names), DataSchema(), str(path), dataset[0])
@@ -537,7 +602,13 @@ def old_tokenized(path: Path, tokenizer: Any, train_on: str) -> tuple[list[np.nd
 
 TRICKY_TEXTS = ["plain text", "naïve café 日本語 🙂", "", "   ", "a literal <|eos|> inside", "line\nbreaks\n\n", "x"]
 MESSAGES_RECORDS = [
-    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+    {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+        ]
+    },
     {
         "messages": [
             {"role": "user", "content": "hi"},
@@ -547,7 +618,12 @@ MESSAGES_RECORDS = [
         ]
     },
     {"messages": [{"role": "user", "content": "say ok, then ok"}, {"role": "assistant", "content": "ok"}]},
-    {"messages": [{"role": "user", "content": "  padded question \n"}, {"role": "assistant", "content": "\n  padded answer  "}]},
+    {
+        "messages": [
+            {"role": "user", "content": "  padded question \n"},
+            {"role": "assistant", "content": "\n  padded answer  "},
+        ]
+    },
     {"messages": [{"role": "user", "content": "日本語で？"}, {"role": "assistant", "content": "はい 🙂"}]},
     {"messages": [{"role": "user", "content": "user"}, {"role": "assistant", "content": "assistant"}]},
     {"messages": [{"role": "user", "content": "only a question"}]},
@@ -579,7 +655,14 @@ SHAREGPT_RECORDS = [
             {"from": "bot", "value": "6"},
         ],
     },
-    {"system": "", "conversations": [{"from": "system", "value": "own system"}, {"from": "human", "value": "x"}, {"from": "model", "value": "x"}]},
+    {
+        "system": "",
+        "conversations": [
+            {"from": "system", "value": "own system"},
+            {"from": "human", "value": "x"},
+            {"from": "model", "value": "x"},
+        ],
+    },
     {"system": "s", "conversations": [{"from": "human", "value": "  spaced  "}, {"from": "gpt", "value": " ¿qué? "}]},
 ]
 ALPACA_RECORDS = [
@@ -627,7 +710,9 @@ def format_file(folder: Path, fmt: str) -> Path:
     return path
 
 
-def reference_labels(samples: list[np.ndarray], masks: list[np.ndarray] | None, prompts: list[int], max_length: int) -> list[np.ndarray]:
+def reference_labels(
+    samples: list[np.ndarray], masks: list[np.ndarray] | None, prompts: list[int], max_length: int
+) -> list[np.ndarray]:
     labels = []
     for i, sample in enumerate(samples):
         row = sample[:max_length].copy()
@@ -640,7 +725,9 @@ def reference_labels(samples: list[np.ndarray], masks: list[np.ndarray] | None, 
 
 @pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
 @pytest.mark.parametrize(("fmt", "train_on"), FORMAT_CASES)
-def test_every_format_tokenizes_as_the_old_per_record_encoder_did(home: Path, tmp_path: Path, fmt: str, train_on: str, tokenizer_name: str) -> None:
+def test_every_format_tokenizes_as_the_old_per_record_encoder_did(
+    home: Path, tmp_path: Path, fmt: str, train_on: str, tokenizer_name: str
+) -> None:
     tokenizer = TOKENIZERS[tokenizer_name]()
     path = format_file(tmp_path, fmt)
     samples, masks, prompts, loss_on = old_tokenized(path, tokenizer, train_on)
@@ -663,7 +750,9 @@ def test_every_format_tokenizes_as_the_old_per_record_encoder_did(home: Path, tm
         item = PaddedBatches(data, [list(range(len(data)))], max_length, tokenizer.pad_token_id)[0]
         expected = reference_labels(samples, masks, prompts, max_length)
         for i, row in enumerate(expected):
-            np.testing.assert_array_equal(item["labels"][i, : len(row)].numpy(), row, err_msg=f"labels of record {i} at {max_length}")
+            np.testing.assert_array_equal(
+                item["labels"][i, : len(row)].numpy(), row, err_msg=f"labels of record {i} at {max_length}"
+            )
             assert (item["labels"][i, len(row) :] == IGNORE_INDEX).all()
         counted = np.array([int((row != IGNORE_INDEX).sum()) for row in expected])
         np.testing.assert_array_equal(data.real_tokens_per_document(max_length), counted)
@@ -675,7 +764,11 @@ def test_the_templates_render_as_the_cases_assume() -> None:
     """The trimming and ChatML templates really differ from the byte tokenizer's (their cases are not copies of its case)."""
     messages = [{"role": "user", "content": "  q  "}, {"role": "assistant", "content": " a "}]
     assert trimming_tokenizer().apply_chat_template(messages, tokenize=False) == "<|user|>q<|eos|><|assistant|>a<|eos|>"
-    assert chatml_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=False).startswith("<|im_start|>user\n  q  <|im_end|>\n")
+    assert (
+        chatml_tokenizer()
+        .apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        .startswith("<|im_start|>user\n  q  <|im_end|>\n")
+    )
 
 
 # -- 6. parallel build equals serial build ---------------------------------------------------------
@@ -684,7 +777,11 @@ def test_the_templates_render_as_the_cases_assume() -> None:
 PARALLEL_FILES: dict[str, Callable[[Path], Path]] = {
     "messages": lambda folder: write_jsonl(folder / "chat.jsonl", chat_records(601, seed=5)),
     "prompt_completion": lambda folder: write_jsonl(
-        folder / "pc.jsonl", [{"prompt": "p" * (i % 7), "completion": "c" * (i % 5)} if i % 50 else {"prompt": "", "completion": ""} for i in range(601)]
+        folder / "pc.jsonl",
+        [
+            {"prompt": "p" * (i % 7), "completion": "c" * (i % 5)} if i % 50 else {"prompt": "", "completion": ""}
+            for i in range(601)
+        ],
     ),
     "text": lambda folder: write_jsonl(folder / "text.jsonl", [{"text": "t" * (i % 37)} for i in range(601)]),
 }
@@ -692,7 +789,9 @@ PARALLEL_FILES: dict[str, Callable[[Path], Path]] = {
 
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("fmt", PARALLEL_FILES)
-def test_a_parallel_build_equals_a_serial_one(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, workers: int) -> None:
+def test_a_parallel_build_equals_a_serial_one(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, workers: int
+) -> None:
     path = PARALLEL_FILES[fmt](tmp_path)
     monkeypatch.setattr(data_cache, "MIN_RECORDS_PER_WORKER", 50)
     monkeypatch.setattr(data_cache, "ENCODE_BATCH", 64)  # several batches per worker
@@ -778,7 +877,14 @@ def memory_run(mode: str, count: int, folder: Path) -> dict[str, Any]:
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONPATH": str(REPO),
     }
-    done = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, mode, str(count), str(folder)], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, mode, str(count), str(folder)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) if mode == "measure" else {}
 

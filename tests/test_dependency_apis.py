@@ -47,14 +47,35 @@ FORWARDS = {
 # and a keyword an old version does not know is swallowed silently: `dtype=` before transformers 4.56).
 KWARGS_CHECKED = {
     ("transformers.AutoModelForCausalLM.from_config", "dtype"): "test_dtype_and_attention_reach_the_model",
-    ("transformers.AutoModelForCausalLM.from_config", "attn_implementation"): "test_dtype_and_attention_reach_the_model",
+    (
+        "transformers.AutoModelForCausalLM.from_config",
+        "attn_implementation",
+    ): "test_dtype_and_attention_reach_the_model",
     ("transformers.AutoModelForCausalLM.from_pretrained", "dtype"): "test_dtype_and_attention_reach_the_model",
-    ("transformers.AutoModelForCausalLM.from_pretrained", "attn_implementation"): "test_dtype_and_attention_reach_the_model",
-    ("transformers.AutoTokenizer.from_pretrained", "local_files_only"): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
-    ("transformers.PreTrainedTokenizerFast", "tokenizer_object"): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
-    ("transformers.PreTrainedTokenizerFast", "bos_token"): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
-    ("transformers.PreTrainedTokenizerFast", "eos_token"): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
-    ("transformers.PreTrainedTokenizerFast", "pad_token"): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
+    (
+        "transformers.AutoModelForCausalLM.from_pretrained",
+        "attn_implementation",
+    ): "test_dtype_and_attention_reach_the_model",
+    (
+        "transformers.AutoTokenizer.from_pretrained",
+        "local_files_only",
+    ): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
+    (
+        "transformers.PreTrainedTokenizerFast",
+        "tokenizer_object",
+    ): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
+    (
+        "transformers.PreTrainedTokenizerFast",
+        "bos_token",
+    ): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
+    (
+        "transformers.PreTrainedTokenizerFast",
+        "eos_token",
+    ): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
+    (
+        "transformers.PreTrainedTokenizerFast",
+        "pad_token",
+    ): "test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens",
 }
 
 
@@ -90,7 +111,9 @@ def library_names(tree: ast.AST, where: str) -> tuple[dict[str, str], list[Use]]
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in LIBRARIES:
-                    names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
                     uses.append(Use("import", alias.name, "", where))
     return names, uses
 
@@ -161,7 +184,10 @@ def test_every_library_name_the_code_reads_resolves(use: Use) -> None:
 
 def named_parameter(function: Any, keyword: str) -> bool:
     parameters = inspect.signature(function).parameters
-    return keyword in parameters and parameters[keyword].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+    return keyword in parameters and parameters[keyword].kind not in (
+        inspect.Parameter.VAR_KEYWORD,
+        inspect.Parameter.POSITIONAL_ONLY,
+    )
 
 
 def reads_from_kwargs(function: Any, keyword: str) -> bool:
@@ -178,7 +204,10 @@ def test_every_keyword_the_code_passes_is_taken(use: Use) -> None:
     """Named in the signature (of the callable or of what it forwards **kwargs to), read out of
     **kwargs by that code, or exercised by a behaviour test here."""
     callables = [resolve(use.target), *([resolve(FORWARDS[use.target])] if use.target in FORWARDS else [])]
-    if any(named_parameter(function, use.keyword) for function in callables) or (use.target, use.keyword) in KWARGS_CHECKED:
+    if (
+        any(named_parameter(function, use.keyword) for function in callables)
+        or (use.target, use.keyword) in KWARGS_CHECKED
+    ):
         return
     assert any(reads_from_kwargs(function, use.keyword) for function in callables), (
         f"{use}: no parameter of that name, and no code of it reads one from **kwargs: add a behaviour test (KWARGS_CHECKED) or FORWARDS"
@@ -191,13 +220,27 @@ def test_dtype_and_attention_reach_the_model(tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
     built = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.bfloat16)
     assert {p.dtype for p in built.parameters()} == {torch.bfloat16} and built.config._attn_implementation == "sdpa"
     built.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), attn_implementation="sdpa", local_files_only=True, dtype=torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), attn_implementation="sdpa", local_files_only=True, dtype=torch.bfloat16
+    )
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16} and loaded.config._attn_implementation == "sdpa"
-    assert {p.dtype for p in AutoModelForCausalLM.from_pretrained(str(tmp_path), local_files_only=True, dtype=torch.float32).parameters()} == {torch.float32}
+    assert {
+        p.dtype
+        for p in AutoModelForCausalLM.from_pretrained(
+            str(tmp_path), local_files_only=True, dtype=torch.float32
+        ).parameters()
+    } == {torch.float32}
 
 
 def test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens(tmp_path: Path) -> None:
@@ -208,7 +251,10 @@ def test_a_tokenizer_built_from_tokenizers_keeps_its_special_tokens(tmp_path: Pa
 
     vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "a": 3}
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")), bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")),
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
     )
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (0, 1, 2)
     tokenizer.save_pretrained(tmp_path)
@@ -243,4 +289,6 @@ def test_each_library_is_declared_with_a_floor_this_suite_passed_on(library: str
     assert declared[name] and Version(declared[name]) >= Version(TESTED[library]), (
         f"{library}>={declared[name]} is below {TESTED[library]}, the oldest this suite passed on"
     )
-    assert Version(version(library)) >= Version(declared[name]), f"the installed {library} {version(library)} is below the floor {declared[name]}"
+    assert Version(version(library)) >= Version(declared[name]), (
+        f"the installed {library} {version(library)} is below the floor {declared[name]}"
+    )

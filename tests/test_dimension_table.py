@@ -69,7 +69,9 @@ def device(config: StepConfig, _remaining: float | None = None) -> dict[str, Any
 
 
 def measured(memory_bytes: float = 80 * GIB) -> Calibration:
-    space = SearchSpace(batch_sizes=(1, 2, 4, 8), workers=(0,), accums=(1, 2), seq_lens=(64, 128, 256), offloading=(0, 1))
+    space = SearchSpace(
+        batch_sizes=(1, 2, 4, 8), workers=(0,), accums=(1, 2), seq_lens=(64, 128, 256), offloading=(0, 1)
+    )
     rows = run_grid(space, device, Budget(None)).rows
     return Calibration(synthetic_calibration(rows, memory_bytes=memory_bytes))
 
@@ -100,7 +102,9 @@ def test_train_offers_it_and_hands_it_to_the_planner(with_offloading: Dimension)
 
     parser = build_parser()
     assert "keep activations on the host" in parser.format_help()
-    config = TrainConfig.from_args(parser.parse_args(["--data", "sample", "--deadline", "1h", "--activation-offloading", "on"]))
+    config = TrainConfig.from_args(
+        parser.parse_args(["--data", "sample", "--deadline", "1h", "--activation-offloading", "on"])
+    )
     assert config.plan.switches == {"gradient_checkpointing": "auto", "activation_offloading": "on"}
     written = config.to_json()
     assert written["activation_offloading"] == "on" and written["gradient_checkpointing"] == "auto"
@@ -113,7 +117,9 @@ def test_the_fits_learn_its_terms_from_the_probes(with_offloading: Dimension) ->
     calibration = measured()
     assert calibration.fit["parameters"]["offload_per_token"] == pytest.approx(OFFLOAD_PER_TOKEN, rel=0.1)
     memory = calibration.fit["memory"]["parameters"]
-    assert memory["per_token_offloaded"] == pytest.approx(OFFLOADED, rel=0.1) and memory["per_token"] == pytest.approx(ACTIVATIONS, rel=0.1)
+    assert memory["per_token_offloaded"] == pytest.approx(OFFLOADED, rel=0.1) and memory["per_token"] == pytest.approx(
+        ACTIVATIONS, rel=0.1
+    )
     off, on = StepConfig(8, 0, 1, 256), StepConfig(8, 0, 1, 256, ("activation_offloading",))
     assert calibration.predict(on).step_seconds == pytest.approx(device(on)["step_seconds"], rel=0.1)
     assert calibration.predict(on).peak_memory_bytes < calibration.predict(off).peak_memory_bytes
@@ -121,15 +127,23 @@ def test_the_fits_learn_its_terms_from_the_probes(with_offloading: Dimension) ->
     assert len(residual_coordinates(on)) == 6 and residual_coordinates(on)[-1] == 2.0  # the smoother's own coordinate
 
 
-def test_the_planner_chooses_it_where_only_it_fits_and_run_json_records_it(with_offloading: Dimension, tmp_path: Path) -> None:
+def test_the_planner_chooses_it_where_only_it_fits_and_run_json_records_it(
+    with_offloading: Dimension, tmp_path: Path
+) -> None:
     # Not even one sequence of 256 tokens fits with every activation kept; several do offloaded.
     calibration = measured(memory_bytes=STATIC + ACTIVATIONS * 256 * 0.99)
-    request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, priority="fast")
+    request = PlanRequest(
+        epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, priority="fast"
+    )
     plan = make_plan(calibration, packed_data(), request)
     assert plan.chosen.config.on("activation_offloading")
     assert plan.chosen.config.phrase.endswith(", activation offloading")
     with pytest.raises(DoesNotFitError):
-        make_plan(calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "off"}}))
+        make_plan(
+            calibration,
+            packed_data(),
+            PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "off"}}),
+        )
     run_file = RunFile.read(FIXTURES / "run-json-before-42.json")
     assert run_file.configuration.switches == ()  # a run.json from before the dimension: off
     run_file.configuration = plan.chosen.config
@@ -145,5 +159,10 @@ def test_a_calibration_from_before_it_reads_it_as_off(with_offloading: Dimension
     assert calibration.measured_values("activation_offloading") == [0]
     request = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8)
     assert not make_plan(calibration, packed_data(), request).chosen.config.on("activation_offloading")
-    with pytest.raises(BenchtrainError, match=r"^--activation-offloading on: calibration .* did not measure it; run `bench run --offloading off,on`"):
-        make_plan(calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "on"}}))
+    with pytest.raises(
+        BenchtrainError,
+        match=r"^--activation-offloading on: calibration .* did not measure it; run `bench run --offloading off,on`",
+    ):
+        make_plan(
+            calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "on"}})
+        )

@@ -131,5 +131,7 @@ def test_every_pointer_from_the_code_into_the_docs_lands_on_a_heading() -> None:
     for module in (ROOT / "benchtrain").rglob("*.py"):
         pointers.update(re.findall(r"docs/([\w-]+\.md)#([\w-]+)", module.read_text()))
     assert len(pointers) > 20
-    missing = sorted(f"docs/{page}#{anchor}" for page, anchor in pointers if anchor not in heading_anchors(ROOT / "docs" / page))
+    missing = sorted(
+        f"docs/{page}#{anchor}" for page, anchor in pointers if anchor not in heading_anchors(ROOT / "docs" / page)
+    )
     assert not missing, f"code points at headings the docs do not have: {missing}"

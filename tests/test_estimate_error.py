@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 from helpers import FakeClock, run_main, train_arguments
 
-from benchtrain.calibration.accuracy import check_estimate, describe_estimate_error, describe_steps, describe_throughput, describe_time
+from benchtrain.calibration.accuracy import (
+    check_estimate,
+    describe_estimate_error,
+    describe_steps,
+    describe_throughput,
+    describe_time,
+)
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.step_config import StepConfig
@@ -56,7 +62,11 @@ def read_record(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_they_ran(
-    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+    calibrated_home: Path,
+    heavy_tailed_jsonl: Path,
+    tmp_path: Path,
+    clock: FakeClock,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Ctrl-C after 5 of 20 steps, every step at its planned speed or not: the error is that of the
     5 steps (it was −74.9% against the whole plan's estimate), and the resume's that of the 15 left."""
@@ -77,7 +87,9 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
     assert f"estimate error {describe_estimate_error(expected)}" in stdout
     # --help promises it: a checkpoint, and the command that continues from it.
     assert (out / "checkpoints" / "step-0000005").is_dir()
-    resume_line = next(line for line in stdout.splitlines() if line.startswith("checkpoint saved (step-0000005); resume with: train "))
+    resume_line = next(
+        line for line in stdout.splitlines() if line.startswith("checkpoint saved (step-0000005); resume with: train ")
+    )
     assert resume_line.endswith(f"--resume --out {out}") and "--max-steps 20" in resume_line
 
     clock.on_step = None
@@ -88,7 +100,9 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
     record = read_record(out)
     check = check_estimate(record)
     assert (check.start_step, check.steps_run, check.planned_steps) == (5, 15, 15)
-    expected = expected_error(15, clock.step_seconds, predicted_step_seconds(after_first, record["plan"]), checkpoints=1)
+    expected = expected_error(
+        15, clock.step_seconds, predicted_step_seconds(after_first, record["plan"]), checkpoints=1
+    )
     assert check.error_pct == pytest.approx(expected, rel=1e-9)
     assert "15 of 15 planned steps ran" in stdout and "steps 6–20" in stdout
     assert f"estimate error {describe_estimate_error(expected)}" in stdout
@@ -98,7 +112,12 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
 
 @pytest.mark.slow
 def test_a_deadline_stopped_run_and_its_banner_console_and_charts_tell_the_same_story(
-    calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    calibrated_home: Path,
+    heavy_tailed_jsonl: Path,
+    tmp_path: Path,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from benchtrain.reports import figures
 
@@ -114,7 +133,9 @@ def test_a_deadline_stopped_run_and_its_banner_console_and_charts_tell_the_same_
     deadline = 30.0
     clock.step_seconds = 2.0  # far slower than predicted: the guard must stop the run
     before = stored_calibration(calibrated_home)
-    code, stdout, err = run_main("train", train_arguments(heavy_tailed_jsonl, out, "--deadline", f"{deadline:.0f}s", "--max-steps", "40"), capsys)
+    code, stdout, err = run_main(
+        "train", train_arguments(heavy_tailed_jsonl, out, "--deadline", f"{deadline:.0f}s", "--max-steps", "40"), capsys
+    )
     assert code == 0, err
     record = read_record(out)
     check = check_estimate(record)
@@ -123,7 +144,9 @@ def test_a_deadline_stopped_run_and_its_banner_console_and_charts_tell_the_same_
     budget, reserve = deadline * (1 - 0.05), CHECKPOINT + EXPORT + REPORT
     stop_step = math.floor((budget - reserve - NEXT_STEP_SAFETY * clock.step_seconds) / clock.step_seconds) + 1
     assert check.steps_run == stop_step and check.planned_steps == 40
-    expected = expected_error(stop_step, clock.step_seconds, predicted_step_seconds(before, record["plan"]), checkpoints=1)
+    expected = expected_error(
+        stop_step, clock.step_seconds, predicted_step_seconds(before, record["plan"]), checkpoints=1
+    )
     assert check.error_pct == pytest.approx(expected, rel=1e-9)
     assert check.projected_seconds > check.plan_seconds and check.throughput_change_pct < -50
 

@@ -42,7 +42,11 @@ def test_full_fine_tuning_final_loads_with_transformers(tmp_path: Path, heavy_ta
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, MethodConfig())
     record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), MethodConfig())
     final = Path(record["path"])
-    assert (final / "model.safetensors").is_file() and (final / "config.json").is_file() and (final / "generation_config.json").is_file()
+    assert (
+        (final / "model.safetensors").is_file()
+        and (final / "config.json").is_file()
+        and (final / "generation_config.json").is_file()
+    )
     loaded = AutoModelForCausalLM.from_pretrained(final)
     assert torch.allclose(logits(loaded), logits(model), atol=1e-5)
     assert loaded.generate(PROMPT, max_new_tokens=4, do_sample=False).shape == (1, 12)
@@ -64,14 +68,24 @@ def test_lora_final_holds_the_adapter_and_the_base_it_was_trained_on(
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
     expected, without_adapter = logits(with_a_visible_adapter(model)), base_logits(model)
     assert not torch.allclose(without_adapter, expected, atol=1e-3)
-    record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method, merge_lora=True)  # merges `model` in place
+    # merges `model` in place
+    record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method, merge_lora=True)
     final = Path(record["path"])
-    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in final.iterdir()}
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    } <= {p.name for p in final.iterdir()}
     with safe_open(final / "adapter_model.safetensors", "pt") as handle:
         assert list(handle.keys()) and all("lora_" in key for key in handle.keys())
     with safe_open(final / "model.safetensors", "pt") as handle:
-        assert list(handle.keys()) and not any("lora_" in key or "base_layer" in key for key in handle.keys())  # the plain base
-    assert record["base_model_name_or_path"] == "." and "base_path" not in record and not (run_dir / "final-base").exists()
+        # the plain base
+        assert list(handle.keys()) and not any("lora_" in key or "base_layer" in key for key in handle.keys())
+    assert (
+        record["base_model_name_or_path"] == "." and "base_path" not in record and not (run_dir / "final-base").exists()
+    )
     assert json.loads((final / "adapter_config.json").read_text())["base_model_name_or_path"] == "."
     loaded = AutoModelForCausalLM.from_pretrained(final)  # transformers: the base in final/, then its adapter
     assert torch.allclose(logits(loaded), expected, atol=1e-5)
@@ -85,7 +99,9 @@ def test_lora_final_holds_the_adapter_and_the_base_it_was_trained_on(
     assert torch.allclose(logits(merged), expected, atol=1e-5)  # merged = base + adapter
 
 
-def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer
+) -> None:
     from benchtrain.train.workload.model import build_model
 
     folder = tmp_path / "base-model"
@@ -97,7 +113,9 @@ def test_a_lora_run_on_a_model_folder_points_the_adapter_at_it(tmp_path: Path, h
     assert record["base_model_name_or_path"] == str(folder.resolve()) and "base_path" not in record
     assert not (run_dir / "final-base").exists()
     # Outside the run folder: not part of the run, so named by its absolute path.
-    assert json.loads((run_dir / "final" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(folder.resolve())
+    assert json.loads((run_dir / "final" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        folder.resolve()
+    )
 
 
 def move(run_dir: Path, destination: Path) -> Path:
@@ -107,7 +125,9 @@ def move(run_dir: Path, destination: Path) -> Path:
     return destination
 
 
-def test_a_moved_lora_run_loads_from_any_directory(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_moved_lora_run_loads_from_any_directory(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The run folder copied to another place and the original deleted; from an unrelated current
     directory, transformers and load_final give the trained model's outputs, and no path of the
     place it was written in is left in final/."""
@@ -133,7 +153,9 @@ def test_a_moved_lora_run_loads_from_any_directory(tmp_path: Path, heavy_tailed_
     assert torch.allclose(logits(AutoPeftModelForCausalLM.from_pretrained(".")), expected, atol=1e-5)
 
 
-def test_a_model_folder_inside_the_run_folder_goes_into_final(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_folder_inside_the_run_folder_goes_into_final(
+    tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from transformers import AutoModelForCausalLM
 
     from benchtrain.train.workload.model import build_model
@@ -158,14 +180,22 @@ def older_layout(run_dir: Path) -> None:
     adapter naming it `../final-base`."""
     final, base = run_dir / "final", run_dir / "final-base"
     base.mkdir()
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         if (final / name).exists():
             shutil.move(final / name, base / name)
     shutil.copy(base / "config.json", final / "config.json")
     name_base(final / "adapter_config.json", "../final-base")
 
 
-def test_an_older_run_names_its_base_beside_final_and_still_loads(tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_older_run_names_its_base_beside_final_and_still_loads(
+    tmp_path: Path, tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from benchtrain.train.workload.model import build_model
 
     spec, method = resolve_model("tiny"), MethodConfig(method="lora", lora_rank=4)
@@ -182,18 +212,34 @@ def test_an_older_run_names_its_base_beside_final_and_still_loads(tmp_path: Path
         load_final(moved / "final")
     assert str((moved / "final-base").resolve()) in str(raised.value) and "\n" not in str(raised.value)
     # A hub id or an absolute folder is left for from_pretrained as it is.
-    assert resolve_base(moved / "final", "org/model") == "org/model" and resolve_base(moved / "final", "/models/base") == "/models/base"
+    assert (
+        resolve_base(moved / "final", "org/model") == "org/model"
+        and resolve_base(moved / "final", "/models/base") == "/models/base"
+    )
 
 
-def test_every_run_writes_final_and_a_stopped_one_says_partial(calibrated_home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_run_writes_final_and_a_stopped_one_says_partial(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from transformers import AutoModelForCausalLM
 
-    argv = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"]
+    argv = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "2",
+        "--no-report",
+    ]
     code, out, err = run_main("train", argv, capsys)
     assert code == 0, err
     run_dir = next((calibrated_home / "runs").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["final"]["path"] == "final" and record["final"]["partial"] is False  # relative to the run folder (issue 34)
+    # relative to the run folder (issue 34)
+    assert record["final"]["path"] == "final" and record["final"]["partial"] is False
     assert f"model: {run_dir / 'final'}" in out
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
 
@@ -216,7 +262,11 @@ def test_an_interrupted_run_still_writes_final_marked_partial(
         return real_run(self, batches, grad_accum)
 
     monkeypatch.setattr(TrainingStep, "run", sigterm_on_the_second_step)
-    code, out, _ = run_main("train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"], capsys)
+    code, out, _ = run_main(
+        "train",
+        ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report"],
+        capsys,
+    )
     assert code == 130
     run_json = next((calibrated_home / "runs").glob("*/run.json"))
     record = json.loads(run_json.read_text())

@@ -18,11 +18,16 @@ def test_the_fits_features_price_a_step_as_the_written_truth_does(workers: int, 
     """The truth (tests/helpers.py micro_seconds, peak_bytes) is written out apart from the fit's
     features; at the true parameters both price every step alike."""
     for b, s, a in [(1, 128, 1), (3, 200, 4), (8, 1024, 2)]:
-        config = StepConfig(micro_batch_size=b, num_workers=workers, grad_accum=a, seq_len=s).switched(gradient_checkpointing=checkpointing)
+        config = StepConfig(micro_batch_size=b, num_workers=workers, grad_accum=a, seq_len=s).switched(
+            gradient_checkpointing=checkpointing
+        )
         priced = float(np.dot(throughput_features(config), [TRUE_THROUGHPUT[t] for t in throughput_terms()]))
         assert priced == pytest.approx(micro_seconds(config), rel=1e-12)
-        held = float(np.dot(memory_features(config), [{**TRUE_MEMORY, "accumulated_gradients": 3e8}[t] for t in linear_terms()]))
+        held = float(
+            np.dot(memory_features(config), [{**TRUE_MEMORY, "accumulated_gradients": 3e8}[t] for t in linear_terms()])
+        )
         assert held == pytest.approx(peak_bytes(config, {**TRUE_MEMORY, "accumulated_gradients": 3e8}), rel=1e-12)
+
 
 def test_noise_free_fit_recovers_parameters() -> None:
     fit = fit_measurements(synthetic_rows(noise=0.0, workers=(0, 1, 4), checkpointing=(0, 1)))
@@ -91,7 +96,9 @@ def test_history_factor_corrects_later_predictions() -> None:
     after_four = Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second
     assert after_four == pytest.approx(before * 0.9**0.8)
     data["history"].append({"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 300.0})
-    assert Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second == pytest.approx(before * 0.9 ** (5 / 6))
+    assert Calibration(data).predict(StepConfig(4, 0, 1, 256)).tokens_per_second == pytest.approx(
+        before * 0.9 ** (5 / 6)
+    )
 
 
 def test_explain_names_every_term_in_words() -> None:
@@ -138,7 +145,12 @@ def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
     per_flop = 3e-13
 
     def truth(config: StepConfig) -> float:
-        device = per_flop * config.micro_batch_size * config.seq_len * (flops["per_token"] + flops["attention"] * config.seq_len)
+        device = (
+            per_flop
+            * config.micro_batch_size
+            * config.seq_len
+            * (flops["per_token"] + flops["attention"] * config.seq_len)
+        )
         return 0.002 + device + 0.004 / config.grad_accum
 
     rows = []
@@ -160,7 +172,9 @@ def test_with_few_probes_the_flops_tied_form_is_the_honest_fit() -> None:
     assert tied["kind"] == "flops" and "FLOPs" in tied["reason"]
     assert tied["extrapolated_error"]["count"] >= 2  # held out, the corners were extrapolations
     assert tied["held_out_error"]["median_abs_pct"] < untied["held_out_error"]["median_abs_pct"]
-    assert tied["parameters"]["attention"] / tied["parameters"]["per_token"] == pytest.approx(flops["attention"] / flops["per_token"])
+    assert tied["parameters"]["attention"] / tied["parameters"]["per_token"] == pytest.approx(
+        flops["attention"] / flops["per_token"]
+    )
     # Far outside the probes, the tied fit still predicts the truth.
     far = StepConfig(micro_batch_size=16, num_workers=0, grad_accum=1, seq_len=1024)
     predicted = Calibration(synthetic_calibration(rows, fit=tied)).throughput.micro_step_seconds(far)
@@ -174,9 +188,15 @@ def test_the_bound_widens_where_a_plan_extrapolates() -> None:
     far = StepConfig(micro_batch_size=64, num_workers=0, grad_accum=2, seq_len=256)
     assert calibration.relative_bound_for(inside) == calibration.relative_bound
     assert calibration.extrapolation_ratio(far) == 16
-    assert calibration.relative_bound_for(inside) <= calibration.relative_bound_for(double) < calibration.relative_bound_for(far)
+    assert (
+        calibration.relative_bound_for(inside)
+        <= calibration.relative_bound_for(double)
+        < calibration.relative_bound_for(far)
+    )
     prediction = calibration.predict(StepConfig(64, 0, 2, 256))
-    assert prediction.step_seconds_high == pytest.approx(prediction.step_seconds * (1 + calibration.relative_bound_for(far)))
+    assert prediction.step_seconds_high == pytest.approx(
+        prediction.step_seconds * (1 + calibration.relative_bound_for(far))
+    )
 
 
 def test_a_fit_whose_probes_never_extrapolated_does_not_bet_a_plan_beyond_them() -> None:
@@ -185,5 +205,9 @@ def test_a_fit_whose_probes_never_extrapolated_does_not_bet_a_plan_beyond_them()
     rows = synthetic_rows(batch_sizes=(2,), seq_lens=(256,), workers=(0, 2), accums=(1, 2, 4), noise=0.01)
     calibration = Calibration(synthetic_calibration(rows))
     assert calibration.fit["extrapolated_error"]["count"] == 0
-    assert calibration.relative_bound_for(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=256)) < 0.1
-    assert calibration.relative_bound_for(StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)) >= 0.5
+    assert (
+        calibration.relative_bound_for(StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=256)) < 0.1
+    )
+    assert (
+        calibration.relative_bound_for(StepConfig(micro_batch_size=8, num_workers=0, grad_accum=2, seq_len=256)) >= 0.5
+    )

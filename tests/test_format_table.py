@@ -14,7 +14,17 @@ from helpers import load_tokenized, run_main, trained_text
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.workload import formats
 from benchtrain.train.workload.batching import PaddedBatches, epoch_batches
-from benchtrain.train.workload.formats import BY_COLUMNS, Columns, DataFormat, DataSchema, Encoded, Layout, Record, Tokenizing, detect_layout
+from benchtrain.train.workload.formats import (
+    BY_COLUMNS,
+    Columns,
+    DataFormat,
+    DataSchema,
+    Encoded,
+    Layout,
+    Record,
+    Tokenizing,
+    detect_layout,
+)
 from benchtrain.train.workload.tokenizer import byte_tokenizer
 
 QA = [{"question": f"what is {n}+{n}?", "answer": str(2 * n)} for n in range(1, 41)]
@@ -28,7 +38,9 @@ def qa_claim(present: set[str], schema: DataSchema) -> int | None:
 
 def qa_layout(columns: Columns) -> Layout:
     # A new format reuses Layout's fields (they are the cache key's): the question as the prompt, the answer as the completion.
-    return Layout("qa", prompt=columns.pick(None, "question", ("question",)), completion=columns.pick(None, "answer", ("answer",)))
+    return Layout(
+        "qa", prompt=columns.pick(None, "question", ("question",)), completion=columns.pick(None, "answer", ("answer",))
+    )
 
 
 def encode_qa(tools: Tokenizing, records: list[Record]) -> Encoded:
@@ -37,7 +49,9 @@ def encode_qa(tools: Tokenizing, records: list[Record]) -> Encoded:
     return [p + a + tools.eos for p, a in zip(prompts, answers, strict=True)], None, [len(p) for p in prompts]
 
 
-QA_FORMAT = DataFormat("qa", "qa (question, answer)", "qa (question, answer)", qa_claim, qa_layout, encode_qa, "answers", prompts=True)
+QA_FORMAT = DataFormat(
+    "qa", "qa (question, answer)", "qa (question, answer)", qa_claim, qa_layout, encode_qa, "answers", prompts=True
+)
 
 
 @pytest.fixture()
@@ -57,7 +71,9 @@ def test_without_the_entry_question_answer_data_is_not_recognised(tmp_path: Path
 
 
 def test_a_format_added_to_the_table_is_detected_encoded_and_batched(with_qa: None, tmp_path: Path) -> None:
-    assert detect_layout(["question", "answer"], DataSchema(), "qa.jsonl") == Layout("qa", prompt="question", completion="answer")
+    assert detect_layout(["question", "answer"], DataSchema(), "qa.jsonl") == Layout(
+        "qa", prompt="question", completion="answer"
+    )
     assert DataSchema(format="qa").format == "qa"  # --data-format's check reads the table
     tokenizer = byte_tokenizer()
     data = load_tokenized(str(qa_file(tmp_path)), tokenizer)
@@ -72,7 +88,9 @@ def test_a_format_added_to_the_table_is_detected_encoded_and_batched(with_qa: No
     assert len(loader) == len(QA) // 4 and targets == ANSWER_TOKENS
 
 
-def test_data_format_offers_the_new_format_and_train_plans_it(with_qa: None, calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_data_format_offers_the_new_format_and_train_plans_it(
+    with_qa: None, calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchtrain.train.cli import build_parser
 
     assert "qa (question, answer)" in " ".join(build_parser().format_help().split())

@@ -27,7 +27,10 @@ SHAREGPT = {
         {"from": "chatgpt", "value": "4"},
     ]
 }
-ALPACA = [{"instruction": "add", "input": "2+2", "output": "4"}, {"instruction": "greet", "input": "", "output": "hello"}]
+ALPACA = [
+    {"instruction": "add", "input": "2+2", "output": "4"},
+    {"instruction": "greet", "input": "", "output": "hello"},
+]
 MESSAGES = {
     "messages": [
         {"role": "system", "content": "be brief"},
@@ -73,20 +76,35 @@ def test_alpaca_puts_the_input_under_the_instruction_in_the_model_s_template(tmp
 
 
 def test_sharegpt_aliases_and_a_system_column(tmp_path: Path) -> None:
-    record = {"system": "be kind", "conversations": [{"from": "user", "value": "hi"}, {"from": "bot", "value": "hey"}, {"from": "human", "value": "ok"}]}
+    record = {
+        "system": "be kind",
+        "conversations": [
+            {"from": "user", "value": "hi"},
+            {"from": "bot", "value": "hey"},
+            {"from": "human", "value": "ok"},
+        ],
+    }
     record["conversations"].append({"from": "assistant", "value": "bye"})
     tokenizer = byte_tokenizer()
     data = load_tokenized(str(write(tmp_path / "sharegpt.jsonl", [record])), tokenizer)
     assert data.format == "sharegpt"
-    assert tokenizer.decode(data.sample(0).tolist()).startswith("<|system|>be kind<|eos|><|user|>hi<|eos|><|assistant|>hey")
+    assert tokenizer.decode(data.sample(0).tolist()).startswith(
+        "<|system|>be kind<|eos|><|user|>hi<|eos|><|assistant|>hey"
+    )
     assert trained_text(tokenizer, data) == "hey<|eos|>bye<|eos|>"
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_each_format_trains_on_cpu_without_flags(calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+def test_each_format_trains_on_cpu_without_flags(
+    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
     name, records, fmt, loss_on, _ = CASES[case]
     path = write(tmp_path / name, records, count=40 // len(records))
-    code, _, err = run_main("train", ["--data", str(path), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "1", "--no-report"], capsys)
+    code, _, err = run_main(
+        "train",
+        ["--data", str(path), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "1", "--no-report"],
+        capsys,
+    )
     assert code == 0, err
     record = json.loads(next((calibrated_home / "runs").glob("*/run.json")).read_text())
     assert record["status"] == "step_limit" and record["actual"]["steps"] == 1
@@ -96,14 +114,23 @@ def test_each_format_trains_on_cpu_without_flags(calibrated_home: Path, tmp_path
 def test_odd_columns_are_named_with_options(tmp_path: Path) -> None:
     tokenizer = byte_tokenizer()
     dialog = write(tmp_path / "dialog.jsonl", [{"id": 1, "dialog": MESSAGES["messages"]}])
-    with pytest.raises(BenchtrainError, match=r"no usable text field in columns \['id', 'dialog'\]; formats accepted: text .* sharegpt .* alpaca"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"no usable text field in columns \['id', 'dialog'\]; formats accepted: text .* sharegpt .* alpaca",
+    ):
         load_tokenized(str(dialog), tokenizer)
     data = load_tokenized(str(dialog), tokenizer, schema=DataSchema(messages_field="dialog"))
     assert data.format == "messages" and trained_text(tokenizer, data) == "hello<|eos|>4<|eos|>"
 
     pairs = write(tmp_path / "qa.jsonl", [{"q": "2+2?", "a": "4"}])
-    data = load_tokenized(str(pairs), tokenizer, schema=DataSchema(format="prompt_completion", prompt_field="q", completion_field="a"))
-    assert data.format == "prompt_completion" and data.loss_on == "completions" and trained_text(tokenizer, data) == "4<|eos|>"
+    data = load_tokenized(
+        str(pairs), tokenizer, schema=DataSchema(format="prompt_completion", prompt_field="q", completion_field="a")
+    )
+    assert (
+        data.format == "prompt_completion"
+        and data.loss_on == "completions"
+        and trained_text(tokenizer, data) == "4<|eos|>"
+    )
     with pytest.raises(BenchtrainError, match=r"--completion-field 'answer' is not a column; columns: \['q', 'a'\]"):
         load_tokenized(str(pairs), tokenizer, schema=DataSchema(prompt_field="q", completion_field="answer"))
 
@@ -115,14 +142,27 @@ def test_odd_columns_are_named_with_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("records", "argv", "fragment"),
     [
-        ([{"conversations": [{"from": "narrator", "value": "once"}]}], [], "unknown speaker 'narrator' in a turn; accepted: system, human"),
+        (
+            [{"conversations": [{"from": "narrator", "value": "once"}]}],
+            [],
+            "unknown speaker 'narrator' in a turn; accepted: system, human",
+        ),
         ([{"dialog": [], "id": 1}], [], "formats accepted"),
-        ([{"q": "a"}], ["--data-format", "alpaca"], "alpaca data needs a column for --prompt-field (instruction); columns: ['q']"),
+        (
+            [{"q": "a"}],
+            ["--data-format", "alpaca"],
+            "alpaca data needs a column for --prompt-field (instruction); columns: ['q']",
+        ),
         ([{"text": "x"}], ["--text-field", "body"], "--text-field 'body' is not a column"),
     ],
 )
 def test_unusable_data_is_one_line(
-    calibrated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], records: list[dict[str, Any]], argv: list[str], fragment: str
+    calibrated_home: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    records: list[dict[str, Any]],
+    argv: list[str],
+    fragment: str,
 ) -> None:
     path = write(tmp_path / "data.jsonl", records)
     code, _, err = run_main("train", ["--data", str(path), "--deadline", "30m", *argv], capsys)
@@ -154,14 +194,21 @@ def test_a_hub_dataset_is_read_from_the_cache_offline(offline_hub: Path) -> None
     data = load_tokenized("org/chats", tokenizer)
     assert data.format == "sharegpt" and len(data) == 3
     assert len(load_records("org/chats", split="test")) == 1
-    with pytest.raises(BenchtrainError, match=r"hub dataset org/chats has splits \[.*\] but no 'validation': pass --data-split"):
+    with pytest.raises(
+        BenchtrainError, match=r"hub dataset org/chats has splits \[.*\] but no 'validation': pass --data-split"
+    ):
         load_records("org/chats", split="validation")
-    with pytest.raises(BenchtrainError, match=r"dataset org/absent is not in the hub cache .* `hf download org/absent --repo-type dataset`"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"dataset org/absent is not in the hub cache .* `hf download org/absent --repo-type dataset`",
+    ):
         load_records("org/absent")
 
 
 def padded(lengths: list[int], fmt: str = "messages") -> TokenizedData:
-    return tokenized_from_samples([np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test")
+    return tokenized_from_samples(
+        [np.zeros(length, dtype=np.int32) for length in lengths], [0] * len(lengths), fmt, "test"
+    )
 
 
 def test_bench_measures_the_lengths_train_will_plan_for_the_data() -> None:

@@ -39,7 +39,9 @@ def data(fitted: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(fitted)
 
 
-def fresh_rows(rows: list[dict[str, Any]], speedup: list[float], rss_before: float = BENCH_RSS, peak_scale: float = 1.0) -> list[dict[str, Any]]:
+def fresh_rows(
+    rows: list[dict[str, Any]], speedup: list[float], rss_before: float = BENCH_RSS, peak_scale: float = 1.0
+) -> list[dict[str, Any]]:
     """What fresh processes measured at the check's configurations: the true step (tests/helpers,
     not the fit) run `speedup[i]` times faster in measurement i, alternating between two processes."""
     configs = check_configs(rows)
@@ -75,7 +77,9 @@ def test_the_check_measures_well_timed_measured_configurations_at_their_quartile
     assert check_configs([{**row, "step_seconds": WELL_TIMED_STEP_SECONDS / 2} for row in rows]) == []
 
 
-def test_fresh_processes_spread_is_the_machines_part_of_the_bound_and_their_speed_moves_no_plan(data: dict[str, Any]) -> None:
+def test_fresh_processes_spread_is_the_machines_part_of_the_bound_and_their_speed_moves_no_plan(
+    data: dict[str, Any],
+) -> None:
     before = Calibration(copy.deepcopy(data))
     rows = data["measurements"]
     # Six measurements, two processes, 12–20% faster than the bench process's fit.
@@ -89,10 +93,14 @@ def test_fresh_processes_spread_is_the_machines_part_of_the_bound_and_their_spee
     assert after.predict(config).tokens_per_second == pytest.approx(before.predict(config).tokens_per_second)
     parts = after.bound_parts
     assert parts.fit == before.bound_parts.fit and parts.machine == pytest.approx(check["time_spread"])
-    assert after.relative_bound == pytest.approx(parts.fit + parts.machine) and parts.machine_source == "fresh processes"
+    assert (
+        after.relative_bound == pytest.approx(parts.fit + parts.machine) and parts.machine_source == "fresh processes"
+    )
     assert before.bound_parts.machine == 0 and before.bound_parts.machine_source == "not measured"
     # Runs that used the calibration and spread wider than the fresh processes decide instead.
-    history = [{"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": value} for value in (1000.0, 1300.0, 800.0)]
+    history = [
+        {"predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": value} for value in (1000.0, 1300.0, 800.0)
+    ]
     runs = Calibration({**data, "process_check": check, "history": history}).bound_parts
     assert runs.machine_source == "past runs" and runs.machine > check["time_spread"]
 
@@ -149,17 +157,29 @@ def test_a_bench_process_that_slows_is_corrected_to_the_speed_it_started_at() ->
     # Where the references are flat (not between the last fast one and the first slow one), every
     # probe is back at the speed the process started at.
     flat = [index for index in range(48) if not 16 < index < 24]
-    assert all(rows[index]["tokens_per_second"] == pytest.approx(truth[index]["tokens_per_second"], rel=0.01) for index in flat)
+    assert all(
+        rows[index]["tokens_per_second"] == pytest.approx(truth[index]["tokens_per_second"], rel=0.01) for index in flat
+    )
 
 
 def test_the_drift_reference_is_the_first_probe_whose_steps_time_well() -> None:
     def probe(config: StepConfig, _remaining: float | None) -> dict[str, Any]:
         step = 0.004 * config.micro_batch_size * config.seq_len / 64  # 4 ms at 1 × 64, 64 ms at 8 × 128
         tokens_per_second = config.micro_batch_size * config.seq_len / step
-        return {**config.to_row(), "status": "ok", "probe_seconds": 0.1, "step_seconds": step, "tokens_per_second": tokens_per_second}
+        return {
+            **config.to_row(),
+            "status": "ok",
+            "probe_seconds": 0.1,
+            "step_seconds": step,
+            "tokens_per_second": tokens_per_second,
+        }
 
     result = run_grid(SearchSpace((1, 2, 4, 8), (0,), (1,), (64, 128)), probe, Budget(None), reference_every=2)
-    first_well_timed = next(row for row in sorted(result.rows, key=lambda r: r["position"]) if row["step_seconds"] >= WELL_TIMED_STEP_SECONDS)
+    first_well_timed = next(
+        row
+        for row in sorted(result.rows, key=lambda r: r["position"])
+        if row["step_seconds"] >= WELL_TIMED_STEP_SECONDS
+    )
     assert result.rows[0]["step_seconds"] < WELL_TIMED_STEP_SECONDS  # the first probe was not it
     assert result.drift["reference"] == StepConfig.from_row(first_well_timed).to_row()
 
@@ -171,12 +191,17 @@ def tiny_spec() -> Any:
 
 @pytest.mark.slow
 def test_a_fresh_process_runs_trains_step_and_reports_its_rows(tiny_spec: Any) -> None:
-    configs = [StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=64), StepConfig(micro_batch_size=1, num_workers=1, grad_accum=1, seq_len=32)]
+    configs = [
+        StepConfig(micro_batch_size=2, num_workers=0, grad_accum=2, seq_len=64),
+        StepConfig(micro_batch_size=1, num_workers=1, grad_accum=1, seq_len=32),
+    ]
     settings = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=3, max_seconds=0.5)
     rows = measure_in_fresh_processes(tiny_spec, MethodConfig(), StepOptions(), configs, settings, 600, processes=1)
     assert [StepConfig.from_row(row) for row in rows] == configs
     assert all(row["status"] == "ok" and row["process"] == 0 and row["rss_before_model_bytes"] > 0 for row in rows)
-    assert all(row["peak_memory_bytes"] > row["rss_before_model_bytes"] and row["step_seconds_mean"] > 0 for row in rows)
+    assert all(
+        row["peak_memory_bytes"] > row["rss_before_model_bytes"] and row["step_seconds_mean"] > 0 for row in rows
+    )
     # The child builds what this process builds (same parameters), and a failing child adds nothing.
     assert rows[0]["tokens_per_second"] > 0
     broken = MethodConfig(method="lora", lora_targets=("no_such_module",))
@@ -184,11 +209,24 @@ def test_a_fresh_process_runs_trains_step_and_reports_its_rows(tiny_spec: Any) -
 
 
 @pytest.mark.slow
-def test_bench_run_on_a_cpu_records_the_check_and_plans_with_it(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_run_on_a_cpu_records_the_check_and_plans_with_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("BENCHTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("BENCHTRAIN_FRESH_PROCESSES", "1")
     # Steps of 25–100 ms on a 2-core CPU (longer on a busy one): the check needs ≥ 40 ms.
-    grid = ["--batch-sizes", "4,8", "--seq-lens", "128", "--accum", "1,2", "--workers", "0", "--max-probe-seconds", "0.3"]
+    grid = [
+        "--batch-sizes",
+        "4,8",
+        "--seq-lens",
+        "128",
+        "--accum",
+        "1,2",
+        "--workers",
+        "0",
+        "--max-probe-seconds",
+        "0.3",
+    ]
     code, _, err = run_main("bench", ["run", *grid, "--quiet", "--no-report"], capsys)
     assert code == 0, err
     record = json.loads(next((tmp_path / "home" / "calibrations").glob("cpu-tiny-*.json")).read_text())
@@ -198,7 +236,10 @@ def test_bench_run_on_a_cpu_records_the_check_and_plans_with_it(tmp_path: Any, m
     assert {StepConfig.from_row(row) for row in check["measurements"]} <= measured
     assert len(check["speed_ratios"]) == len(check["measurements"]) and check["time_spread"] >= 0
     cal = Calibration(record)
-    assert cal.bound_parts.machine >= check["time_spread"] and cal.bound_parts.machine_source in ("fresh processes", "not measured")
+    assert cal.bound_parts.machine >= check["time_spread"] and cal.bound_parts.machine_source in (
+        "fresh processes",
+        "not measured",
+    )
 
 
 def test_a_plan_says_which_part_of_its_bound_is_the_fit_and_which_the_machine(
@@ -208,16 +249,33 @@ def test_a_plan_says_which_part_of_its_bound_is_the_fit_and_which_the_machine(
 
     home = tmp_path / "home"
     monkeypatch.setenv("BENCHTRAIN_HOME", str(home))
-    data.update(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
-    data["process_check"] = judge(data["fit"], fresh_rows(data["measurements"], [1.12, 1.16, 1.20, 1.14, 1.18, 1.15]), BENCH_RSS)
+    data.update(
+        hardware=detect_hardware(),
+        model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+    )
+    data["process_check"] = judge(
+        data["fit"], fresh_rows(data["measurements"], [1.12, 1.16, 1.20, 1.14, 1.18, 1.15]), BENCH_RSS
+    )
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(data))
-    code, out, err = run_main("train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run", "--json"], capsys)
+    code, out, err = run_main(
+        "train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run", "--json"], capsys
+    )
     assert code == 0, err
     cal = Calibration(data)
-    assert json.loads(out)["bound_parts"] == {"fit": cal.bound_parts.fit, "machine": cal.bound_parts.machine, "machine_source": "fresh processes"}
-    code, out, err = run_main("train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run"], capsys)
-    assert code == 0 and f"the fit's {cal.bound_parts.fit:.0%} + {cal.bound_parts.machine:.0%} between processes (measured in fresh processes)" in out
+    assert json.loads(out)["bound_parts"] == {
+        "fit": cal.bound_parts.fit,
+        "machine": cal.bound_parts.machine,
+        "machine_source": "fresh processes",
+    }
+    code, out, err = run_main(
+        "train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run"], capsys
+    )
+    assert (
+        code == 0
+        and f"the fit's {cal.bound_parts.fit:.0%} + {cal.bound_parts.machine:.0%} between processes (measured in fresh processes)"
+        in out
+    )
 
 
 def test_the_resident_set_before_a_model_is_measured_with_the_builds_libraries_loaded() -> None:

@@ -53,7 +53,9 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
         return int(local.numel() * local.element_size())
 
     options = StepOptions(compile="off", loss="plain", sharding=sharding)
-    engine = engine_from_options(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK, quantize=quantize), make_accelerator(), options)
+    engine = engine_from_options(
+        spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK, quantize=quantize), make_accelerator(), options
+    )
     lm = unwrap(engine.model)
     base = sum(local_bytes(parameter) for parameter in lm.parameters() if not parameter.requires_grad)
     adapters = sum(local_bytes(parameter) for parameter in lm.parameters() if parameter.requires_grad)
@@ -67,7 +69,12 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
     batches = iter(SyntheticBatches(STEPS, 2, 16, SPEC["vocab_size"]))
     losses = [engine.step.run(batches, 1).loss for _ in range(STEPS)]
     states = engine.optimizer.state_dict()["state"]
-    moments = sum(local_bytes(value) for state in states.values() for key, value in state.items() if key in ("exp_avg", "exp_avg_sq"))
+    moments = sum(
+        local_bytes(value)
+        for state in states.values()
+        for key, value in state.items()
+        if key in ("exp_avg", "exp_avg_sq")
+    )
     return {
         "sharding": engine.sharding,
         "base_bytes": base,
@@ -121,7 +128,10 @@ def test_lora_under_fsdp_trains_as_one_process_and_each_rank_holds_half_the_base
     from benchtrain.train.workload.method import MethodConfig
 
     need = memory_need(spec_of(), MethodConfig(method="lora", lora_rank=LORA_RANK), "cpu")
-    assert alone["base_bytes"] + alone["adapter_bytes"] == need.weights_bytes and alone["optimizer_bytes"] == need.optimizer_bytes
+    assert (
+        alone["base_bytes"] + alone["adapter_bytes"] == need.weights_bytes
+        and alone["optimizer_bytes"] == need.optimizer_bytes
+    )
     for rank in ranks:
         held = rank["base_bytes"] + rank["adapter_bytes"] + rank["optimizer_bytes"]
         assert held == pytest.approx((need.weights_bytes + need.optimizer_bytes) / 2, rel=0.02)
@@ -139,7 +149,9 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ranks":
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("quantize", ["none", "4bit"])
-def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
+def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(
+    quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any
+) -> None:
     """`train --lora [--quantize 4bit] --sharding fsdp` under two processes: the losses of DDP's run;
     a checkpoint of the adapters alone (gathered from the shards), a resume that continues from it,
     and a final/ that peft loads with the last checkpoint's adapters onto the preset's base
@@ -159,7 +171,17 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quanti
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     # --force: a full fine-tuning calibration plans the LoRA run.
     method = ["--lora", "--lora-rank", "4", "--quantize", quantize]
-    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--no-report", *method, "--force"]
+    train = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--no-report",
+        *method,
+        "--force",
+    ]
 
     def launch(arguments: list[str]) -> Any:
         result = fork_server.run_group("train", arguments, home / "ranks", env={"BENCHTRAIN_HOME": str(home)})
@@ -171,14 +193,18 @@ def test_a_lora_run_under_fsdp_checkpoints_resumes_and_exports_an_adapter(quanti
         launch([*train, "--out", str(out), "--sharding", sharding, "--max-steps", "3"])
     sharded, replicated = (json.loads((out / "run.json").read_text()) for out in (fsdp, ddp))
     assert sharded["plan"]["sharding"] == "fsdp" and sharded["plan"]["method"] == "lora"
-    assert [entry["loss"] for entry in sharded["losses"]] == pytest.approx([entry["loss"] for entry in replicated["losses"]], rel=1e-4)
+    assert [entry["loss"] for entry in sharded["losses"]] == pytest.approx(
+        [entry["loss"] for entry in replicated["losses"]], rel=1e-4
+    )
     saved = load_file(str(fsdp / "checkpoints" / "step-0000003" / "model.safetensors"))
     assert saved and all("lora_" in name for name in saved)  # the adapters alone, whole
 
     pretend_interrupted(fsdp, 5)
     launch([*train, "--out", str(fsdp), "--sharding", "fsdp", "--max-steps", "5", "--resume"])
     resumed = json.loads((fsdp / "run.json").read_text())
-    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded["losses"]
+    assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 6)) and resumed["losses"][:3] == sharded[
+        "losses"
+    ]
     last = load_file(str(fsdp / "checkpoints" / "step-0000005" / "model.safetensors"))
     assert any(not torch.equal(last[name], saved[name]) for name in saved)  # trained on from step 3
     final = load_final(fsdp / "final")
@@ -215,8 +241,13 @@ def test_a_4bit_base_that_sharding_would_change_is_refused_in_one_line(fork_serv
     assert len(ranks) == 2
     for rank in ranks:
         refusal = rank.get("refused", "")
-        assert "\n" not in refusal and refusal.startswith("--sharding fsdp with --quantize 4bit: it fails after sharding")
-        assert "casts the packed 4-bit values, stored as torch.float32, to torch.bfloat16" in refusal and "--sharding ddp" in refusal
+        assert "\n" not in refusal and refusal.startswith(
+            "--sharding fsdp with --quantize 4bit: it fails after sharding"
+        )
+        assert (
+            "casts the packed 4-bit values, stored as torch.float32, to torch.bfloat16" in refusal
+            and "--sharding ddp" in refusal
+        )
 
 
 def seventy_b_slices() -> dict[str, Any]:
@@ -240,7 +271,8 @@ def as_4bit(record: dict[str, Any]) -> dict[str, Any]:
 
     spec = resolve_model("llama-3.1-70b")
     saved = (
-        memory_need(spec, MethodConfig(method="lora"), "cuda").total_bytes - memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cuda").total_bytes
+        memory_need(spec, MethodConfig(method="lora"), "cuda").total_bytes
+        - memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cuda").total_bytes
     )
     quantized = copy.deepcopy(record)
     quantized["training"] = {**quantized["training"], "quantization": "4bit"}
@@ -267,12 +299,16 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
 
-    config = TrainConfig.of(data="test", dry_run=True, deadline="24h", quantize=quantize, step_options=StepOptions(sharding="fsdp"))
+    config = TrainConfig.of(
+        data="test", dry_run=True, deadline="24h", quantize=quantize, step_options=StepOptions(sharding="fsdp")
+    )
     data = tokenized(heavy_tailed(400))
     context = PlanContext(config, resolve_model("llama-3.1-70b"), data, None, 0.0)
     method = MethodConfig(method="lora", quantize=quantize)
     machines = parse_machines("h100:2,h100:4,h100:8")
-    comparison = consider(context, method, [Calibration(record)], detect_hardware(), length_profile(data.lengths), machines)
+    comparison = consider(
+        context, method, [Calibration(record)], detect_hardware(), length_profile(data.lengths), machines
+    )
     return sorted(comparison.rows, key=lambda row: row.processes)
 
 
@@ -289,7 +325,11 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
     from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("llama-3.1-70b")
-    assert (spec.config_dict["hidden_size"], spec.config_dict["num_hidden_layers"], spec.config_dict["intermediate_size"]) == (8192, 80, 28672)
+    assert (
+        spec.config_dict["hidden_size"],
+        spec.config_dict["num_hidden_layers"],
+        spec.config_dict["intermediate_size"],
+    ) == (8192, 80, 28672)
     record = seventy_b_slices()
     for quantize, planned in (("none", (4, 8)), ("4bit", (2, 4, 8))):
         rows = consider_70b(record if quantize == "none" else as_4bit(record), quantize)
@@ -300,13 +340,17 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
             processes = row.processes
             if processes not in planned:
                 assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
-                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]  # its shards alone nearly fill it
+                # its shards alone nearly fill it
+                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]
                 continue
             assert row.plan is not None, row.problem
             assert row.run_plan.step.sharding == "fsdp" and row.run_plan.step.world_size == processes
             peak = row.plan.chosen.peak_memory_bytes
-            held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(row.run_plan.hardware, processes)
-            assert held < peak <= 0.95 * row.device["memory_bytes"]  # its share, the gathered blocks and NCCL's buffers, then activations
+            held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(
+                row.run_plan.hardware, processes
+            )
+            # its share, the gathered blocks and NCCL's buffers, then activations
+            assert held < peak <= 0.95 * row.device["memory_bytes"]
             peaks[processes] = peak
         assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each
 
@@ -314,24 +358,52 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("quantize", ["none", "4bit"])
-def test_bench_calibrates_lora_under_fsdp_and_train_plans_from_it(quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any) -> None:
+def test_bench_calibrates_lora_under_fsdp_and_train_plans_from_it(
+    quantize: str, home: Path, heavy_tailed_jsonl: Path, fork_server: Any
+) -> None:
     """`bench run --gpu cpu --lora [--quantize 4bit] --sharding fsdp` under two processes stores a
     2-process FSDP calibration (a 4-bit base checked as sharded before its probes), and
     `train --dry-run` plans the same run from it, its collectives measured by that bench."""
     if quantize != "none":
         pytest.importorskip("bitsandbytes")
     env = {"BENCHTRAIN_HOME": str(home)}
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--no-report", "--quiet"]
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--no-report",
+        "--quiet",
+    ]
     method = ["--lora", "--lora-rank", "4", "--quantize", quantize, "--sharding", "fsdp"]
     result = fork_server.run_group("bench", ["run", *grid, *method, "--budget", "60s"], home / "ranks", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = (home / "calibrations").glob("*.json")
     calibration = json.loads(path.read_text())
     training = calibration["training"]
-    assert training["method"] == "lora" and training["sharding"] == "fsdp" and (training.get("quantization") or "none") == quantize
+    assert (
+        training["method"] == "lora"
+        and training["sharding"] == "fsdp"
+        and (training.get("quantization") or "none") == quantize
+    )
     assert calibration["distributed"]["world_size"] == 2 and calibration["distributed"]["sharding"] == "fsdp"
     assert sum(row["status"] == "ok" for row in calibration["measurements"]) >= 2
-    planned = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", *method, "--use-calibration", calibration["id"], "--dry-run"]
+    planned = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        *method,
+        "--use-calibration",
+        calibration["id"],
+        "--dry-run",
+    ]
     result = fork_server.run_group("train", planned, home / "ranks", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "measured in the calibration's 2-process fsdp step times" in result.stdout
@@ -350,16 +422,27 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
     h100 = {"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda", "memory_bytes": 79.2 * GIB}
     lora = check_fits(spec, MethodConfig(method="lora"), h100, "fsdp", 8)
     assert 134 * GIB < lora.total_bytes < 135 * GIB and lora.building_bytes("fsdp") == 0
-    assert lora.per_process_bytes("fsdp", 8, "cuda") == pytest.approx(lora.total_bytes / 8 + 2 * lora.largest_block_parameters * 2)
+    assert lora.per_process_bytes("fsdp", 8, "cuda") == pytest.approx(
+        lora.total_bytes / 8 + 2 * lora.largest_block_parameters * 2
+    )
     assert gpus_needed(lora, h100) == 2
     qlora = memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cuda")
-    assert 40 * GIB < qlora.total_bytes < 48 * GIB and qlora.building_bytes("fsdp") == qlora.weights_bytes and qlora.building_bytes("ddp") == 0
+    assert (
+        40 * GIB < qlora.total_bytes < 48 * GIB
+        and qlora.building_bytes("fsdp") == qlora.weights_bytes
+        and qlora.building_bytes("ddp") == 0
+    )
     small = {"name": "NVIDIA L4", "device_type": "cuda", "memory_bytes": 22 * GIB}
     assert qlora.per_process_bytes("fsdp", 4, "cuda") < small["memory_bytes"]  # its shards would fit
-    with pytest.raises(DoesNotFitError, match="under FSDP builds the whole 4-bit base on each process before sharding it") as refused:
+    with pytest.raises(
+        DoesNotFitError, match="under FSDP builds the whole 4-bit base on each process before sharding it"
+    ) as refused:
         check_fits(spec, MethodConfig(method="lora", quantize="4bit"), small, "fsdp", 4)
     assert "\n" not in str(refused.value) and gpus_needed(qlora, small) is None
-    assert check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp") < h100["memory_bytes"]
+    assert (
+        check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp")
+        < h100["memory_bytes"]
+    )
 
 
 def test_a_lora_model_built_on_meta_for_a_gpu_has_its_bf16_base_and_fp32_adapters() -> None:
@@ -372,7 +455,9 @@ def test_a_lora_model_built_on_meta_for_a_gpu_has_its_bf16_base_and_fp32_adapter
     from benchtrain.train.workload.model import build_model
 
     for target, base_dtype in (("cuda", torch.bfloat16), ("cpu", torch.float32)):
-        model = build_model(spec_of(), "meta", MethodConfig(method="lora", lora_rank=LORA_RANK), shardable=True, weights_on=target)
+        model = build_model(
+            spec_of(), "meta", MethodConfig(method="lora", lora_rank=LORA_RANK), shardable=True, weights_on=target
+        )
         assert {parameter.dtype for parameter in model.parameters() if not parameter.requires_grad} == {base_dtype}
         assert {parameter.dtype for parameter in model.parameters() if parameter.requires_grad} == {torch.float32}
 
@@ -388,6 +473,9 @@ def test_which_bases_fsdp_shards_is_settled_with_the_processes() -> None:
     fsdp = StepOptions(sharding="fsdp")
     for quantize in ("none", "4bit"):
         assert process_layout(fsdp, MethodConfig(method="lora", quantize=quantize), processes=4).sharding == "fsdp"
-    with pytest.raises(BenchtrainError, match=r"--sharding fsdp with --quantize 8bit: an 8-bit base cannot be sharded .*--quantize 4bit, or --sharding ddp"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"--sharding fsdp with --quantize 8bit: an 8-bit base cannot be sharded .*--quantize 4bit, or --sharding ddp",
+    ):
         process_layout(fsdp, MethodConfig(method="lora", quantize="8bit"), processes=4)
     assert process_layout(fsdp, MethodConfig(method="lora", quantize="8bit"), processes=1).sharding == "none"

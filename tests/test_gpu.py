@@ -85,7 +85,9 @@ def test_compiled_step_on_cuda_matches_eager() -> None:
     losses = {}
     for mode in ("off", "on"):
         torch.manual_seed(0)
-        engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile=mode))
+        engine = engine_from_options(
+            resolve_model("tiny"), MethodConfig(), make_accelerator(), StepOptions(compile=mode)
+        )
         batch = SyntheticBatches(1, 4, 256, 320)[0]
         losses[mode] = [engine.step.run(iter([batch]), 1).loss for _ in range(3)]
     assert losses["on"] == pytest.approx(losses["off"], rel=2e-2)

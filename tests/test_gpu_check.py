@@ -28,11 +28,18 @@ def load_script():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(660)  # ≈ 1.5 min on a quiet cpu-vm; a busy or slow CPU gets larger budgets (sized_bench), not a failure
+# ≈ 1.5 min on a quiet cpu-vm; a busy or slow CPU gets larger budgets (sized_bench), not a failure
+@pytest.mark.timeout(660)
 def test_the_smoke_run_measures_every_check_and_writes_one_row_each(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "BENCHTRAIN_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     names = list(load_script().CHECKS)
     document = json.loads((out / "gpu_check.json").read_text())
@@ -46,7 +53,9 @@ def test_the_smoke_run_measures_every_check_and_writes_one_row_each(tmp_path: Pa
     assert "not measured" not in table
 
 
-def test_without_cuda_it_asks_for_smoke_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_cuda_it_asks_for_smoke_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -64,7 +73,9 @@ def test_each_fixed_shape_check_fits_the_bundled_h100_with_ten_percent_to_spare(
     from benchtrain import calibration
 
     gpu = load_script().GPU
-    h100 = calibration.load(Path(__file__).resolve().parents[1] / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json")
+    h100 = calibration.load(
+        Path(__file__).resolve().parents[1] / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
+    )
     assert h100.data["model"]["name"] == gpu.model
     device = h100.data["hardware"]["memory_bytes"]
     prediction = h100.predict(StepConfig(gpu.micro_batch, 0, 1, gpu.seq_len))
@@ -93,7 +104,9 @@ def test_the_whole_script_is_priced_within_ten_minutes_on_the_simulated_h100() -
     assert sum(check.seconds for check in priced.values()) <= LIMIT_SECONDS == 600
 
 
-def test_price_prints_the_table_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_price_prints_the_table_without_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     module = load_script()
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert module.main(["--price", "--checks", "peers,memory"]) == 0
@@ -102,7 +115,9 @@ def test_price_prints_the_table_without_a_gpu(monkeypatch: pytest.MonkeyPatch, c
 
 
 @pytest.mark.parametrize("smoke", [True, False])
-def test_a_missing_install_is_named_in_one_line_with_its_pip_command(smoke: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_install_is_named_in_one_line_with_its_pip_command(
+    smoke: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import importlib.util
 
     import torch
@@ -112,7 +127,9 @@ def test_a_missing_install_is_named_in_one_line_with_its_pip_command(smoke: bool
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real_find_spec = importlib.util.find_spec
     gone = "peft" if smoke else "liger_kernel"  # the GPU run needs Liger for the loss check; --smoke does not
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == gone else real_find_spec(name, *args))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == gone else real_find_spec(name, *args)
+    )
     monkeypatch.setattr(module, "CHECKS", {})  # nothing may run past the check
     assert module.main([*(["--smoke"] if smoke else []), "--out", "unused", "--checks", ""]) == 2
     err = capsys.readouterr().err
@@ -124,7 +141,9 @@ def test_a_missing_install_is_named_in_one_line_with_its_pip_command(smoke: bool
     assert err == f"gpu_check needs {expected}\n"
 
 
-def test_a_bench_the_machine_finds_too_small_runs_again_at_the_budget_it_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_bench_the_machine_finds_too_small_runs_again_at_the_budget_it_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """On a CPU without AVX-512 the smoke's 15 s LoRA bench measured "0 of 0 probes in 13.3s" and the
     check failed: at --smoke's scale the budget follows what bench measured there."""
     module = load_script()
@@ -147,13 +166,24 @@ def test_a_bench_the_machine_finds_too_small_runs_again_at_the_budget_it_asked(m
     # bench_budget cuts the line before "use --budget": twice the budget, or more where refusing took long.
     calls.clear()
     monkeypatch.setattr(
-        module.bench_budget, "real_bench", lambda *args: (calls.append(args[3]), ({"result": "error: only 0 of 0 probes succeeded in 17.4s; a fit"}, None))[1]
+        module.bench_budget,
+        "real_bench",
+        lambda *args: (
+            calls.append(args[3]),
+            ({"result": "error: only 0 of 0 probes succeeded in 17.4s; a fit"}, None),
+        )[1],
     )
     assert module.sized_bench(ctx, "tiny", True, 15.0, (), tmp_path)[2] == 30.0 and calls == [15.0, 30.0]
     # On the H100 the ten minutes are priced: no second run.
     calls.clear()
-    monkeypatch.setattr(module.bench_budget, "real_bench", lambda *args: (calls.append(args[3]), ({"result": "use --budget 3m"}, None))[1])
-    assert module.sized_bench(module.Context(module.GPU, tmp_path), "llama-3.1-8b", True, 120.0, (), tmp_path)[1] is None and calls == [120.0]
+    monkeypatch.setattr(
+        module.bench_budget,
+        "real_bench",
+        lambda *args: (calls.append(args[3]), ({"result": "use --budget 3m"}, None))[1],
+    )
+    assert module.sized_bench(module.Context(module.GPU, tmp_path), "llama-3.1-8b", True, 120.0, (), tmp_path)[
+        1
+    ] is None and calls == [120.0]
     assert module.budget_asked({"result": "… needs ≈ 1m15s; use --budget 1m18s or more"}) == 78.0
     assert module.budget_asked({"result": "CUDA out of memory"}) is None
 
@@ -161,7 +191,11 @@ def test_a_bench_the_machine_finds_too_small_runs_again_at_the_budget_it_asked(m
 def test_the_smoke_train_deadline_follows_a_timed_dry_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     module = load_script()
     monkeypatch.setattr(module, "dry_run_seconds", lambda ctx, calibration, home, deadline: 30.0)
-    assert module.sized_deadline(module.Context(module.SMOKE, tmp_path), tmp_path, tmp_path) == 30.0 / module.DRY_RUN_SHARE
+    assert (
+        module.sized_deadline(module.Context(module.SMOKE, tmp_path), tmp_path, tmp_path) == 30.0 / module.DRY_RUN_SHARE
+    )
     assert module.sized_deadline(module.Context(module.GPU, tmp_path), tmp_path, tmp_path) == module.GPU.train_deadline
     monkeypatch.setattr(module, "dry_run_seconds", lambda ctx, calibration, home, deadline: 2.0)
-    assert module.sized_deadline(module.Context(module.SMOKE, tmp_path), tmp_path, tmp_path) == module.SMOKE.train_deadline
+    assert (
+        module.sized_deadline(module.Context(module.SMOKE, tmp_path), tmp_path, tmp_path) == module.SMOKE.train_deadline
+    )

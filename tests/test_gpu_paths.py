@@ -28,11 +28,15 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
 
     def child(command: list[str], **options: Any) -> subprocess.CompletedProcess:
         started.append(command)
-        return subprocess.CompletedProcess(command, 0, stdout=json.dumps({"first_step_seconds": 3.0, "step_seconds": 1.0}), stderr="")
+        return subprocess.CompletedProcess(
+            command, 0, stdout=json.dumps({"first_step_seconds": 3.0, "step_seconds": 1.0}), stderr=""
+        )
 
     monkeypatch.setattr(fresh_process.subprocess, "run", child)
     sliced = slice_spec(resolve_model("llama-3.1-8b"), 2)
-    workload = SimpleNamespace(spec=sliced, method=MethodConfig(), engine=SimpleNamespace(loss="plain"), release=lambda: None)
+    workload = SimpleNamespace(
+        spec=sliced, method=MethodConfig(), engine=SimpleNamespace(loss="plain"), release=lambda: None
+    )
     assert measure_cached_compile(workload, {"micro_batch_size": 1, "seq_len": 64}, 60.0)["first_step_seconds"] == 3.0
 
     built: list[Any] = []
@@ -60,11 +64,29 @@ def test_fsdp_with_8bit_adamw_is_one_line_before_any_probe(fork_server: Any, tmp
     """Two gloo ranks benching `--sharding fsdp --optimizer adamw-8bit`: bitsandbytes' state is sized
     from the whole tensor, so every probe failed at its first optimizer step ("mixed torch.Tensor and
     DTensor") and the budget went with them. Now each rank says why in one line, before building."""
-    arguments = ["run", "--gpu", "cpu", "--sharding", "fsdp", "--optimizer", "adamw-8bit", "--budget", "40s", "--batch-sizes", "1", "--seq-lens", "32"]
-    result = fork_server.run_group("bench", arguments, tmp_path / "ranks", env={"BENCHTRAIN_HOME": str(tmp_path / "home")}, timeout=200)
+    arguments = [
+        "run",
+        "--gpu",
+        "cpu",
+        "--sharding",
+        "fsdp",
+        "--optimizer",
+        "adamw-8bit",
+        "--budget",
+        "40s",
+        "--batch-sizes",
+        "1",
+        "--seq-lens",
+        "32",
+    ]
+    result = fork_server.run_group(
+        "bench", arguments, tmp_path / "ranks", env={"BENCHTRAIN_HOME": str(tmp_path / "home")}, timeout=200
+    )
     assert result.returncode != 0
     refusals = [line for line in result.stderr.splitlines() if "adamw-8bit" in line]
-    assert len(refusals) == 2 and all("FSDP" in line and "--sharding ddp" in line for line in refusals), result.stderr[-2000:]
+    assert len(refusals) == 2 and all("FSDP" in line and "--sharding ddp" in line for line in refusals), result.stderr[
+        -2000:
+    ]
     assert "Traceback" not in result.stderr and "probe" not in result.stdout + result.stderr
     assert not (tmp_path / "home" / "calibrations").exists() or not any((tmp_path / "home" / "calibrations").iterdir())
 
@@ -78,7 +100,10 @@ def test_the_optimizer_table_says_which_rows_step_sharded_parameters() -> None:
         with pytest.raises(BenchtrainError, match=f"--optimizer {name} cannot step FSDP"):
             process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=4)
         assert process_layout(StepOptions(sharding="ddp"), MethodConfig(optimizer=name), processes=4).sharding == "ddp"
-        assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=1).sharding == "none"  # one process shards nothing
+        # one process shards nothing
+        assert (
+            process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer=name), processes=1).sharding == "none"
+        )
     assert process_layout(StepOptions(sharding="fsdp"), MethodConfig(optimizer="adamw"), processes=4).sharding == "fsdp"
 
 
@@ -106,14 +131,16 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     alone, switched, pcie = requests
     assert [row.run_plan.step.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
     assert alone.world_size == 1 and alone.memory_offset_bytes == 0.0
-    buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)  # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
+    # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
+    buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)
     assert pcie.world_size == 8 and pcie.memory_offset_bytes == buffers
     assert switched.memory_offset_bytes == buffers + 8 * 32 * 2**20  # NVLS: 32 MiB per GPU of the node on each
     from benchtrain.calibration.comm import communicator_bytes
 
     h100 = read_calibration_file(FIXTURE)["hardware"]
     assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes
-    assert communicator_bytes({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}, 8) == buffers  # no NVLS before Hopper
+    # no NVLS before Hopper
+    assert communicator_bytes({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}, 8) == buffers
     assert communicator_bytes({"device_type": "cpu"}, 8) == 0.0 and communicator_bytes(h100, 1) == 0.0
 
 
@@ -148,11 +175,15 @@ def fake_nvml(links: dict[int, list[int]], gpus: int, switched: bool = False) ->
     module.nvmlDeviceGetPciInfo = lambda handle: bus(int(handle[3:]))  # type: ignore[attr-defined]
     module.nvmlDeviceGetNvLinkState = state  # type: ignore[attr-defined]
     module.nvmlDeviceGetNvLinkRemoteDeviceType = lambda handle, link: 2 if switched else 0  # type: ignore[attr-defined]
-    module.nvmlDeviceGetNvLinkRemotePciInfo = lambda handle, link: bus(links[link]) if links[link] >= 0 else types.SimpleNamespace(busId=b"0000:c0:00.0")  # type: ignore[attr-defined]
+    module.nvmlDeviceGetNvLinkRemotePciInfo = lambda handle, link: (
+        bus(links[link]) if links[link] >= 0 else types.SimpleNamespace(busId=b"0000:c0:00.0")
+    )  # type: ignore[attr-defined]
     return module
 
 
-def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_pcie(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_pcie(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """NCCL's topology model (src/graph/topo.h, topo.cc): 20.6 GB/s per SM90 NVLink (18 links: 370.8
     GB/s, not 900/2 = 450), 20.0 per SM80 link, PCIe x16 Gen4 24 GB/s and Gen5 48 (not 32 and 64).
     And 8 PCIe H100s bridged in pairs: GPU 0's NVLinks reach GPU 1 alone, so a ring over all 8
@@ -169,22 +200,29 @@ def test_collectives_are_priced_at_nccls_own_link_figures_and_bridged_pairs_at_p
 
     try:
         assert detected(fake_nvml(dict.fromkeys(range(18), -1), 8, switched=True)) == "nvswitch"  # HGX H100
-        assert detected(fake_nvml({link: 1 + link % 3 for link in range(12)}, 4)) == "nvlink"  # 4 A100s, each linked to every other
+        # 4 A100s, each linked to every other
+        assert detected(fake_nvml({link: 1 + link % 3 for link in range(12)}, 4)) == "nvlink"
         assert detected(fake_nvml({link: 1 for link in range(12)}, 8)) == "pcie"  # 8 H100 PCIe, bridged in pairs
         assert detected(fake_nvml({link: 1 for link in range(12)}, 2)) == "nvlink"  # the one pair alone: its bridge
         assert detected(fake_nvml({}, 8)) == "pcie"
     finally:
         hardware.detect_interconnect.cache_clear()
-    matrix = "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\nGPU0\t X \tNV12\tPXB\tSYS\t0-31\nGPU1\tNV12\t X \tSYS\tPXB\t0-31\n"
+    matrix = (
+        "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\nGPU0\t X \tNV12\tPXB\tSYS\t0-31\nGPU1\tNV12\t X \tSYS\tPXB\t0-31\n"
+    )
     assert hardware._smi_peers(matrix, 0) == (1, 4)  # nvidia-smi topo -m: one NVLink peer of four GPUs
 
     assert link_figures("nvswitch", "NVIDIA H100 80GB HBM3").bandwidth_bytes_per_second == pytest.approx(18 * 20.6e9)
     assert link_figures("nvlink", "NVIDIA A100-SXM4-80GB").bandwidth_bytes_per_second == pytest.approx(12 * 20.0e9)
-    assert link_figures("nvlink", "NVIDIA H100 PCIe").bandwidth_bytes_per_second == pytest.approx(12 * 20.6e9)  # its 600 GB/s bridge
+    # its 600 GB/s bridge
+    assert link_figures("nvlink", "NVIDIA H100 PCIe").bandwidth_bytes_per_second == pytest.approx(12 * 20.6e9)
     assert link_figures("pcie", "NVIDIA H100 PCIe").bandwidth_bytes_per_second == 48e9  # Gen5 x16
     assert link_figures("pcie", "NVIDIA A100 80GB PCIe").bandwidth_bytes_per_second == 24e9  # Gen4 x16
     assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 24e9  # not in the table: Gen4 assumed
-    assert "topo.h" in link_figures("pcie", "NVIDIA L4").source and "20.6 GB/s" in link_figures("nvlink", "NVIDIA H200").source
+    assert (
+        "topo.h" in link_figures("pcie", "NVIDIA L4").source
+        and "20.6 GB/s" in link_figures("nvlink", "NVIDIA H200").source
+    )
 
 
 # -- the profiler's split counted NCCL's kernels as memory-bound time --------------------------------
@@ -202,7 +240,9 @@ def test_a_concurrent_nccl_kernel_is_communication_not_memory_bound_time() -> No
     gemm, add = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "void at::native::vectorized_elementwise_kernel<4, add>"
     gather = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
     assert kernel_kind(gather) == "communication"
-    split = split_from_events([kernel(gemm, 0, 600), kernel(add, 600, 800), kernel(gather, 500, 1000)], wall_seconds=0.002, steps=1)
+    split = split_from_events(
+        [kernel(gemm, 0, 600), kernel(add, 600, 800), kernel(gather, 500, 1000)], wall_seconds=0.002, steps=1
+    )
     assert split["compute_seconds"] == pytest.approx(600e-6) and split["memory_seconds"] == pytest.approx(200e-6)
     assert split["comm_seconds"] == pytest.approx(200e-6) and split["host_seconds"] == pytest.approx(1000e-6)
 
@@ -217,20 +257,33 @@ def test_a_slice_calibrations_split_is_the_whole_models_not_the_deepest_slices()
     those FLOPs) give the whole model's split as lines in depth, not the 6-layer one."""
     from benchtrain.calibration.slices import derive_step_split
 
-    layer, head = 4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9, 4096 * 128256 / 1e9  # seconds at 1 s per 1e9 weights: any scale
+    # seconds at 1 s per 1e9 weights: any scale
+    layer, head = (
+        4096 * (2 * 4096 + 2 * 1024 + 3 * 14336) / 1e9,
+        4096 * 128256 / 1e9,
+    )
     config = {"micro_batch_size": 4, "seq_len": 2048, "grad_accum": 1, "num_workers": 0, "gradient_checkpointing": 0}
 
     def split(depth: int) -> dict[str, Any]:
-        return {**config, "compute_seconds": head + depth * layer, "memory_seconds": 0.02 + 0.01 * depth, "host_seconds": 0.05, "method": "profiler"}
+        return {
+            **config,
+            "compute_seconds": head + depth * layer,
+            "memory_seconds": 0.02 + 0.01 * depth,
+            "host_seconds": 0.05,
+            "method": "profiler",
+        }
 
     assert head / split(6)["compute_seconds"] == pytest.approx(0.286, abs=0.002)  # the deepest slice's
     alone = {**split(6), "micro_batch_size": 1}  # split at one depth only: no line
     derived = derive_step_split({2: [split(2)], 4: [split(4)], 6: [split(6), alone]}, 32)
     (whole,) = derived
-    assert whole["compute_seconds"] == pytest.approx(head + 32 * layer) and head / whole["compute_seconds"] == pytest.approx(0.070, abs=0.002)
+    assert whole["compute_seconds"] == pytest.approx(head + 32 * layer) and head / whole[
+        "compute_seconds"
+    ] == pytest.approx(0.070, abs=0.002)
     assert whole["memory_seconds"] == pytest.approx(0.34) and whole["host_seconds"] == pytest.approx(0.05)
     assert whole["method"] == "profiler" and whole["micro_batch_size"] == 4 and whole["slice_depths"] == [2, 4, 6]
-    assert derive_step_split({2: [split(2)], 6: [alone]}, 32) == []  # nothing split twice: the whole fit's FLOP-count split stands
+    # nothing split twice: the whole fit's FLOP-count split stands
+    assert derive_step_split({2: [split(2)], 6: [alone]}, 32) == []
 
 
 @pytest.mark.slow  # three simulated benches of an 8B shape on slices: ≈15 s
@@ -247,7 +300,10 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     def with_splits(records: dict[int, dict[str, Any]], whole: Any) -> dict[str, Any]:
         for depth, record in records.items():
             row = next(row for row in record["measurements"] if row["status"] == "ok")
-            config = {name: int(row.get(name, 0)) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing")}
+            config = {
+                name: int(row.get(name, 0))
+                for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers", "gradient_checkpointing")
+            }
             parts = {"compute_seconds": head + depth * layer, "memory_seconds": 0.1 * depth, "host_seconds": 0.05}
             record["step_split"] = [{**config, **parts, "method": "profiler"}]
         return combine(records, whole)
@@ -255,7 +311,9 @@ def test_a_slice_calibration_stores_the_split_derived_in_depth(monkeypatch: pyte
     monkeypatch.setattr(layer_slices, "combine_slices", with_splits)  # where the bench looks it up
     record, _, _ = simulate_slices("llama-3.1-8b", False, 300.0, (2, 4, 6))
     (split,) = record["step_split"]
-    assert split["compute_seconds"] == pytest.approx(head + 32 * layer) and split["memory_seconds"] == pytest.approx(3.2)
+    assert split["compute_seconds"] == pytest.approx(head + 32 * layer) and split["memory_seconds"] == pytest.approx(
+        3.2
+    )
 
 
 # -- FSDP loading a folder left the other ranks in a collective while rank 0 read the weights -------
@@ -306,6 +364,12 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     measured["training"]["optimizer"] = "adamw-8bit"  # one process measured 8-bit AdamW
     calibrations = [Calibration(measured)]
     method = MethodConfig(optimizer="adamw-8bit")
-    comparison = consider(context, method, calibrations, detect_hardware(), length_profile(data.lengths), parse_machines("h100:4:nvlink"))
+    comparison = consider(
+        context, method, calibrations, detect_hardware(), length_profile(data.lengths), parse_machines("h100:4:nvlink")
+    )
     (row,) = comparison.rows
-    assert row.plan is None and row.problem is not None and row.problem.startswith("--optimizer adamw-8bit cannot step FSDP's sharded parameters")
+    assert (
+        row.plan is None
+        and row.problem is not None
+        and row.problem.startswith("--optimizer adamw-8bit cannot step FSDP's sharded parameters")
+    )

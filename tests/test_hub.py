@@ -35,7 +35,11 @@ WORDS = "the model answers questions about trains deadlines batches tokens and w
 def conversation(index: int) -> list[dict[str, str]]:
     question = " ".join(WORDS[(index + k) % len(WORDS)] for k in range(2 + index % 3))
     answer = " ".join(WORDS[(index * 3 + k) % len(WORDS)] for k in range(1 + index % 3))
-    return [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
 
 
 def trained_tokenizer() -> Any:
@@ -46,8 +50,15 @@ def trained_tokenizer() -> Any:
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    core.train_from_iterator([" ".join(WORDS)] * 20 + [turn["content"] for i in range(40) for turn in conversation(i)], trainer)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(
+        [" ".join(WORDS)] * 20 + [turn["content"] for i in range(40) for turn in conversation(i)], trainer
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tokenizer.chat_template = CHATML
     return tokenizer
@@ -55,7 +66,13 @@ def trained_tokenizer() -> Any:
 
 # The tiny preset's shape with what a real config.json adds (token ids, epsilon, architectures):
 # it shares the preset's fingerprint, so calibrations too.
-HUB_CONFIG = {**PRESETS["tiny"], "bos_token_id": 0, "eos_token_id": 2, "rms_norm_eps": 1e-5, "architectures": ["LlamaForCausalLM"]}
+HUB_CONFIG = {
+    **PRESETS["tiny"],
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "rms_norm_eps": 1e-5,
+    "architectures": ["LlamaForCausalLM"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -138,18 +155,54 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
     data = chat_file(tmp_path / "chats.jsonl")
 
     # bench: the config is enough (random weights, as for presets); the lengths come from the data.
-    grid = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--max-probe-seconds", "0.2", "--quiet", "--no-report"]
+    grid = [
+        "--batch-sizes",
+        "1,2",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--max-probe-seconds",
+        "0.2",
+        "--quiet",
+        "--no-report",
+    ]
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--model", REPO, "--data", str(data), *grid], capsys)
     assert code == 0, err
     calibration = json.loads(next((home / "calibrations").glob("*.json")).read_text())
-    assert calibration["model"]["hub_id"] == REPO and calibration["model"]["revision"] == REVISION and calibration["model"]["source"] == "hub"
-    assert calibration["model"]["fingerprint"] == resolve_model("tiny").fingerprint  # shared with the preset of its shape
-    longest = max(len(tokenizer(tokenizer.apply_chat_template(conversation(i), tokenize=False), add_special_tokens=False)["input_ids"]) for i in range(40))
+    assert (
+        calibration["model"]["hub_id"] == REPO
+        and calibration["model"]["revision"] == REVISION
+        and calibration["model"]["source"] == "hub"
+    )
+    # shared with the preset of its shape
+    assert calibration["model"]["fingerprint"] == resolve_model("tiny").fingerprint
+    longest = max(
+        len(
+            tokenizer(tokenizer.apply_chat_template(conversation(i), tokenize=False), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
+        for i in range(40)
+    )
     lengths = calibration["search"]["space"]["seq_lens"]
-    assert lengths[-1] == -(-longest // 64) * 64 and len(lengths) == 3, lengths  # data's longest, rounded up; 3 lengths as by default
+    # data's longest, rounded up; 3 lengths as by default
+    assert lengths[-1] == -(-longest // 64) * 64 and len(lengths) == 3, lengths
 
     # train needs the weights: offline and not cached is one line with the download command.
-    train_argv = ["--model", REPO, "--data", str(data), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "2", "--no-report"]
+    train_argv = [
+        "--model",
+        REPO,
+        "--data",
+        str(data),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "2",
+        "--no-report",
+    ]
     code, _, err = run_main("train", train_argv, capsys)
     assert_one_line_error(code, err, f"hf download {REPO} --revision {REVISION}")
     assert not (home / "runs").exists() or not list((home / "runs").iterdir())
@@ -175,7 +228,9 @@ def test_bench_calibrates_a_cached_hub_model_from_its_config_and_train_trains_it
     assert (embedding - fresh.get_input_embeddings().weight).abs().mean() > 0.01
 
 
-def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
+def test_the_data_is_tokenized_with_the_hub_model_s_template(
+    offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]
+) -> None:
     from helpers import trained_text
 
     from benchtrain.train.workload.tokenizer import load_tokenizer
@@ -184,21 +239,36 @@ def test_the_data_is_tokenized_with_the_hub_model_s_template(offline_hub: Path, 
     spec = resolve_model(REPO)
     tokenizer = load_tokenizer(spec.directory, None)
     data = load_tokenized(str(chat_file(tmp_path / "chats.jsonl", count=1)), tokenizer)
-    assert tokenizer.decode(data.sample(0).tolist()).startswith("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n")
+    assert tokenizer.decode(data.sample(0).tolist()).startswith(
+        "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n"
+    )
     assert trained_text(tokenizer, data) == conversation(0)[2]["content"] + "<|im_end|>\n"
 
 
 def test_offline_without_the_model_is_one_line_with_the_download_command(tmp_path: Path) -> None:
     """A fresh process, as a user runs it: HF_HOME and HF_HUB_OFFLINE from the environment."""
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "BENCHTRAIN_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "benchtrain.bench", "run", "--model", "org/absent"], capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "BENCHTRAIN_HOME": str(tmp_path / "home"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "benchtrain.bench", "run", "--model", "org/absent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
     assert "org/absent is not in the hub cache" in done.stderr and str(tmp_path / "hf" / "hub") in done.stderr
     assert "`hf download org/absent`" in done.stderr
 
 
-def test_a_revision_that_is_not_cached_offline_names_it(offline_hub: Path, hub_model: tuple[Any, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_revision_that_is_not_cached_offline_names_it(
+    offline_hub: Path, hub_model: tuple[Any, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     cache_model(offline_hub, *hub_model, weights=False)
     assert resolve_model(f"{REPO}@main").hub.revision == REVISION
     code, _, err = run_main("bench", ["run", "--model", f"{REPO}@v2"], capsys)
@@ -225,15 +295,25 @@ def hub_error(kind: str) -> Exception:
 @pytest.mark.parametrize(
     ("kind", "token", "fragment"),
     [
-        ("GatedRepoError", None, "org/x is gated and no token is set: accept its terms on https://huggingface.co/org/x and set HF_TOKEN"),
+        (
+            "GatedRepoError",
+            None,
+            "org/x is gated and no token is set: accept its terms on https://huggingface.co/org/x and set HF_TOKEN",
+        ),
         ("GatedRepoError", "hf_secret", "is gated and the token in use has no access to it"),
         ("RepositoryNotFoundError", None, "no model org/x on the hub (if it is private, set HF_TOKEN): check the id"),
         ("RevisionNotFoundError", None, "hub model org/x has no revision 'v9'"),
-        ("unreachable", None, "cannot reach the hub for model org/x (Name or service not known) and it is not in the hub cache"),
+        (
+            "unreachable",
+            None,
+            "cannot reach the hub for model org/x (Name or service not known) and it is not in the hub cache",
+        ),
         ("DryRunError", None, "org/x is gated and no token is set"),
     ],
 )
-def test_hub_refusals_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str, token: str | None, fragment: str) -> None:
+def test_hub_refusals_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str, token: str | None, fragment: str
+) -> None:
     import huggingface_hub
     from huggingface_hub import constants
 
@@ -244,12 +324,16 @@ def test_hub_refusals_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pyte
         raise hub_error(kind)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
-    code, _, err = run_main("bench", ["run", "--model", "org/x@v9" if kind == "RevisionNotFoundError" else "org/x"], capsys)
+    code, _, err = run_main(
+        "bench", ["run", "--model", "org/x@v9" if kind == "RevisionNotFoundError" else "org/x"], capsys
+    )
     assert_one_line_error(code, err, fragment)
     assert "hf_secret" not in err
 
 
-def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub: Path, hub_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(
+    offline_hub: Path, hub_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Online (faked): the weights' size from huggingface_hub's dry run, said before the download."""
     import huggingface_hub
     from huggingface_hub import constants
@@ -269,7 +353,9 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
             assert kwargs["revision"] == REVISION  # the commit bench and the plan saw, not whatever main is now
             if "*.safetensors" not in kwargs["allow_patterns"]:
                 return []
-            return [DryRunFileInfo(REVISION, size, "model.safetensors", str(snapshot / "model.safetensors"), False, True)]
+            return [
+                DryRunFileInfo(REVISION, size, "model.safetensors", str(snapshot / "model.safetensors"), False, True)
+            ]
         if "*.safetensors" in kwargs["allow_patterns"]:
             model.save_pretrained(snapshot)
         return str(snapshot)
@@ -277,10 +363,18 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     said: list[str] = []
     dry = with_hub_weights(spec, said.append, fetch=False)
-    assert not dry.has_weights and len(said) == 1 and all(fact in said[0] for fact in ("will fetch", "1.2 GB", REPO, str(offline_hub)))
+    assert (
+        not dry.has_weights
+        and len(said) == 1
+        and all(fact in said[0] for fact in ("will fetch", "1.2 GB", REPO, str(offline_hub)))
+    )
     loaded = with_hub_weights(spec, said.append)
     assert all(fact in said[-1] for fact in ("fetching", "1.2 GB", REPO, str(offline_hub)))
-    assert loaded.has_weights and not calls[-1].get("dry_run") and calls[-1]["allow_patterns"] == ["*.safetensors", "*.safetensors.index.json"]
+    assert (
+        loaded.has_weights
+        and not calls[-1].get("dry_run")
+        and calls[-1]["allow_patterns"] == ["*.safetensors", "*.safetensors.index.json"]
+    )
 
     # More than the disk holds: refused before the download, with where and how much.
     (snapshot / "model.safetensors").unlink()
@@ -289,7 +383,9 @@ def test_train_says_how_many_gb_it_will_fetch_and_where_then_fetches(offline_hub
         with_hub_weights(resolve_model(REPO), said.append)
 
 
-def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]) -> None:
+def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(
+    offline_hub: Path, tmp_path: Path, hub_model: tuple[Any, Any]
+) -> None:
     import torch
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
@@ -304,7 +400,9 @@ def test_a_lora_adapter_names_the_hub_model_and_commit_as_its_base(offline_hub: 
     method = MethodConfig(method="lora", lora_rank=4)
     trained = build_model(spec, "cpu", method)
     record = export_final(tmp_path / "run", trained, tokenizer, spec, method)
-    assert record["base_model_name_or_path"] == REPO and record["base_revision"] == REVISION and "base_path" not in record
+    assert (
+        record["base_model_name_or_path"] == REPO and record["base_revision"] == REVISION and "base_path" not in record
+    )
     config = PeftConfig.from_pretrained(record["path"])
     assert (config.base_model_name_or_path, config.revision) == (REPO, REVISION)
     # The adapter sits on the cached weights: base + adapter is the model that was trained.
@@ -319,14 +417,20 @@ def test_a_resumed_run_keeps_the_commit_it_started_from(offline_hub: Path, hub_m
     from benchtrain.train.running.resume import resumed_spec
 
     newer = "f" * 40
-    cache_model(offline_hub, *hub_model, weights=False).rename(offline_hub / "models--org--tiny-chat" / "snapshots" / newer)
+    cache_model(offline_hub, *hub_model, weights=False).rename(
+        offline_hub / "models--org--tiny-chat" / "snapshots" / newer
+    )
     cache_model(offline_hub, *hub_model, weights=False)  # the commit the run started from, still cached
     (offline_hub / "models--org--tiny-chat" / "refs" / "main").write_text(newer)  # main has moved on since
     spec = resolve_model(REPO)
     assert spec.hub.revision == newer
+
     def run(model: dict[str, str]) -> ResumedRun:
         row = {"micro_batch_size": 1, "grad_accum": 1, "num_workers": 0, "seq_len": 64, "gradient_checkpointing": 0}
-        return ResumedRun.of({"run_id": "old", "model": model, "plan": {"optimizer_steps": 4, "epochs": 1.0, "configuration": row}}, "run.json")
+        return ResumedRun.of(
+            {"run_id": "old", "model": model, "plan": {"optimizer_steps": 4, "epochs": 1.0, "configuration": row}},
+            "run.json",
+        )
 
     assert resumed_spec(spec, run({"revision": REVISION})).hub.revision == REVISION
     assert resumed_spec(spec, run({"name": "tiny"})) is spec

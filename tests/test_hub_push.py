@@ -49,10 +49,17 @@ class FakeHub:
             if hub.fail is not None:
                 raise hub.fail
             folder = Path(kwargs["folder_path"])
-            hub.sent = {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+            hub.sent = {
+                str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()
+            }
             return type("CommitInfo", (), {"commit_url": f"https://huggingface.co/{kwargs['repo_id']}/commit/abc"})()
 
-        for name, method in {"whoami": whoami, "create_repo": create_repo, "create_branch": create_branch, "upload_folder": upload_folder}.items():
+        for name, method in {
+            "whoami": whoami,
+            "create_repo": create_repo,
+            "create_branch": create_branch,
+            "upload_folder": upload_folder,
+        }.items():
             monkeypatch.setattr(HfApi, name, method)
 
     def called(self, name: str) -> list[dict[str, Any]]:
@@ -69,18 +76,45 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> FakeHub:
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["--data", str(data), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "3", "--no-report", "--out", str(out), *extra]
+    return [
+        "--data",
+        str(data),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "3",
+        "--no-report",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def digest(folder: Path) -> dict[str, str]:
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 def test_a_lora_run_pushes_its_adapter_tokenizer_and_a_model_card(
     calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, hub: FakeHub, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    argv = train_args(heavy_tailed_jsonl, out, "--lora", "--force", "--push-to-hub", "my-org/tiny-chat", "--hub-private", "--hub-revision", "v1")
+    argv = train_args(
+        heavy_tailed_jsonl,
+        out,
+        "--lora",
+        "--force",
+        "--push-to-hub",
+        "my-org/tiny-chat",
+        "--hub-private",
+        "--hub-revision",
+        "v1",
+    )
     code, stdout, err = run_main("train", argv, capsys)
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())
@@ -90,22 +124,30 @@ def test_a_lora_run_pushes_its_adapter_tokenizer_and_a_model_card(
     assert hub.called("create_repo")[0]["private"] is True
     assert hub.called("create_branch")[0]["branch"] == "v1"
     upload = hub.called("upload_folder")[0]
-    assert upload["repo_id"] == "my-org/tiny-chat" and upload["revision"] == "v1" and Path(upload["folder_path"]) == out / "final"
+    assert (
+        upload["repo_id"] == "my-org/tiny-chat"
+        and upload["revision"] == "v1"
+        and Path(upload["folder_path"]) == out / "final"
+    )
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer_config.json", "README.md"} <= set(hub.sent)
     card = hub.sent["README.md"].decode()
     assert "library_name: peft" in card and "base_model: tiny" in card
     assert record["calibration_id"] in card and "## Loss curve" in card and "## The plan against what happened" in card
     assert f"| {record['losses'][-1]['step']} | {record['losses'][-1]['loss']:.4f} |" in card
     push = record["push"]
-    assert push["status"] == "pushed" and push["repo_id"] == "my-org/tiny-chat" and push["bytes"] == sum(
-        len(data) for name, data in hub.sent.items() if name != "README.md"
+    assert (
+        push["status"] == "pushed"
+        and push["repo_id"] == "my-org/tiny-chat"
+        and push["bytes"] == sum(len(data) for name, data in hub.sent.items() if name != "README.md")
     )
     assert "pushed" in err and "tiny-chat" in err
     assert "hub: https://huggingface.co/my-org/tiny-chat/tree/v1:" in stdout  # the run's summary says where it went
     # The upload was part of the plan: its seconds in the overheads the guard keeps in reserve.
     overheads = record["estimate"]["overheads"]
     assert overheads["upload_seconds"] > 0
-    assert any("my-org/tiny-chat" in note and "branch v1" in note and "private" in note for note in record["plan"]["notes"])
+    assert any(
+        "my-org/tiny-chat" in note and "branch v1" in note and "private" in note for note in record["plan"]["notes"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,7 +184,9 @@ def test_a_push_that_cannot_happen_is_refused_before_any_training_step(
         hub.whoami_error = httpx.ConnectError("[Errno -3] Temporary failure in name resolution")
     else:
         request = httpx.Request("GET", "https://huggingface.co/api/whoami-v2")
-        hub.whoami_error = httpx.HTTPStatusError("401 Unauthorized", request=request, response=httpx.Response(401, request=request))
+        hub.whoami_error = httpx.HTTPStatusError(
+            "401 Unauthorized", request=request, response=httpx.Response(401, request=request)
+        )
 
     def no_step(*_: Any, **__: Any) -> Any:
         raise AssertionError("a training step ran before the push was checked")
@@ -182,7 +226,9 @@ def test_a_failed_push_keeps_final_and_the_printed_command_retries_it(
     }
     assert "model.safetensors" in hub.sent and "base_model: tiny" in hub.sent["README.md"].decode()
 
-    code, _, err = run_main("train", ["--out", str(tmp_path / "nowhere"), "--push-to-hub", "my-org/tiny", "--push-only"], capsys)
+    code, _, err = run_main(
+        "train", ["--out", str(tmp_path / "nowhere"), "--push-to-hub", "my-org/tiny", "--push-only"], capsys
+    )
     assert_one_line_error(code, err, "has no run.json")
 
 

@@ -62,7 +62,9 @@ def test_the_default_is_the_schedule_runs_had_before() -> None:
     total = 40
     assert OptimizerSettings().warmup_for(total) == 2
     assert OptimizerSettings().warmup_for(10) == 1
-    assert rates(OptimizerSettings(), total) == pytest.approx([expected("cosine", step, 2, total) for step in range(total)], abs=1e-12)
+    assert rates(OptimizerSettings(), total) == pytest.approx(
+        [expected("cosine", step, 2, total) for step in range(total)], abs=1e-12
+    )
     import torch
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
@@ -105,7 +107,9 @@ def norms_before_each_update(engine, steps: int) -> list[float]:
 
 
 def test_weight_decay_betas_epsilon_and_clipping_reach_the_optimizer_and_the_step() -> None:
-    settings = OptimizerSettings(weight_decay=0.01, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6, max_grad_norm=1e-3)
+    settings = OptimizerSettings(
+        weight_decay=0.01, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6, max_grad_norm=1e-3
+    )
     engine = tiny_engine(settings)
     decay, no_decay = engine.optimizer.param_groups
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
@@ -140,7 +144,12 @@ def test_sgd_builds_with_momentum_and_its_state_is_the_bytes_the_plan_counts() -
     source = batches(2)
     losses = [engine.step.run(source, 1).loss for _ in range(2)]
     assert all(math.isfinite(loss) for loss in losses)
-    state_bytes = sum(value.numel() * value.element_size() for state in inner.state.values() for value in state.values() if torch.is_tensor(value))
+    state_bytes = sum(
+        value.numel() * value.element_size()
+        for state in inner.state.values()
+        for value in state.values()
+        if torch.is_tensor(value)
+    )
     spec = resolve_model("tiny")
     need = memory_need(spec, MethodConfig(optimizer="sgd"), "cpu").optimizer_bytes
     assert need == state_bytes
@@ -149,7 +158,9 @@ def test_sgd_builds_with_momentum_and_its_state_is_the_bytes_the_plan_counts() -
     assert optimizer_state_bytes("adamw-fused", [10, 4096]) == optimizer_state_bytes("adamw", [10, 4096]) == 8 * 4106
 
 
-def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import torch
 
     from benchtrain.train.workload import optimizers
@@ -157,13 +168,17 @@ def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(monkeyp
     if "cpu" not in optimizers.fused_devices():
         pytest.skip(f"torch {torch.__version__} has no fused AdamW on CPU")
     engine = tiny_engine(OptimizerSettings(), optimizer="adamw-fused")
-    assert isinstance(engine.optimizer.optimizer, torch.optim.AdamW) and engine.optimizer.param_groups[0]["fused"] is True
+    assert (
+        isinstance(engine.optimizer.optimizer, torch.optim.AdamW) and engine.optimizer.param_groups[0]["fused"] is True
+    )
     source = batches(2)
     assert all(math.isfinite(engine.step.run(source, 1).loss) for _ in range(2))
 
     monkeypatch.setattr(optimizers, "fused_devices", lambda: ["cuda"])
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(BenchtrainError, match=r"^--optimizer adamw-fused: torch .* has no fused AdamW for cpu; use --optimizer adamw$"):
+    with pytest.raises(
+        BenchtrainError, match=r"^--optimizer adamw-fused: torch .* has no fused AdamW for cpu; use --optimizer adamw$"
+    ):
         make_optimizer(model, PEAK, "adamw-fused")
     fallback = make_optimizer(model, PEAK, "adamw")  # adamw falls back, and says so
     assert not fallback.param_groups[0]["fused"]
@@ -186,7 +201,9 @@ def test_fused_adamw_builds_where_torch_has_it_and_is_one_line_where_not(monkeyp
         ("--optimizer", "lion", "--optimizer"),
     ],
 )
-def test_a_bad_hyperparameter_is_one_line(home: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, fragment: str) -> None:
+def test_a_bad_hyperparameter_is_one_line(
+    home: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, fragment: str
+) -> None:
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "5m", "--dry-run", option, value], capsys)
     assert_one_line_error(code, err, fragment)
 
@@ -195,9 +212,34 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
     calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    common = ["--data", str(heavy_tailed_jsonl), "--effective-batch", "4", "--max-length", "64", "--workers", "0", "--out", str(out), "--no-report"]
-    named = ["--lr-scheduler-type", "linear", "--warmup-steps", "1", "--weight-decay", "0.01", "--max-grad-norm", "0.5", "--adam-beta2", "0.99"]
-    code, _, err = run_main("train", [*common, "--deadline", "30m", "--max-steps", "2", "--learning-rate", "2e-4", *named], capsys)
+    common = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--effective-batch",
+        "4",
+        "--max-length",
+        "64",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
+    named = [
+        "--lr-scheduler-type",
+        "linear",
+        "--warmup-steps",
+        "1",
+        "--weight-decay",
+        "0.01",
+        "--max-grad-norm",
+        "0.5",
+        "--adam-beta2",
+        "0.99",
+    ]
+    code, _, err = run_main(
+        "train", [*common, "--deadline", "30m", "--max-steps", "2", "--learning-rate", "2e-4", *named], capsys
+    )
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())
     hyperparameters = record["hyperparameters"]
@@ -221,10 +263,16 @@ def test_run_json_records_the_hyperparameters_and_a_resume_keeps_them(
     pretend_interrupted(out, 6)
     resume = [*common, "--deadline", "30m", "--max-steps", "3", "--resume"]
     code, _, err = run_main("train", [*resume, "--dry-run", "--learning-rate", "3e-4"], capsys)
-    assert_one_line_error(code, err, f"--resume: run {run_id} trained with --learning-rate 0.0002, this command asks for 0.0003: repeat the run's")
+    assert_one_line_error(
+        code,
+        err,
+        f"--resume: run {run_id} trained with --learning-rate 0.0002, this command asks for 0.0003: repeat the run's",
+    )
     # Not given, the run's own rate (2e-4, not the default): the resume below trains with it.
     code, _, err = run_main("train", [*resume, "--dry-run", "--weight-decay", "0.1"], capsys)
-    assert_one_line_error(code, err, f"--resume: run {run_id} trained with --weight-decay 0.01, this command asks for 0.1")
+    assert_one_line_error(
+        code, err, f"--resume: run {run_id} trained with --weight-decay 0.01, this command asks for 0.1"
+    )
     assert "or pass --force" in err
     code, _, err = run_main("train", [*resume, "--dry-run", "--lr-scheduler-type", "cosine"], capsys)
     assert_one_line_error(code, err, "trained with --lr-scheduler-type linear, this command asks for cosine")
@@ -247,17 +295,24 @@ def test_a_run_from_before_the_section_resumes_with_the_defaults() -> None:
 
     # What a resume reads of it (the epochs and configuration the read requires, as such a run had).
     row = StepConfig(1, 0, 1, 64).to_row()
-    previous = ResumedRun.of({"run_id": "old", "plan": {"optimizer_steps": 40, "epochs": 1.0, "configuration": dict(row)}}, "run.json")
+    previous = ResumedRun.of(
+        {"run_id": "old", "plan": {"optimizer_steps": 40, "epochs": 1.0, "configuration": dict(row)}}, "run.json"
+    )
     kept = resumed_hyperparameters(previous, {"learning_rate": 3e-4}, force=False)
     assert OptimizerSettings(**kept).record(PEAK, "adamw", 40) == OptimizerSettings().record(PEAK, "adamw", 40)
-    with pytest.raises(BenchtrainError, match=r"^--resume: run old trained with --max-grad-norm 1.0, this command asks for 0.0: drop it"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"^--resume: run old trained with --max-grad-norm 1.0, this command asks for 0.0: drop it",
+    ):
         resumed_hyperparameters(previous, {"max_grad_norm": 0.0}, force=False)
     # The same warm-up asked another way is the same schedule.
     assert resumed_hyperparameters(previous, {"warmup_steps": 2}, force=False) == kept
 
 
 @pytest.mark.slow
-def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchtrain.calibration.model import Calibration
     from benchtrain.calibration.schema import read_calibration_file
 
@@ -289,7 +344,21 @@ def test_bench_measures_sgd_and_fused_adamw_as_setups_of_their_own(home: Path, c
     assert "variant 1:" in printed and "adamw-fused" in printed
     out = home / "run"
     code, printed, err = run_main(
-        "train", ["--optimizer", "sgd", "--data", "sample", "--deadline", "5m", "--max-steps", "2", "--out", str(out), "--no-report"], capsys
+        "train",
+        [
+            "--optimizer",
+            "sgd",
+            "--data",
+            "sample",
+            "--deadline",
+            "5m",
+            "--max-steps",
+            "2",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        capsys,
     )
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())

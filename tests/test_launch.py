@@ -32,15 +32,30 @@ TWO_NODES = f"{MACHINES},h100:16:2x8:nvlink+ib"  # one row on two nodes: not a f
 
 
 def emit(capsys: pytest.CaptureFixture[str], chats: Path, target: str, *more: str) -> tuple[int, str, str]:
-    argv = ["--dry-run", "--deadline", "12h", "--model", "llama-3.2-1b", "--use-calibration", "h100-llama-3.2-1b", "--no-report"]
-    return run_main("train", [*argv, "--consider", TWO_NODES, "--price-per-hour", PRICES, "--data", str(chats), "--emit", target, *more], capsys)
+    argv = [
+        "--dry-run",
+        "--deadline",
+        "12h",
+        "--model",
+        "llama-3.2-1b",
+        "--use-calibration",
+        "h100-llama-3.2-1b",
+        "--no-report",
+    ]
+    return run_main(
+        "train",
+        [*argv, "--consider", TWO_NODES, "--price-per-hour", PRICES, "--data", str(chats), "--emit", target, *more],
+        capsys,
+    )
 
 
 def comments(path: Path) -> str:
     return "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
 
 
-def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / "task.yaml"
     code, out, err = emit(capsys, chats, f"skypilot:{path}", "--json")
     assert code == 0, err
@@ -66,19 +81,31 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(home: Path, 
     assert "BENCH=(run --gpu h200 --model llama-3.2-1b --budget" in run  # translated: measured on the node first
     assert "h100:2|h100-pcie:2|h100-nvl:2)" in run and "--dry-run" not in run and "--emit" not in run
     said = comments(path)
-    for words in ("shared (measured by someone else)", "translated from another GPU", "predicted from a 1-GPU calibration", "Capacity: spot:", "no cloud"):
+    for words in (
+        "shared (measured by someone else)",
+        "translated from another GPU",
+        "predicted from a 1-GPU calibration",
+        "Capacity: spot:",
+        "no cloud",
+    ):
         assert words in said, words
     assert "left out: 16×H100 SXM" in said and "2 node(s), the task has 1" in said
     assert "10m00s assumed" in said and "Python environment" in said
 
 
-def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_dstack_task_lists_the_gpus_of_one_count(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     path = tmp_path / ".dstack.yml"
     code, _, err = emit(capsys, chats, f"dstack:{path}")
     assert code == 0, err
     task = yaml.safe_load(path.read_text())
     assert task["type"] == "task" and task["nodes"] == 1 and task["shell"] == "bash"
-    assert task["resources"]["gpu"] == {"name": ["H100", "H200"], "count": 1}  # the 1-GPU targets; 2 and 4 GPUs left out
+    # the 1-GPU targets; 2 and 4 GPUs left out
+    assert task["resources"]["gpu"] == {
+        "name": ["H100", "H200"],
+        "count": 1,
+    }
     assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
     assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS
     assert task["files"] == [f"{chats}:{chats}"] and task["volumes"][0]["path"] == "/benchtrain/run"
@@ -90,7 +117,9 @@ def test_dstack_task_lists_the_gpus_of_one_count(home: Path, chats: Path, capsys
 
 
 @pytest.mark.parametrize("engine", ["skypilot", "dstack"])
-def test_the_engines_own_code_loads_the_task(engine: str, home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_engines_own_code_loads_the_task(
+    engine: str, home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """Offline, no account: SkyPilot's sky.Task.from_yaml (its JSON schema and resource checks),
     dstack's configuration model (pydantic). Skipped where the `launch` extra is not installed."""
     path = tmp_path / f"{engine}.yaml"
@@ -121,7 +150,9 @@ def test_the_engines_own_code_loads_the_task(engine: str, home: Path, chats: Pat
 SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
 
 
-def test_the_skypilot_task_holds_skypilots_published_schema(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_the_skypilot_task_holds_skypilots_published_schema(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """Where SkyPilot cannot be imported (its click pin conflicts with huggingface-hub's, so CI has
     it not), the task is checked against SkyPilot 0.14.1's own task schema
     (sky.utils.schemas.get_task_schema(), dumped into the fixture), as sky.Task.from_yaml checks it first."""
@@ -138,7 +169,9 @@ def test_the_skypilot_task_holds_skypilots_published_schema(home: Path, chats: P
         jsonschema.validate(broken, schema)
 
 
-def test_bad_emits_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_emits_are_one_line(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = emit(capsys, chats, "kubernetes:task.yaml")
     assert_one_line_error(code, err, "--emit 'kubernetes:task.yaml': ENGINE:FILE with ENGINE one of skypilot, dstack")
     blocker = tmp_path / "a-file"
@@ -147,15 +180,34 @@ def test_bad_emits_are_one_line(home: Path, chats: Path, capsys: pytest.CaptureF
     assert_one_line_error(code, err, f"--emit: cannot write {blocker}/task.yaml")
     assert not (tmp_path / "task.yaml").exists()
     monkeypatch.chdir(chats.parent)
-    argv = ["--dry-run", "--deadline", "12h", "--model", "llama-3.2-1b", "--use-calibration", "h100-llama-3.2-1b", "--no-report", "--emit", "skypilot:t.yaml"]
+    argv = [
+        "--dry-run",
+        "--deadline",
+        "12h",
+        "--model",
+        "llama-3.2-1b",
+        "--use-calibration",
+        "h100-llama-3.2-1b",
+        "--no-report",
+        "--emit",
+        "skypilot:t.yaml",
+    ]
     code, _, err = run_main("train", [*argv, "--data", chats.name], capsys)
-    assert_one_line_error(code, err, f"--emit: --data {chats.name} is a relative local path no node can see: give it as an absolute path")
+    assert_one_line_error(
+        code, err, f"--emit: --data {chats.name} is a relative local path no node can see: give it as an absolute path"
+    )
     assert not (chats.parent / "t.yaml").exists()
     # A row that cannot run: none meets the deadline at its upper end.
     code, _, err = emit(capsys, chats, f"skypilot:{tmp_path / 'late.yaml'}", "--deadline", "20s")
-    assert code == 3 and len([line for line in err.splitlines() if line.startswith("error:")]) == 1 and "Traceback" not in err
+    assert (
+        code == 3
+        and len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+        and "Traceback" not in err
+    )
     assert not (tmp_path / "late.yaml").exists()
-    code, _, err = run_main("train", ["--deadline", "1h", "--data", str(chats), "--emit", f"skypilot:{tmp_path / 'x.yaml'}"], capsys)
+    code, _, err = run_main(
+        "train", ["--deadline", "1h", "--data", str(chats), "--emit", f"skypilot:{tmp_path / 'x.yaml'}"], capsys
+    )
     assert_one_line_error(code, err, "which is a dry run: add --dry-run")
 
 
@@ -164,16 +216,25 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     plan = comparison.recommended.plan
     chosen = plan.chosen
     overheads = chosen.overheads
-    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
+    startup = (
+        overheads.model_build_seconds
+        + overheads.warmup_seconds
+        + overheads.compile_seconds
+        + overheads.data_prep_seconds
+    )
     training = chosen.total_seconds_promised - chosen.overheads.total_seconds
     interval = 600.0
     restart = min(interval, training) + PROVISION_SECONDS + startup
     roomy = spot_choice(plan, chosen.total_seconds_promised + restart + 1, interval)
     assert roomy.use and roomy.restart_seconds == pytest.approx(restart)
     tight = spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval)
-    assert not tight.use and tight.reason.startswith("on-demand: with one preemption priced in it would miss the deadline")
+    assert not tight.use and tight.reason.startswith(
+        "on-demand: with one preemption priced in it would miss the deadline"
+    )
     # The lost work is at most one checkpoint interval: a shorter cadence makes room for spot.
-    assert spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval / 2).use == (min(interval / 2, training) < min(interval, training))
+    assert spot_choice(plan, chosen.total_seconds_promised + restart - 1, interval / 2).use == (
+        min(interval / 2, training) < min(interval, training)
+    )
     duration = max_duration(chosen.total_seconds_promised, roomy, 12 * 3600)
     assert duration.seconds == pytest.approx((chosen.total_seconds_promised + restart) * 1.2 + SETUP_SECONDS)
     assert "at most the deadline" in duration.basis
@@ -181,11 +242,17 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     assert capped == pytest.approx(chosen.total_seconds_promised + SETUP_SECONDS)  # never past the deadline (+ setup)
 
 
-def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_auto_finds_a_complete_checkpoint(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchtrain.train.recipes.config import resolve_auto_resume
 
     out = tmp_path / "run"
-    assert (auto_resume(str(out)).resume, auto_resume(str(out)).deadline_started_at) == (False, None)  # nothing there: start
+    # nothing there: start
+    assert (auto_resume(str(out)).resume, auto_resume(str(out)).deadline_started_at) == (
+        False,
+        None,
+    )
     out.mkdir()
     started = time.time() - 3600.0
     (out / "run.json").write_text(json.dumps({"deadline_started_at": started}))
@@ -200,7 +267,9 @@ def test_resume_auto_finds_a_complete_checkpoint(tmp_path: Path, home: Path, cap
     assert resume and own_start - moved == pytest.approx(3600.0, abs=60.0)
     # The same command after the run ended (an engine restarting a finished task): nothing to do, exit 0.
     (out / "run.json").write_text(json.dumps({"deadline_started_at": started, "status": "completed"}))
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "2h", "--resume", "auto", "--out", str(out)], capsys)
+    code, _, err = run_main(
+        "train", ["--data", "sample", "--deadline", "2h", "--resume", "auto", "--out", str(out)], capsys
+    )
     assert code == 0 and "already ended (completed)" in err and "nothing to resume" in err
     command = resume_command(["--data", "x", "--deadline", "2h", "--resume", "auto", "--out", str(out)], out, 2)
     assert command is not None and command.endswith(f"--resume auto --out {out}")
@@ -218,7 +287,14 @@ def two_node_calibration(home: Path) -> None:
 
     hardware = {**detect_hardware(), "interconnect": "ethernet"}
     model = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
-    save_calibration(synthetic_calibration(hardware=hardware, model=model, distributed={"world_size": 2, "sharding": "ddp", "backend": "gloo"}, id="two-nodes"))
+    save_calibration(
+        synthetic_calibration(
+            hardware=hardware,
+            model=model,
+            distributed={"world_size": 2, "sharding": "ddp", "backend": "gloo"},
+            id="two-nodes",
+        )
+    )
 
 
 def free_port() -> int:
@@ -233,7 +309,11 @@ def free_port() -> int:
 def node_variables(engine: str, rank: int) -> dict[str, str]:
     """What the engine sets on node `rank` of two, both on this machine."""
     if engine == "skypilot":
-        shared = {"SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
+        shared = {
+            "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1",
+            "SKYPILOT_NUM_NODES": "2",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        }
         return {**shared, "SKYPILOT_NODE_RANK": str(rank)}
     shared = {"DSTACK_MASTER_NODE_IP": "127.0.0.1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_PER_NODE": "0"}
     return {**shared, "DSTACK_NODE_RANK": str(rank)}
@@ -253,7 +333,11 @@ def start_nodes(script: Path, root: Path, logs: Path, engine: str = "skypilot") 
     for rank in (0, 1):
         out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
         node_environment = {**environment, **node_variables(engine, rank)}
-        nodes.append(subprocess.Popen(["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True))
+        nodes.append(
+            subprocess.Popen(
+                ["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True
+            )
+        )
     return nodes
 
 
@@ -290,10 +374,24 @@ def kill_nodes(nodes: list[subprocess.Popen]) -> None:
         node.wait()
 
 
-def emitted_script(capsys: pytest.CaptureFixture[str], data: Path, folder: Path, *options: str) -> tuple[Path, dict[str, Any]]:
+def emitted_script(
+    capsys: pytest.CaptureFixture[str], data: Path, folder: Path, *options: str
+) -> tuple[Path, dict[str, Any]]:
     """The run script of the SkyPilot task a dry run emits for the 2-node calibration, and its plan."""
     task = folder / "task.yaml"
-    argv = ["--dry-run", "--json", "--use-calibration", "two-nodes", "--data", str(data), "--deadline", "30m", "--effective-batch", "4", *options]
+    argv = [
+        "--dry-run",
+        "--json",
+        "--use-calibration",
+        "two-nodes",
+        "--data",
+        str(data),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        *options,
+    ]
     code, out, err = run_main("train", [*argv, "--emit", f"skypilot:{task}"], capsys)
     assert code == 0, err
     loaded = yaml.safe_load(task.read_text())
@@ -331,7 +429,10 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     record = json.loads((whole / "run" / "run.json").read_text())
     plan = record["plan"]
     assert (plan["world_size"], plan["sharding"]) == (2, "ddp")
-    assert (plan["configuration"]["micro_batch_size"], plan["configuration"]["grad_accum"]) == (chosen["micro_batch_size"], chosen["grad_accum"])
+    assert (plan["configuration"]["micro_batch_size"], plan["configuration"]["grad_accum"]) == (
+        chosen["micro_batch_size"],
+        chosen["grad_accum"],
+    )
     assert [entry["step"] for entry in record["losses"]] == list(range(1, 13)) and record["status"] == "step_limit"
     logs = tmp_path / "logs-whole"
     outputs = [(logs / f"node{rank}.out").read_text() for rank in (0, 1)]
@@ -357,16 +458,22 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     resumed = json.loads((killed / "run" / "run.json").read_text())
     assert resumed["resumed"] == 1 and resumed["status"] == "step_limit"
     assert [entry["step"] for entry in resumed["losses"]] == list(range(1, 13))
-    assert [entry["learning_rate"] for entry in resumed["losses"]] == pytest.approx([entry["learning_rate"] for entry in record["losses"]])
+    assert [entry["learning_rate"] for entry in resumed["losses"]] == pytest.approx(
+        [entry["learning_rate"] for entry in record["losses"]]
+    )
     assert resumed["plan"]["total_steps"] == record["plan"]["total_steps"] == 12
-    assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in record["losses"]], rel=1e-4)
+    assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx(
+        [entry["loss"] for entry in record["losses"]], rel=1e-4
+    )
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home: Path, heavy_tailed_jsonl: Path, tmp_path: Path) -> None:
+def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
+    home: Path, heavy_tailed_jsonl: Path, tmp_path: Path
+) -> None:
     """The run script of a target nobody measured, with dstack's node variables: `bench run`
     across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
     the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
@@ -395,8 +502,30 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(home
         price_per_hour=None,
         cost_upper=None,
     )
-    arguments = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--max-steps", "4", "--no-report"]
-    task = LaunchTask("benchtrain-tiny", [target], [], arguments, [], DiskSize(GB, ""), Spot(False, "", 0.0), Duration(600.0, ""), 1800.0, "0.1.0", "tiny")
+    arguments = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--max-steps",
+        "4",
+        "--no-report",
+    ]
+    task = LaunchTask(
+        "benchtrain-tiny",
+        [target],
+        [],
+        arguments,
+        [],
+        DiskSize(GB, ""),
+        Spot(False, "", 0.0),
+        Duration(600.0, ""),
+        1800.0,
+        "0.1.0",
+        "tiny",
+    )
     script = tmp_path / "run.sh"
     script.write_text(run_script(task, "dstack"))
     root, logs = tmp_path / "root", tmp_path / "logs"

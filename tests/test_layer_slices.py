@@ -99,7 +99,11 @@ def test_a_line_in_depth_never_falls_and_needs_two_depths() -> None:
 
 def test_plans_widen_by_the_slices_measured_error() -> None:
     data = {
-        "slices": {"depths": [2, 4, 6], "full_layers": 24, "held_out": {"time": {"p90_abs_pct": 5.0, "count": 8}, "memory": {"p90_abs_pct": 1.0, "count": 8}}}
+        "slices": {
+            "depths": [2, 4, 6],
+            "full_layers": 24,
+            "held_out": {"time": {"p90_abs_pct": 5.0, "count": 8}, "memory": {"p90_abs_pct": 1.0, "count": 8}},
+        }
     }
     # 5% at 6 layers, stretched by 1 + log2(24 / 6) = 3: 15%, on top of the fit's own 10%.
     assert slice_widening(data, 0.10) == pytest.approx(1.10 * 1.15 - 1)
@@ -111,7 +115,11 @@ def test_plans_widen_by_the_slices_measured_error() -> None:
 
 def test_a_slice_is_the_real_config_cut_to_k_layers() -> None:
     gpt2 = slice_spec(resolve_model("gpt2"), 2)
-    assert gpt2.config_dict["n_layer"] == 2 and gpt2.config_dict["n_embd"] == 768 and gpt2.config_dict["vocab_size"] == 50257
+    assert (
+        gpt2.config_dict["n_layer"] == 2
+        and gpt2.config_dict["n_embd"] == 768
+        and gpt2.config_dict["vocab_size"] == 50257
+    )
     llama = slice_spec(resolve_model("llama-3.1-8b"), 3)
     shape = model_shape(meta_model(llama, MethodConfig(method="lora")))
     assert shape.layers == 3 and shape.heads == 32 and shape.adapter_parameter_count > 0
@@ -135,15 +143,33 @@ def test_a_slice_is_the_real_config_cut_to_k_layers() -> None:
     ("config", "reason"),
     [
         (
-            {"model_type": "gemma2", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16},
+            {
+                "model_type": "gemma2",
+                "num_hidden_layers": 4,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "head_dim": 16,
+            },
             "layer_types",
         ),
-        ({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}, "layer_types"),
+        (
+            {
+                "model_type": "qwen2",
+                "num_hidden_layers": 4,
+                "use_sliding_window": True,
+                "sliding_window": 64,
+                "max_window_layers": 2,
+            },
+            "layer_types",
+        ),
         ({"model_type": "deepseek_v3", "num_hidden_layers": 4, "first_k_dense_replace": 1}, "first_k_dense_replace"),
         ({"model_type": "qwen2_moe", "num_hidden_layers": 4, "decoder_sparse_step": 2}, "decoder_sparse_step"),
     ],
 )
-def test_architectures_whose_layers_differ_are_measured_whole(config: dict[str, Any], reason: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_architectures_whose_layers_differ_are_measured_whole(
+    config: dict[str, Any], reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = ModelSpec("mixed", config)
     assert reason in (non_uniform_reason(spec) or "")
     depths, rule = choose_depths(None, spec, MethodConfig(), (1, 2), None)
@@ -157,7 +183,10 @@ def test_uniform_architectures_take_slices() -> None:
         assert non_uniform_reason(resolve_model(name)) is None
 
 
-@pytest.mark.parametrize(("text", "fragment"), [("4", "two or more"), ("0,2", "positive"), ("two,4", "auto or a list"), ("3,3", "two or more")])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("4", "two or more"), ("0,2", "positive"), ("two,4", "auto or a list"), ("3,3", "two or more")],
+)
 def test_bad_layers_are_one_line(text: str, fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(BenchtrainError, match=fragment):
         parse_layers(text)
@@ -180,9 +209,16 @@ def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() ->
     seventy = memory_need(seventy_spec, MethodConfig(), "cuda")
     count = gpus_needed(seventy, hardware)
     assert count is not None and count > 10
-    assert seventy.per_process_bytes("fsdp", count, "cuda") <= hardware["memory_bytes"] < seventy.per_process_bytes("fsdp", count - 1, "cuda")
+    assert (
+        seventy.per_process_bytes("fsdp", count, "cuda")
+        <= hardware["memory_bytes"]
+        < seventy.per_process_bytes("fsdp", count - 1, "cuda")
+    )
     assert gpus_needed(memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda"), hardware) == 1
-    with pytest.raises(DoesNotFitError, match=rf"--num_processes {count} .*; it needs {count} of these devices under FSDP \(≈\d+\.\d GiB per process"):
+    with pytest.raises(
+        DoesNotFitError,
+        match=rf"--num_processes {count} .*; it needs {count} of these devices under FSDP \(≈\d+\.\d GiB per process",
+    ):
         check_fits(seventy_spec, MethodConfig(), hardware)
     # Slices of it do fit: auto takes the deepest ladder whose deepest slice leaves room for activations.
     assert auto_depths(resolve_model("llama-3.1-8b"), MethodConfig(), hardware, (1, "none")) == (2, 4, 6)
@@ -192,13 +228,30 @@ def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() ->
 @pytest.fixture()
 def deep_tiny(monkeypatch: pytest.MonkeyPatch) -> str:
     """The tiny preset 8 layers deep (byte tokenizer, CPU-fast)."""
-    monkeypatch.setitem(PRESETS, "tiny-deep", {**PRESETS["tiny"], "num_hidden_layers": 8, "hidden_size": 64, "intermediate_size": 172})
+    monkeypatch.setitem(
+        PRESETS, "tiny-deep", {**PRESETS["tiny"], "num_hidden_layers": 8, "hidden_size": 64, "intermediate_size": 172}
+    )
     return "tiny-deep"
 
 
 @pytest.mark.slow  # two benches of a tiny model and a dry run: about 30 s on a busy 2-core machine
-def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, deep_tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
-    grid = ["--batch-sizes", "1,2", "--seq-lens", "32,64", "--accum", "1", "--workers", "0", "--max-probe-seconds", "0.2", "--no-report", "--quiet"]
+def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(
+    home: Path, deep_tiny: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = [
+        "--batch-sizes",
+        "1,2",
+        "--seq-lens",
+        "32,64",
+        "--accum",
+        "1",
+        "--workers",
+        "0",
+        "--max-probe-seconds",
+        "0.2",
+        "--no-report",
+        "--quiet",
+    ]
     code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--model", deep_tiny, "--layers", "2,4", *grid], capsys)
     assert code == 0, err
     assert "layer slices of 2, 4" in out
@@ -211,7 +264,11 @@ def test_a_slice_calibration_drives_a_dry_run_of_the_whole_model(home: Path, dee
     assert data["slices"]["depths"] == [2, 4] and data["slices"]["full_layers"] == 8
     assert all(row["from_slices"]["depths"] == [2, 4] for row in data["measurements"])
     assert not list((home / "calibrations" / "unfinished").glob("*.json"))  # every depth's kept rows are gone
-    code, out, err = run_main("train", ["--use-calibration", "latest", "--model", deep_tiny, "--data", "sample", "--deadline", "24h", "--dry-run"], capsys)
+    code, out, err = run_main(
+        "train",
+        ["--use-calibration", "latest", "--model", deep_tiny, "--data", "sample", "--deadline", "24h", "--dry-run"],
+        capsys,
+    )
     assert code == 0, err
     assert data["id"] in out and "layer slices of 2, 4 of its 8" in out
     from benchtrain.calibration.model import Calibration
@@ -239,11 +296,27 @@ def test_full_fine_tuning_too_big_for_one_simulated_h100_is_calibrated_on_slices
     cal = Calibration(record)
     for row in record["measurements"]:
         config = StepConfig.from_row(row)
-        assert cal.throughput.micro_step_seconds(config) * config.grad_accum == pytest.approx(device.step_seconds(config), rel=0.03)
+        assert cal.throughput.micro_step_seconds(config) * config.grad_accum == pytest.approx(
+            device.step_seconds(config), rel=0.03
+        )
         assert row["peak_memory_bytes"] == pytest.approx(device.peak_bytes(config), rel=0.001)
     record.pop("left_out_configs")
     path = save_calibration(record)
-    code, _, err = run_main("train", ["--use-calibration", str(path), "--model", "llama-3.1-8b", "--data", "sample", "--deadline", "24h", "--dry-run"], capsys)
+    code, _, err = run_main(
+        "train",
+        [
+            "--use-calibration",
+            str(path),
+            "--model",
+            "llama-3.1-8b",
+            "--data",
+            "sample",
+            "--deadline",
+            "24h",
+            "--dry-run",
+        ],
+        capsys,
+    )
     assert_one_line_error(code, err, "it needs 2 of these devices under FSDP", expected_code=code)
     assert code != 0
 
@@ -254,7 +327,9 @@ def ok_probes(record: dict[str, Any]) -> int:
 
 @pytest.mark.slow  # four simulated benches of an 8B shape: about 15 s each on a busy 2-core machine
 @pytest.mark.parametrize(("budget", "times"), [(120, 3), (300, 2)], ids=["2m", "5m"])
-def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated_h100(budget: int, times: int, home: Path) -> None:
+def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated_h100(
+    budget: int, times: int, home: Path
+) -> None:
     """Issue 40's `bench run --model llama-3.1-8b --lora --budget 2m --layers auto` on the simulated
     H100: one process benches the depths, so the block compiled at one depth is compiled for the
     next (the device still charges COMPILE_SECONDS per new shape of the process), the checkpoint and
@@ -282,7 +357,12 @@ def test_slices_buy_three_times_the_probes_of_a_whole_model_bench_on_a_simulated
     # Compiled once per shape for all depths, and the whole model's compilation is what that cost.
     assert record["overheads"]["compile_seconds_per_shape"] == pytest.approx(COMPILE_SECONDS, rel=0.02)
     assert sum(depth["overheads"].get("compile_shapes_measured", 0) for depth in depths.values()) == len(
-        {(r["micro_batch_size"], r["seq_len"], r["gradient_checkpointing"]) for depth in depths.values() for r in depth["measurements"] if r["status"] == "ok"}
+        {
+            (r["micro_batch_size"], r["seq_len"], r["gradient_checkpointing"])
+            for depth in depths.values()
+            for r in depth["measurements"]
+            if r["status"] == "ok"
+        }
     )
     # A usable calibration of the whole model whose predictions hold within its own recorded bound.
     cal = Calibration(json.loads(save_calibration(record).read_text()))
@@ -317,7 +397,10 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
     budget = 2 * sum(prices.values())
     shares = [depth_share(budget - sum(prices[d] * 2 for d in (2, 4, 6)[:i]), prices, (2, 4, 6)[i:]) for i in range(3)]
     assert shares == pytest.approx([2 * prices[d] for d in (2, 4, 6)])
-    with pytest.raises(BenchtrainError, match=r"--budget .* cannot pay for a minimum calibration at each of the slice depths 2, 4, 6 of m: they need"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"--budget .* cannot pay for a minimum calibration at each of the slice depths 2, 4, 6 of m: they need",
+    ):
         refuse_if_unaffordable(prices, sum(prices.values()) * 0.9, "m")
     # What a depth leaves the next: the shapes it ran (priced as compiled) and the compilation it measured.
     from benchtrain.bench.calibrate import BenchTask
@@ -328,15 +411,23 @@ def test_the_budget_is_split_by_the_planners_prices_and_compiles_each_shape_once
     carry = Carry()
     carry.done(planners[2])
     carry.one_off = True
-    task = carry.prepare(BenchTask(SearchSpace((1,), (0,), (1,), (64,)), ProbeSettings(), {}, {}, {}, {}, "test"), planners[4])
+    task = carry.prepare(
+        BenchTask(SearchSpace((1,), (0,), (1,), (64,)), ProbeSettings(), {}, {}, {}, {}, "test"), planners[4]
+    )
     assert task.one_off_timings and planners[4].price(small) < COMPILE_PRIOR_SECONDS < planners[4].price(large)
     seen = {shape_of(large)}
     carry.seed(seen)
     assert shape_of(small) in seen  # a workload's shapes run: (rows, length, switches on), as the planner keys them
 
 
-def test_a_budget_too_small_for_every_depth_is_one_line_before_anything_is_built(home: Path, deep_tiny: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_budget_too_small_for_every_depth_is_one_line_before_anything_is_built(
+    home: Path, deep_tiny: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     grid = ["--batch-sizes", "1,2", "--seq-lens", "32,64", "--accum", "1", "--workers", "0", "--no-report", "--quiet"]
-    code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--model", deep_tiny, "--layers", "2,4", "--budget", "0.5s", *grid], capsys)
-    assert_one_line_error(code, err, "cannot pay for a minimum calibration at each of the slice depths 2, 4 of tiny-deep")
+    code, _, err = run_main(
+        "bench", ["run", "--gpu", "cpu", "--model", deep_tiny, "--layers", "2,4", "--budget", "0.5s", *grid], capsys
+    )
+    assert_one_line_error(
+        code, err, "cannot pay for a minimum calibration at each of the slice depths 2, 4 of tiny-deep"
+    )
     assert "building" not in err

@@ -19,6 +19,7 @@ def ours(name: str) -> str:
     the rules below read the rooms by these names."""
     return name.removeprefix("benchtrain.")
 
+
 # Which layer a module stands in: the longest prefix that names it. train/ has rooms, each on its
 # own floor: a room imports only the rooms below it. The commands stand on top: they alone write
 # reports (the run's, the comparison's, the calibration's) after the work below them. Beside them,
@@ -100,7 +101,10 @@ def imported_modules(source: str, module: str, is_package: bool, known: set[str]
 def import_graph() -> dict[str, set[str]]:
     modules = our_modules()
     known = set(modules)
-    return {name: imported_modules(path.read_text(), name, path.name == "__init__.py", known) - {name} for name, path in modules.items()}
+    return {
+        name: imported_modules(path.read_text(), name, path.name == "__init__.py", known) - {name}
+        for name, path in modules.items()
+    }
 
 
 def arrows_against_the_rule(graph: dict[str, set[str]]) -> list[str]:
@@ -207,12 +211,18 @@ def imports_inside_functions(source: str, module: str) -> list[str]:
                     names = ["." * node.level + ours(node.module or "")]
                 else:
                     continue
-                found += [f"{module}:{node.lineno} imports {name}" for name in names if name.split(".")[0] not in HEAVY_LIBRARIES]
+                found += [
+                    f"{module}:{node.lineno} imports {name}"
+                    for name in names
+                    if name.split(".")[0] not in HEAVY_LIBRARIES
+                ]
     return sorted(set(found))
 
 
 def test_imports_stand_at_the_top() -> None:
-    assert [found for name, path in our_modules().items() for found in imports_inside_functions(path.read_text(), name)] == []
+    assert [
+        found for name, path in our_modules().items() for found in imports_inside_functions(path.read_text(), name)
+    ] == []
 
 
 def test_the_top_rule_catches_an_import_inside_a_function() -> None:
@@ -230,7 +240,6 @@ def test_the_top_rule_catches_an_import_inside_a_function() -> None:
     assert imports_inside_functions(source, "train.cli") == []
 
 
-
 def imports_of_test_files(source: str) -> list[str]:
     """The imports of a test file that name another test file (`test_…`) or the `tests` package
     (which a dependency's top-level `tests` package shadows): what two test files share lives in
@@ -243,12 +252,20 @@ def imports_of_test_files(source: str) -> list[str]:
             names = [node.module]
         else:
             continue
-        found += [f"{node.lineno} imports {name}" for name in names if name.split(".")[0] == "tests" or name.split(".")[0].startswith("test_")]
+        found += [
+            f"{node.lineno} imports {name}"
+            for name in names
+            if name.split(".")[0] == "tests" or name.split(".")[0].startswith("test_")
+        ]
     return found
 
 
 def test_no_test_file_imports_another() -> None:
-    found = [f"{path.name}:{line}" for path in sorted((ROOT / "tests").glob("*.py")) for line in imports_of_test_files(path.read_text())]
+    found = [
+        f"{path.name}:{line}"
+        for path in sorted((ROOT / "tests").glob("*.py"))
+        for line in imports_of_test_files(path.read_text())
+    ]
     assert found == []
 
 
@@ -258,6 +275,7 @@ def test_the_test_file_rule_catches_an_import_of_a_test_file() -> None:
         "def test_x():\n    from test_cli import run_main\n    import test_planner\n    from tests.helpers import FIXTURE\n"
     )
     assert imports_of_test_files(source) == ["5 imports test_cli", "6 imports test_planner", "7 imports tests.helpers"]
+
 
 def test_the_rule_catches_an_import_inside_a_function() -> None:
     source = "import json\n\ndef plan():\n    from train.planning.planner import make_plan\n    from reports import figures\n    return make_plan\n"
@@ -278,11 +296,17 @@ def test_the_rule_catches_an_import_inside_a_function() -> None:
     assert arrows_against_the_rule({"train.cli": {"reports.run_report", "train.recipes.recipe"}}) == []
     # The shared argument groups serve the commands; no component builds a parser from them.
     assert arrows_against_the_rule({"bench.cli": {"train.arguments"}, "train.cli": {"train.arguments"}}) == []
-    assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == ["train.step.engine (train.step) imports train.arguments (command arguments)"]
+    assert arrows_against_the_rule({"train.step.engine": {"train.arguments"}}) == [
+        "train.step.engine (train.step) imports train.arguments (command arguments)"
+    ]
 
 
 def test_the_rule_catches_a_loop() -> None:
-    graph = {"train.planning.planner": {"train.step.evaluation", "common.errors"}, "train.step.evaluation": {"train.planning.planner"}, "common.errors": set()}
+    graph = {
+        "train.planning.planner": {"train.step.evaluation", "common.errors"},
+        "train.step.evaluation": {"train.planning.planner"},
+        "common.errors": set(),
+    }
     assert import_loops(graph) == [["train.planning.planner", "train.step.evaluation"]]
     assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
@@ -302,7 +326,13 @@ def planning_calls_outside_home() -> list[str]:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
-                name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else None
+                name = (
+                    node.func.id
+                    if isinstance(node.func, ast.Name)
+                    else node.func.attr
+                    if isinstance(node.func, ast.Attribute)
+                    else None
+                )
                 if name in PLANNING_CALLS:
                     found.append(f"{module}:{node.lineno} calls {name}")
     return found
@@ -339,11 +369,17 @@ def annotation_problems(annotation: ast.expr | None) -> list[str]:
         elif isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Name, ast.Attribute)):
             value = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
             items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if value in TUPLE_NAMES and not (len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis):
+            if value in TUPLE_NAMES and not (
+                len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis
+            ):
                 problems.append("tuple")
     # A bare `tuple` (not subscripted) says nothing of what it holds.
     subscripted = {id(node.value) for node in ast.walk(annotation) if isinstance(node, ast.Subscript)}
-    problems += ["tuple" for node in ast.walk(annotation) if isinstance(node, ast.Name) and node.id in TUPLE_NAMES and id(node) not in subscripted]
+    problems += [
+        "tuple"
+        for node in ast.walk(annotation)
+        if isinstance(node, ast.Name) and node.id in TUPLE_NAMES and id(node) not in subscripted
+    ]
     return sorted(set(problems))
 
 
@@ -377,14 +413,24 @@ def class_problems(cls: ast.ClassDef) -> list[tuple[str, str]]:
     """(member, problem) for the public methods and annotated fields of a class."""
     found = []
     for node in cls.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (not node.name.startswith("_") or node.name == "__init__"):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+            not node.name.startswith("_") or node.name == "__init__"
+        ):
             found += [(node.name, problem) for problem in signature_problems(node)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_"):
-            found += [(node.target.id, f"field {ast.unparse(node.annotation)}")] if annotation_problems(node.annotation) else []
+        elif (
+            isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_")
+        ):
+            found += (
+                [(node.target.id, f"field {ast.unparse(node.annotation)}")]
+                if annotation_problems(node.annotation)
+                else []
+            )
     return found
 
 
-def top_level(tree: ast.Module, module: str, is_package: bool, known: set[str]) -> tuple[dict[str, ast.AST], dict[str, tuple[str, str]]]:
+def top_level(
+    tree: ast.Module, module: str, is_package: bool, known: set[str]
+) -> tuple[dict[str, ast.AST], dict[str, tuple[str, str]]]:
     """A module's own functions and classes by name, and the names it imports from modules of ours
     (local name -> (module, name)), which is what a re-export is."""
     defined: dict[str, ast.AST] = {}
@@ -467,7 +513,9 @@ def untyped_crossings(sources: dict[str, str], packages: Collection[str] = ()) -
 
 def our_sources() -> tuple[dict[str, str], set[str]]:
     modules = our_modules()
-    return {name: path.read_text(encoding="utf-8") for name, path in modules.items()}, {name for name, path in modules.items() if path.name == "__init__.py"}
+    return {name: path.read_text(encoding="utf-8") for name, path in modules.items()}, {
+        name for name, path in modules.items() if path.name == "__init__.py"
+    }
 
 
 def test_no_any_or_bare_tuple_crosses_rooms() -> None:

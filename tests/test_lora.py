@@ -30,7 +30,9 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer
+) -> None:
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=4, method=LORA)
     base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
     outcome = run.run()
@@ -42,7 +44,9 @@ def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(tmp_path
     assert trainable_parameter_count(model) == sum(p.numel() for p in adapters.values())
     assert trainable_parameter_count(model) < 0.1 * sum(p.numel() for p in trained.values())
     for name, original in base.named_parameters():
-        peft_name = next(n for n in trained if n.endswith(name.replace(".weight", ".base_layer.weight")) or n.endswith(name))
+        peft_name = next(
+            n for n in trained if n.endswith(name.replace(".weight", ".base_layer.weight")) or n.endswith(name)
+        )
         assert torch.equal(trained[peft_name].detach(), original.detach()), name
     # lora_B starts at zero: training moved it.
     assert any(p.detach().abs().sum() > 0 for n, p in adapters.items() if "lora_B" in n)
@@ -87,16 +91,22 @@ def test_checkpointing_on_then_off_leaves_no_input_gradient_hook() -> None:
             assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
-def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+def test_a_lora_run_resumes_on_the_uninterrupted_loss_curve(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer
+) -> None:
     full = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="whole", method=LORA).run()
 
     def sigterm_at_step_3(step: int) -> None:
         if step == 3:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    stopped = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, hook=sigterm_at_step_3).run()
+    stopped = make_run(
+        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, hook=sigterm_at_step_3
+    ).run()
     assert stopped.status == "interrupted" and stopped.position.step == 4
-    resumed = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, resume=True).run()
+    resumed = make_run(
+        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=8, out="split", method=LORA, resume=True
+    ).run()
     assert resumed.position.step == 8
     assert [entry["loss"] for entry in resumed.position.losses] == [entry["loss"] for entry in full.position.losses]
 
@@ -113,13 +123,18 @@ def test_flops_count_a_frozen_base_and_recompute() -> None:
 
 def test_presets_of_the_real_shapes() -> None:
     lora = memory_need(resolve_model("mistral-nemo-12b"), MethodConfig(method="lora"), "cpu")
-    assert 12.2e9 < lora.total_parameters - lora.trainable_parameters < 12.3e9 and 50e6 < lora.trainable_parameters < 60e6
+    assert (
+        12.2e9 < lora.total_parameters - lora.trainable_parameters < 12.3e9 and 50e6 < lora.trainable_parameters < 60e6
+    )
     assert 8.0e9 < memory_need(resolve_model("llama-3.1-8b"), MethodConfig(), "cpu").total_parameters < 8.1e9
 
 
 def test_a_model_too_big_for_the_device_is_one_line_in_seconds() -> None:
     h100 = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30}
-    with pytest.raises(BenchtrainError, match=r"full fine-tuning of mistral-nemo-12b needs ≈18\d GiB .* has 79 GiB: use --lora \(≈2\d GiB"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"full fine-tuning of mistral-nemo-12b needs ≈18\d GiB .* has 79 GiB: use --lora \(≈2\d GiB",
+    ):
         check_fits(resolve_model("mistral-nemo-12b"), MethodConfig(), h100)
     need = check_fits(resolve_model("mistral-nemo-12b"), MethodConfig(method="lora"), h100)
     assert need.total_bytes < 30 * 2**30  # bf16 base + fp32 adapters, gradients and moments
@@ -132,20 +147,48 @@ def test_bench_refuses_a_model_that_cannot_fit(home: Path, capsys: pytest.Captur
 
 
 @pytest.mark.slow
-def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main("bench", ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *TINY_GRID, "--no-report"], capsys)
+def test_bench_and_train_with_lora_and_checkpointing(
+    home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(
+        "bench",
+        ["run", "--gpu", "cpu", "--lora", "--lora-rank", "8", "--checkpointing", "off,on", *TINY_GRID, "--no-report"],
+        capsys,
+    )
     assert code == 0, err
     assert "trainable" in err and "LoRA rank 8" in err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     assert data["training"]["method"] == "lora" and data["training"]["lora"]["rank"] == 8
-    assert data["training"]["lora"]["targets"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert data["training"]["lora"]["targets"] == [
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
     assert 0 < data["training"]["trainable_parameters"] < data["model"]["parameter_count"]
     assert {row["gradient_checkpointing"] for row in data["measurements"]} == {0, 1}
     assert data["search"]["space"]["checkpointing"] == [0, 1]
     assert "recompute_per_token" in data["fit"]["parameters"]
 
     code, out, err = run_main(
-        "train", ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--lora", "--lora-rank", "8", "--max-steps", "3"], capsys
+        "train",
+        [
+            "--data",
+            str(heavy_tailed_jsonl),
+            "--deadline",
+            "30m",
+            "--effective-batch",
+            "4",
+            "--lora",
+            "--lora-rank",
+            "8",
+            "--max-steps",
+            "3",
+        ],
+        capsys,
     )
     assert code == 0, err
     assert "training LoRA rank 8" in out and "memory before activations" in out
@@ -154,7 +197,20 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
     assert record["plan"]["lora"]["trainable_parameters"] == data["training"]["trainable_parameters"]
     assert record["plan"]["configuration"]["gradient_checkpointing"] in (0, 1)
 
-    dry_run = ["--data", "sample", "--deadline", "30m", "--lora", "--lora-rank", "8", "--gradient-checkpointing", "on", "--dry-run", "--max-steps", "3"]
+    dry_run = [
+        "--data",
+        "sample",
+        "--deadline",
+        "30m",
+        "--lora",
+        "--lora-rank",
+        "8",
+        "--gradient-checkpointing",
+        "on",
+        "--dry-run",
+        "--max-steps",
+        "3",
+    ]
     code, out, err = run_main("train", [*dry_run, "--merge-lora"], capsys)
     assert code == 0, err
     assert "gradient checkpointing" in out.split("plan (")[1].splitlines()[0]
@@ -166,8 +222,12 @@ def test_bench_and_train_with_lora_and_checkpointing(home: Path, heavy_tailed_js
 
 def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run"], capsys)
-    assert_one_line_error(code, err, "measured full fine-tuning, not LoRA: run `bench run --lora` here, or pass --force")
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run", "--force"], capsys)
+    assert_one_line_error(
+        code, err, "measured full fine-tuning, not LoRA: run `bench run --lora` here, or pass --force"
+    )
+    code, _, err = run_main(
+        "train", ["--data", "sample", "--deadline", "30m", "--lora", "--dry-run", "--force"], capsys
+    )
     assert code == 0 and "warning: calibration" in err
 
     lora = lora_calibration(rank=16, created_at="2027-01-01T00:00:00+00:00")
@@ -175,9 +235,15 @@ def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsy
     code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--dry-run"], capsys)
     # latest: the full one, and the difference that decided it said in words.
     assert code == 0 and "the newer test-lora measured LoRA r16" in err and "(this run: full fine-tuning)" in err, err
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--dry-run", "--use-calibration", "test-lora"], capsys)
+    code, _, err = run_main(
+        "train", ["--data", "sample", "--deadline", "30m", "--dry-run", "--use-calibration", "test-lora"], capsys
+    )
     assert_one_line_error(code, err, "measured LoRA, not full fine-tuning")
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "30m", "--gradient-checkpointing", "on", "--dry-run", "--lora"], capsys)
+    code, _, err = run_main(
+        "train",
+        ["--data", "sample", "--deadline", "30m", "--gradient-checkpointing", "on", "--dry-run", "--lora"],
+        capsys,
+    )
     assert_one_line_error(code, err, "did not measure it")
 
 

@@ -25,7 +25,9 @@ def _batch(vocab: int, rows: int = 3, length: int = 40) -> tuple[torch.Tensor, t
     return ids, labels
 
 
-def _loss_and_grads(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+def _loss_and_grads(
+    model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor
+) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
@@ -55,7 +57,9 @@ def test_chunked_loss_matches_for_any_chunk_size_and_without_gradients() -> None
     labels = torch.randint(0, 50, (2, 9))
     labels[0, 3] = -100
     logits = hidden @ weight.t()
-    reference = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), labels[:, 1:].reshape(-1), ignore_index=-100)
+    reference = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 50), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
     reference.backward()
     expected = hidden.grad.clone(), weight.grad.clone()
     for chunk in (1, 5, 100):
@@ -162,7 +166,9 @@ def _fake_liger(monkeypatch: pytest.MonkeyPatch, version: str = "0.8.5", importa
 
     calls: list[dict] = []
 
-    def apply_liger_kernel_to_llama(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None):
+    def apply_liger_kernel_to_llama(
+        rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None
+    ):
         calls.append({"rope": rope, "rms_norm": rms_norm, "swiglu": swiglu})
         if rope:
             modeling_llama.apply_rotary_pos_emb = lambda *args, **kwargs: "liger rope"
@@ -179,11 +185,15 @@ def _fake_liger(monkeypatch: pytest.MonkeyPatch, version: str = "0.8.5", importa
         modules[name] = module
     modules["liger_kernel.transformers"].apply_liger_kernel_to_llama = apply_liger_kernel_to_llama
     if importable:
-        modules["liger_kernel.transformers.fused_linear_cross_entropy"].LigerFusedLinearCrossEntropyLoss = _FakeLigerLoss
+        modules[
+            "liger_kernel.transformers.fused_linear_cross_entropy"
+        ].LigerFusedLinearCrossEntropyLoss = _FakeLigerLoss
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     real_version = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda package: version if package == "liger-kernel" else real_version(package))
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda package: version if package == "liger-kernel" else real_version(package)
+    )
     liger_problem.cache_clear()
     LIGER_LOSSES_MADE.clear()
     return calls
@@ -223,7 +233,9 @@ def test_liger_patches_stay_on_their_model_and_sum_the_head_gradient_in_fp32(mon
     from transformers.models.llama import modeling_llama
 
     calls = _fake_liger(monkeypatch)
-    module_level = {name: getattr(modeling_llama, name) for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")}
+    module_level = {
+        name: getattr(modeling_llama, name) for name in ("apply_rotary_pos_emb", "LlamaRMSNorm", "LlamaMLP")
+    }
     model = build_model(resolve_model("tiny"), "cpu")
     install_loss(model, "liger", compiled=False)
     assert calls == [{"rope": False, "rms_norm": True, "swiglu": True}]  # RoPE is module-level only in Liger

@@ -49,14 +49,26 @@ def _bind(module: torch.nn.Module, name: str, function: Any) -> None:
     module.__dict__[name] = function.__get__(module, type(module))
 
 
-def apply_liger_kernel_to_llama(rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None):
+def apply_liger_kernel_to_llama(
+    rope=True, cross_entropy=False, fused_linear_cross_entropy=True, rms_norm=True, swiglu=True, model=None
+):
     """What Liger's apply_liger_kernel_to_llama(model=…) does to an instance (monkey_patch.py's
     _patch_rms_norm_module and _patch_swiglu_module: attributes set, forward/extra_repr/_get_name
     bound), plus what other patchers do: a module's class swapped, a child module replaced."""
     base = model.model
-    norms = [base.norm, *(norm for layer in base.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm))]
+    norms = [
+        base.norm,
+        *(norm for layer in base.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)),
+    ]
     for norm in norms if rms_norm else []:
-        norm.offset, norm.casting_mode, norm.in_place, norm.row_mode, norm.impl, norm.mode = 0.0, "llama", True, None, None, None
+        norm.offset, norm.casting_mode, norm.in_place, norm.row_mode, norm.impl, norm.mode = (
+            0.0,
+            "llama",
+            True,
+            None,
+            None,
+            None,
+        )
         _bind(norm, "forward", _LigerRMSNorm.forward)
         _bind(norm, "extra_repr", _LigerRMSNorm.extra_repr)
         _bind(norm, "_get_name", lambda self: "LigerRMSNorm")
@@ -107,7 +119,9 @@ def test_switching_away_from_liger_restores_the_models_own_modules(then: str) ->
     for name, (cls, attributes, children) in before_state.items():
         assert after[name][0] is cls, name
         assert after[name][1].keys() == attributes.keys(), name
-        assert all(after[name][1][key] is value for key, value in attributes.items() if key not in ("_modules", "training")), name
+        assert all(
+            after[name][1][key] is value for key, value in attributes.items() if key not in ("_modules", "training")
+        ), name
         assert after[name][2] == children, name
     assert _loss(model, ids, labels) == before_loss
     # Liger again, then away again: nothing piles up.
@@ -161,7 +175,9 @@ def _linear_calls(model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tenso
 @pytest.mark.usefixtures("fake_liger")
 @pytest.mark.parametrize("method", ["full", "lora"])
 @pytest.mark.parametrize("installed", ["before prepare", "after prepare"])
-def test_every_loss_runs_under_accelerates_autocast_after_any_switch(bf16_accelerator: Any, installed: str, method: str) -> None:
+def test_every_loss_runs_under_accelerates_autocast_after_any_switch(
+    bf16_accelerator: Any, installed: str, method: str
+) -> None:
     from benchtrain.train.workload.method import MethodConfig
 
     model = build_model(resolve_model("tiny"), "cpu", MethodConfig(method=method))

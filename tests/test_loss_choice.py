@@ -21,12 +21,28 @@ GIB = 2**30
 
 def task_and_planner(memory_bytes: float, largest_batch: int = 8) -> tuple[BenchTask, ProbePlanner]:
     space = SearchSpace((1, largest_batch), (0,), (1,), (256,))
-    task = BenchTask(space, ProbeSettings(), {"memory_bytes": memory_bytes}, {}, {}, {"loss": "chunked"}, "cpu", losses=("chunked", "plain"))
+    task = BenchTask(
+        space,
+        ProbeSettings(),
+        {"memory_bytes": memory_bytes},
+        {},
+        {},
+        {"loss": "chunked"},
+        "cpu",
+        losses=("chunked", "plain"),
+    )
     return task, ProbePlanner(space, CostModel(lambda config: 1.0, DeviceSpeed(1e9, "test"), ProbeSettings()))
 
 
 def rows(plain_step: float, plain_peak: float) -> list[dict[str, Any]]:
-    common = {"micro_batch_size": 1, "num_workers": 0, "grad_accum": 1, "seq_len": 256, "gradient_checkpointing": 0, "status": "ok"}
+    common = {
+        "micro_batch_size": 1,
+        "num_workers": 0,
+        "grad_accum": 1,
+        "seq_len": 256,
+        "gradient_checkpointing": 0,
+        "status": "ok",
+    }
     chunked = {**common, "loss": "chunked", "step_seconds": 1.0, "peak_memory_bytes": 2 * GIB}
     plain = {**common, "loss": "plain", "step_seconds": plain_step, "peak_memory_bytes": plain_peak}
     return [chunked, plain, chunked, plain]
@@ -69,7 +85,9 @@ def test_losses_swap_on_one_model_and_compute_the_same_loss() -> None:
 
 
 @pytest.mark.slow
-def test_bench_compares_the_losses_and_train_runs_the_one_it_chose(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_compares_the_losses_and_train_runs_the_one_it_chose(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from helpers import run_main
 
     grid = ["--batch-sizes", "1,4", "--workers", "0", "--accum", "1,2", "--seq-lens", "32,64"]
@@ -85,7 +103,9 @@ def test_bench_compares_the_losses_and_train_runs_the_one_it_chose(home: Path, c
     other = "plain" if choice["chosen"] == "chunked" else "chunked"
     record["training"]["loss"] = choice["chosen"] = other
     path.write_text(json.dumps(record))
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "10m", "--max-steps", "2", "--no-report"], capsys)
+    code, _, err = run_main(
+        "train", ["--data", "sample", "--deadline", "10m", "--max-steps", "2", "--no-report"], capsys
+    )
     assert code == 0, err
     run = json.loads(next((home / "runs").glob("*/run.json")).read_text())
     assert run["training"]["loss"] == other

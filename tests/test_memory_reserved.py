@@ -47,7 +47,9 @@ def with_cuda_fields(rows: list[dict[str, Any]], outside: float = OUTSIDE_BYTES)
         if row["status"] == "ok":
             reserved = row["peak_memory_bytes"] * (1 + FRAGMENTATION) + FRAGMENTATION_BYTES
             row_outside = outside * (1 - 0.01 * (index % 3))  # the context varies a little: the most seen counts
-            row.update(peak_reserved_bytes=reserved, device_used_bytes=reserved + row_outside, non_torch_bytes=row_outside)
+            row.update(
+                peak_reserved_bytes=reserved, device_used_bytes=reserved + row_outside, non_torch_bytes=row_outside
+            )
     return rows
 
 
@@ -79,7 +81,8 @@ def test_a_probe_records_reserved_and_the_devices_used_bytes_beside_allocated(mo
     assert row["status"] == "ok", row
     assert calls == ["empty_cache", "reset cuda:0"]
     assert row["peak_memory_bytes"] == 10 * GIB and row["peak_reserved_bytes"] == 12 * GIB
-    assert row["device_used_bytes"] == 13 * GIB and row["non_torch_bytes"] == 1.5 * GIB  # used − reserved, read together
+    # used − reserved, read together
+    assert row["device_used_bytes"] == 13 * GIB and row["non_torch_bytes"] == 1.5 * GIB
     assert device_peak_bytes(row) == 13.5 * GIB  # the reserved peak + what lies outside the allocator
 
 
@@ -87,7 +90,8 @@ def test_the_fit_plans_from_reserved_plus_the_bytes_outside_the_allocator() -> N
     rows = synthetic_rows()
     gpu = Calibration(gpu_calibration(with_cuda_fields(rows), 80 * GIB))
     memory = gpu.fit["memory"]
-    assert memory["basis"] == "reserved" and memory["non_torch_bytes"] == pytest.approx(OUTSIDE_BYTES)  # the most any probe saw
+    # the most any probe saw
+    assert memory["basis"] == "reserved" and memory["non_torch_bytes"] == pytest.approx(OUTSIDE_BYTES)
     for config in (StepConfig(8, 0, 2, 512), StepConfig(1, 0, 1, 128)):
         allocated = Calibration(synthetic_calibration(rows)).predict(config).peak_memory_bytes
         expected = allocated * (1 + FRAGMENTATION) + FRAGMENTATION_BYTES + OUTSIDE_BYTES
@@ -156,10 +160,18 @@ def test_a_runs_peak_is_compared_as_the_plan_predicted_it() -> None:
     allocator) is what the plan's predicted peak is compared with; older records keep their peak."""
     from benchtrain.train.planning.plan_text import describe_peak_memory
 
-    actual = {"peak_memory_bytes": 10 * GIB, "peak_reserved_bytes": 12 * GIB, "device_used_bytes": 13 * GIB, "non_torch_bytes": GIB}
+    actual = {
+        "peak_memory_bytes": 10 * GIB,
+        "peak_reserved_bytes": 12 * GIB,
+        "device_used_bytes": 13 * GIB,
+        "non_torch_bytes": GIB,
+    }
     assert device_peak_bytes(actual) == 13 * GIB
     assert device_peak_bytes({"peak_memory_bytes": 10 * GIB}) == 10 * GIB and device_peak_bytes({}) is None
-    assert describe_peak_memory(12.5 * GIB, device_peak_bytes(actual)) == "peak memory: 13.00 GiB actual vs 12.50 GiB predicted (+4.0%)"
+    assert (
+        describe_peak_memory(12.5 * GIB, device_peak_bytes(actual))
+        == "peak memory: 13.00 GiB actual vs 12.50 GiB predicted (+4.0%)"
+    )
 
 
 def test_fragmentation_is_said_with_the_option_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +242,11 @@ def test_a_cpu_plan_counts_what_the_train_process_holds_beyond_the_bench_process
         recorded = {**hardware, **({peak_memory.HOST_BASELINE_KEY: baseline} if baseline else {})}
         model = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
         path = save_calibration(synthetic_calibration(hardware=recorded, model=model))
-        code, out, err = run_main("train", ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run", "--json"], capsys)
+        code, out, err = run_main(
+            "train",
+            ["--use-calibration", str(path), "--data", "sample", "--deadline", "1h", "--dry-run", "--json"],
+            capsys,
+        )
         assert code == 0, err
         return float(json.loads(out)["plan"]["chosen"]["peak_memory_bytes"])
 

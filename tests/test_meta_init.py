@@ -31,7 +31,14 @@ TIED: dict[str, Any] = {  # llama-shaped, the head tied to the embedding (as lla
     "max_position_embeddings": 256,
     "tie_word_embeddings": True,
 }
-SEVERAL_LAYERS: dict[str, Any] = {**TIED, "vocab_size": 256, "hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 6, "tie_word_embeddings": False}
+SEVERAL_LAYERS: dict[str, Any] = {
+    **TIED,
+    "vocab_size": 256,
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 6,
+    "tie_word_embeddings": False,
+}
 
 
 class LiveFloat32(TorchDispatchMode):
@@ -74,7 +81,9 @@ def seeded_reference(config: dict[str, Any], dtype: Any = torch.float32) -> Any:
     from benchtrain.train.workload.model import make_config
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(make_config(spec_of("reference", config)), attn_implementation="sdpa", dtype=dtype)
+    return AutoModelForCausalLM.from_config(
+        make_config(spec_of("reference", config)), attn_implementation="sdpa", dtype=dtype
+    )
 
 
 GPT2: dict[str, Any] = {
@@ -89,7 +98,9 @@ GPT2: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("config", [TIED, GPT2, {**SEVERAL_LAYERS, "model_type": "qwen2"}], ids=["llama-tied", "gpt2", "qwen2"])
+@pytest.mark.parametrize(
+    "config", [TIED, GPT2, {**SEVERAL_LAYERS, "model_type": "qwen2"}], ids=["llama-tied", "gpt2", "qwen2"]
+)
 def test_weights_drawn_module_by_module_are_from_config_s(config: dict[str, Any]) -> None:
     """Bit for bit, buffers included: constructors' inits, each sub-model's pass, gpt2's blocks
     re-drawing their projections, and a tied head (its own draw dropped)."""
@@ -103,7 +114,9 @@ def test_weights_drawn_module_by_module_are_from_config_s(config: dict[str, Any]
     assert all(torch.equal(drawn[name], tensor) for name, tensor in expected.items())
 
 
-def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp32_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp32_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The bench path used to write the random model to a temporary folder and load it back
     quantized (16 GB of disk and host memory per rank for an 8B model). Now nothing is written,
     host memory holds one layer at a time beside the fp32 embeddings, and the base is the one
@@ -140,13 +153,17 @@ def test_a_preset_s_4bit_base_is_quantized_without_a_checkpoint_or_its_whole_fp3
 
     plain = seeded_reference(SEVERAL_LAYERS)
     layer = sum(parameter.numel() for parameter in plain.model.layers[0].parameters()) * 4
-    embeddings = (plain.model.embed_tokens.weight.numel() + plain.lm_head.weight.numel() + plain.model.norm.weight.numel()) * 4
+    embeddings = (
+        plain.model.embed_tokens.weight.numel() + plain.lm_head.weight.numel() + plain.model.norm.weight.numel()
+    ) * 4
     whole = sum(parameter.numel() for parameter in plain.parameters()) * 4
     assert spy.peak <= layer + embeddings < whole / 2, (spy.peak, layer, embeddings, whole)
 
     assert model.state_dict().keys() == reference.state_dict().keys()
     assert all(torch.equal(tensor, reference.state_dict()[name]) for name, tensor in model.state_dict().items())
-    assert loaded_bytes(model) == memory_need(spec, MethodConfig(method="lora", quantize="4bit"), "cpu").weights_bytes - _adapter_bytes(spec)
+    assert loaded_bytes(model) == memory_need(
+        spec, MethodConfig(method="lora", quantize="4bit"), "cpu"
+    ).weights_bytes - _adapter_bytes(spec)
     assert type(model.model.layers[0].mlp.down_proj).__name__ == "Linear4bit" and model.is_loaded_in_4bit
 
     lora = apply_method(model, MethodConfig(method="lora", quantize="4bit"))
@@ -165,7 +182,9 @@ def _adapter_bytes(spec: Any) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precision(tmp_path: Path, fork_server) -> None:
+def test_fsdp_builds_on_meta_and_each_rank_holds_its_shards_in_bf16_mixed_precision(
+    tmp_path: Path, fork_server
+) -> None:
     """Two gloo processes (forked with torchrun's variables: tests/forkserver.py), bf16 mixed precision (FSDP's MixedPrecisionPolicy
     param_dtype=bfloat16, reduce_dtype=float32): a preset with a tied head and a folder with
     weights. No rank ever holds the whole fp32 model while building (the old build made all of it
@@ -214,12 +233,16 @@ def build_and_train(spec: Any, expected: Any) -> dict[str, Any]:
 
     accelerator = Accelerator(mixed_precision="bf16", cpu=True)
     with LiveFloat32() as spy:
-        engine = engine_from_options(spec, MethodConfig(), accelerator, StepOptions(compile="off", loss="plain", sharding="fsdp"))
+        engine = engine_from_options(
+            spec, MethodConfig(), accelerator, StepOptions(compile="off", loss="plain", sharding="fsdp")
+        )
     lm = unwrap(engine.model)
     need = memory_need(spec, MethodConfig(), "cpu")
     held = sum(parameter.to_local().numel() * 4 for parameter in lm.parameters())
     weights, _ = gather_full_state(engine.model, None)
-    same = dist.get_rank() != 0 or all(torch.equal(weights[name], tensor) for name, tensor in expected.state_dict().items())
+    same = dist.get_rank() != 0 or all(
+        torch.equal(weights[name], tensor) for name, tensor in expected.state_dict().items()
+    )
     seen: list[str] = []
     block = lm.model.layers[0].mlp.down_proj
     handle = block.register_forward_pre_hook(lambda module, args: seen.append(str(module.weight.dtype)))
@@ -233,7 +256,8 @@ def build_and_train(spec: Any, expected: Any) -> dict[str, Any]:
         "uneven": 4 * sum(parameter.numel() // parameter.shape[0] for parameter in lm.parameters()),  # a row per tensor
         "check_per_process": need.per_process_bytes("fsdp", 2, "cpu"),
         "buffers": 4 * sum(buffer.numel() for buffer in expected.buffers()),
-        "largest_module": 4 * max(sum(p.numel() for p in module.parameters(recurse=False)) for module in expected.modules()),
+        "largest_module": 4
+        * max(sum(p.numel() for p in module.parameters(recurse=False)) for module in expected.modules()),
         "same_weights": bool(same),
         "tied": lm.get_output_embeddings().weight is lm.get_input_embeddings().weight,
         "compute_dtype": seen[0],

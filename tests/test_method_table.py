@@ -17,7 +17,19 @@ from benchtrain.train.running.resume import resumed_method
 from benchtrain.train.workload.method import METHODS, Method, MethodConfig, apply_method
 from benchtrain.train.workload.model import build_model, resolve_model
 
-GRID = ["--batch-sizes", "1,2", "--workers", "0", "--accum", "1", "--seq-lens", "32,64", "--max-probe-seconds", "0.2", "--quiet"]
+GRID = [
+    "--batch-sizes",
+    "1,2",
+    "--workers",
+    "0",
+    "--accum",
+    "1",
+    "--seq-lens",
+    "32,64",
+    "--max-probe-seconds",
+    "0.2",
+    "--quiet",
+]
 DORA = Method("dora", "DoRA", adapters=True, peft_options={"use_dora": True})
 
 
@@ -34,10 +46,16 @@ def test_the_argument_parser_offers_it_and_the_model_gets_dora_adapters(with_dor
 
     parser = build_parser()
     assert "dora (DoRA)" in " ".join(parser.format_help().split())
-    method = method_from_args(parser.parse_args(["--data", "sample", "--deadline", "1h", "--method", "dora", "--lora-rank", "4"]))
+    method = method_from_args(
+        parser.parse_args(["--data", "sample", "--deadline", "1h", "--method", "dora", "--lora-rank", "4"])
+    )
     assert method.is_lora and method.describe().startswith("DoRA rank 4 (alpha 8)")
     model = apply_method(build_model(resolve_model("tiny"), "cpu"), method)
-    magnitudes = [name for name, parameter in model.named_parameters() if "lora_magnitude_vector" in name and parameter.requires_grad]
+    magnitudes = [
+        name
+        for name, parameter in model.named_parameters()
+        if "lora_magnitude_vector" in name and parameter.requires_grad
+    ]
     assert magnitudes  # DoRA's per-column magnitudes beside LoRA's A and B, trained
     plain = apply_method(build_model(resolve_model("tiny"), "cpu"), MethodConfig(method="lora", lora_rank=4))
     assert not any("lora_magnitude_vector" in name for name, _ in plain.named_parameters())
@@ -46,14 +64,29 @@ def test_the_argument_parser_offers_it_and_the_model_gets_dora_adapters(with_dor
 def test_bench_measures_it_and_train_plans_trains_and_records_it(
     with_dora: Method, home: Path, heavy_tailed_jsonl: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--method", "dora", "--lora-rank", "4", *GRID, "--no-report"], capsys)
+    code, _, err = run_main(
+        "bench", ["run", "--gpu", "cpu", "--method", "dora", "--lora-rank", "4", *GRID, "--no-report"], capsys
+    )
     assert code == 0, err
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     assert data["training"]["method"] == "dora" and data["training"]["lora"]["rank"] == 4
     setup = measured_setup(data)
     assert (setup.method, setup.lora_rank) == ("dora", 4)
 
-    train = ["--data", str(heavy_tailed_jsonl), "--deadline", "30m", "--effective-batch", "4", "--method", "dora", "--lora-rank", "4", "--max-steps", "2"]
+    train = [
+        "--data",
+        str(heavy_tailed_jsonl),
+        "--deadline",
+        "30m",
+        "--effective-batch",
+        "4",
+        "--method",
+        "dora",
+        "--lora-rank",
+        "4",
+        "--max-steps",
+        "2",
+    ]
     code, out, err = run_main("train", train, capsys)
     assert code == 0, err
     assert "training DoRA rank 4" in out
@@ -63,4 +96,5 @@ def test_bench_measures_it_and_train_plans_trains_and_records_it(
     assert (resumed.method, resumed.lora_rank, resumed.is_lora) == ("dora", 4, True)  # a resume trains DoRA again
 
     code, _, err = run_main("train", [*train[:-2], "--method", "lora", "--dry-run"], capsys)
-    assert code != 0 and "measured DoRA, not LoRA" in err  # a calibration of another method is refused, by the table's names
+    # a calibration of another method is refused, by the table's names
+    assert code != 0 and "measured DoRA, not LoRA" in err

@@ -47,7 +47,11 @@ def test_a_few_leftover_samples_are_dealt_out_with_the_last_round() -> None:
     shares = [shard(batches, rank, 2) for rank in range(2)]
     assert shares == [[[0, 4], [2]], [[1], [3]]]
     assert all(len(batch) <= 2 for share in shares for batch in share)  # never bigger than planned
-    assert [shard([[0], [1], [2]], rank, 2) for rank in range(2)] == [[[0]], [[1]]]  # micro-batch 1: dropped, not duplicated
+    # micro-batch 1: dropped, not duplicated
+    assert [shard([[0], [1], [2]], rank, 2) for rank in range(2)] == [
+        [[0]],
+        [[1]],
+    ]
 
 
 def test_all_reduce_model_fits_latency_and_bandwidth() -> None:
@@ -69,7 +73,9 @@ def test_which_calibration_a_multi_process_run_plans_from() -> None:
     alone = {"source": "single process", "world_size": 1, "sharding": "none", "seconds_per_step": 0.0}
     assert plan_communication(single, 1, ddp, force=False) == (0.0, 0.0, alone)
     comm = {"world_size": 2, "backend": "gloo", "latency_seconds": 0.001, "seconds_per_byte": 1e-9}
-    two = Calibration(synthetic_calibration(distributed={"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": comm}))
+    two = Calibration(
+        synthetic_calibration(distributed={"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": comm})
+    )
     assert two.world_size == 2 and two.sharding == "ddp"
     per_step, per_micro_step, record = plan_communication(two, 2, ddp, force=False)
     assert per_step == per_micro_step == 0.0 and record["source"] == "calibration"  # its step times hold the all-reduce
@@ -133,7 +139,8 @@ def test_bench_combines_the_ranks_probes() -> None:
     combined = combine_rows([ok, slow])
     assert combined["step_seconds"] == 1.2 and combined["tokens_per_second"] == 83.0  # the slowest rank sets the pace
     assert combined["peak_memory_bytes"] == 10 and combined["ranks"] == 2
-    assert combine_rows([ok, {"status": "oom", "error": "OutOfMemoryError"}])["status"] == "oom"  # an OOM anywhere is an OOM
+    # an OOM anywhere is an OOM
+    assert combine_rows([ok, {"status": "oom", "error": "OutOfMemoryError"}])["status"] == "oom"
     assert np.isclose(combine_rows([ok])["step_seconds"], 1.0)
 
 
@@ -144,13 +151,26 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
     from benchtrain.calibration.store import save_calibration
     from benchtrain.train.recipes.choice import calibration_preferences
 
-    ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
+    ddp2 = {
+        "world_size": 2,
+        "backend": "gloo",
+        "sharding": "ddp",
+        "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9},
+    }
     stored = {
-        "one-full": synthetic_calibration(id="one-full", created_at="2026-01-01T00:00:00+00:00", training={"method": "full"}),
-        "two-ddp": synthetic_calibration(id="two-ddp", created_at="2026-01-02T00:00:00+00:00", training={"method": "full"}, distributed=ddp2),
-        "one-lora": synthetic_calibration(id="one-lora", created_at="2026-01-03T00:00:00+00:00", training={"method": "lora"}),
+        "one-full": synthetic_calibration(
+            id="one-full", created_at="2026-01-01T00:00:00+00:00", training={"method": "full"}
+        ),
+        "two-ddp": synthetic_calibration(
+            id="two-ddp", created_at="2026-01-02T00:00:00+00:00", training={"method": "full"}, distributed=ddp2
+        ),
+        "one-lora": synthetic_calibration(
+            id="one-lora", created_at="2026-01-03T00:00:00+00:00", training={"method": "lora"}
+        ),
         "other-model": synthetic_calibration(
-            id="other-model", created_at="2026-01-04T00:00:00+00:00", model={"name": "x", "parameter_count": 1, "fingerprint": "zzz"}
+            id="other-model",
+            created_at="2026-01-04T00:00:00+00:00",
+            model={"name": "x", "parameter_count": 1, "fingerprint": "zzz"},
         ),
     }
     for data in stored.values():
@@ -160,7 +180,9 @@ def test_latest_is_the_newest_calibration_that_suits_the_run(home: object) -> No
         fingerprint = "abc"
 
     def latest(method: str, processes: tuple[int, str]) -> str:
-        return calibration_api.load("latest", preferences=calibration_preferences(Spec(), MethodConfig(method=method), processes)).id
+        return calibration_api.load(
+            "latest", preferences=calibration_preferences(Spec(), MethodConfig(method=method), processes)
+        ).id
 
     assert latest("full", (2, "ddp")) == "two-ddp"  # measured with this run's processes
     assert latest("full", (1, "none")) == "one-full"  # not the newer 2-process or LoRA ones
@@ -176,12 +198,25 @@ def test_the_communication_line_reads_old_and_new_records() -> None:
     from benchtrain.reports.run_report import _plan_value
 
     fit = CommModel(2, "gloo", 0.001, 1e-9).to_json()
-    old = {"source": "predicted", "world_size": 2, "calibration_world_size": 1, "gradient_bytes": 2**22, "seconds_per_step": 0.005, "comm": fit}
+    old = {
+        "source": "predicted",
+        "world_size": 2,
+        "calibration_world_size": 1,
+        "gradient_bytes": 2**22,
+        "seconds_per_step": 0.005,
+        "comm": fit,
+    }
     assert describe_communication(old) == (
         "communication: predicted — 1-process calibration + ddp collectives measured now among 2 processes "
         "(all-reduce 1.00 GB/s, 1.00 ms latency): 4 MiB of gradients, +5.0 ms per optimizer step"
     )
-    new = {**old, "sharding": "fsdp", "parameter_bytes": 2**21, "seconds_per_micro_step": 0.002, "collectives": {"all_gather": {"fit": fit}}}
+    new = {
+        **old,
+        "sharding": "fsdp",
+        "parameter_bytes": 2**21,
+        "seconds_per_micro_step": 0.002,
+        "collectives": {"all_gather": {"fit": fit}},
+    }
     text = describe_communication(new)
     assert "2 MiB of parameters" in text and "4 MiB of gradients" in text and text.endswith("+2.0 ms per micro-step")
     assert _plan_value("communication", {"source": "single process", "world_size": 1}) == "one process: none"
@@ -200,7 +235,8 @@ def test_the_learning_rate_schedule_is_the_same_under_two_and_three_processes(fo
     rates = alone["rates"]
     peak = rates.index(max(rates))
     assert alone["processes"] == 1 and peak == 2 and rates[:3] == sorted(rates[:3])  # warm-up
-    assert all(later <= earlier for earlier, later in zip(rates[peak:], rates[peak + 1 :], strict=False))  # one decay, no rise
+    # one decay, no rise
+    assert all(later <= earlier for earlier, later in zip(rates[peak:], rates[peak + 1 :], strict=False))
     assert alone["final"] == 0.0 and rates[-1] < 0.01 * rates[peak]  # the floor after the last step
     for processes in (2, 3):
         shared = fork_server.group_report(CHECKS, ["lr-curve", str(steps)], processes)

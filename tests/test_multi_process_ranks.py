@@ -46,9 +46,21 @@ TORCHRUN_SETS = {
 def test_the_childs_environment_has_none_of_the_launchers_variables() -> None:
     from benchtrain.bench.fresh_process import single_process_environment
 
-    parent = {**TORCHRUN_SETS, "PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "3", "HF_HOME": "/hf", "OMP_NUM_THREADS": "1"}
+    parent = {
+        **TORCHRUN_SETS,
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "3",
+        "HF_HOME": "/hf",
+        "OMP_NUM_THREADS": "1",
+    }
     child = single_process_environment(parent)
-    assert child == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "3", "HF_HOME": "/hf", "OMP_NUM_THREADS": "1"}  # the same device, the rest kept
+    # the same device, the rest kept
+    assert child == {
+        "PATH": "/usr/bin",
+        "CUDA_VISIBLE_DEVICES": "3",
+        "HF_HOME": "/hf",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +85,9 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
 
     monkeypatch.setattr(fresh_process.subprocess, "run", child)
     row = {"micro_batch_size": 2, "seq_len": 16}
-    measured = fresh_process.measure_in_new_process(resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60)
+    measured = fresh_process.measure_in_new_process(
+        resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60
+    )
     assert started and started[0][1:3] == ["-m", "benchtrain.bench.fresh_process"]
     assert measured is not None and measured["seen"] == []
 
@@ -183,8 +197,13 @@ def test_every_rank_trains_rank_0s_plan(home: Path, heavy_tailed_jsonl: Path, fo
     tiny = {"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint}
     save_calibration(synthetic_calibration(hardware=detect_hardware(), model=tiny))
     arguments = ["--epochs", "50", "--deadline", "5m", "--fit-deadline", "--effective-batch", "16"]
-    found = fork_server.group_report(CHECKS, ["plans-agree", str(heavy_tailed_jsonl), "272", *arguments], env={"BENCHTRAIN_HOME": str(home)})
+    found = fork_server.group_report(
+        CHECKS, ["plans-agree", str(heavy_tailed_jsonl), "272", *arguments], env={"BENCHTRAIN_HOME": str(home)}
+    )
     rank0, rank1 = found["plans"]
     assert "configuration" in rank0 and rank0["step_limit"] is None  # rank 0 trains every step it planned
     assert rank1 == rank0
-    assert all(message.startswith("the processes disagree on what to train: rank 1's optimizer_steps is 11, rank 0's 10") for message in found["guard"])
+    assert all(
+        message.startswith("the processes disagree on what to train: rank 1's optimizer_steps is 11, rank 0's 10")
+        for message in found["guard"]
+    )

@@ -33,7 +33,13 @@ def adagrad_state_bytes(trainable_sizes: list[int]) -> int:
 @pytest.fixture()
 def with_adagrad(monkeypatch: pytest.MonkeyPatch) -> Optimizer:
     """The whole change: one entry in the table, nothing else touched."""
-    entry = Optimizer(name="adagrad", build=adagrad, state_bytes=adagrad_state_bytes, hf_optim="adagrad", help="one fp32 sum of squares")
+    entry = Optimizer(
+        name="adagrad",
+        build=adagrad,
+        state_bytes=adagrad_state_bytes,
+        hf_optim="adagrad",
+        help="one fp32 sum of squares",
+    )
     monkeypatch.setitem(OPTIMIZERS, entry.name, entry)
     return entry
 
@@ -46,8 +52,15 @@ def test_the_argument_parsers_offer_it(with_adagrad: Optimizer) -> None:
     assert "adagrad (one fp32 sum of squares)" in " ".join(parser.format_help().split())  # `train --help`
     args = parser.parse_args(["--data", "sample", "--deadline", "1h", "--optimizer", "adagrad"])
     assert method_from_args(args).optimizer == "adagrad"
-    assert [method.optimizer for method in measured_methods(None, "adamw,adagrad", MethodConfig())] == ["adamw", "adagrad"]  # bench run
-    with pytest.raises(BenchtrainError, match=r"^--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit, adamw-fused, sgd, adagrad, got 'lion'$"):
+    # bench run
+    assert [method.optimizer for method in measured_methods(None, "adamw,adagrad", MethodConfig())] == [
+        "adamw",
+        "adagrad",
+    ]
+    with pytest.raises(
+        BenchtrainError,
+        match=r"^--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit, adamw-fused, sgd, adagrad, got 'lion'$",
+    ):
         MethodConfig(optimizer="lion")
 
 
@@ -63,10 +76,16 @@ def test_the_memory_check_counts_its_state_and_the_engine_builds_it(with_adagrad
     inner = engine.optimizer.optimizer  # accelerate's wrapper around torch's
     assert isinstance(inner, torch.optim.Adagrad)
     decay, no_decay = inner.param_groups
-    assert decay["initial_lr"] == PEAK and decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0  # the peak rate: the warm-up starts at 0
+    # the peak rate: the warm-up starts at 0
+    assert decay["initial_lr"] == PEAK and decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     source = batches(1)
     engine.step.run(source, 1)
-    kept = sum(value.numel() * value.element_size() for state in inner.state.values() for value in state.values() if torch.is_tensor(value) and value.dim() > 0)
+    kept = sum(
+        value.numel() * value.element_size()
+        for state in inner.state.values()
+        for value in state.values()
+        if torch.is_tensor(value) and value.dim() > 0
+    )
     spec = resolve_model("tiny")
     need = memory_need(spec, MethodConfig(optimizer="adagrad"), "cpu").optimizer_bytes
     assert need == kept > 0
@@ -95,7 +114,11 @@ def named_optimizers(path: Path) -> list[str]:
 
 
 def test_no_module_but_the_table_names_an_optimizer() -> None:
-    modules = [path for package in ("bench", "train", "calibration", "reports", "common") for path in sorted((ROOT / "benchtrain" / package).rglob("*.py"))]
+    modules = [
+        path
+        for package in ("bench", "train", "calibration", "reports", "common")
+        for path in sorted((ROOT / "benchtrain" / package).rglob("*.py"))
+    ]
     table = ROOT / "benchtrain" / "train" / "workload" / "optimizers.py"
     assert [name for path in modules if path != table for name in named_optimizers(path)] == []
     assert named_optimizers(table)  # the check sees names where they are
@@ -110,6 +133,12 @@ def test_the_dry_run_s_state_line_needs_no_bitsandbytes(monkeypatch: pytest.Monk
     from benchtrain.train.workload.model import resolve_model
 
     hide_bitsandbytes(monkeypatch)
-    line = describe_needs(resolve_model("tiny"), MethodConfig(), {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34})
-    assert "MiB with adamw or adamw-fused, " in line and "MiB with adamw-8bit or paged-adamw-8bit, " in line and "(this run: adamw);" in line
+    line = describe_needs(
+        resolve_model("tiny"), MethodConfig(), {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34}
+    )
+    assert (
+        "MiB with adamw or adamw-fused, " in line
+        and "MiB with adamw-8bit or paged-adamw-8bit, " in line
+        and "(this run: adamw);" in line
+    )
     assert "8-bit base" not in line  # the quantized bases do need it

@@ -10,7 +10,10 @@ from benchtrain.common.durations import format_duration, parse_duration
 from benchtrain.common.errors import BenchtrainError
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("12h", 43200), ("1h30m", 5400), ("45", 45), ("2.5", 2.5), ("1d", 86400)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("15m", 900), ("12h", 43200), ("1h30m", 5400), ("45", 45), ("2.5", 2.5), ("1d", 86400)],
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

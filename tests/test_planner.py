@@ -12,7 +12,14 @@ from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.planner import deadline_options, make_plan
 from benchtrain.train.planning.types import PlanRequest
-from benchtrain.train.workload.batching import PackedBatches, PaddedBatches, batch_shapes, epoch_batches, packed_row_count, plan_padded_batches
+from benchtrain.train.workload.batching import (
+    PackedBatches,
+    PaddedBatches,
+    batch_shapes,
+    epoch_batches,
+    packed_row_count,
+    plan_padded_batches,
+)
 from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import resolve_model
 
@@ -48,14 +55,19 @@ def test_packing_token_counts_are_exact() -> None:
     assert sorted(row for batch in batches for row in batch) == list(range(6))
     dataset = PackedBatches(data, batches, max_length=4)
     seen = np.concatenate([dataset[i]["input_ids"].numpy().ravel() for i in range(len(dataset))])
-    assert sorted(seen.tolist()) == sorted(data.stream_take(np.arange(data.stream_length)).tolist())  # every token exactly once
+    # every token exactly once
+    assert sorted(seen.tolist()) == sorted(data.stream_take(np.arange(data.stream_length)).tolist())
     assert data.real_tokens(4) == 24
 
 
 def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effective_batch() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), priority="fast", effective_batch=16))
+    plan = make_plan(
+        calibration,
+        data,
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), priority="fast", effective_batch=16),
+    )
     c = plan.chosen
     assert c.config.micro_batch_size * c.config.grad_accum * c.world_size == 16
     for alternative in plan.alternatives:
@@ -64,7 +76,9 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
     # Brute force over every candidate the calibration allows: nothing is faster.
     best = min(
         sum(
-            calibration.micro_step_seconds(StepConfig(micro_batch_size=s.rows, num_workers=w, grad_accum=16 // b, seq_len=s.length))
+            calibration.micro_step_seconds(
+                StepConfig(micro_batch_size=s.rows, num_workers=w, grad_accum=16 // b, seq_len=s.length)
+            )
             for s in batch_shapes(data, epoch_batches(data, b, c.config.seq_len, 0, 0), c.config.seq_len)
         )
         for b in (1, 2, 4, 8)
@@ -78,7 +92,9 @@ def test_planner_picks_the_fastest_feasible_configuration_and_keeps_the_effectiv
 def test_padding_costs_are_counted_from_real_batches() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), effective_batch=8))
+    plan = make_plan(
+        calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10_000, 0.05), effective_batch=8)
+    )
     c = plan.chosen
     assert c.padded_tokens > c.tokens  # padding exists and is counted
     assert c.tokens == data.real_tokens(c.config.seq_len)
@@ -91,7 +107,9 @@ def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
     balanced = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05)))
     assert balanced.chosen.config.seq_len == 512  # 99.5% ≤ 300 tokens: smallest calibrated length ≥ 300
     assert balanced.chosen.truncation["samples_truncated"] == 3
-    quality = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="quality"))
+    quality = make_plan(
+        calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="quality")
+    )
     assert quality.chosen.config.seq_len == 2048
     assert quality.chosen.truncation["samples_truncated"] == 0
 
@@ -99,8 +117,14 @@ def test_max_length_auto_covers_995_percent_and_quality_covers_all() -> None:
 def test_memory_efficient_takes_less_memory_within_the_time_slack() -> None:
     calibration = Calibration(synthetic_calibration())
     data = tokenized(heavy_tailed())
-    fast = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast")).chosen
-    lean = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="memory_efficient")).chosen
+    fast = make_plan(
+        calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast")
+    ).chosen
+    lean = make_plan(
+        calibration,
+        data,
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="memory_efficient"),
+    ).chosen
     assert lean.peak_memory_bytes <= fast.peak_memory_bytes
     assert lean.total_seconds <= fast.total_seconds * 1.10 + 1e-9
 
@@ -109,9 +133,13 @@ def test_configurations_that_do_not_fit_in_memory_are_never_chosen() -> None:
     rows = synthetic_rows(memory_limit=3.2e9)
     calibration = Calibration(synthetic_calibration(rows, memory_bytes=3.2e9))
     data = tokenized(heavy_tailed())
-    plan = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast"))
+    plan = make_plan(
+        calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), priority="fast")
+    )
     assert plan.chosen.fits_in_memory
-    assert calibration.predict(StepConfig(plan.chosen.config.micro_batch_size, 0, 1, plan.chosen.config.seq_len)).fits_in_memory
+    assert calibration.predict(
+        StepConfig(plan.chosen.config.micro_batch_size, 0, 1, plan.chosen.config.seq_len)
+    ).fits_in_memory
 
 
 def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_steps() -> None:
@@ -121,7 +149,9 @@ def test_an_impossible_deadline_is_reported_with_options_and_fit_deadline_cuts_s
     assert not plan.meets_deadline
     options = deadline_options(plan)
     assert "--epochs" in options and "--max-steps" in options and "--max-length" in options
-    fitted = make_plan(calibration, data, PlanRequest(epochs=50, deadline=Deadline.with_margin_share(30, 0.05), fit_deadline=True))
+    fitted = make_plan(
+        calibration, data, PlanRequest(epochs=50, deadline=Deadline.with_margin_share(30, 0.05), fit_deadline=True)
+    )
     assert fitted.meets_deadline and fitted.step_limit is not None
     assert fitted.chosen.optimizer_steps == fitted.step_limit < plan.chosen.optimizer_steps
 
@@ -139,12 +169,16 @@ def test_bad_requests_are_one_line_errors() -> None:
         make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), max_length=0))
     only_big = Calibration(synthetic_calibration(synthetic_rows(batch_sizes=(4, 8))))
     with pytest.raises(BenchtrainError, match="divides --effective-batch 3"):
-        make_plan(only_big, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), effective_batch=3))
+        make_plan(
+            only_big, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(10, 0.05), effective_batch=3)
+        )
 
 
 def test_the_calibrated_overheads_are_added() -> None:
     calibration = Calibration(synthetic_calibration())
-    plan = make_plan(calibration, tokenized(heavy_tailed()), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05)))
+    plan = make_plan(
+        calibration, tokenized(heavy_tailed()), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05))
+    )
     overheads = calibration.overheads
     minimum = overheads["model_build_seconds"] + overheads["checkpoint_save_seconds"] + overheads["report_seconds"]
     assert plan.chosen.overheads.total_seconds >= minimum
@@ -161,14 +195,28 @@ def test_the_final_export_is_planned_by_its_bytes() -> None:
     need = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(method="lora"), "cuda")
     adapters_only = export_bytes(need, lora=True, preset_base=False, merge=False, device_type="cuda")
     with_base = export_bytes(need, lora=True, preset_base=True, merge=True, device_type="cuda")
-    assert with_base - adapters_only == 2 * 2 * (need.total_parameters - need.trainable_parameters)  # two bf16 copies of the base
+    # two bf16 copies of the base
+    assert with_base - adapters_only == 2 * 2 * (need.total_parameters - need.trainable_parameters)
     assert with_base > 30e9  # the base in final/ and final-merged/ of an 8B model
 
-    measured = {"model_build_seconds": 1.0, "checkpoint_save_seconds": 0.5, "checkpoint_bytes": 5e8, "disk_write_bytes_per_second": 1e9, "report_seconds": 2.0}
+    measured = {
+        "model_build_seconds": 1.0,
+        "checkpoint_save_seconds": 0.5,
+        "checkpoint_bytes": 5e8,
+        "disk_write_bytes_per_second": 1e9,
+        "report_seconds": 2.0,
+    }
     data = tokenized(heavy_tailed())
-    for overheads, seconds in ((measured, with_base / 1e9), ({**measured, "disk_write_bytes_per_second": None}, 0.5 * with_base / 5e8)):
+    for overheads, seconds in (
+        (measured, with_base / 1e9),
+        ({**measured, "disk_write_bytes_per_second": None}, 0.5 * with_base / 5e8),
+    ):
         calibration = Calibration(synthetic_calibration(overheads=overheads))
-        chosen = make_plan(calibration, data, PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), export_bytes=with_base)).chosen
+        chosen = make_plan(
+            calibration,
+            data,
+            PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), export_bytes=with_base),
+        ).chosen
         assert chosen.overheads.export_seconds == pytest.approx(seconds)
         assert chosen.overheads.after_training_seconds >= seconds  # kept in reserve by the guard
         assert chosen.overheads.total_seconds >= seconds

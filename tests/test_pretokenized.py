@@ -113,7 +113,10 @@ def test_a_token_file_larger_than_the_memory_limit_trains(home: Path, tmp_path: 
     from benchtrain.train.workload.model import resolve_model
 
     save_calibration(
-        synthetic_calibration(hardware=detect_hardware(), model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint})
+        synthetic_calibration(
+            hardware=detect_hardware(),
+            model={"name": "tiny", "parameter_count": 1, "fingerprint": resolve_model("tiny").fingerprint},
+        )
     )
     path = tmp_path / "corpus.bin"
     size = 2 << 30
@@ -125,8 +128,20 @@ def test_a_token_file_larger_than_the_memory_limit_trains(home: Path, tmp_path: 
     limit = 3 << 29  # 1.5 GiB < the file's 2 GiB
     whole = f"{BIG.split('from benchtrain.train')[0]}\nimport numpy; numpy.fromfile({str(path)!r}, numpy.uint16)"
     loading = subprocess.run([sys.executable, "-c", whole, str(limit)], capture_output=True, text=True)
-    assert loading.returncode != 0 and "MemoryError" in loading.stderr  # what loading it whole does under the same limit
-    command = [sys.executable, "-c", BIG, str(limit), "--data", str(path), "--token-dtype", "uint16", "--document-separator", str(SEPARATOR)]
+    # what loading it whole does under the same limit
+    assert loading.returncode != 0 and "MemoryError" in loading.stderr
+    command = [
+        sys.executable,
+        "-c",
+        BIG,
+        str(limit),
+        "--data",
+        str(path),
+        "--token-dtype",
+        "uint16",
+        "--document-separator",
+        str(SEPARATOR),
+    ]
     command += ["--deadline", "5m", "--max-steps", "2", "--no-report", "--out", str(tmp_path / "run")]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**_env(home)}, timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]

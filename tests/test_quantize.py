@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import PROMPT_IDS, assert_one_line_error, configs, hide_bitsandbytes, loaded_bytes, logits, run_main, trained
+from helpers import (
+    PROMPT_IDS,
+    assert_one_line_error,
+    configs,
+    hide_bitsandbytes,
+    loaded_bytes,
+    logits,
+    run_main,
+    trained,
+)
 
 pytest.importorskip("bitsandbytes")
 
@@ -34,7 +43,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
 @pytest.mark.parametrize("kind", ["4bit", "8bit", "none"])
-def test_the_bytes_of_a_quantized_base_are_known_before_it_is_built(saved: dict[str, Path], architecture: str, kind: str) -> None:
+def test_the_bytes_of_a_quantized_base_are_known_before_it_is_built(
+    saved: dict[str, Path], architecture: str, kind: str
+) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -52,7 +63,9 @@ def test_the_bytes_of_a_quantized_base_are_known_before_it_is_built(saved: dict[
         assert predicted.layers == {"gpt2": 4, "llama": 7}[architecture] * 2
         assert type(real.get_output_embeddings()) is torch.nn.Linear
     if kind == "4bit":
-        assert predicted.quantized * 8 == pytest.approx(sum(4 * i * o for i, o in _shapes(meta)), abs=8 * len(_shapes(meta)))
+        assert predicted.quantized * 8 == pytest.approx(
+            sum(4 * i * o for i, o in _shapes(meta)), abs=8 * len(_shapes(meta))
+        )
 
 
 def _shapes(model: object) -> list[tuple[int, int]]:
@@ -70,7 +83,9 @@ def test_quantize_is_for_a_frozen_base_and_needs_bitsandbytes(monkeypatch: pytes
     check_quantize("8bit", is_lora=True)
 
     hide_bitsandbytes(monkeypatch)
-    with pytest.raises(BenchtrainError, match=r"needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'"):
+    with pytest.raises(
+        BenchtrainError, match=r"needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'"
+    ):
         check_quantize("4bit", is_lora=True)
 
 
@@ -91,12 +106,16 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
     model, run_dir = trained(tmp_path, heavy_tailed_jsonl, tokenizer, method)
     expected = logits(model)
     record = export_final(run_dir, model, tokenizer, resolve_model("tiny"), method)
-    assert record["base_quantization"] == kind and record["base_model_name_or_path"] == "."  # its unquantized base in final/
+    # its unquantized base in final/
+    assert record["base_quantization"] == kind and record["base_model_name_or_path"] == "."
     moved = tmp_path / "elsewhere"
     shutil.copytree(run_dir, moved)
     shutil.rmtree(run_dir)
     loaded = load_final(moved / "final")
-    assert type(loaded.get_base_model().model.layers[0].self_attn.q_proj.base_layer).__name__ == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
+    assert (
+        type(loaded.get_base_model().model.layers[0].self_attn.q_proj.base_layer).__name__
+        == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
+    )
     assert torch.allclose(logits(loaded), expected, atol=1e-4)  # the base quantizes again to the trained one
     plain = load_final(moved / "final", quantized=False)  # and the adapter loads on the unquantized base
     assert type(plain.get_base_model().model.layers[0].self_attn.q_proj.base_layer) is torch.nn.Linear
@@ -108,7 +127,22 @@ def test_a_lora_final_on_a_quantized_base_loads_as_it_was_trained_wherever_it_go
 def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2,4",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--budget",
+        "5m",
+        "--quiet",
+        "--no-report",
+    ]
     code, _, err = run_main("bench", ["run", "--lora", "--quantize", "4bit", *grid], capsys)
     assert code == 0, err
     calibration = json.loads(next((home / "calibrations").glob("*.json")).read_text())
@@ -118,7 +152,18 @@ def test_bench_then_train_on_a_4bit_base(home: Path, capsys: pytest.CaptureFixtu
     out = home / "run"
     # No deadline in reach: on a busy machine the calibration measures slow, wide steps, and a plan against a real
     # deadline is refused or stopped (the guard's own tests do that on a fake clock).
-    arguments = ["--data", "sample", "--lora", "--deadline", "1000h", "--max-steps", "24", "--out", str(out), "--no-report"]
+    arguments = [
+        "--data",
+        "sample",
+        "--lora",
+        "--deadline",
+        "1000h",
+        "--max-steps",
+        "24",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     code, _, err = run_main("train", [*arguments[:3], "--quantize", "none", "--deadline", "5m", "--dry-run"], capsys)
     assert_one_line_error(code, err, "measured a 4bit base, this run asks for --quantize none")
     code, printed, err = run_main("train", arguments, capsys)  # --quantize auto: what the calibration measured
@@ -150,7 +195,13 @@ def test_the_12b_dry_run_names_the_4bit_base_s_bytes(home: Path, capsys: pytest.
     from benchtrain.train.workload.model import resolve_model
 
     c = resolve_model("mistral-nemo-12b").config_dict
-    hidden, inner, heads, kv, head_dim = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    hidden, inner, heads, kv, head_dim = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
     per_layer = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + 3 * hidden * inner
     weights = per_layer * c["num_hidden_layers"]
     unquantized = (2 * c["vocab_size"] * hidden + (2 * c["num_hidden_layers"] + 1) * hidden) * 4
@@ -173,5 +224,7 @@ def test_a_4bit_model_counts_the_weights_it_stands_for() -> None:
     from benchtrain.train.workload.model import build_model, model_shape, resolve_model
 
     spec = resolve_model("tiny")
-    plain, four_bit = (model_shape(build_model(spec, "cpu", MethodConfig(method="lora", quantize=kind))) for kind in ("none", "4bit"))
+    plain, four_bit = (
+        model_shape(build_model(spec, "cpu", MethodConfig(method="lora", quantize=kind))) for kind in ("none", "4bit")
+    )
     assert four_bit == plain

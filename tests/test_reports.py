@@ -19,9 +19,21 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = '<script>alert("x")</script>'
 
 
-def fixture_run(folder: Path, run_id: str = "tiny-run", error: float = 0.0, created: str = "2026-01-01T00:00:00+00:00") -> Path:
+def fixture_run(
+    folder: Path, run_id: str = "tiny-run", error: float = 0.0, created: str = "2026-01-01T00:00:00+00:00"
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    losses = [{"step": i, "loss": 5.0 / i, "elapsed": 2.0 + 0.1 * i, "seconds": 0.1, "predicted_seconds": 0.095, "tokens": 500} for i in range(1, 101)]
+    losses = [
+        {
+            "step": i,
+            "loss": 5.0 / i,
+            "elapsed": 2.0 + 0.1 * i,
+            "seconds": 0.1,
+            "predicted_seconds": 0.095,
+            "tokens": 500,
+        }
+        for i in range(1, 101)
+    ]
     for entry in losses:  # warm-up, then a decay
         entry["learning_rate"] = 3e-4 * min(1.0, entry["step"] / 5) * (1 - entry["step"] / 101)
     record = {
@@ -31,7 +43,12 @@ def fixture_run(folder: Path, run_id: str = "tiny-run", error: float = 0.0, crea
         "status": "completed",
         "calibration_id": "cpu-tiny-x",
         "model": {"name": "tiny", "fingerprint": "abc"},
-        "data": {"source": f"/data/{HOSTILE}.jsonl", "format": "text", "packing": True, "profile": {"count": 100, "mean": 50.0}},
+        "data": {
+            "source": f"/data/{HOSTILE}.jsonl",
+            "format": "text",
+            "packing": True,
+            "profile": {"count": 100, "mean": 50.0},
+        },
         "plan": {
             "micro_batch_size": 4,
             "grad_accum": 2,
@@ -100,7 +117,13 @@ def test_run_report(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert" in html  # user strings are escaped
     for name in ("progress.png", "throughput.png", "loss.png", "learning_rate.png", "history.png"):
         assert (run_dir / name).read_bytes().startswith(PNG_MAGIC), name
-    for phrase in ("Estimate vs actual", "naive estimate", "Alternatives", "History", "Learning rate of each optimizer step"):
+    for phrase in (
+        "Estimate vs actual",
+        "naive estimate",
+        "Alternatives",
+        "History",
+        "Learning rate of each optimizer step",
+    ):
         assert phrase in html
 
 
@@ -108,11 +131,21 @@ def test_calibration_report(home: Path) -> None:
     rows = synthetic_rows(memory_limit=6e9, batch_sizes=(1, 2, 4, 8, 16))
     data = synthetic_calibration(rows, memory_bytes=6e9)
     data["software"]["note"] = HOSTILE
-    data["history"] = [{"run_id": "r1", "predicted_tokens_per_second": 1000.0, "actual_tokens_per_second": 950.0, "time_error_pct": 5.0}]
+    data["history"] = [
+        {
+            "run_id": "r1",
+            "predicted_tokens_per_second": 1000.0,
+            "actual_tokens_per_second": 950.0,
+            "time_error_pct": 5.0,
+        }
+    ]
     data["search"] = {
         "drift": {
             "reference": {"micro_batch_size": 2, "num_workers": 0, "grad_accum": 1, "seq_len": 256},
-            "measurements": [{"after_rows": 0, "tokens_per_second": 1000.0}, {"after_rows": 8, "tokens_per_second": 800.0}],
+            "measurements": [
+                {"after_rows": 0, "tokens_per_second": 1000.0},
+                {"after_rows": 8, "tokens_per_second": 800.0},
+            ],
             "applied": True,
             "spread_pct": 22.2,
         }
@@ -124,7 +157,13 @@ def test_calibration_report(home: Path) -> None:
     assert HOSTILE not in html and "&lt;script&gt;" in html
     for name in ("measured_vs_predicted.png", "throughput_heatmap.png", "memory_vs_batch.png", "data_wait.png"):
         assert (report.parent / name).read_bytes().startswith(PNG_MAGIC), name
-    for phrase in ("The fit in words", "fixed per micro-step", "Hardware, software and what was trained", "How past estimates", "varied by 22.2%"):
+    for phrase in (
+        "The fit in words",
+        "fixed per micro-step",
+        "Hardware, software and what was trained",
+        "How past estimates",
+        "varied by 22.2%",
+    ):
         assert phrase in html
 
 

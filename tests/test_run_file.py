@@ -27,7 +27,13 @@ def test_a_run_json_from_before_loads_and_writes_its_step_configuration_once(tmp
     before = json.loads(BEFORE.read_text())
     assert all(key in before["plan"] and key in before["chosen"] for key in OLD_FLAT_KEYS)
     written = json.loads(RunFile.read(BEFORE).write(tmp_path).read_text())
-    assert written["plan"]["configuration"] == {"micro_batch_size": 8, "num_workers": 0, "grad_accum": 2, "seq_len": 256, "gradient_checkpointing": 0}
+    assert written["plan"]["configuration"] == {
+        "micro_batch_size": 8,
+        "num_workers": 0,
+        "grad_accum": 2,
+        "seq_len": 256,
+        "gradient_checkpointing": 0,
+    }
     assert written["plan"]["world_size"] == 1
     assert not any(key in written["chosen"] for key in OLD_FLAT_KEYS)
     assert not any(key in written["plan"] for key in OLD_FLAT_KEYS if key != "world_size")
@@ -47,18 +53,30 @@ def test_what_a_resume_reads_of_it_is_typed() -> None:
     assert resumed.model_name == "tiny" and resumed.model_fingerprint == "e93a0dc2f32d106d"
     assert resumed.calibration_id == "cpu-tiny-20261123-060535" and resumed.base_learning_rate == 0.0003
     assert resumed.hyperparameters is not None and resumed.hyperparameters["lr_scheduler_type"] == "cosine"
-    assert (resumed.data.preparation_key, resumed.data.count, resumed.data.total_tokens) == ("333dc0a394e6b15f50017f66", 3000, 657826)
+    assert (resumed.data.preparation_key, resumed.data.count, resumed.data.total_tokens) == (
+        "333dc0a394e6b15f50017f66",
+        3000,
+        657826,
+    )
     assert resumed.with_length(128).configuration.seq_len == 128 and resumed.with_length(None) is resumed
 
 
 def test_the_step_configuration_and_the_estimate_error_are_written_from_one_value() -> None:
     run_file = RunFile.read(BEFORE)
-    run_file.configuration = StepConfig(micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, switches=("gradient_checkpointing",))
+    run_file.configuration = StepConfig(
+        micro_batch_size=4, num_workers=1, grad_accum=3, seq_len=128, switches=("gradient_checkpointing",)
+    )
     run_file.update(estimate_check={**(run_file.get("estimate_check") or {}), "error_pct": 7.5})  # type: ignore[dict-item]
     written = run_file.to_json()
     plan, chosen = written["plan"], written["chosen"]
     assert isinstance(plan, dict) and isinstance(chosen, dict)
-    assert plan["configuration"] == {"micro_batch_size": 4, "num_workers": 1, "grad_accum": 3, "seq_len": 128, "gradient_checkpointing": 1}
+    assert plan["configuration"] == {
+        "micro_batch_size": 4,
+        "num_workers": 1,
+        "grad_accum": 3,
+        "seq_len": 128,
+        "gradient_checkpointing": 1,
+    }
     assert "max_length" not in plan and "micro_batch_size" not in chosen
     assert written["estimate_error_pct"] == 7.5
 
@@ -99,9 +117,22 @@ def test_a_bad_run_json_is_one_line(tmp_path: Path, text: str, fragment: str) ->
 
 
 @pytest.mark.parametrize("text", [_without_plan(), _epochs_as_text(), "{not json"])
-def test_a_bad_run_json_ends_a_resume_with_one_line(home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+def test_a_bad_run_json_ends_a_resume_with_one_line(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
     out = _broken(tmp_path, text)
-    argv = ["--use-calibration", str(CALIBRATION), "--data", "sample", "--deadline", "10m", "--resume", "--out", str(out), "--dry-run"]
+    argv = [
+        "--use-calibration",
+        str(CALIBRATION),
+        "--data",
+        "sample",
+        "--deadline",
+        "10m",
+        "--resume",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     code, _, err = run_main("train", argv, capsys)
     assert_one_line_error(code, err, f"run file {out / 'run.json'}")
 

@@ -40,20 +40,36 @@ def logits(final: Path) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_a_stopped_run_moved_elsewhere_resumes_on_the_same_loss_curve_and_its_report_and_model_work(
-    method: str, calibrated_home: Path, heavy_tailed_jsonl: Path, tmp_path: Path, clock: FakeClock, capsys: pytest.CaptureFixture[str]
+    method: str,
+    calibrated_home: Path,
+    heavy_tailed_jsonl: Path,
+    tmp_path: Path,
+    clock: FakeClock,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     extra = LORA if method == "lora" else []
     if method == "lora":
         save_lora_calibration()
     straight = tmp_path / "straight"
-    code, _, err = run_main("train", [*train_arguments(heavy_tailed_jsonl, straight, "--deadline", "30m", "--max-steps", "6", "--no-report"), *extra], capsys)
+    code, _, err = run_main(
+        "train",
+        [
+            *train_arguments(heavy_tailed_jsonl, straight, "--deadline", "30m", "--max-steps", "6", "--no-report"),
+            *extra,
+        ],
+        capsys,
+    )
     assert code == 0, err
     uninterrupted = json.loads((straight / "run.json").read_text())
 
     out = tmp_path / "run"
     clock.on_step = lambda step: os.kill(os.getpid(), signal.SIGINT) if step == clock.steps_at_start + 3 else None
     clock.steps_at_start = clock.steps
-    code, _, err = run_main("train", [*train_arguments(heavy_tailed_jsonl, out, "--deadline", "30m", "--max-steps", "6", "--no-report"), *extra], capsys)
+    code, _, err = run_main(
+        "train",
+        [*train_arguments(heavy_tailed_jsonl, out, "--deadline", "30m", "--max-steps", "6", "--no-report"), *extra],
+        capsys,
+    )
     assert code == 130, err
     clock.on_step = None
     stopped = json.loads((out / "run.json").read_text())
@@ -64,12 +80,22 @@ def test_a_stopped_run_moved_elsewhere_resumes_on_the_same_loss_curve_and_its_re
     (tmp_path / "elsewhere").mkdir()
     moved = Path(shutil.move(out, tmp_path / "elsewhere" / "moved-run"))
     assert not out.exists()
-    code, printed, err = run_main("train", [*train_arguments(heavy_tailed_jsonl, moved, "--deadline", "45m", "--no-report"), *extra, "--resume"], capsys)
+    code, printed, err = run_main(
+        "train",
+        [*train_arguments(heavy_tailed_jsonl, moved, "--deadline", "45m", "--no-report"), *extra, "--resume"],
+        capsys,
+    )
     assert code == 0, err
     assert "resuming from step 3 of 6" in printed and f"model: {moved / 'final'}" in printed
     resumed = json.loads((moved / "run.json").read_text())
-    assert resumed["actual"]["steps"] == 6 and resumed["final"] == {**resumed["final"], "path": "final", "partial": False}
-    assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx([entry["loss"] for entry in uninterrupted["losses"]], rel=1e-5)
+    assert resumed["actual"]["steps"] == 6 and resumed["final"] == {
+        **resumed["final"],
+        "path": "final",
+        "partial": False,
+    }
+    assert [entry["loss"] for entry in resumed["losses"]] == pytest.approx(
+        [entry["loss"] for entry in uninterrupted["losses"]], rel=1e-5
+    )
     assert absolute_paths_of(out, resumed) == [] and absolute_paths_of(moved, resumed) == []
 
     # Moved once more after it finished: the report and final/ from the new place.

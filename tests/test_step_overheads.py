@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _padded_batches() -> PaddedBatches:
     samples = [np.arange(3, 3 + n) % 300 for n in (50, 30, 70, 64)]
-    return PaddedBatches(tokenized_from_samples(samples, [5, 0, 0, 3], "prompt_completion", "test"), [[0, 1], [2, 3]], 128, pad_id=0)
+    return PaddedBatches(
+        tokenized_from_samples(samples, [5, 0, 0, 3], "prompt_completion", "test"), [[0, 1], [2, 3]], 128, pad_id=0
+    )
 
 
 @pytest.mark.parametrize("kind", ["packed", "padded"])
@@ -65,11 +67,24 @@ def test_fixed_cost_per_micro_step_from_micro_batch_1_and_2() -> None:
 
 @pytest.mark.slow
 def test_peers_benchmark_runs_in_one_command() -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--loops", "hf-trainer,ours-eager", "--steps", "2", "--warmup", "1"]
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "peers.py"),
+        "--loops",
+        "hf-trainer,ours-eager",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+    ]
     command += ["--micro-batch", "2", "--seq-len", "32"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.split() and line.split()[0] in ("hf-trainer", "ours-eager")}
+    rows = {
+        line.split()[0]: line.split()
+        for line in done.stdout.splitlines()
+        if line.split() and line.split()[0] in ("hf-trainer", "ours-eager")
+    }
     assert set(rows) == {"hf-trainer", "ours-eager"}, done.stdout
     assert rows["hf-trainer"][4] == "1.00"  # the ratio column is relative to HF Trainer
     assert float(rows["ours-eager"][1].replace(",", "")) > 0

@@ -35,7 +35,9 @@ KERNELS = {
 
 
 def host_op(name: str, start_us: float, end_us: float) -> FunctionEvent:
-    return FunctionEvent(id=1, name=name, thread=1, start_us=start_us, end_us=end_us, device_type=DeviceType.CPU, use_device="cuda")
+    return FunctionEvent(
+        id=1, name=name, thread=1, start_us=start_us, end_us=end_us, device_type=DeviceType.CPU, use_device="cuda"
+    )
 
 
 @pytest.mark.parametrize(("name", "kind"), KERNELS.items())
@@ -71,7 +73,11 @@ def test_the_profiled_path_runs_the_real_step_on_cpu() -> None:
         return run(*args, **kwargs)
 
     workload.step.run = counted  # type: ignore[method-assign]
-    session = type("Session", (), {"events": lambda self: [kernel("sm90_xmma_gemm", 0, 100), kernel("elementwise_kernel", 100, 150)]})()
+    session = type(
+        "Session",
+        (),
+        {"events": lambda self: [kernel("sm90_xmma_gemm", 0, 100), kernel("elementwise_kernel", 100, 150)]},
+    )()
 
     @contextmanager
     def profiler() -> Any:
@@ -83,16 +89,34 @@ def test_the_profiled_path_runs_the_real_step_on_cpu() -> None:
     assert calls == ["step", "profiling", "step", "step"]  # one warm-up outside the profiler, two inside
     assert record["method"] == "profiler" and record["num_workers"] == 0 and record["grad_accum"] == 2
     assert record["compute_seconds"] == pytest.approx(50e-6) and record["memory_seconds"] == pytest.approx(25e-6)
-    assert record["host_seconds"] == pytest.approx((record["profiled_seconds"] - 150e-6) / 2, rel=1e-3, abs=1e-4) and record["host_seconds"] > 0
+    assert (
+        record["host_seconds"] == pytest.approx((record["profiled_seconds"] - 150e-6) / 2, rel=1e-3, abs=1e-4)
+        and record["host_seconds"] > 0
+    )
 
 
 def fit(fixed: float = 0.01, per_token: float = 1e-5, optimizer_step: float = 0.02) -> dict[str, Any]:
     terms = ("attention", "serial_data", "worker_supply", "per_worker", "recompute_per_token", "recompute_attention")
-    return {"parameters": {"fixed": fixed, "per_token": per_token, "optimizer_step": optimizer_step, **dict.fromkeys(terms, 0.0)}}
+    return {
+        "parameters": {
+            "fixed": fixed,
+            "per_token": per_token,
+            "optimizer_step": optimizer_step,
+            **dict.fromkeys(terms, 0.0),
+        }
+    }
 
 
 def row(micro: int, length: int, step: float, **extra: Any) -> dict[str, Any]:
-    return {"micro_batch_size": micro, "seq_len": length, "grad_accum": 1, "num_workers": 0, "status": "ok", "step_seconds": step, **extra}
+    return {
+        "micro_batch_size": micro,
+        "seq_len": length,
+        "grad_accum": 1,
+        "num_workers": 0,
+        "status": "ok",
+        "step_seconds": step,
+        **extra,
+    }
 
 
 def test_the_flops_split_from_the_fits_terms_and_the_mfu() -> None:
@@ -100,15 +124,25 @@ def test_the_flops_split_from_the_fits_terms_and_the_mfu() -> None:
     split = flops_split(fit(), row(8, 512, 0.1))
     assert split["method"] == "flops"
     assert split["compute_seconds"] + split["memory_seconds"] + split["host_seconds"] == pytest.approx(0.1)
-    assert split["host_seconds"] == pytest.approx(0.1 * 0.01 / 0.070960) and split["memory_seconds"] == pytest.approx(0.1 * 0.02 / 0.070960)
+    assert split["host_seconds"] == pytest.approx(0.1 * 0.01 / 0.070960) and split["memory_seconds"] == pytest.approx(
+        0.1 * 0.02 / 0.070960
+    )
     # With the probe's MFU (a GPU's peak known): the matmuls at MATMUL_EFFICIENCY of the peak.
     with_mfu = flops_split(fit(), row(8, 512, 0.1, mfu=0.3))
     assert with_mfu["compute_seconds"] == pytest.approx(0.3 * 0.1 / MATMUL_EFFICIENCY)
-    assert with_mfu["compute_seconds"] + with_mfu["memory_seconds"] == pytest.approx(split["compute_seconds"] + split["memory_seconds"])
+    assert with_mfu["compute_seconds"] + with_mfu["memory_seconds"] == pytest.approx(
+        split["compute_seconds"] + split["memory_seconds"]
+    )
 
 
 def test_two_probes_of_different_sizes_are_chosen() -> None:
-    rows = [row(8, 512, 0.2), {**row(8, 512, 0.3), "grad_accum": 4}, row(4, 1024, 0.2), row(4, 512, 0.1), row(2, 512, 0.1)]
+    rows = [
+        row(8, 512, 0.2),
+        {**row(8, 512, 0.3), "grad_accum": 4},
+        row(4, 1024, 0.2),
+        row(4, 512, 0.1),
+        row(2, 512, 0.1),
+    ]
     rows.append({**row(16, 512, 1), "status": "oom"})
     chosen = split_rows(rows)
     assert [(r["micro_batch_size"], r["seq_len"], r["grad_accum"]) for r in chosen] == [(8, 512, 1), (4, 512, 1)]
@@ -134,11 +168,15 @@ def test_a_gpu_bench_profiles_through_the_coordinator_and_falls_back_on_failure(
     assert entries == [profiled, profiled] and [config["micro_batch_size"] for _, config in coordinator.asked] == [8, 4]
     failing = Coordinator({"error": "RuntimeError: CUPTI unavailable"})
     entries = record_step_split(type("Run", (), {"coordinator": failing})(), record, workload)
-    assert [entry["method"] for entry in entries] == ["flops", "flops"] and entries[0]["profiler_error"].startswith("RuntimeError")
+    assert [entry["method"] for entry in entries] == ["flops", "flops"] and entries[0]["profiler_error"].startswith(
+        "RuntimeError"
+    )
     # A released model (the compile-cache timing ran last) or a CPU: no process is asked to profile.
     for device, held in (("cuda", type("Released", (), {"step": None})()), ("cpu", workload)):
         quiet = Coordinator(profiled)
-        entries = record_step_split(type("Run", (), {"coordinator": quiet})(), {**record, "hardware": {"device_type": device}}, held)
+        entries = record_step_split(
+            type("Run", (), {"coordinator": quiet})(), {**record, "hardware": {"device_type": device}}, held
+        )
         assert quiet.asked == [] and [entry["method"] for entry in entries] == ["flops", "flops"]
 
 
@@ -151,9 +189,13 @@ def test_a_cpu_bench_records_the_split_in_the_calibration(home: Path, capsys: py
     data = json.loads(next((home / "calibrations").glob("*.json")).read_text())
     entries = data["step_split"]
     assert [entry["method"] for entry in entries] == ["flops", "flops"]
-    assert entries[0]["micro_batch_size"] * entries[0]["seq_len"] > entries[1]["micro_batch_size"] * entries[1]["seq_len"]
+    assert (
+        entries[0]["micro_batch_size"] * entries[0]["seq_len"] > entries[1]["micro_batch_size"] * entries[1]["seq_len"]
+    )
     ok = [r for r in data["measurements"] if r["status"] == "ok"]
     measured = {(r["micro_batch_size"], r["seq_len"], r["grad_accum"], r["num_workers"]): r["step_seconds"] for r in ok}
     for entry in entries:
         total = entry["compute_seconds"] + entry["memory_seconds"] + entry["host_seconds"]
-        assert total == pytest.approx(measured[(entry["micro_batch_size"], entry["seq_len"], entry["grad_accum"], entry["num_workers"])])
+        assert total == pytest.approx(
+            measured[(entry["micro_batch_size"], entry["seq_len"], entry["grad_accum"], entry["num_workers"])]
+        )

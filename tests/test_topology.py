@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_one_line_error, cpu_calibration, h100_data, heavy_tailed, link_from_all_reduce, run_main, synthetic_calibration, tokenized
+from helpers import (
+    assert_one_line_error,
+    cpu_calibration,
+    h100_data,
+    heavy_tailed,
+    link_from_all_reduce,
+    run_main,
+    synthetic_calibration,
+    tokenized,
+)
 
 from benchtrain.calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
 from benchtrain.calibration.model import Calibration
@@ -60,13 +69,19 @@ def test_ring_collectives_move_what_a_ring_moves() -> None:
     reduce-scatter half of it; NCCL's base latency once."""
     link = link_figures("nvlink", H100)
     bandwidth = 18 * 20.6e9  # NCCL's SM90 figure per link (src/graph/topo.h)
-    assert link.bandwidth_bytes_per_second == pytest.approx(bandwidth) and link.hop_latency_seconds == 3.4e-6 and link.base_latency_seconds == 14e-6
+    assert (
+        link.bandwidth_bytes_per_second == pytest.approx(bandwidth)
+        and link.hop_latency_seconds == 3.4e-6
+        and link.base_latency_seconds == 14e-6
+    )
     size = GIB
     for n in (2, 4, 8):
         reduce_all = ring_seconds("all_reduce", size, n, link)
         assert reduce_all == pytest.approx(BASE_LATENCY + 2 * (n - 1) * 3.4e-6 + 2 * (n - 1) / n * size / bandwidth)
         for kind in ("all_gather", "reduce_scatter"):
-            assert ring_seconds(kind, size, n, link) == pytest.approx(BASE_LATENCY + (n - 1) * 3.4e-6 + (n - 1) / n * size / bandwidth)
+            assert ring_seconds(kind, size, n, link) == pytest.approx(
+                BASE_LATENCY + (n - 1) * 3.4e-6 + (n - 1) / n * size / bandwidth
+            )
     # Two H100s: a 1 GiB all-reduce crosses NVLink in ≈2.9 ms, PCIe Gen5 (NCCL's 48 GB/s) in ≈22 ms.
     assert ring_seconds("all_reduce", GIB, 2, link) == pytest.approx(2.9e-3, rel=0.02)
     assert ring_seconds("all_reduce", GIB, 2, link_figures("pcie", H100)) == pytest.approx(22.4e-3, rel=0.02)
@@ -74,12 +89,15 @@ def test_ring_collectives_move_what_a_ring_moves() -> None:
     model = ring_model("all_reduce", 4, link)
     gradients = 4 * 10**9
     buckets = -(-gradients // BUCKET_BYTES)
-    assert model.all_reduce_seconds(gradients) == pytest.approx(buckets * (BASE_LATENCY + 6 * 3.4e-6) + 1.5 * gradients / bandwidth)
+    assert model.all_reduce_seconds(gradients) == pytest.approx(
+        buckets * (BASE_LATENCY + 6 * 3.4e-6) + 1.5 * gradients / bandwidth
+    )
 
 
 def test_link_figures_come_from_the_datasheets_and_nccl() -> None:
     a100 = link_figures("nvlink", "NVIDIA A100-SXM4-40GB")
-    assert a100.bandwidth_bytes_per_second == 240e9 and "600 GB/s" in a100.source and "tuning.cc" in a100.source  # 12 links × 20 GB/s
+    # 12 links × 20 GB/s
+    assert a100.bandwidth_bytes_per_second == 240e9 and "600 GB/s" in a100.source and "tuning.cc" in a100.source
     assert link_figures("pcie", "NVIDIA A100-SXM4-40GB").bandwidth_bytes_per_second == 24e9  # Gen4 x16, NCCL's figure
     assert link_figures("pcie", H100).bandwidth_bytes_per_second == 48e9  # Gen5
     assert link_figures("pcie", "NVIDIA RTX A6000").bandwidth_bytes_per_second == 24e9  # not in the table: Gen4, said
@@ -111,7 +129,10 @@ def test_two_nodes_are_slower_than_one_and_priced_hierarchically() -> None:
     collectives = analytic_collectives("2x4:nvlink+ib", 8, H100)
     assert set(collectives) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert CommModel.from_json(collectives["all_reduce"]["fit"]) == two_nodes
-    assert collectives["all_reduce"]["source"] == "analytic" and collectives["all_reduce"]["interconnect"] == "2x4:nvlink+infiniband"
+    assert (
+        collectives["all_reduce"]["source"] == "analytic"
+        and collectives["all_reduce"]["interconnect"] == "2x4:nvlink+infiniband"
+    )
     assert [link["kind"] for link in collectives["all_reduce"]["links"]] == ["nvlink", "infiniband"]
 
 
@@ -124,7 +145,8 @@ def test_interconnect_words() -> None:
     for word in ("nvlink", "2x8:nvswitch+ethernet", "infiniband", "loopback"):
         assert parse_interconnect(parse_interconnect(word).word) == parse_interconnect(word)
     assert same_interconnect("nvswitch", "nvlink") and not same_interconnect("pcie", "nvlink")
-    assert same_interconnect(None, "pcie") and same_interconnect("pcie", "no such word")  # not recorded, unreadable: unknown
+    # not recorded, unreadable: unknown
+    assert same_interconnect(None, "pcie") and same_interconnect("pcie", "no such word")
     refusals = {
         "warp": "not an interconnect",
         "nvlink+ib": "say how many nodes",
@@ -161,7 +183,9 @@ def test_a_measured_all_reduce_gives_back_its_link() -> None:
     link = link_from_all_reduce(measured)
     assert link.kind == "loopback" and link.hop_latency_seconds == pytest.approx(0.0002)
     again = ring_model("all_reduce", 2, link, "gloo")
-    assert again.latency_seconds == pytest.approx(measured.latency_seconds) and again.seconds_per_byte == pytest.approx(measured.seconds_per_byte)
+    assert again.latency_seconds == pytest.approx(measured.latency_seconds) and again.seconds_per_byte == pytest.approx(
+        measured.seconds_per_byte
+    )
     with pytest.raises(BenchtrainError, match="one process measures no link"):
         link_from_all_reduce(CommModel(1, "gloo", 0.0, 1e-9))
 
@@ -175,18 +199,33 @@ def test_the_planner_brackets_collectives_it_may_hide() -> None:
     from benchtrain.train.planning.types import PlanRequest
 
     calibration, data = Calibration(synthetic_calibration()), tokenized(heavy_tailed(300))
-    base = PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=8, max_length=256, num_workers=0, world_size=2)
+    base = PlanRequest(
+        epochs=1,
+        deadline=Deadline.with_margin_share(1e6, 0.05),
+        effective_batch=8,
+        max_length=256,
+        num_workers=0,
+        world_size=2,
+    )
     single = make_plan(calibration, data, base).chosen
     micro = single.step_seconds / single.micro_batches  # the mean micro-step the bracket is taken against
     for per_step, per_micro_step in ((0.1 * micro, 0.0), (0.0, 3 * micro)):
-        request = PlanRequest(**{**base.__dict__, "comm_seconds_per_step": per_step, "comm_seconds_per_micro_step": per_micro_step})
+        request = PlanRequest(
+            **{**base.__dict__, "comm_seconds_per_step": per_step, "comm_seconds_per_micro_step": per_micro_step}
+        )
         full = make_plan(calibration, data, request).chosen
         hidden = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "comm_overlap": True})).chosen
         assert full.config == hidden.config == single.config
         total = full.remaining_steps * per_step + full.micro_batches * per_micro_step
         assert full.step_seconds == pytest.approx(single.step_seconds + total)
-        assert full.total_seconds_high == pytest.approx(hidden.total_seconds_high) == pytest.approx(single.total_seconds_high + total)
-        floor = full.remaining_steps * max(0.0, per_step - BACKWARD_SHARE * micro) + full.micro_batches * max(0.0, per_micro_step - BACKWARD_SHARE * micro)
+        assert (
+            full.total_seconds_high
+            == pytest.approx(hidden.total_seconds_high)
+            == pytest.approx(single.total_seconds_high + total)
+        )
+        floor = full.remaining_steps * max(0.0, per_step - BACKWARD_SHARE * micro) + full.micro_batches * max(
+            0.0, per_micro_step - BACKWARD_SHARE * micro
+        )
         assert hidden.total_seconds_low == pytest.approx(single.total_seconds_low + floor)
         assert hidden.step_seconds == pytest.approx(single.step_seconds + (floor + total) / 2)
         assert hidden.comm_seconds_per_step_high == full.comm_seconds_per_step == full.comm_seconds_per_step_low
@@ -201,14 +240,25 @@ def compare_options(options: list[Option], model: str = "llama-3.2-1b", **config
 
     command = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", **config})
     context = PlanContext(command, resolve_model(model), tokenized(heavy_tailed(400)), None, 0.0)
-    return comparison(context, MethodConfig(), [option_source(option) for option in options], detect_hardware(), {}, at_upper_end=False)
+    return comparison(
+        context,
+        MethodConfig(),
+        [option_source(option) for option in options],
+        detect_hardware(),
+        {},
+        at_upper_end=False,
+    )
 
 
 def comm_parts(chosen: Any) -> tuple[float, float, float]:
     """(compute seconds, collectives with as much hidden as can be, with none) of a DDP candidate's
     run: its collectives come once per optimizer step."""
     steps = chosen.remaining_steps
-    return chosen.step_seconds - steps * chosen.comm_seconds_per_step, steps * chosen.comm_seconds_per_step_low, steps * chosen.comm_seconds_per_step_high
+    return (
+        chosen.step_seconds - steps * chosen.comm_seconds_per_step,
+        steps * chosen.comm_seconds_per_step_low,
+        steps * chosen.comm_seconds_per_step_high,
+    )
 
 
 def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
@@ -228,12 +278,18 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         chosen = row.plan.chosen
         compute, low, high = comm_parts(chosen)
         assert chosen.comm_seconds_per_step_low <= chosen.comm_seconds_per_step <= chosen.comm_seconds_per_step_high
-        assert chosen.comm_seconds_per_step == pytest.approx(bracket_estimate(chosen.comm_seconds_per_step_low, chosen.comm_seconds_per_step_high))
-        assert chosen.comm_seconds_per_step_high == pytest.approx(row.run_plan.communication["seconds_per_step"])  # price_traffic's, none hidden
+        assert chosen.comm_seconds_per_step == pytest.approx(
+            bracket_estimate(chosen.comm_seconds_per_step_low, chosen.comm_seconds_per_step_high)
+        )
+        # price_traffic's, none hidden
+        assert chosen.comm_seconds_per_step_high == pytest.approx(row.run_plan.communication["seconds_per_step"])
         bound = chosen.bound_fraction
         assert chosen.total_seconds_high == pytest.approx(compute * (1 + bound) + high + chosen.overheads.total_seconds)
         assert chosen.total_seconds_low == pytest.approx(compute / (1 + bound) + low + chosen.overheads.total_seconds)
-        assert row.to_json()["collectives_source"] == f"{word} link figures (not measured)" and row.to_json()["comm_overlap"] is True
+        assert (
+            row.to_json()["collectives_source"] == f"{word} link figures (not measured)"
+            and row.to_json()["comm_overlap"] is True
+        )
         assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.run_plan.communication) or "")
     nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen
     assert pcie.comm_seconds_per_step_high > 4 * nvlink.comm_seconds_per_step_high  # 64 GB/s against 450 GB/s each way
@@ -255,17 +311,26 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
         (row,) = compare_options([option], step_options=StepOptions(sharding="fsdp")).rows
         assert row.plan is not None, row.problem
         chosen[word] = row.plan.chosen
-        assert row.run_plan.communication["seconds_per_micro_step"] > 0 and row.run_plan.communication["seconds_per_step"] == 0
+        assert (
+            row.run_plan.communication["seconds_per_micro_step"] > 0
+            and row.run_plan.communication["seconds_per_step"] == 0
+        )
     for word, candidate in chosen.items():
         per_micro = candidate.comm_seconds_per_step_high / candidate.config.grad_accum
-        compute = (candidate.step_seconds - candidate.remaining_steps * candidate.comm_seconds_per_step) / candidate.micro_batches
+        compute = (
+            candidate.step_seconds - candidate.remaining_steps * candidate.comm_seconds_per_step
+        ) / candidate.micro_batches
         floor = max(0.0, per_micro - BACKWARD_SHARE * compute)
-        assert candidate.comm_seconds_per_step_low == pytest.approx(floor * candidate.config.grad_accum, rel=1e-6, abs=1e-12), word
+        assert candidate.comm_seconds_per_step_low == pytest.approx(
+            floor * candidate.config.grad_accum, rel=1e-6, abs=1e-12
+        ), word
     assert chosen["nvlink"].comm_seconds_per_step_low == 0.0 < chosen["pcie"].comm_seconds_per_step_low
     assert chosen["pcie"].total_seconds_low > chosen["nvlink"].total_seconds_low
 
 
-def h100_two_processes(identifier: str, interconnect: str | None, seconds_per_byte: float = 1 / 300e9) -> dict[str, Any]:
+def h100_two_processes(
+    identifier: str, interconnect: str | None, seconds_per_byte: float = 1 / 300e9
+) -> dict[str, Any]:
     """TEST DOUBLE: the H100 calibration relabelled as measured by 2 processes, with an all-reduce model
     (no such measurement exists: only its collectives are used here)."""
     data = copy.deepcopy(h100_data())
@@ -288,11 +353,21 @@ def test_measured_collectives_replace_the_analytic_ones() -> None:
     pcie_source = h100_two_processes("h100-two-pcie", "pcie", 1 / 25e9)
     unknown = h100_two_processes("h100-two-unknown", None)
     measured = predicted_option(cal, 2, "ddp", "nvlink", [pcie_source, unknown, nvlink_source])
-    assert measured.collectives_from == "h100-two-nvlink" and measured.collectives_source == "the collectives of h100-two-nvlink"
-    assert measured.collectives is not None and measured.collectives["all_reduce"]["fit"] == nvlink_source["distributed"]["comm"]
+    assert (
+        measured.collectives_from == "h100-two-nvlink"
+        and measured.collectives_source == "the collectives of h100-two-nvlink"
+    )
+    assert (
+        measured.collectives is not None
+        and measured.collectives["all_reduce"]["fit"] == nvlink_source["distributed"]["comm"]
+    )
     assert predicted_option(cal, 2, "ddp", "pcie", [nvlink_source, pcie_source]).collectives_from == "h100-two-pcie"
     analytic = predicted_option(cal, 4, "ddp", "nvlink", [nvlink_source])  # measured among 2, not 4
-    assert analytic.collectives_from is None and analytic.collectives is not None and analytic.collectives["all_reduce"]["source"] == "analytic"
+    assert (
+        analytic.collectives_from is None
+        and analytic.collectives is not None
+        and analytic.collectives["all_reduce"]["source"] == "analytic"
+    )
     assert predicted_option(cal, 2, "ddp", "nvlink", [unknown]).collectives_from is None
     assert predicted_option(cal, 1, "ddp", "nvlink", [nvlink_source]) == Option(cal, 1, "none", interconnect="nvlink")
     with pytest.raises(BenchtrainError, match="measured 2 processes: it plans those"):
@@ -319,9 +394,16 @@ def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:
     from benchtrain.calibration.store import save_calibration
     from benchtrain.train.recipes.choice import calibration_preferences
 
-    ddp2 = {"world_size": 2, "backend": "gloo", "sharding": "ddp", "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9}}
+    ddp2 = {
+        "world_size": 2,
+        "backend": "gloo",
+        "sharding": "ddp",
+        "comm": {"world_size": 2, "backend": "gloo", "latency_seconds": 0, "seconds_per_byte": 1e-9},
+    }
     for identifier, link, created in (("over-nvlink", "nvlink", "2026-01-01"), ("over-pcie", "pcie", "2026-01-02")):
-        data = synthetic_calibration(id=identifier, created_at=f"{created}T00:00:00+00:00", training={"method": "full"}, distributed=ddp2)
+        data = synthetic_calibration(
+            id=identifier, created_at=f"{created}T00:00:00+00:00", training={"method": "full"}, distributed=ddp2
+        )
         data["hardware"]["interconnect"] = link
         save_calibration(data)
 
@@ -329,7 +411,9 @@ def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:
         fingerprint = "abc"
 
     def latest(interconnect: str | None) -> str:
-        return calibration_api.load("latest", preferences=calibration_preferences(Spec(), MethodConfig(), (2, "ddp"), interconnect)).id
+        return calibration_api.load(
+            "latest", preferences=calibration_preferences(Spec(), MethodConfig(), (2, "ddp"), interconnect)
+        ).id
 
     assert latest("nvswitch") == "over-nvlink" and latest("pcie") == "over-pcie" and latest(None) == "over-pcie"
     assert latest("2x1:infiniband") == "over-pcie"  # neither: the newest of this run's processes
@@ -398,7 +482,11 @@ def test_the_interconnect_from_nvml_and_nvidia_smi(monkeypatch: pytest.MonkeyPat
     assert detected(fake_pynvml({0: 1, 1: 1, 2: 0, 3: 1})) == {"interconnect": "nvlink", "nvlinks": 3}
     assert detected(fake_pynvml({})) == {"interconnect": "pcie", "nvlinks": 0}  # NVML answers, no link: PCIe
     smi = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-x)\n\t Link 0: 25 GB/s\n\t Link 1: 25 GB/s\n\t Link 2: <inactive>\n"
-    assert detected(fake_pynvml({}, fails=True), smi) == {"interconnect": "nvlink", "nvlinks": 2}  # no driver library for NVML
+    # no driver library for NVML
+    assert detected(fake_pynvml({}, fails=True), smi) == {
+        "interconnect": "nvlink",
+        "nvlinks": 2,
+    }
     assert detected(None, smi) == {"interconnect": "nvlink", "nvlinks": 2}
     assert detected(None, "GPU 0: NVIDIA L4 (UUID: GPU-y)\n") == {"interconnect": "pcie", "nvlinks": 0}
     assert detected(None, None) == {"interconnect": None, "nvlinks": None}
@@ -431,12 +519,17 @@ def test_bench_records_the_interconnect_it_is_told(home: Path, capsys: pytest.Ca
     from benchtrain.bench.cli import store_calibration
     from benchtrain.calibration.schema import read_calibration_file
 
-    record = synthetic_calibration(id="told", hardware={"device_type": "cuda", "name": H100, "count": 8, "memory_bytes": 80 * GIB, "interconnect": "pcie"})
+    record = synthetic_calibration(
+        id="told",
+        hardware={"device_type": "cuda", "name": H100, "count": 8, "memory_bytes": 80 * GIB, "interconnect": "pcie"},
+    )
     record["left_out_configs"] = []
     args = argparse.Namespace(no_report=True, interconnect="NVSwitch")
     store_calibration(args, [record], 0.0)
     stored = read_calibration_file(home / "calibrations" / "told.json")
-    assert stored["hardware"]["interconnect"] == "nvswitch" and stored["hardware"]["interconnect_from"] == "--interconnect"
+    assert (
+        stored["hardware"]["interconnect"] == "nvswitch" and stored["hardware"]["interconnect_from"] == "--interconnect"
+    )
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--interconnect", "warp"], capsys)
     assert_one_line_error(code, err, "--interconnect 'warp': not an interconnect")
     code, _, err = run_main("bench", ["run", "--gpu", "cpu", "--interconnect", "2x8:nvlink+ib"], capsys)
@@ -467,11 +560,15 @@ def test_the_collective_model_holds_a_recorded_gloo_ddp_step_within_its_bracket(
     measured = fit_comm(found["all_reduce"], 2, "gloo")
     link = link_from_all_reduce(measured)
     analytic = ring_model("all_reduce", 2, link, "gloo")
-    assert analytic.latency_seconds == pytest.approx(measured.latency_seconds) and analytic.seconds_per_byte == pytest.approx(measured.seconds_per_byte)
+    assert analytic.latency_seconds == pytest.approx(
+        measured.latency_seconds
+    ) and analytic.seconds_per_byte == pytest.approx(measured.seconds_per_byte)
     comm = analytic.all_reduce_seconds(found["gradient_bytes"])
     # DDP's gradients in 25 MiB buckets: one latency per bucket, and every byte at the fitted rate.
     buckets = -(-found["gradient_bytes"] // BUCKET_BYTES)
-    assert comm == pytest.approx(buckets * measured.latency_seconds + found["gradient_bytes"] * measured.seconds_per_byte)
+    assert comm == pytest.approx(
+        buckets * measured.latency_seconds + found["gradient_bytes"] * measured.seconds_per_byte
+    )
     low, high = overlap_bracket(comm, found["step_alone"])
     noise = 3 * found["extra_error"]
     assert comm > 0 and low - noise <= found["extra"] <= high + noise, found
@@ -497,7 +594,11 @@ def test_a_gloo_ddp_step_reports_what_the_bracket_needs(fork_server) -> None:
         assert all(math.isfinite(row["seconds"]) and row["seconds"] > 0 for row in rows)
     assert all(math.isfinite(found[key]) and found[key] > 0 for key in ("step_alone", "step_ddp", "extra_error"))
     assert math.isfinite(found["extra"])  # a difference of two timings: its sign is the load's
-    trainable = sum(parameter.numel() for parameter in build_model(resolve_model("tiny"), "cpu").parameters() if parameter.requires_grad)
+    trainable = sum(
+        parameter.numel()
+        for parameter in build_model(resolve_model("tiny"), "cpu").parameters()
+        if parameter.requires_grad
+    )
     assert found["gradient_bytes"] == gradient_bytes(trainable) > 0
     measured = fit_comm(found["all_reduce"], 2, "gloo")
     assert measured.latency_seconds >= 0 and measured.seconds_per_byte >= 0

@@ -18,7 +18,9 @@ SLOW_STEP_SECONDS = 0.3
 GUARD_DEADLINE_SECONDS = 12.0
 
 
-def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, clock: FakeClock) -> None:
+def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, clock: FakeClock
+) -> None:
     clock.step_seconds = SLOW_STEP_SECONDS
     run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, clock=clock)
     outcome = run.run()
@@ -32,14 +34,22 @@ def test_the_deadline_guard_stops_in_time_when_the_step_is_slowed(tmp_path: Path
 
 def test_shrink_cuts_the_remaining_steps(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer, clock: FakeClock) -> None:
     clock.step_seconds = SLOW_STEP_SECONDS
-    run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, on_overrun="shrink", clock=clock)
+    run = make_run(
+        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=GUARD_DEADLINE_SECONDS, on_overrun="shrink", clock=clock
+    )
     outcome = run.run()
     assert run.settings.deadline.elapsed() < GUARD_DEADLINE_SECONDS
     assert any("shrinking to" in event for event in outcome.events)
-    assert outcome.shrunk_to is not None and outcome.position.step <= outcome.shrunk_to and outcome.position.step == clock.steps
+    assert (
+        outcome.shrunk_to is not None
+        and outcome.position.step <= outcome.shrunk_to
+        and outcome.position.step == clock.steps
+    )
 
 
-def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer) -> None:
+def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(
+    tmp_path: Path, heavy_tailed_jsonl: Path, tokenizer
+) -> None:
     full_run = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="full")
     full = full_run.run()
     assert full.status == "step_limit" and full.position.step == 10
@@ -48,7 +58,9 @@ def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path
         if step == 4:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    interrupted = make_run(tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", hook=sigterm_at_step_4).run()
+    interrupted = make_run(
+        tmp_path, heavy_tailed_jsonl, tokenizer, deadline=1e6, steps=10, out="split", hook=sigterm_at_step_4
+    ).run()
     assert interrupted.status == "interrupted" and interrupted.exit_signal == signal.SIGTERM
     assert interrupted.position.step == 5  # the step in flight finished, then a checkpoint
     saved = list_checkpoints(tmp_path / "split" / "checkpoints")
@@ -58,8 +70,12 @@ def test_checkpoint_then_resume_reproduces_the_uninterrupted_loss_curve(tmp_path
     assert resumed.resumed_from and resumed.position.step == 10
     assert [entry["loss"] for entry in resumed.position.losses] == [entry["loss"] for entry in full.position.losses]
     # The learning rate of every step is recorded, and the resumed run continues the schedule.
-    assert [entry["learning_rate"] for entry in resumed.position.losses] == [entry["learning_rate"] for entry in full.position.losses]
-    assert [entry["learning_rate"] for entry in full.position.losses] == pytest.approx(_schedule(10, full_run.settings.learning_rate))
+    assert [entry["learning_rate"] for entry in resumed.position.losses] == [
+        entry["learning_rate"] for entry in full.position.losses
+    ]
+    assert [entry["learning_rate"] for entry in full.position.losses] == pytest.approx(
+        _schedule(10, full_run.settings.learning_rate)
+    )
 
 
 def _schedule(steps: int, peak: float) -> list[float]:
@@ -92,7 +108,9 @@ def test_tflops_count_each_padded_batch_at_its_own_length(tmp_path: Path, tokeni
     run = make_run(tmp_path, data_path, tokenizer, deadline=1e6, steps=3, max_length=128)
     outcome = run.run()
     c = run.chosen
-    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[: outcome.position.micro_batches]
+    shapes = batch_shapes(run.inputs.data, run.epoch_batches(0), c.config.seq_len, run.shape_bucket)[
+        : outcome.position.micro_batches
+    ]
     flops = sum(shape.rows * shape.length * run.flops_per_token(shape.length) for shape in shapes)
     assert max(shape.length for shape in shapes) < c.config.seq_len  # padded batches shorter than max_length
     assert outcome.figures["tflops"] * 1e12 * outcome.position.step_seconds == pytest.approx(flops, rel=1e-9)

@@ -11,13 +11,19 @@ from benchtrain.train.step.evaluation import EvalSchedule
 
 
 def test_the_command_line_becomes_one_validated_config() -> None:
-    args = build_parser().parse_args(["--data", "sample", "--deadline", "1h30m", "--lora", "--eval-split", "0.1", "--eval-every", "50steps"])
+    args = build_parser().parse_args(
+        ["--data", "sample", "--deadline", "1h30m", "--lora", "--eval-split", "0.1", "--eval-every", "50steps"]
+    )
     config = TrainConfig.from_args(args)
     assert config.plan.deadline_seconds == 5400 and config.guard.checkpoint_interval_seconds == 600
     assert config.tuning.method.is_lora and config.tuning.method.lora_rank == 16
     assert config.data.eval_schedule == EvalSchedule(every_steps=50) and config.output.trackers == ()
     written = config.to_json()
-    assert written["deadline_seconds"] == 5400 and written["method"]["method"] == "lora" and written["eval_schedule"]["every_steps"] == 50
+    assert (
+        written["deadline_seconds"] == 5400
+        and written["method"]["method"] == "lora"
+        and written["eval_schedule"]["every_steps"] == 50
+    )
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,9 @@ def test_a_deadline_cuts_the_run_with_a_checkpoint_that_resumes_on_the_same_budg
     assert 0 < record["actual"]["tokens"] < record["actual"]["padded_tokens"]
     assert (out / "benchtrain" / "report.html").is_file()
     # The ETA rides on the Trainer's own log (steps left × 10 s, and the save).
-    assert any(entry.get("eta_seconds") == pytest.approx(130.0, abs=6) for entry in logs.seen if entry.get("loss") is not None)
+    assert any(
+        entry.get("eta_seconds") == pytest.approx(130.0, abs=6) for entry in logs.seen if entry.get("loss") is not None
+    )
 
     # The job comes back an hour later: a duration budget counts training time, so the downtime
     # is not spent, but the 370 s used before the checkpoint are.
@@ -75,11 +77,16 @@ def test_a_deadline_cuts_the_run_with_a_checkpoint_that_resumes_on_the_same_budg
     resumed = trainer(out, [Pace(clock, step=10.0, save=5.0), resumed_callback], max_steps=50)
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-37"))
     assert resumed_callback.start_step == 37
-    assert 37 < resumed.state.global_step < 50  # continued, and stopped by the same budget (a fresh one would finish all 50)
+    # continued, and stopped by the same budget (a fresh one would finish all 50)
+    assert 37 < resumed.state.global_step < 50
     assert resumed_callback.status == STOPPED_FOR_DEADLINE
     assert resumed_callback.used_seconds <= 400.0
     record = read_run(out)
-    assert record["actual"]["start_step"] == 37 and [entry["step"] for entry in record["losses"]][:2] == [1, 2]  # the earlier steps kept
+    # the earlier steps kept
+    assert record["actual"]["start_step"] == 37 and [entry["step"] for entry in record["losses"]][:2] == [
+        1,
+        2,
+    ]
 
     from benchtrain.reports.cli import main as report_main
 
@@ -94,10 +101,18 @@ def test_the_trainer_may_rebuild_the_callback_on_resume(tmp_path: Path, home: Pa
     first = DeadlineCallback(deadline="400s", clock=clock, report=False)
     trainer(out, [Pace(clock, step=10.0, save=5.0), first], max_steps=50).train()
     assert checkpoints(out) == ["checkpoint-37"]
-    resumed = trainer(out, [DeadlineCallback(deadline="400s", report=False)], max_steps=50, restore_callback_states_from_checkpoint=True)
+    resumed = trainer(
+        out,
+        [DeadlineCallback(deadline="400s", report=False)],
+        max_steps=50,
+        restore_callback_states_from_checkpoint=True,
+    )
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-37"))
-    rebuilt = next(callback for callback in resumed.callback_handler.callbacks if isinstance(callback, DeadlineCallback))
-    assert rebuilt.start_step == 37 and rebuilt.used_seconds >= 370.0  # the 370 s used before the checkpoint, and this run's on top
+    rebuilt = next(
+        callback for callback in resumed.callback_handler.callbacks if isinstance(callback, DeadlineCallback)
+    )
+    # the 370 s used before the checkpoint, and this run's on top
+    assert rebuilt.start_step == 37 and rebuilt.used_seconds >= 370.0
     assert read_run(out)["losses"][0]["step"] == 1  # the same run folder, its earlier steps kept
 
 
@@ -105,9 +120,17 @@ def test_the_report_renders_the_run(tmp_path: Path, home: Path) -> None:
     """`report RUN_DIR`, the command line, draws the callback's run folder."""
     out = tmp_path / "out"
     clock = FakeClock()
-    trainer(out, [Pace(clock, step=10.0, save=2.0), DeadlineCallback(deadline="2m", clock=clock, report=False)], max_steps=30).train()
+    trainer(
+        out,
+        [Pace(clock, step=10.0, save=2.0), DeadlineCallback(deadline="2m", clock=clock, report=False)],
+        max_steps=30,
+    ).train()
     result = subprocess.run(
-        [sys.executable, "-m", "benchtrain.reports", str(out / "benchtrain")], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=240
+        [sys.executable, "-m", "benchtrain.reports", str(out / "benchtrain")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     html = (out / "benchtrain" / "report.html").read_text()
@@ -176,7 +199,14 @@ def test_an_evaluation_that_would_not_fit_is_skipped(tmp_path: Path, home: Path)
     out = tmp_path / "out"
     clock = FakeClock()
     callback = DeadlineCallback(deadline="300s", clock=clock, report=False)
-    run = trainer(out, [Pace(clock, step=10.0, save=2.0, evaluation=60.0), callback], eval_count=8, max_steps=50, eval_strategy="steps", eval_steps=4)
+    run = trainer(
+        out,
+        [Pace(clock, step=10.0, save=2.0, evaluation=60.0), callback],
+        eval_count=8,
+        max_steps=50,
+        eval_strategy="steps",
+        eval_steps=4,
+    )
     run.train()
     # Evaluations at steps 4 and 8 fit; at step 12 (240 s) one would end at 300 s, past the 285 s budget.
     assert [event.split(":")[0] for event in callback.events if "skipped the evaluation" in event] == ["step 12"]
@@ -231,7 +261,9 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path, home: Path) -> None:
     with pytest.raises(BenchtrainError) as nonsense:
         DeadlineCallback(deadline="tomorrow")
     assert "duration" in one_line(nonsense)
-    other = matching_calibration(tmp_path, model={"name": "gpt2", "parameter_count": 10, "fingerprint": "0123456789abcdef"})
+    other = matching_calibration(
+        tmp_path, model={"name": "gpt2", "parameter_count": 10, "fingerprint": "0123456789abcdef"}
+    )
     with pytest.raises(BenchtrainError) as another_model:  # at Trainer(...), before any training
         trainer(tmp_path / "out", [DeadlineCallback(deadline="1h", calibration=str(other))])
     assert "measured for model gpt2" in one_line(another_model)
@@ -292,8 +324,25 @@ def launch_two_ranks(out: Path, *arguments: str) -> subprocess.Popen[str]:
     # --multi_gpu is accelerate's multi-process launcher (torchrun, in the launcher's own process;
     # its --cpu starts one process unless mpirun is set up): the Trainer's use_cpu=True joins the
     # two processes over gloo.
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "trainer_checks.py"), str(out), *arguments]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+    ]
+    command += [
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(ROOT / "tests" / "trainer_checks.py"),
+        str(out),
+        *arguments,
+    ]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=out.parent)
 
@@ -341,23 +390,49 @@ def test_a_signal_to_one_rank_stops_both_as_the_slurm_recipe_sends_it(tmp_path: 
     assert checkpoints(out) == [f"checkpoint-{ranks[0]['global_step']}"]
 
 
-def test_a_dry_run_for_a_trainer_gives_its_arguments(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dry_run_for_a_trainer_gives_its_arguments(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`train --dry-run --for-trainer --json`: the chosen configuration as TrainingArguments fields,
     which build a real TrainingArguments."""
     from transformers import TrainingArguments
 
     from benchtrain.train.cli import main as train_main
 
-    data, calibration = ROOT / "benchtrain" / "train" / "sample_data" / "sample.jsonl", ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json"
-    code = train_main(["--use-calibration", str(calibration), "--data", str(data), "--deadline", "10m", "--dry-run", "--for-trainer", "--json"])
+    data, calibration = (
+        ROOT / "benchtrain" / "train" / "sample_data" / "sample.jsonl",
+        ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json",
+    )
+    code = train_main(
+        [
+            "--use-calibration",
+            str(calibration),
+            "--data",
+            str(data),
+            "--deadline",
+            "10m",
+            "--dry-run",
+            "--for-trainer",
+            "--json",
+        ]
+    )
     assert code == 0
     fields = json.loads(capsys.readouterr().out)
     arguments = fields["training_arguments"]
-    assert set(arguments) >= {"per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers", "bf16", "max_steps"}
+    assert set(arguments) >= {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "dataloader_num_workers",
+        "bf16",
+        "max_steps",
+    }
     assert fields["sft_config"]["max_length"] > 0 and fields["calibration_id"]
     assert any(line.startswith("compile:") for line in fields["differences"])
     built = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **arguments)
-    assert built.per_device_train_batch_size == arguments["per_device_train_batch_size"] and built.max_steps == arguments["max_steps"]
+    assert (
+        built.per_device_train_batch_size == arguments["per_device_train_batch_size"]
+        and built.max_steps == arguments["max_steps"]
+    )
     with pytest.raises(BenchtrainError, match="add --dry-run"):
         train_main(["--data", str(data), "--deadline", "10m", "--for-trainer"])
 
@@ -368,12 +443,23 @@ def test_a_peft_model_is_a_lora_run(tmp_path: Path, home: Path) -> None:
 
     def lora_trainer(callback: DeadlineCallback) -> Any:
         run = trainer(tmp_path / "out", [callback], max_steps=4)
-        model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
-        return type(run)(model=model, args=run.args, train_dataset=run.train_dataset, data_collator=run.data_collator, callbacks=[callback])
+        model = get_peft_model(
+            tiny_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        )
+        return type(run)(
+            model=model,
+            args=run.args,
+            train_dataset=run.train_dataset,
+            data_collator=run.data_collator,
+            callbacks=[callback],
+        )
 
     clock = FakeClock()
     lora_trainer(DeadlineCallback(deadline="1h", clock=clock, report=False)).train()
     record = read_run(tmp_path / "out")
-    assert record["plan"]["method"] == "lora" and record["model"]["fingerprint"] == model_setup(tiny_model())[0].fingerprint
+    assert (
+        record["plan"]["method"] == "lora"
+        and record["model"]["fingerprint"] == model_setup(tiny_model())[0].fingerprint
+    )
     with pytest.raises(BenchtrainError, match="measured full fine-tuning, this Trainer trains lora"):
         lora_trainer(DeadlineCallback(deadline="1h", calibration=str(matching_calibration(tmp_path))))

@@ -63,12 +63,19 @@ def compute_bound(data: dict[str, Any], compute: float = 0.9, memory: float = 0.
 
 def chats(count: int = 400, length: int = 500) -> TokenizedData:
     rng = np.random.default_rng(0)
-    samples = [rng.integers(3, 200, size=int(n)).astype(np.int32) for n in rng.integers(length // 2, length * 3 // 2, size=count)]
+    samples = [
+        rng.integers(3, 200, size=int(n)).astype(np.int32)
+        for n in rng.integers(length // 2, length * 3 // 2, size=count)
+    ]
     return tokenized_from_samples(samples, [0] * count, "messages", "test")
 
 
 def plan_with(data: dict[str, Any]) -> Any:
-    return make_plan(Calibration(data), chats(), PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=16))
+    return make_plan(
+        Calibration(data),
+        chats(),
+        PlanRequest(epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=16),
+    )
 
 
 # -- the datasheet table ---------------------------------------------------------------------------
@@ -96,8 +103,12 @@ def test_every_row_has_its_sources_and_round_trips_by_its_device_name() -> None:
         # Dense bf16, not the sparse figure: no GPU here reaches 10 FLOP per byte of its own memory per second × 1000.
         assert 0 < sheet.bf16_dense_flops < 2.5e15 and sheet.memory_bandwidth > 0 and sheet.memory_bytes >= 24e9
         assert (sheet.nvlink_bandwidth is None) == (sheet.peer_link is None or not sheet.peer_link.startswith("NVLink"))
-    assert sheet_for("h200").memory_bandwidth / sheet_for("h100").memory_bandwidth == pytest.approx(PUBLISHED_H200_BANDWIDTH_GAIN, rel=0.03)  # type: ignore[union-attr]
-    assert sheet_for("h100").bf16_dense_flops / sheet_for("a100-40gb").bf16_dense_flops == pytest.approx(PUBLISHED_H100_OVER_A100_FLOPS, rel=0.06)  # type: ignore[union-attr]
+    assert sheet_for("h200").memory_bandwidth / sheet_for("h100").memory_bandwidth == pytest.approx(
+        PUBLISHED_H200_BANDWIDTH_GAIN, rel=0.03
+    )  # type: ignore[union-attr]
+    assert sheet_for("h100").bf16_dense_flops / sheet_for("a100-40gb").bf16_dense_flops == pytest.approx(
+        PUBLISHED_H100_OVER_A100_FLOPS, rel=0.06
+    )  # type: ignore[union-attr]
     assert sheet_for("mi300x").vendor == "amd" and sheet_for("h100").nvlink_bandwidth == 900e9  # type: ignore[union-attr]
     assert sheet_for("l40s").nvlink_bandwidth is None and sheet_for("l40s").pcie_generation == 4  # type: ignore[union-attr]
 
@@ -130,17 +141,28 @@ def test_h200_on_a_compute_bound_step_lies_within_the_datasheet_ratios() -> None
     h200 = translate(data, sheet_for("h200"))  # type: ignore[arg-type]
     record = h200["translation"]
     memory_bound, compute_bound_ratio = time_ratios("h100", "h200")
-    assert record["flops_ratio"] == pytest.approx(1 / compute_bound_ratio) and record["bandwidth_ratio"] == pytest.approx(1 / memory_bound)
+    assert record["flops_ratio"] == pytest.approx(1 / compute_bound_ratio) and record[
+        "bandwidth_ratio"
+    ] == pytest.approx(1 / memory_bound)
     low, high = record["bracket"]
     assert memory_bound - 1e-9 <= low < record["central_factor"] < high <= compute_bound_ratio + 1e-9
     # The central estimate follows the split: all compute keeps the H100's time (the same FLOP/s),
     # all memory takes the bandwidth ratio, and more memory-bound time is never slower.
-    centrals = [translate(compute_bound(h100(), 1.0 - share, share), sheet_for("h200"))["translation"]["central_factor"] for share in (0.0, 0.1, 0.5, 1.0)]  # type: ignore[arg-type]
+    centrals = [
+        translate(compute_bound(h100(), 1.0 - share, share), sheet_for("h200"))["translation"]["central_factor"]
+        for share in (0.0, 0.1, 0.5, 1.0)
+    ]  # type: ignore[arg-type]
     assert centrals[0] == pytest.approx(1.0) and centrals[-1] == pytest.approx(memory_bound)
     assert centrals == sorted(centrals, reverse=True) and centrals[1] == pytest.approx(record["central_factor"])
-    assert h200["id"] == f"{data['id']}~h200" and h200["hardware"]["translated"] and h200["hardware"]["name"] == "NVIDIA H200"
+    assert (
+        h200["id"] == f"{data['id']}~h200"
+        and h200["hardware"]["translated"]
+        and h200["hardware"]["name"] == "NVIDIA H200"
+    )
     config = StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=1024)
-    assert Calibration(h200).predict(config).step_seconds == pytest.approx(Calibration(data).predict(config).step_seconds * record["central_factor"])
+    assert Calibration(h200).predict(config).step_seconds == pytest.approx(
+        Calibration(data).predict(config).step_seconds * record["central_factor"]
+    )
 
 
 def test_a100_40gb_from_the_h100_is_slower_within_its_ratios() -> None:
@@ -160,12 +182,16 @@ def test_a100_40gb_from_the_h100_is_slower_within_its_ratios() -> None:
     before, after = Calibration(data).predict(config), Calibration(a100).predict(config)
     assert 1.0 < after.step_seconds / before.step_seconds < slow
     # The measurements are the central estimate's too: each row's step × the fit's factor at its configuration.
-    index = next(i for i, row in enumerate(data["measurements"]) if row["status"] == "ok" and row["micro_batch_size"] == 8)
+    index = next(
+        i for i, row in enumerate(data["measurements"]) if row["status"] == "ok" and row["micro_batch_size"] == 8
+    )
     row, translated_row = data["measurements"][index], a100["measurements"][index]
     assert translated_row["step_seconds"] == pytest.approx(row["step_seconds"] * translated_row["translated_factor"])
     # The same FLOPs per step: MFU × peak × step time is what the step computes, on either device.
     h100_peak, a100_peak = sheet_for("h100").bf16_dense_flops, sheet_for("a100-40gb").bf16_dense_flops  # type: ignore[union-attr]
-    assert translated_row["mfu"] * a100_peak * translated_row["step_seconds"] == pytest.approx(row["mfu"] * h100_peak * row["step_seconds"])
+    assert translated_row["mfu"] * a100_peak * translated_row["step_seconds"] == pytest.approx(
+        row["mfu"] * h100_peak * row["step_seconds"]
+    )
 
 
 def test_memory_is_kept_and_judged_against_the_target() -> None:
@@ -177,7 +203,11 @@ def test_memory_is_kept_and_judged_against_the_target() -> None:
     assert target.memory_limit_bytes == 40e9 and source.memory_limit_bytes == data["hardware"]["memory_bytes"] > 80e9
     assert target.memory_margin == source.memory_margin
     # Out-of-memory probes still bound a smaller device; a larger one is judged by the memory model.
-    assert sum(row["status"] == "oom" for row in a100["measurements"]) == sum(row["status"] == "oom" for row in data["measurements"]) > 0
+    assert (
+        sum(row["status"] == "oom" for row in a100["measurements"])
+        == sum(row["status"] == "oom" for row in data["measurements"])
+        > 0
+    )
     h200 = translate(data, sheet_for("h200"))  # type: ignore[arg-type]
     assert not any(row["status"] == "oom" for row in h200["measurements"])
     validate(h200, "h200")  # still a valid calibration
@@ -235,13 +265,24 @@ def test_a_translated_plan_is_judged_at_the_brackets_upper_end_and_says_translat
     assert chosen.total_seconds_promised - chosen.overheads.total_seconds >= steps * high * (1 - 1e-9)
     # …and at least as high as the record's bracket says at the split's probes (the sizes plans choose).
     record = a100["translation"]
-    assert (chosen.total_seconds_high - chosen.overheads.total_seconds) / steps >= record["bracket"][1] / record["central_factor"] - 0.02
+    assert (chosen.total_seconds_high - chosen.overheads.total_seconds) / steps >= record["bracket"][1] / record[
+        "central_factor"
+    ] - 0.02
     prediction = calibration.predict(chosen.config)
-    assert prediction.step_seconds_low == pytest.approx(prediction.step_seconds * low / (1 + measured))  # the bracket's lower end
+    # the bracket's lower end
+    assert prediction.step_seconds_low == pytest.approx(prediction.step_seconds * low / (1 + measured))
     # Measured here, the same plan's bound is the fit's alone.
     assert Calibration(data).relative_bound_for(chosen.config) == pytest.approx(measured)
     assert "translated from NVIDIA H100 80GB HBM3 to the A100 40GB SXM" in describe_error(calibration, chosen)
-    profile = {"count": 400, "total_tokens": 200_000, "mean": 500.0, "p50": 500.0, "p99": 740.0, "p99.5": 745.0, "max": 749}
+    profile = {
+        "count": 400,
+        "total_tokens": 200_000,
+        "mean": 500.0,
+        "p50": 500.0,
+        "p99": 740.0,
+        "p99.5": 745.0,
+        "max": 749,
+    }
     text = "\n".join(describe_plan(plan, profile, calibration))
     assert "translated estimate" in text and "A100-SXM4-40GB" in text and "bracket ×" in text
 
@@ -250,7 +291,9 @@ def test_a_recorded_split_is_used_and_a_damaged_one_ignored(tmp_path: Path) -> N
     data = compute_bound(h100(), compute=0.0, memory=1.0)
     assert [entry["method"] for entry in step_splits(data)] == ["profiler"]
     record = translate(data, sheet_for("h200"))["translation"]  # type: ignore[arg-type]
-    assert record["split_method"] == "profiler" and record["device_factor"] == pytest.approx(time_ratios("h100", "h200")[0])
+    assert record["split_method"] == "profiler" and record["device_factor"] == pytest.approx(
+        time_ratios("h100", "h200")[0]
+    )
     data["step_split"] = [{"compute_seconds": "a lot", "method": "profiler"}]
     assert [entry["method"] for entry in step_splits(data)] == ["flops", "flops"]
 
@@ -261,7 +304,12 @@ def test_a_recorded_split_is_used_and_a_damaged_one_ignored(tmp_path: Path) -> N
 def as_a100_80gb(data: dict[str, Any]) -> dict[str, Any]:
     """`data` as if measured on an A100-SXM4-80GB: what a translation reads of its device."""
     data = copy.deepcopy(data)
-    data["hardware"] = {**data["hardware"], "name": "NVIDIA A100-SXM4-80GB", "peak_flops_entry": "A100", "memory_bytes": 85_100_000_000}
+    data["hardware"] = {
+        **data["hardware"],
+        "name": "NVIDIA A100-SXM4-80GB",
+        "peak_flops_entry": "A100",
+        "memory_bytes": 85_100_000_000,
+    }
     return data
 
 
@@ -274,7 +322,11 @@ def test_the_bracket_holds_every_published_a100_h100_pair_both_ways(compute: flo
 
     (comparison,) = PUBLISHED_COMPARISONS
     speedups = [pair.speedup for pair in comparison.pairs]
-    assert len(speedups) == 34 and min(speedups) == pytest.approx(1.809, abs=1e-3) and max(speedups) == pytest.approx(2.844, abs=1e-3)
+    assert (
+        len(speedups) == 34
+        and min(speedups) == pytest.approx(1.809, abs=1e-3)
+        and max(speedups) == pytest.approx(2.844, abs=1e-3)
+    )
     measured_on_h100 = compute_bound(h100(), compute, 1.0 - compute)
     low, high = translate(measured_on_h100, sheet_for("a100-80gb"))["translation"]["bracket"]  # type: ignore[arg-type]
     assert all(low <= speedup <= high for speedup in speedups), (low, high)  # time on the A100 ÷ time on the H100
@@ -294,7 +346,11 @@ def test_the_central_estimate_is_shifted_to_what_hopper_attained_over_ampere() -
     datasheets_only = 1 / (0.9 / record["flops_ratio"] + 0.1 / record["bandwidth_ratio"])
     assert datasheets_only > speedups[-1]
     shift = generation_shift("ampere", "hopper")
-    assert shift is not None and shift.attained_share == pytest.approx(0.681, abs=1e-3) and "llm-foundry" in record["attained_from"]
+    assert (
+        shift is not None
+        and shift.attained_share == pytest.approx(0.681, abs=1e-3)
+        and "llm-foundry" in record["attained_from"]
+    )
     # What Hopper attained over Ampere is the published pairs' own median, not the datasheets' ratio.
     assert record["attained_flops_ratio"] == pytest.approx(float(np.median(speedups)), rel=0.02)
     assert record["attained_flops_ratio"] < record["flops_ratio"]

@@ -25,7 +25,7 @@ DECOY = 'raise SystemExit("the user\'s {name}.py was imported in place of a pack
 
 # The user's own script: a two-layer llama from a config, token ids made here (no hub), the
 # Trainer with DeadlineCallback. Imported as a module instead of run, it stops at once.
-USER_TRAIN = '''
+USER_TRAIN = """
 import json
 import sys
 
@@ -60,7 +60,7 @@ callback = DeadlineCallback(deadline="1h", report=False)
 trainer = Trainer(model=LlamaForCausalLM(config), args=arguments, train_dataset=rows, data_collator=collate, callbacks=[callback])
 trainer.train()
 print(json.dumps({"steps": trainer.state.global_step}))
-'''
+"""
 
 
 def user_folder(tmp_path: Path) -> Path:
@@ -107,7 +107,9 @@ def test_the_readmes_multi_process_train_runs_from_the_users_folder(tmp_path: Pa
         "-m", "benchtrain.train", "--use-calibration", str(FIXTURE), "--force", "--data", "sample",
         "--deadline", "1h", "--max-steps", "2", "--out", str(out), "--no-report",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=folder, env=user_environment(tmp_path / "home"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command, cwd=folder, env=user_environment(tmp_path / "home"), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     record = json.loads((out / "run.json").read_text())
     assert record["plan"]["world_size"] == 2 and record["actual"]["steps"] == 2
@@ -119,14 +121,28 @@ def test_a_wheel_installs_one_package_and_the_three_commands(tmp_path: Path) -> 
     """The wheel built from the repository holds `benchtrain/` and its metadata, nothing at the top
     level beside it, and the commands bench, train and report."""
     pytest.importorskip("setuptools")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\0")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
     source = tmp_path / "source"
     for name in filter(None, tracked):
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(tmp_path / "wheel"), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(source),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -136,11 +152,26 @@ def test_a_wheel_installs_one_package_and_the_three_commands(tmp_path: Path) -> 
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"benchtrain", next(top for top in tops if top.endswith(".dist-info"))}
-    for module in ("benchtrain/__init__.py", "benchtrain/bench/cli.py", "benchtrain/train/cli.py", "benchtrain/reports/cli.py", "benchtrain/trainer/callback.py"):
+    for module in (
+        "benchtrain/__init__.py",
+        "benchtrain/bench/cli.py",
+        "benchtrain/train/cli.py",
+        "benchtrain/reports/cli.py",
+        "benchtrain/trainer/callback.py",
+    ):
         assert module in names
-    assert "benchtrain/train/sample_data/sample.jsonl" in names and "benchtrain/calibration/bundled/h100-llama-3.2-1b.json" in names
+    assert (
+        "benchtrain/train/sample_data/sample.jsonl" in names
+        and "benchtrain/calibration/bundled/h100-llama-3.2-1b.json" in names
+    )
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    commands = dict(line.split(" = ") for line in scripts.split("[console_scripts]")[1].strip().splitlines() if " = " in line)
-    assert commands == {"bench": "benchtrain.bench.cli:entry_point", "train": "benchtrain.train.cli:entry_point", "report": "benchtrain.reports.cli:entry_point"}
+    commands = dict(
+        line.split(" = ") for line in scripts.split("[console_scripts]")[1].strip().splitlines() if " = " in line
+    )
+    assert commands == {
+        "bench": "benchtrain.bench.cli:entry_point",
+        "train": "benchtrain.train.cli:entry_point",
+        "report": "benchtrain.reports.cli:entry_point",
+    }

@@ -55,16 +55,36 @@ def test_the_optimizer_s_state_is_the_bytes_the_plan_counts(name: str) -> None:
         # tiny's adapters are mostly under 4,096 values (fp32 moments); gpt2's are not: ≈4× less.
         assert need < memory_need(spec, MethodConfig(method="lora"), "cpu").optimizer_bytes
         gpt2 = resolve_model("gpt2")
-        ratio = memory_need(gpt2, method, "cpu").optimizer_bytes / memory_need(gpt2, MethodConfig(method="lora"), "cpu").optimizer_bytes
+        ratio = (
+            memory_need(gpt2, method, "cpu").optimizer_bytes
+            / memory_need(gpt2, MethodConfig(method="lora"), "cpu").optimizer_bytes
+        )
         assert 0.25 < ratio < 0.26
 
 
-def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit, adamw-fused, sgd"):
+def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(
+        BenchtrainError, match="--optimizer must be one of adamw, adamw-8bit, paged-adamw-8bit, adamw-fused, sgd"
+    ):
         MethodConfig(optimizer="lion")
     code, _, err = run_main(
         "train",
-        ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--optimizer", "adamw-8bit", "--data", "sample", "--deadline", "1h", "--dry-run"],
+        [
+            "--use-calibration",
+            str(GPT2_LORA),
+            "--model",
+            "gpt2",
+            "--lora",
+            "--optimizer",
+            "adamw-8bit",
+            "--data",
+            "sample",
+            "--deadline",
+            "1h",
+            "--dry-run",
+        ],
         capsys,
     )
     assert_one_line_error(code, err, "measured the adamw optimizer, this run asks for --optimizer adamw-8bit")
@@ -73,7 +93,9 @@ def test_an_8bit_optimizer_needs_bitsandbytes_and_is_refused_unmeasured(home: Pa
 def test_device_memory_is_read_as_people_write_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_memory_size("24GiB") == parse_memory_size("24") == parse_memory_size("24g") == 24 * GIB
     assert parse_memory_size("80GB") == 80 * 10**9
-    code, _, err = run_main("train", ["--data", "sample", "--deadline", "1h", "--device-memory", "lots", "--dry-run"], capsys)
+    code, _, err = run_main(
+        "train", ["--data", "sample", "--deadline", "1h", "--device-memory", "lots", "--dry-run"], capsys
+    )
     assert_one_line_error(code, err, "--device-memory 'lots' is not a memory size")
 
 
@@ -113,7 +135,9 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
 
     step = StepConfig.from_row(config)
     assert four_bit.predict(step).step_seconds / first.predict(step).step_seconds == pytest.approx(1.3, rel=0.1)
-    assert first.predict(step).peak_memory_bytes - four_bit.predict(step).peak_memory_bytes == pytest.approx(0.5 * GIB, rel=0.05)
+    assert first.predict(step).peak_memory_bytes - four_bit.predict(step).peak_memory_bytes == pytest.approx(
+        0.5 * GIB, rel=0.05
+    )
     lora = MethodConfig(method="lora")
     assert [method.quantize for _, method in variants_to_plan(calibration, lora, (None, None))] == ["none", "4bit"]
     assert [method.quantize for _, method in variants_to_plan(calibration, lora, ("4bit", None))] == ["4bit"]
@@ -122,11 +146,25 @@ def test_one_calibration_holds_each_setup_with_its_own_fit(two_setups: Path) -> 
 
 
 def dry_run(two_setups: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
-    arguments = ["--use-calibration", str(two_setups), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run", *extra]
+    arguments = [
+        "--use-calibration",
+        str(two_setups),
+        "--model",
+        "gpt2",
+        "--lora",
+        "--data",
+        "sample",
+        "--deadline",
+        "12h",
+        "--dry-run",
+        *extra,
+    ]
     return run_main("train", arguments, capsys)
 
 
-def test_the_planner_keeps_the_faster_setup_and_says_what_the_other_costs(two_setups: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_planner_keeps_the_faster_setup_and_says_what_the_other_costs(
+    two_setups: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, printed, err = dry_run(two_setups, capsys)
     assert code == 0, err
     assert "chosen: an unquantized base, the fastest that fits memory and the deadline" in printed
@@ -136,7 +174,9 @@ def test_the_planner_keeps_the_faster_setup_and_says_what_the_other_costs(two_se
     assert "GiB less peak memory" in note and "fits micro-batch" in note and "its best plan " in note
 
 
-def test_under_a_memory_limit_the_planner_takes_the_4bit_base(two_setups: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_under_a_memory_limit_the_planner_takes_the_4bit_base(
+    two_setups: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """0.9 GiB: below the unquantized base's optimizer-step floor (1.01 GiB measured), above the 4-bit one's."""
     code, printed, err = dry_run(two_setups, capsys, "--device-memory", "0.9GiB")
     assert code == 0, err
@@ -149,12 +189,29 @@ def test_under_a_memory_limit_the_planner_takes_the_4bit_base(two_setups: Path, 
 
 def test_a_plan_names_the_bases_it_did_not_measure(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, printed, err = run_main(
-        "train", ["--use-calibration", str(GPT2_LORA), "--model", "gpt2", "--lora", "--data", "sample", "--deadline", "12h", "--dry-run"], capsys
+        "train",
+        [
+            "--use-calibration",
+            str(GPT2_LORA),
+            "--model",
+            "gpt2",
+            "--lora",
+            "--data",
+            "sample",
+            "--deadline",
+            "12h",
+            "--dry-run",
+        ],
+        capsys,
     )
     assert code == 0, err
     for base in ("an 8-bit base", "a 4-bit base"):
         line = next(line for line in printed.splitlines() if f"note: {base} (not measured)" in line)
-        assert "GiB less than this run's (computed)" in line and "its speed is unmeasured" in line and "peak at this plan's configuration: fits the" in line
+        assert (
+            "GiB less than this run's (computed)" in line
+            and "its speed is unmeasured" in line
+            and "peak at this plan's configuration: fits the" in line
+        )
 
 
 def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,13 +222,31 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
 
     record, _ = simulate_bench("mistral-nemo-12b", lora=True, budget=300)
     path = save_calibration(record)
-    arguments = ["--use-calibration", str(path), "--model", "mistral-nemo-12b", "--lora", "--data", "sample", "--deadline", "2h", "--dry-run"]
+    arguments = [
+        "--use-calibration",
+        str(path),
+        "--model",
+        "mistral-nemo-12b",
+        "--lora",
+        "--data",
+        "sample",
+        "--deadline",
+        "2h",
+        "--dry-run",
+    ]
     code, _, err = run_main("train", [*arguments, "--device-memory", "24GiB"], capsys)
     assert_one_line_error(code, err, "no configuration fits in memory")
-    assert "an 8-bit base (not measured): 16.01 GiB before activations" in err and "a 4-bit base (not measured): 11.09 GiB" in err
+    assert (
+        "an 8-bit base (not measured): 16.01 GiB before activations" in err
+        and "a 4-bit base (not measured): 11.09 GiB" in err
+    )
     assert err.count("peak at micro-batch 1 × length") == 3 and "this run's base: ≈" in err  # none, 8-bit, 4-bit
     code, _, err = run_main("train", [*arguments, "--device-memory", "20GiB"], capsys)
-    assert_one_line_error(code, err, "has 20 GiB (--device-memory): --quantize 8bit (≈16 GiB before activations), or --quantize 4bit (≈11 GiB")
+    assert_one_line_error(
+        code,
+        err,
+        "has 20 GiB (--device-memory): --quantize 8bit (≈16 GiB before activations), or --quantize 4bit (≈11 GiB",
+    )
     code, printed, err = run_main("train", [*arguments, "--device-memory", "80GiB"], capsys)
     assert code == 0, err
     assert "note: a 4-bit base (not measured)" in printed and "fits the 80 GiB" in printed
@@ -180,7 +255,22 @@ def test_a_24gib_device_is_told_which_base_fits_a_12b_model(home: Path, capsys: 
 @pytest.mark.slow
 def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`bench run --quantize none,4bit` on tiny: one file, two fits, each variant's history its own."""
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2,4",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--budget",
+        "5m",
+        "--quiet",
+        "--no-report",
+    ]
     code, printed, err = run_main("bench", ["run", "--lora", "--quantize", "none,4bit", *grid], capsys)
     assert code == 0, err
     (path,) = (home / "calibrations").glob("*.json")
@@ -194,7 +284,11 @@ def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pyte
     code, printed, _ = run_main("bench", ["show", "latest"], capsys)
     assert "variant 1: a 4-bit base" in printed and printed.count("Held-out tokens/s error") == 2
     out = home / "run"
-    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "30m", "--max-steps", "4", "--out", str(out), "--no-report"], capsys)
+    code, printed, err = run_main(
+        "train",
+        ["--lora", "--data", "sample", "--deadline", "30m", "--max-steps", "4", "--out", str(out), "--no-report"],
+        capsys,
+    )
     assert code == 0, err
     assert "setups measured: 2; chosen:" in printed
     record = json.loads((out / "run.json").read_text())
@@ -206,20 +300,43 @@ def test_bench_measures_each_setup_into_one_calibration(home: Path, capsys: pyte
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # bitsandbytes on a CPU: ≈1 min alone, several beside two CPU hogs
-def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_8bit_base_with_the_paged_8bit_optimizer_from_bench_to_final(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """tiny: bench measures LoRA on an 8-bit base with paged 8-bit AdamW, train (auto) trains that,
     final/ loads with peft on the 8-bit base again."""
     import torch
 
     from benchtrain.train.export import load_final
 
-    grid = ["--gpu", "cpu", "--batch-sizes", "1,2,4", "--seq-lens", "32,64", "--workers", "0", "--accum", "1", "--budget", "5m", "--quiet", "--no-report"]
-    code, _, err = run_main("bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys)
+    grid = [
+        "--gpu",
+        "cpu",
+        "--batch-sizes",
+        "1,2,4",
+        "--seq-lens",
+        "32,64",
+        "--workers",
+        "0",
+        "--accum",
+        "1",
+        "--budget",
+        "5m",
+        "--quiet",
+        "--no-report",
+    ]
+    code, _, err = run_main(
+        "bench", ["run", "--lora", "--quantize", "8bit", "--optimizer", "paged-adamw-8bit", *grid], capsys
+    )
     assert code == 0, err
     out = home / "run"
     # No deadline in reach: on a busy machine the calibration measures slow, wide steps, and a plan against a real
     # deadline is refused or stopped (the guard's own tests do that on a fake clock).
-    code, printed, err = run_main("train", ["--lora", "--data", "sample", "--deadline", "1000h", "--max-steps", "24", "--out", str(out), "--no-report"], capsys)
+    code, printed, err = run_main(
+        "train",
+        ["--lora", "--data", "sample", "--deadline", "1000h", "--max-steps", "24", "--out", str(out), "--no-report"],
+        capsys,
+    )
     assert code == 0, err
     assert "of an 8-bit base, paged-adamw-8bit" in printed
     record = json.loads((out / "run.json").read_text())
@@ -256,7 +373,9 @@ def two_gpt2_blocks(home: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["4bit", "8bit"])
-def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(
+    home: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
     """gpt2 (Conv1D layers, a tied head) LoRA on a 4-bit or 8-bit base, planned with --force from
     the bf16-base calibration of 2 minutes on this CPU; two of gpt2's blocks."""
     import shutil
@@ -267,20 +386,49 @@ def test_gpt2_trains_on_a_quantized_base_and_its_final_loads(home: Path, capsys:
     home.mkdir(parents=True, exist_ok=True)
     calibration = shutil.copy(GPT2_LORA, home / "gpt2-lora.json")  # a run appends to its calibration's history
     model = two_gpt2_blocks(home)
-    arguments = ["--use-calibration", str(calibration), "--model", model, "--lora", "--quantize", kind, "--force", "--data", "sample"]
-    arguments += ["--deadline", "2h", "--max-steps", str(STEPS), "--max-length", "64", "--learning-rate", "3e-3", "--out", str(out), "--no-report"]
+    arguments = [
+        "--use-calibration",
+        str(calibration),
+        "--model",
+        model,
+        "--lora",
+        "--quantize",
+        kind,
+        "--force",
+        "--data",
+        "sample",
+    ]
+    arguments += [
+        "--deadline",
+        "2h",
+        "--max-steps",
+        str(STEPS),
+        "--max-length",
+        "64",
+        "--learning-rate",
+        "3e-3",
+        "--out",
+        str(out),
+        "--no-report",
+    ]
     code, _, err = run_main("train", arguments, capsys)
     assert code == 0, err
     record = json.loads((out / "run.json").read_text())
     losses = [entry["loss"] for entry in record["losses"]]
     assert losses[-1] < losses[0]
     model = load_final(out / "final")
-    assert type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__ == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
+    assert (
+        type(model.get_base_model().transformer.h[0].attn.c_attn.base_layer).__name__
+        == {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[kind]
+    )
 
 
 def test_an_8bit_optimizer_without_bitsandbytes_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     hide_bitsandbytes(monkeypatch)
-    with pytest.raises(BenchtrainError, match=r"^--optimizer adamw-8bit needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'$"):
+    with pytest.raises(
+        BenchtrainError,
+        match=r"^--optimizer adamw-8bit needs bitsandbytes, which is not installed: pip install 'bitsandbytes>=0.48'$",
+    ):
         MethodConfig(method="lora", optimizer="adamw-8bit")
     MethodConfig(method="lora")  # plain AdamW needs nothing more
 
@@ -290,9 +438,15 @@ def test_a_resume_keeps_the_run_s_base_and_optimizer_where_the_command_says_auto
     from benchtrain.train.recipes.choice import asked_variant, with_run_variant
     from benchtrain.train.running.resume import resumed_method, same_method
 
-    method = {"method": "lora", "optimizer": "paged-adamw-8bit", "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None}}
+    method = {
+        "method": "lora",
+        "optimizer": "paged-adamw-8bit",
+        "lora": {"rank": 16, "alpha": 32.0, "quantize": "4bit", "targets": None},
+    }
     configuration = {"micro_batch_size": 1, "num_workers": 0, "grad_accum": 1, "seq_len": 8}
-    previous = RunFile.from_json({"run_id": "r", "plan": {"configuration": configuration, "epochs": 1.0, "total_steps": 1, **method}})
+    previous = RunFile.from_json(
+        {"run_id": "r", "plan": {"configuration": configuration, "epochs": 1.0, "total_steps": 1, **method}}
+    )
     run = resumed_method(previous.resumed().method)
     assert run.variant == ("4bit", "paged-adamw-8bit")
     command = MethodConfig(method="lora")  # --quantize auto --optimizer auto
@@ -316,7 +470,9 @@ def test_the_calibration_report_shows_every_setup(two_setups: Path, tmp_path: Pa
 
     text = write_calibration_report(two_setups, tmp_path / "report").read_text()
     assert "First setup: an unquantized base" in text and "Variant 1: a 4-bit base" in text
-    assert text.count("The fit in words") == 2 and (tmp_path / "report" / "variant-1" / "throughput_heatmap.png").is_file()
+    assert (
+        text.count("The fit in words") == 2 and (tmp_path / "report" / "variant-1" / "throughput_heatmap.png").is_file()
+    )
 
 
 @pytest.mark.parametrize(

@@ -57,8 +57,16 @@ def test_a_folder_without_tokenizer_asks_for_one(tmp_path: Path) -> None:
     ("records", "fmt", "suffix"),
     [
         ([{"text": "hello world"}, {"text": "a longer sample of text"}], "text", ".jsonl"),
-        ([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}], "messages", ".jsonl"),
-        ([{"prompt": "2+2=", "completion": "4"}, {"prompt": "capital?", "completion": "Paris"}], "prompt_completion", ".json"),
+        (
+            [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}],
+            "messages",
+            ".jsonl",
+        ),
+        (
+            [{"prompt": "2+2=", "completion": "4"}, {"prompt": "capital?", "completion": "Paris"}],
+            "prompt_completion",
+            ".json",
+        ),
     ],
 )
 def test_formats(tmp_path: Path, records: list[dict], fmt: str, suffix: str) -> None:

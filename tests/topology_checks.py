@@ -59,7 +59,10 @@ def slowest_extra(alone: list[float], together: list[float]) -> tuple[float, flo
     import torch.distributed as dist
 
     differences = [ddp - plain for plain, ddp in zip(alone, together, strict=True)]
-    figures = torch.tensor([statistics.median(differences), 1.2533 * statistics.stdev(differences) / math.sqrt(len(differences))], dtype=torch.float64)
+    figures = torch.tensor(
+        [statistics.median(differences), 1.2533 * statistics.stdev(differences) / math.sqrt(len(differences))],
+        dtype=torch.float64,
+    )
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
     return float(figures[0]), float(figures[1])
 

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    DataCollatorForLanguageModeling,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from benchtrain.train.workload.tokenizer import byte_tokenizer
 
@@ -135,7 +142,12 @@ def main(out: Path, signalled: bool) -> None:
     callbacks = [Pace(clock, step=10.0 + 3.0 * rank, save=5.0), callback, *([Started(out, rank)] if signalled else [])]
     run = trainer(out, callbacks, max_steps=60, per_device_train_batch_size=2, gradient_accumulation_steps=1)
     run.train()
-    outcome = {"global_step": run.state.global_step, "status": callback.status, "elapsed": clock.now - START, "exit_signal": callback.exit_signal}
+    outcome = {
+        "global_step": run.state.global_step,
+        "status": callback.status,
+        "elapsed": clock.now - START,
+        "exit_signal": callback.exit_signal,
+    }
     (out / f"rank-{rank}.json").write_text(json.dumps(outcome))
 
 

@@ -78,7 +78,9 @@ class BenchTask:
     # On a CPU, one process: the step measured again in fresh processes (bench.fresh_process), given
     # the configurations and the seconds they may take; None where that does not apply.
     fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
-    fresh_process_seconds: float = 0.0  # what one fresh process costs before its probes (measured: this one's start and build)
+    fresh_process_seconds: float = (
+        0.0  # what one fresh process costs before its probes (measured: this one's start and build)
+    )
 
 
 @dataclass(frozen=True)
@@ -136,19 +138,27 @@ def compile_cache_price(task: BenchTask, planner: ProbePlanner, build_seconds: f
     if not task.compiled:
         return 0.0
     smallest = min(planner.space.all_configs(), key=lambda c: c.micro_batch_size * c.seq_len)
-    return build_seconds + planner.cost.first_step_extra(new_shape=True) + COMPILE_STEPS * planner.cost.step_seconds_high(smallest)
+    return (
+        build_seconds
+        + planner.cost.first_step_extra(new_shape=True)
+        + COMPILE_STEPS * planner.cost.step_seconds_high(smallest)
+    )
 
 
 def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
     """Where evaluation (forward only) is timed: the corners (batch, length) of what trained fine with checkpointing off, or of the grid before any probe."""
-    ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [c.to_row() for c in planner.space.all_configs()]
+    ok = [row for row in planner.ok_rows() if not StepConfig.from_row(row).switches] or [
+        c.to_row() for c in planner.space.all_configs()
+    ]
     batches = sorted({row["micro_batch_size"] for row in ok})
     lengths = sorted({row["seq_len"] for row in ok})
     corners = sorted({(b, s) for b in (batches[0], batches[-1]) for s in (lengths[0], lengths[-1])})
     return [StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s) for b, s in corners]
 
 
-def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None) -> tuple[ProbePlanner, AfterProbePrices]:
+def plan_probes(
+    task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None
+) -> tuple[ProbePlanner, AfterProbePrices]:
     """The probe planner for this model on this device (FLOPs and exact parameter bytes from the
     `meta` device, the device's speed), and the prices of the work after the probes (the disk's
     speed timed when given a folder), which the caller puts in the task."""
@@ -164,7 +174,9 @@ def plan_probes(task: BenchTask, spec: Any, method: Any, need: Any, options: Any
     one_sequence = StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=middle)
     forward_share = shape.forward_flops_per_token(middle, lora) / flops_per_token(one_sequence)
     disk_bytes_per_second = disk_bandwidth(scratch) if scratch is not None else None
-    prices = AfterProbePrices(forward_share, need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE, disk_bytes_per_second)
+    prices = AfterProbePrices(
+        forward_share, need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE, disk_bytes_per_second
+    )
     compiled = compile_enabled(options.compile, hardware["device_type"])
     cost = CostModel(flops_per_token, device_speed(hardware), task.settings, compiled=compiled)
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict.get("n_embd") or shape.heads * shape.head_dim)
@@ -194,10 +206,16 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
 def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) -> dict[str, Any]:
     """A probe task for the coordinator: the probe may spend `remaining` seconds (None: unbounded)."""
     settings = run.task.settings.with_limit(remaining, run.planner.cost.step_seconds_high(config))
-    return {"config": config.to_row(), "settings": asdict(settings), "timeout_seconds": probe_timeout_seconds(run.planner.price(config))}
+    return {
+        "config": config.to_row(),
+        "settings": asdict(settings),
+        "timeout_seconds": probe_timeout_seconds(run.planner.price(config)),
+    }
 
 
-def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None) -> tuple[dict[str, Any], BenchResult]:
+def measure_and_record(
+    run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None
+) -> tuple[dict[str, Any], BenchResult]:
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
     losses = compare_losses(run)
@@ -207,7 +225,11 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
         price, peak = planner.price(config), planner.predicted_peak(config)
         row = coordinator.run("probe", probe_payload(run, config, remaining))
         # What was predicted when the probe was chosen, beside what it measured.
-        row["predicted"] = {"probe_seconds": round(price, 3), "peak_memory_bytes": None if peak is None else round(peak), "prices": planner.cost.source}
+        row["predicted"] = {
+            "probe_seconds": round(price, 3),
+            "peak_memory_bytes": None if peak is None else round(peak),
+            "prices": planner.cost.source,
+        }
         if kept is not None:
             kept.add(row)
         return row
@@ -226,7 +248,10 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
 
     skipped: list[str] = []
     eval_rows = measure_evaluation(run, skipped)
-    overheads: dict[str, Any] = {"model_build_seconds": round(build_seconds, 4), **measure_checkpoint_write(run, skipped)}
+    overheads: dict[str, Any] = {
+        "model_build_seconds": round(build_seconds, 4),
+        **measure_checkpoint_write(run, skipped),
+    }
     overheads.update(warmup_costs(result.rows, task.settings.warmup_steps, task.compiled))
     overheads["warmup_steps"] = task.settings.warmup_steps
     if task.world_size > 1:
@@ -234,7 +259,9 @@ def measure_and_record(run: BenchRun, build_seconds: float, progress: Any, kept:
     # The loss compared is the one every probe ran, and the one `train --loss auto` runs.
     training = {**task.training, **({"loss": losses.record["chosen"]} if losses.record else {})}
     if task.compiled:
-        overheads.update(measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped))
+        overheads.update(
+            measure_compile_cache(run, build_seconds, result.rows, overheads["warmup_extra_seconds"], skipped)
+        )
         training["compile_cache"] = compile_cache_record()
     fresh_rows = check_in_fresh_processes(run, result.rows, skipped)
     search = {
@@ -330,7 +357,9 @@ def loss_comparison_config(planner: ProbePlanner) -> StepConfig | None:
     pool = [
         c
         for c in planner.candidates()
-        if c.grad_accum == space.axis("accums")[0] and c.num_workers == space.axis("workers")[0] and c.switches == space.modes()[0]
+        if c.grad_accum == space.axis("accums")[0]
+        and c.num_workers == space.axis("workers")[0]
+        and c.switches == space.modes()[0]
     ]
     return min(pool, key=lambda c: (planner.price(c), c)) if pool else None
 
@@ -374,11 +403,15 @@ def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: P
     largest = max(c.micro_batch_size * c.seq_len for c in planner.space.all_configs())
     leanest = min(peak.values())
     extra = {loss: (peak[loss] - leanest) / (config.micro_batch_size * config.seq_len) * largest for loss in measured}
-    allowed = [loss for loss in measured if extra[loss] <= LOSS_MEMORY_AT_STAKE * float(task.hardware["memory_bytes"])] or [min(peak, key=peak.__getitem__)]
+    allowed = [
+        loss for loss in measured if extra[loss] <= LOSS_MEMORY_AT_STAKE * float(task.hardware["memory_bytes"])
+    ] or [min(peak, key=peak.__getitem__)]
     fastest = min(step[loss] for loss in allowed)
     near = [loss for loss in allowed if step[loss] <= fastest * (1 + LOSS_TIE)]
     chosen = min(near, key=lambda loss: (peak[loss], step[loss]))
-    described = ", ".join(f"{loss} {step[loss] * 1000:.0f} ms/step, peak {peak[loss] / 2**20:,.0f} MiB" for loss in measured)
+    described = ", ".join(
+        f"{loss} {step[loss] * 1000:.0f} ms/step, peak {peak[loss] / 2**20:,.0f} MiB" for loss in measured
+    )
     rule = f"fastest within {LOSS_TIE:.0%} whose extra logits memory at the largest micro-batch stays under {LOSS_MEMORY_AT_STAKE:.0%} of the device"
     return chosen, f"{chosen}: {rule} ({described})"
 
@@ -410,11 +443,15 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
     if left is not None and prices.disk_bytes_per_second:
         limit = int(max(0.0, left) * prices.disk_bytes_per_second / 2)
         if limit < min(MAX_WRITE_BYTES, prices.checkpoint_bytes):
-            skipped.append(f"checkpoint timing: a write of {limit / 2**20:,.0f} MiB instead of {MAX_WRITE_BYTES / 2**20:,.0f} MiB (the budget left)")
+            skipped.append(
+                f"checkpoint timing: a write of {limit / 2**20:,.0f} MiB instead of {MAX_WRITE_BYTES / 2**20:,.0f} MiB (the budget left)"
+            )
     return run.coordinator.run("checkpoint", run.task.checkpoint_payload(max(limit, 1 << 20)))
 
 
-def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]) -> dict[str, Any]:
+def measure_compile_cache(
+    run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]
+) -> dict[str, Any]:
     """What a later `train` process pays to compile from inductor's cache: a fresh process
     (bench.fresh_process) at the first probed shape, its first step less its steady one and the
     warm-up every run pays anyway (this process's model is freed first)."""
@@ -424,7 +461,9 @@ def measure_compile_cache(run: BenchRun, build_seconds: float, rows: list[dict[s
     if not run.budget.allows(compile_cache_price(run.task, run.planner, build_seconds)):
         skipped.append("compile-cache timing: beyond the budget (train prices a compilation per shape instead)")
         return {}
-    shape = {key: value for key, value in ok[0].items() if key in DIMENSIONS and key not in ("num_workers", "grad_accum")}
+    shape = {
+        key: value for key, value in ok[0].items() if key in DIMENSIONS and key not in ("num_workers", "grad_accum")
+    }
     measured = run.coordinator.run("compile_cache", {"row": shape, "timeout_seconds": run.budget.left()})
     if not measured:
         return {}
@@ -441,9 +480,15 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
     if not configs:
         skipped.append("the check in fresh processes: no probe's steps were long enough to time well")
         return []
-    measured = {StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"}
-    if not run.budget.allows(check_price(configs, task.fresh_process_seconds, lambda config: measured.get(config, 0.0))):
-        skipped.append("the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)")
+    measured = {
+        StepConfig.from_row(row): float(row.get("probe_seconds") or 0.0) for row in rows if row["status"] == "ok"
+    }
+    if not run.budget.allows(
+        check_price(configs, task.fresh_process_seconds, lambda config: measured.get(config, 0.0))
+    ):
+        skipped.append(
+            "the check in fresh processes: beyond the budget (plans hold no spread between processes until runs measure it)"
+        )
         return []
     return task.fresh_processes(configs, run.budget.left() or CHILD_TIMEOUT)
 
@@ -468,10 +513,16 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
     warmup = statistics.median(repeated) if repeated else 0.0
     new = extras([row for row in ok if row.get("new_shape")])
     compile_seconds = max(0.0, statistics.median(new) - warmup) if new else 0.0
-    return {"warmup_extra_seconds": warmup, "compile_seconds_per_shape": compile_seconds, "compile_shapes_measured": len(new)}
+    return {
+        "warmup_extra_seconds": warmup,
+        "compile_seconds_per_shape": compile_seconds,
+        "compile_shapes_measured": len(new),
+    }
 
 
-def nothing_fitted(record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None) -> MeasurementError:
+def nothing_fitted(
+    record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None
+) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and say what a fit needs."""
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
@@ -530,7 +581,9 @@ class KeptRows:
         if first:
             KeptRows.written_here.add(self.path)
             others = [path for path, _, _ in list_unfinished() if path not in KeptRows.written_here]
-            earlier = f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
+            earlier = (
+                f"; earlier benches that did not finish left theirs in {', '.join(map(str, others))}" if others else ""
+            )
             say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
 
     def name_in(self, record: dict[str, Any]) -> None:

@@ -67,11 +67,19 @@ class ProbePlanner:
 
     def over_memory(self, config: StepConfig) -> bool:
         peak = self.predicted_peak(config)
-        return peak is not None and self.memory_limit_bytes is not None and peak * (1 + MEMORY_HEADROOM) > self.memory_limit_bytes
+        return (
+            peak is not None
+            and self.memory_limit_bytes is not None
+            and peak * (1 + MEMORY_HEADROOM) > self.memory_limit_bytes
+        )
 
     def candidates(self) -> list[StepConfig]:
         """Not yet probed, not ruled out by an OOM, not predicted past the device's memory."""
-        return [c for c in self.space.all_configs() if c not in self.rows and ruled_out_by(c, self.oom) is None and not self.over_memory(c)]
+        return [
+            c
+            for c in self.space.all_configs()
+            if c not in self.rows and ruled_out_by(c, self.oom) is None and not self.over_memory(c)
+        ]
 
     def unprobed_rows(self) -> list[dict[str, Any]]:
         """Rows for what was not probed because of memory: ruled out by an OOM, or predicted over."""
@@ -95,7 +103,9 @@ class ProbePlanner:
         return len(self.ok_rows()) >= MIN_ROWS_FOR_FIT and not self._missing_modes()
 
     def _missing_modes(self) -> set[Mode]:
-        return set(self.space.modes()) - self.dropped_modes - {StepConfig.from_row(row).switches for row in self.ok_rows()}
+        return (
+            set(self.space.modes()) - self.dropped_modes - {StepConfig.from_row(row).switches for row in self.ok_rows()}
+        )
 
     def still_needed(self) -> int:
         """Successful probes a minimum viable fit still needs."""
@@ -154,7 +164,9 @@ class ProbePlanner:
         everything = self.space.all_configs()
         # Seconds per √token at the scale of the measured steps (the prior's before any): once, the same for every feature.
         largest = max(everything, key=lambda c: c.micro_batch_size * c.seq_len)
-        curvature = self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
+        curvature = (
+            self.cost.step_seconds(largest) / largest.grad_accum / math.sqrt(largest.micro_batch_size * largest.seq_len)
+        )
         scale = np.maximum(np.abs(np.stack([self._feature(c, curvature) for c in everything])).max(axis=0), 1e-30)
         information = RIDGE * np.eye(len(scale))
         for row in self.ok_rows():
@@ -187,7 +199,9 @@ class ProbePlanner:
         """Whether a minimum viable fit can still be completed in `seconds` at today's prices."""
         return self._dry_run(seconds, True)[1].viable()
 
-    def _dry_run(self, seconds: float | None, stop_when_viable: bool) -> tuple[list[tuple[StepConfig, float]], ProbePlanner]:
+    def _dry_run(
+        self, seconds: float | None, stop_when_viable: bool
+    ) -> tuple[list[tuple[StepConfig, float]], ProbePlanner]:
         planner = copy.deepcopy(self)
         chosen: list[tuple[StepConfig, float]] = []
         left = seconds

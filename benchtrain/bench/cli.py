@@ -23,7 +23,14 @@ from benchtrain.calibration.schema import read_calibration_file, variant_data
 from benchtrain.calibration.setup import describe_setup, variant_name, variant_of
 from benchtrain.calibration.slices import describe_slices
 from benchtrain.calibration.step_config import StepConfig
-from benchtrain.calibration.store import calibrations_dir, home_hint, list_calibrations, resolve_calibration, save_calibration, update_calibration
+from benchtrain.calibration.store import (
+    calibrations_dir,
+    home_hint,
+    list_calibrations,
+    resolve_calibration,
+    save_calibration,
+    update_calibration,
+)
 from benchtrain.calibration.topology import parse_interconnect
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration, join_negative_values, parse_duration
@@ -99,7 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", metavar="{run,list,show,refit,data,push}")
 
-    for add_parser in (add_run_parser, add_list_parser, add_show_parser, add_refit_parser, add_data_parser, add_push_parser):
+    for add_parser in (
+        add_run_parser,
+        add_list_parser,
+        add_show_parser,
+        add_refit_parser,
+        add_data_parser,
+        add_push_parser,
+    ):
         add_parser(commands)
     return parser
 
@@ -121,7 +135,10 @@ def entry_point() -> None:
 
 def add_run_parser(commands: Any) -> None:
     run = commands.add_parser(
-        "run", help="run the micro-benchmark and store a calibration", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES
+        "run",
+        help="run the micro-benchmark and store a calibration",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_EXAMPLES,
     )
     run.add_argument(
         "--gpu",
@@ -136,7 +153,11 @@ def add_run_parser(commands: Any) -> None:
         help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
         "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
     )
-    run.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)")
+    run.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer folder for --data (default: the model folder's, or the built-in byte tokenizer)",
+    )
     run.add_argument(
         "--data",
         metavar="PATH|ORG/NAME",
@@ -149,7 +170,9 @@ def add_run_parser(commands: Any) -> None:
     add_method_arguments(run, measured=True)
     add_step_arguments(run)
     run.add_argument("--search", choices=("grid", "optuna"), default="grid", help="grid (default) or optuna sampling")
-    run.add_argument("--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)")
+    run.add_argument(
+        "--trials", type=int, metavar="N", help="probes for --search optuna (default: a third of the space)"
+    )
     run.add_argument(
         "--budget",
         metavar="DURATION|auto",
@@ -192,7 +215,11 @@ def asked_space(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
     for dimension in DIMENSIONS.values():
         text = getattr(args, dimension.flag.removeprefix("--").replace("-", "_"), None)
         if text is not None:
-            parse = parse_switch_list(text, dimension.flag) if dimension.switch else parse_int_list(text, dimension.flag, minimum=dimension.minimum)
+            parse = (
+                parse_switch_list(text, dimension.flag)
+                if dimension.switch
+                else parse_int_list(text, dimension.flag, minimum=dimension.minimum)
+            )
             asked[dimension.axis] = parse
     return asked
 
@@ -292,7 +319,10 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     if word is not None:  # what the user says overrides what was detected
         for one in records:
             one["hardware"] = {**one["hardware"], "interconnect": word, "interconnect_from": "--interconnect"}
-    record = {**records[0], "variants": [{key: value for key, value in other.items() if key != "id"} for other in records[1:]]}
+    record = {
+        **records[0],
+        "variants": [{key: value for key, value in other.items() if key != "id"} for other in records[1:]],
+    }
     if not record["variants"]:
         del record["variants"]
     path = save_calibration(record)
@@ -316,7 +346,9 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
         if len(records) > 1:
             print(f"\n{'first setup' if index == 0 else f'variant {index}'}: {variant_name(*variant_of(one))}")
         last = index == len(records) - 1
-        print_summary(one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None)
+        print_summary(
+            one, str(path), not_probed, report_path if last else None, time.monotonic() - started if last else None
+        )
     return EXIT_OK
 
 
@@ -328,7 +360,13 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
     return BudgetBar(budget_seconds, total) if budget_seconds else progress_bar(total, "probes", "probe")
 
 
-def print_summary(record: dict[str, Any], path: str, left_out: list[dict[str, int]], report_path: Any, total_seconds: float | None = None) -> None:
+def print_summary(
+    record: dict[str, Any],
+    path: str,
+    left_out: list[dict[str, int]],
+    report_path: Any,
+    total_seconds: float | None = None,
+) -> None:
     """The calibration in words; the closing lines only after the last variant's (`total_seconds`)."""
     print("\n".join(describe_calibration(record, path)))
     if left_out:
@@ -359,12 +397,16 @@ def list_command() -> int:
         rows = unfinished.get("measurements") or []
         ok = sum(1 for row in rows if row.get("status") == "ok")
         started = unfinished.get("created_at", "?")
-        print(f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)")
+        print(
+            f"unfinished bench {path}: started {started}, {len(rows)} probes measured ({ok} ok), never stored (not a calibration)"
+        )
     entries = list_calibrations()
     # The bundled ones are addressed by name: plan for a device before renting it (--dry-run).
     bundled = ", ".join(bundled_calibrations())
     if not entries:
-        print(f"no calibrations in {calibrations_dir()}: run `bench run`{home_hint()}; bundled, to plan with: {bundled}")
+        print(
+            f"no calibrations in {calibrations_dir()}: run `bench run`{home_hint()}; bundled, to plan with: {bundled}"
+        )
         return EXIT_OK
     print(f"bundled, to plan with (train --use-calibration NAME --dry-run): {bundled}")
     for path, data, error in entries:
@@ -375,7 +417,9 @@ def list_command() -> int:
         fit = data.get("fit") or {}
         median = (fit.get("held_out_error") or {}).get("median_abs_pct")
         error_text = f"held-out median error {median:.1f}%" if median is not None else "no fit"
-        print(f"{data['id']:<44} {data['created_at']}  {data['hardware']['name'][:28]:<28}  {data['model']['name']:<14} {ok:>3} ok probes, {error_text}")
+        print(
+            f"{data['id']:<44} {data['created_at']}  {data['hardware']['name'][:28]:<28}  {data['model']['name']:<14} {ok:>3} ok probes, {error_text}"
+        )
         # What was measured, on a line of its own: the row above is already a terminal wide.
         print(f"{'':<4}{describe_setup(data)}")
     return EXIT_OK
@@ -426,7 +470,9 @@ def refit_command(reference: str) -> int:
     before = (source.get("fit") or {}).get("held_out_error", {}).get("median_abs_pct")
     after = record["fit"]["held_out_error"]["median_abs_pct"]
     was = f"{before:.1f}%" if before is not None else "no fit"
-    print(f"\nrefit of {source['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}")
+    print(
+        f"\nrefit of {source['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}"
+    )
     return EXIT_OK
 
 
@@ -450,9 +496,16 @@ def add_data_parser(commands: Any) -> None:
     clear.set_defaults(handler=clear_command)
     prepare = actions.add_parser("prepare", help="tokenize every record of --data now, into the cache")
     prepare.add_argument("--data", required=True, metavar="PATH|ORG/NAME", help="the data, as train --data takes it")
-    prepare.add_argument("--model", default="tiny", metavar="PRESET|DIR|ORG/NAME[@REV]", help="whose tokenizer (default: tiny)")
+    prepare.add_argument(
+        "--model", default="tiny", metavar="PRESET|DIR|ORG/NAME[@REV]", help="whose tokenizer (default: tiny)"
+    )
     prepare.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model's)")
-    prepare.add_argument("--train-on", default="assistant", choices=("assistant", "all"), help="chat data: the loss on the assistant's turns or all")
+    prepare.add_argument(
+        "--train-on",
+        default="assistant",
+        choices=("assistant", "all"),
+        help="chat data: the loss on the assistant's turns or all",
+    )
     add_data_arguments(prepare)
     prepare.add_argument("--debug", action="store_true")
     prepare.set_defaults(handler=prepare_command)
@@ -466,14 +519,18 @@ def data_list_command() -> int:
         print(f"no tokenized data in {data_root()}")
         return EXIT_OK
     total = sum(row["bytes"] for row in rows)
-    print(f"tokenized data in {data_root()}: {len(rows)} stores, {total / 1e9:,.2f} GB (clear with `bench data clear KEY` or `--all`)")
+    print(
+        f"tokenized data in {data_root()}: {len(rows)} stores, {total / 1e9:,.2f} GB (clear with `bench data clear KEY` or `--all`)"
+    )
     for row in sorted(rows, key=lambda row: -row["used"]):
         documents = f"{row['documents']:,}" if row["documents"] is not None else "?"
         tokens = f"{row['tokens']:,}" if row["tokens"] is not None else "?"
         state = "" if row["complete"] else "  (incomplete: rebuilt when used)"
         used = datetime.fromtimestamp(row["used"]).strftime("%Y-%m-%d %H:%M")
         size = f"{row['bytes'] / 1e6:,.1f} MB"
-        print(f"{row['key']:<38} {row['kind']:<6} {documents:>11} records {tokens:>15} tokens {size:>12}  used {used}  {row['source']}{state}")
+        print(
+            f"{row['key']:<38} {row['kind']:<6} {documents:>11} records {tokens:>15} tokens {size:>12}  used {used}  {row['source']}{state}"
+        )
     return EXIT_OK
 
 
@@ -484,7 +541,9 @@ def clear_command(args: argparse.Namespace) -> int:
         raise BenchtrainError("bench data clear: name the KEYs to remove (bench data list shows them), or pass --all")
     removed = clear_stores(None if args.all else list(args.keys))
     if not removed and args.keys:
-        raise BenchtrainError(f"bench data clear: no cached data with key {', '.join(args.keys)} (bench data list shows them)")
+        raise BenchtrainError(
+            f"bench data clear: no cached data with key {', '.join(args.keys)} (bench data list shows them)"
+        )
     print(f"removed {len(removed)} store(s): {', '.join(removed) if removed else 'none'}")
     return EXIT_OK
 
@@ -498,7 +557,9 @@ def prepare_command(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     tokenizer = load_tokenizer(spec.directory, args.tokenizer)
     path = resolve_data_path(args.data)
-    prepared = prepare_data(DataSpec(path, args.train_on, schema_from_args(args), args.data_split), tokenizer, say, exact=True)
+    prepared = prepare_data(
+        DataSpec(path, args.train_on, schema_from_args(args), args.data_split), tokenizer, say, exact=True
+    )
     data = prepared.view
     size = sum(path.stat().st_size for path in prepared.folder.rglob("*") if path.is_file())
     print(
@@ -516,8 +577,17 @@ def add_push_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=PUSH_EXAMPLES,
     )
-    push.add_argument("repo", metavar="ORG/NAME", help="the dataset repository (made when missing); NAME alone: the token's own namespace")
-    push.add_argument("ids", nargs="*", metavar="ID", help="latest, ids (`bench list`), bundled names or paths; default: every stored calibration")
+    push.add_argument(
+        "repo",
+        metavar="ORG/NAME",
+        help="the dataset repository (made when missing); NAME alone: the token's own namespace",
+    )
+    push.add_argument(
+        "ids",
+        nargs="*",
+        metavar="ID",
+        help="latest, ids (`bench list`), bundled names or paths; default: every stored calibration",
+    )
     push.add_argument("--debug", action="store_true", help="show tracebacks")
     push.set_defaults(handler=lambda args: push_command(args.repo, args.ids))
 
@@ -534,10 +604,14 @@ def push_command(repo: str, references: list[str]) -> int:
             raise BenchtrainError(f"bench push {repo}: the token names no user: name the repository as ORG/NAME")
         repo = f"{user}/{repo}"
     pushed = push_calibrations(repo, calibrations, user)
-    print(f"pushed {len(pushed.files)} calibration(s) to {pushed.url} ({pushed.listed} there now): {', '.join(data['id'] for data in calibrations)}")
+    print(
+        f"pushed {len(pushed.files)} calibration(s) to {pushed.url} ({pushed.listed} there now): {', '.join(data['id'] for data in calibrations)}"
+    )
     if pushed.commit_url:
         print(f"  commit: {pushed.commit_url}")
-    print(f"  plan with them anywhere: train --dry-run --use-calibration hub:{repo} --model MODEL --data DATA --deadline DURATION")
+    print(
+        f"  plan with them anywhere: train --dry-run --use-calibration hub:{repo} --model MODEL --data DATA --deadline DURATION"
+    )
     return EXIT_OK
 
 
@@ -548,7 +622,10 @@ def calibrations_to_push(references: list[str]) -> list[dict[str, Any]]:
         print(f"warning: {message}", file=sys.stderr)
 
     if references:
-        return [read_calibration_file(resolve_calibration(reference, on_skip=warn)) for reference in dict.fromkeys(references)]
+        return [
+            read_calibration_file(resolve_calibration(reference, on_skip=warn))
+            for reference in dict.fromkeys(references)
+        ]
     found = []
     for path, data, error in list_calibrations():
         if data is None:
@@ -556,7 +633,9 @@ def calibrations_to_push(references: list[str]) -> list[dict[str, Any]]:
         else:
             found.append(data)
     if not found:
-        raise BenchtrainError(f"bench push: no calibration in {calibrations_dir()} to push: run `bench run` first, or name one{home_hint()}")
+        raise BenchtrainError(
+            f"bench push: no calibration in {calibrations_dir()} to push: run `bench run` first, or name one{home_hint()}"
+        )
     return found
 
 
@@ -580,7 +659,11 @@ MEASURED_COLUMNS: tuple[Column, ...] = (
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The measurement rows as a text table: the sizes, each switch (titled by its label: ckpt), then what was measured."""
-    columns = (*SIZE_COLUMNS, *((dimension.name, dimension.label.lstrip("/"), "{:d}") for dimension in switches()), *MEASURED_COLUMNS)
+    columns = (
+        *SIZE_COLUMNS,
+        *((dimension.name, dimension.label.lstrip("/"), "{:d}") for dimension in switches()),
+        *MEASURED_COLUMNS,
+    )
     header = [title for _, title, _ in columns]
     body = [[_cell(row.get(key), key, style) for key, _, style in columns] for row in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
@@ -630,7 +713,9 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
         lines.append(f"  processes: {processes}; {describe_collectives(distributed)}")
     search = data.get("search") or {}
     if search.get("stopped_by_budget"):
-        lines.append(f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed")
+        lines.append(
+            f"  the budget stopped the benchmark: {len(search.get('left_out', []))} configurations were not probed"
+        )
     drift = search.get("drift") or {}
     if drift.get("applied"):
         reference = drift["reference"]
@@ -642,7 +727,9 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
         lines.append(f"  warning: {warning}")
     if data.get("fit"):
         lines += ["", "fit:", *(f"  {line}" for line in Calibration(data).explain())]
-    best = sorted((row for row in data["measurements"] if row["status"] == "ok"), key=lambda row: -row["tokens_per_second"])[:5]
+    best = sorted(
+        (row for row in data["measurements"] if row["status"] == "ok"), key=lambda row: -row["tokens_per_second"]
+    )[:5]
     lines += ["", "best configurations measured:", format_table(best)]
     history = data.get("history", [])
     if history:

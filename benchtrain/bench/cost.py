@@ -40,9 +40,14 @@ def device_speed(hardware: dict[str, Any]) -> DeviceSpeed:
     """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device, times PRIOR_EFFICIENCY."""
     peak = hardware.get("peak_bf16_flops")
     if peak:
-        return DeviceSpeed(peak * PRIOR_EFFICIENCY, f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}")
+        return DeviceSpeed(
+            peak * PRIOR_EFFICIENCY,
+            f"{hardware.get('peak_flops_entry') or hardware['name']} peak × {PRIOR_EFFICIENCY:.0%}",
+        )
     measured = matmul_flops(hardware["device_type"])
-    return DeviceSpeed(measured * PRIOR_EFFICIENCY, f"a timed matmul ({measured / 1e9:,.0f} GFLOP/s) × {PRIOR_EFFICIENCY:.0%}")
+    return DeviceSpeed(
+        measured * PRIOR_EFFICIENCY, f"a timed matmul ({measured / 1e9:,.0f} GFLOP/s) × {PRIOR_EFFICIENCY:.0%}"
+    )
 
 
 def matmul_flops(device_type: str, seconds: float = 0.3) -> float:
@@ -85,7 +90,9 @@ class CostModel:
     settings: ProbeSettings
     compiled: bool = False
     observations: list[Observation] = field(default_factory=list)
-    compile_prior_seconds: float = COMPILE_PRIOR_SECONDS  # a new shape's compilation until measured (or as an earlier depth measured it)
+    compile_prior_seconds: float = (
+        COMPILE_PRIOR_SECONDS  # a new shape's compilation until measured (or as an earlier depth measured it)
+    )
     _fit: tuple[float, float, float] | None = None  # fixed seconds, seconds per FLOP, relative margin
 
     def observe(self, row: dict[str, Any]) -> None:
@@ -133,7 +140,9 @@ class CostModel:
     def first_step_extra(self, new_shape: bool) -> float:
         """What a probe's first step costs beyond a steady one: a compilation for a new shape of a compiled step, else allocation and DataLoader start."""
         extras = [
-            (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds)) for o in self.observations if o.step_seconds and o.first_step_seconds is not None
+            (o.new_shape, max(0.0, o.first_step_seconds - o.step_seconds))
+            for o in self.observations
+            if o.step_seconds and o.first_step_seconds is not None
         ]
         same = [extra for shape, extra in extras if shape == new_shape]
         if same:
@@ -148,10 +157,16 @@ class CostModel:
         """Seconds a probe spends outside its steps (loader and worker start-up, teardown), from probes with as many workers (or any, else none)."""
 
         def outside(o: Observation) -> float:
-            steps = (o.first_step_seconds or 0.0) + max(0, o.warmup_steps - 1) * (o.step_seconds or 0.0) + o.timed_seconds
+            steps = (
+                (o.first_step_seconds or 0.0) + max(0, o.warmup_steps - 1) * (o.step_seconds or 0.0) + o.timed_seconds
+            )
             return max(0.0, o.probe_seconds - steps)
 
-        alike = [outside(o) for o in self.observations if o.step_seconds and (o.config.num_workers > 0) == (config.num_workers > 0)]
+        alike = [
+            outside(o)
+            for o in self.observations
+            if o.step_seconds and (o.config.num_workers > 0) == (config.num_workers > 0)
+        ]
         return statistics.median(alike) if alike else 0.0
 
     def timed_steps(self, config: StepConfig) -> int:
@@ -222,7 +237,10 @@ class MemoryPrior:
         """Bytes per token in flight: from the probes of this mode (switches on: (peak − what the
         model keeps) ÷ tokens: the static part is exact, so anything else it holds only raises the
         figure), else the prior scaled as the other modes' probes scaled theirs (never down)."""
-        per_token = [(c, (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len)) for c, peak in self.observations]
+        per_token = [
+            (c, (peak - self.static_bytes - self.accumulating(c)) / (c.micro_batch_size * c.seq_len))
+            for c, peak in self.observations
+        ]
         own = [value for c, value in per_token if c.switches == config.switches]
         if own:
             return max(max(own), 0.0)

@@ -46,7 +46,9 @@ def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tup
     """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`:
     MAX_WRITE_BYTES, half the free space and `max_bytes` (what the budget has time for) at most)."""
     states = workload.optimizer.state_dict()["state"].values()
-    optimizer_bytes = sum(value.numel() * value.element_size() for state in states for value in state.values() if hasattr(value, "numel"))
+    optimizer_bytes = sum(
+        value.numel() * value.element_size() for state in states for value in state.values() if hasattr(value, "numel")
+    )
     return checkpoint_bytes(workload.model, optimizer_bytes), min(MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes)
 
 
@@ -56,13 +58,17 @@ def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES
     return size <= limit
 
 
-def measure_checkpoint(workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES) -> dict[str, float]:
+def measure_checkpoint(
+    workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES
+) -> dict[str, float]:
     """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the seconds
     were extrapolated (1) or timed on a real save (0: under FSDP every rank takes part, as rank 0 decides)."""
     size, limit = _sizes(workload, folder, max_bytes)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
-            seconds = save_checkpoint(Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0})
+            seconds = save_checkpoint(
+                Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0}
+            )
         bandwidth, extrapolated = size / max(seconds, 1e-9), 0
     else:
         bandwidth = write_bandwidth(folder, limit)

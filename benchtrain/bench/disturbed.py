@@ -21,7 +21,15 @@ SPREAD_RATIO = 2.5
 SPREAD_FLOOR = 0.05
 RESIDUAL_SIGMAS = 3.0
 RESIDUAL_FLOOR = 0.10
-MEASUREMENT_KEYS = ("position", "step_seconds", "step_seconds_mean", "step_seconds_spread", "timed_steps", "load_average", "data_wait_share")
+MEASUREMENT_KEYS = (
+    "position",
+    "step_seconds",
+    "step_seconds_mean",
+    "step_seconds_spread",
+    "timed_steps",
+    "load_average",
+    "data_wait_share",
+)
 
 
 def measurements_of(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -61,7 +69,11 @@ def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ok rows worth measuring again, worst first: large residual against a quick robust fit, then
     large spread. Rows already measured MAX_REPEATS times are not suspects."""
     ok = [row for row in rows if row["status"] == "ok"]
-    candidates = [index for index, row in enumerate(ok) if len(measurements_of(row)) < MAX_REPEATS and not row.get("remeasure_failed")]
+    candidates = [
+        index
+        for index, row in enumerate(ok)
+        if len(measurements_of(row)) < MAX_REPEATS and not row.get("remeasure_failed")
+    ]
     if not candidates:
         return []
     scores: dict[int, float] = {}
@@ -92,7 +104,10 @@ def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.
 
 
 def remeasure(
-    rows: list[dict[str, Any]], probe_again: Callable[[dict[str, Any]], dict[str, Any]], allows: Callable[[dict[str, Any]], bool], progress: Any = None
+    rows: list[dict[str, Any]],
+    probe_again: Callable[[dict[str, Any]], dict[str, Any]],
+    allows: Callable[[dict[str, Any]], bool],
+    progress: Any = None,
 ) -> int:
     """Measure suspects again while the budget `allows(row)` it (and at most a quarter of the
     probes, so an unbounded benchmark stays bounded); returns how many measurements were added."""
@@ -111,7 +126,10 @@ def remeasure(
         add_repeat(row, new)
         added += 1
         if progress is not None:
-            progress.set_postfix_str(f"re-measured B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}", refresh=False)
+            progress.set_postfix_str(
+                f"re-measured B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}",
+                refresh=False,
+            )
     return added
 
 
@@ -124,9 +142,14 @@ REFERENCE_EVERY = 8
 LEVELS = ("median", "first")
 
 
-def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig, level: str = "median") -> dict[str, Any]:
+def correct_for_drift(
+    rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig, level: str = "median"
+) -> dict[str, Any]:
     """Rescale the ok rows in place to the reference's speed at `level`; `references` are (position, reference tokens/s)."""
-    summary: dict[str, Any] = {"reference": config.to_row(), "measurements": [{"position": p, "tokens_per_second": t} for p, t in references]}
+    summary: dict[str, Any] = {
+        "reference": config.to_row(),
+        "measurements": [{"position": p, "tokens_per_second": t} for p, t in references],
+    }
     if len(references) < 2:
         return {**summary, "applied": False, "spread_pct": 0.0}
     positions = np.array([position for position, _ in references], dtype=float)
@@ -146,7 +169,12 @@ def correct_for_drift(rows: list[dict[str, Any]], references: list[tuple[int, fl
                 measurement["step_seconds_mean"] = measurement["step_seconds_mean"] * factor
         row["tokens_per_second_raw"] = row["tokens_per_second"]
         recombine(row)
-    return {**summary, "applied": True, "level": level, "spread_pct": float((speeds.max() - speeds.min()) / typical * 100)}
+    return {
+        **summary,
+        "applied": True,
+        "level": level,
+        "spread_pct": float((speeds.max() - speeds.min()) / typical * 100),
+    }
 
 
 def median_of_three(values: np.ndarray) -> np.ndarray:

@@ -65,18 +65,32 @@ def single_process_environment(environ: dict[str, str] | None = None) -> dict[st
     """`environ` (this process's) without the launcher's variables: a child started from it is a
     process of its own, on the same device (CUDA_VISIBLE_DEVICES is kept), not a rank of this job."""
     source = dict(os.environ if environ is None else environ)
-    return {name: value for name, value in source.items() if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
+    return {
+        name: value
+        for name, value in source.items()
+        if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)
+    }
 
 
 def child_request(task: str, spec: ModelSpec, method: MethodConfig) -> dict[str, Any]:
     """A child's request: its task, the model's config whole (a slice stays a slice) and the method."""
-    return {"task": task, "model": spec.reference, "config": spec.config_dict, "load_weights": spec.load_weights, "method": asdict(method)}
+    return {
+        "task": task,
+        "model": spec.reference,
+        "config": spec.config_dict,
+        "load_weights": spec.load_weights,
+        "method": asdict(method),
+    }
 
 
 def child_workload(request: dict[str, Any]) -> tuple[ModelSpec, MethodConfig]:
     """The model and method a child process builds, from its request (`child_request`)."""
-    method = MethodConfig(**{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None})
-    return replace(resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"]), method
+    method = MethodConfig(
+        **{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None}
+    )
+    return replace(
+        resolve_model(request["model"]), config_dict=request["config"], load_weights=request["load_weights"]
+    ), method
 
 
 def run_child(request: dict[str, Any], timeout_seconds: float) -> dict[str, Any] | None:
@@ -84,7 +98,9 @@ def run_child(request: dict[str, Any], timeout_seconds: float) -> dict[str, Any]
     last, or None when it failed or ran past `timeout_seconds`."""
     command = [sys.executable, "-m", "benchtrain.bench.fresh_process", json.dumps(request)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_seconds, env=single_process_environment())
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_seconds, env=single_process_environment()
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode != 0 or not done.stdout.strip():
@@ -98,8 +114,12 @@ def main(argv: list[str]) -> None:
     request = json.loads(argv[0])
     spec, method = child_workload(request)
     if request["task"] == "compile":
-        engine = engine_from_options(spec, method, make_accelerator(), StepOptions(compile="on", loss=request["loss"]), request["checkpointing"])
-        batch = SyntheticBatches(1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size)[0]
+        engine = engine_from_options(
+            spec, method, make_accelerator(), StepOptions(compile="on", loss=request["loss"]), request["checkpointing"]
+        )
+        batch = SyntheticBatches(
+            1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size
+        )[0]
         seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(COMPILE_STEPS)]
         result: dict[str, Any] = {"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:])}
     else:
@@ -112,10 +132,16 @@ def main(argv: list[str]) -> None:
     print(json.dumps({**result, "process_seconds": time.perf_counter() - started}))
 
 
-def measure_in_new_process(spec: ModelSpec, method: MethodConfig, loss: str, row: dict[str, Any], timeout_seconds: float) -> dict[str, float] | None:
+def measure_in_new_process(
+    spec: ModelSpec, method: MethodConfig, loss: str, row: dict[str, Any], timeout_seconds: float
+) -> dict[str, float] | None:
     """The compiled step at `row`'s shape in a fresh interpreter: its first step's seconds (loading
     inductor and the kernels from the on-disk cache) and its steady step's; None when it fails."""
-    shape = {"micro_batch_size": int(row["micro_batch_size"]), "seq_len": int(row["seq_len"]), "checkpointing": bool(row.get("gradient_checkpointing"))}
+    shape = {
+        "micro_batch_size": int(row["micro_batch_size"]),
+        "seq_len": int(row["seq_len"]),
+        "checkpointing": bool(row.get("gradient_checkpointing")),
+    }
     return run_child({**child_request("compile", spec, method), "loss": loss, **shape}, timeout_seconds)
 
 
@@ -123,14 +149,19 @@ def check_configs(rows: list[dict[str, Any]]) -> list[StepConfig]:
     """The configurations a fresh process measures again: measured ones (so the comparison is of
     processes, not of the fit's interpolation) whose steps time well, at the quartiles and the
     median of their step time."""
-    ok = sorted((row for row in rows if row["status"] == "ok" and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS), key=lambda row: row["step_seconds"])
+    ok = sorted(
+        (row for row in rows if row["status"] == "ok" and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS),
+        key=lambda row: row["step_seconds"],
+    )
     if not ok:
         return []
     picked = dict.fromkeys(StepConfig.from_row(ok[round(q * (len(ok) - 1))]) for q in (0.25, 0.5, 0.75))
     return list(picked)[:CONFIGS]
 
 
-def check_price(configs: list[StepConfig], process_seconds: float, probe_seconds: Callable[[StepConfig], float]) -> float:
+def check_price(
+    configs: list[StepConfig], process_seconds: float, probe_seconds: Callable[[StepConfig], float]
+) -> float:
     """Seconds the check costs: per process, its start and model build, and each configuration's probe."""
     return PROCESSES * (process_seconds + sum(probe_seconds(config) for config in configs))
 
@@ -147,12 +178,21 @@ def measure_in_fresh_processes(
     """Probe `configs` (synthetic tokens) in `processes` new interpreters, one after another: their ok
     rows, each with its `process` and that process's `rss_before_model_bytes`. A process that fails
     or runs past its share of `timeout_seconds` adds nothing."""
-    request = {**child_request("probes", spec, method), "options": asdict(options), "settings": asdict(settings), "configs": [c.to_row() for c in configs]}
+    request = {
+        **child_request("probes", spec, method),
+        "options": asdict(options),
+        "settings": asdict(settings),
+        "configs": [c.to_row() for c in configs],
+    }
     rows = []
     for index in range(processes):
         result = run_child(request, timeout_seconds / processes)
         if result is not None:
-            rows += [{**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]} for row in result["rows"] if row["status"] == "ok"]
+            rows += [
+                {**row, "process": index, "rss_before_model_bytes": result["rss_before_model_bytes"]}
+                for row in result["rows"]
+                if row["status"] == "ok"
+            ]
     return rows
 
 

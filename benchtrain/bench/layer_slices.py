@@ -60,7 +60,9 @@ def parse_layers(text: str | None) -> str | Depths | None:
     except ValueError:
         raise BenchtrainError(f"--layers takes auto or a list of layer counts such as 2,4,6, got {text!r}") from None
     if len(depths) < 2 or depths[0] < 1:
-        raise BenchtrainError(f"--layers needs two or more distinct positive layer counts (a line needs two points), got {text!r}")
+        raise BenchtrainError(
+            f"--layers needs two or more distinct positive layer counts (a line needs two points), got {text!r}"
+        )
     return depths
 
 
@@ -89,7 +91,10 @@ def non_uniform_reason(spec: ModelSpec) -> str | None:
 def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
     """The model cut to `layers` decoder layers (every per-layer list too), with random weights: speed and memory do not depend on their values."""
     total = full_layers(spec)
-    config = {key: value[:layers] if isinstance(value, list) and len(value) == total else value for key, value in spec.config_dict.items()}
+    config = {
+        key: value[:layers] if isinstance(value, list) and len(value) == total else value
+        for key, value in spec.config_dict.items()
+    }
     config[layer_key(spec.config_dict)] = layers
     return replace(spec, config_dict=config, load_weights=False)
 
@@ -97,21 +102,33 @@ def slice_spec(spec: ModelSpec, layers: int) -> ModelSpec:
 def static_bytes(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str]) -> float:
     """What one process keeps before activations (exact, from the `meta` device)."""
     world_size, sharding = layout
-    return memory_need(spec, method, hardware["device_type"]).per_process_bytes(sharding, world_size, hardware["device_type"])
+    return memory_need(spec, method, hardware["device_type"]).per_process_bytes(
+        sharding, world_size, hardware["device_type"]
+    )
 
 
 def auto_depths(
-    spec: ModelSpec, method: MethodConfig, hardware: JsonDict, layout: tuple[int, str], affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True
+    spec: ModelSpec,
+    method: MethodConfig,
+    hardware: JsonDict,
+    layout: tuple[int, str],
+    affordable: Callable[[tuple[int, ...]], bool] = lambda ladder: True,
 ) -> tuple[int, ...] | None:
     """The first ladder of AUTO_LADDERS whose deepest slice fits the device and whose depths the budget
     pays a minimum viable fit at (`affordable`), else the first that fits; None: no slice fits."""
     layers = full_layers(spec)
     limit = SLICE_MEMORY_SHARE * float(hardware["memory_bytes"])
-    fitting = [ladder for ladder in AUTO_LADDERS if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit]
+    fitting = [
+        ladder
+        for ladder in AUTO_LADDERS
+        if ladder[-1] < layers and static_bytes(slice_spec(spec, ladder[-1]), method, hardware, layout) <= limit
+    ]
     return next((ladder for ladder in fitting if affordable(ladder)), fitting[0] if fitting else None)
 
 
-def whole_model_affordable(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None) -> bool:
+def whole_model_affordable(
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None
+) -> bool:
     """The whole model fits the device and the budget buys AUTO_PROBES probes of it (or the whole
     grid), at the prices bench works out before building anything."""
     try:
@@ -126,7 +143,11 @@ def whole_model_affordable(request: BenchRequest, spec: ModelSpec, method: Metho
 
 
 def choose_depths(
-    request: BenchRequest, spec: ModelSpec, method: MethodConfig, asked: str | tuple[int, ...], budget: float | str | None
+    request: BenchRequest,
+    spec: ModelSpec,
+    method: MethodConfig,
+    asked: str | tuple[int, ...],
+    budget: float | str | None,
 ) -> tuple[tuple[int, ...] | None, str]:
     """(the depths to measure, or None for the whole model; the rule that chose, in words)."""
     layers = full_layers(spec)
@@ -143,7 +164,10 @@ def choose_depths(
         return None, "whole model: it fits the device and the budget buys a usable fit of it"
 
     def affordable(ladder: tuple[int, ...]) -> bool:
-        return not isinstance(budget, (int, float)) or sum(price_ladder(request, spec, method, ladder, budget).values()) <= budget
+        return (
+            not isinstance(budget, (int, float))
+            or sum(price_ladder(request, spec, method, ladder, budget).values()) <= budget
+        )
 
     layout = process_layout(request.options, method)
     depths = auto_depths(spec, method, detect_hardware(), (layout.world_size, layout.sharding), affordable)
@@ -153,10 +177,15 @@ def choose_depths(
             "use --lora, --quantize 4bit, or a device with more memory"
         )
     ladders = ", ".join("/".join(map(str, ladder)) for ladder in AUTO_LADDERS)
-    return depths, f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays"
+    return (
+        depths,
+        f"auto: {'/'.join(map(str, depths))}, the first of {ladders} whose deepest slice fits and whose minimum the budget pays",
+    )
 
 
-def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None) -> dict[int, float]:
+def price_ladder(
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, depths: tuple[int, ...], budget: float | str | None
+) -> dict[int, float]:
     """Each depth's minimum (`price_depths`) from the planner bench would probe it with, before anything is built."""
     planners = {}
     for index, depth in enumerate(depths):
@@ -168,7 +197,12 @@ def price_ladder(request: BenchRequest, spec: ModelSpec, method: MethodConfig, d
 
 
 def measure_layers(
-    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget: float | str | None, asked: str | Depths, progress: ProgressBar
+    request: BenchRequest,
+    spec: ModelSpec,
+    method: MethodConfig,
+    budget: float | str | None,
+    asked: str | Depths,
+    progress: ProgressBar,
 ) -> JsonDict | None:
     """`bench run --layers`: the whole model, or each depth in turn and their combination (rank 0's record; None on the other processes)."""
     started = time.monotonic()
@@ -209,7 +243,11 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
     meta = meta_model(spec, method)
     shape = model_shape(meta)
     layers = full_layers(spec)
-    counts = {key: value for key, value in method_record(method, meta).items() if key in ("trainable_parameters", "total_parameters", "lora")}
+    counts = {
+        key: value
+        for key, value in method_record(method, meta).items()
+        if key in ("trainable_parameters", "total_parameters", "lora")
+    }
     need = memory_need(spec, method, hardware["device_type"])
     whole = WholeModel(
         layers=layers,
@@ -233,7 +271,12 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
 
 # One-off costs that do not grow with depth (counts, rates, flags, the one compiled block): measured at
 # the depths that timed them; per shape, weighted by the shapes each compiled.
-KEPT_OVERHEADS = {"warmup_steps", "disk_write_bytes_per_second", "checkpoint_extrapolated", "compile_cached_seconds_per_shape"}
+KEPT_OVERHEADS = {
+    "warmup_steps",
+    "disk_write_bytes_per_second",
+    "checkpoint_extrapolated",
+    "compile_cached_seconds_per_shape",
+}
 PER_SHAPE_OVERHEADS = {"compile_seconds_per_shape": "compile_shapes_measured"}
 
 
@@ -255,26 +298,37 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
     """One calibration of the whole model from each depth's record (`records[K]`, K layers)."""
     depths = sorted(records)
     deepest = records[depths[-1]]
-    fitted = derive_full_rows({depth: smoothed_rows(records[depth]) for depth in depths}, whole.layers, whole.static_bytes)
+    fitted = derive_full_rows(
+        {depth: smoothed_rows(records[depth]) for depth in depths}, whole.layers, whole.static_bytes
+    )
     if len(fitted.rows) < MIN_ROWS_FOR_FIT:
         raise MeasurementError(
             f"only {len(fitted.rows)} configurations were measured at two slice depths or more; a fit of the whole model needs "
             f"{MIN_ROWS_FOR_FIT}: raise --budget or narrow the grid (--batch-sizes, --seq-lens)"
         )
     record = {key: value for key, value in deepest.items() if key not in ("noise", "left_out_configs")}
-    record.update(model=whole.model, training={**deepest["training"], **whole.training}, measurements=fitted.rows, history=[])
+    record.update(
+        model=whole.model, training={**deepest["training"], **whole.training}, measurements=fitted.rows, history=[]
+    )
     record["fit"] = fit_with_drift_choice(fitted.rows, None, record, [])
     eval_rows = derive_eval_rows(records, whole.layers)
     record["eval"] = {"measurements": eval_rows, "fit": fit_eval(eval_rows)}
     record["overheads"] = derive_overheads(records, whole.layers, whole.checkpoint_bytes)
-    record["search"] = {**deepest["search"], "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths}}
+    record["search"] = {
+        **deepest["search"],
+        "slice_depths": {str(depth): depth_summary(records[depth]) for depth in depths},
+    }
     record["slices"] = slices_section(fitted, depths, whole)
     # The deepest slice's split is not the whole model's (its head weighs more): lines in depth, or
     # none (the whole model's FLOP-count split then stands).
-    record["step_split"] = derive_step_split({depth: records[depth].get("step_split") or [] for depth in depths}, whole.layers)
+    record["step_split"] = derive_step_split(
+        {depth: records[depth].get("step_split") or [] for depth in depths}, whole.layers
+    )
     if not record["step_split"]:
         del record["step_split"]
-    record["warnings"] = list(dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", [])))
+    record["warnings"] = list(
+        dict.fromkeys(warning for depth in depths for warning in records[depth].get("warnings", []))
+    )
     noise = assess_noise(record)
     if noise:
         record["noise"] = noise
@@ -312,7 +366,9 @@ def depth_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> dict[str, Any]:
     per_layer = [entry["per_layer_seconds"] for entry in fitted.per_config]
-    activations = [entry["per_layer_activation_bytes"] for entry in fitted.per_config if "per_layer_activation_bytes" in entry]
+    activations = [
+        entry["per_layer_activation_bytes"] for entry in fitted.per_config if "per_layer_activation_bytes" in entry
+    ]
     fixed = [entry["fixed_seconds"] for entry in fitted.per_config]
     section: dict[str, Any] = {
         "depths": depths,
@@ -351,7 +407,15 @@ def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[di
             continue
         line = DepthLine.fit(list(seconds), list(seconds.values()))
         value = max(line.at(layers), max(seconds.values()))
-        rows.append({"micro_batch_size": batch, "seq_len": length, "status": "ok", "batch_seconds": value, "tokens_per_second": batch * length / value})
+        rows.append(
+            {
+                "micro_batch_size": batch,
+                "seq_len": length,
+                "status": "ok",
+                "batch_seconds": value,
+                "tokens_per_second": batch * length / value,
+            }
+        )
     return rows
 
 
@@ -371,10 +435,18 @@ def derive_overheads(records: dict[int, dict[str, Any]], layers: int, checkpoint
         else:
             overheads[name] = max(0.0, DepthLine.fit(depths, list(values.values())).at(layers))
     for name, count in PER_SHAPE_OVERHEADS.items():
-        weights = {depth: float(found[depth].get(count) or 0) for depth in depths if isinstance(found[depth].get(name), (int, float))}
+        weights = {
+            depth: float(found[depth].get(count) or 0)
+            for depth in depths
+            if isinstance(found[depth].get(name), (int, float))
+        }
         if weights:
             total = sum(weights.values())
-            mean = sum(weights[d] * found[d][name] for d in weights) / total if total else max(found[d][name] for d in weights)
+            mean = (
+                sum(weights[d] * found[d][name] for d in weights) / total
+                if total
+                else max(found[d][name] for d in weights)
+            )
             overheads.update({name: mean, count: int(total)})
     rate = overheads.get("disk_write_bytes_per_second")
     if checkpoint_bytes:

@@ -48,13 +48,17 @@ def total_seconds(probes_seconds: float, spent_seconds: float, after_probes_seco
     return (spent_seconds + probes_seconds + after_probes_seconds) / (1 - BUDGET_RESERVE)
 
 
-def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: float, after_probes_seconds: float) -> Outlook:
+def outlook(
+    planner: ProbePlanner, budget_seconds: float | None, spent_seconds: float, after_probes_seconds: float
+) -> Outlook:
     everything = planner.preview(None)
     viable = planner.preview(None, stop_when_viable=True)
     fastest = copy.deepcopy(planner)
     fastest.cost.speed = DeviceSpeed(planner.cost.speed.flops_per_second / PRIOR_EFFICIENCY, "peak")
     least = fastest.preview(None, stop_when_viable=True)
-    probes_budget = None if budget_seconds is None else budget_seconds - total_seconds(0.0, spent_seconds, after_probes_seconds)
+    probes_budget = (
+        None if budget_seconds is None else budget_seconds - total_seconds(0.0, spent_seconds, after_probes_seconds)
+    )
     planned = planner.preview(max(0.0, probes_budget)) if probes_budget is not None else everything
     return Outlook(
         budget_seconds=budget_seconds,
@@ -62,7 +66,9 @@ def outlook(planner: ProbePlanner, budget_seconds: float | None, spent_seconds: 
         grid_probes=len(everything),
         planned=tuple(planned),
         minimum_seconds=total_seconds(sum(price for _, price in viable), spent_seconds, after_probes_seconds),
-        least_seconds=total_seconds(sum(price for _, price in least), spent_seconds, after_probes_seconds * PRIOR_EFFICIENCY),
+        least_seconds=total_seconds(
+            sum(price for _, price in least), spent_seconds, after_probes_seconds * PRIOR_EFFICIENCY
+        ),
         after_probes_seconds=after_probes_seconds,
         prices="measured" if planner.cost.measured else planner.cost.source,
     )
@@ -80,7 +86,12 @@ def expected_error(hardware_name: str, fingerprint: str, probes: int) -> float |
     """The held-out median error to expect with `probes` probes, from the newest stored
     calibration of this model on this device (scaled by √(its probes ÷ these)); None without one."""
     for _, data, _ in list_calibrations():
-        if not data or not data.get("fit") or data["hardware"].get("name") != hardware_name or data["model"].get("fingerprint") != fingerprint:
+        if (
+            not data
+            or not data.get("fit")
+            or data["hardware"].get("name") != hardware_name
+            or data["model"].get("fingerprint") != fingerprint
+        ):
             continue
         median, rows = data["fit"]["held_out_error"].get("median_abs_pct"), data["fit"].get("rows_used")
         if median is None or not rows or probes < 1:
@@ -91,13 +102,19 @@ def expected_error(hardware_name: str, fingerprint: str, probes: int) -> float |
 
 def describe(view: Outlook) -> list[str]:
     """The outlook in a few lines for the terminal."""
-    lines = [f"the whole grid ({view.grid_probes} probes that fit in memory) needs ≈ {format_duration(view.grid_seconds)} (probe prices: {view.prices})"]
+    lines = [
+        f"the whole grid ({view.grid_probes} probes that fit in memory) needs ≈ {format_duration(view.grid_seconds)} (probe prices: {view.prices})"
+    ]
     if view.budget_seconds is not None:
         sample = ", ".join(c.label for c, _ in view.planned[:5])
         more = f" and {len(view.planned) - 5} more" if len(view.planned) > 5 else ""
         lines.append(
             f"within {format_duration(view.budget_seconds)} I expect to measure {len(view.planned)} probes ({sample}{more}), "
-            + (f"expected held-out error ≈ {view.expected_error_pct:.1f}% (from the last calibration of this model here), " if view.expected_error_pct else "")
+            + (
+                f"expected held-out error ≈ {view.expected_error_pct:.1f}% (from the last calibration of this model here), "
+                if view.expected_error_pct
+                else ""
+            )
             + f"then evaluation and checkpoint timings (≈ {format_duration(view.after_probes_seconds)}); "
             f"a minimum viable fit needs ≈ {format_duration(view.minimum_seconds)}"
         )
@@ -106,7 +123,10 @@ def describe(view: Outlook) -> list[str]:
 
 def refuse_if_too_small(view: Outlook, planner: ProbePlanner | None = None) -> None:
     """One line naming the budget a minimum viable fit needs (or the grid it needs), before any of the budget is spent."""
-    if planner is not None and len(view.planned if view.budget_seconds is None else planner.preview(None)) < MIN_ROWS_FOR_FIT:
+    if (
+        planner is not None
+        and len(view.planned if view.budget_seconds is None else planner.preview(None)) < MIN_ROWS_FOR_FIT
+    ):
         raise BenchtrainError(
             f"the grid has {planner.space.size} configurations ({len(planner.candidates())} that fit in memory); a fit needs at least "
             f"{MIN_ROWS_FOR_FIT}: add values to --batch-sizes, --seq-lens or --accum"
@@ -137,7 +157,9 @@ def settle_budget(
     seconds = auto_budget(planner, spent_seconds, after_probes_seconds) if asked == "auto" else asked
     assert seconds is None or isinstance(seconds, (int, float))
     if asked == "auto":
-        say(f"--budget auto: {format_duration(seconds or 0.0)} (the grid's first {AUTO_PROBES} probes at today's prices)")
+        say(
+            f"--budget auto: {format_duration(seconds or 0.0)} (the grid's first {AUTO_PROBES} probes at today's prices)"
+        )
     view = outlook(planner, seconds, spent_seconds, after_probes_seconds)
     if expected is not None and view.planned:
         view = dataclasses.replace(view, expected_error_pct=expected(len(view.planned)))
@@ -151,4 +173,6 @@ def minimum_from_scratch(planner: ProbePlanner, spent_before_probes: float, afte
     """The budget a minimum viable fit needs from the start, at the prices measured so far (what a failed benchmark tells the user to ask for next time)."""
     fresh = copy.deepcopy(planner)
     fresh.rows, fresh.oom, fresh.seen_shapes = {}, [], set()
-    return total_seconds(sum(price for _, price in fresh.preview(None, stop_when_viable=True)), spent_before_probes, after_probes_seconds)
+    return total_seconds(
+        sum(price for _, price in fresh.preview(None, stop_when_viable=True)), spent_before_probes, after_probes_seconds
+    )

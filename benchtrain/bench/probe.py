@@ -21,7 +21,13 @@ from benchtrain.train.step.metrics import data_wait_share, step_figures
 from benchtrain.train.step.peak_memory import PeakMemory
 from benchtrain.train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
 from benchtrain.train.step.step import StepTimer, without_packed_sequence_check
-from benchtrain.train.workload.batching import PackedBatches, SyntheticBatches, make_loader, plan_packed_batches, to_device
+from benchtrain.train.workload.batching import (
+    PackedBatches,
+    SyntheticBatches,
+    make_loader,
+    plan_packed_batches,
+    to_device,
+)
 from benchtrain.train.workload.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
 from benchtrain.train.workload.model import ModelShape, ModelSpec, model_shape
 from benchtrain.train.workload.tokens import TokenizedData
@@ -30,14 +36,25 @@ from benchtrain.train.workload.tokens import TokenizedData
 class Workload:
     """Model, optimizer and step built once per benchmark, exactly as `train` builds them."""
 
-    def __init__(self, spec: ModelSpec, data: TokenizedData | None = None, method: MethodConfig | None = None, options: StepOptions | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        data: TokenizedData | None = None,
+        method: MethodConfig | None = None,
+        options: StepOptions | None = None,
+    ) -> None:
         started = time.perf_counter()
         self.spec = spec
         self.data = data
         self.method = method or MethodConfig()
         self.accelerator = make_accelerator()
         self.engine = engine_from_options(spec, self.method, self.accelerator, options or StepOptions())
-        self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
+        self.model, self.optimizer, self.scheduler, self.step = (
+            self.engine.model,
+            self.engine.optimizer,
+            self.engine.scheduler,
+            self.engine.step,
+        )
         self.shape: ModelShape = model_shape(self.model)
         self.training = {**method_record(self.method, self.model), **self.engine.record()}
         self.checkpointing = False
@@ -73,7 +90,9 @@ class Workload:
             self.checkpointing = enabled
 
     def flops_per_token(self, config: StepConfig) -> float:
-        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, recompute=config.gradient_checkpointing)
+        return self.shape.flops_per_token(
+            config.seq_len, lora=self.method.is_lora, recompute=config.gradient_checkpointing
+        )
 
     def batches(self, config: StepConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
@@ -84,7 +103,9 @@ class Workload:
         return PackedBatches(self.data, plan, config.seq_len)
 
 
-def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, peak_flops: float | None = None) -> dict[str, Any]:
+def run_probe(
+    workload: Workload, config: StepConfig, settings: ProbeSettings, peak_flops: float | None = None
+) -> dict[str, Any]:
     """A measurement row (status ok / oom / error / skipped) for one configuration."""
     row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
@@ -94,7 +115,9 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
     row["new_shape"] = shape not in workload.seen_shapes
     workload.seen_shapes.add(shape)
     steps_needed = settings.warmup_steps + settings.max_steps
-    loader = make_loader(workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory)
+    loader = make_loader(
+        workload.batches(config, steps_needed * config.grad_accum), config.num_workers, workload.pin_memory
+    )
     iterator = iter(loader)
     timing = None
     try:
@@ -124,7 +147,12 @@ def run_probe(workload: Workload, config: StepConfig, settings: ProbeSettings, p
 
 
 def finish_row(
-    row: dict[str, Any], config: StepConfig, timing: StepTiming, peak_bytes: int, flops_per_token: float, peak_flops: float | None
+    row: dict[str, Any],
+    config: StepConfig,
+    timing: StepTiming,
+    peak_bytes: int,
+    flops_per_token: float,
+    peak_flops: float | None,
 ) -> dict[str, Any]:
     """The row's figures from the timed steps (a real probe's and a simulated one's alike): the
     median step, which a step slowed by other work does not move, and the mean (a run lasts the sum
@@ -198,7 +226,12 @@ def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STE
     model = workload.model
     model.eval()
     try:
-        with torch.no_grad(), workload.accelerator.autocast(), eager_region(workload.engine.compiled), without_packed_sequence_check():
+        with (
+            torch.no_grad(),
+            workload.accelerator.autocast(),
+            eager_region(workload.engine.compiled),
+            without_packed_sequence_check(),
+        ):
             for index, batch in enumerate(loader):
                 batch = to_device(batch, workload.device)
                 timer.start()

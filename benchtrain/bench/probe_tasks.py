@@ -169,11 +169,14 @@ class JobStore:
 
 def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     """The coordinator of this process, with a handler for every task rank 0 may ask of it."""
-    compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())  # the same sequence on every rank
+    # the same sequence on every rank
+    compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())
 
     def probe(task: dict[str, Any]) -> dict[str, Any]:
         with collectives_give_up_after(task.get("timeout_seconds")):
-            return run_probe(workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops)
+            return run_probe(
+                workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops
+            )
 
     return Coordinator(
         {
@@ -182,14 +185,18 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
             # FSDP: every rank joins in gathering the state that rank 0 saves (train.running.checkpoint);
             # DDP: rank 0 alone saves. Rank 0's figures are kept.
             "checkpoint": lambda task: (
-                measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"]) if task["every_rank"] or is_main_process() else {}
+                measure_checkpoint(workload, Path(task["folder"]), task["real_save"], task["max_bytes"])
+                if task["every_rank"] or is_main_process()
+                else {}
             ),
             "comm": lambda task: measure_collectives(workload.device, ("all_reduce", "all_gather", "reduce_scatter")),
             "loss_probe": lambda task: (workload.set_loss(task["loss"]), probe(task))[1],
             "set_loss": lambda task: (workload.set_loss(task["loss"]), {})[1],
             "step_split": lambda task: profile_task(workload, task),  # bench.step_split: after the fit, at two probes
             # Rank 0 only, and last: the other ranks keep their models, which they no longer use.
-            "compile_cache": lambda task: compile_cache_task(workload, task, next(compile_cache_keys), JobStore.of_this_job()),
+            "compile_cache": lambda task: compile_cache_task(
+                workload, task, next(compile_cache_keys), JobStore.of_this_job()
+            ),
         }
     )
 
@@ -220,7 +227,9 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
     try:  # every rank counts itself in; the count is whole once rank 0 has
         wait_for_all(job.store, key, job.world_size, give_up_at, job.clock, job.pause)
     except RuntimeError as error:
-        raise RuntimeError(f"rank 0's compile-cache measurement did not end within {timeout_seconds + COMPILE_WAIT_SLACK:.0f} s") from error
+        raise RuntimeError(
+            f"rank 0's compile-cache measurement did not end within {timeout_seconds + COMPILE_WAIT_SLACK:.0f} s"
+        ) from error
     return {}
 
 

@@ -70,7 +70,9 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
 def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
     """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
     processes' rows (bench.fresh_process) when there are any, and say when it is noisy."""
-    record["fit"] = fit_with_drift_choice(record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows)
+    record["fit"] = fit_with_drift_choice(
+        record["measurements"], (record.get("search") or {}).get("drift"), record, fresh_rows
+    )
     if fresh_rows:
         record["process_check"] = judge(record["fit"], fresh_rows, record["hardware"].get(HOST_BASELINE_KEY))
     record["noise"] = assess_noise(record)
@@ -78,7 +80,9 @@ def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None
         record["warnings"].append(record["noise"]["message"])
 
 
-def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> dict[str, Any]:
+def fit_with_drift_choice(
+    rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Keep the drift correction (and its level, bench.disturbed.LEVELS) only if it makes the fit better
     where a calibration is used: in fresh processes (`fresh_rows`), else on the held-out probes."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)
@@ -87,7 +91,10 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
         return corrected
     raw_rows = copy.deepcopy(rows)
     undo_correction(raw_rows)
-    fits = {drift.get("level", "median"): (rows, corrected), "raw": (raw_rows, fit_measurements(raw_rows, flops, gradients))}
+    fits = {
+        drift.get("level", "median"): (rows, corrected),
+        "raw": (raw_rows, fit_measurements(raw_rows, flops, gradients)),
+    }
     if fresh_rows:
         judged_by = "fresh processes"
         references = [(m["position"], m["tokens_per_second"]) for m in drift["measurements"]]
@@ -109,7 +116,9 @@ def fit_with_drift_choice(rows: list[dict[str, Any]], drift: dict[str, Any] | No
         drift["applied"] = False
         drift.pop("level", None)
         corrected_error = min(error for name, error in errors.items() if name != "raw")
-        drift["reason"] = f"the correction did not help: median error in {judged_by} {corrected_error:.1f}% corrected vs {errors['raw']:.1f}% raw"
+        drift["reason"] = (
+            f"the correction did not help: median error in {judged_by} {corrected_error:.1f}% corrected vs {errors['raw']:.1f}% raw"
+        )
     else:
         drift["level"] = best
     return chosen_fit
@@ -123,17 +132,22 @@ def refit_record(source: JsonDict, created: datetime | None = None) -> JsonDict:
     rows = record["measurements"]
     ok = sum(1 for row in rows if row["status"] == "ok")
     if ok < MIN_ROWS_FOR_FIT:
-        raise MeasurementError(f"calibration {source['id']} has {ok} successful probes; a fit needs at least {MIN_ROWS_FOR_FIT}")
+        raise MeasurementError(
+            f"calibration {source['id']} has {ok} successful probes; a fit needs at least {MIN_ROWS_FOR_FIT}"
+        )
     record["id"] = new_id(device_label(record["hardware"]), record["model"]["name"], created)
     record["created_at"] = created.isoformat(timespec="seconds")
     record["refit_of"] = source["id"]
     record["warnings"] = [warning for warning in record.get("warnings", []) if not warning.startswith("held-out error")]
-    fit_record(record, (record.get("process_check") or {}).get("measurements") or [])  # the fresh processes judge the new fit
+    # the fresh processes judge the new fit
+    fit_record(record, (record.get("process_check") or {}).get("measurements") or [])
     if record.get("eval"):
         record["eval"]["fit"] = fit_eval(record["eval"].get("measurements", []))
     # Past runs measured the old fit's predictions: their correction does not carry over.
     record["history"] = []
     if record.get("variants"):  # each other variant measured (bench run --quantize none,4bit …), fitted again too
         refitted = [refit_record(variant_data(source, index), created) for index in range(len(record["variants"]))]
-        record["variants"] = [{key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted]
+        record["variants"] = [
+            {key: value for key, value in entry.items() if key not in ("id", "variants")} for entry in refitted
+        ]
     return record

@@ -46,7 +46,11 @@ class Budget:
     checkpoint and compile timings, fit and report), re-priced as the probes measure."""
 
     def __init__(
-        self, seconds: float | None, started: float | None = None, clock: Callable[[], float] = time.monotonic, reserved: Callable[[], float] = lambda: 0.0
+        self,
+        seconds: float | None,
+        started: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reserved: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.seconds = seconds
         self.clock = clock
@@ -135,7 +139,11 @@ def run_grid(
             # own probes measured twice (one busy moment decides nothing) and once even the cheapest
             # probes no longer fit.
             confirmed = len(result.rows) >= PRICE_CONFIRMATIONS
-            if confirmed and not planner.viable_within(budget.remaining()) and not planner.cheap_probes_remain(budget.remaining()):
+            if (
+                confirmed
+                and not planner.viable_within(budget.remaining())
+                and not planner.cheap_probes_remain(budget.remaining())
+            ):
                 break
             config = planner.next(budget.remaining()) or config
         if reference_every and reference is not None and since_reference >= reference_every and reference_affordable():
@@ -145,7 +153,12 @@ def run_grid(
         planner.record(row)
         result.rows.append(row)
         since_reference += 1
-        if reference is None and reference_every and row["status"] == "ok" and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS:
+        if (
+            reference is None
+            and reference_every
+            and row["status"] == "ok"
+            and row["step_seconds"] >= WELL_TIMED_STEP_SECONDS
+        ):
             reference, since_reference = config, 0
             references.append((row["position"], row["tokens_per_second"]))
         _advance(progress, row)
@@ -164,7 +177,9 @@ def finish(result: BenchResult, planner: ProbePlanner, prober: Prober, progress:
     result.stopped_by_budget = bool(left)
     result.left_out = [c.to_row() for c in left]
     result.rows.extend(planner.unprobed_rows())
-    result.remeasured = remeasure(result.rows, prober.again, lambda row: prober.budget.allows(planner.price(StepConfig.from_row(row))), progress)
+    result.remeasured = remeasure(
+        result.rows, prober.again, lambda row: prober.budget.allows(planner.price(StepConfig.from_row(row))), progress
+    )
 
 
 def _advance(progress: Any, row: dict[str, Any]) -> None:
@@ -172,14 +187,19 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
         return
     if row.get("tokens_per_second"):
         progress.set_postfix_str(
-            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s", refresh=False
+            f"B={row['micro_batch_size']} W={row['num_workers']} A={row['grad_accum']} S={row['seq_len']}: {row['tokens_per_second']:,.0f} tok/s",
+            refresh=False,
         )
     progress.update(1)
 
 
-def study_name(hardware: dict[str, Any], model: dict[str, Any], space: SearchSpace, data: str | None, setup: str = "") -> str:
+def study_name(
+    hardware: dict[str, Any], model: dict[str, Any], space: SearchSpace, data: str | None, setup: str = ""
+) -> str:
     """The optuna study an interrupted bench resumes: same device, model, space, data and setup (what is trained, on which base, with which optimizer)."""
-    key = json.dumps([hardware["name"], hardware["count"], model["fingerprint"], space.as_dict(), data, setup], sort_keys=True)
+    key = json.dumps(
+        [hardware["name"], hardware["count"], model["fingerprint"], space.as_dict(), data, setup], sort_keys=True
+    )
     return "bench-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -194,7 +214,13 @@ class OptunaStudy:
 
 
 def run_optuna(
-    space: SearchSpace, probe: ProbeFunction, budget: Budget, trials: int, study: OptunaStudy, progress: Any = None, planner: ProbePlanner | None = None
+    space: SearchSpace,
+    probe: ProbeFunction,
+    budget: Budget,
+    trials: int,
+    study: OptunaStudy,
+    progress: Any = None,
+    planner: ProbePlanner | None = None,
 ) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial. Each
     finished trial keeps its row in the SQLite study, so an interrupted benchmark resumes without
@@ -213,7 +239,8 @@ def run_optuna(
         sampler=optuna.samplers.TPESampler(seed=study.seed),
     )
     distributions: dict[str, BaseDistribution] = {
-        dimension: CategoricalDistribution(list(values)) for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
+        dimension: CategoricalDistribution(list(values))
+        for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
     }
     done: dict[StepConfig, dict[str, Any]] = {}
     for finished in optuna_study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):

@@ -26,7 +26,9 @@ class SearchSpace:
     def __init__(self, *values: Choices, **named: Choices) -> None:
         given = dict(zip((dimension.axis for dimension in DIMENSIONS.values()), values, strict=False)) | named
         unknown = set(given) - {dimension.axis for dimension in DIMENSIONS.values()}
-        missing = [dimension.axis for dimension in DIMENSIONS.values() if not dimension.switch and dimension.axis not in given]
+        missing = [
+            dimension.axis for dimension in DIMENSIONS.values() if not dimension.switch and dimension.axis not in given
+        ]
         if unknown or missing:
             raise TypeError(f"search space axes unknown {sorted(unknown)} or missing {missing}")
         axes = tuple((dimension.axis, tuple(given.get(dimension.axis, (0,)))) for dimension in DIMENSIONS.values())
@@ -43,7 +45,9 @@ class SearchSpace:
 
     def modes(self) -> list[Mode]:
         """Every combination of the switches measured (each a tuple of the switches on)."""
-        measured = [[(dimension.name,) if value else () for value in self.axis(dimension.axis)] for dimension in switches()]
+        measured = [
+            [(dimension.name,) if value else () for value in self.axis(dimension.axis)] for dimension in switches()
+        ]
         return sorted({sum(combo, ()) for combo in itertools.product(*measured)})
 
     @property
@@ -74,7 +78,9 @@ def shape_of(config: StepConfig) -> Shape:
 
 def mode_words(mode: Mode) -> str:
     """A combination of switches in words: "gradient checkpointing on"."""
-    return ", ".join(f"{dimension.name.replace('_', ' ')} {'on' if dimension.name in mode else 'off'}" for dimension in switches())
+    return ", ".join(
+        f"{dimension.name.replace('_', ' ')} {'on' if dimension.name in mode else 'off'}" for dimension in switches()
+    )
 
 
 def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
@@ -83,7 +89,9 @@ def default_space(device_type: str, memory_bytes: float) -> SearchSpace:
         # 48 configurations: a 150 s budget covers them on a busy 2-core machine.
         return SearchSpace((1, 2, 4, 8), (0, 2), (1, 2), (64, 128, 256))
     big = memory_bytes >= 60 * 2**30
-    return SearchSpace((1, 2, 4, 8, 16) if big else (1, 2, 4, 8), (0, 4), (1, 4), (512, 1024, 2048) if big else (256, 512, 1024))
+    return SearchSpace(
+        (1, 2, 4, 8, 16) if big else (1, 2, 4, 8), (0, 4), (1, 4), (512, 1024, 2048) if big else (256, 512, 1024)
+    )
 
 
 def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> SearchSpace:
@@ -95,7 +103,11 @@ def within_positions(space: SearchSpace, max_positions: int, asked: bool) -> Sea
         return space
     if asked:
         raise BenchtrainError(f"--seq-lens {too_long} exceed the model's {max_positions} positions")
-    return space.with_axes(seq_lens=tuple(sorted({length for length in space.axis("seq_lens") if length < max_positions} | {max_positions})))
+    return space.with_axes(
+        seq_lens=tuple(
+            sorted({length for length in space.axis("seq_lens") if length < max_positions} | {max_positions})
+        )
+    )
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> Choices:

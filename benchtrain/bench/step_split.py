@@ -20,7 +20,21 @@ from benchtrain.train.workload.batching import make_loader
 # Hopper GEMMs), tensor-core MMA (`xmma`, `wgmma`, `hmma`: not bare "mma", which is in
 # "FusedAdamMathFunctor"), flash and memory-efficient attention (`flash_fwd_kernel`,
 # `fmha_cutlassF_…`), and inductor's matmul templates (`triton_tem_fused_mm_…`).
-COMPUTE_KERNEL_WORDS = ("gemm", "cutlass", "sm90", "sm80", "xmma", "wgmma", "hmma", "flash", "attention", "attn", "fmha", "nvjet", "triton_tem")
+COMPUTE_KERNEL_WORDS = (
+    "gemm",
+    "cutlass",
+    "sm90",
+    "sm80",
+    "xmma",
+    "wgmma",
+    "hmma",
+    "flash",
+    "attention",
+    "attn",
+    "fmha",
+    "nvjet",
+    "triton_tem",
+)
 PROFILED_STEPS = 2  # optimizer steps under the profiler per probe, after one unprofiled warm-up step
 # NCCL's kernels: `ncclDevKernel_AllReduce_Sum_f32_RING_LL`, `ncclKernel_…` (before NCCL 2.19).
 COMMUNICATION_KERNEL_PREFIX = "nccl"
@@ -72,7 +86,9 @@ def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) ->
     }
 
 
-def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None) -> dict[str, Any]:
+def profile_split(
+    workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None
+) -> dict[str, Any]:
     """Run THE step at `config` (no workers) once unprofiled, then `steps` times under the profiler
     (torch.profiler.profile, or a test's stand-in), and split what the device did."""
     config = replace(config, num_workers=0)
@@ -94,7 +110,13 @@ def profile_split(workload: Any, config: StepConfig, steps: int = PROFILED_STEPS
         synchronize(workload.device)
         wall = time.perf_counter() - started
     split = split_from_events(session.events(), wall, steps)
-    return {**config.to_row(), **split, "method": "profiler", "profiled_steps": steps, "profiled_seconds": round(wall, 4)}
+    return {
+        **config.to_row(),
+        **split,
+        "method": "profiler",
+        "profiled_steps": steps,
+        "profiled_seconds": round(wall, 4),
+    }
 
 
 def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +136,11 @@ def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[d
     FLOP count and the fit's terms."""
     coordinator = run.coordinator
     holds_model = getattr(workload, "step", None) is not None
-    profiled = record["hardware"].get("device_type") == "cuda" and holds_model and "step_split" in (getattr(coordinator, "handlers", None) or {})
+    profiled = (
+        record["hardware"].get("device_type") == "cuda"
+        and holds_model
+        and "step_split" in (getattr(coordinator, "handlers", None) or {})
+    )
     entries = []
     for row in split_rows(record["measurements"]):
         entry = coordinator.run("step_split", {"config": StepConfig.from_row(row).to_row()}) if profiled else {}

@@ -37,7 +37,11 @@ class ProbeSettings:
         return replace(self, max_seconds=max(self.max_seconds, BUDGET_SHARE * budget_seconds))
 
     def with_limit(self, seconds: float | None, expected_step_seconds: float | None = None) -> ProbeSettings:
-        return replace(self, time_limit_seconds=None if seconds is None else max(0.0, seconds), expected_step_seconds=expected_step_seconds)
+        return replace(
+            self,
+            time_limit_seconds=None if seconds is None else max(0.0, seconds),
+            expected_step_seconds=expected_step_seconds,
+        )
 
 
 # A probe's timed phase may take this share of the whole budget (at least the device's default).
@@ -71,13 +75,21 @@ def median_standard_error(values: list[float]) -> float:
 
 def steps_needed(step_spread: float, settings: ProbeSettings) -> int:
     """Timed steps for the target standard error at a given spread (bounded by the settings)."""
-    wanted = math.ceil((MEDIAN_ERROR_PER_SPREAD * step_spread / settings.target_standard_error) ** 2) if step_spread > 0 else 0
+    wanted = (
+        math.ceil((MEDIAN_ERROR_PER_SPREAD * step_spread / settings.target_standard_error) ** 2)
+        if step_spread > 0
+        else 0
+    )
     return max(settings.min_steps, min(settings.max_steps, wanted))
 
 
 def min_timed_steps(step_seconds: float, settings: ProbeSettings) -> int:
     """`min_steps`, or MIN_TIMED_STEPS when that many steps alone would overrun the timed phase."""
-    return settings.min_steps if settings.min_steps * step_seconds <= settings.max_seconds else min(settings.min_steps, MIN_TIMED_STEPS)
+    return (
+        settings.min_steps
+        if settings.min_steps * step_seconds <= settings.max_seconds
+        else min(settings.min_steps, MIN_TIMED_STEPS)
+    )
 
 
 @dataclass
@@ -136,7 +148,11 @@ def time_steps(
     while True:
         # Before a timed step: would it cross the limit? The first is priced by the planner (the
         # warm-up step held a compilation), else by the warm-up.
-        expected = statistics.median(timing.step_seconds) if timing.step_seconds else settings.expected_step_seconds or timing.first_step_seconds
+        expected = (
+            statistics.median(timing.step_seconds)
+            if timing.step_seconds
+            else settings.expected_step_seconds or timing.first_step_seconds
+        )
         if agree(int(expected > left())):
             timing.stop_reason = "time limit"
             break

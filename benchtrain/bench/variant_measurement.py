@@ -52,7 +52,8 @@ class BenchRequest:
     """What `bench run` was asked to measure, its options parsed."""
 
     options: StepOptions
-    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)  # the grid's lists given, by axis (the device's defaults for the others)
+    # the grid's lists given, by axis (the device's defaults for the others)
+    space_asked: dict[str, tuple[int, ...]] = field(default_factory=dict)
     requested_device: str | None = None  # --gpu
     data: DataSpec | None = None  # --data and its format options (None: synthetic tokens)
     tokenizer: str | None = None  # for --data (None: the model folder's, or the byte tokenizer)
@@ -87,7 +88,12 @@ class Carry:
 
 
 def measure_variant(
-    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None, progress: ProgressBar, carry: Carry | None = None
+    request: BenchRequest,
+    spec: ModelSpec,
+    method: MethodConfig,
+    budget_asked: float | str | None,
+    progress: ProgressBar,
+    carry: Carry | None = None,
 ) -> JsonDict | None:
     """One variant's probes and fit (rank 0's record; None on the other processes). `carry`: a layer
     slice after others in this process (`Carry`: shapes compiled, timings made)."""
@@ -117,7 +123,11 @@ def measure_variant(
             coordinator.follow()  # rank 0 decides every probe; this process runs each with it
             return None
         try:
-            return measure(BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True), workload, progress)
+            return measure(
+                BenchRun(task, coordinator, planner, Budget(budget_seconds, started), keep_rows=True),
+                workload,
+                progress,
+            )
         finally:
             coordinator.finish()
             workload.release()  # the next variant builds its own model
@@ -125,7 +135,9 @@ def measure_variant(
                 carry.done(planner)
 
 
-def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None) -> tuple[BenchTask, Any, Any]:
+def describe_task(
+    request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None
+) -> tuple[BenchTask, Any, Any]:
     """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
     tokenized --data or None). A model too big for the device is one line here."""
     hardware = detect_hardware()
@@ -166,7 +178,9 @@ def describe_task(request: BenchRequest, spec: ModelSpec, method: MethodConfig, 
     return task, need, tokenized
 
 
-def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+def measured_data(
+    request: BenchRequest, spec: ModelSpec, space: SearchSpace
+) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if request.data is None:
         return space, None, None
@@ -176,24 +190,35 @@ def measured_data(request: BenchRequest, spec: ModelSpec, space: SearchSpace) ->
     prepared = prepare_data(request.data, load_tokenizer(spec.directory, request.tokenizer), say)
     view = prepared.view
     tokenized = view if prepared.exact else view.sample
-    data_record = {"source": request.data.path, "format": view.format, "profile": {**length_profile(view.lengths), "sampled": not prepared.exact}}
+    data_record = {
+        "source": request.data.path,
+        "format": view.format,
+        "profile": {**length_profile(view.lengths), "sampled": not prepared.exact},
+    }
     if "seq_lens" not in request.space_asked:  # the lengths train will plan for this data
         space = space.with_axes(seq_lens=lengths_to_measure(view, space.axis("seq_lens"), spec.max_positions))
     return space, tokenized, data_record
 
 
-def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig) -> tuple[Any, BenchTask]:
+def build_workload(
+    request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig
+) -> tuple[Any, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them completes it."""
     say(f"building {spec.name} on {task.hardware['name']} …")
-    started_seconds = max(0.0, time.time() - psutil.Process().create_time())  # imports and setup: what a fresh process pays before its build
+    # imports and setup: what a fresh process pays before its build
+    started_seconds = max(0.0, time.time() - psutil.Process().create_time())
 
-    task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: resident_bytes_before_model()})  # train.step.peak_memory.host_excess_bytes
+    # train.step.peak_memory.host_excess_bytes
+    task = replace(task, hardware={**task.hardware, HOST_BASELINE_KEY: resident_bytes_before_model()})
     workload = Workload(spec, tokenized, method, request.options)
     model = model_record(spec, workload.shape)
     study = None
     if request.search == "optuna":
         data = request.data.path if request.data is not None else None
-        study = OptunaStudy(benchtrain_home() / "studies" / "bench.db", study_name(task.hardware, model, task.space, data, method.describe()))
+        study = OptunaStudy(
+            benchtrain_home() / "studies" / "bench.db",
+            study_name(task.hardware, model, task.space, data, method.describe()),
+        )
     task = replace(
         task,
         model=model,
@@ -205,21 +230,31 @@ def build_workload(request: BenchRequest, task: BenchTask, spec: ModelSpec, toke
         fresh_processes=fresh_processes(workload, request, task),
         fresh_process_seconds=started_seconds + workload.build_seconds,
     )
-    say(f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable")
+    say(
+        f"training {method.describe()}: {workload.training['trainable_parameters']:,} of {workload.training['total_parameters']:,} parameters trainable"
+    )
     return workload, task
 
 
-def fresh_processes(workload: Any, request: BenchRequest, task: BenchTask) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
+def fresh_processes(
+    workload: Any, request: BenchRequest, task: BenchTask
+) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
     """On a CPU and in one process: the check in fresh processes (bench.fresh_process), freeing this
     process's model first. On a GPU the bench holds the device (and a 7B model builds for minutes):
     plans there take the spread between processes from runs. BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
-    if task.hardware.get("device_type") != "cpu" or task.world_size > 1 or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0":
+    if (
+        task.hardware.get("device_type") != "cpu"
+        or task.world_size > 1
+        or os.environ.get("BENCHTRAIN_FRESH_PROCESSES") == "0"
+    ):
         return None
 
     def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
         options = replace(request.options, loss=workload.engine.loss)
         workload.release()
-        return measure_in_fresh_processes(workload.spec, workload.method, options, configs, task.settings, timeout_seconds)
+        return measure_in_fresh_processes(
+            workload.spec, workload.method, options, configs, task.settings, timeout_seconds
+        )
 
     return check
 
@@ -240,7 +275,10 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
     before_probes = budget.elapsed()
     space = task.space
     total = space.size if task.search == "grid" else min(task.trials, space.size)
-    say(f"probing up to {total} of {space.size} configurations ({task.search})" + (f" within {format_duration(budget_seconds)}" if budget_seconds else ""))
+    say(
+        f"probing up to {total} of {space.size} configurations ({task.search})"
+        + (f" within {format_duration(budget_seconds)}" if budget_seconds else "")
+    )
     bar = progress(total, budget_seconds)
     try:
         record, result = calibrate(run, workload.build_seconds, bar)
@@ -248,8 +286,11 @@ def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, An
         if bar is not None:
             bar.close()
     if record["fit"] is None:
-        raise nothing_fitted(record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner)))
+        raise nothing_fitted(
+            record, budget_seconds, minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner))
+        )
 
-    record["step_split"] = record_step_split(run, record, workload)  # what a translation to another GPU scales (calibration.translate)
+    # what a translation to another GPU scales (calibration.translate)
+    record["step_split"] = record_step_split(run, record, workload)
     record["left_out_configs"] = result.left_out  # for the summary; not stored
     return record

@@ -111,8 +111,12 @@ def check_estimate(record: JsonDict) -> EstimateCheck | None:
     projected = None
     if ran and predicted_train > 0:
         # The steps not run, at the live speed, and the overheads still to come as planned.
-        left = max(0.0, float(estimate.get("train_seconds", 0.0)) - predicted_train) if len(ran) < planned_steps else 0.0
-        still_planned = overheads_still_planned(overheads, record, start) if overheads and len(ran) < planned_steps else 0.0
+        left = (
+            max(0.0, float(estimate.get("train_seconds", 0.0)) - predicted_train) if len(ran) < planned_steps else 0.0
+        )
+        still_planned = (
+            overheads_still_planned(overheads, record, start) if overheads and len(ran) < planned_steps else 0.0
+        )
         projected = actual_seconds + left * actual_train / predicted_train + still_planned + report
     status = str(actual.get("status") or record.get("status") or "unknown")
     return EstimateCheck(
@@ -153,8 +157,12 @@ def overheads_that_happened(overheads: JsonDict, record: JsonDict, start: int, s
 def overheads_still_planned(overheads: JsonDict, record: JsonDict, start: int) -> float:
     """Planned checkpoints and evaluations that a run stopped early did not get to."""
     saved = len(record["actual"].get("checkpoint_seconds") or [])
-    checkpoints = max(0, int(overheads.get("checkpoint_count", 0)) - saved) * float(overheads.get("checkpoint_seconds", 0.0))
-    evaluations = max(0, int(overheads.get("eval_count", 0)) - evaluations_run(record, start)) * float(overheads.get("eval_pass_seconds", 0.0))
+    checkpoints = max(0, int(overheads.get("checkpoint_count", 0)) - saved) * float(
+        overheads.get("checkpoint_seconds", 0.0)
+    )
+    evaluations = max(0, int(overheads.get("eval_count", 0)) - evaluations_run(record, start)) * float(
+        overheads.get("eval_pass_seconds", 0.0)
+    )
     return checkpoints + evaluations
 
 
@@ -212,7 +220,9 @@ def describe_throughput(check: EstimateCheck) -> str | None:
     change = check.throughput_change_pct
     if change is None:
         return None
-    relation = "as predicted" if abs(change) < 0.05 else f"{abs(change):.1f}% {'higher' if change > 0 else 'lower'} throughput"
+    relation = (
+        "as predicted" if abs(change) < 0.05 else f"{abs(change):.1f}% {'higher' if change > 0 else 'lower'} throughput"
+    )
     return (
         f"speed: {check.actual_tokens_per_second:,.0f} real tokens/s actual vs {check.predicted_tokens_per_second:,.0f} predicted "
         f"for the same steps ({relation})"

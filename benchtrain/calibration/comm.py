@@ -40,7 +40,12 @@ class CommModel:
 
     @classmethod
     def from_json(cls, data: JsonDict) -> CommModel:
-        return cls(int(data["world_size"]), str(data["backend"]), float(data["latency_seconds"]), float(data["seconds_per_byte"]))
+        return cls(
+            int(data["world_size"]),
+            str(data["backend"]),
+            float(data["latency_seconds"]),
+            float(data["seconds_per_byte"]),
+        )
 
 
 def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str) -> CommModel:
@@ -56,7 +61,9 @@ def fit_comm(measurements: list[dict[str, float]], world_size: int, backend: str
     return CommModel(world_size, backend, latency, slope)
 
 
-def fsdp_micro_step_seconds(all_gather: CommModel, reduce_scatter: CommModel, parameter_bytes: float, gradient_bytes: float, units: int) -> float:
+def fsdp_micro_step_seconds(
+    all_gather: CommModel, reduce_scatter: CommModel, parameter_bytes: float, gradient_bytes: float, units: int
+) -> float:
     """FSDP's traffic on one micro-step: every unit gathered for forward and for backward, its gradients reduce-scattered."""
     gathers = 2 * all_gather.collective_seconds(parameter_bytes, units)
     return gathers + reduce_scatter.collective_seconds(gradient_bytes, units)
@@ -97,7 +104,11 @@ def describe_communication(record: JsonDict) -> str | None:
         timed = f"priced from {record.get('interconnect') or 'the interconnect'}'s link figures, not measured,"
     else:
         timed = "measured now"
-    hidden = "; at most that: the estimate counts half of what backward can hide" if record.get("overlap") == "bracketed" else ""
+    hidden = (
+        "; at most that: the estimate counts half of what backward can hide"
+        if record.get("overlap") == "bracketed"
+        else ""
+    )
     return (
         f"communication: predicted — {record['calibration_world_size']}-process calibration + {sharding} collectives {timed} "
         f"among {record['world_size']} processes ({measured}): {added}{hidden}"

@@ -17,9 +17,7 @@ A100_80_SOURCE = (
     "NVIDIA A100 Tensor Core GPU datasheet (80GB), "
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 )
-A100_40_SOURCE = (
-    "NVIDIA A100 Tensor Core GPU datasheet (40GB, 2020), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet.pdf"
-)
+A100_40_SOURCE = "NVIDIA A100 Tensor Core GPU datasheet (40GB, 2020), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet.pdf"
 
 Links = tuple[str | None, float | None, int]  # (peer link, its bytes/s per GPU, PCIe generation)
 NVLINK_3: Links = ("NVLink 3", 600 * GB, 4)
@@ -77,7 +75,20 @@ def _sheet(
     (peer link, its bandwidth, PCIe generation)."""
     flops, memory, kind, bandwidth = figures
     link, link_bandwidth, pcie = links
-    return DeviceSheet(*identity, vendor, flops, int(memory), kind, bandwidth, link, link_bandwidth, pcie, multiprocessors, words, sources)
+    return DeviceSheet(
+        *identity,
+        vendor,
+        flops,
+        int(memory),
+        kind,
+        bandwidth,
+        link,
+        link_bandwidth,
+        pcie,
+        multiprocessors,
+        words,
+        sources,
+    )
 
 
 L40S_SOURCE = "NVIDIA L40S product page, https://www.nvidia.com/en-us/data-center/l40s/"
@@ -96,7 +107,9 @@ RTX_4090_SOURCE = (
     "NVIDIA Ada GPU architecture whitepaper, https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf "
     "(RTX 4090: 165.2 TFLOP/s bf16 with fp32 accumulate)"
 )
-MI300X_SOURCE = "AMD Instinct MI300X accelerator, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"
+MI300X_SOURCE = (
+    "AMD Instinct MI300X accelerator, https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"
+)
 # fmt: off
 SHEETS: tuple[DeviceSheet, ...] = (
     # Hopper. H100 SXM5: 1,979 TFLOP/s bf16 sparse, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; the PCIe card: 1,513 sparse,
@@ -235,8 +248,13 @@ class GenerationShift:
 def generation_shift(slower: str, faster: str) -> GenerationShift | None:
     """The published shift from generation `slower` to `faster` (DeviceSheet.architecture); None where none was published."""
     for comparison in PUBLISHED_COMPARISONS:
-        if (SHEETS_BY_KEY[comparison.slower].architecture, SHEETS_BY_KEY[comparison.faster].architecture) == (slower, faster):
+        if (SHEETS_BY_KEY[comparison.slower].architecture, SHEETS_BY_KEY[comparison.faster].architecture) == (
+            slower,
+            faster,
+        ):
             speedup = statistics.median(pair.speedup for pair in comparison.pairs)
-            flops = SHEETS_BY_KEY[comparison.faster].bf16_dense_flops / SHEETS_BY_KEY[comparison.slower].bf16_dense_flops
+            flops = (
+                SHEETS_BY_KEY[comparison.faster].bf16_dense_flops / SHEETS_BY_KEY[comparison.slower].bf16_dense_flops
+            )
             return GenerationShift(speedup / flops, comparison.source)
     return None

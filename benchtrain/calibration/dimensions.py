@@ -31,13 +31,20 @@ class Dimension:
     plan_help: str = ""  # that option's help
     throughput: tuple[Term, ...] = ()  # the throughput fit's terms it adds
     memory: tuple[Term, ...] = ()  # the memory fit's terms it adds
-    activations: tuple[str, str] | None = None  # memory: the per-token and attention terms that replace the plain ones when on
+    activations: tuple[str, str] | None = (
+        None  # memory: the per-token and attention terms that replace the plain ones when on
+    )
     leaner: bool = False  # on holds less memory than off
     smoother_spread: float | None = None  # its coordinate in the residual smoother when on (None: not a coordinate)
 
 
 DIMENSIONS: dict[str, Dimension] = {
-    "micro_batch_size": Dimension("micro_batch_size", "batch_sizes", "--batch-sizes", "micro batch sizes, e.g. 1,2,4 (default: sized to the device)"),
+    "micro_batch_size": Dimension(
+        "micro_batch_size",
+        "batch_sizes",
+        "--batch-sizes",
+        "micro batch sizes, e.g. 1,2,4 (default: sized to the device)",
+    ),
     "num_workers": Dimension("num_workers", "workers", "--workers", "DataLoader worker counts, e.g. 0,2", minimum=0),
     "grad_accum": Dimension("grad_accum", "accums", "--accum", "gradient accumulation values, e.g. 1,2"),
     "seq_len": Dimension("seq_len", "seq_lens", "--seq-lens", "sequence lengths, e.g. 256,512"),

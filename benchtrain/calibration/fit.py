@@ -15,7 +15,13 @@ from scipy.optimize import least_squares
 
 from benchtrain.calibration.dimensions import Dimension, scaled, switches
 from benchtrain.calibration.extrapolation import held_out_by_dimension
-from benchtrain.calibration.fit_tools import UNCERTAINTY_FLOOR, ErrorSummary, fit_nonnegative, folds, held_out_predictions
+from benchtrain.calibration.fit_tools import (
+    UNCERTAINTY_FLOOR,
+    ErrorSummary,
+    fit_nonnegative,
+    folds,
+    held_out_predictions,
+)
 from benchtrain.calibration.memory_fit import fit_memory_rows
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.json_types import JsonDict
@@ -32,14 +38,29 @@ def throughput_terms() -> tuple[str, ...]:
 
 def device_terms() -> tuple[str, ...]:
     """The device part of a micro-step (overlapping with the host's fixed cost in the `overlap` form)."""
-    return (*SIZE_DEVICE_TERMS, *(term.name for dimension in switches() for term in dimension.throughput if term.device))
+    return (
+        *SIZE_DEVICE_TERMS,
+        *(term.name for dimension in switches() for term in dimension.throughput if term.device),
+    )
 
 
 def throughput_features(config: StepConfig) -> np.ndarray:
     tokens, length, workers = config.micro_batch_size * config.seq_len, config.seq_len, config.num_workers
     # In SIZE_TERMS' order, then each switch's terms (zero when it is off).
-    sizes = [1.0, tokens, tokens * length, 1.0 / config.grad_accum, tokens if workers == 0 else 0.0, tokens / workers if workers > 0 else 0.0, float(workers)]
-    switched = [scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.throughput]
+    sizes = [
+        1.0,
+        tokens,
+        tokens * length,
+        1.0 / config.grad_accum,
+        tokens if workers == 0 else 0.0,
+        tokens / workers if workers > 0 else 0.0,
+        float(workers),
+    ]
+    switched = [
+        scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0
+        for dimension in switches()
+        for term in dimension.throughput
+    ]
     return np.array([*sizes, *switched])
 
 
@@ -74,14 +95,24 @@ class ResidualSmoother:
         return float((weights * self.log_residuals).sum() / (weights.sum() + self.prior_weight))
 
     def to_json(self) -> JsonDict:
-        return {"points": self.points.tolist(), "log_residuals": self.log_residuals.tolist(), "bandwidth": self.bandwidth, "prior_weight": self.prior_weight}
+        return {
+            "points": self.points.tolist(),
+            "log_residuals": self.log_residuals.tolist(),
+            "bandwidth": self.bandwidth,
+            "prior_weight": self.prior_weight,
+        }
 
     @classmethod
     def from_json(cls, data: JsonDict) -> ResidualSmoother:
         """Stored points each padded with 0 (off) for a switch coordinate the file predates."""
         points = np.array(data["points"], dtype=float).reshape(len(data["points"]), -1)
         padded = np.pad(points, ((0, 0), (0, max(0, 4 + len(smoother_switches()) - points.shape[1]))))
-        return cls(padded, np.array(data["log_residuals"], dtype=float), float(data["bandwidth"]), float(data.get("prior_weight", 0.5)))
+        return cls(
+            padded,
+            np.array(data["log_residuals"], dtype=float),
+            float(data["bandwidth"]),
+            float(data.get("prior_weight", 0.5)),
+        )
 
 
 def smoother_switches() -> list[Dimension]:
@@ -90,8 +121,18 @@ def smoother_switches() -> list[Dimension]:
 
 
 def residual_coordinates(config: StepConfig) -> np.ndarray:
-    sizes = [math.log2(config.micro_batch_size), math.log2(config.seq_len), math.log2(config.grad_accum), math.log2(1 + config.num_workers)]
-    return np.array([*sizes, *((dimension.smoother_spread or 0.0) * config.value(dimension.name) for dimension in smoother_switches())])
+    sizes = [
+        math.log2(config.micro_batch_size),
+        math.log2(config.seq_len),
+        math.log2(config.grad_accum),
+        math.log2(1 + config.num_workers),
+    ]
+    return np.array(
+        [
+            *sizes,
+            *((dimension.smoother_spread or 0.0) * config.value(dimension.name) for dimension in smoother_switches()),
+        ]
+    )
 
 
 HOST_TERM = "fixed"
@@ -115,7 +156,9 @@ class ThroughputModel:
 
     def micro_step_seconds(self, config: StepConfig) -> float:
         features = throughput_features(config)
-        parts: dict[str, float] = {term: features[index] * self.coefficients.get(term, 0.0) for index, term in enumerate(throughput_terms())}
+        parts: dict[str, float] = {
+            term: features[index] * self.coefficients.get(term, 0.0) for index, term in enumerate(throughput_terms())
+        }
         device_part = device_terms()
         device = sum(parts[term] for term in device_part)
         rest = sum(value for term, value in parts.items() if term not in device_part and term != HOST_TERM)
@@ -136,7 +179,9 @@ def compute_index() -> list[int]:
     return [i for i, term in enumerate(throughput_terms()) if term not in DATA_TERMS]
 
 
-def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray) -> tuple[np.ndarray, float]:
+def fit_overlap(
+    features: np.ndarray, targets: np.ndarray, scale: np.ndarray, uncertainty: np.ndarray | None, start: np.ndarray
+) -> tuple[np.ndarray, float]:
     """The compute terms and the overlap power, by robust non-negative nonlinear least squares on
     relative error, started from the additive (power 1) solution."""
     terms = throughput_terms()
@@ -155,7 +200,9 @@ def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, un
         theta = np.where(free, x[:-1], 0.0) * unit / magnitude
         host_part = features[:, host] * theta[host]
         device_part = features[:, device] @ theta[device]
-        seconds: np.ndarray = overlapped(host_part, device_part, float(np.exp(x[-1]))) + features[:, additive] @ theta[additive]
+        seconds: np.ndarray = (
+            overlapped(host_part, device_part, float(np.exp(x[-1]))) + features[:, additive] @ theta[additive]
+        )
         return seconds
 
     x0 = np.concatenate([start * magnitude / unit, [np.log(2.0)]])
@@ -169,7 +216,9 @@ def fit_overlap(features: np.ndarray, targets: np.ndarray, scale: np.ndarray, un
     return np.where(free, solution.x[:-1], 0.0) * unit / magnitude, float(np.exp(solution.x[-1]))
 
 
-def fit_terms(features: np.ndarray, terms: Sequence[str], targets: np.ndarray, flops: dict[str, float] | None, **options: Any) -> np.ndarray:
+def fit_terms(
+    features: np.ndarray, terms: Sequence[str], targets: np.ndarray, flops: dict[str, float] | None, **options: Any
+) -> np.ndarray:
     """Non-negative coefficients of `terms`. With `flops` (FLOPs per token of each device term, from the model's shape: calibration.flops_terms), the device
     terms are tied to one cost per FLOP: one unknown instead of four, which few probes can pin down."""
     device = [index for index, term in enumerate(terms) if term in device_terms()]
@@ -197,7 +246,11 @@ PHYSICAL = Form()
 
 
 def fit_throughput(
-    configs: Sequence[StepConfig], micro_seconds: np.ndarray, form: Form = PHYSICAL, waits: np.ndarray | None = None, uncertainty: np.ndarray | None = None
+    configs: Sequence[StepConfig],
+    micro_seconds: np.ndarray,
+    form: Form = PHYSICAL,
+    waits: np.ndarray | None = None,
+    uncertainty: np.ndarray | None = None,
 ) -> ThroughputModel:
     """Fit the terms of `form`; with the measured DataLoader wait, the data terms to the wait and the others to the rest."""
     flops = form.flops
@@ -211,10 +264,19 @@ def fit_throughput(
         data = [i for i, term in enumerate(terms) if term in DATA_TERMS]
         solution = np.zeros(len(terms))
         compute_terms = tuple(terms[index] for index in computed)
-        solution[computed] = fit_terms(features[:, computed], compute_terms, micro_seconds - wait, flops, scale=micro_seconds, uncertainty=uncertainty)
+        solution[computed] = fit_terms(
+            features[:, computed],
+            compute_terms,
+            micro_seconds - wait,
+            flops,
+            scale=micro_seconds,
+            uncertainty=uncertainty,
+        )
         solution[data] = fit_nonnegative(features[:, data], wait, scale=micro_seconds, uncertainty=uncertainty)
         if form.overlap:  # only with the data terms fitted apart (to the wait)
-            solution[computed], power = fit_overlap(features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed])
+            solution[computed], power = fit_overlap(
+                features[:, computed], micro_seconds - wait, micro_seconds, uncertainty, solution[computed]
+            )
     model = ThroughputModel(dict(zip(terms, map(float, solution), strict=True)), overlap_power=power)
     if form.smooth:
         residuals = np.log(micro_seconds / np.array([model.micro_step_seconds(c) for c in configs]))
@@ -225,7 +287,9 @@ def fit_throughput(
 
 def extrapolated_rows(configs: Sequence[StepConfig]) -> np.ndarray:
     """Which held-out rows lay beyond the rest of their fold's smallest or largest micro-batch, length or accumulation."""
-    sizes = np.array([[config.micro_batch_size, config.seq_len, config.grad_accum] for config in configs]).reshape(len(configs), 3)
+    sizes = np.array([[config.micro_batch_size, config.seq_len, config.grad_accum] for config in configs]).reshape(
+        len(configs), 3
+    )
     outside = np.zeros(len(configs), dtype=bool)
     for test in folds(len(configs)):
         train = np.delete(sizes, test, axis=0)
@@ -255,11 +319,19 @@ def choose_model(errors: dict[str, ErrorSummary], rows: int) -> tuple[str, str]:
     if best == "physical":
         return best, f"the physical model's held-out median error ({physical:.1f}%) was not clearly beaten ({others})"
     if best == "flops":
-        return best, f"tying the compute terms to the model's FLOPs held out as well or better ({base_error:.1f}%) with fewer terms ({others})"
-    return best, f"the {best} model cut the held-out median error from {base_error:.1f}% ({baseline}) to {best_error:.1f}% ({others})"
+        return (
+            best,
+            f"tying the compute terms to the model's FLOPs held out as well or better ({base_error:.1f}%) with fewer terms ({others})",
+        )
+    return (
+        best,
+        f"the {best} model cut the held-out median error from {base_error:.1f}% ({baseline}) to {best_error:.1f}% ({others})",
+    )
 
 
-def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0) -> JsonDict:
+def fit_measurements(
+    rows: Sequence[JsonDict], flops: dict[str, float] | None = None, gradient_bytes: float = 0.0
+) -> JsonDict:
     """The `fit` section of a calibration from its `ok` rows. With `flops` (FLOPs per token of each compute term) a
     FLOPs-tied form competes too; the memory fit holds at least `gradient_bytes` while accumulating."""
     ok_rows = [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
@@ -269,25 +341,42 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
     micro_seconds = np.array([row["step_seconds"] / row["grad_accum"] for row in ok_rows])
     # The measured DataLoader wait separates data supply from compute (when every row has it).
     shares = [row.get("data_wait_share") for row in ok_rows]
-    wait_seconds = micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
+    wait_seconds = (
+        micro_seconds * np.array(shares, dtype=float) if all(isinstance(v, (int, float)) for v in shares) else None
+    )
     uncertainty = probe_uncertainty(ok_rows)
 
     def fit_on(form: Form, train: np.ndarray) -> Callable[[StepConfig], float]:
         """`form` fitted on the rows `train`, as a prediction of micro-step seconds."""
         waits = None if wait_seconds is None else wait_seconds[train]
-        return fit_throughput([configs[i] for i in train], micro_seconds[train], form, waits, uncertainty[train]).micro_step_seconds
+        return fit_throughput(
+            [configs[i] for i in train], micro_seconds[train], form, waits, uncertainty[train]
+        ).micro_step_seconds
 
     # The overlap form competes only where host and device really overlap: at power 1 it is the physical model again.
     overlapping = (
         wait_seconds is not None
         and len(configs) >= MIN_ROWS_FOR_OVERLAP
-        and fit_throughput(configs, micro_seconds, Form(overlap=True), wait_seconds, uncertainty).overlap_power > MIN_OVERLAP_POWER
+        and fit_throughput(configs, micro_seconds, Form(overlap=True), wait_seconds, uncertainty).overlap_power
+        > MIN_OVERLAP_POWER
     )
-    forms = {"physical": PHYSICAL, "physical+residual": Form(smooth=True), "overlap": Form(overlap=True), "flops": Form(flops=flops)}
-    usable = [kind for kind, form in forms.items() if (overlapping or not form.overlap) and (kind != "flops" or flops is not None)]
+    forms = {
+        "physical": PHYSICAL,
+        "physical+residual": Form(smooth=True),
+        "overlap": Form(overlap=True),
+        "flops": Form(flops=flops),
+    }
+    usable = [
+        kind
+        for kind, form in forms.items()
+        if (overlapping or not form.overlap) and (kind != "flops" or flops is not None)
+    ]
     held_out_by_form = {kind: held_out_predictions(configs, partial(fit_on, forms[kind])) for kind in usable}
     # tokens/s error: actual/predicted on the same token count.
-    errors = {kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds) for kind, held_out in held_out_by_form.items()}
+    errors = {
+        kind: ErrorSummary.from_pairs(1.0 / held_out, 1.0 / micro_seconds)
+        for kind, held_out in held_out_by_form.items()
+    }
     kind, reason = choose_model(errors, len(configs))
     error, held_out, form = errors[kind], held_out_by_form[kind], forms[kind]
     model = fit_throughput(configs, micro_seconds, form, wait_seconds, uncertainty)
@@ -309,9 +398,14 @@ def fit_measurements(rows: Sequence[JsonDict], flops: dict[str, float] | None = 
         # The held-out rows that lay beyond the others' range: what an extrapolating plan can expect.
         "extrapolated_error": extrapolated.to_json(),
         # Per dimension, the probes at its largest value predicted from the rest (calibration.extrapolation).
-        "extrapolation_by_dimension": held_out_by_dimension(configs, micro_seconds, partial(fit_on, form), held_out, MIN_ROWS_FOR_FIT),
+        "extrapolation_by_dimension": held_out_by_dimension(
+            configs, micro_seconds, partial(fit_on, form), held_out, MIN_ROWS_FOR_FIT
+        ),
         "held_out_relative_errors": error.signed_relative,
-        "held_out_predicted_tokens_per_second": [config.micro_batch_size * config.seq_len / seconds for config, seconds in zip(configs, held_out, strict=True)],
+        "held_out_predicted_tokens_per_second": [
+            config.micro_batch_size * config.seq_len / seconds
+            for config, seconds in zip(configs, held_out, strict=True)
+        ],
         "alternatives": {name: summary.to_json() for name, summary in errors.items()},
         "rows_used": len(ok_rows),
         "step_tail_factor": step_tail_factor(ok_rows),
@@ -343,7 +437,9 @@ def step_tail_factor(rows: Sequence[JsonDict]) -> float:
     ratios = [
         row["step_seconds_mean"] / row["step_seconds"]
         for row in rows
-        if isinstance(row.get("step_seconds_mean"), (int, float)) and row.get("step_seconds") and row["step_seconds"] > 0
+        if isinstance(row.get("step_seconds_mean"), (int, float))
+        and row.get("step_seconds")
+        and row["step_seconds"] > 0
     ]
     return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
@@ -352,4 +448,6 @@ def throughput_model_from_json(fit: JsonDict) -> ThroughputModel:
     smoother = ResidualSmoother.from_json(fit["smoother"]) if fit.get("smoother") else None
     power = float(fit["parameters"].get("overlap_power", 1.0))
     # A term of a switch the file predates is zero: the step it measured had the switch off.
-    return ThroughputModel({term: float(fit["parameters"].get(term, 0.0)) for term in throughput_terms()}, smoother, power)
+    return ThroughputModel(
+        {term: float(fit["parameters"].get(term, 0.0)) for term in throughput_terms()}, smoother, power
+    )

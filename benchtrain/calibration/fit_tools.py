@@ -30,7 +30,9 @@ def is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def fit_nonnegative(features: np.ndarray, targets: np.ndarray, scale: np.ndarray | None = None, uncertainty: np.ndarray | None = None) -> np.ndarray:
+def fit_nonnegative(
+    features: np.ndarray, targets: np.ndarray, scale: np.ndarray | None = None, uncertainty: np.ndarray | None = None
+) -> np.ndarray:
     """NNLS on relative error (each row divided by its `scale`, default its target), each row also
     divided by its relative `uncertainty`, with Huber reweighting against outliers."""
     relative = 1.0 / (targets if scale is None else scale)
@@ -73,11 +75,24 @@ class ErrorSummary:
         absolute = np.abs(relative) * 100
         if len(absolute) == 0:
             return cls(math.nan, math.nan, math.nan, 0, [])
-        return cls(float(np.median(absolute)), float(np.percentile(absolute, 90)), float(absolute.max()), len(absolute), [float(value) for value in relative])
+        return cls(
+            float(np.median(absolute)),
+            float(np.percentile(absolute, 90)),
+            float(absolute.max()),
+            len(absolute),
+            [float(value) for value in relative],
+        )
 
     def to_json(self) -> JsonDict:
-        errors = {"median_abs_pct": self.median_abs_pct, "p90_abs_pct": self.p90_abs_pct, "max_abs_pct": self.max_abs_pct}
-        return {**{name: value if math.isfinite(value) else None for name, value in errors.items()}, "count": self.count}
+        errors = {
+            "median_abs_pct": self.median_abs_pct,
+            "p90_abs_pct": self.p90_abs_pct,
+            "max_abs_pct": self.max_abs_pct,
+        }
+        return {
+            **{name: value if math.isfinite(value) else None for name, value in errors.items()},
+            "count": self.count,
+        }
 
 
 def held_out_predictions(configs: Sequence[Any], fit_on: Callable[[np.ndarray], Callable[[Any], float]]) -> np.ndarray:

@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 from benchtrain.calibration.schema import SCHEMA_VERSION, read_calibration_file
 from benchtrain.calibration.setup import measured_setup, quantization_name, variant_of
 from benchtrain.common.errors import BenchtrainError, CalibrationFileError
-from benchtrain.common.hub_access import COMMIT_HASH, download_command, first_line, hub_cache_dir, refusal, snapshot, valid_repo_id
+from benchtrain.common.hub_access import (
+    COMMIT_HASH,
+    download_command,
+    first_line,
+    hub_cache_dir,
+    refusal,
+    snapshot,
+    valid_repo_id,
+)
 from benchtrain.common.json_types import JsonDict
 
 PREFIX = "hub:"
@@ -58,7 +66,9 @@ def parse_reference(reference: str) -> HubReference:
         return HubReference(repo_id)
     calibration_id = parts[2].removesuffix(".json")
     if not CALIBRATION_ID.fullmatch(calibration_id):
-        raise BenchtrainError(f"--use-calibration {text!r}: {calibration_id!r} is not a calibration id (letters, digits, '.', '_', '-')")
+        raise BenchtrainError(
+            f"--use-calibration {text!r}: {calibration_id!r} is not a calibration id (letters, digits, '.', '_', '-')"
+        )
     return HubReference(repo_id, calibration_id)
 
 
@@ -88,7 +98,12 @@ def read_shared(path: Path, repo_id: str) -> JsonDict:
     try:
         data = read_calibration_file(path)
     except CalibrationFileError as error:
-        reason = str(error).replace(f"calibration {path}", "the file").replace(str(path), file).removesuffix("; re-run `bench run`")
+        reason = (
+            str(error)
+            .replace(f"calibration {path}", "the file")
+            .replace(str(path), file)
+            .removesuffix("; re-run `bench run`")
+        )
         raise CalibrationFileError(f"{where} ({reason})") from None
     if data["id"] != path.stem:
         raise CalibrationFileError(f"{where}: it calls itself {data['id']!r}, not {path.stem!r}")
@@ -173,19 +188,34 @@ def nothing_there(ref: HubReference) -> str:
         command = download_command(ref.repo_id, None, "dataset")
         return f"{ref.text}: {what} not in the hub cache {hub_cache_dir()} and HF_HUB_OFFLINE is set: download the repository with `{command}`"
     if ref.calibration_id:
-        return f"{ref.text}: the repository has no {ref.pattern}: `{PREFIX}{ref.repo_id}` names every calibration it has"
+        return (
+            f"{ref.text}: the repository has no {ref.pattern}: `{PREFIX}{ref.repo_id}` names every calibration it has"
+        )
     return f"{ref.text}: the repository holds no calibrations/*.json: is it one `bench push` wrote?"
 
 
 # -- the card: what each calibration measured, on what, with what, and who measured it ------------
 # Every cell is escaped: a value is data from someone else's file, never markdown of ours.
 
-COLUMNS = ("id", "device", "interconnect", "model", "method", "quantization", "processes", "software", "created", "measured by")
+COLUMNS = (
+    "id",
+    "device",
+    "interconnect",
+    "model",
+    "method",
+    "quantization",
+    "processes",
+    "software",
+    "created",
+    "measured by",
+)
 
 
 def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
     """The card for `calibrations` (file in the repository → its data; None: a file that cannot be read), newest first."""
-    readable = sorted((data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True)
+    readable = sorted(
+        (data for data in calibrations.values() if data), key=lambda data: str(data.get("created_at", "")), reverse=True
+    )
     damaged = sorted(name for name, data in calibrations.items() if not data)
     lines = [
         "---",
@@ -212,7 +242,11 @@ def card_text(repo_id: str, calibrations: dict[str, JsonDict | None]) -> str:
         *("| " + " | ".join(cell(value) for value in card_row(data)) + " |" for data in readable),
     ]
     if damaged:
-        lines += ["", "Files that cannot be read as calibrations (left out of every plan): " + ", ".join(f"`{cell(name)}`" for name in damaged)]
+        lines += [
+            "",
+            "Files that cannot be read as calibrations (left out of every plan): "
+            + ", ".join(f"`{cell(name)}`" for name in damaged),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -220,7 +254,9 @@ def card_row(data: JsonDict) -> list[str]:
     hardware, software = data.get("hardware") or {}, data.get("software") or {}
     setup = measured_setup(data)
     # Each variant the file measured (calibration.schema.variant_data).
-    quantizations = [quantization_name(variant_of(entry).quantize) or "none" for entry in (data, *(data.get("variants") or []))]
+    quantizations = [
+        quantization_name(variant_of(entry).quantize) or "none" for entry in (data, *(data.get("variants") or []))
+    ]
     return [
         str(data.get("id", "?")),
         str(hardware.get("name", "?")),
@@ -278,7 +314,11 @@ def shareable(data: JsonDict, user: str) -> JsonDict:
     shared["measured_by"] = measured_by(data) or user or "unknown"
     for section in ("data", "model"):
         entry = shared.get(section)
-        if isinstance(entry, dict) and isinstance(entry.get("source"), str) and os.path.isabs(os.path.expanduser(entry["source"])):
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("source"), str)
+            and os.path.isabs(os.path.expanduser(entry["source"]))
+        ):
             entry["source"] = Path(entry["source"]).name
     return shared
 
@@ -291,7 +331,9 @@ def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> 
 
     unnamed = [str(data.get("id")) for data in calibrations if not CALIBRATION_ID.fullmatch(str(data.get("id")))]
     if unnamed:
-        raise BenchtrainError(f"bench push: {unnamed[0]!r} cannot name a file on the hub (letters, digits, '.', '_', '-'): push calibrations `bench run` wrote")
+        raise BenchtrainError(
+            f"bench push: {unnamed[0]!r} cannot name a file on the hub (letters, digits, '.', '_', '-'): push calibrations `bench run` wrote"
+        )
     api = HfApi()
     sending = {f"{FOLDER}/{data['id']}.json": shareable(data, user) for data in calibrations}
     try:
@@ -301,7 +343,9 @@ def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> 
         listed = {**{name: fetch_earlier(api, repo_id, name) for name in present if name not in sending}, **sending}
         files = {name: (json.dumps(data, indent=2) + "\n").encode("utf-8") for name, data in sending.items()}
         operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in files.items()]
-        operations.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_text(repo_id, listed).encode("utf-8")))
+        operations.append(
+            CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card_text(repo_id, listed).encode("utf-8"))
+        )
         message = f"benchtrain: {len(sending)} calibration(s) measured by {user or 'unknown'}"
         commit = api.create_commit(repo_id, operations, commit_message=message, repo_type="dataset")
         return Pushed(repo_id, list(sending), len(listed), str(getattr(commit, "commit_url", "") or ""))
@@ -309,7 +353,10 @@ def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> 
         reason = refusal(error, repo_id, None, "dataset") or first_line(error)
     except hub_errors.HTTPError as error:  # no answer: no connection, a timeout
         reason = f"cannot reach the hub ({type(error).__name__}: {first_line(error)}): check the network and push again"
-    except (OSError, ValueError) as error:  # a file of the push that cannot be read, an argument the hub's client refuses
+    except (
+        OSError,
+        ValueError,
+    ) as error:  # a file of the push that cannot be read, an argument the hub's client refuses
         reason = f"{type(error).__name__}: {first_line(error)}"
     raise BenchtrainError(f"bench push {repo_id}: {reason}; nothing was committed")
 
@@ -317,7 +364,12 @@ def push_calibrations(repo_id: str, calibrations: list[JsonDict], user: str) -> 
 def is_calibration_file(name: str) -> bool:
     """calibrations/<id>.json, and nothing deeper or else."""
     folder, _, file = name.partition("/")
-    return folder == FOLDER and "/" not in file and file.endswith(".json") and bool(CALIBRATION_ID.fullmatch(file.removesuffix(".json")))
+    return (
+        folder == FOLDER
+        and "/" not in file
+        and file.endswith(".json")
+        and bool(CALIBRATION_ID.fullmatch(file.removesuffix(".json")))
+    )
 
 
 def fetch_earlier(api: Any, repo_id: str, name: str) -> JsonDict | None:

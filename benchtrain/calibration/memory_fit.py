@@ -42,7 +42,11 @@ def memory_features(config: StepConfig) -> np.ndarray:
     activations = [(dimension.name, config.on(dimension.name)) for dimension in switches() if dimension.activations]
     kept = 0.0 if any(on for _, on in activations) else 1.0
     replaced = [value * float(on) for _, on in activations for value in (tokens, tokens * length)]
-    own = [scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0 for dimension in switches() for term in dimension.memory]
+    own = [
+        scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0
+        for dimension in switches()
+        for term in dimension.memory
+    ]
     accumulating = 1.0 if config.grad_accum > 1 else 0.0
     return np.array([1.0, kept * tokens, kept * tokens * length, *replaced, *own, accumulating])
 
@@ -65,7 +69,9 @@ class MemoryModel:
         return MemoryModel({**self.coefficients, "accumulated_gradients": held}, self.basis, self.non_torch_bytes)
 
 
-def fit_memory(configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False, gradient_bytes: float = 0.0) -> MemoryModel:
+def fit_memory(
+    configs: Sequence[StepConfig], peak_bytes: np.ndarray, floor: bool = False, gradient_bytes: float = 0.0
+) -> MemoryModel:
     """The linear form by robust NNLS; with `floor`, the max form refined from it. Accumulation holds at least
     `gradient_bytes` once some probe accumulated (a term no probe exercises stays zero)."""
     features = np.stack([memory_features(c) for c in configs])
@@ -102,9 +108,18 @@ def _fit_floor(features: np.ndarray, peak_bytes: np.ndarray, start: np.ndarray) 
         return peaks
 
     x0 = np.concatenate([start * scale / unit, [peak_bytes.min() / unit]])
-    solution = least_squares(lambda x: (predict(x) - peak_bytes) / peak_bytes, np.clip(x0, 0, None), bounds=(0, np.inf), loss="soft_l1", f_scale=0.05)
+    solution = least_squares(
+        lambda x: (predict(x) - peak_bytes) / peak_bytes,
+        np.clip(x0, 0, None),
+        bounds=(0, np.inf),
+        loss="soft_l1",
+        f_scale=0.05,
+    )
     theta = np.where(free, solution.x[:-1], 0.0) * unit / scale
-    return {**dict(zip(linear_terms(), map(float, theta), strict=True)), "optimizer_floor": float(solution.x[-1] * unit)}
+    return {
+        **dict(zip(linear_terms(), map(float, theta), strict=True)),
+        "optimizer_floor": float(solution.x[-1] * unit),
+    }
 
 
 def fit_memory_section(configs: list[StepConfig], peak_bytes: np.ndarray, gradient_bytes: float = 0.0) -> JsonDict:
@@ -137,7 +152,9 @@ def fit_memory_rows(rows: Sequence[JsonDict], gradient_bytes: float = 0.0) -> Js
     reserved = all(is_number(row.get("peak_reserved_bytes")) for row in rows)
     field = "peak_reserved_bytes" if reserved else "peak_memory_bytes"
     section = fit_memory_section(configs, np.array([float(row[field]) for row in rows]), gradient_bytes)
-    outside = [float(row["non_torch_bytes"]) for row in rows if is_number(row.get("non_torch_bytes"))] if reserved else []
+    outside = (
+        [float(row["non_torch_bytes"]) for row in rows if is_number(row.get("non_torch_bytes"))] if reserved else []
+    )
     return {**section, "basis": "reserved" if reserved else "allocated", "non_torch_bytes": max(outside, default=0.0)}
 
 
@@ -154,4 +171,6 @@ def device_peak_bytes(figures: JsonDict) -> float | None:
 def memory_model_from_json(memory: JsonDict) -> MemoryModel:
     coefficients = {term: float(memory["parameters"].get(term, 0.0)) for term in memory_terms()}
     outside = memory.get("non_torch_bytes")
-    return MemoryModel(coefficients, str(memory.get("basis") or "allocated"), float(outside) if is_number(outside) else 0.0)
+    return MemoryModel(
+        coefficients, str(memory.get("basis") or "allocated"), float(outside) if is_number(outside) else 0.0
+    )

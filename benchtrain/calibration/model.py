@@ -69,7 +69,9 @@ class Calibration:
         self.file_data = data
         self.data = variant_data(data, variant_index) if variant_index is not None else data
         self.path = path
-        self.variant_index = variant_index  # which of the file's variants (calibration.schema.variant_data); None: the first
+        self.variant_index = (
+            variant_index  # which of the file's variants (calibration.schema.variant_data); None: the first
+        )
         fit = self.data.get("fit")
         if not fit:
             raise BenchtrainError(f"calibration {data.get('id')} has no fitted model: re-run `bench run`")
@@ -81,7 +83,8 @@ class Calibration:
         self.hardware: JsonDict = self.data["hardware"]
         self.model: JsonDict = self.data["model"]
         self.measurements: list[JsonDict] = self.data["measurements"]
-        self.overheads: dict[str, float] = self.data.get("overheads", {})  # measured one-off costs (model build, warm-up, checkpoint save), seconds
+        # measured one-off costs (model build, warm-up, checkpoint save), seconds
+        self.overheads: dict[str, float] = self.data.get("overheads", {})
         # The step measured again in fresh processes by bench (calibration.process_check); {} without.
         self.process_check: JsonDict = self.data.get("process_check") or {}
         # What the probes trained: method (full or lora), adapter settings, trainable parameters.
@@ -135,7 +138,11 @@ class Calibration:
         if not fit:
             return None
         coefficients = [float(fit["parameters"][term]) for term in EVAL_TERMS]
-        return float(np.dot(eval_features(micro_batch_size, seq_len), coefficients)) * self.step_tail_factor / self.history_factor
+        return (
+            float(np.dot(eval_features(micro_batch_size, seq_len), coefficients))
+            * self.step_tail_factor
+            / self.history_factor
+        )
 
     # -- error and history ----------------------------------------------------------------
     @property
@@ -277,12 +284,18 @@ class Calibration:
                 return False
         if self.memory is None:
             return True
-        return (self.memory.peak_bytes(config) + memory_offset_bytes) * (1 + self.memory_margin) <= self.memory_limit_bytes
+        return (self.memory.peak_bytes(config) + memory_offset_bytes) * (
+            1 + self.memory_margin
+        ) <= self.memory_limit_bytes
 
     def within_measured_range(self, config: StepConfig) -> bool:
-        ranges = {name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")}
+        ranges = {
+            name: self.measured_values(name) for name in ("micro_batch_size", "seq_len", "grad_accum", "num_workers")
+        }
         inside = all(values and values[0] <= getattr(config, name) <= values[-1] for name, values in ranges.items())
-        return inside and all(config.value(dimension.name) in self.measured_values(dimension.name) for dimension in switches())
+        return inside and all(
+            config.value(dimension.name) in self.measured_values(dimension.name) for dimension in switches()
+        )
 
     # -- words ----------------------------------------------------------------------------
     def explain(self) -> list[str]:
@@ -320,9 +333,21 @@ class Calibration:
             lines.append(
                 f"Memory: {_bytes(m['static'])} static + {_bytes(m['per_token'])} per token "
                 f"+ {_bytes(m['attention'] * 1000)} per token per 1000 tokens of length"
-                + (f" ({_bytes(m['per_token_checkpointed'])} per token with gradient checkpointing)" if checkpointed else "")
-                + (f" + {_bytes(m['accumulated_gradients'])} of gradients held while accumulating" if m.get("accumulated_gradients") else "")
-                + (f", and at least {_bytes(m['optimizer_floor'])} (the optimizer step)" if m.get("optimizer_floor") else "")
+                + (
+                    f" ({_bytes(m['per_token_checkpointed'])} per token with gradient checkpointing)"
+                    if checkpointed
+                    else ""
+                )
+                + (
+                    f" + {_bytes(m['accumulated_gradients'])} of gradients held while accumulating"
+                    if m.get("accumulated_gradients")
+                    else ""
+                )
+                + (
+                    f", and at least {_bytes(m['optimizer_floor'])} (the optimizer step)"
+                    if m.get("optimizer_floor")
+                    else ""
+                )
                 + "; held-out error median "
                 f"{_pct(memory_error.get('median_abs_pct'))}, 90th percentile {_pct(memory_error.get('p90_abs_pct'))}; "
                 f"limit {_bytes(self.memory_limit_bytes)} with a {self.memory_margin:.0%} margin."
@@ -350,7 +375,9 @@ def _scaled(value: float, units: tuple[tuple[str, float], ...]) -> str:
 
 
 def _seconds(value: float) -> str:
-    return "0 s" if value == 0 else _scaled(value, (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9), ("ps", 1e-12)))
+    return (
+        "0 s" if value == 0 else _scaled(value, (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9), ("ps", 1e-12)))
+    )
 
 
 def _bytes(value: float) -> str:

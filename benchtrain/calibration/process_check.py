@@ -12,7 +12,14 @@ from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.json_types import JsonDict
 
 # The keys of a fresh-process measurement kept in the calibration (beside its configuration).
-KEPT = ("process", "step_seconds", "step_seconds_mean", "tokens_per_second", "peak_memory_bytes", "rss_before_model_bytes")
+KEPT = (
+    "process",
+    "step_seconds",
+    "step_seconds_mean",
+    "tokens_per_second",
+    "peak_memory_bytes",
+    "rss_before_model_bytes",
+)
 
 
 def speed_ratios(fit: JsonDict, rows: Sequence[JsonDict]) -> list[float]:
@@ -55,7 +62,9 @@ def judge(fit: JsonDict, rows: Sequence[JsonDict], bench_rss_before_model: float
     memory = memory_ratios(fit, rows, bench_rss_before_model)
     return {
         "processes": len({row.get("process", 0) for row in rows}),
-        "measurements": [{**StepConfig.from_row(row).to_row(), **{key: row[key] for key in KEPT if key in row}} for row in rows],
+        "measurements": [
+            {**StepConfig.from_row(row).to_row(), **{key: row[key] for key in KEPT if key in row}} for row in rows
+        ],
         "speed_ratios": [round(r, 4) for r in ratios],
         "median_ratio": round(statistics.median(ratios), 4),
         "time_spread": round(max(abs(r - 1) for r in ratios), 4),

@@ -35,7 +35,11 @@ STOPPED_EARLY: Final = (STOPPED_FOR_DEADLINE, INTERRUPTED)
 def step_columns(config: StepConfig, world_size: int) -> JsonObject:
     """The step configuration as a plan's candidate is written, flat (a dry run's JSON, run.json's
     alternatives; the plan and `chosen` of a run.json from before `configuration`), its length as max_length."""
-    columns: JsonObject = {"micro_batch_size": config.micro_batch_size, "grad_accum": config.grad_accum, "num_workers": config.num_workers}
+    columns: JsonObject = {
+        "micro_batch_size": config.micro_batch_size,
+        "grad_accum": config.grad_accum,
+        "num_workers": config.num_workers,
+    }
     columns.update(max_length=config.seq_len, world_size=world_size)
     return columns | {dimension.name: config.on(dimension.name) for dimension in switches()}
 
@@ -156,7 +160,9 @@ class RunFile:
         sections: JsonObject = {}
         for key, value in document.items():
             if key in ("plan", "chosen") and isinstance(value, dict):
-                sections[key] = {name: item for name, item in value.items() if name not in ("configuration", *flat_keys())}
+                sections[key] = {
+                    name: item for name, item in value.items() if name not in ("configuration", *flat_keys())
+                }
             elif not (key == "estimate_error_pct" and "estimate_check" in document):
                 sections[key] = value
         return cls(run_id, configuration, world_size, sections, source)
@@ -173,7 +179,11 @@ class RunFile:
             if key == "run_id":
                 document[key] = self.run_id
             elif key == "plan" and isinstance(value, dict):
-                document[key] = {"configuration": dict(self.configuration.to_row()), "world_size": self.world_size, **value}
+                document[key] = {
+                    "configuration": dict(self.configuration.to_row()),
+                    "world_size": self.world_size,
+                    **value,
+                }
             else:
                 document[key] = value
             if key == "estimate_check":
@@ -204,7 +214,11 @@ class RunFile:
         """Plan keys set; its step configuration is `configuration` (set that)."""
         held = self.sections.get("plan")
         assert isinstance(held, dict)
-        held.update(cast(JsonObject, {key: value for key, value in values.items() if key not in ("configuration", *flat_keys())}))
+        held.update(
+            cast(
+                JsonObject, {key: value for key, value in values.items() if key not in ("configuration", *flat_keys())}
+            )
+        )
 
     @property
     def status(self) -> str | None:
@@ -337,4 +351,6 @@ class ResumedRun:
         if not max_length:
             return self
 
-        return replace(self, configuration=self.configuration.with_shape(self.configuration.micro_batch_size, max_length))
+        return replace(
+            self, configuration=self.configuration.with_shape(self.configuration.micro_batch_size, max_length)
+        )

@@ -36,7 +36,15 @@ def _v3_to_v4(data: JsonDict) -> JsonDict:
 
 
 _NUMBER = (int, float)
-REQUIRED_TOP = {"schema_version": int, "id": str, "created_at": str, "hardware": dict, "software": dict, "model": dict, "measurements": list}
+REQUIRED_TOP = {
+    "schema_version": int,
+    "id": str,
+    "created_at": str,
+    "hardware": dict,
+    "software": dict,
+    "model": dict,
+    "measurements": list,
+}
 REQUIRED_HARDWARE = {"device_type": str, "name": str, "count": int, "memory_bytes": _NUMBER}
 REQUIRED_MODEL = {"name": str, "parameter_count": int, "fingerprint": str}
 REQUIRED_MEASUREMENT = {"micro_batch_size": int, "num_workers": int, "grad_accum": int, "seq_len": int, "status": str}
@@ -111,16 +119,26 @@ def validate(data: JsonDict, path: Path | str) -> JsonDict:
     evaluation = data.get("eval")
     if evaluation is not None:
         fit = evaluation.get("fit") if isinstance(evaluation, dict) else None
-        if not isinstance(evaluation, dict) or (fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))):
+        if not isinstance(evaluation, dict) or (
+            fit is not None and not (isinstance(fit, dict) and isinstance(fit.get("parameters"), dict))
+        ):
             raise CalibrationFileError(f"calibration {path}: eval should be an object with measurements and a fit")
         if fit is not None and not all(is_number(fit["parameters"].get(term)) for term in EVAL_TERMS):
-            raise CalibrationFileError(f"calibration {path}: eval.fit.parameters should hold numbers for {', '.join(EVAL_TERMS)}")
+            raise CalibrationFileError(
+                f"calibration {path}: eval.fit.parameters should hold numbers for {', '.join(EVAL_TERMS)}"
+            )
     training = data.get("training")
     if training is not None and (not isinstance(training, dict) or not isinstance(training.get("method"), str)):
-        raise CalibrationFileError(f"calibration {path}: training.method should be a method's name, e.g. 'full' or 'lora'")
+        raise CalibrationFileError(
+            f"calibration {path}: training.method should be a method's name, e.g. 'full' or 'lora'"
+        )
     flops_terms = (training or {}).get("flops_terms")
-    if flops_terms is not None and not (isinstance(flops_terms, dict) and all(_non_negative(value) for value in flops_terms.values())):
-        raise CalibrationFileError(f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token")
+    if flops_terms is not None and not (
+        isinstance(flops_terms, dict) and all(_non_negative(value) for value in flops_terms.values())
+    ):
+        raise CalibrationFileError(
+            f"calibration {path}: training.flops_terms should map compute terms to non-negative FLOPs per token"
+        )
     overheads = data.get("overheads", {})
     if not isinstance(overheads, dict) or not all(is_number(v) for v in overheads.values()):
         raise CalibrationFileError(f"calibration {path}: overheads should map names to numbers")
@@ -147,7 +165,9 @@ def _check_variants(data: JsonDict, variants: list[JsonDict], path: Path | str) 
         validate(variant_data(data, index), f"{path} (variants[{index}])")
         key = variant_of(entry)
         if key in seen:
-            raise CalibrationFileError(f"{where} measured the same setup as {seen[key]} (quantize {key[0]}, optimizer {key[1]})")
+            raise CalibrationFileError(
+                f"{where} measured the same setup as {seen[key]} (quantize {key[0]}, optimizer {key[1]})"
+            )
         seen[key] = f"variants[{index}]"
 
 
@@ -166,7 +186,10 @@ def variant_history(data: JsonDict, index: int | None) -> list[JsonDict]:
 
 def _switch_own(term: str) -> bool:
     """A term a switch adds (a file from before the switch lacks it: zero)."""
-    return any(term in (*(own.name for own in (*dimension.memory, *dimension.throughput)), *(dimension.activations or ())) for dimension in switches())
+    return any(
+        term in (*(own.name for own in (*dimension.memory, *dimension.throughput)), *(dimension.activations or ()))
+        for dimension in switches()
+    )
 
 
 def _check_fit(fit: Any, where: str) -> None:
@@ -195,7 +218,9 @@ def _check_fit(fit: Any, where: str) -> None:
         if not isinstance(memory, dict) or not isinstance(memory.get("parameters"), dict):
             raise CalibrationFileError(f"{where}.memory should be an object with parameters")
         for term in memory_terms():  # a switch's own term a file predates is absent (zero)
-            if not is_number(memory["parameters"].get(term)) and (term in memory["parameters"] or not _switch_own(term)):
+            if not is_number(memory["parameters"].get(term)) and (
+                term in memory["parameters"] or not _switch_own(term)
+            ):
                 raise CalibrationFileError(f"{where}.memory.parameters.{term} is missing or not a number")
         if memory.get("basis", "allocated") not in BASES:
             raise CalibrationFileError(f"{where}.memory.basis is {memory['basis']!r}, expected one of {list(BASES)}")
@@ -214,7 +239,9 @@ def _check_extrapolation(record: Any, where: str) -> None:
         raise CalibrationFileError(f"{where} should be an object")
     for name, entry in record.items():
         if name not in extrapolation.STRETCHED:
-            raise CalibrationFileError(f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.STRETCHED)})")
+            raise CalibrationFileError(
+                f"{where}: unknown dimension {name!r} (known: {', '.join(extrapolation.STRETCHED)})"
+            )
         if entry is not None and not isinstance(entry, dict):
             raise CalibrationFileError(f"{where}.{name} should be an object or null")
         for field in ("p90_abs_pct", "stretch"):
@@ -228,7 +255,11 @@ def _check_slices(slices: Any, where: str) -> None:
     if not isinstance(slices, dict):
         raise CalibrationFileError(f"{where} should be an object")
     depths, full = slices.get("depths"), slices.get("full_layers")
-    if not (isinstance(depths, list) and len(depths) >= 2 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)):
+    if not (
+        isinstance(depths, list)
+        and len(depths) >= 2
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in depths)
+    ):
         raise CalibrationFileError(f"{where}.depths should list two or more positive layer counts")
     if not (isinstance(full, int) and not isinstance(full, bool) and full >= max(depths)):
         raise CalibrationFileError(f"{where}.full_layers should be an integer at least the deepest slice")
@@ -248,7 +279,11 @@ def _check_fields(obj: Any, required: JsonDict, where: str) -> None:
         if name not in obj:
             raise CalibrationFileError(f"{where}: missing field {name!r}")
         value = obj[name]
-        ok = is_number(value) if kind is _NUMBER else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        ok = (
+            is_number(value)
+            if kind is _NUMBER
+            else isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        )
         if not ok:
             expected = "number" if kind is _NUMBER else kind.__name__
             raise CalibrationFileError(f"{where}: field {name!r} should be {expected}, got {type(value).__name__}")

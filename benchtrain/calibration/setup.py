@@ -103,7 +103,10 @@ def setup_difference(chosen: JsonDict, passed_over: JsonDict, run: Setup) -> str
         reasons.append(f"{_method_phrase(newer)} (this run: {_method_phrase(run)})")
     if newer.quantization != run.quantization and newer.quantization != mine.quantization:
         reasons.append(f"{_base_phrase(newer.quantization)} (this run: {_base_phrase(run.quantization)})")
-    if (newer.world_size, newer.sharding) != (run.world_size, run.sharding) and (newer.world_size, newer.sharding) != (mine.world_size, mine.sharding):
+    if (newer.world_size, newer.sharding) != (run.world_size, run.sharding) and (newer.world_size, newer.sharding) != (
+        mine.world_size,
+        mine.sharding,
+    ):
         reasons.append(f"{_processes_phrase(newer)} (this run: {_processes_phrase(run)})")
     name = passed_over.get("id", "calibration")
     if not reasons:  # preferences other than these aspects chose: say what the newer one measured

@@ -54,10 +54,15 @@ class SliceFit:
     held_out_memory: ErrorSummary
 
 
-def derive_full_rows(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int, static_bytes: dict[int, float]) -> SliceFit:
+def derive_full_rows(
+    by_depth: Mapping[int, Sequence[JsonDict]], full_layers: int, static_bytes: dict[int, float]
+) -> SliceFit:
     """The whole model's rows (`full_layers` deep) for every configuration measured ok at two depths or more.
     `static_bytes[K]`: what a K-layer model keeps before activations (exact, from `meta`), for every depth and `full_layers`."""
-    ok = {depth: [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")] for depth, rows in by_depth.items()}
+    ok = {
+        depth: [row for row in rows if row.get("status") == "ok" and row.get("step_seconds")]
+        for depth, rows in by_depth.items()
+    }
     measured = {depth: {StepConfig.from_row(row): row for row in rows} for depth, rows in ok.items()}
     configs = sorted({config for rows in measured.values() for config in rows})
     derived, per_config = [], []
@@ -92,10 +97,23 @@ def derive_step_split(by_depth: Mapping[int, Sequence[JsonDict]], full_layers: i
         if len(at_depth) < 2:
             continue
         depths = sorted(at_depth)
-        fields = [*SPLIT_FIELDS, *(["comm_seconds"] if all("comm_seconds" in at_depth[depth] for depth in depths) else [])]
-        parts = {field: max(0.0, DepthLine.fit(depths, [float(at_depth[depth][field]) for depth in depths]).at(full_layers)) for field in fields}
+        fields = [
+            *SPLIT_FIELDS,
+            *(["comm_seconds"] if all("comm_seconds" in at_depth[depth] for depth in depths) else []),
+        ]
+        parts = {
+            field: max(0.0, DepthLine.fit(depths, [float(at_depth[depth][field]) for depth in depths]).at(full_layers))
+            for field in fields
+        }
         methods = {at_depth[depth]["method"] for depth in depths}
-        derived.append({**config.to_row(), **parts, "method": methods.pop() if len(methods) == 1 else "flops", "slice_depths": depths})
+        derived.append(
+            {
+                **config.to_row(),
+                **parts,
+                "method": methods.pop() if len(methods) == 1 else "flops",
+                "slice_depths": depths,
+            }
+        )
     return derived
 
 
@@ -118,7 +136,9 @@ def measured_seconds(row: JsonDict) -> float:
     return float(row["step_seconds_measured"] if "step_seconds_measured" in row else row["step_seconds"])
 
 
-def derive_row(config: StepConfig, found: dict[int, JsonDict], full_layers: int, static_bytes: dict[int, float]) -> tuple[JsonDict, JsonDict]:
+def derive_row(
+    config: StepConfig, found: dict[int, JsonDict], full_layers: int, static_bytes: dict[int, float]
+) -> tuple[JsonDict, JsonDict]:
     """One configuration's row at full depth, and its fitted lines (for the record)."""
     depths = list(found)
     deepest = found[depths[-1]]
@@ -126,8 +146,16 @@ def derive_row(config: StepConfig, found: dict[int, JsonDict], full_layers: int,
     step = max(time_line.at(full_layers), min(row["step_seconds"] for row in found.values()))
     tokens = config.micro_batch_size * config.seq_len * config.grad_accum
     # Waiting for data does not depend on depth: its seconds carry over, its share shrinks.
-    waits = [row["data_wait_share"] * measured_seconds(row) for row in found.values() if isinstance(row.get("data_wait_share"), (int, float))]
-    tails = [row["step_seconds_mean"] / measured_seconds(row) for row in found.values() if isinstance(row.get("step_seconds_mean"), (int, float))]
+    waits = [
+        row["data_wait_share"] * measured_seconds(row)
+        for row in found.values()
+        if isinstance(row.get("data_wait_share"), (int, float))
+    ]
+    tails = [
+        row["step_seconds_mean"] / measured_seconds(row)
+        for row in found.values()
+        if isinstance(row.get("step_seconds_mean"), (int, float))
+    ]
     row: JsonDict = {
         **config.to_row(),
         "status": "ok",
@@ -159,7 +187,9 @@ def derive_row(config: StepConfig, found: dict[int, JsonDict], full_layers: int,
     return row, lines
 
 
-def held_out_pairs(found: dict[int, JsonDict], static_bytes: dict[int, float]) -> tuple[tuple[float, float], tuple[float, float] | None]:
+def held_out_pairs(
+    found: dict[int, JsonDict], static_bytes: dict[int, float]
+) -> tuple[tuple[float, float], tuple[float, float] | None]:
     """(predicted, measured) step seconds and peak bytes at the deepest depth, from the others."""
     depths = list(found)
     shallow, deepest = depths[:-1], depths[-1]
@@ -211,7 +241,9 @@ def describe_slices(slices: JsonDict) -> str:
             + (f" and {memory['median_abs_pct']:.1f}% peak memory" if memory.get("count") else "")
         )
     else:
-        error = f"no deeper slice held out (two depths): bounds widen by an assumed {UNTESTED_SLICE_ERROR:.0%} per stretch"
+        error = (
+            f"no deeper slice held out (two depths): bounds widen by an assumed {UNTESTED_SLICE_ERROR:.0%} per stretch"
+        )
     terms = slices.get("per_layer") or {}
     per_layer = ""
     if terms.get("seconds") is not None:

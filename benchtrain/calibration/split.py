@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from benchtrain.calibration.dimensions import switches
-from benchtrain.calibration.fit import DATA_TERMS, HOST_TERM, device_terms, overlapped, throughput_features, throughput_terms
+from benchtrain.calibration.fit import (
+    DATA_TERMS,
+    HOST_TERM,
+    device_terms,
+    overlapped,
+    throughput_features,
+    throughput_terms,
+)
 from benchtrain.calibration.fit_tools import is_number
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.json_types import JsonDict
@@ -22,7 +29,9 @@ def step_parts(parameters: JsonDict, config: StepConfig) -> tuple[float, float, 
     """(device kernels, optimizer step, exposed host) seconds of one micro-step by the fit's terms: the host's fixed
     cost only where the device does not hide it (the `overlap` form), the data terms always."""
     features = throughput_features(config)
-    parts = {term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(throughput_terms())}
+    parts = {
+        term: float(features[index]) * float(parameters.get(term, 0.0)) for index, term in enumerate(throughput_terms())
+    }
     device = sum(parts[term] for term in device_terms())
     power = float(parameters.get("overlap_power", 1.0))
     exposed = max(0.0, float(overlapped(parts[HOST_TERM], device, power)) - device)
@@ -63,7 +72,13 @@ def flops_split(fit: JsonDict, row: JsonDict) -> JsonDict:
     if is_number(mfu) and mfu > 0:
         matmul = min(compute, mfu * step / MATMUL_EFFICIENCY)
         compute, memory = matmul, memory + compute - matmul
-    return {**config.to_row(), "compute_seconds": compute, "memory_seconds": memory, "host_seconds": host * config.grad_accum * scale, "method": "flops"}
+    return {
+        **config.to_row(),
+        "compute_seconds": compute,
+        "memory_seconds": memory,
+        "host_seconds": host * config.grad_accum * scale,
+        "method": "flops",
+    }
 
 
 def usable_record(entry: Any) -> bool:

@@ -127,11 +127,15 @@ class ListedCalibration(NamedTuple):
 
 def list_unfinished() -> list[ListedCalibration]:
     """(path, content, error) for every bench that kept measurements and never stored them, newest first."""
-    paths = sorted((calibrations_dir() / "unfinished").glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True)
+    paths = sorted(
+        (calibrations_dir() / "unfinished").glob("*.json"), key=lambda found: found.stat().st_mtime, reverse=True
+    )
     return read_each(paths, read_json_file, BenchtrainError)
 
 
-def read_each(paths: Iterable[Path], read: Callable[[Path], JsonDict], unreadable: type[BenchtrainError]) -> list[ListedCalibration]:
+def read_each(
+    paths: Iterable[Path], read: Callable[[Path], JsonDict], unreadable: type[BenchtrainError]
+) -> list[ListedCalibration]:
     """Each file read, or the `unreadable` error that says why not."""
     entries: list[ListedCalibration] = []
     for path in paths:
@@ -158,7 +162,10 @@ def list_calibrations() -> list[ListedCalibration]:
 
 
 def resolve_calibration(
-    reference: str, on_skip: Callable[[str], None] | None = None, preferences: Preferences = (), on_passed_over: Callable[[Path], None] | None = None
+    reference: str,
+    on_skip: Callable[[str], None] | None = None,
+    preferences: Preferences = (),
+    on_passed_over: Callable[[Path], None] | None = None,
 ) -> Path:
     """`latest`, an id, a bundled name, a path to a calibration JSON, or `hub:ORG/NAME[/ID]` (its file in huggingface_hub's
     cache). Every newer file that could not be read is reported through `on_skip`; `choose` picks among several."""
@@ -191,7 +198,9 @@ def resolve_calibration(
         if not as_path.is_file():
             raise BenchtrainError(f"calibration file {reference} does not exist")
         if as_path.name == "run.json":
-            raise BenchtrainError(f"{reference} is a run record, not a calibration (`report {as_path.parent}` reports on the run): {accepted}")
+            raise BenchtrainError(
+                f"{reference} is a run record, not a calibration (`report {as_path.parent}` reports on the run): {accepted}"
+            )
         return as_path
     by_id = calibrations_dir() / f"{reference}.json"
     if by_id.is_file():
@@ -202,7 +211,11 @@ def resolve_calibration(
     raise BenchtrainError(f"unknown calibration {reference!r}: {accepted}{home_hint()}")
 
 
-def choose(readable: Sequence[tuple[Path, JsonDict]], preferences: Preferences = (), on_passed_over: Callable[[Path], None] | None = None) -> Path | None:
+def choose(
+    readable: Sequence[tuple[Path, JsonDict]],
+    preferences: Preferences = (),
+    on_passed_over: Callable[[Path], None] | None = None,
+) -> Path | None:
     """Of calibrations newest first: the newest the first preference accepts, then the next's, else
     the newest; `on_passed_over` hears of the newest when it is not the one chosen."""
     newest = readable[0][0] if readable else None
@@ -221,9 +234,13 @@ def is_read_only(path: Path | str | None) -> bool:
 def update_calibration(path: Path, change: Callable[[JsonDict], None]) -> JsonDict:
     """Read, change and rewrite a calibration under the store lock (never a bundled one)."""
     if is_bundled(path):
-        raise BenchtrainError(f"{path} ships with benchtrain and is not changed; run `bench run` for a calibration of your own")
+        raise BenchtrainError(
+            f"{path} ships with benchtrain and is not changed; run `bench run` for a calibration of your own"
+        )
     if cached_file(path) is not None:
-        raise BenchtrainError(f"{path} was downloaded from the hub and is not changed; run `bench run` for a calibration of your own")
+        raise BenchtrainError(
+            f"{path} was downloaded from the hub and is not changed; run `bench run` for a calibration of your own"
+        )
     with file_lock(Path(path).parent / ".lock"):
         data = read_calibration_file(path)
         change(data)

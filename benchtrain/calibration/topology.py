@@ -53,7 +53,9 @@ class Interconnect:
         """The layout for `processes`: one node, or one per process for a bare network; a written layout must hold that many."""
         if self.nodes is not None and self.gpus_per_node is not None:
             if self.nodes * self.gpus_per_node != processes:
-                raise BenchtrainError(f"interconnect {self.word} holds {self.nodes * self.gpus_per_node} processes, not {processes}")
+                raise BenchtrainError(
+                    f"interconnect {self.word} holds {self.nodes * self.gpus_per_node} processes, not {processes}"
+                )
             return self
         if self.kind in NETWORKS:
             return Interconnect(self.kind, self.kind, processes, 1)
@@ -63,7 +65,9 @@ class Interconnect:
 def canonical(word: str, flag: str = "--interconnect") -> str:
     kind = ALIASES.get(word.strip().lower())
     if kind is None:
-        raise BenchtrainError(f"{flag} {word!r}: not an interconnect; one of nvlink, nvswitch, pcie, ib, ethernet, loopback, or NxG:nvlink+ib")
+        raise BenchtrainError(
+            f"{flag} {word!r}: not an interconnect; one of nvlink, nvswitch, pcie, ib, ethernet, loopback, or NxG:nvlink+ib"
+        )
     return kind
 
 
@@ -79,7 +83,9 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
             raise BenchtrainError(f"{flag} {text!r}: nodes and GPUs per node must be positive (2x8:nvlink+ib)")
     parts = cleaned.split("+")
     if len(parts) > 2 or not all(parts):
-        raise BenchtrainError(f"{flag} {text!r}: one link inside a node and one between nodes at most, e.g. 2x8:nvlink+ib")
+        raise BenchtrainError(
+            f"{flag} {text!r}: one link inside a node and one between nodes at most, e.g. 2x8:nvlink+ib"
+        )
     kind = canonical(parts[0], flag)
     network = canonical(parts[1], flag) if len(parts) == 2 else None
     if network is not None and network not in NETWORKS:
@@ -91,7 +97,9 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
     if network is not None and kind not in NETWORKS and layout is None:
         raise BenchtrainError(f"{flag} {text!r}: say how many nodes of how many GPUs, e.g. 2x8:{kind}+{parts[1]}")
     if layout and nodes and nodes > 1 and network is None:
-        raise BenchtrainError(f"{flag} {text!r}: {nodes} nodes need a network between them, e.g. {nodes}x{gpus}:{kind}+ib")
+        raise BenchtrainError(
+            f"{flag} {text!r}: {nodes} nodes need a network between them, e.g. {nodes}x{gpus}:{kind}+ib"
+        )
     return Interconnect(kind, network, nodes, gpus)
 
 
@@ -139,7 +147,12 @@ HOP_LATENCY = {"nvlink": 3.4e-6, "nvswitch": 3.4e-6, "pcie": 5.7e-6, "infiniband
 # Per-GPU bandwidth each way as NCCL's topology model prices a link, not the datasheet's rate (docs/design.md#link-figures).
 NCCL_TOPOLOGY = "NVIDIA/nccl src/graph/topo.h, topo.cc (5067397)"
 NCCL_NVLINK_BANDWIDTH = {"NVLink 3": 20.0e9, "NVLink 4": 20.6e9, "NVLink 5": 40.1e9}
-NVLINK_LINK_RATE = {"NVLink 3": 50e9, "NVLink 4": 50e9, "NVLink 5": 100e9}  # bidirectional per link (datasheets: 600/12, 900/18, 1800/18)
+# bidirectional per link (datasheets: 600/12, 900/18, 1800/18)
+NVLINK_LINK_RATE = {
+    "NVLink 3": 50e9,
+    "NVLink 4": 50e9,
+    "NVLink 5": 100e9,
+}
 NCCL_PCIE_BANDWIDTH = {3: 12e9, 4: 24e9, 5: 48e9}  # x16
 NETWORK_BANDWIDTH = {
     "infiniband": (50e9, "InfiniBand NDR 400 Gb/s per GPU port (NVIDIA ConnectX-7 datasheet)"),
@@ -155,7 +168,9 @@ def link_figures(kind: str, device_name: str) -> Link:
     if kind in ("nvlink", "nvswitch"):
         nvlink = sheet.nvlink_generation if sheet is not None else None
         if sheet is None or nvlink is None or sheet.nvlink_bandwidth is None:
-            raise BenchtrainError(f"no NVLink figure for {device_name} (no NVLink, or not in calibration.datasheets): use pcie, or measure it")
+            raise BenchtrainError(
+                f"no NVLink figure for {device_name} (no NVLink, or not in calibration.datasheets): use pcie, or measure it"
+            )
         links = round(sheet.nvlink_bandwidth / NVLINK_LINK_RATE[nvlink])
         bandwidth = links * NCCL_NVLINK_BANDWIDTH[nvlink]
         source = (
@@ -187,16 +202,24 @@ def ring_model(kind: str, processes: int, link: Link, backend: str = "nccl") -> 
     return CommModel(n, backend, latency, passes * (n - 1) / n / link.bandwidth_bytes_per_second)
 
 
-def hierarchical_model(kind: str, nodes: int, gpus_per_node: int, intra: Link, inter: Link, backend: str = "nccl") -> CommModel:
+def hierarchical_model(
+    kind: str, nodes: int, gpus_per_node: int, intra: Link, inter: Link, backend: str = "nccl"
+) -> CommModel:
     """Across nodes, hierarchically (docs/design.md#interconnects-and-collectives); NCCL's base latency once."""
     g, m = gpus_per_node, nodes
     passes = 2 if kind == "all_reduce" else 1  # an all-reduce's two phases, inside the node and between nodes alike
-    latency = intra.base_latency_seconds + passes * ((g - 1) * intra.hop_latency_seconds + (m - 1) * inter.hop_latency_seconds)
-    per_byte = passes * ((g - 1) / g / intra.bandwidth_bytes_per_second + (m - 1) / m / g / inter.bandwidth_bytes_per_second)
+    latency = intra.base_latency_seconds + passes * (
+        (g - 1) * intra.hop_latency_seconds + (m - 1) * inter.hop_latency_seconds
+    )
+    per_byte = passes * (
+        (g - 1) / g / intra.bandwidth_bytes_per_second + (m - 1) / m / g / inter.bandwidth_bytes_per_second
+    )
     return CommModel(m * g, backend, latency, per_byte)
 
 
-def collective_model(kind: str, interconnect: Interconnect, intra: Link, inter: Link | None = None, backend: str = "nccl") -> CommModel:
+def collective_model(
+    kind: str, interconnect: Interconnect, intra: Link, inter: Link | None = None, backend: str = "nccl"
+) -> CommModel:
     """One collective (all_reduce, all_gather, reduce_scatter) over a placed interconnect."""
     nodes, gpus = interconnect.nodes or 1, interconnect.gpus_per_node or 1
     if nodes == 1:
@@ -209,7 +232,10 @@ def collective_model(kind: str, interconnect: Interconnect, intra: Link, inter: 
 
 
 def analytic_collectives(
-    interconnect: Interconnect | str, processes: int, device_name: str, kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+    interconnect: Interconnect | str,
+    processes: int,
+    device_name: str,
+    kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter"),
 ) -> dict[str, JsonDict]:
     """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}: the shape stored
     collectives have (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
@@ -218,7 +244,12 @@ def analytic_collectives(
     inter = link_figures(placed.network, device_name) if placed.network else None
     links = [intra.to_json()] + ([inter.to_json()] if inter is not None and placed.network != placed.kind else [])
     return {
-        kind: {"fit": collective_model(kind, placed, intra, inter).to_json(), "source": "analytic", "interconnect": placed.word, "links": links}
+        kind: {
+            "fit": collective_model(kind, placed, intra, inter).to_json(),
+            "source": "analytic",
+            "interconnect": placed.word,
+            "links": links,
+        }
         for kind in kinds
     }
 

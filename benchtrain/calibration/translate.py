@@ -25,17 +25,23 @@ def source_sheet(data: JsonDict) -> DeviceSheet:
     hardware = data.get("hardware") or {}
     name = str(hardware.get("name", "?"))
     if hardware.get("translated"):  # its bracket would be lost, not compounded
-        raise BenchtrainError(f"calibration {data.get('id')} is itself translated from {hardware.get('translated_from')}: translate the measured one")
+        raise BenchtrainError(
+            f"calibration {data.get('id')} is itself translated from {hardware.get('translated_from')}: translate the measured one"
+        )
     if hardware.get("device_type") != "cuda":
         raise BenchtrainError(
             f"calibration {data.get('id')} measured {name} ({hardware.get('device_type')}): a CPU calibration is never translated "
             "to a GPU (nor a GPU's to a CPU); run `bench run` on the GPU"
         )
     if "MIG" in str(hardware.get("peak_flops_entry") or ""):
-        raise BenchtrainError(f"calibration {data.get('id')} measured a MIG slice of {name}: its share of the memory bandwidth is in no datasheet")
+        raise BenchtrainError(
+            f"calibration {data.get('id')} measured a MIG slice of {name}: its share of the memory bandwidth is in no datasheet"
+        )
     sheet = sheet_for(name)
     if sheet is None:
-        raise BenchtrainError(f"calibration {data.get('id')} measured {name}, which the datasheet table lacks ({known_keys()}): it cannot be translated")
+        raise BenchtrainError(
+            f"calibration {data.get('id')} measured {name}, which the datasheet table lacks ({known_keys()}): it cannot be translated"
+        )
     return sheet
 
 
@@ -76,7 +82,11 @@ def translation_record(data: JsonDict, source: DeviceSheet, target: DeviceSheet)
     splits = step_splits(data)
     compute = sum(float(entry["compute_seconds"]) for entry in splits)
     memory = sum(float(entry["memory_seconds"]) for entry in splits)
-    device_factor = (compute / attained_ratio + memory / bandwidth_ratio) / (compute + memory) if compute + memory > 0 else 1 / attained_ratio
+    device_factor = (
+        (compute / attained_ratio + memory / bandwidth_ratio) / (compute + memory)
+        if compute + memory > 0
+        else 1 / attained_ratio
+    )
     record: JsonDict = {
         "identity": identity,
         "from_device": data["hardware"]["name"],
@@ -170,7 +180,9 @@ def bracket_for(parameters: JsonDict, config: StepConfig, record: JsonDict) -> B
         device, optimizer, host = step_parts(parameters, config)
         return bracket_around(device + optimizer, host, record) if device + optimizer + host > 0 else Bracket(1.0, 1.0)
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
-        raise BenchtrainError(f"a translated calibration's translation record is damaged ({error!r}): translate it again") from None
+        raise BenchtrainError(
+            f"a translated calibration's translation record is damaged ({error!r}): translate it again"
+        ) from None
 
 
 def widened_bounds(measured: float, record: JsonDict | None, parameters: JsonDict, config: StepConfig) -> BoundWidths:
@@ -186,7 +198,9 @@ def check_fixed_memory(data: JsonDict, target: DeviceSheet) -> None:
     statics = []
     for entry in (data, *(data.get("variants") or [])):  # each setup measured (a 4-bit base holds less)
         memory = (entry.get("fit") or {}).get("memory") or {}
-        statics.append(float((memory.get("parameters") or {}).get("static", 0.0)) + float(memory.get("non_torch_bytes") or 0.0))
+        statics.append(
+            float((memory.get("parameters") or {}).get("static", 0.0)) + float(memory.get("non_torch_bytes") or 0.0)
+        )
     static = min(statics)
     if static > target.memory_bytes:
         raise DoesNotFitError(
@@ -203,11 +217,17 @@ def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> Non
         return
     before = throughput_model_from_json(fit)
     # The optimizer step is elementwise (AdamW reads and writes every parameter's state): memory-bound, a device term.
-    fit["parameters"] = {term: value * device_factor if term in (*device_terms(), "optimizer_step") else value for term, value in fit["parameters"].items()}
+    fit["parameters"] = {
+        term: value * device_factor if term in (*device_terms(), "optimizer_step") else value
+        for term, value in fit["parameters"].items()
+    }
     after = throughput_model_from_json(fit)
     evaluation = (entry.get("eval") or {}).get("fit")
     if evaluation and isinstance(evaluation.get("parameters"), dict):
-        evaluation["parameters"] = {term: value * device_factor if term in EVAL_TERMS[1:] else value for term, value in evaluation["parameters"].items()}
+        evaluation["parameters"] = {
+            term: value * device_factor if term in EVAL_TERMS[1:] else value
+            for term, value in evaluation["parameters"].items()
+        }
     factors = []
     for row in entry.get("measurements") or []:
         if row.get("status") != "ok" or not row.get("step_seconds"):
@@ -217,7 +237,9 @@ def scale_entry(entry: JsonDict, device_factor: float, peak_ratio: float) -> Non
         scale_row(row, factors[-1], peak_ratio)
     held_out = fit.get("held_out_predicted_tokens_per_second")
     if isinstance(held_out, list) and len(held_out) == len(factors):  # one per fitted row, in order (calibration.fit)
-        fit["held_out_predicted_tokens_per_second"] = [rate / factor for rate, factor in zip(held_out, factors, strict=True)]
+        fit["held_out_predicted_tokens_per_second"] = [
+            rate / factor for rate, factor in zip(held_out, factors, strict=True)
+        ]
 
 
 def scale_row(row: JsonDict, factor: float, peak_ratio: float) -> None:
@@ -240,12 +262,18 @@ def keep_oom_rows_that_hold(entry: JsonDict, source_memory: float, target: Devic
     for row in entry.get("measurements") or []:
         if row.get("status") == "oom":
             row["status"] = "skipped"
-            row["error"] = f"out of memory on the {source_memory / GIB:.0f} GiB device measured; the {target.name} has more (the memory model judges it)"
+            row["error"] = (
+                f"out of memory on the {source_memory / GIB:.0f} GiB device measured; the {target.name} has more (the memory model judges it)"
+            )
 
 
 def target_hardware(hardware: JsonDict, target: DeviceSheet, world_size: int) -> JsonDict:
     """The hardware record of the target, from its datasheet, marked translated."""
-    record = {key: value for key, value in hardware.items() if key not in ("compute_capability", "cuda_version", "multiprocessors")}
+    record = {
+        key: value
+        for key, value in hardware.items()
+        if key not in ("compute_capability", "cuda_version", "multiprocessors")
+    }
     record.update(
         name=target.device_name,
         count=max(world_size, int(hardware.get("count", 1))),

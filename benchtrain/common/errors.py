@@ -79,7 +79,10 @@ def guard_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = 
     except Exception as error:
         if debug:
             raise
-        print(f"internal error: {type(error).__name__}: {first_line(str(error))} (run again with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"internal error: {type(error).__name__}: {first_line(str(error))} (run again with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 
@@ -99,7 +102,9 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line (a BenchtrainError for guard_cli) instead of the usage
     block, with a did-you-mean for a mistyped option: `--dealine` → `--deadline`."""
 
-    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> KnownArguments:  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> KnownArguments:
         # Narrower than argparse's overloads on purpose: no command here passes its own namespace class.
         self._given = [str(token) for token in (sys.argv[1:] if args is None else args)]
         return KnownArguments(*super().parse_known_args(args, namespace))
@@ -113,7 +118,9 @@ class OneLineParser(argparse.ArgumentParser):
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for parser in action.choices.values():
-                    names += parser._options() if isinstance(parser, OneLineParser) else list(parser._option_string_actions)
+                    names += (
+                        parser._options() if isinstance(parser, OneLineParser) else list(parser._option_string_actions)
+                    )
         return sorted(set(names))
 
     def _did_you_mean(self) -> str:

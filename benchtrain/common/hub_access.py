@@ -37,7 +37,11 @@ def snapshot(repo_id: str, revision: str | None, patterns: list[str] | None, rep
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     def fetch(local_only: bool) -> Path:
-        return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=patterns, local_files_only=local_only))
+        return Path(
+            snapshot_download(
+                repo_id, repo_type=repo_type, revision=revision, allow_patterns=patterns, local_files_only=local_only
+            )
+        )
 
     if revision and COMMIT_HASH.fullmatch(revision) and not is_offline_mode():
         # A commit never changes: a cached one needs no question to the hub.
@@ -79,7 +83,9 @@ def refusal(error: BaseException, repo_id: str, revision: str | None, repo_type:
         return f"no {what} {repo_id} on the hub{private}: check the id (ORG/NAME)"
     if isinstance(error, hub_errors.RevisionNotFoundError):
         return f"hub {what} {repo_id} has no revision {revision!r}: name a branch, tag or commit that exists"
-    if isinstance(error, (hub_errors.LocalEntryNotFoundError, hub_errors.IncompleteSnapshotError, hub_errors.DryRunError)):
+    if isinstance(
+        error, (hub_errors.LocalEntryNotFoundError, hub_errors.IncompleteSnapshotError, hub_errors.DryRunError)
+    ):
         if is_offline_mode():
             return f"{what} {label} is not in the hub cache {cache} and HF_HUB_OFFLINE is set: download it with `{command}`"
         cause = error.__cause__
@@ -110,7 +116,9 @@ def valid_repo_id(repo_id: str, option: str) -> str:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as error:
-        raise BenchtrainError(f"{option} {repo_id!r} is not a hub repository name (ORG/NAME): {first_line(error)}") from None
+        raise BenchtrainError(
+            f"{option} {repo_id!r} is not a hub repository name (ORG/NAME): {first_line(error)}"
+        ) from None
     return repo_id
 
 
@@ -121,7 +129,12 @@ def writing_user(option: str, again: str, otherwise: str = "") -> str:
     (", or drop --push-to-hub")."""
     from huggingface_hub import HfApi, get_token
 
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true"):  # as the user set it in this process
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in (
+        "1",
+        "on",
+        "yes",
+        "true",
+    ):  # as the user set it in this process
         raise BenchtrainError(f"{option}: HF_HUB_OFFLINE is set, so nothing can be pushed: unset it{otherwise}")
     token = get_token()
     if not token:
@@ -131,7 +144,9 @@ def writing_user(option: str, again: str, otherwise: str = "") -> str:
     except Exception as error:  # httpx's connection errors and the hub's HTTP errors alike
         status = getattr(getattr(error, "response", None), "status_code", None)
         if status == 401:
-            raise BenchtrainError(f"{option}: the hub rejects this token: run `hf auth login` with a token that can write") from None
+            raise BenchtrainError(
+                f"{option}: the hub rejects this token: run `hf auth login` with a token that can write"
+            ) from None
         reason = f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
         raise BenchtrainError(f"{option}: cannot reach the hub ({reason}): check the network{otherwise}") from None
     return str(user.get("name") or "")

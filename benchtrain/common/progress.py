@@ -22,7 +22,15 @@ class Bar(Protocol):
 
 
 def progress_bar(total: int, description: str, unit: str, initial: int = 0, file: TextIO | None = None) -> tqdm:
-    return tqdm(total=total, initial=initial, desc=description, unit=unit, dynamic_ncols=True, mininterval=_refresh_seconds(file), file=file)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=description,
+        unit=unit,
+        dynamic_ncols=True,
+        mininterval=_refresh_seconds(file),
+        file=file,
+    )
 
 
 def _refresh_seconds(file: TextIO | None) -> float:
@@ -40,7 +48,12 @@ class BudgetBar:
         self.started = time.monotonic()
         shape = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f}s of the budget, {remaining} left{postfix}"
         self.bar = tqdm(
-            total=round(budget_seconds), desc=self._description(), bar_format=shape, dynamic_ncols=True, mininterval=_refresh_seconds(file), file=file
+            total=round(budget_seconds),
+            desc=self._description(),
+            bar_format=shape,
+            dynamic_ncols=True,
+            mininterval=_refresh_seconds(file),
+            file=file,
         )
 
     def _description(self) -> str:

@@ -43,4 +43,7 @@ def stored_paths(section: JsonDict | None, run_dir: Path, keys: Collection[str])
     """`section` with the paths under `keys` stored relative to the run folder (a copy)."""
     if section is None:
         return None
-    return {key: stored_path(value, run_dir) if key in keys and isinstance(value, str) else value for key, value in section.items()}
+    return {
+        key: stored_path(value, run_dir) if key in keys and isinstance(value, str) else value
+        for key, value in section.items()
+    }

@@ -63,18 +63,43 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
         sections.append(section("The fit in words", bullet_list(cal.explain())))
         fitted = [cal.throughput.tokens_per_second(StepConfig.from_row(row)) for row in ok]
         held_out = cal.fit.get("held_out_predicted_tokens_per_second") or fitted
-        scatter = figures.measured_vs_predicted([row["tokens_per_second"] for row in ok], list(held_out), fitted, median, out / "measured_vs_predicted.png")
-        figure_paths = [(scatter, "Each probe's measured tokens/s against the model's prediction when that probe was left out of the fit")]
+        scatter = figures.measured_vs_predicted(
+            [row["tokens_per_second"] for row in ok], list(held_out), fitted, median, out / "measured_vs_predicted.png"
+        )
+        figure_paths = [
+            (
+                scatter,
+                "Each probe's measured tokens/s against the model's prediction when that probe was left out of the fit",
+            )
+        ]
     else:
         sections.append(verdict("No model was fitted: too few probes succeeded.", False))
         figure_paths = []
     if ok:
-        figure_paths.append((figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"), "Measured tokens/s by micro batch and sequence length"))
+        figure_paths.append(
+            (
+                figures.throughput_heatmaps(ok, out / "throughput_heatmap.png"),
+                "Measured tokens/s by micro batch and sequence length",
+            )
+        )
         memory = cal.memory if cal else None
-        predict = (lambda b, s: memory.peak_bytes(StepConfig(micro_batch_size=b, num_workers=0, grad_accum=1, seq_len=s))) if memory else None  # type: ignore[union-attr]
-        memory_figure = figures.memory_vs_batch(ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png")
+        predict = None
+        if memory is not None:
+            model = memory
+
+            def predict(batch: int, length: int) -> float:
+                return model.peak_bytes(StepConfig(micro_batch_size=batch, num_workers=0, grad_accum=1, seq_len=length))
+
+        memory_figure = figures.memory_vs_batch(
+            ok, oom, float(data["hardware"]["memory_bytes"]), predict, out / "memory_vs_batch.png"
+        )
         figure_paths.append((memory_figure, "Peak memory against the device limit"))
-        figure_paths.append((figures.data_wait_by_workers(ok, out / "data_wait.png"), "Share of each step spent waiting for the DataLoader"))
+        figure_paths.append(
+            (
+                figures.data_wait_by_workers(ok, out / "data_wait.png"),
+                "Share of each step spent waiting for the DataLoader",
+            )
+        )
     sections.append(section("Figures", figure_grid(figure_paths)))
     return sections
 
@@ -102,8 +127,12 @@ def measurements_section(rows: list[dict[str, Any]]) -> str:
     columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
     frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
-    frame = frame.rename(columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"})
-    frame = frame.sort_values("tokens/s", ascending=False).round({"tokens/s": 0, "step_seconds": 4, "peak MiB": 0, "data wait share": 3, "mfu": 3})
+    frame = frame.rename(
+        columns={"peak_memory_bytes": "peak MiB", "tokens_per_second": "tokens/s", "data_wait_share": "data wait share"}
+    )
+    frame = frame.sort_values("tokens/s", ascending=False).round(
+        {"tokens/s": 0, "step_seconds": 4, "peak MiB": 0, "data wait share": 3, "mfu": 3}
+    )
     return section("Measurements", table(frame))
 
 
@@ -111,7 +140,13 @@ def setup_section(data: dict[str, Any]) -> str:
     hardware, software = data["hardware"], data["software"]
     return section(
         "Hardware, software and what was trained",
-        key_values([*hardware.items(), *software.items(), *((f"training {key}", value) for key, value in (data.get("training") or {}).items())]),
+        key_values(
+            [
+                *hardware.items(),
+                *software.items(),
+                *((f"training {key}", value) for key, value in (data.get("training") or {}).items()),
+            ]
+        ),
         bullet_list([f"warning: {warning}" for warning in data.get("warnings", [])]) if data.get("warnings") else "",
     )
 
@@ -120,7 +155,26 @@ def history_section(data: dict[str, Any]) -> str:
     """How past estimates with this calibration fared; time_error_pct (+: took longer than estimated)
     recomputed with the one convention (older files stored the opposite sign)."""
     history = data.get("history", [])
-    history = [{**entry, "time_error_pct": estimate_error_pct(entry.get("predicted_total_seconds"), entry.get("actual_total_seconds"))} for entry in history]
-    columns = ["run_id", "finished_at", "predicted_tokens_per_second", "actual_tokens_per_second", "time_error_pct", "status"]
-    shown = table(pd.DataFrame(history).reindex(columns=columns).round(2)) if history else "<p>No run has used this calibration yet.</p>"
+    history = [
+        {
+            **entry,
+            "time_error_pct": estimate_error_pct(
+                entry.get("predicted_total_seconds"), entry.get("actual_total_seconds")
+            ),
+        }
+        for entry in history
+    ]
+    columns = [
+        "run_id",
+        "finished_at",
+        "predicted_tokens_per_second",
+        "actual_tokens_per_second",
+        "time_error_pct",
+        "status",
+    ]
+    shown = (
+        table(pd.DataFrame(history).reindex(columns=columns).round(2))
+        if history
+        else "<p>No run has used this calibration yet.</p>"
+    )
     return section("How past estimates with this calibration fared", shown)

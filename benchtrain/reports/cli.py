@@ -23,8 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EXAMPLES,
     )
-    parser.add_argument("target", metavar="RUN_DIR|CALIBRATION", help="a run folder (with run.json), or latest / a calibration id / a calibration JSON path")
-    parser.add_argument("--out", metavar="DIR", help="folder for a calibration report (default: beside the calibration)")
+    parser.add_argument(
+        "target",
+        metavar="RUN_DIR|CALIBRATION",
+        help="a run folder (with run.json), or latest / a calibration id / a calibration JSON path",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="folder for a calibration report (default: beside the calibration)"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
@@ -35,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     if target.name == "run.json" and target.is_file():
         target = target.parent
     if target.is_dir() and (target / "comparison.json").is_file() and not (target / "run.json").is_file():
-        from benchtrain.reports.comparison_report import write_comparison_report  # a dry run's comparison of calibrations
+        # a dry run's comparison of calibrations
+        from benchtrain.reports.comparison_report import (
+            write_comparison_report,
+        )
 
         path = write_comparison_report(target)
     elif target.is_dir():

@@ -68,15 +68,26 @@ def write_comparison_report(folder: Path) -> Path:
             for index, row in planned
         ]
         chosen = next((option for option in options if option["recommended"]), None)
-        why = "meets the deadline at the lowest cost" if record["ranked_by"] == "cost" else "is the fastest that meets the deadline"
+        why = (
+            "meets the deadline at the lowest cost"
+            if record["ranked_by"] == "cost"
+            else "is the fastest that meets the deadline"
+        )
         finding = f"{chosen['label']} {why}" if chosen else "no option meets the deadline"
         title = f"{record['model']} ({record['method']}), priority {record['priority']}: {finding}"
         path = figures.time_vs_cost(options, deadline / HOUR, folder / "time_vs_cost.png", title)
-        sections.append(section("Time vs cost", figure_grid([(path, "Estimated time (bars: bounds) against cost; the dashed line is the deadline")])))
+        sections.append(
+            section(
+                "Time vs cost",
+                figure_grid([(path, "Estimated time (bars: bounds) against cost; the dashed line is the deadline")]),
+            )
+        )
     notes = [*record.get("notes", []), *[f"{name_of(row)}: {row['problem']}" for row in rows if row.get("problem")]]
     notes += [f"{name_of(row)}: rests on {row['rests_on']}" for row in rows if row.get("rests_on") and row.get("plan")]
     notes += [f"{name_of(row)}: settle with `{row['settle']}`" for row in rows if row.get("settle")]
-    notes.append(f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)")
+    notes.append(
+        f"ranked by {record['ranked_by']}: the options that meet the deadline first, the cheapest first (ties by time)"
+    )
     sections.append(section("Notes", bullet_list(notes)))
     subtitle = f"{len(rows)} option(s), deadline {format_duration(deadline)}, {format_duration(max(0.0, record['available_seconds']))} usable"
     return write_page(folder / "report.html", f"Which machine: {record['model']}", subtitle, sections)
@@ -104,9 +115,13 @@ def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
         "device": row["device"],
         "processes": row["world_size"],
         "source": row.get("kind") or row["source"],
-        "plan": (StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase if plan else row.get("problem")),
+        "plan": (
+            StepConfig.from_row({**chosen, "seq_len": chosen["max_length"]}).phrase if plan else row.get("problem")
+        ),
         "time": format_duration(chosen["total_seconds"]) if plan else None,
-        "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen[upper_key(row)])}" if plan else None,
+        "bounds": f"{format_duration(chosen['total_seconds_low'])} – {format_duration(chosen[upper_key(row)])}"
+        if plan
+        else None,
         "cost ($)": cost_cell(row),
         "peak memory (GiB)": None if peak is None else round(peak / 2**30, 1),
         "headroom": None if row.get("memory_headroom") is None else f"{row['memory_headroom']:.0%}",

@@ -23,13 +23,17 @@ def save(figure: Any, path: Path) -> Path:
     return path
 
 
-def measured_vs_predicted(measured: list[float], held_out: list[float], fitted: list[float], median_error: float | None, path: Path) -> Path:
+def measured_vs_predicted(
+    measured: list[float], held_out: list[float], fitted: list[float], median_error: float | None, path: Path
+) -> Path:
     figure, axis = plt.subplots(figsize=(6.4, 5.0))
     axis.scatter(measured, fitted, s=22, color="#7f8c8d", label="fitted on all probes")
     axis.scatter(measured, held_out, s=26, color="#2e86c1", marker="D", label="held out (cross-validated)")
     low, high = min(measured + held_out) * 0.9, max(measured + held_out) * 1.1
     axis.plot([low, high], [low, high], color="black", linewidth=1, label="perfect prediction")
-    axis.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="#2e86c1", alpha=0.08, label="±15%")
+    axis.fill_between(
+        [low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="#2e86c1", alpha=0.08, label="±15%"
+    )
     axis.set(xlabel="measured tokens/s", ylabel="predicted tokens/s")
     title = "Predicted vs measured throughput"
     if median_error is not None:
@@ -51,7 +55,9 @@ def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
     frame = pd.DataFrame(rows)
     for axis, accum in zip(axes[0], accums, strict=True):
         measured = frame[frame["grad_accum"] == accum]
-        best_of = measured.pivot_table(index="seq_len", columns="micro_batch_size", values="tokens_per_second", aggfunc="max")
+        best_of = measured.pivot_table(
+            index="seq_len", columns="micro_batch_size", values="tokens_per_second", aggfunc="max"
+        )
         grid = best_of.reindex(index=lengths, columns=batches).to_numpy(dtype=float)
         image = axis.imshow(grid, origin="lower", cmap="viridis", aspect="auto")
         for (i, j), value in np.ndenumerate(grid):
@@ -70,27 +76,51 @@ def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
     return save(figure, path)
 
 
-def memory_vs_batch(rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], limit_bytes: float, predict: Any, path: Path) -> Path:
+def memory_vs_batch(
+    rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], limit_bytes: float, predict: Any, path: Path
+) -> Path:
     figure, axis = plt.subplots(figsize=(6.8, 4.6))
     lengths = sorted({row["seq_len"] for row in rows} | {row["seq_len"] for row in oom_rows})
     colors = plt.cm.plasma(np.linspace(0.1, 0.85, max(1, len(lengths))))
     batches = sorted({row["micro_batch_size"] for row in rows} | {row["micro_batch_size"] for row in oom_rows})
     span = np.linspace(min(batches), max(batches), 50) if batches else np.array([])
     for color, length in zip(colors, lengths, strict=True):
-        points = sorted((row["micro_batch_size"], row["peak_memory_bytes"]) for row in rows if row["seq_len"] == length and row.get("peak_memory_bytes"))
+        points = sorted(
+            (row["micro_batch_size"], row["peak_memory_bytes"])
+            for row in rows
+            if row["seq_len"] == length and row.get("peak_memory_bytes")
+        )
         if points:
-            axis.scatter([p[0] for p in points], [p[1] / GIB for p in points], color=color, s=24, label=f"measured, length {length}")
+            axis.scatter(
+                [p[0] for p in points],
+                [p[1] / GIB for p in points],
+                color=color,
+                s=24,
+                label=f"measured, length {length}",
+            )
         if predict is not None and len(span):
-            axis.plot(span, [predict(int(max(1, round(b))), length) / GIB for b in span], color=color, linewidth=1, alpha=0.8)
+            axis.plot(
+                span, [predict(int(max(1, round(b))), length) / GIB for b in span], color=color, linewidth=1, alpha=0.8
+            )
     if oom_rows:
         batch_sizes = [row["micro_batch_size"] for row in oom_rows]
-        axis.scatter(batch_sizes, [limit_bytes / GIB] * len(oom_rows), marker="x", s=60, color="#c0392b", label="out of memory")
-    axis.axhline(limit_bytes / GIB, color="#c0392b", linestyle="--", linewidth=1, label=f"device memory {limit_bytes / GIB:.1f} GiB")
+        axis.scatter(
+            batch_sizes, [limit_bytes / GIB] * len(oom_rows), marker="x", s=60, color="#c0392b", label="out of memory"
+        )
+    axis.axhline(
+        limit_bytes / GIB,
+        color="#c0392b",
+        linestyle="--",
+        linewidth=1,
+        label=f"device memory {limit_bytes / GIB:.1f} GiB",
+    )
     axis.set(xlabel="micro batch size (sequences)", ylabel="peak memory (GiB)")
     peak = max((row.get("peak_memory_bytes") or 0 for row in rows), default=0)
     if 0 < peak < 0.2 * limit_bytes:
         axis.set_yscale("log")  # far below the limit: a log scale keeps both readable
-    axis.set_title(f"Peak memory vs batch size (lines: fitted model)\nlargest measured peak uses {peak / limit_bytes:.0%} of device memory")
+    axis.set_title(
+        f"Peak memory vs batch size (lines: fitted model)\nlargest measured peak uses {peak / limit_bytes:.0%} of device memory"
+    )
     axis.legend(fontsize=7, loc="upper left")
     return save(figure, path)
 
@@ -103,23 +133,45 @@ def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
     axis.set(xlabel="DataLoader workers", ylabel="time waiting for data (% of step)")
     medians = [float(np.median(s)) if s else 0.0 for s in shares]
     best = workers[int(np.argmin(medians))]
-    axis.set_title(f"Data wait by worker count\nleast waiting with {best} workers (median {min(medians):.1f}% of the step)")
+    axis.set_title(
+        f"Data wait by worker count\nleast waiting with {best} workers (median {min(medians):.1f}% of the step)"
+    )
     return save(figure, path)
 
 
 def progress_over_time(
-    elapsed: list[float], actual_tokens: list[float], predicted: dict[str, float], deadline: float, path: Path, ended: tuple[float, float], title: list[str]
+    elapsed: list[float],
+    actual_tokens: list[float],
+    predicted: dict[str, float],
+    deadline: float,
+    path: Path,
+    ended: tuple[float, float],
+    title: list[str],
 ) -> Path:
     """Tokens done over time since the plan: the actual run against the estimate and its bounds. `ended`: (seconds, tokens) where the run ended;
     `predicted["ran_end"]`: the estimate for the steps that ran; `title`: the estimate check's words (the banner's and the console's)."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))
     total, start = predicted["tokens"], predicted["start"]
-    for key, style, label in (("end_low", ":", "estimate bounds"), ("end", "-", "estimate, whole plan"), ("end_high", ":", None)):
+    for key, style, label in (
+        ("end_low", ":", "estimate bounds"),
+        ("end", "-", "estimate, whole plan"),
+        ("end_high", ":", None),
+    ):
         axis.plot([start, predicted[key]], [0, total / 1e6], linestyle=style, color="#2e86c1", label=label)
-    axis.fill_betweenx([0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08)
+    axis.fill_betweenx(
+        [0, total / 1e6], [start, predicted["end_low"]], [start, predicted["end_high"]], color="#2e86c1", alpha=0.08
+    )
     axis.plot(elapsed, [t / 1e6 for t in actual_tokens], color="#27ae60", linewidth=2, label="actual")
     end_seconds, end_tokens = ended
-    axis.scatter([predicted["ran_end"]], [end_tokens / 1e6], marker="o", s=50, color="#2e86c1", zorder=3, label="estimate for the steps that ran")
+    axis.scatter(
+        [predicted["ran_end"]],
+        [end_tokens / 1e6],
+        marker="o",
+        s=50,
+        color="#2e86c1",
+        zorder=3,
+        label="estimate for the steps that ran",
+    )
     axis.scatter([end_seconds], [end_tokens / 1e6], marker="X", s=60, color="#27ae60", zorder=3, label="the run ended")
     view = max(end_seconds, predicted["end_high"]) * 1.25
     if deadline <= view * 1.6:
@@ -127,14 +179,18 @@ def progress_over_time(
     else:
         # A far-away deadline would squash the lines: keep the view on the run and point at it.
         axis.set_xlim(0, view)
-        axis.annotate(f"deadline at {deadline:.0f}s →", xy=(0.98, 0.04), xycoords="axes fraction", ha="right", color="#c0392b")
+        axis.annotate(
+            f"deadline at {deadline:.0f}s →", xy=(0.98, 0.04), xycoords="axes fraction", ha="right", color="#c0392b"
+        )
     axis.set(xlabel="time since the plan (s)", ylabel="tokens trained (millions)")
     axis.set_title("\n".join(wrap(title)), fontsize=9)
     axis.legend(fontsize=8, loc="upper left")
     return save(figure, path)
 
 
-def throughput_over_time(elapsed: list[float], actual: list[float], predicted: list[float], path: Path, finding: str | None) -> Path:
+def throughput_over_time(
+    elapsed: list[float], actual: list[float], predicted: list[float], path: Path, finding: str | None
+) -> Path:
     """Rolling real tokens/s against the prediction; `finding`: the estimate check's throughput line."""
     figure, axis = plt.subplots(figsize=(7.2, 4.2))
     axis.plot(elapsed, actual, color="#27ae60", label="actual (rolling 20 steps)")
@@ -151,7 +207,13 @@ def wrap(lines: list[str], width: int = 90) -> list[str]:
     return [part for line in lines for part in textwrap.wrap(line, width)]
 
 
-def loss_curve(steps: list[int], losses: list[float], path: Path, eval_steps: list[int] | None = None, eval_losses: list[float] | None = None) -> Path:
+def loss_curve(
+    steps: list[int],
+    losses: list[float],
+    path: Path,
+    eval_steps: list[int] | None = None,
+    eval_losses: list[float] | None = None,
+) -> Path:
     figure, axis = plt.subplots(figsize=(7.2, 4.0))
     axis.plot(steps, losses, color="#8e44ad", linewidth=1, label="training loss")
     if eval_steps and eval_losses:
@@ -173,7 +235,9 @@ def learning_rate_curve(steps: list[int], rates: list[float], path: Path) -> Pat
     axis.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     if rates:
         peak = max(rates)
-        axis.set_title(f"Learning rate\npeak {peak:.3g} at step {steps[rates.index(peak)]}, {rates[-1]:.3g} at the last step")
+        axis.set_title(
+            f"Learning rate\npeak {peak:.3g} at step {steps[rates.index(peak)]}, {rates[-1]:.3g} at the last step"
+        )
     return save(figure, path)
 
 
@@ -199,10 +263,21 @@ def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Pat
         color = "#27ae60" if option["recommended"] else ("#8e44ad" if option["predicted"] else "#2e86c1")
         hours, face = option["hours"], "white" if option["predicted"] else color
         spread = [[hours - option["low"]], [option["high"] - hours]]
-        axis.errorbar([x], [hours], yerr=spread, fmt="s" if option["predicted"] else "o", markerfacecolor=face, color=color, markersize=8, capsize=4)
+        axis.errorbar(
+            [x],
+            [hours],
+            yerr=spread,
+            fmt="s" if option["predicted"] else "o",
+            markerfacecolor=face,
+            color=color,
+            markersize=8,
+            capsize=4,
+        )
         axis.annotate(option["label"], (x, option["hours"]), textcoords="offset points", xytext=(8, 4), fontsize=7)
     axis.axhline(deadline_hours, color="#c0392b", linestyle="--", linewidth=1, label=f"deadline ({deadline_hours:g} h)")
-    predicted_handle = plt.Line2D([], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)")
+    predicted_handle = plt.Line2D(
+        [], [], marker="s", color="#8e44ad", markerfacecolor="white", linestyle="", label="predicted (not measured)"
+    )
     handles = [
         plt.Line2D([], [], marker="o", color="#27ae60", linestyle="", label="recommended"),
         plt.Line2D([], [], marker="o", color="#2e86c1", linestyle="", label="measured calibration"),
@@ -214,7 +289,9 @@ def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Pat
         axis.set_xlabel("cost (USD: hours × price per device-hour × processes)")
         axis.set_xlim(0, max(option["cost"] for option in options) * 1.4 or 1.0)  # room for the labels
     else:
-        axis.set_xticks(range(len(options)), [option["label"] for option in options], rotation=20, ha="right", fontsize=7)
+        axis.set_xticks(
+            range(len(options)), [option["label"] for option in options], rotation=20, ha="right", fontsize=7
+        )
         axis.set_xlabel("option (no prices given)")
         axis.set_xlim(-0.5, len(options) - 0.3)
     highest = max(deadline_hours, *(option["high"] for option in options))

@@ -45,7 +45,9 @@ def figure_grid(figures: list[tuple[Path, str]]) -> str:
 def table(frame: Any) -> str:
     """A pandas DataFrame as an HTML table; pandas escapes the cells. A missing value is a dash,
     also a None in a column of objects (pandas would print Python's `None` there)."""
-    frame = frame.apply(lambda column: column.map(lambda value: "–" if value is None else value) if column.dtype == object else column)
+    frame = frame.apply(
+        lambda column: column.map(lambda value: "–" if value is None else value) if column.dtype == object else column
+    )
     return frame.to_html(index=False, escape=True, border=0, na_rep="–")
 
 
@@ -71,7 +73,9 @@ def write_page(path: Path, title: str, subtitle: str, sections: list[str]) -> Pa
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-        f'<h1>{escape(title)}</h1><p class="subtitle">{escape(subtitle)}</p>' + "\n".join(sections) + "</body></html>\n",
+        f'<h1>{escape(title)}</h1><p class="subtitle">{escape(subtitle)}</p>'
+        + "\n".join(sections)
+        + "</body></html>\n",
         encoding="utf-8",
     )
     return path

@@ -6,7 +6,14 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from benchtrain.calibration.accuracy import ERROR_LABEL, check_estimate, describe_check, describe_steps, describe_throughput, describe_time
+from benchtrain.calibration.accuracy import (
+    ERROR_LABEL,
+    check_estimate,
+    describe_check,
+    describe_steps,
+    describe_throughput,
+    describe_time,
+)
 from benchtrain.calibration.comm import describe_communication
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.atomic import read_json_file
@@ -42,7 +49,10 @@ def write_run_report(run_dir: Path) -> Path:
         sections.append(section("History: estimate error of every run", table(pd.DataFrame(history))))
     if record.get("events"):
         sections.append(section("Events", bullet_list(record["events"][-30:])))
-    title, subtitle = f"Run {record.get('run_id', run_dir.name)}", f"calibration {record.get('calibration_id')} — created {record.get('created_at')}"
+    title, subtitle = (
+        f"Run {record.get('run_id', run_dir.name)}",
+        f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
+    )
     return write_page(run_dir / "report.html", title, subtitle, sections)
 
 
@@ -78,7 +88,10 @@ def verdict_of(record: dict[str, Any], check: Any) -> str:
     if check is None:
         return verdict("This run has a plan but has not finished training.", False)
     met = bool(record.get("met_deadline"))
-    lines = [*describe_check(check), f"deadline {format_duration(record['deadline_seconds'])} {'met' if met else 'missed'}; status {check.status}"]
+    lines = [
+        *describe_check(check),
+        f"deadline {format_duration(record['deadline_seconds'])} {'met' if met else 'missed'}; status {check.status}",
+    ]
     return verdict([*lines, *push_lines(record)], met and check.error_pct is not None and abs(check.error_pct) <= 15)
 
 
@@ -88,7 +101,9 @@ def push_lines(record: dict[str, Any]) -> list[str]:
     if not push:
         return []
     if push.get("status") != "pushed":
-        return [f"the push to {push['repo_id']} failed ({push.get('error')}); final/ is intact: from the run folder, {push['retry']}"]
+        return [
+            f"the push to {push['repo_id']} failed ({push.get('error')}); final/ is intact: from the run folder, {push['retry']}"
+        ]
     planned = overheads.get("upload_seconds")
     against = f" (planned {format_duration(planned)})" if planned else ""
     return [f"pushed to {push['url']}: {push['bytes'] / 1e6:,.1f} MB in {format_duration(push['seconds'])}{against}"]
@@ -102,7 +117,9 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
     ran = check.to_json() if check is not None else {}
     bound = estimate.get("bound_fraction")
     train = ran.get("predicted_train_seconds")
-    overheads = ran["estimated_seconds"] - train if train is not None and ran.get("estimated_seconds") is not None else None
+    overheads = (
+        ran["estimated_seconds"] - train if train is not None and ran.get("estimated_seconds") is not None else None
+    )
     speed = ran.get("predicted_tokens_per_second")
 
     def bounded(value: float | None, extra: float = 0.0) -> tuple[float | None, float | None]:
@@ -113,14 +130,28 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
 
     speed_bounds = (speed / (1 + bound), speed * (1 + bound)) if speed and bound is not None else (None, None)
     rows = [
-        ("time of the steps that ran, with the overheads that happened (s)", ran.get("estimated_seconds"), *bounded(train, overheads or 0.0),
-         ran.get("actual_seconds")),
+        (
+            "time of the steps that ran, with the overheads that happened (s)",
+            ran.get("estimated_seconds"),
+            *bounded(train, overheads or 0.0),
+            ran.get("actual_seconds"),
+        ),
         ("training time of the steps that ran (s)", train, *bounded(train), ran.get("actual_train_seconds")),
         ("real tokens/s of the steps that ran", speed, *speed_bounds, ran.get("actual_tokens_per_second")),
-        ("whole plan (s; actual: projected at the live speed)", estimate["total_seconds"], estimate["total_seconds_low"], estimate["total_seconds_high"],
-         check.projected_seconds if check is not None and check.partial else None),
-        ("peak memory (GiB)", _gib(estimate.get("peak_memory_bytes")), None, _gib(estimate.get("peak_memory_bytes_high")),
-         _gib(actual.get("peak_memory_bytes"))),
+        (
+            "whole plan (s; actual: projected at the live speed)",
+            estimate["total_seconds"],
+            estimate["total_seconds_low"],
+            estimate["total_seconds_high"],
+            check.projected_seconds if check is not None and check.partial else None,
+        ),
+        (
+            "peak memory (GiB)",
+            _gib(estimate.get("peak_memory_bytes")),
+            None,
+            _gib(estimate.get("peak_memory_bytes_high")),
+            _gib(actual.get("peak_memory_bytes")),
+        ),
         ("TFLOP/s per process", None, None, None, actual.get("tflops")),
         ("MFU", None, None, None, actual.get("mfu")),
         ("data-wait share", None, None, None, actual.get("data_wait_share")),
@@ -145,9 +176,13 @@ def describe_bounds(estimate: dict[str, Any]) -> str:
     time_error, memory_error = errors.get("time") or {}, errors.get("memory") or {}
     if not time_error:
         return "Bounds: this run's record predates the held-out error in run.json."
-    parts = [f"the calibration's held-out error on step time: median {time_error['median_abs_pct']:.1f}%, 90th percentile {time_error['p90_abs_pct']:.1f}%"]
+    parts = [
+        f"the calibration's held-out error on step time: median {time_error['median_abs_pct']:.1f}%, 90th percentile {time_error['p90_abs_pct']:.1f}%"
+    ]
     if memory_error:
-        parts.append(f"on peak memory: median {memory_error['median_abs_pct']:.1f}%, 90th percentile {memory_error['p90_abs_pct']:.1f}%")
+        parts.append(
+            f"on peak memory: median {memory_error['median_abs_pct']:.1f}%, 90th percentile {memory_error['p90_abs_pct']:.1f}%"
+        )
     bound = estimate.get("bound_fraction")
     text = "Bounds: " + "; ".join(parts)
     if bound is not None:
@@ -157,7 +192,9 @@ def describe_bounds(estimate: dict[str, Any]) -> str:
     return text + "."
 
 
-def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list[dict[str, Any]]) -> list[tuple[Path, str]]:
+def run_figures(
+    record: dict[str, Any], check: Any, run_dir: Path, history: list[dict[str, Any]]
+) -> list[tuple[Path, str]]:
     """The run's figures, drawn into its folder: progress and throughput against the estimate,
     loss, learning rate, and the estimate error of every run beside it."""
     estimate, deadline = record["estimate"], record["deadline_seconds"]
@@ -180,25 +217,41 @@ def run_figures(record: dict[str, Any], check: Any, run_dir: Path, history: list
         tokens = list(itertools.accumulate(entry.get("tokens", 0) for entry in ran))
         words = [describe_steps(check), describe_time(check)]
         progress = figures.progress_over_time(
-            since_plan, tokens, predicted, deadline - before, run_dir / "progress.png", (check.actual_seconds, check.tokens), words
+            since_plan,
+            tokens,
+            predicted,
+            deadline - before,
+            run_dir / "progress.png",
+            (check.actual_seconds, check.tokens),
+            words,
         )
-        figure_paths.append((progress, "Tokens trained since the plan against the estimate, its bounds and the deadline"))
+        figure_paths.append(
+            (progress, "Tokens trained since the plan against the estimate, its bounds and the deadline")
+        )
         rolling_actual, rolling_predicted = _rolling_rates(ran)
-        throughput = figures.throughput_over_time(since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check))
+        throughput = figures.throughput_over_time(
+            since_plan, rolling_actual, rolling_predicted, run_dir / "throughput.png", describe_throughput(check)
+        )
         figure_paths.append((throughput, "Real tokens/s over time against the calibration's prediction"))
     # A Trainer's run (benchtrain.DeadlineCallback) logs its loss every `logging_steps`: the steps between carry none.
     logged = [entry for entry in losses if entry.get("loss") is not None]
     if logged:
         evals = record.get("evals", [])
         steps, eval_steps = [e["step"] for e in logged], [e["step"] for e in evals]
-        loss = figures.loss_curve(steps, [e["loss"] for e in logged], run_dir / "loss.png", eval_steps, [e["eval_loss"] for e in evals])
+        loss = figures.loss_curve(
+            steps, [e["loss"] for e in logged], run_dir / "loss.png", eval_steps, [e["eval_loss"] for e in evals]
+        )
         figure_paths.append((loss, "Training loss per optimizer step, and the held-out eval loss"))
         rated = [entry for entry in logged if "learning_rate" in entry]  # older run.json files did not record it
         if rated:
-            rate = figures.learning_rate_curve([e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png")
+            rate = figures.learning_rate_curve(
+                [e["step"] for e in rated], [e["learning_rate"] for e in rated], run_dir / "learning_rate.png"
+            )
             figure_paths.append((rate, "Learning rate of each optimizer step (warm-up, then the schedule's decay)"))
     if history:
-        errors = figures.estimate_error_history([row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png")
+        errors = figures.estimate_error_history(
+            [row["run"] for row in history], [row[ERROR_LABEL] for row in history], run_dir / "history.png"
+        )
         figure_paths.append((errors, "Estimate error of every run in this folder, oldest first"))
     return figure_paths
 
@@ -210,17 +263,29 @@ def plan_sections(record: dict[str, Any]) -> list[str]:
     plan = record["plan"]
     sections = []
     plan_pairs = [(key, _plan_value(key, value)) for key, value in plan.items() if key != "notes"]
-    sections.append(section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else ""))
+    sections.append(
+        section("The plan", key_values(plan_pairs), bullet_list(plan.get("notes", [])) if plan.get("notes") else "")
+    )
     alternatives = record.get("alternatives", [])
     if alternatives:
         columns = "micro_batch_size grad_accum num_workers max_length total_seconds total_seconds_high tokens_per_second peak_memory_bytes".split()
         frame = pd.DataFrame(alternatives).reindex(columns=columns)
         frame["peak_memory_bytes"] = frame["peak_memory_bytes"] / 2**20
-        sections.append(section("Alternatives the planner considered", table(frame.rename(columns={"peak_memory_bytes": "peak MiB"}).round(2))))
+        sections.append(
+            section(
+                "Alternatives the planner considered",
+                table(frame.rename(columns={"peak_memory_bytes": "peak MiB"}).round(2)),
+            )
+        )
     data = record.get("data", {})
     profile = data.get("profile", {})
     if profile:
-        pairs = [("source", data.get("source")), ("format", data.get("format")), ("packing", data.get("packing")), *profile.items()]
+        pairs = [
+            ("source", data.get("source")),
+            ("format", data.get("format")),
+            ("packing", data.get("packing")),
+            *profile.items(),
+        ]
         sections.append(section("Data", key_values([*pairs, *(data.get("truncation") or {}).items()])))
     preparation = data.get("preparation")
     if preparation:
@@ -231,14 +296,24 @@ def plan_sections(record: dict[str, Any]) -> list[str]:
 def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
     """Where the plan's lengths came from (a sample's estimate against the exact total) and the
     tokenizing, predicted against measured (train.workload.prepare.PreparedData.record)."""
-    rows: list[tuple[str, Any]] = [("lengths profiled from", preparation.get("profiled_from")), ("records", preparation.get("records"))]
+    rows: list[tuple[str, Any]] = [
+        ("lengths profiled from", preparation.get("profiled_from")),
+        ("records", preparation.get("records")),
+    ]
     estimate, exact = preparation.get("sampled_estimate"), preparation.get("exact_total_tokens")
     if estimate:
         rows.append(("sampled records", estimate["sampled"]))
-        rows.append(("token total, sampled estimate", f"{estimate['total_tokens']:,.0f} ± {estimate['half_width']:,.0f} (95%)"))
+        rows.append(
+            ("token total, sampled estimate", f"{estimate['total_tokens']:,.0f} ± {estimate['half_width']:,.0f} (95%)")
+        )
         if exact:
             error = preparation.get("sampled_error")  # train.workload.sampling.TotalEstimate.error_of
-            rows.append(("token total, exact", f"{exact:,}" + (f" ({error:+.2%} from the estimate)" if error is not None else "")))
+            rows.append(
+                (
+                    "token total, exact",
+                    f"{exact:,}" + (f" ({error:+.2%} from the estimate)" if error is not None else ""),
+                )
+            )
     elif exact:
         rows.append(("token total, exact", f"{exact:,}"))
     predicted, actual = preparation.get("predicted_seconds"), preparation.get("actual_seconds")

@@ -18,11 +18,22 @@ from benchtrain.train.workload.quantize import QUANTIZE_CHOICES
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that name a dataset's format and columns (train and bench --data)."""
     parser.add_argument("--data-format", default="auto", choices=("auto", *FORMATS), help=format_help())
-    parser.add_argument("--data-split", default="train", metavar="SPLIT", help="split of a hub dataset or a saved DatasetDict (default: train)")
+    parser.add_argument(
+        "--data-split",
+        default="train",
+        metavar="SPLIT",
+        help="split of a hub dataset or a saved DatasetDict (default: train)",
+    )
     parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
-    parser.add_argument("--messages-field", metavar="COLUMN", help="the column of conversation turns (messages, sharegpt)")
-    parser.add_argument("--prompt-field", metavar="COLUMN", help="the prompt column (prompt_completion; Alpaca's instruction)")
-    parser.add_argument("--completion-field", metavar="COLUMN", help="the answer column (prompt_completion; Alpaca's output)")
+    parser.add_argument(
+        "--messages-field", metavar="COLUMN", help="the column of conversation turns (messages, sharegpt)"
+    )
+    parser.add_argument(
+        "--prompt-field", metavar="COLUMN", help="the prompt column (prompt_completion; Alpaca's instruction)"
+    )
+    parser.add_argument(
+        "--completion-field", metavar="COLUMN", help="the answer column (prompt_completion; Alpaca's output)"
+    )
     parser.add_argument("--input-field", metavar="COLUMN", help="Alpaca's optional input column")
     parser.add_argument("--system-field", metavar="COLUMN", help="a system prompt column (sharegpt, alpaca)")
     parser.add_argument(
@@ -43,22 +54,35 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
     (bench): --quantize and --optimizer take lists, each measured into the one calibration; train takes one or `auto`."""
     phrases = ", ".join(f"{name} ({entry.phrase})" for name, entry in METHODS.items())
     parser.add_argument("--method", choices=METHODS, default="full", help=f"what is trained: {phrases}; default full")
-    parser.add_argument("--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)")
+    parser.add_argument(
+        "--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)"
+    )
     parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
     parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
     parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
     parser.add_argument(
-        "--lora-targets", metavar="NAMES", help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)"
+        "--lora-targets",
+        metavar="NAMES",
+        help="comma-separated module names, e.g. q_proj,v_proj (default: every linear projection of attention and MLP)",
     )
     quantize = (
-        "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, bf16 compute on CUDA, fp32 on a CPU) or 8bit (LLM.int8)"
+        "with --lora, the frozen base quantized by bitsandbytes: 4bit (QLoRA: NF4, double quantization, "
+        "bf16 compute on CUDA, fp32 on a CPU) or 8bit (LLM.int8)"
     )
     optimizer = optimizer_help()  # each of OPTIMIZERS with its phrase
     if measured:
         parser.add_argument(
-            "--quantize", default="none", metavar="LIST", help=f"{quantize}; a list (none,4bit) measures each into one calibration (default: none)"
+            "--quantize",
+            default="none",
+            metavar="LIST",
+            help=f"{quantize}; a list (none,4bit) measures each into one calibration (default: none)",
         )
-        parser.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, metavar="LIST", help=f"{optimizer}; a list measures each (default: {DEFAULT_OPTIMIZER})")
+        parser.add_argument(
+            "--optimizer",
+            default=DEFAULT_OPTIMIZER,
+            metavar="LIST",
+            help=f"{optimizer}; a list measures each (default: {DEFAULT_OPTIMIZER})",
+        )
         return
     auto = "auto (default): what the calibration measured, the fastest that fits where it measured several"
     parser.add_argument("--quantize", choices=("auto", *QUANTIZE_CHOICES), default="auto", help=f"{quantize}; {auto}")

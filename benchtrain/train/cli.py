@@ -94,12 +94,36 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PRESET|DIR|ORG/NAME[@REV]",
         help="preset, model folder, or hub id (the hub cache first; HF_HUB_OFFLINE=1 reads only the cache) (default: tiny)",
     )
-    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model folder's, or the byte tokenizer for presets)")
-    p.add_argument("--deadline", required=True, metavar="DURATION", help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer folder (default: the model folder's, or the byte tokenizer for presets)",
+    )
+    p.add_argument(
+        "--deadline",
+        required=True,
+        metavar="DURATION",
+        help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m",
+    )
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: 1; fractions allowed)")
-    p.add_argument("--priority", default="balanced", choices=("fast", "balanced", "quality", "memory_efficient"), help="what to optimise (default: balanced)")
-    p.add_argument("--effective-batch", type=int, metavar="N", help="samples (or packed rows) per optimizer step, held fixed (default: 16)")
-    p.add_argument("--max-length", default="auto", metavar="N|auto", help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)")
+    p.add_argument(
+        "--priority",
+        default="balanced",
+        choices=("fast", "balanced", "quality", "memory_efficient"),
+        help="what to optimise (default: balanced)",
+    )
+    p.add_argument(
+        "--effective-batch",
+        type=int,
+        metavar="N",
+        help="samples (or packed rows) per optimizer step, held fixed (default: 16)",
+    )
+    p.add_argument(
+        "--max-length",
+        default="auto",
+        metavar="N|auto",
+        help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
+    )
     p.add_argument(
         "--train-on",
         default="assistant",
@@ -117,7 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_step_arguments(p)
     # The run: evaluation, trackers, the run folder, the deadline guard, checkpoints.
     p.add_argument("--eval-data", metavar="PATH", help="held-out data to evaluate on (same formats as --data)")
-    p.add_argument("--eval-split", type=float, metavar="FRACTION", help="hold out this share of --data for evaluation (deterministic by --seed)")
+    p.add_argument(
+        "--eval-split",
+        type=float,
+        metavar="FRACTION",
+        help="hold out this share of --data for evaluation (deterministic by --seed)",
+    )
     p.add_argument(
         "--eval-every",
         metavar="DURATION|Nsteps",
@@ -129,10 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="none|tensorboard|wandb|mlflow|trackio",
         help="experiment trackers, a comma list (default: none); W&B offline with WANDB_MODE=offline",
     )
-    p.add_argument("--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/")
+    p.add_argument(
+        "--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/"
+    )
     add_hub_push(p)
     for dimension in switches():  # the step's switches (calibration.dimensions): auto, on or off each
-        p.add_argument(dimension.plan_flag, dest=dimension.name, default="auto", choices=("auto", "on", "off"), help=dimension.plan_help)
+        p.add_argument(
+            dimension.plan_flag,
+            dest=dimension.name,
+            default="auto",
+            choices=("auto", "on", "off"),
+            help=dimension.plan_help,
+        )
     p.add_argument("--out", metavar="DIR", help="run folder (default: $BENCHTRAIN_HOME/runs/<run id>)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and stop")
     p.add_argument(
@@ -157,10 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="if the plan does not fit, cut the number of steps so that it does (planned with the shortened run's own checkpoints and export)",
     )
-    p.add_argument("--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)")
-    p.add_argument("--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)")
+    p.add_argument(
+        "--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)"
+    )
+    p.add_argument(
+        "--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)"
+    )
     p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
-    p.add_argument("--margin", type=float, default=0.05, metavar="FRACTION", help="share of the deadline held back as safety margin (default: 0.05)")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="share of the deadline held back as safety margin (default: 0.05)",
+    )
     # The plan and the learning rate: cost, output, learning rate, seed and the escape hatches.
 
     p.add_argument(
@@ -169,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="price per device-hour (one device per process) to show the cost: 2.5 for every device, h100=2.5,h200=3.8 "
         "per device (words of its name, or a calibration id), or a file of such pairs",
     )
-    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="with --dry-run: print the plan (or the comparison of calibrations) as JSON"
+    )
     p.add_argument(
         "--emit",
         metavar="ENGINE:FILE",
@@ -185,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-rate",
         type=float,
         metavar="LR",
-        help=f"peak learning rate at --base-batch (default: {DEFAULT_LEARNING_RATE:.0e}; with --resume: the run's)".replace("e-0", "e-"),
+        help=f"peak learning rate at --base-batch (default: {DEFAULT_LEARNING_RATE:.0e}; with --resume: the run's)".replace(
+            "e-0", "e-"
+        ),
     )
     p.add_argument(
         "--lr-scaling",
@@ -193,7 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="scale the learning rate with effective batch / --base-batch (effective = micro-batch × processes × accumulation)",
     )
-    p.add_argument("--base-batch", type=int, metavar="N", help="the effective batch --learning-rate was tuned for (default: the planned one)")
+    p.add_argument(
+        "--base-batch",
+        type=int,
+        metavar="N",
+        help="the effective batch --learning-rate was tuned for (default: the planned one)",
+    )
     add_hyperparameters(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -215,8 +271,14 @@ def add_hub_push(p: argparse.ArgumentParser) -> None:
         "the token and the hub are checked before any work, and the upload is part of the plan",
     )
     p.add_argument("--hub-private", action="store_true", help="with --push-to-hub: create the repository private")
-    p.add_argument("--hub-revision", metavar="BRANCH", help="with --push-to-hub: push to this branch (created if missing)")
-    p.add_argument("--push-only", action="store_true", help="with --push-to-hub and --out RUN: push that finished run's model again (no training)")
+    p.add_argument(
+        "--hub-revision", metavar="BRANCH", help="with --push-to-hub: push to this branch (created if missing)"
+    )
+    p.add_argument(
+        "--push-only",
+        action="store_true",
+        help="with --push-to-hub and --out RUN: push that finished run's model again (no training)",
+    )
 
 
 def add_hyperparameters(p: argparse.ArgumentParser) -> None:
@@ -236,14 +298,23 @@ def add_hyperparameters(p: argparse.ArgumentParser) -> None:
         help="after the warm-up: cosine (default) or linear decay to 0, constant_with_warmup; constant has no warm-up",
     )
     p.add_argument(
-        "--warmup-ratio", type=float, metavar="FRACTION", help=f"share of the optimizer steps warming up linearly from 0 (default: {DEFAULT_WARMUP_RATIO})"
+        "--warmup-ratio",
+        type=float,
+        metavar="FRACTION",
+        help=f"share of the optimizer steps warming up linearly from 0 (default: {DEFAULT_WARMUP_RATIO})",
     )
     p.add_argument("--warmup-steps", type=int, metavar="N", help="optimizer steps warming up: overrides --warmup-ratio")
     p.add_argument(
-        "--weight-decay", type=float, metavar="W", help=f"decoupled weight decay on matrices, none on biases and norms (default: {DEFAULT_WEIGHT_DECAY})"
+        "--weight-decay",
+        type=float,
+        metavar="W",
+        help=f"decoupled weight decay on matrices, none on biases and norms (default: {DEFAULT_WEIGHT_DECAY})",
     )
     p.add_argument(
-        "--max-grad-norm", type=float, metavar="NORM", help=f"clip the gradients' global norm to this; 0: no clipping (default: {DEFAULT_MAX_GRAD_NORM})"
+        "--max-grad-norm",
+        type=float,
+        metavar="NORM",
+        help=f"clip the gradients' global norm to this; 0: no clipping (default: {DEFAULT_MAX_GRAD_NORM})",
     )
     p.add_argument("--adam-beta1", type=float, metavar="B1", help=f"AdamW's beta1 (default: {DEFAULT_BETAS[0]})")
     p.add_argument("--adam-beta2", type=float, metavar="B2", help=f"AdamW's beta2 (default: {DEFAULT_BETAS[1]})")
@@ -252,7 +323,9 @@ def add_hyperparameters(p: argparse.ArgumentParser) -> None:
 
 def push_parser() -> argparse.ArgumentParser:
     """`train --out RUN --push-to-hub ORG/NAME --push-only`: the options a push of a finished run takes."""
-    p = OneLineParser(prog="train --push-only", description="Push a finished run's final/ and its model card to the hub.")
+    p = OneLineParser(
+        prog="train --push-only", description="Push a finished run's final/ and its model card to the hub."
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="the run folder")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     add_hub_push(p)
@@ -275,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
 
         finished = auto_resume(args.out).finished
         if finished:  # the same command again after the run ended (an engine that restarts a task): nothing to do
-            say(f"--resume auto: the run in {args.out} already ended ({finished}): its model is in {args.out}/final; nothing to resume")
+            say(
+                f"--resume auto: the run in {args.out} already ended ({finished}): its model is in {args.out}/final; nothing to resume"
+            )
             return EXIT_OK
     from benchtrain.train.recipes.config import is_comparison
 

@@ -15,7 +15,16 @@ from benchtrain.common.errors import EXIT_OK, BenchtrainError, DeadlineError
 from benchtrain.train.planning.memory_check import GIB
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.launch_task import DROPPED_FLAGS, comparison_task
-from benchtrain.train.recipes.machines import Comparison, Row, compare, consider, no_row_meets_the_deadline, parse_machines, plan_of, select_calibrations
+from benchtrain.train.recipes.machines import (
+    Comparison,
+    Row,
+    compare,
+    consider,
+    no_row_meets_the_deadline,
+    parse_machines,
+    plan_of,
+    select_calibrations,
+)
 from benchtrain.train.running.resume import train_command_line, without_options
 
 
@@ -30,23 +39,43 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     config = TrainConfig.from_args(args, started_at=started)
     method = config.tuning.method
     if process_layout(config.step, method).world_size > 1:
-        raise BenchtrainError("a comparison of calibrations plans in one process: run it without accelerate launch or torchrun")
-    machines = parse_machines(config.plan.consider) if config.plan.consider else None  # a bad machine is said before the data loads
+        raise BenchtrainError(
+            "a comparison of calibrations plans in one process: run it without accelerate launch or torchrun"
+        )
+    # a bad machine is said before the data loads
+    machines = parse_machines(config.plan.consider) if config.plan.consider else None
     spec = resolve_model(config.model)
-    calibrations = select_calibrations(str(config.plan.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}"))
+    calibrations = select_calibrations(
+        str(config.plan.use_calibration), spec, method, on_skip=lambda message: say(f"warning: {message}")
+    )
     spec = hub_weights(spec, dry_run=True)
     loaded = load_data(config.data, spec, config.seed)
     tokenizer, profile = loaded.tokenizer, loaded.profile
-    context = PlanContext(config, spec, loaded.data, loaded.eval_data, config.run_deadline.elapsed(), loaded.prep_seconds, loaded.uncertainty)
+    context = PlanContext(
+        config,
+        spec,
+        loaded.data,
+        loaded.eval_data,
+        config.run_deadline.elapsed(),
+        loaded.prep_seconds,
+        loaded.uncertainty,
+    )
     here = detect_hardware()
-    comparison = consider(context, method, calibrations, here, profile, machines) if machines else compare(context, method, calibrations, here, profile)
+    comparison = (
+        consider(context, method, calibrations, here, profile, machines)
+        if machines
+        else compare(context, method, calibrations, here, profile)
+    )
     report = None if config.output.no_report else write_comparison(comparison, config.output.out, spec.name)
     if config.output.json:
         print(json_text(comparison.to_json()), flush=True)
     else:
         from benchtrain.train.planning.plan_text import describe_data
 
-        data_lines = [*describe_data(profile, is_byte_tokenizer(tokenizer)), *[f"  {note}" for note in loaded.prepared.describe()]]
+        data_lines = [
+            *describe_data(profile, is_byte_tokenizer(tokenizer)),
+            *[f"  {note}" for note in loaded.prepared.describe()],
+        ]
         lines = [*data_lines, *describe_comparison(comparison, getattr(args, "command_line", None))]
         print("\n".join(lines), flush=True)
     for row in comparison.rows:
@@ -59,7 +88,10 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     if config.output.emit:
         from benchtrain.train.launch_command import emit_task
 
-        emit_task(config.output.emit, comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []))
+        emit_task(
+            config.output.emit,
+            comparison_task(comparison, config, spec, method, getattr(args, "command_line", None) or []),
+        )
     return EXIT_OK
 
 
@@ -69,7 +101,11 @@ def write_comparison(comparison: Comparison, out: str | None, model_name: str) -
     from benchtrain.common.home import writable_subdir
     from benchtrain.reports.comparison_report import write_comparison_report
 
-    folder = Path(out).expanduser() if out else writable_subdir("plans") / f"{model_name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    folder = (
+        Path(out).expanduser()
+        if out
+        else writable_subdir("plans") / f"{model_name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -83,8 +119,14 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     rows, machines = comparison.rows, comparison.at_upper_end
     columns = MACHINE_COLUMNS if machines else CALIBRATION_COLUMNS
     cells = [[header for header, _, _ in columns]]
-    cells += [[cell(index, row) if row.plan is not None or not planned else "–" for _, cell, planned in columns] for index, row in enumerate(rows, 1)]
-    lines = [heading(comparison, "machine(s)" if machines else "option(s)", " at the upper end:" if machines else ":"), *table(cells)]
+    cells += [
+        [cell(index, row) if row.plan is not None or not planned else "–" for _, cell, planned in columns]
+        for index, row in enumerate(rows, 1)
+    ]
+    lines = [
+        heading(comparison, "machine(s)" if machines else "option(s)", " at the upper end:" if machines else ":"),
+        *table(cells),
+    ]
     for index, row in enumerate(rows, 1):
         lines.append(f"  {index}: {machine_text(row) if machines else row_plan(row)}")
         if row.settle:
@@ -97,7 +139,9 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     command = train_command(command_line, best)
     if machines:
         cost = cost_text(best)
-        lines.append(f"recommended: 1, {best.machine} ({best.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}")
+        lines.append(
+            f"recommended: 1, {best.machine} ({best.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}"
+        )
         rivals = [str(index) for index, row in enumerate(rows, 1) if row.could_overtake]
         if rivals:
             lines.append(f"  could overtake it within their brackets: {', '.join(rivals)} (measure them to know)")
@@ -106,9 +150,15 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
             command = None
     else:
         cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
-        why = "meets the deadline at the lowest cost" if comparison.ranked_by == "cost" else "the fastest that meets the deadline"
+        why = (
+            "meets the deadline at the lowest cost"
+            if comparison.ranked_by == "cost"
+            else "the fastest that meets the deadline"
+        )
         estimate = format_duration(plan_of(best).chosen.total_seconds)
-        lines.append(f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{estimate})")
+        lines.append(
+            f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{estimate})"
+        )
     if command:
         lines.append(f"  train it there with: {command}")
     return lines
@@ -124,7 +174,9 @@ def heading(comparison: Comparison, noun: str, end: str) -> str:
 
 def table(lines: list[list[str]]) -> list[str]:
     widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
-    return ["  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
+    return [
+        "  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
+    ]
 
 
 def mark(index: int, row: Row) -> str:
@@ -135,7 +187,9 @@ def memory(row: Row, headroom: bool) -> str:
     peak = plan_of(row).chosen.peak_memory_bytes
     if peak is None:
         return "–"
-    return f"{peak / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB" + (f" ({row.memory_headroom:.0%})" if headroom else "")
+    return f"{peak / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB" + (
+        f" ({row.memory_headroom:.0%})" if headroom else ""
+    )
 
 
 def deadline(index: int, row: Row) -> str:
@@ -155,7 +209,11 @@ CALIBRATION_COLUMNS: list[Column] = [
     ("×", lambda _, row: str(row.processes), False),
     ("source", lambda _, row: "predicted" if row.option is not None and row.option.predicted else "measured", False),
     ("time", lambda _, row: format_duration(plan_of(row).chosen.total_seconds), True),
-    ("bounds", lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_high), True),
+    (
+        "bounds",
+        lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_high),
+        True,
+    ),
     ("cost", lambda _, row: f"${row.cost:,.2f}" if row.cost is not None else "–", True),
     ("peak memory (headroom)", lambda _, row: memory(row, headroom=True), True),
     ("MFU", lambda _, row: f"{row.compute['mfu']:.1%}" if row.compute.get("mfu") is not None else "–", True),
@@ -165,7 +223,11 @@ MACHINE_COLUMNS: list[Column] = [
     ("#", mark, False),
     ("machine", lambda _, row: str(row.machine), False),
     ("source", lambda _, row: row.kind, False),
-    ("time (low – upper)", lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_promised), True),
+    (
+        "time (low – upper)",
+        lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_promised),
+        True,
+    ),
     ("cost (low – upper)", lambda _, row: cost_text(row) or "–", True),
     ("peak memory", lambda _, row: memory(row, headroom=False), True),
     ("deadline", deadline, False),

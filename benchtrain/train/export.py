@@ -50,7 +50,11 @@ def export_final(
         base: str | None = None  # None: the base goes into final/ itself
         if spec.has_weights and spec.hub is not None:
             base, revision = spec.hub.repo_id, spec.hub.revision
-        elif spec.has_weights and spec.directory is not None and not Path(spec.directory).resolve().is_relative_to(run_dir.resolve()):
+        elif (
+            spec.has_weights
+            and spec.directory is not None
+            and not Path(spec.directory).resolve().is_relative_to(run_dir.resolve())
+        ):
             base = str(Path(spec.directory).resolve())  # not part of the run: it stays where it is
         with atomic_directory(run_dir / FINAL) as folder:
             if base is None:
@@ -71,7 +75,9 @@ def export_final(
                 trained.get_base_model().config.save_pretrained(folder)
                 tokenizer.save_pretrained(folder)
             if method.quantized:
-                (folder / RUN_NOTE).write_text(json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8")
+                (folder / RUN_NOTE).write_text(
+                    json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8"
+                )
         base = base or EMBEDDED_BASE
         record["base_model_name_or_path"] = base
         if method.quantized:
@@ -95,7 +101,9 @@ def export_final(
 def save_base(peft_model: Any, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The frozen base as a plain transformers model: the weights without the adapter tensors, under their original names."""
     base = peft_model.get_base_model()
-    state = {name.replace(".base_layer.", "."): tensor for name, tensor in base.state_dict().items() if "lora_" not in name}
+    state = {
+        name.replace(".base_layer.", "."): tensor for name, tensor in base.state_dict().items() if "lora_" not in name
+    }
     base.save_pretrained(folder, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 
@@ -137,9 +145,13 @@ def load_final(folder: str | Path, quantized: bool = True, **kwargs: Any) -> Any
         import torch
 
         # 4-bit computes in bf16 on CUDA, fp32 on a CPU: the dtype each trained in (train.workload.quantize).
-        kwargs["quantization_config"] = bitsandbytes_config(quantization, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+        kwargs["quantization_config"] = bitsandbytes_config(
+            quantization, torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        )
         kwargs.setdefault("device_map", {"": 0} if torch.cuda.is_available() else "cpu")
-        return PeftModel.from_pretrained(keep_one_weight_layout(load_base(folder, config["base_model_name_or_path"], **kwargs)), folder)
+        return PeftModel.from_pretrained(
+            keep_one_weight_layout(load_base(folder, config["base_model_name_or_path"], **kwargs)), folder
+        )
     return PeftModel.from_pretrained(load_base(folder, config["base_model_name_or_path"], **kwargs), folder)
 
 
@@ -154,7 +166,11 @@ def load_base(adapter: Path, base: str, **kwargs: Any) -> Any:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     index = adapter / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
     weights = {name: tensor for file in files for name, tensor in load_file(adapter / file).items()}
     config = AutoConfig.from_pretrained(adapter)
     model_class: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the class AutoModelForCausalLM picks for it
@@ -168,5 +184,7 @@ def resolve_base(adapter: Path, base: str) -> str:
         return base
     path = (adapter / base).resolve()
     if not path.is_dir():
-        raise BenchtrainError(f"the adapter in {adapter} names its base as {base}, but {path} does not exist; copy the whole run folder")
+        raise BenchtrainError(
+            f"the adapter in {adapter} names its base as {base}, but {path} does not exist; copy the whole run folder"
+        )
     return str(path)

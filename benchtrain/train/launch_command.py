@@ -71,7 +71,11 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 
 def case_pattern(target: Target) -> str:
     """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
-    keys = [key for key, name in ACCELERATORS.items() if name == target.accelerator] if target.accelerator else [target.device_key]
+    keys = (
+        [key for key, name in ACCELERATORS.items() if name == target.accelerator]
+        if target.accelerator
+        else [target.device_key]
+    )
     keys = list(dict.fromkeys([target.device_key, *keys]))
     return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
 
@@ -89,7 +93,10 @@ def run_script(task: LaunchTask, engine: str) -> str:
     if len(task.targets) == 1:
         lines += target_lines(task, task.targets[0])
     else:
-        lines += [f"DEVICE=$({DETECT_DEVICE})", "# The machine the engine found among the fallbacks, and the plan made for it."]
+        lines += [
+            f"DEVICE=$({DETECT_DEVICE})",
+            "# The machine the engine found among the fallbacks, and the plan made for it.",
+        ]
         lines.append('case "$DEVICE:$GPUS_PER_NODE" in')
         for target in task.targets:
             lines.append(f"  {case_pattern(target)})")
@@ -111,8 +118,12 @@ def run_script(task: LaunchTask, engine: str) -> str:
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]
-    if engine == "skypilot":  # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
-        lines.append(f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"')
+    if (
+        engine == "skypilot"
+    ):  # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
+        lines.append(
+            f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"'
+        )
     else:
         lines.append('exec "${LAUNCH[@]}" -m benchtrain.train "${TRAIN[@]}"')
     return "\n".join(lines) + "\n"
@@ -201,7 +212,11 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
     targets of the recommended one's GPU count per node; the others left out, saying why."""
     best = task.targets[0]
     kept = [target for target in task.targets if target.gpus_per_node == best.gpus_per_node]
-    dropped = [f"{target.machine}: {target.gpus_per_node} GPUs per node, dstack's GPU list has one count" for target in task.targets if target not in kept]
+    dropped = [
+        f"{target.machine}: {target.gpus_per_node} GPUs per node, dstack's GPU list has one count"
+        for target in task.targets
+        if target not in kept
+    ]
     task = replace(task, targets=kept, left_out=[*task.left_out, *dropped])
     resources: dict[str, Any] = {"disk": f"{task.disk_gb}GB.."}
     if best.accelerator is not None:
@@ -223,7 +238,10 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
         "max_duration": f"{int(task.duration.seconds)}s",
     }
     if task.spot.use:  # a preempted task is started again, and continues (--resume auto)
-        configuration["retry"] = {"on_events": ["interruption", "no-capacity"], "duration": f"{int(task.duration.seconds)}s"}
+        configuration["retry"] = {
+            "on_events": ["interruption", "no-capacity"],
+            "duration": f"{int(task.duration.seconds)}s",
+        }
     if not task.uploads:
         del configuration["files"]
     return configuration, task

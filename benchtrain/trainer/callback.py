@@ -91,14 +91,22 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.clock = clock or time.time
         self.deadline_text = parse_deadline(deadline, self.clock())
         if on_overrun not in ON_OVERRUN:
-            raise BenchtrainError(f"on_overrun={on_overrun!r}: use 'stop' (save and stop in time) or 'fit' (cut the run to the steps that fit)")
+            raise BenchtrainError(
+                f"on_overrun={on_overrun!r}: use 'stop' (save and stop in time) or 'fit' (cut the run to the steps that fit)"
+            )
         if not 0 <= margin < 0.5:
             raise BenchtrainError(f"margin={margin}: a share of the deadline between 0 and 0.5")
         if warmup_steps < 1:
             raise BenchtrainError(f"warmup_steps={warmup_steps}: at least 1 (the first step starts things up)")
         self.calibration_reference = calibration
         self.calibration: Calibration | None = calibration_api.load(calibration) if calibration else None
-        self.on_overrun, self.output_dir, self.margin, self.warmup_steps, self.report = on_overrun, output_dir, margin, warmup_steps, report
+        self.on_overrun, self.output_dir, self.margin, self.warmup_steps, self.report = (
+            on_overrun,
+            output_dir,
+            margin,
+            warmup_steps,
+            report,
+        )
         # What a resume carries (the `attributes` of state()).
         self.used_seconds = 0.0  # of the deadline's budget, at the last save
         self.run_id: str | None = None
@@ -169,10 +177,21 @@ class DeadlineCallback(TrainerCallback, ExportableState):
                 f"{format_duration(deadline.budget_seconds)} budget were used before this resume; give a later deadline"
             )
         self.watch.start(self.used_seconds)
-        self.guard = DeadlineGuard(GuardSettings(deadline, self._reserve_seconds(), ON_OVERRUN[self.on_overrun], self.warmup_steps), limit=state.max_steps)
+        self.guard = DeadlineGuard(
+            GuardSettings(deadline, self._reserve_seconds(), ON_OVERRUN[self.on_overrun], self.warmup_steps),
+            limit=state.max_steps,
+        )
         self.signals.install()
-        basis = f"calibration {self.calibration.id}" if self.calibration else f"the steps after {self.warmup_steps} warm-up step(s)"
-        resumed = f", resumed at step {self.start_step} with {format_duration(self.used_seconds)} used" if self.start_step else ""
+        basis = (
+            f"calibration {self.calibration.id}"
+            if self.calibration
+            else f"the steps after {self.warmup_steps} warm-up step(s)"
+        )
+        resumed = (
+            f", resumed at step {self.start_step} with {format_duration(self.used_seconds)} used"
+            if self.start_step
+            else ""
+        )
         self._say(
             f"deadline {self.deadline_text.text}: {format_duration(left)} of budget left{resumed} "
             f"({format_duration(deadline.margin_seconds)} margin held back); world size {self.world_size}; "
@@ -190,7 +209,11 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if state.global_step == 0:  # a new run (this callback may have trained one before): its own folder
             self.run_id = self.run_dir = None
         self._main = bool(state.is_world_process_zero)
-        self.world_size, self.start_step, self.total_steps = int(args.world_size), int(state.global_step), int(state.max_steps)
+        self.world_size, self.start_step, self.total_steps = (
+            int(args.world_size),
+            int(state.global_step),
+            int(state.max_steps),
+        )
         now = self.clock()
         text = self.deadline_text
         started = now - self.used_seconds
@@ -205,9 +228,13 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self.counter.attach(model)
             if self.calibration is None and self._main:
                 self._first_save = first_save_seconds(model, Path(self.run_dir))
-        model_record = {"name": spec.name, "fingerprint": spec.fingerprint, "method": method} if spec else {"method": method}
+        model_record = (
+            {"name": spec.name, "fingerprint": spec.fingerprint, "method": method} if spec else {"method": method}
+        )
         earlier = earlier_steps(Path(self.run_dir), self.start_step) if self.start_step else []
-        self.folder = RunFolder(Path(self.run_dir), self.run_id, model_record, detect_hardware(), self.calibration, earlier)
+        self.folder = RunFolder(
+            Path(self.run_dir), self.run_id, model_record, detect_hardware(), self.calibration, earlier
+        )
 
     # -- while training -------------------------------------------------------------------------
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -233,7 +260,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
     def _observe(self, step: int, seconds: float, predicted: float) -> tuple[Move, int]:
         guard, deadline = self.guard, self.deadline
         assert guard is not None and deadline is not None
-        guard.settings = replace(guard.settings, reserve_seconds=self._reserve_seconds(), periodic_share=self.watch.periodic_share)
+        guard.settings = replace(
+            guard.settings, reserve_seconds=self._reserve_seconds(), periodic_share=self.watch.periodic_share
+        )
         elapsed = self.watch.elapsed()
         verdict = guard.observe(step, elapsed, seconds, predicted, max(0, guard.limit - step) * predicted)
         self.verdict = verdict
@@ -242,7 +271,11 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         move = verdict.move
         # The guard's window starts after the warm-up; until then the steps seen so far (slower, if
         # anything) say whether one more and a save still fit: a resumed run may start near its end.
-        if not guard.window and step < guard.limit and elapsed + self._next_step_seconds() + self._reserve_seconds() > deadline.budget_seconds:
+        if (
+            not guard.window
+            and step < guard.limit
+            and elapsed + self._next_step_seconds() + self._reserve_seconds() > deadline.budget_seconds
+        ):
             move = Move.STOP
         return move, verdict.limit
 
@@ -254,7 +287,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
                 self.exit_signal = self._agreed_signal()
                 self._event(f"step {state.global_step}: a signal asked to stop: saving and stopping")
             else:
-                self._event(f"step {state.global_step}: one more step and a save might not fit before the deadline: saving and stopping")
+                self._event(
+                    f"step {state.global_step}: one more step and a save might not fit before the deadline: saving and stopping"
+                )
             control.should_save = control.should_training_stop = True
             control.should_evaluate = False
             return
@@ -274,7 +309,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         fits = self.watch.elapsed() + need <= deadline.budget_seconds
         fits = bool(agree(_state(), int(fits), "min"))
         if not fits:
-            self._event(f"step {state.global_step}: skipped the evaluation: its {format_duration(max(self.watch.eval_seconds))} would not fit")
+            self._event(
+                f"step {state.global_step}: skipped the evaluation: its {format_duration(max(self.watch.eval_seconds))} would not fit"
+            )
         return fits
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -325,7 +362,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.signals.restore()
         self.used_seconds = self.watch.elapsed()
         status = self.status or (COMPLETED if state.global_step >= self.total_steps else STEP_LIMIT)
-        outcome = RunOutcome(status, state.global_step, self.exit_signal, self.shrunk_to, self.last_checkpoint, self.events)
+        outcome = RunOutcome(
+            status, state.global_step, self.exit_signal, self.shrunk_to, self.last_checkpoint, self.events
+        )
         deadline = self.deadline
         assert deadline is not None
         lead = self.lead_seconds()
@@ -398,8 +437,14 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         assert estimate is not None
         self._say(estimate.describe(deadline))
         if estimate.finish_seconds > deadline.budget_seconds:
-            then = "cutting the run to the steps that fit at the live speed" if self.on_overrun == "fit" else "will save and stop at the last safe moment"
-            self._event(f"will not fit: {estimate.total_steps:,} steps finish at {format_duration(estimate.finish_seconds)}, past the budget; {then}")
+            then = (
+                "cutting the run to the steps that fit at the live speed"
+                if self.on_overrun == "fit"
+                else "will save and stop at the last safe moment"
+            )
+            self._event(
+                f"will not fit: {estimate.total_steps:,} steps finish at {format_duration(estimate.finish_seconds)}, past the budget; {then}"
+            )
         lead = math.ceil(self.lead_seconds())
         self._say(f"lead time a signal needs now: {lead}s (slowest step and a save): SLURM --signal=USR1@{lead}")
         self._write(None)

@@ -39,7 +39,9 @@ def parse_deadline(deadline: str | float | datetime, now_epoch: float) -> Deadli
         try:
             moment = datetime.fromisoformat(text)
         except ValueError:
-            raise BenchtrainError(f"deadline {text!r} is neither a duration (11h30m, 90s) nor a time (2026-11-28T18:00, 18:00)") from None
+            raise BenchtrainError(
+                f"deadline {text!r} is neither a duration (11h30m, 90s) nor a time (2026-11-28T18:00, 18:00)"
+            ) from None
         return _absolute(text, moment, now_epoch)
     return DeadlineText(text, budget_seconds=parse_duration(text, "deadline"))
 
@@ -48,5 +50,7 @@ def _absolute(text: str, moment: datetime, now_epoch: float) -> DeadlineText:
     at = moment.timestamp()  # a naive datetime is local time
     if at <= now_epoch:
         now = datetime.fromtimestamp(now_epoch).isoformat(timespec="seconds")
-        raise BenchtrainError(f"deadline {text} is {format_duration(now_epoch - at)} in the past (it is {now}): give a later time or a duration such as 11h30m")
+        raise BenchtrainError(
+            f"deadline {text} is {format_duration(now_epoch - at)} in the past (it is {now}): give a later time or a duration such as 11h30m"
+        )
     return DeadlineText(text, at_epoch=at)

@@ -92,7 +92,9 @@ class RunEstimate:
             "step_seconds": self.step_seconds,
             "overheads": {
                 # Warm-up: what the steps before the estimate took beyond its step time (measured).
-                "warmup_seconds": max(0.0, self.planned_at_seconds - (self.planned_at_step - self.start_step) * self.step_seconds),
+                "warmup_seconds": max(
+                    0.0, self.planned_at_seconds - (self.planned_at_step - self.start_step) * self.step_seconds
+                ),
                 "checkpoint_seconds": self.save_seconds,
                 "checkpoint_count": self.save_count,
             },
@@ -124,7 +126,10 @@ def model_setup(model: Any) -> tuple[ModelSpec, str]:
     by) — and its method: LoRA for a peft model, else full fine-tuning."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.to_dict()
-    name = str(getattr(base.config, "name_or_path", "") or config.get("model_type", "model")).rstrip("/").split("/")[-1] or "model"
+    name = (
+        str(getattr(base.config, "name_or_path", "") or config.get("model_type", "model")).rstrip("/").split("/")[-1]
+        or "model"
+    )
     return ModelSpec(name, config), "lora" if hasattr(model, "peft_config") else "full"
 
 
@@ -133,7 +138,9 @@ def trainer_precision(args: Any) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
-def check_calibration(calibration: Calibration, spec: ModelSpec, method: str, hardware: JsonDict, precision: str) -> None:
+def check_calibration(
+    calibration: Calibration, spec: ModelSpec, method: str, hardware: JsonDict, precision: str
+) -> None:
     """A calibration of another model, method, precision or device is refused in one line."""
     measured = calibration.model
     if measured.get("fingerprint") != spec.fingerprint:
@@ -143,7 +150,9 @@ def check_calibration(calibration: Calibration, spec: ModelSpec, method: str, ha
         )
     measured_method = calibration.training.get("method", "full")
     if measured_method != method:
-        raise BenchtrainError(f"calibration {calibration.id} measured {measured_method} fine-tuning, this Trainer trains {method}: pick one of {method}")
+        raise BenchtrainError(
+            f"calibration {calibration.id} measured {measured_method} fine-tuning, this Trainer trains {method}: pick one of {method}"
+        )
     measured_precision = calibration.training.get("precision")  # calibrations before issue 39 did not record it
     if measured_precision and measured_precision != precision:
         raise BenchtrainError(

@@ -42,7 +42,11 @@ def earlier_steps(run_dir: Path, before_step: int) -> list[JsonDict]:
     try:
         losses = read_json_file(path).get("losses") or []
         return [entry for entry in losses if isinstance(entry, dict) and int(entry.get("step", 0)) <= before_step]
-    except (BenchtrainError, TypeError, ValueError):  # an unreadable earlier record costs the earlier curve, not the run
+    except (
+        BenchtrainError,
+        TypeError,
+        ValueError,
+    ):  # an unreadable earlier record costs the earlier curve, not the run
         return []
 
 
@@ -56,7 +60,9 @@ class RunFolder:
     earlier: list[JsonDict] = field(default_factory=list)  # a resumed run's steps before this command
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
-    def document(self, estimate: RunEstimate, watch: StepWatch, deadline: Deadline, outcome: RunOutcome | None) -> RunFile:
+    def document(
+        self, estimate: RunEstimate, watch: StepWatch, deadline: Deadline, outcome: RunOutcome | None
+    ) -> RunFile:
         calibration = self.calibration
         events: list[JsonValue] = list(outcome.events) if outcome else []
         sections: JsonObject = {

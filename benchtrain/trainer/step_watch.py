@@ -86,12 +86,16 @@ class TokenCounter:
         self._length_sum += int(ids.shape[-1])
         self._micro_steps += 1
         # A 2-D 0/1 mask counts the real tokens; a packed batch (no mask, or a 4-D one) is all real.
-        self._real.append(mask.sum() if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else int(ids.numel()))
+        self._real.append(
+            mask.sum() if mask is not None and getattr(mask, "dim", lambda: 0)() == 2 else int(ids.numel())
+        )
 
     def take(self) -> StepTokens:
         """This process's counts since the last take, read once (one device sync)."""
         real = int(sum(int(value) for value in self._real))
-        taken = StepTokens(real, self._padded, self._micro_steps, self._length_sum / self._micro_steps if self._micro_steps else 0.0)
+        taken = StepTokens(
+            real, self._padded, self._micro_steps, self._length_sum / self._micro_steps if self._micro_steps else 0.0
+        )
         self._real, self._padded, self._micro_steps, self._length_sum = [], 0, 0, 0
         return taken
 
@@ -126,7 +130,9 @@ class StepWatch:
 
     def end_step(self, step: int, counted: StepTokens) -> StepRecord:
         now = self.clock()
-        record = StepRecord(step, now - self.mark, now - self.started_at, counted.tokens, counted.padded_tokens, counted.micro_steps)
+        record = StepRecord(
+            step, now - self.mark, now - self.started_at, counted.tokens, counted.padded_tokens, counted.micro_steps
+        )
         self.steps.append(record)
         self.lengths.append(counted.mean_length)
         self.mark = self.step_end = now

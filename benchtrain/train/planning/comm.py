@@ -186,7 +186,9 @@ def plan_communication(calibration: Calibration, world_size: int, traffic: Traff
             )
         source = "calibration" if world_size > 1 else "single process"
         sharding = traffic.sharding if world_size > 1 else "none"
-        return CommPlan(0.0, 0.0, {"source": source, "world_size": world_size, "sharding": sharding, "seconds_per_step": 0.0})
+        return CommPlan(
+            0.0, 0.0, {"source": source, "world_size": world_size, "sharding": sharding, "seconds_per_step": 0.0}
+        )
     if measured != 1 and not force:
         raise BenchtrainError(
             f"calibration {calibration.id} was measured with {measured} processes, this run has {world_size}: "
@@ -195,23 +197,39 @@ def plan_communication(calibration: Calibration, world_size: int, traffic: Traff
     import torch
     from accelerate import PartialState
 
-    state = PartialState(cpu=not torch.cuda.is_available())  # the process group train.step.runtime.make_accelerator joins
+    # the process group train.step.runtime.make_accelerator joins
+    state = PartialState(cpu=not torch.cuda.is_available())
     collectives = measure_collectives(state.device, COLLECTIVES[traffic.sharding])
     return price_traffic(collectives, traffic, world_size, measured)
 
 
 def price_traffic(
-    collectives: Collectives, traffic: Traffic, world_size: int, calibration_world_size: int = 1, collectives_from: str | None = None
+    collectives: Collectives,
+    traffic: Traffic,
+    world_size: int,
+    calibration_world_size: int = 1,
+    collectives_from: str | None = None,
 ) -> CommPlan:
     """What `traffic` costs with these measured collectives: timed now among this run's processes,
     or stored by the calibration `collectives_from` (train.recipes.machines)."""
     models = {kind: CommModel.from_json(entry["fit"]) for kind, entry in collectives.items()}
     per_step = per_micro_step = 0.0
     if traffic.sharding == "fsdp":
-        per_micro_step = fsdp_micro_step_seconds(models["all_gather"], models["reduce_scatter"], traffic.parameter_bytes, traffic.gradient_bytes, traffic.units)
+        per_micro_step = fsdp_micro_step_seconds(
+            models["all_gather"],
+            models["reduce_scatter"],
+            traffic.parameter_bytes,
+            traffic.gradient_bytes,
+            traffic.units,
+        )
     else:
         per_step = models["all_reduce"].all_reduce_seconds(traffic.gradient_bytes)
-    record: JsonDict = {"source": "predicted", "world_size": world_size, **asdict(traffic), "calibration_world_size": calibration_world_size}
+    record: JsonDict = {
+        "source": "predicted",
+        "world_size": world_size,
+        **asdict(traffic),
+        "calibration_world_size": calibration_world_size,
+    }
     record.update(seconds_per_step=per_step, seconds_per_micro_step=per_micro_step, collectives=collectives)
     if collectives_from is not None:
         record["collectives_from"] = collectives_from

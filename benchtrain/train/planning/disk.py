@@ -47,7 +47,9 @@ def upload_bytes(need: MemoryNeed, lora: bool, merge: bool, device_type: str) ->
     return need.trainable_parameters * FP32_BYTES
 
 
-def disk_need(need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str, keep: int, existing: int = 0) -> DiskNeed:
+def disk_need(
+    need: MemoryNeed, lora: bool, preset_base: bool, merge: bool, device_type: str, keep: int, existing: int = 0
+) -> DiskNeed:
     """Bytes the run will write into its folder (checkpoints already there count as written)."""
     checkpoint = need.trainable_parameters * FP32_BYTES + need.optimizer_bytes
     return DiskNeed(checkpoint, export_bytes(need, lora, preset_base, merge, device_type), max(0, keep + 1 - existing))
@@ -74,7 +76,9 @@ def run_lock(folder: Path) -> Iterator[None]:
             handle = held.enter_context(file_lock(path, wait=False))
         except BlockingIOError:
             holder = path.read_text().strip() or "another process"
-            raise BenchtrainError(f"{path.parent} is in use by another train (pid {holder}): wait for it, or use another --out") from None
+            raise BenchtrainError(
+                f"{path.parent} is in use by another train (pid {holder}): wait for it, or use another --out"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))

@@ -92,11 +92,20 @@ def memory_need(spec: ModelSpec, method: MethodConfig, device_type: str) -> Memo
     total = sum(parameter.numel() for parameter in model.parameters())
     sizes = trainable_sizes(spec, method)
     trainable = sum(sizes)
-    frozen_bytes = quantized_base_bytes(spec, method.quantize).total if method.quantized else (total - trainable) * compute_bytes(device_type)
+    frozen_bytes = (
+        quantized_base_bytes(spec, method.quantize).total
+        if method.quantized
+        else (total - trainable) * compute_bytes(device_type)
+    )
     blocks = decoder_blocks(model)
     return MemoryNeed(
-        total_parameters=total, trainable_parameters=trainable, weights_bytes=frozen_bytes + trainable * FP32_BYTES, gradient_bytes=trainable * FP32_BYTES,
-        optimizer_bytes=optimizer_state_bytes(method.optimizer, sizes), blocks=len(blocks), largest_block_parameters=largest_block_parameters(blocks),
+        total_parameters=total,
+        trainable_parameters=trainable,
+        weights_bytes=frozen_bytes + trainable * FP32_BYTES,
+        gradient_bytes=trainable * FP32_BYTES,
+        optimizer_bytes=optimizer_state_bytes(method.optimizer, sizes),
+        blocks=len(blocks),
+        largest_block_parameters=largest_block_parameters(blocks),
         built_whole=method.quantized,
     )
 
@@ -120,11 +129,18 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
     device_type = hardware["device_type"]
     if need.per_process_bytes("none", 1, device_type) <= available:
         return 1
-    if need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available or need.building_bytes("fsdp") > available:
+    if (
+        need.per_process_bytes("fsdp", MAX_PROCESSES, device_type) > available
+        or need.building_bytes("fsdp") > available
+    ):
         return None
     # Fewest processes whose shard plus gathered blocks fits; bytes per process fall with the count.
     counts = range(2, MAX_PROCESSES + 1)
-    return counts[bisect.bisect_left(counts, True, key=lambda count: need.per_process_bytes("fsdp", count, device_type) <= available)]
+    return counts[
+        bisect.bisect_left(
+            counts, True, key=lambda count: need.per_process_bytes("fsdp", count, device_type) <= available
+        )
+    ]
 
 
 def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
@@ -136,7 +152,9 @@ def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
     return f"it needs {count} of these devices under FSDP (≈{each / GIB:.1f} GiB per process before activations, the fewest whose shards fit)"
 
 
-def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1) -> MemoryNeed:
+def check_fits(
+    spec: ModelSpec, method: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1
+) -> MemoryNeed:
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
@@ -159,7 +177,9 @@ def check_fits(spec: ModelSpec, method: MethodConfig, hardware: JsonDict, shardi
         count = gpus_needed(need, hardware)
         processes = str(count) if count else "N"
         if sharding != "fsdp":
-            options.append(f"shard it over several GPUs (accelerate launch --num_processes {processes} -m benchtrain.train … --sharding fsdp)")
+            options.append(
+                f"shard it over several GPUs (accelerate launch --num_processes {processes} -m benchtrain.train … --sharding fsdp)"
+            )
         else:
             options.append(f"shard it over more processes ({processes})")
     options.append("a smaller model or a device with more memory")
@@ -201,14 +221,23 @@ def quantization_available() -> bool:
 
 
 def describe_needs(
-    spec: ModelSpec, chosen: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1, calibration_device: bool = False
+    spec: ModelSpec,
+    chosen: MethodConfig,
+    hardware: JsonDict,
+    sharding: str = "none",
+    world_size: int = 1,
+    calibration_device: bool = False,
 ) -> str:
     """One line for `train --dry-run`: the fixed memory of each method on `hardware` — this device,
     or the one the calibration measured when the dry run plans for another — (and, under FSDP,
     what each process holds)."""
     parts = []
     lora = chosen if chosen.is_lora else MethodConfig(method="lora")
-    bases = [replace(lora, quantize=kind) for kind in ("none", "8bit", "4bit") if kind == lora.quantize or quantization_available()]
+    bases = [
+        replace(lora, quantize=kind)
+        for kind in ("none", "8bit", "4bit")
+        if kind == lora.quantize or quantization_available()
+    ]
     for method in (MethodConfig(method="full"), *bases):
         need = memory_need(spec, method, hardware["device_type"])
         label = METHODS[method.method].phrase + ("" if method.method == "full" else f" r{method.lora_rank}")
@@ -231,7 +260,10 @@ def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
     each optimizer of train.workload.optimizers.OPTIMIZERS, those of the same state bytes together."""
     sizes = trainable_sizes(spec, chosen)  # the same tensors whichever optimizer keeps state for them
     groups = same_state_groups(OPTIMIZERS.values())
-    texts = [f"{group[0].state_bytes(sizes) / 2**20:.3g} MiB with {' or '.join(entry.name for entry in group)}" for group in groups]
+    texts = [
+        f"{group[0].state_bytes(sizes) / 2**20:.3g} MiB with {' or '.join(entry.name for entry in group)}"
+        for group in groups
+    ]
     return f"optimizer state: {', '.join(texts)} (this run: {chosen.optimizer})"
 
 
@@ -244,7 +276,11 @@ def memory_basis_note(calibration: Calibration) -> str | None:
     if memory.get("basis") == "reserved":
         outside = float(memory.get("non_torch_bytes") or 0.0)
         measured, here = (calibration.data.get("software") or {}).get("allocator_conf"), allocator_conf()
-        differs = f"; measured with allocator settings {measured or 'default'}, this run has {here or 'default'}" if measured != here else ""
+        differs = (
+            f"; measured with allocator settings {measured or 'default'}, this run has {here or 'default'}"
+            if measured != here
+            else ""
+        )
         return (
             f"peak memory: the CUDA allocator's reserved peak (fragmentation included) + {outside / GIB:.2f} GiB measured outside it "
             f"(CUDA context, kernels, NCCL), as the probes measured them from an empty cache{differs}"

@@ -54,17 +54,27 @@ def describe_exact_profile(prepared: PreparedData, sampled_plan: Plan, plan: Pla
     total = prepared.exact_tokens  # every record's (with --eval-split, the profile is the training part's)
     assert total is not None, "describe_exact_profile is called after every record is tokenized"
     error = estimate.error_of(total) if estimate else 0.0
-    took = f" in {format_duration(prepared.built_seconds)} (predicted {format_duration(prepared.predicted_seconds)})" if prepared.built_seconds else ""
+    took = (
+        f" in {format_duration(prepared.built_seconds)} (predicted {format_duration(prepared.predicted_seconds)})"
+        if prepared.built_seconds
+        else ""
+    )
     c = plan.chosen
     return [
         f"tokenized all {prepared.records:,} records{took}: {total:,} tokens, "
-        + (f"{error:+.2%} from the sample's {estimate.total_tokens:,.0f} ± {estimate.half_width:,.0f}" if estimate else "exact"),
+        + (
+            f"{error:+.2%} from the sample's {estimate.total_tokens:,.0f} ± {estimate.half_width:,.0f}"
+            if estimate
+            else "exact"
+        ),
         f"  on the exact profile: {c.optimizer_steps:,} optimizer steps (sampled plan: {sampled_plan.chosen.optimizer_steps:,}), "
         f"estimate {format_duration(c.total_seconds)} (≤ {format_duration(c.total_seconds_high)})",
     ]
 
 
-def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()) -> list[str]:
+def describe_plan(
+    plan: Plan, profile: JsonDict, calibration: Calibration, byte_tokens: bool = False, data_notes: tuple[str, ...] = ()
+) -> list[str]:
     """The plan as the console shows it; `data_notes`: where the lengths came from and what
     preparing the tokens costs (train.workload.prepare.PreparedData.describe)."""
     c, device = plan.chosen, calibration.hardware
@@ -79,7 +89,11 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
         f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
         f"(bounds {format_duration(c.total_seconds_low)} – {format_duration(c.total_seconds_high)}): training {format_duration(c.step_seconds)} at "
         f"{c.tokens_per_second:,.0f} real tokens/s + {format_duration(c.overheads.total_seconds)} start-up, checkpoints"
-        + (f", evaluation ({format_duration(c.overheads.evaluation_seconds)})" if c.overheads.evaluation_seconds else "")
+        + (
+            f", evaluation ({format_duration(c.overheads.evaluation_seconds)})"
+            if c.overheads.evaluation_seconds
+            else ""
+        )
         + " and report",
         f"  {c.overheads.describe()}",
         f"  tokens: {c.tokens:,} real (those the loss is on, within the max length) of {c.padded_tokens:,} computed "
@@ -97,7 +111,9 @@ def describe_plan(plan: Plan, profile: JsonDict, calibration: Calibration, byte_
     for alternative in plan.alternatives:
         steps = f"{_steps(alternative.optimizer_steps)} in " if plan.step_limit is not None else ""
         peak = _gib(alternative.peak_memory_bytes)
-        lines.append(f"  alternative: {alternative.config.phrase}: {steps}{format_duration(alternative.total_seconds)}, peak {peak}")
+        lines.append(
+            f"  alternative: {alternative.config.phrase}: {steps}{format_duration(alternative.total_seconds)}, peak {peak}"
+        )
     return lines + [f"  note: {note}" for note in plan.notes]
 
 
@@ -105,10 +121,16 @@ def describe_error(calibration: Calibration, chosen: Candidate) -> str:
     """The calibration's held-out error, and the bound this plan's configuration gets: wider where
     it extrapolates past the measured sizes (Calibration.relative_bound_for)."""
     held_out = calibration.fit.get("held_out_error") or {}
-    text = f"held-out error median {held_out.get('median_abs_pct', 0.0):.1f}%, p90 {held_out.get('p90_abs_pct', 0.0):.1f}%"
+    text = (
+        f"held-out error median {held_out.get('median_abs_pct', 0.0):.1f}%, p90 {held_out.get('p90_abs_pct', 0.0):.1f}%"
+    )
     stretch = calibration.extrapolation_ratio(chosen.config)
     parts = calibration.bound_parts
-    machine = f" + {parts.machine:.0%} between processes (measured in {parts.machine_source})" if parts.machine else " (no spread between processes measured)"
+    machine = (
+        f" + {parts.machine:.0%} between processes (measured in {parts.machine_source})"
+        if parts.machine
+        else " (no spread between processes measured)"
+    )
     text += f"; bounds ±{chosen.bound_fraction:.0%}: the fit's {parts.fit:.0%}{machine}"
     if stretch > 1.0:
         text += f", wider here: {stretch:.2g}× past the measured sizes"
@@ -131,7 +153,9 @@ def describe_peak_memory(predicted: float | None, measured: float | None) -> str
     return f"peak memory: {_gib(measured)} actual vs {_gib(predicted)} predicted ({(measured - predicted) / predicted:+.1%})"
 
 
-def describe_outcome(record: JsonDict, out_dir: Path, report_path: Path | None, resume_command: str | None = None) -> list[str]:
+def describe_outcome(
+    record: JsonDict, out_dir: Path, report_path: Path | None, resume_command: str | None = None
+) -> list[str]:
     """The end of a run in words: the estimate check (the lines the report's banner shows too),
     the deadline, where things are, and how to continue a run that stopped early."""
     actual = record["actual"]
@@ -144,7 +168,11 @@ def describe_outcome(record: JsonDict, out_dir: Path, report_path: Path | None, 
     if memory:
         lines.append(f"  {memory}")
     used = actual.get("command_seconds")
-    report = f"; the report took {format_duration(actual['report_seconds'])} more" if actual.get("report_seconds") is not None else ""
+    report = (
+        f"; the report took {format_duration(actual['report_seconds'])} more"
+        if actual.get("report_seconds") is not None
+        else ""
+    )
     lines.append(
         f"  deadline {format_duration(record['deadline_seconds'])} {'met' if record['met_deadline'] else 'MISSED'}"
         + (f" ({format_duration(used)} used by the whole command{report})" if used is not None else "")

@@ -42,7 +42,9 @@ DEFAULT_EFFECTIVE_BATCH = 16
 BALANCED_MEMORY_HEADROOM = 0.80  # balanced keeps predicted peak under 80% of device memory
 MEMORY_EFFICIENT_SLACK = 0.10  # memory_efficient accepts up to 10% more time than the fastest
 ALTERNATIVES_SHOWN = 3
-EXTRAPOLATION_ADVICE = "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
+EXTRAPOLATION_ADVICE = (
+    "the plan extrapolates past what bench measured; `bench run --data PATH` measures the lengths this data needs"
+)
 
 # Share of samples each priority keeps whole (1 - the share it may truncate).
 COVERAGE = {"quality": 1.0}
@@ -59,7 +61,9 @@ ShapeCache = dict[tuple[int, int, int], Counter[BatchShape]]
 def batch_sizes_for(calibration: Calibration, effective_batch: int, world_size: int) -> list[tuple[int, int]]:
     """(micro batch, accumulation) pairs that keep samples per optimizer step = effective_batch."""
     calibrated = calibration.measured_values("micro_batch_size")
-    micros = [micro for micro in range(calibrated[0], calibrated[-1] + 1) if effective_batch % (micro * world_size) == 0]
+    micros = [
+        micro for micro in range(calibrated[0], calibrated[-1] + 1) if effective_batch % (micro * world_size) == 0
+    ]
     return [(micro, effective_batch // (micro * world_size)) for micro in micros]
 
 
@@ -80,7 +84,9 @@ def switch_modes(calibration: Calibration, requested: Mapping[str, str]) -> list
     return [sum(combo, ()) for combo in itertools.product(*choices)]
 
 
-def choose_lengths(calibration: Calibration, data: DataView, request: PlanRequest) -> tuple[list[int], list[str], list[str]]:
+def choose_lengths(
+    calibration: Calibration, data: DataView, request: PlanRequest
+) -> tuple[list[int], list[str], list[str]]:
     """Candidate max lengths, notes, and warnings. Padded data honours the priority's truncation
     limit on the real token profile: the smallest calibrated length that covers it, else a longer
     one (extrapolated, and said so); only the model's position table can stop that, loudly."""
@@ -92,8 +98,14 @@ def choose_lengths(calibration: Calibration, data: DataView, request: PlanReques
         if request.max_length < 1:
             raise BenchtrainError(f"--max-length must be positive or auto, got {request.max_length}")
         if not calibrated or request.max_length > calibrated[-1] or request.max_length < calibrated[0]:
-            measure = f"`bench run --seq-lens {calibrated[-1]},{request.max_length}` measures it" if calibrated else "`bench run` measures it"
-            notes.append(f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates; {measure}")
+            measure = (
+                f"`bench run --seq-lens {calibrated[-1]},{request.max_length}` measures it"
+                if calibrated
+                else "`bench run` measures it"
+            )
+            notes.append(
+                f"max length {request.max_length} is outside the calibrated lengths {calibrated}: the estimate extrapolates; {measure}"
+            )
         if not data.packing:
             cut = truncation(data.lengths, request.max_length)
             if cut["share_truncated"] > 1 - coverage + 1e-12:
@@ -130,7 +142,12 @@ def lengths_to_measure(data: DataView, defaults: tuple[int, ...], max_positions:
     if data.packing:
         return defaults
     coverages = {*COVERAGE.values(), DEFAULT_COVERAGE}
-    needed = sorted({min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions) for share in coverages})
+    needed = sorted(
+        {
+            min(-(-covering_length(data.lengths, share) // LENGTH_GRANULE) * LENGTH_GRANULE, max_positions)
+            for share in coverages
+        }
+    )
     room = max(0, len(defaults) - len(needed))
     shorter = [length for length in defaults if length < needed[0]][-room:] if room else []
     while len(shorter) < room and (shorter or needed)[0] // 2 >= MIN_MEASURED_LENGTH:
@@ -146,7 +163,11 @@ def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest
     kept = data.real_tokens(max_length)
     if whole and kept >= MIN_TRAINABLE_SHARE * whole:
         return
-    what = f"--max-length {max_length}" if isinstance(request.max_length, int) else f"max length {max_length} (the model's limit)"
+    what = (
+        f"--max-length {max_length}"
+        if isinstance(request.max_length, int)
+        else f"max length {max_length} (the model's limit)"
+    )
     cut = truncation(data.lengths, max_length)
     needed = min(covering_length(data.lengths, DEFAULT_COVERAGE), request.max_positions or math.inf)
     keeps = data.real_tokens(int(needed)) / whole if whole else 0.0
@@ -168,7 +189,9 @@ def noise_warnings(calibration: Calibration) -> list[str]:
     return warnings
 
 
-def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache) -> Counter[BatchShape]:
+def shape_counts(
+    data: DataView, request: PlanRequest, micro: int, length: int, epoch: int, cache: ShapeCache
+) -> Counter[BatchShape]:
     """How many micro-batches of each (rows, length) one process runs in `epoch`: the calibration
     prices each shape. Cached: the batches do not depend on accumulation or workers."""
     key = (micro, length, epoch)
@@ -178,10 +201,14 @@ def shape_counts(data: DataView, request: PlanRequest, micro: int, length: int, 
         # One process: the shapes straight from the batch layout, without building the batches.
         if data.packing:
             rows = packed_row_count(data.stream_length, length)
-            counts = Counter(packed_epoch_shape_counts(rows, micro, length, epoch_share(-(-rows // micro), epoch, request.epochs)))
+            counts = Counter(
+                packed_epoch_shape_counts(rows, micro, length, epoch_share(-(-rows // micro), epoch, request.epochs))
+            )
         else:
             taken = epoch_share(padded_batch_count(len(data.lengths), micro), epoch, request.epochs)
-            counts = Counter(padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket))
+            counts = Counter(
+                padded_epoch_shape_counts(data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket)
+            )
     else:
         # Each process runs every world_size-th batch (rank 0 stands for all of them).
         batches = run_batches(data, BatchLayout(micro, length, request.seed), epoch, request.epochs, request.world_size)
@@ -198,7 +225,12 @@ def eval_pass_seconds(calibration: Calibration, eval_data: DataView, micro: int,
 
 
 def evaluate(
-    calibration: Calibration, data: DataView, request: PlanRequest, config: StepConfig, cache: ShapeCache | None = None, eval_data: DataView | None = None
+    calibration: Calibration,
+    data: DataView,
+    request: PlanRequest,
+    config: StepConfig,
+    cache: ShapeCache | None = None,
+    eval_data: DataView | None = None,
 ) -> Candidate:
     """`config` planned for `request`: its steps priced shape by shape, the overheads, the bounds, the peak memory."""
     micro, accum, length = config.micro_batch_size, config.grad_accum, config.seq_len
@@ -218,13 +250,18 @@ def evaluate(
     comm_low = steps * floor_step + micro_batches * floor_micro
     comm_high = steps * request.comm_seconds_per_step + micro_batches * request.comm_seconds_per_micro_step
     step_seconds += bracket_estimate(comm_low, comm_high)
-    low, high = floor_step + accum * floor_micro, request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step
+    low, high = (
+        floor_step + accum * floor_micro,
+        request.comm_seconds_per_step + accum * request.comm_seconds_per_micro_step,
+    )
     # The work this command runs: up to --max-steps, less what a resumed run already did. Batches
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
     remaining = target - request.completed_steps
     if remaining < 1:
-        raise BenchtrainError(f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps")
+        raise BenchtrainError(
+            f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps"
+        )
     fraction_run = remaining / steps
     step_seconds, compute_seconds = step_seconds * fraction_run, compute_seconds * fraction_run
     comm_low, comm_high = comm_low * fraction_run, comm_high * fraction_run
@@ -240,16 +277,27 @@ def evaluate(
     promised = compute_seconds * (1 + calibration.promised_bound_for(config)) * sampled
     prediction = calibration.predict(config, request.memory_offset_bytes)
     return Candidate(
-        config, request.world_size, overheads, optimizer_steps=target, remaining_steps=remaining, micro_batches=round(micro_batches * fraction_run),
-        step_seconds=step_seconds, comm_seconds_per_step=bracket_estimate(low, high), comm_seconds_per_step_low=low, comm_seconds_per_step_high=high,
+        config,
+        request.world_size,
+        overheads,
+        optimizer_steps=target,
+        remaining_steps=remaining,
+        micro_batches=round(micro_batches * fraction_run),
+        step_seconds=step_seconds,
+        comm_seconds_per_step=bracket_estimate(low, high),
+        comm_seconds_per_step_low=low,
+        comm_seconds_per_step_high=high,
         total_seconds=step_seconds + spent,
         total_seconds_low=compute_seconds / (1 + lower) / sampled + comm_low + spent,
         total_seconds_high=compute_seconds * (1 + bound) * sampled + comm_high + spent,
         total_seconds_promised=promised + comm_high + spent,
         bound_fraction=bound,
-        tokens=round(data.real_tokens(length) * request.epochs * fraction_run), padded_tokens=round(padded * fraction_run),
-        peak_memory_bytes=prediction.peak_memory_bytes, peak_memory_bytes_high=prediction.peak_memory_bytes_high,
-        fits_in_memory=prediction.fits_in_memory, extrapolated=not prediction.within_measured_range,
+        tokens=round(data.real_tokens(length) * request.epochs * fraction_run),
+        padded_tokens=round(padded * fraction_run),
+        peak_memory_bytes=prediction.peak_memory_bytes,
+        peak_memory_bytes_high=prediction.peak_memory_bytes_high,
+        fits_in_memory=prediction.fits_in_memory,
+        extrapolated=not prediction.within_measured_range,
         truncation={} if data.packing else truncation(data.lengths, length),
     )
 
@@ -259,11 +307,19 @@ def exposed_floor(request: PlanRequest, micro_seconds: float) -> tuple[float, fl
     (request.comm_overlap) what backward cannot hide (docs/design.md#communication)."""
     if not request.comm_overlap:
         return request.comm_seconds_per_step, request.comm_seconds_per_micro_step
-    return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(request.comm_seconds_per_micro_step, micro_seconds)[0]
+    return overlap_bracket(request.comm_seconds_per_step, micro_seconds)[0], overlap_bracket(
+        request.comm_seconds_per_micro_step, micro_seconds
+    )[0]
 
 
 def candidate_overheads(
-    calibration: Calibration, request: PlanRequest, config: StepConfig, steps: int, step_seconds: float, shapes: set[BatchShape], eval_data: DataView | None
+    calibration: Calibration,
+    request: PlanRequest,
+    config: StepConfig,
+    steps: int,
+    step_seconds: float,
+    shapes: set[BatchShape],
+    eval_data: DataView | None,
 ) -> Overheads:
     """What a run of `steps` optimizer steps taking `step_seconds` spends besides them (evaluations,
     compiling its batch shapes, checkpoints, the export, the report), priced by bench's
@@ -276,15 +332,26 @@ def candidate_overheads(
     if request.compiled:
         rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
-        compile_cost, compile_shapes = compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")), len(shapes)
+        compile_cost, compile_shapes = (
+            compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")),
+            len(shapes),
+        )
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds
     save = checkpoint_save_seconds(measured)
     return Overheads(
-        model_build_seconds=float(measured.get("model_build_seconds", 0.0)), warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
-        checkpoint_seconds=save, checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
-        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save, eval_pass_seconds=eval_pass, eval_count=eval_count,
-        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0, compile_seconds=compile_cost, compile_shapes=compile_shapes,
-        export_bytes=request.export_bytes, data_prep_seconds=request.data_prep_seconds, upload_seconds=request.upload_seconds,
+        model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
+        warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
+        checkpoint_seconds=save,
+        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
+        export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
+        eval_pass_seconds=eval_pass,
+        eval_count=eval_count,
+        report_seconds=float(measured.get("report_seconds", 0.0)) if request.with_report else 0.0,
+        compile_seconds=compile_cost,
+        compile_shapes=compile_shapes,
+        export_bytes=request.export_bytes,
+        data_prep_seconds=request.data_prep_seconds,
+        upload_seconds=request.upload_seconds,
     )
 
 
@@ -328,18 +395,24 @@ def rank(candidates: list[Candidate], priority: str, memory_limit: float) -> lis
     return near + [c for c in by_time if c not in near]
 
 
-def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None) -> Plan:
+def make_plan(
+    calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None = None
+) -> Plan:
     if request.gradient_shards > 1 and calibration.memory is not None:
         # An FSDP process of N planned from one process: its memory model accumulates its shard of the gradients.
         memory = calibration.memory.with_gradient_shards(request.gradient_shards)
         calibration = copy.copy(calibration)
         calibration.memory = memory
     # Samples per step (packed data: rows at the longest calibrated length), a quarter of them at most.
-    units = data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
+    units = (
+        data.stream_length // max(1, calibration.measured_values("seq_len")[-1]) if data.packing else len(data.lengths)
+    )
     effective_batch = request.effective_batch or min(DEFAULT_EFFECTIVE_BATCH, max(1, units // 4))
     warnings = noise_warnings(calibration)
     if eval_data is not None and calibration.eval_batch_seconds(1, 1) is None:
-        warnings.append(f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it")
+        warnings.append(
+            f"calibration {calibration.id} did not measure evaluation: its time is not in the estimate; re-run `bench run` to measure it"
+        )
     if request.configuration is not None:
         # Resuming: the interrupted run's configuration (same batches, same data order), estimated anew.
         lengths, notes, options = [request.configuration.seq_len], list[str](), [request.configuration]
@@ -352,9 +425,16 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
                 f"no calibrated micro batch size divides --effective-batch {effective_batch} "
                 f"(calibrated: {calibration.measured_values('micro_batch_size')}, world size {request.world_size})"
             )
-        workers = [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+        workers = (
+            [request.num_workers] if request.num_workers is not None else calibration.measured_values("num_workers")
+        )
         modes = switch_modes(calibration, request.switches)
-        options = [StepConfig(micro, worker_count, accum, 0, mode) for micro, accum in pairs for worker_count in workers for mode in modes]
+        options = [
+            StepConfig(micro, worker_count, accum, 0, mode)
+            for micro, accum in pairs
+            for worker_count in workers
+            for mode in modes
+        ]
     for length in lengths:
         check_trainable_tokens(data, length, request)
     cache: ShapeCache = {}
@@ -362,7 +442,9 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     candidates = [evaluate(calibration, data, request, config, cache, eval_data) for config in configs]
     feasible = [c for c in candidates if c.fits_in_memory or request.configuration is not None]
     if not feasible:
-        raise DoesNotFitError("no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch")
+        raise DoesNotFitError(
+            "no configuration fits in memory according to the calibration: try a shorter --max-length or a smaller --effective-batch"
+        )
     ranked = rank(feasible, request.priority, calibration.memory_limit_bytes)
     chosen = ranked[0]
     available = request.deadline.seconds_left(request.elapsed_seconds)
@@ -371,7 +453,9 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     if chosen.total_seconds_promised > available and request.fit_deadline:
 
         def limited(candidate: Candidate, max_steps: int) -> Candidate:
-            return evaluate(calibration, data, replace(request, max_steps=max_steps), candidate.config, cache, eval_data)
+            return evaluate(
+                calibration, data, replace(request, max_steps=max_steps), candidate.config, cache, eval_data
+            )
 
         chosen, step_limit = shrink_to_deadline(chosen, available, limited)
         notes.append(
@@ -383,10 +467,21 @@ def make_plan(calibration: Calibration, data: DataView, request: PlanRequest, ev
     notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
     warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
-        chosen=chosen, alternatives=alternatives, naive_seconds=naive_seconds(calibration, data, request.epochs, chosen), deadline=request.deadline,
-        available_seconds=available, meets_deadline=chosen.total_seconds_promised <= available, effective_batch=effective_batch, packing=data.packing,
-        epochs=request.epochs, priority=request.priority, step_limit=step_limit, notes=notes,
-        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size), warnings=warnings, price_per_hour=request.price_per_hour,
+        chosen=chosen,
+        alternatives=alternatives,
+        naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
+        deadline=request.deadline,
+        available_seconds=available,
+        meets_deadline=chosen.total_seconds_promised <= available,
+        effective_batch=effective_batch,
+        packing=data.packing,
+        epochs=request.epochs,
+        priority=request.priority,
+        step_limit=step_limit,
+        notes=notes,
+        cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
+        warnings=warnings,
+        price_per_hour=request.price_per_hour,
     )
 
 
@@ -398,11 +493,17 @@ def error_decides_deadline(chosen: Candidate, available: float) -> str | None:
     return (
         f"the calibration's error decides this deadline: the estimate {format_duration(chosen.total_seconds)} fits the "
         f"{format_duration(available)} usable, its upper bound {format_duration(chosen.total_seconds_high)} (±{chosen.bound_fraction:.0%}) "
-        + (f"does not; {EXTRAPOLATION_ADVICE}" if chosen.extrapolated else "does not; a longer `bench run --budget` narrows it")
+        + (
+            f"does not; {EXTRAPOLATION_ADVICE}"
+            if chosen.extrapolated
+            else "does not; a longer `bench run --budget` narrows it"
+        )
     )
 
 
-def shortened_alternatives(ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate]) -> list[Candidate]:
+def shortened_alternatives(
+    ranked: list[Candidate], available: float, limited: Callable[[Candidate, int], Candidate]
+) -> list[Candidate]:
     """With --fit-deadline, the alternatives as they would run: each cut to the steps that fit (those of which not one step fits are left out)."""
     alternatives: list[Candidate] = []
     for candidate in ranked:
@@ -417,7 +518,9 @@ def shortened_alternatives(ranked: list[Candidate], available: float, limited: C
     return alternatives
 
 
-def shrink_to_deadline(chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]) -> tuple[Candidate, int]:
+def shrink_to_deadline(
+    chosen: Candidate, available: float, limited: Callable[[Candidate, int], Candidate]
+) -> tuple[Candidate, int]:
     """The same configuration with as many optimizer steps as fit (each count planned by
     `limited(chosen, max_steps)`), and that step limit, a resumed run's steps included (docs/design.md#fit-deadline)."""
     done = chosen.optimizer_steps - chosen.remaining_steps  # what a resumed run already did

@@ -37,14 +37,20 @@ class Prices:
             return None
         if calibration_id in self.by_key:
             return self.by_key[calibration_id]
-        device = words(f"{hardware.get('name', '')} {hardware.get('peak_flops_entry') or ''} {hardware.get('device_type', '')}")
-        matching = [(len(words(key)), key, price) for key, price in self.by_key.items() if words(key) and words(key) <= device]
+        device = words(
+            f"{hardware.get('name', '')} {hardware.get('peak_flops_entry') or ''} {hardware.get('device_type', '')}"
+        )
+        matching = [
+            (len(words(key)), key, price) for key, price in self.by_key.items() if words(key) and words(key) <= device
+        ]
         if matching:
             best = max(size for size, _, _ in matching)
             named = {price for size, _, price in matching if size == best}
             if len(named) > 1:
                 keys = ", ".join(key for size, key, _ in matching if size == best)
-                raise BenchtrainError(f"--price-per-hour: {keys} all name {hardware.get('name')} with different prices: keep one")
+                raise BenchtrainError(
+                    f"--price-per-hour: {keys} all name {hardware.get('name')} with different prices: keep one"
+                )
             return named.pop()
         if self.default is not None:
             return self.default
@@ -99,13 +105,17 @@ def _parse_pairs(parts: list[str], source: str) -> Prices:
     for part in parts:
         if "=" not in part:
             if default is not None:
-                raise BenchtrainError(f"--price-per-hour {source!r} has two prices without a device: name the devices (h100=2.5)")
+                raise BenchtrainError(
+                    f"--price-per-hour {source!r} has two prices without a device: name the devices (h100=2.5)"
+                )
             default = _price(part, source)
             continue
         key, _, amount = part.partition("=")
         key = key.strip()
         if not key or key.lower() in {known.lower() for known in by_key}:
-            raise BenchtrainError(f"--price-per-hour {source!r}: {'an empty' if not key else 'a repeated'} device name in {part.strip()!r}")
+            raise BenchtrainError(
+                f"--price-per-hour {source!r}: {'an empty' if not key else 'a repeated'} device name in {part.strip()!r}"
+            )
         by_key[key] = _price(amount, source)
     return Prices(default, by_key)
 
@@ -116,7 +126,9 @@ def _price(text: str, source: str) -> float:
     except ValueError:
         raise BenchtrainError(f"--price-per-hour {source!r}: {text.strip()!r} is not a price; give {USAGE}") from None
     if not (price >= 0 and math.isfinite(price)):
-        raise BenchtrainError(f"--price-per-hour {source!r}: a price must be a non-negative number, got {text.strip()!r}")
+        raise BenchtrainError(
+            f"--price-per-hour {source!r}: a price must be a non-negative number, got {text.strip()!r}"
+        )
     return price
 
 

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 GB = 10**9
 PROVISION_SECONDS = 600.0  # a fresh machine found, booted and set up after a preemption: an allowance, not measured
-SETUP_SECONDS = 900.0  # installing benchtrain (torch and its CUDA wheels) on a fresh machine: an allowance, not measured
+SETUP_SECONDS = (
+    900.0  # installing benchtrain (torch and its CUDA wheels) on a fresh machine: an allowance, not measured
+)
 MAX_DURATION_MARGIN = 0.2  # past the upper end before the engine stops the task: the guard acts first
 SOFTWARE_BYTES = 30 * GB  # the Python environment, the CUDA wheels and caches: an allowance, not measured
 
@@ -32,7 +34,12 @@ class Spot:
 def spot_choice(plan: Plan, available_seconds: float, checkpoint_interval_seconds: float) -> Spot:
     """Spot only where one preemption still meets the deadline (docs/design.md#rental)."""
     chosen, overheads = plan.chosen, plan.chosen.overheads
-    startup = overheads.model_build_seconds + overheads.warmup_seconds + overheads.compile_seconds + overheads.data_prep_seconds
+    startup = (
+        overheads.model_build_seconds
+        + overheads.warmup_seconds
+        + overheads.compile_seconds
+        + overheads.data_prep_seconds
+    )
     training = max(0.0, chosen.total_seconds_promised - chosen.overheads.total_seconds)
     lost = min(checkpoint_interval_seconds, training)  # the work since the last checkpoint, at most all of it
     restart = lost + PROVISION_SECONDS + startup
@@ -72,7 +79,9 @@ class DiskSize:
     basis: str  # what it is made of, in words
 
 
-def node_disk(spec: ModelSpec, method: MethodConfig, merge: bool, keep: int, device_type: str, uploaded_bytes: int) -> DiskSize:
+def node_disk(
+    spec: ModelSpec, method: MethodConfig, merge: bool, keep: int, device_type: str, uploaded_bytes: int
+) -> DiskSize:
     """What one node writes and holds: the run's checkpoints and export as `train` counts them
     before its first step, the model's weights where it downloads them, the uploads, the software."""
     need = memory_need(spec, method, device_type)

@@ -84,8 +84,15 @@ def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> Trai
     ]
     step = chosen.config
     return TrainerFields(
-        per_device_train_batch_size=step.micro_batch_size, gradient_accumulation_steps=step.grad_accum, dataloader_num_workers=step.num_workers,
-        activation_checkpointing=step.gradient_checkpointing, bf16=precision == "bf16", max_length=step.seq_len, packing=plan.packing, torch_compile=compiled,
+        per_device_train_batch_size=step.micro_batch_size,
+        gradient_accumulation_steps=step.grad_accum,
+        dataloader_num_workers=step.num_workers,
+        activation_checkpointing=step.gradient_checkpointing,
+        bf16=precision == "bf16",
+        max_length=step.seq_len,
+        packing=plan.packing,
+        torch_compile=compiled,
         max_steps=min(plan.step_limit, chosen.optimizer_steps) if plan.step_limit else chosen.optimizer_steps,
-        calibration_id=calibration.id, differences=tuple(differences),
+        calibration_id=calibration.id,
+        differences=tuple(differences),
     )

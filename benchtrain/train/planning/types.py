@@ -59,7 +59,9 @@ class PlanRequest:
     export_bytes: int = 0  # final/ (and final-merged/): their write time is planned and kept in reserve
     upload_seconds: float = 0.0  # --push-to-hub's upload after the export, predicted (kept in reserve like the report)
     data_prep_seconds: float = 0.0  # tokenizing before training (a cold cache), at the rate measured on the sample
-    data_uncertainty: float = 0.0  # relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it
+    data_uncertainty: float = (
+        0.0  # relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it
+    )
 
     @property
     def shape_bucket(self) -> int | None:
@@ -115,27 +117,46 @@ class Overheads:
     def after_training_seconds(self) -> float:
         """What must still fit after the last step: the final checkpoint, the export, the final
         evaluation and the report. The deadline guard keeps it in reserve."""
-        return self.checkpoint_seconds + self.export_seconds + self.eval_pass_seconds + self.report_seconds + self.upload_seconds
+        return (
+            self.checkpoint_seconds
+            + self.export_seconds
+            + self.eval_pass_seconds
+            + self.report_seconds
+            + self.upload_seconds
+        )
 
     @property
     def during_training_seconds(self) -> float:
         """What the run spends between its steps: the periodic checkpoints and evaluations (the final ones come after the last step: after_training_seconds)."""
-        return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(0, self.eval_count - 1)
+        return self.checkpoint_seconds * max(0, self.checkpoint_count - 1) + self.eval_pass_seconds * max(
+            0, self.eval_count - 1
+        )
 
     def to_json(self) -> JsonDict:
         return {**asdict(self), "evaluation_seconds": self.evaluation_seconds, "total_seconds": self.total_seconds}
 
     def describe(self) -> str:
         parts = [
-            *([f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"] if self.data_prep_seconds else []),
+            *(
+                [f"tokenizing {format_duration(self.data_prep_seconds)} (rate measured on the sample)"]
+                if self.data_prep_seconds
+                else []
+            ),
             f"model build {format_duration(self.model_build_seconds)}",
             f"warm-up {format_duration(self.warmup_seconds)}",
-            *([f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"] if self.compile_shapes else []),
+            *(
+                [f"compile {format_duration(self.compile_seconds)} ({self.compile_shapes} batch shapes)"]
+                if self.compile_shapes
+                else []
+            ),
             f"{self.checkpoint_count} checkpoint{'s' if self.checkpoint_count != 1 else ''} × {format_duration(self.checkpoint_seconds)}",
-            f"final/ export {format_duration(self.export_seconds)}" + (f" ({self.export_bytes / 1e6:,.1f} MB)" if self.export_bytes else ""),
+            f"final/ export {format_duration(self.export_seconds)}"
+            + (f" ({self.export_bytes / 1e6:,.1f} MB)" if self.export_bytes else ""),
         ]
         if self.eval_count:
-            parts.append(f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}")
+            parts.append(
+                f"{self.eval_count} evaluation{'s' if self.eval_count != 1 else ''} × {format_duration(self.eval_pass_seconds)}"
+            )
         if self.upload_seconds:
             parts.append(f"hub push {format_duration(self.upload_seconds)}")
         parts.append(f"report {format_duration(self.report_seconds)}" if self.report_seconds else "no report")
@@ -144,10 +165,30 @@ class Overheads:
 
 # A candidate's figures in the order the dry run's JSON and run.json show them (after the step's columns).
 CANDIDATE_FIGURES = (
-    "optimizer_steps", "remaining_steps", "micro_batches", "step_seconds", "comm_seconds_per_step", "comm_seconds_per_step_low",
-    "comm_seconds_per_step_high", "overhead_seconds", "total_seconds", "total_seconds_low", "total_seconds_high", "total_seconds_promised",
-    "bound_fraction", "eval_pass_seconds", "eval_seconds", "overheads", "tokens", "padded_tokens", "peak_memory_bytes", "peak_memory_bytes_high",
-    "fits_in_memory", "extrapolated", "truncation", "tokens_per_second",
+    "optimizer_steps",
+    "remaining_steps",
+    "micro_batches",
+    "step_seconds",
+    "comm_seconds_per_step",
+    "comm_seconds_per_step_low",
+    "comm_seconds_per_step_high",
+    "overhead_seconds",
+    "total_seconds",
+    "total_seconds_low",
+    "total_seconds_high",
+    "total_seconds_promised",
+    "bound_fraction",
+    "eval_pass_seconds",
+    "eval_seconds",
+    "overheads",
+    "tokens",
+    "padded_tokens",
+    "peak_memory_bytes",
+    "peak_memory_bytes_high",
+    "fits_in_memory",
+    "extrapolated",
+    "truncation",
+    "tokens_per_second",
 )
 
 
@@ -185,9 +226,16 @@ class Candidate:
     def to_json(self) -> JsonDict:
         """The plan's flat form (a dry run's JSON): the step's columns (calibration.run_file.step_columns), then the predictions."""
         spent = self.overheads
-        shown = {"overheads": asdict(spent), "truncation": dict(self.truncation), "overhead_seconds": spent.total_seconds}
+        shown = {
+            "overheads": asdict(spent),
+            "truncation": dict(self.truncation),
+            "overhead_seconds": spent.total_seconds,
+        }
         shown.update(eval_pass_seconds=spent.eval_pass_seconds, eval_seconds=spent.evaluation_seconds)
-        return {**step_columns(self.config, self.world_size), **{name: shown[name] if name in shown else getattr(self, name) for name in CANDIDATE_FIGURES}}
+        return {
+            **step_columns(self.config, self.world_size),
+            **{name: shown[name] if name in shown else getattr(self, name) for name in CANDIDATE_FIGURES},
+        }
 
 
 @dataclass
@@ -214,8 +262,16 @@ class Plan:
 
     def to_json(self) -> JsonDict:
         """Every field in order: the candidates as their JSON, the deadline as its seconds."""
-        shown = {"chosen": self.chosen.to_json(), "alternatives": [candidate.to_json() for candidate in self.alternatives], "deadline": self.deadline_seconds}
+        shown = {
+            "chosen": self.chosen.to_json(),
+            "alternatives": [candidate.to_json() for candidate in self.alternatives],
+            "deadline": self.deadline_seconds,
+        }
         shown["bound_fraction"] = self.chosen.bound_fraction
         names = [each.name for each in fields(self)]
-        names.insert(names.index("notes"), "bound_fraction")  # after step_limit, in the order the dry run and run.json show
-        return {("deadline_seconds" if name == "deadline" else name): shown[name] if name in shown else getattr(self, name) for name in names}
+        # after step_limit, in the order the dry run and run.json show
+        names.insert(names.index("notes"), "bound_fraction")
+        return {
+            ("deadline_seconds" if name == "deadline" else name): shown[name] if name in shown else getattr(self, name)
+            for name in names
+        }

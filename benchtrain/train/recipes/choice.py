@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 import benchtrain.calibration as calibration_api
 from benchtrain.calibration.run_file import ResumedRun
 from benchtrain.calibration.schema import read_calibration_file
-from benchtrain.calibration.setup import Setup, Variant, describe_setup, quantization_name, setup_difference, variant_name
+from benchtrain.calibration.setup import (
+    Setup,
+    Variant,
+    describe_setup,
+    quantization_name,
+    setup_difference,
+    variant_name,
+)
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.topology import same_interconnect
 from benchtrain.common.console import say
@@ -53,7 +60,12 @@ class Weighed:
 
 
 def load_calibration(
-    config: TrainConfig, resumed: ResumedRun | None, spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None
+    config: TrainConfig,
+    resumed: ResumedRun | None,
+    spec: ModelSpec,
+    method: MethodConfig,
+    processes: tuple[int, str],
+    interconnect: str | None = None,
 ) -> Calibration:
     """The calibration to plan with: --use-calibration (default latest); a resumed run's own (another refused unless
     --force). `latest` prefers `calibration_preferences`' order, and says why when it passes over a newer one."""
@@ -63,7 +75,9 @@ def load_calibration(
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
         passed_over: list[Path] = []
-        chosen = calibration_api.load("latest", on_skip, calibration_preferences(spec, method, processes, interconnect), passed_over.append)
+        chosen = calibration_api.load(
+            "latest", on_skip, calibration_preferences(spec, method, processes, interconnect), passed_over.append
+        )
         if passed_over:
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
@@ -71,7 +85,9 @@ def load_calibration(
     if config.plan.use_calibration is not None:
         chosen = calibration_api.load(config.plan.use_calibration, on_skip=on_skip)
         if chosen.id != own_id and not config.force:
-            raise BenchtrainError(f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force")
+            raise BenchtrainError(
+                f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force"
+            )
         return chosen
     for stored in (own_path, own_id):
         if stored and (Path(stored).is_file() or "/" not in str(stored)):
@@ -79,16 +95,29 @@ def load_calibration(
                 return calibration_api.load(stored)
             except BenchtrainError:
                 continue
-    raise BenchtrainError(f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another")
+    raise BenchtrainError(
+        f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another"
+    )
 
 
-def why_chosen(chosen: Calibration, newer: Path, spec: ModelSpec, method: MethodConfig, processes: tuple[int, str]) -> str:
+def why_chosen(
+    chosen: Calibration, newer: Path, spec: ModelSpec, method: MethodConfig, processes: tuple[int, str]
+) -> str:
     """`latest` took `chosen` over the newer file: what it measured, and the difference that decided."""
-    run = Setup(spec.name, spec.fingerprint, method.method, method.lora_rank if method.is_lora else None, quantization_name(method.quantize), *processes)
+    run = Setup(
+        spec.name,
+        spec.fingerprint,
+        method.method,
+        method.lora_rank if method.is_lora else None,
+        quantization_name(method.quantize),
+        *processes,
+    )
     return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
 
 
-def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None) -> tuple[Any, ...]:
+def calibration_preferences(
+    spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None
+) -> tuple[Any, ...]:
     """What `latest` prefers for this run, best first (calibration.store): this model and method measured with this run's
     (processes, sharding) over this machine's `interconnect`, then over another, then of one process (communication
     predicted); else the newest."""
@@ -98,18 +127,33 @@ def calibration_preferences(spec: ModelSpec, method: MethodConfig, processes: tu
         training = data.get("training") or {}
         size = int(distributed.get("world_size", 1))
         quantize = training.get("quantization") or "none"
-        return (data.get("model") or {}).get("fingerprint"), training.get("method", "full"), quantize, size, str(distributed.get("sharding", "none"))
+        return (
+            (data.get("model") or {}).get("fingerprint"),
+            training.get("method", "full"),
+            quantize,
+            size,
+            str(distributed.get("sharding", "none")),
+        )
 
     mine = (spec.fingerprint, method.method, method.quantize)
     return (
-        lambda data: measured(data) == (*mine, *processes) and same_interconnect((data.get("hardware") or {}).get("interconnect"), interconnect),
+        lambda data: (
+            measured(data) == (*mine, *processes)
+            and same_interconnect((data.get("hardware") or {}).get("interconnect"), interconnect)
+        ),
         lambda data: measured(data) == (*mine, *processes),
         lambda data: measured(data)[:4] == (*mine, 1),
     )
 
 
 def check_compatible(
-    calibration: Calibration, spec: ModelSpec, hardware: dict[str, Any], force: bool, method: MethodConfig, compiled: bool = False, loss: str | None = None
+    calibration: Calibration,
+    spec: ModelSpec,
+    hardware: dict[str, Any],
+    force: bool,
+    method: MethodConfig,
+    compiled: bool = False,
+    loss: str | None = None,
 ) -> list[str]:
     """Another model, device, method, base, optimizer, precision or compile setting than measured: refused unless --force
     (then returned, to warn); other LoRA settings or loss: only warned about."""
@@ -123,9 +167,13 @@ def check_compatible(
         )
     if measured["method"] != method.method:
         names = {name: entry.phrase for name, entry in METHODS.items()}
-        rerun = {"full": "bench run", "lora": "bench run --lora"}.get(method.method, f"bench run --method {method.method}")
+        rerun = {"full": "bench run", "lora": "bench run --lora"}.get(
+            method.method, f"bench run --method {method.method}"
+        )
         measured_name = names.get(measured["method"], measured["method"])
-        problems.append(f"calibration {calibration.id} measured {measured_name}, not {names[method.method]}: run `{rerun}` here, or pass --force")
+        problems.append(
+            f"calibration {calibration.id} measured {measured_name}, not {names[method.method]}: run `{rerun}` here, or pass --force"
+        )
     measured_quantize = measured.get("quantization") or "none"
     if measured_quantize != method.quantize:
         problems.append(
@@ -145,18 +193,31 @@ def check_compatible(
             f"(BENCHTRAIN_CPU_BF16): run `bench run` with the same setting here, or pass --force"
         )
     if calibration.model["fingerprint"] != spec.fingerprint:
-        problems.append(f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}")
-    if calibration.hardware["name"] != hardware["name"] or calibration.hardware["device_type"] != hardware["device_type"]:
-        problems.append(f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}")
+        problems.append(
+            f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}"
+        )
+    if (
+        calibration.hardware["name"] != hardware["name"]
+        or calibration.hardware["device_type"] != hardware["device_type"]
+    ):
+        problems.append(
+            f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}"
+        )
     if problems and not force:
         first = problems[0]
-        raise BenchtrainError(first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force")
+        raise BenchtrainError(
+            first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force"
+        )
     notes = list(problems)
     if loss and measured.get("loss") and measured["loss"] != loss:  # calibrations before --loss did not record it
-        notes.append(f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ")
+        notes.append(
+            f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ"
+        )
     lora = measured.get("lora") or {}
     if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
-        notes.append(f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}")
+        notes.append(
+            f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}"
+        )
     return notes
 
 
@@ -168,19 +229,27 @@ def asked_variant(quantize: str, optimizer: str) -> tuple[str | None, str | None
     return (None if quantize == AUTO else quantize, None if optimizer == AUTO else optimizer)
 
 
-def with_run_variant(method: MethodConfig, run_method: MethodConfig, asked: tuple[str | None, str | None]) -> MethodConfig:
+def with_run_variant(
+    method: MethodConfig, run_method: MethodConfig, asked: tuple[str | None, str | None]
+) -> MethodConfig:
     """A resumed run keeps its base's quantization and its optimizer where this command says `auto`."""
     quantize, optimizer = asked
     return method.with_variant(Variant(quantize or run_method.quantize, optimizer or run_method.optimizer))
 
 
-def variants_to_plan(calibration: Calibration, method: MethodConfig, asked: tuple[str | None, str | None]) -> list[tuple[Calibration, MethodConfig]]:
+def variants_to_plan(
+    calibration: Calibration, method: MethodConfig, asked: tuple[str | None, str | None]
+) -> list[tuple[Calibration, MethodConfig]]:
     """(variant, method trained with it) for each measured variant matching what was asked (full fine-tuning: unquantized
     bases only); none matching: the one asked for on the first variant, for `check_compatible` to refuse."""
     quantize, optimizer = asked
 
     def wanted(measured: Variant) -> bool:
-        return quantize in (None, measured.quantize) and optimizer in (None, measured.optimizer) and (method.is_lora or measured.quantize == "none")
+        return (
+            quantize in (None, measured.quantize)
+            and optimizer in (None, measured.optimizer)
+            and (method.is_lora or measured.quantize == "none")
+        )
 
     matching = [variant for variant in calibration.variants() if wanted(variant.variant)]
     if not matching:
@@ -211,12 +280,26 @@ def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
     )
 
 
-def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: MethodConfig, layout: ProcessLayout, here: dict[str, Any]) -> FittedVariant:
+def fit_variant(
+    config: TrainConfig,
+    cal: Calibration,
+    spec: ModelSpec,
+    method: MethodConfig,
+    layout: ProcessLayout,
+    here: dict[str, Any],
+) -> FittedVariant:
     """One variant on the device (`here`, or in a dry run the calibration's; `--device-memory`): THE step there, its price,
     the calibration's fitness (one line unless --force) and the memory check (one line when the model does not fit)."""
     hardware = plan_hardware(config, cal, here)
     foreign = hardware is not here
-    step = resolve_step(config.step, hardware["device_type"], spec.config_dict.get("model_type"), method, layout, measured_step(cal, foreign))
+    step = resolve_step(
+        config.step,
+        hardware["device_type"],
+        spec.config_dict.get("model_type"),
+        method,
+        layout,
+        measured_step(cal, foreign),
+    )
     if config.plan.device_memory_bytes:
         hardware = {**hardware, "memory_bytes": config.plan.device_memory_bytes, "memory_from": "--device-memory"}
     price = config.plan.prices.for_device(cal.id, hardware)
@@ -225,7 +308,14 @@ def fit_variant(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: 
     return FittedVariant(cal, method, hardware, foreign, step, need, price, tuple(warnings))
 
 
-def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: MethodConfig, layout: ProcessLayout, quiet: bool = False) -> FittedVariant:
+def said_fit(
+    config: TrainConfig,
+    cal: Calibration,
+    spec: ModelSpec,
+    method: MethodConfig,
+    layout: ProcessLayout,
+    quiet: bool = False,
+) -> FittedVariant:
     """`fit_variant` on this machine, said: the calibration's device when a dry run plans for it, and what --force let through
     (`quiet`: nothing, the first variant said it)."""
     here = detect_hardware()
@@ -240,11 +330,15 @@ def said_fit(config: TrainConfig, cal: Calibration, spec: ModelSpec, method: Met
     return fitted
 
 
-def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None) -> Weighed:
+def weigh_variants(
+    config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None
+) -> Weighed:
     """The calibration to plan with and its variants, each fitted for the processes and sharding the plan is for (a resumed run
     keeps its sharding); those refused are kept to say why."""
     layout = process_layout(config.step, method)
-    cal = load_calibration(config, resumed, spec, method, (layout.world_size, layout.sharding), detect_hardware().get("interconnect"))
+    cal = load_calibration(
+        config, resumed, spec, method, (layout.world_size, layout.sharding), detect_hardware().get("interconnect")
+    )
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
     if config.output.dry_run and layout.world_size == 1 and cal.world_size > 1:
@@ -255,8 +349,12 @@ def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, r
         cal = cal.with_device_memory(config.plan.device_memory_bytes)
     before = resumed.sharding if resumed else layout.sharding
     if (before == "fsdp") != (layout.sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
-        raise BenchtrainError(f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {layout.sharding})")
-    candidates = variants_to_plan(cal, method, method.variant if resumed else asked_variant(config.tuning.quantize, config.tuning.optimizer))
+        raise BenchtrainError(
+            f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {layout.sharding})"
+        )
+    candidates = variants_to_plan(
+        cal, method, method.variant if resumed else asked_variant(config.tuning.quantize, config.tuning.optimizer)
+    )
     fitted: list[FittedVariant] = []
     refused: list[Refused] = []
     for index, (variant, variant_method) in enumerate(candidates):
@@ -300,7 +398,11 @@ def best_first(plans: list[RunPlan]) -> list[int]:
     """The plans' indices, best first: meeting the deadline, then the shortest run (where --fit-deadline cut steps, a shorter
     run may train less: the most tokens first)."""
     cut = any(run.plan.step_limit for run in plans)
-    order = lambda index: (not plans[index].plan.meets_deadline, -plans[index].plan.chosen.tokens if cut else 0, plans[index].plan.chosen.total_seconds)  # noqa: E731
+
+    def order(index: int) -> tuple[bool, int, float]:
+        plan = plans[index].plan
+        return (not plan.meets_deadline, -plan.chosen.tokens if cut else 0, plan.chosen.total_seconds)
+
     return sorted(range(len(plans)), key=order)
 
 
@@ -337,7 +439,9 @@ def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refus
         best = f"its best plan {own.optimizer_steps:,} steps of {own.config.phrase}, {own.tokens:,} tokens"
         parts.append(f"{best}: {format_duration(own.total_seconds)} ({verdict})")
         lines.append(f"{variant_name(*other.cal.variant)}: " + ", ".join(parts))
-    lines.extend(f"{variant_name(one.method.quantize, one.method.optimizer)}: not planned ({one.reason})" for one in refused)
+    lines.extend(
+        f"{variant_name(one.method.quantize, one.method.optimizer)}: not planned ({one.reason})" for one in refused
+    )
     return lines
 
 
@@ -351,7 +455,9 @@ def smallest_activations(calibration: Calibration, need_bytes: float) -> tuple[f
         return None
     length = min(calibration.measured_values("seq_len"))
     checkpointing = bool(max(calibration.measured_values("gradient_checkpointing")))
-    peak = calibration.predict(StepConfig(1, 0, 1, length).switched(gradient_checkpointing=checkpointing)).peak_memory_bytes
+    peak = calibration.predict(
+        StepConfig(1, 0, 1, length).switched(gradient_checkpointing=checkpointing)
+    ).peak_memory_bytes
     return (max(0.0, peak - need_bytes), f"micro-batch 1 × length {length}") if peak is not None else None
 
 
@@ -360,11 +466,17 @@ def fit_verdict(peak: float, limit: float, margin: float) -> str:
     device = f"the {gib_text(limit)} GiB"
     if peak * (1 + margin) <= limit:
         return f"fits {device}"
-    return f"fits {device} only without the {margin:.0%} margin plans keep" if peak <= limit else f"does not fit {device}"
+    return (
+        f"fits {device} only without the {margin:.0%} margin plans keep" if peak <= limit else f"does not fit {device}"
+    )
 
 
 def unmeasured_bases(
-    spec: ModelSpec, method: MethodConfig, calibration: Calibration, hardware: dict[str, Any], activations: tuple[float, str] | None
+    spec: ModelSpec,
+    method: MethodConfig,
+    calibration: Calibration,
+    hardware: dict[str, Any],
+    activations: tuple[float, str] | None,
 ) -> list[str]:
     """For LoRA: each base (none/8bit/4bit) the calibration did not measure, what it holds before activations (computed)
     against this run's, and given `activations` (bytes, at what), whether it would fit the device."""

@@ -174,7 +174,9 @@ class PlanSection:
             deadline_seconds=deadline_seconds,
             max_length=parse_max_length(self.max_length),
             prices=parse_prices(self.price_per_hour),
-            device_memory_bytes=parse_memory_size(self.device_memory, "--device-memory") if self.device_memory else None,
+            device_memory_bytes=parse_memory_size(self.device_memory, "--device-memory")
+            if self.device_memory
+            else None,
         )
         if not 0 <= self.margin < 0.5:
             raise BenchtrainError(f"--margin must be a fraction between 0 and 0.5, got {self.margin}")
@@ -200,7 +202,9 @@ def parse_emit(text: str) -> EmitRequest:
     """`skypilot:task.yaml` or `dstack:.dstack.yml`; one line for anything else."""
     engine, _, path = text.partition(":")
     if engine.lower() not in ENGINES or not path:
-        raise BenchtrainError(f"--emit {text!r}: ENGINE:FILE with ENGINE one of {', '.join(ENGINES)}, e.g. --emit skypilot:task.yaml")
+        raise BenchtrainError(
+            f"--emit {text!r}: ENGINE:FILE with ENGINE one of {', '.join(ENGINES)}, e.g. --emit skypilot:task.yaml"
+        )
     return EmitRequest(engine.lower(), Path(path).expanduser())
 
 
@@ -238,7 +242,9 @@ class OutputSection:
         if self.emit is not None:
             parse_emit(self.emit)  # an unknown engine is one line before any work
             if not self.dry_run:
-                raise BenchtrainError(f"--emit {self.emit} writes the task that runs a plan on a machine not rented yet, which is a dry run: add --dry-run")
+                raise BenchtrainError(
+                    f"--emit {self.emit} writes the task that runs a plan on a machine not rented yet, which is a dry run: add --dry-run"
+                )
         if self.for_trainer and not self.dry_run:
             raise BenchtrainError("--for-trainer prints a dry run's plan as your Trainer's arguments: add --dry-run")
 
@@ -270,7 +276,13 @@ FLAT_ORDER = (
 ).split()
 # A section's field under another name in run.json (and on the command line).
 FLAT_NAMES = {"schema": "data_schema"}
-SECTIONS = {"data": DataSection, "tuning": TuningSection, "plan": PlanSection, "guard": GuardSection, "output": OutputSection}
+SECTIONS = {
+    "data": DataSection,
+    "tuning": TuningSection,
+    "plan": PlanSection,
+    "guard": GuardSection,
+    "output": OutputSection,
+}
 
 
 @dataclass(frozen=True)
@@ -289,13 +301,17 @@ class TrainConfig:
         # The checks that span sections (each section checked its own values).
         plan, output = self.plan, self.output
         if plan.consider and not output.dry_run:
-            raise BenchtrainError(f"--consider {plan.consider} plans machines you have not rented, which is a dry run: add --dry-run")
+            raise BenchtrainError(
+                f"--consider {plan.consider} plans machines you have not rented, which is a dry run: add --dry-run"
+            )
         if is_comparison(plan.use_calibration) and not output.dry_run:
             raise BenchtrainError(
                 f"--use-calibration {plan.use_calibration} compares calibrations, which is a dry run: add --dry-run, then train with the one chosen"
             )
         if (plan.consider or is_comparison(plan.use_calibration)) and output.resume:
-            raise BenchtrainError("--resume plans with the run's own calibration: pass one --use-calibration, not a comparison")
+            raise BenchtrainError(
+                "--resume plans with the run's own calibration: pass one --use-calibration, not a comparison"
+            )
 
     @property
     def run_deadline(self) -> Deadline:
@@ -309,7 +325,9 @@ class TrainConfig:
         sections: dict[str, Any] = {}
         for name, section in SECTIONS.items():
             names = {f.name for f in fields(section) if f.init}
-            values = {own: options.pop(FLAT_NAMES.get(own, own)) for own in names if FLAT_NAMES.get(own, own) in options}
+            values = {
+                own: options.pop(FLAT_NAMES.get(own, own)) for own in names if FLAT_NAMES.get(own, own) in options
+            }
             sections[name] = section(**values)
         step = options.pop("step_options", StepOptions())
         return cls(**sections, step=step, **options)
@@ -328,16 +346,28 @@ class TrainConfig:
             values["started_at"] = started_at
         if values.get("resume") == "auto":
             values["resume"], values["started_at"] = resolve_auto_resume(values.get("out"), values.get("started_at"))
-        return cls.of(**values, method=method_from_args(args), step_options=step_options_from_args(args), data_schema=schema_from_args(args))
+        return cls.of(
+            **values,
+            method=method_from_args(args),
+            step_options=step_options_from_args(args),
+            data_schema=schema_from_args(args),
+        )
 
     def to_json(self) -> JsonDict:
         """run.json's `config`: flat, under the command-line names (FLAT_ORDER)."""
-        flat: JsonDict = {"model": self.model, "seed": self.seed, "force": self.force, "step_options": asdict(self.step)}
+        flat: JsonDict = {
+            "model": self.model,
+            "seed": self.seed,
+            "force": self.force,
+            "step_options": asdict(self.step),
+        }
         for name in SECTIONS:
             section = getattr(self, name)
             for f in fields(section):
                 value = getattr(section, f.name)
-                flat[FLAT_NAMES.get(f.name, f.name)] = asdict(value) if hasattr(value, "__dataclass_fields__") else value
+                flat[FLAT_NAMES.get(f.name, f.name)] = (
+                    asdict(value) if hasattr(value, "__dataclass_fields__") else value
+                )
         flat["trackers"] = list(self.output.trackers)
         flat.update(self.plan.switches)
         # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold it; started_at: a reading of this machine's monotonic

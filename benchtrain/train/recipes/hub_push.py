@@ -60,7 +60,10 @@ def upload_rate() -> tuple[float, str]:
             return rate, f"measured by the push of {measured['bytes'] / 1e6:,.0f} MB on {measured['at'][:10]}"
     except (BenchtrainError, OSError, KeyError, TypeError, ValueError):
         pass
-    return DEFAULT_UPLOAD_BYTES_PER_SECOND, f"a default ({DEFAULT_UPLOAD_BYTES_PER_SECOND / 1e6:.0f} MB/s): no push measured from this machine yet"
+    return (
+        DEFAULT_UPLOAD_BYTES_PER_SECOND,
+        f"a default ({DEFAULT_UPLOAD_BYTES_PER_SECOND / 1e6:.0f} MB/s): no push measured from this machine yet",
+    )
 
 
 def remember_rate(size: int, seconds: float) -> None:
@@ -69,7 +72,9 @@ def remember_rate(size: int, seconds: float) -> None:
         return
     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     benchtrain_home().mkdir(parents=True, exist_ok=True)
-    write_json_atomic(benchtrain_home() / RATE_FILE, {"bytes_per_second": size / seconds, "bytes": size, "seconds": seconds, "at": at})
+    write_json_atomic(
+        benchtrain_home() / RATE_FILE, {"bytes_per_second": size / seconds, "bytes": size, "seconds": seconds, "at": at}
+    )
 
 
 def folder_to_push(run_dir: Path, record: JsonDict) -> Path:
@@ -90,9 +95,16 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
     from huggingface_hub import HfApi
 
     folder = folder_to_push(run_dir, record)
-    files = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and path.name != "README.md")
+    files = sorted(
+        str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file() and path.name != "README.md"
+    )
     size = sum((folder / name).stat().st_size for name in files)
-    section: JsonDict = {"repo_id": target.repo_id, "revision": target.revision, "private": target.private, "folder": folder.name}
+    section: JsonDict = {
+        "repo_id": target.repo_id,
+        "revision": target.revision,
+        "private": target.private,
+        "folder": folder.name,
+    }
     # The retry from inside the run folder: run.json keeps nothing that a move of the folder breaks.
     section.update(files=[*files, "README.md"], bytes=size, url=target.url, retry=retry_command(Path("."), target))
     started = time.monotonic()
@@ -103,14 +115,27 @@ def push_run(run_dir: Path, record: JsonDict, target: PushTarget) -> JsonDict:
         if target.revision:
             api.create_branch(target.repo_id, branch=target.revision, exist_ok=True)
         commit = api.upload_folder(
-            repo_id=target.repo_id, folder_path=folder, revision=target.revision, commit_message=f"benchtrain run {record.get('run_id')}"
+            repo_id=target.repo_id,
+            folder_path=folder,
+            revision=target.revision,
+            commit_message=f"benchtrain run {record.get('run_id')}",
         )
     except Exception as error:  # the network, the hub, the disk: said in one line, final/ kept
         text = str(error).splitlines()[0] if str(error) else ""
-        return {**section, "status": "failed", "error": f"{type(error).__name__}: {text}", "seconds": time.monotonic() - started}
+        return {
+            **section,
+            "status": "failed",
+            "error": f"{type(error).__name__}: {text}",
+            "seconds": time.monotonic() - started,
+        }
     seconds = time.monotonic() - started
     remember_rate(size, seconds)
-    return {**section, "status": "pushed", "seconds": seconds, "commit_url": str(getattr(commit, "commit_url", "") or "")}
+    return {
+        **section,
+        "status": "pushed",
+        "seconds": seconds,
+        "commit_url": str(getattr(commit, "commit_url", "") or ""),
+    }
 
 
 def describe_push(section: JsonDict, run_dir: Path) -> str:
@@ -126,7 +151,9 @@ def push_existing_run(args: argparse.Namespace) -> int:
     if not args.push_to_hub:
         raise BenchtrainError("--push-only pushes a run to the hub: add --push-to-hub ORG/NAME")
     run_dir = Path(args.out).expanduser()
-    record = read_json_file(run_dir / "run.json", missing=f"--push-only: {run_dir} has no run.json: name a run folder with --out")
+    record = read_json_file(
+        run_dir / "run.json", missing=f"--push-only: {run_dir} has no run.json: name a run folder with --out"
+    )
     target = PushTarget(valid_repo_id(args.push_to_hub, "--push-to-hub"), bool(args.hub_private), args.hub_revision)
     run_file = RunFile.from_json(record, str(run_dir / "run.json"))  # checked before the push
     if not folder_to_push(run_dir, record).is_dir():
@@ -148,18 +175,42 @@ def model_card(record: dict[str, Any], repo_id: str) -> str:
     model, plan = record.get("model") or {}, record.get("plan") or {}
     lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
     base = model.get("hub_id") or model.get("name") or "unknown"
-    front = ["---", f"base_model: {base}", f"library_name: {'peft' if lora else 'transformers'}", "tags:", "- benchtrain"]
+    front = [
+        "---",
+        f"base_model: {base}",
+        f"library_name: {'peft' if lora else 'transformers'}",
+        "tags:",
+        "- benchtrain",
+    ]
     front += ["- lora" if lora else "- full-fine-tuning", "---", ""]
-    return "\n".join([*front, *_title(record, repo_id, base), *_data(record), *_method(record), *_outcome(record), *_losses(record)]) + "\n"
+    return (
+        "\n".join(
+            [
+                *front,
+                *_title(record, repo_id, base),
+                *_data(record),
+                *_method(record),
+                *_outcome(record),
+                *_losses(record),
+            ]
+        )
+        + "\n"
+    )
 
 
 def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
     model = record.get("model") or {}
     revision = model.get("revision")
     partial = (record.get("final") or {}).get("partial")
-    lines = [f"# {repo_id}", "", f"Fine-tuned from `{base}`" + (f" at revision `{revision}`" if revision else "") + " with benchtrain."]
+    lines = [
+        f"# {repo_id}",
+        "",
+        f"Fine-tuned from `{base}`" + (f" at revision `{revision}`" if revision else "") + " with benchtrain.",
+    ]
     if partial:
-        lines.append(f"This is the state of a run that stopped early ({record.get('status')}): see the plan against what happened.")
+        lines.append(
+            f"This is the state of a run that stopped early ({record.get('status')}): see the plan against what happened."
+        )
     return [*lines, ""]
 
 
@@ -167,9 +218,18 @@ def _data(record: dict[str, Any]) -> list[str]:
     data = record.get("data") or {}
     profile = data.get("profile") or {}
     samples, tokens = profile.get("count"), profile.get("total_tokens")
-    size = f"{samples:,} samples, {tokens:,} tokens" if isinstance(samples, int) and isinstance(tokens, int) else "size not recorded"
+    size = (
+        f"{samples:,} samples, {tokens:,} tokens"
+        if isinstance(samples, int) and isinstance(tokens, int)
+        else "size not recorded"
+    )
     packing = "packed" if data.get("packing") else "padded"
-    return ["## Training data", "", f"- `{data.get('source')}`: {data.get('format')}, {size}, {packing}; loss on {data.get('loss_on')}", ""]
+    return [
+        "## Training data",
+        "",
+        f"- `{data.get('source')}`: {data.get('format')}, {size}, {packing}; loss on {data.get('loss_on')}",
+        "",
+    ]
 
 
 def _method(record: dict[str, Any]) -> list[str]:
@@ -179,7 +239,10 @@ def _method(record: dict[str, Any]) -> list[str]:
         ("method", plan.get("method", "full")),
         ("optimizer", plan.get("optimizer", "adamw")),
         ("learning rate", plan.get("learning_rate")),
-        ("micro-batch × accumulation × processes", f"{step.micro_batch_size} × {step.grad_accum} × {plan.get('world_size', 1)}"),
+        (
+            "micro-batch × accumulation × processes",
+            f"{step.micro_batch_size} × {step.grad_accum} × {plan.get('world_size', 1)}",
+        ),
         ("max length", step.seq_len),
         *((dimension.name.replace("_", " "), step.on(dimension.name)) for dimension in switches()),
         ("epochs", plan.get("epochs")),
@@ -187,31 +250,57 @@ def _method(record: dict[str, Any]) -> list[str]:
     ]
     lora = plan.get("lora") or {}
     if lora:
-        rows += [("LoRA rank / alpha / dropout", f"{lora.get('rank')} / {lora.get('alpha')} / {lora.get('dropout', 0.0)}")]
-        rows += [("LoRA targets", ", ".join(lora.get("targets") or []) or "default"), ("base quantization", lora.get("quantize", "none"))]
+        rows += [
+            ("LoRA rank / alpha / dropout", f"{lora.get('rank')} / {lora.get('alpha')} / {lora.get('dropout', 0.0)}")
+        ]
+        rows += [
+            ("LoRA targets", ", ".join(lora.get("targets") or []) or "default"),
+            ("base quantization", lora.get("quantize", "none")),
+        ]
     rows += [(name, value) for name, value in (record.get("hyperparameters") or {}).items()]
-    return ["## Method and hyper-parameters", "", "| | |", "|---|---|", *[f"| {name} | {value} |" for name, value in rows], ""]
+    return [
+        "## Method and hyper-parameters",
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {name} | {value} |" for name, value in rows],
+        "",
+    ]
 
 
 def _outcome(record: dict[str, Any]) -> list[str]:
     estimate, actual = record.get("estimate") or {}, record.get("actual") or {}
     hardware = record.get("hardware") or {}
     rows = [
-        ("time", _duration(estimate.get("total_seconds")), _duration(actual.get("command_seconds") or actual.get("total_seconds"))),
+        (
+            "time",
+            _duration(estimate.get("total_seconds")),
+            _duration(actual.get("command_seconds") or actual.get("total_seconds")),
+        ),
         ("tokens/s", _number(estimate.get("tokens_per_second")), _number(actual.get("tokens_per_second"))),
         ("peak memory (GiB)", _gib(estimate.get("peak_memory_bytes")), _gib(actual.get("peak_memory_bytes"))),
         ("optimizer steps", estimate.get("steps"), actual.get("steps")),
     ]
     error = record.get("estimate_error_pct")
     deadline = record.get("deadline_seconds")
-    lines = ["## The plan against what happened", "", "| | planned | actual |", "|---|---|---|", *[f"| {a} | {b} | {c} |" for a, b, c in rows], ""]
+    lines = [
+        "## The plan against what happened",
+        "",
+        "| | planned | actual |",
+        "|---|---|---|",
+        *[f"| {a} | {b} | {c} |" for a, b, c in rows],
+        "",
+    ]
     if error is not None:
         lines.append(f"- estimate error of the steps run: {error:+.1f}%")
     if deadline:
         met = record.get("met_deadline")
         verdict = "met" if met else "missed" if met is False else "not known"
         lines.append(f"- deadline {format_duration(float(deadline))}: {verdict}; status {record.get('status')}")
-    lines += [f"- device: {hardware.get('name')}; calibration `{record.get('calibration_id')}`; run `{record.get('run_id')}`", ""]
+    lines += [
+        f"- device: {hardware.get('name')}; calibration `{record.get('calibration_id')}`; run `{record.get('run_id')}`",
+        "",
+    ]
     return lines
 
 

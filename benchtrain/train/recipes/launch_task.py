@@ -33,7 +33,9 @@ MASTER_PORT = 29500  # torchrun's rendezvous port on the first node
 ROOT = "/benchtrain"
 RUN_DIR = f"{ROOT}/run"  # the run folder: a bucket mounted on every node, so a restarted task finds its checkpoints
 CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest on, uploaded
-HOME_DIR = f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
+HOME_DIR = (
+    f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
+)
 
 # Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
@@ -123,7 +125,16 @@ class LaunchTask:
         """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
         calibration = target.calibration or "latest"
         sharding = ["--sharding", target.sharding] if target.sharding == "fsdp" else []
-        return [*self.train_arguments, "--use-calibration", calibration, *sharding, "--resume", "auto", "--out", RUN_DIR]
+        return [
+            *self.train_arguments,
+            "--use-calibration",
+            calibration,
+            *sharding,
+            "--resume",
+            "auto",
+            "--out",
+            RUN_DIR,
+        ]
 
 
 # -- the targets -----------------------------------------------------------------------------
@@ -134,7 +145,9 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
     once per task); the others, and why they were left out."""
     best = comparison.recommended
     if best is None:
-        raise BenchtrainError("--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines")
+        raise BenchtrainError(
+            "--emit: no row meets the deadline at its upper end, so there is no machine to launch: a longer --deadline or other machines"
+        )
     first = row_target(best)
     targets, left_out = [first], []
     for row in comparison.rows[1:]:
@@ -165,10 +178,23 @@ def row_target(row: Row) -> Target:
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
     calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
     return Target(
-        machine=row.machine or f"{row.processes}×{row.device['name']}", device_key=key, accelerator=accelerator_of(key, row.device),
-        nodes=nodes, gpus_per_node=per_node, sharding=row.option.sharding, configuration=chosen.config.phrase, optimizer_steps=chosen.optimizer_steps,
-        kind=row.kind, rests_on=row.rests_on, calibration=calibration, calibration_file=file, settle=row.settle, settle_seconds=row.settle_seconds,
-        low_seconds=chosen.total_seconds_low, upper_seconds=chosen.total_seconds_promised, price_per_hour=row.price_per_hour,
+        machine=row.machine or f"{row.processes}×{row.device['name']}",
+        device_key=key,
+        accelerator=accelerator_of(key, row.device),
+        nodes=nodes,
+        gpus_per_node=per_node,
+        sharding=row.option.sharding,
+        configuration=chosen.config.phrase,
+        optimizer_steps=chosen.optimizer_steps,
+        kind=row.kind,
+        rests_on=row.rests_on,
+        calibration=calibration,
+        calibration_file=file,
+        settle=row.settle,
+        settle_seconds=row.settle_seconds,
+        low_seconds=chosen.total_seconds_low,
+        upper_seconds=chosen.total_seconds_promised,
+        price_per_hour=row.price_per_hour,
         cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
@@ -188,13 +214,19 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
         return None
     name = ACCELERATORS.get(key)
     if name is None:
-        raise BenchtrainError(f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine")
+        raise BenchtrainError(
+            f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
+        )
     return name
 
 
 def calibration_file(cal: Calibration) -> Path | None:
     """A local calibration the nodes cannot fetch themselves (not bundled, not on the hub): uploaded."""
-    return None if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None else Path(cal.path).resolve()
+    return (
+        None
+        if cal.path is None or is_bundled(cal.path) or hub_reference(cal.data) is not None
+        else Path(cal.path).resolve()
+    )
 
 
 # -- the command the nodes run -----------------------------------------------------------------
@@ -230,12 +262,18 @@ def node_path(option: str, value: str, cwd: Path) -> tuple[str, Upload | None]:
             )
         return value, None
     if not path.exists():
-        raise BenchtrainError(f"--emit: {option} {value} does not exist here, so no node can see it: name a file that exists, or a hub id")
+        raise BenchtrainError(
+            f"--emit: {option} {value} does not exist here, so no node can see it: name a file that exists, or a hub id"
+        )
     return str(path), Upload(path, str(path), option)
 
 
 def size_of(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+    return (
+        path.stat().st_size
+        if path.is_file()
+        else sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+    )
 
 
 def benchtrain_version() -> str:
@@ -259,7 +297,13 @@ def launch_task(
     arguments, uploads = node_arguments(command_line, Path.cwd())
     for target in targets:
         if target.calibration_file is not None:
-            uploads.append(Upload(target.calibration_file, f"{CALIBRATIONS_DIR}/{target.calibration_file.name}", f"the calibration of {target.machine}"))
+            uploads.append(
+                Upload(
+                    target.calibration_file,
+                    f"{CALIBRATIONS_DIR}/{target.calibration_file.name}",
+                    f"the calibration of {target.machine}",
+                )
+            )
     first = targets[0]
     device_type = "cpu" if first.accelerator is None else "cuda"
     uploaded = sum(size_of(upload.local) for upload in uploads)
@@ -270,12 +314,29 @@ def launch_task(
     name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
     notes = []
     if any(target.settle for target in targets):
-        notes.append("a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)")
+        notes.append(
+            "a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)"
+        )
     deadline = config.run_deadline.deadline_seconds
-    return LaunchTask(name[:60], targets, left_out, arguments, uploads, disk, spot, duration, deadline, benchtrain_version(), spec.name, notes)
+    return LaunchTask(
+        name[:60],
+        targets,
+        left_out,
+        arguments,
+        uploads,
+        disk,
+        spot,
+        duration,
+        deadline,
+        benchtrain_version(),
+        spec.name,
+        notes,
+    )
 
 
-def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]) -> LaunchTask:
+def comparison_task(
+    comparison: Comparison, config: TrainConfig, spec: ModelSpec, method: MethodConfig, command_line: list[str]
+) -> LaunchTask:
     """The task of `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
     targets, left_out = rows_to_targets(comparison)
     best = comparison.recommended
@@ -286,9 +347,13 @@ def comparison_task(comparison: Comparison, config: TrainConfig, spec: ModelSpec
 def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:
     """The task of a single calibration's dry run: that plan on the machine (processes, interconnect) the calibration recorded."""
     if not run.plan.meets_deadline:
-        raise BenchtrainError("--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine")
+        raise BenchtrainError(
+            "--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine"
+        )
     processes = run.step.world_size
     recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
     option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
     row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run)
-    return launch_task([row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line)
+    return launch_task(
+        [row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line
+    )

@@ -16,7 +16,12 @@ from benchtrain.calibration.hub import hub_reference, is_hub_reference, parse_re
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import bundled_calibrations, calibrations_dir, is_bundled, list_calibrations
-from benchtrain.calibration.topology import analytic_collectives, parse_interconnect, recorded_interconnect, same_interconnect
+from benchtrain.calibration.topology import (
+    analytic_collectives,
+    parse_interconnect,
+    recorded_interconnect,
+    same_interconnect,
+)
 from benchtrain.calibration.translate import describe_translation, translate
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
@@ -59,7 +64,11 @@ class Machine:
 
     @property
     def label(self) -> str:
-        link = f" over {self.interconnect}{' (assumed)' if self.interconnect_assumed else ''}" if self.processes > 1 else ""
+        link = (
+            f" over {self.interconnect}{' (assumed)' if self.interconnect_assumed else ''}"
+            if self.processes > 1
+            else ""
+        )
         return f"{self.processes}×{self.sheet.name}{link}"
 
 
@@ -76,19 +85,27 @@ def parse_machines(text: str) -> list[Machine]:
         try:
             processes = int(fields[1]) if len(fields) > 1 else 1
         except ValueError:
-            raise BenchtrainError(f"--consider {part!r}: the number of GPUs must be a whole number (h100:2:nvlink)") from None
+            raise BenchtrainError(
+                f"--consider {part!r}: the number of GPUs must be a whole number (h100:2:nvlink)"
+            ) from None
         if processes < 1:
             raise BenchtrainError(f"--consider {part!r}: at least one GPU")
         # Not written: the card's own link, NVLink where its datasheet lists it, else PCIe.
-        word, assumed = (fields[2], False) if len(fields) > 2 else ("nvlink" if sheet.nvlink_bandwidth else "pcie", True)
+        word, assumed = (
+            (fields[2], False) if len(fields) > 2 else ("nvlink" if sheet.nvlink_bandwidth else "pcie", True)
+        )
         if processes > 1:
             placed = parse_interconnect(word, "--consider").placed(processes)
             word = placed.word
-            if placed.kind == "pcie":  # a card linked by PCIe is the PCIe card where one exists (a100-40gb → A100 40GB PCIe)
+            if (
+                placed.kind == "pcie"
+            ):  # a card linked by PCIe is the PCIe card where one exists (a100-40gb → A100 40GB PCIe)
                 sheet = sheet_for(f"{sheet.key}-pcie") or sheet
         machines.append(Machine(part, sheet, processes, word if processes > 1 else None, assumed and processes > 1))
     if not machines:
-        raise BenchtrainError("--consider names no machine: DEVICE[:GPUS[:INTERCONNECT]],… e.g. h100:1,h100:2:nvlink,a100-40gb:4:pcie")
+        raise BenchtrainError(
+            "--consider names no machine: DEVICE[:GPUS[:INTERCONNECT]],… e.g. h100:1,h100:2:nvlink,a100-40gb:4:pcie"
+        )
     return machines
 
 
@@ -186,7 +203,9 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
 def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
     """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
     collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
-    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(data["hardware"], cal.hardware):
+    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(
+        data["hardware"], cal.hardware
+    ):
         return None
     return {kind: collectives[kind] for kind in kinds} if all(kind in collectives for kind in kinds) else None
 
@@ -203,7 +222,9 @@ def option_source(option: Option) -> Source:
     return Source(option, kind, measured_by(cal))
 
 
-def predicted_option(cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]) -> Option:
+def predicted_option(
+    cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]
+) -> Option:
     """A row for `processes` of the 1-process `cal`'s device linked by `interconnect` (nvlink, pcie, 2x8:nvlink+ib, …), its
     collectives from the first of `sources` that measured them there, else from the links' figures. One line for a bad
     interconnect or layout, a link with no figures for this device, or a calibration of several processes."""
@@ -211,32 +232,51 @@ def predicted_option(cal: Calibration, processes: int, sharding: str, interconne
     if processes == 1:
         return Option(cal, 1, "none", interconnect=placed.word)
     if cal.world_size != 1:
-        raise BenchtrainError(f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}")
+        raise BenchtrainError(
+            f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}"
+        )
     for data in sources:
         recorded = recorded_interconnect(data["hardware"], processes)
         wanted = measured_collectives(data, cal, processes, sharding)
         if wanted is not None and recorded is not None and recorded.family == placed.family:
             return Option(cal, processes, sharding, wanted, data["id"], placed.word)
-    return Option(cal, processes, sharding, analytic_collectives(placed, processes, cal.hardware["name"], COLLECTIVES[sharding]), None, placed.word)
+    return Option(
+        cal,
+        processes,
+        sharding,
+        analytic_collectives(placed, processes, cal.hardware["name"], COLLECTIVES[sharding]),
+        None,
+        placed.word,
+    )
 
 
 def machine_source(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
     """The best source for one machine (the module's docstring), local calibrations before shared ones."""
-    here = sorted((cal for cal in calibrations if device_key(cal) == machine.sheet.key), key=is_shared)  # measured here first
+    # measured here first
+    here = sorted((cal for cal in calibrations if device_key(cal) == machine.sheet.key), key=is_shared)
     for cal in here:
         if cal.world_size != machine.processes:
             continue
         recorded = recorded_interconnect(cal.hardware, machine.processes) if machine.processes > 1 else None
-        if machine.processes > 1 and recorded is not None and machine.interconnect and recorded.family != parse_interconnect(machine.interconnect).family:
+        if (
+            machine.processes > 1
+            and recorded is not None
+            and machine.interconnect
+            and recorded.family != parse_interconnect(machine.interconnect).family
+        ):
             continue
-        return Source(as_measured(cal, machine.interconnect), MEASURED[is_shared(cal)], measured_by(cal), machine=machine)
+        return Source(
+            as_measured(cal, machine.interconnect), MEASURED[is_shared(cal)], measured_by(cal), machine=machine
+        )
     singles = [cal for cal in here if cal.world_size == 1]
     if singles and machine.processes > 1:
         return predicted(machine, singles[0], sharding, sources, "predicted", measured_by(singles[0]))
     return translated(machine, calibrations, sharding, sources)
 
 
-def predicted(machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str) -> Source:
+def predicted(
+    machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str
+) -> Source:
     """N processes of `cal`'s device over the machine's interconnect (`predicted_option`)."""
     try:
         option = predicted_option(cal, machine.processes, sharding, machine.interconnect or "pcie", sources)
@@ -250,8 +290,14 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
     gpus = [cal for cal in calibrations if cal.world_size == 1 and device_key(cal) is not None]
     same_vendor = [cal for cal in gpus if sheet_for(cal.hardware["name"]).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
     if not same_vendor:
-        why = "only CPU calibrations" if not gpus else f"no calibration of any {VENDORS.get(machine.sheet.vendor, machine.sheet.vendor)} GPU"
-        return Source(None, "not plannable", problem=f"no source: {why}; run `bench run` on a GPU of this vendor", machine=machine)
+        why = (
+            "only CPU calibrations"
+            if not gpus
+            else f"no calibration of any {VENDORS.get(machine.sheet.vendor, machine.sheet.vendor)} GPU"
+        )
+        return Source(
+            None, "not plannable", problem=f"no source: {why}; run `bench run` on a GPU of this vendor", machine=machine
+        )
 
     def distance(cal: Calibration) -> tuple[float, bool]:
         source = sheet_for(cal.hardware["name"])
@@ -272,12 +318,16 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
 # -- which calibrations ----------------------------------------------------------------------
 
 
-def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None) -> list[Calibration]:
+def select_calibrations(
+    reference: str, spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None = None
+) -> list[Calibration]:
     """The calibrations a comparison names (each once): `all` (the stored ones of this model and method, newest first, then
     the bundled ones), `hub:ORG/NAME` (those that hub repository shares), ids, paths or `hub:ORG/NAME/ID`."""
     names = [part.strip() for part in reference.split(",") if part.strip()]
     if not names:
-        raise BenchtrainError(f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all")
+        raise BenchtrainError(
+            f"--use-calibration {reference!r} names no calibration: A,B,C (ids, paths or hub:ORG/NAME[/ID]) or all"
+        )
     chosen: list[Calibration] = []
     for name in names:
         if name == "all":
@@ -304,11 +354,19 @@ def select_calibrations(reference: str, spec: ModelSpec, method: MethodConfig, o
     return list(unique.values())
 
 
-def of_this_run(entries: Sequence[tuple[Path, JsonDict]], spec: ModelSpec, method: MethodConfig, on_skip: Callable[[str], None] | None) -> list[Calibration]:
+def of_this_run(
+    entries: Sequence[tuple[Path, JsonDict]],
+    spec: ModelSpec,
+    method: MethodConfig,
+    on_skip: Callable[[str], None] | None,
+) -> list[Calibration]:
     """The calibrations (path, data) of this model's fingerprint and method; one without a fitted model is said and left out."""
     found = []
     for path, data in entries:
-        if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (spec.fingerprint, method.method):
+        if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (
+            spec.fingerprint,
+            method.method,
+        ):
             continue
         try:
             found.append(Calibration(data, path))
@@ -354,7 +412,9 @@ class Row:
     problem: str | None = None  # why there is no plan (the model does not fit this device, …)
     warnings: list[str] = field(default_factory=list)
     recommended: bool = False
-    could_overtake: bool = False  # at the upper end: cheaper (or sooner) at its low end than the recommended row at its upper end
+    could_overtake: bool = (
+        False  # at the upper end: cheaper (or sooner) at its low end than the recommended row at its upper end
+    )
     settle: str | None = None  # a row nobody measured: the bench run that would measure it
     settle_seconds: float = 0.0
     settle_cost: float | None = None
@@ -409,7 +469,11 @@ class Row:
 
     @property
     def bracket(self) -> Bracket | None:
-        return None if self.plan is None else Bracket(self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
+        return (
+            None
+            if self.plan is None
+            else Bracket(self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
+        )
 
     @property
     def cost_bracket(self) -> Bracket | None:
@@ -431,13 +495,24 @@ class Row:
 
     def to_json(self) -> JsonDict:
         if self.option is None:
-            bare = {"world_size": self.processes, "plan": None, "device": self.device["name"], "problem": self.problem, "recommended": False}
+            bare = {
+                "world_size": self.processes,
+                "plan": None,
+                "device": self.device["name"],
+                "problem": self.problem,
+                "recommended": False,
+            }
             return {**bare, **self.machine_json()}
         cal = self.option.calibration
         if self.run_plan is not None:
             data = self.run_plan.to_json(self.compute)
         else:
-            data = {"calibration_id": cal.id, "calibration_path": str(cal.path) if cal.path else None, "world_size": self.processes, "plan": None}
+            data = {
+                "calibration_id": cal.id,
+                "calibration_path": str(cal.path) if cal.path else None,
+                "world_size": self.processes,
+                "plan": None,
+            }
         data.update(
             {
                 "reference": self.reference,
@@ -503,7 +578,9 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
     if problem is not None:
         return Row(source, plan_hardware(context.config, cal, here), problem=problem)
     if option.interconnect is not None:  # the machine's links, which the calibration's device record may not name
-        setup = replace(setup, hardware={**setup.hardware, "interconnect": parse_interconnect(option.interconnect).kind})
+        setup = replace(
+            setup, hardware={**setup.hardware, "interconnect": parse_interconnect(option.interconnect).kind}
+        )
     row = Row(source, setup.hardware, setup.price_per_hour, warnings=list(setup.warnings))
     communicate = None
     if option.predicted and option.collectives is not None:
@@ -511,7 +588,9 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
 
         def communicate(traffic: Traffic) -> CommPlan:
             priced = price_traffic(collectives, traffic, option.world_size, cal.world_size, option.collectives_from)
-            return priced._replace(record={**priced.record, "overlap": "bracketed", "interconnect": option.interconnect})
+            return priced._replace(
+                record={**priced.record, "overlap": "bracketed", "interconnect": option.interconnect}
+            )
 
     try:
         placed = plan_run(setup, context, communicate)
@@ -537,7 +616,11 @@ def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     row.settle = f"{launch}bench run --gpu {machine.sheet.key} --model {context.spec.name}{lora}{link} --budget {format_duration(row.settle_seconds)}"
     price = row.price_per_hour
     if price is None:  # no plan was made for it: the --price-per-hour of its device, where one is given
-        hardware = {"name": machine.sheet.device_name, "peak_flops_entry": machine.sheet.peak_entry, "device_type": "cuda"}
+        hardware = {
+            "name": machine.sheet.device_name,
+            "peak_flops_entry": machine.sheet.peak_entry,
+            "device_type": "cuda",
+        }
         try:
             price = context.config.plan.prices.for_device("", hardware)
         except BenchtrainError:
@@ -600,7 +683,9 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
 
     planned = [row for row in rows if row.plan is not None]
     meeting = sorted((row for row in planned if row.meets_deadline), key=judged)
-    missing = sorted((row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised)
+    missing = sorted(
+        (row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised
+    )
     ranked = meeting + missing + [row for row in rows if row.plan is None]
     for row in ranked:
         row.recommended = bool(meeting) and row is meeting[0]
@@ -624,39 +709,71 @@ def could_overtake(rows: list[Row], available_seconds: float, by_cost: bool) -> 
 
 
 def compare(
-    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, sources: list[JsonDict] | None = None
+    context: PlanContext,
+    method: MethodConfig,
+    calibrations: list[Calibration],
+    here: JsonDict,
+    profile: JsonDict,
+    sources: list[JsonDict] | None = None,
 ) -> Comparison:
     """A row per calibration and per process count predicted from it, ranked at their estimates. `sources`: calibrations
     whose collectives may price predicted rows (default: collectives_sources)."""
-    options = options_for(calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources)
+    options = options_for(
+        calibrations, context.config.step.sharding, collectives_sources(calibrations) if sources is None else sources
+    )
     return comparison(context, method, [option_source(option) for option in options], here, profile, at_upper_end=False)
 
 
 def consider(
-    context: PlanContext, method: MethodConfig, calibrations: list[Calibration], here: JsonDict, profile: JsonDict, machines: list[Machine]
+    context: PlanContext,
+    method: MethodConfig,
+    calibrations: list[Calibration],
+    here: JsonDict,
+    profile: JsonDict,
+    machines: list[Machine],
 ) -> Comparison:
     """A row per machine from its best source, ranked at the upper ends of their brackets, with what would settle each."""
     sources, sharding = collectives_sources(calibrations), context.config.step.sharding
-    return comparison(context, method, [machine_source(machine, calibrations, sharding, sources) for machine in machines], here, profile, at_upper_end=True)
+    return comparison(
+        context,
+        method,
+        [machine_source(machine, calibrations, sharding, sources) for machine in machines],
+        here,
+        profile,
+        at_upper_end=True,
+    )
 
 
-def comparison(context: PlanContext, method: MethodConfig, sources: list[Source], here: JsonDict, profile: JsonDict, at_upper_end: bool) -> Comparison:
+def comparison(
+    context: PlanContext,
+    method: MethodConfig,
+    sources: list[Source],
+    here: JsonDict,
+    profile: JsonDict,
+    at_upper_end: bool,
+) -> Comparison:
     """Every source planned on the same `context` and ranked."""
     config = context.config
     if config.plan.fit_deadline:
         again = "consider machines" if at_upper_end else "compare"
-        raise BenchtrainError(f"--fit-deadline cuts each plan's steps, so the rows would not train the same run: {again} without it")
+        raise BenchtrainError(
+            f"--fit-deadline cuts each plan's steps, so the rows would not train the same run: {again} without it"
+        )
     rows = [plan_row(context, method, source, here) for source in sources]
     for row in rows:
         add_settle(row, context, method)
-    by_cost = all(row.price_per_hour is not None for row in rows if row.plan is not None) and any(row.plan is not None for row in rows)
+    by_cost = all(row.price_per_hour is not None for row in rows if row.plan is not None) and any(
+        row.plan is not None for row in rows
+    )
     available = config.run_deadline.seconds_left(context.elapsed_seconds)
     ranked = rank(rows, by_cost, at_upper_end)
     for row in could_overtake(ranked, available, by_cost) if at_upper_end else []:
         row.could_overtake = True
     notes = [] if by_cost else [NO_PRICES]
     if at_upper_end:
-        notes.append("each row's time and cost run from its plan's low bound to the upper end; the deadline and the price are judged at the upper end")
+        notes.append(
+            "each row's time and cost run from its plan's low bound to the upper end; the deadline and the price are judged at the upper end"
+        )
     elif any(source.kind == "predicted" for source in sources):
         notes.append(
             "predicted rows: a 1-process calibration plus collectives measured among N processes of the same device and interconnect "
@@ -665,7 +782,16 @@ def comparison(context: PlanContext, method: MethodConfig, sources: list[Source]
     deadline = config.run_deadline
     ranked_by = "cost" if by_cost else "time"
     return Comparison(
-        ranked, context.spec.name, method.describe(), config.plan.priority, deadline.deadline_seconds, available, ranked_by, profile, notes, at_upper_end
+        ranked,
+        context.spec.name,
+        method.describe(),
+        config.plan.priority,
+        deadline.deadline_seconds,
+        available,
+        ranked_by,
+        profile,
+        notes,
+        at_upper_end,
     )
 
 

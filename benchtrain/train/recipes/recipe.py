@@ -21,12 +21,27 @@ from benchtrain.train.export import export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
 from benchtrain.train.planning.plan_text import describe_exact_profile, describe_outcome
 from benchtrain.train.planning.trainer_fields import trainer_fields
-from benchtrain.train.recipes.choice import asked_variant, choose_plan, unmeasured_bases, weigh_variants, with_run_variant
+from benchtrain.train.recipes.choice import (
+    asked_variant,
+    choose_plan,
+    unmeasured_bases,
+    weigh_variants,
+    with_run_variant,
+)
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
 from benchtrain.train.recipes.launch_task import LaunchTask, plan_task
 from benchtrain.train.recipes.run_data import hub_weights, load_data
-from benchtrain.train.recipes.run_plan import PlanContext, RunPlan, deadline_message, learning_rate_record, plan_again, planned_compute, print_plan, push_note
+from benchtrain.train.recipes.run_plan import (
+    PlanContext,
+    RunPlan,
+    deadline_message,
+    learning_rate_record,
+    plan_again,
+    planned_compute,
+    print_plan,
+    push_note,
+)
 from benchtrain.train.running.checkpoint import list_checkpoints
 from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
 from benchtrain.train.running.record import RunRecord, TrainedRun, new_run_file
@@ -43,7 +58,13 @@ from benchtrain.train.running.resume import (
     same_method,
 )
 from benchtrain.train.step.engine import StepOptions
-from benchtrain.train.step.runtime import finish_together, finish_wait_seconds, is_out_of_memory, job_world_size, run_precision
+from benchtrain.train.step.runtime import (
+    finish_together,
+    finish_wait_seconds,
+    is_out_of_memory,
+    job_world_size,
+    run_precision,
+)
 from benchtrain.train.step.sharding import gather_full_state, is_sharded
 from benchtrain.train.workload.data import length_profile, truncation
 from benchtrain.train.workload.method import MethodConfig, method_record
@@ -51,16 +72,24 @@ from benchtrain.train.workload.model import ModelSpec, model_identity, model_rec
 
 
 def run_training(
-    args: argparse.Namespace, started: float, write_report: Callable[[Path], Path], emit_task: Callable[[str, LaunchTask], None] | None = None
+    args: argparse.Namespace,
+    started: float,
+    write_report: Callable[[Path], Path],
+    emit_task: Callable[[str, LaunchTask], None] | None = None,
 ) -> int:
     """`started`: time.monotonic() at the command's start (the deadline counts from there); `write_report` and `emit_task`:
     the command layer's writers of the run's report and a dry run's launch task."""
-    recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None))
+    recipe = TrainRecipe(
+        TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None)
+    )
     recipe.setup()
     recipe.plan()
     if not recipe.show_plan():
         if recipe.config.output.emit and emit_task is not None and is_main_process():
-            emit_task(recipe.config.output.emit, plan_task(recipe.run, recipe.config, recipe.spec, getattr(args, "command_line", None) or []))
+            emit_task(
+                recipe.config.output.emit,
+                plan_task(recipe.run, recipe.config, recipe.spec, getattr(args, "command_line", None) or []),
+            )
         return EXIT_OK
     try:
         recipe.train()
@@ -75,7 +104,9 @@ def run_training(
 
 
 class TrainRecipe:
-    def __init__(self, config: TrainConfig, write_report: Callable[[Path], Path], command_line: list[str] | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, write_report: Callable[[Path], Path], command_line: list[str] | None = None
+    ) -> None:
         self.config = config
         self.write_report = write_report
         self.command_line = command_line  # for the resume command a stopped run prints
@@ -93,15 +124,25 @@ class TrainRecipe:
         if self.resumed:
             # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
             config = self.config
-            self.config = replace(config, plan=replace(config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)))
-            tuning = replace(self.config.tuning, **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force))
+            self.config = replace(
+                config,
+                plan=replace(
+                    config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)
+                ),
+            )
+            tuning = replace(
+                self.config.tuning,
+                **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force),
+            )
             self.config = replace(self.config, tuning=tuning)
         self.weighed = weigh_variants(self.config, self.spec, self.method, self.resumed, self.out_dir)
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
         if self.resumed:
             loaded, force = self.loaded, self.config.force
-            problem = check_same_data(self.resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force)
+            problem = check_same_data(
+                self.resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force
+            )
             if problem:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
@@ -120,7 +161,9 @@ class TrainRecipe:
         method = config.tuning.method
         if resumed:
             run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
-            method = with_run_variant(method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer))
+            method = with_run_variant(
+                method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer)
+            )
             spec = resumed_spec(spec, resumed)
             for problem in check_same_run(resumed, run_method, spec, method, config.plan.max_length, config.force):
                 say(f"warning: {problem} (--force: continuing with this command's)")
@@ -133,7 +176,17 @@ class TrainRecipe:
         """Each fitted variant planned; the fastest that fits kept, its notes saying what the others and unmeasured bases would hold."""
         config, loaded = self.config, self.loaded
         elapsed = config.run_deadline.elapsed()
-        context = PlanContext(config, self.spec, loaded.data, loaded.eval_data, elapsed, loaded.prep_seconds, loaded.uncertainty, self.resumed, self.completed)
+        context = PlanContext(
+            config,
+            self.spec,
+            loaded.data,
+            loaded.eval_data,
+            elapsed,
+            loaded.prep_seconds,
+            loaded.uncertainty,
+            self.resumed,
+            self.completed,
+        )
         self.context = context
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
         # rank 0's plan is what every rank trains (rank0_decides).
@@ -182,7 +235,15 @@ class TrainRecipe:
             self._held.enter_context(run_lock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
             merge = bool(config.output.merge_lora and run.method.is_lora)
-            space = disk_need(run.need, run.method.is_lora, not self.spec.has_weights, merge, run.device_type, config.guard.keep_checkpoints, existing)
+            space = disk_need(
+                run.need,
+                run.method.is_lora,
+                not self.spec.has_weights,
+                merge,
+                run.device_type,
+                config.guard.keep_checkpoints,
+                existing,
+            )
             check_space(out_dir, space, config.guard.keep_checkpoints)
             self.record.write()
         self.trained = self._train_loop()
@@ -193,7 +254,9 @@ class TrainRecipe:
         chosen configuration planned again on the exact profile."""
         run, loaded = self.run, self.loaded
         data, eval_data = loaded.exact(self.config.data, self.config.seed)
-        self.loaded = replace(loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False})
+        self.loaded = replace(
+            loaded, data=data, eval_data=eval_data, profile={**length_profile(data.lengths), "sampled": False}
+        )
         if not loaded.sampled:
             # The run's span starts here, after the plan was shown (its text imports peft and bitsandbytes to size every method: ≈1.2 s, not a cost of the
             # planned work): that time is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
@@ -202,7 +265,13 @@ class TrainRecipe:
             return
         configuration = run.request.configuration or run.plan.chosen.config
         elapsed = self.config.run_deadline.elapsed()
-        request = replace(run.request, configuration=configuration, elapsed_seconds=elapsed, data_prep_seconds=0.0, data_uncertainty=0.0)
+        request = replace(
+            run.request,
+            configuration=configuration,
+            elapsed_seconds=elapsed,
+            data_prep_seconds=0.0,
+            data_uncertainty=0.0,
+        )
         # Rank 0's plan again (its elapsed time): every rank trains the same steps.
         request, plan = rank0_decides(
             lambda: (request, plan_again(run.cal, request, data, eval_data)),
@@ -212,14 +281,20 @@ class TrainRecipe:
             print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
         self.run = replace(run, request=request, plan=plan)
         if not plan.meets_deadline:
-            say(f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time")
+            say(
+                f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time"
+            )
 
     def _open_record(self) -> RunRecord:
         """The run folder and its run.json (new, or the resumed run's) with the configuration, the method and the plan."""
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
-        run_id = self.resumed.run_id if self.resumed else from_rank0(f"{self.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        run_id = (
+            self.resumed.run_id
+            if self.resumed
+            else from_rank0(f"{self.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        )
         out_dir = self.out_dir or writable_subdir("runs") / run_id
         if is_main_process():
             try:
@@ -227,19 +302,27 @@ class TrainRecipe:
             except OSError as error:
                 raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
         # The model section is completed with parameter counts once the model is built.
-        fresh = new_run_file(run_id, run.plan, run.cal, model_identity(self.spec), self._data_section(), run.request.elapsed_seconds)
+        fresh = new_run_file(
+            run_id, run.plan, run.cal, model_identity(self.spec), self._data_section(), run.request.elapsed_seconds
+        )
         record = RunRecord.open(out_dir, fresh, self.earlier)
         file = record.file
         # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
         command = replace(self.config, step=recorded_options(run, self.config.step)).to_json()
         command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
-        file.update_plan(method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan))
+        file.update_plan(
+            method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan)
+        )
         file.update_plan(communication=run.communication, sharding=run.step.sharding, lora=run.method.settings())
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         file.update_plan(total_steps=file.total_steps)
         # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
-        file.update(hyperparameters=self.config.tuning.hyperparameters.record(file.learning_rate, run.method.optimizer, file.total_steps))
+        file.update(
+            hyperparameters=self.config.tuning.hyperparameters.record(
+                file.learning_rate, run.method.optimizer, file.total_steps
+            )
+        )
         return record
 
     def _data_section(self) -> dict[str, Any]:
@@ -267,13 +350,19 @@ class TrainRecipe:
             deadline=config.run_deadline,
             guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
             learning_rate=record.file.learning_rate,  # scaled once, in the plan (train.recipes.run_plan.learning_rate_record)
-            seed=config.seed, epochs=run.plan.epochs, step_limit=run.plan.step_limit, schedule_steps=record.file.total_steps,
-            resume=config.output.resume, report_to=config.output.trackers, hyperparameters=config.tuning.hyperparameters,
+            seed=config.seed,
+            epochs=run.plan.epochs,
+            step_limit=run.plan.step_limit,
+            schedule_steps=record.file.total_steps,
+            resume=config.output.resume,
+            report_to=config.output.trackers,
+            hyperparameters=config.tuning.hyperparameters,
         )
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
-            calibration=run.cal, chosen=run.plan.chosen,
+            calibration=run.cal,
+            chosen=run.plan.chosen,
             model=ModelToTrain(self.spec, run.method, run.step),  # THE step as the variant's fit decided it
             data=TrainingData(self.loaded.data, pad_id, self.loaded.eval_data, config.data.eval_schedule),
             out_dir=record.out_dir,
@@ -328,7 +417,9 @@ def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
     return options
 
 
-def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> dict[str, Any] | None:
+def export_final_model(
+    loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str
+) -> dict[str, Any] | None:
     """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
     if loop.model is None:
         return None
@@ -401,7 +492,15 @@ def check_same_training(training: dict[str, Any]) -> None:
 
 
 # What every rank must train alike, as run.json's plan section holds it (calibration.run_file.RunFile writes it).
-COMPARED_PLAN_KEYS = ("configuration", "world_size", "epochs", "optimizer_steps", "step_limit", "total_steps", "learning_rate")
+COMPARED_PLAN_KEYS = (
+    "configuration",
+    "world_size",
+    "epochs",
+    "optimizer_steps",
+    "step_limit",
+    "total_steps",
+    "learning_rate",
+)
 
 
 def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:

@@ -65,7 +65,9 @@ def load_data(section: DataSection, spec: ModelSpec, seed: int) -> LoadedData:
     """The tokenizer and the data: exact where cached (or --exact-profile), else from a sample; `seed` draws --eval-split's."""
     data_path = resolve_data_path(section.data)
     tokenizer = load_tokenizer(spec.directory, section.tokenizer)
-    prepared = prepare_data(DataSpec(data_path, section.train_on, section.schema, section.data_split), tokenizer, say, section.exact_profile)
+    prepared = prepare_data(
+        DataSpec(data_path, section.train_on, section.schema, section.data_split), tokenizer, say, section.exact_profile
+    )
     eval_prepared = None
     if section.eval_split is None and section.eval_data:
         eval_spec = DataSpec(resolve_data_path(section.eval_data), section.train_on, section.schema)

@@ -102,7 +102,11 @@ def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communica
     """A fitted variant planned: what communication adds (measured among the calibration's processes, or
     `communicate(traffic)` where a comparison predicts it, none of it hidden), the request, and the planner's plan."""
     traffic = traffic_of(fitted.step.sharding, fitted.need, fitted.device_type)
-    comm = plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force) if communicate is None else communicate(traffic)
+    comm = (
+        plan_communication(fitted.cal, fitted.step.world_size, traffic, context.config.force)
+        if communicate is None
+        else communicate(traffic)
+    )
     request = plan_request(context, fitted, comm, communicate is not None)
     plan = make_plan(fitted.cal, context.data, request, context.eval_data)
     chosen = {field.name: getattr(fitted, field.name) for field in fields(FittedVariant)}
@@ -133,18 +137,39 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
     memory_offset += host_excess_bytes(cal.hardware, device_type)
     merge = bool(config.output.merge_lora and method.is_lora)
     # --push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default.
-    upload_seconds = upload_bytes(need, method.is_lora, merge, device_type) / upload_rate()[0] if config.output.push_to_hub else 0.0
+    upload_seconds = (
+        upload_bytes(need, method.is_lora, merge, device_type) / upload_rate()[0] if config.output.push_to_hub else 0.0
+    )
     return PlanRequest(
-        data_prep_seconds=context.data_prep_seconds, data_uncertainty=context.data_uncertainty, epochs=resumed.epochs if resumed else config.plan.epochs,
-        deadline=config.run_deadline, elapsed_seconds=context.elapsed_seconds, priority=config.plan.priority, effective_batch=config.plan.effective_batch,
-        max_length=resumed.configuration.seq_len if resumed else config.plan.max_length, world_size=step.world_size, num_workers=config.plan.workers,
-        checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds, price_per_hour=fitted.price_per_hour, max_steps=config.plan.max_steps,
-        fit_deadline=config.plan.fit_deadline, seed=config.seed, max_positions=spec.max_positions, completed_steps=context.completed,
-        configuration=resumed.configuration if resumed else None, switches=config.plan.switches,
-        eval_schedule=config.data.eval_schedule if context.eval_data is not None else None, with_report=not config.output.no_report, compiled=step.compiled,
-        comm_seconds_per_step=comm.per_step, comm_seconds_per_micro_step=comm.per_micro_step, comm_overlap=comm_overlap,
-        memory_offset_bytes=memory_offset, gradient_shards=gradient_shards,
-        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type), upload_seconds=upload_seconds,
+        data_prep_seconds=context.data_prep_seconds,
+        data_uncertainty=context.data_uncertainty,
+        epochs=resumed.epochs if resumed else config.plan.epochs,
+        deadline=config.run_deadline,
+        elapsed_seconds=context.elapsed_seconds,
+        priority=config.plan.priority,
+        effective_batch=config.plan.effective_batch,
+        max_length=resumed.configuration.seq_len if resumed else config.plan.max_length,
+        world_size=step.world_size,
+        num_workers=config.plan.workers,
+        checkpoint_interval_seconds=config.guard.checkpoint_interval_seconds,
+        price_per_hour=fitted.price_per_hour,
+        max_steps=config.plan.max_steps,
+        fit_deadline=config.plan.fit_deadline,
+        seed=config.seed,
+        max_positions=spec.max_positions,
+        completed_steps=context.completed,
+        configuration=resumed.configuration if resumed else None,
+        switches=config.plan.switches,
+        eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
+        with_report=not config.output.no_report,
+        compiled=step.compiled,
+        comm_seconds_per_step=comm.per_step,
+        comm_seconds_per_micro_step=comm.per_micro_step,
+        comm_overlap=comm_overlap,
+        memory_offset_bytes=memory_offset,
+        gradient_shards=gradient_shards,
+        export_bytes=export_bytes(need, method.is_lora, not spec.has_weights, merge, device_type),
+        upload_seconds=upload_seconds,
     )
 
 
@@ -155,7 +180,9 @@ def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> J
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, run.method))
-    flops = shape.flops_per_token(chosen.config.seq_len, lora=run.method.is_lora, recompute=chosen.config.gradient_checkpointing)
+    flops = shape.flops_per_token(
+        chosen.config.seq_len, lora=run.method.is_lora, recompute=chosen.config.gradient_checkpointing
+    )
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
@@ -163,7 +190,9 @@ def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
     """The learning rate this run uses, and how it was scaled from --learning-rate."""
     effective = plan.chosen.config.micro_batch_size * plan.chosen.world_size * plan.chosen.config.grad_accum
     return {
-        "learning_rate": scaled_learning_rate(config.tuning.learning_rate, config.tuning.lr_scaling, config.tuning.base_batch, effective),
+        "learning_rate": scaled_learning_rate(
+            config.tuning.learning_rate, config.tuning.lr_scaling, config.tuning.base_batch, effective
+        ),
         "base_learning_rate": config.tuning.learning_rate,
         "lr_scaling": config.tuning.lr_scaling,
         "base_batch": config.tuning.base_batch or effective,
@@ -184,14 +213,20 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
     rate = learning_rate_record(context.config, plan)
     if resumed:
         total = resumed.total_steps
-        stop = f", stopping at step {plan.step_limit or plan.chosen.optimizer_steps:,}" if (plan.step_limit or plan.chosen.optimizer_steps) < total else ""
+        stop = (
+            f", stopping at step {plan.step_limit or plan.chosen.optimizer_steps:,}"
+            if (plan.step_limit or plan.chosen.optimizer_steps) < total
+            else ""
+        )
         print(
             f"resuming from step {context.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "
             f"planning the {plan.chosen.remaining_steps:,} steps left",
             flush=True,
         )
     notes = tuple(loaded.prepared.describe())
-    print("\n".join(describe_plan(plan, loaded.profile, run.cal, is_byte_tokenizer(loaded.tokenizer), notes)), flush=True)
+    print(
+        "\n".join(describe_plan(plan, loaded.profile, run.cal, is_byte_tokenizer(loaded.tokenizer), notes)), flush=True
+    )
     compute = describe_compute(planned_compute(spec, run, plan.chosen), run.hardware)
     if compute:
         print(compute, flush=True)
@@ -205,7 +240,10 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
             flush=True,
         )
     needs = describe_needs(spec, run.method, run.hardware, run.step.sharding, run.step.world_size, run.foreign)
-    print(f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}", flush=True)
+    print(
+        f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}",
+        flush=True,
+    )
     for warning in plan.warnings:
         say(f"warning: {warning}")
 

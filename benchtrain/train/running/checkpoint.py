@@ -53,7 +53,10 @@ def rng_state() -> RngState:
 
     version, internal, gauss = random.getstate()
     name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
-    plain = {"python": [version, list(internal), gauss], "numpy": [name, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)]}
+    plain = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)],
+    }
     tensors: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors["cuda"] = torch.cuda.get_rng_state_all()
@@ -73,7 +76,12 @@ def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None, meta: JsonDict, keep: int | None = None
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    meta: JsonDict,
+    keep: int | None = None,
 ) -> float:
     """Write `folder` atomically, then prune older siblings to `keep`; returns the seconds it took."""
     import torch
@@ -93,7 +101,11 @@ def save_checkpoint(
         with atomic_directory(folder) as temporary:
             weights = {name: tensor.detach().contiguous().cpu() for name, tensor in full_weights.items()}
             save_file(_untied(weights), str(temporary / WEIGHTS_FILE))
-            state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict() if scheduler is not None else None, "rng": tensor_rng}
+            state = {
+                "optimizer": optimizer_state,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "rng": tensor_rng,
+            }
             torch.save(state, temporary / OPTIMIZER_FILE)
             (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
             _seal(temporary)
@@ -108,8 +120,16 @@ def save_checkpoint(
 def write_error(folder: Path, error: BaseException) -> CheckpointWriteError:
     """One line: what failed, that the previous checkpoint is intact, how to resume."""
     run_dir = folder.parent.parent
-    full = (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "unexpected pos" in str(error) or "No space left" in str(error)
-    problem = "the disk is full" if full else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'I/O error'}"
+    full = (
+        (isinstance(error, OSError) and error.errno == errno.ENOSPC)
+        or "unexpected pos" in str(error)
+        or "No space left" in str(error)
+    )
+    problem = (
+        "the disk is full"
+        if full
+        else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'I/O error'}"
+    )
     previous = list_checkpoints(folder.parent)
     kept = f"the last checkpoint, {previous[-1].name}, is intact" if previous else "no earlier checkpoint exists"
     return CheckpointWriteError(
@@ -173,7 +193,9 @@ def list_checkpoints(parent: Path) -> list[Path]:
     """Complete checkpoints, oldest first (a folder without its marker is not one)."""
     if not parent.is_dir():
         return []
-    return sorted(p for p in parent.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / MARKER_FILE).is_file())
+    return sorted(
+        p for p in parent.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / MARKER_FILE).is_file()
+    )
 
 
 def checkpoints_to_resume(run_dir: Path) -> list[Path]:
@@ -195,7 +217,9 @@ def read_progress(folder: Path) -> JsonDict:
     return progress
 
 
-def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
+def load_checkpoint(
+    folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None
+) -> JsonDict:
     """Restore everything saved in `folder` (nothing unpickled beyond tensors: weights_only); returns its progress."""
     if is_sharded(model):
         return _load_sharded(folder, model, optimizer, scheduler)
@@ -205,13 +229,22 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: Optimizer, 
     try:
         _unwrapped(model).load_state_dict(weights, strict=whole)
     except RuntimeError as error:
-        raise CheckpointReadError(f"checkpoint {folder} does not match this model ({str(error).splitlines()[0]})") from None
+        raise CheckpointReadError(
+            f"checkpoint {folder} does not match this model ({str(error).splitlines()[0]})"
+        ) from None
     load_optimizer = lambda: optimizer.load_state_dict(state["optimizer"])  # noqa: E731
-    return _restore_rest(folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model")
+    return _restore_rest(
+        folder, progress, load_optimizer, scheduler, state, "the optimizer state does not match this model"
+    )
 
 
 def _restore_rest(
-    folder: Path, progress: JsonDict, load_optimizer: Callable[[], object], scheduler: LRScheduler | None, state: dict[str, Any], mismatch: str
+    folder: Path,
+    progress: JsonDict,
+    load_optimizer: Callable[[], object],
+    scheduler: LRScheduler | None,
+    state: dict[str, Any],
+    mismatch: str,
 ) -> JsonDict:
     """Optimizer (`load_optimizer()`), scheduler and RNG state back; `progress` without its RNG.
     A state that does not fit is a one-line error saying `mismatch`."""
@@ -237,18 +270,24 @@ def _read_state(folder: Path) -> SavedState:
     from safetensors.torch import load_file
 
     if (folder / LEGACY_STATE_FILE).is_file() and not (folder / WEIGHTS_FILE).is_file():
-        raise CheckpointReadError(f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE_FILE}), which is not loaded: it could run code")
+        raise CheckpointReadError(
+            f"checkpoint {folder} is in the old pickle format ({LEGACY_STATE_FILE}), which is not loaded: it could run code"
+        )
     try:
         weights = load_file(str(folder / WEIGHTS_FILE))
         state = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
     except (OSError, SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
-        raise CheckpointReadError(f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})") from None
+        raise CheckpointReadError(
+            f"checkpoint {folder} cannot be loaded safely ({type(error).__name__}: {str(error).splitlines()[0][:160]})"
+        ) from None
     if not isinstance(state, dict) or "optimizer" not in state or "rng" not in state:
         raise CheckpointReadError(f"checkpoint {folder}: {OPTIMIZER_FILE} holds no optimizer state")
     return SavedState(weights, state)
 
 
-def _load_sharded(folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None) -> JsonDict:
+def _load_sharded(
+    folder: Path, model: torch.nn.Module, optimizer: Optimizer, scheduler: LRScheduler | None
+) -> JsonDict:
     """FSDP: rank 0 reads and checks the files and broadcasts the verdict, the scheduler and RNG
     state, then each rank receives its shard of the weights and optimizer state."""
     import torch.distributed as dist

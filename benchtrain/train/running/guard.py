@@ -72,7 +72,10 @@ OVERRUN_ACTIONS: dict[str, OverrunAction] = {
 
 def overrun_help() -> str:
     """--on-overrun's help: each action's phrase, the default marked."""
-    phrases = [f"{action.help} (default)" if word == DEFAULT_OVERRUN_ACTION else action.help for word, action in OVERRUN_ACTIONS.items()]
+    phrases = [
+        f"{action.help} (default)" if word == DEFAULT_OVERRUN_ACTION else action.help
+        for word, action in OVERRUN_ACTIONS.items()
+    ]
     listed = f"{', '.join(phrases[:-1])}, or {phrases[-1]}" if len(phrases) > 1 else phrases[0]
     return f"when live speed says the deadline will be missed: {listed}"
 
@@ -87,7 +90,9 @@ class GuardSection:
     checkpoint_interval_seconds: float = field(init=False)  # derived: checkpoint_interval in seconds
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "checkpoint_interval_seconds", parse_duration(self.checkpoint_interval, "--checkpoint-interval"))
+        object.__setattr__(
+            self, "checkpoint_interval_seconds", parse_duration(self.checkpoint_interval, "--checkpoint-interval")
+        )
         if self.keep_checkpoints < 1:
             raise BenchtrainError("--keep-checkpoints must be at least 1")
 
@@ -145,7 +150,13 @@ class DeadlineGuard:
     over_budget: bool = False
 
     def observe(
-        self, step: int, elapsed: float, actual_seconds: float, predicted_seconds: float, remaining_predicted: float, compiled: bool = False,
+        self,
+        step: int,
+        elapsed: float,
+        actual_seconds: float,
+        predicted_seconds: float,
+        remaining_predicted: float,
+        compiled: bool = False,
         pending_compile_seconds: float = 0.0,
     ) -> Verdict:
         """Step `step` just finished at `elapsed` seconds, `remaining_predicted` seconds predicted for
@@ -157,7 +168,9 @@ class DeadlineGuard:
             self.window.append(StepTime(actual_seconds, predicted_seconds))
         # Until a steady step is seen, the prediction itself stands (not the warm-up step).
         ratio = sum(a for a, _ in self.window) / max(1e-12, sum(p for _, p in self.window)) if self.window else 1.0
-        projected = elapsed + remaining_predicted * ratio * (1 + s.periodic_share) + pending_compile_seconds + s.reserve_seconds
+        projected = (
+            elapsed + remaining_predicted * ratio * (1 + s.periodic_share) + pending_compile_seconds + s.reserve_seconds
+        )
         message = None
         move, action = Move.CONTINUE, s.action
         over = self.seen > s.warmup_steps and self._over_budget(projected, elapsed)

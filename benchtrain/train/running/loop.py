@@ -21,7 +21,13 @@ from benchtrain.common.progress import Bar, progress_bar
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.types import Candidate
 from benchtrain.train.running import trackers
-from benchtrain.train.running.checkpoint import CheckpointReadError, checkpoint_name, checkpoints_to_resume, load_checkpoint, save_checkpoint
+from benchtrain.train.running.checkpoint import (
+    CheckpointReadError,
+    checkpoint_name,
+    checkpoints_to_resume,
+    load_checkpoint,
+    save_checkpoint,
+)
 from benchtrain.train.running.guard import DeadlineGuard, GuardSection, GuardSettings, Move, Verdict
 from benchtrain.train.step import metrics
 from benchtrain.train.step.compile import SHAPE_BUCKET
@@ -31,7 +37,16 @@ from benchtrain.train.step.hardware import detect_hardware
 from benchtrain.train.step.hyperparameters import DEFAULT_LEARNING_RATE, OptimizerSettings
 from benchtrain.train.step.peak_memory import PeakMemory
 from benchtrain.train.step.runtime import agree, make_accelerator, pin_memory
-from benchtrain.train.workload.batching import Batch, BatchLayout, MicroBatch, PackedBatches, PaddedBatches, batch_rows_and_lengths, make_loader, run_batches
+from benchtrain.train.workload.batching import (
+    Batch,
+    BatchLayout,
+    MicroBatch,
+    PackedBatches,
+    PaddedBatches,
+    batch_rows_and_lengths,
+    make_loader,
+    run_batches,
+)
 from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import ModelSpec, model_shape
 from benchtrain.train.workload.tokens import TokenizedData
@@ -71,7 +86,8 @@ class LoopOutcome:
     resumed_from: str | None = None
     exit_signal: int | None = None
     batch_shapes: int = 0  # distinct (rows, length) micro-batches met: each compiled once
-    figures: dict[str, float | None] = field(default_factory=dict)  # train.step.metrics.step_figures over the run, peak memory
+    # train.step.metrics.step_figures over the run, peak memory
+    figures: dict[str, float | None] = field(default_factory=dict)
     start_step: int = 0  # optimizer steps done before this command (restored from a checkpoint)
     shrunk_to: int | None = None  # the step limit the deadline guard cut the run to (--on-overrun shrink)
 
@@ -94,7 +110,9 @@ class Position:
     evals: list[dict[str, float]] = field(default_factory=list)
     flops: float = 0.0  # this process's, each micro-batch at its own length (train.step.metrics.batch_flops)
 
-    def count(self, result: StepResult, micro_count: int, processes: int, predicted_seconds: float, flops: float) -> None:
+    def count(
+        self, result: StepResult, micro_count: int, processes: int, predicted_seconds: float, flops: float
+    ) -> None:
         """One optimizer step of `micro_count` micro-batches done."""
         self.step += 1
         self.batch_in_epoch += micro_count
@@ -168,7 +186,14 @@ class Every:
 
 class TrainingRun:
     def __init__(
-        self, *, calibration: Calibration, chosen: Candidate, model: ModelToTrain, data: TrainingData, out_dir: Path, settings: LoopSettings,
+        self,
+        *,
+        calibration: Calibration,
+        chosen: Candidate,
+        model: ModelToTrain,
+        data: TrainingData,
+        out_dir: Path,
+        settings: LoopSettings,
         hooks: LoopHooks | None = None,
     ) -> None:
         self.calibration, self.chosen, self.out_dir, self.settings = calibration, chosen, out_dir, settings
@@ -185,19 +210,44 @@ class TrainingRun:
         self.accelerator = make_accelerator(s.report_to, self.out_dir / "tensorboard")
         torch.manual_seed(s.seed)
         optimization = Optimization(s.learning_rate, s.hyperparameters, s.schedule_steps or self.total_steps())
-        setup = self.to_train.step or step_setup_for(StepOptions(), self.to_train.spec, self.to_train.method, self.accelerator)
-        self.engine = build_engine(self.to_train.spec, self.to_train.method, self.accelerator, setup, self.chosen.config.gradient_checkpointing, optimization)
-        self.model, self.optimizer, self.scheduler, self.step = self.engine.model, self.engine.optimizer, self.engine.scheduler, self.engine.step
+        setup = self.to_train.step or step_setup_for(
+            StepOptions(), self.to_train.spec, self.to_train.method, self.accelerator
+        )
+        self.engine = build_engine(
+            self.to_train.spec,
+            self.to_train.method,
+            self.accelerator,
+            setup,
+            self.chosen.config.gradient_checkpointing,
+            optimization,
+        )
+        self.model, self.optimizer, self.scheduler, self.step = (
+            self.engine.model,
+            self.engine.optimizer,
+            self.engine.scheduler,
+            self.engine.step,
+        )
         self.pin_memory = pin_memory(self.accelerator)
 
-        shape, lora, recompute = model_shape(self.model), self.to_train.method.is_lora, self.chosen.config.gradient_checkpointing
+        shape, lora, recompute = (
+            model_shape(self.model),
+            self.to_train.method.is_lora,
+            self.chosen.config.gradient_checkpointing,
+        )
         self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.hooks.tracker_record or {})
 
     def epoch_batches(self, epoch: int) -> list[MicroBatch]:
         layout = BatchLayout(self.chosen.config.micro_batch_size, self.chosen.config.seq_len, self.settings.seed)
-        return run_batches(self.inputs.data, layout, epoch, self.settings.epochs, self.accelerator.num_processes, self.accelerator.process_index)
+        return run_batches(
+            self.inputs.data,
+            layout,
+            epoch,
+            self.settings.epochs,
+            self.accelerator.num_processes,
+            self.accelerator.process_index,
+        )
 
     def total_steps(self) -> int:
         steps = self.chosen.optimizer_steps
@@ -206,7 +256,9 @@ class TrainingRun:
     def dataset(self, batches: list[MicroBatch]) -> PackedBatches | PaddedBatches:
         if self.inputs.data.packing:
             return PackedBatches(self.inputs.data, batches, self.chosen.config.seq_len)
-        return PaddedBatches(self.inputs.data, batches, self.chosen.config.seq_len, self.inputs.pad_id, self.shape_bucket)
+        return PaddedBatches(
+            self.inputs.data, batches, self.chosen.config.seq_len, self.inputs.pad_id, self.shape_bucket
+        )
 
     @property
     def shape_bucket(self) -> int | None:
@@ -254,9 +306,17 @@ class TrainingRun:
         self.limit = self.planned_limit = self.total_steps()
         periodic = c.overheads.during_training_seconds / c.step_seconds if c.step_seconds else 0.0
         reserve = c.overheads.after_training_seconds
-        settings = GuardSettings(s.deadline, reserve_seconds=reserve, on_overrun=s.guard.on_overrun, warmup_steps=s.warmup_steps, periodic_share=periodic)
+        settings = GuardSettings(
+            s.deadline,
+            reserve_seconds=reserve,
+            on_overrun=s.guard.on_overrun,
+            warmup_steps=s.warmup_steps,
+            periodic_share=periodic,
+        )
         self.guard = DeadlineGuard(settings, self.limit)
-        self.progress: Bar | None = progress_bar(self.limit, "train", "step", position.step) if self.accelerator.is_main_process else None
+        self.progress: Bar | None = (
+            progress_bar(self.limit, "train", "step", position.step) if self.accelerator.is_main_process else None
+        )
 
     def _run_epoch(self, position: Position) -> None:
         """The optimizer steps of this epoch (from where the position is), until the status changes."""
@@ -264,7 +324,9 @@ class TrainingRun:
         batches = self.epoch_batches(position.epoch)
         predicted = self.predicted_step_seconds(batches)
         elapsed_predicted = np.concatenate(([0.0], np.cumsum(predicted)))  # running totals for the guard
-        loader = make_loader(self.dataset(batches), c.config.num_workers, self.pin_memory, start=position.batch_in_epoch)
+        loader = make_loader(
+            self.dataset(batches), c.config.num_workers, self.pin_memory, start=position.batch_in_epoch
+        )
         iterator = iter(loader)
         while position.batch_in_epoch < len(batches) and self.status == COMPLETED:
             if position.step >= self.limit:
@@ -272,7 +334,9 @@ class TrainingRun:
                 break
             step_index = position.batch_in_epoch // c.config.grad_accum
             step_predicted = float(predicted[step_index])
-            result, now = self._step(iterator, position, min(c.config.grad_accum, len(batches) - position.batch_in_epoch), step_predicted)
+            result, now = self._step(
+                iterator, position, min(c.config.grad_accum, len(batches) - position.batch_in_epoch), step_predicted
+            )
             remaining_predicted = float(self._remaining_predicted(position, elapsed_predicted, step_index, self.limit))
             self._after_step(position, result, now, step_predicted, remaining_predicted)
         del iterator, loader
@@ -280,25 +344,45 @@ class TrainingRun:
             position.epoch += 1
             position.batch_in_epoch = 0
 
-    def _step(self, iterator: Iterator[Batch], position: Position, micro_count: int, predicted_seconds: float) -> tuple[StepResult, float]:
+    def _step(
+        self, iterator: Iterator[Batch], position: Position, micro_count: int, predicted_seconds: float
+    ) -> tuple[StepResult, float]:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.hooks.step_hook:
             self.hooks.step_hook(position.step)
         result = self.step.run(iterator, micro_count)
         processes = self.accelerator.num_processes
-        position.count(result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token))
+        position.count(
+            result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token)
+        )
         now = time.monotonic()
         elapsed, tokens = self.settings.deadline.elapsed(now), result.target_tokens * processes
-        entry = {"step": position.step, "loss": result.loss, "elapsed": elapsed, "seconds": result.seconds, "predicted_seconds": predicted_seconds}
+        entry = {
+            "step": position.step,
+            "loss": result.loss,
+            "elapsed": elapsed,
+            "seconds": result.seconds,
+            "predicted_seconds": predicted_seconds,
+        }
         position.losses.append({**entry, "tokens": tokens, "learning_rate": result.learning_rate})
         return result, now
 
-    def _after_step(self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float) -> None:
+    def _after_step(
+        self, position: Position, result: StepResult, now: float, predicted_seconds: float, remaining_predicted: float
+    ) -> None:
         """The deadline guard's verdict on this step, then what is due: live line, trackers, log, evaluation, checkpoint."""
         elapsed = self.settings.deadline.elapsed(now)
         compiled_here = self._met_new_shapes(result.shapes)
         pending_compile = self._pending_compile_seconds()
-        verdict = self.guard.observe(position.step, elapsed, result.seconds, predicted_seconds, remaining_predicted, compiled_here, pending_compile)
+        verdict = self.guard.observe(
+            position.step,
+            elapsed,
+            result.seconds,
+            predicted_seconds,
+            remaining_predicted,
+            compiled_here,
+            pending_compile,
+        )
         self._heed(verdict)
         if self.progress is not None:
             self.progress.update(1)
@@ -328,7 +412,11 @@ class TrainingRun:
     def _evaluate_if_due(self, position: Position, now: float) -> None:
         # Every rank evaluates together (the loss is summed across them): agree on "due".
         schedule = self.inputs.eval_schedule or EvalSchedule()
-        due = self.inputs.eval_data is not None and self.status == COMPLETED and schedule.due(position.step, now - self.last_eval)
+        due = (
+            self.inputs.eval_data is not None
+            and self.status == COMPLETED
+            and schedule.due(position.step, now - self.last_eval)
+        )
         if agree(self.accelerator, int(due), "max"):
             self._evaluate(position)
             self.last_eval = time.monotonic()
@@ -349,7 +437,9 @@ class TrainingRun:
         evaluated_here = bool(position.evals) and position.evals[-1]["step"] == position.step
         if self.inputs.eval_data is not None and position.step > 0 and not evaluated_here:
             self._evaluate(position)  # every run ends with an evaluation
-        already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(checkpoint_name(position.step))
+        already_saved = self.last_checkpoint is not None and self.last_checkpoint.endswith(
+            checkpoint_name(position.step)
+        )
         if self._saves_here and not already_saved and position.step > 0:
             self._save(position)
         now = time.monotonic()
@@ -357,9 +447,17 @@ class TrainingRun:
 
     def _outcome(self, position: Position, resumed_from: str | None) -> LoopOutcome:
         return LoopOutcome(
-            status=self.status, position=position, checkpoint_seconds=self.checkpoint_times, events=self.events, last_checkpoint=self.last_checkpoint,
-            resumed_from=resumed_from, exit_signal=self.signals.received, batch_shapes=len(self.shapes_seen), figures=self._run_figures(position),
-            start_step=self.start_step, shrunk_to=self.limit if self.limit < self.planned_limit else None,
+            status=self.status,
+            position=position,
+            checkpoint_seconds=self.checkpoint_times,
+            events=self.events,
+            last_checkpoint=self.last_checkpoint,
+            resumed_from=resumed_from,
+            exit_signal=self.signals.received,
+            batch_shapes=len(self.shapes_seen),
+            figures=self._run_figures(position),
+            start_step=self.start_step,
+            shrunk_to=self.limit if self.limit < self.planned_limit else None,
         )
 
     # -- helpers ----------------------------------------------------------------------------
@@ -372,7 +470,9 @@ class TrainingRun:
         """This process's figures over the run (train.step.metrics), and its peak memory."""
         per_process = position.padded_tokens / self.accelerator.num_processes
         flops_per_token = position.flops / per_process if per_process else 0.0
-        figures = metrics.step_figures(per_process, position.step_seconds, position.data_wait_seconds, flops_per_token, self.peak_flops)
+        figures = metrics.step_figures(
+            per_process, position.step_seconds, position.data_wait_seconds, flops_per_token, self.peak_flops
+        )
         memory = self.peak_memory.record() if self.peak_memory else {}  # on CUDA: reserved, used, outside PyTorch
         return {**figures, "peak_memory_bytes": self.peak_memory.peak_bytes if self.peak_memory else None, **memory}
 
@@ -409,11 +509,15 @@ class TrainingRun:
         if self.inputs.eval_data is None:
             return
         layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
-        result = evaluate_loss(self.accelerator, self.model, self.inputs.eval_data, layout, self.inputs.pad_id, self.engine.compiled)
+        result = evaluate_loss(
+            self.accelerator, self.model, self.inputs.eval_data, layout, self.inputs.pad_id, self.engine.compiled
+        )
         entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
         if self.progress is not None:
-            self.progress.write(f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)")
+            self.progress.write(
+                f"step {position.step}: eval loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.2f} ({result['seconds']:.1f}s)"
+            )
         self._track({"eval/loss": result["eval_loss"], "eval/perplexity": result["perplexity"]}, position.step)
 
     def _track(self, values: dict[str, float | None], step: int) -> None:
@@ -424,21 +528,40 @@ class TrainingRun:
         if not self.settings.report_to:
             return
         flops_per_token = metrics.batch_flops(result.shapes, self.flops_per_token) / max(1, result.tokens)
-        figures = metrics.step_figures(result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops)
+        figures = metrics.step_figures(
+            result.tokens, result.seconds, result.data_wait_seconds, flops_per_token, self.peak_flops
+        )
         rate = metrics.tokens_per_second(result.target_tokens * self.accelerator.num_processes, result.seconds)
-        values: dict[str, float | None] = {"train/loss": result.loss, "train/learning_rate": result.learning_rate, "train/tokens_per_second": rate}
+        values: dict[str, float | None] = {
+            "train/loss": result.loss,
+            "train/learning_rate": result.learning_rate,
+            "train/tokens_per_second": rate,
+        }
         values.update({f"train/{name}": figures[name] for name in ("mfu", "tflops", "data_wait_share")})
         self._track({**values, "train/eta_seconds": max(0.0, eta_seconds)}, position.step)
 
     def _timeline_point(self, position: Position, now: float, ratio: float, projected: float) -> dict[str, float]:
         loss = position.losses[-1]["loss"] if position.losses else math.nan
-        point = {"elapsed": self.settings.deadline.elapsed(now), "steps": position.step, "tokens": position.tokens, "train_seconds": position.step_seconds}
-        return {**point, "predicted_train_seconds": position.predicted_seconds, "live_ratio": ratio, "projected_finish": projected, "loss": loss}
+        point = {
+            "elapsed": self.settings.deadline.elapsed(now),
+            "steps": position.step,
+            "tokens": position.tokens,
+            "train_seconds": position.step_seconds,
+        }
+        return {
+            **point,
+            "predicted_train_seconds": position.predicted_seconds,
+            "live_ratio": ratio,
+            "projected_finish": projected,
+            "loss": loss,
+        }
 
     @staticmethod
     def _postfix(result: StepResult, verdict: Verdict) -> str:
         """The live line: this step's loss and speed, and the deadline guard's state (the same the log and the guard's messages say)."""
-        return f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
+        return (
+            f"loss {result.loss:.3f}, {result.target_tokens / max(result.seconds, 1e-9):,.0f} tok/s, {verdict.summary}"
+        )
 
     def _log(self, position: Position, now: float, verdict: Verdict) -> None:
         predicted_rate = position.tokens / max(position.predicted_seconds, 1e-9)
@@ -455,7 +578,9 @@ class TrainingRun:
     def _save(self, position: Position) -> None:
         folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
         meta = {**vars(position), "chosen": self.chosen.to_json()}
-        seconds = save_checkpoint(folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.guard.keep_checkpoints)
+        seconds = save_checkpoint(
+            folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.guard.keep_checkpoints
+        )
         self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
         self.last_checkpoint = str(folder)
         self.checkpoint_times.append(seconds)
@@ -469,7 +594,9 @@ class TrainingRun:
         except CheckpointReadError as error:
             if len(found) < 2:
                 raise
-            raise CheckpointReadError(f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again") from None
+            raise CheckpointReadError(
+                f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again"
+            ) from None
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])

@@ -23,14 +23,25 @@ from benchtrain.train.planning.types import Plan
 from benchtrain.train.running.loop import LoopOutcome, Position
 
 
-def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float) -> RunFile:
+def new_run_file(
+    run_id: str, plan: Plan, calibration: Calibration, model: JsonDict, data: JsonDict, elapsed_before_plan: float
+) -> RunFile:
     """A new run's run.json (its step configuration held once, written out by RunFile)."""
     chosen = plan.chosen
     # The plan but its step configuration, which RunFile writes before these keys.
-    plan_keys: JsonDict = {"effective_batch": plan.effective_batch, "optimizer_steps": chosen.optimizer_steps, "micro_batches": chosen.micro_batches}
-    plan_keys.update(packing=plan.packing, epochs=plan.epochs, priority=plan.priority, step_limit=plan.step_limit, notes=plan.notes)
+    plan_keys: JsonDict = {
+        "effective_batch": plan.effective_batch,
+        "optimizer_steps": chosen.optimizer_steps,
+        "micro_batches": chosen.micro_batches,
+    }
+    plan_keys.update(
+        packing=plan.packing, epochs=plan.epochs, priority=plan.priority, step_limit=plan.step_limit, notes=plan.notes
+    )
     # The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report.
-    held_out = {"time": calibration.fit.get("held_out_error"), "memory": (calibration.fit.get("memory") or {}).get("held_out_error")}
+    held_out = {
+        "time": calibration.fit.get("held_out_error"),
+        "memory": (calibration.fit.get("memory") or {}).get("held_out_error"),
+    }
     sections: JsonObject = {
         "schema_version": RUN_SCHEMA_VERSION,
         "run_id": run_id,
@@ -42,7 +53,11 @@ def new_run_file(run_id: str, plan: Plan, calibration: Calibration, model: JsonD
         "model": model,
         "data": data,
         "plan": plan_keys,
-        "estimate": {**estimate_section(plan), "held_out_error": held_out, "bound_parts": asdict(calibration.bound_parts)},
+        "estimate": {
+            **estimate_section(plan),
+            "held_out_error": held_out,
+            "bound_parts": asdict(calibration.bound_parts),
+        },
         "actual": None,
         "deadline_seconds": plan.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,
@@ -87,7 +102,9 @@ def estimate_section(plan: Plan) -> JsonDict:
     }
 
 
-def actual_section(outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1) -> JsonDict:
+def actual_section(
+    outcome: LoopOutcome, total_seconds: float, price_per_hour: float | None, processes: int = 1
+) -> JsonDict:
     """What happened. `total_seconds`: from the plan to the end of the export (the span the
     estimate check compares); steps, tokens and train seconds count a resumed run's earlier ones too."""
     ended = outcome.position
@@ -120,7 +137,13 @@ def feed_back(calibration: Calibration, record: JsonDict, check: EstimateCheck |
     this command ran against their own prediction (`check`: check_estimate of the record, where
     the caller has it), so a run that stopped early or was resumed counts like a completed one."""
     check = check if check is not None else check_estimate(record)
-    if check is None or not check.steps_run or calibration.path is None or is_read_only(calibration.path) or not check.predicted_tokens_per_second:
+    if (
+        check is None
+        or not check.steps_run
+        or calibration.path is None
+        or is_read_only(calibration.path)
+        or not check.predicted_tokens_per_second
+    ):
         return  # a bundled or hub-shared calibration is the measurement as shared: runs elsewhere do not change it
     entry = {
         "run_id": record["run_id"],
@@ -195,7 +218,12 @@ class RunRecord:
         self.write()
 
     def finish(
-        self, trained: TrainedRun, calibration: Calibration, plan: Plan, deadline: Deadline, write_report: Callable[[Path], Path] | None,
+        self,
+        trained: TrainedRun,
+        calibration: Calibration,
+        plan: Plan,
+        deadline: Deadline,
+        write_report: Callable[[Path], Path] | None,
         before_report: Callable[[JsonDict], JsonDict] | None = None,
     ) -> Path | None:
         """What happened, in run.json; the measured speed back into the calibration; the report
@@ -207,7 +235,9 @@ class RunRecord:
         record.update(final=final, model=trained.model, training=trained.training, status=loop.status)
         record.update_plan(lora=trained.training["lora"])
         ended = loop.position
-        record.update(losses=ended.losses, timeline=ended.timeline, evals=ended.evals, events=self.earlier_events + loop.events)
+        record.update(
+            losses=ended.losses, timeline=ended.timeline, evals=ended.evals, events=self.earlier_events + loop.events
+        )
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.

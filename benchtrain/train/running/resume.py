@@ -44,17 +44,30 @@ def resumed_method(recorded: RunMethod) -> MethodConfig:
     return MethodConfig(**asdict(recorded))  # the same fields, by the same names
 
 
-def check_same_run(resumed: ResumedRun, earlier: MethodConfig, spec: ModelSpec, method: MethodConfig, max_length: int | str | None, force: bool) -> list[str]:
+def check_same_run(
+    resumed: ResumedRun,
+    earlier: MethodConfig,
+    spec: ModelSpec,
+    method: MethodConfig,
+    max_length: int | str | None,
+    force: bool,
+) -> list[str]:
     """Another model, method (`earlier`: the run's) or max length than the run's is refused in one
     line unless --force; returns what --force let through, to warn about (data: check_same_data)."""
     run = f"--resume: run {resumed.run_id}"
     problems = []
     if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
-        problems.append(f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did")
+        problems.append(
+            f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did"
+        )
     if not same_method(earlier, method):
-        problems.append(f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options")
+        problems.append(
+            f"{run} trained {earlier.describe()}, this command asks for {method.describe()}: repeat the run's method options"
+        )
     if isinstance(max_length, int) and max_length != resumed.max_length:
-        problems.append(f"{run} trained with max length {resumed.max_length}, this command asks for --max-length {max_length}: drop it")
+        problems.append(
+            f"{run} trained with max length {resumed.max_length}, this command asks for --max-length {max_length}: drop it"
+        )
     if problems and not force:
         raise BenchtrainError(f"{problems[0]}, or pass --force to continue with this command's")
     return problems
@@ -76,13 +89,22 @@ def resumed_hyperparameters(resumed: ResumedRun, named: JsonDict, force: bool) -
     before, now = theirs.record(0.0, "", total), settings_from(values).record(0.0, "", total)
     run = f"--resume: run {resumed.run_id}"
     problems = [
-        (f"{run} trained with {option_name(key)} {before[key]}, this command asks for {now[key]}", "drop it (a resume keeps the run's)")
+        (
+            f"{run} trained with {option_name(key)} {before[key]}, this command asks for {now[key]}",
+            "drop it (a resume keeps the run's)",
+        )
         for key in COMPARED_HYPERPARAMETERS
         if before[key] != now[key]
     ]
     rate, earlier_rate = named.get("learning_rate"), resumed.base_learning_rate
     if rate is not None and earlier_rate is not None and not math.isclose(rate, earlier_rate, rel_tol=1e-9):
-        problems.insert(0, (f"{run} trained with --learning-rate {earlier_rate:g}, this command asks for {rate:g}", "repeat the run's --learning-rate"))
+        problems.insert(
+            0,
+            (
+                f"{run} trained with --learning-rate {earlier_rate:g}, this command asks for {rate:g}",
+                "repeat the run's --learning-rate",
+            ),
+        )
     if problems and not force:
         raise BenchtrainError(f"{problems[0][0]}: {problems[0][1]}, or pass --force to continue with this command's")
     for problem, _ in problems:
@@ -110,7 +132,9 @@ def data_fingerprint(data: DataView) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_same_data(resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool) -> str | None:
+def check_same_data(
+    resumed: ResumedRun, prepared: PreparedData, data: DataView, data_path: str, profile: JsonDict, force: bool
+) -> str | None:
     """A resume trains on the run's data (the same batches in the same order): other data is refused unless --force. Returns the warning --force let through."""
     before = resumed.data
     known_key, known = before.preparation_key, before.fingerprint
@@ -142,7 +166,9 @@ def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: in
     later). A run that did all its steps is not resumed, and a resume never extends a run."""
     total, run = resumed.total_steps, f"--resume: run {resumed.run_id}"
     if completed >= total or resumed.status == "completed":
-        raise BenchtrainError(f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run")
+        raise BenchtrainError(
+            f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run"
+        )
     if max_steps is not None and max_steps > total:
         raise BenchtrainError(
             f"{run} has {total:,} optimizer steps; --max-steps {max_steps} would extend it, which a resume never does: "
@@ -185,7 +211,11 @@ def resume_command(command_line: list[str] | None, out_dir: Path, world_size: in
 
 def train_command_line(processes: int, arguments: list[str]) -> str:
     """`train` with `arguments`, under accelerate launch for several processes."""
-    launcher = ["accelerate", "launch", "--num_processes", str(processes), "-m", "benchtrain.train"] if processes > 1 else ["train"]
+    launcher = (
+        ["accelerate", "launch", "--num_processes", str(processes), "-m", "benchtrain.train"]
+        if processes > 1
+        else ["train"]
+    )
     return shlex.join([*launcher, *arguments])
 
 

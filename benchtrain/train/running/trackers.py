@@ -24,9 +24,13 @@ def parse_report_to(text: str | None) -> tuple[str, ...]:
         return ()
     for name in names:
         if name not in TRACKERS:
-            raise BenchtrainError(f"--report-to {name}: unknown tracker; use none or a comma list of {', '.join(TRACKERS)}")
+            raise BenchtrainError(
+                f"--report-to {name}: unknown tracker; use none or a comma list of {', '.join(TRACKERS)}"
+            )
         if importlib.util.find_spec(name) is None:
-            raise BenchtrainError(f"--report-to {name}: the {name} package is not installed: pip install 'benchtrain[{name}]'")
+            raise BenchtrainError(
+                f"--report-to {name}: the {name} package is not installed: pip install 'benchtrain[{name}]'"
+            )
     return names
 
 
@@ -53,7 +57,15 @@ def start(accelerator: Accelerator, names: tuple[str, ...], run_dir: Path, recor
     where = {"wandb": {"dir": str(run_dir)}} if "wandb" in names else {}
     accelerator.init_trackers("benchtrain", config=flat_config(record), init_kwargs=where)
     estimate = record.get("estimate") or {}
-    log(accelerator, {f"estimate/{key}": value for key, value in estimate.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}, 0)
+    log(
+        accelerator,
+        {
+            f"estimate/{key}": value
+            for key, value in estimate.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        },
+        0,
+    )
 
 
 def log(accelerator: Accelerator, values: dict[str, float | None], step: int) -> None:

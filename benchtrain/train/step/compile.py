@@ -56,7 +56,9 @@ def compile_cache_record() -> dict[str, str]:
     return {"dir": str(cache_dir()), "host": socket.gethostname()}
 
 
-def compile_seconds(measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None) -> float:
+def compile_seconds(
+    measured: JsonDict, shapes: Set[BatchShape], probed: Set[BatchShape], cache: dict[str, str] | None
+) -> float:
     """What compiling costs a run that meets `shapes` (rows, length): one compilation each, from inductor's
     cache (measured by bench) for the shapes bench probed on this machine, from scratch for the others."""
     cold = float(measured.get("compile_seconds_per_shape", 0.0))

@@ -43,14 +43,22 @@ class StepOptions:
     sharding: str = "ddp"  # ddp | fsdp, under several processes (train/step/sharding.py)
 
     def __post_init__(self) -> None:
-        checks = (("--sharding", self.sharding, SHARDING_CHOICES), ("--compile", self.compile, COMPILE_CHOICES), ("--loss", self.loss, LOSS_CHOICES))
+        checks = (
+            ("--sharding", self.sharding, SHARDING_CHOICES),
+            ("--compile", self.compile, COMPILE_CHOICES),
+            ("--loss", self.loss, LOSS_CHOICES),
+        )
         for option, value, choices in checks:
             if value not in choices:
                 raise BenchtrainError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def step_options_from_args(args: argparse.Namespace) -> StepOptions:
-    return StepOptions(compile=getattr(args, "compile", "auto"), loss=getattr(args, "loss", "auto"), sharding=getattr(args, "sharding", "ddp"))
+    return StepOptions(
+        compile=getattr(args, "compile", "auto"),
+        loss=getattr(args, "loss", "auto"),
+        sharding=getattr(args, "sharding", "ddp"),
+    )
 
 
 def check_sharding(method: MethodConfig, sharding: str) -> None:
@@ -106,8 +114,16 @@ def resolve_step(
     """The one place `--loss`, `--compile` and `--sharding` become what the step runs: `auto` is the calibration's measurement where it decides (`measured`),
     else the rule (choose_loss, compile_enabled). `layout`: the processes already settled (a dry run, a comparison's row); None: this job's."""
     measured = measured or MeasuredStep()
-    compiled = measured.compiled if options.compile == "auto" and measured.compiled is not None else compile_enabled(options.compile, device_type)
-    loss = measured.loss if options.loss == "auto" and measured.loss else choose_loss(options.loss, device_type, model_type)
+    compiled = (
+        measured.compiled
+        if options.compile == "auto" and measured.compiled is not None
+        else compile_enabled(options.compile, device_type)
+    )
+    loss = (
+        measured.loss
+        if options.loss == "auto" and measured.loss
+        else choose_loss(options.loss, device_type, model_type)
+    )
     layout = process_layout(options, method) if layout is None else layout
     return StepSetup(loss, compiled, layout.sharding, layout.world_size)
 
@@ -131,7 +147,8 @@ class Engine:
 
     def record(self) -> JsonDict:
         """How the step ran, for the calibration's and run.json's `training` section."""
-        precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"  # autocast: CUDA, or BENCHTRAIN_CPU_BF16=1
+        # autocast: CUDA, or BENCHTRAIN_CPU_BF16=1
+        precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
         return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": precision}
 
     def with_loss(self, kind: str) -> Engine:
@@ -143,7 +160,12 @@ class Engine:
 
 
 def build_engine(
-    spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, setup: StepSetup, checkpointing: bool = False, optimization: Optimization | None = None
+    spec: ModelSpec,
+    method: MethodConfig,
+    accelerator: Accelerator,
+    setup: StepSetup,
+    checkpointing: bool = False,
+    optimization: Optimization | None = None,
 ) -> Engine:
     """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a constant rate, as bench probes use)."""
     import torch
@@ -151,7 +173,13 @@ def build_engine(
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
     # FSDP: built on `meta`, then each rank materialises its shards; not a 4-bit base (docs/design.md#sharding-ddp-and-fsdp).
     on_meta = sharding == "fsdp" and not method.quantized
-    model = build_model(spec, "meta" if on_meta else accelerator.device, method, shardable=sharding == "fsdp", weights_on=accelerator.device)
+    model = build_model(
+        spec,
+        "meta" if on_meta else accelerator.device,
+        method,
+        shardable=sharding == "fsdp",
+        weights_on=accelerator.device,
+    )
     if checkpointing:
         set_gradient_checkpointing(model, True)
     install_loss(model, loss_kind, compiled=compiled)
@@ -176,7 +204,14 @@ def build_engine(
 
 
 def engine_from_options(
-    spec: ModelSpec, method: MethodConfig, accelerator: Accelerator, options: StepOptions, checkpointing: bool = False, optimization: Optimization | None = None
+    spec: ModelSpec,
+    method: MethodConfig,
+    accelerator: Accelerator,
+    options: StepOptions,
+    checkpointing: bool = False,
+    optimization: Optimization | None = None,
 ) -> Engine:
     """`build_engine` for a step set up from the options alone (bench's probes, benchmarks, tests)."""
-    return build_engine(spec, method, accelerator, step_setup_for(options, spec, method, accelerator), checkpointing, optimization)
+    return build_engine(
+        spec, method, accelerator, step_setup_for(options, spec, method, accelerator), checkpointing, optimization
+    )

@@ -95,15 +95,28 @@ def eval_batches(data: DataView, micro_batch_size: int, max_length: int, seed: i
 
 
 def evaluate_loss(
-    accelerator: Accelerator, model: torch.nn.Module, data: TokenizedData, layout: BatchLayout, pad_id: int, compiled: bool = False
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    data: TokenizedData,
+    layout: BatchLayout,
+    pad_id: int,
+    compiled: bool = False,
 ) -> dict[str, float]:
     """Mean loss per target token over the eval set (batched as `layout` says), its perplexity, and
     the seconds it took; a compiled model evaluates eagerly, as bench measured it."""
     import torch
 
     started = time.perf_counter()
-    batches = shard(eval_batches(data, layout.micro_batch_size, layout.max_length, layout.seed), accelerator.process_index, accelerator.num_processes)
-    dataset = PackedBatches(data, batches, layout.max_length) if data.packing else PaddedBatches(data, batches, layout.max_length, pad_id)
+    batches = shard(
+        eval_batches(data, layout.micro_batch_size, layout.max_length, layout.seed),
+        accelerator.process_index,
+        accelerator.num_processes,
+    )
+    dataset = (
+        PackedBatches(data, batches, layout.max_length)
+        if data.packing
+        else PaddedBatches(data, batches, layout.max_length, pad_id)
+    )
     loader = make_loader(dataset, 0, accelerator.device.type == "cuda")
     device = accelerator.device
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
@@ -123,4 +136,9 @@ def evaluate_loss(
     if accelerator.num_processes > 1:
         loss_sum, tokens = accelerator.reduce(loss_sum, "sum"), accelerator.reduce(tokens, "sum")
     mean = float(loss_sum / tokens.clamp(min=1))
-    return {"eval_loss": mean, "perplexity": math.exp(min(mean, 50.0)), "eval_tokens": int(tokens), "seconds": time.perf_counter() - started}
+    return {
+        "eval_loss": mean,
+        "perplexity": math.exp(min(mean, 50.0)),
+        "eval_tokens": int(tokens),
+        "seconds": time.perf_counter() - started,
+    }

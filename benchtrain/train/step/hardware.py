@@ -33,7 +33,9 @@ def peak_flops(device_name: str, multiprocessors: int | None = None) -> PeakFlop
         return None
     full = sheet.multiprocessors
     if full and multiprocessors and multiprocessors < full:
-        return PeakFlops(f"{sheet.peak_entry} MIG {multiprocessors}/{full} SMs", sheet.bf16_dense_flops * multiprocessors / full)
+        return PeakFlops(
+            f"{sheet.peak_entry} MIG {multiprocessors}/{full} SMs", sheet.bf16_dense_flops * multiprocessors / full
+        )
     return PeakFlops(sheet.peak_entry, sheet.bf16_dense_flops)
 
 
@@ -88,7 +90,9 @@ def detect_interconnect(index: int = 0) -> JsonDict:
     if found is None:
         return {"interconnect": None, "nvlinks": None}
     partial = found.peers is not None and found.gpus is not None and found.peers < found.gpus - 1
-    word = "pcie" if found.active == 0 or (partial and not found.switched) else "nvswitch" if found.switched else "nvlink"
+    word = (
+        "pcie" if found.active == 0 or (partial and not found.switched) else "nvswitch" if found.switched else "nvlink"
+    )
     return {"interconnect": word, "nvlinks": found.active}
 
 
@@ -209,7 +213,9 @@ def device_label(hardware: JsonDict) -> str:
     if hardware["device_type"] == "cpu":
         return "cpu"
     entry = hardware.get("peak_flops_entry")
-    return (entry or hardware["name"]).lower().replace("nvidia", "").split()[0] if (entry or hardware["name"]) else "gpu"
+    return (
+        (entry or hardware["name"]).lower().replace("nvidia", "").split()[0] if (entry or hardware["name"]) else "gpu"
+    )
 
 
 def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
@@ -223,7 +229,11 @@ def requested_mismatch(requested: str | None, hardware: JsonDict) -> str | None:
         name = hardware["name"].lower()
         matches = hardware["device_type"] == "cuda" and all(part in name for part in wanted.split())
     detected = f"{hardware['name']} ({hardware['device_type']})"
-    return None if matches else f"--gpu {requested} was asked for but the detected device is {detected}; this calibration describes the detected device"
+    return (
+        None
+        if matches
+        else f"--gpu {requested} was asked for but the detected device is {detected}; this calibration describes the detected device"
+    )
 
 
 def require_requested_device(requested: str | None) -> None:
@@ -235,13 +245,19 @@ def require_requested_device(requested: str | None) -> None:
 
     if torch.cuda.is_available():
         return
-    raise BenchtrainError(f"--gpu {requested}: {cuda_diagnosis(torch.__version__, torch.version.cuda, driver_version(), driver_cuda_version())}")
+    raise BenchtrainError(
+        f"--gpu {requested}: {cuda_diagnosis(torch.__version__, torch.version.cuda, driver_version(), driver_cuda_version())}"
+    )
 
 
 def cuda_diagnosis(torch_version: str, build_cuda: str | None, driver: str | None, driver_cuda: str | None) -> str:
     """What torch sees when torch.cuda.is_available() is False, and the fix, in one line."""
     release = torch_version.split("+")[0]
-    build = f"torch {torch_version} is built for CUDA {build_cuda}" if build_cuda else f"torch {torch_version} is a CPU-only build"
+    build = (
+        f"torch {torch_version} is built for CUDA {build_cuda}"
+        if build_cuda
+        else f"torch {torch_version} is a CPU-only build"
+    )
     if driver is None and driver_cuda is None:
         seen = f"{build}, no NVIDIA driver found (nvidia-smi, libcuda), torch.cuda.is_available() is False"
         install = "" if build_cuda else ", then a CUDA build of torch"
@@ -251,7 +267,11 @@ def cuda_diagnosis(torch_version: str, build_cuda: str | None, driver: str | Non
     hidden = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
     seen = f"{build}, NVIDIA driver {driver or 'found'}{supports}, torch.cuda.is_available() is False{hidden}"
     if build_cuda and driver_cuda and _version_tuple(build_cuda) <= _version_tuple(driver_cuda):
-        fix = "make the GPU visible (CUDA_VISIBLE_DEVICES)" if hidden else "torch's CUDA and the driver's agree: nvidia-smi should say why the GPU is unusable"
+        fix = (
+            "make the GPU visible (CUDA_VISIBLE_DEVICES)"
+            if hidden
+            else "torch's CUDA and the driver's agree: nvidia-smi should say why the GPU is unusable"
+        )
         return f"{seen}: {fix}, or measure this CPU with --gpu cpu"
     wheel = f"cu{driver_cuda.replace('.', '')}" if driver_cuda else "cuXYZ"
     target = f"CUDA {driver_cuda} or older" if driver_cuda else "the driver's CUDA (nvidia-smi shows it)"

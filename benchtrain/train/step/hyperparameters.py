@@ -45,7 +45,9 @@ class OptimizerSettings:
 
     def __post_init__(self) -> None:
         if self.lr_scheduler_type not in SCHEDULER_CHOICES:
-            raise BenchtrainError(f"--lr-scheduler-type must be one of {', '.join(SCHEDULER_CHOICES)}, got {self.lr_scheduler_type!r}")
+            raise BenchtrainError(
+                f"--lr-scheduler-type must be one of {', '.join(SCHEDULER_CHOICES)}, got {self.lr_scheduler_type!r}"
+            )
         if not (math.isfinite(self.warmup_ratio) and 0 <= self.warmup_ratio < 1):
             raise BenchtrainError(f"--warmup-ratio must be a fraction in [0, 1), got {self.warmup_ratio}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
@@ -79,12 +81,22 @@ class OptimizerSettings:
         resume keeps the run's first horizon). transformers' get_scheduler takes what each kind needs."""
         from transformers import get_scheduler
 
-        return get_scheduler(self.lr_scheduler_type, optimizer, num_warmup_steps=self.warmup_for(total_steps), num_training_steps=max(1, total_steps))
+        return get_scheduler(
+            self.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=self.warmup_for(total_steps),
+            num_training_steps=max(1, total_steps),
+        )
 
     def record(self, learning_rate: float, optimizer: str, total_steps: int) -> JsonDict:
         """run.json's `hyperparameters`: the HF keys (HF_KEYS), `warmup_steps` the warm-up this run's
         schedule has over its `total_steps`, `optim` HF's name of the optimizer (its OPTIMIZERS entry's)."""
-        return {"learning_rate": learning_rate, **asdict(self), "warmup_steps": self.warmup_for(total_steps), "optim": hf_optim(optimizer)}
+        return {
+            "learning_rate": learning_rate,
+            **asdict(self),
+            "warmup_steps": self.warmup_for(total_steps),
+            "optim": hf_optim(optimizer),
+        }
 
 
 # The fields of OptimizerSettings, which are also their options' names (--warmup-ratio: warmup_ratio).
@@ -107,8 +119,13 @@ def scaled_learning_rate(learning_rate: float, scaling: str, base_batch: int | N
 
 
 def make_optimizer(
-    model: torch.nn.Module, learning_rate: float = DEFAULT_LEARNING_RATE, name: str = DEFAULT_OPTIMIZER, settings: OptimizerSettings | None = None
+    model: torch.nn.Module,
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    name: str = DEFAULT_OPTIMIZER,
+    settings: OptimizerSettings | None = None,
 ) -> torch.optim.Optimizer:
     """`name`'s optimizer over the trainable parameters, weight decay on matrices only (`settings`: None, the defaults)."""
     settings = settings or OptimizerSettings()
-    return optimizer_named(name).build(parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon)
+    return optimizer_named(name).build(
+        parameter_groups(model, settings.weight_decay), learning_rate, settings.betas, settings.adam_epsilon
+    )

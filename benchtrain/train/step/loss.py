@@ -57,7 +57,9 @@ def choose_loss(choice: str, device_type: str, model_type: str | None) -> str:
             return "plain"
         return "liger" if device_type == "cuda" and liger_problem() is None else "chunked"
     if choice != "plain" and not fusable:
-        raise BenchtrainError(f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain")
+        raise BenchtrainError(
+            f"--loss {choice} supports {', '.join(PLAIN_HEAD_MODEL_TYPES)}, not {model_type}; use --loss plain"
+        )
     if choice == "liger" and device_type != "cuda":
         raise BenchtrainError("--loss liger needs CUDA and liger-kernel (pip install 'benchtrain[gpu]')")
     if choice == "liger" and liger_problem() is not None:
@@ -78,7 +80,9 @@ def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) 
     return max(1, math.ceil(tokens / chunks))
 
 
-def _chunked_loss_and_gradients(hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True) -> tuple[Any, Any, Any]:
+def _chunked_loss_and_gradients(
+    hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True
+) -> tuple[Any, Any, Any]:
     """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its gradients,
     a chunk of rows at a time: matmuls in `hidden`'s dtype, softmax and sums in fp32."""
     import torch
@@ -123,7 +127,9 @@ def _chunked_function() -> Any:
     class ChunkedLinearCrossEntropy(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, hidden: Any, weight: Any, targets: Any, chunk: int) -> Any:
-            loss, grad_hidden, grad_weight = _chunked_loss_and_gradients(hidden, weight, targets, chunk, weight.requires_grad)
+            loss, grad_hidden, grad_weight = _chunked_loss_and_gradients(
+                hidden, weight, targets, chunk, weight.requires_grad
+            )
             ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
             ctx.weight_dtype = weight.dtype
             ctx.has_weight_grad = grad_weight is not None
@@ -160,7 +166,8 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
     size = chunk or chunk_tokens(flat.shape[0], weight.shape[0])
     with torch.autocast(flat.device.type, enabled=False):
         if not (torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)):
-            return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]  # evaluation
+            # evaluation
+            return _chunked_loss_and_gradients(flat, weight, targets, size, weight_grad=False, grads=False)[0]
         return _chunked_function().apply(flat, weight, targets, size)
 
 
@@ -206,7 +213,9 @@ def _module_states(lm: Any) -> list[tuple[Any, type, dict[str, Any], dict[str, A
     return [(module, type(module), dict(vars(module)), dict(module._modules)) for module in lm.modules()]
 
 
-def _changes_since(states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]]) -> list[tuple[Any, str, str, Any, Any]]:
+def _changes_since(
+    states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]],
+) -> list[tuple[Any, str, str, Any, Any]]:
     """(module, what, name, before, after) for every class, attribute and child that changed since `states`."""
     changes: list[tuple[Any, str, str, Any, Any]] = []
     for module, cls, attributes, children in states:
@@ -239,7 +248,9 @@ def remove_liger_kernels(lm: Any) -> None:
             place[name] = before
 
 
-def _loss_forward(self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+def _loss_forward(
+    self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any
+) -> Any:
     """The causal LM's forward once a loss is installed; it reads the loss in use (`_benchtrain_loss`) at every call."""
     original = self._benchtrain_original_forward
     kind = self._benchtrain_loss

@@ -27,7 +27,9 @@ def data_wait_share(wait_seconds: float, step_seconds: float) -> float:
     return min(1.0, wait_seconds / step_seconds) if step_seconds > 0 else 0.0
 
 
-def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+def step_figures(
+    tokens_computed: float, seconds: float, wait_seconds: float, flops_per_token: float, peak_flops: float | None
+) -> dict[str, float | None]:
     """The figures of `seconds` of training that computed `tokens_computed` positions (padding included, on one process) and waited `wait_seconds` for data."""
     rate = tokens_per_second(tokens_computed, seconds)
     return {
@@ -38,7 +40,9 @@ def step_figures(tokens_computed: float, seconds: float, wait_seconds: float, fl
     }
 
 
-def planned_figures(computed_tokens: float, step_seconds: float, world_size: int, flops_per_token: float, peak_flops: float | None) -> dict[str, float | None]:
+def planned_figures(
+    computed_tokens: float, step_seconds: float, world_size: int, flops_per_token: float, peak_flops: float | None
+) -> dict[str, float | None]:
     """A plan's predicted TFLOP/s and MFU per process: `computed_tokens` positions (padding
     included, every process together) in `step_seconds` of predicted training."""
     return step_figures(computed_tokens / max(1, world_size), step_seconds, 0.0, flops_per_token, peak_flops)

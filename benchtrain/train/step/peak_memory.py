@@ -142,5 +142,9 @@ class PeakMemory:
 
     def record(self) -> dict[str, int]:
         """The fields a measurement row (and a run's actual figures) keep beside peak_memory_bytes: on CUDA only (calibration.memory_fit.CUDA_MEMORY_FIELDS)."""
-        fields = {"peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes, "non_torch_bytes": self.non_torch_bytes}
+        fields = {
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_used_bytes": self.device_used_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
+        }
         return {name: value for name, value in fields.items() if value is not None}

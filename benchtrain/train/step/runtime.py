@@ -122,7 +122,12 @@ def finish_together(timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
 
 
 def wait_for_all(
-    store: Store, key: str, world_size: int, give_up_at: float, clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep
+    store: Store,
+    key: str,
+    world_size: int,
+    give_up_at: float,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
 ) -> None:
     """Count this process in at `key` of the store, then wait until all `world_size` have (or fail past `give_up_at`)."""
     store.add(key, 1)

@@ -32,9 +32,15 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     blocks = decoder_blocks(model)
-    before = quantized_check(model) if any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters()) else None
+    before = (
+        quantized_check(model)
+        if any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters())
+        else None
+    )
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -43,7 +49,9 @@ def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
     if before is not None:
         fault = broadcast_from_rank0(quantized_sharding_fault(before, model, dist.get_world_size(), policy.param_dtype))
         if fault:
-            raise BenchtrainError(f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)")
+            raise BenchtrainError(
+                f"--sharding fsdp with --quantize 4bit: {fault}; use --sharding ddp (each process holds the 4-bit base)"
+            )
 
 
 SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float dtype; LLM.int8's are int8
@@ -52,7 +60,9 @@ SHARDABLE_QUANTIZE = ("4bit",)  # bitsandbytes' 4-bit weights stored in a float 
 def check_quantized_sharding(kind: str) -> None:
     """One line for a bitsandbytes base FSDP cannot shard (8-bit: int8 weights and row scales)."""
     if kind not in SHARDABLE_QUANTIZE:
-        raise BenchtrainError(f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp")
+        raise BenchtrainError(
+            f"--sharding fsdp with --quantize {kind}: an 8-bit base cannot be sharded (int8 weights); use --quantize 4bit, or --sharding ddp"
+        )
 
 
 # A 4-bit base under FSDP is checked by measurement, not assumed (docs/design.md#sharding-ddp-and-fsdp).
@@ -73,19 +83,29 @@ def quantized_check(model: Any) -> QuantizedCheck:
     from torch.distributed.tensor import DTensor
 
     # The bytes first: after a forward FSDP leaves the root's parameters gathered until the backward.
-    frozen = (parameter.to_local() if isinstance(parameter, DTensor) else parameter for parameter in model.parameters() if not parameter.requires_grad)
+    frozen = (
+        parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        for parameter in model.parameters()
+        if not parameter.requires_grad
+    )
     base_bytes = sum(tensor.numel() * tensor.element_size() for tensor in frozen)
     vocab = unwrap(model).config.vocab_size
-    tokens = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
+    tokens = torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0)).to(
+        next(model.parameters()).device
+    )
     with torch.no_grad():
         logits = model(input_ids=tokens).logits.float().cpu()
     if is_sharded(model):
         model.reshard()  # the root's gathered parameters freed again
-    storage = next((parameter.dtype for parameter in model.parameters() if type(parameter).__name__ == "Params4bit"), None)
+    storage = next(
+        (parameter.dtype for parameter in model.parameters() if type(parameter).__name__ == "Params4bit"), None
+    )
     return QuantizedCheck(logits, base_bytes, storage)
 
 
-def quantized_sharding_fault(before: QuantizedCheck, model: Any, world_size: int, compute_dtype: Any = None) -> str | None:
+def quantized_sharding_fault(
+    before: QuantizedCheck, model: Any, world_size: int, compute_dtype: Any = None
+) -> str | None:
     """Why a 4-bit base sharded by FSDP must not train (None: it computes what it did whole, and
     each rank holds its share). `compute_dtype`: FSDP's gathered dtype. Every rank calls it together."""
     cast = None
@@ -190,7 +210,9 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     weights: dict[str, Any] = {}
     if dist.get_rank() == 0:
         try:
-            full = AutoModelForCausalLM.from_pretrained(str(spec.directory), local_files_only=True, dtype="auto", device_map="cpu")
+            full = AutoModelForCausalLM.from_pretrained(
+                str(spec.directory), local_files_only=True, dtype="auto", device_map="cpu"
+            )
             placed = base_names(model)  # LoRA: the base's tensors sit under `base_layer`
             weights = {placed.get(name, name): tensor for name, tensor in full.state_dict().items()}
         finally:  # counted in even when reading failed: the others then fail in the broadcast, not wait here
@@ -199,7 +221,13 @@ def load_from_rank0(model: Any, spec: Any) -> None:
         give_up_at = time.monotonic() + weight_bytes(spec.directory) / LOAD_READ_RATE + LOAD_SLACK_SECONDS
         wait_for_all(store, key, world_size, give_up_at)  # every rank counted in: rank 0 has read the weights
     # LoRA's adapters are not in the folder: they keep their seeded values (strict off for them).
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not has_frozen_parameters(model)))
+    set_model_state_dict(
+        model,
+        weights,
+        options=StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=not has_frozen_parameters(model)
+        ),
+    )
 
 
 def weight_bytes(folder: Path) -> int:
@@ -245,7 +273,12 @@ def has_frozen_parameters(model: torch.nn.Module) -> bool:
     return flags == {True, False}
 
 
-def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, weights: DictValueType, optimizer_state: OptimizerStateType) -> None:
+def scatter_full_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    weights: DictValueType,
+    optimizer_state: OptimizerStateType,
+) -> None:
     """Load a full state held by rank 0 (the others pass empty dicts) into the sharded model and
     optimizer, every process together; LoRA's frozen base keeps what it was built with."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict

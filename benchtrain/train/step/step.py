@@ -138,7 +138,15 @@ class TrainingStep:
         self.clear_gradients()
         seconds = self.timer.stop()
         return StepResult(
-            seconds, wait, float(loss_sum.item()), tokens, target_tokens, grad_accum, tuple(shapes), learning_rate, micro_step_seconds=tuple(micro_seconds)
+            seconds,
+            wait,
+            float(loss_sum.item()),
+            tokens,
+            target_tokens,
+            grad_accum,
+            tuple(shapes),
+            learning_rate,
+            micro_step_seconds=tuple(micro_seconds),
         )
 
 
@@ -149,7 +157,10 @@ def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> Non
 
     device = accelerator.device
     tokens = torch.zeros((1, 8), dtype=torch.long, device=device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.compiler.set_stance("force_eager"):
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        torch.compiler.set_stance("force_eager"),
+    ):
         for _ in range(2):  # the first records the order gradients become ready; the second's forward rebuilds
             with without_packed_sequence_check():
                 loss = model(input_ids=tokens, labels=tokens).loss

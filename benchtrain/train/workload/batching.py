@@ -47,7 +47,9 @@ def count_targets(labels: torch.Tensor) -> int:
 def to_device(batch: Mapping[str, object], device: torch.device | str) -> Batch:
     """The batch's tensors on `device`, copied without blocking (from pinned memory on CUDA); host-side counts (`target_tokens`) are dropped."""
     # Every tensor the batch holds moves (a test's batch may hold more than Batch names).
-    return cast(Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")})
+    return cast(
+        Batch, {key: value.to(device, non_blocking=True) for key, value in batch.items() if hasattr(value, "to")}
+    )
 
 
 class BatchSizes(NamedTuple):
@@ -66,7 +68,9 @@ class BatchShape(NamedTuple):
     length: int
 
 
-def _padded_layout(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _padded_layout(
+    lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sample order, where each batch starts in it, the order batches run in): a shuffled order, sorted (longest
     first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
     count = len(lengths)
@@ -81,7 +85,9 @@ def _padded_layout(lengths: Lengths, micro_batch_size: int, max_length: int, see
     return order, starts, rng.permutation(len(starts))
 
 
-def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> list[np.ndarray]:
+def plan_padded_batches(
+    lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int
+) -> list[np.ndarray]:
     """Length-grouped batches of sample indices (_padded_layout), in the order they run."""
     if len(lengths) == 0:
         return []
@@ -91,7 +97,13 @@ def plan_padded_batches(lengths: Lengths, micro_batch_size: int, max_length: int
 
 
 def padded_epoch_shape_counts(
-    lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int, batch_count: int | None = None, bucket: int | None = None
+    lengths: Lengths,
+    micro_batch_size: int,
+    max_length: int,
+    seed: int,
+    epoch: int,
+    batch_count: int | None = None,
+    bucket: int | None = None,
 ) -> dict[BatchShape, int]:
     """batch_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
     600,000 samples in seconds): each batch's rows and longest sample from the sorted order, taken in the order the
@@ -109,7 +121,10 @@ def padded_epoch_shape_counts(
 def _shape_counts(sizes: BatchSizes, max_length: int) -> dict[BatchShape, int]:
     # One integer per (rows, length): np.unique on a 1-D key, not on pairs.
     keys, counts = np.unique(sizes.rows.astype(np.int64) * (max_length + 1) + sizes.lengths, return_counts=True)
-    return {BatchShape(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count) for key, count in zip(keys, counts, strict=True)}
+    return {
+        BatchShape(int(key // (max_length + 1)), int(key % (max_length + 1))): int(count)
+        for key, count in zip(keys, counts, strict=True)
+    }
 
 
 def padded_width(longest: int, max_length: int, bucket: int | None = None) -> int:
@@ -163,7 +178,9 @@ def plan_packed_batches(row_count: int, micro_batch_size: int, seed: int, epoch:
     return PackedPlan(order, micro_batch_size)
 
 
-def packed_epoch_shape_counts(row_count: int, micro_batch_size: int, length: int, batch_count: int) -> dict[BatchShape, int]:
+def packed_epoch_shape_counts(
+    row_count: int, micro_batch_size: int, length: int, batch_count: int
+) -> dict[BatchShape, int]:
     """batch_shape_counts of one process's first `batch_count` batches, without the batches:
     every batch is full but the epoch's last (which the shuffle leaves last)."""
     total = -(-row_count // micro_batch_size)
@@ -186,8 +203,21 @@ class PaddedBatches:
     """Item i: micro-batch i of `batches`, padded to its longest sample (at most max_length). The
     samples are sliced out of the memory-mapped store in the worker that collates the batch."""
 
-    def __init__(self, data: TokenizedData, batches: Sequence[MicroBatch], max_length: int, pad_id: int, bucket: int | None = None) -> None:
-        self.data, self.batches, self.max_length, self.pad_id, self.bucket = data, list(batches), max_length, pad_id, bucket
+    def __init__(
+        self,
+        data: TokenizedData,
+        batches: Sequence[MicroBatch],
+        max_length: int,
+        pad_id: int,
+        bucket: int | None = None,
+    ) -> None:
+        self.data, self.batches, self.max_length, self.pad_id, self.bucket = (
+            data,
+            list(batches),
+            max_length,
+            pad_id,
+            bucket,
+        )
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -263,8 +293,13 @@ def make_loader(dataset: MicroBatches, num_workers: int, pin_memory: bool, start
     if start:
         items = Subset(items, range(start, len(dataset)))
     return DataLoader(
-        items, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
-        prefetch_factor=4 if num_workers else None, worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
+        items,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if num_workers else None,
+        worker_init_fn=leave_stop_signals_to_the_main_process if num_workers else None,
     )
 
 
@@ -289,10 +324,16 @@ def shard(batches: Sequence[MicroBatch], rank: int, world_size: int) -> list[Mic
     if whole < world_size or len(tail) < 2 * world_size:
         return list(batches[rank:whole:world_size])
     rounds = 2 * world_size
-    return [*batches[rank : whole - world_size : world_size], list(tail[rank::rounds]), list(tail[world_size + rank :: rounds])]
+    return [
+        *batches[rank : whole - world_size : world_size],
+        list(tail[rank::rounds]),
+        list(tail[world_size + rank :: rounds]),
+    ]
 
 
-def epoch_batches(data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int) -> Sequence[MicroBatch]:
+def epoch_batches(
+    data: DataView, micro_batch_size: int, max_length: int, seed: int, epoch: int
+) -> Sequence[MicroBatch]:
     """The exact micro-batches training will run in `epoch` (indices of samples, or packed rows)."""
     if data.packing:
         rows = packed_row_count(data.stream_length, max_length)
@@ -309,7 +350,9 @@ class BatchLayout:
     seed: int
 
 
-def run_batches(data: DataView, layout: BatchLayout, epoch: int, epochs: float, world_size: int = 1, rank: int = 0) -> list[MicroBatch]:
+def run_batches(
+    data: DataView, layout: BatchLayout, epoch: int, epochs: float, world_size: int = 1, rank: int = 0
+) -> list[MicroBatch]:
     """This process's micro-batches for `epoch`; a fractional last epoch runs its first part."""
     batches = epoch_batches(data, layout.micro_batch_size, layout.max_length, layout.seed, epoch)
     return shard(batches[: epoch_share(len(batches), epoch, epochs)], rank, world_size)
@@ -329,7 +372,9 @@ def padded_batch_count(count: int, micro_batch_size: int) -> int:
     return (count // window) * GROUP_WINDOW_BATCHES + -(-(count % window) // micro_batch_size)
 
 
-def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> BatchSizes:
+def batch_rows_and_lengths(
+    data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
+) -> BatchSizes:
     if not len(batches):
         return BatchSizes(np.zeros(0, np.int64), np.zeros(0, np.int64))
     if not data.packing:
@@ -346,10 +391,17 @@ def batch_rows_and_lengths(data: DataView, batches: Sequence[MicroBatch], max_le
     return BatchSizes(rows, np.full(len(rows), max_length, dtype=np.int64))
 
 
-def batch_shapes(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> list[BatchShape]:
-    return [BatchShape(int(rows), int(length)) for rows, length in zip(*batch_rows_and_lengths(data, batches, max_length, bucket), strict=True)]
+def batch_shapes(
+    data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
+) -> list[BatchShape]:
+    return [
+        BatchShape(int(rows), int(length))
+        for rows, length in zip(*batch_rows_and_lengths(data, batches, max_length, bucket), strict=True)
+    ]
 
 
-def batch_shape_counts(data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None) -> dict[BatchShape, int]:
+def batch_shape_counts(
+    data: DataView, batches: Sequence[MicroBatch], max_length: int, bucket: int | None = None
+) -> dict[BatchShape, int]:
     """How many batches have each (rows, padded length), without a Python object per batch."""
     return _shape_counts(batch_rows_and_lengths(data, batches, max_length, bucket), max_length)

@@ -55,7 +55,9 @@ def load_records(path: str, split: str = "train") -> Any:
         return _non_empty(loaded, path)
     loader = LOADERS.get(source.suffix.lower())
     if loader is None:
-        raise BenchtrainError(f"{path}: unsupported file type {source.suffix or '(none)'}; use .jsonl, .json, .csv or .parquet")
+        raise BenchtrainError(
+            f"{path}: unsupported file type {source.suffix or '(none)'}; use .jsonl, .json, .csv or .parquet"
+        )
     if source.suffix.lower() == ".jsonl":
         _check_jsonl(source, lines=1)  # datasets reads a file of one JSON list as rows of text
     datasets.disable_progress_bars() if not sys.stderr.isatty() else None
@@ -114,7 +116,9 @@ def _check_jsonl(source: Path, lines: int | None = None) -> None:
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise BenchtrainError(f"{source}, line {number}: not valid JSON ({error.msg if hasattr(error, 'msg') else error})") from None
+                raise BenchtrainError(
+                    f"{source}, line {number}: not valid JSON ({error.msg if hasattr(error, 'msg') else error})"
+                ) from None
             if not isinstance(record, dict):
                 raise BenchtrainError(f"{source}, line {number}: expected a JSON object, got {type(record).__name__}")
             seen += 1
@@ -133,7 +137,13 @@ PROFILE_PERCENTILES = (50, 90, 95, 99, 99.5)
 
 def length_profile(lengths: Lengths) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
-    profile = {"count": len(values), "total_tokens": int(values.sum()), "mean": float(values.mean()), "min": int(values.min()), "max": int(values.max())}
+    profile = {
+        "count": len(values),
+        "total_tokens": int(values.sum()),
+        "mean": float(values.mean()),
+        "min": int(values.min()),
+        "max": int(values.max()),
+    }
     return profile | {f"p{q:g}": float(np.percentile(values, q)) for q in PROFILE_PERCENTILES}
 
 
@@ -148,4 +158,9 @@ def truncation(lengths: Lengths, max_length: int) -> JsonDict:
     values = np.asarray(lengths, dtype=np.int64)
     cut = values > max_length
     dropped = int((values[cut] - max_length).sum())
-    return {"max_length": max_length, "samples_truncated": int(cut.sum()), "share_truncated": float(cut.mean()), "tokens_dropped": dropped}
+    return {
+        "max_length": max_length,
+        "samples_truncated": int(cut.sum()),
+        "share_truncated": float(cut.mean()),
+        "tokens_dropped": dropped,
+    }

@@ -57,7 +57,9 @@ class BuildJob:
                 run_workers(self, count, workers, folder, bar.update)
         finally:
             bar.close()
-        join_parts(self, [folder / f"part-{k}" for k in range(workers)], folder, {"workers": workers, "started": started})
+        join_parts(
+            self, [folder / f"part-{k}" for k in range(workers)], folder, {"workers": workers, "started": started}
+        )
 
 
 # What writes a store into a folder (a BuildJob, or the index of raw token files), told what it holds for its progress.
@@ -87,7 +89,12 @@ def store_state(folder: Path, key: str, verify_contents: bool = False) -> str:
 
 
 def ensure_store(
-    folder: Path, key: str, builder_for: Callable[[], Builder], say: Callable[[str], None], what: str, verify_contents: bool = False
+    folder: Path,
+    key: str,
+    builder_for: Callable[[], Builder],
+    say: Callable[[str], None],
+    what: str,
+    verify_contents: bool = False,
 ) -> tuple[TokenizedData, float | None]:
     """The store in `folder`, built if missing or damaged (by the main process of this machine; the others wait for
     it); `verify_contents`: every file against its checksum (before training). Returns it mapped, and the seconds its
@@ -108,7 +115,9 @@ def ensure_store(
         return open_store(folder), time.perf_counter() - started
 
 
-def wait_for_store(folder: Path, key: str, say: Callable[[str], None], what: str, verify_contents: bool = False) -> TokenizedData:
+def wait_for_store(
+    folder: Path, key: str, say: Callable[[str], None], what: str, verify_contents: bool = False
+) -> TokenizedData:
     """A process other than the builder: wait for the store the main process writes."""
     lock = folder.with_name(f"{folder.name}.lock")
     said, quiet_since = False, time.monotonic()
@@ -139,7 +148,9 @@ def build_store(folder: Path, build: Builder, what: str) -> None:
             build(temporary, what)
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskSpaceError(f"no room left in {folder.parent} for the tokenized data ({error.strerror}): free space or set BENCHTRAIN_HOME") from None
+            raise DiskSpaceError(
+                f"no room left in {folder.parent} for the tokenized data ({error.strerror}): free space or set BENCHTRAIN_HOME"
+            ) from None
         raise BenchtrainError(f"cannot write the tokenized data into {folder}: {error.strerror or error}") from None
 
 
@@ -147,7 +158,9 @@ def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Call
     trace = os.environ.get("BENCHTRAIN_TOKENIZE_LOG")
     if trace:  # which process tokenized what (tests: under a launcher only the main process does)
         with open(trace, "a") as handle:
-            handle.write(f"{os.environ.get('RANK', '0')} {os.environ.get('LOCAL_RANK', '0')} {os.getpid()} {start} {stop}\n")
+            handle.write(
+                f"{os.environ.get('RANK', '0')} {os.environ.get('LOCAL_RANK', '0')} {os.getpid()} {start} {stop}\n"
+            )
     writer = TokenWriter(part, job.dtype, job.masked, job.prompts)
     for first in range(start, stop, ENCODE_BATCH):
         last = min(stop, first + ENCODE_BATCH)
@@ -249,7 +262,13 @@ def list_stores() -> list[JsonDict]:
             meta = {}
         size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
         kind = "sample" if ".sample" in folder.name else "full"
-        row = {"key": folder.name, "source": meta.get("source", "?"), "kind": kind, "documents": meta.get("documents"), "tokens": meta.get("tokens")}
+        row = {
+            "key": folder.name,
+            "source": meta.get("source", "?"),
+            "kind": kind,
+            "documents": meta.get("documents"),
+            "tokens": meta.get("tokens"),
+        }
         rows.append({**row, "bytes": size, "used": folder.stat().st_atime, "path": str(folder), "complete": bool(meta)})
     return rows
 

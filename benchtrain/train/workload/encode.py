@@ -25,7 +25,9 @@ def assistant_character_spans(tokenizer: Any, messages: list[dict[str, Any]]) ->
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        before = (
+            tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True) if index else ""
+        )
         through = tokenizer.apply_chat_template(messages[: index + 1], tokenize=False)
         if not (rendered.startswith(through) and through.startswith(before)):
             raise BenchtrainError("the chat template does not render conversations turn by turn; pass --train-on all")
@@ -48,7 +50,9 @@ class TemplateShape:
         try:
             plain = tokenizer.apply_chat_template(question, tokenize=False)
             prompted = tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
-            through = tokenizer.apply_chat_template([*question, {"role": "assistant", "content": PROBE_ANSWER}], tokenize=False)
+            through = tokenizer.apply_chat_template(
+                [*question, {"role": "assistant", "content": PROBE_ANSWER}], tokenize=False
+            )
         except Exception:
             return None
         if not through.startswith(prompted):
@@ -109,7 +113,9 @@ class Encoder:
         if not self.masked:
             return self._ids([render(messages, tokenize=False) for messages in conversations]), None
         found = [self._spans(messages) for messages in conversations]  # (rendered, assistant spans) each
-        encoded = self.tokenizer([rendered for rendered, _ in found], add_special_tokens=False, return_offsets_mapping=True)
+        encoded = self.tokenizer(
+            [rendered for rendered, _ in found], add_special_tokens=False, return_offsets_mapping=True
+        )
         masks = []
         for offsets, (_, turn_spans) in zip(encoded["offset_mapping"], found, strict=True):
             # A token is trained when it starts inside an assistant turn's span.

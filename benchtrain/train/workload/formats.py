@@ -21,9 +21,16 @@ OUTPUT_FIELDS = ("output", "response")
 # the chat-template role each one is.
 ROLE_ALIASES = {
     "system": "system",
-    "human": "user", "user": "user", "prompter": "user",
-    "gpt": "assistant", "assistant": "assistant", "bot": "assistant", "chatgpt": "assistant", "model": "assistant",
-    "tool": "tool", "observation": "tool",
+    "human": "user",
+    "user": "user",
+    "prompter": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "bot": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "tool": "tool",
+    "observation": "tool",
 }
 TOKEN_FIELD = "input_ids"
 # A format's claim on a dataset (DataFormat.claim): the lowest wins. A column option (--text-field,
@@ -109,7 +116,9 @@ class Columns:
             return explicit
         found = next((name for name in candidates if name in self.names), None)
         if found is None and required:
-            raise BenchtrainError(f"{self.where}: {self.format} data needs a column for {option} ({' or '.join(candidates)}); columns: {self.names}")
+            raise BenchtrainError(
+                f"{self.where}: {self.format} data needs a column for {option} ({' or '.join(candidates)}); columns: {self.names}"
+            )
         return found
 
 
@@ -120,7 +129,8 @@ class Tokenizing:
 
     layout: Layout
     ids: Callable[[list[str]], list[list[int]]]  # texts to ids, no special tokens added
-    chat: Callable[[list[Turns]], tuple[list[list[int]], list[np.ndarray] | None]]  # conversations to ids and loss masks
+    # conversations to ids and loss masks
+    chat: Callable[[list[Turns]], tuple[list[list[int]], list[np.ndarray] | None]]
     eos: list[int]
     where: str
 
@@ -137,7 +147,8 @@ class DataFormat:
     name: str
     help: str  # its phrase in --data-format's help
     accepted: str | None  # its phrase in the error listing the formats detection recognises (None: not listed)
-    claim: Callable[[set[str], DataSchema], int | None]  # how surely the columns and options say this format (lowest wins; None: not at all)
+    # how surely the columns and options say this format (lowest wins; None: not at all)
+    claim: Callable[[set[str], DataSchema], int | None]
     layout: Callable[[Columns], Layout]  # the columns it reads
     encode: Callable[[Tokenizing, list[Record]], Encoded]  # a batch of records to ids, masks, prompt lengths
     loss_on: str  # what the loss is on, as run.json says it (`--train-on all` on chat data: every token)
@@ -151,7 +162,9 @@ def normalise_turn(turn: Any, where: str) -> dict[str, Any]:
     """One turn for the chat template: ShareGPT's {from, value} as {role, content}; OpenAI's
     {role, content, ...} kept whole (tool calls and names too), its role's aliases mapped."""
     if not isinstance(turn, dict):
-        raise BenchtrainError(f"{where}: a turn is {type(turn).__name__}, not an object with role/content or from/value")
+        raise BenchtrainError(
+            f"{where}: a turn is {type(turn).__name__}, not an object with role/content or from/value"
+        )
     if "role" in turn:
         named = str(turn["role"])
         return {**turn, "role": ROLE_ALIASES.get(named.strip().lower(), named)}
@@ -180,7 +193,11 @@ def detect_layout(columns: list[str], schema: DataSchema, where: str, first: Rec
 
 def guess_format(present: set[str], schema: DataSchema) -> str | None:
     """The format whose claim on these columns and options is surest (the table's order breaks ties)."""
-    claims = [(claim, order, name) for order, (name, entry) in enumerate(FORMATS.items()) if (claim := entry.claim(present, schema)) is not None]
+    claims = [
+        (claim, order, name)
+        for order, (name, entry) in enumerate(FORMATS.items())
+        if (claim := entry.claim(present, schema)) is not None
+    ]
     return min(claims)[2] if claims else None
 
 
@@ -199,7 +216,9 @@ def format_help() -> str:
 
 def schema_from_args(args: argparse.Namespace) -> DataSchema:
     """The schema the options say (each field's option has its name; the format's is --data-format)."""
-    columns = {option.name: getattr(args, option.name, None) for option in fields(DataSchema) if option.name != "format"}
+    columns = {
+        option.name: getattr(args, option.name, None) for option in fields(DataSchema) if option.name != "format"
+    }
     return DataSchema(format=getattr(args, "data_format", "auto") or "auto", **columns)
 
 
@@ -268,7 +287,11 @@ def alpaca_turns(layout: Layout, record: Record, where: str) -> Turns:
     extra = str(record.get(layout.input) or "") if layout.input else ""
     question = f"{instruction}\n\n{extra}" if extra else instruction
     answer = str(record.get(layout.column(layout.completion)) or "")
-    return [*system_opening(layout, record), {"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return [
+        *system_opening(layout, record),
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
 
 
 def encode_chat(tools: Tokenizing, records: list[Record]) -> Encoded:
@@ -285,7 +308,11 @@ def prompt_completion_claim(present: set[str], schema: DataSchema) -> int | None
 
 def prompt_completion_layout(columns: Columns) -> Layout:
     prompt = columns.pick(columns.schema.prompt_field, "--prompt-field", ("prompt",))
-    return Layout("prompt_completion", prompt=prompt, completion=columns.pick(columns.schema.completion_field, "--completion-field", ("completion",)))
+    return Layout(
+        "prompt_completion",
+        prompt=prompt,
+        completion=columns.pick(columns.schema.completion_field, "--completion-field", ("completion",)),
+    )
 
 
 def encode_prompt_completion(tools: Tokenizing, records: list[Record]) -> Encoded:
@@ -319,14 +346,58 @@ FORMATS: dict[str, DataFormat] = {
     entry.name: entry
     for entry in (
         DataFormat("text", "text", "text (text)", text_claim, text_layout, encode_text, "all tokens", packs=True),
-        DataFormat("messages", "messages (OpenAI)", "messages (role/content turns)", messages_claim, conversation_layout, encode_chat,
-                   "assistant turns", chat=True, turns=conversation_turns),
-        DataFormat("sharegpt", "sharegpt", "sharegpt (conversations of from/value)", no_claim, conversation_layout, encode_chat,
-                   "assistant turns", chat=True, turns=conversation_turns),
-        DataFormat("alpaca", "alpaca", "alpaca (instruction, input, output)", alpaca_claim, alpaca_layout, encode_chat,
-                   "outputs", chat=True, turns=alpaca_turns),
-        DataFormat("prompt_completion", "prompt_completion", "prompt + completion", prompt_completion_claim, prompt_completion_layout,
-                   encode_prompt_completion, "completions", prompts=True),
-        DataFormat("tokens", "tokens (an input_ids column)", None, tokens_claim, tokens_layout, encode_tokens, "all tokens", packs=True),
+        DataFormat(
+            "messages",
+            "messages (OpenAI)",
+            "messages (role/content turns)",
+            messages_claim,
+            conversation_layout,
+            encode_chat,
+            "assistant turns",
+            chat=True,
+            turns=conversation_turns,
+        ),
+        DataFormat(
+            "sharegpt",
+            "sharegpt",
+            "sharegpt (conversations of from/value)",
+            no_claim,
+            conversation_layout,
+            encode_chat,
+            "assistant turns",
+            chat=True,
+            turns=conversation_turns,
+        ),
+        DataFormat(
+            "alpaca",
+            "alpaca",
+            "alpaca (instruction, input, output)",
+            alpaca_claim,
+            alpaca_layout,
+            encode_chat,
+            "outputs",
+            chat=True,
+            turns=alpaca_turns,
+        ),
+        DataFormat(
+            "prompt_completion",
+            "prompt_completion",
+            "prompt + completion",
+            prompt_completion_claim,
+            prompt_completion_layout,
+            encode_prompt_completion,
+            "completions",
+            prompts=True,
+        ),
+        DataFormat(
+            "tokens",
+            "tokens (an input_ids column)",
+            None,
+            tokens_claim,
+            tokens_layout,
+            encode_tokens,
+            "all tokens",
+            packs=True,
+        ),
     )
 }

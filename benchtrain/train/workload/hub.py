@@ -21,11 +21,28 @@ if TYPE_CHECKING:
 
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 # What bench and the data need: the config, the tokenizer and its chat template (a few MB at most).
-SMALL_FILES = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt"]
+SMALL_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+]
 SMALL_FILES += ["chat_template.jinja", "chat_template.json"]
 # Safetensors when the repository has them (transformers prefers them too); else PyTorch files.
-WEIGHT_PATTERNS = (["*.safetensors", "*.safetensors.index.json"], ["pytorch_model*.bin", "pytorch_model.bin.index.json"])
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_PATTERNS = (
+    ["*.safetensors", "*.safetensors.index.json"],
+    ["pytorch_model*.bin", "pytorch_model.bin.index.json"],
+)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 @dataclass(frozen=True)
@@ -118,8 +135,12 @@ def weights_to_fetch(hub: HubModel) -> WeightFetch:
         listed = guarded(hub.repo_id, hub.revision, "model", partial(_dry_run, hub, patterns))
         if listed:
             missing = [info for info in listed if info.will_download]
-            return WeightFetch(patterns, [info.filename for info in missing], sum(info.file_size or 0 for info in missing), cache)
-    raise BenchtrainError(f"hub model {hub.repo_id}@{hub.revision[:12]} has no weights (no safetensors or pytorch_model.bin files)")
+            return WeightFetch(
+                patterns, [info.filename for info in missing], sum(info.file_size or 0 for info in missing), cache
+            )
+    raise BenchtrainError(
+        f"hub model {hub.repo_id}@{hub.revision[:12]} has no weights (no safetensors or pytorch_model.bin files)"
+    )
 
 
 def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
@@ -132,4 +153,6 @@ def fetch_weights(hub: HubModel, fetch: WeightFetch) -> None:
         )
     snapshot(hub.repo_id, hub.revision, fetch.patterns)
     if not has_weight_files(hub.snapshot):
-        raise BenchtrainError(f"the weights of {hub.repo_id}@{hub.revision[:12]} are still incomplete in {hub.snapshot} after the download")
+        raise BenchtrainError(
+            f"the weights of {hub.repo_id}@{hub.revision[:12]} are still incomplete in {hub.snapshot} after the download"
+        )

@@ -16,8 +16,30 @@ if TYPE_CHECKING:
 
 # In-place ops that write every element of their target without reading it: tensor methods, and
 # torch.nn.init's functions (which take their tensor as `tensor=`, and whose inner ops a mode does not see).
-WHOLE_WRITES = {"normal_", "uniform_", "fill_", "zero_", "copy_", "exponential_", "geometric_", "log_normal_", "cauchy_", "random_", "bernoulli_"}
-WHOLE_WRITES |= {"constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_"}
+WHOLE_WRITES = {
+    "normal_",
+    "uniform_",
+    "fill_",
+    "zero_",
+    "copy_",
+    "exponential_",
+    "geometric_",
+    "log_normal_",
+    "cauchy_",
+    "random_",
+    "bernoulli_",
+}
+WHOLE_WRITES |= {
+    "constant_",
+    "ones_",
+    "zeros_",
+    "eye_",
+    "dirac_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+}
 WHOLE_WRITES |= {"trunc_normal_", "orthogonal_", "sparse_"}
 
 
@@ -39,7 +61,9 @@ def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None)
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa", dtype=dtype or torch.float32)
+        return AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), attn_implementation="sdpa", dtype=dtype or torch.float32
+        )
 
 
 def build_steps(model: Any) -> list[Step]:
@@ -130,7 +154,11 @@ class Slots:
 
         for module, name, _, is_parameter in self.places[key]:
             if is_parameter:
-                module._parameters[name] = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor, requires_grad=False)
+                module._parameters[name] = (
+                    tensor
+                    if isinstance(tensor, torch.nn.Parameter)
+                    else torch.nn.Parameter(tensor, requires_grad=False)
+                )
             else:
                 module._buffers[name] = tensor
 
@@ -145,7 +173,9 @@ def untie(model: Any) -> None:
         module = model.get_submodule(module_name)
         tied = module._parameters.get(name)
         if tied is not None:
-            module._parameters[name] = torch.nn.Parameter(torch.empty_like(tied, device="meta"), requires_grad=tied.requires_grad)
+            module._parameters[name] = torch.nn.Parameter(
+                torch.empty_like(tied, device="meta"), requires_grad=tied.requires_grad
+            )
 
 
 class NamedTensor(NamedTuple):
@@ -169,7 +199,9 @@ def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int
     last = {key: index for index, step in enumerate(steps) for key in step.writes}
     unwritten = [slots.name(key) for key in slots.tensors if key not in last]
     if unwritten:
-        raise BenchtrainError(f"cannot initialise {type(model).__name__} one module at a time: nothing initialises {', '.join(unwritten[:3])}")
+        raise BenchtrainError(
+            f"cannot initialise {type(model).__name__} one module at a time: nothing initialises {', '.join(unwritten[:3])}"
+        )
     torch.manual_seed(seed)
     live: dict[int, Any] = {}
     for index, step in enumerate(steps):

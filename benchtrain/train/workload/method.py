@@ -13,7 +13,13 @@ from benchtrain.calibration.setup import Variant
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
 from benchtrain.train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_named
-from benchtrain.train.workload.quantize import QUANTIZE_CHOICES, base_phrase, check_quantize, logical_numel, require_bitsandbytes
+from benchtrain.train.workload.quantize import (
+    QUANTIZE_CHOICES,
+    base_phrase,
+    check_quantize,
+    logical_numel,
+    require_bitsandbytes,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -29,7 +35,8 @@ class Method:
     name: str  # --method's value, run.json's and the calibration's `method`
     phrase: str  # how plans and lines name it: "full fine-tuning", "LoRA"
     adapters: bool = False  # trains adapters on a frozen base (peft): --lora-* apply, --quantize may quantize the base
-    peft_options: Mapping[str, Any] = field(default_factory=dict)  # LoraConfig's arguments beyond rank, alpha, dropout, targets
+    # LoraConfig's arguments beyond rank, alpha, dropout, targets
+    peft_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 METHODS: dict[str, Method] = {
@@ -101,7 +108,9 @@ class MethodConfig:
 
         base = f" of {base_phrase(self.quantize)}" if self.quantized else ""
         targets = ", ".join(self.lora_targets) if self.lora_targets else "every linear projection"
-        return f"{METHODS[self.method].phrase} rank {self.lora_rank} (alpha {self.alpha:g}) on {targets}{base}{optimizer}"
+        return (
+            f"{METHODS[self.method].phrase} rank {self.lora_rank} (alpha {self.alpha:g}) on {targets}{base}{optimizer}"
+        )
 
 
 def parse_targets(text: str | None) -> tuple[str, ...] | None:
@@ -113,8 +122,19 @@ def parse_targets(text: str | None) -> tuple[str, ...] | None:
 def method_from_args(args: argparse.Namespace) -> MethodConfig:
     """The method named on a command line (`--lora` is `--method lora`)."""
     method = "lora" if getattr(args, "lora", False) else getattr(args, "method", "full")
-    quantize, optimizer = single_choice(getattr(args, "quantize", None), "none"), single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER)
-    return MethodConfig(method, args.lora_rank, args.lora_alpha, args.lora_dropout, parse_targets(args.lora_targets), quantize, optimizer)
+    quantize, optimizer = (
+        single_choice(getattr(args, "quantize", None), "none"),
+        single_choice(getattr(args, "optimizer", None), DEFAULT_OPTIMIZER),
+    )
+    return MethodConfig(
+        method,
+        args.lora_rank,
+        args.lora_alpha,
+        args.lora_dropout,
+        parse_targets(args.lora_targets),
+        quantize,
+        optimizer,
+    )
 
 
 def single_choice(value: str | None, default: str) -> str:
@@ -146,7 +166,9 @@ def quiet_library_warnings() -> None:
     peft says it transposes GPT-2's Conv1D weights for LoRA, which it does rightly: warnings the user can do nothing
     about."""
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"fan_in_fan_out is set to False but the target module is `Conv1D`.*", category=UserWarning
+    )
     # bitsandbytes 0.48's CPU kernels call a torch check that torch 2.13 deprecates, on every matmul.
     warnings.filterwarnings("ignore", message=r".*_check_is_size will be removed.*", category=FutureWarning)
     # LLM.int8 computes its matmuls in fp16, as its paper does: said on every call on CPU.
@@ -166,8 +188,13 @@ def apply_method(model: torch.nn.Module, method: MethodConfig) -> torch.nn.Modul
     targets = list(method.lora_targets) if method.lora_targets else ALL_LINEAR
     config = LoraConfig(
         # peft annotates lora_alpha int; a float alpha scales as written.
-        r=method.lora_rank, lora_alpha=method.alpha, lora_dropout=method.lora_dropout, target_modules=targets,  # type: ignore[arg-type]
-        bias="none", task_type="CAUSAL_LM", **METHODS[method.method].peft_options,
+        r=method.lora_rank,
+        lora_alpha=method.alpha,  # type: ignore[arg-type]
+        lora_dropout=method.lora_dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+        **METHODS[method.method].peft_options,
     )
     try:
         return get_peft_model(model, config)
@@ -210,10 +237,25 @@ def trainable_parameter_count(model: torch.nn.Module) -> int:
 def method_record(method: MethodConfig, model: torch.nn.Module) -> JsonDict:
     """What was trained, for the calibration and run.json: method, adapter settings, counts (a 4-bit weight counted as the weights it stands for)."""
     total = sum(logical_numel(parameter) for parameter in model.parameters())
-    record: JsonDict = {"method": method.method, "trainable_parameters": trainable_parameter_count(model), "total_parameters": total, "lora": None}
+    record: JsonDict = {
+        "method": method.method,
+        "trainable_parameters": trainable_parameter_count(model),
+        "total_parameters": total,
+        "lora": None,
+    }
     record |= {"quantization": method.quantize if method.quantized else None, "optimizer": method.optimizer}
     if method.is_lora:
         # The modules that carry adapters, after peft resolved "all-linear".
-        targets = sorted({name.rsplit(".", 1)[-1] for name, module in getattr(model, "module", model).named_modules() if hasattr(module, "lora_A")})
-        record["lora"] = {**(method.settings() or {}), "targets": targets, "trainable_parameters": record["trainable_parameters"]}
+        targets = sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, module in getattr(model, "module", model).named_modules()
+                if hasattr(module, "lora_A")
+            }
+        )
+        record["lora"] = {
+            **(method.settings() or {}),
+            "targets": targets,
+            "trainable_parameters": record["trainable_parameters"],
+        }
     return record

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
-from benchtrain.train.workload.hub import HubModel, fetch_weights, has_weight_files, parse_hub_id, resolve_hub_model, weights_to_fetch
+from benchtrain.train.workload.hub import (
+    HubModel,
+    fetch_weights,
+    has_weight_files,
+    parse_hub_id,
+    resolve_hub_model,
+    weights_to_fetch,
+)
 from benchtrain.train.workload.meta_init import meta_plain_model
 from benchtrain.train.workload.method import MethodConfig, apply_method, unwrap
 from benchtrain.train.workload.quantize import logical_numel, quantized_base
@@ -24,37 +31,131 @@ if TYPE_CHECKING:
 
 
 # -- presets: published architecture shapes with random initialisation, no weights needed ----------------------
-def decoder(model_type: str, vocab: int, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, positions: int, **extra: Any) -> JsonDict:
+def decoder(
+    model_type: str,
+    vocab: int,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    positions: int,
+    **extra: Any,
+) -> JsonDict:
     """A decoder's config.json values, in the order transformers' Llama-style configs name them."""
-    shape = {"model_type": model_type, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers}
-    return {**shape, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": positions, **extra}
+    shape = {
+        "model_type": model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+    }
+    return {
+        **shape,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": positions,
+        **extra,
+    }
 
 
-LLAMA_3_1_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA_3_1_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 # decoder(model type, vocabulary, hidden, intermediate, layers, attention heads, key/value heads, positions, other keys)
 PRESETS: dict[str, JsonDict] = {
     # ~0.9M parameters: fast on a laptop CPU, the default everywhere.
     "tiny": decoder("llama", 320, 128, 344, 4, 4, 4, 4096, tie_word_embeddings=False),
-    "gpt2": {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024},
-    "llama-3.2-1b": decoder("llama", 128256, 2048, 8192, 16, 32, 8, 131072, rope_theta=500000.0, tie_word_embeddings=True),
-    "llama-3.1-8b": decoder("llama", 128256, 4096, 14336, 32, 32, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
+    "gpt2": {
+        "model_type": "gpt2",
+        "vocab_size": 50257,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_positions": 1024,
+    },
+    "llama-3.2-1b": decoder(
+        "llama", 128256, 2048, 8192, 16, 32, 8, 131072, rope_theta=500000.0, tie_word_embeddings=True
+    ),
+    "llama-3.1-8b": decoder(
+        "llama",
+        128256,
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        131072,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA_3_1_ROPE,
+        tie_word_embeddings=False,
+    ),
     # Llama-3.1-70B's published config: 80 layers of the 8B's design, 8192 wide; 141 GB of bf16.
-    "llama-3.1-70b": decoder("llama", 128256, 8192, 28672, 80, 64, 8, 131072, rope_theta=500000.0, rope_scaling=LLAMA_3_1_ROPE, tie_word_embeddings=False),
-    "qwen2.5-7b": decoder("qwen2", 152064, 3584, 18944, 28, 28, 4, 32768, rope_theta=1000000.0, tie_word_embeddings=False),
-    "mistral-7b": decoder("mistral", 32768, 4096, 14336, 32, 32, 8, 32768, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False),
+    "llama-3.1-70b": decoder(
+        "llama",
+        128256,
+        8192,
+        28672,
+        80,
+        64,
+        8,
+        131072,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA_3_1_ROPE,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-7b": decoder(
+        "qwen2", 152064, 3584, 18944, 28, 28, 4, 32768, rope_theta=1000000.0, tie_word_embeddings=False
+    ),
+    "mistral-7b": decoder(
+        "mistral",
+        32768,
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        32768,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    ),
     # Mistral-Nemo-12B: head_dim 128 is not hidden / heads (160), so it is given explicitly.
     "mistral-nemo-12b": decoder(
-        "mistral", 131072, 5120, 14336, 40, 32, 8, 128000, head_dim=128, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False
+        "mistral",
+        131072,
+        5120,
+        14336,
+        40,
+        32,
+        8,
+        128000,
+        head_dim=128,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
     ),
 }
 
 PRESET_ALIASES = {
-    "gpt2-124m": "gpt2", "llama3.2-1b": "llama-3.2-1b", "llama-1b": "llama-3.2-1b",
-    "llama3-8b": "llama-3.1-8b", "llama-3-8b": "llama-3.1-8b", "llama3.1-8b": "llama-3.1-8b", "llama-3.1-8b-instruct": "llama-3.1-8b",
-    "llama3.1-70b": "llama-3.1-70b", "llama-3.1-70b-instruct": "llama-3.1-70b",
-    "mistral-nemo": "mistral-nemo-12b", "mistral-nemo-12b-instruct": "mistral-nemo-12b",
-    "qwen2.5-7b-instruct": "qwen2.5-7b", "mistral": "mistral-7b",
+    "gpt2-124m": "gpt2",
+    "llama3.2-1b": "llama-3.2-1b",
+    "llama-1b": "llama-3.2-1b",
+    "llama3-8b": "llama-3.1-8b",
+    "llama-3-8b": "llama-3.1-8b",
+    "llama3.1-8b": "llama-3.1-8b",
+    "llama-3.1-8b-instruct": "llama-3.1-8b",
+    "llama3.1-70b": "llama-3.1-70b",
+    "llama-3.1-70b-instruct": "llama-3.1-70b",
+    "mistral-nemo": "mistral-nemo-12b",
+    "mistral-nemo-12b-instruct": "mistral-nemo-12b",
+    "qwen2.5-7b-instruct": "qwen2.5-7b",
+    "mistral": "mistral-7b",
 }
 
 
@@ -65,7 +166,16 @@ def canonical_preset(name: str) -> str | None:
 
 
 # Keys that do not change the computation and must not change the fingerprint.
-FINGERPRINT_IGNORED = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype", "name_or_path", "id2label", "label2id"}
+FINGERPRINT_IGNORED = {
+    "_name_or_path",
+    "transformers_version",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "name_or_path",
+    "id2label",
+    "label2id",
+}
 # Values that cost nothing to change (token ids, a norm's epsilon, the random init's scale, `use_cache`, which a
 # Trainer turns off and a training step never uses): taken at the architecture's default before fingerprinting,
 # so a hub config.json and the preset of its shape share calibrations.
@@ -121,13 +231,17 @@ def resolve_model(reference: str | None) -> ModelSpec:
     if folder.is_dir():
         config_path = folder / "config.json"
         if not config_path.is_file():
-            raise BenchtrainError(f"model directory {folder} has no config.json; point --model at a Hugging Face model folder")
+            raise BenchtrainError(
+                f"model directory {folder} has no config.json; point --model at a Hugging Face model folder"
+            )
         return ModelSpec(folder.name, read_config(config_path), folder)
     hub_id = parse_hub_id(reference)
     if hub_id is not None:
         hub = resolve_hub_model(*hub_id)
         return ModelSpec(hub.repo_id, read_config(hub.snapshot / "config.json"), hub.snapshot, hub, load_weights=False)
-    raise BenchtrainError(f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]")
+    raise BenchtrainError(
+        f"unknown model {reference!r}: use a preset ({', '.join(PRESETS)}), a folder with config.json, or a hub id ORG/NAME[@REVISION]"
+    )
 
 
 def read_config(config_path: Path) -> JsonDict:
@@ -147,7 +261,9 @@ def with_hub_weights(spec: ModelSpec, announce: Callable[[str], None] | None = N
         return replace(spec, load_weights=True)
     if announce is not None:
         verb = "fetching" if fetch else "a run will fetch"
-        announce(f"{verb} {missing.total_bytes / 1e9:.1f} GB of {spec.name} weights ({len(missing.files)} files) into {missing.cache_dir}")
+        announce(
+            f"{verb} {missing.total_bytes / 1e9:.1f} GB of {spec.name} weights ({len(missing.files)} files) into {missing.cache_dir}"
+        )
     if not fetch:
         return spec
     fetch_weights(spec.hub, missing)
@@ -162,11 +278,17 @@ def make_config(spec: ModelSpec) -> PretrainedConfig:
     try:
         return AutoConfig.for_model(model_type, **values)
     except (ValueError, KeyError) as error:
-        raise BenchtrainError(f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})") from None
+        raise BenchtrainError(
+            f"model {spec.name}: transformers cannot build model_type {model_type!r} ({error})"
+        ) from None
 
 
 def build_model(
-    spec: ModelSpec, device: torch.device | str, method: MethodConfig | None = None, shardable: bool = False, weights_on: torch.device | str | None = None
+    spec: ModelSpec,
+    device: torch.device | str,
+    method: MethodConfig | None = None,
+    shardable: bool = False,
+    weights_on: torch.device | str | None = None,
 ) -> torch.nn.Module:
     """The causal LM on `device`, with SDPA attention, ready to train with `method`; weights only from a directory
     that has them. Full fine-tuning keeps fp32 weights; LoRA a bf16 base on CUDA. `shardable`: a 4-bit base stored in
@@ -187,7 +309,9 @@ def build_model(
         return apply_method(quantized_base(source, device, method.quantize, dtype, float_storage=shardable), method)
     if spec.has_weights:
         # Any: transformers types its `to` as the unbound torch Module.to (functools.wraps).
-        loaded: Any = AutoModelForCausalLM.from_pretrained(str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            str(spec.directory), attn_implementation="sdpa", local_files_only=True, dtype=dtype
+        )
         model = loaded.to(device)
     else:
         config = make_config(spec)
@@ -256,8 +380,18 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
 def model_record(spec: ModelSpec, shape: ModelShape) -> JsonDict:
     """The `model` section of a calibration or run."""
     source = "hub" if spec.hub else str(spec.directory) if spec.directory else "preset"
-    record = {**model_identity(spec), "source": source, "architecture": spec.config_dict.get("model_type"), "parameter_count": shape.parameter_count}
-    shaped = {"matmul_parameter_count": shape.matmul_parameter_count, "layers": shape.layers, "heads": shape.heads, "head_dim": shape.head_dim}
+    record = {
+        **model_identity(spec),
+        "source": source,
+        "architecture": spec.config_dict.get("model_type"),
+        "parameter_count": shape.parameter_count,
+    }
+    shaped = {
+        "matmul_parameter_count": shape.matmul_parameter_count,
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "head_dim": shape.head_dim,
+    }
     return {**record, **shaped, "vocab_size": spec.config_dict.get("vocab_size")}
 
 

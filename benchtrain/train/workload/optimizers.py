@@ -62,7 +62,9 @@ class StateBytes:
         small = sum(size for size in trainable_sizes if size < MIN_8BIT_SIZE)
         quantized = [size for size in trainable_sizes if size >= MIN_8BIT_SIZE]
         blocks = sum(size + math.ceil(size / BLOCKSIZE_8BIT) * FP32_BYTES for size in quantized)
-        return self.buffers * (small * FP32_BYTES + blocks) + (2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized else 0)
+        return self.buffers * (small * FP32_BYTES + blocks) + (
+            2 * QUANTIZATION_MAP_VALUES * FP32_BYTES if quantized else 0
+        )
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ def fused_devices() -> list[str]:
     return list(_get_fused_kernels_supported_devices())
 
 
-def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False) -> torch.optim.Optimizer:
+def torch_adamw(
+    groups: list[ParameterGroup], learning_rate: float, betas: Betas, eps: float, refuse_unfused: bool = False
+) -> torch.optim.Optimizer:
     """Fused AdamW (one kernel per step, no host sync of the step count) when every parameter is a floating-point one
     on a device with the kernel; else the foreach one with a warning (adamw), or (`refuse_unfused`: adamw-fused, HF's
     `adamw_torch_fused`) a one-line error."""
@@ -96,7 +100,9 @@ def torch_adamw(groups: list[ParameterGroup], learning_rate: float, betas: Betas
     fused = all(p.device.type in devices and p.is_floating_point() for group in groups for p in group["params"])
     if not fused and refuse_unfused:
         device = next((p.device.type for group in groups for p in group["params"]), "?")
-        raise BenchtrainError(f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw")
+        raise BenchtrainError(
+            f"--optimizer adamw-fused: torch {torch.__version__} has no fused AdamW for {device}; use --optimizer adamw"
+        )
     if not fused:
         say("warning: torch has no fused AdamW for this device: adamw runs its foreach kernel")
     return torch.optim.AdamW(torch_groups(groups), lr=learning_rate, betas=betas, eps=eps, fused=fused or None)
@@ -130,11 +136,34 @@ ADAM_8BIT_STATE = StateBytes(buffers=2, eight_bit=True)
 OPTIMIZERS: dict[str, Optimizer] = {
     entry.name: entry
     for entry in (
-        Optimizer("adamw", torch_adamw, ADAM_STATE, "adamw_torch_fused", "fp32 moments, fused where the device has the kernel"),
-        Optimizer("adamw-8bit", bitsandbytes_adamw(paged=False), ADAM_8BIT_STATE, "adamw_bnb_8bit", "bitsandbytes' 8-bit moments", True, False),
-        Optimizer("paged-adamw-8bit", bitsandbytes_adamw(paged=True), ADAM_8BIT_STATE, "paged_adamw_8bit",
-                  "the same in CUDA unified memory, paged to the host under pressure", True, False),
-        Optimizer("adamw-fused", partial(torch_adamw, refuse_unfused=True), ADAM_STATE, "adamw_torch_fused", "fused or refused"),
+        Optimizer(
+            "adamw", torch_adamw, ADAM_STATE, "adamw_torch_fused", "fp32 moments, fused where the device has the kernel"
+        ),
+        Optimizer(
+            "adamw-8bit",
+            bitsandbytes_adamw(paged=False),
+            ADAM_8BIT_STATE,
+            "adamw_bnb_8bit",
+            "bitsandbytes' 8-bit moments",
+            True,
+            False,
+        ),
+        Optimizer(
+            "paged-adamw-8bit",
+            bitsandbytes_adamw(paged=True),
+            ADAM_8BIT_STATE,
+            "paged_adamw_8bit",
+            "the same in CUDA unified memory, paged to the host under pressure",
+            True,
+            False,
+        ),
+        Optimizer(
+            "adamw-fused",
+            partial(torch_adamw, refuse_unfused=True),
+            ADAM_STATE,
+            "adamw_torch_fused",
+            "fused or refused",
+        ),
         Optimizer("sgd", torch_sgd, StateBytes(buffers=1), "sgd", "momentum 0.9: one fp32 buffer"),
     )
 }

@@ -21,7 +21,14 @@ from benchtrain.train.workload.data import load_records
 from benchtrain.train.workload.data_cache import Builder, BuildJob, data_root, ensure_store, store_state
 from benchtrain.train.workload.encode import Encoder
 from benchtrain.train.workload.formats import DataSchema, Layout, detect_layout
-from benchtrain.train.workload.sampling import SAMPLE_START, SampledData, TotalEstimate, estimate_total, sample_indices, sample_size_for
+from benchtrain.train.workload.sampling import (
+    SAMPLE_START,
+    SampledData,
+    TotalEstimate,
+    estimate_total,
+    sample_indices,
+    sample_size_for,
+)
 from benchtrain.train.workload.tokenizer import chat_template_note, ensure_chat_template
 from benchtrain.train.workload.tokens import (
     TokenFileSettings,
@@ -84,7 +91,9 @@ class PreparedData:
 
     def tokenized(self, say: Callable[[str], None]) -> TokenizedData:
         """Every record, tokenized (built now if the cache lacks it or any file fails its checksum)."""
-        data, seconds = ensure_store(self.folder, self.key, partial(self.job_for, None, self.key), say, self.what, verify_contents=True)
+        data, seconds = ensure_store(
+            self.folder, self.key, partial(self.job_for, None, self.key), say, self.what, verify_contents=True
+        )
         if seconds is not None:
             self.built_seconds = (self.built_seconds or 0.0) + seconds
         self.exact_tokens = int(data.lengths.sum())
@@ -97,7 +106,10 @@ class PreparedData:
             return [*lines, f"tokenized data: cached in {self.folder} (exact profile of {self.records:,} records)"]
         if self.exact:
             tokenized = format_duration(self.built_seconds or 0.0)
-            return [*lines, f"tokenized data: {self.folder} (exact profile of {self.records:,} records, tokenized in {tokenized})"]
+            return [
+                *lines,
+                f"tokenized data: {self.folder} (exact profile of {self.records:,} records, tokenized in {tokenized})",
+            ]
         assert self.estimate is not None
         return [
             *lines,
@@ -117,12 +129,16 @@ class PreparedData:
             "predicted_seconds": self.predicted_seconds,
             "actual_seconds": self.built_seconds,
             "exact_total_tokens": self.exact_tokens,
-            "sampled_error": self.estimate.error_of(self.exact_tokens) if self.estimate and self.exact_tokens is not None else None,
+            "sampled_error": self.estimate.error_of(self.exact_tokens)
+            if self.estimate and self.exact_tokens is not None
+            else None,
             "chat_template": self.chat_template,
         }
 
 
-def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callable[[str], None], exact: bool = False) -> PreparedData:
+def prepare_data(
+    spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callable[[str], None], exact: bool = False
+) -> PreparedData:
     """The data's view for planning: exact when cached (or asked for), else from a sample."""
     files = token_files(spec.path)
     if files is not None:
@@ -133,7 +149,13 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
     fmt = layout.data_format
     template = ensure_chat_template(tokenizer) if fmt.chat else None
     masked = fmt.chat and spec.train_on == "assistant"
-    key = cache_key(content_fingerprint(source_paths(spec.path, records)), tokenizer_fingerprint(tokenizer), layout, masked, {"split": spec.split})
+    key = cache_key(
+        content_fingerprint(source_paths(spec.path, records)),
+        tokenizer_fingerprint(tokenizer),
+        layout,
+        masked,
+        {"split": spec.split},
+    )
     count = len(records)
     what = f"{count:,} records of {spec.path}"
 
@@ -142,11 +164,20 @@ def prepare_data(spec: DataSpec, tokenizer: PreTrainedTokenizerBase, say: Callab
         loss_on = fmt.loss_on if masked or not fmt.chat else "all tokens"
         meta = {"key": store_key, "source": spec.path, "format": layout.format, "loss_on": loss_on, "records": count}
         sample = {} if indices is None else {"documents_sampled": len(indices)}
-        return BuildJob(chosen, Encoder(layout, tokenizer, spec.path, masked), token_dtype(len(tokenizer)), masked, fmt.prompts, meta | sample)
+        return BuildJob(
+            chosen,
+            Encoder(layout, tokenizer, spec.path, masked),
+            token_dtype(len(tokenizer)),
+            masked,
+            fmt.prompts,
+            meta | sample,
+        )
 
     prepared = PreparedData(None, key, data_root() / key, count, what, spec.path, job_for, chat_template=template)  # type: ignore[arg-type]
     if exact or count <= SAMPLE_START or store_state(prepared.folder, key) == "ready":
-        prepared.view = checked_view(prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec)
+        prepared.view = checked_view(
+            prepared.tokenized(say) if exact or count <= SAMPLE_START else open_store(prepared.folder, spec.path), spec
+        )
         return prepared
     return sampled(prepared, spec, say)
 
@@ -165,13 +196,30 @@ def prepare_token_files(spec: DataSpec, files: list[Path], vocab_size: int, say:
             array = map_token_file(file, settings.dtype)
             found, largest = scan_documents(array, settings.separator)
             if largest >= vocab_size:
-                raise BenchtrainError(f"{file}: token id {largest:,} is outside the tokenizer's {vocab_size:,} ids: written with another tokenizer?")
+                raise BenchtrainError(
+                    f"{file}: token id {largest:,} is outside the tokenizer's {vocab_size:,} ids: written with another tokenizer?"
+                )
             lengths.append(found)
             external.append({"path": str(file.resolve()), "dtype": array.dtype.name, "ids": len(array)})
         every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        writer = TokenWriter(folder, np.dtype(str(external[0]["dtype"]) if external else "uint32"), masked=False, prompts=False, flat=False)
+        writer = TokenWriter(
+            folder,
+            np.dtype(str(external[0]["dtype"]) if external else "uint32"),
+            masked=False,
+            prompts=False,
+            flat=False,
+        )
         writer.add_documents(every, every, None)
-        writer.finish({"key": key, "source": spec.path, "format": "tokens", "loss_on": "all tokens", "records": len(every), "external": external})
+        writer.finish(
+            {
+                "key": key,
+                "source": spec.path,
+                "format": "tokens",
+                "loss_on": "all tokens",
+                "records": len(every),
+                "external": external,
+            }
+        )
 
     prepared = PreparedData(None, key, data_root() / key, 0, what, spec.path, lambda _indices, _key: index)  # type: ignore[arg-type]
     prepared.view = checked_view(prepared.tokenized(say), spec)
@@ -188,7 +236,9 @@ def sampled(prepared: PreparedData, spec: DataSpec, say: Callable[[str], None]) 
         indices = sample_indices(prepared.records, size)
         sample_key = f"{prepared.key}.sample-{size}"
         job = partial(prepared.job_for, indices, sample_key)
-        sample, _seconds = ensure_store(prepared.folder.with_name(sample_key), sample_key, job, say, f"a sample of {size:,} records")
+        sample, _seconds = ensure_store(
+            prepared.folder.with_name(sample_key), sample_key, job, say, f"a sample of {size:,} records"
+        )
         needed = sample_size_for(sample.lengths, prepared.records)
         if needed <= size or needed > SAMPLE_SHARE_LIMIT * prepared.records:
             break
@@ -211,7 +261,9 @@ def checked_view(data: TokenizedData, spec: DataSpec) -> TokenizedData:
     if not len(data) or not int(data.lengths.max(initial=0)) > 1:
         raise BenchtrainError(f"{spec.path}: every sample is empty after tokenization")
     if data.masked and not int(np.asarray(data.targets).sum()):
-        raise BenchtrainError(f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all")
+        raise BenchtrainError(
+            f"{spec.path}: no assistant turn to train on; add assistant messages or pass --train-on all"
+        )
     return data
 
 
@@ -226,7 +278,11 @@ def content_fingerprint(paths: list[Path]) -> str:
     before = len(memo)
     digest = hashlib.sha256()
     for path in sorted(paths):
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) if path.is_dir() else [path]
+        files = (
+            sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if path.is_dir()
+            else [path]
+        )
         for file in files:
             digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
             digest.update(file_digest(file, memo).encode())
@@ -256,7 +312,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
     """The key tokenized data is cached under (a hex string)."""
-    parts = {"version": KEY_VERSION, "content": content, "tokenizer": tokenizer, "layout": asdict(layout), "masked": masked, **(extra or {})}
+    parts = {
+        "version": KEY_VERSION,
+        "content": content,
+        "tokenizer": tokenizer,
+        "layout": asdict(layout),
+        "masked": masked,
+        **(extra or {}),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 

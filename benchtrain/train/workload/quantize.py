@@ -62,7 +62,9 @@ def check_quantize(kind: str, is_lora: bool) -> None:
     if kind == "none":
         return
     if not is_lora:
-        raise BenchtrainError(f"--quantize {kind} quantizes a frozen base: it needs --lora (full fine-tuning trains every weight, which stay in bf16/fp32)")
+        raise BenchtrainError(
+            f"--quantize {kind} quantizes a frozen base: it needs --lora (full fine-tuning trains every weight, which stay in bf16/fp32)"
+        )
     require_bitsandbytes()
 
 
@@ -72,7 +74,9 @@ def require_bitsandbytes(what: str = "--quantize") -> None:
     except metadata.PackageNotFoundError:
         raise BenchtrainError(f"{what} needs bitsandbytes, which is not installed: {INSTALL_HINT}") from None
     if Version(installed) < Version(BITSANDBYTES_MIN_VERSION):
-        raise BenchtrainError(f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}")
+        raise BenchtrainError(
+            f"{what} needs bitsandbytes >= {BITSANDBYTES_MIN_VERSION} (installed: {installed}): {INSTALL_HINT}"
+        )
 
 
 def bitsandbytes_config(kind: str, compute_dtype: torch.dtype, float_storage: bool = False) -> BitsAndBytesConfig:
@@ -82,7 +86,13 @@ def bitsandbytes_config(kind: str, compute_dtype: torch.dtype, float_storage: bo
 
     if kind == "4bit":
         storage = {"bnb_4bit_quant_storage": compute_dtype} if float_storage else {}
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute_dtype, **storage)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+            **storage,
+        )
     if kind == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"no bitsandbytes config for {kind!r}")
@@ -113,7 +123,9 @@ def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
 def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> QuantizedBytes:
     """The bytes of `model` (a plain causal LM, e.g. built on `meta`) with its base quantized as `kind`, its other tensors at `dtype_bytes` each."""
     layers = converted_layers(model) if kind != "none" else []
-    whole = sum(parameter.numel() for parameter in model.parameters()) + sum(buffer.numel() for buffer in model.buffers())
+    whole = sum(parameter.numel() for parameter in model.parameters()) + sum(
+        buffer.numel() for buffer in model.buffers()
+    )
     converted_weights = sum(inputs * outputs for _, inputs, outputs, _ in layers)
     quantized = statistics = 0
     for _, inputs, outputs, _ in layers:
@@ -121,7 +133,12 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
         if kind == "4bit":
             blocks = math.ceil(weights / BLOCKSIZE_4BIT)
             quantized += math.ceil(weights / 2)
-            nested = math.ceil(blocks / NESTED_BLOCKSIZE) * FLOAT32_BYTES + NESTED_CODE_VALUES * FLOAT32_BYTES + FLOAT32_BYTES  # absmax, code, offset
+            # absmax, code, offset
+            nested = (
+                math.ceil(blocks / NESTED_BLOCKSIZE) * FLOAT32_BYTES
+                + NESTED_CODE_VALUES * FLOAT32_BYTES
+                + FLOAT32_BYTES
+            )
             statistics += blocks + nested + NF4_CODE_VALUES * FLOAT32_BYTES
         else:
             quantized += weights
@@ -144,7 +161,9 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storag
         if isinstance(source, (str, Path)):
             options = {"attn_implementation": "sdpa", "dtype": dtype, "device_map": {"": device}}
             quantization = bitsandbytes_config(kind, dtype, float_storage)
-            model = AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, quantization_config=quantization, **options)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(source), local_files_only=True, quantization_config=quantization, **options
+            )
         else:
             model = quantized_from_config(source, device, kind, dtype, float_storage)
     finally:
@@ -162,7 +181,9 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float
     device = torch.device(device)
     quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(kind, dtype, float_storage), pre_quantized=False)
     model = meta_plain_model(config, dtype)
-    quantizer.preprocess_model(model=model, dtype=dtype, device_map={"": device}, checkpoint_files=None, use_kernels=False)
+    quantizer.preprocess_model(
+        model=model, dtype=dtype, device_map={"": device}, checkpoint_files=None, use_kernels=False
+    )
     for name, value in seeded_tensors(meta_plain_model(config, dtype), "cpu"):
         put_quantized(model, name, value, device)
         del value  # one full-precision tensor at a time: not this one while the next is drawn

@@ -48,7 +48,9 @@ def estimate_total(lengths: np.ndarray, records: int) -> TotalEstimate:
     mean = float(np.mean(lengths)) if count else 0.0
     spread = float(np.std(lengths, ddof=1)) if count > 1 else 0.0
     correction = math.sqrt(max(0.0, (records - count) / (records - 1))) if records > 1 else 0.0
-    return TotalEstimate(records, count, mean * records, Z_95 * records * spread / math.sqrt(max(1, count)) * correction)
+    return TotalEstimate(
+        records, count, mean * records, Z_95 * records * spread / math.sqrt(max(1, count)) * correction
+    )
 
 
 def sample_size_for(lengths: np.ndarray, records: int, target: float = TARGET_HALF_WIDTH) -> int:
@@ -79,7 +81,9 @@ class SampledData:
     def expand(cls, sample: TokenizedData, records: int, estimate: TotalEstimate) -> SampledData:
         count = len(sample)
         rng = np.random.default_rng(SAMPLE_SEED + 1)
-        stand_in = np.concatenate([np.repeat(np.arange(count), records // count), rng.choice(count, records % count, replace=False)])
+        stand_in = np.concatenate(
+            [np.repeat(np.arange(count), records // count), rng.choice(count, records % count, replace=False)]
+        )
         return cls(sample, stand_in.astype(np.int64), estimate)
 
     @property

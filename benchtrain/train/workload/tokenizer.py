@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|eos|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|eos|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 BYTE_TOKENIZER_NAME = "benchtrain-bytes"
@@ -37,7 +38,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(SPECIAL_TOKENS)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.name_or_path = BYTE_TOKENIZER_NAME
     return tokenizer
@@ -54,7 +57,9 @@ def load_tokenizer(model_dir: Path | None, tokenizer_dir: str | None) -> PreTrai
     if folder is None:
         return byte_tokenizer()
     if not folder.is_dir() or not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise BenchtrainError(f"no tokenizer in {folder} (looked for {', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR")
+        raise BenchtrainError(
+            f"no tokenizer in {folder} (looked for {', '.join(TOKENIZER_FILES)}); pass --tokenizer DIR"
+        )
     from transformers import AutoTokenizer
 
     try:

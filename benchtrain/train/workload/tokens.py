@@ -143,7 +143,9 @@ class TokenizedData:
             chunk = cut[start : start + MASK_CHUNK_DOCUMENTS]
             firsts = self.offsets[documents[chunk]]
             positions = (firsts[:, None] + np.arange(max_length)[None, :]).ravel()
-            result[chunk] = np.asarray(self.loss_mask[positions], dtype=np.int64).reshape(len(chunk), max_length).sum(axis=1)
+            result[chunk] = (
+                np.asarray(self.loss_mask[positions], dtype=np.int64).reshape(len(chunk), max_length).sum(axis=1)
+            )
         return result
 
     def real_tokens(self, max_length: int) -> int:
@@ -177,7 +179,9 @@ class TokenWriter:
         self._prompts: list[np.ndarray] = []
         self._targets: list[np.ndarray] = []
 
-    def append(self, ids: list[np.ndarray], masks: list[np.ndarray] | None = None, prompt_lengths: list[int] | None = None) -> None:
+    def append(
+        self, ids: list[np.ndarray], masks: list[np.ndarray] | None = None, prompt_lengths: list[int] | None = None
+    ) -> None:
         """Encoded documents: ids, per-token loss masks (masked stores), prompt lengths (prompt stores)."""
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         self.write("tokens.bin", (np.concatenate(ids).astype(self.dtype) if ids else np.zeros(0, self.dtype)).tobytes())
@@ -212,9 +216,21 @@ class TokenWriter:
             arrays["prompts.npy"] = (np.concatenate(self._prompts) if self._prompts else np.zeros(0)).astype(np.int32)
         for name, array in arrays.items():
             np.save(self.folder / name, array, allow_pickle=False)
-        digests = {**{name: file_digest(self.folder / name) for name in arrays}, **{name: digest.hexdigest() for name, (_, digest) in self.files.items()}}
-        files = {name: {"bytes": (self.folder / name).stat().st_size, "sha256": digest} for name, digest in digests.items()}
-        full = {**meta, "store_version": STORE_VERSION, "dtype": self.dtype.name, "documents": len(lengths), "tokens": int(lengths.sum()), "files": files}
+        digests = {
+            **{name: file_digest(self.folder / name) for name in arrays},
+            **{name: digest.hexdigest() for name, (_, digest) in self.files.items()},
+        }
+        files = {
+            name: {"bytes": (self.folder / name).stat().st_size, "sha256": digest} for name, digest in digests.items()
+        }
+        full = {
+            **meta,
+            "store_version": STORE_VERSION,
+            "dtype": self.dtype.name,
+            "documents": len(lengths),
+            "tokens": int(lengths.sum()),
+            "files": files,
+        }
         write_json_atomic(self.folder / "meta.json", full)
         return full
 
@@ -272,7 +288,19 @@ def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | N
     mask = _map(folder / "mask.bin", np.dtype(np.uint8)) if "mask.bin" in files else None
     prompts = np.load(folder / "prompts.npy", allow_pickle=False) if "prompts.npy" in files else None
     targets = np.load(folder / "targets.npy", allow_pickle=False)
-    return TokenizedData(tokens, offsets, meta["format"], source, meta.get("loss_on", "all tokens"), mask, prompts, targets, None, folder, {"meta": meta})
+    return TokenizedData(
+        tokens,
+        offsets,
+        meta["format"],
+        source,
+        meta.get("loss_on", "all tokens"),
+        mask,
+        prompts,
+        targets,
+        None,
+        folder,
+        {"meta": meta},
+    )
 
 
 def _map(path: Path, dtype: np.dtype) -> np.ndarray:
@@ -310,7 +338,9 @@ class TokenFileSettings:
             except (OSError, ValueError) as error:
                 raise BenchtrainError(f"{metadata_path} is not valid JSON ({error})") from None
             if not isinstance(metadata, dict):
-                raise BenchtrainError(f'{metadata_path} must be an object like {{"dtype": "uint16", "separator": 50256}}')
+                raise BenchtrainError(
+                    f'{metadata_path} must be an object like {{"dtype": "uint16", "separator": 50256}}'
+                )
         chosen = cls(dtype or metadata.get("dtype"), separator if separator is not None else metadata.get("separator"))
         if chosen.dtype is not None and chosen.dtype not in TOKEN_DTYPES:
             raise BenchtrainError(f"token dtype must be one of {', '.join(TOKEN_DTYPES)}, got {chosen.dtype!r}")
@@ -329,7 +359,9 @@ def map_token_file(path: Path, dtype: str | None) -> np.ndarray:
         except ValueError as error:
             raise BenchtrainError(f"{path}: not an array of token ids ({error})") from None
         if array.ndim != 1 or array.dtype.kind not in "ui":
-            raise BenchtrainError(f"{path}: token ids must be a 1-D integer array, this one is {array.dtype} of shape {array.shape}")
+            raise BenchtrainError(
+                f"{path}: token ids must be a 1-D integer array, this one is {array.dtype} of shape {array.shape}"
+            )
         return array
     size = path.stat().st_size
     if size % np.dtype(dtype).itemsize:
@@ -390,5 +422,7 @@ def scan_documents(array: np.ndarray, separator: int | None) -> tuple[np.ndarray
 def _read(array: np.ndarray, start: int, stop: int) -> np.ndarray:
     """ids[start:stop], read from the file when it is mapped: the scan then leaves no mapped pages behind in the process's resident memory."""
     if isinstance(array, np.memmap) and array.filename:
-        return np.fromfile(array.filename, dtype=array.dtype, count=stop - start, offset=array.offset + start * array.dtype.itemsize)
+        return np.fromfile(
+            array.filename, dtype=array.dtype, count=stop - start, offset=array.offset + start * array.dtype.itemsize
+        )
     return np.asarray(array[start:stop])
