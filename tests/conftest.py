@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from helpers import FakeClock, synthetic_calibration
+
+FIXTURE_DIGESTS = pytest.StashKey[dict[str, str]]()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Test workers share the cores (scripts/test.sh runs one per core): one thread each, or
@@ -22,6 +25,31 @@ os.environ.setdefault("BENCHTRAIN_HOME", tempfile.mkdtemp(prefix="benchtrain-tes
 # A bench on a CPU measures its step again in two fresh interpreters (bench.fresh_process): seconds
 # each, in every bench the suite runs. tests/test_fresh_process.py turns it on where it is the subject.
 os.environ.setdefault("BENCHTRAIN_FRESH_PROCESSES", "0")
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def fixture_digests() -> dict[str, str]:
+    return {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(FIXTURES.glob("*"))
+        if path.is_file()
+    }
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[FIXTURE_DIGESTS] = fixture_digests()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that trains from a fixture calibration feeds its run back into that file: the suite fails
+    when one did (plan from a copy in tmp_path), so that no run ever changes what the next one reads."""
+    before = session.config.stash.get(FIXTURE_DIGESTS, {})
+    changed = sorted(name for name, digest in fixture_digests().items() if before.get(name) != digest)
+    if before and changed and not hasattr(session.config, "workerinput"):
+        print(f"\nerror: the suite changed tests/fixtures: {', '.join(changed)} (a test wrote into a fixture)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
