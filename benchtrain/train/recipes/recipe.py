@@ -20,9 +20,8 @@ from benchtrain.common.run_paths import stored_path
 from benchtrain.train.export import export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
 from benchtrain.train.planning.plan_text import describe_exact_profile, describe_outcome
-from benchtrain.train.planning.planner import make_plan
-from benchtrain.train.planning.types import Plan
 from benchtrain.train.planning.trainer_fields import trainer_fields
+from benchtrain.train.planning.types import Plan
 from benchtrain.train.recipes.choice import (
     asked_variant,
     choose_plan,
@@ -39,6 +38,7 @@ from benchtrain.train.recipes.run_plan import (
     RunPlan,
     deadline_message,
     learning_rate_record,
+    plan_exact,
     planned_compute,
     print_plan,
     push_note,
@@ -270,17 +270,9 @@ class TrainRecipe:
             request = replace(run.plan.request, elapsed_seconds=self.config.run_deadline.elapsed())
             self.run = replace(run, plan=replace(run.plan, request=request))
             return
-        configuration = run.plan.request.configuration or run.plan.chosen.config
-        elapsed = self.config.run_deadline.elapsed()
-        request = replace(
-            run.plan.request,
-            configuration=configuration,
-            elapsed_seconds=elapsed,
-            data_prep_seconds=0.0,
-            data_uncertainty=0.0,
-        )
         # Rank 0's plan again (its elapsed time): every rank trains the same steps.
-        plan = rank0_decides(lambda: make_plan(run.fitted.cal, data, request, eval_data), self._with_own_clock)
+        elapsed = self.config.run_deadline.elapsed()
+        plan = rank0_decides(lambda: plan_exact(run, elapsed, data, eval_data), self._with_own_clock)
         if is_main_process():
             print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
         self.run = replace(run, plan=plan)

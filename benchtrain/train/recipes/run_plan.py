@@ -4,7 +4,7 @@ each row of a comparison and `--consider`, so that all plan alike. Why: docs/des
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from benchtrain.calibration.comm import communicator_bytes, describe_communication
@@ -111,6 +111,19 @@ def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communica
     )
     request = plan_request(context, fitted, comm, communicate is not None)
     return RunPlan(fitted, comm.record, make_plan(fitted.cal, context.data, request, context.eval_data))
+
+
+def plan_exact(run: RunPlan, elapsed_seconds: float, data: DataView, eval_data: DataView | None) -> Plan:
+    """A plan made from a sample, planned again on the exact tokens: its configuration (a resume's, else the one chosen)
+    kept, the time spent so far counted, and no tokenizing left to plan for."""
+    request = replace(
+        run.plan.request,
+        configuration=run.plan.request.configuration or run.plan.chosen.config,
+        elapsed_seconds=elapsed_seconds,
+        data_prep_seconds=0.0,
+        data_uncertainty=0.0,
+    )
+    return make_plan(run.fitted.cal, data, request, eval_data)
 
 
 def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
