@@ -219,8 +219,8 @@ def test_pushed_calibrations_come_back_through_the_cache_with_their_source(
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     entries = shared_calibrations(f"hub:{REPO}")
-    assert [data["id"] for _, data in entries] == ["cpu-b", "cpu-a"]  # newest first
-    for path, data in entries:
+    assert [data["id"] for _, data, _ in entries] == ["cpu-b", "cpu-a"]  # newest first
+    for path, data, _ in entries:
         assert data["source"] == {
             "kind": "hub",
             "repo": REPO,
@@ -309,7 +309,7 @@ def test_a_damaged_file_is_refused_in_one_line_and_the_others_used(
     write_cache(hub_cache, "org/mixed", files, "a" * 40)
     skipped: list[str] = []
     entries = shared_calibrations("hub:org/mixed", on_skip=skipped.append)
-    assert [data["id"] for _, data in entries] == ["cpu-good"]
+    assert [data["id"] for _, data, _ in entries] == ["cpu-good"]
     assert entries[0][1]["source"]["measured_by"] == "alice" and entries[0][1]["source"]["revision"] == "a" * 40
     assert len(skipped) == 3 and all(
         "\n" not in line and line.startswith("hub:org/mixed: calibrations/") for line in skipped
@@ -435,7 +435,7 @@ def test_a_hub_calibration_is_never_written_by_a_run(hub_cache: Path, offline: N
         {"calibrations/cpu-good.json": as_bytes(shared("cpu-good", "2026-11-01T10:00:00+00:00"))},
         "c" * 40,
     )
-    ((path, _),) = shared_calibrations("hub:org/cals")
+    ((path, _, _),) = shared_calibrations("hub:org/cals")
     before = path.read_bytes()
     assert is_read_only(path)
     with pytest.raises(BenchtrainError, match="was downloaded from the hub and is not changed"):

@@ -160,7 +160,7 @@ def test_a_row_that_misses_the_deadline_is_not_recommended_however_cheap() -> No
 def test_priority_keeps_its_meaning_inside_each_row() -> None:
     fast = run_compare([h100_data()], price_per_hour="2.5", priority="fast").rows[0].plan
     frugal = run_compare([h100_data()], price_per_hour="2.5", priority="memory_efficient").rows[0].plan
-    assert fast.priority == "fast" and frugal.priority == "memory_efficient"
+    assert fast.request.priority == "fast" and frugal.request.priority == "memory_efficient"
     assert frugal.chosen.peak_memory_bytes <= fast.chosen.peak_memory_bytes
     assert frugal.chosen.total_seconds <= fast.chosen.total_seconds * 1.1 + frugal.chosen.overheads.total_seconds
 

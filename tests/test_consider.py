@@ -221,6 +221,10 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     assert held >= 1_235_814_400 * 4  # Llama-3.2-1B's fp32 gradients
     need = memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda")
     # NCCL's buffers too
-    offset = need.per_process_bytes("fsdp", 4, "cuda") - need.total_bytes + communicator_bytes(row.run_plan.hardware, 4)
+    offset = (
+        need.per_process_bytes("fsdp", 4, "cuda")
+        - need.total_bytes
+        + communicator_bytes(row.run_plan.fitted.hardware, 4)
+    )
     config = chosen.config
     assert chosen.peak_memory_bytes == pytest.approx(memory.peak_bytes(config) + offset - 0.75 * held, rel=1e-6)

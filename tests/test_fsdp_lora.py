@@ -344,10 +344,10 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
                 assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]
                 continue
             assert row.plan is not None, row.problem
-            assert row.run_plan.step.sharding == "fsdp" and row.run_plan.step.world_size == processes
+            assert row.run_plan.fitted.step.sharding == "fsdp" and row.run_plan.fitted.step.world_size == processes
             peak = row.plan.chosen.peak_memory_bytes
             held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(
-                row.run_plan.hardware, processes
+                row.run_plan.fitted.hardware, processes
             )
             # its share, the gathered blocks and NCCL's buffers, then activations
             assert held < peak <= 0.95 * row.device["memory_bytes"]

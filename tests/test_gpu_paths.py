@@ -129,7 +129,7 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     monkeypatch.setattr(planner, "make_plan", capture)
     comparison = run_consider("h100:1,h100:8:nvswitch,h100:8:pcie", [read_calibration_file(FIXTURE)])
     alone, switched, pcie = requests
-    assert [row.run_plan.step.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
+    assert [row.run_plan.fitted.step.sharding for row in comparison.rows] == ["none", "ddp", "ddp"]
     assert alone.world_size == 1 and alone.memory_offset_bytes == 0.0
     # channels × ring peers × (Simple + LL128 + LL): ≈294 MiB
     buffers = 16 * 2 * (4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -480,28 +481,25 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
     from benchtrain.train.launch_command import run_script
     from benchtrain.train.planning.rental import DiskSize, Duration, Spot
     from benchtrain.train.recipes.launch_task import LaunchTask, Target
+    from benchtrain.train.recipes.machines import Option, Row, Source
 
     bench = "torchrun -m benchtrain.bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
-    target = Target(
-        machine="2×CPU over ethernet",
-        device_key="cpu",
-        accelerator=None,
-        nodes=2,
-        gpus_per_node=1,
-        sharding="ddp",
-        configuration="to be measured",
+    # What the target's row holds, as a --consider row nobody measured would: its option, its plan, its bench run.
+    chosen = SimpleNamespace(
+        config=SimpleNamespace(phrase="to be measured"),
         optimizer_steps=4,
-        kind="predicted",
-        rests_on="nothing measured on this machine",
-        calibration=None,
-        calibration_file=None,
+        total_seconds_low=10.0,
+        total_seconds_promised=20.0,
+    )
+    option = Option(None, 2, "ddp", interconnect="ethernet")  # type: ignore[arg-type]
+    row = Row(
+        Source(option, "predicted", "nothing measured on this machine"),
+        {"name": "CPU over ethernet", "device_type": "cpu"},
+        run_plan=SimpleNamespace(plan=SimpleNamespace(chosen=chosen)),  # type: ignore[arg-type]
         settle=bench,
         settle_seconds=60.0,
-        low_seconds=10.0,
-        upper_seconds=20.0,
-        price_per_hour=None,
-        cost_upper=None,
     )
+    target = Target(row, "cpu", None, nodes=2, gpus_per_node=1, calibration=None, calibration_file=None)
     arguments = [
         "--data",
         str(heavy_tailed_jsonl),

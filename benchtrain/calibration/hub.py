@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from benchtrain.calibration.schema import SCHEMA_VERSION, read_calibration_file
+from benchtrain.calibration.schema import SCHEMA_VERSION, ListedCalibration, read_calibration_file
 from benchtrain.calibration.setup import measured_setup, quantization_name, variant_of
 from benchtrain.common.errors import BenchtrainError, CalibrationFileError
 from benchtrain.common.hub_access import (
@@ -149,14 +149,7 @@ def hub_reference(data: JsonDict) -> str | None:
 # -- pulling --------------------------------------------------------------------------------------
 
 
-class SharedCalibration(NamedTuple):
-    """A calibration pulled from the hub: its file in the cache and its data (with its source)."""
-
-    path: Path
-    data: JsonDict
-
-
-def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[SharedCalibration]:
+def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = None) -> list[ListedCalibration]:
     """(path in the cache, data with its source) for each calibration `hub:ORG/NAME[/ID]` names, newest first. A damaged file is refused: an error when it was
     named (`/ID`) or no `on_skip` hears of it, else one line through `on_skip` and the others are used."""
     ref = parse_reference(reference)
@@ -167,17 +160,17 @@ def shared_calibrations(reference: str, on_skip: Callable[[str], None] | None = 
     files = sorted((folder / FOLDER).glob(f"{ref.calibration_id or '*'}.json"))
     if not files:
         raise BenchtrainError(nothing_there(ref))
-    entries: list[SharedCalibration] = []
+    entries: list[ListedCalibration] = []
     for path in files:
         try:
-            entries.append(SharedCalibration(path, read_shared(path, ref.repo_id)))
+            entries.append(ListedCalibration(path, read_shared(path, ref.repo_id)))
         except CalibrationFileError as error:
             if ref.calibration_id is not None or on_skip is None:
                 raise
             on_skip(str(error))
     if not entries:
         raise BenchtrainError(f"{ref.text}: none of its {len(files)} calibration files can be used")
-    return sorted(entries, key=lambda entry: str(entry.data.get("created_at", "")), reverse=True)
+    return sorted(entries, key=lambda entry: str((entry.data or {}).get("created_at", "")), reverse=True)
 
 
 def nothing_there(ref: HubReference) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from benchtrain.calibration import extrapolation
 from benchtrain.calibration.dimensions import DIMENSIONS, switches
@@ -19,6 +19,15 @@ from benchtrain.common.json_types import JsonDict
 SCHEMA_VERSION = 4
 # The version before the current one upgrades on read (_v3_to_v4); older files are refused (CalibrationTooOldError): measure again with `bench run`.
 OLDEST_READABLE = SCHEMA_VERSION - 1
+
+
+class ListedCalibration(NamedTuple):
+    """A calibration file found (stored, pulled from the hub, or a bench's kept measurements): what it holds, or None
+    and why it cannot be read."""
+
+    path: Path
+    data: JsonDict | None
+    error: str | None = None
 
 
 def _v3_to_v4(data: JsonDict) -> JsonDict:

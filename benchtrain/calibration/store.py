@@ -9,10 +9,9 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
 
 from benchtrain.calibration.hub import cached_file, is_hub_reference, shared_calibrations
-from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.schema import ListedCalibration, read_calibration_file
 from benchtrain.common.atomic import file_lock, read_json_file, write_json_atomic, write_text_atomic
 from benchtrain.common.errors import BenchtrainError, CalibrationFileError
 from benchtrain.common.home import benchtrain_home, writable_subdir
@@ -117,14 +116,6 @@ def discard_unfinished(paths: Sequence[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
-class ListedCalibration(NamedTuple):
-    """A calibration file (or a bench's kept measurements): what it holds, or None and why it cannot be read."""
-
-    path: Path
-    data: JsonDict | None
-    error: str | None
-
-
 def list_unfinished() -> list[ListedCalibration]:
     """(path, content, error) for every bench that kept measurements and never stored them, newest first."""
     paths = sorted(
@@ -140,7 +131,7 @@ def read_each(
     entries: list[ListedCalibration] = []
     for path in paths:
         try:
-            entries.append(ListedCalibration(path, read(path), None))
+            entries.append(ListedCalibration(path, read(path)))
         except unreadable as error:
             entries.append(ListedCalibration(path, None, str(error)))
     return entries
@@ -170,7 +161,8 @@ def resolve_calibration(
     """`latest`, an id, a bundled name, a path to a calibration JSON, or `hub:ORG/NAME[/ID]` (its file in huggingface_hub's
     cache). Every newer file that could not be read is reported through `on_skip`; `choose` picks among several."""
     if is_hub_reference(reference):
-        chosen = choose(shared_calibrations(reference, on_skip), preferences, on_passed_over)
+        shared = [(path, data) for path, data, _ in shared_calibrations(reference, on_skip) if data is not None]
+        chosen = choose(shared, preferences, on_passed_over)
         if chosen is None:  # shared_calibrations returns one at least, or says why not
             raise BenchtrainError(f"{reference}: no calibration to use")
         return chosen

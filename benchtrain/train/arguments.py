@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from benchtrain.train.recipes.config import option_default
 from benchtrain.train.step.compile import COMPILE_CHOICES
 from benchtrain.train.step.loss import LOSS_CHOICES
 from benchtrain.train.step.sharding import SHARDING_CHOICES
@@ -20,9 +21,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-format", default="auto", choices=("auto", *FORMATS), help=format_help())
     parser.add_argument(
         "--data-split",
-        default="train",
+        default=option_default("data_split"),
         metavar="SPLIT",
-        help="split of a hub dataset or a saved DatasetDict (default: train)",
+        help="split of a hub dataset or a saved DatasetDict (default: %(default)s)",
     )
     parser.add_argument("--text-field", metavar="COLUMN", help="the text column (text format)")
     parser.add_argument(
@@ -53,13 +54,25 @@ def add_method_arguments(parser: argparse.ArgumentParser, measured: bool = False
     """What is trained (MethodConfig): the method, LoRA's settings, the base's quantization and the optimizer. `measured`
     (bench): --quantize and --optimizer take lists, each measured into the one calibration; train takes one or `auto`."""
     phrases = ", ".join(f"{name} ({entry.phrase})" for name, entry in METHODS.items())
-    parser.add_argument("--method", choices=METHODS, default="full", help=f"what is trained: {phrases}; default full")
+    method = option_default("method")
+    parser.add_argument(
+        "--method", choices=METHODS, default=method, help=f"what is trained: {phrases}; default {method}"
+    )
     parser.add_argument(
         "--lora", action="store_true", help="same as --method lora: train LoRA adapters on a frozen base (peft)"
     )
-    parser.add_argument("--lora-rank", type=int, default=16, metavar="R", help="LoRA rank (default: 16)")
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=option_default("lora_rank"),
+        metavar="R",
+        help="LoRA rank (default: %(default)s)",
+    )
     parser.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (default: 2 × rank)")
-    parser.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="LoRA dropout (default: 0)")
+    dropout = option_default("lora_dropout")
+    parser.add_argument(
+        "--lora-dropout", type=float, default=dropout, metavar="P", help=f"LoRA dropout (default: {dropout:g})"
+    )
     parser.add_argument(
         "--lora-targets",
         metavar="NAMES",
@@ -94,19 +107,19 @@ def add_step_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         choices=COMPILE_CHOICES,
-        default="auto",
+        default=option_default("compile"),
         help="torch.compile the decoder blocks: auto (default) = on for CUDA, off on CPU; compile time is measured and planned",
     )
     parser.add_argument(
         "--loss",
         choices=LOSS_CHOICES,
-        default="auto",
+        default=option_default("loss"),
         help="loss without full-vocabulary logits: auto (default) = liger on CUDA when installed, else chunked; plain = transformers' own",
     )
     parser.add_argument(
         "--sharding",
         choices=SHARDING_CHOICES,
-        default="ddp",
+        default=option_default("sharding"),
         help="under several processes (accelerate launch): ddp (default) = a whole model per process; "
         "fsdp = parameters, gradients and optimizer state sharded (a model too big for one device: full fine-tuning, "
         "or LoRA with its frozen base sharded, a 4-bit base too)",

@@ -55,7 +55,9 @@ exit codes:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from benchtrain.train.running.guard import DEFAULT_OVERRUN_ACTION, OVERRUN_ACTIONS, overrun_help
+    from benchtrain.train.planning.types import PRIORITIES
+    from benchtrain.train.recipes.config import option_default
+    from benchtrain.train.running.guard import OVERRUN_ACTIONS, overrun_help
     from benchtrain.train.step.hyperparameters import DEFAULT_LEARNING_RATE, LR_SCALINGS
 
     p = OneLineParser(
@@ -90,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(p)
     p.add_argument(
         "--model",
-        default="tiny",
+        default=option_default("model"),
         metavar="PRESET|DIR|ORG/NAME[@REV]",
-        help="preset, model folder, or hub id (the hub cache first; HF_HUB_OFFLINE=1 reads only the cache) (default: tiny)",
+        help="preset, model folder, or hub id (the hub cache first; HF_HUB_OFFLINE=1 reads only the cache) (default: %(default)s)",
     )
     p.add_argument(
         "--tokenizer",
@@ -105,12 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="wall-clock limit for the whole command: 90s, 15m, 12h, 1h30m",
     )
-    p.add_argument("--epochs", type=float, default=1.0, help="passes over the data (default: 1; fractions allowed)")
+    epochs = option_default("epochs")
+    p.add_argument(
+        "--epochs", type=float, default=epochs, help=f"passes over the data (default: {epochs:g}; fractions allowed)"
+    )
     p.add_argument(
         "--priority",
-        default="balanced",
-        choices=("fast", "balanced", "quality", "memory_efficient"),
-        help="what to optimise (default: balanced)",
+        default=option_default("priority"),
+        choices=PRIORITIES,
+        help="what to optimise (default: %(default)s)",
     )
     p.add_argument(
         "--effective-batch",
@@ -120,13 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-length",
-        default="auto",
+        default=option_default("max_length"),
         metavar="N|auto",
         help="token limit per sample; auto covers 99.5%% of samples (100%% for quality)",
     )
     p.add_argument(
         "--train-on",
-        default="assistant",
+        default=option_default("train_on"),
         choices=("assistant", "all"),
         help="chat data (messages, sharegpt, alpaca): the loss on the assistant's turns (default) or on every token",
     )
@@ -154,9 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--report-to",
-        default="none",
+        default=option_default("report_to"),
         metavar="none|tensorboard|wandb|mlflow|trackio",
-        help="experiment trackers, a comma list (default: none); W&B offline with WANDB_MODE=offline",
+        help="experiment trackers, a comma list (default: %(default)s); W&B offline with WANDB_MODE=offline",
     )
     p.add_argument(
         "--merge-lora", action="store_true", help="with --lora: also write the merged full model to final-merged/"
@@ -188,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume auto: continue it if it has a complete checkpoint, else start it, the deadline counted from its first start (what a "
         "rented machine runs, so a restart after a preemption continues)",
     )
-    p.add_argument("--on-overrun", default=DEFAULT_OVERRUN_ACTION, choices=tuple(OVERRUN_ACTIONS), help=overrun_help())
+    p.add_argument(
+        "--on-overrun",
+        default=option_default("on_overrun"),
+        choices=tuple(OVERRUN_ACTIONS),
+        help=overrun_help(),
+    )
     p.add_argument(
         "--fit-deadline",
         action="store_true",
@@ -198,15 +208,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)"
     )
     p.add_argument(
-        "--checkpoint-interval", default="10m", metavar="DURATION", help="time between checkpoints (default: 10m)"
+        "--checkpoint-interval",
+        default=option_default("checkpoint_interval"),
+        metavar="DURATION",
+        help="time between checkpoints (default: %(default)s)",
     )
-    p.add_argument("--keep-checkpoints", type=int, default=2, metavar="N", help="checkpoints kept (default: 2)")
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=option_default("keep_checkpoints"),
+        metavar="N",
+        help="checkpoints kept (default: %(default)s)",
+    )
     p.add_argument(
         "--margin",
         type=float,
-        default=0.05,
+        default=option_default("margin"),
         metavar="FRACTION",
-        help="share of the deadline held back as safety margin (default: 0.05)",
+        help="share of the deadline held back as safety margin (default: %(default)s)",
     )
     # The plan and the learning rate: cost, output, learning rate, seed and the escape hatches.
 
@@ -241,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr-scaling",
         choices=LR_SCALINGS,
-        default="none",
+        default=option_default("lr_scaling"),
         help="scale the learning rate with effective batch / --base-batch (effective = micro-batch × processes × accumulation)",
     )
     p.add_argument(
@@ -251,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the effective batch --learning-rate was tuned for (default: the planned one)",
     )
     add_hyperparameters(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=option_default("seed"))
     p.add_argument(
         "--force",
         action="store_true",

@@ -52,15 +52,16 @@ def shell_array(name: str, words: list[str]) -> str:
 
 def target_lines(task: LaunchTask, target: Target) -> list[str]:
     """A target's settings in the run script: its processes per node, train's options and the bench run it needs first."""
+    row, chosen = target.row, target.chosen
     lines = [
-        f"# {target.machine}: {target.configuration}, {target.sharding} sharding, {target.optimizer_steps:,} optimizer steps "
-        f"({figure_source(target)}; rests on {target.rests_on})",
+        f"# {target.machine}: {chosen.config.phrase}, {target.option.sharding} sharding, {chosen.optimizer_steps:,} optimizer steps "
+        f"({figure_source(target)}; rests on {row.rests_on})",
         f"PER_NODE={target.gpus_per_node}",
         shell_array("TRAIN", task.train_command(target)),
     ]
-    if target.settle:
+    if row.settle:
         # The row was not measured: measure it here first (once: a restarted task has its run.json).
-        words = shlex.split(target.settle)
+        words = shlex.split(row.settle)
         command = next((index for index, word in enumerate(words) if word in ("bench", "benchtrain.bench")), None)
         bench = words[command + 1 :] if command is not None else words
         lines.append(shell_array("BENCH", bench))
@@ -140,7 +141,7 @@ def figure_source(target: Target) -> str:
         "measured by someone": "shared (measured by someone else)",
         "predicted": "predicted from a 1-GPU calibration and collectives",
         "translated": "translated from another GPU by datasheet ratios",
-    }.get(target.kind, target.kind)
+    }.get(target.row.kind, target.row.kind)
 
 
 def header(task: LaunchTask, engine: str) -> list[str]:
@@ -152,14 +153,16 @@ def header(task: LaunchTask, engine: str) -> list[str]:
         "Targets, in order (the first recommended):",
     ]
     for index, target in enumerate(task.targets, 1):
+        row, chosen = target.row, target.chosen
         cost = f", ≤ ${target.cost_upper:,.2f}" if target.cost_upper is not None else ""
-        price = f" at ${target.price_per_hour:,.2f}/GPU-hour (given)" if target.price_per_hour is not None else ""
+        price = f" at ${row.price_per_hour:,.2f}/GPU-hour (given)" if row.price_per_hour is not None else ""
+        seconds = f"{format_duration(chosen.total_seconds_low)} – {format_duration(chosen.total_seconds_promised)}"
         lines.append(
-            f"  {index}. {target.machine} on {target.nodes} node(s) × {target.gpus_per_node}: {target.configuration}, {target.sharding}; "
-            f"{format_duration(target.low_seconds)} – {format_duration(target.upper_seconds)}{cost}{price} — {figure_source(target)}"
+            f"  {index}. {target.machine} on {target.nodes} node(s) × {target.gpus_per_node}: {chosen.config.phrase}, {target.option.sharding}; "
+            f"{seconds}{cost}{price} — {figure_source(target)}"
         )
-        if target.settle:
-            lines.append(f"     measured first on the node: {target.settle}")
+        if row.settle:
+            lines.append(f"     measured first on the node: {row.settle}")
     lines += [f"  left out: {reason}" for reason in task.left_out]
     lines += [
         f"Nodes: {best.nodes} (the recommended target's layout).",

@@ -83,7 +83,7 @@ def describe_plan(
         *describe_data(profile, byte_tokens),
         *[f"  {note}" for note in data_notes],
         f"calibration: {calibration.id} ({describe_error(calibration, c)}{history})",
-        f"plan ({plan.priority}): {c.config.phrase}, {c.world_size} process(es); effective batch {plan.effective_batch} "
+        f"plan ({plan.request.priority}): {c.config.phrase}, {c.world_size} process(es); effective batch {plan.effective_batch} "
         f"{'packed rows' if plan.packing else 'samples'}; {_steps(c.optimizer_steps, 'optimizer ')}"
         + (f" ({c.remaining_steps:,} left to run)" if c.remaining_steps != c.optimizer_steps else ""),
         f"  {'translated ' if getattr(calibration, 'translation', None) else ''}estimate {format_duration(c.total_seconds)} "
@@ -101,7 +101,7 @@ def describe_plan(
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
         f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration {'was translated to' if device.get('translated') else 'measured'}",
-        f"  deadline: {format_duration(plan.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
+        f"  deadline: {format_duration(plan.request.deadline.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
         f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
         f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",
         f"  naive estimate (samples × mean tokens / best measured tokens/s): {format_duration(plan.naive_seconds)}",

@@ -467,21 +467,18 @@ def make_plan(
     notes += [note for note in (memory_basis_note(calibration), slices_plan_note(calibration.data)) if note]
     warnings += [warning for warning in [error_decides_deadline(chosen, available)] if warning]
     return Plan(
+        request=request,
         chosen=chosen,
         alternatives=alternatives,
         naive_seconds=naive_seconds(calibration, data, request.epochs, chosen),
-        deadline=request.deadline,
         available_seconds=available,
         meets_deadline=chosen.total_seconds_promised <= available,
         effective_batch=effective_batch,
         packing=data.packing,
-        epochs=request.epochs,
-        priority=request.priority,
         step_limit=step_limit,
         notes=notes,
         cost=run_cost(chosen.total_seconds, request.price_per_hour, request.world_size),
         warnings=warnings,
-        price_per_hour=request.price_per_hour,
     )
 
 
@@ -549,7 +546,7 @@ def deadline_options(plan: Plan, resuming: bool = False) -> str:
     resumed run keeps its epochs and max length: only the steps can change)."""
     chosen = plan.chosen
     promised_steps = chosen.total_seconds_promised - chosen.overheads.total_seconds
-    per_epoch = promised_steps / plan.epochs
+    per_epoch = promised_steps / plan.request.epochs
     room = plan.available_seconds - chosen.overheads.total_seconds
     options = []
     if per_epoch > 0 and room > 0:

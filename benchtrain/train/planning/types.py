@@ -5,7 +5,7 @@ plan it makes (Plan)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 from benchtrain.calibration.dimensions import DIMENSIONS
 from benchtrain.calibration.run_file import step_columns
@@ -240,38 +240,40 @@ class Candidate:
 
 @dataclass
 class Plan:
+    """The planner's answer to `request` (which it refers to: the deadline, epochs, priority and price it was asked for)."""
+
+    request: PlanRequest
     chosen: Candidate
     alternatives: list[Candidate]
     naive_seconds: float
-    deadline: Deadline
     available_seconds: float
     meets_deadline: bool
     effective_batch: int
     packing: bool
-    epochs: float
-    priority: str
     step_limit: int | None
     notes: list[str]
     warnings: list[str] = field(default_factory=list)  # said out loud: the plan cannot keep a promise
-    cost: float | None = None
-    price_per_hour: float | None = None  # per device-hour; the cost counts one device per process
-
-    @property
-    def deadline_seconds(self) -> float:
-        return self.deadline.deadline_seconds
+    cost: float | None = None  # the price per device-hour is the request's; the cost counts one device per process
 
     def to_json(self) -> JsonDict:
-        """Every field in order: the candidates as their JSON, the deadline as its seconds."""
-        shown = {
+        """The plan as the dry run and run.json show it: the candidates as their JSON, the request's deadline as its
+        seconds, and what was asked (epochs, priority, price) beside what was answered, in this order."""
+        request = self.request
+        return {
             "chosen": self.chosen.to_json(),
             "alternatives": [candidate.to_json() for candidate in self.alternatives],
-            "deadline": self.deadline_seconds,
-        }
-        shown["bound_fraction"] = self.chosen.bound_fraction
-        names = [each.name for each in fields(self)]
-        # after step_limit, in the order the dry run and run.json show
-        names.insert(names.index("notes"), "bound_fraction")
-        return {
-            ("deadline_seconds" if name == "deadline" else name): shown[name] if name in shown else getattr(self, name)
-            for name in names
+            "naive_seconds": self.naive_seconds,
+            "deadline_seconds": request.deadline.deadline_seconds,
+            "available_seconds": self.available_seconds,
+            "meets_deadline": self.meets_deadline,
+            "effective_batch": self.effective_batch,
+            "packing": self.packing,
+            "epochs": request.epochs,
+            "priority": request.priority,
+            "step_limit": self.step_limit,
+            "bound_fraction": self.chosen.bound_fraction,
+            "notes": self.notes,
+            "warnings": self.warnings,
+            "cost": self.cost,
+            "price_per_hour": request.price_per_hour,
         }

@@ -417,28 +417,30 @@ def largest_fitting_micro_batch(calibration: Calibration, config: StepConfig) ->
 def compare_variants(chosen: RunPlan, others: list[RunPlan], refused: list[Refused]) -> list[str]:
     """Plan notes: each other variant's cost at the chosen configuration and its best plan; why those refused were not."""
     config: StepConfig = chosen.plan.chosen.config
-    mine = chosen.cal.predict(config)
+    mine = chosen.fitted.cal.predict(config)
     if not chosen.plan.meets_deadline:
         why = "the shortest plan that fits memory (none meets the deadline)"
     elif chosen.plan.step_limit:
         why = "the most tokens trained before the deadline (--fit-deadline)"
     else:
         why = "the fastest that fits memory and the deadline"
-    lines = [f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen.cal.variant)}, {why}"]
+    lines = [
+        f"setups measured: {len(others) + len(refused) + 1}; chosen: {variant_name(*chosen.fitted.cal.variant)}, {why}"
+    ]
     for other in others:
-        theirs = other.cal.predict(config)
+        theirs = other.fitted.cal.predict(config)
         parts = [f"step ×{theirs.step_seconds / mine.step_seconds:.2f}"]
         if theirs.peak_memory_bytes is not None and mine.peak_memory_bytes is not None:
             difference = (mine.peak_memory_bytes - theirs.peak_memory_bytes) / GIB
             parts.append(f"{abs(difference):.2f} GiB {'less' if difference >= 0 else 'more'} peak memory")
-        largest = largest_fitting_micro_batch(other.cal, config)
+        largest = largest_fitting_micro_batch(other.fitted.cal, config)
         more = " and more" if largest == LARGEST_MICRO_BATCH else ""
         parts.append(f"fits micro-batch {largest}{more}" if largest else "does not fit even micro-batch 1")
         own = other.plan.chosen
         verdict = "meets the deadline" if other.plan.meets_deadline else "misses the deadline"
         best = f"its best plan {own.optimizer_steps:,} steps of {own.config.phrase}, {own.tokens:,} tokens"
         parts.append(f"{best}: {format_duration(own.total_seconds)} ({verdict})")
-        lines.append(f"{variant_name(*other.cal.variant)}: " + ", ".join(parts))
+        lines.append(f"{variant_name(*other.fitted.cal.variant)}: " + ", ".join(parts))
     lines.extend(
         f"{variant_name(one.method.quantize, one.method.optimizer)}: not planned ({one.reason})" for one in refused
     )

@@ -8,9 +8,9 @@ import argparse
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchtrain.calibration.dimensions import switches
 from benchtrain.common.durations import parse_duration
@@ -373,3 +373,17 @@ class TrainConfig:
         # prices: price_per_hour holds what was given; run_deadline: deadline_seconds and margin hold it; started_at: a reading of this machine's monotonic
         # clock; learning_rate_named: learning_rate holds the rate trained with.
         return {key: flat[key] for name in FLAT_ORDER for key in (self.plan.switches if name == "switches" else [name])}
+
+
+# What an option's default may be (a word, a count, a fraction).
+Default = str | int | float | None
+
+
+def option_default(name: str) -> Default:
+    """The default of the option whose field is `name`: written once, in the dataclass that holds it (TrainConfig, its
+    sections, StepOptions, MethodConfig), and read by the command line's parser and its help."""
+    for holder in (TrainConfig, *SECTIONS.values(), StepOptions, MethodConfig):
+        for each in fields(holder):
+            if each.name == name and each.init and each.default is not MISSING:
+                return cast(Default, each.default)
+    raise KeyError(f"no configuration field {name!r} has a default")

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
-from benchtrain.calibration.topology import parse_interconnect, recorded_interconnect
+from benchtrain.calibration.topology import parse_interconnect
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
-from benchtrain.train.recipes.machines import Option, Row, device_key, option_source
+from benchtrain.train.recipes.machines import Option, Row, calibration_row, device_key, plan_of
 from benchtrain.train.running.resume import without_options
 
 if TYPE_CHECKING:
     from benchtrain.calibration.model import Calibration
-    from benchtrain.train.planning.types import Plan
+    from benchtrain.train.planning.types import Candidate, Plan
     from benchtrain.train.recipes.config import TrainConfig
     from benchtrain.train.recipes.machines import Comparison
     from benchtrain.train.recipes.run_plan import RunPlan
@@ -67,26 +67,39 @@ ACCELERATORS = {
 
 @dataclass(frozen=True)
 class Target:
-    """One machine the task may run on, with the plan made for it."""
+    """One machine the task may run on: the planned row it launches (its machine, plan, price, and what its figures rest on
+    and what would settle them), where its processes go, and the calibration its nodes plan from."""
 
-    machine: str  # 2×H100 SXM over nvlink
+    row: Row
     device_key: str  # a datasheet key (calibration.datasheets), or "cpu"
     accelerator: str | None  # the engines' name for it; None: CPU only
     nodes: int
     gpus_per_node: int  # processes per node (CPU: 1)
-    sharding: str  # none | ddp | fsdp
-    configuration: str  # the planned step: micro-batch × accumulation, workers, length
-    optimizer_steps: int
-    kind: str  # measured here | measured by someone | predicted | translated
-    rests_on: str
     calibration: str | None  # --use-calibration on the node; None: the one `settle` measures
     calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
-    settle: str | None  # the bench run that measures this machine first (a row nobody measured)
-    settle_seconds: float
-    low_seconds: float
-    upper_seconds: float
-    price_per_hour: float | None  # per GPU
-    cost_upper: float | None
+
+    @property
+    def machine(self) -> str:
+        """2×H100 SXM over nvlink: a row of `--consider`'s machine, else the calibration's device × its processes."""
+        machine = self.row.source.machine
+        return machine.label if machine is not None else f"{self.row.processes}×{self.row.device['name']}"
+
+    @property
+    def option(self) -> Option:
+        """What plans the row: its calibration, processes and sharding (none | ddp | fsdp)."""
+        assert self.row.source.option is not None  # a target is made of a planned row only
+        return self.row.source.option
+
+    @property
+    def chosen(self) -> Candidate:
+        """The planned step (micro-batch × accumulation, workers, length), its steps and its seconds."""
+        return plan_of(self.row).chosen
+
+    @property
+    def cost_upper(self) -> float | None:
+        """What the target costs at most: a machine's at the upper end of its bracket, a calibration's at its estimate."""
+        bracket = self.row.cost_bracket
+        return bracket.upper if self.row.source.machine is not None and bracket else self.row.cost
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ class LaunchTask:
     def train_command(self, target: Target) -> list[str]:
         """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
         calibration = target.calibration or "latest"
-        sharding = ["--sharding", target.sharding] if target.sharding == "fsdp" else []
+        sharding = ["--sharding", target.option.sharding] if target.option.sharding == "fsdp" else []
         return [
             *self.train_arguments,
             "--use-calibration",
@@ -170,7 +183,7 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
 def row_target(row: Row) -> Target:
     """A planned row (of a comparison, or a single calibration's plan) as a target."""
     assert row.plan is not None and row.option is not None
-    cal, chosen = row.option.calibration, row.plan.chosen
+    cal = row.option.calibration
     key = device_key(cal) or "cpu"
     interconnect = row.option.interconnect or row.device.get("interconnect")
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
@@ -178,24 +191,13 @@ def row_target(row: Row) -> Target:
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
     calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
     return Target(
-        machine=row.machine or f"{row.processes}×{row.device['name']}",
+        row=row,
         device_key=key,
         accelerator=accelerator_of(key, row.device),
         nodes=nodes,
         gpus_per_node=per_node,
-        sharding=row.option.sharding,
-        configuration=chosen.config.phrase,
-        optimizer_steps=chosen.optimizer_steps,
-        kind=row.kind,
-        rests_on=row.rests_on,
         calibration=calibration,
         calibration_file=file,
-        settle=row.settle,
-        settle_seconds=row.settle_seconds,
-        low_seconds=chosen.total_seconds_low,
-        upper_seconds=chosen.total_seconds_promised,
-        price_per_hour=row.price_per_hour,
-        cost_upper=row.cost_bracket.upper if row.machine is not None and row.cost_bracket else row.cost,
     )
 
 
@@ -309,11 +311,11 @@ def launch_task(
     uploaded = sum(size_of(upload.local) for upload in uploads)
     disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
     spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
-    settle = max((target.settle_seconds for target in targets), default=0.0)
-    duration = max_duration(first.upper_seconds + settle, spot, config.run_deadline.deadline_seconds)
+    settle = max((target.row.settle_seconds for target in targets), default=0.0)
+    duration = max_duration(first.chosen.total_seconds_promised + settle, spot, config.run_deadline.deadline_seconds)
     name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
     notes = []
-    if any(target.settle for target in targets):
+    if any(target.row.settle for target in targets):
         notes.append(
             "a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)"
         )
@@ -350,10 +352,7 @@ def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: 
         raise BenchtrainError(
             "--emit: the plan misses the deadline at its upper end, so there is nothing to launch: a longer --deadline or another machine"
         )
-    processes = run.step.world_size
-    recorded = recorded_interconnect(run.cal.hardware, processes) if processes > 1 else None
-    option = Option(run.cal, processes, run.step.sharding, interconnect=recorded.word if recorded is not None else None)
-    row = Row(option_source(option), run.hardware, run.price_per_hour, run_plan=run)
+    row = calibration_row(run)
     return launch_task(
-        [row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.method, command_line
+        [row_target(row)], [], run.plan, run.plan.available_seconds, config, spec, run.fitted.method, command_line
     )

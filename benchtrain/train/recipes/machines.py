@@ -335,7 +335,8 @@ def select_calibrations(
             stored += [(path, read_calibration_file(path)) for path in bundled_calibrations().values()]
             chosen += of_this_run(stored, spec, method, on_skip)
         elif is_hub_reference(name) and parse_reference(name).calibration_id is None:
-            shared = of_this_run(shared_calibrations(name, on_skip), spec, method, on_skip)
+            pulled = [(path, data) for path, data, _ in shared_calibrations(name, on_skip) if data is not None]
+            shared = of_this_run(pulled, spec, method, on_skip)
             if not shared and on_skip is not None:
                 on_skip(f"{name}: none of its calibrations measured {spec.name} ({method.describe()})")
             chosen += shared
@@ -598,9 +599,18 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
         row.problem = str(error)
         return row
     row.run_plan = placed
-    row.compute = planned_compute(context.spec, placed, placed.plan.chosen)
+    row.compute = planned_compute(context.spec, setup, placed.plan.chosen)
     row.warnings += placed.plan.warnings
     return row
+
+
+def calibration_row(run: RunPlan) -> Row:
+    """A single calibration's dry run as the row it is: that plan on the processes and interconnect the calibration recorded."""
+    fitted = run.fitted
+    processes = fitted.step.world_size
+    recorded = recorded_interconnect(fitted.cal.hardware, processes) if processes > 1 else None
+    option = Option(fitted.cal, processes, fitted.step.sharding, interconnect=recorded.word if recorded else None)
+    return Row(option_source(option), fitted.hardware, fitted.price_per_hour, run_plan=run)
 
 
 def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
@@ -803,7 +813,7 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
         return f"no calibration could plan this run: {problems}"
     closest = planned[0]
     plan = plan_of(closest)
-    spent = plan.deadline.budget_seconds - plan.available_seconds
+    spent = plan.request.deadline.budget_seconds - plan.available_seconds
     needed = Deadline.deadline_holding(plan.chosen.total_seconds_promised + spent, margin)
     needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write
     return (

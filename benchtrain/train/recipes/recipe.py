@@ -21,6 +21,7 @@ from benchtrain.train.export import export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
 from benchtrain.train.planning.plan_text import describe_exact_profile, describe_outcome
 from benchtrain.train.planning.trainer_fields import trainer_fields
+from benchtrain.train.planning.types import Plan
 from benchtrain.train.recipes.choice import (
     asked_variant,
     choose_plan,
@@ -37,7 +38,7 @@ from benchtrain.train.recipes.run_plan import (
     RunPlan,
     deadline_message,
     learning_rate_record,
-    plan_again,
+    plan_exact,
     planned_compute,
     print_plan,
     push_note,
@@ -190,28 +191,33 @@ class TrainRecipe:
         self.context = context
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
         # rank 0's plan is what every rank trains (rank0_decides).
-        run = self.run = rank0_decides(lambda: choose_plan(self.weighed, context), self._with_own_clock)
+        run = self.run = rank0_decides(
+            lambda: choose_plan(self.weighed, context),
+            lambda chosen: replace(chosen, plan=self._with_own_clock(chosen.plan)),
+        )
+        fitted = run.fitted
         peak = run.plan.chosen.peak_memory_bytes
-        activations = (peak - run.need.total_bytes, "this plan's configuration") if peak else None
-        run.plan.notes.extend(unmeasured_bases(self.spec, run.method, run.cal, run.hardware, activations))
+        activations = (peak - fitted.need.total_bytes, "this plan's configuration") if peak else None
+        run.plan.notes.extend(unmeasured_bases(self.spec, fitted.method, fitted.cal, fitted.hardware, activations))
         if self.push is not None:
-            run.plan.notes.append(push_note(self.push, run, bool(config.output.merge_lora and run.method.is_lora)))
+            merge = bool(config.output.merge_lora and fitted.method.is_lora)
+            run.plan.notes.append(push_note(self.push, fitted, merge))
         return run
 
-    def _with_own_clock(self, run: RunPlan) -> RunPlan:
+    def _with_own_clock(self, plan: Plan) -> Plan:
         """Rank 0's plan on another rank, its deadline counted from this process's start (another's monotonic clock means nothing here)."""
-        return replace(run, request=replace(run.request, deadline=self.config.run_deadline))
+        return replace(plan, request=replace(plan.request, deadline=self.config.run_deadline))
 
     def show_plan(self) -> bool:
         """The plan on the console or as JSON (rank 0); a plan that misses the deadline ends the command, a dry run too, so
         a script can tell. Returns whether to train (not after --json or --dry-run)."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
-            precision = run.cal.training.get("precision") or run_precision(run.device_type)
-            fields = trainer_fields(run.plan, run.cal, precision)
+            precision = run.fitted.cal.training.get("precision") or run_precision(run.fitted.device_type)
+            fields = trainer_fields(run.plan, run.fitted.cal, precision)
             print(json_text(fields.to_json()) if config.output.json else fields.describe())
         elif is_main_process() and config.output.json:
-            print(json_text(run.to_json(planned_compute(self.spec, run, run.plan.chosen))))
+            print(json_text(run.to_json(planned_compute(self.spec, run.fitted, run.plan.chosen))))
             for warning in run.plan.warnings:
                 say(f"warning: {warning}")
         elif is_main_process():
@@ -234,13 +240,14 @@ class TrainRecipe:
             out_dir = self.record.out_dir
             self._held.enter_context(run_lock(out_dir))
             existing = len(list_checkpoints(out_dir / "checkpoints"))
-            merge = bool(config.output.merge_lora and run.method.is_lora)
+            fitted = run.fitted
+            merge = bool(config.output.merge_lora and fitted.method.is_lora)
             space = disk_need(
-                run.need,
-                run.method.is_lora,
+                fitted.need,
+                fitted.method.is_lora,
                 not self.spec.has_weights,
                 merge,
-                run.device_type,
+                fitted.device_type,
                 config.guard.keep_checkpoints,
                 existing,
             )
@@ -260,26 +267,15 @@ class TrainRecipe:
         if not loaded.sampled:
             # The run's span starts here, after the plan was shown (its text imports peft and bitsandbytes to size every method: ≈1.2 s, not a cost of the
             # planned work): that time is named in run.json's `elapsed_before_plan` with the rest spent before the steps.
-            request = replace(run.request, elapsed_seconds=self.config.run_deadline.elapsed())
-            self.run = replace(run, request=request)
+            request = replace(run.plan.request, elapsed_seconds=self.config.run_deadline.elapsed())
+            self.run = replace(run, plan=replace(run.plan, request=request))
             return
-        configuration = run.request.configuration or run.plan.chosen.config
-        elapsed = self.config.run_deadline.elapsed()
-        request = replace(
-            run.request,
-            configuration=configuration,
-            elapsed_seconds=elapsed,
-            data_prep_seconds=0.0,
-            data_uncertainty=0.0,
-        )
         # Rank 0's plan again (its elapsed time): every rank trains the same steps.
-        request, plan = rank0_decides(
-            lambda: (request, plan_again(run.cal, request, data, eval_data)),
-            lambda chosen: (replace(chosen[0], deadline=self.config.run_deadline), chosen[1]),
-        )
+        elapsed = self.config.run_deadline.elapsed()
+        plan = rank0_decides(lambda: plan_exact(run, elapsed, data, eval_data), self._with_own_clock)
         if is_main_process():
             print("\n".join(describe_exact_profile(loaded.prepared, run.plan, plan)), flush=True)
-        self.run = replace(run, request=request, plan=plan)
+        self.run = replace(run, plan=plan)
         if not plan.meets_deadline:
             say(
                 f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time"
@@ -303,7 +299,12 @@ class TrainRecipe:
                 raise BenchtrainError(f"cannot create run folder {out_dir}: {error.strerror or error}") from None
         # The model section is completed with parameter counts once the model is built.
         fresh = new_run_file(
-            run_id, run.plan, run.cal, model_identity(self.spec), self._data_section(), run.request.elapsed_seconds
+            run_id,
+            run.plan,
+            run.fitted.cal,
+            model_identity(self.spec),
+            self._data_section(),
+            run.plan.request.elapsed_seconds,
         )
         record = RunRecord.open(out_dir, fresh, self.earlier)
         file = record.file
@@ -311,16 +312,17 @@ class TrainRecipe:
         command = replace(self.config, step=recorded_options(run, self.config.step)).to_json()
         command["out"] = stored_path(self.config.output.out, out_dir)  # ".": the run folder itself, wherever it moves
         file.update(config=command)
+        method = run.fitted.method
         file.update_plan(
-            method=run.method.method, optimizer=run.method.optimizer, **learning_rate_record(self.config, run.plan)
+            method=method.method, optimizer=method.optimizer, **learning_rate_record(self.config, run.plan)
         )
-        file.update_plan(communication=run.communication, sharding=run.step.sharding, lora=run.method.settings())
+        file.update_plan(communication=run.communication, sharding=run.fitted.step.sharding, lora=method.settings())
         # The run's steps, fixed at its first plan: its learning-rate schedule's horizon, and what a resume finishes.
         file.update_plan(total_steps=file.total_steps)
         # The hyper-parameters under HF TrainingArguments' names (train.step.hyperparameters.HF_KEYS).
         file.update(
             hyperparameters=self.config.tuning.hyperparameters.record(
-                file.learning_rate, run.method.optimizer, file.total_steps
+                file.learning_rate, method.optimizer, file.total_steps
             )
         )
         return record
@@ -351,7 +353,7 @@ class TrainRecipe:
             guard=config.guard,  # the guard's section whole: --on-overrun, checkpoint interval, checkpoints kept
             learning_rate=record.file.learning_rate,  # scaled once, in the plan (train.recipes.run_plan.learning_rate_record)
             seed=config.seed,
-            epochs=run.plan.epochs,
+            epochs=run.plan.request.epochs,
             step_limit=run.plan.step_limit,
             schedule_steps=record.file.total_steps,
             resume=config.output.resume,
@@ -361,9 +363,11 @@ class TrainRecipe:
         tokenizer = self.loaded.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         loop = TrainingRun(
-            calibration=run.cal,
+            calibration=run.fitted.cal,
             chosen=run.plan.chosen,
-            model=ModelToTrain(self.spec, run.method, run.step),  # THE step as the variant's fit decided it
+            model=ModelToTrain(
+                self.spec, run.fitted.method, run.fitted.step
+            ),  # THE step as the variant's fit decided it
             data=TrainingData(self.loaded.data, pad_id, self.loaded.eval_data, config.data.eval_schedule),
             out_dir=record.out_dir,
             settings=settings,
@@ -380,7 +384,7 @@ class TrainRecipe:
                 f"out of memory training batch {chosen.config.micro_batch_size} at length {chosen.config.seq_len}, which the calibration "
                 f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
             ) from None
-        training = {**method_record(run.method, loop.model), **loop.engine.record()}
+        training = {**method_record(run.fitted.method, loop.model), **loop.engine.record()}
         return TrainedRun(outcome, final, model_record(self.spec, model_shape(loop.model)), training)
 
     # -- finish -----------------------------------------------------------------------------
@@ -390,8 +394,8 @@ class TrainRecipe:
             run, config, record = self.run, self.config, self.record
             write_report = None if config.output.no_report else self.write_report
             push = self._push if self.push is not None and self.trained.final else None
-            report_path = record.finish(self.trained, run.cal, run.plan, config.run_deadline, write_report, push)
-            resume = resume_command(self.command_line, record.out_dir, run.step.world_size)
+            report_path = record.finish(self.trained, run.fitted.cal, run.plan, config.run_deadline, write_report, push)
+            resume = resume_command(self.command_line, record.out_dir, run.fitted.step.world_size)
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)
         if self.trained.loop.status == INTERRUPTED:
             return EXIT_INTERRUPTED
@@ -412,8 +416,9 @@ class TrainRecipe:
 
 def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
     """The step options as run.json records them: --loss auto as the loss bench measured best on this device, where it did."""
-    if options.loss == "auto" and not run.foreign and run.cal.data.get("loss_choice"):
-        return replace(options, loss=run.step.loss)
+    fitted = run.fitted
+    if options.loss == "auto" and not fitted.foreign and fitted.cal.data.get("loss_choice"):
+        return replace(options, loss=fitted.step.loss)
     return options
 
 

@@ -4,7 +4,7 @@ each row of a comparison and `--consider`, so that all plan alike. Why: docs/des
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from benchtrain.calibration.comm import communicator_bytes, describe_communication
@@ -74,25 +74,27 @@ class FittedVariant:
 
 
 @dataclass(frozen=True)
-class RunPlan(FittedVariant):
-    """A fitted variant planned: what communication adds (`communication`), what the planner was asked and its plan."""
+class RunPlan:
+    """A fitted variant planned: the variant, what communication adds (`communication`), and the planner's plan (which
+    refers to the request it answered)."""
 
+    fitted: FittedVariant
     communication: JsonDict
-    request: PlanRequest
     plan: Plan
 
     def to_json(self, compute: JsonDict) -> JsonDict:
         """A dry run's plan as `--json` prints it (also each row of a comparison, train.recipes.machines)."""
+        cal, hardware, step = self.fitted.cal, self.fitted.hardware, self.fitted.step
         return {
-            "calibration_id": self.cal.id,
-            "calibration_path": str(self.cal.path) if self.cal.path else None,
-            "device": self.hardware["name"],
-            "device_type": self.hardware["device_type"],
-            "memory_bytes": self.hardware["memory_bytes"],
-            "world_size": self.step.world_size,
-            "sharding": self.step.sharding,
+            "calibration_id": cal.id,
+            "calibration_path": str(cal.path) if cal.path else None,
+            "device": hardware["name"],
+            "device_type": hardware["device_type"],
+            "memory_bytes": hardware["memory_bytes"],
+            "world_size": step.world_size,
+            "sharding": step.sharding,
             "plan": self.plan.to_json(),
-            "bound_parts": asdict(self.cal.bound_parts),  # the plan's bound: the fit's part and the machine's
+            "bound_parts": asdict(cal.bound_parts),  # the plan's bound: the fit's part and the machine's
             "communication": self.communication,
             "compute": compute,
         }
@@ -108,14 +110,20 @@ def plan_run(fitted: FittedVariant, context: PlanContext, communicate: Communica
         else communicate(traffic)
     )
     request = plan_request(context, fitted, comm, communicate is not None)
-    plan = make_plan(fitted.cal, context.data, request, context.eval_data)
-    chosen = {field.name: getattr(fitted, field.name) for field in fields(FittedVariant)}
-    return RunPlan(**chosen, communication=comm.record, request=request, plan=plan)
+    return RunPlan(fitted, comm.record, make_plan(fitted.cal, context.data, request, context.eval_data))
 
 
-def plan_again(cal: Calibration, request: PlanRequest, data: DataView, eval_data: DataView | None) -> Plan:
-    """The planner on a request already made, for other data (the exact tokens once a plan made from a sample is kept)."""
-    return make_plan(cal, data, request, eval_data)
+def plan_exact(run: RunPlan, elapsed_seconds: float, data: DataView, eval_data: DataView | None) -> Plan:
+    """A plan made from a sample, planned again on the exact tokens: its configuration (a resume's, else the one chosen)
+    kept, the time spent so far counted, and no tokenizing left to plan for."""
+    request = replace(
+        run.plan.request,
+        configuration=run.plan.request.configuration or run.plan.chosen.config,
+        elapsed_seconds=elapsed_seconds,
+        data_prep_seconds=0.0,
+        data_uncertainty=0.0,
+    )
+    return make_plan(run.fitted.cal, data, request, eval_data)
 
 
 def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
@@ -209,7 +217,7 @@ def deadline_message(plan: Plan, resumed: bool) -> str:
 
 def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
     """The plan as the console shows it (rank 0)."""
-    plan, spec, resumed = run.plan, context.spec, context.resumed
+    plan, fitted, spec, resumed = run.plan, run.fitted, context.spec, context.resumed
     rate = learning_rate_record(context.config, plan)
     if resumed:
         total = resumed.total_steps
@@ -225,9 +233,10 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
         )
     notes = tuple(loaded.prepared.describe())
     print(
-        "\n".join(describe_plan(plan, loaded.profile, run.cal, is_byte_tokenizer(loaded.tokenizer), notes)), flush=True
+        "\n".join(describe_plan(plan, loaded.profile, fitted.cal, is_byte_tokenizer(loaded.tokenizer), notes)),
+        flush=True,
     )
-    compute = describe_compute(planned_compute(spec, run, plan.chosen), run.hardware)
+    compute = describe_compute(planned_compute(spec, fitted, plan.chosen), fitted.hardware)
     if compute:
         print(compute, flush=True)
     communication_line = describe_communication(run.communication)
@@ -239,9 +248,11 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
             f"from base batch {rate['base_batch']} to this plan's effective batch",
             flush=True,
         )
-    needs = describe_needs(spec, run.method, run.hardware, run.step.sharding, run.step.world_size, run.foreign)
+    needs = describe_needs(
+        spec, fitted.method, fitted.hardware, fitted.step.sharding, fitted.step.world_size, fitted.foreign
+    )
     print(
-        f"  training {run.method.describe()}: {run.need.trainable_parameters:,} of {run.need.total_parameters:,} parameters trainable; {needs}",
+        f"  training {fitted.method.describe()}: {fitted.need.trainable_parameters:,} of {fitted.need.total_parameters:,} parameters trainable; {needs}",
         flush=True,
     )
     for warning in plan.warnings:

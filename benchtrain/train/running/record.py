@@ -35,7 +35,11 @@ def new_run_file(
         "micro_batches": chosen.micro_batches,
     }
     plan_keys.update(
-        packing=plan.packing, epochs=plan.epochs, priority=plan.priority, step_limit=plan.step_limit, notes=plan.notes
+        packing=plan.packing,
+        epochs=plan.request.epochs,
+        priority=plan.request.priority,
+        step_limit=plan.step_limit,
+        notes=plan.notes,
     )
     # The calibration's held-out errors (time and peak memory): what the bounds stand on, for the report.
     held_out = {
@@ -59,7 +63,7 @@ def new_run_file(
             "bound_parts": asdict(calibration.bound_parts),
         },
         "actual": None,
-        "deadline_seconds": plan.deadline_seconds,
+        "deadline_seconds": plan.request.deadline.deadline_seconds,
         "elapsed_before_plan": elapsed_before_plan,
         # When the deadline started counting (time.time()): `--resume auto` holds a restarted run to it.
         "deadline_started_at": time.time() - elapsed_before_plan,
@@ -241,11 +245,13 @@ class RunRecord:
         elapsed = deadline.elapsed()
         # The span the estimate check compares: from the plan to the end of the export. The report
         # comes after it (it is written from these figures) and is timed on its own.
-        actual = actual_section(loop, elapsed - record.elapsed_before_plan, plan.price_per_hour, plan.chosen.world_size)
+        actual = actual_section(
+            loop, elapsed - record.elapsed_before_plan, plan.request.price_per_hour, plan.chosen.world_size
+        )
         actual.update(last_checkpoint=stored_path(loop.last_checkpoint, self.out_dir), command_seconds=elapsed)
         overheads = plan.chosen.overheads
         planned_report = overheads.report_seconds + overheads.upload_seconds
-        record.update(actual=actual, met_deadline=elapsed + planned_report <= plan.deadline_seconds)
+        record.update(actual=actual, met_deadline=elapsed + planned_report <= plan.request.deadline.deadline_seconds)
         check = check_estimate(record.to_json())
         # Its error is written a second time, as estimate_error_pct, by RunFile (from this one value).
         record.update(estimate_check=check.to_json() if check else None)
@@ -258,6 +264,6 @@ class RunRecord:
         report_path = write_report(self.out_dir) if write_report else None
         finished = deadline.elapsed()
         actual.update(report_seconds=finished - report_started if report_path else None, command_seconds=finished)
-        record.update(actual=actual, met_deadline=finished <= plan.deadline_seconds)
+        record.update(actual=actual, met_deadline=finished <= plan.request.deadline.deadline_seconds)
         self.write()
         return report_path
