@@ -25,6 +25,7 @@ from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, run_consid
 
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import save_calibration
+from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from benchtrain.train.running.checkpoint import MARKER_FILE, list_checkpoints
 from benchtrain.train.running.resume import auto_resume, resume_command
@@ -168,6 +169,60 @@ def test_the_skypilot_task_holds_skypilots_published_schema(
     broken = {**task, "num_nodes": "two"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema)
+
+
+# The accelerator names the emitted tasks have always used, by datasheet key: a datasheet row's launch name must not
+# change what an existing task rents.
+LAUNCH_NAMES_EMITTED = {
+    "h100": "H100",
+    "h100-pcie": "H100",
+    "h100-nvl": "H100",
+    "gh200": "GH200",
+    "h200": "H200",
+    "h200-nvl": "H200",
+    "b200": "B200",
+    "a100-40gb": "A100",
+    "a100-40gb-pcie": "A100",
+    "a100-80gb": "A100-80GB",
+    "a100-80gb-pcie": "A100-80GB",
+    "l40s": "L40S",
+    "l40": "L40",
+    "a10g": "A10G",
+    "l4": "L4",
+    "4090": "RTX4090",
+    "mi300x": "MI300X",
+}
+
+
+def test_every_datasheet_gpu_has_a_launch_name_and_the_tasks_name_the_same_accelerators() -> None:
+    """A GPU is added in one table (calibration.datasheets): its launch name is a column there, --emit reads it, and the
+    run script's device check accepts every card rented under that name, the one the bare name means first."""
+    from benchtrain.calibration.datasheets import SHEETS, sheet_for
+    from benchtrain.train.launch_command import case_pattern
+    from benchtrain.train.recipes.launch_task import Target, accelerator_of
+
+    assert all(sheet.launch_name for sheet in SHEETS)
+    for sheet in SHEETS:
+        meant = sheet_for(sheet.launch_name)
+        assert meant is not None and meant.launch_name == sheet.launch_name, sheet.launch_name
+    cuda = {"device_type": "cuda"}
+    assert {sheet.key: accelerator_of(sheet.key, cuda) for sheet in SHEETS} == LAUNCH_NAMES_EMITTED
+    assert accelerator_of("cpu", {"device_type": "cpu"}) is None
+    with pytest.raises(BenchtrainError, match="NVIDIA RTX A6000 has no accelerator name the engines know"):
+        accelerator_of("rtx-a6000", {"device_type": "cuda", "name": "NVIDIA RTX A6000"})
+
+    def pattern(key: str) -> str:
+        fields: dict[str, Any] = dict.fromkeys(Target.__dataclass_fields__)
+        fields.update(device_key=key, accelerator=LAUNCH_NAMES_EMITTED[key], gpus_per_node=2)
+        return case_pattern(Target(**fields))
+
+    # The patterns the run scripts have held: the target's own card, then its family as the bare name means it.
+    assert pattern("h100") == "h100:2|h100-pcie:2|h100-nvl:2"
+    assert pattern("h100-nvl") == "h100-nvl:2|h100:2|h100-pcie:2"
+    assert pattern("h200-nvl") == "h200-nvl:2|h200:2"
+    assert pattern("a100-40gb-pcie") == "a100-40gb-pcie:2|a100-40gb:2"
+    assert pattern("a100-80gb") == "a100-80gb:2|a100-80gb-pcie:2"
+    assert pattern("l4") == "l4:2"
 
 
 def test_bad_emits_are_one_line(

@@ -98,3 +98,20 @@ def test_bench_measures_it_and_train_plans_trains_and_records_it(
     code, _, err = run_main("train", [*train[:-2], "--method", "lora", "--dry-run"], capsys)
     # a calibration of another method is refused, by the table's names
     assert code != 0 and "measured DoRA, not LoRA" in err
+
+
+def test_what_trains_adapters_is_one_table_that_methods_and_calibration_files_read(with_dora: Method) -> None:
+    """calibration/ cannot import train/: it reads calibration.adapters' table where a file names its method (a
+    calibration's training section, run.json's plan), and METHODS' entries read the same table."""
+    from benchtrain.calibration.adapters import TRAINS_ADAPTERS, trains_adapters
+    from benchtrain.calibration.run_file import RunMethod
+    from benchtrain.calibration.setup import describe_setup
+
+    assert set(TRAINS_ADAPTERS) <= set(METHODS)
+    assert all(entry.adapters == trains_adapters(name) for name, entry in METHODS.items())  # DoRA's too
+    assert not RunMethod("full").adapters and RunMethod("dora", lora_rank=8).adapters
+    assert resumed_method(RunMethod("full", lora_rank=8)) == MethodConfig(method="full")
+    full = {"model": {"name": "tiny"}, "training": {"method": "full", "lora": {"rank": 8}}}
+    dora = {"model": {"name": "tiny"}, "training": {"method": "dora", "lora": {"rank": 8}}}
+    assert measured_setup(full).lora_rank is None and measured_setup(dora).lora_rank == 8
+    assert "full fine-tuning" in describe_setup(full) and "dora r8" in describe_setup(dora)

@@ -19,7 +19,13 @@ from benchtrain.calibration.accuracy import describe_estimate_error, estimate_er
 from benchtrain.calibration.comm import describe_collectives
 from benchtrain.calibration.dimensions import DIMENSIONS, switches
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.schema import read_calibration_file, variant_data
+from benchtrain.calibration.schema import (
+    OLDEST_READABLE,
+    SCHEMA_VERSION,
+    read_calibration_file,
+    read_for_refit,
+    variant_data,
+)
 from benchtrain.calibration.setup import describe_setup, variant_name, variant_of
 from benchtrain.calibration.slices import describe_slices
 from benchtrain.calibration.step_config import StepConfig
@@ -463,15 +469,19 @@ def add_refit_parser(commands: Any) -> None:
 
 def refit_command(reference: str) -> int:
     path = resolve_calibration(reference, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
-    source = read_calibration_file(path)
-    record = refit_record(source)
+    # A file planning refuses as too old is read too: its probes are what someone paid for (schema.read_for_refit).
+    source = read_for_refit(path)
+    record = refit_record(source.data)
     saved = save_calibration(record)
     print("\n".join(describe_calibration(record, str(saved))))
-    before = (source.get("fit") or {}).get("held_out_error", {}).get("median_abs_pct")
+    before = source.held_out_median_pct
     after = record["fit"]["held_out_error"]["median_abs_pct"]
     was = f"{before:.1f}%" if before is not None else "no fit"
+    if source.schema_version < OLDEST_READABLE:
+        was = f"schema {source.schema_version}'s fit set aside"
     print(
-        f"\nrefit of {source['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}"
+        f"\nrefit of {source.data['id']}: held-out median error {was} → {after:.1f}% ({record['fit']['kind']}); stored as {record['id']}"
+        + (f" at schema {SCHEMA_VERSION}" if source.schema_version < OLDEST_READABLE else "")
     )
     return EXIT_OK
 

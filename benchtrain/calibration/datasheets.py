@@ -39,6 +39,9 @@ class DeviceSheet:
     device_name: str  # the name torch.cuda.get_device_name reports (as best known)
     peak_entry: str  # the hardware record's `peak_flops_entry` (train.step.hardware): "A100" for every A100
     architecture: str  # the GPU generation, what published comparisons are kept by (generation_shift)
+    # The name SkyPilot and dstack rent it by (train --emit): a PCIe or NVL card rents as its family, and the run
+    # script checks the device it got (rented_together).
+    launch_name: str
     vendor: str  # "nvidia" | "amd": a calibration is never translated across vendors
     bf16_dense_flops: float  # FLOP/s
     memory_bytes: int
@@ -63,7 +66,7 @@ class DeviceSheet:
 
 
 def _sheet(
-    identity: tuple[str, str, str, str, str],
+    identity: tuple[str, str, str, str, str, str],
     figures: tuple[float, float, str, float],
     links: Links,
     words: tuple[str, ...],
@@ -71,7 +74,7 @@ def _sheet(
     multiprocessors: int | None = None,
     vendor: str = "nvidia",
 ) -> DeviceSheet:
-    """A row from (key, name, device name, peak entry, architecture), (bf16 FLOP/s, memory, its kind, bandwidth),
+    """A row from (key, name, device name, peak entry, architecture, launch name), (bf16 FLOP/s, memory, its kind, bandwidth),
     (peer link, its bandwidth, PCIe generation)."""
     flops, memory, kind, bandwidth = figures
     link, link_bandwidth, pcie = links
@@ -114,42 +117,44 @@ MI300X_SOURCE = (
 SHEETS: tuple[DeviceSheet, ...] = (
     # Hopper. H100 SXM5: 1,979 TFLOP/s bf16 sparse, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; the PCIe card: 1,513 sparse,
     # 2 TB/s, NVLink bridge 600 GB/s; H100 NVL (94 GB): 1,671 sparse, 3.9 TB/s, bridge 600 GB/s. All PCIe Gen5.
-    _sheet(("h100-pcie", "H100 PCIe", "NVIDIA H100 PCIe", "H100 PCIe", "hopper"), (756e12, 80 * GB, "HBM2e", 2.0 * TB),
+    _sheet(("h100-pcie", "H100 PCIe", "NVIDIA H100 PCIe", "H100 PCIe", "hopper", "H100"), (756e12, 80 * GB, "HBM2e", 2.0 * TB),
            H100_BRIDGE, ("h100", "pcie"), (H100_SOURCE,), 114),
-    _sheet(("h100-nvl", "H100 NVL", "NVIDIA H100 NVL", "H100 NVL", "hopper"), (835e12, 94 * GB, "HBM3", 3.9 * TB),
+    _sheet(("h100-nvl", "H100 NVL", "NVIDIA H100 NVL", "H100 NVL", "hopper", "H100"), (835e12, 94 * GB, "HBM3", 3.9 * TB),
            H100_BRIDGE, ("h100", "nvl"), (H100_SOURCE,), 132),
-    _sheet(("h100", "H100 SXM", "NVIDIA H100 80GB HBM3", "H100 SXM", "hopper"), (989e12, 80 * GB, "HBM3", 3.35 * TB), NVLINK_4, ("h100",), (H100_SOURCE,), 132),
+    _sheet(("h100", "H100 SXM", "NVIDIA H100 80GB HBM3", "H100 SXM", "hopper", "H100"), (989e12, 80 * GB, "HBM3", 3.35 * TB),
+           NVLINK_4, ("h100",), (H100_SOURCE,), 132),
     # GH200's GPU, the 96 GB HBM3 version (the 144 GB HBM3e one has 4.9 TB/s): 1,979 sparse, 4 TB/s, NVLink 900 GB/s.
-    _sheet(("gh200", "GH200", "NVIDIA GH200 480GB", "GH200", "hopper"), (989e12, 96 * GB, "HBM3", 4.0 * TB), NVLINK_4, ("gh200",), (GH200_SOURCE,), 132),
+    _sheet(("gh200", "GH200", "NVIDIA GH200 480GB", "GH200", "hopper", "GH200"), (989e12, 96 * GB, "HBM3", 4.0 * TB),
+           NVLINK_4, ("gh200",), (GH200_SOURCE,), 132),
     # H200 NVL: 1,671 sparse, 141 GB at 4.8 TB/s, NVLink bridge 900 GB/s; H200 SXM: 1,979 sparse, 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
-    _sheet(("h200-nvl", "H200 NVL", "NVIDIA H200 NVL", "H200 NVL", "hopper"), (835e12, 141 * GB, "HBM3e", 4.8 * TB),
+    _sheet(("h200-nvl", "H200 NVL", "NVIDIA H200 NVL", "H200 NVL", "hopper", "H200"), (835e12, 141 * GB, "HBM3e", 4.8 * TB),
            H200_BRIDGE, ("h200", "nvl"), (H200_SOURCE,), 132),
-    _sheet(("h200", "H200 SXM", "NVIDIA H200", "H200", "hopper"), (989e12, 141 * GB, "HBM3e", 4.8 * TB), NVLINK_4, ("h200",), (H200_SOURCE,), 132),
+    _sheet(("h200", "H200 SXM", "NVIDIA H200", "H200", "hopper", "H200"), (989e12, 141 * GB, "HBM3e", 4.8 * TB), NVLINK_4, ("h200",), (H200_SOURCE,), 132),
     # Blackwell, HGX B200 (1,000 W): 4,500 TFLOP/s bf16 sparse per GPU, 180 GB HBM3e at 8 TB/s, NVLink 5 at 1.8 TB/s.
-    _sheet(("b200", "B200", "NVIDIA B200", "B200", "blackwell"), (2250e12, 180 * GB, "HBM3e", 8.0 * TB), NVLINK_5, ("b200",), (B200_SOURCE,), 148),
+    _sheet(("b200", "B200", "NVIDIA B200", "B200", "blackwell", "B200"), (2250e12, 180 * GB, "HBM3e", 8.0 * TB), NVLINK_5, ("b200",), (B200_SOURCE,), 148),
     # Ampere A100: 312 TFLOP/s bf16 dense on every form factor (the PCIe cards, at 250-300 W, sustain less); 40 GB HBM2 at
     # 1,555 GB/s, 80 GB HBM2e at 2,039 GB/s (SXM) or 1,935 GB/s (PCIe); NVLink 600 GB/s (SXM; PCIe cards: a bridge between
     # two); PCIe Gen4. A bare "A100" is the 40GB SXM: the smaller memory and bandwidth, so a plan that holds there holds on the 80GB.
-    _sheet(("a100-80gb-pcie", "A100 80GB PCIe", "NVIDIA A100 80GB PCIe", "A100", "ampere"), (312e12, 80 * GB, "HBM2e", 1935 * GB),
+    _sheet(("a100-80gb-pcie", "A100 80GB PCIe", "NVIDIA A100 80GB PCIe", "A100", "ampere", "A100-80GB"), (312e12, 80 * GB, "HBM2e", 1935 * GB),
            A100_BRIDGE, ("a100", "80gb", "pcie"), (A100_80_SOURCE,), 108),
-    _sheet(("a100-40gb-pcie", "A100 40GB PCIe", "NVIDIA A100-PCIE-40GB", "A100", "ampere"), (312e12, 40 * GB, "HBM2", 1555 * GB),
+    _sheet(("a100-40gb-pcie", "A100 40GB PCIe", "NVIDIA A100-PCIE-40GB", "A100", "ampere", "A100"), (312e12, 40 * GB, "HBM2", 1555 * GB),
            A100_BRIDGE, ("a100", "pcie"), (A100_40_SOURCE,), 108),
-    _sheet(("a100-80gb", "A100 80GB SXM", "NVIDIA A100-SXM4-80GB", "A100", "ampere"), (312e12, 80 * GB, "HBM2e", 2039 * GB),
+    _sheet(("a100-80gb", "A100 80GB SXM", "NVIDIA A100-SXM4-80GB", "A100", "ampere", "A100-80GB"), (312e12, 80 * GB, "HBM2e", 2039 * GB),
            NVLINK_3, ("a100", "80gb"), (A100_80_SOURCE,), 108),
-    _sheet(("a100-40gb", "A100 40GB SXM", "NVIDIA A100-SXM4-40GB", "A100", "ampere"), (312e12, 40 * GB, "HBM2", 1555 * GB),
+    _sheet(("a100-40gb", "A100 40GB SXM", "NVIDIA A100-SXM4-40GB", "A100", "ampere", "A100"), (312e12, 40 * GB, "HBM2", 1555 * GB),
            NVLINK_3, ("a100",), (A100_40_SOURCE,), 108),
     # Ada, PCIe Gen4 cards without NVLink. L40S: 733 sparse (362.05 dense), 48 GB GDDR6 at 864 GB/s; L40: 362.1 sparse;
     # L4: 242 sparse, 24 GB GDDR6 at 300 GB/s; RTX 4090: 165.2 dense bf16 with fp32 accumulate, 24 GB GDDR6X at 1,008 GB/s.
-    _sheet(("l40s", "L40S", "NVIDIA L40S", "L40S", "ada"), (362e12, 48 * GB, "GDDR6", 864 * GB), NO_LINK_GEN4, ("l40s",), (L40S_SOURCE,)),
-    _sheet(("l40", "L40", "NVIDIA L40", "L40", "ada"), (181e12, 48 * GB, "GDDR6", 864 * GB), NO_LINK_GEN4, ("l40",), (L40_SOURCE,)),
+    _sheet(("l40s", "L40S", "NVIDIA L40S", "L40S", "ada", "L40S"), (362e12, 48 * GB, "GDDR6", 864 * GB), NO_LINK_GEN4, ("l40s",), (L40S_SOURCE,)),
+    _sheet(("l40", "L40", "NVIDIA L40", "L40", "ada", "L40"), (181e12, 48 * GB, "GDDR6", 864 * GB), NO_LINK_GEN4, ("l40",), (L40_SOURCE,)),
     # A10G (AWS G5 only): NVIDIA publishes no datasheet. 24 GB GDDR6 at 600 GB/s (384-bit at 12.5 Gbps, as the A10's); the
     # bf16 peak is derived: 80 SMs x 1.71 GHz x 512 dense FLOP/clock/SM (GA10x tensor cores) = 70 TFLOP/s.
-    _sheet(("a10g", "A10G", "NVIDIA A10G", "A10G", "ampere"), (70e12, 24 * GB, "GDDR6", 600 * GB), NO_LINK_GEN4, ("a10g",), A10G_SOURCES),
-    _sheet(("l4", "L4", "NVIDIA L4", "L4", "ada"), (121e12, 24 * GB, "GDDR6", 300 * GB), NO_LINK_GEN4, ("l4",), (L4_SOURCE,)),
-    _sheet(("4090", "RTX 4090", "NVIDIA GeForce RTX 4090", "RTX 4090", "ada"), (165e12, 24 * GB, "GDDR6X", 1008 * GB),
+    _sheet(("a10g", "A10G", "NVIDIA A10G", "A10G", "ampere", "A10G"), (70e12, 24 * GB, "GDDR6", 600 * GB), NO_LINK_GEN4, ("a10g",), A10G_SOURCES),
+    _sheet(("l4", "L4", "NVIDIA L4", "L4", "ada", "L4"), (121e12, 24 * GB, "GDDR6", 300 * GB), NO_LINK_GEN4, ("l4",), (L4_SOURCE,)),
+    _sheet(("4090", "RTX 4090", "NVIDIA GeForce RTX 4090", "RTX 4090", "ada", "RTX4090"), (165e12, 24 * GB, "GDDR6X", 1008 * GB),
            NO_LINK_GEN4, ("4090",), (RTX_4090_SOURCE,)),
     # AMD MI300X: 1,307.4 TFLOP/s bf16 dense, 192 GB HBM3 at 5.3 TB/s, 7 Infinity Fabric links of 128 GB/s, PCIe Gen5.
-    _sheet(("mi300x", "MI300X", "AMD Instinct MI300X", "MI300X", "cdna3"), (1307e12, 192 * GB, "HBM3", 5.3 * TB),
+    _sheet(("mi300x", "MI300X", "AMD Instinct MI300X", "MI300X", "cdna3", "MI300X"), (1307e12, 192 * GB, "HBM3", 5.3 * TB),
            ("Infinity Fabric", 896 * GB, 5), ("mi300x",), (MI300X_SOURCE,), vendor="amd"),
 )
 # fmt: on
@@ -167,6 +172,15 @@ def sheet_for(text: str) -> DeviceSheet | None:
         return SHEETS_BY_KEY[key]
     words = set(re.split(r"[^a-z0-9]+", text.lower())) - {""}  # "NVIDIA A100-SXM4-40GB" → {nvidia, a100, sxm4, 40gb}
     return next((sheet for sheet in SHEETS if all(word in words for word in sheet.words)), None)
+
+
+def rented_together(launch_name: str) -> tuple[str, ...]:
+    """The keys of the cards the engines rent under `launch_name`, the one the bare name means first (`sheet_for`:
+    "H100" is the SXM), then the table's order: the devices a node may get when it asks for that name."""
+    family = [sheet.key for sheet in SHEETS if sheet.launch_name == launch_name]
+    meant = sheet_for(launch_name)
+    first = [meant.key] if meant is not None and meant.key in family else []
+    return tuple(dict.fromkeys([*first, *family]))
 
 
 def known_keys() -> str:

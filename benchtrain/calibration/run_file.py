@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, TypeAlias, cast
 
+from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.atomic import write_json_atomic
@@ -266,16 +267,21 @@ class RunMethod:
     lora_targets: tuple[str, ...] | None = None
     quantize: str = "none"
 
+    @property
+    def adapters(self) -> bool:
+        """Trains adapters (LoRA or a method of its family): its settings are the `lora_*` fields."""
+        return trains_adapters(self.method)
+
 
 def _method(plan: _Reader) -> RunMethod:
     lora = plan.section("lora")
     method = plan.text("method", "full") or "full"
-    is_lora = method != "full"  # adapters (LoRA or a method of its family): their settings under `lora`
+    adapters = trains_adapters(method)  # their settings under `lora`
     return RunMethod(
         method=method,
         optimizer=plan.text("optimizer", "adamw") or "adamw",
-        lora_rank=(lora.integer("rank", required=True) or 0) if is_lora else 0,
-        lora_alpha=(lora.number("alpha", required=True) or 0.0) if is_lora else 0.0,
+        lora_rank=(lora.integer("rank", required=True) or 0) if adapters else 0,
+        lora_alpha=(lora.number("alpha", required=True) or 0.0) if adapters else 0.0,
         lora_dropout=lora.number("dropout", 0.0) or 0.0,
         lora_targets=lora.texts("targets") or None,
         quantize=lora.text("quantize", "none") or "none",

@@ -3,7 +3,9 @@ failure is one line that names the file and the field."""
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -14,11 +16,16 @@ from benchtrain.calibration.fit_tools import is_number
 from benchtrain.calibration.memory_fit import BASES, MEMORY_FIELDS, memory_terms
 from benchtrain.calibration.setup import variant_of
 from benchtrain.common.errors import CalibrationFileError, CalibrationTooOldError
+from benchtrain.common.home import benchtrain_home
 from benchtrain.common.json_types import JsonDict
 
 SCHEMA_VERSION = 4
-# The version before the current one upgrades on read (_v3_to_v4); older files are refused (CalibrationTooOldError): measure again with `bench run`.
+# The version before the current one upgrades on read (_v3_to_v4); older files are refused for planning
+# (CalibrationTooOldError): measure again with `bench run`, or re-fit their probes (read_for_refit).
 OLDEST_READABLE = SCHEMA_VERSION - 1
+# Since version 2 a probe's row holds what today's rows hold (what was trained, checkpointing, the median step); the
+# versions since differ in their fits alone, which `bench refit` replaces. Version 1 stored the mean step.
+REFITTABLE_FROM = 2
 
 
 class ListedCalibration(NamedTuple):
@@ -63,15 +70,66 @@ STATUSES = {"ok", "oom", "error", "skipped"}
 
 def read_calibration_file(path: Path) -> JsonDict:
     """Parse, migrate and validate a calibration file, or raise a one-line error naming it."""
+    return validate(migrate(_parse(path), path), path)
+
+
+def _parse(path: Path) -> object:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise CalibrationFileError(f"cannot read calibration {path}: {error.strerror or error}") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CalibrationFileError(f"calibration {path} is not valid JSON ({error}); re-run `bench run`") from None
-    return validate(migrate(data, path), path)
+
+
+@dataclass(frozen=True)
+class ProbesToRefit:
+    """A calibration as `bench refit` reads it: the record at today's schema (an older one's fits set aside), the
+    schema its file was written at, and its fit's held-out median error (None: it had no fit, or it was set aside)."""
+
+    data: JsonDict
+    schema_version: int
+    held_out_median_pct: float | None
+
+
+def read_for_refit(path: Path) -> ProbesToRefit:
+    """A calibration whose probes `bench refit` fits again: one read today, as read_calibration_file reads it; one of
+    schema REFITTABLE_FROM or later that planning refuses, its probes as they are and its fits set aside (the refit
+    replaces them; their terms are what changed since); older still, refused in one line."""
+    parsed = _parse(path)
+    try:
+        data = validate(migrate(parsed, path), path)
+    except CalibrationTooOldError:
+        version = cast(JsonDict, parsed)["schema_version"]  # migrate read it: an integer
+        if version < REFITTABLE_FROM:
+            raise
+        return ProbesToRefit(validate(_fits_set_aside(cast(JsonDict, parsed)), path), version, None)
+    fit = data.get("fit") or {}
+    return ProbesToRefit(
+        data, cast(JsonDict, parsed)["schema_version"], fit.get("held_out_error", {}).get("median_abs_pct")
+    )
+
+
+def _fits_set_aside(data: JsonDict) -> JsonDict:
+    """An older record at today's schema with no fit: its measurements, setup and history as they were."""
+    record = copy.deepcopy(data)
+    for entry in (record, *(record.get("variants") or [])):
+        if isinstance(entry, dict):
+            entry.pop("fit", None)
+            evaluation = entry.get("eval")
+            if isinstance(evaluation, dict):
+                evaluation.pop("fit", None)
+    record["schema_version"] = SCHEMA_VERSION
+    return record
+
+
+def _refit_reference(data: JsonDict, path: Path | str) -> str:
+    """What `bench refit` takes for this file: its id where it is in the store, else its path."""
+    stored = Path(path).resolve().parent == (benchtrain_home() / "calibrations").resolve()
+    identity = data.get("id")
+    return identity if stored and isinstance(identity, str) and Path(path).stem == identity else str(path)
 
 
 def migrate(parsed: object, path: Path | str) -> JsonDict:
@@ -86,9 +144,14 @@ def migrate(parsed: object, path: Path | str) -> JsonDict:
             f"calibration {path} has schema_version {version}, newer than this benchtrain understands ({SCHEMA_VERSION}); upgrade benchtrain"
         )
     if version < OLDEST_READABLE:
+        refit = (
+            f", or `bench refit {_refit_reference(data, path)}` to re-fit its probes at schema {SCHEMA_VERSION}"
+            if version >= REFITTABLE_FROM
+            else ""
+        )
         raise CalibrationTooOldError(
             f"calibration {path} has schema_version {version}, older than this benchtrain reads ({OLDEST_READABLE} to {SCHEMA_VERSION}); "
-            "measure again with `bench run`"
+            f"measure again with `bench run`{refit}"
         )
     return _v3_to_v4(data) if version == 3 else data
 

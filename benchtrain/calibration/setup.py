@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.common.json_types import JsonDict
 
 
@@ -38,7 +39,7 @@ def measured_setup(data: JsonDict) -> Setup:
         model_name=str(model.get("name", "?")),
         model_fingerprint=model.get("fingerprint"),
         method=str(training.get("method", "full")),
-        lora_rank=lora.get("rank") if training.get("method", "full") != "full" else None,
+        lora_rank=lora.get("rank") if trains_adapters(str(training.get("method", "full"))) else None,
         quantization=quantization_name(training.get("quantization")),
         world_size=int(distributed.get("world_size", 1)),
         sharding=str(distributed.get("sharding", "none")),
@@ -121,7 +122,7 @@ def _same_method(one: Setup, other: Setup) -> bool:
 
 
 def _method_phrase(setup: Setup) -> str:
-    if setup.method == "full":
+    if not trains_adapters(setup.method):
         return "full fine-tuning"
     name = "LoRA" if setup.method == "lora" else setup.method  # another adapter method by its name (DoRA: "dora")
     return f"{name} r{setup.lora_rank}" if setup.lora_rank is not None else name

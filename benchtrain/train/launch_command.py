@@ -9,12 +9,13 @@ from typing import Any
 
 import yaml
 
+from benchtrain.calibration.datasheets import rented_together
 from benchtrain.common.atomic import write_text_atomic
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.recipes.config import parse_emit
-from benchtrain.train.recipes.launch_task import ACCELERATORS, HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
+from benchtrain.train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
 
 NODE_VARIABLES = {
     "skypilot": (
@@ -72,12 +73,8 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
 
 def case_pattern(target: Target) -> str:
     """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
-    keys = (
-        [key for key, name in ACCELERATORS.items() if name == target.accelerator]
-        if target.accelerator
-        else [target.device_key]
-    )
-    keys = list(dict.fromkeys([target.device_key, *keys]))
+    keys = rented_together(target.accelerator) if target.accelerator else ()
+    keys = tuple(dict.fromkeys([target.device_key, *keys]))
     return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
 
 

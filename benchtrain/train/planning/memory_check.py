@@ -158,7 +158,8 @@ def check_fits(
     """The need, or a one-line error naming it, the device's memory and what would fit."""
     need = memory_need(spec, method, hardware["device_type"])
     available = float(hardware["memory_bytes"])
-    what = METHODS[method.method].phrase + ("" if method.method == "full" else f" rank {method.lora_rank}")
+    entry = METHODS[method.method]
+    what = entry.phrase + (f" rank {method.lora_rank}" if entry.adapters else "")
     if need.building_bytes(sharding) > available:
         raise DoesNotFitError(
             f"{what} of {spec.name} under FSDP builds the whole 4-bit base on each process before sharding it (≈{need.weights_bytes / GIB:.0f} GiB); "
@@ -168,7 +169,7 @@ def check_fits(
     if needed <= available:
         return need
     options = []
-    if method.method == "full":
+    if not entry.adapters:
         lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
         if lora.total_bytes <= available:
             options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
@@ -240,7 +241,8 @@ def describe_needs(
     ]
     for method in (MethodConfig(method="full"), *bases):
         need = memory_need(spec, method, hardware["device_type"])
-        label = METHODS[method.method].phrase + ("" if method.method == "full" else f" r{method.lora_rank}")
+        entry = METHODS[method.method]
+        label = entry.phrase + (f" r{method.lora_rank}" if entry.adapters else "")
         detail = ""
         if method.quantized:
             base = quantized_base_bytes(spec, method.quantize)

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.run_file import RunFile, run_configuration
 from benchtrain.common.atomic import read_json_file, write_json_atomic, write_text_atomic
@@ -173,7 +174,7 @@ LOSS_POINTS = 12  # rows of the loss curve's table
 def model_card(record: dict[str, Any], repo_id: str) -> str:
     """README.md for `repo_id` from the run record."""
     model, plan = record.get("model") or {}, record.get("plan") or {}
-    lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
+    lora = trains_adapters(plan.get("method", "full"))  # a peft adapter on the base
     base = model.get("hub_id") or model.get("name") or "unknown"
     front = [
         "---",

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchtrain.calibration.datasheets import SHEETS_BY_KEY
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect
@@ -42,27 +43,6 @@ DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--d
 DROPPED_FLAGS = ("--dry-run", "--json")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
-
-# The engines' accelerator names for the datasheets' keys. A PCIe or NVL card rents as its family; the run script checks the device it got.
-ACCELERATORS = {
-    "h100": "H100",
-    "h100-pcie": "H100",
-    "h100-nvl": "H100",
-    "gh200": "GH200",
-    "h200": "H200",
-    "h200-nvl": "H200",
-    "b200": "B200",
-    "a100-40gb": "A100",
-    "a100-40gb-pcie": "A100",
-    "a100-80gb": "A100-80GB",
-    "a100-80gb-pcie": "A100-80GB",
-    "l40s": "L40S",
-    "l40": "L40",
-    "a10g": "A10G",
-    "l4": "L4",
-    "4090": "RTX4090",
-    "mi300x": "MI300X",
-}
 
 
 @dataclass(frozen=True)
@@ -214,12 +194,12 @@ def accelerator_of(key: str, device: dict[str, object]) -> str | None:
     """The engines' accelerator name; None for a CPU. A GPU they cannot name cannot be rented: one line."""
     if key == "cpu" and device.get("device_type") != "cuda":
         return None
-    name = ACCELERATORS.get(key)
-    if name is None:
+    sheet = SHEETS_BY_KEY.get(key)  # every datasheet row has its launch name
+    if sheet is None:
         raise BenchtrainError(
             f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
         )
-    return name
+    return sheet.launch_name
 
 
 def calibration_file(cal: Calibration) -> Path | None:

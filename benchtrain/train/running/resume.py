@@ -39,7 +39,7 @@ def resumed_spec(spec: ModelSpec, resumed: ResumedRun) -> ModelSpec:
 
 def resumed_method(recorded: RunMethod) -> MethodConfig:
     """The interrupted run's method as a MethodConfig: a resumed run trains what it trained."""
-    if recorded.method == "full":
+    if not recorded.adapters:
         return MethodConfig(optimizer=recorded.optimizer)
     return MethodConfig(**asdict(recorded))  # the same fields, by the same names
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from benchtrain.calibration.adapters import TRAINS_ADAPTERS
 from benchtrain.calibration.setup import Variant
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
@@ -34,14 +35,16 @@ ALL_LINEAR = "all-linear"
 class Method:
     name: str  # --method's value, run.json's and the calibration's `method`
     phrase: str  # how plans and lines name it: "full fine-tuning", "LoRA"
-    adapters: bool = False  # trains adapters on a frozen base (peft): --lora-* apply, --quantize may quantize the base
+    # Trains adapters on a frozen base (peft): --lora-* apply, --quantize may quantize the base. Read from
+    # calibration.adapters' table, which calibration/ reads where a file names its method.
+    adapters: bool
     # LoraConfig's arguments beyond rank, alpha, dropout, targets
     peft_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 METHODS: dict[str, Method] = {
-    "full": Method("full", "full fine-tuning"),
-    "lora": Method("lora", "LoRA", adapters=True),
+    "full": Method("full", "full fine-tuning", adapters=TRAINS_ADAPTERS["full"]),
+    "lora": Method("lora", "LoRA", adapters=TRAINS_ADAPTERS["lora"]),
 }
 
 
