@@ -192,11 +192,14 @@ def plans_agree(data: str, rank1_elapsed: float, arguments: list[str]) -> dict[s
     from benchtrain.train.cli import build_parser
     from benchtrain.train.recipes.config import TrainConfig
     from benchtrain.train.recipes.recipe import TrainRecipe, check_same_training
+    from benchtrain.train.running.resume import what_to_continue
 
     rank = int(os.environ["RANK"])
     args = build_parser().parse_args(["--use-calibration", "latest", "--data", data, *arguments])
     started = time.monotonic() - (rank1_elapsed if rank == 1 else 0.0)
-    recipe = TrainRecipe(TrainConfig.from_args(args, started_at=started), lambda folder: folder)
+    continuation = what_to_continue(args.resume, args.out, args.dry_run, started)
+    config = TrainConfig.from_args(args, started_at=started, continuation=continuation)
+    recipe = TrainRecipe(config, continuation, lambda folder: folder)
     recipe.setup()
     try:
         plan = recipe.plan().plan

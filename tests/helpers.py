@@ -466,6 +466,7 @@ def make_run(
     from benchtrain.train.planning.deadline import Deadline
     from benchtrain.train.planning.planner import make_plan
     from benchtrain.train.planning.types import PlanRequest
+    from benchtrain.train.running.checkpoint import checkpoints_to_resume
     from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
@@ -489,7 +490,7 @@ def make_run(
         guard=guard_checkpointing_every(1e6, on_overrun=on_overrun),
         epochs=1,
         step_limit=steps,
-        resume=resume,
+        checkpoints=tuple(checkpoints_to_resume(tmp_path / out)) if resume else (),
         log_interval_seconds=0.5,
     )
     plan.chosen = replace(plan.chosen, config=plan.chosen.config.switched(gradient_checkpointing=checkpointing))

@@ -27,8 +27,10 @@ from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import save_calibration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
-from benchtrain.train.running.checkpoint import MARKER_FILE, list_checkpoints
-from benchtrain.train.running.resume import auto_resume, resume_command
+from benchtrain.train.running.checkpoint import MARKER_FILE, PROGRESS_FILE, list_checkpoints
+from benchtrain.train.running.resume import resume_command, what_to_continue
+
+RUN_JSON_BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run
 
 TWO_NODES = f"{MACHINES},h100:16:2x8:nvlink+ib"  # one row on two nodes: not a fallback of a one-node task
 
@@ -301,26 +303,25 @@ def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
 def test_resume_auto_finds_a_complete_checkpoint(
     tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from benchtrain.train.recipes.config import resolve_auto_resume
-
     out = tmp_path / "run"
+    own_start = time.monotonic()
     # nothing there: start
-    assert (auto_resume(str(out)).resume, auto_resume(str(out)).deadline_started_at) == (
-        False,
-        None,
-    )
+    fresh = what_to_continue("auto", str(out), False, own_start)
+    assert (fresh.resuming, fresh.budget_used, fresh.out_dir) == (False, 0.0, out)
     out.mkdir()
     started = time.time() - 3600.0
-    (out / "run.json").write_text(json.dumps({"deadline_started_at": started}))
+    record = {**json.loads(RUN_JSON_BEFORE.read_text()), "deadline_started_at": started}
+    (out / "run.json").write_text(json.dumps(record))
     partial = out / "checkpoints" / "step-0000004"
     partial.mkdir(parents=True)  # being written when the machine went: no marker
-    assert auto_resume(str(out)).resume is False and auto_resume(str(out)).deadline_started_at == started
+    (partial / PROGRESS_FILE).write_text(json.dumps({"step": 4}))
+    # No complete checkpoint: the run starts again, its deadline still counted from its first start (an hour went).
+    started_again = what_to_continue("auto", str(out), False, own_start)
+    assert not started_again.resuming and started_again.budget_used == pytest.approx(3600.0, abs=60.0)
     (partial / MARKER_FILE).write_text("")
-    assert auto_resume(str(out)).resume is True
-    # The deadline counts from the run's first start: an hour already went.
-    own_start = time.monotonic()
-    resume, moved = resolve_auto_resume(str(out), own_start)
-    assert resume and own_start - moved == pytest.approx(3600.0, abs=60.0)
+    found = what_to_continue("auto", str(out), False, own_start)
+    assert found.resuming and found.completed == 4 and found.checkpoints == (partial,)
+    assert found.budget_used == pytest.approx(3600.0, abs=60.0)
     # The same command after the run ended (an engine restarting a finished task): nothing to do, exit 0.
     (out / "run.json").write_text(json.dumps({"deadline_started_at": started, "status": "completed"}))
     code, _, err = run_main(

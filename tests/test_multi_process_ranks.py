@@ -106,6 +106,7 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
     import benchtrain.train.step.runtime as runtime
     from benchtrain.train.planning.types import Overheads
     from benchtrain.train.recipes import recipe as module
+    from benchtrain.train.running.resume import Continuation
 
     push_seconds = 16e9 / 20e6
     overheads = Overheads(
@@ -128,7 +129,7 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
         recipe.run = SimpleNamespace(plan=SimpleNamespace(chosen=SimpleNamespace(overheads=overheads)))
 
     monkeypatch.setattr(module, "finish_together", finish_together)  # where the recipe calls it
-    monkeypatch.setattr(module.TrainConfig, "from_args", staticmethod(lambda args, started_at: None))
+    monkeypatch.setattr(module.TrainConfig, "from_args", staticmethod(lambda args, started_at, continuation: None))
     for name, stand_in in {
         "setup": lambda recipe: None,
         "plan": plan,
@@ -137,7 +138,7 @@ def test_the_wait_at_the_end_lasts_as_long_as_rank_0s_planned_export_and_push(mo
         "finish": lambda recipe: 0,
     }.items():
         monkeypatch.setattr(module.TrainRecipe, name, stand_in)
-    assert module.run_training(argparse.Namespace(), 0.0, lambda folder: folder) == 0
+    assert module.run_training(argparse.Namespace(), 0.0, Continuation(), lambda folder: folder) == 0
     (wait,) = waits
     assert wait >= overheads.after_training_seconds + runtime.FINISH_TIMEOUT_SECONDS
 

@@ -362,15 +362,16 @@ def main(argv: list[str] | None = None) -> int:
         return push_existing_run(push_parser().parse_args(argv))
     args = build_parser().parse_args(join_negative_values(argv))
     args.command_line = list(argv)  # for the resume command printed after a stop
-    if args.resume == "auto" and args.out and not args.dry_run:
-        from benchtrain.train.running.resume import auto_resume
+    from benchtrain.train.running.resume import what_to_continue
 
-        finished = auto_resume(args.out).finished
-        if finished:  # the same command again after the run ended (an engine that restarts a task): nothing to do
-            say(
-                f"--resume auto: the run in {args.out} already ended ({finished}): its model is in {args.out}/final; nothing to resume"
-            )
-            return EXIT_OK
+    continuation = what_to_continue(args.resume, args.out, args.dry_run, started)
+    if (
+        continuation.finished
+    ):  # the same command again after the run ended (an engine that restarts a task): nothing to do
+        say(
+            f"--resume auto: the run in {args.out} already ended ({continuation.finished}): its model is in {args.out}/final; nothing to resume"
+        )
+        return EXIT_OK
     from benchtrain.train.recipes.config import is_comparison
 
     if args.consider and args.use_calibration is None:
@@ -378,11 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     if is_comparison(args.use_calibration) or args.consider:
         from benchtrain.train.compare_command import run_comparison
 
-        return run_comparison(args, started)
+        return run_comparison(args, started, continuation)
     from benchtrain.train.launch_command import emit_task
     from benchtrain.train.recipes.recipe import run_training
 
-    return run_training(args, started, write_run_report, emit_task)
+    return run_training(args, started, continuation, write_run_report, emit_task)
 
 
 def write_run_report(out_dir: Path) -> Path:

@@ -25,10 +25,10 @@ from benchtrain.train.recipes.machines import (
     plan_of,
     select_calibrations,
 )
-from benchtrain.train.running.resume import train_command_line, without_options
+from benchtrain.train.running.resume import Continuation, train_command_line, without_options
 
 
-def run_comparison(args: argparse.Namespace, started: float) -> int:
+def run_comparison(args: argparse.Namespace, started: float, continuation: Continuation) -> int:
     from benchtrain.train.recipes.run_data import hub_weights, load_data
     from benchtrain.train.recipes.run_plan import PlanContext
     from benchtrain.train.step.engine import process_layout
@@ -36,7 +36,7 @@ def run_comparison(args: argparse.Namespace, started: float) -> int:
     from benchtrain.train.workload.model import resolve_model
     from benchtrain.train.workload.tokenizer import is_byte_tokenizer
 
-    config = TrainConfig.from_args(args, started_at=started)
+    config = TrainConfig.from_args(args, started_at=started, continuation=continuation)
     method = config.tuning.method
     if process_layout(config.step, method).world_size > 1:
         raise BenchtrainError(

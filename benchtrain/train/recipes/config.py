@@ -21,7 +21,7 @@ from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.prices import Prices, parse_prices
 from benchtrain.train.recipes.hub_push import PushTarget
 from benchtrain.train.running.guard import GuardSection
-from benchtrain.train.running.resume import auto_resume
+from benchtrain.train.running.resume import Continuation
 from benchtrain.train.running.trackers import parse_report_to
 from benchtrain.train.step.engine import StepOptions, step_options_from_args
 from benchtrain.train.step.evaluation import EvalSchedule, parse_eval_every
@@ -254,16 +254,6 @@ class OutputSection:
         return PushTarget(self.push_to_hub, self.hub_private, self.hub_revision) if self.push_to_hub else None
 
 
-def resolve_auto_resume(out: str | None, started_at: float | None) -> tuple[bool, float]:
-    """`--resume auto`: whether to resume, and the command's start moved back to the run's first start (a preemption's loss counts)."""
-    own_start = time.monotonic() if started_at is None else started_at
-    found = auto_resume(out)
-    if found.deadline_started_at is None:
-        return found.resume, own_start
-    lost = time.time() - found.deadline_started_at - (time.monotonic() - own_start)
-    return found.resume, own_start - max(0.0, lost)
-
-
 # run.json's `config`: every option under its command-line name, flat, in this order (people's scripts, the report and the model card read it), the derived
 # values after them; `switches`: each switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
@@ -333,8 +323,12 @@ class TrainConfig:
         return cls(**sections, step=step, **options)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, started_at: float | None = None) -> TrainConfig:
-        """`started_at`: when the command started (time.monotonic(); default: now)."""
+    def from_args(
+        cls, args: argparse.Namespace, started_at: float | None = None, continuation: Continuation | None = None
+    ) -> TrainConfig:
+        """`started_at`: when the command started (time.monotonic(); default: now); `continuation`: what it continues
+        (train.running.resume.what_to_continue; default: a new run): whether it resumes, and the deadline's budget
+        already used, which moves the deadline's start back."""
         flat = {f.name for section in SECTIONS.values() for f in fields(section) if f.init} | {"model", "seed", "force"}
         flat -= {"method", "schema", "learning_rate_named", "started_at", "switches"}
         values = {name: value for name, value in vars(args).items() if name in flat}
@@ -342,10 +336,11 @@ class TrainConfig:
         if values.get("learning_rate", 0) is None:  # not given: the default, or with --resume the run's
             values.pop("learning_rate")
             values["learning_rate_named"] = False
-        if started_at is not None:
+        if continuation is not None:
+            own_start = time.monotonic() if started_at is None else started_at
+            values["resume"], values["started_at"] = continuation.resuming, own_start - continuation.budget_used
+        elif started_at is not None:
             values["started_at"] = started_at
-        if values.get("resume") == "auto":
-            values["resume"], values["started_at"] = resolve_auto_resume(values.get("out"), values.get("started_at"))
         return cls.of(
             **values,
             method=method_from_args(args),

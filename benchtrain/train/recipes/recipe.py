@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchtrain.calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject, ResumedRun, RunFile
+from benchtrain.calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject
 from benchtrain.common.atomic import json_text
 from benchtrain.common.console import is_main_process, say
 from benchtrain.common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
@@ -47,9 +47,9 @@ from benchtrain.train.running.checkpoint import list_checkpoints
 from benchtrain.train.running.loop import LoopHooks, LoopSettings, ModelToTrain, TrainingData, TrainingRun
 from benchtrain.train.running.record import RunRecord, TrainedRun, new_run_file
 from benchtrain.train.running.resume import (
+    Continuation,
     check_same_data,
     check_same_run,
-    completed_steps,
     data_fingerprint,
     resume_command,
     resumed_hyperparameters,
@@ -75,14 +75,15 @@ from benchtrain.train.workload.model import ModelSpec, model_identity, model_rec
 def run_training(
     args: argparse.Namespace,
     started: float,
+    continuation: Continuation,
     write_report: Callable[[Path], Path],
     emit_task: Callable[[str, LaunchTask], None] | None = None,
 ) -> int:
-    """`started`: time.monotonic() at the command's start (the deadline counts from there); `write_report` and `emit_task`:
-    the command layer's writers of the run's report and a dry run's launch task."""
-    recipe = TrainRecipe(
-        TrainConfig.from_args(args, started_at=started), write_report, getattr(args, "command_line", None)
-    )
+    """`started`: time.monotonic() at the command's start (the deadline counts from there); `continuation`: what the
+    command continues (train.running.resume.what_to_continue); `write_report` and `emit_task`: the command layer's
+    writers of the run's report and a dry run's launch task."""
+    config = TrainConfig.from_args(args, started_at=started, continuation=continuation)
+    recipe = TrainRecipe(config, continuation, write_report, getattr(args, "command_line", None))
     recipe.setup()
     recipe.plan()
     if not recipe.show_plan():
@@ -106,9 +107,15 @@ def run_training(
 
 class TrainRecipe:
     def __init__(
-        self, config: TrainConfig, write_report: Callable[[Path], Path], command_line: list[str] | None = None
+        self,
+        config: TrainConfig,
+        continuation: Continuation,
+        write_report: Callable[[Path], Path],
+        command_line: list[str] | None = None,
     ) -> None:
         self.config = config
+        # What this command continues of a run (nothing: a new run), decided once; every stage reads it.
+        self.continuation = continuation
         self.write_report = write_report
         self.command_line = command_line  # for the resume command a stopped run prints
         self._held = contextlib.ExitStack()  # the run folder's lock, from opening run.json to the end
@@ -119,58 +126,47 @@ class TrainRecipe:
         (one line before any data or model work when none suits); the hub weights; the data."""
         target = self.config.output.push_target
         self.push = check_push(target) if target is not None else None
-        # self.resumed: what this command continues of the run (None: a new run), read once.
-        self.spec, self.method, self.out_dir, self.earlier, self.resumed = self._resume_target()
-        self.completed = completed_steps(self.out_dir) if self.resumed and self.out_dir else 0
-        if self.resumed:
+        self.spec, self.method = self._resume_target()
+        resumed = self.continuation.run
+        if resumed:
             # The run's steps, not what this command's deadline would make of them (an earlier stop at most).
             config = self.config
             self.config = replace(
-                config,
-                plan=replace(
-                    config.plan, max_steps=resumed_step_limit(self.resumed, config.plan.max_steps, self.completed)
-                ),
+                config, plan=replace(config.plan, max_steps=resumed_step_limit(resumed, config.plan.max_steps))
             )
             tuning = replace(
                 self.config.tuning,
-                **resumed_hyperparameters(self.resumed, self.config.tuning.named_hyperparameters(), self.config.force),
+                **resumed_hyperparameters(resumed, self.config.tuning.named_hyperparameters(), self.config.force),
             )
             self.config = replace(self.config, tuning=tuning)
-        self.weighed = weigh_variants(self.config, self.spec, self.method, self.resumed, self.out_dir)
+        self.weighed = weigh_variants(self.config, self.spec, self.method, resumed, self.continuation.out_dir)
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
-        if self.resumed:
+        if resumed:
             loaded, force = self.loaded, self.config.force
-            problem = check_same_data(
-                self.resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force
-            )
+            problem = check_same_data(resumed, loaded.prepared, loaded.data, loaded.data_path, loaded.profile, force)
             if problem:
                 say(f"warning: {problem} (--force: continuing on this data)")
 
-    def _resume_target(self) -> tuple[ModelSpec, MethodConfig, Path | None, RunFile | None, ResumedRun | None]:
-        """The model spec, the method, the run folder and, with --resume, the run.json it continues (its model and adapters
-        kept, other differing options warned of) and what the resume reads of it."""
-        config = self.config
-        spec = resolve_model(config.model)
-        out_dir = Path(config.output.out).expanduser() if config.output.out else None
-        if config.output.resume and (out_dir is None or not (out_dir / "run.json").is_file()):
-            raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
-        earlier = RunFile.read(out_dir / "run.json") if config.output.resume and out_dir else None
+    def _resume_target(self) -> tuple[ModelSpec, MethodConfig]:
+        """The model spec and the method: a resumed run's model and adapters kept, other differing options refused unless
+        --force (then warned of), and --force's --max-length set on the run's configuration."""
+        config, resumed = self.config, self.continuation.run
+        spec, method = resolve_model(config.model), config.tuning.method
+        if resumed is None:
+            return spec, method
         # --force with --max-length N trains the run's configuration at length N (check_same_run).
         forced_length = config.plan.max_length if config.force and isinstance(config.plan.max_length, int) else None
-        resumed = earlier.resumed().with_length(forced_length) if earlier else None
-        method = config.tuning.method
-        if resumed:
-            run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
-            method = with_run_variant(
-                method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer)
-            )
-            spec = resumed_spec(spec, resumed)
-            for problem in check_same_run(resumed, run_method, spec, method, config.plan.max_length, config.force):
-                say(f"warning: {problem} (--force: continuing with this command's)")
-            if same_method(run_method, method):
-                method = run_method  # the run's adapters exactly (its targets as resolved)
-        return spec, method, out_dir, earlier, resumed
+        resumed = resumed.with_length(forced_length)
+        self.continuation = replace(self.continuation, run=resumed)
+        run_method = resumed_method(resumed.method)  # once: the run's method as run.json holds it
+        method = with_run_variant(method, run_method, asked_variant(config.tuning.quantize, config.tuning.optimizer))
+        spec = resumed_spec(spec, resumed)
+        for problem in check_same_run(resumed, run_method, spec, method, config.plan.max_length, config.force):
+            say(f"warning: {problem} (--force: continuing with this command's)")
+        if same_method(run_method, method):
+            method = run_method  # the run's adapters exactly (its targets as resolved)
+        return spec, method
 
     # -- plan -------------------------------------------------------------------------------
     def plan(self) -> RunPlan:
@@ -185,8 +181,7 @@ class TrainRecipe:
             elapsed,
             loaded.prep_seconds,
             loaded.uncertainty,
-            self.resumed,
-            self.completed,
+            self.continuation,
         )
         self.context = context
         # Every rank plans (a 1-process calibration's collectives are timed among all of them);
@@ -223,7 +218,7 @@ class TrainRecipe:
         elif is_main_process():
             print_plan(run, self.context, self.loaded)
         if not run.plan.meets_deadline:
-            raise DeadlineError(deadline_message(run.plan, self.resumed is not None))
+            raise DeadlineError(deadline_message(run.plan, self.continuation.resuming))
         return not (config.output.json or config.output.dry_run)
 
     # -- train ------------------------------------------------------------------------------
@@ -278,7 +273,7 @@ class TrainRecipe:
         self.run = replace(run, plan=plan)
         if not plan.meets_deadline:
             say(
-                f"warning: with the exact profile {deadline_message(plan, self.resumed is not None)}; the deadline guard stops the run in time"
+                f"warning: with the exact profile {deadline_message(plan, self.continuation.resuming)}; the deadline guard stops the run in time"
             )
 
     def _open_record(self) -> RunRecord:
@@ -286,12 +281,13 @@ class TrainRecipe:
         run = self.run
         # A hub id's ORG/NAME as the hub cache writes it (ORG--NAME): one folder, not two.
         # Rank 0's clock names a new run: two ranks a second apart would name two run folders.
+        resumed = self.continuation.run
         run_id = (
-            self.resumed.run_id
-            if self.resumed
+            resumed.run_id
+            if resumed
             else from_rank0(f"{self.spec.name.replace('/', '--')}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
         )
-        out_dir = self.out_dir or writable_subdir("runs") / run_id
+        out_dir = self.continuation.out_dir or writable_subdir("runs") / run_id
         if is_main_process():
             try:
                 out_dir.mkdir(parents=True, exist_ok=True)
@@ -306,7 +302,7 @@ class TrainRecipe:
             self._data_section(),
             run.plan.request.elapsed_seconds,
         )
-        record = RunRecord.open(out_dir, fresh, self.earlier)
+        record = RunRecord.open(out_dir, fresh, self.continuation.earlier)
         file = record.file
         # The whole validated configuration of this command (--loss auto: the loss bench measured best, as it runs).
         command = replace(self.config, step=recorded_options(run, self.config.step)).to_json()
@@ -356,7 +352,7 @@ class TrainRecipe:
             epochs=run.plan.request.epochs,
             step_limit=run.plan.step_limit,
             schedule_steps=record.file.total_steps,
-            resume=config.output.resume,
+            checkpoints=self.continuation.checkpoints,  # the last one restored (none: a new run)
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
         )

@@ -4,11 +4,10 @@ each row of a comparison and `--consider`, so that all plan alike. Why: docs/des
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from benchtrain.calibration.comm import communicator_bytes, describe_communication
-from benchtrain.calibration.run_file import ResumedRun
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.json_types import JsonDict
@@ -21,6 +20,7 @@ from benchtrain.train.planning.types import Candidate, Plan, PlanRequest
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.hub_push import PushTarget, upload_rate
 from benchtrain.train.recipes.run_data import LoadedData
+from benchtrain.train.running.resume import Continuation
 from benchtrain.train.step.hardware import peak_flops
 from benchtrain.train.step.hyperparameters import scaled_learning_rate
 from benchtrain.train.step.metrics import planned_figures
@@ -50,8 +50,8 @@ class PlanContext:
     elapsed_seconds: float
     data_prep_seconds: float = 0.0
     data_uncertainty: float = 0.0
-    resumed: ResumedRun | None = None  # the run a resume continues: its epochs and configuration
-    completed: int = 0  # optimizer steps the resumed run already did
+    # What the command continues (train.running.resume.what_to_continue): a resumed run's epochs, configuration, steps done.
+    continuation: Continuation = field(default_factory=Continuation)
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def plan_exact(run: RunPlan, elapsed_seconds: float, data: DataView, eval_data: 
 def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
     """What the planner is asked for this command and fitted variant; `comm`: what communication adds that the
     calibration's step times lack; `comm_overlap`: whether it may hide behind backward (the planner brackets it)."""
-    config, spec, resumed = context.config, context.spec, context.resumed
+    config, spec, resumed = context.config, context.spec, context.continuation.run
     cal, method, need, step = fitted.cal, fitted.method, fitted.need, fitted.step
     device_type = fitted.device_type
     # A 1-process calibration's probes held the whole model; an FSDP process holds its shard.
@@ -165,7 +165,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
         fit_deadline=config.plan.fit_deadline,
         seed=config.seed,
         max_positions=spec.max_positions,
-        completed_steps=context.completed,
+        completed_steps=context.continuation.completed,
         configuration=resumed.configuration if resumed else None,
         switches=config.plan.switches,
         eval_schedule=config.data.eval_schedule if context.eval_data is not None else None,
@@ -217,7 +217,7 @@ def deadline_message(plan: Plan, resumed: bool) -> str:
 
 def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
     """The plan as the console shows it (rank 0)."""
-    plan, fitted, spec, resumed = run.plan, run.fitted, context.spec, context.resumed
+    plan, fitted, spec, resumed = run.plan, run.fitted, context.spec, context.continuation.run
     rate = learning_rate_record(context.config, plan)
     if resumed:
         total = resumed.total_steps
@@ -227,7 +227,7 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
             else ""
         )
         print(
-            f"resuming from step {context.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "
+            f"resuming from step {context.continuation.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "
             f"planning the {plan.chosen.remaining_steps:,} steps left",
             flush=True,
         )

@@ -24,7 +24,6 @@ from benchtrain.train.running import trackers
 from benchtrain.train.running.checkpoint import (
     CheckpointReadError,
     checkpoint_name,
-    checkpoints_to_resume,
     load_checkpoint,
     save_checkpoint,
 )
@@ -70,7 +69,8 @@ class LoopSettings:
     # The run's optimizer steps as first planned: the learning-rate schedule's horizon (warm-up and
     # decay), kept by every resume whatever this command's step limit (None: this plan's steps).
     schedule_steps: int | None = None
-    resume: bool = False
+    # The run's complete checkpoints, oldest first (train.running.resume.Continuation): the last is restored; none: a new run.
+    checkpoints: tuple[Path, ...] = ()
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -586,9 +586,9 @@ class TrainingRun:
         self.checkpoint_times.append(seconds)
 
     def _restore(self) -> tuple[Position, str | None]:
-        if not self.settings.resume:
+        found = self.settings.checkpoints
+        if not found:
             return Position(), None
-        found = checkpoints_to_resume(self.out_dir)
         try:
             meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
         except CheckpointReadError as error:

@@ -1,5 +1,6 @@
-"""A resumed run: what it continues (its model, method, data, hyper-parameters, steps), what this
-command may change of it (every resume check), and the command that resumes a stopped one."""
+"""A resumed run: what a command continues (`what_to_continue`, the one place that decides it: the run folder, its
+run.json and plan, the checkpoint, the deadline's budget used), what this command may change of it (every resume
+check), and the command that resumes a stopped one."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import itertools
 import math
 import operator
 import shlex
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunMethod
+from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunFile, RunMethod
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.console import say
 from benchtrain.common.errors import BenchtrainError
@@ -161,25 +163,16 @@ def _count(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else "?"
 
 
-def resumed_step_limit(resumed: ResumedRun, max_steps: int | None, completed: int) -> int:
+def resumed_step_limit(resumed: ResumedRun, max_steps: int | None) -> int:
     """Where a resume stops: the run's own end, or earlier (--max-steps below it, or --fit-deadline
-    later). A run that did all its steps is not resumed, and a resume never extends a run."""
+    later). A resume never extends a run (one that did all its steps: what_to_continue)."""
     total, run = resumed.total_steps, f"--resume: run {resumed.run_id}"
-    if completed >= total or resumed.status == "completed":
-        raise BenchtrainError(
-            f"{run} already did all {total:,} of its optimizer steps (its model is in final/): nothing to resume; train more in a new run"
-        )
     if max_steps is not None and max_steps > total:
         raise BenchtrainError(
             f"{run} has {total:,} optimizer steps; --max-steps {max_steps} would extend it, which a resume never does: "
             "drop --max-steps, or train more in a new run"
         )
     return min(total, max_steps or total)
-
-
-def completed_steps(out_dir: Path) -> int:
-    """Optimizer steps the run in `out_dir` finished, from its latest checkpoint's progress."""
-    return int(read_progress(checkpoints_to_resume(out_dir)[-1])["step"])
 
 
 def without_options(command_line: list[str], flags: tuple[str, ...], with_value: tuple[str, ...]) -> list[str]:
@@ -220,26 +213,59 @@ def train_command_line(processes: int, arguments: list[str]) -> str:
 
 
 @dataclass(frozen=True)
-class AutoResume:
-    """What `--resume auto` makes of the run folder: whether there is a run to continue, and when
-    the deadline started counting (the first start of the run; None: this command's start)."""
+class Continuation:
+    """What one `train` command continues, decided once by `what_to_continue` and read by every other stage: the run
+    folder, the run's run.json and what its plan fixed, the checkpoint the loop restores, and the deadline's budget
+    already used. A new run continues nothing (`run` None). docs/design.md#what-a-resume-continues."""
 
-    resume: bool
-    deadline_started_at: float | None  # time.time()
-    finished: str | None = None  # the run already ended at its planned end (completed, step_limit): its status
+    out_dir: Path | None = None  # the run folder (--out; None: a new one under runs/, named when it opens)
+    earlier: RunFile | None = None  # the run's run.json as read: RunRecord.open brings it up to this command's plan
+    run: ResumedRun | None = None  # what its plan fixed: configuration, epochs, steps, calibration, sharding
+    checkpoints: tuple[Path, ...] = ()  # its complete checkpoints, oldest first: the loop restores the last
+    completed: int = 0  # the optimizer steps it already did (its last checkpoint's)
+    # Seconds of the deadline gone before this command: --resume auto counts from the run's first start (what a
+    # preemption lost counts); a plain --resume, or a new run, from this command's start.
+    budget_used: float = 0.0
+    finished: str | None = None  # --resume auto of a run that already ended at its planned end: its status
+
+    @property
+    def resuming(self) -> bool:
+        return self.run is not None
 
 
-def auto_resume(out: str | None) -> AutoResume:
-    """`--resume auto --out DIR`: continue the run in DIR from its last complete checkpoint if it has
-    one, else start it. Either way the deadline counts from the run's first start (run.json's): the
-    time a preemption lost counts."""
-    if not out:
-        raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")
-    out_dir = Path(out).expanduser()
-    if not (out_dir / "run.json").is_file():
-        return AutoResume(False, None)
-    record = read_json_file(out_dir / "run.json")
-    started, status = record.get("deadline_started_at"), record.get("status")
-    anchor = float(started) if isinstance(started, (int, float)) else None
-    finished = str(status) if status in (COMPLETED, STEP_LIMIT) else None
-    return AutoResume(bool(list_checkpoints(out_dir / "checkpoints")), anchor, finished)
+def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, started_at: float) -> Continuation:
+    """What this command continues: `resume` as --resume gives it (None/False: a new run; True; "auto": the run in
+    --out if it has a complete checkpoint, else a new one, its deadline counted from the run's first start either way).
+    `started_at`: the command's start (time.monotonic()). A resume with nothing to continue is one line."""
+    out_dir = Path(out).expanduser() if out else None
+    if not resume:
+        return Continuation(out_dir)
+    if out_dir is None:
+        if resume == "auto":
+            raise BenchtrainError("--resume auto needs --out DIR: the run folder to continue, or to start")
+        raise BenchtrainError("--resume needs --out DIR: the run folder to continue")
+    path = out_dir / "run.json"
+    budget_used = 0.0
+    if resume == "auto":
+        if not path.is_file():
+            return Continuation(out_dir)
+        record = read_json_file(path)
+        started, status = record.get("deadline_started_at"), record.get("status")
+        if isinstance(started, (int, float)):
+            budget_used = max(0.0, time.time() - float(started) - (time.monotonic() - started_at))
+        if status in (COMPLETED, STEP_LIMIT) and not dry_run:
+            return Continuation(out_dir, budget_used=budget_used, finished=str(status))
+        if not list_checkpoints(out_dir / "checkpoints"):
+            return Continuation(out_dir, budget_used=budget_used)
+    elif not path.is_file():
+        raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
+    earlier = RunFile.read(path)
+    run = earlier.resumed()
+    checkpoints = tuple(checkpoints_to_resume(out_dir))
+    completed = int(read_progress(checkpoints[-1])["step"])
+    if completed >= run.total_steps or run.status == COMPLETED:
+        raise BenchtrainError(
+            f"--resume: run {run.run_id} already did all {run.total_steps:,} of its optimizer steps (its model is in final/): "
+            "nothing to resume; train more in a new run"
+        )
+    return Continuation(out_dir, earlier, run, checkpoints, completed, budget_used)

@@ -1,0 +1,85 @@
+"""What a `train` command continues, decided in one place (train.running.resume.what_to_continue): the run folder,
+its run.json and plan, the checkpoint, the deadline's budget already used; and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from benchtrain.calibration.run_file import COMPLETED
+from benchtrain.common.errors import BenchtrainError
+from benchtrain.train.running.checkpoint import MARKER_FILE, PROGRESS_FILE
+from benchtrain.train.running.resume import Continuation, what_to_continue
+
+BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run of 483 steps
+
+
+def interrupted_run(out: Path, steps_done: int, **record: object) -> Path:
+    """A run folder as an interrupted run leaves it: its run.json and a complete checkpoint at `steps_done`."""
+    out.mkdir(parents=True)
+    (out / "run.json").write_text(json.dumps({**json.loads(BEFORE.read_text()), **record}))
+    checkpoint = out / "checkpoints" / f"step-{steps_done:07d}"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / PROGRESS_FILE).write_text(json.dumps({"step": steps_done}))
+    (checkpoint / MARKER_FILE).write_text("")
+    return checkpoint
+
+
+def test_a_fresh_run_continues_nothing(tmp_path: Path) -> None:
+    assert what_to_continue(False, None, False, time.monotonic()) == Continuation()
+    fresh = what_to_continue(False, str(tmp_path / "run"), False, time.monotonic())
+    assert fresh == Continuation(out_dir=tmp_path / "run") and not fresh.resuming
+
+
+def test_resume_of_an_interrupted_run_continues_its_plan_from_its_last_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    checkpoint = interrupted_run(out, 9)
+    found = what_to_continue(True, str(out), False, time.monotonic())
+    assert found.resuming and found.out_dir == out and found.checkpoints == (checkpoint,) and found.completed == 9
+    assert found.run is not None and found.earlier is not None
+    assert (found.run.run_id, found.run.total_steps, found.run.status) == ("tiny-20261127-044307", 483, "interrupted")
+    assert found.run.configuration == found.earlier.configuration  # the batches it trained, in its plan
+    assert found.budget_used == 0.0 and found.finished is None  # a plain --resume: a new deadline, from now
+
+
+def test_resume_auto_with_no_run_starts_one(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert what_to_continue("auto", str(out), False, time.monotonic()) == Continuation(out_dir=out)
+    with pytest.raises(BenchtrainError, match="--resume auto needs --out DIR"):
+        what_to_continue("auto", None, False, time.monotonic())
+
+
+def test_resume_auto_counts_the_deadline_from_the_run_s_first_start(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    interrupted_run(out, 9, deadline_started_at=time.time() - 600.0)
+    found = what_to_continue("auto", str(out), False, time.monotonic())
+    assert found.resuming and found.budget_used == pytest.approx(600.0, abs=30.0)
+
+
+def test_a_completed_run_is_not_resumed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    interrupted_run(out, 483, status=COMPLETED)
+    with pytest.raises(BenchtrainError, match="already did all 483 of its optimizer steps"):
+        what_to_continue(True, str(out), False, time.monotonic())
+    # --resume auto (an engine restarting a finished task): nothing to do, which the command says and exits 0.
+    assert what_to_continue("auto", str(out), False, time.monotonic()).finished == COMPLETED
+    with pytest.raises(BenchtrainError, match="already did all 483"):  # a dry run says why it plans nothing
+        what_to_continue("auto", str(out), True, time.monotonic())
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda out: None, "--resume needs --out DIR"),
+        (lambda out: out.mkdir(), "has no run.json to continue"),
+        (lambda out: (out.mkdir(), (out / "run.json").write_text(BEFORE.read_text())), "--resume: no checkpoint in"),
+    ],
+)
+def test_resume_with_nothing_to_continue_is_one_line(tmp_path: Path, make, fragment: str) -> None:
+    out = tmp_path / "run"
+    make(out)
+    with pytest.raises(BenchtrainError, match=fragment):
+        what_to_continue(True, str(out) if "--out" not in fragment else None, False, time.monotonic())
