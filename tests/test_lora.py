@@ -118,7 +118,7 @@ def test_flops_count_a_frozen_base_and_recompute() -> None:
     assert a > 0 and n == model_shape(build_model(resolve_model("tiny"), "cpu")).matmul_parameter_count
     assert shape.flops_per_token(128) == 6 * n + 3 * attention
     assert shape.flops_per_token(128, lora=True) == 4 * n + 6 * a + 3 * attention
-    assert shape.flops_per_token(128, lora=True, recompute=True) == 6 * n + 8 * a + 4 * attention
+    assert shape.flops_per_token(128, lora=True, switches=("gradient_checkpointing",)) == 6 * n + 8 * a + 4 * attention
 
 
 def test_presets_of_the_real_shapes() -> None:
