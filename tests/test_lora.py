@@ -37,7 +37,7 @@ def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(
     base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
     outcome = run.run()
     assert outcome.position.step == 4
-    model = run.model
+    model = run.engine.model
     trained = dict(model.named_parameters())
     adapters = {name: p for name, p in trained.items() if p.requires_grad}
     assert adapters and all("lora_" in name for name in adapters)
