@@ -135,7 +135,13 @@ def ours(setup: Setup, compiled: bool, loss: str = "auto") -> list[float]:
 
     method = MethodConfig(method="lora", lora_rank=setup.rank) if setup.lora else MethodConfig()
     options = StepOptions(compile="on" if compiled else "off", loss=loss)
-    engine = engine_from_options(resolve_model(setup.model), method, make_accelerator(), options, setup.checkpointing)
+    engine = engine_from_options(
+        resolve_model(setup.model),
+        method,
+        make_accelerator(),
+        options,
+        ("gradient_checkpointing",) if setup.checkpointing else (),
+    )
     data = batches(setup, engine.model.config.vocab_size)
     return timed(setup, lambda batch: engine.step.run(iter([batch]), 1), data)
 
@@ -251,7 +257,9 @@ def flops_per_token(setup: Setup) -> float:
     model = fresh_model(Setup(**{**setup.__dict__, "checkpointing": False}))
     shape = model_shape(model)
     del model
-    return shape.flops_per_token(setup.seq_len, lora=setup.lora, recompute=setup.checkpointing)
+    return shape.flops_per_token(
+        setup.seq_len, lora=setup.lora, switches=("gradient_checkpointing",) if setup.checkpointing else ()
+    )
 
 
 def measure(loop: str, setup: Setup, flops: float, peak_flops: float | None) -> Result:

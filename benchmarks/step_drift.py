@@ -36,8 +36,8 @@ def main() -> None:
             time.sleep(args.pause)
         iterator = iter(make_loader(workload.batches(config, (args.steps + 2) * a), w, workload.pin_memory))
         for _ in range(2):
-            workload.step.run(iterator, a)
-        seconds = [workload.step.run(iterator, a).seconds for _ in range(args.steps)]
+            workload.engine.step.run(iterator, a)
+        seconds = [workload.engine.step.run(iterator, a).seconds for _ in range(args.steps)]
         mean = statistics.fmean(seconds)
         means.append(mean)
         print(

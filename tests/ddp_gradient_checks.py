@@ -47,12 +47,12 @@ def ddp_gradient_storage() -> dict[str, Any]:
 
     torch.manual_seed(0)
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
-    model = workload.model
+    model = workload.engine.model
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
     parameters = [p for p in model.parameters() if p.requires_grad]
     step_held: list[float] = []  # the most held at any moment of the current step
     seen: list[float] = []
-    optimizer_step = workload.optimizer.step
+    optimizer_step = workload.engine.optimizer.step
 
     def measure(*_: Any) -> None:
         step_held.append(gradient_copies(model, parameters)["held"])
@@ -66,18 +66,18 @@ def ddp_gradient_storage() -> dict[str, Any]:
         return optimizer_step(*args, **kwargs)
 
     model.module.register_forward_pre_hook(measure)
-    workload.optimizer.step = measured_step  # type: ignore[method-assign]
+    workload.engine.optimizer.step = measured_step  # type: ignore[method-assign]
     batches = iter(SyntheticBatches(64, 2, 16, workload.vocab_size))
     labels = []
     first_step_agreed(workload, batches, 2)  # the probe's first step: no collective in it
     labels.append("first step, no sync, accum 2")
     for accum in (2, 1, 2):
-        workload.step.run(batches, accum)
+        workload.engine.step.run(batches, accum)
         labels.append(f"accum {accum}")
     recover_after_failure(workload)  # what a failed probe leaves for the next one
     first_step_agreed(workload, batches, 2)
     labels.append("first step after a failed probe")
-    workload.step.run(batches, 2)
+    workload.engine.step.run(batches, 2)
     labels.append("accum 2 after it")
     return {"steps": dict(zip(labels, seen, strict=True)), "processes": workload.accelerator.num_processes}
 

@@ -51,7 +51,7 @@ def one_rank_oom() -> dict[str, Any]:
     from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"))
-    lm = unwrap(workload.model)
+    lm = unwrap(workload.engine.model)
     original = lm.forward
     failing = {"on": dist.get_rank() == 0}
 
@@ -97,7 +97,7 @@ def late_oom(sharding: str) -> dict[str, Any]:
     from benchtrain.train.workload.model import resolve_model
 
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain", sharding=sharding))
-    optimizer = workload.step.optimizer
+    optimizer = workload.engine.optimizer
     original, calls = optimizer.step, {"count": 0}
 
     def step(*args: Any, **kwargs: Any) -> Any:
@@ -111,7 +111,7 @@ def late_oom(sharding: str) -> dict[str, Any]:
     return {
         "statuses": [row["status"] for row in rows],
         "errors": [row.get("error", "") for row in rows],
-        "sharding": workload.engine.sharding,
+        "sharding": workload.engine.setup.sharding,
     }
 
 
@@ -148,7 +148,7 @@ def rows_survive(sharding: str, failure: str) -> dict[str, Any]:
             probes["failing_started"] = time.monotonic()
         if probes["count"] != FAILING_PROBE or int(os.environ["RANK"]) != 1:
             return original(workload, config, settings, peak_flops)
-        blocks = unwrap(workload.model).model.layers  # a llama's decoder blocks (FSDP renames their class)
+        blocks = unwrap(workload.engine.model).model.layers  # a llama's decoder blocks (FSDP renames their class)
         forwards = {"count": 0}
 
         def out_of_memory(gradient: Any) -> Any:

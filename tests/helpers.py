@@ -509,7 +509,7 @@ def trained(tmp_path: Path, data: Path, tokenizer: Any, method: Any) -> tuple[An
     """The tiny model after 3 steps on `data`, and its run folder."""
     run = make_run(tmp_path, data, tokenizer, deadline=1e6, steps=3, method=method)
     run.run()
-    return run.accelerator.unwrap_model(run.model), tmp_path / "run"
+    return run.accelerator.unwrap_model(run.engine.model), tmp_path / "run"
 
 
 def logits(model: Any) -> Any:

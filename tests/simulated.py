@@ -290,9 +290,7 @@ def simulated_h100(
     hidden = int(spec.config_dict.get("hidden_size") or spec.config_dict["n_embd"])
     device = SimulatedDevice(
         measured=measured,
-        flops_per_token=lambda config: shape.flops_per_token(
-            config.seq_len, lora=lora, recompute=config.gradient_checkpointing
-        ),
+        flops_per_token=lambda config: shape.flops_per_token(config.seq_len, lora=lora, switches=config.switches),
         forward_flops_per_token=shape.forward_flops_per_token(1024, lora),
         layers=shape.layers,
         hidden=hidden,

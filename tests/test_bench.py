@@ -35,9 +35,9 @@ def test_a_probe_measures_the_training_step(workload: Workload) -> None:
 
 
 def test_the_probe_trains_the_model(workload: Workload) -> None:
-    before = [p.detach().clone() for p in workload.model.parameters()]
+    before = [p.detach().clone() for p in workload.engine.model.parameters()]
     run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)
-    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, workload.model.parameters(), strict=True))
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, workload.engine.model.parameters(), strict=True))
 
 
 def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
@@ -48,16 +48,16 @@ def test_a_probe_with_dataloader_workers(workload: Workload) -> None:
 def test_a_faked_out_of_memory_error_is_recorded_not_raised(
     workload: Workload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_run = workload.step.run
+    real_run = workload.engine.step.run
 
     def run(batches: Any, grad_accum: int, synchronize: bool = True) -> Any:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(workload.step, "run", run)
+    monkeypatch.setattr(workload.engine.step, "run", run)
     row = run_probe(workload, StepConfig(micro_batch_size=8, num_workers=0, grad_accum=1, seq_len=256), FAST)
     assert row["status"] == "oom"
     assert "out of memory" in row["error"]
-    monkeypatch.setattr(workload.step, "run", real_run)
+    monkeypatch.setattr(workload.engine.step, "run", real_run)
     # the workload recovered
     assert (
         run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)["status"]
@@ -66,7 +66,9 @@ def test_a_faked_out_of_memory_error_is_recorded_not_raised(
 
 
 def test_other_failures_are_errors(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workload.step, "run", lambda *_, **__: (_ for _ in ()).throw(ValueError("shape mismatch")))
+    monkeypatch.setattr(
+        workload.engine.step, "run", lambda *_, **__: (_ for _ in ()).throw(ValueError("shape mismatch"))
+    )
     row = run_probe(workload, StepConfig(micro_batch_size=1, num_workers=0, grad_accum=1, seq_len=32), FAST)
     assert row["status"] == "error" and "shape mismatch" in row["error"]
 
@@ -172,7 +174,7 @@ def test_an_interrupted_optuna_benchmark_resumes_without_repeats(home: Path) -> 
 
 
 def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_run = workload.step.run
+    real_run = workload.engine.step.run
     sizes: list[tuple[int, int]] = []
 
     def run(batches: Any, grad_accum: int, synchronize: bool = True) -> Any:
@@ -183,7 +185,7 @@ def test_a_faked_oom_in_the_real_probe_prunes_the_grid(workload: Workload, monke
             raise torch.OutOfMemoryError("CUDA out of memory (faked)")
         return real_run(iter([batch, *[next(batches) for _ in range(grad_accum - 1)]]), grad_accum, synchronize)
 
-    monkeypatch.setattr(workload.step, "run", run)
+    monkeypatch.setattr(workload.engine.step, "run", run)
     space = SearchSpace((1, 4, 8), (0,), (1,), (32, 64, 128))
     result = run_grid(space, lambda config, remaining: run_probe(workload, config, FAST), Budget(None))
     by_config = {(r["micro_batch_size"], r["seq_len"]): r["status"] for r in result.rows}

@@ -71,7 +71,7 @@ def step_precision(monkeypatch: pytest.MonkeyPatch) -> Iterator[StepPrecision]:
     run = TrainingStep.run
 
     def recorded_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        loss, precision.current = unwrap(self.model)._benchtrain_loss, set()
+        loss, precision.current = unwrap(self.engine.model)._benchtrain_loss, set()
         try:
             return run(self, *args, **kwargs)
         finally:

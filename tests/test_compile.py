@@ -131,7 +131,7 @@ def test_compiled_step_computes_what_the_eager_step_does() -> None:
         engine = engine_from_options(
             resolve_model("tiny"), MethodConfig(), Accelerator(cpu=True), StepOptions(compile=mode)
         )
-        assert engine.compiled == (mode == "on") and engine.loss == "chunked"
+        assert engine.setup.compiled == (mode == "on") and engine.setup.loss == "chunked"
         batch = SyntheticBatches(1, 2, 64, 320)[0]
         losses[mode] = [engine.step.run(iter([batch, batch]), 2).loss for _ in range(3)]
     np.testing.assert_allclose(losses["on"], losses["off"], rtol=1e-4)

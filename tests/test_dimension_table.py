@@ -4,7 +4,10 @@ and keeps fewer activations) is an option of `bench run`, an axis of the search 
 cover, a column of the measurement rows, terms of the throughput and memory fits, a coordinate of
 the residual smoother, an option of `train` and a choice of the planner, a key of run.json's step
 configuration and of its command's configuration; and
-a calibration or run.json written before it reads it as off."""
+a calibration or run.json written before it reads it as off. What a switch does to the step is its
+applier (train/step/switches.py's APPLIERS, named by the entry): a switch that slows the model's
+forward, registered in the two tables alone, reaches the real step the probes time and train runs,
+and the planner plans on the calibration those probes make."""
 
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ import numpy as np
 import pytest
 from helpers import GIB, synthetic_calibration, tokenized_from_samples
 
+from benchtrain.bench.probe import ProbeSettings, Workload, run_probe
 from benchtrain.bench.runner import Budget, run_grid
 from benchtrain.bench.space import SearchSpace
-from benchtrain.calibration.dimensions import DIMENSIONS, Dimension, Term
+from benchtrain.calibration.dimensions import DIMENSIONS, Dimension, Term, switches
 from benchtrain.calibration.fit import residual_coordinates, throughput_model_from_json
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.run_file import RunFile
@@ -28,6 +32,12 @@ from benchtrain.common.errors import BenchtrainError, DoesNotFitError
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.planner import make_plan
 from benchtrain.train.planning.types import PlanRequest
+from benchtrain.train.step import step as step_module
+from benchtrain.train.step.engine import StepOptions, engine_from_options
+from benchtrain.train.step.runtime import make_accelerator
+from benchtrain.train.step.switches import APPLIERS
+from benchtrain.train.workload.method import MethodConfig, unwrap
+from benchtrain.train.workload.model import resolve_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OFFLOADING = Dimension(
@@ -166,3 +176,113 @@ def test_a_calibration_from_before_it_reads_it_as_off(with_offloading: Dimension
         make_plan(
             calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"activation_offloading": "on"}})
         )
+
+
+# A switch that changes the step itself, as recomputing activations or copying them to the host does: its applier
+# puts a pause before the model's forward for each token it is given. The step runs for real (forward, backward,
+# optimizer); its clock is a fake device's, so that the time a forward costs is what the hooks say, whatever else
+# the machine runs.
+SLOW_FORWARD = Dimension(
+    "slow_forward",
+    "slow",
+    "--slow",
+    "slow forward modes to measure, e.g. off,on",
+    switch=True,
+    label="/slow",
+    phrase=", slow forward",
+    plan_flag="--slow-forward",
+    plan_help="pause in every forward: auto (default) picks whichever measured mode finishes sooner",
+    applier="pause_in_forward",
+    throughput=(Term("pause_per_token", "tokens", device=False),),
+)
+FORWARD_FIXED, FORWARD_PER_TOKEN, PAUSE_PER_TOKEN = 1e-3, 2e-5, 1e-4  # the fake device's seconds
+QUICK = ProbeSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=60.0)
+
+
+class DeviceClock:
+    """What train.step.step reads as `time`: seconds spent by the forwards' hooks alone."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def perf_counter(self) -> float:
+        return self.seconds
+
+    def forward_costs(self, fixed: float, per_token: float) -> Any:
+        """A forward pre-hook that spends this on the clock for the tokens the forward is given."""
+
+        def spend(_module: Any, _args: Any, kwargs: dict[str, Any]) -> None:
+            self.seconds += fixed + per_token * kwargs["input_ids"].numel()
+
+        return spend
+
+
+CLOCK = DeviceClock()
+
+
+def pause_in_forward(model: Any, on: bool) -> None:
+    """The applier: a pause before every forward of the model (under its wrappers), its hook kept on the model."""
+    base = unwrap(model)
+    if on:
+        base.pause_hook = base.register_forward_pre_hook(CLOCK.forward_costs(0.0, PAUSE_PER_TOKEN), with_kwargs=True)
+    else:
+        base.pause_hook.remove()
+        del base.pause_hook
+
+
+@pytest.fixture()
+def with_slow_forward(monkeypatch: pytest.MonkeyPatch) -> Dimension:
+    """The whole change: one entry in the dimension table and its applier in the step's (and the fake device's clock)."""
+    monkeypatch.setitem(DIMENSIONS, SLOW_FORWARD.name, SLOW_FORWARD)
+    monkeypatch.setitem(APPLIERS, SLOW_FORWARD.applier, pause_in_forward)
+    monkeypatch.setattr(step_module, "time", CLOCK)
+    return SLOW_FORWARD
+
+
+def timed_workload() -> Workload:
+    """The tiny model's workload, each forward costing the fake device its own time."""
+    workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
+    unwrap(workload.engine.model).register_forward_pre_hook(
+        CLOCK.forward_costs(FORWARD_FIXED, FORWARD_PER_TOKEN), with_kwargs=True
+    )
+    return workload
+
+
+def test_every_switch_of_the_table_names_an_applier_of_the_step() -> None:
+    assert all(dimension.applier in APPLIERS for dimension in switches())
+
+
+def test_the_engine_builds_the_step_with_a_switch_on_and_a_probe_switches_it(with_slow_forward: Dimension) -> None:
+    options = StepOptions(compile="off", loss="plain")
+    engine = engine_from_options(resolve_model("tiny"), MethodConfig(), make_accelerator(), options, ("slow_forward",))
+    assert engine.switches == ("slow_forward",) and hasattr(unwrap(engine.model), "pause_hook")
+    engine.switch(())
+    assert engine.switches == () and not hasattr(unwrap(engine.model), "pause_hook")
+
+    workload = timed_workload()
+    off, on = StepConfig(2, 0, 1, 32), StepConfig(2, 0, 1, 32, ("slow_forward",))
+    slow = run_probe(workload, on, QUICK)
+    assert workload.engine.switches == ("slow_forward",) and slow["slow_forward"] == 1
+    fast = run_probe(workload, off, QUICK)
+    assert not hasattr(unwrap(workload.engine.model), "pause_hook") and fast["slow_forward"] == 0
+    assert fast["step_seconds"] == pytest.approx(FORWARD_FIXED + FORWARD_PER_TOKEN * 64)
+    assert slow["step_seconds"] - fast["step_seconds"] == pytest.approx(PAUSE_PER_TOKEN * 64)
+
+
+def test_the_planner_plans_on_a_calibration_whose_probes_ran_the_switch(with_slow_forward: Dimension) -> None:
+    workload = timed_workload()
+    space = SearchSpace(batch_sizes=(1, 2), workers=(0,), accums=(1,), seq_lens=(16, 32), slow=(0, 1))
+    rows = run_grid(space, lambda config, _remaining: run_probe(workload, config, QUICK), Budget(None)).rows
+    assert sorted(row["slow_forward"] for row in rows) == [0] * 4 + [1] * 4
+    calibration = Calibration(synthetic_calibration(rows))
+    assert calibration.fit["parameters"]["pause_per_token"] == pytest.approx(PAUSE_PER_TOKEN, rel=0.1)
+    request = PlanRequest(
+        epochs=1, deadline=Deadline.with_margin_share(1e6, 0.05), effective_batch=4, max_length=32, priority="fast"
+    )
+    plan = make_plan(calibration, packed_data(), request)
+    assert not plan.chosen.config.on("slow_forward")  # it only costs time
+    slowed = make_plan(
+        calibration, packed_data(), PlanRequest(**{**request.__dict__, "switches": {"slow_forward": "on"}})
+    )
+    assert slowed.chosen.config.on("slow_forward") and slowed.chosen.config.phrase.endswith(", slow forward")
+    assert slowed.chosen.step_seconds > plan.chosen.step_seconds

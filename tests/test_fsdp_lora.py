@@ -76,7 +76,7 @@ def train_steps(sharding: str, quantize: str = "none") -> dict[str, Any]:
         if key in ("exp_avg", "exp_avg_sq")
     )
     return {
-        "sharding": engine.sharding,
+        "sharding": engine.setup.sharding,
         "base_bytes": base,
         "adapter_bytes": adapters,
         "optimizer_bytes": moments,

@@ -91,7 +91,7 @@ def norms_before_each_update(engine, steps: int) -> list[float]:
     """The gradients' global norm the optimizer step sees (after clipping), at each of `steps` steps."""
     import torch
 
-    optimizer = engine.step.optimizer
+    optimizer = engine.optimizer
     original, seen = optimizer.step, []
 
     def step(*args, **kwargs):

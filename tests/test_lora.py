@@ -37,7 +37,7 @@ def test_only_the_adapters_are_trained_and_the_base_stays_bit_identical(
     base = build_model(resolve_model("tiny"), "cpu")  # what the preset's frozen weights are
     outcome = run.run()
     assert outcome.position.step == 4
-    model = run.model
+    model = run.engine.model
     trained = dict(model.named_parameters())
     adapters = {name: p for name, p in trained.items() if p.requires_grad}
     assert adapters and all("lora_" in name for name in adapters)
@@ -118,7 +118,7 @@ def test_flops_count_a_frozen_base_and_recompute() -> None:
     assert a > 0 and n == model_shape(build_model(resolve_model("tiny"), "cpu")).matmul_parameter_count
     assert shape.flops_per_token(128) == 6 * n + 3 * attention
     assert shape.flops_per_token(128, lora=True) == 4 * n + 6 * a + 3 * attention
-    assert shape.flops_per_token(128, lora=True, recompute=True) == 6 * n + 8 * a + 4 * attention
+    assert shape.flops_per_token(128, lora=True, switches=("gradient_checkpointing",)) == 6 * n + 8 * a + 4 * attention
 
 
 def test_presets_of_the_real_shapes() -> None:

@@ -66,13 +66,13 @@ def test_the_profiled_path_runs_the_real_step_on_cpu() -> None:
 
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
     calls: list[str] = []
-    run = workload.step.run
+    run = workload.engine.step.run
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append("step")
         return run(*args, **kwargs)
 
-    workload.step.run = counted  # type: ignore[method-assign]
+    workload.engine.step.run = counted  # type: ignore[method-assign]
     session = type(
         "Session",
         (),
@@ -161,7 +161,7 @@ class Coordinator:
 def test_a_gpu_bench_profiles_through_the_coordinator_and_falls_back_on_failure() -> None:
     rows = [row(8, 512, 0.1, mfu=0.3), row(4, 512, 0.06, mfu=0.25)]
     record = {"hardware": {"device_type": "cuda"}, "measurements": rows, "fit": fit()}
-    workload = type("Workload", (), {"step": object()})()
+    workload = type("Workload", (), {"engine": object()})()
     profiled = {"compute_seconds": 0.05, "memory_seconds": 0.03, "host_seconds": 0.02, "method": "profiler"}
     coordinator = Coordinator(profiled)
     entries = record_step_split(type("Run", (), {"coordinator": coordinator})(), record, workload)
@@ -172,7 +172,7 @@ def test_a_gpu_bench_profiles_through_the_coordinator_and_falls_back_on_failure(
         "RuntimeError"
     )
     # A released model (the compile-cache timing ran last) or a CPU: no process is asked to profile.
-    for device, held in (("cuda", type("Released", (), {"step": None})()), ("cpu", workload)):
+    for device, held in (("cuda", type("Released", (), {"engine": None})()), ("cpu", workload)):
         quiet = Coordinator(profiled)
         entries = record_step_split(
             type("Run", (), {"coordinator": quiet})(), {**record, "hardware": {"device_type": device}}, held

@@ -84,24 +84,24 @@ def ddp_step_against_collectives(steps: int, micro: int, seq: int) -> dict[str, 
 
     torch.manual_seed(0)
     workload = Workload(resolve_model("tiny"), options=StepOptions(compile="off", loss="plain"))
-    assert isinstance(workload.model, torch.nn.parallel.DistributedDataParallel), type(workload.model)
+    assert isinstance(workload.engine.model, torch.nn.parallel.DistributedDataParallel), type(workload.engine.model)
     rows = measure_collective(workload.device, "all_reduce")  # as bench times them: beside a computing thread on CPU
     with patched(comm, "beside_compute", lambda device: contextlib.nullcontext()):
         idle = measure_collective(workload.device, "all_reduce")  # on idle processes, for the notes
     batches = iter(SyntheticBatches(10**6, micro, seq, workload.vocab_size))
     for _ in range(3):  # warm-up: allocations, the reducer's first buckets
-        workload.step.run(batches, 1, synchronize=False)
-        workload.step.run(batches, 1)
+        workload.engine.step.run(batches, 1, synchronize=False)
+        workload.engine.step.run(batches, 1)
     alone: list[float] = []
     together: list[float] = []
     for _ in range(steps):
         for synchronize, times in ((False, alone), (True, together)):
             dist.barrier()
             started = time.perf_counter()
-            workload.step.run(batches, 1, synchronize=synchronize)
+            workload.engine.step.run(batches, 1, synchronize=synchronize)
             times.append(time.perf_counter() - started)
     extra, extra_error = slowest_extra(alone, together)
-    trainable = sum(p.numel() for p in workload.model.parameters() if p.requires_grad)
+    trainable = sum(p.numel() for p in workload.engine.model.parameters() if p.requires_grad)
     return {
         "all_reduce": rows,
         "all_reduce_idle": idle,

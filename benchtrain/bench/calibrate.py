@@ -167,7 +167,7 @@ def plan_probes(
     lora = method.is_lora
 
     def flops_per_token(config: StepConfig) -> float:
-        return shape.flops_per_token(config.seq_len, lora=lora, recompute=config.gradient_checkpointing)
+        return shape.flops_per_token(config.seq_len, lora=lora, switches=config.switches)
 
     lengths = task.space.axis("seq_lens")
     middle = lengths[len(lengths) // 2]

@@ -45,11 +45,13 @@ def write_bandwidth(folder: Path, size: int) -> float:
 def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tuple[int, int]:
     """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`:
     MAX_WRITE_BYTES, half the free space and `max_bytes` (what the budget has time for) at most)."""
-    states = workload.optimizer.state_dict()["state"].values()
+    states = workload.engine.optimizer.state_dict()["state"].values()
     optimizer_bytes = sum(
         value.numel() * value.element_size() for state in states for value in state.values() if hasattr(value, "numel")
     )
-    return checkpoint_bytes(workload.model, optimizer_bytes), min(MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes)
+    return checkpoint_bytes(workload.engine.model, optimizer_bytes), min(
+        MAX_WRITE_BYTES, free_bytes(folder) // 2, max_bytes
+    )
 
 
 def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> bool:
@@ -66,8 +68,9 @@ def measure_checkpoint(
     size, limit = _sizes(workload, folder, max_bytes)
     if real_save if real_save is not None else size <= limit:
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
+            engine = workload.engine
             seconds = save_checkpoint(
-                Path(scratch) / "step-0000000", workload.model, workload.optimizer, workload.scheduler, {"step": 0}
+                Path(scratch) / "step-0000000", engine.model, engine.optimizer, engine.scheduler, {"step": 0}
             )
         bandwidth, extrapolated = size / max(seconds, 1e-9), 0
     else:

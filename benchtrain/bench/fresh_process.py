@@ -17,6 +17,7 @@ from typing import Any
 
 from benchtrain.bench.probe import Workload, run_probe
 from benchtrain.bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
+from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.heap import frozen_heap
 from benchtrain.train.step.engine import StepOptions, engine_from_options
@@ -115,7 +116,11 @@ def main(argv: list[str]) -> None:
     spec, method = child_workload(request)
     if request["task"] == "compile":
         engine = engine_from_options(
-            spec, method, make_accelerator(), StepOptions(compile="on", loss=request["loss"]), request["checkpointing"]
+            spec,
+            method,
+            make_accelerator(),
+            StepOptions(compile="on", loss=request["loss"]),
+            tuple(request["switches"]),
         )
         batch = SyntheticBatches(
             1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size
@@ -140,7 +145,7 @@ def measure_in_new_process(
     shape = {
         "micro_batch_size": int(row["micro_batch_size"]),
         "seq_len": int(row["seq_len"]),
-        "checkpointing": bool(row.get("gradient_checkpointing")),
+        "switches": [dimension.name for dimension in switches() if row.get(dimension.name)],
     }
     return run_child({**child_request("compile", spec, method), "loss": loss, **shape}, timeout_seconds)
 

@@ -28,7 +28,7 @@ from benchtrain.train.workload.batching import (
     plan_packed_batches,
     to_device,
 )
-from benchtrain.train.workload.method import MethodConfig, method_record, set_gradient_checkpointing, unwrap
+from benchtrain.train.workload.method import MethodConfig, method_record, unwrap
 from benchtrain.train.workload.model import ModelShape, ModelSpec, model_shape
 from benchtrain.train.workload.tokens import TokenizedData
 
@@ -48,19 +48,14 @@ class Workload:
         self.data = data
         self.method = method or MethodConfig()
         self.accelerator = make_accelerator()
+        # The model, optimizer and step: the engine's, switched to each probe's mode (Engine.switch).
         self.engine = engine_from_options(spec, self.method, self.accelerator, options or StepOptions())
-        self.model, self.optimizer, self.scheduler, self.step = (
-            self.engine.model,
-            self.engine.optimizer,
-            self.engine.scheduler,
-            self.engine.step,
-        )
-        self.shape: ModelShape = model_shape(self.model)
-        self.training = {**method_record(self.method, self.model), **self.engine.record()}
-        self.checkpointing = False
-        self.vocab_size = int(unwrap(self.model).config.vocab_size)
+        model = self.engine.model
+        self.shape: ModelShape = model_shape(model)
+        self.training = {**method_record(self.method, model), **self.engine.record()}
+        self.vocab_size = int(unwrap(model).config.vocab_size)
         self.pin_memory = pin_memory(self.accelerator)
-        # (rows, length, checkpointing) already run: with a compiled step, a new one compiles.
+        # (rows, length, switches) already run: with a compiled step, a new one compiles.
         self.seen_shapes: set[Shape] = set()
         self.build_seconds = time.perf_counter() - started
 
@@ -71,7 +66,7 @@ class Workload:
     def release(self) -> None:
         """Drop the model, optimizer and step and give their device memory back, before another
         process builds the same model on this device. No probe runs after."""
-        self.engine = self.model = self.optimizer = self.scheduler = self.step = None  # type: ignore[assignment]
+        self.engine = None  # type: ignore[assignment]
         self.accelerator.free_memory()  # accelerate keeps references to what it prepared
         collect_everything()  # the model may sit in the collector's frozen generation (common.heap)
         if self.device.type == "cuda":
@@ -81,18 +76,11 @@ class Workload:
 
     def set_loss(self, kind: str) -> None:
         """Compute the loss with `kind` from now on, through the engine (the step keeps train's precision)."""
-        self.engine = self.engine.with_loss(kind)
+        self.engine.use_loss(kind)
         self.training["loss"] = kind
 
-    def set_checkpointing(self, enabled: bool) -> None:
-        if enabled != self.checkpointing:
-            set_gradient_checkpointing(self.model, enabled)
-            self.checkpointing = enabled
-
     def flops_per_token(self, config: StepConfig) -> float:
-        return self.shape.flops_per_token(
-            config.seq_len, lora=self.method.is_lora, recompute=config.gradient_checkpointing
-        )
+        return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, switches=config.switches)
 
     def batches(self, config: StepConfig, count: int) -> Any:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
@@ -109,7 +97,7 @@ def run_probe(
     """A measurement row (status ok / oom / error / skipped) for one configuration."""
     row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
-    workload.set_checkpointing(config.gradient_checkpointing)
+    workload.engine.switch(config.switches)
     shape = shape_of(config)
     # The first probe of a shape pays its compilation in the warm-up (bench.calibrate.warmup_costs).
     row["new_shape"] = shape not in workload.seen_shapes
@@ -125,7 +113,7 @@ def run_probe(
             # Under several processes every rank runs the same steps (each one all-reduces):
             # a stop decision on any rank stops them all.
             timing = time_steps(
-                partial(agreed_step, workload, partial(workload.step.run, iterator, config.grad_accum)),
+                partial(agreed_step, workload, partial(workload.engine.step.run, iterator, config.grad_accum)),
                 settings,
                 time.perf_counter,
                 lambda flag: agree(workload.accelerator, flag, "max"),
@@ -141,7 +129,7 @@ def run_probe(
         recover_after_failure(workload)
         return row
     assert timing is not None
-    row["loss"] = workload.engine.loss
+    row["loss"] = workload.engine.setup.loss
     row.update(memory.record())  # on CUDA: reserved, device used, outside PyTorch (beside the allocated peak)
     return finish_row(row, config, timing, int(memory.peak_bytes), workload.flops_per_token(config), peak_flops)
 
@@ -194,7 +182,7 @@ def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None
     """The probe's first step without DDP's gradient all-reduce, then every process's outcome agreed:
     a configuration runs out of memory in its first step, and an OOM on one process alone would leave
     the others in the all-reduce until the watchdog kills the job. (Under FSDP the forward gathers.)"""
-    agreed_step(workload, partial(workload.step.run, batches, grad_accum, synchronize=False))
+    agreed_step(workload, partial(workload.engine.step.run, batches, grad_accum, synchronize=False))
 
 
 def agreed_step(workload: Workload, run_step: Any) -> Any:
@@ -223,13 +211,13 @@ def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STE
     loader = make_loader(workload.batches(config, steps + 1), 0, workload.pin_memory)
     timer = StepTimer(workload.device)
     seconds: list[float] = []
-    model = workload.model
+    model = workload.engine.model
     model.eval()
     try:
         with (
             torch.no_grad(),
             workload.accelerator.autocast(),
-            eager_region(workload.engine.compiled),
+            eager_region(workload.engine.setup.compiled),
             without_packed_sequence_check(),
         ):
             for index, batch in enumerate(loader):
@@ -273,7 +261,7 @@ def mark_failed(row: dict[str, Any], error: BaseException) -> None:
 
 def recover_after_failure(workload: Workload) -> None:
     """Drop half-built gradients and cached blocks so the next probe starts clean."""
-    workload.step.clear_gradients()
+    workload.engine.step.clear_gradients()
     gc.collect()
     if workload.device.type == "cuda":
         import torch

@@ -207,7 +207,7 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
         "folder": str(folder),
         "real_save": real_save_fits(workload, folder, max_bytes),
         "max_bytes": max_bytes,
-        "every_rank": workload.engine.sharding == "fsdp",
+        "every_rank": workload.engine.setup.sharding == "fsdp",
     }
 
 
@@ -235,6 +235,6 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
 
 def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
     """Free this process's model, then time a fresh process compiling `row`'s shape from the cache."""
-    loss = workload.engine.loss
+    loss = workload.engine.setup.loss
     workload.release()
     return measure_in_new_process(workload.spec, workload.method, loss, row, timeout_seconds) or {}

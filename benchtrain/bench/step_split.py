@@ -92,10 +92,10 @@ def profile_split(
     """Run THE step at `config` (no workers) once unprofiled, then `steps` times under the profiler
     (torch.profiler.profile, or a test's stand-in), and split what the device did."""
     config = replace(config, num_workers=0)
-    workload.set_checkpointing(config.gradient_checkpointing)
+    workload.engine.switch(config.switches)
     loader = make_loader(workload.batches(config, (steps + 1) * config.grad_accum), 0, workload.pin_memory)
     batches = iter(loader)
-    workload.step.run(batches, config.grad_accum)  # warm-up: the allocator, the kernels' choice
+    workload.engine.step.run(batches, config.grad_accum)  # warm-up: the allocator, the kernels' choice
     synchronize(workload.device)
     if profiler is None:
         from torch.profiler import ProfilerActivity, profile
@@ -106,7 +106,7 @@ def profile_split(
     with profiler() as session:
         started = time.perf_counter()
         for _ in range(steps):
-            workload.step.run(batches, config.grad_accum)
+            workload.engine.step.run(batches, config.grad_accum)
         synchronize(workload.device)
         wall = time.perf_counter() - started
     split = split_from_events(session.events(), wall, steps)
@@ -135,7 +135,7 @@ def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[d
     here so no process starts a step the others do not; else, or when profiling failed, from the
     FLOP count and the fit's terms."""
     coordinator = run.coordinator
-    holds_model = getattr(workload, "step", None) is not None
+    holds_model = getattr(workload, "engine", None) is not None  # None once released (Workload.release)
     profiled = (
         record["hardware"].get("device_type") == "cuda"
         and holds_model

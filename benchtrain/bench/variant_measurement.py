@@ -223,7 +223,7 @@ def build_workload(
         task,
         model=model,
         training={**workload.training, "flops_terms": workload.shape.flops_terms(method.is_lora)},
-        compiled=workload.engine.compiled,
+        compiled=workload.engine.setup.compiled,
         losses=losses_to_compare(request.options.loss, workload),
         checkpoint_payload=lambda max_bytes: checkpoint_task(workload, writable_subdir("scratch"), max_bytes),
         study=study,
@@ -250,7 +250,7 @@ def fresh_processes(
         return None
 
     def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
-        options = replace(request.options, loss=workload.engine.loss)
+        options = replace(request.options, loss=workload.engine.setup.loss)
         workload.release()
         return measure_in_fresh_processes(
             workload.spec, workload.method, options, configs, task.settings, timeout_seconds
@@ -263,7 +263,7 @@ def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
     """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and the plain-torch ones."""
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
-    return tuple(dict.fromkeys((workload.engine.loss, "chunked", "plain")))
+    return tuple(dict.fromkeys((workload.engine.setup.loss, "chunked", "plain")))
 
 
 def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, Any]:

@@ -19,7 +19,7 @@ class Term:
 @dataclass(frozen=True)
 class Dimension:
     name: str  # StepConfig's field (sizes) or switch, and the measurement row's column
-    axis: str  # the search space's name for its values (the calibration's `space`)
+    axis: str  # the search space's name for its values (the calibration's `space`; a setup's: "checkpointing off+on")
     flag: str  # `bench run`'s option listing its values
     help: str  # that option's help
     minimum: int = 1  # a size's least value
@@ -29,6 +29,7 @@ class Dimension:
     phrase: str = ""  # plans name it: "batch 8 × accum 1, 0 workers, max length 512, gradient checkpointing"
     plan_flag: str = ""  # `train`'s option: auto (what the calibration measured), on or off
     plan_help: str = ""  # that option's help
+    applier: str = ""  # what it does to a built model: its applier's name in train.step.switches.APPLIERS
     throughput: tuple[Term, ...] = ()  # the throughput fit's terms it adds
     memory: tuple[Term, ...] = ()  # the memory fit's terms it adds
     activations: tuple[str, str] | None = (
@@ -58,6 +59,7 @@ DIMENSIONS: dict[str, Dimension] = {
         phrase=", gradient checkpointing",
         plan_flag="--gradient-checkpointing",
         plan_help="recompute activations: auto (default) picks whichever measured mode finishes sooner and fits in memory",
+        applier="gradient_checkpointing",
         # The forward pass again, per token and its attention part.
         throughput=(Term("recompute_per_token", "tokens"), Term("recompute_attention", "attention")),
         activations=("per_token_checkpointed", "attention_checkpointed"),

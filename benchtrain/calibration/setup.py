@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from benchtrain.calibration.adapters import trains_adapters
+from benchtrain.calibration.dimensions import switches
+from benchtrain.calibration.step_config import Mode
 from benchtrain.common.json_types import JsonDict
 
 
@@ -22,9 +24,9 @@ class Setup:
     quantization: str | None = None  # "4-bit", "8-bit"; None: the base in its own precision
     world_size: int = 1
     sharding: str = "none"
-    # The gradient-checkpointing modes the probes measured (False off, True on); a run's is left
-    # empty: the plan picks it, so it never makes one calibration suit a run better.
-    checkpointing: tuple[bool, ...] = ()
+    # The modes (switches on, calibration.dimensions) the probes measured; a run's is left empty:
+    # the plan picks its mode, so it never makes one calibration suit a run better.
+    modes: tuple[Mode, ...] = ()
 
 
 def measured_setup(data: JsonDict) -> Setup:
@@ -43,7 +45,7 @@ def measured_setup(data: JsonDict) -> Setup:
         quantization=quantization_name(training.get("quantization")),
         world_size=int(distributed.get("world_size", 1)),
         sharding=str(distributed.get("sharding", "none")),
-        checkpointing=tuple(sorted({bool(row.get("gradient_checkpointing") or 0) for row in probed})),
+        modes=tuple(sorted({tuple(d.name for d in switches() if row.get(d.name) or 0) for row in probed})),
     )
 
 
@@ -87,8 +89,10 @@ def describe_setup(data: JsonDict) -> str:
     if data.get("variants"):
         measured = [data, *data["variants"]]
         parts.append("measured " + " and ".join(variant_name(*variant_of(entry)) for entry in measured))
-    if setup.checkpointing:
-        parts.append("checkpointing " + "+".join("on" if mode else "off" for mode in setup.checkpointing))
+    if setup.modes:
+        for dimension in switches():  # "checkpointing off+on"
+            measured_on = sorted({dimension.name in mode for mode in setup.modes})
+            parts.append(f"{dimension.axis} " + "+".join("on" if on else "off" for on in measured_on))
     parts.append(_processes_phrase(setup))
     return ", ".join(parts)
 

@@ -40,7 +40,7 @@ class StepConfig:
 
     @property
     def gradient_checkpointing(self) -> bool:
-        """Whether the step recomputes activations in backward (the step's own code reads it)."""
+        """Whether the step recomputes activations in backward (a Trainer's fields and bench's cost prior read it)."""
         return self.on("gradient_checkpointing")
 
     def to_row(self) -> dict[str, int]:

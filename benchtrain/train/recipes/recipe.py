@@ -380,8 +380,9 @@ class TrainRecipe:
                 f"out of memory training batch {chosen.config.micro_batch_size} at length {chosen.config.seq_len}, which the calibration "
                 f"predicted would fit: re-run `bench run` on this device, or use --priority memory_efficient or a shorter --max-length"
             ) from None
-        training = {**method_record(run.fitted.method, loop.model), **loop.engine.record()}
-        return TrainedRun(outcome, final, model_record(self.spec, model_shape(loop.model)), training)
+        model = loop.engine.model
+        training = {**method_record(run.fitted.method, model), **loop.engine.record()}
+        return TrainedRun(outcome, final, model_record(self.spec, model_shape(model)), training)
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:
@@ -422,12 +423,13 @@ def export_final_model(
     loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str
 ) -> dict[str, Any] | None:
     """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
-    if loop.model is None:
+    trained = loop.engine.model
+    if trained is None:
         return None
-    full_weights = gather_full_state(loop.model, None)[0] if is_sharded(loop.model) else None
+    full_weights = gather_full_state(trained, None)[0] if is_sharded(trained) else None
     if not is_main_process():
         return None
-    model = loop.accelerator.unwrap_model(loop.model)
+    model = loop.accelerator.unwrap_model(trained)
     final = export_final(out_dir, model, tokenizer, loop.to_train.spec, loop.to_train.method, merge_lora, full_weights)
     final["partial"] = status in STOPPED_EARLY  # stopped before the planned end: final/ is its last state
     return final

@@ -188,9 +188,7 @@ def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> J
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, run.method))
-    flops = shape.flops_per_token(
-        chosen.config.seq_len, lora=run.method.is_lora, recompute=chosen.config.gradient_checkpointing
-    )
+    flops = shape.flops_per_token(chosen.config.seq_len, lora=run.method.is_lora, switches=chosen.config.switches)
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 

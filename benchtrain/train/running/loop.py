@@ -213,28 +213,18 @@ class TrainingRun:
         setup = self.to_train.step or step_setup_for(
             StepOptions(), self.to_train.spec, self.to_train.method, self.accelerator
         )
+        # The model, optimizer, scheduler and step: the engine's, read there.
         self.engine = build_engine(
-            self.to_train.spec,
-            self.to_train.method,
-            self.accelerator,
-            setup,
-            self.chosen.config.gradient_checkpointing,
-            optimization,
-        )
-        self.model, self.optimizer, self.scheduler, self.step = (
-            self.engine.model,
-            self.engine.optimizer,
-            self.engine.scheduler,
-            self.engine.step,
+            self.to_train.spec, self.to_train.method, self.accelerator, setup, self.chosen.config.switches, optimization
         )
         self.pin_memory = pin_memory(self.accelerator)
 
-        shape, lora, recompute = (
-            model_shape(self.model),
+        shape, lora, switches = (
+            model_shape(self.engine.model),
             self.to_train.method.is_lora,
-            self.chosen.config.gradient_checkpointing,
+            self.chosen.config.switches,
         )
-        self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, recompute=recompute)
+        self.flops_per_token = lambda length: shape.flops_per_token(length, lora=lora, switches=switches)
         self.peak_flops = detect_hardware().get("peak_bf16_flops")
         trackers.start(self.accelerator, self.settings.report_to, self.out_dir, self.hooks.tracker_record or {})
 
@@ -263,7 +253,7 @@ class TrainingRun:
     @property
     def shape_bucket(self) -> int | None:
         """Compiled steps pad to a few widths (train.step.compile.SHAPE_BUCKET): one compile per width."""
-        return SHAPE_BUCKET if self.engine.compiled else None
+        return SHAPE_BUCKET if self.engine.setup.compiled else None
 
     def predicted_step_seconds(self, batches: list[MicroBatch]) -> np.ndarray:
         """Predicted seconds of each optimizer step of an epoch, from the batch shapes (each distinct
@@ -350,7 +340,7 @@ class TrainingRun:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.hooks.step_hook:
             self.hooks.step_hook(position.step)
-        result = self.step.run(iterator, micro_count)
+        result = self.engine.step.run(iterator, micro_count)
         processes = self.accelerator.num_processes
         position.count(
             result, micro_count, processes, predicted_seconds, metrics.batch_flops(result.shapes, self.flops_per_token)
@@ -424,7 +414,7 @@ class TrainingRun:
     def _checkpoint_if_due(self, position: Position, now: float) -> None:
         """Periodically, when the guard asks, and when the run stops early (its last step is kept)."""
         periodic = self.checkpoint_every.due(now)
-        if self.engine.sharding == "fsdp":  # every rank gathers together: agree on when
+        if self.engine.setup.sharding == "fsdp":  # every rank gathers together: agree on when
             periodic = bool(agree(self.accelerator, int(periodic), "max"))
         if (periodic or self.checkpoint_asked or self.status != COMPLETED) and self._saves_here:
             self._save(position)
@@ -464,7 +454,7 @@ class TrainingRun:
     @property
     def _saves_here(self) -> bool:
         """Rank 0 writes checkpoints; under FSDP every rank joins in gathering the state."""
-        return self.accelerator.is_main_process or self.engine.sharding == "fsdp"
+        return self.accelerator.is_main_process or self.engine.setup.sharding == "fsdp"
 
     def _run_figures(self, position: Position) -> dict[str, float | None]:
         """This process's figures over the run (train.step.metrics), and its peak memory."""
@@ -480,12 +470,12 @@ class TrainingRun:
         """Whether this step met a batch shape for the first time: compiled steps compile it then."""
         new = set(shapes) - self.shapes_seen
         self.shapes_seen.update(new)
-        return self.engine.compiled and bool(new)
+        return self.engine.setup.compiled and bool(new)
 
     def _pending_compile_seconds(self) -> float:
         """Planned compilation of the shapes not met yet (the plan's per-shape average)."""
         overheads = self.chosen.overheads
-        if not self.engine.compiled or not overheads.compile_shapes:
+        if not self.engine.setup.compiled or not overheads.compile_shapes:
             return 0.0
         left = max(0, overheads.compile_shapes - len(self.shapes_seen))
         return left * overheads.compile_seconds / overheads.compile_shapes
@@ -510,7 +500,12 @@ class TrainingRun:
             return
         layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
         result = evaluate_loss(
-            self.accelerator, self.model, self.inputs.eval_data, layout, self.inputs.pad_id, self.engine.compiled
+            self.accelerator,
+            self.engine.model,
+            self.inputs.eval_data,
+            layout,
+            self.inputs.pad_id,
+            self.engine.setup.compiled,
         )
         entry = {"step": position.step, "elapsed": self.settings.deadline.elapsed(), **result}
         position.evals.append(entry)
@@ -577,9 +572,9 @@ class TrainingRun:
 
     def _save(self, position: Position) -> None:
         folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
-        meta = {**vars(position), "chosen": self.chosen.to_json()}
+        meta, e = {**vars(position), "chosen": self.chosen.to_json()}, self.engine
         seconds = save_checkpoint(
-            folder, self.model, self.optimizer, self.scheduler, meta, keep=self.settings.guard.keep_checkpoints
+            folder, e.model, e.optimizer, e.scheduler, meta, keep=self.settings.guard.keep_checkpoints
         )
         self.events.append(f"checkpoint {folder.name} saved in {seconds:.2f}s")
         self.last_checkpoint = str(folder)
@@ -589,8 +584,9 @@ class TrainingRun:
         found = self.settings.checkpoints
         if not found:
             return Position(), None
+        e = self.engine
         try:
-            meta = load_checkpoint(found[-1], self.model, self.optimizer, self.scheduler)
+            meta = load_checkpoint(found[-1], e.model, e.optimizer, e.scheduler)
         except CheckpointReadError as error:
             if len(found) < 2:
                 raise

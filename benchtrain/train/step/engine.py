@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from benchtrain.calibration.step_config import Mode
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
 from benchtrain.train.step.compile import COMPILE_CHOICES, compile_blocks, compile_enabled
@@ -15,7 +16,8 @@ from benchtrain.train.step.loss import LOSS_CHOICES, choose_loss, install_loss
 from benchtrain.train.step.runtime import job_world_size
 from benchtrain.train.step.sharding import SHARDING_CHOICES, check_quantized_sharding, shard_model
 from benchtrain.train.step.step import TrainingStep
-from benchtrain.train.workload.method import MethodConfig, set_gradient_checkpointing
+from benchtrain.train.step.switches import set_switches
+from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import ModelSpec, build_model
 from benchtrain.train.workload.optimizers import check_optimizer_sharding
 
@@ -136,27 +138,39 @@ def step_setup_for(options: StepOptions, spec: ModelSpec, method: MethodConfig, 
 
 @dataclass
 class Engine:
+    """What THE step runs on, owned here: the step, bench's probes and train's loop reach the model, optimizer and
+    scheduler through their engine, never through copies of their own."""
+
     accelerator: Accelerator
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: LambdaLR
-    step: TrainingStep
-    compiled: bool
-    loss: str  # the loss implementation in use
-    sharding: str = "none"  # none (one process) | ddp | fsdp
+    setup: StepSetup  # how the step runs, as `resolve_step` decided (bench may change its loss: `use_loss`)
+    optimization: Optimization  # what the optimizer and scheduler were built with
+    switches: Mode = ()  # the switch dimensions (calibration.dimensions) the model has on now
+    step: TrainingStep = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.step = TrainingStep(self, self.optimization.settings.max_grad_norm)
 
     def record(self) -> JsonDict:
         """How the step ran, for the calibration's and run.json's `training` section."""
         # autocast: CUDA, or BENCHTRAIN_CPU_BF16=1
         precision = "bf16" if self.accelerator.mixed_precision == "bf16" else "fp32"
-        return {"compile": self.compiled, "loss": self.loss, "sharding": self.sharding, "precision": precision}
+        setup = self.setup
+        return {"compile": setup.compiled, "loss": setup.loss, "sharding": setup.sharding, "precision": precision}
 
-    def with_loss(self, kind: str) -> Engine:
-        """This engine computing the loss with `kind` (bench compares the losses on one model)."""
-        if kind == self.loss:
-            return self
-        install_loss(self.model, kind, compiled=self.compiled)
-        return replace(self, loss=kind)
+    def use_loss(self, kind: str) -> None:
+        """Compute the loss with `kind` from now on (bench compares the losses on one model)."""
+        if kind != self.setup.loss:
+            install_loss(self.model, kind, compiled=self.setup.compiled)
+            self.setup = replace(self.setup, loss=kind)
+
+    def switch(self, on: Mode) -> None:
+        """The model with the switches `on` on and every other off, each turned by its applier (train.step.switches);
+        bench's probes switch between modes on one model."""
+        set_switches(self.model, on, self.switches)
+        self.switches = on
 
 
 def build_engine(
@@ -164,10 +178,11 @@ def build_engine(
     method: MethodConfig,
     accelerator: Accelerator,
     setup: StepSetup,
-    checkpointing: bool = False,
+    switches: Mode = (),
     optimization: Optimization | None = None,
 ) -> Engine:
-    """Everything THE step needs, built as `setup` decided (`optimization` None: the defaults at a constant rate, as bench probes use)."""
+    """Everything THE step needs, built as `setup` decided, with the switch dimensions `switches` on (a StepConfig's)
+    (`optimization` None: the defaults at a constant rate, as bench probes use)."""
     import torch
 
     loss_kind, compiled, sharding = setup.loss, setup.compiled, setup.sharding
@@ -180,8 +195,7 @@ def build_engine(
         shardable=sharding == "fsdp",
         weights_on=accelerator.device,
     )
-    if checkpointing:
-        set_gradient_checkpointing(model, True)
+    set_switches(model, switches)  # before the loss and compilation, which see the switched model
     install_loss(model, loss_kind, compiled=compiled)
     if compiled:
         compile_blocks(model)
@@ -199,8 +213,7 @@ def build_engine(
         optimizer = accelerator.prepare(optimizer)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-    step = TrainingStep(accelerator, model, optimizer, scheduler, settings.max_grad_norm)
-    return Engine(accelerator, model, optimizer, scheduler, step, compiled, loss_kind, sharding)
+    return Engine(accelerator, model, optimizer, scheduler, setup, optimization, switches)
 
 
 def engine_from_options(
@@ -208,10 +221,10 @@ def engine_from_options(
     method: MethodConfig,
     accelerator: Accelerator,
     options: StepOptions,
-    checkpointing: bool = False,
+    switches: Mode = (),
     optimization: Optimization | None = None,
 ) -> Engine:
     """`build_engine` for a step set up from the options alone (bench's probes, benchmarks, tests)."""
     return build_engine(
-        spec, method, accelerator, step_setup_for(options, spec, method, accelerator), checkpointing, optimization
+        spec, method, accelerator, step_setup_for(options, spec, method, accelerator), switches, optimization
     )

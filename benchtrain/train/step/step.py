@@ -7,12 +7,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from benchtrain.train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+    from torch.optim.lr_scheduler import LambdaLR
 
 
 @dataclass(frozen=True)
@@ -74,31 +76,38 @@ def without_packed_sequence_check() -> Iterator[None]:
         masking.find_packed_sequence_indices = original
 
 
+class StepEngine(Protocol):
+    """What the step runs on, as its engine (train.step.engine.Engine) owns it: the step reads it there at each run."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+
+
 class TrainingStep:
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> None:
-        self.accelerator = accelerator
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+    def __init__(self, engine: StepEngine, max_grad_norm: float) -> None:
+        self.engine = engine
         self.max_grad_norm = max_grad_norm
-        self.timer = StepTimer(accelerator.device)
+        device = engine.accelerator.device
+        self.timer = StepTimer(device)
         # On CPU the host runs the work as it is issued: its clock times each micro-step for free.
-        self.host_timed = accelerator.device.type == "cpu"
+        self.host_timed = device.type == "cpu"
         # Under DDP with gradient_as_bucket_view the gradients are views into its buckets and must stay so.
-        self.bucket_views = bool(getattr(model, "gradient_as_bucket_view", False))
+        self.bucket_views = bool(getattr(engine.model, "gradient_as_bucket_view", False))
         if self.bucket_views:
-            settle_gradient_buckets(accelerator, model, optimizer)
+            settle_gradient_buckets(engine.accelerator, engine.model, engine.optimizer)
 
     def clear_gradients(self) -> None:
         """Gradients zeroed for the next step: in place under DDP's bucket views (docs/design.md#the-training-step), else freed."""
-        self.optimizer.zero_grad(set_to_none=not self.bucket_views)
+        self.engine.optimizer.zero_grad(set_to_none=not self.bucket_views)
 
     def run(self, batches: Iterator[Batch], grad_accum: int, synchronize: bool = True) -> StepResult:
         """One optimizer step over the next `grad_accum` micro-batches of `batches`. With `synchronize` False no micro-step all-reduces gradients (DDP): a step
         with no collective in it, whose failure on one process cannot leave the others waiting (bench.probe)."""
         import torch
 
-        accelerator, model = self.accelerator, self.model
+        accelerator, model, optimizer = self.engine.accelerator, self.engine.model, self.engine.optimizer
         model.train()
         device = accelerator.device
         loss_sum = torch.zeros((), device=device)
@@ -132,9 +141,9 @@ class TrainingStep:
                 micro_seconds.append(time.perf_counter() - started)
         if self.max_grad_norm:
             accelerator.clip_grad_norm_(model.parameters(), self.max_grad_norm)
-        learning_rate = float(self.optimizer.param_groups[0]["lr"])  # a host float: no sync
-        self.optimizer.step()
-        self.scheduler.step()  # once per optimizer step, whatever the number of processes
+        learning_rate = float(optimizer.param_groups[0]["lr"])  # a host float: no sync
+        optimizer.step()
+        self.engine.scheduler.step()  # once per optimizer step, whatever the number of processes
         self.clear_gradients()
         seconds = self.timer.stop()
         return StepResult(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchtrain.calibration.dimensions import DIMENSIONS, scaled
+from benchtrain.calibration.step_config import Mode
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
@@ -351,11 +353,18 @@ class ModelShape:
         terms = self.flops_terms(lora)
         return terms["recompute_per_token"] + terms["recompute_attention"] * seq_len
 
-    def flops_per_token(self, seq_len: int, lora: bool = False, recompute: bool = False) -> float:
-        """FLOPs the device executes per trained token."""
+    def flops_per_token(self, seq_len: int, lora: bool = False, switches: Mode = ()) -> float:
+        """FLOPs the device executes per trained token, with the switch dimensions `switches` on: each adds the
+        FLOPs of its device terms (calibration.dimensions: gradient checkpointing's recompute) that `flops_terms` counts."""
         terms = self.flops_terms(lora)
         flops = terms["per_token"] + terms["attention"] * seq_len
-        return flops + self.forward_flops_per_token(seq_len, lora) if recompute else flops
+        added = (
+            terms[term.name] * scaled(term.scale, 1.0, seq_len)
+            for name in switches
+            for term in DIMENSIONS[name].throughput
+            if term.device and term.name in terms
+        )
+        return flops + sum(added)
 
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
