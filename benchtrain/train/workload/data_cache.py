@@ -43,7 +43,7 @@ class BuildJob:
     dtype: np.dtype
     masked: bool
     prompts: bool
-    meta: dict[str, Any]
+    meta: JsonDict
 
     def __call__(self, folder: Path, what: str) -> None:
         count = len(self.records)
@@ -231,7 +231,7 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
             process.join()
 
 
-def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, Any]) -> None:
+def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: JsonDict) -> None:
     """The parts, in order, as one store in `folder` (each part removed once copied); meta.json records the workers and the seconds the build took."""
     writer = TokenWriter(folder, job.dtype, job.masked, job.prompts)
     for part in parts:

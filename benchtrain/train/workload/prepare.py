@@ -310,7 +310,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()
 
 
-def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
+def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: JsonDict | None = None) -> str:
     """The key tokenized data is cached under (a hex string)."""
     parts = {
         "version": KEY_VERSION,
