@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -14,11 +15,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 GIB = 2**30
 plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
 
 
-def save(figure: Any, path: Path) -> Path:
+def save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)
@@ -79,7 +83,11 @@ def throughput_heatmaps(rows: list[JsonDict], path: Path) -> Path:
 
 
 def memory_vs_batch(
-    rows: list[JsonDict], oom_rows: list[JsonDict], limit_bytes: float, predict: Any, path: Path
+    rows: list[JsonDict],
+    oom_rows: list[JsonDict],
+    limit_bytes: float,
+    predict: Callable[[int, int], float] | None,
+    path: Path,
 ) -> Path:
     figure, axis = plt.subplots(figsize=(6.8, 4.6))
     lengths = sorted({row["seq_len"] for row in rows} | {row["seq_len"] for row in oom_rows})

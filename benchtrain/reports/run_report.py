@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from benchtrain.calibration.accuracy import (
     ERROR_LABEL,
@@ -19,9 +19,12 @@ from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.common.json_types import JsonDict
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, figure_grid, key_values, section, table, verdict, write_page
+
+if TYPE_CHECKING:
+    from benchtrain.calibration.accuracy import EstimateCheck
 
 ROLLING_STEPS = 20
 
@@ -84,7 +87,7 @@ def history_rows(runs_dir: Path) -> list[JsonDict]:
     return sorted(rows, key=lambda row: row["created"])  # a stable sort: runs created together stay in folder order
 
 
-def verdict_of(record: JsonDict, check: Any) -> str:
+def verdict_of(record: JsonDict, check: EstimateCheck | None) -> str:
     """Did the estimate hold and the deadline too: the banner."""
     if check is None:
         return verdict("This run has a plan but has not finished training.", False)
@@ -110,7 +113,7 @@ def push_lines(record: JsonDict) -> list[str]:
     return [f"pushed to {push['url']}: {push['bytes'] / 1e6:,.1f} MB in {format_duration(push['seconds'])}{against}"]
 
 
-def estimate_against_actual(record: JsonDict, check: Any) -> str:
+def estimate_against_actual(record: JsonDict, check: EstimateCheck | None) -> str:
     """The table of estimate (with its bounds) against actual, for the steps that ran and the whole plan, and the held-out error the bounds stand on."""
     import pandas as pd
 
@@ -193,7 +196,9 @@ def describe_bounds(estimate: JsonDict) -> str:
     return text + "."
 
 
-def run_figures(record: JsonDict, check: Any, run_dir: Path, history: list[JsonDict]) -> list[tuple[Path, str]]:
+def run_figures(
+    record: JsonDict, check: EstimateCheck | None, run_dir: Path, history: list[JsonDict]
+) -> list[tuple[Path, str]]:
     """The run's figures, drawn into its folder: progress and throughput against the estimate,
     loss, learning rate, and the estimate error of every run beside it."""
     estimate, deadline = record["estimate"], record["deadline_seconds"]
@@ -292,10 +297,10 @@ def plan_sections(record: JsonDict) -> list[str]:
     return sections
 
 
-def preparation_rows(preparation: JsonDict) -> list[tuple[str, Any]]:
+def preparation_rows(preparation: JsonDict) -> list[tuple[str, JsonValue]]:
     """Where the plan's lengths came from (a sample's estimate against the exact total) and the
     tokenizing, predicted against measured (train.workload.prepare.PreparedData.record)."""
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, JsonValue]] = [
         ("lengths profiled from", preparation.get("profiled_from")),
         ("records", preparation.get("records")),
     ]
@@ -325,7 +330,7 @@ def preparation_rows(preparation: JsonDict) -> list[tuple[str, Any]]:
     return rows
 
 
-def _plan_value(key: str, value: Any) -> Any:
+def _plan_value(key: str, value: JsonValue) -> JsonValue:
     """A plan entry as the plan text says it: the communication record as its one line."""
     if key == "communication" and isinstance(value, dict):
         return describe_communication(value) or "one process: none"
