@@ -7,12 +7,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from benchtrain.train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator
+    from torch.optim.lr_scheduler import LRScheduler
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,14 @@ def without_packed_sequence_check() -> Iterator[None]:
 
 
 class TrainingStep:
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+        max_grad_norm: float,
+    ) -> None:
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -150,7 +159,7 @@ class TrainingStep:
         )
 
 
-def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:
+def settle_gradient_buckets(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Make a DDP model's gradients views into its buckets, and let DDP rebuild them, before the first
     real step: one fp32 copy of the gradients, not two (docs/design.md#the-training-step)."""
     import torch
