@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.common.json_types import JsonDict
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.workload.formats import Encoded, Layout, Tokenizing
 
 PROBE_QUESTION = "benchtrain probe question"
@@ -102,7 +102,7 @@ class Encoder:
         self.checked = 0  # conversations cross-checked against the reference so far
         self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
-    def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
+    def __call__(self, batch: dict[str, list[JsonValue]]) -> Encoded:
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         return self.layout.data_format.encode(self.tools, records)
 

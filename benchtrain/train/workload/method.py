@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchtrain.calibration.setup import Variant
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.common.json_types import JsonDict
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_named
 from benchtrain.train.workload.quantize import (
     QUANTIZE_CHOICES,
@@ -36,7 +36,7 @@ class Method:
     phrase: str  # how plans and lines name it: "full fine-tuning", "LoRA"
     adapters: bool = False  # trains adapters on a frozen base (peft): --lora-* apply, --quantize may quantize the base
     # LoraConfig's arguments beyond rank, alpha, dropout, targets
-    peft_options: Mapping[str, Any] = field(default_factory=dict)
+    peft_options: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 METHODS: dict[str, Method] = {
