@@ -185,17 +185,17 @@ def test_the_rooms_check_reads_nesting_and_finds_a_missing_room() -> None:
 
 ROOM_NAMES = tuple(sorted({path.name for path in PACKAGE.iterdir() if path.is_dir() and any(path.glob("*.py"))}))
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
-IMPORT_LINE = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))", re.M)
+IMPORT_LINE = re.compile(r"\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))")
 
 
 def unprefixed_imports(text: str) -> list[str]:
     """Import lines in the python code blocks of `text` that name one of our rooms without `benchtrain.`."""
     found = []
     for block in PYTHON_BLOCK.findall(text):
-        for match in IMPORT_LINE.finditer(block):
-            module = match.group(1) or match.group(2)
-            if module.split(".")[0] in ROOM_NAMES:
-                found.append(match.group(0).strip())
+        for line in block.splitlines():
+            match = IMPORT_LINE.match(line)
+            if match is not None and (match.group(1) or match.group(2)).split(".")[0] in ROOM_NAMES:
+                found.append(line.strip())
     return found
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from benchtrain.bench.probe import Workload, error_text, recover_after_failure
 from benchtrain.calibration.split import flops_split, split_rows
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEvent
     from torch.profiler import profile
 
-    from benchtrain.bench.calibrate import BenchRun
 
 # Parts of a kernel's name that make it compute-bound (lower case): cuBLAS's and CUTLASS's GEMMs
 # (`sm90_xmma_gemm_…`, `ampere_bf16_s16816gemm_…`, `cutlass::Kernel2<…>`, `nvjet_…`: cuBLAS's newer
@@ -141,7 +140,7 @@ def profile_task(workload: Workload, task: JsonDict) -> JsonDict:
         return {"error": error_text(error)}
 
 
-def record_step_split(run: BenchRun, record: JsonDict, workload: Workload | None) -> list[JsonDict]:
+def record_step_split(run: Any, record: JsonDict, workload: Workload | None) -> list[JsonDict]:
     """Rank 0, after the fit: the calibration's `step_split` entries. On a GPU every process profiles
     its step (the coordinator's "step_split" task) while this one still holds its model, decided
     here so no process starts a step the others do not; else, or when profiling failed, from the
