@@ -135,3 +135,74 @@ def test_every_pointer_from_the_code_into_the_docs_lands_on_a_heading() -> None:
         f"docs/{page}#{anchor}" for page, anchor in pointers if anchor not in heading_anchors(ROOT / "docs" / page)
     )
     assert not missing, f"code points at headings the docs do not have: {missing}"
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "benchtrain"
+# A room entry in architecture.md's "The rooms" block: its indent (four spaces, two more per level)
+# and its folder name.
+ROOM_ENTRY = re.compile(r"^(    (?:  )*)([a-z_]+)/(?=\s)")
+
+
+def rooms_on_disk() -> set[str]:
+    """Every Python package folder under benchtrain/ (a folder holding .py files), as `train/step`;
+    folders of data alone (calibration/bundled, train/sample_data) are not rooms."""
+    return {
+        folder.relative_to(PACKAGE).as_posix()
+        for folder in PACKAGE.rglob("*")
+        if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))
+    }
+
+
+def rooms_in_architecture(text: str) -> set[str]:
+    """The folders the "The rooms" block names, nested by their indent (`train/` then `  step/`)."""
+    block = text.split("## The rooms", 1)[1].split("\n\n", 2)[1]
+    named: set[str] = set()
+    parents: list[str] = []
+    for line in block.splitlines():
+        entry = ROOM_ENTRY.match(line)
+        if entry is None:
+            continue
+        depth = (len(entry.group(1)) - 4) // 2
+        parents = [*parents[:depth], entry.group(2)]
+        named.add("/".join(parents))
+    return named
+
+
+def test_the_architecture_page_lists_every_package_and_no_other() -> None:
+    on_disk, listed = rooms_on_disk(), rooms_in_architecture(ARCHITECTURE.read_text())
+    assert on_disk, "no package folders found under benchtrain/"
+    missing, extra = sorted(on_disk - listed), sorted(listed - on_disk)
+    assert not missing and not extra, (
+        f"docs/architecture.md's rooms disagree with benchtrain/: missing {missing}, not on disk {extra}"
+    )
+
+
+def test_the_rooms_check_reads_nesting_and_finds_a_missing_room() -> None:
+    page = "## The rooms\n\n    common/    ground\n    train/     rooms:\n      step/    the step\n    x.py\n\nafter\n"
+    assert rooms_in_architecture(page) == {"common", "train", "train/step"}
+
+
+ROOM_NAMES = tuple(sorted({path.name for path in PACKAGE.iterdir() if path.is_dir() and any(path.glob("*.py"))}))
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+IMPORT_LINE = re.compile(r"\s*(?:from\s+([\w.]+)\s+import\b|import\s+([\w.]+))")
+
+
+def unprefixed_imports(text: str) -> list[str]:
+    """Import lines in the python code blocks of `text` that name one of our rooms without `benchtrain.`."""
+    found = []
+    for block in PYTHON_BLOCK.findall(text):
+        for line in block.splitlines():
+            match = IMPORT_LINE.match(line)
+            if match is not None and (match.group(1) or match.group(2)).split(".")[0] in ROOM_NAMES:
+                found.append(line.strip())
+    return found
+
+
+def test_the_docs_import_our_modules_under_benchtrain() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    wrong = {page.name: lines for page in pages if (lines := unprefixed_imports(page.read_text()))}
+    assert not wrong, f"import our modules as benchtrain.<room>: {wrong}"
+    assert unprefixed_imports("```python\nfrom train.recipes.config import TrainConfig\nimport benchtrain\n```") == [
+        "from train.recipes.config import TrainConfig"
+    ]

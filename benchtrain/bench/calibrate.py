@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from benchtrain.bench.choose import ProbePlanner
 from benchtrain.bench.cost import CostModel, MemoryPrior, device_speed
@@ -30,10 +30,18 @@ from benchtrain.calibration.store import UNFINISHED_KEY, keep_unfinished, list_u
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import EXIT_INTERNAL, BenchtrainError, MeasurementError
+from benchtrain.common.json_types import JsonDict
+from benchtrain.common.progress import Bar
 from benchtrain.train.planning.comm import world
 from benchtrain.train.planning.memory_check import compute_bytes, meta_model
 from benchtrain.train.step.compile import compile_cache_record, compile_enabled
 from benchtrain.train.workload.model import model_shape
+
+if TYPE_CHECKING:
+    from benchtrain.train.planning.memory_check import MemoryNeed
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import ModelSpec
 
 # What a checkpoint holds per trainable parameter: its fp32 weight and AdamW's two moments.
 CHECKPOINT_BYTES_PER_TRAINABLE = 12
@@ -54,13 +62,13 @@ class BenchTask:
 
     space: SearchSpace
     settings: ProbeSettings
-    hardware: dict[str, Any]
-    software: dict[str, Any]
-    model: dict[str, Any]
-    training: dict[str, Any]
+    hardware: JsonDict
+    software: JsonDict
+    model: JsonDict
+    training: JsonDict
     device_label: str
     requested_device: str | None = None
-    data: dict[str, Any] | None = None
+    data: JsonDict | None = None
     warnings: tuple[str, ...] = ()  # known before the first probe (those found later go to the record)
     search: str = "grid"
     trials: int = 0
@@ -73,14 +81,21 @@ class BenchTask:
     budget_auto: bool = False
     losses: tuple[str, ...] = ()  # loss implementations to compare (`--loss auto`, a fusable head)
     # Rank 0's decision for the checkpoint timing (the same payload reaches every rank).
-    checkpoint_payload: Callable[[int], dict[str, Any]] = lambda max_bytes: {"max_bytes": max_bytes}
+    checkpoint_payload: Callable[[int], JsonDict] = lambda max_bytes: {"max_bytes": max_bytes}
     one_off_timings: bool = True  # checkpoint write, compile cache: False at a layer slice but one (bench.layer_slices)
     # On a CPU, one process: the step measured again in fresh processes (bench.fresh_process), given
     # the configurations and the seconds they may take; None where that does not apply.
-    fresh_processes: Callable[[list[StepConfig], float], list[dict[str, Any]]] | None = None
+    fresh_processes: Callable[[list[StepConfig], float], list[JsonDict]] | None = None
     fresh_process_seconds: float = (
         0.0  # what one fresh process costs before its probes (measured: this one's start and build)
     )
+
+
+class TaskRunner(Protocol):
+    """What runs a named measurement task and returns its row: bench.probe_tasks.Coordinator, or a
+    simulated device."""
+
+    def run(self, task: str, payload: JsonDict) -> JsonDict: ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,7 @@ class BenchRun:
     (bench.probe_tasks, or a simulated device), the probe planner and the time left."""
 
     task: BenchTask
-    coordinator: Any
+    coordinator: TaskRunner
     planner: ProbePlanner
     budget: Budget
     keep_rows: bool = False  # write the rows so far after every probe (KeptRows); not for simulations
@@ -99,7 +114,7 @@ class BenchRun:
 class LossComparison:
     """`--loss auto`'s comparison as the record keeps it (None: not compared), or the warning why not."""
 
-    record: dict[str, Any] | None = None
+    record: JsonDict | None = None
     warning: str | None = None
 
 
@@ -157,7 +172,12 @@ def evaluation_corners(planner: ProbePlanner) -> list[StepConfig]:
 
 
 def plan_probes(
-    task: BenchTask, spec: Any, method: Any, need: Any, options: Any, scratch: Path | None = None
+    task: BenchTask,
+    spec: ModelSpec,
+    method: MethodConfig,
+    need: MemoryNeed,
+    options: StepOptions,
+    scratch: Path | None = None,
 ) -> tuple[ProbePlanner, AfterProbePrices]:
     """The probe planner for this model on this device (FLOPs and exact parameter bytes from the
     `meta` device, the device's speed), and the prices of the work after the probes (the disk's
@@ -191,7 +211,7 @@ def plan_probes(
     return ProbePlanner(task.space, cost, memory, limit, host_cores=hardware.get("cpu_cores")), prices
 
 
-def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tuple[dict[str, Any], BenchResult]:
+def calibrate(run: BenchRun, build_seconds: float, progress: Bar | None = None) -> tuple[JsonDict, BenchResult]:
     """Probe, time what follows, and assemble the calibration record (fitted when it can be). With
     `run.keep_rows` the rows so far are on disk after every probe, and a failure says where."""
     kept = KeptRows(run.task) if run.keep_rows else None
@@ -203,7 +223,7 @@ def calibrate(run: BenchRun, build_seconds: float, progress: Any = None) -> tupl
         raise kept.stopped(error) from error
 
 
-def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) -> dict[str, Any]:
+def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) -> JsonDict:
     """A probe task for the coordinator: the probe may spend `remaining` seconds (None: unbounded)."""
     settings = run.task.settings.with_limit(remaining, run.planner.cost.step_seconds_high(config))
     return {
@@ -214,14 +234,14 @@ def probe_payload(run: BenchRun, config: StepConfig, remaining: float | None) ->
 
 
 def measure_and_record(
-    run: BenchRun, build_seconds: float, progress: Any, kept: KeptRows | None
-) -> tuple[dict[str, Any], BenchResult]:
+    run: BenchRun, build_seconds: float, progress: Bar | None, kept: KeptRows | None
+) -> tuple[JsonDict, BenchResult]:
     task, coordinator, planner, budget = run.task, run.coordinator, run.planner, run.budget
     budget.reserved = lambda: after_probes_seconds(task, planner)
     losses = compare_losses(run)
     warnings = [*task.warnings, *([losses.warning] if losses.warning else [])]
 
-    def probe(config: StepConfig, remaining: float | None) -> dict[str, Any]:
+    def probe(config: StepConfig, remaining: float | None) -> JsonDict:
         price, peak = planner.price(config), planner.predicted_peak(config)
         row = coordinator.run("probe", probe_payload(run, config, remaining))
         # What was predicted when the probe was chosen, beside what it measured.
@@ -248,7 +268,7 @@ def measure_and_record(
 
     skipped: list[str] = []
     eval_rows = measure_evaluation(run, skipped)
-    overheads: dict[str, Any] = {
+    overheads: JsonDict = {
         "model_build_seconds": round(build_seconds, 4),
         **measure_checkpoint_write(run, skipped),
     }
@@ -301,17 +321,17 @@ def measure_and_record(
 
 def build_calibration(
     task: BenchTask,
-    training: dict[str, Any],
+    training: JsonDict,
     result: BenchResult,
-    search: dict[str, Any],
+    search: JsonDict,
     overheads: dict[str, float],
     warnings: list[str],
-    fresh_rows: list[dict[str, Any]],
-) -> dict[str, Any]:
+    fresh_rows: list[JsonDict],
+) -> JsonDict:
     """The record of what `task` measured (`training`: how the model was trained, the loss chosen included), fitted when enough probes succeeded."""
     created = datetime.now(timezone.utc)
     model = task.model
-    record: dict[str, Any] = {
+    record: JsonDict = {
         "schema_version": SCHEMA_VERSION,
         "id": new_id(task.device_label, model["name"], created),
         "created_at": created.isoformat(timespec="seconds"),
@@ -390,7 +410,7 @@ def compare_losses(run: BenchRun) -> LossComparison:
     return LossComparison({"config": config.to_row(), "measurements": rows, "chosen": chosen, "reason": reason})
 
 
-def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
+def choose_measured_loss(rows: list[JsonDict], task: BenchTask, planner: ProbePlanner) -> tuple[str, str]:
     """The loss bench keeps, and why, in words: the fastest (ties to the leaner) whose extra logits
     memory, scaled to the grid's largest micro-batch, stays under LOSS_MEMORY_AT_STAKE of the device."""
     ok = {loss: [row for row in rows if row["loss"] == loss and row["status"] == "ok"] for loss in task.losses}
@@ -416,7 +436,7 @@ def choose_measured_loss(rows: list[dict[str, Any]], task: BenchTask, planner: P
     return chosen, f"{chosen}: {rule} ({described})"
 
 
-def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[dict[str, Any]]:
+def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[JsonDict]:
     """The corners, cheapest first, while the budget pays (two at least, or none: a fit needs two)."""
     task, planner, budget = run.task, run.planner, run.budget
     corners = sorted(evaluation_corners(planner), key=lambda config: eval_price(task, planner, config))
@@ -433,7 +453,7 @@ def measure_evaluation(run: BenchRun, skipped: list[str]) -> list[dict[str, Any]
     return rows
 
 
-def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any]:
+def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> JsonDict:
     """A real checkpoint when it is small enough, else a bounded write extrapolated by bytes (the bound keeps it inside the budget)."""
     prices = run.task.prices
     if not run.task.one_off_timings:
@@ -450,8 +470,8 @@ def measure_checkpoint_write(run: BenchRun, skipped: list[str]) -> dict[str, Any
 
 
 def measure_compile_cache(
-    run: BenchRun, build_seconds: float, rows: list[dict[str, Any]], warmup_extra: float, skipped: list[str]
-) -> dict[str, Any]:
+    run: BenchRun, build_seconds: float, rows: list[JsonDict], warmup_extra: float, skipped: list[str]
+) -> JsonDict:
     """What a later `train` process pays to compile from inductor's cache: a fresh process
     (bench.fresh_process) at the first probed shape, its first step less its steady one and the
     warm-up every run pays anyway (this process's model is freed first)."""
@@ -471,7 +491,7 @@ def measure_compile_cache(
     return {"compile_cached_seconds_per_shape": round(cached, 4)}
 
 
-def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped: list[str]) -> list[dict[str, Any]]:
+def check_in_fresh_processes(run: BenchRun, rows: list[JsonDict], skipped: list[str]) -> list[JsonDict]:
     """The check in fresh processes (bench.fresh_process), last: it releases this process's model."""
     task = run.task
     if task.fresh_processes is None:
@@ -493,12 +513,12 @@ def check_in_fresh_processes(run: BenchRun, rows: list[dict[str, Any]], skipped:
     return task.fresh_processes(configs, run.budget.left() or CHILD_TIMEOUT)
 
 
-def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) -> dict[str, float]:
+def warmup_costs(rows: list[JsonDict], warmup_steps: int, compiled: bool) -> dict[str, float]:
     """How much longer the first steps take than steady ones: `warmup_extra_seconds` (DataLoader
     start, allocator, kernel selection) from the probes that compiled nothing, and for a compiled
     step `compile_seconds_per_shape`, what the first probe of each new shape paid beyond that."""
 
-    def extras(selected: list[dict[str, Any]]) -> list[float]:
+    def extras(selected: list[JsonDict]) -> list[float]:
         return [
             max(0.0, row["warmup_seconds"] - int(row.get("warmup_steps") or warmup_steps) * row["step_seconds"])
             for row in selected
@@ -521,7 +541,7 @@ def warmup_costs(rows: list[dict[str, Any]], warmup_steps: int, compiled: bool) 
 
 
 def nothing_fitted(
-    record: dict[str, Any], budget_seconds: float | None, needed_seconds: float | None = None
+    record: JsonDict, budget_seconds: float | None, needed_seconds: float | None = None
 ) -> MeasurementError:
     """Too few probes to fit: keep the measurements aside (never where `latest` would pick them) and say what a fit needs."""
     rows = record["measurements"]
@@ -559,7 +579,7 @@ class KeptRows:
     def __init__(self, task: BenchTask, started: datetime | None = None) -> None:
         started = started or datetime.now(timezone.utc)
         self.path: Path | None = None
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[JsonDict] = []
         self.head = {
             "id": new_id(task.device_label, task.model.get("name", "model"), started),
             "created_at": started.isoformat(timespec="seconds"),
@@ -574,7 +594,7 @@ class KeptRows:
             "search": {"method": task.search, "space": task.space.as_dict()},
         }
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: JsonDict) -> None:
         self.rows.append(row)
         first = self.path is None
         self.path = keep_unfinished({**self.head, "measurements": self.rows}, self.path)
@@ -586,7 +606,7 @@ class KeptRows:
             )
             say(f"measurements so far are kept in {self.path} until the calibration is stored{earlier}")
 
-    def name_in(self, record: dict[str, Any]) -> None:
+    def name_in(self, record: JsonDict) -> None:
         """Let `record` name the file, which storing it (or keeping it as failed) removes."""
         if self.path is not None:
             record[UNFINISHED_KEY] = str(self.path)

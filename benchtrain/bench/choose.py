@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from benchtrain.bench.cost import CostModel, MemoryPrior
 from benchtrain.bench.space import SearchSpace, Shape, ruled_out_by, shape_of
 from benchtrain.calibration.fit import MIN_ROWS_FOR_FIT, throughput_features
 from benchtrain.calibration.step_config import Mode, StepConfig
+from benchtrain.common.json_types import JsonDict
 
 # A probe is not run when its predicted peak × (1 + this) passes the device's memory.
 MEMORY_HEADROOM = 0.05
@@ -36,14 +36,14 @@ class ProbePlanner:
     cost: CostModel
     memory: MemoryPrior | None = None
     memory_limit_bytes: float | None = None
-    rows: dict[StepConfig, dict[str, Any]] = field(default_factory=dict)
+    rows: dict[StepConfig, JsonDict] = field(default_factory=dict)
     oom: list[StepConfig] = field(default_factory=list)
     seen_shapes: set[Shape] = field(default_factory=set)
     # Modes (switches on: checkpointing) the minimum no longer waits for: the budget could not reach them.
     dropped_modes: set[Mode] = field(default_factory=set)
     host_cores: int | None = None  # the host's CPU cores (None: not known, workers as any other dimension)
 
-    def record(self, row: dict[str, Any], repeat: bool = False) -> None:
+    def record(self, row: JsonDict, repeat: bool = False) -> None:
         """A probe's row (first measurement or a repeat): prices and memory learn from it."""
         config = StepConfig.from_row(row)
         if not repeat:
@@ -56,7 +56,7 @@ class ProbePlanner:
         if self.memory is not None:
             self.memory.observe(row)
 
-    def ok_rows(self) -> list[dict[str, Any]]:
+    def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.rows.values() if row.get("status") == "ok"]
 
     def price(self, config: StepConfig) -> float:
@@ -81,7 +81,7 @@ class ProbePlanner:
             if c not in self.rows and ruled_out_by(c, self.oom) is None and not self.over_memory(c)
         ]
 
-    def unprobed_rows(self) -> list[dict[str, Any]]:
+    def unprobed_rows(self) -> list[JsonDict]:
         """Rows for what was not probed because of memory: ruled out by an OOM, or predicted over."""
         rows = []
         for config in self.space.all_configs():

@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from benchtrain.bench.record import refit_record
 from benchtrain.bench.space import parse_int_list, parse_switch_list
@@ -42,7 +42,7 @@ from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration, join_negative_values, parse_duration
 from benchtrain.common.errors import EXIT_OK, BenchtrainError, OneLineParser, guard_cli
 from benchtrain.common.home import writable_subdir
-from benchtrain.common.json_types import JsonDict
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.arguments import add_data_arguments, add_method_arguments, add_step_arguments
 from benchtrain.train.step.engine import step_options_from_args
 from benchtrain.train.step.hardware import require_requested_device
@@ -53,7 +53,13 @@ from benchtrain.train.workload.model import resolve_model
 from benchtrain.train.workload.prepare import DataSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from benchtrain.bench.variant_measurement import BenchRequest
+    from benchtrain.common.progress import Bar
+
+    # What `add_subparsers` returns: each command adds its parser to it.
+    Subcommands: TypeAlias = argparse._SubParsersAction[OneLineParser]
 
 RUN_EXAMPLES = """examples:
   bench run --gpu cpu --budget 150s                 # tiny preset, CPU-sized grid, 2.5 minutes
@@ -139,7 +145,7 @@ def entry_point() -> None:
     leave(guard_cli(main))
 
 
-def add_run_parser(commands: Any) -> None:
+def add_run_parser(commands: Subcommands) -> None:
     run = commands.add_parser(
         "run",
         help="run the micro-benchmark and store a calibration",
@@ -318,7 +324,7 @@ def variant_budget(budget_asked: float | str | None, started: float, variants_le
     return max(0.0, budget_asked - (time.monotonic() - started)) / variants_left
 
 
-def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], started: float) -> int:
+def store_calibration(args: argparse.Namespace, records: list[JsonDict], started: float) -> int:
     """One calibration of every variant measured, its report, the summary."""
     left_out = [record.pop("left_out_configs") for record in records]
     word = interconnect_word(args)
@@ -342,7 +348,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
             # train's plan counts the report it writes at the end: measured here, for every variant.
             seconds = round(time.monotonic() - report_started, 3)
 
-            def add_report_seconds(data: dict[str, Any]) -> None:
+            def add_report_seconds(data: JsonDict) -> None:
                 for entry in (data, *data.get("variants", [])):
                     entry["overheads"]["report_seconds"] = seconds
 
@@ -358,7 +364,7 @@ def store_calibration(args: argparse.Namespace, records: list[dict[str, Any]], s
     return EXIT_OK
 
 
-def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
+def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Bar | None:
     if quiet:
         return None
     from benchtrain.common.progress import BudgetBar, progress_bar
@@ -367,10 +373,10 @@ def _progress_bar(total: int, quiet: bool, budget_seconds: float | None) -> Any:
 
 
 def print_summary(
-    record: dict[str, Any],
+    record: JsonDict,
     path: str,
     left_out: list[dict[str, int]],
-    report_path: Any,
+    report_path: Path | None,
     total_seconds: float | None = None,
 ) -> None:
     """The calibration in words; the closing lines only after the last variant's (`total_seconds`)."""
@@ -386,7 +392,7 @@ def print_summary(
         print(f"report: {report_path}")
 
 
-def add_list_parser(commands: Any) -> None:
+def add_list_parser(commands: Subcommands) -> None:
     listing = commands.add_parser("list", help="list stored calibrations, newest first")
     listing.add_argument("--debug", action="store_true")
     listing.set_defaults(handler=lambda args: list_command())
@@ -431,7 +437,7 @@ def list_command() -> int:
     return EXIT_OK
 
 
-def add_show_parser(commands: Any) -> None:
+def add_show_parser(commands: Subcommands) -> None:
     show = commands.add_parser("show", help="explain a calibration: fit, error, best configurations")
     show.add_argument("reference", nargs="?", default="latest", metavar="latest|ID|PATH")
     show.add_argument("--json", action="store_true", help="print the calibration JSON")
@@ -455,7 +461,7 @@ def show_command(reference: str, as_json: bool) -> int:
     return EXIT_OK
 
 
-def add_refit_parser(commands: Any) -> None:
+def add_refit_parser(commands: Subcommands) -> None:
     refit = commands.add_parser(
         "refit",
         help="fit a stored calibration's measurements again with this version's model; stores a new calibration",
@@ -486,7 +492,7 @@ def refit_command(reference: str) -> int:
     return EXIT_OK
 
 
-def add_data_parser(commands: Any) -> None:
+def add_data_parser(commands: Subcommands) -> None:
     data = commands.add_parser(
         "data",
         help="the tokenized-data cache: list, clear, prepare",
@@ -579,7 +585,7 @@ def prepare_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_push_parser(commands: Any) -> None:
+def add_push_parser(commands: Subcommands) -> None:
     push = commands.add_parser(
         "push",
         help="share calibrations on the Hugging Face hub (a dataset repository)",
@@ -625,7 +631,7 @@ def push_command(repo: str, references: list[str]) -> int:
     return EXIT_OK
 
 
-def calibrations_to_push(references: list[str]) -> list[dict[str, Any]]:
+def calibrations_to_push(references: list[str]) -> list[JsonDict]:
     """The calibrations named (each once), or every readable one in the store; an unreadable one in the store is said and left out."""
 
     def warn(message: str) -> None:
@@ -667,7 +673,7 @@ MEASURED_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[JsonDict]) -> str:
     """The measurement rows as a text table: the sizes, each switch (titled by its label: ckpt), then what was measured."""
     columns = (
         *SIZE_COLUMNS,
@@ -682,7 +688,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _cell(value: Any, key: str, style: str | None) -> str:
+def _cell(value: JsonValue, key: str, style: str | None) -> str:
     if value is None or value == "":
         return "-"
     if key == "peak_memory_bytes":

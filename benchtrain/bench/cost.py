@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from benchtrain.bench.timing import ProbeSettings, min_timed_steps, steps_needed
 from benchtrain.calibration.fit_tools import fit_nonnegative
 from benchtrain.calibration.memory_fit import fit_memory
 from benchtrain.calibration.step_config import Mode, StepConfig
+from benchtrain.common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from benchtrain.calibration.memory_fit import MemoryModel
 
 # The share of the device's peak a training step is assumed to reach before anything is measured:
 # low on purpose (a probe priced too high is only ordered late; one priced too low overruns).
@@ -36,7 +40,7 @@ class DeviceSpeed:
     source: str
 
 
-def device_speed(hardware: dict[str, Any]) -> DeviceSpeed:
+def device_speed(hardware: JsonDict) -> DeviceSpeed:
     """The datasheet's dense bf16 peak (GPUs in the table), else a timed matmul on the device, times PRIOR_EFFICIENCY."""
     peak = hardware.get("peak_bf16_flops")
     if peak:
@@ -95,7 +99,7 @@ class CostModel:
     )
     _fit: tuple[float, float, float] | None = None  # fixed seconds, seconds per FLOP, relative margin
 
-    def observe(self, row: dict[str, Any]) -> None:
+    def observe(self, row: JsonDict) -> None:
         """Learn from a probe's row (any status: an OOM's seconds are a cost too)."""
         if not row.get("probe_seconds"):
             return
@@ -218,7 +222,7 @@ class MemoryPrior:
     hidden: int
     compute_bytes: int  # 2 (bf16 on CUDA) or 4 (fp32 on CPU)
     observations: list[tuple[StepConfig, float]] = field(default_factory=list)
-    _cache: dict[tuple[Mode, bool, int], tuple[float, float, Any]] = field(default_factory=dict)
+    _cache: dict[tuple[Mode, bool, int], tuple[float, float, MemoryModel]] = field(default_factory=dict)
 
     def prior_per_token(self, checkpointing: bool) -> float:
         scale = self.compute_bytes / 2
@@ -229,7 +233,7 @@ class MemoryPrior:
     def accumulating(self, config: StepConfig) -> float:
         return self.accumulated_gradient_bytes if config.grad_accum > 1 else 0.0
 
-    def observe(self, row: dict[str, Any]) -> None:
+    def observe(self, row: JsonDict) -> None:
         if row.get("status") == "ok" and row.get("peak_memory_bytes"):
             self.observations.append((StepConfig.from_row(row), float(row["peak_memory_bytes"])))
 
@@ -262,7 +266,7 @@ class MemoryPrior:
         fitted = model.peak_bytes(config) + (self.accumulating(config) if unseen else 0.0)
         return float(max(by_tokens, fitted))
 
-    def _fits(self, mode: Mode, unseen: bool) -> tuple[float, float, Any]:
+    def _fits(self, mode: Mode, unseen: bool) -> tuple[float, float, MemoryModel]:
         """(intercept, bytes per token, linear memory model) of this mode's probes; refitted only
         when a probe was added (the planner asks for every configuration, every choice)."""
         key = (mode, unseen, len(self.observations))

@@ -9,10 +9,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from benchtrain.common.disk_space import free_bytes
 from benchtrain.train.running.checkpoint import checkpoint_bytes, save_checkpoint
+
+if TYPE_CHECKING:
+    from benchtrain.bench.probe import Workload
 
 MAX_WRITE_BYTES = 2 * 2**30
 CHUNK_BYTES = 64 * 2**20
@@ -42,7 +45,7 @@ def write_bandwidth(folder: Path, size: int) -> float:
         os.unlink(name)
 
 
-def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tuple[int, int]:
+def _sizes(workload: Workload, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tuple[int, int]:
     """(bytes a checkpoint of this workload writes, the most bench will really write to `folder`:
     MAX_WRITE_BYTES, half the free space and `max_bytes` (what the budget has time for) at most)."""
     states = workload.engine.optimizer.state_dict()["state"].values()
@@ -54,14 +57,14 @@ def _sizes(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> tup
     )
 
 
-def real_save_fits(workload: Any, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> bool:
+def real_save_fits(workload: Workload, folder: Path, max_bytes: int = MAX_WRITE_BYTES) -> bool:
     """Whether a real checkpoint of this workload fits the bounded write."""
     size, limit = _sizes(workload, folder, max_bytes)
     return size <= limit
 
 
 def measure_checkpoint(
-    workload: Any, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES
+    workload: Workload, folder: Path, real_save: bool | None = None, max_bytes: int = MAX_WRITE_BYTES
 ) -> dict[str, float]:
     """The `overheads` entries for checkpoints: seconds, bytes, write bandwidth, and whether the seconds
     were extrapolated (1) or timed on a real save (0: under FSDP every rank takes part, as rank 0 decides)."""

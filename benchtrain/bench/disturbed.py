@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from benchtrain.calibration.fit import MIN_ROWS_FOR_FIT, fit_throughput
 from benchtrain.calibration.memory_fit import MEMORY_FIELDS
 from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.json_types import JsonDict
+from benchtrain.common.progress import Bar
 
 MAX_REPEATS = 3
 # A probe is suspect when its spread is this many times the typical spread (and above the floor),
@@ -32,12 +33,12 @@ MEASUREMENT_KEYS = (
 )
 
 
-def measurements_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+def measurements_of(row: JsonDict) -> list[JsonDict]:
     """The row's measurements: its repeats when it was measured again, else the row itself."""
     return row["repeats"] if row.get("repeats") else [row]
 
 
-def recombine(row: dict[str, Any]) -> None:
+def recombine(row: JsonDict) -> None:
     """The row's figures from the median of its repeats, and its tokens/s from its step time."""
     tokens = row["micro_batch_size"] * row["seq_len"] * row["grad_accum"]
     repeats = row.get("repeats")
@@ -54,7 +55,7 @@ def recombine(row: dict[str, Any]) -> None:
     row["tokens_per_second"] = tokens / row["step_seconds"]
 
 
-def add_repeat(row: dict[str, Any], new: dict[str, Any]) -> None:
+def add_repeat(row: JsonDict, new: JsonDict) -> None:
     """Record a further measurement of the same configuration and recombine."""
     if not row.get("repeats"):
         row["repeats"] = [{key: row[key] for key in MEASUREMENT_KEYS if key in row}]
@@ -65,7 +66,7 @@ def add_repeat(row: dict[str, Any], new: dict[str, Any]) -> None:
     recombine(row)
 
 
-def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def suspects(rows: list[JsonDict]) -> list[JsonDict]:
     """Ok rows worth measuring again, worst first: large residual against a quick robust fit, then
     large spread. Rows already measured MAX_REPEATS times are not suspects."""
     ok = [row for row in rows if row["status"] == "ok"]
@@ -92,7 +93,7 @@ def suspects(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [ok[index] for index in sorted(scores, key=lambda i: -scores[i]) if index in candidates]
 
 
-def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.ndarray | None:
+def quick_residuals(rows: list[JsonDict], ok: list[JsonDict]) -> np.ndarray | None:
     """Relative residuals of each ok row against one robust fit of all of them (no cross-validation)."""
     if len(ok) < max(MIN_ROWS_FOR_FIT, 8):
         return None
@@ -104,10 +105,10 @@ def quick_residuals(rows: list[dict[str, Any]], ok: list[dict[str, Any]]) -> np.
 
 
 def remeasure(
-    rows: list[dict[str, Any]],
-    probe_again: Callable[[dict[str, Any]], dict[str, Any]],
-    allows: Callable[[dict[str, Any]], bool],
-    progress: Any = None,
+    rows: list[JsonDict],
+    probe_again: Callable[[JsonDict], JsonDict],
+    allows: Callable[[JsonDict], bool],
+    progress: Bar | None = None,
 ) -> int:
     """Measure suspects again while the budget `allows(row)` it (and at most a quarter of the
     probes, so an unbounded benchmark stays bounded); returns how many measurements were added."""
@@ -143,10 +144,10 @@ LEVELS = ("median", "first")
 
 
 def correct_for_drift(
-    rows: list[dict[str, Any]], references: list[tuple[int, float]], config: StepConfig, level: str = "median"
-) -> dict[str, Any]:
+    rows: list[JsonDict], references: list[tuple[int, float]], config: StepConfig, level: str = "median"
+) -> JsonDict:
     """Rescale the ok rows in place to the reference's speed at `level`; `references` are (position, reference tokens/s)."""
-    summary: dict[str, Any] = {
+    summary: JsonDict = {
         "reference": config.to_row(),
         "measurements": [{"position": p, "tokens_per_second": t} for p, t in references],
     }
@@ -185,7 +186,7 @@ def median_of_three(values: np.ndarray) -> np.ndarray:
     return np.median(np.stack([padded[:-2], padded[1:-1], padded[2:]]), axis=0)
 
 
-def undo_correction(rows: list[dict[str, Any]]) -> None:
+def undo_correction(rows: list[JsonDict]) -> None:
     """Put the raw figures back (when the correction did not make the fit better)."""
     for row in rows:
         changed = False

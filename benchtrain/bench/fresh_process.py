@@ -13,13 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
 
 from benchtrain.bench.probe import Workload, run_probe
 from benchtrain.bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.heap import frozen_heap
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.step.engine import StepOptions, engine_from_options
 from benchtrain.train.step.peak_memory import resident_bytes_before_model
 from benchtrain.train.step.runtime import make_accelerator
@@ -73,7 +73,7 @@ def single_process_environment(environ: dict[str, str] | None = None) -> dict[st
     }
 
 
-def child_request(task: str, spec: ModelSpec, method: MethodConfig) -> dict[str, Any]:
+def child_request(task: str, spec: ModelSpec, method: MethodConfig) -> JsonDict:
     """A child's request: its task, the model's config whole (a slice stays a slice) and the method."""
     return {
         "task": task,
@@ -84,7 +84,7 @@ def child_request(task: str, spec: ModelSpec, method: MethodConfig) -> dict[str,
     }
 
 
-def child_workload(request: dict[str, Any]) -> tuple[ModelSpec, MethodConfig]:
+def child_workload(request: JsonDict) -> tuple[ModelSpec, MethodConfig]:
     """The model and method a child process builds, from its request (`child_request`)."""
     method = MethodConfig(
         **{**request["method"], "lora_targets": tuple(request["method"]["lora_targets"] or ()) or None}
@@ -94,7 +94,7 @@ def child_workload(request: dict[str, Any]) -> tuple[ModelSpec, MethodConfig]:
     ), method
 
 
-def run_child(request: dict[str, Any], timeout_seconds: float) -> dict[str, Any] | None:
+def run_child(request: JsonDict, timeout_seconds: float) -> JsonDict | None:
     """This module in a fresh interpreter, never a second rank 0 of this job: the JSON line it printed
     last, or None when it failed or ran past `timeout_seconds`."""
     command = [sys.executable, "-m", "benchtrain.bench.fresh_process", json.dumps(request)]
@@ -106,7 +106,7 @@ def run_child(request: dict[str, Any], timeout_seconds: float) -> dict[str, Any]
         return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: JsonDict = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> None:
             1, request["micro_batch_size"], request["seq_len"], unwrap(engine.model).config.vocab_size
         )[0]
         seconds = [engine.step.run(iter([batch]), 1).seconds for _ in range(COMPILE_STEPS)]
-        result: dict[str, Any] = {"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:])}
+        result: JsonDict = {"first_step_seconds": seconds[0], "step_seconds": statistics.median(seconds[1:])}
     else:
         before_model = resident_bytes_before_model()
         workload = Workload(spec, None, method, StepOptions(**request["options"]))
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> None:
 
 
 def measure_in_new_process(
-    spec: ModelSpec, method: MethodConfig, loss: str, row: dict[str, Any], timeout_seconds: float
+    spec: ModelSpec, method: MethodConfig, loss: str, row: JsonDict, timeout_seconds: float
 ) -> dict[str, float] | None:
     """The compiled step at `row`'s shape in a fresh interpreter: its first step's seconds (loading
     inductor and the kernels from the on-disk cache) and its steady step's; None when it fails."""
@@ -150,7 +150,7 @@ def measure_in_new_process(
     return run_child({**child_request("compile", spec, method), "loss": loss, **shape}, timeout_seconds)
 
 
-def check_configs(rows: list[dict[str, Any]]) -> list[StepConfig]:
+def check_configs(rows: list[JsonDict]) -> list[StepConfig]:
     """The configurations a fresh process measures again: measured ones (so the comparison is of
     processes, not of the fit's interpolation) whose steps time well, at the quartiles and the
     median of their step time."""
@@ -179,7 +179,7 @@ def measure_in_fresh_processes(
     settings: ProbeSettings,
     timeout_seconds: float,
     processes: int = PROCESSES,
-) -> list[dict[str, Any]]:
+) -> list[JsonDict]:
     """Probe `configs` (synthetic tokens) in `processes` new interpreters, one after another: their ok
     rows, each with its `process` and that process's `rss_before_model_bytes`. A process that fails
     or runs past its share of `timeout_seconds` adds nothing."""

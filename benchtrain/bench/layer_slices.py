@@ -10,7 +10,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from benchtrain.bench.calibrate import CHECKPOINT_BYTES_PER_TRAINABLE, after_probes_seconds, plan_probes
 from benchtrain.bench.choose import ProbePlanner
@@ -286,15 +285,15 @@ class WholeModel:
 
     layers: int
     layer_key: str
-    model: dict[str, Any]  # the calibration's `model` section
-    training: dict[str, Any]  # trainable/total parameters and FLOPs terms of the whole model
+    model: JsonDict  # the calibration's `model` section
+    training: JsonDict  # trainable/total parameters and FLOPs terms of the whole model
     static_bytes: dict[int, float]  # before activations, per process, at each slice depth and at `layers`
     gpus_needed: int | None  # devices like the bench's the whole model needs (FSDP); None: no count holds it
     rule: str  # how the depths were chosen
     checkpoint_bytes: int = 0  # what the whole model's checkpoint holds (bench.calibrate.AfterProbePrices)
 
 
-def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dict[str, Any]:
+def combine_slices(records: dict[int, JsonDict], whole: WholeModel) -> JsonDict:
     """One calibration of the whole model from each depth's record (`records[K]`, K layers)."""
     depths = sorted(records)
     deepest = records[depths[-1]]
@@ -337,7 +336,7 @@ def combine_slices(records: dict[int, dict[str, Any]], whole: WholeModel) -> dic
     return record
 
 
-def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+def smoothed_rows(record: JsonDict) -> list[JsonDict]:
     """A depth's ok rows with their step time as that depth's (robust) fit predicts it, the measured
     median kept as `step_seconds_measured`: one disturbed probe would otherwise bend a line through
     two or three depths. Memory stays measured (it is exact to a fraction of a percent)."""
@@ -351,7 +350,7 @@ def smoothed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def depth_summary(record: dict[str, Any]) -> dict[str, Any]:
+def depth_summary(record: JsonDict) -> JsonDict:
     """What one depth's bench measured and how well its own fit held out."""
     rows = record["measurements"]
     fit = record.get("fit") or {}
@@ -364,13 +363,13 @@ def depth_summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> dict[str, Any]:
+def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> JsonDict:
     per_layer = [entry["per_layer_seconds"] for entry in fitted.per_config]
     activations = [
         entry["per_layer_activation_bytes"] for entry in fitted.per_config if "per_layer_activation_bytes" in entry
     ]
     fixed = [entry["fixed_seconds"] for entry in fitted.per_config]
-    section: dict[str, Any] = {
+    section: JsonDict = {
         "depths": depths,
         "full_layers": whole.layers,
         "layer_key": whole.layer_key,
@@ -394,7 +393,7 @@ def slices_section(fitted: SliceFit, depths: list[int], whole: WholeModel) -> di
     return section
 
 
-def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+def derive_eval_rows(records: dict[int, JsonDict], layers: int) -> list[JsonDict]:
     """Forward-only batches at full depth, one per (batch, length) evaluated at two depths or more."""
     found: dict[tuple[int, int], dict[int, float]] = {}
     for depth, record in records.items():
@@ -419,13 +418,13 @@ def derive_eval_rows(records: dict[int, dict[str, Any]], layers: int) -> list[di
     return rows
 
 
-def derive_overheads(records: dict[int, dict[str, Any]], layers: int, checkpoint_bytes: int = 0) -> dict[str, float]:
+def derive_overheads(records: dict[int, JsonDict], layers: int, checkpoint_bytes: int = 0) -> dict[str, float]:
     """The one-off costs at full depth: lines in depth where every depth measured them (model
     build, warm-up), the depth-free ones as measured (KEPT_OVERHEADS, PER_SHAPE_OVERHEADS), the
     whole model's checkpoint written at the measured disk speed, and the whole bench's seconds."""
     depths = sorted(records)
     found = {depth: records[depth].get("overheads") or {} for depth in depths}
-    overheads: dict[str, Any] = {}
+    overheads: JsonDict = {}
     for name in dict.fromkeys(key for depth in depths for key in found[depth]):
         values = {depth: found[depth][name] for depth in depths if isinstance(found[depth].get(name), (int, float))}
         if name in PER_SHAPE_OVERHEADS or name in PER_SHAPE_OVERHEADS.values():

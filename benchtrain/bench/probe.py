@@ -8,20 +8,23 @@ import gc
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchtrain.bench.space import Shape, shape_of
 from benchtrain.bench.timing import ProbeSettings, StepTiming, spread, time_steps
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.heap import collect_everything
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.step.compile import eager_region
 from benchtrain.train.step.engine import StepOptions, engine_from_options
 from benchtrain.train.step.metrics import data_wait_share, step_figures
 from benchtrain.train.step.peak_memory import PeakMemory
 from benchtrain.train.step.runtime import agree, is_out_of_memory, make_accelerator, pin_memory
-from benchtrain.train.step.step import StepTimer, without_packed_sequence_check
+from benchtrain.train.step.step import StepResult, StepTimer, without_packed_sequence_check
 from benchtrain.train.workload.batching import (
+    Batch,
     PackedBatches,
     SyntheticBatches,
     make_loader,
@@ -31,6 +34,9 @@ from benchtrain.train.workload.batching import (
 from benchtrain.train.workload.method import MethodConfig, method_record, unwrap
 from benchtrain.train.workload.model import ModelShape, ModelSpec, model_shape
 from benchtrain.train.workload.tokens import TokenizedData
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Workload:
@@ -60,7 +66,7 @@ class Workload:
         self.build_seconds = time.perf_counter() - started
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         return self.accelerator.device
 
     def release(self) -> None:
@@ -82,7 +88,7 @@ class Workload:
     def flops_per_token(self, config: StepConfig) -> float:
         return self.shape.flops_per_token(config.seq_len, lora=self.method.is_lora, switches=config.switches)
 
-    def batches(self, config: StepConfig, count: int) -> Any:
+    def batches(self, config: StepConfig, count: int) -> SyntheticBatches | PackedBatches:
         """`count` micro-batches: real tokens packed at seq_len with --data, else synthetic."""
         if self.data is None:
             return SyntheticBatches(count, config.micro_batch_size, config.seq_len, self.vocab_size)
@@ -93,7 +99,7 @@ class Workload:
 
 def run_probe(
     workload: Workload, config: StepConfig, settings: ProbeSettings, peak_flops: float | None = None
-) -> dict[str, Any]:
+) -> JsonDict:
     """A measurement row (status ok / oom / error / skipped) for one configuration."""
     row: dict[str, Any] = {**config.to_row(), "status": "ok"}
     started = time.perf_counter()
@@ -135,13 +141,13 @@ def run_probe(
 
 
 def finish_row(
-    row: dict[str, Any],
+    row: JsonDict,
     config: StepConfig,
     timing: StepTiming,
     peak_bytes: int,
     flops_per_token: float,
     peak_flops: float | None,
-) -> dict[str, Any]:
+) -> JsonDict:
     """The row's figures from the timed steps (a real probe's and a simulated one's alike): the
     median step, which a step slowed by other work does not move, and the mean (a run lasts the sum
     of its steps), which the fit relates to the median with a factor measured over probes."""
@@ -178,14 +184,14 @@ class FailedOnAnotherProcess(RuntimeError):
     """This process's step went well; another's did not (that one's row says how)."""
 
 
-def first_step_agreed(workload: Workload, batches: Any, grad_accum: int) -> None:
+def first_step_agreed(workload: Workload, batches: Iterator[Batch], grad_accum: int) -> None:
     """The probe's first step without DDP's gradient all-reduce, then every process's outcome agreed:
     a configuration runs out of memory in its first step, and an OOM on one process alone would leave
     the others in the all-reduce until the watchdog kills the job. (Under FSDP the forward gathers.)"""
     agreed_step(workload, partial(workload.engine.step.run, batches, grad_accum, synchronize=False))
 
 
-def agreed_step(workload: Workload, run_step: Any) -> Any:
+def agreed_step(workload: Workload, run_step: Callable[[], StepResult]) -> Any:
     """`run_step()`, then every process's outcome agreed (one small all-reduce, outside the step's
     timer): a failure on one process after its step's last collective (the optimizer's step, the
     scheduler) raises on every process, so none goes on into the next step's collectives alone."""
@@ -203,7 +209,7 @@ def agreed_step(workload: Workload, run_step: Any) -> Any:
 EVAL_STEPS = 4  # timed forward batches per eval probe (one more as warm-up)
 
 
-def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> dict[str, Any]:
+def run_eval_probe(workload: Workload, config: StepConfig, steps: int = EVAL_STEPS) -> JsonDict:
     """Forward passes only (no gradients), as `train` evaluates: seconds per micro-batch."""
     import torch
 
@@ -254,7 +260,7 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
-def mark_failed(row: dict[str, Any], error: BaseException) -> None:
+def mark_failed(row: JsonDict, error: BaseException) -> None:
     row["status"] = "oom" if is_out_of_memory(error) else "error"
     row["error"] = error_text(error)
 

@@ -20,6 +20,7 @@ from benchtrain.bench.step_split import profile_task
 from benchtrain.bench.timing import ProbeSettings
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.console import is_main_process
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.planning.comm import measure_collectives, world
 from benchtrain.train.step.runtime import wait_for_all
 
@@ -27,12 +28,12 @@ DONE = "done"
 STATUS_RANK = {"ok": 0, "skipped": 1, "error": 2, "oom": 3}
 
 
-def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_rows(rows: list[JsonDict]) -> JsonDict:
     """One probe as seen by all ranks: the worst status; the slowest step; the largest peak."""
     worst = max(rows, key=lambda row: STATUS_RANK.get(row.get("status", "ok"), 2))
     if worst.get("status") != "ok":
         return dict(worst)
-    slowest = max(rows, key=lambda row: row.get("step_seconds", row.get("batch_seconds", 0.0)))
+    slowest = max(rows, key=_step_seconds)
     combined = dict(slowest)
     peaks = [row.get("peak_memory_bytes") or 0 for row in rows]
     combined["peak_memory_bytes"] = max(peaks)
@@ -40,10 +41,15 @@ def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return combined
 
 
+def _step_seconds(row: JsonDict) -> float:
+    """A probe row's step (or evaluation batch) seconds: what the slowest rank is chosen by."""
+    return row.get("step_seconds", row.get("batch_seconds", 0.0))  # type: ignore[return-value]
+
+
 class Coordinator:
     """Runs named tasks on every rank at once, as rank 0 decides."""
 
-    def __init__(self, handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+    def __init__(self, handlers: dict[str, Callable[[JsonDict], JsonDict]]) -> None:
         import torch.distributed as dist
 
         self.handlers = handlers
@@ -56,7 +62,7 @@ class Coordinator:
     def leads(self) -> bool:
         return self.rank == 0
 
-    def run(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def run(self, task: str, payload: JsonDict) -> JsonDict:
         """Rank 0: run `task` on every rank and return the combined row."""
         if not self.distributed:
             return self.handlers[task](payload)
@@ -81,7 +87,7 @@ class Coordinator:
         if self.distributed and self.leads and not self.failed:
             self._broadcast((DONE, {}))
 
-    def _execute(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def _execute(self, task: str, payload: JsonDict) -> JsonDict:
         import torch.distributed as dist
 
         row = self.handlers[task](payload)
@@ -172,7 +178,7 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     # the same sequence on every rank
     compile_cache_keys = (f"{COMPILE_CACHE_KEY}/{index}" for index in itertools.count())
 
-    def probe(task: dict[str, Any]) -> dict[str, Any]:
+    def probe(task: JsonDict) -> JsonDict:
         with collectives_give_up_after(task.get("timeout_seconds")):
             return run_probe(
                 workload, StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops
@@ -201,7 +207,7 @@ def probe_coordinator(workload: Any, peak_flops: float | None) -> Coordinator:
     )
 
 
-def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, Any]:
+def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> JsonDict:
     """Rank 0's decision for the checkpoint measurement, the same on every rank."""
     return {
         "folder": str(folder),
@@ -211,7 +217,7 @@ def checkpoint_task(workload: Any, folder: Path, max_bytes: int) -> dict[str, An
     }
 
 
-def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobStore | None) -> dict[str, Any]:
+def compile_cache_task(workload: Any, task: JsonDict, key: str, job: JobStore | None) -> JsonDict:
     """Rank 0 times the compile-cache child (`measure_cached_compile`); every other rank waits for it
     on the job's store (`job`: None for one process), not in a collective that NCCL's 10-minute
     watchdog would end, then all exchange the result in a collective that is now quick."""
@@ -233,7 +239,7 @@ def compile_cache_task(workload: Any, task: dict[str, Any], key: str, job: JobSt
     return {}
 
 
-def measure_cached_compile(workload: Any, row: dict[str, Any], timeout_seconds: float) -> dict[str, Any]:
+def measure_cached_compile(workload: Any, row: JsonDict, timeout_seconds: float) -> JsonDict:
     """Free this process's model, then time a fresh process compiling `row`'s shape from the cache."""
     loss = workload.engine.setup.loss
     workload.release()

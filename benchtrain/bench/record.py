@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from datetime import datetime, timezone
-from typing import Any
 
 from benchtrain.bench.disturbed import LEVELS, correct_for_drift, undo_correction
 from benchtrain.calibration.fit import MIN_ROWS_FOR_FIT, fit_eval, fit_measurements
@@ -23,7 +22,7 @@ from benchtrain.train.step.peak_memory import HOST_BASELINE_KEY
 FRAGMENTATION_SHARE = 0.10
 
 
-def fragmentation_warning(rows: list[dict[str, Any]]) -> str | None:
+def fragmentation_warning(rows: list[JsonDict]) -> str | None:
     """On a GPU, when a probe's reserved peak lay well above its allocated peak: the plan counts it
     (calibration.memory_fit), and PyTorch's expandable segments may shrink it, unmeasured here."""
     gaps = [
@@ -39,7 +38,7 @@ def fragmentation_warning(rows: list[dict[str, Any]]) -> str | None:
     )
 
 
-def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
+def assess_noise(record: JsonDict) -> JsonDict | None:
     """When the fit's held-out error says estimates will be rough: how rough, and the likely cause
     (a busy machine, drift, unsteady steps, too few probes), in one sentence."""
     median = (record["fit"].get("held_out_error") or {}).get("median_abs_pct")
@@ -67,7 +66,7 @@ def assess_noise(record: dict[str, Any]) -> dict[str, Any] | None:
     return {"held_out_median_pct": median, "causes": causes, "message": message}
 
 
-def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None:
+def fit_record(record: JsonDict, fresh_rows: list[JsonDict]) -> None:
     """Fit the record's measurements (choosing the drift correction), judge the fit in the fresh
     processes' rows (bench.fresh_process) when there are any, and say when it is noisy."""
     record["fit"] = fit_with_drift_choice(
@@ -81,8 +80,8 @@ def fit_record(record: dict[str, Any], fresh_rows: list[dict[str, Any]]) -> None
 
 
 def fit_with_drift_choice(
-    rows: list[dict[str, Any]], drift: dict[str, Any] | None, record: dict[str, Any], fresh_rows: list[dict[str, Any]]
-) -> dict[str, Any]:
+    rows: list[JsonDict], drift: JsonDict | None, record: JsonDict, fresh_rows: list[JsonDict]
+) -> JsonDict:
     """Keep the drift correction (and its level, bench.disturbed.LEVELS) only if it makes the fit better
     where a calibration is used: in fresh processes (`fresh_rows`), else on the held-out probes."""
     flops, gradients = (record.get("training") or {}).get("flops_terms"), held_gradient_bytes(record)

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from benchtrain.bench.choose import ProbePlanner
 from benchtrain.bench.cost import CostModel, DeviceSpeed
@@ -18,8 +17,10 @@ from benchtrain.bench.space import SearchSpace
 from benchtrain.bench.timing import WELL_TIMED_STEP_SECONDS, ProbeSettings
 from benchtrain.calibration.dimensions import DIMENSIONS
 from benchtrain.calibration.step_config import Mode, StepConfig
+from benchtrain.common.json_types import JsonDict
+from benchtrain.common.progress import Bar
 
-ProbeFunction = Callable[[StepConfig, float | None], dict[str, Any]]
+ProbeFunction = Callable[[StepConfig, float | None], JsonDict]
 # Keep a little of the budget for fitting and writing the calibration.
 BUDGET_RESERVE = 0.04
 # A drift reference is measured again only while it costs at most this share of the budget.
@@ -31,11 +32,11 @@ PRICE_CONFIRMATIONS = 2
 
 @dataclass
 class BenchResult:
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[JsonDict] = field(default_factory=list)
     left_out: list[dict[str, int]] = field(default_factory=list)
     stopped_by_budget: bool = False
     reused: int = 0  # rows taken from an earlier, interrupted run (optuna)
-    drift: dict[str, Any] | None = None
+    drift: JsonDict | None = None
     remeasured: int = 0  # further measurements of disturbed probes
     dropped_modes: list[Mode] = field(default_factory=list)  # modes (switches on) the budget could not reach
 
@@ -88,14 +89,14 @@ class Prober:
     def __init__(self, probe: ProbeFunction, budget: Budget) -> None:
         self.probe, self.budget, self.count = probe, budget, 0
 
-    def __call__(self, config: StepConfig) -> dict[str, Any]:
+    def __call__(self, config: StepConfig) -> JsonDict:
         # The probe may spend what the budget has left for probes, and no more.
         row = self.probe(config, self.budget.remaining())
         row["position"] = self.count
         self.count += 1
         return row
 
-    def again(self, row: dict[str, Any]) -> dict[str, Any]:
+    def again(self, row: JsonDict) -> JsonDict:
         return self(StepConfig.from_row(row))
 
 
@@ -103,7 +104,7 @@ def run_grid(
     space: SearchSpace,
     probe: ProbeFunction,
     budget: Budget,
-    progress: Any = None,
+    progress: Bar | None = None,
     reference_every: int | None = REFERENCE_EVERY,
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
@@ -166,12 +167,12 @@ def run_grid(
     if reference is not None and len(references) > 1 and reference_affordable():
         measure_reference()  # closes the last stretch
     if reference_every:
-        no_reference: dict[str, Any] = {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
+        no_reference: JsonDict = {"reference": None, "measurements": [], "applied": False, "spread_pct": 0.0}
         result.drift = correct_for_drift(result.rows, references, reference) if reference is not None else no_reference
     return result
 
 
-def finish(result: BenchResult, planner: ProbePlanner, prober: Prober, progress: Any) -> None:
+def finish(result: BenchResult, planner: ProbePlanner, prober: Prober, progress: Bar | None) -> None:
     """What the budget left out, the rows memory ruled out, and the disturbed probes measured again."""
     left = planner.candidates()
     result.stopped_by_budget = bool(left)
@@ -182,7 +183,7 @@ def finish(result: BenchResult, planner: ProbePlanner, prober: Prober, progress:
     )
 
 
-def _advance(progress: Any, row: dict[str, Any]) -> None:
+def _advance(progress: Bar | None, row: JsonDict) -> None:
     if progress is None:
         return
     if row.get("tokens_per_second"):
@@ -193,9 +194,7 @@ def _advance(progress: Any, row: dict[str, Any]) -> None:
     progress.update(1)
 
 
-def study_name(
-    hardware: dict[str, Any], model: dict[str, Any], space: SearchSpace, data: str | None, setup: str = ""
-) -> str:
+def study_name(hardware: JsonDict, model: JsonDict, space: SearchSpace, data: str | None, setup: str = "") -> str:
     """The optuna study an interrupted bench resumes: same device, model, space, data and setup (what is trained, on which base, with which optimizer)."""
     key = json.dumps(
         [hardware["name"], hardware["count"], model["fingerprint"], space.as_dict(), data, setup], sort_keys=True
@@ -219,7 +218,7 @@ def run_optuna(
     budget: Budget,
     trials: int,
     study: OptunaStudy,
-    progress: Any = None,
+    progress: Bar | None = None,
     planner: ProbePlanner | None = None,
 ) -> BenchResult:
     """Sample the same space with Optuna (TPE), maximising tokens/s; an OOM is a failed trial. Each
@@ -242,7 +241,7 @@ def run_optuna(
         dimension: CategoricalDistribution(list(values))
         for dimension, values in zip(DIMENSIONS, space.values(), strict=True)
     }
-    done: dict[StepConfig, dict[str, Any]] = {}
+    done: dict[StepConfig, JsonDict] = {}
     for finished in optuna_study.get_trials(states=(TrialState.COMPLETE, TrialState.FAIL)):
         if "row" in finished.user_attrs:
             done[StepConfig.from_row(finished.params)] = finished.user_attrs["row"]

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from benchtrain.bench.probe import error_text, recover_after_failure
+from benchtrain.bench.probe import Workload, error_text, recover_after_failure
 from benchtrain.calibration.split import flops_split, split_rows
 from benchtrain.calibration.step_config import StepConfig
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.workload.batching import make_loader
+
+if TYPE_CHECKING:
+    import torch
+    from torch.autograd.profiler_util import FunctionEvent
+    from torch.profiler import profile
+
 
 # Parts of a kernel's name that make it compute-bound (lower case): cuBLAS's and CUTLASS's GEMMs
 # (`sm90_xmma_gemm_…`, `ampere_bf16_s16816gemm_…`, `cutlass::Kernel2<…>`, `nvjet_…`: cuBLAS's newer
@@ -58,7 +66,7 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return busy / 1e6
 
 
-def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) -> dict[str, float]:
+def split_from_events(events: Iterable[FunctionEvent], wall_seconds: float, steps: int) -> dict[str, float]:
     """Compute, memory, exposed communication and exposed host seconds per optimizer step, from the
     profiler's FunctionEvents over `steps` steps that took `wall_seconds`."""
     from torch.autograd import DeviceType
@@ -87,8 +95,11 @@ def split_from_events(events: Iterable[Any], wall_seconds: float, steps: int) ->
 
 
 def profile_split(
-    workload: Any, config: StepConfig, steps: int = PROFILED_STEPS, profiler: Callable[..., Any] | None = None
-) -> dict[str, Any]:
+    workload: Workload,
+    config: StepConfig,
+    steps: int = PROFILED_STEPS,
+    profiler: Callable[[], AbstractContextManager[profile]] | None = None,
+) -> JsonDict:
     """Run THE step at `config` (no workers) once unprofiled, then `steps` times under the profiler
     (torch.profiler.profile, or a test's stand-in), and split what the device did."""
     config = replace(config, num_workers=0)
@@ -119,7 +130,7 @@ def profile_split(
     }
 
 
-def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
+def profile_task(workload: Workload, task: JsonDict) -> JsonDict:
     """The coordinator's "step_split" task, on every process (the step's collectives need them all):
     the split, or the error that stopped it (rank 0 then falls back to the FLOP count)."""
     try:
@@ -129,7 +140,7 @@ def profile_task(workload: Any, task: dict[str, Any]) -> dict[str, Any]:
         return {"error": error_text(error)}
 
 
-def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[dict[str, Any]]:
+def record_step_split(run: Any, record: JsonDict, workload: Workload | None) -> list[JsonDict]:
     """Rank 0, after the fit: the calibration's `step_split` entries. On a GPU every process profiles
     its step (the coordinator's "step_split" task) while this one still holds its model, decided
     here so no process starts a step the others do not; else, or when profiling failed, from the
@@ -151,7 +162,7 @@ def record_step_split(run: Any, record: dict[str, Any], workload: Any) -> list[d
     return entries
 
 
-def synchronize(device: Any) -> None:
+def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         import torch
 

@@ -8,7 +8,12 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+from benchtrain.common.json_types import JsonDict
+
+if TYPE_CHECKING:
+    from benchtrain.train.step.step import StepResult
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class StepTiming:
     def complete(self) -> bool:
         return len(self.step_seconds) >= 1
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonDict:
         """How the probe was timed, for its calibration row."""
         error = median_standard_error(self.step_seconds)
         return {
@@ -120,11 +125,11 @@ class StepTiming:
 
 
 def time_steps(
-    run_step: Callable[[], Any],
+    run_step: Callable[[], StepResult],
     settings: ProbeSettings,
     clock: Callable[[], float],
     agree: Callable[[int], int] = lambda flag: flag,
-    first_step: Callable[[], Any] | None = None,
+    first_step: Callable[[], object] | None = None,
 ) -> StepTiming:
     """Warm-up then timed steps of `run_step` (its result has `seconds` and `data_wait_seconds`);
     `agree` gives every rank the same stop decision, `first_step` runs the first warm-up step
@@ -172,7 +177,7 @@ def time_steps(
 MIN_MICRO_STEPS_FOR_MEDIAN = 3
 
 
-def steady_step_seconds(result: Any) -> float:
+def steady_step_seconds(result: StepResult) -> float:
     """A step's seconds with its micro-steps counted at their median: the step's time less its
     micro-steps', plus A × their median (the step's own seconds where it did not time them, as on a
     GPU, or where A is below MIN_MICRO_STEPS_FOR_MEDIAN)."""

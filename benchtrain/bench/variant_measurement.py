@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -39,8 +39,11 @@ from benchtrain.train.workload.data import length_profile
 from benchtrain.train.workload.model import ModelSpec, model_record
 from benchtrain.train.workload.prepare import DataSpec, prepare_data
 from benchtrain.train.workload.tokenizer import load_tokenizer
+from benchtrain.train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
+    from benchtrain.calibration.step_config import StepConfig
+    from benchtrain.train.planning.memory_check import MemoryNeed
     from benchtrain.train.workload.method import MethodConfig
 
 # (probes, budget seconds or None): a progress bar for the probes (tqdm-like: update, close), or None.
@@ -70,14 +73,14 @@ class Carry:
     one_off: bool = False  # this depth makes the one-off timings (checkpoint write, compile cache): the last one
     compile_seconds: float | None = None  # a new shape's compilation, as the earlier depths measured it
 
-    def prepare(self, task: Any, planner: ProbePlanner) -> Any:
+    def prepare(self, task: BenchTask, planner: ProbePlanner) -> BenchTask:
         """This depth's task (one-off timings only at the last depth); its planner learns the shapes already compiled."""
         planner.seen_shapes |= self.shapes
         if self.compile_seconds is not None:
             planner.cost.compile_prior_seconds = self.compile_seconds
         return replace(task, one_off_timings=self.one_off)
 
-    def seed(self, seen: set[Any]) -> None:
+    def seed(self, seen: set[Shape]) -> None:
         """A workload's (or a simulated device's) shapes run: the compiled ones added."""
         seen |= self.shapes
 
@@ -137,7 +140,7 @@ def measure_variant(
 
 def describe_task(
     request: BenchRequest, spec: ModelSpec, method: MethodConfig, budget_asked: float | str | None
-) -> tuple[BenchTask, Any, Any]:
+) -> tuple[BenchTask, MemoryNeed, TokenizedData | None]:
     """What to measure, on what, before anything is built: (the BenchTask, the memory need, the
     tokenized --data or None). A model too big for the device is one line here."""
     hardware = detect_hardware()
@@ -180,7 +183,7 @@ def describe_task(
 
 def measured_data(
     request: BenchRequest, spec: ModelSpec, space: SearchSpace
-) -> tuple[SearchSpace, Any, dict[str, Any] | None]:
+) -> tuple[SearchSpace, TokenizedData | None, JsonDict | None]:
     """With --data: its tokens, its record, and (unless --seq-lens) the lengths train will plan for it."""
     if request.data is None:
         return space, None, None
@@ -189,7 +192,7 @@ def measured_data(
     # probes read a few batches of real tokens, and the lengths to measure are its quantiles.
     prepared = prepare_data(request.data, load_tokenizer(spec.directory, request.tokenizer), say)
     view = prepared.view
-    tokenized = view if prepared.exact else view.sample
+    tokenized = view if isinstance(view, TokenizedData) else view.sample  # isinstance: prepared.exact, as mypy reads it
     data_record = {
         "source": request.data.path,
         "format": view.format,
@@ -201,8 +204,8 @@ def measured_data(
 
 
 def build_workload(
-    request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: Any, method: MethodConfig
-) -> tuple[Any, BenchTask]:
+    request: BenchRequest, task: BenchTask, spec: ModelSpec, tokenized: TokenizedData | None, method: MethodConfig
+) -> tuple[Workload, BenchTask]:
     """The model, step and DataLoader the probes run (train's own), and the task as building them completes it."""
     say(f"building {spec.name} on {task.hardware['name']} …")
     # imports and setup: what a fresh process pays before its build
@@ -237,8 +240,8 @@ def build_workload(
 
 
 def fresh_processes(
-    workload: Any, request: BenchRequest, task: BenchTask
-) -> Callable[[list[Any], float], list[dict[str, Any]]] | None:
+    workload: Workload, request: BenchRequest, task: BenchTask
+) -> Callable[[list[StepConfig], float], list[JsonDict]] | None:
     """On a CPU and in one process: the check in fresh processes (bench.fresh_process), freeing this
     process's model first. On a GPU the bench holds the device (and a 7B model builds for minutes):
     plans there take the spread between processes from runs. BENCHTRAIN_FRESH_PROCESSES=0 turns it off."""
@@ -249,7 +252,7 @@ def fresh_processes(
     ):
         return None
 
-    def check(configs: list[Any], timeout_seconds: float) -> list[dict[str, Any]]:
+    def check(configs: list[StepConfig], timeout_seconds: float) -> list[JsonDict]:
         options = replace(request.options, loss=workload.engine.setup.loss)
         workload.release()
         return measure_in_fresh_processes(
@@ -259,14 +262,14 @@ def fresh_processes(
     return check
 
 
-def losses_to_compare(asked: str, workload: Any) -> tuple[str, ...]:
+def losses_to_compare(asked: str, workload: Workload) -> tuple[str, ...]:
     """`--loss auto` on an architecture whose head the fused losses support: the one auto picked and the plain-torch ones."""
     if asked != "auto" or workload.spec.config_dict.get("model_type") not in PLAIN_HEAD_MODEL_TYPES:
         return ()
     return tuple(dict.fromkeys((workload.engine.setup.loss, "chunked", "plain")))
 
 
-def measure(run: BenchRun, workload: Any, progress: ProgressBar) -> dict[str, Any]:
+def measure(run: BenchRun, workload: Workload, progress: ProgressBar) -> JsonDict:
     """Rank 0: the probes within the budget and the fit, as a calibration record."""
     task, planner, budget = run.task, run.planner, run.budget
     budget_seconds = budget.seconds

@@ -26,8 +26,37 @@ from benchtrain.calibration.memory_fit import fit_memory_rows
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.json_types import JsonDict
 
-# The physical model's own terms, over the four sizes; each switch of calibration.dimensions adds its own after them.
-SIZE_TERMS = ("fixed", "per_token", "attention", "optimizer_step", "serial_data", "worker_supply", "per_worker")
+
+@dataclass(frozen=True)
+class SizeTerm:
+    """One of the physical model's own terms over the four sizes (B rows, S length, A accumulation,
+    W workers; T = B·S tokens): its name in the fit, the one-line formula of its feature, and the
+    feature itself. Why each term is there: docs/design.md#throughput-fit."""
+
+    name: str
+    formula: str
+    feature: Callable[[StepConfig], float]
+
+
+def _tokens(config: StepConfig) -> int:
+    return config.micro_batch_size * config.seq_len
+
+
+# The physical model's own terms; each switch of calibration.dimensions adds its own after them.
+SIZE_TERM_TABLE = (
+    SizeTerm("fixed", "1", lambda config: 1.0),
+    SizeTerm("per_token", "T", _tokens),
+    SizeTerm("attention", "T·S", lambda config: _tokens(config) * config.seq_len),
+    SizeTerm("optimizer_step", "1/A", lambda config: 1.0 / config.grad_accum),
+    SizeTerm("serial_data", "T when W = 0, else 0", lambda config: _tokens(config) if config.num_workers == 0 else 0.0),
+    SizeTerm(
+        "worker_supply",
+        "T/W when W > 0, else 0",
+        lambda config: _tokens(config) / config.num_workers if config.num_workers > 0 else 0.0,
+    ),
+    SizeTerm("per_worker", "W", lambda config: float(config.num_workers)),
+)
+SIZE_TERMS = tuple(term.name for term in SIZE_TERM_TABLE)
 SIZE_DEVICE_TERMS = ("per_token", "attention")
 
 
@@ -45,17 +74,9 @@ def device_terms() -> tuple[str, ...]:
 
 
 def throughput_features(config: StepConfig) -> np.ndarray:
-    tokens, length, workers = config.micro_batch_size * config.seq_len, config.seq_len, config.num_workers
-    # In SIZE_TERMS' order, then each switch's terms (zero when it is off).
-    sizes = [
-        1.0,
-        tokens,
-        tokens * length,
-        1.0 / config.grad_accum,
-        tokens if workers == 0 else 0.0,
-        tokens / workers if workers > 0 else 0.0,
-        float(workers),
-    ]
+    """One row of the fit's features: SIZE_TERM_TABLE's, then each switch's terms (zero when it is off)."""
+    tokens, length = _tokens(config), config.seq_len
+    sizes = [term.feature(config) for term in SIZE_TERM_TABLE]
     switched = [
         scaled(term.scale, tokens, length) if config.on(dimension.name) else 0.0
         for dimension in switches()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -13,6 +12,7 @@ from benchtrain.calibration.schema import read_calibration_file, variant_data
 from benchtrain.calibration.setup import describe_setup, variant_name, variant_of
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.store import CSV_COLUMNS
+from benchtrain.common.json_types import JsonDict
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, escape, figure_grid, key_values, section, table, verdict, write_page
 
@@ -30,7 +30,7 @@ def write_calibration_report(calibration_path: Path, out_dir: Path | None = None
     return write_page(out / "report.html", f"Calibration {data['id']}", subtitle, sections)
 
 
-def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, out: Path) -> list[str]:
+def setup_sections(file_data: JsonDict, path: Path, variant: int | None, out: Path) -> list[str]:
     """The sections of one setup the file measured (the first: variant None), under a heading naming it when the file holds several."""
     data = variant_data(file_data, variant)
     out.mkdir(parents=True, exist_ok=True)
@@ -44,7 +44,7 @@ def setup_sections(file_data: dict[str, Any], path: Path, variant: int | None, o
     return [section(heading, f"<p>{escape(describe_setup(data))}</p>"), *sections]
 
 
-def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> list[str]:
+def fit_sections(cal: Calibration | None, data: JsonDict, out: Path) -> list[str]:
     """Is the fitted model trustworthy (held-out error, the fit in words), and the figures of what was measured, drawn into `out`."""
     rows = data["measurements"]
     ok = [row for row in rows if row["status"] == "ok"]
@@ -104,7 +104,7 @@ def fit_sections(cal: Calibration | None, data: dict[str, Any], out: Path) -> li
     return sections
 
 
-def drift_sections(data: dict[str, Any]) -> list[str]:
+def drift_sections(data: JsonDict) -> list[str]:
     """How the machine's speed drifted during the benchmark (a reference probed again and again)."""
     drift = (data.get("search") or {}).get("drift") or {}
     if not drift.get("measurements"):
@@ -122,7 +122,7 @@ def drift_sections(data: dict[str, Any]) -> list[str]:
     return [section("Machine drift during the benchmark", f"<p>{escape(words)}</p>", table(frame.round(0)))]
 
 
-def measurements_section(rows: list[dict[str, Any]]) -> str:
+def measurements_section(rows: list[JsonDict]) -> str:
     hidden = ("step_seconds_spread", "timed_steps", "probe_seconds", "error")
     columns = [column for column in CSV_COLUMNS if column not in hidden]
     frame = pd.DataFrame(rows).reindex(columns=columns)
@@ -136,7 +136,7 @@ def measurements_section(rows: list[dict[str, Any]]) -> str:
     return section("Measurements", table(frame))
 
 
-def setup_section(data: dict[str, Any]) -> str:
+def setup_section(data: JsonDict) -> str:
     hardware, software = data["hardware"], data["software"]
     return section(
         "Hardware, software and what was trained",
@@ -151,7 +151,7 @@ def setup_section(data: dict[str, Any]) -> str:
     )
 
 
-def history_section(data: dict[str, Any]) -> str:
+def history_section(data: JsonDict) -> str:
     """How past estimates with this calibration fared; time_error_pct (+: took longer than estimated)
     recomputed with the one convention (older files stored the opposite sign)."""
     history = data.get("history", [])

@@ -5,7 +5,6 @@ from the comparison.json the command wrote (reports read files, never train's ob
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -13,13 +12,14 @@ from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, figure_grid, section, table, verdict, write_page
 
 HOUR = 3600.0
 
 
-def read_comparison(folder: Path) -> dict[str, Any]:
+def read_comparison(folder: Path) -> JsonDict:
     path = Path(folder) / "comparison.json"
     record = read_json_file(path, missing=f"{folder} has no comparison.json")
     if not isinstance(record, dict) or record.get("kind") != "comparison" or not isinstance(record.get("rows"), list):
@@ -27,13 +27,13 @@ def read_comparison(folder: Path) -> dict[str, Any]:
     return record
 
 
-def option_label(index: int, row: dict[str, Any]) -> str:
+def option_label(index: int, row: JsonDict) -> str:
     if row.get("machine"):  # a row of --consider: the machine and where its figures come from
         return f"{index}. {row['machine']} ({row['kind']})"
     return f"{index}. {row['device']} × {row['world_size']}" + (" (predicted)" if row["source"] == "predicted" else "")
 
 
-def name_of(row: dict[str, Any]) -> str:
+def name_of(row: JsonDict) -> str:
     return str(row.get("machine") or row.get("reference") or row.get("calibration_id"))
 
 
@@ -93,18 +93,18 @@ def write_comparison_report(folder: Path) -> Path:
     return write_page(folder / "report.html", f"Which machine: {record['model']}", subtitle, sections)
 
 
-def upper_key(row: dict[str, Any]) -> str:
+def upper_key(row: JsonDict) -> str:
     """A --consider row is judged at the upper end its deadline is checked against."""
     return "total_seconds_promised" if row.get("machine") else "total_seconds_high"
 
 
-def cost_cell(row: dict[str, Any]) -> str | float | None:
+def cost_cell(row: JsonDict) -> str | float | None:
     if row.get("cost_low") is not None and row.get("cost_upper") is not None:
         return f"{row['cost_low']:,.2f} – {row['cost_upper']:,.2f}"
     return None if row.get("cost") is None else round(row["cost"], 2)
 
 
-def table_row(index: int, row: dict[str, Any]) -> dict[str, Any]:
+def table_row(index: int, row: JsonDict) -> JsonDict:
     plan = row.get("plan")
     chosen = plan["chosen"] if plan else {}
     peak = chosen.get("peak_memory_bytes")

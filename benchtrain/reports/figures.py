@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import matplotlib
+
+from benchtrain.common.json_types import JsonDict
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 GIB = 2**30
 plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
 
 
-def save(figure: Any, path: Path) -> Path:
+def save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)
@@ -43,7 +49,7 @@ def measured_vs_predicted(
     return save(figure, path)
 
 
-def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
+def throughput_heatmaps(rows: list[JsonDict], path: Path) -> Path:
     """tokens/s over micro batch × sequence length, one panel per accumulation (best worker count)."""
     import pandas as pd  # as the report modules do: importing benchtrain does not load it
 
@@ -77,7 +83,11 @@ def throughput_heatmaps(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def memory_vs_batch(
-    rows: list[dict[str, Any]], oom_rows: list[dict[str, Any]], limit_bytes: float, predict: Any, path: Path
+    rows: list[JsonDict],
+    oom_rows: list[JsonDict],
+    limit_bytes: float,
+    predict: Callable[[int, int], float] | None,
+    path: Path,
 ) -> Path:
     figure, axis = plt.subplots(figsize=(6.8, 4.6))
     lengths = sorted({row["seq_len"] for row in rows} | {row["seq_len"] for row in oom_rows})
@@ -125,7 +135,7 @@ def memory_vs_batch(
     return save(figure, path)
 
 
-def data_wait_by_workers(rows: list[dict[str, Any]], path: Path) -> Path:
+def data_wait_by_workers(rows: list[JsonDict], path: Path) -> Path:
     workers = sorted({row["num_workers"] for row in rows})
     shares = [[100 * (row.get("data_wait_share") or 0) for row in rows if row["num_workers"] == w] for w in workers]
     figure, axis = plt.subplots(figsize=(6.0, 4.0))
@@ -253,7 +263,7 @@ def estimate_error_history(labels: list[str], errors: list[float], path: Path) -
     return save(figure, path)
 
 
-def time_vs_cost(options: list[dict[str, Any]], deadline_hours: float, path: Path, title: str) -> Path:
+def time_vs_cost(options: list[JsonDict], deadline_hours: float, path: Path, title: str) -> Path:
     """One point per option: estimated hours (bars: its bounds) against cost; the deadline as a line. `options`: label, hours, low, high, cost (None without a
     price), predicted, recommended. Without prices the options stand side by side on the x axis."""
     figure, axis = plt.subplots(figsize=(7.2, 4.8))

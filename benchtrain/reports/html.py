@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STYLE = """
 body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif; margin: 0 auto;
@@ -25,7 +29,7 @@ ul.words li { margin: .2rem 0; }
 """
 
 
-def escape(value: Any) -> str:
+def escape(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -42,7 +46,7 @@ def figure_grid(figures: list[tuple[Path, str]]) -> str:
     return '<div class="grid">' + "".join(image(path, caption) for path, caption in figures) + "</div>"
 
 
-def table(frame: Any) -> str:
+def table(frame: pd.DataFrame) -> str:
     """A pandas DataFrame as an HTML table; pandas escapes the cells. A missing value is a dash,
     also a None in a column of objects (pandas would print Python's `None` there)."""
     frame = frame.apply(
@@ -51,7 +55,7 @@ def table(frame: Any) -> str:
     return frame.to_html(index=False, escape=True, border=0, na_rep="–")
 
 
-def readable(value: Any) -> str:
+def readable(value: object) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):
@@ -59,7 +63,7 @@ def readable(value: Any) -> str:
     return "–" if value is None else str(value)
 
 
-def key_values(pairs: list[tuple[str, Any]]) -> str:
+def key_values(pairs: Sequence[tuple[str, object]]) -> str:
     rows = "".join(f"<tr><th>{escape(key)}</th><td>{escape(readable(value))}</td></tr>" for key, value in pairs)
     return f"<table>{rows}</table>"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from benchtrain.calibration.accuracy import (
     ERROR_LABEL,
@@ -19,13 +19,17 @@ from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, figure_grid, key_values, section, table, verdict, write_page
+
+if TYPE_CHECKING:
+    from benchtrain.calibration.accuracy import EstimateCheck
 
 ROLLING_STEPS = 20
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
+def read_run(run_dir: Path) -> JsonDict:
     path = Path(run_dir) / "run.json"
     record = read_json_file(path, missing=f"{run_dir} has no run.json: pass a run folder or a calibration")
     if not isinstance(record, dict) or "plan" not in record or "estimate" not in record:
@@ -56,7 +60,7 @@ def write_run_report(run_dir: Path) -> Path:
     return write_page(run_dir / "report.html", title, subtitle, sections)
 
 
-def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
+def history_rows(runs_dir: Path) -> list[JsonDict]:
     """How wrong each estimate was, one row per finished run in `runs_dir`, oldest first: its estimate
     check (calibration.accuracy.check_estimate), as its own report, run.json and the console give it."""
     rows = []
@@ -83,7 +87,7 @@ def history_rows(runs_dir: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: row["created"])  # a stable sort: runs created together stay in folder order
 
 
-def verdict_of(record: dict[str, Any], check: Any) -> str:
+def verdict_of(record: JsonDict, check: EstimateCheck | None) -> str:
     """Did the estimate hold and the deadline too: the banner."""
     if check is None:
         return verdict("This run has a plan but has not finished training.", False)
@@ -95,7 +99,7 @@ def verdict_of(record: dict[str, Any], check: Any) -> str:
     return verdict([*lines, *push_lines(record)], met and check.error_pct is not None and abs(check.error_pct) <= 15)
 
 
-def push_lines(record: dict[str, Any]) -> list[str]:
+def push_lines(record: JsonDict) -> list[str]:
     """--push-to-hub: where the model went, how much and how long against the plan, or the retry."""
     push, overheads = record.get("push"), (record.get("estimate") or {}).get("overheads") or {}
     if not push:
@@ -109,7 +113,7 @@ def push_lines(record: dict[str, Any]) -> list[str]:
     return [f"pushed to {push['url']}: {push['bytes'] / 1e6:,.1f} MB in {format_duration(push['seconds'])}{against}"]
 
 
-def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
+def estimate_against_actual(record: JsonDict, check: EstimateCheck | None) -> str:
     """The table of estimate (with its bounds) against actual, for the steps that ran and the whole plan, and the held-out error the bounds stand on."""
     import pandas as pd
 
@@ -170,7 +174,7 @@ def estimate_against_actual(record: dict[str, Any], check: Any) -> str:
     )
 
 
-def describe_bounds(estimate: dict[str, Any]) -> str:
+def describe_bounds(estimate: JsonDict) -> str:
     """What the low/high columns stand on: the calibration's held-out error, wider where the plan extrapolated."""
     errors = estimate.get("held_out_error") or {}
     time_error, memory_error = errors.get("time") or {}, errors.get("memory") or {}
@@ -193,7 +197,7 @@ def describe_bounds(estimate: dict[str, Any]) -> str:
 
 
 def run_figures(
-    record: dict[str, Any], check: Any, run_dir: Path, history: list[dict[str, Any]]
+    record: JsonDict, check: EstimateCheck | None, run_dir: Path, history: list[JsonDict]
 ) -> list[tuple[Path, str]]:
     """The run's figures, drawn into its folder: progress and throughput against the estimate,
     loss, learning rate, and the estimate error of every run beside it."""
@@ -256,7 +260,7 @@ def run_figures(
     return figure_paths
 
 
-def plan_sections(record: dict[str, Any]) -> list[str]:
+def plan_sections(record: JsonDict) -> list[str]:
     """The plan, the alternatives the planner weighed, and the data it planned for."""
     import pandas as pd
 
@@ -293,10 +297,10 @@ def plan_sections(record: dict[str, Any]) -> list[str]:
     return sections
 
 
-def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
+def preparation_rows(preparation: JsonDict) -> list[tuple[str, JsonValue]]:
     """Where the plan's lengths came from (a sample's estimate against the exact total) and the
     tokenizing, predicted against measured (train.workload.prepare.PreparedData.record)."""
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, JsonValue]] = [
         ("lengths profiled from", preparation.get("profiled_from")),
         ("records", preparation.get("records")),
     ]
@@ -326,7 +330,7 @@ def preparation_rows(preparation: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
-def _plan_value(key: str, value: Any) -> Any:
+def _plan_value(key: str, value: JsonValue) -> JsonValue:
     """A plan entry as the plan text says it: the communication record as its one line."""
     if key == "communication" and isinstance(value, dict):
         return describe_communication(value) or "one process: none"
@@ -335,7 +339,7 @@ def _plan_value(key: str, value: Any) -> Any:
     return value
 
 
-def _rolling_rates(losses: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+def _rolling_rates(losses: list[JsonDict]) -> tuple[list[float], list[float]]:
     actual, predicted = [], []
     for index in range(len(losses)):
         window = losses[max(0, index - ROLLING_STEPS + 1) : index + 1]

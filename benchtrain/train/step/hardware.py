@@ -11,7 +11,8 @@ import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NamedTuple
+from types import ModuleType
+from typing import NamedTuple
 
 import psutil
 
@@ -136,7 +137,7 @@ def _nvml_links(index: int) -> NvLinks | None:
         pynvml.nvmlShutdown()
 
 
-def _nvml_peers(pynvml: Any, index: int, remotes: set[str] | None) -> tuple[int | None, int | None]:
+def _nvml_peers(pynvml: ModuleType, index: int, remotes: set[str] | None) -> tuple[int | None, int | None]:
     """(the node's other GPUs an NVLink of GPU `index` reaches, the node's GPUs), or Nones."""
     count = getattr(pynvml, "nvmlDeviceGetCount", None)
     pci = getattr(pynvml, "nvmlDeviceGetPciInfo", None)

@@ -8,13 +8,19 @@ import importlib
 import math
 import types
 from importlib import metadata
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from packaging.version import Version
 
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.workload.batching import IGNORE_INDEX
 from benchtrain.train.workload.method import unwrap
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 LOSS_CHOICES = ("auto", "chunked", "liger", "plain")
 # Output heads that are a plain linear layer over the decoder's last hidden state (no logit
@@ -24,7 +30,7 @@ PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3")
 LIGER_MIN_VERSION = "0.7.0"
 
 
-def liger_functions() -> tuple[Any, Any]:
+def liger_functions() -> tuple[type[torch.nn.Module], ModuleType]:
     """Liger's fused linear cross-entropy module and its package (`apply_liger_kernel_to_<type>`)."""
     import liger_kernel.transformers as liger
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -81,8 +87,8 @@ def chunk_tokens(tokens: int, vocab_size: int, budget_bytes: int | None = None) 
 
 
 def _chunked_loss_and_gradients(
-    hidden: Any, weight: Any, targets: Any, chunk: int, weight_grad: bool, grads: bool = True
-) -> tuple[Any, Any, Any]:
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, weight_grad: bool, grads: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Mean cross-entropy of `hidden @ weight.T` against `targets` and (with `grads`) its gradients,
     a chunk of rows at a time: matmuls in `hidden`'s dtype, softmax and sums in fp32."""
     import torch
@@ -121,12 +127,14 @@ def _chunked_loss_and_gradients(
 
 
 @functools.cache
-def _chunked_function() -> Any:
+def _chunked_function() -> type[torch.autograd.Function]:
     import torch
 
     class ChunkedLinearCrossEntropy(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, hidden: Any, weight: Any, targets: Any, chunk: int) -> Any:
+        def forward(
+            ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int
+        ) -> torch.Tensor:
             loss, grad_hidden, grad_weight = _chunked_loss_and_gradients(
                 hidden, weight, targets, chunk, weight.requires_grad
             )
@@ -136,7 +144,7 @@ def _chunked_function() -> Any:
             return loss
 
         @staticmethod
-        def backward(ctx: Any, grad_output: Any) -> Any:
+        def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None, None]:
             grad_hidden, grad_weight = ctx.saved_tensors
             scale = grad_output.to(grad_hidden.dtype)
             weight_out = (grad_weight * grad_output).to(ctx.weight_dtype) if ctx.has_weight_grad else None
@@ -145,7 +153,7 @@ def _chunked_function() -> Any:
     return ChunkedLinearCrossEntropy
 
 
-def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
+def _rows_and_targets(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden states as (tokens, hidden) rows and the label each predicts (position t: labels[t + 1]),
     cast to the autocast dtype inside autocast (both losses run outside it)."""
     import torch
@@ -158,7 +166,9 @@ def _rows_and_targets(hidden: Any, labels: Any) -> tuple[Any, Any]:
     return flat, targets
 
 
-def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | None = None) -> Any:
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
     """Causal-LM loss from the last hidden states (batch, length, hidden) and the head's weight (vocab, hidden)."""
     import torch
 
@@ -171,7 +181,7 @@ def chunked_cross_entropy(hidden: Any, weight: Any, labels: Any, chunk: int | No
         return _chunked_function().apply(flat, weight, targets, size)
 
 
-def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
+def liger_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Liger's fused linear cross-entropy, the head's gradient summed in fp32 (`accum_dtype`; its default is the weight's dtype)."""
     import torch
 
@@ -180,7 +190,7 @@ def liger_cross_entropy(hidden: Any, weight: Any, labels: Any) -> Any:
     return loss_class(ignore_index=IGNORE_INDEX, accum_dtype=torch.float32)(weight.to(flat.dtype), flat, targets)
 
 
-def apply_liger_kernels(lm: Any) -> bool:
+def apply_liger_kernels(lm: PreTrainedModel) -> bool:
     """Liger's RMSNorm and SwiGLU on this model's own modules only (transformers' modeling module is
     put back), recorded for `remove_liger_kernels`; False where Liger has none for it."""
     _, liger = liger_functions()
@@ -207,17 +217,22 @@ def apply_liger_kernels(lm: Any) -> bool:
 LIGER_CHANGES = "_benchtrain_liger_changes"
 _ABSENT = object()  # an attribute the module did not have
 
+# A module with its class, its own attributes and its children, as they were (_module_states).
+ModuleState: TypeAlias = "tuple[torch.nn.Module, type, dict[str, object], dict[str, object]]"
+# (module, what, name, before, after): one thing Liger changed on a module (_changes_since).
+ModuleChange: TypeAlias = "tuple[torch.nn.Module, str, str, object, object]"
 
-def _module_states(lm: Any) -> list[tuple[Any, type, dict[str, Any], dict[str, Any]]]:
+
+def _module_states(lm: torch.nn.Module) -> list[ModuleState]:
     """Each module of `lm` with its class, its own attributes and its children (shallow copies)."""
     return [(module, type(module), dict(vars(module)), dict(module._modules)) for module in lm.modules()]
 
 
 def _changes_since(
-    states: list[tuple[Any, type, dict[str, Any], dict[str, Any]]],
-) -> list[tuple[Any, str, str, Any, Any]]:
+    states: list[ModuleState],
+) -> list[ModuleChange]:
     """(module, what, name, before, after) for every class, attribute and child that changed since `states`."""
-    changes: list[tuple[Any, str, str, Any, Any]] = []
+    changes: list[ModuleChange] = []
     for module, cls, attributes, children in states:
         if type(module) is not cls:
             changes.append((module, "class", "__class__", cls, type(module)))
@@ -231,7 +246,7 @@ def _changes_since(
     return changes
 
 
-def remove_liger_kernels(lm: Any) -> None:
+def remove_liger_kernels(lm: torch.nn.Module) -> None:
     """Put back what `apply_liger_kernels` changed on `lm`, where it still holds what Liger put
     there (a later change, such as gradient checkpointing's flags, stays)."""
     for module, what, name, before, after in reversed(vars(lm).pop(LIGER_CHANGES, [])):
@@ -249,8 +264,12 @@ def remove_liger_kernels(lm: Any) -> None:
 
 
 def _loss_forward(
-    self: Any, input_ids: Any = None, attention_mask: Any = None, labels: Any = None, **kwargs: Any
-) -> Any:
+    self: Any,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    **kwargs: object,
+) -> CausalLMOutputWithPast:
     """The causal LM's forward once a loss is installed; it reads the loss in use (`_benchtrain_loss`) at every call."""
     original = self._benchtrain_original_forward
     kind = self._benchtrain_loss
@@ -266,9 +285,9 @@ def _loss_forward(
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
 
-def _forward_chain(forward: Any) -> list[Any]:
+def _forward_chain(forward: object) -> list[object]:
     """The functions inside `forward`: accelerate's wrappers keep theirs as `__wrapped__`."""
-    chain: list[Any] = []
+    chain: list[object] = []
     function = getattr(forward, "__func__", forward)
     while function is not None and len(chain) < 32:
         chain.append(function)
@@ -292,7 +311,7 @@ def _put_loss_forward(lm: Any) -> None:
         lm.forward = types.MethodType(convert_outputs_to_fp32(autocast(_loss_forward)), lm)
 
 
-def install_loss(model: Any, kind: str, compiled: bool = False) -> str:
+def install_loss(model: torch.nn.Module, kind: str, compiled: bool = False) -> str:
     """Make `model`'s forward compute the loss with `kind` when given labels; returns `kind`. May be called
     again, before or after accelerate's `prepare`: Liger's kernels are on the model only while the loss is `liger`."""
     if kind not in LOSS_CHOICES or kind == "auto":

@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.checkpoint.state_dict import DictValueType, OptimizerStateType
 
+    from benchtrain.train.workload.model import ModelSpec
+
 T = TypeVar("T")
 
 SHARDING_CHOICES = ("ddp", "fsdp")
 
 
-def shard_model(model: Any, device: Any, bf16: bool, spec: Any = None) -> None:
+def shard_model(model: torch.nn.Module, device: torch.device, bf16: bool, spec: ModelSpec | None = None) -> None:
     """Shard `model` in place over the job's processes (FSDP2): each decoder block, then the root. Under bf16, blocks compute in bf16 from fp32 shards and
     reduce gradients in fp32. A model on `meta` is then materialised from `spec`; a 4-bit base is checked by measurement and refused in one line if wrong."""
     import torch
@@ -73,9 +75,9 @@ QUANTIZED_SHARE_SLACK = 1.1  # a rank's share of the base against 1/N of it: une
 class QuantizedCheck(NamedTuple):
     """A 4-bit base's logits on fixed tokens and the bytes of its frozen tensors, on one rank."""
 
-    logits: Any
+    logits: torch.Tensor
     base_bytes: int
-    storage: Any  # the dtype the packed 4-bit values are stored in (None once FSDP replaced them)
+    storage: torch.dtype | None  # the dtype the packed 4-bit values are stored in (None once FSDP replaced them)
 
 
 def quantized_check(model: Any) -> QuantizedCheck:
@@ -104,7 +106,7 @@ def quantized_check(model: Any) -> QuantizedCheck:
 
 
 def quantized_sharding_fault(
-    before: QuantizedCheck, model: Any, world_size: int, compute_dtype: Any = None
+    before: QuantizedCheck, model: torch.nn.Module, world_size: int, compute_dtype: torch.dtype | None = None
 ) -> str | None:
     """Why a 4-bit base sharded by FSDP must not train (None: it computes what it did whole, and
     each rank holds its share). `compute_dtype`: FSDP's gathered dtype. Every rank calls it together."""
@@ -125,7 +127,7 @@ def quantized_sharding_fault(
     return None
 
 
-def materialise_shards(model: Any, spec: Any, device: Any) -> None:
+def materialise_shards(model: torch.nn.Module, spec: ModelSpec, device: torch.device) -> None:
     """Give a model sharded on `meta` its weights on `device`, each rank filling only its shards: the
     seeded initial values, then a folder's weights from rank 0. `to_empty` unties weights: they are tied again."""
     import torch
@@ -143,7 +145,7 @@ def materialise_shards(model: Any, spec: Any, device: Any) -> None:
         load_from_rank0(lm, spec)
 
 
-def base_names(lm: Any) -> dict[str, str]:
+def base_names(lm: torch.nn.Module) -> dict[str, str]:
     """The plain model's name of each tensor peft moved under a LoRA layer's `base_layer`
     (`…q_proj.weight` → `…q_proj.base_layer.weight`); empty for a model without adapters."""
     names = (name for name, _ in (*lm.named_parameters(), *lm.named_buffers()))
@@ -173,7 +175,7 @@ def seed_adapters(lm: Any) -> None:
                     fill_slice(getattr(target, name), value.detach())
 
 
-def fill_slice(target: Any, full: Any) -> None:
+def fill_slice(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copy this rank's slice of `full` into `target` (a sharded DTensor, or a replicated buffer), cut where FSDP cuts, without a collective."""
     import torch
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
@@ -198,7 +200,7 @@ LOAD_SLACK_SECONDS = 600.0
 _LOAD_KEYS = (f"benchtrain/fsdp-load/{index}" for index in itertools.count())  # the same sequence on every rank
 
 
-def load_from_rank0(model: Any, spec: Any) -> None:
+def load_from_rank0(model: torch.nn.Module, spec: Any) -> None:
     """A folder's weights into the sharded model: rank 0 reads them to host memory in their own
     dtype while the others wait on the job's store, then each keeps its shard of rank 0's broadcast."""
     import torch.distributed as dist
@@ -207,7 +209,7 @@ def load_from_rank0(model: Any, spec: Any) -> None:
     from transformers import AutoModelForCausalLM
 
     key, store, world_size = next(_LOAD_KEYS), _get_default_store(), dist.get_world_size()
-    weights: dict[str, Any] = {}
+    weights: DictValueType = {}
     if dist.get_rank() == 0:
         try:
             full = AutoModelForCausalLM.from_pretrained(

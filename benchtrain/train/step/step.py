@@ -7,14 +7,14 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from benchtrain.train.workload.batching import Batch, count_targets, to_device
 
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
-    from torch.optim.lr_scheduler import LambdaLR
+    from torch.optim.lr_scheduler import LRScheduler
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,15 @@ def without_packed_sequence_check() -> Iterator[None]:
 class StepEngine(Protocol):
     """What the step runs on, as its engine (train.step.engine.Engine) owns it: the step reads it there at each run."""
 
-    accelerator: Accelerator
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR
+    # Read-only here (properties), so that the engine's narrower types (a LambdaLR) satisfy it.
+    @property
+    def accelerator(self) -> Accelerator: ...
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def scheduler(self) -> LRScheduler: ...
 
 
 class TrainingStep:
@@ -159,7 +164,7 @@ class TrainingStep:
         )
 
 
-def settle_gradient_buckets(accelerator: Any, model: Any, optimizer: Any) -> None:
+def settle_gradient_buckets(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Make a DDP model's gradients views into its buckets, and let DDP rebuild them, before the first
     real step: one fp32 copy of the gradients, not two (docs/design.md#the-training-step)."""
     import torch

@@ -11,9 +11,12 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.hub_access import first_line, snapshot
@@ -31,7 +34,7 @@ def resolve_data_path(value: str) -> str:
     return str(SAMPLE_FOLDER / SAMPLES[value]) if value in SAMPLES else value
 
 
-def load_records(path: str, split: str = "train") -> Any:
+def load_records(path: str, split: str = "train") -> Dataset:
     """A `datasets.Dataset` of the file's (or hub dataset's `split`) records, or a one-line error naming the problem."""
     # datasets itself never goes online: a hub dataset is fetched by train.workload.hub, honouring HF_HUB_OFFLINE.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -87,7 +90,7 @@ def _datasets_quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) -> Any:
+def load_hub_dataset(repo_id: str, revision: str | None, split: str, path: str) -> Dataset:
     """A hub dataset's split: its files from the hub cache (fetched when online), read by datasets."""
     import datasets
 
@@ -126,7 +129,7 @@ def _check_jsonl(source: Path, lines: int | None = None) -> None:
         raise BenchtrainError(f"data file {source} is empty")
 
 
-def _non_empty(dataset: Any, path: str) -> Any:
+def _non_empty(dataset: Dataset, path: str) -> Dataset:
     if len(dataset) == 0:
         raise BenchtrainError(f"data file {path} is empty")
     return dataset

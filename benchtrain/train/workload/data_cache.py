@@ -13,9 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from benchtrain.train.workload.encode import Encoder
 
 from benchtrain.common.atomic import atomic_directory, file_lock, read_json_file
 from benchtrain.common.errors import BenchtrainError, DiskSpaceError
@@ -38,12 +43,12 @@ class BuildJob:
     """What to tokenize into a store: `records` (a datasets.Dataset), the encoder, the store's dtype
     and what its meta.json says besides the counts. A Builder: called, it tokenizes into a folder."""
 
-    records: Any
-    encode: Any  # train.workload.encode.Encoder
+    records: Dataset
+    encode: Encoder
     dtype: np.dtype
     masked: bool
     prompts: bool
-    meta: dict[str, Any]
+    meta: JsonDict
 
     def __call__(self, folder: Path, what: str) -> None:
         count = len(self.records)
@@ -154,7 +159,7 @@ def build_store(folder: Path, build: Builder, what: str) -> None:
         raise BenchtrainError(f"cannot write the tokenized data into {folder}: {error.strerror or error}") from None
 
 
-def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Callable[[int], Any]) -> None:
+def encode_range(job: BuildJob, start: int, stop: int, part: Path, advance: Callable[[int], object]) -> None:
     trace = os.environ.get("BENCHTRAIN_TOKENIZE_LOG")
     if trace:  # which process tokenized what (tests: under a launcher only the main process does)
         with open(trace, "a") as handle:
@@ -192,7 +197,7 @@ def _worker(index: int, start: int, stop: int, part: str, queue: Any) -> None:
         queue.put(("error", f"{type(error).__name__}: {error}"))
 
 
-def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: Callable[[int], Any]) -> None:
+def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: Callable[[int], object]) -> None:
     global _JOB
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
@@ -231,7 +236,7 @@ def run_workers(job: BuildJob, count: int, workers: int, folder: Path, advance: 
             process.join()
 
 
-def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: dict[str, Any]) -> None:
+def join_parts(job: BuildJob, parts: list[Path], folder: Path, build: JsonDict) -> None:
     """The parts, in order, as one store in `folder` (each part removed once copied); meta.json records the workers and the seconds the build took."""
     writer = TokenWriter(folder, job.dtype, job.masked, job.prompts)
     for part in parts:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.workload.formats import Encoded, Layout, Tokenizing
 
 PROBE_QUESTION = "benchtrain probe question"
@@ -17,7 +18,7 @@ PROBE_ANSWER = "benchtrain probe answer"
 CROSS_CHECKED = 16
 
 
-def assistant_character_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_character_spans(tokenizer: Any, messages: list[JsonDict]) -> tuple[str, list[tuple[int, int]]]:
     """The reference: the conversation rendered with the tokenizer's own chat template, and the
     character spans that each assistant turn adds to it (the turn's text and its end marker)."""
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
@@ -64,7 +65,7 @@ class TemplateShape:
         header = prompted[len(plain) :] if prompted.startswith(plain) else ""
         return cls(header, middle[:at], middle[at + len(PROBE_ANSWER) :])
 
-    def spans(self, rendered: str, messages: list[dict[str, Any]]) -> list[tuple[int, int]] | None:
+    def spans(self, rendered: str, messages: list[JsonDict]) -> list[tuple[int, int]] | None:
         """The assistant spans in `rendered`, or None where a message cannot be placed exactly."""
         cursor, spans = 0, []
         for message in messages:
@@ -101,14 +102,14 @@ class Encoder:
         self.checked = 0  # conversations cross-checked against the reference so far
         self.tools = Tokenizing(layout, self._ids, self._chat, self.eos, path)
 
-    def __call__(self, batch: dict[str, list[Any]]) -> Encoded:
+    def __call__(self, batch: dict[str, list[JsonValue]]) -> Encoded:
         records = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         return self.layout.data_format.encode(self.tools, records)
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
-    def _chat(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[list[int]], list[np.ndarray] | None]:
+    def _chat(self, conversations: list[list[JsonDict]]) -> tuple[list[list[int]], list[np.ndarray] | None]:
         render = self.tokenizer.apply_chat_template
         if not self.masked:
             return self._ids([render(messages, tokenize=False) for messages in conversations]), None
@@ -126,7 +127,7 @@ class Encoder:
             masks.append(mask)
         return encoded["input_ids"], masks
 
-    def _spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    def _spans(self, messages: list[JsonDict]) -> tuple[str, list[tuple[int, int]]]:
         if self.shape is not None:
             rendered = self.tokenizer.apply_chat_template(messages, tokenize=False)
             spans = self.shape.spans(rendered, messages)

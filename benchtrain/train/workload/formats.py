@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any
 
 import numpy as np
 
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict, JsonValue
 
 TEXT_FIELDS = ("text", "content", "body")
 CONVERSATION_FIELDS = ("messages", "conversations", "conversation")
@@ -38,8 +38,8 @@ TOKEN_FIELD = "input_ids"
 BY_OPTION = 0
 BY_COLUMNS = 100
 
-Record = dict[str, Any]
-Turns = list[dict[str, Any]]
+Record = JsonDict
+Turns = list[JsonDict]
 # What a batch of records becomes: ids per record, a loss mask per record (or None), the prompt's length per record.
 Encoded = tuple[list[list[int]], list[np.ndarray] | None, list[int]]
 
@@ -158,7 +158,7 @@ class DataFormat:
     turns: Callable[[Layout, Record, str], Turns] | None = None  # chat formats: a record as its turns
 
 
-def normalise_turn(turn: Any, where: str) -> dict[str, Any]:
+def normalise_turn(turn: JsonValue, where: str) -> JsonDict:
     """One turn for the chat template: ShareGPT's {from, value} as {role, content}; OpenAI's
     {role, content, ...} kept whole (tool calls and names too), its role's aliases mapped."""
     if not isinstance(turn, dict):

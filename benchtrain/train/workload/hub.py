@@ -8,13 +8,14 @@ import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from benchtrain.common.disk_space import GB, free_bytes
 from benchtrain.common.errors import BenchtrainError, DiskSpaceError
 
 # Where the hub is reached for every part of benchtrain (calibration.hub too, which cannot import train).
 from benchtrain.common.hub_access import download_command, guarded, hub_cache_dir, snapshot
+from benchtrain.common.json_types import JsonDict
 
 if TYPE_CHECKING:
     from huggingface_hub.file_download import DryRunFileInfo
@@ -57,7 +58,7 @@ class HubModel:
         """What resolves to exactly this commit again (in another process, say)."""
         return f"{self.repo_id}@{self.revision}"
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JsonDict:
         return {"hub_id": self.repo_id, "revision": self.revision, "requested_revision": self.requested or "main"}
 
 

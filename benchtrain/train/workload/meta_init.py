@@ -66,7 +66,7 @@ def meta_plain_model(config: PretrainedConfig, dtype: torch.dtype | None = None)
         )
 
 
-def build_steps(model: Any) -> list[Step]:
+def build_steps(model: torch.nn.Module) -> list[Step]:
     """The steps of `from_config`'s construction of `model`, in order (see the module's doc)."""
     from transformers import PreTrainedModel
 
@@ -135,9 +135,9 @@ def record_writes(steps: list[Step]) -> None:
 class Slots:
     """Where each tensor of a model sits (module, attribute): a tied tensor sits in several."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self.places: dict[int, list[tuple[Any, str, str, bool]]] = {}
-        self.tensors: dict[int, Any] = {}
+        self.tensors: dict[int, torch.Tensor] = {}
         for prefix, module in model.named_modules(remove_duplicate=False):
             for kind, table in (("parameter", module._parameters), ("buffer", module._buffers)):
                 for name, tensor in table.items():
@@ -149,7 +149,7 @@ class Slots:
     def name(self, key: int) -> str:
         return self.places[key][0][2]
 
-    def put(self, key: int, tensor: Any) -> None:
+    def put(self, key: int, tensor: torch.Tensor) -> None:
         import torch
 
         for module, name, _, is_parameter in self.places[key]:
@@ -163,7 +163,7 @@ class Slots:
                 module._buffers[name] = tensor
 
 
-def untie(model: Any) -> None:
+def untie(model: torch.nn.Module) -> None:
     """Give each tied weight its own (meta) tensor, as it had while `from_config` initialised it:
     the tie comes after, and the copy's initial values are drawn and then dropped."""
     import torch
@@ -203,7 +203,7 @@ def seeded_tensors(model: torch.nn.Module, device: torch.device | str, seed: int
             f"cannot initialise {type(model).__name__} one module at a time: nothing initialises {', '.join(unwritten[:3])}"
         )
     torch.manual_seed(seed)
-    live: dict[int, Any] = {}
+    live: dict[int, torch.Tensor] = {}
     for index, step in enumerate(steps):
         for key in step.writes:
             if key not in live:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from benchtrain.calibration.adapters import TRAINS_ADAPTERS
 from benchtrain.calibration.setup import Variant
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.common.json_types import JsonDict
+from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_named
 from benchtrain.train.workload.quantize import (
     QUANTIZE_CHOICES,
@@ -39,7 +39,7 @@ class Method:
     # calibration.adapters' table, which calibration/ reads where a file names its method.
     adapters: bool
     # LoraConfig's arguments beyond rank, alpha, dropout, targets
-    peft_options: Mapping[str, Any] = field(default_factory=dict)
+    peft_options: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 METHODS: dict[str, Method] = {

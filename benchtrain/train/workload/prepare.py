@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from benchtrain.train.workload.tokens import (
 )
 
 if TYPE_CHECKING:
+    from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
 # What builds the store of this key: the records at these indices (None: all), or the index of pre-tokenized files.
@@ -296,7 +297,7 @@ def content_fingerprint(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """The tokenizer's vocabulary, merges, normalisation and special tokens, and its chat template."""
     digest = hashlib.sha256(type(tokenizer).__name__.encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -310,7 +311,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()
 
 
-def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: dict[str, Any] | None = None) -> str:
+def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra: JsonDict | None = None) -> str:
     """The key tokenized data is cached under (a hex string)."""
     parts = {
         "version": KEY_VERSION,
@@ -323,7 +324,7 @@ def cache_key(content: str, tokenizer: str, layout: Layout, masked: bool, extra:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def source_paths(path: str, dataset: Any) -> list[Path]:
+def source_paths(path: str, dataset: Dataset) -> list[Path]:
     """The files whose bytes are the data: the file or folder given, else (a hub dataset) the Arrow files datasets reads."""
     given = Path(path).expanduser()
     if given.exists():

@@ -16,7 +16,7 @@ from benchtrain.train.workload.meta_init import meta_plain_model, seeded_tensors
 
 if TYPE_CHECKING:
     import torch
-    from transformers import BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig, PretrainedConfig
 
 QUANTIZE_CHOICES = ("none", "8bit", "4bit")
 BITSANDBYTES_MIN_VERSION = "0.48"
@@ -42,7 +42,7 @@ class QuantizedBytes:
         return self.quantized + self.statistics + self.unquantized
 
 
-def logical_numel(parameter: Any) -> int:
+def logical_numel(parameter: torch.Tensor) -> int:
     """The weights a parameter stands for: a 4-bit bitsandbytes weight stores two a byte (its
     `quant_state` keeps the shape it came from); every other parameter, its own count."""
     state = getattr(parameter, "quant_state", None)
@@ -98,7 +98,7 @@ def bitsandbytes_config(kind: str, compute_dtype: torch.dtype, float_storage: bo
     raise ValueError(f"no bitsandbytes config for {kind!r}")
 
 
-def converted_layers(model: Any) -> list[tuple[str, int, int, bool]]:
+def converted_layers(model: torch.nn.Module) -> list[tuple[str, int, int, bool]]:
     """(name, in features, out features, has bias) of every layer transformers quantizes."""
     from torch import nn
     from transformers.pytorch_utils import Conv1D
@@ -146,7 +146,9 @@ def quantized_bytes(model: torch.nn.Module, kind: str, dtype_bytes: int) -> Quan
     return QuantizedBytes(quantized, statistics, (whole - converted_weights) * dtype_bytes, len(layers))
 
 
-def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
+def quantized_base(
+    source: Any, device: torch.device, kind: str, dtype: torch.dtype, float_storage: bool = False
+) -> torch.nn.Module:
     """The frozen base quantized by bitsandbytes on `device`, prepared for k-bit training as peft does it.
     `source`: a folder of weights (quantized while loaded), or a preset's config (`quantized_from_config`)."""
     from peft import prepare_model_for_kbit_training
@@ -172,7 +174,9 @@ def quantized_base(source: Any, device: Any, kind: str, dtype: Any, float_storag
     return prepare_model_for_kbit_training(keep_one_weight_layout(model), use_gradient_checkpointing=False)
 
 
-def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float_storage: bool = False) -> Any:
+def quantized_from_config(
+    config: PretrainedConfig, device: torch.device, kind: str, dtype: torch.dtype, float_storage: bool = False
+) -> Any:
     """A preset's quantized base without its full-precision model ever existing: built on `meta`, then
     each seeded initial weight quantized as it comes (docs/design.md#quantized-bases)."""
     import torch
@@ -196,7 +200,7 @@ def quantized_from_config(config: Any, device: Any, kind: str, dtype: Any, float
     return model.eval()  # as from_pretrained leaves it
 
 
-def put_quantized(model: Any, name: str, value: Any, device: Any) -> None:
+def put_quantized(model: Any, name: str, value: Any, device: torch.device) -> None:
     """One tensor of the model, quantized if its layer is bitsandbytes': what transformers'
     Bnb4bitQuantize / Bnb8bitQuantize do to a loaded weight (Conv1D's transposed first)."""
     import bitsandbytes as bnb

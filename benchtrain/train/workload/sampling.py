@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 
@@ -113,7 +112,7 @@ class SampledData:
     def stream_length(self) -> int:
         return int(self.lengths.sum())
 
-    def subset(self, indices: Any) -> SampledData:
+    def subset(self, indices: np.ndarray) -> SampledData:
         return replace(self, stand_in=self.stand_in[np.asarray(indices, dtype=np.int64)])
 
     def real_tokens(self, max_length: int) -> int:

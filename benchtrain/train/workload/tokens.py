@@ -206,7 +206,7 @@ class TokenWriter:
         handle.write(payload)
         digest.update(payload)
 
-    def finish(self, meta: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, meta: JsonDict) -> JsonDict:
         for handle, _ in self.files.values():
             handle.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
@@ -249,7 +249,7 @@ class DamagedStore(Exception):
     """A store folder that must not be used (missing, truncated, another version, changed)."""
 
 
-def check_store(folder: Path, key: str | None = None, verify_contents: bool = False) -> dict[str, Any]:
+def check_store(folder: Path, key: str | None = None, verify_contents: bool = False) -> JsonDict:
     """The store's meta.json once its files are whole: sizes always, sha256 of the small files
     always and of the token and mask files with `verify_contents` (before training on them)."""
     meta_path = Path(folder) / "meta.json"
@@ -273,7 +273,7 @@ def check_store(folder: Path, key: str | None = None, verify_contents: bool = Fa
     return meta
 
 
-def open_store(folder: Path, source: str | None = None, meta: dict[str, Any] | None = None) -> TokenizedData:
+def open_store(folder: Path, source: str | None = None, meta: JsonDict | None = None) -> TokenizedData:
     """A store folder written by TokenWriter, memory-mapped (check_store first); `source`: the
     data's name as the user gave it (default: the one it was built from)."""
     folder = Path(folder)
@@ -331,7 +331,7 @@ class TokenFileSettings:
     def resolve(cls, files: list[Path], dtype: str | None, separator: int | None) -> TokenFileSettings:
         """The options given, else the benchtrain.json beside the files."""
         metadata_path = files[0].parent / METADATA_FILE
-        metadata: dict[str, Any] = {}
+        metadata: JsonDict = {}
         if metadata_path.is_file():
             try:
                 metadata = json.loads(metadata_path.read_text())
@@ -396,7 +396,7 @@ class TokenShards:
         return result
 
 
-def open_token_files(meta: dict[str, Any]) -> np.ndarray | TokenShards:
+def open_token_files(meta: JsonDict) -> np.ndarray | TokenShards:
     """The ids of a store whose tokens stay in the user's files (meta's `external`)."""
     arrays = [map_token_file(Path(entry["path"]), entry.get("dtype")) for entry in meta["external"]]
     return arrays[0] if len(arrays) == 1 else TokenShards(arrays)
