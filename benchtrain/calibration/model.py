@@ -15,13 +15,15 @@ import numpy as np
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from benchtrain.calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_provenance
 from benchtrain.calibration.memory_fit import MemoryModel, memory_model_from_json
 from benchtrain.calibration.schema import variant_data
-from benchtrain.calibration.setup import Variant, measured_setup, variant_of
+from benchtrain.calibration.setup import Variant, measured_setup
 from benchtrain.calibration.slices import slice_widening
 from benchtrain.calibration.step_config import StepConfig, holds_as_much
 from benchtrain.calibration.store import calibrations_dir, is_bundled
+from benchtrain.calibration.training import Training
 from benchtrain.calibration.translate import BoundWidths, widened_bounds
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
@@ -80,18 +82,21 @@ class Calibration:
         # Sections calibration.schema.validate checked on load, as read.
         self.id: str = self.data["id"]
         self.fit: JsonDict = fit
-        self.hardware: JsonDict = self.data["hardware"]
+        self.hardware = Hardware.from_record(self.data["hardware"])
         self.model: JsonDict = self.data["model"]
         self.measurements: list[JsonDict] = self.data["measurements"]
         # measured one-off costs (model build, warm-up, checkpoint save), seconds
         self.overheads: dict[str, float] = self.data.get("overheads", {})
         # The step measured again in fresh processes by bench (calibration.process_check); {} without.
         self.process_check: JsonDict = self.data.get("process_check") or {}
-        # What the probes trained: method (full or lora), adapter settings, trainable parameters.
-        self.training: JsonDict = self.data.get("training") or {"method": "full", "lora": None}
-        # Processes the probes ran with (`accelerate launch --num_processes N`), the model spread over them: none, ddp or fsdp.
-        setup = measured_setup(self.data)
-        self.world_size, self.sharding = setup.world_size, setup.sharding
+        # What the probes trained: method (full or lora), adapter settings, the base, optimizer, precision, compile, loss.
+        self.training = Training.from_record(self.data.get("training"))
+        # What was measured: the model, the processes the probes ran with (`accelerate launch --num_processes N`), the
+        # model spread over them (none, ddp or fsdp), the checkpointing modes and the link between the devices.
+        self.setup = measured_setup(self.data)
+        self.world_size, self.sharding = self.setup.world_size, self.setup.sharding
+        # bench compared the losses and chose one (`loss_choice`): the loss `auto` takes, on any device.
+        self.compared_losses = bool(self.data.get("loss_choice"))
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -124,7 +129,7 @@ class Calibration:
     @property
     def variant(self) -> Variant:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
-        return variant_of(self.data)
+        return Variant(self.training.quantization, self.training.optimizer)
 
     def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "ok"]
@@ -266,7 +271,7 @@ class Calibration:
 
     @property
     def memory_limit_bytes(self) -> float:
-        return float(self.hardware["memory_bytes"])
+        return float(self.hardware.memory_bytes)
 
     @property
     def memory_margin(self) -> float:

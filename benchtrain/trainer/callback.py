@@ -40,7 +40,7 @@ from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.running.guard import NEXT_STEP_SAFETY, DeadlineGuard, GuardSettings, Move, Verdict
-from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.train.step.hardware import detect_hardware, this_device
 from benchtrain.train.step.runtime import agree
 from benchtrain.trainer.deadline_text import parse_deadline
 from benchtrain.trainer.estimate import (
@@ -164,7 +164,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         spec, method = model_setup(model)
         self._spec_and_method = (spec, method)
         if self.calibration is not None:
-            check_calibration(self.calibration, spec, method, detect_hardware(), trainer_precision(args))
+            check_calibration(self.calibration, spec, method, this_device(), trainer_precision(args))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self._reset_run(args, state, model)

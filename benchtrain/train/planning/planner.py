@@ -333,7 +333,7 @@ def candidate_overheads(
         rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = (
-            compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")),
+            compile_seconds(calibration.overheads, shapes, probed, calibration.training.compile_cache),
             len(shapes),
         )
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds

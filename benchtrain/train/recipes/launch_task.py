@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect, recorded_interconnect
@@ -172,13 +173,13 @@ def row_target(row: Row) -> Target:
     assert row.plan is not None and row.option is not None
     cal, chosen = row.option.calibration, row.plan.chosen
     key = device_key(cal) or "cpu"
-    interconnect = row.option.interconnect or row.device.get("interconnect")
+    interconnect = row.option.interconnect or row.device.interconnect
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
     calibration = (f"{CALIBRATIONS_DIR}/{file.name}" if file is not None else row.reference) if measured else None
     return Target(
-        machine=row.machine or f"{row.processes}×{row.device['name']}",
+        machine=row.machine or f"{row.processes}×{row.device.name}",
         device_key=key,
         accelerator=accelerator_of(key, row.device),
         nodes=nodes,
@@ -208,14 +209,14 @@ def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
     return 1, processes
 
 
-def accelerator_of(key: str, device: dict[str, object]) -> str | None:
+def accelerator_of(key: str, device: Hardware) -> str | None:
     """The engines' accelerator name; None for a CPU. A GPU they cannot name cannot be rented: one line."""
-    if key == "cpu" and device.get("device_type") != "cuda":
+    if key == "cpu" and device.device_type != "cuda":
         return None
     name = ACCELERATORS.get(key)
     if name is None:
         raise BenchtrainError(
-            f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
+            f"--emit: {device.name or key} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
         )
     return name
 

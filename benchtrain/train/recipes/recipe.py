@@ -207,7 +207,7 @@ class TrainRecipe:
         a script can tell. Returns whether to train (not after --json or --dry-run)."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
-            precision = run.cal.training.get("precision") or run_precision(run.device_type)
+            precision = run.cal.training.precision or run_precision(run.device_type)
             fields = trainer_fields(run.plan, run.cal, precision)
             print(json_text(fields.to_json()) if config.output.json else fields.describe())
         elif is_main_process() and config.output.json:
@@ -412,7 +412,7 @@ class TrainRecipe:
 
 def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
     """The step options as run.json records them: --loss auto as the loss bench measured best on this device, where it did."""
-    if options.loss == "auto" and not run.foreign and run.cal.data.get("loss_choice"):
+    if options.loss == "auto" and not run.foreign and run.cal.compared_losses:
         return replace(options, loss=run.step.loss)
     return options
 
