@@ -147,7 +147,7 @@ def test_the_table_ranks_the_cheapest_that_meets_the_deadline_first() -> None:
         double_row = next(row for row in comparison.rows if row.calibration_id == h200["id"])
         assert double_row.plan.chosen.step_seconds < h100_row.plan.chosen.step_seconds / 1.7
         # Memory and MFU on each row's own device.
-        assert h100_row.device["memory_bytes"] == h100["hardware"]["memory_bytes"] != double_row.device["memory_bytes"]
+        assert h100_row.device.memory_bytes == h100["hardware"]["memory_bytes"] != double_row.device.memory_bytes
         assert double_row.memory_headroom > h100_row.memory_headroom
         assert double_row.compute["mfu"] > h100_row.compute["mfu"] > 0
 

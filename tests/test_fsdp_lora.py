@@ -348,7 +348,7 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
             if processes not in planned:
                 assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
                 # its shards alone nearly fill it
-                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]
+                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device.memory_bytes
                 continue
             assert row.plan is not None, row.problem
             assert row.run_plan.step.sharding == "fsdp" and row.run_plan.step.world_size == processes
@@ -357,7 +357,7 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
                 row.run_plan.hardware, processes
             )
             # its share, the gathered blocks and NCCL's buffers, then activations
-            assert held < peak <= 0.95 * row.device["memory_bytes"]
+            assert held < peak <= 0.95 * row.device.memory_bytes
             peaks[processes] = peak
         assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each
 
