@@ -97,6 +97,12 @@ class Calibration:
         self.world_size, self.sharding = self.setup.world_size, self.setup.sharding
         # bench compared the losses and chose one (`loss_choice`): the loss `auto` takes, on any device.
         self.compared_losses = bool(self.data.get("loss_choice"))
+        # What bench said of its own error while measuring (calibration.fit's noise check); None: nothing to say.
+        self.noise_message: str | None = (self.data.get("noise") or {}).get("message") or None
+        # The CUDA allocator settings (PYTORCH_CUDA_ALLOC_CONF) the probes ran with; None: the default.
+        self.allocator_conf: str | None = (self.data.get("software") or {}).get("allocator_conf")
+        # The seconds `bench run --budget` gave the search; None: not recorded.
+        self.budget_seconds: float | None = _positive((self.data.get("search") or {}).get("budget_seconds"))
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -166,6 +172,11 @@ class Calibration:
         runs = max(abs(ratio / self.history_factor - 1) for ratio in ratios) if len(ratios) >= 2 else 0.0
         source = "past runs" if runs > fresh else "fresh processes" if fresh else "not measured"
         return BoundParts(max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0), max(fresh, runs), source)
+
+    @property
+    def from_hub(self) -> bool:
+        """Read from the hub (calibration.hub), not measured here or bundled."""
+        return hub_provenance(self.data) is not None
 
     @property
     def translation(self) -> JsonDict | None:
@@ -371,6 +382,10 @@ class Calibration:
                 "(median, shrunk towards 1; applied to new predictions)."
             )
         return lines
+
+
+def _positive(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def _scaled(value: float, units: tuple[tuple[str, float], ...]) -> str:

@@ -276,7 +276,7 @@ def memory_basis_note(calibration: Calibration) -> str | None:
         return None
     if memory.get("basis") == "reserved":
         outside = float(memory.get("non_torch_bytes") or 0.0)
-        measured, here = (calibration.data.get("software") or {}).get("allocator_conf"), allocator_conf()
+        measured, here = calibration.allocator_conf, allocator_conf()
         differs = (
             f"; measured with allocator settings {measured or 'default'}, this run has {here or 'default'}"
             if measured != here

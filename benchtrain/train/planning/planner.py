@@ -179,8 +179,8 @@ def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest
 
 def noise_warnings(calibration: Calibration) -> list[str]:
     """What the calibration's own error says about this plan, out loud."""
-    noise = calibration.data.get("noise") or {}
-    warnings = [f"calibration {calibration.id}: {noise['message']}"] if noise.get("message") else []
+    message = calibration.noise_message
+    warnings = [f"calibration {calibration.id}: {message}"] if message else []
     if calibration.too_noisy_to_bound:
         warnings.append(
             f"the calibration's 90th-percentile error ({calibration.relative_bound:.0%}) is too large to promise a finish time: the deadline "

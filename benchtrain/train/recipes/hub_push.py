@@ -170,7 +170,7 @@ def push_existing_run(args: argparse.Namespace) -> int:
 LOSS_POINTS = 12  # rows of the loss curve's table
 
 
-def model_card(record: dict[str, Any], repo_id: str) -> str:
+def model_card(record: JsonDict, repo_id: str) -> str:
     """README.md for `repo_id` from the run record."""
     model, plan = record.get("model") or {}, record.get("plan") or {}
     lora = plan.get("method", "full") != "full"  # adapters: a peft adapter on the base
@@ -198,7 +198,7 @@ def model_card(record: dict[str, Any], repo_id: str) -> str:
     )
 
 
-def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
+def _title(record: JsonDict, repo_id: str, base: str) -> list[str]:
     model = record.get("model") or {}
     revision = model.get("revision")
     partial = (record.get("final") or {}).get("partial")
@@ -214,7 +214,7 @@ def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
     return [*lines, ""]
 
 
-def _data(record: dict[str, Any]) -> list[str]:
+def _data(record: JsonDict) -> list[str]:
     data = record.get("data") or {}
     profile = data.get("profile") or {}
     samples, tokens = profile.get("count"), profile.get("total_tokens")
@@ -232,7 +232,7 @@ def _data(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def _method(record: dict[str, Any]) -> list[str]:
+def _method(record: JsonDict) -> list[str]:
     plan = record.get("plan") or {}
     step = run_configuration(plan)
     rows: list[tuple[str, Any]] = [
@@ -268,7 +268,7 @@ def _method(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def _outcome(record: dict[str, Any]) -> list[str]:
+def _outcome(record: JsonDict) -> list[str]:
     estimate, actual = record.get("estimate") or {}, record.get("actual") or {}
     hardware = record.get("hardware") or {}
     rows = [
@@ -304,7 +304,7 @@ def _outcome(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _losses(record: dict[str, Any]) -> list[str]:
+def _losses(record: JsonDict) -> list[str]:
     losses = record.get("losses") or []
     if not losses:
         return []

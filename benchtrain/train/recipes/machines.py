@@ -162,7 +162,7 @@ def device_key(cal: Calibration) -> str | None:
 
 def is_shared(cal: Calibration) -> bool:
     """Measured by someone else: shared on the hub, or bundled with benchtrain (measured by its makers)."""
-    return ((cal.data.get("source") or {}).get("kind")) == "hub" or (cal.path is not None and is_bundled(cal.path))
+    return cal.from_hub or (cal.path is not None and is_bundled(cal.path))
 
 
 def measured_by(cal: Calibration) -> str:
@@ -608,8 +608,8 @@ def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     machine, option = row.source.machine, row.option
     if machine is None or row.source.kind in MEASURED:
         return
-    budget = (option.calibration.data.get("search") or {}).get("budget_seconds") if option is not None else None
-    row.settle_seconds = float(budget) if isinstance(budget, (int, float)) and budget > 0 else SETTLE_SECONDS
+    budget = option.calibration.budget_seconds if option is not None else None
+    row.settle_seconds = budget or SETTLE_SECONDS
     lora = " --lora" if method.is_lora else ""
     launch = f"accelerate launch --num_processes {machine.processes} -m benchtrain." if machine.processes > 1 else ""
     link = f" --interconnect {machine.interconnect}" if machine.interconnect else ""

@@ -16,6 +16,7 @@ from benchtrain.common.atomic import json_text
 from benchtrain.common.console import is_main_process, say
 from benchtrain.common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
 from benchtrain.common.home import writable_subdir
+from benchtrain.common.json_types import JsonDict
 from benchtrain.common.run_paths import stored_path
 from benchtrain.train.export import export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
@@ -325,7 +326,7 @@ class TrainRecipe:
         )
         return record
 
-    def _data_section(self) -> dict[str, Any]:
+    def _data_section(self) -> JsonDict:
         """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
         loaded = self.loaded
         data = loaded.data
@@ -417,9 +418,7 @@ def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
     return options
 
 
-def export_final_model(
-    loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str
-) -> dict[str, Any] | None:
+def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> JsonDict | None:
     """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
     if loop.model is None:
         return None
@@ -473,7 +472,7 @@ def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda valu
     return value if dist.get_rank() == 0 else adopt(value)
 
 
-def check_same_training(training: dict[str, Any]) -> None:
+def check_same_training(training: JsonDict) -> None:
     """Every rank trains what rank 0 trains (`training_summary`): else one line on every rank before any step, not a hang."""
     if job_world_size() == 1:
         return
@@ -503,6 +502,6 @@ COMPARED_PLAN_KEYS = (
 )
 
 
-def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+def training_summary(record_plan: JsonDict, run_id: str) -> JsonDict:
     """What `check_same_training` compares: run.json's plan section's COMPARED_PLAN_KEYS, and the run."""
     return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}
