@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.run_file import RunFile, run_configuration
@@ -235,7 +234,7 @@ def _data(record: JsonDict) -> list[str]:
 def _method(record: JsonDict) -> list[str]:
     plan = record.get("plan") or {}
     step = run_configuration(plan)
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, object]] = [
         ("method", plan.get("method", "full")),
         ("optimizer", plan.get("optimizer", "adamw")),
         ("learning rate", plan.get("learning_rate")),
@@ -317,13 +316,13 @@ def _losses(record: JsonDict) -> list[str]:
     return ["## Loss curve", "", "| step | training loss | eval loss |", "|---|---|---|", *table, ""]
 
 
-def _duration(seconds: Any) -> str:
+def _duration(seconds: object) -> str:
     return format_duration(float(seconds)) if isinstance(seconds, (int, float)) else "—"
 
 
-def _number(value: Any, digits: int = 0) -> str:
+def _number(value: object, digits: int = 0) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else "—"
 
 
-def _gib(value: Any) -> str:
+def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) else "—"
