@@ -440,7 +440,7 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
         and qlora.building_bytes("ddp") == 0
     )
     small = Hardware.from_record({"name": "NVIDIA L4", "device_type": "cuda", "memory_bytes": 22 * GIB})
-    assert qlora.per_process_bytes("fsdp", 4, "cuda") < small["memory_bytes"]  # its shards would fit
+    assert qlora.per_process_bytes("fsdp", 4, "cuda") < small.memory_bytes  # its shards would fit
     with pytest.raises(
         DoesNotFitError, match="under FSDP builds the whole 4-bit base on each process before sharding it"
     ) as refused:
@@ -448,7 +448,7 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
     assert "\n" not in str(refused.value) and gpus_needed(qlora, small) is None
     assert (
         check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp")
-        < h100["memory_bytes"]
+        < h100.memory_bytes
     )
 
 
