@@ -18,6 +18,7 @@ import pytest
 
 from benchtrain.calibration.comm import CommModel
 from benchtrain.calibration.fit import fit_measurements
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.schema import SCHEMA_VERSION, read_calibration_file
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.topology import Link
@@ -398,7 +399,12 @@ def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: A
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)
     return consider(
-        context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), parse_machines(machines)
+        context,
+        MethodConfig(),
+        loaded,
+        Hardware.from_record(detect_hardware()),
+        length_profile(data.lengths),
+        parse_machines(machines),
     )
 
 

@@ -515,7 +515,7 @@ def test_the_card_says_what_each_measured_and_escapes_what_it_holds() -> None:
         "nvlink",
         "tiny",
         "LoRA r16",
-        "4-bit",
+        "4bit",
         "2 (fsdp)",
         "torch 2.13.0, transformers 5.24.0, CUDA 13.0",
         "2026-11-01T10:00:00+00:00",

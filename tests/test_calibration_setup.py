@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from benchtrain.calibration.schema import read_calibration_file
-from benchtrain.calibration.setup import Setup, describe_setup, quantization_name, setup_difference
+from benchtrain.calibration.setup import Setup, describe_setup, setup_difference
 from benchtrain.calibration.store import save_calibration
+from benchtrain.calibration.training import base_phrase, quantize_value
 from benchtrain.common.errors import guard_cli
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"
@@ -82,12 +83,20 @@ def test_quantized_base(full: dict[str, Any]) -> None:
         describe_setup(lora(full, quantization={"bits": 8}))
         == "LoRA r16 on an 8-bit base, checkpointing off, 1 process"
     )
-    assert [quantization_name(value) for value in (None, "none", 4, "int8", "4bit")] == [
-        None,
-        None,
-        "4-bit",
-        "8-bit",
-        "4-bit",
+    # One value per base, as --quantize spells it, whatever a calibration recorded; one phrase for prose.
+    assert [quantize_value(value) for value in (None, "none", 4, "int8", "4bit", "4-bit", {"bits": 8})] == [
+        "none",
+        "none",
+        "4bit",
+        "8bit",
+        "4bit",
+        "4bit",
+        "8bit",
+    ]
+    assert [base_phrase(value) for value in ("none", "4bit", "8bit")] == [
+        "an unquantized base",
+        "a 4-bit base",
+        "an 8-bit base",
     ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from helpers import assert_one_line_error, cpu_calibration, dry_run, h100_data, heavy_tailed, run_main, tokenized
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.store import save_calibration
 from benchtrain.common.atomic import json_text
@@ -65,7 +66,14 @@ def run_compare(
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model(model), data, None, 0.0)
-    return compare(context, MethodConfig(), loaded, detect_hardware(), length_profile(data.lengths), sources or [])
+    return compare(
+        context,
+        MethodConfig(),
+        loaded,
+        Hardware.from_record(detect_hardware()),
+        length_profile(data.lengths),
+        sources or [],
+    )
 
 
 # -- prices -----------------------------------------------------------------------------------
@@ -73,24 +81,35 @@ def run_compare(
 
 def test_prices_per_device_by_the_words_of_its_name(tmp_path: Path) -> None:
     prices = parse_prices("h100=2.5,h200=3.8")
-    assert prices.for_device("any", H100_HARDWARE) == 2.5
-    assert prices.for_device("any", H200_HARDWARE) == 3.8
-    assert parse_prices("2.5").for_device("x", H200_HARDWARE) == parse_prices(2.5).for_device("x", H100_HARDWARE) == 2.5
-    assert parse_prices(None).for_device("x", H100_HARDWARE) is None
-    assert parse_prices("h100=2.5,h100-sxm=2.9").for_device("x", H100_HARDWARE) == 2.9  # the more specific key
-    assert parse_prices("h100=2.5,my-cal=9").for_device("my-cal", H100_HARDWARE) == 9  # a calibration id
+    assert prices.for_device("any", Hardware.from_record(H100_HARDWARE)) == 2.5
+    assert prices.for_device("any", Hardware.from_record(H200_HARDWARE)) == 3.8
+    assert (
+        parse_prices("2.5").for_device("x", Hardware.from_record(H200_HARDWARE))
+        == parse_prices(2.5).for_device("x", Hardware.from_record(H100_HARDWARE))
+        == 2.5
+    )
+    assert parse_prices(None).for_device("x", Hardware.from_record(H100_HARDWARE)) is None
+    assert (
+        parse_prices("h100=2.5,h100-sxm=2.9").for_device("x", Hardware.from_record(H100_HARDWARE)) == 2.9
+    )  # the more specific key
+    assert (
+        parse_prices("h100=2.5,my-cal=9").for_device("my-cal", Hardware.from_record(H100_HARDWARE)) == 9
+    )  # a calibration id
     # the default
-    assert parse_prices("h100=2.5,1.0").for_device("x", {"device_type": "cpu", "name": "AMD EPYC"}) == 1.0
+    assert (
+        parse_prices("h100=2.5,1.0").for_device("x", Hardware.from_record({"device_type": "cpu", "name": "AMD EPYC"}))
+        == 1.0
+    )
     with pytest.raises(
         BenchtrainError, match=r"no price for NVIDIA H200 \(calibration c; prices given for h100\): add h200=USD"
     ):
-        parse_prices("h100=2.5").for_device("c", H200_HARDWARE)
+        parse_prices("h100=2.5").for_device("c", Hardware.from_record(H200_HARDWARE))
     lines = tmp_path / "prices.txt"
     lines.write_text("# rented by the hour\nh100 = 2.5\nh200=$3.80  # on demand\n")
     table = tmp_path / "prices.json"
     table.write_text(json.dumps({"h100": 2.5, "h200": 3.8}))
     for path in (lines, table):
-        assert parse_prices(str(path)).for_device("x", H200_HARDWARE) == 3.8
+        assert parse_prices(str(path)).for_device("x", Hardware.from_record(H200_HARDWARE)) == 3.8
     for bad, fragment in (
         ("h100=abc", "'abc' is not a price"),
         ("h100=-1", "non-negative"),
@@ -128,7 +147,7 @@ def test_the_table_ranks_the_cheapest_that_meets_the_deadline_first() -> None:
         double_row = next(row for row in comparison.rows if row.calibration_id == h200["id"])
         assert double_row.plan.chosen.step_seconds < h100_row.plan.chosen.step_seconds / 1.7
         # Memory and MFU on each row's own device.
-        assert h100_row.device["memory_bytes"] == h100["hardware"]["memory_bytes"] != double_row.device["memory_bytes"]
+        assert h100_row.device.memory_bytes == h100["hardware"]["memory_bytes"] != double_row.device.memory_bytes
         assert double_row.memory_headroom > h100_row.memory_headroom
         assert double_row.compute["mfu"] > h100_row.compute["mfu"] > 0
 

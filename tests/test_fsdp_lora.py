@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from benchtrain.calibration.hardware import Hardware
+
 SPEC: dict[str, Any] = {  # a small llama from a config: grouped-query attention, untied head
     "model_type": "llama",
     "vocab_size": 256,
@@ -307,7 +309,12 @@ def consider_70b(record: dict[str, Any], quantize: str) -> list[Any]:
     method = MethodConfig(method="lora", quantize=quantize)
     machines = parse_machines("h100:2,h100:4,h100:8")
     comparison = consider(
-        context, method, [Calibration(record)], detect_hardware(), length_profile(data.lengths), machines
+        context,
+        method,
+        [Calibration(record)],
+        Hardware.from_record(detect_hardware()),
+        length_profile(data.lengths),
+        machines,
     )
     return sorted(comparison.rows, key=lambda row: row.processes)
 
@@ -341,7 +348,7 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
             if processes not in planned:
                 assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
                 # its shards alone nearly fill it
-                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device["memory_bytes"]
+                assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device.memory_bytes
                 continue
             assert row.plan is not None, row.problem
             assert row.run_plan.fitted.step.sharding == "fsdp" and row.run_plan.fitted.step.world_size == processes
@@ -350,7 +357,7 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
                 row.run_plan.fitted.hardware, processes
             )
             # its share, the gathered blocks and NCCL's buffers, then activations
-            assert held < peak <= 0.95 * row.device["memory_bytes"]
+            assert held < peak <= 0.95 * row.device.memory_bytes
             peaks[processes] = peak
         assert list(peaks.values()) == sorted(peaks.values(), reverse=True)  # more GPUs, less on each
 
@@ -419,7 +426,7 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
     from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("llama-3.1-70b")
-    h100 = {"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda", "memory_bytes": 79.2 * GIB}
+    h100 = Hardware.from_record({"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda", "memory_bytes": 79.2 * GIB})
     lora = check_fits(spec, MethodConfig(method="lora"), h100, "fsdp", 8)
     assert 134 * GIB < lora.total_bytes < 135 * GIB and lora.building_bytes("fsdp") == 0
     assert lora.per_process_bytes("fsdp", 8, "cuda") == pytest.approx(
@@ -432,8 +439,8 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
         and qlora.building_bytes("fsdp") == qlora.weights_bytes
         and qlora.building_bytes("ddp") == 0
     )
-    small = {"name": "NVIDIA L4", "device_type": "cuda", "memory_bytes": 22 * GIB}
-    assert qlora.per_process_bytes("fsdp", 4, "cuda") < small["memory_bytes"]  # its shards would fit
+    small = Hardware.from_record({"name": "NVIDIA L4", "device_type": "cuda", "memory_bytes": 22 * GIB})
+    assert qlora.per_process_bytes("fsdp", 4, "cuda") < small.memory_bytes  # its shards would fit
     with pytest.raises(
         DoesNotFitError, match="under FSDP builds the whole 4-bit base on each process before sharding it"
     ) as refused:
@@ -441,7 +448,7 @@ def test_a_70b_plan_per_rank_counts_what_fsdp_shards_and_what_a_4bit_base_builds
     assert "\n" not in str(refused.value) and gpus_needed(qlora, small) is None
     assert (
         check_fits(spec, MethodConfig(method="lora", quantize="4bit"), h100, "fsdp", 2).building_bytes("fsdp")
-        < h100["memory_bytes"]
+        < h100.memory_bytes
     )
 
 

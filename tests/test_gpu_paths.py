@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from benchtrain.calibration.hardware import Hardware
+
 # -- the compile-cache child of a slice calibration built the whole model ---------------------------
 
 
@@ -138,10 +140,19 @@ def test_a_ddp_plan_for_8_gpus_from_a_1_process_calibration_holds_nccls_memory(m
     from benchtrain.calibration.comm import communicator_bytes
 
     h100 = read_calibration_file(FIXTURE)["hardware"]
-    assert communicator_bytes({**h100, "interconnect": "nvswitch"}, 8) == switched.memory_offset_bytes
+    assert (
+        communicator_bytes(Hardware.from_record({**h100, "interconnect": "nvswitch"}), 8)
+        == switched.memory_offset_bytes
+    )
     # no NVLS before Hopper
-    assert communicator_bytes({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}, 8) == buffers
-    assert communicator_bytes({"device_type": "cpu"}, 8) == 0.0 and communicator_bytes(h100, 1) == 0.0
+    assert (
+        communicator_bytes(Hardware.from_record({**h100, "compute_capability": "8.0", "interconnect": "nvswitch"}), 8)
+        == buffers
+    )
+    assert (
+        communicator_bytes(Hardware.from_record({"device_type": "cpu"}), 8) == 0.0
+        and communicator_bytes(Hardware.from_record(h100), 1) == 0.0
+    )
 
 
 # -- collectives priced at datasheet signalling rates, and NVLink pairs read as a fabric ------------
@@ -365,7 +376,12 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     calibrations = [Calibration(measured)]
     method = MethodConfig(optimizer="adamw-8bit")
     comparison = consider(
-        context, method, calibrations, detect_hardware(), length_profile(data.lengths), parse_machines("h100:4:nvlink")
+        context,
+        method,
+        calibrations,
+        Hardware.from_record(detect_hardware()),
+        length_profile(data.lengths),
+        parse_machines("h100:4:nvlink"),
     )
     (row,) = comparison.rows
     assert (

@@ -15,6 +15,7 @@ import pytest
 from helpers import assert_one_line_error, run_main
 
 from benchtrain.bench.layer_slices import auto_depths, choose_depths, non_uniform_reason, parse_layers, slice_spec
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.slices import UNTESTED_SLICE_ERROR, DepthLine, derive_full_rows, slice_widening
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
@@ -202,7 +203,7 @@ def h100() -> dict[str, Any]:
 
 
 def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() -> None:
-    hardware = h100()
+    hardware = Hardware.from_record(h100())
     eight = memory_need(resolve_model("llama-3.1-8b"), MethodConfig(), "cuda")
     assert gpus_needed(eight, hardware) == 2  # 8B × 16 bytes ≈ 120 GiB: two 80 GB shards
     seventy_spec = resolve_model("llama-3.1-70b")
@@ -211,7 +212,7 @@ def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() ->
     assert count is not None and count > 10
     assert (
         seventy.per_process_bytes("fsdp", count, "cuda")
-        <= hardware["memory_bytes"]
+        <= hardware.memory_bytes
         < seventy.per_process_bytes("fsdp", count - 1, "cuda")
     )
     assert gpus_needed(memory_need(resolve_model("llama-3.2-1b"), MethodConfig(), "cuda"), hardware) == 1
@@ -221,8 +222,8 @@ def test_the_memory_check_says_how_many_h100s_a_model_too_big_for_one_needs() ->
     ):
         check_fits(seventy_spec, MethodConfig(), hardware)
     # Slices of it do fit: auto takes the deepest ladder whose deepest slice leaves room for activations.
-    assert auto_depths(resolve_model("llama-3.1-8b"), MethodConfig(), hardware, (1, "none")) == (2, 4, 6)
-    assert auto_depths(seventy_spec, MethodConfig(), hardware, (1, "none")) == (1, 2)
+    assert auto_depths(resolve_model("llama-3.1-8b"), MethodConfig(), h100(), (1, "none")) == (2, 4, 6)
+    assert auto_depths(seventy_spec, MethodConfig(), h100(), (1, "none")) == (1, 2)
 
 
 @pytest.fixture()

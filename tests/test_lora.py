@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import TINY_GRID, assert_one_line_error, lora_calibration, make_run, run_main
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.step_config import StepConfig
@@ -130,7 +131,7 @@ def test_presets_of_the_real_shapes() -> None:
 
 
 def test_a_model_too_big_for_the_device_is_one_line_in_seconds() -> None:
-    h100 = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30}
+    h100 = Hardware.from_record({"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30})
     with pytest.raises(
         BenchtrainError,
         match=r"full fine-tuning of mistral-nemo-12b needs ≈18\d GiB .* has 79 GiB: use --lora \(≈2\d GiB",
@@ -249,7 +250,7 @@ def test_a_calibration_of_another_method_is_refused(calibrated_home: Path, capsy
 
 def test_the_h100_calibration_plans_full_fine_tuning_without_checkpointing() -> None:
     calibration = Calibration(read_calibration_file(FIXTURES / "h100-llama-3.2-1b-fullgrid.json"))
-    assert calibration.training["method"] == "full"
+    assert calibration.training.method == "full"
     assert calibration.measured_values("gradient_checkpointing") == [0]
     assert calibration.predict(StepConfig(8, 0, 1, 1024)).tokens_per_second > 10_000
 

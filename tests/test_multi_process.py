@@ -15,6 +15,7 @@ from helpers import heavy_tailed, synthetic_calibration
 
 from benchtrain.bench.probe_tasks import combine_rows
 from benchtrain.calibration.comm import BUCKET_BYTES, CommModel, fit_comm, fsdp_micro_step_seconds, gradient_bytes
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.errors import BenchtrainError
@@ -105,10 +106,10 @@ def test_fsdp_traffic_per_micro_step() -> None:
 def test_fsdp_holds_a_shard_of_what_one_device_cannot() -> None:
     """Full fine-tuning of an 8B model needs ≈120 GiB before activations: refused on one H100 with
     the FSDP advice; four FSDP processes hold a quarter each plus two gathered blocks."""
-    h100 = {"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30}
+    h100 = Hardware.from_record({"device_type": "cuda", "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 79 * 2**30})
     spec = resolve_model("llama-3.1-8b")
     with pytest.raises(BenchtrainError, match="sharding fsdp"):
-        check_fits(spec, MethodConfig(), {**h100, "memory_bytes": 20 * 2**30})
+        check_fits(spec, MethodConfig(), h100.with_memory(20 * 2**30))
     need = check_fits(spec, MethodConfig(), h100, "fsdp", 4)
     assert need.blocks == 32 and 200e6 < need.largest_block_parameters < 220e6
     per_process = need.per_process_bytes("fsdp", 4, "cuda")

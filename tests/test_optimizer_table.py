@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.optimizers import OPTIMIZERS, Optimizer
@@ -89,7 +90,7 @@ def test_the_memory_check_counts_its_state_and_the_engine_builds_it(with_adagrad
     spec = resolve_model("tiny")
     need = memory_need(spec, MethodConfig(optimizer="adagrad"), "cpu").optimizer_bytes
     assert need == kept > 0
-    hardware = {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34}
+    hardware = Hardware.from_record({"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34})
     line = describe_needs(spec, MethodConfig(optimizer="adagrad"), hardware)  # the dry run's line
     assert f", {need / 2**20:.3g} MiB with adagrad (this run: adagrad);" in line, line
     assert "MiB with adamw or adamw-fused, " in line and "MiB with adamw-8bit or paged-adamw-8bit, " in line
@@ -134,7 +135,9 @@ def test_the_dry_run_s_state_line_needs_no_bitsandbytes(monkeypatch: pytest.Monk
 
     hide_bitsandbytes(monkeypatch)
     line = describe_needs(
-        resolve_model("tiny"), MethodConfig(), {"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34}
+        resolve_model("tiny"),
+        MethodConfig(),
+        Hardware.from_record({"device_type": "cpu", "name": "cpu", "memory_bytes": 2**34}),
     )
     assert (
         "MiB with adamw or adamw-fused, " in line

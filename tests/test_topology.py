@@ -29,6 +29,7 @@ from helpers import (
 )
 
 from benchtrain.calibration.comm import BUCKET_BYTES, CommModel, describe_communication, fit_comm
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.topology import (
     BACKWARD_SHARE,
@@ -244,7 +245,7 @@ def compare_options(options: list[Option], model: str = "llama-3.2-1b", **config
         context,
         MethodConfig(),
         [option_source(option) for option in options],
-        detect_hardware(),
+        Hardware.from_record(detect_hardware()),
         {},
         at_upper_end=False,
     )

@@ -18,6 +18,7 @@ from benchtrain.bench.record import assess_noise, fit_with_drift_choice
 from benchtrain.bench.space import Shape, shape_of
 from benchtrain.bench.variant_measurement import BenchRequest, Carry, ProgressBar, describe_task, measure_variant
 from benchtrain.calibration.fit import MIN_ROWS_FOR_FIT, fit_eval
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.slices import DepthLine, SliceFit, derive_full_rows, derive_step_split, slice_error
 from benchtrain.calibration.step_config import StepConfig
@@ -255,14 +256,14 @@ def whole_model_record(records: dict[int, JsonDict], spec: ModelSpec, method: Me
         training={**counts, "flops_terms": shape.flops_terms(method.is_lora)},
         static_bytes={depth: static_bytes(slice_spec(spec, depth), method, hardware, layout) for depth in records}
         | {layers: static_bytes(spec, method, hardware, layout)},
-        gpus_needed=gpus_needed(need, hardware),
+        gpus_needed=gpus_needed(need, Hardware.from_record(hardware)),
         rule=rule,
         checkpoint_bytes=need.trainable_parameters * CHECKPOINT_BYTES_PER_TRAINABLE,
     )
     record = combine_slices(records, whole)
     for depth in sorted(records)[:-1]:
         discard_unfinished(unfinished_paths(records[depth]))
-    many = describe_gpus_needed(need, hardware)
+    many = describe_gpus_needed(need, Hardware.from_record(hardware))
     if many:
         say(f"the whole model does not fit one {hardware['name']}: {many}")
     return record

@@ -23,6 +23,7 @@ from benchtrain.bench.runner import Budget, OptunaStudy, study_name
 from benchtrain.bench.space import SearchSpace, Shape, default_space, within_positions
 from benchtrain.bench.step_split import record_step_split
 from benchtrain.bench.timing import ProbeSettings
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.heap import frozen_heap
@@ -146,7 +147,7 @@ def describe_task(
     hardware = detect_hardware()
     layout = process_layout(request.options, method)
     world_size, sharding = layout.world_size, layout.sharding
-    need = check_fits(spec, method, hardware, sharding, world_size)
+    need = check_fits(spec, method, Hardware.from_record(hardware), sharding, world_size)
     warnings: list[str] = []
     mismatch = requested_mismatch(request.requested_device, hardware)
     if mismatch:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.json_types import JsonDict
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -127,19 +128,19 @@ NVLS_BYTES_PER_GPU_OF_NODE = NVLS_CHANNELS * 2 * 128 * 1024 * 8  # × 2 × NCCL_
 NVLS_MIN_COMPUTE_CAPABILITY = 9.0
 
 
-def nvls_binds(hardware: JsonDict) -> bool:
+def nvls_binds(hardware: Hardware) -> bool:
     """Whether NCCL binds NVLS memory: an NVSwitch (or links not recorded: the larger figure) on compute capability 9.0+."""
-    if hardware.get("interconnect") not in ("nvswitch", None):
+    if hardware.interconnect not in ("nvswitch", None):
         return False
     try:
-        return float(hardware.get("compute_capability") or 0.0) >= NVLS_MIN_COMPUTE_CAPABILITY
+        return float(hardware.compute_capability or 0.0) >= NVLS_MIN_COMPUTE_CAPABILITY
     except ValueError:
         return False
 
 
-def communicator_bytes(hardware: JsonDict, processes: int) -> float:
+def communicator_bytes(hardware: Hardware, processes: int) -> float:
     """NCCL's device memory on each GPU of a `processes`-GPU job on `hardware`; 0 for one process or a device not CUDA."""
-    if processes < 2 or hardware.get("device_type") != "cuda":
+    if processes < 2 or hardware.device_type != "cuda":
         return 0.0
     buffers = CHANNELS * RING_PEERS * CONNECTION_BYTES
     nvls = NVLS_BYTES_PER_GPU_OF_NODE * processes if nvls_binds(hardware) else 0

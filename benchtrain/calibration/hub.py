@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchtrain.calibration.schema import SCHEMA_VERSION, ListedCalibration, read_calibration_file
-from benchtrain.calibration.setup import measured_setup, quantization_name, variant_of
+from benchtrain.calibration.setup import measured_setup, variant_of
 from benchtrain.common.errors import BenchtrainError, CalibrationFileError
 from benchtrain.common.hub_access import (
     COMMIT_HASH,
@@ -247,9 +247,7 @@ def card_row(data: JsonDict) -> list[str]:
     hardware, software = data.get("hardware") or {}, data.get("software") or {}
     setup = measured_setup(data)
     # Each variant the file measured (calibration.schema.variant_data).
-    quantizations = [
-        quantization_name(variant_of(entry).quantize) or "none" for entry in (data, *(data.get("variants") or []))
-    ]
+    quantizations = [variant_of(entry).quantize for entry in (data, *(data.get("variants") or []))]
     return [
         str(data.get("id", "?")),
         str(hardware.get("name", "?")),

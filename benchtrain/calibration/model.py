@@ -15,13 +15,15 @@ import numpy as np
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from benchtrain.calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_provenance
 from benchtrain.calibration.memory_fit import MemoryModel, memory_model_from_json
 from benchtrain.calibration.schema import variant_data
-from benchtrain.calibration.setup import Variant, measured_setup, variant_of
+from benchtrain.calibration.setup import Variant, measured_setup
 from benchtrain.calibration.slices import slice_widening
 from benchtrain.calibration.step_config import StepConfig, holds_as_much
 from benchtrain.calibration.store import calibrations_dir, is_bundled
+from benchtrain.calibration.training import Training
 from benchtrain.calibration.translate import BoundWidths, widened_bounds
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
@@ -80,18 +82,27 @@ class Calibration:
         # Sections calibration.schema.validate checked on load, as read.
         self.id: str = self.data["id"]
         self.fit: JsonDict = fit
-        self.hardware: JsonDict = self.data["hardware"]
+        self.hardware = Hardware.from_record(self.data["hardware"])
         self.model: JsonDict = self.data["model"]
         self.measurements: list[JsonDict] = self.data["measurements"]
         # measured one-off costs (model build, warm-up, checkpoint save), seconds
         self.overheads: dict[str, float] = self.data.get("overheads", {})
         # The step measured again in fresh processes by bench (calibration.process_check); {} without.
         self.process_check: JsonDict = self.data.get("process_check") or {}
-        # What the probes trained: method (full or lora), adapter settings, trainable parameters.
-        self.training: JsonDict = self.data.get("training") or {"method": "full", "lora": None}
-        # Processes the probes ran with (`accelerate launch --num_processes N`), the model spread over them: none, ddp or fsdp.
-        setup = measured_setup(self.data)
-        self.world_size, self.sharding = setup.world_size, setup.sharding
+        # What the probes trained: method (full or lora), adapter settings, the base, optimizer, precision, compile, loss.
+        self.training = Training.from_record(self.data.get("training"))
+        # What was measured: the model, the processes the probes ran with (`accelerate launch --num_processes N`), the
+        # model spread over them (none, ddp or fsdp), the checkpointing modes and the link between the devices.
+        self.setup = measured_setup(self.data)
+        self.world_size, self.sharding = self.setup.world_size, self.setup.sharding
+        # bench compared the losses and chose one (`loss_choice`): the loss `auto` takes, on any device.
+        self.compared_losses = bool(self.data.get("loss_choice"))
+        # What bench said of its own error while measuring (calibration.fit's noise check); None: nothing to say.
+        self.noise_message: str | None = (self.data.get("noise") or {}).get("message") or None
+        # The CUDA allocator settings (PYTORCH_CUDA_ALLOC_CONF) the probes ran with; None: the default.
+        self.allocator_conf: str | None = (self.data.get("software") or {}).get("allocator_conf")
+        # The seconds `bench run --budget` gave the search; None: not recorded.
+        self.budget_seconds: float | None = _positive((self.data.get("search") or {}).get("budget_seconds"))
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -124,7 +135,7 @@ class Calibration:
     @property
     def variant(self) -> Variant:
         """(quantize, optimizer) as train's --quantize/--optimizer name them."""
-        return variant_of(self.data)
+        return Variant(self.training.quantization, self.training.optimizer)
 
     def ok_rows(self) -> list[JsonDict]:
         return [row for row in self.measurements if row["status"] == "ok"]
@@ -161,6 +172,11 @@ class Calibration:
         runs = max(abs(ratio / self.history_factor - 1) for ratio in ratios) if len(ratios) >= 2 else 0.0
         source = "past runs" if runs > fresh else "fresh processes" if fresh else "not measured"
         return BoundParts(max(MIN_RELATIVE_BOUND, (p90 or 0.0) / 100.0), max(fresh, runs), source)
+
+    @property
+    def from_hub(self) -> bool:
+        """Read from the hub (calibration.hub), not measured here or bundled."""
+        return hub_provenance(self.data) is not None
 
     @property
     def translation(self) -> JsonDict | None:
@@ -266,7 +282,7 @@ class Calibration:
 
     @property
     def memory_limit_bytes(self) -> float:
-        return float(self.hardware["memory_bytes"])
+        return float(self.hardware.memory_bytes)
 
     @property
     def memory_margin(self) -> float:
@@ -366,6 +382,10 @@ class Calibration:
                 "(median, shrunk towards 1; applied to new predictions)."
             )
         return lines
+
+
+def _positive(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
 def _scaled(value: float, units: tuple[tuple[str, float], ...]) -> str:

@@ -3,13 +3,13 @@ and why `latest` preferred one calibration over a newer one. Pure functions over
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.step_config import Mode
+from benchtrain.calibration.training import UNQUANTIZED, Training, base_phrase
 from benchtrain.common.json_types import JsonDict
 
 
@@ -21,45 +21,36 @@ class Setup:
     model_fingerprint: str | None
     method: str = "full"  # "full" | "lora"
     lora_rank: int | None = None
-    quantization: str | None = None  # "4-bit", "8-bit"; None: the base in its own precision
+    quantization: str = UNQUANTIZED  # as --quantize names it: "none" (the base in its own precision), "4bit", "8bit"
     world_size: int = 1
     sharding: str = "none"
     # The modes (switches on, calibration.dimensions) the probes measured; a run's is left empty:
     # the plan picks its mode, so it never makes one calibration suit a run better.
     modes: tuple[Mode, ...] = ()
+    # What joined the measured devices (calibration.topology's word); None: not recorded.
+    interconnect: str | None = None
 
 
 def measured_setup(data: JsonDict) -> Setup:
-    """The setup a calibration measured; a record without a training section (a hand-made one) measured full fine-tuning."""
-    training = data.get("training") or {}
+    """The setup a calibration (or one of its variants, calibration.schema.variant_data) measured, read from its
+    sections once; a record without a training section (a hand-made one) measured full fine-tuning."""
+    training = Training.from_record(data.get("training"))
     distributed = data.get("distributed") or {}
     model = data.get("model") or {}
-    lora = training.get("lora") or {}
     # Skipped probes never ran: the modes measured are those of the probes that did.
     probed = [row for row in data.get("measurements") or [] if row.get("status") != "skipped"]
+    interconnect = (data.get("hardware") or {}).get("interconnect")
     return Setup(
         model_name=str(model.get("name", "?")),
         model_fingerprint=model.get("fingerprint"),
-        method=str(training.get("method", "full")),
-        lora_rank=lora.get("rank") if trains_adapters(str(training.get("method", "full"))) else None,
-        quantization=quantization_name(training.get("quantization")),
+        method=training.method,
+        lora_rank=training.lora_rank if trains_adapters(training.method) else None,
+        quantization=training.quantization,
         world_size=int(distributed.get("world_size", 1)),
         sharding=str(distributed.get("sharding", "none")),
         modes=tuple(sorted({tuple(d.name for d in switches() if row.get(d.name) or 0) for row in probed})),
+        interconnect=str(interconnect) if interconnect else None,
     )
-
-
-def quantization_name(value: object) -> str | None:
-    """The base's quantization as "4-bit"/"8-bit" from whatever the calibration records (a bit
-    count, "nf4", "int8", "4bit", or an object with `bits`); None when the base is not quantized."""
-    if isinstance(value, dict):
-        value = value.get("bits") or value.get("method") or value.get("type")
-    if value in (None, False, 0, "", "none"):
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value}-bit"
-    digits = re.search(r"\d+", str(value))
-    return f"{digits.group()}-bit" if digits else str(value)
 
 
 class Variant(NamedTuple):
@@ -72,20 +63,21 @@ class Variant(NamedTuple):
 
 def variant_of(data: JsonDict) -> Variant:
     """The variant a calibration (or one of its variants' entries) measured."""
-    training = data.get("training") or {}
-    return Variant(str(training.get("quantization") or "none"), str(training.get("optimizer") or "adamw"))
+    training = Training.from_record(data.get("training"))
+    return Variant(training.quantization, training.optimizer)
 
 
 def variant_name(quantize: str, optimizer: str) -> str:
     """ "a 4-bit base", "an unquantized base with adamw-8bit": one of a calibration's variants."""
-    base = _base_phrase(quantization_name(quantize))
+    base = base_phrase(quantize)
     return base if optimizer == "adamw" else f"{base} with {optimizer}"
 
 
 def describe_setup(data: JsonDict) -> str:
     """One phrase: "LoRA r16 on a 4-bit base, checkpointing off+on, 2 processes (ddp)"."""
     setup = measured_setup(data)
-    parts = [_method_phrase(setup) + (f" on {_base_phrase(setup.quantization)}" if setup.quantization else "")]
+    quantized = setup.quantization != UNQUANTIZED
+    parts = [_method_phrase(setup) + (f" on {base_phrase(setup.quantization)}" if quantized else "")]
     if data.get("variants"):
         measured = [data, *data["variants"]]
         parts.append("measured " + " and ".join(variant_name(*variant_of(entry)) for entry in measured))
@@ -107,7 +99,7 @@ def setup_difference(chosen: JsonDict, passed_over: JsonDict, run: Setup) -> str
     if not _same_method(newer, run) and not _same_method(newer, mine):
         reasons.append(f"{_method_phrase(newer)} (this run: {_method_phrase(run)})")
     if newer.quantization != run.quantization and newer.quantization != mine.quantization:
-        reasons.append(f"{_base_phrase(newer.quantization)} (this run: {_base_phrase(run.quantization)})")
+        reasons.append(f"{base_phrase(newer.quantization)} (this run: {base_phrase(run.quantization)})")
     if (newer.world_size, newer.sharding) != (run.world_size, run.sharding) and (newer.world_size, newer.sharding) != (
         mine.world_size,
         mine.sharding,
@@ -130,13 +122,6 @@ def _method_phrase(setup: Setup) -> str:
         return "full fine-tuning"
     name = "LoRA" if setup.method == "lora" else setup.method  # another adapter method by its name (DoRA: "dora")
     return f"{name} r{setup.lora_rank}" if setup.lora_rank is not None else name
-
-
-def _base_phrase(quantization: str | None) -> str:
-    if not quantization:
-        return "an unquantized base"
-    article = "an" if quantization.startswith(("8", "11", "18")) else "a"  # "an 8-bit base"
-    return f"{article} {quantization} base"
 
 
 def _processes_phrase(setup: Setup) -> str:

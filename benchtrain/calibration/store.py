@@ -12,6 +12,7 @@ from pathlib import Path
 
 from benchtrain.calibration.hub import cached_file, is_hub_reference, shared_calibrations
 from benchtrain.calibration.schema import ListedCalibration, read_calibration_file
+from benchtrain.calibration.setup import Setup, measured_setup
 from benchtrain.common.atomic import file_lock, read_json_file, write_json_atomic, write_text_atomic
 from benchtrain.common.errors import BenchtrainError, CalibrationFileError
 from benchtrain.common.home import benchtrain_home, writable_subdir
@@ -28,7 +29,9 @@ DATA_SUFFIXES = (".jsonl", ".csv", ".parquet", ".txt", ".arrow")
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
 # Where scripts/demo.sh keeps what it measured (BENCHTRAIN_HOME=./.benchtrain).
 DEMO_HOME = Path(".benchtrain")
-Preferences = Sequence[Callable[[JsonDict], bool]]  # which calibrations `latest` prefers, first first
+Preferences = Sequence[
+    Callable[[Setup], bool]
+]  # which calibrations `latest` prefers (by what each measured), first first
 
 
 def calibrations_dir() -> Path:
@@ -211,7 +214,8 @@ def choose(
     """Of calibrations newest first: the newest the first preference accepts, then the next's, else
     the newest; `on_passed_over` hears of the newest when it is not the one chosen."""
     newest = readable[0][0] if readable else None
-    preferred = (next((path for path, data in readable if accepts(data)), None) for accepts in preferences)
+    measured = [(path, measured_setup(data)) for path, data in readable] if preferences else []
+    preferred = (next((path for path, setup in measured if accepts(setup)), None) for accepts in preferences)
     chosen = next((path for path in preferred if path is not None), newest)
     if on_passed_over is not None and newest is not None and chosen != newest:
         on_passed_over(newest)

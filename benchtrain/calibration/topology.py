@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from benchtrain.calibration.comm import CommModel
 from benchtrain.calibration.datasheets import sheet_for
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
 
@@ -103,10 +104,15 @@ def parse_interconnect(text: str, flag: str = "--interconnect") -> Interconnect:
     return Interconnect(kind, network, nodes, gpus)
 
 
-def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> Interconnect | None:
+def recorded_interconnect(hardware: Hardware, processes: int | None = None) -> Interconnect | None:
     """The interconnect a hardware record names (placed for `processes` where given); None where it names none, one this
     version cannot read, or a layout that does not hold `processes`. A CPU's record that names none is loopback (gloo)."""
-    word = hardware.get("interconnect") or ("loopback" if hardware.get("device_type") == "cpu" else None)
+    return _read_interconnect(
+        hardware.interconnect or ("loopback" if hardware.device_type == "cpu" else None), processes
+    )
+
+
+def _read_interconnect(word: str | None, processes: int | None = None) -> Interconnect | None:
     if not word:
         return None
     try:
@@ -118,7 +124,7 @@ def recorded_interconnect(hardware: JsonDict, processes: int | None = None) -> I
 
 def same_interconnect(measured: str | None, wanted: str | None) -> bool:
     """Whether collectives measured over `measured` price a run over `wanted` (words; either unknown: the same)."""
-    one, other = recorded_interconnect({"interconnect": measured}), recorded_interconnect({"interconnect": wanted})
+    one, other = _read_interconnect(measured), _read_interconnect(wanted)
     return one is None or other is None or one.family == other.family
 
 

@@ -32,7 +32,7 @@ def run_comparison(args: argparse.Namespace, started: float, continuation: Conti
     from benchtrain.train.recipes.run_data import hub_weights, load_data
     from benchtrain.train.recipes.run_plan import PlanContext
     from benchtrain.train.step.engine import process_layout
-    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.train.step.hardware import this_device
     from benchtrain.train.workload.model import resolve_model
     from benchtrain.train.workload.tokenizer import is_byte_tokenizer
 
@@ -60,7 +60,7 @@ def run_comparison(args: argparse.Namespace, started: float, continuation: Conti
         loaded.prep_seconds,
         loaded.uncertainty,
     )
-    here = detect_hardware()
+    here = this_device()
     comparison = (
         consider(context, method, calibrations, here, profile, machines)
         if machines
@@ -157,7 +157,7 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
         )
         estimate = format_duration(plan_of(best).chosen.total_seconds)
         lines.append(
-            f"recommended: 1, {best.reference} on {best.device['name']} × {best.processes}: {why} ({cost}≈{estimate})"
+            f"recommended: 1, {best.reference} on {best.device.name} × {best.processes}: {why} ({cost}≈{estimate})"
         )
     if command:
         lines.append(f"  train it there with: {command}")
@@ -187,7 +187,7 @@ def memory(row: Row, headroom: bool) -> str:
     peak = plan_of(row).chosen.peak_memory_bytes
     if peak is None:
         return "–"
-    return f"{peak / GIB:.1f} of {row.device['memory_bytes'] / GIB:.1f} GiB" + (
+    return f"{peak / GIB:.1f} of {row.device.memory_bytes / GIB:.1f} GiB" + (
         f" ({row.memory_headroom:.0%})" if headroom else ""
     )
 
@@ -205,7 +205,7 @@ Column = tuple[str, Callable[[int, Row], str], bool]
 CALIBRATION_COLUMNS: list[Column] = [
     ("#", mark, False),
     ("calibration", lambda _, row: row.reference, False),
-    ("device", lambda _, row: str(row.device["name"]), False),
+    ("device", lambda _, row: row.device.name, False),
     ("×", lambda _, row: str(row.processes), False),
     ("source", lambda _, row: "predicted" if row.option is not None and row.option.predicted else "measured", False),
     ("time", lambda _, row: format_duration(plan_of(row).chosen.total_seconds), True),

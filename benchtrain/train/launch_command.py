@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import replace
-from typing import Any
 
 import yaml
 
@@ -14,6 +13,7 @@ from benchtrain.common.atomic import write_text_atomic
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.recipes.config import parse_emit
 from benchtrain.train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
 
@@ -177,11 +177,11 @@ def header(task: LaunchTask, engine: str) -> list[str]:
 # -- SkyPilot ---------------------------------------------------------------------------------
 
 
-def skypilot_task(task: LaunchTask) -> dict[str, Any]:
+def skypilot_task(task: LaunchTask) -> JsonDict:
     """A SkyPilot task (sky.Task.from_yaml's schema): resources.ordered holds the targets in turn."""
     candidates = []
     for target in task.targets:
-        resources: dict[str, Any] = {"disk_size": task.disk_gb}
+        resources: JsonDict = {"disk_size": task.disk_gb}
         if target.accelerator is not None:
             resources["accelerators"] = f"{target.accelerator}:{target.gpus_per_node}"
         else:
@@ -189,9 +189,9 @@ def skypilot_task(task: LaunchTask) -> dict[str, Any]:
         if task.spot.use:
             resources["use_spot"] = True
         candidates.append(resources)
-    file_mounts: dict[str, Any] = {RUN_DIR: {"name": f"{task.name}-run", "mode": "MOUNT_CACHED"}}
+    file_mounts: JsonDict = {RUN_DIR: {"name": f"{task.name}-run", "mode": "MOUNT_CACHED"}}
     file_mounts.update({upload.remote: str(upload.local) for upload in task.uploads})
-    resources_section: dict[str, Any] = {"ordered": candidates} if len(candidates) > 1 else candidates[0]
+    resources_section: JsonDict = {"ordered": candidates} if len(candidates) > 1 else candidates[0]
     if task.spot.use:  # managed jobs (`sky jobs launch`) recover a preempted task on the next target
         resources_section["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 0}
     return {
@@ -207,7 +207,7 @@ def skypilot_task(task: LaunchTask) -> dict[str, Any]:
 # -- dstack -----------------------------------------------------------------------------------
 
 
-def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
+def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
     """A dstack task, and the task it holds: dstack takes one list of GPU names (any offer, cheapest first), so only the
     targets of the recommended one's GPU count per node; the others left out, saying why."""
     best = task.targets[0]
@@ -218,13 +218,13 @@ def dstack_task(task: LaunchTask) -> tuple[dict[str, Any], LaunchTask]:
         if target not in kept
     ]
     task = replace(task, targets=kept, left_out=[*task.left_out, *dropped])
-    resources: dict[str, Any] = {"disk": f"{task.disk_gb}GB.."}
+    resources: JsonDict = {"disk": f"{task.disk_gb}GB.."}
     if best.accelerator is not None:
         names = list(dict.fromkeys(target.accelerator for target in kept if target.accelerator is not None))
         resources["gpu"] = {"name": names, "count": best.gpus_per_node}
     else:
         resources["cpu"] = "4.."
-    configuration: dict[str, Any] = {
+    configuration: JsonDict = {
         "type": "task",
         "name": task.name,
         "nodes": task.nodes,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -38,9 +38,10 @@ from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
+from benchtrain.common.json_types import JsonDict
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.running.guard import NEXT_STEP_SAFETY, DeadlineGuard, GuardSettings, Move, Verdict
-from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.train.step.hardware import detect_hardware, this_device
 from benchtrain.train.step.runtime import agree
 from benchtrain.trainer.deadline_text import parse_deadline
 from benchtrain.trainer.estimate import (
@@ -59,6 +60,9 @@ from benchtrain.trainer.estimate import (
 from benchtrain.trainer.run_folder import RunFolder, RunOutcome, earlier_steps
 from benchtrain.trainer.signals import SignalFlag
 from benchtrain.trainer.step_watch import StepWatch, TokenCounter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
 
 ON_OVERRUN = {"stop": "stop", "fit": "shrink"}  # the callback's word → the guard's action
 
@@ -133,7 +137,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self._first_save = 0.0
 
     # -- ExportableState: the deadline and the budget used ride in the checkpoint ---------------
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JsonDict:
         used = self.watch.elapsed() if self.deadline is not None else self.used_seconds
         return {
             "args": {
@@ -157,16 +161,30 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.run_dir = attributes.get("run_dir") or self.run_dir
 
     # -- the start ------------------------------------------------------------------------------
-    def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_init_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: PreTrainedModel | None = None,
+        **kwargs: object,
+    ) -> None:
         """At Trainer(...): a calibration of another model, method or device is refused here, in one line."""
         if model is None:
             return
         spec, method = model_setup(model)
         self._spec_and_method = (spec, method)
         if self.calibration is not None:
-            check_calibration(self.calibration, spec, method, detect_hardware(), trainer_precision(args))
+            check_calibration(self.calibration, spec, method, this_device(), trainer_precision(args))
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: PreTrainedModel | None = None,
+        **kwargs: object,
+    ) -> None:
         self._reset_run(args, state, model)
         deadline = self.deadline
         assert deadline is not None
@@ -198,10 +216,12 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             f"{state.max_steps:,} optimizer steps ({state.num_train_epochs:g} epoch(s)); step time from {basis}; on_overrun={self.on_overrun}"
         )
 
-    def _reset_run(self, args: Any, state: Any, model: Any) -> None:
+    def _reset_run(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None) -> None:
         used_before = self.used_seconds if state.global_step > 0 else 0.0
         self._reset()
-        stored = (state.stateful_callbacks or {}).get(type(self).__name__) if state.global_step > 0 else None
+        # A dict by name once a checkpoint's state is loaded (transformers types it list or dict).
+        saved = cast("dict[str, object]", state.stateful_callbacks or {})
+        stored = saved.get(type(self).__name__) if state.global_step > 0 else None
         if stored:
             self._restore(stored)
         else:
@@ -223,7 +243,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self._spec_and_method = model_setup(model)
         spec, method = self._spec_and_method or (None, "full")
         self.run_id = self.run_id or f"trainer-{spec.name if spec else 'model'}-{datetime.now():%Y%m%d-%H%M%S}"
-        self.run_dir = self.run_dir or str(Path(self.output_dir or Path(args.output_dir) / "benchtrain"))
+        self.run_dir = self.run_dir or str(Path(self.output_dir or Path(str(args.output_dir)) / "benchtrain"))
         if model is not None:
             self.counter.attach(model)
             if self.calibration is None and self._main:
@@ -237,7 +257,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         )
 
     # -- while training -------------------------------------------------------------------------
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.guard is None:
             return
         counted = self.counter.take()
@@ -279,7 +301,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             move = Move.STOP
         return move, verdict.limit
 
-    def _act(self, move: Move, limit: int, state: Any, control: Any) -> None:
+    def _act(self, move: Move, limit: int, state: TrainerState, control: TrainerControl) -> None:
         """What every process agreed: save and stop (the deadline, a signal), or the run cut to `limit`."""
         if move in (Move.STOP, Move.INTERRUPT):
             self.status = move.status
@@ -300,7 +322,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self.status = STEP_LIMIT
             control.should_save = control.should_training_stop = True
 
-    def _evaluation_fits(self, state: Any) -> bool:
+    def _evaluation_fits(self, state: TrainerState) -> bool:
         """An evaluation now, then a step and a save, before the budget? (Measured; agreed by all.)"""
         deadline = self.deadline
         if deadline is None or not self.watch.eval_seconds:
@@ -314,7 +336,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             )
         return fits
 
-    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         """During an evaluation: a signal makes the Trainer save and stop right after it (it reads
         `should_save` then), not one step later. Every process evaluates the same batches, so they
         agree here batch by batch."""
@@ -330,20 +354,29 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         """The signal that stopped the run, on every process (one may have received it alone)."""
         return agree(_state(), self.signals.received or 0, "max") or None
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.guard is not None:
             self.watch.evaluated()
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
         if self.guard is None:
             return
         seconds = self.watch.saved()
         self.used_seconds = self.watch.elapsed()
-        self.last_checkpoint = str(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+        self.last_checkpoint = str(Path(str(args.output_dir)) / f"checkpoint-{state.global_step}")
         self._event(f"step {state.global_step}: saved in {format_duration(seconds)}")
         self._write(None)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: JsonDict | None = None,
+        **kwargs: object,
+    ) -> None:
         """The ETA on the Trainer's own log line (no second progress bar)."""
         if self.guard is None or logs is None:
             return
@@ -355,7 +388,9 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             logs["deadline_left_seconds"] = round(verdict.budget_seconds - elapsed, 1)
 
     # -- the end --------------------------------------------------------------------------------
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.guard is None:
             return
         self.counter.detach()
@@ -382,7 +417,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.guard = None
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _estimate(self, args: Any, state: Any, at_end: bool = False) -> None:
+    def _estimate(self, args: TrainingArguments, state: TrainerState, at_end: bool = False) -> None:
         """The estimate, once: after the first step with a calibration (its batches give the
         shape), else once `warmup_steps` steps have passed and one more was measured (`at_end`:
         the run ended before that; its record still needs one)."""

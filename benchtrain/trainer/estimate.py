@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchtrain.bench.disk_write import disk_bandwidth
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.durations import format_duration
@@ -139,29 +140,29 @@ def trainer_precision(args: Any) -> str:
 
 
 def check_calibration(
-    calibration: Calibration, spec: ModelSpec, method: str, hardware: JsonDict, precision: str
+    calibration: Calibration, spec: ModelSpec, method: str, hardware: Hardware, precision: str
 ) -> None:
     """A calibration of another model, method, precision or device is refused in one line."""
-    measured = calibration.model
-    if measured.get("fingerprint") != spec.fingerprint:
+    measured = calibration.setup
+    if measured.model_fingerprint != spec.fingerprint:
         raise BenchtrainError(
-            f"calibration {calibration.id} was measured for model {measured.get('name')}, not this Trainer's {spec.name}: "
+            f"calibration {calibration.id} was measured for model {measured.model_name}, not this Trainer's {spec.name}: "
             f"run `bench run --model DIR` with this model's folder, or leave calibration= out (the first steps are measured instead)"
         )
-    measured_method = calibration.training.get("method", "full")
+    measured_method = calibration.training.method
     if measured_method != method:
         raise BenchtrainError(
             f"calibration {calibration.id} measured {measured_method} fine-tuning, this Trainer trains {method}: pick one of {method}"
         )
-    measured_precision = calibration.training.get("precision")  # calibrations before issue 39 did not record it
+    measured_precision = calibration.training.precision  # calibrations before issue 39 did not record it
     if measured_precision and measured_precision != precision:
         raise BenchtrainError(
             f"calibration {calibration.id} measured a {measured_precision} step, this Trainer trains in {precision}: "
             f"set {'bf16=True' if measured_precision == 'bf16' else 'bf16=False'} in its arguments, or leave calibration= out"
         )
-    if calibration.hardware.get("name") != hardware.get("name"):
+    if calibration.hardware.name != hardware.name:
         raise BenchtrainError(
-            f"calibration {calibration.id} was measured on {calibration.hardware.get('name')}, this is {hardware.get('name')}: "
+            f"calibration {calibration.id} was measured on {calibration.hardware.name}, this is {hardware.name}: "
             "measure here with `bench run`, or leave calibration= out"
         )
 

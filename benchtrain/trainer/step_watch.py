@@ -72,7 +72,7 @@ class TokenCounter:
             self._handle.remove()
             self._handle = None
 
-    def _count(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _count(self, module: Any, args: tuple[Any, ...], kwargs: JsonDict) -> None:
         if not module.training:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -151,7 +151,7 @@ class StepWatch:
         self.mark = now
         return into[-1]
 
-    def logged(self, logs: dict[str, Any]) -> None:
+    def logged(self, logs: JsonDict) -> None:
         """The Trainer's log at a step: its loss and learning rate go onto the step's record; the time
         of logging belongs to the next step's `mark` (it is not the step's)."""
         if self.steps and "loss" in logs:

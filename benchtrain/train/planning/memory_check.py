@@ -9,14 +9,15 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from benchtrain.calibration.hardware import Hardware
+from benchtrain.calibration.training import base_phrase
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
-from benchtrain.common.json_types import JsonDict
 from benchtrain.train.step.hardware import allocator_conf
 from benchtrain.train.step.sharding import largest_block_parameters
 from benchtrain.train.workload.method import METHODS, MethodConfig, apply_method, decoder_blocks
 from benchtrain.train.workload.model import ModelSpec, make_config
 from benchtrain.train.workload.optimizers import OPTIMIZERS, optimizer_state_bytes, same_state_groups
-from benchtrain.train.workload.quantize import QuantizedBytes, base_phrase, quantized_bytes, require_bitsandbytes
+from benchtrain.train.workload.quantize import QuantizedBytes, quantized_bytes, require_bitsandbytes
 
 if TYPE_CHECKING:
     import torch
@@ -121,12 +122,12 @@ def quantized_base_bytes(spec: ModelSpec, kind: str) -> QuantizedBytes:
 MAX_PROCESSES = 4096
 
 
-def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
+def gpus_needed(need: MemoryNeed, hardware: Hardware) -> int | None:
     """How many devices like `hardware` a run needs for its fixed memory (weights, gradients,
     optimizer state) to fit in each, FSDP sharding it over them (`per_process_bytes`): 1 when it
     fits whole; None when no count does (the blocks gathered whole already exceed one device)."""
-    available = float(hardware["memory_bytes"])
-    device_type = hardware["device_type"]
+    available = float(hardware.memory_bytes)
+    device_type = hardware.device_type
     if need.per_process_bytes("none", 1, device_type) <= available:
         return 1
     if (
@@ -143,37 +144,37 @@ def gpus_needed(need: MemoryNeed, hardware: JsonDict) -> int | None:
     ]
 
 
-def describe_gpus_needed(need: MemoryNeed, hardware: JsonDict) -> str | None:
+def describe_gpus_needed(need: MemoryNeed, hardware: Hardware) -> str | None:
     """ "it needs 2 of these devices under FSDP (≈64.9 GiB per process before activations)", or None when it fits one (or no count of them)."""
     count = gpus_needed(need, hardware)
     if count is None or count == 1:
         return None
-    each = need.per_process_bytes("fsdp", count, hardware["device_type"])
+    each = need.per_process_bytes("fsdp", count, hardware.device_type)
     return f"it needs {count} of these devices under FSDP (≈{each / GIB:.1f} GiB per process before activations, the fewest whose shards fit)"
 
 
 def check_fits(
-    spec: ModelSpec, method: MethodConfig, hardware: JsonDict, sharding: str = "none", world_size: int = 1
+    spec: ModelSpec, method: MethodConfig, hardware: Hardware, sharding: str = "none", world_size: int = 1
 ) -> MemoryNeed:
     """The need, or a one-line error naming it, the device's memory and what would fit."""
-    need = memory_need(spec, method, hardware["device_type"])
-    available = float(hardware["memory_bytes"])
+    need = memory_need(spec, method, hardware.device_type)
+    available = float(hardware.memory_bytes)
     entry = METHODS[method.method]
     what = entry.phrase + (f" rank {method.lora_rank}" if entry.adapters else "")
     if need.building_bytes(sharding) > available:
         raise DoesNotFitError(
             f"{what} of {spec.name} under FSDP builds the whole 4-bit base on each process before sharding it (≈{need.weights_bytes / GIB:.0f} GiB); "
-            f"this {hardware['name']} has {gib_text(available)} GiB: a device with more memory, or a smaller model"
+            f"this {hardware.name} has {gib_text(available)} GiB: a device with more memory, or a smaller model"
         )
-    needed = need.per_process_bytes(sharding, world_size, hardware["device_type"])
+    needed = need.per_process_bytes(sharding, world_size, hardware.device_type)
     if needed <= available:
         return need
     options = []
     if not entry.adapters:
-        lora = memory_need(spec, MethodConfig(method="lora"), hardware["device_type"])
+        lora = memory_need(spec, MethodConfig(method="lora"), hardware.device_type)
         if lora.total_bytes <= available:
             options.append(f"use --lora (≈{lora.total_bytes / GIB:.0f} GiB before activations)")
-    options.extend(smaller_bases(spec, method, hardware["device_type"], available))
+    options.extend(smaller_bases(spec, method, hardware.device_type, available))
     if method.quantize != "8bit":  # an 8-bit base is not sharded (train.step.sharding)
         count = gpus_needed(need, hardware)
         processes = str(count) if count else "N"
@@ -188,7 +189,7 @@ def check_fits(
     many = None if method.quantize == "8bit" else describe_gpus_needed(need, hardware)
     raise DoesNotFitError(
         f"{what} of {spec.name} needs ≈{needed / GIB:.0f} GiB{where} for weights, gradients and optimizer state before any "
-        f"activations; this {hardware['name']} has {gib_text(available)} GiB{' (--device-memory)' if hardware.get('memory_from') else ''}: "
+        f"activations; this {hardware.name} has {gib_text(available)} GiB{' (--device-memory)' if hardware.memory_from else ''}: "
         f"{', or '.join(options[:2])}{f'; {many}' if many else ''}"
     )
 
@@ -224,7 +225,7 @@ def quantization_available() -> bool:
 def describe_needs(
     spec: ModelSpec,
     chosen: MethodConfig,
-    hardware: JsonDict,
+    hardware: Hardware,
     sharding: str = "none",
     world_size: int = 1,
     calibration_device: bool = False,
@@ -240,7 +241,7 @@ def describe_needs(
         if kind == lora.quantize or quantization_available()
     ]
     for method in (MethodConfig(method="full"), *bases):
-        need = memory_need(spec, method, hardware["device_type"])
+        need = memory_need(spec, method, hardware.device_type)
         entry = METHODS[method.method]
         label = entry.phrase + (f" r{method.lora_rank}" if entry.adapters else "")
         detail = ""
@@ -250,11 +251,11 @@ def describe_needs(
             detail = f" ({base.quantized / GIB:.2f} packed + {base.statistics / GIB:.2f} statistics + {base.unquantized / GIB:.2f} unquantized)"
         sharded = ""
         if sharding == "fsdp" and method.quantize != "8bit":
-            sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware['device_type']) / GIB:.2f} GiB per process, FSDP × {world_size})"
+            sharded = f" (≈{need.per_process_bytes(sharding, world_size, hardware.device_type) / GIB:.2f} GiB per process, FSDP × {world_size})"
         parts.append(f"{label} ≈{need.total_bytes / GIB:.2f} GiB{detail}{sharded}")
-    device = f"the calibration's {hardware['name']}" if calibration_device else f"this device ({hardware['name']})"
+    device = f"the calibration's {hardware.name}" if calibration_device else f"this device ({hardware.name})"
     optimizer = optimizer_states(spec, chosen)
-    return f"memory before activations: {', '.join(parts)}; {optimizer}; {device} has {gib_text(hardware['memory_bytes'])} GiB"
+    return f"memory before activations: {', '.join(parts)}; {optimizer}; {device} has {gib_text(hardware.memory_bytes)} GiB"
 
 
 def optimizer_states(spec: ModelSpec, chosen: MethodConfig) -> str:
@@ -273,11 +274,11 @@ def memory_basis_note(calibration: Calibration) -> str | None:
     """What the plan's peak memory stands on, for a GPU calibration (a line of the plan's notes);
     None on CPU (the peak RSS is the whole process) or without a memory fit (docs/design.md#peak-memory-basis)."""
     memory = (calibration.fit or {}).get("memory")
-    if not memory or calibration.hardware.get("device_type") != "cuda":
+    if not memory or calibration.hardware.device_type != "cuda":
         return None
     if memory.get("basis") == "reserved":
         outside = float(memory.get("non_torch_bytes") or 0.0)
-        measured, here = (calibration.data.get("software") or {}).get("allocator_conf"), allocator_conf()
+        measured, here = calibration.allocator_conf, allocator_conf()
         differs = (
             f"; measured with allocator settings {measured or 'default'}, this run has {here or 'default'}"
             if measured != here

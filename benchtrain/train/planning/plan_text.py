@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchtrain.calibration.accuracy import check_estimate, describe_check
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.memory_fit import device_peak_bytes
 from benchtrain.calibration.run_file import STOPPED_EARLY
 from benchtrain.calibration.translate import describe_translation
@@ -29,12 +30,12 @@ BYTE_TOKENS_NOTE = (
 )
 
 
-def describe_compute(figures: JsonDict, hardware: JsonDict) -> str | None:
+def describe_compute(figures: JsonDict, hardware: Hardware) -> str | None:
     """`compute: ≈305 TFLOP/s per process predicted, MFU 30.9% of the H100 SXM's 989 TFLOP/s`."""
     if figures.get("mfu") is None:
         return None
     peak = figures["tflops"] / figures["mfu"]
-    entry = hardware.get("peak_flops_entry") or hardware["name"]
+    entry = hardware.peak_flops_entry or hardware.name
     return f"  compute: ≈{figures['tflops']:,.0f} TFLOP/s per process predicted, MFU {figures['mfu']:.1%} of the {entry}'s {peak:,.0f} TFLOP/s (dense bf16)"
 
 
@@ -100,7 +101,7 @@ def describe_plan(
         f"(padding and prompts included; {_share(c.tokens, c.padded_tokens)} useful)"
         + (f"; {c.truncation['share_truncated']:.2%} of samples truncated" if c.truncation else ""),
         f"  peak memory: {_gib(c.peak_memory_bytes)} predicted (≤ {_gib(c.peak_memory_bytes_high)} with margin) "
-        f"of the {_gib(device['memory_bytes'])} of the {device['name']} the calibration {'was translated to' if device.get('translated') else 'measured'}",
+        f"of the {_gib(device.memory_bytes)} of the {device.name} the calibration {'was translated to' if device.translated else 'measured'}",
         f"  deadline: {format_duration(plan.request.deadline.deadline_seconds)}; {format_duration(plan.available_seconds)} usable after margin "
         f"and time already spent; {'central estimate' if calibration.too_noisy_to_bound else 'upper bound'} "
         f"{'fits' if plan.meets_deadline else 'DOES NOT fit'}",

@@ -179,8 +179,8 @@ def check_trainable_tokens(data: DataView, max_length: int, request: PlanRequest
 
 def noise_warnings(calibration: Calibration) -> list[str]:
     """What the calibration's own error says about this plan, out loud."""
-    noise = calibration.data.get("noise") or {}
-    warnings = [f"calibration {calibration.id}: {noise['message']}"] if noise.get("message") else []
+    message = calibration.noise_message
+    warnings = [f"calibration {calibration.id}: {message}"] if message else []
     if calibration.too_noisy_to_bound:
         warnings.append(
             f"the calibration's 90th-percentile error ({calibration.relative_bound:.0%}) is too large to promise a finish time: the deadline "
@@ -333,7 +333,7 @@ def candidate_overheads(
         rows = [row for row in calibration.ok_rows() if StepConfig.from_row(row).switches == config.switches]
         probed = {BatchShape(row["micro_batch_size"], row["seq_len"]) for row in rows}
         compile_cost, compile_shapes = (
-            compile_seconds(calibration.overheads, shapes, probed, calibration.training.get("compile_cache")),
+            compile_seconds(calibration.overheads, shapes, probed, calibration.training.compile_cache),
             len(shapes),
         )
     measured, interval = calibration.overheads, request.checkpoint_interval_seconds

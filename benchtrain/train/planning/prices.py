@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.common.json_types import JsonDict
 
 USAGE = "a number (USD per device-hour), KEY=USD pairs (h100=2.5,h200=3.8) or a file of them"
 
@@ -28,7 +28,7 @@ class Prices:
     default: float | None = None
     by_key: Mapping[str, float] = field(default_factory=dict)
 
-    def for_device(self, calibration_id: str, hardware: JsonDict) -> float | None:
+    def for_device(self, calibration_id: str, hardware: Hardware) -> float | None:
         """The price of the device a calibration measured: a key equal to its id, else the most
         specific key whose words all name the device (its name, table entry, or `cpu`/`cuda`),
         else the default; None when no price was given; an error when prices were given but none
@@ -37,9 +37,7 @@ class Prices:
             return None
         if calibration_id in self.by_key:
             return self.by_key[calibration_id]
-        device = words(
-            f"{hardware.get('name', '')} {hardware.get('peak_flops_entry') or ''} {hardware.get('device_type', '')}"
-        )
+        device = words(f"{hardware.name} {hardware.peak_flops_entry or ''} {hardware.device_type}")
         matching = [
             (len(words(key)), key, price) for key, price in self.by_key.items() if words(key) and words(key) <= device
         ]
@@ -49,23 +47,23 @@ class Prices:
             if len(named) > 1:
                 keys = ", ".join(key for size, key, _ in matching if size == best)
                 raise BenchtrainError(
-                    f"--price-per-hour: {keys} all name {hardware.get('name')} with different prices: keep one"
+                    f"--price-per-hour: {keys} all name {hardware.name} with different prices: keep one"
                 )
             return named.pop()
         if self.default is not None:
             return self.default
         given = ", ".join(self.by_key)
         raise BenchtrainError(
-            f"--price-per-hour has no price for {hardware.get('name')} (calibration {calibration_id}; prices given for {given}): "
+            f"--price-per-hour has no price for {hardware.name} (calibration {calibration_id}; prices given for {given}): "
             f"add {suggested_key(hardware)}=USD"
         )
 
 
-def suggested_key(hardware: JsonDict) -> str:
+def suggested_key(hardware: Hardware) -> str:
     """The key a user would write for a device: its table entry's first word (h100), else `cpu`."""
-    if hardware.get("device_type") == "cpu":
+    if hardware.device_type == "cpu":
         return "cpu"
-    entry = hardware.get("peak_flops_entry") or str(hardware.get("name", "gpu")).replace("NVIDIA", "")
+    entry = hardware.peak_flops_entry or (hardware.name or "gpu").replace("NVIDIA", "")
     return entry.split()[0].lower() if entry.split() else "gpu"
 
 

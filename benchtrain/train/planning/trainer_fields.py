@@ -65,8 +65,8 @@ class TrainerFields:
 def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> TrainerFields:
     """`plan`'s chosen configuration as a Trainer's fields; `precision`: the step's (bf16 or fp32)."""
     chosen, measured = plan.chosen, calibration.training
-    compiled = bool(measured.get("compile"))
-    loss = measured.get("loss")
+    compiled = measured.compiled
+    loss = measured.loss
     fused = (
         f"loss: the calibration measured benchtrain's {loss} loss, which never holds full-vocabulary logits; a Trainer's model computes its "
         "cross-entropy over full logits (slower, more memory for a large vocabulary): the callback's first steps correct the step time"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import benchtrain.calibration as calibration_api
 from benchtrain.calibration.run_file import ResumedRun
@@ -14,12 +14,12 @@ from benchtrain.calibration.setup import (
     Setup,
     Variant,
     describe_setup,
-    quantization_name,
     setup_difference,
     variant_name,
 )
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.topology import same_interconnect
+from benchtrain.calibration.training import quantize_value
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
@@ -27,12 +27,14 @@ from benchtrain.train.planning.memory_check import GIB, check_fits, gib_text, me
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.run_plan import FittedVariant, PlanContext, RunPlan, plan_run
 from benchtrain.train.step.engine import MeasuredStep, ProcessLayout, process_layout, resolve_step
-from benchtrain.train.step.hardware import detect_hardware
+from benchtrain.train.step.hardware import this_device
 from benchtrain.train.step.runtime import run_precision
 from benchtrain.train.workload.method import METHODS
 
 if TYPE_CHECKING:
+    from benchtrain.calibration.hardware import Hardware
     from benchtrain.calibration.model import Calibration
+    from benchtrain.calibration.store import Preferences
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import ModelSpec
 
@@ -109,7 +111,7 @@ def why_chosen(
         spec.fingerprint,
         method.method,
         method.lora_rank if method.is_lora else None,
-        quantization_name(method.quantize),
+        quantize_value(method.quantize),
         *processes,
     )
     return f"{chosen.id} ({describe_setup(chosen.data)}) suits this run better than {setup_difference(chosen.data, read_calibration_file(newer), run)}"
@@ -117,39 +119,35 @@ def why_chosen(
 
 def calibration_preferences(
     spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None
-) -> tuple[Any, ...]:
+) -> Preferences:
     """What `latest` prefers for this run, best first (calibration.store): this model and method measured with this run's
     (processes, sharding) over this machine's `interconnect`, then over another, then of one process (communication
     predicted); else the newest."""
+    mine = (spec.fingerprint, method.method, quantize_value(method.quantize))
 
-    def measured(data: dict[str, Any]) -> tuple[str | None, str, str, int, str]:
-        distributed = data.get("distributed") or {}
-        training = data.get("training") or {}
-        size = int(distributed.get("world_size", 1))
-        quantize = training.get("quantization") or "none"
+    def this_run(measured: Setup, processes: tuple[int, str] = processes) -> bool:
         return (
-            (data.get("model") or {}).get("fingerprint"),
-            training.get("method", "full"),
-            quantize,
-            size,
-            str(distributed.get("sharding", "none")),
+            measured.model_fingerprint,
+            measured.method,
+            measured.quantization,
+            measured.world_size,
+            measured.sharding,
+        ) == (
+            *mine,
+            *processes,
         )
 
-    mine = (spec.fingerprint, method.method, method.quantize)
     return (
-        lambda data: (
-            measured(data) == (*mine, *processes)
-            and same_interconnect((data.get("hardware") or {}).get("interconnect"), interconnect)
-        ),
-        lambda data: measured(data) == (*mine, *processes),
-        lambda data: measured(data)[:4] == (*mine, 1),
+        lambda measured: this_run(measured) and same_interconnect(measured.interconnect, interconnect),
+        this_run,
+        lambda measured: this_run(measured, (1, measured.sharding)),
     )
 
 
 def check_compatible(
     calibration: Calibration,
     spec: ModelSpec,
-    hardware: dict[str, Any],
+    hardware: Hardware,
     force: bool,
     method: MethodConfig,
     compiled: bool = False,
@@ -159,49 +157,46 @@ def check_compatible(
     (then returned, to warn); other LoRA settings or loss: only warned about."""
     problems = []
     measured = calibration.training
-    if bool(measured.get("compile")) != compiled:
+    if measured.compiled != compiled:
         states = {True: "a compiled step", False: "an eager step"}
         problems.append(
-            f"calibration {calibration.id} measured {states[bool(measured.get('compile'))]}, this run would use {states[compiled]}: "
-            f"pass --compile {'on' if measured.get('compile') else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
+            f"calibration {calibration.id} measured {states[measured.compiled]}, this run would use {states[compiled]}: "
+            f"pass --compile {'on' if measured.compiled else 'off'}, or run `bench run --compile {'on' if compiled else 'off'}` here, or pass --force"
         )
-    if measured["method"] != method.method:
+    if measured.method != method.method:
         names = {name: entry.phrase for name, entry in METHODS.items()}
         rerun = {"full": "bench run", "lora": "bench run --lora"}.get(
             method.method, f"bench run --method {method.method}"
         )
-        measured_name = names.get(measured["method"], measured["method"])
+        measured_name = names.get(measured.method, measured.method)
         problems.append(
             f"calibration {calibration.id} measured {measured_name}, not {names[method.method]}: run `{rerun}` here, or pass --force"
         )
-    measured_quantize = measured.get("quantization") or "none"
+    measured_quantize = measured.quantization
     if measured_quantize != method.quantize:
         problems.append(
             f"calibration {calibration.id} measured a {measured_quantize} base, this run asks for --quantize {method.quantize}: "
             f"run `bench run --lora --quantize {method.quantize}` here, or pass --force"
         )
-    measured_optimizer = measured.get("optimizer") or "adamw"
+    measured_optimizer = measured.optimizer
     if measured_optimizer != method.optimizer:
         problems.append(
             f"calibration {calibration.id} measured the {measured_optimizer} optimizer, this run asks for --optimizer {method.optimizer}: "
             f"run `bench run --optimizer {measured_optimizer},{method.optimizer}` here to measure both, or pass --force"
         )
-    measured_precision = measured.get("precision")  # absent: not recorded (the bundled H100 calibration): not checked
-    if measured_precision and measured_precision != run_precision(hardware["device_type"]):
+    measured_precision = measured.precision  # absent: not recorded (the bundled H100 calibration): not checked
+    if measured_precision and measured_precision != run_precision(hardware.device_type):
         problems.append(
-            f"calibration {calibration.id} measured a {measured_precision} step, this run would train in {run_precision(hardware['device_type'])} "
+            f"calibration {calibration.id} measured a {measured_precision} step, this run would train in {run_precision(hardware.device_type)} "
             f"(BENCHTRAIN_CPU_BF16): run `bench run` with the same setting here, or pass --force"
         )
     if calibration.model["fingerprint"] != spec.fingerprint:
         problems.append(
             f"calibration {calibration.id} was measured for model {calibration.model['name']}, not {spec.name}"
         )
-    if (
-        calibration.hardware["name"] != hardware["name"]
-        or calibration.hardware["device_type"] != hardware["device_type"]
-    ):
+    if not calibration.hardware.same_device(hardware):
         problems.append(
-            f"calibration {calibration.id} was measured on {calibration.hardware['name']}, this is {hardware['name']}"
+            f"calibration {calibration.id} was measured on {calibration.hardware.name}, this is {hardware.name}"
         )
     if problems and not force:
         first = problems[0]
@@ -209,14 +204,13 @@ def check_compatible(
             first if "--force" in first else f"{first}: run `bench run` here with this model, or pass --force"
         )
     notes = list(problems)
-    if loss and measured.get("loss") and measured["loss"] != loss:  # calibrations before --loss did not record it
+    if loss and measured.loss and measured.loss != loss:  # calibrations before --loss did not record it
         notes.append(
-            f"calibration {calibration.id} measured the {measured['loss']} loss, this run uses {loss}: speed and memory may differ"
+            f"calibration {calibration.id} measured the {measured.loss} loss, this run uses {loss}: speed and memory may differ"
         )
-    lora = measured.get("lora") or {}
-    if method.is_lora and lora and (lora.get("rank") != method.lora_rank):
+    if method.is_lora and measured.lora_rank is not None and measured.lora_rank != method.lora_rank:
         notes.append(
-            f"calibration {calibration.id} measured LoRA rank {lora.get('rank')}, this run uses rank {method.lora_rank}"
+            f"calibration {calibration.id} measured LoRA rank {measured.lora_rank}, this run uses rank {method.lora_rank}"
         )
     return notes
 
@@ -262,21 +256,17 @@ def variants_to_plan(
 # -- each variant on the device ----------------------------------------------------------------
 
 
-def same_device(measured: dict[str, Any], here: dict[str, Any]) -> bool:
-    return measured["name"] == here["name"] and measured["device_type"] == here["device_type"]
-
-
-def plan_hardware(config: TrainConfig, cal: Calibration, here: dict[str, Any]) -> dict[str, Any]:
+def plan_hardware(config: TrainConfig, cal: Calibration, here: Hardware) -> Hardware:
     """The device a plan is for: this machine, or in a dry run for another the device the calibration measured."""
-    return cal.hardware if config.output.dry_run and not same_device(cal.hardware, here) else here
+    return cal.hardware if config.output.dry_run and not cal.hardware.same_device(here) else here
 
 
 def measured_step(cal: Calibration, foreign: bool) -> MeasuredStep:
     """Where the calibration decides `auto`: on its own device its compile setting; its loss there or where bench compared losses."""
     measured = cal.training
     return MeasuredStep(
-        compiled=bool(measured.get("compile")) if foreign else None,
-        loss=measured.get("loss") if foreign or cal.data.get("loss_choice") else None,
+        compiled=measured.compiled if foreign else None,
+        loss=measured.loss if foreign or cal.compared_losses else None,
     )
 
 
@@ -286,7 +276,7 @@ def fit_variant(
     spec: ModelSpec,
     method: MethodConfig,
     layout: ProcessLayout,
-    here: dict[str, Any],
+    here: Hardware,
 ) -> FittedVariant:
     """One variant on the device (`here`, or in a dry run the calibration's; `--device-memory`): THE step there, its price,
     the calibration's fitness (one line unless --force) and the memory check (one line when the model does not fit)."""
@@ -294,14 +284,14 @@ def fit_variant(
     foreign = hardware is not here
     step = resolve_step(
         config.step,
-        hardware["device_type"],
+        hardware.device_type,
         spec.config_dict.get("model_type"),
         method,
         layout,
         measured_step(cal, foreign),
     )
     if config.plan.device_memory_bytes:
-        hardware = {**hardware, "memory_bytes": config.plan.device_memory_bytes, "memory_from": "--device-memory"}
+        hardware = hardware.with_memory(config.plan.device_memory_bytes, "--device-memory")
     price = config.plan.prices.for_device(cal.id, hardware)
     warnings = check_compatible(cal, spec, hardware, config.force, method, step.compiled, step.loss)
     need = check_fits(spec, method, hardware, step.sharding, step.world_size)
@@ -318,11 +308,11 @@ def said_fit(
 ) -> FittedVariant:
     """`fit_variant` on this machine, said: the calibration's device when a dry run plans for it, and what --force let through
     (`quiet`: nothing, the first variant said it)."""
-    here = detect_hardware()
+    here = this_device()
     fitted = fit_variant(config, cal, spec, method, layout, here)
     if fitted.foreign and not quiet:
         say(
-            f"planning for {cal.hardware['name']}, the device calibration {cal.id} measured (this machine: {here['name']}); "
+            f"planning for {cal.hardware.name}, the device calibration {cal.id} measured (this machine: {here.name}); "
             "training on it needs that device, or --force"
         )
     for warning in fitted.warnings if not quiet else ():
@@ -337,7 +327,7 @@ def weigh_variants(
     keeps its sharding); those refused are kept to say why."""
     layout = process_layout(config.step, method)
     cal = load_calibration(
-        config, resumed, spec, method, (layout.world_size, layout.sharding), detect_hardware().get("interconnect")
+        config, resumed, spec, method, (layout.world_size, layout.sharding), this_device().interconnect
     )
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
@@ -477,7 +467,7 @@ def unmeasured_bases(
     spec: ModelSpec,
     method: MethodConfig,
     calibration: Calibration,
-    hardware: dict[str, Any],
+    hardware: Hardware,
     activations: tuple[float, str] | None,
 ) -> list[str]:
     """For LoRA: each base (none/8bit/4bit) the calibration did not measure, what it holds before activations (computed)
@@ -485,7 +475,7 @@ def unmeasured_bases(
     if not method.is_lora or not quantization_available():
         return []
     measured = {variant.variant.quantize for variant in calibration.variants()}
-    device_type, limit = hardware["device_type"], float(hardware["memory_bytes"])
+    device_type, limit = hardware.device_type, float(hardware.memory_bytes)
     mine = memory_need(spec, method, device_type).total_bytes
     lines = []
     for kind in ("none", "8bit", "4bit"):
@@ -512,5 +502,5 @@ def with_smaller_bases(message: str, spec: ModelSpec, fitted: FittedVariant) -> 
     if not others or activations is None:
         return message + ("; " + "; ".join(others) if others else "")
     peak = fitted.need.total_bytes + activations[0]
-    mine = f"this run's base: ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {fit_verdict(peak, float(hardware['memory_bytes']), cal.memory_margin)}"
+    mine = f"this run's base: ≈{peak / GIB:.1f} GiB peak at {activations[1]}: {fit_verdict(peak, float(hardware.memory_bytes), cal.memory_margin)}"
     return "; ".join([message, mine, *others])

@@ -133,7 +133,7 @@ class TuningSection:
         if self.base_batch is not None and self.base_batch < 1:
             raise BenchtrainError(f"--base-batch must be a positive integer, got {self.base_batch}")
 
-    def named_hyperparameters(self) -> dict[str, Any]:
+    def named_hyperparameters(self) -> JsonDict:
         """The hyper-parameters this command names (a resume keeps the run's others), --learning-rate among them if given."""
         named = {name: getattr(self, name) for name in SETTING_NAMES if getattr(self, name) is not None}
         return {**named, "learning_rate": self.learning_rate} if self.learning_rate_named else named
@@ -311,8 +311,8 @@ class TrainConfig:
     def of(cls, **given: object) -> TrainConfig:
         """A configuration from options under their command-line names (`data_schema`, `step_options`, `method`: built)."""
         # Each value goes to the dataclass field of its name, whose type it must have: the fields hold the types, this mapping only routes them.
-        options: dict[str, Any] = dict(given)
-        sections: dict[str, Any] = {}
+        options: JsonDict = dict(given)
+        sections: JsonDict = {}
         for name, section in SECTIONS.items():
             names = {f.name for f in fields(section) if f.init}
             values = {

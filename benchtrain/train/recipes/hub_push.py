@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.calibration.dimensions import switches
@@ -171,7 +170,7 @@ def push_existing_run(args: argparse.Namespace) -> int:
 LOSS_POINTS = 12  # rows of the loss curve's table
 
 
-def model_card(record: dict[str, Any], repo_id: str) -> str:
+def model_card(record: JsonDict, repo_id: str) -> str:
     """README.md for `repo_id` from the run record."""
     model, plan = record.get("model") or {}, record.get("plan") or {}
     lora = trains_adapters(plan.get("method", "full"))  # a peft adapter on the base
@@ -199,7 +198,7 @@ def model_card(record: dict[str, Any], repo_id: str) -> str:
     )
 
 
-def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
+def _title(record: JsonDict, repo_id: str, base: str) -> list[str]:
     model = record.get("model") or {}
     revision = model.get("revision")
     partial = (record.get("final") or {}).get("partial")
@@ -215,7 +214,7 @@ def _title(record: dict[str, Any], repo_id: str, base: str) -> list[str]:
     return [*lines, ""]
 
 
-def _data(record: dict[str, Any]) -> list[str]:
+def _data(record: JsonDict) -> list[str]:
     data = record.get("data") or {}
     profile = data.get("profile") or {}
     samples, tokens = profile.get("count"), profile.get("total_tokens")
@@ -233,10 +232,10 @@ def _data(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def _method(record: dict[str, Any]) -> list[str]:
+def _method(record: JsonDict) -> list[str]:
     plan = record.get("plan") or {}
     step = run_configuration(plan)
-    rows: list[tuple[str, Any]] = [
+    rows: list[tuple[str, object]] = [
         ("method", plan.get("method", "full")),
         ("optimizer", plan.get("optimizer", "adamw")),
         ("learning rate", plan.get("learning_rate")),
@@ -269,7 +268,7 @@ def _method(record: dict[str, Any]) -> list[str]:
     ]
 
 
-def _outcome(record: dict[str, Any]) -> list[str]:
+def _outcome(record: JsonDict) -> list[str]:
     estimate, actual = record.get("estimate") or {}, record.get("actual") or {}
     hardware = record.get("hardware") or {}
     rows = [
@@ -305,7 +304,7 @@ def _outcome(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _losses(record: dict[str, Any]) -> list[str]:
+def _losses(record: JsonDict) -> list[str]:
     losses = record.get("losses") or []
     if not losses:
         return []
@@ -318,13 +317,13 @@ def _losses(record: dict[str, Any]) -> list[str]:
     return ["## Loss curve", "", "| step | training loss | eval loss |", "|---|---|---|", *table, ""]
 
 
-def _duration(seconds: Any) -> str:
+def _duration(seconds: object) -> str:
     return format_duration(float(seconds)) if isinstance(seconds, (int, float)) else "—"
 
 
-def _number(value: Any, digits: int = 0) -> str:
+def _number(value: object, digits: int = 0) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else "—"
 
 
-def _gib(value: Any) -> str:
+def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, (int, float)) else "—"

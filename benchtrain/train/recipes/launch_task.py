@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from benchtrain.calibration.datasheets import SHEETS_BY_KEY
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect
@@ -62,7 +63,7 @@ class Target:
     def machine(self) -> str:
         """2×H100 SXM over nvlink: a row of `--consider`'s machine, else the calibration's device × its processes."""
         machine = self.row.source.machine
-        return machine.label if machine is not None else f"{self.row.processes}×{self.row.device['name']}"
+        return machine.label if machine is not None else f"{self.row.processes}×{self.row.device.name}"
 
     @property
     def option(self) -> Option:
@@ -165,7 +166,7 @@ def row_target(row: Row) -> Target:
     assert row.plan is not None and row.option is not None
     cal = row.option.calibration
     key = device_key(cal) or "cpu"
-    interconnect = row.option.interconnect or row.device.get("interconnect")
+    interconnect = row.option.interconnect or row.device.interconnect
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
@@ -190,14 +191,14 @@ def layout(processes: int, interconnect: str | None) -> tuple[int, int]:
     return 1, processes
 
 
-def accelerator_of(key: str, device: dict[str, object]) -> str | None:
+def accelerator_of(key: str, device: Hardware) -> str | None:
     """The engines' accelerator name; None for a CPU. A GPU they cannot name cannot be rented: one line."""
-    if key == "cpu" and device.get("device_type") != "cuda":
+    if key == "cpu" and device.device_type != "cuda":
         return None
     sheet = SHEETS_BY_KEY.get(key)  # every datasheet row has its launch name
     if sheet is None:
         raise BenchtrainError(
-            f"--emit: {device.get('name', key)} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
+            f"--emit: {device.name or key} has no accelerator name the engines know, so the task cannot rent it: plan another machine"
         )
     return sheet.launch_name
 

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import benchtrain.calibration as calibration_api
 from benchtrain.calibration.datasheets import DeviceSheet, known_keys, sheet_for
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference, is_hub_reference, parse_reference, shared_calibrations
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.setup import measured_setup
 from benchtrain.calibration.store import bundled_calibrations, calibrations_dir, is_bundled, list_calibrations
 from benchtrain.calibration.topology import (
     analytic_collectives,
@@ -30,7 +32,7 @@ from benchtrain.train.planning.comm import COLLECTIVES, CommPlan, Traffic, price
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.planner import deadline_options
 from benchtrain.train.planning.prices import run_cost
-from benchtrain.train.recipes.choice import fit_variant, plan_hardware, same_device
+from benchtrain.train.recipes.choice import fit_variant, plan_hardware
 from benchtrain.train.recipes.run_plan import PlanContext, RunPlan, plan_run, planned_compute
 from benchtrain.train.step.engine import ProcessLayout, check_sharding
 
@@ -152,15 +154,15 @@ class Source:
 
 def device_key(cal: Calibration) -> str | None:
     """The datasheet key of the GPU a calibration measured (or was translated to); None for a CPU."""
-    if cal.hardware.get("device_type") != "cuda":
+    if cal.hardware.device_type != "cuda":
         return None
-    sheet = sheet_for(str(cal.hardware.get("name", "")))
+    sheet = sheet_for(cal.hardware.name)
     return sheet.key if sheet is not None else None
 
 
 def is_shared(cal: Calibration) -> bool:
     """Measured by someone else: shared on the hub, or bundled with benchtrain (measured by its makers)."""
-    return ((cal.data.get("source") or {}).get("kind")) == "hub" or (cal.path is not None and is_bundled(cal.path))
+    return cal.from_hub or (cal.path is not None and is_bundled(cal.path))
 
 
 def measured_by(cal: Calibration) -> str:
@@ -183,18 +185,18 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
     """A row for each calibration as measured; for each 1-process one, a predicted row per process count whose collectives
     another calibration measured on its device and interconnect, unless the comparison measured that count itself."""
     options = [as_measured(cal) for cal in calibrations]
-    measured = {(cal.hardware["name"], cal.world_size, cal.sharding) for cal in calibrations}
+    measured = {(cal.hardware.name, cal.world_size, cal.sharding) for cal in calibrations}
     for cal in calibrations:
         if cal.world_size != 1:
             continue
         predicted: dict[int, Option] = {}
         for data in sources:
             processes = int(data["distributed"]["world_size"])
-            if processes in predicted or (cal.hardware["name"], processes, sharding) in measured:
+            if processes in predicted or (cal.hardware.name, processes, sharding) in measured:
                 continue
             link = data["hardware"].get("interconnect")
             wanted = measured_collectives(data, cal, processes, sharding)
-            if wanted is not None and same_interconnect(link, cal.hardware.get("interconnect")):
+            if wanted is not None and same_interconnect(link, cal.hardware.interconnect):
                 predicted[processes] = Option(cal, processes, sharding, wanted, data["id"], link)
         options += [predicted[count] for count in sorted(predicted)]
     return options
@@ -203,8 +205,8 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
 def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
     """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
     collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
-    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not same_device(
-        data["hardware"], cal.hardware
+    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not cal.hardware.same_device(
+        Hardware.from_record(data["hardware"])
     ):
         return None
     return {kind: collectives[kind] for kind in kinds} if all(kind in collectives for kind in kinds) else None
@@ -236,7 +238,7 @@ def predicted_option(
             f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}"
         )
     for data in sources:
-        recorded = recorded_interconnect(data["hardware"], processes)
+        recorded = recorded_interconnect(Hardware.from_record(data["hardware"]), processes)
         wanted = measured_collectives(data, cal, processes, sharding)
         if wanted is not None and recorded is not None and recorded.family == placed.family:
             return Option(cal, processes, sharding, wanted, data["id"], placed.word)
@@ -244,7 +246,7 @@ def predicted_option(
         cal,
         processes,
         sharding,
-        analytic_collectives(placed, processes, cal.hardware["name"], COLLECTIVES[sharding]),
+        analytic_collectives(placed, processes, cal.hardware.name, COLLECTIVES[sharding]),
         None,
         placed.word,
     )
@@ -288,7 +290,7 @@ def predicted(
 def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
     """A calibration of the same vendor's GPU nearest in FLOP/s, translated (calibration.translate)."""
     gpus = [cal for cal in calibrations if cal.world_size == 1 and device_key(cal) is not None]
-    same_vendor = [cal for cal in gpus if sheet_for(cal.hardware["name"]).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
+    same_vendor = [cal for cal in gpus if sheet_for(cal.hardware.name).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
     if not same_vendor:
         why = (
             "only CPU calibrations"
@@ -300,7 +302,7 @@ def translated(machine: Machine, calibrations: list[Calibration], sharding: str,
         )
 
     def distance(cal: Calibration) -> tuple[float, bool]:
-        source = sheet_for(cal.hardware["name"])
+        source = sheet_for(cal.hardware.name)
         return abs(math.log(source.bf16_dense_flops / machine.sheet.bf16_dense_flops)), is_shared(cal)  # type: ignore[union-attr]
 
     cal = min(same_vendor, key=distance)
@@ -364,10 +366,8 @@ def of_this_run(
     """The calibrations (path, data) of this model's fingerprint and method; one without a fitted model is said and left out."""
     found = []
     for path, data in entries:
-        if ((data.get("model") or {}).get("fingerprint"), (data.get("training") or {}).get("method", "full")) != (
-            spec.fingerprint,
-            method.method,
-        ):
+        measured = measured_setup(data)
+        if (measured.model_fingerprint, measured.method) != (spec.fingerprint, method.method):
             continue
         try:
             found.append(Calibration(data, path))
@@ -381,15 +381,15 @@ def check_one_model_and_method(calibrations: list[Calibration]) -> None:
     """A comparison is of one model and one method: anything else would compare different runs."""
     first = calibrations[0]
     for other in calibrations[1:]:
-        if other.model.get("fingerprint") != first.model.get("fingerprint"):
+        if other.setup.model_fingerprint != first.setup.model_fingerprint:
             raise BenchtrainError(
-                f"calibrations of different models in one comparison: {first.id} measured {first.model.get('name')}, "
-                f"{other.id} measured {other.model.get('name')}; compare calibrations of one model"
+                f"calibrations of different models in one comparison: {first.id} measured {first.setup.model_name}, "
+                f"{other.id} measured {other.setup.model_name}; compare calibrations of one model"
             )
-        if other.training.get("method", "full") != first.training.get("method", "full"):
+        if other.training.method != first.training.method:
             raise BenchtrainError(
-                f"calibrations of different methods in one comparison: {first.id} measured {first.training.get('method', 'full')}, "
-                f"{other.id} measured {other.training.get('method', 'full')}; compare calibrations of one method"
+                f"calibrations of different methods in one comparison: {first.id} measured {first.training.method}, "
+                f"{other.id} measured {other.training.method}; compare calibrations of one method"
             )
 
 
@@ -406,7 +406,7 @@ class Bracket(NamedTuple):
 @dataclass
 class Row:
     source: Source
-    device: JsonDict
+    device: Hardware
     price_per_hour: float | None = None
     run_plan: RunPlan | None = None  # None when this source cannot plan the run
     compute: JsonDict = field(default_factory=dict)
@@ -492,14 +492,14 @@ class Row:
     def memory_headroom(self) -> float | None:
         """Share of the device's memory left at the predicted peak."""
         peak = self.plan.chosen.peak_memory_bytes if self.plan is not None else None
-        return None if peak is None else 1 - peak / float(self.device["memory_bytes"])
+        return None if peak is None else 1 - peak / float(self.device.memory_bytes)
 
     def to_json(self) -> JsonDict:
         if self.option is None:
             bare = {
                 "world_size": self.processes,
                 "plan": None,
-                "device": self.device["name"],
+                "device": self.device.name,
                 "problem": self.problem,
                 "recommended": False,
             }
@@ -518,14 +518,14 @@ class Row:
             {
                 "reference": self.reference,
                 "provenance": cal.provenance,  # whose measurement: measured here, hub:ORG/NAME (by USER), bundled
-                "device": self.device["name"],
-                "device_type": self.device["device_type"],
-                "memory_bytes": self.device["memory_bytes"],
+                "device": self.device.name,
+                "device_type": self.device.device_type,
+                "memory_bytes": self.device.memory_bytes,
                 "sharding": self.option.sharding,
                 "source": "predicted" if self.option.predicted else "measured",
                 "collectives_from": self.option.collectives_from,
                 "collectives_source": self.option.collectives_source,
-                "interconnect": self.option.interconnect or self.device.get("interconnect"),
+                "interconnect": self.option.interconnect or self.device.interconnect,
                 "comm_overlap": self.option.predicted,
                 "price_per_hour": self.price_per_hour,
                 "cost": self.cost,
@@ -557,13 +557,13 @@ class Row:
         }
 
 
-def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: JsonDict) -> Row:
+def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: Hardware) -> Row:
     """The plan of one source, made as a single-calibration dry run makes it, or why it cannot be made."""
     option = source.option
     if option is None:
         machine = source.machine
         assert machine is not None  # a calibration's row always has an option
-        hardware = {"name": machine.sheet.name, "device_type": "cuda", "memory_bytes": machine.sheet.memory_bytes}
+        hardware = Hardware("cuda", machine.sheet.name, 1, machine.sheet.memory_bytes)
         return Row(source, hardware, problem=source.problem)
     cal, layout = option.calibration, ProcessLayout(option.world_size, option.sharding)
     problem = None if cal.ok_rows() else f"calibration {cal.id} has no successful probes"
@@ -580,7 +580,7 @@ def plan_row(context: PlanContext, method: MethodConfig, source: Source, here: J
         return Row(source, plan_hardware(context.config, cal, here), problem=problem)
     if option.interconnect is not None:  # the machine's links, which the calibration's device record may not name
         setup = replace(
-            setup, hardware={**setup.hardware, "interconnect": parse_interconnect(option.interconnect).kind}
+            setup, hardware=replace(setup.hardware, interconnect=parse_interconnect(option.interconnect).kind)
         )
     row = Row(source, setup.hardware, setup.price_per_hour, warnings=list(setup.warnings))
     communicate = None
@@ -618,19 +618,15 @@ def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     machine, option = row.source.machine, row.option
     if machine is None or row.source.kind in MEASURED:
         return
-    budget = (option.calibration.data.get("search") or {}).get("budget_seconds") if option is not None else None
-    row.settle_seconds = float(budget) if isinstance(budget, (int, float)) and budget > 0 else SETTLE_SECONDS
+    budget = option.calibration.budget_seconds if option is not None else None
+    row.settle_seconds = budget or SETTLE_SECONDS
     lora = " --lora" if method.is_lora else ""
     launch = f"accelerate launch --num_processes {machine.processes} -m benchtrain." if machine.processes > 1 else ""
     link = f" --interconnect {machine.interconnect}" if machine.interconnect else ""
     row.settle = f"{launch}bench run --gpu {machine.sheet.key} --model {context.spec.name}{lora}{link} --budget {format_duration(row.settle_seconds)}"
     price = row.price_per_hour
     if price is None:  # no plan was made for it: the --price-per-hour of its device, where one is given
-        hardware = {
-            "name": machine.sheet.device_name,
-            "peak_flops_entry": machine.sheet.peak_entry,
-            "device_type": "cuda",
-        }
+        hardware = Hardware("cuda", machine.sheet.device_name, 1, machine.sheet.memory_bytes, machine.sheet.peak_entry)
         try:
             price = context.config.plan.prices.for_device("", hardware)
         except BenchtrainError:
@@ -722,7 +718,7 @@ def compare(
     context: PlanContext,
     method: MethodConfig,
     calibrations: list[Calibration],
-    here: JsonDict,
+    here: Hardware,
     profile: JsonDict,
     sources: list[JsonDict] | None = None,
 ) -> Comparison:
@@ -738,7 +734,7 @@ def consider(
     context: PlanContext,
     method: MethodConfig,
     calibrations: list[Calibration],
-    here: JsonDict,
+    here: Hardware,
     profile: JsonDict,
     machines: list[Machine],
 ) -> Comparison:
@@ -758,7 +754,7 @@ def comparison(
     context: PlanContext,
     method: MethodConfig,
     sources: list[Source],
-    here: JsonDict,
+    here: Hardware,
     profile: JsonDict,
     at_upper_end: bool,
 ) -> Comparison:
@@ -818,6 +814,6 @@ def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
     needed = math.ceil(needed / 60) * 60 if needed > 600 else math.ceil(needed)  # a deadline one would write
     return (
         f"no calibration's plan meets the {format_duration(comparison.deadline_seconds)} deadline: the closest, {closest.reference} "
-        f"({closest.device['name']} × {closest.processes}), needs up to {format_duration(plan.chosen.total_seconds_promised)} of the "
+        f"({closest.device.name} × {closest.processes}), needs up to {format_duration(plan.chosen.total_seconds_promised)} of the "
         f"{format_duration(max(0.0, plan.available_seconds))} usable; options: --deadline {format_duration(needed)}, {deadline_options(plan)}"
     )

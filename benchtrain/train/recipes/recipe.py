@@ -16,6 +16,7 @@ from benchtrain.common.atomic import json_text
 from benchtrain.common.console import is_main_process, say
 from benchtrain.common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
 from benchtrain.common.home import writable_subdir
+from benchtrain.common.json_types import JsonDict
 from benchtrain.common.run_paths import stored_path
 from benchtrain.train.export import export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
@@ -208,7 +209,7 @@ class TrainRecipe:
         a script can tell. Returns whether to train (not after --json or --dry-run)."""
         run, config = self.run, self.config
         if is_main_process() and config.output.for_trainer:
-            precision = run.fitted.cal.training.get("precision") or run_precision(run.fitted.device_type)
+            precision = run.fitted.cal.training.precision or run_precision(run.fitted.device_type)
             fields = trainer_fields(run.plan, run.fitted.cal, precision)
             print(json_text(fields.to_json()) if config.output.json else fields.describe())
         elif is_main_process() and config.output.json:
@@ -323,7 +324,7 @@ class TrainRecipe:
         )
         return record
 
-    def _data_section(self) -> dict[str, Any]:
+    def _data_section(self) -> JsonDict:
         """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
         loaded = self.loaded
         data = loaded.data
@@ -414,14 +415,12 @@ class TrainRecipe:
 def recorded_options(run: RunPlan, options: StepOptions) -> StepOptions:
     """The step options as run.json records them: --loss auto as the loss bench measured best on this device, where it did."""
     fitted = run.fitted
-    if options.loss == "auto" and not fitted.foreign and fitted.cal.data.get("loss_choice"):
+    if options.loss == "auto" and not fitted.foreign and fitted.cal.compared_losses:
         return replace(options, loss=fitted.step.loss)
     return options
 
 
-def export_final_model(
-    loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str
-) -> dict[str, Any] | None:
+def export_final_model(loop: Any, out_dir: Path, tokenizer: Any, merge_lora: bool, status: str) -> JsonDict | None:
     """final/ (and final-merged/), written by the main process (under FSDP every process first gathers the full weights)."""
     trained = loop.engine.model
     if trained is None:
@@ -476,7 +475,7 @@ def rank0_decides(decide: Callable[[], T], adopt: Callable[[T], T] = lambda valu
     return value if dist.get_rank() == 0 else adopt(value)
 
 
-def check_same_training(training: dict[str, Any]) -> None:
+def check_same_training(training: JsonDict) -> None:
     """Every rank trains what rank 0 trains (`training_summary`): else one line on every rank before any step, not a hang."""
     if job_world_size() == 1:
         return
@@ -506,6 +505,6 @@ COMPARED_PLAN_KEYS = (
 )
 
 
-def training_summary(record_plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+def training_summary(record_plan: JsonDict, run_id: str) -> JsonDict:
     """What `check_same_training` compares: run.json's plan section's COMPARED_PLAN_KEYS, and the run."""
     return {**{key: record_plan.get(key) for key in COMPARED_PLAN_KEYS}, "run_id": run_id}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from benchtrain.calibration.comm import communicator_bytes, describe_communication
 from benchtrain.common.console import say
@@ -29,6 +29,7 @@ from benchtrain.train.workload.model import ModelSpec, model_shape
 from benchtrain.train.workload.tokenizer import is_byte_tokenizer
 
 if TYPE_CHECKING:
+    from benchtrain.calibration.hardware import Hardware
     from benchtrain.calibration.model import Calibration
     from benchtrain.train.planning.memory_check import MemoryNeed
     from benchtrain.train.step.engine import StepSetup
@@ -61,7 +62,9 @@ class FittedVariant:
 
     cal: Calibration  # at the variant trained (cal.variant)
     method: MethodConfig
-    hardware: dict[str, Any]  # the device the plan is for (train.step.hardware.detect_hardware's keys)
+    hardware: (
+        Hardware  # the device the plan is for (this machine's, train.step.hardware.this_device, or the calibration's)
+    )
     foreign: bool  # a dry run for the calibration's device, not this machine's
     step: StepSetup  # the loss, compiled or not, the processes and their sharding
     need: MemoryNeed
@@ -70,7 +73,7 @@ class FittedVariant:
 
     @property
     def device_type(self) -> str:
-        return str(self.hardware["device_type"])
+        return self.hardware.device_type
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,9 @@ class RunPlan:
         return {
             "calibration_id": cal.id,
             "calibration_path": str(cal.path) if cal.path else None,
-            "device": hardware["name"],
-            "device_type": hardware["device_type"],
-            "memory_bytes": hardware["memory_bytes"],
+            "device": hardware.name,
+            "device_type": hardware.device_type,
+            "memory_bytes": hardware.memory_bytes,
             "world_size": step.world_size,
             "sharding": step.sharding,
             "plan": self.plan.to_json(),
@@ -142,7 +145,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
     if cal.world_size == 1:
         memory_offset += communicator_bytes(fitted.hardware, step.world_size)
     # On CPU this process's own libraries and data beyond the bench process's, measured now (its data loaded, its model not yet built).
-    memory_offset += host_excess_bytes(cal.hardware, device_type)
+    memory_offset += host_excess_bytes(cal.hardware.record, device_type)
     merge = bool(config.output.merge_lora and method.is_lora)
     # --push-to-hub: the bytes uploaded at the bandwidth the last push measured, else a stated default.
     upload_seconds = (
@@ -184,7 +187,7 @@ def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, co
 def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> JsonDict:
     """The plan's predicted TFLOP/s and MFU on the plan's device, at its recorded peak FLOP/s, else its datasheet's."""
     hardware = run.hardware
-    peak = hardware.get("peak_bf16_flops") or (peak_flops(hardware["name"]) or (None, None))[1]
+    peak = hardware.peak_bf16_flops or (peak_flops(hardware.name) or (None, None))[1]
     if not peak or not chosen.step_seconds:
         return {"mfu": None}
     shape = model_shape(meta_model(spec, run.method))
@@ -192,7 +195,7 @@ def planned_compute(spec: ModelSpec, run: FittedVariant, chosen: Candidate) -> J
     return planned_figures(chosen.padded_tokens, chosen.step_seconds, chosen.world_size, flops, peak)
 
 
-def learning_rate_record(config: TrainConfig, plan: Plan) -> dict[str, Any]:
+def learning_rate_record(config: TrainConfig, plan: Plan) -> JsonDict:
     """The learning rate this run uses, and how it was scaled from --learning-rate."""
     effective = plan.chosen.config.micro_batch_size * plan.chosen.world_size * plan.chosen.config.grad_accum
     return {

@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class CheckpointReadError(BenchtrainError):
 
 class RngState(NamedTuple):
     plain: JsonDict  # Python's and NumPy's, JSON-able (progress.json)
-    tensors: dict[str, Any]  # torch's (and CUDA's) generator tensors (optimizer.pt)
+    tensors: JsonDict  # torch's (and CUDA's) generator tensors (optimizer.pt)
 
 
 def rng_state() -> RngState:
@@ -57,13 +57,13 @@ def rng_state() -> RngState:
         "python": [version, list(internal), gauss],
         "numpy": [name, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)],
     }
-    tensors: dict[str, Any] = {"torch": torch.get_rng_state()}
+    tensors: JsonDict = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors["cuda"] = torch.cuda.get_rng_state_all()
     return RngState(plain, tensors)
 
 
-def set_rng_state(plain: JsonDict, tensors: dict[str, Any]) -> None:
+def set_rng_state(plain: JsonDict, tensors: JsonDict) -> None:
     import torch
 
     version, internal, gauss = plain["python"]
@@ -243,7 +243,7 @@ def _restore_rest(
     progress: JsonDict,
     load_optimizer: Callable[[], object],
     scheduler: LRScheduler | None,
-    state: dict[str, Any],
+    state: JsonDict,
     mismatch: str,
 ) -> JsonDict:
     """Optimizer (`load_optimizer()`), scheduler and RNG state back; `progress` without its RNG.
@@ -260,7 +260,7 @@ def _restore_rest(
 
 class SavedState(NamedTuple):
     weights: dict[str, torch.Tensor]  # model.safetensors
-    state: dict[str, Any]  # optimizer.pt: the optimizer's, the scheduler's and torch's RNG state
+    state: JsonDict  # optimizer.pt: the optimizer's, the scheduler's and torch's RNG state
 
 
 def _read_state(folder: Path) -> SavedState:
@@ -294,7 +294,7 @@ def _load_sharded(
 
     progress = read_progress(folder)
     weights: dict[str, torch.Tensor] = {}
-    state: dict[str, Any] = {"optimizer": {}}
+    state: JsonDict = {"optimizer": {}}
     problem = None
     if dist.get_rank() == 0:
         try:

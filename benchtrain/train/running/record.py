@@ -53,7 +53,7 @@ def new_run_file(
         "status": "planned",
         "calibration_id": calibration.id,
         "calibration_path": str(calibration.path) if calibration.path else None,
-        "hardware": calibration.hardware,
+        "hardware": calibration.hardware.to_record(),
         "model": model,
         "data": data,
         "plan": plan_keys,

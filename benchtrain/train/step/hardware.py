@@ -17,6 +17,7 @@ from typing import NamedTuple
 import psutil
 
 from benchtrain.calibration.datasheets import sheet_for
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
 
@@ -72,6 +73,11 @@ def detect_hardware() -> JsonDict:
         "peak_bf16_flops": None,
         "interconnect": "loopback",  # gloo between processes of this host (calibration.topology)
     }
+
+
+def this_device() -> Hardware:
+    """`detect_hardware`'s record, typed as calibrations' are (calibration.hardware)."""
+    return Hardware.from_record(detect_hardware())
 
 
 class NvLinks(NamedTuple):

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from benchtrain.calibration.adapters import TRAINS_ADAPTERS
 from benchtrain.calibration.setup import Variant
+from benchtrain.calibration.training import base_phrase
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict, JsonValue
 from benchtrain.train.workload.optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, optimizer_named
 from benchtrain.train.workload.quantize import (
     QUANTIZE_CHOICES,
-    base_phrase,
     check_quantize,
     logical_numel,
     require_bitsandbytes,

@@ -50,11 +50,6 @@ def logical_numel(parameter: torch.Tensor) -> int:
     return int(math.prod(shape)) if shape is not None else parameter.numel()
 
 
-def base_phrase(kind: str) -> str:
-    """`a 4-bit base`, `an 8-bit base`."""
-    return f"{'an' if kind == '8bit' else 'a'} {kind.replace('bit', '-bit')} base"
-
-
 def check_quantize(kind: str, is_lora: bool) -> None:
     """--quantize is a choice of the frozen base of a LoRA run; bitsandbytes must be there."""
     if kind not in QUANTIZE_CHOICES:
