@@ -271,7 +271,7 @@ def test_bad_emits_are_one_line(
 
 def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     comparison = run_consider("h100:1", [read_calibration_file(FIXTURE)])
-    plan = comparison.recommended.plan
+    plan = comparison.recommended.run_plan.plan
     chosen = plan.chosen
     overheads = chosen.overheads
     startup = (

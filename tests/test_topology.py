@@ -274,9 +274,9 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         assert option.collectives is not None and set(option.collectives) == {"all_reduce"}
         comparison = compare_options([option], price_per_hour="h100=2.5")
         (row,) = comparison.rows
-        assert row.plan is not None, row.problem
+        assert row.run_plan is not None, row.problem
         rows[word] = row
-        chosen = row.plan.chosen
+        chosen = row.run_plan.plan.chosen
         compute, low, high = comm_parts(chosen)
         assert chosen.comm_seconds_per_step_low <= chosen.comm_seconds_per_step <= chosen.comm_seconds_per_step_high
         assert chosen.comm_seconds_per_step == pytest.approx(
@@ -292,10 +292,10 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
             and row.to_json()["comm_overlap"] is True
         )
         assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.run_plan.communication) or "")
-    nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen
+    nvlink, pcie = rows["nvlink"].run_plan.plan.chosen, rows["pcie"].run_plan.plan.chosen
     assert pcie.comm_seconds_per_step_high > 4 * nvlink.comm_seconds_per_step_high  # 64 GB/s against 450 GB/s each way
     assert pcie.total_seconds > nvlink.total_seconds and pcie.total_seconds_high > nvlink.total_seconds_high
-    assert rows["pcie"].cost > rows["nvlink"].cost
+    assert rows["pcie"].run_plan.plan.cost > rows["nvlink"].run_plan.plan.cost
 
 
 def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
@@ -310,8 +310,8 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
         option = predicted_option(cal, 4, "fsdp", word, [])
         assert option.collectives is not None and set(option.collectives) == {"all_gather", "reduce_scatter"}
         (row,) = compare_options([option], step_options=StepOptions(sharding="fsdp")).rows
-        assert row.plan is not None, row.problem
-        chosen[word] = row.plan.chosen
+        assert row.run_plan is not None, row.problem
+        chosen[word] = row.run_plan.plan.chosen
         assert (
             row.run_plan.communication["seconds_per_micro_step"] > 0
             and row.run_plan.communication["seconds_per_step"] == 0

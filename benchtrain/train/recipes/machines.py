@@ -421,63 +421,52 @@ class Row:
     settle_cost: float | None = None
 
     @property
-    def option(self) -> Option | None:
-        return self.source.option
-
-    @property
-    def plan(self) -> Plan | None:
-        """The planner's answer of `run_plan`."""
-        return self.run_plan.plan if self.run_plan is not None else None
-
-    @property
-    def machine(self) -> str | None:
-        """The machine a row of `--consider` plans (2×H100 SXM over nvlink); None for a calibration's row."""
-        return self.source.machine.label if self.source.machine is not None else None
-
-    @property
     def kind(self) -> str:
-        return "not plannable" if self.plan is None else self.source.kind
+        """The source's kind, or "not plannable" where it made no plan (a source can plan and still not fit)."""
+        return "not plannable" if self.run_plan is None else self.source.kind
 
     @property
     def rests_on(self) -> str:
+        """Whose measurement the row rests on, or why it has none (the source's problem); "" where neither is known."""
         return self.source.rests_on or (self.source.problem or "")
 
     @property
     def calibration_id(self) -> str:
-        return self.option.calibration.id if self.option is not None else "–"
+        """The id of the calibration that plans the row; "–" for a machine nothing can plan."""
+        option = self.source.option
+        return option.calibration.id if option is not None else "–"
 
     @property
     def reference(self) -> str:
         """How --use-calibration names it: a bundled one by its name, a stored one by its id, else its path."""
-        if self.option is None:
+        option = self.source.option
+        if option is None:
             return "–"
-        shared = hub_reference(self.option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
+        shared = hub_reference(option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
         if shared is not None:
             return shared
-        path = self.option.calibration.path
+        path = option.calibration.path
         if path is None or is_bundled(path):
             return path.stem if path is not None else self.calibration_id
         return self.calibration_id if Path(path).resolve().parent == calibrations_dir().resolve() else str(path)
 
     @property
     def processes(self) -> int:
-        machine = self.source.machine
-        return self.option.world_size if self.option is not None else machine.processes if machine is not None else 1
-
-    @property
-    def cost(self) -> float | None:
-        return self.plan.cost if self.plan is not None else None
+        """The processes the row plans: its option's, else its machine's (a machine nothing can plan), else one."""
+        option, machine = self.source.option, self.source.machine
+        return option.world_size if option is not None else machine.processes if machine is not None else 1
 
     @property
     def bracket(self) -> Bracket | None:
-        return (
-            None
-            if self.plan is None
-            else Bracket(self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
-        )
+        """The planned run's seconds from its low bound to its promised upper end; None without a plan."""
+        if self.run_plan is None:
+            return None
+        chosen = self.run_plan.plan.chosen
+        return Bracket(chosen.total_seconds_low, chosen.total_seconds_promised)
 
     @property
     def cost_bracket(self) -> Bracket | None:
+        """`bracket` in dollars at the row's price for its processes; None without a plan or a price."""
         seconds = self.bracket
         if seconds is None or self.price_per_hour is None:
             return None
@@ -485,17 +474,14 @@ class Row:
         return Bracket(low or 0.0, high or 0.0)
 
     @property
-    def meets_deadline(self) -> bool:
-        return self.plan is not None and self.plan.meets_deadline
-
-    @property
     def memory_headroom(self) -> float | None:
-        """Share of the device's memory left at the predicted peak."""
-        peak = self.plan.chosen.peak_memory_bytes if self.plan is not None else None
+        """Share of the device's memory left at the predicted peak; None without a plan or a predicted peak."""
+        peak = self.run_plan.plan.chosen.peak_memory_bytes if self.run_plan is not None else None
         return None if peak is None else 1 - peak / float(self.device.memory_bytes)
 
     def to_json(self) -> JsonDict:
-        if self.option is None:
+        option = self.source.option
+        if option is None:
             bare = {
                 "world_size": self.processes,
                 "plan": None,
@@ -504,7 +490,8 @@ class Row:
                 "recommended": False,
             }
             return {**bare, **self.machine_json()}
-        cal = self.option.calibration
+        cal = option.calibration
+        plan = self.run_plan.plan if self.run_plan is not None else None
         if self.run_plan is not None:
             data = self.run_plan.to_json(self.compute)
         else:
@@ -521,15 +508,15 @@ class Row:
                 "device": self.device.name,
                 "device_type": self.device.device_type,
                 "memory_bytes": self.device.memory_bytes,
-                "sharding": self.option.sharding,
-                "source": "predicted" if self.option.predicted else "measured",
-                "collectives_from": self.option.collectives_from,
-                "collectives_source": self.option.collectives_source,
-                "interconnect": self.option.interconnect or self.device.interconnect,
-                "comm_overlap": self.option.predicted,
+                "sharding": option.sharding,
+                "source": "predicted" if option.predicted else "measured",
+                "collectives_from": option.collectives_from,
+                "collectives_source": option.collectives_source,
+                "interconnect": option.interconnect or self.device.interconnect,
+                "comm_overlap": option.predicted,
                 "price_per_hour": self.price_per_hour,
-                "cost": self.cost,
-                "meets_deadline": self.meets_deadline,
+                "cost": plan.cost if plan is not None else None,
+                "meets_deadline": plan is not None and plan.meets_deadline,
                 "memory_headroom": self.memory_headroom,
                 "problem": self.problem,
                 "warnings": self.warnings,
@@ -541,11 +528,12 @@ class Row:
 
     def machine_json(self) -> JsonDict:
         """What a row of `--consider` adds: the machine, where its figures come from, what would settle it."""
-        if self.machine is None:
+        machine = self.source.machine
+        if machine is None:
             return {}
         low, upper = self.cost_bracket or (None, None)
         return {
-            "machine": self.machine,
+            "machine": machine.label,
             "kind": self.kind,
             "rests_on": self.rests_on,
             "settle": self.settle,
@@ -615,7 +603,7 @@ def calibration_row(run: RunPlan) -> Row:
 
 def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     """The `bench run` that would measure a machine's row nobody measured, and what it costs."""
-    machine, option = row.source.machine, row.option
+    machine, option = row.source.machine, row.source.option
     if machine is None or row.source.kind in MEASURED:
         return
     budget = option.calibration.budget_seconds if option is not None else None
@@ -674,8 +662,8 @@ class Comparison:
 
 
 def plan_of(row: Row) -> Plan:
-    assert row.plan is not None
-    return row.plan
+    assert row.run_plan is not None
+    return row.run_plan.plan
 
 
 def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
@@ -685,14 +673,15 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
         chosen = plan_of(row).chosen
         if at_upper_end:
             return ((row.cost_bracket or Bracket(0.0, 0.0)).upper if by_cost else 0.0), chosen.total_seconds_promised
-        return ((row.cost or 0.0) if by_cost else 0.0), chosen.total_seconds
+        return ((plan_of(row).cost or 0.0) if by_cost else 0.0), chosen.total_seconds
 
-    planned = [row for row in rows if row.plan is not None]
-    meeting = sorted((row for row in planned if row.meets_deadline), key=judged)
+    planned = [row for row in rows if row.run_plan is not None]
+    meeting = sorted((row for row in planned if plan_of(row).meets_deadline), key=judged)
     missing = sorted(
-        (row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised
+        (row for row in planned if not plan_of(row).meets_deadline),
+        key=lambda row: plan_of(row).chosen.total_seconds_promised,
     )
-    ranked = meeting + missing + [row for row in rows if row.plan is None]
+    ranked = meeting + missing + [row for row in rows if row.run_plan is None]
     for row in ranked:
         row.recommended = bool(meeting) and row is meeting[0]
     return ranked
@@ -768,8 +757,8 @@ def comparison(
     rows = [plan_row(context, method, source, here) for source in sources]
     for row in rows:
         add_settle(row, context, method)
-    by_cost = all(row.price_per_hour is not None for row in rows if row.plan is not None) and any(
-        row.plan is not None for row in rows
+    by_cost = all(row.price_per_hour is not None for row in rows if row.run_plan is not None) and any(
+        row.run_plan is not None for row in rows
     )
     available = config.run_deadline.seconds_left(context.elapsed_seconds)
     ranked = rank(rows, by_cost, at_upper_end)
@@ -803,7 +792,7 @@ def comparison(
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
     """One line: the closest row, what it needs, and what would fit (a later deadline, fewer epochs or steps)."""
-    planned = [row for row in comparison.rows if row.plan is not None]
+    planned = [row for row in comparison.rows if row.run_plan is not None]
     if not planned:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)
         return f"no calibration could plan this run: {problems}"
