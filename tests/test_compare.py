@@ -72,7 +72,7 @@ def run_compare(
         loaded,
         Hardware.from_record(detect_hardware()),
         length_profile(data.lengths),
-        sources or [],
+        [Calibration(copy.deepcopy(item)) for item in sources or []],
     )
 
 

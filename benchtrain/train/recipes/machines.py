@@ -15,7 +15,7 @@ from benchtrain.calibration.datasheets import DeviceSheet, known_keys, sheet_for
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference, is_hub_reference, parse_reference, shared_calibrations
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.schema import ListedCalibration, read_calibration_file
 from benchtrain.calibration.setup import measured_setup
 from benchtrain.calibration.store import bundled_calibrations, calibrations_dir, is_bundled, list_calibrations
 from benchtrain.calibration.topology import (
@@ -28,7 +28,7 @@ from benchtrain.calibration.translate import describe_translation, translate
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
 from benchtrain.common.json_types import JsonDict
-from benchtrain.train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic, stored_collectives
+from benchtrain.train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.planner import deadline_options
 from benchtrain.train.planning.prices import run_cost
@@ -169,19 +169,30 @@ def measured_by(cal: Calibration) -> str:
     return f"{cal.provenance} ({cal.id})"
 
 
-def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
-    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one), newest first."""
+def collectives_sources(calibrations: list[Calibration]) -> list[Calibration]:
+    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one
+    that loads: one without a fitted model is no calibration to read), newest first."""
     seen, sources = set(), []
-    candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
-    for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
-        if data["id"] in seen or int((data.get("distributed") or {}).get("world_size", 1)) < 2:
+    candidates = calibrations + [cal for cal in map(stored_calibration, list_calibrations()) if cal is not None]
+    for cal in sorted(candidates, key=lambda cal: cal.created_at, reverse=True):
+        if cal.id in seen or cal.world_size < 2:
             continue
-        seen.add(data["id"])
-        sources.append(data)
+        seen.add(cal.id)
+        sources.append(cal)
     return sources
 
 
-def options_for(calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> list[Option]:
+def stored_calibration(entry: ListedCalibration) -> Calibration | None:
+    """A stored calibration as loaded; None where it could not be read or holds no fitted model."""
+    if entry.data is None:
+        return None
+    try:
+        return Calibration(entry.data, entry.path)
+    except BenchtrainError:
+        return None
+
+
+def options_for(calibrations: list[Calibration], sharding: str, sources: list[Calibration]) -> list[Option]:
     """A row for each calibration as measured; for each 1-process one, a predicted row per process count whose collectives
     another calibration measured on its device and interconnect, unless the comparison measured that count itself."""
     options = [as_measured(cal) for cal in calibrations]
@@ -190,24 +201,24 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
         if cal.world_size != 1:
             continue
         predicted: dict[int, Option] = {}
-        for data in sources:
-            processes = int(data["distributed"]["world_size"])
+        for source in sources:
+            processes = source.world_size
             if processes in predicted or (cal.hardware.name, processes, sharding) in measured:
                 continue
-            link = data["hardware"].get("interconnect")
-            wanted = measured_collectives(data, cal, processes, sharding)
+            link = source.hardware.interconnect
+            wanted = measured_collectives(source, cal, processes, sharding)
             if wanted is not None and same_interconnect(link, cal.hardware.interconnect):
-                predicted[processes] = Option(cal, processes, sharding, wanted, data["id"], link)
+                predicted[processes] = Option(cal, processes, sharding, wanted, source.id, link)
         options += [predicted[count] for count in sorted(predicted)]
     return options
 
 
-def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
-    """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
-    collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
-    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not cal.hardware.same_device(
-        Hardware.from_record(data["hardware"])
-    ):
+def measured_collectives(
+    source: Calibration, cal: Calibration, processes: int, sharding: str
+) -> dict[str, JsonDict] | None:
+    """The collectives `sharding` needs, as `source` measured them among `processes` of `cal`'s device; None where it did not."""
+    collectives, kinds = source.distributed.collectives, COLLECTIVES[sharding]
+    if source.world_size != processes or not cal.hardware.same_device(source.hardware):
         return None
     return {kind: collectives[kind] for kind in kinds} if all(kind in collectives for kind in kinds) else None
 
@@ -225,7 +236,7 @@ def option_source(option: Option) -> Source:
 
 
 def predicted_option(
-    cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]
+    cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[Calibration]
 ) -> Option:
     """A row for `processes` of the 1-process `cal`'s device linked by `interconnect` (nvlink, pcie, 2x8:nvlink+ib, …), its
     collectives from the first of `sources` that measured them there, else from the links' figures. One line for a bad
@@ -237,11 +248,11 @@ def predicted_option(
         raise BenchtrainError(
             f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}"
         )
-    for data in sources:
-        recorded = recorded_interconnect(Hardware.from_record(data["hardware"]), processes)
-        wanted = measured_collectives(data, cal, processes, sharding)
+    for source in sources:
+        recorded = recorded_interconnect(source.hardware, processes)
+        wanted = measured_collectives(source, cal, processes, sharding)
         if wanted is not None and recorded is not None and recorded.family == placed.family:
-            return Option(cal, processes, sharding, wanted, data["id"], placed.word)
+            return Option(cal, processes, sharding, wanted, source.id, placed.word)
     return Option(
         cal,
         processes,
@@ -252,7 +263,9 @@ def predicted_option(
     )
 
 
-def machine_source(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
+def machine_source(
+    machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[Calibration]
+) -> Source:
     """The best source for one machine (the module's docstring), local calibrations before shared ones."""
     # measured here first
     here = sorted((cal for cal in calibrations if device_key(cal) == machine.sheet.key), key=is_shared)
@@ -277,7 +290,7 @@ def machine_source(machine: Machine, calibrations: list[Calibration], sharding: 
 
 
 def predicted(
-    machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str
+    machine: Machine, cal: Calibration, sharding: str, sources: list[Calibration], kind: str, rests_on: str
 ) -> Source:
     """N processes of `cal`'s device over the machine's interconnect (`predicted_option`)."""
     try:
@@ -287,7 +300,7 @@ def predicted(
     return Source(option, kind, f"{rests_on}; collectives: {option.collectives_source}", machine=machine)
 
 
-def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
+def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[Calibration]) -> Source:
     """A calibration of the same vendor's GPU nearest in FLOP/s, translated (calibration.translate)."""
     gpus = [cal for cal in calibrations if cal.world_size == 1 and device_key(cal) is not None]
     same_vendor = [cal for cal in gpus if sheet_for(cal.hardware.name).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
@@ -709,7 +722,7 @@ def compare(
     calibrations: list[Calibration],
     here: Hardware,
     profile: JsonDict,
-    sources: list[JsonDict] | None = None,
+    sources: list[Calibration] | None = None,
 ) -> Comparison:
     """A row per calibration and per process count predicted from it, ranked at their estimates. `sources`: calibrations
     whose collectives may price predicted rows (default: collectives_sources)."""
