@@ -72,7 +72,7 @@ def run_compare(
         loaded,
         Hardware.from_record(detect_hardware()),
         length_profile(data.lengths),
-        sources or [],
+        [Calibration(copy.deepcopy(item)) for item in sources or []],
     )
 
 
@@ -131,8 +131,8 @@ def test_the_table_ranks_the_cheapest_that_meets_the_deadline_first() -> None:
     h100, h200 = h100_data(), h200_double()
     timed = run_compare([h100, h200])  # without prices: the fastest that meets the deadline first
     assert timed.ranked_by == "time" and [row.calibration_id for row in timed.rows] == [h200["id"], h100["id"]]
-    assert timed.rows[0].recommended and timed.rows[0].cost is None
-    even = 2.5 * timed.rows[1].plan.chosen.total_seconds / timed.rows[0].plan.chosen.total_seconds
+    assert timed.rows[0].recommended and timed.rows[0].run_plan.plan.cost is None
+    even = 2.5 * timed.rows[1].run_plan.plan.chosen.total_seconds / timed.rows[0].run_plan.plan.chosen.total_seconds
     cheap = run_compare([h100, h200], price_per_hour=f"h100=2.5,h200={even * 0.98}")
     assert cheap.ranked_by == "cost" and [row.calibration_id for row in cheap.rows] == [h200["id"], h100["id"]]
     assert cheap.recommended is cheap.rows[0]
@@ -140,12 +140,14 @@ def test_the_table_ranks_the_cheapest_that_meets_the_deadline_first() -> None:
     assert [row.calibration_id for row in dear.rows] == [h100["id"], h200["id"]] and dear.recommended is dear.rows[0]
     for comparison in (cheap, dear):
         for row in comparison.rows:
-            chosen = row.plan.chosen
-            assert row.cost == pytest.approx(chosen.total_seconds / 3600 * row.price_per_hour * row.processes)
-            assert row.meets_deadline and chosen.fits_in_memory
+            chosen = row.run_plan.plan.chosen
+            assert row.run_plan.plan.cost == pytest.approx(
+                chosen.total_seconds / 3600 * row.price_per_hour * row.processes
+            )
+            assert row.run_plan.plan.meets_deadline and chosen.fits_in_memory
         h100_row = next(row for row in comparison.rows if row.calibration_id == h100["id"])
         double_row = next(row for row in comparison.rows if row.calibration_id == h200["id"])
-        assert double_row.plan.chosen.step_seconds < h100_row.plan.chosen.step_seconds / 1.7
+        assert double_row.run_plan.plan.chosen.step_seconds < h100_row.run_plan.plan.chosen.step_seconds / 1.7
         # Memory and MFU on each row's own device.
         assert h100_row.device.memory_bytes == h100["hardware"]["memory_bytes"] != double_row.device.memory_bytes
         assert double_row.memory_headroom > h100_row.memory_headroom
@@ -156,13 +158,15 @@ def test_a_row_that_misses_the_deadline_is_not_recommended_however_cheap() -> No
     h100, h200 = h100_data(), h200_double()
     loose = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0")
     assert loose.rows[0].calibration_id == h100["id"]  # the cheaper one
-    times = {row.calibration_id: row.plan.chosen.total_seconds_promised for row in loose.rows}
+    times = {row.calibration_id: row.run_plan.plan.chosen.total_seconds_promised for row in loose.rows}
     # after the 5% margin the double fits, the H100 does not
     between = (times[h100["id"]] + times[h200["id"]]) / 2 / 0.95
     tight = run_compare([h100, h200], price_per_hour="h100=2.5,h200=5.0", deadline=f"{between:.2f}")
     assert [row.calibration_id for row in tight.rows] == [h200["id"], h100["id"]]
-    assert tight.rows[0].recommended and not tight.rows[1].meets_deadline and not tight.rows[1].recommended
-    double = next(row for row in loose.rows if row.calibration_id == h200["id"]).plan.chosen
+    assert (
+        tight.rows[0].recommended and not tight.rows[1].run_plan.plan.meets_deadline and not tight.rows[1].recommended
+    )
+    double = next(row for row in loose.rows if row.calibration_id == h200["id"]).run_plan.plan.chosen
     # half its training fits
     short = round(
         (double.overheads.total_seconds + (double.total_seconds_promised - double.overheads.total_seconds) / 2) / 0.95
@@ -177,8 +181,8 @@ def test_a_row_that_misses_the_deadline_is_not_recommended_however_cheap() -> No
 
 
 def test_priority_keeps_its_meaning_inside_each_row() -> None:
-    fast = run_compare([h100_data()], price_per_hour="2.5", priority="fast").rows[0].plan
-    frugal = run_compare([h100_data()], price_per_hour="2.5", priority="memory_efficient").rows[0].plan
+    fast = run_compare([h100_data()], price_per_hour="2.5", priority="fast").rows[0].run_plan.plan
+    frugal = run_compare([h100_data()], price_per_hour="2.5", priority="memory_efficient").rows[0].run_plan.plan
     assert fast.request.priority == "fast" and frugal.request.priority == "memory_efficient"
     assert frugal.chosen.peak_memory_bytes <= fast.chosen.peak_memory_bytes
     assert frugal.chosen.total_seconds <= fast.chosen.total_seconds * 1.1 + frugal.chosen.overheads.total_seconds
@@ -196,7 +200,7 @@ def test_a_model_too_big_for_a_device_is_a_row_without_a_plan() -> None:
     big["id"] = "big-double"
     big["hardware"].update(name="NVIDIA H200 (test double)", memory_bytes=500e9, peak_flops_entry="H200")
     comparison = run_compare([small, big], model="llama-3.1-8b", price_per_hour="h100=2.5,h200=3.8")
-    assert comparison.rows[-1].plan is None and "use --lora" in comparison.rows[-1].problem
+    assert comparison.rows[-1].run_plan is None and "use --lora" in comparison.rows[-1].problem
     assert comparison.rows[-1].calibration_id == small["id"] and not comparison.rows[-1].recommended
     assert comparison.ranked_by == "cost"  # the row without a plan needs no price: the others are ranked by theirs
 
@@ -209,12 +213,12 @@ def test_one_and_two_cpu_processes_cost_time_times_price_times_processes() -> No
     comparison = run_compare([one, two], model="tiny", price_per_hour="cpu=1.0")
     by_processes = {row.processes: row for row in comparison.rows}
     # measured: nothing predicted
-    assert set(by_processes) == {1, 2} and not any(row.option.predicted for row in comparison.rows)
+    assert set(by_processes) == {1, 2} and not any(row.source.option.predicted for row in comparison.rows)
     for processes, row in by_processes.items():
-        assert row.plan.chosen.world_size == processes
-        assert row.cost == pytest.approx(row.plan.chosen.total_seconds / 3600 * 1.0 * processes)
+        assert row.run_plan.plan.chosen.world_size == processes
+        assert row.run_plan.plan.cost == pytest.approx(row.run_plan.plan.chosen.total_seconds / 3600 * 1.0 * processes)
     # Two processes share the steps: faster, but both pay for the start-up, so dearer.
-    assert by_processes[2].plan.chosen.step_seconds < by_processes[1].plan.chosen.step_seconds
+    assert by_processes[2].run_plan.plan.chosen.step_seconds < by_processes[1].run_plan.plan.chosen.step_seconds
     assert comparison.rows[0].processes == 1 and comparison.rows[0].recommended
     assert run_compare([one, two], model="tiny").rows[0].processes == 2  # ranked by time without prices
 
@@ -232,13 +236,13 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
     other_model = cpu_calibration("gpt2-two", processes=2, fingerprint="another-model")
     comparison = run_compare([one], model="tiny", sources=[other_model], price_per_hour="cpu=1.0")
     measured, predicted = sorted(comparison.rows, key=lambda row: row.processes)
-    assert not measured.option.predicted and predicted.option.predicted and predicted.processes == 2
-    assert predicted.option.collectives_from == "gpt2-two" and predicted.to_json()["source"] == "predicted"
+    assert not measured.source.option.predicted and predicted.source.option.predicted and predicted.processes == 2
+    assert predicted.source.option.collectives_from == "gpt2-two" and predicted.to_json()["source"] == "predicted"
     gradients = traffic_of("ddp", memory_need(resolve_model("tiny"), MethodConfig(), "cpu"), "cpu").gradient_bytes
     expected = CommModel.from_json(other_model["distributed"]["comm"]).all_reduce_seconds(gradients)
     assert expected > 0 and predicted.run_plan.communication["seconds_per_step"] == pytest.approx(expected)
     assert predicted.run_plan.communication["collectives_from"] == "gpt2-two"
-    chosen, bound = predicted.plan.chosen, predicted.plan.chosen.bound_fraction
+    chosen, bound = predicted.run_plan.plan.chosen, predicted.run_plan.plan.chosen.bound_fraction
     assert chosen.comm_seconds_per_step_high == pytest.approx(expected)  # none hidden: the measured all-reduce
     assert chosen.comm_seconds_per_step_low < chosen.comm_seconds_per_step < chosen.comm_seconds_per_step_high
     compute = chosen.step_seconds - chosen.remaining_steps * chosen.comm_seconds_per_step
@@ -247,11 +251,11 @@ def test_predicted_rows_from_collectives_another_calibration_measured() -> None:
         bracketed
     )
     assert predicted.to_json()["comm_overlap"] and not measured.to_json()["comm_overlap"]
-    assert predicted.cost == pytest.approx(chosen.total_seconds / 3600 * 2)
+    assert predicted.run_plan.plan.cost == pytest.approx(chosen.total_seconds / 3600 * 2)
     assert any("predicted rows" in note for note in comparison.notes)
     two = cpu_calibration("cpu-two", processes=2)
     both = run_compare([one, two], model="tiny", sources=[other_model, two])
-    assert [row.option.predicted for row in both.rows] == [False, False]
+    assert [row.source.option.predicted for row in both.rows] == [False, False]
     elsewhere = {**other_model, "hardware": {**other_model["hardware"], "name": "another CPU"}}
     # collectives of another device: no prediction
     assert len(run_compare([one], model="tiny", sources=[elsewhere]).rows) == 1

@@ -58,7 +58,7 @@ def test_bad_machines_are_one_line(text: str, fragment: str) -> None:
 
 def test_each_kind_of_row_from_the_h100_calibration() -> None:
     comparison = run_consider(MACHINES, [read_calibration_file(FIXTURE)])
-    kinds = {row.machine.split(" ")[0]: row.kind for row in comparison.rows}
+    kinds = {row.source.machine.label.split(" ")[0]: row.kind for row in comparison.rows}
     assert kinds == {
         "1×H100": "measured here",
         "2×H100": "predicted",
@@ -67,18 +67,19 @@ def test_each_kind_of_row_from_the_h100_calibration() -> None:
         "1×MI300X": "not plannable",
     }
     assert (
-        next(row for row in comparison.rows if row.machine.startswith("4×A100")).machine == "4×A100 40GB PCIe over pcie"
+        next(row for row in comparison.rows if row.source.machine.label.startswith("4×A100")).source.machine.label
+        == "4×A100 40GB PCIe over pcie"
     )
     mi300x = next(row for row in comparison.rows if row.kind == "not plannable")
-    assert mi300x.plan is None and "no calibration of any AMD GPU" in mi300x.problem
+    assert mi300x.run_plan is None and "no calibration of any AMD GPU" in mi300x.problem
     measured = next(row for row in comparison.rows if row.kind == "measured here")
     assert measured.settle is None  # nothing to settle: it was measured
     for row in comparison.rows:
         if row.kind in ("predicted", "translated"):
-            low, high = row.plan.chosen.total_seconds_low, row.plan.chosen.total_seconds_promised
-            assert low < row.plan.chosen.total_seconds < high
+            low, high = row.run_plan.plan.chosen.total_seconds_low, row.run_plan.plan.chosen.total_seconds_promised
+            assert low < row.run_plan.plan.chosen.total_seconds < high
             assert row.settle.startswith(("bench run --gpu", "accelerate launch --num_processes"))
-    a100 = next(row for row in comparison.rows if row.machine.startswith("4×A100"))
+    a100 = next(row for row in comparison.rows if row.source.machine.label.startswith("4×A100"))
     assert "translated from" in a100.rests_on and "collectives: pcie link figures (not measured)" in a100.rests_on
     assert a100.settle.startswith(
         "accelerate launch --num_processes 4 -m benchtrain.bench run --gpu a100-40gb-pcie --model llama-3.2-1b --interconnect pcie"
@@ -88,24 +89,25 @@ def test_each_kind_of_row_from_the_h100_calibration() -> None:
 def test_the_translated_h200_is_bracketed_by_the_datasheet_ratios() -> None:
     comparison = run_consider("h100:1,h200:1", [read_calibration_file(FIXTURE)])
     h100, h200 = (
-        next(row for row in comparison.rows if row.machine.startswith(prefix)) for prefix in ("1×H100", "1×H200")
+        next(row for row in comparison.rows if row.source.machine.label.startswith(prefix))
+        for prefix in ("1×H100", "1×H200")
     )
     # Same FLOP/s, 4.8 / 3.35 TB/s: the H200's steps take between 1/1.43 and 1× the H100's.
     ratio = (
-        h200.plan.chosen.step_seconds / h100.plan.chosen.step_seconds
-        if h200.plan.chosen.config.phrase == h100.plan.chosen.config.phrase
+        h200.run_plan.plan.chosen.step_seconds / h100.run_plan.plan.chosen.step_seconds
+        if h200.run_plan.plan.chosen.config.phrase == h100.run_plan.plan.chosen.config.phrase
         else None
     )
     if ratio is not None:
         assert 3.35 / 4.8 - 0.01 <= ratio <= 1.01
-    assert h200.plan.chosen.total_seconds_promised >= h100.plan.chosen.total_seconds_low * 3.35 / 4.8
+    assert h200.run_plan.plan.chosen.total_seconds_promised >= h100.run_plan.plan.chosen.total_seconds_low * 3.35 / 4.8
 
 
 def test_the_cheapest_at_its_upper_end_is_recommended_and_rivals_are_named() -> None:
     comparison = run_consider("h100:1,h200:1,a100-40gb:4:pcie", [read_calibration_file(FIXTURE)])
     best = comparison.recommended
-    assert best is not None and best.meets_deadline
-    meeting = [row for row in comparison.rows if row.plan is not None and row.meets_deadline]
+    assert best is not None and best.run_plan.plan.meets_deadline
+    meeting = [row for row in comparison.rows if row.run_plan is not None and row.run_plan.plan.meets_deadline]
     assert all(best.cost_bracket[1] <= row.cost_bracket[1] for row in meeting)
     for row in comparison.rows:
         if row.could_overtake:
@@ -214,7 +216,7 @@ def test_fsdp_processes_planned_from_one_process_accumulate_their_shard_of_the_g
     data = refit_record(read_calibration_file(FIXTURE))
     comparison = run_consider("h100:4:nvlink", [data], step_options=StepOptions(sharding="fsdp"), effective_batch=64)
     (row,) = comparison.rows
-    chosen = row.plan.chosen
+    chosen = row.run_plan.plan.chosen
     assert row.kind == "predicted" and chosen.config.grad_accum > 1, row.problem
     memory = Calibration(data).memory
     held = memory.coefficients["accumulated_gradients"]

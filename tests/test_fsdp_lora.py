@@ -346,13 +346,13 @@ def test_70b_lora_and_qlora_are_planned_for_2_4_and_8_h100s_with_their_memory_pe
         for row in rows:
             processes = row.processes
             if processes not in planned:
-                assert row.plan is None and "fits in memory" in (row.problem or ""), row.problem
+                assert row.run_plan is None and "fits in memory" in (row.problem or ""), row.problem
                 # its shards alone nearly fill it
                 assert need.per_process_bytes("fsdp", processes, "cuda") > 0.85 * row.device.memory_bytes
                 continue
-            assert row.plan is not None, row.problem
+            assert row.run_plan is not None, row.problem
             assert row.run_plan.fitted.step.sharding == "fsdp" and row.run_plan.fitted.step.world_size == processes
-            peak = row.plan.chosen.peak_memory_bytes
+            peak = row.run_plan.plan.chosen.peak_memory_bytes
             held = need.per_process_bytes("fsdp", processes, "cuda") + communicator_bytes(
                 row.run_plan.fitted.hardware, processes
             )

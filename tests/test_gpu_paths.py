@@ -385,7 +385,7 @@ def test_an_fsdp_row_of_a_comparison_with_8bit_adamw_says_why_it_has_no_plan() -
     )
     (row,) = comparison.rows
     assert (
-        row.plan is None
+        row.run_plan is None
         and row.problem is not None
         and row.problem.startswith("--optimizer adamw-8bit cannot step FSDP's sharded parameters")
     )

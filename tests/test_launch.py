@@ -23,6 +23,7 @@ import pytest
 import yaml
 from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, run_consider, run_main, synthetic_calibration
 
+from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import save_calibration
 from benchtrain.common.errors import BenchtrainError
@@ -207,11 +208,11 @@ def test_every_datasheet_gpu_has_a_launch_name_and_the_tasks_name_the_same_accel
     for sheet in SHEETS:
         meant = sheet_for(sheet.launch_name)
         assert meant is not None and meant.launch_name == sheet.launch_name, sheet.launch_name
-    cuda = {"device_type": "cuda"}
+    cuda = Hardware("cuda", "", 1, 0)
     assert {sheet.key: accelerator_of(sheet.key, cuda) for sheet in SHEETS} == LAUNCH_NAMES_EMITTED
-    assert accelerator_of("cpu", {"device_type": "cpu"}) is None
+    assert accelerator_of("cpu", Hardware("cpu", "", 1, 0)) is None
     with pytest.raises(BenchtrainError, match="NVIDIA RTX A6000 has no accelerator name the engines know"):
-        accelerator_of("rtx-a6000", {"device_type": "cuda", "name": "NVIDIA RTX A6000"})
+        accelerator_of("rtx-a6000", Hardware("cuda", "NVIDIA RTX A6000", 1, 0))
 
     def pattern(key: str) -> str:
         fields: dict[str, Any] = dict.fromkeys(Target.__dataclass_fields__)
@@ -271,7 +272,7 @@ def test_bad_emits_are_one_line(
 
 def test_spot_only_where_one_preemption_still_meets_the_deadline() -> None:
     comparison = run_consider("h100:1", [read_calibration_file(FIXTURE)])
-    plan = comparison.recommended.plan
+    plan = comparison.recommended.run_plan.plan
     chosen = plan.chosen
     overheads = chosen.overheads
     startup = (
@@ -550,7 +551,7 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
     option = Option(None, 2, "ddp", interconnect="ethernet")  # type: ignore[arg-type]
     row = Row(
         Source(option, "predicted", "nothing measured on this machine"),
-        {"name": "CPU over ethernet", "device_type": "cpu"},
+        Hardware("cpu", "CPU over ethernet", 1, 0),
         run_plan=SimpleNamespace(plan=SimpleNamespace(chosen=chosen)),  # type: ignore[arg-type]
         settle=bench,
         settle_seconds=60.0,

@@ -274,9 +274,9 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
         assert option.collectives is not None and set(option.collectives) == {"all_reduce"}
         comparison = compare_options([option], price_per_hour="h100=2.5")
         (row,) = comparison.rows
-        assert row.plan is not None, row.problem
+        assert row.run_plan is not None, row.problem
         rows[word] = row
-        chosen = row.plan.chosen
+        chosen = row.run_plan.plan.chosen
         compute, low, high = comm_parts(chosen)
         assert chosen.comm_seconds_per_step_low <= chosen.comm_seconds_per_step <= chosen.comm_seconds_per_step_high
         assert chosen.comm_seconds_per_step == pytest.approx(
@@ -292,10 +292,10 @@ def test_an_nvlink_box_and_a_pcie_box_give_different_rows() -> None:
             and row.to_json()["comm_overlap"] is True
         )
         assert "pcie" not in word or "pcie's link figures" in (describe_communication(row.run_plan.communication) or "")
-    nvlink, pcie = rows["nvlink"].plan.chosen, rows["pcie"].plan.chosen
+    nvlink, pcie = rows["nvlink"].run_plan.plan.chosen, rows["pcie"].run_plan.plan.chosen
     assert pcie.comm_seconds_per_step_high > 4 * nvlink.comm_seconds_per_step_high  # 64 GB/s against 450 GB/s each way
     assert pcie.total_seconds > nvlink.total_seconds and pcie.total_seconds_high > nvlink.total_seconds_high
-    assert rows["pcie"].cost > rows["nvlink"].cost
+    assert rows["pcie"].run_plan.plan.cost > rows["nvlink"].run_plan.plan.cost
 
 
 def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
@@ -310,8 +310,8 @@ def test_fsdp_rows_hide_what_backward_can_and_no_more() -> None:
         option = predicted_option(cal, 4, "fsdp", word, [])
         assert option.collectives is not None and set(option.collectives) == {"all_gather", "reduce_scatter"}
         (row,) = compare_options([option], step_options=StepOptions(sharding="fsdp")).rows
-        assert row.plan is not None, row.problem
-        chosen[word] = row.plan.chosen
+        assert row.run_plan is not None, row.problem
+        chosen[word] = row.run_plan.plan.chosen
         assert (
             row.run_plan.communication["seconds_per_micro_step"] > 0
             and row.run_plan.communication["seconds_per_step"] == 0
@@ -353,7 +353,8 @@ def test_measured_collectives_replace_the_analytic_ones() -> None:
     nvlink_source = h100_two_processes("h100-two-nvlink", "nvswitch")
     pcie_source = h100_two_processes("h100-two-pcie", "pcie", 1 / 25e9)
     unknown = h100_two_processes("h100-two-unknown", None)
-    measured = predicted_option(cal, 2, "ddp", "nvlink", [pcie_source, unknown, nvlink_source])
+    nvlink, pcie, unrecorded = Calibration(nvlink_source), Calibration(pcie_source), Calibration(unknown)
+    measured = predicted_option(cal, 2, "ddp", "nvlink", [pcie, unrecorded, nvlink])
     assert (
         measured.collectives_from == "h100-two-nvlink"
         and measured.collectives_source == "the collectives of h100-two-nvlink"
@@ -362,30 +363,30 @@ def test_measured_collectives_replace_the_analytic_ones() -> None:
         measured.collectives is not None
         and measured.collectives["all_reduce"]["fit"] == nvlink_source["distributed"]["comm"]
     )
-    assert predicted_option(cal, 2, "ddp", "pcie", [nvlink_source, pcie_source]).collectives_from == "h100-two-pcie"
-    analytic = predicted_option(cal, 4, "ddp", "nvlink", [nvlink_source])  # measured among 2, not 4
+    assert predicted_option(cal, 2, "ddp", "pcie", [nvlink, pcie]).collectives_from == "h100-two-pcie"
+    analytic = predicted_option(cal, 4, "ddp", "nvlink", [nvlink])  # measured among 2, not 4
     assert (
         analytic.collectives_from is None
         and analytic.collectives is not None
         and analytic.collectives["all_reduce"]["source"] == "analytic"
     )
-    assert predicted_option(cal, 2, "ddp", "nvlink", [unknown]).collectives_from is None
-    assert predicted_option(cal, 1, "ddp", "nvlink", [nvlink_source]) == Option(cal, 1, "none", interconnect="nvlink")
+    assert predicted_option(cal, 2, "ddp", "nvlink", [unrecorded]).collectives_from is None
+    assert predicted_option(cal, 1, "ddp", "nvlink", [nvlink]) == Option(cal, 1, "none", interconnect="nvlink")
     with pytest.raises(BenchtrainError, match="measured 2 processes: it plans those"):
         predicted_option(Calibration(nvlink_source), 4, "ddp", "nvlink", [])
     cpu_one, cpu_two = Calibration(cpu_calibration("cpu-one")), cpu_calibration("cpu-two", processes=2)
     with pytest.raises(BenchtrainError, match="loopback has no datasheet figure"):
         predicted_option(cpu_one, 2, "ddp", "loopback", [])
     del cpu_two["hardware"]["interconnect"]  # recorded before issue 41: on a CPU, gloo on one host
-    assert predicted_option(cpu_one, 2, "ddp", "loopback", [cpu_two]).collectives_from == "cpu-two"
+    assert predicted_option(cpu_one, 2, "ddp", "loopback", [Calibration(cpu_two)]).collectives_from == "cpu-two"
     # The rows a comparison finds by itself (options_for) follow the same rule; unrecorded matches any.
     here = copy.deepcopy(h100_data())
     here["hardware"]["interconnect"] = "nvlink"
-    found = options_for([Calibration(here)], "ddp", [pcie_source])
+    found = options_for([Calibration(here)], "ddp", [pcie])
     assert [option.predicted for option in found] == [False]
-    found = options_for([Calibration(here)], "ddp", [pcie_source, nvlink_source])
+    found = options_for([Calibration(here)], "ddp", [pcie, nvlink])
     assert [option.collectives_from for option in found] == [None, "h100-two-nvlink"]
-    assert [option.collectives_from for option in options_for([cal], "ddp", [pcie_source])] == [None, "h100-two-pcie"]
+    assert [option.collectives_from for option in options_for([cal], "ddp", [pcie])] == [None, "h100-two-pcie"]
 
 
 def test_latest_prefers_a_calibration_of_this_interconnect(home: Path) -> None:

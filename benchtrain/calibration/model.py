@@ -13,6 +13,7 @@ from typing import cast
 import numpy as np
 
 from benchtrain.calibration.dimensions import switches
+from benchtrain.calibration.distributed import Distributed
 from benchtrain.calibration.extrapolation import extrapolation_widening, stretch_by_dimension
 from benchtrain.calibration.fit import EVAL_TERMS, ThroughputModel, eval_features, throughput_model_from_json
 from benchtrain.calibration.hardware import Hardware
@@ -81,6 +82,8 @@ class Calibration:
         self.memory: MemoryModel | None = memory_model_from_json(fit["memory"]) if fit.get("memory") else None
         # Sections calibration.schema.validate checked on load, as read.
         self.id: str = self.data["id"]
+        # When bench wrote it (ISO 8601, so that text order is time order); "" where a hand-made record does not say.
+        self.created_at: str = str(self.data.get("created_at", ""))
         self.fit: JsonDict = fit
         self.hardware = Hardware.from_record(self.data["hardware"])
         self.model: JsonDict = self.data["model"]
@@ -95,6 +98,8 @@ class Calibration:
         # model spread over them (none, ddp or fsdp), the checkpointing modes and the link between the devices.
         self.setup = measured_setup(self.data)
         self.world_size, self.sharding = self.setup.world_size, self.setup.sharding
+        # The processes' record: their backend and the collectives they timed ({} for one process).
+        self.distributed = Distributed.from_record(self.data.get("distributed"))
         # bench compared the losses and chose one (`loss_choice`): the loss `auto` takes, on any device.
         self.compared_losses = bool(self.data.get("loss_choice"))
         # What bench said of its own error while measuring (calibration.fit's noise check); None: nothing to say.

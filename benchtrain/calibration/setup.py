@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from benchtrain.calibration.adapters import trains_adapters
 from benchtrain.calibration.dimensions import switches
+from benchtrain.calibration.distributed import Distributed
 from benchtrain.calibration.step_config import Mode
 from benchtrain.calibration.training import UNQUANTIZED, Training, base_phrase
 from benchtrain.common.json_types import JsonDict
@@ -35,7 +36,7 @@ def measured_setup(data: JsonDict) -> Setup:
     """The setup a calibration (or one of its variants, calibration.schema.variant_data) measured, read from its
     sections once; a record without a training section (a hand-made one) measured full fine-tuning."""
     training = Training.from_record(data.get("training"))
-    distributed = data.get("distributed") or {}
+    distributed = Distributed.from_record(data.get("distributed"))
     model = data.get("model") or {}
     # Skipped probes never ran: the modes measured are those of the probes that did.
     probed = [row for row in data.get("measurements") or [] if row.get("status") != "skipped"]
@@ -46,8 +47,8 @@ def measured_setup(data: JsonDict) -> Setup:
         method=training.method,
         lora_rank=training.lora_rank if trains_adapters(training.method) else None,
         quantization=training.quantization,
-        world_size=int(distributed.get("world_size", 1)),
-        sharding=str(distributed.get("sharding", "none")),
+        world_size=distributed.world_size,
+        sharding=distributed.sharding,
         modes=tuple(sorted({tuple(d.name for d in switches() if row.get(d.name) or 0) for row in probed})),
         interconnect=str(interconnect) if interconnect else None,
     )

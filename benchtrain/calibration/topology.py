@@ -244,7 +244,7 @@ def analytic_collectives(
     kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter"),
 ) -> dict[str, JsonDict]:
     """{kind: {"fit": CommModel JSON, "source": "analytic", "interconnect": word, "links": [...]}}: the shape stored
-    collectives have (train.planning.comm.stored_collectives), so train.planning.comm.price_traffic prices them."""
+    collectives have (calibration.distributed.Distributed.collectives), so train.planning.comm.price_traffic prices them."""
     placed = (parse_interconnect(interconnect) if isinstance(interconnect, str) else interconnect).placed(processes)
     intra = link_figures(placed.kind, device_name)
     inter = link_figures(placed.network, device_name) if placed.network else None

@@ -120,7 +120,7 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
     columns = MACHINE_COLUMNS if machines else CALIBRATION_COLUMNS
     cells = [[header for header, _, _ in columns]]
     cells += [
-        [cell(index, row) if row.plan is not None or not planned else "–" for _, cell, planned in columns]
+        [cell(index, row) if row.run_plan is not None or not planned else "–" for _, cell, planned in columns]
         for index, row in enumerate(rows, 1)
     ]
     lines = [
@@ -138,9 +138,10 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
         return lines
     command = train_command(command_line, best)
     if machines:
-        cost = cost_text(best)
+        cost, machine = cost_text(best), best.source.machine
+        assert machine is not None  # every row of --consider plans a machine
         lines.append(
-            f"recommended: 1, {best.machine} ({best.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}"
+            f"recommended: 1, {machine.label} ({best.kind}): meets the deadline at its upper end{', ' + cost if cost else ''}"
         )
         rivals = [str(index) for index, row in enumerate(rows, 1) if row.could_overtake]
         if rivals:
@@ -149,7 +150,8 @@ def describe_comparison(comparison: Comparison, command_line: list[str] | None =
             lines.append(f"  not measured: run `{best.settle}` on it first, then train with --use-calibration latest")
             command = None
     else:
-        cost = f"${best.cost:,.2f}, " if best.cost is not None else ""
+        dollars = plan_of(best).cost
+        cost = f"${dollars:,.2f}, " if dollars is not None else ""
         why = (
             "meets the deadline at the lowest cost"
             if comparison.ranked_by == "cost"
@@ -193,7 +195,7 @@ def memory(row: Row, headroom: bool) -> str:
 
 
 def deadline(index: int, row: Row) -> str:
-    return "no plan" if row.plan is None else "meets" if row.meets_deadline else "MISSES"
+    return "no plan" if row.run_plan is None else "meets" if row.run_plan.plan.meets_deadline else "MISSES"
 
 
 def seconds(low: float, high: float) -> str:
@@ -207,21 +209,25 @@ CALIBRATION_COLUMNS: list[Column] = [
     ("calibration", lambda _, row: row.reference, False),
     ("device", lambda _, row: row.device.name, False),
     ("×", lambda _, row: str(row.processes), False),
-    ("source", lambda _, row: "predicted" if row.option is not None and row.option.predicted else "measured", False),
+    (
+        "source",
+        lambda _, row: "predicted" if row.source.option is not None and row.source.option.predicted else "measured",
+        False,
+    ),
     ("time", lambda _, row: format_duration(plan_of(row).chosen.total_seconds), True),
     (
         "bounds",
         lambda _, row: seconds(plan_of(row).chosen.total_seconds_low, plan_of(row).chosen.total_seconds_high),
         True,
     ),
-    ("cost", lambda _, row: f"${row.cost:,.2f}" if row.cost is not None else "–", True),
+    ("cost", lambda _, row: f"${plan_of(row).cost:,.2f}" if plan_of(row).cost is not None else "–", True),
     ("peak memory (headroom)", lambda _, row: memory(row, headroom=True), True),
     ("MFU", lambda _, row: f"{row.compute['mfu']:.1%}" if row.compute.get("mfu") is not None else "–", True),
     ("deadline", deadline, False),
 ]
 MACHINE_COLUMNS: list[Column] = [
     ("#", mark, False),
-    ("machine", lambda _, row: str(row.machine), False),
+    ("machine", lambda _, row: row.source.machine.label if row.source.machine is not None else "–", False),
     ("source", lambda _, row: row.kind, False),
     (
         "time (low – upper)",
@@ -236,27 +242,29 @@ MACHINE_COLUMNS: list[Column] = [
 
 
 def row_plan(row: Row) -> str:
-    if row.plan is None or row.option is None:
+    option = row.source.option
+    if row.run_plan is None or option is None:
         return f"no plan: {row.problem}"
-    chosen = row.plan.chosen
+    plan = row.run_plan.plan
+    chosen = plan.chosen
     price = f"; ${row.price_per_hour:,.2f} per device-hour × {row.processes}" if row.price_per_hour is not None else ""
-    upper = "central estimate" if row.option.calibration.too_noisy_to_bound else "upper bound"
+    upper = "central estimate" if option.calibration.too_noisy_to_bound else "upper bound"
     text = (
         f"{chosen.config.phrase}; {chosen.optimizer_steps:,} optimizer steps at {chosen.tokens_per_second:,.0f} real tokens/s; "
-        f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, row.plan.available_seconds))} usable{price}"
+        f"{upper} {format_duration(chosen.total_seconds_promised)} vs {format_duration(max(0.0, plan.available_seconds))} usable{price}"
     )
-    if row.option.predicted:
-        text += f"; predicted with {row.option.collectives_source}"
-    provenance = row.option.calibration.provenance
+    if option.predicted:
+        text += f"; predicted with {option.collectives_source}"
+    provenance = option.calibration.provenance
     if provenance.startswith("hub:"):  # whose measurement the row rests on (calibration.hub)
         text += f"; rests on a measurement shared as {provenance}"
     return text
 
 
 def machine_text(row: Row) -> str:
-    if row.plan is None:
+    if row.run_plan is None:
         return f"no plan: {row.problem}"
-    chosen = row.plan.chosen
+    chosen = row.run_plan.plan.chosen
     price = f"; ${row.price_per_hour:,.2f} per GPU-hour × {row.processes}" if row.price_per_hour is not None else ""
     return f"{chosen.config.phrase}, {chosen.optimizer_steps:,} optimizer steps{price}; rests on {row.rests_on}"
 

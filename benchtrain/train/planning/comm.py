@@ -234,14 +234,3 @@ def price_traffic(
     if collectives_from is not None:
         record["collectives_from"] = collectives_from
     return CommPlan(per_step, per_micro_step, record)
-
-
-def stored_collectives(distributed: JsonDict | None) -> Collectives:
-    """The collectives a multi-process calibration measured ({kind: {"measurements", "fit"}});
-    a record with only the all-reduce's fit (`comm`, `all_reduce`: a DDP calibration) reads as that one."""
-    distributed = distributed or {}
-    if distributed.get("collectives"):
-        return dict(distributed["collectives"])
-    if distributed.get("comm"):
-        return {"all_reduce": {"measurements": distributed.get("all_reduce", []), "fit": distributed["comm"]}}
-    return {}

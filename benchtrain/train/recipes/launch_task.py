@@ -80,7 +80,7 @@ class Target:
     def cost_upper(self) -> float | None:
         """What the target costs at most: a machine's at the upper end of its bracket, a calibration's at its estimate."""
         bracket = self.row.cost_bracket
-        return bracket.upper if self.row.source.machine is not None and bracket else self.row.cost
+        return bracket.upper if self.row.source.machine is not None and bracket else plan_of(self.row).cost
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,10 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
     first = row_target(best)
     targets, left_out = [first], []
     for row in comparison.rows[1:]:
-        name = row.machine or row.reference
-        if row.plan is None:
+        name = row.source.machine.label if row.source.machine is not None else row.reference
+        if row.run_plan is None:
             left_out.append(f"{name}: no plan ({row.problem})")
-        elif not row.meets_deadline:
+        elif not row.run_plan.plan.meets_deadline:
             left_out.append(f"{name}: misses the deadline at its upper end")
         else:
             target = row_target(row)
@@ -163,10 +163,11 @@ def rows_to_targets(comparison: Comparison) -> tuple[list[Target], list[str]]:
 
 def row_target(row: Row) -> Target:
     """A planned row (of a comparison, or a single calibration's plan) as a target."""
-    assert row.plan is not None and row.option is not None
-    cal = row.option.calibration
+    option = row.source.option
+    assert row.run_plan is not None and option is not None
+    cal = option.calibration
     key = device_key(cal) or "cpu"
-    interconnect = row.option.interconnect or row.device.interconnect
+    interconnect = option.interconnect or row.device.interconnect
     nodes, per_node = layout(row.processes, interconnect if isinstance(interconnect, str) else None)
     measured = row.settle is None  # a row nobody measured carries the bench run that measures it first
     file = calibration_file(cal) if measured else None  # uploaded, and named as the nodes see it
@@ -323,8 +324,10 @@ def comparison_task(
     """The task of `--consider` or a comparison of calibrations: the recommended row and its fallbacks."""
     targets, left_out = rows_to_targets(comparison)
     best = comparison.recommended
-    assert best is not None and best.plan is not None  # rows_to_targets: one line otherwise
-    return launch_task(targets, left_out, best.plan, comparison.available_seconds, config, spec, method, command_line)
+    assert best is not None and best.run_plan is not None  # rows_to_targets: one line otherwise
+    return launch_task(
+        targets, left_out, best.run_plan.plan, comparison.available_seconds, config, spec, method, command_line
+    )
 
 
 def plan_task(run: RunPlan, config: TrainConfig, spec: ModelSpec, command_line: list[str]) -> LaunchTask:

@@ -15,7 +15,7 @@ from benchtrain.calibration.datasheets import DeviceSheet, known_keys, sheet_for
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference, is_hub_reference, parse_reference, shared_calibrations
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.schema import read_calibration_file
+from benchtrain.calibration.schema import ListedCalibration, read_calibration_file
 from benchtrain.calibration.setup import measured_setup
 from benchtrain.calibration.store import bundled_calibrations, calibrations_dir, is_bundled, list_calibrations
 from benchtrain.calibration.topology import (
@@ -28,7 +28,7 @@ from benchtrain.calibration.translate import describe_translation, translate
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError, DoesNotFitError
 from benchtrain.common.json_types import JsonDict
-from benchtrain.train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic, stored_collectives
+from benchtrain.train.planning.comm import COLLECTIVES, CommPlan, Traffic, price_traffic
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.planner import deadline_options
 from benchtrain.train.planning.prices import run_cost
@@ -169,19 +169,30 @@ def measured_by(cal: Calibration) -> str:
     return f"{cal.provenance} ({cal.id})"
 
 
-def collectives_sources(calibrations: list[Calibration]) -> list[JsonDict]:
-    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one), newest first."""
+def collectives_sources(calibrations: list[Calibration]) -> list[Calibration]:
+    """Calibrations of several processes whose collectives can price predicted rows (the comparison's and every stored one
+    that loads: one without a fitted model is no calibration to read), newest first."""
     seen, sources = set(), []
-    candidates = [cal.data for cal in calibrations] + [data for _, data, _ in list_calibrations() if data is not None]
-    for data in sorted(candidates, key=lambda data: data.get("created_at", ""), reverse=True):
-        if data["id"] in seen or int((data.get("distributed") or {}).get("world_size", 1)) < 2:
+    candidates = calibrations + [cal for cal in map(stored_calibration, list_calibrations()) if cal is not None]
+    for cal in sorted(candidates, key=lambda cal: cal.created_at, reverse=True):
+        if cal.id in seen or cal.world_size < 2:
             continue
-        seen.add(data["id"])
-        sources.append(data)
+        seen.add(cal.id)
+        sources.append(cal)
     return sources
 
 
-def options_for(calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> list[Option]:
+def stored_calibration(entry: ListedCalibration) -> Calibration | None:
+    """A stored calibration as loaded; None where it could not be read or holds no fitted model."""
+    if entry.data is None:
+        return None
+    try:
+        return Calibration(entry.data, entry.path)
+    except BenchtrainError:
+        return None
+
+
+def options_for(calibrations: list[Calibration], sharding: str, sources: list[Calibration]) -> list[Option]:
     """A row for each calibration as measured; for each 1-process one, a predicted row per process count whose collectives
     another calibration measured on its device and interconnect, unless the comparison measured that count itself."""
     options = [as_measured(cal) for cal in calibrations]
@@ -190,24 +201,24 @@ def options_for(calibrations: list[Calibration], sharding: str, sources: list[Js
         if cal.world_size != 1:
             continue
         predicted: dict[int, Option] = {}
-        for data in sources:
-            processes = int(data["distributed"]["world_size"])
+        for source in sources:
+            processes = source.world_size
             if processes in predicted or (cal.hardware.name, processes, sharding) in measured:
                 continue
-            link = data["hardware"].get("interconnect")
-            wanted = measured_collectives(data, cal, processes, sharding)
+            link = source.hardware.interconnect
+            wanted = measured_collectives(source, cal, processes, sharding)
             if wanted is not None and same_interconnect(link, cal.hardware.interconnect):
-                predicted[processes] = Option(cal, processes, sharding, wanted, data["id"], link)
+                predicted[processes] = Option(cal, processes, sharding, wanted, source.id, link)
         options += [predicted[count] for count in sorted(predicted)]
     return options
 
 
-def measured_collectives(data: JsonDict, cal: Calibration, processes: int, sharding: str) -> dict[str, JsonDict] | None:
-    """The collectives `sharding` needs, as `data` measured them among `processes` of `cal`'s device; None where it did not."""
-    collectives, kinds = stored_collectives(data.get("distributed")), COLLECTIVES[sharding]
-    if int((data.get("distributed") or {}).get("world_size", 1)) != processes or not cal.hardware.same_device(
-        Hardware.from_record(data["hardware"])
-    ):
+def measured_collectives(
+    source: Calibration, cal: Calibration, processes: int, sharding: str
+) -> dict[str, JsonDict] | None:
+    """The collectives `sharding` needs, as `source` measured them among `processes` of `cal`'s device; None where it did not."""
+    collectives, kinds = source.distributed.collectives, COLLECTIVES[sharding]
+    if source.world_size != processes or not cal.hardware.same_device(source.hardware):
         return None
     return {kind: collectives[kind] for kind in kinds} if all(kind in collectives for kind in kinds) else None
 
@@ -225,7 +236,7 @@ def option_source(option: Option) -> Source:
 
 
 def predicted_option(
-    cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[JsonDict]
+    cal: Calibration, processes: int, sharding: str, interconnect: str, sources: list[Calibration]
 ) -> Option:
     """A row for `processes` of the 1-process `cal`'s device linked by `interconnect` (nvlink, pcie, 2x8:nvlink+ib, …), its
     collectives from the first of `sources` that measured them there, else from the links' figures. One line for a bad
@@ -237,11 +248,11 @@ def predicted_option(
         raise BenchtrainError(
             f"calibration {cal.id} measured {cal.world_size} processes: it plans those, not {processes} over {placed.word}"
         )
-    for data in sources:
-        recorded = recorded_interconnect(Hardware.from_record(data["hardware"]), processes)
-        wanted = measured_collectives(data, cal, processes, sharding)
+    for source in sources:
+        recorded = recorded_interconnect(source.hardware, processes)
+        wanted = measured_collectives(source, cal, processes, sharding)
         if wanted is not None and recorded is not None and recorded.family == placed.family:
-            return Option(cal, processes, sharding, wanted, data["id"], placed.word)
+            return Option(cal, processes, sharding, wanted, source.id, placed.word)
     return Option(
         cal,
         processes,
@@ -252,7 +263,9 @@ def predicted_option(
     )
 
 
-def machine_source(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
+def machine_source(
+    machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[Calibration]
+) -> Source:
     """The best source for one machine (the module's docstring), local calibrations before shared ones."""
     # measured here first
     here = sorted((cal for cal in calibrations if device_key(cal) == machine.sheet.key), key=is_shared)
@@ -277,7 +290,7 @@ def machine_source(machine: Machine, calibrations: list[Calibration], sharding: 
 
 
 def predicted(
-    machine: Machine, cal: Calibration, sharding: str, sources: list[JsonDict], kind: str, rests_on: str
+    machine: Machine, cal: Calibration, sharding: str, sources: list[Calibration], kind: str, rests_on: str
 ) -> Source:
     """N processes of `cal`'s device over the machine's interconnect (`predicted_option`)."""
     try:
@@ -287,7 +300,7 @@ def predicted(
     return Source(option, kind, f"{rests_on}; collectives: {option.collectives_source}", machine=machine)
 
 
-def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[JsonDict]) -> Source:
+def translated(machine: Machine, calibrations: list[Calibration], sharding: str, sources: list[Calibration]) -> Source:
     """A calibration of the same vendor's GPU nearest in FLOP/s, translated (calibration.translate)."""
     gpus = [cal for cal in calibrations if cal.world_size == 1 and device_key(cal) is not None]
     same_vendor = [cal for cal in gpus if sheet_for(cal.hardware.name).vendor == machine.sheet.vendor]  # type: ignore[union-attr]
@@ -421,63 +434,52 @@ class Row:
     settle_cost: float | None = None
 
     @property
-    def option(self) -> Option | None:
-        return self.source.option
-
-    @property
-    def plan(self) -> Plan | None:
-        """The planner's answer of `run_plan`."""
-        return self.run_plan.plan if self.run_plan is not None else None
-
-    @property
-    def machine(self) -> str | None:
-        """The machine a row of `--consider` plans (2×H100 SXM over nvlink); None for a calibration's row."""
-        return self.source.machine.label if self.source.machine is not None else None
-
-    @property
     def kind(self) -> str:
-        return "not plannable" if self.plan is None else self.source.kind
+        """The source's kind, or "not plannable" where it made no plan (a source can plan and still not fit)."""
+        return "not plannable" if self.run_plan is None else self.source.kind
 
     @property
     def rests_on(self) -> str:
+        """Whose measurement the row rests on, or why it has none (the source's problem); "" where neither is known."""
         return self.source.rests_on or (self.source.problem or "")
 
     @property
     def calibration_id(self) -> str:
-        return self.option.calibration.id if self.option is not None else "–"
+        """The id of the calibration that plans the row; "–" for a machine nothing can plan."""
+        option = self.source.option
+        return option.calibration.id if option is not None else "–"
 
     @property
     def reference(self) -> str:
         """How --use-calibration names it: a bundled one by its name, a stored one by its id, else its path."""
-        if self.option is None:
+        option = self.source.option
+        if option is None:
             return "–"
-        shared = hub_reference(self.option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
+        shared = hub_reference(option.calibration.data)  # hub:ORG/NAME/ID, not its file in the cache
         if shared is not None:
             return shared
-        path = self.option.calibration.path
+        path = option.calibration.path
         if path is None or is_bundled(path):
             return path.stem if path is not None else self.calibration_id
         return self.calibration_id if Path(path).resolve().parent == calibrations_dir().resolve() else str(path)
 
     @property
     def processes(self) -> int:
-        machine = self.source.machine
-        return self.option.world_size if self.option is not None else machine.processes if machine is not None else 1
-
-    @property
-    def cost(self) -> float | None:
-        return self.plan.cost if self.plan is not None else None
+        """The processes the row plans: its option's, else its machine's (a machine nothing can plan), else one."""
+        option, machine = self.source.option, self.source.machine
+        return option.world_size if option is not None else machine.processes if machine is not None else 1
 
     @property
     def bracket(self) -> Bracket | None:
-        return (
-            None
-            if self.plan is None
-            else Bracket(self.plan.chosen.total_seconds_low, self.plan.chosen.total_seconds_promised)
-        )
+        """The planned run's seconds from its low bound to its promised upper end; None without a plan."""
+        if self.run_plan is None:
+            return None
+        chosen = self.run_plan.plan.chosen
+        return Bracket(chosen.total_seconds_low, chosen.total_seconds_promised)
 
     @property
     def cost_bracket(self) -> Bracket | None:
+        """`bracket` in dollars at the row's price for its processes; None without a plan or a price."""
         seconds = self.bracket
         if seconds is None or self.price_per_hour is None:
             return None
@@ -485,17 +487,14 @@ class Row:
         return Bracket(low or 0.0, high or 0.0)
 
     @property
-    def meets_deadline(self) -> bool:
-        return self.plan is not None and self.plan.meets_deadline
-
-    @property
     def memory_headroom(self) -> float | None:
-        """Share of the device's memory left at the predicted peak."""
-        peak = self.plan.chosen.peak_memory_bytes if self.plan is not None else None
+        """Share of the device's memory left at the predicted peak; None without a plan or a predicted peak."""
+        peak = self.run_plan.plan.chosen.peak_memory_bytes if self.run_plan is not None else None
         return None if peak is None else 1 - peak / float(self.device.memory_bytes)
 
     def to_json(self) -> JsonDict:
-        if self.option is None:
+        option = self.source.option
+        if option is None:
             bare = {
                 "world_size": self.processes,
                 "plan": None,
@@ -504,7 +503,8 @@ class Row:
                 "recommended": False,
             }
             return {**bare, **self.machine_json()}
-        cal = self.option.calibration
+        cal = option.calibration
+        plan = self.run_plan.plan if self.run_plan is not None else None
         if self.run_plan is not None:
             data = self.run_plan.to_json(self.compute)
         else:
@@ -521,15 +521,15 @@ class Row:
                 "device": self.device.name,
                 "device_type": self.device.device_type,
                 "memory_bytes": self.device.memory_bytes,
-                "sharding": self.option.sharding,
-                "source": "predicted" if self.option.predicted else "measured",
-                "collectives_from": self.option.collectives_from,
-                "collectives_source": self.option.collectives_source,
-                "interconnect": self.option.interconnect or self.device.interconnect,
-                "comm_overlap": self.option.predicted,
+                "sharding": option.sharding,
+                "source": "predicted" if option.predicted else "measured",
+                "collectives_from": option.collectives_from,
+                "collectives_source": option.collectives_source,
+                "interconnect": option.interconnect or self.device.interconnect,
+                "comm_overlap": option.predicted,
                 "price_per_hour": self.price_per_hour,
-                "cost": self.cost,
-                "meets_deadline": self.meets_deadline,
+                "cost": plan.cost if plan is not None else None,
+                "meets_deadline": plan is not None and plan.meets_deadline,
                 "memory_headroom": self.memory_headroom,
                 "problem": self.problem,
                 "warnings": self.warnings,
@@ -541,11 +541,12 @@ class Row:
 
     def machine_json(self) -> JsonDict:
         """What a row of `--consider` adds: the machine, where its figures come from, what would settle it."""
-        if self.machine is None:
+        machine = self.source.machine
+        if machine is None:
             return {}
         low, upper = self.cost_bracket or (None, None)
         return {
-            "machine": self.machine,
+            "machine": machine.label,
             "kind": self.kind,
             "rests_on": self.rests_on,
             "settle": self.settle,
@@ -615,7 +616,7 @@ def calibration_row(run: RunPlan) -> Row:
 
 def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     """The `bench run` that would measure a machine's row nobody measured, and what it costs."""
-    machine, option = row.source.machine, row.option
+    machine, option = row.source.machine, row.source.option
     if machine is None or row.source.kind in MEASURED:
         return
     budget = option.calibration.budget_seconds if option is not None else None
@@ -674,8 +675,8 @@ class Comparison:
 
 
 def plan_of(row: Row) -> Plan:
-    assert row.plan is not None
-    return row.plan
+    assert row.run_plan is not None
+    return row.run_plan.plan
 
 
 def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
@@ -685,14 +686,15 @@ def rank(rows: list[Row], by_cost: bool, at_upper_end: bool) -> list[Row]:
         chosen = plan_of(row).chosen
         if at_upper_end:
             return ((row.cost_bracket or Bracket(0.0, 0.0)).upper if by_cost else 0.0), chosen.total_seconds_promised
-        return ((row.cost or 0.0) if by_cost else 0.0), chosen.total_seconds
+        return ((plan_of(row).cost or 0.0) if by_cost else 0.0), chosen.total_seconds
 
-    planned = [row for row in rows if row.plan is not None]
-    meeting = sorted((row for row in planned if row.meets_deadline), key=judged)
+    planned = [row for row in rows if row.run_plan is not None]
+    meeting = sorted((row for row in planned if plan_of(row).meets_deadline), key=judged)
     missing = sorted(
-        (row for row in planned if not row.meets_deadline), key=lambda row: plan_of(row).chosen.total_seconds_promised
+        (row for row in planned if not plan_of(row).meets_deadline),
+        key=lambda row: plan_of(row).chosen.total_seconds_promised,
     )
-    ranked = meeting + missing + [row for row in rows if row.plan is None]
+    ranked = meeting + missing + [row for row in rows if row.run_plan is None]
     for row in ranked:
         row.recommended = bool(meeting) and row is meeting[0]
     return ranked
@@ -720,7 +722,7 @@ def compare(
     calibrations: list[Calibration],
     here: Hardware,
     profile: JsonDict,
-    sources: list[JsonDict] | None = None,
+    sources: list[Calibration] | None = None,
 ) -> Comparison:
     """A row per calibration and per process count predicted from it, ranked at their estimates. `sources`: calibrations
     whose collectives may price predicted rows (default: collectives_sources)."""
@@ -768,8 +770,8 @@ def comparison(
     rows = [plan_row(context, method, source, here) for source in sources]
     for row in rows:
         add_settle(row, context, method)
-    by_cost = all(row.price_per_hour is not None for row in rows if row.plan is not None) and any(
-        row.plan is not None for row in rows
+    by_cost = all(row.price_per_hour is not None for row in rows if row.run_plan is not None) and any(
+        row.run_plan is not None for row in rows
     )
     available = config.run_deadline.seconds_left(context.elapsed_seconds)
     ranked = rank(rows, by_cost, at_upper_end)
@@ -803,7 +805,7 @@ def comparison(
 
 def no_row_meets_the_deadline(comparison: Comparison, margin: float) -> str:
     """One line: the closest row, what it needs, and what would fit (a later deadline, fewer epochs or steps)."""
-    planned = [row for row in comparison.rows if row.plan is not None]
+    planned = [row for row in comparison.rows if row.run_plan is not None]
     if not planned:
         problems = "; ".join(f"{row.reference}: {row.problem}" for row in comparison.rows)
         return f"no calibration could plan this run: {problems}"
