@@ -1,5 +1,6 @@
 """What a `train` command continues, decided in one place (train.running.resume.what_to_continue): the run folder,
-its run.json and plan, the checkpoint, the deadline's budget already used; and the one-line refusals."""
+its run.json and plan, the calibration it was planned with, the checkpoint, the deadline's budget already used; and
+the one-line refusals."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from benchtrain.calibration.run_file import COMPLETED
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.running.checkpoint import MARKER_FILE, PROGRESS_FILE
-from benchtrain.train.running.resume import Continuation, what_to_continue
+from benchtrain.train.running.resume import Continuation, PlannedCalibration, what_to_continue
 
 BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run of 483 steps
+CALIBRATION = Path(__file__).parent / "fixtures" / "cpu-tiny-fullgrid.json"  # the calibration it was planned with
+PLANNED_ID = "cpu-tiny-20261123-060535"
 
 
 def interrupted_run(out: Path, steps_done: int, **record: object) -> Path:
@@ -83,3 +86,26 @@ def test_resume_with_nothing_to_continue_is_one_line(tmp_path: Path, make, fragm
     make(out)
     with pytest.raises(BenchtrainError, match=fragment):
         what_to_continue(True, str(out) if "--out" not in fragment else None, False, time.monotonic())
+
+
+def test_resume_names_the_calibration_the_run_was_planned_with(tmp_path: Path, home: Path) -> None:
+    out = tmp_path / "run"
+    interrupted_run(out, 9, calibration_path=str(CALIBRATION))
+    planned = what_to_continue(True, str(out), False, time.monotonic()).calibration
+    # Its file first, then its id in the store.
+    assert planned == PlannedCalibration(PLANNED_ID, str(CALIBRATION), (str(CALIBRATION), PLANNED_ID))
+    assert planned.load().id == PLANNED_ID  # from its file: the store (an empty home) does not hold it
+    assert what_to_continue(False, str(out), False, time.monotonic()).calibration is None  # a new run: latest, or named
+
+
+def test_a_resumed_run_s_calibration_that_is_gone_is_one_line_when_it_plans(tmp_path: Path, home: Path) -> None:
+    out = tmp_path / "run"
+    gone = tmp_path / "elsewhere" / "calibration.json"
+    interrupted_run(out, 9, calibration_path=str(gone))
+    planned = what_to_continue(True, str(out), False, time.monotonic()).calibration
+    assert planned is not None and planned.references == (PLANNED_ID,)  # a path no longer there is not looked up
+    with pytest.raises(BenchtrainError) as refused:
+        planned.load()
+    assert str(refused.value) == (
+        f"--resume: the run's calibration {PLANNED_ID} is gone ({gone}); pass --use-calibration ID --force to plan with another"
+    )

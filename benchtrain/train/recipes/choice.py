@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import benchtrain.calibration as calibration_api
-from benchtrain.calibration.run_file import ResumedRun
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.setup import (
     Setup,
@@ -26,6 +25,7 @@ from benchtrain.common.errors import BenchtrainError, DoesNotFitError
 from benchtrain.train.planning.memory_check import GIB, check_fits, gib_text, memory_need, quantization_available
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.run_plan import FittedVariant, PlanContext, RunPlan, plan_run
+from benchtrain.train.running.resume import Continuation, PlannedCalibration
 from benchtrain.train.step.engine import MeasuredStep, ProcessLayout, process_layout, resolve_step
 from benchtrain.train.step.hardware import this_device
 from benchtrain.train.step.runtime import run_precision
@@ -63,16 +63,17 @@ class Weighed:
 
 def load_calibration(
     config: TrainConfig,
-    resumed: ResumedRun | None,
+    planned: PlannedCalibration | None,
     spec: ModelSpec,
     method: MethodConfig,
     processes: tuple[int, str],
     interconnect: str | None = None,
 ) -> Calibration:
-    """The calibration to plan with: --use-calibration (default latest); a resumed run's own (another refused unless
-    --force). `latest` prefers `calibration_preferences`' order, and says why when it passes over a newer one."""
+    """The calibration to plan with: --use-calibration (default latest); a resumed run's, as its continuation names it
+    (`planned`; another refused unless --force). `latest` prefers `calibration_preferences`' order, and says why when it
+    passes over a newer one."""
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
-    if resumed is None:
+    if planned is None:
         reference = config.plan.use_calibration or "latest"
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
@@ -83,23 +84,14 @@ def load_calibration(
         if passed_over:
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
-    own_id, own_path = resumed.calibration_id, resumed.calibration_path
-    if config.plan.use_calibration is not None:
-        chosen = calibration_api.load(config.plan.use_calibration, on_skip=on_skip)
-        if chosen.id != own_id and not config.force:
-            raise BenchtrainError(
-                f"--resume: this run was planned with calibration {own_id}, not {chosen.id}; drop --use-calibration, or pass --force"
-            )
-        return chosen
-    for stored in (own_path, own_id):
-        if stored and (Path(stored).is_file() or "/" not in str(stored)):
-            try:
-                return calibration_api.load(stored)
-            except BenchtrainError:
-                continue
-    raise BenchtrainError(
-        f"--resume: the run's calibration {own_id} is gone ({own_path}); pass --use-calibration ID --force to plan with another"
-    )
+    if config.plan.use_calibration is None:
+        return planned.load()
+    chosen = calibration_api.load(config.plan.use_calibration, on_skip=on_skip)
+    if chosen.id != planned.id and not config.force:
+        raise BenchtrainError(
+            f"--resume: this run was planned with calibration {planned.id}, not {chosen.id}; drop --use-calibration, or pass --force"
+        )
+    return chosen
 
 
 def why_chosen(
@@ -320,14 +312,12 @@ def said_fit(
     return fitted
 
 
-def weigh_variants(
-    config: TrainConfig, spec: ModelSpec, method: MethodConfig, resumed: ResumedRun | None, out_dir: Path | None
-) -> Weighed:
+def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, continuation: Continuation) -> Weighed:
     """The calibration to plan with and its variants, each fitted for the processes and sharding the plan is for (a resumed run
-    keeps its sharding); those refused are kept to say why."""
+    keeps its sharding and its variant: `continuation`); those refused are kept to say why."""
     layout = process_layout(config.step, method)
     cal = load_calibration(
-        config, resumed, spec, method, (layout.world_size, layout.sharding), this_device().interconnect
+        config, continuation.calibration, spec, method, (layout.world_size, layout.sharding), this_device().interconnect
     )
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")
@@ -337,13 +327,16 @@ def weigh_variants(
         say(f"planning for the {layout.world_size} processes ({layout.sharding}) calibration {cal.id} measured")
     if config.plan.device_memory_bytes:
         cal = cal.with_device_memory(config.plan.device_memory_bytes)
-    before = resumed.sharding if resumed else layout.sharding
-    if (before == "fsdp") != (layout.sharding == "fsdp"):  # FSDP checkpoints key the optimizer state by name
+    resumed = continuation.run
+    # FSDP checkpoints key the optimizer state by name: a resume keeps the run's sharding.
+    if resumed is not None and (resumed.sharding == "fsdp") != (layout.sharding == "fsdp"):
         raise BenchtrainError(
-            f"--resume: {out_dir} was trained with sharding {before}; resume it with the same (now: {layout.sharding})"
+            f"--resume: {continuation.out_dir} was trained with sharding {resumed.sharding}; resume it with the same (now: {layout.sharding})"
         )
     candidates = variants_to_plan(
-        cal, method, method.variant if resumed else asked_variant(config.tuning.quantize, config.tuning.optimizer)
+        cal,
+        method,
+        method.variant if continuation.resuming else asked_variant(config.tuning.quantize, config.tuning.optimizer),
     )
     fitted: list[FittedVariant] = []
     refused: list[Refused] = []

@@ -140,7 +140,7 @@ class TrainRecipe:
                 **resumed_hyperparameters(resumed, self.config.tuning.named_hyperparameters(), self.config.force),
             )
             self.config = replace(self.config, tuning=tuning)
-        self.weighed = weigh_variants(self.config, self.spec, self.method, resumed, self.continuation.out_dir)
+        self.weighed = weigh_variants(self.config, self.spec, self.method, self.continuation)
         self.spec = hub_weights(self.spec, self.config.output.dry_run)
         self.loaded = load_data(self.config.data, self.spec, self.config.seed)
         if resumed:

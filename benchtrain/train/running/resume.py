@@ -1,5 +1,5 @@
 """A resumed run: what a command continues (`what_to_continue`, the one place that decides it: the run folder, its
-run.json and plan, the checkpoint, the deadline's budget used), what this command may change of it (every resume
+run.json and plan, the calibration it was planned with, the checkpoint, the deadline's budget used), what this command may change of it (every resume
 check), and the command that resumes a stopped one."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import benchtrain.calibration as calibration_api
 from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunFile, RunMethod
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.console import say
@@ -27,6 +28,7 @@ from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import ModelSpec, resolve_model
 
 if TYPE_CHECKING:
+    from benchtrain.calibration.model import Calibration
     from benchtrain.train.workload.batching import DataView
     from benchtrain.train.workload.prepare import PreparedData
 
@@ -213,6 +215,34 @@ def train_command_line(processes: int, arguments: list[str]) -> str:
 
 
 @dataclass(frozen=True)
+class PlannedCalibration:
+    """The calibration a resumed run was planned with, which the resume plans with again: its `id` (what another
+    --use-calibration is compared with) and where it is loaded from, decided when the run is read."""
+
+    id: str | None
+    path: str | None  # as run.json recorded it: the line that says the calibration is gone names it
+    # Its file while that is still there, then its id in the store (a path that is gone is not looked up as an id).
+    references: tuple[str, ...]
+
+    @classmethod
+    def of(cls, run: ResumedRun) -> PlannedCalibration:
+        stored = (run.calibration_path, run.calibration_id)
+        found = tuple(one for one in stored if one and (Path(one).is_file() or "/" not in one))
+        return cls(run.calibration_id, run.calibration_path, found)
+
+    def load(self) -> Calibration:
+        """The calibration itself: the first reference that loads; none is one line."""
+        for reference in self.references:
+            try:
+                return calibration_api.load(reference)
+            except BenchtrainError:
+                continue
+        raise BenchtrainError(
+            f"--resume: the run's calibration {self.id} is gone ({self.path}); pass --use-calibration ID --force to plan with another"
+        )
+
+
+@dataclass(frozen=True)
 class Continuation:
     """What one `train` command continues, decided once by `what_to_continue` and read by every other stage: the run
     folder, the run's run.json and what its plan fixed, the checkpoint the loop restores, and the deadline's budget
@@ -220,7 +250,8 @@ class Continuation:
 
     out_dir: Path | None = None  # the run folder (--out; None: a new one under runs/, named when it opens)
     earlier: RunFile | None = None  # the run's run.json as read: RunRecord.open brings it up to this command's plan
-    run: ResumedRun | None = None  # what its plan fixed: configuration, epochs, steps, calibration, sharding
+    run: ResumedRun | None = None  # what its plan fixed: configuration, epochs, steps, sharding
+    calibration: PlannedCalibration | None = None  # the calibration it was planned with, which it plans with again
     checkpoints: tuple[Path, ...] = ()  # its complete checkpoints, oldest first: the loop restores the last
     completed: int = 0  # the optimizer steps it already did (its last checkpoint's)
     # Seconds of the deadline gone before this command: --resume auto counts from the run's first start (what a
@@ -268,4 +299,12 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
             f"--resume: run {run.run_id} already did all {run.total_steps:,} of its optimizer steps (its model is in final/): "
             "nothing to resume; train more in a new run"
         )
-    return Continuation(out_dir, earlier, run, checkpoints, completed, budget_used)
+    return Continuation(
+        out_dir,
+        earlier,
+        run,
+        calibration=PlannedCalibration.of(run),
+        checkpoints=checkpoints,
+        completed=completed,
+        budget_used=budget_used,
+    )
