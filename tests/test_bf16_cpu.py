@@ -154,18 +154,20 @@ def test_a_calibration_of_another_precision_is_refused_unless_forced(monkeypatch
     that predate the record are planned as before."""
     from types import SimpleNamespace
 
+    from benchtrain.calibration.hardware import Hardware
+    from benchtrain.calibration.training import Training
     from benchtrain.common.errors import BenchtrainError
     from benchtrain.train.recipes.choice import check_compatible
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
 
     spec = resolve_model("tiny")
-    hardware = {"name": "Test CPU", "device_type": "cpu"}
+    hardware = Hardware.from_record({"name": "Test CPU", "device_type": "cpu"})
 
     def calibration(**training: Any) -> Any:
         return SimpleNamespace(
             id="cal",
-            training={"method": "full", **training},
+            training=Training.from_record({"method": "full", **training}),
             model={"name": "tiny", "fingerprint": spec.fingerprint},
             hardware=hardware,
         )

@@ -218,12 +218,13 @@ def test_bench_and_train_with_a_compiled_step(compile_home, capsys) -> None:
 def test_a_calibration_of_another_step_is_refused_or_said() -> None:
     from types import SimpleNamespace
 
+    from benchtrain.calibration.hardware import Hardware
     from benchtrain.common.errors import BenchtrainError
     from benchtrain.train.recipes.choice import check_compatible
     from benchtrain.train.workload.method import MethodConfig
 
     spec = SimpleNamespace(fingerprint="abc", name="tiny")
-    hardware = {"name": "Test CPU", "device_type": "cpu"}
+    hardware = Hardware.from_record({"name": "Test CPU", "device_type": "cpu"})
     eager_plain = Calibration(
         synthetic_calibration(training={"method": "full", "lora": None, "compile": False, "loss": "plain"})
     )

@@ -37,7 +37,10 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
     monkeypatch.setattr(fresh_process.subprocess, "run", child)
     sliced = slice_spec(resolve_model("llama-3.1-8b"), 2)
     workload = SimpleNamespace(
-        spec=sliced, method=MethodConfig(), engine=SimpleNamespace(loss="plain"), release=lambda: None
+        spec=sliced,
+        method=MethodConfig(),
+        engine=SimpleNamespace(setup=SimpleNamespace(loss="plain")),
+        release=lambda: None,
     )
     assert measure_cached_compile(workload, {"micro_batch_size": 1, "seq_len": 64}, 60.0)["first_step_seconds"] == 3.0
 
