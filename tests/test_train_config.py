@@ -41,3 +41,29 @@ def test_the_command_line_becomes_one_validated_config() -> None:
 def test_every_bad_value_is_one_line(overrides: dict, fragment: str) -> None:
     with pytest.raises(BenchtrainError, match=fragment):
         TrainConfig.of(**{"data": "sample", "deadline": "5m", **overrides})
+
+
+def test_the_parsers_defaults_are_the_configurations() -> None:
+    """Every option of `train` whose field has a default in the configuration (TrainConfig, its sections, StepOptions,
+    MethodConfig) shows that default: the parser reads it (config.option_default), it does not repeat it."""
+    from dataclasses import MISSING, fields
+
+    from benchtrain.train.recipes.config import SECTIONS, option_default
+    from benchtrain.train.step.engine import StepOptions
+    from benchtrain.train.workload.method import MethodConfig
+
+    defaulted = {
+        each.name
+        for holder in (TrainConfig, *SECTIONS.values(), StepOptions, MethodConfig)
+        for each in fields(holder)
+        if each.init and each.default is not MISSING
+    }
+    checked = [
+        action.dest
+        for action in build_parser()._actions
+        if action.dest in defaulted and action.default is not None and not isinstance(action.default, bool)
+    ]
+    assert len(checked) >= 10
+    for name in checked:
+        action = next(action for action in build_parser()._actions if action.dest == name)
+        assert action.default == option_default(name), name
