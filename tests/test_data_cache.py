@@ -425,9 +425,8 @@ def test_the_cache_is_reused_and_rebuilt_when_the_data_s_making_changes(
     assert changed.key != first.key and changed.folder != first.folder
     if change == "train_on":  # the same ids, the loss on every token
         assert changed.view.loss_mask is None and first.view.loss_mask is not None
-    elif (
-        change != "tokenizer"
-    ):  # (an extra special token that the data does not use: the same ids, in a store of its own)
+    # (an extra special token that the data does not use: the same ids, in a store of its own)
+    elif change != "tokenizer":
         assert not np.array_equal(arrays(changed.view)["tokens"], built["tokens"])
     # The first store is still there for the first settings.
     path.write_text(original_text)

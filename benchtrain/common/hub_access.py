@@ -129,12 +129,8 @@ def writing_user(option: str, again: str, otherwise: str = "") -> str:
     (", or drop --push-to-hub")."""
     from huggingface_hub import HfApi, get_token
 
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in (
-        "1",
-        "on",
-        "yes",
-        "true",
-    ):  # as the user set it in this process
+    # as the user set it in this process
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true"):
         raise BenchtrainError(f"{option}: HF_HUB_OFFLINE is set, so nothing can be pushed: unset it{otherwise}")
     token = get_token()
     if not token:

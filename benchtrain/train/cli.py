@@ -365,9 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchtrain.train.running.resume import what_to_continue
 
     continuation = what_to_continue(args.resume, args.out, args.dry_run, started)
-    if (
-        continuation.finished
-    ):  # the same command again after the run ended (an engine that restarts a task): nothing to do
+    # the same command again after the run ended (an engine that restarts a task): nothing to do
+    if continuation.finished:
         say(
             f"--resume auto: the run in {args.out} already ended ({continuation.finished}): its model is in {args.out}/final; nothing to resume"
         )

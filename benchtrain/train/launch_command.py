@@ -116,9 +116,8 @@ def run_script(task: LaunchTask, engine: str) -> str:
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]
-    if (
-        engine == "skypilot"
-    ):  # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
+    # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
+    if engine == "skypilot":
         lines.append(
             f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"'
         )

@@ -42,11 +42,8 @@ def earlier_steps(run_dir: Path, before_step: int) -> list[JsonDict]:
     try:
         losses = read_json_file(path).get("losses") or []
         return [entry for entry in losses if isinstance(entry, dict) and int(entry.get("step", 0)) <= before_step]
-    except (
-        BenchtrainError,
-        TypeError,
-        ValueError,
-    ):  # an unreadable earlier record costs the earlier curve, not the run
+    except (BenchtrainError, TypeError, ValueError):
+        # An unreadable earlier record costs the earlier curve, not the run.
         return []
 
 

@@ -99,9 +99,8 @@ def parse_machines(text: str) -> list[Machine]:
         if processes > 1:
             placed = parse_interconnect(word, "--consider").placed(processes)
             word = placed.word
-            if (
-                placed.kind == "pcie"
-            ):  # a card linked by PCIe is the PCIe card where one exists (a100-40gb → A100 40GB PCIe)
+            # a card linked by PCIe is the PCIe card where one exists (a100-40gb → A100 40GB PCIe)
+            if placed.kind == "pcie":
                 sheet = sheet_for(f"{sheet.key}-pcie") or sheet
         machines.append(Machine(part, sheet, processes, word if processes > 1 else None, assumed and processes > 1))
     if not machines:
