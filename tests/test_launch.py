@@ -591,3 +591,42 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
     record = json.loads((root / "run" / "run.json").read_text())
     assert record["calibration_id"] == calibration["id"] and record["plan"]["world_size"] == 2
     assert [entry["step"] for entry in record["losses"]] == [1, 2, 3, 4]
+
+
+def test_a_shared_calibrations_strings_never_leave_their_comment_line(
+    home: Path, chats: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A calibration someone shared names its device, its software and its request in free text. Each of those strings
+    here carries a line break (in the kinds bash and YAML read as one) and a command substitution: the emitted task and
+    its run script keep each inside its comment, so neither bash on the rented node nor the engine runs it."""
+    bundled = Path(__file__).parents[1] / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
+    data = json.loads(bundled.read_text())
+    breaks = ["\n", "\r", "\u2028", "\x85"]
+
+    def hostile(text: str, index: int) -> str:
+        return f"{text}{breaks[index % len(breaks)]}name: $(touch PWNED){breaks[(index + 1) % len(breaks)]}#"
+
+    for index, key in enumerate(("name", "compute_capability", "cuda_version")):
+        data["hardware"][key] = hostile(str(data["hardware"][key]), index)
+    for index, key in enumerate(sorted(data["software"])):
+        data["software"][key] = hostile(str(data["software"][key]), index)
+    data["requested_device"] = hostile(str(data["requested_device"]), 1)
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps(data))
+    for engine in ("skypilot", "dstack"):
+        path = tmp_path / f"{engine}.yaml"
+        argv = ["--dry-run", "--use-calibration", str(shared), "--force", "--model", "llama-3.2-1b"]
+        code, _, err = run_main(
+            "train", [*argv, "--data", str(chats), "--deadline", "12h", "--emit", f"{engine}:{path}"], capsys
+        )
+        assert code == 0, err
+        text = path.read_text()
+        assert "touch PWNED" in text  # the device's words are still said, in a comment
+        loaded = yaml.safe_load(text)
+        script = loaded["run"] if engine == "skypilot" else "\n".join(loaded["commands"])
+        for document in (text, script):
+            for line in document.splitlines():
+                assert "PWNED" not in line or line.lstrip().startswith("#"), line
+        assert "PWNED" not in json.dumps(
+            {key: value for key, value in loaded.items() if key not in ("run", "commands")}
+        )

@@ -47,6 +47,13 @@ def shell_word(word: str) -> str:
     return shlex.quote(word)
 
 
+def one_line(text: str) -> str:
+    """A comment line of the run script or the task as one line: what it names comes partly from a calibration (a
+    shared one's device name, where it rests on), and a line break there (one YAML reads as such: \\r, \\x85,
+    \\u2028 too) would end the comment and make the rest of the value code that bash or the engine runs."""
+    return " ".join(text.splitlines())
+
+
 def shell_array(name: str, words: list[str]) -> str:
     return f"{name}=({' '.join(shell_word(word) for word in words)})"
 
@@ -55,8 +62,10 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
     """A target's settings in the run script: its processes per node, train's options and the bench run it needs first."""
     row, chosen = target.row, target.chosen
     lines = [
-        f"# {target.machine}: {chosen.config.phrase}, {target.option.sharding} sharding, {chosen.optimizer_steps:,} optimizer steps "
-        f"({figure_source(target)}; rests on {row.rests_on})",
+        one_line(
+            f"# {target.machine}: {chosen.config.phrase}, {target.option.sharding} sharding, "
+            f"{chosen.optimizer_steps:,} optimizer steps ({figure_source(target)}; rests on {row.rests_on})"
+        ),
         f"PER_NODE={target.gpus_per_node}",
         shell_array("TRAIN", task.train_command(target)),
     ]
@@ -276,7 +285,7 @@ def task_text(task: LaunchTask, engine: str) -> str:
         ]
     comments = [*header(task, engine), *launch]
     body = yaml.dump(data, Dumper=LiteralDumper, sort_keys=False, allow_unicode=True, width=4096)
-    return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body
+    return "".join(f"# {one_line(line)}\n" if line else "#\n" for line in comments) + body
 
 
 def emit_task(emit: str, task: LaunchTask) -> None:
