@@ -540,7 +540,7 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
     from benchtrain.train.recipes.launch_task import LaunchTask, Target
     from benchtrain.train.recipes.machines import Option, Row, Source
 
-    bench = "torchrun -m benchtrain.bench run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
+    bench = "run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
     # What the target's row holds, as a --consider row nobody measured would: its option, its plan, its bench run.
     chosen = SimpleNamespace(
         config=SimpleNamespace(phrase="to be measured"),
@@ -553,7 +553,7 @@ def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
         Source(option, "predicted", "nothing measured on this machine"),
         Hardware("cpu", "CPU over ethernet", 1, 0),
         run_plan=SimpleNamespace(plan=SimpleNamespace(chosen=chosen)),  # type: ignore[arg-type]
-        settle=bench,
+        settle_arguments=tuple(bench.split()),
         settle_seconds=60.0,
     )
     target = Target(row, "cpu", None, nodes=2, gpus_per_node=1, calibration=None, calibration_file=None)

@@ -69,14 +69,8 @@ def target_lines(task: LaunchTask, target: Target) -> list[str]:
         f"PER_NODE={target.gpus_per_node}",
         shell_array("TRAIN", task.train_command(target)),
     ]
-    if row.settle:
-        # The row was not measured: measure it here first (once: a restarted task has its run.json).
-        words = shlex.split(row.settle)
-        command = next((index for index, word in enumerate(words) if word in ("bench", "benchtrain.bench")), None)
-        bench = words[command + 1 :] if command is not None else words
-        lines.append(shell_array("BENCH", bench))
-    else:
-        lines.append("BENCH=()")
+    # A row nobody measured is measured here first (once: a restarted task has its run.json).
+    lines.append(shell_array("BENCH", list(row.settle_arguments)))
     return lines
 
 

@@ -5,6 +5,7 @@ rows. The sources and the ranking: docs/design.md#which-machine-to-rent."""
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -428,7 +429,8 @@ class Row:
     could_overtake: bool = (
         False  # at the upper end: cheaper (or sooner) at its low end than the recommended row at its upper end
     )
-    settle: str | None = None  # a row nobody measured: the bench run that would measure it
+    # A row nobody measured: the `bench` arguments that would measure it (empty: measured).
+    settle_arguments: tuple[str, ...] = ()
     settle_seconds: float = 0.0
     settle_cost: float | None = None
 
@@ -461,6 +463,17 @@ class Row:
         if path is None or is_bundled(path):
             return path.stem if path is not None else self.calibration_id
         return self.calibration_id if Path(path).resolve().parent == calibrations_dir().resolve() else str(path)
+
+    @property
+    def settle(self) -> str | None:
+        """The bench run that would measure the row, as a person types it (several processes through accelerate);
+        None: it was measured."""
+        if not self.settle_arguments:
+            return None
+        machine = self.source.machine
+        processes = machine.processes if machine is not None else 1
+        launch = f"accelerate launch --num_processes {processes} -m benchtrain." if processes > 1 else ""
+        return f"{launch}bench {shlex.join(self.settle_arguments)}"
 
     @property
     def processes(self) -> int:
@@ -620,10 +633,11 @@ def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
         return
     budget = option.calibration.budget_seconds if option is not None else None
     row.settle_seconds = budget or SETTLE_SECONDS
-    lora = " --lora" if method.is_lora else ""
-    launch = f"accelerate launch --num_processes {machine.processes} -m benchtrain." if machine.processes > 1 else ""
-    link = f" --interconnect {machine.interconnect}" if machine.interconnect else ""
-    row.settle = f"{launch}bench run --gpu {machine.sheet.key} --model {context.spec.name}{lora}{link} --budget {format_duration(row.settle_seconds)}"
+    lora = ("--lora",) if method.is_lora else ()
+    link = ("--interconnect", machine.interconnect) if machine.interconnect else ()
+    model = ("--model", context.spec.name)
+    budget_option = ("--budget", format_duration(row.settle_seconds))
+    row.settle_arguments = ("run", "--gpu", machine.sheet.key, *model, *lora, *link, *budget_option)
     price = row.price_per_hour
     if price is None:  # no plan was made for it: the --price-per-hour of its device, where one is given
         hardware = Hardware("cuda", machine.sheet.device_name, 1, machine.sheet.memory_bytes, machine.sheet.peak_entry)
