@@ -12,6 +12,24 @@ UNQUANTIZED = "none"
 
 
 @dataclass(frozen=True)
+class TrainerStep:
+    """Whose step the probes timed when it was not ours: a user's own `transformers.Trainer` (its class, the loss it
+    computes, its data collator), as `benchtrain.calibrate(trainer)` records it under `training.trainer`. A calibration
+    with one is never planned as our `train`'s step, nor ours as theirs without saying how they differ."""
+
+    class_name: str  # "Trainer", "SFTTrainer", or the user's subclass
+    loss: str  # "the model's own" or the class that overrides compute_loss
+    collator: str  # the data collator's class name
+
+    @classmethod
+    def from_record(cls, record: JsonDict) -> TrainerStep:
+        return cls(str(record.get("class", "Trainer")), str(record.get("loss", "")), str(record.get("collator", "")))
+
+    def to_record(self) -> JsonDict:
+        return {"class": self.class_name, "loss": self.loss, "collator": self.collator}
+
+
+@dataclass(frozen=True)
 class Training:
     """The `training` section as read; a record without one (a hand-made calibration) trained full fine-tuning."""
 
@@ -23,6 +41,7 @@ class Training:
     compiled: bool = False
     loss: str | None = None  # None: not recorded (calibrations before --loss)
     compile_cache: dict[str, str] | None = None  # train.step.compile.compile_cache_record
+    trainer: TrainerStep | None = None  # None: our own step (bench run); else a user's Trainer's (calibrate(trainer))
     record: JsonDict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -32,6 +51,7 @@ class Training:
         lora = record.get("lora") or {}
         rank = lora.get("rank") if isinstance(lora, dict) else None
         cache = record.get("compile_cache")
+        trainer = record.get("trainer")
         return cls(
             method=method,
             lora_rank=int(rank) if rank is not None else None,
@@ -41,6 +61,7 @@ class Training:
             compiled=bool(record.get("compile")),
             loss=str(record["loss"]) if record.get("loss") else None,
             compile_cache={str(key): str(value) for key, value in cache.items()} if isinstance(cache, dict) else None,
+            trainer=TrainerStep.from_record(trainer) if isinstance(trainer, dict) else None,
             record=dict(record),
         )
 
