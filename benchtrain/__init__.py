@@ -7,7 +7,8 @@ Inside your own Trainer:
     trainer = Trainer(model, args, train_dataset=data, callbacks=[DeadlineCallback(deadline="11h30m")])
     trainer.train()
 
-`trainer_arguments` turns a benchtrain plan (`train --dry-run --for-trainer`) into the
+`calibrate(trainer, budget="3m")` measures that Trainer's own step across batch, accumulation, workers and
+checkpointing and stores a calibration (the Trainer left as found). `trainer_arguments` turns a benchtrain plan (`train --dry-run --for-trainer`) into the
 TrainingArguments fields it maps to. Bad arguments raise `BenchtrainError`, one line.
 
 Everything benchtrain installs lives under this one name (benchtrain.bench, benchtrain.train,
@@ -24,9 +25,10 @@ if TYPE_CHECKING:
     from benchtrain.common.errors import BenchtrainError
     from benchtrain.train.planning.trainer_fields import TrainerFields
     from benchtrain.train.planning.trainer_fields import trainer_fields as trainer_arguments
+    from benchtrain.trainer.calibrate import calibrate
     from benchtrain.trainer.callback import DeadlineCallback
 
-__all__ = ["BenchtrainError", "DeadlineCallback", "TrainerFields", "trainer_arguments"]
+__all__ = ["BenchtrainError", "DeadlineCallback", "TrainerFields", "calibrate", "trainer_arguments"]
 
 # Each public name and where it lives, imported on first use: `python -m benchtrain.train --help`
 # imports this package first, and must not pay for transformers (the callback's) to print its help.
@@ -34,6 +36,7 @@ _PUBLIC = {
     "BenchtrainError": ("benchtrain.common.errors", "BenchtrainError"),
     "DeadlineCallback": ("benchtrain.trainer.callback", "DeadlineCallback"),
     "TrainerFields": ("benchtrain.train.planning.trainer_fields", "TrainerFields"),
+    "calibrate": ("benchtrain.trainer.calibrate", "calibrate"),
     "trainer_arguments": ("benchtrain.train.planning.trainer_fields", "trainer_fields"),
 }
 
