@@ -38,6 +38,7 @@ from benchtrain.calibration.store import (
     update_calibration,
 )
 from benchtrain.calibration.topology import parse_interconnect
+from benchtrain.calibration.training import Training
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration, join_negative_values, parse_duration
 from benchtrain.common.errors import EXIT_OK, BenchtrainError, OneLineParser, guard_cli
@@ -721,6 +722,12 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
         "  probes: " + ", ".join(f"{count} {status}" for status, count in sorted(counts.items())),
         "  step: " + describe_step(data.get("training") or {}, data.get("overheads") or {}),
     ]
+    trainer = Training.from_record(data.get("training")).trainer
+    if trainer is not None:
+        lines.append(
+            f"  measured: a {trainer.class_name}'s own step (loss: {trainer.loss}; collator {trainer.collator}), "
+            "by benchtrain.calibrate: plan it with benchtrain.fit_to_deadline, not `train`"
+        )
     if data.get("slices"):
         lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")

@@ -50,7 +50,7 @@ class TrainerWorkload:
         self.samples = sampled_rows(trainer)
         self.lengths = [len(sample["input_ids"]) for sample in self.samples]
         self.switches_on: Mode = tuple(
-            name for name in ("gradient_checkpointing",) if getattr(self.model, "is_gradient_checkpointing", False)
+            name for name in ("gradient_checkpointing",) if getattr(self.model, "is_activation_checkpointing", False)
         )
         self.stepped = self.model  # what the step runs: the model, or DDP around it under several processes
         self.optimizer: torch.optim.Optimizer | None = None

@@ -71,7 +71,33 @@ def load_calibration(
 ) -> Calibration:
     """The calibration to plan with: --use-calibration (default latest); a resumed run's, as its continuation names it
     (`planned`; another refused unless --force). `latest` prefers `calibration_preferences`' order, and says why when it
-    passes over a newer one."""
+    passes over a newer one. A calibration of a user's own Trainer step plans only `--dry-run --for-trainer`."""
+    chosen = chosen_calibration(config, planned, spec, method, processes, interconnect)
+    refuse_trainer_step(chosen, config)
+    return chosen
+
+
+def refuse_trainer_step(calibration: Calibration, config: TrainConfig) -> None:
+    """A calibration of a user's own Trainer (`benchtrain.calibrate`) timed their step, not ours: one line, pointing at
+    what plans with it; `--dry-run --for-trainer` prints its plan as that Trainer's arguments."""
+    trainer = calibration.training.trainer
+    if trainer is None or (config.output.dry_run and config.output.for_trainer):
+        return
+    raise BenchtrainError(
+        f"calibration {calibration.id} measured a {trainer.class_name}'s own step (loss: {trainer.loss}, collator "
+        f"{trainer.collator}), not train's: plan that Trainer with benchtrain.fit_to_deadline(trainer, calibration=...), "
+        "print its arguments with --dry-run --for-trainer, or name a `bench run` calibration with --use-calibration"
+    )
+
+
+def chosen_calibration(
+    config: TrainConfig,
+    planned: PlannedCalibration | None,
+    spec: ModelSpec,
+    method: MethodConfig,
+    processes: tuple[int, str],
+    interconnect: str | None = None,
+) -> Calibration:
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if planned is None:
         reference = config.plan.use_calibration or "latest"
