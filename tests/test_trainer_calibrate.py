@@ -191,13 +191,27 @@ def test_train_refuses_to_plan_its_own_step_with_a_trainer_calibration(
     data = json.loads((ROOT / "tests" / "fixtures" / "cpu-tiny-fullgrid.json").read_text())
     data["training"] = {
         **(data.get("training") or {}),
-        "trainer": {"class": "SFTTrainer", "loss": "SFTTrainer.compute_loss", "collator": "DataCollatorForLanguageModeling"},
+        "trainer": {
+            "class": "SFTTrainer",
+            "loss": "SFTTrainer.compute_loss",
+            "collator": "DataCollatorForLanguageModeling",
+        },
     }
     save_calibration(data)
     texts_file = tmp_path / "data.jsonl"
     texts_file.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts(16)))
-    arguments = ["--dry-run", "--use-calibration", data["id"], "--model", "tiny", "--data", str(texts_file), "--deadline", "1h"]
-    with pytest.raises(BenchtrainError, match="SFTTrainer's own step.*benchtrain.fit_to_deadline") as raised:
+    arguments = [
+        "--dry-run",
+        "--use-calibration",
+        data["id"],
+        "--model",
+        "tiny",
+        "--data",
+        str(texts_file),
+        "--deadline",
+        "1h",
+    ]
+    with pytest.raises(BenchtrainError, match=r"SFTTrainer's own step.*benchtrain\.fit_to_deadline") as raised:
         main(arguments)
     assert "\n" not in str(raised.value)
     capsys.readouterr()

@@ -125,8 +125,8 @@ class AsFound:
             module.training = training
         for name in [name for name in vars(trainer) if name not in self.attributes and is_plain(vars(trainer)[name])]:
             delattr(trainer, name)  # what the probes added (a column list the Trainer caches, say)
-        for name, (original, saved) in self.attributes.items():
-            put_back(trainer, name, original, saved)
+        for name, (original, copied) in self.attributes.items():
+            put_back(trainer, name, original, copied)
         scaler = getattr(trainer.accelerator, "scaler", None)
         if scaler is not None and self.scaler is not None:
             scaler.load_state_dict(self.scaler)

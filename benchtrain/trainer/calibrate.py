@@ -114,7 +114,9 @@ def trainer_step_record(trainer: Any) -> TrainerStep:
     """Whose step this is: the Trainer's class, who computes its loss, its collator."""
     from transformers import Trainer
 
-    own_loss = type(trainer).compute_loss is Trainer.compute_loss and getattr(trainer, "compute_loss_func", None) is None
+    own_loss = (
+        type(trainer).compute_loss is Trainer.compute_loss and getattr(trainer, "compute_loss_func", None) is None
+    )
     loss = "the model's own" if own_loss else type(trainer).__name__ + ".compute_loss"
     if getattr(trainer, "compute_loss_func", None) is not None:
         loss = getattr(trainer.compute_loss_func, "__name__", "compute_loss_func")
@@ -133,13 +135,16 @@ def training_record(trainer: Any, workload: TrainerWorkload) -> JsonDict:
     _, method = model_setup(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantization = getattr(base.config, "quantization_config", None)
-    bits = getattr(quantization, "load_in_4bit", False) and 4 or getattr(quantization, "load_in_8bit", False) and 8
-    if isinstance(quantization, dict):
-        bits = 4 if quantization.get("load_in_4bit") else 8 if quantization.get("load_in_8bit") else 0
+    if quantization is not None and not isinstance(quantization, dict):
+        quantization = quantization.to_dict()
+    quantization = quantization or {}
+    bits = 4 if quantization.get("load_in_4bit") else 8 if quantization.get("load_in_8bit") else 0
     lora = None
     if method == "lora":
         config = next(iter(model.peft_config.values()))
-        targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")})
+        targets = sorted(
+            {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+        )
         lora = {"rank": int(config.r), "alpha": config.lora_alpha, "targets": targets}
     trainable = trainable_parameter_count(model)
     return {
@@ -195,7 +200,8 @@ def describe(trainer: Any, workload: TrainerWorkload, budget_seconds: float) -> 
     shape = workload.shape
     one = replace(space.all_configs()[0], micro_batch_size=1, grad_accum=1, seq_len=lengths[len(lengths) // 2])
     prices = AfterProbePrices(
-        forward_share=shape.forward_flops_per_token(one.seq_len, workload.lora) / workload.flops_per_token(one.switched(gradient_checkpointing=False)),
+        forward_share=shape.forward_flops_per_token(one.seq_len, workload.lora)
+        / workload.flops_per_token(one.switched(gradient_checkpointing=False)),
     )
     task = BenchTask(
         space=space,
@@ -208,7 +214,10 @@ def describe(trainer: Any, workload: TrainerWorkload, budget_seconds: float) -> 
         data={
             "source": f"{type(trainer).__name__}.train_dataset",
             "format": "tokenized",
-            "profile": {**length_profile(workload.lengths), "sampled": len(workload.lengths) < len(trainer.train_dataset)},
+            "profile": {
+                **length_profile(workload.lengths),
+                "sampled": len(workload.lengths) < len(trainer.train_dataset),
+            },
         },
         world_size=workload.accelerator.num_processes,
         load_before=machine_load(),
