@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from benchtrain.train.workload.method import unwrap
+
 if TYPE_CHECKING:
     import torch
 
@@ -68,8 +70,6 @@ class AsFound:
     def take(cls, trainer: Any) -> AsFound:
         import torch
 
-        from benchtrain.train.workload.method import unwrap
-
         model = trainer.model
         found = cls(trainer)
         with torch.no_grad():
@@ -99,8 +99,6 @@ class AsFound:
 
     def restore(self) -> None:
         import torch
-
-        from benchtrain.train.workload.method import unwrap
 
         trainer = self.trainer
         with torch.no_grad():

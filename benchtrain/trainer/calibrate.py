@@ -8,38 +8,26 @@ process of a job measures; rank 0 stores; every process returns the stored calib
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from benchtrain.bench.calibrate import AfterProbePrices, BenchRun, BenchTask, after_probes_seconds
-from benchtrain.bench.calibrate import calibrate as measure
-from benchtrain.bench.choose import ProbePlanner
-from benchtrain.bench.cost import CostModel, MemoryPrior, device_speed
-from benchtrain.bench.outlook import minimum_from_scratch, outlook
-from benchtrain.bench.probe import machine_load
+import benchtrain.common.console as console
+from benchtrain.bench.given_step import GivenBench, GivenStep, one_sequence
 from benchtrain.bench.probe_tasks import Coordinator
 from benchtrain.bench.runner import Budget
-from benchtrain.bench.space import SearchSpace, default_space
-from benchtrain.bench.timing import ProbeSettings
 from benchtrain.calibration import load
-from benchtrain.calibration.fit import MIN_ROWS_FOR_FIT
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.store import save_calibration, save_failed
 from benchtrain.calibration.training import TrainerStep
-from benchtrain.common.durations import format_duration, parse_duration
+from benchtrain.common.durations import parse_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
-from benchtrain.train.planning.memory_check import compute_bytes
-from benchtrain.train.step.hardware import detect_hardware, detect_software, device_label
+from benchtrain.train.planning.comm import world
+from benchtrain.train.step.hardware import detect_hardware, detect_software
 from benchtrain.train.workload.data import length_profile
 from benchtrain.train.workload.method import trainable_parameter_count
 from benchtrain.train.workload.model import logical_numel, model_record
 from benchtrain.trainer.as_found import AsFound
 from benchtrain.trainer.estimate import model_setup, trainer_precision
 from benchtrain.trainer.trainer_step import TrainerWorkload, probe_lengths
-
-if TYPE_CHECKING:
-    from benchtrain.common.progress import Bar
 
 # Bytes an AdamW keeps per trainable parameter (two fp32 moments) and its fp32 gradient: the prior's static memory.
 ADAM_STATE_BYTES = 8
@@ -54,13 +42,13 @@ def calibrate(trainer: Any, budget: str | float = "3m", *, quiet: bool = False) 
     if seconds <= 0:
         raise BenchtrainError(f"budget must be positive, got {budget!r}")
     check_dataset(trainer)
-    say = (lambda message: None) if quiet else _say
+    say = (lambda message: None) if quiet else console.say
     found = AsFound.take(trainer)
     try:
         workload = TrainerWorkload(trainer)
-        task, planner = describe(trainer, workload, seconds)
-        refuse_small_budget(task, planner, seconds, time.monotonic() - started)
-        coordinator = Coordinator(workload.handlers(task.hardware.get("peak_bf16_flops")))
+        bench = GivenBench(given_step(trainer, workload), seconds)
+        bench.refuse_small_budget(time.monotonic() - started)
+        coordinator = Coordinator(workload.handlers(bench.peak_flops))
         workload.start()
         try:
             if not coordinator.leads:
@@ -71,7 +59,8 @@ def calibrate(trainer: Any, budget: str | float = "3m", *, quiet: bool = False) 
                 assert path is not None
                 return load(path)
             try:
-                path = measure_and_store(task, planner, coordinator, Budget(seconds, started), quiet, say)
+                bar = not quiet and console.is_main_process()
+                path = bench.measure(coordinator, Budget(seconds, started), say, bar)
             except Exception as error:
                 if not coordinator.failed:  # the others wait in `follow`: they end with the same line
                     coordinator.finish()
@@ -84,12 +73,6 @@ def calibrate(trainer: Any, budget: str | float = "3m", *, quiet: bool = False) 
             workload.stop()
     finally:
         found.restore()
-
-
-def _say(message: str) -> None:
-    from benchtrain.common.console import say
-
-    say(message)
 
 
 def check_dataset(trainer: Any) -> None:
@@ -163,19 +146,6 @@ def training_record(trainer: Any, workload: TrainerWorkload) -> JsonDict:
     }
 
 
-def search_space(trainer: Any, device_type: str, memory_bytes: float, lengths: tuple[int, ...]) -> SearchSpace:
-    """bench's grid for this device with the Trainer's own values added, both checkpointing modes, and its data's lengths."""
-    args = trainer.args
-    space = default_space(device_type, memory_bytes)
-    return space.with_axes(
-        batch_sizes=tuple(sorted({*space.axis("batch_sizes"), int(args.per_device_train_batch_size)})),
-        workers=tuple(sorted({*space.axis("workers"), int(args.dataloader_num_workers)})),
-        accums=tuple(sorted({*space.axis("accums"), int(args.gradient_accumulation_steps)})),
-        seq_lens=lengths,
-        checkpointing=(0, 1),
-    )
-
-
 def truncation_length(trainer: Any) -> int | None:
     """Where the Trainer cuts a sample: TRL's `max_length` (or `max_seq_length`), else the model's positions."""
     args = trainer.args
@@ -188,29 +158,25 @@ def truncation_length(trainer: Any) -> int | None:
     return int(positions) if positions else None
 
 
-def describe(trainer: Any, workload: TrainerWorkload, budget_seconds: float) -> tuple[BenchTask, ProbePlanner]:
-    """What the probes measure (bench.calibrate.BenchTask) and the planner that chooses and prices them."""
+def given_step(trainer: Any, workload: TrainerWorkload) -> GivenStep:
+    """What bench needs of the Trainer's step (bench.given_step): its records and the model's facts."""
     hardware = detect_hardware()
-    device_type = hardware["device_type"]
     spec, _ = model_setup(trainer.model)
-    lengths = probe_lengths(workload.lengths, truncation_length(trainer))
-    space = search_space(trainer, device_type, hardware["memory_bytes"], lengths)
-    settings = ProbeSettings.for_device(device_type).for_budget(budget_seconds)
+    lengths = list(probe_lengths(workload.lengths, truncation_length(trainer)))
     training = training_record(trainer, workload)
     shape = workload.shape
-    one = replace(space.all_configs()[0], micro_batch_size=1, grad_accum=1, seq_len=lengths[len(lengths) // 2])
-    prices = AfterProbePrices(
-        forward_share=shape.forward_flops_per_token(one.seq_len, workload.lora)
-        / workload.flops_per_token(one.switched(gradient_checkpointing=False)),
-    )
-    task = BenchTask(
-        space=space,
-        settings=settings,
+    one = one_sequence(lengths)
+    model = trainer.model
+    trainable = int(training["trainable_parameters"])
+    parameter_bytes = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    config = getattr(model, "config", None)
+    args = trainer.args
+    return GivenStep(
+        who=type(trainer).__name__,
         hardware=hardware,
         software=detect_software(),
         model=model_record(spec, shape),
         training=training,
-        device_label=device_label(hardware),
         data={
             "source": f"{type(trainer).__name__}.train_dataset",
             "format": "tokenized",
@@ -219,87 +185,22 @@ def describe(trainer: Any, workload: TrainerWorkload, budget_seconds: float) -> 
                 "sampled": len(workload.lengths) < len(trainer.train_dataset),
             },
         },
+        batch_size=int(args.per_device_train_batch_size),
+        workers=int(args.dataloader_num_workers),
+        accumulation=int(args.gradient_accumulation_steps),
+        lengths=lengths,
         world_size=workload.accelerator.num_processes,
-        load_before=machine_load(),
-        prices=prices,
-        one_off_timings=False,  # no checkpoint is written: the Trainer's output_dir stays as it was
-    )
-    model = trainer.model
-    trainable = training["trainable_parameters"]
-    parameter_bytes = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
-    config = workload.model.config if hasattr(workload.model, "config") else None
-    hidden = int(getattr(config, "hidden_size", 0) or shape.heads * shape.head_dim)
-    memory = MemoryPrior(
+        flops_per_token=workload.flops_per_token,
+        forward_share=shape.forward_flops_per_token(one.seq_len, workload.lora) / workload.flops_per_token(one),
         static_bytes=parameter_bytes + trainable * (GRADIENT_BYTES + ADAM_STATE_BYTES),
-        accumulated_gradient_bytes=trainable * GRADIENT_BYTES,
+        gradient_bytes=trainable * GRADIENT_BYTES,
         layers=shape.layers,
-        hidden=hidden,
-        compute_bytes=compute_bytes(device_type),
+        hidden=int(getattr(config, "hidden_size", 0) or shape.heads * shape.head_dim),
     )
-    cost = CostModel(workload.flops_per_token, device_speed(hardware), settings)
-    limit = float(hardware["memory_bytes"]) if device_type == "cuda" else None
-    return task, ProbePlanner(space, cost, memory, limit, host_cores=hardware.get("cpu_cores"))
-
-
-def refuse_small_budget(task: BenchTask, planner: ProbePlanner, budget_seconds: float, spent: float) -> None:
-    """A budget that cannot pay for a minimum calibration (MIN_ROWS_FOR_FIT configurations, both checkpointing modes),
-    priced by the planner before any probe, is one line."""
-    view = outlook(planner, budget_seconds, spent, after_probes_seconds(task, planner))
-    if view.affordable:
-        return
-    raise BenchtrainError(
-        f"calibrate: budget {format_duration(budget_seconds)} cannot pay for {MIN_ROWS_FOR_FIT} configurations of this "
-        f"Trainer's step (one of each checkpointing mode): even at the device's peak they need ≈ "
-        f"{format_duration(view.least_seconds)} (≈ {format_duration(view.minimum_seconds)} at {view.prices}); "
-        f'give budget="{format_duration(max(1, round(view.minimum_seconds)))}" or more'
-    )
-
-
-def measure_and_store(
-    task: BenchTask, planner: ProbePlanner, coordinator: Coordinator, budget: Budget, quiet: bool, say: Any
-) -> str:
-    """Rank 0: the probes, the fit and the stored calibration's path."""
-    run = BenchRun(task, coordinator, planner, budget)
-    space = task.space
-    say(
-        f"calibrating {task.training['trainer']['class']}'s step: up to {space.size} configurations within "
-        f"{format_duration(budget.seconds or 0.0)}"
-    )
-    bar = progress(space.size, budget.seconds, quiet)
-    before_probes = budget.elapsed()
-    try:
-        record, _ = measure(run, 0.0, bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    if record["fit"] is None:
-        rows = record["measurements"]
-        ok = sum(1 for row in rows if row["status"] == "ok")
-        kept = save_failed(record)
-        needed = minimum_from_scratch(planner, before_probes, after_probes_seconds(task, planner))
-        raise BenchtrainError(
-            f"calibrate: only {ok} of {len(rows)} configurations of the Trainer's step ran; a fit needs {MIN_ROWS_FOR_FIT}: "
-            f'at the prices measured give budget="{format_duration(max(1, round(needed)))}" or more '
-            f"(nothing stored as a calibration; the measurements are in {kept})"
-        )
-    path = save_calibration(record)
-    say(f"calibration {record['id']} of {task.training['trainer']['class']}'s step saved to {path}")
-    return str(path)
-
-
-def progress(probes: int, budget_seconds: float | None, quiet: bool) -> Bar | None:
-    if quiet or not budget_seconds:
-        return None
-    from benchtrain.common.console import is_main_process
-    from benchtrain.common.progress import BudgetBar
-
-    return BudgetBar(budget_seconds, probes) if is_main_process() else None
 
 
 def share(outcome: tuple[str | None, str | None]) -> tuple[str | None, str | None]:
     """Rank 0's (stored path, one-line error) on every process of a job; as it is for one process."""
-    from benchtrain.train.planning.comm import world
-
     if world().processes == 1:
         return outcome
     import torch.distributed as dist

@@ -8,6 +8,7 @@ out-of-memory) a row. Why: docs/design.md#calibrate-a-trainer"""
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from benchtrain.bench.timing import ProbeSettings, time_steps
 from benchtrain.calibration.step_config import Mode, StepConfig
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
+from benchtrain.train.planning.comm import measure_collectives
 from benchtrain.train.step.peak_memory import PeakMemory
 from benchtrain.train.step.runtime import agree
 from benchtrain.train.step.step import StepResult, StepTimer
@@ -171,8 +173,6 @@ class TrainerWorkload:
 
     def clear(self) -> None:
         """After a failed probe: gradients dropped, memory given back."""
-        import gc
-
         self.model.zero_grad(set_to_none=True)
         gc.collect()
         if self.device.type == "cuda":
@@ -242,8 +242,6 @@ class TrainerWorkload:
 
     def handlers(self, peak_flops: float | None) -> dict[str, Callable[[JsonDict], JsonDict]]:
         """The tasks bench.calibrate asks of every process (bench.probe_tasks.Coordinator)."""
-        from benchtrain.train.planning.comm import measure_collectives
-
         return {
             "probe": lambda task: self.probe(
                 StepConfig.from_row(task["config"]), ProbeSettings(**task["settings"]), peak_flops
