@@ -188,9 +188,20 @@ def test_bookkeeping_that_fails_warns_and_train_returns(
 
 
 def test_a_calibration_that_cannot_be_fed_warns(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_trainer_callback import matching_calibration
+    from helpers import synthetic_calibration
+    from trainer_checks import tiny_model
 
-    path = matching_calibration(tmp_path)
+    from benchtrain.train.step.hardware import detect_hardware
+    from benchtrain.trainer.estimate import model_setup
+
+    spec, _ = model_setup(tiny_model())
+    path = tmp_path / "calibration.json"
+    calibration = synthetic_calibration(
+        model={"name": spec.name, "parameter_count": 1000, "fingerprint": spec.fingerprint},
+        hardware={**detect_hardware(), "memory_bytes": 64 * 2**30},
+        training={"method": "full", "lora": None},
+    )
+    path.write_text(json.dumps(calibration))
     clock = FakeClock()
     callback = DeadlineCallback(deadline="1h", calibration=str(path), clock=clock, report=False)
     run = trainer(tmp_path / "out", [Pace(clock, step=0.05), callback], max_steps=4)

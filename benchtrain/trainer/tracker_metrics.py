@@ -26,7 +26,7 @@ class LogSource(Protocol):
 class BeforeTrackers(TrainerCallback):
     """Placed before the trackers: the values of the handler's `source_type` callback on their log."""
 
-    def __init__(self, handler: Any, source_type: type) -> None:
+    def __init__(self, handler: Any, source_type: type[LogSource]) -> None:
         self.handler, self.source_type = handler, source_type
 
     def on_log(
@@ -42,11 +42,10 @@ class BeforeTrackers(TrainerCallback):
         # Looked up each time: with restore_callback_states_from_checkpoint the Trainer replaces the callback.
         for callback in self.handler.callbacks:
             if isinstance(callback, self.source_type):
-                source: LogSource = callback
-                source.add_log_values(logs)
+                callback.add_log_values(logs)
 
 
-def place_before_trackers(handler: Any, callback: object) -> bool:
+def place_before_trackers(handler: Any, callback: LogSource) -> bool:
     """Put a BeforeTrackers for `callback`'s type before the first tracker of `handler` (once).
     False: no tracker before `callback` (its own `on_log` serves)."""
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
