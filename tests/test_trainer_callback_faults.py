@@ -301,3 +301,26 @@ def test_tokens_per_second_and_the_eta_reach_tensorboard(
     low = {event.step: event.value for event in events.Scalars("train/eta_low_seconds")}
     high = {event.step: event.value for event in events.Scalars("train/eta_high_seconds")}
     assert all(low[step] <= eta[step] <= high[step] for step in eta)
+
+
+def test_mfu_is_held_against_the_devices_peak_where_it_has_one() -> None:
+    """On a GPU of the datasheets (here its peak given): the padded tokens per second of one process
+    times the model's FLOPs per token over the peak; without a peak, no MFU."""
+    from trainer_checks import tiny_model
+
+    from benchtrain.train.running.guard import Move, Verdict
+    from benchtrain.train.workload.model import model_shape
+    from benchtrain.trainer.log_values import LogValues
+    from benchtrain.trainer.step_watch import StepTokens, StepWatch
+
+    now = [0.0]
+    watch = StepWatch(lambda: now[0])
+    watch.start(0.0)
+    now[0] = 2.0
+    watch.end_step(1, StepTokens(1800, 2000, 2, 50.0))  # two processes' tokens of one step
+    verdict = Verdict(Move.CONTINUE, 10, 20.0, 1.0, budget_seconds=100.0)
+    model = tiny_model()
+    values = LogValues.of(model, False, (), {"peak_bf16_flops": 1e9}, 2).values(watch, verdict, 0.2)
+    assert values["mfu"] == pytest.approx(500.0 * model_shape(model).flops_per_token(50) / 1e9, rel=1e-3)
+    assert values["eta_low_seconds"] < values["eta_seconds"] == 18.0 < values["eta_high_seconds"]
+    assert "mfu" not in LogValues.of(model, False, (), {"peak_bf16_flops": None}, 2).values(watch, verdict, 0.2)
