@@ -26,14 +26,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 import benchtrain.calibration as calibration_api
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT
+from benchtrain.calibration.run_file import COMPLETED, INTERRUPTED, STEP_LIMIT, STOPPED_FOR_DEADLINE
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
@@ -43,6 +43,7 @@ from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.running.guard import NEXT_STEP_SAFETY, DeadlineGuard, GuardSettings, Move, Verdict
 from benchtrain.train.step.hardware import detect_hardware, this_device
 from benchtrain.train.step.runtime import agree
+from benchtrain.trainer.agreement import StepAgreement, agree_step
 from benchtrain.trainer.deadline_text import parse_deadline
 from benchtrain.trainer.estimate import (
     CALIBRATED,
@@ -57,14 +58,19 @@ from benchtrain.trainer.estimate import (
     save_count,
     trainer_precision,
 )
+from benchtrain.trainer.log_values import LogValues
 from benchtrain.trainer.run_folder import RunFolder, RunOutcome, earlier_steps
 from benchtrain.trainer.signals import SignalFlag
 from benchtrain.trainer.step_watch import StepWatch, TokenCounter
+from benchtrain.trainer.tracker_metrics import place_before_trackers
+from benchtrain.trainer.training_frame import TrainingFrame, find_caller
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments
 
 ON_OVERRUN = {"stop": "stop", "fit": "shrink"}  # the callback's word → the guard's action
+SAVING_STOPS = (INTERRUPTED, STOPPED_FOR_DEADLINE, STEP_LIMIT)  # the callback's stops that ask for a checkpoint
+T = TypeVar("T")
 
 
 class DeadlineCallback(TrainerCallback, ExportableState):
@@ -135,6 +141,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self._main = True
         self._spec_and_method: tuple[Any, str] | None = None
         self._first_save = 0.0
+        self.saved_step: int | None = None  # the step of this run's last checkpoint
+        self.log_values: LogValues | None = None
 
     # -- ExportableState: the deadline and the budget used ride in the checkpoint ---------------
     def state(self) -> JsonDict:
@@ -185,7 +193,11 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         model: PreTrainedModel | None = None,
         **kwargs: object,
     ) -> None:
-        self._reset_run(args, state, model)
+        caller = find_caller(self)
+        training = caller.training if caller else None
+        if caller is not None:
+            place_before_trackers(caller.handler, self)
+        self._reset_run(args, state, model, training)
         deadline = self.deadline
         assert deadline is not None
         left = deadline.seconds_left(self.used_seconds)
@@ -199,7 +211,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             GuardSettings(deadline, self._reserve_seconds(), ON_OVERRUN[self.on_overrun], self.warmup_steps),
             limit=state.max_steps,
         )
-        self.signals.install()
+        self.signals.install(training)
         basis = (
             f"calibration {self.calibration.id}"
             if self.calibration
@@ -216,7 +228,13 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             f"{state.max_steps:,} optimizer steps ({state.num_train_epochs:g} epoch(s)); step time from {basis}; on_overrun={self.on_overrun}"
         )
 
-    def _reset_run(self, args: TrainingArguments, state: TrainerState, model: PreTrainedModel | None) -> None:
+    def _reset_run(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        model: PreTrainedModel | None,
+        training: TrainingFrame | None,
+    ) -> None:
         used_before = self.used_seconds if state.global_step > 0 else 0.0
         self._reset()
         # A dict by name once a checkpoint's state is loaded (transformers types it list or dict).
@@ -245,16 +263,20 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         self.run_id = self.run_id or f"trainer-{spec.name if spec else 'model'}-{datetime.now():%Y%m%d-%H%M%S}"
         self.run_dir = self.run_dir or str(Path(self.output_dir or Path(str(args.output_dir)) / "benchtrain"))
         if model is not None:
-            self.counter.attach(model)
+            self.counter.attach(model, training)
             if self.calibration is None and self._main:
-                self._first_save = first_save_seconds(model, Path(self.run_dir))
+                run_dir = Path(self.run_dir)
+                self._first_save = (
+                    self._bookkeep("time a write to the run folder", lambda: first_save_seconds(model, run_dir)) or 0.0
+                )
+        hardware = detect_hardware()
+        switches = ("gradient_checkpointing",) if args.gradient_checkpointing else ()
+        self.log_values = LogValues.of(model, method == "lora", switches, hardware, self.world_size)
         model_record = (
             {"name": spec.name, "fingerprint": spec.fingerprint, "method": method} if spec else {"method": method}
         )
         earlier = earlier_steps(Path(self.run_dir), self.start_step) if self.start_step else []
-        self.folder = RunFolder(
-            Path(self.run_dir), self.run_id, model_record, detect_hardware(), self.calibration, earlier
-        )
+        self.folder = RunFolder(Path(self.run_dir), self.run_id, model_record, hardware, self.calibration, earlier)
 
     # -- while training -------------------------------------------------------------------------
     def on_step_end(
@@ -263,21 +285,34 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self.guard is None:
             return
         counted = self.counter.take()
-        tokens = agree(_state(), counted.tokens, "sum")
-        padded = agree(_state(), counted.padded_tokens, "sum")
-        record = self.watch.end_step(state.global_step, replace(counted, tokens=tokens, padded_tokens=padded))
+        # This process's step first (its own time, its tokens), then ONE collective agrees all of it.
+        record = self.watch.end_step(state.global_step, counted)
+        move, limit = self._observe(state.global_step, record.seconds, self._predicted(record.seconds))
+        if self.signals.received is not None:
+            move = Move.INTERRUPT
+        mine = StepAgreement(
+            counted.tokens,
+            counted.padded_tokens,
+            move.strength,
+            limit,
+            self.signals.received or 0,
+            not control.should_evaluate or self._evaluation_fits(),
+        )
+        agreed = agree_step(_state(), mine)
+        record.tokens, record.padded_tokens = agreed.tokens, agreed.padded_tokens
         if self.estimate is None:
             self._estimate(args, state)
         # Until the estimate is made, a step is its own prediction: the guard still keeps the deadline.
-        record.predicted_seconds = self.estimate.step_seconds if self.estimate is not None else record.seconds
-        move, limit = self._observe(state.global_step, record.seconds, record.predicted_seconds)
-        if self.signals.received is not None:
-            move = Move.INTERRUPT
-        move = Move.of_strength(agree(_state(), move.strength, "max"))
-        limit = agree(_state(), limit, "min")
-        self._act(move, limit, state, control)
-        if not control.should_training_stop and control.should_evaluate and not self._evaluation_fits(state):
+        record.predicted_seconds = self._predicted(record.seconds)
+        self._act(Move.of_strength(agreed.move_strength), agreed.limit, agreed.signal or None, state, control)
+        if not control.should_training_stop and control.should_evaluate and not agreed.evaluation_fits:
+            self._event(
+                f"step {state.global_step}: skipped the evaluation: its {format_duration(max(self.watch.eval_seconds))} would not fit"
+            )
             control.should_evaluate = False
+
+    def _predicted(self, seconds: float) -> float:
+        return self.estimate.step_seconds if self.estimate is not None else seconds
 
     def _observe(self, step: int, seconds: float, predicted: float) -> tuple[Move, int]:
         guard, deadline = self.guard, self.deadline
@@ -301,12 +336,12 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             move = Move.STOP
         return move, verdict.limit
 
-    def _act(self, move: Move, limit: int, state: TrainerState, control: TrainerControl) -> None:
+    def _act(self, move: Move, limit: int, signal: int | None, state: TrainerState, control: TrainerControl) -> None:
         """What every process agreed: save and stop (the deadline, a signal), or the run cut to `limit`."""
         if move in (Move.STOP, Move.INTERRUPT):
             self.status = move.status
             if move is Move.INTERRUPT:
-                self.exit_signal = self._agreed_signal()
+                self.exit_signal = signal
                 self._event(f"step {state.global_step}: a signal asked to stop: saving and stopping")
             else:
                 self._event(
@@ -322,37 +357,29 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             self.status = STEP_LIMIT
             control.should_save = control.should_training_stop = True
 
-    def _evaluation_fits(self, state: TrainerState) -> bool:
-        """An evaluation now, then a step and a save, before the budget? (Measured; agreed by all.)"""
+    def _evaluation_fits(self) -> bool:
+        """An evaluation now, then a step and a save, before the budget? (Measured, on this process.)"""
         deadline = self.deadline
         if deadline is None or not self.watch.eval_seconds:
             return True
         need = max(self.watch.eval_seconds) + self._next_step_seconds() + self._reserve_seconds()
-        fits = self.watch.elapsed() + need <= deadline.budget_seconds
-        fits = bool(agree(_state(), int(fits), "min"))
-        if not fits:
-            self._event(
-                f"step {state.global_step}: skipped the evaluation: its {format_duration(max(self.watch.eval_seconds))} would not fit"
-            )
-        return fits
+        return self.watch.elapsed() + need <= deadline.budget_seconds
 
     def on_prediction_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
         """During an evaluation: a signal makes the Trainer save and stop right after it (it reads
         `should_save` then), not one step later. Every process evaluates the same batches, so they
-        agree here batch by batch."""
+        agree here batch by batch. (Under save_strategy="best" the Trainer then overwrites
+        `should_save` with "is this the best metric": `on_epoch_end` asks again.)"""
         if self.guard is None:
             return
-        if agree(_state(), int(self.signals.received is not None), "max"):
+        received = agree(_state(), self.signals.received or 0, "max")  # one process may have received it alone
+        if received:
             if self.status != INTERRUPTED:
                 self._event(f"step {state.global_step}: a signal during the evaluation: saving and stopping as it ends")
-            self.status, self.exit_signal = INTERRUPTED, self._agreed_signal()
+            self.status, self.exit_signal = INTERRUPTED, received
             control.should_save = control.should_training_stop = True
-
-    def _agreed_signal(self) -> int | None:
-        """The signal that stopped the run, on every process (one may have received it alone)."""
-        return agree(_state(), self.signals.received or 0, "max") or None
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
@@ -360,10 +387,24 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         if self.guard is not None:
             self.watch.evaluated()
 
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        """A stop the callback asked for that got no checkpoint (save_strategy="best" replaced its
+        `should_save` after an evaluation) saves here: the Trainer breaks out of the epoch, calls
+        this, and then saves when `should_save` is set — under any save strategy. Every process
+        has the same status and the same saved step, so all ask."""
+        if self.guard is None or self.status not in SAVING_STOPS or not control.should_training_stop:
+            return
+        if self.saved_step != state.global_step:
+            control.should_save = True
+            control.should_evaluate = False
+
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
         if self.guard is None:
             return
         seconds = self.watch.saved()
+        self.saved_step = state.global_step
         self.used_seconds = self.watch.elapsed()
         self.last_checkpoint = str(Path(str(args.output_dir)) / f"checkpoint-{state.global_step}")
         self._event(f"step {state.global_step}: saved in {format_duration(seconds)}")
@@ -377,15 +418,22 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         logs: JsonDict | None = None,
         **kwargs: object,
     ) -> None:
-        """The ETA on the Trainer's own log line (no second progress bar)."""
+        """The loss onto the step's record; the speed and the ETA onto the Trainer's own log line (no
+        second progress bar), where BeforeTrackers has not put them already."""
         if self.guard is None or logs is None:
             return
         self.watch.logged(logs)
-        verdict = self.verdict
-        if verdict is not None and "loss" in logs:
-            elapsed = self.watch.elapsed()
-            logs["eta_seconds"] = round(max(0.0, verdict.projected_finish - elapsed), 1)
-            logs["deadline_left_seconds"] = round(verdict.budget_seconds - elapsed, 1)
+        self.add_log_values(logs)
+
+    def add_log_values(self, logs: JsonDict) -> None:
+        """Tokens/s (real and padded) since the last log, MFU on a device with a known peak, the ETA
+        with its bounds and the deadline left, onto a training log (one with a loss), once."""
+        if self.guard is None or self.log_values is None or self.verdict is None or "loss" not in logs:
+            return
+        if "deadline_left_seconds" in logs:
+            return
+        bound = self.estimate.bound_fraction if self.estimate is not None else 0.0
+        logs.update(self.log_values.values(self.watch, self.verdict, bound))
 
     # -- the end --------------------------------------------------------------------------------
     def on_train_end(
@@ -410,10 +458,16 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         )
         if self.estimate is None:
             self._estimate(args, state, at_end=True)
-        if self._main and self.estimate is not None and self.folder is not None:
-            document = self.folder.document(self.estimate, self.watch, deadline, outcome)
-            report = self.folder.finish(document, self.report)
-            self._say(f"run folder {self.folder.run_dir}" + (f"; report {report}" if report else ""))
+        folder = self.folder
+        if self._main and self.estimate is not None and folder is not None:
+            # The run is over and the user's save_model() and push come next: a record that cannot be
+            # written (a read-only or shared home) is said in one line, never raised out of train().
+            document = folder.document(self.estimate, self.watch, deadline, outcome)
+            written = self._bookkeep("write the run folder", lambda: folder.finish(document))
+            self._bookkeep("feed the run's speed to the calibration", lambda: folder.feed(document))
+            report = self._bookkeep("draw the report", lambda: folder.report()) if self.report and written else None
+            if written:
+                self._say(f"run folder {folder.run_dir}" + (f"; report {report}" if report else ""))
         self.guard = None
 
     # -- pieces ---------------------------------------------------------------------------------
@@ -499,8 +553,21 @@ class DeadlineCallback(TrainerCallback, ExportableState):
         return max(self._next_step_seconds(), max(self.watch.eval_seconds, default=0.0)) + self._reserve_seconds()
 
     def _write(self, outcome: RunOutcome | None) -> None:
-        if self._main and self.estimate is not None and self.folder is not None and self.deadline is not None:
-            self.folder.write(self.folder.document(self.estimate, self.watch, self.deadline, outcome))
+        folder, estimate, deadline = self.folder, self.estimate, self.deadline
+        if self._main and estimate is not None and folder is not None and deadline is not None:
+            document = folder.document(estimate, self.watch, deadline, outcome)
+            self._bookkeep("write the run folder", lambda: folder.write(document))
+
+    def _bookkeep(self, what: str, action: Callable[[], T]) -> T | None:
+        """The callback's own records (run folder, calibration history, report): a failure costs the
+        record, in one line, never the user's run."""
+        try:
+            return action()
+        except Exception as error:  # any failure of a record: the training it records must go on
+            self._say(
+                f"warning: could not {what}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            )
+            return None
 
     def _event(self, message: str) -> None:
         self.events.append(message)

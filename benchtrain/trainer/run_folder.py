@@ -124,11 +124,17 @@ class RunFolder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         return document.write(self.run_dir)
 
-    def finish(self, document: RunFile, report: bool) -> Path | None:
-        """run.json with its estimate check, the calibration fed, and the report (None: not asked)."""
+    def finish(self, document: RunFile) -> Path:
+        """run.json with its estimate check."""
         check = check_estimate(document.to_json())
         document.update(estimate_check=check.to_json() if check else None)
-        self.write(document)
+        return self.write(document)
+
+    def feed(self, document: RunFile) -> None:
+        """The measured speed into the calibration's history (a run without a calibration feeds none)."""
         if self.calibration is not None:
-            feed_back(self.calibration, document.to_json(), check)
-        return write_run_report(self.run_dir) if report else None
+            record = document.to_json()
+            feed_back(self.calibration, record, check_estimate(record))
+
+    def report(self) -> Path:
+        return write_run_report(self.run_dir)

@@ -16,11 +16,17 @@ is in it; saves and evaluations are timed apart, from their step's end to `on_sa
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchtrain.common.json_types import JsonDict
+from benchtrain.trainer.training_frame import TrainingFrame, current_frame
+
+# The counting hook on each model, by model: a run that ended by an exception left its hook there,
+# and the next run's counter takes it off.
+_HOOKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -54,7 +60,9 @@ class StepRecord:
 
 
 class TokenCounter:
-    """Real and padded tokens of the training batches the model sees (a forward pre-hook)."""
+    """Real and padded tokens of the training batches the model sees (a forward pre-hook). The hook
+    comes off at the run's end, and after an exception at the model's next forward pass or the next
+    run's start, whichever comes first (the Trainer calls no callback after an exception)."""
 
     def __init__(self) -> None:
         self._real: list[Any] = []  # per micro-step: a device tensor or an int
@@ -62,10 +70,16 @@ class TokenCounter:
         self._micro_steps = 0
         self._length_sum = 0
         self._handle: Any = None
+        self._training: TrainingFrame | None = None
 
-    def attach(self, model: Any) -> None:
+    def attach(self, model: Any, training: TrainingFrame | None = None) -> None:
+        self._training = training
+        stale = _HOOKS.pop(model, None)
+        if stale is not None and stale is not self._handle:
+            stale.remove()
         if self._handle is None:
             self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        _HOOKS[model] = self._handle
 
     def detach(self) -> None:
         if self._handle is not None:
@@ -73,6 +87,9 @@ class TokenCounter:
             self._handle = None
 
     def _count(self, module: Any, args: tuple[Any, ...], kwargs: JsonDict) -> None:
+        if self._training is not None and not self._training.live(current_frame()):
+            self.detach()  # train() ended by an exception: this forward pass is the user's, not the run's
+            return
         if not module.training:
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
