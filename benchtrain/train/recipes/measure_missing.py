@@ -80,24 +80,28 @@ def what_the_plan_lacks(run: RunPlan) -> Lacking | None:
         return None
     lengths = calibration.measured_values("seq_len")
     reasons = []
-    axes: dict[str, tuple[int, ...]] = {}
+    batches = [config.micro_batch_size, *(other.config.micro_batch_size for other in run.plan.alternatives)]
+    axes: dict[str, tuple[int, ...]] = {"--seq-lens": (config.seq_len,), "--batch-sizes": (config.micro_batch_size,)}
     if config.seq_len > lengths[-1]:
         reasons.append(
             f"the data needs max length {config.seq_len:,}; calibration {calibration.id} measured lengths up to {lengths[-1]:,}"
         )
-        axes["--seq-lens"] = lengths_lacking(calibration, config.seq_len)
-    else:
-        axes["--seq-lens"] = (config.seq_len,)
-    batches = [config.micro_batch_size, *(other.config.micro_batch_size for other in run.plan.alternatives)]
-    axes["--batch-sizes"] = tuple(sorted(list(dict.fromkeys(batches))[:BATCH_SIZES_AT_MOST]))
+        axes = {
+            "--seq-lens": lengths_lacking(calibration, config.seq_len),
+            "--batch-sizes": tuple(sorted(list(dict.fromkeys(batches))[:BATCH_SIZES_AT_MOST])),
+        }
+    # New lengths are probed at an accumulation and a worker count measured (the cheapest to settle); those are
+    # measured at the plan's own values only when they are all it lacks.
+    outside = []
     for flag, name, value in (
         ("--accum", "grad_accum", config.grad_accum),
         ("--workers", "num_workers", config.num_workers),
     ):
         measured = calibration.measured_values(name)
         if value not in measured:
-            reasons.append(f"the plan's {name.replace('_', ' ')} {value} lies outside the measured {measured}")
-        axes[flag] = (value,)
+            outside.append(f"the plan's {name.replace('_', ' ')} {value} lies outside the measured {measured}")
+        axes[flag] = (nearest(measured, value),) if reasons else (value,)
+    reasons = reasons or outside
     if not reasons:
         reasons.append(
             f"the plan's batch {config.micro_batch_size} at length {config.seq_len} holds more tokens than calibration {calibration.id} measured"
@@ -105,6 +109,11 @@ def what_the_plan_lacks(run: RunPlan) -> Lacking | None:
     return Lacking(
         calibration, "; ".join(reasons), axes, probe_prices(calibration, axes, config), build_seconds(calibration)
     )
+
+
+def nearest(measured: list[int], value: int) -> int:
+    """The measured value closest to `value` (the smaller of two as close)."""
+    return min(measured, key=lambda known: (abs(known - value), known))
 
 
 def probe_prices(
