@@ -66,7 +66,7 @@ def test_a_dry_run_measures_the_lengths_the_data_needs(
     before = calibrated.read_bytes()
     old = read_calibration_file(calibrated)
     without, _ = plan(capsys, long_chats, calibrated, "--no-measure")
-    assert without["plan"]["chosen"]["config"]["seq_len"] > 64  # the data needs what was never measured
+    assert without["plan"]["chosen"]["max_length"] > 64  # the data needs what was never measured
 
     measured, err = plan(capsys, long_chats, calibrated, "--measure-budget", "90s")
 
@@ -76,7 +76,7 @@ def test_a_dry_run_measures_the_lengths_the_data_needs(
     assert measured["calibration_id"] != old["id"]
     new = read_calibration_file(Path(measured["calibration_path"]))
     assert new["extends"] == old["id"]
-    length = measured["plan"]["chosen"]["config"]["seq_len"]
+    length = measured["plan"]["chosen"]["max_length"]
     added = [row for row in new["measurements"] if row.get("extends") == old["id"] and row["status"] == "ok"]
     assert added and all(row["seq_len"] > 64 for row in added)
     assert any(row["seq_len"] >= length for row in added)
