@@ -339,7 +339,8 @@ def extend_command(args: argparse.Namespace, budget_asked: float | str | None, s
         raise BenchtrainError("bench run --extend: --budget takes a duration (60s, 5m) or nothing")
     assert not isinstance(budget_asked, str)
     path = resolve_calibration(args.extend, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
-    source, spec = extension_source(path, args.model)
+    found = extension_source(path, args.model)
+    source, spec = found.data, found.spec
     writable_subdir("calibrations")
     record = extend(source, spec, asked, budget_asked, lambda total, seconds: _progress_bar(total, args.quiet, seconds))
     saved = save_calibration(record)

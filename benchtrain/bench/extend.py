@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,17 +37,24 @@ from benchtrain.train.step.engine import StepOptions, process_layout
 from benchtrain.train.step.hardware import detect_hardware, detect_software, device_label
 from benchtrain.train.step.runtime import job_world_size
 from benchtrain.train.workload.method import MethodConfig
-from benchtrain.train.workload.model import resolve_model
+from benchtrain.train.workload.model import ModelSpec, resolve_model
 
 if TYPE_CHECKING:
     from benchtrain.common.progress import Bar
-    from benchtrain.train.workload.model import ModelSpec
 
 # Shown of the probes the budget buys, before the rest are counted.
 PROBES_NAMED = 6
 
 
-def extension_source(path: Path, model: str | None) -> tuple[JsonDict, ModelSpec]:
+@dataclass(frozen=True)
+class ExtensionSource:
+    """The calibration to extend, as read, and the model its probes trained."""
+
+    data: JsonDict
+    spec: ModelSpec
+
+
+def extension_source(path: Path, model: str | None) -> ExtensionSource:
     """The calibration to extend and its model, or one line on why it cannot be extended here: measured on another device,
     by several processes, on layer slices, of several setups, of a user's Trainer, or translated."""
     data = read_calibration_file(path)
@@ -81,7 +89,7 @@ def extension_source(path: Path, model: str | None) -> tuple[JsonDict, ModelSpec
         raise BenchtrainError(
             f"bench run --extend {name}: it measured model {data['model']['name']}, not {spec.name}: pass --model as `bench run` had it"
         )
-    return data, spec
+    return ExtensionSource(data, spec)
 
 
 def measured_method(training: Training) -> MethodConfig:
