@@ -161,10 +161,16 @@ def add_run_parser(commands: Subcommands) -> None:
     )
     run.add_argument(
         "--model",
-        default="tiny",
         metavar="PRESET|DIR|ORG/NAME[@REV]",
         help="preset (tiny, gpt2, llama-3.2-1b, llama-3.1-8b, qwen2.5-7b, mistral-7b, mistral-nemo-12b), a folder with config.json, "
-        "or a hub id: only its config is needed, the weights are random as for presets (default: tiny)",
+        "or a hub id: only its config is needed, the weights are random as for presets (default: tiny; with --extend: the calibration's)",
+    )
+    run.add_argument(
+        "--extend",
+        metavar="latest|ID|PATH",
+        help="measure a stored calibration further: the values given (--seq-lens 1024,2048; the other dimensions: what it "
+        "measured) with its step, method and probe timing on the same device, its probes chosen by the same planner within "
+        "--budget; stored as a new calibration whose `extends` names it (the old file is left as it was)",
     )
     run.add_argument(
         "--tokenizer",
@@ -285,6 +291,9 @@ def run_command(args: argparse.Namespace) -> int:
     budget, then stored as one calibration: the first at the top, the others as its variants."""
     started = time.monotonic()
     budget_asked = validate_args(args)
+    if args.extend:
+        return extend_command(args, budget_asked, started)
+    args.model = args.model or "tiny"
     # A GPU asked for that torch cannot use is refused, not measured on the CPU under its name.
     require_requested_device(args.gpu)
     # Imported once the options are valid: the planner's modules are not needed before (nor for --help).
@@ -316,6 +325,33 @@ def run_command(args: argparse.Namespace) -> int:
             return EXIT_OK  # a follower process of a multi-process bench: rank 0 stores
         records.append(record)
     return store_calibration(args, records, started)
+
+
+def extend_command(args: argparse.Namespace, budget_asked: float | str | None, started: float) -> int:
+    """`bench run --extend ID`: the values asked for measured with the calibration's own step, stored as a new calibration."""
+    from benchtrain.bench.extend import extend, extension_source
+
+    asked = asked_space(args)
+    if not asked:
+        raise BenchtrainError(
+            "bench run --extend: name the values to measure, e.g. --seq-lens 1024,2048 (the other dimensions: what it measured)"
+        )
+    if budget_asked == "auto":
+        raise BenchtrainError("bench run --extend: --budget takes a duration (60s, 5m) or nothing")
+    assert not isinstance(budget_asked, str)
+    path = resolve_calibration(args.extend, on_skip=lambda message: print(f"warning: {message}", file=sys.stderr))
+    found = extension_source(path, args.model)
+    source, spec = found.data, found.spec
+    writable_subdir("calibrations")
+    record = extend(source, spec, asked, budget_asked, lambda total, seconds: _progress_bar(total, args.quiet, seconds))
+    saved = save_calibration(record)
+    print("\n".join(describe_calibration(record, str(saved))))
+    extension = record["search"]["extensions"][-1]
+    print(
+        f"\nextended {source['id']} with {extension['ok']} of {extension['probes']} probes in "
+        f"{format_duration(time.monotonic() - started)}: stored as {record['id']} ({saved}); {source['id']} is unchanged"
+    )
+    return EXIT_OK
 
 
 def variant_budget(budget_asked: float | str | None, started: float, variants_left: int) -> float | str | None:

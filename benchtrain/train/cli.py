@@ -205,6 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="if the plan does not fit, cut the number of steps so that it does (planned with the shortened run's own checkpoints and export)",
     )
     p.add_argument(
+        "--measure-budget",
+        default=option_default("measure_budget"),
+        metavar="DURATION",
+        help="when the plan needs what the calibration never measured (a max length longer than its lengths, an accumulation "
+        "or worker count outside them), measure it first within this (`bench run --extend`: priced and said before it runs, "
+        "under --dry-run too; stored as a new calibration, the old one left as it was) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="plan from the calibration as it is, extrapolating where the data needs what it never measured",
+    )
+    p.add_argument(
         "--max-steps", type=int, metavar="N", help="stop after N optimizer steps (with --resume: at most the run's own)"
     )
     p.add_argument(

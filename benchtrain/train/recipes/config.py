@@ -155,6 +155,9 @@ class PlanSection:
     switches: dict[str, str] = field(default_factory=dict)
     device_memory: str | None = None  # as written; device_memory_bytes once parsed
     fit_deadline: bool = False
+    # What the plan lacks of the calibration (lengths it never measured) is measured first, within this (train.recipes.measure_missing).
+    measure_budget: str = "60s"
+    no_measure: bool = False
     max_steps: int | None = None
     margin: float = 0.05
     price_per_hour: str | float | None = None  # as given: a number, KEY=USD pairs or a file (train.planning.prices)
@@ -185,6 +188,13 @@ class PlanSection:
             raise BenchtrainError(f"--epochs must be positive, got {self.epochs}")
         if self.workers is not None and self.workers < 0:
             raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
+        self.measure_seconds  # noqa: B018 (a bad --measure-budget is one line before any work)
+
+    @property
+    def measure_seconds(self) -> float | None:
+        """Seconds `train` may spend measuring what the plan lacks first; None: --no-measure."""
+        seconds = parse_duration(self.measure_budget, "--measure-budget")
+        return None if self.no_measure else seconds
 
 
 ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
@@ -258,7 +268,8 @@ class OutputSection:
 # values after them; `switches`: each switch of the step under its own name (gradient_checkpointing).
 FLAT_ORDER = (
     "data deadline use_calibration consider model tokenizer epochs priority effective_batch max_length workers out dry_run "
-    "device_memory resume emit on_overrun fit_deadline max_steps checkpoint_interval keep_checkpoints margin price_per_hour json for_trainer "
+    "device_memory resume emit on_overrun fit_deadline measure_budget no_measure max_steps checkpoint_interval keep_checkpoints "
+    "margin price_per_hour json for_trainer "
     "learning_rate lr_scheduler_type warmup_ratio warmup_steps weight_decay max_grad_norm adam_beta1 adam_beta2 adam_epsilon "
     "lr_scaling base_batch seed force no_report train_on exact_profile data_split eval_data eval_split eval_every report_to "
     "merge_lora push_to_hub hub_private hub_revision push_only switches method quantize optimizer step_options "

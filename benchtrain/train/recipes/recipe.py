@@ -33,6 +33,7 @@ from benchtrain.train.recipes.choice import (
 from benchtrain.train.recipes.config import TrainConfig
 from benchtrain.train.recipes.hub_push import check_push, describe_push, folder_to_push, push_run
 from benchtrain.train.recipes.launch_task import LaunchTask, plan_task
+from benchtrain.train.recipes.measure_missing import measure_what_the_plan_lacks
 from benchtrain.train.recipes.run_data import hub_weights, load_data
 from benchtrain.train.recipes.run_plan import (
     PlanContext,
@@ -191,6 +192,11 @@ class TrainRecipe:
             lambda: choose_plan(self.weighed, context),
             lambda chosen: replace(chosen, plan=self._with_own_clock(chosen.plan)),
         )
+        extended = measure_what_the_plan_lacks(
+            run, config.model, config.plan.measure_seconds, self.continuation.resuming
+        )
+        if extended is not None:
+            run = self._plan_with(extended, run.fitted.cal.id)
         fitted = run.fitted
         peak = run.plan.chosen.peak_memory_bytes
         activations = (peak - fitted.need.total_bytes, "this plan's configuration") if peak else None
@@ -198,6 +204,18 @@ class TrainRecipe:
         if self.push is not None:
             merge = bool(config.output.merge_lora and fitted.method.is_lora)
             run.plan.notes.append(push_note(self.push, fitted, merge))
+        return run
+
+    def _plan_with(self, calibration_id: str, extended: str) -> RunPlan:
+        """The plan again, with the new calibration `calibration_id` that extends the one it had (`extended`); one process:
+        measure_missing runs in no other."""
+        config = self.config = replace(self.config, plan=replace(self.config.plan, use_calibration=calibration_id))
+        self.weighed = weigh_variants(config, self.spec, self.method, self.continuation)
+        self.context = replace(self.context, config=config, elapsed_seconds=config.run_deadline.elapsed())
+        run = self.run = choose_plan(self.weighed, self.context)
+        run.plan.notes.append(
+            f"planned with calibration {calibration_id}: {extended}'s probes and those measured just now for this data"
+        )
         return run
 
     def _with_own_clock(self, plan: Plan) -> Plan:
