@@ -21,6 +21,8 @@ from trainer_checks import texts, tiny_model, trainer
 from benchtrain import BenchtrainError, DeadlineCallback, calibrate
 from benchtrain.bench.cli import show_command
 from benchtrain.calibration.model import Calibration
+from benchtrain.reports.calibration_report import write_calibration_report
+from benchtrain.reports.html import escape
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = "20s"
@@ -73,6 +75,9 @@ def assert_stored(calibration: Calibration, home: Path, class_name: str, capsys:
     assert show_command(calibration.id, False) == 0
     shown = capsys.readouterr().out
     assert f"a {class_name}'s own step" in shown and "fit:" in shown
+    # The calibration report says whose step it measured, as `bench show` does.
+    page = write_calibration_report(stored[0], home / "report").read_text()
+    assert f"a {escape(class_name)}&#x27;s own step" in page or f"a {class_name}'s own step" in page
 
 
 def test_a_plain_trainer_is_calibrated_and_left_as_found(

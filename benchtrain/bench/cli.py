@@ -760,10 +760,7 @@ def describe_calibration(data: JsonDict, path: str) -> list[str]:
     ]
     trainer = Training.from_record(data.get("training")).trainer
     if trainer is not None:
-        lines.append(
-            f"  measured: a {trainer.class_name}'s own step (loss: {trainer.loss}; collator {trainer.collator}), "
-            "by benchtrain.calibrate: plan it with benchtrain.fit_to_deadline, not `train`"
-        )
+        lines.append(f"  measured: {trainer.words()}")
     if data.get("slices"):
         lines.append("  " + describe_slices(data["slices"]))
     distributed = data.get("distributed")

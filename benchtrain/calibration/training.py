@@ -28,6 +28,13 @@ class TrainerStep:
     def to_record(self) -> JsonDict:
         return {"class": self.class_name, "loss": self.loss, "collator": self.collator}
 
+    def words(self) -> str:
+        """Whose step this is, in the words `bench show` and the calibration report use."""
+        return (
+            f"a {self.class_name}'s own step (loss: {self.loss}; collator {self.collator}), by benchtrain.calibrate: "
+            "plan it with benchtrain.fit_to_deadline, not `train`"
+        )
+
 
 @dataclass(frozen=True)
 class Training:

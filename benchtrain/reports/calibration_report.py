@@ -12,6 +12,7 @@ from benchtrain.calibration.schema import read_calibration_file, variant_data
 from benchtrain.calibration.setup import describe_setup, variant_name, variant_of
 from benchtrain.calibration.step_config import StepConfig
 from benchtrain.calibration.store import CSV_COLUMNS
+from benchtrain.calibration.training import Training
 from benchtrain.common.json_types import JsonDict
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, escape, figure_grid, key_values, section, table, verdict, write_page
@@ -138,8 +139,10 @@ def measurements_section(rows: list[JsonDict]) -> str:
 
 def setup_section(data: JsonDict) -> str:
     hardware, software = data["hardware"], data["software"]
+    trainer = Training.from_record(data.get("training")).trainer
     return section(
         "Hardware, software and what was trained",
+        f"<p><strong>Measured: {escape(trainer.words())}</strong></p>" if trainer is not None else "",
         key_values(
             [
                 *hardware.items(),
