@@ -187,7 +187,7 @@ class PlanSection:
             raise BenchtrainError(f"--workers must be non-negative, got {self.workers}")
 
 
-ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
+ENGINES = ("skypilot", "dstack", "slurm")  # what --emit writes a task for (train.launch_command)
 
 
 @dataclass(frozen=True)
