@@ -68,6 +68,9 @@ def node_script() -> str:
     the background, so a forwarded signal reaches torchrun's workers; the node's exit says whether a signal stopped it."""
     return "\n".join(
         [
+            "# USR1 reaches every process of the step (srun passes it on): the run script, torchrun and its workers",
+            "# inherit it ignored (USR1 would end them); this shell alone takes it, and asks the workers to save.",
+            "trap '' USR1",
             f'bash "$BENCHTRAIN_TASK_ROOT/run.sh" & agent=$!  # the run script; torchrun replaces it (exec): $agent is the agent',
             "stopped=0",
             "# USR1: stop with the work saved, to be requeued; TERM (a cancel, a preemption): stop with the work saved.",
