@@ -152,7 +152,9 @@ def submit(slurm: dict[str, str], script: Path, root: Path, *options: str) -> st
 
 
 def job_field(slurm: dict[str, str], job: str, field: str) -> str | None:
-    shown = subprocess.run(["scontrol", "show", "job", job], env={**os.environ, **slurm}, capture_output=True, text=True)
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job], env={**os.environ, **slurm}, capture_output=True, text=True
+    )
     found = re.search(rf"\b{field}=(\S*)", shown.stdout)
     return found.group(1) if found else None
 
@@ -167,7 +169,9 @@ def wait_for(condition: object, what: str, log: Path, seconds: float = 400) -> N
         if condition():  # type: ignore[operator]
             return
         time.sleep(0.5)
-    pytest.fail(f"{what}: not within {seconds:.0f}s; the job's output: {log.read_text()[-3000:] if log.exists() else ''}")
+    pytest.fail(
+        f"{what}: not within {seconds:.0f}s; the job's output: {log.read_text()[-3000:] if log.exists() else ''}"
+    )
 
 
 def requeued_again(slurm: dict[str, str], job: str, restarts: int) -> bool:

@@ -1,5 +1,6 @@
-"""`train --dry-run --emit skypilot:FILE|dstack:FILE|slurm:FILE`: the launch task (train.recipes.launch_task) as the engine's
-YAML (SLURM's sbatch script: train.launch_slurm), with comments saying where each figure came from, written atomically. The run script: docs/design.md#the-engines-files."""
+"""`train --dry-run --emit skypilot:FILE|dstack:FILE|slurm:FILE`: the launch task (train.recipes.launch_task) as the
+engine's YAML (SLURM's sbatch script: train.launch_slurm), with comments saying where each figure came from, written
+atomically. The run script: docs/design.md#the-engines-files."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The package that made a plan, as a wheel the launched task installs: the files of the benchtrain that is running now
 (its source tree when installed editable), zipped as pip installs them, with the installed distribution's metadata and
-commands. A task then installs exactly the code that planned it, never a registry name. docs/launch.md#setup."""
+commands. A task then installs exactly the code that planned it, never a registry name. docs/launch.md#what-the-task-holds-and-where-each-figure-comes-from."""
 
 from __future__ import annotations
 
