@@ -137,8 +137,6 @@ def submit(slurm: dict[str, str], script: Path, root: Path, *options: str) -> st
     """sbatch the script with the task's root at `root`, where the environment is already set up (this venv)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "venv").symlink_to(Path(sys.prefix))
-    from test_launch import free_port
-
     environment = {
         **os.environ,
         **slurm,
@@ -149,6 +147,15 @@ def submit(slurm: dict[str, str], script: Path, root: Path, *options: str) -> st
     command = ["sbatch", "--parsable", f"--output={root}/job.out", *options, str(script)]
     submitted = subprocess.run(command, env=environment, capture_output=True, text=True, cwd=root, check=True)
     return submitted.stdout.strip().split(";")[0]
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the rendezvous store's)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def job_field(slurm: dict[str, str], job: str, field: str) -> str | None:
@@ -182,9 +189,13 @@ def requeued_again(slurm: dict[str, str], job: str, restarts: int) -> bool:
     return True
 
 
+ALL_STEPS = ("completed", "step_limit")  # every planned step ran (a resumed run reaching its total says step_limit)
+
+
 def ended(slurm: dict[str, str], job: str, run: Path) -> bool:
-    state = job_field(slurm, job, "JobState")
-    return state in (None, "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") and (run / "run.json").is_file()
+    if job_field(slurm, job, "JobState") not in (None, "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        return False
+    return (run / "run.json").is_file() and json.loads((run / "run.json").read_text())["status"] in ALL_STEPS
 
 
 @pytest.mark.slow
@@ -219,13 +230,13 @@ def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
     control(slurm, "scancel", "--signal=USR1", "--batch", job)
     wait_for(lambda: requeued_again(slurm, job, 2), "scancel's signal and the requeue", log)
     wait_for(lambda: ended(slurm, reference, whole / "run"), "the uninterrupted job", whole / "job.out")
-    wait_for(lambda: ended(slurm, job, signalled / "run") and (signalled / "run" / "final").is_dir(), "the job", log)
+    wait_for(lambda: ended(slurm, job, signalled / "run"), "the job", log)
 
     record = json.loads((whole / "run" / "run.json").read_text())
     assert record["status"] == "completed", (whole / "job.out").read_text()[-2000:]
     AutoModelForCausalLM.from_pretrained(whole / "run" / "final")
     resumed = json.loads((signalled / "run" / "run.json").read_text())
-    assert resumed["status"] == "completed" and resumed["resumed"] == 2
+    assert resumed["status"] in ALL_STEPS and resumed["resumed"] == 2
     assert log.read_text().count("back in the queue") == 2
     assert [entry["step"] for entry in resumed["losses"]] == [entry["step"] for entry in record["losses"]]
     assert [entry["learning_rate"] for entry in resumed["losses"]] == pytest.approx(
@@ -235,3 +246,26 @@ def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
         [entry["loss"] for entry in record["losses"]], rel=1e-4
     )
     AutoModelForCausalLM.from_pretrained(signalled / "run" / "final")
+
+
+def test_a_shared_calibrations_strings_stay_in_the_sbatch_scripts_comments(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shared calibration's device name with line breaks and a command substitution: in the sbatch script it stays
+    on its comment line (bash runs no line that holds it), and the #SBATCH lines are untouched."""
+    bundled = Path(__file__).parents[1] / "benchtrain" / "calibration" / "bundled" / "h100-llama-3.2-1b.json"
+    data = json.loads(bundled.read_text())
+    data["hardware"]["name"] = f"{data['hardware']['name']}\nname: $(touch PWNED)\u2028#SBATCH --nodes=9\r#"
+    shared = tmp_path / "shared.json"
+    shared.write_text(json.dumps(data))
+    script = tmp_path / "job.sh"
+    chats = chat_texts(tmp_path / "data.jsonl", 50)
+    argv = ["--dry-run", "--use-calibration", str(shared), "--force", "--model", "llama-3.2-1b", "--data", str(chats)]
+    code, _, err = run_main("train", [*argv, "--deadline", "12h", "--emit", f"slurm:{script}"], capsys)
+    assert code == 0, err
+    text = script.read_text()
+    assert "touch PWNED" in text
+    for line in text.splitlines():
+        assert "PWNED" not in line or line.lstrip().startswith("#"), line
+    assert re.findall(r"^#SBATCH --nodes=(\d+)", text, re.MULTILINE) == ["1"]
+    assert "#SBATCH --gpus-per-node=1" in text

@@ -303,13 +303,12 @@ def task_text(task: LaunchTask, engine: str) -> str:
 def emit_task(emit: str, task: LaunchTask) -> None:
     """`--emit ENGINE:FILE`: the engine's file, written atomically (an unwritable FILE: one line), and said."""
     request = parse_emit(emit)
-    # The package that made the plan, beside the task: uploaded with its files and installed by its setup.
-    wheel = build_wheel(request.path.parent.resolve(), task.version)
-    package = Upload(wheel, f"{ROOT}/{wheel.name}", "benchtrain, the package that made the plan")
-    text = task_text(replace(task, uploads=[*task.uploads, package]), request.engine)
     try:
         request.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(request.path, text)
+        # The package that made the plan, beside the task: uploaded with its files and installed by its setup.
+        wheel = build_wheel(request.path.parent.resolve(), task.version)
+        package = Upload(wheel, f"{ROOT}/{wheel.name}", "benchtrain, the package that made the plan")
+        write_text_atomic(request.path, task_text(replace(task, uploads=[*task.uploads, package]), request.engine))
     except OSError as error:
         raise BenchtrainError(f"--emit: cannot write {request.path}: {error.strerror or error}") from None
     say(f"task: {request.path} (docs/launch.md: sky launch / sky jobs launch / dstack apply / sbatch)")

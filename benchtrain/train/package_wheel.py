@@ -11,9 +11,7 @@ import zipfile
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-import benchtrain
 from benchtrain.common.atomic import write_bytes_atomic
-from benchtrain.common.errors import BenchtrainError
 
 NAME = "benchtrain"
 WHEEL_FILE = "Wheel-Version: 1.0\nGenerator: benchtrain (train --emit)\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
@@ -25,7 +23,7 @@ def wheel_name(version: str) -> str:
 
 def package_files() -> list[tuple[str, Path]]:
     """(name in the wheel, file here) for every file of the running package: code and data, no bytecode."""
-    root = Path(benchtrain.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # benchtrain/, this module being benchtrain/train/package_wheel.py
     return [
         (f"{NAME}/{path.relative_to(root).as_posix()}", path)
         for path in sorted(root.rglob("*"))
@@ -59,7 +57,7 @@ def record_line(name: str, data: bytes) -> str:
 
 
 def build_wheel(folder: Path, version: str) -> Path:
-    """The running benchtrain as `folder/benchtrain-VERSION-py3-none-any.whl`, written atomically; one line if it cannot be."""
+    """The running benchtrain as `folder/benchtrain-VERSION-py3-none-any.whl`, written atomically (the folder exists)."""
     path = folder / wheel_name(version)
     info = f"{NAME}-{version}.dist-info"
     entries = [(name, file.read_bytes()) for name, file in package_files()]
@@ -70,11 +68,5 @@ def build_wheel(folder: Path, version: str) -> Path:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in entries:
             archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(path, buffer.getvalue())
-    except OSError as error:
-        raise BenchtrainError(
-            f"--emit: cannot write the package the task installs, {path}: {error.strerror or error}"
-        ) from None
+    write_bytes_atomic(path, buffer.getvalue())  # the caller says what an OSError means
     return path
