@@ -77,7 +77,10 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(
     assert all(entry["use_spot"] for entry in ordered) and task["resources"]["job_recovery"]["strategy"] == "FAILOVER"
     assert task["file_mounts"][str(chats)] == str(chats)  # the data, uploaded to the same path
     assert task["file_mounts"]["/benchtrain/run"]["mode"] == "MOUNT_CACHED"  # the run folder on a bucket
-    assert task["setup"].startswith("pip install 'benchtrain==")
+    # the benchtrain that made the plan: the wheel written beside the task, uploaded with it
+    wheel = "/benchtrain/benchtrain-0.1.0-py3-none-any.whl"
+    assert "benchtrain==" not in task["setup"] and wheel.removeprefix("/benchtrain") in task["setup"]
+    assert wheel in task["file_mounts"]
     run = task["run"]
     for variable in ("SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert variable in run
@@ -113,7 +116,8 @@ def test_dstack_task_lists_the_gpus_of_one_count(
     }
     assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
     assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS
-    assert task["files"] == [f"{chats}:{chats}"] and task["volumes"][0]["path"] == "/benchtrain/run"
+    assert task["files"][0] == f"{chats}:{chats}" and task["volumes"][0]["path"] == "/benchtrain/run"
+    assert task["files"][1].endswith(":/benchtrain/benchtrain-0.1.0-py3-none-any.whl")
     script = task["commands"][1]
     for variable in ("DSTACK_MASTER_NODE_IP", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM", "DSTACK_GPUS_PER_NODE"):
         assert variable in script

@@ -36,6 +36,8 @@ LAYERS = {
     "train.cli": "train commands",
     "train.compare_command": "train commands",
     "train.launch_command": "train commands",
+    "train.launch_slurm": "train commands",
+    "train.package_wheel": "train commands",
     "bench": "bench",
     "bench.__main__": "bench commands",
     "bench.cli": "bench commands",

@@ -1,5 +1,6 @@
-"""`train --dry-run --emit skypilot:FILE|dstack:FILE`: the launch task (train.recipes.launch_task) as the engine's
-YAML, with comments saying where each figure came from, written atomically. The run script: docs/design.md#the-engines-files."""
+"""`train --dry-run --emit skypilot:FILE|dstack:FILE|slurm:FILE`: the launch task (train.recipes.launch_task) as the
+engine's YAML (SLURM's sbatch script: train.launch_slurm), with comments saying where each figure came from, written
+atomically. The run script: docs/design.md#the-engines-files."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
+from benchtrain.train.launch_slurm import slurm_body, slurm_comments, slurm_targets
+from benchtrain.train.package_wheel import build_wheel, wheel_name
 from benchtrain.train.recipes.config import parse_emit
-from benchtrain.train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target
+from benchtrain.train.recipes.launch_task import HOME_DIR, MASTER_PORT, ROOT, RUN_DIR, LaunchTask, Target, Upload
 
 NODE_VARIABLES = {
     "skypilot": (
@@ -31,6 +34,13 @@ NODE_VARIABLES = {
         'NODES="$DSTACK_NODES_NUM"',
         'NODE_RANK="$DSTACK_NODE_RANK"',
         'GPUS_PER_NODE="$DSTACK_GPUS_PER_NODE"',
+    ),
+    "slurm": (
+        "# SLURM's node variables (srun sets them in every task; MASTER_ADDR: the batch script's first node).",
+        'MASTER_ADDR="$MASTER_ADDR"',
+        'NODES="$SLURM_NNODES"',
+        'NODE_RANK="$SLURM_NODEID"',
+        'GPUS_PER_NODE="${SLURM_GPUS_ON_NODE:-0}"',
     ),
 }
 # The datasheet key of the device a node got (calibration.datasheets), or cpu.
@@ -130,7 +140,10 @@ def run_script(task: LaunchTask, engine: str) -> str:
 
 
 def setup_script(task: LaunchTask) -> str:
-    return f"pip install 'benchtrain=={task.version}'  # this version of benchtrain, which made the plan\n"
+    """The install: the wheel of the benchtrain that made the plan, uploaded beside the task (emit_task), and its
+    dependencies from the index."""
+    wheel = shlex.quote(f"/{wheel_name(task.version)}")
+    return f'# the benchtrain that made the plan\npython -m pip install --quiet "${{BENCHTRAIN_TASK_ROOT:-{ROOT}}}"{wheel}\n'
 
 
 def figure_source(target: Target) -> str:
@@ -265,6 +278,11 @@ LiteralDumper.add_representer(str, literal)
 
 def task_text(task: LaunchTask, engine: str) -> str:
     """The whole file: the comments, then the task."""
+    if engine == "slurm":
+        task = slurm_targets(task)
+        comments = [*header(task, engine), *slurm_comments(task)]
+        lines = "".join(f"# {one_line(line)}\n" if line else "#\n" for line in comments)
+        return "#!/bin/bash\n" + lines + slurm_body(task, setup_script(task), run_script(task, engine))
     if engine == "skypilot":
         data = skypilot_task(task)
         launch = [
@@ -285,10 +303,12 @@ def task_text(task: LaunchTask, engine: str) -> str:
 def emit_task(emit: str, task: LaunchTask) -> None:
     """`--emit ENGINE:FILE`: the engine's file, written atomically (an unwritable FILE: one line), and said."""
     request = parse_emit(emit)
-    text = task_text(task, request.engine)
     try:
         request.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(request.path, text)
+        # The package that made the plan, beside the task: uploaded with its files and installed by its setup.
+        wheel = build_wheel(request.path.parent.resolve(), task.version)
+        package = Upload(wheel, f"{ROOT}/{wheel.name}", "benchtrain, the package that made the plan")
+        write_text_atomic(request.path, task_text(replace(task, uploads=[*task.uploads, package]), request.engine))
     except OSError as error:
         raise BenchtrainError(f"--emit: cannot write {request.path}: {error.strerror or error}") from None
-    say(f"task: {request.path} (docs/launch.md: sky launch / sky jobs launch / dstack apply)")
+    say(f"task: {request.path} (docs/launch.md: sky launch / sky jobs launch / dstack apply / sbatch)")

@@ -197,7 +197,7 @@ class PlanSection:
         return None if self.no_measure else seconds
 
 
-ENGINES = ("skypilot", "dstack")  # what --emit writes a task for (train.launch_command)
+ENGINES = ("skypilot", "dstack", "slurm")  # what --emit writes a task for (train.launch_command)
 
 
 @dataclass(frozen=True)
