@@ -8,7 +8,9 @@ Inside your own Trainer:
     trainer.train()
 
 `calibrate(trainer, budget="3m")` measures that Trainer's own step across batch, accumulation, workers and
-checkpointing and stores a calibration (the Trainer left as found). `trainer_arguments` turns a benchtrain plan (`train --dry-run --for-trainer`) into the
+checkpointing and stores a calibration (the Trainer left as found). `fit_to_deadline(trainer, deadline="11h30m")`
+plans that Trainer's arguments to the deadline from a calibration and its data's real lengths, sets them and attaches
+the callback. `trainer_arguments` turns a benchtrain plan (`train --dry-run --for-trainer`) into the
 TrainingArguments fields it maps to. Bad arguments raise `BenchtrainError`, one line.
 
 Everything benchtrain installs lives under this one name (benchtrain.bench, benchtrain.train,
@@ -27,8 +29,17 @@ if TYPE_CHECKING:
     from benchtrain.train.planning.trainer_fields import trainer_fields as trainer_arguments
     from benchtrain.trainer.calibrate import calibrate
     from benchtrain.trainer.callback import DeadlineCallback
+    from benchtrain.trainer.fit import TrainerPlan, fit_to_deadline
 
-__all__ = ["BenchtrainError", "DeadlineCallback", "TrainerFields", "calibrate", "trainer_arguments"]
+__all__ = [
+    "BenchtrainError",
+    "DeadlineCallback",
+    "TrainerFields",
+    "TrainerPlan",
+    "calibrate",
+    "fit_to_deadline",
+    "trainer_arguments",
+]
 
 # Each public name and where it lives, imported on first use: `python -m benchtrain.train --help`
 # imports this package first, and must not pay for transformers (the callback's) to print its help.
@@ -36,7 +47,9 @@ _PUBLIC = {
     "BenchtrainError": ("benchtrain.common.errors", "BenchtrainError"),
     "DeadlineCallback": ("benchtrain.trainer.callback", "DeadlineCallback"),
     "TrainerFields": ("benchtrain.train.planning.trainer_fields", "TrainerFields"),
+    "TrainerPlan": ("benchtrain.trainer.fit", "TrainerPlan"),
     "calibrate": ("benchtrain.trainer.calibrate", "calibrate"),
+    "fit_to_deadline": ("benchtrain.trainer.fit", "fit_to_deadline"),
     "trainer_arguments": ("benchtrain.train.planning.trainer_fields", "trainer_fields"),
 }
 

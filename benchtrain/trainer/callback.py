@@ -78,8 +78,8 @@ class DeadlineCallback(TrainerCallback, ExportableState):
 
     deadline: a duration ("11h30m", "90s", seconds: a budget of training time, kept across a resume)
         or an absolute time ("2026-11-28T18:00", "18:00" today, a datetime).
-    calibration: "latest", an id, a path or "hub:ORG/NAME/ID": predict the step time from it (it must be
-        of this device, model and method); None: from the first steps after the warm-up.
+    calibration: "latest", an id, a path, "hub:ORG/NAME/ID" or a loaded Calibration: predict the step time from it
+        (it must be of this device, model and method); None: from the first steps after the warm-up.
     on_overrun: "stop" (guard: save and stop at the last safe moment) or "fit" (cut the run's
         max_steps to the steps that fit, and save there).
     output_dir: the benchtrain run folder (default: <TrainingArguments.output_dir>/benchtrain).
@@ -90,7 +90,7 @@ class DeadlineCallback(TrainerCallback, ExportableState):
     def __init__(
         self,
         deadline: str | float | datetime,
-        calibration: str | None = None,
+        calibration: str | Calibration | None = None,
         on_overrun: str = "stop",
         output_dir: str | None = None,
         margin: float = 0.05,
@@ -108,8 +108,12 @@ class DeadlineCallback(TrainerCallback, ExportableState):
             raise BenchtrainError(f"margin={margin}: a share of the deadline between 0 and 0.5")
         if warmup_steps < 1:
             raise BenchtrainError(f"warmup_steps={warmup_steps}: at least 1 (the first step starts things up)")
-        self.calibration_reference = calibration
-        self.calibration: Calibration | None = calibration_api.load(calibration) if calibration else None
+        if isinstance(calibration, Calibration):  # one already loaded (fit_to_deadline's): a resume loads it by path
+            self.calibration_reference: str | None = str(calibration.path) if calibration.path else calibration.id
+            self.calibration: Calibration | None = calibration
+        else:
+            self.calibration_reference = calibration
+            self.calibration = calibration_api.load(calibration) if calibration else None
         self.on_overrun, self.output_dir, self.margin, self.warmup_steps, self.report = (
             on_overrun,
             output_dir,

@@ -9,7 +9,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from benchtrain.calibration.dimensions import switches
 from benchtrain.calibration.model import Calibration
@@ -197,7 +197,17 @@ def shape_counts(
     key = (micro, length, epoch)
     if key in cache:
         return cache[key]
-    if request.world_size == 1:
+    if not request.length_grouping and not data.packing:
+        # A Trainer's random batches: each process runs its 1/world_size of the samples in batches of `micro`, of
+        # the same shapes as random batches of the whole set (a window of one batch groups nothing).
+        per_process = padded_batch_count(-(-len(data.lengths) // request.world_size), micro)
+        taken = epoch_share(per_process, epoch, request.epochs)
+        counts = Counter(
+            padded_epoch_shape_counts(
+                data.lengths, micro, length, request.seed, epoch, taken, request.shape_bucket, window_batches=1
+            )
+        )
+    elif request.world_size == 1:
         # One process: the shapes straight from the batch layout, without building the batches.
         if data.packing:
             rows = packed_row_count(data.stream_length, length)
@@ -326,7 +336,8 @@ def candidate_overheads(
     measurements; an export of unknown bytes (0) as one checkpoint save."""
     eval_pass, eval_count = 0.0, 0
     if eval_data is not None and request.eval_schedule is not None:
-        eval_pass = eval_pass_seconds(calibration, eval_data, config.micro_batch_size, config.seq_len, request.seed)
+        eval_micro = request.eval_micro_batch_size or config.micro_batch_size
+        eval_pass = eval_pass_seconds(calibration, eval_data, eval_micro, config.seq_len, request.seed)
         eval_count = request.eval_schedule.count(steps, step_seconds)
     compile_cost, compile_shapes = 0.0, 0
     if request.compiled:
@@ -342,7 +353,14 @@ def candidate_overheads(
         model_build_seconds=float(measured.get("model_build_seconds", 0.0)),
         warmup_seconds=float(measured.get("warmup_extra_seconds", 0.0)),
         checkpoint_seconds=save,
-        checkpoint_count=(math.floor(step_seconds / interval) if interval > 0 else 0) + 1,
+        checkpoint_count=(
+            steps // request.checkpoint_every_steps
+            if request.checkpoint_every_steps
+            else math.floor(step_seconds / interval)
+            if interval > 0
+            else 0
+        )
+        + 1,
         export_seconds=write_seconds(measured, request.export_bytes) if request.export_bytes else save,
         eval_pass_seconds=eval_pass,
         eval_count=eval_count,
@@ -541,20 +559,37 @@ def shrink_to_deadline(
     return fits, done + low
 
 
-def deadline_options(plan: Plan, resuming: bool = False) -> str:
-    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length (a
-    resumed run keeps its epochs and max length: only the steps can change)."""
+@dataclass(frozen=True)
+class DeadlineRoom:
+    """What would fit a plan that misses its deadline: the epochs and the optimizer steps whose promised time,
+    with the plan's overheads, ends before it (None: not even the overheads fit)."""
+
+    epochs: float | None
+    max_steps: int | None
+
+
+def deadline_room(plan: Plan) -> DeadlineRoom:
+    """The epochs and steps that fit before the deadline, at the plan's promised (upper) step time."""
     chosen = plan.chosen
     promised_steps = chosen.total_seconds_promised - chosen.overheads.total_seconds
     per_epoch = promised_steps / plan.request.epochs
     room = plan.available_seconds - chosen.overheads.total_seconds
+    if not (per_epoch > 0 and room > 0):
+        return DeadlineRoom(None, None)
+    per_step = promised_steps / max(1, chosen.remaining_steps)
+    done = chosen.optimizer_steps - chosen.remaining_steps
+    return DeadlineRoom(max(0.01, math.floor(room / per_epoch * 100) / 100), done + max(1, math.floor(room / per_step)))
+
+
+def deadline_options(plan: Plan, resuming: bool = False) -> str:
+    """What the user can do when nothing fits: fewer epochs, a step limit, a shorter length (a
+    resumed run keeps its epochs and max length: only the steps can change)."""
+    room = deadline_room(plan)
     options = []
-    if per_epoch > 0 and room > 0:
-        if not resuming:
-            options.append(f"--epochs {max(0.01, math.floor(room / per_epoch * 100) / 100):g}")
-        per_step = promised_steps / max(1, chosen.remaining_steps)
-        done = chosen.optimizer_steps - chosen.remaining_steps
-        options.append(f"--max-steps {done + max(1, math.floor(room / per_step))}")
+    if room.epochs is not None and not resuming:
+        options.append(f"--epochs {room.epochs:g}")
+    if room.max_steps is not None:
+        options.append(f"--max-steps {room.max_steps}")
     options.append("a later --deadline" if resuming else "a shorter --max-length")
     options.append("--fit-deadline to cut the steps automatically")
     return ", ".join(options)

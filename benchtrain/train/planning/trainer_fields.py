@@ -62,23 +62,31 @@ class TrainerFields:
         )
 
 
-def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> TrainerFields:
-    """`plan`'s chosen configuration as a Trainer's fields; `precision`: the step's (bf16 or fp32)."""
-    chosen, measured = plan.chosen, calibration.training
+def step_differences(calibration: Calibration) -> tuple[str, ...]:
+    """Where a Trainer's step is not the one a calibration of our own step measured: its loss and its compile setting."""
+    measured = calibration.training
     compiled = measured.compiled
     loss = measured.loss
     fused = (
         f"loss: the calibration measured benchtrain's {loss} loss, which never holds full-vocabulary logits; a Trainer's model computes its "
         "cross-entropy over full logits (slower, more memory for a large vocabulary): the callback's first steps correct the step time"
     )
+    return (
+        *([fused] if loss in FUSED_LOSSES else []),
+        f"compile: the calibration measured {'a compiled' if compiled else 'an eager'} step; torch_compile={compiled} keeps yours the same "
+        "(the first compiled steps are slow: the callback measures after its warm-up)",
+    )
+
+
+def trainer_fields(plan: Plan, calibration: Calibration, precision: str) -> TrainerFields:
+    """`plan`'s chosen configuration as a Trainer's fields; `precision`: the step's (bf16 or fp32)."""
+    chosen, compiled = plan.chosen, calibration.training.compiled
     padded = (
         "batches: benchtrain groups samples of similar length into a batch (less padding); a Trainer pads random batches to their longest "
         "sample unless group_by_length=True (or TRL's padding_free/packing): more padded tokens per real one"
     )
     differences = [
-        *([fused] if loss in FUSED_LOSSES else []),
-        f"compile: the calibration measured {'a compiled' if compiled else 'an eager'} step; torch_compile={compiled} keeps yours the same "
-        "(the first compiled steps are slow: the callback measures after its warm-up)",
+        *step_differences(calibration),
         *([] if plan.packing else [padded]),
         "to hold your run to the plan: DeadlineCallback(calibration=...) predicts from the same calibration and corrects from your measured steps",
     ]

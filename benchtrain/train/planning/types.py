@@ -62,6 +62,12 @@ class PlanRequest:
     data_uncertainty: float = (
         0.0  # relative 95% half-width of the token total when lengths come from a sample: the bounds widen by it
     )
+    # A user's own Trainer (benchtrain.trainer.fit): its sampler's batches are random unless it groups by length (ours
+    # always do), it saves every N optimizer steps (None: every checkpoint_interval_seconds), and it evaluates in
+    # batches of its own size (None: the training micro-batch).
+    length_grouping: bool = True
+    checkpoint_every_steps: int | None = None
+    eval_micro_batch_size: int | None = None
 
     @property
     def shape_bucket(self) -> int | None:

@@ -129,6 +129,16 @@ def plan_exact(run: RunPlan, elapsed_seconds: float, data: DataView, eval_data: 
     return make_plan(run.fitted.cal, data, request, eval_data)
 
 
+def plan_trainer(
+    calibration: Calibration, data: DataView, request: PlanRequest, eval_data: DataView | None, traffic: Traffic
+) -> Plan:
+    """A user's own Trainer planned (benchtrain.trainer.fit) as a train command is: what its processes' collectives
+    add beyond the calibration's step times (`traffic`, priced as plan_run prices it), then the planner."""
+    comm = plan_communication(calibration, request.world_size, traffic, force=False)
+    priced = replace(request, comm_seconds_per_step=comm.per_step, comm_seconds_per_micro_step=comm.per_micro_step)
+    return make_plan(calibration, data, priced, eval_data)
+
+
 def plan_request(context: PlanContext, fitted: FittedVariant, comm: CommPlan, comm_overlap: bool) -> PlanRequest:
     """What the planner is asked for this command and fitted variant; `comm`: what communication adds that the
     calibration's step times lack; `comm_overlap`: whether it may hide behind backward (the planner brackets it)."""

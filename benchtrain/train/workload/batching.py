@@ -69,15 +69,21 @@ class BatchShape(NamedTuple):
 
 
 def _padded_layout(
-    lengths: Lengths, micro_batch_size: int, max_length: int, seed: int, epoch: int
+    lengths: Lengths,
+    micro_batch_size: int,
+    max_length: int,
+    seed: int,
+    epoch: int,
+    window_batches: int = GROUP_WINDOW_BATCHES,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sample order, where each batch starts in it, the order batches run in): a shuffled order, sorted (longest
-    first) inside windows of GROUP_WINDOW_BATCHES batches, cut into batches, and the batches shuffled."""
+    first) inside windows of `window_batches` batches, cut into batches, and the batches shuffled (a window of one
+    batch groups nothing: a Trainer's random batches)."""
     count = len(lengths)
     rng = np.random.default_rng(seed * 1_000_003 + epoch)
     order = rng.permutation(count)
     clipped = np.minimum(np.asarray(lengths), max_length)
-    window = micro_batch_size * GROUP_WINDOW_BATCHES
+    window = micro_batch_size * window_batches
     window_of = np.arange(count) // window
     order = order[np.lexsort((-clipped[order], window_of))]
     # A new batch starts every micro_batch_size places inside each window.
@@ -104,13 +110,14 @@ def padded_epoch_shape_counts(
     epoch: int,
     batch_count: int | None = None,
     bucket: int | None = None,
+    window_batches: int = GROUP_WINDOW_BATCHES,
 ) -> dict[BatchShape, int]:
     """batch_shape_counts of plan_padded_batches(...)[:batch_count] without building the batches (one process plans
     600,000 samples in seconds): each batch's rows and longest sample from the sorted order, taken in the order the
     batches run."""
     if len(lengths) == 0:
         return {}
-    order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch)
+    order, starts, batch_order = _padded_layout(lengths, micro_batch_size, max_length, seed, epoch, window_batches)
     clipped = np.minimum(np.asarray(lengths), max_length)[order]
     sizes = np.diff(np.append(starts, len(order)))
     longest = np.maximum.reduceat(clipped, starts)
