@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,7 +114,8 @@ def test_dstack_task_lists_the_gpus_of_one_count(
     }
     assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
     assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS
-    assert task["files"] == [f"{chats}:{chats}"] and task["volumes"][0]["path"] == "/benchtrain/run"
+    assert task["files"] == [{"local_path": str(chats), "path": str(chats)}]
+    assert task["volumes"][0]["path"] == "/benchtrain/run"
     script = task["commands"][1]
     for variable in ("DSTACK_MASTER_NODE_IP", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM", "DSTACK_GPUS_PER_NODE"):
         assert variable in script
@@ -150,6 +152,84 @@ def test_the_engines_own_code_loads_the_task(
         assert isinstance(configuration, TaskConfiguration) and configuration.nodes == 1
         assert configuration.resources.gpu.name == ["H100", "H200"] and configuration.spot_policy.value == "auto"
         assert configuration.max_duration > SETUP_SECONDS and configuration.volumes[0].path == "/benchtrain/run"
+
+
+def test_each_task_has_a_run_folder_of_its_own_named_per_plan(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two tasks for the same model, one on other data: each names its bucket (or volume) after the model, the data's
+    fingerprint, the deadline's start and a random part, so the second never finds the first's run.json. Every name is a
+    valid S3 and GCS bucket name and a valid dstack resource name."""
+    other = tmp_path / "other.jsonl"
+    other.write_text(chats.read_text().replace("Measure first.", "Plan later."))
+    names = []
+    for data in (chats, chats, other):
+        for engine in ("skypilot", "dstack"):
+            path = tmp_path / f"{engine}.yaml"
+            code, _, err = run_main(
+                "train",
+                [
+                    "--dry-run",
+                    "--deadline",
+                    "12h",
+                    "--model",
+                    "llama-3.2-1b",
+                    "--use-calibration",
+                    "h100-llama-3.2-1b",
+                    "--data",
+                    str(data),
+                    "--emit",
+                    f"{engine}:{path}",
+                ],
+                capsys,
+            )
+            assert code == 0, err
+            task = yaml.safe_load(path.read_text())
+            storage = task["file_mounts"]["/benchtrain/run"]["name"] if engine == "skypilot" else task["volumes"][0]["name"]
+            assert storage == f"{task['name']}-run"
+            bucket_rule = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
+            assert re.match(bucket_rule, storage) and "goog" not in storage, storage
+            assert re.match(r"^[a-z][a-z0-9-]{1,40}$", storage), storage  # dstack's resource names
+            assert "llama-3-2-1b" in storage
+            names.append(storage)
+    assert len(set(names)) == len(names)  # each emit its own (the random part)
+    data_part = [name.split("-")[-4] for name in names]
+    assert data_part[0] == data_part[2] != data_part[4]  # the data's fingerprint differs with the data
+
+
+def test_the_hub_token_reaches_the_nodes_as_a_reference_never_a_value(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push to the hub (or a gated model) needs HF_TOKEN on every node: SkyPilot's `secrets` with no value, dstack's
+    `env` with the name only; the token itself is never written into the file. A data path with a colon: dstack's
+    mapping form (its short form splits at every colon)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
+    colon = tmp_path / "data:v2"
+    colon.mkdir()
+    data = colon / "chats.jsonl"
+    data.write_text(chats.read_text())
+    for engine in ("skypilot", "dstack"):
+        path = tmp_path / f"{engine}.yaml"
+        code, _, err = emit(capsys, data, f"{engine}:{path}", "--push-to-hub", "my-org/tuned")
+        assert code == 0, err
+        text = path.read_text()
+        assert "hf_secretvalue123" not in text
+        task = yaml.safe_load(text)
+        if engine == "skypilot":
+            assert task["secrets"] == {"HF_TOKEN": None} and "--secret HF_TOKEN" in text
+        else:
+            assert task["env"] == ["HF_TOKEN"]
+            assert {"local_path": str(data), "path": str(data)} in task["files"]
+            dstack = pytest.importorskip("dstack")
+            assert dstack is not None
+            from dstack._internal.core.models.configurations import parse_run_configuration
+
+            configuration = parse_run_configuration(task)
+            assert [(one.local_path, one.path) for one in configuration.files] == [(str(data), str(data))]
+            assert "HF_TOKEN" in configuration.env
+    code, _, err = emit(capsys, chats, f"dstack:{tmp_path / 'public.yaml'}")
+    assert code == 0, err
+    assert "env" not in yaml.safe_load((tmp_path / "public.yaml").read_text())  # nothing asked of a public preset
 
 
 SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"

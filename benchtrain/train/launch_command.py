@@ -191,19 +191,22 @@ def skypilot_task(task: LaunchTask) -> JsonDict:
         if task.spot.use:
             resources["use_spot"] = True
         candidates.append(resources)
-    file_mounts: JsonDict = {RUN_DIR: {"name": f"{task.name}-run", "mode": "MOUNT_CACHED"}}
+    file_mounts: JsonDict = {RUN_DIR: {"name": task.storage, "mode": "MOUNT_CACHED"}}
     file_mounts.update({upload.remote: str(upload.local) for upload in task.uploads})
     resources_section: JsonDict = {"ordered": candidates} if len(candidates) > 1 else candidates[0]
     if task.spot.use:  # managed jobs (`sky jobs launch`) recover a preempted task on the next target
         resources_section["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 0}
-    return {
+    configuration: JsonDict = {
         "name": task.name,
         "num_nodes": task.nodes,
         "resources": resources_section,
         "file_mounts": file_mounts,
-        "setup": setup_script(task),
-        "run": run_script(task, "skypilot"),
     }
+    if task.secrets:  # null: `sky launch --secret NAME` passes the launching machine's value, which the file never holds
+        configuration["secrets"] = {name: None for name in task.secrets}
+    configuration["setup"] = setup_script(task)
+    configuration["run"] = run_script(task, "skypilot")
+    return configuration
 
 
 # -- dstack -----------------------------------------------------------------------------------
@@ -232,8 +235,9 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         "nodes": task.nodes,
         "python": "3.11",
         "shell": "bash",  # the run script uses bash arrays
-        "files": [f"{upload.local}:{upload.remote}" for upload in task.uploads],
-        "volumes": [{"name": f"{task.name}-run", "path": RUN_DIR}],
+        # The mapping form: the short LOCAL:REMOTE form splits at every colon, so a path holding one breaks it.
+        "files": [{"local_path": str(upload.local), "path": upload.remote} for upload in task.uploads],
+        "volumes": [{"name": task.storage, "path": RUN_DIR}],
         "commands": [setup_script(task).strip(), run_script(task, "dstack")],
         "resources": resources,
         "spot_policy": "auto" if task.spot.use else "on-demand",
@@ -246,6 +250,8 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         }
     if not task.uploads:
         del configuration["files"]
+    if task.secrets:  # a name without a value: dstack passes the launching machine's, which the file never holds
+        configuration["env"] = list(task.secrets)
     return configuration, task
 
 
@@ -271,12 +277,14 @@ def task_text(task: LaunchTask, engine: str) -> str:
             f"Launch: sky launch -c {task.name} FILE (a cluster), or sky jobs launch FILE (a managed job: restarted after a preemption).",
             f"file_mounts {RUN_DIR}: a bucket SkyPilot creates if it has none of that name (MOUNT_CACHED: files are written locally, then uploaded).",
         ]
+        launch += [f"Secret {name}: launch with --secret {name} (its value from your environment)." for name in task.secrets]
     else:
         data, task = dstack_task(task)
         launch = [
             "Launch: dstack apply -f FILE.",
-            f"The volume {task.name}-run must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
+            f"The volume {task.storage} must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
         ]
+        launch += [f"{name}: set it where you run dstack apply (dstack passes its value)." for name in task.secrets]
     comments = [*header(task, engine), *launch]
     body = yaml.dump(data, Dumper=LiteralDumper, sort_keys=False, allow_unicode=True, width=4096)
     return "".join(f"# {one_line(line)}\n" if line else "#\n" for line in comments) + body

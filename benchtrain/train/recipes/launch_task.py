@@ -4,7 +4,11 @@ What it holds and why: docs/design.md#the-launch-task."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
+import secrets
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -38,6 +42,15 @@ CALIBRATIONS_DIR = f"{ROOT}/calibrations"  # the calibrations the targets rest o
 HOME_DIR = (
     f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
 )
+
+# A task's name, and its run folder's bucket or volume (the name + RUN_SUFFIX): valid as an S3 and GCS bucket (3-63 of a-z,
+# 0-9 and hyphens, beginning and ending with a letter or digit, no "goog") and as a dstack resource (^[a-z][a-z0-9-]{1,40}$).
+NAME_PREFIX = "bt"
+RUN_SUFFIX = "-run"
+LONGEST_NAME = 41 - len(RUN_SUFFIX)
+MODEL_PART = 12  # of the model's name, in the task's name
+# Engine-side secrets a node gets when the run reads the hub (a gated model, --push-to-hub): named, never valued here.
+HUB_TOKEN = "HF_TOKEN"
 
 # Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
@@ -106,6 +119,12 @@ class LaunchTask:
     version: str
     model: str
     notes: list[str] = field(default_factory=list)
+    secrets: tuple[str, ...] = ()  # environment variables the engine passes from the launching machine (never written)
+
+    @property
+    def storage(self) -> str:
+        """The run folder's bucket (SkyPilot) or volume (dstack): this task's own, so no other task finds its run.json."""
+        return f"{self.name}{RUN_SUFFIX}"
 
     @property
     def nodes(self) -> int:
@@ -267,6 +286,34 @@ def benchtrain_version() -> str:
         return "0.1.0"
 
 
+def name_part(text: str, longest: int) -> str:
+    """`text` as lowercase letters, digits and single hyphens, at most `longest` characters, no "goog" (GCS refuses it)."""
+    word = re.sub(r"-+", "-", "".join(char if char.isalnum() and char.isascii() else "-" for char in text.lower()))
+    return word.replace("goog", "gg")[:longest].strip("-")
+
+
+def data_tag(reference: str) -> str:
+    """A short fingerprint of the data a task trains on: its reference, and for a local file its size, time and first MiB
+    (reading a large file whole would slow every dry run)."""
+    digest = hashlib.sha256(reference.encode())
+    path = Path(reference).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:4]
+
+
+def task_name(model: str, data: str, started: float, random_part: str | None = None) -> str:
+    """The task's name, per plan: the model, the data's fingerprint, when its deadline started (UTC, to the minute) and a
+    random part (a bucket name is global across a cloud's users). Two tasks never share a run folder."""
+    model_part = name_part(model, MODEL_PART) or "model"
+    stamp = time.strftime("%y%m%d%H%M", time.gmtime(started))
+    random_part = random_part or secrets.token_hex(2)
+    return f"{NAME_PREFIX}-{model_part}-{data_tag(data)}-{stamp}-{random_part}"[:LONGEST_NAME].strip("-")
+
+
 def launch_task(
     targets: list[Target],
     left_out: list[str],
@@ -295,15 +342,17 @@ def launch_task(
     spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
     settle = max((target.row.settle_seconds for target in targets), default=0.0)
     duration = max_duration(first.chosen.total_seconds_promised + settle, spot, config.run_deadline.deadline_seconds)
-    name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
+    name = task_name(spec.name, config.data.data, time.time())
     notes = []
     if any(target.row.settle for target in targets):
         notes.append(
             "a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)"
         )
     deadline = config.run_deadline.deadline_seconds
+    # A gated model or a push to the hub needs the user's token on every node: the engine passes it from the launching machine.
+    hub_secrets = (HUB_TOKEN,) if spec.hub is not None or config.output.push_to_hub else ()
     return LaunchTask(
-        name[:60],
+        name,
         targets,
         left_out,
         arguments,
@@ -315,6 +364,7 @@ def launch_task(
         benchtrain_version(),
         spec.name,
         notes,
+        hub_secrets,
     )
 
 
