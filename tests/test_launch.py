@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -230,6 +231,32 @@ def test_the_hub_token_reaches_the_nodes_as_a_reference_never_a_value(
     code, _, err = emit(capsys, chats, f"dstack:{tmp_path / 'public.yaml'}")
     assert code == 0, err
     assert "env" not in yaml.safe_load((tmp_path / "public.yaml").read_text())  # nothing asked of a public preset
+
+
+def test_the_nodes_bench_takes_the_model_as_the_user_gave_it(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A model in a local folder (its name with a quote): the bench a node runs first names that folder, not the model's
+    short name, which no node could resolve."""
+    from benchtrain.train.workload.model import resolve_model
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
+
+    folder = tmp_path / "my model's"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(resolve_model("llama-3.2-1b").config_dict))
+    byte_tokenizer().save_pretrained(str(folder))
+    path = tmp_path / "task.yaml"
+    argv = ["--dry-run", "--deadline", "12h", "--model", str(folder), "--use-calibration", "h100-llama-3.2-1b"]
+    code, _, err = run_main(
+        "train", [*argv, "--consider", MACHINES, "--data", str(chats), "--emit", f"skypilot:{path}"], capsys
+    )
+    assert code == 0, err
+    task = yaml.safe_load(path.read_text())
+    benches = [line for line in task["run"].splitlines() if line.strip().startswith("BENCH=(run")]
+    assert benches, task["run"]
+    for line in benches:
+        words = shlex.split(line.strip()[len("BENCH=(") : -1])
+        assert words[words.index("--model") + 1] == str(folder)
 
 
 SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
