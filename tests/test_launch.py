@@ -259,6 +259,25 @@ def test_the_nodes_bench_takes_the_model_as_the_user_gave_it(
         assert words[words.index("--model") + 1] == str(folder)
 
 
+def test_abbreviated_and_dry_run_only_options_never_reach_the_nodes(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--dry` (argparse's abbreviation of --dry-run), `--ou` (of --out) and --for-trainer are the dry run's: the node's
+    train command has none of them, and its own --out once."""
+    path = tmp_path / "task.yaml"
+    argv = ["--dry", "--for-trainer", "--deadline", "12h", "--model", "llama-3.2-1b", "--ou", str(tmp_path / "here")]
+    code, _, err = run_main(
+        "train",
+        [*argv, "--use-calibration", "h100-llama-3.2-1b", "--data", str(chats), "--emit", f"skypilot:{path}"],
+        capsys,
+    )
+    assert code == 0, err
+    (train,) = [line for line in yaml.safe_load(path.read_text())["run"].splitlines() if line.startswith("TRAIN=(")]
+    words = shlex.split(train[len("TRAIN=(") : -1])
+    assert not {"--dry", "--dry-run", "--for-trainer", "--ou"} & set(words), words
+    assert words.count("--out") == 1 and str(tmp_path / "here") not in words
+
+
 SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
 
 

@@ -54,7 +54,7 @@ HUB_TOKEN = "HF_TOKEN"
 
 # Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
-DROPPED_FLAGS = ("--dry-run", "--json")
+DROPPED_FLAGS = ("--dry-run", "--json", "--for-trainer")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
 
