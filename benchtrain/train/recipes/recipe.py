@@ -354,6 +354,8 @@ class TrainRecipe:
             step_limit=run.plan.step_limit,
             schedule_steps=record.file.total_steps,
             checkpoints=self.continuation.checkpoints,  # the last one restored (none: a new run)
+            fall_back=self.continuation.fall_back,
+            run_id=record.file.run_id,
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
         )
