@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import yaml
 
-from benchtrain.calibration.datasheets import rented_together
 from benchtrain.common.atomic import write_text_atomic
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
@@ -58,27 +57,31 @@ def shell_array(name: str, words: list[str]) -> str:
     return f"{name}=({' '.join(shell_word(word) for word in words)})"
 
 
-def target_lines(task: LaunchTask, target: Target) -> list[str]:
-    """A target's settings in the run script: its processes per node, train's options and the bench run it needs first."""
+def target_lines(task: LaunchTask, target: Target, card: str | None = None) -> list[str]:
+    """A target's settings in the run script: its processes per node, train's options and the bench run it needs first;
+    on `card` (another card rented under its name), that card's own bench, and train planned from what it measured."""
     row, chosen = target.row, target.chosen
+    key = card or target.device_key
+    bench = dict(target.card_benches)[card] if card is not None else row.settle_arguments
+    source = f"{figure_source(target)}; rests on {row.rests_on}" if card is None else f"measured first here, on {card}"
     lines = [
         one_line(
             f"# {target.machine}: {chosen.config.phrase}, {target.option.sharding} sharding, "
-            f"{chosen.optimizer_steps:,} optimizer steps ({figure_source(target)}; rests on {row.rests_on})"
+            f"{chosen.optimizer_steps:,} optimizer steps ({source})"
         ),
         f"PER_NODE={target.gpus_per_node}",
-        shell_array("TRAIN", task.train_command(target)),
+        shell_array("TRAIN", task.train_command(target, measured=card is None)),
     ]
-    # A row nobody measured is measured here first (once: a restarted task has its run.json).
-    lines.append(shell_array("BENCH", list(row.settle_arguments)))
+    # A card nobody measured is measured here first, once per card: a task recovered onto another card benches that one
+    # even where the run (its run.json) is already there.
+    lines.append(shell_array("BENCH", list(bench)))
+    lines.append(f'MEASURED="$BENCHTRAIN_HOME"/{shlex.quote(f"measured-{key}-{target.gpus_per_node}")}')
     return lines
 
 
-def case_pattern(target: Target) -> str:
-    """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
-    keys = rented_together(target.accelerator) if target.accelerator else ()
-    keys = tuple(dict.fromkeys([target.device_key, *keys]))
-    return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
+def case_pattern(key: str, target: Target) -> str:
+    """A card's branch of the device case: its datasheet key with the target's GPUs per node."""
+    return f"{key}:{target.gpus_per_node}"
 
 
 def run_script(task: LaunchTask, engine: str) -> str:
@@ -91,7 +94,7 @@ def run_script(task: LaunchTask, engine: str) -> str:
         f"export BENCHTRAIN_HOME={shell_word(HOME_DIR)}",
         'mkdir -p "$BENCHTRAIN_HOME"',
     ]
-    if len(task.targets) == 1:
+    if len(task.targets) == 1 and not task.targets[0].card_benches:
         lines += target_lines(task, task.targets[0])
     else:
         lines += [
@@ -99,11 +102,20 @@ def run_script(task: LaunchTask, engine: str) -> str:
             "# The machine the engine found among the fallbacks, and the plan made for it.",
         ]
         lines.append('case "$DEVICE:$GPUS_PER_NODE" in')
-        for target in task.targets:
-            lines.append(f"  {case_pattern(target)})")
-            lines += [f"    {line}" for line in target_lines(task, target)]
+        # Each target on its own card first, then the other cards rented under a target's name, each its own bench.
+        branches = [(case_pattern(target.device_key, target), target, None) for target in task.targets]
+        branches += [
+            (case_pattern(card, target), target, card) for target in task.targets for card, _ in target.card_benches
+        ]
+        seen: set[str] = set()
+        for pattern, target, card in branches:
+            if pattern in seen:
+                continue
+            seen.add(pattern)
+            lines.append(f"  {pattern})")
+            lines += [f"    {line}" for line in target_lines(task, target, card)]
             lines.append("    ;;")
-        planned = ", ".join(f"{target.device_key}:{target.gpus_per_node}" for target in task.targets)
+        planned = ", ".join(sorted(seen, key=[pattern for pattern, _, _ in branches].index))
         lines += [
             "  *)",
             f'    echo "benchtrain: this task was planned for {planned} (device:GPUs per node), not $DEVICE:$GPUS_PER_NODE" >&2',
@@ -114,8 +126,9 @@ def run_script(task: LaunchTask, engine: str) -> str:
     lines += [
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
         f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
-        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {shell_word(RUN_DIR)}/run.json ]; then",
+        'if [ ${#BENCH[@]} -gt 0 ] && [ ! -f "$MEASURED" ]; then',
         '  "${LAUNCH[@]}" -m benchtrain.bench "${BENCH[@]}"',
+        '  touch "$MEASURED"',
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]

@@ -9,19 +9,20 @@ import math
 import re
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchtrain.calibration.datasheets import SHEETS_BY_KEY
+from benchtrain.calibration.datasheets import SHEETS_BY_KEY, rented_together
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect
+from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
-from benchtrain.train.recipes.machines import Option, Row, calibration_row, device_key, plan_of
+from benchtrain.train.recipes.machines import SETTLE_SECONDS, Option, Row, calibration_row, device_key, plan_of
 from benchtrain.train.running.resume import without_options
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class Target:
     gpus_per_node: int  # processes per node (CPU: 1)
     calibration: str | None  # --use-calibration on the node; None: the one `settle` measures
     calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
+    # The other cards the engines rent under its accelerator name (an H100 SXM row may get a PCIe or NVL), each with the
+    # bench run that measures it first: train accepts a calibration of its own card only.
+    card_benches: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def machine(self) -> str:
@@ -134,9 +138,10 @@ class LaunchTask:
     def disk_gb(self) -> int:
         return max(1, math.ceil(self.disk.total_bytes / GB))
 
-    def train_command(self, target: Target) -> list[str]:
-        """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
-        calibration = target.calibration or "latest"
+    def train_command(self, target: Target, measured: bool = True) -> list[str]:
+        """`train` as the nodes run it for `target` (under torchrun: train.launch_command); not `measured`: on another card
+        rented under its name, planned from the calibration that card's bench stored (`latest` prefers this card's)."""
+        calibration = (target.calibration if measured else None) or "latest"
         sharding = ["--sharding", target.option.sharding] if target.option.sharding == "fsdp" else []
         return [
             *self.train_arguments,
@@ -314,6 +319,24 @@ def task_name(model: str, data: str, started: float, random_part: str | None = N
     return f"{NAME_PREFIX}-{model_part}-{data_tag(data)}-{stamp}-{random_part}"[:LONGEST_NAME].strip("-")
 
 
+def with_card_benches(target: Target, model: str, method: MethodConfig) -> Target:
+    """`target` with a bench run for each other card rented under its name: a row nobody measured, its own bench on that
+    card; a measured row, the bench its calibration's setup would need there."""
+    if target.accelerator is None:
+        return target
+    others = [key for key in rented_together(target.accelerator) if key != target.device_key]
+    words = list(target.row.settle_arguments)
+    if not words:
+        processes = target.nodes * target.gpus_per_node
+        link = ["--interconnect", target.option.interconnect] if processes > 1 and target.option.interconnect else []
+        lora = ["--lora"] if method.is_lora else []
+        words = ["run", "--gpu", target.device_key, "--model", model, *lora, *link]
+        words += ["--budget", format_duration(SETTLE_SECONDS)]
+    where = words.index("--gpu") + 1
+    benches = tuple((key, tuple([*words[:where], key, *words[where + 1 :]])) for key in others)
+    return replace(target, card_benches=benches)
+
+
 def launch_task(
     targets: list[Target],
     left_out: list[str],
@@ -326,6 +349,7 @@ def launch_task(
 ) -> LaunchTask:
     """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the recommended `plan`) and maximum duration."""
     arguments, uploads = node_arguments(command_line, Path.cwd())
+    targets = [with_card_benches(target, config.model, method) for target in targets]
     for target in targets:
         if target.calibration_file is not None:
             uploads.append(
@@ -341,6 +365,8 @@ def launch_task(
     disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
     spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
     settle = max((target.row.settle_seconds for target in targets), default=0.0)
+    if any(target.card_benches for target in targets):  # a node on another card under the same name measures it first
+        settle = max(settle, SETTLE_SECONDS)
     duration = max_duration(first.chosen.total_seconds_promised + settle, spot, config.run_deadline.deadline_seconds)
     name = task_name(spec.name, config.data.data, time.time())
     notes = []
