@@ -70,7 +70,14 @@ from benchtrain.train.step.runtime import (
 from benchtrain.train.step.sharding import gather_full_state, is_sharded
 from benchtrain.train.workload.data import length_profile, truncation
 from benchtrain.train.workload.method import MethodConfig, method_record
-from benchtrain.train.workload.model import ModelSpec, model_identity, model_record, model_shape, resolve_model
+from benchtrain.train.workload.model import (
+    ModelSpec,
+    model_identity,
+    model_record,
+    model_shape,
+    resolve_model,
+    weights_identity,
+)
 
 
 def run_training(
@@ -299,7 +306,7 @@ class TrainRecipe:
             run_id,
             run.plan,
             run.fitted.cal,
-            model_identity(self.spec),
+            {**model_identity(self.spec), "weights": weights_identity(self.spec)},
             self._data_section(),
             run.plan.request.elapsed_seconds,
         )
@@ -385,7 +392,8 @@ class TrainRecipe:
             ) from None
         model = loop.engine.model
         training = {**method_record(run.fitted.method, model), **loop.engine.record()}
-        return TrainedRun(outcome, final, model_record(self.spec, model_shape(model)), training)
+        model_section = {**model_record(self.spec, model_shape(model)), "weights": weights_identity(self.spec)}
+        return TrainedRun(outcome, final, model_section, training)
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:

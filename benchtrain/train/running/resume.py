@@ -30,7 +30,7 @@ from benchtrain.train.running.checkpoint import (
 )
 from benchtrain.train.step.hyperparameters import SETTING_NAMES, option_name, settings_from
 from benchtrain.train.workload.method import MethodConfig
-from benchtrain.train.workload.model import ModelSpec, resolve_model
+from benchtrain.train.workload.model import ModelSpec, resolve_model, weights_identity
 
 if TYPE_CHECKING:
     from benchtrain.calibration.model import Calibration
@@ -68,6 +68,12 @@ def check_same_run(
     if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
         problems.append(
             f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did"
+        )
+    weights = weights_identity(spec)
+    if earlier.is_lora and resumed.model_weights and weights != resumed.model_weights:
+        problems.append(
+            f"{run} trained adapters on the base weights {resumed.model_weights}, this command's base is {weights or 'built from its config'} "
+            "(the same architecture, other weights): pass --model as the run did"
         )
     if not same_method(earlier, method):
         problems.append(
