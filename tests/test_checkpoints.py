@@ -168,7 +168,9 @@ def test_a_new_run_in_a_reused_out_keeps_its_checkpoints_and_its_resume_continue
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in (40, 50):  # the old run's
-        save_checkpoint(out / "checkpoints" / checkpoint_name(step), model, optimizer, None, {"step": step, "run_id": "old"})
+        save_checkpoint(
+            out / "checkpoints" / checkpoint_name(step), model, optimizer, None, {"step": step, "run_id": "old"}
+        )
     for step in (2, 3):  # the new run's, keeping 2
         save_checkpoint(
             out / "checkpoints" / checkpoint_name(step), model, optimizer, None, {"step": step, "run_id": "new"}, keep=2

@@ -84,7 +84,9 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(
     for variable in ("SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert variable in run
     branches = re.findall(r"^  ([a-z0-9-]+:\d+)\)$", run, re.MULTILINE)
-    assert run.count('--resume auto --out "$ROOT"/run') == len(branches)  # every branch's train continues a restarted task
+    assert run.count('--resume auto --out "$ROOT"/run') == len(
+        branches
+    )  # every branch's train continues a restarted task
     assert branches[:4] == ["h100:1", "h200:1", "h100:2", "a100-40gb-pcie:4"]  # each target on its own card, in order
     assert "--use-calibration h100-llama-3.2-1b" in run  # measured: its calibration
     assert "BENCH=(run --gpu h200 --model llama-3.2-1b --budget" in run  # translated: measured on the node first
@@ -189,7 +191,9 @@ def test_each_task_has_a_run_folder_of_its_own_named_per_plan(
             )
             assert code == 0, err
             task = yaml.safe_load(path.read_text())
-            storage = task["file_mounts"]["/benchtrain/run"]["name"] if engine == "skypilot" else task["volumes"][0]["name"]
+            storage = (
+                task["file_mounts"]["/benchtrain/run"]["name"] if engine == "skypilot" else task["volumes"][0]["name"]
+            )
             assert storage == f"{task['name']}-run"
             bucket_rule = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
             assert re.match(bucket_rule, storage) and "goog" not in storage, storage

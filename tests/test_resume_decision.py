@@ -136,7 +136,11 @@ def test_a_lora_resume_on_another_base_of_the_same_architecture_is_one_line(tmp_
     assert trained_on.fingerprint == other.fingerprint and weights_identity(trained_on) != weights_identity(other)
     out = tmp_path / "run"
     record = json.loads(BEFORE.read_text())
-    record["model"] = {**record["model"], "fingerprint": trained_on.fingerprint, "weights": weights_identity(trained_on)}
+    record["model"] = {
+        **record["model"],
+        "fingerprint": trained_on.fingerprint,
+        "weights": weights_identity(trained_on),
+    }
     record["plan"] = {**record["plan"], "method": "lora", "lora": {"rank": 16, "alpha": 32.0}}
     interrupted_run(out, 9, **record)
     found = what_to_continue(True, str(out), False, time.monotonic())

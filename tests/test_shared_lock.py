@@ -28,7 +28,9 @@ def test_a_train_on_another_machine_holding_the_folder_is_refused_in_one_line(tm
         with run_lock(out):
             pass
     message = str(refused.value)
-    assert "\n" not in message and "in use by train on node-elsewhere (pid 4242" in message and "another --out" in message
+    assert (
+        "\n" not in message and "in use by train on node-elsewhere (pid 4242" in message and "another --out" in message
+    )
     assert json.loads((out / HOLDER_FILE).read_text())["host"] == "node-elsewhere"  # still theirs
 
 

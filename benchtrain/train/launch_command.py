@@ -103,7 +103,9 @@ def run_script(task: LaunchTask, engine: str) -> str:
         ]
         lines.append('case "$DEVICE:$GPUS_PER_NODE" in')
         # Each target on its own card first, then the other cards rented under a target's name, each its own bench.
-        branches = [(case_pattern(target.device_key, target), target, None) for target in task.targets]
+        branches: list[tuple[str, Target, str | None]] = [
+            (case_pattern(target.device_key, target), target, None) for target in task.targets
+        ]
         branches += [
             (case_pattern(card, target), target, card) for target in task.targets for card, _ in target.card_benches
         ]
@@ -215,7 +217,9 @@ def skypilot_task(task: LaunchTask) -> JsonDict:
         "resources": resources_section,
         "file_mounts": file_mounts,
     }
-    if task.secrets:  # null: `sky launch --secret NAME` passes the launching machine's value, which the file never holds
+    if (
+        task.secrets
+    ):  # null: `sky launch --secret NAME` passes the launching machine's value, which the file never holds
         configuration["secrets"] = {name: None for name in task.secrets}
     configuration["setup"] = setup_script(task)
     configuration["run"] = run_script(task, "skypilot")
@@ -290,7 +294,9 @@ def task_text(task: LaunchTask, engine: str) -> str:
             f"Launch: sky launch -c {task.name} FILE (a cluster), or sky jobs launch FILE (a managed job: restarted after a preemption).",
             f"file_mounts {RUN_DIR}: a bucket SkyPilot creates if it has none of that name (MOUNT_CACHED: files are written locally, then uploaded).",
         ]
-        launch += [f"Secret {name}: launch with --secret {name} (its value from your environment)." for name in task.secrets]
+        launch += [
+            f"Secret {name}: launch with --secret {name} (its value from your environment)." for name in task.secrets
+        ]
     else:
         data, task = dstack_task(task)
         launch = [

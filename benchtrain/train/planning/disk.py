@@ -16,7 +16,9 @@ from benchtrain.common.shared_lock import shared_lock
 from benchtrain.train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
 
 LOCK_FILE = ".train.lock"
-HOLDER_FILE = ".train.holder"  # the lock across machines (common.shared_lock): a run folder on a bucket every node mounts
+HOLDER_FILE = (
+    ".train.holder"  # the lock across machines (common.shared_lock): a run folder on a bucket every node mounts
+)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,9 @@ def save_checkpoint(
             _seal(temporary)
     except (OSError, RuntimeError) as error:
         raise write_error(folder, error) from None
-    if keep:  # older ones go only once the new one is complete; another run's in a reused --out are not this run's to prune
+    if (
+        keep
+    ):  # older ones go only once the new one is complete; another run's in a reused --out are not this run's to prune
         run_id = meta.get("run_id")
         for old in list_checkpoints(folder.parent, run_id if isinstance(run_id, str) else None)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -216,7 +218,9 @@ def checkpoints_to_resume(run_dir: Path, run_id: str | None = None) -> list[Path
     """The run's complete checkpoints (`run_id`'s, where given), oldest first; none is the one-line --resume error."""
     parent = run_dir / "checkpoints"
     # A run from before checkpoints named their run: its unlabelled ones.
-    found = list_checkpoints(parent, run_id) or [one for one in list_checkpoints(parent) if checkpoint_run_id(one) is None]
+    found = list_checkpoints(parent, run_id) or [
+        one for one in list_checkpoints(parent) if checkpoint_run_id(one) is None
+    ]
     if not found:
         raise BenchtrainError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
     return found

@@ -73,7 +73,9 @@ class LoopSettings:
     # The run's complete checkpoints, oldest first (train.running.resume.Continuation): the last is restored; none: a new run.
     checkpoints: tuple[Path, ...] = ()
     fall_back: bool = False  # a newest checkpoint that cannot be loaded gives way to the one before (--resume auto)
-    run_id: str | None = None  # written into each checkpoint: another run's in a reused --out are never pruned nor resumed
+    run_id: str | None = (
+        None  # written into each checkpoint: another run's in a reused --out are never pruned nor resumed
+    )
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)

@@ -320,7 +320,9 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
     earlier = RunFile.read(path)
     run = earlier.resumed()
     checkpoints = tuple(checkpoints_to_resume(out_dir, run.run_id))
-    if resume == "auto":  # unattended (an engine's restart): a newest checkpoint that cannot be read gives way to the one before
+    if (
+        resume == "auto"
+    ):  # unattended (an engine's restart): a newest checkpoint that cannot be read gives way to the one before
         checkpoints = readable_checkpoints(checkpoints)
     completed = int(read_progress(checkpoints[-1])["step"])
     if completed >= run.total_steps or run.status == COMPLETED:
