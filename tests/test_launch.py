@@ -432,9 +432,9 @@ def test_every_datasheet_gpu_has_a_launch_name_and_the_tasks_name_the_same_accel
         row = SimpleNamespace(settle_arguments=("run", "--gpu", key))
         fields.update(row=row, device_key=key, accelerator=LAUNCH_NAMES_EMITTED[key], gpus_per_node=2, card_benches=())
         target = with_card_benches(Target(**fields), "m", MethodConfig())
-        for card, bench in target.card_benches:  # each other card measured by its own bench
-            assert bench == ("run", "--gpu", card)
-        return "|".join(f"{card}:2" for card in [key, *dict(target.card_benches)])
+        for bench in target.card_benches:  # each other card measured by its own bench
+            assert bench.arguments == ("run", "--gpu", bench.card)
+        return "|".join(f"{card}:2" for card in [key, *(bench.card for bench in target.card_benches)])
 
     # The cards the run scripts accept: the target's own, then its family as the bare name means it, each its own branch.
     assert pattern("h100") == "h100:2|h100-pcie:2|h100-nvl:2"

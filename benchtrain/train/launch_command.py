@@ -62,7 +62,8 @@ def target_lines(task: LaunchTask, target: Target, card: str | None = None) -> l
     on `card` (another card rented under its name), that card's own bench, and train planned from what it measured."""
     row, chosen = target.row, target.chosen
     key = card or target.device_key
-    bench = dict(target.card_benches)[card] if card is not None else row.settle_arguments
+    benches = {bench.card: bench.arguments for bench in target.card_benches}
+    bench = benches[card] if card is not None else row.settle_arguments
     source = f"{figure_source(target)}; rests on {row.rests_on}" if card is None else f"measured first here, on {card}"
     lines = [
         one_line(
@@ -107,7 +108,9 @@ def run_script(task: LaunchTask, engine: str) -> str:
             (case_pattern(target.device_key, target), target, None) for target in task.targets
         ]
         branches += [
-            (case_pattern(card, target), target, card) for target in task.targets for card, _ in target.card_benches
+            (case_pattern(bench.card, target), target, bench.card)
+            for target in task.targets
+            for bench in target.card_benches
         ]
         seen: set[str] = set()
         for pattern, target, card in branches:

@@ -61,6 +61,14 @@ PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-
 
 
 @dataclass(frozen=True)
+class CardBench:
+    """Another card the engines rent under a target's accelerator name, and the bench run that measures it there."""
+
+    card: str  # its datasheet key
+    arguments: tuple[str, ...]  # bench's
+
+
+@dataclass(frozen=True)
 class Target:
     """One machine the task may run on: the planned row it launches (its machine, plan, price, and what its figures rest on
     and what would settle them), where its processes go, and the calibration its nodes plan from."""
@@ -74,7 +82,7 @@ class Target:
     calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
     # The other cards the engines rent under its accelerator name (an H100 SXM row may get a PCIe or NVL), each with the
     # bench run that measures it first: train accepts a calibration of its own card only.
-    card_benches: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    card_benches: tuple[CardBench, ...] = ()
 
     @property
     def machine(self) -> str:
@@ -333,7 +341,7 @@ def with_card_benches(target: Target, model: str, method: MethodConfig) -> Targe
         words = ["run", "--gpu", target.device_key, "--model", model, *lora, *link]
         words += ["--budget", format_duration(SETTLE_SECONDS)]
     where = words.index("--gpu") + 1
-    benches = tuple((key, tuple([*words[:where], key, *words[where + 1 :]])) for key in others)
+    benches = tuple(CardBench(key, (*words[:where], key, *words[where + 1 :])) for key in others)
     return replace(target, card_benches=benches)
 
 
