@@ -18,6 +18,7 @@ from helpers import assert_one_line_error, pretend_interrupted, run_main, synthe
 
 from benchtrain.train.running.checkpoint import OPTIMIZER_FILE, list_checkpoints
 
+RUN_JSON_BEFORE = Path(__file__).parent / "fixtures" / "run-json-before-42.json"  # an interrupted run
 RUN = ["--deadline", "30m", "--effective-batch", "4", "--no-report"]
 
 
@@ -133,6 +134,53 @@ def test_a_corrupt_latest_checkpoint_offers_the_previous_one(
     pretend_interrupted(out, 4)
     code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", capsys=capsys)
     assert_one_line_error(code, err, f"the previous checkpoint, {found[-2].name}, is intact")
+
+
+def test_resume_auto_passes_over_an_unreadable_newest_checkpoint(
+    calibrated_home: Path, heavy_tailed_jsonl: Path, capsys
+) -> None:
+    """Unattended (an engine restarting the task), a newest checkpoint that cannot be loaded gives way to the one before,
+    with a warning; the run still ends at its steps."""
+    out = calibrated_home / "run"
+    code, _, err = run_train(
+        heavy_tailed_jsonl, out, "--max-steps", "3", "--checkpoint-interval", "0.001s", capsys=capsys
+    )
+    assert code == 0, err
+    found = list_checkpoints(out / "checkpoints")
+    (found[-1] / "model.safetensors").write_bytes(b"\x00" * 64)
+    pretend_interrupted(out, 4)
+    code, _, err = run_train(heavy_tailed_jsonl, out, "--max-steps", "4", "--resume", "auto", capsys=capsys)
+    assert code == 0, err
+    assert f"resuming from the one before, {found[-2].name}" in err
+    record = json.loads((out / "run.json").read_text())
+    assert [entry["step"] for entry in record["losses"]][-1] == 4
+
+
+def test_a_new_run_in_a_reused_out_keeps_its_checkpoints_and_its_resume_continues_it(tmp_path: Path) -> None:
+    """A new run in an --out that holds another run's checkpoints (of later steps): pruning keeps the new run's, and a
+    resume of the new run continues from its own, never the old run's."""
+    import torch
+
+    from benchtrain.train.running.checkpoint import checkpoint_name, save_checkpoint
+    from benchtrain.train.running.resume import what_to_continue
+
+    out = tmp_path / "run"
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in (40, 50):  # the old run's
+        save_checkpoint(
+            out / "checkpoints" / checkpoint_name(step), model, optimizer, None, {"step": step, "run_id": "old"}
+        )
+    for step in (2, 3):  # the new run's, keeping 2
+        save_checkpoint(
+            out / "checkpoints" / checkpoint_name(step), model, optimizer, None, {"step": step, "run_id": "new"}, keep=2
+        )
+    names = [folder.name for folder in list_checkpoints(out / "checkpoints")]
+    assert names == ["step-0000002", "step-0000003", "step-0000040", "step-0000050"]
+    record = {**json.loads(RUN_JSON_BEFORE.read_text()), "run_id": "new", "status": "interrupted"}
+    (out / "run.json").write_text(json.dumps(record))
+    continued = what_to_continue("auto", str(out), False, time.monotonic())
+    assert continued.completed == 3 and [one.name for one in continued.checkpoints] == ["step-0000002", "step-0000003"]
 
 
 def test_one_train_per_run_folder_and_a_stale_lock_is_taken(

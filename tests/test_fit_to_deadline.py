@@ -158,27 +158,27 @@ def test_a_calibration_is_found_by_id_and_latest_and_another_device_is_refused(
     assert "\n" not in str(refused.value) and trainer.args.to_dict() == before
 
 
-def test_without_a_calibration_it_measures_the_trainer_first(
-    tmp_path: Path, home: Path, calibration_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_without_a_calibration_it_measures_the_trainer_then_plans_and_the_run_meets_its_deadline(
+    tmp_path: Path, home: Path
 ) -> None:
-    """calibration=None: benchtrain.trainer.calibrate.calibrate(trainer, budget=...) measures it (a stand-in here)."""
-    import sys
-    import types
-
-    asked: list[tuple[Any, str]] = []
-    data = json.loads(calibration_path.read_text())
-    data["training"] = {**data["training"], "trainer": {"class": "Trainer", "loss": "the model's own", "collator": "x"}}
-
-    def calibrate(trainer: Any, budget: str = "3m") -> Calibration:
-        asked.append((trainer, budget))
-        return Calibration(data, calibration_path)
-
-    monkeypatch.setitem(sys.modules, "benchtrain.trainer.calibrate", types.SimpleNamespace(calibrate=calibrate))
-    trainer = tiny_trainer(tmp_path / "out")
-    plan = benchtrain.fit_to_deadline(trainer, "10m", budget="90s", quiet=True)
-    assert asked == [(trainer, "90s")]
-    # It measured another collator than this Trainer's: said; the same Trainer measured would say nothing.
-    assert plan.differences and "DataCollatorForLanguageModeling" in plan.differences[0]
+    """The three lines end to end: calibration=None measures this Trainer's own step (benchtrain.calibrate, for real),
+    the plan is set from it, and the guarded run ends before its deadline."""
+    out = tmp_path / "out"
+    trainer = tiny_trainer(out, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=0.25)
+    files_before = sorted(out.rglob("*")) if out.exists() else []
+    plan = benchtrain.fit_to_deadline(trainer, "10m", budget="40s", quiet=True)
+    stored = sorted((home / "calibrations").glob("*.json"))
+    assert [path.stem for path in stored] == [plan.calibration_id]
+    measured = Calibration(json.loads(stored[0].read_text()), stored[0])
+    assert measured.training.trainer is not None and measured.training.trainer.class_name == "Trainer"
+    assert plan.differences == ()  # it measured this very Trainer: nothing to say
+    # calibrate left it as found: no step kept, nothing written to output_dir
+    assert trainer.state.global_step == 0 and (sorted(out.rglob("*")) if out.exists() else []) == files_before
+    trainer.train()
+    assert trainer.state.global_step == plan.plan.chosen.optimizer_steps
+    record = json.loads((out / "benchtrain" / "run.json").read_text())
+    assert record["status"] == COMPLETED and record["met_deadline"] is True
+    assert record["calibration_id"] == plan.calibration_id
 
 
 def test_trl_sft_trainer(tmp_path: Path, home: Path, calibration_path: Path) -> None:

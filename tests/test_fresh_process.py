@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -293,3 +294,40 @@ def test_the_resident_set_before_a_model_is_measured_with_the_builds_libraries_l
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_sigterm_to_bench_ends_the_child_measuring_for_it(tmp_path: Path) -> None:
+    """An engine stopping bench (SIGTERM) stops the fresh process measuring for it too: it would hold the device."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    bench = (
+        "from benchtrain.bench.fresh_process import run_own_group; "
+        f"run_own_group([{sys.executable!r}, '-c', {child!r}], 300)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", bench], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    )
+    try:
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert parent.poll() is None
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == -signal.SIGTERM  # bench itself ends as a SIGTERM ends it
+        for _ in range(200):  # the child was killed with its group; gone once reaped by init
+            try:
+                os.kill(child_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child_pid, signal.SIGKILL)
+            pytest.fail("the child outlived bench")
+    finally:
+        parent.kill()

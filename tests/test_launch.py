@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -84,10 +86,15 @@ def test_skypilot_task_has_the_rows_that_meet_the_deadline_in_order(
     run = task["run"]
     for variable in ("SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE"):
         assert variable in run
-    assert run.count('--resume auto --out "$ROOT"/run') == 4  # every target's train continues a restarted task
+    branches = re.findall(r"^  ([a-z0-9-]+:\d+)\)$", run, re.MULTILINE)
+    assert run.count('--resume auto --out "$ROOT"/run') == len(
+        branches
+    )  # every branch's train continues a restarted task
+    assert branches[:4] == ["h100:1", "h200:1", "h100:2", "a100-40gb-pcie:4"]  # each target on its own card, in order
     assert "--use-calibration h100-llama-3.2-1b" in run  # measured: its calibration
     assert "BENCH=(run --gpu h200 --model llama-3.2-1b --budget" in run  # translated: measured on the node first
-    assert "h100:2|h100-pcie:2|h100-nvl:2)" in run and "--dry-run" not in run and "--emit" not in run
+    assert {"h100-pcie:1", "h100-nvl:1", "h100-pcie:2", "h100-nvl:2"} <= set(branches)
+    assert "--dry-run" not in run and "--emit" not in run
     said = comments(path)
     for words in (
         "shared (measured by someone else)",
@@ -116,8 +123,9 @@ def test_dstack_task_lists_the_gpus_of_one_count(
     }
     assert task["spot_policy"] == "auto" and task["retry"]["on_events"] == ["interruption", "no-capacity"]
     assert task["max_duration"].endswith("s") and int(task["max_duration"][:-1]) > SETUP_SECONDS
-    assert task["files"][0] == f"{chats}:{chats}" and task["volumes"][0]["path"] == "/benchtrain/run"
-    assert task["files"][1].endswith(":/benchtrain/benchtrain-0.1.0-py3-none-any.whl")
+    assert task["files"][0] == {"local_path": str(chats), "path": str(chats)}
+    assert task["files"][1]["path"] == "/benchtrain/benchtrain-0.1.0-py3-none-any.whl" and len(task["files"]) == 2
+    assert task["volumes"][0]["path"] == "/benchtrain/run"
     script = task["commands"][1]
     for variable in ("DSTACK_MASTER_NODE_IP", "DSTACK_NODE_RANK", "DSTACK_NODES_NUM", "DSTACK_GPUS_PER_NODE"):
         assert variable in script
@@ -154,6 +162,211 @@ def test_the_engines_own_code_loads_the_task(
         assert isinstance(configuration, TaskConfiguration) and configuration.nodes == 1
         assert configuration.resources.gpu.name == ["H100", "H200"] and configuration.spot_policy.value == "auto"
         assert configuration.max_duration > SETUP_SECONDS and configuration.volumes[0].path == "/benchtrain/run"
+
+
+def test_each_task_has_a_run_folder_of_its_own_named_per_plan(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two tasks for the same model, one on other data: each names its bucket (or volume) after the model, the data's
+    fingerprint, the deadline's start and a random part, so the second never finds the first's run.json. Every name is a
+    valid S3 and GCS bucket name and a valid dstack resource name."""
+    other = tmp_path / "other.jsonl"
+    other.write_text(chats.read_text().replace("Measure first.", "Plan later."))
+    names = []
+    for data in (chats, chats, other):
+        for engine in ("skypilot", "dstack"):
+            path = tmp_path / f"{engine}.yaml"
+            code, _, err = run_main(
+                "train",
+                [
+                    "--dry-run",
+                    "--deadline",
+                    "12h",
+                    "--model",
+                    "llama-3.2-1b",
+                    "--use-calibration",
+                    "h100-llama-3.2-1b",
+                    "--data",
+                    str(data),
+                    "--emit",
+                    f"{engine}:{path}",
+                ],
+                capsys,
+            )
+            assert code == 0, err
+            task = yaml.safe_load(path.read_text())
+            storage = (
+                task["file_mounts"]["/benchtrain/run"]["name"] if engine == "skypilot" else task["volumes"][0]["name"]
+            )
+            assert storage == f"{task['name']}-run"
+            bucket_rule = r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$"
+            assert re.match(bucket_rule, storage) and "goog" not in storage, storage
+            assert re.match(r"^[a-z][a-z0-9-]{1,40}$", storage), storage  # dstack's resource names
+            assert "llama-3-2-1b" in storage
+            names.append(storage)
+    assert len(set(names)) == len(names)  # each emit its own (the random part)
+    data_part = [name.split("-")[-4] for name in names]
+    assert data_part[0] == data_part[2] != data_part[4]  # the data's fingerprint differs with the data
+
+
+def test_the_hub_token_reaches_the_nodes_as_a_reference_never_a_value(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push to the hub (or a gated model) needs HF_TOKEN on every node: SkyPilot's `secrets` with no value, dstack's
+    `env` with the name only; the token itself is never written into the file. A data path with a colon: dstack's
+    mapping form (its short form splits at every colon)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue123")
+    colon = tmp_path / "data:v2"
+    colon.mkdir()
+    data = colon / "chats.jsonl"
+    data.write_text(chats.read_text())
+    for engine in ("skypilot", "dstack"):
+        path = tmp_path / f"{engine}.yaml"
+        code, _, err = emit(capsys, data, f"{engine}:{path}", "--push-to-hub", "my-org/tuned")
+        assert code == 0, err
+        text = path.read_text()
+        assert "hf_secretvalue123" not in text
+        task = yaml.safe_load(text)
+        if engine == "skypilot":
+            assert task["secrets"] == {"HF_TOKEN": None} and "--secret HF_TOKEN" in text
+        else:
+            assert task["env"] == ["HF_TOKEN"]
+            assert {"local_path": str(data), "path": str(data)} in task["files"]
+            dstack = pytest.importorskip("dstack")
+            assert dstack is not None
+            from dstack._internal.core.models.configurations import parse_run_configuration
+
+            configuration = parse_run_configuration(task)
+            assert [(one.local_path, one.path) for one in configuration.files][0] == (str(data), str(data))
+            assert "HF_TOKEN" in configuration.env
+    code, _, err = emit(capsys, chats, f"dstack:{tmp_path / 'public.yaml'}")
+    assert code == 0, err
+    assert "env" not in yaml.safe_load((tmp_path / "public.yaml").read_text())  # nothing asked of a public preset
+
+
+def test_the_nodes_bench_takes_the_model_as_the_user_gave_it(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A model in a local folder (its name with a quote): the bench a node runs first names that folder, not the model's
+    short name, which no node could resolve."""
+    from benchtrain.train.workload.model import resolve_model
+    from benchtrain.train.workload.tokenizer import byte_tokenizer
+
+    folder = tmp_path / "my model's"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(resolve_model("llama-3.2-1b").config_dict))
+    byte_tokenizer().save_pretrained(str(folder))
+    path = tmp_path / "task.yaml"
+    argv = ["--dry-run", "--deadline", "12h", "--model", str(folder), "--use-calibration", "h100-llama-3.2-1b"]
+    code, _, err = run_main(
+        "train", [*argv, "--consider", MACHINES, "--data", str(chats), "--emit", f"skypilot:{path}"], capsys
+    )
+    assert code == 0, err
+    task = yaml.safe_load(path.read_text())
+    benches = [line for line in task["run"].splitlines() if line.strip().startswith("BENCH=(run")]
+    assert benches, task["run"]
+    for line in benches:
+        words = shlex.split(line.strip()[len("BENCH=(") : -1])
+        assert words[words.index("--model") + 1] == str(folder)
+
+
+def test_abbreviated_and_dry_run_only_options_never_reach_the_nodes(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--dry` (argparse's abbreviation of --dry-run), `--ou` (of --out) and --for-trainer are the dry run's: the node's
+    train command has none of them, and its own --out once."""
+    path = tmp_path / "task.yaml"
+    argv = ["--dry", "--for-trainer", "--deadline", "12h", "--model", "llama-3.2-1b", "--ou", str(tmp_path / "here")]
+    code, _, err = run_main(
+        "train",
+        [*argv, "--use-calibration", "h100-llama-3.2-1b", "--data", str(chats), "--emit", f"skypilot:{path}"],
+        capsys,
+    )
+    assert code == 0, err
+    run = yaml.safe_load(path.read_text())["run"]
+    trains = [line.strip() for line in run.splitlines() if line.strip().startswith("TRAIN=(")]
+    assert trains
+    for train in trains:
+        words = shlex.split(train[len("TRAIN=(") : -1])
+        assert not {"--dry", "--dry-run", "--for-trainer", "--ou"} & set(words), words
+        assert words.count("--out") == 1 and str(tmp_path / "here") not in words
+
+
+FAKE_PYTHON = """#!/bin/bash
+# What the run script asks of python on a node: the card it landed on, and torchrun's command lines, logged.
+if [ "$1" = "-c" ]; then echo "$FAKE_CARD"; exit 0; fi
+echo "$*" >> "$FAKE_LOG"
+"""
+
+
+def test_a_fallback_card_benches_itself_and_plans_from_its_own_calibration(
+    home: Path, chats: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The emitted run script on an H100 PCIe, rented for an H100 SXM row measured elsewhere (train refuses a calibration
+    of another card): it benches the PCIe first, even though the run (its run.json) is already there from the SXM, then
+    trains planning from `latest`; started again on the same card, it does not bench again."""
+    path = tmp_path / "task.yaml"
+    code, _, err = emit(capsys, chats, f"skypilot:{path}")
+    assert code == 0, err
+    script = tmp_path / "run.sh"
+    script.write_text(yaml.safe_load(path.read_text())["run"])
+    bin_dir, log, root = tmp_path / "bin", tmp_path / "python.log", tmp_path / "root"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    (root / "run").mkdir(parents=True)
+    (root / "run" / "run.json").write_text(json.dumps({"status": "interrupted"}))  # the SXM's run, preempted
+    environment = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "BENCHTRAIN_TASK_ROOT": str(root),
+        "FAKE_CARD": "h100-pcie",
+        "FAKE_LOG": str(log),
+        **node_variables("skypilot", 0),
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+    }
+    for _ in range(2):
+        done = subprocess.run(["bash", str(script)], env=environment, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    benches, trains = [], []
+    for line in log.read_text().splitlines():
+        (benches if " -m benchtrain.bench " in line else trains).append(line)
+    assert len(benches) == 1 and "--gpu h100-pcie" in benches[0]  # once: the second start finds it measured
+    assert len(trains) == 2 and all("--use-calibration latest" in line for line in trains)
+    assert "h100-llama-3.2-1b" not in " ".join(trains)  # the SXM's calibration, which train refuses here
+
+
+def test_train_takes_the_calibration_of_its_own_card(home: Path, tmp_path: Path) -> None:
+    """`latest` prefers a calibration measured on this card over a newer one of the same run on another card; a resume
+    planned with another card's calibration replans with this card's (a fallback took over) instead of refusing."""
+    from benchtrain.calibration import load as load_reference
+    from benchtrain.train.recipes.choice import calibration_preferences, load_calibration
+    from benchtrain.train.running.resume import PlannedCalibration
+    from benchtrain.train.step.hardware import detect_hardware, this_device
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model
+
+    spec, method = resolve_model("tiny"), MethodConfig()
+    model = {"name": "tiny", "parameter_count": 1, "fingerprint": spec.fingerprint}
+    other_card = {**detect_hardware(), "name": "NVIDIA H100 PCIe", "device_type": "cuda"}
+    save_calibration(synthetic_calibration(hardware=detect_hardware(), model=model, id="this-card"))
+    save_calibration(
+        synthetic_calibration(hardware=other_card, model=model, id="other-card", created_at="2030-01-01T00:00:00+00:00")
+    )
+    here = this_device()
+    preferences = calibration_preferences(spec, method, (1, "none"), None, here.name)
+    assert load_reference("latest", None, preferences).id == "this-card"
+    assert load_reference("latest", None, calibration_preferences(spec, method, (1, "none"))).id == "other-card"
+
+    config = SimpleNamespace(plan=SimpleNamespace(use_calibration="this-card"), force=False)
+    planned = PlannedCalibration("other-card", None, ("other-card",))
+    chosen = load_calibration(config, planned, spec, method, (1, "none"), None, here)  # type: ignore[arg-type]
+    assert chosen.id == "this-card"
+    mine = PlannedCalibration("this-card", None, ("this-card",))  # planned here: another is still refused
+    config.plan.use_calibration = "other-card"
+    with pytest.raises(BenchtrainError, match="planned with calibration this-card, not other-card"):
+        load_calibration(config, mine, spec, method, (1, "none"), None, here)  # type: ignore[arg-type]
 
 
 SKYPILOT_SCHEMA = Path(__file__).parent / "fixtures" / "skypilot-task-schema.json"
@@ -205,8 +418,8 @@ def test_every_datasheet_gpu_has_a_launch_name_and_the_tasks_name_the_same_accel
     """A GPU is added in one table (calibration.datasheets): its launch name is a column there, --emit reads it, and the
     run script's device check accepts every card rented under that name, the one the bare name means first."""
     from benchtrain.calibration.datasheets import SHEETS, sheet_for
-    from benchtrain.train.launch_command import case_pattern
-    from benchtrain.train.recipes.launch_task import Target, accelerator_of
+    from benchtrain.train.recipes.launch_task import Target, accelerator_of, with_card_benches
+    from benchtrain.train.workload.method import MethodConfig
 
     assert all(sheet.launch_name for sheet in SHEETS)
     for sheet in SHEETS:
@@ -220,10 +433,14 @@ def test_every_datasheet_gpu_has_a_launch_name_and_the_tasks_name_the_same_accel
 
     def pattern(key: str) -> str:
         fields: dict[str, Any] = dict.fromkeys(Target.__dataclass_fields__)
-        fields.update(device_key=key, accelerator=LAUNCH_NAMES_EMITTED[key], gpus_per_node=2)
-        return case_pattern(Target(**fields))
+        row = SimpleNamespace(settle_arguments=("run", "--gpu", key))
+        fields.update(row=row, device_key=key, accelerator=LAUNCH_NAMES_EMITTED[key], gpus_per_node=2, card_benches=())
+        target = with_card_benches(Target(**fields), "m", MethodConfig())
+        for bench in target.card_benches:  # each other card measured by its own bench
+            assert bench.arguments == ("run", "--gpu", bench.card)
+        return "|".join(f"{card}:2" for card in [key, *(bench.card for bench in target.card_benches)])
 
-    # The patterns the run scripts have held: the target's own card, then its family as the bare name means it.
+    # The cards the run scripts accept: the target's own, then its family as the bare name means it, each its own branch.
     assert pattern("h100") == "h100:2|h100-pcie:2|h100-nvl:2"
     assert pattern("h100-nvl") == "h100-nvl:2|h100:2|h100-pcie:2"
     assert pattern("h200-nvl") == "h200-nvl:2|h200:2"

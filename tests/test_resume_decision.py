@@ -109,3 +109,46 @@ def test_a_resumed_run_s_calibration_that_is_gone_is_one_line_when_it_plans(tmp_
     assert str(refused.value) == (
         f"--resume: the run's calibration {PLANNED_ID} is gone ({gone}); pass --use-calibration ID --force to plan with another"
     )
+
+
+def base_folder(folder: Path, value: float) -> Path:
+    """A local base of the tiny architecture: its config and weights (`value` everywhere)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from benchtrain.train.workload.model import resolve_model
+
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(resolve_model("tiny").config_dict))
+    save_file({"lm_head.weight": torch.full((4, 4), value)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_lora_resume_on_another_base_of_the_same_architecture_is_one_line(tmp_path: Path) -> None:
+    """The fingerprint covers the architecture; LoRA's checkpoint holds the adapters only: a resume names the base
+    weights it trained on, and another base (same shape, other weights) is refused unless --force."""
+    from benchtrain.train.running.resume import check_same_run, resumed_method
+    from benchtrain.train.workload.method import MethodConfig
+    from benchtrain.train.workload.model import resolve_model, weights_identity
+
+    trained_on = resolve_model(str(base_folder(tmp_path / "base", 1.0)))
+    other = resolve_model(str(base_folder(tmp_path / "instruct", 2.0)))
+    assert trained_on.fingerprint == other.fingerprint and weights_identity(trained_on) != weights_identity(other)
+    out = tmp_path / "run"
+    record = json.loads(BEFORE.read_text())
+    record["model"] = {
+        **record["model"],
+        "fingerprint": trained_on.fingerprint,
+        "weights": weights_identity(trained_on),
+    }
+    record["plan"] = {**record["plan"], "method": "lora", "lora": {"rank": 16, "alpha": 32.0}}
+    interrupted_run(out, 9, **record)
+    found = what_to_continue(True, str(out), False, time.monotonic())
+    assert found.run is not None and found.run.model_weights == weights_identity(trained_on)
+    earlier = resumed_method(found.run.method)
+    method = MethodConfig(**{**earlier.__dict__})
+    assert check_same_run(found.run, earlier, trained_on, method, None, False) == []
+    with pytest.raises(BenchtrainError) as refused:
+        check_same_run(found.run, earlier, other, method, None, False)
+    assert "other weights" in str(refused.value) and "\n" not in str(refused.value)
+    assert check_same_run(found.run, earlier, other, method, None, True)  # --force: said, then continued

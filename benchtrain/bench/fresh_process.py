@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -98,16 +100,54 @@ def run_child(request: JsonDict, timeout_seconds: float) -> JsonDict | None:
     """This module in a fresh interpreter, never a second rank 0 of this job: the JSON line it printed
     last, or None when it failed or ran past `timeout_seconds`."""
     command = [sys.executable, "-m", "benchtrain.bench.fresh_process", json.dumps(request)]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_seconds, env=single_process_environment()
-        )
-    except subprocess.TimeoutExpired:
-        return None
-    if done.returncode != 0 or not done.stdout.strip():
+    done = run_own_group(command, timeout_seconds)
+    if done is None or done.returncode != 0 or not done.stdout.strip():
         return None
     result: JsonDict = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def run_own_group(command: list[str], timeout_seconds: float) -> subprocess.CompletedProcess[str] | None:
+    """`command` in a process group of its own, its output captured; None past `timeout_seconds`. A SIGTERM to this
+    process (an engine's stop, `timeout`) ends the group first, then this process as SIGTERM would: the child
+    measures on the same device and would hold it after bench is gone."""
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=single_process_environment(),
+        start_new_session=True,
+    ) as child:
+
+        def end_group() -> None:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        def on_term(signum: int, frame: object) -> None:
+            end_group()
+            signal.signal(signal.SIGTERM, previous)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = (signal.getsignal(signal.SIGTERM) or signal.SIG_DFL) if main_thread else signal.SIG_DFL
+        if main_thread:
+            signal.signal(signal.SIGTERM, on_term)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            end_group()
+            child.communicate()
+            return None
+        except BaseException:
+            end_group()
+            raise
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
 def main(argv: list[str]) -> None:

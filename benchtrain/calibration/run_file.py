@@ -319,6 +319,7 @@ class ResumedRun:
     calibration_path: str | None
     sharding: str
     data: RunData
+    model_weights: str | None = None  # which base weights it trained on (train.workload.model.weights_identity)
 
     @classmethod
     def of(cls, document: JsonObject, source: str) -> ResumedRun:
@@ -333,6 +334,7 @@ class ResumedRun:
             model_name=model.text("name"),
             model_fingerprint=model.text("fingerprint"),
             model_revision=model.text("revision"),
+            model_weights=model.text("weights"),
             method=method,
             configuration=configuration,
             max_length=plan.integer("max_length", configuration.seq_len) or configuration.seq_len,

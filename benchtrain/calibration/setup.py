@@ -30,6 +30,8 @@ class Setup:
     modes: tuple[Mode, ...] = ()
     # What joined the measured devices (calibration.topology's word); None: not recorded.
     interconnect: str | None = None
+    # The device it was measured on (hardware.name); None: a run's, or not recorded.
+    device: str | None = None
 
 
 def measured_setup(data: JsonDict) -> Setup:
@@ -51,6 +53,7 @@ def measured_setup(data: JsonDict) -> Setup:
         sharding=distributed.sharding,
         modes=tuple(sorted({tuple(d.name for d in switches() if row.get(d.name) or 0) for row in probed})),
         interconnect=str(interconnect) if interconnect else None,
+        device=str((data.get("hardware") or {}).get("name") or "") or None,
     )
 
 

@@ -364,6 +364,22 @@ def push_parser() -> argparse.ArgumentParser:
     return p
 
 
+def full_option_names(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with each abbreviated option (`--dry` for --dry-run) under its full name, as argparse resolved it: what
+    reads the command line again (the launch task's node command, the resume command) finds every option by name."""
+    names = parser._option_string_actions
+    full: list[str] = []
+    for index, token in enumerate(argv):
+        if token == "--":
+            return [*full, *argv[index:]]
+        name, equals, value = token.partition("=")
+        if name.startswith("--") and name not in names:
+            matches = [option for option in names if option.startswith(name)]
+            name = matches[0] if len(matches) == 1 else name  # argparse refused an ambiguous one already
+        full.append(f"{name}{equals}{value}")
+    return full
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from benchtrain.common.durations import join_negative_values
@@ -373,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchtrain.train.recipes.hub_push import push_existing_run
 
         return push_existing_run(push_parser().parse_args(argv))
-    args = build_parser().parse_args(join_negative_values(argv))
-    args.command_line = list(argv)  # for the resume command printed after a stop
+    parser = build_parser()
+    args = parser.parse_args(join_negative_values(argv))
+    args.command_line = full_option_names(parser, list(argv))  # for the resume command printed after a stop
     from benchtrain.train.running.resume import what_to_continue
 
     continuation = what_to_continue(args.resume, args.out, args.dry_run, started)

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import yaml
 
-from benchtrain.calibration.datasheets import rented_together
 from benchtrain.common.atomic import write_text_atomic
 from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
@@ -68,27 +67,32 @@ def shell_array(name: str, words: list[str]) -> str:
     return f"{name}=({' '.join(shell_word(word) for word in words)})"
 
 
-def target_lines(task: LaunchTask, target: Target) -> list[str]:
-    """A target's settings in the run script: its processes per node, train's options and the bench run it needs first."""
+def target_lines(task: LaunchTask, target: Target, card: str | None = None) -> list[str]:
+    """A target's settings in the run script: its processes per node, train's options and the bench run it needs first;
+    on `card` (another card rented under its name), that card's own bench, and train planned from what it measured."""
     row, chosen = target.row, target.chosen
+    key = card or target.device_key
+    benches = {bench.card: bench.arguments for bench in target.card_benches}
+    bench = benches[card] if card is not None else row.settle_arguments
+    source = f"{figure_source(target)}; rests on {row.rests_on}" if card is None else f"measured first here, on {card}"
     lines = [
         one_line(
             f"# {target.machine}: {chosen.config.phrase}, {target.option.sharding} sharding, "
-            f"{chosen.optimizer_steps:,} optimizer steps ({figure_source(target)}; rests on {row.rests_on})"
+            f"{chosen.optimizer_steps:,} optimizer steps ({source})"
         ),
         f"PER_NODE={target.gpus_per_node}",
-        shell_array("TRAIN", task.train_command(target)),
+        shell_array("TRAIN", task.train_command(target, measured=card is None)),
     ]
-    # A row nobody measured is measured here first (once: a restarted task has its run.json).
-    lines.append(shell_array("BENCH", list(row.settle_arguments)))
+    # A card nobody measured is measured here first, once per card: a task recovered onto another card benches that one
+    # even where the run (its run.json) is already there.
+    lines.append(shell_array("BENCH", list(bench)))
+    lines.append(f'MEASURED="$BENCHTRAIN_HOME"/{shlex.quote(f"measured-{key}-{target.gpus_per_node}")}')
     return lines
 
 
-def case_pattern(target: Target) -> str:
-    """The devices a target accepts: every card rented under its accelerator name (an H100: SXM or PCIe), with its GPUs per node."""
-    keys = rented_together(target.accelerator) if target.accelerator else ()
-    keys = tuple(dict.fromkeys([target.device_key, *keys]))
-    return "|".join(f"{key}:{target.gpus_per_node}" for key in keys)
+def case_pattern(key: str, target: Target) -> str:
+    """A card's branch of the device case: its datasheet key with the target's GPUs per node."""
+    return f"{key}:{target.gpus_per_node}"
 
 
 def run_script(task: LaunchTask, engine: str) -> str:
@@ -101,7 +105,7 @@ def run_script(task: LaunchTask, engine: str) -> str:
         f"export BENCHTRAIN_HOME={shell_word(HOME_DIR)}",
         'mkdir -p "$BENCHTRAIN_HOME"',
     ]
-    if len(task.targets) == 1:
+    if len(task.targets) == 1 and not task.targets[0].card_benches:
         lines += target_lines(task, task.targets[0])
     else:
         lines += [
@@ -109,11 +113,24 @@ def run_script(task: LaunchTask, engine: str) -> str:
             "# The machine the engine found among the fallbacks, and the plan made for it.",
         ]
         lines.append('case "$DEVICE:$GPUS_PER_NODE" in')
-        for target in task.targets:
-            lines.append(f"  {case_pattern(target)})")
-            lines += [f"    {line}" for line in target_lines(task, target)]
+        # Each target on its own card first, then the other cards rented under a target's name, each its own bench.
+        branches: list[tuple[str, Target, str | None]] = [
+            (case_pattern(target.device_key, target), target, None) for target in task.targets
+        ]
+        branches += [
+            (case_pattern(bench.card, target), target, bench.card)
+            for target in task.targets
+            for bench in target.card_benches
+        ]
+        seen: set[str] = set()
+        for pattern, target, card in branches:
+            if pattern in seen:
+                continue
+            seen.add(pattern)
+            lines.append(f"  {pattern})")
+            lines += [f"    {line}" for line in target_lines(task, target, card)]
             lines.append("    ;;")
-        planned = ", ".join(f"{target.device_key}:{target.gpus_per_node}" for target in task.targets)
+        planned = ", ".join(sorted(seen, key=[pattern for pattern, _, _ in branches].index))
         lines += [
             "  *)",
             f'    echo "benchtrain: this task was planned for {planned} (device:GPUs per node), not $DEVICE:$GPUS_PER_NODE" >&2',
@@ -124,8 +141,9 @@ def run_script(task: LaunchTask, engine: str) -> str:
     lines += [
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
         f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
-        f"if [ ${{#BENCH[@]}} -gt 0 ] && [ ! -f {shell_word(RUN_DIR)}/run.json ]; then",
+        'if [ ${#BENCH[@]} -gt 0 ] && [ ! -f "$MEASURED" ]; then',
         '  "${LAUNCH[@]}" -m benchtrain.bench "${BENCH[@]}"',
+        '  touch "$MEASURED"',
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]
@@ -204,19 +222,24 @@ def skypilot_task(task: LaunchTask) -> JsonDict:
         if task.spot.use:
             resources["use_spot"] = True
         candidates.append(resources)
-    file_mounts: JsonDict = {RUN_DIR: {"name": f"{task.name}-run", "mode": "MOUNT_CACHED"}}
+    file_mounts: JsonDict = {RUN_DIR: {"name": task.storage, "mode": "MOUNT_CACHED"}}
     file_mounts.update({upload.remote: str(upload.local) for upload in task.uploads})
     resources_section: JsonDict = {"ordered": candidates} if len(candidates) > 1 else candidates[0]
     if task.spot.use:  # managed jobs (`sky jobs launch`) recover a preempted task on the next target
         resources_section["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 0}
-    return {
+    configuration: JsonDict = {
         "name": task.name,
         "num_nodes": task.nodes,
         "resources": resources_section,
         "file_mounts": file_mounts,
-        "setup": setup_script(task),
-        "run": run_script(task, "skypilot"),
     }
+    if (
+        task.secrets
+    ):  # null: `sky launch --secret NAME` passes the launching machine's value, which the file never holds
+        configuration["secrets"] = {name: None for name in task.secrets}
+    configuration["setup"] = setup_script(task)
+    configuration["run"] = run_script(task, "skypilot")
+    return configuration
 
 
 # -- dstack -----------------------------------------------------------------------------------
@@ -245,8 +268,9 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         "nodes": task.nodes,
         "python": "3.11",
         "shell": "bash",  # the run script uses bash arrays
-        "files": [f"{upload.local}:{upload.remote}" for upload in task.uploads],
-        "volumes": [{"name": f"{task.name}-run", "path": RUN_DIR}],
+        # The mapping form: the short LOCAL:REMOTE form splits at every colon, so a path holding one breaks it.
+        "files": [{"local_path": str(upload.local), "path": upload.remote} for upload in task.uploads],
+        "volumes": [{"name": task.storage, "path": RUN_DIR}],
         "commands": [setup_script(task).strip(), run_script(task, "dstack")],
         "resources": resources,
         "spot_policy": "auto" if task.spot.use else "on-demand",
@@ -259,6 +283,8 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         }
     if not task.uploads:
         del configuration["files"]
+    if task.secrets:  # a name without a value: dstack passes the launching machine's, which the file never holds
+        configuration["env"] = list(task.secrets)
     return configuration, task
 
 
@@ -289,12 +315,16 @@ def task_text(task: LaunchTask, engine: str) -> str:
             f"Launch: sky launch -c {task.name} FILE (a cluster), or sky jobs launch FILE (a managed job: restarted after a preemption).",
             f"file_mounts {RUN_DIR}: a bucket SkyPilot creates if it has none of that name (MOUNT_CACHED: files are written locally, then uploaded).",
         ]
+        launch += [
+            f"Secret {name}: launch with --secret {name} (its value from your environment)." for name in task.secrets
+        ]
     else:
         data, task = dstack_task(task)
         launch = [
             "Launch: dstack apply -f FILE.",
-            f"The volume {task.name}-run must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
+            f"The volume {task.storage} must exist and be reachable by every node ({RUN_DIR}: the run folder, checkpoints included).",
         ]
+        launch += [f"{name}: set it where you run dstack apply (dstack passes its value)." for name in task.secrets]
     comments = [*header(task, engine), *launch]
     body = yaml.dump(data, Dumper=LiteralDumper, sort_keys=False, allow_unicode=True, width=4096)
     return "".join(f"# {one_line(line)}\n" if line else "#\n" for line in comments) + body

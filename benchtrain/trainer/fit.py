@@ -7,7 +7,6 @@ Why and how: docs/trainer.md#fit-a-trainer-to-a-deadline."""
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 import time
@@ -36,6 +35,7 @@ from benchtrain.train.step.evaluation import EvalSchedule
 from benchtrain.train.step.hardware import this_device
 from benchtrain.train.workload.data import length_profile
 from benchtrain.train.workload.tokens import TokenizedData
+from benchtrain.trainer.calibrate import calibrate
 from benchtrain.trainer.callback import ON_OVERRUN, DeadlineCallback
 from benchtrain.trainer.deadline_text import parse_deadline
 from benchtrain.trainer.estimate import check_calibration, model_setup, trainer_precision
@@ -164,8 +164,6 @@ def resolve_calibration(
     if isinstance(calibration, Calibration):
         return calibration
     if calibration is None:
-        # Measuring a user's Trainer (benchtrain.trainer.calibrate) loads its whole probe machinery: only when asked for.
-        calibrate = importlib.import_module("benchtrain.trainer.calibrate").calibrate
         measured: Calibration = calibrate(trainer, budget=budget)
         return measured
 

@@ -12,9 +12,13 @@ from pathlib import Path
 from benchtrain.common.atomic import file_lock
 from benchtrain.common.disk_space import GB, free_bytes
 from benchtrain.common.errors import BenchtrainError, DiskSpaceError
+from benchtrain.common.shared_lock import shared_lock
 from benchtrain.train.planning.memory_check import FP32_BYTES, MemoryNeed, compute_bytes
 
 LOCK_FILE = ".train.lock"
+HOLDER_FILE = (
+    ".train.holder"  # the lock across machines (common.shared_lock): a run folder on a bucket every node mounts
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ def check_space(folder: Path, need: DiskNeed, keep: int) -> None:
 def run_lock(folder: Path) -> Iterator[None]:
     """An exclusive lock on a run folder while `train` works in it: flock, which the kernel releases
     when the process ends however it ends (a crashed run's lock is free). The file holds the
-    holder's pid, to name it when the folder is busy."""
+    holder's pid, to name it when the folder is busy. flock holds on one machine only: a holder file created with O_EXCL
+    (common.shared_lock) refuses a train on another machine reaching the same folder on shared storage."""
     path = Path(folder) / LOCK_FILE
     with ExitStack() as held:
         try:
@@ -83,4 +88,5 @@ def run_lock(folder: Path) -> Iterator[None]:
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
+        held.enter_context(shared_lock(Path(folder) / HOLDER_FILE))
         yield

@@ -68,11 +68,13 @@ def load_calibration(
     method: MethodConfig,
     processes: tuple[int, str],
     interconnect: str | None = None,
+    device: Hardware | None = None,
 ) -> Calibration:
     """The calibration to plan with: --use-calibration (default latest); a resumed run's, as its continuation names it
-    (`planned`; another refused unless --force). `latest` prefers `calibration_preferences`' order, and says why when it
-    passes over a newer one. A calibration of a user's own Trainer step plans only `--dry-run --for-trainer`."""
-    chosen = chosen_calibration(config, planned, spec, method, processes, interconnect)
+    (`planned`; another refused unless --force, or unless the run was planned on another card and the other was measured
+    on this `device`: a task's fallback took over). `latest` prefers `calibration_preferences`' order, and says why when
+    it passes over a newer one. A calibration of a user's own Trainer step plans only `--dry-run --for-trainer`."""
+    chosen = chosen_calibration(config, planned, spec, method, processes, interconnect, device)
     refuse_trainer_step(chosen, config)
     return chosen
 
@@ -97,6 +99,7 @@ def chosen_calibration(
     method: MethodConfig,
     processes: tuple[int, str],
     interconnect: str | None = None,
+    device: Hardware | None = None,
 ) -> Calibration:
     on_skip = lambda message: say(f"warning: {message}")  # noqa: E731
     if planned is None:
@@ -104,20 +107,36 @@ def chosen_calibration(
         if reference != "latest":
             return calibration_api.load(reference, on_skip=on_skip)
         passed_over: list[Path] = []
-        chosen = calibration_api.load(
-            "latest", on_skip, calibration_preferences(spec, method, processes, interconnect), passed_over.append
-        )
+        preferences = calibration_preferences(spec, method, processes, interconnect, device.name if device else None)
+        chosen = calibration_api.load("latest", on_skip, preferences, passed_over.append)
         if passed_over:
             say(f"calibration: {why_chosen(chosen, passed_over[0], spec, method, processes)}")
         return chosen
     if config.plan.use_calibration is None:
         return planned.load()
     chosen = calibration_api.load(config.plan.use_calibration, on_skip=on_skip)
+    if chosen.id != planned.id and not config.force and device is not None and took_over(planned, chosen, device):
+        say(
+            f"--resume: this run was planned with calibration {planned.id}, measured on another card; "
+            f"this is {device.name}: replanning with {chosen.id}, measured here (the steps done are kept)"
+        )
+        return chosen
     if chosen.id != planned.id and not config.force:
         raise BenchtrainError(
             f"--resume: this run was planned with calibration {planned.id}, not {chosen.id}; drop --use-calibration, or pass --force"
         )
     return chosen
+
+
+def took_over(planned: PlannedCalibration, chosen: Calibration, device: Hardware) -> bool:
+    """Whether a resume runs on another card than its plan's calibration measured (one a task's fallbacks rent under the
+    same name, say) and `chosen` was measured on this one."""
+    if not chosen.hardware.same_device(device):
+        return False
+    try:
+        return not planned.load().hardware.same_device(device)
+    except BenchtrainError:  # its calibration stayed with the machine it ran on
+        return True
 
 
 def why_chosen(
@@ -136,11 +155,16 @@ def why_chosen(
 
 
 def calibration_preferences(
-    spec: ModelSpec, method: MethodConfig, processes: tuple[int, str], interconnect: str | None = None
+    spec: ModelSpec,
+    method: MethodConfig,
+    processes: tuple[int, str],
+    interconnect: str | None = None,
+    device: str | None = None,
 ) -> Preferences:
     """What `latest` prefers for this run, best first (calibration.store): this model and method measured with this run's
     (processes, sharding) over this machine's `interconnect`, then over another, then of one process (communication
-    predicted); else the newest."""
+    predicted); each first on this `device` (the one train accepts: a task's fallbacks keep each card's calibration
+    beside the run); else the newest."""
     mine = (spec.fingerprint, method.method, quantize_value(method.quantize))
 
     def this_run(measured: Setup, processes: tuple[int, str] = processes) -> bool:
@@ -155,11 +179,17 @@ def calibration_preferences(
             *processes,
         )
 
-    return (
+    in_order = (
         lambda measured: this_run(measured) and same_interconnect(measured.interconnect, interconnect),
         this_run,
         lambda measured: this_run(measured, (1, measured.sharding)),
     )
+    if device is None:
+        return in_order
+    on_device = tuple(
+        lambda measured, accepts=accepts: measured.device == device and accepts(measured) for accepts in in_order
+    )
+    return (*on_device, *in_order)
 
 
 def check_compatible(
@@ -342,8 +372,15 @@ def weigh_variants(config: TrainConfig, spec: ModelSpec, method: MethodConfig, c
     """The calibration to plan with and its variants, each fitted for the processes and sharding the plan is for (a resumed run
     keeps its sharding and its variant: `continuation`); those refused are kept to say why."""
     layout = process_layout(config.step, method)
+    here = this_device()
     cal = load_calibration(
-        config, continuation.calibration, spec, method, (layout.world_size, layout.sharding), this_device().interconnect
+        config,
+        continuation.calibration,
+        spec,
+        method,
+        (layout.world_size, layout.sharding),
+        here.interconnect,
+        None if config.output.dry_run else here,  # a dry run plans for the calibration's device, not this one
     )
     if not cal.ok_rows():
         raise BenchtrainError(f"calibration {cal.id} has no successful probes: re-run `bench run`")

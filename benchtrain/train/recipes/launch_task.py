@@ -4,20 +4,25 @@ What it holds and why: docs/design.md#the-launch-task."""
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass, field
+import re
+import secrets
+import time
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchtrain.calibration.datasheets import SHEETS_BY_KEY
+from benchtrain.calibration.datasheets import SHEETS_BY_KEY, rented_together
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.hub import hub_reference
 from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect
+from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
-from benchtrain.train.recipes.machines import Option, Row, calibration_row, device_key, plan_of
+from benchtrain.train.recipes.machines import SETTLE_SECONDS, Option, Row, calibration_row, device_key, plan_of
 from benchtrain.train.running.resume import without_options
 
 if TYPE_CHECKING:
@@ -39,11 +44,28 @@ HOME_DIR = (
     f"{RUN_DIR}/home"  # BENCHTRAIN_HOME: beside the run, so a calibration measured first is there after a restart
 )
 
+# A task's name, and its run folder's bucket or volume (the name + RUN_SUFFIX): valid as an S3 and GCS bucket (3-63 of a-z,
+# 0-9 and hyphens, beginning and ending with a letter or digit, no "goog") and as a dstack resource (^[a-z][a-z0-9-]{1,40}$).
+NAME_PREFIX = "bt"
+RUN_SUFFIX = "-run"
+LONGEST_NAME = 41 - len(RUN_SUFFIX)
+MODEL_PART = 12  # of the model's name, in the task's name
+# Engine-side secrets a node gets when the run reads the hub (a gated model, --push-to-hub): named, never valued here.
+HUB_TOKEN = "HF_TOKEN"
+
 # Options of the dry run that the task's train command does not take: the comparison's, the emit's, the run folder.
 DROPPED_WITH_VALUE = ("--use-calibration", "--consider", "--emit", "--out", "--device-memory")
-DROPPED_FLAGS = ("--dry-run", "--json")
+DROPPED_FLAGS = ("--dry-run", "--json", "--for-trainer")
 # Options naming local files or folders, which every node must see.
 PATH_OPTIONS = ("--data", "--eval-data", "--tokenizer", "--model", "--price-per-hour")
+
+
+@dataclass(frozen=True)
+class CardBench:
+    """Another card the engines rent under a target's accelerator name, and the bench run that measures it there."""
+
+    card: str  # its datasheet key
+    arguments: tuple[str, ...]  # bench's
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,9 @@ class Target:
     gpus_per_node: int  # processes per node (CPU: 1)
     calibration: str | None  # --use-calibration on the node; None: the one `settle` measures
     calibration_file: Path | None  # a local calibration file uploaded to CALIBRATIONS_DIR
+    # The other cards the engines rent under its accelerator name (an H100 SXM row may get a PCIe or NVL), each with the
+    # bench run that measures it first: train accepts a calibration of its own card only.
+    card_benches: tuple[CardBench, ...] = ()
 
     @property
     def machine(self) -> str:
@@ -106,6 +131,12 @@ class LaunchTask:
     version: str
     model: str
     notes: list[str] = field(default_factory=list)
+    secrets: tuple[str, ...] = ()  # environment variables the engine passes from the launching machine (never written)
+
+    @property
+    def storage(self) -> str:
+        """The run folder's bucket (SkyPilot) or volume (dstack): this task's own, so no other task finds its run.json."""
+        return f"{self.name}{RUN_SUFFIX}"
 
     @property
     def nodes(self) -> int:
@@ -115,9 +146,10 @@ class LaunchTask:
     def disk_gb(self) -> int:
         return max(1, math.ceil(self.disk.total_bytes / GB))
 
-    def train_command(self, target: Target) -> list[str]:
-        """`train` as the nodes run it for `target` (under torchrun: train.launch_command)."""
-        calibration = target.calibration or "latest"
+    def train_command(self, target: Target, measured: bool = True) -> list[str]:
+        """`train` as the nodes run it for `target` (under torchrun: train.launch_command); not `measured`: on another card
+        rented under its name, planned from the calibration that card's bench stored (`latest` prefers this card's)."""
+        calibration = (target.calibration if measured else None) or "latest"
         sharding = ["--sharding", target.option.sharding] if target.option.sharding == "fsdp" else []
         return [
             *self.train_arguments,
@@ -267,6 +299,52 @@ def benchtrain_version() -> str:
         return "0.1.0"
 
 
+def name_part(text: str, longest: int) -> str:
+    """`text` as lowercase letters, digits and single hyphens, at most `longest` characters, no "goog" (GCS refuses it)."""
+    word = re.sub(r"-+", "-", "".join(char if char.isalnum() and char.isascii() else "-" for char in text.lower()))
+    return word.replace("goog", "gg")[:longest].strip("-")
+
+
+def data_tag(reference: str) -> str:
+    """A short fingerprint of the data a task trains on: its reference, and for a local file its size, time and first MiB
+    (reading a large file whole would slow every dry run)."""
+    digest = hashlib.sha256(reference.encode())
+    path = Path(reference).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:4]
+
+
+def task_name(model: str, data: str, started: float, random_part: str | None = None) -> str:
+    """The task's name, per plan: the model, the data's fingerprint, when its deadline started (UTC, to the minute) and a
+    random part (a bucket name is global across a cloud's users). Two tasks never share a run folder."""
+    model_part = name_part(model, MODEL_PART) or "model"
+    stamp = time.strftime("%y%m%d%H%M", time.gmtime(started))
+    random_part = random_part or secrets.token_hex(2)
+    return f"{NAME_PREFIX}-{model_part}-{data_tag(data)}-{stamp}-{random_part}"[:LONGEST_NAME].strip("-")
+
+
+def with_card_benches(target: Target, model: str, method: MethodConfig) -> Target:
+    """`target` with a bench run for each other card rented under its name: a row nobody measured, its own bench on that
+    card; a measured row, the bench its calibration's setup would need there."""
+    if target.accelerator is None:
+        return target
+    others = [key for key in rented_together(target.accelerator) if key != target.device_key]
+    words = list(target.row.settle_arguments)
+    if not words:
+        processes = target.nodes * target.gpus_per_node
+        link = ["--interconnect", target.option.interconnect] if processes > 1 and target.option.interconnect else []
+        lora = ["--lora"] if method.is_lora else []
+        words = ["run", "--gpu", target.device_key, "--model", model, *lora, *link]
+        words += ["--budget", format_duration(SETTLE_SECONDS)]
+    where = words.index("--gpu") + 1
+    benches = tuple(CardBench(key, (*words[:where], key, *words[where + 1 :])) for key in others)
+    return replace(target, card_benches=benches)
+
+
 def launch_task(
     targets: list[Target],
     left_out: list[str],
@@ -279,6 +357,7 @@ def launch_task(
 ) -> LaunchTask:
     """The task: its targets (the recommended first), the train command and its uploads, disk, spot (judged on the recommended `plan`) and maximum duration."""
     arguments, uploads = node_arguments(command_line, Path.cwd())
+    targets = [with_card_benches(target, config.model, method) for target in targets]
     for target in targets:
         if target.calibration_file is not None:
             uploads.append(
@@ -294,16 +373,20 @@ def launch_task(
     disk = node_disk(spec, method, config.output.merge_lora, config.guard.keep_checkpoints, device_type, uploaded)
     spot = spot_choice(plan, available_seconds, config.guard.checkpoint_interval_seconds)
     settle = max((target.row.settle_seconds for target in targets), default=0.0)
+    if any(target.card_benches for target in targets):  # a node on another card under the same name measures it first
+        settle = max(settle, SETTLE_SECONDS)
     duration = max_duration(first.chosen.total_seconds_promised + settle, spot, config.run_deadline.deadline_seconds)
-    name = "benchtrain-" + "".join(char if char.isalnum() else "-" for char in spec.name.lower()).strip("-")
+    name = task_name(spec.name, config.data.data, time.time())
     notes = []
     if any(target.row.settle for target in targets):
         notes.append(
             "a target nobody measured runs its `bench run` first (its figures are predicted or translated until then)"
         )
     deadline = config.run_deadline.deadline_seconds
+    # A gated model or a push to the hub needs the user's token on every node: the engine passes it from the launching machine.
+    hub_secrets = (HUB_TOKEN,) if spec.hub is not None or config.output.push_to_hub else ()
     return LaunchTask(
-        name[:60],
+        name,
         targets,
         left_out,
         arguments,
@@ -315,6 +398,7 @@ def launch_task(
         benchtrain_version(),
         spec.name,
         notes,
+        hub_secrets,
     )
 
 

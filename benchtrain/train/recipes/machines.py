@@ -635,7 +635,7 @@ def add_settle(row: Row, context: PlanContext, method: MethodConfig) -> None:
     row.settle_seconds = budget or SETTLE_SECONDS
     lora = ("--lora",) if method.is_lora else ()
     link = ("--interconnect", machine.interconnect) if machine.interconnect else ()
-    model = ("--model", context.spec.name)
+    model = ("--model", context.config.model)  # as the user gave it: a local folder, a hub id@REV
     budget_option = ("--budget", format_duration(row.settle_seconds))
     row.settle_arguments = ("run", "--gpu", machine.sheet.key, *model, *lora, *link, *budget_option)
     price = row.price_per_hour

@@ -71,7 +71,14 @@ from benchtrain.train.step.runtime import (
 from benchtrain.train.step.sharding import gather_full_state, is_sharded
 from benchtrain.train.workload.data import length_profile, truncation
 from benchtrain.train.workload.method import MethodConfig, method_record
-from benchtrain.train.workload.model import ModelSpec, model_identity, model_record, model_shape, resolve_model
+from benchtrain.train.workload.model import (
+    ModelSpec,
+    model_identity,
+    model_record,
+    model_shape,
+    resolve_model,
+    weights_identity,
+)
 
 
 def run_training(
@@ -317,7 +324,7 @@ class TrainRecipe:
             run_id,
             run.plan,
             run.fitted.cal,
-            model_identity(self.spec),
+            {**model_identity(self.spec), "weights": weights_identity(self.spec)},
             self._data_section(),
             run.plan.request.elapsed_seconds,
         )
@@ -372,6 +379,8 @@ class TrainRecipe:
             step_limit=run.plan.step_limit,
             schedule_steps=record.file.total_steps,
             checkpoints=self.continuation.checkpoints,  # the last one restored (none: a new run)
+            fall_back=self.continuation.fall_back,
+            run_id=record.file.run_id,
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
         )
@@ -401,7 +410,8 @@ class TrainRecipe:
             ) from None
         model = loop.engine.model
         training = {**method_record(run.fitted.method, model), **loop.engine.record()}
-        return TrainedRun(outcome, final, model_record(self.spec, model_shape(model)), training)
+        model_section = {**model_record(self.spec, model_shape(model)), "weights": weights_identity(self.spec)}
+        return TrainedRun(outcome, final, model_section, training)
 
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:

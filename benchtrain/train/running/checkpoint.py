@@ -83,7 +83,8 @@ def save_checkpoint(
     meta: JsonDict,
     keep: int | None = None,
 ) -> float:
-    """Write `folder` atomically, then prune older siblings to `keep`; returns the seconds it took."""
+    """Write `folder` atomically, then prune older siblings of the same run (meta's run_id) to `keep`; returns the seconds
+    it took."""
     import torch
     from safetensors.torch import save_file
 
@@ -111,8 +112,11 @@ def save_checkpoint(
             _seal(temporary)
     except (OSError, RuntimeError) as error:
         raise write_error(folder, error) from None
-    if keep:  # older ones go only once the new one is complete
-        for old in list_checkpoints(folder.parent)[:-keep]:
+    if (
+        keep
+    ):  # older ones go only once the new one is complete; another run's in a reused --out are not this run's to prune
+        run_id = meta.get("run_id")
+        for old in list_checkpoints(folder.parent, run_id if isinstance(run_id, str) else None)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return time.perf_counter() - started
 
@@ -189,18 +193,34 @@ def check_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], so
     return expected == whole
 
 
-def list_checkpoints(parent: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a folder without its marker is not one)."""
+def list_checkpoints(parent: Path, run_id: str | None = None) -> list[Path]:
+    """Complete checkpoints, oldest first (a folder without its marker is not one); with `run_id`, only that run's: a new
+    run in a reused --out names its checkpoints as the old run did, and step numbers alone would mix the two."""
     if not parent.is_dir():
         return []
-    return sorted(
+    found = sorted(
         p for p in parent.iterdir() if p.is_dir() and p.name.startswith("step-") and (p / MARKER_FILE).is_file()
     )
+    return found if run_id is None else [folder for folder in found if checkpoint_run_id(folder) == run_id]
 
 
-def checkpoints_to_resume(run_dir: Path) -> list[Path]:
-    """The run's complete checkpoints, oldest first; none is the one-line --resume error."""
-    found = list_checkpoints(run_dir / "checkpoints")
+def checkpoint_run_id(folder: Path) -> str | None:
+    """The run a checkpoint belongs to (its progress.json's run_id); None when it does not say (or cannot be read)."""
+    try:
+        progress = json.loads((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = progress.get("run_id") if isinstance(progress, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def checkpoints_to_resume(run_dir: Path, run_id: str | None = None) -> list[Path]:
+    """The run's complete checkpoints (`run_id`'s, where given), oldest first; none is the one-line --resume error."""
+    parent = run_dir / "checkpoints"
+    # A run from before checkpoints named their run: its unlabelled ones.
+    found = list_checkpoints(parent, run_id) or [
+        one for one in list_checkpoints(parent) if checkpoint_run_id(one) is None
+    ]
     if not found:
         raise BenchtrainError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
     return found

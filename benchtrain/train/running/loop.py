@@ -16,6 +16,7 @@ import numpy as np
 
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT
+from benchtrain.common.console import say
 from benchtrain.common.json_types import JsonDict
 from benchtrain.common.progress import Bar, progress_bar
 from benchtrain.train.planning.deadline import Deadline
@@ -71,6 +72,10 @@ class LoopSettings:
     schedule_steps: int | None = None
     # The run's complete checkpoints, oldest first (train.running.resume.Continuation): the last is restored; none: a new run.
     checkpoints: tuple[Path, ...] = ()
+    fall_back: bool = False  # a newest checkpoint that cannot be loaded gives way to the one before (--resume auto)
+    run_id: str | None = (
+        None  # written into each checkpoint: another run's in a reused --out are never pruned nor resumed
+    )
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -572,7 +577,7 @@ class TrainingRun:
 
     def _save(self, position: Position) -> None:
         folder = self.out_dir / "checkpoints" / checkpoint_name(position.step)
-        meta, e = {**vars(position), "chosen": self.chosen.to_json()}, self.engine
+        meta, e = {**vars(position), "chosen": self.chosen.to_json(), "run_id": self.settings.run_id}, self.engine
         seconds = save_checkpoint(
             folder, e.model, e.optimizer, e.scheduler, meta, keep=self.settings.guard.keep_checkpoints
         )
@@ -585,14 +590,22 @@ class TrainingRun:
         if not found:
             return Position(), None
         e = self.engine
-        try:
-            meta = load_checkpoint(found[-1], e.model, e.optimizer, e.scheduler)
-        except CheckpointReadError as error:
-            if len(found) < 2:
-                raise
-            raise CheckpointReadError(
-                f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again"
-            ) from None
+        while True:
+            try:
+                meta = load_checkpoint(found[-1], e.model, e.optimizer, e.scheduler)
+                break
+            except CheckpointReadError as error:
+                if len(found) < 2:
+                    raise
+                if not self.settings.fall_back:
+                    raise CheckpointReadError(
+                        f"{error}; the previous checkpoint, {found[-2].name}, is intact: move {found[-1]} aside and resume again"
+                    ) from None
+                # Loading the one before restores every tensor and state again, whatever the failed load had set.
+                if self.accelerator.is_main_process:
+                    say(f"warning: {error}; resuming from the one before, {found[-2].name}")
+                self.events.append(f"passed over {found[-1].name}: it cannot be loaded")
+                found = found[:-1]
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
         return Position(**fields), str(found[-1])

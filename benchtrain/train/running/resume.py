@@ -22,10 +22,15 @@ from benchtrain.common.atomic import read_json_file
 from benchtrain.common.console import say
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
-from benchtrain.train.running.checkpoint import checkpoints_to_resume, list_checkpoints, read_progress
+from benchtrain.train.running.checkpoint import (
+    CheckpointReadError,
+    checkpoints_to_resume,
+    list_checkpoints,
+    read_progress,
+)
 from benchtrain.train.step.hyperparameters import SETTING_NAMES, option_name, settings_from
 from benchtrain.train.workload.method import MethodConfig
-from benchtrain.train.workload.model import ModelSpec, resolve_model
+from benchtrain.train.workload.model import ModelSpec, resolve_model, weights_identity
 
 if TYPE_CHECKING:
     from benchtrain.calibration.model import Calibration
@@ -63,6 +68,12 @@ def check_same_run(
     if resumed.model_fingerprint and resumed.model_fingerprint != spec.fingerprint:
         problems.append(
             f"{run} trained model {resumed.model_name}, this command names {spec.name}: pass --model as the run did"
+        )
+    weights = weights_identity(spec)
+    if earlier.is_lora and resumed.model_weights and weights != resumed.model_weights:
+        problems.append(
+            f"{run} trained adapters on the base weights {resumed.model_weights}, this command's base is {weights or 'built from its config'} "
+            "(the same architecture, other weights): pass --model as the run did"
         )
     if not same_method(earlier, method):
         problems.append(
@@ -214,6 +225,20 @@ def train_command_line(processes: int, arguments: list[str]) -> str:
     return shlex.join([*launcher, *arguments])
 
 
+def readable_checkpoints(checkpoints: tuple[Path, ...]) -> tuple[Path, ...]:
+    """`checkpoints` up to the newest whose progress can be read, saying which were passed over; none readable: the newest's error."""
+    for index in range(len(checkpoints) - 1, -1, -1):
+        try:
+            read_progress(checkpoints[index])
+        except CheckpointReadError as error:
+            if index == 0:
+                raise
+            say(f"warning: {error}; resuming from the one before, {checkpoints[index - 1].name}")
+            continue
+        return checkpoints[: index + 1]
+    return checkpoints
+
+
 @dataclass(frozen=True)
 class PlannedCalibration:
     """The calibration a resumed run was planned with, which the resume plans with again: its `id` (what another
@@ -258,6 +283,8 @@ class Continuation:
     # preemption lost counts); a plain --resume, or a new run, from this command's start.
     budget_used: float = 0.0
     finished: str | None = None  # --resume auto of a run that already ended at its planned end: its status
+    # --resume auto (unattended): a newest checkpoint that cannot be loaded gives way to the one before, with a warning.
+    fall_back: bool = False
 
     @property
     def resuming(self) -> bool:
@@ -292,7 +319,11 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
     earlier = RunFile.read(path)
     run = earlier.resumed()
-    checkpoints = tuple(checkpoints_to_resume(out_dir))
+    checkpoints = tuple(checkpoints_to_resume(out_dir, run.run_id))
+    if (
+        resume == "auto"
+    ):  # unattended (an engine's restart): a newest checkpoint that cannot be read gives way to the one before
+        checkpoints = readable_checkpoints(checkpoints)
     completed = int(read_progress(checkpoints[-1])["step"])
     if completed >= run.total_steps or run.status == COMPLETED:
         raise BenchtrainError(
@@ -307,4 +338,5 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
         checkpoints=checkpoints,
         completed=completed,
         budget_used=budget_used,
+        fall_back=resume == "auto",
     )

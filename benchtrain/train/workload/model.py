@@ -404,6 +404,23 @@ def model_record(spec: ModelSpec, shape: ModelShape) -> JsonDict:
     return {**record, **shaped, "vocab_size": spec.config_dict.get("vocab_size")}
 
 
+def weights_identity(spec: ModelSpec) -> str | None:
+    """Which base weights `spec` loads, cheaply: a hub model's commit; a folder's weight files by name, size and first
+    MiB (the index of a sharded one whole); None where the weights are built from the config. The fingerprint covers the
+    architecture only: LoRA adapters trained on one base continue on that base alone."""
+    if spec.hub is not None:
+        return f"{spec.hub.repo_id}@{spec.hub.revision}"
+    if not spec.has_weights or spec.directory is None:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(spec.directory.glob("*")):
+        if path.is_file() and (path.suffix in (".safetensors", ".bin") or path.name.endswith(".index.json")):
+            digest.update(f"{path.name}:{path.stat().st_size}".encode())
+            with open(path, "rb") as handle:
+                digest.update(handle.read(1 << 20))
+    return f"sha256:{digest.hexdigest()[:16]}"
+
+
 def model_identity(spec: ModelSpec) -> JsonDict:
     """Name, fingerprint and, for a hub model, its id and the commit it resolved to."""
     return {"name": spec.name, "fingerprint": spec.fingerprint, **(spec.hub.record() if spec.hub else {})}
