@@ -17,6 +17,7 @@ import numpy as np
 from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT
 from benchtrain.common.json_types import JsonDict
+from benchtrain.common.pause import pause_at
 from benchtrain.common.progress import Bar, progress_bar
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.types import Candidate
@@ -71,6 +72,8 @@ class LoopSettings:
     schedule_steps: int | None = None
     # The run's complete checkpoints, oldest first (train.running.resume.Continuation): the last is restored; none: a new run.
     checkpoints: tuple[Path, ...] = ()
+    # A run resumed after all its steps whose final evaluation had ended (run.json's): kept, not done again.
+    final_evaluation: dict[str, float] | None = None
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -340,6 +343,7 @@ class TrainingRun:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.hooks.step_hook:
             self.hooks.step_hook(position.step)
+        pause_at("step", position.step + 1)
         result = self.engine.step.run(iterator, micro_count)
         processes = self.accelerator.num_processes
         position.count(
@@ -499,6 +503,7 @@ class TrainingRun:
         if self.inputs.eval_data is None:
             return
         layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
+        pause_at("evaluation", position.step)
         result = evaluate_loss(
             self.accelerator,
             self.engine.model,
@@ -595,4 +600,7 @@ class TrainingRun:
             ) from None
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
-        return Position(**fields), str(found[-1])
+        position, evaluated = Position(**fields), self.settings.final_evaluation
+        if evaluated is not None and evaluated.get("step") == position.step and evaluated not in position.evals:
+            position.evals.append(evaluated)
+        return position, str(found[-1])
