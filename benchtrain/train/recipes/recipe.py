@@ -400,8 +400,10 @@ class TrainRecipe:
         try:
             outcome = loop.run()
             if is_main_process() and outcome.status in (COMPLETED, STEP_LIMIT):
-                record.file.end_phase(STEPS)  # with the last checkpoint, its final evaluation in it or done after it
-                record.end_phase(EVALUATION)
+                # The steps end with the last checkpoint; the final evaluation is in it, or was done after it: written here.
+                ended = outcome.position
+                record.file.end_phase(STEPS)
+                record.end_phase(EVALUATION, losses=ended.losses, timeline=ended.timeline, evals=ended.evals)
             final = self._export(loop, tokenizer, outcome.status)
         except Exception as error:
             if not is_out_of_memory(error):
