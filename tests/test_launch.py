@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import save_calibration
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from benchtrain.train.planning.rental import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from benchtrain.train.running.checkpoint import MARKER_FILE, PROGRESS_FILE, list_checkpoints
 from benchtrain.train.running.resume import resume_command, what_to_continue
 
@@ -525,72 +524,6 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     )
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
-    home: Path, heavy_tailed_jsonl: Path, tmp_path: Path
-) -> None:
-    """The run script of a target nobody measured, with dstack's node variables: `bench run`
-    across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
-    the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
-    from benchtrain.train.launch_command import run_script
-    from benchtrain.train.planning.rental import DiskSize, Duration, Spot
-    from benchtrain.train.recipes.launch_task import LaunchTask, Target
-    from benchtrain.train.recipes.machines import Option, Row, Source
-
-    bench = "run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
-    # What the target's row holds, as a --consider row nobody measured would: its option, its plan, its bench run.
-    chosen = SimpleNamespace(
-        config=SimpleNamespace(phrase="to be measured"),
-        optimizer_steps=4,
-        total_seconds_low=10.0,
-        total_seconds_promised=20.0,
-    )
-    option = Option(None, 2, "ddp", interconnect="ethernet")  # type: ignore[arg-type]
-    row = Row(
-        Source(option, "predicted", "nothing measured on this machine"),
-        Hardware("cpu", "CPU over ethernet", 1, 0),
-        run_plan=SimpleNamespace(plan=SimpleNamespace(chosen=chosen)),  # type: ignore[arg-type]
-        settle_arguments=tuple(bench.split()),
-        settle_seconds=60.0,
-    )
-    target = Target(row, "cpu", None, nodes=2, gpus_per_node=1, calibration=None, calibration_file=None)
-    arguments = [
-        "--data",
-        str(heavy_tailed_jsonl),
-        "--deadline",
-        "30m",
-        "--effective-batch",
-        "4",
-        "--max-steps",
-        "4",
-        "--no-report",
-    ]
-    task = LaunchTask(
-        "benchtrain-tiny",
-        [target],
-        [],
-        arguments,
-        [],
-        DiskSize(GB, ""),
-        Spot(False, "", 0.0),
-        Duration(600.0, ""),
-        1800.0,
-        "0.1.0",
-        "tiny",
-    )
-    script = tmp_path / "run.sh"
-    script.write_text(run_script(task, "dstack"))
-    root, logs = tmp_path / "root", tmp_path / "logs"
-    wait_nodes(start_nodes(script, root, logs, "dstack"), logs)
-    (calibration_path,) = (root / "run" / "home" / "calibrations").glob("*.json")
-    calibration = json.loads(calibration_path.read_text())
-    assert calibration["distributed"]["world_size"] == 2 and calibration["hardware"]["interconnect"] == "2x1:ethernet"
-    record = json.loads((root / "run" / "run.json").read_text())
-    assert record["calibration_id"] == calibration["id"] and record["plan"]["world_size"] == 2
-    assert [entry["step"] for entry in record["losses"]] == [1, 2, 3, 4]
 
 
 def test_a_shared_calibrations_strings_never_leave_their_comment_line(
