@@ -143,11 +143,13 @@ def test_the_run_scripts_killed_at_every_phase_end_as_the_uninterrupted_run(
     # Killed during the final evaluation, after the last checkpoint: every step is done, nothing after them.
     run_until_paused(measured_first["skypilot"], root, logs / "evaluation", "skypilot", "evaluation:4", monkeypatch)
     assert list_checkpoints(root / "run" / "checkpoints")[-1].name == "step-0000004"
-    assert record(root)["status"] == "running" and not (root / "run" / "final").exists()
+    killed_in_evaluation = record(root)
+    assert killed_in_evaluation["status"] in ("planned", "running") and killed_in_evaluation["phases"]["done"] == []
+    assert not (root / "run" / "final").exists()
     # Killed during the export: the steps and the final evaluation ended; final/ is not there (written whole or not).
     run_until_paused(measured_first["dstack"], root, logs / "export", "dstack", "export", monkeypatch, 1)
     stranded = record(root)
-    assert stranded["status"] == "running" and stranded["phases"]["done"] == ["steps", "evaluation"]
+    assert stranded["status"] in ("planned", "running") and stranded["phases"]["done"] == ["steps", "evaluation"]
     assert not (root / "run" / "final").exists()
     # Killed during the report: final/ and the status written; the report not.
     run_until_paused(measured_first["skypilot"], root, logs / "report", "skypilot", "report", monkeypatch, 1)
