@@ -4,10 +4,10 @@ checkpoint write, an evaluation, the export and the report, each time at that mo
 them: bench (a probe), step (before it runs), checkpoint (its files written, not sealed), evaluation, export (final/
 written, not yet in place), report (its figures drawn, the page not written).
 
-`BENCHTRAIN_TEST_PAUSE_AT=PHASE` (or `PHASE:STEP`, the optimizer step it is at) makes every process that reaches `pause_at(PHASE)`
-add a line to `BENCHTRAIN_TEST_PAUSE_FILE` (where set: a test waits for as many lines as processes it expects there)
-and sleep until it is killed. Unset, as it is outside the tests, it costs
-one look at the environment and does nothing; it never runs anything and never changes what is written."""
+`BENCHTRAIN_TEST_PAUSE_AT=PHASE` (or `PHASE:STEP`, the optimizer step it is at) makes every process that reaches
+`pause_at(PHASE)` add a line to `BENCHTRAIN_TEST_PAUSE_FILE` (where set: a test waits for as many lines as processes
+it expects there) and sleep until it is killed. Unset, as it is outside the tests, it costs one look at the
+environment and does nothing; it never runs anything and never changes what is written."""
 
 from __future__ import annotations
 

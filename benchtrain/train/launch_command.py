@@ -242,7 +242,7 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         "resources": resources,
         "spot_policy": "auto" if task.spot.use else "on-demand",
         "max_duration": f"{int(task.duration.seconds)}s",
-        "stop_duration": f"{task.grace_seconds}s",  # dstack's stop waits for the grace (its default: 5m)
+        "stop_duration": f"{task.engine_stop_seconds}s",  # dstack's stop waits for the grace (its default: 5m)
     }
     if task.spot.use:  # a preempted task is started again, and continues (--resume auto)
         configuration["retry"] = {

@@ -127,7 +127,7 @@ class LaunchTask:
         return self.targets[0].nodes
 
     @property
-    def grace_seconds(self) -> int:
+    def engine_stop_seconds(self) -> int:
         """The engine's wait from its stop to its kill (dstack's stop_duration): the longest of the targets' graces, and
         a second more, so torchrun's own kill of its workers comes first."""
         return max(target.grace.seconds for target in self.targets) + 1
