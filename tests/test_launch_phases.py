@@ -1,4 +1,4 @@
-"""The emitted run scripts, killed at every phase: on two torchrun agents of this machine (tests/test_launch.py's nodes),
+"""The emitted run scripts, killed at every phase: on two torchrun agents of this machine (tests/helpers.py's nodes, as tests/test_launch.py runs them),
 a target nobody measured is benched across both nodes, then trained; the same task is killed with -9 during the bench,
 a step, a checkpoint write, the final evaluation, the export and the report, each time at that moment
 (benchtrain.common.pause), and started again, alternating SkyPilot's and dstack's scripts on the one run folder. It ends
@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import run_main
-from test_launch import free_port, kill_nodes, start_nodes, wait_nodes
+from helpers import free_port, kill_nodes, run_main, start_nodes, wait_nodes
 
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.common.pause import PAUSE_AT, PAUSE_FILE
