@@ -8,7 +8,11 @@ import copy
 import functools
 import itertools
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -612,3 +616,83 @@ def link_from_all_reduce(model: CommModel) -> Link:
         0.0,
         f"measured: {model.backend} all-reduce among {n} processes",
     )
+
+
+# -- nodes of a launched task, on this machine (tests/test_launch.py, tests/test_launch_phases.py) --------------
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the rendezvous store's, on node 0)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def node_variables(engine: str, rank: int) -> dict[str, str]:
+    """What the engine sets on node `rank` of two, both on this machine."""
+    if engine == "skypilot":
+        shared = {
+            "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1",
+            "SKYPILOT_NUM_NODES": "2",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        }
+        return {**shared, "SKYPILOT_NODE_RANK": str(rank)}
+    shared = {"DSTACK_MASTER_NODE_IP": "127.0.0.1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_PER_NODE": "0"}
+    return {**shared, "DSTACK_NODE_RANK": str(rank)}
+
+
+def start_nodes(script: Path, root: Path, logs: Path, engine: str = "skypilot") -> list[subprocess.Popen]:
+    """The script on two nodes, each with the engine's variables as the engine sets them."""
+    environment = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "BENCHTRAIN_TASK_ROOT": str(root),  # the mounts' root (/benchtrain on a rented node)
+        "BENCHTRAIN_MASTER_PORT": str(free_port()),
+    }
+    logs.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for rank in (0, 1):
+        out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
+        node_environment = {**environment, **node_variables(engine, rank)}
+        nodes.append(
+            subprocess.Popen(
+                ["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True
+            )
+        )
+    return nodes
+
+
+def wait_nodes(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) -> None:
+    try:
+        for node in nodes:
+            node.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_nodes(nodes)
+        pytest.fail(f"the nodes did not finish: {(logs / 'node0.err').read_text()[-3000:]}")
+    for rank, node in enumerate(nodes):
+        assert node.returncode == 0, (logs / f"node{rank}.err").read_text()[-3000:]
+
+
+def kill_nodes(nodes: list[subprocess.Popen]) -> None:
+    """The machines go: every process of every node (torchrun starts its workers in sessions of
+    their own, so the whole tree, gathered first), at once, with no chance to save."""
+    import psutil
+
+    processes = []
+    for node in nodes:
+        try:
+            root = psutil.Process(node.pid)
+            processes += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=30)
+    for node in nodes:
+        node.wait()

@@ -13,9 +13,7 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,13 +21,25 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import FIXTURE, MACHINES, PRICES, assert_one_line_error, run_consider, run_main, synthetic_calibration
+from helpers import (
+    FIXTURE,
+    MACHINES,
+    PRICES,
+    assert_one_line_error,
+    kill_nodes,
+    node_variables,
+    run_consider,
+    run_main,
+    start_nodes,
+    synthetic_calibration,
+    wait_nodes,
+)
 
 from benchtrain.calibration.hardware import Hardware
 from benchtrain.calibration.schema import read_calibration_file
 from benchtrain.calibration.store import save_calibration
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.train.planning.rental import GB, PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
+from benchtrain.train.planning.rental import PROVISION_SECONDS, SETUP_SECONDS, max_duration, spot_choice
 from benchtrain.train.running.checkpoint import MARKER_FILE, PROGRESS_FILE, list_checkpoints
 from benchtrain.train.running.resume import resume_command, what_to_continue
 
@@ -237,7 +247,7 @@ def test_the_hub_token_reaches_the_nodes_as_a_reference_never_a_value(
             from dstack._internal.core.models.configurations import parse_run_configuration
 
             configuration = parse_run_configuration(task)
-            assert [(one.local_path, one.path) for one in configuration.files][0] == (str(data), str(data))
+            assert next((one.local_path, one.path) for one in configuration.files) == (str(data), str(data))
             assert "HF_TOKEN" in configuration.env
     code, _, err = emit(capsys, chats, f"dstack:{tmp_path / 'public.yaml'}")
     assert code == 0, err
@@ -576,83 +586,6 @@ def two_node_calibration(home: Path) -> None:
     )
 
 
-def free_port() -> int:
-    """A port nobody listens on now (the rendezvous store's, on node 0)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def node_variables(engine: str, rank: int) -> dict[str, str]:
-    """What the engine sets on node `rank` of two, both on this machine."""
-    if engine == "skypilot":
-        shared = {
-            "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.1",
-            "SKYPILOT_NUM_NODES": "2",
-            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
-        }
-        return {**shared, "SKYPILOT_NODE_RANK": str(rank)}
-    shared = {"DSTACK_MASTER_NODE_IP": "127.0.0.1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_PER_NODE": "0"}
-    return {**shared, "DSTACK_NODE_RANK": str(rank)}
-
-
-def start_nodes(script: Path, root: Path, logs: Path, engine: str = "skypilot") -> list[subprocess.Popen]:
-    """The script on two nodes, each with the engine's variables as the engine sets them."""
-    environment = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "OMP_NUM_THREADS": "1",
-        "BENCHTRAIN_TASK_ROOT": str(root),  # the mounts' root (/benchtrain on a rented node)
-        "BENCHTRAIN_MASTER_PORT": str(free_port()),
-    }
-    logs.mkdir(parents=True, exist_ok=True)
-    nodes = []
-    for rank in (0, 1):
-        out, err = open(logs / f"node{rank}.out", "w"), open(logs / f"node{rank}.err", "w")
-        node_environment = {**environment, **node_variables(engine, rank)}
-        nodes.append(
-            subprocess.Popen(
-                ["bash", str(script)], env=node_environment, stdout=out, stderr=err, start_new_session=True
-            )
-        )
-    return nodes
-
-
-def wait_nodes(nodes: list[subprocess.Popen], logs: Path, timeout: float = 240) -> None:
-    try:
-        for node in nodes:
-            node.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_nodes(nodes)
-        pytest.fail(f"the nodes did not finish: {(logs / 'node0.err').read_text()[-3000:]}")
-    for rank, node in enumerate(nodes):
-        assert node.returncode == 0, (logs / f"node{rank}.err").read_text()[-3000:]
-
-
-def kill_nodes(nodes: list[subprocess.Popen]) -> None:
-    """The machines go: every process of every node (torchrun starts its workers in sessions of
-    their own, so the whole tree, gathered first), at once, with no chance to save."""
-    import psutil
-
-    processes = []
-    for node in nodes:
-        try:
-            root = psutil.Process(node.pid)
-            processes += [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    for process in processes:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(processes, timeout=30)
-    for node in nodes:
-        node.wait()
-
-
 def emitted_script(
     capsys: pytest.CaptureFixture[str], data: Path, folder: Path, *options: str
 ) -> tuple[Path, dict[str, Any]]:
@@ -746,72 +679,6 @@ def test_two_nodes_train_from_the_emitted_script_and_survive_a_kill(
     )
     # The deadline stayed the first start's: the restart counted the time the kill lost.
     assert resumed["deadline_started_at"] == pytest.approx(interrupted["deadline_started_at"], abs=1.0)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_target_nobody_measured_is_benched_across_both_nodes_then_trained(
-    home: Path, heavy_tailed_jsonl: Path, tmp_path: Path
-) -> None:
-    """The run script of a target nobody measured, with dstack's node variables: `bench run`
-    across the two nodes (one process each, over "ethernet") stores a 2-process calibration beside
-    the run, then `train --use-calibration latest` plans from it and trains on both nodes."""
-    from benchtrain.train.launch_command import run_script
-    from benchtrain.train.planning.rental import DiskSize, Duration, Spot
-    from benchtrain.train.recipes.launch_task import LaunchTask, Target
-    from benchtrain.train.recipes.machines import Option, Row, Source
-
-    bench = "run --gpu cpu --interconnect ethernet --batch-sizes 1,2 --seq-lens 32,64 --workers 0 --accum 1 --no-report --quiet"
-    # What the target's row holds, as a --consider row nobody measured would: its option, its plan, its bench run.
-    chosen = SimpleNamespace(
-        config=SimpleNamespace(phrase="to be measured"),
-        optimizer_steps=4,
-        total_seconds_low=10.0,
-        total_seconds_promised=20.0,
-    )
-    option = Option(None, 2, "ddp", interconnect="ethernet")  # type: ignore[arg-type]
-    row = Row(
-        Source(option, "predicted", "nothing measured on this machine"),
-        Hardware("cpu", "CPU over ethernet", 1, 0),
-        run_plan=SimpleNamespace(plan=SimpleNamespace(chosen=chosen)),  # type: ignore[arg-type]
-        settle_arguments=tuple(bench.split()),
-        settle_seconds=60.0,
-    )
-    target = Target(row, "cpu", None, nodes=2, gpus_per_node=1, calibration=None, calibration_file=None)
-    arguments = [
-        "--data",
-        str(heavy_tailed_jsonl),
-        "--deadline",
-        "30m",
-        "--effective-batch",
-        "4",
-        "--max-steps",
-        "4",
-        "--no-report",
-    ]
-    task = LaunchTask(
-        "benchtrain-tiny",
-        [target],
-        [],
-        arguments,
-        [],
-        DiskSize(GB, ""),
-        Spot(False, "", 0.0),
-        Duration(600.0, ""),
-        1800.0,
-        "0.1.0",
-        "tiny",
-    )
-    script = tmp_path / "run.sh"
-    script.write_text(run_script(task, "dstack"))
-    root, logs = tmp_path / "root", tmp_path / "logs"
-    wait_nodes(start_nodes(script, root, logs, "dstack"), logs)
-    (calibration_path,) = (root / "run" / "home" / "calibrations").glob("*.json")
-    calibration = json.loads(calibration_path.read_text())
-    assert calibration["distributed"]["world_size"] == 2 and calibration["hardware"]["interconnect"] == "2x1:ethernet"
-    record = json.loads((root / "run" / "run.json").read_text())
-    assert record["calibration_id"] == calibration["id"] and record["plan"]["world_size"] == 2
-    assert [entry["step"] for entry in record["losses"]] == [1, 2, 3, 4]
 
 
 def test_a_shared_calibrations_strings_never_leave_their_comment_line(

@@ -73,6 +73,37 @@ def test_a_completed_run_is_not_resumed(tmp_path: Path) -> None:
         what_to_continue("auto", str(out), True, time.monotonic())
 
 
+def test_a_run_stopped_after_its_last_checkpoint_does_what_is_left(tmp_path: Path) -> None:
+    """A kill after the last step's checkpoint (during the final evaluation, the export, the push or the report) leaves
+    every step done: the restart finishes the run from that checkpoint instead of refusing, and does not do again what
+    run.json says ended."""
+    out = tmp_path / "run"
+    interrupted_run(out, 483, status="running")  # killed during the export: no phases said yet (an older run.json)
+    found = what_to_continue("auto", str(out), False, time.monotonic())
+    assert found.resuming and found.steps_done and found.completed == 483 and found.phases_done == ()
+    assert what_to_continue(True, str(out), False, time.monotonic()).steps_done  # a plain --resume too
+
+    planned = ["steps", "evaluation", "export", "report"]
+    killed_in_report = tmp_path / "report"
+    interrupted_run(
+        killed_in_report, 483, status=COMPLETED, phases={"planned": planned, "done": ["steps", "evaluation", "export"]}
+    )
+    found = what_to_continue("auto", str(killed_in_report), False, time.monotonic())
+    assert found.finished is None and found.steps_done and found.phases_done == ("steps", "evaluation", "export")
+
+    # Stopped during its last step: its checkpoint has every step, but its partial final/ and report are done again.
+    stopped = tmp_path / "stopped"
+    interrupted_run(stopped, 483, status="interrupted", phases={"planned": planned, "done": ["export", "report"]})
+    found = what_to_continue("auto", str(stopped), False, time.monotonic())
+    assert found.steps_done and found.phases_done == ()
+
+    done = tmp_path / "done"
+    interrupted_run(done, 483, status=COMPLETED, phases={"planned": planned, "done": planned})
+    assert what_to_continue("auto", str(done), False, time.monotonic()).finished == COMPLETED
+    with pytest.raises(BenchtrainError, match="already did all 483 of its optimizer steps"):
+        what_to_continue(True, str(done), False, time.monotonic())
+
+
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [

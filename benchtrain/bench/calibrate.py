@@ -31,6 +31,7 @@ from benchtrain.common.console import say
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import EXIT_INTERNAL, BenchtrainError, MeasurementError
 from benchtrain.common.json_types import JsonDict
+from benchtrain.common.pause import pause_at
 from benchtrain.common.progress import Bar
 from benchtrain.train.planning.comm import world
 from benchtrain.train.planning.memory_check import compute_bytes, meta_model
@@ -243,6 +244,7 @@ def measure_and_record(
 
     def probe(config: StepConfig, remaining: float | None) -> JsonDict:
         price, peak = planner.price(config), planner.predicted_peak(config)
+        pause_at("bench")
         row = coordinator.run("probe", probe_payload(run, config, remaining))
         # What was predicted when the probe was chosen, beside what it measured.
         row["predicted"] = {

@@ -32,6 +32,17 @@ INTERRUPTED: Final = "interrupted"  # SIGINT or SIGTERM
 # Runs that stopped before their planned end, from a checkpoint they can resume: their final/ is marked partial, and the end of the run says how to resume it.
 STOPPED_EARLY: Final = (STOPPED_FOR_DEADLINE, INTERRUPTED)
 
+# What a run does after its plan, in the order it does it: run.json's `phases` holds those this command planned and
+# those that ended, so a restart after a preemption does what is left (train.running.resume.what_to_continue). A
+# phase ends when what it wrote is complete on disk: the steps with their last checkpoint (the final evaluation in
+# it, or done again from it), the export with final/ and its section, the push with its section, the report with it.
+STEPS: Final = "steps"
+EVALUATION: Final = "evaluation"
+EXPORT: Final = "export"
+PUSH: Final = "push"
+REPORT: Final = "report"
+PHASES: Final = (STEPS, EVALUATION, EXPORT, PUSH, REPORT)
+
 
 def step_columns(config: StepConfig, world_size: int) -> JsonObject:
     """The step configuration as a plan's candidate is written, flat (a dry run's JSON, run.json's
@@ -244,6 +255,38 @@ class RunFile:
     @property
     def push_status(self) -> str | None:
         return _Reader(self.source, "", self.sections).section("push").text("status")
+
+    @property
+    def phases_done(self) -> tuple[str, ...]:
+        return phases_of(self.sections).done
+
+    def plan_phases(self, planned: Sequence[str], done: Sequence[str] = ()) -> None:
+        """`phases`: what this command will do (PHASES, in their order) and what of it already ended."""
+        self.update(phases={"planned": list(planned), "done": [phase for phase in planned if phase in done]})
+
+    def end_phase(self, phase: str) -> None:
+        """`phase` ended (written with the section it wrote, by the caller's next write)."""
+        phases = phases_of(self.sections)
+        if phase not in phases.done:
+            self.plan_phases(phases.planned, (*phases.done, phase))
+
+
+@dataclass(frozen=True)
+class RunPhases:
+    """run.json's `phases`: those its last command planned and those that ended, in PHASES' order."""
+
+    planned: tuple[str, ...] = ()
+    done: tuple[str, ...] = ()
+
+    @property
+    def left(self) -> tuple[str, ...]:
+        return tuple(phase for phase in self.planned if phase not in self.done)
+
+
+def phases_of(document: Mapping[str, JsonValue], source: str = "run.json") -> RunPhases:
+    """The `phases` a run.json holds (one from before them: none planned, none left)."""
+    phases = _Reader(source, "", document).section("phases")
+    return RunPhases(phases.texts("planned") or (), phases.texts("done") or ())
 
 
 def _total_steps(plan: _Reader) -> int:

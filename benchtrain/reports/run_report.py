@@ -20,6 +20,7 @@ from benchtrain.common.atomic import read_json_file
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict, JsonValue
+from benchtrain.common.pause import pause_at
 from benchtrain.reports import figures
 from benchtrain.reports.html import bullet_list, figure_grid, key_values, section, table, verdict, write_page
 
@@ -57,6 +58,7 @@ def write_run_report(run_dir: Path) -> Path:
         f"Run {record.get('run_id', run_dir.name)}",
         f"calibration {record.get('calibration_id')} — created {record.get('created_at')}",
     )
+    pause_at("report")
     return write_page(run_dir / "report.html", title, subtitle, sections)
 
 

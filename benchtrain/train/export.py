@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from benchtrain.common.atomic import atomic_directory
 from benchtrain.common.errors import BenchtrainError
 from benchtrain.common.json_types import JsonDict
+from benchtrain.common.pause import pause_at
 from benchtrain.train.workload.method import MethodConfig
 from benchtrain.train.workload.model import ModelSpec, make_config
 from benchtrain.train.workload.quantize import bitsandbytes_config, keep_one_weight_layout
@@ -45,6 +46,7 @@ def export_final(
         with atomic_directory(run_dir / FINAL) as folder:
             trained.save_pretrained(folder, state_dict=full_weights, safe_serialization=True)
             tokenizer.save_pretrained(folder)
+            pause_at("export")
     else:
         revision = None
         base: str | None = None  # None: the base goes into final/ itself
@@ -78,6 +80,7 @@ def export_final(
                 (folder / RUN_NOTE).write_text(
                     json.dumps({"base_quantization": method.quantize}, indent=2), encoding="utf-8"
                 )
+            pause_at("export")
         base = base or EMBEDDED_BASE
         record["base_model_name_or_path"] = base
         if method.quantized:

@@ -81,6 +81,7 @@ def target_lines(task: LaunchTask, target: Target, card: str | None = None) -> l
             f"{chosen.optimizer_steps:,} optimizer steps ({source})"
         ),
         f"PER_NODE={target.gpus_per_node}",
+        f"GRACE={target.grace.seconds}  # seconds from SIGTERM to SIGKILL: {target.grace.basis}",
         shell_array("TRAIN", task.train_command(target, measured=card is None)),
     ]
     # A card nobody measured is measured here first, once per card: a task recovered onto another card benches that one
@@ -139,18 +140,20 @@ def run_script(task: LaunchTask, engine: str) -> str:
             "esac",
         ]
     lines += [
+        "# torchrun gives its workers GRACE seconds after a SIGTERM (its default is 30) to save a checkpoint and export.",
         'LAUNCH=(python -m torch.distributed.run --nnodes "$NODES" --node_rank "$NODE_RANK" --nproc_per_node "$PER_NODE" '
-        f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}")',
+        f'--master_addr "$MASTER_ADDR" --master_port "${{BENCHTRAIN_MASTER_PORT:-{MASTER_PORT}}}" --shutdown-timeout "$GRACE")',
         'if [ ${#BENCH[@]} -gt 0 ] && [ ! -f "$MEASURED" ]; then',
         '  "${LAUNCH[@]}" -m benchtrain.bench "${BENCH[@]}"',
         '  touch "$MEASURED"',
         "fi",
         "# --resume auto: a restarted task continues from the run's last complete checkpoint; the deadline stays the first start's.",
     ]
-    # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop
+    # SkyPilot has no maximum duration of its own: SIGTERM makes train save a checkpoint and stop; the kill comes a
+    # second after torchrun's own, so torchrun ends its workers itself.
     if engine == "skypilot":
         lines.append(
-            f'exec timeout --signal=TERM {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"'
+            f'exec timeout --signal=TERM --kill-after=$((GRACE + 1)) {int(task.duration.seconds)} "${{LAUNCH[@]}}" -m benchtrain.train "${{TRAIN[@]}}"'
         )
     else:
         lines.append('exec "${LAUNCH[@]}" -m benchtrain.train "${TRAIN[@]}"')
@@ -199,6 +202,7 @@ def header(task: LaunchTask, engine: str) -> list[str]:
         f"Disk: {task.disk_gb} GB = {task.disk.basis}.",
         f"Capacity: {task.spot.reason}.",
         f"Maximum duration: {format_duration(task.duration.seconds)} = {task.duration.basis}.",
+        f"Shutdown grace: {format_duration(best.grace.seconds)} from SIGTERM to SIGKILL = {best.grace.basis}; each target's as GRACE in the run script.",
         f"The run folder {RUN_DIR} is a bucket mounted on every node: checkpoints survive the machine, and `--resume auto` finds them.",
     ]
     for upload in task.uploads:
@@ -275,6 +279,7 @@ def dstack_task(task: LaunchTask) -> tuple[JsonDict, LaunchTask]:
         "resources": resources,
         "spot_policy": "auto" if task.spot.use else "on-demand",
         "max_duration": f"{int(task.duration.seconds)}s",
+        "stop_duration": f"{task.engine_stop_seconds}s",  # dstack's stop waits for the grace (its default: 5m)
     }
     if task.spot.use:  # a preempted task is started again, and continues (--resume auto)
         configuration["retry"] = {

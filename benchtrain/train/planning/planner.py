@@ -268,7 +268,8 @@ def evaluate(
     # are shuffled, so a share of the steps is that share of every batch shape.
     target = min(steps, request.max_steps) if request.max_steps is not None else steps
     remaining = target - request.completed_steps
-    if remaining < 1:
+    # None left of a resumed run that did them all: what came after them (its evaluation, export, report) is planned.
+    if remaining < 0 or (remaining == 0 and not request.completed_steps):
         raise BenchtrainError(
             f"nothing left to run: the run already did {request.completed_steps} of its {target} optimizer steps"
         )

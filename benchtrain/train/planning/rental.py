@@ -3,6 +3,7 @@ the allowances below are stated, not measured (docs/design.md#rental)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from benchtrain.train.planning.disk import disk_need
 from benchtrain.train.planning.memory_check import BF16_BYTES, memory_need
 
 if TYPE_CHECKING:
-    from benchtrain.train.planning.types import Plan
+    from benchtrain.train.planning.types import Candidate, Plan
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import ModelSpec
 
@@ -71,6 +72,27 @@ def max_duration(upper_seconds: float, spot: Spot, deadline_seconds: float) -> D
         f"(the guard has stopped the run with a checkpoint by then), + {format_duration(SETUP_SECONDS)} to install benchtrain (an allowance)"
     )
     return Duration(seconds, basis)
+
+
+@dataclass(frozen=True)
+class ShutdownGrace:
+    seconds: int  # whole seconds: torchrun's --shutdown-timeout takes them so
+    basis: str  # how it was reckoned, in words
+
+
+def shutdown_grace(chosen: Candidate) -> ShutdownGrace:
+    """How long a node's processes get from SIGTERM to SIGKILL (torchrun's --shutdown-timeout, the engine's stop): the
+    step in flight, then all a stopped run writes (its checkpoint, the final evaluation, final/, the push and the report:
+    Overheads.after_training_seconds), each as the plan priced it from bench's measurements, at the plan's upper bound.
+    torchrun's own default, 30 s, fits neither a large model's checkpoint nor its export (docs/design.md#rental)."""
+    step = chosen.step_seconds / max(1, chosen.remaining_steps)
+    after = chosen.overheads.after_training_seconds
+    seconds = max(1, math.ceil((step + after) * (1 + chosen.bound_fraction)))
+    basis = (
+        f"(a step {format_duration(step)} + checkpoint, final evaluation, export, push and report {format_duration(after)}, "
+        f"as planned from bench's measurements) × {1 + chosen.bound_fraction:.2f} (the plan's bound)"
+    )
+    return ShutdownGrace(seconds, basis)
 
 
 @dataclass(frozen=True)

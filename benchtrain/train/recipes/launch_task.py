@@ -21,7 +21,17 @@ from benchtrain.calibration.store import is_bundled
 from benchtrain.calibration.topology import parse_interconnect
 from benchtrain.common.durations import format_duration
 from benchtrain.common.errors import BenchtrainError
-from benchtrain.train.planning.rental import GB, DiskSize, Duration, Spot, max_duration, node_disk, spot_choice
+from benchtrain.train.planning.rental import (
+    GB,
+    DiskSize,
+    Duration,
+    ShutdownGrace,
+    Spot,
+    max_duration,
+    node_disk,
+    shutdown_grace,
+    spot_choice,
+)
 from benchtrain.train.recipes.machines import SETTLE_SECONDS, Option, Row, calibration_row, device_key, plan_of
 from benchtrain.train.running.resume import without_options
 
@@ -102,6 +112,11 @@ class Target:
         return plan_of(self.row).chosen
 
     @property
+    def grace(self) -> ShutdownGrace:
+        """How long its processes get from SIGTERM to SIGKILL to save and export (train.planning.rental.shutdown_grace)."""
+        return shutdown_grace(self.chosen)
+
+    @property
     def cost_upper(self) -> float | None:
         """What the target costs at most: a machine's at the upper end of its bracket, a calibration's at its estimate."""
         bracket = self.row.cost_bracket
@@ -141,6 +156,12 @@ class LaunchTask:
     @property
     def nodes(self) -> int:
         return self.targets[0].nodes
+
+    @property
+    def engine_stop_seconds(self) -> int:
+        """The engine's wait from its stop to its kill (dstack's stop_duration): the longest of the targets' graces, and
+        a second more, so torchrun's own kill of its workers comes first."""
+        return max(target.grace.seconds for target in self.targets) + 1
 
     @property
     def disk_gb(self) -> int:

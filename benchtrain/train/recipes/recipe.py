@@ -11,14 +11,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchtrain.calibration.run_file import INTERRUPTED, STOPPED_EARLY, JsonObject
+from benchtrain.calibration.run_file import (
+    COMPLETED,
+    EVALUATION,
+    EXPORT,
+    INTERRUPTED,
+    PHASES,
+    PUSH,
+    REPORT,
+    STEP_LIMIT,
+    STEPS,
+    STOPPED_EARLY,
+    JsonObject,
+)
 from benchtrain.common.atomic import json_text
 from benchtrain.common.console import is_main_process, say
 from benchtrain.common.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH_FAILED, BenchtrainError, DeadlineError
 from benchtrain.common.home import writable_subdir
 from benchtrain.common.json_types import JsonDict
-from benchtrain.common.run_paths import stored_path
-from benchtrain.train.export import export_final
+from benchtrain.common.run_paths import FINAL_PATH_KEYS, stored_path, stored_paths
+from benchtrain.train.export import FINAL, export_final
 from benchtrain.train.planning.disk import check_space, disk_need, run_lock
 from benchtrain.train.planning.plan_text import describe_exact_profile, describe_outcome
 from benchtrain.train.planning.trainer_fields import trainer_fields
@@ -244,7 +256,10 @@ class TrainRecipe:
         elif is_main_process():
             print_plan(run, self.context, self.loaded)
         if not run.plan.meets_deadline:
-            raise DeadlineError(deadline_message(run.plan, self.continuation.resuming))
+            if not self.continuation.steps_done:
+                raise DeadlineError(deadline_message(run.plan, self.continuation.resuming))
+            # Its steps all ran: what is left makes its model usable, however late (a stop now would leave no final/).
+            say(f"warning: {deadline_message(run.plan, True)}; finishing the run anyway")
         return not (config.output.json or config.output.dry_run)
 
     # -- train ------------------------------------------------------------------------------
@@ -347,7 +362,18 @@ class TrainRecipe:
                 file.learning_rate, method.optimizer, file.total_steps
             )
         )
+        file.plan_phases(self._phases(), self.continuation.phases_done)
         return record
+
+    def _phases(self) -> list[str]:
+        """What this command does (calibration.run_file.PHASES): the evaluation where there is held-out data, the push
+        with --push-to-hub, the report unless --no-report."""
+        left_out = {
+            EVALUATION: self.loaded.eval_data is None,
+            PUSH: self.push is None,
+            REPORT: self.config.output.no_report,
+        }
+        return [phase for phase in PHASES if not left_out.get(phase, False)]
 
     def _data_section(self) -> JsonDict:
         """run.json's data: the source, its format, the profile, the fingerprint, the cache."""
@@ -381,6 +407,7 @@ class TrainRecipe:
             checkpoints=self.continuation.checkpoints,  # the last one restored (none: a new run)
             fall_back=self.continuation.fall_back,
             run_id=record.file.run_id,
+            final_evaluation=self._final_evaluation(),
             report_to=config.output.trackers,
             hyperparameters=config.tuning.hyperparameters,
         )
@@ -399,7 +426,12 @@ class TrainRecipe:
         )
         try:
             outcome = loop.run()
-            final = export_final_model(loop, record.out_dir, tokenizer, config.output.merge_lora, outcome.status)
+            if is_main_process() and outcome.status in (COMPLETED, STEP_LIMIT):
+                # The steps end with the last checkpoint; the final evaluation is in it, or was done after it: written here.
+                ended = outcome.position
+                record.file.end_phase(STEPS)
+                record.end_phase(EVALUATION, losses=ended.losses, timeline=ended.timeline, evals=ended.evals)
+            final = self._export(loop, tokenizer, outcome.status)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -413,13 +445,36 @@ class TrainRecipe:
         model_section = {**model_record(self.spec, model_shape(model)), "weights": weights_identity(self.spec)}
         return TrainedRun(outcome, final, model_section, training)
 
+    def _final_evaluation(self) -> dict[str, float] | None:
+        """The final evaluation of a resumed run whose evaluation phase had ended (its last in run.json), else None."""
+        earlier = self.continuation.earlier
+        evaluations = earlier.get("evals") if earlier is not None else None
+        if EVALUATION not in self.continuation.phases_done or not isinstance(evaluations, list) or not evaluations:
+            return None
+        last = evaluations[-1]
+        if not isinstance(last, dict):
+            return None
+        return {key: value for key, value in last.items() if isinstance(value, (int, float))}
+
+    def _export(self, loop: TrainingRun, tokenizer: Any, status: str) -> JsonDict | None:
+        """final/ written, and said in run.json (rank 0); a resumed run whose export had ended keeps the final/ it wrote."""
+        out_dir = self.record.out_dir
+        earlier = self.record.file.get("final")
+        if EXPORT in self.continuation.phases_done and isinstance(earlier, dict) and (out_dir / FINAL).is_dir():
+            return earlier
+        final = export_final_model(loop, out_dir, tokenizer, self.config.output.merge_lora, status)
+        if is_main_process():
+            self.record.end_phase(EXPORT, final=stored_paths(final, out_dir, FINAL_PATH_KEYS))
+        return final
+
     # -- finish -----------------------------------------------------------------------------
     def finish(self) -> int:
         """run.json completed, the measured speed fed back, the report, what to do next (rank 0); returns the exit status."""
         if is_main_process():
             run, config, record = self.run, self.config, self.record
             write_report = None if config.output.no_report else self.write_report
-            push = self._push if self.push is not None and self.trained.final else None
+            pushed = PUSH in self.continuation.phases_done  # before a kill: its section is in run.json
+            push = self._push if self.push is not None and self.trained.final and not pushed else None
             report_path = record.finish(self.trained, run.fitted.cal, run.plan, config.run_deadline, write_report, push)
             resume = resume_command(self.command_line, record.out_dir, run.fitted.step.world_size)
             print("\n".join(describe_outcome(record.data, record.out_dir, report_path, resume)), flush=True)

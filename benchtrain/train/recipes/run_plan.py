@@ -237,9 +237,13 @@ def print_plan(run: RunPlan, context: PlanContext, loaded: LoadedData) -> None:
             if (plan.step_limit or plan.chosen.optimizer_steps) < total
             else ""
         )
+        left = f"planning the {plan.chosen.remaining_steps:,} steps left"
+        if context.continuation.steps_done:
+            done = ", ".join(context.continuation.phases_done) or "none"
+            left = f"every step ran; doing what came after them from its last checkpoint (already done: {done})"
         print(
             f"resuming from step {context.continuation.completed:,} of {total:,} with the run's configuration and learning-rate schedule{stop}: "
-            f"planning the {plan.chosen.remaining_steps:,} steps left",
+            f"{left}",
             flush=True,
         )
     notes = tuple(loaded.prepared.describe())

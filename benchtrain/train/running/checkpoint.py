@@ -19,6 +19,7 @@ import numpy as np
 from benchtrain.common.atomic import atomic_directory
 from benchtrain.common.errors import EXIT_DISK, BenchtrainError
 from benchtrain.common.json_types import JsonDict
+from benchtrain.common.pause import pause_at
 from benchtrain.train.step.sharding import broadcast_from_rank0, gather_full_state, is_sharded, scatter_full_state
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ def save_checkpoint(
             }
             torch.save(state, temporary / OPTIMIZER_FILE)
             (temporary / PROGRESS_FILE).write_text(json.dumps({**meta, "rng": plain_rng}, indent=1))
+            pause_at("checkpoint", meta.get("step"))
             _seal(temporary)
     except (OSError, RuntimeError) as error:
         raise write_error(folder, error) from None

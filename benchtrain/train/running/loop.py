@@ -18,6 +18,7 @@ from benchtrain.calibration.model import Calibration
 from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT
 from benchtrain.common.console import say
 from benchtrain.common.json_types import JsonDict
+from benchtrain.common.pause import pause_at
 from benchtrain.common.progress import Bar, progress_bar
 from benchtrain.train.planning.deadline import Deadline
 from benchtrain.train.planning.types import Candidate
@@ -76,6 +77,8 @@ class LoopSettings:
     run_id: str | None = (
         None  # written into each checkpoint: another run's in a reused --out are never pruned nor resumed
     )
+    # A run resumed after all its steps whose final evaluation had ended (run.json's): kept, not done again.
+    final_evaluation: dict[str, float] | None = None
     report_to: tuple[str, ...] = ()  # experiment trackers (train.running.trackers)
     warmup_steps: int = 1  # first steps of this process that the guard leaves out of the live speed
     hyperparameters: OptimizerSettings = field(default_factory=OptimizerSettings)
@@ -345,6 +348,7 @@ class TrainingRun:
         """One optimizer step, counted into the position; the step's result and when it ended."""
         if self.hooks.step_hook:
             self.hooks.step_hook(position.step)
+        pause_at("step", position.step + 1)
         result = self.engine.step.run(iterator, micro_count)
         processes = self.accelerator.num_processes
         position.count(
@@ -504,6 +508,7 @@ class TrainingRun:
         if self.inputs.eval_data is None:
             return
         layout = BatchLayout(step.micro_batch_size, step.seq_len, self.settings.seed)
+        pause_at("evaluation", position.step)
         result = evaluate_loss(
             self.accelerator,
             self.engine.model,
@@ -608,4 +613,7 @@ class TrainingRun:
                 found = found[:-1]
         fields = {name: meta[name] for name in Position.__dataclass_fields__ if name in meta}
         self.events.append(f"resumed from {found[-1].name}")
-        return Position(**fields), str(found[-1])
+        position, evaluated = Position(**fields), self.settings.final_evaluation
+        if evaluated is not None and evaluated.get("step") == position.step and evaluated not in position.evals:
+            position.evals.append(evaluated)
+        return position, str(found[-1])

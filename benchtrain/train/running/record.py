@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchtrain.calibration.accuracy import EstimateCheck, check_estimate
 from benchtrain.calibration.model import Calibration
-from benchtrain.calibration.run_file import RUN_SCHEMA_VERSION, JsonObject, RunFile, flat_keys
+from benchtrain.calibration.run_file import PUSH, REPORT, RUN_SCHEMA_VERSION, JsonIn, JsonObject, RunFile, flat_keys
 from benchtrain.calibration.schema import variant_history
 from benchtrain.calibration.store import is_read_only, update_calibration
 from benchtrain.common.json_types import JsonDict
@@ -215,6 +215,12 @@ class RunRecord:
     def write(self) -> Path:
         return self.file.write(self.out_dir)
 
+    def end_phase(self, phase: str, **sections: JsonIn) -> None:
+        """`phase` (calibration.run_file.PHASES) ended: run.json says so, with the sections it wrote."""
+        self.file.update(**sections)
+        self.file.end_phase(phase)
+        self.write()
+
     def progress(self, position: Position, events: list[str]) -> None:
         """The loop's report (LoopHooks.on_update): where it is, written."""
         self.file.update(status="running", timeline=position.timeline, losses=position.losses, evals=position.evals)
@@ -258,12 +264,13 @@ class RunRecord:
         self.write()
         feed_back(calibration, record.to_json(), check)
         if before_report is not None:
-            record.update(push=before_report(record.to_json()))
-            self.write()
+            self.end_phase(PUSH, push=before_report(record.to_json()))  # pushed or not: `--push-only` pushes again
         report_started = deadline.elapsed()
         report_path = write_report(self.out_dir) if write_report else None
         finished = deadline.elapsed()
         actual.update(report_seconds=finished - report_started if report_path else None, command_seconds=finished)
         record.update(actual=actual, met_deadline=finished <= plan.request.deadline.deadline_seconds)
+        if report_path is not None:
+            record.end_phase(REPORT)
         self.write()
         return report_path

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import benchtrain.calibration as calibration_api
-from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, ResumedRun, RunFile, RunMethod
+from benchtrain.calibration.run_file import COMPLETED, STEP_LIMIT, STEPS, ResumedRun, RunFile, RunMethod, phases_of
 from benchtrain.common.atomic import read_json_file
 from benchtrain.common.console import say
 from benchtrain.common.errors import BenchtrainError
@@ -285,10 +285,19 @@ class Continuation:
     finished: str | None = None  # --resume auto of a run that already ended at its planned end: its status
     # --resume auto (unattended): a newest checkpoint that cannot be loaded gives way to the one before, with a warning.
     fall_back: bool = False
+    # A run that did all its steps but not all that comes after (a kill during its final evaluation, export, push or
+    # report): the phases (calibration.run_file.PHASES) that already ended, which this command does not do again.
+    phases_done: tuple[str, ...] = ()
 
     @property
     def resuming(self) -> bool:
         return self.run is not None
+
+    @property
+    def steps_done(self) -> bool:
+        """Every step of the run already ran: this command does what came after them (its final evaluation, export,
+        push and report) from its last checkpoint."""
+        return self.run is not None and self.completed >= self.run.total_steps
 
 
 def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, started_at: float) -> Continuation:
@@ -311,9 +320,10 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
         started, status = record.get("deadline_started_at"), record.get("status")
         if isinstance(started, (int, float)):
             budget_used = max(0.0, time.time() - float(started) - (time.monotonic() - started_at))
-        if status in (COMPLETED, STEP_LIMIT) and not dry_run:
+        at_end = status in (COMPLETED, STEP_LIMIT)
+        if at_end and not phases_of(record, str(path)).left and not dry_run:
             return Continuation(out_dir, budget_used=budget_used, finished=str(status))
-        if not list_checkpoints(out_dir / "checkpoints"):
+        if not at_end and not list_checkpoints(out_dir / "checkpoints"):
             return Continuation(out_dir, budget_used=budget_used)
     elif not path.is_file():
         raise BenchtrainError(f"--resume: {out_dir} has no run.json to continue")
@@ -325,7 +335,12 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
     ):  # unattended (an engine's restart): a newest checkpoint that cannot be read gives way to the one before
         checkpoints = readable_checkpoints(checkpoints)
     completed = int(read_progress(checkpoints[-1])["step"])
-    if completed >= run.total_steps or run.status == COMPLETED:
+    # A run that ended at its planned end and did all that came after: nothing to continue. One that did all its steps
+    # and was stopped after them continues with what is left; what ended is not done again, unless the steps it
+    # follows were not all done then (a stop during the last step: its final/ is partial).
+    done = earlier.phases_done
+    ended = run.status in (COMPLETED, STEP_LIMIT) and not phases_of(earlier.sections).left
+    if ended and (run.status == COMPLETED or completed >= run.total_steps):
         raise BenchtrainError(
             f"--resume: run {run.run_id} already did all {run.total_steps:,} of its optimizer steps (its model is in final/): "
             "nothing to resume; train more in a new run"
@@ -339,4 +354,5 @@ def what_to_continue(resume: bool | str | None, out: str | None, dry_run: bool, 
         completed=completed,
         budget_used=budget_used,
         fall_back=resume == "auto",
+        phases_done=done if STEPS in done and completed >= run.total_steps else (),
     )
