@@ -143,6 +143,9 @@ def submit(slurm: dict[str, str], script: Path, root: Path, *options: str) -> st
         "BENCHTRAIN_TASK_ROOT": str(root),
         "BENCHTRAIN_MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
+        # Each step waits (benchtrain.common.pause): the run lasts about a minute on any machine, so SLURM's signal,
+        # sent at one of its checks about every 30 s, comes while it trains, and the waits cost no CPU.
+        "BENCHTRAIN_TEST_STEP_SECONDS": "1.2",
     }
     command = ["sbatch", "--parsable", f"--output={root}/job.out", *options, str(script)]
     submitted = subprocess.run(command, env=environment, capture_output=True, text=True, cwd=root, check=True)
@@ -182,10 +185,12 @@ def wait_for(condition: object, what: str, log: Path, seconds: float = 400) -> N
 
 
 def requeued_again(slurm: dict[str, str], job: str, restarts: int) -> bool:
-    """Back in the queue after its `restarts`-th stop: made eligible now (a requeued job waits ~2 minutes otherwise)."""
+    """Back in the queue after its `restarts`-th stop: made eligible in 5 s (a requeued job waits ~2 minutes otherwise)."""
     if job_field(slurm, job, "Restarts") != str(restarts) or job_field(slurm, job, "JobState") != "PENDING":
         return False
-    control(slurm, "scontrol", "update", f"JobId={job}", "StartTime=now", "TimeLimit=30")
+    # Eligible a few seconds from now, not now: slurmd refuses a job's new credential made in the same second it revoked
+    # the old one ("Job credential revoked": its times are whole seconds), which a start at once can hit.
+    control(slurm, "scontrol", "update", f"JobId={job}", "StartTime=now+5", "TimeLimit=30")
     return True
 
 
@@ -199,12 +204,13 @@ def ended(slurm: dict[str, str], job: str, run: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.scheduler
 @pytest.mark.timeout(900)
 def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm: dict[str, str]
 ) -> None:
     """Two jobs of the same emitted script at once: one as emitted (the uninterrupted run: it ends with a final/ that
-    loads), one with --time=1: SLURM's signal comes before the limit, the run saves a checkpoint and stops, the job
+    loads), one with --time=2: SLURM's signal comes before the limit, the run saves a checkpoint and stops, the job
     requeues itself; started again it continues, and `scancel --signal=USR1 --batch` stops it the same way; it ends
     with the uninterrupted run's steps, learning rates and losses."""
     from transformers import AutoModelForCausalLM
@@ -213,9 +219,9 @@ def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
     script = emit_slurm(capsys, tmp_path, data, "--effective-batch", "4", "--checkpoint-interval", "1s", "--no-report")
     whole, signalled = tmp_path / "whole", tmp_path / "signalled"
     reference = submit(slurm, script, whole)
-    # The signal 10 s before a 1-minute limit: SLURM looks every ~30 s and sends it up to 30 s early, so 20-50 s in,
-    # after the start-up, while the run trains.
-    job = submit(slurm, script, signalled, "--time=1", "--signal=B:USR1@10")
+    # The signal 90 s before a 2-minute limit: SLURM looks every ~30 s and sends it up to 30 s late, so 30-60 s in,
+    # after the start-up, while the run trains (46 steps of at least 1.2 s each).
+    job = submit(slurm, script, signalled, "--time=2", "--signal=B:USR1@90")
     log = signalled / "job.out"
     wait_for(lambda: requeued_again(slurm, job, 1), "the time limit's signal and the requeue", log)
     first = json.loads((signalled / "run" / "run.json").read_text())

@@ -6,8 +6,10 @@ written, not yet in place), report (its figures drawn, the page not written).
 
 `BENCHTRAIN_TEST_PAUSE_AT=PHASE` (or `PHASE:STEP`, the optimizer step it is at) makes every process that reaches
 `pause_at(PHASE)` add a line to `BENCHTRAIN_TEST_PAUSE_FILE` (where set: a test waits for as many lines as processes
-it expects there) and sleep until it is killed. Unset, as it is outside the tests, it costs one look at the
-environment and does nothing; it never runs anything and never changes what is written."""
+it expects there) and sleep until it is killed. `BENCHTRAIN_TEST_STEP_SECONDS=S` makes each step wait S seconds before
+it runs: a run on the tiny model then lasts long enough for a scheduler's signal to reach it mid-run (SLURM checks its
+`--signal` times about every 30 s) without spending CPU. Unset, as they are outside the tests, each costs one look at
+the environment and does nothing; they never run anything and never change what is written."""
 
 from __future__ import annotations
 
@@ -17,10 +19,15 @@ from pathlib import Path
 
 PAUSE_AT = "BENCHTRAIN_TEST_PAUSE_AT"
 PAUSE_FILE = "BENCHTRAIN_TEST_PAUSE_FILE"
+STEP_SECONDS = "BENCHTRAIN_TEST_STEP_SECONDS"
 
 
 def pause_at(phase: str, step: int | None = None) -> None:
-    """Sleep here until killed when BENCHTRAIN_TEST_PAUSE_AT names `phase` (and `step`, where it names one)."""
+    """Sleep here until killed when BENCHTRAIN_TEST_PAUSE_AT names `phase` (and `step`, where it names one); before a
+    step, wait BENCHTRAIN_TEST_STEP_SECONDS where set."""
+    delay = os.environ.get(STEP_SECONDS) if phase == "step" else None
+    if delay:
+        time.sleep(float(delay))
     wanted = os.environ.get(PAUSE_AT)
     if not wanted:
         return
