@@ -71,7 +71,10 @@ def test_an_interrupted_run_then_its_resume_each_report_the_error_of_the_steps_t
     """Ctrl-C after 5 of 20 steps, every step at its planned speed or not: the error is that of the
     5 steps (it was −74.9% against the whole plan's estimate), and the resume's that of the 15 left."""
     out = tmp_path / "run"
-    common = train_arguments(heavy_tailed_jsonl, out, "--deadline", "30m", "--max-steps", "20", "--no-report")
+    # --no-measure: the error is checked against the calibration as stored (train would measure its longer lengths first).
+    common = train_arguments(
+        heavy_tailed_jsonl, out, "--deadline", "30m", "--max-steps", "20", "--no-report", "--no-measure"
+    )
     before = stored_calibration(calibrated_home)
     clock.on_step = lambda step: os.kill(os.getpid(), signal.SIGINT) if step == 5 else None
     code, stdout, err = run_main("train", common, capsys)
@@ -134,7 +137,9 @@ def test_a_deadline_stopped_run_and_its_banner_console_and_charts_tell_the_same_
     clock.step_seconds = 2.0  # far slower than predicted: the guard must stop the run
     before = stored_calibration(calibrated_home)
     code, stdout, err = run_main(
-        "train", train_arguments(heavy_tailed_jsonl, out, "--deadline", f"{deadline:.0f}s", "--max-steps", "40"), capsys
+        "train",
+        train_arguments(heavy_tailed_jsonl, out, "--deadline", f"{deadline:.0f}s", "--max-steps", "40", "--no-measure"),
+        capsys,
     )
     assert code == 0, err
     record = read_record(out)

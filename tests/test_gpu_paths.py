@@ -28,13 +28,13 @@ def test_the_compile_cache_child_of_a_slice_builds_the_slice(monkeypatch: pytest
 
     started: list[list[str]] = []
 
-    def child(command: list[str], **options: Any) -> subprocess.CompletedProcess:
+    def child(command: list[str], timeout_seconds: float) -> subprocess.CompletedProcess:
         started.append(command)
         return subprocess.CompletedProcess(
             command, 0, stdout=json.dumps({"first_step_seconds": 3.0, "step_seconds": 1.0}), stderr=""
         )
 
-    monkeypatch.setattr(fresh_process.subprocess, "run", child)
+    monkeypatch.setattr(fresh_process, "run_own_group", child)
     sliced = slice_spec(resolve_model("llama-3.1-8b"), 2)
     workload = SimpleNamespace(
         spec=sliced,

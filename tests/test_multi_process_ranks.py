@@ -75,15 +75,15 @@ def test_the_compile_probes_child_process_does_not_see_the_job(monkeypatch: pyte
 
     for name, value in TORCHRUN_SETS.items():
         monkeypatch.setenv(name, value)
-    real_run = subprocess.run
+    real_popen = subprocess.Popen
     started: list[list[str]] = []
 
-    def child(command: list[str], **options: Any) -> subprocess.CompletedProcess:
+    def child(command: list[str], **options: Any) -> subprocess.Popen:
         started.append(command)
         report = "import json, os; print(json.dumps({'step_seconds': 1.0, 'seen': sorted(set(os.environ) & set(json.loads(os.sys.argv[1])))}))"
-        return real_run([sys.executable, "-c", report, json.dumps(sorted(TORCHRUN_SETS))], **options)
+        return real_popen([sys.executable, "-c", report, json.dumps(sorted(TORCHRUN_SETS))], **options)
 
-    monkeypatch.setattr(fresh_process.subprocess, "run", child)
+    monkeypatch.setattr(fresh_process.subprocess, "Popen", child)
     row = {"micro_batch_size": 2, "seq_len": 16}
     measured = fresh_process.measure_in_new_process(
         resolve_model("tiny"), MethodConfig(), "plain", row, timeout_seconds=60
