@@ -398,7 +398,9 @@ def run_consider(machines: str, calibrations: list[dict[str, Any]], **options: A
     from benchtrain.train.workload.method import MethodConfig
     from benchtrain.train.workload.model import resolve_model
 
-    config = TrainConfig.of(data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, **options})
+    config = TrainConfig.of(
+        data="test", dry_run=True, **{"deadline": "12h", "price_per_hour": PRICES, "model": "llama-3.2-1b", **options}
+    )
     data = tokenized(heavy_tailed(400))
     loaded = [Calibration(copy.deepcopy(item)) for item in calibrations]
     context = PlanContext(config, resolve_model("llama-3.2-1b"), data, None, 0.0)

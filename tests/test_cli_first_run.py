@@ -115,8 +115,9 @@ def test_resume_estimates_only_the_steps_left() -> None:
     resumed = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 30}))
     assert resumed.chosen.optimizer_steps == 40 and resumed.chosen.remaining_steps == 10
     assert resumed.chosen.step_seconds == pytest.approx(whole.chosen.step_seconds / 4, rel=0.01)
-    with pytest.raises(Exception, match="already did 40 of its 40"):
-        make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 40}))
+    # All its steps done (a kill after the last checkpoint): planned, with nothing left to train but what comes after.
+    done = make_plan(calibration, data, PlanRequest(**{**request.__dict__, "completed_steps": 40}))
+    assert done.chosen.optimizer_steps == 40 and done.chosen.remaining_steps == 0
 
 
 # 3. --------------------------------------------------------------------------------------------
