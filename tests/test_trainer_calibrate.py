@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import free_port
 from trainer_checks import texts, tiny_model, trainer
 
 from benchtrain import BenchtrainError, DeadlineCallback, calibrate
@@ -253,6 +254,9 @@ def test_two_processes_measure_together_and_store_one_calibration(tmp_path: Path
         "2",
         "--num_machines",
         "1",
+        # A port of its own: accelerate's default (29500) is another multi-process test's under xdist.
+        "--main_process_port",
+        str(free_port()),
         "--mixed_precision",
         "no",
         "--dynamo_backend",

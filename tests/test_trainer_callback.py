@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import free_port
 from trainer_checks import START, FakeClock, Pace, tiny_model, trainer
 from transformers import TrainerCallback
 
@@ -333,6 +334,9 @@ def launch_two_ranks(out: Path, *arguments: str) -> subprocess.Popen[str]:
         "2",
         "--num_machines",
         "1",
+        # A port of its own: accelerate's default (29500) is another multi-process test's under xdist.
+        "--main_process_port",
+        str(free_port()),
     ]
     command += [
         "--mixed_precision",
