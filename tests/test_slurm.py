@@ -143,9 +143,9 @@ def submit(slurm: dict[str, str], script: Path, root: Path, *options: str) -> st
         "BENCHTRAIN_TASK_ROOT": str(root),
         "BENCHTRAIN_MASTER_PORT": str(free_port()),
         "OMP_NUM_THREADS": "1",
-        # Each step waits (benchtrain.common.pause): the run lasts about a minute on any machine, so SLURM's signal,
-        # sent at one of its checks about every 30 s, comes while it trains, and the waits cost no CPU.
-        "BENCHTRAIN_TEST_STEP_SECONDS": "1.2",
+        # Each step waits (benchtrain.common.pause): the run trains for over two minutes on any machine, so SLURM's
+        # signal (sent up to 60 s early: its checks come about every 30-60 s) comes while it trains; waits cost no CPU.
+        "BENCHTRAIN_TEST_STEP_SECONDS": "3",
     }
     command = ["sbatch", "--parsable", f"--output={root}/job.out", *options, str(script)]
     submitted = subprocess.run(command, env=environment, capture_output=True, text=True, cwd=root, check=True)
@@ -210,7 +210,7 @@ def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm: dict[str, str]
 ) -> None:
     """Two jobs of the same emitted script at once: one as emitted (the uninterrupted run: it ends with a final/ that
-    loads), one with --time=2: SLURM's signal comes before the limit, the run saves a checkpoint and stops, the job
+    loads), one with --time=3: SLURM's signal comes before the limit, the run saves a checkpoint and stops, the job
     requeues itself; started again it continues, and `scancel --signal=USR1 --batch` stops it the same way; it ends
     with the uninterrupted run's steps, learning rates and losses."""
     from transformers import AutoModelForCausalLM
@@ -219,9 +219,9 @@ def test_sbatch_runs_the_plan_and_a_signal_saves_requeues_and_continues(
     script = emit_slurm(capsys, tmp_path, data, "--effective-batch", "4", "--checkpoint-interval", "1s", "--no-report")
     whole, signalled = tmp_path / "whole", tmp_path / "signalled"
     reference = submit(slurm, script, whole)
-    # The signal 90 s before a 2-minute limit: SLURM looks every ~30 s and sends it up to 30 s late, so 30-60 s in,
-    # after the start-up, while the run trains (46 steps of at least 1.2 s each).
-    job = submit(slurm, script, signalled, "--time=2", "--signal=B:USR1@90")
+    # The signal 60 s before a 3-minute limit: SLURM sends it up to 60 s early, so 60-120 s in, after the start-up
+    # (about 10 s) and before the run's end (46 steps of at least 3 s each).
+    job = submit(slurm, script, signalled, "--time=3", "--signal=B:USR1@60")
     log = signalled / "job.out"
     wait_for(lambda: requeued_again(slurm, job, 1), "the time limit's signal and the requeue", log)
     first = json.loads((signalled / "run" / "run.json").read_text())
