@@ -10,7 +10,8 @@ bash scripts/setup.sh
 # The tests that wait on a real scheduler (SLURM: its signal and requeue come on its own ~30 s ticks) run in a
 # process of their own beside the others: they spend their minutes waiting, not computing.
 scheduler_log=$(mktemp)
-.venv/bin/python -m pytest -q -p no:cacheprovider -m scheduler "$@" >"$scheduler_log" 2>&1 &
+# Its own temporary folder: pytest prunes older sessions' folders under the shared one.
+.venv/bin/python -m pytest -q -p no:cacheprovider -m scheduler --basetemp "$(mktemp -d)" "$@" >"$scheduler_log" 2>&1 &
 scheduler=$!
 # One test worker per core (each test one thread: tests/conftest.py); --durations shows the
 # slowest tests, to keep CI inside its budget.
