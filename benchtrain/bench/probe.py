@@ -37,6 +37,7 @@ from benchtrain.train.workload.tokens import TokenizedData
 
 if TYPE_CHECKING:
     import torch
+    from accelerate import Accelerator, PartialState
 
 
 class Workload:
@@ -195,13 +196,18 @@ def agreed_step(workload: Workload, run_step: Callable[[], StepResult]) -> Any:
     """`run_step()`, then every process's outcome agreed (one small all-reduce, outside the step's
     timer): a failure on one process after its step's last collective (the optimizer's step, the
     scheduler) raises on every process, so none goes on into the next step's collectives alone."""
+    return agreed_outcome(workload.accelerator, run_step)
+
+
+def agreed_outcome(accelerator: Accelerator | PartialState, run_step: Callable[[], StepResult]) -> StepResult | None:
+    """`run_step()` on every process of `accelerator`'s job, its outcome agreed: a failure on one raises on all."""
     failure: Exception | None = None
     result = None
     try:
         result = run_step()
     except Exception as error:  # reported after every process has said how its step went
         failure = error
-    if agree(workload.accelerator, int(failure is not None), "max"):
+    if agree(accelerator, int(failure is not None), "max"):
         raise failure or FailedOnAnotherProcess("the probe failed on another process")
     return result
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from benchtrain.bench.probe import EVAL_STEPS, finish_row, mark_failed
+from benchtrain.bench.probe import EVAL_STEPS, agreed_outcome, finish_row, mark_failed
 from benchtrain.bench.timing import ProbeSettings, time_steps
 from benchtrain.calibration.step_config import Mode, StepConfig
 from benchtrain.common.errors import BenchtrainError
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 SAMPLED_ROWS = 1024
 # Shortest length probed: shorter steps time the host, not the model.
 MIN_PROBE_LENGTH = 16
-
-
-class FailedOnAnotherProcess(RuntimeError):
-    """This process's step went well; another's did not (that one's row says how)."""
 
 
 class TrainerWorkload:
@@ -160,16 +156,8 @@ class TrainerWorkload:
         )
 
     def agreed(self, run_step: Callable[[], StepResult]) -> StepResult | None:
-        """`run_step()`, then every process's outcome agreed: a failure on one raises on all (bench.probe.agreed_step)."""
-        failure: Exception | None = None
-        result = None
-        try:
-            result = run_step()
-        except Exception as error:  # reported after every process has said how its step went
-            failure = error
-        if agree(self.accelerator, int(failure is not None), "max"):
-            raise failure or FailedOnAnotherProcess("the probe failed on another process")
-        return result
+        """`run_step()`, then every process's outcome agreed: a failure on one raises on all (bench.probe)."""
+        return agreed_outcome(self.accelerator, run_step)
 
     def clear(self) -> None:
         """After a failed probe: gradients dropped, memory given back."""
